@@ -1,0 +1,65 @@
+"""The ``mailq-db`` command line: one entry point, one module per command.
+
+Each module in :mod:`mailq_db.commands` exposes ``register(subparsers)`` that
+adds its parser and sets ``func`` to a callable taking the parsed arguments and
+returning the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+from .errors import MailqError
+
+#: Command modules, in the order ``--help`` lists them.
+COMMANDS = ("deploy", "enqueue", "worker", "stats", "doctor", "dev")
+
+EPILOG = """\
+examples:
+  mailq-db deploy --sql > deploy.sql          print the deployment script for review
+  mailq-db deploy --url "$MAILQ_DB_URL"       apply it (alembic upgrade head)
+  mailq-db enqueue --to a@example.com --subject Hi --text-file body.txt
+  mailq-db worker --config worker.toml        run a sender worker
+  mailq-db stats                              queue counts, oldest due age, throughput
+  mailq-db doctor                             check driver, server, schema, broker, roles
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mailq-db",
+        description="A durable mail queue and delayed execution for Microsoft SQL Server.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"mailq-db {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"mailq_db.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"mailq_db.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except MailqError as exc:
+        print(f"mailq-db {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

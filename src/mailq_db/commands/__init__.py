@@ -1,0 +1,1 @@
+"""One module per ``mailq-db`` command; each exposes ``register(subparsers)``."""

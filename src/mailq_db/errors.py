@@ -1,0 +1,114 @@
+"""Exceptions raised by the Python layer, mapped from the THROW numbers of sql/.
+
+Every number is documented once in docs/errors.md; a static test checks that
+every number mapped here exists there.  Blocks (from DESIGN.md):
+
+* 50100-50199  mail-queue input            -> InvalidInputError
+* 50200-50299  mail state and fencing      -> MailStateError (LeaseLostError for fencing)
+* 50300-50399  delayed execution           -> DelayExecutionError
+* 50400-50499  deployment checks           -> DeploymentCheckError
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class MailqError(Exception):
+    """Base class of every error this package raises."""
+
+
+class ConfigurationError(MailqError):
+    """A configuration file, URL or option is invalid; the message says how to fix it."""
+
+
+class DriverNotFoundError(MailqError):
+    """No usable ODBC driver was found; the message lists what was tried and how to install each."""
+
+
+class DatabaseError(MailqError):
+    """An error raised by SQL Server.
+
+    ``number`` is the SQL Server error number (the THROW number for ours),
+    ``message`` the server's message text without the driver's prefixes.
+    """
+
+    def __init__(self, number: int | None, message: str):
+        super().__init__(f"[{number}] {message}" if number is not None else message)
+        self.number = number
+        self.message = message
+
+
+class InvalidInputError(DatabaseError):
+    """Bad input refused by a procedure (50100-50199); nothing was written."""
+
+
+class MailStateError(DatabaseError):
+    """The mail is not in a state that allows the operation (50200-50299)."""
+
+
+class LeaseLostError(MailStateError):
+    """The lock token no longer matches: the lease expired and another worker
+    may hold the mail (50202), or the mail is no longer leased (50203)."""
+
+
+class UnknownMailError(MailStateError):
+    """No mail has the given ID (50201)."""
+
+
+class DelayExecutionError(DatabaseError):
+    """Delayed-execution input or state error (50300-50399)."""
+
+
+class DeploymentCheckError(DatabaseError):
+    """A deployment pre-condition failed (50400-50499), e.g. Service Broker disabled."""
+
+
+#: Specific numbers that map to a more specific class than their block's.
+SPECIFIC: dict[int, type[DatabaseError]] = {
+    50201: UnknownMailError,
+    50202: LeaseLostError,
+    50203: LeaseLostError,
+}
+
+_BLOCKS: list[tuple[range, type[DatabaseError]]] = [
+    (range(50100, 50200), InvalidInputError),
+    (range(50200, 50300), MailStateError),
+    (range(50300, 50400), DelayExecutionError),
+    (range(50400, 50500), DeploymentCheckError),
+]
+
+# pyodbc messages look like:
+#   [42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]@BatchSize must be ... (50130) (SQLExecDirectW)
+_NATIVE = re.compile(r"\((\d+)\)\s*\(SQL\w+\)\s*$")
+_PREFIX = re.compile(r"^(?:\[[^\]]*\]\s*)+")
+
+
+def class_for(number: int | None) -> type[DatabaseError]:
+    """The exception class for a SQL Server error number."""
+    if number is None:
+        return DatabaseError
+    if number in SPECIFIC:
+        return SPECIFIC[number]
+    for block, cls in _BLOCKS:
+        if number in block:
+            return cls
+    return DatabaseError
+
+
+def parse_driver_message(text: str) -> tuple[int | None, str]:
+    """Split a pyodbc/ODBC error text into (native error number, message)."""
+    number = None
+    match = _NATIVE.search(text)
+    if match:
+        number = int(match.group(1))
+        text = text[: match.start()]
+    return number, _PREFIX.sub("", text.strip()).strip()
+
+
+def from_driver_error(exc: Exception) -> DatabaseError:
+    """Translate a pyodbc.Error into the matching DatabaseError subclass."""
+    args = getattr(exc, "args", ())
+    text = str(args[1]) if len(args) > 1 else str(exc)
+    number, message = parse_driver_message(text)
+    return class_for(number)(number, message)

@@ -1,0 +1,443 @@
+"""One small function per public procedure of mailq-db.
+
+Each function sends exactly one ``EXEC schema.Procedure @Name = ?, ...`` with
+named parameters and returns plain Python values.  Nothing else in the package
+touches data.  tests/static/test_exec_contract.py reads every ``EXEC`` in
+``src/`` and proves that it names an existing procedure, only its parameters,
+and every parameter that has no default.
+
+Conventions shared with the procedures:
+
+* Optional parameters are always sent; the procedures treat NULL as "use the
+  default", so a wrapper never needs a second SQL text.
+* Mail IDs go to the procedures as ``@IDList``, a JSON array of integers, so
+  one call acknowledges every mail sent on one SMTP connection.
+* Times are naive ``datetime`` values in UTC (``DATETIME2(3)`` columns).
+* SQL Server errors are translated by :func:`mailq_db.errors.from_driver_error`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterable, Sequence
+
+from .errors import from_driver_error
+
+try:  # pyodbc needs libodbc.so.2; the static tests import this module without it.
+    import pyodbc
+
+    _DRIVER_ERRORS: tuple[type[BaseException], ...] = (pyodbc.Error,)
+except ImportError:  # pragma: no cover - depends on the machine
+    _DRIVER_ERRORS = ()
+
+
+# --------------------------------------------------------------------------
+# Plain return types
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attachment:
+    file_name: str
+    content: bytes
+    content_type: str = "application/octet-stream"
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    mail_id: int
+    message_id: str
+    created: bool  # False when an existing idempotency key returned an earlier mail
+
+
+@dataclass
+class ClaimedMail:
+    id: int
+    message_id: str
+    account_name: str
+    app_name: str | None
+    from_name: str | None
+    from_address: str
+    reply_to: str | None
+    to_address: str
+    cc: str | None
+    bcc: str | None
+    subject: str
+    body: str
+    body_format: str  # 'Text' or 'Html'
+    text_body: str | None
+    headers: dict[str, str]
+    priority: int
+    attempt_no: int
+    attempts_remaining: int
+    lease_expires_utc: datetime
+    possible_duplicate: bool
+    dt_stamp: datetime
+    attachments: list[Attachment] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AckResult:
+    """What an acknowledgement changed: one row per mail."""
+
+    mail_id: int
+    status: str  # the mail's status after the call
+    next_attempt_utc: datetime | None
+
+
+# --------------------------------------------------------------------------
+# Plumbing
+# --------------------------------------------------------------------------
+
+
+def _call(conn: Any, sql: str, params: Sequence[Any]) -> Any:
+    """Execute one EXEC batch and return the cursor, translating server errors."""
+    cursor = conn.cursor()
+    try:
+        cursor.execute(sql, *params)
+    except _DRIVER_ERRORS as exc:  # pragma: no cover - needs a server
+        cursor.close()
+        raise from_driver_error(exc) from exc
+    return cursor
+
+
+def _rows(cursor: Any) -> list[Any]:
+    try:
+        return cursor.fetchall() if cursor.description else []
+    except _DRIVER_ERRORS as exc:  # pragma: no cover - needs a server
+        raise from_driver_error(exc) from exc
+
+
+def _next(cursor: Any) -> bool:
+    try:
+        return bool(cursor.nextset())
+    except _DRIVER_ERRORS as exc:  # pragma: no cover - needs a server
+        raise from_driver_error(exc) from exc
+
+
+def id_list(ids: Iterable[int]) -> str:
+    """The JSON array the procedures' @IDList parameter takes."""
+    values = [int(i) for i in ids]
+    if not values:
+        raise ValueError("at least one mail ID is required")
+    return json.dumps(values)
+
+
+def attachments_json(attachments: Iterable[Attachment]) -> str | None:
+    """The JSON array EnqueueMail's @Attachments takes (content base64-encoded)."""
+    items = [
+        {
+            "FileName": a.file_name,
+            "ContentType": a.content_type,
+            "ContentBase64": base64.b64encode(a.content).decode("ascii"),
+        }
+        for a in attachments
+    ]
+    return json.dumps(items, ensure_ascii=False) if items else None
+
+
+def _token(lock_token: uuid.UUID | str) -> str:
+    return str(uuid.UUID(str(lock_token)))
+
+
+def _acks(cursor: Any) -> list[AckResult]:
+    return [AckResult(int(r[0]), r[1], r[2]) for r in _rows(cursor)]
+
+
+# --------------------------------------------------------------------------
+# Enqueue (role MailqEnqueuer)
+# --------------------------------------------------------------------------
+
+ENQUEUE_SQL = """\
+SET NOCOUNT ON;
+DECLARE @MailID BIGINT, @MessageID NVARCHAR(255), @Created BIT;
+EXEC mailq.EnqueueMail
+    @ToAddress = ?, @CC = ?, @BCC = ?, @Subject = ?, @Body = ?, @BodyFormat = ?,
+    @TextBody = ?, @FromAddress = ?, @FromName = ?, @ReplyTo = ?, @Headers = ?,
+    @AccountName = ?, @AppName = ?, @Priority = ?, @DateToProcess = ?,
+    @ExpiresAtUtc = ?, @MaxAttempts = ?, @IdempotencyKey = ?, @Attachments = ?,
+    @MailID = @MailID OUTPUT, @MessageID = @MessageID OUTPUT, @Created = @Created OUTPUT;
+SELECT @MailID AS MailID, @MessageID AS MessageID, @Created AS Created;
+"""
+
+
+def enqueue_mail(
+    conn: Any,
+    *,
+    to_address: str,
+    subject: str,
+    body: str,
+    body_format: str = "Text",
+    text_body: str | None = None,
+    cc: str | None = None,
+    bcc: str | None = None,
+    from_address: str | None = None,
+    from_name: str | None = None,
+    reply_to: str | None = None,
+    headers: dict[str, str] | None = None,
+    account_name: str | None = None,
+    app_name: str | None = None,
+    priority: int | None = None,
+    date_to_process: datetime | None = None,
+    expires_at_utc: datetime | None = None,
+    max_attempts: int | None = None,
+    idempotency_key: str | None = None,
+    attachments: Iterable[Attachment] = (),
+) -> EnqueueResult:
+    """mailq.EnqueueMail: validate and queue one mail; returns its ID and Message-ID."""
+    cursor = _call(
+        conn,
+        ENQUEUE_SQL,
+        [
+            to_address, cc, bcc, subject, body, body_format,
+            text_body, from_address, from_name, reply_to,
+            json.dumps(headers, ensure_ascii=False) if headers is not None else None,
+            account_name, app_name, priority, date_to_process,
+            expires_at_utc, max_attempts, idempotency_key, attachments_json(attachments),
+        ],
+    )
+    row = _rows(cursor)[0]
+    return EnqueueResult(int(row[0]), row[1], bool(row[2]))
+
+
+# --------------------------------------------------------------------------
+# Sender (role MailqSender)
+# --------------------------------------------------------------------------
+
+CLAIM_SQL = (
+    "EXEC mailq.ClaimMail @BatchSize = ?, @LockToken = ?, @LeaseSeconds = ?, "
+    "@AppName = ?, @WorkerName = ?;"
+)
+
+
+def claim_mail(
+    conn: Any,
+    *,
+    batch_size: int,
+    lock_token: uuid.UUID | str,
+    lease_seconds: int,
+    app_name: str | None = None,
+    worker_name: str | None = None,
+) -> list[ClaimedMail]:
+    """mailq.ClaimMail: lease up to ``batch_size`` due mails to this worker."""
+    cursor = _call(
+        conn, CLAIM_SQL, [batch_size, _token(lock_token), lease_seconds, app_name, worker_name]
+    )
+    mails: dict[int, ClaimedMail] = {}
+    for r in _rows(cursor):
+        mails[int(r.ID)] = ClaimedMail(
+            id=int(r.ID),
+            message_id=r.MessageID,
+            account_name=r.AccountName,
+            app_name=r.AppName,
+            from_name=r.FromName,
+            from_address=r.FromAddress,
+            reply_to=r.ReplyTo,
+            to_address=r.ToAddress,
+            cc=r.CC,
+            bcc=r.BCC,
+            subject=r.Subject,
+            body=r.Body,
+            body_format=r.BodyFormat,
+            text_body=r.TextBody,
+            headers=json.loads(r.Headers) if r.Headers else {},
+            priority=int(r.Priority),
+            attempt_no=int(r.AttemptNo),
+            attempts_remaining=int(r.AttemptsRemaining),
+            lease_expires_utc=r.LeaseExpiresUtc,
+            possible_duplicate=bool(r.PossibleDuplicate),
+            dt_stamp=r.dtStamp,
+        )
+    if _next(cursor):
+        for r in _rows(cursor):
+            mails[int(r.MailID)].attachments.append(
+                Attachment(r.FileName, bytes(r.Content), r.ContentType)
+            )
+    return list(mails.values())
+
+
+EXTEND_SQL = "EXEC mailq.ExtendLease @IDList = ?, @LockToken = ?, @LeaseSeconds = ?;"
+
+
+def extend_lease(
+    conn: Any, *, ids: Iterable[int], lock_token: uuid.UUID | str, lease_seconds: int
+) -> dict[int, datetime]:
+    """mailq.ExtendLease: push the lease of mails this worker holds; returns the new expiries."""
+    cursor = _call(conn, EXTEND_SQL, [id_list(ids), _token(lock_token), lease_seconds])
+    return {int(r[0]): r[1] for r in _rows(cursor)}
+
+
+RELEASE_SQL = "EXEC mailq.ReleaseMail @IDList = ?, @LockToken = ?;"
+
+
+def release_mail(conn: Any, *, ids: Iterable[int], lock_token: uuid.UUID | str) -> list[AckResult]:
+    """mailq.ReleaseMail: give back unsent mails now; the attempt is not counted."""
+    return _acks(_call(conn, RELEASE_SQL, [id_list(ids), _token(lock_token)]))
+
+
+MARK_SENT_SQL = (
+    "EXEC mailq.MarkSent @IDList = ?, @LockToken = ?, @SmtpCode = ?, @SmtpText = ?, "
+    "@DryRun = ?;"
+)
+
+
+def mark_sent(
+    conn: Any,
+    *,
+    ids: Iterable[int],
+    lock_token: uuid.UUID | str,
+    smtp_code: int | None = None,
+    smtp_text: str | None = None,
+    dry_run: bool = False,
+) -> list[AckResult]:
+    """mailq.MarkSent: record the mails as sent (all or none: fenced by the token)."""
+    return _acks(
+        _call(
+            conn,
+            MARK_SENT_SQL,
+            [id_list(ids), _token(lock_token), smtp_code, smtp_text, 1 if dry_run else 0],
+        )
+    )
+
+
+MARK_FAILED_SQL = (
+    "EXEC mailq.MarkFailed @IDList = ?, @LockToken = ?, @Disposition = ?, @Error = ?, "
+    "@RetryAfterSeconds = ?, @SmtpCode = ?;"
+)
+
+DISPOSITIONS = ("Retry", "Wait", "Stop")
+
+
+def mark_failed(
+    conn: Any,
+    *,
+    ids: Iterable[int],
+    lock_token: uuid.UUID | str,
+    disposition: str,
+    error: str,
+    retry_after_seconds: int | None = None,
+    smtp_code: int | None = None,
+) -> list[AckResult]:
+    """mailq.MarkFailed: Retry (backoff, attempt consumed), Wait (account blocked,
+    attempt refunded) or Stop (Failed at once)."""
+    return _acks(
+        _call(
+            conn,
+            MARK_FAILED_SQL,
+            [id_list(ids), _token(lock_token), disposition, error, retry_after_seconds, smtp_code],
+        )
+    )
+
+
+# --------------------------------------------------------------------------
+# Administration (role MailqAdmin)
+# --------------------------------------------------------------------------
+
+REQUEUE_SQL = "EXEC mailq.RequeueMail @ID = ?, @MaxAttempts = ?, @DateToProcess = ?;"
+
+
+def requeue_mail(
+    conn: Any, *, mail_id: int, max_attempts: int | None = None,
+    date_to_process: datetime | None = None,
+) -> list[AckResult]:
+    """mailq.RequeueMail: put a Failed, Cancelled or Expired mail back in the queue."""
+    return _acks(_call(conn, REQUEUE_SQL, [mail_id, max_attempts, date_to_process]))
+
+
+CANCEL_SQL = "EXEC mailq.CancelMail @ID = ?;"
+
+
+def cancel_mail(conn: Any, *, mail_id: int) -> list[AckResult]:
+    """mailq.CancelMail: cancel a mail that is not being sent and not final."""
+    return _acks(_call(conn, CANCEL_SQL, [mail_id]))
+
+
+PURGE_SQL = "EXEC mailq.PurgeMail @OlderThanDays = ?, @BatchSize = ?;"
+
+
+def purge_mail(conn: Any, *, older_than_days: int, batch_size: int | None = None) -> int:
+    """mailq.PurgeMail: delete final mails older than N days in small batches; returns the count."""
+    rows = _rows(_call(conn, PURGE_SQL, [older_than_days, batch_size]))
+    return int(rows[0][0]) if rows else 0
+
+
+UPSERT_ACCOUNT_SQL = (
+    "EXEC mailq.UpsertSendingAccount @AccountName = ?, @DefaultFromAddress = ?, "
+    "@DefaultFromName = ?, @PerMinuteLimit = ?, @PerHourLimit = ?, @PerDayLimit = ?, "
+    "@IsDefault = ?;"
+)
+
+
+def upsert_sending_account(
+    conn: Any,
+    *,
+    account_name: str,
+    default_from_address: str,
+    default_from_name: str | None = None,
+    per_minute_limit: int | None = None,
+    per_hour_limit: int | None = None,
+    per_day_limit: int | None = None,
+    is_default: bool = False,
+) -> None:
+    """mailq.UpsertSendingAccount: create or change a sending account and its limits."""
+    _call(
+        conn,
+        UPSERT_ACCOUNT_SQL,
+        [account_name, default_from_address, default_from_name, per_minute_limit,
+         per_hour_limit, per_day_limit, 1 if is_default else 0],
+    ).close()
+
+
+UNBLOCK_ACCOUNT_SQL = "EXEC mailq.UnblockSendingAccount @AccountName = ?;"
+
+
+def unblock_sending_account(conn: Any, *, account_name: str) -> None:
+    """mailq.UnblockSendingAccount: clear an account's blocked-until time."""
+    _call(conn, UNBLOCK_ACCOUNT_SQL, [account_name]).close()
+
+
+UPSERT_APPLICATION_SQL = "EXEC mailq.UpsertApplication @AppName = ?, @Description = ?;"
+
+
+def upsert_application(conn: Any, *, app_name: str, description: str | None = None) -> None:
+    """mailq.UpsertApplication: register an application name mails may carry."""
+    _call(conn, UPSERT_APPLICATION_SQL, [app_name, description]).close()
+
+
+STATS_SQL = "EXEC mailq.GetQueueStats @RecentFailures = ?;"
+
+
+@dataclass
+class QueueStats:
+    by_status: list[dict[str, Any]]
+    oldest_due: list[dict[str, Any]]
+    throughput: list[dict[str, Any]]
+    failures: list[dict[str, Any]]
+
+
+def _dicts(cursor: Any) -> list[dict[str, Any]]:
+    rows = _rows(cursor)
+    names = [d[0] for d in cursor.description] if cursor.description else []
+    return [dict(zip(names, row)) for row in rows]
+
+
+def get_queue_stats(conn: Any, *, recent_failures: int | None = None) -> QueueStats:
+    """mailq.GetQueueStats: the reporting views as four result sets."""
+    cursor = _call(conn, STATS_SQL, [recent_failures])
+    sets = [_dicts(cursor)]
+    while _next(cursor):
+        sets.append(_dicts(cursor))
+    sets += [[]] * (4 - len(sets))
+    return QueueStats(*sets[:4])
+
+
+HEALTH_SQL = "EXEC mailq.GetInstallationHealth;"
+
+
+def get_installation_health(conn: Any) -> list[dict[str, Any]]:
+    """mailq.GetInstallationHealth: one row per check (Area, CheckName, Status, Detail, Fix)."""
+    return _dicts(_call(conn, HEALTH_SQL, []))

@@ -1,0 +1,127 @@
+"""``mailq-db dev``: maintainer commands that freeze sql/ into Alembic revisions."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from .. import deployment as d
+from ..errors import ConfigurationError
+
+HELP = """\
+Freeze the current sql/ files into Alembic revisions (run in a checkout).
+
+examples:
+  mailq-db dev new-revision -m "add mailq.GetQueueStats"
+  mailq-db dev refreeze            re-freeze the unreleased head revision
+  mailq-db dev status              list the files that differ from their frozen copy
+"""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "dev", help="maintainer tools: freeze sql/ into revisions", description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="dev_command", metavar="DEV_COMMAND", required=True)
+    new = sub.add_parser("new-revision", help="freeze changed sql/ files into a new revision",
+                         description="Freeze every sql/ file that differs from its newest frozen copy "
+                         "into a new revision.\n\nexample:\n  mailq-db dev new-revision -m \"why\"",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    new.add_argument("-m", "--message", required=True, help="what the revision does and why")
+    new.set_defaults(func=new_revision)
+    ref = sub.add_parser("refreeze", help="re-freeze the head revision if it is not released",
+                         description="Re-freeze the head revision from sql/ (refused once the revision "
+                         "is listed in alembic/frozen/RELEASED).\n\nexample:\n  mailq-db dev refreeze",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    ref.set_defaults(func=refreeze)
+    st = sub.add_parser("status", help="list sql/ files that differ from their newest frozen copy",
+                        description="List sql/ files not yet frozen.\n\nexample:\n  mailq-db dev status",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    st.set_defaults(func=status)
+
+
+def _checkout() -> Path:
+    root = d.project_root()
+    if root == d.BUNDLE_DIR or not (root / "sql" / "BuildOrder.txt").is_file():
+        raise ConfigurationError("mailq-db dev works in a source checkout, not in an installed wheel")
+    return root
+
+
+def check_build_order(root: Path) -> list[str]:
+    """BuildOrder.txt entries; every .sql file must be listed exactly once."""
+    order = d.build_order(root)
+    files = {p.relative_to(d.sql_dir(root)).as_posix() for p in d.sql_dir(root).rglob("*.sql")}
+    problems = [f"listed twice: {f}" for f in {f for f in order if order.count(f) > 1}]
+    problems += [f"listed but missing: {f}" for f in order if f not in files]
+    problems += [f"not listed in sql/BuildOrder.txt: {f}" for f in sorted(files - set(order))]
+    if problems:
+        raise ConfigurationError("sql/BuildOrder.txt is out of date:\n  " + "\n  ".join(problems))
+    return order
+
+
+def changed_files(root: Path, before: str | None = None) -> list[str]:
+    """Files (in build order) whose text differs from their newest frozen copy before ``before``."""
+    changed = []
+    for rel in check_build_order(root):
+        rev = d.newest_frozen(rel, before=before, root=root)
+        current = (d.sql_dir(root) / rel).read_text(encoding="utf-8")
+        if rev is None or d.frozen_text(rev, rel, root) != current:
+            changed.append(rel)
+    return changed
+
+
+def _freeze(root: Path, revision: str, files: list[str]) -> None:
+    target = d.frozen_dir(root) / revision
+    if target.exists():
+        shutil.rmtree(target)
+    for rel in files:
+        dest = target / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(d.sql_dir(root) / rel, dest)
+    (target / "FILES").write_text("\n".join(files) + "\n", encoding="utf-8")
+    d.write_manifest(root)
+    for rel in files:
+        if d.newest_frozen(rel, before=revision, root=root) and rel.startswith(("tables/", "indexes/")):
+            print(f"warning: {rel} changed; a table or index changes through an explicit ALTER "
+                  "script in this revision, not by re-running its CREATE")
+
+
+def new_revision(args) -> int:
+    from alembic import command
+
+    root = _checkout()
+    files = changed_files(root)
+    if not files:
+        raise ConfigurationError("nothing to freeze: every sql/ file equals its newest frozen copy")
+    head = d.head_revision(root)
+    revision = f"{int(head or 0) + 1:04d}"
+    _freeze(root, revision, files)
+    command.revision(d.alembic_config(root), message=args.message, rev_id=revision)
+    print(f"revision {revision}: froze {len(files)} file(s)")
+    return 0
+
+
+def refreeze(args) -> int:
+    root = _checkout()
+    head = d.head_revision(root)
+    if head is None:
+        raise ConfigurationError("no revision yet: use mailq-db dev new-revision")
+    if head in d.released(root):
+        raise ConfigurationError(f"revision {head} is released (alembic/frozen/RELEASED); "
+                                 "make a new revision instead")
+    files = changed_files(root, before=head)
+    if not files:
+        raise ConfigurationError(f"revision {head} would freeze nothing; delete it instead")
+    _freeze(root, head, files)
+    print(f"revision {head}: re-froze {len(files)} file(s)")
+    return 0
+
+
+def status(args) -> int:
+    root = _checkout()
+    files = changed_files(root)
+    for rel in files:
+        print(rel)
+    return 1 if files else 0

@@ -1,0 +1,269 @@
+"""The worker's TOML configuration: database, worker settings, SMTP accounts.
+
+Secrets never live in the file: an account names the environment variable
+that holds its password (``password_env``), and the database URL comes from
+``MAILQ_DB_URL``, ``--db``, or ``[database] url`` without a password (use
+``url_env`` to name another variable).  :func:`load_config` collects every
+problem it finds and raises one :class:`ConfigurationError` that lists them all,
+each with what to do about it.
+
+Example: ``examples/worker.toml``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from ..errors import ConfigurationError
+
+TLS_MODES = ("starttls", "implicit", "none")
+
+
+@dataclass(frozen=True)
+class AccountConfig:
+    name: str
+    host: str
+    port: int = 587
+    tls: str = "starttls"  # starttls (required) | implicit | none
+    allow_plaintext: bool = False
+    user: str | None = None
+    password_env: str | None = None
+    password: str | None = field(default=None, repr=False)
+    connect_timeout_seconds: float = 10.0
+    command_timeout_seconds: float = 30.0
+    verify_tls: bool = True
+    ca_file: str | None = None
+    local_hostname: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    batch_size: int = 50
+    lease_seconds: int = 120
+    lease_safety_margin_seconds: int = 30
+    app_name: str | None = None  # None: compete for every application's mail
+    worker_name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    concurrency: int = 1
+    idle_backoff_min_seconds: float = 1.0
+    idle_backoff_max_seconds: float = 30.0
+    ack_interval_seconds: float = 5.0
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    url: str | None = None
+    connect_timeout_seconds: int = 15
+    query_timeout_seconds: int = 30
+
+
+@dataclass(frozen=True)
+class Config:
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    accounts: dict[str, AccountConfig] = field(default_factory=dict)
+
+
+class _Problems:
+    def __init__(self, source: str):
+        self.source = source
+        self.items: list[str] = []
+
+    def add(self, where: str, text: str) -> None:
+        self.items.append(f"{where}: {text}")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            lines = "\n".join(f"  - {p}" for p in self.items)
+            raise ConfigurationError(f"{len(self.items)} problem(s) in {self.source}:\n{lines}")
+
+
+def _take(table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str,
+          problems: _Problems, default: Any = None) -> Any:
+    if key not in table:
+        return default
+    value = table.pop(key)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        ok = False
+    else:
+        ok = isinstance(value, kinds)
+    if not ok:
+        names = " or ".join(k.__name__ for k in kinds)
+        problems.add(f"{where}.{key}", f"must be {names}, got {value!r}")
+        return default
+    return value
+
+
+def _positive(value: Any, where: str, problems: _Problems, minimum: float = 1) -> None:
+    if value is not None and value < minimum:
+        problems.add(where, f"must be at least {minimum}, got {value}")
+
+
+def _unknown(table: dict[str, Any], where: str, problems: _Problems) -> None:
+    for key in table:
+        problems.add(f"{where}.{key}", "unknown setting (check the spelling against examples/worker.toml)")
+
+
+def _worker(raw: dict[str, Any], problems: _Problems) -> WorkerConfig:
+    w = "worker"
+    num = (int, float)
+    values = {
+        "batch_size": _take(raw, "batch_size", int, w, problems),
+        "lease_seconds": _take(raw, "lease_seconds", int, w, problems),
+        "lease_safety_margin_seconds": _take(raw, "lease_safety_margin_seconds", int, w, problems),
+        "app_name": _take(raw, "app_name", str, w, problems),
+        "worker_name": _take(raw, "worker_name", str, w, problems),
+        "concurrency": _take(raw, "concurrency", int, w, problems),
+        "idle_backoff_min_seconds": _take(raw, "idle_backoff_min_seconds", num, w, problems),
+        "idle_backoff_max_seconds": _take(raw, "idle_backoff_max_seconds", num, w, problems),
+        "ack_interval_seconds": _take(raw, "ack_interval_seconds", num, w, problems),
+        "dry_run": _take(raw, "dry_run", bool, w, problems),
+    }
+    _unknown(raw, w, problems)
+    values = {k: v for k, v in values.items() if v is not None}
+    cfg = WorkerConfig(**values)
+    _positive(cfg.batch_size, "worker.batch_size", problems)
+    _positive(cfg.concurrency, "worker.concurrency", problems)
+    _positive(cfg.lease_seconds, "worker.lease_seconds", problems, 10)
+    _positive(cfg.lease_safety_margin_seconds, "worker.lease_safety_margin_seconds", problems)
+    _positive(cfg.idle_backoff_min_seconds, "worker.idle_backoff_min_seconds", problems, 0.01)
+    if cfg.batch_size > 1000:
+        problems.add("worker.batch_size", f"at most 1000 (got {cfg.batch_size}); large batches hold leases long")
+    if cfg.lease_safety_margin_seconds * 2 > cfg.lease_seconds:
+        problems.add(
+            "worker.lease_safety_margin_seconds",
+            f"{cfg.lease_safety_margin_seconds} s is more than half of lease_seconds "
+            f"({cfg.lease_seconds} s): raise lease_seconds or lower the margin",
+        )
+    if cfg.idle_backoff_max_seconds < cfg.idle_backoff_min_seconds:
+        problems.add("worker.idle_backoff_max_seconds", "must be at least idle_backoff_min_seconds")
+    if cfg.app_name is not None and not cfg.app_name.strip():
+        problems.add("worker.app_name", "is empty: omit it to compete for every application's mail")
+    return cfg
+
+
+def _database(raw: dict[str, Any], env: Mapping[str, str], problems: _Problems) -> DatabaseConfig:
+    d = "database"
+    url = _take(raw, "url", str, d, problems)
+    url_env = _take(raw, "url_env", str, d, problems)
+    connect_timeout = _take(raw, "connect_timeout_seconds", int, d, problems, 15)
+    query_timeout = _take(raw, "query_timeout_seconds", int, d, problems, 30)
+    _unknown(raw, d, problems)
+    if url and "://" in url and urlsplit(url).password:
+        problems.add("database.url", "contains a password: secrets come from the environment; "
+                     "put the whole URL in MAILQ_DB_URL (or the variable named by url_env)")
+    elif url and "pwd=" in url.lower():
+        problems.add("database.url", "contains PWD=: put the connection string in MAILQ_DB_URL instead")
+    if url_env:
+        if url:
+            problems.add("database", "set url or url_env, not both")
+        elif url_env not in env:
+            problems.add("database.url_env", f"environment variable {url_env} is not set")
+        else:
+            url = env[url_env]
+    _positive(connect_timeout, "database.connect_timeout_seconds", problems)
+    _positive(query_timeout, "database.query_timeout_seconds", problems)
+    return DatabaseConfig(url=url, connect_timeout_seconds=connect_timeout,
+                          query_timeout_seconds=query_timeout)
+
+
+def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -> AccountConfig | None:
+    a = f"accounts.{name}"
+    if not isinstance(raw, dict):
+        problems.add(a, "must be a table: [accounts.NAME] with host, port, tls, user, password_env")
+        return None
+    if "password" in raw:
+        raw.pop("password")
+        problems.add(f"{a}.password", "passwords never go in the file: set password_env to the "
+                     "name of an environment variable that holds it")
+    num = (int, float)
+    host = _take(raw, "host", str, a, problems)
+    tls = _take(raw, "tls", str, a, problems, "starttls")
+    allow_plaintext = _take(raw, "allow_plaintext", bool, a, problems, False)
+    port = _take(raw, "port", int, a, problems)
+    user = _take(raw, "user", str, a, problems)
+    password_env = _take(raw, "password_env", str, a, problems)
+    connect_timeout = _take(raw, "connect_timeout_seconds", num, a, problems, 10.0)
+    command_timeout = _take(raw, "command_timeout_seconds", num, a, problems, 30.0)
+    verify_tls = _take(raw, "verify_tls", bool, a, problems, True)
+    ca_file = _take(raw, "ca_file", str, a, problems)
+    local_hostname = _take(raw, "local_hostname", str, a, problems)
+    _unknown(raw, a, problems)
+    if not host:
+        problems.add(f"{a}.host", "is required (the SMTP server's host name)")
+    if tls not in TLS_MODES:
+        problems.add(f"{a}.tls", f"must be one of {', '.join(TLS_MODES)} (got {tls!r})")
+    if tls == "none" and not allow_plaintext:
+        problems.add(f"{a}.tls", '"none" sends mail and passwords in clear text: '
+                     "add allow_plaintext = true if you really mean it (local sinks only)")
+    if port is None:
+        port = 465 if tls == "implicit" else 587 if tls == "starttls" else 25
+    if not 0 < port < 65536:
+        problems.add(f"{a}.port", f"must be 1-65535 (got {port})")
+    password = None
+    if user and not password_env:
+        problems.add(f"{a}.password_env", f"user is set: name the environment variable that holds {user}'s password")
+    if password_env and not user:
+        problems.add(f"{a}.user", "password_env is set but user is not")
+    if password_env:
+        if password_env not in env:
+            problems.add(f"{a}.password_env", f"environment variable {password_env} is not set")
+        else:
+            password = env[password_env]
+    if ca_file and not os.path.isfile(ca_file):
+        problems.add(f"{a}.ca_file", f"{ca_file} does not exist")
+    _positive(connect_timeout, f"{a}.connect_timeout_seconds", problems, 0.01)
+    _positive(command_timeout, f"{a}.command_timeout_seconds", problems, 0.01)
+    return AccountConfig(
+        name=name, host=host or "", port=port, tls=tls, allow_plaintext=allow_plaintext,
+        user=user, password_env=password_env, password=password,
+        connect_timeout_seconds=float(connect_timeout), command_timeout_seconds=float(command_timeout),
+        verify_tls=verify_tls, ca_file=ca_file, local_hostname=local_hostname,
+    )
+
+
+def parse_config(text: str, *, env: Mapping[str, str] | None = None, source: str = "config") -> Config:
+    """Parse and validate TOML text; raises ConfigurationError listing every problem."""
+    env = os.environ if env is None else env
+    problems = _Problems(source)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigurationError(f"{source} is not valid TOML: {exc}") from exc
+    worker = _worker(dict(raw.pop("worker", {}) or {}), problems)
+    database = _database(dict(raw.pop("database", {}) or {}), env, problems)
+    accounts_raw = raw.pop("accounts", {})
+    accounts: dict[str, AccountConfig] = {}
+    if not isinstance(accounts_raw, dict) or not accounts_raw:
+        problems.add("accounts", "no account: add at least one [accounts.NAME] table "
+                     "(NAME is the sending account's name in the database)")
+    else:
+        for name, table in accounts_raw.items():
+            account = _account(name, dict(table) if isinstance(table, dict) else table, env, problems)
+            if account:
+                accounts[name] = account
+    for key in raw:
+        problems.add(key, "unknown section (expected [worker], [database], [accounts.NAME])")
+    problems.raise_if_any()
+    return Config(worker=worker, database=database, accounts=accounts)
+
+
+def load_config(path: str, *, env: Mapping[str, str] | None = None) -> Config:
+    """Read and validate a TOML file (see :func:`parse_config`)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read config {path}: {exc.strerror}") from exc
+    return parse_config(text, env=env, source=path)

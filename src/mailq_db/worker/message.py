@@ -1,0 +1,173 @@
+"""Build the RFC 5322 message and the SMTP envelope for one claimed mail.
+
+* Message-ID and Date are the stored ones (the Date is the enqueue time), so
+  a mail sent twice after a lost acknowledgement is recognisably the same mail.
+* From/Reply-To/To/Cc go in headers; Bcc only in the envelope.
+* Non-ASCII display names, subjects and header values are encoded per RFC 2047
+  by :mod:`email`'s policy; bodies are base64 or quoted-printable, so the
+  message is 7-bit clean unless an address needs SMTPUTF8.
+* Business headers are validated again here (the database validated them at
+  enqueue): a bad one makes the mail malformed, never a header injection.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from email import policy
+from email.headerregistry import Address
+from email.message import EmailMessage
+from email.utils import format_datetime, getaddresses
+
+from ..procedures import ClaimedMail
+
+#: Headers a business header may never set (they are the worker's to write).
+RESERVED_HEADERS = frozenset(
+    h.lower()
+    for h in ("From", "To", "Cc", "Bcc", "Subject", "Message-ID", "Date", "Reply-To", "Sender",
+              "MIME-Version", "Return-Path", "Received", "Resent-From", "Resent-To",
+              "Resent-Cc", "Resent-Bcc", "Resent-Sender", "Resent-Date", "Resent-Message-ID")
+)
+#: RFC 5322 ftext: printable US-ASCII except the colon.
+FIELD_NAME = re.compile(r"^[\x21-\x39\x3b-\x7e]+$")
+
+#: Message bodies are 7-bit clean (base64/quoted-printable), headers RFC 2047.
+BUILD_POLICY = policy.SMTP.clone(cte_type="7bit")
+UTF8_POLICY = policy.SMTPUTF8.clone(cte_type="7bit")
+
+
+class MalformedMail(ValueError):
+    """The stored mail cannot be turned into a valid message (a Stop)."""
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """What the SMTP layer sends: envelope and message bytes."""
+
+    mail_id: int
+    envelope_from: str
+    recipients: tuple[str, ...]
+    data: bytes
+    smtputf8: bool  # True when an address is not ASCII: needs the server's SMTPUTF8
+
+
+def _no_newlines(value: str | None, what: str) -> None:
+    if value and ("\r" in value or "\n" in value):
+        raise MalformedMail(f"{what} contains a line break (header injection refused)")
+
+
+def parse_addresses(value: str | None, what: str) -> list[Address]:
+    """Addresses from a ``;``-separated list (each item ``addr`` or ``Name <addr>``)."""
+    if not value:
+        return []
+    _no_newlines(value, what)
+    result = []
+    for item in value.split(";"):
+        item = item.strip()
+        if not item:
+            continue
+        pairs = getaddresses([item])
+        if len(pairs) != 1 or not pairs[0][1] or "@" not in pairs[0][1]:
+            raise MalformedMail(f"{what}: {item!r} is not one e-mail address")
+        name, addr = pairs[0]
+        local, _, domain = addr.rpartition("@")
+        if not local or not domain or any(c.isspace() or c in "<>()," for c in addr):
+            raise MalformedMail(f"{what}: {addr!r} is not a valid address")
+        result.append(Address(display_name=name, username=local, domain=domain))
+    return result
+
+
+def _is_ascii(text: str) -> bool:
+    return text.isascii()
+
+
+def validate_header(name: str, value: object) -> None:
+    """Raise MalformedMail unless ``name: value`` is a safe business header."""
+    if not isinstance(name, str) or not FIELD_NAME.match(name):
+        raise MalformedMail(f"header name {name!r} is not RFC 5322 ftext")
+    lowered = name.lower()
+    if lowered in RESERVED_HEADERS or lowered.startswith("content-"):
+        raise MalformedMail(f"header {name} may not be set by the application")
+    if not isinstance(value, str):
+        raise MalformedMail(f"header {name} must have a text value")
+    _no_newlines(value, f"header {name}")
+
+
+def _utc(dt: datetime) -> datetime:
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt
+
+
+def message_id(stored: str) -> str:
+    stored = stored.strip()
+    _no_newlines(stored, "Message-ID")
+    if not stored.startswith("<"):
+        stored = f"<{stored}>"
+    if not re.fullmatch(r"<[^<>\s@]+@[^<>\s@]+>", stored):
+        raise MalformedMail(f"stored Message-ID {stored!r} is not <id@domain>")
+    return stored
+
+
+def build(mail: ClaimedMail) -> Outgoing:
+    """The message and envelope for ``mail``; raises MalformedMail (a Stop)."""
+    sender = parse_addresses(mail.from_address, "FromAddress")
+    if len(sender) != 1:
+        raise MalformedMail("FromAddress must be exactly one address")
+    _no_newlines(mail.from_name, "FromName")
+    _no_newlines(mail.subject, "Subject")
+    from_addr = Address(display_name=mail.from_name or sender[0].display_name,
+                        username=sender[0].username, domain=sender[0].domain)
+    to = parse_addresses(mail.to_address, "ToAddress")
+    cc = parse_addresses(mail.cc, "CC")
+    bcc = parse_addresses(mail.bcc, "BCC")
+    reply_to = parse_addresses(mail.reply_to, "ReplyTo")
+    if not (to or cc or bcc):
+        raise MalformedMail("the mail has no recipient")
+    for name, value in (mail.headers or {}).items():
+        validate_header(name, value)
+
+    every = [from_addr, *to, *cc, *bcc, *reply_to]
+    smtputf8 = not all(_is_ascii(a.addr_spec) for a in every)
+    build_policy = UTF8_POLICY if smtputf8 else BUILD_POLICY
+
+    msg = EmailMessage(policy=build_policy)
+    try:
+        msg["Message-ID"] = message_id(mail.message_id)
+        msg["Date"] = format_datetime(_utc(mail.dt_stamp))
+        msg["From"] = from_addr
+        if reply_to:
+            msg["Reply-To"] = reply_to
+        if to:
+            msg["To"] = to
+        if cc:
+            msg["Cc"] = cc
+        msg["Subject"] = mail.subject or ""
+        for name, value in (mail.headers or {}).items():
+            msg[name] = value
+        if mail.body_format == "Html":
+            if mail.text_body:
+                msg.set_content(mail.text_body)
+                msg.add_alternative(mail.body, subtype="html")
+            else:
+                msg.set_content(mail.body, subtype="html")
+        elif mail.body_format == "Text":
+            msg.set_content(mail.body or "")
+        else:
+            raise MalformedMail(f"unknown BodyFormat {mail.body_format!r}")
+        for att in mail.attachments:
+            _no_newlines(att.file_name, "attachment file name")
+            maintype, _, subtype = (att.content_type or "application/octet-stream").partition("/")
+            if not subtype or not FIELD_NAME.match(maintype) or not FIELD_NAME.match(subtype):
+                raise MalformedMail(f"attachment {att.file_name!r}: bad content type {att.content_type!r}")
+            msg.add_attachment(att.content, maintype=maintype, subtype=subtype, filename=att.file_name)
+        data = msg.as_bytes(policy=build_policy)
+    except MalformedMail:
+        raise
+    except (ValueError, TypeError, IndexError) as exc:
+        raise MalformedMail(f"cannot build the message: {exc}") from exc
+
+    recipients: list[str] = []
+    for a in (*to, *cc, *bcc):
+        if a.addr_spec.lower() not in (r.lower() for r in recipients):
+            recipients.append(a.addr_spec)
+    return Outgoing(mail.id, from_addr.addr_spec, tuple(recipients), data, smtputf8)

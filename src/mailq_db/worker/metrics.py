@@ -1,0 +1,92 @@
+"""Counters of the worker and an optional Prometheus text endpoint (http.server, no dependency)."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+#: name -> help text; every counter is exposed as ``mailq_worker_<name>_total``.
+COUNTERS = {
+    "claims": "ClaimMail calls",
+    "claimed": "mails leased by ClaimMail",
+    "sent": "mails acknowledged as Sent (dry-run included)",
+    "failed": "mails marked Failed at once (Stop)",
+    "retried": "mails given back for a later attempt (Retry)",
+    "waited": "mails given back because the account is throttled or locked (Wait)",
+    "released": "unsent mails released (shutdown or lease too short)",
+    "lease_extensions": "ExtendLease calls",
+    "lease_lost": "mails whose lease was lost before the acknowledgement",
+    "smtp_connections": "SMTP connections opened",
+    "errors": "unexpected worker errors (batch abandoned, leases left to expire)",
+}
+#: upper bounds, in seconds, of the claim latency histogram
+CLAIM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """Thread-safe counters shared by every worker thread of a process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts = {name: 0 for name in COUNTERS}
+        self.claim_buckets = [0] * len(CLAIM_BUCKETS)
+        self.claim_count = 0
+        self.claim_sum = 0.0
+
+    def inc(self, name: str, n: int = 1) -> None:
+        if name not in self.counts:
+            raise KeyError(name)
+        with self._lock:
+            self.counts[name] += n
+
+    def observe_claim(self, seconds: float) -> None:
+        with self._lock:
+            self.claim_count += 1
+            self.claim_sum += seconds
+            for i, bound in enumerate(CLAIM_BUCKETS):
+                if seconds <= bound:
+                    self.claim_buckets[i] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+    def render(self) -> str:
+        """The Prometheus text exposition format (version 0.0.4)."""
+        lines = []
+        with self._lock:
+            for name, text in COUNTERS.items():
+                metric = f"mailq_worker_{name}_total"
+                lines += [f"# HELP {metric} {text}", f"# TYPE {metric} counter",
+                          f"{metric} {self.counts[name]}"]
+            metric = "mailq_worker_claim_seconds"
+            lines += [f"# HELP {metric} ClaimMail latency", f"# TYPE {metric} histogram"]
+            for bound, count in zip(CLAIM_BUCKETS, self.claim_buckets):
+                lines.append(f'{metric}_bucket{{le="{bound}"}} {count}')
+            lines += [f'{metric}_bucket{{le="+Inf"}} {self.claim_count}',
+                      f"{metric}_sum {self.claim_sum:.6f}", f"{metric}_count {self.claim_count}"]
+        return "\n".join(lines) + "\n"
+
+
+def serve(metrics: Metrics, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """Serve ``GET /metrics`` in a daemon thread; ``server.shutdown()`` stops it."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path.split("?")[0] not in ("/metrics", "/"):
+                self.send_error(404)
+                return
+            body = metrics.render().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:  # quiet
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

@@ -1,0 +1,243 @@
+"""FakeQueue: a test double standing in for the DATABASE LAYER, not a test of it.
+
+It implements the same function signatures as :mod:`mailq_db.procedures`
+(claim_mail, mark_sent, mark_failed, extend_lease, release_mail, ...) over an
+in-memory list, with the documented contract (token fencing raising
+LeaseLostError and writing nothing, Wait refunding the attempt and blocking
+the account, Release refunding the attempt), and records every call.  The
+worker is tested against it; the procedures themselves are tested by the
+integration suite against SQL Server.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable
+
+from mailq_db.errors import LeaseLostError
+from mailq_db.procedures import AckResult, Attachment, ClaimedMail, EnqueueResult, QueueStats
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class FakeConnection:
+    """What ``open_connection`` returns when the database is a FakeQueue."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class Row:
+    mail: ClaimedMail
+    status: str = "UnSent"
+    token: str | None = None
+    lease_expires: datetime | None = None
+    due: datetime = field(default_factory=lambda: datetime(2000, 1, 1))
+    attempts_remaining: int = 5
+    attempts: int = 0
+    last_error: str | None = None
+    dispositions: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    smtp_code: int | None = None
+    smtp_text: str | None = None
+
+
+def make_mail(mail_id: int, **overrides: Any) -> ClaimedMail:
+    """A ClaimedMail as ClaimMail would return it (lease fields are set at claim)."""
+    values: dict[str, Any] = dict(
+        id=mail_id, message_id=f"<{mail_id}.test@mailq.example>", account_name="default",
+        app_name=None, from_name=None, from_address="sender@example.com", reply_to=None,
+        to_address=f"rcpt{mail_id}@example.com", cc=None, bcc=None, subject=f"mail {mail_id}",
+        body=f"body of mail {mail_id}", body_format="Text", text_body=None, headers={},
+        priority=5, attempt_no=0, attempts_remaining=5, lease_expires_utc=datetime(2000, 1, 1),
+        possible_duplicate=False, dt_stamp=datetime(2024, 5, 1, 12, 0, 0), attachments=[],
+    )
+    values.update(overrides)
+    return ClaimedMail(**values)
+
+
+class FakeQueue:
+    """In-memory stand-in for mailq_db.procedures (thread-safe)."""
+
+    def __init__(self, mails: Iterable[ClaimedMail] = (), *, lease_override_seconds: float | None = None):
+        self.lock = threading.RLock()
+        self.rows: dict[int, Row] = {}
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.blocked_until: dict[str, datetime] = {}
+        self.lease_override_seconds = lease_override_seconds
+        self.extend_fails = False
+        self.drops: dict[str, list[bool]] = {}  # procedure -> [committed?] of calls to drop
+        self.stats = QueueStats([], [], [], [])
+        self.health: list[dict[str, Any]] = []
+        for m in mails:
+            self.rows[m.id] = Row(m, attempts_remaining=m.attempts_remaining)
+
+    # -- test helpers ----------------------------------------------------
+    def status(self, mail_id: int) -> str:
+        return self.rows[mail_id].status
+
+    def statuses(self) -> dict[int, str]:
+        return {i: r.status for i, r in self.rows.items()}
+
+    def calls_to(self, name: str) -> list[dict[str, Any]]:
+        return [kw for n, kw in self.calls if n == name]
+
+    def drop_connection(self, procedure: str, *, committed: bool) -> None:
+        """Make the next call of ``procedure`` fail as a dropped connection,
+        after (committed=True) or before applying it."""
+        self.drops.setdefault(procedure, []).append(committed)
+
+    def _record(self, name: str, kwargs: dict[str, Any]) -> bool | None:
+        self.calls.append((name, kwargs))
+        queue = self.drops.get(name)
+        return queue.pop(0) if queue else None
+
+    def _held(self, ids: Iterable[int], token: Any) -> list[Row]:
+        token = str(token)
+        rows = []
+        for i in ids:
+            row = self.rows.get(i)
+            if row is None or row.status != "Sending":
+                raise LeaseLostError(50203, f"mail {i} is not leased")
+            if row.token != token:
+                raise LeaseLostError(50202, f"mail {i} is leased to another token")
+            rows.append(row)
+        return rows
+
+    def _apply(self, name: str, kwargs: dict[str, Any], fn: Any) -> Any:
+        with self.lock:
+            drop = self._record(name, kwargs)
+            if drop is False:
+                raise ConnectionResetError(f"fake: connection dropped before {name}")
+            result = fn()
+            if drop is True:
+                raise ConnectionResetError(f"fake: connection dropped after {name} committed")
+            return result
+
+    def expire_leases(self) -> None:
+        """Pretend every lease has run out (e.g. after a worker was killed)."""
+        with self.lock:
+            for row in self.rows.values():
+                if row.status == "Sending":
+                    row.lease_expires = utcnow() - timedelta(seconds=1)
+
+    # -- the procedure signatures -----------------------------------------
+    def claim_mail(self, conn: Any, *, batch_size: int, lock_token: Any, lease_seconds: int,
+                   app_name: str | None = None, worker_name: str | None = None) -> list[ClaimedMail]:
+        def run() -> list[ClaimedMail]:
+            now = utcnow()
+            due = [
+                r for r in self.rows.values()
+                if ((r.status == "UnSent" and r.due <= now and r.attempts_remaining > 0
+                     and self.blocked_until.get(r.mail.account_name, now) <= now)
+                    or (r.status == "Sending" and r.lease_expires and r.lease_expires <= now))
+                and (app_name is None or r.mail.app_name == app_name)
+            ]
+            due.sort(key=lambda r: (-r.mail.priority, r.mail.id))
+            lease = self.lease_override_seconds if self.lease_override_seconds is not None else lease_seconds
+            out = []
+            for r in due[:batch_size]:
+                r.status, r.token = "Sending", str(lock_token)
+                r.lease_expires = now + timedelta(seconds=lease)
+                r.attempts_remaining -= 1
+                r.attempts += 1
+                out.append(replace(r.mail, lease_expires_utc=r.lease_expires, attempt_no=r.attempts,
+                                   attempts_remaining=r.attempts_remaining,
+                                   attachments=list(r.mail.attachments)))
+            return out
+        return self._apply("claim_mail", dict(batch_size=batch_size, lock_token=lock_token,
+                                              lease_seconds=lease_seconds, app_name=app_name,
+                                              worker_name=worker_name), run)
+
+    def mark_sent(self, conn: Any, *, ids: Iterable[int], lock_token: Any, smtp_code: int | None = None,
+                  smtp_text: str | None = None, dry_run: bool = False) -> list[AckResult]:
+        ids = list(ids)
+
+        def run() -> list[AckResult]:
+            rows = self._held(ids, lock_token)  # all or nothing
+            for r in rows:
+                r.status, r.token, r.dry_run = "Sent", None, dry_run
+                r.smtp_code, r.smtp_text = smtp_code, smtp_text
+            return [AckResult(r.mail.id, r.status, None) for r in rows]
+        return self._apply("mark_sent", dict(ids=ids, lock_token=lock_token, smtp_code=smtp_code,
+                                             smtp_text=smtp_text, dry_run=dry_run), run)
+
+    def mark_failed(self, conn: Any, *, ids: Iterable[int], lock_token: Any, disposition: str, error: str,
+                    retry_after_seconds: int | None = None, smtp_code: int | None = None) -> list[AckResult]:
+        ids = list(ids)
+        assert disposition in ("Retry", "Wait", "Stop"), disposition
+
+        def run() -> list[AckResult]:
+            rows = self._held(ids, lock_token)
+            now = utcnow()
+            for r in rows:
+                r.token, r.last_error = None, error
+                r.dispositions.append(disposition)
+                r.smtp_code = smtp_code
+                if disposition == "Stop" or (disposition == "Retry" and r.attempts_remaining <= 0):
+                    r.status = "Failed"
+                elif disposition == "Retry":
+                    r.status, r.due = "UnSent", now + timedelta(seconds=retry_after_seconds or 30)
+                else:
+                    r.status = "UnSent"
+                    r.attempts_remaining += 1
+                    self.blocked_until[r.mail.account_name] = now + timedelta(
+                        seconds=retry_after_seconds or 60)
+            return [AckResult(r.mail.id, r.status, None) for r in rows]
+        return self._apply("mark_failed", dict(ids=ids, lock_token=lock_token, disposition=disposition,
+                                               error=error, retry_after_seconds=retry_after_seconds,
+                                               smtp_code=smtp_code), run)
+
+    def extend_lease(self, conn: Any, *, ids: Iterable[int], lock_token: Any,
+                     lease_seconds: int) -> dict[int, datetime]:
+        ids = list(ids)
+
+        def run() -> dict[int, datetime]:
+            if self.extend_fails:
+                from mailq_db.errors import DatabaseError
+                raise DatabaseError(1205, "fake: deadlock victim")
+            out = {}
+            for i in ids:
+                r = self.rows.get(i)
+                if r and r.status == "Sending" and r.token == str(lock_token):
+                    r.lease_expires = utcnow() + timedelta(seconds=lease_seconds)
+                    out[i] = r.lease_expires
+            return out
+        return self._apply("extend_lease", dict(ids=ids, lock_token=lock_token,
+                                                lease_seconds=lease_seconds), run)
+
+    def release_mail(self, conn: Any, *, ids: Iterable[int], lock_token: Any) -> list[AckResult]:
+        ids = list(ids)
+
+        def run() -> list[AckResult]:
+            rows = self._held(ids, lock_token)
+            for r in rows:
+                r.status, r.token = "UnSent", None
+                r.attempts_remaining += 1
+            return [AckResult(r.mail.id, r.status, None) for r in rows]
+        return self._apply("release_mail", dict(ids=ids, lock_token=lock_token), run)
+
+    def enqueue_mail(self, conn: Any, **kwargs: Any) -> EnqueueResult:
+        def run() -> EnqueueResult:
+            mail_id = max(self.rows, default=0) + 1
+            attachments = list(kwargs.pop("attachments", ()) or ())
+            fields = {k: v for k, v in kwargs.items() if k in ClaimedMail.__dataclass_fields__ and v is not None}
+            mail = make_mail(mail_id, attachments=attachments, **fields)
+            self.rows[mail_id] = Row(mail)
+            return EnqueueResult(mail_id, mail.message_id, True)
+        return self._apply("enqueue_mail", dict(kwargs), run)
+
+    def get_queue_stats(self, conn: Any, *, recent_failures: int | None = None) -> QueueStats:
+        return self._apply("get_queue_stats", dict(recent_failures=recent_failures), lambda: self.stats)
+
+    def get_installation_health(self, conn: Any) -> list[dict[str, Any]]:
+        return self._apply("get_installation_health", {}, lambda: self.health)

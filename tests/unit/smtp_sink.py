@@ -1,0 +1,223 @@
+"""A real SMTP server on loopback for the worker's tests and benchmark (aiosmtpd).
+
+``SmtpSink`` starts aiosmtpd on 127.0.0.1 with an ephemeral port, optionally
+requiring STARTTLS and AUTH, and answers with scripted replies:
+``replies[(stage, key)] = "550 5.1.1 no such user"`` where stage is ``mail``,
+``rcpt`` or ``data`` and key an address (the sender for ``mail``, a recipient
+for ``rcpt`` and ``data``) or ``"*"`` for any.  Special replies:
+``"drop"`` closes the connection without answering, ``"stall"`` answers only
+after ``stall_seconds``.  Every accepted message is kept in ``messages``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword
+
+USER, PASSWORD = "mailer", "s3cret-test-password"
+
+
+@dataclass
+class Received:
+    mail_from: str
+    rcpt_tos: list[str]
+    data: bytes
+
+
+def make_certificate(directory: str) -> tuple[str, str]:
+    """A self-signed certificate for localhost/127.0.0.1: (cert path, key path).
+
+    Uses the ``cryptography`` package when installed, else the ``openssl`` CLI.
+    """
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        if not shutil.which("openssl"):
+            raise RuntimeError("need the cryptography package or the openssl CLI to make a test certificate")
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
+             "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+            check=True, capture_output=True,
+        )
+        return cert, key
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(private.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(private, hashes.SHA256())
+    )
+    with open(key, "wb") as fh:
+        fh.write(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    with open(cert, "wb") as fh:
+        fh.write(certificate.public_bytes(serialization.Encoding.PEM))
+    return cert, key
+
+
+class _Handler:
+    def __init__(self, sink: "SmtpSink"):
+        self.sink = sink
+
+    async def _scripted(self, server: Any, stage: str, keys: list[str]) -> str | None:
+        for key in [*keys, "*"]:
+            reply = self.sink.replies.get((stage, key))
+            if reply is None:
+                continue
+            if reply == "drop":
+                server.transport.abort()
+                return "250 never seen"
+            if reply == "stall":
+                await asyncio.sleep(self.sink.stall_seconds)
+                return "250 too late"
+            return reply
+        return None
+
+    async def handle_MAIL(self, server, session, envelope, address, mail_options):  # noqa: N802
+        await self.sink.delay()
+        reply = await self._scripted(server, "mail", [address])
+        if reply:
+            return reply
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # noqa: N802
+        await self.sink.delay()
+        reply = await self._scripted(server, "rcpt", [address])
+        if reply:
+            return reply
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802
+        await self.sink.delay()
+        reply = await self._scripted(server, "data", list(envelope.rcpt_tos))
+        if reply:
+            return reply
+        with self.sink.lock:
+            self.sink.messages.append(Received(envelope.mail_from, list(envelope.rcpt_tos),
+                                               bytes(envelope.original_content or envelope.content)))
+            self.sink.accepted.set()
+        return f"250 2.0.0 Ok: queued as Q{len(self.sink.messages)}"
+
+
+class _DelayedSMTP(SMTP):
+    """aiosmtpd's SMTP server that waits ``delay`` before every reply (round-trip time)."""
+
+    def __init__(self, *args: Any, reply_delay: float = 0.0, counter: Any = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._reply_delay = reply_delay
+        self._counter = counter
+
+    async def push(self, status: str) -> None:
+        if self._counter is not None:
+            self._counter()
+        if self._reply_delay:
+            await asyncio.sleep(self._reply_delay)
+        await super().push(status)
+
+
+class SmtpSink:
+    def __init__(self, *, starttls: bool = False, auth: bool = False, smtputf8: bool = True,
+                 stall_seconds: float = 2.0, reply_delay: float = 0.0, cert_dir: str | None = None):
+        self.replies: dict[tuple[str, str], str] = {}
+        self.messages: list[Received] = []
+        self.lock = threading.Lock()
+        self.accepted = threading.Event()
+        self.stall_seconds = stall_seconds
+        self.reply_delay = reply_delay
+        self.replies_sent = 0
+        self.connections = 0
+        self.cert = self.key = None
+        tls_context = None
+        if starttls:
+            self._tmp = cert_dir or tempfile.mkdtemp(prefix="mailq-smtp-")
+            self.cert, self.key = make_certificate(self._tmp)
+            tls_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls_context.load_cert_chain(self.cert, self.key)
+        kwargs: dict[str, Any] = dict(
+            enable_SMTPUTF8=smtputf8, tls_context=tls_context, require_starttls=starttls,
+            decode_data=False,
+        )
+        if auth:
+            kwargs.update(authenticator=self._authenticate, auth_require_tls=starttls)
+        else:
+            kwargs.update(auth_require_tls=False)
+        self._kwargs = kwargs
+        port = _free_port()
+        self.port = port
+        sink = self
+
+        class _Controller(Controller):
+            def factory(self) -> SMTP:
+                sink.connections += 1
+                return _DelayedSMTP(self.handler, reply_delay=sink.reply_delay,
+                                    counter=sink._count, **sink._kwargs)
+
+        self.controller = _Controller(_Handler(self), hostname="127.0.0.1", port=port)
+
+    def _count(self) -> None:
+        self.replies_sent += 1
+
+    async def delay(self) -> None:
+        return None
+
+    @staticmethod
+    def _authenticate(server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> AuthResult:
+        ok = (isinstance(auth_data, LoginPassword) and auth_data.login == USER.encode()
+              and auth_data.password == PASSWORD.encode())
+        return AuthResult(success=ok, handled=False)
+
+    def start(self) -> "SmtpSink":
+        self.controller.start()
+        return self
+
+    def stop(self) -> None:
+        self.controller.stop()
+
+    def __enter__(self) -> "SmtpSink":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()

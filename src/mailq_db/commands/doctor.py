@@ -1,0 +1,146 @@
+"""``mailq-db doctor``: check an installation and say how to fix each problem."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+from .. import connection, procedures
+from ..connection import connect
+from ..errors import DatabaseError, MailqError
+
+HELP = """\
+Check everything the mail queue needs, from this machine to the database:
+the ODBC driver, connectivity, server version and edition, compatibility level
+(130 or more), schema revision against this package's head, Service Broker and
+its queue, the current login's roles and permissions, stuck leases and pending
+failures. Each problem is printed with its fix.
+
+Exit status: 0 when every check is OK (warnings allowed unless --strict),
+1 when a check failed.
+
+examples:
+  mailq-db doctor
+  mailq-db doctor --db "mssql+pyodbc://worker:pw@sql1/mail?driver=ODBC+Driver+18+for+SQL+Server"
+  mailq-db doctor --strict      # warnings count as problems too (for monitoring)
+"""
+
+STATUSES = ("OK", "WARN", "FAIL")
+NOT_DEPLOYED = 2812  # Could not find stored procedure
+
+
+@dataclass
+class Check:
+    area: str
+    name: str
+    status: str
+    detail: str
+    fix: str | None = None
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("doctor", help="check driver, server, schema, broker, roles",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", help="database URL (default: $MAILQ_DB_URL)")
+    p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    p.set_defaults(func=run)
+
+
+def local_checks() -> list[Check]:
+    checks = [Check("Client", "Python", "OK", platform.python_version())]
+    problem = connection.pyodbc_problem()
+    if problem:
+        checks.append(Check("Client", "pyodbc", "FAIL", f"pyodbc cannot load: {problem}",
+                            "Debian/Ubuntu: apt-get install unixodbc (pyodbc needs libodbc.so.2)"))
+    drivers = connection.installed_drivers()
+    try:
+        chosen = connection.find_driver(drivers)
+        checks.append(Check("Client", "ODBC driver", "OK",
+                            f"{chosen} (registered: {', '.join(drivers)})"))
+    except MailqError as exc:
+        text = str(exc)
+        checks.append(Check("Client", "ODBC driver", "FAIL", text.splitlines()[0],
+                            "\n".join(text.splitlines()[1:])))
+    return checks
+
+
+def head_check(rows: list[dict[str, Any]]) -> Check:
+    """Compare the schema revision the server reports with this package's head."""
+    try:
+        from ..deployment import head_revision
+
+        head = head_revision()
+    except Exception as exc:  # noqa: BLE001 - reported, not fatal
+        return Check("Schema", "Revision vs package head", "WARN",
+                     f"cannot read this package's head revision ({type(exc).__name__}: {exc})",
+                     "reinstall mailq-db (the wheel carries alembic/)")
+    if not head:
+        return Check("Schema", "Revision vs package head", "WARN", "this package carries no revision",
+                     "reinstall mailq-db")
+    deployed = next((r for r in rows if "revision" in str(r.get("CheckName", "")).lower()), None)
+    if deployed is None:
+        return Check("Schema", "Revision vs package head", "WARN",
+                     f"the server reported no schema revision; package head is {head}",
+                     "run mailq-db deploy")
+    detail = str(deployed.get("Detail") or "")
+    if head and head in detail:
+        return Check("Schema", "Revision vs package head", "OK", f"at head {head}")
+    return Check("Schema", "Revision vs package head", "FAIL",
+                 f"server: {detail or 'unknown'}; package head: {head}",
+                 "run mailq-db deploy (or deploy --sql and hand the script to the DBA)")
+
+
+def server_checks(url: str | None) -> list[Check]:
+    try:
+        conn = connect(url, timeout=10, query_timeout=30)
+    except MailqError as exc:
+        return [Check("Server", "Connectivity", "FAIL", str(exc).splitlines()[0],
+                      "check MAILQ_DB_URL/--db (host, port, database, user), the firewall, "
+                      "and that the server accepts SQL logins")]
+    checks = [Check("Server", "Connectivity", "OK", "connected")]
+    try:
+        rows = procedures.get_installation_health(conn)
+    except DatabaseError as exc:
+        if exc.number == NOT_DEPLOYED:
+            return checks + [Check("Schema", "Deployed", "FAIL", "schema not deployed (mailq.GetInstallationHealth "
+                                   "does not exist)", "run mailq-db deploy")]
+        return checks + [Check("Schema", "GetInstallationHealth", "FAIL", str(exc),
+                               "the login needs EXECUTE on schema mailq (role MailqAdmin or MailqSender)")]
+    finally:
+        conn.close()
+    for r in rows:
+        status = str(r.get("Status") or "WARN").upper()
+        checks.append(Check(str(r.get("Area") or "Server"), str(r.get("CheckName") or "?"),
+                            status if status in STATUSES else "WARN",
+                            str(r.get("Detail") or ""), r.get("Fix")))
+    checks.append(head_check(rows))
+    return checks
+
+
+def render(checks: list[Check]) -> str:
+    lines = []
+    for c in checks:
+        lines.append(f"[{c.status:<4}] {c.area} / {c.name}: {c.detail}")
+        if c.status != "OK" and c.fix:
+            lines += [f"       fix: {line}" for line in str(c.fix).splitlines() if line.strip()]
+    failed = sum(c.status == "FAIL" for c in checks)
+    warned = sum(c.status == "WARN" for c in checks)
+    lines.append(f"{len(checks)} checks: {failed} failed, {warned} warnings")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    checks = local_checks()
+    if not any(c.status == "FAIL" for c in checks):
+        try:
+            url = connection.resolve_url(args.db)
+        except MailqError as exc:
+            checks.append(Check("Server", "Connectivity", "FAIL", str(exc),
+                                "set MAILQ_DB_URL or pass --db mssql+pyodbc://user:password@host:port/database"))
+        else:
+            checks += server_checks(url)
+    print(render(checks))
+    bad = {"FAIL", "WARN"} if args.strict else {"FAIL"}
+    return 1 if any(c.status in bad for c in checks) else 0

@@ -1,0 +1,91 @@
+"""``mailq-db stats``: queue counts, oldest due age, last hours' throughput, recent failures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+from typing import Any
+
+from .. import procedures
+from ..connection import connect
+
+HELP = """\
+Show the queue's health from the reporting views (mailq.GetQueueStats):
+counts by status and account, the oldest due mail's age per account (how far
+behind the workers are), sent/failed per hour, and the most recent failures.
+
+examples:
+  mailq-db stats
+  mailq-db stats --failures 50
+  mailq-db stats --json | jq '.by_status'
+"""
+
+SECTIONS = (
+    ("by_status", "Mails by status and account", ("Status", "AccountName", "MailCount")),
+    ("oldest_due", "Oldest due mail per account", ("AccountName", "OldestDueUtc", "OldestDueAgeSeconds")),
+    ("throughput", "Throughput per hour (UTC)", ("HourUtc", "AccountName", "Sent", "Failed")),
+    ("failures", "Recent failures", ("ID", "AccountName", "Status", "DateProcessed", "LastError")),
+)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("stats", help="queue counts, oldest due age, throughput, failures",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--failures", type=_count, default=10, metavar="N", help="recent failures to list (default 10)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--db", help="database URL (default: $MAILQ_DB_URL)")
+    p.set_defaults(func=run)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be 0-1000, got {value}")
+    return value
+
+
+def _cell(value: Any, width: int | None = None) -> str:
+    if value is None:
+        text = "-"
+    elif isinstance(value, datetime):
+        text = value.strftime("%Y-%m-%d %H:%M:%S")
+    else:
+        text = " ".join(str(value).split())
+    if width and len(text) > width:
+        text = text[: width - 1] + "…"
+    return text
+
+
+def table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    if not rows:
+        return "  (none)"
+    cells = [[_cell(r.get(c), 80) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def render(stats: procedures.QueueStats) -> str:
+    parts = []
+    for attr, title, columns in SECTIONS:
+        parts.append(f"{title}:\n{table(getattr(stats, attr), columns)}")
+    return "\n\n".join(parts)
+
+
+def run(args) -> int:
+    conn = connect(args.db)
+    try:
+        stats = procedures.get_queue_stats(conn, recent_failures=args.failures)
+    finally:
+        conn.close()
+    if args.json:
+        print(json.dumps({attr: getattr(stats, attr) for attr, _, _ in SECTIONS},
+                         default=str, ensure_ascii=False, indent=2))
+    else:
+        print(render(stats))
+    return 0

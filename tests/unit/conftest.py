@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -15,6 +16,15 @@ from smtp_sink import PASSWORD, USER, SmtpSink  # noqa: E402
 from mailq_db.connection import Backoff, ReconnectingConnection  # noqa: E402
 from mailq_db.worker.config import AccountConfig, Config, WorkerConfig  # noqa: E402
 from mailq_db.worker.loop import Worker  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _restore_mailq_logger():
+    """``mailq-db worker`` configures the mailq_db logger; undo it after each test."""
+    logger = logging.getLogger("mailq_db")
+    saved = (list(logger.handlers), logger.propagate, logger.level)
+    yield
+    logger.handlers[:], logger.propagate, logger.level = saved[0], saved[1], saved[2]
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 sqlfluff 4.5.0 parses ``END CONVERSATION`` but none of the other Service
 Broker statements. This module defines them from Microsoft's documented
-syntax (learn.microsoft.com/sql/t-sql/statements/<statement>-transact-sql)
+syntax (https://learn.microsoft.com/en-us/sql/t-sql/statements/)
 and :func:`extend_tsql` adds them to the raw ``tsql`` dialect object in place.
 
 Why in place: sqlfluff's plugin API has hooks for rules, templaters and
@@ -46,13 +46,14 @@ from sqlfluff.dialects import dialect_tsql
 
 # Every keyword the grammars below use; the ones tsql already knows are skipped.
 BROKER_KEYWORDS = (
-    "ACTIVATION ANY AS AUTHORIZATION BEGIN BY COLLECTION CONTRACT CONVERSATION "
-    "CREATE CURRENT DATABASE DIALOG DROP EMPTY ENCRYPTION EXECUTE FROM GET "
-    "GROUP INITIATOR INTO LIFETIME LOB_COMPACTION MAX_QUEUE_READERS MAXDOP "
-    "MESSAGE MOVE NONE OFF ON OWNER POISON_MESSAGE_HANDLING PROCEDURE_NAME QUEUE "
-    "REBUILD RECEIVE RELATED_CONVERSATION RELATED_CONVERSATION_GROUP REORGANIZE "
-    "RETENTION SCHEMA SELF SEND SENT SERVICE STATUS TARGET TIMEOUT TIMER TO TOP "
-    "TYPE VALID_XML VALIDATION WAITFOR WELL_FORMED_XML WHERE WITH ADD ALTER"
+    "ACTIVATION ADD ALTER ANY AS AUTHORIZATION BEGIN BY COLLECTION CONTRACT "
+    "CONVERSATION CREATE CURRENT DATABASE DIALOG DROP EMPTY ENCRYPTION "
+    "EXECUTE FROM GET GROUP INITIATOR INTO LIFETIME LOB_COMPACTION MAXDOP "
+    "MAX_QUEUE_READERS MESSAGE MOVE NONE OFF ON OWNER "
+    "POISON_MESSAGE_HANDLING PROCEDURE_NAME QUEUE REBUILD RECEIVE "
+    "RELATED_CONVERSATION RELATED_CONVERSATION_GROUP REORGANIZE RETENTION "
+    "SCHEMA SELF SEND SENT SERVICE STATUS TARGET TIMEOUT TIMER TO TOP TYPE "
+    "VALIDATION VALID_XML WAITFOR WELL_FORMED_XML WHERE WITH"
 ).split()
 
 
@@ -114,9 +115,7 @@ def _clause(*elements: Matchable, optional: bool = False) -> Matchable:
 
 
 _on_off = OneOf("ON", "OFF")
-_authorization = _clause(
-    "AUTHORIZATION", Ref("SingleIdentifierGrammar"), optional=True
-)
+_authorization = _clause("AUTHORIZATION", Ref("SingleIdentifierGrammar"), optional=True)
 _handle = Ref("ParameterNameSegment")
 _string_or_variable = OneOf(
     Ref("QuotedLiteralSegmentOptWithN"), Ref("ParameterNameSegment")
@@ -145,19 +144,21 @@ def _queue_settings(alter: bool) -> Matchable:
         else Delimited(OneOf(*_activation_options))
     )
     poison_status = _setting("STATUS", _on_off)
-    return Sequence(
+    # Laid out as in Microsoft's examples: `WITH STATUS = ON,` on a line
+    # indented under CREATE/ALTER QUEUE, further options aligned with WITH.
+    return _clause(
         "WITH",
-        Indent,
         _comma_optional_list(
             _setting("STATUS", _on_off),
             _setting("RETENTION", _on_off),
             Sequence("ACTIVATION", Bracketed(activation)),
             Sequence(
                 "POISON_MESSAGE_HANDLING",
-                Bracketed(poison_status if alter else Sequence(poison_status, optional=True)),
+                Bracketed(
+                    poison_status if alter else Sequence(poison_status, optional=True)
+                ),
             ),
         ),
-        Dedent,
     )
 
 
@@ -178,7 +179,10 @@ _validation = _setting(
 
 
 class CreateQueueStatementSegment(BaseSegment):
-    """``CREATE QUEUE``: learn.microsoft.com/sql/t-sql/statements/create-queue-transact-sql."""
+    """``CREATE QUEUE`` statement.
+
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/create-queue-transact-sql
+    """
 
     type = "create_queue_statement"
     match_grammar = Sequence(
@@ -187,12 +191,15 @@ class CreateQueueStatementSegment(BaseSegment):
         Ref("QueueReferenceSegment"),
         Sequence(_queue_settings(alter=False), optional=True),
         # ON { filegroup | [DEFAULT] }
-        Ref("FilegroupClause", optional=True),
+        _clause(Ref("FilegroupClause"), optional=True),
     )
 
 
 class AlterQueueStatementSegment(BaseSegment):
-    """``ALTER QUEUE``: learn.microsoft.com/sql/t-sql/statements/alter-queue-transact-sql."""
+    """``ALTER QUEUE`` statement.
+
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/alter-queue-transact-sql
+    """
 
     type = "alter_queue_statement"
     match_grammar = Sequence(
@@ -212,7 +219,9 @@ class AlterQueueStatementSegment(BaseSegment):
             Sequence(
                 "REORGANIZE",
                 Sequence(
-                    "WITH", Bracketed(_setting("LOB_COMPACTION", _on_off)), optional=True
+                    "WITH",
+                    Bracketed(_setting("LOB_COMPACTION", _on_off)),
+                    optional=True,
                 ),
             ),
             # MOVE TO { file_group | "default" }
@@ -222,7 +231,10 @@ class AlterQueueStatementSegment(BaseSegment):
 
 
 class CreateServiceStatementSegment(BaseSegment):
-    """``CREATE SERVICE``: learn.microsoft.com/sql/t-sql/statements/create-service-transact-sql."""
+    """``CREATE SERVICE`` statement.
+
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/create-service-transact-sql
+    """
 
     type = "create_service_statement"
     match_grammar = Sequence(
@@ -232,12 +244,15 @@ class CreateServiceStatementSegment(BaseSegment):
         _authorization,
         _clause("ON", "QUEUE", Ref("QueueReferenceSegment")),
         # Contracts this service is a target for; [DEFAULT] is a bracketed name.
-        Bracketed(Delimited(Ref("ContractReferenceSegment")), optional=True),
+        _clause(Bracketed(Delimited(Ref("ContractReferenceSegment"))), optional=True),
     )
 
 
 class AlterServiceStatementSegment(BaseSegment):
-    """``ALTER SERVICE``: learn.microsoft.com/sql/t-sql/statements/alter-service-transact-sql."""
+    """``ALTER SERVICE`` statement.
+
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/alter-service-transact-sql
+    """
 
     type = "alter_service_statement"
     match_grammar = Sequence(
@@ -245,9 +260,15 @@ class AlterServiceStatementSegment(BaseSegment):
         "SERVICE",
         Ref("ServiceReferenceSegment"),
         _clause("ON", "QUEUE", Ref("QueueReferenceSegment"), optional=True),
-        Bracketed(
-            Delimited(
-                Sequence(OneOf("ADD", "DROP"), "CONTRACT", Ref("ContractReferenceSegment"))
+        _clause(
+            Bracketed(
+                Delimited(
+                    Sequence(
+                        OneOf("ADD", "DROP"),
+                        "CONTRACT",
+                        Ref("ContractReferenceSegment"),
+                    )
+                )
             ),
             optional=True,
         ),
@@ -255,7 +276,10 @@ class AlterServiceStatementSegment(BaseSegment):
 
 
 class CreateContractStatementSegment(BaseSegment):
-    """``CREATE CONTRACT``: learn.microsoft.com/sql/t-sql/statements/create-contract-transact-sql."""
+    """``CREATE CONTRACT`` statement.
+
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/create-contract-transact-sql
+    """
 
     type = "create_contract_statement"
     match_grammar = Sequence(
@@ -263,13 +287,15 @@ class CreateContractStatementSegment(BaseSegment):
         "CONTRACT",
         Ref("ContractReferenceSegment"),
         _authorization,
-        Bracketed(
-            Delimited(
-                Sequence(
-                    Ref("MessageTypeReferenceSegment"),
-                    "SENT",
-                    "BY",
-                    OneOf("INITIATOR", "TARGET", "ANY"),
+        _clause(
+            Bracketed(
+                Delimited(
+                    Sequence(
+                        Ref("MessageTypeReferenceSegment"),
+                        "SENT",
+                        "BY",
+                        OneOf("INITIATOR", "TARGET", "ANY"),
+                    )
                 )
             )
         ),
@@ -277,7 +303,10 @@ class CreateContractStatementSegment(BaseSegment):
 
 
 class CreateMessageTypeStatementSegment(BaseSegment):
-    """``CREATE MESSAGE TYPE``: learn.microsoft.com/sql/t-sql/statements/create-message-type-transact-sql."""
+    """``CREATE MESSAGE TYPE`` statement.
+
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/create-message-type-transact-sql
+    """
 
     type = "create_message_type_statement"
     match_grammar = Sequence(
@@ -291,11 +320,18 @@ class CreateMessageTypeStatementSegment(BaseSegment):
 
 
 class AlterMessageTypeStatementSegment(BaseSegment):
-    """``ALTER MESSAGE TYPE``: learn.microsoft.com/sql/t-sql/statements/alter-message-type-transact-sql."""
+    """``ALTER MESSAGE TYPE`` statement.
+
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/alter-message-type-transact-sql
+    """
 
     type = "alter_message_type_statement"
     match_grammar = Sequence(
-        "ALTER", "MESSAGE", "TYPE", Ref("MessageTypeReferenceSegment"), _clause(_validation)
+        "ALTER",
+        "MESSAGE",
+        "TYPE",
+        Ref("MessageTypeReferenceSegment"),
+        _clause(_validation),
     )
 
 
@@ -320,7 +356,7 @@ class DropBrokerObjectStatementSegment(BaseSegment):
 class BeginDialogStatementSegment(BaseSegment):
     """``BEGIN DIALOG [CONVERSATION]``.
 
-    learn.microsoft.com/sql/t-sql/statements/begin-dialog-conversation-transact-sql
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/begin-dialog-conversation-transact-sql
     """
 
     type = "begin_dialog_statement"
@@ -357,7 +393,7 @@ class BeginDialogStatementSegment(BaseSegment):
 class BeginConversationTimerStatementSegment(BaseSegment):
     """``BEGIN CONVERSATION TIMER``.
 
-    learn.microsoft.com/sql/t-sql/statements/begin-conversation-timer-transact-sql
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/begin-conversation-timer-transact-sql
     """
 
     type = "begin_conversation_timer_statement"
@@ -371,7 +407,10 @@ class BeginConversationTimerStatementSegment(BaseSegment):
 
 
 class SendStatementSegment(BaseSegment):
-    """``SEND ON CONVERSATION``: learn.microsoft.com/sql/t-sql/statements/send-transact-sql."""
+    """``SEND ON CONVERSATION`` statement.
+
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/send-transact-sql
+    """
 
     type = "send_statement"
     match_grammar = Sequence(
@@ -388,7 +427,9 @@ class SendStatementSegment(BaseSegment):
 
 
 class ReceiveStatementSegment(BaseSegment):
-    """``RECEIVE``: learn.microsoft.com/sql/t-sql/statements/receive-transact-sql.
+    """``RECEIVE`` statement.
+
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/receive-transact-sql
 
     Column specifiers are select-list elements: ``*``, expressions with
     optional aliases, ``alias = expression`` and ``@variable = expression``.
@@ -422,7 +463,7 @@ class ReceiveStatementSegment(BaseSegment):
 class GetConversationGroupStatementSegment(BaseSegment):
     """``GET CONVERSATION GROUP``.
 
-    learn.microsoft.com/sql/t-sql/statements/get-conversation-group-transact-sql
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/get-conversation-group-transact-sql
     """
 
     type = "get_conversation_group_statement"
@@ -434,8 +475,9 @@ class GetConversationGroupStatementSegment(BaseSegment):
 class WaitForConversationStatementSegment(BaseSegment):
     """``WAITFOR ( RECEIVE ... | GET CONVERSATION GROUP ... ) [, TIMEOUT n]``.
 
-    learn.microsoft.com/sql/t-sql/language-elements/waitfor-transact-sql; the
-    dialect's own ``WaitForStatementSegment`` keeps ``DELAY`` and ``TIME``.
+    https://learn.microsoft.com/en-us/sql/t-sql/language-elements/waitfor-transact-sql
+
+    The dialect's own ``WaitForStatementSegment`` keeps ``DELAY`` and ``TIME``.
     """
 
     type = "waitfor_statement"

@@ -36,7 +36,9 @@ def assert_parses(sql: str, *types: str) -> BaseSegment:
     tree = parse(sql)
     assert unparsable(tree) == [], tree.stringify()
     for seg_type in types:
-        assert any(tree.recursive_crawl(seg_type)), f"{seg_type} missing:\n{tree.stringify()}"
+        assert any(
+            tree.recursive_crawl(seg_type)
+        ), f"{seg_type} missing:\n{tree.stringify()}"
     return tree
 
 
@@ -56,8 +58,7 @@ FORMS = [
     ("CREATE QUEUE dbo.DelayServiceQueue;", "create_queue_statement"),
     (
         """CREATE QUEUE dbo.DelayServiceQueue
-        WITH
-            STATUS = ON,
+            WITH STATUS = ON,
             RETENTION = OFF,
             ACTIVATION (
                 STATUS = ON,
@@ -66,7 +67,7 @@ FORMS = [
                 EXECUTE AS OWNER
             ),
             POISON_MESSAGE_HANDLING (STATUS = ON)
-        ON [DEFAULT];""",
+            ON [DEFAULT];""",
         "create_queue_statement",
     ),
     (
@@ -96,7 +97,10 @@ FORMS = [
     ("ALTER QUEUE dbo.q REBUILD;", "alter_queue_statement"),
     ("ALTER QUEUE dbo.q REBUILD WITH (MAXDOP = 2);", "alter_queue_statement"),
     ("ALTER QUEUE dbo.q REORGANIZE;", "alter_queue_statement"),
-    ("ALTER QUEUE dbo.q REORGANIZE WITH (LOB_COMPACTION = ON);", "alter_queue_statement"),
+    (
+        "ALTER QUEUE dbo.q REORGANIZE WITH (LOB_COMPACTION = ON);",
+        "alter_queue_statement",
+    ),
     ("ALTER QUEUE dbo.q MOVE TO fg_broker;", "alter_queue_statement"),
     ('ALTER QUEUE dbo.q MOVE TO "default";', "alter_queue_statement"),
     ("ALTER QUEUE dbo.q MOVE TO [DEFAULT];", "alter_queue_statement"),
@@ -125,15 +129,27 @@ FORMS = [
         );""",
         "create_contract_statement",
     ),
-    ("CREATE CONTRACT [//x/c] AUTHORIZATION dbo ([//x/m] SENT BY ANY);", "create_contract_statement"),
+    (
+        "CREATE CONTRACT [//x/c] AUTHORIZATION dbo ([//x/m] SENT BY ANY);",
+        "create_contract_statement",
+    ),
     # CREATE / ALTER MESSAGE TYPE
-    ("CREATE MESSAGE TYPE [//mailq-db/DelayExecution/Request];", "create_message_type_statement"),
+    (
+        "CREATE MESSAGE TYPE [//mailq-db/DelayExecution/Request];",
+        "create_message_type_statement",
+    ),
     (
         "CREATE MESSAGE TYPE [//x/m] AUTHORIZATION dbo VALIDATION = NONE;",
         "create_message_type_statement",
     ),
-    ("CREATE MESSAGE TYPE [//x/m] VALIDATION = EMPTY;", "create_message_type_statement"),
-    ("CREATE MESSAGE TYPE [//x/m] VALIDATION = WELL_FORMED_XML;", "create_message_type_statement"),
+    (
+        "CREATE MESSAGE TYPE [//x/m] VALIDATION = EMPTY;",
+        "create_message_type_statement",
+    ),
+    (
+        "CREATE MESSAGE TYPE [//x/m] VALIDATION = WELL_FORMED_XML;",
+        "create_message_type_statement",
+    ),
     (
         "CREATE MESSAGE TYPE [//x/m] VALIDATION = VALID_XML WITH SCHEMA COLLECTION dbo.Schemas;",
         "create_message_type_statement",
@@ -170,8 +186,14 @@ FORMS = [
         "begin_dialog_statement",
     ),
     # BEGIN CONVERSATION TIMER
-    ("BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = 120;", "begin_conversation_timer_statement"),
-    ("BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Seconds;", "begin_conversation_timer_statement"),
+    (
+        "BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = 120;",
+        "begin_conversation_timer_statement",
+    ),
+    (
+        "BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Seconds;",
+        "begin_conversation_timer_statement",
+    ),
     # SEND
     (
         "SEND ON CONVERSATION @Handle\n"
@@ -197,7 +219,10 @@ FORMS = [
         "WHERE conversation_group_id = @Group;",
         "receive_statement",
     ),
-    ("RECEIVE message_body FROM q WHERE conversation_handle = @h;", "receive_statement"),
+    (
+        "RECEIVE message_body FROM q WHERE conversation_handle = @h;",
+        "receive_statement",
+    ),
     # GET CONVERSATION GROUP
     ("GET CONVERSATION GROUP @Group FROM dbo.q;", "get_conversation_group_statement"),
     # WAITFOR ( RECEIVE | GET CONVERSATION GROUP ) [, TIMEOUT n]
@@ -207,7 +232,10 @@ FORMS = [
         "waitfor_statement",
     ),
     ("WAITFOR (RECEIVE * FROM q WHERE conversation_handle = @h);", "waitfor_statement"),
-    ("WAITFOR (GET CONVERSATION GROUP @g FROM dbo.q), TIMEOUT @Ms;", "waitfor_statement"),
+    (
+        "WAITFOR (GET CONVERSATION GROUP @g FROM dbo.q), TIMEOUT @Ms;",
+        "waitfor_statement",
+    ),
     # END CONVERSATION (the dialect already had it; kept here as a regression check)
     ("END CONVERSATION @h;", "end_conversation_statement"),
     ("END CONVERSATION @h WITH CLEANUP;", "end_conversation_statement"),
@@ -230,7 +258,9 @@ def test_form_parses_standalone(sql: str, seg_type: str) -> None:
 
 @pytest.mark.parametrize(("sql", "seg_type"), FORMS, ids=FORM_IDS)
 def test_form_parses_inside_procedure(sql: str, seg_type: str) -> None:
-    body = "DECLARE @h UNIQUEIDENTIFIER;\n" + textwrap.dedent(sql) + "\nSELECT 1 AS done;"
+    body = (
+        "DECLARE @h UNIQUEIDENTIFIER;\n" + textwrap.dedent(sql) + "\nSELECT 1 AS done;"
+    )
     tree = assert_parses(in_procedure(body), "create_procedure_statement", seg_type)
     assert any(tree.recursive_crawl("select_statement"))
 
@@ -243,7 +273,9 @@ def test_queue_names_and_keywords_are_typed() -> None:
     assert [s.raw for s in tree.recursive_crawl("queue_reference")] == ["dbo.q"]
     assert [s.raw for s in tree.recursive_crawl("service_reference")] == ["[//x/s]"]
     assert [s.raw for s in tree.recursive_crawl("contract_reference")] == ["[//x/c]"]
-    assert [s.raw for s in tree.recursive_crawl("message_type_reference")] == ["[//x/m]"]
+    assert [s.raw for s in tree.recursive_crawl("message_type_reference")] == [
+        "[//x/m]"
+    ]
     keywords = {s.raw for s in tree.recursive_crawl("keyword")}
     assert {"SERVICE", "QUEUE", "SEND", "CONVERSATION", "MESSAGE", "TYPE"} <= keywords
 
@@ -341,7 +373,17 @@ WAITFOR_RECEIVE = (
         f"WHILE 1 = 1\nBEGIN\n    {WAITFOR_RECEIVE}\n    IF @@ROWCOUNT = 0 BREAK;\nEND;",
         f"BEGIN\n    BEGIN CONVERSATION TIMER (@h) TIMEOUT = 1;\nEND;",
     ],
-    ids=["tran", "tran-no-semicolons", "try", "try-tran", "if", "else", "if-else", "while", "timer-in-block"],
+    ids=[
+        "tran",
+        "tran-no-semicolons",
+        "try",
+        "try-tran",
+        "if",
+        "else",
+        "if-else",
+        "while",
+        "timer-in-block",
+    ],
 )
 def test_waitfor_receive_in_blocks(body: str) -> None:
     assert_parses(in_procedure(body), "create_procedure_statement")
@@ -367,8 +409,14 @@ def test_waitfor_receive_in_blocks(body: str) -> None:
             "BEGIN DIALOG @h FROM SERVICE s TO SERVICE 's' WITH ENCRYPTION = MAYBE;",
             "ENCRYPTION = MAYBE",
         ),
-        ("ALTER QUEUE q WITH POISON_MESSAGE_HANDLING ();", "POISON_MESSAGE_HANDLING ()"),
-        ("RECEIVE * FROM q WHERE conversation_handle > @h;", "WHERE conversation_handle > @h"),
+        (
+            "ALTER QUEUE q WITH POISON_MESSAGE_HANDLING ();",
+            "POISON_MESSAGE_HANDLING ()",
+        ),
+        (
+            "RECEIVE * FROM q WHERE conversation_handle > @h;",
+            "WHERE conversation_handle > @h",
+        ),
         # Missing clauses.
         ("BEGIN DIALOG @h TO SERVICE 's';", "BEGIN DIALOG @h TO SERVICE 's'"),
         ("BEGIN DIALOG @h FROM SERVICE s;", "BEGIN DIALOG @h FROM SERVICE s"),
@@ -460,7 +508,9 @@ def test_extend_is_idempotent() -> None:
 
 def test_capitalisation_rule_sees_new_keywords() -> None:
     config = FluffConfig(
-        configs={"rules": {"capitalisation.keywords": {"capitalisation_policy": "upper"}}},
+        configs={
+            "rules": {"capitalisation.keywords": {"capitalisation_policy": "upper"}}
+        },
         overrides={"dialect": "tsql", "rules": "CP01"},
     )
     fixed = (
@@ -471,12 +521,122 @@ def test_capitalisation_rule_sees_new_keywords() -> None:
     assert fixed == "WAITFOR (RECEIVE TOP (1) * FROM dbo.q), TIMEOUT 5;\n"
 
 
+# -- layout: the usual ways of writing these statements pass the layout rules --
+
+LAID_OUT = """\
+CREATE MESSAGE TYPE [//mailq-db/Request]
+    VALIDATION = WELL_FORMED_XML;
+
+CREATE CONTRACT [//mailq-db/Contract] (
+    [//mailq-db/Request] SENT BY INITIATOR,
+    [DEFAULT] SENT BY ANY
+);
+
+CREATE CONTRACT [//mailq-db/Contract2]
+    AUTHORIZATION dbo ([//mailq-db/Request] SENT BY ANY);
+
+CREATE QUEUE dbo.DelayServiceQueue
+    WITH STATUS = ON,
+    RETENTION = OFF,
+    ACTIVATION (
+        STATUS = ON,
+        PROCEDURE_NAME = dbo.ProcessDelayQueue,
+        MAX_QUEUE_READERS = 4,
+        EXECUTE AS OWNER
+    ),
+    POISON_MESSAGE_HANDLING (STATUS = ON)
+    ON [DEFAULT];
+
+ALTER QUEUE dbo.DelayServiceQueue
+    WITH ACTIVATION (MAX_QUEUE_READERS = 5);
+
+CREATE SERVICE [//mailq-db/Service]
+    ON QUEUE dbo.DelayServiceQueue ([//mailq-db/Contract]);
+
+CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue
+AS
+BEGIN
+    DECLARE @Handle UNIQUEIDENTIFIER;
+    DECLARE @Body VARBINARY(MAX);
+
+    BEGIN TRY
+        BEGIN TRANSACTION;
+
+        WAITFOR (
+            RECEIVE TOP (1)
+                @Handle = conversation_handle,
+                @Body = message_body
+            FROM dbo.DelayServiceQueue
+            WHERE conversation_group_id = @Handle
+        ), TIMEOUT 5000;
+
+        BEGIN DIALOG CONVERSATION @Handle
+            FROM SERVICE [//mailq-db/Service]
+            TO SERVICE N'//mailq-db/Service', N'CURRENT DATABASE'
+            ON CONTRACT [//mailq-db/Contract]
+            WITH ENCRYPTION = OFF, LIFETIME = 600;
+
+        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = 60;
+
+        SEND ON CONVERSATION @Handle
+            MESSAGE TYPE [//mailq-db/Request]
+            (@Body);
+
+        WAITFOR (GET CONVERSATION GROUP @Handle FROM dbo.DelayServiceQueue), TIMEOUT 10;
+
+        END CONVERSATION @Handle;
+
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        END CONVERSATION @Handle WITH ERROR = 50300 DESCRIPTION = N'failed';
+    END CATCH;
+END;
+"""
+
+
+def test_layout_rules_accept_usual_layout() -> None:
+    """Indent points follow Microsoft's examples: clauses indented under the verb."""
+    rules = [
+        "LT01",
+        "LT02",
+        "LT03",
+        "LT04",
+        "LT06",
+        "LT08",
+        "LT09",
+        "LT10",
+        "LT11",
+        "LT12",
+        "CP01",
+    ]
+    violations = sqlfluff.lint(LAID_OUT, dialect="tsql", rules=rules)
+    assert violations == []
+
+
+def test_long_lines_break_between_clauses() -> None:
+    fixed = sqlfluff.fix(
+        "BEGIN DIALOG @Handle FROM SERVICE [//mailq-db/Service] "
+        "TO SERVICE N'//mailq-db/Service' ON CONTRACT [//mailq-db/Contract];\n",
+        dialect="tsql",
+        rules=["LT05"],
+    )
+    assert fixed == (
+        "BEGIN DIALOG @Handle\n"
+        "    FROM SERVICE [//mailq-db/Service]\n"
+        "    TO SERVICE N'//mailq-db/Service' ON CONTRACT [//mailq-db/Contract];\n"
+    )
+
+
 # -- the entry point itself: CLI and Python API in fresh processes ----------
 
 
 def test_entry_point_is_registered() -> None:
     points = importlib.metadata.entry_points(group="sqlfluff")
-    assert [p.value for p in points if p.name == "tsql_broker"] == ["sqlfluff_tsql_broker.plugin"]
+    assert [p.value for p in points if p.name == "tsql_broker"] == [
+        "sqlfluff_tsql_broker.plugin"
+    ]
 
 
 BROKER_FILE = f"""\
@@ -496,7 +656,11 @@ def test_cli_loads_plugin(tmp_path, command: str) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "unparsable" not in run.stdout
     if command == "parse":
-        for seg_type in ("create_queue_statement", "receive_statement", "send_statement"):
+        for seg_type in (
+            "create_queue_statement",
+            "receive_statement",
+            "send_statement",
+        ):
             assert seg_type in run.stdout
 
 

@@ -6,7 +6,10 @@ requiring STARTTLS and AUTH, and answers with scripted replies:
 ``rcpt`` or ``data`` and key an address (the sender for ``mail``, a recipient
 for ``rcpt`` and ``data``) or ``"*"`` for any.  Special replies:
 ``"drop"`` closes the connection without answering, ``"stall"`` answers only
-after ``stall_seconds``.  Every accepted message is kept in ``messages``.
+after ``stall_seconds``.  Every accepted message is kept in ``messages``
+(unless ``keep_messages=False``; ``message_count`` counts them anyway).
+``reply_delay`` waits before the last line of every reply, so each client
+command costs one simulated round trip; ``replies_sent`` counts those replies.
 """
 
 from __future__ import annotations
@@ -25,10 +28,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import logging
+
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword
 
 USER, PASSWORD = "mailer", "s3cret-test-password"
+# aiosmtpd 1.4 logs a warning about its own internal use of Session.login_data on every AUTH.
+logging.getLogger("mail.log").setLevel(logging.ERROR)
 
 
 @dataclass
@@ -121,10 +128,12 @@ class _Handler:
         if reply:
             return reply
         with self.sink.lock:
-            self.sink.messages.append(Received(envelope.mail_from, list(envelope.rcpt_tos),
-                                               bytes(envelope.original_content or envelope.content)))
+            self.sink.message_count += 1
+            if self.sink.keep_messages:
+                self.sink.messages.append(Received(envelope.mail_from, list(envelope.rcpt_tos),
+                                                   bytes(envelope.original_content or envelope.content)))
             self.sink.accepted.set()
-        return f"250 2.0.0 Ok: queued as Q{len(self.sink.messages)}"
+            return f"250 2.0.0 Ok: queued as Q{self.sink.message_count}"
 
 
 class _DelayedSMTP(SMTP):
@@ -136,16 +145,18 @@ class _DelayedSMTP(SMTP):
         self._counter = counter
 
     async def push(self, status: str) -> None:
-        if self._counter is not None:
+        final = len(status) < 4 or status[3] != "-"  # the last line of a reply: one round trip
+        if final and self._counter is not None:
             self._counter()
-        if self._reply_delay:
+        if final and self._reply_delay:
             await asyncio.sleep(self._reply_delay)
         await super().push(status)
 
 
 class SmtpSink:
     def __init__(self, *, starttls: bool = False, auth: bool = False, smtputf8: bool = True,
-                 stall_seconds: float = 2.0, reply_delay: float = 0.0, cert_dir: str | None = None):
+                 stall_seconds: float = 2.0, reply_delay: float = 0.0, cert_dir: str | None = None,
+                 keep_messages: bool = True):
         self.replies: dict[tuple[str, str], str] = {}
         self.messages: list[Received] = []
         self.lock = threading.Lock()
@@ -153,6 +164,8 @@ class SmtpSink:
         self.stall_seconds = stall_seconds
         self.reply_delay = reply_delay
         self.replies_sent = 0
+        self.keep_messages = keep_messages
+        self.message_count = 0
         self.connections = 0
         self.cert = self.key = None
         tls_context = None

@@ -9,7 +9,7 @@ import urllib.request
 from datetime import datetime
 
 import pytest
-from conftest import FakeQueue, make_mail
+from worker_helpers import FakeQueue, make_mail
 from fake_queue import FakeConnection
 
 from mailq_db.cli import main

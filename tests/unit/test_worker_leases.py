@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from conftest import FakeQueue, account_for, make_mail, make_worker
+from worker_helpers import FakeQueue, account_for, make_mail, make_worker
 
 from mailq_db.worker.smtp import SmtpSession
 

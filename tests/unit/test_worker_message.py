@@ -5,7 +5,7 @@ from __future__ import annotations
 from email import message_from_bytes, policy
 
 import pytest
-from conftest import FakeQueue, account_for, make_mail, make_worker
+from worker_helpers import FakeQueue, account_for, make_mail, make_worker
 
 from mailq_db.procedures import Attachment
 from mailq_db.worker.message import MalformedMail, build, validate_header

@@ -10,7 +10,7 @@ from __future__ import annotations
 from email import message_from_string, policy
 
 import pytest
-from conftest import FakeQueue, SmtpSink, account_for, make_mail, make_worker
+from worker_helpers import FakeQueue, SmtpSink, account_for, make_mail, make_worker
 
 
 def run_once(queue, accounts, **settings):

@@ -34,7 +34,6 @@ import smtplib
 import ssl
 import sys
 import time
-from dataclasses import replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "unit"))

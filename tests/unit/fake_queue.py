@@ -12,13 +12,12 @@ integration suite against SQL Server.
 from __future__ import annotations
 
 import threading
-import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
 from mailq_db.errors import LeaseLostError
-from mailq_db.procedures import AckResult, Attachment, ClaimedMail, EnqueueResult, QueueStats
+from mailq_db.procedures import AckResult, ClaimedMail, EnqueueResult, QueueStats
 
 
 def utcnow() -> datetime:

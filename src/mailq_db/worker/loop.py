@@ -22,8 +22,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from types import ModuleType
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
 from .. import procedures

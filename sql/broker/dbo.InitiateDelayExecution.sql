@@ -74,7 +74,7 @@ BEGIN
         (N'@F108214', LEN(@F108214)),
         (N'@F108215', LEN(@F108215)),
         (N'@F108216', LEN(@F108216))
-    ) AS v (ParameterName, ValueLength)
+    ) AS v(ParameterName, ValueLength)
     WHERE v.ValueLength > 200
     ORDER BY v.ParameterName;
 
@@ -106,7 +106,9 @@ BEGIN
         ELSE
             SAVE TRANSACTION InitiateDelayExecution;
 
-        INSERT INTO dbo.tabDIYTable12402 (F108210, F108211, F108212, F108213, F108214, F108215, F108216, F108218, F108219)
+        INSERT INTO dbo.tabDIYTable12402 (
+            F108210, F108211, F108212, F108213, F108214, F108215, F108216, F108218, F108219
+        )
         VALUES (@F108210, @F108211, @F108212, @F108213, @F108214, @F108215, @F108216, @F108218, 0);
 
         -- SCOPE_IDENTITY, not @@IDENTITY: the trigger inserts into delay.Log,

@@ -6,7 +6,7 @@ delay.Setting.ReceiveWaitMs, then returns.
 Parameters:  none.  Result sets: none.
 Messages:    DialogTimer (on a task's initiator handle): the delay, a retry's
                  backoff or the watchdog lease has expired
-             //mailq-db/DelayRequest (on the target handle; body = task ID):
+             MailqDelayRequest (on the target handle; body = task ID):
                  a task with delay 0, to run at once
              EndDialog, Error: end this side of the conversation; a task still
                  pending on it is failed (BrokerError)
@@ -84,6 +84,11 @@ BEGIN
         @Run BIT,
         @Retryable BIT,
         @Sql NVARCHAR(MAX),
+        -- The target contract: (@SPName, @Param1 ... @Param5 NVARCHAR(200)).
+        @ParameterList NVARCHAR(400) = CONCAT(
+            N'@SPName NVARCHAR(200), @Param1 NVARCHAR(200), @Param2 NVARCHAR(200), ',
+            N'@Param3 NVARCHAR(200), @Param4 NVARCHAR(200), @Param5 NVARCHAR(200)'
+        ),
         @LockName NVARCHAR(255),
         @LockResult INT,
         @ErrorNumber INT,
@@ -104,7 +109,7 @@ BEGIN
         @DialogTimer SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer',
         @EndDialog SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog',
         @BrokerError SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/Error',
-        @DelayRequest SYSNAME = N'//mailq-db/DelayRequest',
+        @DelayRequest SYSNAME = N'MailqDelayRequest',
         -- A conversation timer never exceeds one day; longer delays are chained.
         @MaxTimerSeconds INT = 86400,
         -- A timer that fires less than this before the due time counts as due
@@ -488,7 +493,7 @@ BEGIN
 
                 EXEC sys.sp_executesql
                     @Sql,
-                    N'@SPName NVARCHAR(200), @Param1 NVARCHAR(200), @Param2 NVARCHAR(200), @Param3 NVARCHAR(200), @Param4 NVARCHAR(200), @Param5 NVARCHAR(200)',
+                    @ParameterList,
                     @SPName = @SPName,
                     @Param1 = @Param1,
                     @Param2 = @Param2,

@@ -41,7 +41,7 @@ BEGIN
         -- A conversation timer never exceeds one day; dbo.ProcessDelayQueue
         -- re-arms a longer delay day by day.
         @MaxTimerSeconds INT = 86400,
-        @TaskID BIGINT = -9223372036854775808,
+        @TaskID BIGINT = NULL,
         @DelaySeconds INT,
         @Timeout INT,
         @Handle UNIQUEIDENTIFIER,
@@ -62,40 +62,48 @@ BEGIN
     );
 
     -- 1. Classify every inserted row in one statement.
+    WITH Candidate AS (
+        SELECT
+            TaskID = i.ID,
+            TargetName = CAST(i.F108211 AS NVARCHAR(4000)),
+            RawDelay = i.F108218,
+            -- TRY_CONVERT: an adopted table may type F108218 otherwise; a value
+            -- that is no integer is refused (50302) instead of failing the INSERT.
+            DelaySeconds = CASE WHEN i.F108218 IS NULL THEN 0 ELSE TRY_CONVERT(INT, i.F108218) END,
+            ParameterTooLong = CASE
+                WHEN
+                    LEN(i.F108212) > 200 OR LEN(i.F108213) > 200 OR LEN(i.F108214) > 200
+                    OR LEN(i.F108215) > 200 OR LEN(i.F108216) > 200
+                    THEN 1
+                ELSE 0
+            END
+        FROM inserted AS i
+        WHERE
+            ISNULL(i.F108219, 0) = 0
+            AND i.F108211 IS NOT NULL
+    )
+
     INSERT INTO @New (TaskID, TargetName, DelaySeconds, RefusalNumber, RefusalMessage, SchemaName, ProcedureName)
     SELECT
-        i.ID,
-        CAST(i.F108211 AS NVARCHAR(400)),
-        d.DelaySeconds,
+        c.TaskID,
+        LEFT(c.TargetName, 400),
+        c.DelaySeconds,
         CASE
-            WHEN d.DelaySeconds IS NULL OR d.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds THEN 50302
-            WHEN
-                LEN(i.F108212) > 200 OR LEN(i.F108213) > 200 OR LEN(i.F108214) > 200
-                OR LEN(i.F108215) > 200 OR LEN(i.F108216) > 200
-                THEN 50303
+            WHEN c.DelaySeconds IS NULL OR c.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds THEN 50302
+            WHEN c.ParameterTooLong = 1 THEN 50303
             ELSE r.RefusalNumber
         END,
         CASE
-            WHEN d.DelaySeconds IS NULL OR d.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds
-                THEN CONCAT(N'delay F108218 = ', i.F108218, N' is not 0-', @MaxDelaySeconds, N' seconds')
-            WHEN
-                LEN(i.F108212) > 200 OR LEN(i.F108213) > 200 OR LEN(i.F108214) > 200
-                OR LEN(i.F108215) > 200 OR LEN(i.F108216) > 200
+            WHEN c.DelaySeconds IS NULL OR c.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds
+                THEN CONCAT(N'delay F108218 = ', c.RawDelay, N' is not 0-', @MaxDelaySeconds, N' seconds')
+            WHEN c.ParameterTooLong = 1
                 THEN N'a parameter F108212-F108216 is longer than the target''s 200 characters'
             ELSE r.RefusalMessage
         END,
         r.SchemaName,
         r.ProcedureName
-    FROM inserted AS i
-    -- TRY_CONVERT: an adopted table may type F108218 otherwise; a value that
-    -- is no integer is refused (50302) instead of failing the INSERT.
-    CROSS APPLY (
-        SELECT DelaySeconds = CASE WHEN i.F108218 IS NULL THEN 0 ELSE TRY_CONVERT(INT, i.F108218) END
-    ) AS d
-    CROSS APPLY delay.ResolveTarget(CAST(i.F108211 AS NVARCHAR(4000))) AS r
-    WHERE
-        ISNULL(i.F108219, 0) = 0
-        AND i.F108211 IS NOT NULL;
+    FROM Candidate AS c
+    CROSS APPLY delay.ResolveTarget(c.TargetName) AS r;
 
     IF NOT EXISTS (SELECT 1 FROM @New)
         RETURN;
@@ -104,12 +112,18 @@ BEGIN
     -- restarted): the old bookkeeping refers to a row that is gone.  Its
     -- conversation, if still open, finds no task and is ended when its timer
     -- fires.
-    DELETE t
-    OUTPUT deleted.TaskID, N'Cancelled', deleted.TargetName, deleted.Attempts, 50332,
-        N'the platform row was replaced by a new row with the same ID', deleted.ConversationHandle
-    INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle)
+    -- (Not DELETE ... OUTPUT INTO delay.Log: an OUTPUT INTO target may not
+    -- have CHECK constraints.)
+    INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle)
+    SELECT
+        t.TaskID, N'Cancelled', t.TargetName, t.Attempts, 50332,
+        N'the platform row was replaced by a new row with the same ID', t.ConversationHandle
     FROM delay.Task AS t
-    INNER JOIN @New AS n ON n.TaskID = t.TaskID;
+    INNER JOIN @New AS n ON t.TaskID = n.TaskID;
+
+    DELETE t
+    FROM delay.Task AS t
+    INNER JOIN @New AS n ON t.TaskID = n.TaskID;
 
     -- 2. Bookkeeping, set-based: every row, scheduled or refused.
     INSERT INTO delay.Task (
@@ -141,7 +155,7 @@ BEGIN
     UPDATE p
     SET F108219 = 2
     FROM dbo.tabDIYTable12402 AS p
-    INNER JOIN @New AS n ON n.TaskID = p.ID
+    INNER JOIN @New AS n ON p.ID = n.TaskID
     WHERE n.RefusalNumber IS NOT NULL;
 
     -- 3. One conversation per scheduled row: BEGIN DIALOG has no set form.
@@ -151,16 +165,16 @@ BEGIN
             @TaskID = n.TaskID,
             @DelaySeconds = n.DelaySeconds
         FROM @New AS n
-        WHERE n.RefusalNumber IS NULL AND n.TaskID > @TaskID
+        WHERE n.RefusalNumber IS NULL AND (@TaskID IS NULL OR n.TaskID > @TaskID)
         ORDER BY n.TaskID;
 
         IF @@ROWCOUNT = 0
             BREAK;
 
         BEGIN DIALOG CONVERSATION @Handle
-            FROM SERVICE [//mailq-db/DelayService]
-            TO SERVICE N'//mailq-db/DelayService', N'CURRENT DATABASE'
-            ON CONTRACT [//mailq-db/DelayContract]
+            FROM SERVICE MailqDelayService
+            TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
+            ON CONTRACT MailqDelayContract
             WITH ENCRYPTION = OFF;
 
         IF @DelaySeconds = 0
@@ -168,7 +182,7 @@ BEGIN
             -- No timer for 0: a message on the dialog is received at once.
             SET @Body = CAST(@TaskID AS BINARY(8));
             SEND ON CONVERSATION @Handle
-                MESSAGE TYPE [//mailq-db/DelayRequest] (@Body);
+                MESSAGE TYPE MailqDelayRequest (@Body);
         END;
         ELSE
         BEGIN
@@ -182,5 +196,5 @@ BEGIN
     UPDATE t
     SET ConversationHandle = s.ConversationHandle
     FROM delay.Task AS t
-    INNER JOIN @Scheduled AS s ON s.TaskID = t.TaskID;
+    INNER JOIN @Scheduled AS s ON t.TaskID = s.TaskID;
 END;

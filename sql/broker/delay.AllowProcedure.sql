@@ -62,7 +62,7 @@ BEGIN
         @Name = o.name,
         @IsShipped = o.is_ms_shipped
     FROM sys.objects AS o
-    INNER JOIN sys.schemas AS s ON s.schema_id = o.schema_id
+    INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
     WHERE
         s.name = @Part2
         AND o.name = @Part1
@@ -86,7 +86,7 @@ BEGIN
     SELECT @Missing = STRING_AGG(c.ParameterName, N', ') WITHIN GROUP (ORDER BY c.ParameterName)
     FROM (
         VALUES (N'@SPName'), (N'@Param1'), (N'@Param2'), (N'@Param3'), (N'@Param4'), (N'@Param5')
-    ) AS c (ParameterName)
+    ) AS c(ParameterName)
     WHERE NOT EXISTS (
         SELECT 1 FROM sys.parameters AS p
         WHERE p.object_id = @ObjectId AND p.name = c.ParameterName

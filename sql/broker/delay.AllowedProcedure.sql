@@ -14,14 +14,14 @@ IF OBJECT_ID(N'delay.AllowedProcedure', N'U') IS NULL
 BEGIN
     CREATE TABLE delay.AllowedProcedure (
         AllowedProcedureId INT IDENTITY (1, 1) NOT NULL,
-        SchemaName         SYSNAME      NOT NULL,
-        ProcedureName      SYSNAME      NOT NULL,
-        ObjectId           INT          NOT NULL,
-        AllowBareName      BIT          NOT NULL
+        SchemaName SYSNAME NOT NULL,
+        ProcedureName SYSNAME NOT NULL,
+        ObjectId INT NOT NULL,
+        AllowBareName BIT NOT NULL
             CONSTRAINT DF_AllowedProcedure_AllowBareName DEFAULT (0),
-        ListedAtUtc        DATETIME2(3) NOT NULL
+        ListedAtUtc DATETIME2(3) NOT NULL
             CONSTRAINT DF_AllowedProcedure_ListedAtUtc DEFAULT (SYSUTCDATETIME()),
-        ListedBy           NVARCHAR(128) NOT NULL
+        ListedBy NVARCHAR(128) NOT NULL
             CONSTRAINT DF_AllowedProcedure_ListedBy DEFAULT (ORIGINAL_LOGIN()),
         CONSTRAINT PK_AllowedProcedure PRIMARY KEY CLUSTERED (AllowedProcedureId),
         CONSTRAINT UQ_AllowedProcedure_SchemaName_ProcedureName UNIQUE (SchemaName, ProcedureName)

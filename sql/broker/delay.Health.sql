@@ -41,19 +41,19 @@ SELECT
     QueuedMessages = (
         SELECT SUM(ps.row_count)
         FROM sys.internal_tables AS it
-        INNER JOIN sys.dm_db_partition_stats AS ps ON ps.object_id = it.object_id
+        INNER JOIN sys.dm_db_partition_stats AS ps ON it.object_id = ps.object_id
         WHERE it.parent_object_id = q.object_id AND ps.index_id IN (0, 1)
     ),
     OpenConversations = (
         SELECT COUNT_BIG(*)
         FROM sys.conversation_endpoints AS ce
-        INNER JOIN sys.services AS s ON s.service_id = ce.service_id
-        WHERE s.name = N'//mailq-db/DelayService' AND ce.state <> 'CD'
+        INNER JOIN sys.services AS s ON ce.service_id = s.service_id
+        WHERE s.name = N'MailqDelayService' AND ce.state <> 'CD'
     ),
     TransmissionQueue = (
         SELECT COUNT_BIG(*)
         FROM sys.transmission_queue AS tq
-        WHERE tq.from_service_name = N'//mailq-db/DelayService'
+        WHERE tq.from_service_name = N'MailqDelayService'
     ),
     PendingTasks = (
         SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState IN (N'Scheduled', N'Retrying')

@@ -10,9 +10,9 @@ Written by the deployment only; no role has rights on it.
 IF OBJECT_ID(N'delay.Installation', N'U') IS NULL
 BEGIN
     CREATE TABLE delay.Installation (
-        Item          NVARCHAR(256) NOT NULL,
-        Detail        NVARCHAR(400) NOT NULL,
-        RecordedAtUtc DATETIME2(3)  NOT NULL
+        Item NVARCHAR(256) NOT NULL,
+        Detail NVARCHAR(400) NOT NULL,
+        RecordedAtUtc DATETIME2(3) NOT NULL
             CONSTRAINT DF_Installation_RecordedAtUtc DEFAULT (SYSUTCDATETIME()),
         CONSTRAINT PK_Installation PRIMARY KEY CLUSTERED (Item)
     );

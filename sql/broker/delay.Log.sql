@@ -18,14 +18,14 @@ delay.Log: refusals and failures of delayed execution, one row per event.
 IF OBJECT_ID(N'delay.Log', N'U') IS NULL
 BEGIN
     CREATE TABLE delay.Log (
-        LogId              BIGINT IDENTITY (1, 1) NOT NULL,
-        LoggedAtUtc        DATETIME2(3)     NOT NULL CONSTRAINT DF_Log_LoggedAtUtc DEFAULT (SYSUTCDATETIME()),
-        TaskID             BIGINT           NULL,
-        EventName          NVARCHAR(16)     NOT NULL,
-        TargetName         NVARCHAR(400)    NULL,
-        Attempt            INT              NULL,
-        ErrorNumber        INT              NULL,
-        ErrorMessage       NVARCHAR(4000)   NULL,
+        LogId BIGINT IDENTITY (1, 1) NOT NULL,
+        LoggedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Log_LoggedAtUtc DEFAULT (SYSUTCDATETIME()),
+        TaskID BIGINT NULL,
+        EventName NVARCHAR(16) NOT NULL,
+        TargetName NVARCHAR(400) NULL,
+        Attempt INT NULL,
+        ErrorNumber INT NULL,
+        ErrorMessage NVARCHAR(4000) NULL,
         ConversationHandle UNIQUEIDENTIFIER NULL,
         CONSTRAINT PK_Log PRIMARY KEY CLUSTERED (LogId),
         CONSTRAINT CK_Log_EventName CHECK (

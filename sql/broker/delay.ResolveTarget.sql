@@ -27,7 +27,7 @@ Rules:       "schema.proc" matches the entry with that schema and name only.
 Example:     SELECT RefusalNumber, SchemaName, ProcedureName, ObjectId
              FROM delay.ResolveTarget(N'dbo.TCXG');
 */
-CREATE OR ALTER FUNCTION delay.ResolveTarget (@Name NVARCHAR(4000))
+CREATE OR ALTER FUNCTION delay.ResolveTarget(@Name NVARCHAR(4000))
 RETURNS TABLE
 AS
 RETURN
@@ -43,7 +43,8 @@ SELECT
                 N'target name "', LEFT(@Name, 200), N'" is empty, longer than 128 characters or not a valid name'
             )
         WHEN n.Part3 IS NOT NULL OR n.Part4 IS NOT NULL THEN CONCAT(
-                N'target name "', LEFT(@Name, 200), N'" has three or four parts; only schema.procedure or a bare name is allowed'
+                N'target name "', LEFT(@Name, 200),
+                N'" has three or four parts; only schema.procedure or a bare name is allowed'
             )
         WHEN a.AllowedProcedureId IS NULL THEN CONCAT(
                 N'target name "', LEFT(@Name, 200), N'" is not on the allow-list (delay.AllowedProcedure)'
@@ -84,8 +85,8 @@ OUTER APPLY (
 ) AS a
 LEFT OUTER JOIN sys.objects AS o
     ON
-        o.object_id = a.ObjectId
+        a.ObjectId = o.object_id
         AND o.type = 'P'
         AND o.is_ms_shipped = 0
-        AND o.name = a.ProcedureName
+        AND a.ProcedureName = o.name
         AND o.schema_id = SCHEMA_ID(a.SchemaName);

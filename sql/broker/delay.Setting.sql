@@ -14,12 +14,12 @@ Operators change it with UPDATE (db_owner); the procedures read it at each messa
 IF OBJECT_ID(N'delay.Setting', N'U') IS NULL
 BEGIN
     CREATE TABLE delay.Setting (
-        SettingId        TINYINT NOT NULL CONSTRAINT DF_Setting_SettingId DEFAULT (1),
-        MaxAttempts      INT     NOT NULL CONSTRAINT DF_Setting_MaxAttempts DEFAULT (3),
-        RetryBaseSeconds INT     NOT NULL CONSTRAINT DF_Setting_RetryBaseSeconds DEFAULT (30),
-        RetryMaxSeconds  INT     NOT NULL CONSTRAINT DF_Setting_RetryMaxSeconds DEFAULT (3600),
-        LeaseSeconds     INT     NOT NULL CONSTRAINT DF_Setting_LeaseSeconds DEFAULT (600),
-        ReceiveWaitMs    INT     NOT NULL CONSTRAINT DF_Setting_ReceiveWaitMs DEFAULT (5000),
+        SettingId TINYINT NOT NULL CONSTRAINT DF_Setting_SettingId DEFAULT (1),
+        MaxAttempts INT NOT NULL CONSTRAINT DF_Setting_MaxAttempts DEFAULT (3),
+        RetryBaseSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryBaseSeconds DEFAULT (30),
+        RetryMaxSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryMaxSeconds DEFAULT (3600),
+        LeaseSeconds INT NOT NULL CONSTRAINT DF_Setting_LeaseSeconds DEFAULT (600),
+        ReceiveWaitMs INT NOT NULL CONSTRAINT DF_Setting_ReceiveWaitMs DEFAULT (5000),
         CONSTRAINT PK_Setting PRIMARY KEY CLUSTERED (SettingId),
         CONSTRAINT CK_Setting_SingleRow CHECK (SettingId = 1),
         CONSTRAINT CK_Setting_MaxAttempts CHECK (MaxAttempts BETWEEN 1 AND 100),

@@ -22,30 +22,30 @@ dbo.ProcessDelayQueue and by dbo.CancelDelayExecution only.
 IF OBJECT_ID(N'delay.Task', N'U') IS NULL
 BEGIN
     CREATE TABLE delay.Task (
-        TaskID             BIGINT           NOT NULL,
+        TaskID BIGINT NOT NULL,
         ConversationHandle UNIQUEIDENTIFIER NULL,
-        TargetName         NVARCHAR(400)    NULL,
-        SchemaName         SYSNAME          NULL,
-        ProcedureName      SYSNAME          NULL,
-        DelaySeconds       INT              NULL,
-        TaskState          NVARCHAR(16)     NOT NULL,
-        Receipt            AS CAST(CASE TaskState
+        TargetName NVARCHAR(400) NULL,
+        SchemaName SYSNAME NULL,
+        ProcedureName SYSNAME NULL,
+        DelaySeconds INT NULL,
+        TaskState NVARCHAR(16) NOT NULL,
+        Receipt AS CAST(CASE TaskState
                 WHEN N'Done' THEN 1
                 WHEN N'Refused' THEN 2
                 WHEN N'Failed' THEN 3
                 WHEN N'Cancelled' THEN 4
                 ELSE 0
             END AS TINYINT),
-        Attempts           INT              NOT NULL CONSTRAINT DF_Task_Attempts DEFAULT (0),
-        CreatedAtUtc       DATETIME2(3)     NOT NULL CONSTRAINT DF_Task_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
-        DueAtUtc           DATETIME2(3)     NULL,
-        NextRunAtUtc       DATETIME2(3)     NULL,
-        LeaseUntilUtc      DATETIME2(3)     NULL,
-        FirstStartedAtUtc  DATETIME2(3)     NULL,
-        LastStartedAtUtc   DATETIME2(3)     NULL,
-        FinishedAtUtc      DATETIME2(3)     NULL,
-        LastErrorNumber    INT              NULL,
-        LastErrorMessage   NVARCHAR(4000)   NULL,
+        Attempts INT NOT NULL CONSTRAINT DF_Task_Attempts DEFAULT (0),
+        CreatedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Task_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        DueAtUtc DATETIME2(3) NULL,
+        NextRunAtUtc DATETIME2(3) NULL,
+        LeaseUntilUtc DATETIME2(3) NULL,
+        FirstStartedAtUtc DATETIME2(3) NULL,
+        LastStartedAtUtc DATETIME2(3) NULL,
+        FinishedAtUtc DATETIME2(3) NULL,
+        LastErrorNumber INT NULL,
+        LastErrorMessage NVARCHAR(4000) NULL,
         CONSTRAINT PK_Task PRIMARY KEY CLUSTERED (TaskID),
         CONSTRAINT CK_Task_TaskState CHECK (
             TaskState IN (N'Scheduled', N'Running', N'Retrying', N'Done', N'Failed', N'Refused', N'Cancelled')

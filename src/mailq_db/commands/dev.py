@@ -30,11 +30,15 @@ def register(subparsers) -> None:
                          "into a new revision.\n\nexample:\n  mailq-db dev new-revision -m \"why\"",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     new.add_argument("-m", "--message", required=True, help="what the revision does and why")
+    new.add_argument("paths", nargs="*", metavar="PATH",
+                     help="freeze only changed files under these sql/ sub-paths (e.g. broker/)")
     new.set_defaults(func=new_revision)
     ref = sub.add_parser("refreeze", help="re-freeze the head revision if it is not released",
                          description="Re-freeze the head revision from sql/ (refused once the revision "
                          "is listed in alembic/frozen/RELEASED).\n\nexample:\n  mailq-db dev refreeze",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    ref.add_argument("paths", nargs="*", metavar="PATH",
+                     help="re-freeze only changed files under these sql/ sub-paths")
     ref.set_defaults(func=refreeze)
     st = sub.add_parser("status", help="list sql/ files that differ from their newest frozen copy",
                         description="List sql/ files not yet frozen.\n\nexample:\n  mailq-db dev status",
@@ -61,10 +65,13 @@ def check_build_order(root: Path) -> list[str]:
     return order
 
 
-def changed_files(root: Path, before: str | None = None) -> list[str]:
-    """Files (in build order) whose text differs from their newest frozen copy before ``before``."""
+def changed_files(root: Path, before: str | None = None, paths: list[str] | None = None) -> list[str]:
+    """Files (in build order) whose text differs from their newest frozen copy before ``before``,
+    limited to those under ``paths`` (sub-paths of sql/) when given."""
     changed = []
     for rel in check_build_order(root):
+        if paths and not any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in paths):
+            continue
         rev = d.newest_frozen(rel, before=before, root=root)
         current = (d.sql_dir(root) / rel).read_text(encoding="utf-8")
         if rev is None or d.frozen_text(rev, rel, root) != current:
@@ -92,7 +99,7 @@ def new_revision(args) -> int:
     from alembic import command
 
     root = _checkout()
-    files = changed_files(root)
+    files = changed_files(root, paths=args.paths)
     if not files:
         raise ConfigurationError("nothing to freeze: every sql/ file equals its newest frozen copy")
     head = d.head_revision(root)
@@ -111,12 +118,17 @@ def refreeze(args) -> int:
     if head in d.released(root):
         raise ConfigurationError(f"revision {head} is released (alembic/frozen/RELEASED); "
                                  "make a new revision instead")
-    files = changed_files(root, before=head)
+    files = changed_files(root, before=head, paths=args.paths or _frozen_prefixes(root, head))
     if not files:
         raise ConfigurationError(f"revision {head} would freeze nothing; delete it instead")
     _freeze(root, head, files)
     print(f"revision {head}: re-froze {len(files)} file(s)")
     return 0
+
+
+def _frozen_prefixes(root: Path, revision: str) -> list[str]:
+    """The top-level sql/ folders a revision froze: refreeze keeps a revision to its own area."""
+    return sorted({rel.split("/")[0] for rel in d.revision_files(revision, root)})
 
 
 def status(args) -> int:

@@ -1,0 +1,33 @@
+/*
+mailq.SendingAccount: one row per sending account (TinyMail's "multiple
+accounts").  SMTP host and credentials never live here: the worker's
+configuration maps AccountName to them.
+    PerMinuteLimit / PerHourLimit / PerDayLimit  NULL = unlimited; enforced at
+        claim time across every worker (see mailq.RateBudget, mailq.ClaimMail).
+    BlockedUntilUtc  set by MarkFailed @Disposition = 'Wait' (provider
+        throttling or account lock); no mail of the account is claimed before it.
+    IsDefault        the account EnqueueMail uses when @AccountName is NULL
+        (at most one, enforced by UX_SendingAccount_IsDefault).
+*/
+IF OBJECT_ID(N'mailq.SendingAccount', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.SendingAccount (
+        AccountName NVARCHAR(128) NOT NULL,
+        DefaultFromAddress NVARCHAR(320) NOT NULL,
+        DefaultFromName NVARCHAR(200) NULL,
+        PerMinuteLimit INT NULL,
+        PerHourLimit INT NULL,
+        PerDayLimit INT NULL,
+        BlockedUntilUtc DATETIME2(3) NULL,
+        BlockReason NVARCHAR(4000) NULL,
+        IsDefault BIT NOT NULL CONSTRAINT DF_SendingAccount_IsDefault DEFAULT (0),
+        CreatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_SendingAccount_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_SendingAccount PRIMARY KEY CLUSTERED (AccountName),
+        CONSTRAINT CK_SendingAccount_Limits CHECK (
+            (PerMinuteLimit IS NULL OR PerMinuteLimit > 0)
+            AND (PerHourLimit IS NULL OR PerHourLimit > 0)
+            AND (PerDayLimit IS NULL OR PerDayLimit > 0)
+        )
+    );
+END;

@@ -1,0 +1,38 @@
+/*
+Deployment pre-check (runs first in revision 0001; creates nothing).
+Stops the deployment with a numbered error when the server or database
+cannot run mailq-db:
+    50402  database compatibility level below 130 (OPENJSON, STRING_SPLIT)
+    50403  SQL Server older than 2019 (major version 15) outside Azure
+The fix is printed in the message; this script never changes the database.
+*/
+DECLARE @CompatibilityLevel INT = (
+    SELECT d.compatibility_level
+    FROM sys.databases AS d
+    WHERE d.database_id = DB_ID()
+);
+DECLARE @EngineEdition INT = CAST(SERVERPROPERTY(N'EngineEdition') AS INT);
+DECLARE @MajorVersion INT = CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT);
+DECLARE @Msg NVARCHAR(2048);
+
+IF @CompatibilityLevel < 130
+BEGIN
+    SET @Msg = CONCAT(
+        N'mailq-db needs database compatibility level 130 or higher (OPENJSON, STRING_SPLIT); ',
+        N'database ', QUOTENAME(DB_NAME()), N' has ', @CompatibilityLevel, N'. ',
+        N'A DBA can raise it with: ALTER DATABASE ', QUOTENAME(DB_NAME()),
+        N' SET COMPATIBILITY_LEVEL = 150; (test the application first: the level changes query optimisation).'
+    );
+    THROW 50402, @Msg, 1;
+END;
+
+-- EngineEdition 5 = Azure SQL Database, 8 = Azure SQL Managed Instance:
+-- both are versionless and always current.
+IF @EngineEdition NOT IN (5, 8) AND @MajorVersion < 15
+BEGIN
+    SET @Msg = CONCAT(
+        N'mailq-db needs SQL Server 2019 (major version 15) or later; this server reports ',
+        @MajorVersion, N'.'
+    );
+    THROW 50403, @Msg, 1;
+END;

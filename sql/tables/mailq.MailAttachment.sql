@@ -1,0 +1,24 @@
+/*
+mailq.MailAttachment: attachments of a mail, in order.  Size limits (also
+checked, with a numbered error, by mailq.EnqueueMail): 10 MiB per attachment,
+25 MiB per mail, 10 attachments per mail.  FileName is a bare name (no path).
+*/
+IF OBJECT_ID(N'mailq.MailAttachment', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailAttachment (
+        MailID BIGINT NOT NULL,
+        AttachmentNo INT NOT NULL,
+        FileName NVARCHAR(255) NOT NULL,
+        ContentType NVARCHAR(255) NOT NULL
+        CONSTRAINT DF_MailAttachment_ContentType DEFAULT (N'application/octet-stream'),
+        Content VARBINARY(MAX) NOT NULL,
+        CONSTRAINT PK_MailAttachment PRIMARY KEY CLUSTERED (MailID, AttachmentNo),
+        CONSTRAINT FK_MailAttachment_MailQueue FOREIGN KEY (MailID)
+        REFERENCES mailq.MailQueue (ID),
+        CONSTRAINT CK_MailAttachment_Size CHECK (DATALENGTH(Content) <= 10485760),
+        CONSTRAINT CK_MailAttachment_No CHECK (AttachmentNo BETWEEN 1 AND 10),
+        CONSTRAINT CK_MailAttachment_FileName CHECK (
+            LEN(FileName) > 0 AND FileName NOT LIKE N'%[/\:]%'
+        )
+    );
+END;

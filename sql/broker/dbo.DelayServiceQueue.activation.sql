@@ -10,7 +10,7 @@ MAX_QUEUE_READERS instances.
     EXECUTE AS OWNER        the procedure runs as the queue's owner (dbo), so it
                             can run the allow-listed targets in any schema of
                             this database; it gains no server-level rights,
-                            because the database is never set TRUSTWORTHY
+                            because the database is never marked trusted
 A separate file because the procedure must exist before activation names it,
 and it RECEIVEs from the queue, so the queue must exist before the procedure.
 */

@@ -1,0 +1,79 @@
+"""Checks of the rendered deployment scripts (``alembic upgrade head --sql`` and
+``alembic downgrade head:base --sql``), the text a DBA reviews and runs."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+from ..deployment import alembic_config, build_order, describe, sql_dir, strip_comments
+
+#: Statements that must never appear in a rendered script (outside strings and
+#: comments: messages may tell the DBA how to run them).
+FORBIDDEN = {
+    "ALTER DATABASE": re.compile(r"\bALTER\s+DATABASE\b", re.I),
+    "NOLOCK": re.compile(r"\bNOLOCK\b", re.I),
+    "READUNCOMMITTED": re.compile(r"\bREAD\s*UNCOMMITTED\b", re.I),
+    "TRUSTWORTHY": re.compile(r"\bTRUSTWORTHY\b", re.I),
+    "WAITFOR DELAY": re.compile(r"\bWAITFOR\s+DELAY\b", re.I),
+    "GETDATE()": re.compile(r"\bGETDATE\s*\(", re.I),
+}
+_STRING = re.compile(r"N?'(?:[^']|'')*'")
+
+
+def render(command: str, revision: str, x_args: tuple[str, ...] = (), root: Path | None = None) -> str:
+    """The offline script of ``alembic <command> <revision> --sql``."""
+    from alembic import command as alembic_command
+
+    out = io.StringIO()
+    cfg = alembic_config(root, x_args=list(x_args), stdout=out)
+    getattr(alembic_command, command)(cfg, revision, sql=True)
+    return out.getvalue()
+
+
+def batches(script: str) -> list[str]:
+    """The batches of a script, split on lines that hold only GO."""
+    return [b.strip() for b in re.split(r"^\s*GO\s*$", script, flags=re.M | re.I) if b.strip()]
+
+
+def problems_in(script: str) -> list[str]:
+    """Forbidden statements, doubled terminators and missing GO separators."""
+    problems = []
+    code = _STRING.sub("''", strip_comments(script))
+    for label, pattern in FORBIDDEN.items():
+        if pattern.search(code):
+            problems.append(f"the script contains {label}")
+    if re.search(r";\s*;", code):
+        problems.append("the script contains an empty statement (';;', e.g. END;;)")
+    if not re.search(r"^GO$", script, re.M):
+        problems.append("the script has no GO batch separator")
+    for batch in batches(script):
+        creates = re.findall(r"\bCREATE\s+(?:OR\s+ALTER\s+)?(?:PROCEDURE|VIEW|FUNCTION|TRIGGER|SCHEMA)\b",
+                             _STRING.sub("''", strip_comments(batch)), re.I)
+        if len(creates) > 1:
+            problems.append(f"one batch holds {len(creates)} CREATE statements that must be alone in a batch")
+    return problems
+
+
+def missing_objects(upgrade: str, downgrade: str, root: Path | None = None,
+                    only: tuple[str, ...] = ()) -> list[str]:
+    """Objects of sql/BuildOrder.txt the upgrade does not create or the downgrade does not remove.
+
+    ``only`` limits the check to files under these sql/ sub-paths.
+    """
+    problems = []
+    up = strip_comments(upgrade).lower()
+    down = strip_comments(downgrade).lower()
+    for rel in build_order(root):
+        if only and not rel.startswith(only):
+            continue
+        obj = describe((sql_dir(root) / rel).read_text(encoding="utf-8"))
+        if obj.kind in ("grant", "script"):
+            continue
+        name = obj.name.lower()
+        if name not in up:
+            problems.append(f"{rel}: {obj.kind} {obj.name} is not created by the upgrade script")
+        if name not in down:
+            problems.append(f"{rel}: {obj.kind} {obj.name} is not removed by the downgrade script")
+    return problems

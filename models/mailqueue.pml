@@ -1,0 +1,444 @@
+/*
+ * mailqueue.pml -- the mailq-db mail protocol, checked with spin.
+ *
+ * Each transition below stands for one T-SQL statement (or one worker step)
+ * and names it.  The database side mirrors sql/procedures/mailq.*.sql: every
+ * procedure is one atomic step because each is one UPDATE statement (or a
+ * transaction whose rows are locked before they are read), so its effect on a
+ * row is indivisible; the worker side mirrors src/mailq_db/worker.
+ *
+ * Time is discrete and RELATIVE: instead of an absolute clock every deadline
+ * is a countdown that the Clock process decrements (saturating at 0).  So
+ * `vis[m] == 0` is "VisibleAtUtc <= SYSUTCDATETIME()", and the state space is
+ * finite although time runs forever (needed for the liveness check).
+ *
+ * Bounds (override with spin -D...; see docs/models.md):
+ *   NM mails, NW workers, LEASE ticks per lease, MARGIN ticks of safety margin,
+ *   ATT attempts per mail, BACKOFF ticks of Retry backoff, BLOCK ticks an
+ *   account stays blocked after Wait, EXPIRY ticks until ExpiresAtUtc (0 = no
+ *   expiry), and the environment budgets WAITS (throttle answers), STALLS
+ *   (ticks that pass while a worker sits between ClaimMail and its lease
+ *   check), EXTENDS (ExtendLease calls per claim), REQUEUES (admin requeues).
+ *
+ * Switches:
+ *   -DLIVE            compile the LTL liveness formula (use with pan -a -f)
+ *   -DUNBOUNDED_ENV   no STALLS / WAITS budgets (liveness then needs EXPIRY>0)
+ *   -DSTRICT_WINDOW   assert the NARROW duplicate window ("died or stalled
+ *                     between SMTP acceptance and MarkSent" only); spin finds
+ *                     the stall between the lease check and acceptance
+ *   -DUNFENCED        acknowledge by ID only, as the seed article does
+ *                     (UPDATE ... WHERE ID = @ID); spin finds a stale write
+ *   -DNO_ADMIN        leave out CancelMail / RequeueMail / PurgeMail
+ */
+
+#ifndef NM
+#define NM 1
+#endif
+#ifndef NW
+#define NW 2
+#endif
+#ifndef LEASE
+#define LEASE 3
+#endif
+#ifndef MARGIN
+#define MARGIN 1
+#endif
+#ifndef ATT
+#define ATT 2
+#endif
+#ifndef BACKOFF
+#define BACKOFF 1
+#endif
+#ifndef BLOCK
+#define BLOCK 1
+#endif
+#ifndef EXPIRY
+#define EXPIRY 0
+#endif
+#ifndef WAITS
+#define WAITS 1
+#endif
+#ifndef STALLS
+#define STALLS 2
+#endif
+#ifndef EXTENDS
+#define EXTENDS 1
+#endif
+#ifndef REQUEUES
+#define REQUEUES 1
+#endif
+
+/* mailq.Mail.Status ('NONE' = row not inserted yet, 'PURGED' = row deleted) */
+#define NONE      0
+#define UNSENT    1
+#define SENDING   2
+#define SENT      3
+#define FAILED    4
+#define CANCELLED 5
+#define EXPIRED   6
+#define PURGED    7
+#define FINAL(m)  (st[m] >= SENT)
+
+/* worker phases */
+#define IDLE      0   /* no mail: next step is ClaimMail                     */
+#define HOLD      1   /* claimed, lease not yet checked against MARGIN       */
+#define SEND      2   /* lease checked, SMTP transaction under way           */
+#define ACCEPTED  3   /* SMTP server accepted the message; MarkSent pending  */
+
+#define NOMAIL    255
+
+/* Upper bound on successful claims of one mail: the initial attempts, the
+ * attempts a requeue grants, and the refunds (Wait, ReleaseMail). */
+#define MAXCLAIMS (ATT * (1 + REQUEUES) + WAITS + STALLS)
+
+/* ---- the mailq.Mail row (one per mail) --------------------------------- */
+byte st[NM];      /* Status                                              */
+byte lock[NM];    /* ThreadLock (0 = NULL)                               */
+byte vis[NM];     /* VisibleAtUtc - now: due time / lease expiry, >= 0   */
+byte att[NM];     /* AttemptsRemaining                                   */
+byte ex[NM];      /* ExpiresAtUtc - now (only meaningful when EXPIRY>0)  */
+bit  dup[NM];     /* PossibleDuplicate                                   */
+byte blk;         /* mailq.Account.BlockedUntilUtc - now (one account)   */
+
+/* ---- ghost state: never read by the protocol, only by the assertions ---- */
+byte claims[NM];  /* successful claims of the mail                       */
+byte holder[NM];  /* worker+1 that legitimately holds the lease, 0: none */
+byte hp[NM];      /* phase the legitimate holder reached (HOLD..ACCEPTED)*/
+bit  window[NM];  /* a lease was reclaimed from a holder inside the
+                     documented duplicate window                        */
+byte deliv[NM];   /* SMTP acceptances of the mail (saturates at 2)       */
+byte waits = WAITS, stalls = STALLS, requeues = REQUEUES;
+byte nhold;       /* workers in phase HOLD (for the STALLS budget)       */
+
+/* ---- the workers' local knowledge -------------------------------------- */
+byte ph[NW];      /* phase                                               */
+byte held[NW];    /* the mail the worker holds                           */
+byte dl[NW];      /* lease time left as the worker believes it           */
+
+#define TOK(w) ((w) + 1)   /* the worker's @LockToken (see docs/models.md) */
+
+/* A worker "believes it holds a valid lease" when it holds a mail and its own
+ * view of the lease has time left. */
+#define BELIEVES(w)  (ph[w] != IDLE && dl[w] > 0)
+/* ... and the database would accept its token for that mail. */
+#define DB_ACCEPTS(w) (st[held[w]] == SENDING && lock[held[w]] == TOK(w))
+#define TWO(w, v) (BELIEVES(w) && BELIEVES(v) && held[w] == held[v])
+
+#if NW > 2
+#define NO_TWO_HOLDERS (!TWO(0,1) && !TWO(0,2) && !TWO(1,2))
+#define BELIEF_SOUND ((!BELIEVES(0) || DB_ACCEPTS(0)) && (!BELIEVES(1) || DB_ACCEPTS(1)) && (!BELIEVES(2) || DB_ACCEPTS(2)))
+#else
+#define NO_TWO_HOLDERS (!TWO(0,1))
+#define BELIEF_SOUND ((!BELIEVES(0) || DB_ACCEPTS(0)) && (!BELIEVES(1) || DB_ACCEPTS(1)))
+#endif
+/* attempts never go negative (a byte would wrap to 255) and refunds never
+ * mint attempts: a refund only gives back the attempt its claim took */
+#if NM > 1
+#define ATT_SANE (att[0] <= ATT && att[1] <= ATT)
+#else
+#define ATT_SANE (att[0] <= ATT)
+#endif
+#define INVARIANT (NO_TWO_HOLDERS && BELIEF_SOUND && ATT_SANE)
+
+/* ---- the token fence, shared by every acknowledging procedure ----------
+ * mailq.MarkSent / MarkFailed / ExtendLease / ReleaseMail:
+ *   UPDATE mailq.Mail ... WHERE ID = @ID AND Status = 'Sending'
+ *                           AND ThreadLock = @LockToken
+ * (all-or-nothing over @IDs; zero rows -> THROW 502xx, nothing written). */
+#ifdef UNFENCED
+#define FENCE(w, m) (st[m] != NONE && st[m] != PURGED)   /* article: WHERE ID = @ID */
+#else
+#define FENCE(w, m) (st[m] == SENDING && lock[m] == TOK(w))
+#endif
+
+/* "a stale token never changes a mail": whoever passes the fence is the
+ * worker the ghost state says holds the lease. */
+inline fenced_write_ok(w, m) {
+	assert(holder[m] == TOK(w))
+}
+
+/* The row leaves Sending: the attempt row is closed, the lease is gone. */
+inline leave_sending(m) {
+	lock[m] = 0; holder[m] = 0; hp[m] = 0
+}
+
+inline refund(m) {
+	att[m] = att[m] + 1
+}
+
+/* mailq.ClaimMail, the single UPDATE ... OUTPUT, applied to one row that
+ * matched its WHERE: (Status = 'UnSent' AND VisibleAtUtc <= now AND account
+ * not blocked) OR (Status = 'Sending' AND VisibleAtUtc <= now). */
+#define CLAIMABLE(m) (vis[m] == 0 && ((st[m] == UNSENT && blk == 0) || st[m] == SENDING))
+
+inline claim_row(w, m) {
+	/* CASE WHEN Status = 'Sending': previous attempt closed 'Abandoned',
+	 * PossibleDuplicate = 1 */
+	if
+	:: st[m] == SENDING ->
+		dup[m] = 1;
+#ifdef STRICT_WINDOW
+		if :: hp[m] == ACCEPTED -> window[m] = 1 :: else -> skip fi;
+#else
+		if :: hp[m] >= SEND -> window[m] = 1 :: else -> skip fi;
+#endif
+		leave_sending(m)
+	:: else -> skip
+	fi;
+	if
+	:: att[m] == 0 ->                               /* 'attempts exhausted' */
+		st[m] = FAILED; leave_sending(m); vis[m] = 0
+	:: att[m] > 0 && EXPIRY > 0 && ex[m] == 0 ->    /* now >= ExpiresAtUtc  */
+		st[m] = EXPIRED; leave_sending(m); vis[m] = 0
+	:: else ->                                      /* Status = 'Sending'   */
+		assert(att[m] > 0);
+		st[m] = SENDING; lock[m] = TOK(w); vis[m] = LEASE;
+		att[m] = att[m] - 1;
+		claims[m] = claims[m] + 1;
+#ifndef UNBOUNDED_ENV
+		assert(claims[m] <= MAXCLAIMS);          /* no endless reclaim loop */
+#endif
+		holder[m] = TOK(w); hp[m] = HOLD;
+		held[w] = m; dl[w] = LEASE; ph[w] = HOLD; nhold++
+	fi
+}
+
+/* SMTP acceptance of the message by the server = a delivery. */
+inline deliver(m) {
+	if
+	:: deliv[m] > 0 ->
+		/* a second delivery only inside the documented window, and the
+		 * row carries PossibleDuplicate = 1 */
+		assert(window[m] == 1);
+		assert(dup[m] == 1)
+	:: else -> skip
+	fi;
+	if :: deliv[m] < 2 -> deliv[m]++ :: else -> skip fi
+}
+
+/* The worker forgets everything (crash, or end of its work on the mail). */
+inline drop(w) {
+	nhold = nhold - (ph[w] == HOLD -> 1 : 0);
+	ph[w] = IDLE; held[w] = NOMAIL; dl[w] = 0
+}
+
+proctype Worker(byte w)
+{
+	byte m = NOMAIL;
+	byte ext = 0;
+
+idle:
+	/* mailq.ClaimMail @BatchSize = 1, @LockToken = TOK(w): one UPDATE TOP (1)
+	 * WITH (READPAST, UPDLOCK, ROWLOCK) ... OUTPUT inserted.*; the claimer
+	 * takes any one row that qualifies (priority order is abstracted away),
+	 * or none. */
+	atomic {
+		m = NOMAIL;
+		if
+		:: CLAIMABLE(0) -> m = 0
+#if NM > 1
+		:: CLAIMABLE(1) -> m = 1
+#endif
+		:: else -> skip
+		fi;
+		if
+		:: m != NOMAIL -> ext = 0; claim_row(w, m)
+		:: else -> skip
+		fi;
+		if
+		:: ph[w] == HOLD -> skip
+		:: else -> m = NOMAIL
+		fi
+	}
+	if
+	:: m == NOMAIL -> goto idle
+	:: else -> skip
+	fi;
+
+hold:
+	/* worker: is at least MARGIN of the lease left before starting SMTP? */
+	if
+	:: atomic { drop(w) }; goto idle                          /* crash */
+	:: atomic { dl[w] > MARGIN ->
+		nhold--; ph[w] = SEND;
+		if :: holder[m] == TOK(w) -> hp[m] = SEND :: else -> skip fi }
+	:: atomic { dl[w] <= MARGIN ->
+		/* mailq.ReleaseMail: UPDATE ... SET Status = 'UnSent',
+		 * VisibleAtUtc = now, AttemptsRemaining += 1, ThreadLock = NULL
+		 * WHERE <fence> */
+		if
+		:: FENCE(w, m) -> fenced_write_ok(w, m);
+			st[m] = UNSENT; vis[m] = 0; refund(m); leave_sending(m)
+		:: else -> skip                                                /* THROW */
+		fi;
+		drop(w) }; goto idle
+	fi;
+
+send:
+	/* the SMTP transaction; its outcome decides the acknowledgement */
+	if
+	:: atomic { drop(w) }; goto idle                          /* crash */
+	:: atomic {                               /* 250 after DATA: accepted */
+		skip;
+		deliver(m);
+		ph[w] = ACCEPTED;
+		if :: holder[m] == TOK(w) -> hp[m] = ACCEPTED :: else -> skip fi }
+	:: atomic { skip;                        /* 4xx: MarkFailed 'Retry' */
+		/* UPDATE ... SET Status = CASE WHEN AttemptsRemaining > 0 THEN
+		 * 'UnSent' ELSE 'Failed' END, VisibleAtUtc = now + backoff,
+		 * ThreadLock = NULL WHERE <fence> */
+		if
+		:: FENCE(w, m) -> fenced_write_ok(w, m);
+			if
+			:: att[m] > 0 -> st[m] = UNSENT; vis[m] = BACKOFF
+			:: else -> st[m] = FAILED; vis[m] = 0
+			fi;
+			leave_sending(m)
+		:: else -> skip
+		fi;
+		drop(w) }; goto idle
+#ifndef UNBOUNDED_ENV
+	:: atomic { waits > 0 -> waits--;
+#else
+	:: atomic { skip;
+#endif
+		/* throttled: MarkFailed 'Wait': UPDATE mailq.Account SET
+		 * BlockedUntilUtc = now + block; UPDATE mailq.Mail SET Status =
+		 * 'UnSent', AttemptsRemaining += 1, ThreadLock = NULL WHERE <fence> */
+		if
+		:: FENCE(w, m) -> fenced_write_ok(w, m);
+			st[m] = UNSENT; vis[m] = 0; refund(m); blk = BLOCK;
+			leave_sending(m)
+		:: else -> skip
+		fi;
+		drop(w) }; goto idle
+	:: atomic { skip;                         /* 5xx: MarkFailed 'Stop' */
+		if
+		:: FENCE(w, m) -> fenced_write_ok(w, m);
+			st[m] = FAILED; vis[m] = 0; leave_sending(m)
+		:: else -> skip
+		fi;
+		drop(w) }; goto idle
+	:: ext < EXTENDS ->                   /* long batch: mailq.ExtendLease */
+		atomic {
+		ext++;
+		/* UPDATE ... SET VisibleAtUtc = now + lease WHERE <fence> */
+		if
+		:: FENCE(w, m) -> fenced_write_ok(w, m);
+			vis[m] = LEASE; dl[w] = LEASE
+		:: else -> drop(w)                 /* told it lost the lease */
+		fi };
+		if
+		:: ph[w] == IDLE -> goto idle
+		:: else -> goto send
+		fi
+	fi;
+
+accepted:
+	if
+	:: atomic { drop(w) }; goto idle                          /* crash */
+	:: atomic { skip;
+		/* mailq.MarkSent: UPDATE ... SET Status = 'Sent', ThreadLock = NULL,
+		 * SentAtUtc = now WHERE <fence>; accepted after the lease time
+		 * passed as long as nobody reclaimed the row */
+		if
+		:: FENCE(w, m) -> fenced_write_ok(w, m);
+			st[m] = SENT; vis[m] = 0; leave_sending(m)
+		:: else -> skip                       /* THROW: lease lost; logged */
+		fi;
+		drop(w) }; goto idle
+	fi
+}
+
+/* Operators and jobs (mailq.CancelMail, RequeueMail, PurgeMail). */
+proctype Admin()
+{
+	byte m;
+	do
+	:: atomic {
+		select(m : 0 .. NM - 1);
+		/* mailq.CancelMail: UPDATE ... SET Status = 'Cancelled'
+		 * WHERE ID = @ID AND Status = 'UnSent' (a Sending mail: THROW) */
+		if :: st[m] == UNSENT -> st[m] = CANCELLED; vis[m] = 0
+		   :: else -> skip fi;
+		m = 0 }
+	:: requeues > 0 ->
+		atomic {
+		select(m : 0 .. NM - 1);
+		/* mailq.RequeueMail: Failed/Cancelled/Expired -> UnSent with fresh
+		 * attempts (bounded: an operator requeues finitely often) */
+		if
+		:: st[m] == FAILED || st[m] == CANCELLED || st[m] == EXPIRED ->
+			requeues--; st[m] = UNSENT; vis[m] = 0; att[m] = ATT;
+			ex[m] = EXPIRY
+		:: else -> skip
+		fi;
+		m = 0 }
+	:: atomic {
+		select(m : 0 .. NM - 1);
+		/* mailq.PurgeMail: DELETE TOP (n) ... WHERE Status IN (final) */
+		if :: FINAL(m) && st[m] != PURGED -> st[m] = PURGED
+		   :: else -> skip fi;
+		m = 0 }
+	:: break
+	od
+}
+
+/* Time passes.  Between ClaimMail and the lease check only STALLS ticks may
+ * pass in total (an environment assumption for liveness: a worker that is
+ * stalled there forever releases the mail forever; see docs/models.md). */
+active proctype Clock()
+{
+	byte i;
+	do
+	:: atomic {
+#ifndef UNBOUNDED_ENV
+		(nhold == 0 || stalls > 0) ->
+		if :: nhold > 0 -> stalls-- :: else -> skip fi;
+#endif
+		for (i : 0 .. NM - 1) {
+			if :: vis[i] > 0 -> vis[i]-- :: else -> skip fi;
+			if :: ex[i] > 0 -> ex[i]-- :: else -> skip fi
+		}
+		for (i : 0 .. NW - 1) {
+			if :: dl[i] > 0 -> dl[i]-- :: else -> skip fi
+		}
+		if :: blk > 0 -> blk-- :: else -> skip fi;
+		i = 0 }
+	od
+}
+
+/* The invariants, checked in every reachable state. */
+active proctype Monitor()
+{
+	atomic { !(INVARIANT) -> assert(INVARIANT) }
+}
+
+init
+{
+	byte i;
+	atomic {
+		/* mailq.EnqueueMail: INSERT ... Status = 'UnSent', VisibleAtUtc =
+		 * DateToProcess (now), AttemptsRemaining = @MaxAttempts */
+		for (i : 0 .. NM - 1) {
+			st[i] = UNSENT; att[i] = ATT; ex[i] = EXPIRY; vis[i] = 0
+		}
+		for (i : 0 .. NW - 1) {
+			held[i] = NOMAIL; run Worker(i)
+		}
+#ifndef NO_ADMIN
+		run Admin()
+#endif
+	}
+}
+
+#ifdef LIVE
+/* Every accepted mail reaches Sent, Failed, Cancelled or Expired (or is
+ * purged after it did). */
+#if NM > 1
+ltl live { [] ((st[0] == UNSENT || st[0] == SENDING) -> <> (st[0] >= SENT))
+        && [] ((st[1] == UNSENT || st[1] == SENDING) -> <> (st[1] >= SENT)) }
+#else
+ltl live { [] ((st[0] == UNSENT || st[0] == SENDING) -> <> (st[0] >= SENT)) }
+#endif
+#endif

@@ -1,0 +1,153 @@
+"""Model checks: run spin on every Promela model in models/.
+
+Each check generates the verifier in a temporary directory (never in the
+repository), compiles it with gcc and runs it.  Correct models must report
+``errors: 0`` over a complete search; the seed article's bugs (and the
+variants that weaken mailq-db's own protocol on purpose) must make spin
+report the expected counterexample, which shows that the checker can fail.
+
+Without ``spin`` or ``gcc`` the checks skip with a reason, except under CI
+(``CI=true``: GitHub Actions, .ci/run installs both), where that is a failure.
+See docs/models.md for what each model covers and what it does not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "models"
+
+#: One verifier run may take at most this long (each is far below it).
+TIMEOUT_SECONDS = 240
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    model: str
+    #: cpp switches for spin (-D...), i.e. which variant of the model
+    spin_defines: tuple[str, ...] = ()
+    #: gcc switches for pan.c (-DSAFETY, -DNFAIR=3, ...)
+    cc_defines: tuple[str, ...] = ("-DSAFETY",)
+    #: arguments for ./pan
+    pan_args: tuple[str, ...] = ("-m400000",)
+    #: None: the model must verify; else a regex that pan's output must match
+    expect_error: str | None = None
+    why: str = field(default="", compare=False)
+
+
+LIVENESS = ("-DNFAIR=3",)
+LIVE_ARGS = ("-a", "-f", "-m400000")
+
+CHECKS = [
+    # ---- the mail protocol -------------------------------------------------
+    Check("mail-safety-2w", "mailqueue.pml",
+          why="invariants, 1 mail, 2 workers, admin actions"),
+    Check("mail-safety-3w", "mailqueue.pml", ("-DNW=3", "-DREQUEUES=0"),
+          why="invariants, 1 mail, 3 workers"),
+    Check("mail-safety-2m", "mailqueue.pml",
+          ("-DNM=2", "-DNO_ADMIN", "-DWAITS=0", "-DEXTENDS=0", "-DATT=1"),
+          why="invariants, 2 mails competing for 2 workers"),
+    Check("mail-liveness", "mailqueue.pml", ("-DLIVE", "-DREQUEUES=0"),
+          LIVENESS, LIVE_ARGS,
+          why="every mail reaches a final state under weak fairness"),
+    Check("mail-liveness-expiry", "mailqueue.pml",
+          ("-DLIVE", "-DUNBOUNDED_ENV", "-DEXPIRY=4", "-DNO_ADMIN"),
+          LIVENESS, LIVE_ARGS,
+          why="with ExpiresAtUtc, endless throttling and stalls still end"),
+    Check("mail-liveness-needs-bound", "mailqueue.pml",
+          ("-DLIVE", "-DUNBOUNDED_ENV", "-DNO_ADMIN"), LIVENESS, LIVE_ARGS,
+          expect_error=r"acceptance cycle",
+          why="without expiry, endless Wait/ReleaseMail refunds loop forever"),
+    Check("mail-strict-window", "mailqueue.pml", ("-DSTRICT_WINDOW",),
+          expect_error=r"assertion violated \(window\[m\]==1\)",
+          why="a stall between the lease check and SMTP acceptance also duplicates"),
+    Check("mail-unfenced-ack", "mailqueue.pml", ("-DUNFENCED",),
+          expect_error=r"assertion violated \(holder\[m\]==\(w\+1\)\)",
+          why="acknowledging by ID alone (the article) lets a stale worker write"),
+]
+
+
+def _tools_or_skip() -> None:
+    missing = [tool for tool in ("spin", "gcc") if shutil.which(tool) is None]
+    if not missing:
+        return
+    message = f"{', '.join(missing)} not installed (Debian: apt-get install spin gcc)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{message}; CI must run the model checks")
+    pytest.skip(message)
+
+
+def run_check(check: Check, workdir: Path) -> tuple[str, float]:
+    """Generate, compile and run the verifier; return pan's output, seconds."""
+    shutil.copy(MODELS / check.model, workdir / check.model)
+    started = time.monotonic()
+    gen = subprocess.run(
+        ["spin", *check.spin_defines, "-a", check.model],
+        cwd=workdir, capture_output=True, text=True, timeout=TIMEOUT_SECONDS,
+    )
+    assert gen.returncode == 0 and (workdir / "pan.c").exists(), (
+        f"spin -a {check.model} failed:\n{gen.stdout}\n{gen.stderr}"
+    )
+    cc = subprocess.run(
+        ["gcc", "-O2", "-w", *check.cc_defines, "-o", "pan", "pan.c"],
+        cwd=workdir, capture_output=True, text=True, timeout=TIMEOUT_SECONDS,
+    )
+    assert cc.returncode == 0, f"gcc pan.c failed:\n{cc.stderr[-4000:]}"
+    pan = subprocess.run(
+        ["./pan", *check.pan_args],
+        cwd=workdir, capture_output=True, text=True, timeout=TIMEOUT_SECONDS,
+    )
+    return pan.stdout + pan.stderr, time.monotonic() - started
+
+
+def _summary(output: str) -> str:
+    keep = [line.strip() for line in output.splitlines()
+            if re.search(r"errors:|states, stored|^pan:|elapsed time", line)]
+    return " | ".join(keep)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", CHECKS, ids=[c.id for c in CHECKS])
+def test_model(check: Check, tmp_path: Path) -> None:
+    _tools_or_skip()
+    output, seconds = run_check(check, tmp_path)
+    summary = f"{check.id} ({check.why}): {_summary(output)} [{seconds:.1f}s]"
+    print(summary)
+    assert "max search depth too small" not in output, (
+        f"search truncated, raise -m: {summary}"
+    )
+    match = re.search(r"errors: (\d+)", output)
+    assert match, f"no verdict from pan:\n{output[-3000:]}"
+    errors = int(match.group(1))
+    if check.expect_error is None:
+        assert errors == 0, f"spin found a counterexample: {summary}\n{output[-3000:]}"
+        assert "Search not completed" not in output, summary
+    else:
+        assert errors > 0, f"spin found NO counterexample, expected one: {summary}"
+        assert re.search(check.expect_error, output), (
+            f"spin failed differently than expected ({check.expect_error}): {summary}"
+        )
+
+
+def test_every_model_is_checked() -> None:
+    """A model file that no check runs is dead weight: list it in CHECKS."""
+    checked = {c.model for c in CHECKS}
+    present = {p.name for p in MODELS.glob("*.pml")}
+    assert present <= checked, f"models without a check: {sorted(present - checked)}"
+
+
+def test_model_runs_leave_no_files_in_repo() -> None:
+    leftovers = [p.name for p in MODELS.iterdir()
+                 if p.name in {"pan", "pan.c", "pan.h", "pan.b", "pan.m", "pan.p", "pan.t"}
+                 or p.suffix == ".trail"]
+    assert not leftovers, f"verifier files in models/: {leftovers}"

@@ -339,7 +339,9 @@ def alembic_config(root: Path | None = None, x_args: Iterable[str] = (), stdout=
     from alembic.config import Config
 
     root = root or project_root()
-    cfg = Config(str(alembic_ini(root)), stdout=stdout) if stdout else Config(str(alembic_ini(root)))
+    # stdout: Alembic's messages; output_buffer: the offline (--sql) script.
+    streams = {"stdout": stdout, "output_buffer": stdout} if stdout else {}
+    cfg = Config(str(alembic_ini(root)), **streams)
     cfg.set_main_option("script_location", str(alembic_dir(root)))
     cfg.cmd_opts = type("Opts", (), {"x": list(x_args)})()
     return cfg

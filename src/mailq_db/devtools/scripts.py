@@ -63,17 +63,20 @@ def missing_objects(upgrade: str, downgrade: str, root: Path | None = None,
     ``only`` limits the check to files under these sql/ sub-paths.
     """
     problems = []
-    up = strip_comments(upgrade).lower()
-    down = strip_comments(downgrade).lower()
+    up = re.sub(r"\s+", " ", strip_comments(upgrade).lower())
+    down = re.sub(r"\s+", " ", strip_comments(downgrade).lower())
     for rel in build_order(root):
         if only and not rel.startswith(only):
             continue
         obj = describe((sql_dir(root) / rel).read_text(encoding="utf-8"))
         if obj.kind in ("grant", "script"):
             continue
-        name = obj.name.lower()
-        if name not in up:
+        name = re.escape(obj.name.lower())
+        kind = "(?:unique )?(?:nonclustered |clustered )?index" if obj.kind == "index" else obj.kind
+        created = rf"\bcreate (?:or alter )?{kind} {name}(?![\w.])"
+        dropped = rf"\bdrop {kind} (?:if exists )?{name}(?![\w.])"
+        if not re.search(created, up):
             problems.append(f"{rel}: {obj.kind} {obj.name} is not created by the upgrade script")
-        if name not in down:
+        if not re.search(dropped, down):
             problems.append(f"{rel}: {obj.kind} {obj.name} is not removed by the downgrade script")
     return problems

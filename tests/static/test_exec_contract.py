@@ -1,0 +1,53 @@
+"""(d) Every EXEC the Python layer sends names a procedure defined in sql/, only
+its parameters, and every parameter that has no default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mailq_db.devtools.contract import check_source, check_tree, procedures
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_exec_in_src_matches_a_procedure():
+    problems, checked = check_tree(ROOT / "src", ROOT / "sql")
+    assert problems == []
+    assert checked >= 14  # one per public procedure wrapper at least
+
+
+def test_every_public_mail_procedure_has_a_wrapper():
+    source = (ROOT / "src/mailq_db/procedures.py").read_text(encoding="utf-8")
+    public = {name for name in procedures(ROOT / "sql") if name.startswith("mailq.")} - {"mailq.lockleasedmail"}
+    missing = [name for name in sorted(public) if f"EXEC {name}".lower() not in source.lower()]
+    assert missing == []
+
+
+def _procs():
+    return {"mailq.claimmail": {"@batchsize": True, "@locktoken": False, "@leaseseconds": True}}
+
+
+def test_unknown_procedure_is_reported():
+    problems = check_source('SQL = "EXEC mailq.ClaimMails @BatchSize = ?;"\n', "x.py", _procs())
+    assert problems and "no such procedure" in problems[0]
+
+
+def test_unknown_parameter_is_reported():
+    source = 'SQL = "EXEC mailq.ClaimMail @BatchSize = ?, @LockToken = ?, @Lease = ?;"\n'
+    problems = check_source(source, "x.py", _procs())
+    assert any("@lease is not a parameter" in p for p in problems)
+
+
+def test_missing_required_parameter_is_reported():
+    problems = check_source('SQL = "EXEC mailq.ClaimMail @BatchSize = ?;"\n', "x.py", _procs())
+    assert any("required @locktoken" in p for p in problems)
+
+
+def test_exec_built_with_an_fstring_is_reported():
+    problems = check_source('name = "x"\nSQL = f"EXEC mailq.{name} @A = ?"\n', "x.py", _procs())
+    assert any("f-string" in p for p in problems)
+
+
+def test_correct_exec_passes():
+    source = 'SQL = "EXEC mailq.ClaimMail @BatchSize = ?, @LockToken = ?;"\n'
+    assert check_source(source, "x.py", _procs()) == []

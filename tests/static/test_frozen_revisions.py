@@ -1,0 +1,102 @@
+"""Revisions freeze the SQL they deploy (DESIGN.md, "Alembic"): the newest
+frozen copy of every sql/ file equals sql/, released copies never change
+(their hashes are pinned in MANIFEST.sha256), and BuildOrder.txt lists every
+file exactly once."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mailq_db import deployment as d
+from mailq_db.commands import dev
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_build_order_lists_every_sql_file_once():
+    order = dev.check_build_order(ROOT)
+    assert len(order) == len(list((ROOT / "sql").rglob("*.sql")))
+
+
+def test_every_sql_file_equals_its_newest_frozen_copy():
+    assert dev.changed_files(ROOT) == [], "run `mailq-db dev new-revision` (or `dev refreeze`)"
+
+
+def test_manifest_pins_every_frozen_file():
+    assert d.read_manifest(ROOT) == d.frozen_entries(ROOT)
+
+
+def test_released_revisions_are_pinned():
+    manifest = d.read_manifest(ROOT)
+    for rev in d.released(ROOT):
+        files = [rel for rel in manifest if rel.startswith(f"{rev}/")]
+        assert files, f"released revision {rev} has no pinned files"
+
+
+def test_every_revision_has_a_migration_and_a_frozen_folder():
+    versions = sorted(p.name.split("_")[0] for p in (ROOT / "alembic/versions").glob("*.py"))
+    assert versions == d.revisions(ROOT)
+
+
+def test_revision_files_follow_the_build_order():
+    order = d.build_order(ROOT)
+    for rev in d.revisions(ROOT):
+        files = d.revision_files(rev, ROOT)
+        assert files == sorted(files, key=order.index), rev
+
+
+# -- negative samples: a copy of the project with a defect --------------------
+
+
+@pytest.fixture
+def project(tmp_path):
+    for name in ("sql", "alembic"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    shutil.copy(ROOT / "alembic.ini", tmp_path / "alembic.ini")
+    return tmp_path
+
+
+def test_hand_edited_frozen_copy_is_detected(project):
+    frozen = project / "alembic/frozen/0001/procedures/mailq.ClaimMail.sql"
+    frozen.write_text(frozen.read_text(encoding="utf-8") + "\n-- edited by hand\n", encoding="utf-8")
+    assert d.read_manifest(project) != d.frozen_entries(project)
+
+
+def test_unfrozen_change_is_detected(project):
+    path = project / "sql/procedures/mailq.CancelMail.sql"
+    path.write_text(path.read_text(encoding="utf-8").replace("@ID BIGINT", "@ID BIGINT ", 1), encoding="utf-8")
+    assert dev.changed_files(project) == ["procedures/mailq.CancelMail.sql"]
+
+
+def test_file_missing_from_build_order_is_detected(project):
+    (project / "sql/procedures/mailq.Extra.sql").write_text("SELECT 1;\n", encoding="utf-8")
+    with pytest.raises(Exception, match="not listed"):
+        dev.check_build_order(project)
+
+
+def test_released_revision_cannot_be_refrozen(project, monkeypatch):
+    head = d.head_revision(project)
+    (project / "alembic/frozen/RELEASED").write_text(f"{head}\n", encoding="utf-8")
+    monkeypatch.setattr(d, "project_root", lambda: project)
+    with pytest.raises(Exception, match="released"):
+        dev.refreeze(None)
+
+
+def test_new_revision_freezes_only_the_changed_file_and_downgrade_restores_it(project, monkeypatch):
+    monkeypatch.setattr(d, "project_root", lambda: project)
+    path = project / "sql/procedures/mailq.CancelMail.sql"
+    old_text = path.read_text(encoding="utf-8")
+    path.write_text(old_text.replace("only an UnSent mail can be cancelled", "only UnSent mail can be cancelled"),
+                    encoding="utf-8")
+    args = type("Args", (), {"message": "reword CancelMail", "paths": []})()
+    assert dev.new_revision(args) == 0
+    head = d.head_revision(project)
+    assert d.revision_files(head, project) == ["procedures/mailq.CancelMail.sql"]
+    assert d.read_manifest(project) == d.frozen_entries(project)
+    plan = d.RevisionPlan(head, project)
+    assert plan.upgrade_statements()[0].endswith("END")  # trailing ';' stripped
+    # downgrading the new revision restores the previous frozen text, not a DROP
+    assert plan.downgrade_statements() == [d.statement_text(old_text)]

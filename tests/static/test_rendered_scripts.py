@@ -1,0 +1,101 @@
+"""(f) The rendered deployment scripts: `alembic upgrade head --sql` and
+`alembic downgrade head:base --sql` render with no server, in GO-separated
+batches, create and remove every object of sql/, and never contain ALTER
+DATABASE, NOLOCK, TRUSTWORTHY, WAITFOR DELAY or an empty statement (END;;)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mailq_db.devtools.scripts import batches, missing_objects, problems_in, render
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def upgrade() -> str:
+    return render("upgrade", "head")
+
+
+@pytest.fixture(scope="module")
+def downgrade() -> str:
+    return render("downgrade", "head:base")
+
+
+def test_upgrade_script_is_clean(upgrade):
+    assert problems_in(upgrade) == []
+
+
+def test_downgrade_script_is_clean(downgrade):
+    assert problems_in(downgrade) == []
+
+
+def test_every_object_is_created_and_removed(upgrade, downgrade):
+    assert missing_objects(upgrade, downgrade) == []
+
+
+def test_upgrade_has_one_batch_per_frozen_file_and_records_the_revision(upgrade):
+    from mailq_db.deployment import head_revision, revision_files, revisions
+
+    files = sum(len(revision_files(rev)) for rev in revisions())
+    assert len(batches(upgrade)) >= files
+    assert f"VALUES ('{head_revision()}')" in upgrade or f"version_num='{head_revision()}'" in upgrade
+
+
+def test_downgrade_leaves_only_the_version_table(downgrade):
+    assert "DROP SCHEMA IF EXISTS mailq" in downgrade
+    assert "DELETE FROM mailq_alembic_version" in downgrade
+
+
+def test_alembic_cli_renders_from_the_checkout():
+    result = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head", "--sql"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "CREATE OR ALTER PROCEDURE mailq.ClaimMail" in result.stdout
+    assert "\nGO\n" in result.stdout
+
+
+# -- the checker fails on broken samples -------------------------------------
+
+GOOD = "CREATE OR ALTER PROCEDURE mailq.P\nAS\nBEGIN\n    SELECT 1;\nEND;\nGO\n"
+
+
+def test_clean_sample_passes():
+    assert problems_in(GOOD) == []
+
+
+@pytest.mark.parametrize(
+    "script,expected",
+    [
+        ("CREATE OR ALTER PROCEDURE mailq.P AS BEGIN SELECT 1; END;;\nGO\n", "empty statement"),
+        ("SELECT q.ID FROM mailq.MailQueue AS q WITH (NOLOCK);\nGO\n", "NOLOCK"),
+        ("ALTER DATABASE CURRENT SET ENABLE_BROKER;\nGO\n", "ALTER DATABASE"),
+        ("ALTER DATABASE CURRENT SET TRUSTWORTHY ON;\nGO\n", "TRUSTWORTHY"),
+        ("WAITFOR DELAY '00:00:05';\nGO\n", "WAITFOR DELAY"),
+        ("SELECT GETDATE();\nGO\n", "GETDATE()"),
+        ("CREATE OR ALTER PROCEDURE mailq.P AS SELECT 1;\n", "no GO"),
+        ("CREATE OR ALTER VIEW mailq.V AS SELECT 1 AS A;\nCREATE OR ALTER VIEW mailq.W AS SELECT 1 AS A;\nGO\n",
+         "alone in a batch"),
+    ],
+    ids=["END;;", "NOLOCK", "ALTER DATABASE", "TRUSTWORTHY", "WAITFOR DELAY", "GETDATE", "no GO", "two CREATEs"],
+)
+def test_checker_reports_a_broken_script(script, expected):
+    assert any(expected in p for p in problems_in(script))
+
+
+def test_words_inside_strings_and_comments_are_not_statements():
+    script = ("-- never NOLOCK here\nTHROW 50401, N'Run ALTER DATABASE [x] SET ENABLE_BROKER "
+              "WITH ROLLBACK IMMEDIATE;', 1;\nGO\n")
+    assert problems_in(script) == []
+
+
+def test_missing_object_is_reported(upgrade, downgrade):
+    without_claim = upgrade.replace("CREATE OR ALTER PROCEDURE mailq.ClaimMail", "-- removed")
+    problems = missing_objects(without_claim, downgrade)
+    assert any("mailq.ClaimMail is not created" in p for p in problems)

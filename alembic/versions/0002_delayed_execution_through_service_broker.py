@@ -122,11 +122,16 @@ def queue_readers() -> int:
 
 
 def upgrade_statements() -> list[str]:
-    """Every batch of the upgrade, in order (empty with ``-x broker=off``)."""
+    """Every batch of the upgrade, in order.
+
+    With ``-x broker=off`` only the files outside ``broker/`` (none when this
+    revision was made; a later refreeze might add some) are deployed.
+    """
+    planned = list(zip(PLAN.files, PLAN.upgrade_statements()))
     if not broker_enabled():
-        return []
+        return [sql for rel, sql in planned if not rel.startswith("broker/")]
     readers = queue_readers()
-    statements = [SET_OPTIONS, BROKER_CHECK, *PLAN.upgrade_statements()]
+    statements = [SET_OPTIONS, BROKER_CHECK, *(sql for _, sql in planned)]
     if readers != DEFAULT_READERS:
         statements.append(
             "ALTER QUEUE dbo.DelayServiceQueue\n"

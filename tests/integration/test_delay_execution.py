@@ -458,14 +458,35 @@ def test_five_readers_run_every_task_exactly_once(conn):
 # --------------------------------------------------------------------------
 
 
+def broker_disabled_database(fresh_database) -> str:
+    """A fresh, undeployed database whose broker is certainly off (test databases only)."""
+    url = fresh_database(deploy=False, broker=False)
+    with connect(url) as other:
+        rows(other, "ALTER DATABASE CURRENT SET DISABLE_BROKER WITH ROLLBACK IMMEDIATE")
+        assert scalar(other, "SELECT is_broker_enabled FROM sys.databases WHERE database_id = DB_ID()") == 0
+    return url
+
+
 def test_deployment_stops_when_the_broker_is_disabled(fresh_database):
+    from alembic import command
+
+    from mailq_db.deployment import alembic_config
+
+    url = broker_disabled_database(fresh_database)
     with pytest.raises(Exception, match="50401") as raised:
-        fresh_database(deploy=True, broker=False)
+        command.upgrade(alembic_config(x_args=[f"url={url}"]), "head")
     assert "SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE" in str(raised.value)
+    with connect(url) as other:
+        assert scalar(other, "SELECT SCHEMA_ID(N'delay')") is None  # stopped before creating anything
 
 
 def test_broker_off_deploys_the_mail_queue_alone(fresh_database):
-    url = fresh_database(deploy=True, broker=False, x_args=("broker=off",))
+    from alembic import command
+
+    from mailq_db.deployment import alembic_config
+
+    url = broker_disabled_database(fresh_database)
+    command.upgrade(alembic_config(x_args=[f"url={url}", "broker=off"]), "head")
     with connect(url) as other:
         assert scalar(other, "SELECT OBJECT_ID(N'dbo.DelayServiceQueue')") is None
         assert scalar(other, "SELECT SCHEMA_ID(N'delay')") is None

@@ -91,14 +91,14 @@
  * attempts a requeue grants, and the refunds (Wait, ReleaseMail). */
 #define MAXCLAIMS (ATT * (1 + REQUEUES) + WAITS + STALLS)
 
-/* ---- the mailq.Mail row (one per mail) --------------------------------- */
+/* ---- the mailq.MailQueue row (one per mail) ---------------------------- */
 byte st[NM];      /* Status                                              */
 byte lock[NM];    /* ThreadLock (0 = NULL)                               */
 byte vis[NM];     /* VisibleAtUtc - now: due time / lease expiry, >= 0   */
 byte att[NM];     /* AttemptsRemaining                                   */
 byte ex[NM];      /* ExpiresAtUtc - now (only meaningful when EXPIRY>0)  */
 bit  dup[NM];     /* PossibleDuplicate                                   */
-byte blk;         /* mailq.Account.BlockedUntilUtc - now (one account)   */
+byte blk;         /* mailq.SendingAccount.BlockedUntilUtc - now (one account) */
 
 /* ---- ghost state: never read by the protocol, only by the assertions ---- */
 byte claims[NM];  /* successful claims of the mail                       */
@@ -141,10 +141,11 @@ byte dl[NW];      /* lease time left as the worker believes it           */
 #define INVARIANT (NO_TWO_HOLDERS && BELIEF_SOUND && ATT_SANE)
 
 /* ---- the token fence, shared by every acknowledging procedure ----------
- * mailq.MarkSent / MarkFailed / ExtendLease / ReleaseMail:
- *   UPDATE mailq.Mail ... WHERE ID = @ID AND Status = 'Sending'
- *                           AND ThreadLock = @LockToken
- * (all-or-nothing over @IDs; zero rows -> THROW 502xx, nothing written). */
+ * mailq.MarkSent / MarkFailed / ExtendLease / ReleaseMail first EXEC
+ * mailq.LockLeasedMail, which reads every listed row WITH (UPDLOCK, ROWLOCK)
+ * and THROWs 50201 (no such mail), 50203 (not Sending) or 50202 (another
+ * @LockToken) before anything is written (all-or-nothing over @IDList); then
+ *   UPDATE q ... WHERE q.Status = 'Sending' AND q.ThreadLock = @LockToken. */
 #ifdef UNFENCED
 #define FENCE(w, m) (st[m] != NONE && st[m] != PURGED)   /* article: WHERE ID = @ID */
 #else
@@ -166,14 +167,16 @@ inline refund(m) {
 	att[m] = att[m] + 1
 }
 
-/* mailq.ClaimMail, the single UPDATE ... OUTPUT, applied to one row that
- * matched its WHERE: (Status = 'UnSent' AND VisibleAtUtc <= now AND account
- * not blocked) OR (Status = 'Sending' AND VisibleAtUtc <= now). */
-#define CLAIMABLE(m) (vis[m] == 0 && ((st[m] == UNSENT && blk == 0) || st[m] == SENDING))
+/* mailq.ClaimMail, the single UPDATE r SET ... OUTPUT ... FROM Ranked (CTE
+ * Candidate: SELECT TOP (@BatchSize) ... WITH (READPAST, UPDLOCK, ROWLOCK)
+ * WHERE Status IN ('UnSent', 'Sending') AND VisibleAtUtc <= @Now AND the
+ * account is in @Budget, i.e. not blocked: BlockedUntilUtc <= @Now), applied
+ * to one row: an expired lease is reclaimed through the same range. */
+#define CLAIMABLE(m) (vis[m] == 0 && blk == 0 && (st[m] == UNSENT || st[m] == SENDING))
 
 inline claim_row(w, m) {
-	/* CASE WHEN Status = 'Sending': previous attempt closed 'Abandoned',
-	 * PossibleDuplicate = 1 */
+	/* PossibleDuplicate = IIF(r.Status = 'Sending', 1, ...); the next
+	 * statement of ClaimMail closes the old token's attempt 'Abandoned' */
 	if
 	:: st[m] == SENDING ->
 		dup[m] = 1;
@@ -186,11 +189,15 @@ inline claim_row(w, m) {
 	:: else -> skip
 	fi;
 	if
-	:: att[m] == 0 ->                               /* 'attempts exhausted' */
+	/* WillSend = IIF(AttemptsRemaining > 0 AND (ExpiresAtUtc IS NULL OR
+	 * ExpiresAtUtc > @Now), 1, 0); Status = CASE WillSend = 1 'Sending',
+	 * AttemptsRemaining <= 0 'Failed', ELSE 'Expired' */
+	:: att[m] == 0 ->                               /* 'Failed'             */
 		st[m] = FAILED; leave_sending(m); vis[m] = 0
 	:: att[m] > 0 && EXPIRY > 0 && ex[m] == 0 ->    /* now >= ExpiresAtUtc  */
 		st[m] = EXPIRED; leave_sending(m); vis[m] = 0
-	:: else ->                                      /* Status = 'Sending'   */
+	:: else ->      /* 'Sending', ThreadLock = @LockToken, VisibleAtUtc =
+	                   @LeaseUntil, AttemptsRemaining -= 1; attempt opened */
 		assert(att[m] > 0);
 		st[m] = SENDING; lock[m] = TOK(w); vis[m] = LEASE;
 		att[m] = att[m] - 1;
@@ -263,9 +270,8 @@ hold:
 		nhold--; ph[w] = SEND;
 		if :: holder[m] == TOK(w) -> hp[m] = SEND :: else -> skip fi }
 	:: atomic { dl[w] <= MARGIN ->
-		/* mailq.ReleaseMail: UPDATE ... SET Status = 'UnSent',
-		 * VisibleAtUtc = now, AttemptsRemaining += 1, ThreadLock = NULL
-		 * WHERE <fence> */
+		/* mailq.ReleaseMail: UPDATE q SET Status = 'UnSent', VisibleAtUtc
+		 * = @Now, AttemptsRemaining += 1, ThreadLock = NULL WHERE <fence> */
 		if
 		:: FENCE(w, m) -> fenced_write_ok(w, m);
 			st[m] = UNSENT; vis[m] = 0; refund(m); leave_sending(m)
@@ -284,9 +290,10 @@ send:
 		ph[w] = ACCEPTED;
 		if :: holder[m] == TOK(w) -> hp[m] = ACCEPTED :: else -> skip fi }
 	:: atomic { skip;                        /* 4xx: MarkFailed 'Retry' */
-		/* UPDATE ... SET Status = CASE WHEN AttemptsRemaining > 0 THEN
-		 * 'UnSent' ELSE 'Failed' END, VisibleAtUtc = now + backoff,
-		 * ThreadLock = NULL WHERE <fence> */
+		/* mailq.MarkFailed @Disposition = 'Retry': UPDATE o SET Status =
+		 * CASE WHEN AttemptsRemaining > 0 THEN 'UnSent' ELSE 'Failed' END,
+		 * VisibleAtUtc = backoff with jitter, ThreadLock = NULL
+		 * WHERE <fence> */
 		if
 		:: FENCE(w, m) -> fenced_write_ok(w, m);
 			if
@@ -302,12 +309,13 @@ send:
 #else
 	:: atomic { skip;
 #endif
-		/* throttled: MarkFailed 'Wait': UPDATE mailq.Account SET
-		 * BlockedUntilUtc = now + block; UPDATE mailq.Mail SET Status =
-		 * 'UnSent', AttemptsRemaining += 1, ThreadLock = NULL WHERE <fence> */
+		/* throttled: mailq.MarkFailed @Disposition = 'Wait': UPDATE o SET
+		 * Status = 'UnSent', VisibleAtUtc = @WaitUntil, AttemptsRemaining
+		 * += 1 (refund), ThreadLock = NULL WHERE <fence>; then UPDATE
+		 * mailq.SendingAccount SET BlockedUntilUtc = @WaitUntil */
 		if
 		:: FENCE(w, m) -> fenced_write_ok(w, m);
-			st[m] = UNSENT; vis[m] = 0; refund(m); blk = BLOCK;
+			st[m] = UNSENT; vis[m] = BLOCK; refund(m); blk = BLOCK;
 			leave_sending(m)
 		:: else -> skip
 		fi;
@@ -322,7 +330,7 @@ send:
 	:: ext < EXTENDS ->                   /* long batch: mailq.ExtendLease */
 		atomic {
 		ext++;
-		/* UPDATE ... SET VisibleAtUtc = now + lease WHERE <fence> */
+		/* UPDATE q SET VisibleAtUtc = @LeaseUntil WHERE <fence> */
 		if
 		:: FENCE(w, m) -> fenced_write_ok(w, m);
 			vis[m] = LEASE; dl[w] = LEASE
@@ -338,9 +346,9 @@ accepted:
 	if
 	:: atomic { drop(w) }; goto idle                          /* crash */
 	:: atomic { skip;
-		/* mailq.MarkSent: UPDATE ... SET Status = 'Sent', ThreadLock = NULL,
-		 * SentAtUtc = now WHERE <fence>; accepted after the lease time
-		 * passed as long as nobody reclaimed the row */
+		/* mailq.MarkSent: UPDATE q SET Status = 'Sent', ThreadLock = NULL
+		 * ... WHERE <fence>; accepted after the lease time passed as long
+		 * as nobody reclaimed the row (the token still matches) */
 		if
 		:: FENCE(w, m) -> fenced_write_ok(w, m);
 			st[m] = SENT; vis[m] = 0; leave_sending(m)

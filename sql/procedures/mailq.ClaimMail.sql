@@ -19,6 +19,9 @@ Parameters:  @BatchSize    INT 1-1000, default 10
              @AppName      NULL (default): claim every application's mail
                            (competing); a name: only that application's mail (isolated)
              @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
+             @AccountNames NULL (default): every account; else a JSON array of
+                           the account names this worker can send for (a worker
+                           without credentials for an account never claims its mail)
 Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
                 FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
                 Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
@@ -26,7 +29,7 @@ Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
              2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
 Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
              50132 @LeaseSeconds out of range; 50103 a name over its size;
-             50115 unknown @AppName.
+             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names.
 Transaction: joins the caller's via a savepoint, else opens its own; the
              result sets are read after the commit (the rows are leased).
 Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
@@ -37,7 +40,8 @@ CREATE OR ALTER PROCEDURE mailq.ClaimMail
     @LockToken UNIQUEIDENTIFIER,
     @LeaseSeconds INT = 300,
     @AppName NVARCHAR(4000) = NULL,
-    @WorkerName NVARCHAR(4000) = NULL
+    @WorkerName NVARCHAR(4000) = NULL,
+    @AccountNames NVARCHAR(MAX) = NULL
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -66,6 +70,15 @@ BEGIN
         SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
         THROW 50115, @Msg, 1;
     END;
+
+    IF
+        @AccountNames IS NOT NULL
+        AND (
+            ISJSON(@AccountNames) = 0
+            OR LEFT(LTRIM(@AccountNames), 1) <> N'['
+            OR EXISTS (SELECT 1 FROM OPENJSON(@AccountNames) AS j WHERE j.[type] <> 1)
+        )
+        THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
 
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, @Now);
@@ -99,7 +112,8 @@ BEGIN
         FROM mailq.SendingAccount AS a
         WHERE
             a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
-            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now);
+            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT j.[value] FROM OPENJSON(@AccountNames) AS j));
 
         -- Accounts with limits: what is left of each window.
         -- UPDLOCK:  the budget row stays ours until commit, so two claimers
@@ -125,7 +139,8 @@ BEGIN
             ON a.AccountName = b.AccountName
         WHERE
             (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
-            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now);
+            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT j.[value] FROM OPENJSON(@AccountNames) AS j));
 
         DELETE FROM @Budget WHERE Remaining <= 0;
 

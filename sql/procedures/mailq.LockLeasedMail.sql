@@ -7,7 +7,10 @@ error unless every one of them exists, is Sending and holds @LockToken.  The
 caller's UPDATE then cannot race a reclaim: a worker whose lease expired and
 was reclaimed is told so and changes nothing (all or nothing).
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (a JSON array of 1-1000
-             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required
+             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @AcceptSentByToken BIT, default 0: 1 also accepts a mail already
+             Sent by an attempt under @LockToken (MarkSent repeated after its
+             connection dropped before the reply: the first call committed)
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
              50137 @IDList malformed; 50201 unknown mail ID;
@@ -19,7 +22,8 @@ Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
 CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
     @ID BIGINT = NULL,
     @IDList NVARCHAR(MAX) = NULL,
-    @LockToken UNIQUEIDENTIFIER
+    @LockToken UNIQUEIDENTIFIER,
+    @AcceptSentByToken BIT = 0
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -69,7 +73,17 @@ BEGIN
         N'Mail ', h.ID, N' is ', h.Status, N', not Sending: it was already acknowledged, released or never claimed.'
     )
     FROM @Held AS h
-    WHERE h.Status <> N'Sending'
+    WHERE
+        h.Status <> N'Sending'
+        AND NOT (
+            @AcceptSentByToken = 1
+            AND h.Status = N'Sent'
+            AND EXISTS (
+                SELECT 1
+                FROM mailq.MailAttempt AS t
+                WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
+            )
+        )
     ORDER BY h.ID;
     IF @Msg IS NOT NULL THROW 50203, @Msg, 1;
 

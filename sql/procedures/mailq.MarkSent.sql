@@ -1,12 +1,15 @@
 /*
 mailq.MarkSent: records mails as sent; fenced by the lock token and all or
 nothing, so one call acknowledges every mail sent on one SMTP connection.
+Repeatable: a mail this token already marked Sent is accepted again and left
+unchanged, so a worker whose connection dropped before the reply can simply
+call again.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
              exactly one; @LockToken UNIQUEIDENTIFIER, required;
              @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
              final reply, optional; @DryRun BIT, default 0: 1 records that
              nothing was sent (worker dry-run mode).
-Result set:  one row per mail: ID, Status ('Sent'), NextAttemptUtc (NULL).
+Result set:  one row per mail named: ID, Status ('Sent'), NextAttemptUtc (NULL).
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
              50147 @SmtpCode out of range.  On any error nothing is written.
 Transaction: joins the caller's via a savepoint, else opens its own.
@@ -39,7 +42,8 @@ BEGIN
         IF @TranCount = 0 BEGIN TRANSACTION;
         ELSE SAVE TRANSACTION MarkSent;
 
-        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+        EXEC mailq.LockLeasedMail
+            @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
 
         UPDATE q
         SET
@@ -74,9 +78,9 @@ BEGIN
     END CATCH;
 
     SELECT
-        a.ID,
+        l.ID,
         N'Sent' AS Status,
         CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc
-    FROM @Acked AS a
-    ORDER BY a.ID;
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    ORDER BY l.ID;
 END;

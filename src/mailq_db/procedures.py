@@ -210,7 +210,7 @@ def enqueue_mail(
 
 CLAIM_SQL = (
     "EXEC mailq.ClaimMail @BatchSize = ?, @LockToken = ?, @LeaseSeconds = ?, "
-    "@AppName = ?, @WorkerName = ?;"
+    "@AppName = ?, @WorkerName = ?, @AccountNames = ?;"
 )
 
 
@@ -222,10 +222,13 @@ def claim_mail(
     lease_seconds: int,
     app_name: str | None = None,
     worker_name: str | None = None,
+    account_names: Iterable[str] | None = None,
 ) -> list[ClaimedMail]:
-    """mailq.ClaimMail: lease up to ``batch_size`` due mails to this worker."""
+    """mailq.ClaimMail: lease up to ``batch_size`` due mails to this worker
+    (only mail of ``account_names`` when given)."""
+    accounts = json.dumps(sorted(account_names), ensure_ascii=False) if account_names is not None else None
     cursor = _call(
-        conn, CLAIM_SQL, [batch_size, _token(lock_token), lease_seconds, app_name, worker_name]
+        conn, CLAIM_SQL, [batch_size, _token(lock_token), lease_seconds, app_name, worker_name, accounts]
     )
     mails: dict[int, ClaimedMail] = {}
     for r in _rows(cursor):
@@ -294,7 +297,8 @@ def mark_sent(
     smtp_text: str | None = None,
     dry_run: bool = False,
 ) -> list[AckResult]:
-    """mailq.MarkSent: record the mails as sent (all or none: fenced by the token)."""
+    """mailq.MarkSent: record the mails as sent (all or none: fenced by the token;
+    repeating the call with the same token after a dropped connection is safe)."""
     return _acks(
         _call(
             conn,

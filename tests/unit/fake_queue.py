@@ -48,6 +48,7 @@ class Row:
     dry_run: bool = False
     smtp_code: int | None = None
     smtp_text: str | None = None
+    sent_by: str | None = None  # the token whose MarkSent made it Sent
 
 
 def make_mail(mail_id: int, **overrides: Any) -> ClaimedMail:
@@ -100,11 +101,16 @@ class FakeQueue:
         queue = self.drops.get(name)
         return queue.pop(0) if queue else None
 
-    def _held(self, ids: Iterable[int], token: Any) -> list[Row]:
+    def _held(self, ids: Iterable[int], token: Any, accept_sent_by_token: bool = False) -> list[Row]:
+        """The rows to change; like mailq.LockLeasedMail, all or nothing.  With
+        ``accept_sent_by_token`` a mail this token already marked Sent is accepted
+        and left out (MarkSent repeated after a dropped connection)."""
         token = str(token)
         rows = []
         for i in ids:
             row = self.rows.get(i)
+            if accept_sent_by_token and row is not None and row.status == "Sent" and row.sent_by == token:
+                continue
             if row is None or row.status != "Sending":
                 raise LeaseLostError(50203, f"mail {i} is not leased")
             if row.token != token:
@@ -131,7 +137,8 @@ class FakeQueue:
 
     # -- the procedure signatures -----------------------------------------
     def claim_mail(self, conn: Any, *, batch_size: int, lock_token: Any, lease_seconds: int,
-                   app_name: str | None = None, worker_name: str | None = None) -> list[ClaimedMail]:
+                   app_name: str | None = None, worker_name: str | None = None,
+                   account_names: Any = None) -> list[ClaimedMail]:
         def run() -> list[ClaimedMail]:
             now = utcnow()
             due = [
@@ -140,6 +147,7 @@ class FakeQueue:
                      and self.blocked_until.get(r.mail.account_name, now) <= now)
                     or (r.status == "Sending" and r.lease_expires and r.lease_expires <= now))
                 and (app_name is None or r.mail.app_name == app_name)
+                and (account_names is None or r.mail.account_name in account_names)
             ]
             due.sort(key=lambda r: (-r.mail.priority, r.mail.id))
             lease = self.lease_override_seconds if self.lease_override_seconds is not None else lease_seconds
@@ -155,18 +163,18 @@ class FakeQueue:
             return out
         return self._apply("claim_mail", dict(batch_size=batch_size, lock_token=lock_token,
                                               lease_seconds=lease_seconds, app_name=app_name,
-                                              worker_name=worker_name), run)
+                                              worker_name=worker_name, account_names=account_names), run)
 
     def mark_sent(self, conn: Any, *, ids: Iterable[int], lock_token: Any, smtp_code: int | None = None,
                   smtp_text: str | None = None, dry_run: bool = False) -> list[AckResult]:
         ids = list(ids)
 
         def run() -> list[AckResult]:
-            rows = self._held(ids, lock_token)  # all or nothing
+            rows = self._held(ids, lock_token, accept_sent_by_token=True)  # all or nothing
             for r in rows:
-                r.status, r.token, r.dry_run = "Sent", None, dry_run
+                r.status, r.token, r.dry_run, r.sent_by = "Sent", None, dry_run, str(lock_token)
                 r.smtp_code, r.smtp_text = smtp_code, smtp_text
-            return [AckResult(r.mail.id, r.status, None) for r in rows]
+            return [AckResult(i, "Sent", None) for i in ids]
         return self._apply("mark_sent", dict(ids=ids, lock_token=lock_token, smtp_code=smtp_code,
                                              smtp_text=smtp_text, dry_run=dry_run), run)
 

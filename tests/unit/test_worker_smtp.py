@@ -184,8 +184,12 @@ def test_non_ascii_address_with_smtputf8_is_sent(sink):
     assert parsed["To"].addresses[0].addr_spec == "用户@例子.中国"
 
 
-def test_unknown_account_waits(sink):
-    queue = FakeQueue([make_mail(1, account_name="nowhere")])
+def test_mail_of_an_account_without_credentials_is_not_claimed(sink):
+    # The claim names the worker's accounts (ClaimMail @AccountNames), so a
+    # worker never leases, nor blocks for everyone, an account it cannot send for.
+    queue = FakeQueue([make_mail(1, account_name="nowhere"), make_mail(2)])
     run_once(queue, {"default": account_for(sink)})
-    [call] = queue.calls_to("mark_failed")
-    assert call["disposition"] == "Wait" and "nowhere" in call["error"]
+    [claim] = queue.calls_to("claim_mail")[:1]
+    assert list(claim["account_names"]) == ["default"]
+    assert queue.status(1) == "UnSent" and queue.status(2) == "Sent"
+    assert queue.calls_to("mark_failed") == []

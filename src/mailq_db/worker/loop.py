@@ -118,6 +118,7 @@ class Worker:
         mails = self.db.call(
             self.procs.claim_mail, batch_size=s.batch_size, lock_token=self.token,
             lease_seconds=s.lease_seconds, app_name=s.app_name, worker_name=self.name,
+            account_names=list(self.config.accounts),
         )
         self.metrics.observe_claim(time.monotonic() - started)
         self.metrics.inc("claims")

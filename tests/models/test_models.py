@@ -74,6 +74,25 @@ CHECKS = [
     Check("mail-unfenced-ack", "mailqueue.pml", ("-DUNFENCED",),
           expect_error=r"assertion violated \(holder\[m\]==\(w\+1\)\)",
           why="acknowledging by ID alone (the article) lets a stale worker write"),
+    # ---- the seed article: the checker must find its bugs --------------------
+    Check("article-claim", "article_claim.pml",
+          expect_error=r"assertion violated.*proc\[0\]",
+          why="the article's claim transaction as printed: two workers hold one row"),
+    Check("article-claim-temp-recheck", "article_claim.pml",
+          ("-DNO_RELEASE", "-DTEMP_RECHECK"),
+          expect_error=r"assertion violated.*proc\[0\]",
+          why="select into #tmpRows, then update re-checking the copy: double claim"),
+    Check("article-claim-no-release", "article_claim.pml", ("-DNO_RELEASE", "-DNW=3"),
+          why="select + update re-checking the live row under its lock: blocks, never doubles"),
+    Check("article-stale-release", "article_stale_release.pml",
+          expect_error=r"assertion violated \(now>=\(dp\+2\)\)",
+          why="DateProcessed < now + 15 min frees a lock taken a moment ago"),
+    Check("article-stale-release-fixed", "article_stale_release.pml", ("-DFIXED", "-DNW=3"),
+          why="with now - 15 min only stale locks are freed"),
+    Check("article-stale-release-fixed-unfenced", "article_stale_release.pml",
+          ("-DFIXED", "-DTWO_HOLDERS"),
+          expect_error=r"assertion violated.*sending\[0\]",
+          why="even fixed, a stalled worker keeps sending a retaken row: no fence"),
 ]
 
 

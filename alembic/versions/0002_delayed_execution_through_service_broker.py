@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from mailq_db.deployment import RevisionPlan, x_argument
+from mailq_db.deployment import SESSION_OPTIONS, RevisionPlan, x_argument
 from mailq_db.errors import ConfigurationError
 
 revision = "0002"
@@ -70,10 +70,6 @@ PLAN = RevisionPlan.load(
     },
 )
 
-#: Modules keep the SET options of the session that creates them; sqlcmd runs
-#: with QUOTED_IDENTIFIER OFF unless given -I, and the filtered indexes and XML
-#: methods used here need it ON.
-SET_OPTIONS = "SET ANSI_NULLS, QUOTED_IDENTIFIER ON"
 
 #: Stops the upgrade with 50401 when Service Broker is disabled.  The statement
 #: that enables it is spelled out for the DBA, built with CONCAT so that this
@@ -131,7 +127,7 @@ def upgrade_statements() -> list[str]:
     if not broker_enabled():
         return [sql for rel, sql in planned if not rel.startswith("broker/")]
     readers = queue_readers()
-    statements = [SET_OPTIONS, BROKER_CHECK, *(sql for _, sql in planned)]
+    statements = [SESSION_OPTIONS, BROKER_CHECK, *(sql for _, sql in planned)]
     if readers != DEFAULT_READERS:
         statements.append(
             "ALTER QUEUE dbo.DelayServiceQueue\n"
@@ -146,7 +142,7 @@ _DROP_INDEX = re.compile(r"^DROP\s+INDEX\s+IF\s+EXISTS\s+\S+\s+ON\s+(?P<name>\S+
 
 def downgrade_statements() -> list[str]:
     """Every batch of the downgrade: each one a no-op when its object is absent."""
-    statements = []
+    statements = [SESSION_OPTIONS]
     for sql in PLAN.downgrade_statements():
         match = _REVOKE_ON_OBJECT.match(sql) or _DROP_INDEX.match(sql)
         if match:

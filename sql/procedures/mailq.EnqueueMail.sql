@@ -1,7 +1,8 @@
 /*
 mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
 that is already queued it returns the existing mail and inserts nothing.
-Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated addresses
+Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
+                          an address or 'Display Name <address>'
              @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars
              @Body        NVARCHAR(MAX), required, <= 2,000,000 chars
              @BodyFormat  N'Text' (default) or N'Html'
@@ -149,6 +150,8 @@ BEGIN
         THROW 50102, N'@ReplyTo takes one address.', 1;
     IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) > 1
         THROW 50102, N'@FromAddress takes one address.', 1;
+    IF EXISTS (SELECT 1 FROM mailq.ParseAddressList(@FromAddress) AS a WHERE a.DisplayName IS NOT NULL)
+        THROW 50102, N'@FromAddress takes a bare address; give the display name in @FromName.', 1;
 
     DECLARE @RecipientCount INT = (
         SELECT COUNT(*)

@@ -3,7 +3,8 @@ mailq.UpsertSendingAccount: creates a sending account or changes its
 settings (and creates its rate budget row).  SMTP host and credentials are
 not stored: the worker's configuration maps the account name to them.
 Parameters:  @AccountName NVARCHAR(128), required
-             @DefaultFromAddress NVARCHAR(320), required: one address
+             @DefaultFromAddress NVARCHAR(320), required: one bare address
+                        (the display name goes in @DefaultFromName)
              @DefaultFromName NVARCHAR(200), optional
              @PerMinuteLimit, @PerHourLimit, @PerDayLimit INT > 0, NULL = unlimited
              @IsDefault BIT, default 0: 1 makes this the account EnqueueMail
@@ -39,7 +40,11 @@ BEGIN
     IF
         @DefaultFromAddress IS NULL
         OR (SELECT COUNT(*) FROM mailq.ParseAddressList(@DefaultFromAddress)) <> 1
-        OR EXISTS (SELECT 1 FROM mailq.ParseAddressList(@DefaultFromAddress) AS a WHERE a.Problem IS NOT NULL)
+        OR EXISTS (
+            SELECT 1
+            FROM mailq.ParseAddressList(@DefaultFromAddress) AS a
+            WHERE a.Problem IS NOT NULL OR a.DisplayName IS NOT NULL
+        )
     BEGIN
         SET @Msg = CONCAT(
             N'@DefaultFromAddress must be one valid address; got ''', LEFT(@DefaultFromAddress, 100), N'''.'

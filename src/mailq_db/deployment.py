@@ -30,6 +30,12 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 BUNDLE_DIR = PACKAGE_DIR / "_bundle"  # present in the installed wheel only
 VERSION_TABLE = "mailq_alembic_version"
 
+#: Sent before every revision's batches.  Modules keep the SET options of the
+#: session that creates them, and DML on a table with a filtered index fails
+#: (error 1934) unless QUOTED_IDENTIFIER and ANSI_NULLS are ON; sqlcmd runs
+#: with QUOTED_IDENTIFIER OFF unless given -I, so the script sets them itself.
+SESSION_OPTIONS = "SET ANSI_NULLS, QUOTED_IDENTIFIER ON"
+
 
 def project_root() -> Path:
     """Where sql/, alembic/ and alembic.ini live: the wheel's bundle or the checkout."""
@@ -321,11 +327,11 @@ class RevisionPlan:
         return statements
 
     def upgrade(self) -> None:
-        for sql in self.upgrade_statements():
+        for sql in [SESSION_OPTIONS, *self.upgrade_statements()]:
             self.execute(sql)
 
     def downgrade(self) -> None:
-        for sql in self.downgrade_statements():
+        for sql in [SESSION_OPTIONS, *self.downgrade_statements()]:
             self.execute(sql)
 
 

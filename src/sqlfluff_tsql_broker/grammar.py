@@ -556,4 +556,14 @@ def extend_tsql() -> None:
         insert=[Ref(segment.__name__) for segment in STATEMENT_SEGMENTS],
         before=Ref("BeginEndSegment"),
     )
+    # CREATE TRIGGER's `WITH EXECUTE AS` accepts only a quoted user name in
+    # sqlfluff 4.5.0 (dialect_tsql.ExecuteAsClause); Microsoft's DML trigger
+    # syntax is `EXECUTE AS { CALLER | SELF | OWNER | 'user_name' }`.  The class
+    # is patched in place because sqlfluff re-registers the module's own classes
+    # each time it loads the dialect.
+    dialect_tsql.ExecuteAsClause.match_grammar = Sequence(
+        OneOf("EXEC", "EXECUTE"),
+        "AS",
+        OneOf("CALLER", "SELF", "OWNER", Ref("QuotedLiteralSegment")),
+    )
     setattr(dialect, _MARKER, True)

@@ -680,3 +680,21 @@ def test_python_api_loads_plugin(tmp_path) -> None:
     # sqlfluff.parse raises APIParsingError on any unparsable section.
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("principal", ["OWNER", "SELF", "CALLER", "'dbo'"])
+def test_trigger_execute_as_accepts_every_documented_principal(principal: str) -> None:
+    tree = assert_parses(
+        "CREATE OR ALTER TRIGGER dbo.trg ON dbo.T\n"
+        f"WITH EXECUTE AS {principal}\nAFTER INSERT\nAS\nBEGIN\n    SET NOCOUNT ON;\nEND;\n",
+        "execute_as_clause",
+    )
+    assert not unparsable(tree)
+
+
+def test_trigger_execute_as_refuses_an_unknown_principal() -> None:
+    tree = parse(
+        "CREATE OR ALTER TRIGGER dbo.trg ON dbo.T\nWITH EXECUTE AS NOBODY\nAFTER INSERT\nAS\nBEGIN\n"
+        "    SET NOCOUNT ON;\nEND;\n"
+    )
+    assert unparsable(tree)

@@ -1,0 +1,61 @@
+/*
+mailq.ParseAddressList: splits a ';'-separated list of recipients and says
+what is wrong with each (inline, so it costs nothing outside the query).
+An entry is a bare address (user@example.com) or a display name followed by
+the address in angle brackets (张三 <zhang@example.com>); the worker encodes
+non-ASCII display names per RFC 2047.
+Parameters:  @List NVARCHAR(MAX), NULL gives no rows
+Returns:     DisplayName NVARCHAR(MAX) (NULL for a bare address), Address
+             NVARCHAR(MAX), Problem NVARCHAR(100) (NULL when the entry is
+             acceptable).  Entries are trimmed of spaces; empty ones are skipped.
+Rules:       no CR, LF or other control character anywhere (header injection);
+             display name without '<' or '>' and at most 200 characters;
+             address without white space, at most 254 characters (RFC 5321),
+             exactly one '@' with a non-empty local part and domain, none of
+             '<', '>', ',', '"', '(', ')' or '\', and a domain that neither
+             starts nor ends with '.' nor contains '..'.  Non-ASCII addresses
+             are accepted here; the worker sends them only to servers that
+             offer SMTPUTF8.
+Example:     SELECT a.Address, a.Problem FROM mailq.ParseAddressList(N'a@x.org; 李 <b@y.org>; c@') AS a;
+*/
+CREATE OR ALTER FUNCTION mailq.ParseAddressList(@List NVARCHAR(MAX))
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    p.DisplayName,
+    p.Address,
+    CASE
+        WHEN p.Entry LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            THEN N'contains CR, LF or another control character'
+        WHEN p.DisplayName LIKE N'%[<>]%' THEN N'has a malformed display name'
+        WHEN LEN(p.DisplayName) > 200 THEN N'has a display name longer than 200 characters'
+        WHEN p.Address LIKE N'% %' OR p.Address LIKE N'%' + NCHAR(160) + N'%'
+            THEN N'contains white space'
+        WHEN LEN(p.Address) > 254 THEN N'is longer than 254 characters'
+        WHEN p.Address NOT LIKE N'%_@_%' THEN N'has no local part or no domain'
+        WHEN p.Address LIKE N'%@%@%' THEN N'has more than one @'
+        WHEN p.Address LIKE N'%[<>,"()\]%' THEN N'contains a character not allowed in an address'
+        WHEN p.Address LIKE N'%@.%' OR p.Address LIKE N'%.' OR p.Address LIKE N'%@%..%'
+            THEN N'has a malformed domain'
+    END AS Problem
+FROM (
+    SELECT
+        e.Entry,
+        -- "Name <address>": the display name is what stands before the first '<'.
+        IIF(
+            e.Entry LIKE N'%<%>',
+            NULLIF(RTRIM(LEFT(e.Entry, CHARINDEX(N'<', e.Entry) - 1)), N''),
+            NULL
+        ) AS DisplayName,
+        IIF(
+            e.Entry LIKE N'%<%>',
+            SUBSTRING(e.Entry, CHARINDEX(N'<', e.Entry) + 1, LEN(e.Entry) - CHARINDEX(N'<', e.Entry) - 1),
+            e.Entry
+        ) AS Address
+    FROM (
+        SELECT LTRIM(RTRIM(s.value)) AS Entry
+        FROM STRING_SPLIT(@List, N';') AS s
+    ) AS e
+    WHERE e.Entry <> N''
+) AS p;

@@ -74,6 +74,23 @@ CHECKS = [
     Check("mail-unfenced-ack", "mailqueue.pml", ("-DUNFENCED",),
           expect_error=r"assertion violated \(holder\[m\]==\(w\+1\)\)",
           why="acknowledging by ID alone (the article) lets a stale worker write"),
+    # ---- delayed execution (dbo.ProcessDelayQueue, pattern (a)) -------------
+    Check("delay-safety", "delayexec.pml",
+          ("-DNO_ATTEMPT_CHECK", "-DNR=3", "-DMAXATT=3", "-DDIES=2"),
+          why="once per attempt, never two runs at once, queue never disabled"),
+    Check("delay-liveness", "delayexec.pml", ("-DLIVE", "-DNO_ATTEMPT_CHECK"),
+          LIVENESS, LIVE_ARGS,
+          why="the conversation ends and the task is final under weak fairness"),
+    Check("delay-stale-runner", "delayexec.pml",
+          expect_error=r"assertion violated \(att==my\)",
+          why="watchdog firing between step 1's COMMIT and sp_getapplock: a lost "
+              "runner can still start its attempt after a later one"),
+    Check("delay-applock-in-step1", "delayexec.pml",
+          ("-DAPPLOCK_IN_STEP1", "-DNR=3", "-DMAXATT=3", "-DDIES=2"),
+          why="taking the run lock before step 1 commits closes that race"),
+    Check("delay-poison", "delayexec.pml", ("-DFAILS=5",),
+          expect_error=r"assertion violated \(rb<5\)",
+          why="5 failing bookkeeping transactions in a row would disable the queue"),
     # ---- the seed article: the checker must find its bugs --------------------
     Check("article-claim", "article_claim.pml",
           expect_error=r"assertion violated.*proc\[0\]",

@@ -104,7 +104,17 @@ ENQUEUE_CASES: list[tuple[str, dict[str, Any], int]] = [
     ("to-nul", {"ToAddress": "a@exam\x00ple.com"}, 50102),
     ("to-unit-separator", {"ToAddress": "a@exam\x1fple.com"}, 50102),
     ("to-address-over-254", {"ToAddress": "a" * 250 + "@example.com"}, 50102),
-    ("to-display-name", {"ToAddress": "Bob <bob@example.com>"}, 50102),
+    # display names ('Name <address>' is accepted since revision 0003)
+    ("to-display-name-unclosed", {"ToAddress": "Bob <bob@example.com"}, 50102),
+    ("to-display-name-over-200", {"ToAddress": "N" * 201 + " <bob@example.com>"}, 50102),
+    ("to-display-name-with-angle", {"ToAddress": "B>ob <bob@example.com>"}, 50102),
+    ("to-display-name-bad-address", {"ToAddress": "Bob <bob@>"}, 50102),
+    # Header injection through a display name: spaces are legal there, so only
+    # the control-character rule of mailq.ParseAddressList stands in the way.
+    ("to-display-name-crlf", {"ToAddress": "Bob\r\nBcc: victim@example.net <bob@example.com>"}, 50102),
+    ("to-display-name-lf", {"ToAddress": "Bob\nBcc: victim@example.net <bob@example.com>"}, 50102),
+    ("cc-display-name-cr", {"CC": "Carol\rX-Injected: 1 <carol@example.com>"}, 50102),
+    ("from-address-with-display-name", {"FromAddress": "Ops <ops@example.org>"}, 50102),
     ("to-two-at", {"ToAddress": "a@b@example.com"}, 50102),
     ("to-list-over-column-4000", {"ToAddress": addresses(90, width=30)}, 50103),
     ("cc-no-domain", {"CC": "copy@"}, 50102),
@@ -248,6 +258,9 @@ CLAIM_CASES: list[tuple[str, dict[str, Any], int]] = [
     ("app-name-unknown", {"AppName": "no_such_application"}, 50115),
     ("app-name-over-128", {"AppName": "a" * 129}, 50103),
     ("worker-name-over-128", {"WorkerName": "w" * 129}, 50103),
+    ("account-names-not-json", {"AccountNames": "default,overseas"}, 50148),
+    ("account-names-object", {"AccountNames": '{"name": "default"}'}, 50148),
+    ("account-names-number-element", {"AccountNames": '["default", 7]'}, 50148),
 ]
 
 
@@ -305,6 +318,14 @@ def test_acknowledgements_are_fenced_and_write_nothing(conn, leased, proc, mail,
     params = dict(ACK_PROCS[proc])
     params[form] = mail_id if form == "ID" else json.dumps([mail_id])
     params["LockToken"] = str(lock)
+    if proc == "mailq.MarkSent" and mail == "sent" and token == "own":
+        # MarkSent is repeatable by its token (revision 0003): a repeat after a lost
+        # reply is accepted, answers as the first call did, and changes nothing.
+        before = fingerprint(conn)
+        (rows,) = result_sets(exec_proc(conn, proc, **params))
+        assert [(int(r[0]), r[1], r[2]) for r in rows] == [(mail_id, "Sent", None)]
+        assert_unchanged(before, fingerprint(conn))
+        return
     refused(conn, number, cls, lambda: exec_proc(conn, proc, **params))
 
 
@@ -428,6 +449,7 @@ ACCOUNT_CASES: list[tuple[str, dict[str, Any], int]] = [
     ("from-address-null", {"DefaultFromAddress": None}, 50102),
     ("from-address-invalid", {"DefaultFromAddress": "noreply"}, 50102),
     ("from-address-two", {"DefaultFromAddress": "a@example.org; b@example.org"}, 50102),
+    ("from-address-with-display-name", {"DefaultFromAddress": "Ops <ops@example.org>"}, 50102),
     ("from-name-crlf", {"DefaultFromName": "Ops\r\nBcc: victim@example.net"}, 50105),
     ("per-minute-0", {"PerMinuteLimit": 0}, 50143),
     ("per-hour-negative", {"PerHourLimit": -1}, 50143),

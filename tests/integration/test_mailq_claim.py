@@ -12,6 +12,7 @@
   with @AppName NULL (competing) gets every application's mail and mail
   without application.
 * Expiry: a mail past ExpiresAtUtc becomes Expired at claim and is not returned.
+* @AccountNames: a worker claims only the accounts it has credentials for.
 """
 
 from __future__ import annotations
@@ -216,3 +217,21 @@ def test_expired_mail_becomes_expired_at_claim_and_is_not_returned(conn, account
     assert attempts(conn, stale.mail_id) == [], "an expired mail got an attempt"
     _, got = claim(conn, app)
     assert got == []
+
+
+def test_a_worker_claims_only_the_accounts_it_can_send_for(conn):
+    app = new_app(conn, "accounts")
+    mine, other = new_account(conn, "mine"), new_account(conn, "notmine")
+    mine_ids = {r.mail_id for r in enqueue(conn, mine, app, 3)}
+    other_ids = {r.mail_id for r in enqueue(conn, other, app, 2)}
+    mails = procedures.claim_mail(conn, batch_size=100, lock_token=uuid.uuid4(), lease_seconds=300,
+                                  app_name=app, account_names=[mine])
+    assert {m.id for m in mails} == mine_ids
+    assert all(m.account_name == mine for m in mails)
+    assert {mail_row(conn, i)["Status"] for i in other_ids} == {"UnSent"}
+    mails = procedures.claim_mail(conn, batch_size=100, lock_token=uuid.uuid4(), lease_seconds=300,
+                                  app_name=app, account_names=[])
+    assert mails == [], "an empty account list claims nothing"
+    mails = procedures.claim_mail(conn, batch_size=100, lock_token=uuid.uuid4(), lease_seconds=300,
+                                  app_name=app, account_names=None)
+    assert {m.id for m in mails} == other_ids

@@ -7,7 +7,8 @@
 * Message-ID: ``<uuid@sender-domain>`` (a neutral domain for a non-ASCII
   sender domain), different for every mail, and the same on every attempt.
 * Values that sit at a limit, or that a too-strict rule could refuse
-  (hyphens, plus signs, Chinese text), are accepted and come back unchanged
+  (hyphens, plus signs, Chinese text, 'Display Name <address>' recipients),
+  are accepted and come back unchanged
   from mailq.ClaimMail, attachments included.
 """
 
@@ -117,14 +118,16 @@ def test_enqueued_content_comes_back_unchanged_from_the_claim(conn, account):
     files = [procedures.Attachment("报告-2024.pdf", bytes(range(256)) * 40, "application/pdf"),
              procedures.Attachment("notes.txt", "备注".encode("utf-8"), "text/plain")]
     mail = procedures.enqueue_mail(
-        conn, to_address="first.last+tag@my-domain.example.com; 张三@例子.公司", cc="c-c@example.com",
+        conn, to_address="first.last+tag@my-domain.example.com; 张三@例子.公司; 李四 <li.si@example.com>",
+        cc="Carol O'Neil <c-c@example.com>",
         bcc="hidden@example.com", subject="季度报告 – Q3", body="<p>你好</p>", body_format="Html",
         text_body="你好", reply_to="reply-to@example.com", headers={"X-Order-Id": "42", "X-Tenant": "租户"},
         account_name=account, app_name=app, priority=9, attachments=files)
     _, (got,) = claim(conn, app)
     assert got.id == mail.mail_id
-    assert got.to_address == "first.last+tag@my-domain.example.com; 张三@例子.公司"
-    assert (got.cc, got.bcc, got.reply_to) == ("c-c@example.com", "hidden@example.com", "reply-to@example.com")
+    assert got.to_address == "first.last+tag@my-domain.example.com; 张三@例子.公司; 李四 <li.si@example.com>"
+    assert (got.cc, got.bcc, got.reply_to) == \
+        ("Carol O'Neil <c-c@example.com>", "hidden@example.com", "reply-to@example.com")
     assert got.subject == "季度报告 – Q3" and got.body == "<p>你好</p>" and got.text_body == "你好"
     assert got.body_format == "Html" and got.priority == 9
     assert got.headers == {"X-Order-Id": "42", "X-Tenant": "租户"}

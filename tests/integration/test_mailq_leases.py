@@ -10,7 +10,9 @@ expiries happen:
 * a reclaimed mail with no attempt left becomes Failed (not returned), one
   past its expiry becomes Expired;
 * batched acknowledgements: one MarkSent for many mails; all or nothing when
-  one of them is stale (50202) or already acknowledged (50203).
+  one of them is stale (50202) or already acknowledged (50203, MarkFailed);
+  MarkSent repeated under its own token is accepted and changes nothing
+  (revision 0003), under another token it is still 50203.
 """
 
 from __future__ import annotations
@@ -185,12 +187,33 @@ def test_batched_acknowledgements_are_all_or_nothing(conn, conn2, account):
     procedures.extend_lease(conn, ids=mine, lock_token=token, lease_seconds=300)
     sent_one = mine.pop()
     procedures.mark_sent(conn, ids=[sent_one], lock_token=token)
-    # One already acknowledged in the batch: 50203, and again nothing changes.
-    refused_with_state_kept(conn, 50203, lambda: procedures.mark_sent(conn, ids=mine + [sent_one], lock_token=token))
-    acks = procedures.mark_sent(conn, ids=mine, lock_token=token)
-    assert len(acks) == len(mine)
+    sent_at = mail_row(conn, sent_one)["SentAtUtc"]
+    # One already acknowledged in a MarkFailed batch: 50203, and again nothing changes.
+    refused_with_state_kept(conn, 50203, lambda: procedures.mark_failed(
+        conn, ids=mine + [sent_one], lock_token=token, disposition="Retry", error="451 later"))
+    assert list(statuses(conn, mine).values()).count("Sending") == len(mine)
+    # MarkSent is repeatable by its token: the one already Sent is accepted unchanged.
+    acks = procedures.mark_sent(conn, ids=mine + [sent_one], lock_token=token)
+    assert sorted(a.mail_id for a in acks) == sorted(mine + [sent_one])
+    assert mail_row(conn, sent_one)["SentAtUtc"] == sent_at
+    assert [a["Outcome"] for a in attempts(conn, sent_one)] == ["Sent"]
     procedures.mark_sent(conn2, ids=[stolen.id], lock_token=thief)
     assert set(statuses(conn, ids).values()) == {"Sent"}
+
+
+def test_mark_sent_repeated_with_its_token_changes_nothing(conn, account):
+    """A worker whose connection dropped before MarkSent's reply calls again: accepted, nothing changes;
+    the same call under another token is still refused (50203)."""
+    app = new_app(conn, "repeat")
+    ids = [r.mail_id for r in enqueue(conn, account, app, 3)]
+    token, _ = claim(conn, app)
+    first = procedures.mark_sent(conn, ids=ids, lock_token=token, smtp_code=250)
+    before = fingerprint(conn)
+    again = procedures.mark_sent(conn, ids=ids, lock_token=token, smtp_code=250)
+    assert [(a.mail_id, a.status) for a in again] == [(a.mail_id, a.status) for a in first]
+    assert_unchanged(before, fingerprint(conn))
+    refused_with_state_kept(conn, 50203, lambda: procedures.mark_sent(conn, ids=ids, lock_token=uuid.uuid4()))
+    refused_with_state_kept(conn, 50203, lambda: procedures.release_mail(conn, ids=ids, lock_token=token))
 
 
 def test_an_unknown_token_never_matches(conn, account):

@@ -372,8 +372,10 @@ BEGIN
                 @MailID = q.ID,
                 @MessageID = q.MessageID,
                 @ExistingHash = q.ContentHash
+            -- "IS NOT NULL" repeats the index filter, so the filtered index
+            -- matches for certain and the range lock stays on one key.
             FROM mailq.MailQueue AS q WITH (UPDLOCK, HOLDLOCK)
-            WHERE q.IdempotencyKey = @IdempotencyKey;
+            WHERE q.IdempotencyKey = @IdempotencyKey AND q.IdempotencyKey IS NOT NULL;
 
             IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
             BEGIN

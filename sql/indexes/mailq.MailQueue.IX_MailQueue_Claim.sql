@@ -15,7 +15,7 @@ stops the seek after the first rows that pass the residual predicates
 (account has budget, application); Key Lookup of the clustered index for the
 UPDATE; Clustered Index Update.  Logical reads per claim then depend on the
 batch size, not on the depth.  The integration suite checks the actual
-showplan at 100 k rows (tests/integration/test_claim_plan.py).
+showplan at 100 k rows (tests/integration/test_mailq_claim_plan.py).
 
 INCLUDE covers the residual predicates (AccountName, AppName) without a
 lookup for rows that are skipped.  ALLOW_PAGE_LOCKS = OFF keeps READPAST at

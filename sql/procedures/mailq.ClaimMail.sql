@@ -11,7 +11,10 @@ Rate limits: accounts with limits are charged in mailq.RateBudget inside this
 transaction, so the limits hold across every worker.  The budget row is read
 WITH (UPDLOCK, READPAST): while another claimer holds an account's budget,
 this claimer skips that account's mail instead of waiting.  Accounts whose
-BlockedUntilUtc is in the future are skipped.
+BlockedUntilUtc is in the future are skipped; their mail is neither claimed
+nor expired until the account may send again.  Such mail, when it ranks
+first, is read past by the seek: a long-blocked high-priority backlog makes
+claims of other accounts' mail cost more (see docs/dba-guide.md).
 Parameters:  @BatchSize    INT 1-1000, default 10
              @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
                            this batch; every acknowledgement must present it
@@ -233,6 +236,8 @@ BEGIN
             OR r.AccountRank <= (SELECT b.Remaining FROM @Budget AS b WHERE b.AccountName = r.AccountName);
 
         -- Charge the budget of limited accounts (rows already U-locked above).
+        -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
+        -- budget rows other claimers hold.
         UPDATE b
         SET
             b.MinuteCount = IIF(b.MinuteStartUtc = @MinuteStart, b.MinuteCount, 0) + c.ClaimedCount,
@@ -241,7 +246,7 @@ BEGIN
             b.HourStartUtc = @HourStart,
             b.DayCount = IIF(b.DayStartUtc = @DayStart, b.DayCount, 0) + c.ClaimedCount,
             b.DayStartUtc = @DayStart
-        FROM mailq.RateBudget AS b
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
         INNER JOIN (
             SELECT m.AccountName, COUNT(*) AS ClaimedCount
             FROM @Claimed AS m
@@ -250,13 +255,14 @@ BEGIN
         ) AS c ON b.AccountName = c.AccountName
         WHERE b.AccountName IN (SELECT l.AccountName FROM @Budget AS l WHERE l.IsLimited = 1);
 
-        -- Close the attempts of reclaimed leases as abandoned.
+        -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
+        -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
             t.Outcome = N'Abandoned',
             t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
-        FROM mailq.MailAttempt AS t
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
         INNER JOIN @Claimed AS c
             ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
         WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;

@@ -97,7 +97,8 @@ BEGIN
                                 q.AttemptCount >= 8, 3600,
                                 30 * POWER(2, IIF(q.AttemptCount < 1, 0, q.AttemptCount - 1))
                             )
-                            * (800 + ABS(CHECKSUM(NEWID())) % 401) AS INT
+                            -- modulo before ABS: ABS(-2147483648) would overflow
+                            * (800 + ABS(CHECKSUM(NEWID()) % 401)) AS INT
                         ),
                         @Now
                     )
@@ -131,7 +132,7 @@ BEGIN
             t.Outcome = @Disposition,
             t.SmtpCode = @SmtpCode,
             t.ErrorText = @Error
-        FROM mailq.MailAttempt AS t
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
 
         IF @Disposition = N'Wait'

@@ -64,7 +64,7 @@ BEGIN
             t.Outcome = IIF(@DryRun = 1, N'DryRun', N'Sent'),
             t.SmtpCode = @SmtpCode,
             t.ErrorText = @SmtpText
-        FROM mailq.MailAttempt AS t
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
 
         IF @TranCount = 0 COMMIT TRANSACTION;

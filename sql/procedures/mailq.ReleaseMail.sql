@@ -43,7 +43,7 @@ BEGIN
         SET
             t.EndedAtUtc = @Now,
             t.Outcome = N'Released'
-        FROM mailq.MailAttempt AS t
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Released AS r ON t.MailID = r.ID AND t.AttemptNo = r.AttemptNo;
 
         IF @TranCount = 0 COMMIT TRANSACTION;

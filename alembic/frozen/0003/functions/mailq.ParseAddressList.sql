@@ -26,7 +26,9 @@ SELECT
     p.DisplayName,
     p.Address,
     CASE
-        WHEN p.Entry LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+        -- A binary collation: LIKE ranges are code-point ranges and control
+        -- characters are never ignorable, whatever the database's collation.
+        WHEN p.Entry COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
             THEN N'contains CR, LF or another control character'
         WHEN p.DisplayName LIKE N'%[<>]%' THEN N'has a malformed display name'
         WHEN LEN(p.DisplayName) > 200 THEN N'has a display name longer than 200 characters'

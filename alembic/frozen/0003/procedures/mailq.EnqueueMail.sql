@@ -78,6 +78,8 @@ BEGIN
 
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Msg NVARCHAR(2048);
+    -- Tested under a binary collation (COLLATE Latin1_General_100_BIN2): under
+    -- a linguistic collation control characters can be ignorable in LIKE.
     DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
 
     -- The content hash covers the parameters exactly as passed (before
@@ -128,7 +130,7 @@ BEGIN
         (1, N'@Subject', @Subject), (2, N'@FromName', @FromName), (3, N'@ReplyTo', @ReplyTo),
         (4, N'@FromAddress', @FromAddress), (5, N'@IdempotencyKey', @IdempotencyKey)
     ) AS v(Position, ParamName, Value)
-    WHERE v.Value LIKE @CrLf
+    WHERE v.Value COLLATE Latin1_General_100_BIN2 LIKE @CrLf
     ORDER BY v.Position;
     IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
 
@@ -221,7 +223,7 @@ BEGIN
         FROM OPENJSON(@Headers) AS j
         WHERE
             LEN(j.[key]) NOT BETWEEN 1 AND 76
-            OR j.[key] COLLATE Latin1_General_BIN LIKE N'%[^!-9;-~]%';
+            OR j.[key] COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%';
         IF @Msg IS NOT NULL THROW 50107, @Msg, 1;
 
         SELECT TOP (1) @Msg = CONCAT(N'@Headers: ''', j.[key], N''' is set by mailq-db and cannot be overridden.')
@@ -237,7 +239,7 @@ BEGIN
             N'@Headers: the value of ''', j.[key], N''' contains CR or LF (header injection is refused).'
         )
         FROM OPENJSON(@Headers) AS j
-        WHERE j.[value] LIKE @CrLf;
+        WHERE j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf;
         IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
 
         SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', j.[key], N''' is longer than 900 characters.')
@@ -324,7 +326,7 @@ BEGIN
             NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
             OR t.FileName LIKE N'%[/\:]%'
             OR t.FileName IN (N'.', N'..')
-            OR t.FileName LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            OR t.FileName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
             OR LEN(t.FileName) > 255
         ORDER BY t.AttachmentNo;
         IF @Msg IS NOT NULL THROW 50113, @Msg, 1;
@@ -334,7 +336,11 @@ BEGIN
         FROM @Attachment AS t
         WHERE
             t.ContentType IS NOT NULL
-            AND (t.ContentType NOT LIKE N'_%/_%' OR t.ContentType LIKE @CrLf OR LEN(t.ContentType) > 255)
+            AND (
+                t.ContentType NOT LIKE N'_%/_%'
+                OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+                OR LEN(t.ContentType) > 255
+            )
         ORDER BY t.AttachmentNo;
         IF @Msg IS NOT NULL THROW 50117, @Msg, 1;
 
@@ -354,7 +360,7 @@ BEGIN
     DECLARE @ContentHash VARBINARY(32) = HASHBYTES('SHA2_256', @ContentJson);
     DECLARE @Domain NVARCHAR(320) = SUBSTRING(@FromAddress, CHARINDEX(N'@', @FromAddress) + 1, 320);
     -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
-    IF @Domain COLLATE Latin1_General_BIN LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
+    IF @Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
 
     -- 2. Own the transaction, or nest in the caller's with a savepoint.
     DECLARE @TranCount INT = @@TRANCOUNT;

@@ -35,7 +35,7 @@ BEGIN
         THROW 50142, N'@AccountName is required.', 1;
     IF LEN(@AccountName) > 128 OR LEN(@DefaultFromAddress) > 320 OR LEN(@DefaultFromName) > 200
         THROW 50103, N'@AccountName (128), @DefaultFromAddress (320) or @DefaultFromName (200) is over its size.', 1;
-    IF @DefaultFromName LIKE N'%[' + NCHAR(13) + NCHAR(10) + N']%'
+    IF @DefaultFromName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(13) + NCHAR(10) + N']%'
         THROW 50105, N'@DefaultFromName contains CR or LF (header injection is refused).', 1;
     IF
         @DefaultFromAddress IS NULL

@@ -348,7 +348,9 @@ accepted:
 	:: atomic { skip;
 		/* mailq.MarkSent: UPDATE q SET Status = 'Sent', ThreadLock = NULL
 		 * ... WHERE <fence>; accepted after the lease time passed as long
-		 * as nobody reclaimed the row (the token still matches) */
+		 * as nobody reclaimed the row (the token still matches).  A
+		 * repeat by the same token after 'Sent' succeeds without writing
+		 * (LockLeasedMail @AcceptSentByToken = 1): no step of its own. */
 		if
 		:: FENCE(w, m) -> fenced_write_ok(w, m);
 			st[m] = SENT; vis[m] = 0; leave_sending(m)

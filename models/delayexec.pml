@@ -11,9 +11,10 @@
  *           second transaction RECEIVEs it again and only records the failure
  *           (delay.FinishTask 'Failed' / END CONVERSATION); if that fails too,
  *           the reader RETURNs.
- *   step 2  sp_getapplock 'mailq-db/delay/task/<id>' (Session, timeout 0) --
- *           held while the target runs, released by the session's end -- then
- *           the target through sp_executesql in its own transaction.
+ *           The run lock, sp_getapplock 'mailq-db/delay/task/<id>' (Session,
+ *           timeout 0), is taken inside step 1 before its COMMIT; held while
+ *           the target runs, released after step 3 or by the session's end.
+ *   step 2  the target through sp_executesql in its own transaction.
  *   step 3  a new transaction: BEGIN CONVERSATION TIMER (re-arms the lease),
  *           read the task WITH (UPDLOCK): still Running in this attempt ->
  *           delay.FinishTask 'Done' (receipt 1) / 'Retrying' + backoff timer /
@@ -39,10 +40,10 @@
  * Liveness (-DLIVE, pan -a -f): the conversation ends and the task is final.
  *
  * Switches:
- *   -DAPPLOCK_IN_STEP1  take the run lock inside step 1, before its COMMIT
- *                       (the fix for the race the default model finds when
- *                       the watchdog fires between step 1's COMMIT and step
- *                       2's sp_getapplock; see docs/models.md)
+ *   -DAPPLOCK_AFTER_COMMIT  take the run lock in step 2, after step 1's COMMIT,
+ *                       as the first version of the procedure did: spin finds
+ *                       the race (a watchdog firing in between declares the
+ *                       runner lost and a second run starts; docs/models.md)
  *   -DNO_ATTEMPT_CHECK  leave out "a run starts only in its own attempt"
  *   -DFAILS=n           step-1 / recovery transactions that fail (env budget;
  *                       5 in a row disable the queue: spin finds it)
@@ -148,7 +149,7 @@ endloop:	/* an idle reader waiting in WAITFOR (RECEIVE) is a valid end */
 					 * LeaseUntilUtc; BEGIN CONVERSATION TIMER (watchdog) */
 					att++; assert(att <= MAXATT);
 					ts = RUNNING; armed = 1; dorun = 1; my = att;
-#ifdef APPLOCK_IN_STEP1
+#ifndef APPLOCK_AFTER_COMMIT
 					if :: applock == 0 -> applock = r + 1; got = 1
 					   :: else -> got = 0 fi
 #endif
@@ -174,7 +175,7 @@ endloop:	/* an idle reader waiting in WAITFOR (RECEIVE) is a valid end */
 	fi;
 
 	/* ---- step 2: the run lock, then the target in its own transaction --- */
-#ifndef APPLOCK_IN_STEP1
+#ifdef APPLOCK_AFTER_COMMIT
 	atomic {
 		if :: applock == 0 -> applock = r + 1; got = 1
 		   :: else -> got = 0 fi

@@ -15,8 +15,10 @@ Options (``alembic -x name=value``; docs/delayed-execution.md):
     revision; to add delayed execution later, run
     ``alembic -x broker=off downgrade 0001`` (removes nothing that is absent)
     and then ``alembic upgrade head`` on a database with the broker enabled.
-    The downgrade ignores this option: each of its statements is guarded, so
-    it removes what exists and nothing else.
+    Every revision skips its sql/broker/ files under this option, in both
+    directions (mailq_db.deployment.RevisionPlan), so give a downgrade the
+    same value as the upgrade had; with the broker on, each broker statement
+    of the downgrade is guarded: it removes what exists and nothing else.
 ``readers=N``
     MAX_QUEUE_READERS of dbo.DelayServiceQueue, an integer 1-32767 (default 5).
     The frozen activation file keeps 5; another value is applied by an
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import re
 
-from mailq_db.deployment import SESSION_OPTIONS, RevisionPlan, x_argument
+from mailq_db.deployment import SESSION_OPTIONS, RevisionPlan, broker_enabled, x_argument
 from mailq_db.errors import ConfigurationError
 
 revision = "0002"
@@ -95,16 +97,6 @@ BEGIN
 END"""
 
 
-def broker_enabled() -> bool:
-    """``-x broker=on|off`` (default on)."""
-    value = (x_argument("broker", "on") or "on").strip().lower()
-    if value in ("on", "true", "yes", "1"):
-        return True
-    if value in ("off", "false", "no", "0"):
-        return False
-    raise ConfigurationError(f"-x broker must be on or off; got {value!r}")
-
-
 def queue_readers() -> int:
     """``-x readers=N``: MAX_QUEUE_READERS, an integer 1-32767 (default 5)."""
     raw = x_argument("readers", str(DEFAULT_READERS))
@@ -123,9 +115,9 @@ def upgrade_statements() -> list[str]:
     With ``-x broker=off`` only the files outside ``broker/`` (none when this
     revision was made; a later refreeze might add some) are deployed.
     """
-    planned = list(zip(PLAN.files, PLAN.upgrade_statements()))
+    planned = list(zip(PLAN.files, PLAN.upgrade_statements()))  # PLAN.files honours broker=off
     if not broker_enabled():
-        return [sql for rel, sql in planned if not rel.startswith("broker/")]
+        return [sql for _, sql in planned]
     readers = queue_readers()
     statements = [SESSION_OPTIONS, BROKER_CHECK, *(sql for _, sql in planned)]
     if readers != DEFAULT_READERS:

@@ -31,7 +31,8 @@ Pattern:     DESIGN.md pattern (a), "receive, record, commit; then run":
                 RetryMaxSeconds), or, after MaxAttempts runs, Failed (receipt 3,
                 the conversation ends).
              Watchdog: while a task runs, its runner holds a session-owned
-             application lock named for the task.  When the lease timer fires
+             application lock named for the task, taken in step 1 before its
+             COMMIT (so no lease can expire between the commit and the lock).  When the lease timer fires
              and the lock is free, the runner is gone (its session ended
              mid-target): the attempt is failed (RunnerLost) and retried.  When
              the lock is held, the runner is alive and slow: the lease is
@@ -144,6 +145,7 @@ BEGIN
         ------------------------------------------------------------------
         -- 1. Receive one message and do the bookkeeping; commit.
         ------------------------------------------------------------------
+        SELECT @LockResult = -1, @LockName = NULL;  -- no run lock held yet
         BEGIN TRY
             BEGIN TRANSACTION;
 
@@ -368,6 +370,41 @@ BEGIN
                                 @ErrorMessage = N'the platform row was deleted before the task ran';
                         ELSE
                         BEGIN
+                            -- The run lock is taken here, before this
+                            -- transaction commits the task as Running: a
+                            -- watchdog that fires between that commit and the
+                            -- target must find it held, or it would declare the
+                            -- runner lost and start a second run (spin found
+                            -- that race: models/delayexec.pml, delay-stale-runner).
+                            -- Session-owned, so the COMMIT below keeps it;
+                            -- released after step 3, or by the session's end.
+                            SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
+                            EXEC @LockResult = sys.sp_getapplock
+                                @Resource = @LockName,
+                                @LockMode = N'Exclusive',
+                                @LockOwner = N'Session',
+                                @LockTimeout = 0;
+                        END;
+
+                        IF @LockResult < 0 AND @LockName IS NOT NULL
+                        BEGIN
+                            -- A runner of an earlier attempt still holds the
+                            -- task: never run it twice at once.  Wait a lease.
+                            SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                            BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                            INSERT INTO delay.Log (
+                                TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle
+                            )
+                            VALUES (
+                                @TaskID, N'Slow', @TargetName, @Attempts,
+                                N'an earlier run of this task still holds its run lock; '
+                                + N'the next attempt waits a lease',
+                                @Handle
+                            );
+                        END;
+                        ELSE IF @LockName IS NOT NULL
+                        BEGIN
                             SET @Attempt = @Attempts + 1;
 
                             UPDATE delay.Task
@@ -400,6 +437,11 @@ BEGIN
             -- The message goes back to the queue: one rollback of it.
             IF XACT_STATE() <> 0
                 ROLLBACK TRANSACTION;
+            -- A run lock taken in this step survives the rollback (it is
+            -- session-owned): give it back, the task was not started.
+            IF @LockResult >= 0 AND @LockName IS NOT NULL
+                EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+            SET @LockResult = -1;
 
             -- Nothing received (the queue itself failed, e.g. disabled): stop;
             -- activation starts a reader again when the queue works.
@@ -460,24 +502,11 @@ BEGIN
         ------------------------------------------------------------------
         -- 2. Run the target in its own transaction.
         ------------------------------------------------------------------
-        SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
-        -- Session-owned: survives the target's COMMIT or ROLLBACK; released
-        -- below, or by the end of this session if it dies mid-target.
-        EXEC @LockResult = sys.sp_getapplock
-            @Resource = @LockName,
-            @LockMode = N'Exclusive',
-            @LockOwner = N'Session',
-            @LockTimeout = 0;
-
+        -- This session holds the task's run lock since step 1 (session-owned:
+        -- it survives the target's COMMIT or ROLLBACK; released below, or by
+        -- the end of this session if it dies mid-target).
         SELECT @ErrorNumber = NULL, @ErrorMessage = NULL, @Retryable = 1;
 
-        IF @LockResult < 0
-            -- Another session holds this task: never run it twice at once.
-            SELECT
-                @ErrorNumber = 50334,
-                @ErrorMessage = N'another session held the task''s run lock; this attempt did not run the target',
-                @Retryable = 1;
-        ELSE
         BEGIN
             -- Built from the catalog's names (delay.ResolveTarget checked the
             -- allow-list and the object's identity), each part QUOTENAMEd;

@@ -303,7 +303,11 @@ class RevisionPlan:
 
     @property
     def files(self) -> list[str]:
-        return revision_files(self.revision, self.root)
+        """The revision's frozen files, without the broker's under ``-x broker=off``."""
+        files = revision_files(self.revision, self.root)
+        if not broker_enabled():
+            files = [rel for rel in files if not rel.startswith(BROKER_PREFIX)]
+        return files
 
     def upgrade_statements(self) -> list[str]:
         return [statement_text(frozen_text(self.revision, rel, self.root)) for rel in self.files]
@@ -354,7 +358,28 @@ def alembic_config(root: Path | None = None, x_args: Iterable[str] = (), stdout=
 
 
 def x_argument(name: str, default: str | None = None) -> str | None:
-    """An Alembic ``-x name=value`` argument of the running migration."""
+    """An Alembic ``-x name=value`` argument of the running migration
+    (``default`` outside a migration, e.g. when a tool reads a plan)."""
     from alembic import context
 
-    return context.get_x_argument(as_dictionary=True).get(name, default)
+    try:
+        return context.get_x_argument(as_dictionary=True).get(name, default)
+    except (NameError, AttributeError):  # Alembic's proxy: no migration is running
+        return default
+
+
+#: Files under this sql/ folder need Service Broker; ``-x broker=off`` skips them.
+BROKER_PREFIX = "broker/"
+
+
+def broker_enabled() -> bool:
+    """``-x broker=on|off`` (default on): off deploys the mail queue alone,
+    e.g. on Azure SQL Database, which has no Service Broker."""
+    from .errors import ConfigurationError
+
+    value = (x_argument("broker", "on") or "on").strip().lower()
+    if value in ("on", "true", "yes", "1"):
+        return True
+    if value in ("off", "false", "no", "0"):
+        return False
+    raise ConfigurationError(f"-x broker must be on or off; got {value!r}")

@@ -81,13 +81,13 @@ CHECKS = [
     Check("delay-liveness", "delayexec.pml", ("-DLIVE", "-DNO_ATTEMPT_CHECK"),
           LIVENESS, LIVE_ARGS,
           why="the conversation ends and the task is final under weak fairness"),
-    Check("delay-stale-runner", "delayexec.pml",
+    Check("delay-stale-runner", "delayexec.pml", ("-DAPPLOCK_AFTER_COMMIT",),
           expect_error=r"assertion violated \(att==my\)",
-          why="watchdog firing between step 1's COMMIT and sp_getapplock: a lost "
-              "runner can still start its attempt after a later one"),
+          why="run lock taken after step 1's COMMIT (the first version): a watchdog "
+              "firing in between lets a lost runner start after a later attempt"),
     Check("delay-applock-in-step1", "delayexec.pml",
-          ("-DAPPLOCK_IN_STEP1", "-DNR=3", "-DMAXATT=3", "-DDIES=2"),
-          why="taking the run lock before step 1 commits closes that race"),
+          ("-DNR=3", "-DMAXATT=3", "-DDIES=2"),
+          why="the procedure as written takes the run lock before step 1 commits"),
     Check("delay-poison", "delayexec.pml", ("-DFAILS=5",),
           expect_error=r"assertion violated \(rb<5\)",
           why="5 failing bookkeeping transactions in a row would disable the queue"),

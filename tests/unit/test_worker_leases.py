@@ -129,3 +129,13 @@ def test_once_returns_when_nothing_is_due(sink):
     queue = FakeQueue([make_mail(1)])
     make_worker(queue, {"default": account_for(sink)}).run(once=True)
     assert len(queue.calls_to("claim_mail")) == 2  # one batch, then an empty claim
+
+
+def test_each_claimed_batch_gets_its_own_token(sink):
+    queue = FakeQueue([make_mail(1), make_mail(2)])
+    worker = make_worker(queue, {"default": account_for(sink)}, batch_size=1)
+    worker.run(once=True)
+    worker.run(once=True)
+    tokens = [str(call["lock_token"]) for call in queue.calls_to("claim_mail")]
+    assert len(tokens) >= 2 and len(set(tokens)) == len(tokens)
+    assert queue.statuses() == {1: "Sent", 2: "Sent"}

@@ -115,6 +115,11 @@ class Worker:
         """Claim one batch and process it; returns how many mails were claimed."""
         s = self.settings
         started = time.monotonic()
+        # A new token per claimed batch (ClaimMail's contract): a token names
+        # one lease of one batch.  Kept while acknowledgements of the previous
+        # batch are still unwritten (a database outage), so they stay valid.
+        if not self.pending and not self.held:
+            self.token = uuid.uuid4()
         mails = self.db.call(
             self.procs.claim_mail, batch_size=s.batch_size, lock_token=self.token,
             lease_seconds=s.lease_seconds, app_name=s.app_name, worker_name=self.name,

@@ -56,6 +56,10 @@ def pytest_collection_modifyitems(config, items):
     reason = skip_reason()
     if reason is None:
         return
+    if os.environ.get("MAILQ_REQUIRE_INTEGRATION") == "1":
+        # Where SQL Server must be tested (the integration job of
+        # .github/workflows/ci.yml), a missing precondition is a failure.
+        raise pytest.UsageError(f"MAILQ_REQUIRE_INTEGRATION=1 but: {reason}")
     here = Path(__file__).parent
     marker = pytest.mark.skip(reason=reason)
     for item in items:

@@ -38,13 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mailq-db {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"mailq_db.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"mailq_db.commands.{name}":
-                continue  # command not built yet
-            raise
-        module.register(subparsers)
+        importlib.import_module(f"mailq_db.commands.{name}").register(subparsers)
     return parser
 
 

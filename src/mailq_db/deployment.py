@@ -64,8 +64,6 @@ def alembic_ini(root: Path | None = None) -> Path:
 # Reading SQL files
 # --------------------------------------------------------------------------
 
-_BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.S)
-_LINE_COMMENT = re.compile(r"--[^\n]*")
 _STRING = re.compile(r"N?'(?:[^']|'')*'")
 
 

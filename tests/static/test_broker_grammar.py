@@ -371,7 +371,7 @@ WAITFOR_RECEIVE = (
         f"IF @x = 1\nBEGIN\n    SELECT 1 AS one;\nEND\nELSE\nBEGIN\n    {WAITFOR_RECEIVE}\nEND;",
         f"IF @x = 1\n    {WAITFOR_RECEIVE}\nELSE\n    {WAITFOR_RECEIVE}",
         f"WHILE 1 = 1\nBEGIN\n    {WAITFOR_RECEIVE}\n    IF @@ROWCOUNT = 0 BREAK;\nEND;",
-        f"BEGIN\n    BEGIN CONVERSATION TIMER (@h) TIMEOUT = 1;\nEND;",
+        "BEGIN\n    BEGIN CONVERSATION TIMER (@h) TIMEOUT = 1;\nEND;",
     ],
     ids=[
         "tran",

@@ -214,7 +214,7 @@ def test_targets_run_through_sp_executesql_with_parameters():
     assert re.findall(r"QUOTENAME\((@\w+)\)", built) == ["@SchemaName", "@ProcedureName"]
     assert re.sub(r"N'[^']*'|QUOTENAME\(@\w+\)|[\s,]", "", built) == ""
     assert "FROM delay.ResolveTarget(@TargetName)" in text
-    assert f"DECLARE" in text and params_var == "@ParameterList"
+    assert "DECLARE" in text and params_var == "@ParameterList"
 
 
 def test_the_trigger_executes_nothing_and_never_waits():

@@ -12,6 +12,7 @@ Fixtures:
                     deployed with `alembic upgrade head`; dropped afterwards
   fresh_database    factory: ``fresh_database(deploy=True, broker=True)`` makes
                     another fresh database and returns its URL
+  conn              module: an autocommit connection (as sa) to ``mssql_url``
 """
 
 from __future__ import annotations
@@ -147,3 +148,12 @@ def fresh_database(mssql_server_url):
 def mssql_url(fresh_database) -> str:
     """A fresh database per test module, deployed with `alembic upgrade head`."""
     return fresh_database()
+
+
+@pytest.fixture(scope="module")
+def conn(mssql_url):
+    """An autocommit connection (as sa) to the module's database, closed afterwards."""
+    from mailq_helpers import connection
+
+    with connection(mssql_url) as c:
+        yield c

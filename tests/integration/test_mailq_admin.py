@@ -26,7 +26,6 @@ from mailq_helpers import (
     assert_unchanged,
     attempts,
     claim,
-    connection,
     enqueue,
     expect_error,
     fingerprint,
@@ -41,12 +40,6 @@ from mailq_db import procedures
 from mailq_db.errors import MailStateError
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def conn(mssql_url):
-    with connection(mssql_url) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ import pytest
 from mailq_helpers import (
     assert_unchanged,
     claim,
-    connection,
     enqueue,
     exec_proc,
     expect_error,
@@ -37,12 +36,6 @@ from mailq_db import procedures
 from mailq_db.errors import InvalidInputError, LeaseLostError, MailStateError, UnknownMailError
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def conn(mssql_url):
-    with connection(mssql_url) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

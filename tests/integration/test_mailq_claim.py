@@ -27,7 +27,6 @@ from mailq_helpers import (
     as_uuid,
     attempts,
     claim,
-    connection,
     enqueue,
     exec_proc,
     mail_row,
@@ -43,12 +42,6 @@ from mailq_db import procedures
 pytestmark = pytest.mark.integration
 
 TOLERANCE = timedelta(seconds=1)
-
-
-@pytest.fixture(scope="module")
-def conn(mssql_url):
-    with connection(mssql_url) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -44,12 +44,6 @@ MAILS = 2000
 BATCH = 25
 
 
-@pytest.fixture(scope="module")
-def conn(mssql_url):
-    with connection(mssql_url) as c:
-        yield c
-
-
 def test_eight_workers_claim_every_mail_exactly_once(mssql_url, conn):
     account = new_account(conn, "many")
     app = new_app(conn, "many")

@@ -40,12 +40,6 @@ UUID_RE = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
 @pytest.fixture(scope="module")
-def conn(mssql_url):
-    with connection(mssql_url) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def account(conn) -> str:
     return new_account(conn, "enq", from_address="noreply@example.org", from_name="Ops 运维")
 

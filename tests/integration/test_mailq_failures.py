@@ -21,7 +21,6 @@ import pytest
 from mailq_helpers import (
     attempts,
     claim,
-    connection,
     enqueue,
     mail_row,
     make_due_now,
@@ -35,12 +34,6 @@ from mailq_db import procedures
 pytestmark = pytest.mark.integration
 
 EPS = timedelta(milliseconds=50)
-
-
-@pytest.fixture(scope="module")
-def conn(mssql_url):
-    with connection(mssql_url) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

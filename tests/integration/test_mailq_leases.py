@@ -47,12 +47,6 @@ EXPIRY_WAIT = 2.2  # seconds: a 1-second lease has surely expired (DATETIME2(3) 
 
 
 @pytest.fixture(scope="module")
-def conn(mssql_url):
-    with connection(mssql_url) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def conn2(mssql_url):
     """A second session: the worker that reclaims."""
     with connection(mssql_url) as c:

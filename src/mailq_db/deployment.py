@@ -80,6 +80,12 @@ def strip_comments(sql: str) -> str:
     return "".join(out)
 
 
+def code_only(sql: str) -> str:
+    """SQL without comments and with every string literal emptied (``''``):
+    what remains are statements, never words inside messages."""
+    return _STRING.sub("''", strip_comments(sql))
+
+
 def statement_text(sql: str) -> str:
     """The text sent as one batch: trailing white space and one trailing ``;`` removed.
 
@@ -114,7 +120,7 @@ class SqlObject:
 
 def describe(sql: str) -> SqlObject:
     """The object a file creates, from its first ``CREATE`` (``grant`` or ``script`` otherwise)."""
-    code = _STRING.sub("''", strip_comments(sql))
+    code = code_only(sql)
     match = _CREATE.search(code)
     if match is None:
         return SqlObject("grant" if _GRANT.search(code) else "script", "")

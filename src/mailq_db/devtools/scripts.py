@@ -7,7 +7,7 @@ import io
 import re
 from pathlib import Path
 
-from ..deployment import alembic_config, build_order, describe, sql_dir, strip_comments
+from ..deployment import alembic_config, build_order, code_only, describe, sql_dir, strip_comments
 
 #: Statements that must never appear in a rendered script (outside strings and
 #: comments: messages may tell the DBA how to run them).
@@ -19,7 +19,6 @@ FORBIDDEN = {
     "WAITFOR DELAY": re.compile(r"\bWAITFOR\s+DELAY\b", re.I),
     "GETDATE()": re.compile(r"\bGETDATE\s*\(", re.I),
 }
-_STRING = re.compile(r"N?'(?:[^']|'')*'")
 
 
 def render(command: str, revision: str, x_args: tuple[str, ...] = (), root: Path | None = None) -> str:
@@ -40,7 +39,7 @@ def batches(script: str) -> list[str]:
 def problems_in(script: str) -> list[str]:
     """Forbidden statements, doubled terminators and missing GO separators."""
     problems = []
-    code = _STRING.sub("''", strip_comments(script))
+    code = code_only(script)
     for label, pattern in FORBIDDEN.items():
         if pattern.search(code):
             problems.append(f"the script contains {label}")
@@ -50,7 +49,7 @@ def problems_in(script: str) -> list[str]:
         problems.append("the script has no GO batch separator")
     for batch in batches(script):
         creates = re.findall(r"\bCREATE\s+(?:OR\s+ALTER\s+)?(?:PROCEDURE|VIEW|FUNCTION|TRIGGER|SCHEMA)\b",
-                             _STRING.sub("''", strip_comments(batch)), re.I)
+                             code_only(batch), re.I)
         if len(creates) > 1:
             problems.append(f"one batch holds {len(creates)} CREATE statements that must be alone in a batch")
     return problems

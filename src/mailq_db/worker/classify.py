@@ -357,18 +357,32 @@ def enhanced_status(text: str) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
+def join_lines(text: str) -> str:
+    """A multi-line reply text as one line, without the enhanced status code that servers
+    (e.g. Gmail) repeat at the start of every continuation line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    m = re.match(r"^([245]\.\d{1,3}\.\d{1,3})\s", lines[0])
+    if m:
+        lines[1:] = [line[len(m.group(1)):].strip() if line.startswith(m.group(1)) else line
+                     for line in lines[1:]]
+    return " ".join(" ".join(lines).split())
+
+
 def split_reply(reply: str) -> tuple[int | None, str]:
-    """``"550 5.1.1 No such user"`` -> ``(550, "5.1.1 No such user")``; continuation lines joined."""
+    """``"550 5.1.1 No such user"`` -> ``(550, "5.1.1 No such user")``; continuation lines
+    (``550-...``) joined with :func:`join_lines`."""
     lines = reply.strip().splitlines() or [""]
     m = _REPLY_RE.match(lines[0])
     if not m:
-        return None, reply.strip()
+        return None, join_lines(reply)
     code = int(m.group(1))
     rest = [m.group(2).strip()]
     for line in lines[1:]:
         lm = _REPLY_RE.match(line)
         rest.append((lm.group(2) if lm and int(lm.group(1)) == code else line).strip())
-    return code, " ".join(r for r in rest if r)
+    return code, join_lines("\n".join(rest))
 
 
 def resolve_provider(*hints: str | None, table: RuleTable | None = None) -> str | None:
@@ -420,7 +434,7 @@ def classify_reply(code: int, text: bytes | str | None, stage: str,
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r} (stages: {', '.join(STAGES)})")
     table = table or TABLE
-    message = " ".join(_text(text).split())
+    message = join_lines(_text(text))
     who = resolve_provider(provider, table=table) if provider else None
     who = who or resolve_provider(message, table=table)
     rule = _decide(code, stage, message, who, table)

@@ -311,3 +311,33 @@ def test_escalation_can_be_switched_off_and_configured_from_a_table():
         EscalationPolicy.from_mapping({"retry_treshold": 3})
     with pytest.raises(ValueError):
         EscalationPolicy(wait_growth=0.5)
+
+
+# --------------------------------------------------------------------------- exceptions keep their verdicts, with a scope
+
+
+def test_classify_exception_scopes():
+    import smtplib
+    import socket
+
+    from mailq_db.worker.classify import NeedsSmtpUtf8, SetupError, classify_exception
+
+    def pair(exc, stage, provider=None):
+        out = classify_exception(exc, stage, provider)
+        return out.disposition, out.scope
+
+    assert pair(smtplib.SMTPServerDisconnected("gone"), "dot") == (RETRY, CONNECTION)
+    assert pair(socket.timeout("timed out"), "rcpt") == (RETRY, CONNECTION)
+    assert pair(ConnectionRefusedError(111, "refused"), "connect") == (WAIT, ACCOUNT)
+    assert pair(socket.timeout("timed out"), "ehlo") == (WAIT, ACCOUNT)
+    assert pair(SetupError("STARTTLS required but not offered"), "starttls") == (WAIT, ACCOUNT)
+    assert pair(NeedsSmtpUtf8("no SMTPUTF8"), "mail") == (STOP, MAIL)
+    assert pair(ValueError("bug"), "dot") == (RETRY, MAIL)
+    assert pair(smtplib.SMTPSenderRefused(450, b"4.7.1 Error: too much mail from 192.0.2.1", "a@b"), "mail") \
+        == (WAIT, ACCOUNT)
+    refused = smtplib.SMTPRecipientsRefused({"a@b": (550, b"5.1.1 User unknown"), "c@d": (450, b"4.2.0 Greylisted")})
+    assert pair(refused, "rcpt") == (STOP, RECIPIENT)
+    # the provider reaches the replies carried by exceptions
+    qq = smtplib.SMTPRecipientsRefused({"a@qq.com": (550, b"Mailbox unavailable or access denied")})
+    assert pair(qq, "rcpt", "qq") == (RETRY, RECIPIENT)
+    assert pair(smtplib.SMTPDataError(552, b"5.3.4 Message size exceeds fixed limit"), "data") == (STOP, MAIL)

@@ -16,6 +16,7 @@ from .errors import MailqError
 
 #: Command modules, in the order ``--help`` lists them.
 COMMANDS = ("deploy", "enqueue", "worker", "stats", "doctor", "dev")
+COMMANDS += ("classify",)  # issue 15: mailq-db classify "<reply>"
 
 EPILOG = """\
 examples:

@@ -37,6 +37,7 @@ def test_wheel_contains_sql_and_migrations(wheel):
     assert "mailq_db/_bundle/alembic.ini" in names
     assert any(n.startswith("mailq_db/_bundle/alembic/versions/0001_") for n in names)
     assert "sqlfluff_tsql_broker/plugin.py" in names
+    assert "mailq_db/worker/smtp_rules.toml" in names  # issue 15: the reply rule table
 
 
 def test_installed_wheel_prints_the_checkout_script(wheel, tmp_path):

@@ -22,10 +22,10 @@ from mailq_db.worker.classify import (
     (451, "4.3.0 Local error in processing", "data", RETRY),
     (451, "4.7.0 Temporary rate limit exceeded", "mail", WAIT),
     (452, "4.3.1 Insufficient system storage", "data", WAIT),
-    (452, "4.5.3 Too many recipients", "rcpt", WAIT),
+    (452, "4.5.3 Too many recipients", "rcpt", RETRY),  # issue 15: recipient Retry
     (454, "4.7.0 Temporary authentication failure", "auth", WAIT),
     (454, "4.7.0 TLS not available", "connect", WAIT),
-    (454, "4.7.1 Relay access denied temporarily", "rcpt", RETRY),
+    (454, "4.7.1 Relay access denied temporarily", "rcpt", WAIT),  # issue 15: relay refused = account
     (454, "4.7.0 account locked", "rcpt", WAIT),
     (535, "5.7.8 Authentication credentials invalid", "auth", WAIT),
     (550, "5.1.1 No such user", "rcpt", STOP),
@@ -48,7 +48,9 @@ def test_table(code, text, stage, expected):
 
 
 def test_every_disposition_names_its_rule():
-    assert classify_reply(550, "x", "rcpt").rule == "5xx permanent for this mail"
+    outcome = classify_reply(550, "x", "rcpt")
+    assert outcome.rule == "class-rcpt-permanent" and outcome.scope == "recipient"
+    assert outcome.source and outcome.source.startswith("https://")
 
 
 @pytest.mark.parametrize("exc,stage,expected", [

@@ -65,6 +65,8 @@ def test_reply_codes_are_classified(sink, stage, code):
     expected = EXPECTED[code]
     if code == 552 and stage == "rcpt":
         expected = "Retry"  # RFC 5321 4.5.3.1.10: treat 552 at RCPT as transient
+    if code == 452 and stage == "rcpt":
+        expected = "Retry"  # issue 15: 452 at RCPT (too many recipients) retries that recipient
     key = "sender@example.com" if stage == "mail" else "rcpt1@example.com"
     sink.replies[(stage, key)] = f"{code} {code // 100}.0.0 scripted test reply"
     queue = FakeQueue([make_mail(1, from_address="sender@example.com"),

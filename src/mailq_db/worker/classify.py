@@ -1,44 +1,72 @@
-"""The one table that turns SMTP outcomes into Retry, Wait or Stop.
+"""Turn SMTP outcomes into Retry, Wait or Stop, with a scope.
 
-Documented, rule by rule, in ``docs/smtp-classification.md``; change both
-together.  The first matching rule wins.
+The verdicts come from a rule table shipped as data beside this module,
+``smtp_rules.toml`` (each rule names the public document it comes from), and are
+documented in ``docs/smtp-classification.md``, whose rule listing is generated
+from the table (``python -m mailq_db.worker.classify --update-doc
+docs/smtp-classification.md``).
 
-* **Retry** - transient trouble with this mail: the attempt is consumed and
-  the database schedules the next one with backoff.
-* **Wait** - the account is throttled, locked or unreachable: the account is
-  blocked until ``retry_after_seconds`` from now and the attempt is refunded.
-  A Wait always applies to the whole rest of the account's batch.
-* **Stop** - permanent: the mail is ``Failed`` at once.
+* **Retry** - transient trouble: the attempt is consumed and the database
+  schedules the next one with backoff (or ``retry_after_seconds``).
+* **Wait** - the account is throttled, locked, misconfigured or unreachable:
+  the account is blocked until ``retry_after_seconds`` from now and the
+  attempt is refunded.  A Wait is always account-wide.
+* **Stop** - permanent: the recipient (or the whole mail) is failed at once.
 
-Stages are where the reply came: ``connect`` (greeting, EHLO, STARTTLS),
-``auth``, ``mail`` (MAIL FROM), ``rcpt`` (RCPT TO), ``data`` (DATA and the
-final reply to the message).
+The **scope** says what the verdict is about, and so what the worker does:
+
+* ``recipient`` - this recipient only (a reply to RCPT): retry or drop that
+  recipient, the mail goes on to the others;
+* ``mail`` - this mail (a reply to MAIL FROM, DATA or the final dot);
+* ``account`` - every mail of the account: block the account (Wait);
+* ``connection`` - this SMTP session: close it, reconnect, and send the mail
+  again on the new session (no account block).
+
+Stages: ``connect`` (greeting), ``ehlo``, ``starttls``, ``auth``, ``mail``
+(MAIL FROM), ``rcpt`` (RCPT TO), ``data`` (reply to DATA), ``dot`` (reply after
+the final dot), ``rset``, ``quit``.  ``data`` and ``dot`` match the same rules:
+``data`` used to mean the final reply and stays accepted for it.
+
+:class:`Escalation` is the small stateful part: repeated Retry replies for one
+account become a Wait, and a Wait that keeps coming back is lengthened.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import smtplib
 import socket
 import ssl
-from dataclasses import dataclass
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from typing import Any, Iterable, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+log = logging.getLogger(__name__)
 
 RETRY, WAIT, STOP = "Retry", "Wait", "Stop"
-STAGES = ("connect", "auth", "mail", "rcpt", "data")
-MAIL_STAGES = ("mail", "rcpt", "data")
+DISPOSITIONS = (RETRY, WAIT, STOP)
+RECIPIENT, MAIL, ACCOUNT, CONNECTION = "recipient", "mail", "account", "connection"
+SCOPES = (RECIPIENT, MAIL, ACCOUNT, CONNECTION)
+#: Which scopes each disposition may have (the loader refuses the others).
+ALLOWED_SCOPES = {WAIT: (ACCOUNT,), STOP: (RECIPIENT, MAIL), RETRY: (RECIPIENT, MAIL, CONNECTION)}
+STAGES = ("connect", "ehlo", "starttls", "auth", "mail", "rcpt", "data", "dot", "rset", "quit")
+#: Stages before any mail: a refusal there means the account cannot send at all.
+SESSION_STAGES = ("connect", "ehlo", "starttls", "auth")
+MAIL_STAGES = ("mail", "rcpt", "data", "dot")
+#: Wait, in seconds, when a rule that is coerced to a Wait named none.
+DEFAULT_WAIT_SECONDS = 300
 
-#: Reply texts that mean "you are sending too much / the account is locked".
-THROTTLE_TEXT = re.compile(
-    r"throttl|rate[ -]?limit|too many|exceed|slow down|try again in|locked|quota|frequency|"
-    r"sending limit|limit reached|temporarily blocked|temporarily rate",
-    re.IGNORECASE,
-)
-#: 5xx texts that mean an account-wide quota, not a bad mail (e.g. a daily sending cap).
-QUOTA_TEXT = re.compile(
-    r"sending (?:limit|quota|rate)|(?:daily|hourly) (?:user )?(?:sending )?(?:limit|quota)|"
-    r"quota exceeded|rate limit",
-    re.IGNORECASE,
-)
+RULES_RESOURCE = "smtp_rules.toml"
+TIERS = ("rule", "subject", "class")
 
 
 class SetupError(smtplib.SMTPException):
@@ -49,52 +77,333 @@ class NeedsSmtpUtf8(smtplib.SMTPException):
     """A non-ASCII address, and the server does not offer SMTPUTF8."""
 
 
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    disposition: str
-    codes: range | tuple[int, ...] = ()
-    stages: tuple[str, ...] = STAGES
-    text: re.Pattern[str] | None = None
-    retry_after_seconds: int | None = None  # None: the database's default backoff / block time
+class RuleTableError(ValueError):
+    """The rule table is invalid; the message names the rule and the key."""
 
 
-#: code ranges
-ANY_4XX = range(400, 500)
-ANY_5XX = range(500, 600)
-
-RULES: tuple[Rule, ...] = (
-    Rule("421 service closing", WAIT, (421,), retry_after_seconds=120),
-    Rule("4xx throttle or lock text", WAIT, ANY_4XX, text=THROTTLE_TEXT, retry_after_seconds=300),
-    Rule("452 insufficient storage / too many recipients", WAIT, (452,), retry_after_seconds=300),
-    Rule("454 temporary TLS or auth failure", WAIT, (454,), ("connect", "auth"), retry_after_seconds=300),
-    Rule("5xx quota or sending limit", WAIT, ANY_5XX, text=QUOTA_TEXT, retry_after_seconds=3600),
-    Rule("auth temporary failure", WAIT, ANY_4XX, ("auth",), retry_after_seconds=300),
-    Rule("auth refused (credentials or policy)", WAIT, ANY_5XX, ("auth",), retry_after_seconds=900),
-    Rule("connect-stage error", WAIT, range(400, 600), ("connect",), retry_after_seconds=300),
-    Rule("552 at RCPT is transient (RFC 5321 4.5.3.1.10)", RETRY, (552,), ("rcpt",)),
-    Rule("4xx on this mail", RETRY, ANY_4XX, MAIL_STAGES),
-    Rule("5xx permanent for this mail", STOP, ANY_5XX, MAIL_STAGES),
-)
-
-#: Unknown codes (outside 4xx/5xx, e.g. a bogus reply) are retried.
-DEFAULT_RULE = Rule("unexpected reply", RETRY)
+# --------------------------------------------------------------------------- outcome
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What to do with a mail: the disposition, why, and how long to block the account."""
+    """What to do: the disposition, why, which rule decided, how long, and the scope.
+
+    ``scope`` defaults from the disposition (Wait: account, otherwise mail) so
+    outcomes built by hand stay valid.
+    """
 
     disposition: str
     reason: str
     rule: str
     smtp_code: int | None = None
     retry_after_seconds: int | None = None
+    scope: str = ""
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.scope:
+            object.__setattr__(self, "scope", ACCOUNT if self.disposition == WAIT else MAIL)
 
     @property
     def account_wide(self) -> bool:
         """A Wait blocks the account: the rest of its batch is given back the same way."""
         return self.disposition == WAIT
+
+
+# --------------------------------------------------------------------------- rule table
+
+
+@dataclass(frozen=True)
+class Provider:
+    id: str
+    hosts: tuple[re.Pattern[str], ...] = ()
+    text: tuple[re.Pattern[str], ...] = ()
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StatusPattern:
+    """``5.7.1``, ``x.7.1`` (either class), ``x.7`` (subject), ``5.7.700-749`` (detail range)."""
+
+    klass: int | None
+    subject: int
+    detail: tuple[int, int] | None
+
+    def matches(self, status: tuple[int, int, int] | None) -> bool:
+        if status is None:
+            return False
+        klass, subject, detail = status
+        if self.klass is not None and klass != self.klass:
+            return False
+        if subject != self.subject:
+            return False
+        return self.detail is None or self.detail[0] <= detail <= self.detail[1]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    tier: str
+    disposition: str
+    scope: str
+    source: str
+    why: str = ""
+    stages: tuple[str, ...] = ()
+    codes: tuple[str, ...] = ()
+    status: tuple[StatusPattern, ...] = ()
+    providers: tuple[str, ...] = ()
+    text: re.Pattern[str] | None = None
+    not_text: re.Pattern[str] | None = None
+    wait: int | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def matches(self, code: int, stage: str, status: tuple[int, int, int] | None,
+                provider: str | None, message: str) -> bool:
+        if self.stages and stage not in self.stages:
+            return False
+        if self.codes and not any(_code_matches(p, code) for p in self.codes):
+            return False
+        if self.status and not any(p.matches(status) for p in self.status):
+            return False
+        if self.providers and provider not in self.providers:
+            return False
+        if self.text is not None and not self.text.search(message):
+            return False
+        return self.not_text is None or not self.not_text.search(message)
+
+
+@dataclass(frozen=True)
+class RuleTable:
+    providers: Mapping[str, Provider]
+    rules: tuple[Rule, ...]
+
+    def by_id(self, rule_id: str) -> Rule | None:
+        return next((r for r in self.rules if r.id == rule_id), None)
+
+
+_RULE_KEYS = {"id", "stages", "codes", "status", "providers", "text", "not_text",
+              "disposition", "scope", "wait", "source", "why"}
+_PROVIDER_KEYS = {"hosts", "text", "aliases"}
+_TOP_KEYS = {"version", "providers", *TIERS}
+_CODE_PATTERN = re.compile(r"^[2-5](?:[0-9]{2}|[0-9]x|xx)$")
+_STATUS_PATTERN = re.compile(r"^(x|[245])\.(\d{1,3})(?:\.(\d{1,3})(?:-(\d{1,3}))?)?$")
+
+
+def _code_matches(pattern: str, code: int) -> bool:
+    text = f"{code:03d}"
+    return len(text) == 3 and all(p in ("x", c) for p, c in zip(pattern, text))
+
+
+def _compile(where: str, key: str, pattern: Any) -> re.Pattern[str]:
+    if not isinstance(pattern, str) or not pattern:
+        raise RuleTableError(f"{where}: {key!r} must be a non-empty regular expression string")
+    try:
+        return re.compile(pattern, re.IGNORECASE)
+    except re.error as exc:
+        raise RuleTableError(f"{where}: bad regular expression in {key!r} ({exc}): {pattern!r}") from None
+
+
+def _strings(where: str, key: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RuleTableError(f"{where}: {key!r} must be a list of strings")
+    return value
+
+
+def _parse_status(where: str, text: str) -> StatusPattern:
+    m = _STATUS_PATTERN.match(text)
+    if not m:
+        raise RuleTableError(f"{where}: bad enhanced status pattern {text!r} "
+                             "(expected e.g. '5.7.1', 'x.7.1', 'x.7', '5.7.700-749')")
+    klass = None if m.group(1) == "x" else int(m.group(1))
+    detail = None
+    if m.group(3) is not None:
+        low = int(m.group(3))
+        high = int(m.group(4)) if m.group(4) is not None else low
+        if high < low:
+            raise RuleTableError(f"{where}: empty detail range in {text!r}")
+        detail = (low, high)
+    return StatusPattern(klass, int(m.group(2)), detail)
+
+
+def _parse_rule(tier: str, index: int, data: Any, providers: Mapping[str, Provider]) -> Rule:
+    where = f"[[{tier}]] #{index + 1}"
+    if not isinstance(data, dict):
+        raise RuleTableError(f"{where}: must be a table")
+    if isinstance(data.get("id"), str):
+        where = f"[[{tier}]] {data['id']!r}"
+    unknown = sorted(set(data) - _RULE_KEYS)
+    if unknown:
+        raise RuleTableError(f"{where}: unknown key(s) {', '.join(unknown)} "
+                             f"(allowed: {', '.join(sorted(_RULE_KEYS))})")
+    for key in ("id", "disposition", "scope", "source"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise RuleTableError(f"{where}: {key!r} is required (a non-empty string)")
+    disposition, scope = data["disposition"], data["scope"]
+    if disposition not in DISPOSITIONS:
+        raise RuleTableError(f"{where}: disposition {disposition!r} is not one of {', '.join(DISPOSITIONS)}")
+    if scope not in SCOPES:
+        raise RuleTableError(f"{where}: scope {scope!r} is not one of {', '.join(SCOPES)}")
+    if scope not in ALLOWED_SCOPES[disposition]:
+        raise RuleTableError(f"{where}: a {disposition} cannot have scope {scope!r} "
+                             f"(allowed: {', '.join(ALLOWED_SCOPES[disposition])})")
+    if not re.match(r"^https?://\S+$", data["source"]):
+        raise RuleTableError(f"{where}: 'source' must be the URL of the public document")
+    stages = tuple(_strings(where, "stages", data.get("stages", [])))
+    for stage in stages:
+        if stage not in STAGES:
+            raise RuleTableError(f"{where}: unknown stage {stage!r} (stages: {', '.join(STAGES)})")
+    if "data" in stages or "dot" in stages:  # the alias: data and dot match alike
+        stages = tuple(dict.fromkeys((*stages, "data", "dot")))
+    codes: list[str] = []
+    raw_codes = data.get("codes", [])
+    if not isinstance(raw_codes, list):
+        raise RuleTableError(f"{where}: 'codes' must be a list")
+    for code in raw_codes:
+        text = str(code) if isinstance(code, int) and not isinstance(code, bool) else code
+        if not isinstance(text, str) or not _CODE_PATTERN.match(text):
+            raise RuleTableError(f"{where}: bad reply code {code!r} (expected e.g. 550, '5xx', '45x')")
+        codes.append(text)
+    status = tuple(_parse_status(where, s) for s in _strings(where, "status", data.get("status", [])))
+    names = tuple(_strings(where, "providers", data.get("providers", [])))
+    for name in names:
+        if name not in providers:
+            raise RuleTableError(f"{where}: unknown provider {name!r} (defined: {', '.join(providers)})")
+    wait = data.get("wait")
+    if wait is not None and (not isinstance(wait, int) or isinstance(wait, bool) or not 0 <= wait <= 86400 * 7):
+        raise RuleTableError(f"{where}: 'wait' must be whole seconds between 0 and 604800")
+    if disposition == WAIT and wait is None:
+        raise RuleTableError(f"{where}: a Wait needs 'wait' (how long the account is blocked)")
+    why = data.get("why", "")
+    if not isinstance(why, str):
+        raise RuleTableError(f"{where}: 'why' must be a string")
+    return Rule(
+        id=data["id"], tier=tier, disposition=disposition, scope=scope, source=data["source"],
+        why=why, stages=stages, codes=tuple(codes), status=status, providers=names,
+        text=_compile(where, "text", data["text"]) if "text" in data else None,
+        not_text=_compile(where, "not_text", data["not_text"]) if "not_text" in data else None,
+        wait=wait, raw=data,
+    )
+
+
+def parse_rules(text: str, name: str = RULES_RESOURCE) -> RuleTable:
+    """Parse and validate a rule table (TOML text); raises :class:`RuleTableError`."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RuleTableError(f"{name}: not valid TOML: {exc}") from None
+    try:
+        unknown = sorted(set(data) - _TOP_KEYS)
+        if unknown:
+            raise RuleTableError(f"unknown top-level key(s) {', '.join(unknown)} "
+                                 f"(allowed: {', '.join(sorted(_TOP_KEYS))})")
+        if data.get("version") != 1:
+            raise RuleTableError("'version' must be 1")
+        providers: dict[str, Provider] = {}
+        raw_providers = data.get("providers", {})
+        if not isinstance(raw_providers, dict):
+            raise RuleTableError("[providers] must be a table of tables")
+        for pid, pdata in raw_providers.items():
+            where = f"[providers.{pid}]"
+            if not isinstance(pdata, dict):
+                raise RuleTableError(f"{where}: must be a table")
+            bad = sorted(set(pdata) - _PROVIDER_KEYS)
+            if bad:
+                raise RuleTableError(f"{where}: unknown key(s) {', '.join(bad)} "
+                                     f"(allowed: {', '.join(sorted(_PROVIDER_KEYS))})")
+            providers[pid] = Provider(
+                pid,
+                tuple(_compile(where, "hosts", p) for p in _strings(where, "hosts", pdata.get("hosts", []))),
+                tuple(_compile(where, "text", p) for p in _strings(where, "text", pdata.get("text", []))),
+                tuple(a.lower() for a in _strings(where, "aliases", pdata.get("aliases", []))),
+            )
+        rules: list[Rule] = []
+        for tier in TIERS:
+            entries = data.get(tier, [])
+            if not isinstance(entries, list):
+                raise RuleTableError(f"'{tier}' must be an array of tables ([[{tier}]])")
+            rules.extend(_parse_rule(tier, i, entry, providers) for i, entry in enumerate(entries))
+        seen: set[str] = set()
+        for rule in rules:
+            if rule.id in seen:
+                raise RuleTableError(f"duplicate rule id {rule.id!r}")
+            seen.add(rule.id)
+        if not rules or rules[-1].stages or rules[-1].codes or rules[-1].text or rules[-1].status \
+                or rules[-1].providers:
+            raise RuleTableError("the last [[class]] rule must match everything (no conditions)")
+    except RuleTableError as exc:
+        raise RuleTableError(f"{name}: {exc}") from None
+    return RuleTable(providers, tuple(rules))
+
+
+def load_rules() -> RuleTable:
+    """The rule table shipped in the package."""
+    text = resources.files(__package__).joinpath(RULES_RESOURCE).read_text(encoding="utf-8")
+    return parse_rules(text)
+
+
+#: The table every call uses (loaded once, at import: a broken table fails fast).
+TABLE = load_rules()
+
+
+# --------------------------------------------------------------------------- classification
+
+_STATUS_RE = re.compile(r"(?<![\d.])([245])\.(\d{1,3})\.(\d{1,3})(?![\d.])")
+_REPLY_RE = re.compile(r"^\s*([2-5]\d\d)(?:[ -]|$)(.*)$", re.DOTALL)
+
+
+def enhanced_status(text: str) -> tuple[int, int, int] | None:
+    """The first RFC 3463 enhanced status code in ``text`` (class, subject, detail)."""
+    m = _STATUS_RE.search(text)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def join_lines(text: str) -> str:
+    """A multi-line reply text as one line, without the enhanced status code that servers
+    (e.g. Gmail) repeat at the start of every continuation line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    m = re.match(r"^([245]\.\d{1,3}\.\d{1,3})\s", lines[0])
+    if m:
+        lines[1:] = [line[len(m.group(1)):].strip() if line.startswith(m.group(1)) else line
+                     for line in lines[1:]]
+    return " ".join(" ".join(lines).split())
+
+
+def split_reply(reply: str) -> tuple[int | None, str]:
+    """``"550 5.1.1 No such user"`` -> ``(550, "5.1.1 No such user")``; continuation lines
+    (``550-...``) joined with :func:`join_lines`."""
+    lines = reply.strip().splitlines() or [""]
+    m = _REPLY_RE.match(lines[0])
+    if not m:
+        return None, join_lines(reply)
+    code = int(m.group(1))
+    rest = [m.group(2).strip()]
+    for line in lines[1:]:
+        lm = _REPLY_RE.match(line)
+        rest.append((lm.group(2) if lm and int(lm.group(1)) == code else line).strip())
+    return code, join_lines("\n".join(rest))
+
+
+def resolve_provider(*hints: str | None, table: RuleTable | None = None) -> str | None:
+    """The provider id named or recognised in ``hints`` (a configured name, the server's
+    host name, its greeting or EHLO domain), or ``None``."""
+    table = table or TABLE
+    for hint in hints:
+        if not hint:
+            continue
+        low = hint.strip().lower()
+        for provider in table.providers.values():
+            if low == provider.id or low in provider.aliases:
+                return provider.id
+        tokens = [t.strip(".").lower() for t in re.split(r"[\s\[\]()<>,;]+", hint) if t.strip(".")]
+        for provider in table.providers.values():
+            if any(p.search(tok) for p in provider.hosts for tok in tokens):
+                return provider.id
+        for provider in table.providers.values():
+            if any(p.search(hint) for p in provider.text):
+                return provider.id
+    return None
 
 
 def _text(reply: bytes | str | None) -> str:
@@ -103,65 +412,258 @@ def _text(reply: bytes | str | None) -> str:
     return reply or ""
 
 
-def classify_reply(code: int, text: bytes | str | None, stage: str) -> Outcome:
-    """Classify one SMTP reply ``code``/``text`` received at ``stage``."""
+def _decide(code: int, stage: str, message: str, provider: str | None,
+            table: RuleTable) -> Rule:
+    status = enhanced_status(message)
+    if status is not None and status[0] != code // 100:
+        status = (code // 100, status[1], status[2])  # the reply code's class wins
+    for rule in table.rules:
+        if rule.matches(code, stage, status, provider, message):
+            return rule
+    raise AssertionError("the last [[class]] rule matches everything")  # pragma: no cover
+
+
+def classify_reply(code: int, text: bytes | str | None, stage: str,
+                   provider: str | None = None, *, table: RuleTable | None = None) -> Outcome:
+    """Classify one SMTP reply ``code``/``text`` received at ``stage``.
+
+    ``provider`` is a provider id or alias, or a host name / greeting / EHLO
+    domain it is recognised from; without it the reply text's own markers
+    (e.g. ``gsmtp``) are used.
+    """
     if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}")
-    message = _text(text)
-    for rule in RULES:
-        if rule.codes and code not in rule.codes:
-            continue
-        if stage not in rule.stages:
-            continue
-        if rule.text is not None and not rule.text.search(message):
-            continue
-        break
-    else:
-        rule = DEFAULT_RULE
-    reason = f"{code} {message}".strip() + f" (at {stage.upper()}; rule: {rule.name})"
-    return Outcome(rule.disposition, reason, rule.name, code, rule.retry_after_seconds)
+        raise ValueError(f"unknown stage {stage!r} (stages: {', '.join(STAGES)})")
+    table = table or TABLE
+    message = join_lines(_text(text))
+    who = resolve_provider(provider, table=table) if provider else None
+    who = who or resolve_provider(message, table=table)
+    rule = _decide(code, stage, message, who, table)
+    disposition, scope, wait, note = rule.disposition, rule.scope, rule.wait, ""
+    if scope == RECIPIENT and stage != "rcpt":
+        scope, note = MAIL, "; about the whole mail at this stage"
+    if stage in SESSION_STAGES and disposition != WAIT and scope != CONNECTION:
+        disposition, scope, wait = WAIT, ACCOUNT, wait or DEFAULT_WAIT_SECONDS
+        note = "; before any mail: the account waits"
+    reason = f"{code} {message}".strip() + f" (at {stage.upper()}; rule: {rule.id}{note})"
+    return Outcome(disposition, reason, rule.id, code, wait, scope, rule.source)
 
 
 def permanent(reason: str) -> Outcome:
     """A mail that can never be sent as stored (malformed, unsendable address)."""
-    return Outcome(STOP, reason, "malformed mail")
+    return Outcome(STOP, reason, "malformed mail", scope=MAIL)
 
 
-def classify_exception(exc: BaseException, stage: str) -> Outcome:
+_SEVERITY = {WAIT: 0, STOP: 1, RETRY: 2}
+
+
+def classify_exception(exc: BaseException, stage: str, provider: str | None = None) -> Outcome:
     """Classify an exception raised while talking to the server at ``stage``.
 
     Replies carried by smtplib exceptions go through :func:`classify_reply`.
-    Dropped connections and timeouts: Retry for the mail in flight; before any
-    mail (``connect``/``auth``) they mean the account is unreachable: Wait.
+    Dropped connections and timeouts: Retry (scope ``connection``) for the mail
+    in flight; before any mail (``connect``/``ehlo``/``starttls``/``auth``) they
+    mean the account is unreachable: Wait.
     """
     if isinstance(exc, smtplib.SMTPRecipientsRefused):
-        # Every recipient refused: classify by the most severe reply (a Wait
-        # beats a Stop beats a Retry, so a throttled account is never charged).
-        outcomes = [classify_reply(code, text, "rcpt") for code, text in exc.recipients.values()]
-        order = {WAIT: 0, STOP: 1, RETRY: 2}
-        return min(outcomes, key=lambda o: order[o.disposition])
+        # Every recipient refused: the most severe reply decides (a Wait beats a
+        # Stop beats a Retry, so a throttled account is never charged).
+        outcomes = [classify_reply(code, text, "rcpt", provider) for code, text in exc.recipients.values()]
+        return min(outcomes, key=lambda o: _SEVERITY[o.disposition])
     if isinstance(exc, smtplib.SMTPSenderRefused):
-        return classify_reply(exc.smtp_code, exc.smtp_error, "mail")
+        return classify_reply(exc.smtp_code, exc.smtp_error, "mail", provider)
     if isinstance(exc, smtplib.SMTPAuthenticationError):
-        return classify_reply(exc.smtp_code, exc.smtp_error, "auth")
+        return classify_reply(exc.smtp_code, exc.smtp_error, "auth", provider)
     if isinstance(exc, smtplib.SMTPResponseException):
-        return classify_reply(exc.smtp_code, exc.smtp_error, stage)
-    account_stage = stage in ("connect", "auth")
+        return classify_reply(exc.smtp_code, exc.smtp_error, stage, provider)
+    account_stage = stage in SESSION_STAGES
+    where = f"(at {stage.upper()})"
     if isinstance(exc, NeedsSmtpUtf8):
         return Outcome(STOP, f"{exc} (RFC 6531); the address cannot be delivered through this account",
-                       "SMTPUTF8 needed")
+                       "SMTPUTF8 needed", scope=MAIL)
     if isinstance(exc, SetupError):
-        return Outcome(WAIT, str(exc), "account setup failed", None, 600)
-    if isinstance(exc, smtplib.SMTPNotSupportedError) or isinstance(exc, ssl.SSLError):
+        return Outcome(WAIT, str(exc), "account setup failed", None, 600, ACCOUNT)
+    if isinstance(exc, (smtplib.SMTPNotSupportedError, ssl.SSLError)):
         kind = "TLS failure" if isinstance(exc, ssl.SSLError) else "not supported by the server"
         if account_stage:
-            return Outcome(WAIT, f"{kind}: {exc} (at {stage.upper()})", "account setup failed", None, 600)
-        return Outcome(RETRY, f"{kind}: {exc} (at {stage.upper()})", "transport error")
+            return Outcome(WAIT, f"{kind}: {exc} {where}", "account setup failed", None, 600, ACCOUNT)
+        return Outcome(RETRY, f"{kind}: {exc} {where}", "transport error", scope=CONNECTION)
     if isinstance(exc, (smtplib.SMTPServerDisconnected, socket.timeout, TimeoutError, OSError)):
         kind = "timeout" if isinstance(exc, (socket.timeout, TimeoutError)) else "connection lost"
         if account_stage:
-            return Outcome(WAIT, f"{kind}: {exc or type(exc).__name__} (at {stage.upper()})",
-                           "server unreachable", None, 60)
-        return Outcome(RETRY, f"{kind}: {exc or type(exc).__name__} (at {stage.upper()})",
-                       "dropped connection or timeout")
-    return Outcome(RETRY, f"{type(exc).__name__}: {exc} (at {stage.upper()})", "unexpected error")
+            return Outcome(WAIT, f"{kind}: {exc or type(exc).__name__} {where}",
+                           "server unreachable", None, 60, ACCOUNT)
+        return Outcome(RETRY, f"{kind}: {exc or type(exc).__name__} {where}",
+                       "dropped connection or timeout", scope=CONNECTION)
+    return Outcome(RETRY, f"{type(exc).__name__}: {exc} {where}", "unexpected error", scope=MAIL)
+
+
+# --------------------------------------------------------------------------- escalation
+
+
+@dataclass(frozen=True)
+class EscalationPolicy:
+    """When repeated outcomes of one account are escalated (all configurable).
+
+    * ``retry_threshold`` Retry outcomes (any scope) of one account within
+      ``retry_window_seconds`` become a Wait of ``retry_wait_seconds``;
+      0 switches this off.
+    * A Wait that comes back within ``wait_memory_seconds`` after the previous
+      block ended is multiplied by ``wait_growth`` per repetition, capped at
+      ``wait_max_seconds``; ``wait_growth`` 1 switches this off.
+    """
+
+    retry_threshold: int = 10
+    retry_window_seconds: float = 300
+    retry_wait_seconds: int = 300
+    wait_growth: float = 2.0
+    wait_max_seconds: int = 3600
+    wait_memory_seconds: float = 900
+
+    def __post_init__(self) -> None:
+        if self.retry_threshold < 0 or self.retry_window_seconds <= 0 or self.retry_wait_seconds < 1:
+            raise ValueError("escalation: retry_threshold >= 0, retry_window_seconds > 0, "
+                             "retry_wait_seconds >= 1")
+        if self.wait_growth < 1 or self.wait_max_seconds < 1 or self.wait_memory_seconds < 0:
+            raise ValueError("escalation: wait_growth >= 1, wait_max_seconds >= 1, wait_memory_seconds >= 0")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "EscalationPolicy":
+        """From a config table (e.g. ``[escalation]`` of worker.toml); unknown keys are refused."""
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"escalation: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(known))})")
+        return cls(**dict(data))
+
+
+@dataclass
+class _AccountState:
+    retries: deque = field(default_factory=deque)
+    level: int = 0  # consecutive Waits that came back
+    blocked_until: float = 0.0
+    retry_logged: bool = False
+
+
+class Escalation:
+    """Per-account memory of outcomes; the worker holds one and passes every outcome through.
+
+    ``observe(account, outcome)`` returns the outcome to act on: unchanged, a
+    Retry turned into a Wait, or a Wait with a longer ``retry_after_seconds``.
+    ``success(account)`` (a mail sent) forgets the account's history.
+    Each escalation is logged once (a WARNING when an account starts being
+    escalated, another when its back-off grows), never per mail.
+    Not thread-safe: one instance per worker thread, or hold a lock.
+    """
+
+    def __init__(self, policy: EscalationPolicy | None = None, clock=time.monotonic,
+                 logger: logging.Logger | None = None) -> None:
+        self.policy = policy or EscalationPolicy()
+        self.clock = clock
+        self.log = logger or log
+        self._accounts: dict[str, _AccountState] = {}
+
+    def _state(self, account: str) -> _AccountState:
+        return self._accounts.setdefault(account, _AccountState())
+
+    def success(self, account: str) -> None:
+        """A mail of ``account`` was accepted: its Retry count and Wait level start over."""
+        self._accounts.pop(account, None)
+
+    def observe(self, account: str, outcome: Outcome) -> Outcome:
+        now = self.clock()
+        state = self._state(account)
+        policy = self.policy
+        if outcome.disposition == RETRY and policy.retry_threshold:
+            state.retries.append(now)
+            while state.retries and now - state.retries[0] > policy.retry_window_seconds:
+                state.retries.popleft()
+            if len(state.retries) < policy.retry_threshold:
+                return outcome
+            count = len(state.retries)
+            state.retries.clear()
+            if not state.retry_logged:
+                state.retry_logged = True
+                self.log.warning(
+                    "account %s: %d Retry replies within %ss; the account waits %ss (last: %s)",
+                    account, count, policy.retry_window_seconds, policy.retry_wait_seconds, outcome.reason)
+            outcome = replace(
+                outcome, disposition=WAIT, scope=ACCOUNT, retry_after_seconds=policy.retry_wait_seconds,
+                rule=f"escalation: {count} retries in {policy.retry_window_seconds:g}s",
+                reason=f"{outcome.reason}; escalated: {count} Retry replies for the account within "
+                       f"{policy.retry_window_seconds:g}s")
+        if outcome.disposition != WAIT:
+            return outcome
+        base = outcome.retry_after_seconds or DEFAULT_WAIT_SECONDS
+        came_back = state.blocked_until and now <= state.blocked_until + policy.wait_memory_seconds
+        state.level = state.level + 1 if came_back else 0
+        wait = min(int(base * policy.wait_growth ** state.level), max(policy.wait_max_seconds, base))
+        state.blocked_until = now + wait
+        if wait != base:
+            self.log.warning("account %s: Wait came back %d time(s) in a row; back-off now %ss (was %ss): %s",
+                             account, state.level, wait, base, outcome.reason)
+            outcome = replace(outcome, retry_after_seconds=wait,
+                              reason=f"{outcome.reason}; back-off lengthened to {wait}s "
+                                     f"(Wait #{state.level + 1} in a row)")
+        return outcome
+
+
+# --------------------------------------------------------------------------- documentation
+
+DOC_BEGIN = "<!-- BEGIN GENERATED RULES (python -m mailq_db.worker.classify --update-doc) -->"
+DOC_END = "<!-- END GENERATED RULES -->"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def rules_markdown(table: RuleTable | None = None) -> str:
+    """The rule listing of docs/smtp-classification.md, generated from the table."""
+    table = table or TABLE
+    out = []
+    titles = {"rule": "Rules", "subject": "RFC 3463 subject fallbacks", "class": "Reply-code class fallbacks"}
+    for tier in TIERS:
+        out += [f"### {titles[tier]}", "",
+                "| # | rule | stages | codes / status | providers | text | verdict | wait | why (source) |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for n, rule in enumerate((r for r in table.rules if r.tier == tier), 1):
+            stages = ", ".join(s for s in rule.raw.get("stages", [])) or "any"
+            match = ", ".join([*rule.codes, *rule.raw.get("status", [])]) or "any"
+            text = f"`{_cell(rule.raw['text'])}`" if "text" in rule.raw else "any"
+            if "not_text" in rule.raw:
+                text += f" but not `{_cell(rule.raw['not_text'])}`"
+            wait = f"{rule.wait} s" if rule.wait is not None else "backoff"
+            out.append(f"| {n} | `{rule.id}` | {stages} | {match} | {', '.join(rule.providers) or 'any'} | "
+                       f"{text} | {rule.disposition} {rule.scope} | {wait} | {_cell(rule.why)} ([source]({rule.source})) |")
+        out.append("")
+    out += ["### Providers", "", "| provider | recognised from host names | or reply markers | aliases |",
+            "| --- | --- | --- | --- |"]
+    for p in table.providers.values():
+        out.append(f"| `{p.id}` | {', '.join(f'`{_cell(h.pattern)}`' for h in p.hosts) or '-'} | "
+                   f"{', '.join(f'`{_cell(t.pattern)}`' for t in p.text) or '-'} | {', '.join(p.aliases) or '-'} |")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def update_doc(text: str, table: RuleTable | None = None) -> str:
+    """``text`` (the doc page) with the generated section between the markers replaced."""
+    start, end = text.index(DOC_BEGIN) + len(DOC_BEGIN), text.index(DOC_END)
+    return text[:start] + "\n\n" + rules_markdown(table) + "\n" + text[end:]
+
+
+def _main(argv: Iterable[str]) -> int:  # pragma: no cover - a maintenance helper
+    args = list(argv)
+    if args[:1] == ["--markdown"]:
+        sys.stdout.write(rules_markdown())
+        return 0
+    if len(args) == 2 and args[0] == "--update-doc":
+        with open(args[1], encoding="utf-8") as fh:
+            text = fh.read()
+        with open(args[1], "w", encoding="utf-8") as fh:
+            fh.write(update_doc(text))
+        return 0
+    print("usage: python -m mailq_db.worker.classify --markdown | --update-doc PATH", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_main(sys.argv[1:]))

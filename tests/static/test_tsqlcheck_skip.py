@@ -39,3 +39,20 @@ def test_without_mono_the_tool_tests_fail_where_they_must_run():
     result = run_without_mono({t.REQUIRE_ENV: "1"})
     assert result.returncode != 0
     assert f"{t.REQUIRE_ENV}=1 but:" in result.stdout
+
+
+def test_ci_installs_mono_and_prepares_the_tool():
+    run = (ROOT / ".ci/run").read_text(encoding="utf-8")
+    assert re.search(r"apt_get install -y -qq --no-install-recommends mono-devel", run)
+    assert "python -m mailq_db.devtools.tsqlcheck prepare" in run
+    workflow = (ROOT / ".github/workflows/ci.yml").read_text(encoding="utf-8")
+    assert re.search(r"apt-get install[^\n]*\bmono-devel\b", workflow)
+    assert f'{t.REQUIRE_ENV}: "1"' in workflow  # GitHub's static job must run them, not skip
+
+
+def test_the_cache_is_ignored_and_holds_no_committed_file():
+    assert ".cache/" in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+    tracked = subprocess.run(["git", "ls-files", ".cache", "*.dll", "*.whl", "*.exe"], cwd=ROOT,
+                             capture_output=True, text=True)
+    if tracked.returncode == 0:  # a checkout without git (an sdist) has nothing to check
+        assert tracked.stdout.strip() == ""

@@ -117,6 +117,8 @@ def build(root: Path | None = None) -> Path:
     if facades is None:
         raise Unavailable("Mono's 4.5 facades (netstandard.dll, System.Runtime.dll) are missing")
     source = source_dir(root) / "TsqlCheck.cs"
+    if not source.is_file():
+        raise Unavailable(f"{source} is missing (the tool is built from a source checkout)")
     out_dir = cache_dir(root) / "build"
     exe = out_dir / f"tsqlcheck-{_sha256(source)[:12]}.exe"
     if exe.is_file() and all((out_dir / a).is_file() for a in ASSEMBLIES):

@@ -32,6 +32,12 @@
 // Each kept statement is added as its own source (so one statement never
 // replaces another), as the file's text with everything outside the statement
 // blanked (newlines kept), so positions inside it stay the file's.
+// TSqlModel.AddOrUpdateObjects(string, sourceName, options): "If any objects
+// were previously added with the same sourceName these will be completely
+// replaced ... The script should consist of valid TSql DDL statements."
+// (learn.microsoft.com/dotnet/api/microsoft.sqlserver.dac.model.tsqlmodel.addorupdateobjects)
+// DacModelMessage carries Number, Prefix, MessageType and Message only (no
+// source or line): the message names the element, which the tests read.
 using System;
 using System.Collections.Generic;
 using System.Diagnostics;

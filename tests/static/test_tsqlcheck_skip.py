@@ -56,3 +56,16 @@ def test_the_cache_is_ignored_and_holds_no_committed_file():
                              capture_output=True, text=True)
     if tracked.returncode == 0:  # a checkout without git (an sdist) has nothing to check
         assert tracked.stdout.strip() == ""
+
+
+def test_a_wheel_with_another_hash_is_refused_and_removed(tmp_path):
+    wheel = tmp_path / ".cache/tsqlcheck/wheel" / t.WHEEL_NAME
+    wheel.parent.mkdir(parents=True)
+    wheel.write_bytes(b"not the pinned wheel")
+    try:
+        t.fetch_wheel(tmp_path)
+    except t.Unavailable as exc:
+        assert "expected " + t.WHEEL_SHA256 in str(exc)
+    else:
+        raise AssertionError("a wheel with another SHA-256 must be refused")
+    assert not wheel.exists()

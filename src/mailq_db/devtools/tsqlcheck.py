@@ -91,8 +91,9 @@ def fetch_wheel(root: Path | None = None) -> Path:
         wheel_dir.mkdir(parents=True, exist_ok=True)
         try:
             result = subprocess.run(
+                # bounded: an offline machine learns it in about a minute, then skips
                 [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                 "-q", WHEEL_REQUIREMENT, "-d", str(wheel_dir)],
+                 "--timeout", "30", "--retries", "1", "-q", WHEEL_REQUIREMENT, "-d", str(wheel_dir)],
                 capture_output=True, text=True, timeout=600,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:

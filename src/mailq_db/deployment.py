@@ -215,8 +215,23 @@ def revision_files(revision: str, root: Path | None = None) -> list[str]:
     return [ln.strip() for ln in text.splitlines() if ln.strip()]
 
 
+#: First line of every frozen copy (added by ``mailq-db dev new-revision``/``refreeze``
+#: and ``mailq-db dev mark-generated``): it tells readers and tools that the file is
+#: a generated copy.  It is never deployed: :func:`frozen_text` strips it.
+GENERATED_MARKER = "-- GENERATED"
+
+
+def strip_generated_marker(text: str) -> str:
+    """``text`` without its first line when that line is the generated-copy marker."""
+    if not text.startswith(GENERATED_MARKER):
+        return text
+    newline = text.find("\n")
+    return "" if newline < 0 else text[newline + 1 :]
+
+
 def frozen_text(revision: str, rel: str, root: Path | None = None) -> str:
-    return (frozen_dir(root) / revision / rel).read_text(encoding="utf-8")
+    """The frozen copy as deployed: its generated-copy marker line stripped."""
+    return strip_generated_marker((frozen_dir(root) / revision / rel).read_text(encoding="utf-8"))
 
 
 def newest_frozen(rel: str, before: str | None = None, root: Path | None = None) -> str | None:

@@ -1,4 +1,4 @@
-"""Shared fixtures of the static checks: paths, and the catalog of sql/ (parsed once)."""
+"""Shared fixtures of the static checks: paths, and a writable copy of sql/."""
 
 from __future__ import annotations
 
@@ -9,13 +9,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SQL = ROOT / "sql"
-
-
-@pytest.fixture(scope="session")
-def catalog():
-    from mailq_db.devtools.sqlmodel import build_catalog
-
-    return build_catalog(SQL)
 
 
 @pytest.fixture

@@ -1,11 +1,13 @@
 """(d) Every EXEC the Python layer sends names a procedure defined in sql/, only
-its parameters, and every parameter that has no default."""
+its parameters, and every parameter that has no default; every EXEC inside a
+sql/ module passes every required parameter of its callee (the one EXEC
+question DacFx leaves open: docs/static-proof.md)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mailq_db.devtools.contract import check_source, check_tree, procedures
+from mailq_db.devtools.contract import check_source, check_sql, check_sql_tree, check_tree, procedures
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,3 +53,29 @@ def test_exec_built_with_an_fstring_is_reported():
 def test_correct_exec_passes():
     source = 'SQL = "EXEC mailq.ClaimMail @BatchSize = ?, @LockToken = ?;"\n'
     assert check_source(source, "x.py", _procs()) == []
+
+
+# -- EXEC inside sql/ modules: required parameters ------------------------------
+
+
+def test_every_exec_in_sql_passes_the_required_parameters():
+    problems, checked = check_sql_tree(ROOT / "sql")
+    assert problems == []
+    assert checked >= 10  # ReleaseMail -> LockLeasedMail, the delay.FinishTask calls, ...
+
+
+def test_module_exec_missing_a_required_parameter_is_reported(sql_copy):
+    path = sql_copy / "procedures/mailq.ReleaseMail.sql"
+    text = path.read_text(encoding="utf-8")
+    old = "@IDList = @IDList, @LockToken = @LockToken;"
+    assert old in text
+    path.write_text(text.replace(old, "@IDList = @IDList;", 1), encoding="utf-8")
+    problems, _ = check_sql_tree(sql_copy)
+    assert any("mailq.ReleaseMail.sql" in p and "required @locktoken" in p for p in problems), problems
+
+
+def test_module_exec_reads_code_only():
+    procs = {"delay.finishtask": {"@taskid": False, "@taskstate": False}}
+    assert check_sql("-- EXEC delay.FinishTask @TaskID = 1;\nSELECT N'EXEC delay.FinishTask';\n", "x.sql", procs) == []
+    sql = "SET @x = 1;\nEXEC @rc = delay.FinishTask @TaskID = @TaskID;\n"
+    assert check_sql(sql, "x.sql", procs) == ["x.sql:2: EXEC delay.FinishTask: required @taskstate is not passed"]

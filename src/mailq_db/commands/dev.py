@@ -16,6 +16,7 @@ examples:
   mailq-db dev new-revision -m "add mailq.GetQueueStats"
   mailq-db dev refreeze            re-freeze the unreleased head revision
   mailq-db dev status              list the files that differ from their frozen copy
+  mailq-db dev mark-generated      add the generated-copy marker to every frozen file
 """
 
 
@@ -44,6 +45,12 @@ def register(subparsers) -> None:
                         description="List sql/ files not yet frozen.\n\nexample:\n  mailq-db dev status",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     st.set_defaults(func=status)
+    mark = sub.add_parser("mark-generated", help="mark every frozen copy as generated; rewrite the manifest",
+                          description="Give every file under alembic/frozen/<rev>/ that lacks it the first "
+                          "line\n  " + generated_marker("<path>") + "\nand rewrite MANIFEST.sha256. "
+                          "Idempotent: marked files are left alone.\n\nexample:\n  mailq-db dev mark-generated",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    mark.set_defaults(func=mark_generated)
 
 
 def _checkout() -> Path:
@@ -79,6 +86,12 @@ def changed_files(root: Path, before: str | None = None, paths: list[str] | None
     return changed
 
 
+def generated_marker(rel: str) -> str:
+    """The first line of the frozen copy of ``sql/<rel>`` (stripped again by
+    ``deployment.frozen_text``, so it never reaches a script or sys.sql_modules)."""
+    return f"{d.GENERATED_MARKER} by mailq-db dev new-revision from sql/{rel}; do not edit\n"
+
+
 def _freeze(root: Path, revision: str, files: list[str]) -> None:
     target = d.frozen_dir(root) / revision
     if target.exists():
@@ -86,7 +99,7 @@ def _freeze(root: Path, revision: str, files: list[str]) -> None:
     for rel in files:
         dest = target / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(d.sql_dir(root) / rel, dest)
+        dest.write_bytes(generated_marker(rel).encode("utf-8") + (d.sql_dir(root) / rel).read_bytes())
     (target / "FILES").write_text("\n".join(files) + "\n", encoding="utf-8")
     d.write_manifest(root)
     for rel in files:
@@ -137,3 +150,29 @@ def status(args) -> int:
     for rel in files:
         print(rel)
     return 1 if files else 0
+
+
+def mark_frozen_files(root: Path) -> list[str]:
+    """Add the generated-copy marker to every frozen .sql file that lacks it and
+    rewrite the manifest; the files marked (``REV/path``).  Idempotent."""
+    marked = []
+    base = d.frozen_dir(root)
+    for rev in d.revisions(root):
+        for path in sorted((base / rev).rglob("*.sql")):
+            data = path.read_bytes()
+            if data.startswith(d.GENERATED_MARKER.encode("utf-8")):
+                continue
+            rel = path.relative_to(base / rev).as_posix()
+            path.write_bytes(generated_marker(rel).encode("utf-8") + data)
+            marked.append(f"{rev}/{rel}")
+    d.write_manifest(root)
+    return marked
+
+
+def mark_generated(args) -> int:
+    root = _checkout()
+    marked = mark_frozen_files(root)
+    for rel in marked:
+        print(f"marked {rel}")
+    print(f"{len(marked)} frozen file(s) marked; {d.manifest_path(root).relative_to(root)} rewritten")
+    return 0

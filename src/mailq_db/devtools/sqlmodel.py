@@ -1,31 +1,18 @@
-"""Reading the project's T-SQL with sqlfluff: parse trees, and the catalog of what sql/ defines.
+"""Reading the project's T-SQL: sqlfluff parse trees (what the linter needs) and
+procedure signatures (what the EXEC contract needs).
 
-Used by the static checks (tests/static/): parse and lint, the reference
-check (every table and column a module names exists), and the EXEC contract
-(every EXEC names an existing procedure and its parameters).  Needs the
-``test`` extra (sqlfluff); the project's sqlfluff plugin adds Service Broker
-statements to the ``tsql`` dialect.
+Whether a table, column, procedure or parameter that a module names exists is
+DacFx's question, not this module's (tests/static/test_tsqlcheck.py,
+docs/static-proof.md).  Needs the ``test`` extra (sqlfluff); the project's
+sqlfluff plugin adds Service Broker statements to the ``tsql`` dialect.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterator
 
 from ..deployment import strip_comments
-
-#: Schemas whose objects must all be defined in sql/ (dbo objects are checked
-#: only when sql/ defines at least one dbo object of that name's kind).
-OWN_SCHEMAS = ("mailq", "delay")
-
-#: Objects that exist in a deployed database without being defined in sql/.
-EXTERNAL_TABLES: dict[str, set[str]] = {
-    # Alembic's version table (alembic/env.py: version_table).
-    "dbo.mailq_alembic_version": {"version_num"},
-}
 
 
 def norm(name: str) -> str:
@@ -47,10 +34,6 @@ def parse_text(sql: str):
     return _linter().parse_string(sql)
 
 
-def parse_file(path: Path):
-    return parse_text(Path(path).read_text(encoding="utf-8"))
-
-
 def unparsable(sql: str) -> list[str]:
     """The unparsable sections and parse errors of ``sql`` ("line N: text")."""
     parsed = parse_text(sql)
@@ -63,83 +46,8 @@ def unparsable(sql: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------
-# Tree helpers
+# Procedure signatures (the EXEC contract)
 # --------------------------------------------------------------------------
-
-
-def children(seg, *types: str):
-    return [c for c in seg.segments if not types or c.type in types]
-
-
-def first(seg, *types: str):
-    for c in seg.recursive_crawl(*types):
-        return c
-    return None
-
-
-def code_children(seg):
-    return [c for c in seg.segments if c.is_code]
-
-
-def identifier_text(seg) -> str:
-    return seg.raw.strip().strip("[]").strip('"')
-
-
-def main_select(stmt):
-    """The outermost SELECT of a view or function body (not one inside a CTE)."""
-    with_stmt = first(stmt, "with_compound_statement")
-    if with_stmt is not None:
-        return next((c for c in with_stmt.segments if c.type == "select_statement"), None)
-    return first(stmt, "select_statement")
-
-
-def select_output_names(select) -> list[str]:
-    """Column names a SELECT produces (aliases, else the referenced column's last part)."""
-    names = []
-    clause = next((c for c in select.segments if c.type == "select_clause"), None)
-    if clause is None:
-        return names
-    for element in clause.segments:
-        if element.type != "select_clause_element":
-            continue
-        alias = next((c for c in element.segments if c.type == "alias_expression"), None)
-        if alias is not None:
-            ident = [c for c in alias.segments if c.type in ("identifier", "quoted_identifier")]
-            if ident:
-                names.append(identifier_text(ident[-1]).lower())
-                continue
-        # "@x = expr" assignments and "Name = expr" aliases
-        codes = code_children(element)
-        if len(codes) >= 3 and codes[1].raw == "=" and not codes[0].raw.startswith("@"):
-            names.append(identifier_text(codes[0]).lower())
-            continue
-        ref = next((c for c in element.segments if c.type == "column_reference"), None)
-        if ref is not None:
-            names.append(identifier_text(ref.segments[-1]).lower())
-    return names
-
-
-# --------------------------------------------------------------------------
-# The catalog of sql/
-# --------------------------------------------------------------------------
-
-
-@dataclass
-class Procedure:
-    name: str
-    parameters: dict[str, bool]  # lower-case name (with @) -> has a default
-    path: str
-
-
-@dataclass
-class Catalog:
-    tables: dict[str, set[str]] = field(default_factory=dict)  # tables, views, TVFs: columns
-    procedures: dict[str, Procedure] = field(default_factory=dict)
-    objects: set[str] = field(default_factory=set)  # every created object (queues, services, ...)
-    triggers: dict[str, str] = field(default_factory=dict)  # trigger -> its table
-
-    def has_table(self, name: str) -> bool:
-        return norm(name) in self.tables
 
 
 _PROC_HEADER = re.compile(
@@ -177,71 +85,3 @@ def procedure_signature(sql: str) -> tuple[str, dict[str, bool]] | None:
         name = piece.split()[0].lower()
         params[name] = "=" in piece
     return norm(match.group("name")), params
-
-
-def _table_columns(stmt) -> list[str]:
-    cols = []
-    for bracket in stmt.segments:
-        if bracket.type != "bracketed":
-            continue
-        for coldef in bracket.recursive_crawl("column_definition"):
-            ident = next((c for c in coldef.segments if c.type in ("identifier", "quoted_identifier")), None)
-            if ident is not None:
-                cols.append(identifier_text(ident).lower())
-        break
-    return cols
-
-
-def build_catalog(sql_root: Path) -> Catalog:
-    from ..deployment import describe
-
-    catalog = Catalog(tables={k: set(v) for k, v in EXTERNAL_TABLES.items()})
-    for path in sorted(Path(sql_root).rglob("*.sql")):
-        text = path.read_text(encoding="utf-8")
-        tree = parse_file(path).tree
-        obj = describe(text)
-        if obj.name:
-            catalog.objects.add(norm(obj.name))
-        if tree is None:
-            continue
-        for stmt in tree.recursive_crawl("create_table_statement"):
-            ref = first(stmt, "table_reference")
-            if ref is not None and not ref.raw.startswith("#"):
-                catalog.tables.setdefault(norm(ref.raw), set()).update(_table_columns(stmt))
-        for stmt in tree.recursive_crawl("alter_table_statement"):
-            ref = first(stmt, "table_reference")
-            if ref is None:
-                continue
-            cols = catalog.tables.setdefault(norm(ref.raw), set())
-            for coldef in stmt.recursive_crawl("column_definition"):
-                ident = next((c for c in coldef.segments if c.type in ("identifier", "quoted_identifier")), None)
-                if ident is not None:
-                    cols.add(identifier_text(ident).lower())
-        for stmt in tree.recursive_crawl("create_view_statement"):
-            ref = next(iter(stmt.recursive_crawl("table_reference", "object_reference")), None)
-            select = main_select(stmt)
-            if ref is not None and select is not None:
-                catalog.tables[norm(ref.raw)] = set(select_output_names(select))
-        for stmt in tree.recursive_crawl("create_function_statement"):
-            ref = next(iter(stmt.recursive_crawl("function_name", "object_reference")), None)
-            select = main_select(stmt)
-            if ref is not None and select is not None:
-                catalog.tables[norm(ref.raw)] = set(select_output_names(select))
-        for stmt in tree.recursive_crawl("create_trigger_statement"):
-            refs = list(stmt.recursive_crawl("trigger_reference", "object_reference", "table_reference"))
-            if len(refs) >= 2:
-                catalog.triggers[norm(refs[0].raw)] = norm(refs[1].raw)
-        signature = procedure_signature(text)
-        if signature is not None:
-            name, params = signature
-            catalog.procedures[name] = Procedure(name, params, str(path))
-    return catalog
-
-
-def module_files(sql_root: Path) -> Iterator[Path]:
-    """Files that hold a procedure, view, function or trigger."""
-    from ..deployment import describe
-
-    for path in sorted(Path(sql_root).rglob("*.sql")):
-        if describe(path.read_text(encoding="utf-8")).kind in ("procedure", "view", "function", "trigger"):
-            yield path

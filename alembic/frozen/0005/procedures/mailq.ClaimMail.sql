@@ -1,0 +1,433 @@
+/*
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its cost
+is bounded by the batch and the number of accounts that can send now, never
+by the backlog that cannot be sent (issue 10, point 1).
+
+Claimable: UnSent and due, or Sending with an expired lease (its worker died
+or stalled): VisibleAtUtc <= now in both cases; with an attempt left and not
+past ExpiresAtUtc.  Mail past its expiry or out of attempts is never taken
+here: mailq.FinalizeMail moves it to Expired/Failed in bounded batches, so
+every row this procedure takes is returned to the worker.
+
+How (a small fixed number of statements in one transaction):
+ 1. Accounts: the sending accounts the worker serves (@AccountNames), that
+    are not blocked (BlockedUntilUtc), with what is left of their rate budget.
+    Budget rows are read WITH (UPDLOCK, READPAST, ROWLOCK): an account whose
+    budget another claimer holds is skipped for this claim, never waited on.
+    The clock (@Now) is read AFTER those locks are held, and a stored window
+    start later than @Now's window is kept (windows never move backwards), so
+    the mails charged to any window never exceed the account's limit, also
+    with claimers racing at a window boundary (issue 10, point 6; spin model
+    models/mailqueue.pml -DRATE).  Accounts without budget are dropped.  With
+    more such accounts than @BatchSize, @BatchSize of them are drawn at random
+    per claim (so no account starves and the lock bound below holds).
+ 2. Passes (at most 3): one UPDATE each, driven by those accounts: CROSS APPLY
+    a per-account TOP (cap) on IX_MailQueue_ClaimByAccount (FORCESEEK), in
+    Priority DESC, VisibleAtUtc, ID order; then TOP (slots left) over those
+    rows in round-robin order (each account's 1st mail, then each one's 2nd,
+    ...; within a turn highest Priority, then oldest due, then ID).
+    Fair share: cap = least of the account's remaining budget and
+    CEILING(slots left / accounts still open).  An account that yields fewer
+    rows than its cap is drained; the next pass shares the slots left among
+    the others (max-min fairness).  Within one account the DESIGN.md order
+    holds exactly (highest Priority first, then oldest due, within what can
+    be sent); across accounts the batch is shared, because each account
+    sends over its own connection and budget.  With one account (the common
+    case) the batch is exactly the global order.
+ 3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
+    open one attempt per claimed mail; commit; return the mails.
+Bounds per pass statement: rows read and key locks taken on
+IX_MailQueue_ClaimByAccount <= slots left + accounts open - 1 < 2 x
+@BatchSize (plus the seek's intermediate index pages); at most @BatchSize
+rows updated.  Never near the 5,000 locks per statement and index that
+trigger lock escalation.  Limits: an isolated worker (@AppName) reads past
+due mail of OTHER applications on the same account, and every claim reads
+past expired / out-of-attempts mail not yet finalized; both are residual
+predicates on the seek (covered by INCLUDE, no lookup).
+
+Parameters:  @BatchSize    INT 1-1000, default 10
+             @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
+                           this batch; every acknowledgement must present it
+             @LeaseSeconds INT 1-3600, default 300
+             @AppName      NULL (default): claim every application's mail
+                           (competing); a name: only that application's mail (isolated)
+             @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
+             @AccountNames NULL (default): every account; else a JSON array of
+                           the account names this worker can send for (a worker
+                           without credentials for an account never claims its mail)
+Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
+                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
+                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp
+             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
+Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
+             50132 @LeaseSeconds out of range; 50103 a name over its size;
+             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails in distributed transactions,
+             error 627).  An error rolls back what it opened; inside a
+             caller's transaction XACT_ABORT dooms that transaction and the
+             caller must roll it back.  The result sets are read after the
+             claim's statements (the rows are leased to @LockToken).
+Isolation:   sets READ COMMITTED itself (READPAST is refused under
+             SERIALIZABLE and SNAPSHOT, error 650, and REPEATABLE READ would
+             keep every lock it reads; a level set inside a procedure
+             reverts when it returns).  Under READ_COMMITTED_SNAPSHOT the claim's reads still
+             lock: UPDLOCK makes them locking reads of the latest committed
+             rows (Microsoft's "Table hints": UPDLOCK, READPAST).
+Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
+             mailq.MailQueue (U -> X), mailq.MailAttempt (X): the order of
+             every mail-queue procedure that touches several of them.
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
+                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimMail
+    @BatchSize INT = 10,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300,
+    @AppName NVARCHAR(4000) = NULL,
+    @WorkerName NVARCHAR(4000) = NULL,
+    @AccountNames NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 10);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50130, @Msg, 1;
+    END;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: a new GUID per claimed batch.', 1;
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+    IF LEN(@AppName) > 128 OR LEN(@WorkerName) > 128
+        THROW 50103, N'@AppName and @WorkerName are limited to 128 characters.', 1;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50115, @Msg, 1;
+    END;
+
+    -- Separate statements, not one OR: the order in which SQL Server
+    -- evaluates ISJSON() and OPENJSON in one predicate is not guaranteed.
+    DECLARE @AccountsOk BIT = 1;
+    IF @AccountNames IS NOT NULL
+    BEGIN
+        IF ISJSON(@AccountNames) = 0 OR LEFT(LTRIM(@AccountNames), 1) <> N'['
+            SET @AccountsOk = 0;
+        ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@AccountNames) AS j WHERE j.[type] <> 1)
+            SET @AccountsOk = 0;
+    END;
+    IF @AccountsOk = 0
+        THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
+
+    DECLARE @Served TABLE (AccountName NVARCHAR(128) NOT NULL PRIMARY KEY);
+    IF @AccountNames IS NOT NULL
+        INSERT INTO @Served (AccountName)
+        SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
+        FROM OPENJSON(@AccountNames) AS j;
+
+    DECLARE @Now DATETIME2(3);
+    DECLARE @LeaseUntil DATETIME2(3);
+    DECLARE @MinuteStart DATETIME2(0);
+    DECLARE @HourStart DATETIME2(0);
+    DECLARE @DayStart DATETIME2(0);
+
+    -- The accounts that drive the claim.  Remaining: what the account may
+    -- still take in this claim; Taken: claimed so far; Cap: this pass's
+    -- per-account TOP; IsOpen: may take more in a later pass.
+    DECLARE @Acct TABLE (
+        AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        IsLimited BIT NOT NULL,
+        BlockedUntilUtc DATETIME2(3) NULL,
+        PerMinuteLimit INT NULL,
+        PerHourLimit INT NULL,
+        PerDayLimit INT NULL,
+        MinuteStartUtc DATETIME2(0) NULL,
+        MinuteCount INT NULL,
+        HourStartUtc DATETIME2(0) NULL,
+        HourCount INT NULL,
+        DayStartUtc DATETIME2(0) NULL,
+        DayCount INT NULL,
+        Remaining INT NOT NULL DEFAULT (0),
+        Taken INT NOT NULL DEFAULT (0),
+        Cap INT NOT NULL DEFAULT (0),
+        IsOpen BIT NOT NULL DEFAULT (1)
+    );
+    DECLARE @Claimed TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AccountName NVARCHAR(128) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AttemptNo INT NOT NULL,
+        Pass INT NOT NULL
+    );
+    DECLARE @Pass INT = 0;
+    DECLARE @Left INT = @BatchSize;
+    DECLARE @Open INT;
+    DECLARE @Share INT;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- Accounts without limits: no budget to take, so no lock either.
+        -- A plain read: under READ_COMMITTED_SNAPSHOT it sees the last
+        -- committed BlockedUntilUtc, which is all a claim needs.
+        INSERT INTO @Acct (AccountName, IsLimited, BlockedUntilUtc)
+        SELECT a.AccountName, 0, a.BlockedUntilUtc
+        FROM mailq.SendingAccount AS a
+        WHERE
+            a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- Accounts with limits, and their budget rows.
+        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
+        --           cannot both spend the same remainder (a locking read also
+        --           under READ_COMMITTED_SNAPSHOT);
+        -- READPAST: a budget row held by another claimer is skipped (that
+        --           account's mail waits for the next claim), never waited on;
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page.
+        INSERT INTO @Acct (
+            AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
+            MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
+        )
+        SELECT
+            a.AccountName, 1, a.BlockedUntilUtc, a.PerMinuteLimit, a.PerHourLimit, a.PerDayLimit,
+            b.MinuteStartUtc, b.MinuteCount, b.HourStartUtc, b.HourCount, b.DayStartUtc, b.DayCount
+        FROM mailq.SendingAccount AS a
+        INNER JOIN mailq.RateBudget AS b WITH (UPDLOCK, READPAST, ROWLOCK)
+            ON a.AccountName = b.AccountName
+        WHERE
+            (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- The clock, read while the budget rows are held: every claimer of an
+        -- account reads it under the same lock, one after the other.
+        SET @Now = SYSUTCDATETIME();
+        SET @LeaseUntil = DATEADD(SECOND, @LeaseSeconds, @Now);
+        SET @MinuteStart = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
+        SET @HourStart = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
+        SET @DayStart = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
+
+        DELETE FROM @Acct WHERE BlockedUntilUtc > @Now;
+
+        -- Windows never move backwards: a stored window that starts at or
+        -- after ours is the current one and its count applies (a clock read
+        -- earlier, or a clock set back, cannot reopen a spent window).
+        UPDATE a
+        SET a.Remaining = IIF(
+            a.IsLimited = 0,
+            @BatchSize,
+            (
+                SELECT MIN(w.Remaining)
+                FROM (
+                    VALUES
+                    (COALESCE(a.PerMinuteLimit - IIF(a.MinuteStartUtc >= @MinuteStart, a.MinuteCount, 0), @BatchSize)),
+                    (COALESCE(a.PerHourLimit - IIF(a.HourStartUtc >= @HourStart, a.HourCount, 0), @BatchSize)),
+                    (COALESCE(a.PerDayLimit - IIF(a.DayStartUtc >= @DayStart, a.DayCount, 0), @BatchSize))
+                ) AS w(Remaining)
+            )
+        )
+        FROM @Acct AS a;
+
+        DELETE FROM @Acct WHERE Remaining <= 0;
+        UPDATE @Acct SET Remaining = @BatchSize WHERE Remaining > @BatchSize;
+
+        -- More accounts than slots: keep @BatchSize of them, drawn at random
+        -- per claim, so every account gets its turn and a pass never seeks
+        -- more than @BatchSize accounts.
+        IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+            DELETE FROM d
+            FROM @Acct AS d
+            WHERE d.AccountName NOT IN (
+                SELECT TOP (@BatchSize) k.AccountName FROM @Acct AS k ORDER BY NEWID()
+            );
+
+        -- 3. The claim: up to three passes, one UPDATE each (see the header).
+        WHILE @Pass < 3 AND @Left > 0
+        BEGIN
+            SET @Pass += 1;
+            SELECT @Open = COUNT(*) FROM @Acct WHERE IsOpen = 1 AND Remaining > Taken;
+            IF @Open = 0 BREAK;
+            SET @Share = (@Left + @Open - 1) / @Open;
+            UPDATE @Acct
+            SET Cap = IIF(
+                IsOpen = 1 AND Remaining > Taken,
+                IIF(Remaining - Taken < @Share, Remaining - Taken, @Share),
+                0
+            );
+
+            UPDATE q
+            SET
+                q.Status = N'Sending',
+                q.ThreadLock = @LockToken,
+                q.VisibleAtUtc = @LeaseUntil,
+                q.AttemptsRemaining = q.AttemptsRemaining - 1,
+                q.AttemptCount = q.AttemptCount + 1,
+                -- A lease that expired may hide a mail the dead worker already
+                -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+                q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate)
+            OUTPUT
+                inserted.ID,
+                inserted.AccountName,
+                deleted.Status,
+                deleted.ThreadLock,
+                inserted.AttemptCount,
+                @Pass
+            INTO @Claimed (ID, AccountName, OldStatus, OldLockToken, AttemptNo, Pass)
+            -- Target row by its clustered key.  READPAST: a row another
+            -- session holds (e.g. an acknowledgement of an expired lease in
+            -- flight) is skipped instead of waited on, which also rules out a
+            -- deadlock between our index-key U lock and its clustered X lock.
+            FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
+            INNER JOIN (
+                SELECT TOP (@Left) c.ID
+                FROM @Acct AS a
+                CROSS APPLY (
+                    -- One ordered seek per account (ten ranges, one per
+                    -- priority, already in ORDER BY order: no Sort, the TOP
+                    -- stops it after Cap rows).
+                    --   INDEX + FORCESEEK: the plan of the index's header,
+                    --     never a scan, whatever the statistics say;
+                    --   READPAST: skip rows other workers hold, never wait;
+                    --   UPDLOCK:  claim while reading, so two workers can't
+                    --     take one row (and a locking read under RCSI);
+                    --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
+                    SELECT TOP (a.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = a.AccountName
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                        AND (@AppName IS NULL OR k.AppName = @AppName)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                WHERE a.Cap > 0
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
+            ) AS p ON q.ID = p.ID
+            WHERE
+                q.Status IN (N'UnSent', N'Sending')
+                AND q.VisibleAtUtc <= @Now
+                AND q.AttemptsRemaining > 0;
+
+            -- What this pass gave each account; an account that yielded fewer
+            -- rows than its cap has nothing more to claim now (drained).
+            UPDATE a
+            SET
+                a.Taken = a.Taken + COALESCE(n.Claimed, 0),
+                a.IsOpen = IIF(COALESCE(n.Claimed, 0) < a.Cap, 0, a.IsOpen)
+            FROM @Acct AS a
+            LEFT JOIN (
+                SELECT m.AccountName, COUNT(*) AS Claimed
+                FROM @Claimed AS m
+                WHERE m.Pass = @Pass
+                GROUP BY m.AccountName
+            ) AS n ON a.AccountName = n.AccountName
+            WHERE a.Cap > 0;
+
+            SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
+        END;
+
+        -- Charge the budget of limited accounts (rows already U-locked above).
+        -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
+        -- budget rows other claimers hold.  A stored window that is not older
+        -- than ours is kept: the window start never moves backwards.
+        UPDATE b
+        SET
+            b.MinuteCount = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteCount, 0) + a.Taken,
+            b.MinuteStartUtc = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteStartUtc, @MinuteStart),
+            b.HourCount = IIF(b.HourStartUtc >= @HourStart, b.HourCount, 0) + a.Taken,
+            b.HourStartUtc = IIF(b.HourStartUtc >= @HourStart, b.HourStartUtc, @HourStart),
+            b.DayCount = IIF(b.DayStartUtc >= @DayStart, b.DayCount, 0) + a.Taken,
+            b.DayStartUtc = IIF(b.DayStartUtc >= @DayStart, b.DayStartUtc, @DayStart)
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Acct AS a ON b.AccountName = a.AccountName
+        WHERE a.IsLimited = 1 AND a.Taken > 0;
+
+        -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
+        -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Abandoned',
+            t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Claimed AS c
+            ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
+        WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+        -- Open an attempt for each mail now leased.
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
+        FROM @Claimed AS c;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and its own CATCH rolls it back.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    SELECT
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.AppName,
+        q.FromName,
+        q.FromAddress,
+        q.ReplyTo,
+        q.ToAddress,
+        q.CC,
+        q.BCC,
+        q.Subject,
+        q.Body,
+        q.BodyFormat,
+        q.TextBody,
+        q.Headers,
+        q.Priority,
+        q.AttemptCount AS AttemptNo,
+        q.AttemptsRemaining,
+        q.VisibleAtUtc AS LeaseExpiresUtc,
+        q.PossibleDuplicate,
+        q.dtStamp
+    FROM mailq.MailQueue AS q
+    INNER JOIN @Claimed AS c ON q.ID = c.ID
+    WHERE q.ThreadLock = @LockToken
+    ORDER BY q.Priority DESC, q.ID ASC;
+
+    SELECT
+        a.MailID,
+        a.AttachmentNo,
+        a.FileName,
+        a.ContentType,
+        a.Content
+    FROM mailq.MailAttachment AS a
+    INNER JOIN @Claimed AS c ON a.MailID = c.ID
+    ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+END;

@@ -19,8 +19,10 @@ How (a small fixed number of statements in one transaction):
     the mails charged to any window never exceed the account's limit, also
     with claimers racing at a window boundary (issue 10, point 6; spin model
     models/mailqueue.pml -DRATE).  Accounts without budget are dropped.  With
-    more such accounts than @BatchSize, @BatchSize of them are drawn at random
-    per claim (so no account starves and the lock bound below holds).
+    more such accounts than @BatchSize, those without claimable mail are
+    dropped (one row-free EXISTS probe each) and @BatchSize of the rest are
+    drawn at random per claim (so no account starves and the lock bound
+    below holds).
  2. Passes (at most 3): one UPDATE each, driven by those accounts: CROSS APPLY
     a per-account TOP (cap) on IX_MailQueue_ClaimByAccount (FORCESEEK), in
     Priority DESC, VisibleAtUtc, ID order; then TOP (slots left) over those
@@ -247,15 +249,38 @@ BEGIN
         DELETE FROM @Acct WHERE Remaining <= 0;
         UPDATE @Acct SET Remaining = @BatchSize WHERE Remaining > @BatchSize;
 
-        -- More accounts than slots: keep @BatchSize of them, drawn at random
-        -- per claim, so every account gets its turn and a pass never seeks
-        -- more than @BatchSize accounts.
+        -- More accounts than slots: keep the accounts that have claimable
+        -- mail now (one row-free probe per account on the same index), then
+        -- @BatchSize of them drawn at random per claim, so every account gets
+        -- its turn and a pass never seeks more than @BatchSize accounts.
+        --   READPAST, READCOMMITTEDLOCK: a locking read that skips rows other
+        --   claimers hold (an account whose claimable rows are all held has
+        --   nothing for us) and takes no lock it keeps; also under RCSI.
         IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+        BEGIN
             DELETE FROM d
             FROM @Acct AS d
-            WHERE d.AccountName NOT IN (
-                SELECT TOP (@BatchSize) k.AccountName FROM @Acct AS k ORDER BY NEWID()
+            WHERE NOT EXISTS (
+                SELECT 1
+                FROM mailq.MailQueue AS k WITH (
+                    INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                )
+                WHERE
+                    k.AccountName = d.AccountName
+                    AND k.Status IN (N'UnSent', N'Sending')
+                    AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                    AND k.VisibleAtUtc <= @Now
+                    AND k.AttemptsRemaining > 0
+                    AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    AND (@AppName IS NULL OR k.AppName = @AppName)
             );
+            IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+                DELETE FROM d
+                FROM @Acct AS d
+                WHERE d.AccountName NOT IN (
+                    SELECT TOP (@BatchSize) r.AccountName FROM @Acct AS r ORDER BY NEWID()
+                );
+        END;
 
         -- 3. The claim: up to three passes, one UPDATE each (see the header).
         WHILE @Pass < 3 AND @Left > 0

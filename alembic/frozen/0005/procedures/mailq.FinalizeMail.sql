@@ -18,7 +18,7 @@ clustered seeks; reads and locks proportional to @BatchSize (far below the
 until one finds fewer than @BatchSize mails or @MaxBatches ran; the next
 call continues.  Workers call it on a timer (src/mailq_db/worker/loop.py,
 every 60 s); a SQL Agent job or an elastic job can call it instead (see
-docs/operator-guide.md "Finalization").
+docs/finalization.md).
 
 Parameters:  @BatchSize  INT 1-1000, default 200: mails per statement
              @MaxBatches INT 1-1000, default 50: batches per call

@@ -139,7 +139,8 @@ BEGIN
     IF @AccountNames IS NOT NULL
         INSERT INTO @Served (AccountName)
         SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
-        FROM OPENJSON(@AccountNames) AS j;
+        FROM OPENJSON(@AccountNames) AS j
+        WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
 
     DECLARE @Now DATETIME2(3);
     DECLARE @LeaseUntil DATETIME2(3);

@@ -38,6 +38,14 @@ How (a small fixed number of statements in one transaction):
     case) the batch is exactly the global order.
  3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
     open one attempt per claimed mail; commit; return the mails.
+Expected plan of a pass (header of IX_MailQueue_ClaimByAccount): Table Scan
+of @Acct (a few rows) -> Nested Loops -> per account Top (Cap) <- Sequence
+Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten ranges:
+AccountName = a, Priority = p, VisibleAtUtc <= @Now; residual AppName,
+AttemptsRemaining, ExpiresAtUtc); above the loop a TopN Sort of at most
+(slots + accounts) rows by Turn; Clustered Index Seek by ID for the UPDATE
+(Clustered Index Update maintains the indexes).  No scan of mailq.MailQueue,
+no Sort below a per-account Top, nothing that reads a non-driving account.
 Bounds per pass statement: rows read and key locks taken on
 IX_MailQueue_ClaimByAccount <= slots left + accounts open - 1 < 2 x
 @BatchSize (plus the seek's intermediate index pages); at most @BatchSize

@@ -355,3 +355,20 @@ def test_claimers_racing_across_a_minute_boundary_never_exceed_the_limit(mssql_u
     print(f"claims per minute (limit {limit}): {per_minute}")
     assert all(n <= limit for _, n in per_minute), f"a minute was charged over its limit: {per_minute}"
     assert len(per_minute) == 2, f"the run did not cross a minute boundary: {per_minute}"
+
+
+def test_more_accounts_than_slots_never_returns_a_short_batch_while_mail_is_due(conn):
+    """With more accounts than slots, only accounts with claimable mail are drawn:
+    idle accounts never take a slot (a short batch would make the worker back off)."""
+    app = new_app(conn, "many")
+    busy = [new_account(conn, f"busy{i}") for i in range(4)]
+    idle = [new_account(conn, f"idle{i}") for i in range(8)]
+    for acct in busy:
+        enqueue(conn, acct, app, 2)
+    for _ in range(4):
+        mails = procedures.claim_mail(conn, batch_size=2, lock_token=uuid.uuid4(), lease_seconds=300,
+                                      app_name=app, account_names=busy + idle)
+        assert len(mails) == 2, "a batch came back short while mail of other accounts was due"
+        assert {m.account_name for m in mails} <= set(busy)
+    assert procedures.claim_mail(conn, batch_size=2, lock_token=uuid.uuid4(), lease_seconds=300,
+                                 app_name=app, account_names=busy + idle) == []

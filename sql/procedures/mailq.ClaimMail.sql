@@ -29,9 +29,9 @@ How (a small fixed number of statements in one transaction):
     rows in round-robin order (each account's 1st mail, then each one's 2nd,
     ...; within a turn highest Priority, then oldest due, then ID).
     Fair share: cap = least of the account's remaining budget and
-    CEILING(slots left / accounts still open).  An account that yields fewer
-    rows than its cap is drained; the next pass shares the slots left among
-    the others (max-min fairness).  Within one account the DESIGN.md order
+    FLOOR(slots left / accounts still open), at least 1.  An account that
+    yields fewer rows than its cap is drained; the next pass shares the slots
+    left among the others (max-min fairness).  Within one account the DESIGN.md order
     holds exactly (highest Priority first, then oldest due, within what can
     be sent); across accounts the batch is shared, because each account
     sends over its own connection and budget.  With one account (the common
@@ -46,11 +46,14 @@ AttemptsRemaining, ExpiresAtUtc); above the loop a TopN Sort of at most
 (slots + accounts) rows by Turn; Clustered Index Seek by ID for the UPDATE
 (Clustered Index Update maintains the indexes).  No scan of mailq.MailQueue,
 no Sort below a per-account Top, nothing that reads a non-driving account.
-Bounds per pass statement: rows read and key locks taken on
-IX_MailQueue_ClaimByAccount <= slots left + accounts open - 1 < 2 x
-@BatchSize (plus the seek's intermediate index pages); at most @BatchSize
-rows updated.  Never near the 5,000 locks per statement and index that
-trigger lock escalation.  Limits: an isolated worker (@AppName) reads past
+Bounds per pass statement: rows read (and U-locked) on
+IX_MailQueue_ClaimByAccount <= max(slots left, accounts open) <= @BatchSize;
+at most @BatchSize rows updated, each also taking the key lock of its new
+position in the index: <= 2 x @BatchSize key locks on the index, <=
+@BatchSize on the clustered index (2,000 at the largest batch, 100 at the
+worker's default of 50), never near the 5,000 locks per statement and index
+that trigger lock escalation (Microsoft, "Lock escalation": the threshold
+counts one statement's locks on one index or table).  Limits: an isolated worker (@AppName) reads past
 due mail of OTHER applications on the same account, and every claim reads
 past expired / out-of-attempts mail not yet finalized; both are residual
 predicates on the seek (covered by INCLUDE, no lookup).
@@ -297,7 +300,9 @@ BEGIN
             SET @Pass += 1;
             SELECT @Open = COUNT(*) FROM @Acct WHERE IsOpen = 1 AND Remaining > Taken;
             IF @Open = 0 BREAK;
-            SET @Share = (@Left + @Open - 1) / @Open;
+            -- FLOOR, at least 1: the caps never add up to more than the slots
+            -- left (or one row per open account), which bounds the rows read.
+            SET @Share = IIF(@Left / @Open < 1, 1, @Left / @Open);
             UPDATE @Acct
             SET Cap = IIF(
                 IsOpen = 1 AND Remaining > Taken,

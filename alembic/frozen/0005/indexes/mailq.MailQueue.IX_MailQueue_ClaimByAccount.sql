@@ -19,12 +19,13 @@ per account with budget) over Top (cap) <- Sequence Project <- Index Seek on
 this index with ten seek ranges per account (AccountName = a AND Priority = p
 AND VisibleAtUtc <= @Now), read in key order: rows come out in ORDER BY order,
 no Sort below the Top, and the Top stops each seek after `cap` rows.  Above
-the apply: a TopN Sort of at most (batch + accounts) rows (the fair share,
+the apply: a TopN Sort of at most max(batch, accounts) rows (the fair share,
 see ClaimMail), a Clustered Index Seek by ID for the UPDATE.  Rows of an
 account that is out of budget, blocked or not served are never read: its
 key range is never sought.  Logical reads per claim are
     accounts with budget x (index depth + 10 ranges) + rows claimed,
-and key locks per statement at most 2 x @BatchSize on this index (far below
+and key locks per statement at most 2 x @BatchSize on this index (the rows
+read, and the new key of each row claimed; far below
 the 5,000 locks per statement and index at which SQL Server escalates; see
 "Lock escalation" in Microsoft's reference: the threshold counts locks one
 statement takes on one index or table).

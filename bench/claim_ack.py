@@ -2,6 +2,7 @@
 
     python bench/claim_ack.py [--url URL] [--database NAME] [--depths 10000,1000000]
                               [--workers 8] [--batch 100] [--seconds 20] [--keep]
+                              [--skew 100000] [--eligible 1000] [--rounds 5]
 
 URL: ``--url`` or ``MAILQ_DB_URL`` (``mssql+pyodbc://sa:...@127.0.0.1:14330/master?TrustServerCertificate=yes``
 or an ODBC connection string), naming any database the login can create
@@ -24,6 +25,17 @@ claim with ONE batched mailq.MarkSent, until half the depth is processed or
   (total_logical_reads / execution_count over the run; needs VIEW SERVER STATE);
 * commits per mail: every ClaimMail and every MarkSent is one transaction
   (autocommit connections), so (claims + acknowledgements) / mails.
+
+Then the skewed-backlog comparison (issue 10): ``--skew`` (default 100,000)
+due priority-9 mails of an account whose daily budget is spent rank ahead of
+``--eligible`` (default 1,000) priority-0 mails of an eligible account; the
+workers claim for both accounts (``@AccountNames``) until the eligible mails
+are sent, ``--rounds`` times (the eligible mails are reset to due between
+rounds).  The same runs without the skew (the spent account holds no mail)
+come first.  Printed side by side: mails/s, logical reads per claim, p50 /
+p99 claim latency, and the skew / no-skew ratios (issue 10's target: within
+20 %; revision 0004's claim read every skewed row on every claim).
+``--skew 0`` leaves the comparison out.
 
 Issue 3's targets on a 2-core SQL Server 2022 container: logical reads per
 claim that do not grow with depth, and >= 5,000 mails/s with batch 100.  A
@@ -62,6 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=100, help="mails per claim (default 100)")
     p.add_argument("--seconds", type=float, default=20.0, help="longest run per depth (default 20)")
     p.add_argument("--keep", action="store_true", help="keep the database this run created")
+    p.add_argument("--skew", type=int, default=100_000,
+                   help="unclaimable due mails ranked ahead in the skewed scenario (default 100000; 0: skip)")
+    p.add_argument("--eligible", type=int, default=1_000, help="eligible mails per skew round (default 1000)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of the skew comparison (default 5)")
     return p.parse_args(argv)
 
 
@@ -137,11 +153,12 @@ def top_up(conn, account: str, depth: int) -> float:
     return time.perf_counter() - started
 
 
-def run_depth(url: str, depth: int, workers: int, batch: int, seconds: float) -> dict:
+def run_depth(url: str, depth: int, workers: int, batch: int, seconds: float,
+              target: int | None = None, account_names: list[str] | None = None) -> dict:
     from mailq_db import procedures
     from mailq_db.connection import connect
 
-    target = max(batch, depth // 2)
+    target = target or max(batch, depth // 2)
     lock = threading.Lock()
     stop = threading.Event()
     totals = {"mails": 0, "claims": 0, "acks": 0, "empty": 0}
@@ -164,7 +181,7 @@ def run_depth(url: str, depth: int, workers: int, batch: int, seconds: float) ->
                 token = uuid.uuid4()
                 t = time.perf_counter()
                 mails = procedures.claim_mail(conn, batch_size=batch, lock_token=token, lease_seconds=300,
-                                              worker_name=f"bench-{i}")
+                                              worker_name=f"bench-{i}", account_names=account_names)
                 mine.append(time.perf_counter() - t)
                 if not mails:
                     with lock:
@@ -234,10 +251,84 @@ def run_depth(url: str, depth: int, workers: int, batch: int, seconds: float) ->
     }
 
 
+RESET_ELIGIBLE = (
+    "UPDATE mailq.MailQueue SET Status = N'UnSent', ThreadLock = NULL, AttemptsRemaining = 5, "
+    "VisibleAtUtc = DATEADD(SECOND, -1, SYSUTCDATETIME()), SentAtUtc = NULL, DateProcessed = NULL "
+    "WHERE AccountName = ?;"
+)
+
+
+def new_bench_account(conn, prefix: str, **limits) -> str:
+    from mailq_db import procedures
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    procedures.upsert_sending_account(conn, account_name=name, default_from_address="bench@example.org",
+                                      **limits)
+    return name
+
+
+def spend_daily_budget(conn, account: str) -> None:
+    """Benchmark-only write: the account's daily budget (limit 1) is spent for today."""
+    conn.cursor().execute(
+        "UPDATE mailq.RateBudget SET DayStartUtc = CAST(CAST(SYSUTCDATETIME() AS DATE) AS DATETIME2(0)), "
+        "DayCount = 1 WHERE AccountName = ?;", account)
+
+
+def skew_scenario(conn, url: str, args, skewed: bool) -> dict:
+    """``args.rounds`` rounds of ``args.eligible`` eligible mails, with or without
+    ``args.skew`` due mails of a budget-exhausted account ranked ahead."""
+    from mailq_helpers import bulk_fill
+
+    eligible = new_bench_account(conn, "eligible")
+    spent = new_bench_account(conn, "spent", per_day_limit=1)
+    bulk_fill(conn, eligible, args.eligible)
+    cursor = conn.cursor()
+    cursor.execute("UPDATE mailq.MailQueue SET Priority = 0 WHERE AccountName = ?;", eligible)
+    if skewed:
+        bulk_fill(conn, spent, args.skew)
+        cursor.execute("UPDATE mailq.MailQueue SET Priority = 9 WHERE AccountName = ?;", spent)
+    spend_daily_budget(conn, spent)
+    cursor.execute("UPDATE STATISTICS mailq.MailQueue;")
+    runs = []
+    for _ in range(max(1, args.rounds)):
+        cursor.execute(RESET_ELIGIBLE, eligible)
+        runs.append(run_depth(url, args.eligible, args.workers, args.batch, args.seconds,
+                              target=args.eligible, account_names=[eligible, spent]))
+    cursor.close()
+    mails = sum(r["mails"] for r in runs)
+    elapsed = sum(r["elapsed"] for r in runs)
+    reads = [r["reads_per_claim"] for r in runs if r["reads_per_claim"] is not None]
+    return {
+        "mails_per_s": mails / elapsed if elapsed > 0 else float("nan"),
+        "reads_per_claim": statistics.fmean(reads) if reads else None,
+        "p50_ms": statistics.median(r["p50_ms"] for r in runs),
+        "p99_ms": max(r["p99_ms"] for r in runs),
+        "claims": sum(r["claims"] for r in runs),
+    }
+
+
+def print_skew(plain: dict, skew: dict, args) -> None:
+    def fmt(v, spec):
+        return format(v, spec) if v is not None else "n/a"
+
+    print(f"skewed backlog: {args.skew:,} due mails of a budget-exhausted account ranked ahead of "
+          f"{args.eligible:,} eligible ({args.rounds} rounds, workers {args.workers}, batch {args.batch})")
+    print(f"{'':24}{'mails/s':>12}{'reads/claim':>14}{'p50 ms':>10}{'p99 ms':>10}")
+    for label, r in (("no skew", plain), (f"skew {args.skew:,} ahead", skew)):
+        print(f"{label:24}{fmt(r['mails_per_s'], ',.0f'):>12}{fmt(r['reads_per_claim'], ',.0f'):>14}"
+              f"{r['p50_ms']:>10.1f}{r['p99_ms']:>10.1f}")
+    rate = skew["mails_per_s"] / plain["mails_per_s"] if plain["mails_per_s"] else float("nan")
+    if plain["reads_per_claim"] and skew["reads_per_claim"] is not None:
+        reads = f"{skew['reads_per_claim'] / plain['reads_per_claim']:.2f}"
+    else:
+        reads = "n/a"
+    print(f"{'skew / no skew':24}{rate:>12.2f}{reads:>14}   (target: mails/s >= 0.80, reads <= 1.20)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.url:
-        print("claim_ack: no SQL Server given (pass --url or set MAILQ_DB_URL); nothing measured.")
+        print("claim_ack: no server (pass --url or set MAILQ_DB_URL); nothing measured.")
         return 0
     try:
         depths = [int(d.replace("_", "")) for d in args.depths.split(",") if d.strip()]
@@ -250,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
 
         connect(args.url, timeout=10).close()
     except Exception as exc:  # noqa: BLE001 - any failure: no server to measure
-        print(f"claim_ack: cannot connect to SQL Server ({type(exc).__name__}: {exc}); nothing measured.")
+        print(f"claim_ack: no server: cannot connect ({type(exc).__name__}: {exc}); nothing measured.")
         return 0
 
     from mailq_db import procedures
@@ -285,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"({r['claims']:,} claims, {r['empty']:,} empty, {r['acks']:,} acks)",
                     flush=True,
                 )
+            if args.skew > 0:
+                print("skew comparison: filling...", flush=True)
+                plain = skew_scenario(conn, url, args, skewed=False)
+                skew = skew_scenario(conn, url, args, skewed=True)
+                print_skew(plain, skew, args)
             with_reads = [r for r in results if r["reads_per_claim"]]
             if len(with_reads) >= 2:
                 first, last = with_reads[0], with_reads[-1]

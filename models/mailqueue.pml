@@ -29,6 +29,18 @@
  *   -DUNFENCED        acknowledge by ID only, as the seed article does
  *                     (UPDATE ... WHERE ID = @ID); spin finds a stale write
  *   -DNO_ADMIN        leave out CancelMail / RequeueMail / PurgeMail
+ *   -DCLAIM_FINALIZES the claim of revisions 0001-0004: it took expired and
+ *                     out-of-attempts rows in its TOP and finalized them in
+ *                     the same statement (kept to compare; 0005 moved that to
+ *                     mailq.FinalizeMail, the Finalizer process below)
+ *   -DRATE            check the rate-window invariant instead of the mail
+ *                     protocol (section "Rate windows" at the end): mails
+ *                     charged to any window never exceed the limit, with NC
+ *                     claimers racing at window boundaries.  Bounds: LIMIT,
+ *                     NWIN windows, NC claimers.  -DOLD_WINDOW models the
+ *                     claim of 0001-0004 (clock read before the budget row is
+ *                     locked, a different window start resets the count and
+ *                     is written back): spin finds a window charged twice.
  */
 
 #ifndef NM
@@ -167,12 +179,21 @@ inline refund(m) {
 	att[m] = att[m] + 1
 }
 
-/* mailq.ClaimMail, the single UPDATE r SET ... OUTPUT ... FROM Ranked (CTE
- * Candidate: SELECT TOP (@BatchSize) ... WITH (READPAST, UPDLOCK, ROWLOCK)
- * WHERE Status IN ('UnSent', 'Sending') AND VisibleAtUtc <= @Now AND the
- * account is in @Budget, i.e. not blocked: BlockedUntilUtc <= @Now), applied
- * to one row: an expired lease is reclaimed through the same range. */
+/* mailq.ClaimMail (revision 0005): one pass UPDATE of mailq.MailQueue
+ * joined to a per-account CROSS APPLY TOP (cap) ... WITH (INDEX
+ * (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK)
+ * WHERE AccountName = a.AccountName AND Status IN ('UnSent', 'Sending') AND
+ * VisibleAtUtc <= @Now AND AttemptsRemaining > 0 AND (ExpiresAtUtc IS NULL
+ * OR ExpiresAtUtc > @Now), for the accounts in @Acct (not blocked:
+ * BlockedUntilUtc <= @Now; budget left), applied to one row: an expired
+ * lease is reclaimed through the same range.  Expired and out-of-attempts
+ * rows are not claimable: the Finalizer (mailq.FinalizeMail) takes them. */
+#ifdef CLAIM_FINALIZES
 #define CLAIMABLE(m) (vis[m] == 0 && blk == 0 && (st[m] == UNSENT || st[m] == SENDING))
+#else
+#define CLAIMABLE(m) (vis[m] == 0 && blk == 0 && (st[m] == UNSENT || st[m] == SENDING) \
+                      && att[m] > 0 && (EXPIRY == 0 || ex[m] > 0))
+#endif
 
 inline claim_row(w, m) {
 	/* PossibleDuplicate = IIF(r.Status = 'Sending', 1, ...); the next
@@ -394,9 +415,61 @@ proctype Admin()
 	od
 }
 
+/* mailq.FinalizeMail, run by every worker on a timer (and by SQL Agent /
+ * elastic jobs): one batch statement applied to one row.
+ *   Out of attempts: Status IN ('UnSent', 'Sending') AND AttemptsRemaining = 0
+ *     AND VisibleAtUtc <= @Now -> 'Failed' (IX_MailQueue_Finalize);
+ *   expired: ExpiresAtUtc <= @Now AND (Status = 'UnSent' OR (Status =
+ *     'Sending' AND VisibleAtUtc <= @Now)) -> 'Expired' (IX_MailQueue_Expiry).
+ * A lease given up is flagged PossibleDuplicate; its attempt is closed.
+ * Both statements take READPAST, UPDLOCK, ROWLOCK, so the Finalizer and a
+ * claimer never act on one row at once: each step is atomic on the row. */
+#define DEAD(m)    ((st[m] == UNSENT || st[m] == SENDING) && att[m] == 0 && vis[m] == 0)
+#define EXPIRED_(m) (EXPIRY > 0 && ex[m] == 0 && (st[m] == UNSENT || (st[m] == SENDING && vis[m] == 0)))
+
+/* A lease given up by the Finalizer ends its holder's lease exactly as a
+ * reclaim does (ghost: inside the documented window if the holder was past
+ * its lease check; a requeue can then lead to a second delivery). */
+inline give_up_lease(m) {
+	if
+	:: st[m] == SENDING ->
+		dup[m] = 1;
+#ifdef STRICT_WINDOW
+		if :: hp[m] == ACCEPTED -> window[m] = 1 :: else -> skip fi
+#else
+		if :: hp[m] >= SEND -> window[m] = 1 :: else -> skip fi
+#endif
+	:: else -> skip
+	fi
+}
+
+inline finalize_row(m) {
+	if
+	:: DEAD(m) ->
+		give_up_lease(m);
+		st[m] = FAILED; leave_sending(m); vis[m] = 0
+	:: !DEAD(m) && EXPIRED_(m) ->
+		give_up_lease(m);
+		st[m] = EXPIRED; leave_sending(m); vis[m] = 0
+	:: else -> skip
+	fi
+}
+
+proctype Finalizer()
+{
+	byte m;
+	do
+	:: atomic {
+		select(m : 0 .. NM - 1);
+		finalize_row(m);
+		m = 0 }
+	od
+}
+
 /* Time passes.  Between ClaimMail and the lease check only STALLS ticks may
  * pass in total (an environment assumption for liveness: a worker that is
  * stalled there forever releases the mail forever; see docs/models.md). */
+#ifndef RATE
 active proctype Clock()
 {
 	byte i;
@@ -417,7 +490,9 @@ active proctype Clock()
 		i = 0 }
 	od
 }
+#endif
 
+#ifndef RATE
 /* The invariants, checked in every reachable state. */
 active proctype Monitor()
 {
@@ -439,8 +514,13 @@ init
 #ifndef NO_ADMIN
 		run Admin()
 #endif
+#ifndef CLAIM_FINALIZES
+		;
+		run Finalizer()
+#endif
 	}
 }
+#endif /* !RATE */
 
 #ifdef LIVE
 /* Every accepted mail reaches Sent, Failed, Cancelled or Expired (or is
@@ -452,3 +532,99 @@ ltl live { [] ((st[0] == UNSENT || st[0] == SENDING) -> <> (st[0] >= SENT))
 ltl live { [] ((st[0] == UNSENT || st[0] == SENDING) -> <> (st[0] >= SENT)) }
 #endif
 #endif
+
+/* ======================================================================
+ * Rate windows (-DRATE): mails charged to any window never exceed the
+ * account's limit, also with claimers racing at a window boundary.
+ *
+ * mailq.ClaimMail, revision 0005, per claimer and one account with a
+ * per-minute limit (hour and day windows follow the same code):
+ *   1. INSERT @Acct ... FROM mailq.RateBudget WITH (UPDLOCK, READPAST,
+ *      ROWLOCK): take the budget row, or skip the account if another
+ *      claimer holds it (READPAST);
+ *   2. SET @Now = SYSUTCDATETIME(), read WHILE the row is held;
+ *   3. count = IIF(MinuteStartUtc >= @MinuteStart, MinuteCount, 0): a stored
+ *      window that is not older than ours is the current one;
+ *   4. claim k <= LIMIT - count mails (however many are due: any k);
+ *   5. UPDATE RateBudget SET MinuteCount = count + k, MinuteStartUtc =
+ *      IIF(MinuteStartUtc >= @MinuteStart, MinuteStartUtc, @MinuteStart);
+ *      commit (the row lock ends).
+ * -DOLD_WINDOW, revisions 0001-0004: @Now is read BEFORE step 1, the count
+ * applies only if MinuteStartUtc = @MinuteStart, and MinuteStartUtc =
+ * @MinuteStart is written back, so a claimer whose clock reading is older
+ * than the stored window resets it backwards.
+ * Ghost: charged[w] = mails claimed with @Now in window w (what the attempt
+ * rows record as StartedAtUtc).  The invariant is asserted at every charge.
+ * ====================================================================== */
+#ifdef RATE
+#ifndef LIMIT
+#define LIMIT 2
+#endif
+#ifndef NWIN
+#define NWIN 3
+#endif
+#ifndef NC
+#define NC 2
+#endif
+
+byte win;              /* the clock: the current window, 0 .. NWIN-1      */
+byte bstart;           /* RateBudget.MinuteStartUtc (window number)       */
+byte bcount;           /* RateBudget.MinuteCount                          */
+byte budlock;          /* U lock on the budget row: claimer+1, 0: free    */
+byte charged[NWIN];    /* ghost: mails claimed with @Now in window w      */
+
+proctype RateClaimer(byte c)
+{
+	byte seen, count, k;
+	do
+	:: 
+#ifdef OLD_WINDOW
+		seen = win;                                /* @Now, before the lock */
+#endif
+		if
+		:: atomic { budlock == 0 -> budlock = c + 1 }  /* UPDLOCK             */
+		:: atomic { budlock != 0 -> skip }; goto next  /* READPAST: skip it   */
+		fi;
+#ifndef OLD_WINDOW
+		seen = win;                                /* @Now, under the lock  */
+		count = (bstart >= seen -> bcount : 0);
+#else
+		count = (bstart == seen -> bcount : 0);
+#endif
+		k = 0;
+		do
+		:: k + count < LIMIT -> k++
+		:: break
+		od;
+		atomic {
+#ifndef OLD_WINDOW
+			if :: bstart < seen -> bstart = seen :: else -> skip fi;
+#else
+			bstart = seen;
+#endif
+			bcount = count + k;
+			charged[seen] = charged[seen] + k;
+			assert(charged[seen] <= LIMIT);
+			budlock = 0                            /* commit               */
+		}
+next:		skip
+	od
+}
+
+/* The clock moves on, at any moment, up to the last window explored. */
+proctype RateClock()
+{
+	do
+	:: atomic { win < NWIN - 1 -> win++ }
+	od
+}
+
+init
+{
+	byte i;
+	atomic {
+		for (i : 0 .. NC - 1) { run RateClaimer(i) }
+		run RateClock()
+	}
+}
+#endif /* RATE */

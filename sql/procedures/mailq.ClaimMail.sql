@@ -1,20 +1,63 @@
 /*
-mailq.ClaimMail: leases up to @BatchSize due mails to one worker.
-A mail is claimable when it is UnSent and due, or Sending with an expired
-lease (its worker died or stalled): VisibleAtUtc <= now in both cases.
-Order: highest Priority first, then oldest VisibleAtUtc, then ID.
-The claim is ONE UPDATE statement (READPAST, UPDLOCK, ROWLOCK), so two
-workers never take the same mail and a claimer never waits on another.  In
-the same statement, a reclaimed mail with no attempt left becomes Failed and
-a mail past its ExpiresAtUtc becomes Expired (neither is returned).
-Rate limits: accounts with limits are charged in mailq.RateBudget inside this
-transaction, so the limits hold across every worker.  The budget row is read
-WITH (UPDLOCK, READPAST): while another claimer holds an account's budget,
-this claimer skips that account's mail instead of waiting.  Accounts whose
-BlockedUntilUtc is in the future are skipped; their mail is neither claimed
-nor expired until the account may send again.  Such mail, when it ranks
-first, is read past by the seek: a long-blocked high-priority backlog makes
-claims of other accounts' mail cost more (see docs/dba-guide.md).
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its cost
+is bounded by the batch and the number of accounts that can send now, never
+by the backlog that cannot be sent (issue 10, point 1).
+
+Claimable: UnSent and due, or Sending with an expired lease (its worker died
+or stalled): VisibleAtUtc <= now in both cases; with an attempt left and not
+past ExpiresAtUtc.  Mail past its expiry or out of attempts is never taken
+here: mailq.FinalizeMail moves it to Expired/Failed in bounded batches, so
+every row this procedure takes is returned to the worker.
+
+How (a small fixed number of statements in one transaction):
+ 1. Accounts: the sending accounts the worker serves (@AccountNames), that
+    are not blocked (BlockedUntilUtc), with what is left of their rate budget.
+    Budget rows are read WITH (UPDLOCK, READPAST, ROWLOCK): an account whose
+    budget another claimer holds is skipped for this claim, never waited on.
+    The clock (@Now) is read AFTER those locks are held, and a stored window
+    start later than @Now's window is kept (windows never move backwards), so
+    the mails charged to any window never exceed the account's limit, also
+    with claimers racing at a window boundary (issue 10, point 6; spin model
+    models/mailqueue.pml -DRATE).  Accounts without budget are dropped.  With
+    more such accounts than @BatchSize, those without claimable mail are
+    dropped (one row-free EXISTS probe each) and @BatchSize of the rest are
+    drawn at random per claim (so no account starves and the lock bound
+    below holds).
+ 2. Passes (at most 3): one UPDATE each, driven by those accounts: CROSS APPLY
+    a per-account TOP (cap) on IX_MailQueue_ClaimByAccount (FORCESEEK), in
+    Priority DESC, VisibleAtUtc, ID order; then TOP (slots left) over those
+    rows in round-robin order (each account's 1st mail, then each one's 2nd,
+    ...; within a turn highest Priority, then oldest due, then ID).
+    Fair share: cap = least of the account's remaining budget and
+    FLOOR(slots left / accounts still open), at least 1.  An account that
+    yields fewer rows than its cap is drained; the next pass shares the slots
+    left among the others (max-min fairness).  Within one account the DESIGN.md order
+    holds exactly (highest Priority first, then oldest due, within what can
+    be sent); across accounts the batch is shared, because each account
+    sends over its own connection and budget.  With one account (the common
+    case) the batch is exactly the global order.
+ 3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
+    open one attempt per claimed mail; commit; return the mails.
+Expected plan of a pass (header of IX_MailQueue_ClaimByAccount): Table Scan
+of @Acct (a few rows) -> Nested Loops -> per account Top (Cap) <- Sequence
+Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten ranges:
+AccountName = a, Priority = p, VisibleAtUtc <= @Now; residual AppName,
+AttemptsRemaining, ExpiresAtUtc); above the loop a TopN Sort of at most
+(slots + accounts) rows by Turn; Clustered Index Seek by ID for the UPDATE
+(Clustered Index Update maintains the indexes).  No scan of mailq.MailQueue,
+no Sort below a per-account Top, nothing that reads a non-driving account.
+Bounds per pass statement: rows read (and U-locked) on
+IX_MailQueue_ClaimByAccount <= max(slots left, accounts open) <= @BatchSize;
+at most @BatchSize rows updated, each also taking the key lock of its new
+position in the index: <= 2 x @BatchSize key locks on the index, <=
+@BatchSize on the clustered index (2,000 at the largest batch, 100 at the
+worker's default of 50), never near the 5,000 locks per statement and index
+that trigger lock escalation (Microsoft, "Lock escalation": the threshold
+counts one statement's locks on one index or table).  Limits: an isolated worker (@AppName) reads past
+due mail of OTHER applications on the same account, and every claim reads
+past expired / out-of-attempts mail not yet finalized; both are residual
+predicates on the seek (covered by INCLUDE, no lookup).
+
 Parameters:  @BatchSize    INT 1-1000, default 10
              @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
                            this batch; every acknowledgement must present it
@@ -33,8 +76,21 @@ Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
 Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
              50132 @LeaseSeconds out of range; 50103 a name over its size;
              50115 unknown @AppName; 50148 @AccountNames not a JSON array of names.
-Transaction: joins the caller's via a savepoint, else opens its own; the
-             result sets are read after the commit (the rows are leased).
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails in distributed transactions,
+             error 627).  An error rolls back what it opened; inside a
+             caller's transaction XACT_ABORT dooms that transaction and the
+             caller must roll it back.  The result sets are read after the
+             claim's statements (the rows are leased to @LockToken).
+Isolation:   sets READ COMMITTED itself (READPAST is refused under
+             SERIALIZABLE and SNAPSHOT, error 650, and REPEATABLE READ would
+             keep every lock it reads; a level set inside a procedure
+             reverts when it returns).  Under READ_COMMITTED_SNAPSHOT the claim's reads still
+             lock: UPDLOCK makes them locking reads of the latest committed
+             rows (Microsoft's "Table hints": UPDLOCK, READPAST).
+Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
+             mailq.MailQueue (U -> X), mailq.MailAttempt (X): the order of
+             every mail-queue procedure that touches several of them.
 Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
                  @LeaseSeconds = 300, @WorkerName = N'host1/1';
 */
@@ -48,6 +104,9 @@ CREATE OR ALTER PROCEDURE mailq.ClaimMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     SET @BatchSize = COALESCE(@BatchSize, 10);
@@ -74,186 +133,278 @@ BEGIN
         THROW 50115, @Msg, 1;
     END;
 
-    IF
-        @AccountNames IS NOT NULL
-        AND (
-            ISJSON(@AccountNames) = 0
-            OR LEFT(LTRIM(@AccountNames), 1) <> N'['
-            OR EXISTS (SELECT 1 FROM OPENJSON(@AccountNames) AS j WHERE j.[type] <> 1)
-        )
+    -- Separate statements, not one OR: the order in which SQL Server
+    -- evaluates ISJSON() and OPENJSON in one predicate is not guaranteed.
+    DECLARE @AccountsOk BIT = 1;
+    IF @AccountNames IS NOT NULL
+    BEGIN
+        IF ISJSON(@AccountNames) = 0 OR LEFT(LTRIM(@AccountNames), 1) <> N'['
+            SET @AccountsOk = 0;
+        ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@AccountNames) AS j WHERE j.[type] <> 1)
+            SET @AccountsOk = 0;
+    END;
+    IF @AccountsOk = 0
         THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
 
-    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, @Now);
-    DECLARE @MinuteStart DATETIME2(0) = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
-    DECLARE @HourStart DATETIME2(0) = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
-    DECLARE @DayStart DATETIME2(0) = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
+    DECLARE @Served TABLE (AccountName NVARCHAR(128) NOT NULL PRIMARY KEY);
+    IF @AccountNames IS NOT NULL
+        INSERT INTO @Served (AccountName)
+        SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
+        FROM OPENJSON(@AccountNames) AS j
+        WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
 
-    DECLARE @Budget TABLE (
+    DECLARE @Now DATETIME2(3);
+    DECLARE @LeaseUntil DATETIME2(3);
+    DECLARE @MinuteStart DATETIME2(0);
+    DECLARE @HourStart DATETIME2(0);
+    DECLARE @DayStart DATETIME2(0);
+
+    -- The accounts that drive the claim.  Remaining: what the account may
+    -- still take in this claim; Taken: claimed so far; Cap: this pass's
+    -- per-account TOP; IsOpen: may take more in a later pass.
+    DECLARE @Acct TABLE (
         AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
-        Remaining INT NOT NULL,
-        IsLimited BIT NOT NULL
+        IsLimited BIT NOT NULL,
+        BlockedUntilUtc DATETIME2(3) NULL,
+        PerMinuteLimit INT NULL,
+        PerHourLimit INT NULL,
+        PerDayLimit INT NULL,
+        MinuteStartUtc DATETIME2(0) NULL,
+        MinuteCount INT NULL,
+        HourStartUtc DATETIME2(0) NULL,
+        HourCount INT NULL,
+        DayStartUtc DATETIME2(0) NULL,
+        DayCount INT NULL,
+        Remaining INT NOT NULL DEFAULT (0),
+        Taken INT NOT NULL DEFAULT (0),
+        Cap INT NOT NULL DEFAULT (0),
+        IsOpen BIT NOT NULL DEFAULT (1)
     );
     DECLARE @Claimed TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
         AccountName NVARCHAR(128) NOT NULL,
-        NewStatus NVARCHAR(16) NOT NULL,
         OldStatus NVARCHAR(16) NOT NULL,
         OldLockToken UNIQUEIDENTIFIER NULL,
-        AttemptNo INT NOT NULL
+        AttemptNo INT NOT NULL,
+        Pass INT NOT NULL
     );
+    DECLARE @Pass INT = 0;
+    DECLARE @Left INT = @BatchSize;
+    DECLARE @Open INT;
+    DECLARE @Share INT;
 
-    -- 2. Own the transaction, or nest in the caller's with a savepoint.
-    DECLARE @TranCount INT = @@TRANCOUNT;
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @TranCount = 0 BEGIN TRANSACTION;
-        ELSE SAVE TRANSACTION ClaimMail;
+        IF @OwnTran = 1 BEGIN TRANSACTION;
 
         -- Accounts without limits: no budget to take, so no lock either.
-        INSERT INTO @Budget (AccountName, Remaining, IsLimited)
-        SELECT a.AccountName, @BatchSize, 0
+        -- A plain read: under READ_COMMITTED_SNAPSHOT it sees the last
+        -- committed BlockedUntilUtc, which is all a claim needs.
+        INSERT INTO @Acct (AccountName, IsLimited, BlockedUntilUtc)
+        SELECT a.AccountName, 0, a.BlockedUntilUtc
         FROM mailq.SendingAccount AS a
         WHERE
             a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
-            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now)
-            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT j.[value] FROM OPENJSON(@AccountNames) AS j));
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
 
-        -- Accounts with limits: what is left of each window.
+        -- Accounts with limits, and their budget rows.
         -- UPDLOCK:  the budget row stays ours until commit, so two claimers
-        --           cannot both spend the same remainder;
+        --           cannot both spend the same remainder (a locking read also
+        --           under READ_COMMITTED_SNAPSHOT);
         -- READPAST: a budget row held by another claimer is skipped (that
         --           account's mail waits for the next claim), never waited on;
         -- ROWLOCK:  row grain, so READPAST skips one account, not a page.
-        INSERT INTO @Budget (AccountName, Remaining, IsLimited)
+        INSERT INTO @Acct (
+            AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
+            MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
+        )
         SELECT
-            a.AccountName,
-            (
-                SELECT MIN(w.Remaining)
-                FROM (
-                    VALUES
-                    (COALESCE(a.PerMinuteLimit - IIF(b.MinuteStartUtc = @MinuteStart, b.MinuteCount, 0), @BatchSize)),
-                    (COALESCE(a.PerHourLimit - IIF(b.HourStartUtc = @HourStart, b.HourCount, 0), @BatchSize)),
-                    (COALESCE(a.PerDayLimit - IIF(b.DayStartUtc = @DayStart, b.DayCount, 0), @BatchSize))
-                ) AS w(Remaining)
-            ) AS Remaining,
-            1
+            a.AccountName, 1, a.BlockedUntilUtc, a.PerMinuteLimit, a.PerHourLimit, a.PerDayLimit,
+            b.MinuteStartUtc, b.MinuteCount, b.HourStartUtc, b.HourCount, b.DayStartUtc, b.DayCount
         FROM mailq.SendingAccount AS a
         INNER JOIN mailq.RateBudget AS b WITH (UPDLOCK, READPAST, ROWLOCK)
             ON a.AccountName = b.AccountName
         WHERE
             (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
-            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now)
-            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT j.[value] FROM OPENJSON(@AccountNames) AS j));
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
 
-        DELETE FROM @Budget WHERE Remaining <= 0;
+        -- The clock, read while the budget rows are held: every claimer of an
+        -- account reads it under the same lock, one after the other.
+        SET @Now = SYSUTCDATETIME();
+        SET @LeaseUntil = DATEADD(SECOND, @LeaseSeconds, @Now);
+        SET @MinuteStart = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
+        SET @HourStart = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
+        SET @DayStart = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
 
-        -- The claim: one statement.  The Candidate CTE is the seek on
-        -- IX_MailQueue_Claim described beside that index (ten ranges, already
-        -- in ORDER BY order, TOP stops early).
-        --   READPAST: skip rows other workers hold instead of waiting on them;
-        --   UPDLOCK:  claim while reading, so two workers can't take one row;
-        --   ROWLOCK:  row grain, so READPAST skips rows rather than pages.
-        -- Ranked numbers each account's sendable rows so that an account with
-        -- a smaller remaining budget than its share of the batch is charged
-        -- only up to its budget; the other candidates stay UnSent (their
-        -- update locks end with this short transaction).
-        WITH Candidate AS (
-            SELECT TOP (@BatchSize)
-                q.ID,
-                q.AccountName,
-                q.Priority,
-                q.VisibleAtUtc,
-                q.Status,
-                q.ThreadLock,
-                q.AttemptsRemaining,
-                q.AttemptCount,
-                q.PossibleDuplicate,
-                q.DateProcessed,
-                q.LastError,
-                IIF(q.AttemptsRemaining > 0 AND (q.ExpiresAtUtc IS NULL OR q.ExpiresAtUtc > @Now), 1, 0) AS WillSend
+        DELETE FROM @Acct WHERE BlockedUntilUtc > @Now;
+
+        -- Windows never move backwards: a stored window that starts at or
+        -- after ours is the current one and its count applies (a clock read
+        -- earlier, or a clock set back, cannot reopen a spent window).
+        UPDATE a
+        SET a.Remaining = IIF(
+            a.IsLimited = 0,
+            @BatchSize,
+            (
+                SELECT MIN(w.Remaining)
+                FROM (
+                    VALUES
+                    (COALESCE(a.PerMinuteLimit - IIF(a.MinuteStartUtc >= @MinuteStart, a.MinuteCount, 0), @BatchSize)),
+                    (COALESCE(a.PerHourLimit - IIF(a.HourStartUtc >= @HourStart, a.HourCount, 0), @BatchSize)),
+                    (COALESCE(a.PerDayLimit - IIF(a.DayStartUtc >= @DayStart, a.DayCount, 0), @BatchSize))
+                ) AS w(Remaining)
+            )
+        )
+        FROM @Acct AS a;
+
+        DELETE FROM @Acct WHERE Remaining <= 0;
+        UPDATE @Acct SET Remaining = @BatchSize WHERE Remaining > @BatchSize;
+
+        -- More accounts than slots: keep the accounts that have claimable
+        -- mail now (one row-free probe per account on the same index), then
+        -- @BatchSize of them drawn at random per claim, so every account gets
+        -- its turn and a pass never seeks more than @BatchSize accounts.
+        --   READPAST, READCOMMITTEDLOCK: a locking read that skips rows other
+        --   claimers hold (an account whose claimable rows are all held has
+        --   nothing for us) and takes no lock it keeps; also under RCSI.
+        IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+        BEGIN
+            DELETE FROM d
+            FROM @Acct AS d
+            WHERE NOT EXISTS (
+                SELECT 1
+                FROM mailq.MailQueue AS k WITH (
+                    INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                )
+                WHERE
+                    k.AccountName = d.AccountName
+                    AND k.Status IN (N'UnSent', N'Sending')
+                    AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                    AND k.VisibleAtUtc <= @Now
+                    AND k.AttemptsRemaining > 0
+                    AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    AND (@AppName IS NULL OR k.AppName = @AppName)
+            );
+            IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+                DELETE FROM d
+                FROM @Acct AS d
+                WHERE d.AccountName NOT IN (
+                    SELECT TOP (@BatchSize) r.AccountName FROM @Acct AS r ORDER BY NEWID()
+                );
+        END;
+
+        -- 3. The claim: up to three passes, one UPDATE each (see the header).
+        WHILE @Pass < 3 AND @Left > 0
+        BEGIN
+            SET @Pass += 1;
+            SELECT @Open = COUNT(*) FROM @Acct WHERE IsOpen = 1 AND Remaining > Taken;
+            IF @Open = 0 BREAK;
+            -- FLOOR, at least 1: the caps never add up to more than the slots
+            -- left (or one row per open account), which bounds the rows read.
+            SET @Share = IIF(@Left / @Open < 1, 1, @Left / @Open);
+            UPDATE @Acct
+            SET Cap = IIF(
+                IsOpen = 1 AND Remaining > Taken,
+                IIF(Remaining - Taken < @Share, Remaining - Taken, @Share),
+                0
+            );
+
+            UPDATE q
+            SET
+                q.Status = N'Sending',
+                q.ThreadLock = @LockToken,
+                q.VisibleAtUtc = @LeaseUntil,
+                q.AttemptsRemaining = q.AttemptsRemaining - 1,
+                q.AttemptCount = q.AttemptCount + 1,
+                -- A lease that expired may hide a mail the dead worker already
+                -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+                q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate)
+            OUTPUT
+                inserted.ID,
+                inserted.AccountName,
+                deleted.Status,
+                deleted.ThreadLock,
+                inserted.AttemptCount,
+                @Pass
+            INTO @Claimed (ID, AccountName, OldStatus, OldLockToken, AttemptNo, Pass)
+            -- Target row by its clustered key.  READPAST: a row another
+            -- session holds (e.g. an acknowledgement of an expired lease in
+            -- flight) is skipped instead of waited on, which also rules out a
+            -- deadlock between our index-key U lock and its clustered X lock.
             FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
+            INNER JOIN (
+                SELECT TOP (@Left) c.ID
+                FROM @Acct AS a
+                CROSS APPLY (
+                    -- One ordered seek per account (ten ranges, one per
+                    -- priority, already in ORDER BY order: no Sort, the TOP
+                    -- stops it after Cap rows).
+                    --   INDEX + FORCESEEK: the plan of the index's header,
+                    --     never a scan, whatever the statistics say;
+                    --   READPAST: skip rows other workers hold, never wait;
+                    --   UPDLOCK:  claim while reading, so two workers can't
+                    --     take one row (and a locking read under RCSI);
+                    --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
+                    SELECT TOP (a.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = a.AccountName
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                        AND (@AppName IS NULL OR k.AppName = @AppName)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                WHERE a.Cap > 0
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
+            ) AS p ON q.ID = p.ID
             WHERE
                 q.Status IN (N'UnSent', N'Sending')
-                AND q.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
                 AND q.VisibleAtUtc <= @Now
-                AND (@AppName IS NULL OR q.AppName = @AppName)
-                AND EXISTS (SELECT 1 FROM @Budget AS b WHERE b.AccountName = q.AccountName)
-            ORDER BY q.Priority DESC, q.VisibleAtUtc ASC, q.ID ASC
-        ),
+                AND q.AttemptsRemaining > 0;
 
-        Ranked AS (
-            SELECT
-                c.ID,
-                c.AccountName,
-                c.VisibleAtUtc,
-                c.Status,
-                c.ThreadLock,
-                c.AttemptsRemaining,
-                c.AttemptCount,
-                c.PossibleDuplicate,
-                c.DateProcessed,
-                c.LastError,
-                c.WillSend,
-                ROW_NUMBER() OVER (
-                    PARTITION BY c.AccountName, c.WillSend
-                    ORDER BY c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
-                ) AS AccountRank
-            FROM Candidate AS c
-        )
+            -- What this pass gave each account; an account that yielded fewer
+            -- rows than its cap has nothing more to claim now (drained).
+            UPDATE a
+            SET
+                a.Taken = a.Taken + COALESCE(n.Claimed, 0),
+                a.IsOpen = IIF(COALESCE(n.Claimed, 0) < a.Cap, 0, a.IsOpen)
+            FROM @Acct AS a
+            LEFT JOIN (
+                SELECT m.AccountName, COUNT(*) AS Claimed
+                FROM @Claimed AS m
+                WHERE m.Pass = @Pass
+                GROUP BY m.AccountName
+            ) AS n ON a.AccountName = n.AccountName
+            WHERE a.Cap > 0;
 
-        UPDATE r
-        SET
-            r.Status = CASE
-                WHEN r.WillSend = 1 THEN N'Sending'
-                WHEN r.AttemptsRemaining <= 0 THEN N'Failed'
-                ELSE N'Expired'
-            END,
-            r.ThreadLock = IIF(r.WillSend = 1, @LockToken, NULL),
-            r.VisibleAtUtc = IIF(r.WillSend = 1, @LeaseUntil, r.VisibleAtUtc),
-            r.AttemptsRemaining = r.AttemptsRemaining - r.WillSend,
-            r.AttemptCount = r.AttemptCount + r.WillSend,
-            -- A lease that expired may hide a mail the dead worker already
-            -- handed to SMTP: flag it (receivers can drop it by Message-ID).
-            r.PossibleDuplicate = IIF(r.Status = N'Sending', CAST(1 AS BIT), r.PossibleDuplicate),
-            r.DateProcessed = IIF(r.WillSend = 1, r.DateProcessed, @Now),
-            r.LastError = CASE
-                WHEN r.WillSend = 1 THEN r.LastError
-                WHEN r.AttemptsRemaining <= 0
-                    THEN CONCAT(N'No attempt left after an abandoned lease. Last error: ', r.LastError)
-                ELSE N'Expired before it could be sent (ExpiresAtUtc passed).'
-            END
-        OUTPUT
-            inserted.ID,
-            inserted.AccountName,
-            inserted.Status,
-            deleted.Status,
-            deleted.ThreadLock,
-            inserted.AttemptCount
-        INTO @Claimed (ID, AccountName, NewStatus, OldStatus, OldLockToken, AttemptNo)
-        FROM Ranked AS r
-        WHERE
-            r.WillSend = 0
-            OR r.AccountRank <= (SELECT b.Remaining FROM @Budget AS b WHERE b.AccountName = r.AccountName);
+            SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
+        END;
 
         -- Charge the budget of limited accounts (rows already U-locked above).
         -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
-        -- budget rows other claimers hold.
+        -- budget rows other claimers hold.  A stored window that is not older
+        -- than ours is kept: the window start never moves backwards.
         UPDATE b
         SET
-            b.MinuteCount = IIF(b.MinuteStartUtc = @MinuteStart, b.MinuteCount, 0) + c.ClaimedCount,
-            b.MinuteStartUtc = @MinuteStart,
-            b.HourCount = IIF(b.HourStartUtc = @HourStart, b.HourCount, 0) + c.ClaimedCount,
-            b.HourStartUtc = @HourStart,
-            b.DayCount = IIF(b.DayStartUtc = @DayStart, b.DayCount, 0) + c.ClaimedCount,
-            b.DayStartUtc = @DayStart
+            b.MinuteCount = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteCount, 0) + a.Taken,
+            b.MinuteStartUtc = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteStartUtc, @MinuteStart),
+            b.HourCount = IIF(b.HourStartUtc >= @HourStart, b.HourCount, 0) + a.Taken,
+            b.HourStartUtc = IIF(b.HourStartUtc >= @HourStart, b.HourStartUtc, @HourStart),
+            b.DayCount = IIF(b.DayStartUtc >= @DayStart, b.DayCount, 0) + a.Taken,
+            b.DayStartUtc = IIF(b.DayStartUtc >= @DayStart, b.DayStartUtc, @DayStart)
         FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
-        INNER JOIN (
-            SELECT m.AccountName, COUNT(*) AS ClaimedCount
-            FROM @Claimed AS m
-            WHERE m.NewStatus = N'Sending'
-            GROUP BY m.AccountName
-        ) AS c ON b.AccountName = c.AccountName
-        WHERE b.AccountName IN (SELECT l.AccountName FROM @Budget AS l WHERE l.IsLimited = 1);
+        INNER JOIN @Acct AS a ON b.AccountName = a.AccountName
+        WHERE a.IsLimited = 1 AND a.Taken > 0;
 
         -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
         -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
@@ -270,20 +421,18 @@ BEGIN
         -- Open an attempt for each mail now leased.
         INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
         SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
-        FROM @Claimed AS c
-        WHERE c.NewStatus = N'Sending';
+        FROM @Claimed AS c;
 
-        IF @TranCount = 0 COMMIT TRANSACTION;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
-            ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION ClaimMail;
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and its own CATCH rolls it back.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
 
-    -- 3. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
     SELECT
         q.ID,
         q.MessageID,
@@ -308,7 +457,7 @@ BEGIN
         q.dtStamp
     FROM mailq.MailQueue AS q
     INNER JOIN @Claimed AS c ON q.ID = c.ID
-    WHERE c.NewStatus = N'Sending' AND q.ThreadLock = @LockToken
+    WHERE q.ThreadLock = @LockToken
     ORDER BY q.Priority DESC, q.ID ASC;
 
     SELECT
@@ -319,6 +468,5 @@ BEGIN
         a.Content
     FROM mailq.MailAttachment AS a
     INNER JOIN @Claimed AS c ON a.MailID = c.ID
-    WHERE c.NewStatus = N'Sending'
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
 END;

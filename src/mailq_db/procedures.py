@@ -445,3 +445,26 @@ HEALTH_SQL = "EXEC mailq.GetInstallationHealth;"
 def get_installation_health(conn: Any) -> list[dict[str, Any]]:
     """mailq.GetInstallationHealth: one row per check (Area, CheckName, Status, Detail, Fix)."""
     return _dicts(_call(conn, HEALTH_SQL, []))
+
+
+# --------------------------------------------------------------------------
+# Finalization (revision 0005): expiry and out-of-attempts, off the claim path
+# --------------------------------------------------------------------------
+
+FINALIZE_SQL = "EXEC mailq.FinalizeMail @BatchSize = ?, @MaxBatches = ?;"
+
+
+@dataclass
+class FinalizeResult:
+    failed: int
+    expired: int
+    more_left: bool
+
+
+def finalize_mail(conn: Any, *, batch_size: int | None = None, max_batches: int | None = None) -> FinalizeResult:
+    """mailq.FinalizeMail: move expired and out-of-attempts mail to Expired/Failed
+    in small batches (outside a transaction); ``more_left``: call again."""
+    rows = _rows(_call(conn, FINALIZE_SQL, [batch_size, max_batches]))
+    if not rows:
+        return FinalizeResult(0, 0, False)
+    return FinalizeResult(int(rows[0][0]), int(rows[0][1]), bool(rows[0][2]))

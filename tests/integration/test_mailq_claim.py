@@ -11,7 +11,8 @@
 * App isolation: a worker with @AppName = 'a' gets only 'a' mail; a worker
   with @AppName NULL (competing) gets every application's mail and mail
   without application.
-* Expiry: a mail past ExpiresAtUtc becomes Expired at claim and is not returned.
+* Expiry: a mail past ExpiresAtUtc is never claimed (it takes no slot of the
+  batch); mailq.FinalizeMail turns it Expired (revision 0005).
 * @AccountNames: a worker claims only the accounts it has credentials for.
 """
 
@@ -195,14 +196,17 @@ def test_app_isolation(conn, account):
     assert {m.id for m in everything} == fresh
 
 
-def test_expired_mail_becomes_expired_at_claim_and_is_not_returned(conn, account):
+def test_expired_mail_is_never_claimed_and_finalize_makes_it_expired(conn, account):
     app = new_app(conn, "expiry")
     now = server_now(conn)
     (stale,) = enqueue(conn, account, app, 1, date_to_process=now - timedelta(seconds=10),
-                       expires_at_utc=now - timedelta(seconds=5))
-    (fresh,) = enqueue(conn, account, app, 1, expires_at_utc=now + timedelta(hours=1))
-    _, got = claim(conn, app)
+                       expires_at_utc=now - timedelta(seconds=5), priority=9)
+    (fresh,) = enqueue(conn, account, app, 1, expires_at_utc=now + timedelta(hours=1), priority=0)
+    # Batch of one: the expired mail ranks first but must not take the slot.
+    _, got = claim(conn, app, batch_size=1)
     assert [m.id for m in got] == [fresh.mail_id]
+    assert mail_row(conn, stale.mail_id)["Status"] == "UnSent", "the claim finalized (0004 behaviour)"
+    procedures.finalize_mail(conn)
     row = mail_row(conn, stale.mail_id)
     assert row["Status"] == "Expired" and row["ThreadLock"] is None
     assert row["LastError"].startswith("Expired") and row["DateProcessed"] is not None

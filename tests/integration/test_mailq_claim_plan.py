@@ -8,9 +8,10 @@ every showplan document the call returns is parsed with xml.etree (namespace
 http://schemas.microsoft.com/sqlserver/2004/07/showplan).
 
 What is asserted about the claim statement (the UPDATE of mailq.MailQueue
-whose plan reads IX_MailQueue_Claim), as the index's header comment promises:
+whose plan reads IX_MailQueue_ClaimByAccount, revision 0005), as the index's
+header comment promises:
 
-1. IX_MailQueue_Claim is read by an **Index Seek** (not an Index Scan), and
+1. IX_MailQueue_ClaimByAccount is read by an **Index Seek** (not an Index Scan), and
    the seek is ordered (``IndexScan/@Ordered``).
 2. Between that seek and the nearest **Top** above it there is **no Sort**
    (neither a Sort nor a TopN Sort): the seek delivers rows already in
@@ -53,7 +54,7 @@ pytestmark = pytest.mark.integration
 DEPTH = 100_000
 SHALLOW = 5_000
 BATCH = 100
-INDEX = "IX_MailQueue_Claim"
+INDEX = "IX_MailQueue_ClaimByAccount"
 
 
 @pytest.fixture(scope="module")

@@ -106,7 +106,7 @@ def test_expired_lease_is_reclaimed_flagged_and_the_old_token_fenced(conn, conn2
     refused_with_state_kept(conn, 50203, lambda: procedures.mark_sent(conn, ids=ids, lock_token=old))
 
 
-def test_reclaimed_mail_with_no_attempt_left_becomes_failed(conn, conn2, account):
+def test_mail_with_no_attempt_left_is_not_reclaimed_and_finalize_fails_it(conn, conn2, account):
     app = new_app(conn, "noattempt")
     (mail,) = enqueue(conn, account, app, 1, max_attempts=1)
     old, (got,) = claim(conn, app, lease_seconds=1)
@@ -115,6 +115,8 @@ def test_reclaimed_mail_with_no_attempt_left_becomes_failed(conn, conn2, account
 
     _, reclaimed = claim(conn2, app)
     assert reclaimed == [], "a mail without attempts left was handed out again"
+    assert mail_row(conn, mail.mail_id)["Status"] == "Sending", "the claim finalized (0004 behaviour)"
+    procedures.finalize_mail(conn2)
     row = mail_row(conn, mail.mail_id)
     assert row["Status"] == "Failed" and row["ThreadLock"] is None
     assert row["LastError"].startswith("No attempt left") and row["DateProcessed"] is not None
@@ -124,13 +126,14 @@ def test_reclaimed_mail_with_no_attempt_left_becomes_failed(conn, conn2, account
     refused_with_state_kept(conn, 50203, lambda: procedures.mark_sent(conn, ids=[mail.mail_id], lock_token=old))
 
 
-def test_mail_that_expires_while_leased_becomes_expired_when_reclaimed(conn, conn2, account):
+def test_mail_that_expires_while_leased_is_not_reclaimed_and_finalize_expires_it(conn, conn2, account):
     app = new_app(conn, "leasexp")
     (mail,) = enqueue(conn, account, app, 1, expires_at_utc=server_now(conn) + timedelta(seconds=2))
     _, _ = claim(conn, app, lease_seconds=1)
     time.sleep(EXPIRY_WAIT + 0.5)
     _, reclaimed = claim(conn2, app)
     assert reclaimed == []
+    procedures.finalize_mail(conn2)
     row = mail_row(conn, mail.mail_id)
     assert row["Status"] == "Expired" and row["PossibleDuplicate"] in (True, 1)
     assert [a["Outcome"] for a in attempts(conn, mail.mail_id)] == ["Abandoned"]

@@ -74,6 +74,16 @@ CHECKS = [
     Check("mail-unfenced-ack", "mailqueue.pml", ("-DUNFENCED",),
           expect_error=r"assertion violated \(holder\[m\]==\(w\+1\)\)",
           why="acknowledging by ID alone (the article) lets a stale worker write"),
+    Check("mail-safety-old-claim", "mailqueue.pml", ("-DCLAIM_FINALIZES",),
+          why="the claim of 0001-0004 (finalizing inside the claim) kept for comparison"),
+    # ---- rate windows (mailq.ClaimMail's budget, issue 10 point 6) ---------
+    Check("rate-window", "mailqueue.pml", ("-DRATE",),
+          why="mails charged to any window never exceed the limit, claimers racing at boundaries"),
+    Check("rate-window-3c", "mailqueue.pml", ("-DRATE", "-DNC=3", "-DLIMIT=3", "-DNWIN=3"),
+          why="the same with three claimers"),
+    Check("rate-window-old", "mailqueue.pml", ("-DRATE", "-DOLD_WINDOW"),
+          expect_error=r"assertion violated \(charged\[seen\]<=",
+          why="0001-0004: clock read before the budget lock, window reset backwards"),
     # ---- delayed execution (dbo.ProcessDelayQueue, pattern (a)) -------------
     Check("delay-safety", "delayexec.pml",
           ("-DNO_ATTEMPT_CHECK", "-DNR=3", "-DMAXATT=3", "-DDIES=2"),

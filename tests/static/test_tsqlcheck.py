@@ -238,7 +238,10 @@ def test_schema_preprocessing_skips_only_run_time_work(sql150):
     """On the real schema, nothing that defines an object is ever skipped."""
     skipped = {(r["type"], r["why"]) for r in sql150 if r["kind"] == "skipped"}
     run_time = {"DeclareVariableStatement", "SetVariableStatement", "ThrowStatement", "InsertStatement",
-                "PrintStatement", "ExecuteStatement"}
+                "PrintStatement", "ExecuteStatement",
+                # A file that retires an object (sql/indexes/mailq.MailQueue.IX_MailQueue_Claim.sql,
+                # revision 0005) drops it; a drop defines nothing for the model to hold.
+                "DropIndexStatement"}
     for kind, why in skipped:
         assert kind in run_time or (kind == "BeginEndBlockStatement" and "ELSE" in why), (kind, why)
     kept = {r["type"] for r in sql150 if r["kind"] == "statement"}

@@ -42,6 +42,9 @@ log = logging.getLogger("mailq_db.worker")
 MAX_ERROR = 2000
 #: After this many dropped SMTP connections in one account batch, the rest Waits.
 MAX_CONNECTION_FAILURES = 2
+#: How often each worker runs mailq.FinalizeMail (expired and out-of-attempts
+#: mail, which the claim no longer touches); see docs/operator-guide.md.
+FINALIZE_INTERVAL_SECONDS = 60.0
 
 
 def utcnow() -> datetime:
@@ -86,6 +89,7 @@ class Worker:
         self.held: dict[int, ClaimedMail] = {}  # leased, not yet acknowledged/failed/released
         self.pending: list[_Pending] = []  # sent, acknowledgement not yet written
         self._pending_since = 0.0
+        self._finalized_at = float("-inf")  # maybe_finalize: never yet
 
     # ------------------------------------------------------------------ loop
 
@@ -94,6 +98,7 @@ class Worker:
         s = self.settings
         idle = Backoff(s.idle_backoff_min_seconds, s.idle_backoff_max_seconds, jitter=False)
         while not self.stop.is_set():
+            self.maybe_finalize()
             try:
                 claimed = self.run_batch()
             except Exception:  # noqa: BLE001 - one bad batch must not kill the worker
@@ -110,6 +115,23 @@ class Worker:
                 return
             else:
                 self.stop.wait(idle.next())
+
+    def maybe_finalize(self) -> None:
+        """Run mailq.FinalizeMail at most every FINALIZE_INTERVAL_SECONDS.  Its
+        failure is logged and never stops sending (the next timer retries)."""
+        finalize = getattr(self.procs, "finalize_mail", None)
+        now = time.monotonic()
+        if finalize is None or now - self._finalized_at < FINALIZE_INTERVAL_SECONDS:
+            return
+        self._finalized_at = now
+        try:
+            result = self.db.call(finalize)
+        except Exception as exc:  # noqa: BLE001 - finalization is housekeeping
+            log.warning("mailq.FinalizeMail failed (%s); retried in %.0f s", exc, FINALIZE_INTERVAL_SECONDS)
+            return
+        if result.failed or result.expired:
+            event(log, logging.INFO, "finalized mail", failed=result.failed, expired=result.expired,
+                  more_left=result.more_left)
 
     def run_batch(self) -> int:
         """Claim one batch and process it; returns how many mails were claimed."""

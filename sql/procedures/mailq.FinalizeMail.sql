@@ -1,0 +1,187 @@
+/*
+mailq.FinalizeMail: moves queued mail that can never be sent to its final
+state, in small batches, so that the claim never has to (issue 10, point 2):
+  * out of attempts: UnSent/Sending, AttemptsRemaining = 0, lease expired
+    (the worker holding the last attempt died or stalled) -> Failed,
+    "No attempt left after an abandoned lease. Last error: ...";
+  * expired: UnSent (due or not), or Sending with an expired lease, whose
+    ExpiresAtUtc passed -> Expired.  A live lease is left to its worker.
+Whatever the account: blocked accounts and accounts no worker serves
+included (their mail expires as docs/guarantees.md promises).  A reclaimed
+lease is flagged PossibleDuplicate and its open attempt closed 'Abandoned',
+as ClaimMail does when it reclaims.  Out of attempts wins over expired.
+
+Each batch is one short transaction of at most @BatchSize mails per
+statement: a range seek on IX_MailQueue_Finalize / IX_MailQueue_Expiry, TOP,
+clustered seeks; reads and locks proportional to @BatchSize (far below the
+5,000 locks per statement that trigger lock escalation).  Batches repeat
+until one finds fewer than @BatchSize mails or @MaxBatches ran; the next
+call continues.  Workers call it on a timer (src/mailq_db/worker/loop.py,
+every 60 s); a SQL Agent job or an elastic job can call it instead (see
+docs/finalization.md).
+
+Parameters:  @BatchSize  INT 1-1000, default 200: mails per statement
+             @MaxBatches INT 1-1000, default 50: batches per call
+Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT
+             (1: the last batch was full; call again)
+Errors:      50150 @BatchSize out of range; 50151 @MaxBatches out of range;
+             50152 called inside a transaction.
+Transaction: must not be called inside a transaction (50152): each batch
+             commits on its own, which is what keeps it small.  An error
+             rolls back the batch under way (earlier batches stay) and is
+             re-raised.
+Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
+Lock order:  mailq.MailQueue (U -> X), then mailq.MailAttempt (X), as in
+             mailq.ClaimMail.
+Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
+*/
+CREATE OR ALTER PROCEDURE mailq.FinalizeMail
+    @BatchSize INT = 200,
+    @MaxBatches INT = 50
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 200);
+    SET @MaxBatches = COALESCE(@MaxBatches, 50);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50150, @Msg, 1;
+    END;
+    IF @MaxBatches NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxBatches must be 1-1000; got ', @MaxBatches, N'.');
+        THROW 50151, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50152, N'mailq.FinalizeMail commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Done TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        NewStatus NVARCHAR(16) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL
+    );
+    DECLARE @Now DATETIME2(3);
+    DECLARE @Failed INT = 0;
+    DECLARE @Expired INT = 0;
+    DECLARE @Rows INT;
+    DECLARE @ExpiredRows INT;
+    DECLARE @Batches INT = 0;
+    DECLARE @MoreLeft BIT = 0;
+
+    WHILE @Batches < @MaxBatches
+    BEGIN
+        SET @Batches += 1;
+        SET @Now = SYSUTCDATETIME();
+        DELETE FROM @Done;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- Out of attempts, lease expired.  IX_MailQueue_Finalize: range
+            -- seek on VisibleAtUtc <= @Now within its filter.
+            --   READPAST: skip rows others hold (a worker acknowledging its
+            --     last attempt right now), never wait on them;
+            --   UPDLOCK, ROWLOCK: row-grain update locks while reading.
+            WITH Dead AS (
+                SELECT TOP (@BatchSize)
+                    q.ID,
+                    q.Status,
+                    q.ThreadLock,
+                    q.PossibleDuplicate,
+                    q.DateProcessed,
+                    q.LastError
+                FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Finalize), READPAST, UPDLOCK, ROWLOCK)
+                WHERE
+                    q.Status IN (N'UnSent', N'Sending')
+                    AND q.AttemptsRemaining = 0
+                    AND q.VisibleAtUtc <= @Now
+                ORDER BY q.VisibleAtUtc ASC, q.ID ASC
+            )
+
+            UPDATE d
+            SET
+                d.Status = N'Failed',
+                d.ThreadLock = NULL,
+                d.PossibleDuplicate = IIF(d.Status = N'Sending', CAST(1 AS BIT), d.PossibleDuplicate),
+                d.DateProcessed = @Now,
+                d.LastError = LEFT(CONCAT(N'No attempt left after an abandoned lease. Last error: ', d.LastError), 4000)
+            OUTPUT inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken)
+            FROM Dead AS d;
+            SET @Rows = @@ROWCOUNT;
+            SET @Failed += @Rows;
+            -- (@Rows: the fuller of the two statements decides whether to go on)
+
+            -- Expired.  IX_MailQueue_Expiry: range seek on ExpiresAtUtc <=
+            -- @Now; a live lease (Sending, VisibleAtUtc in the future) is left
+            -- to its worker.  Same hints, same reasons.
+            WITH Late AS (
+                SELECT TOP (@BatchSize)
+                    q.ID,
+                    q.Status,
+                    q.ThreadLock,
+                    q.PossibleDuplicate,
+                    q.DateProcessed,
+                    q.LastError
+                FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Expiry), READPAST, UPDLOCK, ROWLOCK)
+                WHERE
+                    q.Status IN (N'UnSent', N'Sending')
+                    AND q.ExpiresAtUtc IS NOT NULL
+                    AND q.ExpiresAtUtc <= @Now
+                    AND (q.Status = N'UnSent' OR q.VisibleAtUtc <= @Now)
+                ORDER BY q.ExpiresAtUtc ASC, q.ID ASC
+            )
+
+            UPDATE l
+            SET
+                l.Status = N'Expired',
+                l.ThreadLock = NULL,
+                l.PossibleDuplicate = IIF(l.Status = N'Sending', CAST(1 AS BIT), l.PossibleDuplicate),
+                l.DateProcessed = @Now,
+                l.LastError = N'Expired before it could be sent (ExpiresAtUtc passed).'
+            OUTPUT inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken)
+            FROM Late AS l;
+            -- Read @@ROWCOUNT once: an assignment resets it.
+            SET @ExpiredRows = @@ROWCOUNT;
+            SET @Expired += @ExpiredRows;
+            IF @ExpiredRows > @Rows SET @Rows = @ExpiredRows;
+
+            -- Close the attempts of the leases given up (seek by mail ID).
+            UPDATE t
+            SET
+                t.EndedAtUtc = @Now,
+                t.Outcome = N'Abandoned',
+                t.ErrorText = IIF(
+                    d.NewStatus = N'Failed',
+                    N'Lease expired before the worker acknowledged; no attempt left.',
+                    N'Lease expired before the worker acknowledged; the mail expired.'
+                )
+            FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+            INNER JOIN @Done AS d
+                ON t.MailID = d.ID AND t.LockToken = d.OldLockToken
+            WHERE d.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+
+        IF @Rows < @BatchSize
+        BEGIN
+            SET @MoreLeft = 0;
+            BREAK;
+        END;
+        SET @MoreLeft = 1;
+    END;
+
+    SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft;
+END;

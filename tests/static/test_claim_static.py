@@ -1,0 +1,186 @@
+"""Static checks of the claim (issue 10, points 1, 2, 6; revision 0005).
+
+What can be shown without a server:
+
+* the claim reads mailq.MailQueue only through a per-account CROSS APPLY
+  whose TOP is the account's cap, on IX_MailQueue_ClaimByAccount with
+  FORCESEEK and READPAST, UPDLOCK, ROWLOCK, and never through a TOP over the
+  whole backlog (``TOP (@BatchSize) ... FROM mailq.MailQueue``);
+* the claim no longer finalizes (no Expired/Failed status written), and
+  mailq.FinalizeMail does, with the same lock hints;
+* both follow the one CATCH/isolation pattern (BRIEF point 5) and have no
+  savepoint;
+* the rate budget: the clock is read after the budget rows are locked, and
+  the stored window start never moves backwards (``>=``, never ``=``);
+* the new index's definition (keys, filter, INCLUDE, page locks) and that the
+  claim's seek predicate implies its filter;
+* the rendered upgrade 0004 -> 0005 creates the new index, replaces the
+  claim, drops the old index, and the downgrade re-creates it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from mailq_db.deployment import code_only, frozen_text, head_revision
+from mailq_db.devtools.scripts import render
+
+ROOT = Path(__file__).resolve().parents[2]
+SQL = ROOT / "sql"
+CLAIM = SQL / "procedures" / "mailq.ClaimMail.sql"
+FINALIZE = SQL / "procedures" / "mailq.FinalizeMail.sql"
+INDEX = SQL / "indexes" / "mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql"
+
+
+def squash(sql: str) -> str:
+    """Statements only (comments out, literals kept), white space collapsed, upper case."""
+    from mailq_db.deployment import strip_comments
+
+    return re.sub(r"\s+", " ", strip_comments(sql)).upper()
+
+
+@pytest.fixture(scope="module")
+def claim() -> str:
+    return squash(CLAIM.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def finalize() -> str:
+    return squash(FINALIZE.read_text(encoding="utf-8"))
+
+
+def mailqueue_reads(sql: str) -> list[str]:
+    """Each ``FROM/JOIN mailq.MailQueue AS x WITH (...)`` of a squashed text, with its hints."""
+    return re.findall(r"(?:FROM|JOIN) MAILQ\.MAILQUEUE AS (\w+)(?: WITH \(([^()]*(?:\([^()]*\)[^()]*)*)\))?", sql)
+
+
+def test_claim_has_no_top_over_the_whole_backlog(claim):
+    # The 0001-0004 claim: SELECT TOP (@BatchSize) ... FROM mailq.MailQueue ... ORDER BY Priority.
+    assert not re.search(r"TOP \(@BATCHSIZE\)[^;]*?FROM MAILQ\.MAILQUEUE", claim), \
+        "a TOP (@BatchSize) reads mailq.MailQueue directly: its seek would read the whole due backlog"
+    tops = re.findall(r"SELECT TOP \(([^)]*)\)((?:(?!SELECT ).)*?)FROM MAILQ\.MAILQUEUE", claim)
+    assert tops, "no TOP over mailq.MailQueue at all"
+    assert {t[0] for t in tops} == {"A.CAP"}, f"every TOP over the queue must be the account's cap: {tops}"
+
+
+def test_claim_reads_the_queue_per_account_through_cross_apply_and_forceseek(claim):
+    assert "CROSS APPLY" in claim
+    assert "K.ACCOUNTNAME = A.ACCOUNTNAME" in claim, "the per-account seek is not keyed by the driving account"
+    # Hinted reads: the per-account seek (k) and the UPDATE target (q); the
+    # final result set reads the leased rows unhinted (they are ours).
+    hinted = [(alias, hints) for alias, hints in mailqueue_reads(claim) if hints]
+    assert {alias for alias, _ in hinted} == {"Q", "K"}, hinted
+    # The per-account reads: the claim's seek (UPDLOCK) and, with more accounts
+    # than slots, the row-free probe (READCOMMITTEDLOCK); both forced seeks.
+    for alias, hints in hinted:
+        if alias == "K":
+            flat = hints.replace(" ", "")
+            assert "INDEX(IX_MAILQUEUE_CLAIMBYACCOUNT)" in flat and "FORCESEEK" in flat and "READPAST" in flat
+    reads = {alias: hints for alias, hints in hinted if "UPDLOCK" in hints}
+    inner = reads["K"].replace(" ", "")
+    for hint in ("INDEX(IX_MAILQUEUE_CLAIMBYACCOUNT)", "FORCESEEK", "READPAST", "UPDLOCK", "ROWLOCK"):
+        assert hint in inner, f"the per-account read lacks {hint}: {reads['K']}"
+    target = reads["Q"].replace(" ", "")
+    for hint in ("READPAST", "UPDLOCK", "ROWLOCK"):
+        assert hint in target, f"the UPDATE target lacks {hint}: {reads['Q']}"
+    # The ten priority ranges make each account's seek come out in ORDER BY order.
+    assert "K.PRIORITY IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)" in claim
+    assert "ORDER BY K.PRIORITY DESC, K.VISIBLEATUTC ASC, K.ID ASC" in claim
+
+
+def test_claim_takes_only_live_rows_and_finalizes_nothing(claim):
+    assert "K.ATTEMPTSREMAINING > 0" in claim
+    assert "K.EXPIRESATUTC IS NULL OR K.EXPIRESATUTC > @NOW" in claim
+    code = code_only(CLAIM.read_text(encoding="utf-8")).upper()
+    status_writes = re.findall(r"Q\.STATUS = ([^,\n]+)", code)
+    assert status_writes and all("''" in w for w in status_writes)
+    text = CLAIM.read_text(encoding="utf-8")
+    assert "N'Expired'" not in text and "N'Failed'" not in text, "the claim still finalizes mail"
+
+
+def test_finalize_moves_expired_and_exhausted_mail_in_bounded_batches(finalize):
+    assert "N'EXPIRED'" in finalize and "N'FAILED'" in finalize
+    reads = mailqueue_reads(finalize)
+    assert len(reads) == 2, reads
+    for alias, hints in reads:
+        flat = hints.replace(" ", "")
+        for hint in ("READPAST", "UPDLOCK", "ROWLOCK"):
+            assert hint in flat, f"{alias}: {hints}"
+    assert finalize.count("SELECT TOP (@BATCHSIZE)") == 2
+    assert "INDEX (IX_MAILQUEUE_FINALIZE)" in finalize and "INDEX (IX_MAILQUEUE_EXPIRY)" in finalize
+
+
+@pytest.mark.parametrize("path", [CLAIM, FINALIZE], ids=lambda p: p.stem)
+def test_catch_and_isolation_pattern(path):
+    sql = squash(path.read_text(encoding="utf-8"))
+    assert "SET NOCOUNT, XACT_ABORT ON" in sql
+    assert "SET TRANSACTION ISOLATION LEVEL READ COMMITTED" in sql
+    assert "SAVE TRANSACTION" not in sql and "ROLLBACK TRANSACTION CLAIMMAIL" not in sql
+    assert "XACT_STATE() <> 0 ROLLBACK TRANSACTION" in sql
+    assert "THROW;" in sql
+    # Validation comes before any transaction is opened.
+    assert sql.index("THROW 5") < sql.index("BEGIN TRANSACTION")
+
+
+def test_claim_catch_rolls_back_only_its_own_transaction(claim):
+    assert "@OWNTRAN BIT = IIF(@@TRANCOUNT = 0, 1, 0)" in claim
+    assert "IF @OWNTRAN = 1 BEGIN TRANSACTION" in claim
+    assert "IF @OWNTRAN = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION" in claim
+
+
+def test_rate_window_never_moves_backwards(claim):
+    # The clock is read after the budget rows are locked ...
+    lock = claim.index("MAILQ.RATEBUDGET AS B WITH (UPDLOCK, READPAST, ROWLOCK)")
+    clock = claim.index("SET @NOW = SYSUTCDATETIME()")
+    assert lock < clock, "@Now is read before the budget rows are locked"
+    assert claim.count("SYSUTCDATETIME()") == 1
+    # ... and a stored window start counts (and is kept) when it is not older than ours.
+    for unit in ("MINUTE", "HOUR", "DAY"):
+        assert f"STARTUTC = @{unit}START" not in claim.replace(f"B.{unit}STARTUTC = IIF", ""), \
+            f"a {unit} window is compared with '=': an older clock reading would reset it"
+        assert f"{unit}STARTUTC >= @{unit}START" in claim
+        assert f"B.{unit}STARTUTC = IIF(B.{unit}STARTUTC >= @{unit}START, B.{unit}STARTUTC, @{unit}START)" in claim
+
+
+def _index_statements() -> list[str]:
+    return re.findall(r"CREATE NONCLUSTERED INDEX.*?;", squash(INDEX.read_text(encoding="utf-8")))
+
+
+def test_claim_index_definition():
+    creates = _index_statements()
+    assert len(creates) == 2, "one CREATE per edition branch (ONLINE where supported)"
+    online, offline = creates
+    assert "WITH (ONLINE = ON)" in online and "ONLINE" not in offline
+    assert online.replace(" WITH (ONLINE = ON)", "") == offline, "the two branches define different indexes"
+    assert "ON MAILQ.MAILQUEUE (ACCOUNTNAME ASC, PRIORITY DESC, VISIBLEATUTC ASC, ID ASC)" in offline
+    assert "INCLUDE (APPNAME, ATTEMPTSREMAINING, EXPIRESATUTC)" in offline
+    assert "WHERE STATUS IN (N'UNSENT', N'SENDING')" in offline
+    assert "ALLOW_PAGE_LOCKS" not in offline, "page locks off breaks ALTER INDEX ... REORGANIZE"
+
+
+def test_claim_predicate_implies_the_index_filter(claim):
+    # A filtered index is used only when the query's predicate implies its
+    # filter at compile time: same literal list, no parameter.
+    filter_ = re.search(r"WHERE (STATUS IN \([^)]*\))", _index_statements()[1]).group(1)
+    assert f"K.{filter_}" in claim
+
+
+def test_rendered_upgrade_0005_builds_new_index_drops_old_and_downgrade_restores():
+    up = render("upgrade", "0004:0005")
+    created = up.index("CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByAccount")
+    dropped = up.index("DROP INDEX IX_MailQueue_Claim ON mailq.MailQueue")
+    altered = up.index("CREATE OR ALTER PROCEDURE mailq.ClaimMail")
+    assert created < dropped < altered
+    assert "CREATE OR ALTER PROCEDURE mailq.FinalizeMail" in up
+    assert "GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqSender" in up
+    down = render("downgrade", "0005:0004")
+    assert "CREATE NONCLUSTERED INDEX IX_MailQueue_Claim" in down
+    assert "DROP INDEX IF EXISTS IX_MailQueue_ClaimByAccount ON mailq.MailQueue" in down
+    assert "DROP PROCEDURE IF EXISTS mailq.FinalizeMail" in down
+    assert "REVOKE EXECUTE ON OBJECT::mailq.FinalizeMail FROM MailqSender" in down
+    # The downgrade's ClaimMail is 0003's text, which uses the old index's claim.
+    assert frozen_text("0003", "procedures/mailq.ClaimMail.sql").splitlines()[1] in down
+    assert head_revision() >= "0005"

@@ -243,7 +243,11 @@ def test_schema_preprocessing_skips_only_run_time_work(sql150):
                 # revision 0005) drops it; a drop defines nothing for the model to hold.
                 "DropIndexStatement"}
     for kind, why in skipped:
-        assert kind in run_time or (kind == "BeginEndBlockStatement" and "ELSE" in why), (kind, why)
+        # An ELSE branch is skipped where it adopts an existing object, or where it builds the
+        # same index as its THEN branch without ONLINE = ON (editions without online index
+        # builds: sql/indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql and its kin).
+        assert kind in run_time or (kind in ("BeginEndBlockStatement", "CreateIndexStatement")
+                                    and "ELSE" in why), (kind, why)
     kept = {r["type"] for r in sql150 if r["kind"] == "statement"}
     assert {"CreateTableStatement", "CreateOrAlterProcedureStatement", "CreateQueueStatement",
             "GrantStatement"} <= kept

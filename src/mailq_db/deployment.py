@@ -249,7 +249,7 @@ def head_revision(root: Path | None = None) -> str | None:
 
 def revision_files(revision: str, root: Path | None = None) -> list[str]:
     text = (frozen_dir(root) / revision / "FILES").read_text(encoding="utf-8")
-    return [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", "--"))]
 
 
 #: A first line that marks a frozen copy as generated (added by the freeze
@@ -1091,3 +1091,57 @@ def install_version_table_guard() -> None:
         return sql
 
     _VERSION_GUARD_INSTALLED = True
+
+
+# --------------------------------------------------------------------------
+# Drift: what the database should hold at a revision
+# --------------------------------------------------------------------------
+
+MODULE_KINDS = ("procedure", "view", "function", "trigger")
+
+
+def expected_modules(deployed: str, broker: bool = True, root: Path | None = None
+                     ) -> dict[str, tuple[str, str, str]]:
+    """Every module (procedure, view, function, trigger) a database at
+    ``deployed`` holds: name -> (file, revision of its newest frozen copy up to
+    ``deployed``, the text sent, i.e. what sys.sql_modules stores)."""
+    newest: dict[str, str] = {}
+    for rev in revisions(root):
+        if rev > deployed:
+            break
+        for rel in revision_files(rev, root):
+            if broker or not rel.startswith(BROKER_PREFIX):
+                newest[rel] = rev
+    out: dict[str, tuple[str, str, str]] = {}
+    for rel, rev in newest.items():
+        text = statement_text(frozen_text(rev, rel, root))
+        obj = describe(text)
+        if obj.kind in MODULE_KINDS:
+            out[obj.name] = (rel, rev, text)
+    return out
+
+
+def normalise_module(text: str | None) -> str | None:
+    """Module text compared for drift: line ends unified, surrounding white
+    space and one trailing ``;`` (the script's terminator) removed."""
+    if text is None:
+        return None
+    return statement_text(text.replace("\r\n", "\n").replace("\r", "\n").strip())
+
+
+def drift(expected: dict[str, tuple[str, str, str]], actual: dict[str, str | None]) -> list[str]:
+    """One line per object whose definition in the database is not the frozen
+    text of the revision the database is at (missing objects included)."""
+    problems = []
+    for name, (rel, rev, text) in sorted(expected.items()):
+        have = normalise_module(actual.get(name))
+        want = normalise_module(text)
+        if have is None:
+            problems.append(f"{name}: missing (frozen in {rev}/{rel})")
+        elif have != want:
+            have_lines, want_lines = have.split("\n"), want.split("\n")
+            line = next((i + 1 for i, (a, b) in enumerate(zip(have_lines, want_lines)) if a != b),
+                        min(len(have_lines), len(want_lines)) + 1)
+            problems.append(f"{name}: differs from {rev}/{rel} from line {line} "
+                            "(changed by hand? re-apply the frozen text or make a revision)")
+    return problems

@@ -16,6 +16,7 @@ examples:
   mailq-db dev new-revision -m "add mailq.GetQueueStats"
   mailq-db dev refreeze            re-freeze the unreleased head revision
   mailq-db dev status              list the files that differ from their frozen copy
+  mailq-db dev release             mark the head revision released (never refrozen)
 """
 
 
@@ -44,6 +45,14 @@ def register(subparsers) -> None:
                         description="List sql/ files not yet frozen.\n\nexample:\n  mailq-db dev status",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     st.set_defaults(func=status)
+    rel = sub.add_parser("release", help="mark revisions released in alembic/frozen/RELEASED",
+                         description="Pin revisions as released: their digest goes into "
+                         "alembic/frozen/RELEASED, refreeze refuses them, and a test fails if their "
+                         "frozen SQL ever changes.\n\nexample:\n  mailq-db dev release          # the head\n"
+                         "  mailq-db dev release 0005 0006",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    rel.add_argument("revisions", nargs="*", metavar="REVISION", help="revisions to release (default: head)")
+    rel.set_defaults(func=release)
 
 
 def _checkout() -> Path:
@@ -74,12 +83,16 @@ def changed_files(root: Path, before: str | None = None, paths: list[str] | None
             continue
         rev = d.newest_frozen(rel, before=before, root=root)
         current = (d.sql_dir(root) / rel).read_text(encoding="utf-8")
+        # frozen_text() drops the generated-marker line the freeze adds.
         if rev is None or d.frozen_text(rev, rel, root) != current:
             changed.append(rel)
     return changed
 
 
 def _freeze(root: Path, revision: str, files: list[str]) -> None:
+    if revision in d.released(root):
+        raise ConfigurationError(f"revision {revision} is released (alembic/frozen/RELEASED); "
+                                 "its frozen SQL never changes: make a new revision instead")
     target = d.frozen_dir(root) / revision
     if target.exists():
         shutil.rmtree(target)
@@ -137,3 +150,20 @@ def status(args) -> int:
     for rel in files:
         print(rel)
     return 1 if files else 0
+
+
+def release(args) -> int:
+    root = _checkout()
+    wanted = list(getattr(args, "revisions", None) or [d.head_revision(root)])
+    known = d.revisions(root)
+    entries = d.released_digests(root)
+    for rev in wanted:
+        if rev not in known:
+            raise ConfigurationError(f"no revision {rev} (known: {', '.join(known)})")
+        entries[rev] = d.revision_digest(rev, root)
+    lines = ["# Released revisions: their frozen SQL never changes (mailq-db dev release).",
+             "# <revision> <sha256 over FILES and each file's text, generated marker stripped>"]
+    lines += [f"{rev} {digest}" for rev, digest in sorted(entries.items())]
+    d.released_path(root).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"released: {', '.join(wanted)}")
+    return 0

@@ -17,7 +17,18 @@ examples:
   mailq-db dev refreeze            re-freeze the unreleased head revision
   mailq-db dev status              list the files that differ from their frozen copy
   mailq-db dev release             mark the head revision released (never refrozen)
+  mailq-db dev golden              rewrite the golden scripts in tests/static/golden/
 """
+
+#: The golden copies of the rendered scripts: (file name, alembic command,
+#: revision range, -x options).  A dependency upgrade or a code change that
+#: alters the script fails tests/static/test_golden_script.py until
+#: `mailq-db dev golden` rewrites them (then review the diff).
+GOLDEN = (
+    ("upgrade-head.sql", "upgrade", "head", ()),
+    ("upgrade-head-broker-off.sql", "upgrade", "head", ("broker=off",)),
+    ("downgrade-head-base.sql", "downgrade", "head:base", ()),
+)
 
 
 def register(subparsers) -> None:
@@ -53,6 +64,12 @@ def register(subparsers) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     rel.add_argument("revisions", nargs="*", metavar="REVISION", help="revisions to release (default: head)")
     rel.set_defaults(func=release)
+    gold = sub.add_parser("golden", help="rewrite the golden copies of the rendered scripts",
+                          description="Render the deployment scripts into tests/static/golden/ "
+                          "(run after adding a revision or upgrading alembic/SQLAlchemy, then "
+                          "review the diff).\n\nexample:\n  mailq-db dev golden",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    gold.set_defaults(func=golden)
 
 
 def _checkout() -> Path:
@@ -166,4 +183,30 @@ def release(args) -> int:
     lines += [f"{rev} {digest}" for rev, digest in sorted(entries.items())]
     d.released_path(root).write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"released: {', '.join(wanted)}")
+    return 0
+
+
+def golden_dir(root: Path) -> Path:
+    return root / "tests" / "static" / "golden"
+
+
+def render_golden(root: Path, command: str, revision: str, x_args: tuple[str, ...]) -> str:
+    import io
+
+    from alembic import command as alembic_command
+
+    out = io.StringIO()
+    cfg = d.alembic_config(root, x_args=list(x_args), stdout=out)
+    getattr(alembic_command, command)(cfg, revision, sql=True)
+    return out.getvalue()
+
+
+def golden(args) -> int:
+    root = _checkout()
+    target = golden_dir(root)
+    target.mkdir(parents=True, exist_ok=True)
+    for name, command, revision, x_args in GOLDEN:
+        text = render_golden(root, command, revision, x_args)
+        (target / name).write_text(text, encoding="utf-8", newline="\n")
+        print(f"wrote {(target / name).relative_to(root)} ({len(text.splitlines())} lines)")
     return 0

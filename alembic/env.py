@@ -144,6 +144,15 @@ def run_migrations_online() -> None:
         for sql in d.script_header(opts):
             connection.exec_driver_sql(sql)
         connection.commit()
+        # The header may have inferred the option of a database deployed
+        # before options were stored: an explicit value must agree with it.
+        stored = stored_options(connection).get("broker")
+        if "broker" in opts.explicit and stored in ("on", "off") and opts.broker in ("on", "off") \
+                and stored != opts.broker:
+            raise ConfigurationError(
+                f"the database was deployed with -x broker={stored} (stored in {d.OPTION_TABLE}); "
+                + ("add delayed execution with -x broker=add" if stored == "off"
+                   else "deploy without -x broker=off") + " (error 50414 in a rendered script)")
         context.configure(connection=connection, **COMMON)
         with context.begin_transaction():
             context.run_migrations()

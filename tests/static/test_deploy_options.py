@@ -107,7 +107,10 @@ def test_revisions_with_broker_files_switch_activation_off_and_restore_it(script
         parts = [b.rstrip(";") for b in batches(section.split("\nCOMMIT;")[0])]
         off = parts.index(d.ACTIVATION_OFF)
         on = parts.index(d.ACTIVATION_RESTORE)
-        broker_files = [i for i, b in enumerate(parts) if "CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue" in b]
+        sent = {d.guarded_schema(d.statement_text(d.frozen_text(rev, rel, ROOT)))
+                for rel in d.revision_files(rev, ROOT) if rel.startswith("broker/")}
+        broker_files = [i for i, b in enumerate(parts) if b in sent]
+        assert broker_files, rev
         assert off < min(broker_files) and on > max(broker_files), rev
         assert "mailq_alembic_version" in parts[-1] and on < len(parts) - 1
 

@@ -147,18 +147,23 @@ def run_migrations_online() -> None:
         # The header may have inferred the option of a database deployed
         # before options were stored: an explicit value must agree with it.
         stored = stored_options(connection).get("broker")
+        connection.commit()  # end the read's autobegun transaction
         if "broker" in opts.explicit and stored in ("on", "off") and opts.broker in ("on", "off") \
                 and stored != opts.broker:
             raise ConfigurationError(
                 f"the database was deployed with -x broker={stored} (stored in {d.OPTION_TABLE}); "
                 + ("add delayed execution with -x broker=add" if stored == "off"
                    else "deploy without -x broker=off") + " (error 50414 in a rendered script)")
+        if opts.broker == "add" and stored == "on":
+            raise ConfigurationError("delayed execution is already deployed in this database "
+                                     "(stored option broker=on): nothing to add (error 50415)")
         context.configure(connection=connection, **COMMON)
         with context.begin_transaction():
             context.run_migrations()
         if opts.broker == "add":
             target = connection.exec_driver_sql(
                 f"SELECT MAX(version_num) FROM {d.VERSION_SCHEMA}.{d.VERSION_TABLE}").scalar()
+            connection.commit()  # the catch-up opens its own transaction below
             if target is None:
                 raise ConfigurationError("-x broker=add: the database has no revision yet; "
                                          "deploy with -x broker=on instead")

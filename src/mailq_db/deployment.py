@@ -591,6 +591,18 @@ def script_footer() -> list[str]:
     ]
 
 
+# References for the script's safety net (checked in Microsoft's docs):
+# * "SET XACT_ABORT": with ON, a run-time error terminates and rolls back the
+#   whole transaction; compile errors (syntax) are not affected by it.
+# * "SET NOEXEC": when ON, SQL Server compiles each batch but does not execute
+#   it; the setting is applied at execute time (so an IF can set it).
+# * "sqlcmd commands": ":On Error [exit | ignore]" -- exit ends sqlcmd with the
+#   error's value; commands are recognised only at the start of a line.
+# * SSDT's publish scripts open with ":on error exit" and the
+#   "$(__IsSqlCmdEnabled)" guard that sets NOEXEC ON outside SQLCMD mode.
+# * "sp_getapplock": returns < 0 on timeout (-1), cancel, deadlock or a bad
+#   call; a Session-owned lock is released by sp_releaseapplock or at logoff.
+
 #: Raised by the guard after every GO of an offline script.  RAISERROR, not
 #: THROW: the guard must go on to SET NOEXEC ON in the same batch (THROW would
 #: end the batch); there is no transaction left to doom.

@@ -214,3 +214,17 @@ def test_activation_is_off_inside_a_broker_revision_and_restored(fresh_database)
         assert scalar(conn, "SELECT is_activation_enabled FROM sys.service_queues "
                             "WHERE name = N'DelayServiceQueue'") == 1
         assert scalar(conn, f"SELECT version_num FROM {V}") == "0004"
+
+
+# -- point 7: two deployers ---------------------------------------------------------
+
+
+def test_a_second_deployer_stops_on_the_application_lock(fresh_database):
+    url = fresh_database()
+    with connection(url) as holder:
+        execute(holder, "DECLARE @r INT; EXEC @r = sys.sp_getapplock @Resource = N'mailq-db deploy', "
+                        "@LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = 0;")
+        with pytest.raises(Exception, match="50416|Another mailq-db deployment"):
+            upgrade(url, "head", "lock_timeout=1000")
+        execute(holder, "EXEC sys.sp_releaseapplock @Resource = N'mailq-db deploy', @LockOwner = N'Session';")
+    upgrade(url, "head")  # free again: the deployment runs (a no-op at head)

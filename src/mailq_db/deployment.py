@@ -540,6 +540,21 @@ def script_header(options: DeployOptions) -> list[str]:
         "        QUOTENAME(SUSER_SNAME()), N' (user ', QUOTENAME(USER_NAME()), N') must be a member of db_owner in ',\n"
         "        QUOTENAME(DB_NAME()), N' for the deployment, nothing afterwards.');\n"
         "    THROW 50413, @Msg, 1;\n"
+        "END;\n"
+        # Before issue 12 Alembic created its table in the deploying user's
+        # default schema: say how to move it rather than deploy from base again.
+        f"IF OBJECT_ID(N'{V}', N'U') IS NULL\n"
+        "BEGIN\n"
+        "    DECLARE @Elsewhere NVARCHAR(300) = (\n"
+        "        SELECT TOP (1) QUOTENAME(SCHEMA_NAME(t.schema_id)) + N'.' + QUOTENAME(t.name)\n"
+        f"        FROM sys.tables AS t WHERE t.name = N'{VERSION_TABLE}' AND t.schema_id <> SCHEMA_ID(N'{VERSION_SCHEMA}'));\n"
+        "    IF @Elsewhere IS NOT NULL\n"
+        "    BEGIN\n"
+        "        SET @Msg = CONCAT(N'The mailq-db version table is ', @Elsewhere, N' (an older mailq-db created it in the ',\n"
+        f"            N'deploying user''s default schema); it now lives in {VERSION_SCHEMA}. Move it with: ALTER SCHEMA {VERSION_SCHEMA} TRANSFER ',\n"
+        "            @Elsewhere, N'; then deploy again.');\n"
+        "        THROW 50417, @Msg, 1;\n"
+        "    END;\n"
         "END",
         # A session-owned application lock: a second deployer waits up to the
         # lock timeout, then stops with 50416 (sp_getapplock returns < 0).

@@ -228,3 +228,19 @@ def test_a_second_deployer_stops_on_the_application_lock(fresh_database):
             upgrade(url, "head", "lock_timeout=1000")
         execute(holder, "EXEC sys.sp_releaseapplock @Resource = N'mailq-db deploy', @LockOwner = N'Session';")
     upgrade(url, "head")  # free again: the deployment runs (a no-op at head)
+
+
+# -- point 3: a version table an older mailq-db left in the deployer's schema -------
+
+
+def test_version_table_in_another_schema_is_not_deployed_over(fresh_database):
+    url = fresh_database(deploy=False)
+    with connection(url) as conn:
+        execute(conn, "EXEC (N'CREATE SCHEMA deployer')")
+        execute(conn, "CREATE TABLE deployer.mailq_alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)")
+        execute(conn, "INSERT INTO deployer.mailq_alembic_version (version_num) VALUES ('0004')")
+    with pytest.raises(Exception, match="50417|ALTER SCHEMA dbo TRANSFER"):
+        upgrade(url)
+    with connection(url) as conn:
+        assert scalar(conn, "SELECT SCHEMA_ID(N'mailq')") is None
+        assert scalar(conn, f"SELECT OBJECT_ID(N'{V}')") is None

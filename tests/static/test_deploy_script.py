@@ -141,6 +141,13 @@ def test_downgrade_checks_the_revision_it_removes(downgrade):
 # -- 3. version table pinned to dbo --------------------------------------------
 
 
+def test_a_version_table_in_another_schema_is_moved_not_ignored(script):
+    before = script[: script.index("BEGIN TRANSACTION")]
+    check = before.index("THROW 50417")
+    assert "ALTER SCHEMA dbo TRANSFER" in before[:check]
+    assert "t.name = N'mailq_alembic_version' AND t.schema_id <> SCHEMA_ID(N'dbo')" in before
+
+
 def test_version_table_is_schema_qualified_everywhere(script, downgrade):
     for text in (script, downgrade):
         code = d.code_only(text)

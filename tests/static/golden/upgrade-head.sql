@@ -32,6 +32,19 @@ BEGIN
         QUOTENAME(DB_NAME()), N' for the deployment, nothing afterwards.');
     THROW 50413, @Msg, 1;
 END;
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NULL
+BEGIN
+    DECLARE @Elsewhere NVARCHAR(300) = (
+        SELECT TOP (1) QUOTENAME(SCHEMA_NAME(t.schema_id)) + N'.' + QUOTENAME(t.name)
+        FROM sys.tables AS t WHERE t.name = N'mailq_alembic_version' AND t.schema_id <> SCHEMA_ID(N'dbo'));
+    IF @Elsewhere IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(N'The mailq-db version table is ', @Elsewhere, N' (an older mailq-db created it in the ',
+            N'deploying user''s default schema); it now lives in dbo. Move it with: ALTER SCHEMA dbo TRANSFER ',
+            @Elsewhere, N'; then deploy again.');
+        THROW 50417, @Msg, 1;
+    END;
+END;
 
 GO
 

@@ -228,3 +228,30 @@ def test_generated_marker_is_stripped_from_frozen_text(tmp_path):
     kept = "-- a comment that belongs to the object\n" + body
     (folder / "mailq.P.sql").write_text(kept, encoding="utf-8")
     assert d.frozen_text("0001", "procedures/mailq.P.sql", tmp_path) == kept
+
+
+def machinery_batches() -> dict[str, str]:
+    """Every batch the deployment adds around the frozen files."""
+    opts, seven = d.DeployOptions(), d.parse_options(["readers=7"])
+    out = {f"header{i}": b for i, b in enumerate(d.script_header(opts))}
+    out.update({f"footer{i}": b for i, b in enumerate(d.script_footer())})
+    out.update({f"upgrade check {i}": b for i, b in enumerate(d.version_check("0002", "0001", "upgrade", "0004", True))})
+    out.update({f"downgrade check {i}": b for i, b in enumerate(d.version_check("0002", None, "downgrade", None, True))})
+    out.update({
+        "guard": d.guard_batch("0001"), "options on": d.option_batch(opts),
+        "options off": d.option_batch(d.parse_options(["broker=off"])),
+        "options add": d.option_batch(opts, adding_broker=True), "options readers": d.option_batch(seven),
+        "broker check": d.BROKER_CHECK, "activation off": d.ACTIVATION_OFF,
+        "activation restored": d.ACTIVATION_RESTORE, "stored readers": d.readers_batch(opts),
+        "readers 7": d.readers_batch(seven),
+        "checksums": d.checksum_batch({"a.sql": "0001"}, {"a.sql": "x"}, "0001", delete=False),
+        "schema": d.guarded_schema(d.statement_text(d.frozen_text("0001", "schemas/mailq.sql", ROOT))),
+    })
+    return out
+
+
+@pytest.mark.parametrize("name,sql", sorted(machinery_batches().items()))
+def test_every_batch_the_deployment_adds_parses_as_tsql(name, sql):
+    import sqlfluff
+
+    sqlfluff.parse(sql, dialect="tsql")  # raises APIParsingError on any unparsable section

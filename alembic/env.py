@@ -1,55 +1,181 @@
 """Alembic environment of mailq-db.
 
-Online:  ``alembic upgrade head`` with the URL from ``-x url=...`` or
-         ``MAILQ_DB_URL`` (a SQLAlchemy URL or an ODBC connection string).
+Online:  ``alembic upgrade head`` with the URL from ``MAILQ_DB_URL`` (or
+         ``-x url=...``; prefer the environment: a command line is visible to
+         every user of the machine).
 Offline: ``alembic upgrade head --sql`` renders the whole script for sqlcmd or
-         SSMS, with ``GO`` between batches, without any server.
+         SSMS in SQLCMD mode, with ``GO`` between batches, without any server.
 
-``-x`` options understood by the revisions are listed in docs/dba-guide.md.
-Each revision runs in its own transaction; the version table is
-``dbo.mailq_alembic_version`` so that mailq-db can share a database with
-other Alembic projects.
+Both paths, in this order:
+
+1. the ``-x`` options are validated (unknown keys refused) before anything is
+   written or executed, and the frozen copies are checked against
+   ``alembic/frozen/MANIFEST.sha256``;
+2. a header: the SQLCMD-mode guard and ``:on error exit`` (offline), the full
+   SET line with ``XACT_ABORT`` and ``LOCK_TIMEOUT``, the system-database and
+   db_owner checks, the deployers' application lock, the bookkeeping tables;
+3. one transaction per revision (``mailq_db.deployment.RevisionPlan``);
+4. with ``-x broker=add``: the broker catch-up (docs/dba-guide.md, section 4).
+
+Offline, the script is built in memory and written only when complete: a
+failed render never leaves a partial script.  The version table is
+``dbo.mailq_alembic_version`` (pinned to dbo) so that mailq-db can share a
+database with other Alembic projects.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import os
+import sys
+from pathlib import Path
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
+from mailq_db import deployment as d
 from mailq_db.connection import to_sqlalchemy_url
-from mailq_db.deployment import VERSION_TABLE
+from mailq_db.errors import ConfigurationError
 
 config = context.config
-x_args = context.get_x_argument(as_dictionary=True)
+ROOT = Path(__file__).resolve().parents[1]
+
+# 1. Options and manifest, before anything is written.
+options = d.parse_options(context.get_x_argument(as_dictionary=True))
+problems = d.manifest_problems(ROOT)
+if problems:
+    raise ConfigurationError(
+        "the frozen SQL of this package does not match alembic/frozen/MANIFEST.sha256 "
+        "(frozen copies are never edited; reinstall the package):\n  " + "\n  ".join(problems[:20]))
+d.install_version_table_guard()
 
 COMMON = {
-    "version_table": VERSION_TABLE,
+    "version_table": d.VERSION_TABLE,
+    "version_table_schema": d.VERSION_SCHEMA,
     "transaction_per_migration": True,
 }
+
+#: SSDT's guard: in a client without SQLCMD mode, ":setvar" is a syntax error
+#: and "$(__IsSqlCmdEnabled)" stays literal, so the IF sets NOEXEC ON and
+#: nothing after it executes.  ":on error exit" makes sqlcmd (with or without
+#: -b) and SSMS in SQLCMD mode stop at the first error.
+SQLCMD_HEADER = """\
+-- mailq-db deployment script: run it with sqlcmd (-b -I recommended) or in
+-- SSMS with Query > SQLCMD Mode on.  It stops at the first error.
+:on error exit
+:setvar __IsSqlCmdEnabled "True"
+GO
+IF N'$(__IsSqlCmdEnabled)' NOT LIKE N'True'
+BEGIN
+    PRINT N'mailq-db: SQLCMD mode must be enabled to run this script (sqlcmd, or SSMS: Query > SQLCMD Mode).';
+    SET NOEXEC ON;
+END
+GO
+"""
+
+
+def _execute(sql: str) -> None:
+    # text() reads ":name" as a bind parameter; T-SQL never means that.
+    context.execute(text(d.statement_text(sql).replace(":", "\\:")))
+
+
+def _destination() -> str | None:
+    arg = context.get_revision_argument()
+    if isinstance(arg, (tuple, list)):
+        arg = arg[0] if arg else None
+    if arg in (None, "base"):
+        return None
+    return context.script.get_revision(arg).revision
 
 
 def run_migrations_offline() -> None:
     """Render the script: no connection, no driver needed."""
-    context.configure(dialect_name="mssql", literal_binds=True, **COMMON)
-    with context.begin_transaction():
-        context.run_migrations()
+    config.attributes[d.OPTIONS_ATTRIBUTE] = options
+    buffer = io.StringIO()
+    context.configure(dialect_name="mssql", literal_binds=True, output_buffer=buffer, **COMMON)
+    impl = context.get_context().impl
+    impl.static_output(SQLCMD_HEADER)
+    for sql in d.script_header(options):
+        _execute(sql)
+    if options.broker == "add":
+        target = _destination()
+        if target is None:
+            raise ConfigurationError("-x broker=add needs a target revision (head)")
+        impl.static_output(f"-- Adding delayed execution at revision {target} (-x broker=add)")
+        _execute("BEGIN TRANSACTION")
+        for _, sql in d.broker_catch_up_batches(target, options, offline=True, root=ROOT):
+            _execute(sql)
+        _execute("COMMIT TRANSACTION")
+    else:
+        with context.begin_transaction():
+            context.run_migrations()
+    for sql in d.script_footer():
+        _execute(sql)
+    out = config.output_buffer or sys.stdout
+    out.write(buffer.getvalue())
+
+
+def stored_options(connection) -> dict[str, str]:
+    exists = connection.exec_driver_sql(
+        f"SELECT OBJECT_ID(N'{d.OPTION_TABLE}', N'U')").scalar()
+    if exists is None:
+        return {}
+    rows = connection.exec_driver_sql(f"SELECT Name, Value FROM {d.OPTION_TABLE}").fetchall()
+    return {str(name): str(value) for name, value in rows}
 
 
 def run_migrations_online() -> None:
-    url = x_args.get("url") or os.environ.get("MAILQ_DB_URL")
+    url = context.get_x_argument(as_dictionary=True).get("url") or os.environ.get("MAILQ_DB_URL")
     if not url:
-        raise SystemExit(
-            "mailq-db: no database URL. Pass `alembic -x url=mssql+pyodbc://...` "
-            "or set MAILQ_DB_URL, or render the script with `alembic upgrade head --sql`."
-        )
+        raise ConfigurationError(
+            "no database URL: set MAILQ_DB_URL (or pass -x url=...), "
+            "or render the script with `mailq-db deploy --sql`.")
     engine = create_engine(to_sqlalchemy_url(url), poolclass=NullPool)
     with engine.connect() as connection:
+        stored = stored_options(connection)
+        opts = options
+        if "broker" not in opts.explicit and stored.get("broker") in ("on", "off"):
+            # A later upgrade that forgets -x broker=off keeps what the database has.
+            opts = dataclasses.replace(opts, broker=stored["broker"])
+        config.attributes[d.OPTIONS_ATTRIBUTE] = opts
+        d.PROGRESS.update(revision="(header)", file=None)
+        for sql in d.script_header(opts):
+            connection.exec_driver_sql(sql)
+        connection.commit()
+        # The header may have inferred the option of a database deployed
+        # before options were stored: an explicit value must agree with it.
+        stored = stored_options(connection).get("broker")
+        connection.commit()  # end the read's autobegun transaction
+        if "broker" in opts.explicit and stored in ("on", "off") and opts.broker in ("on", "off") \
+                and stored != opts.broker:
+            raise ConfigurationError(
+                f"the database was deployed with -x broker={stored} (stored in {d.OPTION_TABLE}); "
+                + ("add delayed execution with -x broker=add" if stored == "off"
+                   else "deploy without -x broker=off") + " (error 50414 in a rendered script)")
+        if opts.broker == "add" and stored == "on":
+            raise ConfigurationError("delayed execution is already deployed in this database "
+                                     "(stored option broker=on): nothing to add (error 50415)")
         context.configure(connection=connection, **COMMON)
         with context.begin_transaction():
             context.run_migrations()
+        if opts.broker == "add":
+            target = connection.exec_driver_sql(
+                f"SELECT MAX(version_num) FROM {d.VERSION_SCHEMA}.{d.VERSION_TABLE}").scalar()
+            connection.commit()  # the catch-up opens its own transaction below
+            if target is None:
+                raise ConfigurationError("-x broker=add: the database has no revision yet; "
+                                         "deploy with -x broker=on instead")
+            d.PROGRESS["revision"] = f"{target} (broker=add)"
+            with connection.begin():
+                for label, sql in d.broker_catch_up_batches(target, opts, offline=False, root=ROOT):
+                    d.PROGRESS["file"] = label
+                    connection.exec_driver_sql(sql)
+            d.PROGRESS["file"] = None
+        for sql in d.script_footer()[1:]:
+            connection.exec_driver_sql(sql)
+        connection.commit()
 
 
 if context.is_offline_mode():

@@ -10,39 +10,30 @@ The SQL this revision deploys is frozen in alembic/frozen/0002/
 Options (``alembic -x name=value``; docs/delayed-execution.md):
 
 ``broker=off``
-    Skip this revision's upgrade: deploy the mail queue alone where Service
-    Broker does not exist (Azure SQL Database).  Alembic still records the
-    revision; to add delayed execution later, run
-    ``alembic -x broker=off downgrade 0001`` (removes nothing that is absent)
-    and then ``alembic upgrade head`` on a database with the broker enabled.
-    Every revision skips its sql/broker/ files under this option, in both
-    directions (mailq_db.deployment.RevisionPlan), so give a downgrade the
-    same value as the upgrade had; with the broker on, each broker statement
-    of the downgrade is guarded: it removes what exists and nothing else.
+    Skip the sql/broker/ files of every revision: the mail queue alone, where
+    Service Broker does not exist (Azure SQL Database).  The option is stored
+    in the database (dbo.mailq_deployment_option), so later upgrades keep it;
+    ``-x broker=add`` adds delayed execution later without any downgrade
+    (mailq_db.deployment.broker_catch_up_batches).
 ``readers=N``
-    MAX_QUEUE_READERS of dbo.DelayServiceQueue, an integer 1-32767 (default 5).
-    The frozen activation file keeps 5; another value is applied by an
-    ``ALTER QUEUE`` right after it.  Change it later with
-    ``ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (MAX_QUEUE_READERS = N);``.
+    MAX_QUEUE_READERS of dbo.DelayServiceQueue, an integer 1-32767 (default 5),
+    stored in the database and applied by an ``ALTER QUEUE`` after every
+    revision that touches the broker (the frozen activation file keeps 5).
 
-Before anything else the upgrade checks ``sys.databases.is_broker_enabled``
-and stops with error 50401 if the broker is off; it never enables it.
+Everything else (the is_broker_enabled check, error 50401, which never
+enables the broker itself; activation off during the revision; the guarded
+downgrade) is done by mailq_db.deployment.RevisionPlan for every revision
+that deploys broker files.
 """
 
 from __future__ import annotations
 
-import re
-
-from mailq_db.deployment import SESSION_OPTIONS, RevisionPlan, broker_enabled, x_argument
-from mailq_db.errors import ConfigurationError
+from mailq_db.deployment import BROKER_CHECK, RevisionPlan  # noqa: F401 - BROKER_CHECK: docs
 
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
-
-DEFAULT_READERS = 5
-MAX_READERS = 32767
 
 #: Removes the platform table only when delay.Installation says this package
 #: created it; an adopted table (and any column the adoption added) stays.
@@ -73,82 +64,9 @@ PLAN = RevisionPlan.load(
 )
 
 
-#: Stops the upgrade with 50401 when Service Broker is disabled.  The statement
-#: that enables it is spelled out for the DBA, built with CONCAT so that this
-#: script never contains that statement's text: the script itself never
-#: changes database options.
-BROKER_CHECK = """\
-IF NOT EXISTS (
-    SELECT 1 FROM sys.databases
-    WHERE database_id = DB_ID() AND is_broker_enabled = 1
-)
-BEGIN
-    DECLARE @Msg NVARCHAR(2048) = CONCAT(
-        N'Service Broker is not enabled in database ', QUOTENAME(DB_NAME()),
-        N'; delayed execution needs it. A DBA enables it with: ',
-        N'ALTER', N' DATABASE ', QUOTENAME(DB_NAME()), N' SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE; ',
-        N'this needs exclusive access to the database: WITH ROLLBACK IMMEDIATE rolls back ',
-        N'every open transaction of the other sessions in it and disconnects them. ',
-        N'(A database restored or attached as a copy may need NEW_BROKER instead, which ',
-        N'also ends every existing conversation.) To deploy the mail queue alone, run ',
-        N'alembic -x broker=off upgrade head.'
-    );
-    THROW 50401, @Msg, 1;
-END"""
-
-
-def queue_readers() -> int:
-    """``-x readers=N``: MAX_QUEUE_READERS, an integer 1-32767 (default 5)."""
-    raw = x_argument("readers", str(DEFAULT_READERS))
-    text = (raw or "").strip()
-    if not re.fullmatch(r"[0-9]+", text) or not 1 <= int(text) <= MAX_READERS:
-        raise ConfigurationError(
-            f"-x readers must be an integer from 1 to {MAX_READERS} "
-            f"(MAX_QUEUE_READERS of dbo.DelayServiceQueue); got {raw!r}"
-        )
-    return int(text)
-
-
-def upgrade_statements() -> list[str]:
-    """Every batch of the upgrade, in order.
-
-    With ``-x broker=off`` only the files outside ``broker/`` (none when this
-    revision was made; a later refreeze might add some) are deployed.
-    """
-    planned = list(zip(PLAN.files, PLAN.upgrade_statements()))  # PLAN.files honours broker=off
-    if not broker_enabled():
-        return [sql for _, sql in planned]
-    readers = queue_readers()
-    statements = [SESSION_OPTIONS, BROKER_CHECK, *(sql for _, sql in planned)]
-    if readers != DEFAULT_READERS:
-        statements.append(
-            "ALTER QUEUE dbo.DelayServiceQueue\n"
-            f"    WITH ACTIVATION (MAX_QUEUE_READERS = {readers})"
-        )
-    return statements
-
-
-_REVOKE_ON_OBJECT = re.compile(r"^REVOKE\s+.+?\s+ON\s+OBJECT::(?P<name>\S+)\s+FROM\s", re.I | re.S)
-_DROP_INDEX = re.compile(r"^DROP\s+INDEX\s+IF\s+EXISTS\s+\S+\s+ON\s+(?P<name>\S+)\s*$", re.I)
-
-
-def downgrade_statements() -> list[str]:
-    """Every batch of the downgrade: each one a no-op when its object is absent."""
-    statements = [SESSION_OPTIONS]
-    for sql in PLAN.downgrade_statements():
-        match = _REVOKE_ON_OBJECT.match(sql) or _DROP_INDEX.match(sql)
-        if match:
-            name = match.group("name").replace("'", "''")
-            sql = f"IF OBJECT_ID(N'{name}') IS NOT NULL\n    {sql}"
-        statements.append(sql)
-    return statements
-
-
 def upgrade() -> None:
-    for sql in upgrade_statements():
-        PLAN.execute(sql)
+    PLAN.upgrade()
 
 
 def downgrade() -> None:
-    for sql in downgrade_statements():
-        PLAN.execute(sql)
+    PLAN.downgrade()

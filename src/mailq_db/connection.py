@@ -100,10 +100,16 @@ def to_odbc(url: str, *, driver: str | None = None) -> str:
             database = unquote(parts.path.lstrip("/"))
             if database:
                 items["DATABASE"] = database
+            keys = {k.lower() for k in query}
             if parts.username:
                 items["UID"] = unquote(parts.username)
-                items["PWD"] = unquote(parts.password or "")
-            else:
+                # An empty password is no password: "PWD=" would send one.
+                if parts.password:
+                    items["PWD"] = unquote(parts.password)
+            elif "authentication" not in keys and "trusted_connection" not in keys:
+                # Windows/Kerberos integrated login.  Never with Authentication=
+                # (Azure AD: ActiveDirectoryMsi, ActiveDirectoryDefault, ...):
+                # ODBC refuses the pair with FA001.
                 items["Trusted_Connection"] = "yes"
             if "driver" in query:
                 items["DRIVER"] = query.pop("driver")

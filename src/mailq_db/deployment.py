@@ -21,6 +21,7 @@ replays the SQL it was released with.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +30,28 @@ from typing import Callable, Iterable
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUNDLE_DIR = PACKAGE_DIR / "_bundle"  # present in the installed wheel only
 VERSION_TABLE = "mailq_alembic_version"
+#: Alembic's version table lives in dbo whatever the deploying user's default
+#: schema is (``version_table_schema``): GetInstallationHealth and the docs
+#: read ``dbo.mailq_alembic_version``.
+VERSION_SCHEMA = "dbo"
+#: Bookkeeping of the deployment itself, beside the version table (dbo):
+#: the stored ``-x`` options and the checksum of every file each revision applied.
+OPTION_TABLE = "dbo.mailq_deployment_option"
+FILE_TABLE = "dbo.mailq_deployment_file"
 
 #: Sent before every revision's batches.  Modules keep the SET options of the
 #: session that creates them, and DML on a table with a filtered index fails
-#: (error 1934) unless QUOTED_IDENTIFIER and ANSI_NULLS are ON; sqlcmd runs
-#: with QUOTED_IDENTIFIER OFF unless given -I, so the script sets them itself.
-SESSION_OPTIONS = "SET ANSI_NULLS, QUOTED_IDENTIFIER ON"
+#: (error 1934) unless ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT,
+#: CONCAT_NULL_YIELDS_NULL and QUOTED_IDENTIFIER are ON and NUMERIC_ROUNDABORT
+#: is OFF ("SET options required for filtered indexes", CREATE INDEX reference);
+#: sqlcmd runs with QUOTED_IDENTIFIER OFF unless given -I and drivers differ in
+#: the others, so the script sets the full line itself.  XACT_ABORT ON: a
+#: run-time error rolls the revision's transaction back at once (SET XACT_ABORT
+#: reference); NOCOUNT ON keeps row counts out of the output.
+SESSION_OPTIONS = (
+    "SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, "
+    "QUOTED_IDENTIFIER ON;\nSET NUMERIC_ROUNDABORT OFF;\nSET NOCOUNT, XACT_ABORT ON"
+)
 
 
 def project_root() -> Path:
@@ -180,6 +197,26 @@ def drop_statement(obj: SqlObject) -> str | None:
     return None
 
 
+_BARE_SCHEMA = re.compile(r"^CREATE\s+SCHEMA\s+(?P<name>\[[^\]]+\]|\w+)(?:\s+AUTHORIZATION\s+\S+?)?\s*;?$", re.I)
+
+
+def guarded_schema(sql: str) -> str:
+    """A file whose only statement is ``CREATE SCHEMA`` (which must be alone in
+    its batch, so the file cannot guard it) is sent as ``IF SCHEMA_ID(...) IS
+    NULL EXEC (N'CREATE SCHEMA ...')``, its comment kept: re-running the script
+    keeps an existing schema.  Any other text is returned unchanged."""
+    code = strip_comments(sql).strip()
+    match = _BARE_SCHEMA.match(code)
+    if not match:
+        return sql
+    statement = code.rstrip(";").rstrip()
+    at = sql.rfind(statement)
+    prefix = sql[:at].rstrip() + "\n" if at > 0 else ""
+    name = _unbracket(match.group("name")).replace("'", "''")
+    return (f"{prefix}IF SCHEMA_ID(N'{name}') IS NULL\n"
+            f"    EXEC (N'{statement.replace(chr(39), chr(39) * 2)}')")
+
+
 def revoke_statements(sql: str) -> list[str]:
     """``REVOKE`` statements undoing every ``GRANT`` in a grant file."""
     code = strip_comments(sql)
@@ -212,7 +249,7 @@ def head_revision(root: Path | None = None) -> str | None:
 
 def revision_files(revision: str, root: Path | None = None) -> list[str]:
     text = (frozen_dir(root) / revision / "FILES").read_text(encoding="utf-8")
-    return [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", "--"))]
 
 
 #: First line of every frozen copy (added by ``mailq-db dev new-revision``/``refreeze``
@@ -230,8 +267,14 @@ def strip_generated_marker(text: str) -> str:
 
 
 def frozen_text(revision: str, rel: str, root: Path | None = None) -> str:
-    """The frozen copy as deployed: its generated-copy marker line stripped."""
+    """The frozen SQL of ``rel`` in ``revision``, without the generated marker line:
+    the text every consumer (rendering, drift, checksums, tests) uses."""
     return strip_generated_marker((frozen_dir(root) / revision / rel).read_text(encoding="utf-8"))
+
+
+def text_sha256(text: str) -> str:
+    """SHA-256 of a frozen file's text as deployed (marker stripped, UTF-8)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def newest_frozen(rel: str, before: str | None = None, root: Path | None = None) -> str | None:
@@ -281,20 +324,530 @@ def write_manifest(root: Path | None = None) -> None:
     manifest_path(root).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def released(root: Path | None = None) -> list[str]:
-    path = frozen_dir(root) / "RELEASED"
+def released_path(root: Path | None = None) -> Path:
+    return frozen_dir(root) / "RELEASED"
+
+
+def released_digests(root: Path | None = None) -> dict[str, str | None]:
+    """``alembic/frozen/RELEASED``: each shipped revision with its pinned digest
+    (``None`` for a line that names the revision only)."""
+    path = released_path(root)
     if not path.is_file():
-        return []
+        return {}
+    out: dict[str, str | None] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        parts = line.split("#", 1)[0].split()
+        if parts:
+            out[parts[0]] = parts[1] if len(parts) > 1 else None
+    return out
+
+
+def released(root: Path | None = None) -> list[str]:
+    """Revisions that have shipped: the dev tooling never refreezes them."""
+    return list(released_digests(root))
+
+
+def revision_digest(revision: str, root: Path | None = None) -> str:
+    """One SHA-256 over a revision's FILES list and the text of each frozen file
+    (generated marker stripped, so re-marking a release does not change it)."""
+    h = hashlib.sha256()
+    files = revision_files(revision, root)
+    h.update(("\n".join(files) + "\n").encode("utf-8"))
+    for rel in files:
+        h.update(f"{rel}\0{text_sha256(frozen_text(revision, rel, root))}\n".encode("utf-8"))
+    return h.hexdigest()
+
+
+def manifest_problems(root: Path | None = None) -> list[str]:
+    """Frozen files whose bytes differ from MANIFEST.sha256, files it lacks or
+    lists in vain, and released revisions whose digest changed."""
+    pinned, actual = read_manifest(root), frozen_entries(root)
+    problems = [f"{rel}: changed since it was frozen" for rel in sorted(pinned) if rel in actual
+                and actual[rel] != pinned[rel]]
+    problems += [f"{rel}: missing" for rel in sorted(set(pinned) - set(actual))]
+    problems += [f"{rel}: not in MANIFEST.sha256" for rel in sorted(set(actual) - set(pinned))]
+    for rev, digest in released_digests(root).items():
+        if rev not in revisions(root):
+            problems.append(f"released revision {rev} has no frozen folder")
+        elif digest and revision_digest(rev, root) != digest:
+            problems.append(f"released revision {rev}: its frozen SQL differs from the released digest")
+    return problems
+
+
+# --------------------------------------------------------------------------
+# Deployment options (-x), validated and stored in the database
+# --------------------------------------------------------------------------
+
+#: Every ``-x`` key the deployment understands; any other key is refused.
+KNOWN_OPTIONS = ("url", "broker", "readers", "lock_timeout")
+DEFAULT_READERS = 5
+MAX_READERS = 32767
+DEFAULT_LOCK_TIMEOUT_MS = 30000
+#: Files under this sql/ folder need Service Broker; ``-x broker=off`` skips them.
+BROKER_PREFIX = "broker/"
+#: The application lock that keeps two deployers of one database apart.
+DEPLOY_LOCK = "mailq-db deploy"
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    """The validated ``-x`` options of one run.
+
+    ``broker``: ``on`` deploys delayed execution, ``off`` the mail queue alone,
+    ``add`` adds delayed execution to a database deployed with ``off``.
+    ``readers``: MAX_QUEUE_READERS (``None``: keep the stored value, default 5).
+    ``lock_timeout_ms``: SET LOCK_TIMEOUT for the deployment's session.
+    ``explicit``: the keys given on the command line.
+    """
+
+    broker: str = "on"
+    readers: int | None = None
+    lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
+    explicit: frozenset = frozenset()
+
+    @property
+    def files_broker(self) -> bool:
+        """Whether the revisions themselves apply broker files (``add`` applies
+        them once, after the revisions, through the catch-up)."""
+        return self.broker == "on"
+
+
+def parse_options(x_args: dict[str, str] | Iterable[str] | None) -> DeployOptions:
+    """Validate ``-x`` options before anything is rendered or executed.
+
+    Unknown keys are refused (with the nearest known key), values are checked.
+    """
+    from difflib import get_close_matches
+
+    from .errors import ConfigurationError
+
+    if x_args is None:
+        items: dict[str, str] = {}
+    elif isinstance(x_args, dict):
+        items = dict(x_args)
+    else:
+        items = {}
+        for arg in x_args:
+            if "=" not in arg:
+                raise ConfigurationError(f"-x takes KEY=VALUE; got {arg!r}")
+            key, value = arg.split("=", 1)
+            items[key.strip()] = value
+    for key in items:
+        if key not in KNOWN_OPTIONS:
+            near = get_close_matches(key, KNOWN_OPTIONS, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise ConfigurationError(
+                f"unknown -x option {key!r}{hint}; known: {', '.join(KNOWN_OPTIONS)}")
+    broker = (items.get("broker", "on") or "").strip().lower()
+    broker = {"true": "on", "yes": "on", "1": "on", "false": "off", "no": "off", "0": "off"}.get(broker, broker)
+    if broker not in ("on", "off", "add"):
+        raise ConfigurationError(
+            f"-x broker must be on or off (or add: add delayed execution to a database "
+            f"deployed with broker=off); got {items.get('broker')!r}")
+    readers = None
+    if "readers" in items:
+        text = (items["readers"] or "").strip()
+        if not re.fullmatch(r"[0-9]+", text) or not 1 <= int(text) <= MAX_READERS:
+            raise ConfigurationError(
+                f"-x readers must be an integer from 1 to {MAX_READERS} "
+                f"(MAX_QUEUE_READERS of dbo.DelayServiceQueue); got {items['readers']!r}")
+        readers = int(text)
+    lock_timeout = DEFAULT_LOCK_TIMEOUT_MS
+    if "lock_timeout" in items:
+        text = (items["lock_timeout"] or "").strip()
+        if not re.fullmatch(r"-1|[0-9]+", text) or int(text) > 2_147_483_647:
+            raise ConfigurationError(
+                "-x lock_timeout must be milliseconds (0 or more; -1 waits forever); "
+                f"got {items['lock_timeout']!r}")
+        lock_timeout = int(text)
+    return DeployOptions(broker, readers, lock_timeout, frozenset(k for k in items if k != "url"))
+
+
+OPTIONS_ATTRIBUTE = "mailq_db.options"
+
+
+def current_options() -> DeployOptions:
+    """The options of the running migration (set by env.py), or defaults when
+    no migration runs (a tool reading a plan)."""
+    from alembic import context
+
+    try:
+        attrs = context.config.attributes
+    except (NameError, AttributeError):
+        return DeployOptions()
+    opts = attrs.get(OPTIONS_ATTRIBUTE)
+    if opts is None:
+        opts = parse_options(context.get_x_argument(as_dictionary=True))
+        attrs[OPTIONS_ATTRIBUTE] = opts
+    return opts
+
+
+def x_argument(name: str, default: str | None = None) -> str | None:
+    """An Alembic ``-x name=value`` argument of the running migration
+    (``default`` outside a migration, e.g. when a tool reads a plan)."""
+    from alembic import context
+
+    try:
+        return context.get_x_argument(as_dictionary=True).get(name, default)
+    except (NameError, AttributeError):  # Alembic's proxy: no migration is running
+        return default
+
+
+def broker_enabled() -> bool:
+    """Whether the revisions apply their ``broker/`` files (``-x broker=on``, the
+    default); off (or add, which applies them after the revisions) skips them."""
+    return current_options().files_broker
+
+
+def _offline() -> bool:
+    from alembic import context
+
+    try:
+        return bool(context.is_offline_mode())
+    except (NameError, AttributeError):
+        return False
+
+
+def _lit(value: str) -> str:
+    return value.replace("'", "''")
+
+
+# --------------------------------------------------------------------------
+# The batches around the frozen files
+# --------------------------------------------------------------------------
+
+V = f"{VERSION_SCHEMA}.{VERSION_TABLE}"
+
+
+def script_header(options: DeployOptions) -> list[str]:
+    """Batches run once per deployment before any revision (online and offline):
+    session options, the system-database guard, the db_owner check, the
+    deployers' application lock, and the bookkeeping tables."""
     return [
-        ln.strip()
-        for ln in path.read_text(encoding="utf-8").splitlines()
-        if ln.strip() and not ln.startswith("#")
+        SESSION_OPTIONS + f";\nSET LOCK_TIMEOUT {options.lock_timeout_ms}",
+        # DB_NAME(), not DB_ID() <= 4: the names are what a DBA recognises.
+        "DECLARE @Msg NVARCHAR(2048);\n"
+        "IF DB_NAME() IN (N'master', N'msdb', N'tempdb', N'model')\n"
+        "BEGIN\n"
+        "    SET @Msg = CONCAT(N'mailq-db deploys into an application database, never into the system database ',\n"
+        "        QUOTENAME(DB_NAME()), N'. Connect to the target database (sqlcmd -d <database>, or the database in the URL).');\n"
+        "    THROW 50412, @Msg, 1;\n"
+        "END;\n"
+        "IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0\n"
+        "BEGIN\n"
+        "    SET @Msg = CONCAT(N'The deployment creates schemas, roles, tables and Service Broker objects: the login ',\n"
+        "        QUOTENAME(SUSER_SNAME()), N' (user ', QUOTENAME(USER_NAME()), N') must be a member of db_owner in ',\n"
+        "        QUOTENAME(DB_NAME()), N' for the deployment, nothing afterwards.');\n"
+        "    THROW 50413, @Msg, 1;\n"
+        "END;\n"
+        # Before issue 12 Alembic created its table in the deploying user's
+        # default schema: say how to move it rather than deploy from base again.
+        f"IF OBJECT_ID(N'{V}', N'U') IS NULL\n"
+        "BEGIN\n"
+        "    DECLARE @Elsewhere NVARCHAR(300) = (\n"
+        "        SELECT TOP (1) QUOTENAME(SCHEMA_NAME(t.schema_id)) + N'.' + QUOTENAME(t.name)\n"
+        f"        FROM sys.tables AS t WHERE t.name = N'{VERSION_TABLE}' AND t.schema_id <> SCHEMA_ID(N'{VERSION_SCHEMA}'));\n"
+        "    IF @Elsewhere IS NOT NULL\n"
+        "    BEGIN\n"
+        "        SET @Msg = CONCAT(N'The mailq-db version table is ', @Elsewhere, N' (an older mailq-db created it in the ',\n"
+        f"            N'deploying user''s default schema); it now lives in {VERSION_SCHEMA}. Move it with: ALTER SCHEMA {VERSION_SCHEMA} TRANSFER ',\n"
+        "            @Elsewhere, N'; then deploy again.');\n"
+        "        THROW 50417, @Msg, 1;\n"
+        "    END;\n"
+        "END",
+        # A session-owned application lock: a second deployer waits up to the
+        # lock timeout, then stops with 50416 (sp_getapplock returns < 0).
+        "DECLARE @Lock INT;\n"
+        f"EXEC @Lock = sys.sp_getapplock @Resource = N'{DEPLOY_LOCK}', @LockMode = N'Exclusive',\n"
+        f"    @LockOwner = N'Session', @LockTimeout = {options.lock_timeout_ms};\n"
+        "IF @Lock < 0\n"
+        "BEGIN\n"
+        "    DECLARE @Msg NVARCHAR(2048) = CONCAT(N'Another mailq-db deployment holds the deployment lock on ',\n"
+        f"        QUOTENAME(DB_NAME()), N' (sp_getapplock returned ', @Lock, N'); run again when it has finished.');\n"
+        "    THROW 50416, @Msg, 1;\n"
+        "END",
+        f"IF OBJECT_ID(N'{OPTION_TABLE}', N'U') IS NULL\n"
+        f"    CREATE TABLE {OPTION_TABLE} (\n"
+        "        Name NVARCHAR(128) NOT NULL CONSTRAINT PK_mailq_deployment_option PRIMARY KEY,\n"
+        "        Value NVARCHAR(400) NOT NULL,\n"
+        "        ChangedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_mailq_deployment_option_ChangedAtUtc "
+        "DEFAULT SYSUTCDATETIME()\n"
+        "    );\n"
+        f"IF OBJECT_ID(N'{FILE_TABLE}', N'U') IS NULL\n"
+        f"    CREATE TABLE {FILE_TABLE} (\n"
+        "        Revision VARCHAR(32) NOT NULL,\n"
+        "        FilePath NVARCHAR(400) NOT NULL,\n"
+        "        Sha256 CHAR(64) NOT NULL,\n"
+        "        AppliedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_mailq_deployment_file_AppliedAtUtc "
+        "DEFAULT SYSUTCDATETIME(),\n"
+        "        CONSTRAINT PK_mailq_deployment_file PRIMARY KEY (Revision, FilePath)\n"
+        "    );",
+        # A database deployed before options were stored: infer the broker
+        # option from what exists (the queue is there or not).  Nested IF: the
+        # inner statements name the version table only when it exists.
+        f"IF OBJECT_ID(N'{V}', N'U') IS NOT NULL\n"
+        "BEGIN\n"
+        f"    IF NOT EXISTS (SELECT 1 FROM {OPTION_TABLE} WHERE Name = N'broker')\n"
+        f"        AND EXISTS (SELECT 1 FROM {V} WHERE version_num >= '{first_broker_revision() or '9999'}')\n"
+        f"        INSERT INTO {OPTION_TABLE} (Name, Value)\n"
+        "        VALUES (N'broker', IIF(OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NULL, N'off', N'on'));\n"
+        "END",
     ]
+
+
+def script_footer() -> list[str]:
+    """The last batches of an offline script: execution back on for the session
+    (SSMS keeps it), and the deployment lock released."""
+    return [
+        "SET NOEXEC OFF",
+        f"IF APPLOCK_MODE(N'public', N'{DEPLOY_LOCK}', N'Session') = N'Exclusive'\n"
+        f"    EXEC sys.sp_releaseapplock @Resource = N'{DEPLOY_LOCK}', @LockOwner = N'Session'",
+    ]
+
+
+# References for the script's safety net (checked in Microsoft's docs):
+# * "SET XACT_ABORT": with ON, a run-time error terminates and rolls back the
+#   whole transaction; compile errors (syntax) are not affected by it.
+# * "SET NOEXEC": when ON, SQL Server compiles each batch but does not execute
+#   it; the setting is applied at execute time (so an IF can set it).
+# * "sqlcmd commands": ":On Error [exit | ignore]" -- exit ends sqlcmd with the
+#   error's value; commands are recognised only at the start of a line.
+# * SSDT's publish scripts open with ":on error exit" and the
+#   "$(__IsSqlCmdEnabled)" guard that sets NOEXEC ON outside SQLCMD mode.
+# * "sp_getapplock": returns < 0 on timeout (-1), cancel, deadlock or a bad
+#   call; a Session-owned lock is released by sp_releaseapplock or at logoff.
+
+#: Raised by the guard after every GO of an offline script.  RAISERROR, not
+#: THROW: the guard must go on to SET NOEXEC ON in the same batch (THROW would
+#: end the batch); there is no transaction left to doom.
+def guard_batch(revision: str) -> str:
+    """After every GO of a revision in an offline script: if the previous batch
+    failed with its transaction still open (a compile error, which XACT_ABORT
+    does not cover) roll it back, and once the revision's transaction is gone,
+    stop executing the rest of the script (SET NOEXEC ON: batches are compiled,
+    never executed).  This is SSDT's pattern (``IF @@ERROR <> 0 AND
+    @@TRANCOUNT > 0 ROLLBACK``), for runs where ``:on error exit`` did not stop."""
+    return (
+        "IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;\n"
+        "IF @@TRANCOUNT = 0\n"
+        "BEGIN\n"
+        f"    RAISERROR(N'mailq-db: revision {revision} failed and was rolled back; the rest of this script "
+        "is not executed.', 16, 1);\n"
+        "    SET NOEXEC ON;\n"
+        "END"
+    )
+
+
+def version_check(revision: str, expected: str | None, direction: str,
+                  destination: str | None | bool, offline: bool) -> list[str]:
+    """The batches that open a revision: the database must be at ``expected``
+    (``None``: no revision yet), else THROW with the command that renders the
+    script this database needs.  Offline, a database already at the script's
+    destination skips the whole rest of the script (a re-run is a no-op)."""
+    read = (
+        "DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);\n"
+        f"IF OBJECT_ID(N'{V}', N'U') IS NOT NULL\n"
+        f"    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM {V};\n"
+    )
+    batches = []
+    if offline and destination is not False:
+        at_dest = "@Rows = 0" if destination is None else f"@Rows = 1 AND @Current = '{_lit(destination)}'"
+        batches.append(
+            read
+            + f"IF {at_dest}\n"
+            "BEGIN\n"
+            "    -- Nothing was done in this transaction yet: end it and skip the rest.\n"
+            "    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;\n"
+            f"    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');\n"
+            "    SET NOEXEC ON;\n"
+            "END"
+        )
+    if direction == "upgrade":
+        ok = "@Rows = 0" if expected is None else f"@Rows = 1 AND @Current = '{_lit(expected)}'"
+        want = expected or "no revision (an empty database)"
+        fix = ("N'mailq-db deploy --sql --revision ', @Current, N':head'" )
+        batches.append(
+            read
+            + f"IF NOT ({ok})\n"
+            "BEGIN\n"
+            f"    SET @Msg = CONCAT(N'Revision {revision} upgrades a database at {want}; ', QUOTENAME(DB_NAME()),\n"
+            "        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),\n"
+            "        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', "
+            f"CONCAT({fix})),\n"
+            "        N' (or apply online with mailq-db deploy, which picks the revisions itself).');\n"
+            "    THROW 50410, @Msg, 1;\n"
+            "END"
+        )
+    else:
+        batches.append(
+            read
+            + f"IF NOT (@Rows = 1 AND @Current = '{_lit(revision)}')\n"
+            "BEGIN\n"
+            f"    SET @Msg = CONCAT(N'This downgrade removes revision {revision}; ', QUOTENAME(DB_NAME()),\n"
+            "        N' is at ', ISNULL(@Current, N'no revision'),\n"
+            "        N'. Render the downgrade for this database with: mailq-db deploy --sql --downgrade ', "
+            "ISNULL(@Current, N'head'), N':<target>.');\n"
+            "    THROW 50411, @Msg, 1;\n"
+            "END"
+        )
+    return batches
+
+
+def option_batch(options: DeployOptions, *, adding_broker: bool = False) -> str:
+    """Compare the broker option the script was rendered with against the one
+    stored in the database, then store this run's options (in the revision's
+    transaction: a failed revision stores nothing)."""
+    mode = "off" if options.broker == "add" and not adding_broker else ("on" if adding_broker else options.broker)
+    lines = [
+        "DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);",
+        f"SELECT @Stored = Value FROM {OPTION_TABLE} WHERE Name = N'broker';",
+    ]
+    if adding_broker:
+        lines += [
+            "IF @Stored = N'on'",
+            "    THROW 50415, N'Delayed execution is already deployed in this database (stored option broker=on): "
+            "nothing to add; deploy without -x broker=add.', 1;",
+        ]
+    elif mode == "on":
+        lines += [
+            "IF @Stored = N'off'",
+            "BEGIN",
+            "    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in "
+            f"{OPTION_TABLE}); this script includes delayed execution. Render it with -x broker=off, or add delayed "
+            "execution with -x broker=add (docs/dba-guide.md, section 4).');",
+            "    THROW 50414, @Msg, 1;",
+            "END;",
+        ]
+    else:
+        lines += [
+            "IF @Stored = N'on'",
+            "BEGIN",
+            "    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' has delayed execution (stored option "
+            "broker=on); this script was rendered with -x broker=off and would leave its objects at an old "
+            "revision. Render it without -x broker=off.');",
+            "    THROW 50414, @Msg, 1;",
+            "END;",
+        ]
+    store = {"broker": mode}
+    if options.readers is not None:
+        store["readers"] = str(options.readers)
+    for name, value in store.items():
+        lines += [
+            f"UPDATE {OPTION_TABLE} SET Value = N'{value}', ChangedAtUtc = SYSUTCDATETIME() "
+            f"WHERE Name = N'{name}' AND Value <> N'{value}';",
+            f"IF NOT EXISTS (SELECT 1 FROM {OPTION_TABLE} WHERE Name = N'{name}')",
+            f"    INSERT INTO {OPTION_TABLE} (Name, Value) VALUES (N'{name}', N'{value}');",
+        ]
+    return "\n".join(lines)
+
+
+#: Stops a revision that deploys broker files when Service Broker is disabled.
+#: The statement that enables it is spelled out for the DBA, built with CONCAT
+#: so that the script never contains that statement's text: the script itself
+#: never changes database options.
+BROKER_CHECK = """\
+IF NOT EXISTS (
+    SELECT 1 FROM sys.databases
+    WHERE database_id = DB_ID() AND is_broker_enabled = 1
+)
+BEGIN
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(
+        N'Service Broker is not enabled in database ', QUOTENAME(DB_NAME()),
+        N'; delayed execution needs it. A DBA enables it with: ',
+        N'ALTER', N' DATABASE ', QUOTENAME(DB_NAME()), N' SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE; ',
+        N'this needs exclusive access to the database: WITH ROLLBACK IMMEDIATE rolls back ',
+        N'every open transaction of the other sessions in it and disconnects them. ',
+        N'(A database restored or attached as a copy may need NEW_BROKER instead, which ',
+        N'also ends every existing conversation.) To deploy the mail queue alone, run ',
+        N'mailq-db deploy -x broker=off (alembic -x broker=off upgrade head).'
+    );
+    THROW 50401, @Msg, 1;
+END"""
+
+ACTIVATION_KEY = "mailq_db.activation"
+
+#: Issue 11 point 10: while a revision changes broker files, activation is
+#: off, so no reader starts old code against new tables (or new code against
+#: old ones).  The status is kept in SESSION_CONTEXT (sp_set_session_context,
+#: SQL Server 2016+) and restored at the end of the revision, inside its
+#: transaction; a queue that does not exist yet is left alone.  Readers that
+#: are already running keep their Sch-S lock on dbo.ProcessDelayQueue, so an
+#: ALTER of it waits for them (bounded by the lock timeout).
+ACTIVATION_OFF = f"""\
+DECLARE @Activation INT = (
+    SELECT CAST(q.is_activation_enabled AS INT) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ'));
+EXEC sys.sp_set_session_context @key = N'{ACTIVATION_KEY}', @value = @Activation;
+IF @Activation = 1
+    ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF)"""
+
+ACTIVATION_RESTORE = f"""\
+DECLARE @Activation INT = CAST(SESSION_CONTEXT(N'{ACTIVATION_KEY}') AS INT);
+IF @Activation IS NOT NULL AND EXISTS (
+    SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL)
+BEGIN
+    IF @Activation = 1
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);
+    ELSE
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+END;
+EXEC sys.sp_set_session_context @key = N'{ACTIVATION_KEY}', @value = NULL"""
+
+
+def readers_batch(options: DeployOptions) -> str:
+    """MAX_QUEUE_READERS after a revision that touched the broker: the value
+    given with -x readers=N, else the stored one (a re-applied activation file
+    resets it to the frozen 5, so the stored value survives refreezes)."""
+    if options.readers is not None:
+        return (
+            "IF EXISTS (SELECT 1 FROM sys.service_queues AS q\n"
+            "    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL\n"
+            f"    AND q.max_readers <> {options.readers})\n"
+            "    ALTER QUEUE dbo.DelayServiceQueue\n"
+            f"    WITH ACTIVATION (MAX_QUEUE_READERS = {options.readers})"
+        )
+    return (
+        f"DECLARE @Readers INT = (SELECT TRY_CONVERT(INT, Value) FROM {OPTION_TABLE} WHERE Name = N'readers');\n"
+        "IF @Readers BETWEEN 1 AND 32767 AND EXISTS (SELECT 1 FROM sys.service_queues AS q\n"
+        "    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL\n"
+        "    AND q.max_readers <> @Readers)\n"
+        "BEGIN\n"
+        "    DECLARE @Sql NVARCHAR(400) = CONCAT(N'ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION ',\n"
+        "        N'(MAX_QUEUE_READERS = ', @Readers, N')');  -- an INT: nothing to inject\n"
+        "    EXEC sys.sp_executesql @Sql;\n"
+        "END"
+    )
+
+
+def checksum_batch(revision_of: dict[str, str], texts: dict[str, str], revision: str, *, delete: bool) -> str:
+    """Record (or, for a downgrade, forget) the checksum of every file applied."""
+    if delete:
+        return f"DELETE FROM {FILE_TABLE} WHERE Revision = '{_lit(revision)}'"
+    rows = ",\n    ".join(
+        f"('{_lit(revision_of[rel])}', N'{_lit(rel)}', '{text_sha256(texts[rel])}')" for rel in texts)
+    revs = ", ".join(sorted({f"'{_lit(r)}'" for r in revision_of.values()}))
+    sql = f"DELETE FROM {FILE_TABLE} WHERE Revision IN ({revs}) AND FilePath IN (\n    " + ",\n    ".join(
+        f"N'{_lit(rel)}'" for rel in texts) + ");\n"
+    return sql + f"INSERT INTO {FILE_TABLE} (Revision, FilePath, Sha256) VALUES\n    {rows}"
+
+
+def first_broker_revision(root: Path | None = None) -> str | None:
+    for rev in revisions(root):
+        if any(rel.startswith(BROKER_PREFIX) for rel in revision_files(rev, root)):
+            return rev
+    return None
 
 
 # --------------------------------------------------------------------------
 # Executing a revision
 # --------------------------------------------------------------------------
+
+#: What the deployment is doing now: read by the CLI to report a failure as
+#: "revision, file: message" on one line.
+PROGRESS: dict[str, str | None] = {"revision": None, "file": None}
+
+_log = logging.getLogger("mailq_db.deploy")
 
 
 def _execute(sql: str) -> None:
@@ -306,9 +859,40 @@ def _execute(sql: str) -> None:
     op.execute(text(sql.replace(":", "\\:")))
 
 
+def _revision_context(revision: str) -> tuple[str | None, str | None | bool]:
+    """(the revision this one upgrades from, the script's destination); the
+    destination is ``False`` when unknown (no migration runs)."""
+    from alembic import context
+
+    try:
+        script = context.script
+        down = script.get_revision(revision).down_revision
+    except (NameError, AttributeError):
+        return None, False
+    if isinstance(down, (tuple, list)):
+        down = down[0] if len(down) == 1 else None
+    try:
+        arg = context.get_revision_argument()
+        if isinstance(arg, (tuple, list)):
+            arg = arg[0] if len(arg) == 1 else None
+        if arg in (None, "base"):
+            dest: str | None | bool = None
+        else:
+            dest = script.get_revision(arg).revision
+    except Exception:  # noqa: BLE001 - e.g. a relative target: no no-op check
+        dest = False
+    return down, dest
+
+
 @dataclass
 class RevisionPlan:
-    """The frozen files of one revision and how to apply or undo them."""
+    """The frozen files of one revision and how to apply or undo them.
+
+    ``upgrade()`` and ``downgrade()`` run, in the revision's transaction: the
+    session options, the starting-revision check, the stored-option check,
+    activation off (revisions with broker files), every file, checksums,
+    MAX_QUEUE_READERS, activation restored; offline, a guard after every GO.
+    """
 
     revision: str
     root: Path
@@ -328,6 +912,10 @@ class RevisionPlan:
             files = [rel for rel in files if not rel.startswith(BROKER_PREFIX)]
         return files
 
+    @property
+    def touches_broker(self) -> bool:
+        return any(rel.startswith(BROKER_PREFIX) for rel in self.files)
+
     def upgrade_statements(self) -> list[str]:
         return [statement_text(frozen_text(self.revision, rel, self.root)) for rel in self.files]
 
@@ -337,7 +925,7 @@ class RevisionPlan:
             current = frozen_text(self.revision, rel, self.root)
             obj = describe(current)
             if obj.kind == "grant":
-                statements += revoke_statements(current)
+                statements += [_guard_object(r) for r in revoke_statements(current)]
             previous = newest_frozen(rel, before=self.revision, root=self.root)
             if previous is not None:
                 statements.append(statement_text(frozen_text(previous, rel, self.root)))
@@ -346,16 +934,141 @@ class RevisionPlan:
             else:
                 drop = drop_statement(obj)
                 if drop:
-                    statements.append(drop)
+                    statements.append(_guard_object(drop))
         return statements
 
+    # -- the batches, labelled by file ------------------------------------
+
+    def _wrap(self, direction: str, labelled: list[tuple[str, str]], epilogue: list[tuple[str, str]]
+              ) -> list[tuple[str, str]]:
+        options = current_options()
+        offline = _offline()
+        down, dest = _revision_context(self.revision)
+        expected = down if direction == "upgrade" else self.revision
+        head: list[tuple[str, str]] = [("(session options)", SESSION_OPTIONS)]
+        head += [("(revision check)", sql) for sql in
+                 version_check(self.revision, expected, direction, dest, offline)]
+        head.append(("(stored options)", option_batch(options)))
+        broker = self.touches_broker
+        if broker and direction == "upgrade":
+            head.append(("(broker check)", BROKER_CHECK))
+        if broker:
+            head.append(("(activation off)", ACTIVATION_OFF))
+        tail = list(epilogue)
+        if direction == "downgrade" and down is None and dest is not False:
+            # Down to base: the deployment's own bookkeeping goes too, so only
+            # Alembic's (empty) version table is left, as Alembic leaves it.
+            tail.append(("(bookkeeping)", f"DROP TABLE IF EXISTS {FILE_TABLE};\nDROP TABLE IF EXISTS {OPTION_TABLE}"))
+        if broker:
+            if direction == "upgrade":
+                tail.append(("(queue readers)", readers_batch(options)))
+            tail.append(("(activation restored)", ACTIVATION_RESTORE))
+        batches = head + labelled + tail
+        if not offline:
+            return batches
+        guard = guard_batch(self.revision)
+        out: list[tuple[str, str]] = []
+        for label, sql in batches:
+            out.append((label, sql))
+            if label not in ("(session options)",):
+                out.append(("(guard)", guard))
+        return out
+
+    def upgrade_batches(self) -> list[tuple[str, str]]:
+        files = self.files
+        texts = {rel: frozen_text(self.revision, rel, self.root) for rel in files}
+        labelled = [(rel, guarded_schema(statement_text(texts[rel]))) for rel in files]
+        epilogue = [("(checksums)", checksum_batch({rel: self.revision for rel in files}, texts,
+                                                    self.revision, delete=False))] if files else []
+        return self._wrap("upgrade", labelled, epilogue)
+
+    def downgrade_batches(self) -> list[tuple[str, str]]:
+        labelled = [("(downgrade)", sql) for sql in self.downgrade_statements()]
+        epilogue = [("(checksums)", checksum_batch({}, {}, self.revision, delete=True))]
+        return self._wrap("downgrade", labelled, epilogue)
+
+    def _run(self, batches: list[tuple[str, str]]) -> None:
+        PROGRESS["revision"] = self.revision
+        for label, sql in batches:
+            PROGRESS["file"] = label
+            self.execute(statement_text(sql))
+            if not label.startswith("(") and not _offline():
+                _log.info("revision %s: applied %s", self.revision, label)
+        PROGRESS["file"] = None
+
     def upgrade(self) -> None:
-        for sql in [SESSION_OPTIONS, *self.upgrade_statements()]:
-            self.execute(sql)
+        self._run(self.upgrade_batches())
 
     def downgrade(self) -> None:
-        for sql in [SESSION_OPTIONS, *self.downgrade_statements()]:
-            self.execute(sql)
+        self._run(self.downgrade_batches())
+
+
+_REVOKE_ON_OBJECT = re.compile(r"^REVOKE\s+.+?\s+ON\s+OBJECT::(?P<name>\S+)\s+FROM\s", re.I | re.S)
+_DROP_INDEX = re.compile(r"^DROP\s+INDEX\s+IF\s+EXISTS\s+\S+\s+ON\s+(?P<name>\S+)\s*$", re.I)
+
+
+def _guard_object(sql: str) -> str:
+    """REVOKE ... ON OBJECT:: and DROP INDEX ... ON fail when the object is
+    gone: guard them, so a downgrade removes what exists and nothing else."""
+    match = _REVOKE_ON_OBJECT.match(sql) or _DROP_INDEX.match(sql)
+    if match:
+        name = match.group("name").replace("'", "''")
+        return f"IF OBJECT_ID(N'{name}') IS NOT NULL\n    {sql}"
+    return sql
+
+
+# --------------------------------------------------------------------------
+# Adding delayed execution later (-x broker=add)
+# --------------------------------------------------------------------------
+
+
+def broker_catch_up_files(target: str, root: Path | None = None) -> list[tuple[str, str]]:
+    """(file, revision) for every broker file at ``target``: the newest frozen
+    copy of each up to ``target``, in sql/BuildOrder.txt order (files the build
+    order no longer lists follow in the order they were first frozen)."""
+    newest: dict[str, str] = {}
+    first_seen: list[str] = []
+    for rev in revisions(root):
+        if rev > target:
+            break
+        for rel in revision_files(rev, root):
+            if rel.startswith(BROKER_PREFIX):
+                if rel not in newest:
+                    first_seen.append(rel)
+                newest[rel] = rev
+    try:
+        order = build_order(root)
+    except OSError:
+        order = []
+    ordered = [rel for rel in order if rel in newest]
+    ordered += [rel for rel in first_seen if rel not in ordered]
+    return [(rel, newest[rel]) for rel in ordered]
+
+
+def broker_catch_up_batches(target: str, options: DeployOptions, offline: bool,
+                            root: Path | None = None) -> list[tuple[str, str]]:
+    """The batches that add delayed execution to a database at ``target``
+    deployed with broker=off: a fresh install of the broker part at that
+    revision (the newest frozen copy of every broker file), the option stored
+    as on, checksums recorded.  Run in one transaction."""
+    files = broker_catch_up_files(target, root)
+    texts = {rel: frozen_text(rev, rel, root) for rel, rev in files}
+    batches: list[tuple[str, str]] = [("(session options)", SESSION_OPTIONS)]
+    batches += [("(revision check)", sql) for sql in version_check(
+        "broker=add", target, "upgrade", False, offline)]
+    batches += [("(stored options)", option_batch(options, adding_broker=True)), ("(broker check)", BROKER_CHECK)]
+    batches += [(rel, guarded_schema(statement_text(texts[rel]))) for rel, _ in files]
+    batches += [("(checksums)", checksum_batch(dict(files), texts, target, delete=False)),
+                ("(queue readers)", readers_batch(options))]
+    if not offline:
+        return batches
+    guard = guard_batch(f"{target} (broker=add)")
+    out: list[tuple[str, str]] = []
+    for label, sql in batches:
+        out.append((label, sql))
+        if label != "(session options)":
+            out.append(("(guard)", guard))
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -376,29 +1089,85 @@ def alembic_config(root: Path | None = None, x_args: Iterable[str] = (), stdout=
     return cfg
 
 
-def x_argument(name: str, default: str | None = None) -> str | None:
-    """An Alembic ``-x name=value`` argument of the running migration
-    (``default`` outside a migration, e.g. when a tool reads a plan)."""
-    from alembic import context
-
-    try:
-        return context.get_x_argument(as_dictionary=True).get(name, default)
-    except (NameError, AttributeError):  # Alembic's proxy: no migration is running
-        return default
+_VERSION_GUARD_INSTALLED = False
 
 
-#: Files under this sql/ folder need Service Broker; ``-x broker=off`` skips them.
-BROKER_PREFIX = "broker/"
+def install_version_table_guard() -> None:
+    """Make the CREATE TABLE of Alembic's version table idempotent.
+
+    Offline, Alembic writes an unguarded ``CREATE TABLE`` for its version table
+    at the top of a script that starts from base, so a second run of the same
+    script stopped at its first batch.  This compiles that one table's CREATE
+    (and no other) as ``IF OBJECT_ID(...) IS NULL CREATE TABLE ...``; online,
+    Alembic checks for the table first, and the guard changes nothing.
+    """
+    global _VERSION_GUARD_INSTALLED
+    if _VERSION_GUARD_INSTALLED:
+        return
+    from sqlalchemy.ext.compiler import compiles
+    from sqlalchemy.schema import CreateTable
+
+    @compiles(CreateTable, "mssql")
+    def _create_table(element, compiler, **kw):  # noqa: ANN001 - SQLAlchemy's hook
+        sql = compiler.visit_create_table(element, **kw)
+        table = element.element
+        if table.name == VERSION_TABLE:
+            full = f"{table.schema or VERSION_SCHEMA}.{table.name}"
+            return f"IF OBJECT_ID(N'{full}', N'U') IS NULL\n" + sql.strip("\n")
+        return sql
+
+    _VERSION_GUARD_INSTALLED = True
 
 
-def broker_enabled() -> bool:
-    """``-x broker=on|off`` (default on): off deploys the mail queue alone,
-    e.g. on Azure SQL Database, which has no Service Broker."""
-    from .errors import ConfigurationError
+# --------------------------------------------------------------------------
+# Drift: what the database should hold at a revision
+# --------------------------------------------------------------------------
 
-    value = (x_argument("broker", "on") or "on").strip().lower()
-    if value in ("on", "true", "yes", "1"):
-        return True
-    if value in ("off", "false", "no", "0"):
-        return False
-    raise ConfigurationError(f"-x broker must be on or off; got {value!r}")
+MODULE_KINDS = ("procedure", "view", "function", "trigger")
+
+
+def expected_modules(deployed: str, broker: bool = True, root: Path | None = None
+                     ) -> dict[str, tuple[str, str, str]]:
+    """Every module (procedure, view, function, trigger) a database at
+    ``deployed`` holds: name -> (file, revision of its newest frozen copy up to
+    ``deployed``, the text sent, i.e. what sys.sql_modules stores)."""
+    newest: dict[str, str] = {}
+    for rev in revisions(root):
+        if rev > deployed:
+            break
+        for rel in revision_files(rev, root):
+            if broker or not rel.startswith(BROKER_PREFIX):
+                newest[rel] = rev
+    out: dict[str, tuple[str, str, str]] = {}
+    for rel, rev in newest.items():
+        text = statement_text(frozen_text(rev, rel, root))
+        obj = describe(text)
+        if obj.kind in MODULE_KINDS:
+            out[obj.name] = (rel, rev, text)
+    return out
+
+
+def normalise_module(text: str | None) -> str | None:
+    """Module text compared for drift: line ends unified, surrounding white
+    space and one trailing ``;`` (the script's terminator) removed."""
+    if text is None:
+        return None
+    return statement_text(text.replace("\r\n", "\n").replace("\r", "\n").strip())
+
+
+def drift(expected: dict[str, tuple[str, str, str]], actual: dict[str, str | None]) -> list[str]:
+    """One line per object whose definition in the database is not the frozen
+    text of the revision the database is at (missing objects included)."""
+    problems = []
+    for name, (rel, rev, text) in sorted(expected.items()):
+        have = normalise_module(actual.get(name))
+        want = normalise_module(text)
+        if have is None:
+            problems.append(f"{name}: missing (frozen in {rev}/{rel})")
+        elif have != want:
+            have_lines, want_lines = have.split("\n"), want.split("\n")
+            line = next((i + 1 for i, (a, b) in enumerate(zip(have_lines, want_lines)) if a != b),
+                        min(len(have_lines), len(want_lines)) + 1)
+            problems.append(f"{name}: differs from {rev}/{rel} from line {line} "
+                            "(changed by hand? re-apply the frozen text or make a revision)")
+    return problems

@@ -48,7 +48,7 @@ def test_upgrade_has_one_batch_per_frozen_file_and_records_the_revision(upgrade)
 
 def test_downgrade_leaves_only_the_version_table(downgrade):
     assert "DROP SCHEMA IF EXISTS mailq" in downgrade
-    assert "DELETE FROM mailq_alembic_version" in downgrade
+    assert "DELETE FROM dbo.mailq_alembic_version" in downgrade
 
 
 def test_alembic_cli_renders_from_the_checkout():

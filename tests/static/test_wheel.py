@@ -36,7 +36,14 @@ def test_wheel_contains_sql_and_migrations(wheel):
     assert "mailq_db/_bundle/alembic/frozen/MANIFEST.sha256" in names
     assert "mailq_db/_bundle/alembic.ini" in names
     assert any(n.startswith("mailq_db/_bundle/alembic/versions/0001_") for n in names)
-    assert "sqlfluff_tsql_broker/plugin.py" in names
+    # Issue 12 point 10: no developer tools, no sqlfluff plugin registered for
+    # every user (plugins/sqlfluff-tsql-broker is its own distribution).
+    assert not any(n.startswith("sqlfluff_tsql_broker/") for n in names)
+    assert not any(n.startswith("mailq_db/devtools/") for n in names)
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "[sqlfluff]" not in zipfile.ZipFile(wheel).read(entry_points).decode()
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "Requires-Dist: alembic<1.21,>=1.20" in metadata or "Requires-Dist: alembic>=1.20,<1.21" in metadata
     assert "mailq_db/worker/smtp_rules.toml" in names  # issue 15: the reply rule table
 
 

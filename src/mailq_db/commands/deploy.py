@@ -3,23 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import io
+import logging
+import os
+import re
 import sys
 
 from .. import deployment as d
-from ..connection import resolve_url
+from ..connection import ENV_URL
 
 HELP = """\
 Apply the mailq-db migrations (alembic upgrade) or print the script for review.
 
 The migrations and SQL ship inside the package, so no checkout is needed.
+The database URL is read from MAILQ_DB_URL (keep passwords off the command
+line: every user of the machine can read it); --url exists for URLs without
+secrets (integrated or Azure AD authentication).
 
 examples:
   mailq-db deploy --sql > mailq-db.sql                print the full script (GO batches)
   mailq-db deploy --sql -x broker=off                 mail queue only (Azure SQL Database)
-  mailq-db deploy --url "mssql+pyodbc://user:pw@host/db?driver=ODBC+Driver+18+for+SQL+Server"
-  mailq-db deploy --revision 0001 --sql               up to one revision
+  mailq-db deploy --sql --revision 0002:head          upgrade script for a database at 0002
+  MAILQ_DB_URL=... mailq-db deploy                    apply what the database lacks
+  mailq-db deploy -x broker=add                       add delayed execution later (no downgrade)
   mailq-db deploy --downgrade base --sql              print the removal script
+
+options (-x KEY=VALUE, validated; stored in the database when applied):
+  broker=on|off|add   delayed execution (default: what the database has, else on)
+  readers=N           MAX_QUEUE_READERS of dbo.DelayServiceQueue, 1-32767
+  lock_timeout=MS     SET LOCK_TIMEOUT of the deployment (default 30000; -1 waits forever)
 """
+
+log = logging.getLogger("mailq_db.deploy")
 
 
 def register(subparsers) -> None:
@@ -28,30 +43,76 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--sql", action="store_true", help="print the script instead of applying it")
-    parser.add_argument("--url", "--db", dest="url", help="database URL (default: $MAILQ_DB_URL)")
-    parser.add_argument("--revision", default="head", help="target revision (default: head)")
+    parser.add_argument("--url", "--db", dest="url", help=f"database URL (default: ${ENV_URL})")
+    parser.add_argument("--revision", default="head",
+                        help="target revision, or FROM:TO with --sql (default: head)")
     parser.add_argument("--downgrade", metavar="REVISION",
                         help="downgrade to REVISION (e.g. base) instead of upgrading")
     parser.add_argument("-x", dest="x", action="append", default=[], metavar="KEY=VALUE",
-                        help="option passed to the migrations, e.g. broker=off, readers=5")
+                        help="option passed to the migrations: broker=on|off|add, readers=N, lock_timeout=MS")
+    parser.add_argument("--traceback", action="store_true", help="show the full traceback of a failure")
     parser.set_defaults(func=run)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line: where the deployment stopped and the server's own message."""
+    from ..errors import MailqError
+
+    where = []
+    if d.PROGRESS.get("revision"):
+        where.append(f"revision {d.PROGRESS['revision']}")
+    if d.PROGRESS.get("file"):
+        where.append(f"file {d.PROGRESS['file']}")
+    orig = getattr(exc, "orig", None) or exc.__cause__ or exc
+    args = getattr(orig, "args", ())
+    if type(orig).__module__ == "pyodbc" and len(args) > 1:
+        text = str(args[1])
+    elif isinstance(exc, MailqError):
+        text = str(exc)
+    else:
+        text = str(getattr(exc, "orig", None) or exc)
+    # "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Message (50410) (SQLExecDirectW)"
+    text = re.sub(r"\[[^\]]*\]|\(SQL[A-Za-z]+W?\)", "", text).strip()
+    text = " ".join(text.split())
+    prefix = ", ".join(where)
+    return f"mailq-db deploy: failed{' in ' + prefix if prefix else ''}: {text}"
 
 
 def run(args) -> int:
     from alembic import command
 
-    x_args = list(args.x)
-    for item in x_args:
-        if "=" not in item:
-            raise SystemExit(f"mailq-db deploy: -x takes KEY=VALUE, got {item!r}")
-    if not args.sql:
-        x_args.append(f"url={resolve_url(args.url)}")
-    cfg = d.alembic_config(x_args=x_args, stdout=sys.stdout)
-    if args.downgrade:
-        target = args.downgrade
-        if args.sql and ":" not in target:
-            target = f"head:{target}"  # offline downgrade needs an explicit start
-        command.downgrade(cfg, target, sql=args.sql)
-    else:
-        command.upgrade(cfg, args.revision, sql=args.sql)
+    from ..errors import ConfigurationError
+
+    try:
+        x_args = list(args.x)
+        d.parse_options(x_args)  # validated before anything is written or sent
+        url = args.url or os.environ.get(ENV_URL)
+        if not args.sql:
+            if not url:
+                raise ConfigurationError(
+                    f"no database given: set {ENV_URL} (or pass --url), or print the script with --sql")
+            if args.url:
+                x_args.append(f"url={url}")  # else env.py reads MAILQ_DB_URL itself
+            if not logging.getLogger().handlers:
+                logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+            log.setLevel(logging.INFO)
+        d.PROGRESS.update(revision=None, file=None)
+        buffer = io.StringIO() if args.sql else None
+        cfg = d.alembic_config(x_args=x_args, stdout=buffer or sys.stderr)
+        if args.downgrade:
+            target = args.downgrade
+            if args.sql and ":" not in target:
+                target = f"head:{target}"  # offline downgrade needs an explicit start
+            command.downgrade(cfg, target, sql=args.sql)
+        else:
+            command.upgrade(cfg, args.revision, sql=args.sql)
+        if buffer is not None:
+            sys.stdout.write(buffer.getvalue())
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one line for the operator, not a traceback
+        if getattr(args, "traceback", False):
+            raise
+        print(describe_failure(exc), file=sys.stderr)
+        return 1
     return 0

@@ -17,7 +17,19 @@ examples:
   mailq-db dev refreeze            re-freeze the unreleased head revision
   mailq-db dev status              list the files that differ from their frozen copy
   mailq-db dev mark-generated      add the generated-copy marker to every frozen file
+  mailq-db dev release             mark the head revision released (never refrozen)
+  mailq-db dev golden              rewrite the golden scripts in tests/static/golden/
 """
+
+#: The golden copies of the rendered scripts: (file name, alembic command,
+#: revision range, -x options).  A dependency upgrade or a code change that
+#: alters the script fails tests/static/test_golden_script.py until
+#: `mailq-db dev golden` rewrites them (then review the diff).
+GOLDEN = (
+    ("upgrade-head.sql", "upgrade", "head", ()),
+    ("upgrade-head-broker-off.sql", "upgrade", "head", ("broker=off",)),
+    ("downgrade-head-base.sql", "downgrade", "head:base", ()),
+)
 
 
 def register(subparsers) -> None:
@@ -51,6 +63,20 @@ def register(subparsers) -> None:
                           "Idempotent: marked files are left alone.\n\nexample:\n  mailq-db dev mark-generated",
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     mark.set_defaults(func=mark_generated)
+    rel = sub.add_parser("release", help="mark revisions released in alembic/frozen/RELEASED",
+                         description="Pin revisions as released: their digest goes into "
+                         "alembic/frozen/RELEASED, refreeze refuses them, and a test fails if their "
+                         "frozen SQL ever changes.\n\nexample:\n  mailq-db dev release          # the head\n"
+                         "  mailq-db dev release 0005 0006",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    rel.add_argument("revisions", nargs="*", metavar="REVISION", help="revisions to release (default: head)")
+    rel.set_defaults(func=release)
+    gold = sub.add_parser("golden", help="rewrite the golden copies of the rendered scripts",
+                          description="Render the deployment scripts into tests/static/golden/ "
+                          "(run after adding a revision or upgrading alembic/SQLAlchemy, then "
+                          "review the diff).\n\nexample:\n  mailq-db dev golden",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    gold.set_defaults(func=golden)
 
 
 def _checkout() -> Path:
@@ -81,6 +107,7 @@ def changed_files(root: Path, before: str | None = None, paths: list[str] | None
             continue
         rev = d.newest_frozen(rel, before=before, root=root)
         current = (d.sql_dir(root) / rel).read_text(encoding="utf-8")
+        # frozen_text() drops the generated-marker line the freeze adds.
         if rev is None or d.frozen_text(rev, rel, root) != current:
             changed.append(rel)
     return changed
@@ -93,6 +120,9 @@ def generated_marker(rel: str) -> str:
 
 
 def _freeze(root: Path, revision: str, files: list[str]) -> None:
+    if revision in d.released(root):
+        raise ConfigurationError(f"revision {revision} is released (alembic/frozen/RELEASED); "
+                                 "its frozen SQL never changes: make a new revision instead")
     target = d.frozen_dir(root) / revision
     if target.exists():
         shutil.rmtree(target)
@@ -175,4 +205,44 @@ def mark_generated(args) -> int:
     for rel in marked:
         print(f"marked {rel}")
     print(f"{len(marked)} frozen file(s) marked; {d.manifest_path(root).relative_to(root)} rewritten")
+def release(args) -> int:
+    root = _checkout()
+    wanted = list(getattr(args, "revisions", None) or [d.head_revision(root)])
+    known = d.revisions(root)
+    entries = d.released_digests(root)
+    for rev in wanted:
+        if rev not in known:
+            raise ConfigurationError(f"no revision {rev} (known: {', '.join(known)})")
+        entries[rev] = d.revision_digest(rev, root)
+    lines = ["# Released revisions: their frozen SQL never changes (mailq-db dev release).",
+             "# <revision> <sha256 over FILES and each file's text, generated marker stripped>"]
+    lines += [f"{rev} {digest}" for rev, digest in sorted(entries.items())]
+    d.released_path(root).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"released: {', '.join(wanted)}")
+    return 0
+
+
+def golden_dir(root: Path) -> Path:
+    return root / "tests" / "static" / "golden"
+
+
+def render_golden(root: Path, command: str, revision: str, x_args: tuple[str, ...]) -> str:
+    import io
+
+    from alembic import command as alembic_command
+
+    out = io.StringIO()
+    cfg = d.alembic_config(root, x_args=list(x_args), stdout=out)
+    getattr(alembic_command, command)(cfg, revision, sql=True)
+    return out.getvalue()
+
+
+def golden(args) -> int:
+    root = _checkout()
+    target = golden_dir(root)
+    target.mkdir(parents=True, exist_ok=True)
+    for name, command, revision, x_args in GOLDEN:
+        text = render_golden(root, command, revision, x_args)
+        (target / name).write_text(text, encoding="utf-8", newline="\n")
+        print(f"wrote {(target / name).relative_to(root)} ({len(text.splitlines())} lines)")
     return 0

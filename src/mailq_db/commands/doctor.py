@@ -110,13 +110,90 @@ def server_checks(url: str | None) -> list[Check]:
                                "the login needs EXECUTE on schema mailq (role MailqAdmin or MailqSender)")]
     finally:
         conn.close()
+    try:
+        drift_rows = drift_checks(connect(url, timeout=10, query_timeout=60))
+    except MailqError as exc:
+        drift_rows = [Check("Schema", "Drift", "WARN", f"cannot compare with the frozen SQL: {exc}")]
     for r in rows:
         status = str(r.get("Status") or "WARN").upper()
         checks.append(Check(str(r.get("Area") or "Server"), str(r.get("CheckName") or "?"),
                             status if status in STATUSES else "WARN",
                             str(r.get("Detail") or ""), r.get("Fix")))
     checks.append(head_check(rows))
+    return checks + drift_rows
+
+
+def drift_report(deployed: str | None, broker: bool, definitions: dict[str, str | None],
+                 stored: dict[tuple[str, str], str] | None = None) -> list[Check]:
+    """Drift of the database against this package's frozen SQL (what Flyway's
+    validate and SSDT's drift report give): every module compared with the
+    frozen text of the revision the database is at, object by object, and the
+    checksums each revision stored compared with the package's frozen files."""
+    from .. import deployment as dep
+
+    if not deployed:
+        return [Check("Schema", "Drift", "WARN", "no revision recorded: nothing to compare",
+                      "run mailq-db deploy")]
+    expected = dep.expected_modules(deployed, broker)
+    problems = dep.drift(expected, definitions)
+    checks = [Check("Schema", f"Drift {line.split(':', 1)[0]}", "FAIL", line.split(": ", 1)[1],
+                    "compare with `mailq-db deploy --sql`; ALTERs by hand are lost at the next "
+                    "deployment and hide from review") for line in problems]
+    for (rev, rel), digest in sorted((stored or {}).items()):
+        try:
+            here = dep.text_sha256(dep.frozen_text(rev, rel))
+        except OSError:
+            here = None
+        if here != digest:
+            checks.append(Check("Schema", f"Checksum {rev}/{rel}", "WARN",
+                                "the package's frozen copy differs from what revision "
+                                f"{rev} applied", "install the package version that deployed it"))
+    if not checks:
+        checks.append(Check("Schema", "Drift", "OK",
+                            f"{len(expected)} modules equal the frozen SQL of revision {deployed}"))
     return checks
+
+
+def drift_checks(conn) -> list[Check]:
+    """Read what drift_report needs from the database, then report."""
+    from .. import deployment as dep
+
+    try:
+        cur = conn.cursor()
+        cur.execute(f"SELECT MAX(version_num) FROM {dep.VERSION_SCHEMA}.{dep.VERSION_TABLE}")
+        deployed = cur.fetchone()[0]
+        cur.execute(f"SELECT OBJECT_ID(N'{dep.OPTION_TABLE}', N'U'), OBJECT_ID(N'{dep.FILE_TABLE}', N'U')")
+        has_options, has_files = cur.fetchone()
+        broker = True
+        if has_options is not None:
+            cur.execute(f"SELECT Value FROM {dep.OPTION_TABLE} WHERE Name = N'broker'")
+            row = cur.fetchone()
+            broker = row is None or row[0] == "on"
+        stored = {}
+        if has_files is not None:
+            cur.execute(f"SELECT Revision, FilePath, Sha256 FROM {dep.FILE_TABLE}")
+            stored = {(r[0], r[1]): r[2] for r in cur.fetchall()}
+        definitions: dict[str, str | None] = {}
+        unreadable = 0
+        expected = dep.expected_modules(deployed, broker) if deployed else {}
+        if deployed:
+            for name in expected:
+                cur.execute("SELECT OBJECT_ID(?), OBJECT_DEFINITION(OBJECT_ID(?))", name, name)
+                object_id, definition = cur.fetchone()
+                if object_id is not None and definition is None:
+                    unreadable += 1  # exists, but this login may not read its text
+                    definitions[name] = expected[name][2]
+                else:
+                    definitions[name] = definition
+        if unreadable:
+            return [Check("Schema", "Drift", "OK", f"not compared: this login cannot read {unreadable} "
+                          "module definitions (run mailq-db doctor as db_owner, or GRANT VIEW DEFINITION)")]
+        return drift_report(deployed, broker, definitions, stored)
+    except Exception as exc:  # noqa: BLE001 - a login without rights on dbo's tables
+        return [Check("Schema", "Drift", "OK", "not compared: this login cannot read the deployment's "
+                      f"bookkeeping ({type(exc).__name__}); run mailq-db doctor as db_owner")]
+    finally:
+        conn.close()
 
 
 def render(checks: list[Check]) -> str:

@@ -1,0 +1,4570 @@
+-- mailq-db deployment script: run it with sqlcmd (-b -I recommended) or in
+-- SSMS with Query > SQLCMD Mode on.  It stops at the first error.
+:on error exit
+:setvar __IsSqlCmdEnabled "True"
+GO
+IF N'$(__IsSqlCmdEnabled)' NOT LIKE N'True'
+BEGIN
+    PRINT N'mailq-db: SQLCMD mode must be enabled to run this script (sqlcmd, or SSMS: Query > SQLCMD Mode).';
+    SET NOEXEC ON;
+END
+GO
+
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+SET LOCK_TIMEOUT 30000;
+
+GO
+
+DECLARE @Msg NVARCHAR(2048);
+IF DB_NAME() IN (N'master', N'msdb', N'tempdb', N'model')
+BEGIN
+    SET @Msg = CONCAT(N'mailq-db deploys into an application database, never into the system database ',
+        QUOTENAME(DB_NAME()), N'. Connect to the target database (sqlcmd -d <database>, or the database in the URL).');
+    THROW 50412, @Msg, 1;
+END;
+IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0
+BEGIN
+    SET @Msg = CONCAT(N'The deployment creates schemas, roles, tables and Service Broker objects: the login ',
+        QUOTENAME(SUSER_SNAME()), N' (user ', QUOTENAME(USER_NAME()), N') must be a member of db_owner in ',
+        QUOTENAME(DB_NAME()), N' for the deployment, nothing afterwards.');
+    THROW 50413, @Msg, 1;
+END;
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NULL
+BEGIN
+    DECLARE @Elsewhere NVARCHAR(300) = (
+        SELECT TOP (1) QUOTENAME(SCHEMA_NAME(t.schema_id)) + N'.' + QUOTENAME(t.name)
+        FROM sys.tables AS t WHERE t.name = N'mailq_alembic_version' AND t.schema_id <> SCHEMA_ID(N'dbo'));
+    IF @Elsewhere IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(N'The mailq-db version table is ', @Elsewhere, N' (an older mailq-db created it in the ',
+            N'deploying user''s default schema); it now lives in dbo. Move it with: ALTER SCHEMA dbo TRANSFER ',
+            @Elsewhere, N'; then deploy again.');
+        THROW 50417, @Msg, 1;
+    END;
+END;
+
+GO
+
+DECLARE @Lock INT;
+EXEC @Lock = sys.sp_getapplock @Resource = N'mailq-db deploy', @LockMode = N'Exclusive',
+    @LockOwner = N'Session', @LockTimeout = 30000;
+IF @Lock < 0
+BEGIN
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(N'Another mailq-db deployment holds the deployment lock on ',
+        QUOTENAME(DB_NAME()), N' (sp_getapplock returned ', @Lock, N'); run again when it has finished.');
+    THROW 50416, @Msg, 1;
+END;
+
+GO
+
+IF OBJECT_ID(N'dbo.mailq_deployment_option', N'U') IS NULL
+    CREATE TABLE dbo.mailq_deployment_option (
+        Name NVARCHAR(128) NOT NULL CONSTRAINT PK_mailq_deployment_option PRIMARY KEY,
+        Value NVARCHAR(400) NOT NULL,
+        ChangedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_mailq_deployment_option_ChangedAtUtc DEFAULT SYSUTCDATETIME()
+    );
+IF OBJECT_ID(N'dbo.mailq_deployment_file', N'U') IS NULL
+    CREATE TABLE dbo.mailq_deployment_file (
+        Revision VARCHAR(32) NOT NULL,
+        FilePath NVARCHAR(400) NOT NULL,
+        Sha256 CHAR(64) NOT NULL,
+        AppliedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_mailq_deployment_file_AppliedAtUtc DEFAULT SYSUTCDATETIME(),
+        CONSTRAINT PK_mailq_deployment_file PRIMARY KEY (Revision, FilePath)
+    );
+
+GO
+
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+        AND EXISTS (SELECT 1 FROM dbo.mailq_alembic_version WHERE version_num >= '0002')
+        INSERT INTO dbo.mailq_deployment_option (Name, Value)
+        VALUES (N'broker', IIF(OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NULL, N'off', N'on'));
+END;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running downgrade 0005 -> 0004
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 0
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0005')
+BEGIN
+    SET @Msg = CONCAT(N'This downgrade removes revision 0005; ', QUOTENAME(DB_NAME()),
+        N' is at ', ISNULL(@Current, N'no revision'),
+        N'. Render the downgrade for this database with: mailq-db deploy --sql --downgrade ', ISNULL(@Current, N'head'), N':<target>.');
+    THROW 50411, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.FinalizeMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.FinalizeMail FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.FinalizeMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.FinalizeMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.FinalizeMail;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.
+A mail is claimable when it is UnSent and due, or Sending with an expired
+lease (its worker died or stalled): VisibleAtUtc <= now in both cases.
+Order: highest Priority first, then oldest VisibleAtUtc, then ID.
+The claim is ONE UPDATE statement (READPAST, UPDLOCK, ROWLOCK), so two
+workers never take the same mail and a claimer never waits on another.  In
+the same statement, a reclaimed mail with no attempt left becomes Failed and
+a mail past its ExpiresAtUtc becomes Expired (neither is returned).
+Rate limits: accounts with limits are charged in mailq.RateBudget inside this
+transaction, so the limits hold across every worker.  The budget row is read
+WITH (UPDLOCK, READPAST): while another claimer holds an account's budget,
+this claimer skips that account's mail instead of waiting.  Accounts whose
+BlockedUntilUtc is in the future are skipped; their mail is neither claimed
+nor expired until the account may send again.  Such mail, when it ranks
+first, is read past by the seek: a long-blocked high-priority backlog makes
+claims of other accounts' mail cost more (see docs/dba-guide.md).
+Parameters:  @BatchSize    INT 1-1000, default 10
+             @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
+                           this batch; every acknowledgement must present it
+             @LeaseSeconds INT 1-3600, default 300
+             @AppName      NULL (default): claim every application's mail
+                           (competing); a name: only that application's mail (isolated)
+             @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
+             @AccountNames NULL (default): every account; else a JSON array of
+                           the account names this worker can send for (a worker
+                           without credentials for an account never claims its mail)
+Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
+                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
+                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp
+             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
+Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
+             50132 @LeaseSeconds out of range; 50103 a name over its size;
+             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names.
+Transaction: joins the caller's via a savepoint, else opens its own; the
+             result sets are read after the commit (the rows are leased).
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
+                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimMail
+    @BatchSize INT = 10,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300,
+    @AppName NVARCHAR(4000) = NULL,
+    @WorkerName NVARCHAR(4000) = NULL,
+    @AccountNames NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 10);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50130, @Msg, 1;
+    END;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: a new GUID per claimed batch.', 1;
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+    IF LEN(@AppName) > 128 OR LEN(@WorkerName) > 128
+        THROW 50103, N'@AppName and @WorkerName are limited to 128 characters.', 1;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50115, @Msg, 1;
+    END;
+
+    IF
+        @AccountNames IS NOT NULL
+        AND (
+            ISJSON(@AccountNames) = 0
+            OR LEFT(LTRIM(@AccountNames), 1) <> N'['
+            OR EXISTS (SELECT 1 FROM OPENJSON(@AccountNames) AS j WHERE j.[type] <> 1)
+        )
+        THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, @Now);
+    DECLARE @MinuteStart DATETIME2(0) = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
+    DECLARE @HourStart DATETIME2(0) = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
+    DECLARE @DayStart DATETIME2(0) = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
+
+    DECLARE @Budget TABLE (
+        AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        Remaining INT NOT NULL,
+        IsLimited BIT NOT NULL
+    );
+    DECLARE @Claimed TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AccountName NVARCHAR(128) NOT NULL,
+        NewStatus NVARCHAR(16) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AttemptNo INT NOT NULL
+    );
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION ClaimMail;
+
+        -- Accounts without limits: no budget to take, so no lock either.
+        INSERT INTO @Budget (AccountName, Remaining, IsLimited)
+        SELECT a.AccountName, @BatchSize, 0
+        FROM mailq.SendingAccount AS a
+        WHERE
+            a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
+            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT j.[value] FROM OPENJSON(@AccountNames) AS j));
+
+        -- Accounts with limits: what is left of each window.
+        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
+        --           cannot both spend the same remainder;
+        -- READPAST: a budget row held by another claimer is skipped (that
+        --           account's mail waits for the next claim), never waited on;
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page.
+        INSERT INTO @Budget (AccountName, Remaining, IsLimited)
+        SELECT
+            a.AccountName,
+            (
+                SELECT MIN(w.Remaining)
+                FROM (
+                    VALUES
+                    (COALESCE(a.PerMinuteLimit - IIF(b.MinuteStartUtc = @MinuteStart, b.MinuteCount, 0), @BatchSize)),
+                    (COALESCE(a.PerHourLimit - IIF(b.HourStartUtc = @HourStart, b.HourCount, 0), @BatchSize)),
+                    (COALESCE(a.PerDayLimit - IIF(b.DayStartUtc = @DayStart, b.DayCount, 0), @BatchSize))
+                ) AS w(Remaining)
+            ) AS Remaining,
+            1
+        FROM mailq.SendingAccount AS a
+        INNER JOIN mailq.RateBudget AS b WITH (UPDLOCK, READPAST, ROWLOCK)
+            ON a.AccountName = b.AccountName
+        WHERE
+            (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
+            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT j.[value] FROM OPENJSON(@AccountNames) AS j));
+
+        DELETE FROM @Budget WHERE Remaining <= 0;
+
+        -- The claim: one statement.  The Candidate CTE is the seek on
+        -- IX_MailQueue_Claim described beside that index (ten ranges, already
+        -- in ORDER BY order, TOP stops early).
+        --   READPAST: skip rows other workers hold instead of waiting on them;
+        --   UPDLOCK:  claim while reading, so two workers can't take one row;
+        --   ROWLOCK:  row grain, so READPAST skips rows rather than pages.
+        -- Ranked numbers each account's sendable rows so that an account with
+        -- a smaller remaining budget than its share of the batch is charged
+        -- only up to its budget; the other candidates stay UnSent (their
+        -- update locks end with this short transaction).
+        WITH Candidate AS (
+            SELECT TOP (@BatchSize)
+                q.ID,
+                q.AccountName,
+                q.Priority,
+                q.VisibleAtUtc,
+                q.Status,
+                q.ThreadLock,
+                q.AttemptsRemaining,
+                q.AttemptCount,
+                q.PossibleDuplicate,
+                q.DateProcessed,
+                q.LastError,
+                IIF(q.AttemptsRemaining > 0 AND (q.ExpiresAtUtc IS NULL OR q.ExpiresAtUtc > @Now), 1, 0) AS WillSend
+            FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
+            WHERE
+                q.Status IN (N'UnSent', N'Sending')
+                AND q.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                AND q.VisibleAtUtc <= @Now
+                AND (@AppName IS NULL OR q.AppName = @AppName)
+                AND EXISTS (SELECT 1 FROM @Budget AS b WHERE b.AccountName = q.AccountName)
+            ORDER BY q.Priority DESC, q.VisibleAtUtc ASC, q.ID ASC
+        ),
+
+        Ranked AS (
+            SELECT
+                c.ID,
+                c.AccountName,
+                c.VisibleAtUtc,
+                c.Status,
+                c.ThreadLock,
+                c.AttemptsRemaining,
+                c.AttemptCount,
+                c.PossibleDuplicate,
+                c.DateProcessed,
+                c.LastError,
+                c.WillSend,
+                ROW_NUMBER() OVER (
+                    PARTITION BY c.AccountName, c.WillSend
+                    ORDER BY c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
+                ) AS AccountRank
+            FROM Candidate AS c
+        )
+
+        UPDATE r
+        SET
+            r.Status = CASE
+                WHEN r.WillSend = 1 THEN N'Sending'
+                WHEN r.AttemptsRemaining <= 0 THEN N'Failed'
+                ELSE N'Expired'
+            END,
+            r.ThreadLock = IIF(r.WillSend = 1, @LockToken, NULL),
+            r.VisibleAtUtc = IIF(r.WillSend = 1, @LeaseUntil, r.VisibleAtUtc),
+            r.AttemptsRemaining = r.AttemptsRemaining - r.WillSend,
+            r.AttemptCount = r.AttemptCount + r.WillSend,
+            -- A lease that expired may hide a mail the dead worker already
+            -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+            r.PossibleDuplicate = IIF(r.Status = N'Sending', CAST(1 AS BIT), r.PossibleDuplicate),
+            r.DateProcessed = IIF(r.WillSend = 1, r.DateProcessed, @Now),
+            r.LastError = CASE
+                WHEN r.WillSend = 1 THEN r.LastError
+                WHEN r.AttemptsRemaining <= 0
+                    THEN CONCAT(N'No attempt left after an abandoned lease. Last error: ', r.LastError)
+                ELSE N'Expired before it could be sent (ExpiresAtUtc passed).'
+            END
+        OUTPUT
+            inserted.ID,
+            inserted.AccountName,
+            inserted.Status,
+            deleted.Status,
+            deleted.ThreadLock,
+            inserted.AttemptCount
+        INTO @Claimed (ID, AccountName, NewStatus, OldStatus, OldLockToken, AttemptNo)
+        FROM Ranked AS r
+        WHERE
+            r.WillSend = 0
+            OR r.AccountRank <= (SELECT b.Remaining FROM @Budget AS b WHERE b.AccountName = r.AccountName);
+
+        -- Charge the budget of limited accounts (rows already U-locked above).
+        -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
+        -- budget rows other claimers hold.
+        UPDATE b
+        SET
+            b.MinuteCount = IIF(b.MinuteStartUtc = @MinuteStart, b.MinuteCount, 0) + c.ClaimedCount,
+            b.MinuteStartUtc = @MinuteStart,
+            b.HourCount = IIF(b.HourStartUtc = @HourStart, b.HourCount, 0) + c.ClaimedCount,
+            b.HourStartUtc = @HourStart,
+            b.DayCount = IIF(b.DayStartUtc = @DayStart, b.DayCount, 0) + c.ClaimedCount,
+            b.DayStartUtc = @DayStart
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN (
+            SELECT m.AccountName, COUNT(*) AS ClaimedCount
+            FROM @Claimed AS m
+            WHERE m.NewStatus = N'Sending'
+            GROUP BY m.AccountName
+        ) AS c ON b.AccountName = c.AccountName
+        WHERE b.AccountName IN (SELECT l.AccountName FROM @Budget AS l WHERE l.IsLimited = 1);
+
+        -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
+        -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Abandoned',
+            t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Claimed AS c
+            ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
+        WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+        -- Open an attempt for each mail now leased.
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
+        FROM @Claimed AS c
+        WHERE c.NewStatus = N'Sending';
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION ClaimMail;
+        THROW;
+    END CATCH;
+
+    -- 3. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    SELECT
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.AppName,
+        q.FromName,
+        q.FromAddress,
+        q.ReplyTo,
+        q.ToAddress,
+        q.CC,
+        q.BCC,
+        q.Subject,
+        q.Body,
+        q.BodyFormat,
+        q.TextBody,
+        q.Headers,
+        q.Priority,
+        q.AttemptCount AS AttemptNo,
+        q.AttemptsRemaining,
+        q.VisibleAtUtc AS LeaseExpiresUtc,
+        q.PossibleDuplicate,
+        q.dtStamp
+    FROM mailq.MailQueue AS q
+    INNER JOIN @Claimed AS c ON q.ID = c.ID
+    WHERE c.NewStatus = N'Sending' AND q.ThreadLock = @LockToken
+    ORDER BY q.Priority DESC, q.ID ASC;
+
+    SELECT
+        a.MailID,
+        a.AttachmentNo,
+        a.FileName,
+        a.ContentType,
+        a.Content
+    FROM mailq.MailAttachment AS a
+    INNER JOIN @Claimed AS c ON a.MailID = c.ID
+    WHERE c.NewStatus = N'Sending'
+    ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_Claim serves mailq.ClaimMail at any queue depth.
+
+Keys (Priority DESC, VisibleAtUtc, ID), filtered to the claimable statuses,
+so the index holds only UnSent and Sending rows (a sent backlog of millions
+costs it nothing).  ClaimMail's predicate is
+    Status IN (N'UnSent', N'Sending')            -- matches the filter
+    AND Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+    AND VisibleAtUtc <= @Now
+    ORDER BY Priority DESC, VisibleAtUtc, ID
+Expected plan: Index Seek on IX_MailQueue_Claim with ten seek ranges
+(Priority = p AND VisibleAtUtc <= @Now), read in key order, so the rows come
+out already in ORDER BY order: no Sort over the backlog; Top (@BatchSize)
+stops the seek after the first rows that pass the residual predicates
+(account has budget, application); Key Lookup of the clustered index for the
+UPDATE; Clustered Index Update.  Logical reads per claim then depend on the
+batch size, not on the depth.  The integration suite checks the actual
+showplan at 100 k rows (tests/integration/test_mailq_claim_plan.py).
+
+INCLUDE covers the residual predicates (AccountName, AppName) without a
+lookup for rows that are skipped.  ALLOW_PAGE_LOCKS = OFF keeps READPAST at
+row grain (a page lock would make READPAST skip a whole page of due mail).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_Claim' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_MailQueue_Claim
+    ON mailq.MailQueue (Priority DESC, VisibleAtUtc ASC, ID ASC)
+    INCLUDE (AccountName, AppName)
+    WHERE Status IN (N'UnSent', N'Sending')
+    WITH (ALLOW_PAGE_LOCKS = OFF);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MailQueue') IS NOT NULL
+    DROP INDEX IF EXISTS IX_MailQueue_Expiry ON mailq.MailQueue;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MailQueue') IS NOT NULL
+    DROP INDEX IF EXISTS IX_MailQueue_Finalize ON mailq.MailQueue;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MailQueue') IS NOT NULL
+    DROP INDEX IF EXISTS IX_MailQueue_ClaimByAccount ON mailq.MailQueue;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision = '0005';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0004' WHERE dbo.mailq_alembic_version.version_num = '0005';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running downgrade 0004 -> 0003
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 0
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0004')
+BEGIN
+    SET @Msg = CONCAT(N'This downgrade removes revision 0004; ', QUOTENAME(DB_NAME()),
+        N' is at ', ISNULL(@Current, N'no revision'),
+        N'. Render the downgrade for this database with: mailq-db deploy --sql --downgrade ', ISNULL(@Current, N'head'), N':<target>.');
+    THROW 50411, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = (
+    SELECT CAST(q.is_activation_enabled AS INT) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ'));
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = @Activation;
+IF @Activation = 1
+    ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.ProcessDelayQueue: activation procedure of dbo.DelayServiceQueue; runs due
+delayed tasks.  Service Broker starts it (EXECUTE AS OWNER, up to
+MAX_QUEUE_READERS copies); it loops until the queue stays empty for
+delay.Setting.ReceiveWaitMs, then returns.
+Parameters:  none.  Result sets: none.
+Messages:    DialogTimer (on a task's initiator handle): the delay, a retry's
+                 backoff or the watchdog lease has expired
+             MailqDelayRequest (on the target handle; body = task ID):
+                 a task with delay 0, to run at once
+             EndDialog, Error: end this side of the conversation; a task still
+                 pending on it is failed (BrokerError)
+Pattern:     DESIGN.md pattern (a), "receive, record, commit; then run":
+             1. one transaction RECEIVEs one message, moves the task to Running,
+                counts the attempt, sets the conversation timer to the lease
+                (the watchdog) and COMMITs.  Only our own bookkeeping runs in a
+                transaction that received a message, so no target can make it
+                roll back.  (Service Broker disables a queue after five
+                rollbacks in a row of transactions that received from it.)
+             2. the target runs in a transaction of its own, through
+                sp_executesql with the name built from catalog names
+                (QUOTENAME) and every value passed as a parameter.  A target
+                that throws or dooms its transaction (XACT_STATE() = -1) is
+                rolled back; one that commits or rolls back our transaction
+                itself raises 266 at its return (transaction count mismatch)
+                and is failed without retry, because its work may already be
+                committed; a slow one simply runs (nothing interrupts it).
+             3. a new transaction records the outcome: Done (receipt 1, the
+                conversation ends), or Retrying (a new conversation timer on the
+                same conversation: backoff RetryBaseSeconds * 4^(n-1), capped at
+                RetryMaxSeconds), or, after MaxAttempts runs, Failed (receipt 3,
+                the conversation ends).
+             Watchdog: while a task runs, its runner holds a session-owned
+             application lock named for the task.  When the lease timer fires
+             and the lock is free, the runner is gone (its session ended
+             mid-target): the attempt is failed (RunnerLost) and retried.  When
+             the lock is held, the runner is alive and slow: the lease is
+             extended and a Slow row is logged.
+             Timers longer than one day are chained: a timer never exceeds
+             86,400 s; when it fires early the task is re-armed for the rest.
+             If our own bookkeeping fails, its transaction is rolled back once
+             and the same message is received again in a fresh transaction
+             that only records the failure and ends the conversation, so no
+             message is ever rolled back twice by this procedure.
+Locks:       every transaction here takes the conversation group first (RECEIVE,
+             or BEGIN CONVERSATION TIMER in step 3), then the task row, the
+             same order as dbo.CancelDelayExecution.  DEADLOCK_PRIORITY HIGH:
+             in a deadlock with an application session, the application is
+             the victim, not a transaction that received a message.
+Errors:      none raised: failures go to delay.Log (docs/errors.md 503xx).
+Example:     started by Service Broker; to drain by hand: EXEC dbo.ProcessDelayQueue;
+*/
+CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET DEADLOCK_PRIORITY HIGH;
+
+    DECLARE
+        @Handle UNIQUEIDENTIFIER,
+        @MessageType SYSNAME,
+        @Body VARBINARY(MAX),
+        @Now DATETIME2(3),
+        @TaskID BIGINT,
+        @TaskHandle UNIQUEIDENTIFIER,
+        @TaskState NVARCHAR(16),
+        @TargetName NVARCHAR(400),
+        @NextRunAtUtc DATETIME2(3),
+        @LeaseUntilUtc DATETIME2(3),
+        @Attempts INT,
+        @Attempt INT,
+        @RemainingMs BIGINT,
+        @Timeout INT,
+        @Refusal INT,
+        @RefusalMessage NVARCHAR(400),
+        @SchemaName SYSNAME,
+        @ProcedureName SYSNAME,
+        @SPName NVARCHAR(200),
+        @Param1 NVARCHAR(200),
+        @Param2 NVARCHAR(200),
+        @Param3 NVARCHAR(200),
+        @Param4 NVARCHAR(200),
+        @Param5 NVARCHAR(200),
+        @Run BIT,
+        @Retryable BIT,
+        @Sql NVARCHAR(MAX),
+        -- The target contract: (@SPName, @Param1 ... @Param5 NVARCHAR(200)).
+        @ParameterList NVARCHAR(400) = CONCAT(
+            N'@SPName NVARCHAR(200), @Param1 NVARCHAR(200), @Param2 NVARCHAR(200), ',
+            N'@Param3 NVARCHAR(200), @Param4 NVARCHAR(200), @Param5 NVARCHAR(200)'
+        ),
+        @LockName NVARCHAR(255),
+        @LockResult INT,
+        @ErrorNumber INT,
+        @ErrorMessage NVARCHAR(4000),
+        @ErrorXml XML,
+        @StepErrorNumber INT,
+        @StepErrorMessage NVARCHAR(4000),
+        @Backoff BIGINT,
+        @Recorded BIT,
+        @Try INT,
+        @MaxAttempts INT,
+        @RetryBaseSeconds INT,
+        @RetryMaxSeconds INT,
+        @LeaseSeconds INT,
+        @ReceiveWaitMs INT;
+
+    DECLARE
+        @DialogTimer SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer',
+        @EndDialog SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog',
+        @BrokerError SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/Error',
+        @DelayRequest SYSNAME = N'MailqDelayRequest',
+        -- A conversation timer never exceeds one day; longer delays are chained.
+        @MaxTimerSeconds INT = 86400,
+        -- A timer that fires less than this before the due time counts as due
+        -- (timers have whole-second resolution).
+        @EarlyToleranceMs INT = 500;
+
+    WHILE 1 = 1
+    BEGIN
+        SELECT
+            @Handle = NULL,
+            @MessageType = NULL,
+            @Body = NULL,
+            @TaskID = NULL,
+            @TaskHandle = NULL,
+            @TaskState = NULL,
+            @Run = 0,
+            @MaxAttempts = 3,
+            @RetryBaseSeconds = 30,
+            @RetryMaxSeconds = 3600,
+            @LeaseSeconds = 600,
+            @ReceiveWaitMs = 5000;
+
+        SELECT
+            @MaxAttempts = s.MaxAttempts,
+            @RetryBaseSeconds = s.RetryBaseSeconds,
+            @RetryMaxSeconds = s.RetryMaxSeconds,
+            @LeaseSeconds = s.LeaseSeconds,
+            @ReceiveWaitMs = s.ReceiveWaitMs
+        FROM delay.Setting AS s
+        WHERE s.SettingId = 1;
+
+        ------------------------------------------------------------------
+        -- 1. Receive one message and do the bookkeeping; commit.
+        ------------------------------------------------------------------
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- WAITFOR (RECEIVE ...), TIMEOUT: waits up to @ReceiveWaitMs
+            -- milliseconds for a message; no message means the reader exits.
+            -- RECEIVE locks the message's conversation group until COMMIT.
+            WAITFOR (
+                RECEIVE TOP (1)
+                    @Handle = conversation_handle,
+                    @MessageType = message_type_name,
+                    @Body = message_body
+                FROM dbo.DelayServiceQueue
+            ), TIMEOUT @ReceiveWaitMs;
+
+            IF @Handle IS NULL
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            SET @Now = SYSUTCDATETIME();
+
+            IF @MessageType = @DelayRequest
+                SET @TaskID = CAST(@Body AS BIGINT);
+            ELSE
+                SELECT @TaskID = t.TaskID
+                FROM delay.Task AS t
+                WHERE t.ConversationHandle = @Handle;
+
+            -- UPDLOCK: hold the row for this state transition, so a cancel or
+            -- another reader cannot move the task between our read and write.
+            -- ROWLOCK: one task, one row lock.
+            SELECT
+                @TaskState = t.TaskState,
+                @TaskHandle = t.ConversationHandle,
+                @TargetName = t.TargetName,
+                @NextRunAtUtc = t.NextRunAtUtc,
+                @LeaseUntilUtc = t.LeaseUntilUtc,
+                @Attempts = t.Attempts
+            FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+            WHERE t.TaskID = @TaskID;
+
+            IF @MessageType IN (@EndDialog, @BrokerError)
+            BEGIN
+                IF @MessageType = @BrokerError
+                BEGIN
+                    -- The body of an Error message is
+                    -- <Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error">
+                    --   <Code>n</Code><Description>text</Description></Error>
+                    -- (*: matches that namespace without declaring it.)
+                    SET @ErrorXml = CAST(@Body AS XML);
+                    SELECT
+                        @ErrorNumber = @ErrorXml.value('(/*:Error/*:Code)[1]', 'INT'),
+                        @ErrorMessage = @ErrorXml.value('(/*:Error/*:Description)[1]', 'NVARCHAR(4000)');
+                END;
+                ELSE
+                    SELECT
+                        @ErrorNumber = 50333,
+                        @ErrorMessage = N'the conversation was ended by its other side before the task finished';
+
+                IF @TaskState IN (N'Scheduled', N'Running', N'Retrying') AND @TaskHandle = @Handle
+                    -- Ends @Handle, the task's own conversation.
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'BrokerError',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+                ELSE
+                    -- The target side of a delay-0 dialog, or a conversation
+                    -- whose task is already final: just end this side.
+                    END CONVERSATION @Handle;
+            END;
+            ELSE IF @MessageType NOT IN (@DialogTimer, @DelayRequest)
+                -- Not ours (nothing else is in the contract): drop the conversation.
+                END CONVERSATION @Handle;
+            ELSE IF @TaskState IS NULL
+                -- No task (it was replaced or never recorded): nothing to run.
+                END CONVERSATION @Handle;
+            ELSE IF @TaskState IN (N'Done', N'Failed', N'Refused', N'Cancelled')
+            BEGIN
+                -- Final already.  A late timer ends its conversation; a late
+                -- DelayRequest leaves the target side to the EndDialog that
+                -- the initiator side's END CONVERSATION sent.
+                IF @MessageType = @DialogTimer
+                    END CONVERSATION @Handle;
+            END;
+            ELSE IF @MessageType = @DelayRequest AND @TaskState <> N'Scheduled'
+                -- A run already started through the task's own conversation.
+                SET @Run = 0;
+            ELSE IF @MessageType = @DialogTimer AND @TaskState = N'Running'
+            BEGIN
+                SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @LeaseUntilUtc);
+                IF @RemainingMs > @EarlyToleranceMs
+                BEGIN
+                    -- Early (chained or re-armed timer): wait for the rest of the lease.
+                    SET @Timeout = CASE
+                        WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                        ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                    END;
+                    BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                END;
+                ELSE
+                BEGIN
+                    -- The lease expired: is the runner alive?  It holds this
+                    -- session-owned lock for as long as the target runs; a
+                    -- session that ended released it.
+                    SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
+                    EXEC @LockResult = sys.sp_getapplock
+                        @Resource = @LockName,
+                        @LockMode = N'Exclusive',
+                        @LockOwner = N'Session',
+                        @LockTimeout = 0;
+
+                    IF @LockResult < 0
+                    BEGIN
+                        -- Alive and slow: extend the lease, never interrupt.
+                        UPDATE delay.Task
+                        SET LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                        WHERE TaskID = @TaskID;
+
+                        SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle)
+                        VALUES (
+                            @TaskID, N'Slow', @TargetName, @Attempts,
+                            CONCAT(N'attempt ', @Attempts, N' still running after its lease; lease extended by ',
+                                @LeaseSeconds, N' s'),
+                            @Handle
+                        );
+                    END;
+                    ELSE
+                    BEGIN
+                        EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+
+                        SET @ErrorMessage = CONCAT(
+                            N'attempt ', @Attempts, N' ended without reporting: its session ended while the target ran'
+                        );
+                        IF @Attempts < @MaxAttempts
+                        BEGIN
+                            SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
+                                * POWER(CAST(4 AS BIGINT), IIF(@Attempts > 10, 10, @Attempts - 1));
+                            SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
+
+                            UPDATE delay.Task
+                            SET
+                                TaskState = N'Retrying',
+                                NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
+                                LeaseUntilUtc = NULL,
+                                LastErrorNumber = 50331,
+                                LastErrorMessage = @ErrorMessage
+                            WHERE TaskID = @TaskID;
+
+                            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                            INSERT INTO delay.Log (
+                                TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                            )
+                            VALUES (@TaskID, N'RunnerLost', @TargetName, @Attempts, 50331, @ErrorMessage, @Handle);
+                        END;
+                        ELSE
+                            EXEC delay.FinishTask
+                                @TaskID = @TaskID,
+                                @TaskState = N'Failed',
+                                @EventName = N'RunnerLost',
+                                @ErrorNumber = 50331,
+                                @ErrorMessage = @ErrorMessage;
+                    END;
+                END;
+            END;
+            ELSE
+            BEGIN
+                -- Scheduled or Retrying, on its timer or its DelayRequest.
+                SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @NextRunAtUtc);
+                IF @MessageType = @DialogTimer AND @RemainingMs > @EarlyToleranceMs
+                BEGIN
+                    -- A chained timer of a delay longer than one day: re-arm for the rest.
+                    SET @Timeout = CASE
+                        WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                        ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                    END;
+                    BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                END;
+                ELSE
+                BEGIN
+                    -- Due.  Resolve the name again: the allow-list or the
+                    -- procedure may have changed since the row was scheduled.
+                    SELECT
+                        @Refusal = r.RefusalNumber,
+                        @RefusalMessage = r.RefusalMessage,
+                        @SchemaName = r.SchemaName,
+                        @ProcedureName = r.ProcedureName
+                    FROM delay.ResolveTarget(@TargetName) AS r;
+
+                    IF @Refusal IS NOT NULL
+                        EXEC delay.FinishTask
+                            @TaskID = @TaskID,
+                            @TaskState = N'Refused',
+                            @EventName = N'Refused',
+                            @ErrorNumber = @Refusal,
+                            @ErrorMessage = @RefusalMessage;
+                    ELSE
+                    BEGIN
+                        -- The values are read at run time, by the row's ID.
+                        SELECT
+                            @SPName = CAST(p.F108211 AS NVARCHAR(200)),
+                            @Param1 = CAST(p.F108212 AS NVARCHAR(200)),
+                            @Param2 = CAST(p.F108213 AS NVARCHAR(200)),
+                            @Param3 = CAST(p.F108214 AS NVARCHAR(200)),
+                            @Param4 = CAST(p.F108215 AS NVARCHAR(200)),
+                            @Param5 = CAST(p.F108216 AS NVARCHAR(200))
+                        FROM dbo.tabDIYTable12402 AS p
+                        WHERE p.ID = @TaskID;
+
+                        IF @@ROWCOUNT = 0
+                            EXEC delay.FinishTask
+                                @TaskID = @TaskID,
+                                @TaskState = N'Cancelled',
+                                @EventName = N'Cancelled',
+                                @ErrorNumber = 50332,
+                                @ErrorMessage = N'the platform row was deleted before the task ran';
+                        ELSE
+                        BEGIN
+                            SET @Attempt = @Attempts + 1;
+
+                            UPDATE delay.Task
+                            SET
+                                TaskState = N'Running',
+                                Attempts = @Attempt,
+                                SchemaName = @SchemaName,
+                                ProcedureName = @ProcedureName,
+                                FirstStartedAtUtc = ISNULL(FirstStartedAtUtc, @Now),
+                                LastStartedAtUtc = @Now,
+                                NextRunAtUtc = NULL,
+                                LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                            WHERE TaskID = @TaskID;
+
+                            -- The watchdog: on the task's own conversation
+                            -- (for a DelayRequest, @Handle is the target side).
+                            SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                            BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                            SET @Run = 1;
+                        END;
+                    END;
+                END;
+            END;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE();
+            -- The message goes back to the queue: one rollback of it.
+            IF XACT_STATE() <> 0
+                ROLLBACK TRANSACTION;
+
+            -- Nothing received (the queue itself failed, e.g. disabled): stop;
+            -- activation starts a reader again when the queue works.
+            IF @Handle IS NULL
+                RETURN;
+
+            -- Receive that message again in a fresh transaction that only
+            -- records the failure and ends the conversation, so it is never
+            -- rolled back a second time in a row by a retry of the same bug.
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                RECEIVE TOP (1) @Body = message_body
+                FROM dbo.DelayServiceQueue
+                WHERE conversation_handle = @Handle;
+
+                SET @ErrorMessage = CONCAT(
+                    N'dbo.ProcessDelayQueue failed on a ', @MessageType, N' message: ', @ErrorMessage
+                );
+
+                IF @TaskID IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM delay.Task AS t
+                    WHERE t.TaskID = @TaskID AND t.TaskState IN (N'Scheduled', N'Running', N'Retrying')
+                )
+                BEGIN
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'BrokerError',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+                    -- For a DelayRequest, @Handle is the target side; it ends
+                    -- when the EndDialog that FinishTask caused arrives.
+                END;
+                ELSE
+                BEGIN
+                    INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage, ConversationHandle)
+                    VALUES (@TaskID, N'BrokerError', @ErrorNumber, @ErrorMessage, @Handle);
+                    END CONVERSATION @Handle;
+                END;
+
+                COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- Twice in a row: stop this reader rather than spin.  The
+                -- message stays on the queue for a later reader.
+                RETURN;
+            END CATCH;
+
+            SET @Run = 0;
+        END CATCH;
+
+        IF @Run = 0
+            CONTINUE;
+
+        ------------------------------------------------------------------
+        -- 2. Run the target in its own transaction.
+        ------------------------------------------------------------------
+        SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
+        -- Session-owned: survives the target's COMMIT or ROLLBACK; released
+        -- below, or by the end of this session if it dies mid-target.
+        EXEC @LockResult = sys.sp_getapplock
+            @Resource = @LockName,
+            @LockMode = N'Exclusive',
+            @LockOwner = N'Session',
+            @LockTimeout = 0;
+
+        SELECT @ErrorNumber = NULL, @ErrorMessage = NULL, @Retryable = 1;
+
+        IF @LockResult < 0
+            -- Another session holds this task: never run it twice at once.
+            SELECT
+                @ErrorNumber = 50334,
+                @ErrorMessage = N'another session held the task''s run lock; this attempt did not run the target',
+                @Retryable = 1;
+        ELSE
+        BEGIN
+            -- Built from the catalog's names (delay.ResolveTarget checked the
+            -- allow-list and the object's identity), each part QUOTENAMEd;
+            -- the six values are parameters, never part of the text.
+            SET @Sql = CONCAT(
+                N'EXEC ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName),
+                N' @SPName = @SPName, @Param1 = @Param1, @Param2 = @Param2,',
+                N' @Param3 = @Param3, @Param4 = @Param4, @Param5 = @Param5;'
+            );
+
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                EXEC sys.sp_executesql
+                    @Sql,
+                    @ParameterList,
+                    @SPName = @SPName,
+                    @Param1 = @Param1,
+                    @Param2 = @Param2,
+                    @Param3 = @Param3,
+                    @Param4 = @Param4,
+                    @Param5 = @Param5;
+
+                IF @@TRANCOUNT > 1
+                BEGIN
+                    -- Left a transaction of its own open (normally 266 is raised first).
+                    SELECT
+                        @ErrorNumber = 50335,
+                        @ErrorMessage = CONCAT(N'the target left ', @@TRANCOUNT - 1, N' transaction(s) open');
+                    ROLLBACK TRANSACTION;
+                END;
+                ELSE IF @@TRANCOUNT = 1
+                    COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE();
+                -- Doomed (-1) or not (1): the target's work is undone as a whole.
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- 266: the target committed or rolled back the transaction
+                -- opened for it; what it did may be committed, so it is not
+                -- run again.
+                IF @ErrorNumber = 266
+                    SELECT
+                        @Retryable = 0,
+                        @ErrorMessage = CONCAT(
+                            N'the target committed or rolled back the transaction opened for it ',
+                            N'(its work may be committed; not retried): ', @ErrorMessage
+                        );
+            END CATCH;
+        END;
+
+        ------------------------------------------------------------------
+        -- 3. Record the outcome in a new transaction (retried on deadlock).
+        ------------------------------------------------------------------
+        SELECT @Recorded = 0, @Try = 0;
+        WHILE @Recorded = 0 AND @Try < 3
+        BEGIN
+            SET @Try += 1;
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                -- Conversation group first (BEGIN CONVERSATION TIMER locks it),
+                -- then the task row: the lock order of step 1.  It also keeps
+                -- the watchdog armed until the outcome is committed.
+                SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                SET @TaskState = NULL;
+                -- UPDLOCK, ROWLOCK: as in step 1.
+                SELECT
+                    @TaskState = t.TaskState,
+                    @Attempts = t.Attempts
+                FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+                WHERE t.TaskID = @TaskID;
+
+                SET @Now = SYSUTCDATETIME();
+
+                IF @TaskState IS NULL OR @TaskState <> N'Running' OR @Attempts <> @Attempt
+                BEGIN
+                    -- Finished meanwhile (a broker Error) or the row is gone: keep that outcome.
+                    IF @ErrorNumber IS NOT NULL
+                        INSERT INTO delay.Log (
+                            TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                        )
+                        VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
+                END;
+                ELSE IF @ErrorNumber IS NULL
+                    EXEC delay.FinishTask @TaskID = @TaskID, @TaskState = N'Done';
+                ELSE IF @Retryable = 1 AND @Attempt < @MaxAttempts
+                BEGIN
+                    SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
+                        * POWER(CAST(4 AS BIGINT), IIF(@Attempt > 10, 10, @Attempt - 1));
+                    SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
+
+                    UPDATE delay.Task
+                    SET
+                        TaskState = N'Retrying',
+                        NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
+                        LeaseUntilUtc = NULL,
+                        LastErrorNumber = @ErrorNumber,
+                        LastErrorMessage = @ErrorMessage
+                    WHERE TaskID = @TaskID;
+
+                    -- Replaces the lease: the retry is a new timer on the same conversation.
+                    BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                    INSERT INTO delay.Log (
+                        TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                    )
+                    VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
+                END;
+                ELSE
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'GaveUp',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+
+                COMMIT TRANSACTION;
+                SET @Recorded = 1;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- 1205: deadlock victim, try again.  Anything else (e.g. the
+                -- conversation was ended by a broker Error meanwhile): stop
+                -- trying; the task's state already says what happened, or the
+                -- lease timer will find it Running with no runner.
+                IF @StepErrorNumber <> 1205 OR @Try >= 3
+                BEGIN
+                    SET @Try = 3;
+                    BEGIN TRY
+                        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage)
+                        VALUES (
+                            @TaskID, N'BrokerError', @TargetName, @Attempt, @StepErrorNumber,
+                            CONCAT(N'the outcome of attempt ', @Attempt, N' could not be recorded: ', @StepErrorMessage)
+                        );
+                    END TRY
+                    BEGIN CATCH
+                        -- Best effort: the lease timer still covers the task.
+                        SET @Recorded = 0;
+                    END CATCH;
+                END;
+            END CATCH;
+        END;
+
+        IF @LockResult >= 0
+            EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision = '0004';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = CAST(SESSION_CONTEXT(N'mailq_db.activation') AS INT);
+IF @Activation IS NOT NULL AND EXISTS (
+    SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL)
+BEGIN
+    IF @Activation = 1
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);
+    ELSE
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+END;
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = NULL;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0003' WHERE dbo.mailq_alembic_version.version_num = '0004';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running downgrade 0003 -> 0002
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 0
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0003')
+BEGIN
+    SET @Msg = CONCAT(N'This downgrade removes revision 0003; ', QUOTENAME(DB_NAME()),
+        N' is at ', ISNULL(@Current, N'no revision'),
+        N'. Render the downgrade for this database with: mailq-db deploy --sql --downgrade ', ISNULL(@Current, N'head'), N':<target>.');
+    THROW 50411, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UpsertSendingAccount: creates a sending account or changes its
+settings (and creates its rate budget row).  SMTP host and credentials are
+not stored: the worker's configuration maps the account name to them.
+Parameters:  @AccountName NVARCHAR(128), required
+             @DefaultFromAddress NVARCHAR(320), required: one address
+             @DefaultFromName NVARCHAR(200), optional
+             @PerMinuteLimit, @PerHourLimit, @PerDayLimit INT > 0, NULL = unlimited
+             @IsDefault BIT, default 0: 1 makes this the account EnqueueMail
+                        uses when @AccountName is NULL (the previous default is cleared)
+Result set:  none.
+Errors:      50142 @AccountName missing; 50103 a value over its size;
+             50102 @DefaultFromAddress invalid; 50143 a limit not positive.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq',
+                 @DefaultFromAddress = N'noreply@example.com', @PerMinuteLimit = 20,
+                 @PerHourLimit = 500, @PerDayLimit = 5000, @IsDefault = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
+    @AccountName NVARCHAR(4000),
+    @DefaultFromAddress NVARCHAR(4000),
+    @DefaultFromName NVARCHAR(4000) = NULL,
+    @PerMinuteLimit INT = NULL,
+    @PerHourLimit INT = NULL,
+    @PerDayLimit INT = NULL,
+    @IsDefault BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @IsDefault = COALESCE(@IsDefault, 0);
+    IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50142, N'@AccountName is required.', 1;
+    IF LEN(@AccountName) > 128 OR LEN(@DefaultFromAddress) > 320 OR LEN(@DefaultFromName) > 200
+        THROW 50103, N'@AccountName (128), @DefaultFromAddress (320) or @DefaultFromName (200) is over its size.', 1;
+    IF @DefaultFromName LIKE N'%[' + NCHAR(13) + NCHAR(10) + N']%'
+        THROW 50105, N'@DefaultFromName contains CR or LF (header injection is refused).', 1;
+    IF
+        @DefaultFromAddress IS NULL
+        OR (SELECT COUNT(*) FROM mailq.ParseAddressList(@DefaultFromAddress)) <> 1
+        OR EXISTS (SELECT 1 FROM mailq.ParseAddressList(@DefaultFromAddress) AS a WHERE a.Problem IS NOT NULL)
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@DefaultFromAddress must be one valid address; got ''', LEFT(@DefaultFromAddress, 100), N'''.'
+        );
+        THROW 50102, @Msg, 1;
+    END;
+    IF @PerMinuteLimit <= 0 OR @PerHourLimit <= 0 OR @PerDayLimit <= 0
+        THROW 50143, N'@PerMinuteLimit, @PerHourLimit and @PerDayLimit must be positive, or NULL for no limit.', 1;
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION UpsertSendingAccount;
+
+        IF @IsDefault = 1
+            UPDATE a
+            SET a.IsDefault = 0
+            FROM mailq.SendingAccount AS a
+            WHERE a.IsDefault = 1 AND a.AccountName <> @AccountName;
+
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
+        IF EXISTS (
+            SELECT 1
+            FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK)
+            WHERE a.AccountName = @AccountName
+        )
+            UPDATE a
+            SET
+                a.DefaultFromAddress = LTRIM(RTRIM(@DefaultFromAddress)),
+                a.DefaultFromName = @DefaultFromName,
+                a.PerMinuteLimit = @PerMinuteLimit,
+                a.PerHourLimit = @PerHourLimit,
+                a.PerDayLimit = @PerDayLimit,
+                a.IsDefault = @IsDefault
+            FROM mailq.SendingAccount AS a
+            WHERE a.AccountName = @AccountName;
+        ELSE
+            INSERT INTO mailq.SendingAccount (
+                AccountName, DefaultFromAddress, DefaultFromName,
+                PerMinuteLimit, PerHourLimit, PerDayLimit, IsDefault
+            )
+            VALUES (
+                @AccountName, LTRIM(RTRIM(@DefaultFromAddress)), @DefaultFromName,
+                @PerMinuteLimit, @PerHourLimit, @PerDayLimit, @IsDefault
+            );
+
+        IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
+            INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION UpsertSendingAccount;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
+nothing.  @Disposition follows TinyMail's error classes:
+  Retry  transient (4xx on the mail, dropped connection, timeout): the attempt
+         is consumed; the mail is UnSent again after @RetryAfterSeconds, or
+         after exponential backoff with jitter: 30 s * 2^(attempt-1), at most
+         1 hour, times a random 0.8-1.2; Failed when no attempt is left.
+  Wait   the account is throttled or locked (421, rate limits): the attempt is
+         refunded, the mail is UnSent again after @RetryAfterSeconds (default
+         60), and the account is blocked until then (ClaimMail skips it).
+  Stop   permanent (5xx, malformed mail): Failed at once.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @Disposition NVARCHAR(8),
+             required; @Error NVARCHAR(4000), required: what happened;
+             @RetryAfterSeconds INT 0-604800, optional; @SmtpCode INT 200-599, optional.
+Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc
+             (NULL when Failed).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50133 @Disposition unknown; 50134 @RetryAfterSeconds out of range;
+             50139 @Error missing; 50147 @SmtpCode out of range.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
+                 @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkFailed
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @Disposition NVARCHAR(20),
+    @Error NVARCHAR(4000),
+    @RetryAfterSeconds INT = NULL,
+    @SmtpCode INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @Disposition IS NULL OR @Disposition NOT IN (N'Retry', N'Wait', N'Stop')
+    BEGIN
+        SET @Msg = CONCAT(N'@Disposition must be Retry, Wait or Stop; got ''', @Disposition, N'''.');
+        THROW 50133, @Msg, 1;
+    END;
+    IF NULLIF(LTRIM(RTRIM(@Error)), N'') IS NULL
+        THROW 50139, N'@Error is required: say what failed (the SMTP reply or the exception).', 1;
+    IF @RetryAfterSeconds NOT BETWEEN 0 AND 604800
+    BEGIN
+        SET @Msg = CONCAT(N'@RetryAfterSeconds must be 0-604800 (7 days); got ', @RetryAfterSeconds, N'.');
+        THROW 50134, @Msg, 1;
+    END;
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @WaitUntil DATETIME2(3) = DATEADD(SECOND, COALESCE(@RetryAfterSeconds, 60), @Now);
+    DECLARE @Acked TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AttemptNo INT NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        Status NVARCHAR(16) NOT NULL,
+        NextAttemptUtc DATETIME2(3) NULL
+    );
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION MarkFailed;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        WITH Outcome AS (
+            SELECT
+                q.ID,
+                q.AccountName,
+                q.Status,
+                q.ThreadLock,
+                q.VisibleAtUtc,
+                q.AttemptsRemaining,
+                q.AttemptCount,
+                q.DateProcessed,
+                q.LastError,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN N'UnSent'
+                    WHEN @Disposition = N'Retry' AND q.AttemptsRemaining > 0 THEN N'UnSent'
+                    ELSE N'Failed'
+                END AS NewStatus,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN @WaitUntil
+                    WHEN @RetryAfterSeconds IS NOT NULL THEN DATEADD(SECOND, @RetryAfterSeconds, @Now)
+                    -- Exponential backoff with jitter; NEWID() gives each row its own.
+                    ELSE DATEADD(
+                        MILLISECOND,
+                        CAST(
+                            IIF(
+                                q.AttemptCount >= 8, 3600,
+                                30 * POWER(2, IIF(q.AttemptCount < 1, 0, q.AttemptCount - 1))
+                            )
+                            * (800 + ABS(CHECKSUM(NEWID())) % 401) AS INT
+                        ),
+                        @Now
+                    )
+                END AS RetryAtUtc
+            FROM mailq.MailQueue AS q
+            INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+            WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
+        )
+
+        UPDATE o
+        SET
+            o.Status = o.NewStatus,
+            o.ThreadLock = NULL,
+            o.VisibleAtUtc = IIF(o.NewStatus = N'UnSent', o.RetryAtUtc, o.VisibleAtUtc),
+            -- Wait is not the mail's fault: its attempt is refunded.
+            o.AttemptsRemaining = o.AttemptsRemaining + IIF(@Disposition = N'Wait', 1, 0),
+            o.DateProcessed = @Now,
+            o.LastError = @Error
+        OUTPUT
+            inserted.ID,
+            inserted.AttemptCount,
+            inserted.AccountName,
+            inserted.Status,
+            IIF(inserted.Status = N'UnSent', inserted.VisibleAtUtc, NULL)
+        INTO @Acked (ID, AttemptNo, AccountName, Status, NextAttemptUtc)
+        FROM Outcome AS o;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = @Disposition,
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @Error
+        FROM mailq.MailAttempt AS t
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @Disposition = N'Wait'
+            UPDATE s
+            SET
+                s.BlockedUntilUtc = IIF(s.BlockedUntilUtc > @WaitUntil, s.BlockedUntilUtc, @WaitUntil),
+                s.BlockReason = @Error
+            FROM mailq.SendingAccount AS s
+            WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION MarkFailed;
+        THROW;
+    END CATCH;
+
+    SELECT
+        a.ID,
+        a.Status,
+        a.NextAttemptUtc
+    FROM @Acked AS a
+    ORDER BY a.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkSent: records mails as sent; fenced by the lock token and all or
+nothing, so one call acknowledges every mail sent on one SMTP connection.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
+             exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
+             final reply, optional; @DryRun BIT, default 0: 1 records that
+             nothing was sent (worker dry-run mode).
+Result set:  one row per mail: ID, Status ('Sent'), NextAttemptUtc (NULL).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50147 @SmtpCode out of range.  On any error nothing is written.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkSent
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @SmtpCode INT = NULL,
+    @SmtpText NVARCHAR(4000) = NULL,
+    @DryRun BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @DryRun = COALESCE(@DryRun, 0);
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Acked TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION MarkSent;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET
+            q.Status = N'Sent',
+            q.ThreadLock = NULL,
+            q.SentAtUtc = @Now,
+            q.DateProcessed = @Now,
+            q.DryRun = @DryRun,
+            q.LastError = NULL
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Acked (ID, AttemptNo)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = IIF(@DryRun = 1, N'DryRun', N'Sent'),
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @SmtpText
+        FROM mailq.MailAttempt AS t
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION MarkSent;
+        THROW;
+    END CATCH;
+
+    SELECT
+        a.ID,
+        N'Sent' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc
+    FROM @Acked AS a
+    ORDER BY a.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ReleaseMail: gives back mails a worker holds but has not sent (e.g. on
+shutdown): UnSent and due now, the attempt refunded, the attempt row closed
+as Released.  Fenced by the lock token, all or nothing.  The rate budget the
+claim took is not refunded (limits stay conservative).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required.
+Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.ReleaseMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION ReleaseMail;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.ThreadLock = NULL,
+            q.VisibleAtUtc = @Now,
+            q.AttemptsRemaining = q.AttemptsRemaining + 1
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Released (ID, AttemptNo)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Released'
+        FROM mailq.MailAttempt AS t
+        INNER JOIN @Released AS r ON t.MailID = r.ID AND t.AttemptNo = r.AttemptNo;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION ReleaseMail;
+        THROW;
+    END CATCH;
+
+    SELECT
+        r.ID,
+        N'UnSent' AS Status,
+        @Now AS NextAttemptUtc
+    FROM @Released AS r
+    ORDER BY r.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.
+A mail is claimable when it is UnSent and due, or Sending with an expired
+lease (its worker died or stalled): VisibleAtUtc <= now in both cases.
+Order: highest Priority first, then oldest VisibleAtUtc, then ID.
+The claim is ONE UPDATE statement (READPAST, UPDLOCK, ROWLOCK), so two
+workers never take the same mail and a claimer never waits on another.  In
+the same statement, a reclaimed mail with no attempt left becomes Failed and
+a mail past its ExpiresAtUtc becomes Expired (neither is returned).
+Rate limits: accounts with limits are charged in mailq.RateBudget inside this
+transaction, so the limits hold across every worker.  The budget row is read
+WITH (UPDLOCK, READPAST): while another claimer holds an account's budget,
+this claimer skips that account's mail instead of waiting.  Accounts whose
+BlockedUntilUtc is in the future are skipped.
+Parameters:  @BatchSize    INT 1-1000, default 10
+             @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
+                           this batch; every acknowledgement must present it
+             @LeaseSeconds INT 1-3600, default 300
+             @AppName      NULL (default): claim every application's mail
+                           (competing); a name: only that application's mail (isolated)
+             @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
+Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
+                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
+                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp
+             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
+Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
+             50132 @LeaseSeconds out of range; 50103 a name over its size;
+             50115 unknown @AppName.
+Transaction: joins the caller's via a savepoint, else opens its own; the
+             result sets are read after the commit (the rows are leased).
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
+                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimMail
+    @BatchSize INT = 10,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300,
+    @AppName NVARCHAR(4000) = NULL,
+    @WorkerName NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 10);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50130, @Msg, 1;
+    END;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: a new GUID per claimed batch.', 1;
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+    IF LEN(@AppName) > 128 OR LEN(@WorkerName) > 128
+        THROW 50103, N'@AppName and @WorkerName are limited to 128 characters.', 1;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50115, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, @Now);
+    DECLARE @MinuteStart DATETIME2(0) = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
+    DECLARE @HourStart DATETIME2(0) = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
+    DECLARE @DayStart DATETIME2(0) = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
+
+    DECLARE @Budget TABLE (
+        AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        Remaining INT NOT NULL,
+        IsLimited BIT NOT NULL
+    );
+    DECLARE @Claimed TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AccountName NVARCHAR(128) NOT NULL,
+        NewStatus NVARCHAR(16) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AttemptNo INT NOT NULL
+    );
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION ClaimMail;
+
+        -- Accounts without limits: no budget to take, so no lock either.
+        INSERT INTO @Budget (AccountName, Remaining, IsLimited)
+        SELECT a.AccountName, @BatchSize, 0
+        FROM mailq.SendingAccount AS a
+        WHERE
+            a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
+            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now);
+
+        -- Accounts with limits: what is left of each window.
+        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
+        --           cannot both spend the same remainder;
+        -- READPAST: a budget row held by another claimer is skipped (that
+        --           account's mail waits for the next claim), never waited on;
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page.
+        INSERT INTO @Budget (AccountName, Remaining, IsLimited)
+        SELECT
+            a.AccountName,
+            (
+                SELECT MIN(w.Remaining)
+                FROM (
+                    VALUES
+                    (COALESCE(a.PerMinuteLimit - IIF(b.MinuteStartUtc = @MinuteStart, b.MinuteCount, 0), @BatchSize)),
+                    (COALESCE(a.PerHourLimit - IIF(b.HourStartUtc = @HourStart, b.HourCount, 0), @BatchSize)),
+                    (COALESCE(a.PerDayLimit - IIF(b.DayStartUtc = @DayStart, b.DayCount, 0), @BatchSize))
+                ) AS w(Remaining)
+            ) AS Remaining,
+            1
+        FROM mailq.SendingAccount AS a
+        INNER JOIN mailq.RateBudget AS b WITH (UPDLOCK, READPAST, ROWLOCK)
+            ON a.AccountName = b.AccountName
+        WHERE
+            (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
+            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now);
+
+        DELETE FROM @Budget WHERE Remaining <= 0;
+
+        -- The claim: one statement.  The Candidate CTE is the seek on
+        -- IX_MailQueue_Claim described beside that index (ten ranges, already
+        -- in ORDER BY order, TOP stops early).
+        --   READPAST: skip rows other workers hold instead of waiting on them;
+        --   UPDLOCK:  claim while reading, so two workers can't take one row;
+        --   ROWLOCK:  row grain, so READPAST skips rows rather than pages.
+        -- Ranked numbers each account's sendable rows so that an account with
+        -- a smaller remaining budget than its share of the batch is charged
+        -- only up to its budget; the other candidates stay UnSent (their
+        -- update locks end with this short transaction).
+        WITH Candidate AS (
+            SELECT TOP (@BatchSize)
+                q.ID,
+                q.AccountName,
+                q.Priority,
+                q.VisibleAtUtc,
+                q.Status,
+                q.ThreadLock,
+                q.AttemptsRemaining,
+                q.AttemptCount,
+                q.PossibleDuplicate,
+                q.DateProcessed,
+                q.LastError,
+                IIF(q.AttemptsRemaining > 0 AND (q.ExpiresAtUtc IS NULL OR q.ExpiresAtUtc > @Now), 1, 0) AS WillSend
+            FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
+            WHERE
+                q.Status IN (N'UnSent', N'Sending')
+                AND q.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                AND q.VisibleAtUtc <= @Now
+                AND (@AppName IS NULL OR q.AppName = @AppName)
+                AND EXISTS (SELECT 1 FROM @Budget AS b WHERE b.AccountName = q.AccountName)
+            ORDER BY q.Priority DESC, q.VisibleAtUtc ASC, q.ID ASC
+        ),
+
+        Ranked AS (
+            SELECT
+                c.ID,
+                c.AccountName,
+                c.VisibleAtUtc,
+                c.Status,
+                c.ThreadLock,
+                c.AttemptsRemaining,
+                c.AttemptCount,
+                c.PossibleDuplicate,
+                c.DateProcessed,
+                c.LastError,
+                c.WillSend,
+                ROW_NUMBER() OVER (
+                    PARTITION BY c.AccountName, c.WillSend
+                    ORDER BY c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
+                ) AS AccountRank
+            FROM Candidate AS c
+        )
+
+        UPDATE r
+        SET
+            r.Status = CASE
+                WHEN r.WillSend = 1 THEN N'Sending'
+                WHEN r.AttemptsRemaining <= 0 THEN N'Failed'
+                ELSE N'Expired'
+            END,
+            r.ThreadLock = IIF(r.WillSend = 1, @LockToken, NULL),
+            r.VisibleAtUtc = IIF(r.WillSend = 1, @LeaseUntil, r.VisibleAtUtc),
+            r.AttemptsRemaining = r.AttemptsRemaining - r.WillSend,
+            r.AttemptCount = r.AttemptCount + r.WillSend,
+            -- A lease that expired may hide a mail the dead worker already
+            -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+            r.PossibleDuplicate = IIF(r.Status = N'Sending', CAST(1 AS BIT), r.PossibleDuplicate),
+            r.DateProcessed = IIF(r.WillSend = 1, r.DateProcessed, @Now),
+            r.LastError = CASE
+                WHEN r.WillSend = 1 THEN r.LastError
+                WHEN r.AttemptsRemaining <= 0
+                    THEN CONCAT(N'No attempt left after an abandoned lease. Last error: ', r.LastError)
+                ELSE N'Expired before it could be sent (ExpiresAtUtc passed).'
+            END
+        OUTPUT
+            inserted.ID,
+            inserted.AccountName,
+            inserted.Status,
+            deleted.Status,
+            deleted.ThreadLock,
+            inserted.AttemptCount
+        INTO @Claimed (ID, AccountName, NewStatus, OldStatus, OldLockToken, AttemptNo)
+        FROM Ranked AS r
+        WHERE
+            r.WillSend = 0
+            OR r.AccountRank <= (SELECT b.Remaining FROM @Budget AS b WHERE b.AccountName = r.AccountName);
+
+        -- Charge the budget of limited accounts (rows already U-locked above).
+        UPDATE b
+        SET
+            b.MinuteCount = IIF(b.MinuteStartUtc = @MinuteStart, b.MinuteCount, 0) + c.ClaimedCount,
+            b.MinuteStartUtc = @MinuteStart,
+            b.HourCount = IIF(b.HourStartUtc = @HourStart, b.HourCount, 0) + c.ClaimedCount,
+            b.HourStartUtc = @HourStart,
+            b.DayCount = IIF(b.DayStartUtc = @DayStart, b.DayCount, 0) + c.ClaimedCount,
+            b.DayStartUtc = @DayStart
+        FROM mailq.RateBudget AS b
+        INNER JOIN (
+            SELECT m.AccountName, COUNT(*) AS ClaimedCount
+            FROM @Claimed AS m
+            WHERE m.NewStatus = N'Sending'
+            GROUP BY m.AccountName
+        ) AS c ON b.AccountName = c.AccountName
+        WHERE b.AccountName IN (SELECT l.AccountName FROM @Budget AS l WHERE l.IsLimited = 1);
+
+        -- Close the attempts of reclaimed leases as abandoned.
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Abandoned',
+            t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
+        FROM mailq.MailAttempt AS t
+        INNER JOIN @Claimed AS c
+            ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
+        WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+        -- Open an attempt for each mail now leased.
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
+        FROM @Claimed AS c
+        WHERE c.NewStatus = N'Sending';
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION ClaimMail;
+        THROW;
+    END CATCH;
+
+    -- 3. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    SELECT
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.AppName,
+        q.FromName,
+        q.FromAddress,
+        q.ReplyTo,
+        q.ToAddress,
+        q.CC,
+        q.BCC,
+        q.Subject,
+        q.Body,
+        q.BodyFormat,
+        q.TextBody,
+        q.Headers,
+        q.Priority,
+        q.AttemptCount AS AttemptNo,
+        q.AttemptsRemaining,
+        q.VisibleAtUtc AS LeaseExpiresUtc,
+        q.PossibleDuplicate,
+        q.dtStamp
+    FROM mailq.MailQueue AS q
+    INNER JOIN @Claimed AS c ON q.ID = c.ID
+    WHERE c.NewStatus = N'Sending' AND q.ThreadLock = @LockToken
+    ORDER BY q.Priority DESC, q.ID ASC;
+
+    SELECT
+        a.MailID,
+        a.AttachmentNo,
+        a.FileName,
+        a.ContentType,
+        a.Content
+    FROM mailq.MailAttachment AS a
+    INNER JOIN @Claimed AS c ON a.MailID = c.ID
+    WHERE c.NewStatus = N'Sending'
+    ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
+that is already queued it returns the existing mail and inserts nothing.
+Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated addresses
+             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars
+             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars
+             @BodyFormat  N'Text' (default) or N'Html'
+             @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
+             @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
+             @FromAddress default: the account's DefaultFromAddress
+             @FromName    default: the account's DefaultFromName, <= 200 chars
+             @ReplyTo     one address
+             @Headers     business headers: a JSON object of string values,
+                          e.g. N'{"X-Order-Id": "42"}'; at most 50
+             @AccountName default: the default sending account
+             @AppName     a registered application (mailq.UpsertApplication)
+             @Priority    0-9, 9 first, default 5
+             @DateToProcess  UTC time to send at, default now
+             @ExpiresAtUtc   UTC time after which the mail is Expired unsent
+             @MaxAttempts    1-20, default 5
+             @IdempotencyKey <= 200 chars; see "Idempotency" below
+             @Attachments    JSON array of {"FileName", "ContentType",
+                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all
+             NULL for an optional parameter means its default.
+Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
+             sent unchanged by every attempt), @Created BIT (0 when an existing
+             mail was returned for the idempotency key).  No result set, so the
+             procedure can be called from triggers.
+Idempotency: the key is global.  The same key with the same content (the
+             parameters exactly as passed, attachments included) returns the
+             first mail; with different content it raises 50116 and writes
+             nothing.  A key is free again once PurgeMail deleted its mail.
+Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
+             50103 a value over its size; 50104 more than 100 recipients;
+             50105 CR or LF in a header value (header injection);
+             50106 @Headers not a JSON object of string values;
+             50107 invalid header name; 50108 header would override a reserved one;
+             50109 @Priority not 0-9; 50110 @ExpiresAtUtc not after the due time;
+             50111 body over its limit; 50112 attachment count or size over limit;
+             50113 attachment file name empty or path-like;
+             50114 unknown (or no default) account; 50115 unknown application;
+             50116 idempotency key reused with different content;
+             50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
+             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     DECLARE @ID BIGINT;
+             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
+                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
+                 @MailID = @ID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMail
+    @ToAddress NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX),
+    @Body NVARCHAR(MAX),
+    @BodyFormat NVARCHAR(20) = N'Text',
+    @TextBody NVARCHAR(MAX) = NULL,
+    @CC NVARCHAR(MAX) = NULL,
+    @BCC NVARCHAR(MAX) = NULL,
+    @FromAddress NVARCHAR(MAX) = NULL,
+    @FromName NVARCHAR(MAX) = NULL,
+    @ReplyTo NVARCHAR(MAX) = NULL,
+    @Headers NVARCHAR(MAX) = NULL,
+    @AccountName NVARCHAR(4000) = NULL,
+    @AppName NVARCHAR(4000) = NULL,
+    @Priority INT = 5,
+    @DateToProcess DATETIME2(3) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL,
+    @MaxAttempts INT = 5,
+    @IdempotencyKey NVARCHAR(4000) = NULL,
+    @Attachments NVARCHAR(MAX) = NULL,
+    @MailID BIGINT = NULL OUTPUT,
+    @MessageID NVARCHAR(255) = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Msg NVARCHAR(2048);
+    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
+
+    -- The content hash covers the parameters exactly as passed (before
+    -- defaults), so that the same call is recognised as the same mail.
+    DECLARE @ContentJson NVARCHAR(MAX) = (
+        SELECT
+            @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, @Subject AS Subject,
+            @Body AS Body, @BodyFormat AS BodyFormat, @TextBody AS TextBody,
+            @FromAddress AS FromAddress, @FromName AS FromName, @ReplyTo AS ReplyTo,
+            @Headers AS Headers, @AccountName AS AccountName, @AppName AS AppName,
+            @Priority AS Priority, @DateToProcess AS DateToProcess,
+            @ExpiresAtUtc AS ExpiresAtUtc, @MaxAttempts AS MaxAttempts,
+            @Attachments AS Attachments
+        FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
+    );
+
+    SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
+    SET @Priority = COALESCE(@Priority, 5);
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    SET @DateToProcess = COALESCE(@DateToProcess, @Now);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(@ToAddress))
+        THROW 50101, N'@ToAddress is required: give at least one recipient address (separate several with ;).', 1;
+    IF @Subject IS NULL
+        THROW 50121, N'@Subject is required (pass N'''' for a mail without subject).', 1;
+    IF @Body IS NULL
+        THROW 50120, N'@Body is required.', 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.')
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress, 4000), (2, N'@CC', @CC, 4000), (3, N'@BCC', @BCC, 4000),
+        (4, N'@Subject', @Subject, 900), (5, N'@FromAddress', @FromAddress, 320),
+        (6, N'@FromName', @FromName, 200), (7, N'@ReplyTo', @ReplyTo, 320),
+        (8, N'@AccountName', @AccountName, 128), (9, N'@AppName', @AppName, 128),
+        (10, N'@IdempotencyKey', @IdempotencyKey, 200)
+    ) AS v(Position, ParamName, Value, MaxLength)
+    WHERE LEN(v.Value) > v.MaxLength
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' contains CR or LF; header values must be one line (header injection is refused).')
+    FROM (
+        VALUES
+        (1, N'@Subject', @Subject), (2, N'@FromName', @FromName), (3, N'@ReplyTo', @ReplyTo),
+        (4, N'@FromAddress', @FromAddress), (5, N'@IdempotencyKey', @IdempotencyKey)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value LIKE @CrLf
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(
+            v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'
+        )
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress), (2, N'@CC', @CC), (3, N'@BCC', @BCC),
+        (4, N'@ReplyTo', @ReplyTo), (5, N'@FromAddress', @FromAddress)
+    ) AS v(Position, ParamName, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+    WHERE a.Problem IS NOT NULL
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50102, @Msg, 1;
+
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) > 1
+        THROW 50102, N'@ReplyTo takes one address.', 1;
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) > 1
+        THROW 50102, N'@FromAddress takes one address.', 1;
+
+    DECLARE @RecipientCount INT = (
+        SELECT COUNT(*)
+        FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value)
+    );
+    IF @RecipientCount > 100
+    BEGIN
+        SET @Msg = CONCAT(N'@ToAddress, @CC and @BCC name ', @RecipientCount, N' recipients; the limit is 100.');
+        THROW 50104, @Msg, 1;
+    END;
+
+    IF @BodyFormat NOT IN (N'Text', N'Html')
+    BEGIN
+        SET @Msg = CONCAT(N'@BodyFormat must be Text or Html; got ''', LEFT(@BodyFormat, 20), N'''.');
+        THROW 50118, @Msg, 1;
+    END;
+    IF @Priority NOT BETWEEN 0 AND 9
+    BEGIN
+        SET @Msg = CONCAT(N'@Priority must be 0-9 (9 is sent first); got ', @Priority, N'.');
+        THROW 50109, @Msg, 1;
+    END;
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    IF @ExpiresAtUtc <= @DateToProcess
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ExpiresAtUtc (', CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126),
+            N') must be later than the due time (', CONVERT(NVARCHAR(30), @DateToProcess, 126), N').'
+        );
+        THROW 50110, @Msg, 1;
+    END;
+    IF LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000
+        THROW 50111, N'@Body and @TextBody are limited to 2,000,000 characters each.', 1;
+
+    -- Business headers: a JSON object whose values are strings.
+    IF @Headers IS NOT NULL
+    BEGIN
+        IF ISJSON(@Headers) = 0 OR LEFT(LTRIM(@Headers), 1) <> N'{'
+            THROW 50106, N'@Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[type] <> 1;
+        IF @Msg IS NOT NULL THROW 50106, @Msg, 1;
+
+        IF (SELECT COUNT(*) FROM OPENJSON(@Headers)) > 50
+            THROW 50106, N'@Headers holds more than 50 headers.', 1;
+
+        IF EXISTS (
+            SELECT UPPER(j.[key]) AS HeaderName
+            FROM OPENJSON(@Headers) AS j
+            GROUP BY UPPER(j.[key])
+            HAVING COUNT(*) > 1
+        )
+            THROW 50106, N'@Headers names one header twice.', 1;
+
+        -- RFC 5322 field name: 1-76 printable US-ASCII characters except ':'
+        -- (the binary collation makes the ranges code-point ranges).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
+            N'(1-76 printable ASCII characters, no space or colon).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE
+            LEN(j.[key]) NOT BETWEEN 1 AND 76
+            OR j.[key] COLLATE Latin1_General_BIN LIKE N'%[^!-9;-~]%';
+        IF @Msg IS NOT NULL THROW 50107, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: ''', j.[key], N''' is set by mailq-db and cannot be overridden.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE UPPER(j.[key]) IN (
+            N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
+            N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
+            N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'
+        );
+        IF @Msg IS NOT NULL THROW 50108, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: the value of ''', j.[key], N''' contains CR or LF (header injection is refused).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[value] LIKE @CrLf;
+        IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', j.[key], N''' is longer than 900 characters.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE LEN(j.[value]) > 900;
+        IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+    END;
+
+    -- Account and application.
+    DECLARE @ResolvedAccount NVARCHAR(128), @DefaultFrom NVARCHAR(320), @DefaultFromName NVARCHAR(200);
+    SELECT
+        @ResolvedAccount = a.AccountName,
+        @DefaultFrom = a.DefaultFromAddress,
+        @DefaultFromName = a.DefaultFromName
+    FROM mailq.SendingAccount AS a
+    WHERE
+        (@AccountName IS NOT NULL AND a.AccountName = @AccountName)
+        OR (@AccountName IS NULL AND a.IsDefault = 1);
+    IF @ResolvedAccount IS NULL
+    BEGIN
+        SET @Msg = IIF(
+            @AccountName IS NULL,
+            N'@AccountName is NULL and no default sending account exists (mailq.UpsertSendingAccount @IsDefault = 1).',
+            CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account (mailq.UpsertSendingAccount).')
+        );
+        THROW 50114, @Msg, 1;
+    END;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application (mailq.UpsertApplication).');
+        THROW 50115, @Msg, 1;
+    END;
+
+    SET @FromAddress = LTRIM(RTRIM(COALESCE(@FromAddress, @DefaultFrom)));
+    SET @FromName = COALESCE(@FromName, @DefaultFromName);
+
+    -- Attachments: decoded from base64 by OPENJSON ... WITH (VARBINARY), which
+    -- raises an error for text that is not base64: caught and reported as 50117.
+    DECLARE @Attachment TABLE (
+        AttachmentNo INT NOT NULL PRIMARY KEY,
+        FileName NVARCHAR(4000) NULL,
+        ContentType NVARCHAR(4000) NULL,
+        Content VARBINARY(MAX) NULL
+    );
+    IF @Attachments IS NOT NULL
+    BEGIN
+        IF ISJSON(@Attachments) = 0 OR LEFT(LTRIM(@Attachments), 1) <> N'['
+            THROW 50117,
+                N'@Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.',
+                1;
+        IF EXISTS (SELECT 1 FROM OPENJSON(@Attachments) AS e WHERE e.[type] <> 5)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        BEGIN TRY
+            INSERT INTO @Attachment (AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                CAST(e.[key] AS INT) + 1 AS AttachmentNo,
+                f.FileName,
+                f.ContentType,
+                f.Content
+            FROM OPENJSON(@Attachments) AS e
+            CROSS APPLY OPENJSON (e.[value])
+                WITH (
+                    FileName NVARCHAR(4000) '$.FileName',
+                    ContentType NVARCHAR(4000) '$.ContentType',
+                    Content VARBINARY(MAX) '$.ContentBase64'
+                ) AS f;
+        END TRY
+        BEGIN CATCH
+            SET @Msg = CONCAT(N'@Attachments: ContentBase64 must be base64 text (', ERROR_MESSAGE(), N').');
+            THROW 50117, @Msg, 1;
+        END CATCH;
+
+        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        IF (SELECT COUNT(*) FROM @Attachment) > 10
+            THROW 50112, N'@Attachments holds more than 10 attachments.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: file name ''', LEFT(t.FileName, 100),
+            N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).'
+        )
+        FROM @Attachment AS t
+        WHERE
+            NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
+            OR t.FileName LIKE N'%[/\:]%'
+            OR t.FileName IN (N'.', N'..')
+            OR t.FileName LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            OR LEN(t.FileName) > 255
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50113, @Msg, 1;
+
+        SELECT TOP (1)
+            @Msg = CONCAT(N'@Attachments: content type of ''', t.FileName, N''' must look like type/subtype.')
+        FROM @Attachment AS t
+        WHERE
+            t.ContentType IS NOT NULL
+            AND (t.ContentType NOT LIKE N'_%/_%' OR t.ContentType LIKE @CrLf OR LEN(t.ContentType) > 255)
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50117, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: ''', t.FileName, N''' is ', DATALENGTH(t.Content),
+            N' bytes; the limit is 10485760 (10 MiB) per attachment.'
+        )
+        FROM @Attachment AS t
+        WHERE DATALENGTH(t.Content) > 10485760
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50112, @Msg, 1;
+
+        IF (SELECT SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) FROM @Attachment AS t) > 26214400
+            THROW 50112, N'@Attachments total more than 26214400 bytes (25 MiB) per mail.', 1;
+    END;
+
+    DECLARE @ContentHash VARBINARY(32) = HASHBYTES('SHA2_256', @ContentJson);
+    DECLARE @Domain NVARCHAR(320) = SUBSTRING(@FromAddress, CHARINDEX(N'@', @FromAddress) + 1, 320);
+    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
+    IF @Domain COLLATE Latin1_General_BIN LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION EnqueueMail;
+
+        DECLARE @ExistingHash VARBINARY(32);
+        SET @MailID = NULL;
+        IF @IdempotencyKey IS NOT NULL
+        BEGIN
+            -- UPDLOCK, HOLDLOCK: the key-range lock on UX_MailQueue_IdempotencyKey
+            -- stops two sessions from both seeing the key absent and inserting.
+            SELECT
+                @MailID = q.ID,
+                @MessageID = q.MessageID,
+                @ExistingHash = q.ContentHash
+            FROM mailq.MailQueue AS q WITH (UPDLOCK, HOLDLOCK)
+            WHERE q.IdempotencyKey = @IdempotencyKey;
+
+            IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''' already belongs to mail ', @MailID,
+                    N' with different content; use a new key for a different mail.'
+                );
+                THROW 50116, @Msg, 1;
+            END;
+        END;
+
+        IF @MailID IS NOT NULL
+            SET @Created = 0;
+        ELSE
+        BEGIN
+            SET @MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', @Domain, N'>');
+
+            INSERT INTO mailq.MailQueue (
+                dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
+                ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
+                Status, AttemptsRemaining, Priority, AccountName, AppName,
+                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc
+            )
+            VALUES (
+                @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
+                @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
+                N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
+                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc
+            );
+            SET @MailID = SCOPE_IDENTITY();
+
+            INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                @MailID,
+                t.AttachmentNo,
+                LTRIM(RTRIM(t.FileName)),
+                COALESCE(t.ContentType, N'application/octet-stream'),
+                t.Content
+            FROM @Attachment AS t;
+
+            SET @Created = 1;
+        END;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION EnqueueMail;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.LockLeasedMail: the fence of every acknowledgement (internal: called by
+ExtendLease, ReleaseMail, MarkSent and MarkFailed inside their transaction;
+granted to no role).  Validates @ID / @IDList, then locks the named mails
+WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises an
+error unless every one of them exists, is Sending and holds @LockToken.  The
+caller's UPDATE then cannot race a reclaim: a worker whose lease expired and
+was reclaimed is told so and changes nothing (all or nothing).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (a JSON array of 1-1000
+             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required
+Result set:  none.
+Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
+             50137 @IDList malformed; 50201 unknown mail ID;
+             50202 the mail is leased under another token (lease lost);
+             50203 the mail is not Sending (already acknowledged or never claimed).
+Transaction: must run inside the caller's transaction (raises 50138 otherwise).
+Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @@TRANCOUNT = 0
+        THROW 50138, N'mailq.LockLeasedMail must run inside the caller''s transaction.', 1;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
+    IF (@ID IS NULL AND @IDList IS NULL) OR (@ID IS NOT NULL AND @IDList IS NOT NULL)
+        THROW 50136, N'Give exactly one of @ID (one mail) or @IDList (a JSON array of mail IDs).', 1;
+    IF
+        @IDList IS NOT NULL
+        AND (
+            ISJSON(@IDList) = 0
+            OR LEFT(LTRIM(@IDList), 1) <> N'['
+            OR EXISTS (
+                SELECT 1
+                FROM OPENJSON(@IDList) AS j
+                WHERE j.[type] <> 2 OR TRY_CAST(j.[value] AS BIGINT) IS NULL
+            )
+            OR (SELECT COUNT(*) FROM OPENJSON(@IDList)) NOT BETWEEN 1 AND 1000
+        )
+        THROW 50137, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
+
+    DECLARE @Held TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        Status NVARCHAR(16) NULL,
+        ThreadLock UNIQUEIDENTIFIER NULL
+    );
+
+    -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
+    -- checked here still holds when the caller updates them.  No READPAST:
+    -- these rows must be seen, and only a reclaiming worker could hold them.
+    INSERT INTO @Held (ID, Status, ThreadLock)
+    SELECT l.ID, q.Status, q.ThreadLock
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    LEFT JOIN mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK) ON l.ID = q.ID;
+
+    SELECT TOP (1) @Msg = CONCAT(N'Mail ', h.ID, N' does not exist.')
+    FROM @Held AS h
+    WHERE h.Status IS NULL
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50201, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'Mail ', h.ID, N' is ', h.Status, N', not Sending: it was already acknowledged, released or never claimed.'
+    )
+    FROM @Held AS h
+    WHERE h.Status <> N'Sending'
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50203, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'Mail ', h.ID, N' is leased under another @LockToken: this worker''s lease expired and the mail ',
+        N'was reclaimed; nothing was changed.'
+    )
+    FROM @Held AS h
+    WHERE h.ThreadLock <> @LockToken
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50202, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ParseAddressList: splits a ';'-separated list of e-mail addresses and
+says what is wrong with each (inline, so it costs nothing outside the query).
+Parameters:  @List NVARCHAR(MAX), NULL gives no rows
+Returns:     Address NVARCHAR(MAX) (trimmed of spaces), Problem NVARCHAR(100)
+             (NULL when the address is acceptable).  Empty entries are skipped.
+Rules:       no CR, LF or other control character (header injection); no white
+             space; at most 254 characters (RFC 5321); exactly one '@' with a
+             non-empty local part and domain; no '<', '>', ',', ';', '"', '(',
+             ')' or '\' (display names are not accepted in address lists); the
+             domain neither starts nor ends with '.' nor contains '..'.
+             Non-ASCII addresses are accepted here; the worker sends them only
+             to servers that offer SMTPUTF8.
+Example:     SELECT a.Address, a.Problem FROM mailq.ParseAddressList(N'a@x.org; b@') AS a;
+*/
+CREATE OR ALTER FUNCTION mailq.ParseAddressList(@List NVARCHAR(MAX))
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    a.Address,
+    CASE
+        WHEN a.Address LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            THEN N'contains CR, LF or another control character'
+        WHEN a.Address LIKE N'% %' OR a.Address LIKE N'%' + NCHAR(160) + N'%'
+            THEN N'contains white space'
+        WHEN LEN(a.Address) > 254 THEN N'is longer than 254 characters'
+        WHEN a.Address NOT LIKE N'%_@_%' THEN N'has no local part or no domain'
+        WHEN a.Address LIKE N'%@%@%' THEN N'has more than one @'
+        WHEN a.Address LIKE N'%[<>,;"()\]%' THEN N'contains a character not allowed in an address'
+        WHEN a.Address LIKE N'%@.%' OR a.Address LIKE N'%.' OR a.Address LIKE N'%@%..%'
+            THEN N'has a malformed domain'
+    END AS Problem
+FROM (
+    SELECT LTRIM(RTRIM(s.value)) AS Address
+    FROM STRING_SPLIT(@List, N';') AS s
+) AS a
+WHERE a.Address <> N'';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_Claim serves mailq.ClaimMail at any queue depth.
+
+Keys (Priority DESC, VisibleAtUtc, ID), filtered to the claimable statuses,
+so the index holds only UnSent and Sending rows (a sent backlog of millions
+costs it nothing).  ClaimMail's predicate is
+    Status IN (N'UnSent', N'Sending')            -- matches the filter
+    AND Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+    AND VisibleAtUtc <= @Now
+    ORDER BY Priority DESC, VisibleAtUtc, ID
+Expected plan: Index Seek on IX_MailQueue_Claim with ten seek ranges
+(Priority = p AND VisibleAtUtc <= @Now), read in key order, so the rows come
+out already in ORDER BY order: no Sort over the backlog; Top (@BatchSize)
+stops the seek after the first rows that pass the residual predicates
+(account has budget, application); Key Lookup of the clustered index for the
+UPDATE; Clustered Index Update.  Logical reads per claim then depend on the
+batch size, not on the depth.  The integration suite checks the actual
+showplan at 100 k rows (tests/integration/test_claim_plan.py).
+
+INCLUDE covers the residual predicates (AccountName, AppName) without a
+lookup for rows that are skipped.  ALLOW_PAGE_LOCKS = OFF keeps READPAST at
+row grain (a page lock would make READPAST skip a whole page of due mail).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_Claim' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_MailQueue_Claim
+    ON mailq.MailQueue (Priority DESC, VisibleAtUtc ASC, ID ASC)
+    INCLUDE (AccountName, AppName)
+    WHERE Status IN (N'UnSent', N'Sending')
+    WITH (ALLOW_PAGE_LOCKS = OFF);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision = '0003';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0002' WHERE dbo.mailq_alembic_version.version_num = '0003';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running downgrade 0002 -> 0001
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 0
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0002')
+BEGIN
+    SET @Msg = CONCAT(N'This downgrade removes revision 0002; ', QUOTENAME(DB_NAME()),
+        N' is at ', ISNULL(@Current, N'no revision'),
+        N'. Render the downgrade for this database with: mailq-db deploy --sql --downgrade ', ISNULL(@Current, N'head'), N':<target>.');
+    THROW 50411, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = (
+    SELECT CAST(q.is_activation_enabled AS INT) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ'));
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = @Activation;
+IF @Activation = 1
+    ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.PendingTasks') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.PendingTasks FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.RunningTasks') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.RunningTasks FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.FailedTasks') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.FailedTasks FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.RefusedTasks') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.RefusedTasks FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Health') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.Health FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'dbo.CancelDelayExecution') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::dbo.CancelDelayExecution FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'dbo.InitiateDelayExecution') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::dbo.InitiateDelayExecution FROM MailqDelayCaller;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'dbo.CancelDelayExecution') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::dbo.CancelDelayExecution FROM MailqDelayCaller;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS delay.Health;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS delay.RefusedTasks;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS delay.FailedTasks;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS delay.RunningTasks;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS delay.PendingTasks;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.DisallowProcedure;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.AllowProcedure;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS dbo.CancelDelayExecution;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS dbo.InitiateDelayExecution;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TRIGGER IF EXISTS dbo.trg_tabDIYTable12402_ScheduleDelay;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NOT NULL
+    ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (DROP);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS dbo.ProcessDelayQueue;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.FinishTask;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP FUNCTION IF EXISTS delay.ResolveTarget;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF EXISTS (SELECT 1 FROM sys.services WHERE name = N'MailqDelayService')
+    DROP SERVICE MailqDelayService;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF EXISTS (SELECT 1 FROM sys.service_queues WHERE object_id = OBJECT_ID(N'dbo.DelayServiceQueue'))
+    DROP QUEUE dbo.DelayServiceQueue;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF EXISTS (SELECT 1 FROM sys.service_contracts WHERE name = N'MailqDelayContract')
+    DROP CONTRACT MailqDelayContract;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF EXISTS (SELECT 1 FROM sys.service_message_types WHERE name = N'MailqDelayRequest')
+    DROP MESSAGE TYPE MailqDelayRequest;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Installation', N'U') IS NOT NULL
+BEGIN
+    IF EXISTS (
+        SELECT 1 FROM delay.Installation
+        WHERE Item = N'dbo.tabDIYTable12402' AND Detail = N'created'
+    )
+        DROP TABLE IF EXISTS dbo.tabDIYTable12402;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Log') IS NOT NULL
+    DROP INDEX IF EXISTS IX_Log_TaskID ON delay.Log;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS delay.Log;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Task') IS NOT NULL
+    DROP INDEX IF EXISTS IX_Task_TaskState_NextRunAtUtc ON delay.Task;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Task') IS NOT NULL
+    DROP INDEX IF EXISTS UX_Task_ConversationHandle ON delay.Task;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS delay.Task;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.AllowedProcedure') IS NOT NULL
+    DROP INDEX IF EXISTS UX_AllowedProcedure_BareName ON delay.AllowedProcedure;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS delay.AllowedProcedure;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS delay.Setting;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS delay.Installation;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP SCHEMA IF EXISTS delay;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision = '0002';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = CAST(SESSION_CONTEXT(N'mailq_db.activation') AS INT);
+IF @Activation IS NOT NULL AND EXISTS (
+    SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL)
+BEGIN
+    IF @Activation = 1
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);
+    ELSE
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+END;
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = NULL;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0001' WHERE dbo.mailq_alembic_version.version_num = '0002';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running downgrade 0001 -> 
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 0
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0001')
+BEGIN
+    SET @Msg = CONCAT(N'This downgrade removes revision 0001; ', QUOTENAME(DB_NAME()),
+        N' is at ', ISNULL(@Current, N'no revision'),
+        N'. Render the downgrade for this database with: mailq-db deploy --sql --downgrade ', ISNULL(@Current, N'head'), N':<target>.');
+    THROW 50411, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.EnqueueMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.EnqueueMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ClaimMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ClaimMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ExtendLease') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ExtendLease FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ReleaseMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ReleaseMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MarkSent') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MarkSent FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MarkFailed') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MarkFailed FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.RequeueMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.RequeueMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.CancelMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.CancelMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.PurgeMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.PurgeMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UpsertSendingAccount') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UpsertSendingAccount FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UnblockSendingAccount') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UnblockSendingAccount FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UpsertApplication') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UpsertApplication FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.GetQueueStats') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetQueueStats FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.GetInstallationHealth') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetInstallationHealth FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.QueueCountsByStatus') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.QueueCountsByStatus FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.OldestDueMail') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.OldestDueMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ThroughputPerHour') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.ThroughputPerHour FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.RecentFailures') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.RecentFailures FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ClaimMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ClaimMail FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ExtendLease') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ExtendLease FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ReleaseMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ReleaseMail FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MarkSent') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MarkSent FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MarkFailed') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MarkFailed FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.GetInstallationHealth') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetInstallationHealth FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.EnqueueMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.EnqueueMail FROM MailqEnqueuer;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.GetInstallationHealth;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.GetQueueStats;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.UpsertApplication;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.UnblockSendingAccount;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.UpsertSendingAccount;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.PurgeMail;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.RequeueMail;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.CancelMail;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.MarkFailed;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.MarkSent;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.ReleaseMail;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.ExtendLease;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.ClaimMail;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.EnqueueMail;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.LockLeasedMail;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS mailq.RecentFailures;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS mailq.ThroughputPerHour;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS mailq.OldestDueMail;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS mailq.QueueCountsByStatus;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP FUNCTION IF EXISTS mailq.ParseIDList;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP FUNCTION IF EXISTS mailq.ParseAddressList;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.SendingAccount') IS NOT NULL
+    DROP INDEX IF EXISTS UX_SendingAccount_IsDefault ON mailq.SendingAccount;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MailAttempt') IS NOT NULL
+    DROP INDEX IF EXISTS IX_MailAttempt_EndedAtUtc ON mailq.MailAttempt;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MailQueue') IS NOT NULL
+    DROP INDEX IF EXISTS IX_MailQueue_Final ON mailq.MailQueue;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MailQueue') IS NOT NULL
+    DROP INDEX IF EXISTS UX_MailQueue_IdempotencyKey ON mailq.MailQueue;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MailQueue') IS NOT NULL
+    DROP INDEX IF EXISTS IX_MailQueue_Claim ON mailq.MailQueue;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.MailAttempt;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.MailAttachment;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.MailQueue;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.Application;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.RateBudget;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.SendingAccount;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF DATABASE_PRINCIPAL_ID(N'MailqDelayCaller') IS NOT NULL
+BEGIN
+    DECLARE @DropMembers NVARCHAR(MAX) = N'';
+    SELECT @DropMembers += N'ALTER ROLE MailqDelayCaller DROP MEMBER ' + QUOTENAME(m.name) + N';'
+    FROM sys.database_role_members AS rm
+    INNER JOIN sys.database_principals AS m ON m.principal_id = rm.member_principal_id
+    WHERE rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqDelayCaller');
+    EXEC sys.sp_executesql @DropMembers;
+    DROP ROLE MailqDelayCaller;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF DATABASE_PRINCIPAL_ID(N'MailqAdmin') IS NOT NULL
+BEGIN
+    DECLARE @DropMembers NVARCHAR(MAX) = N'';
+    SELECT @DropMembers += N'ALTER ROLE MailqAdmin DROP MEMBER ' + QUOTENAME(m.name) + N';'
+    FROM sys.database_role_members AS rm
+    INNER JOIN sys.database_principals AS m ON m.principal_id = rm.member_principal_id
+    WHERE rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqAdmin');
+    EXEC sys.sp_executesql @DropMembers;
+    DROP ROLE MailqAdmin;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF DATABASE_PRINCIPAL_ID(N'MailqSender') IS NOT NULL
+BEGIN
+    DECLARE @DropMembers NVARCHAR(MAX) = N'';
+    SELECT @DropMembers += N'ALTER ROLE MailqSender DROP MEMBER ' + QUOTENAME(m.name) + N';'
+    FROM sys.database_role_members AS rm
+    INNER JOIN sys.database_principals AS m ON m.principal_id = rm.member_principal_id
+    WHERE rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqSender');
+    EXEC sys.sp_executesql @DropMembers;
+    DROP ROLE MailqSender;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF DATABASE_PRINCIPAL_ID(N'MailqEnqueuer') IS NOT NULL
+BEGIN
+    DECLARE @DropMembers NVARCHAR(MAX) = N'';
+    SELECT @DropMembers += N'ALTER ROLE MailqEnqueuer DROP MEMBER ' + QUOTENAME(m.name) + N';'
+    FROM sys.database_role_members AS rm
+    INNER JOIN sys.database_principals AS m ON m.principal_id = rm.member_principal_id
+    WHERE rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqEnqueuer');
+    EXEC sys.sp_executesql @DropMembers;
+    DROP ROLE MailqEnqueuer;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP SCHEMA IF EXISTS mailq;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision = '0001';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS dbo.mailq_deployment_file;
+DROP TABLE IF EXISTS dbo.mailq_deployment_option;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_alembic_version WHERE dbo.mailq_alembic_version.version_num = '0001';
+
+GO
+
+COMMIT;
+
+GO
+
+SET NOEXEC OFF;
+
+GO
+
+IF APPLOCK_MODE(N'public', N'mailq-db deploy', N'Session') = N'Exclusive'
+    EXEC sys.sp_releaseapplock @Resource = N'mailq-db deploy', @LockOwner = N'Session';
+
+GO
+

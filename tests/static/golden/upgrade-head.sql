@@ -1,0 +1,9329 @@
+-- mailq-db deployment script: run it with sqlcmd (-b -I recommended) or in
+-- SSMS with Query > SQLCMD Mode on.  It stops at the first error.
+:on error exit
+:setvar __IsSqlCmdEnabled "True"
+GO
+IF N'$(__IsSqlCmdEnabled)' NOT LIKE N'True'
+BEGIN
+    PRINT N'mailq-db: SQLCMD mode must be enabled to run this script (sqlcmd, or SSMS: Query > SQLCMD Mode).';
+    SET NOEXEC ON;
+END
+GO
+
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+SET LOCK_TIMEOUT 30000;
+
+GO
+
+DECLARE @Msg NVARCHAR(2048);
+IF DB_NAME() IN (N'master', N'msdb', N'tempdb', N'model')
+BEGIN
+    SET @Msg = CONCAT(N'mailq-db deploys into an application database, never into the system database ',
+        QUOTENAME(DB_NAME()), N'. Connect to the target database (sqlcmd -d <database>, or the database in the URL).');
+    THROW 50412, @Msg, 1;
+END;
+IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0
+BEGIN
+    SET @Msg = CONCAT(N'The deployment creates schemas, roles, tables and Service Broker objects: the login ',
+        QUOTENAME(SUSER_SNAME()), N' (user ', QUOTENAME(USER_NAME()), N') must be a member of db_owner in ',
+        QUOTENAME(DB_NAME()), N' for the deployment, nothing afterwards.');
+    THROW 50413, @Msg, 1;
+END;
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NULL
+BEGIN
+    DECLARE @Elsewhere NVARCHAR(300) = (
+        SELECT TOP (1) QUOTENAME(SCHEMA_NAME(t.schema_id)) + N'.' + QUOTENAME(t.name)
+        FROM sys.tables AS t WHERE t.name = N'mailq_alembic_version' AND t.schema_id <> SCHEMA_ID(N'dbo'));
+    IF @Elsewhere IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(N'The mailq-db version table is ', @Elsewhere, N' (an older mailq-db created it in the ',
+            N'deploying user''s default schema); it now lives in dbo. Move it with: ALTER SCHEMA dbo TRANSFER ',
+            @Elsewhere, N'; then deploy again.');
+        THROW 50417, @Msg, 1;
+    END;
+END;
+
+GO
+
+DECLARE @Lock INT;
+EXEC @Lock = sys.sp_getapplock @Resource = N'mailq-db deploy', @LockMode = N'Exclusive',
+    @LockOwner = N'Session', @LockTimeout = 30000;
+IF @Lock < 0
+BEGIN
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(N'Another mailq-db deployment holds the deployment lock on ',
+        QUOTENAME(DB_NAME()), N' (sp_getapplock returned ', @Lock, N'); run again when it has finished.');
+    THROW 50416, @Msg, 1;
+END;
+
+GO
+
+IF OBJECT_ID(N'dbo.mailq_deployment_option', N'U') IS NULL
+    CREATE TABLE dbo.mailq_deployment_option (
+        Name NVARCHAR(128) NOT NULL CONSTRAINT PK_mailq_deployment_option PRIMARY KEY,
+        Value NVARCHAR(400) NOT NULL,
+        ChangedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_mailq_deployment_option_ChangedAtUtc DEFAULT SYSUTCDATETIME()
+    );
+IF OBJECT_ID(N'dbo.mailq_deployment_file', N'U') IS NULL
+    CREATE TABLE dbo.mailq_deployment_file (
+        Revision VARCHAR(32) NOT NULL,
+        FilePath NVARCHAR(400) NOT NULL,
+        Sha256 CHAR(64) NOT NULL,
+        AppliedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_mailq_deployment_file_AppliedAtUtc DEFAULT SYSUTCDATETIME(),
+        CONSTRAINT PK_mailq_deployment_file PRIMARY KEY (Revision, FilePath)
+    );
+
+GO
+
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+        AND EXISTS (SELECT 1 FROM dbo.mailq_alembic_version WHERE version_num >= '0002')
+        INSERT INTO dbo.mailq_deployment_option (Name, Value)
+        VALUES (N'broker', IIF(OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NULL, N'off', N'on'));
+END;
+
+GO
+
+BEGIN TRANSACTION;
+
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NULL
+CREATE TABLE dbo.mailq_alembic_version (
+    version_num VARCHAR(32) NOT NULL, 
+    CONSTRAINT mailq_alembic_version_pkc PRIMARY KEY (version_num)
+);
+
+GO
+
+-- Running upgrade  -> 0001
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0005'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 0)
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0001 upgrades a database at no revision (an empty database); ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Deployment pre-check (runs first in revision 0001; creates nothing).
+Stops the deployment with a numbered error when the server or database
+cannot run mailq-db:
+    50402  database compatibility level below 130 (OPENJSON, STRING_SPLIT)
+    50403  SQL Server older than 2019 (major version 15) outside Azure
+The fix is printed in the message; this script never changes the database.
+*/
+DECLARE @CompatibilityLevel INT = (
+    SELECT d.compatibility_level
+    FROM sys.databases AS d
+    WHERE d.database_id = DB_ID()
+);
+DECLARE @EngineEdition INT = CAST(SERVERPROPERTY(N'EngineEdition') AS INT);
+DECLARE @MajorVersion INT = CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT);
+DECLARE @Msg NVARCHAR(2048);
+
+IF @CompatibilityLevel < 130
+BEGIN
+    SET @Msg = CONCAT(
+        N'mailq-db needs database compatibility level 130 or higher (OPENJSON, STRING_SPLIT); ',
+        N'database ', QUOTENAME(DB_NAME()), N' has ', @CompatibilityLevel, N'. ',
+        N'A DBA can raise it with: ALTER DATABASE ', QUOTENAME(DB_NAME()),
+        N' SET COMPATIBILITY_LEVEL = 150; (test the application first: the level changes query optimisation).'
+    );
+    THROW 50402, @Msg, 1;
+END;
+
+-- EngineEdition 5 = Azure SQL Database, 8 = Azure SQL Managed Instance:
+-- both are versionless and always current.
+IF @EngineEdition NOT IN (5, 8) AND @MajorVersion < 15
+BEGIN
+    SET @Msg = CONCAT(
+        N'mailq-db needs SQL Server 2019 (major version 15) or later; this server reports ',
+        @MajorVersion, N'.'
+    );
+    THROW 50403, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Schema mailq: every object of the mail queue.  Owned by dbo so that
+ownership chaining lets the procedures read and write the tables for callers
+that hold only EXECUTE (see sql/security/).
+CREATE SCHEMA must be alone in its batch, so it cannot sit under an IF;
+Alembic runs this batch once, in revision 0001.
+*/
+IF SCHEMA_ID(N'mailq') IS NULL
+    EXEC (N'CREATE SCHEMA mailq AUTHORIZATION dbo');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Role MailqEnqueuer: may only enqueue mail (EXECUTE mailq.EnqueueMail).
+No role holds table rights: procedures reach the tables through ownership
+chaining (every mailq object is owned by dbo).
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqEnqueuer') IS NULL
+    CREATE ROLE MailqEnqueuer AUTHORIZATION dbo;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Role MailqSender: sender workers: claim, extend, release and acknowledge mail, read health.
+No role holds table rights: procedures reach the tables through ownership
+chaining (every mailq object is owned by dbo).
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqSender') IS NULL
+    CREATE ROLE MailqSender AUTHORIZATION dbo;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Role MailqAdmin: administration: every mailq procedure (requeue, cancel, purge, accounts, stats).
+No role holds table rights: procedures reach the tables through ownership
+chaining (every mailq object is owned by dbo).
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqAdmin') IS NULL
+    CREATE ROLE MailqAdmin AUTHORIZATION dbo;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Role MailqDelayCaller: may only call dbo.InitiateDelayExecution and dbo.CancelDelayExecution (grants in sql/broker/).
+No role holds table rights: procedures reach the tables through ownership
+chaining (every mailq object is owned by dbo).
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqDelayCaller') IS NULL
+    CREATE ROLE MailqDelayCaller AUTHORIZATION dbo;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.SendingAccount: one row per sending account (TinyMail's "multiple
+accounts").  SMTP host and credentials never live here: the worker's
+configuration maps AccountName to them.
+    PerMinuteLimit / PerHourLimit / PerDayLimit  NULL = unlimited; enforced at
+        claim time across every worker (see mailq.RateBudget, mailq.ClaimMail).
+    BlockedUntilUtc  set by MarkFailed @Disposition = 'Wait' (provider
+        throttling or account lock); no mail of the account is claimed before it.
+    IsDefault        the account EnqueueMail uses when @AccountName is NULL
+        (at most one, enforced by UX_SendingAccount_IsDefault).
+*/
+IF OBJECT_ID(N'mailq.SendingAccount', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.SendingAccount (
+        AccountName NVARCHAR(128) NOT NULL,
+        DefaultFromAddress NVARCHAR(320) NOT NULL,
+        DefaultFromName NVARCHAR(200) NULL,
+        PerMinuteLimit INT NULL,
+        PerHourLimit INT NULL,
+        PerDayLimit INT NULL,
+        BlockedUntilUtc DATETIME2(3) NULL,
+        BlockReason NVARCHAR(4000) NULL,
+        IsDefault BIT NOT NULL CONSTRAINT DF_SendingAccount_IsDefault DEFAULT (0),
+        CreatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_SendingAccount_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_SendingAccount PRIMARY KEY CLUSTERED (AccountName),
+        CONSTRAINT CK_SendingAccount_Limits CHECK (
+            (PerMinuteLimit IS NULL OR PerMinuteLimit > 0)
+            AND (PerHourLimit IS NULL OR PerHourLimit > 0)
+            AND (PerDayLimit IS NULL OR PerDayLimit > 0)
+        )
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RateBudget: the rate budget of each sending account, in fixed UTC
+windows (minute, hour, day), charged by mailq.ClaimMail inside the claim's
+transaction so that limits hold across every worker on every machine.
+One row per account, created by mailq.UpsertSendingAccount.  Kept apart from
+mailq.SendingAccount so that a claimer's UPDLOCK on the budget row never
+blocks readers of the account's settings.
+A window whose start is not the current window's start counts as empty.
+*/
+IF OBJECT_ID(N'mailq.RateBudget', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.RateBudget (
+        AccountName NVARCHAR(128) NOT NULL,
+        MinuteStartUtc DATETIME2(0) NOT NULL
+        CONSTRAINT DF_RateBudget_MinuteStartUtc DEFAULT ('2000-01-01'),
+        MinuteCount INT NOT NULL CONSTRAINT DF_RateBudget_MinuteCount DEFAULT (0),
+        HourStartUtc DATETIME2(0) NOT NULL
+        CONSTRAINT DF_RateBudget_HourStartUtc DEFAULT ('2000-01-01'),
+        HourCount INT NOT NULL CONSTRAINT DF_RateBudget_HourCount DEFAULT (0),
+        DayStartUtc DATETIME2(0) NOT NULL
+        CONSTRAINT DF_RateBudget_DayStartUtc DEFAULT ('2000-01-01'),
+        DayCount INT NOT NULL CONSTRAINT DF_RateBudget_DayCount DEFAULT (0),
+        CONSTRAINT PK_RateBudget PRIMARY KEY CLUSTERED (AccountName),
+        CONSTRAINT FK_RateBudget_SendingAccount FOREIGN KEY (AccountName)
+        REFERENCES mailq.SendingAccount (AccountName),
+        CONSTRAINT CK_RateBudget_Counts CHECK (MinuteCount >= 0 AND HourCount >= 0 AND DayCount >= 0)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.Application: application names a mail may carry (TinyMail's "multiple
+applications compete or are isolated").  A worker started with @AppName
+claims only that application's mail (isolated); a worker with @AppName NULL
+claims every mail (competing).
+*/
+IF OBJECT_ID(N'mailq.Application', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.Application (
+        AppName NVARCHAR(128) NOT NULL,
+        Description NVARCHAR(400) NULL,
+        CreatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_Application_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_Application PRIMARY KEY CLUSTERED (AppName)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailQueue: one row per mail.  The article's column names are kept
+(ID, dtStamp, DateToProcess, DateProcessed, FromName, FromAddress, ToAddress,
+CC, BCC, Status, ThreadLock, AttemptsRemaining, Priority, Body) and corrected:
+BIGINT ID, NVARCHAR text, UTC DATETIME2(3) times, errors in LastError (never in
+Status).
+
+Status: UnSent (queued) -> Sending (leased) -> Sent | Failed | Cancelled | Expired.
+
+VisibleAtUtc is the one column the claim ranges over: it holds the due time
+while the mail is UnSent and the lease expiry while it is Sending, so "due or
+lease expired" is a single range on IX_MailQueue_Claim (an OR across two
+columns cannot seek).  DateToProcess keeps the caller's requested due time.
+
+ThreadLock    the lock token of the worker holding the lease (NULL otherwise);
+              every acknowledgement is fenced by it.
+AttemptCount  attempts started (claims that led to Sending); AttemptsRemaining
+              is decremented at claim, so a mail that kills its worker cannot
+              loop forever.  Wait and Release refund the attempt.
+PossibleDuplicate  set when an expired lease is reclaimed: the first worker may
+              have handed the mail to SMTP before dying.
+ContentHash   SHA-256 of the enqueued content; an idempotency key reused with
+              different content is refused (error 50116).
+MessageID     RFC 5322 Message-ID made at enqueue, sent unchanged by every
+              attempt so that receivers can drop duplicates.
+*/
+IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailQueue (
+        ID BIGINT IDENTITY (1, 1) NOT NULL,
+        dtStamp DATETIME2(3) NOT NULL CONSTRAINT DF_MailQueue_dtStamp DEFAULT (SYSUTCDATETIME()),
+        DateToProcess DATETIME2(3) NOT NULL,
+        DateProcessed DATETIME2(3) NULL,
+        VisibleAtUtc DATETIME2(3) NOT NULL,
+        FromName NVARCHAR(200) NULL,
+        FromAddress NVARCHAR(320) NOT NULL,
+        ReplyTo NVARCHAR(320) NULL,
+        ToAddress NVARCHAR(4000) NOT NULL,
+        CC NVARCHAR(4000) NULL,
+        BCC NVARCHAR(4000) NULL,
+        Subject NVARCHAR(900) NOT NULL,
+        Body NVARCHAR(MAX) NOT NULL,
+        BodyFormat NVARCHAR(8) NOT NULL CONSTRAINT DF_MailQueue_BodyFormat DEFAULT (N'Text'),
+        TextBody NVARCHAR(MAX) NULL,
+        Headers NVARCHAR(MAX) NULL,
+        Status NVARCHAR(16) NOT NULL CONSTRAINT DF_MailQueue_Status DEFAULT (N'UnSent'),
+        ThreadLock UNIQUEIDENTIFIER NULL,
+        AttemptsRemaining INT NOT NULL,
+        AttemptCount INT NOT NULL CONSTRAINT DF_MailQueue_AttemptCount DEFAULT (0),
+        Priority TINYINT NOT NULL CONSTRAINT DF_MailQueue_Priority DEFAULT (5),
+        AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        IdempotencyKey NVARCHAR(200) NULL,
+        ContentHash VARBINARY(32) NOT NULL,
+        MessageID NVARCHAR(255) NOT NULL,
+        ExpiresAtUtc DATETIME2(3) NULL,
+        SentAtUtc DATETIME2(3) NULL,
+        LastError NVARCHAR(4000) NULL,
+        PossibleDuplicate BIT NOT NULL CONSTRAINT DF_MailQueue_PossibleDuplicate DEFAULT (0),
+        DryRun BIT NOT NULL CONSTRAINT DF_MailQueue_DryRun DEFAULT (0),
+        CONSTRAINT PK_MailQueue PRIMARY KEY CLUSTERED (ID),
+        CONSTRAINT FK_MailQueue_SendingAccount FOREIGN KEY (AccountName)
+        REFERENCES mailq.SendingAccount (AccountName),
+        CONSTRAINT FK_MailQueue_Application FOREIGN KEY (AppName)
+        REFERENCES mailq.Application (AppName),
+        CONSTRAINT CK_MailQueue_Status CHECK (
+            Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired')
+        ),
+        CONSTRAINT CK_MailQueue_Lease CHECK (
+            (Status = N'Sending' AND ThreadLock IS NOT NULL)
+            OR (Status <> N'Sending' AND ThreadLock IS NULL)
+        ),
+        CONSTRAINT CK_MailQueue_Priority CHECK (Priority BETWEEN 0 AND 9),
+        CONSTRAINT CK_MailQueue_BodyFormat CHECK (BodyFormat IN (N'Text', N'Html')),
+        CONSTRAINT CK_MailQueue_Attempts CHECK (AttemptsRemaining >= 0 AND AttemptCount >= 0),
+        CONSTRAINT CK_MailQueue_Headers CHECK (Headers IS NULL OR ISJSON(Headers) = 1),
+        CONSTRAINT CK_MailQueue_Expiry CHECK (ExpiresAtUtc IS NULL OR ExpiresAtUtc > DateToProcess)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailAttachment: attachments of a mail, in order.  Size limits (also
+checked, with a numbered error, by mailq.EnqueueMail): 10 MiB per attachment,
+25 MiB per mail, 10 attachments per mail.  FileName is a bare name (no path).
+*/
+IF OBJECT_ID(N'mailq.MailAttachment', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailAttachment (
+        MailID BIGINT NOT NULL,
+        AttachmentNo INT NOT NULL,
+        FileName NVARCHAR(255) NOT NULL,
+        ContentType NVARCHAR(255) NOT NULL
+        CONSTRAINT DF_MailAttachment_ContentType DEFAULT (N'application/octet-stream'),
+        Content VARBINARY(MAX) NOT NULL,
+        CONSTRAINT PK_MailAttachment PRIMARY KEY CLUSTERED (MailID, AttachmentNo),
+        CONSTRAINT FK_MailAttachment_MailQueue FOREIGN KEY (MailID)
+        REFERENCES mailq.MailQueue (ID),
+        CONSTRAINT CK_MailAttachment_Size CHECK (DATALENGTH(Content) <= 10485760),
+        CONSTRAINT CK_MailAttachment_No CHECK (AttachmentNo BETWEEN 1 AND 10),
+        CONSTRAINT CK_MailAttachment_FileName CHECK (
+            LEN(FileName) > 0 AND FileName NOT LIKE N'%[/\:]%'
+        )
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailAttempt: one row per attempt to send a mail.  Opened by
+mailq.ClaimMail, closed by the acknowledgement (MarkSent, MarkFailed,
+ReleaseMail) or, when an expired lease is reclaimed, by the next ClaimMail
+with Outcome = 'Abandoned'.
+Outcome: Sent, DryRun, Retry, Wait, Stop, Released, Abandoned; NULL while open.
+*/
+IF OBJECT_ID(N'mailq.MailAttempt', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailAttempt (
+        MailID BIGINT NOT NULL,
+        AttemptNo INT NOT NULL,
+        LockToken UNIQUEIDENTIFIER NOT NULL,
+        WorkerName NVARCHAR(128) NULL,
+        StartedAtUtc DATETIME2(3) NOT NULL,
+        EndedAtUtc DATETIME2(3) NULL,
+        Outcome NVARCHAR(16) NULL,
+        SmtpCode INT NULL,
+        ErrorText NVARCHAR(4000) NULL,
+        CONSTRAINT PK_MailAttempt PRIMARY KEY CLUSTERED (MailID, AttemptNo),
+        CONSTRAINT FK_MailAttempt_MailQueue FOREIGN KEY (MailID)
+        REFERENCES mailq.MailQueue (ID),
+        CONSTRAINT CK_MailAttempt_Outcome CHECK (
+            Outcome IS NULL
+            OR Outcome IN (N'Sent', N'DryRun', N'Retry', N'Wait', N'Stop', N'Released', N'Abandoned')
+        )
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_Claim serves mailq.ClaimMail at any queue depth.
+
+Keys (Priority DESC, VisibleAtUtc, ID), filtered to the claimable statuses,
+so the index holds only UnSent and Sending rows (a sent backlog of millions
+costs it nothing).  ClaimMail's predicate is
+    Status IN (N'UnSent', N'Sending')            -- matches the filter
+    AND Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+    AND VisibleAtUtc <= @Now
+    ORDER BY Priority DESC, VisibleAtUtc, ID
+Expected plan: Index Seek on IX_MailQueue_Claim with ten seek ranges
+(Priority = p AND VisibleAtUtc <= @Now), read in key order, so the rows come
+out already in ORDER BY order: no Sort over the backlog; Top (@BatchSize)
+stops the seek after the first rows that pass the residual predicates
+(account has budget, application); Key Lookup of the clustered index for the
+UPDATE; Clustered Index Update.  Logical reads per claim then depend on the
+batch size, not on the depth.  The integration suite checks the actual
+showplan at 100 k rows (tests/integration/test_claim_plan.py).
+
+INCLUDE covers the residual predicates (AccountName, AppName) without a
+lookup for rows that are skipped.  ALLOW_PAGE_LOCKS = OFF keeps READPAST at
+row grain (a page lock would make READPAST skip a whole page of due mail).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_Claim' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_MailQueue_Claim
+    ON mailq.MailQueue (Priority DESC, VisibleAtUtc ASC, ID ASC)
+    INCLUDE (AccountName, AppName)
+    WHERE Status IN (N'UnSent', N'Sending')
+    WITH (ALLOW_PAGE_LOCKS = OFF);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+UX_MailQueue_IdempotencyKey: one mail per idempotency key.  mailq.EnqueueMail
+looks the key up WITH (UPDLOCK, HOLDLOCK) before inserting: the range lock on
+this index stops two sessions from both seeing the key absent.  Filtered, so
+mails without a key (the common case) cost nothing.  A key becomes free again
+once mailq.PurgeMail deletes its mail.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'UX_MailQueue_IdempotencyKey' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    CREATE UNIQUE NONCLUSTERED INDEX UX_MailQueue_IdempotencyKey
+    ON mailq.MailQueue (IdempotencyKey)
+    WHERE IdempotencyKey IS NOT NULL;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_Final serves mailq.PurgeMail and the reporting of finished
+mail: final statuses ordered by DateProcessed, so a purge batch is a range
+seek on the oldest rows instead of a scan of the queue.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_Final' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_MailQueue_Final
+    ON mailq.MailQueue (DateProcessed ASC, ID ASC)
+    INCLUDE (Status, AccountName)
+    WHERE Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired');
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailAttempt_EndedAtUtc serves the reporting views (throughput per hour,
+recent failures): closed attempts by end time, so "the last 24 hours" is a
+range seek.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailAttempt_EndedAtUtc' AND object_id = OBJECT_ID(N'mailq.MailAttempt')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_MailAttempt_EndedAtUtc
+    ON mailq.MailAttempt (EndedAtUtc ASC)
+    INCLUDE (Outcome, SmtpCode)
+    WHERE EndedAtUtc IS NOT NULL;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+UX_SendingAccount_IsDefault: at most one default sending account (the one
+mailq.EnqueueMail uses when @AccountName is NULL).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'UX_SendingAccount_IsDefault' AND object_id = OBJECT_ID(N'mailq.SendingAccount')
+)
+BEGIN
+    CREATE UNIQUE NONCLUSTERED INDEX UX_SendingAccount_IsDefault
+    ON mailq.SendingAccount (IsDefault)
+    WHERE IsDefault = 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ParseAddressList: splits a ';'-separated list of e-mail addresses and
+says what is wrong with each (inline, so it costs nothing outside the query).
+Parameters:  @List NVARCHAR(MAX), NULL gives no rows
+Returns:     Address NVARCHAR(MAX) (trimmed of spaces), Problem NVARCHAR(100)
+             (NULL when the address is acceptable).  Empty entries are skipped.
+Rules:       no CR, LF or other control character (header injection); no white
+             space; at most 254 characters (RFC 5321); exactly one '@' with a
+             non-empty local part and domain; no '<', '>', ',', ';', '"', '(',
+             ')' or '\' (display names are not accepted in address lists); the
+             domain neither starts nor ends with '.' nor contains '..'.
+             Non-ASCII addresses are accepted here; the worker sends them only
+             to servers that offer SMTPUTF8.
+Example:     SELECT a.Address, a.Problem FROM mailq.ParseAddressList(N'a@x.org; b@') AS a;
+*/
+CREATE OR ALTER FUNCTION mailq.ParseAddressList(@List NVARCHAR(MAX))
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    a.Address,
+    CASE
+        WHEN a.Address LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            THEN N'contains CR, LF or another control character'
+        WHEN a.Address LIKE N'% %' OR a.Address LIKE N'%' + NCHAR(160) + N'%'
+            THEN N'contains white space'
+        WHEN LEN(a.Address) > 254 THEN N'is longer than 254 characters'
+        WHEN a.Address NOT LIKE N'%_@_%' THEN N'has no local part or no domain'
+        WHEN a.Address LIKE N'%@%@%' THEN N'has more than one @'
+        WHEN a.Address LIKE N'%[<>,;"()\]%' THEN N'contains a character not allowed in an address'
+        WHEN a.Address LIKE N'%@.%' OR a.Address LIKE N'%.' OR a.Address LIKE N'%@%..%'
+            THEN N'has a malformed domain'
+    END AS Problem
+FROM (
+    SELECT LTRIM(RTRIM(s.value)) AS Address
+    FROM STRING_SPLIT(@List, N';') AS s
+) AS a
+WHERE a.Address <> N'';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ParseIDList: the mail IDs named by a procedure's @ID or @IDList.
+Parameters:  @ID BIGINT (one mail) and @IDList NVARCHAR(MAX) (a JSON array of
+             integers); the caller validates them first (mailq.LockLeasedMail).
+Returns:     ID BIGINT, each distinct ID once.
+Example:     SELECT l.ID FROM mailq.ParseIDList(NULL, N'[1, 2, 3]') AS l;
+*/
+CREATE OR ALTER FUNCTION mailq.ParseIDList(@ID BIGINT, @IDList NVARCHAR(MAX))
+RETURNS TABLE
+AS
+RETURN (
+    SELECT @ID AS ID
+    WHERE @ID IS NOT NULL
+    UNION
+    SELECT TRY_CAST(j.[value] AS BIGINT) AS ID
+    FROM OPENJSON(@IDList) AS j
+    WHERE j.[type] = 2 AND TRY_CAST(j.[value] AS BIGINT) IS NOT NULL
+);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.QueueCountsByStatus: how many mails each account has in each status.
+Counts the whole table: meant for dashboards and `mailq-db stats`, not for a
+tight loop (finished mail is purged by mailq.PurgeMail).
+*/
+CREATE OR ALTER VIEW mailq.QueueCountsByStatus
+AS
+SELECT
+    q.Status,
+    q.AccountName,
+    COUNT_BIG(*) AS MailCount
+FROM mailq.MailQueue AS q
+GROUP BY q.Status, q.AccountName;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.OldestDueMail: per account, the oldest mail that is due and waiting
+(UnSent, VisibleAtUtc passed), its age in seconds and how many are due.  A
+growing age means the workers fall behind or the account is blocked.
+Served by IX_MailQueue_Claim (its filter contains Status = N'UnSent').
+*/
+CREATE OR ALTER VIEW mailq.OldestDueMail
+AS
+SELECT
+    q.AccountName,
+    MIN(q.VisibleAtUtc) AS OldestDueUtc,
+    DATEDIFF_BIG(SECOND, MIN(q.VisibleAtUtc), SYSUTCDATETIME()) AS OldestDueAgeSeconds,
+    COUNT_BIG(*) AS DueCount
+FROM mailq.MailQueue AS q
+WHERE q.Status = N'UnSent' AND q.VisibleAtUtc <= SYSUTCDATETIME()
+GROUP BY q.AccountName;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ThroughputPerHour: attempts finished per UTC hour and account over the
+last 48 hours: Sent (Sent and DryRun outcomes) and Failed (Retry, Wait, Stop,
+Abandoned outcomes).  Served by IX_MailAttempt_EndedAtUtc.
+*/
+CREATE OR ALTER VIEW mailq.ThroughputPerHour
+AS
+WITH RecentAttempt AS (
+    SELECT
+        t.MailID,
+        t.Outcome,
+        DATEADD(HOUR, DATEDIFF(HOUR, '20000101', t.EndedAtUtc), CAST('20000101' AS DATETIME2(0))) AS HourUtc
+    FROM mailq.MailAttempt AS t
+    WHERE t.EndedAtUtc >= DATEADD(HOUR, -48, SYSUTCDATETIME())
+)
+
+SELECT
+    r.HourUtc,
+    q.AccountName,
+    SUM(IIF(r.Outcome IN (N'Sent', N'DryRun'), 1, 0)) AS Sent,
+    SUM(IIF(r.Outcome IN (N'Retry', N'Wait', N'Stop', N'Abandoned'), 1, 0)) AS Failed
+FROM RecentAttempt AS r
+INNER JOIN mailq.MailQueue AS q ON r.MailID = q.ID
+GROUP BY r.HourUtc, q.AccountName;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RecentFailures: failed attempts of the last 7 days (Retry, Wait, Stop,
+Abandoned), with the mail's current status: what went wrong and whether the
+mail got through later.  Served by IX_MailAttempt_EndedAtUtc.
+*/
+CREATE OR ALTER VIEW mailq.RecentFailures
+AS
+SELECT
+    t.MailID AS ID,
+    t.AttemptNo,
+    q.AccountName,
+    q.Status,
+    t.Outcome,
+    t.SmtpCode,
+    t.ErrorText AS LastError,
+    t.EndedAtUtc AS DateProcessed
+FROM mailq.MailAttempt AS t
+INNER JOIN mailq.MailQueue AS q ON t.MailID = q.ID
+WHERE
+    t.EndedAtUtc >= DATEADD(DAY, -7, SYSUTCDATETIME())
+    AND t.Outcome IN (N'Retry', N'Wait', N'Stop', N'Abandoned');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.LockLeasedMail: the fence of every acknowledgement (internal: called by
+ExtendLease, ReleaseMail, MarkSent and MarkFailed inside their transaction;
+granted to no role).  Validates @ID / @IDList, then locks the named mails
+WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises an
+error unless every one of them exists, is Sending and holds @LockToken.  The
+caller's UPDATE then cannot race a reclaim: a worker whose lease expired and
+was reclaimed is told so and changes nothing (all or nothing).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (a JSON array of 1-1000
+             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required
+Result set:  none.
+Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
+             50137 @IDList malformed; 50201 unknown mail ID;
+             50202 the mail is leased under another token (lease lost);
+             50203 the mail is not Sending (already acknowledged or never claimed).
+Transaction: must run inside the caller's transaction (raises 50138 otherwise).
+Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @@TRANCOUNT = 0
+        THROW 50138, N'mailq.LockLeasedMail must run inside the caller''s transaction.', 1;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
+    IF (@ID IS NULL AND @IDList IS NULL) OR (@ID IS NOT NULL AND @IDList IS NOT NULL)
+        THROW 50136, N'Give exactly one of @ID (one mail) or @IDList (a JSON array of mail IDs).', 1;
+    IF
+        @IDList IS NOT NULL
+        AND (
+            ISJSON(@IDList) = 0
+            OR LEFT(LTRIM(@IDList), 1) <> N'['
+            OR EXISTS (
+                SELECT 1
+                FROM OPENJSON(@IDList) AS j
+                WHERE j.[type] <> 2 OR TRY_CAST(j.[value] AS BIGINT) IS NULL
+            )
+            OR (SELECT COUNT(*) FROM OPENJSON(@IDList)) NOT BETWEEN 1 AND 1000
+        )
+        THROW 50137, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
+
+    DECLARE @Held TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        Status NVARCHAR(16) NULL,
+        ThreadLock UNIQUEIDENTIFIER NULL
+    );
+
+    -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
+    -- checked here still holds when the caller updates them.  No READPAST:
+    -- these rows must be seen, and only a reclaiming worker could hold them.
+    INSERT INTO @Held (ID, Status, ThreadLock)
+    SELECT l.ID, q.Status, q.ThreadLock
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    LEFT JOIN mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK) ON l.ID = q.ID;
+
+    SELECT TOP (1) @Msg = CONCAT(N'Mail ', h.ID, N' does not exist.')
+    FROM @Held AS h
+    WHERE h.Status IS NULL
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50201, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'Mail ', h.ID, N' is ', h.Status, N', not Sending: it was already acknowledged, released or never claimed.'
+    )
+    FROM @Held AS h
+    WHERE h.Status <> N'Sending'
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50203, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'Mail ', h.ID, N' is leased under another @LockToken: this worker''s lease expired and the mail ',
+        N'was reclaimed; nothing was changed.'
+    )
+    FROM @Held AS h
+    WHERE h.ThreadLock <> @LockToken
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50202, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
+that is already queued it returns the existing mail and inserts nothing.
+Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated addresses
+             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars
+             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars
+             @BodyFormat  N'Text' (default) or N'Html'
+             @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
+             @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
+             @FromAddress default: the account's DefaultFromAddress
+             @FromName    default: the account's DefaultFromName, <= 200 chars
+             @ReplyTo     one address
+             @Headers     business headers: a JSON object of string values,
+                          e.g. N'{"X-Order-Id": "42"}'; at most 50
+             @AccountName default: the default sending account
+             @AppName     a registered application (mailq.UpsertApplication)
+             @Priority    0-9, 9 first, default 5
+             @DateToProcess  UTC time to send at, default now
+             @ExpiresAtUtc   UTC time after which the mail is Expired unsent
+             @MaxAttempts    1-20, default 5
+             @IdempotencyKey <= 200 chars; see "Idempotency" below
+             @Attachments    JSON array of {"FileName", "ContentType",
+                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all
+             NULL for an optional parameter means its default.
+Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
+             sent unchanged by every attempt), @Created BIT (0 when an existing
+             mail was returned for the idempotency key).  No result set, so the
+             procedure can be called from triggers.
+Idempotency: the key is global.  The same key with the same content (the
+             parameters exactly as passed, attachments included) returns the
+             first mail; with different content it raises 50116 and writes
+             nothing.  A key is free again once PurgeMail deleted its mail.
+Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
+             50103 a value over its size; 50104 more than 100 recipients;
+             50105 CR or LF in a header value (header injection);
+             50106 @Headers not a JSON object of string values;
+             50107 invalid header name; 50108 header would override a reserved one;
+             50109 @Priority not 0-9; 50110 @ExpiresAtUtc not after the due time;
+             50111 body over its limit; 50112 attachment count or size over limit;
+             50113 attachment file name empty or path-like;
+             50114 unknown (or no default) account; 50115 unknown application;
+             50116 idempotency key reused with different content;
+             50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
+             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     DECLARE @ID BIGINT;
+             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
+                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
+                 @MailID = @ID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMail
+    @ToAddress NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX),
+    @Body NVARCHAR(MAX),
+    @BodyFormat NVARCHAR(20) = N'Text',
+    @TextBody NVARCHAR(MAX) = NULL,
+    @CC NVARCHAR(MAX) = NULL,
+    @BCC NVARCHAR(MAX) = NULL,
+    @FromAddress NVARCHAR(MAX) = NULL,
+    @FromName NVARCHAR(MAX) = NULL,
+    @ReplyTo NVARCHAR(MAX) = NULL,
+    @Headers NVARCHAR(MAX) = NULL,
+    @AccountName NVARCHAR(4000) = NULL,
+    @AppName NVARCHAR(4000) = NULL,
+    @Priority INT = 5,
+    @DateToProcess DATETIME2(3) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL,
+    @MaxAttempts INT = 5,
+    @IdempotencyKey NVARCHAR(4000) = NULL,
+    @Attachments NVARCHAR(MAX) = NULL,
+    @MailID BIGINT = NULL OUTPUT,
+    @MessageID NVARCHAR(255) = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Msg NVARCHAR(2048);
+    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
+
+    -- The content hash covers the parameters exactly as passed (before
+    -- defaults), so that the same call is recognised as the same mail.
+    DECLARE @ContentJson NVARCHAR(MAX) = (
+        SELECT
+            @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, @Subject AS Subject,
+            @Body AS Body, @BodyFormat AS BodyFormat, @TextBody AS TextBody,
+            @FromAddress AS FromAddress, @FromName AS FromName, @ReplyTo AS ReplyTo,
+            @Headers AS Headers, @AccountName AS AccountName, @AppName AS AppName,
+            @Priority AS Priority, @DateToProcess AS DateToProcess,
+            @ExpiresAtUtc AS ExpiresAtUtc, @MaxAttempts AS MaxAttempts,
+            @Attachments AS Attachments
+        FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
+    );
+
+    SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
+    SET @Priority = COALESCE(@Priority, 5);
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    SET @DateToProcess = COALESCE(@DateToProcess, @Now);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(@ToAddress))
+        THROW 50101, N'@ToAddress is required: give at least one recipient address (separate several with ;).', 1;
+    IF @Subject IS NULL
+        THROW 50121, N'@Subject is required (pass N'''' for a mail without subject).', 1;
+    IF @Body IS NULL
+        THROW 50120, N'@Body is required.', 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.')
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress, 4000), (2, N'@CC', @CC, 4000), (3, N'@BCC', @BCC, 4000),
+        (4, N'@Subject', @Subject, 900), (5, N'@FromAddress', @FromAddress, 320),
+        (6, N'@FromName', @FromName, 200), (7, N'@ReplyTo', @ReplyTo, 320),
+        (8, N'@AccountName', @AccountName, 128), (9, N'@AppName', @AppName, 128),
+        (10, N'@IdempotencyKey', @IdempotencyKey, 200)
+    ) AS v(Position, ParamName, Value, MaxLength)
+    WHERE LEN(v.Value) > v.MaxLength
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' contains CR or LF; header values must be one line (header injection is refused).')
+    FROM (
+        VALUES
+        (1, N'@Subject', @Subject), (2, N'@FromName', @FromName), (3, N'@ReplyTo', @ReplyTo),
+        (4, N'@FromAddress', @FromAddress), (5, N'@IdempotencyKey', @IdempotencyKey)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value LIKE @CrLf
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(
+            v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'
+        )
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress), (2, N'@CC', @CC), (3, N'@BCC', @BCC),
+        (4, N'@ReplyTo', @ReplyTo), (5, N'@FromAddress', @FromAddress)
+    ) AS v(Position, ParamName, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+    WHERE a.Problem IS NOT NULL
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50102, @Msg, 1;
+
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) > 1
+        THROW 50102, N'@ReplyTo takes one address.', 1;
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) > 1
+        THROW 50102, N'@FromAddress takes one address.', 1;
+
+    DECLARE @RecipientCount INT = (
+        SELECT COUNT(*)
+        FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value)
+    );
+    IF @RecipientCount > 100
+    BEGIN
+        SET @Msg = CONCAT(N'@ToAddress, @CC and @BCC name ', @RecipientCount, N' recipients; the limit is 100.');
+        THROW 50104, @Msg, 1;
+    END;
+
+    IF @BodyFormat NOT IN (N'Text', N'Html')
+    BEGIN
+        SET @Msg = CONCAT(N'@BodyFormat must be Text or Html; got ''', LEFT(@BodyFormat, 20), N'''.');
+        THROW 50118, @Msg, 1;
+    END;
+    IF @Priority NOT BETWEEN 0 AND 9
+    BEGIN
+        SET @Msg = CONCAT(N'@Priority must be 0-9 (9 is sent first); got ', @Priority, N'.');
+        THROW 50109, @Msg, 1;
+    END;
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    IF @ExpiresAtUtc <= @DateToProcess
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ExpiresAtUtc (', CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126),
+            N') must be later than the due time (', CONVERT(NVARCHAR(30), @DateToProcess, 126), N').'
+        );
+        THROW 50110, @Msg, 1;
+    END;
+    IF LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000
+        THROW 50111, N'@Body and @TextBody are limited to 2,000,000 characters each.', 1;
+
+    -- Business headers: a JSON object whose values are strings.
+    IF @Headers IS NOT NULL
+    BEGIN
+        IF ISJSON(@Headers) = 0 OR LEFT(LTRIM(@Headers), 1) <> N'{'
+            THROW 50106, N'@Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[type] <> 1;
+        IF @Msg IS NOT NULL THROW 50106, @Msg, 1;
+
+        IF (SELECT COUNT(*) FROM OPENJSON(@Headers)) > 50
+            THROW 50106, N'@Headers holds more than 50 headers.', 1;
+
+        IF EXISTS (
+            SELECT UPPER(j.[key]) AS HeaderName
+            FROM OPENJSON(@Headers) AS j
+            GROUP BY UPPER(j.[key])
+            HAVING COUNT(*) > 1
+        )
+            THROW 50106, N'@Headers names one header twice.', 1;
+
+        -- RFC 5322 field name: 1-76 printable US-ASCII characters except ':'
+        -- (the binary collation makes the ranges code-point ranges).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
+            N'(1-76 printable ASCII characters, no space or colon).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE
+            LEN(j.[key]) NOT BETWEEN 1 AND 76
+            OR j.[key] COLLATE Latin1_General_BIN LIKE N'%[^!-9;-~]%';
+        IF @Msg IS NOT NULL THROW 50107, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: ''', j.[key], N''' is set by mailq-db and cannot be overridden.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE UPPER(j.[key]) IN (
+            N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
+            N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
+            N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'
+        );
+        IF @Msg IS NOT NULL THROW 50108, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: the value of ''', j.[key], N''' contains CR or LF (header injection is refused).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[value] LIKE @CrLf;
+        IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', j.[key], N''' is longer than 900 characters.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE LEN(j.[value]) > 900;
+        IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+    END;
+
+    -- Account and application.
+    DECLARE @ResolvedAccount NVARCHAR(128), @DefaultFrom NVARCHAR(320), @DefaultFromName NVARCHAR(200);
+    SELECT
+        @ResolvedAccount = a.AccountName,
+        @DefaultFrom = a.DefaultFromAddress,
+        @DefaultFromName = a.DefaultFromName
+    FROM mailq.SendingAccount AS a
+    WHERE
+        (@AccountName IS NOT NULL AND a.AccountName = @AccountName)
+        OR (@AccountName IS NULL AND a.IsDefault = 1);
+    IF @ResolvedAccount IS NULL
+    BEGIN
+        SET @Msg = IIF(
+            @AccountName IS NULL,
+            N'@AccountName is NULL and no default sending account exists (mailq.UpsertSendingAccount @IsDefault = 1).',
+            CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account (mailq.UpsertSendingAccount).')
+        );
+        THROW 50114, @Msg, 1;
+    END;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application (mailq.UpsertApplication).');
+        THROW 50115, @Msg, 1;
+    END;
+
+    SET @FromAddress = LTRIM(RTRIM(COALESCE(@FromAddress, @DefaultFrom)));
+    SET @FromName = COALESCE(@FromName, @DefaultFromName);
+
+    -- Attachments: decoded from base64 by OPENJSON ... WITH (VARBINARY), which
+    -- raises an error for text that is not base64: caught and reported as 50117.
+    DECLARE @Attachment TABLE (
+        AttachmentNo INT NOT NULL PRIMARY KEY,
+        FileName NVARCHAR(4000) NULL,
+        ContentType NVARCHAR(4000) NULL,
+        Content VARBINARY(MAX) NULL
+    );
+    IF @Attachments IS NOT NULL
+    BEGIN
+        IF ISJSON(@Attachments) = 0 OR LEFT(LTRIM(@Attachments), 1) <> N'['
+            THROW 50117,
+                N'@Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.',
+                1;
+        IF EXISTS (SELECT 1 FROM OPENJSON(@Attachments) AS e WHERE e.[type] <> 5)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        BEGIN TRY
+            INSERT INTO @Attachment (AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                CAST(e.[key] AS INT) + 1 AS AttachmentNo,
+                f.FileName,
+                f.ContentType,
+                f.Content
+            FROM OPENJSON(@Attachments) AS e
+            CROSS APPLY OPENJSON (e.[value])
+                WITH (
+                    FileName NVARCHAR(4000) '$.FileName',
+                    ContentType NVARCHAR(4000) '$.ContentType',
+                    Content VARBINARY(MAX) '$.ContentBase64'
+                ) AS f;
+        END TRY
+        BEGIN CATCH
+            SET @Msg = CONCAT(N'@Attachments: ContentBase64 must be base64 text (', ERROR_MESSAGE(), N').');
+            THROW 50117, @Msg, 1;
+        END CATCH;
+
+        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        IF (SELECT COUNT(*) FROM @Attachment) > 10
+            THROW 50112, N'@Attachments holds more than 10 attachments.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: file name ''', LEFT(t.FileName, 100),
+            N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).'
+        )
+        FROM @Attachment AS t
+        WHERE
+            NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
+            OR t.FileName LIKE N'%[/\:]%'
+            OR t.FileName IN (N'.', N'..')
+            OR t.FileName LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            OR LEN(t.FileName) > 255
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50113, @Msg, 1;
+
+        SELECT TOP (1)
+            @Msg = CONCAT(N'@Attachments: content type of ''', t.FileName, N''' must look like type/subtype.')
+        FROM @Attachment AS t
+        WHERE
+            t.ContentType IS NOT NULL
+            AND (t.ContentType NOT LIKE N'_%/_%' OR t.ContentType LIKE @CrLf OR LEN(t.ContentType) > 255)
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50117, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: ''', t.FileName, N''' is ', DATALENGTH(t.Content),
+            N' bytes; the limit is 10485760 (10 MiB) per attachment.'
+        )
+        FROM @Attachment AS t
+        WHERE DATALENGTH(t.Content) > 10485760
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50112, @Msg, 1;
+
+        IF (SELECT SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) FROM @Attachment AS t) > 26214400
+            THROW 50112, N'@Attachments total more than 26214400 bytes (25 MiB) per mail.', 1;
+    END;
+
+    DECLARE @ContentHash VARBINARY(32) = HASHBYTES('SHA2_256', @ContentJson);
+    DECLARE @Domain NVARCHAR(320) = SUBSTRING(@FromAddress, CHARINDEX(N'@', @FromAddress) + 1, 320);
+    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
+    IF @Domain COLLATE Latin1_General_BIN LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION EnqueueMail;
+
+        DECLARE @ExistingHash VARBINARY(32);
+        SET @MailID = NULL;
+        IF @IdempotencyKey IS NOT NULL
+        BEGIN
+            -- UPDLOCK, HOLDLOCK: the key-range lock on UX_MailQueue_IdempotencyKey
+            -- stops two sessions from both seeing the key absent and inserting.
+            SELECT
+                @MailID = q.ID,
+                @MessageID = q.MessageID,
+                @ExistingHash = q.ContentHash
+            FROM mailq.MailQueue AS q WITH (UPDLOCK, HOLDLOCK)
+            WHERE q.IdempotencyKey = @IdempotencyKey;
+
+            IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''' already belongs to mail ', @MailID,
+                    N' with different content; use a new key for a different mail.'
+                );
+                THROW 50116, @Msg, 1;
+            END;
+        END;
+
+        IF @MailID IS NOT NULL
+            SET @Created = 0;
+        ELSE
+        BEGIN
+            SET @MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', @Domain, N'>');
+
+            INSERT INTO mailq.MailQueue (
+                dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
+                ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
+                Status, AttemptsRemaining, Priority, AccountName, AppName,
+                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc
+            )
+            VALUES (
+                @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
+                @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
+                N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
+                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc
+            );
+            SET @MailID = SCOPE_IDENTITY();
+
+            INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                @MailID,
+                t.AttachmentNo,
+                LTRIM(RTRIM(t.FileName)),
+                COALESCE(t.ContentType, N'application/octet-stream'),
+                t.Content
+            FROM @Attachment AS t;
+
+            SET @Created = 1;
+        END;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION EnqueueMail;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.
+A mail is claimable when it is UnSent and due, or Sending with an expired
+lease (its worker died or stalled): VisibleAtUtc <= now in both cases.
+Order: highest Priority first, then oldest VisibleAtUtc, then ID.
+The claim is ONE UPDATE statement (READPAST, UPDLOCK, ROWLOCK), so two
+workers never take the same mail and a claimer never waits on another.  In
+the same statement, a reclaimed mail with no attempt left becomes Failed and
+a mail past its ExpiresAtUtc becomes Expired (neither is returned).
+Rate limits: accounts with limits are charged in mailq.RateBudget inside this
+transaction, so the limits hold across every worker.  The budget row is read
+WITH (UPDLOCK, READPAST): while another claimer holds an account's budget,
+this claimer skips that account's mail instead of waiting.  Accounts whose
+BlockedUntilUtc is in the future are skipped.
+Parameters:  @BatchSize    INT 1-1000, default 10
+             @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
+                           this batch; every acknowledgement must present it
+             @LeaseSeconds INT 1-3600, default 300
+             @AppName      NULL (default): claim every application's mail
+                           (competing); a name: only that application's mail (isolated)
+             @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
+Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
+                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
+                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp
+             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
+Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
+             50132 @LeaseSeconds out of range; 50103 a name over its size;
+             50115 unknown @AppName.
+Transaction: joins the caller's via a savepoint, else opens its own; the
+             result sets are read after the commit (the rows are leased).
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
+                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimMail
+    @BatchSize INT = 10,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300,
+    @AppName NVARCHAR(4000) = NULL,
+    @WorkerName NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 10);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50130, @Msg, 1;
+    END;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: a new GUID per claimed batch.', 1;
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+    IF LEN(@AppName) > 128 OR LEN(@WorkerName) > 128
+        THROW 50103, N'@AppName and @WorkerName are limited to 128 characters.', 1;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50115, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, @Now);
+    DECLARE @MinuteStart DATETIME2(0) = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
+    DECLARE @HourStart DATETIME2(0) = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
+    DECLARE @DayStart DATETIME2(0) = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
+
+    DECLARE @Budget TABLE (
+        AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        Remaining INT NOT NULL,
+        IsLimited BIT NOT NULL
+    );
+    DECLARE @Claimed TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AccountName NVARCHAR(128) NOT NULL,
+        NewStatus NVARCHAR(16) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AttemptNo INT NOT NULL
+    );
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION ClaimMail;
+
+        -- Accounts without limits: no budget to take, so no lock either.
+        INSERT INTO @Budget (AccountName, Remaining, IsLimited)
+        SELECT a.AccountName, @BatchSize, 0
+        FROM mailq.SendingAccount AS a
+        WHERE
+            a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
+            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now);
+
+        -- Accounts with limits: what is left of each window.
+        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
+        --           cannot both spend the same remainder;
+        -- READPAST: a budget row held by another claimer is skipped (that
+        --           account's mail waits for the next claim), never waited on;
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page.
+        INSERT INTO @Budget (AccountName, Remaining, IsLimited)
+        SELECT
+            a.AccountName,
+            (
+                SELECT MIN(w.Remaining)
+                FROM (
+                    VALUES
+                    (COALESCE(a.PerMinuteLimit - IIF(b.MinuteStartUtc = @MinuteStart, b.MinuteCount, 0), @BatchSize)),
+                    (COALESCE(a.PerHourLimit - IIF(b.HourStartUtc = @HourStart, b.HourCount, 0), @BatchSize)),
+                    (COALESCE(a.PerDayLimit - IIF(b.DayStartUtc = @DayStart, b.DayCount, 0), @BatchSize))
+                ) AS w(Remaining)
+            ) AS Remaining,
+            1
+        FROM mailq.SendingAccount AS a
+        INNER JOIN mailq.RateBudget AS b WITH (UPDLOCK, READPAST, ROWLOCK)
+            ON a.AccountName = b.AccountName
+        WHERE
+            (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
+            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now);
+
+        DELETE FROM @Budget WHERE Remaining <= 0;
+
+        -- The claim: one statement.  The Candidate CTE is the seek on
+        -- IX_MailQueue_Claim described beside that index (ten ranges, already
+        -- in ORDER BY order, TOP stops early).
+        --   READPAST: skip rows other workers hold instead of waiting on them;
+        --   UPDLOCK:  claim while reading, so two workers can't take one row;
+        --   ROWLOCK:  row grain, so READPAST skips rows rather than pages.
+        -- Ranked numbers each account's sendable rows so that an account with
+        -- a smaller remaining budget than its share of the batch is charged
+        -- only up to its budget; the other candidates stay UnSent (their
+        -- update locks end with this short transaction).
+        WITH Candidate AS (
+            SELECT TOP (@BatchSize)
+                q.ID,
+                q.AccountName,
+                q.Priority,
+                q.VisibleAtUtc,
+                q.Status,
+                q.ThreadLock,
+                q.AttemptsRemaining,
+                q.AttemptCount,
+                q.PossibleDuplicate,
+                q.DateProcessed,
+                q.LastError,
+                IIF(q.AttemptsRemaining > 0 AND (q.ExpiresAtUtc IS NULL OR q.ExpiresAtUtc > @Now), 1, 0) AS WillSend
+            FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
+            WHERE
+                q.Status IN (N'UnSent', N'Sending')
+                AND q.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                AND q.VisibleAtUtc <= @Now
+                AND (@AppName IS NULL OR q.AppName = @AppName)
+                AND EXISTS (SELECT 1 FROM @Budget AS b WHERE b.AccountName = q.AccountName)
+            ORDER BY q.Priority DESC, q.VisibleAtUtc ASC, q.ID ASC
+        ),
+
+        Ranked AS (
+            SELECT
+                c.ID,
+                c.AccountName,
+                c.VisibleAtUtc,
+                c.Status,
+                c.ThreadLock,
+                c.AttemptsRemaining,
+                c.AttemptCount,
+                c.PossibleDuplicate,
+                c.DateProcessed,
+                c.LastError,
+                c.WillSend,
+                ROW_NUMBER() OVER (
+                    PARTITION BY c.AccountName, c.WillSend
+                    ORDER BY c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
+                ) AS AccountRank
+            FROM Candidate AS c
+        )
+
+        UPDATE r
+        SET
+            r.Status = CASE
+                WHEN r.WillSend = 1 THEN N'Sending'
+                WHEN r.AttemptsRemaining <= 0 THEN N'Failed'
+                ELSE N'Expired'
+            END,
+            r.ThreadLock = IIF(r.WillSend = 1, @LockToken, NULL),
+            r.VisibleAtUtc = IIF(r.WillSend = 1, @LeaseUntil, r.VisibleAtUtc),
+            r.AttemptsRemaining = r.AttemptsRemaining - r.WillSend,
+            r.AttemptCount = r.AttemptCount + r.WillSend,
+            -- A lease that expired may hide a mail the dead worker already
+            -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+            r.PossibleDuplicate = IIF(r.Status = N'Sending', CAST(1 AS BIT), r.PossibleDuplicate),
+            r.DateProcessed = IIF(r.WillSend = 1, r.DateProcessed, @Now),
+            r.LastError = CASE
+                WHEN r.WillSend = 1 THEN r.LastError
+                WHEN r.AttemptsRemaining <= 0
+                    THEN CONCAT(N'No attempt left after an abandoned lease. Last error: ', r.LastError)
+                ELSE N'Expired before it could be sent (ExpiresAtUtc passed).'
+            END
+        OUTPUT
+            inserted.ID,
+            inserted.AccountName,
+            inserted.Status,
+            deleted.Status,
+            deleted.ThreadLock,
+            inserted.AttemptCount
+        INTO @Claimed (ID, AccountName, NewStatus, OldStatus, OldLockToken, AttemptNo)
+        FROM Ranked AS r
+        WHERE
+            r.WillSend = 0
+            OR r.AccountRank <= (SELECT b.Remaining FROM @Budget AS b WHERE b.AccountName = r.AccountName);
+
+        -- Charge the budget of limited accounts (rows already U-locked above).
+        UPDATE b
+        SET
+            b.MinuteCount = IIF(b.MinuteStartUtc = @MinuteStart, b.MinuteCount, 0) + c.ClaimedCount,
+            b.MinuteStartUtc = @MinuteStart,
+            b.HourCount = IIF(b.HourStartUtc = @HourStart, b.HourCount, 0) + c.ClaimedCount,
+            b.HourStartUtc = @HourStart,
+            b.DayCount = IIF(b.DayStartUtc = @DayStart, b.DayCount, 0) + c.ClaimedCount,
+            b.DayStartUtc = @DayStart
+        FROM mailq.RateBudget AS b
+        INNER JOIN (
+            SELECT m.AccountName, COUNT(*) AS ClaimedCount
+            FROM @Claimed AS m
+            WHERE m.NewStatus = N'Sending'
+            GROUP BY m.AccountName
+        ) AS c ON b.AccountName = c.AccountName
+        WHERE b.AccountName IN (SELECT l.AccountName FROM @Budget AS l WHERE l.IsLimited = 1);
+
+        -- Close the attempts of reclaimed leases as abandoned.
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Abandoned',
+            t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
+        FROM mailq.MailAttempt AS t
+        INNER JOIN @Claimed AS c
+            ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
+        WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+        -- Open an attempt for each mail now leased.
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
+        FROM @Claimed AS c
+        WHERE c.NewStatus = N'Sending';
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION ClaimMail;
+        THROW;
+    END CATCH;
+
+    -- 3. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    SELECT
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.AppName,
+        q.FromName,
+        q.FromAddress,
+        q.ReplyTo,
+        q.ToAddress,
+        q.CC,
+        q.BCC,
+        q.Subject,
+        q.Body,
+        q.BodyFormat,
+        q.TextBody,
+        q.Headers,
+        q.Priority,
+        q.AttemptCount AS AttemptNo,
+        q.AttemptsRemaining,
+        q.VisibleAtUtc AS LeaseExpiresUtc,
+        q.PossibleDuplicate,
+        q.dtStamp
+    FROM mailq.MailQueue AS q
+    INNER JOIN @Claimed AS c ON q.ID = c.ID
+    WHERE c.NewStatus = N'Sending' AND q.ThreadLock = @LockToken
+    ORDER BY q.Priority DESC, q.ID ASC;
+
+    SELECT
+        a.MailID,
+        a.AttachmentNo,
+        a.FileName,
+        a.ContentType,
+        a.Content
+    FROM mailq.MailAttachment AS a
+    INNER JOIN @Claimed AS c ON a.MailID = c.ID
+    WHERE c.NewStatus = N'Sending'
+    ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ExtendLease: pushes the lease of mails a worker still holds (long
+batches), fenced by the lock token, all or nothing.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 1-3600,
+             default 300: the new lease runs from now.
+Result set:  one row per mail: ID, LeaseExpiresUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50132 @LeaseSeconds out of range.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.ExtendLease @IDList = N'[101,102]', @LockToken = @T, @LeaseSeconds = 300;
+*/
+CREATE OR ALTER PROCEDURE mailq.ExtendLease
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+
+    DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, SYSUTCDATETIME());
+    DECLARE @Extended TABLE (ID BIGINT NOT NULL PRIMARY KEY, LeaseExpiresUtc DATETIME2(3) NOT NULL);
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION ExtendLease;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET q.VisibleAtUtc = @LeaseUntil
+        OUTPUT inserted.ID, inserted.VisibleAtUtc INTO @Extended (ID, LeaseExpiresUtc)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION ExtendLease;
+        THROW;
+    END CATCH;
+
+    SELECT
+        e.ID,
+        e.LeaseExpiresUtc
+    FROM @Extended AS e
+    ORDER BY e.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ReleaseMail: gives back mails a worker holds but has not sent (e.g. on
+shutdown): UnSent and due now, the attempt refunded, the attempt row closed
+as Released.  Fenced by the lock token, all or nothing.  The rate budget the
+claim took is not refunded (limits stay conservative).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required.
+Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.ReleaseMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION ReleaseMail;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.ThreadLock = NULL,
+            q.VisibleAtUtc = @Now,
+            q.AttemptsRemaining = q.AttemptsRemaining + 1
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Released (ID, AttemptNo)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Released'
+        FROM mailq.MailAttempt AS t
+        INNER JOIN @Released AS r ON t.MailID = r.ID AND t.AttemptNo = r.AttemptNo;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION ReleaseMail;
+        THROW;
+    END CATCH;
+
+    SELECT
+        r.ID,
+        N'UnSent' AS Status,
+        @Now AS NextAttemptUtc
+    FROM @Released AS r
+    ORDER BY r.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkSent: records mails as sent; fenced by the lock token and all or
+nothing, so one call acknowledges every mail sent on one SMTP connection.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
+             exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
+             final reply, optional; @DryRun BIT, default 0: 1 records that
+             nothing was sent (worker dry-run mode).
+Result set:  one row per mail: ID, Status ('Sent'), NextAttemptUtc (NULL).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50147 @SmtpCode out of range.  On any error nothing is written.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkSent
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @SmtpCode INT = NULL,
+    @SmtpText NVARCHAR(4000) = NULL,
+    @DryRun BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @DryRun = COALESCE(@DryRun, 0);
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Acked TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION MarkSent;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET
+            q.Status = N'Sent',
+            q.ThreadLock = NULL,
+            q.SentAtUtc = @Now,
+            q.DateProcessed = @Now,
+            q.DryRun = @DryRun,
+            q.LastError = NULL
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Acked (ID, AttemptNo)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = IIF(@DryRun = 1, N'DryRun', N'Sent'),
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @SmtpText
+        FROM mailq.MailAttempt AS t
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION MarkSent;
+        THROW;
+    END CATCH;
+
+    SELECT
+        a.ID,
+        N'Sent' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc
+    FROM @Acked AS a
+    ORDER BY a.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
+nothing.  @Disposition follows TinyMail's error classes:
+  Retry  transient (4xx on the mail, dropped connection, timeout): the attempt
+         is consumed; the mail is UnSent again after @RetryAfterSeconds, or
+         after exponential backoff with jitter: 30 s * 2^(attempt-1), at most
+         1 hour, times a random 0.8-1.2; Failed when no attempt is left.
+  Wait   the account is throttled or locked (421, rate limits): the attempt is
+         refunded, the mail is UnSent again after @RetryAfterSeconds (default
+         60), and the account is blocked until then (ClaimMail skips it).
+  Stop   permanent (5xx, malformed mail): Failed at once.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @Disposition NVARCHAR(8),
+             required; @Error NVARCHAR(4000), required: what happened;
+             @RetryAfterSeconds INT 0-604800, optional; @SmtpCode INT 200-599, optional.
+Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc
+             (NULL when Failed).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50133 @Disposition unknown; 50134 @RetryAfterSeconds out of range;
+             50139 @Error missing; 50147 @SmtpCode out of range.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
+                 @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkFailed
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @Disposition NVARCHAR(20),
+    @Error NVARCHAR(4000),
+    @RetryAfterSeconds INT = NULL,
+    @SmtpCode INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @Disposition IS NULL OR @Disposition NOT IN (N'Retry', N'Wait', N'Stop')
+    BEGIN
+        SET @Msg = CONCAT(N'@Disposition must be Retry, Wait or Stop; got ''', @Disposition, N'''.');
+        THROW 50133, @Msg, 1;
+    END;
+    IF NULLIF(LTRIM(RTRIM(@Error)), N'') IS NULL
+        THROW 50139, N'@Error is required: say what failed (the SMTP reply or the exception).', 1;
+    IF @RetryAfterSeconds NOT BETWEEN 0 AND 604800
+    BEGIN
+        SET @Msg = CONCAT(N'@RetryAfterSeconds must be 0-604800 (7 days); got ', @RetryAfterSeconds, N'.');
+        THROW 50134, @Msg, 1;
+    END;
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @WaitUntil DATETIME2(3) = DATEADD(SECOND, COALESCE(@RetryAfterSeconds, 60), @Now);
+    DECLARE @Acked TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AttemptNo INT NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        Status NVARCHAR(16) NOT NULL,
+        NextAttemptUtc DATETIME2(3) NULL
+    );
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION MarkFailed;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        WITH Outcome AS (
+            SELECT
+                q.ID,
+                q.AccountName,
+                q.Status,
+                q.ThreadLock,
+                q.VisibleAtUtc,
+                q.AttemptsRemaining,
+                q.AttemptCount,
+                q.DateProcessed,
+                q.LastError,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN N'UnSent'
+                    WHEN @Disposition = N'Retry' AND q.AttemptsRemaining > 0 THEN N'UnSent'
+                    ELSE N'Failed'
+                END AS NewStatus,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN @WaitUntil
+                    WHEN @RetryAfterSeconds IS NOT NULL THEN DATEADD(SECOND, @RetryAfterSeconds, @Now)
+                    -- Exponential backoff with jitter; NEWID() gives each row its own.
+                    ELSE DATEADD(
+                        MILLISECOND,
+                        CAST(
+                            IIF(
+                                q.AttemptCount >= 8, 3600,
+                                30 * POWER(2, IIF(q.AttemptCount < 1, 0, q.AttemptCount - 1))
+                            )
+                            * (800 + ABS(CHECKSUM(NEWID())) % 401) AS INT
+                        ),
+                        @Now
+                    )
+                END AS RetryAtUtc
+            FROM mailq.MailQueue AS q
+            INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+            WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
+        )
+
+        UPDATE o
+        SET
+            o.Status = o.NewStatus,
+            o.ThreadLock = NULL,
+            o.VisibleAtUtc = IIF(o.NewStatus = N'UnSent', o.RetryAtUtc, o.VisibleAtUtc),
+            -- Wait is not the mail's fault: its attempt is refunded.
+            o.AttemptsRemaining = o.AttemptsRemaining + IIF(@Disposition = N'Wait', 1, 0),
+            o.DateProcessed = @Now,
+            o.LastError = @Error
+        OUTPUT
+            inserted.ID,
+            inserted.AttemptCount,
+            inserted.AccountName,
+            inserted.Status,
+            IIF(inserted.Status = N'UnSent', inserted.VisibleAtUtc, NULL)
+        INTO @Acked (ID, AttemptNo, AccountName, Status, NextAttemptUtc)
+        FROM Outcome AS o;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = @Disposition,
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @Error
+        FROM mailq.MailAttempt AS t
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @Disposition = N'Wait'
+            UPDATE s
+            SET
+                s.BlockedUntilUtc = IIF(s.BlockedUntilUtc > @WaitUntil, s.BlockedUntilUtc, @WaitUntil),
+                s.BlockReason = @Error
+            FROM mailq.SendingAccount AS s
+            WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION MarkFailed;
+        THROW;
+    END CATCH;
+
+    SELECT
+        a.ID,
+        a.Status,
+        a.NextAttemptUtc
+    FROM @Acked AS a
+    ORDER BY a.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.CancelMail: cancels a mail that is waiting to be sent (UnSent).  A mail
+being sent (Sending) cannot be cancelled safely: the SMTP server may already
+have it; cancel again after it was acknowledged, or let it finish.
+Parameters:  @ID BIGINT, required.
+Result set:  one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
+Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.CancelMail @ID = 101;
+*/
+CREATE OR ALTER PROCEDURE mailq.CancelMail
+    @ID BIGINT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ID IS NULL
+        THROW 50136, N'@ID is required.', 1;
+
+    DECLARE @Status NVARCHAR(16);
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION CancelMail;
+
+        -- UPDLOCK: read and change the row under one lock, so a claim cannot
+        -- slip in between the check and the update.
+        SELECT @Status = q.Status
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+        WHERE q.ID = @ID;
+
+        IF @Status IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
+            THROW 50201, @Msg, 1;
+        END;
+        IF @Status <> N'UnSent'
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' is ', @Status, N'; only an UnSent mail can be cancelled.');
+            THROW 50204, @Msg, 1;
+        END;
+
+        UPDATE q
+        SET
+            q.Status = N'Cancelled',
+            q.DateProcessed = SYSUTCDATETIME()
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION CancelMail;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @ID AS ID,
+        N'Cancelled' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RequeueMail: puts a Failed, Cancelled or Expired mail back in the
+queue (UnSent) with a fresh set of attempts; PossibleDuplicate and the
+attempt history are kept.  An expiry time that is not after the new due time
+is cleared (the mail would otherwise expire at once).
+Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
+             @DateToProcess DATETIME2(3) UTC, default now.
+Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
+             50201 unknown mail; 50205 the mail is not Failed, Cancelled or Expired.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
+*/
+CREATE OR ALTER PROCEDURE mailq.RequeueMail
+    @ID BIGINT,
+    @MaxAttempts INT = 5,
+    @DateToProcess DATETIME2(3) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ID IS NULL
+        THROW 50136, N'@ID is required.', 1;
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    SET @DateToProcess = COALESCE(@DateToProcess, SYSUTCDATETIME());
+
+    DECLARE @Status NVARCHAR(16);
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION RequeueMail;
+
+        -- UPDLOCK: check and change under one lock.
+        SELECT @Status = q.Status
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+        WHERE q.ID = @ID;
+
+        IF @Status IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
+            THROW 50201, @Msg, 1;
+        END;
+        IF @Status NOT IN (N'Failed', N'Cancelled', N'Expired')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Mail ', @ID, N' is ', @Status, N'; only Failed, Cancelled or Expired mail can be requeued.'
+            );
+            THROW 50205, @Msg, 1;
+        END;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.DateToProcess = @DateToProcess,
+            q.VisibleAtUtc = @DateToProcess,
+            q.AttemptsRemaining = @MaxAttempts,
+            q.ExpiresAtUtc = IIF(q.ExpiresAtUtc > @DateToProcess, q.ExpiresAtUtc, NULL),
+            q.DateProcessed = NULL
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION RequeueMail;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @ID AS ID,
+        N'UnSent' AS Status,
+        @DateToProcess AS NextAttemptUtc;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired)
+whose DateProcessed is older than @OlderThanDays days, with its attachments
+and attempts.  Works in batches of @BatchSize mails, one short transaction
+per batch, and deletes children in statements of at most 1000 rows: SQL
+Server escalates to a table lock when one statement takes about 5,000 locks
+on one table, so no statement here comes near that and the queue stays
+available to the workers while a purge runs.  Rows locked by others are
+skipped (READPAST) and picked up by the next purge.
+Parameters:  @OlderThanDays INT >= 0, required; @BatchSize INT 1-1000, default 500.
+Result set:  one row: PurgedCount BIGINT.
+Errors:      50135 @OlderThanDays missing or negative; 50140 @BatchSize out of range.
+Transaction: must not be called inside a transaction (50141): each batch
+             commits on its own, which is the point.
+Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
+*/
+CREATE OR ALTER PROCEDURE mailq.PurgeMail
+    @OlderThanDays INT,
+    @BatchSize INT = 500
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @OlderThanDays IS NULL OR @OlderThanDays < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@OlderThanDays must be 0 or more; got ', COALESCE(CAST(@OlderThanDays AS NVARCHAR(12)), N'NULL'), N'.'
+        );
+        THROW 50135, @Msg, 1;
+    END;
+    SET @BatchSize = COALESCE(@BatchSize, 500);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50140, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50141, N'mailq.PurgeMail commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
+    DECLARE @Purged BIGINT = 0;
+    DECLARE @Batch TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Deleted INT;
+
+    WHILE 1 = 1
+    BEGIN
+        DELETE FROM @Batch;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- IX_MailQueue_Final: a range seek on the oldest finished mail.
+            -- UPDLOCK, READPAST, ROWLOCK: lock the batch, skip rows others hold.
+            INSERT INTO @Batch (ID)
+            SELECT TOP (@BatchSize) q.ID
+            FROM mailq.MailQueue AS q WITH (UPDLOCK, READPAST, ROWLOCK)
+            WHERE
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired')
+                AND q.DateProcessed < @Cutoff
+            ORDER BY q.DateProcessed ASC, q.ID ASC;
+
+            IF @@ROWCOUNT = 0
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) a
+                FROM mailq.MailAttachment AS a
+                WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) t
+                FROM mailq.MailAttempt AS t
+                WHERE t.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            DELETE q
+            FROM mailq.MailQueue AS q
+            WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
+            SET @Purged += @@ROWCOUNT;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+    END;
+
+    SELECT @Purged AS PurgedCount;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UpsertSendingAccount: creates a sending account or changes its
+settings (and creates its rate budget row).  SMTP host and credentials are
+not stored: the worker's configuration maps the account name to them.
+Parameters:  @AccountName NVARCHAR(128), required
+             @DefaultFromAddress NVARCHAR(320), required: one address
+             @DefaultFromName NVARCHAR(200), optional
+             @PerMinuteLimit, @PerHourLimit, @PerDayLimit INT > 0, NULL = unlimited
+             @IsDefault BIT, default 0: 1 makes this the account EnqueueMail
+                        uses when @AccountName is NULL (the previous default is cleared)
+Result set:  none.
+Errors:      50142 @AccountName missing; 50103 a value over its size;
+             50102 @DefaultFromAddress invalid; 50143 a limit not positive.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq',
+                 @DefaultFromAddress = N'noreply@example.com', @PerMinuteLimit = 20,
+                 @PerHourLimit = 500, @PerDayLimit = 5000, @IsDefault = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
+    @AccountName NVARCHAR(4000),
+    @DefaultFromAddress NVARCHAR(4000),
+    @DefaultFromName NVARCHAR(4000) = NULL,
+    @PerMinuteLimit INT = NULL,
+    @PerHourLimit INT = NULL,
+    @PerDayLimit INT = NULL,
+    @IsDefault BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @IsDefault = COALESCE(@IsDefault, 0);
+    IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50142, N'@AccountName is required.', 1;
+    IF LEN(@AccountName) > 128 OR LEN(@DefaultFromAddress) > 320 OR LEN(@DefaultFromName) > 200
+        THROW 50103, N'@AccountName (128), @DefaultFromAddress (320) or @DefaultFromName (200) is over its size.', 1;
+    IF @DefaultFromName LIKE N'%[' + NCHAR(13) + NCHAR(10) + N']%'
+        THROW 50105, N'@DefaultFromName contains CR or LF (header injection is refused).', 1;
+    IF
+        @DefaultFromAddress IS NULL
+        OR (SELECT COUNT(*) FROM mailq.ParseAddressList(@DefaultFromAddress)) <> 1
+        OR EXISTS (SELECT 1 FROM mailq.ParseAddressList(@DefaultFromAddress) AS a WHERE a.Problem IS NOT NULL)
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@DefaultFromAddress must be one valid address; got ''', LEFT(@DefaultFromAddress, 100), N'''.'
+        );
+        THROW 50102, @Msg, 1;
+    END;
+    IF @PerMinuteLimit <= 0 OR @PerHourLimit <= 0 OR @PerDayLimit <= 0
+        THROW 50143, N'@PerMinuteLimit, @PerHourLimit and @PerDayLimit must be positive, or NULL for no limit.', 1;
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION UpsertSendingAccount;
+
+        IF @IsDefault = 1
+            UPDATE a
+            SET a.IsDefault = 0
+            FROM mailq.SendingAccount AS a
+            WHERE a.IsDefault = 1 AND a.AccountName <> @AccountName;
+
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
+        IF EXISTS (
+            SELECT 1
+            FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK)
+            WHERE a.AccountName = @AccountName
+        )
+            UPDATE a
+            SET
+                a.DefaultFromAddress = LTRIM(RTRIM(@DefaultFromAddress)),
+                a.DefaultFromName = @DefaultFromName,
+                a.PerMinuteLimit = @PerMinuteLimit,
+                a.PerHourLimit = @PerHourLimit,
+                a.PerDayLimit = @PerDayLimit,
+                a.IsDefault = @IsDefault
+            FROM mailq.SendingAccount AS a
+            WHERE a.AccountName = @AccountName;
+        ELSE
+            INSERT INTO mailq.SendingAccount (
+                AccountName, DefaultFromAddress, DefaultFromName,
+                PerMinuteLimit, PerHourLimit, PerDayLimit, IsDefault
+            )
+            VALUES (
+                @AccountName, LTRIM(RTRIM(@DefaultFromAddress)), @DefaultFromName,
+                @PerMinuteLimit, @PerHourLimit, @PerDayLimit, @IsDefault
+            );
+
+        IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
+            INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION UpsertSendingAccount;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UnblockSendingAccount: clears an account's BlockedUntilUtc (set by
+MarkFailed @Disposition = 'Wait'), e.g. once the provider lifted a lock early.
+Parameters:  @AccountName NVARCHAR(128), required.
+Result set:  none.
+Errors:      50142 @AccountName missing; 50114 unknown account.
+Transaction: a single statement; joins the caller's if any.
+Example:     EXEC mailq.UnblockSendingAccount @AccountName = N'qq';
+*/
+CREATE OR ALTER PROCEDURE mailq.UnblockSendingAccount
+    @AccountName NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50142, N'@AccountName is required.', 1;
+
+    UPDATE a
+    SET
+        a.BlockedUntilUtc = NULL,
+        a.BlockReason = NULL
+    FROM mailq.SendingAccount AS a
+    WHERE a.AccountName = @AccountName;
+
+    IF @@ROWCOUNT = 0
+    BEGIN
+        SET @Msg = CONCAT(N'@AccountName ''', LEFT(@AccountName, 128), N''' is not a sending account.');
+        THROW 50114, @Msg, 1;
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UpsertApplication: registers an application name that mails may carry
+(@AppName of EnqueueMail) and isolated workers may claim by, or changes its
+description.
+Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400), optional.
+Result set:  none.
+Errors:      50145 @AppName missing; 50103 a value over its size.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.UpsertApplication @AppName = N'billing', @Description = N'Invoices';
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertApplication
+    @AppName NVARCHAR(4000),
+    @Description NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
+        THROW 50145, N'@AppName is required.', 1;
+    IF LEN(@AppName) > 128 OR LEN(@Description) > 400
+        THROW 50103, N'@AppName (128) or @Description (400) is over its size.', 1;
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION UpsertApplication;
+
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
+        IF EXISTS (SELECT 1 FROM mailq.Application AS p WITH (UPDLOCK, HOLDLOCK) WHERE p.AppName = @AppName)
+            UPDATE p
+            SET p.Description = @Description
+            FROM mailq.Application AS p
+            WHERE p.AppName = @AppName;
+        ELSE
+            INSERT INTO mailq.Application (AppName, Description)
+            VALUES (@AppName, @Description);
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION UpsertApplication;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetQueueStats: the reporting views in one call (for `mailq-db stats`).
+Parameters:  @RecentFailures INT 1-1000, default 20: rows of result set 4.
+Result sets: 1. Status, AccountName, MailCount           (mailq.QueueCountsByStatus)
+             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount (mailq.OldestDueMail)
+             3. HourUtc, AccountName, Sent, Failed       (mailq.ThroughputPerHour, last 24 h)
+             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode, LastError,
+                DateProcessed                            (mailq.RecentFailures, newest first)
+Errors:      50146 @RecentFailures out of range.
+Transaction: reads only.
+Example:     EXEC mailq.GetQueueStats @RecentFailures = 10;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetQueueStats
+    @RecentFailures INT = 20
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @RecentFailures = COALESCE(@RecentFailures, 20);
+    IF @RecentFailures NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@RecentFailures must be 1-1000; got ', @RecentFailures, N'.');
+        THROW 50146, @Msg, 1;
+    END;
+
+    SELECT
+        c.Status,
+        c.AccountName,
+        c.MailCount
+    FROM mailq.QueueCountsByStatus AS c
+    ORDER BY c.AccountName, c.Status;
+
+    SELECT
+        o.AccountName,
+        o.OldestDueUtc,
+        o.OldestDueAgeSeconds,
+        o.DueCount
+    FROM mailq.OldestDueMail AS o
+    ORDER BY o.OldestDueAgeSeconds DESC;
+
+    SELECT
+        t.HourUtc,
+        t.AccountName,
+        t.Sent,
+        t.Failed
+    FROM mailq.ThroughputPerHour AS t
+    WHERE t.HourUtc >= DATEADD(HOUR, -24, SYSUTCDATETIME())
+    ORDER BY t.HourUtc DESC, t.AccountName ASC;
+
+    SELECT TOP (@RecentFailures)
+        f.ID,
+        f.AttemptNo,
+        f.AccountName,
+        f.Status,
+        f.Outcome,
+        f.SmtpCode,
+        f.LastError,
+        f.DateProcessed
+    FROM mailq.RecentFailures AS f
+    ORDER BY f.DateProcessed DESC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetInstallationHealth: one row per installation check, for
+`mailq-db doctor`.  Reads only catalog views and the queue; changes nothing.
+Parameters:  none.
+Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix
+             (what to do when Status is not OK).  Checks: server version and
+             edition; compatibility level (>= 130); READ_COMMITTED_SNAPSHOT;
+             deployed schema revision; Service Broker and dbo.DelayServiceQueue;
+             the caller's roles and EXECUTE permissions; expired leases not yet
+             reclaimed; failures of the last 24 hours; blocked accounts; default account.
+Errors:      none of its own.
+Transaction: reads only.
+Example:     EXEC mailq.GetInstallationHealth;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetInstallationHealth
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Check TABLE (
+        Position INT IDENTITY (1, 1) NOT NULL PRIMARY KEY,
+        Area NVARCHAR(30) NOT NULL,
+        CheckName NVARCHAR(60) NOT NULL,
+        Status NVARCHAR(4) NOT NULL,
+        Detail NVARCHAR(4000) NULL,
+        Fix NVARCHAR(4000) NULL
+    );
+
+    DECLARE @Compat INT, @Rcsi BIT, @Broker BIT;
+    SELECT
+        @Compat = d.compatibility_level,
+        @Rcsi = d.is_read_committed_snapshot_on,
+        @Broker = d.is_broker_enabled
+    FROM sys.databases AS d
+    WHERE d.database_id = DB_ID();
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    VALUES
+    (
+        N'Server', N'Version', N'OK',
+        LEFT(REPLACE(@@VERSION, NCHAR(10), N' '), 300), NULL
+    ),
+    (
+        N'Server', N'Edition', N'OK',
+        CONCAT(CAST(SERVERPROPERTY(N'Edition') AS NVARCHAR(128)), N' (engine edition ',
+            CAST(SERVERPROPERTY(N'EngineEdition') AS NVARCHAR(10)), N')'), NULL
+    ),
+    (
+        N'Database', N'CompatibilityLevel', IIF(@Compat >= 130, N'OK', N'FAIL'),
+        CONCAT(N'compatibility level ', @Compat),
+        IIF(@Compat >= 130, NULL, CONCAT(N'ALTER DATABASE ', QUOTENAME(DB_NAME()), N' SET COMPATIBILITY_LEVEL = 150;'))
+    ),
+    (
+        N'Database', N'ReadCommittedSnapshot', IIF(@Rcsi = 1, N'OK', N'WARN'),
+        IIF(
+            @Rcsi = 1, N'READ_COMMITTED_SNAPSHOT is on',
+            N'READ_COMMITTED_SNAPSHOT is off: report readers and writers can block each other'
+        ),
+        IIF(
+            @Rcsi = 1, NULL,
+            CONCAT(
+                N'In a maintenance window: ALTER DATABASE ', QUOTENAME(DB_NAME()),
+                N' SET READ_COMMITTED_SNAPSHOT ON WITH ROLLBACK IMMEDIATE;'
+            )
+        )
+    ),
+    (
+        N'Broker', N'ServiceBrokerEnabled', IIF(@Broker = 1, N'OK', N'WARN'),
+        IIF(
+            @Broker = 1, N'Service Broker is enabled',
+            N'Service Broker is disabled: delayed execution cannot run (the mail queue can)'
+        ),
+        IIF(
+            @Broker = 1, NULL,
+            CONCAT(
+                N'Needs exclusive access: ALTER DATABASE ', QUOTENAME(DB_NAME()),
+                N' SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE; (rolls back and disconnects other sessions)'
+            )
+        )
+    );
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT TOP (1)
+        N'Schema', N'Revision', N'OK', v.version_num, NULL
+    FROM dbo.mailq_alembic_version AS v;
+    IF @@ROWCOUNT = 0
+        INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+        VALUES (N'Schema', N'Revision', N'FAIL', N'no revision recorded', N'mailq-db deploy --url ...');
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Broker',
+        N'DelayServiceQueue',
+        IIF(q.is_receive_enabled = 1 AND q.is_activation_enabled = 1, N'OK', N'FAIL'),
+        CONCAT(N'receive enabled: ', q.is_receive_enabled, N', activation enabled: ', q.is_activation_enabled,
+            N', max readers: ', q.max_readers),
+        IIF(
+            q.is_receive_enabled = 1 AND q.is_activation_enabled = 1, NULL,
+            N'ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON, ACTIVATION (STATUS = ON); '
+            + N'then read the delayed-execution failure log (docs/delayed-execution.md)'
+        )
+    FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue');
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Security',
+        N'RoleMembership',
+        N'OK',
+        CONCAT(
+            N'user ', QUOTENAME(USER_NAME()), N'; member of: ',
+            COALESCE(
+                STUFF(
+                    CONCAT(
+                        IIF(IS_ROLEMEMBER(N'MailqEnqueuer') = 1, N', MailqEnqueuer', N''),
+                        IIF(IS_ROLEMEMBER(N'MailqSender') = 1, N', MailqSender', N''),
+                        IIF(IS_ROLEMEMBER(N'MailqAdmin') = 1, N', MailqAdmin', N''),
+                        IIF(IS_ROLEMEMBER(N'MailqDelayCaller') = 1, N', MailqDelayCaller', N''),
+                        IIF(IS_ROLEMEMBER(N'db_owner') = 1, N', db_owner', N'')
+                    ), 1, 2, N''
+                ),
+                N'none'
+            )
+        ),
+        NULL;
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Security',
+        CONCAT(N'Execute ', p.ProcName),
+        IIF(HAS_PERMS_BY_NAME(p.ProcName, N'OBJECT', N'EXECUTE') = 1, N'OK', N'WARN'),
+        CONCAT(
+            p.ProcName,
+            IIF(HAS_PERMS_BY_NAME(p.ProcName, N'OBJECT', N'EXECUTE') = 1, N' may be executed', N' may not be executed')
+        ),
+        IIF(
+            HAS_PERMS_BY_NAME(p.ProcName, N'OBJECT', N'EXECUTE') = 1, NULL,
+            CONCAT(N'ALTER ROLE ', p.RoleName, N' ADD MEMBER ', QUOTENAME(USER_NAME()), N'; (if this login needs it)')
+        )
+    FROM (
+        VALUES
+        (N'mailq.EnqueueMail', N'MailqEnqueuer'),
+        (N'mailq.ClaimMail', N'MailqSender'),
+        (N'mailq.MarkSent', N'MailqSender'),
+        (N'mailq.GetQueueStats', N'MailqAdmin')
+    ) AS p(ProcName, RoleName);
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Queue',
+        N'ExpiredLeases',
+        IIF(COUNT_BIG(*) = 0, N'OK', N'WARN'),
+        CONCAT(COUNT_BIG(*), N' mail(s) in Sending whose lease expired and that no worker reclaimed yet'),
+        IIF(COUNT_BIG(*) = 0, NULL, N'Start a worker (mailq-db worker); a worker that died leaves these behind')
+    FROM mailq.MailQueue AS q
+    WHERE q.Status = N'Sending' AND q.VisibleAtUtc < @Now;
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Queue',
+        N'FailedLast24Hours',
+        IIF(COUNT_BIG(*) = 0, N'OK', N'WARN'),
+        CONCAT(COUNT_BIG(*), N' mail(s) Failed in the last 24 hours'),
+        IIF(COUNT_BIG(*) = 0, NULL, N'Read them with mailq-db stats; requeue with mailq.RequeueMail once fixed')
+    FROM mailq.MailQueue AS q
+    WHERE q.Status = N'Failed' AND q.DateProcessed >= DATEADD(HOUR, -24, @Now);
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Accounts',
+        CONCAT(N'Blocked ', a.AccountName),
+        N'WARN',
+        CONCAT(N'blocked until ', CONVERT(NVARCHAR(30), a.BlockedUntilUtc, 126), N' UTC: ', LEFT(a.BlockReason, 300)),
+        CONCAT(N'Wait, or clear it: EXEC mailq.UnblockSendingAccount @AccountName = N''', a.AccountName, N''';')
+    FROM mailq.SendingAccount AS a
+    WHERE a.BlockedUntilUtc > @Now;
+
+    IF NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.IsDefault = 1)
+        INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+        VALUES (
+            N'Accounts', N'DefaultAccount', N'WARN', N'no default sending account: EnqueueMail needs @AccountName',
+            N'EXEC mailq.UpsertSendingAccount @AccountName = N''...'', @DefaultFromAddress = N''...'', @IsDefault = 1;'
+        );
+
+    SELECT
+        c.Area,
+        c.CheckName,
+        c.Status,
+        c.Detail,
+        c.Fix
+    FROM @Check AS c
+    ORDER BY c.Position;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqEnqueuer: enqueue mail, nothing else.  Object-level
+grants (not SCHEMA::mailq) so that internal procedures such as
+mailq.LockLeasedMail stay out of reach.
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqEnqueuer;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqSender (sender workers): claim, extend, release and
+acknowledge mail, and read the installation health for `mailq-db doctor`.
+*/
+GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin: every public mailq procedure and the reporting
+views (views are read-only reports, not table rights).
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RequeueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.CancelMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.PurgeMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UnblockSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.QueueCountsByStatus TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.OldestDueMail TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.ThroughputPerHour TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.RecentFailures TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN (
+    N'checks/mailq.CheckServer.sql',
+    N'schemas/mailq.sql',
+    N'security/MailqEnqueuer.role.sql',
+    N'security/MailqSender.role.sql',
+    N'security/MailqAdmin.role.sql',
+    N'security/MailqDelayCaller.role.sql',
+    N'tables/mailq.SendingAccount.sql',
+    N'tables/mailq.RateBudget.sql',
+    N'tables/mailq.Application.sql',
+    N'tables/mailq.MailQueue.sql',
+    N'tables/mailq.MailAttachment.sql',
+    N'tables/mailq.MailAttempt.sql',
+    N'indexes/mailq.MailQueue.IX_MailQueue_Claim.sql',
+    N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql',
+    N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql',
+    N'indexes/mailq.MailAttempt.IX_MailAttempt_EndedAtUtc.sql',
+    N'indexes/mailq.SendingAccount.UX_SendingAccount_IsDefault.sql',
+    N'functions/mailq.ParseAddressList.sql',
+    N'functions/mailq.ParseIDList.sql',
+    N'views/mailq.QueueCountsByStatus.sql',
+    N'views/mailq.OldestDueMail.sql',
+    N'views/mailq.ThroughputPerHour.sql',
+    N'views/mailq.RecentFailures.sql',
+    N'procedures/mailq.LockLeasedMail.sql',
+    N'procedures/mailq.EnqueueMail.sql',
+    N'procedures/mailq.ClaimMail.sql',
+    N'procedures/mailq.ExtendLease.sql',
+    N'procedures/mailq.ReleaseMail.sql',
+    N'procedures/mailq.MarkSent.sql',
+    N'procedures/mailq.MarkFailed.sql',
+    N'procedures/mailq.CancelMail.sql',
+    N'procedures/mailq.RequeueMail.sql',
+    N'procedures/mailq.PurgeMail.sql',
+    N'procedures/mailq.UpsertSendingAccount.sql',
+    N'procedures/mailq.UnblockSendingAccount.sql',
+    N'procedures/mailq.UpsertApplication.sql',
+    N'procedures/mailq.GetQueueStats.sql',
+    N'procedures/mailq.GetInstallationHealth.sql',
+    N'security/MailqEnqueuer.grants.sql',
+    N'security/MailqSender.grants.sql',
+    N'security/MailqAdmin.grants.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0001', N'checks/mailq.CheckServer.sql', 'e65930ab8a8abd93d5f501b11d63a3430649be995249c806da9c71a6a299b303'),
+    ('0001', N'schemas/mailq.sql', '0bcb4ec5d48112813771ffd7c079891bd9facab89687b68f0abf69af85dc3f3c'),
+    ('0001', N'security/MailqEnqueuer.role.sql', '589e23d67df1fb9e52f9123d6143dce0a2ee666dcd17feb1c8222917b86ddb81'),
+    ('0001', N'security/MailqSender.role.sql', 'ff2c8c44a1856d12b08548a671dda68a7520f3b6d9092903d7bca1ba99157b59'),
+    ('0001', N'security/MailqAdmin.role.sql', '30aa41f2d450c3bef3825cc2fb7002c42de02860929c2c3a2a2cea510746714b'),
+    ('0001', N'security/MailqDelayCaller.role.sql', 'f54c09706acd6f8a5fa5f969cb78deb696342fdd718a2a84aba55b7f5694fd2f'),
+    ('0001', N'tables/mailq.SendingAccount.sql', '4e7afe508ae61acdc26ae82b3bfd5a186548c4987b2efdfb1289db3fe34f523d'),
+    ('0001', N'tables/mailq.RateBudget.sql', 'ba96dd9dc748b79697b4ab85d719bfb011305db75812f7154fcb46cdcdc14ff7'),
+    ('0001', N'tables/mailq.Application.sql', '3a09e1e1d49383d076ac12ccffc8e915637723fb13dbf61b0755a9e6aef28b30'),
+    ('0001', N'tables/mailq.MailQueue.sql', 'fd479df40e5ce8d72919e60e47b23de634e6aa8a29530858abd6e3d6fe8a2d8b'),
+    ('0001', N'tables/mailq.MailAttachment.sql', '0fcb28f68d368f0c0d18059497d5a3af180ffb35e8933f34d508f8502f5f9490'),
+    ('0001', N'tables/mailq.MailAttempt.sql', '305b50897fca3cf50761fa9ce9f560cd1aedacbb3093a1b03fa24010b4ca7d74'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Claim.sql', '1b1dd1b552f5d9c001b77739512af527c6251b63c65b9b2dc9e0e78e0b128506'),
+    ('0001', N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql', 'c78f3d798e76744890eece5eb9cfef6cec82d32a627a2aec0851820314afdb34'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql', '414eb5fa13ba996f99091baabfef8f8198ec641f8b6aa2f064d015f7c89229f1'),
+    ('0001', N'indexes/mailq.MailAttempt.IX_MailAttempt_EndedAtUtc.sql', '533fac7d1deb5639e6743c84bc6ad31ca675b7accedd2a50277410b7c989e8dc'),
+    ('0001', N'indexes/mailq.SendingAccount.UX_SendingAccount_IsDefault.sql', 'd0af5a63438163fc084ed685b4b1f2418e92ad885ba5891814cff6186dce8560'),
+    ('0001', N'functions/mailq.ParseAddressList.sql', 'b13225fa3ee91ffb9ca9588a70749832ccb70acdc5e177563f6d0d036c94bcb6'),
+    ('0001', N'functions/mailq.ParseIDList.sql', '030429dfb47b466d8caa7aff6c66633f870c2ecff105a3d96fad2581d422d4ce'),
+    ('0001', N'views/mailq.QueueCountsByStatus.sql', 'c3ac3ae0cb8c1c5c8381089cfc4d02d1dbfb51f8e86703efd2ea772486e49fe4'),
+    ('0001', N'views/mailq.OldestDueMail.sql', '4842f651b52d526efa26a267c6364b2b6ec27fa17451ec1d74d2f6fe8dd0b0fb'),
+    ('0001', N'views/mailq.ThroughputPerHour.sql', 'cc53a787cf904013464e0d7d3d15edb334e1525df86accd5bbb0aed55e430e9c'),
+    ('0001', N'views/mailq.RecentFailures.sql', 'ffcedf810ddd0bd9f6744620308dbd7417e90a97523fadecc460b91cba48a10e'),
+    ('0001', N'procedures/mailq.LockLeasedMail.sql', '72c076ecc7c8cf7c1f508e3e7a535da65cf69f17ecac50179e8570e33b4b9c3c'),
+    ('0001', N'procedures/mailq.EnqueueMail.sql', '87063b6d8e2b84e8be75772c44b80b3bd624b900d01eee074242fef6be551992'),
+    ('0001', N'procedures/mailq.ClaimMail.sql', '4cf3cc60d56c0ec66be2f239921df496c5a8228566a39c2e9944b8cbfcb1a801'),
+    ('0001', N'procedures/mailq.ExtendLease.sql', 'dfb32ab4199a06b8ad89a96116d7623a25a6ca1e734bb3579ec4d574b84f7c2d'),
+    ('0001', N'procedures/mailq.ReleaseMail.sql', '8320aff130f15b29b6453151a3723a667376e760e1954d7e875138e8294c9961'),
+    ('0001', N'procedures/mailq.MarkSent.sql', 'b611f1f19c6d5e098f240eac1e9a75c07d4c7324fff678d7a0ee77078f3b9e91'),
+    ('0001', N'procedures/mailq.MarkFailed.sql', 'd3768a53117500e4ca44ad7498f52ac6e4bf0d37dfe89f3f5ac3ebc78d86170c'),
+    ('0001', N'procedures/mailq.CancelMail.sql', 'f397b622db28156fc676585b868e7a7b9155d88d687ee28fdc0609f6321a561b'),
+    ('0001', N'procedures/mailq.RequeueMail.sql', 'a2011ec1a4e219e1c7c3d6a1ee0bbb432b5035435d66463505f0a60bbd086256'),
+    ('0001', N'procedures/mailq.PurgeMail.sql', '860252ea44b01248b8b0f9106a6f8e62928b85455954a35e2e71f2bec122e8f2'),
+    ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '889bc3ae4c54c7a5b31bfc6b73a60d50ccd4eb100962380fce9aaa914b710647'),
+    ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '9765cb5d948bc27cfb519c1c86fbc9c736048f1a8e153454254fb876ccad0f88'),
+    ('0001', N'procedures/mailq.UpsertApplication.sql', '63684e4860abc83e6a8565d990e602908a343bae7a9b6ed7bb4c5e05269f0a88'),
+    ('0001', N'procedures/mailq.GetQueueStats.sql', '6a07628ac665e7befd352424c2c2352fdc7d4114411de6629a57305bbac5a5c5'),
+    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '64e0d381456b605efe18c45ddbedfff5a3e999096cabab5612ecbde1fc645dda'),
+    ('0001', N'security/MailqEnqueuer.grants.sql', '7e919cb33cc362113158200664587d25ed835037963b9f36d4999e8b282a96b9'),
+    ('0001', N'security/MailqSender.grants.sql', 'f88180effa850d531bab684b5cd89e681a0108b6d51012293fceda3b296ecc53'),
+    ('0001', N'security/MailqAdmin.grants.sql', '687f6437523ac6ff00fa901dc8658569ebffb3b2d4de2e0268d8300f3f31f0e5');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+INSERT INTO dbo.mailq_alembic_version (version_num) OUTPUT inserted.version_num VALUES ('0001');
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0001 -> 0002
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0005'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0001')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0002 upgrades a database at 0001; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF NOT EXISTS (
+    SELECT 1 FROM sys.databases
+    WHERE database_id = DB_ID() AND is_broker_enabled = 1
+)
+BEGIN
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(
+        N'Service Broker is not enabled in database ', QUOTENAME(DB_NAME()),
+        N'; delayed execution needs it. A DBA enables it with: ',
+        N'ALTER', N' DATABASE ', QUOTENAME(DB_NAME()), N' SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE; ',
+        N'this needs exclusive access to the database: WITH ROLLBACK IMMEDIATE rolls back ',
+        N'every open transaction of the other sessions in it and disconnects them. ',
+        N'(A database restored or attached as a copy may need NEW_BROKER instead, which ',
+        N'also ends every existing conversation.) To deploy the mail queue alone, run ',
+        N'mailq-db deploy -x broker=off (alembic -x broker=off upgrade head).'
+    );
+    THROW 50401, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = (
+    SELECT CAST(q.is_activation_enabled AS INT) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ'));
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = @Activation;
+IF @Activation = 1
+    ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Schema delay: the internal objects of delayed execution (bookkeeping, allow-list,
+log, settings, views, admin procedures).  The public contract stays in dbo, as
+the source document names it: dbo.InitiateDelayExecution,
+dbo.CancelDelayExecution, dbo.tabDIYTable12402, dbo.DelayServiceQueue,
+dbo.ProcessDelayQueue.
+Owned by dbo so that ownership chaining lets the dbo procedures and the trigger
+read and write these tables for callers that hold only EXECUTE.
+CREATE SCHEMA must be alone in its batch, so it cannot sit under an IF;
+Alembic runs this batch once, in the revision that introduces it.
+*/
+IF SCHEMA_ID(N'delay') IS NULL
+    EXEC (N'CREATE SCHEMA delay AUTHORIZATION dbo');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Installation: what the deployment of delayed execution found and did,
+so that a downgrade undoes exactly that and nothing more.
+One row per fact, e.g. Item = N'dbo.tabDIYTable12402', Detail = N'created'
+(mailq-db created the platform table: downgrade may drop it) or N'adopted'
+(the platform had it: downgrade never drops it, and never drops the columns
+that the adoption added, because the platform may have written data into them).
+Written by the deployment only; no role has rights on it.
+*/
+IF OBJECT_ID(N'delay.Installation', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Installation (
+        Item NVARCHAR(256) NOT NULL,
+        Detail NVARCHAR(400) NOT NULL,
+        RecordedAtUtc DATETIME2(3) NOT NULL
+            CONSTRAINT DF_Installation_RecordedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_Installation PRIMARY KEY CLUSTERED (Item)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Setting: the retry and lease policy of dbo.ProcessDelayQueue, one row.
+    MaxAttempts        runs of a failing target before it is given up (receipt 3)
+    RetryBaseSeconds   backoff before retry n: RetryBaseSeconds * 4^(n-1) ...
+    RetryMaxSeconds    ... capped at RetryMaxSeconds
+    LeaseSeconds       watchdog: if a run has not reported after this long, the
+                       activation procedure checks whether its runner is alive
+                       (slow: the lease is extended and logged) or gone
+                       (the attempt failed: retried or given up)
+    ReceiveWaitMs      how long an idle reader waits in WAITFOR (RECEIVE) before
+                       it exits (activation starts readers again on demand)
+Operators change it with UPDATE (db_owner); the procedures read it at each message.
+*/
+IF OBJECT_ID(N'delay.Setting', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Setting (
+        SettingId TINYINT NOT NULL CONSTRAINT DF_Setting_SettingId DEFAULT (1),
+        MaxAttempts INT NOT NULL CONSTRAINT DF_Setting_MaxAttempts DEFAULT (3),
+        RetryBaseSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryBaseSeconds DEFAULT (30),
+        RetryMaxSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryMaxSeconds DEFAULT (3600),
+        LeaseSeconds INT NOT NULL CONSTRAINT DF_Setting_LeaseSeconds DEFAULT (600),
+        ReceiveWaitMs INT NOT NULL CONSTRAINT DF_Setting_ReceiveWaitMs DEFAULT (5000),
+        CONSTRAINT PK_Setting PRIMARY KEY CLUSTERED (SettingId),
+        CONSTRAINT CK_Setting_SingleRow CHECK (SettingId = 1),
+        CONSTRAINT CK_Setting_MaxAttempts CHECK (MaxAttempts BETWEEN 1 AND 100),
+        CONSTRAINT CK_Setting_RetryBaseSeconds CHECK (RetryBaseSeconds BETWEEN 1 AND 86400),
+        CONSTRAINT CK_Setting_RetryMaxSeconds CHECK (RetryMaxSeconds BETWEEN 1 AND 86400),
+        CONSTRAINT CK_Setting_LeaseSeconds CHECK (LeaseSeconds BETWEEN 1 AND 86400),
+        CONSTRAINT CK_Setting_ReceiveWaitMs CHECK (ReceiveWaitMs BETWEEN 100 AND 60000)
+    );
+
+    INSERT INTO delay.Setting (SettingId) VALUES (1);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.AllowedProcedure: the allow-list of procedures that delayed execution may run.
+An entry is a schema-qualified procedure and the object_id it had when it was
+listed (delay.AllowProcedure).  At call time and again at execution time a name
+resolves only if the entry exists AND sys.objects still holds a SQL procedure
+with that object_id, schema and name: a procedure dropped and recreated (even
+under the same name) must be listed again.
+AllowBareName = 1 lets a one-part name (the platform stores bare names such as
+N'TCXG') resolve to this entry; at most one entry per bare name may allow it
+(UX_AllowedProcedure_BareName).  A bare name never resolves through anybody's
+default schema.
+*/
+IF OBJECT_ID(N'delay.AllowedProcedure', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.AllowedProcedure (
+        AllowedProcedureId INT IDENTITY (1, 1) NOT NULL,
+        SchemaName SYSNAME NOT NULL,
+        ProcedureName SYSNAME NOT NULL,
+        ObjectId INT NOT NULL,
+        AllowBareName BIT NOT NULL
+            CONSTRAINT DF_AllowedProcedure_AllowBareName DEFAULT (0),
+        ListedAtUtc DATETIME2(3) NOT NULL
+            CONSTRAINT DF_AllowedProcedure_ListedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ListedBy NVARCHAR(128) NOT NULL
+            CONSTRAINT DF_AllowedProcedure_ListedBy DEFAULT (ORIGINAL_LOGIN()),
+        CONSTRAINT PK_AllowedProcedure PRIMARY KEY CLUSTERED (AllowedProcedureId),
+        CONSTRAINT UQ_AllowedProcedure_SchemaName_ProcedureName UNIQUE (SchemaName, ProcedureName)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+UX_AllowedProcedure_BareName: a bare (one-part) name resolves to at most one
+listed procedure, so dbo.TCXG and app.TCXG cannot both answer to N'TCXG'.
+Filtered: entries that do not allow a bare name are not constrained.
+*/
+IF NOT EXISTS (
+    SELECT 1 FROM sys.indexes
+    WHERE name = N'UX_AllowedProcedure_BareName' AND object_id = OBJECT_ID(N'delay.AllowedProcedure')
+)
+    CREATE UNIQUE NONCLUSTERED INDEX UX_AllowedProcedure_BareName
+        ON delay.AllowedProcedure (ProcedureName)
+        WHERE AllowBareName = 1;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Task: the bookkeeping of every scheduled row of dbo.tabDIYTable12402,
+kept beside the platform's table rather than in it.
+    TaskID             = dbo.tabDIYTable12402.ID (the task ID InitiateDelayExecution returns)
+    ConversationHandle the initiator handle of the task's own dialog: its
+                       conversation timer is the delay, the retry backoff and
+                       the watchdog lease in turn; NULL for refused rows
+    TaskState          Scheduled -> Running -> Done
+                                           -> Retrying -> Running ... -> Failed
+                       Scheduled/Retrying -> Cancelled; new row -> Refused
+    Receipt            what the platform's F108219 is set to:
+                       0 pending (Scheduled, Running, Retrying), 1 Done,
+                       2 Refused, 3 Failed (attempts exhausted or not retryable),
+                       4 Cancelled
+    DueAtUtc           CreatedAtUtc + delay: when the task should first run
+    NextRunAtUtc       when it runs next (DueAtUtc, then each retry's time)
+    LeaseUntilUtc      while Running: when the watchdog looks at the runner
+    FirstStartedAtUtc  the first run's start (lateness = this - DueAtUtc)
+Rows are written by the trigger on dbo.tabDIYTable12402 (set-based), by
+dbo.ProcessDelayQueue and by dbo.CancelDelayExecution only.
+*/
+IF OBJECT_ID(N'delay.Task', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Task (
+        TaskID BIGINT NOT NULL,
+        ConversationHandle UNIQUEIDENTIFIER NULL,
+        TargetName NVARCHAR(400) NULL,
+        SchemaName SYSNAME NULL,
+        ProcedureName SYSNAME NULL,
+        DelaySeconds INT NULL,
+        TaskState NVARCHAR(16) NOT NULL,
+        Receipt AS CAST(CASE TaskState
+                WHEN N'Done' THEN 1
+                WHEN N'Refused' THEN 2
+                WHEN N'Failed' THEN 3
+                WHEN N'Cancelled' THEN 4
+                ELSE 0
+            END AS TINYINT),
+        Attempts INT NOT NULL CONSTRAINT DF_Task_Attempts DEFAULT (0),
+        CreatedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Task_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        DueAtUtc DATETIME2(3) NULL,
+        NextRunAtUtc DATETIME2(3) NULL,
+        LeaseUntilUtc DATETIME2(3) NULL,
+        FirstStartedAtUtc DATETIME2(3) NULL,
+        LastStartedAtUtc DATETIME2(3) NULL,
+        FinishedAtUtc DATETIME2(3) NULL,
+        LastErrorNumber INT NULL,
+        LastErrorMessage NVARCHAR(4000) NULL,
+        CONSTRAINT PK_Task PRIMARY KEY CLUSTERED (TaskID),
+        CONSTRAINT CK_Task_TaskState CHECK (
+            TaskState IN (N'Scheduled', N'Running', N'Retrying', N'Done', N'Failed', N'Refused', N'Cancelled')
+        ),
+        CONSTRAINT CK_Task_Attempts CHECK (Attempts >= 0)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+UX_Task_ConversationHandle: dbo.ProcessDelayQueue finds the task of a
+DialogTimer message by its conversation handle: a seek, whatever the backlog.
+Filtered: refused rows have no conversation.
+*/
+IF NOT EXISTS (
+    SELECT 1 FROM sys.indexes
+    WHERE name = N'UX_Task_ConversationHandle' AND object_id = OBJECT_ID(N'delay.Task')
+)
+    CREATE UNIQUE NONCLUSTERED INDEX UX_Task_ConversationHandle
+        ON delay.Task (ConversationHandle)
+        WHERE ConversationHandle IS NOT NULL;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_Task_TaskState_NextRunAtUtc: the operator views (pending, running, failed,
+refused) and the health view filter on TaskState; a seek on the state, ordered
+by the next run, instead of a scan of every task ever scheduled.
+*/
+IF NOT EXISTS (
+    SELECT 1 FROM sys.indexes
+    WHERE name = N'IX_Task_TaskState_NextRunAtUtc' AND object_id = OBJECT_ID(N'delay.Task')
+)
+    CREATE NONCLUSTERED INDEX IX_Task_TaskState_NextRunAtUtc
+        ON delay.Task (TaskState, NextRunAtUtc)
+        INCLUDE (TargetName, Attempts, LeaseUntilUtc);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Log: refusals and failures of delayed execution, one row per event.
+    EventName   Refused     the row was never scheduled or never run (ErrorNumber
+                            50302-50307 says why); receipt 2
+                Failed      a run failed and will be retried (Attempt = the run)
+                GaveUp      the last failure: receipt 3
+                Slow        a run outlived its lease; the runner is alive, the
+                            lease was extended (the run is not interrupted)
+                RunnerLost  the session running a target ended without reporting
+                            (ErrorNumber 50331); counted as a failed attempt
+                Cancelled   cancelled by dbo.CancelDelayExecution, or the
+                            platform row was deleted before the run (50332)
+                BrokerError an Error message arrived on a task's conversation,
+                            or the activation procedure itself failed
+    ErrorNumber / ErrorMessage: ERROR_NUMBER() and ERROR_MESSAGE() of the
+    failure, or the 503xx number of docs/errors.md.
+*/
+IF OBJECT_ID(N'delay.Log', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Log (
+        LogId BIGINT IDENTITY (1, 1) NOT NULL,
+        LoggedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Log_LoggedAtUtc DEFAULT (SYSUTCDATETIME()),
+        TaskID BIGINT NULL,
+        EventName NVARCHAR(16) NOT NULL,
+        TargetName NVARCHAR(400) NULL,
+        Attempt INT NULL,
+        ErrorNumber INT NULL,
+        ErrorMessage NVARCHAR(4000) NULL,
+        ConversationHandle UNIQUEIDENTIFIER NULL,
+        CONSTRAINT PK_Log PRIMARY KEY CLUSTERED (LogId),
+        CONSTRAINT CK_Log_EventName CHECK (
+            EventName IN (N'Refused', N'Failed', N'GaveUp', N'Slow', N'RunnerLost', N'Cancelled', N'BrokerError')
+        )
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_Log_TaskID: the failed and refused views show each task's log rows; a seek
+by task instead of a scan of the whole log.
+*/
+IF NOT EXISTS (
+    SELECT 1 FROM sys.indexes
+    WHERE name = N'IX_Log_TaskID' AND object_id = OBJECT_ID(N'delay.Log')
+)
+    CREATE NONCLUSTERED INDEX IX_Log_TaskID
+        ON delay.Log (TaskID, LogId);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.tabDIYTable12402: the low-code platform's trigger table ("过程触发器_主表"),
+created if absent, adopted if the platform already made it.
+Columns (the platform's names):
+    ID       identity: the task ID
+    F108210  description                F108211  target procedure name
+    F108212 ... F108216  parameters 1-5 (the target's @Param1 ... @Param5)
+    F108217  created time (UTC when mailq-db creates the column)
+    F108218  delay in seconds           F108219  receipt
+Receipt (F108219): 0 pending, 1 done, 2 refused, 3 failed after its attempts,
+4 cancelled; NULL counts as 0.  Rows inserted with a non-zero receipt or a NULL
+name are left alone.
+Adoption: an existing table gains only the columns it lacks, added NULL so that
+the ALTER is a metadata change (no rewrite of the platform's rows); nothing is
+dropped or updated.  It must already have an identity ID and an integer-typed
+F108219 (the receipt codes do not fit a BIT); otherwise the deployment stops
+with 50390 and changes nothing.
+The outcome is recorded in delay.Installation; downgrade drops the table only
+when that row says N'created'.
+*/
+IF OBJECT_ID(N'dbo.tabDIYTable12402', N'U') IS NULL
+BEGIN
+    CREATE TABLE dbo.tabDIYTable12402 (
+        ID BIGINT IDENTITY (1, 1) NOT NULL,
+        F108210 NVARCHAR(50) NULL,
+        F108211 NVARCHAR(400) NULL,
+        F108212 NVARCHAR(200) NULL,
+        F108213 NVARCHAR(200) NULL,
+        F108214 NVARCHAR(200) NULL,
+        F108215 NVARCHAR(200) NULL,
+        F108216 NVARCHAR(200) NULL,
+        F108217 DATETIME2(3) NULL CONSTRAINT DF_tabDIYTable12402_F108217 DEFAULT (SYSUTCDATETIME()),
+        F108218 INT NULL CONSTRAINT DF_tabDIYTable12402_F108218 DEFAULT (0),
+        F108219 INT NULL CONSTRAINT DF_tabDIYTable12402_F108219 DEFAULT (0),
+        CONSTRAINT PK_tabDIYTable12402 PRIMARY KEY CLUSTERED (ID)
+    );
+
+    INSERT INTO delay.Installation (Item, Detail)
+    VALUES (N'dbo.tabDIYTable12402', N'created');
+END;
+ELSE
+BEGIN
+    DECLARE @Msg NVARCHAR(2048);
+
+    -- COLUMNPROPERTY is NULL when the column is missing, 0 when it is no identity.
+    IF ISNULL(COLUMNPROPERTY(OBJECT_ID(N'dbo.tabDIYTable12402'), N'ID', 'IsIdentity'), 0) <> 1
+    BEGIN
+        SET @Msg = CONCAT(
+            N'dbo.tabDIYTable12402 exists but has no identity column ID; delayed execution ',
+            N'needs ID as the task ID. Nothing was changed.'
+        );
+        THROW 50390, @Msg, 1;
+    END;
+
+    IF EXISTS (
+        SELECT 1
+        FROM sys.columns AS c
+        INNER JOIN sys.types AS t ON c.user_type_id = t.user_type_id
+        WHERE
+            c.object_id = OBJECT_ID(N'dbo.tabDIYTable12402')
+            AND c.name = N'F108219'
+            AND t.name NOT IN (N'tinyint', N'smallint', N'int', N'bigint', N'decimal', N'numeric')
+    )
+    BEGIN
+        SET @Msg = CONCAT(
+            N'dbo.tabDIYTable12402.F108219 (receipt) must be an integer type to hold the ',
+            N'receipt codes 0-4; it is not. Nothing was changed.'
+        );
+        THROW 50390, @Msg, 1;
+    END;
+
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108210') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108210 NVARCHAR(50) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108211') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108211 NVARCHAR(400) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108212') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108212 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108213') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108213 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108214') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108214 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108215') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108215 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108216') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108216 NVARCHAR(200) NULL;
+    -- Added without WITH VALUES: existing rows read NULL, new rows get the
+    -- default; a metadata-only change that never rewrites the platform's rows.
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108217') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108217 DATETIME2(3) NULL
+            CONSTRAINT DF_tabDIYTable12402_F108217 DEFAULT (SYSUTCDATETIME());
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108218') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108218 INT NULL
+            CONSTRAINT DF_tabDIYTable12402_F108218 DEFAULT (0);
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108219') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108219 INT NULL
+            CONSTRAINT DF_tabDIYTable12402_F108219 DEFAULT (0);
+
+    INSERT INTO delay.Installation (Item, Detail)
+    VALUES (N'dbo.tabDIYTable12402', N'adopted');
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Message type MailqDelayRequest: "run task N now".  Sent only for a delay
+of 0 seconds (every other delay is a conversation timer, whose DialogTimer
+message is a system type).  Body: the task ID as BINARY(8)
+(CAST(TaskID AS BINARY(8)), read back with CAST(message_body AS BIGINT)).
+VALIDATION = NONE: the body is not XML and only our own trigger sends it.
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.service_message_types WHERE name = N'MailqDelayRequest')
+    CREATE MESSAGE TYPE MailqDelayRequest VALIDATION = NONE;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Contract MailqDelayContract: the dialog of one delayed task.  The service
+talks to itself (one queue), so the initiator sends the only message type.
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.service_contracts WHERE name = N'MailqDelayContract')
+    CREATE CONTRACT MailqDelayContract (MailqDelayRequest SENT BY INITIATOR);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Queue dbo.DelayServiceQueue: the DialogTimer, DelayRequest, EndDialog and Error
+messages of every delayed task.
+Created without ACTIVATION: the activation procedure dbo.ProcessDelayQueue
+RECEIVEs from this queue, so the queue exists first, then the procedure, then
+broker/dbo.DelayServiceQueue.activation.sql switches activation on.
+RETENTION = OFF: received messages are deleted (the log table keeps history).
+POISON_MESSAGE_HANDLING stays ON as the last safety net: dbo.ProcessDelayQueue
+never lets a RECEIVE transaction roll back because of a target (targets run
+in their own transaction after the RECEIVE committed), so if the queue is ever
+disabled (five rollbacks in a row of a transaction that received from it) the
+cause is a bug to fix, and delay.Health shows is_receive_enabled = 0.
+*/
+IF OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NULL
+    CREATE QUEUE dbo.DelayServiceQueue
+        WITH STATUS = ON,
+        RETENTION = OFF,
+        POISON_MESSAGE_HANDLING (STATUS = ON);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Service MailqDelayService on dbo.DelayServiceQueue.  Each task is a dialog
+from this service to itself (TO SERVICE N'MailqDelayService',
+N'CURRENT DATABASE'); both endpoints live on the one queue.
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.services WHERE name = N'MailqDelayService')
+    CREATE SERVICE MailqDelayService
+        ON QUEUE dbo.DelayServiceQueue (MailqDelayContract);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.ResolveTarget: resolves a requested target name against the allow-list
+and sys.objects; the one place where a name becomes something executable.
+Parameters:  @Name NVARCHAR(4000): a name as the caller or the platform wrote it
+Result set:  exactly one row:
+             RefusalNumber INT: NULL when the name resolves, else why not:
+                 50304 empty, longer than 128 characters, or not a valid name
+                 50305 a three- or four-part name (another database or server)
+                 50306 not on the allow-list (delay.AllowedProcedure)
+                 50307 listed, but sys.objects no longer holds that procedure
+                       with the listed object_id, schema and name (dropped,
+                       recreated, moved, or renamed): list it again
+             RefusalMessage NVARCHAR(400): the reason in words, naming the value
+             SchemaName, ProcedureName SYSNAME, ObjectId INT: the catalog's
+                 names of the procedure to run (NULL when refused)
+Rules:       "schema.proc" matches the entry with that schema and name only.
+             A bare "proc" matches only the entry listed with AllowBareName = 1
+             (at most one per name); it never resolves through a default schema.
+             Names are compared, never executed: an injected string such as
+             N'x];DROP TABLE t;--' or N'dbo.p; EXEC xp_cmdshell ''x''' matches no
+             listed procedure.  The caller builds the EXEC from the returned
+             catalog names with QUOTENAME.
+             PARSENAME takes a sysname (NVARCHAR(128)) and would silently cut a
+             longer string, so longer names are refused before it is called.
+             Runs in its caller's security context (an inline function): the
+             callers run as dbo (EXECUTE AS OWNER) and so see every procedure.
+Example:     SELECT RefusalNumber, SchemaName, ProcedureName, ObjectId
+             FROM delay.ResolveTarget(N'dbo.TCXG');
+*/
+CREATE OR ALTER FUNCTION delay.ResolveTarget(@Name NVARCHAR(4000))
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    RefusalNumber = CASE
+        WHEN n.Part1 IS NULL THEN 50304
+        WHEN n.Part3 IS NOT NULL OR n.Part4 IS NOT NULL THEN 50305
+        WHEN a.AllowedProcedureId IS NULL THEN 50306
+        WHEN o.object_id IS NULL THEN 50307
+    END,
+    RefusalMessage = CASE
+        WHEN n.Part1 IS NULL THEN CONCAT(
+                N'target name "', LEFT(@Name, 200), N'" is empty, longer than 128 characters or not a valid name'
+            )
+        WHEN n.Part3 IS NOT NULL OR n.Part4 IS NOT NULL THEN CONCAT(
+                N'target name "', LEFT(@Name, 200),
+                N'" has three or four parts; only schema.procedure or a bare name is allowed'
+            )
+        WHEN a.AllowedProcedureId IS NULL THEN CONCAT(
+                N'target name "', LEFT(@Name, 200), N'" is not on the allow-list (delay.AllowedProcedure)'
+            )
+        WHEN o.object_id IS NULL THEN CONCAT(
+                N'target name "', LEFT(@Name, 200), N'" was listed as ', QUOTENAME(a.SchemaName), N'.',
+                QUOTENAME(a.ProcedureName), N', which no longer exists with the listed identity; list it again'
+            )
+    END,
+    SchemaName = CASE WHEN o.object_id IS NOT NULL THEN a.SchemaName END,
+    ProcedureName = CASE WHEN o.object_id IS NOT NULL THEN a.ProcedureName END,
+    ObjectId = o.object_id
+FROM (
+    SELECT
+        Part1 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 1) END,
+        Part2 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 2) END,
+        Part3 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 3) END,
+        Part4 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 4) END
+    FROM (
+        -- DATALENGTH, not LEN: LEN ignores trailing blanks.  2-256 bytes = 1-128 characters.
+        SELECT IsShort = CASE WHEN DATALENGTH(@Name) BETWEEN 2 AND 256 THEN 1 ELSE 0 END
+    ) AS ok
+) AS n
+OUTER APPLY (
+    -- At most one row: (SchemaName, ProcedureName) is unique, and so is
+    -- ProcedureName among the entries that allow a bare name.
+    SELECT
+        ap.AllowedProcedureId,
+        ap.SchemaName,
+        ap.ProcedureName,
+        ap.ObjectId
+    FROM delay.AllowedProcedure AS ap
+    WHERE
+        n.Part3 IS NULL
+        AND n.Part4 IS NULL
+        AND ap.ProcedureName = n.Part1
+        AND (ap.SchemaName = n.Part2 OR (n.Part2 IS NULL AND ap.AllowBareName = 1))
+) AS a
+LEFT OUTER JOIN sys.objects AS o
+    ON
+        a.ObjectId = o.object_id
+        AND o.type = 'P'
+        AND o.is_ms_shipped = 0
+        AND a.ProcedureName = o.name
+        AND o.schema_id = SCHEMA_ID(a.SchemaName);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.FinishTask: moves a task to a final state, sets the platform's receipt,
+logs the event and ends the task's conversation (which also drops its timer).
+Parameters:  @TaskID       BIGINT, required
+             @TaskState    NVARCHAR(16): Done, Failed, Refused or Cancelled
+             @EventName    NVARCHAR(16) = NULL: the delay.Log event to write
+                           (NULL writes none, e.g. for Done)
+             @ErrorNumber  INT = NULL, @ErrorMessage NVARCHAR(4000) = NULL:
+                           stored as the task's last error and in the log row
+Receipt:     Done 1, Refused 2, Failed 3, Cancelled 4 (dbo.tabDIYTable12402.F108219)
+Errors:      50399 called outside a transaction or with an unknown state (a bug)
+Transaction: joins the caller's, which must exist: the state change and the
+             END CONVERSATION commit or roll back together
+Internal:    called by dbo.ProcessDelayQueue and dbo.CancelDelayExecution (both
+             run as dbo); no role is granted EXECUTE.
+Example:     EXEC delay.FinishTask @TaskID = 42, @TaskState = N'Done';
+*/
+CREATE OR ALTER PROCEDURE delay.FinishTask
+    @TaskID BIGINT,
+    @TaskState NVARCHAR(16),
+    @EventName NVARCHAR(16) = NULL,
+    @ErrorNumber INT = NULL,
+    @ErrorMessage NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @@TRANCOUNT = 0 OR @TaskState IS NULL
+        OR @TaskState NOT IN (N'Done', N'Failed', N'Refused', N'Cancelled')
+    BEGIN
+        SET @Msg = CONCAT(
+            N'delay.FinishTask needs its caller''s transaction and a final @TaskState; got @@TRANCOUNT = ',
+            @@TRANCOUNT, N', @TaskState = ', ISNULL(@TaskState, N'NULL'), N'.'
+        );
+        THROW 50399, @Msg, 1;
+    END;
+
+    DECLARE
+        @Handle UNIQUEIDENTIFIER,
+        @TargetName NVARCHAR(400),
+        @Attempts INT;
+
+    UPDATE delay.Task
+    SET
+        TaskState = @TaskState,
+        FinishedAtUtc = SYSUTCDATETIME(),
+        NextRunAtUtc = NULL,
+        LeaseUntilUtc = NULL,
+        LastErrorNumber = ISNULL(@ErrorNumber, LastErrorNumber),
+        LastErrorMessage = ISNULL(@ErrorMessage, LastErrorMessage),
+        @Handle = ConversationHandle,
+        @TargetName = TargetName,
+        @Attempts = Attempts
+    WHERE TaskID = @TaskID;
+
+    -- The receipt is set by the row's ID, never by matching parameter values
+    -- (the source design's join on F108211-F108216 missed NULLs and marked
+    -- rows with equal parameters together).
+    UPDATE dbo.tabDIYTable12402
+    SET F108219 = CASE @TaskState
+        WHEN N'Done' THEN 1
+        WHEN N'Refused' THEN 2
+        WHEN N'Failed' THEN 3
+        WHEN N'Cancelled' THEN 4
+    END
+    WHERE ID = @TaskID;
+
+    IF @EventName IS NOT NULL
+        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle)
+        VALUES (@TaskID, @EventName, @TargetName, @Attempts, @ErrorNumber, @ErrorMessage, @Handle);
+
+    -- Every task's conversation ends here, once: no endpoint is left behind.
+    -- Ending the initiator side also discards its pending timer.
+    IF @Handle IS NOT NULL
+        END CONVERSATION @Handle;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.ProcessDelayQueue: activation procedure of dbo.DelayServiceQueue; runs due
+delayed tasks.  Service Broker starts it (EXECUTE AS OWNER, up to
+MAX_QUEUE_READERS copies); it loops until the queue stays empty for
+delay.Setting.ReceiveWaitMs, then returns.
+Parameters:  none.  Result sets: none.
+Messages:    DialogTimer (on a task's initiator handle): the delay, a retry's
+                 backoff or the watchdog lease has expired
+             MailqDelayRequest (on the target handle; body = task ID):
+                 a task with delay 0, to run at once
+             EndDialog, Error: end this side of the conversation; a task still
+                 pending on it is failed (BrokerError)
+Pattern:     DESIGN.md pattern (a), "receive, record, commit; then run":
+             1. one transaction RECEIVEs one message, moves the task to Running,
+                counts the attempt, sets the conversation timer to the lease
+                (the watchdog) and COMMITs.  Only our own bookkeeping runs in a
+                transaction that received a message, so no target can make it
+                roll back.  (Service Broker disables a queue after five
+                rollbacks in a row of transactions that received from it.)
+             2. the target runs in a transaction of its own, through
+                sp_executesql with the name built from catalog names
+                (QUOTENAME) and every value passed as a parameter.  A target
+                that throws or dooms its transaction (XACT_STATE() = -1) is
+                rolled back; one that commits or rolls back our transaction
+                itself raises 266 at its return (transaction count mismatch)
+                and is failed without retry, because its work may already be
+                committed; a slow one simply runs (nothing interrupts it).
+             3. a new transaction records the outcome: Done (receipt 1, the
+                conversation ends), or Retrying (a new conversation timer on the
+                same conversation: backoff RetryBaseSeconds * 4^(n-1), capped at
+                RetryMaxSeconds), or, after MaxAttempts runs, Failed (receipt 3,
+                the conversation ends).
+             Watchdog: while a task runs, its runner holds a session-owned
+             application lock named for the task.  When the lease timer fires
+             and the lock is free, the runner is gone (its session ended
+             mid-target): the attempt is failed (RunnerLost) and retried.  When
+             the lock is held, the runner is alive and slow: the lease is
+             extended and a Slow row is logged.
+             Timers longer than one day are chained: a timer never exceeds
+             86,400 s; when it fires early the task is re-armed for the rest.
+             If our own bookkeeping fails, its transaction is rolled back once
+             and the same message is received again in a fresh transaction
+             that only records the failure and ends the conversation, so no
+             message is ever rolled back twice by this procedure.
+Locks:       every transaction here takes the conversation group first (RECEIVE,
+             or BEGIN CONVERSATION TIMER in step 3), then the task row, the
+             same order as dbo.CancelDelayExecution.  DEADLOCK_PRIORITY HIGH:
+             in a deadlock with an application session, the application is
+             the victim, not a transaction that received a message.
+Errors:      none raised: failures go to delay.Log (docs/errors.md 503xx).
+Example:     started by Service Broker; to drain by hand: EXEC dbo.ProcessDelayQueue;
+*/
+CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET DEADLOCK_PRIORITY HIGH;
+
+    DECLARE
+        @Handle UNIQUEIDENTIFIER,
+        @MessageType SYSNAME,
+        @Body VARBINARY(MAX),
+        @Now DATETIME2(3),
+        @TaskID BIGINT,
+        @TaskHandle UNIQUEIDENTIFIER,
+        @TaskState NVARCHAR(16),
+        @TargetName NVARCHAR(400),
+        @NextRunAtUtc DATETIME2(3),
+        @LeaseUntilUtc DATETIME2(3),
+        @Attempts INT,
+        @Attempt INT,
+        @RemainingMs BIGINT,
+        @Timeout INT,
+        @Refusal INT,
+        @RefusalMessage NVARCHAR(400),
+        @SchemaName SYSNAME,
+        @ProcedureName SYSNAME,
+        @SPName NVARCHAR(200),
+        @Param1 NVARCHAR(200),
+        @Param2 NVARCHAR(200),
+        @Param3 NVARCHAR(200),
+        @Param4 NVARCHAR(200),
+        @Param5 NVARCHAR(200),
+        @Run BIT,
+        @Retryable BIT,
+        @Sql NVARCHAR(MAX),
+        -- The target contract: (@SPName, @Param1 ... @Param5 NVARCHAR(200)).
+        @ParameterList NVARCHAR(400) = CONCAT(
+            N'@SPName NVARCHAR(200), @Param1 NVARCHAR(200), @Param2 NVARCHAR(200), ',
+            N'@Param3 NVARCHAR(200), @Param4 NVARCHAR(200), @Param5 NVARCHAR(200)'
+        ),
+        @LockName NVARCHAR(255),
+        @LockResult INT,
+        @ErrorNumber INT,
+        @ErrorMessage NVARCHAR(4000),
+        @ErrorXml XML,
+        @StepErrorNumber INT,
+        @StepErrorMessage NVARCHAR(4000),
+        @Backoff BIGINT,
+        @Recorded BIT,
+        @Try INT,
+        @MaxAttempts INT,
+        @RetryBaseSeconds INT,
+        @RetryMaxSeconds INT,
+        @LeaseSeconds INT,
+        @ReceiveWaitMs INT;
+
+    DECLARE
+        @DialogTimer SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer',
+        @EndDialog SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog',
+        @BrokerError SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/Error',
+        @DelayRequest SYSNAME = N'MailqDelayRequest',
+        -- A conversation timer never exceeds one day; longer delays are chained.
+        @MaxTimerSeconds INT = 86400,
+        -- A timer that fires less than this before the due time counts as due
+        -- (timers have whole-second resolution).
+        @EarlyToleranceMs INT = 500;
+
+    WHILE 1 = 1
+    BEGIN
+        SELECT
+            @Handle = NULL,
+            @MessageType = NULL,
+            @Body = NULL,
+            @TaskID = NULL,
+            @TaskHandle = NULL,
+            @TaskState = NULL,
+            @Run = 0,
+            @MaxAttempts = 3,
+            @RetryBaseSeconds = 30,
+            @RetryMaxSeconds = 3600,
+            @LeaseSeconds = 600,
+            @ReceiveWaitMs = 5000;
+
+        SELECT
+            @MaxAttempts = s.MaxAttempts,
+            @RetryBaseSeconds = s.RetryBaseSeconds,
+            @RetryMaxSeconds = s.RetryMaxSeconds,
+            @LeaseSeconds = s.LeaseSeconds,
+            @ReceiveWaitMs = s.ReceiveWaitMs
+        FROM delay.Setting AS s
+        WHERE s.SettingId = 1;
+
+        ------------------------------------------------------------------
+        -- 1. Receive one message and do the bookkeeping; commit.
+        ------------------------------------------------------------------
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- WAITFOR (RECEIVE ...), TIMEOUT: waits up to @ReceiveWaitMs
+            -- milliseconds for a message; no message means the reader exits.
+            -- RECEIVE locks the message's conversation group until COMMIT.
+            WAITFOR (
+                RECEIVE TOP (1)
+                    @Handle = conversation_handle,
+                    @MessageType = message_type_name,
+                    @Body = message_body
+                FROM dbo.DelayServiceQueue
+            ), TIMEOUT @ReceiveWaitMs;
+
+            IF @Handle IS NULL
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            SET @Now = SYSUTCDATETIME();
+
+            IF @MessageType = @DelayRequest
+                SET @TaskID = CAST(@Body AS BIGINT);
+            ELSE
+                SELECT @TaskID = t.TaskID
+                FROM delay.Task AS t
+                WHERE t.ConversationHandle = @Handle;
+
+            -- UPDLOCK: hold the row for this state transition, so a cancel or
+            -- another reader cannot move the task between our read and write.
+            -- ROWLOCK: one task, one row lock.
+            SELECT
+                @TaskState = t.TaskState,
+                @TaskHandle = t.ConversationHandle,
+                @TargetName = t.TargetName,
+                @NextRunAtUtc = t.NextRunAtUtc,
+                @LeaseUntilUtc = t.LeaseUntilUtc,
+                @Attempts = t.Attempts
+            FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+            WHERE t.TaskID = @TaskID;
+
+            IF @MessageType IN (@EndDialog, @BrokerError)
+            BEGIN
+                IF @MessageType = @BrokerError
+                BEGIN
+                    -- The body of an Error message is
+                    -- <Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error">
+                    --   <Code>n</Code><Description>text</Description></Error>
+                    -- (*: matches that namespace without declaring it.)
+                    SET @ErrorXml = CAST(@Body AS XML);
+                    SELECT
+                        @ErrorNumber = @ErrorXml.value('(/*:Error/*:Code)[1]', 'INT'),
+                        @ErrorMessage = @ErrorXml.value('(/*:Error/*:Description)[1]', 'NVARCHAR(4000)');
+                END;
+                ELSE
+                    SELECT
+                        @ErrorNumber = 50333,
+                        @ErrorMessage = N'the conversation was ended by its other side before the task finished';
+
+                IF @TaskState IN (N'Scheduled', N'Running', N'Retrying') AND @TaskHandle = @Handle
+                    -- Ends @Handle, the task's own conversation.
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'BrokerError',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+                ELSE
+                    -- The target side of a delay-0 dialog, or a conversation
+                    -- whose task is already final: just end this side.
+                    END CONVERSATION @Handle;
+            END;
+            ELSE IF @MessageType NOT IN (@DialogTimer, @DelayRequest)
+                -- Not ours (nothing else is in the contract): drop the conversation.
+                END CONVERSATION @Handle;
+            ELSE IF @TaskState IS NULL
+                -- No task (it was replaced or never recorded): nothing to run.
+                END CONVERSATION @Handle;
+            ELSE IF @TaskState IN (N'Done', N'Failed', N'Refused', N'Cancelled')
+            BEGIN
+                -- Final already.  A late timer ends its conversation; a late
+                -- DelayRequest leaves the target side to the EndDialog that
+                -- the initiator side's END CONVERSATION sent.
+                IF @MessageType = @DialogTimer
+                    END CONVERSATION @Handle;
+            END;
+            ELSE IF @MessageType = @DelayRequest AND @TaskState <> N'Scheduled'
+                -- A run already started through the task's own conversation.
+                SET @Run = 0;
+            ELSE IF @MessageType = @DialogTimer AND @TaskState = N'Running'
+            BEGIN
+                SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @LeaseUntilUtc);
+                IF @RemainingMs > @EarlyToleranceMs
+                BEGIN
+                    -- Early (chained or re-armed timer): wait for the rest of the lease.
+                    SET @Timeout = CASE
+                        WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                        ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                    END;
+                    BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                END;
+                ELSE
+                BEGIN
+                    -- The lease expired: is the runner alive?  It holds this
+                    -- session-owned lock for as long as the target runs; a
+                    -- session that ended released it.
+                    SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
+                    EXEC @LockResult = sys.sp_getapplock
+                        @Resource = @LockName,
+                        @LockMode = N'Exclusive',
+                        @LockOwner = N'Session',
+                        @LockTimeout = 0;
+
+                    IF @LockResult < 0
+                    BEGIN
+                        -- Alive and slow: extend the lease, never interrupt.
+                        UPDATE delay.Task
+                        SET LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                        WHERE TaskID = @TaskID;
+
+                        SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle)
+                        VALUES (
+                            @TaskID, N'Slow', @TargetName, @Attempts,
+                            CONCAT(N'attempt ', @Attempts, N' still running after its lease; lease extended by ',
+                                @LeaseSeconds, N' s'),
+                            @Handle
+                        );
+                    END;
+                    ELSE
+                    BEGIN
+                        EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+
+                        SET @ErrorMessage = CONCAT(
+                            N'attempt ', @Attempts, N' ended without reporting: its session ended while the target ran'
+                        );
+                        IF @Attempts < @MaxAttempts
+                        BEGIN
+                            SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
+                                * POWER(CAST(4 AS BIGINT), IIF(@Attempts > 10, 10, @Attempts - 1));
+                            SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
+
+                            UPDATE delay.Task
+                            SET
+                                TaskState = N'Retrying',
+                                NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
+                                LeaseUntilUtc = NULL,
+                                LastErrorNumber = 50331,
+                                LastErrorMessage = @ErrorMessage
+                            WHERE TaskID = @TaskID;
+
+                            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                            INSERT INTO delay.Log (
+                                TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                            )
+                            VALUES (@TaskID, N'RunnerLost', @TargetName, @Attempts, 50331, @ErrorMessage, @Handle);
+                        END;
+                        ELSE
+                            EXEC delay.FinishTask
+                                @TaskID = @TaskID,
+                                @TaskState = N'Failed',
+                                @EventName = N'RunnerLost',
+                                @ErrorNumber = 50331,
+                                @ErrorMessage = @ErrorMessage;
+                    END;
+                END;
+            END;
+            ELSE
+            BEGIN
+                -- Scheduled or Retrying, on its timer or its DelayRequest.
+                SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @NextRunAtUtc);
+                IF @MessageType = @DialogTimer AND @RemainingMs > @EarlyToleranceMs
+                BEGIN
+                    -- A chained timer of a delay longer than one day: re-arm for the rest.
+                    SET @Timeout = CASE
+                        WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                        ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                    END;
+                    BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                END;
+                ELSE
+                BEGIN
+                    -- Due.  Resolve the name again: the allow-list or the
+                    -- procedure may have changed since the row was scheduled.
+                    SELECT
+                        @Refusal = r.RefusalNumber,
+                        @RefusalMessage = r.RefusalMessage,
+                        @SchemaName = r.SchemaName,
+                        @ProcedureName = r.ProcedureName
+                    FROM delay.ResolveTarget(@TargetName) AS r;
+
+                    IF @Refusal IS NOT NULL
+                        EXEC delay.FinishTask
+                            @TaskID = @TaskID,
+                            @TaskState = N'Refused',
+                            @EventName = N'Refused',
+                            @ErrorNumber = @Refusal,
+                            @ErrorMessage = @RefusalMessage;
+                    ELSE
+                    BEGIN
+                        -- The values are read at run time, by the row's ID.
+                        SELECT
+                            @SPName = CAST(p.F108211 AS NVARCHAR(200)),
+                            @Param1 = CAST(p.F108212 AS NVARCHAR(200)),
+                            @Param2 = CAST(p.F108213 AS NVARCHAR(200)),
+                            @Param3 = CAST(p.F108214 AS NVARCHAR(200)),
+                            @Param4 = CAST(p.F108215 AS NVARCHAR(200)),
+                            @Param5 = CAST(p.F108216 AS NVARCHAR(200))
+                        FROM dbo.tabDIYTable12402 AS p
+                        WHERE p.ID = @TaskID;
+
+                        IF @@ROWCOUNT = 0
+                            EXEC delay.FinishTask
+                                @TaskID = @TaskID,
+                                @TaskState = N'Cancelled',
+                                @EventName = N'Cancelled',
+                                @ErrorNumber = 50332,
+                                @ErrorMessage = N'the platform row was deleted before the task ran';
+                        ELSE
+                        BEGIN
+                            SET @Attempt = @Attempts + 1;
+
+                            UPDATE delay.Task
+                            SET
+                                TaskState = N'Running',
+                                Attempts = @Attempt,
+                                SchemaName = @SchemaName,
+                                ProcedureName = @ProcedureName,
+                                FirstStartedAtUtc = ISNULL(FirstStartedAtUtc, @Now),
+                                LastStartedAtUtc = @Now,
+                                NextRunAtUtc = NULL,
+                                LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                            WHERE TaskID = @TaskID;
+
+                            -- The watchdog: on the task's own conversation
+                            -- (for a DelayRequest, @Handle is the target side).
+                            SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                            BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                            SET @Run = 1;
+                        END;
+                    END;
+                END;
+            END;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE();
+            -- The message goes back to the queue: one rollback of it.
+            IF XACT_STATE() <> 0
+                ROLLBACK TRANSACTION;
+
+            -- Nothing received (the queue itself failed, e.g. disabled): stop;
+            -- activation starts a reader again when the queue works.
+            IF @Handle IS NULL
+                RETURN;
+
+            -- Receive that message again in a fresh transaction that only
+            -- records the failure and ends the conversation, so it is never
+            -- rolled back a second time in a row by a retry of the same bug.
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                RECEIVE TOP (1) @Body = message_body
+                FROM dbo.DelayServiceQueue
+                WHERE conversation_handle = @Handle;
+
+                SET @ErrorMessage = CONCAT(
+                    N'dbo.ProcessDelayQueue failed on a ', @MessageType, N' message: ', @ErrorMessage
+                );
+
+                IF @TaskID IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM delay.Task AS t
+                    WHERE t.TaskID = @TaskID AND t.TaskState IN (N'Scheduled', N'Running', N'Retrying')
+                )
+                BEGIN
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'BrokerError',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+                    -- For a DelayRequest, @Handle is the target side; it ends
+                    -- when the EndDialog that FinishTask caused arrives.
+                END;
+                ELSE
+                BEGIN
+                    INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage, ConversationHandle)
+                    VALUES (@TaskID, N'BrokerError', @ErrorNumber, @ErrorMessage, @Handle);
+                    END CONVERSATION @Handle;
+                END;
+
+                COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- Twice in a row: stop this reader rather than spin.  The
+                -- message stays on the queue for a later reader.
+                RETURN;
+            END CATCH;
+
+            SET @Run = 0;
+        END CATCH;
+
+        IF @Run = 0
+            CONTINUE;
+
+        ------------------------------------------------------------------
+        -- 2. Run the target in its own transaction.
+        ------------------------------------------------------------------
+        SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
+        -- Session-owned: survives the target's COMMIT or ROLLBACK; released
+        -- below, or by the end of this session if it dies mid-target.
+        EXEC @LockResult = sys.sp_getapplock
+            @Resource = @LockName,
+            @LockMode = N'Exclusive',
+            @LockOwner = N'Session',
+            @LockTimeout = 0;
+
+        SELECT @ErrorNumber = NULL, @ErrorMessage = NULL, @Retryable = 1;
+
+        IF @LockResult < 0
+            -- Another session holds this task: never run it twice at once.
+            SELECT
+                @ErrorNumber = 50334,
+                @ErrorMessage = N'another session held the task''s run lock; this attempt did not run the target',
+                @Retryable = 1;
+        ELSE
+        BEGIN
+            -- Built from the catalog's names (delay.ResolveTarget checked the
+            -- allow-list and the object's identity), each part QUOTENAMEd;
+            -- the six values are parameters, never part of the text.
+            SET @Sql = CONCAT(
+                N'EXEC ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName),
+                N' @SPName = @SPName, @Param1 = @Param1, @Param2 = @Param2,',
+                N' @Param3 = @Param3, @Param4 = @Param4, @Param5 = @Param5;'
+            );
+
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                EXEC sys.sp_executesql
+                    @Sql,
+                    @ParameterList,
+                    @SPName = @SPName,
+                    @Param1 = @Param1,
+                    @Param2 = @Param2,
+                    @Param3 = @Param3,
+                    @Param4 = @Param4,
+                    @Param5 = @Param5;
+
+                IF @@TRANCOUNT > 1
+                BEGIN
+                    -- Left a transaction of its own open (normally 266 is raised first).
+                    SELECT
+                        @ErrorNumber = 50335,
+                        @ErrorMessage = CONCAT(N'the target left ', @@TRANCOUNT - 1, N' transaction(s) open');
+                    ROLLBACK TRANSACTION;
+                END;
+                ELSE IF @@TRANCOUNT = 1
+                    COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE();
+                -- Doomed (-1) or not (1): the target's work is undone as a whole.
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- 266: the target committed or rolled back the transaction
+                -- opened for it; what it did may be committed, so it is not
+                -- run again.
+                IF @ErrorNumber = 266
+                    SELECT
+                        @Retryable = 0,
+                        @ErrorMessage = CONCAT(
+                            N'the target committed or rolled back the transaction opened for it ',
+                            N'(its work may be committed; not retried): ', @ErrorMessage
+                        );
+            END CATCH;
+        END;
+
+        ------------------------------------------------------------------
+        -- 3. Record the outcome in a new transaction (retried on deadlock).
+        ------------------------------------------------------------------
+        SELECT @Recorded = 0, @Try = 0;
+        WHILE @Recorded = 0 AND @Try < 3
+        BEGIN
+            SET @Try += 1;
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                -- Conversation group first (BEGIN CONVERSATION TIMER locks it),
+                -- then the task row: the lock order of step 1.  It also keeps
+                -- the watchdog armed until the outcome is committed.
+                SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                SET @TaskState = NULL;
+                -- UPDLOCK, ROWLOCK: as in step 1.
+                SELECT
+                    @TaskState = t.TaskState,
+                    @Attempts = t.Attempts
+                FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+                WHERE t.TaskID = @TaskID;
+
+                SET @Now = SYSUTCDATETIME();
+
+                IF @TaskState IS NULL OR @TaskState <> N'Running' OR @Attempts <> @Attempt
+                BEGIN
+                    -- Finished meanwhile (a broker Error) or the row is gone: keep that outcome.
+                    IF @ErrorNumber IS NOT NULL
+                        INSERT INTO delay.Log (
+                            TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                        )
+                        VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
+                END;
+                ELSE IF @ErrorNumber IS NULL
+                    EXEC delay.FinishTask @TaskID = @TaskID, @TaskState = N'Done';
+                ELSE IF @Retryable = 1 AND @Attempt < @MaxAttempts
+                BEGIN
+                    SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
+                        * POWER(CAST(4 AS BIGINT), IIF(@Attempt > 10, 10, @Attempt - 1));
+                    SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
+
+                    UPDATE delay.Task
+                    SET
+                        TaskState = N'Retrying',
+                        NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
+                        LeaseUntilUtc = NULL,
+                        LastErrorNumber = @ErrorNumber,
+                        LastErrorMessage = @ErrorMessage
+                    WHERE TaskID = @TaskID;
+
+                    -- Replaces the lease: the retry is a new timer on the same conversation.
+                    BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                    INSERT INTO delay.Log (
+                        TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                    )
+                    VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
+                END;
+                ELSE
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'GaveUp',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+
+                COMMIT TRANSACTION;
+                SET @Recorded = 1;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- 1205: deadlock victim, try again.  Anything else (e.g. the
+                -- conversation was ended by a broker Error meanwhile): stop
+                -- trying; the task's state already says what happened, or the
+                -- lease timer will find it Running with no runner.
+                IF @StepErrorNumber <> 1205 OR @Try >= 3
+                BEGIN
+                    SET @Try = 3;
+                    BEGIN TRY
+                        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage)
+                        VALUES (
+                            @TaskID, N'BrokerError', @TargetName, @Attempt, @StepErrorNumber,
+                            CONCAT(N'the outcome of attempt ', @Attempt, N' could not be recorded: ', @StepErrorMessage)
+                        );
+                    END TRY
+                    BEGIN CATCH
+                        -- Best effort: the lease timer still covers the task.
+                        SET @Recorded = 0;
+                    END CATCH;
+                END;
+            END CATCH;
+        END;
+
+        IF @LockResult >= 0
+            EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Activation of dbo.DelayServiceQueue: Service Broker starts dbo.ProcessDelayQueue
+when messages arrive faster than the running readers receive them, up to
+MAX_QUEUE_READERS instances.
+    MAX_QUEUE_READERS = 5   the default; the Alembic revision that deploys this
+                            file changes it with ALTER QUEUE when run with
+                            -x readers=N (1-32767), and a DBA may change it at
+                            any time with ALTER QUEUE ... WITH ACTIVATION
+                            (MAX_QUEUE_READERS = N)
+    EXECUTE AS OWNER        the procedure runs as the queue's owner (dbo), so it
+                            can run the allow-listed targets in any schema of
+                            this database; it gains no server-level rights,
+                            because the database is never marked trusted
+A separate file because the procedure must exist before activation names it,
+and it RECEIVEs from the queue, so the queue must exist before the procedure.
+*/
+ALTER QUEUE dbo.DelayServiceQueue
+    WITH ACTIVATION (
+        STATUS = ON,
+        PROCEDURE_NAME = dbo.ProcessDelayQueue,
+        MAX_QUEUE_READERS = 5,
+        EXECUTE AS OWNER
+    );
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.trg_tabDIYTable12402_ScheduleDelay: schedules every row inserted into the
+platform's table; executes nothing.
+Rows:        a row whose receipt F108219 is non-zero, or whose name F108211 is
+             NULL, is ignored (no bookkeeping, no conversation).
+             Every other row gets a delay.Task row, written set-based:
+               refused (receipt 2, a delay.Log row, never run) when the delay is
+               not 0-31,536,000 s (50302), a parameter is longer than 200
+               characters (50303), or the name does not resolve through
+               delay.ResolveTarget (50304-50307);
+               scheduled otherwise: its own dialog (BEGIN DIALOG per row: a
+               conversation per task), then a conversation timer of the delay
+               (chained by day above 86,400 s), or for a delay of 0 a
+               DelayRequest message, which is received at once.
+             A bad row never makes the INSERT fail: it is refused, and the
+             other rows are scheduled.  A NULL delay counts as 0.
+Transaction: the inserting statement's.  Broker operations are transactional:
+             if the INSERT's transaction rolls back, no dialog, timer or message
+             remains, and nothing runs.
+Security:    WITH EXECUTE AS OWNER (dbo): BEGIN DIALOG needs RECEIVE on the
+             queue and REFERENCES on the contract, which ownership chaining does
+             not provide; the platform's own login needs only INSERT on the table.
+Example:     INSERT INTO dbo.tabDIYTable12402 (F108211, F108218, F108212)
+             VALUES (N'TCXG', 60, N'A-1');
+*/
+CREATE OR ALTER TRIGGER dbo.trg_tabDIYTable12402_ScheduleDelay
+ON dbo.tabDIYTable12402
+WITH EXECUTE AS OWNER
+AFTER INSERT
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    IF NOT EXISTS (SELECT 1 FROM inserted)
+        RETURN;
+
+    DECLARE
+        @Now DATETIME2(3) = SYSUTCDATETIME(),
+        -- 365 days; InitiateDelayExecution accepts the same range (50302).
+        @MaxDelaySeconds INT = 31536000,
+        -- A conversation timer never exceeds one day; dbo.ProcessDelayQueue
+        -- re-arms a longer delay day by day.
+        @MaxTimerSeconds INT = 86400,
+        @TaskID BIGINT = NULL,
+        @DelaySeconds INT,
+        @Timeout INT,
+        @Handle UNIQUEIDENTIFIER,
+        @Body VARBINARY(8);
+
+    DECLARE @New TABLE (
+        TaskID BIGINT NOT NULL PRIMARY KEY,
+        TargetName NVARCHAR(400) NULL,
+        DelaySeconds INT NULL,
+        RefusalNumber INT NULL,
+        RefusalMessage NVARCHAR(400) NULL,
+        SchemaName SYSNAME NULL,
+        ProcedureName SYSNAME NULL
+    );
+    DECLARE @Scheduled TABLE (
+        TaskID BIGINT NOT NULL PRIMARY KEY,
+        ConversationHandle UNIQUEIDENTIFIER NOT NULL
+    );
+
+    -- 1. Classify every inserted row in one statement.
+    WITH Candidate AS (
+        SELECT
+            TaskID = i.ID,
+            TargetName = CAST(i.F108211 AS NVARCHAR(4000)),
+            RawDelay = i.F108218,
+            -- TRY_CONVERT: an adopted table may type F108218 otherwise; a value
+            -- that is no integer is refused (50302) instead of failing the INSERT.
+            DelaySeconds = CASE WHEN i.F108218 IS NULL THEN 0 ELSE TRY_CONVERT(INT, i.F108218) END,
+            ParameterTooLong = CASE
+                WHEN
+                    LEN(i.F108212) > 200 OR LEN(i.F108213) > 200 OR LEN(i.F108214) > 200
+                    OR LEN(i.F108215) > 200 OR LEN(i.F108216) > 200
+                    THEN 1
+                ELSE 0
+            END
+        FROM inserted AS i
+        WHERE
+            ISNULL(i.F108219, 0) = 0
+            AND i.F108211 IS NOT NULL
+    )
+
+    INSERT INTO @New (TaskID, TargetName, DelaySeconds, RefusalNumber, RefusalMessage, SchemaName, ProcedureName)
+    SELECT
+        c.TaskID,
+        LEFT(c.TargetName, 400),
+        c.DelaySeconds,
+        CASE
+            WHEN c.DelaySeconds IS NULL OR c.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds THEN 50302
+            WHEN c.ParameterTooLong = 1 THEN 50303
+            ELSE r.RefusalNumber
+        END,
+        CASE
+            WHEN c.DelaySeconds IS NULL OR c.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds
+                THEN CONCAT(N'delay F108218 = ', c.RawDelay, N' is not 0-', @MaxDelaySeconds, N' seconds')
+            WHEN c.ParameterTooLong = 1
+                THEN N'a parameter F108212-F108216 is longer than the target''s 200 characters'
+            ELSE r.RefusalMessage
+        END,
+        r.SchemaName,
+        r.ProcedureName
+    FROM Candidate AS c
+    CROSS APPLY delay.ResolveTarget(c.TargetName) AS r;
+
+    IF NOT EXISTS (SELECT 1 FROM @New)
+        RETURN;
+
+    -- An ID used again (the platform truncated its table and the identity
+    -- restarted): the old bookkeeping refers to a row that is gone.  Its
+    -- conversation, if still open, finds no task and is ended when its timer
+    -- fires.
+    -- (Not DELETE ... OUTPUT INTO delay.Log: an OUTPUT INTO target may not
+    -- have CHECK constraints.)
+    INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle)
+    SELECT
+        t.TaskID, N'Cancelled', t.TargetName, t.Attempts, 50332,
+        N'the platform row was replaced by a new row with the same ID', t.ConversationHandle
+    FROM delay.Task AS t
+    INNER JOIN @New AS n ON t.TaskID = n.TaskID;
+
+    DELETE t
+    FROM delay.Task AS t
+    INNER JOIN @New AS n ON t.TaskID = n.TaskID;
+
+    -- 2. Bookkeeping, set-based: every row, scheduled or refused.
+    INSERT INTO delay.Task (
+        TaskID, TargetName, SchemaName, ProcedureName, DelaySeconds, TaskState,
+        CreatedAtUtc, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage
+    )
+    SELECT
+        n.TaskID,
+        n.TargetName,
+        n.SchemaName,
+        n.ProcedureName,
+        n.DelaySeconds,
+        IIF(n.RefusalNumber IS NULL, N'Scheduled', N'Refused'),
+        @Now,
+        IIF(n.RefusalNumber IS NULL, DATEADD(SECOND, n.DelaySeconds, @Now), NULL),
+        IIF(n.RefusalNumber IS NULL, DATEADD(SECOND, n.DelaySeconds, @Now), NULL),
+        IIF(n.RefusalNumber IS NULL, NULL, @Now),
+        n.RefusalNumber,
+        n.RefusalMessage
+    FROM @New AS n;
+
+    INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
+    SELECT n.TaskID, N'Refused', n.TargetName, n.RefusalNumber, n.RefusalMessage
+    FROM @New AS n
+    WHERE n.RefusalNumber IS NOT NULL;
+
+    -- By ID: never by parameter values.  An UPDATE does not fire this
+    -- AFTER INSERT trigger again.
+    UPDATE p
+    SET F108219 = 2
+    FROM dbo.tabDIYTable12402 AS p
+    INNER JOIN @New AS n ON p.ID = n.TaskID
+    WHERE n.RefusalNumber IS NOT NULL;
+
+    -- 3. One conversation per scheduled row: BEGIN DIALOG has no set form.
+    WHILE 1 = 1
+    BEGIN
+        SELECT TOP (1)
+            @TaskID = n.TaskID,
+            @DelaySeconds = n.DelaySeconds
+        FROM @New AS n
+        WHERE n.RefusalNumber IS NULL AND (@TaskID IS NULL OR n.TaskID > @TaskID)
+        ORDER BY n.TaskID;
+
+        IF @@ROWCOUNT = 0
+            BREAK;
+
+        BEGIN DIALOG CONVERSATION @Handle
+            FROM SERVICE MailqDelayService
+            TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
+            ON CONTRACT MailqDelayContract
+            WITH ENCRYPTION = OFF;
+
+        IF @DelaySeconds = 0
+        BEGIN
+            -- No timer for 0: a message on the dialog is received at once.
+            SET @Body = CAST(@TaskID AS BINARY(8));
+            SEND ON CONVERSATION @Handle
+                MESSAGE TYPE MailqDelayRequest (@Body);
+        END;
+        ELSE
+        BEGIN
+            SET @Timeout = IIF(@DelaySeconds > @MaxTimerSeconds, @MaxTimerSeconds, @DelaySeconds);
+            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+        END;
+
+        INSERT INTO @Scheduled (TaskID, ConversationHandle) VALUES (@TaskID, @Handle);
+    END;
+
+    UPDATE t
+    SET ConversationHandle = s.ConversationHandle
+    FROM delay.Task AS t
+    INNER JOIN @Scheduled AS s ON t.TaskID = s.TaskID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.InitiateDelayExecution: schedules one allow-listed procedure to run after a
+delay; inserts one row into dbo.tabDIYTable12402, whose trigger schedules it.
+Parameters (the source document's names and order):
+    @F108211 NVARCHAR(4000)  target procedure: N'schema.proc', or a bare N'proc'
+                             listed with AllowBareName = 1 (see delay.AllowProcedure)
+    @F108218 INT             delay in seconds, 0-31,536,000 (365 days)
+    @F108212 ... @F108216 NVARCHAR(MAX) = NULL: the target's @Param1 ... @Param5,
+                             at most 200 characters each (the target's contract)
+    @F108210 NVARCHAR(50) = NULL   description (the platform's F108210)
+    @TaskID  BIGINT = NULL OUTPUT  the new task's ID (dbo.tabDIYTable12402.ID)
+Result set:  one row, one column: TaskID BIGINT (the same value as @TaskID), for
+             clients that read a result rather than an OUTPUT parameter.
+Errors:      50301 @F108211 missing; 50302 @F108218 outside 0-31,536,000;
+             50303 a parameter longer than 200 characters;
+             50304 @F108211 malformed or longer than 128 characters;
+             50305 @F108211 has three or four parts; 50306 not on the allow-list;
+             50307 listed, but the procedure was dropped, recreated or moved
+Transaction: joins the caller's via a savepoint, else opens its own.  The task
+             is scheduled when that transaction commits; if it rolls back,
+             nothing is scheduled.
+Security:    EXECUTE AS OWNER (dbo) so that name resolution sees every procedure
+             in sys.objects; callers need only EXECUTE (role MailqDelayCaller).
+Example:     DECLARE @TaskID BIGINT;
+             EXEC dbo.InitiateDelayExecution @F108211 = N'dbo.TCXG', @F108218 = 60,
+                 @F108212 = N'A-1', @TaskID = @TaskID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE dbo.InitiateDelayExecution
+    @F108211 NVARCHAR(4000),
+    @F108218 INT,
+    @F108212 NVARCHAR(MAX) = NULL,
+    @F108213 NVARCHAR(MAX) = NULL,
+    @F108214 NVARCHAR(MAX) = NULL,
+    @F108215 NVARCHAR(MAX) = NULL,
+    @F108216 NVARCHAR(MAX) = NULL,
+    @F108210 NVARCHAR(50) = NULL,
+    @TaskID BIGINT = NULL OUTPUT
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @MaxDelaySeconds INT = 31536000,
+        @BadParameter SYSNAME,
+        @BadLength BIGINT,
+        @Refusal INT,
+        @RefusalMessage NVARCHAR(400),
+        @TaskState NVARCHAR(16);
+
+    SET @TaskID = NULL;
+
+    -- 1. Validate parameters before any transaction starts.
+    IF NULLIF(@F108211, N'') IS NULL
+        THROW 50301, N'@F108211 (target procedure name) is required.', 1;
+
+    IF @F108218 IS NULL OR @F108218 NOT BETWEEN 0 AND @MaxDelaySeconds
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@F108218 (delay) must be 0-', @MaxDelaySeconds, N' seconds; got ',
+            ISNULL(CAST(@F108218 AS NVARCHAR(20)), N'NULL'), N'.'
+        );
+        THROW 50302, @Msg, 1;
+    END;
+
+    SELECT TOP (1)
+        @BadParameter = v.ParameterName,
+        @BadLength = v.ValueLength
+    FROM (
+        VALUES
+        (N'@F108212', LEN(@F108212)),
+        (N'@F108213', LEN(@F108213)),
+        (N'@F108214', LEN(@F108214)),
+        (N'@F108215', LEN(@F108215)),
+        (N'@F108216', LEN(@F108216))
+    ) AS v(ParameterName, ValueLength)
+    WHERE v.ValueLength > 200
+    ORDER BY v.ParameterName;
+
+    IF @BadParameter IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            @BadParameter, N' must be at most 200 characters (the target''s @Param contract); got ',
+            @BadLength, N'.'
+        );
+        THROW 50303, @Msg, 1;
+    END;
+
+    SELECT
+        @Refusal = r.RefusalNumber,
+        @RefusalMessage = r.RefusalMessage
+    FROM delay.ResolveTarget(@F108211) AS r;
+
+    IF @Refusal IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(N'@F108211: ', @RefusalMessage, N'.');
+        THROW @Refusal, @Msg, 1;
+    END;
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0
+            BEGIN TRANSACTION;
+        ELSE
+            SAVE TRANSACTION InitiateDelayExecution;
+
+        INSERT INTO dbo.tabDIYTable12402 (
+            F108210, F108211, F108212, F108213, F108214, F108215, F108216, F108218, F108219
+        )
+        VALUES (@F108210, @F108211, @F108212, @F108213, @F108214, @F108215, @F108216, @F108218, 0);
+
+        -- SCOPE_IDENTITY, not @@IDENTITY: the trigger inserts into delay.Log,
+        -- which has an identity of its own.
+        SET @TaskID = CAST(SCOPE_IDENTITY() AS BIGINT);
+
+        -- The trigger resolved the name again; the allow-list may have changed
+        -- in between.
+        SELECT
+            @TaskState = t.TaskState,
+            @Refusal = t.LastErrorNumber,
+            @RefusalMessage = t.LastErrorMessage
+        FROM delay.Task AS t
+        WHERE t.TaskID = @TaskID;
+
+        IF @TaskState IS NULL OR @TaskState <> N'Scheduled'
+        BEGIN
+            SET @Msg = CONCAT(N'@F108211: ', ISNULL(@RefusalMessage, N'the task was not scheduled'), N'.');
+            SET @Refusal = ISNULL(@Refusal, 50306);
+            THROW @Refusal, @Msg, 1;
+        END;
+
+        IF @TranCount = 0
+            COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION InitiateDelayExecution;   -- undo only our work
+        SET @TaskID = NULL;
+        THROW;
+    END CATCH;
+
+    SELECT TaskID = @TaskID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.CancelDelayExecution: cancels a task that has not started: its receipt
+becomes 4, its conversation ends (which drops its timer), and it never runs.
+Parameters:  @TaskID BIGINT, required: the ID InitiateDelayExecution returned
+             (dbo.tabDIYTable12402.ID)
+Result set:  none.
+Errors:      50320 @TaskID missing or names no scheduled task
+             50321 the task is not Scheduled or Retrying (already running or
+                   finished; the message names its state)
+Transaction: joins the caller's via a savepoint, else opens its own.
+Locks:       takes the task's conversation group first (BEGIN CONVERSATION
+             TIMER locks it), then the task row with UPDLOCK, the order that
+             dbo.ProcessDelayQueue uses, so the two never deadlock on a task.
+             The 1-second timer is harmless: if the task turns out not to be
+             cancellable, the rollback to our savepoint restores the timer.
+Security:    EXECUTE AS OWNER: END CONVERSATION needs the conversation's owner
+             (dbo, who began it in the trigger); callers need only EXECUTE
+             (role MailqDelayCaller).
+Example:     EXEC dbo.CancelDelayExecution @TaskID = 42;
+*/
+CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
+    @TaskID BIGINT
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Handle UNIQUEIDENTIFIER,
+        @TaskState NVARCHAR(16);
+
+    -- 1. Validate parameters before any transaction starts.
+    SELECT
+        @Handle = t.ConversationHandle,
+        @TaskState = t.TaskState
+    FROM delay.Task AS t
+    WHERE t.TaskID = @TaskID;
+
+    IF @TaskState IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@TaskID names no delayed task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.'
+        );
+        THROW 50320, @Msg, 1;
+    END;
+
+    IF @TaskState NOT IN (N'Scheduled', N'Retrying') OR @Handle IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@TaskID ', @TaskID, N' is ', @TaskState,
+            N'; only a Scheduled or Retrying task can be cancelled.'
+        );
+        THROW 50321, @Msg, 1;
+    END;
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0
+            BEGIN TRANSACTION;
+        ELSE
+            SAVE TRANSACTION CancelDelayExecution;
+
+        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = 1;
+
+        -- UPDLOCK: hold the row from this check to the state change, so the
+        -- activation procedure cannot start the task in between.
+        -- ROWLOCK: one task, one row lock.
+        SELECT @TaskState = t.TaskState
+        FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+        WHERE t.TaskID = @TaskID;
+
+        IF @TaskState NOT IN (N'Scheduled', N'Retrying')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TaskID ', @TaskID, N' is ', @TaskState,
+                N'; only a Scheduled or Retrying task can be cancelled.'
+            );
+            THROW 50321, @Msg, 1;
+        END;
+
+        SET @Msg = CONCAT(N'cancelled by ', ORIGINAL_LOGIN());
+        EXEC delay.FinishTask
+            @TaskID = @TaskID,
+            @TaskState = N'Cancelled',
+            @EventName = N'Cancelled',
+            @ErrorMessage = @Msg;
+
+        IF @TranCount = 0
+            COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION CancelDelayExecution;   -- undo only our work
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.AllowProcedure: puts a procedure on the allow-list of delayed execution,
+or refreshes its entry (after the procedure was dropped and recreated).
+Parameters:  @ProcedureName NVARCHAR(4000), required: schema-qualified,
+                 N'dbo.TCXG' or N'[dbo].[TCXG]'; an existing SQL procedure of
+                 this database that takes the target contract's parameters
+                 @SPName, @Param1, @Param2, @Param3, @Param4, @Param5
+             @AllowBareName BIT = 0: 1 lets the bare name (N'TCXG', as the
+                 platform stores it) resolve to this procedure; at most one
+                 listed procedure per bare name
+Result set:  one row: AllowedProcedureId INT, SchemaName SYSNAME,
+             ProcedureName SYSNAME, ObjectId INT, AllowBareName BIT
+Errors:      50310 @ProcedureName is not a two-part name of an existing SQL
+                   procedure of this database
+             50311 @ProcedureName is a system procedure (sys or
+                   INFORMATION_SCHEMA schema, or shipped with SQL Server)
+             50312 the procedure lacks a parameter of the target contract
+             50313 @AllowBareName = 1, but another listed procedure already
+                   answers to that bare name
+Transaction: joins the caller's via a savepoint, else opens its own.
+Security:    for db_owner only (no role is granted EXECUTE): a listed procedure
+             runs as dbo, so listing one is a dbo-level decision.
+Example:     EXEC delay.AllowProcedure @ProcedureName = N'dbo.TCXG', @AllowBareName = 1;
+*/
+CREATE OR ALTER PROCEDURE delay.AllowProcedure
+    @ProcedureName NVARCHAR(4000),
+    @AllowBareName BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Part1 SYSNAME,
+        @Part2 SYSNAME,
+        @SchemaName SYSNAME,
+        @Name SYSNAME,
+        @ObjectId INT,
+        @IsShipped BIT,
+        @Missing NVARCHAR(200);
+
+    -- 1. Validate parameters before any transaction starts.
+    SET @AllowBareName = ISNULL(@AllowBareName, 0);
+
+    -- PARSENAME takes a sysname: refuse what it would cut.
+    IF DATALENGTH(@ProcedureName) BETWEEN 2 AND 256
+        AND PARSENAME(@ProcedureName, 3) IS NULL
+        AND PARSENAME(@ProcedureName, 4) IS NULL
+        SELECT
+            @Part1 = PARSENAME(@ProcedureName, 1),
+            @Part2 = PARSENAME(@ProcedureName, 2);
+
+    IF @Part2 IN (N'sys', N'INFORMATION_SCHEMA')
+    BEGIN
+        SET @Msg = CONCAT(N'@ProcedureName must not be a system procedure; got ', @ProcedureName, N'.');
+        THROW 50311, @Msg, 1;
+    END;
+
+    SELECT
+        @ObjectId = o.object_id,
+        @SchemaName = s.name,
+        @Name = o.name,
+        @IsShipped = o.is_ms_shipped
+    FROM sys.objects AS o
+    INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+    WHERE
+        s.name = @Part2
+        AND o.name = @Part1
+        AND o.type = 'P';
+
+    IF @ObjectId IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ProcedureName must be schema.procedure naming an existing SQL procedure of this database; got ',
+            ISNULL(LEFT(@ProcedureName, 300), N'NULL'), N'.'
+        );
+        THROW 50310, @Msg, 1;
+    END;
+
+    IF @IsShipped = 1
+    BEGIN
+        SET @Msg = CONCAT(N'@ProcedureName must not be a system procedure; got ', @ProcedureName, N'.');
+        THROW 50311, @Msg, 1;
+    END;
+
+    SELECT @Missing = STRING_AGG(c.ParameterName, N', ') WITHIN GROUP (ORDER BY c.ParameterName)
+    FROM (
+        VALUES (N'@SPName'), (N'@Param1'), (N'@Param2'), (N'@Param3'), (N'@Param4'), (N'@Param5')
+    ) AS c(ParameterName)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM sys.parameters AS p
+        WHERE p.object_id = @ObjectId AND p.name = c.ParameterName
+    );
+
+    IF @Missing IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ProcedureName ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+            N' must take the target contract''s parameters; it lacks ', @Missing, N'.'
+        );
+        THROW 50312, @Msg, 1;
+    END;
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0
+            BEGIN TRANSACTION;
+        ELSE
+            SAVE TRANSACTION AllowProcedure;
+
+        -- UPDLOCK, HOLDLOCK: the range lock keeps two sessions from both
+        -- seeing the bare name free (insert-if-absent).
+        IF @AllowBareName = 1 AND EXISTS (
+            SELECT 1
+            FROM delay.AllowedProcedure AS ap WITH (UPDLOCK, HOLDLOCK)
+            WHERE
+                ap.ProcedureName = @Name
+                AND ap.AllowBareName = 1
+                AND ap.SchemaName <> @SchemaName
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@AllowBareName = 1, but the bare name ', @Name,
+                N' already resolves to another schema''s procedure; disallow that entry first.'
+            );
+            THROW 50313, @Msg, 1;
+        END;
+
+        -- UPDLOCK, HOLDLOCK: update-else-insert without a race between the two.
+        UPDATE ap
+        SET
+            ObjectId = @ObjectId,
+            AllowBareName = @AllowBareName,
+            ListedAtUtc = SYSUTCDATETIME(),
+            ListedBy = ORIGINAL_LOGIN()
+        FROM delay.AllowedProcedure AS ap WITH (UPDLOCK, HOLDLOCK)
+        WHERE ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
+
+        IF @@ROWCOUNT = 0
+            INSERT INTO delay.AllowedProcedure (SchemaName, ProcedureName, ObjectId, AllowBareName)
+            VALUES (@SchemaName, @Name, @ObjectId, @AllowBareName);
+
+        IF @TranCount = 0
+            COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION AllowProcedure;   -- undo only our work
+        THROW;
+    END CATCH;
+
+    SELECT
+        ap.AllowedProcedureId,
+        ap.SchemaName,
+        ap.ProcedureName,
+        ap.ObjectId,
+        ap.AllowBareName
+    FROM delay.AllowedProcedure AS ap
+    WHERE ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.DisallowProcedure: removes a procedure from the allow-list.  Tasks already
+scheduled for it are refused when they come due (receipt 2, 50306).
+Parameters:  @ProcedureName NVARCHAR(4000), required: schema.procedure as listed
+Result set:  none.
+Errors:      50314 @ProcedureName is not on the allow-list
+Transaction: joins the caller's (a single DELETE).
+Security:    for db_owner only, like delay.AllowProcedure.
+Example:     EXEC delay.DisallowProcedure @ProcedureName = N'dbo.TCXG';
+*/
+CREATE OR ALTER PROCEDURE delay.DisallowProcedure
+    @ProcedureName NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+
+    DELETE ap
+    FROM delay.AllowedProcedure AS ap
+    WHERE
+        DATALENGTH(@ProcedureName) BETWEEN 2 AND 256
+        AND ap.SchemaName = PARSENAME(@ProcedureName, 2)
+        AND ap.ProcedureName = PARSENAME(@ProcedureName, 1)
+        AND PARSENAME(@ProcedureName, 3) IS NULL;
+
+    IF @@ROWCOUNT = 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ProcedureName is not on the allow-list; got ', ISNULL(LEFT(@ProcedureName, 300), N'NULL'), N'.'
+        );
+        THROW 50314, @Msg, 1;
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.PendingTasks: tasks waiting for their time: Scheduled (first run) or
+Retrying (after a failed attempt), soonest first when ordered by NextRunAtUtc.
+Columns:     TaskID, TargetName, TaskState, Attempts, CreatedAtUtc, DueAtUtc,
+             NextRunAtUtc, OverdueSeconds (> 0: due but not yet started, e.g.
+             activation is off or every reader is busy), LastErrorNumber,
+             LastErrorMessage
+Example:     SELECT TaskID, TargetName, NextRunAtUtc FROM delay.PendingTasks ORDER BY NextRunAtUtc;
+*/
+CREATE OR ALTER VIEW delay.PendingTasks
+AS
+SELECT
+    t.TaskID,
+    t.TargetName,
+    t.TaskState,
+    t.Attempts,
+    t.CreatedAtUtc,
+    t.DueAtUtc,
+    t.NextRunAtUtc,
+    OverdueSeconds = IIF(
+        t.NextRunAtUtc < SYSUTCDATETIME(), DATEDIFF_BIG(SECOND, t.NextRunAtUtc, SYSUTCDATETIME()), 0
+    ),
+    t.LastErrorNumber,
+    t.LastErrorMessage
+FROM delay.Task AS t
+WHERE t.TaskState IN (N'Scheduled', N'Retrying');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.RunningTasks: tasks whose target is running now (or whose runner died and
+the watchdog has not looked yet: LeaseUntilUtc in the past).
+Columns:     TaskID, TargetName, SchemaName, ProcedureName, Attempts,
+             FirstStartedAtUtc, LastStartedAtUtc, RunningSeconds, LeaseUntilUtc
+Example:     SELECT TaskID, TargetName, RunningSeconds FROM delay.RunningTasks;
+*/
+CREATE OR ALTER VIEW delay.RunningTasks
+AS
+SELECT
+    t.TaskID,
+    t.TargetName,
+    t.SchemaName,
+    t.ProcedureName,
+    t.Attempts,
+    t.FirstStartedAtUtc,
+    t.LastStartedAtUtc,
+    RunningSeconds = DATEDIFF_BIG(SECOND, t.LastStartedAtUtc, SYSUTCDATETIME()),
+    t.LeaseUntilUtc
+FROM delay.Task AS t
+WHERE t.TaskState = N'Running';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.FailedTasks: tasks given up (receipt 3): their attempts ran out, the
+target managed the transaction opened for it (266), or a broker error ended the
+conversation.  The last error is here; every attempt's error is in delay.Log.
+Columns:     TaskID, TargetName, SchemaName, ProcedureName, Attempts,
+             CreatedAtUtc, DueAtUtc, FirstStartedAtUtc, FinishedAtUtc,
+             LastErrorNumber, LastErrorMessage
+Example:     SELECT TaskID, LastErrorMessage FROM delay.FailedTasks;
+*/
+CREATE OR ALTER VIEW delay.FailedTasks
+AS
+SELECT
+    t.TaskID,
+    t.TargetName,
+    t.SchemaName,
+    t.ProcedureName,
+    t.Attempts,
+    t.CreatedAtUtc,
+    t.DueAtUtc,
+    t.FirstStartedAtUtc,
+    t.FinishedAtUtc,
+    t.LastErrorNumber,
+    t.LastErrorMessage
+FROM delay.Task AS t
+WHERE t.TaskState = N'Failed';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.RefusedTasks: rows that were refused and never run (receipt 2), with the
+reason: 50302 delay out of range, 50303 parameter too long, 50304 malformed
+name, 50305 three- or four-part name, 50306 not on the allow-list, 50307 the
+listed procedure was dropped, recreated or moved.
+Columns:     TaskID, TargetName, DelaySeconds, CreatedAtUtc, RefusedAtUtc,
+             RefusalNumber, RefusalMessage
+Example:     SELECT TaskID, TargetName, RefusalMessage FROM delay.RefusedTasks;
+*/
+CREATE OR ALTER VIEW delay.RefusedTasks
+AS
+SELECT
+    t.TaskID,
+    t.TargetName,
+    t.DelaySeconds,
+    t.CreatedAtUtc,
+    RefusedAtUtc = t.FinishedAtUtc,
+    RefusalNumber = t.LastErrorNumber,
+    RefusalMessage = t.LastErrorMessage
+FROM delay.Task AS t
+WHERE t.TaskState = N'Refused';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Health: one row for operators and `mailq-db doctor`: is delayed execution
+able to run tasks?
+Columns:     IsBrokerEnabled       sys.databases.is_broker_enabled of this database
+             IsReceiveEnabled      0 = the queue is disabled (poison message
+                                   handling after five rollbacks in a row):
+                                   ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON
+             IsEnqueueEnabled, IsActivationEnabled, IsPoisonMessageHandlingEnabled
+             MaxQueueReaders, ActivationProcedure
+             ActiveReaders         activated copies of dbo.ProcessDelayQueue now
+                                   (sys.dm_broker_activated_tasks)
+             QueuedMessages        rows in the queue (partition statistics of its
+                                   internal table: no lock on the queue)
+             OpenConversations     endpoints of the delay service not yet closed
+                                   (state <> 'CD'); about one per pending task
+             TransmissionQueue     messages of the service stuck in
+                                   sys.transmission_queue (broker disabled, ...)
+             PendingTasks, RunningTasks, OverdueTasks (pending, due more than
+                                   60 s ago), FailedTasks, RefusedTasks
+Permissions: sys.dm_broker_activated_tasks needs VIEW SERVER STATE (VIEW SERVER
+             PERFORMANCE STATE on SQL Server 2022); without it the view fails.
+Example:     SELECT IsReceiveEnabled, ActiveReaders, OverdueTasks FROM delay.Health;
+*/
+CREATE OR ALTER VIEW delay.Health
+AS
+SELECT
+    IsBrokerEnabled = (
+        SELECT d.is_broker_enabled FROM sys.databases AS d WHERE d.database_id = DB_ID()
+    ),
+    IsReceiveEnabled = q.is_receive_enabled,
+    IsEnqueueEnabled = q.is_enqueue_enabled,
+    IsActivationEnabled = q.is_activation_enabled,
+    IsPoisonMessageHandlingEnabled = q.is_poison_message_handling_enabled,
+    MaxQueueReaders = q.max_readers,
+    ActivationProcedure = q.activation_procedure,
+    ActiveReaders = (
+        SELECT COUNT(*)
+        FROM sys.dm_broker_activated_tasks AS bat
+        WHERE bat.database_id = DB_ID() AND bat.queue_id = q.object_id
+    ),
+    QueuedMessages = (
+        SELECT SUM(ps.row_count)
+        FROM sys.internal_tables AS it
+        INNER JOIN sys.dm_db_partition_stats AS ps ON it.object_id = ps.object_id
+        WHERE it.parent_object_id = q.object_id AND ps.index_id IN (0, 1)
+    ),
+    OpenConversations = (
+        SELECT COUNT_BIG(*)
+        FROM sys.conversation_endpoints AS ce
+        INNER JOIN sys.services AS s ON ce.service_id = s.service_id
+        WHERE s.name = N'MailqDelayService' AND ce.state <> 'CD'
+    ),
+    TransmissionQueue = (
+        SELECT COUNT_BIG(*)
+        FROM sys.transmission_queue AS tq
+        WHERE tq.from_service_name = N'MailqDelayService'
+    ),
+    PendingTasks = (
+        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState IN (N'Scheduled', N'Retrying')
+    ),
+    RunningTasks = (
+        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Running'
+    ),
+    OverdueTasks = (
+        SELECT COUNT_BIG(*)
+        FROM delay.Task AS t
+        WHERE
+            t.TaskState IN (N'Scheduled', N'Retrying')
+            AND t.NextRunAtUtc < DATEADD(SECOND, -60, SYSUTCDATETIME())
+    ),
+    FailedTasks = (
+        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Failed'
+    ),
+    RefusedTasks = (
+        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Refused'
+    )
+FROM sys.service_queues AS q
+WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqDelayCaller (created in sql/security/MailqDelayCaller.role.sql):
+EXECUTE on dbo.InitiateDelayExecution and dbo.CancelDelayExecution, nothing
+else.  No table, queue or service rights: both procedures run EXECUTE AS OWNER
+and reach the tables and the broker as dbo.
+*/
+GRANT EXECUTE ON OBJECT::dbo.InitiateDelayExecution TO MailqDelayCaller;
+GRANT EXECUTE ON OBJECT::dbo.CancelDelayExecution TO MailqDelayCaller;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin (created in sql/security/MailqAdmin.role.sql) on
+delayed execution: reading the operator views, and cancelling tasks.
+Not the allow-list procedures (delay.AllowProcedure, delay.DisallowProcedure):
+a listed procedure runs as dbo, so listing stays with db_owner.
+delay.Health also needs VIEW SERVER STATE for its ActiveReaders column, a
+server permission that a database role cannot carry.
+*/
+GRANT SELECT ON OBJECT::delay.PendingTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.RunningTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.FailedTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.RefusedTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.Health TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::dbo.CancelDelayExecution TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0002') AND FilePath IN (
+    N'broker/delay.schema.sql',
+    N'broker/delay.Installation.sql',
+    N'broker/delay.Setting.sql',
+    N'broker/delay.AllowedProcedure.sql',
+    N'broker/delay.AllowedProcedure.UX_AllowedProcedure_BareName.sql',
+    N'broker/delay.Task.sql',
+    N'broker/delay.Task.UX_Task_ConversationHandle.sql',
+    N'broker/delay.Task.IX_Task_TaskState_NextRunAtUtc.sql',
+    N'broker/delay.Log.sql',
+    N'broker/delay.Log.IX_Log_TaskID.sql',
+    N'broker/dbo.tabDIYTable12402.sql',
+    N'broker/mt.DelayRequest.sql',
+    N'broker/contract.DelayContract.sql',
+    N'broker/dbo.DelayServiceQueue.sql',
+    N'broker/service.DelayService.sql',
+    N'broker/delay.ResolveTarget.sql',
+    N'broker/delay.FinishTask.sql',
+    N'broker/dbo.ProcessDelayQueue.sql',
+    N'broker/dbo.DelayServiceQueue.activation.sql',
+    N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql',
+    N'broker/dbo.InitiateDelayExecution.sql',
+    N'broker/dbo.CancelDelayExecution.sql',
+    N'broker/delay.AllowProcedure.sql',
+    N'broker/delay.DisallowProcedure.sql',
+    N'broker/delay.PendingTasks.sql',
+    N'broker/delay.RunningTasks.sql',
+    N'broker/delay.FailedTasks.sql',
+    N'broker/delay.RefusedTasks.sql',
+    N'broker/delay.Health.sql',
+    N'broker/MailqDelayCaller.grants.sql',
+    N'broker/MailqAdmin.delay.grants.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0002', N'broker/delay.schema.sql', 'a8d676d5552b55250dbb4c9345a8ccb0471dfdb42e0030c9dffb2b69e391725d'),
+    ('0002', N'broker/delay.Installation.sql', '1a49801388aebe45aad84dbcd17480dc34855e86a3afb13ec4d025c79618a126'),
+    ('0002', N'broker/delay.Setting.sql', 'b933362362c7c611d051c32a58418d27e078950e29c14d5f717f4f7faf4d101b'),
+    ('0002', N'broker/delay.AllowedProcedure.sql', 'd267f5bbdf063665b0a511d2af528d8b9069cf6a7f90d472c15e2a288e34f1f9'),
+    ('0002', N'broker/delay.AllowedProcedure.UX_AllowedProcedure_BareName.sql', 'f88e88060ab65561812cbe876918e45c929941375931e75e00389ff0c97397d7'),
+    ('0002', N'broker/delay.Task.sql', '381a515f89554fd137f0bbcda837e5e6a29d1f7474d9b57e66f62eb0a3476728'),
+    ('0002', N'broker/delay.Task.UX_Task_ConversationHandle.sql', 'fdcfa84b2c14d0b4091d25ccc841ad8e55694e8fdb7f0b8d9518f7d95d02b77b'),
+    ('0002', N'broker/delay.Task.IX_Task_TaskState_NextRunAtUtc.sql', '7920498e33ced30e6dd958f6d9f564061c6e4499f711be03b314201ba60b2cd6'),
+    ('0002', N'broker/delay.Log.sql', '94e8653e1e6d02892a8be64d5a527b3df18ee1a11cae2397a0149cae5c1bba58'),
+    ('0002', N'broker/delay.Log.IX_Log_TaskID.sql', 'b9fadb84e2cb4bffecb80cd0c41f8188931daf1fb53c1e5fd30e301e9d4dc86b'),
+    ('0002', N'broker/dbo.tabDIYTable12402.sql', '2b4019d4e46baf65bad04c9418ba7f8fe6daecae7b7d16671993083aeb74de4a'),
+    ('0002', N'broker/mt.DelayRequest.sql', '61f9e07be7ca75672c6f168ea5a3f7ba63bfef9826dec503cfe94d126796a371'),
+    ('0002', N'broker/contract.DelayContract.sql', '6a284b3d29adfe717beec47a7270db694f566bef21f9956ea9ce9f29992d23c6'),
+    ('0002', N'broker/dbo.DelayServiceQueue.sql', 'f7da438f27cd8474b13b3cbbac528e24cdcd6f80c4d8f66977da189afe3dd96e'),
+    ('0002', N'broker/service.DelayService.sql', '045dd6a16dfd6232f776d887006bda5255a1a870b5c6855f7131df26ef911e3c'),
+    ('0002', N'broker/delay.ResolveTarget.sql', '2375709340e0fc989e4679aaffc540c282de01fe28a53eb7ce491d944283d0aa'),
+    ('0002', N'broker/delay.FinishTask.sql', 'b8762b2129175de1a418ebb960283ca740b54fd9579539efa8437ebb628b5afc'),
+    ('0002', N'broker/dbo.ProcessDelayQueue.sql', 'fa4bfdb98a408d73198b9c700ee089c6a509c8578527e40a809d82009e875066'),
+    ('0002', N'broker/dbo.DelayServiceQueue.activation.sql', 'effd12198ce30fafa26308f562284ef76b728e07a58ff7774f115f596fa69563'),
+    ('0002', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '67c2d13f273b02b48afcf9d19f24227c578c44d035055134b1a99a0c22f588e3'),
+    ('0002', N'broker/dbo.InitiateDelayExecution.sql', '62972432fe7beacb43084cd8aad55f40528a3f7dca2f107ac9e1856c291a4d87'),
+    ('0002', N'broker/dbo.CancelDelayExecution.sql', 'bcda533e8d04bc10330d14440f11444a3a6eeb6243cbd0a052e59e8339233888'),
+    ('0002', N'broker/delay.AllowProcedure.sql', '15207bde87a0d11f92ce75d2f0718699449f259f573ae406d373107d007b8ff6'),
+    ('0002', N'broker/delay.DisallowProcedure.sql', '105f9b9f88800323a192cbb45360b8111714425a604c2f965dc2305f10c79cbb'),
+    ('0002', N'broker/delay.PendingTasks.sql', '3859557b0efea8f7832f9501255bfb6bf77f37422f11d2a0237dbcee50c6e889'),
+    ('0002', N'broker/delay.RunningTasks.sql', '4ce472616b9c435dc1c929a8801b53f763a743d820ed5d611e559734ff330f89'),
+    ('0002', N'broker/delay.FailedTasks.sql', '2559208e0d7a6db08cf497875a8da9b199a39244fb43e41e030d974875195039'),
+    ('0002', N'broker/delay.RefusedTasks.sql', 'e9190e331b87fb8973d7d14e231a00337f0ed775c9a8f7434fe046d8fa315a53'),
+    ('0002', N'broker/delay.Health.sql', '85ae270e48f8a6a9ccff1531fb557bfd35b103954dcd567815143907c4485a67'),
+    ('0002', N'broker/MailqDelayCaller.grants.sql', 'f1eef07ed4f0f4fce224edcf651f7338afc9fc86bcbbb08f9152ede9aa35d80d'),
+    ('0002', N'broker/MailqAdmin.delay.grants.sql', '5f0975d21e214730ac5ba9c67549567657ff10cf4ad986fac65f91681a89d046');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Readers INT = (SELECT TRY_CONVERT(INT, Value) FROM dbo.mailq_deployment_option WHERE Name = N'readers');
+IF @Readers BETWEEN 1 AND 32767 AND EXISTS (SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL
+    AND q.max_readers <> @Readers)
+BEGIN
+    DECLARE @Sql NVARCHAR(400) = CONCAT(N'ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION ',
+        N'(MAX_QUEUE_READERS = ', @Readers, N')');  -- an INT: nothing to inject
+    EXEC sys.sp_executesql @Sql;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = CAST(SESSION_CONTEXT(N'mailq_db.activation') AS INT);
+IF @Activation IS NOT NULL AND EXISTS (
+    SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL)
+BEGIN
+    IF @Activation = 1
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);
+    ELSE
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+END;
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = NULL;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0002 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0002' WHERE dbo.mailq_alembic_version.version_num = '0001';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0002 -> 0003
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0005'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0002')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0003 upgrades a database at 0002; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_Claim serves mailq.ClaimMail at any queue depth.
+
+Keys (Priority DESC, VisibleAtUtc, ID), filtered to the claimable statuses,
+so the index holds only UnSent and Sending rows (a sent backlog of millions
+costs it nothing).  ClaimMail's predicate is
+    Status IN (N'UnSent', N'Sending')            -- matches the filter
+    AND Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+    AND VisibleAtUtc <= @Now
+    ORDER BY Priority DESC, VisibleAtUtc, ID
+Expected plan: Index Seek on IX_MailQueue_Claim with ten seek ranges
+(Priority = p AND VisibleAtUtc <= @Now), read in key order, so the rows come
+out already in ORDER BY order: no Sort over the backlog; Top (@BatchSize)
+stops the seek after the first rows that pass the residual predicates
+(account has budget, application); Key Lookup of the clustered index for the
+UPDATE; Clustered Index Update.  Logical reads per claim then depend on the
+batch size, not on the depth.  The integration suite checks the actual
+showplan at 100 k rows (tests/integration/test_mailq_claim_plan.py).
+
+INCLUDE covers the residual predicates (AccountName, AppName) without a
+lookup for rows that are skipped.  ALLOW_PAGE_LOCKS = OFF keeps READPAST at
+row grain (a page lock would make READPAST skip a whole page of due mail).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_Claim' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_MailQueue_Claim
+    ON mailq.MailQueue (Priority DESC, VisibleAtUtc ASC, ID ASC)
+    INCLUDE (AccountName, AppName)
+    WHERE Status IN (N'UnSent', N'Sending')
+    WITH (ALLOW_PAGE_LOCKS = OFF);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ParseAddressList: splits a ';'-separated list of recipients and says
+what is wrong with each (inline, so it costs nothing outside the query).
+An entry is a bare address (user@example.com) or a display name followed by
+the address in angle brackets (张三 <zhang@example.com>); the worker encodes
+non-ASCII display names per RFC 2047.
+Parameters:  @List NVARCHAR(MAX), NULL gives no rows
+Returns:     DisplayName NVARCHAR(MAX) (NULL for a bare address), Address
+             NVARCHAR(MAX), Problem NVARCHAR(100) (NULL when the entry is
+             acceptable).  Entries are trimmed of spaces; empty ones are skipped.
+Rules:       no CR, LF or other control character anywhere (header injection);
+             display name without '<' or '>' and at most 200 characters;
+             address without white space, at most 254 characters (RFC 5321),
+             exactly one '@' with a non-empty local part and domain, none of
+             '<', '>', ',', '"', '(', ')' or '\', and a domain that neither
+             starts nor ends with '.' nor contains '..'.  Non-ASCII addresses
+             are accepted here; the worker sends them only to servers that
+             offer SMTPUTF8.
+Example:     SELECT a.Address, a.Problem FROM mailq.ParseAddressList(N'a@x.org; 李 <b@y.org>; c@') AS a;
+*/
+CREATE OR ALTER FUNCTION mailq.ParseAddressList(@List NVARCHAR(MAX))
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    p.DisplayName,
+    p.Address,
+    CASE
+        -- A binary collation: LIKE ranges are code-point ranges and control
+        -- characters are never ignorable, whatever the database's collation.
+        WHEN p.Entry COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            THEN N'contains CR, LF or another control character'
+        WHEN p.DisplayName LIKE N'%[<>]%' THEN N'has a malformed display name'
+        WHEN LEN(p.DisplayName) > 200 THEN N'has a display name longer than 200 characters'
+        WHEN p.Address LIKE N'% %' OR p.Address LIKE N'%' + NCHAR(160) + N'%'
+            THEN N'contains white space'
+        WHEN LEN(p.Address) > 254 THEN N'is longer than 254 characters'
+        WHEN p.Address NOT LIKE N'%_@_%' THEN N'has no local part or no domain'
+        WHEN p.Address LIKE N'%@%@%' THEN N'has more than one @'
+        WHEN p.Address LIKE N'%[<>,"()\]%' THEN N'contains a character not allowed in an address'
+        WHEN p.Address LIKE N'%@.%' OR p.Address LIKE N'%.' OR p.Address LIKE N'%@%..%'
+            THEN N'has a malformed domain'
+    END AS Problem
+FROM (
+    SELECT
+        e.Entry,
+        -- "Name <address>": the display name is what stands before the first '<'.
+        IIF(
+            e.Entry LIKE N'%<%>',
+            NULLIF(RTRIM(LEFT(e.Entry, CHARINDEX(N'<', e.Entry) - 1)), N''),
+            NULL
+        ) AS DisplayName,
+        IIF(
+            e.Entry LIKE N'%<%>',
+            SUBSTRING(e.Entry, CHARINDEX(N'<', e.Entry) + 1, LEN(e.Entry) - CHARINDEX(N'<', e.Entry) - 1),
+            e.Entry
+        ) AS Address
+    FROM (
+        SELECT LTRIM(RTRIM(s.value)) AS Entry
+        FROM STRING_SPLIT(@List, N';') AS s
+    ) AS e
+    WHERE e.Entry <> N''
+) AS p;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.LockLeasedMail: the fence of every acknowledgement (internal: called by
+ExtendLease, ReleaseMail, MarkSent and MarkFailed inside their transaction;
+granted to no role).  Validates @ID / @IDList, then locks the named mails
+WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises an
+error unless every one of them exists, is Sending and holds @LockToken.  The
+caller's UPDATE then cannot race a reclaim: a worker whose lease expired and
+was reclaimed is told so and changes nothing (all or nothing).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (a JSON array of 1-1000
+             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @AcceptSentByToken BIT, default 0: 1 also accepts a mail already
+             Sent by an attempt under @LockToken (MarkSent repeated after its
+             connection dropped before the reply: the first call committed)
+Result set:  none.
+Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
+             50137 @IDList malformed; 50201 unknown mail ID;
+             50202 the mail is leased under another token (lease lost);
+             50203 the mail is not Sending (already acknowledged or never claimed).
+Transaction: must run inside the caller's transaction (raises 50138 otherwise).
+Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @AcceptSentByToken BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @@TRANCOUNT = 0
+        THROW 50138, N'mailq.LockLeasedMail must run inside the caller''s transaction.', 1;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
+    IF (@ID IS NULL AND @IDList IS NULL) OR (@ID IS NOT NULL AND @IDList IS NOT NULL)
+        THROW 50136, N'Give exactly one of @ID (one mail) or @IDList (a JSON array of mail IDs).', 1;
+    IF
+        @IDList IS NOT NULL
+        AND (
+            ISJSON(@IDList) = 0
+            OR LEFT(LTRIM(@IDList), 1) <> N'['
+            OR EXISTS (
+                SELECT 1
+                FROM OPENJSON(@IDList) AS j
+                WHERE j.[type] <> 2 OR TRY_CAST(j.[value] AS BIGINT) IS NULL
+            )
+            OR (SELECT COUNT(*) FROM OPENJSON(@IDList)) NOT BETWEEN 1 AND 1000
+        )
+        THROW 50137, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
+
+    DECLARE @Held TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        Status NVARCHAR(16) NULL,
+        ThreadLock UNIQUEIDENTIFIER NULL
+    );
+
+    -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
+    -- checked here still holds when the caller updates them.  No READPAST:
+    -- these rows must be seen, and only a reclaiming worker could hold them.
+    INSERT INTO @Held (ID, Status, ThreadLock)
+    SELECT l.ID, q.Status, q.ThreadLock
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    LEFT JOIN mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK) ON l.ID = q.ID;
+
+    SELECT TOP (1) @Msg = CONCAT(N'Mail ', h.ID, N' does not exist.')
+    FROM @Held AS h
+    WHERE h.Status IS NULL
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50201, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'Mail ', h.ID, N' is ', h.Status, N', not Sending: it was already acknowledged, released or never claimed.'
+    )
+    FROM @Held AS h
+    WHERE
+        h.Status <> N'Sending'
+        AND NOT (
+            @AcceptSentByToken = 1
+            AND h.Status = N'Sent'
+            AND EXISTS (
+                SELECT 1
+                FROM mailq.MailAttempt AS t
+                WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
+            )
+        )
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50203, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'Mail ', h.ID, N' is leased under another @LockToken: this worker''s lease expired and the mail ',
+        N'was reclaimed; nothing was changed.'
+    )
+    FROM @Held AS h
+    WHERE h.ThreadLock <> @LockToken
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50202, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
+that is already queued it returns the existing mail and inserts nothing.
+Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
+                          an address or 'Display Name <address>'
+             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars
+             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars
+             @BodyFormat  N'Text' (default) or N'Html'
+             @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
+             @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
+             @FromAddress default: the account's DefaultFromAddress
+             @FromName    default: the account's DefaultFromName, <= 200 chars
+             @ReplyTo     one address
+             @Headers     business headers: a JSON object of string values,
+                          e.g. N'{"X-Order-Id": "42"}'; at most 50
+             @AccountName default: the default sending account
+             @AppName     a registered application (mailq.UpsertApplication)
+             @Priority    0-9, 9 first, default 5
+             @DateToProcess  UTC time to send at, default now
+             @ExpiresAtUtc   UTC time after which the mail is Expired unsent
+             @MaxAttempts    1-20, default 5
+             @IdempotencyKey <= 200 chars; see "Idempotency" below
+             @Attachments    JSON array of {"FileName", "ContentType",
+                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all
+             NULL for an optional parameter means its default.
+Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
+             sent unchanged by every attempt), @Created BIT (0 when an existing
+             mail was returned for the idempotency key).  No result set, so the
+             procedure can be called from triggers.
+Idempotency: the key is global.  The same key with the same content (the
+             parameters exactly as passed, attachments included) returns the
+             first mail; with different content it raises 50116 and writes
+             nothing.  A key is free again once PurgeMail deleted its mail.
+Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
+             50103 a value over its size; 50104 more than 100 recipients;
+             50105 CR or LF in a header value (header injection);
+             50106 @Headers not a JSON object of string values;
+             50107 invalid header name; 50108 header would override a reserved one;
+             50109 @Priority not 0-9; 50110 @ExpiresAtUtc not after the due time;
+             50111 body over its limit; 50112 attachment count or size over limit;
+             50113 attachment file name empty or path-like;
+             50114 unknown (or no default) account; 50115 unknown application;
+             50116 idempotency key reused with different content;
+             50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
+             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     DECLARE @ID BIGINT;
+             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
+                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
+                 @MailID = @ID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMail
+    @ToAddress NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX),
+    @Body NVARCHAR(MAX),
+    @BodyFormat NVARCHAR(20) = N'Text',
+    @TextBody NVARCHAR(MAX) = NULL,
+    @CC NVARCHAR(MAX) = NULL,
+    @BCC NVARCHAR(MAX) = NULL,
+    @FromAddress NVARCHAR(MAX) = NULL,
+    @FromName NVARCHAR(MAX) = NULL,
+    @ReplyTo NVARCHAR(MAX) = NULL,
+    @Headers NVARCHAR(MAX) = NULL,
+    @AccountName NVARCHAR(4000) = NULL,
+    @AppName NVARCHAR(4000) = NULL,
+    @Priority INT = 5,
+    @DateToProcess DATETIME2(3) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL,
+    @MaxAttempts INT = 5,
+    @IdempotencyKey NVARCHAR(4000) = NULL,
+    @Attachments NVARCHAR(MAX) = NULL,
+    @MailID BIGINT = NULL OUTPUT,
+    @MessageID NVARCHAR(255) = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Msg NVARCHAR(2048);
+    -- Tested under a binary collation (COLLATE Latin1_General_100_BIN2): under
+    -- a linguistic collation control characters can be ignorable in LIKE.
+    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
+
+    -- The content hash covers the parameters exactly as passed (before
+    -- defaults), so that the same call is recognised as the same mail.
+    DECLARE @ContentJson NVARCHAR(MAX) = (
+        SELECT
+            @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, @Subject AS Subject,
+            @Body AS Body, @BodyFormat AS BodyFormat, @TextBody AS TextBody,
+            @FromAddress AS FromAddress, @FromName AS FromName, @ReplyTo AS ReplyTo,
+            @Headers AS Headers, @AccountName AS AccountName, @AppName AS AppName,
+            @Priority AS Priority, @DateToProcess AS DateToProcess,
+            @ExpiresAtUtc AS ExpiresAtUtc, @MaxAttempts AS MaxAttempts,
+            @Attachments AS Attachments
+        FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
+    );
+
+    SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
+    SET @Priority = COALESCE(@Priority, 5);
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    SET @DateToProcess = COALESCE(@DateToProcess, @Now);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(@ToAddress))
+        THROW 50101, N'@ToAddress is required: give at least one recipient address (separate several with ;).', 1;
+    IF @Subject IS NULL
+        THROW 50121, N'@Subject is required (pass N'''' for a mail without subject).', 1;
+    IF @Body IS NULL
+        THROW 50120, N'@Body is required.', 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.')
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress, 4000), (2, N'@CC', @CC, 4000), (3, N'@BCC', @BCC, 4000),
+        (4, N'@Subject', @Subject, 900), (5, N'@FromAddress', @FromAddress, 320),
+        (6, N'@FromName', @FromName, 200), (7, N'@ReplyTo', @ReplyTo, 320),
+        (8, N'@AccountName', @AccountName, 128), (9, N'@AppName', @AppName, 128),
+        (10, N'@IdempotencyKey', @IdempotencyKey, 200)
+    ) AS v(Position, ParamName, Value, MaxLength)
+    WHERE LEN(v.Value) > v.MaxLength
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' contains CR or LF; header values must be one line (header injection is refused).')
+    FROM (
+        VALUES
+        (1, N'@Subject', @Subject), (2, N'@FromName', @FromName), (3, N'@ReplyTo', @ReplyTo),
+        (4, N'@FromAddress', @FromAddress), (5, N'@IdempotencyKey', @IdempotencyKey)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(
+            v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'
+        )
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress), (2, N'@CC', @CC), (3, N'@BCC', @BCC),
+        (4, N'@ReplyTo', @ReplyTo), (5, N'@FromAddress', @FromAddress)
+    ) AS v(Position, ParamName, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+    WHERE a.Problem IS NOT NULL
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50102, @Msg, 1;
+
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) > 1
+        THROW 50102, N'@ReplyTo takes one address.', 1;
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) > 1
+        THROW 50102, N'@FromAddress takes one address.', 1;
+    IF EXISTS (SELECT 1 FROM mailq.ParseAddressList(@FromAddress) AS a WHERE a.DisplayName IS NOT NULL)
+        THROW 50102, N'@FromAddress takes a bare address; give the display name in @FromName.', 1;
+
+    DECLARE @RecipientCount INT = (
+        SELECT COUNT(*)
+        FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value)
+    );
+    IF @RecipientCount > 100
+    BEGIN
+        SET @Msg = CONCAT(N'@ToAddress, @CC and @BCC name ', @RecipientCount, N' recipients; the limit is 100.');
+        THROW 50104, @Msg, 1;
+    END;
+
+    IF @BodyFormat NOT IN (N'Text', N'Html')
+    BEGIN
+        SET @Msg = CONCAT(N'@BodyFormat must be Text or Html; got ''', LEFT(@BodyFormat, 20), N'''.');
+        THROW 50118, @Msg, 1;
+    END;
+    IF @Priority NOT BETWEEN 0 AND 9
+    BEGIN
+        SET @Msg = CONCAT(N'@Priority must be 0-9 (9 is sent first); got ', @Priority, N'.');
+        THROW 50109, @Msg, 1;
+    END;
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    IF @ExpiresAtUtc <= @DateToProcess
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ExpiresAtUtc (', CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126),
+            N') must be later than the due time (', CONVERT(NVARCHAR(30), @DateToProcess, 126), N').'
+        );
+        THROW 50110, @Msg, 1;
+    END;
+    IF LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000
+        THROW 50111, N'@Body and @TextBody are limited to 2,000,000 characters each.', 1;
+
+    -- Business headers: a JSON object whose values are strings.
+    IF @Headers IS NOT NULL
+    BEGIN
+        IF ISJSON(@Headers) = 0 OR LEFT(LTRIM(@Headers), 1) <> N'{'
+            THROW 50106, N'@Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[type] <> 1;
+        IF @Msg IS NOT NULL THROW 50106, @Msg, 1;
+
+        IF (SELECT COUNT(*) FROM OPENJSON(@Headers)) > 50
+            THROW 50106, N'@Headers holds more than 50 headers.', 1;
+
+        IF EXISTS (
+            SELECT UPPER(j.[key]) AS HeaderName
+            FROM OPENJSON(@Headers) AS j
+            GROUP BY UPPER(j.[key])
+            HAVING COUNT(*) > 1
+        )
+            THROW 50106, N'@Headers names one header twice.', 1;
+
+        -- RFC 5322 field name: 1-76 printable US-ASCII characters except ':'
+        -- (the binary collation makes the ranges code-point ranges).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
+            N'(1-76 printable ASCII characters, no space or colon).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE
+            LEN(j.[key]) NOT BETWEEN 1 AND 76
+            OR j.[key] COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%';
+        IF @Msg IS NOT NULL THROW 50107, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: ''', j.[key], N''' is set by mailq-db and cannot be overridden.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE UPPER(j.[key]) IN (
+            N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
+            N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
+            N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'
+        );
+        IF @Msg IS NOT NULL THROW 50108, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: the value of ''', j.[key], N''' contains CR or LF (header injection is refused).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf;
+        IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', j.[key], N''' is longer than 900 characters.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE LEN(j.[value]) > 900;
+        IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+    END;
+
+    -- Account and application.
+    DECLARE @ResolvedAccount NVARCHAR(128), @DefaultFrom NVARCHAR(320), @DefaultFromName NVARCHAR(200);
+    SELECT
+        @ResolvedAccount = a.AccountName,
+        @DefaultFrom = a.DefaultFromAddress,
+        @DefaultFromName = a.DefaultFromName
+    FROM mailq.SendingAccount AS a
+    WHERE
+        (@AccountName IS NOT NULL AND a.AccountName = @AccountName)
+        OR (@AccountName IS NULL AND a.IsDefault = 1);
+    IF @ResolvedAccount IS NULL
+    BEGIN
+        SET @Msg = IIF(
+            @AccountName IS NULL,
+            N'@AccountName is NULL and no default sending account exists (mailq.UpsertSendingAccount @IsDefault = 1).',
+            CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account (mailq.UpsertSendingAccount).')
+        );
+        THROW 50114, @Msg, 1;
+    END;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application (mailq.UpsertApplication).');
+        THROW 50115, @Msg, 1;
+    END;
+
+    SET @FromAddress = LTRIM(RTRIM(COALESCE(@FromAddress, @DefaultFrom)));
+    SET @FromName = COALESCE(@FromName, @DefaultFromName);
+
+    -- Attachments: decoded from base64 by OPENJSON ... WITH (VARBINARY), which
+    -- raises an error for text that is not base64: caught and reported as 50117.
+    DECLARE @Attachment TABLE (
+        AttachmentNo INT NOT NULL PRIMARY KEY,
+        FileName NVARCHAR(4000) NULL,
+        ContentType NVARCHAR(4000) NULL,
+        Content VARBINARY(MAX) NULL
+    );
+    IF @Attachments IS NOT NULL
+    BEGIN
+        IF ISJSON(@Attachments) = 0 OR LEFT(LTRIM(@Attachments), 1) <> N'['
+            THROW 50117,
+                N'@Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.',
+                1;
+        IF EXISTS (SELECT 1 FROM OPENJSON(@Attachments) AS e WHERE e.[type] <> 5)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        BEGIN TRY
+            INSERT INTO @Attachment (AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                CAST(e.[key] AS INT) + 1 AS AttachmentNo,
+                f.FileName,
+                f.ContentType,
+                f.Content
+            FROM OPENJSON(@Attachments) AS e
+            CROSS APPLY OPENJSON (e.[value])
+                WITH (
+                    FileName NVARCHAR(4000) '$.FileName',
+                    ContentType NVARCHAR(4000) '$.ContentType',
+                    Content VARBINARY(MAX) '$.ContentBase64'
+                ) AS f;
+        END TRY
+        BEGIN CATCH
+            SET @Msg = CONCAT(N'@Attachments: ContentBase64 must be base64 text (', ERROR_MESSAGE(), N').');
+            THROW 50117, @Msg, 1;
+        END CATCH;
+
+        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        IF (SELECT COUNT(*) FROM @Attachment) > 10
+            THROW 50112, N'@Attachments holds more than 10 attachments.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: file name ''', LEFT(t.FileName, 100),
+            N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).'
+        )
+        FROM @Attachment AS t
+        WHERE
+            NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
+            OR t.FileName LIKE N'%[/\:]%'
+            OR t.FileName IN (N'.', N'..')
+            OR t.FileName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            OR LEN(t.FileName) > 255
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50113, @Msg, 1;
+
+        SELECT TOP (1)
+            @Msg = CONCAT(N'@Attachments: content type of ''', t.FileName, N''' must look like type/subtype.')
+        FROM @Attachment AS t
+        WHERE
+            t.ContentType IS NOT NULL
+            AND (
+                t.ContentType NOT LIKE N'_%/_%'
+                OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+                OR LEN(t.ContentType) > 255
+            )
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50117, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: ''', t.FileName, N''' is ', DATALENGTH(t.Content),
+            N' bytes; the limit is 10485760 (10 MiB) per attachment.'
+        )
+        FROM @Attachment AS t
+        WHERE DATALENGTH(t.Content) > 10485760
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50112, @Msg, 1;
+
+        IF (SELECT SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) FROM @Attachment AS t) > 26214400
+            THROW 50112, N'@Attachments total more than 26214400 bytes (25 MiB) per mail.', 1;
+    END;
+
+    DECLARE @ContentHash VARBINARY(32) = HASHBYTES('SHA2_256', @ContentJson);
+    DECLARE @Domain NVARCHAR(320) = SUBSTRING(@FromAddress, CHARINDEX(N'@', @FromAddress) + 1, 320);
+    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
+    IF @Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION EnqueueMail;
+
+        DECLARE @ExistingHash VARBINARY(32);
+        SET @MailID = NULL;
+        IF @IdempotencyKey IS NOT NULL
+        BEGIN
+            -- UPDLOCK, HOLDLOCK: the key-range lock on UX_MailQueue_IdempotencyKey
+            -- stops two sessions from both seeing the key absent and inserting.
+            SELECT
+                @MailID = q.ID,
+                @MessageID = q.MessageID,
+                @ExistingHash = q.ContentHash
+            -- "IS NOT NULL" repeats the index filter, so the filtered index
+            -- matches for certain and the range lock stays on one key.
+            FROM mailq.MailQueue AS q WITH (UPDLOCK, HOLDLOCK)
+            WHERE q.IdempotencyKey = @IdempotencyKey AND q.IdempotencyKey IS NOT NULL;
+
+            IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''' already belongs to mail ', @MailID,
+                    N' with different content; use a new key for a different mail.'
+                );
+                THROW 50116, @Msg, 1;
+            END;
+        END;
+
+        IF @MailID IS NOT NULL
+            SET @Created = 0;
+        ELSE
+        BEGIN
+            SET @MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', @Domain, N'>');
+
+            INSERT INTO mailq.MailQueue (
+                dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
+                ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
+                Status, AttemptsRemaining, Priority, AccountName, AppName,
+                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc
+            )
+            VALUES (
+                @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
+                @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
+                N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
+                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc
+            );
+            SET @MailID = SCOPE_IDENTITY();
+
+            INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                @MailID,
+                t.AttachmentNo,
+                LTRIM(RTRIM(t.FileName)),
+                COALESCE(t.ContentType, N'application/octet-stream'),
+                t.Content
+            FROM @Attachment AS t;
+
+            SET @Created = 1;
+        END;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION EnqueueMail;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.
+A mail is claimable when it is UnSent and due, or Sending with an expired
+lease (its worker died or stalled): VisibleAtUtc <= now in both cases.
+Order: highest Priority first, then oldest VisibleAtUtc, then ID.
+The claim is ONE UPDATE statement (READPAST, UPDLOCK, ROWLOCK), so two
+workers never take the same mail and a claimer never waits on another.  In
+the same statement, a reclaimed mail with no attempt left becomes Failed and
+a mail past its ExpiresAtUtc becomes Expired (neither is returned).
+Rate limits: accounts with limits are charged in mailq.RateBudget inside this
+transaction, so the limits hold across every worker.  The budget row is read
+WITH (UPDLOCK, READPAST): while another claimer holds an account's budget,
+this claimer skips that account's mail instead of waiting.  Accounts whose
+BlockedUntilUtc is in the future are skipped; their mail is neither claimed
+nor expired until the account may send again.  Such mail, when it ranks
+first, is read past by the seek: a long-blocked high-priority backlog makes
+claims of other accounts' mail cost more (see docs/dba-guide.md).
+Parameters:  @BatchSize    INT 1-1000, default 10
+             @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
+                           this batch; every acknowledgement must present it
+             @LeaseSeconds INT 1-3600, default 300
+             @AppName      NULL (default): claim every application's mail
+                           (competing); a name: only that application's mail (isolated)
+             @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
+             @AccountNames NULL (default): every account; else a JSON array of
+                           the account names this worker can send for (a worker
+                           without credentials for an account never claims its mail)
+Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
+                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
+                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp
+             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
+Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
+             50132 @LeaseSeconds out of range; 50103 a name over its size;
+             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names.
+Transaction: joins the caller's via a savepoint, else opens its own; the
+             result sets are read after the commit (the rows are leased).
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
+                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimMail
+    @BatchSize INT = 10,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300,
+    @AppName NVARCHAR(4000) = NULL,
+    @WorkerName NVARCHAR(4000) = NULL,
+    @AccountNames NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 10);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50130, @Msg, 1;
+    END;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: a new GUID per claimed batch.', 1;
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+    IF LEN(@AppName) > 128 OR LEN(@WorkerName) > 128
+        THROW 50103, N'@AppName and @WorkerName are limited to 128 characters.', 1;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50115, @Msg, 1;
+    END;
+
+    IF
+        @AccountNames IS NOT NULL
+        AND (
+            ISJSON(@AccountNames) = 0
+            OR LEFT(LTRIM(@AccountNames), 1) <> N'['
+            OR EXISTS (SELECT 1 FROM OPENJSON(@AccountNames) AS j WHERE j.[type] <> 1)
+        )
+        THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, @Now);
+    DECLARE @MinuteStart DATETIME2(0) = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
+    DECLARE @HourStart DATETIME2(0) = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
+    DECLARE @DayStart DATETIME2(0) = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
+
+    DECLARE @Budget TABLE (
+        AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        Remaining INT NOT NULL,
+        IsLimited BIT NOT NULL
+    );
+    DECLARE @Claimed TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AccountName NVARCHAR(128) NOT NULL,
+        NewStatus NVARCHAR(16) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AttemptNo INT NOT NULL
+    );
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION ClaimMail;
+
+        -- Accounts without limits: no budget to take, so no lock either.
+        INSERT INTO @Budget (AccountName, Remaining, IsLimited)
+        SELECT a.AccountName, @BatchSize, 0
+        FROM mailq.SendingAccount AS a
+        WHERE
+            a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
+            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT j.[value] FROM OPENJSON(@AccountNames) AS j));
+
+        -- Accounts with limits: what is left of each window.
+        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
+        --           cannot both spend the same remainder;
+        -- READPAST: a budget row held by another claimer is skipped (that
+        --           account's mail waits for the next claim), never waited on;
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page.
+        INSERT INTO @Budget (AccountName, Remaining, IsLimited)
+        SELECT
+            a.AccountName,
+            (
+                SELECT MIN(w.Remaining)
+                FROM (
+                    VALUES
+                    (COALESCE(a.PerMinuteLimit - IIF(b.MinuteStartUtc = @MinuteStart, b.MinuteCount, 0), @BatchSize)),
+                    (COALESCE(a.PerHourLimit - IIF(b.HourStartUtc = @HourStart, b.HourCount, 0), @BatchSize)),
+                    (COALESCE(a.PerDayLimit - IIF(b.DayStartUtc = @DayStart, b.DayCount, 0), @BatchSize))
+                ) AS w(Remaining)
+            ) AS Remaining,
+            1
+        FROM mailq.SendingAccount AS a
+        INNER JOIN mailq.RateBudget AS b WITH (UPDLOCK, READPAST, ROWLOCK)
+            ON a.AccountName = b.AccountName
+        WHERE
+            (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
+            AND (a.BlockedUntilUtc IS NULL OR a.BlockedUntilUtc <= @Now)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT j.[value] FROM OPENJSON(@AccountNames) AS j));
+
+        DELETE FROM @Budget WHERE Remaining <= 0;
+
+        -- The claim: one statement.  The Candidate CTE is the seek on
+        -- IX_MailQueue_Claim described beside that index (ten ranges, already
+        -- in ORDER BY order, TOP stops early).
+        --   READPAST: skip rows other workers hold instead of waiting on them;
+        --   UPDLOCK:  claim while reading, so two workers can't take one row;
+        --   ROWLOCK:  row grain, so READPAST skips rows rather than pages.
+        -- Ranked numbers each account's sendable rows so that an account with
+        -- a smaller remaining budget than its share of the batch is charged
+        -- only up to its budget; the other candidates stay UnSent (their
+        -- update locks end with this short transaction).
+        WITH Candidate AS (
+            SELECT TOP (@BatchSize)
+                q.ID,
+                q.AccountName,
+                q.Priority,
+                q.VisibleAtUtc,
+                q.Status,
+                q.ThreadLock,
+                q.AttemptsRemaining,
+                q.AttemptCount,
+                q.PossibleDuplicate,
+                q.DateProcessed,
+                q.LastError,
+                IIF(q.AttemptsRemaining > 0 AND (q.ExpiresAtUtc IS NULL OR q.ExpiresAtUtc > @Now), 1, 0) AS WillSend
+            FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
+            WHERE
+                q.Status IN (N'UnSent', N'Sending')
+                AND q.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                AND q.VisibleAtUtc <= @Now
+                AND (@AppName IS NULL OR q.AppName = @AppName)
+                AND EXISTS (SELECT 1 FROM @Budget AS b WHERE b.AccountName = q.AccountName)
+            ORDER BY q.Priority DESC, q.VisibleAtUtc ASC, q.ID ASC
+        ),
+
+        Ranked AS (
+            SELECT
+                c.ID,
+                c.AccountName,
+                c.VisibleAtUtc,
+                c.Status,
+                c.ThreadLock,
+                c.AttemptsRemaining,
+                c.AttemptCount,
+                c.PossibleDuplicate,
+                c.DateProcessed,
+                c.LastError,
+                c.WillSend,
+                ROW_NUMBER() OVER (
+                    PARTITION BY c.AccountName, c.WillSend
+                    ORDER BY c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
+                ) AS AccountRank
+            FROM Candidate AS c
+        )
+
+        UPDATE r
+        SET
+            r.Status = CASE
+                WHEN r.WillSend = 1 THEN N'Sending'
+                WHEN r.AttemptsRemaining <= 0 THEN N'Failed'
+                ELSE N'Expired'
+            END,
+            r.ThreadLock = IIF(r.WillSend = 1, @LockToken, NULL),
+            r.VisibleAtUtc = IIF(r.WillSend = 1, @LeaseUntil, r.VisibleAtUtc),
+            r.AttemptsRemaining = r.AttemptsRemaining - r.WillSend,
+            r.AttemptCount = r.AttemptCount + r.WillSend,
+            -- A lease that expired may hide a mail the dead worker already
+            -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+            r.PossibleDuplicate = IIF(r.Status = N'Sending', CAST(1 AS BIT), r.PossibleDuplicate),
+            r.DateProcessed = IIF(r.WillSend = 1, r.DateProcessed, @Now),
+            r.LastError = CASE
+                WHEN r.WillSend = 1 THEN r.LastError
+                WHEN r.AttemptsRemaining <= 0
+                    THEN CONCAT(N'No attempt left after an abandoned lease. Last error: ', r.LastError)
+                ELSE N'Expired before it could be sent (ExpiresAtUtc passed).'
+            END
+        OUTPUT
+            inserted.ID,
+            inserted.AccountName,
+            inserted.Status,
+            deleted.Status,
+            deleted.ThreadLock,
+            inserted.AttemptCount
+        INTO @Claimed (ID, AccountName, NewStatus, OldStatus, OldLockToken, AttemptNo)
+        FROM Ranked AS r
+        WHERE
+            r.WillSend = 0
+            OR r.AccountRank <= (SELECT b.Remaining FROM @Budget AS b WHERE b.AccountName = r.AccountName);
+
+        -- Charge the budget of limited accounts (rows already U-locked above).
+        -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
+        -- budget rows other claimers hold.
+        UPDATE b
+        SET
+            b.MinuteCount = IIF(b.MinuteStartUtc = @MinuteStart, b.MinuteCount, 0) + c.ClaimedCount,
+            b.MinuteStartUtc = @MinuteStart,
+            b.HourCount = IIF(b.HourStartUtc = @HourStart, b.HourCount, 0) + c.ClaimedCount,
+            b.HourStartUtc = @HourStart,
+            b.DayCount = IIF(b.DayStartUtc = @DayStart, b.DayCount, 0) + c.ClaimedCount,
+            b.DayStartUtc = @DayStart
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN (
+            SELECT m.AccountName, COUNT(*) AS ClaimedCount
+            FROM @Claimed AS m
+            WHERE m.NewStatus = N'Sending'
+            GROUP BY m.AccountName
+        ) AS c ON b.AccountName = c.AccountName
+        WHERE b.AccountName IN (SELECT l.AccountName FROM @Budget AS l WHERE l.IsLimited = 1);
+
+        -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
+        -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Abandoned',
+            t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Claimed AS c
+            ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
+        WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+        -- Open an attempt for each mail now leased.
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
+        FROM @Claimed AS c
+        WHERE c.NewStatus = N'Sending';
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION ClaimMail;
+        THROW;
+    END CATCH;
+
+    -- 3. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    SELECT
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.AppName,
+        q.FromName,
+        q.FromAddress,
+        q.ReplyTo,
+        q.ToAddress,
+        q.CC,
+        q.BCC,
+        q.Subject,
+        q.Body,
+        q.BodyFormat,
+        q.TextBody,
+        q.Headers,
+        q.Priority,
+        q.AttemptCount AS AttemptNo,
+        q.AttemptsRemaining,
+        q.VisibleAtUtc AS LeaseExpiresUtc,
+        q.PossibleDuplicate,
+        q.dtStamp
+    FROM mailq.MailQueue AS q
+    INNER JOIN @Claimed AS c ON q.ID = c.ID
+    WHERE c.NewStatus = N'Sending' AND q.ThreadLock = @LockToken
+    ORDER BY q.Priority DESC, q.ID ASC;
+
+    SELECT
+        a.MailID,
+        a.AttachmentNo,
+        a.FileName,
+        a.ContentType,
+        a.Content
+    FROM mailq.MailAttachment AS a
+    INNER JOIN @Claimed AS c ON a.MailID = c.ID
+    WHERE c.NewStatus = N'Sending'
+    ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ReleaseMail: gives back mails a worker holds but has not sent (e.g. on
+shutdown): UnSent and due now, the attempt refunded, the attempt row closed
+as Released.  Fenced by the lock token, all or nothing.  The rate budget the
+claim took is not refunded (limits stay conservative).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required.
+Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.ReleaseMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION ReleaseMail;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.ThreadLock = NULL,
+            q.VisibleAtUtc = @Now,
+            q.AttemptsRemaining = q.AttemptsRemaining + 1
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Released (ID, AttemptNo)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Released'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Released AS r ON t.MailID = r.ID AND t.AttemptNo = r.AttemptNo;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION ReleaseMail;
+        THROW;
+    END CATCH;
+
+    SELECT
+        r.ID,
+        N'UnSent' AS Status,
+        @Now AS NextAttemptUtc
+    FROM @Released AS r
+    ORDER BY r.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkSent: records mails as sent; fenced by the lock token and all or
+nothing, so one call acknowledges every mail sent on one SMTP connection.
+Repeatable: a mail this token already marked Sent is accepted again and left
+unchanged, so a worker whose connection dropped before the reply can simply
+call again.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
+             exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
+             final reply, optional; @DryRun BIT, default 0: 1 records that
+             nothing was sent (worker dry-run mode).
+Result set:  one row per mail named: ID, Status ('Sent'), NextAttemptUtc (NULL).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50147 @SmtpCode out of range.  On any error nothing is written.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkSent
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @SmtpCode INT = NULL,
+    @SmtpText NVARCHAR(4000) = NULL,
+    @DryRun BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @DryRun = COALESCE(@DryRun, 0);
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Acked TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION MarkSent;
+
+        EXEC mailq.LockLeasedMail
+            @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
+
+        UPDATE q
+        SET
+            q.Status = N'Sent',
+            q.ThreadLock = NULL,
+            q.SentAtUtc = @Now,
+            q.DateProcessed = @Now,
+            q.DryRun = @DryRun,
+            q.LastError = NULL
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Acked (ID, AttemptNo)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = IIF(@DryRun = 1, N'DryRun', N'Sent'),
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @SmtpText
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION MarkSent;
+        THROW;
+    END CATCH;
+
+    SELECT
+        l.ID,
+        N'Sent' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    ORDER BY l.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
+nothing.  @Disposition follows TinyMail's error classes:
+  Retry  transient (4xx on the mail, dropped connection, timeout): the attempt
+         is consumed; the mail is UnSent again after @RetryAfterSeconds, or
+         after exponential backoff with jitter: 30 s * 2^(attempt-1), at most
+         1 hour, times a random 0.8-1.2; Failed when no attempt is left.
+  Wait   the account is throttled or locked (421, rate limits): the attempt is
+         refunded, the mail is UnSent again after @RetryAfterSeconds (default
+         60), and the account is blocked until then (ClaimMail skips it).
+  Stop   permanent (5xx, malformed mail): Failed at once.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @Disposition NVARCHAR(8),
+             required; @Error NVARCHAR(4000), required: what happened;
+             @RetryAfterSeconds INT 0-604800, optional; @SmtpCode INT 200-599, optional.
+Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc
+             (NULL when Failed).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50133 @Disposition unknown; 50134 @RetryAfterSeconds out of range;
+             50139 @Error missing; 50147 @SmtpCode out of range.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
+                 @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkFailed
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @Disposition NVARCHAR(20),
+    @Error NVARCHAR(4000),
+    @RetryAfterSeconds INT = NULL,
+    @SmtpCode INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @Disposition IS NULL OR @Disposition NOT IN (N'Retry', N'Wait', N'Stop')
+    BEGIN
+        SET @Msg = CONCAT(N'@Disposition must be Retry, Wait or Stop; got ''', @Disposition, N'''.');
+        THROW 50133, @Msg, 1;
+    END;
+    IF NULLIF(LTRIM(RTRIM(@Error)), N'') IS NULL
+        THROW 50139, N'@Error is required: say what failed (the SMTP reply or the exception).', 1;
+    IF @RetryAfterSeconds NOT BETWEEN 0 AND 604800
+    BEGIN
+        SET @Msg = CONCAT(N'@RetryAfterSeconds must be 0-604800 (7 days); got ', @RetryAfterSeconds, N'.');
+        THROW 50134, @Msg, 1;
+    END;
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @WaitUntil DATETIME2(3) = DATEADD(SECOND, COALESCE(@RetryAfterSeconds, 60), @Now);
+    DECLARE @Acked TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AttemptNo INT NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        Status NVARCHAR(16) NOT NULL,
+        NextAttemptUtc DATETIME2(3) NULL
+    );
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION MarkFailed;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        WITH Outcome AS (
+            SELECT
+                q.ID,
+                q.AccountName,
+                q.Status,
+                q.ThreadLock,
+                q.VisibleAtUtc,
+                q.AttemptsRemaining,
+                q.AttemptCount,
+                q.DateProcessed,
+                q.LastError,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN N'UnSent'
+                    WHEN @Disposition = N'Retry' AND q.AttemptsRemaining > 0 THEN N'UnSent'
+                    ELSE N'Failed'
+                END AS NewStatus,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN @WaitUntil
+                    WHEN @RetryAfterSeconds IS NOT NULL THEN DATEADD(SECOND, @RetryAfterSeconds, @Now)
+                    -- Exponential backoff with jitter; NEWID() gives each row its own.
+                    ELSE DATEADD(
+                        MILLISECOND,
+                        CAST(
+                            IIF(
+                                q.AttemptCount >= 8, 3600,
+                                30 * POWER(2, IIF(q.AttemptCount < 1, 0, q.AttemptCount - 1))
+                            )
+                            -- modulo before ABS: ABS(-2147483648) would overflow
+                            * (800 + ABS(CHECKSUM(NEWID()) % 401)) AS INT
+                        ),
+                        @Now
+                    )
+                END AS RetryAtUtc
+            FROM mailq.MailQueue AS q
+            INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+            WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
+        )
+
+        UPDATE o
+        SET
+            o.Status = o.NewStatus,
+            o.ThreadLock = NULL,
+            o.VisibleAtUtc = IIF(o.NewStatus = N'UnSent', o.RetryAtUtc, o.VisibleAtUtc),
+            -- Wait is not the mail's fault: its attempt is refunded.
+            o.AttemptsRemaining = o.AttemptsRemaining + IIF(@Disposition = N'Wait', 1, 0),
+            o.DateProcessed = @Now,
+            o.LastError = @Error
+        OUTPUT
+            inserted.ID,
+            inserted.AttemptCount,
+            inserted.AccountName,
+            inserted.Status,
+            IIF(inserted.Status = N'UnSent', inserted.VisibleAtUtc, NULL)
+        INTO @Acked (ID, AttemptNo, AccountName, Status, NextAttemptUtc)
+        FROM Outcome AS o;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = @Disposition,
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @Error
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @Disposition = N'Wait'
+            UPDATE s
+            SET
+                s.BlockedUntilUtc = IIF(s.BlockedUntilUtc > @WaitUntil, s.BlockedUntilUtc, @WaitUntil),
+                s.BlockReason = @Error
+            FROM mailq.SendingAccount AS s
+            WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION MarkFailed;
+        THROW;
+    END CATCH;
+
+    SELECT
+        a.ID,
+        a.Status,
+        a.NextAttemptUtc
+    FROM @Acked AS a
+    ORDER BY a.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UpsertSendingAccount: creates a sending account or changes its
+settings (and creates its rate budget row).  SMTP host and credentials are
+not stored: the worker's configuration maps the account name to them.
+Parameters:  @AccountName NVARCHAR(128), required
+             @DefaultFromAddress NVARCHAR(320), required: one bare address
+                        (the display name goes in @DefaultFromName)
+             @DefaultFromName NVARCHAR(200), optional
+             @PerMinuteLimit, @PerHourLimit, @PerDayLimit INT > 0, NULL = unlimited
+             @IsDefault BIT, default 0: 1 makes this the account EnqueueMail
+                        uses when @AccountName is NULL (the previous default is cleared)
+Result set:  none.
+Errors:      50142 @AccountName missing; 50103 a value over its size;
+             50102 @DefaultFromAddress invalid; 50143 a limit not positive.
+Transaction: joins the caller's via a savepoint, else opens its own.
+Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq',
+                 @DefaultFromAddress = N'noreply@example.com', @PerMinuteLimit = 20,
+                 @PerHourLimit = 500, @PerDayLimit = 5000, @IsDefault = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
+    @AccountName NVARCHAR(4000),
+    @DefaultFromAddress NVARCHAR(4000),
+    @DefaultFromName NVARCHAR(4000) = NULL,
+    @PerMinuteLimit INT = NULL,
+    @PerHourLimit INT = NULL,
+    @PerDayLimit INT = NULL,
+    @IsDefault BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @IsDefault = COALESCE(@IsDefault, 0);
+    IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50142, N'@AccountName is required.', 1;
+    IF LEN(@AccountName) > 128 OR LEN(@DefaultFromAddress) > 320 OR LEN(@DefaultFromName) > 200
+        THROW 50103, N'@AccountName (128), @DefaultFromAddress (320) or @DefaultFromName (200) is over its size.', 1;
+    IF @DefaultFromName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(13) + NCHAR(10) + N']%'
+        THROW 50105, N'@DefaultFromName contains CR or LF (header injection is refused).', 1;
+    IF
+        @DefaultFromAddress IS NULL
+        OR (SELECT COUNT(*) FROM mailq.ParseAddressList(@DefaultFromAddress)) <> 1
+        OR EXISTS (
+            SELECT 1
+            FROM mailq.ParseAddressList(@DefaultFromAddress) AS a
+            WHERE a.Problem IS NOT NULL OR a.DisplayName IS NOT NULL
+        )
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@DefaultFromAddress must be one valid address; got ''', LEFT(@DefaultFromAddress, 100), N'''.'
+        );
+        THROW 50102, @Msg, 1;
+    END;
+    IF @PerMinuteLimit <= 0 OR @PerHourLimit <= 0 OR @PerDayLimit <= 0
+        THROW 50143, N'@PerMinuteLimit, @PerHourLimit and @PerDayLimit must be positive, or NULL for no limit.', 1;
+
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0 BEGIN TRANSACTION;
+        ELSE SAVE TRANSACTION UpsertSendingAccount;
+
+        IF @IsDefault = 1
+            UPDATE a
+            SET a.IsDefault = 0
+            FROM mailq.SendingAccount AS a
+            WHERE a.IsDefault = 1 AND a.AccountName <> @AccountName;
+
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
+        IF EXISTS (
+            SELECT 1
+            FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK)
+            WHERE a.AccountName = @AccountName
+        )
+            UPDATE a
+            SET
+                a.DefaultFromAddress = LTRIM(RTRIM(@DefaultFromAddress)),
+                a.DefaultFromName = @DefaultFromName,
+                a.PerMinuteLimit = @PerMinuteLimit,
+                a.PerHourLimit = @PerHourLimit,
+                a.PerDayLimit = @PerDayLimit,
+                a.IsDefault = @IsDefault
+            FROM mailq.SendingAccount AS a
+            WHERE a.AccountName = @AccountName;
+        ELSE
+            INSERT INTO mailq.SendingAccount (
+                AccountName, DefaultFromAddress, DefaultFromName,
+                PerMinuteLimit, PerHourLimit, PerDayLimit, IsDefault
+            )
+            VALUES (
+                @AccountName, LTRIM(RTRIM(@DefaultFromAddress)), @DefaultFromName,
+                @PerMinuteLimit, @PerHourLimit, @PerDayLimit, @IsDefault
+            );
+
+        IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
+            INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
+
+        IF @TranCount = 0 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION UpsertSendingAccount;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0003') AND FilePath IN (
+    N'indexes/mailq.MailQueue.IX_MailQueue_Claim.sql',
+    N'functions/mailq.ParseAddressList.sql',
+    N'procedures/mailq.LockLeasedMail.sql',
+    N'procedures/mailq.EnqueueMail.sql',
+    N'procedures/mailq.ClaimMail.sql',
+    N'procedures/mailq.ReleaseMail.sql',
+    N'procedures/mailq.MarkSent.sql',
+    N'procedures/mailq.MarkFailed.sql',
+    N'procedures/mailq.UpsertSendingAccount.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0003', N'indexes/mailq.MailQueue.IX_MailQueue_Claim.sql', '4fe93c52d8692f98ca8439c0b0a5739965aa349a67f099cf306925b9b7f9b638'),
+    ('0003', N'functions/mailq.ParseAddressList.sql', 'fc32cb8caa04c6c8eeb6466c050652bd9917d72795419b3d2efec091944e51fe'),
+    ('0003', N'procedures/mailq.LockLeasedMail.sql', 'e9015d1a945d16c194a15465d2e4672953852c8da2664df13742a937a3698f52'),
+    ('0003', N'procedures/mailq.EnqueueMail.sql', '40417286ce18eb3bdc8d44d3f7bb625c83c4c1c3e7bcf66ec761d5ceb60b07c9'),
+    ('0003', N'procedures/mailq.ClaimMail.sql', 'b80232e24fa25cde9d3d6888f71a54c69e0a44d1906f142cac8e5fa17b9e1631'),
+    ('0003', N'procedures/mailq.ReleaseMail.sql', '8159d43f0fb6765a5a17d3f1b2f01cb5a157313b1f5fe2b59d79cf5aa3f66650'),
+    ('0003', N'procedures/mailq.MarkSent.sql', '144a0f3f7f17dbf0b02edf1cc350fa0b78702c68b73de19590fbba949a3bea4d'),
+    ('0003', N'procedures/mailq.MarkFailed.sql', '9587a4aab6afafdec4ac5632b1b87b88f514af4e7a1559be956c8c7d0486e116'),
+    ('0003', N'procedures/mailq.UpsertSendingAccount.sql', '15175184348c6ebe1e2e54f85b4bdb2722b5fbdb1b395ff51888a910fecd7625');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0003 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0003' WHERE dbo.mailq_alembic_version.version_num = '0002';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0003 -> 0004
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0005'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0003')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0004 upgrades a database at 0003; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF NOT EXISTS (
+    SELECT 1 FROM sys.databases
+    WHERE database_id = DB_ID() AND is_broker_enabled = 1
+)
+BEGIN
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(
+        N'Service Broker is not enabled in database ', QUOTENAME(DB_NAME()),
+        N'; delayed execution needs it. A DBA enables it with: ',
+        N'ALTER', N' DATABASE ', QUOTENAME(DB_NAME()), N' SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE; ',
+        N'this needs exclusive access to the database: WITH ROLLBACK IMMEDIATE rolls back ',
+        N'every open transaction of the other sessions in it and disconnects them. ',
+        N'(A database restored or attached as a copy may need NEW_BROKER instead, which ',
+        N'also ends every existing conversation.) To deploy the mail queue alone, run ',
+        N'mailq-db deploy -x broker=off (alembic -x broker=off upgrade head).'
+    );
+    THROW 50401, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = (
+    SELECT CAST(q.is_activation_enabled AS INT) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ'));
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = @Activation;
+IF @Activation = 1
+    ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.ProcessDelayQueue: activation procedure of dbo.DelayServiceQueue; runs due
+delayed tasks.  Service Broker starts it (EXECUTE AS OWNER, up to
+MAX_QUEUE_READERS copies); it loops until the queue stays empty for
+delay.Setting.ReceiveWaitMs, then returns.
+Parameters:  none.  Result sets: none.
+Messages:    DialogTimer (on a task's initiator handle): the delay, a retry's
+                 backoff or the watchdog lease has expired
+             MailqDelayRequest (on the target handle; body = task ID):
+                 a task with delay 0, to run at once
+             EndDialog, Error: end this side of the conversation; a task still
+                 pending on it is failed (BrokerError)
+Pattern:     DESIGN.md pattern (a), "receive, record, commit; then run":
+             1. one transaction RECEIVEs one message, moves the task to Running,
+                counts the attempt, sets the conversation timer to the lease
+                (the watchdog) and COMMITs.  Only our own bookkeeping runs in a
+                transaction that received a message, so no target can make it
+                roll back.  (Service Broker disables a queue after five
+                rollbacks in a row of transactions that received from it.)
+             2. the target runs in a transaction of its own, through
+                sp_executesql with the name built from catalog names
+                (QUOTENAME) and every value passed as a parameter.  A target
+                that throws or dooms its transaction (XACT_STATE() = -1) is
+                rolled back; one that commits or rolls back our transaction
+                itself raises 266 at its return (transaction count mismatch)
+                and is failed without retry, because its work may already be
+                committed; a slow one simply runs (nothing interrupts it).
+             3. a new transaction records the outcome: Done (receipt 1, the
+                conversation ends), or Retrying (a new conversation timer on the
+                same conversation: backoff RetryBaseSeconds * 4^(n-1), capped at
+                RetryMaxSeconds), or, after MaxAttempts runs, Failed (receipt 3,
+                the conversation ends).
+             Watchdog: while a task runs, its runner holds a session-owned
+             application lock named for the task, taken in step 1 before its
+             COMMIT (so no lease can expire between the commit and the lock).  When the lease timer fires
+             and the lock is free, the runner is gone (its session ended
+             mid-target): the attempt is failed (RunnerLost) and retried.  When
+             the lock is held, the runner is alive and slow: the lease is
+             extended and a Slow row is logged.
+             Timers longer than one day are chained: a timer never exceeds
+             86,400 s; when it fires early the task is re-armed for the rest.
+             If our own bookkeeping fails, its transaction is rolled back once
+             and the same message is received again in a fresh transaction
+             that only records the failure and ends the conversation, so no
+             message is ever rolled back twice by this procedure.
+Locks:       every transaction here takes the conversation group first (RECEIVE,
+             or BEGIN CONVERSATION TIMER in step 3), then the task row, the
+             same order as dbo.CancelDelayExecution.  DEADLOCK_PRIORITY HIGH:
+             in a deadlock with an application session, the application is
+             the victim, not a transaction that received a message.
+Errors:      none raised: failures go to delay.Log (docs/errors.md 503xx).
+Example:     started by Service Broker; to drain by hand: EXEC dbo.ProcessDelayQueue;
+*/
+CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET DEADLOCK_PRIORITY HIGH;
+
+    DECLARE
+        @Handle UNIQUEIDENTIFIER,
+        @MessageType SYSNAME,
+        @Body VARBINARY(MAX),
+        @Now DATETIME2(3),
+        @TaskID BIGINT,
+        @TaskHandle UNIQUEIDENTIFIER,
+        @TaskState NVARCHAR(16),
+        @TargetName NVARCHAR(400),
+        @NextRunAtUtc DATETIME2(3),
+        @LeaseUntilUtc DATETIME2(3),
+        @Attempts INT,
+        @Attempt INT,
+        @RemainingMs BIGINT,
+        @Timeout INT,
+        @Refusal INT,
+        @RefusalMessage NVARCHAR(400),
+        @SchemaName SYSNAME,
+        @ProcedureName SYSNAME,
+        @SPName NVARCHAR(200),
+        @Param1 NVARCHAR(200),
+        @Param2 NVARCHAR(200),
+        @Param3 NVARCHAR(200),
+        @Param4 NVARCHAR(200),
+        @Param5 NVARCHAR(200),
+        @Run BIT,
+        @Retryable BIT,
+        @Sql NVARCHAR(MAX),
+        -- The target contract: (@SPName, @Param1 ... @Param5 NVARCHAR(200)).
+        @ParameterList NVARCHAR(400) = CONCAT(
+            N'@SPName NVARCHAR(200), @Param1 NVARCHAR(200), @Param2 NVARCHAR(200), ',
+            N'@Param3 NVARCHAR(200), @Param4 NVARCHAR(200), @Param5 NVARCHAR(200)'
+        ),
+        @LockName NVARCHAR(255),
+        @LockResult INT,
+        @ErrorNumber INT,
+        @ErrorMessage NVARCHAR(4000),
+        @ErrorXml XML,
+        @StepErrorNumber INT,
+        @StepErrorMessage NVARCHAR(4000),
+        @Backoff BIGINT,
+        @Recorded BIT,
+        @Try INT,
+        @MaxAttempts INT,
+        @RetryBaseSeconds INT,
+        @RetryMaxSeconds INT,
+        @LeaseSeconds INT,
+        @ReceiveWaitMs INT;
+
+    DECLARE
+        @DialogTimer SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer',
+        @EndDialog SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog',
+        @BrokerError SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/Error',
+        @DelayRequest SYSNAME = N'MailqDelayRequest',
+        -- A conversation timer never exceeds one day; longer delays are chained.
+        @MaxTimerSeconds INT = 86400,
+        -- A timer that fires less than this before the due time counts as due
+        -- (timers have whole-second resolution).
+        @EarlyToleranceMs INT = 500;
+
+    WHILE 1 = 1
+    BEGIN
+        SELECT
+            @Handle = NULL,
+            @MessageType = NULL,
+            @Body = NULL,
+            @TaskID = NULL,
+            @TaskHandle = NULL,
+            @TaskState = NULL,
+            @Run = 0,
+            @MaxAttempts = 3,
+            @RetryBaseSeconds = 30,
+            @RetryMaxSeconds = 3600,
+            @LeaseSeconds = 600,
+            @ReceiveWaitMs = 5000;
+
+        SELECT
+            @MaxAttempts = s.MaxAttempts,
+            @RetryBaseSeconds = s.RetryBaseSeconds,
+            @RetryMaxSeconds = s.RetryMaxSeconds,
+            @LeaseSeconds = s.LeaseSeconds,
+            @ReceiveWaitMs = s.ReceiveWaitMs
+        FROM delay.Setting AS s
+        WHERE s.SettingId = 1;
+
+        ------------------------------------------------------------------
+        -- 1. Receive one message and do the bookkeeping; commit.
+        ------------------------------------------------------------------
+        SELECT @LockResult = -1, @LockName = NULL;  -- no run lock held yet
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- WAITFOR (RECEIVE ...), TIMEOUT: waits up to @ReceiveWaitMs
+            -- milliseconds for a message; no message means the reader exits.
+            -- RECEIVE locks the message's conversation group until COMMIT.
+            WAITFOR (
+                RECEIVE TOP (1)
+                    @Handle = conversation_handle,
+                    @MessageType = message_type_name,
+                    @Body = message_body
+                FROM dbo.DelayServiceQueue
+            ), TIMEOUT @ReceiveWaitMs;
+
+            IF @Handle IS NULL
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            SET @Now = SYSUTCDATETIME();
+
+            IF @MessageType = @DelayRequest
+                SET @TaskID = CAST(@Body AS BIGINT);
+            ELSE
+                SELECT @TaskID = t.TaskID
+                FROM delay.Task AS t
+                WHERE t.ConversationHandle = @Handle;
+
+            -- UPDLOCK: hold the row for this state transition, so a cancel or
+            -- another reader cannot move the task between our read and write.
+            -- ROWLOCK: one task, one row lock.
+            SELECT
+                @TaskState = t.TaskState,
+                @TaskHandle = t.ConversationHandle,
+                @TargetName = t.TargetName,
+                @NextRunAtUtc = t.NextRunAtUtc,
+                @LeaseUntilUtc = t.LeaseUntilUtc,
+                @Attempts = t.Attempts
+            FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+            WHERE t.TaskID = @TaskID;
+
+            IF @MessageType IN (@EndDialog, @BrokerError)
+            BEGIN
+                IF @MessageType = @BrokerError
+                BEGIN
+                    -- The body of an Error message is
+                    -- <Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error">
+                    --   <Code>n</Code><Description>text</Description></Error>
+                    -- (*: matches that namespace without declaring it.)
+                    SET @ErrorXml = CAST(@Body AS XML);
+                    SELECT
+                        @ErrorNumber = @ErrorXml.value('(/*:Error/*:Code)[1]', 'INT'),
+                        @ErrorMessage = @ErrorXml.value('(/*:Error/*:Description)[1]', 'NVARCHAR(4000)');
+                END;
+                ELSE
+                    SELECT
+                        @ErrorNumber = 50333,
+                        @ErrorMessage = N'the conversation was ended by its other side before the task finished';
+
+                IF @TaskState IN (N'Scheduled', N'Running', N'Retrying') AND @TaskHandle = @Handle
+                    -- Ends @Handle, the task's own conversation.
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'BrokerError',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+                ELSE
+                    -- The target side of a delay-0 dialog, or a conversation
+                    -- whose task is already final: just end this side.
+                    END CONVERSATION @Handle;
+            END;
+            ELSE IF @MessageType NOT IN (@DialogTimer, @DelayRequest)
+                -- Not ours (nothing else is in the contract): drop the conversation.
+                END CONVERSATION @Handle;
+            ELSE IF @TaskState IS NULL
+                -- No task (it was replaced or never recorded): nothing to run.
+                END CONVERSATION @Handle;
+            ELSE IF @TaskState IN (N'Done', N'Failed', N'Refused', N'Cancelled')
+            BEGIN
+                -- Final already.  A late timer ends its conversation; a late
+                -- DelayRequest leaves the target side to the EndDialog that
+                -- the initiator side's END CONVERSATION sent.
+                IF @MessageType = @DialogTimer
+                    END CONVERSATION @Handle;
+            END;
+            ELSE IF @MessageType = @DelayRequest AND @TaskState <> N'Scheduled'
+                -- A run already started through the task's own conversation.
+                SET @Run = 0;
+            ELSE IF @MessageType = @DialogTimer AND @TaskState = N'Running'
+            BEGIN
+                SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @LeaseUntilUtc);
+                IF @RemainingMs > @EarlyToleranceMs
+                BEGIN
+                    -- Early (chained or re-armed timer): wait for the rest of the lease.
+                    SET @Timeout = CASE
+                        WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                        ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                    END;
+                    BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                END;
+                ELSE
+                BEGIN
+                    -- The lease expired: is the runner alive?  It holds this
+                    -- session-owned lock for as long as the target runs; a
+                    -- session that ended released it.
+                    SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
+                    EXEC @LockResult = sys.sp_getapplock
+                        @Resource = @LockName,
+                        @LockMode = N'Exclusive',
+                        @LockOwner = N'Session',
+                        @LockTimeout = 0;
+
+                    IF @LockResult < 0
+                    BEGIN
+                        -- Alive and slow: extend the lease, never interrupt.
+                        UPDATE delay.Task
+                        SET LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                        WHERE TaskID = @TaskID;
+
+                        SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle)
+                        VALUES (
+                            @TaskID, N'Slow', @TargetName, @Attempts,
+                            CONCAT(N'attempt ', @Attempts, N' still running after its lease; lease extended by ',
+                                @LeaseSeconds, N' s'),
+                            @Handle
+                        );
+                    END;
+                    ELSE
+                    BEGIN
+                        EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+
+                        SET @ErrorMessage = CONCAT(
+                            N'attempt ', @Attempts, N' ended without reporting: its session ended while the target ran'
+                        );
+                        IF @Attempts < @MaxAttempts
+                        BEGIN
+                            SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
+                                * POWER(CAST(4 AS BIGINT), IIF(@Attempts > 10, 10, @Attempts - 1));
+                            SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
+
+                            UPDATE delay.Task
+                            SET
+                                TaskState = N'Retrying',
+                                NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
+                                LeaseUntilUtc = NULL,
+                                LastErrorNumber = 50331,
+                                LastErrorMessage = @ErrorMessage
+                            WHERE TaskID = @TaskID;
+
+                            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                            INSERT INTO delay.Log (
+                                TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                            )
+                            VALUES (@TaskID, N'RunnerLost', @TargetName, @Attempts, 50331, @ErrorMessage, @Handle);
+                        END;
+                        ELSE
+                            EXEC delay.FinishTask
+                                @TaskID = @TaskID,
+                                @TaskState = N'Failed',
+                                @EventName = N'RunnerLost',
+                                @ErrorNumber = 50331,
+                                @ErrorMessage = @ErrorMessage;
+                    END;
+                END;
+            END;
+            ELSE
+            BEGIN
+                -- Scheduled or Retrying, on its timer or its DelayRequest.
+                SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @NextRunAtUtc);
+                IF @MessageType = @DialogTimer AND @RemainingMs > @EarlyToleranceMs
+                BEGIN
+                    -- A chained timer of a delay longer than one day: re-arm for the rest.
+                    SET @Timeout = CASE
+                        WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                        ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                    END;
+                    BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                END;
+                ELSE
+                BEGIN
+                    -- Due.  Resolve the name again: the allow-list or the
+                    -- procedure may have changed since the row was scheduled.
+                    SELECT
+                        @Refusal = r.RefusalNumber,
+                        @RefusalMessage = r.RefusalMessage,
+                        @SchemaName = r.SchemaName,
+                        @ProcedureName = r.ProcedureName
+                    FROM delay.ResolveTarget(@TargetName) AS r;
+
+                    IF @Refusal IS NOT NULL
+                        EXEC delay.FinishTask
+                            @TaskID = @TaskID,
+                            @TaskState = N'Refused',
+                            @EventName = N'Refused',
+                            @ErrorNumber = @Refusal,
+                            @ErrorMessage = @RefusalMessage;
+                    ELSE
+                    BEGIN
+                        -- The values are read at run time, by the row's ID.
+                        SELECT
+                            @SPName = CAST(p.F108211 AS NVARCHAR(200)),
+                            @Param1 = CAST(p.F108212 AS NVARCHAR(200)),
+                            @Param2 = CAST(p.F108213 AS NVARCHAR(200)),
+                            @Param3 = CAST(p.F108214 AS NVARCHAR(200)),
+                            @Param4 = CAST(p.F108215 AS NVARCHAR(200)),
+                            @Param5 = CAST(p.F108216 AS NVARCHAR(200))
+                        FROM dbo.tabDIYTable12402 AS p
+                        WHERE p.ID = @TaskID;
+
+                        IF @@ROWCOUNT = 0
+                            EXEC delay.FinishTask
+                                @TaskID = @TaskID,
+                                @TaskState = N'Cancelled',
+                                @EventName = N'Cancelled',
+                                @ErrorNumber = 50332,
+                                @ErrorMessage = N'the platform row was deleted before the task ran';
+                        ELSE
+                        BEGIN
+                            -- The run lock is taken here, before this
+                            -- transaction commits the task as Running: a
+                            -- watchdog that fires between that commit and the
+                            -- target must find it held, or it would declare the
+                            -- runner lost and start a second run (spin found
+                            -- that race: models/delayexec.pml, delay-stale-runner).
+                            -- Session-owned, so the COMMIT below keeps it;
+                            -- released after step 3, or by the session's end.
+                            SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
+                            EXEC @LockResult = sys.sp_getapplock
+                                @Resource = @LockName,
+                                @LockMode = N'Exclusive',
+                                @LockOwner = N'Session',
+                                @LockTimeout = 0;
+                        END;
+
+                        IF @LockResult < 0 AND @LockName IS NOT NULL
+                        BEGIN
+                            -- A runner of an earlier attempt still holds the
+                            -- task: never run it twice at once.  Wait a lease.
+                            SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                            BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                            INSERT INTO delay.Log (
+                                TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle
+                            )
+                            VALUES (
+                                @TaskID, N'Slow', @TargetName, @Attempts,
+                                N'an earlier run of this task still holds its run lock; '
+                                + N'the next attempt waits a lease',
+                                @Handle
+                            );
+                        END;
+                        ELSE IF @LockName IS NOT NULL
+                        BEGIN
+                            SET @Attempt = @Attempts + 1;
+
+                            UPDATE delay.Task
+                            SET
+                                TaskState = N'Running',
+                                Attempts = @Attempt,
+                                SchemaName = @SchemaName,
+                                ProcedureName = @ProcedureName,
+                                FirstStartedAtUtc = ISNULL(FirstStartedAtUtc, @Now),
+                                LastStartedAtUtc = @Now,
+                                NextRunAtUtc = NULL,
+                                LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                            WHERE TaskID = @TaskID;
+
+                            -- The watchdog: on the task's own conversation
+                            -- (for a DelayRequest, @Handle is the target side).
+                            SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                            BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                            SET @Run = 1;
+                        END;
+                    END;
+                END;
+            END;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE();
+            -- The message goes back to the queue: one rollback of it.
+            IF XACT_STATE() <> 0
+                ROLLBACK TRANSACTION;
+            -- A run lock taken in this step survives the rollback (it is
+            -- session-owned): give it back, the task was not started.
+            IF @LockResult >= 0 AND @LockName IS NOT NULL
+                EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+            SET @LockResult = -1;
+
+            -- Nothing received (the queue itself failed, e.g. disabled): stop;
+            -- activation starts a reader again when the queue works.
+            IF @Handle IS NULL
+                RETURN;
+
+            -- Receive that message again in a fresh transaction that only
+            -- records the failure and ends the conversation, so it is never
+            -- rolled back a second time in a row by a retry of the same bug.
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                RECEIVE TOP (1) @Body = message_body
+                FROM dbo.DelayServiceQueue
+                WHERE conversation_handle = @Handle;
+
+                SET @ErrorMessage = CONCAT(
+                    N'dbo.ProcessDelayQueue failed on a ', @MessageType, N' message: ', @ErrorMessage
+                );
+
+                IF @TaskID IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM delay.Task AS t
+                    WHERE t.TaskID = @TaskID AND t.TaskState IN (N'Scheduled', N'Running', N'Retrying')
+                )
+                BEGIN
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'BrokerError',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+                    -- For a DelayRequest, @Handle is the target side; it ends
+                    -- when the EndDialog that FinishTask caused arrives.
+                END;
+                ELSE
+                BEGIN
+                    INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage, ConversationHandle)
+                    VALUES (@TaskID, N'BrokerError', @ErrorNumber, @ErrorMessage, @Handle);
+                    END CONVERSATION @Handle;
+                END;
+
+                COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- Twice in a row: stop this reader rather than spin.  The
+                -- message stays on the queue for a later reader.
+                RETURN;
+            END CATCH;
+
+            SET @Run = 0;
+        END CATCH;
+
+        IF @Run = 0
+            CONTINUE;
+
+        ------------------------------------------------------------------
+        -- 2. Run the target in its own transaction.
+        ------------------------------------------------------------------
+        -- This session holds the task's run lock since step 1 (session-owned:
+        -- it survives the target's COMMIT or ROLLBACK; released below, or by
+        -- the end of this session if it dies mid-target).
+        SELECT @ErrorNumber = NULL, @ErrorMessage = NULL, @Retryable = 1;
+
+        BEGIN
+            -- Built from the catalog's names (delay.ResolveTarget checked the
+            -- allow-list and the object's identity), each part QUOTENAMEd;
+            -- the six values are parameters, never part of the text.
+            SET @Sql = CONCAT(
+                N'EXEC ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName),
+                N' @SPName = @SPName, @Param1 = @Param1, @Param2 = @Param2,',
+                N' @Param3 = @Param3, @Param4 = @Param4, @Param5 = @Param5;'
+            );
+
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                EXEC sys.sp_executesql
+                    @Sql,
+                    @ParameterList,
+                    @SPName = @SPName,
+                    @Param1 = @Param1,
+                    @Param2 = @Param2,
+                    @Param3 = @Param3,
+                    @Param4 = @Param4,
+                    @Param5 = @Param5;
+
+                IF @@TRANCOUNT > 1
+                BEGIN
+                    -- Left a transaction of its own open (normally 266 is raised first).
+                    SELECT
+                        @ErrorNumber = 50335,
+                        @ErrorMessage = CONCAT(N'the target left ', @@TRANCOUNT - 1, N' transaction(s) open');
+                    ROLLBACK TRANSACTION;
+                END;
+                ELSE IF @@TRANCOUNT = 1
+                    COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE();
+                -- Doomed (-1) or not (1): the target's work is undone as a whole.
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- 266: the target committed or rolled back the transaction
+                -- opened for it; what it did may be committed, so it is not
+                -- run again.
+                IF @ErrorNumber = 266
+                    SELECT
+                        @Retryable = 0,
+                        @ErrorMessage = CONCAT(
+                            N'the target committed or rolled back the transaction opened for it ',
+                            N'(its work may be committed; not retried): ', @ErrorMessage
+                        );
+            END CATCH;
+        END;
+
+        ------------------------------------------------------------------
+        -- 3. Record the outcome in a new transaction (retried on deadlock).
+        ------------------------------------------------------------------
+        SELECT @Recorded = 0, @Try = 0;
+        WHILE @Recorded = 0 AND @Try < 3
+        BEGIN
+            SET @Try += 1;
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                -- Conversation group first (BEGIN CONVERSATION TIMER locks it),
+                -- then the task row: the lock order of step 1.  It also keeps
+                -- the watchdog armed until the outcome is committed.
+                SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                SET @TaskState = NULL;
+                -- UPDLOCK, ROWLOCK: as in step 1.
+                SELECT
+                    @TaskState = t.TaskState,
+                    @Attempts = t.Attempts
+                FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+                WHERE t.TaskID = @TaskID;
+
+                SET @Now = SYSUTCDATETIME();
+
+                IF @TaskState IS NULL OR @TaskState <> N'Running' OR @Attempts <> @Attempt
+                BEGIN
+                    -- Finished meanwhile (a broker Error) or the row is gone: keep that outcome.
+                    IF @ErrorNumber IS NOT NULL
+                        INSERT INTO delay.Log (
+                            TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                        )
+                        VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
+                END;
+                ELSE IF @ErrorNumber IS NULL
+                    EXEC delay.FinishTask @TaskID = @TaskID, @TaskState = N'Done';
+                ELSE IF @Retryable = 1 AND @Attempt < @MaxAttempts
+                BEGIN
+                    SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
+                        * POWER(CAST(4 AS BIGINT), IIF(@Attempt > 10, 10, @Attempt - 1));
+                    SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
+
+                    UPDATE delay.Task
+                    SET
+                        TaskState = N'Retrying',
+                        NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
+                        LeaseUntilUtc = NULL,
+                        LastErrorNumber = @ErrorNumber,
+                        LastErrorMessage = @ErrorMessage
+                    WHERE TaskID = @TaskID;
+
+                    -- Replaces the lease: the retry is a new timer on the same conversation.
+                    BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                    INSERT INTO delay.Log (
+                        TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                    )
+                    VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
+                END;
+                ELSE
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'GaveUp',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+
+                COMMIT TRANSACTION;
+                SET @Recorded = 1;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- 1205: deadlock victim, try again.  Anything else (e.g. the
+                -- conversation was ended by a broker Error meanwhile): stop
+                -- trying; the task's state already says what happened, or the
+                -- lease timer will find it Running with no runner.
+                IF @StepErrorNumber <> 1205 OR @Try >= 3
+                BEGIN
+                    SET @Try = 3;
+                    BEGIN TRY
+                        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage)
+                        VALUES (
+                            @TaskID, N'BrokerError', @TargetName, @Attempt, @StepErrorNumber,
+                            CONCAT(N'the outcome of attempt ', @Attempt, N' could not be recorded: ', @StepErrorMessage)
+                        );
+                    END TRY
+                    BEGIN CATCH
+                        -- Best effort: the lease timer still covers the task.
+                        SET @Recorded = 0;
+                    END CATCH;
+                END;
+            END CATCH;
+        END;
+
+        IF @LockResult >= 0
+            EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0004') AND FilePath IN (
+    N'broker/dbo.ProcessDelayQueue.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0004', N'broker/dbo.ProcessDelayQueue.sql', '1f903bbe920d6a85660dd46039e988540ac06318939c7dc253f2e1499a23a8a7');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Readers INT = (SELECT TRY_CONVERT(INT, Value) FROM dbo.mailq_deployment_option WHERE Name = N'readers');
+IF @Readers BETWEEN 1 AND 32767 AND EXISTS (SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL
+    AND q.max_readers <> @Readers)
+BEGIN
+    DECLARE @Sql NVARCHAR(400) = CONCAT(N'ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION ',
+        N'(MAX_QUEUE_READERS = ', @Readers, N')');  -- an INT: nothing to inject
+    EXEC sys.sp_executesql @Sql;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = CAST(SESSION_CONTEXT(N'mailq_db.activation') AS INT);
+IF @Activation IS NOT NULL AND EXISTS (
+    SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL)
+BEGIN
+    IF @Activation = 1
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);
+    ELSE
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+END;
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = NULL;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0004 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0004' WHERE dbo.mailq_alembic_version.version_num = '0003';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0004 -> 0005
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0005'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0004')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0005 upgrades a database at 0004; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_ClaimByAccount serves mailq.ClaimMail: one seek per sending
+account that may send now, whatever else is queued.
+
+Keys (AccountName, Priority DESC, VisibleAtUtc, ID), filtered to the
+claimable statuses (UnSent, Sending), so a sent backlog of millions costs it
+nothing.  ClaimMail drives the claim from the accounts that have budget left,
+are not blocked and that the worker serves (@AccountNames), and reads each
+of them through CROSS APPLY:
+    SELECT TOP (cap) ... WITH (INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK,
+                               READPAST, UPDLOCK, ROWLOCK)
+    WHERE AccountName = a.AccountName
+      AND Status IN (N'UnSent', N'Sending')          -- implies the filter
+      AND Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+      AND VisibleAtUtc <= @Now
+    ORDER BY Priority DESC, VisibleAtUtc, ID
+Expected plan: Nested Loops (outer: the table variable of accounts, one row
+per account with budget) over Top (cap) <- Sequence Project <- Index Seek on
+this index with ten seek ranges per account (AccountName = a AND Priority = p
+AND VisibleAtUtc <= @Now), read in key order: rows come out in ORDER BY order,
+no Sort below the Top, and the Top stops each seek after `cap` rows.  Above
+the apply: a TopN Sort of at most max(batch, accounts) rows (the fair share,
+see ClaimMail), a Clustered Index Seek by ID for the UPDATE.  Rows of an
+account that is out of budget, blocked or not served are never read: its
+key range is never sought.  Logical reads per claim are
+    accounts with budget x (index depth + 10 ranges) + rows claimed,
+and key locks per statement at most 2 x @BatchSize on this index (the rows
+read, and the new key of each row claimed; far below
+the 5,000 locks per statement and index at which SQL Server escalates; see
+"Lock escalation" in Microsoft's reference: the threshold counts locks one
+statement takes on one index or table).
+
+INCLUDE (AppName, AttemptsRemaining, ExpiresAtUtc) covers ClaimMail's
+residual predicates (application filter, attempts left, not expired) without
+a lookup.  Rows that fail them are read past until mailq.FinalizeMail (or the
+application's own worker) moves them: expired and out-of-attempts mail is
+finalized in bounded batches on a timer, so that cost stays small.
+
+ALLOW_PAGE_LOCKS stays ON (the default; IX_MailQueue_Claim had it OFF):
+ClaimMail's ROWLOCK hint already keeps READPAST at row grain, and with page
+locks disallowed ALTER INDEX ... REORGANIZE fails, which breaks the index
+maintenance DBAs run (e.g. Ola Hallengren's IndexOptimize).
+
+ONLINE = ON where the edition supports online index operations (Enterprise,
+Developer, Evaluation; Azure SQL Database and Managed Instance: engine
+editions 3, 5, 8), so that building it on a deployed queue does not block
+enqueues and claims; other editions build it offline (Standard refuses
+ONLINE = ON with error 1712 when the statement runs, so the branch not taken
+is harmless).  The filter and INCLUDE columns hold no LOB, which online
+builds of nonclustered indexes require.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_ClaimByAccount' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    IF CAST(SERVERPROPERTY('EngineEdition') AS INT) IN (3, 5, 8)
+        CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByAccount
+        ON mailq.MailQueue (AccountName ASC, Priority DESC, VisibleAtUtc ASC, ID ASC)
+        INCLUDE (AppName, AttemptsRemaining, ExpiresAtUtc)
+        WHERE Status IN (N'UnSent', N'Sending')
+        WITH (ONLINE = ON);
+    ELSE
+        CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByAccount
+        ON mailq.MailQueue (AccountName ASC, Priority DESC, VisibleAtUtc ASC, ID ASC)
+        INCLUDE (AppName, AttemptsRemaining, ExpiresAtUtc)
+        WHERE Status IN (N'UnSent', N'Sending');
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_Finalize serves mailq.FinalizeMail's first statement: mails
+that have no attempt left and whose lease expired (the worker holding the
+last attempt died or stalled) become Failed.
+
+Keys (VisibleAtUtc, ID), filtered to Status IN (UnSent, Sending) AND
+AttemptsRemaining = 0: the index holds only mails on their last attempt
+(at most the mails in flight, plus the dead ones waiting for finalization).
+Expected plan: Index Seek (VisibleAtUtc <= @Now), Top (@BatchSize), Clustered
+Index Seek for the UPDATE; reads and locks proportional to @BatchSize.
+ONLINE = ON where the edition allows it (see IX_MailQueue_ClaimByAccount).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_Finalize' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    IF CAST(SERVERPROPERTY('EngineEdition') AS INT) IN (3, 5, 8)
+        CREATE NONCLUSTERED INDEX IX_MailQueue_Finalize
+        ON mailq.MailQueue (VisibleAtUtc ASC, ID ASC)
+        WHERE Status IN (N'UnSent', N'Sending') AND AttemptsRemaining = 0
+        WITH (ONLINE = ON);
+    ELSE
+        CREATE NONCLUSTERED INDEX IX_MailQueue_Finalize
+        ON mailq.MailQueue (VisibleAtUtc ASC, ID ASC)
+        WHERE Status IN (N'UnSent', N'Sending') AND AttemptsRemaining = 0;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_Expiry serves mailq.FinalizeMail's second statement: queued
+mails whose ExpiresAtUtc passed become Expired, whatever their account (also
+accounts that are blocked or that no worker serves).
+
+Keys (ExpiresAtUtc, ID), INCLUDE (VisibleAtUtc), filtered to
+Status IN (UnSent, Sending) AND ExpiresAtUtc IS NOT NULL: only queued mail
+that has an expiry.  Expected plan: Index Seek (ExpiresAtUtc <= @Now),
+residual "UnSent, or Sending with an expired lease" (a live lease is left to
+its worker), Top (@BatchSize), Clustered Index Seek for the UPDATE.
+ONLINE = ON where the edition allows it (see IX_MailQueue_ClaimByAccount).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_Expiry' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    IF CAST(SERVERPROPERTY('EngineEdition') AS INT) IN (3, 5, 8)
+        CREATE NONCLUSTERED INDEX IX_MailQueue_Expiry
+        ON mailq.MailQueue (ExpiresAtUtc ASC, ID ASC)
+        INCLUDE (VisibleAtUtc)
+        WHERE Status IN (N'UnSent', N'Sending') AND ExpiresAtUtc IS NOT NULL
+        WITH (ONLINE = ON);
+    ELSE
+        CREATE NONCLUSTERED INDEX IX_MailQueue_Expiry
+        ON mailq.MailQueue (ExpiresAtUtc ASC, ID ASC)
+        INCLUDE (VisibleAtUtc)
+        WHERE Status IN (N'UnSent', N'Sending') AND ExpiresAtUtc IS NOT NULL;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_Claim (keys Priority DESC, VisibleAtUtc, ID) served the claim
+up to revision 0004.  Its seek read, and U-locked, every due row ranked
+ahead of the claimable ones (accounts out of budget, blocked, not served,
+other applications), so a claim's cost grew with the backlog that could not
+be sent (issue 10, point 1).  Revision 0005 replaces it with
+IX_MailQueue_ClaimByAccount (created just before this file runs) and drops
+it here.  No claim ever runs without an index: a revision is one transaction
+(alembic/env.py, transaction_per_migration), and DROP INDEX holds its
+schema-modification lock on mailq.MailQueue until that transaction commits,
+together with the new mailq.ClaimMail, which never names the old index.
+mailq.OldestDueMail (Status = N'UnSent') is served by the new index, whose
+filter its predicate implies.  Downgrading 0005 re-creates the old index from
+revision 0003's copy.
+*/
+IF EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_Claim' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+    DROP INDEX IX_MailQueue_Claim ON mailq.MailQueue;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its cost
+is bounded by the batch and the number of accounts that can send now, never
+by the backlog that cannot be sent (issue 10, point 1).
+
+Claimable: UnSent and due, or Sending with an expired lease (its worker died
+or stalled): VisibleAtUtc <= now in both cases; with an attempt left and not
+past ExpiresAtUtc.  Mail past its expiry or out of attempts is never taken
+here: mailq.FinalizeMail moves it to Expired/Failed in bounded batches, so
+every row this procedure takes is returned to the worker.
+
+How (a small fixed number of statements in one transaction):
+ 1. Accounts: the sending accounts the worker serves (@AccountNames), that
+    are not blocked (BlockedUntilUtc), with what is left of their rate budget.
+    Budget rows are read WITH (UPDLOCK, READPAST, ROWLOCK): an account whose
+    budget another claimer holds is skipped for this claim, never waited on.
+    The clock (@Now) is read AFTER those locks are held, and a stored window
+    start later than @Now's window is kept (windows never move backwards), so
+    the mails charged to any window never exceed the account's limit, also
+    with claimers racing at a window boundary (issue 10, point 6; spin model
+    models/mailqueue.pml -DRATE).  Accounts without budget are dropped.  With
+    more such accounts than @BatchSize, those without claimable mail are
+    dropped (one row-free EXISTS probe each) and @BatchSize of the rest are
+    drawn at random per claim (so no account starves and the lock bound
+    below holds).
+ 2. Passes (at most 3): one UPDATE each, driven by those accounts: CROSS APPLY
+    a per-account TOP (cap) on IX_MailQueue_ClaimByAccount (FORCESEEK), in
+    Priority DESC, VisibleAtUtc, ID order; then TOP (slots left) over those
+    rows in round-robin order (each account's 1st mail, then each one's 2nd,
+    ...; within a turn highest Priority, then oldest due, then ID).
+    Fair share: cap = least of the account's remaining budget and
+    FLOOR(slots left / accounts still open), at least 1.  An account that
+    yields fewer rows than its cap is drained; the next pass shares the slots
+    left among the others (max-min fairness).  Within one account the DESIGN.md order
+    holds exactly (highest Priority first, then oldest due, within what can
+    be sent); across accounts the batch is shared, because each account
+    sends over its own connection and budget.  With one account (the common
+    case) the batch is exactly the global order.
+ 3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
+    open one attempt per claimed mail; commit; return the mails.
+Expected plan of a pass (header of IX_MailQueue_ClaimByAccount): Table Scan
+of @Acct (a few rows) -> Nested Loops -> per account Top (Cap) <- Sequence
+Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten ranges:
+AccountName = a, Priority = p, VisibleAtUtc <= @Now; residual AppName,
+AttemptsRemaining, ExpiresAtUtc); above the loop a TopN Sort of at most
+(slots + accounts) rows by Turn; Clustered Index Seek by ID for the UPDATE
+(Clustered Index Update maintains the indexes).  No scan of mailq.MailQueue,
+no Sort below a per-account Top, nothing that reads a non-driving account.
+Bounds per pass statement: rows read (and U-locked) on
+IX_MailQueue_ClaimByAccount <= max(slots left, accounts open) <= @BatchSize;
+at most @BatchSize rows updated, each also taking the key lock of its new
+position in the index: <= 2 x @BatchSize key locks on the index, <=
+@BatchSize on the clustered index (2,000 at the largest batch, 100 at the
+worker's default of 50), never near the 5,000 locks per statement and index
+that trigger lock escalation (Microsoft, "Lock escalation": the threshold
+counts one statement's locks on one index or table).  Limits: an isolated worker (@AppName) reads past
+due mail of OTHER applications on the same account, and every claim reads
+past expired / out-of-attempts mail not yet finalized; both are residual
+predicates on the seek (covered by INCLUDE, no lookup).
+
+Parameters:  @BatchSize    INT 1-1000, default 10
+             @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
+                           this batch; every acknowledgement must present it
+             @LeaseSeconds INT 1-3600, default 300
+             @AppName      NULL (default): claim every application's mail
+                           (competing); a name: only that application's mail (isolated)
+             @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
+             @AccountNames NULL (default): every account; else a JSON array of
+                           the account names this worker can send for (a worker
+                           without credentials for an account never claims its mail)
+Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
+                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
+                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp
+             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
+Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
+             50132 @LeaseSeconds out of range; 50103 a name over its size;
+             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails in distributed transactions,
+             error 627).  An error rolls back what it opened; inside a
+             caller's transaction XACT_ABORT dooms that transaction and the
+             caller must roll it back.  The result sets are read after the
+             claim's statements (the rows are leased to @LockToken).
+Isolation:   sets READ COMMITTED itself (READPAST is refused under
+             SERIALIZABLE and SNAPSHOT, error 650, and REPEATABLE READ would
+             keep every lock it reads; a level set inside a procedure
+             reverts when it returns).  Under READ_COMMITTED_SNAPSHOT the claim's reads still
+             lock: UPDLOCK makes them locking reads of the latest committed
+             rows (Microsoft's "Table hints": UPDLOCK, READPAST).
+Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
+             mailq.MailQueue (U -> X), mailq.MailAttempt (X): the order of
+             every mail-queue procedure that touches several of them.
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
+                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimMail
+    @BatchSize INT = 10,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300,
+    @AppName NVARCHAR(4000) = NULL,
+    @WorkerName NVARCHAR(4000) = NULL,
+    @AccountNames NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 10);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50130, @Msg, 1;
+    END;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: a new GUID per claimed batch.', 1;
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+    IF LEN(@AppName) > 128 OR LEN(@WorkerName) > 128
+        THROW 50103, N'@AppName and @WorkerName are limited to 128 characters.', 1;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50115, @Msg, 1;
+    END;
+
+    -- Separate statements, not one OR: the order in which SQL Server
+    -- evaluates ISJSON() and OPENJSON in one predicate is not guaranteed.
+    DECLARE @AccountsOk BIT = 1;
+    IF @AccountNames IS NOT NULL
+    BEGIN
+        IF ISJSON(@AccountNames) = 0 OR LEFT(LTRIM(@AccountNames), 1) <> N'['
+            SET @AccountsOk = 0;
+        ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@AccountNames) AS j WHERE j.[type] <> 1)
+            SET @AccountsOk = 0;
+    END;
+    IF @AccountsOk = 0
+        THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
+
+    DECLARE @Served TABLE (AccountName NVARCHAR(128) NOT NULL PRIMARY KEY);
+    IF @AccountNames IS NOT NULL
+        INSERT INTO @Served (AccountName)
+        SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
+        FROM OPENJSON(@AccountNames) AS j
+        WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
+
+    DECLARE @Now DATETIME2(3);
+    DECLARE @LeaseUntil DATETIME2(3);
+    DECLARE @MinuteStart DATETIME2(0);
+    DECLARE @HourStart DATETIME2(0);
+    DECLARE @DayStart DATETIME2(0);
+
+    -- The accounts that drive the claim.  Remaining: what the account may
+    -- still take in this claim; Taken: claimed so far; Cap: this pass's
+    -- per-account TOP; IsOpen: may take more in a later pass.
+    DECLARE @Acct TABLE (
+        AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        IsLimited BIT NOT NULL,
+        BlockedUntilUtc DATETIME2(3) NULL,
+        PerMinuteLimit INT NULL,
+        PerHourLimit INT NULL,
+        PerDayLimit INT NULL,
+        MinuteStartUtc DATETIME2(0) NULL,
+        MinuteCount INT NULL,
+        HourStartUtc DATETIME2(0) NULL,
+        HourCount INT NULL,
+        DayStartUtc DATETIME2(0) NULL,
+        DayCount INT NULL,
+        Remaining INT NOT NULL DEFAULT (0),
+        Taken INT NOT NULL DEFAULT (0),
+        Cap INT NOT NULL DEFAULT (0),
+        IsOpen BIT NOT NULL DEFAULT (1)
+    );
+    DECLARE @Claimed TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AccountName NVARCHAR(128) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AttemptNo INT NOT NULL,
+        Pass INT NOT NULL
+    );
+    DECLARE @Pass INT = 0;
+    DECLARE @Left INT = @BatchSize;
+    DECLARE @Open INT;
+    DECLARE @Share INT;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- Accounts without limits: no budget to take, so no lock either.
+        -- A plain read: under READ_COMMITTED_SNAPSHOT it sees the last
+        -- committed BlockedUntilUtc, which is all a claim needs.
+        INSERT INTO @Acct (AccountName, IsLimited, BlockedUntilUtc)
+        SELECT a.AccountName, 0, a.BlockedUntilUtc
+        FROM mailq.SendingAccount AS a
+        WHERE
+            a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- Accounts with limits, and their budget rows.
+        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
+        --           cannot both spend the same remainder (a locking read also
+        --           under READ_COMMITTED_SNAPSHOT);
+        -- READPAST: a budget row held by another claimer is skipped (that
+        --           account's mail waits for the next claim), never waited on;
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page.
+        INSERT INTO @Acct (
+            AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
+            MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
+        )
+        SELECT
+            a.AccountName, 1, a.BlockedUntilUtc, a.PerMinuteLimit, a.PerHourLimit, a.PerDayLimit,
+            b.MinuteStartUtc, b.MinuteCount, b.HourStartUtc, b.HourCount, b.DayStartUtc, b.DayCount
+        FROM mailq.SendingAccount AS a
+        INNER JOIN mailq.RateBudget AS b WITH (UPDLOCK, READPAST, ROWLOCK)
+            ON a.AccountName = b.AccountName
+        WHERE
+            (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- The clock, read while the budget rows are held: every claimer of an
+        -- account reads it under the same lock, one after the other.
+        SET @Now = SYSUTCDATETIME();
+        SET @LeaseUntil = DATEADD(SECOND, @LeaseSeconds, @Now);
+        SET @MinuteStart = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
+        SET @HourStart = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
+        SET @DayStart = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
+
+        DELETE FROM @Acct WHERE BlockedUntilUtc > @Now;
+
+        -- Windows never move backwards: a stored window that starts at or
+        -- after ours is the current one and its count applies (a clock read
+        -- earlier, or a clock set back, cannot reopen a spent window).
+        UPDATE a
+        SET a.Remaining = IIF(
+            a.IsLimited = 0,
+            @BatchSize,
+            (
+                SELECT MIN(w.Remaining)
+                FROM (
+                    VALUES
+                    (COALESCE(a.PerMinuteLimit - IIF(a.MinuteStartUtc >= @MinuteStart, a.MinuteCount, 0), @BatchSize)),
+                    (COALESCE(a.PerHourLimit - IIF(a.HourStartUtc >= @HourStart, a.HourCount, 0), @BatchSize)),
+                    (COALESCE(a.PerDayLimit - IIF(a.DayStartUtc >= @DayStart, a.DayCount, 0), @BatchSize))
+                ) AS w(Remaining)
+            )
+        )
+        FROM @Acct AS a;
+
+        DELETE FROM @Acct WHERE Remaining <= 0;
+        UPDATE @Acct SET Remaining = @BatchSize WHERE Remaining > @BatchSize;
+
+        -- More accounts than slots: keep the accounts that have claimable
+        -- mail now (one row-free probe per account on the same index), then
+        -- @BatchSize of them drawn at random per claim, so every account gets
+        -- its turn and a pass never seeks more than @BatchSize accounts.
+        --   READPAST, READCOMMITTEDLOCK: a locking read that skips rows other
+        --   claimers hold (an account whose claimable rows are all held has
+        --   nothing for us) and takes no lock it keeps; also under RCSI.
+        IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+        BEGIN
+            DELETE FROM d
+            FROM @Acct AS d
+            WHERE NOT EXISTS (
+                SELECT 1
+                FROM mailq.MailQueue AS k WITH (
+                    INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                )
+                WHERE
+                    k.AccountName = d.AccountName
+                    AND k.Status IN (N'UnSent', N'Sending')
+                    AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                    AND k.VisibleAtUtc <= @Now
+                    AND k.AttemptsRemaining > 0
+                    AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    AND (@AppName IS NULL OR k.AppName = @AppName)
+            );
+            IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+                DELETE FROM d
+                FROM @Acct AS d
+                WHERE d.AccountName NOT IN (
+                    SELECT TOP (@BatchSize) r.AccountName FROM @Acct AS r ORDER BY NEWID()
+                );
+        END;
+
+        -- 3. The claim: up to three passes, one UPDATE each (see the header).
+        WHILE @Pass < 3 AND @Left > 0
+        BEGIN
+            SET @Pass += 1;
+            SELECT @Open = COUNT(*) FROM @Acct WHERE IsOpen = 1 AND Remaining > Taken;
+            IF @Open = 0 BREAK;
+            -- FLOOR, at least 1: the caps never add up to more than the slots
+            -- left (or one row per open account), which bounds the rows read.
+            SET @Share = IIF(@Left / @Open < 1, 1, @Left / @Open);
+            UPDATE @Acct
+            SET Cap = IIF(
+                IsOpen = 1 AND Remaining > Taken,
+                IIF(Remaining - Taken < @Share, Remaining - Taken, @Share),
+                0
+            );
+
+            UPDATE q
+            SET
+                q.Status = N'Sending',
+                q.ThreadLock = @LockToken,
+                q.VisibleAtUtc = @LeaseUntil,
+                q.AttemptsRemaining = q.AttemptsRemaining - 1,
+                q.AttemptCount = q.AttemptCount + 1,
+                -- A lease that expired may hide a mail the dead worker already
+                -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+                q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate)
+            OUTPUT
+                inserted.ID,
+                inserted.AccountName,
+                deleted.Status,
+                deleted.ThreadLock,
+                inserted.AttemptCount,
+                @Pass
+            INTO @Claimed (ID, AccountName, OldStatus, OldLockToken, AttemptNo, Pass)
+            -- Target row by its clustered key.  READPAST: a row another
+            -- session holds (e.g. an acknowledgement of an expired lease in
+            -- flight) is skipped instead of waited on, which also rules out a
+            -- deadlock between our index-key U lock and its clustered X lock.
+            FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
+            INNER JOIN (
+                SELECT TOP (@Left) c.ID
+                FROM @Acct AS a
+                CROSS APPLY (
+                    -- One ordered seek per account (ten ranges, one per
+                    -- priority, already in ORDER BY order: no Sort, the TOP
+                    -- stops it after Cap rows).
+                    --   INDEX + FORCESEEK: the plan of the index's header,
+                    --     never a scan, whatever the statistics say;
+                    --   READPAST: skip rows other workers hold, never wait;
+                    --   UPDLOCK:  claim while reading, so two workers can't
+                    --     take one row (and a locking read under RCSI);
+                    --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
+                    SELECT TOP (a.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = a.AccountName
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                        AND (@AppName IS NULL OR k.AppName = @AppName)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                WHERE a.Cap > 0
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
+            ) AS p ON q.ID = p.ID
+            WHERE
+                q.Status IN (N'UnSent', N'Sending')
+                AND q.VisibleAtUtc <= @Now
+                AND q.AttemptsRemaining > 0;
+
+            -- What this pass gave each account; an account that yielded fewer
+            -- rows than its cap has nothing more to claim now (drained).
+            UPDATE a
+            SET
+                a.Taken = a.Taken + COALESCE(n.Claimed, 0),
+                a.IsOpen = IIF(COALESCE(n.Claimed, 0) < a.Cap, 0, a.IsOpen)
+            FROM @Acct AS a
+            LEFT JOIN (
+                SELECT m.AccountName, COUNT(*) AS Claimed
+                FROM @Claimed AS m
+                WHERE m.Pass = @Pass
+                GROUP BY m.AccountName
+            ) AS n ON a.AccountName = n.AccountName
+            WHERE a.Cap > 0;
+
+            SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
+        END;
+
+        -- Charge the budget of limited accounts (rows already U-locked above).
+        -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
+        -- budget rows other claimers hold.  A stored window that is not older
+        -- than ours is kept: the window start never moves backwards.
+        UPDATE b
+        SET
+            b.MinuteCount = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteCount, 0) + a.Taken,
+            b.MinuteStartUtc = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteStartUtc, @MinuteStart),
+            b.HourCount = IIF(b.HourStartUtc >= @HourStart, b.HourCount, 0) + a.Taken,
+            b.HourStartUtc = IIF(b.HourStartUtc >= @HourStart, b.HourStartUtc, @HourStart),
+            b.DayCount = IIF(b.DayStartUtc >= @DayStart, b.DayCount, 0) + a.Taken,
+            b.DayStartUtc = IIF(b.DayStartUtc >= @DayStart, b.DayStartUtc, @DayStart)
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Acct AS a ON b.AccountName = a.AccountName
+        WHERE a.IsLimited = 1 AND a.Taken > 0;
+
+        -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
+        -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Abandoned',
+            t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Claimed AS c
+            ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
+        WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+        -- Open an attempt for each mail now leased.
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
+        FROM @Claimed AS c;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and its own CATCH rolls it back.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    SELECT
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.AppName,
+        q.FromName,
+        q.FromAddress,
+        q.ReplyTo,
+        q.ToAddress,
+        q.CC,
+        q.BCC,
+        q.Subject,
+        q.Body,
+        q.BodyFormat,
+        q.TextBody,
+        q.Headers,
+        q.Priority,
+        q.AttemptCount AS AttemptNo,
+        q.AttemptsRemaining,
+        q.VisibleAtUtc AS LeaseExpiresUtc,
+        q.PossibleDuplicate,
+        q.dtStamp
+    FROM mailq.MailQueue AS q
+    INNER JOIN @Claimed AS c ON q.ID = c.ID
+    WHERE q.ThreadLock = @LockToken
+    ORDER BY q.Priority DESC, q.ID ASC;
+
+    SELECT
+        a.MailID,
+        a.AttachmentNo,
+        a.FileName,
+        a.ContentType,
+        a.Content
+    FROM mailq.MailAttachment AS a
+    INNER JOIN @Claimed AS c ON a.MailID = c.ID
+    ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.FinalizeMail: moves queued mail that can never be sent to its final
+state, in small batches, so that the claim never has to (issue 10, point 2):
+  * out of attempts: UnSent/Sending, AttemptsRemaining = 0, lease expired
+    (the worker holding the last attempt died or stalled) -> Failed,
+    "No attempt left after an abandoned lease. Last error: ...";
+  * expired: UnSent (due or not), or Sending with an expired lease, whose
+    ExpiresAtUtc passed -> Expired.  A live lease is left to its worker.
+Whatever the account: blocked accounts and accounts no worker serves
+included (their mail expires as docs/guarantees.md promises).  A reclaimed
+lease is flagged PossibleDuplicate and its open attempt closed 'Abandoned',
+as ClaimMail does when it reclaims.  Out of attempts wins over expired.
+
+Each batch is one short transaction of at most @BatchSize mails per
+statement: a range seek on IX_MailQueue_Finalize / IX_MailQueue_Expiry, TOP,
+clustered seeks; reads and locks proportional to @BatchSize (far below the
+5,000 locks per statement that trigger lock escalation).  Batches repeat
+until one finds fewer than @BatchSize mails or @MaxBatches ran; the next
+call continues.  Workers call it on a timer (src/mailq_db/worker/loop.py,
+every 60 s); a SQL Agent job or an elastic job can call it instead (see
+docs/finalization.md).
+
+Parameters:  @BatchSize  INT 1-1000, default 200: mails per statement
+             @MaxBatches INT 1-1000, default 50: batches per call
+Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT
+             (1: the last batch was full; call again)
+Errors:      50150 @BatchSize out of range; 50151 @MaxBatches out of range;
+             50152 called inside a transaction.
+Transaction: must not be called inside a transaction (50152): each batch
+             commits on its own, which is what keeps it small.  An error
+             rolls back the batch under way (earlier batches stay) and is
+             re-raised.
+Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
+Lock order:  mailq.MailQueue (U -> X), then mailq.MailAttempt (X), as in
+             mailq.ClaimMail.
+Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
+*/
+CREATE OR ALTER PROCEDURE mailq.FinalizeMail
+    @BatchSize INT = 200,
+    @MaxBatches INT = 50
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 200);
+    SET @MaxBatches = COALESCE(@MaxBatches, 50);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50150, @Msg, 1;
+    END;
+    IF @MaxBatches NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxBatches must be 1-1000; got ', @MaxBatches, N'.');
+        THROW 50151, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50152, N'mailq.FinalizeMail commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Done TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        NewStatus NVARCHAR(16) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL
+    );
+    DECLARE @Now DATETIME2(3);
+    DECLARE @Failed INT = 0;
+    DECLARE @Expired INT = 0;
+    DECLARE @Rows INT;
+    DECLARE @ExpiredRows INT;
+    DECLARE @Batches INT = 0;
+    DECLARE @MoreLeft BIT = 0;
+
+    WHILE @Batches < @MaxBatches
+    BEGIN
+        SET @Batches += 1;
+        SET @Now = SYSUTCDATETIME();
+        DELETE FROM @Done;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- Out of attempts, lease expired.  IX_MailQueue_Finalize: range
+            -- seek on VisibleAtUtc <= @Now within its filter.
+            --   READPAST: skip rows others hold (a worker acknowledging its
+            --     last attempt right now), never wait on them;
+            --   UPDLOCK, ROWLOCK: row-grain update locks while reading.
+            WITH Dead AS (
+                SELECT TOP (@BatchSize)
+                    q.ID,
+                    q.Status,
+                    q.ThreadLock,
+                    q.PossibleDuplicate,
+                    q.DateProcessed,
+                    q.LastError
+                FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Finalize), READPAST, UPDLOCK, ROWLOCK)
+                WHERE
+                    q.Status IN (N'UnSent', N'Sending')
+                    AND q.AttemptsRemaining = 0
+                    AND q.VisibleAtUtc <= @Now
+                ORDER BY q.VisibleAtUtc ASC, q.ID ASC
+            )
+
+            UPDATE d
+            SET
+                d.Status = N'Failed',
+                d.ThreadLock = NULL,
+                d.PossibleDuplicate = IIF(d.Status = N'Sending', CAST(1 AS BIT), d.PossibleDuplicate),
+                d.DateProcessed = @Now,
+                d.LastError = LEFT(CONCAT(N'No attempt left after an abandoned lease. Last error: ', d.LastError), 4000)
+            OUTPUT inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken)
+            FROM Dead AS d;
+            SET @Rows = @@ROWCOUNT;
+            SET @Failed += @Rows;
+            -- (@Rows: the fuller of the two statements decides whether to go on)
+
+            -- Expired.  IX_MailQueue_Expiry: range seek on ExpiresAtUtc <=
+            -- @Now; a live lease (Sending, VisibleAtUtc in the future) is left
+            -- to its worker.  Same hints, same reasons.
+            WITH Late AS (
+                SELECT TOP (@BatchSize)
+                    q.ID,
+                    q.Status,
+                    q.ThreadLock,
+                    q.PossibleDuplicate,
+                    q.DateProcessed,
+                    q.LastError
+                FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Expiry), READPAST, UPDLOCK, ROWLOCK)
+                WHERE
+                    q.Status IN (N'UnSent', N'Sending')
+                    AND q.ExpiresAtUtc IS NOT NULL
+                    AND q.ExpiresAtUtc <= @Now
+                    AND (q.Status = N'UnSent' OR q.VisibleAtUtc <= @Now)
+                ORDER BY q.ExpiresAtUtc ASC, q.ID ASC
+            )
+
+            UPDATE l
+            SET
+                l.Status = N'Expired',
+                l.ThreadLock = NULL,
+                l.PossibleDuplicate = IIF(l.Status = N'Sending', CAST(1 AS BIT), l.PossibleDuplicate),
+                l.DateProcessed = @Now,
+                l.LastError = N'Expired before it could be sent (ExpiresAtUtc passed).'
+            OUTPUT inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken)
+            FROM Late AS l;
+            -- Read @@ROWCOUNT once: an assignment resets it.
+            SET @ExpiredRows = @@ROWCOUNT;
+            SET @Expired += @ExpiredRows;
+            IF @ExpiredRows > @Rows SET @Rows = @ExpiredRows;
+
+            -- Close the attempts of the leases given up (seek by mail ID).
+            UPDATE t
+            SET
+                t.EndedAtUtc = @Now,
+                t.Outcome = N'Abandoned',
+                t.ErrorText = IIF(
+                    d.NewStatus = N'Failed',
+                    N'Lease expired before the worker acknowledged; no attempt left.',
+                    N'Lease expired before the worker acknowledged; the mail expired.'
+                )
+            FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+            INNER JOIN @Done AS d
+                ON t.MailID = d.ID AND t.LockToken = d.OldLockToken
+            WHERE d.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+
+        IF @Rows < @BatchSize
+        BEGIN
+            SET @MoreLeft = 0;
+            BREAK;
+        END;
+        SET @MoreLeft = 1;
+    END;
+
+    SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants on mailq.FinalizeMail (revision 0005): sender workers run it on a
+timer, administrators and their jobs (SQL Agent, elastic jobs) may run it
+too.  A file of its own so that the role grant files stay as they were.
+*/
+GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0005') AND FilePath IN (
+    N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql',
+    N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql',
+    N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql',
+    N'indexes/mailq.MailQueue.IX_MailQueue_Claim.sql',
+    N'procedures/mailq.ClaimMail.sql',
+    N'procedures/mailq.FinalizeMail.sql',
+    N'security/MailqSender.finalize.grants.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0005', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql', 'e498dac56d8c2a97b1dccb8f668c966aa9e93ade96fb88c8915e293eebba78a1'),
+    ('0005', N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql', '722c68c1a3a3aee1360c4c8acf3c6160a8bb458c63a893734d637d00897192f2'),
+    ('0005', N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql', 'ae57b4d4be4d092896f5119811ec6d2da55a73501fec4ae934a5e9be8d15e641'),
+    ('0005', N'indexes/mailq.MailQueue.IX_MailQueue_Claim.sql', '8fca30cdbab6b99b8ab2f2ecc526b1e055833af30dc51a3195f540a121988ec2'),
+    ('0005', N'procedures/mailq.ClaimMail.sql', '572ffad19c609c47ba7ef60ad17d566dc84f86fe7de8fc120556ea3556db506e'),
+    ('0005', N'procedures/mailq.FinalizeMail.sql', 'd550579be553320bbdeffa95aefa3841e752c825bf655a3c910f406915b64fd0'),
+    ('0005', N'security/MailqSender.finalize.grants.sql', '9f61609392a2e4156e878c60502691a208e2a1ed21bc4e88e99247fcb4ae4b79');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0005 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0005' WHERE dbo.mailq_alembic_version.version_num = '0004';
+
+GO
+
+COMMIT;
+
+GO
+
+SET NOEXEC OFF;
+
+GO
+
+IF APPLOCK_MODE(N'public', N'mailq-db deploy', N'Session') = N'Exclusive'
+    EXEC sys.sp_releaseapplock @Resource = N'mailq-db deploy', @LockOwner = N'Session';
+
+GO
+

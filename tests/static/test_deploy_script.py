@@ -1,0 +1,258 @@
+"""Issue 12: the rendered script is safe wherever it runs, re-runnable,
+revision-checked, and rendered from validated options into a buffer.
+
+Each test reads the text `alembic upgrade|downgrade --sql` renders (no server)
+and fails on the script the package rendered before issue 12.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from mailq_db import deployment as d
+from mailq_db.devtools.scripts import batches, render
+from mailq_db.errors import ConfigurationError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def script() -> str:
+    return render("upgrade", "head")
+
+
+@pytest.fixture(scope="module")
+def downgrade() -> str:
+    return render("downgrade", "head:base")
+
+
+def revision_sections(script: str) -> dict[str, str]:
+    """Each revision's part of a script, keyed by the revision it reaches."""
+    parts = re.split(r"^-- Running (?:upgrade|downgrade) \S* ?-> (\S+)$", script, flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+# -- 1. safe outside sqlcmd -b -------------------------------------------------
+
+
+def test_script_opens_with_the_sqlcmd_mode_guard_and_on_error_exit(script):
+    before = script[: script.index("BEGIN TRANSACTION")]
+    lines = [ln for ln in before.splitlines() if ln.strip() and not ln.startswith("--")]
+    assert lines[0] == ":on error exit"
+    assert ':setvar __IsSqlCmdEnabled "True"' in lines
+    guard = batches(before)[1]
+    assert "IF N'$(__IsSqlCmdEnabled)' NOT LIKE N'True'" in guard and "SET NOEXEC ON" in guard
+
+
+def test_session_options_come_before_the_first_transaction(script):
+    before = script[: script.index("BEGIN TRANSACTION")]
+    assert "SET NOCOUNT, XACT_ABORT ON" in before
+    assert re.search(r"SET LOCK_TIMEOUT \d+", before)
+    for option in ("ANSI_NULLS", "ANSI_PADDING", "ANSI_WARNINGS", "ARITHABORT", "CONCAT_NULL_YIELDS_NULL",
+                   "QUOTED_IDENTIFIER"):
+        assert re.search(rf"SET [A-Z_, ]*\b{option}\b[A-Z_, ]* ON", before), option
+    assert "SET NUMERIC_ROUNDABORT OFF" in before
+
+
+@pytest.mark.parametrize("direction", ["upgrade", "downgrade"])
+def test_every_batch_of_a_revision_is_followed_by_the_transaction_guard(direction, script, downgrade):
+    text = script if direction == "upgrade" else downgrade
+    sections = revision_sections(text)
+    assert sections, "no revision rendered"
+    for rev, section in sections.items():
+        body = section.split("\nCOMMIT;")[0]
+        parts = batches(body)
+        # session options, then (work batch, guard) pairs, then Alembic's version row
+        work = parts[1:-1]
+        assert len(work) % 2 == 0, rev
+        guard = d.guard_batch(rev if direction == "upgrade" else d.revisions(ROOT)[d.revisions(ROOT).index(rev) + 1])
+        for i in range(0, len(work), 2):
+            assert work[i].rstrip(";") != guard, (rev, i)
+            assert work[i + 1].rstrip(";") == guard, (rev, work[i][:200])
+        assert "mailq_alembic_version" in parts[-1], rev
+
+
+def test_a_failed_revision_never_reaches_its_version_row(script):
+    """The batch right before each version INSERT/UPDATE is the guard."""
+    for match in re.finditer(r"^(INSERT INTO|UPDATE) dbo\.mailq_alembic_version", script, re.M):
+        previous = batches(script[: match.start()])[-1]
+        assert "failed and was rolled back" in previous and "SET NOEXEC ON" in previous
+
+
+def test_broker_revisions_check_the_broker_first_inside_their_transaction(script):
+    section = revision_sections(script)["0002"]
+    assert section.index("THROW 50401") < section.index("CREATE QUEUE")
+
+
+# -- 2. re-runnable, starting-revision check ---------------------------------
+
+
+def test_version_table_and_schemas_are_guarded(script):
+    assert ("IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NULL\nCREATE TABLE dbo.mailq_alembic_version"
+            in script)
+    code = d.strip_comments(script)
+    assert re.search(r"^\s*CREATE\s+SCHEMA\b", code, re.M | re.I) is None
+    for schema in ("mailq", "delay"):
+        assert f"IF SCHEMA_ID(N'{schema}') IS NULL\n    EXEC (N'CREATE SCHEMA {schema} AUTHORIZATION dbo')" in script
+
+
+def test_every_revision_checks_its_starting_revision_and_names_the_command(script):
+    sections = revision_sections(script)
+    previous = None
+    for rev in d.revisions(ROOT):
+        section = sections[rev]
+        expect = "@Rows = 0" if previous is None else f"@Rows = 1 AND @Current = '{previous}'"
+        check = section.index(f"IF NOT ({expect})")
+        assert section.index("THROW 50410", check) > check
+        assert "mailq-db deploy --sql --revision " in section
+        previous = rev
+
+
+def test_partial_script_checks_it_starts_where_the_database_is():
+    """A 0002:head script on a database at 0001 used to apply 0003-0004 and stay at 0001."""
+    partial = render("upgrade", "0002:head")
+    first = revision_sections(partial)
+    assert list(first)[0] == "0003"
+    assert "IF NOT (@Rows = 1 AND @Current = '0002')" in first["0003"]
+
+
+def test_rerun_at_head_is_a_no_op_and_rendering_is_deterministic(script):
+    """Rendering twice gives the same text, and its first revision skips the
+    whole rest of the script on a database already at head."""
+    again = render("upgrade", "head")
+    assert again == script
+    head = d.head_revision(ROOT)
+    first = revision_sections(script)["0001"]
+    noop = next(b for b in batches(first) if f"@Current = '{head}'" in b and "nothing to do" in b)
+    assert noop.index("ROLLBACK TRANSACTION") < noop.index("SET NOEXEC ON")
+    # Execution is switched back on only at the very end (SSMS keeps the setting).
+    assert batches(script)[-2].strip().rstrip(";") == "SET NOEXEC OFF"
+
+
+def test_downgrade_checks_the_revision_it_removes(downgrade):
+    assert "THROW 50411" in downgrade
+    assert "IF NOT (@Rows = 1 AND @Current = '0004')" in downgrade
+
+
+# -- 3. version table pinned to dbo --------------------------------------------
+
+
+def test_a_version_table_in_another_schema_is_moved_not_ignored(script):
+    before = script[: script.index("BEGIN TRANSACTION")]
+    check = before.index("THROW 50417")
+    assert "ALTER SCHEMA dbo TRANSFER" in before[:check]
+    assert "t.name = N'mailq_alembic_version' AND t.schema_id <> SCHEMA_ID(N'dbo')" in before
+
+
+def test_version_table_is_schema_qualified_everywhere(script, downgrade):
+    for text in (script, downgrade):
+        code = d.code_only(text)
+        assert re.search(r"(?<![.\w])mailq_alembic_version\b", code) is None
+
+
+# -- 8. validated, buffered, guarded --------------------------------------------
+
+
+@pytest.mark.parametrize("arg,message", [
+    ("brokr=off", r"unknown -x option 'brokr' \(did you mean broker\?\)"),
+    ("readers=0", r"-x readers must be an integer"),
+    ("broker=maybe", r"-x broker must be on or off"),
+    ("lock_timeout=soon", r"-x lock_timeout must be milliseconds"),
+])
+def test_bad_options_are_refused_before_anything_is_written(arg, message):
+    out = io.StringIO()
+    with pytest.raises(ConfigurationError, match=message):
+        render_into(out, "upgrade", "head", arg)
+    assert out.getvalue() == ""
+
+
+def render_into(out: io.StringIO, command: str, revision: str, *x_args: str) -> None:
+    from alembic import command as alembic_command
+
+    cfg = d.alembic_config(ROOT, x_args=list(x_args), stdout=out)
+    getattr(alembic_command, command)(cfg, revision, sql=True)
+
+
+def test_a_failing_render_writes_nothing(monkeypatch):
+    """The script is buffered: a failure in the last revision leaves no partial
+    script ending in an open BEGIN TRANSACTION."""
+    real = d.RevisionPlan.upgrade_batches
+
+    def failing(self):
+        if self.revision == d.head_revision(ROOT):
+            raise RuntimeError("render failed")
+        return real(self)
+
+    monkeypatch.setattr(d.RevisionPlan, "upgrade_batches", failing)
+    out = io.StringIO()
+    with pytest.raises(RuntimeError, match="render failed"):
+        render_into(out, "upgrade", "head")
+    assert out.getvalue() == ""
+
+
+def test_system_databases_and_non_owners_are_refused_up_front(script):
+    before = script[: script.index("BEGIN TRANSACTION")]
+    assert "IF DB_NAME() IN (N'master', N'msdb', N'tempdb', N'model')" in before
+    assert before.index("THROW 50412") < before.index("THROW 50413")
+    assert "IS_ROLEMEMBER(N'db_owner') = 0" in before
+
+
+def test_the_deployers_take_an_application_lock(script):
+    before = script[: script.index("BEGIN TRANSACTION")]
+    assert "sys.sp_getapplock @Resource = N'mailq-db deploy'" in before and "THROW 50416" in before
+    assert "sys.sp_releaseapplock @Resource = N'mailq-db deploy'" in batches(script)[-1]
+
+
+def test_script_has_nothing_sqlcmd_would_misread():
+    """sqlcmd substitutes $(name) anywhere, and treats a line that is only GO,
+    or that starts with ':' or '!!', as its own command."""
+    for rev in d.revisions(ROOT):
+        for rel in d.revision_files(rev, ROOT):
+            text = d.frozen_text(rev, rel, ROOT)
+            assert "$(" not in text, f"{rev}/{rel}"
+            assert not re.search(r"^\s*(GO\s*$|:|!!)", text, re.M | re.I), f"{rev}/{rel}"
+
+
+def test_generated_marker_is_stripped_from_frozen_text(tmp_path):
+    folder = tmp_path / "alembic/frozen/0001/procedures"
+    folder.mkdir(parents=True)
+    body = "CREATE OR ALTER PROCEDURE mailq.P AS SELECT 1;\n"
+    for marker in ("-- GENERATED by mailq-db dev refreeze: do not edit\n",
+                   "-- GENERATED by mailq-db dev new-revision from sql/procedures/mailq.P.sql; do not edit\r\n",
+                   ""):
+        (folder / "mailq.P.sql").write_text(marker + body, encoding="utf-8")
+        assert d.frozen_text("0001", "procedures/mailq.P.sql", tmp_path) == body
+    kept = "-- a comment that belongs to the object\n" + body
+    (folder / "mailq.P.sql").write_text(kept, encoding="utf-8")
+    assert d.frozen_text("0001", "procedures/mailq.P.sql", tmp_path) == kept
+
+
+def machinery_batches() -> dict[str, str]:
+    """Every batch the deployment adds around the frozen files."""
+    opts, seven = d.DeployOptions(), d.parse_options(["readers=7"])
+    out = {f"header{i}": b for i, b in enumerate(d.script_header(opts))}
+    out.update({f"footer{i}": b for i, b in enumerate(d.script_footer())})
+    out.update({f"upgrade check {i}": b for i, b in enumerate(d.version_check("0002", "0001", "upgrade", "0004", True))})
+    out.update({f"downgrade check {i}": b for i, b in enumerate(d.version_check("0002", None, "downgrade", None, True))})
+    out.update({
+        "guard": d.guard_batch("0001"), "options on": d.option_batch(opts),
+        "options off": d.option_batch(d.parse_options(["broker=off"])),
+        "options add": d.option_batch(opts, adding_broker=True), "options readers": d.option_batch(seven),
+        "broker check": d.BROKER_CHECK, "activation off": d.ACTIVATION_OFF,
+        "activation restored": d.ACTIVATION_RESTORE, "stored readers": d.readers_batch(opts),
+        "readers 7": d.readers_batch(seven),
+        "checksums": d.checksum_batch({"a.sql": "0001"}, {"a.sql": "x"}, "0001", delete=False),
+        "schema": d.guarded_schema(d.statement_text(d.frozen_text("0001", "schemas/mailq.sql", ROOT))),
+    })
+    return out
+
+
+@pytest.mark.parametrize("name,sql", sorted(machinery_batches().items()))
+def test_every_batch_the_deployment_adds_parses_as_tsql(name, sql):
+    import sqlfluff
+
+    sqlfluff.parse(sql, dialect="tsql")  # raises APIParsingError on any unparsable section

@@ -1,0 +1,529 @@
+/*
+mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
+that is already queued it returns the existing mail and inserts nothing.
+Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
+                          an address or 'Display Name <address>'
+             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars
+             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars
+             @BodyFormat  N'Text' (default) or N'Html'
+             @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
+             @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
+             @FromAddress default: the account's DefaultFromAddress
+             @FromName    default: the account's DefaultFromName, <= 200 chars
+             @ReplyTo     one address
+             @Headers     business headers: a JSON object of string values,
+                          e.g. N'{"X-Order-Id": "42"}'; at most 50
+             @AccountName default: the default sending account
+             @AppName     a registered application (mailq.UpsertApplication)
+             @Priority    0-9, 9 first, default 5
+             @DateToProcess  UTC time to send at, default now
+             @ExpiresAtUtc   UTC time after which the mail is Expired unsent
+             @MaxAttempts    1-20, default 5
+             @IdempotencyKey <= 200 chars; see "Idempotency" below
+             @Attachments    JSON array of {"FileName", "ContentType",
+                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all
+             NULL for an optional parameter means its default.
+Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
+             sent unchanged by every attempt), @Created BIT (0 when an existing
+             mail was returned for the idempotency key).  No result set, so the
+             procedure can be called from triggers.
+Idempotency: the key is global and compared as binary text (case- and
+             accent-sensitive: 'ABC' and 'abc' are two keys), the rule of the
+             column (COLLATE Latin1_General_100_BIN2) and of sp_getapplock's
+             resource names alike; trailing spaces are ignored, as by every
+             SQL Server comparison.  The same key with the same content (the
+             parameters exactly as passed, attachments included) returns the
+             first mail; with different content it raises 50116 and writes
+             nothing.  A key is free again once PurgeMail deleted its mail.
+             Concurrent calls with one key serialize on an application lock
+             on that key (no key-range locks: neighbouring keys never wait);
+             the lock is owned by the transaction, so inside a caller's
+             transaction a second call with the SAME key waits until the
+             caller commits or rolls back (at most 10 s, then 50162).
+Binding:     with @AppName, the account must be bound to the application and
+             the From address must match one of its From bindings (an exact
+             address or '@domain'); see mailq.BindApplication.  Mail without
+             @AppName is not bound (docs/guarantees.md, "Who may send as whom").
+Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
+             50103 a value over its size; 50104 more than 100 recipients;
+             50105 CR or LF in a header value (header injection);
+             50106 @Headers not a JSON object of string values;
+             50107 invalid header name; 50108 header would override a reserved one;
+             50109 @Priority not 0-9; 50110 @ExpiresAtUtc not after the due time;
+             50111 body over its limit; 50112 attachment count or size over limit;
+             50113 attachment file name empty or path-like;
+             50114 unknown (or no default) account; 50115 unknown application;
+             50116 idempotency key reused with different content;
+             50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
+             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing;
+             50160 the application may not send through @AccountName;
+             50161 the application may not send as @FromAddress;
+             50162 the idempotency key's lock was not granted in 10 s (or deadlock).
+Transaction: opens its own if none is open, else works inside the caller's
+             (the outbox pattern: the mail exists exactly when the caller
+             commits; no savepoint, SAVE TRANSACTION fails under MSDTC with
+             error 627).  Any error, validation included, is re-raised
+             unchanged; XACT_ABORT ON rolls back the caller's transaction, or
+             dooms it (XACT_STATE() = -1) when the caller catches the error:
+             the caller can only roll back, and nothing of this call remains.
+Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
+             it returns): under a SERIALIZABLE caller the key lookup would
+             otherwise take key-range locks, under SNAPSHOT it would miss a
+             key committed after the caller's snapshot began.
+Lock order:  the application lock on the key, then mailq.MailQueue (insert),
+             then mailq.MailAttachment (docs/guarantees.md, "Lock order").
+Example:     DECLARE @ID BIGINT;
+             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
+                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
+                 @MailID = @ID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMail
+    @ToAddress NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX),
+    @Body NVARCHAR(MAX),
+    @BodyFormat NVARCHAR(20) = N'Text',
+    @TextBody NVARCHAR(MAX) = NULL,
+    @CC NVARCHAR(MAX) = NULL,
+    @BCC NVARCHAR(MAX) = NULL,
+    @FromAddress NVARCHAR(MAX) = NULL,
+    @FromName NVARCHAR(MAX) = NULL,
+    @ReplyTo NVARCHAR(MAX) = NULL,
+    @Headers NVARCHAR(MAX) = NULL,
+    @AccountName NVARCHAR(4000) = NULL,
+    @AppName NVARCHAR(4000) = NULL,
+    @Priority INT = 5,
+    @DateToProcess DATETIME2(3) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL,
+    @MaxAttempts INT = 5,
+    @IdempotencyKey NVARCHAR(4000) = NULL,
+    @Attachments NVARCHAR(MAX) = NULL,
+    @MailID BIGINT = NULL OUTPUT,
+    @MessageID NVARCHAR(255) = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Msg NVARCHAR(2048);
+    -- Tested under a binary collation (COLLATE Latin1_General_100_BIN2): under
+    -- a linguistic collation control characters can be ignorable in LIKE.
+    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
+
+    -- The content hash covers the parameters exactly as passed (before
+    -- defaults), so that the same call is recognised as the same mail.
+    DECLARE @ContentJson NVARCHAR(MAX) = (
+        SELECT
+            @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, @Subject AS Subject,
+            @Body AS Body, @BodyFormat AS BodyFormat, @TextBody AS TextBody,
+            @FromAddress AS FromAddress, @FromName AS FromName, @ReplyTo AS ReplyTo,
+            @Headers AS Headers, @AccountName AS AccountName, @AppName AS AppName,
+            @Priority AS Priority, @DateToProcess AS DateToProcess,
+            @ExpiresAtUtc AS ExpiresAtUtc, @MaxAttempts AS MaxAttempts,
+            @Attachments AS Attachments
+        FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
+    );
+
+    SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
+    SET @Priority = COALESCE(@Priority, 5);
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    SET @DateToProcess = COALESCE(@DateToProcess, @Now);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(@ToAddress))
+        THROW 50101, N'@ToAddress is required: give at least one recipient address (separate several with ;).', 1;
+    IF @Subject IS NULL
+        THROW 50121, N'@Subject is required (pass N'''' for a mail without subject).', 1;
+    IF @Body IS NULL
+        THROW 50120, N'@Body is required.', 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.')
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress, 4000), (2, N'@CC', @CC, 4000), (3, N'@BCC', @BCC, 4000),
+        (4, N'@Subject', @Subject, 900), (5, N'@FromAddress', @FromAddress, 320),
+        (6, N'@FromName', @FromName, 200), (7, N'@ReplyTo', @ReplyTo, 320),
+        (8, N'@AccountName', @AccountName, 128), (9, N'@AppName', @AppName, 128),
+        (10, N'@IdempotencyKey', @IdempotencyKey, 200)
+    ) AS v(Position, ParamName, Value, MaxLength)
+    WHERE LEN(v.Value) > v.MaxLength
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' contains CR or LF; header values must be one line (header injection is refused).')
+    FROM (
+        VALUES
+        (1, N'@Subject', @Subject), (2, N'@FromName', @FromName), (3, N'@ReplyTo', @ReplyTo),
+        (4, N'@FromAddress', @FromAddress), (5, N'@IdempotencyKey', @IdempotencyKey)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(
+            v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'
+        )
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress), (2, N'@CC', @CC), (3, N'@BCC', @BCC),
+        (4, N'@ReplyTo', @ReplyTo), (5, N'@FromAddress', @FromAddress)
+    ) AS v(Position, ParamName, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+    WHERE a.Problem IS NOT NULL
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50102, @Msg, 1;
+
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) > 1
+        THROW 50102, N'@ReplyTo takes one address.', 1;
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) > 1
+        THROW 50102, N'@FromAddress takes one address.', 1;
+    IF EXISTS (SELECT 1 FROM mailq.ParseAddressList(@FromAddress) AS a WHERE a.DisplayName IS NOT NULL)
+        THROW 50102, N'@FromAddress takes a bare address; give the display name in @FromName.', 1;
+
+    DECLARE @RecipientCount INT = (
+        SELECT COUNT(*)
+        FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value)
+    );
+    IF @RecipientCount > 100
+    BEGIN
+        SET @Msg = CONCAT(N'@ToAddress, @CC and @BCC name ', @RecipientCount, N' recipients; the limit is 100.');
+        THROW 50104, @Msg, 1;
+    END;
+
+    IF @BodyFormat NOT IN (N'Text', N'Html')
+    BEGIN
+        SET @Msg = CONCAT(N'@BodyFormat must be Text or Html; got ''', LEFT(@BodyFormat, 20), N'''.');
+        THROW 50118, @Msg, 1;
+    END;
+    IF @Priority NOT BETWEEN 0 AND 9
+    BEGIN
+        SET @Msg = CONCAT(N'@Priority must be 0-9 (9 is sent first); got ', @Priority, N'.');
+        THROW 50109, @Msg, 1;
+    END;
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    IF @ExpiresAtUtc <= @DateToProcess
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ExpiresAtUtc (', CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126),
+            N') must be later than the due time (', CONVERT(NVARCHAR(30), @DateToProcess, 126), N').'
+        );
+        THROW 50110, @Msg, 1;
+    END;
+    IF LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000
+        THROW 50111, N'@Body and @TextBody are limited to 2,000,000 characters each.', 1;
+
+    -- Business headers: a JSON object whose values are strings.
+    IF @Headers IS NOT NULL
+    BEGIN
+        IF ISJSON(@Headers) = 0 OR LEFT(LTRIM(@Headers), 1) <> N'{'
+            THROW 50106, N'@Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[type] <> 1;
+        IF @Msg IS NOT NULL THROW 50106, @Msg, 1;
+
+        IF (SELECT COUNT(*) FROM OPENJSON(@Headers)) > 50
+            THROW 50106, N'@Headers holds more than 50 headers.', 1;
+
+        IF EXISTS (
+            SELECT UPPER(j.[key]) AS HeaderName
+            FROM OPENJSON(@Headers) AS j
+            GROUP BY UPPER(j.[key])
+            HAVING COUNT(*) > 1
+        )
+            THROW 50106, N'@Headers names one header twice.', 1;
+
+        -- RFC 5322 field name: 1-76 printable US-ASCII characters except ':'
+        -- (the binary collation makes the ranges code-point ranges).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
+            N'(1-76 printable ASCII characters, no space or colon).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE
+            LEN(j.[key]) NOT BETWEEN 1 AND 76
+            OR j.[key] COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%';
+        IF @Msg IS NOT NULL THROW 50107, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: ''', j.[key], N''' is set by mailq-db and cannot be overridden.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE UPPER(j.[key]) IN (
+            N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
+            N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
+            N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'
+        );
+        IF @Msg IS NOT NULL THROW 50108, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: the value of ''', j.[key], N''' contains CR or LF (header injection is refused).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf;
+        IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', j.[key], N''' is longer than 900 characters.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE LEN(j.[value]) > 900;
+        IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+    END;
+
+    -- Account and application.
+    DECLARE @ResolvedAccount NVARCHAR(128), @DefaultFrom NVARCHAR(320), @DefaultFromName NVARCHAR(200);
+    SELECT
+        @ResolvedAccount = a.AccountName,
+        @DefaultFrom = a.DefaultFromAddress,
+        @DefaultFromName = a.DefaultFromName
+    FROM mailq.SendingAccount AS a
+    WHERE
+        (@AccountName IS NOT NULL AND a.AccountName = @AccountName)
+        OR (@AccountName IS NULL AND a.IsDefault = 1);
+    IF @ResolvedAccount IS NULL
+    BEGIN
+        SET @Msg = IIF(
+            @AccountName IS NULL,
+            N'@AccountName is NULL and no default sending account exists (mailq.UpsertSendingAccount @IsDefault = 1).',
+            CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account (mailq.UpsertSendingAccount).')
+        );
+        THROW 50114, @Msg, 1;
+    END;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application (mailq.UpsertApplication).');
+        THROW 50115, @Msg, 1;
+    END;
+
+    SET @FromAddress = LTRIM(RTRIM(COALESCE(@FromAddress, @DefaultFrom)));
+    SET @FromName = COALESCE(@FromName, @DefaultFromName);
+
+    -- Who may send as whom (issue 10, point 10): an application sends only
+    -- through the accounts and as the From addresses or domains it is bound to.
+    IF @AppName IS NOT NULL
+    BEGIN
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationAccount AS b
+            WHERE b.AppName = @AppName AND b.AccountName = @ResolvedAccount
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send through account ''', @ResolvedAccount,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).'
+            );
+            THROW 50160, @Msg, 1;
+        END;
+        -- Addresses and domains compare case-insensitively whatever the
+        -- database collation (LOWER on both sides, then binary).
+        DECLARE @FromLower NVARCHAR(320) = LOWER(@FromAddress) COLLATE Latin1_General_100_BIN2;
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationFrom AS f
+            WHERE
+                f.AppName = @AppName
+                AND (
+                    f.FromPattern = @FromLower
+                    OR (
+                        LEFT(f.FromPattern, 1) = N'@'
+                        AND RIGHT(@FromLower, LEN(f.FromPattern)) = f.FromPattern
+                    )
+                )
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send as ''', @FromAddress,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, ',
+                N'@FromAddress = N''addr'' or N''@domain'').'
+            );
+            THROW 50161, @Msg, 1;
+        END;
+    END;
+
+    -- Attachments: decoded from base64 by OPENJSON ... WITH (VARBINARY), which
+    -- raises an error for text that is not base64: caught and reported as 50117.
+    DECLARE @Attachment TABLE (
+        AttachmentNo INT NOT NULL PRIMARY KEY,
+        FileName NVARCHAR(4000) NULL,
+        ContentType NVARCHAR(4000) NULL,
+        Content VARBINARY(MAX) NULL
+    );
+    IF @Attachments IS NOT NULL
+    BEGIN
+        IF ISJSON(@Attachments) = 0 OR LEFT(LTRIM(@Attachments), 1) <> N'['
+            THROW 50117,
+                N'@Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.',
+                1;
+        IF EXISTS (SELECT 1 FROM OPENJSON(@Attachments) AS e WHERE e.[type] <> 5)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        BEGIN TRY
+            INSERT INTO @Attachment (AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                CAST(e.[key] AS INT) + 1 AS AttachmentNo,
+                f.FileName,
+                f.ContentType,
+                f.Content
+            FROM OPENJSON(@Attachments) AS e
+            CROSS APPLY OPENJSON (e.[value])
+                WITH (
+                    FileName NVARCHAR(4000) '$.FileName',
+                    ContentType NVARCHAR(4000) '$.ContentType',
+                    Content VARBINARY(MAX) '$.ContentBase64'
+                ) AS f;
+        END TRY
+        BEGIN CATCH
+            SET @Msg = CONCAT(N'@Attachments: ContentBase64 must be base64 text (', ERROR_MESSAGE(), N').');
+            THROW 50117, @Msg, 1;
+        END CATCH;
+
+        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        IF (SELECT COUNT(*) FROM @Attachment) > 10
+            THROW 50112, N'@Attachments holds more than 10 attachments.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: file name ''', LEFT(t.FileName, 100),
+            N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).'
+        )
+        FROM @Attachment AS t
+        WHERE
+            NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
+            OR t.FileName LIKE N'%[/\:]%'
+            OR t.FileName IN (N'.', N'..')
+            OR t.FileName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            OR LEN(t.FileName) > 255
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50113, @Msg, 1;
+
+        SELECT TOP (1)
+            @Msg = CONCAT(N'@Attachments: content type of ''', t.FileName, N''' must look like type/subtype.')
+        FROM @Attachment AS t
+        WHERE
+            t.ContentType IS NOT NULL
+            AND (
+                t.ContentType NOT LIKE N'_%/_%'
+                OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+                OR LEN(t.ContentType) > 255
+            )
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50117, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: ''', t.FileName, N''' is ', DATALENGTH(t.Content),
+            N' bytes; the limit is 10485760 (10 MiB) per attachment.'
+        )
+        FROM @Attachment AS t
+        WHERE DATALENGTH(t.Content) > 10485760
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50112, @Msg, 1;
+
+        IF (SELECT SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) FROM @Attachment AS t) > 26214400
+            THROW 50112, N'@Attachments total more than 26214400 bytes (25 MiB) per mail.', 1;
+    END;
+
+    DECLARE @ContentHash VARBINARY(32) = HASHBYTES('SHA2_256', @ContentJson);
+    DECLARE @Domain NVARCHAR(320) = SUBSTRING(@FromAddress, CHARINDEX(N'@', @FromAddress) + 1, 320);
+    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
+    IF @Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    DECLARE @LockResult INT;
+    DECLARE @KeyResource NVARCHAR(255) = CONCAT(N'mailq.IdempotencyKey:', RTRIM(@IdempotencyKey));
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ExistingHash VARBINARY(32);
+        SET @MailID = NULL;
+        IF @IdempotencyKey IS NOT NULL
+        BEGIN
+            -- Serialize on the key itself, not on a range of the index: an
+            -- exclusive application lock owned by the transaction (released at
+            -- its commit or rollback, the caller's when we run inside it).
+            -- Resource names are compared as binary, like the key column; the
+            -- key is at most 200 characters, so the resource fits its 255.
+            -- Insert-first catching 2601/2627 was rejected: under XACT_ABORT ON
+            -- a duplicate-key error dooms the caller's transaction, so the
+            -- outbox case could never return the existing mail (docs/guarantees.md).
+            EXEC @LockResult = sys.sp_getapplock
+                @Resource = @KeyResource,
+                @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction',
+                @LockTimeout = 10000;
+            IF @LockResult < 0
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''': another transaction enqueueing the same key ',
+                    N'held it for 10 s (sp_getapplock returned ', @LockResult, N'); retry once it committed.'
+                );
+                THROW 50162, @Msg, 1;
+            END;
+
+            -- A plain read is exact here: only EnqueueMail writes keys, always
+            -- under this lock, so a row with the key is committed or absent.
+            -- "IS NOT NULL" repeats the index filter, so the filtered index matches.
+            SELECT
+                @MailID = q.ID,
+                @MessageID = q.MessageID,
+                @ExistingHash = q.ContentHash
+            FROM mailq.MailQueue AS q
+            WHERE q.IdempotencyKey = @IdempotencyKey AND q.IdempotencyKey IS NOT NULL;
+
+            IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''' already belongs to mail ', @MailID,
+                    N' with different content; use a new key for a different mail.'
+                );
+                THROW 50116, @Msg, 1;
+            END;
+        END;
+
+        IF @MailID IS NOT NULL
+            SET @Created = 0;
+        ELSE
+        BEGIN
+            SET @MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', @Domain, N'>');
+
+            INSERT INTO mailq.MailQueue (
+                dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
+                ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
+                Status, AttemptsRemaining, Priority, AccountName, AppName,
+                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc
+            )
+            VALUES (
+                @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
+                @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
+                N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
+                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc
+            );
+            SET @MailID = SCOPE_IDENTITY();
+
+            INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                @MailID,
+                t.AttachmentNo,
+                LTRIM(RTRIM(t.FileName)),
+                COALESCE(t.ContentType, N'application/octet-stream'),
+                t.Content
+            FROM @Attachment AS t;
+
+            SET @Created = 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;

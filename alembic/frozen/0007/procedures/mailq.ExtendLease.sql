@@ -1,0 +1,67 @@
+/*
+mailq.ExtendLease: pushes the lease of mails a worker still holds (long
+batches), fenced by the lock token, all or nothing.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 1-3600,
+             default 300: the new lease runs from now.
+Result set:  one row per mail: ID, LeaseExpiresUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50132 @LeaseSeconds out of range.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail).
+Example:     EXEC mailq.ExtendLease @IDList = N'[101,102]', @LockToken = @T, @LeaseSeconds = 300;
+*/
+CREATE OR ALTER PROCEDURE mailq.ExtendLease
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+
+    DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, SYSUTCDATETIME());
+    DECLARE @Extended TABLE (ID BIGINT NOT NULL PRIMARY KEY, LeaseExpiresUtc DATETIME2(3) NOT NULL);
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET q.VisibleAtUtc = @LeaseUntil
+        OUTPUT inserted.ID, inserted.VisibleAtUtc INTO @Extended (ID, LeaseExpiresUtc)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        e.ID,
+        e.LeaseExpiresUtc
+    FROM @Extended AS e
+    ORDER BY e.ID;
+END;

@@ -1,0 +1,168 @@
+/*
+mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
+nothing.  @Disposition follows TinyMail's error classes:
+  Retry  transient (4xx on the mail, dropped connection, timeout): the attempt
+         is consumed; the mail is UnSent again after @RetryAfterSeconds, or
+         after exponential backoff with jitter: 30 s * 2^(attempt-1), at most
+         1 hour, times a random 0.8-1.2; Failed when no attempt is left.
+  Wait   the account is throttled or locked (421, rate limits): the attempt is
+         refunded, the mail is UnSent again after @RetryAfterSeconds (default
+         60), and the account is blocked until then (ClaimMail skips it).
+  Stop   permanent (5xx, malformed mail): Failed at once.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @Disposition NVARCHAR(8),
+             required; @Error NVARCHAR(4000), required: what happened;
+             @RetryAfterSeconds INT 0-604800, optional; @SmtpCode INT 200-599, optional.
+Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc
+             (NULL when Failed).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50133 @Disposition unknown; 50134 @RetryAfterSeconds out of range;
+             50139 @Error missing; 50147 @SmtpCode out of range.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.SendingAccount (Wait only).
+Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
+                 @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkFailed
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @Disposition NVARCHAR(20),
+    @Error NVARCHAR(4000),
+    @RetryAfterSeconds INT = NULL,
+    @SmtpCode INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @Disposition IS NULL OR @Disposition NOT IN (N'Retry', N'Wait', N'Stop')
+    BEGIN
+        SET @Msg = CONCAT(N'@Disposition must be Retry, Wait or Stop; got ''', @Disposition, N'''.');
+        THROW 50133, @Msg, 1;
+    END;
+    IF NULLIF(LTRIM(RTRIM(@Error)), N'') IS NULL
+        THROW 50139, N'@Error is required: say what failed (the SMTP reply or the exception).', 1;
+    IF @RetryAfterSeconds NOT BETWEEN 0 AND 604800
+    BEGIN
+        SET @Msg = CONCAT(N'@RetryAfterSeconds must be 0-604800 (7 days); got ', @RetryAfterSeconds, N'.');
+        THROW 50134, @Msg, 1;
+    END;
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @WaitUntil DATETIME2(3) = DATEADD(SECOND, COALESCE(@RetryAfterSeconds, 60), @Now);
+    DECLARE @Acked TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AttemptNo INT NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        Status NVARCHAR(16) NOT NULL,
+        NextAttemptUtc DATETIME2(3) NULL
+    );
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        WITH Outcome AS (
+            SELECT
+                q.ID,
+                q.AccountName,
+                q.Status,
+                q.ThreadLock,
+                q.VisibleAtUtc,
+                q.AttemptsRemaining,
+                q.AttemptCount,
+                q.DateProcessed,
+                q.LastError,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN N'UnSent'
+                    WHEN @Disposition = N'Retry' AND q.AttemptsRemaining > 0 THEN N'UnSent'
+                    ELSE N'Failed'
+                END AS NewStatus,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN @WaitUntil
+                    WHEN @RetryAfterSeconds IS NOT NULL THEN DATEADD(SECOND, @RetryAfterSeconds, @Now)
+                    -- Exponential backoff with jitter; NEWID() gives each row its own.
+                    ELSE DATEADD(
+                        MILLISECOND,
+                        CAST(
+                            IIF(
+                                q.AttemptCount >= 8, 3600,
+                                30 * POWER(2, IIF(q.AttemptCount < 1, 0, q.AttemptCount - 1))
+                            )
+                            -- modulo before ABS: ABS(-2147483648) would overflow
+                            * (800 + ABS(CHECKSUM(NEWID()) % 401)) AS INT
+                        ),
+                        @Now
+                    )
+                END AS RetryAtUtc
+            FROM mailq.MailQueue AS q
+            INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+            WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
+        )
+
+        UPDATE o
+        SET
+            o.Status = o.NewStatus,
+            o.ThreadLock = NULL,
+            o.VisibleAtUtc = IIF(o.NewStatus = N'UnSent', o.RetryAtUtc, o.VisibleAtUtc),
+            -- Wait is not the mail's fault: its attempt is refunded.
+            o.AttemptsRemaining = o.AttemptsRemaining + IIF(@Disposition = N'Wait', 1, 0),
+            o.DateProcessed = @Now,
+            o.LastError = @Error
+        OUTPUT
+            inserted.ID,
+            inserted.AttemptCount,
+            inserted.AccountName,
+            inserted.Status,
+            IIF(inserted.Status = N'UnSent', inserted.VisibleAtUtc, NULL)
+        INTO @Acked (ID, AttemptNo, AccountName, Status, NextAttemptUtc)
+        FROM Outcome AS o;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = @Disposition,
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @Error
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @Disposition = N'Wait'
+            UPDATE s
+            SET
+                s.BlockedUntilUtc = IIF(s.BlockedUntilUtc > @WaitUntil, s.BlockedUntilUtc, @WaitUntil),
+                s.BlockReason = @Error
+            FROM mailq.SendingAccount AS s
+            WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        a.ID,
+        a.Status,
+        a.NextAttemptUtc
+    FROM @Acked AS a
+    ORDER BY a.ID;
+END;

@@ -1,0 +1,91 @@
+/*
+mailq.MarkSent: records mails as sent; fenced by the lock token and all or
+nothing, so one call acknowledges every mail sent on one SMTP connection.
+Repeatable: a mail this token already marked Sent is accepted again and left
+unchanged, so a worker whose connection dropped before the reply can simply
+call again.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
+             exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
+             final reply, optional; @DryRun BIT, default 0: 1 records that
+             nothing was sent (worker dry-run mode).
+Result set:  one row per mail named: ID, Status ('Sent'), NextAttemptUtc (NULL).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50147 @SmtpCode out of range.  On any error nothing is written.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt.
+Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkSent
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @SmtpCode INT = NULL,
+    @SmtpText NVARCHAR(4000) = NULL,
+    @DryRun BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @DryRun = COALESCE(@DryRun, 0);
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Acked TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail
+            @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
+
+        UPDATE q
+        SET
+            q.Status = N'Sent',
+            q.ThreadLock = NULL,
+            q.SentAtUtc = @Now,
+            q.DateProcessed = @Now,
+            q.DryRun = @DryRun,
+            q.LastError = NULL
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Acked (ID, AttemptNo)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = IIF(@DryRun = 1, N'DryRun', N'Sent'),
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @SmtpText
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        l.ID,
+        N'Sent' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    ORDER BY l.ID;
+END;

@@ -1,0 +1,70 @@
+/*
+mailq.ReleaseMail: gives back mails a worker holds but has not sent (e.g. on
+shutdown): UnSent and due now, the attempt refunded, the attempt row closed
+as Released.  Fenced by the lock token, all or nothing.  The rate budget the
+claim took is not refunded (limits stay conservative).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required.
+Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt.
+Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.ReleaseMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.ThreadLock = NULL,
+            q.VisibleAtUtc = @Now,
+            q.AttemptsRemaining = q.AttemptsRemaining + 1
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Released (ID, AttemptNo)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Released'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Released AS r ON t.MailID = r.ID AND t.AttemptNo = r.AttemptNo;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        r.ID,
+        N'UnSent' AS Status,
+        @Now AS NextAttemptUtc
+    FROM @Released AS r
+    ORDER BY r.ID;
+END;

@@ -1,0 +1,88 @@
+/*
+mailq.RequeueMail: puts a Failed, Cancelled or Expired mail back in the
+queue (UnSent) with a fresh set of attempts; PossibleDuplicate and the
+attempt history are kept.  An expiry time that is not after the new due time
+is cleared (the mail would otherwise expire at once).
+Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
+             @DateToProcess DATETIME2(3) UTC, default now.
+Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
+             50201 unknown mail; 50205 the mail is not Failed, Cancelled or Expired.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
+             in a procedure reverts when it returns).
+Lock order:  mailq.MailQueue only (clustered row first, as PurgeMail).
+Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
+*/
+CREATE OR ALTER PROCEDURE mailq.RequeueMail
+    @ID BIGINT,
+    @MaxAttempts INT = 5,
+    @DateToProcess DATETIME2(3) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ID IS NULL
+        THROW 50136, N'@ID is required.', 1;
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    SET @DateToProcess = COALESCE(@DateToProcess, SYSUTCDATETIME());
+
+    DECLARE @Status NVARCHAR(16);
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK: check and change under one lock.
+        SELECT @Status = q.Status
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+        WHERE q.ID = @ID;
+
+        IF @Status IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
+            THROW 50201, @Msg, 1;
+        END;
+        IF @Status NOT IN (N'Failed', N'Cancelled', N'Expired')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Mail ', @ID, N' is ', @Status, N'; only Failed, Cancelled or Expired mail can be requeued.'
+            );
+            THROW 50205, @Msg, 1;
+        END;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.DateToProcess = @DateToProcess,
+            q.VisibleAtUtc = @DateToProcess,
+            q.AttemptsRemaining = @MaxAttempts,
+            q.ExpiresAtUtc = IIF(q.ExpiresAtUtc > @DateToProcess, q.ExpiresAtUtc, NULL),
+            q.DateProcessed = NULL
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @ID AS ID,
+        N'UnSent' AS Status,
+        @DateToProcess AS NextAttemptUtc;
+END;

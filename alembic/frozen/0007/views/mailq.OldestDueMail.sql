@@ -7,7 +7,9 @@ tests/integration/test_mailq_view_plans.py): Index Seek on
 IX_MailQueue_Status with the seek predicate Status = N'UnSent' (VisibleAtUtc
 <= now as a seek range or residual), Stream Aggregate per AccountName; no
 Key Lookup and no access to PK_MailQueue.  The predicate needs no filtered
-index to match: IX_MailQueue_Status is unfiltered.
+index to match: IX_MailQueue_Status is unfiltered.  The optimizer may as
+well read the claim index (filtered on the claimable statuses, which
+Status = N'UnSent' implies, and covering): as narrow, also accepted.
 */
 CREATE OR ALTER VIEW mailq.OldestDueMail
 AS

@@ -457,6 +457,10 @@ BEGIN
                 @LockMode = N'Exclusive',
                 @LockOwner = N'Transaction',
                 @LockTimeout = 10000;
+            -- < 0: timed out (-1), cancelled (-2), deadlock victim (-3), call
+            -- error (-999).  A deadlock on an application lock does not roll
+            -- back the transaction (sp_getapplock, Remarks): this THROW does,
+            -- or dooms the caller's (XACT_ABORT ON).
             IF @LockResult < 0
             BEGIN
                 SET @Msg = CONCAT(

@@ -140,7 +140,11 @@ END CATCH;
             if not cur.nextset():
                 break
         assert rows is not None, "the caller's CATCH did not run"
-        assert (rows[0][0], rows[0][1], rows[0][2]) == (number, -1, 1)
+        got_number, xact_state, tran_count = rows[0][0], rows[0][1], rows[0][2]
+        assert got_number == number
+        # Doomed and still open (the documented outcome), never committable:
+        # the caller can only roll back, and @@TRANCOUNT is what it was.
+        assert (xact_state, tran_count) == (-1, 1)
         assert trancount(c) == 0
         assert count_subject(c, subject) == 0       # the caller's earlier enqueue is gone too
 

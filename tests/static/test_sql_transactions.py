@@ -105,3 +105,18 @@ def test_checks_catch_a_savepoint_and_a_missing_isolation_level(tmp_path):
     assert MODULE.search(code) and LOCKING_HINT.search(code) and not SETS_RC.search(code)
     # a comment that mentions SAVE TRANSACTION is not code
     assert not SAVE.search(code_only("/* no SAVE TRANSACTION here */ SELECT 1;"))
+
+
+def test_enqueue_serializes_keys_on_an_applock_not_on_key_ranges():
+    """Issue 10, point 5: no HOLDLOCK/SERIALIZABLE hint reads mailq.MailQueue, and
+    EnqueueMail takes a transaction-owned application lock whose resource (prefix
+    + a key of at most 200 characters) fits sp_getapplock's 255."""
+    for path in mailq_procedures():
+        code = strip_comments(path.read_text(encoding="utf-8"))
+        for hint in re.finditer(r"mailq\.MailQueue\s+AS\s+\w+\s+WITH\s*\(([^)]*)\)", code, re.I):
+            assert not re.search(r"\b(HOLDLOCK|SERIALIZABLE)\b", hint.group(1), re.I), rel(path)
+    code = strip_comments((SQL / "procedures/mailq.EnqueueMail.sql").read_text(encoding="utf-8"))
+    assert re.search(r"sys\.sp_getapplock[^;]*@LockOwner\s*=\s*N'Transaction'", code, re.S)
+    prefix = re.search(r"CONCAT\(N'(mailq\.IdempotencyKey:)', RTRIM\(@IdempotencyKey\)\)", code)
+    assert prefix and len(prefix.group(1)) + 200 <= 255
+    assert "(10, N'@IdempotencyKey', @IdempotencyKey, 200)" in code

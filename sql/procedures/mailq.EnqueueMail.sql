@@ -43,7 +43,11 @@ Idempotency: the key is global and compared as binary text (case- and
 Binding:     with @AppName, the account must be bound to the application and
              the From address must match one of its From bindings (an exact
              address or '@domain'); see mailq.BindApplication.  Mail without
-             @AppName is not bound (docs/guarantees.md, "Who may send as whom").
+             @AppName is bound only when the calling database user is mapped
+             to an application (mailq.ApplicationPrincipal): its mail then
+             always carries that application (@AppName NULL means it, another
+             is 50168).  Unmapped users without @AppName are not bound
+             (docs/guarantees.md, "Who may send as whom").
 Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
              50103 a value over its size; 50104 more than 100 recipients;
              50105 CR or LF in a header value (header injection);
@@ -58,7 +62,8 @@ Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
              50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing;
              50160 the application may not send through @AccountName;
              50161 the application may not send as @FromAddress;
-             50162 the idempotency key's lock was not granted in 10 s (or deadlock).
+             50162 the idempotency key's lock was not granted in 10 s (or deadlock);
+             50168 the calling database user is mapped to another application.
 Transaction: opens its own if none is open, else works inside the caller's
              (the outbox pattern: the mail exists exactly when the caller
              commits; no savepoint, SAVE TRANSACTION fails under MSDTC with
@@ -275,6 +280,26 @@ BEGIN
         FROM OPENJSON(@Headers) AS j
         WHERE LEN(j.[value]) > 900;
         IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+    END;
+
+    -- The calling database user's application, when an administrator mapped
+    -- it (mailq.BindApplication @PrincipalName): USER_NAME() is the caller's
+    -- user (this module has no EXECUTE AS).  The content hash above keeps
+    -- @AppName as passed.
+    DECLARE @PrincipalApp NVARCHAR(128) = (
+        SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
+    );
+    IF @PrincipalApp IS NOT NULL
+    BEGIN
+        IF @AppName IS NOT NULL AND @AppName <> @PrincipalApp
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Database user ', QUOTENAME(USER_NAME()), N' enqueues as application ''', @PrincipalApp,
+                N''' only; got @AppName ''', @AppName, N'''.'
+            );
+            THROW 50168, @Msg, 1;
+        END;
+        SET @AppName = @PrincipalApp;
     END;
 
     -- Account and application.

@@ -6,20 +6,25 @@ Parameters:  @AppName NVARCHAR(128), required
              @AccountName NVARCHAR(128), optional: the account to withdraw
              @FromAddress NVARCHAR(320), optional: the address or '@domain' to
                         withdraw (compared case-insensitively)
-             At least one of @AccountName and @FromAddress.
+             @PrincipalName sysname, optional: the database user to unmap
+                        (only if it is mapped to @AppName)
+             At least one of @AccountName, @FromAddress and @PrincipalName.
 Result set:  none.
-Errors:      50145 @AppName missing; 50164 neither @AccountName nor @FromAddress.
+Errors:      50145 @AppName missing; 50164 none of @AccountName, @FromAddress,
+             @PrincipalName.
 Transaction: opens its own if none is open, else works inside the caller's
              (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
              dooms or rolls back the caller's transaction.
 Isolation:   sets READ COMMITTED itself.
-Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom.
+Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
+             mailq.ApplicationPrincipal.
 Example:     EXEC mailq.UnbindApplication @AppName = N'billing', @AccountName = N'qq';
 */
 CREATE OR ALTER PROCEDURE mailq.UnbindApplication
     @AppName NVARCHAR(4000),
     @AccountName NVARCHAR(4000) = NULL,
-    @FromAddress NVARCHAR(4000) = NULL
+    @FromAddress NVARCHAR(4000) = NULL,
+    @PrincipalName NVARCHAR(4000) = NULL
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -27,8 +32,8 @@ BEGIN
 
     IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
         THROW 50145, N'@AppName is required.', 1;
-    IF @AccountName IS NULL AND @FromAddress IS NULL
-        THROW 50164, N'Give @AccountName, @FromAddress or both: what to withdraw.', 1;
+    IF @AccountName IS NULL AND @FromAddress IS NULL AND @PrincipalName IS NULL
+        THROW 50164, N'Give @AccountName, @FromAddress and/or @PrincipalName: what to withdraw.', 1;
 
     DECLARE @Pattern NVARCHAR(4000) = LOWER(LTRIM(RTRIM(@FromAddress)));
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
@@ -44,6 +49,11 @@ BEGIN
             DELETE f
             FROM mailq.ApplicationFrom AS f
             WHERE f.AppName = @AppName AND f.FromPattern = @Pattern;
+
+        IF @PrincipalName IS NOT NULL
+            DELETE u
+            FROM mailq.ApplicationPrincipal AS u
+            WHERE u.AppName = @AppName AND u.PrincipalName = @PrincipalName;
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY

@@ -58,7 +58,8 @@ class UnknownMailError(MailStateError):
 
 class SenderNotAllowedError(InvalidInputError):
     """The application may not send through this account (50160) or as this
-    From address (50161): see mailq.BindApplication."""
+    From address (50161), or the database user is mapped to another
+    application (50168): see mailq.BindApplication."""
 
 
 class IdempotencyKeyBusyError(InvalidInputError):
@@ -82,6 +83,7 @@ SPECIFIC: dict[int, type[DatabaseError]] = {
     # queue helper, issue 10 point 10 / point 5
     50160: SenderNotAllowedError,
     50161: SenderNotAllowedError,
+    50168: SenderNotAllowedError,
     50162: IdempotencyKeyBusyError,
 }
 

@@ -414,23 +414,28 @@ def upsert_application(conn: Any, *, app_name: str, description: str | None = No
     _call(conn, UPSERT_APPLICATION_SQL, [app_name, description]).close()
 
 
-BIND_APPLICATION_SQL = "EXEC mailq.BindApplication @AppName = ?, @AccountName = ?, @FromAddress = ?;"
+BIND_APPLICATION_SQL = (
+    "EXEC mailq.BindApplication @AppName = ?, @AccountName = ?, @FromAddress = ?, @PrincipalName = ?;"
+)
 
 
 def bind_application(conn: Any, *, app_name: str, account_name: str | None = None,
-                     from_address: str | None = None) -> None:
+                     from_address: str | None = None, principal_name: str | None = None) -> None:
     """mailq.BindApplication: allow an application to send through ``account_name``
-    and/or as ``from_address`` (one address, or a domain written ``@example.com``)."""
-    _call(conn, BIND_APPLICATION_SQL, [app_name, account_name, from_address]).close()
+    and/or as ``from_address`` (one address, or a domain written ``@example.com``),
+    and/or make database user ``principal_name`` always enqueue as this application."""
+    _call(conn, BIND_APPLICATION_SQL, [app_name, account_name, from_address, principal_name]).close()
 
 
-UNBIND_APPLICATION_SQL = "EXEC mailq.UnbindApplication @AppName = ?, @AccountName = ?, @FromAddress = ?;"
+UNBIND_APPLICATION_SQL = (
+    "EXEC mailq.UnbindApplication @AppName = ?, @AccountName = ?, @FromAddress = ?, @PrincipalName = ?;"
+)
 
 
 def unbind_application(conn: Any, *, app_name: str, account_name: str | None = None,
-                       from_address: str | None = None) -> None:
+                       from_address: str | None = None, principal_name: str | None = None) -> None:
     """mailq.UnbindApplication: withdraw what :func:`bind_application` allowed."""
-    _call(conn, UNBIND_APPLICATION_SQL, [app_name, account_name, from_address]).close()
+    _call(conn, UNBIND_APPLICATION_SQL, [app_name, account_name, from_address, principal_name]).close()
 
 
 MOVE_BODIES_SQL = "EXEC mailq.MoveBodiesOutOfRow @BatchSize = ?, @MaxBatches = ?;"

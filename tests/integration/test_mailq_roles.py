@@ -16,7 +16,11 @@ Bindings (mailq.BindApplication / UnbindApplication, EnqueueMail 50160/50161):
   address only;
 * unbinding the account refuses again (50160); mail without @AppName is not
   bound;
-* bad binding input: 50164, 50165, 50115, 50114.
+* bad binding input: 50164, 50165, 50115, 50114;
+* a database user mapped to an application (BindApplication @PrincipalName)
+  always enqueues as it: @AppName NULL means it, another is 50168, and the
+  application's bindings apply; GetInstallationHealth warns about unmapped
+  MailqEnqueuer members; roles cannot be mapped (50169).
 GetInstallationHealth quotes names: a blocked account named with a quote gets
 a Fix whose literal doubles it.
 """
@@ -146,3 +150,26 @@ def test_bind_refuses_bad_input(conn, account):
     expect_error(50115, lambda: procedures.bind_application(conn, app_name="no_such_app", account_name=account))
     expect_error(50114, lambda: procedures.bind_application(conn, app_name=app, account_name="no_such_account"))
     expect_error(50164, lambda: procedures.unbind_application(conn, app_name=app))
+
+
+def test_a_mapped_database_user_always_enqueues_as_its_application(conn, account):
+    user = unique("mapped")
+    execute(conn, f"CREATE USER [{user}] WITHOUT LOGIN; ALTER ROLE MailqEnqueuer ADD MEMBER [{user}];")
+    app, other = new_app(conn, "unbound_mapped"), new_app(conn, "unbound_other")
+    unmapped = [r for r in procedures.get_installation_health(conn) if r["CheckName"] == "UnmappedEnqueuers"]
+    assert unmapped and unmapped[0]["Status"] == "WARN"
+    procedures.bind_application(conn, app_name=app, account_name=account, from_address="@example.org",
+                                principal_name=user)
+    subject = f"mapped {uuid.uuid4()}"
+    sql = ("EXEC mailq.EnqueueMail @ToAddress = N'r@example.com', @Subject = ?, @Body = N'b', "
+           "@AccountName = ?;")
+    assert run_as(conn, user, sql, subject, account) == 0                  # @AppName NULL: the mapped one
+    assert query(conn, "SELECT AppName FROM mailq.MailQueue WHERE Subject = ?;", subject) == [(app,)]
+    assert run_as(conn, user, sql.replace("@AccountName = ?;", "@AccountName = ?, @AppName = ?;"),
+                  subject, account, other) == 50168
+    assert run_as(conn, user, sql.replace("@AccountName = ?;", "@AccountName = ?, @FromAddress = N'x@example.com';"),
+                  subject, account) == 50161                              # the application's bindings apply
+    expect_error(50169, lambda: procedures.bind_application(conn, app_name=app, principal_name="MailqEnqueuer"))
+    procedures.unbind_application(conn, app_name=app, principal_name=user)
+    assert run_as(conn, user, sql.replace("@AccountName = ?;", "@AccountName = ?, @AppName = ?;"),
+                  subject, account, other) == 50160                       # unmapped: other is simply unbound

@@ -16,6 +16,10 @@ Visibility:  catalog views show a caller only the metadata of objects it owns
              therefore cannot see dbo.DelayServiceQueue; the check then says
              "not visible" (WARN) instead of missing silently, and names the
              grant (VIEW DEFINITION) or the role (MailqAdmin) that shows it.
+Checks added by revision 0007: the Version row fails below SQL Server 2019
+             (as mailq.CheckServer); UnmappedEnqueuers warns about MailqEnqueuer
+             members not mapped to an application (mailq.BindApplication
+             @PrincipalName).
 Quoting:     names put into Fix text are quoted: QUOTENAME for identifiers,
              doubled quotes inside N'...' literals, so a Fix is runnable as is.
 Transaction: reads only; opens none and leaves the caller's untouched.
@@ -184,6 +188,33 @@ BEGIN
         (N'mailq.MarkSent', N'MailqSender'),
         (N'mailq.GetQueueStats', N'MailqAdmin')
     ) AS p(ProcName, RoleName);
+
+    -- Members of MailqEnqueuer that are not mapped to an application can
+    -- enqueue without @AppName, which no binding restricts (docs/guarantees.md).
+    -- Catalog visibility applies: a least-privilege caller sees only the
+    -- memberships it may see, so this row is exact for MailqAdmin members.
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Security',
+        N'UnmappedEnqueuers',
+        IIF(COUNT_BIG(*) = 0, N'OK', N'WARN'),
+        CONCAT(
+            COUNT_BIG(*), N' visible member(s) of MailqEnqueuer not mapped to an application',
+            IIF(COUNT_BIG(*) = 0, N'', CONCAT(N', e.g. ', QUOTENAME(MIN(m.name))))
+        ),
+        IIF(
+            COUNT_BIG(*) = 0, NULL,
+            CONCAT(
+                N'EXEC mailq.BindApplication @AppName = N''...'', @PrincipalName = N''',
+                REPLACE(MIN(m.name), N'''', N''''''), N''';'
+            )
+        )
+    FROM sys.database_role_members AS rm
+    INNER JOIN sys.database_principals AS m ON rm.member_principal_id = m.principal_id
+    WHERE
+        rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqEnqueuer')
+        AND m.type <> 'R'
+        AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = m.name);
 
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT

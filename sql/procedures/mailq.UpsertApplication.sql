@@ -1,7 +1,9 @@
 /*
 mailq.UpsertApplication: registers an application name that mails may carry
 (@AppName of EnqueueMail) and isolated workers may claim by, or changes its
-description.
+description.  A new application is bound to nothing: before it can enqueue,
+an administrator binds it to its sending accounts and From addresses or
+domains (mailq.BindApplication; EnqueueMail refuses with 50160/50161).
 Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400), optional.
 Result set:  none.
 Errors:      50145 @AppName missing; 50103 a value over its size.

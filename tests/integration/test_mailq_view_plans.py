@@ -2,8 +2,8 @@
 narrow indexes, and bodies off the hot rows.
 
 Setup (module database): 100,000 mails (bulk_fill, set-based as sa) with
-2,000-character bodies: 60,000 UnSent, 40,000 Sent, plus 300 closed attempts
-of the last day.  Then each reporting view is read once under
+2,000-character bodies: 60,000 UnSent, 40,000 Sent, one closed attempt per
+mail 30 days ago and 300 closed attempts of the last hours.  Then each reporting view is read once under
 ``SET STATISTICS XML ON`` and its actual showplan parsed; the shapes asserted
 are the ones written in each view's header comment:
 
@@ -47,9 +47,16 @@ def filled(mssql_url):
         execute(c, "EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;")
         execute(c, "UPDATE TOP (40000) q SET q.Status = N'Sent', q.SentAtUtc = SYSUTCDATETIME(), "
                    "q.DateProcessed = SYSUTCDATETIME() FROM mailq.MailQueue AS q WHERE q.AccountName = ?;", account)
+        # One old attempt per mail (30 days ago), then 300 recent ones: the
+        # views' time ranges are selective, as in a queue that runs for months.
         execute(c, """
             INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, StartedAtUtc, EndedAtUtc, Outcome, SmtpCode)
-            SELECT TOP (300) q.ID, 1, NEWID(), DATEADD(HOUR, -2, SYSUTCDATETIME()),
+            SELECT q.ID, 1, NEWID(), DATEADD(DAY, -30, SYSUTCDATETIME()),
+                DATEADD(DAY, -30, SYSUTCDATETIME()), N'Retry', 451
+            FROM mailq.MailQueue AS q WHERE q.AccountName = ?;""", account)
+        execute(c, """
+            INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, StartedAtUtc, EndedAtUtc, Outcome, SmtpCode)
+            SELECT TOP (300) q.ID, 2, NEWID(), DATEADD(HOUR, -2, SYSUTCDATETIME()),
                 DATEADD(HOUR, -1, SYSUTCDATETIME()), IIF(q.ID % 3 = 0, N'Retry', N'Sent'), 250
             FROM mailq.MailQueue AS q WHERE q.AccountName = ? ORDER BY q.ID;""", account)
         execute(c, "UPDATE STATISTICS mailq.MailQueue WITH FULLSCAN;")

@@ -2,6 +2,10 @@
 Revision 0007: changes the mail-queue tables in place (issue 10), without
 moving, copying or deleting a queued mail.  Every step is guarded, so a
 second run changes nothing.  Downgrade: alembic/versions/0007_*.py.
+Locks: the ALTER COLUMN takes a schema-modification lock on mailq.MailQueue
+for the length of the migration's transaction (metadata and the rebuild of
+the small filtered key index only): workers and enqueuers wait, they are not
+refused.  Stop the workers during the upgrade, as for every revision.
 
 1. Bodies off the hot rows (point 8): the table option 'large value types
    out of row' stores new NVARCHAR(MAX) values (Body, TextBody, Headers) off

@@ -1,9 +1,11 @@
 /*
-UX_MailQueue_IdempotencyKey: one mail per idempotency key.  mailq.EnqueueMail
-looks the key up WITH (UPDLOCK, HOLDLOCK) before inserting: the range lock on
-this index stops two sessions from both seeing the key absent.  Filtered, so
-mails without a key (the common case) cost nothing.  A key becomes free again
-once mailq.PurgeMail deletes its mail.
+UX_MailQueue_IdempotencyKey: one mail per idempotency key, compared as binary
+text (the column's collation since revision 0007).  mailq.EnqueueMail
+serializes callers of one key with an application lock on the key and then
+looks it up: no key-range lock on this index, so enqueues of neighbouring
+keys never wait for each other.  Filtered, so mails without a key (the common
+case) cost nothing.  A key becomes free again once mailq.PurgeMail deletes
+its mail.
 */
 IF NOT EXISTS (
     SELECT 1

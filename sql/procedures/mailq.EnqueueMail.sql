@@ -27,10 +27,27 @@ Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
              sent unchanged by every attempt), @Created BIT (0 when an existing
              mail was returned for the idempotency key).  No result set, so the
              procedure can be called from triggers.
-Idempotency: the key is global.  The same key with the same content (the
+Idempotency: the key is global and compared as binary text (case- and
+             accent-sensitive: 'ABC' and 'abc' are two keys), the rule of the
+             column (COLLATE Latin1_General_100_BIN2) and of sp_getapplock's
+             resource names alike; trailing spaces are ignored, as by every
+             SQL Server comparison.  The same key with the same content (the
              parameters exactly as passed, attachments included) returns the
              first mail; with different content it raises 50116 and writes
              nothing.  A key is free again once PurgeMail deleted its mail.
+             Concurrent calls with one key serialize on an application lock
+             on that key (no key-range locks: neighbouring keys never wait);
+             the lock is owned by the transaction, so inside a caller's
+             transaction a second call with the SAME key waits until the
+             caller commits or rolls back (at most 10 s, then 50162).
+Binding:     with @AppName, the account must be bound to the application and
+             the From address must match one of its From bindings (an exact
+             address or '@domain'); see mailq.BindApplication.  Mail without
+             @AppName is bound only when the calling database user is mapped
+             to an application (mailq.ApplicationPrincipal): its mail then
+             always carries that application (@AppName NULL means it, another
+             is 50168).  Unmapped users without @AppName are not bound
+             (docs/guarantees.md, "Who may send as whom").
 Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
              50103 a value over its size; 50104 more than 100 recipients;
              50105 CR or LF in a header value (header injection);
@@ -42,8 +59,24 @@ Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
              50114 unknown (or no default) account; 50115 unknown application;
              50116 idempotency key reused with different content;
              50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
-             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing.
-Transaction: joins the caller's via a savepoint, else opens its own.
+             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing;
+             50160 the application may not send through @AccountName;
+             50161 the application may not send as @FromAddress;
+             50162 the idempotency key's lock was not granted in 10 s (or deadlock);
+             50168 the calling database user is mapped to another application.
+Transaction: opens its own if none is open, else works inside the caller's
+             (the outbox pattern: the mail exists exactly when the caller
+             commits; no savepoint, SAVE TRANSACTION fails under MSDTC with
+             error 627).  Any error, validation included, is re-raised
+             unchanged; XACT_ABORT ON rolls back the caller's transaction, or
+             dooms it (XACT_STATE() = -1) when the caller catches the error:
+             the caller can only roll back, and nothing of this call remains.
+Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
+             it returns): under a SERIALIZABLE caller the key lookup would
+             otherwise take key-range locks, under SNAPSHOT it would miss a
+             key committed after the caller's snapshot began.
+Lock order:  the application lock on the key, then mailq.MailQueue (insert),
+             then mailq.MailAttachment (docs/guarantees.md, "Lock order").
 Example:     DECLARE @ID BIGINT;
              EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
                  @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
@@ -75,6 +108,7 @@ CREATE OR ALTER PROCEDURE mailq.EnqueueMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Msg NVARCHAR(2048);
@@ -248,6 +282,26 @@ BEGIN
         IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
     END;
 
+    -- The calling database user's application, when an administrator mapped
+    -- it (mailq.BindApplication @PrincipalName): USER_NAME() is the caller's
+    -- user (this module has no EXECUTE AS).  The content hash above keeps
+    -- @AppName as passed.
+    DECLARE @PrincipalApp NVARCHAR(128) = (
+        SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
+    );
+    IF @PrincipalApp IS NOT NULL
+    BEGIN
+        IF @AppName IS NOT NULL AND @AppName <> @PrincipalApp
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Database user ', QUOTENAME(USER_NAME()), N' enqueues as application ''', @PrincipalApp,
+                N''' only; got @AppName ''', @AppName, N'''.'
+            );
+            THROW 50168, @Msg, 1;
+        END;
+        SET @AppName = @PrincipalApp;
+    END;
+
     -- Account and application.
     DECLARE @ResolvedAccount NVARCHAR(128), @DefaultFrom NVARCHAR(320), @DefaultFromName NVARCHAR(200);
     SELECT
@@ -275,6 +329,48 @@ BEGIN
 
     SET @FromAddress = LTRIM(RTRIM(COALESCE(@FromAddress, @DefaultFrom)));
     SET @FromName = COALESCE(@FromName, @DefaultFromName);
+
+    -- Who may send as whom (issue 10, point 10): an application sends only
+    -- through the accounts and as the From addresses or domains it is bound to.
+    IF @AppName IS NOT NULL
+    BEGIN
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationAccount AS b
+            WHERE b.AppName = @AppName AND b.AccountName = @ResolvedAccount
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send through account ''', @ResolvedAccount,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).'
+            );
+            THROW 50160, @Msg, 1;
+        END;
+        -- Addresses and domains compare case-insensitively whatever the
+        -- database collation (LOWER on both sides, then binary).
+        DECLARE @FromLower NVARCHAR(320) = LOWER(@FromAddress) COLLATE Latin1_General_100_BIN2;
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationFrom AS f
+            WHERE
+                f.AppName = @AppName
+                AND (
+                    f.FromPattern = @FromLower
+                    OR (
+                        LEFT(f.FromPattern, 1) = N'@'
+                        AND RIGHT(@FromLower, LEN(f.FromPattern)) = f.FromPattern
+                    )
+                )
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send as ''', @FromAddress,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, ',
+                N'@FromAddress = N''addr'' or N''@domain'').'
+            );
+            THROW 50161, @Msg, 1;
+        END;
+    END;
 
     -- Attachments: decoded from base64 by OPENJSON ... WITH (VARBINARY), which
     -- raises an error for text that is not base64: caught and reported as 50117.
@@ -362,25 +458,51 @@ BEGIN
     -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
     IF @Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
 
-    -- 2. Own the transaction, or nest in the caller's with a savepoint.
-    DECLARE @TranCount INT = @@TRANCOUNT;
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    DECLARE @LockResult INT;
+    DECLARE @KeyResource NVARCHAR(255) = CONCAT(N'mailq.IdempotencyKey:', RTRIM(@IdempotencyKey));
     BEGIN TRY
-        IF @TranCount = 0 BEGIN TRANSACTION;
-        ELSE SAVE TRANSACTION EnqueueMail;
+        IF @OwnTran = 1 BEGIN TRANSACTION;
 
         DECLARE @ExistingHash VARBINARY(32);
         SET @MailID = NULL;
         IF @IdempotencyKey IS NOT NULL
         BEGIN
-            -- UPDLOCK, HOLDLOCK: the key-range lock on UX_MailQueue_IdempotencyKey
-            -- stops two sessions from both seeing the key absent and inserting.
+            -- Serialize on the key itself, not on a range of the index: an
+            -- exclusive application lock owned by the transaction (released at
+            -- its commit or rollback, the caller's when we run inside it).
+            -- Resource names are compared as binary, like the key column; the
+            -- key is at most 200 characters, so the resource fits its 255.
+            -- Insert-first catching 2601/2627 was rejected: under XACT_ABORT ON
+            -- a duplicate-key error dooms the caller's transaction, so the
+            -- outbox case could never return the existing mail (docs/guarantees.md).
+            EXEC @LockResult = sys.sp_getapplock
+                @Resource = @KeyResource,
+                @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction',
+                @LockTimeout = 10000;
+            -- < 0: timed out (-1), cancelled (-2), deadlock victim (-3), call
+            -- error (-999).  A deadlock on an application lock does not roll
+            -- back the transaction (sp_getapplock, Remarks): this THROW does,
+            -- or dooms the caller's (XACT_ABORT ON).
+            IF @LockResult < 0
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''': another transaction enqueueing the same key ',
+                    N'held it for 10 s (sp_getapplock returned ', @LockResult, N'); retry once it committed.'
+                );
+                THROW 50162, @Msg, 1;
+            END;
+
+            -- A plain read is exact here: only EnqueueMail writes keys, always
+            -- under this lock, so a row with the key is committed or absent.
+            -- "IS NOT NULL" repeats the index filter, so the filtered index matches.
             SELECT
                 @MailID = q.ID,
                 @MessageID = q.MessageID,
                 @ExistingHash = q.ContentHash
-            -- "IS NOT NULL" repeats the index filter, so the filtered index
-            -- matches for certain and the range lock stays on one key.
-            FROM mailq.MailQueue AS q WITH (UPDLOCK, HOLDLOCK)
+            FROM mailq.MailQueue AS q
             WHERE q.IdempotencyKey = @IdempotencyKey AND q.IdempotencyKey IS NOT NULL;
 
             IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
@@ -425,13 +547,12 @@ BEGIN
             SET @Created = 1;
         END;
 
-        IF @TranCount = 0 COMMIT TRANSACTION;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
-            ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION EnqueueMail;
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
 END;

@@ -18,7 +18,13 @@ Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
              50133 @Disposition unknown; 50134 @RetryAfterSeconds out of range;
              50139 @Error missing; 50147 @SmtpCode out of range.
-Transaction: joins the caller's via a savepoint, else opens its own.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.SendingAccount (Wait only).
 Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
                  @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
 */
@@ -33,6 +39,7 @@ CREATE OR ALTER PROCEDURE mailq.MarkFailed
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     IF @Disposition IS NULL OR @Disposition NOT IN (N'Retry', N'Wait', N'Stop')
@@ -63,10 +70,10 @@ BEGIN
         NextAttemptUtc DATETIME2(3) NULL
     );
 
-    DECLARE @TranCount INT = @@TRANCOUNT;
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @TranCount = 0 BEGIN TRANSACTION;
-        ELSE SAVE TRANSACTION MarkFailed;
+        IF @OwnTran = 1 BEGIN TRANSACTION;
 
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
 
@@ -143,13 +150,12 @@ BEGIN
             FROM mailq.SendingAccount AS s
             WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
 
-        IF @TranCount = 0 COMMIT TRANSACTION;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
-            ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION MarkFailed;
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
 

@@ -1,17 +1,34 @@
 /*
 mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired)
-whose DateProcessed is older than @OlderThanDays days, with its attachments
-and attempts.  Works in batches of @BatchSize mails, one short transaction
-per batch, and deletes children in statements of at most 1000 rows: SQL
-Server escalates to a table lock when one statement takes about 5,000 locks
-on one table, so no statement here comes near that and the queue stays
-available to the workers while a purge runs.  Rows locked by others are
-skipped (READPAST) and picked up by the next purge.
-Parameters:  @OlderThanDays INT >= 0, required; @BatchSize INT 1-1000, default 500.
+whose DateProcessed is older than @OlderThanDays days, with its attempts and
+attachments.  Works in batches of @BatchSize mails, one short transaction
+per batch.  Rows locked by others are skipped (READPAST) and picked up by
+the next purge.
+Batch size and lock escalation: SQL Server escalates to a table lock when
+one statement takes 5,000 locks on one index (or one table) reference
+("Lock escalation" in Microsoft's transaction locking and row versioning
+guide).  Every statement here stays far below: the parent delete touches at
+most @BatchSize <= 1000 rows per index, children are deleted 1000 rows per
+statement.  The queue stays available to workers and enqueuers meanwhile.
+Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
+             @BatchSize INT 1-1000, default 500.
 Result set:  one row: PurgedCount BIGINT.
-Errors:      50135 @OlderThanDays missing or negative; 50140 @BatchSize out of range.
+Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
+             over 36500 (the cutoff date would underflow, error 517);
+             50140 @BatchSize out of range; 50141 called inside a transaction.
 Transaction: must not be called inside a transaction (50141): each batch
-             commits on its own, which is the point.
+             commits on its own, which is the point.  An error rolls back the
+             current batch only (earlier batches stay purged) and is re-raised.
+Isolation:   sets READ COMMITTED itself (READPAST is refused under SERIALIZABLE,
+             REPEATABLE READ and SNAPSHOT, error 650); the candidate read says
+             READCOMMITTEDLOCK so that, under READ_COMMITTED_SNAPSHOT, it sees
+             locks and READPAST can skip them.
+Lock order:  mailq.MailQueue clustered rows first (U, in ID order), then
+             mailq.MailAttempt, then mailq.MailAttachment, then the MailQueue
+             rows' deletion: the order of every procedure (docs/guarantees.md).
+             The candidates are found on IX_MailQueue_Final without keeping a
+             lock on it, so RequeueMail (clustered row, then the index key)
+             can no longer deadlock with a purge (issue 10, point 7).
 Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.PurgeMail
@@ -20,6 +37,7 @@ CREATE OR ALTER PROCEDURE mailq.PurgeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     IF @OlderThanDays IS NULL OR @OlderThanDays < 0
@@ -28,6 +46,11 @@ BEGIN
             N'@OlderThanDays must be 0 or more; got ', COALESCE(CAST(@OlderThanDays AS NVARCHAR(12)), N'NULL'), N'.'
         );
         THROW 50135, @Msg, 1;
+    END;
+    IF @OlderThanDays > 36500
+    BEGIN
+        SET @Msg = CONCAT(N'@OlderThanDays must be at most 36500 (100 years); got ', @OlderThanDays, N'.');
+        THROW 50163, @Msg, 1;
     END;
     SET @BatchSize = COALESCE(@BatchSize, 500);
     IF @BatchSize NOT BETWEEN 1 AND 1000
@@ -40,20 +63,24 @@ BEGIN
 
     DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
     DECLARE @Purged BIGINT = 0;
+    DECLARE @Candidate TABLE (ID BIGINT NOT NULL PRIMARY KEY);
     DECLARE @Batch TABLE (ID BIGINT NOT NULL PRIMARY KEY);
     DECLARE @Deleted INT;
 
     WHILE 1 = 1
     BEGIN
+        DELETE FROM @Candidate;
         DELETE FROM @Batch;
         BEGIN TRY
             BEGIN TRANSACTION;
 
-            -- IX_MailQueue_Final: a range seek on the oldest finished mail.
-            -- UPDLOCK, READPAST, ROWLOCK: lock the batch, skip rows others hold.
-            INSERT INTO @Batch (ID)
+            -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
+            --    oldest first.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks
+            --    released row by row, rows others hold are skipped; nothing on
+            --    the index stays locked while the rows below are taken.
+            INSERT INTO @Candidate (ID)
             SELECT TOP (@BatchSize) q.ID
-            FROM mailq.MailQueue AS q WITH (UPDLOCK, READPAST, ROWLOCK)
+            FROM mailq.MailQueue AS q WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
             WHERE
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired')
                 AND q.DateProcessed < @Cutoff
@@ -65,26 +92,49 @@ BEGIN
                 BREAK;
             END;
 
-            SET @Deleted = 1000;
-            WHILE @Deleted = 1000
+            -- 2. Lock the batch on the clustered index (the first lock every
+            --    procedure takes on a mail) and re-check: a candidate may have
+            --    been requeued in between.  FORCESEEK on the primary key keeps
+            --    the plan off IX_MailQueue_Final.
+            INSERT INTO @Batch (ID)
+            SELECT q.ID
+            FROM @Candidate AS c
+            INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), UPDLOCK, READPAST, ROWLOCK)
+                ON c.ID = q.ID
+            WHERE
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired')
+                AND q.DateProcessed < @Cutoff;
+
+            -- Every candidate was taken or changed meanwhile: stop here rather
+            -- than spin; the next purge picks them up.
+            IF NOT EXISTS (SELECT 1 FROM @Batch)
             BEGIN
-                DELETE TOP (1000) a
-                FROM mailq.MailAttachment AS a
-                WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
-                SET @Deleted = @@ROWCOUNT;
+                COMMIT TRANSACTION;
+                BREAK;
             END;
 
+            -- 3. Children, 1000 rows per statement, attempts before attachments.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
                 DELETE TOP (1000) t
-                FROM mailq.MailAttempt AS t
+                FROM mailq.MailAttempt AS t WITH (ROWLOCK)
                 WHERE t.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
 
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) a
+                FROM mailq.MailAttachment AS a WITH (ROWLOCK)
+                WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- 4. The mails themselves (rows already held since step 2).
             DELETE q
-            FROM mailq.MailQueue AS q
+            FROM mailq.MailQueue AS q WITH (ROWLOCK)
             WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
             SET @Purged += @@ROWCOUNT;
 

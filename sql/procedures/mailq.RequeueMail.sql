@@ -8,7 +8,13 @@ Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
 Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
              50201 unknown mail; 50205 the mail is not Failed, Cancelled or Expired.
-Transaction: joins the caller's via a savepoint, else opens its own.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
+             in a procedure reverts when it returns).
+Lock order:  mailq.MailQueue only (clustered row first, as PurgeMail).
 Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
 */
 CREATE OR ALTER PROCEDURE mailq.RequeueMail
@@ -18,6 +24,7 @@ CREATE OR ALTER PROCEDURE mailq.RequeueMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL
@@ -31,10 +38,10 @@ BEGIN
     SET @DateToProcess = COALESCE(@DateToProcess, SYSUTCDATETIME());
 
     DECLARE @Status NVARCHAR(16);
-    DECLARE @TranCount INT = @@TRANCOUNT;
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @TranCount = 0 BEGIN TRANSACTION;
-        ELSE SAVE TRANSACTION RequeueMail;
+        IF @OwnTran = 1 BEGIN TRANSACTION;
 
         -- UPDLOCK: check and change under one lock.
         SELECT @Status = q.Status
@@ -65,13 +72,12 @@ BEGIN
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
 
-        IF @TranCount = 0 COMMIT TRANSACTION;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
-            ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION RequeueMail;
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
 

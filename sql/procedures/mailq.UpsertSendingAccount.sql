@@ -12,7 +12,14 @@ Parameters:  @AccountName NVARCHAR(128), required
 Result set:  none.
 Errors:      50142 @AccountName missing; 50103 a value over its size;
              50102 @DefaultFromAddress invalid; 50143 a limit not positive.
-Transaction: joins the caller's via a savepoint, else opens its own.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on a
+             small admin table).
+Lock order:  mailq.SendingAccount, then mailq.RateBudget (only the new account's
+             row, which no other transaction can hold yet).
 Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq',
                  @DefaultFromAddress = N'noreply@example.com', @PerMinuteLimit = 20,
                  @PerHourLimit = 500, @PerDayLimit = 5000, @IsDefault = 1;
@@ -28,6 +35,7 @@ CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     SET @IsDefault = COALESCE(@IsDefault, 0);
@@ -54,10 +62,10 @@ BEGIN
     IF @PerMinuteLimit <= 0 OR @PerHourLimit <= 0 OR @PerDayLimit <= 0
         THROW 50143, N'@PerMinuteLimit, @PerHourLimit and @PerDayLimit must be positive, or NULL for no limit.', 1;
 
-    DECLARE @TranCount INT = @@TRANCOUNT;
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @TranCount = 0 BEGIN TRANSACTION;
-        ELSE SAVE TRANSACTION UpsertSendingAccount;
+        IF @OwnTran = 1 BEGIN TRANSACTION;
 
         IF @IsDefault = 1
             UPDATE a
@@ -94,13 +102,12 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
             INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
 
-        IF @TranCount = 0 COMMIT TRANSACTION;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
-            ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION UpsertSendingAccount;
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
 END;

@@ -23,6 +23,13 @@ ContentHash   SHA-256 of the enqueued content; an idempotency key reused with
               different content is refused (error 50116).
 MessageID     RFC 5322 Message-ID made at enqueue, sent unchanged by every
               attempt so that receivers can drop duplicates.
+IdempotencyKey compared as binary text (COLLATE Latin1_General_100_BIN2),
+              like the sp_getapplock resource mailq.EnqueueMail locks on.
+Body, TextBody, Headers  stored out of row (table option 'large value types
+              out of row' = 1, revision 0007): the clustered row keeps a
+              16-byte pointer, so claims and counts read narrow rows.
+Revision 0007 changed an existing table in place
+(sql/upgrades/mailq.0007.MailQueue.sql); this file shows the current shape.
 */
 IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
 BEGIN
@@ -50,7 +57,7 @@ BEGIN
         Priority TINYINT NOT NULL CONSTRAINT DF_MailQueue_Priority DEFAULT (5),
         AccountName NVARCHAR(128) NOT NULL,
         AppName NVARCHAR(128) NULL,
-        IdempotencyKey NVARCHAR(200) NULL,
+        IdempotencyKey NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NULL,
         ContentHash VARBINARY(32) NOT NULL,
         MessageID NVARCHAR(255) NOT NULL,
         ExpiresAtUtc DATETIME2(3) NULL,
@@ -76,4 +83,5 @@ BEGIN
         CONSTRAINT CK_MailQueue_Headers CHECK (Headers IS NULL OR ISJSON(Headers) = 1),
         CONSTRAINT CK_MailQueue_Expiry CHECK (ExpiresAtUtc IS NULL OR ExpiresAtUtc > DateToProcess)
     );
+    EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;
 END;

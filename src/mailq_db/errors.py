@@ -56,6 +56,17 @@ class UnknownMailError(MailStateError):
     """No mail has the given ID (50201)."""
 
 
+class SenderNotAllowedError(InvalidInputError):
+    """The application may not send through this account (50160) or as this
+    From address (50161), or the database user is mapped to another
+    application (50168): see mailq.BindApplication."""
+
+
+class IdempotencyKeyBusyError(InvalidInputError):
+    """Another open transaction is enqueueing the same idempotency key (50162);
+    nothing was written: retry once it ended."""
+
+
 class DelayExecutionError(DatabaseError):
     """Delayed-execution input or state error (50300-50399)."""
 
@@ -69,6 +80,11 @@ SPECIFIC: dict[int, type[DatabaseError]] = {
     50201: UnknownMailError,
     50202: LeaseLostError,
     50203: LeaseLostError,
+    # queue helper, issue 10 point 10 / point 5
+    50160: SenderNotAllowedError,
+    50161: SenderNotAllowedError,
+    50168: SenderNotAllowedError,
+    50162: IdempotencyKeyBusyError,
 }
 
 _BLOCKS: list[tuple[range, type[DatabaseError]]] = [

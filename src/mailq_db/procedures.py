@@ -399,9 +399,11 @@ def upsert_sending_account(
 UNBLOCK_ACCOUNT_SQL = "EXEC mailq.UnblockSendingAccount @AccountName = ?;"
 
 
-def unblock_sending_account(conn: Any, *, account_name: str) -> None:
-    """mailq.UnblockSendingAccount: clear an account's blocked-until time."""
-    _call(conn, UNBLOCK_ACCOUNT_SQL, [account_name]).close()
+def unblock_sending_account(conn: Any, *, account_name: str) -> int:
+    """mailq.UnblockSendingAccount: clear an account's blocked-until time and make
+    the mails a Wait deferred visible now; returns how many mails it made visible."""
+    rows = _rows(_call(conn, UNBLOCK_ACCOUNT_SQL, [account_name]))
+    return int(rows[0][1]) if rows else 0
 
 
 UPSERT_APPLICATION_SQL = "EXEC mailq.UpsertApplication @AppName = ?, @Description = ?;"
@@ -410,6 +412,40 @@ UPSERT_APPLICATION_SQL = "EXEC mailq.UpsertApplication @AppName = ?, @Descriptio
 def upsert_application(conn: Any, *, app_name: str, description: str | None = None) -> None:
     """mailq.UpsertApplication: register an application name mails may carry."""
     _call(conn, UPSERT_APPLICATION_SQL, [app_name, description]).close()
+
+
+BIND_APPLICATION_SQL = (
+    "EXEC mailq.BindApplication @AppName = ?, @AccountName = ?, @FromAddress = ?, @PrincipalName = ?;"
+)
+
+
+def bind_application(conn: Any, *, app_name: str, account_name: str | None = None,
+                     from_address: str | None = None, principal_name: str | None = None) -> None:
+    """mailq.BindApplication: allow an application to send through ``account_name``
+    and/or as ``from_address`` (one address, or a domain written ``@example.com``),
+    and/or make database user ``principal_name`` always enqueue as this application."""
+    _call(conn, BIND_APPLICATION_SQL, [app_name, account_name, from_address, principal_name]).close()
+
+
+UNBIND_APPLICATION_SQL = (
+    "EXEC mailq.UnbindApplication @AppName = ?, @AccountName = ?, @FromAddress = ?, @PrincipalName = ?;"
+)
+
+
+def unbind_application(conn: Any, *, app_name: str, account_name: str | None = None,
+                       from_address: str | None = None, principal_name: str | None = None) -> None:
+    """mailq.UnbindApplication: withdraw what :func:`bind_application` allowed."""
+    _call(conn, UNBIND_APPLICATION_SQL, [app_name, account_name, from_address, principal_name]).close()
+
+
+MOVE_BODIES_SQL = "EXEC mailq.MoveBodiesOutOfRow @BatchSize = ?, @MaxBatches = ?;"
+
+
+def move_bodies_out_of_row(conn: Any, *, batch_size: int | None = None, max_batches: int | None = None) -> int:
+    """mailq.MoveBodiesOutOfRow: after upgrading to 0007, move existing bodies off
+    the clustered rows in committed batches; returns how many mails were rewritten."""
+    rows = _rows(_call(conn, MOVE_BODIES_SQL, [batch_size, max_batches]))
+    return int(rows[0][0]) if rows else 0
 
 
 STATS_SQL = "EXEC mailq.GetQueueStats @RecentFailures = ?;"

@@ -160,6 +160,7 @@ def new_account(conn: Any, prefix: str = "acct", *, from_address: str = "noreply
         conn, account_name=name, default_from_address=from_address, default_from_name=from_name,
         per_minute_limit=per_minute, per_hour_limit=per_hour, per_day_limit=per_day,
     )
+    bind_test_apps(conn)
     return name
 
 
@@ -167,7 +168,39 @@ def new_app(conn: Any, prefix: str = "app") -> str:
     """A new application (through mailq.UpsertApplication); returns its name."""
     name = unique(prefix)
     procedures.upsert_application(conn, app_name=name, description=f"integration test {name}")
+    if not prefix.startswith(UNBOUND_PREFIX):
+        bind_test_apps(conn)
     return name
+
+
+#: Applications whose name starts with this are left unbound by the helpers
+#: (tests of mailq.BindApplication and EnqueueMail's 50160/50161 use them).
+UNBOUND_PREFIX = "unbound"
+
+#: The From domains the suite's mails use.
+TEST_FROM_DOMAINS = ("@example.org", "@example.com", "@shop.example.net", "@例え.jp")
+
+
+def bind_test_apps(conn: Any) -> None:
+    """Test setup as sa (revision 0007 binds applications to accounts and From
+    domains): every application of the database except the ``unbound*`` ones may
+    use every account and the suite's From domains, so tests written before the
+    binding existed keep testing what they test."""
+    execute(conn, f"""
+        INSERT INTO mailq.ApplicationAccount (AppName, AccountName)
+        SELECT p.AppName, a.AccountName
+        FROM mailq.Application AS p CROSS JOIN mailq.SendingAccount AS a
+        WHERE p.AppName NOT LIKE N'{UNBOUND_PREFIX}%'
+          AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationAccount AS b
+                          WHERE b.AppName = p.AppName AND b.AccountName = a.AccountName);""")
+    values = ", ".join(f"(N'{d}')" for d in TEST_FROM_DOMAINS)
+    execute(conn, f"""
+        INSERT INTO mailq.ApplicationFrom (AppName, FromPattern)
+        SELECT p.AppName, d.Pattern
+        FROM mailq.Application AS p CROSS JOIN (VALUES {values}) AS d(Pattern)
+        WHERE p.AppName NOT LIKE N'{UNBOUND_PREFIX}%'
+          AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationFrom AS f
+                          WHERE f.AppName = p.AppName AND f.FromPattern = d.Pattern);""")
 
 
 def enqueue(conn: Any, account: str, app: str | None, n: int = 1, **kwargs: Any) -> list[procedures.EnqueueResult]:

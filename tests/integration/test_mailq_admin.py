@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import os
+
 from datetime import timedelta
 
 import pytest
@@ -209,7 +211,9 @@ def test_installation_health(conn, mssql_url):
     assert scalar(conn, "SELECT version_num FROM dbo.mailq_alembic_version;") == head
     by_name = {r["CheckName"]: r for r in rows}
     assert by_name["CompatibilityLevel"]["Status"] == "OK"
-    assert by_name["ReadCommittedSnapshot"]["Status"] == "OK"  # the fixture turns it on
+    # the fixture turns it on, unless MAILQ_TEST_RCSI=off (the second run of .ci/run)
+    rcsi_on = os.environ.get("MAILQ_TEST_RCSI", "on").lower() != "off"
+    assert by_name["ReadCommittedSnapshot"]["Status"] == ("OK" if rcsi_on else "WARN")
     assert by_name["ServiceBrokerEnabled"]["Status"] == "OK"
 
     # A blocked account is reported as a warning with the way out.

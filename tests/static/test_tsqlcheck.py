@@ -249,7 +249,10 @@ def test_top_level_work_is_skipped_and_grants_kept(tool, tmp_path):
 
 def test_schema_preprocessing_skips_only_run_time_work(sql150):
     """On the real schema, nothing that defines an object is ever skipped."""
-    skipped = {(r["type"], r["why"]) for r in sql150 if r["kind"] == "skipped"}
+    # sql/upgrades/ holds run-time migration scripts (docs/CONVENTIONS.md): a SELECT there
+    # assigns variables (the statistics to drop in upgrades/mailq.0007.MailQueue.sql).
+    skipped = {(r["type"], r["why"]) for r in sql150 if r["kind"] == "skipped"
+               and not (r["type"] == "SelectStatement" and "/sql/upgrades/" in r["source"].replace("\\", "/"))}
     run_time = {"DeclareVariableStatement", "SetVariableStatement", "ThrowStatement", "InsertStatement",
                 "PrintStatement", "ExecuteStatement",
                 # A file that retires an object (sql/indexes/mailq.MailQueue.IX_MailQueue_Claim.sql,

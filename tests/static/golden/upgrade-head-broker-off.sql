@@ -108,7 +108,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0005'
+IF @Rows = 1 AND @Current = '0007'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3196,7 +3196,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0005'
+IF @Rows = 1 AND @Current = '0007'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3281,7 +3281,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0005'
+IF @Rows = 1 AND @Current = '0007'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4882,7 +4882,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0005'
+IF @Rows = 1 AND @Current = '0007'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4967,7 +4967,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0005'
+IF @Rows = 1 AND @Current = '0007'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -5958,6 +5958,3280 @@ END;
 GO
 
 UPDATE dbo.mailq_alembic_version SET version_num='0005' WHERE dbo.mailq_alembic_version.version_num = '0004';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0005 -> 0007
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0007'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0005')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0007 upgrades a database at 0005; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'on'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' has delayed execution (stored option broker=on); this script was rendered with -x broker=off and would leave its objects at an old revision. Render it without -x broker=off.');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'off', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'off';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'off');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailQueue: one row per mail.  The article's column names are kept
+(ID, dtStamp, DateToProcess, DateProcessed, FromName, FromAddress, ToAddress,
+CC, BCC, Status, ThreadLock, AttemptsRemaining, Priority, Body) and corrected:
+BIGINT ID, NVARCHAR text, UTC DATETIME2(3) times, errors in LastError (never in
+Status).
+
+Status: UnSent (queued) -> Sending (leased) -> Sent | Failed | Cancelled | Expired.
+
+VisibleAtUtc is the one column the claim ranges over: it holds the due time
+while the mail is UnSent and the lease expiry while it is Sending, so "due or
+lease expired" is a single range on IX_MailQueue_Claim (an OR across two
+columns cannot seek).  DateToProcess keeps the caller's requested due time.
+
+ThreadLock    the lock token of the worker holding the lease (NULL otherwise);
+              every acknowledgement is fenced by it.
+AttemptCount  attempts started (claims that led to Sending); AttemptsRemaining
+              is decremented at claim, so a mail that kills its worker cannot
+              loop forever.  Wait and Release refund the attempt.
+PossibleDuplicate  set when an expired lease is reclaimed: the first worker may
+              have handed the mail to SMTP before dying.
+ContentHash   SHA-256 of the enqueued content; an idempotency key reused with
+              different content is refused (error 50116).
+MessageID     RFC 5322 Message-ID made at enqueue, sent unchanged by every
+              attempt so that receivers can drop duplicates.
+IdempotencyKey compared as binary text (COLLATE Latin1_General_100_BIN2),
+              like the sp_getapplock resource mailq.EnqueueMail locks on.
+Body, TextBody, Headers  stored out of row (table option 'large value types
+              out of row' = 1, revision 0007): the clustered row keeps a
+              16-byte pointer, so claims and counts read narrow rows.
+Revision 0007 changed an existing table in place
+(sql/upgrades/mailq.0007.MailQueue.sql); this file shows the current shape.
+*/
+IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailQueue (
+        ID BIGINT IDENTITY (1, 1) NOT NULL,
+        dtStamp DATETIME2(3) NOT NULL CONSTRAINT DF_MailQueue_dtStamp DEFAULT (SYSUTCDATETIME()),
+        DateToProcess DATETIME2(3) NOT NULL,
+        DateProcessed DATETIME2(3) NULL,
+        VisibleAtUtc DATETIME2(3) NOT NULL,
+        FromName NVARCHAR(200) NULL,
+        FromAddress NVARCHAR(320) NOT NULL,
+        ReplyTo NVARCHAR(320) NULL,
+        ToAddress NVARCHAR(4000) NOT NULL,
+        CC NVARCHAR(4000) NULL,
+        BCC NVARCHAR(4000) NULL,
+        Subject NVARCHAR(900) NOT NULL,
+        Body NVARCHAR(MAX) NOT NULL,
+        BodyFormat NVARCHAR(8) NOT NULL CONSTRAINT DF_MailQueue_BodyFormat DEFAULT (N'Text'),
+        TextBody NVARCHAR(MAX) NULL,
+        Headers NVARCHAR(MAX) NULL,
+        Status NVARCHAR(16) NOT NULL CONSTRAINT DF_MailQueue_Status DEFAULT (N'UnSent'),
+        ThreadLock UNIQUEIDENTIFIER NULL,
+        AttemptsRemaining INT NOT NULL,
+        AttemptCount INT NOT NULL CONSTRAINT DF_MailQueue_AttemptCount DEFAULT (0),
+        Priority TINYINT NOT NULL CONSTRAINT DF_MailQueue_Priority DEFAULT (5),
+        AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        IdempotencyKey NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NULL,
+        ContentHash VARBINARY(32) NOT NULL,
+        MessageID NVARCHAR(255) NOT NULL,
+        ExpiresAtUtc DATETIME2(3) NULL,
+        SentAtUtc DATETIME2(3) NULL,
+        LastError NVARCHAR(4000) NULL,
+        PossibleDuplicate BIT NOT NULL CONSTRAINT DF_MailQueue_PossibleDuplicate DEFAULT (0),
+        DryRun BIT NOT NULL CONSTRAINT DF_MailQueue_DryRun DEFAULT (0),
+        CONSTRAINT PK_MailQueue PRIMARY KEY CLUSTERED (ID),
+        CONSTRAINT FK_MailQueue_SendingAccount FOREIGN KEY (AccountName)
+        REFERENCES mailq.SendingAccount (AccountName),
+        CONSTRAINT FK_MailQueue_Application FOREIGN KEY (AppName)
+        REFERENCES mailq.Application (AppName),
+        CONSTRAINT CK_MailQueue_Status CHECK (
+            Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired')
+        ),
+        CONSTRAINT CK_MailQueue_Lease CHECK (
+            (Status = N'Sending' AND ThreadLock IS NOT NULL)
+            OR (Status <> N'Sending' AND ThreadLock IS NULL)
+        ),
+        CONSTRAINT CK_MailQueue_Priority CHECK (Priority BETWEEN 0 AND 9),
+        CONSTRAINT CK_MailQueue_BodyFormat CHECK (BodyFormat IN (N'Text', N'Html')),
+        CONSTRAINT CK_MailQueue_Attempts CHECK (AttemptsRemaining >= 0 AND AttemptCount >= 0),
+        CONSTRAINT CK_MailQueue_Headers CHECK (Headers IS NULL OR ISJSON(Headers) = 1),
+        CONSTRAINT CK_MailQueue_Expiry CHECK (ExpiresAtUtc IS NULL OR ExpiresAtUtc > DateToProcess)
+    );
+    EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ApplicationAccount: the sending accounts each application may send
+through (issue 10, point 10).  mailq.EnqueueMail refuses a mail whose
+@AppName is not bound to its account (error 50160).  Rows are written by
+mailq.BindApplication and mailq.UnbindApplication (MailqAdmin only).
+Revision 0007 seeded one row per (application, account) pair found in the
+queue, and bound applications without mail to every account that existed,
+so that applications kept working through the upgrade.
+*/
+IF OBJECT_ID(N'mailq.ApplicationAccount', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.ApplicationAccount (
+        AppName NVARCHAR(128) NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        CreatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_ApplicationAccount_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_ApplicationAccount PRIMARY KEY CLUSTERED (AppName, AccountName),
+        CONSTRAINT FK_ApplicationAccount_Application FOREIGN KEY (AppName)
+        REFERENCES mailq.Application (AppName),
+        CONSTRAINT FK_ApplicationAccount_SendingAccount FOREIGN KEY (AccountName)
+        REFERENCES mailq.SendingAccount (AccountName)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ApplicationFrom: the From addresses and domains each application may
+send as (issue 10, point 10).  FromPattern is either one address
+('billing@example.com') or a domain written '@example.com' (that exact
+domain, not its subdomains), stored in lower case under a binary collation:
+mailq.EnqueueMail lowers the From address and compares, so the match is
+case-insensitive whatever the database collation (error 50161 otherwise).
+Rows are written by mailq.BindApplication and mailq.UnbindApplication.
+Revision 0007 seeded the From addresses found in the queue per application,
+and each account's DefaultFromAddress for applications without mail.
+*/
+IF OBJECT_ID(N'mailq.ApplicationFrom', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.ApplicationFrom (
+        AppName NVARCHAR(128) NOT NULL,
+        FromPattern NVARCHAR(320) COLLATE Latin1_General_100_BIN2 NOT NULL,
+        CreatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_ApplicationFrom_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_ApplicationFrom PRIMARY KEY CLUSTERED (AppName, FromPattern),
+        CONSTRAINT FK_ApplicationFrom_Application FOREIGN KEY (AppName)
+        REFERENCES mailq.Application (AppName),
+        CONSTRAINT CK_ApplicationFrom_Lower CHECK (FromPattern = LOWER(FromPattern) AND LEN(FromPattern) > 1)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ApplicationPrincipal: which application a database user enqueues as
+(issue 10, point 10).  When the caller of mailq.EnqueueMail (USER_NAME(),
+the database user of the session, or the user impersonated by EXECUTE AS)
+is listed here, its mail always carries that application: @AppName NULL
+means this application, another @AppName is refused (50168), and the
+application's account and From bindings then apply.  A user not listed here
+enqueues as before (compatibility with applications deployed before
+revision 0007); mailq.GetInstallationHealth warns about MailqEnqueuer members
+that are not listed.  Rows are written by mailq.BindApplication
+@PrincipalName and mailq.UnbindApplication @PrincipalName.
+*/
+IF OBJECT_ID(N'mailq.ApplicationPrincipal', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.ApplicationPrincipal (
+        PrincipalName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NOT NULL,
+        CreatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_ApplicationPrincipal_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_ApplicationPrincipal PRIMARY KEY CLUSTERED (PrincipalName),
+        CONSTRAINT FK_ApplicationPrincipal_Application FOREIGN KEY (AppName)
+        REFERENCES mailq.Application (AppName)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+UX_MailQueue_IdempotencyKey: one mail per idempotency key, compared as binary
+text (the column's collation since revision 0007).  mailq.EnqueueMail
+serializes callers of one key with an application lock on the key and then
+looks it up: no key-range lock on this index, so enqueues of neighbouring
+keys never wait for each other.  Filtered, so mails without a key (the common
+case) cost nothing.  A key becomes free again once mailq.PurgeMail deletes
+its mail.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'UX_MailQueue_IdempotencyKey' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    CREATE UNIQUE NONCLUSTERED INDEX UX_MailQueue_IdempotencyKey
+    ON mailq.MailQueue (IdempotencyKey)
+    WHERE IdempotencyKey IS NOT NULL;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_Status: the narrow index the counts read (issue 10, point 8).
+Keys (Status, AccountName, VisibleAtUtc), no INCLUDE, unfiltered: about 40
+bytes per mail against a clustered row that carries the addresses, subject
+and (until mailq.MoveBodiesOutOfRow ran) the bodies.
+  mailq.QueueCountsByStatus  Index Scan of this index in key order + Stream
+                             Aggregate: no Sort, no Key Lookup, never the
+                             clustered index.
+  mailq.OldestDueMail        Index Seek (Status = 'UnSent', residual
+                             VisibleAtUtc <= now) + Stream Aggregate per account.
+Unfiltered on purpose: a view's Status predicate then never has to match an
+index filter (a filtered index is used only when the query's predicate
+provably implies the filter, which a parameterized or forced-parameterized
+statement cannot show).  Cost: one more key per mail, rewritten when the
+status changes.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_Status' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_MailQueue_Status
+    ON mailq.MailQueue (Status ASC, AccountName ASC, VisibleAtUtc ASC);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Revision 0007: changes the mail-queue tables in place (issue 10), without
+moving, copying or deleting a queued mail.  Every step is guarded, so a
+second run changes nothing.  Downgrade: alembic/versions/0007_*.py.
+Locks: the ALTER COLUMN takes a schema-modification lock on mailq.MailQueue
+for the length of the migration's transaction (metadata and the rebuild of
+the small filtered key index only): workers and enqueuers wait, they are not
+refused.  Stop the workers during the upgrade, as for every revision.
+
+1. Bodies off the hot rows (point 8): the table option 'large value types
+   out of row' stores new NVARCHAR(MAX) values (Body, TextBody, Headers) off
+   the clustered row, behind a 16-byte pointer.  The option is metadata only;
+   values already stored move when next written, which
+   mailq.MoveBodiesOutOfRow does in batches after the upgrade (sp_tableoption,
+   Remarks).  No column moves to another table, so the claim's result set
+   stays as it was.
+2. Idempotency keys compare as binary text (point 5): the column gets
+   COLLATE Latin1_General_100_BIN2, the comparison of sp_getapplock's
+   resource names, which mailq.EnqueueMail now locks on.  Keys unique under
+   the old (case-insensitive) collation stay unique under a binary one, so
+   the unique index is rebuilt without a conflict.  ALTER COLUMN cannot
+   change a column an index or statistics object uses: both are dropped
+   first (the index is recreated at once, statistics come back on demand).
+3. Who may send as whom (point 10): mailq.ApplicationAccount and
+   mailq.ApplicationFrom (created just before this script) are seeded once
+   (the extended property mailq.BindingsSeeded on mailq.ApplicationAccount
+   records it, so a re-run never binds a later application), so that every existing application keeps working:
+   each application is bound to the accounts and From addresses its queued
+   or finished mail used; an application without any mail is bound to every
+   existing account and to each account's DefaultFromAddress.  Applications
+   registered later start unbound: an administrator binds them
+   (mailq.BindApplication) before they can enqueue.
+*/
+IF EXISTS (
+    SELECT 1
+    FROM sys.tables AS t
+    WHERE t.object_id = OBJECT_ID(N'mailq.MailQueue') AND t.large_value_types_out_of_row = 0
+)
+    EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;
+
+IF EXISTS (
+    SELECT 1
+    FROM sys.columns AS c
+    WHERE
+        c.object_id = OBJECT_ID(N'mailq.MailQueue')
+        AND c.name = N'IdempotencyKey'
+        AND c.collation_name <> N'Latin1_General_100_BIN2'
+)
+BEGIN
+    DROP INDEX IF EXISTS UX_MailQueue_IdempotencyKey ON mailq.MailQueue;
+
+    DECLARE @DropStats NVARCHAR(MAX) = N'';
+    SELECT @DropStats += N'DROP STATISTICS mailq.MailQueue.' + QUOTENAME(s.name) + N'; '
+    FROM sys.stats AS s
+    INNER JOIN sys.stats_columns AS sc ON s.object_id = sc.object_id AND s.stats_id = sc.stats_id
+    INNER JOIN sys.columns AS c ON sc.object_id = c.object_id AND sc.column_id = c.column_id
+    WHERE
+        s.object_id = OBJECT_ID(N'mailq.MailQueue')
+        AND c.name = N'IdempotencyKey'
+        AND NOT EXISTS (
+            SELECT 1 FROM sys.indexes AS i WHERE i.object_id = s.object_id AND i.index_id = s.stats_id
+        );
+    EXEC sys.sp_executesql @DropStats;
+
+    ALTER TABLE mailq.MailQueue ALTER COLUMN IdempotencyKey NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NULL;
+
+    -- Dynamic: the index is created after the ALTER in this same batch.
+    EXEC sys.sp_executesql
+        N'CREATE UNIQUE NONCLUSTERED INDEX UX_MailQueue_IdempotencyKey
+          ON mailq.MailQueue (IdempotencyKey)
+          WHERE IdempotencyKey IS NOT NULL;';
+END;
+
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.extended_properties AS e
+    WHERE
+        e.class = 1 AND e.major_id = OBJECT_ID(N'mailq.ApplicationAccount') AND e.minor_id = 0
+        AND e.name = N'mailq.BindingsSeeded'
+)
+BEGIN
+    INSERT INTO mailq.ApplicationAccount (AppName, AccountName)
+    SELECT DISTINCT
+        q.AppName,
+        q.AccountName
+    FROM mailq.MailQueue AS q
+    WHERE q.AppName IS NOT NULL;
+
+    INSERT INTO mailq.ApplicationAccount (AppName, AccountName)
+    SELECT
+        p.AppName,
+        a.AccountName
+    FROM mailq.Application AS p
+    CROSS JOIN mailq.SendingAccount AS a
+    WHERE NOT EXISTS (SELECT 1 FROM mailq.MailQueue AS q WHERE q.AppName = p.AppName);
+
+    INSERT INTO mailq.ApplicationFrom (AppName, FromPattern)
+    SELECT DISTINCT
+        q.AppName,
+        LOWER(q.FromAddress) COLLATE Latin1_General_100_BIN2
+    FROM mailq.MailQueue AS q
+    WHERE q.AppName IS NOT NULL;
+
+    INSERT INTO mailq.ApplicationFrom (AppName, FromPattern)
+    SELECT DISTINCT
+        p.AppName,
+        LOWER(a.DefaultFromAddress) COLLATE Latin1_General_100_BIN2
+    FROM mailq.Application AS p
+    CROSS JOIN mailq.SendingAccount AS a
+    WHERE NOT EXISTS (SELECT 1 FROM mailq.MailQueue AS q WHERE q.AppName = p.AppName);
+
+    EXEC sys.sp_addextendedproperty
+        @name = N'mailq.BindingsSeeded', @value = N'0007',
+        @level0type = N'SCHEMA', @level0name = N'mailq',
+        @level1type = N'TABLE', @level1name = N'ApplicationAccount';
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.QueueCountsByStatus: how many mails each account has in each status.
+Expected plan shape (checked on 100,000 rows by
+tests/integration/test_mailq_view_plans.py): Index Scan of
+IX_MailQueue_Status (Status, AccountName, VisibleAtUtc), ordered, feeding a
+Stream Aggregate (or a Hash Match aggregate); no Sort over the table, no Key
+Lookup, no access to PK_MailQueue: the count never reads a row that carries
+a body.  Reads only; run under READ_COMMITTED_SNAPSHOT it takes no lock.
+*/
+CREATE OR ALTER VIEW mailq.QueueCountsByStatus
+AS
+SELECT
+    q.Status,
+    q.AccountName,
+    COUNT_BIG(*) AS MailCount
+FROM mailq.MailQueue AS q
+GROUP BY q.Status, q.AccountName;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.OldestDueMail: per account, the oldest mail that is due and waiting
+(UnSent, VisibleAtUtc passed), its age in seconds and how many are due.  A
+growing age means the workers fall behind or the account is blocked.
+Expected plan shape (checked on 100,000 rows by
+tests/integration/test_mailq_view_plans.py): Index Seek on
+IX_MailQueue_Status with the seek predicate Status = N'UnSent' (VisibleAtUtc
+<= now as a seek range or residual), Stream Aggregate per AccountName; no
+Key Lookup and no access to PK_MailQueue.  The predicate needs no filtered
+index to match: IX_MailQueue_Status is unfiltered.  The optimizer may as
+well read the claim index (filtered on the claimable statuses, which
+Status = N'UnSent' implies, and covering): as narrow, also accepted.
+*/
+CREATE OR ALTER VIEW mailq.OldestDueMail
+AS
+SELECT
+    q.AccountName,
+    MIN(q.VisibleAtUtc) AS OldestDueUtc,
+    DATEDIFF_BIG(SECOND, MIN(q.VisibleAtUtc), SYSUTCDATETIME()) AS OldestDueAgeSeconds,
+    COUNT_BIG(*) AS DueCount
+FROM mailq.MailQueue AS q
+WHERE q.Status = N'UnSent' AND q.VisibleAtUtc <= SYSUTCDATETIME()
+GROUP BY q.AccountName;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ThroughputPerHour: attempts finished per UTC hour and account over the
+last 48 hours: Sent (Sent and DryRun outcomes) and Failed (Retry, Wait, Stop,
+Abandoned outcomes).
+Expected plan shape (checked on 100,000 rows by
+tests/integration/test_mailq_view_plans.py): Index Seek on
+IX_MailAttempt_EndedAtUtc (range EndedAtUtc >= now - 48 hours), a join to
+PK_MailQueue by ID (Nested Loops with a Clustered Index Seek, or a hash join
+with a scan of the narrow IX_MailQueue_Status when many attempts are
+recent), then an aggregate by hour and account; never a scan of
+mailq.MailAttempt nor of MailQueue's clustered rows.
+*/
+CREATE OR ALTER VIEW mailq.ThroughputPerHour
+AS
+WITH RecentAttempt AS (
+    SELECT
+        t.MailID,
+        t.Outcome,
+        DATEADD(HOUR, DATEDIFF(HOUR, '20000101', t.EndedAtUtc), CAST('20000101' AS DATETIME2(0))) AS HourUtc
+    FROM mailq.MailAttempt AS t
+    WHERE t.EndedAtUtc >= DATEADD(HOUR, -48, SYSUTCDATETIME())
+)
+
+SELECT
+    r.HourUtc,
+    q.AccountName,
+    SUM(IIF(r.Outcome IN (N'Sent', N'DryRun'), 1, 0)) AS Sent,
+    SUM(IIF(r.Outcome IN (N'Retry', N'Wait', N'Stop', N'Abandoned'), 1, 0)) AS Failed
+FROM RecentAttempt AS r
+INNER JOIN mailq.MailQueue AS q ON r.MailID = q.ID
+GROUP BY r.HourUtc, q.AccountName;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RecentFailures: failed attempts of the last 7 days (Retry, Wait, Stop,
+Abandoned), with the mail's current status: what went wrong and whether the
+mail got through later.
+Expected plan shape (checked on 100,000 rows by
+tests/integration/test_mailq_view_plans.py): Index Seek on
+IX_MailAttempt_EndedAtUtc (range EndedAtUtc >= now - 7 days; Outcome is an
+included column, tested as a residual; a Key Lookup fetches ErrorText),
+Nested Loops into a Clustered Index Seek of PK_MailQueue by ID for
+AccountName and Status (or, when many attempts are recent, a hash join with
+a scan of the narrow IX_MailQueue_Status, whose rows carry ID); never a scan
+of mailq.MailAttempt nor of MailQueue's clustered rows.
+*/
+CREATE OR ALTER VIEW mailq.RecentFailures
+AS
+SELECT
+    t.MailID AS ID,
+    t.AttemptNo,
+    q.AccountName,
+    q.Status,
+    t.Outcome,
+    t.SmtpCode,
+    t.ErrorText AS LastError,
+    t.EndedAtUtc AS DateProcessed
+FROM mailq.MailAttempt AS t
+INNER JOIN mailq.MailQueue AS q ON t.MailID = q.ID
+WHERE
+    t.EndedAtUtc >= DATEADD(DAY, -7, SYSUTCDATETIME())
+    AND t.Outcome IN (N'Retry', N'Wait', N'Stop', N'Abandoned');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.LockLeasedMail: the fence of every acknowledgement (internal: called by
+ExtendLease, ReleaseMail, MarkSent and MarkFailed inside their transaction;
+granted to no role).  Validates @ID / @IDList, then locks the named mails
+WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises an
+error unless every one of them exists, is Sending and holds @LockToken.  The
+caller's UPDATE then cannot race a reclaim: a worker whose lease expired and
+was reclaimed is told so and changes nothing (all or nothing).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (a JSON array of 1-1000
+             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @AcceptSentByToken BIT, default 0: 1 also accepts a mail already
+             Sent by an attempt under @LockToken (MarkSent repeated after its
+             connection dropped before the reply: the first call committed)
+Result set:  none.
+Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
+             50137 @IDList malformed; 50201 unknown mail ID;
+             50202 the mail is leased under another token (lease lost);
+             50203 the mail is not Sending (already acknowledged or never claimed).
+Transaction: must run inside the caller's transaction (raises 50138 otherwise);
+             opens none; an error dooms the caller's transaction (XACT_ABORT ON)
+             and is re-raised unchanged: the caller's CATCH rolls back.
+Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
+             it returns): UPDLOCK reads the latest committed row under every
+             caller level, and the MailAttempt read says READCOMMITTEDLOCK so it
+             never reads a row version under READ_COMMITTED_SNAPSHOT.
+Lock order:  mailq.MailQueue (clustered rows, in ID order), then mailq.MailAttempt:
+             the order of every mail-queue procedure (docs/guarantees.md).
+Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @AcceptSentByToken BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @@TRANCOUNT = 0
+        THROW 50138, N'mailq.LockLeasedMail must run inside the caller''s transaction.', 1;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
+    IF (@ID IS NULL AND @IDList IS NULL) OR (@ID IS NOT NULL AND @IDList IS NOT NULL)
+        THROW 50136, N'Give exactly one of @ID (one mail) or @IDList (a JSON array of mail IDs).', 1;
+    -- ISJSON and OPENJSON in separate statements: an OR does not evaluate its
+    -- operands in a guaranteed order, so OPENJSON could meet text that is not
+    -- JSON and raise error 13609 instead of our 50137.
+    DECLARE @IDListOk BIT = 1;
+    IF @IDList IS NOT NULL
+    BEGIN
+        IF ISJSON(@IDList) = 0 OR LEFT(LTRIM(@IDList), 1) <> N'['
+            SET @IDListOk = 0;
+        ELSE IF EXISTS (
+            SELECT 1
+            FROM OPENJSON(@IDList) AS j
+            WHERE j.[type] <> 2 OR TRY_CAST(j.[value] AS BIGINT) IS NULL
+        )
+            SET @IDListOk = 0;
+        ELSE IF (SELECT COUNT(*) FROM OPENJSON(@IDList)) NOT BETWEEN 1 AND 1000
+            SET @IDListOk = 0;
+    END;
+    IF @IDListOk = 0
+        THROW 50137, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
+
+    DECLARE @Held TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        Status NVARCHAR(16) NULL,
+        ThreadLock UNIQUEIDENTIFIER NULL
+    );
+
+    -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
+    -- checked here still holds when the caller updates them.  No READPAST:
+    -- these rows must be seen, and only a reclaiming worker could hold them.
+    INSERT INTO @Held (ID, Status, ThreadLock)
+    SELECT l.ID, q.Status, q.ThreadLock
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    LEFT JOIN mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK) ON l.ID = q.ID;
+
+    SELECT TOP (1) @Msg = CONCAT(N'Mail ', h.ID, N' does not exist.')
+    FROM @Held AS h
+    WHERE h.Status IS NULL
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50201, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'Mail ', h.ID, N' is ', h.Status, N', not Sending: it was already acknowledged, released or never claimed.'
+    )
+    FROM @Held AS h
+    WHERE
+        h.Status <> N'Sending'
+        AND NOT (
+            @AcceptSentByToken = 1
+            AND h.Status = N'Sent'
+            AND EXISTS (
+                SELECT 1
+                -- READCOMMITTEDLOCK: the attempt row as committed now, never a
+                -- version (the mail row's U lock above orders its writers).
+                FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
+                WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
+            )
+        )
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50203, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'Mail ', h.ID, N' is leased under another @LockToken: this worker''s lease expired and the mail ',
+        N'was reclaimed; nothing was changed.'
+    )
+    FROM @Held AS h
+    WHERE h.ThreadLock <> @LockToken
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50202, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
+that is already queued it returns the existing mail and inserts nothing.
+Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
+                          an address or 'Display Name <address>'
+             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars
+             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars
+             @BodyFormat  N'Text' (default) or N'Html'
+             @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
+             @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
+             @FromAddress default: the account's DefaultFromAddress
+             @FromName    default: the account's DefaultFromName, <= 200 chars
+             @ReplyTo     one address
+             @Headers     business headers: a JSON object of string values,
+                          e.g. N'{"X-Order-Id": "42"}'; at most 50
+             @AccountName default: the default sending account
+             @AppName     a registered application (mailq.UpsertApplication)
+             @Priority    0-9, 9 first, default 5
+             @DateToProcess  UTC time to send at, default now
+             @ExpiresAtUtc   UTC time after which the mail is Expired unsent
+             @MaxAttempts    1-20, default 5
+             @IdempotencyKey <= 200 chars; see "Idempotency" below
+             @Attachments    JSON array of {"FileName", "ContentType",
+                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all
+             NULL for an optional parameter means its default.
+Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
+             sent unchanged by every attempt), @Created BIT (0 when an existing
+             mail was returned for the idempotency key).  No result set, so the
+             procedure can be called from triggers.
+Idempotency: the key is global and compared as binary text (case- and
+             accent-sensitive: 'ABC' and 'abc' are two keys), the rule of the
+             column (COLLATE Latin1_General_100_BIN2) and of sp_getapplock's
+             resource names alike; trailing spaces are ignored, as by every
+             SQL Server comparison.  The same key with the same content (the
+             parameters exactly as passed, attachments included) returns the
+             first mail; with different content it raises 50116 and writes
+             nothing.  A key is free again once PurgeMail deleted its mail.
+             Concurrent calls with one key serialize on an application lock
+             on that key (no key-range locks: neighbouring keys never wait);
+             the lock is owned by the transaction, so inside a caller's
+             transaction a second call with the SAME key waits until the
+             caller commits or rolls back (at most 10 s, then 50162).
+Binding:     with @AppName, the account must be bound to the application and
+             the From address must match one of its From bindings (an exact
+             address or '@domain'); see mailq.BindApplication.  Mail without
+             @AppName is bound only when the calling database user is mapped
+             to an application (mailq.ApplicationPrincipal): its mail then
+             always carries that application (@AppName NULL means it, another
+             is 50168).  Unmapped users without @AppName are not bound
+             (docs/guarantees.md, "Who may send as whom").
+Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
+             50103 a value over its size; 50104 more than 100 recipients;
+             50105 CR or LF in a header value (header injection);
+             50106 @Headers not a JSON object of string values;
+             50107 invalid header name; 50108 header would override a reserved one;
+             50109 @Priority not 0-9; 50110 @ExpiresAtUtc not after the due time;
+             50111 body over its limit; 50112 attachment count or size over limit;
+             50113 attachment file name empty or path-like;
+             50114 unknown (or no default) account; 50115 unknown application;
+             50116 idempotency key reused with different content;
+             50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
+             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing;
+             50160 the application may not send through @AccountName;
+             50161 the application may not send as @FromAddress;
+             50162 the idempotency key's lock was not granted in 10 s (or deadlock);
+             50168 the calling database user is mapped to another application.
+Transaction: opens its own if none is open, else works inside the caller's
+             (the outbox pattern: the mail exists exactly when the caller
+             commits; no savepoint, SAVE TRANSACTION fails under MSDTC with
+             error 627).  Any error, validation included, is re-raised
+             unchanged; XACT_ABORT ON rolls back the caller's transaction, or
+             dooms it (XACT_STATE() = -1) when the caller catches the error:
+             the caller can only roll back, and nothing of this call remains.
+Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
+             it returns): under a SERIALIZABLE caller the key lookup would
+             otherwise take key-range locks, under SNAPSHOT it would miss a
+             key committed after the caller's snapshot began.
+Lock order:  the application lock on the key, then mailq.MailQueue (insert),
+             then mailq.MailAttachment (docs/guarantees.md, "Lock order").
+Example:     DECLARE @ID BIGINT;
+             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
+                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
+                 @MailID = @ID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMail
+    @ToAddress NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX),
+    @Body NVARCHAR(MAX),
+    @BodyFormat NVARCHAR(20) = N'Text',
+    @TextBody NVARCHAR(MAX) = NULL,
+    @CC NVARCHAR(MAX) = NULL,
+    @BCC NVARCHAR(MAX) = NULL,
+    @FromAddress NVARCHAR(MAX) = NULL,
+    @FromName NVARCHAR(MAX) = NULL,
+    @ReplyTo NVARCHAR(MAX) = NULL,
+    @Headers NVARCHAR(MAX) = NULL,
+    @AccountName NVARCHAR(4000) = NULL,
+    @AppName NVARCHAR(4000) = NULL,
+    @Priority INT = 5,
+    @DateToProcess DATETIME2(3) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL,
+    @MaxAttempts INT = 5,
+    @IdempotencyKey NVARCHAR(4000) = NULL,
+    @Attachments NVARCHAR(MAX) = NULL,
+    @MailID BIGINT = NULL OUTPUT,
+    @MessageID NVARCHAR(255) = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Msg NVARCHAR(2048);
+    -- Tested under a binary collation (COLLATE Latin1_General_100_BIN2): under
+    -- a linguistic collation control characters can be ignorable in LIKE.
+    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
+
+    -- The content hash covers the parameters exactly as passed (before
+    -- defaults), so that the same call is recognised as the same mail.
+    DECLARE @ContentJson NVARCHAR(MAX) = (
+        SELECT
+            @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, @Subject AS Subject,
+            @Body AS Body, @BodyFormat AS BodyFormat, @TextBody AS TextBody,
+            @FromAddress AS FromAddress, @FromName AS FromName, @ReplyTo AS ReplyTo,
+            @Headers AS Headers, @AccountName AS AccountName, @AppName AS AppName,
+            @Priority AS Priority, @DateToProcess AS DateToProcess,
+            @ExpiresAtUtc AS ExpiresAtUtc, @MaxAttempts AS MaxAttempts,
+            @Attachments AS Attachments
+        FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
+    );
+
+    SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
+    SET @Priority = COALESCE(@Priority, 5);
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    SET @DateToProcess = COALESCE(@DateToProcess, @Now);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(@ToAddress))
+        THROW 50101, N'@ToAddress is required: give at least one recipient address (separate several with ;).', 1;
+    IF @Subject IS NULL
+        THROW 50121, N'@Subject is required (pass N'''' for a mail without subject).', 1;
+    IF @Body IS NULL
+        THROW 50120, N'@Body is required.', 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.')
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress, 4000), (2, N'@CC', @CC, 4000), (3, N'@BCC', @BCC, 4000),
+        (4, N'@Subject', @Subject, 900), (5, N'@FromAddress', @FromAddress, 320),
+        (6, N'@FromName', @FromName, 200), (7, N'@ReplyTo', @ReplyTo, 320),
+        (8, N'@AccountName', @AccountName, 128), (9, N'@AppName', @AppName, 128),
+        (10, N'@IdempotencyKey', @IdempotencyKey, 200)
+    ) AS v(Position, ParamName, Value, MaxLength)
+    WHERE LEN(v.Value) > v.MaxLength
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' contains CR or LF; header values must be one line (header injection is refused).')
+    FROM (
+        VALUES
+        (1, N'@Subject', @Subject), (2, N'@FromName', @FromName), (3, N'@ReplyTo', @ReplyTo),
+        (4, N'@FromAddress', @FromAddress), (5, N'@IdempotencyKey', @IdempotencyKey)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(
+            v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'
+        )
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress), (2, N'@CC', @CC), (3, N'@BCC', @BCC),
+        (4, N'@ReplyTo', @ReplyTo), (5, N'@FromAddress', @FromAddress)
+    ) AS v(Position, ParamName, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+    WHERE a.Problem IS NOT NULL
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50102, @Msg, 1;
+
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) > 1
+        THROW 50102, N'@ReplyTo takes one address.', 1;
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) > 1
+        THROW 50102, N'@FromAddress takes one address.', 1;
+    IF EXISTS (SELECT 1 FROM mailq.ParseAddressList(@FromAddress) AS a WHERE a.DisplayName IS NOT NULL)
+        THROW 50102, N'@FromAddress takes a bare address; give the display name in @FromName.', 1;
+
+    DECLARE @RecipientCount INT = (
+        SELECT COUNT(*)
+        FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value)
+    );
+    IF @RecipientCount > 100
+    BEGIN
+        SET @Msg = CONCAT(N'@ToAddress, @CC and @BCC name ', @RecipientCount, N' recipients; the limit is 100.');
+        THROW 50104, @Msg, 1;
+    END;
+
+    IF @BodyFormat NOT IN (N'Text', N'Html')
+    BEGIN
+        SET @Msg = CONCAT(N'@BodyFormat must be Text or Html; got ''', LEFT(@BodyFormat, 20), N'''.');
+        THROW 50118, @Msg, 1;
+    END;
+    IF @Priority NOT BETWEEN 0 AND 9
+    BEGIN
+        SET @Msg = CONCAT(N'@Priority must be 0-9 (9 is sent first); got ', @Priority, N'.');
+        THROW 50109, @Msg, 1;
+    END;
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    IF @ExpiresAtUtc <= @DateToProcess
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ExpiresAtUtc (', CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126),
+            N') must be later than the due time (', CONVERT(NVARCHAR(30), @DateToProcess, 126), N').'
+        );
+        THROW 50110, @Msg, 1;
+    END;
+    IF LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000
+        THROW 50111, N'@Body and @TextBody are limited to 2,000,000 characters each.', 1;
+
+    -- Business headers: a JSON object whose values are strings.
+    IF @Headers IS NOT NULL
+    BEGIN
+        IF ISJSON(@Headers) = 0 OR LEFT(LTRIM(@Headers), 1) <> N'{'
+            THROW 50106, N'@Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[type] <> 1;
+        IF @Msg IS NOT NULL THROW 50106, @Msg, 1;
+
+        IF (SELECT COUNT(*) FROM OPENJSON(@Headers)) > 50
+            THROW 50106, N'@Headers holds more than 50 headers.', 1;
+
+        IF EXISTS (
+            SELECT UPPER(j.[key]) AS HeaderName
+            FROM OPENJSON(@Headers) AS j
+            GROUP BY UPPER(j.[key])
+            HAVING COUNT(*) > 1
+        )
+            THROW 50106, N'@Headers names one header twice.', 1;
+
+        -- RFC 5322 field name: 1-76 printable US-ASCII characters except ':'
+        -- (the binary collation makes the ranges code-point ranges).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
+            N'(1-76 printable ASCII characters, no space or colon).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE
+            LEN(j.[key]) NOT BETWEEN 1 AND 76
+            OR j.[key] COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%';
+        IF @Msg IS NOT NULL THROW 50107, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: ''', j.[key], N''' is set by mailq-db and cannot be overridden.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE UPPER(j.[key]) IN (
+            N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
+            N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
+            N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'
+        );
+        IF @Msg IS NOT NULL THROW 50108, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: the value of ''', j.[key], N''' contains CR or LF (header injection is refused).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf;
+        IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', j.[key], N''' is longer than 900 characters.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE LEN(j.[value]) > 900;
+        IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+    END;
+
+    -- The calling database user's application, when an administrator mapped
+    -- it (mailq.BindApplication @PrincipalName): USER_NAME() is the caller's
+    -- user (this module has no EXECUTE AS).  The content hash above keeps
+    -- @AppName as passed.
+    DECLARE @PrincipalApp NVARCHAR(128) = (
+        SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
+    );
+    IF @PrincipalApp IS NOT NULL
+    BEGIN
+        IF @AppName IS NOT NULL AND @AppName <> @PrincipalApp
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Database user ', QUOTENAME(USER_NAME()), N' enqueues as application ''', @PrincipalApp,
+                N''' only; got @AppName ''', @AppName, N'''.'
+            );
+            THROW 50168, @Msg, 1;
+        END;
+        SET @AppName = @PrincipalApp;
+    END;
+
+    -- Account and application.
+    DECLARE @ResolvedAccount NVARCHAR(128), @DefaultFrom NVARCHAR(320), @DefaultFromName NVARCHAR(200);
+    SELECT
+        @ResolvedAccount = a.AccountName,
+        @DefaultFrom = a.DefaultFromAddress,
+        @DefaultFromName = a.DefaultFromName
+    FROM mailq.SendingAccount AS a
+    WHERE
+        (@AccountName IS NOT NULL AND a.AccountName = @AccountName)
+        OR (@AccountName IS NULL AND a.IsDefault = 1);
+    IF @ResolvedAccount IS NULL
+    BEGIN
+        SET @Msg = IIF(
+            @AccountName IS NULL,
+            N'@AccountName is NULL and no default sending account exists (mailq.UpsertSendingAccount @IsDefault = 1).',
+            CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account (mailq.UpsertSendingAccount).')
+        );
+        THROW 50114, @Msg, 1;
+    END;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application (mailq.UpsertApplication).');
+        THROW 50115, @Msg, 1;
+    END;
+
+    SET @FromAddress = LTRIM(RTRIM(COALESCE(@FromAddress, @DefaultFrom)));
+    SET @FromName = COALESCE(@FromName, @DefaultFromName);
+
+    -- Who may send as whom (issue 10, point 10): an application sends only
+    -- through the accounts and as the From addresses or domains it is bound to.
+    IF @AppName IS NOT NULL
+    BEGIN
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationAccount AS b
+            WHERE b.AppName = @AppName AND b.AccountName = @ResolvedAccount
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send through account ''', @ResolvedAccount,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).'
+            );
+            THROW 50160, @Msg, 1;
+        END;
+        -- Addresses and domains compare case-insensitively whatever the
+        -- database collation (LOWER on both sides, then binary).
+        DECLARE @FromLower NVARCHAR(320) = LOWER(@FromAddress) COLLATE Latin1_General_100_BIN2;
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationFrom AS f
+            WHERE
+                f.AppName = @AppName
+                AND (
+                    f.FromPattern = @FromLower
+                    OR (
+                        LEFT(f.FromPattern, 1) = N'@'
+                        AND RIGHT(@FromLower, LEN(f.FromPattern)) = f.FromPattern
+                    )
+                )
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send as ''', @FromAddress,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, ',
+                N'@FromAddress = N''addr'' or N''@domain'').'
+            );
+            THROW 50161, @Msg, 1;
+        END;
+    END;
+
+    -- Attachments: decoded from base64 by OPENJSON ... WITH (VARBINARY), which
+    -- raises an error for text that is not base64: caught and reported as 50117.
+    DECLARE @Attachment TABLE (
+        AttachmentNo INT NOT NULL PRIMARY KEY,
+        FileName NVARCHAR(4000) NULL,
+        ContentType NVARCHAR(4000) NULL,
+        Content VARBINARY(MAX) NULL
+    );
+    IF @Attachments IS NOT NULL
+    BEGIN
+        IF ISJSON(@Attachments) = 0 OR LEFT(LTRIM(@Attachments), 1) <> N'['
+            THROW 50117,
+                N'@Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.',
+                1;
+        IF EXISTS (SELECT 1 FROM OPENJSON(@Attachments) AS e WHERE e.[type] <> 5)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        BEGIN TRY
+            INSERT INTO @Attachment (AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                CAST(e.[key] AS INT) + 1 AS AttachmentNo,
+                f.FileName,
+                f.ContentType,
+                f.Content
+            FROM OPENJSON(@Attachments) AS e
+            CROSS APPLY OPENJSON (e.[value])
+                WITH (
+                    FileName NVARCHAR(4000) '$.FileName',
+                    ContentType NVARCHAR(4000) '$.ContentType',
+                    Content VARBINARY(MAX) '$.ContentBase64'
+                ) AS f;
+        END TRY
+        BEGIN CATCH
+            SET @Msg = CONCAT(N'@Attachments: ContentBase64 must be base64 text (', ERROR_MESSAGE(), N').');
+            THROW 50117, @Msg, 1;
+        END CATCH;
+
+        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        IF (SELECT COUNT(*) FROM @Attachment) > 10
+            THROW 50112, N'@Attachments holds more than 10 attachments.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: file name ''', LEFT(t.FileName, 100),
+            N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).'
+        )
+        FROM @Attachment AS t
+        WHERE
+            NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
+            OR t.FileName LIKE N'%[/\:]%'
+            OR t.FileName IN (N'.', N'..')
+            OR t.FileName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            OR LEN(t.FileName) > 255
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50113, @Msg, 1;
+
+        SELECT TOP (1)
+            @Msg = CONCAT(N'@Attachments: content type of ''', t.FileName, N''' must look like type/subtype.')
+        FROM @Attachment AS t
+        WHERE
+            t.ContentType IS NOT NULL
+            AND (
+                t.ContentType NOT LIKE N'_%/_%'
+                OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+                OR LEN(t.ContentType) > 255
+            )
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50117, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: ''', t.FileName, N''' is ', DATALENGTH(t.Content),
+            N' bytes; the limit is 10485760 (10 MiB) per attachment.'
+        )
+        FROM @Attachment AS t
+        WHERE DATALENGTH(t.Content) > 10485760
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50112, @Msg, 1;
+
+        IF (SELECT SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) FROM @Attachment AS t) > 26214400
+            THROW 50112, N'@Attachments total more than 26214400 bytes (25 MiB) per mail.', 1;
+    END;
+
+    DECLARE @ContentHash VARBINARY(32) = HASHBYTES('SHA2_256', @ContentJson);
+    DECLARE @Domain NVARCHAR(320) = SUBSTRING(@FromAddress, CHARINDEX(N'@', @FromAddress) + 1, 320);
+    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
+    IF @Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    DECLARE @LockResult INT;
+    DECLARE @KeyResource NVARCHAR(255) = CONCAT(N'mailq.IdempotencyKey:', RTRIM(@IdempotencyKey));
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ExistingHash VARBINARY(32);
+        SET @MailID = NULL;
+        IF @IdempotencyKey IS NOT NULL
+        BEGIN
+            -- Serialize on the key itself, not on a range of the index: an
+            -- exclusive application lock owned by the transaction (released at
+            -- its commit or rollback, the caller's when we run inside it).
+            -- Resource names are compared as binary, like the key column; the
+            -- key is at most 200 characters, so the resource fits its 255.
+            -- Insert-first catching 2601/2627 was rejected: under XACT_ABORT ON
+            -- a duplicate-key error dooms the caller's transaction, so the
+            -- outbox case could never return the existing mail (docs/guarantees.md).
+            EXEC @LockResult = sys.sp_getapplock
+                @Resource = @KeyResource,
+                @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction',
+                @LockTimeout = 10000;
+            -- < 0: timed out (-1), cancelled (-2), deadlock victim (-3), call
+            -- error (-999).  A deadlock on an application lock does not roll
+            -- back the transaction (sp_getapplock, Remarks): this THROW does,
+            -- or dooms the caller's (XACT_ABORT ON).
+            IF @LockResult < 0
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''': another transaction enqueueing the same key ',
+                    N'held it for 10 s (sp_getapplock returned ', @LockResult, N'); retry once it committed.'
+                );
+                THROW 50162, @Msg, 1;
+            END;
+
+            -- A plain read is exact here: only EnqueueMail writes keys, always
+            -- under this lock, so a row with the key is committed or absent.
+            -- "IS NOT NULL" repeats the index filter, so the filtered index matches.
+            SELECT
+                @MailID = q.ID,
+                @MessageID = q.MessageID,
+                @ExistingHash = q.ContentHash
+            FROM mailq.MailQueue AS q
+            WHERE q.IdempotencyKey = @IdempotencyKey AND q.IdempotencyKey IS NOT NULL;
+
+            IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''' already belongs to mail ', @MailID,
+                    N' with different content; use a new key for a different mail.'
+                );
+                THROW 50116, @Msg, 1;
+            END;
+        END;
+
+        IF @MailID IS NOT NULL
+            SET @Created = 0;
+        ELSE
+        BEGIN
+            SET @MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', @Domain, N'>');
+
+            INSERT INTO mailq.MailQueue (
+                dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
+                ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
+                Status, AttemptsRemaining, Priority, AccountName, AppName,
+                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc
+            )
+            VALUES (
+                @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
+                @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
+                N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
+                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc
+            );
+            SET @MailID = SCOPE_IDENTITY();
+
+            INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                @MailID,
+                t.AttachmentNo,
+                LTRIM(RTRIM(t.FileName)),
+                COALESCE(t.ContentType, N'application/octet-stream'),
+                t.Content
+            FROM @Attachment AS t;
+
+            SET @Created = 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ExtendLease: pushes the lease of mails a worker still holds (long
+batches), fenced by the lock token, all or nothing.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 1-3600,
+             default 300: the new lease runs from now.
+Result set:  one row per mail: ID, LeaseExpiresUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50132 @LeaseSeconds out of range.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail).
+Example:     EXEC mailq.ExtendLease @IDList = N'[101,102]', @LockToken = @T, @LeaseSeconds = 300;
+*/
+CREATE OR ALTER PROCEDURE mailq.ExtendLease
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+
+    DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, SYSUTCDATETIME());
+    DECLARE @Extended TABLE (ID BIGINT NOT NULL PRIMARY KEY, LeaseExpiresUtc DATETIME2(3) NOT NULL);
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET q.VisibleAtUtc = @LeaseUntil
+        OUTPUT inserted.ID, inserted.VisibleAtUtc INTO @Extended (ID, LeaseExpiresUtc)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        e.ID,
+        e.LeaseExpiresUtc
+    FROM @Extended AS e
+    ORDER BY e.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ReleaseMail: gives back mails a worker holds but has not sent (e.g. on
+shutdown): UnSent and due now, the attempt refunded, the attempt row closed
+as Released.  Fenced by the lock token, all or nothing.  The rate budget the
+claim took is not refunded (limits stay conservative).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required.
+Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt.
+Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.ReleaseMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.ThreadLock = NULL,
+            q.VisibleAtUtc = @Now,
+            q.AttemptsRemaining = q.AttemptsRemaining + 1
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Released (ID, AttemptNo)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Released'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Released AS r ON t.MailID = r.ID AND t.AttemptNo = r.AttemptNo;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        r.ID,
+        N'UnSent' AS Status,
+        @Now AS NextAttemptUtc
+    FROM @Released AS r
+    ORDER BY r.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkSent: records mails as sent; fenced by the lock token and all or
+nothing, so one call acknowledges every mail sent on one SMTP connection.
+Repeatable: a mail this token already marked Sent is accepted again and left
+unchanged, so a worker whose connection dropped before the reply can simply
+call again.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
+             exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
+             final reply, optional; @DryRun BIT, default 0: 1 records that
+             nothing was sent (worker dry-run mode).
+Result set:  one row per mail named: ID, Status ('Sent'), NextAttemptUtc (NULL).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50147 @SmtpCode out of range.  On any error nothing is written.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt.
+Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkSent
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @SmtpCode INT = NULL,
+    @SmtpText NVARCHAR(4000) = NULL,
+    @DryRun BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @DryRun = COALESCE(@DryRun, 0);
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Acked TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail
+            @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
+
+        UPDATE q
+        SET
+            q.Status = N'Sent',
+            q.ThreadLock = NULL,
+            q.SentAtUtc = @Now,
+            q.DateProcessed = @Now,
+            q.DryRun = @DryRun,
+            q.LastError = NULL
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Acked (ID, AttemptNo)
+        FROM mailq.MailQueue AS q
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = IIF(@DryRun = 1, N'DryRun', N'Sent'),
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @SmtpText
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        l.ID,
+        N'Sent' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    ORDER BY l.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
+nothing.  @Disposition follows TinyMail's error classes:
+  Retry  transient (4xx on the mail, dropped connection, timeout): the attempt
+         is consumed; the mail is UnSent again after @RetryAfterSeconds, or
+         after exponential backoff with jitter: 30 s * 2^(attempt-1), at most
+         1 hour, times a random 0.8-1.2; Failed when no attempt is left.
+  Wait   the account is throttled or locked (421, rate limits): the attempt is
+         refunded, the mail is UnSent again after @RetryAfterSeconds (default
+         60), and the account is blocked until then (ClaimMail skips it).
+  Stop   permanent (5xx, malformed mail): Failed at once.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @Disposition NVARCHAR(8),
+             required; @Error NVARCHAR(4000), required: what happened;
+             @RetryAfterSeconds INT 0-604800, optional; @SmtpCode INT 200-599, optional.
+Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc
+             (NULL when Failed).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50133 @Disposition unknown; 50134 @RetryAfterSeconds out of range;
+             50139 @Error missing; 50147 @SmtpCode out of range.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.SendingAccount (Wait only).
+Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
+                 @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkFailed
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @Disposition NVARCHAR(20),
+    @Error NVARCHAR(4000),
+    @RetryAfterSeconds INT = NULL,
+    @SmtpCode INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @Disposition IS NULL OR @Disposition NOT IN (N'Retry', N'Wait', N'Stop')
+    BEGIN
+        SET @Msg = CONCAT(N'@Disposition must be Retry, Wait or Stop; got ''', @Disposition, N'''.');
+        THROW 50133, @Msg, 1;
+    END;
+    IF NULLIF(LTRIM(RTRIM(@Error)), N'') IS NULL
+        THROW 50139, N'@Error is required: say what failed (the SMTP reply or the exception).', 1;
+    IF @RetryAfterSeconds NOT BETWEEN 0 AND 604800
+    BEGIN
+        SET @Msg = CONCAT(N'@RetryAfterSeconds must be 0-604800 (7 days); got ', @RetryAfterSeconds, N'.');
+        THROW 50134, @Msg, 1;
+    END;
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @WaitUntil DATETIME2(3) = DATEADD(SECOND, COALESCE(@RetryAfterSeconds, 60), @Now);
+    DECLARE @Acked TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AttemptNo INT NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        Status NVARCHAR(16) NOT NULL,
+        NextAttemptUtc DATETIME2(3) NULL
+    );
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        WITH Outcome AS (
+            SELECT
+                q.ID,
+                q.AccountName,
+                q.Status,
+                q.ThreadLock,
+                q.VisibleAtUtc,
+                q.AttemptsRemaining,
+                q.AttemptCount,
+                q.DateProcessed,
+                q.LastError,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN N'UnSent'
+                    WHEN @Disposition = N'Retry' AND q.AttemptsRemaining > 0 THEN N'UnSent'
+                    ELSE N'Failed'
+                END AS NewStatus,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN @WaitUntil
+                    WHEN @RetryAfterSeconds IS NOT NULL THEN DATEADD(SECOND, @RetryAfterSeconds, @Now)
+                    -- Exponential backoff with jitter; NEWID() gives each row its own.
+                    ELSE DATEADD(
+                        MILLISECOND,
+                        CAST(
+                            IIF(
+                                q.AttemptCount >= 8, 3600,
+                                30 * POWER(2, IIF(q.AttemptCount < 1, 0, q.AttemptCount - 1))
+                            )
+                            -- modulo before ABS: ABS(-2147483648) would overflow
+                            * (800 + ABS(CHECKSUM(NEWID()) % 401)) AS INT
+                        ),
+                        @Now
+                    )
+                END AS RetryAtUtc
+            FROM mailq.MailQueue AS q
+            INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+            WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
+        )
+
+        UPDATE o
+        SET
+            o.Status = o.NewStatus,
+            o.ThreadLock = NULL,
+            o.VisibleAtUtc = IIF(o.NewStatus = N'UnSent', o.RetryAtUtc, o.VisibleAtUtc),
+            -- Wait is not the mail's fault: its attempt is refunded.
+            o.AttemptsRemaining = o.AttemptsRemaining + IIF(@Disposition = N'Wait', 1, 0),
+            o.DateProcessed = @Now,
+            o.LastError = @Error
+        OUTPUT
+            inserted.ID,
+            inserted.AttemptCount,
+            inserted.AccountName,
+            inserted.Status,
+            IIF(inserted.Status = N'UnSent', inserted.VisibleAtUtc, NULL)
+        INTO @Acked (ID, AttemptNo, AccountName, Status, NextAttemptUtc)
+        FROM Outcome AS o;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = @Disposition,
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @Error
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @Disposition = N'Wait'
+            UPDATE s
+            SET
+                s.BlockedUntilUtc = IIF(s.BlockedUntilUtc > @WaitUntil, s.BlockedUntilUtc, @WaitUntil),
+                s.BlockReason = @Error
+            FROM mailq.SendingAccount AS s
+            WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        a.ID,
+        a.Status,
+        a.NextAttemptUtc
+    FROM @Acked AS a
+    ORDER BY a.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.CancelMail: cancels a mail that is waiting to be sent (UnSent).  A mail
+being sent (Sending) cannot be cancelled safely: the SMTP server may already
+have it; cancel again after it was acknowledged, or let it finish.
+Parameters:  @ID BIGINT, required.
+Result set:  one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
+Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
+             in a procedure reverts when it returns).
+Lock order:  mailq.MailQueue only.
+Example:     EXEC mailq.CancelMail @ID = 101;
+*/
+CREATE OR ALTER PROCEDURE mailq.CancelMail
+    @ID BIGINT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ID IS NULL
+        THROW 50136, N'@ID is required.', 1;
+
+    DECLARE @Status NVARCHAR(16);
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK: read and change the row under one lock, so a claim cannot
+        -- slip in between the check and the update.
+        SELECT @Status = q.Status
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+        WHERE q.ID = @ID;
+
+        IF @Status IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
+            THROW 50201, @Msg, 1;
+        END;
+        IF @Status <> N'UnSent'
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' is ', @Status, N'; only an UnSent mail can be cancelled.');
+            THROW 50204, @Msg, 1;
+        END;
+
+        UPDATE q
+        SET
+            q.Status = N'Cancelled',
+            q.DateProcessed = SYSUTCDATETIME()
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @ID AS ID,
+        N'Cancelled' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RequeueMail: puts a Failed, Cancelled or Expired mail back in the
+queue (UnSent) with a fresh set of attempts; PossibleDuplicate and the
+attempt history are kept.  An expiry time that is not after the new due time
+is cleared (the mail would otherwise expire at once).
+Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
+             @DateToProcess DATETIME2(3) UTC, default now.
+Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
+             50201 unknown mail; 50205 the mail is not Failed, Cancelled or Expired.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
+             in a procedure reverts when it returns).
+Lock order:  mailq.MailQueue only (clustered row first, as PurgeMail).
+Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
+*/
+CREATE OR ALTER PROCEDURE mailq.RequeueMail
+    @ID BIGINT,
+    @MaxAttempts INT = 5,
+    @DateToProcess DATETIME2(3) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ID IS NULL
+        THROW 50136, N'@ID is required.', 1;
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    SET @DateToProcess = COALESCE(@DateToProcess, SYSUTCDATETIME());
+
+    DECLARE @Status NVARCHAR(16);
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK: check and change under one lock.
+        SELECT @Status = q.Status
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+        WHERE q.ID = @ID;
+
+        IF @Status IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
+            THROW 50201, @Msg, 1;
+        END;
+        IF @Status NOT IN (N'Failed', N'Cancelled', N'Expired')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Mail ', @ID, N' is ', @Status, N'; only Failed, Cancelled or Expired mail can be requeued.'
+            );
+            THROW 50205, @Msg, 1;
+        END;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.DateToProcess = @DateToProcess,
+            q.VisibleAtUtc = @DateToProcess,
+            q.AttemptsRemaining = @MaxAttempts,
+            q.ExpiresAtUtc = IIF(q.ExpiresAtUtc > @DateToProcess, q.ExpiresAtUtc, NULL),
+            q.DateProcessed = NULL
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @ID AS ID,
+        N'UnSent' AS Status,
+        @DateToProcess AS NextAttemptUtc;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired)
+whose DateProcessed is older than @OlderThanDays days, with its attempts and
+attachments.  Works in batches of @BatchSize mails, one short transaction
+per batch.  Rows locked by others are skipped (READPAST) and picked up by
+the next purge.
+Batch size and lock escalation: SQL Server escalates to a table lock when
+one statement takes 5,000 locks on one index (or one table) reference
+("Lock escalation" in Microsoft's transaction locking and row versioning
+guide).  Every statement here stays far below: the parent delete touches at
+most @BatchSize <= 1000 rows per index, children are deleted 1000 rows per
+statement.  The queue stays available to workers and enqueuers meanwhile.
+Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
+             @BatchSize INT 1-1000, default 500.
+Result set:  one row: PurgedCount BIGINT.
+Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
+             over 36500 (the cutoff date would underflow, error 517);
+             50140 @BatchSize out of range; 50141 called inside a transaction.
+Transaction: must not be called inside a transaction (50141): each batch
+             commits on its own, which is the point.  An error rolls back the
+             current batch only (earlier batches stay purged) and is re-raised.
+Isolation:   sets READ COMMITTED itself (READPAST is refused under SERIALIZABLE,
+             REPEATABLE READ and SNAPSHOT, error 650); the candidate read says
+             READCOMMITTEDLOCK so that, under READ_COMMITTED_SNAPSHOT, it sees
+             locks and READPAST can skip them.
+Lock order:  mailq.MailQueue clustered rows first (U, in ID order), then
+             mailq.MailAttempt, then mailq.MailAttachment, then the MailQueue
+             rows' deletion: the order of every procedure (docs/guarantees.md).
+             The candidates are found on IX_MailQueue_Final without keeping a
+             lock on it, so RequeueMail (clustered row, then the index key)
+             can no longer deadlock with a purge (issue 10, point 7).
+Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
+*/
+CREATE OR ALTER PROCEDURE mailq.PurgeMail
+    @OlderThanDays INT,
+    @BatchSize INT = 500
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @OlderThanDays IS NULL OR @OlderThanDays < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@OlderThanDays must be 0 or more; got ', COALESCE(CAST(@OlderThanDays AS NVARCHAR(12)), N'NULL'), N'.'
+        );
+        THROW 50135, @Msg, 1;
+    END;
+    IF @OlderThanDays > 36500
+    BEGIN
+        SET @Msg = CONCAT(N'@OlderThanDays must be at most 36500 (100 years); got ', @OlderThanDays, N'.');
+        THROW 50163, @Msg, 1;
+    END;
+    SET @BatchSize = COALESCE(@BatchSize, 500);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50140, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50141, N'mailq.PurgeMail commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
+    DECLARE @Purged BIGINT = 0;
+    DECLARE @Candidate TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Batch TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Deleted INT;
+
+    WHILE 1 = 1
+    BEGIN
+        DELETE FROM @Candidate;
+        DELETE FROM @Batch;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
+            --    oldest first.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks
+            --    released row by row, rows others hold are skipped; nothing on
+            --    the index stays locked while the rows below are taken.
+            INSERT INTO @Candidate (ID)
+            SELECT TOP (@BatchSize) q.ID
+            FROM mailq.MailQueue AS q WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+            WHERE
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired')
+                AND q.DateProcessed < @Cutoff
+            ORDER BY q.DateProcessed ASC, q.ID ASC;
+
+            IF @@ROWCOUNT = 0
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            -- 2. Lock the batch on the clustered index (the first lock every
+            --    procedure takes on a mail) and re-check: a candidate may have
+            --    been requeued in between.  FORCESEEK on the primary key keeps
+            --    the plan off IX_MailQueue_Final.
+            INSERT INTO @Batch (ID)
+            SELECT q.ID
+            FROM @Candidate AS c
+            INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), UPDLOCK, READPAST, ROWLOCK)
+                ON c.ID = q.ID
+            WHERE
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired')
+                AND q.DateProcessed < @Cutoff;
+
+            -- Every candidate was taken or changed meanwhile: stop here rather
+            -- than spin; the next purge picks them up.
+            IF NOT EXISTS (SELECT 1 FROM @Batch)
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            -- 3. Children, 1000 rows per statement, attempts before attachments.
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) t
+                FROM mailq.MailAttempt AS t WITH (ROWLOCK)
+                WHERE t.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) a
+                FROM mailq.MailAttachment AS a WITH (ROWLOCK)
+                WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- 4. The mails themselves (rows already held since step 2).
+            DELETE q
+            FROM mailq.MailQueue AS q WITH (ROWLOCK)
+            WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
+            SET @Purged += @@ROWCOUNT;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+    END;
+
+    SELECT @Purged AS PurgedCount;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UpsertSendingAccount: creates a sending account or changes its
+settings (and creates its rate budget row).  SMTP host and credentials are
+not stored: the worker's configuration maps the account name to them.
+Parameters:  @AccountName NVARCHAR(128), required
+             @DefaultFromAddress NVARCHAR(320), required: one bare address
+                        (the display name goes in @DefaultFromName)
+             @DefaultFromName NVARCHAR(200), optional
+             @PerMinuteLimit, @PerHourLimit, @PerDayLimit INT > 0, NULL = unlimited
+             @IsDefault BIT, default 0: 1 makes this the account EnqueueMail
+                        uses when @AccountName is NULL (the previous default is cleared)
+Result set:  none.
+Errors:      50142 @AccountName missing; 50103 a value over its size;
+             50102 @DefaultFromAddress invalid; 50143 a limit not positive.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on a
+             small admin table).
+Lock order:  mailq.SendingAccount, then mailq.RateBudget (only the new account's
+             row, which no other transaction can hold yet).
+Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq',
+                 @DefaultFromAddress = N'noreply@example.com', @PerMinuteLimit = 20,
+                 @PerHourLimit = 500, @PerDayLimit = 5000, @IsDefault = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
+    @AccountName NVARCHAR(4000),
+    @DefaultFromAddress NVARCHAR(4000),
+    @DefaultFromName NVARCHAR(4000) = NULL,
+    @PerMinuteLimit INT = NULL,
+    @PerHourLimit INT = NULL,
+    @PerDayLimit INT = NULL,
+    @IsDefault BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @IsDefault = COALESCE(@IsDefault, 0);
+    IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50142, N'@AccountName is required.', 1;
+    IF LEN(@AccountName) > 128 OR LEN(@DefaultFromAddress) > 320 OR LEN(@DefaultFromName) > 200
+        THROW 50103, N'@AccountName (128), @DefaultFromAddress (320) or @DefaultFromName (200) is over its size.', 1;
+    IF @DefaultFromName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(13) + NCHAR(10) + N']%'
+        THROW 50105, N'@DefaultFromName contains CR or LF (header injection is refused).', 1;
+    IF
+        @DefaultFromAddress IS NULL
+        OR (SELECT COUNT(*) FROM mailq.ParseAddressList(@DefaultFromAddress)) <> 1
+        OR EXISTS (
+            SELECT 1
+            FROM mailq.ParseAddressList(@DefaultFromAddress) AS a
+            WHERE a.Problem IS NOT NULL OR a.DisplayName IS NOT NULL
+        )
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@DefaultFromAddress must be one valid address; got ''', LEFT(@DefaultFromAddress, 100), N'''.'
+        );
+        THROW 50102, @Msg, 1;
+    END;
+    IF @PerMinuteLimit <= 0 OR @PerHourLimit <= 0 OR @PerDayLimit <= 0
+        THROW 50143, N'@PerMinuteLimit, @PerHourLimit and @PerDayLimit must be positive, or NULL for no limit.', 1;
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        IF @IsDefault = 1
+            UPDATE a
+            SET a.IsDefault = 0
+            FROM mailq.SendingAccount AS a
+            WHERE a.IsDefault = 1 AND a.AccountName <> @AccountName;
+
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
+        IF EXISTS (
+            SELECT 1
+            FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK)
+            WHERE a.AccountName = @AccountName
+        )
+            UPDATE a
+            SET
+                a.DefaultFromAddress = LTRIM(RTRIM(@DefaultFromAddress)),
+                a.DefaultFromName = @DefaultFromName,
+                a.PerMinuteLimit = @PerMinuteLimit,
+                a.PerHourLimit = @PerHourLimit,
+                a.PerDayLimit = @PerDayLimit,
+                a.IsDefault = @IsDefault
+            FROM mailq.SendingAccount AS a
+            WHERE a.AccountName = @AccountName;
+        ELSE
+            INSERT INTO mailq.SendingAccount (
+                AccountName, DefaultFromAddress, DefaultFromName,
+                PerMinuteLimit, PerHourLimit, PerDayLimit, IsDefault
+            )
+            VALUES (
+                @AccountName, LTRIM(RTRIM(@DefaultFromAddress)), @DefaultFromName,
+                @PerMinuteLimit, @PerHourLimit, @PerDayLimit, @IsDefault
+            );
+
+        IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
+            INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UnblockSendingAccount: clears an account's BlockedUntilUtc (set by
+MarkFailed @Disposition = 'Wait'), e.g. once the provider lifted a lock early,
+and makes the mails that a Wait deferred visible now: UnSent mails of the
+account whose last attempt ended with Outcome 'Wait' and whose VisibleAtUtc
+is still in the future get VisibleAtUtc = now (never earlier than their own
+DateToProcess).  Mails scheduled for later by their sender, or deferred by a
+Retry backoff, keep their time.
+Parameters:  @AccountName NVARCHAR(128), required.
+Result set:  one row: AccountName, MadeVisibleCount INT.
+Errors:      50142 @AccountName missing; 50114 unknown account.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
+             dooms or rolls back the caller's transaction.
+Isolation:   sets READ COMMITTED itself; the attempt read says READCOMMITTEDLOCK
+             (under READ_COMMITTED_SNAPSHOT it must see a MarkFailed in flight).
+Lock order:  mailq.MailQueue (the deferred mails), reading mailq.MailAttempt,
+             then mailq.SendingAccount: the order MarkFailed keeps, so an
+             unblock and a Wait never deadlock.
+Example:     EXEC mailq.UnblockSendingAccount @AccountName = N'qq';
+*/
+CREATE OR ALTER PROCEDURE mailq.UnblockSendingAccount
+    @AccountName NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50142, N'@AccountName is required.', 1;
+    IF NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.AccountName = @AccountName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AccountName ''', LEFT(@AccountName, 128), N''' is not a sending account.');
+        THROW 50114, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Visible INT = 0;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- ROWLOCK: row grain on the account's deferred mails only.
+        UPDATE q
+        SET q.VisibleAtUtc = IIF(q.DateToProcess > @Now, q.DateToProcess, @Now)
+        FROM mailq.MailQueue AS q WITH (ROWLOCK)
+        WHERE
+            q.AccountName = @AccountName
+            AND q.Status = N'UnSent'
+            AND q.VisibleAtUtc > @Now
+            AND EXISTS (
+                SELECT 1
+                FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
+                WHERE t.MailID = q.ID AND t.AttemptNo = q.AttemptCount AND t.Outcome = N'Wait'
+            );
+        SET @Visible = @@ROWCOUNT;
+
+        UPDATE a
+        SET
+            a.BlockedUntilUtc = NULL,
+            a.BlockReason = NULL
+        FROM mailq.SendingAccount AS a
+        WHERE a.AccountName = @AccountName;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        CAST(@AccountName AS NVARCHAR(128)) AS AccountName,
+        @Visible AS MadeVisibleCount;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UpsertApplication: registers an application name that mails may carry
+(@AppName of EnqueueMail) and isolated workers may claim by, or changes its
+description.  A new application is bound to nothing: before it can enqueue,
+an administrator binds it to its sending accounts and From addresses or
+domains (mailq.BindApplication; EnqueueMail refuses with 50160/50161).
+Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400), optional.
+Result set:  none.
+Errors:      50145 @AppName missing; 50103 a value over its size.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on a
+             small admin table).
+Lock order:  mailq.Application only.
+Example:     EXEC mailq.UpsertApplication @AppName = N'billing', @Description = N'Invoices';
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertApplication
+    @AppName NVARCHAR(4000),
+    @Description NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
+        THROW 50145, N'@AppName is required.', 1;
+    IF LEN(@AppName) > 128 OR LEN(@Description) > 400
+        THROW 50103, N'@AppName (128) or @Description (400) is over its size.', 1;
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
+        IF EXISTS (SELECT 1 FROM mailq.Application AS p WITH (UPDLOCK, HOLDLOCK) WHERE p.AppName = @AppName)
+            UPDATE p
+            SET p.Description = @Description
+            FROM mailq.Application AS p
+            WHERE p.AppName = @AppName;
+        ELSE
+            INSERT INTO mailq.Application (AppName, Description)
+            VALUES (@AppName, @Description);
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.BindApplication: allows an application to send through a sending
+account and/or as a From address or domain, and/or maps a database user to
+the application (issue 10, point 10).  Binding twice changes nothing;
+mapping a user that is mapped to another application moves it.
+Parameters:  @AppName NVARCHAR(128), required: a registered application
+             @AccountName NVARCHAR(128), optional: a sending account
+             @FromAddress NVARCHAR(320), optional: one bare address
+                        ('billing@example.com') or a domain ('@example.com');
+                        stored in lower case, matched case-insensitively
+             @PrincipalName sysname, optional: a database user whose mail
+                        will always carry this application (mailq.ApplicationPrincipal)
+             At least one of @AccountName, @FromAddress and @PrincipalName.
+Result set:  none.
+Errors:      50145 @AppName missing; 50115 unknown application;
+             50114 unknown account; 50164 none of @AccountName, @FromAddress,
+             @PrincipalName; 50165 @FromAddress neither one address nor '@domain';
+             50169 @PrincipalName is not a database user.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
+             dooms or rolls back the caller's transaction.
+Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on
+             small admin tables, where a key-range lock costs nothing).
+Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
+             mailq.ApplicationPrincipal.
+Example:     EXEC mailq.BindApplication @AppName = N'billing', @AccountName = N'qq',
+                 @FromAddress = N'@billing.example.com';
+*/
+CREATE OR ALTER PROCEDURE mailq.BindApplication
+    @AppName NVARCHAR(4000),
+    @AccountName NVARCHAR(4000) = NULL,
+    @FromAddress NVARCHAR(4000) = NULL,
+    @PrincipalName NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
+        THROW 50145, N'@AppName is required.', 1;
+    IF @AccountName IS NULL AND @FromAddress IS NULL AND @PrincipalName IS NULL
+        THROW 50164, N'Give @AccountName, @FromAddress and/or @PrincipalName: what to bind.', 1;
+    IF NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@AppName ''', LEFT(@AppName, 128), N''' is not a registered application (mailq.UpsertApplication).'
+        );
+        THROW 50115, @Msg, 1;
+    END;
+    IF
+        @AccountName IS NOT NULL
+        AND NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.AccountName = @AccountName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AccountName ''', LEFT(@AccountName, 128), N''' is not a sending account.');
+        THROW 50114, @Msg, 1;
+    END;
+
+    -- A database user (SQL, Windows, Entra ID, without login...), not a role:
+    -- EnqueueMail compares USER_NAME(), which is always a user.
+    IF
+        @PrincipalName IS NOT NULL
+        AND NOT EXISTS (
+            SELECT 1
+            FROM sys.database_principals AS d
+            WHERE d.name = @PrincipalName AND d.type IN ('S', 'U', 'E', 'X', 'C', 'K')
+        )
+    BEGIN
+        SET @Msg = CONCAT(N'@PrincipalName ''', LEFT(@PrincipalName, 128), N''' is not a database user.');
+        THROW 50169, @Msg, 1;
+    END;
+
+    DECLARE @Pattern NVARCHAR(320);
+    IF @FromAddress IS NOT NULL
+    BEGIN
+        SET @Pattern = LOWER(LTRIM(RTRIM(@FromAddress)));
+        -- '@domain': validated as the domain of a made-up address.
+        DECLARE @Probe NVARCHAR(4000) = IIF(LEFT(@Pattern, 1) = N'@', N'x' + @Pattern, @Pattern);
+        IF
+            LEN(@FromAddress) > 320
+            OR (SELECT COUNT(*) FROM mailq.ParseAddressList(@Probe)) <> 1
+            OR EXISTS (
+                SELECT 1
+                FROM mailq.ParseAddressList(@Probe) AS a
+                WHERE a.Problem IS NOT NULL OR a.DisplayName IS NOT NULL
+            )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@FromAddress must be one bare address or a domain written @example.com; got ''',
+                LEFT(@FromAddress, 100), N'''.'
+            );
+            THROW 50165, @Msg, 1;
+        END;
+    END;
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK, HOLDLOCK: insert-if-absent on an admin table that only
+        -- administrators write; its range locks never meet the enqueue path.
+        IF
+            @AccountName IS NOT NULL
+            AND NOT EXISTS (
+                SELECT 1
+                FROM mailq.ApplicationAccount AS b WITH (UPDLOCK, HOLDLOCK)
+                WHERE b.AppName = @AppName AND b.AccountName = @AccountName
+            )
+            INSERT INTO mailq.ApplicationAccount (AppName, AccountName)
+            VALUES (@AppName, @AccountName);
+
+        IF
+            @Pattern IS NOT NULL
+            AND NOT EXISTS (
+                SELECT 1
+                FROM mailq.ApplicationFrom AS f WITH (UPDLOCK, HOLDLOCK)
+                WHERE f.AppName = @AppName AND f.FromPattern = @Pattern
+            )
+            INSERT INTO mailq.ApplicationFrom (AppName, FromPattern)
+            VALUES (@AppName, @Pattern);
+
+        IF @PrincipalName IS NOT NULL
+        BEGIN
+            UPDATE u
+            SET u.AppName = @AppName
+            FROM mailq.ApplicationPrincipal AS u WITH (UPDLOCK, HOLDLOCK)
+            WHERE u.PrincipalName = @PrincipalName;
+            IF @@ROWCOUNT = 0
+                INSERT INTO mailq.ApplicationPrincipal (PrincipalName, AppName)
+                VALUES (@PrincipalName, @AppName);
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UnbindApplication: withdraws what mailq.BindApplication allowed.  Mail
+already queued is not touched; only later EnqueueMail calls are refused.
+Unbinding what is not bound changes nothing.
+Parameters:  @AppName NVARCHAR(128), required
+             @AccountName NVARCHAR(128), optional: the account to withdraw
+             @FromAddress NVARCHAR(320), optional: the address or '@domain' to
+                        withdraw (compared case-insensitively)
+             @PrincipalName sysname, optional: the database user to unmap
+                        (only if it is mapped to @AppName)
+             At least one of @AccountName, @FromAddress and @PrincipalName.
+Result set:  none.
+Errors:      50145 @AppName missing; 50164 none of @AccountName, @FromAddress,
+             @PrincipalName.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
+             dooms or rolls back the caller's transaction.
+Isolation:   sets READ COMMITTED itself.
+Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
+             mailq.ApplicationPrincipal.
+Example:     EXEC mailq.UnbindApplication @AppName = N'billing', @AccountName = N'qq';
+*/
+CREATE OR ALTER PROCEDURE mailq.UnbindApplication
+    @AppName NVARCHAR(4000),
+    @AccountName NVARCHAR(4000) = NULL,
+    @FromAddress NVARCHAR(4000) = NULL,
+    @PrincipalName NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
+        THROW 50145, N'@AppName is required.', 1;
+    IF @AccountName IS NULL AND @FromAddress IS NULL AND @PrincipalName IS NULL
+        THROW 50164, N'Give @AccountName, @FromAddress and/or @PrincipalName: what to withdraw.', 1;
+
+    DECLARE @Pattern NVARCHAR(4000) = LOWER(LTRIM(RTRIM(@FromAddress)));
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        IF @AccountName IS NOT NULL
+            DELETE b
+            FROM mailq.ApplicationAccount AS b
+            WHERE b.AppName = @AppName AND b.AccountName = @AccountName;
+
+        IF @Pattern IS NOT NULL
+            DELETE f
+            FROM mailq.ApplicationFrom AS f
+            WHERE f.AppName = @AppName AND f.FromPattern = @Pattern;
+
+        IF @PrincipalName IS NOT NULL
+            DELETE u
+            FROM mailq.ApplicationPrincipal AS u
+            WHERE u.AppName = @AppName AND u.PrincipalName = @PrincipalName;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MoveBodiesOutOfRow: moves the NVARCHAR(MAX) values (Body, TextBody,
+Headers) of mails enqueued before revision 0007 out of the clustered row,
+in batches, so that claims, acknowledgements and counts touch narrow rows
+(issue 10, point 8).
+Why: revision 0007 sets the table option 'large value types out of row' on
+mailq.MailQueue.  New values are stored by the option in effect; existing
+values move only when they are next written ("When the large value types
+out of row option value is changed, existing ... values aren't immediately
+converted": sp_tableoption, Remarks), so this procedure writes each value
+to itself, @BatchSize mails per transaction, oldest ID first, UnSent and
+Sending mails first (the hot rows), then the rest.  Re-running it is
+harmless: a value already out of row is rewritten to the same place.
+The claim's result set does not change (the columns stay where they are).
+Parameters:  @BatchSize INT 1-1000, default 500 (every statement stays far
+             below the 5,000 locks that escalate to a table lock);
+             @MaxBatches INT >= 1, default NULL (until done): stop after that
+             many batches, e.g. to spread the work over several maintenance runs.
+Result set:  one row: MovedCount BIGINT, LastID BIGINT (NULL when nothing was left).
+Errors:      50140 @BatchSize out of range; 50141 called inside a transaction;
+             50166 @MaxBatches below 1.
+Transaction: must not be called inside a transaction (50141): each batch
+             commits on its own.  An error rolls back the current batch only.
+Isolation:   sets READ COMMITTED itself (READPAST skips rows a worker holds;
+             they are moved by a later run or by their next update anyway).
+Lock order:  mailq.MailQueue only (clustered rows, in ID order).
+Example:     EXEC mailq.MoveBodiesOutOfRow @BatchSize = 500;
+*/
+CREATE OR ALTER PROCEDURE mailq.MoveBodiesOutOfRow
+    @BatchSize INT = 500,
+    @MaxBatches INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 500);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50140, @Msg, 1;
+    END;
+    IF @MaxBatches < 1
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxBatches must be 1 or more (NULL: until done); got ', @MaxBatches, N'.');
+        THROW 50166, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50141, N'mailq.MoveBodiesOutOfRow commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Moved BIGINT = 0, @Batches INT = 0, @Rows INT;
+    DECLARE @LastID BIGINT = 0, @Pass TINYINT = 1;
+    DECLARE @Batch TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+
+    -- Pass 1: UnSent and Sending (the rows every claim reads); pass 2: the rest.
+    WHILE @Pass <= 2 AND (@MaxBatches IS NULL OR @Batches < @MaxBatches)
+    BEGIN
+        DELETE FROM @Batch;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- UPDLOCK, READPAST, ROWLOCK: take the batch, skip rows others hold.
+            INSERT INTO @Batch (ID)
+            SELECT TOP (@BatchSize) q.ID
+            FROM mailq.MailQueue AS q WITH (UPDLOCK, READPAST, ROWLOCK)
+            WHERE
+                q.ID > @LastID
+                AND (
+                    (@Pass = 1 AND q.Status IN (N'UnSent', N'Sending'))
+                    OR (@Pass = 2 AND q.Status NOT IN (N'UnSent', N'Sending'))
+                )
+            ORDER BY q.ID ASC;
+            SET @Rows = @@ROWCOUNT;
+
+            -- Writing a value to itself stores it by the table option now in effect.
+            UPDATE q
+            SET
+                q.Body = q.Body,
+                q.TextBody = q.TextBody,
+                q.Headers = q.Headers
+            FROM mailq.MailQueue AS q WITH (ROWLOCK)
+            WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+
+        IF @Rows = 0
+        BEGIN
+            SET @Pass += 1;
+            SET @LastID = 0;
+        END
+        ELSE
+        BEGIN
+            SET @Moved += @Rows;
+            SET @Batches += 1;
+            SELECT @LastID = MAX(b.ID) FROM @Batch AS b;
+        END;
+    END;
+
+    SELECT
+        @Moved AS MovedCount,
+        IIF(@Pass > 2, CAST(NULL AS BIGINT), @LastID) AS LastID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetQueueStats: the reporting views in one call (for `mailq-db stats`).
+Parameters:  @RecentFailures INT 1-1000, default 20: rows of result set 4.
+Result sets: 1. Status, AccountName, MailCount           (mailq.QueueCountsByStatus)
+             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount (mailq.OldestDueMail)
+             3. HourUtc, AccountName, Sent, Failed       (mailq.ThroughputPerHour, last 24 h)
+             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode, LastError,
+                DateProcessed                            (mailq.RecentFailures, newest first)
+Errors:      50146 @RecentFailures out of range.
+Transaction: reads only; opens none and leaves the caller's untouched.
+Isolation:   sets READ COMMITTED itself: called from a SERIALIZABLE or
+             REPEATABLE READ session it would otherwise hold range or shared
+             locks on the queue until the caller's transaction ends; under
+             READ_COMMITTED_SNAPSHOT the counts are a consistent snapshot per
+             statement (no lock taken).
+Lock order:  none (no locking reads).
+Example:     EXEC mailq.GetQueueStats @RecentFailures = 10;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetQueueStats
+    @RecentFailures INT = 20
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @RecentFailures = COALESCE(@RecentFailures, 20);
+    IF @RecentFailures NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@RecentFailures must be 1-1000; got ', @RecentFailures, N'.');
+        THROW 50146, @Msg, 1;
+    END;
+
+    SELECT
+        c.Status,
+        c.AccountName,
+        c.MailCount
+    FROM mailq.QueueCountsByStatus AS c
+    ORDER BY c.AccountName, c.Status;
+
+    SELECT
+        o.AccountName,
+        o.OldestDueUtc,
+        o.OldestDueAgeSeconds,
+        o.DueCount
+    FROM mailq.OldestDueMail AS o
+    ORDER BY o.OldestDueAgeSeconds DESC;
+
+    SELECT
+        t.HourUtc,
+        t.AccountName,
+        t.Sent,
+        t.Failed
+    FROM mailq.ThroughputPerHour AS t
+    WHERE t.HourUtc >= DATEADD(HOUR, -24, SYSUTCDATETIME())
+    ORDER BY t.HourUtc DESC, t.AccountName ASC;
+
+    SELECT TOP (@RecentFailures)
+        f.ID,
+        f.AttemptNo,
+        f.AccountName,
+        f.Status,
+        f.Outcome,
+        f.SmtpCode,
+        f.LastError,
+        f.DateProcessed
+    FROM mailq.RecentFailures AS f
+    ORDER BY f.DateProcessed DESC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetInstallationHealth: one row per installation check, for
+`mailq-db doctor`.  Reads only catalog views and the queue; changes nothing.
+Parameters:  none.
+Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix
+             (what to do when Status is not OK).  Checks: server version and
+             edition; compatibility level (>= 130); READ_COMMITTED_SNAPSHOT;
+             deployed schema revision; Service Broker and dbo.DelayServiceQueue;
+             the caller's roles and EXECUTE permissions; expired leases not yet
+             reclaimed; failures of the last 24 hours; blocked accounts; default account.
+Errors:      none of its own.
+Visibility:  catalog views show a caller only the metadata of objects it owns
+             or holds a permission on ("Metadata Visibility Configuration"),
+             also inside this procedure: ownership chaining reaches the queue's
+             tables, not metadata.  A least-privilege member of MailqSender
+             therefore cannot see dbo.DelayServiceQueue; the check then says
+             "not visible" (WARN) instead of missing silently, and names the
+             grant (VIEW DEFINITION) or the role (MailqAdmin) that shows it.
+Checks added by revision 0007: the Version row fails below SQL Server 2019
+             (as mailq.CheckServer); UnmappedEnqueuers warns about MailqEnqueuer
+             members not mapped to an application (mailq.BindApplication
+             @PrincipalName).
+Quoting:     names put into Fix text are quoted: QUOTENAME for identifiers,
+             doubled quotes inside N'...' literals, so a Fix is runnable as is.
+Transaction: reads only; opens none and leaves the caller's untouched.
+Isolation:   sets READ COMMITTED itself (reads hold no lock past a statement,
+             whatever the caller's level).
+Lock order:  none (no locking reads).
+Example:     EXEC mailq.GetInstallationHealth;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetInstallationHealth
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Check TABLE (
+        Position INT IDENTITY (1, 1) NOT NULL PRIMARY KEY,
+        Area NVARCHAR(30) NOT NULL,
+        CheckName NVARCHAR(200) NOT NULL,
+        Status NVARCHAR(4) NOT NULL,
+        Detail NVARCHAR(4000) NULL,
+        Fix NVARCHAR(4000) NULL
+    );
+
+    DECLARE @Compat INT, @Rcsi BIT, @Broker BIT;
+    SELECT
+        @Compat = d.compatibility_level,
+        @Rcsi = d.is_read_committed_snapshot_on,
+        @Broker = d.is_broker_enabled
+    FROM sys.databases AS d
+    WHERE d.database_id = DB_ID();
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    VALUES
+    (
+        -- One truth with mailq.CheckServer: SQL Server 2019 (major 15) or later,
+        -- or Azure SQL Database / Managed Instance (engine editions 5 and 8).
+        N'Server', N'Version',
+        IIF(
+            CAST(SERVERPROPERTY(N'EngineEdition') AS INT) IN (5, 8)
+            OR CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT) >= 15,
+            N'OK', N'FAIL'
+        ),
+        LEFT(REPLACE(REPLACE(@@VERSION, NCHAR(13), N' '), NCHAR(10), N' '), 300),
+        IIF(
+            CAST(SERVERPROPERTY(N'EngineEdition') AS INT) IN (5, 8)
+            OR CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT) >= 15,
+            NULL, N'mailq-db needs SQL Server 2019 or later (see mailq.CheckServer)'
+        )
+    ),
+    (
+        N'Server', N'Edition', N'OK',
+        CONCAT(CAST(SERVERPROPERTY(N'Edition') AS NVARCHAR(128)), N' (engine edition ',
+            CAST(SERVERPROPERTY(N'EngineEdition') AS NVARCHAR(10)), N')'), NULL
+    ),
+    (
+        N'Database', N'CompatibilityLevel', IIF(@Compat >= 130, N'OK', N'FAIL'),
+        CONCAT(N'compatibility level ', @Compat),
+        IIF(@Compat >= 130, NULL, CONCAT(N'ALTER DATABASE ', QUOTENAME(DB_NAME()), N' SET COMPATIBILITY_LEVEL = 150;'))
+    ),
+    (
+        N'Database', N'ReadCommittedSnapshot', IIF(@Rcsi = 1, N'OK', N'WARN'),
+        IIF(
+            @Rcsi = 1, N'READ_COMMITTED_SNAPSHOT is on',
+            N'READ_COMMITTED_SNAPSHOT is off: report readers and writers can block each other'
+        ),
+        IIF(
+            @Rcsi = 1, NULL,
+            CONCAT(
+                N'In a maintenance window: ALTER DATABASE ', QUOTENAME(DB_NAME()),
+                N' SET READ_COMMITTED_SNAPSHOT ON WITH ROLLBACK IMMEDIATE;'
+            )
+        )
+    ),
+    (
+        N'Broker', N'ServiceBrokerEnabled', IIF(@Broker = 1, N'OK', N'WARN'),
+        IIF(
+            @Broker = 1, N'Service Broker is enabled',
+            N'Service Broker is disabled: delayed execution cannot run (the mail queue can)'
+        ),
+        IIF(
+            @Broker = 1, NULL,
+            CONCAT(
+                N'Needs exclusive access: ALTER DATABASE ', QUOTENAME(DB_NAME()),
+                N' SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE; (rolls back and disconnects other sessions)'
+            )
+        )
+    );
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT TOP (1)
+        N'Schema', N'Revision', N'OK', v.version_num, NULL
+    FROM dbo.mailq_alembic_version AS v;
+    IF @@ROWCOUNT = 0
+        INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+        VALUES (N'Schema', N'Revision', N'FAIL', N'no revision recorded', N'mailq-db deploy --url ...');
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Broker',
+        N'DelayServiceQueue',
+        IIF(q.is_receive_enabled = 1 AND q.is_activation_enabled = 1, N'OK', N'FAIL'),
+        CONCAT(N'receive enabled: ', q.is_receive_enabled, N', activation enabled: ', q.is_activation_enabled,
+            N', max readers: ', q.max_readers),
+        IIF(
+            q.is_receive_enabled = 1 AND q.is_activation_enabled = 1, NULL,
+            N'ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON, ACTIVATION (STATUS = ON); '
+            + N'then read the delayed-execution failure log (docs/delayed-execution.md)'
+        )
+    FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue');
+    IF @@ROWCOUNT = 0
+        INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+        VALUES (
+            N'Broker', N'DelayServiceQueue', N'WARN',
+            CONCAT(
+                N'dbo.DelayServiceQueue is not visible to user ', QUOTENAME(USER_NAME()),
+                N': deployed with -x broker=off, or this user may not see its metadata'
+            ),
+            CONCAT(
+                N'Run mailq-db doctor as a MailqAdmin member, or: ',
+                N'GRANT VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue TO ',
+                QUOTENAME(USER_NAME()), N';'
+            )
+        );
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Security',
+        N'RoleMembership',
+        N'OK',
+        CONCAT(
+            N'user ', QUOTENAME(USER_NAME()), N'; member of: ',
+            COALESCE(
+                STUFF(
+                    CONCAT(
+                        IIF(IS_ROLEMEMBER(N'MailqEnqueuer') = 1, N', MailqEnqueuer', N''),
+                        IIF(IS_ROLEMEMBER(N'MailqSender') = 1, N', MailqSender', N''),
+                        IIF(IS_ROLEMEMBER(N'MailqAdmin') = 1, N', MailqAdmin', N''),
+                        IIF(IS_ROLEMEMBER(N'MailqDelayCaller') = 1, N', MailqDelayCaller', N''),
+                        IIF(IS_ROLEMEMBER(N'db_owner') = 1, N', db_owner', N'')
+                    ), 1, 2, N''
+                ),
+                N'none'
+            )
+        ),
+        NULL;
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Security',
+        CONCAT(N'Execute ', p.ProcName),
+        IIF(HAS_PERMS_BY_NAME(p.ProcName, N'OBJECT', N'EXECUTE') = 1, N'OK', N'WARN'),
+        CONCAT(
+            p.ProcName,
+            IIF(HAS_PERMS_BY_NAME(p.ProcName, N'OBJECT', N'EXECUTE') = 1, N' may be executed', N' may not be executed')
+        ),
+        IIF(
+            HAS_PERMS_BY_NAME(p.ProcName, N'OBJECT', N'EXECUTE') = 1, NULL,
+            CONCAT(N'ALTER ROLE ', p.RoleName, N' ADD MEMBER ', QUOTENAME(USER_NAME()), N'; (if this login needs it)')
+        )
+    FROM (
+        VALUES
+        (N'mailq.EnqueueMail', N'MailqEnqueuer'),
+        (N'mailq.ClaimMail', N'MailqSender'),
+        (N'mailq.MarkSent', N'MailqSender'),
+        (N'mailq.GetQueueStats', N'MailqAdmin')
+    ) AS p(ProcName, RoleName);
+
+    -- Members of MailqEnqueuer that are not mapped to an application can
+    -- enqueue without @AppName, which no binding restricts (docs/guarantees.md).
+    -- Catalog visibility applies: a least-privilege caller sees only the
+    -- memberships it may see, so this row is exact for MailqAdmin members.
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Security',
+        N'UnmappedEnqueuers',
+        IIF(COUNT_BIG(*) = 0, N'OK', N'WARN'),
+        CONCAT(
+            COUNT_BIG(*), N' visible member(s) of MailqEnqueuer not mapped to an application',
+            IIF(COUNT_BIG(*) = 0, N'', CONCAT(N', e.g. ', QUOTENAME(MIN(m.name))))
+        ),
+        IIF(
+            COUNT_BIG(*) = 0, NULL,
+            CONCAT(
+                N'EXEC mailq.BindApplication @AppName = N''...'', @PrincipalName = N''',
+                REPLACE(MIN(m.name), N'''', N''''''), N''';'
+            )
+        )
+    FROM sys.database_role_members AS rm
+    INNER JOIN sys.database_principals AS m ON rm.member_principal_id = m.principal_id
+    WHERE
+        rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqEnqueuer')
+        AND m.type <> 'R'
+        -- NOT IN is exact here: PrincipalName is NOT NULL (the primary key).
+        AND m.name NOT IN (SELECT u.PrincipalName FROM mailq.ApplicationPrincipal AS u);
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Queue',
+        N'ExpiredLeases',
+        IIF(COUNT_BIG(*) = 0, N'OK', N'WARN'),
+        CONCAT(COUNT_BIG(*), N' mail(s) in Sending whose lease expired and that no worker reclaimed yet'),
+        IIF(COUNT_BIG(*) = 0, NULL, N'Start a worker (mailq-db worker); a worker that died leaves these behind')
+    FROM mailq.MailQueue AS q
+    WHERE q.Status = N'Sending' AND q.VisibleAtUtc < @Now;
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Queue',
+        N'FailedLast24Hours',
+        IIF(COUNT_BIG(*) = 0, N'OK', N'WARN'),
+        CONCAT(COUNT_BIG(*), N' mail(s) Failed in the last 24 hours'),
+        IIF(COUNT_BIG(*) = 0, NULL, N'Read them with mailq-db stats; requeue with mailq.RequeueMail once fixed')
+    FROM mailq.MailQueue AS q
+    WHERE q.Status = N'Failed' AND q.DateProcessed >= DATEADD(HOUR, -24, @Now);
+
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Accounts',
+        CONCAT(N'Blocked ', a.AccountName),
+        N'WARN',
+        CONCAT(N'blocked until ', CONVERT(NVARCHAR(30), a.BlockedUntilUtc, 126), N' UTC: ', LEFT(a.BlockReason, 300)),
+        CONCAT(
+            N'Wait, or clear it: EXEC mailq.UnblockSendingAccount @AccountName = N''',
+            REPLACE(a.AccountName, N'''', N''''''), N''';'
+        )
+    FROM mailq.SendingAccount AS a
+    WHERE a.BlockedUntilUtc > @Now;
+
+    IF NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.IsDefault = 1)
+        INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+        VALUES (
+            N'Accounts', N'DefaultAccount', N'WARN', N'no default sending account: EnqueueMail needs @AccountName',
+            N'EXEC mailq.UpsertSendingAccount @AccountName = N''...'', @DefaultFromAddress = N''...'', @IsDefault = 1;'
+        );
+
+    SELECT
+        c.Area,
+        c.CheckName,
+        c.Status,
+        c.Detail,
+        c.Fix
+    FROM @Check AS c
+    ORDER BY c.Position;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqEnqueuer: enqueue mail, nothing else.  Object-level
+grants (not SCHEMA::mailq) so that internal procedures such as
+mailq.LockLeasedMail stay out of reach.  The enqueue role cannot claim or
+acknowledge (no grant on mailq.ClaimMail, MarkSent...), cannot change its own
+bindings (mailq.BindApplication is MailqAdmin's), and what it may send as is
+limited per application by mailq.ApplicationAccount / mailq.ApplicationFrom
+(tests/integration/test_mailq_roles.py).
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqEnqueuer;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqSender (sender workers): claim, extend, release and
+acknowledge mail, and read the installation health for `mailq-db doctor`.
+No grant on mailq.EnqueueMail: a worker's login cannot enqueue (issue 10,
+point 10; tests/integration/test_mailq_roles.py).
+*/
+GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin: every public mailq procedure and the reporting
+views (views are read-only reports, not table rights).
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RequeueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.CancelMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.PurgeMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UnblockSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.BindApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UnbindApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MoveBodiesOutOfRow TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.QueueCountsByStatus TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.OldestDueMail TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.ThroughputPerHour TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.RecentFailures TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0007') AND FilePath IN (
+    N'tables/mailq.MailQueue.sql',
+    N'tables/mailq.ApplicationAccount.sql',
+    N'tables/mailq.ApplicationFrom.sql',
+    N'tables/mailq.ApplicationPrincipal.sql',
+    N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql',
+    N'indexes/mailq.MailQueue.IX_MailQueue_Status.sql',
+    N'upgrades/mailq.0007.MailQueue.sql',
+    N'views/mailq.QueueCountsByStatus.sql',
+    N'views/mailq.OldestDueMail.sql',
+    N'views/mailq.ThroughputPerHour.sql',
+    N'views/mailq.RecentFailures.sql',
+    N'procedures/mailq.LockLeasedMail.sql',
+    N'procedures/mailq.EnqueueMail.sql',
+    N'procedures/mailq.ExtendLease.sql',
+    N'procedures/mailq.ReleaseMail.sql',
+    N'procedures/mailq.MarkSent.sql',
+    N'procedures/mailq.MarkFailed.sql',
+    N'procedures/mailq.CancelMail.sql',
+    N'procedures/mailq.RequeueMail.sql',
+    N'procedures/mailq.PurgeMail.sql',
+    N'procedures/mailq.UpsertSendingAccount.sql',
+    N'procedures/mailq.UnblockSendingAccount.sql',
+    N'procedures/mailq.UpsertApplication.sql',
+    N'procedures/mailq.BindApplication.sql',
+    N'procedures/mailq.UnbindApplication.sql',
+    N'procedures/mailq.MoveBodiesOutOfRow.sql',
+    N'procedures/mailq.GetQueueStats.sql',
+    N'procedures/mailq.GetInstallationHealth.sql',
+    N'security/MailqEnqueuer.grants.sql',
+    N'security/MailqSender.grants.sql',
+    N'security/MailqAdmin.grants.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0007', N'tables/mailq.MailQueue.sql', '2bd02e7fbaeb26fe12f41b0d34d2b2cab8c9ea6ee612842736aa5142ff45087c'),
+    ('0007', N'tables/mailq.ApplicationAccount.sql', 'da54678fb1dd8d70774c32d7a8805a21ec07246ee3973e497ba49f8bcede98c0'),
+    ('0007', N'tables/mailq.ApplicationFrom.sql', '2c074f3f6f185826ac871110186f456e362a16e83d483ed440da8fd58e34c350'),
+    ('0007', N'tables/mailq.ApplicationPrincipal.sql', '15a4e7e489a5906674c336120c9f859f75003409f8c57435786904406bc313c2'),
+    ('0007', N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql', 'bb14310d5c2c15e17968a36aea356b3ecd3adf472bc15a0868c878c420f121e4'),
+    ('0007', N'indexes/mailq.MailQueue.IX_MailQueue_Status.sql', '401e79502920792f2e96364e6aca3bb2aca445c9c1f0d4903ded59b006d91c1b'),
+    ('0007', N'upgrades/mailq.0007.MailQueue.sql', 'd918b76dec37b4aecfe456047a0ddb35fde3f7b4a9ff7c2e8135f4843f9865a3'),
+    ('0007', N'views/mailq.QueueCountsByStatus.sql', '32e5f38bff4ef0a40c0f2f241723f7f2ee19701c2cd4ac5952c6f08d957d59cd'),
+    ('0007', N'views/mailq.OldestDueMail.sql', '162ab558e04d44adcbd1e11d6e53f8d91108c9f713e3199039d207ed229cb7a6'),
+    ('0007', N'views/mailq.ThroughputPerHour.sql', '430d89e12b1171bedd76164b995c9ad7811a96e660a0de37a939ed75a9216d19'),
+    ('0007', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
+    ('0007', N'procedures/mailq.LockLeasedMail.sql', 'ef4efa5dc7401d45c11b282ea8ff82ba3ccca4f4037d716993b51099ca79bbee'),
+    ('0007', N'procedures/mailq.EnqueueMail.sql', '0382e8d39db229eb0dce542365449f73e07a83d0dd463785fcbb26c3e88b553e'),
+    ('0007', N'procedures/mailq.ExtendLease.sql', 'eaa3fffd937140ed9660852b7e162aa5b66cd60a356846b25d04e8b766425f46'),
+    ('0007', N'procedures/mailq.ReleaseMail.sql', 'a869aea4f7bb8f6c2672b9e4bf80925166cf09d860c30d094f0220d4e791093f'),
+    ('0007', N'procedures/mailq.MarkSent.sql', '5f5869cdc7d7acf81502a4cb31b11067019c8f112293500c458e2297fe5fa5e8'),
+    ('0007', N'procedures/mailq.MarkFailed.sql', '547c2f9f1c8788369d72669d3634a3dd3097d3cdbb2d82209469adf84f263fd3'),
+    ('0007', N'procedures/mailq.CancelMail.sql', '83b111b1e07dce759d5570e99041a72d5eecd291c25684314808520cfaf981ed'),
+    ('0007', N'procedures/mailq.RequeueMail.sql', 'eb4ff01e728ac506529c33bf94dd849dfe8b880553d94a1e9120177a5f3b9a8f'),
+    ('0007', N'procedures/mailq.PurgeMail.sql', '93533d081b39305329b115533a2c18ee1bd098236adb6d24cf264549c28756c9'),
+    ('0007', N'procedures/mailq.UpsertSendingAccount.sql', 'b0889c6c99fbc5854756dae7ec2ccbbcfa5ea8479d90754d28b93212908554c4'),
+    ('0007', N'procedures/mailq.UnblockSendingAccount.sql', 'e352e9af76fccae4d8ef1b5b593cbade69180ad4f696f02d002f5d4a5b16ea1c'),
+    ('0007', N'procedures/mailq.UpsertApplication.sql', '1ca9b3c35b8dd9b65a83be3eeb70c5f5635b695f7ba1fd617d3bb8f1e0543605'),
+    ('0007', N'procedures/mailq.BindApplication.sql', '681fa86b9bd7b4d8c1c7a12f93b7daac23ff0fbf43ecaee7a696de4587061f4c'),
+    ('0007', N'procedures/mailq.UnbindApplication.sql', '4006777019f5f25f97c319bcf2eed1c3b387c56fbaf45dc1076b861a0af6a124'),
+    ('0007', N'procedures/mailq.MoveBodiesOutOfRow.sql', 'e9c1b8ba51dc06d5faafc93e393737c50a9dca52cf72c0697bd55494953dd700'),
+    ('0007', N'procedures/mailq.GetQueueStats.sql', '629044a0c44b437614a0555456940b1fd072a74ba60cd9c2cda734271e3cc536'),
+    ('0007', N'procedures/mailq.GetInstallationHealth.sql', '5087c38fb00f535682dc5d83df9879da6dbc72a4620322362da334f957dc28c5'),
+    ('0007', N'security/MailqEnqueuer.grants.sql', '7a756f43094dc7e8c3d3857bf770122ac33f95f8ef617d08d89487a42bf0e73e'),
+    ('0007', N'security/MailqSender.grants.sql', '5fbb1e587271b2b44e91d7bfc63c42503ea26b6e97db894ee6f535b9ad11b2b4'),
+    ('0007', N'security/MailqAdmin.grants.sql', '2d8040b067c68fb6857a94d9bb098c29e75e9680284d0b0fedb58d4f48bf51b8');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0007 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0007' WHERE dbo.mailq_alembic_version.version_num = '0005';
 
 GO
 

@@ -1,0 +1,66 @@
+/*
+mailq.UnbindApplication: withdraws what mailq.BindApplication allowed.  Mail
+already queued is not touched; only later EnqueueMail calls are refused.
+Unbinding what is not bound changes nothing.
+Parameters:  @AppName NVARCHAR(128), required
+             @AccountName NVARCHAR(128), optional: the account to withdraw
+             @FromAddress NVARCHAR(320), optional: the address or '@domain' to
+                        withdraw (compared case-insensitively)
+             @PrincipalName sysname, optional: the database user to unmap
+                        (only if it is mapped to @AppName)
+             At least one of @AccountName, @FromAddress and @PrincipalName.
+Result set:  none.
+Errors:      50145 @AppName missing; 50164 none of @AccountName, @FromAddress,
+             @PrincipalName.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
+             dooms or rolls back the caller's transaction.
+Isolation:   sets READ COMMITTED itself.
+Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
+             mailq.ApplicationPrincipal.
+Example:     EXEC mailq.UnbindApplication @AppName = N'billing', @AccountName = N'qq';
+*/
+CREATE OR ALTER PROCEDURE mailq.UnbindApplication
+    @AppName NVARCHAR(4000),
+    @AccountName NVARCHAR(4000) = NULL,
+    @FromAddress NVARCHAR(4000) = NULL,
+    @PrincipalName NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
+        THROW 50145, N'@AppName is required.', 1;
+    IF @AccountName IS NULL AND @FromAddress IS NULL AND @PrincipalName IS NULL
+        THROW 50164, N'Give @AccountName, @FromAddress and/or @PrincipalName: what to withdraw.', 1;
+
+    DECLARE @Pattern NVARCHAR(4000) = LOWER(LTRIM(RTRIM(@FromAddress)));
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        IF @AccountName IS NOT NULL
+            DELETE b
+            FROM mailq.ApplicationAccount AS b
+            WHERE b.AppName = @AppName AND b.AccountName = @AccountName;
+
+        IF @Pattern IS NOT NULL
+            DELETE f
+            FROM mailq.ApplicationFrom AS f
+            WHERE f.AppName = @AppName AND f.FromPattern = @Pattern;
+
+        IF @PrincipalName IS NOT NULL
+            DELETE u
+            FROM mailq.ApplicationPrincipal AS u
+            WHERE u.AppName = @AppName AND u.PrincipalName = @PrincipalName;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;

@@ -71,7 +71,14 @@ BEGIN
         VALUES (@TaskID, @EventName, @TargetName, @Attempts, @ErrorNumber, @ErrorMessage, @Handle);
 
     -- Every task's conversation ends here, once: no endpoint is left behind.
-    -- Ending the initiator side also discards its pending timer.
-    IF @Handle IS NOT NULL
+    -- Ending the initiator side also discards its pending timer.  An endpoint
+    -- that no longer exists (ALTER DATABASE ... SET NEW_BROKER removes every
+    -- conversation without notice) or is already closed is not ended again:
+    -- END CONVERSATION needs an existing conversation
+    -- (https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql).
+    IF @Handle IS NOT NULL AND EXISTS (
+        SELECT 1 FROM sys.conversation_endpoints AS e
+        WHERE e.conversation_handle = @Handle AND e.state <> 'CD'
+    )
         END CONVERSATION @Handle;
 END;

@@ -212,7 +212,9 @@ def test_targets_run_through_sp_executesql_with_parameters():
     built = re.search(rf"SET {sql_var} = CONCAT\((.*?)\);", text, re.S).group(1)
     # Only catalog names from delay.ResolveTarget, each QUOTENAMEd, reach the text.
     assert re.findall(r"QUOTENAME\((@\w+)\)", built) == ["@SchemaName", "@ProcedureName"]
-    assert re.sub(r"N'[^']*'|QUOTENAME\(@\w+\)|[\s,]", "", built) == ""
+    # ... and one INT (the lock timeout): CONCAT renders it as digits only.
+    assert re.sub(r"N'[^']*'|QUOTENAME\(@\w+\)|ISNULL\(@TargetLockTimeoutMs,\s*-1\)|[\s,]", "", built) == ""
+    assert re.search(r"@TargetLockTimeoutMs INT\b", text)
     assert "FROM delay.ResolveTarget(@TargetName)" in text
     assert "DECLARE" in text and params_var == "@ParameterList"
 

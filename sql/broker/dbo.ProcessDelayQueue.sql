@@ -23,8 +23,12 @@ One pass of the loop, with its transaction boundaries and lock order:
   | SELECT delay.Task WITH (UPDLOCK, ROWLOCK) ....... locks the task row  |
   | due -> sp_getapplock run lock (Session) .. a lock outside the tran    |
   |        Running, attempt + 1, lease timer                              |
+  | final -> delay.Task and END CONVERSATION only (FinishTask @SetReceipt |
+  |        = 0): never the platform's table inside a RECEIVE transaction  |
   | COMMIT                                                                |
   +-----------------------------------------------------------------------+
+  RECEIPT (autocommit UPDATE, no RECEIVE): dbo.tabDIYTable12402.F108219 of
+  a task step 1 made final; a failure is logged, delay.Reconcile repairs it.
      | failed: ROLLBACK (the message is back on the queue: 1 rollback)
      |   1205, first time for this message in this reader: nothing else;
      |         the next RECEIVE redelivers it (one ordinary redelivery)
@@ -105,7 +109,7 @@ BEGIN
         @TaskHandle UNIQUEIDENTIFIER,
         @BoundHandle UNIQUEIDENTIFIER,
         @Unbound BIT,
-        @HandleText NVARCHAR(36),
+        @LogText NVARCHAR(2047),
         @InitiatorHandle UNIQUEIDENTIFIER,
         @TaskState NVARCHAR(16),
         @TargetName NVARCHAR(400),
@@ -131,6 +135,7 @@ BEGIN
         @Stop BIT = 0,
         @Recover BIT,
         @Recovered BIT,
+        @Step1Committed BIT,
         @RedeliveredHandle UNIQUEIDENTIFIER,
         @EndpointOpen BIT,
         @Sql NVARCHAR(MAX),
@@ -183,6 +188,7 @@ BEGIN
             @Run = 0,
             @Recover = 0,
             @Recovered = 0,
+            @Step1Committed = 0,
             @LockName = NULL,
             @MaxAttempts = 3,
             @RetryBaseSeconds = 30,
@@ -235,7 +241,7 @@ BEGIN
                     SELECT @InitiatorHandle = i.conversation_handle
                     FROM sys.conversation_endpoints AS t
                     INNER JOIN sys.conversation_endpoints AS i
-                        ON i.conversation_id = t.conversation_id AND i.is_initiator = 1
+                        ON t.conversation_id = i.conversation_id AND i.is_initiator = 1
                     WHERE t.conversation_handle = @Handle AND t.is_initiator = 0;
 
                     -- No lock yet: the conversation group comes before the row.
@@ -307,6 +313,7 @@ BEGIN
                     IF @TaskState IN (N'Scheduled', N'Running', N'Retrying') AND @TaskHandle = @Handle
                         -- Ends @Handle, the task's own conversation.
                         EXEC delay.FinishTask
+                            @SetReceipt = 0,
                             @TaskID = @TaskID,
                             @TaskState = N'Failed',
                             @EventName = N'BrokerError',
@@ -367,7 +374,9 @@ BEGIN
                     -- as long as the target runs; a session that ended released
                     -- it.  APPLOCK_TEST only tests (1: grantable = free), so
                     -- there is nothing to release here.
-                    ELSE IF APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/task/', @TaskID), N'Exclusive', N'Session') = 0
+                    ELSE IF APPLOCK_TEST(
+                            N'public', CONCAT(N'mailq-db/delay/task/', @TaskID), N'Exclusive', N'Session'
+                        ) = 0
                     BEGIN
                         -- Alive and slow: extend the lease, never interrupt.
                         UPDATE delay.Task
@@ -414,6 +423,7 @@ BEGIN
                         END;
                         ELSE
                             EXEC delay.FinishTask
+                                @SetReceipt = 0,
                                 @TaskID = @TaskID,
                                 @TaskState = N'Failed',
                                 @EventName = N'RunnerLost',
@@ -475,6 +485,7 @@ BEGIN
 
                         IF @@ROWCOUNT = 0
                             EXEC delay.FinishTask
+                                @SetReceipt = 0,
                                 @TaskID = @TaskID,
                                 @TaskState = N'Cancelled',
                                 @EventName = N'Cancelled',
@@ -485,8 +496,12 @@ BEGIN
                             IF @Refusal IS NULL
                                 SELECT
                                     @Refusal = 50303,
-                                    @RefusalMessage = N'a value F108211-F108216 is longer than the target''s 200 characters; refused, not cut';
+                                    @RefusalMessage = CONCAT(
+                                        N'a value F108211-F108216 is longer than the target''s 200 characters; ',
+                                        N'refused, not cut'
+                                    );
                             EXEC delay.FinishTask
+                                @SetReceipt = 0,
                                 @TaskID = @TaskID,
                                 @TaskState = N'Refused',
                                 @EventName = N'Refused',
@@ -560,6 +575,7 @@ BEGIN
             END;
 
             COMMIT TRANSACTION;
+            SET @Step1Committed = 1;
         END TRY
         BEGIN CATCH
             SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE(), @Run = 0;
@@ -574,10 +590,13 @@ BEGIN
                 -- Nothing received: the queue itself failed (e.g. disabled,
                 -- error 9617).  Say so in the error log, and stop; activation
                 -- starts readers again once the queue is enabled.
-                RAISERROR (
-                    N'mailq-db dbo.ProcessDelayQueue: RECEIVE from dbo.DelayServiceQueue failed (error %d: %s); the reader stops. See delay.Health.',
-                    16, 1, @ErrorNumber, @ErrorMessage
+                -- N'%s': the text is an argument, so a % in an error message
+                -- is never read as a format specification.
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: RECEIVE from dbo.DelayServiceQueue failed (error ',
+                    @ErrorNumber, N': ', @ErrorMessage, N'); the reader stops. See delay.Health.'
                 );
+                RAISERROR (N'%s', 16, 1, @LogText);
                 SET @Stop = 1;
             END;
             ELSE IF @ErrorNumber = 1205 AND (@RedeliveredHandle IS NULL OR @RedeliveredHandle <> @Handle)
@@ -587,6 +606,43 @@ BEGIN
             ELSE
                 SET @Recover = 1;
         END CATCH;
+
+        --==================================================================
+        -- RECEIPT: a task that step 1 made final gets its receipt here, in a
+        -- statement of its own after the COMMIT: no transaction that
+        -- RECEIVEd ever writes the platform's table.  If this fails (a
+        -- constraint or trigger of the platform's), the task is still final
+        -- in delay.Task and delay.Reconcile repairs the receipt later.
+        --==================================================================
+        IF @Step1Committed = 1 AND @Run = 0 AND @TaskID IS NOT NULL
+        BEGIN
+            BEGIN TRY
+                UPDATE p
+                SET F108219 = CASE t.TaskState
+                    WHEN N'Done' THEN 1
+                    WHEN N'Refused' THEN 2
+                    WHEN N'Failed' THEN 3
+                    WHEN N'Cancelled' THEN 4
+                    ELSE 0
+                END
+                FROM dbo.tabDIYTable12402 AS p
+                INNER JOIN delay.Task AS t ON p.ID = t.TaskID
+                WHERE
+                    p.ID = @TaskID
+                    AND t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled')
+                    AND ISNULL(p.F108219, 0) = 0;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: the receipt of task ', @TaskID, N' could not be written (error ',
+                    @StepErrorNumber, N': ', @StepErrorMessage, N'); delay.Reconcile repairs it.'
+                );
+                RAISERROR (N'%s', 10, 1, @LogText);
+            END CATCH;
+        END;
 
         --==================================================================
         -- RECOVERY: only after a failed step 1.  Minimal on purpose: it does
@@ -632,11 +688,12 @@ BEGIN
                 -- and log nothing; a reader's RAISERROR output is written to
                 -- the error log by activation itself:
                 -- https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008-r2/ms171585(v=sql.105))
-                SET @HandleText = CAST(@Handle AS NVARCHAR(36));
-                RAISERROR (
-                    N'mailq-db dbo.ProcessDelayQueue: the recovery of a %s message on conversation %s failed (error %d: %s) after step 1 failed (error %d: %s); the reader stops.',
-                    16, 1, @MessageType, @HandleText, @StepErrorNumber, @StepErrorMessage, @ErrorNumber, @ErrorMessage
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: the recovery of a ', @MessageType, N' message on conversation ',
+                    @Handle, N' failed (error ', @StepErrorNumber, N': ', @StepErrorMessage,
+                    N') after step 1 failed (error ', @ErrorNumber, N': ', @ErrorMessage, N'); the reader stops.'
                 );
+                RAISERROR (N'%s', 16, 1, @LogText);
                 SET @Stop = 1;
             END CATCH;
         END;
@@ -680,10 +737,12 @@ BEGIN
                     ROLLBACK TRANSACTION;
                 -- No RECEIVE in this transaction: its rollback never counts
                 -- against the queue.  delay.Reconcile finds the task later.
-                RAISERROR (
-                    N'mailq-db dbo.ProcessDelayQueue: task %I64d could not be failed after its message was recovered (error %d: %s); delay.Reconcile will find it.',
-                    10, 1, @TaskID, @StepErrorNumber, @StepErrorMessage
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: task ', @TaskID,
+                    N' could not be failed after its message was recovered (error ', @StepErrorNumber, N': ',
+                    @StepErrorMessage, N'); delay.Reconcile will find it.'
                 );
+                RAISERROR (N'%s', 10, 1, @LogText);
             END CATCH;
         END;
 
@@ -799,7 +858,9 @@ BEGIN
                             INSERT INTO delay.Log (
                                 TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
                             )
-                            VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
+                            VALUES (
+                                @TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle
+                            );
                     END;
                     ELSE IF @ErrorNumber IS NULL
                         EXEC delay.FinishTask @TaskID = @TaskID, @TaskState = N'Done';
@@ -851,7 +912,9 @@ BEGIN
                             INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage)
                             VALUES (
                                 @TaskID, N'BrokerError', @TargetName, @Attempt, @StepErrorNumber,
-                                CONCAT(N'the outcome of attempt ', @Attempt, N' could not be recorded: ', @StepErrorMessage)
+                                CONCAT(
+                                    N'the outcome of attempt ', @Attempt, N' could not be recorded: ', @StepErrorMessage
+                                )
                             );
                         END TRY
                         BEGIN CATCH

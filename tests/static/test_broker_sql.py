@@ -233,7 +233,7 @@ def test_receipts_are_set_by_id_never_by_parameter_values():
             statement = update.group(0)
             if "F108219" in statement:
                 assert not re.search(r"F10821[2-6]\s*=", statement), path.name
-                assert re.search(r"ID = @TaskID|p\.ID = n\.TaskID", statement), path.name
+                assert re.search(r"ID = @TaskID|p\.ID = n\.TaskID|p\.ID = t\.TaskID", statement), path.name
 
 
 def test_every_conversation_timer_stays_within_one_day():

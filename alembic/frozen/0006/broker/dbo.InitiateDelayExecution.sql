@@ -132,8 +132,9 @@ BEGIN
     SELECT
         @Refusal = r.RefusalNumber,
         @RefusalMessage = r.RefusalMessage
-    FROM delay.ResolveTarget(IIF(LEN(@F108211 + N'.') - 1 > 4000, N'', CAST(@F108211 AS NVARCHAR(4000)))) AS r;
-
+    FROM delay.ResolveTarget(
+        IIF(LEN(@F108211 + N'.') - 1 > 4000, N'', CAST(@F108211 AS NVARCHAR(4000)))
+    ) AS r;
 
     IF @Refusal IS NOT NULL
     BEGIN

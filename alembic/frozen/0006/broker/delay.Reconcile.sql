@@ -29,6 +29,11 @@ Result set:  one row per finding: Finding NVARCHAR(32), TaskID BIGINT,
              NoTask          a pending platform row without a task: Scheduled
                              or Refused (with @ScheduleMissing = 1), else
                              Reported
+             Receipt         a final task whose platform receipt is still 0
+                             (its write after the RECEIVE transaction failed):
+                             Repaired
+             (an Orphaned task whose conversation a recovery ended, recorded
+             in delay.Incident, is Failed, never re-armed)
 Timing:      a re-armed task keeps its NextRunAtUtc (at least 1 s from now); a
              backfilled row is due F108218 seconds after F108217 (its created
              time, taken as UTC) or, without F108217, after now.
@@ -97,8 +102,10 @@ BEGIN
         WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue') AND q.is_receive_enabled = 0
     )
         INSERT INTO @Finding (Finding, Action, Detail)
-        VALUES (N'QueueDisabled', N'Reported',
-            N'dbo.DelayServiceQueue is disabled; see delay.Incident and delay.Log, then ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON');
+        VALUES (
+            N'QueueDisabled', N'Reported',
+            N'dbo.DelayServiceQueue is disabled; see delay.Incident, delay.Log; then ALTER QUEUE ... STATUS = ON'
+        );
 
     -- 2. Pending and running tasks whose conversation is gone.
     SET @TaskID = NULL;
@@ -144,6 +151,26 @@ BEGIN
                     -- without a conversation.
                     INSERT INTO @Finding (Finding, TaskID, Action, Detail)
                     VALUES (N'RunnerGone', @TaskID, N'Left', N'running, its runner is alive; step 3 records it');
+                ELSE IF EXISTS (
+                    SELECT 1 FROM delay.Incident AS i
+                    WHERE i.ConversationHandle = @Handle OR i.TaskID = @TaskID
+                )
+                BEGIN
+                    -- dbo.ProcessDelayQueue could not process its message and
+                    -- ended the conversation (delay.Incident): failed, never
+                    -- re-armed into the same failure.
+                    INSERT INTO @Finding (Finding, TaskID, Action, Detail)
+                    VALUES (
+                        N'Orphaned', @TaskID, N'Failed', N'its conversation was ended by a recovery (delay.Incident)'
+                    );
+                    IF @Apply = 1
+                        EXEC delay.FinishTask
+                            @TaskID = @TaskID,
+                            @TaskState = N'Failed',
+                            @EventName = N'BrokerError',
+                            @ErrorNumber = 50346,
+                            @ErrorMessage = N'a message of this task could not be processed (delay.Incident)';
+                END;
                 ELSE IF @TaskState = N'Running' AND @Attempts >= @MaxAttempts
                 BEGIN
                     INSERT INTO @Finding (Finding, TaskID, Action) VALUES (N'RunnerGone', @TaskID, N'Failed');
@@ -153,7 +180,7 @@ BEGIN
                             @TaskState = N'Failed',
                             @EventName = N'RunnerLost',
                             @ErrorNumber = 50348,
-                            @ErrorMessage = N'running with neither a conversation nor a runner; attempts exhausted (delay.Reconcile)';
+                            @ErrorMessage = N'running with neither a conversation nor a runner; attempts exhausted';
                 END;
                 ELSE
                 BEGIN
@@ -250,7 +277,9 @@ BEGIN
         IF @Apply = 0 OR @ScheduleMissing = 0
         BEGIN
             INSERT INTO @Finding (Finding, TaskID, Action, Detail)
-            VALUES (N'NoTask', @TaskID, N'Reported', N'pending row without a task; EXEC delay.Reconcile @ScheduleMissing = 1');
+            VALUES (
+                N'NoTask', @TaskID, N'Reported', N'pending row, no task; EXEC delay.Reconcile @ScheduleMissing = 1'
+            );
             CONTINUE;
         END;
 
@@ -263,7 +292,9 @@ BEGIN
         IF @DelaySeconds IS NULL OR @DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds
             SELECT @Refusal = 50302, @RefusalMessage = N'delay F108218 is not 0-31,536,000 seconds';
         ELSE IF @TooLong = 1
-            SELECT @Refusal = 50303, @RefusalMessage = N'a parameter F108212-F108216 is longer than the target''s 200 characters';
+            SELECT
+                @Refusal = 50303,
+                @RefusalMessage = N'a parameter F108212-F108216 is longer than the target''s 200 characters';
 
         SET @Now = SYSUTCDATETIME();
         SET @NextRunAtUtc = DATEADD(SECOND, ISNULL(@DelaySeconds, 0), ISNULL(@CreatedAt, @Now));
@@ -290,7 +321,8 @@ BEGIN
                 INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
                 VALUES (@TaskID, N'Refused', LEFT(@Name, 400), @Refusal, @RefusalMessage);
                 UPDATE dbo.tabDIYTable12402 SET F108219 = 2 WHERE ID = @TaskID;
-                INSERT INTO @Finding (Finding, TaskID, Action, Detail) VALUES (N'NoTask', @TaskID, N'Refused', @RefusalMessage);
+                INSERT INTO @Finding (Finding, TaskID, Action, Detail)
+                VALUES (N'NoTask', @TaskID, N'Refused', @RefusalMessage);
             END;
             ELSE
             BEGIN
@@ -319,6 +351,37 @@ BEGIN
         END CATCH;
     END;
 
+    -- 4. Receipts that could not be written (dbo.ProcessDelayQueue writes
+    -- them after its RECEIVE transaction commits, so a constraint or trigger
+    -- of the platform's can leave one behind).
+    BEGIN TRY
+        IF @Apply = 1
+            UPDATE TOP (@MaxRows) p
+            SET F108219 = CASE t.TaskState
+                WHEN N'Done' THEN 1
+                WHEN N'Refused' THEN 2
+                WHEN N'Failed' THEN 3
+                WHEN N'Cancelled' THEN 4
+                ELSE 0
+            END
+            OUTPUT N'Receipt', inserted.ID, N'Repaired' INTO @Finding (Finding, TaskID, Action)
+            FROM dbo.tabDIYTable12402 AS p
+            INNER JOIN delay.Task AS t ON p.ID = t.TaskID
+            WHERE t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled') AND ISNULL(p.F108219, 0) = 0;
+        ELSE
+            INSERT INTO @Finding (Finding, TaskID, Action)
+            SELECT TOP (@MaxRows) N'Receipt', p.ID, N'Reported'
+            FROM dbo.tabDIYTable12402 AS p
+            INNER JOIN delay.Task AS t ON p.ID = t.TaskID
+            WHERE t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled') AND ISNULL(p.F108219, 0) = 0;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() <> 0
+            ROLLBACK TRANSACTION;
+        INSERT INTO @Finding (Finding, Action, Detail)
+        VALUES (N'Receipt', N'Error', LEFT(CONCAT(ERROR_NUMBER(), N': ', ERROR_MESSAGE()), 400));
+    END CATCH;
+
     SELECT f.Finding, f.TaskID, f.Action, f.Detail
     FROM @Finding AS f
     ORDER BY f.FindingId;
@@ -329,7 +392,7 @@ BEGIN
         -- BROKER_QUEUE_DISABLED event notification would need a second queue
         -- and service to receive it; this monitor needs none.)
         RAISERROR (
-            N'mailq-db: dbo.DelayServiceQueue is disabled (poison message detection); see delay.Incident and delay.Log, then ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON.',
-            16, 1
+            N'mailq-db: dbo.DelayServiceQueue is disabled (poison message detection); see %s, then %s.',
+            16, 1, N'delay.Incident and delay.Log', N'ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON'
         );
 END;

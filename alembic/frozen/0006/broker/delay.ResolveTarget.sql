@@ -60,7 +60,8 @@ SELECT
             )
         WHEN a.DefinitionHash IS NULL OR h.CurrentHash IS NULL OR h.CurrentHash <> a.DefinitionHash THEN CONCAT(
                 N'target name "', LEFT(@Name, 200), N'" names ', QUOTENAME(a.SchemaName), N'.',
-                QUOTENAME(a.ProcedureName), N', whose definition changed since it was listed; review it and list it again'
+                QUOTENAME(a.ProcedureName),
+                N', whose definition changed since it was listed; review it and list it again'
             )
     END,
     SchemaName = CASE WHEN h.CurrentHash = a.DefinitionHash THEN a.SchemaName END,
@@ -100,8 +101,6 @@ LEFT OUTER JOIN sys.objects AS o
         AND o.is_ms_shipped = 0
         AND a.ProcedureName = o.name
         AND o.schema_id = SCHEMA_ID(a.SchemaName)
-OUTER APPLY (
-    -- The pin: SHA2_256 of the current text (HASHBYTES takes NVARCHAR(MAX)
-    -- since SQL Server 2016).  NULL for an encrypted module: refused.
-    SELECT CurrentHash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(o.object_id))
-) AS h;
+-- The pin: SHA2_256 of the current text (HASHBYTES takes NVARCHAR(MAX)
+-- since SQL Server 2016).  NULL for an encrypted module: refused.
+CROSS APPLY (VALUES (HASHBYTES('SHA2_256', OBJECT_DEFINITION(o.object_id)))) AS h(CurrentHash);

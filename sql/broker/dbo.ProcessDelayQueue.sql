@@ -63,9 +63,10 @@ One pass of the loop, with its transaction boundaries and lock order:
   RELEASE: the run lock, if this pass holds it, exactly once (one call
   site, guarded by @LockHeld, which it clears first).
 
-Lock order (the same in dbo.CancelDelayExecution, delay.Reconcile and every
-transaction here): the TASK'S conversation group first, then its delay.Task
-row, then dbo.tabDIYTable12402 (delay.FinishTask).  For a DelayRequest the
+Lock order:  the task's conversation group first, then its delay.Task row,
+             then dbo.tabDIYTable12402 (delay.FinishTask, the receipt) - the
+             same in dbo.CancelDelayExecution, delay.Reconcile and every
+             transaction here.  For a DelayRequest the
 target side's group comes first (RECEIVE), and no other procedure ever takes
 that group, so it cannot close a cycle.
 Pattern:     DESIGN.md pattern (a), "receive, record, commit; then run": only

@@ -91,6 +91,21 @@ CHECKS = [
     Check("delay-poison", "delayexec.pml", ("-DFAILS=5",),
           expect_error=r"assertion violated \(rb<5\)",
           why="5 failing bookkeeping transactions in a row would disable the queue"),
+    Check("delay-transient-failures", "delayexec.pml", ("-DFAILS=4", "-DNR=3"),
+          why="4 transient step-1/recovery failures (1205 redelivered once) never disable the queue"),
+    Check("delay-recovery-poison", "delayexec.pml", ("-DPOISON", "-DFAILS=1"),
+          why="a platform table that refuses every write (CHECK, trigger, permission): "
+              "no RECEIVE transaction writes it, the queue stays enabled"),
+    Check("delay-recovery-poison-5-readers", "delayexec.pml",
+          ("-DPOISON", "-DFAILS=0", "-DNR=5", "-DDIES=0", "-DERRS=0"),
+          why="the same with MAX_QUEUE_READERS 5"),
+    Check("delay-old-recovery-poison", "delayexec.pml", ("-DPOISON", "-DOLD_RECOVERY", "-DFAILS=0"),
+          expect_error=r"assertion violated \(rb<5\)",
+          why="revision 0004's recovery called delay.FinishTask inside the RECEIVE: a refusing "
+              "platform table disables the queue"),
+    Check("delay-old-recovery-running", "delayexec.pml", ("-DOLD_RECOVERY", "-DFAILS=1"),
+          expect_error=r"assertion violated \(ts!=2\)",
+          why="revision 0004's recovery had no @@ROWCOUNT check: it failed a task another reader runs"),
     # ---- the seed article: the checker must find its bugs --------------------
     Check("article-claim", "article_claim.pml",
           expect_error=r"assertion violated.*proc\[0\]",

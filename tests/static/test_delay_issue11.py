@@ -390,3 +390,27 @@ def test_broker_off_renders_nothing_of_0006():
     assert "delay." not in section and "THROW 5037" not in section
     down = render("downgrade", "0006:0004", "broker=off")
     assert "DROP COLUMN" not in down and "delay.Reconcile" not in down
+
+
+# --------------------------------------------------------------------------
+# Point 11: the benchmark's load, and "no server" here
+# --------------------------------------------------------------------------
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("delay_throughput", ROOT / "bench" / "delay_throughput.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_runs_the_goal_load_and_says_no_server(monkeypatch, capsys):
+    bench = _bench()
+    monkeypatch.delenv("MAILQ_DB_URL", raising=False)
+    assert bench.main([]) == 0
+    assert "no server" in capsys.readouterr().out
+    source = (ROOT / "bench" / "delay_throughput.py").read_text(encoding="utf-8")
+    assert 'default=1000' in source and 'default=60' in source  # 60,000 tasks over 60 s
+    assert "p99" in source and "target duration" in source

@@ -55,16 +55,19 @@ SEED_MODES = ("check", "disable-triggers", "ignore")
 SEED_TRIGGERS = """\
 DECLARE @Disable BIT = {disable};
 DECLARE @Other NVARCHAR(MAX), @Msg NVARCHAR(2048), @Sql NVARCHAR(MAX);
-SELECT
-    @Other = STRING_AGG(CONVERT(NVARCHAR(MAX), QUOTENAME(SCHEMA_NAME(o.schema_id)) + N'.' + QUOTENAME(tr.name)), N', '),
-    @Sql = STRING_AGG(CONVERT(NVARCHAR(MAX), CONCAT(N'DISABLE TRIGGER ', QUOTENAME(SCHEMA_NAME(o.schema_id)),
-        N'.', QUOTENAME(tr.name), N' ON dbo.tabDIYTable12402;')), N' ')
+DECLARE @Found TABLE (TriggerName NVARCHAR(300) NOT NULL PRIMARY KEY);
+INSERT INTO @Found (TriggerName)
+SELECT QUOTENAME(SCHEMA_NAME(o.schema_id)) + N'.' + QUOTENAME(tr.name)
 FROM sys.triggers AS tr
 INNER JOIN sys.objects AS o ON o.object_id = tr.object_id
 WHERE
     tr.parent_id = OBJECT_ID(N'dbo.tabDIYTable12402')
     AND tr.is_disabled = 0
     AND tr.name <> N'trg_tabDIYTable12402_ScheduleDelay';
+SELECT
+    @Other = STRING_AGG(CONVERT(NVARCHAR(MAX), f.TriggerName), N', '),
+    @Sql = STRING_AGG(CONVERT(NVARCHAR(MAX), CONCAT(N'DISABLE TRIGGER ', f.TriggerName, N' ON dbo.tabDIYTable12402;')), N' ')
+FROM @Found AS f;
 IF @Other IS NOT NULL AND @Disable = 0
 BEGIN
     SET @Msg = CONCAT(
@@ -78,18 +81,13 @@ END;
 IF @Other IS NOT NULL
 BEGIN
     EXEC sys.sp_executesql @Sql;
+    -- Only the triggers this upgrade disabled: the downgrade enables exactly those.
     INSERT INTO delay.Installation (Item, Detail)
-    SELECT CONCAT(N'disabled trigger ', QUOTENAME(SCHEMA_NAME(o.schema_id)), N'.', QUOTENAME(tr.name)), N'0006'
-    FROM sys.triggers AS tr
-    INNER JOIN sys.objects AS o ON o.object_id = tr.object_id
-    WHERE
-        tr.parent_id = OBJECT_ID(N'dbo.tabDIYTable12402')
-        AND tr.is_disabled = 1
-        AND tr.name <> N'trg_tabDIYTable12402_ScheduleDelay'
-        AND NOT EXISTS (
-            SELECT 1 FROM delay.Installation AS i
-            WHERE i.Item = CONCAT(N'disabled trigger ', QUOTENAME(SCHEMA_NAME(o.schema_id)), N'.', QUOTENAME(tr.name))
-        );
+    SELECT CONCAT(N'disabled trigger ', f.TriggerName), N'0006'
+    FROM @Found AS f
+    WHERE NOT EXISTS (
+        SELECT 1 FROM delay.Installation AS i WHERE i.Item = CONCAT(N'disabled trigger ', f.TriggerName)
+    );
 END"""
 
 #: Other services on the queue, and messages that are not ours waiting on it.

@@ -834,10 +834,13 @@ BEGIN
                     -- also keeps the watchdog armed until the outcome is
                     -- committed.  A conversation ended meanwhile (a recovery,
                     -- NEW_BROKER) has no group to lock: the row comes first.
-                    SET @EndpointOpen = IIF(EXISTS (
-                        SELECT 1 FROM sys.conversation_endpoints AS e
-                        WHERE e.conversation_handle = @TaskHandle AND e.state NOT IN ('CD', 'ER', 'DI')
-                    ), 1, 0);
+                    SET @EndpointOpen = CASE
+                        WHEN EXISTS (
+                            SELECT 1 FROM sys.conversation_endpoints AS e
+                            WHERE e.conversation_handle = @TaskHandle AND e.state NOT IN ('CD', 'ER', 'DI')
+                        ) THEN 1
+                        ELSE 0
+                    END;
                     SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
                     IF @EndpointOpen = 1
                         BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;

@@ -102,13 +102,13 @@ def server_checks(url: str | None) -> list[Check]:
     checks = [Check("Server", "Connectivity", "OK", "connected")]
     try:
         rows = procedures.get_installation_health(conn)
+        delay = delay_checks(conn)  # issue 11: the owner's login, delay.Reconcile (report only)
     except DatabaseError as exc:
         if exc.number == NOT_DEPLOYED:
             return checks + [Check("Schema", "Deployed", "FAIL", "schema not deployed (mailq.GetInstallationHealth "
                                    "does not exist)", "run mailq-db deploy")]
         return checks + [Check("Schema", "GetInstallationHealth", "FAIL", str(exc),
                                "the login needs EXECUTE on schema mailq (role MailqAdmin or MailqSender)")]
-        checks += delay_checks(conn)  # issue 11 (delay helper): owner login, delay.Reconcile
     finally:
         conn.close()
     for r in rows:
@@ -116,6 +116,7 @@ def server_checks(url: str | None) -> list[Check]:
         checks.append(Check(str(r.get("Area") or "Server"), str(r.get("CheckName") or "?"),
                             status if status in STATUSES else "WARN",
                             str(r.get("Detail") or ""), r.get("Fix")))
+    checks += delay
     checks.append(head_check(rows))
     return checks
 

@@ -683,7 +683,9 @@ BEGIN
                 IF XACT_STATE() <> 0
                     ROLLBACK TRANSACTION;
                 -- Twice in a row: stop this reader rather than spin, and say
-                -- so where a DBA looks.  (Not WITH LOG: that needs ALTER TRACE,
+                -- so where a DBA looks.  (Not WITH LOG: that needs sysadmin or
+                -- ALTER TRACE (RAISERROR, WITH LOG:
+                -- https://learn.microsoft.com/en-us/sql/t-sql/language-elements/raiserror-transact-sql),
                 -- which the activation's dbo impersonation does not carry in a
                 -- database not marked trusted, so it would fail with 2778
                 -- and log nothing; a reader's RAISERROR output is written to

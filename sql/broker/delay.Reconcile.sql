@@ -20,9 +20,13 @@ Result set:  one row per finding: Finding NVARCHAR(32), TaskID BIGINT,
                              and its alert fires; fix the cause (delay.Incident,
                              delay.Log), then ALTER QUEUE ... WITH STATUS = ON
              Orphaned        a Scheduled/Retrying task whose conversation no
-                             longer exists (NEW_BROKER ends every conversation
-                             without an EndDialog): a new conversation and
-                             timer for the rest of its delay (Rearmed)
+                             longer exists (NEW_BROKER gives the database a
+                             new broker identifier and removes every
+                             conversation without an EndDialog: "Managing
+                             Service Broker Identities",
+                             https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008-r2/ms166057(v=sql.105)):
+                             a new conversation and timer for the rest of its
+                             delay (Rearmed)
              RunnerGone      a Running task with no conversation and no runner
                              holding its run lock: retried (Rearmed, counts as
                              an attempt) or, out of attempts, Failed (50348)

@@ -22,10 +22,9 @@ Result set:  one row per finding: Finding NVARCHAR(32), TaskID BIGINT,
              Orphaned        a Scheduled/Retrying task whose conversation no
                              longer exists (NEW_BROKER gives the database a
                              new broker identifier and removes every
-                             conversation without an EndDialog: "Managing
-                             Service Broker Identities",
-                             https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008-r2/ms166057(v=sql.105)):
-                             a new conversation and timer for the rest of its
+                             conversation without an EndDialog, see
+                             "Managing Service Broker Identities" below): a
+                             new conversation and timer for the rest of its
                              delay (Rearmed)
              RunnerGone      a Running task with no conversation and no runner
                              holding its run lock: retried (Rearmed, counts as
@@ -38,6 +37,7 @@ Result set:  one row per finding: Finding NVARCHAR(32), TaskID BIGINT,
                              Repaired
              (an Orphaned task whose conversation a recovery ended, recorded
              in delay.Incident, is Failed, never re-armed)
+References:  https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008-r2/ms166057(v=sql.105)
 Timing:      a re-armed task keeps its NextRunAtUtc (at least 1 s from now); a
              backfilled row is due F108218 seconds after F108217 (its created
              time, taken as UTC) or, without F108217, after now.

@@ -87,7 +87,7 @@ def failing_recovery_is_logged(pdq: str) -> bool:
 
 
 def deadlock_gets_one_redelivery(pdq: str) -> bool:
-    return re.search(r"@ErrorNumber = 1205 AND \(@RedeliveredHandle IS NULL", pdq) is not None
+    return re.search(r"@ErrorNumber IN \(1205, 50350\) AND \(@RedeliveredHandle IS NULL", pdq) is not None
 
 
 def no_receive_transaction_writes_the_platform_table(pdq: str) -> bool:
@@ -221,6 +221,10 @@ def test_each_header_states_the_lock_order(name):
 def test_cancel_locks_the_group_before_the_row():
     text = current("delay.CancelTask.sql")
     assert text.index("BEGIN CONVERSATION TIMER (@Handle)") < text.index("WITH (UPDLOCK, ROWLOCK)")
+    # ... after the task's cancel lock, which a delay-0 request takes before the group too
+    pdq = current("dbo.ProcessDelayQueue.sql")
+    for body in (text, pdq):
+        assert body.index("CONCAT(N'mailq-db/delay/cancel/', @TaskID)") < body.index("BEGIN CONVERSATION TIMER (@")
 
 
 # --------------------------------------------------------------------------

@@ -24,10 +24,12 @@ Transaction: opens its own if none is open, else works inside the caller's;
              transaction (error 627), and a doomed transaction cannot return
              to one.  Validation runs before any work, so a refusal changes
              nothing that a rollback would have to undo.
-Lock order:  the task's conversation group first (BEGIN CONVERSATION TIMER
+Lock order:  the task's cancel lock (an application lock, transaction-owned),
+             then the task's conversation group (BEGIN CONVERSATION TIMER
              locks it), then its delay.Task row (UPDLOCK), then
-             dbo.tabDIYTable12402: the order of dbo.ProcessDelayQueue (for a
-             delay-0 request it locks the task's group before the row too).
+             dbo.tabDIYTable12402: the order of dbo.ProcessDelayQueue (a
+             delay-0 request takes the cancel lock and the task's group
+             before the row too; a timer message holds the group already).
 Security:    runs as the caller, to learn the caller's roles; the work is done
              by delay.CancelTask (EXECUTE AS OWNER, reached through ownership
              chaining, granted to nobody): END CONVERSATION needs the

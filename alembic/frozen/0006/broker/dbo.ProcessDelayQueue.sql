@@ -18,8 +18,8 @@ One pass of the loop, with its transaction boundaries and lock order:
   +-- STEP 1 (tran A) ---------------------------------------------------+
   | WAITFOR (RECEIVE TOP (1)) ......... locks the message's conversation  |
   |                                     group G(msg)                      |
-  | [DelayRequest only] BEGIN CONVERSATION TIMER (task's initiator handle)|
-  |                                 ... locks the task's group G(task)    |
+  | [DelayRequest only] sp_getapplock cancel lock (Transaction), then     |
+  |   BEGIN CONVERSATION TIMER (task's initiator handle) . locks G(task)  |
   | SELECT delay.Task WITH (UPDLOCK, ROWLOCK) ....... locks the task row  |
   | due -> sp_getapplock run lock (Session) .. a lock outside the tran    |
   |        Running, attempt + 1, lease timer                              |
@@ -66,7 +66,8 @@ One pass of the loop, with its transaction boundaries and lock order:
 Lock order:  the task's conversation group first, then its delay.Task row,
              then dbo.tabDIYTable12402 (delay.FinishTask, the receipt) - the
              same in dbo.CancelDelayExecution, delay.Reconcile and every
-             transaction here.  For a DelayRequest the
+             transaction here.  A delay-0 request and a cancel both take the
+             task's cancel lock (an application lock) before its group.  For a DelayRequest the
 target side's group comes first (RECEIVE), and no other procedure ever takes
 that group, so it cannot close a cycle.
 Pattern:     DESIGN.md pattern (a), "receive, record, commit; then run": only
@@ -148,6 +149,7 @@ BEGIN
         @LockName NVARCHAR(255),
         @LockResult INT,
         @LockHeld BIT = 0,
+        @CancelLockName NVARCHAR(255),
         @ErrorNumber INT,
         @ErrorMessage NVARCHAR(4000),
         @ErrorXml XML,
@@ -256,7 +258,28 @@ BEGIN
                         SELECT
                             @Unbound = IIF(@BoundHandle IS NOT NULL AND @InitiatorHandle IS NOT NULL, 1, 0),
                             @TaskID = NULL;
-                    ELSE IF EXISTS (
+                    ELSE
+                    BEGIN
+                        -- The task's cancel lock (transaction-owned), taken by
+                        -- delay.CancelTask first too: once we hold it, a cancel
+                        -- has either committed (its conversation is closed and
+                        -- the check below sees it) or not started, so the
+                        -- timer below never meets a conversation that a cancel
+                        -- ends while we wait for its group.
+                        SET @LockResult = NULL;
+                        SET @CancelLockName = CONCAT(N'mailq-db/delay/cancel/', @TaskID);
+                        EXEC @LockResult = sys.sp_getapplock
+                            @Resource = @CancelLockName,
+                            @LockMode = N'Exclusive',
+                            @LockOwner = N'Transaction',
+                            @LockTimeout = -1;
+                        IF @LockResult < 0
+                            -- Chosen as a deadlock victim (-3) or cancelled:
+                            -- transient, treated like 1205 below.
+                            THROW 50350, N'the task''s cancel lock was not granted; the request is redelivered', 1;
+                    END;
+
+                    IF @TaskID IS NOT NULL AND EXISTS (
                         SELECT 1 FROM sys.conversation_endpoints AS e
                         WHERE e.conversation_handle = @BoundHandle AND e.state NOT IN ('CD', 'ER', 'DI')
                     )
@@ -600,7 +623,7 @@ BEGIN
                 RAISERROR (N'%s', 16, 1, @LogText);
                 SET @Stop = 1;
             END;
-            ELSE IF @ErrorNumber = 1205 AND (@RedeliveredHandle IS NULL OR @RedeliveredHandle <> @Handle)
+            ELSE IF @ErrorNumber IN (1205, 50350) AND (@RedeliveredHandle IS NULL OR @RedeliveredHandle <> @Handle)
                 -- Deadlock victim: transient.  One ordinary redelivery: the
                 -- message is back on the queue and the next RECEIVE gets it.
                 SET @RedeliveredHandle = @Handle;

@@ -22,7 +22,9 @@ BEGIN
         @Msg NVARCHAR(2048),
         @Handle UNIQUEIDENTIFIER,
         @TaskState NVARCHAR(16),
-        @CreatedBy NVARCHAR(128);
+        @CreatedBy NVARCHAR(128),
+        @LockName NVARCHAR(255),
+        @LockResult INT;
 
     -- 1. Validate before any transaction starts.
     SELECT
@@ -79,7 +81,22 @@ BEGIN
         IF @OwnTran = 1
             BEGIN TRANSACTION;
 
-        -- Lock order: the conversation group first.  The 1-second timer is
+        -- The task's cancel lock first (a delay-0 request takes it too, so
+        -- the two never wait for each other's conversation group), then
+        -- the conversation group.
+        SET @LockName = CONCAT(N'mailq-db/delay/cancel/', @TaskID);
+        EXEC @LockResult = sys.sp_getapplock
+            @Resource = @LockName,
+            @LockMode = N'Exclusive',
+            @LockOwner = N'Transaction',
+            @LockTimeout = -1;
+        IF @LockResult < 0
+        BEGIN
+            SET @Msg = CONCAT(N'@TaskID ', @TaskID, N': its cancel lock was not granted (', @LockResult, N').');
+            THROW 50321, @Msg, 1;
+        END;
+
+        -- Lock order: the conversation group next.  The 1-second timer is
         -- only the lock: the task is either cancelled below (its conversation
         -- ends, timer and all) or refused, which dooms the transaction, so
         -- the timer never survives.

@@ -71,6 +71,10 @@
  *                       RECEIVE transaction: spin finds the queue disabled
  *                       under POISON, and a Running task failed by a recovery
  *   -DDIES=n            readers that die mid-target;  -DERRS=n broker Errors
+ *   -DCANCEL            dbo.CancelDelayExecution runs once, at any moment: it
+ *                       takes the task's conversation group (and, like a
+ *                       delay-0 request, its cancel lock) before the row, so
+ *                       it is one atomic step against step 1 and step 3
  */
 
 #ifndef NR
@@ -95,6 +99,7 @@
 #define RETRYING  3
 #define DONE      4
 #define FAILED    5
+#define CANCELLED 6
 
 byte ts = SCHEDULED;   /* TaskState                                          */
 byte att;              /* Attempts                                           */
@@ -334,6 +339,17 @@ end:	do
 	od
 }
 
+#ifdef CANCEL
+/* dbo.CancelDelayExecution -> delay.CancelTask: only a Scheduled or Retrying
+ * task (50321 otherwise); FinishTask 'Cancelled' ends the conversation, so a
+ * queued timer message goes with it.  50343 when the conversation is gone. */
+active proctype Cancel()
+{
+end:	/* never cancellable (already running or final): 50321, a valid end */
+	atomic { conv && (ts == SCHEDULED || ts == RETRYING) -> finish(CANCELLED) }
+}
+#endif
+
 /* delay.Reconcile (an Agent job, or doctor): a task that is not final and
  * whose conversation is gone.  Recovered by an incident: failed (its
  * FinishTask writes the platform table, so under POISON it fails again and
@@ -371,5 +387,5 @@ init
 }
 
 #ifdef LIVE
-ltl ends { <> (!conv && (ts == DONE || ts == FAILED)) }
+ltl ends { <> (!conv && (ts == DONE || ts == FAILED || ts == CANCELLED)) }
 #endif

@@ -99,6 +99,11 @@ CHECKS = [
     Check("delay-recovery-poison-5-readers", "delayexec.pml",
           ("-DPOISON", "-DFAILS=0", "-DNR=5", "-DDIES=0", "-DERRS=0"),
           why="the same with MAX_QUEUE_READERS 5"),
+    Check("delay-cancel", "delayexec.pml", ("-DCANCEL", "-DNR=3", "-DMAXATT=3", "-DDIES=2"),
+          why="a cancel at any moment: still once per attempt, never two runs, queue enabled"),
+    Check("delay-cancel-liveness", "delayexec.pml", ("-DLIVE", "-DNO_ATTEMPT_CHECK", "-DCANCEL"),
+          LIVENESS, LIVE_ARGS,
+          why="with a cancel the task still ends (Done, Failed or Cancelled)"),
     Check("delay-old-recovery-poison", "delayexec.pml", ("-DPOISON", "-DOLD_RECOVERY", "-DFAILS=0"),
           expect_error=r"assertion violated \(rb<5\)",
           why="revision 0004's recovery called delay.FinishTask inside the RECEIVE: a refusing "

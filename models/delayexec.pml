@@ -7,10 +7,17 @@
  *           act on the message, COMMIT.  For a due DialogTimer: TaskState =
  *           'Running', Attempts += 1, LeaseUntilUtc, and the watchdog: BEGIN
  *           CONVERSATION TIMER (@TaskHandle) before the COMMIT.
- *           On failure: ROLLBACK (the message returns to the queue), then a
- *           second transaction RECEIVEs it again and only records the failure
- *           (delay.FinishTask 'Failed' / END CONVERSATION); if that fails too,
- *           the reader RETURNs.
+ *           On failure: ROLLBACK (the message returns to the queue).  A
+ *           transient failure (1205) the first time in this reader: nothing
+ *           else, the next RECEIVE redelivers it.  Otherwise the RECOVERY
+ *           transaction: RECEIVE ... WHERE conversation_handle = @Handle;
+ *           nothing received (another reader took it) -> COMMIT, go on; else
+ *           INSERT delay.Incident, END CONVERSATION, COMMIT -- it writes
+ *           nothing that step 1 wrote, so a deterministic failure of step 1
+ *           cannot repeat in it.  If it fails too: RAISERROR, the reader stops
+ *           (activation starts another).  Then, in a transaction without
+ *           RECEIVE, a Scheduled/Retrying task whose conversation it ended is
+ *           failed (delay.FinishTask, which writes the platform table).
  *           The run lock, sp_getapplock 'mailq-db/delay/task/<id>' (Session,
  *           timeout 0), is taken inside step 1 before its COMMIT; held while
  *           the target runs, released after step 3 or by the session's end.
@@ -37,7 +44,9 @@
  *   - the queue is never disabled: fewer than 5 consecutive rollbacks of a
  *     transaction that RECEIVEd (SQL Server's poison-message rule);
  *   - at most MAXATT attempts.
- * Liveness (-DLIVE, pan -a -f): the conversation ends and the task is final.
+ * Liveness (-DLIVE, pan -a -f): the conversation ends and the task is final
+ * (with delay.Reconcile running now and then, for a task whose conversation a
+ * recovery ended while its runner died).
  *
  * Switches:
  *   -DAPPLOCK_AFTER_COMMIT  take the run lock in step 2, after step 1's COMMIT,
@@ -45,9 +54,27 @@
  *                       the race (a watchdog firing in between declares the
  *                       runner lost and a second run starts; docs/models.md)
  *   -DNO_ATTEMPT_CHECK  leave out "a run starts only in its own attempt"
- *   -DFAILS=n           step-1 / recovery transactions that fail (env budget;
- *                       5 in a row disable the queue: spin finds it)
+ *   -DFAILS=n           step-1 / recovery transactions that fail transiently
+ *                       (env budget; 5 in a row disable the queue: spin finds it)
+ *   -DPOISON            every write to the platform table fails for this task
+ *                       (a CHECK or trigger the platform added, a revoked
+ *                       permission).  Since revision 0006 no RECEIVE
+ *                       transaction writes that table (step 1 records the
+ *                       final state in delay.Task and ends the conversation;
+ *                       the receipt is written after its COMMIT, in a
+ *                       statement of its own, and delay.Reconcile repairs a
+ *                       receipt that failed), so POISON touches only the
+ *                       follow-up and Reconcile's FinishTask
+ *   -DOLD_RECOVERY      the recovery of revision 0004: no 1205 redelivery, no
+ *                       @@ROWCOUNT check after its RECEIVE, and it calls
+ *                       delay.FinishTask (the platform table) inside the
+ *                       RECEIVE transaction: spin finds the queue disabled
+ *                       under POISON, and a Running task failed by a recovery
  *   -DDIES=n            readers that die mid-target;  -DERRS=n broker Errors
+ *   -DCANCEL            dbo.CancelDelayExecution runs once, at any moment: it
+ *                       takes the task's conversation group (and, like a
+ *                       delay-0 request, its cancel lock) before the row, so
+ *                       it is one atomic step against step 1 and step 3
  */
 
 #ifndef NR
@@ -72,6 +99,7 @@
 #define RETRYING  3
 #define DONE      4
 #define FAILED    5
+#define CANCELLED 6
 
 byte ts = SCHEDULED;   /* TaskState                                          */
 byte att;              /* Attempts                                           */
@@ -83,7 +111,14 @@ byte qtimer;           /* DialogTimer messages on dbo.DelayServiceQueue       */
 bit  qerr;             /* an Error (or EndDialog) message on the queue        */
 byte applock;          /* reader + 1 holding the task's run lock, 0: free     */
 byte rb;               /* consecutive rollbacks of RECEIVE transactions       */
+bit  incident;         /* a recovery recorded this task's conversation in
+                          delay.Incident and ended it                          */
 byte fails = FAILS, dies = DIES, errs = ERRS;
+#ifdef POISON
+bit  poison = 1;       /* step 1 fails deterministically for this task        */
+#else
+bit  poison = 0;
+#endif
 
 /* ghost */
 bit  ran[MAXATT + 1];  /* attempt n has started its target                   */
@@ -101,7 +136,7 @@ inline rollback_receive() {
 
 proctype Reader(byte r)
 {
-	bit dorun, got, err, retryable, iserr;
+	bit dorun, got, err, retryable, iserr, failed, transient, redelivered, recovered;
 	byte my;
 
 endloop:	/* an idle reader waiting in WAITFOR (RECEIVE) is a valid end */
@@ -115,23 +150,18 @@ endloop:	/* an idle reader waiting in WAITFOR (RECEIVE) is a valid end */
 		:: qtimer > 0 -> iserr = 0
 		:: qerr -> iserr = 1
 		fi;
+		failed = 0; transient = 0; recovered = 0;
 		if
 		:: fails > 0 ->
-			/* anything in step 1 raises (deadlock victim, bug, ...):
+			/* step 1 raises transiently (deadlock victim 1205, ...):
 			 * ROLLBACK TRANSACTION; the message returns to the queue */
-			fails--; rollback_receive();
-			/* the recovery transaction: RECEIVE it again, record the
-			 * failure, end the task; if that fails too: RETURN */
-			if
-			:: fails > 0 -> fails--; rollback_receive()
-			:: else ->
-				if :: iserr -> qerr = 0 :: else -> qtimer-- fi;
-				if
-				:: ts == SCHEDULED || ts == RUNNING || ts == RETRYING -> finish(FAILED)
-				:: else -> conv = 0; armed = 0; qtimer = 0; qerr = 0
-				fi;
-				rb = 0                                   /* COMMIT */
-			fi
+			fails--; failed = 1; transient = 1; rollback_receive()
+#ifdef OLD_RECOVERY
+		:: poison ->
+			/* revision 0004 wrote the platform table (delay.FinishTask)
+			 * inside step 1: the same write fails every time */
+			failed = 1; rollback_receive()
+#endif
 		:: else ->
 			if
 			:: iserr ->
@@ -166,10 +196,73 @@ endloop:	/* an idle reader waiting in WAITFOR (RECEIVE) is a valid end */
 				:: else -> conv = 0; armed = 0; qtimer = 0  /* late timer */
 				fi
 			fi;
-			rb = 0                                           /* COMMIT */
+			rb = 0;                                          /* COMMIT */
+			redelivered = 0
 		fi
 	}
 	if
+	:: failed ->
+#ifndef OLD_RECOVERY
+		if
+		:: transient && !redelivered ->
+			redelivered = 1; goto endloop   /* one ordinary redelivery */
+		:: else -> skip
+		fi;
+#endif
+		/* ---- RECOVERY: BEGIN TRAN; RECEIVE ... WHERE conversation_handle */
+		atomic {
+			redelivered = 0;
+			if
+			:: (iserr && qerr) || (!iserr && qtimer > 0) ->
+				/* the message is still there: received again */
+				if
+				:: fails > 0 ->
+					/* fails too: ROLLBACK, RAISERROR, the reader stops;
+					 * activation starts another (endloop) */
+					fails--; rollback_receive(); goto endloop
+#ifdef OLD_RECOVERY
+				:: poison ->
+					/* delay.FinishTask writes the platform table: the
+					 * same deterministic failure */
+					rollback_receive(); goto endloop
+				:: !poison ->
+					if
+					:: ts == SCHEDULED || ts == RUNNING || ts == RETRYING ->
+						assert(ts != RUNNING); finish(FAILED)
+					:: else -> conv = 0; armed = 0; qtimer = 0; qerr = 0
+					fi;
+					rb = 0
+#else
+				:: else ->
+					/* INSERT delay.Incident; END CONVERSATION; COMMIT */
+					conv = 0; armed = 0; qtimer = 0; qerr = 0;
+					rb = 0; recovered = 1; incident = 1
+#endif
+				fi
+			:: else ->
+				/* nothing received: another reader owns the message */
+#ifdef OLD_RECOVERY
+				/* no @@ROWCOUNT check: FinishTask 'Failed' anyway */
+				if
+				:: !poison && (ts == SCHEDULED || ts == RUNNING || ts == RETRYING) ->
+					assert(ts != RUNNING); finish(FAILED)
+				:: else -> skip
+				fi
+#else
+				skip
+#endif
+			fi
+		}
+		/* ---- RECOVERY FOLLOW-UP: no RECEIVE in this transaction; its
+		 * failure (poison: FinishTask writes the platform table) is logged
+		 * and left to delay.Reconcile */
+		atomic {
+			if
+			:: recovered && !poison && (ts == SCHEDULED || ts == RETRYING) -> finish(FAILED)
+			:: else -> skip
+			fi
+		}
+		goto endloop
 	:: dorun -> skip
 	:: else -> goto endloop
 	fi;
@@ -212,7 +305,14 @@ endloop:	/* an idle reader waiting in WAITFOR (RECEIVE) is a valid end */
 	/* ---- step 3: record the outcome ------------------------------------ */
 	atomic {
 		if
-		:: !conv -> skip   /* BEGIN CONVERSATION TIMER raises: logged only */
+		:: !conv ->
+			/* the conversation was ended (a recovery): no timer; the
+			 * outcome is still recorded, without a retry */
+			if
+			:: ts == RUNNING && att == my ->
+				if :: !err -> finish(DONE) :: else -> finish(FAILED) fi
+			:: else -> skip
+			fi
 		:: else ->
 			armed = 1;
 			if
@@ -239,6 +339,36 @@ end:	do
 	od
 }
 
+#ifdef CANCEL
+/* dbo.CancelDelayExecution -> delay.CancelTask: only a Scheduled or Retrying
+ * task (50321 otherwise); FinishTask 'Cancelled' ends the conversation, so a
+ * queued timer message goes with it.  50343 when the conversation is gone. */
+active proctype Cancel()
+{
+end:	/* never cancellable (already running or final): 50321, a valid end */
+	atomic { conv && (ts == SCHEDULED || ts == RETRYING) -> finish(CANCELLED) }
+}
+#endif
+
+/* delay.Reconcile (an Agent job, or doctor): a task that is not final and
+ * whose conversation is gone.  Recovered by an incident: failed (its
+ * FinishTask writes the platform table, so under POISON it fails again and
+ * the task stays for a later run).  Otherwise re-armed on a new conversation;
+ * a Running task only when no runner holds its run lock (APPLOCK_TEST). */
+active proctype Reconcile()
+{
+end:	do
+	:: atomic { !conv && incident && !poison && (ts == SCHEDULED || ts == RETRYING
+	            || (ts == RUNNING && applock == 0)) -> ts = FAILED }
+	:: atomic { !conv && !incident && (ts == SCHEDULED || ts == RETRYING) -> conv = 1; armed = 1 }
+	:: atomic { !conv && !incident && ts == RUNNING && applock == 0 ->
+		if
+		:: att < MAXATT -> ts = RETRYING; conv = 1; armed = 1
+		:: else -> ts = FAILED
+		fi }
+	od
+}
+
 /* The broker delivers an Error message on the conversation. */
 active proctype Broker()
 {
@@ -257,5 +387,5 @@ init
 }
 
 #ifdef LIVE
-ltl ends { <> (!conv && (ts == DONE || ts == FAILED)) }
+ltl ends { <> (!conv && (ts == DONE || ts == FAILED || ts == CANCELLED)) }
 #endif

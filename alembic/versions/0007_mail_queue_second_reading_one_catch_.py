@@ -5,7 +5,7 @@ vs RequeueMail), narrow counts and bodies out of row, applications bound to
 their sending accounts and From addresses
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-11-23 21:31:24.807294
 
 The SQL this revision deploys is frozen in alembic/frozen/0007/
@@ -24,7 +24,7 @@ and procedures are dropped by the frozen-file machinery.
 from mailq_db.deployment import RevisionPlan
 
 revision = '0007'
-down_revision = '0005'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 

@@ -7,94 +7,50 @@ Result set:  none.
 Errors:      50320 @TaskID missing or names no scheduled task
              50321 the task is not Scheduled or Retrying (already running or
                    finished; the message names its state)
-Transaction: joins the caller's via a savepoint, else opens its own.
-Locks:       takes the task's conversation group first (BEGIN CONVERSATION
-             TIMER locks it), then the task row with UPDLOCK, the order that
-             dbo.ProcessDelayQueue uses, so the two never deadlock on a task.
-             The 1-second timer is harmless: if the task turns out not to be
-             cancellable, the rollback to our savepoint restores the timer.
-Security:    EXECUTE AS OWNER: END CONVERSATION needs the conversation's owner
-             (dbo, who began it in the trigger); callers need only EXECUTE
-             (role MailqDelayCaller).
+             50342 the task was initiated by another login, and the caller is
+                   neither in MailqAdmin nor db_owner
+             50343 the task's conversation no longer exists (the database was
+                   copied and given a NEW_BROKER, or a conversation was ended
+                   by hand): run EXEC delay.Reconcile, then cancel again
+Who:         members of MailqAdmin and db_owner cancel any task; everybody
+             else (role MailqDelayCaller) only the tasks their own login
+             initiated (delay.Task.CreatedBy = ORIGINAL_LOGIN()), as DESIGN.md
+             and the DBA guide say.  Tasks inserted by the platform belong to
+             the platform's login.
+Transaction: opens its own if none is open, else works inside the caller's;
+             any error, a refusal included, dooms the caller's transaction
+             (XACT_ABORT ON) and is re-raised: the caller must roll back.  No
+             savepoint: SAVE TRANSACTION fails inside a distributed (MSDTC)
+             transaction (error 627), and a doomed transaction cannot return
+             to one.  Validation runs before any work, so a refusal changes
+             nothing that a rollback would have to undo.
+Lock order:  the task's cancel lock (an application lock, transaction-owned),
+             then the task's conversation group (BEGIN CONVERSATION TIMER
+             locks it), then its delay.Task row (UPDLOCK), then
+             dbo.tabDIYTable12402: the order of dbo.ProcessDelayQueue (a
+             delay-0 request takes the cancel lock and the task's group
+             before the row too; a timer message holds the group already).
+Security:    runs as the caller, to learn the caller's roles; the work is done
+             by delay.CancelTask (EXECUTE AS OWNER, reached through ownership
+             chaining, granted to nobody): END CONVERSATION needs the
+             conversation's owner (dbo, who began it in the trigger).
 Example:     EXEC dbo.CancelDelayExecution @TaskID = 42;
 */
 CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
     @TaskID BIGINT
-WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
 
-    DECLARE
-        @Msg NVARCHAR(2048),
-        @Handle UNIQUEIDENTIFIER,
-        @TaskState NVARCHAR(16);
+    -- Evaluated here, in the caller's security context (delay.CancelTask
+    -- runs as dbo, who is a member of everything).
+    DECLARE @MayCancelAny BIT = IIF(
+        IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0
+    );
+    DECLARE @CallerLogin NVARCHAR(128) = ORIGINAL_LOGIN();
 
-    -- 1. Validate parameters before any transaction starts.
-    SELECT
-        @Handle = t.ConversationHandle,
-        @TaskState = t.TaskState
-    FROM delay.Task AS t
-    WHERE t.TaskID = @TaskID;
-
-    IF @TaskState IS NULL
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@TaskID names no delayed task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.'
-        );
-        THROW 50320, @Msg, 1;
-    END;
-
-    IF @TaskState NOT IN (N'Scheduled', N'Retrying') OR @Handle IS NULL
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@TaskID ', @TaskID, N' is ', @TaskState,
-            N'; only a Scheduled or Retrying task can be cancelled.'
-        );
-        THROW 50321, @Msg, 1;
-    END;
-
-    -- 2. Own the transaction, or nest in the caller's with a savepoint.
-    DECLARE @TranCount INT = @@TRANCOUNT;
-    BEGIN TRY
-        IF @TranCount = 0
-            BEGIN TRANSACTION;
-        ELSE
-            SAVE TRANSACTION CancelDelayExecution;
-
-        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = 1;
-
-        -- UPDLOCK: hold the row from this check to the state change, so the
-        -- activation procedure cannot start the task in between.
-        -- ROWLOCK: one task, one row lock.
-        SELECT @TaskState = t.TaskState
-        FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
-        WHERE t.TaskID = @TaskID;
-
-        IF @TaskState NOT IN (N'Scheduled', N'Retrying')
-        BEGIN
-            SET @Msg = CONCAT(
-                N'@TaskID ', @TaskID, N' is ', @TaskState,
-                N'; only a Scheduled or Retrying task can be cancelled.'
-            );
-            THROW 50321, @Msg, 1;
-        END;
-
-        SET @Msg = CONCAT(N'cancelled by ', ORIGINAL_LOGIN());
-        EXEC delay.FinishTask
-            @TaskID = @TaskID,
-            @TaskState = N'Cancelled',
-            @EventName = N'Cancelled',
-            @ErrorMessage = @Msg;
-
-        IF @TranCount = 0
-            COMMIT TRANSACTION;
-    END TRY
-    BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
-            ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION CancelDelayExecution;   -- undo only our work
-        THROW;
-    END CATCH;
+    EXEC delay.CancelTask
+        @TaskID = @TaskID,
+        @CallerLogin = @CallerLogin,
+        @MayCancelAny = @MayCancelAny;
 END;

@@ -70,10 +70,15 @@ BEGIN
             -- TRY_CONVERT: an adopted table may type F108218 otherwise; a value
             -- that is no integer is refused (50302) instead of failing the INSERT.
             DelaySeconds = CASE WHEN i.F108218 IS NULL THEN 0 ELSE TRY_CONVERT(INT, i.F108218) END,
+            -- LEN(x + N'.') - 1: the length with trailing blanks, which LEN
+            -- alone ignores; a longer value is refused, never cut to 200.
             ParameterTooLong = CASE
                 WHEN
-                    LEN(i.F108212) > 200 OR LEN(i.F108213) > 200 OR LEN(i.F108214) > 200
-                    OR LEN(i.F108215) > 200 OR LEN(i.F108216) > 200
+                    LEN(CAST(i.F108212 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(i.F108213 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(i.F108214 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(i.F108215 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(i.F108216 AS NVARCHAR(MAX)) + N'.') > 201
                     THEN 1
                 ELSE 0
             END
@@ -128,7 +133,7 @@ BEGIN
     -- 2. Bookkeeping, set-based: every row, scheduled or refused.
     INSERT INTO delay.Task (
         TaskID, TargetName, SchemaName, ProcedureName, DelaySeconds, TaskState,
-        CreatedAtUtc, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage
+        CreatedAtUtc, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage, CreatedBy
     )
     SELECT
         n.TaskID,
@@ -142,7 +147,10 @@ BEGIN
         IIF(n.RefusalNumber IS NULL, DATEADD(SECOND, n.DelaySeconds, @Now), NULL),
         IIF(n.RefusalNumber IS NULL, NULL, @Now),
         n.RefusalNumber,
-        n.RefusalMessage
+        n.RefusalMessage,
+        -- The inserting session's login, whatever EXECUTE AS says: the owner
+        -- of the task for dbo.CancelDelayExecution.
+        ORIGINAL_LOGIN()
     FROM @New AS n;
 
     INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)

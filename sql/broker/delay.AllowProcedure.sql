@@ -17,7 +17,16 @@ Errors:      50310 @ProcedureName is not a two-part name of an existing SQL
              50312 the procedure lacks a parameter of the target contract
              50313 @AllowBareName = 1, but another listed procedure already
                    answers to that bare name
-Transaction: joins the caller's via a savepoint, else opens its own.
+             50341 the procedure's definition cannot be read (WITH
+                   ENCRYPTION), so it cannot be pinned
+Pinning:     the entry stores SHA2_256 of the procedure's definition; a later
+             ALTER PROCEDURE makes it resolve to 50340 until it is listed
+             again (run this procedure again after reviewing the change).
+Transaction: opens its own if none is open, else works inside the caller's;
+             any error dooms either (XACT_ABORT ON) and is re-raised: the
+             caller's transaction must be rolled back.  No savepoint (SAVE
+             TRANSACTION fails inside a distributed transaction, error 627).
+Lock order:  delay.AllowedProcedure only.
 Security:    for db_owner only (no role is granted EXECUTE): a listed procedure
              runs as dbo, so listing one is a dbo-level decision.
 Example:     EXEC delay.AllowProcedure @ProcedureName = N'dbo.TCXG', @AllowBareName = 1;
@@ -28,6 +37,10 @@ CREATE OR ALTER PROCEDURE delay.AllowProcedure
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    -- The UPDLOCK reads below must lock the latest committed row: READ COMMITTED
+    -- whatever the caller runs under (a level set in a procedure reverts when it
+    -- returns; under RCSI an UPDLOCK read still takes and honours locks).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE
         @Msg NVARCHAR(2048),
@@ -37,7 +50,8 @@ BEGIN
         @Name SYSNAME,
         @ObjectId INT,
         @IsShipped BIT,
-        @Missing NVARCHAR(200);
+        @Missing NVARCHAR(200),
+        @DefinitionHash VARBINARY(32);
 
     -- 1. Validate parameters before any transaction starts.
     SET @AllowBareName = ISNULL(@AllowBareName, 0);
@@ -101,13 +115,21 @@ BEGIN
         THROW 50312, @Msg, 1;
     END;
 
-    -- 2. Own the transaction, or nest in the caller's with a savepoint.
-    DECLARE @TranCount INT = @@TRANCOUNT;
+    SET @DefinitionHash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId));
+    IF @DefinitionHash IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ProcedureName ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+            N' has no readable definition (WITH ENCRYPTION?), so it cannot be pinned; got ', @ProcedureName, N'.'
+        );
+        THROW 50341, @Msg, 1;
+    END;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @TranCount = 0
+        IF @OwnTran = 1
             BEGIN TRANSACTION;
-        ELSE
-            SAVE TRANSACTION AllowProcedure;
 
         -- UPDLOCK, HOLDLOCK: the range lock keeps two sessions from both
         -- seeing the bare name free (insert-if-absent).
@@ -131,6 +153,7 @@ BEGIN
         UPDATE ap
         SET
             ObjectId = @ObjectId,
+            DefinitionHash = @DefinitionHash,
             AllowBareName = @AllowBareName,
             ListedAtUtc = SYSUTCDATETIME(),
             ListedBy = ORIGINAL_LOGIN()
@@ -138,17 +161,17 @@ BEGIN
         WHERE ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
 
         IF @@ROWCOUNT = 0
-            INSERT INTO delay.AllowedProcedure (SchemaName, ProcedureName, ObjectId, AllowBareName)
-            VALUES (@SchemaName, @Name, @ObjectId, @AllowBareName);
+            INSERT INTO delay.AllowedProcedure (SchemaName, ProcedureName, ObjectId, AllowBareName, DefinitionHash)
+            VALUES (@SchemaName, @Name, @ObjectId, @AllowBareName, @DefinitionHash);
 
-        IF @TranCount = 0
+        IF @OwnTran = 1
             COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and its own CATCH rolls it back.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0
             ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION AllowProcedure;   -- undo only our work
         THROW;
     END CATCH;
 

@@ -9,6 +9,10 @@ AllowBareName = 1 lets a one-part name (the platform stores bare names such as
 N'TCXG') resolve to this entry; at most one entry per bare name may allow it
 (UX_AllowedProcedure_BareName).  A bare name never resolves through anybody's
 default schema.
+DefinitionHash pins the procedure's text: SHA2_256 of OBJECT_DEFINITION at
+listing time.  ALTER PROCEDURE keeps the object_id, so without it anyone who
+may alter a listed procedure could run code as dbo at its next schedule; a
+changed definition resolves to 50340 until a db_owner lists it again.
 */
 IF OBJECT_ID(N'delay.AllowedProcedure', N'U') IS NULL
 BEGIN
@@ -23,7 +27,14 @@ BEGIN
             CONSTRAINT DF_AllowedProcedure_ListedAtUtc DEFAULT (SYSUTCDATETIME()),
         ListedBy NVARCHAR(128) NOT NULL
             CONSTRAINT DF_AllowedProcedure_ListedBy DEFAULT (ORIGINAL_LOGIN()),
+        DefinitionHash VARBINARY(32) NULL,
         CONSTRAINT PK_AllowedProcedure PRIMARY KEY CLUSTERED (AllowedProcedureId),
         CONSTRAINT UQ_AllowedProcedure_SchemaName_ProcedureName UNIQUE (SchemaName, ProcedureName)
     );
 END;
+-- Added in place to a table deployed by an earlier revision; the entries
+-- listed before are pinned by broker/delay.AllowedProcedure.pin.sql (a
+-- separate batch: this one could not name the new column).  The downgrade of
+-- the revision that adds the column drops it.
+ELSE IF COL_LENGTH(N'delay.AllowedProcedure', N'DefinitionHash') IS NULL
+    ALTER TABLE delay.AllowedProcedure ADD DefinitionHash VARBINARY(32) NULL;

@@ -7,6 +7,13 @@ Parameters:  @TaskID       BIGINT, required
                            (NULL writes none, e.g. for Done)
              @ErrorNumber  INT = NULL, @ErrorMessage NVARCHAR(4000) = NULL:
                            stored as the task's last error and in the log row
+             @SetReceipt   BIT = 1: 0 leaves dbo.tabDIYTable12402 alone; the
+                           caller writes the receipt after its COMMIT.  Every
+                           transaction that RECEIVEd passes 0: the platform's
+                           table may carry constraints or triggers we do not
+                           own, and a failure there must never roll back a
+                           RECEIVE (delay.Reconcile repairs a receipt that
+                           could not be written).
 Receipt:     Done 1, Refused 2, Failed 3, Cancelled 4 (dbo.tabDIYTable12402.F108219)
 Errors:      50399 called outside a transaction or with an unknown state (a bug)
 Transaction: joins the caller's, which must exist: the state change and the
@@ -20,7 +27,8 @@ CREATE OR ALTER PROCEDURE delay.FinishTask
     @TaskState NVARCHAR(16),
     @EventName NVARCHAR(16) = NULL,
     @ErrorNumber INT = NULL,
-    @ErrorMessage NVARCHAR(4000) = NULL
+    @ErrorMessage NVARCHAR(4000) = NULL,
+    @SetReceipt BIT = 1
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -57,21 +65,29 @@ BEGIN
     -- The receipt is set by the row's ID, never by matching parameter values
     -- (the source design's join on F108211-F108216 missed NULLs and marked
     -- rows with equal parameters together).
-    UPDATE dbo.tabDIYTable12402
-    SET F108219 = CASE @TaskState
-        WHEN N'Done' THEN 1
-        WHEN N'Refused' THEN 2
-        WHEN N'Failed' THEN 3
-        WHEN N'Cancelled' THEN 4
-    END
-    WHERE ID = @TaskID;
+    IF ISNULL(@SetReceipt, 1) = 1
+        UPDATE dbo.tabDIYTable12402
+        SET F108219 = CASE @TaskState
+            WHEN N'Done' THEN 1
+            WHEN N'Refused' THEN 2
+            WHEN N'Failed' THEN 3
+            WHEN N'Cancelled' THEN 4
+        END
+        WHERE ID = @TaskID;
 
     IF @EventName IS NOT NULL
         INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle)
         VALUES (@TaskID, @EventName, @TargetName, @Attempts, @ErrorNumber, @ErrorMessage, @Handle);
 
     -- Every task's conversation ends here, once: no endpoint is left behind.
-    -- Ending the initiator side also discards its pending timer.
-    IF @Handle IS NOT NULL
+    -- Ending the initiator side also discards its pending timer.  An endpoint
+    -- that no longer exists (ALTER DATABASE ... SET NEW_BROKER removes every
+    -- conversation without notice) or is already closed is not ended again:
+    -- END CONVERSATION needs an existing conversation
+    -- (https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql).
+    IF @Handle IS NOT NULL AND EXISTS (
+        SELECT 1 FROM sys.conversation_endpoints AS e
+        WHERE e.conversation_handle = @Handle AND e.state <> 'CD'
+    )
         END CONVERSATION @Handle;
 END;

@@ -10,6 +10,10 @@ Result set:  exactly one row:
                  50307 listed, but sys.objects no longer holds that procedure
                        with the listed object_id, schema and name (dropped,
                        recreated, moved, or renamed): list it again
+                 50340 listed, but its definition changed since it was listed
+                       (ALTER PROCEDURE keeps the object_id; the hash of
+                       OBJECT_DEFINITION no longer matches the pinned one):
+                       a db_owner reviews it and lists it again
              RefusalMessage NVARCHAR(400): the reason in words, naming the value
              SchemaName, ProcedureName SYSNAME, ObjectId INT: the catalog's
                  names of the procedure to run (NULL when refused)
@@ -37,6 +41,7 @@ SELECT
         WHEN n.Part3 IS NOT NULL OR n.Part4 IS NOT NULL THEN 50305
         WHEN a.AllowedProcedureId IS NULL THEN 50306
         WHEN o.object_id IS NULL THEN 50307
+        WHEN a.DefinitionHash IS NULL OR h.CurrentHash IS NULL OR h.CurrentHash <> a.DefinitionHash THEN 50340
     END,
     RefusalMessage = CASE
         WHEN n.Part1 IS NULL THEN CONCAT(
@@ -53,10 +58,15 @@ SELECT
                 N'target name "', LEFT(@Name, 200), N'" was listed as ', QUOTENAME(a.SchemaName), N'.',
                 QUOTENAME(a.ProcedureName), N', which no longer exists with the listed identity; list it again'
             )
+        WHEN a.DefinitionHash IS NULL OR h.CurrentHash IS NULL OR h.CurrentHash <> a.DefinitionHash THEN CONCAT(
+                N'target name "', LEFT(@Name, 200), N'" names ', QUOTENAME(a.SchemaName), N'.',
+                QUOTENAME(a.ProcedureName),
+                N', whose definition changed since it was listed; review it and list it again'
+            )
     END,
-    SchemaName = CASE WHEN o.object_id IS NOT NULL THEN a.SchemaName END,
-    ProcedureName = CASE WHEN o.object_id IS NOT NULL THEN a.ProcedureName END,
-    ObjectId = o.object_id
+    SchemaName = CASE WHEN h.CurrentHash = a.DefinitionHash THEN a.SchemaName END,
+    ProcedureName = CASE WHEN h.CurrentHash = a.DefinitionHash THEN a.ProcedureName END,
+    ObjectId = CASE WHEN h.CurrentHash = a.DefinitionHash THEN o.object_id END
 FROM (
     SELECT
         Part1 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 1) END,
@@ -75,7 +85,8 @@ OUTER APPLY (
         ap.AllowedProcedureId,
         ap.SchemaName,
         ap.ProcedureName,
-        ap.ObjectId
+        ap.ObjectId,
+        ap.DefinitionHash
     FROM delay.AllowedProcedure AS ap
     WHERE
         n.Part3 IS NULL
@@ -89,4 +100,7 @@ LEFT OUTER JOIN sys.objects AS o
         AND o.type = 'P'
         AND o.is_ms_shipped = 0
         AND a.ProcedureName = o.name
-        AND o.schema_id = SCHEMA_ID(a.SchemaName);
+        AND o.schema_id = SCHEMA_ID(a.SchemaName)
+-- The pin: SHA2_256 of the current text (HASHBYTES takes NVARCHAR(MAX)
+-- since SQL Server 2016).  NULL for an encrypted module: refused.
+CROSS APPLY (VALUES (HASHBYTES('SHA2_256', OBJECT_DEFINITION(o.object_id)))) AS h(CurrentHash);

@@ -16,6 +16,10 @@ kept beside the platform's table rather than in it.
     NextRunAtUtc       when it runs next (DueAtUtc, then each retry's time)
     LeaseUntilUtc      while Running: when the watchdog looks at the runner
     FirstStartedAtUtc  the first run's start (lateness = this - DueAtUtc)
+    CreatedBy          ORIGINAL_LOGIN() of the session that inserted the row:
+                       MailqDelayCaller members may cancel only their own tasks
+    IdempotencyKey     InitiateDelayExecution's @IdempotencyKey: a resent call
+                       with the same key returns the first call's task
 Rows are written by the trigger on dbo.tabDIYTable12402 (set-based), by
 dbo.ProcessDelayQueue and by dbo.CancelDelayExecution only.
 */
@@ -46,10 +50,22 @@ BEGIN
         FinishedAtUtc DATETIME2(3) NULL,
         LastErrorNumber INT NULL,
         LastErrorMessage NVARCHAR(4000) NULL,
+        CreatedBy NVARCHAR(128) NULL,
+        IdempotencyKey NVARCHAR(100) NULL,
         CONSTRAINT PK_Task PRIMARY KEY CLUSTERED (TaskID),
         CONSTRAINT CK_Task_TaskState CHECK (
             TaskState IN (N'Scheduled', N'Running', N'Retrying', N'Done', N'Failed', N'Refused', N'Cancelled')
         ),
         CONSTRAINT CK_Task_Attempts CHECK (Attempts >= 0)
     );
+END;
+-- Added in place to a table deployed by an earlier revision: NULL columns, a
+-- metadata-only change (existing rows are not rewritten).  The downgrade of
+-- the revision that adds them drops them.
+ELSE
+BEGIN
+    IF COL_LENGTH(N'delay.Task', N'CreatedBy') IS NULL
+        ALTER TABLE delay.Task ADD CreatedBy NVARCHAR(128) NULL;
+    IF COL_LENGTH(N'delay.Task', N'IdempotencyKey') IS NULL
+        ALTER TABLE delay.Task ADD IdempotencyKey NVARCHAR(100) NULL;
 END;

@@ -379,7 +379,10 @@ def manifest_problems(root: Path | None = None) -> list[str]:
 # --------------------------------------------------------------------------
 
 #: Every ``-x`` key the deployment understands; any other key is refused.
-KNOWN_OPTIONS = ("url", "broker", "readers", "lock_timeout")
+KNOWN_OPTIONS = ("url", "broker", "readers", "lock_timeout", "seed")
+#: ``-x seed=...``: how revision 0006 treats what the seed design left on the
+#: platform table and the queue (alembic/versions/0006_*.py).
+SEED_MODES = ("check", "disable-triggers", "ignore")
 DEFAULT_READERS = 5
 MAX_READERS = 32767
 DEFAULT_LOCK_TIMEOUT_MS = 30000
@@ -460,6 +463,8 @@ def parse_options(x_args: dict[str, str] | Iterable[str] | None) -> DeployOption
                 "-x lock_timeout must be milliseconds (0 or more; -1 waits forever); "
                 f"got {items['lock_timeout']!r}")
         lock_timeout = int(text)
+    if "seed" in items and (items["seed"] or "").strip().lower() not in SEED_MODES:
+        raise ConfigurationError(f"-x seed must be one of {', '.join(SEED_MODES)}; got {items['seed']!r}")
     return DeployOptions(broker, readers, lock_timeout, frozenset(k for k in items if k != "url"))
 
 
@@ -898,6 +903,12 @@ class RevisionPlan:
     root: Path
     execute: Callable[[str], None] = _execute
     drop_overrides: dict[str, list[str]] | None = None
+    #: Revision-specific batches, called when the plan is rendered or run (so
+    #: they may read -x options): ``before_files`` run after the checks and
+    #: before the first file of an upgrade (e.g. 0006's checks for what the
+    #: seed design left); ``after_downgrade`` after the files of a downgrade.
+    before_files: Callable[[], list[str]] | None = None
+    after_downgrade: Callable[[], list[str]] | None = None
 
     @classmethod
     def load(cls, revision: str, revision_file: str, **kw) -> "RevisionPlan":
@@ -977,13 +988,15 @@ class RevisionPlan:
     def upgrade_batches(self) -> list[tuple[str, str]]:
         files = self.files
         texts = {rel: frozen_text(self.revision, rel, self.root) for rel in files}
-        labelled = [(rel, guarded_schema(statement_text(texts[rel]))) for rel in files]
+        labelled = [("(revision checks)", sql) for sql in (self.before_files() if self.before_files else [])]
+        labelled += [(rel, guarded_schema(statement_text(texts[rel]))) for rel in files]
         epilogue = [("(checksums)", checksum_batch({rel: self.revision for rel in files}, texts,
                                                     self.revision, delete=False))] if files else []
         return self._wrap("upgrade", labelled, epilogue)
 
     def downgrade_batches(self) -> list[tuple[str, str]]:
         labelled = [("(downgrade)", sql) for sql in self.downgrade_statements()]
+        labelled += [("(downgrade)", sql) for sql in (self.after_downgrade() if self.after_downgrade else [])]
         epilogue = [("(checksums)", checksum_batch({}, {}, self.revision, delete=True))]
         return self._wrap("downgrade", labelled, epilogue)
 

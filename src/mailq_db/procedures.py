@@ -504,3 +504,103 @@ def finalize_mail(conn: Any, *, batch_size: int | None = None, max_batches: int 
     if not rows:
         return FinalizeResult(0, 0, False)
     return FinalizeResult(int(rows[0][0]), int(rows[0][1]), bool(rows[0][2]))
+
+
+# --------------------------------------------------------------------------
+# Delayed execution (sql/broker/; docs/delayed-execution.md)
+# --------------------------------------------------------------------------
+# One wrapper per public procedure of the delayed-execution half, so that
+# tests/static/test_exec_contract.py checks them against sql/ like the rest.
+# Errors 50300-50399 arrive as DelayExecutionError (mailq_db.errors).
+
+INITIATE_DELAY_SQL = (
+    "EXEC dbo.InitiateDelayExecution @F108211 = ?, @F108218 = ?, @F108212 = ?, @F108213 = ?, "
+    "@F108214 = ?, @F108215 = ?, @F108216 = ?, @F108210 = ?, @IdempotencyKey = ?;"
+)
+
+
+def initiate_delay_execution(
+    conn: Any,
+    *,
+    procedure: str,
+    delay_seconds: int,
+    params: Sequence[str | None] = (),
+    description: str | None = None,
+    idempotency_key: str | None = None,
+) -> int:
+    """dbo.InitiateDelayExecution: schedule an allow-listed procedure; returns the task ID.
+
+    ``params`` are the target's ``@Param1`` ... ``@Param5`` (at most five, each
+    at most 200 characters: longer values are refused, never cut).  Give an
+    ``idempotency_key`` when the call may be resent (a reconnect after a lost
+    reply): the same key returns the first call's task and schedules nothing.
+    The call joins the connection's transaction if one is open; any error
+    dooms it (the caller rolls back).
+    """
+    values = list(params)
+    if len(values) > 5:
+        raise ValueError(f"at most 5 target parameters; got {len(values)}")
+    values += [None] * (5 - len(values))
+    cursor = _call(
+        conn, INITIATE_DELAY_SQL,
+        [procedure, delay_seconds, *values, description, idempotency_key],
+    )
+    try:
+        rows = _rows(cursor)
+        while not rows and _next(cursor):
+            rows = _rows(cursor)
+    finally:
+        cursor.close()
+    if not rows:  # pragma: no cover - the procedure always returns one row
+        raise RuntimeError("dbo.InitiateDelayExecution returned no TaskID")
+    return int(rows[0][0])
+
+
+CANCEL_DELAY_SQL = "EXEC dbo.CancelDelayExecution @TaskID = ?;"
+
+
+def cancel_delay_execution(conn: Any, *, task_id: int) -> None:
+    """dbo.CancelDelayExecution: cancel a Scheduled or Retrying task (receipt 4).
+
+    Members of MailqDelayCaller cancel only the tasks their own login
+    initiated (50342 otherwise); MailqAdmin and db_owner cancel any.
+    """
+    _call(conn, CANCEL_DELAY_SQL, [task_id]).close()
+
+
+ALLOW_PROCEDURE_SQL = "EXEC delay.AllowProcedure @ProcedureName = ?, @AllowBareName = ?;"
+
+
+def allow_procedure(conn: Any, *, procedure: str, allow_bare_name: bool = False) -> dict[str, Any]:
+    """delay.AllowProcedure (db_owner): list a procedure, pinned to its current definition."""
+    cursor = _call(conn, ALLOW_PROCEDURE_SQL, [procedure, 1 if allow_bare_name else 0])
+    try:
+        rows = _dicts(cursor)
+    finally:
+        cursor.close()
+    return rows[0] if rows else {}
+
+
+DISALLOW_PROCEDURE_SQL = "EXEC delay.DisallowProcedure @ProcedureName = ?;"
+
+
+def disallow_procedure(conn: Any, *, procedure: str) -> None:
+    """delay.DisallowProcedure (db_owner): take a procedure off the allow-list."""
+    _call(conn, DISALLOW_PROCEDURE_SQL, [procedure]).close()
+
+
+RECONCILE_SQL = "EXEC delay.Reconcile @Apply = ?, @ScheduleMissing = ?, @MaxRows = ?;"
+
+
+def reconcile_delayed_tasks(
+    conn: Any, *, apply: bool = True, schedule_missing: bool = False, max_rows: int | None = None,
+) -> list[dict[str, Any]]:
+    """delay.Reconcile (MailqAdmin, db_owner): re-arm or fail tasks whose
+    conversation is gone, schedule or report platform rows without a task,
+    repair receipts; returns one dict per finding (Finding, TaskID, Action,
+    Detail).  A disabled queue is reported and raised (severity 16)."""
+    cursor = _call(conn, RECONCILE_SQL, [1 if apply else 0, 1 if schedule_missing else 0, max_rows])
+    try:
+        return _dicts(cursor)
+    finally:
+        cursor.close()

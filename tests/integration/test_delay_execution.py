@@ -391,6 +391,9 @@ def test_a_procedure_dropped_after_scheduling_is_refused_when_due(conn):
     rows(conn, f"DROP PROCEDURE dbo.{name}")
     make_target(conn, name=name, allow=False)  # same name, new object_id
     wait_final(conn, [task_id])
+    # Since 0006 the receipt is written just after step 1's COMMIT (never
+    # inside a RECEIVE transaction): wait for it too.
+    wait_until(lambda: task(conn, task_id)["F108219"] == 2, 10, "the receipt")
     state = task(conn, task_id)
     assert state["TaskState"] == "Refused" and state["LastErrorNumber"] == 50307 and state["F108219"] == 2
     assert runs(conn, name) == []
@@ -554,3 +557,253 @@ def test_caller_role_may_only_initiate_and_cancel(conn):
     finally:
         rows(conn, f"ALTER ROLE MailqDelayCaller DROP MEMBER {user}; DROP USER {user};")
     assert task(conn, task_id)["TaskState"] == "Cancelled"
+
+
+
+# --------------------------------------------------------------------------
+# Issue 11 (revision 0006).  Each of these fails on revision 0004.
+# --------------------------------------------------------------------------
+
+
+def test_a_platform_table_that_refuses_receipts_never_disables_the_queue(conn):
+    """Point 1: step 1 used to write the receipt inside its RECEIVE transaction;
+    a trigger of the platform's that refuses that write rolled every reader
+    back until the queue was disabled.  Now the receipt fails alone, logged,
+    and delay.Reconcile repairs it once the trigger is gone."""
+    marker = unique("poison")
+    trigger = unique("trg_RefuseReceipt")
+    rows(conn, f"""
+        CREATE TRIGGER dbo.{trigger} ON dbo.tabDIYTable12402 AFTER UPDATE AS
+        BEGIN
+            IF EXISTS (SELECT 1 FROM inserted WHERE F108212 = N'{marker}' AND F108219 <> 0)
+                THROW 51999, N'the platform refuses this receipt', 1;
+        END""")
+    try:
+        ids = []
+        for _ in range(6):  # more than five rollbacks' worth under 0004
+            name = make_target(conn)
+            ids.append(initiate(conn, f"dbo.{name}", 1, marker))
+            rows(conn, f"DROP PROCEDURE dbo.{name}")  # refused (50307) when due: a final state in step 1
+        wait_final(conn, ids)
+        assert queue_state(conn) == (1, 1)
+        for task_id in ids:
+            state = task(conn, task_id)
+            assert state["TaskState"] == "Refused" and state["F108219"] == 0, state
+    finally:
+        rows(conn, f"DROP TRIGGER IF EXISTS dbo.{trigger}")
+    findings = rows(conn, "EXEC delay.Reconcile")
+    repaired = {f[1] for f in findings if f[0] == "Receipt" and f[2] == "Repaired"}
+    assert set(ids) <= repaired
+    assert {task(conn, i)["F108219"] for i in ids} == {2}
+
+
+def test_targets_run_at_normal_priority_without_xact_abort_and_with_the_lock_timeout(conn):
+    """Point 2: the reader's DEADLOCK_PRIORITY HIGH and XACT_ABORT ON no longer leak."""
+    rows(conn, "IF OBJECT_ID(N'dbo.DelaySettingsSeen', N'U') IS NULL "
+               "CREATE TABLE dbo.DelaySettingsSeen (Probe SYSNAME, XactAbort INT, DeadlockPriority INT, LockTimeout INT)")
+    before = scalar(conn, "SELECT TargetLockTimeoutMs FROM delay.Setting")
+    rows(conn, "UPDATE delay.Setting SET TargetLockTimeoutMs = 4321")
+    try:
+        probe = make_target(conn, """
+            INSERT INTO dbo.DelaySettingsSeen (Probe, XactAbort, DeadlockPriority, LockTimeout)
+            SELECT OBJECT_NAME(@@PROCID), IIF(@@OPTIONS & 16384 = 0, 0, 1), s.deadlock_priority, @@LOCK_TIMEOUT
+            FROM sys.dm_exec_sessions AS s WHERE s.session_id = @@SPID;""")
+        wait_final(conn, [initiate(conn, f"dbo.{probe}", 0)])
+    finally:
+        rows(conn, "UPDATE delay.Setting SET TargetLockTimeoutMs = ?", before)
+    seen = rows(conn, "SELECT XactAbort, DeadlockPriority, LockTimeout FROM dbo.DelaySettingsSeen WHERE Probe = ?",
+                probe)
+    assert seen == [(0, 0, 4321)]
+
+
+def test_initiate_and_cancel_use_no_savepoint_and_doom_the_callers_transaction(conn, mssql_url):
+    """Point 6: the documented contract, with the caller's transaction open."""
+    probe = make_target(conn)
+    other = connect(mssql_url)
+    other.autocommit = False
+    try:
+        with pytest.raises(Exception, match="50306"):
+            initiate(other, "dbo.NotListedAnywhere", 0)
+        assert scalar(other, "SELECT XACT_STATE()") in (0, -1)  # doomed or rolled back, never 1
+        other.rollback()
+        task_id = initiate(other, f"dbo.{probe}", 3600)
+        rows(other, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
+        other.commit()
+    finally:
+        other.close()
+    assert task(conn, task_id)["TaskState"] == "Cancelled"
+
+
+def test_a_request_runs_only_on_the_conversation_its_task_is_bound_to(conn):
+    """Point 7: a DelayRequest carrying the ID of a task bound to another
+    conversation (what an ID reused after a truncate looks like) never runs it."""
+    probe = make_target(conn)
+    task_id = initiate(conn, f"dbo.{probe}", 3600)
+    rows(conn, """
+        DECLARE @Handle UNIQUEIDENTIFIER, @Body VARBINARY(8) = CAST(CAST(? AS BIGINT) AS BINARY(8));
+        BEGIN DIALOG CONVERSATION @Handle
+            FROM SERVICE MailqDelayService TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
+            ON CONTRACT MailqDelayContract WITH ENCRYPTION = OFF;
+        SEND ON CONVERSATION @Handle MESSAGE TYPE MailqDelayRequest (@Body);""", task_id)
+    wait_until(lambda: ("BrokerError", 50347) in log_events(conn, task_id), 30, "the unbound request to be refused")
+    assert task(conn, task_id)["TaskState"] == "Scheduled"
+    assert runs(conn, probe) == []
+    rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
+
+
+def test_cancel_and_a_delay0_task_never_deadlock(conn, mssql_url):
+    """Point 8: both take the task's conversation group before its row."""
+    import threading
+
+    probe = make_target(conn)
+    errors: list[str] = []
+    outcomes: dict[str, int] = {"cancelled": 0, "too_late": 0}
+
+    def cancel_all(task_ids: list[int]) -> None:
+        c = connect(mssql_url)
+        try:
+            for task_id in task_ids:
+                try:
+                    rows(c, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
+                    outcomes["cancelled"] += 1
+                except Exception as exc:  # noqa: BLE001 - classified below
+                    if "50321" in str(exc):
+                        outcomes["too_late"] += 1
+                    else:
+                        errors.append(str(exc))
+        finally:
+            c.close()
+
+    for _ in range(5):
+        ids = [initiate(conn, f"dbo.{probe}", 0, str(i)) for i in range(100)]
+        worker = threading.Thread(target=cancel_all, args=(ids,))
+        worker.start()
+        worker.join(120)
+        wait_final(conn, ids)
+        assert errors == [], errors[:3]
+        id_list = ",".join(map(str, ids))
+        assert scalar(conn, f"SELECT COUNT(*) FROM delay.Log WHERE TaskID IN ({id_list}) "
+                            "AND (ErrorNumber = 1205 OR ErrorMessage LIKE N'%deadlock%')") == 0
+        assert scalar(conn, "SELECT COUNT(*) FROM delay.Incident WHERE TaskID IN (" + id_list + ")") == 0
+    assert outcomes["cancelled"] + outcomes["too_late"] == 500
+
+
+def test_a_task_whose_conversation_is_gone_is_reconciled(conn):
+    """Point 3: what NEW_BROKER does to every conversation, done to one."""
+    probe = make_target(conn)
+    task_id = initiate(conn, f"dbo.{probe}", 2)
+    handle = task(conn, task_id)["ConversationHandle"]
+    rows(conn, "END CONVERSATION ? WITH CLEANUP", handle)
+    with pytest.raises(Exception, match="50343"):
+        rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
+    findings = rows(conn, "EXEC delay.Reconcile")
+    assert ("Orphaned", task_id, "Rearmed") in [tuple(f[:3]) for f in findings]
+    wait_final(conn, [task_id])
+    assert task(conn, task_id)["TaskState"] == "Done" and len(runs(conn, probe)) == 1
+
+
+def test_rows_inserted_without_the_trigger_are_reported_then_scheduled(conn):
+    """Point 3 and point 4's backfill."""
+    probe = make_target(conn)
+    rows(conn, "DISABLE TRIGGER dbo.trg_tabDIYTable12402_ScheduleDelay ON dbo.tabDIYTable12402")
+    try:
+        task_id = int(scalar(conn, "INSERT INTO dbo.tabDIYTable12402 (F108211, F108218, F108212) "
+                                   "OUTPUT inserted.ID VALUES (?, 0, N'backfill')", f"dbo.{probe}"))
+    finally:
+        rows(conn, "ENABLE TRIGGER dbo.trg_tabDIYTable12402_ScheduleDelay ON dbo.tabDIYTable12402")
+    report = rows(conn, "EXEC delay.Reconcile @Apply = 0")
+    assert ("NoTask", task_id, "Reported") in [tuple(f[:3]) for f in report]
+    rows(conn, "EXEC delay.Reconcile @ScheduleMissing = 1")
+    wait_final(conn, [task_id])
+    assert task(conn, task_id)["TaskState"] == "Done"
+    assert runs(conn, probe) == [(probe, "backfill", None, None, None, None)]
+
+
+def test_an_altered_listed_procedure_is_refused_until_listed_again(conn):
+    """Point 5: ALTER PROCEDURE keeps the object_id; the pinned definition does not match."""
+    probe = make_target(conn)
+    rows(conn, f"""
+        ALTER PROCEDURE dbo.{probe}
+            @SPName NVARCHAR(200) = NULL, @Param1 NVARCHAR(200) = NULL, @Param2 NVARCHAR(200) = NULL,
+            @Param3 NVARCHAR(200) = NULL, @Param4 NVARCHAR(200) = NULL, @Param5 NVARCHAR(200) = NULL
+        AS SELECT 1 AS Escalated;""")
+    with pytest.raises(Exception, match="50340"):
+        initiate(conn, f"dbo.{probe}", 0)
+    rows(conn, "EXEC delay.AllowProcedure @ProcedureName = ?", f"dbo.{probe}")
+    wait_final(conn, [initiate(conn, f"dbo.{probe}", 0)])
+
+
+def test_values_longer_than_their_declared_size_are_refused(conn):
+    """Point 10: never cut."""
+    probe = make_target(conn)
+    with pytest.raises(Exception, match="50344"):
+        rows(conn, "EXEC dbo.InitiateDelayExecution @F108211 = ?, @F108218 = 0, @F108210 = ?",
+             f"dbo.{probe}", "d" * 51)
+    with pytest.raises(Exception, match="50303"):
+        initiate(conn, f"dbo.{probe}", 0, "x" * 199 + "  ")  # trailing blanks count
+    assert runs(conn, probe) == []
+
+
+def test_an_idempotency_key_returns_the_first_task(conn):
+    """Point 9."""
+    probe = make_target(conn)
+    key = unique("key")
+    sql = ("EXEC dbo.InitiateDelayExecution @F108211 = ?, @F108218 = 3600, @F108212 = N'once', "
+           "@IdempotencyKey = ?")
+    first = int(scalar(conn, sql, f"dbo.{probe}", key))
+    again = int(scalar(conn, sql, f"dbo.{probe}", key))
+    assert first == again
+    assert scalar(conn, "SELECT COUNT(*) FROM delay.Task WHERE IdempotencyKey = ?", key) == 1
+    rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", first)
+
+
+def test_a_caller_may_not_cancel_another_logins_task(conn, mssql_url):
+    """Point 10: as DESIGN.md and the DBA guide say."""
+    from sqlalchemy.engine import make_url
+
+    probe = make_target(conn)
+    theirs = initiate(conn, f"dbo.{probe}", 3600)  # initiated by the test's own login
+    login, password = unique("delay_login"), "Str0ng!" + uuid.uuid4().hex
+    rows(conn, f"CREATE LOGIN {login} WITH PASSWORD = N'{password}', CHECK_POLICY = OFF; "
+               f"CREATE USER {login} FOR LOGIN {login}; ALTER ROLE MailqDelayCaller ADD MEMBER {login};")
+    try:
+        url = make_url(mssql_url).set(username=login, password=password)
+        caller = connect(url.render_as_string(hide_password=False))
+        try:
+            with pytest.raises(Exception, match="50342"):
+                rows(caller, "EXEC dbo.CancelDelayExecution @TaskID = ?", theirs)
+            mine = initiate(caller, f"dbo.{probe}", 3600)
+            rows(caller, "EXEC dbo.CancelDelayExecution @TaskID = ?", mine)
+        finally:
+            caller.close()
+    finally:
+        rows(conn, f"DROP USER IF EXISTS {login}; DROP LOGIN {login};")
+    assert task(conn, mine)["TaskState"] == "Cancelled"
+    rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", theirs)  # the admin may
+
+
+def test_upgrade_from_0004_in_place_keeps_pending_tasks_firing_once(fresh_database):
+    """The revision: a database at 0004 with pending tasks, upgraded to head."""
+    from alembic import command
+
+    from mailq_db.deployment import alembic_config
+
+    url = fresh_database(deploy=False)
+    command.upgrade(alembic_config(x_args=[f"url={url}"]), "0004")
+    c = connect(url)
+    try:
+        rows(c, "CREATE TABLE dbo.DelayProbeRun (RunId BIGINT IDENTITY PRIMARY KEY, Probe SYSNAME NOT NULL, "
+                "SPName NVARCHAR(200), Param1 NVARCHAR(200), Param2 NVARCHAR(200), Param3 NVARCHAR(200), "
+                "Param4 NVARCHAR(200), Param5 NVARCHAR(200), RanAtUtc DATETIME2(3) DEFAULT SYSUTCDATETIME())")
+        probe = make_target(c)
+        ids = [initiate(c, f"dbo.{probe}", d, str(d)) for d in (5, 8, 12)]
+        command.upgrade(alembic_config(x_args=[f"url={url}"]), "head")
+        wait_final(c, ids, timeout=60)
+        assert [task(c, i)["TaskState"] for i in ids] == ["Done"] * 3
+        per_task = rows(c, "SELECT Param1, COUNT(*) FROM dbo.DelayProbeRun WHERE Probe = ? GROUP BY Param1", probe)
+        assert sorted(per_task) == [("12", 1), ("5", 1), ("8", 1)]
+        command.downgrade(alembic_config(x_args=[f"url={url}"]), "0004")
+        assert scalar(c, "SELECT COL_LENGTH(N'delay.Task', N'CreatedBy')") is None
+        assert scalar(c, "SELECT OBJECT_ID(N'delay.Reconcile')") is None
+    finally:
+        c.close()

@@ -217,7 +217,9 @@ def test_targets_run_through_sp_executesql_with_parameters():
     built = re.search(rf"SET {sql_var} = CONCAT\((.*?)\);", text, re.S).group(1)
     # Only catalog names from delay.ResolveTarget, each QUOTENAMEd, reach the text.
     assert re.findall(r"QUOTENAME\((@\w+)\)", built) == ["@SchemaName", "@ProcedureName"]
-    assert re.sub(r"N'[^']*'|QUOTENAME\(@\w+\)|[\s,]", "", built) == ""
+    # ... and one INT (the lock timeout): CONCAT renders it as digits only.
+    assert re.sub(r"N'[^']*'|QUOTENAME\(@\w+\)|ISNULL\(@TargetLockTimeoutMs,\s*-1\)|[\s,]", "", built) == ""
+    assert re.search(r"@TargetLockTimeoutMs INT\b", text)
     assert "FROM delay.ResolveTarget(@TargetName)" in text
     assert "DECLARE" in text and params_var == "@ParameterList"
 
@@ -236,7 +238,7 @@ def test_receipts_are_set_by_id_never_by_parameter_values():
             statement = update.group(0)
             if "F108219" in statement:
                 assert not re.search(r"F10821[2-6]\s*=", statement), path.name
-                assert re.search(r"ID = @TaskID|p\.ID = n\.TaskID", statement), path.name
+                assert re.search(r"ID = @TaskID|p\.ID = n\.TaskID|p\.ID = t\.TaskID", statement), path.name
 
 
 def test_every_conversation_timer_stays_within_one_day():

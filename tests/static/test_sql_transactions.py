@@ -25,12 +25,7 @@ from mailq_db.deployment import code_only, strip_comments
 ROOT = Path(__file__).resolve().parents[2]
 SQL = ROOT / "sql"
 
-OWNED_ELSEWHERE: set[str] = {
-    "broker/dbo.CancelDelayExecution.sql",
-    "broker/dbo.InitiateDelayExecution.sql",
-    "broker/delay.AllowProcedure.sql",
-    "broker/dbo.ProcessDelayQueue.sql",
-}
+OWNED_ELSEWHERE: set[str] = set()
 
 SAVE = re.compile(r"\bSAVE\s+TRAN(SACTION)?\b", re.I)
 LOCKING_HINT = re.compile(r"\bWITH\s*\([^)]*\b(READPAST|UPDLOCK)\b", re.I)

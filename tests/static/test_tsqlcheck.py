@@ -64,7 +64,7 @@ def schema_files(root: Path = ROOT, queue_only: bool = False) -> list[Path]:
 
 
 def problems_of(records: list[dict]) -> list[str]:
-    problems, _ = t.classify(records, t.allowlist(ROOT))
+    problems, _ = t.classify(records, t.allowlist(ROOT), t.table_texts(schema_files(ROOT)))
     return [t.describe_problem(p) for p in problems]
 
 
@@ -248,22 +248,17 @@ def test_top_level_work_is_skipped_and_grants_kept(tool, tmp_path):
 
 
 def test_schema_preprocessing_skips_only_run_time_work(sql150):
-    """On the real schema, nothing that defines an object is ever skipped."""
-    # sql/upgrades/ holds run-time migration scripts (docs/CONVENTIONS.md): a SELECT there
-    # assigns variables (the statistics to drop in upgrades/mailq.0007.MailQueue.sql).
-    skipped = {(r["type"], r["why"]) for r in sql150 if r["kind"] == "skipped"
-               and not (r["type"] == "SelectStatement" and "/sql/upgrades/" in r["source"].replace("\\", "/"))}
+    """On the real schema, nothing that defines an object is ever skipped: only top-level
+    run-time work (DML, THROW, DECLARE/SET, EXEC, PRINT: data migrations such as
+    sql/upgrades/ and broker/delay.AllowedProcedure.pin.sql, guards), DROP INDEX (a file
+    that retires an index, revision 0005), and ELSE branches of IF guards (they adopt an
+    existing object, or build the THEN branch's index without ONLINE = ON)."""
+    skipped = {(r["type"], r["why"]) for r in sql150 if r["kind"] == "skipped"}
     run_time = {"DeclareVariableStatement", "SetVariableStatement", "ThrowStatement", "InsertStatement",
-                "PrintStatement", "ExecuteStatement",
-                # A file that retires an object (sql/indexes/mailq.MailQueue.IX_MailQueue_Claim.sql,
-                # revision 0005) drops it; a drop defines nothing for the model to hold.
-                "DropIndexStatement"}
+                "UpdateStatement", "DeleteStatement", "SelectStatement", "PrintStatement",
+                "ExecuteStatement", "DropIndexStatement"}
     for kind, why in skipped:
-        # An ELSE branch is skipped where it adopts an existing object, or where it builds the
-        # same index as its THEN branch without ONLINE = ON (editions without online index
-        # builds: sql/indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql and its kin).
-        assert kind in run_time or (kind in ("BeginEndBlockStatement", "CreateIndexStatement")
-                                    and "ELSE" in why), (kind, why)
+        assert kind in run_time or "ELSE" in why, (kind, why)
     kept = {r["type"] for r in sql150 if r["kind"] == "statement"}
     assert {"CreateTableStatement", "CreateOrAlterProcedureStatement", "CreateQueueStatement",
             "GrantStatement"} <= kept
@@ -441,3 +436,21 @@ def test_classify_sets_apart_only_wholly_allowlisted_references():
     problems, used = t.classify([sys_only, mixed, other], allowed)
     assert problems == [mixed, other]
     assert used == {"sys.databases"}
+
+
+def test_classify_dismisses_an_alias_candidate_only_where_the_table_lacks_the_column():
+    """delay.Reconcile's CTE over sys.conversation_endpoints: DacFx also offers
+    [delay].[Task].[live]::[conversation_handle], a column delay.Task cannot have."""
+    allowed = {"sys.conversation_endpoints": t.Allowed("sys.conversation_endpoints", "why")}
+    tables = {"delay.task": "CREATE TABLE delay.Task (TaskID BIGINT, ConversationHandle UNIQUEIDENTIFIER);"}
+    spurious = {"kind": "model", "number": 71502, "severity": "Warning",
+                "message": "X could refer to any of the following objects: [delay].[Task].[live]::[conversation_handle], "
+                           "[sys].[conversation_endpoints].[conversation_handle] or "
+                           "[sys].[conversation_endpoints].[e]::[conversation_handle]."}
+    real = {"kind": "model", "number": 71502, "severity": "Warning",
+            "message": "X could refer to any of the following objects: [delay].[Task].[t]::[TaskID] or "
+                       "[sys].[conversation_endpoints].[TaskID]."}
+    problems, used = t.classify([spurious, real], allowed, tables)
+    assert problems == [real]
+    assert used == {"sys.conversation_endpoints"}
+    assert t.classify([spurious], allowed)[0] == [spurious]  # without the tables, nothing is dismissed

@@ -33,6 +33,24 @@ class FakeConnection:
     def close(self) -> None:
         self.closed = True
 
+    def cursor(self) -> "FakeCatalogCursor":
+        return FakeCatalogCursor()
+
+
+class FakeCatalogCursor:
+    """Answers doctor's one catalog query (the database owner's login)."""
+
+    owner_login: str | None = "sa"
+
+    def execute(self, sql: str, *params: Any) -> "FakeCatalogCursor":
+        return self
+
+    def fetchone(self) -> tuple[str | None]:
+        return (self.owner_login,)
+
+    def close(self) -> None:
+        pass
+
 
 @dataclass
 class Row:
@@ -248,3 +266,9 @@ class FakeQueue:
 
     def get_installation_health(self, conn: Any) -> list[dict[str, Any]]:
         return self._apply("get_installation_health", {}, lambda: self.health)
+
+    def reconcile_delayed_tasks(self, conn: Any, *, apply: bool = True, schedule_missing: bool = False,
+                                max_rows: int | None = None) -> list[dict[str, Any]]:
+        return self._apply("reconcile_delayed_tasks",
+                           dict(apply=apply, schedule_missing=schedule_missing, max_rows=max_rows),
+                           lambda: [])

@@ -219,3 +219,21 @@ def test_metrics_endpoint_serves_prometheus_text():
     assert 'mailq_worker_claim_seconds_bucket{le="0.025"} 1' in body
     assert 'mailq_worker_claim_seconds_bucket{le="0.01"} 0' in body
     assert "mailq_worker_claim_seconds_count 1" in body
+
+
+def test_doctor_checks_the_owner_login_and_reconciles_report_only(fake, monkeypatch, capsys):
+    """Issue 11 point 9: activation runs EXECUTE AS OWNER; a restore to a server
+    without the owner's login stops every delayed task."""
+    from fake_queue import FakeCatalogCursor
+
+    monkeypatch.setattr("mailq_db.connection.find_driver", lambda available=None: "FreeTDS")
+    monkeypatch.setattr("mailq_db.connection.pyodbc_problem", lambda: None)
+    fake.health = []
+    main(["doctor"])
+    out = capsys.readouterr().out
+    assert "[OK  ] Broker / Database owner login: owner login sa exists" in out
+    assert fake.calls_to("reconcile_delayed_tasks") == [{"apply": False, "schedule_missing": False, "max_rows": None}]
+    monkeypatch.setattr(FakeCatalogCursor, "owner_login", None)
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] Broker / Database owner login" in out and "ALTER AUTHORIZATION ON DATABASE" in out

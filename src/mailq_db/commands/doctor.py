@@ -102,6 +102,7 @@ def server_checks(url: str | None) -> list[Check]:
     checks = [Check("Server", "Connectivity", "OK", "connected")]
     try:
         rows = procedures.get_installation_health(conn)
+        delay = delay_checks(conn)  # issue 11: the owner's login, delay.Reconcile (report only)
     except DatabaseError as exc:
         if exc.number == NOT_DEPLOYED:
             return checks + [Check("Schema", "Deployed", "FAIL", "schema not deployed (mailq.GetInstallationHealth "
@@ -119,6 +120,7 @@ def server_checks(url: str | None) -> list[Check]:
         checks.append(Check(str(r.get("Area") or "Server"), str(r.get("CheckName") or "?"),
                             status if status in STATUSES else "WARN",
                             str(r.get("Detail") or ""), r.get("Fix")))
+    checks += delay
     checks.append(head_check(rows))
     return checks + drift_rows
 
@@ -194,6 +196,49 @@ def drift_checks(conn) -> list[Check]:
                       f"bookkeeping ({type(exc).__name__}); run mailq-db doctor as db_owner")]
     finally:
         conn.close()
+
+
+#: The database owner's login: activation runs EXECUTE AS OWNER, which fails
+#: (and no delayed task runs) after a restore to a server without that login.
+OWNER_SQL = "SELECT SUSER_SNAME(d.owner_sid) AS OwnerLogin FROM sys.databases AS d WHERE d.database_id = DB_ID();"
+
+
+def delay_checks(conn: Any) -> list[Check]:
+    """Delayed execution: the database owner's login exists; delay.Reconcile
+    (report only) finds nothing to repair and the queue is enabled."""
+    checks: list[Check] = []
+    cursor = conn.cursor()
+    try:
+        cursor.execute(OWNER_SQL)
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    owner = row[0] if row else None
+    if owner:
+        checks.append(Check("Broker", "Database owner login", "OK", f"owner login {owner} exists"))
+    else:
+        checks.append(Check(
+            "Broker", "Database owner login", "FAIL",
+            "the database owner's SID maps to no login on this server (restored from another server?); "
+            "activation runs EXECUTE AS OWNER and fails, so no delayed task runs",
+            "ALTER AUTHORIZATION ON DATABASE::[YourDb] TO [an existing login]; (a DBA decision: that login owns dbo)",
+        ))
+    try:
+        findings = procedures.reconcile_delayed_tasks(conn, apply=False)
+    except DatabaseError as exc:
+        if exc.number == NOT_DEPLOYED:
+            return checks  # delayed execution not deployed (-x broker=off)
+        checks.append(Check("Broker", "delay.Reconcile", "WARN", str(exc).splitlines()[0],
+                            "run as MailqAdmin or db_owner; a disabled queue: see docs/delayed-execution.md"))
+        return checks
+    if findings:
+        kinds = sorted({str(f.get("Finding")) for f in findings})
+        checks.append(Check("Broker", "delay.Reconcile", "WARN",
+                            f"{len(findings)} finding(s): {', '.join(kinds)}",
+                            "EXEC delay.Reconcile;  (add @ScheduleMissing = 1 to schedule rows without a task)"))
+    else:
+        checks.append(Check("Broker", "delay.Reconcile", "OK", "nothing to reconcile"))
+    return checks
 
 
 def render(checks: list[Check]) -> str:

@@ -240,16 +240,57 @@ def allowlist(root: Path | None = None) -> dict[str, Allowed]:
     return entries
 
 
-def classify(records: list[dict], allowed: dict[str, Allowed]) -> tuple[list[dict], set[str]]:
+_ALIAS_COLUMN = re.compile(r"^\[(?P<schema>[^\]]+)\]\.\[(?P<table>[^\]]+)\]\.\[[^\]]+\]::\[(?P<column>[^\]]+)\]$")
+_TABLE_DDL = re.compile(r"\b(?:CREATE|ALTER)\s+TABLE\s+\[?(?P<schema>\w+)\]?\.\[?(?P<table>\w+)\]?", re.I)
+
+
+def table_texts(files: list[Path]) -> dict[str, str]:
+    """``schema.table`` (lower case) -> the text of every file that creates or alters it."""
+    texts: dict[str, str] = {}
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        for match in _TABLE_DDL.finditer(text):
+            key = f"{match.group('schema')}.{match.group('table')}".lower()
+            texts[key] = texts.get(key, "") + "\n" + text
+    return texts
+
+
+def _spurious(candidate: str, tables: dict[str, str]) -> bool:
+    """DacFx, unable to resolve a column of an unresolved ``sys`` view, also offers
+    ``[schema].[table].[alias]::[column]`` for every project table in scope (a CTE's
+    or a correlated subquery's).  Such a candidate is dismissed only when the
+    project table cannot have that column: its name appears nowhere in the DDL
+    of that table (a conservative test: any mention keeps the candidate)."""
+    match = _ALIAS_COLUMN.match(candidate.strip())
+    if not match:
+        return False
+    key = f"{match.group('schema')}.{match.group('table')}".lower()
+    if key not in tables:
+        return False
+    return not re.search(rf"\b{re.escape(match.group('column'))}\b", tables[key], re.I)
+
+
+def classify(records: list[dict], allowed: dict[str, Allowed],
+             tables: dict[str, str] | None = None) -> tuple[list[dict], set[str]]:
     """(problems, allow-list entries used): every model message that is not an
-    unresolved reference to allow-listed objects only is a problem."""
+    unresolved reference to allow-listed objects only is a problem.  With
+    ``tables`` (:func:`table_texts`), spurious alias candidates on project
+    tables are dismissed first (see :func:`_spurious`)."""
     problems, used = [], set()
     for rec in records:
         if rec.get("kind") == "parse" and rec.get("errors"):
             problems.append(rec)
         if rec.get("kind") != "model":
             continue
-        names = referenced_objects(rec["message"]) if rec["number"] in UNRESOLVED else []
+        names = []
+        if rec["number"] in UNRESOLVED:
+            message = rec["message"]
+            if tables:
+                match = _ANY.search(message)
+                if match:
+                    kept = [c for c in re.split(r", | or ", match.group("names")) if not _spurious(c, tables)]
+                    message = message[:match.start("names")] + " or ".join(kept) + "."
+            names = referenced_objects(message)
         if names and all(n in allowed for n in names):
             used.update(names)
             continue

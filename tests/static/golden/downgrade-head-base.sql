@@ -89,7 +89,7 @@ GO
 
 BEGIN TRANSACTION;
 
--- Running downgrade 0007 -> 0005
+-- Running downgrade 0007 -> 0006
 
 SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
 SET NUMERIC_ROUNDABORT OFF;
@@ -2813,7 +2813,2077 @@ END;
 
 GO
 
-UPDATE dbo.mailq_alembic_version SET version_num='0005' WHERE dbo.mailq_alembic_version.version_num = '0007';
+UPDATE dbo.mailq_alembic_version SET version_num='0006' WHERE dbo.mailq_alembic_version.version_num = '0007';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running downgrade 0006 -> 0005
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 0
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0006')
+BEGIN
+    SET @Msg = CONCAT(N'This downgrade removes revision 0006; ', QUOTENAME(DB_NAME()),
+        N' is at ', ISNULL(@Current, N'no revision'),
+        N'. Render the downgrade for this database with: mailq-db deploy --sql --downgrade ', ISNULL(@Current, N'head'), N':<target>.');
+    THROW 50411, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = (
+    SELECT CAST(q.is_activation_enabled AS INT) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ'));
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = @Activation;
+IF @Activation = 1
+    ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.PendingTasks') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.PendingTasks FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.RunningTasks') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.RunningTasks FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.FailedTasks') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.FailedTasks FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.RefusedTasks') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.RefusedTasks FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Health') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.Health FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'dbo.CancelDelayExecution') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::dbo.CancelDelayExecution FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Reconcile') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::delay.Reconcile FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin (created in sql/security/MailqAdmin.role.sql) on
+delayed execution: reading the operator views, and cancelling tasks.
+Not the allow-list procedures (delay.AllowProcedure, delay.DisallowProcedure):
+a listed procedure runs as dbo, so listing stays with db_owner.
+delay.Health also needs VIEW SERVER STATE for its ActiveReaders column, a
+server permission that a database role cannot carry.
+*/
+GRANT SELECT ON OBJECT::delay.PendingTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.RunningTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.FailedTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.RefusedTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.Health TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::dbo.CancelDelayExecution TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.Reconcile;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.AllowProcedure: puts a procedure on the allow-list of delayed execution,
+or refreshes its entry (after the procedure was dropped and recreated).
+Parameters:  @ProcedureName NVARCHAR(4000), required: schema-qualified,
+                 N'dbo.TCXG' or N'[dbo].[TCXG]'; an existing SQL procedure of
+                 this database that takes the target contract's parameters
+                 @SPName, @Param1, @Param2, @Param3, @Param4, @Param5
+             @AllowBareName BIT = 0: 1 lets the bare name (N'TCXG', as the
+                 platform stores it) resolve to this procedure; at most one
+                 listed procedure per bare name
+Result set:  one row: AllowedProcedureId INT, SchemaName SYSNAME,
+             ProcedureName SYSNAME, ObjectId INT, AllowBareName BIT
+Errors:      50310 @ProcedureName is not a two-part name of an existing SQL
+                   procedure of this database
+             50311 @ProcedureName is a system procedure (sys or
+                   INFORMATION_SCHEMA schema, or shipped with SQL Server)
+             50312 the procedure lacks a parameter of the target contract
+             50313 @AllowBareName = 1, but another listed procedure already
+                   answers to that bare name
+Transaction: joins the caller's via a savepoint, else opens its own.
+Security:    for db_owner only (no role is granted EXECUTE): a listed procedure
+             runs as dbo, so listing one is a dbo-level decision.
+Example:     EXEC delay.AllowProcedure @ProcedureName = N'dbo.TCXG', @AllowBareName = 1;
+*/
+CREATE OR ALTER PROCEDURE delay.AllowProcedure
+    @ProcedureName NVARCHAR(4000),
+    @AllowBareName BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Part1 SYSNAME,
+        @Part2 SYSNAME,
+        @SchemaName SYSNAME,
+        @Name SYSNAME,
+        @ObjectId INT,
+        @IsShipped BIT,
+        @Missing NVARCHAR(200);
+
+    -- 1. Validate parameters before any transaction starts.
+    SET @AllowBareName = ISNULL(@AllowBareName, 0);
+
+    -- PARSENAME takes a sysname: refuse what it would cut.
+    IF DATALENGTH(@ProcedureName) BETWEEN 2 AND 256
+        AND PARSENAME(@ProcedureName, 3) IS NULL
+        AND PARSENAME(@ProcedureName, 4) IS NULL
+        SELECT
+            @Part1 = PARSENAME(@ProcedureName, 1),
+            @Part2 = PARSENAME(@ProcedureName, 2);
+
+    IF @Part2 IN (N'sys', N'INFORMATION_SCHEMA')
+    BEGIN
+        SET @Msg = CONCAT(N'@ProcedureName must not be a system procedure; got ', @ProcedureName, N'.');
+        THROW 50311, @Msg, 1;
+    END;
+
+    SELECT
+        @ObjectId = o.object_id,
+        @SchemaName = s.name,
+        @Name = o.name,
+        @IsShipped = o.is_ms_shipped
+    FROM sys.objects AS o
+    INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+    WHERE
+        s.name = @Part2
+        AND o.name = @Part1
+        AND o.type = 'P';
+
+    IF @ObjectId IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ProcedureName must be schema.procedure naming an existing SQL procedure of this database; got ',
+            ISNULL(LEFT(@ProcedureName, 300), N'NULL'), N'.'
+        );
+        THROW 50310, @Msg, 1;
+    END;
+
+    IF @IsShipped = 1
+    BEGIN
+        SET @Msg = CONCAT(N'@ProcedureName must not be a system procedure; got ', @ProcedureName, N'.');
+        THROW 50311, @Msg, 1;
+    END;
+
+    SELECT @Missing = STRING_AGG(c.ParameterName, N', ') WITHIN GROUP (ORDER BY c.ParameterName)
+    FROM (
+        VALUES (N'@SPName'), (N'@Param1'), (N'@Param2'), (N'@Param3'), (N'@Param4'), (N'@Param5')
+    ) AS c(ParameterName)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM sys.parameters AS p
+        WHERE p.object_id = @ObjectId AND p.name = c.ParameterName
+    );
+
+    IF @Missing IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ProcedureName ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+            N' must take the target contract''s parameters; it lacks ', @Missing, N'.'
+        );
+        THROW 50312, @Msg, 1;
+    END;
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0
+            BEGIN TRANSACTION;
+        ELSE
+            SAVE TRANSACTION AllowProcedure;
+
+        -- UPDLOCK, HOLDLOCK: the range lock keeps two sessions from both
+        -- seeing the bare name free (insert-if-absent).
+        IF @AllowBareName = 1 AND EXISTS (
+            SELECT 1
+            FROM delay.AllowedProcedure AS ap WITH (UPDLOCK, HOLDLOCK)
+            WHERE
+                ap.ProcedureName = @Name
+                AND ap.AllowBareName = 1
+                AND ap.SchemaName <> @SchemaName
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@AllowBareName = 1, but the bare name ', @Name,
+                N' already resolves to another schema''s procedure; disallow that entry first.'
+            );
+            THROW 50313, @Msg, 1;
+        END;
+
+        -- UPDLOCK, HOLDLOCK: update-else-insert without a race between the two.
+        UPDATE ap
+        SET
+            ObjectId = @ObjectId,
+            AllowBareName = @AllowBareName,
+            ListedAtUtc = SYSUTCDATETIME(),
+            ListedBy = ORIGINAL_LOGIN()
+        FROM delay.AllowedProcedure AS ap WITH (UPDLOCK, HOLDLOCK)
+        WHERE ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
+
+        IF @@ROWCOUNT = 0
+            INSERT INTO delay.AllowedProcedure (SchemaName, ProcedureName, ObjectId, AllowBareName)
+            VALUES (@SchemaName, @Name, @ObjectId, @AllowBareName);
+
+        IF @TranCount = 0
+            COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION AllowProcedure;   -- undo only our work
+        THROW;
+    END CATCH;
+
+    SELECT
+        ap.AllowedProcedureId,
+        ap.SchemaName,
+        ap.ProcedureName,
+        ap.ObjectId,
+        ap.AllowBareName
+    FROM delay.AllowedProcedure AS ap
+    WHERE ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.CancelDelayExecution: cancels a task that has not started: its receipt
+becomes 4, its conversation ends (which drops its timer), and it never runs.
+Parameters:  @TaskID BIGINT, required: the ID InitiateDelayExecution returned
+             (dbo.tabDIYTable12402.ID)
+Result set:  none.
+Errors:      50320 @TaskID missing or names no scheduled task
+             50321 the task is not Scheduled or Retrying (already running or
+                   finished; the message names its state)
+Transaction: joins the caller's via a savepoint, else opens its own.
+Locks:       takes the task's conversation group first (BEGIN CONVERSATION
+             TIMER locks it), then the task row with UPDLOCK, the order that
+             dbo.ProcessDelayQueue uses, so the two never deadlock on a task.
+             The 1-second timer is harmless: if the task turns out not to be
+             cancellable, the rollback to our savepoint restores the timer.
+Security:    EXECUTE AS OWNER: END CONVERSATION needs the conversation's owner
+             (dbo, who began it in the trigger); callers need only EXECUTE
+             (role MailqDelayCaller).
+Example:     EXEC dbo.CancelDelayExecution @TaskID = 42;
+*/
+CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
+    @TaskID BIGINT
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Handle UNIQUEIDENTIFIER,
+        @TaskState NVARCHAR(16);
+
+    -- 1. Validate parameters before any transaction starts.
+    SELECT
+        @Handle = t.ConversationHandle,
+        @TaskState = t.TaskState
+    FROM delay.Task AS t
+    WHERE t.TaskID = @TaskID;
+
+    IF @TaskState IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@TaskID names no delayed task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.'
+        );
+        THROW 50320, @Msg, 1;
+    END;
+
+    IF @TaskState NOT IN (N'Scheduled', N'Retrying') OR @Handle IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@TaskID ', @TaskID, N' is ', @TaskState,
+            N'; only a Scheduled or Retrying task can be cancelled.'
+        );
+        THROW 50321, @Msg, 1;
+    END;
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0
+            BEGIN TRANSACTION;
+        ELSE
+            SAVE TRANSACTION CancelDelayExecution;
+
+        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = 1;
+
+        -- UPDLOCK: hold the row from this check to the state change, so the
+        -- activation procedure cannot start the task in between.
+        -- ROWLOCK: one task, one row lock.
+        SELECT @TaskState = t.TaskState
+        FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+        WHERE t.TaskID = @TaskID;
+
+        IF @TaskState NOT IN (N'Scheduled', N'Retrying')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TaskID ', @TaskID, N' is ', @TaskState,
+                N'; only a Scheduled or Retrying task can be cancelled.'
+            );
+            THROW 50321, @Msg, 1;
+        END;
+
+        SET @Msg = CONCAT(N'cancelled by ', ORIGINAL_LOGIN());
+        EXEC delay.FinishTask
+            @TaskID = @TaskID,
+            @TaskState = N'Cancelled',
+            @EventName = N'Cancelled',
+            @ErrorMessage = @Msg;
+
+        IF @TranCount = 0
+            COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION CancelDelayExecution;   -- undo only our work
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.CancelTask;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.InitiateDelayExecution: schedules one allow-listed procedure to run after a
+delay; inserts one row into dbo.tabDIYTable12402, whose trigger schedules it.
+Parameters (the source document's names and order):
+    @F108211 NVARCHAR(4000)  target procedure: N'schema.proc', or a bare N'proc'
+                             listed with AllowBareName = 1 (see delay.AllowProcedure)
+    @F108218 INT             delay in seconds, 0-31,536,000 (365 days)
+    @F108212 ... @F108216 NVARCHAR(MAX) = NULL: the target's @Param1 ... @Param5,
+                             at most 200 characters each (the target's contract)
+    @F108210 NVARCHAR(50) = NULL   description (the platform's F108210)
+    @TaskID  BIGINT = NULL OUTPUT  the new task's ID (dbo.tabDIYTable12402.ID)
+Result set:  one row, one column: TaskID BIGINT (the same value as @TaskID), for
+             clients that read a result rather than an OUTPUT parameter.
+Errors:      50301 @F108211 missing; 50302 @F108218 outside 0-31,536,000;
+             50303 a parameter longer than 200 characters;
+             50304 @F108211 malformed or longer than 128 characters;
+             50305 @F108211 has three or four parts; 50306 not on the allow-list;
+             50307 listed, but the procedure was dropped, recreated or moved
+Transaction: joins the caller's via a savepoint, else opens its own.  The task
+             is scheduled when that transaction commits; if it rolls back,
+             nothing is scheduled.
+Security:    EXECUTE AS OWNER (dbo) so that name resolution sees every procedure
+             in sys.objects; callers need only EXECUTE (role MailqDelayCaller).
+Example:     DECLARE @TaskID BIGINT;
+             EXEC dbo.InitiateDelayExecution @F108211 = N'dbo.TCXG', @F108218 = 60,
+                 @F108212 = N'A-1', @TaskID = @TaskID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE dbo.InitiateDelayExecution
+    @F108211 NVARCHAR(4000),
+    @F108218 INT,
+    @F108212 NVARCHAR(MAX) = NULL,
+    @F108213 NVARCHAR(MAX) = NULL,
+    @F108214 NVARCHAR(MAX) = NULL,
+    @F108215 NVARCHAR(MAX) = NULL,
+    @F108216 NVARCHAR(MAX) = NULL,
+    @F108210 NVARCHAR(50) = NULL,
+    @TaskID BIGINT = NULL OUTPUT
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @MaxDelaySeconds INT = 31536000,
+        @BadParameter SYSNAME,
+        @BadLength BIGINT,
+        @Refusal INT,
+        @RefusalMessage NVARCHAR(400),
+        @TaskState NVARCHAR(16);
+
+    SET @TaskID = NULL;
+
+    -- 1. Validate parameters before any transaction starts.
+    IF NULLIF(@F108211, N'') IS NULL
+        THROW 50301, N'@F108211 (target procedure name) is required.', 1;
+
+    IF @F108218 IS NULL OR @F108218 NOT BETWEEN 0 AND @MaxDelaySeconds
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@F108218 (delay) must be 0-', @MaxDelaySeconds, N' seconds; got ',
+            ISNULL(CAST(@F108218 AS NVARCHAR(20)), N'NULL'), N'.'
+        );
+        THROW 50302, @Msg, 1;
+    END;
+
+    SELECT TOP (1)
+        @BadParameter = v.ParameterName,
+        @BadLength = v.ValueLength
+    FROM (
+        VALUES
+        (N'@F108212', LEN(@F108212)),
+        (N'@F108213', LEN(@F108213)),
+        (N'@F108214', LEN(@F108214)),
+        (N'@F108215', LEN(@F108215)),
+        (N'@F108216', LEN(@F108216))
+    ) AS v(ParameterName, ValueLength)
+    WHERE v.ValueLength > 200
+    ORDER BY v.ParameterName;
+
+    IF @BadParameter IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            @BadParameter, N' must be at most 200 characters (the target''s @Param contract); got ',
+            @BadLength, N'.'
+        );
+        THROW 50303, @Msg, 1;
+    END;
+
+    SELECT
+        @Refusal = r.RefusalNumber,
+        @RefusalMessage = r.RefusalMessage
+    FROM delay.ResolveTarget(@F108211) AS r;
+
+    IF @Refusal IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(N'@F108211: ', @RefusalMessage, N'.');
+        THROW @Refusal, @Msg, 1;
+    END;
+
+    -- 2. Own the transaction, or nest in the caller's with a savepoint.
+    DECLARE @TranCount INT = @@TRANCOUNT;
+    BEGIN TRY
+        IF @TranCount = 0
+            BEGIN TRANSACTION;
+        ELSE
+            SAVE TRANSACTION InitiateDelayExecution;
+
+        INSERT INTO dbo.tabDIYTable12402 (
+            F108210, F108211, F108212, F108213, F108214, F108215, F108216, F108218, F108219
+        )
+        VALUES (@F108210, @F108211, @F108212, @F108213, @F108214, @F108215, @F108216, @F108218, 0);
+
+        -- SCOPE_IDENTITY, not @@IDENTITY: the trigger inserts into delay.Log,
+        -- which has an identity of its own.
+        SET @TaskID = CAST(SCOPE_IDENTITY() AS BIGINT);
+
+        -- The trigger resolved the name again; the allow-list may have changed
+        -- in between.
+        SELECT
+            @TaskState = t.TaskState,
+            @Refusal = t.LastErrorNumber,
+            @RefusalMessage = t.LastErrorMessage
+        FROM delay.Task AS t
+        WHERE t.TaskID = @TaskID;
+
+        IF @TaskState IS NULL OR @TaskState <> N'Scheduled'
+        BEGIN
+            SET @Msg = CONCAT(N'@F108211: ', ISNULL(@RefusalMessage, N'the task was not scheduled'), N'.');
+            SET @Refusal = ISNULL(@Refusal, 50306);
+            THROW @Refusal, @Msg, 1;
+        END;
+
+        IF @TranCount = 0
+            COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
+            ROLLBACK TRANSACTION;
+        ELSE IF XACT_STATE() = 1
+            ROLLBACK TRANSACTION InitiateDelayExecution;   -- undo only our work
+        SET @TaskID = NULL;
+        THROW;
+    END CATCH;
+
+    SELECT TaskID = @TaskID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.trg_tabDIYTable12402_ScheduleDelay: schedules every row inserted into the
+platform's table; executes nothing.
+Rows:        a row whose receipt F108219 is non-zero, or whose name F108211 is
+             NULL, is ignored (no bookkeeping, no conversation).
+             Every other row gets a delay.Task row, written set-based:
+               refused (receipt 2, a delay.Log row, never run) when the delay is
+               not 0-31,536,000 s (50302), a parameter is longer than 200
+               characters (50303), or the name does not resolve through
+               delay.ResolveTarget (50304-50307);
+               scheduled otherwise: its own dialog (BEGIN DIALOG per row: a
+               conversation per task), then a conversation timer of the delay
+               (chained by day above 86,400 s), or for a delay of 0 a
+               DelayRequest message, which is received at once.
+             A bad row never makes the INSERT fail: it is refused, and the
+             other rows are scheduled.  A NULL delay counts as 0.
+Transaction: the inserting statement's.  Broker operations are transactional:
+             if the INSERT's transaction rolls back, no dialog, timer or message
+             remains, and nothing runs.
+Security:    WITH EXECUTE AS OWNER (dbo): BEGIN DIALOG needs RECEIVE on the
+             queue and REFERENCES on the contract, which ownership chaining does
+             not provide; the platform's own login needs only INSERT on the table.
+Example:     INSERT INTO dbo.tabDIYTable12402 (F108211, F108218, F108212)
+             VALUES (N'TCXG', 60, N'A-1');
+*/
+CREATE OR ALTER TRIGGER dbo.trg_tabDIYTable12402_ScheduleDelay
+ON dbo.tabDIYTable12402
+WITH EXECUTE AS OWNER
+AFTER INSERT
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    IF NOT EXISTS (SELECT 1 FROM inserted)
+        RETURN;
+
+    DECLARE
+        @Now DATETIME2(3) = SYSUTCDATETIME(),
+        -- 365 days; InitiateDelayExecution accepts the same range (50302).
+        @MaxDelaySeconds INT = 31536000,
+        -- A conversation timer never exceeds one day; dbo.ProcessDelayQueue
+        -- re-arms a longer delay day by day.
+        @MaxTimerSeconds INT = 86400,
+        @TaskID BIGINT = NULL,
+        @DelaySeconds INT,
+        @Timeout INT,
+        @Handle UNIQUEIDENTIFIER,
+        @Body VARBINARY(8);
+
+    DECLARE @New TABLE (
+        TaskID BIGINT NOT NULL PRIMARY KEY,
+        TargetName NVARCHAR(400) NULL,
+        DelaySeconds INT NULL,
+        RefusalNumber INT NULL,
+        RefusalMessage NVARCHAR(400) NULL,
+        SchemaName SYSNAME NULL,
+        ProcedureName SYSNAME NULL
+    );
+    DECLARE @Scheduled TABLE (
+        TaskID BIGINT NOT NULL PRIMARY KEY,
+        ConversationHandle UNIQUEIDENTIFIER NOT NULL
+    );
+
+    -- 1. Classify every inserted row in one statement.
+    WITH Candidate AS (
+        SELECT
+            TaskID = i.ID,
+            TargetName = CAST(i.F108211 AS NVARCHAR(4000)),
+            RawDelay = i.F108218,
+            -- TRY_CONVERT: an adopted table may type F108218 otherwise; a value
+            -- that is no integer is refused (50302) instead of failing the INSERT.
+            DelaySeconds = CASE WHEN i.F108218 IS NULL THEN 0 ELSE TRY_CONVERT(INT, i.F108218) END,
+            ParameterTooLong = CASE
+                WHEN
+                    LEN(i.F108212) > 200 OR LEN(i.F108213) > 200 OR LEN(i.F108214) > 200
+                    OR LEN(i.F108215) > 200 OR LEN(i.F108216) > 200
+                    THEN 1
+                ELSE 0
+            END
+        FROM inserted AS i
+        WHERE
+            ISNULL(i.F108219, 0) = 0
+            AND i.F108211 IS NOT NULL
+    )
+
+    INSERT INTO @New (TaskID, TargetName, DelaySeconds, RefusalNumber, RefusalMessage, SchemaName, ProcedureName)
+    SELECT
+        c.TaskID,
+        LEFT(c.TargetName, 400),
+        c.DelaySeconds,
+        CASE
+            WHEN c.DelaySeconds IS NULL OR c.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds THEN 50302
+            WHEN c.ParameterTooLong = 1 THEN 50303
+            ELSE r.RefusalNumber
+        END,
+        CASE
+            WHEN c.DelaySeconds IS NULL OR c.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds
+                THEN CONCAT(N'delay F108218 = ', c.RawDelay, N' is not 0-', @MaxDelaySeconds, N' seconds')
+            WHEN c.ParameterTooLong = 1
+                THEN N'a parameter F108212-F108216 is longer than the target''s 200 characters'
+            ELSE r.RefusalMessage
+        END,
+        r.SchemaName,
+        r.ProcedureName
+    FROM Candidate AS c
+    CROSS APPLY delay.ResolveTarget(c.TargetName) AS r;
+
+    IF NOT EXISTS (SELECT 1 FROM @New)
+        RETURN;
+
+    -- An ID used again (the platform truncated its table and the identity
+    -- restarted): the old bookkeeping refers to a row that is gone.  Its
+    -- conversation, if still open, finds no task and is ended when its timer
+    -- fires.
+    -- (Not DELETE ... OUTPUT INTO delay.Log: an OUTPUT INTO target may not
+    -- have CHECK constraints.)
+    INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle)
+    SELECT
+        t.TaskID, N'Cancelled', t.TargetName, t.Attempts, 50332,
+        N'the platform row was replaced by a new row with the same ID', t.ConversationHandle
+    FROM delay.Task AS t
+    INNER JOIN @New AS n ON t.TaskID = n.TaskID;
+
+    DELETE t
+    FROM delay.Task AS t
+    INNER JOIN @New AS n ON t.TaskID = n.TaskID;
+
+    -- 2. Bookkeeping, set-based: every row, scheduled or refused.
+    INSERT INTO delay.Task (
+        TaskID, TargetName, SchemaName, ProcedureName, DelaySeconds, TaskState,
+        CreatedAtUtc, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage
+    )
+    SELECT
+        n.TaskID,
+        n.TargetName,
+        n.SchemaName,
+        n.ProcedureName,
+        n.DelaySeconds,
+        IIF(n.RefusalNumber IS NULL, N'Scheduled', N'Refused'),
+        @Now,
+        IIF(n.RefusalNumber IS NULL, DATEADD(SECOND, n.DelaySeconds, @Now), NULL),
+        IIF(n.RefusalNumber IS NULL, DATEADD(SECOND, n.DelaySeconds, @Now), NULL),
+        IIF(n.RefusalNumber IS NULL, NULL, @Now),
+        n.RefusalNumber,
+        n.RefusalMessage
+    FROM @New AS n;
+
+    INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
+    SELECT n.TaskID, N'Refused', n.TargetName, n.RefusalNumber, n.RefusalMessage
+    FROM @New AS n
+    WHERE n.RefusalNumber IS NOT NULL;
+
+    -- By ID: never by parameter values.  An UPDATE does not fire this
+    -- AFTER INSERT trigger again.
+    UPDATE p
+    SET F108219 = 2
+    FROM dbo.tabDIYTable12402 AS p
+    INNER JOIN @New AS n ON p.ID = n.TaskID
+    WHERE n.RefusalNumber IS NOT NULL;
+
+    -- 3. One conversation per scheduled row: BEGIN DIALOG has no set form.
+    WHILE 1 = 1
+    BEGIN
+        SELECT TOP (1)
+            @TaskID = n.TaskID,
+            @DelaySeconds = n.DelaySeconds
+        FROM @New AS n
+        WHERE n.RefusalNumber IS NULL AND (@TaskID IS NULL OR n.TaskID > @TaskID)
+        ORDER BY n.TaskID;
+
+        IF @@ROWCOUNT = 0
+            BREAK;
+
+        BEGIN DIALOG CONVERSATION @Handle
+            FROM SERVICE MailqDelayService
+            TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
+            ON CONTRACT MailqDelayContract
+            WITH ENCRYPTION = OFF;
+
+        IF @DelaySeconds = 0
+        BEGIN
+            -- No timer for 0: a message on the dialog is received at once.
+            SET @Body = CAST(@TaskID AS BINARY(8));
+            SEND ON CONVERSATION @Handle
+                MESSAGE TYPE MailqDelayRequest (@Body);
+        END;
+        ELSE
+        BEGIN
+            SET @Timeout = IIF(@DelaySeconds > @MaxTimerSeconds, @MaxTimerSeconds, @DelaySeconds);
+            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+        END;
+
+        INSERT INTO @Scheduled (TaskID, ConversationHandle) VALUES (@TaskID, @Handle);
+    END;
+
+    UPDATE t
+    SET ConversationHandle = s.ConversationHandle
+    FROM delay.Task AS t
+    INNER JOIN @Scheduled AS s ON t.TaskID = s.TaskID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.ProcessDelayQueue: activation procedure of dbo.DelayServiceQueue; runs due
+delayed tasks.  Service Broker starts it (EXECUTE AS OWNER, up to
+MAX_QUEUE_READERS copies); it loops until the queue stays empty for
+delay.Setting.ReceiveWaitMs, then returns.
+Parameters:  none.  Result sets: none.
+Messages:    DialogTimer (on a task's initiator handle): the delay, a retry's
+                 backoff or the watchdog lease has expired
+             MailqDelayRequest (on the target handle; body = task ID):
+                 a task with delay 0, to run at once
+             EndDialog, Error: end this side of the conversation; a task still
+                 pending on it is failed (BrokerError)
+Pattern:     DESIGN.md pattern (a), "receive, record, commit; then run":
+             1. one transaction RECEIVEs one message, moves the task to Running,
+                counts the attempt, sets the conversation timer to the lease
+                (the watchdog) and COMMITs.  Only our own bookkeeping runs in a
+                transaction that received a message, so no target can make it
+                roll back.  (Service Broker disables a queue after five
+                rollbacks in a row of transactions that received from it.)
+             2. the target runs in a transaction of its own, through
+                sp_executesql with the name built from catalog names
+                (QUOTENAME) and every value passed as a parameter.  A target
+                that throws or dooms its transaction (XACT_STATE() = -1) is
+                rolled back; one that commits or rolls back our transaction
+                itself raises 266 at its return (transaction count mismatch)
+                and is failed without retry, because its work may already be
+                committed; a slow one simply runs (nothing interrupts it).
+             3. a new transaction records the outcome: Done (receipt 1, the
+                conversation ends), or Retrying (a new conversation timer on the
+                same conversation: backoff RetryBaseSeconds * 4^(n-1), capped at
+                RetryMaxSeconds), or, after MaxAttempts runs, Failed (receipt 3,
+                the conversation ends).
+             Watchdog: while a task runs, its runner holds a session-owned
+             application lock named for the task, taken in step 1 before its
+             COMMIT (so no lease can expire between the commit and the lock).  When the lease timer fires
+             and the lock is free, the runner is gone (its session ended
+             mid-target): the attempt is failed (RunnerLost) and retried.  When
+             the lock is held, the runner is alive and slow: the lease is
+             extended and a Slow row is logged.
+             Timers longer than one day are chained: a timer never exceeds
+             86,400 s; when it fires early the task is re-armed for the rest.
+             If our own bookkeeping fails, its transaction is rolled back once
+             and the same message is received again in a fresh transaction
+             that only records the failure and ends the conversation, so no
+             message is ever rolled back twice by this procedure.
+Locks:       every transaction here takes the conversation group first (RECEIVE,
+             or BEGIN CONVERSATION TIMER in step 3), then the task row, the
+             same order as dbo.CancelDelayExecution.  DEADLOCK_PRIORITY HIGH:
+             in a deadlock with an application session, the application is
+             the victim, not a transaction that received a message.
+Errors:      none raised: failures go to delay.Log (docs/errors.md 503xx).
+Example:     started by Service Broker; to drain by hand: EXEC dbo.ProcessDelayQueue;
+*/
+CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET DEADLOCK_PRIORITY HIGH;
+
+    DECLARE
+        @Handle UNIQUEIDENTIFIER,
+        @MessageType SYSNAME,
+        @Body VARBINARY(MAX),
+        @Now DATETIME2(3),
+        @TaskID BIGINT,
+        @TaskHandle UNIQUEIDENTIFIER,
+        @TaskState NVARCHAR(16),
+        @TargetName NVARCHAR(400),
+        @NextRunAtUtc DATETIME2(3),
+        @LeaseUntilUtc DATETIME2(3),
+        @Attempts INT,
+        @Attempt INT,
+        @RemainingMs BIGINT,
+        @Timeout INT,
+        @Refusal INT,
+        @RefusalMessage NVARCHAR(400),
+        @SchemaName SYSNAME,
+        @ProcedureName SYSNAME,
+        @SPName NVARCHAR(200),
+        @Param1 NVARCHAR(200),
+        @Param2 NVARCHAR(200),
+        @Param3 NVARCHAR(200),
+        @Param4 NVARCHAR(200),
+        @Param5 NVARCHAR(200),
+        @Run BIT,
+        @Retryable BIT,
+        @Sql NVARCHAR(MAX),
+        -- The target contract: (@SPName, @Param1 ... @Param5 NVARCHAR(200)).
+        @ParameterList NVARCHAR(400) = CONCAT(
+            N'@SPName NVARCHAR(200), @Param1 NVARCHAR(200), @Param2 NVARCHAR(200), ',
+            N'@Param3 NVARCHAR(200), @Param4 NVARCHAR(200), @Param5 NVARCHAR(200)'
+        ),
+        @LockName NVARCHAR(255),
+        @LockResult INT,
+        @ErrorNumber INT,
+        @ErrorMessage NVARCHAR(4000),
+        @ErrorXml XML,
+        @StepErrorNumber INT,
+        @StepErrorMessage NVARCHAR(4000),
+        @Backoff BIGINT,
+        @Recorded BIT,
+        @Try INT,
+        @MaxAttempts INT,
+        @RetryBaseSeconds INT,
+        @RetryMaxSeconds INT,
+        @LeaseSeconds INT,
+        @ReceiveWaitMs INT;
+
+    DECLARE
+        @DialogTimer SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer',
+        @EndDialog SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog',
+        @BrokerError SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/Error',
+        @DelayRequest SYSNAME = N'MailqDelayRequest',
+        -- A conversation timer never exceeds one day; longer delays are chained.
+        @MaxTimerSeconds INT = 86400,
+        -- A timer that fires less than this before the due time counts as due
+        -- (timers have whole-second resolution).
+        @EarlyToleranceMs INT = 500;
+
+    WHILE 1 = 1
+    BEGIN
+        SELECT
+            @Handle = NULL,
+            @MessageType = NULL,
+            @Body = NULL,
+            @TaskID = NULL,
+            @TaskHandle = NULL,
+            @TaskState = NULL,
+            @Run = 0,
+            @MaxAttempts = 3,
+            @RetryBaseSeconds = 30,
+            @RetryMaxSeconds = 3600,
+            @LeaseSeconds = 600,
+            @ReceiveWaitMs = 5000;
+
+        SELECT
+            @MaxAttempts = s.MaxAttempts,
+            @RetryBaseSeconds = s.RetryBaseSeconds,
+            @RetryMaxSeconds = s.RetryMaxSeconds,
+            @LeaseSeconds = s.LeaseSeconds,
+            @ReceiveWaitMs = s.ReceiveWaitMs
+        FROM delay.Setting AS s
+        WHERE s.SettingId = 1;
+
+        ------------------------------------------------------------------
+        -- 1. Receive one message and do the bookkeeping; commit.
+        ------------------------------------------------------------------
+        SELECT @LockResult = -1, @LockName = NULL;  -- no run lock held yet
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- WAITFOR (RECEIVE ...), TIMEOUT: waits up to @ReceiveWaitMs
+            -- milliseconds for a message; no message means the reader exits.
+            -- RECEIVE locks the message's conversation group until COMMIT.
+            WAITFOR (
+                RECEIVE TOP (1)
+                    @Handle = conversation_handle,
+                    @MessageType = message_type_name,
+                    @Body = message_body
+                FROM dbo.DelayServiceQueue
+            ), TIMEOUT @ReceiveWaitMs;
+
+            IF @Handle IS NULL
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            SET @Now = SYSUTCDATETIME();
+
+            IF @MessageType = @DelayRequest
+                SET @TaskID = CAST(@Body AS BIGINT);
+            ELSE
+                SELECT @TaskID = t.TaskID
+                FROM delay.Task AS t
+                WHERE t.ConversationHandle = @Handle;
+
+            -- UPDLOCK: hold the row for this state transition, so a cancel or
+            -- another reader cannot move the task between our read and write.
+            -- ROWLOCK: one task, one row lock.
+            SELECT
+                @TaskState = t.TaskState,
+                @TaskHandle = t.ConversationHandle,
+                @TargetName = t.TargetName,
+                @NextRunAtUtc = t.NextRunAtUtc,
+                @LeaseUntilUtc = t.LeaseUntilUtc,
+                @Attempts = t.Attempts
+            FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+            WHERE t.TaskID = @TaskID;
+
+            IF @MessageType IN (@EndDialog, @BrokerError)
+            BEGIN
+                IF @MessageType = @BrokerError
+                BEGIN
+                    -- The body of an Error message is
+                    -- <Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error">
+                    --   <Code>n</Code><Description>text</Description></Error>
+                    -- (*: matches that namespace without declaring it.)
+                    SET @ErrorXml = CAST(@Body AS XML);
+                    SELECT
+                        @ErrorNumber = @ErrorXml.value('(/*:Error/*:Code)[1]', 'INT'),
+                        @ErrorMessage = @ErrorXml.value('(/*:Error/*:Description)[1]', 'NVARCHAR(4000)');
+                END;
+                ELSE
+                    SELECT
+                        @ErrorNumber = 50333,
+                        @ErrorMessage = N'the conversation was ended by its other side before the task finished';
+
+                IF @TaskState IN (N'Scheduled', N'Running', N'Retrying') AND @TaskHandle = @Handle
+                    -- Ends @Handle, the task's own conversation.
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'BrokerError',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+                ELSE
+                    -- The target side of a delay-0 dialog, or a conversation
+                    -- whose task is already final: just end this side.
+                    END CONVERSATION @Handle;
+            END;
+            ELSE IF @MessageType NOT IN (@DialogTimer, @DelayRequest)
+                -- Not ours (nothing else is in the contract): drop the conversation.
+                END CONVERSATION @Handle;
+            ELSE IF @TaskState IS NULL
+                -- No task (it was replaced or never recorded): nothing to run.
+                END CONVERSATION @Handle;
+            ELSE IF @TaskState IN (N'Done', N'Failed', N'Refused', N'Cancelled')
+            BEGIN
+                -- Final already.  A late timer ends its conversation; a late
+                -- DelayRequest leaves the target side to the EndDialog that
+                -- the initiator side's END CONVERSATION sent.
+                IF @MessageType = @DialogTimer
+                    END CONVERSATION @Handle;
+            END;
+            ELSE IF @MessageType = @DelayRequest AND @TaskState <> N'Scheduled'
+                -- A run already started through the task's own conversation.
+                SET @Run = 0;
+            ELSE IF @MessageType = @DialogTimer AND @TaskState = N'Running'
+            BEGIN
+                SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @LeaseUntilUtc);
+                IF @RemainingMs > @EarlyToleranceMs
+                BEGIN
+                    -- Early (chained or re-armed timer): wait for the rest of the lease.
+                    SET @Timeout = CASE
+                        WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                        ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                    END;
+                    BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                END;
+                ELSE
+                BEGIN
+                    -- The lease expired: is the runner alive?  It holds this
+                    -- session-owned lock for as long as the target runs; a
+                    -- session that ended released it.
+                    SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
+                    EXEC @LockResult = sys.sp_getapplock
+                        @Resource = @LockName,
+                        @LockMode = N'Exclusive',
+                        @LockOwner = N'Session',
+                        @LockTimeout = 0;
+
+                    IF @LockResult < 0
+                    BEGIN
+                        -- Alive and slow: extend the lease, never interrupt.
+                        UPDATE delay.Task
+                        SET LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                        WHERE TaskID = @TaskID;
+
+                        SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle)
+                        VALUES (
+                            @TaskID, N'Slow', @TargetName, @Attempts,
+                            CONCAT(N'attempt ', @Attempts, N' still running after its lease; lease extended by ',
+                                @LeaseSeconds, N' s'),
+                            @Handle
+                        );
+                    END;
+                    ELSE
+                    BEGIN
+                        EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+
+                        SET @ErrorMessage = CONCAT(
+                            N'attempt ', @Attempts, N' ended without reporting: its session ended while the target ran'
+                        );
+                        IF @Attempts < @MaxAttempts
+                        BEGIN
+                            SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
+                                * POWER(CAST(4 AS BIGINT), IIF(@Attempts > 10, 10, @Attempts - 1));
+                            SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
+
+                            UPDATE delay.Task
+                            SET
+                                TaskState = N'Retrying',
+                                NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
+                                LeaseUntilUtc = NULL,
+                                LastErrorNumber = 50331,
+                                LastErrorMessage = @ErrorMessage
+                            WHERE TaskID = @TaskID;
+
+                            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                            INSERT INTO delay.Log (
+                                TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                            )
+                            VALUES (@TaskID, N'RunnerLost', @TargetName, @Attempts, 50331, @ErrorMessage, @Handle);
+                        END;
+                        ELSE
+                            EXEC delay.FinishTask
+                                @TaskID = @TaskID,
+                                @TaskState = N'Failed',
+                                @EventName = N'RunnerLost',
+                                @ErrorNumber = 50331,
+                                @ErrorMessage = @ErrorMessage;
+                    END;
+                END;
+            END;
+            ELSE
+            BEGIN
+                -- Scheduled or Retrying, on its timer or its DelayRequest.
+                SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @NextRunAtUtc);
+                IF @MessageType = @DialogTimer AND @RemainingMs > @EarlyToleranceMs
+                BEGIN
+                    -- A chained timer of a delay longer than one day: re-arm for the rest.
+                    SET @Timeout = CASE
+                        WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                        ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                    END;
+                    BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                END;
+                ELSE
+                BEGIN
+                    -- Due.  Resolve the name again: the allow-list or the
+                    -- procedure may have changed since the row was scheduled.
+                    SELECT
+                        @Refusal = r.RefusalNumber,
+                        @RefusalMessage = r.RefusalMessage,
+                        @SchemaName = r.SchemaName,
+                        @ProcedureName = r.ProcedureName
+                    FROM delay.ResolveTarget(@TargetName) AS r;
+
+                    IF @Refusal IS NOT NULL
+                        EXEC delay.FinishTask
+                            @TaskID = @TaskID,
+                            @TaskState = N'Refused',
+                            @EventName = N'Refused',
+                            @ErrorNumber = @Refusal,
+                            @ErrorMessage = @RefusalMessage;
+                    ELSE
+                    BEGIN
+                        -- The values are read at run time, by the row's ID.
+                        SELECT
+                            @SPName = CAST(p.F108211 AS NVARCHAR(200)),
+                            @Param1 = CAST(p.F108212 AS NVARCHAR(200)),
+                            @Param2 = CAST(p.F108213 AS NVARCHAR(200)),
+                            @Param3 = CAST(p.F108214 AS NVARCHAR(200)),
+                            @Param4 = CAST(p.F108215 AS NVARCHAR(200)),
+                            @Param5 = CAST(p.F108216 AS NVARCHAR(200))
+                        FROM dbo.tabDIYTable12402 AS p
+                        WHERE p.ID = @TaskID;
+
+                        IF @@ROWCOUNT = 0
+                            EXEC delay.FinishTask
+                                @TaskID = @TaskID,
+                                @TaskState = N'Cancelled',
+                                @EventName = N'Cancelled',
+                                @ErrorNumber = 50332,
+                                @ErrorMessage = N'the platform row was deleted before the task ran';
+                        ELSE
+                        BEGIN
+                            -- The run lock is taken here, before this
+                            -- transaction commits the task as Running: a
+                            -- watchdog that fires between that commit and the
+                            -- target must find it held, or it would declare the
+                            -- runner lost and start a second run (spin found
+                            -- that race: models/delayexec.pml, delay-stale-runner).
+                            -- Session-owned, so the COMMIT below keeps it;
+                            -- released after step 3, or by the session's end.
+                            SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
+                            EXEC @LockResult = sys.sp_getapplock
+                                @Resource = @LockName,
+                                @LockMode = N'Exclusive',
+                                @LockOwner = N'Session',
+                                @LockTimeout = 0;
+                        END;
+
+                        IF @LockResult < 0 AND @LockName IS NOT NULL
+                        BEGIN
+                            -- A runner of an earlier attempt still holds the
+                            -- task: never run it twice at once.  Wait a lease.
+                            SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                            BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                            INSERT INTO delay.Log (
+                                TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle
+                            )
+                            VALUES (
+                                @TaskID, N'Slow', @TargetName, @Attempts,
+                                N'an earlier run of this task still holds its run lock; '
+                                + N'the next attempt waits a lease',
+                                @Handle
+                            );
+                        END;
+                        ELSE IF @LockName IS NOT NULL
+                        BEGIN
+                            SET @Attempt = @Attempts + 1;
+
+                            UPDATE delay.Task
+                            SET
+                                TaskState = N'Running',
+                                Attempts = @Attempt,
+                                SchemaName = @SchemaName,
+                                ProcedureName = @ProcedureName,
+                                FirstStartedAtUtc = ISNULL(FirstStartedAtUtc, @Now),
+                                LastStartedAtUtc = @Now,
+                                NextRunAtUtc = NULL,
+                                LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                            WHERE TaskID = @TaskID;
+
+                            -- The watchdog: on the task's own conversation
+                            -- (for a DelayRequest, @Handle is the target side).
+                            SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                            BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                            SET @Run = 1;
+                        END;
+                    END;
+                END;
+            END;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE();
+            -- The message goes back to the queue: one rollback of it.
+            IF XACT_STATE() <> 0
+                ROLLBACK TRANSACTION;
+            -- A run lock taken in this step survives the rollback (it is
+            -- session-owned): give it back, the task was not started.
+            IF @LockResult >= 0 AND @LockName IS NOT NULL
+                EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+            SET @LockResult = -1;
+
+            -- Nothing received (the queue itself failed, e.g. disabled): stop;
+            -- activation starts a reader again when the queue works.
+            IF @Handle IS NULL
+                RETURN;
+
+            -- Receive that message again in a fresh transaction that only
+            -- records the failure and ends the conversation, so it is never
+            -- rolled back a second time in a row by a retry of the same bug.
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                RECEIVE TOP (1) @Body = message_body
+                FROM dbo.DelayServiceQueue
+                WHERE conversation_handle = @Handle;
+
+                SET @ErrorMessage = CONCAT(
+                    N'dbo.ProcessDelayQueue failed on a ', @MessageType, N' message: ', @ErrorMessage
+                );
+
+                IF @TaskID IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM delay.Task AS t
+                    WHERE t.TaskID = @TaskID AND t.TaskState IN (N'Scheduled', N'Running', N'Retrying')
+                )
+                BEGIN
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'BrokerError',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+                    -- For a DelayRequest, @Handle is the target side; it ends
+                    -- when the EndDialog that FinishTask caused arrives.
+                END;
+                ELSE
+                BEGIN
+                    INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage, ConversationHandle)
+                    VALUES (@TaskID, N'BrokerError', @ErrorNumber, @ErrorMessage, @Handle);
+                    END CONVERSATION @Handle;
+                END;
+
+                COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- Twice in a row: stop this reader rather than spin.  The
+                -- message stays on the queue for a later reader.
+                RETURN;
+            END CATCH;
+
+            SET @Run = 0;
+        END CATCH;
+
+        IF @Run = 0
+            CONTINUE;
+
+        ------------------------------------------------------------------
+        -- 2. Run the target in its own transaction.
+        ------------------------------------------------------------------
+        -- This session holds the task's run lock since step 1 (session-owned:
+        -- it survives the target's COMMIT or ROLLBACK; released below, or by
+        -- the end of this session if it dies mid-target).
+        SELECT @ErrorNumber = NULL, @ErrorMessage = NULL, @Retryable = 1;
+
+        BEGIN
+            -- Built from the catalog's names (delay.ResolveTarget checked the
+            -- allow-list and the object's identity), each part QUOTENAMEd;
+            -- the six values are parameters, never part of the text.
+            SET @Sql = CONCAT(
+                N'EXEC ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName),
+                N' @SPName = @SPName, @Param1 = @Param1, @Param2 = @Param2,',
+                N' @Param3 = @Param3, @Param4 = @Param4, @Param5 = @Param5;'
+            );
+
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                EXEC sys.sp_executesql
+                    @Sql,
+                    @ParameterList,
+                    @SPName = @SPName,
+                    @Param1 = @Param1,
+                    @Param2 = @Param2,
+                    @Param3 = @Param3,
+                    @Param4 = @Param4,
+                    @Param5 = @Param5;
+
+                IF @@TRANCOUNT > 1
+                BEGIN
+                    -- Left a transaction of its own open (normally 266 is raised first).
+                    SELECT
+                        @ErrorNumber = 50335,
+                        @ErrorMessage = CONCAT(N'the target left ', @@TRANCOUNT - 1, N' transaction(s) open');
+                    ROLLBACK TRANSACTION;
+                END;
+                ELSE IF @@TRANCOUNT = 1
+                    COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE();
+                -- Doomed (-1) or not (1): the target's work is undone as a whole.
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- 266: the target committed or rolled back the transaction
+                -- opened for it; what it did may be committed, so it is not
+                -- run again.
+                IF @ErrorNumber = 266
+                    SELECT
+                        @Retryable = 0,
+                        @ErrorMessage = CONCAT(
+                            N'the target committed or rolled back the transaction opened for it ',
+                            N'(its work may be committed; not retried): ', @ErrorMessage
+                        );
+            END CATCH;
+        END;
+
+        ------------------------------------------------------------------
+        -- 3. Record the outcome in a new transaction (retried on deadlock).
+        ------------------------------------------------------------------
+        SELECT @Recorded = 0, @Try = 0;
+        WHILE @Recorded = 0 AND @Try < 3
+        BEGIN
+            SET @Try += 1;
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                -- Conversation group first (BEGIN CONVERSATION TIMER locks it),
+                -- then the task row: the lock order of step 1.  It also keeps
+                -- the watchdog armed until the outcome is committed.
+                SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                SET @TaskState = NULL;
+                -- UPDLOCK, ROWLOCK: as in step 1.
+                SELECT
+                    @TaskState = t.TaskState,
+                    @Attempts = t.Attempts
+                FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+                WHERE t.TaskID = @TaskID;
+
+                SET @Now = SYSUTCDATETIME();
+
+                IF @TaskState IS NULL OR @TaskState <> N'Running' OR @Attempts <> @Attempt
+                BEGIN
+                    -- Finished meanwhile (a broker Error) or the row is gone: keep that outcome.
+                    IF @ErrorNumber IS NOT NULL
+                        INSERT INTO delay.Log (
+                            TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                        )
+                        VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
+                END;
+                ELSE IF @ErrorNumber IS NULL
+                    EXEC delay.FinishTask @TaskID = @TaskID, @TaskState = N'Done';
+                ELSE IF @Retryable = 1 AND @Attempt < @MaxAttempts
+                BEGIN
+                    SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
+                        * POWER(CAST(4 AS BIGINT), IIF(@Attempt > 10, 10, @Attempt - 1));
+                    SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
+
+                    UPDATE delay.Task
+                    SET
+                        TaskState = N'Retrying',
+                        NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
+                        LeaseUntilUtc = NULL,
+                        LastErrorNumber = @ErrorNumber,
+                        LastErrorMessage = @ErrorMessage
+                    WHERE TaskID = @TaskID;
+
+                    -- Replaces the lease: the retry is a new timer on the same conversation.
+                    BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                    INSERT INTO delay.Log (
+                        TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                    )
+                    VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
+                END;
+                ELSE
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'GaveUp',
+                        @ErrorNumber = @ErrorNumber,
+                        @ErrorMessage = @ErrorMessage;
+
+                COMMIT TRANSACTION;
+                SET @Recorded = 1;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- 1205: deadlock victim, try again.  Anything else (e.g. the
+                -- conversation was ended by a broker Error meanwhile): stop
+                -- trying; the task's state already says what happened, or the
+                -- lease timer will find it Running with no runner.
+                IF @StepErrorNumber <> 1205 OR @Try >= 3
+                BEGIN
+                    SET @Try = 3;
+                    BEGIN TRY
+                        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage)
+                        VALUES (
+                            @TaskID, N'BrokerError', @TargetName, @Attempt, @StepErrorNumber,
+                            CONCAT(N'the outcome of attempt ', @Attempt, N' could not be recorded: ', @StepErrorMessage)
+                        );
+                    END TRY
+                    BEGIN CATCH
+                        -- Best effort: the lease timer still covers the task.
+                        SET @Recorded = 0;
+                    END CATCH;
+                END;
+            END CATCH;
+        END;
+
+        IF @LockResult >= 0
+            EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.FinishTask: moves a task to a final state, sets the platform's receipt,
+logs the event and ends the task's conversation (which also drops its timer).
+Parameters:  @TaskID       BIGINT, required
+             @TaskState    NVARCHAR(16): Done, Failed, Refused or Cancelled
+             @EventName    NVARCHAR(16) = NULL: the delay.Log event to write
+                           (NULL writes none, e.g. for Done)
+             @ErrorNumber  INT = NULL, @ErrorMessage NVARCHAR(4000) = NULL:
+                           stored as the task's last error and in the log row
+Receipt:     Done 1, Refused 2, Failed 3, Cancelled 4 (dbo.tabDIYTable12402.F108219)
+Errors:      50399 called outside a transaction or with an unknown state (a bug)
+Transaction: joins the caller's, which must exist: the state change and the
+             END CONVERSATION commit or roll back together
+Internal:    called by dbo.ProcessDelayQueue and dbo.CancelDelayExecution (both
+             run as dbo); no role is granted EXECUTE.
+Example:     EXEC delay.FinishTask @TaskID = 42, @TaskState = N'Done';
+*/
+CREATE OR ALTER PROCEDURE delay.FinishTask
+    @TaskID BIGINT,
+    @TaskState NVARCHAR(16),
+    @EventName NVARCHAR(16) = NULL,
+    @ErrorNumber INT = NULL,
+    @ErrorMessage NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @@TRANCOUNT = 0 OR @TaskState IS NULL
+        OR @TaskState NOT IN (N'Done', N'Failed', N'Refused', N'Cancelled')
+    BEGIN
+        SET @Msg = CONCAT(
+            N'delay.FinishTask needs its caller''s transaction and a final @TaskState; got @@TRANCOUNT = ',
+            @@TRANCOUNT, N', @TaskState = ', ISNULL(@TaskState, N'NULL'), N'.'
+        );
+        THROW 50399, @Msg, 1;
+    END;
+
+    DECLARE
+        @Handle UNIQUEIDENTIFIER,
+        @TargetName NVARCHAR(400),
+        @Attempts INT;
+
+    UPDATE delay.Task
+    SET
+        TaskState = @TaskState,
+        FinishedAtUtc = SYSUTCDATETIME(),
+        NextRunAtUtc = NULL,
+        LeaseUntilUtc = NULL,
+        LastErrorNumber = ISNULL(@ErrorNumber, LastErrorNumber),
+        LastErrorMessage = ISNULL(@ErrorMessage, LastErrorMessage),
+        @Handle = ConversationHandle,
+        @TargetName = TargetName,
+        @Attempts = Attempts
+    WHERE TaskID = @TaskID;
+
+    -- The receipt is set by the row's ID, never by matching parameter values
+    -- (the source design's join on F108211-F108216 missed NULLs and marked
+    -- rows with equal parameters together).
+    UPDATE dbo.tabDIYTable12402
+    SET F108219 = CASE @TaskState
+        WHEN N'Done' THEN 1
+        WHEN N'Refused' THEN 2
+        WHEN N'Failed' THEN 3
+        WHEN N'Cancelled' THEN 4
+    END
+    WHERE ID = @TaskID;
+
+    IF @EventName IS NOT NULL
+        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle)
+        VALUES (@TaskID, @EventName, @TargetName, @Attempts, @ErrorNumber, @ErrorMessage, @Handle);
+
+    -- Every task's conversation ends here, once: no endpoint is left behind.
+    -- Ending the initiator side also discards its pending timer.
+    IF @Handle IS NOT NULL
+        END CONVERSATION @Handle;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.ResolveTarget: resolves a requested target name against the allow-list
+and sys.objects; the one place where a name becomes something executable.
+Parameters:  @Name NVARCHAR(4000): a name as the caller or the platform wrote it
+Result set:  exactly one row:
+             RefusalNumber INT: NULL when the name resolves, else why not:
+                 50304 empty, longer than 128 characters, or not a valid name
+                 50305 a three- or four-part name (another database or server)
+                 50306 not on the allow-list (delay.AllowedProcedure)
+                 50307 listed, but sys.objects no longer holds that procedure
+                       with the listed object_id, schema and name (dropped,
+                       recreated, moved, or renamed): list it again
+             RefusalMessage NVARCHAR(400): the reason in words, naming the value
+             SchemaName, ProcedureName SYSNAME, ObjectId INT: the catalog's
+                 names of the procedure to run (NULL when refused)
+Rules:       "schema.proc" matches the entry with that schema and name only.
+             A bare "proc" matches only the entry listed with AllowBareName = 1
+             (at most one per name); it never resolves through a default schema.
+             Names are compared, never executed: an injected string such as
+             N'x];DROP TABLE t;--' or N'dbo.p; EXEC xp_cmdshell ''x''' matches no
+             listed procedure.  The caller builds the EXEC from the returned
+             catalog names with QUOTENAME.
+             PARSENAME takes a sysname (NVARCHAR(128)) and would silently cut a
+             longer string, so longer names are refused before it is called.
+             Runs in its caller's security context (an inline function): the
+             callers run as dbo (EXECUTE AS OWNER) and so see every procedure.
+Example:     SELECT RefusalNumber, SchemaName, ProcedureName, ObjectId
+             FROM delay.ResolveTarget(N'dbo.TCXG');
+*/
+CREATE OR ALTER FUNCTION delay.ResolveTarget(@Name NVARCHAR(4000))
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    RefusalNumber = CASE
+        WHEN n.Part1 IS NULL THEN 50304
+        WHEN n.Part3 IS NOT NULL OR n.Part4 IS NOT NULL THEN 50305
+        WHEN a.AllowedProcedureId IS NULL THEN 50306
+        WHEN o.object_id IS NULL THEN 50307
+    END,
+    RefusalMessage = CASE
+        WHEN n.Part1 IS NULL THEN CONCAT(
+                N'target name "', LEFT(@Name, 200), N'" is empty, longer than 128 characters or not a valid name'
+            )
+        WHEN n.Part3 IS NOT NULL OR n.Part4 IS NOT NULL THEN CONCAT(
+                N'target name "', LEFT(@Name, 200),
+                N'" has three or four parts; only schema.procedure or a bare name is allowed'
+            )
+        WHEN a.AllowedProcedureId IS NULL THEN CONCAT(
+                N'target name "', LEFT(@Name, 200), N'" is not on the allow-list (delay.AllowedProcedure)'
+            )
+        WHEN o.object_id IS NULL THEN CONCAT(
+                N'target name "', LEFT(@Name, 200), N'" was listed as ', QUOTENAME(a.SchemaName), N'.',
+                QUOTENAME(a.ProcedureName), N', which no longer exists with the listed identity; list it again'
+            )
+    END,
+    SchemaName = CASE WHEN o.object_id IS NOT NULL THEN a.SchemaName END,
+    ProcedureName = CASE WHEN o.object_id IS NOT NULL THEN a.ProcedureName END,
+    ObjectId = o.object_id
+FROM (
+    SELECT
+        Part1 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 1) END,
+        Part2 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 2) END,
+        Part3 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 3) END,
+        Part4 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 4) END
+    FROM (
+        -- DATALENGTH, not LEN: LEN ignores trailing blanks.  2-256 bytes = 1-128 characters.
+        SELECT IsShort = CASE WHEN DATALENGTH(@Name) BETWEEN 2 AND 256 THEN 1 ELSE 0 END
+    ) AS ok
+) AS n
+OUTER APPLY (
+    -- At most one row: (SchemaName, ProcedureName) is unique, and so is
+    -- ProcedureName among the entries that allow a bare name.
+    SELECT
+        ap.AllowedProcedureId,
+        ap.SchemaName,
+        ap.ProcedureName,
+        ap.ObjectId
+    FROM delay.AllowedProcedure AS ap
+    WHERE
+        n.Part3 IS NULL
+        AND n.Part4 IS NULL
+        AND ap.ProcedureName = n.Part1
+        AND (ap.SchemaName = n.Part2 OR (n.Part2 IS NULL AND ap.AllowBareName = 1))
+) AS a
+LEFT OUTER JOIN sys.objects AS o
+    ON
+        a.ObjectId = o.object_id
+        AND o.type = 'P'
+        AND o.is_ms_shipped = 0
+        AND a.ProcedureName = o.name
+        AND o.schema_id = SCHEMA_ID(a.SchemaName);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS delay.Incident;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Task') IS NOT NULL
+    DROP INDEX IF EXISTS UX_Task_IdempotencyKey ON delay.Task;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Task: the bookkeeping of every scheduled row of dbo.tabDIYTable12402,
+kept beside the platform's table rather than in it.
+    TaskID             = dbo.tabDIYTable12402.ID (the task ID InitiateDelayExecution returns)
+    ConversationHandle the initiator handle of the task's own dialog: its
+                       conversation timer is the delay, the retry backoff and
+                       the watchdog lease in turn; NULL for refused rows
+    TaskState          Scheduled -> Running -> Done
+                                           -> Retrying -> Running ... -> Failed
+                       Scheduled/Retrying -> Cancelled; new row -> Refused
+    Receipt            what the platform's F108219 is set to:
+                       0 pending (Scheduled, Running, Retrying), 1 Done,
+                       2 Refused, 3 Failed (attempts exhausted or not retryable),
+                       4 Cancelled
+    DueAtUtc           CreatedAtUtc + delay: when the task should first run
+    NextRunAtUtc       when it runs next (DueAtUtc, then each retry's time)
+    LeaseUntilUtc      while Running: when the watchdog looks at the runner
+    FirstStartedAtUtc  the first run's start (lateness = this - DueAtUtc)
+Rows are written by the trigger on dbo.tabDIYTable12402 (set-based), by
+dbo.ProcessDelayQueue and by dbo.CancelDelayExecution only.
+*/
+IF OBJECT_ID(N'delay.Task', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Task (
+        TaskID BIGINT NOT NULL,
+        ConversationHandle UNIQUEIDENTIFIER NULL,
+        TargetName NVARCHAR(400) NULL,
+        SchemaName SYSNAME NULL,
+        ProcedureName SYSNAME NULL,
+        DelaySeconds INT NULL,
+        TaskState NVARCHAR(16) NOT NULL,
+        Receipt AS CAST(CASE TaskState
+                WHEN N'Done' THEN 1
+                WHEN N'Refused' THEN 2
+                WHEN N'Failed' THEN 3
+                WHEN N'Cancelled' THEN 4
+                ELSE 0
+            END AS TINYINT),
+        Attempts INT NOT NULL CONSTRAINT DF_Task_Attempts DEFAULT (0),
+        CreatedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Task_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        DueAtUtc DATETIME2(3) NULL,
+        NextRunAtUtc DATETIME2(3) NULL,
+        LeaseUntilUtc DATETIME2(3) NULL,
+        FirstStartedAtUtc DATETIME2(3) NULL,
+        LastStartedAtUtc DATETIME2(3) NULL,
+        FinishedAtUtc DATETIME2(3) NULL,
+        LastErrorNumber INT NULL,
+        LastErrorMessage NVARCHAR(4000) NULL,
+        CONSTRAINT PK_Task PRIMARY KEY CLUSTERED (TaskID),
+        CONSTRAINT CK_Task_TaskState CHECK (
+            TaskState IN (N'Scheduled', N'Running', N'Retrying', N'Done', N'Failed', N'Refused', N'Cancelled')
+        ),
+        CONSTRAINT CK_Task_Attempts CHECK (Attempts >= 0)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.AllowedProcedure: the allow-list of procedures that delayed execution may run.
+An entry is a schema-qualified procedure and the object_id it had when it was
+listed (delay.AllowProcedure).  At call time and again at execution time a name
+resolves only if the entry exists AND sys.objects still holds a SQL procedure
+with that object_id, schema and name: a procedure dropped and recreated (even
+under the same name) must be listed again.
+AllowBareName = 1 lets a one-part name (the platform stores bare names such as
+N'TCXG') resolve to this entry; at most one entry per bare name may allow it
+(UX_AllowedProcedure_BareName).  A bare name never resolves through anybody's
+default schema.
+*/
+IF OBJECT_ID(N'delay.AllowedProcedure', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.AllowedProcedure (
+        AllowedProcedureId INT IDENTITY (1, 1) NOT NULL,
+        SchemaName SYSNAME NOT NULL,
+        ProcedureName SYSNAME NOT NULL,
+        ObjectId INT NOT NULL,
+        AllowBareName BIT NOT NULL
+            CONSTRAINT DF_AllowedProcedure_AllowBareName DEFAULT (0),
+        ListedAtUtc DATETIME2(3) NOT NULL
+            CONSTRAINT DF_AllowedProcedure_ListedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ListedBy NVARCHAR(128) NOT NULL
+            CONSTRAINT DF_AllowedProcedure_ListedBy DEFAULT (ORIGINAL_LOGIN()),
+        CONSTRAINT PK_AllowedProcedure PRIMARY KEY CLUSTERED (AllowedProcedureId),
+        CONSTRAINT UQ_AllowedProcedure_SchemaName_ProcedureName UNIQUE (SchemaName, ProcedureName)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Setting: the retry and lease policy of dbo.ProcessDelayQueue, one row.
+    MaxAttempts        runs of a failing target before it is given up (receipt 3)
+    RetryBaseSeconds   backoff before retry n: RetryBaseSeconds * 4^(n-1) ...
+    RetryMaxSeconds    ... capped at RetryMaxSeconds
+    LeaseSeconds       watchdog: if a run has not reported after this long, the
+                       activation procedure checks whether its runner is alive
+                       (slow: the lease is extended and logged) or gone
+                       (the attempt failed: retried or given up)
+    ReceiveWaitMs      how long an idle reader waits in WAITFOR (RECEIVE) before
+                       it exits (activation starts readers again on demand)
+Operators change it with UPDATE (db_owner); the procedures read it at each message.
+*/
+IF OBJECT_ID(N'delay.Setting', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Setting (
+        SettingId TINYINT NOT NULL CONSTRAINT DF_Setting_SettingId DEFAULT (1),
+        MaxAttempts INT NOT NULL CONSTRAINT DF_Setting_MaxAttempts DEFAULT (3),
+        RetryBaseSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryBaseSeconds DEFAULT (30),
+        RetryMaxSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryMaxSeconds DEFAULT (3600),
+        LeaseSeconds INT NOT NULL CONSTRAINT DF_Setting_LeaseSeconds DEFAULT (600),
+        ReceiveWaitMs INT NOT NULL CONSTRAINT DF_Setting_ReceiveWaitMs DEFAULT (5000),
+        CONSTRAINT PK_Setting PRIMARY KEY CLUSTERED (SettingId),
+        CONSTRAINT CK_Setting_SingleRow CHECK (SettingId = 1),
+        CONSTRAINT CK_Setting_MaxAttempts CHECK (MaxAttempts BETWEEN 1 AND 100),
+        CONSTRAINT CK_Setting_RetryBaseSeconds CHECK (RetryBaseSeconds BETWEEN 1 AND 86400),
+        CONSTRAINT CK_Setting_RetryMaxSeconds CHECK (RetryMaxSeconds BETWEEN 1 AND 86400),
+        CONSTRAINT CK_Setting_LeaseSeconds CHECK (LeaseSeconds BETWEEN 1 AND 86400),
+        CONSTRAINT CK_Setting_ReceiveWaitMs CHECK (ReceiveWaitMs BETWEEN 100 AND 60000)
+    );
+
+    INSERT INTO delay.Setting (SettingId) VALUES (1);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Task', N'U') IS NOT NULL AND OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NOT NULL
+    ALTER TABLE delay.Task DROP COLUMN IF EXISTS IdempotencyKey, CreatedBy;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Setting', N'U') IS NOT NULL AND OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NOT NULL
+    ALTER TABLE delay.Setting DROP CONSTRAINT IF EXISTS CK_Setting_TargetLockTimeoutMs;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Setting', N'U') IS NOT NULL AND OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NOT NULL
+    ALTER TABLE delay.Setting DROP COLUMN IF EXISTS TargetLockTimeoutMs;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.AllowedProcedure', N'U') IS NOT NULL AND OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NOT NULL
+    ALTER TABLE delay.AllowedProcedure DROP COLUMN IF EXISTS DefinitionHash;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Installation', N'U') IS NOT NULL
+BEGIN
+    DECLARE @Sql NVARCHAR(MAX) = N'';
+    SELECT @Sql += CONCAT(N'ENABLE TRIGGER ', SUBSTRING(i.Item, 18, 400), N' ON dbo.tabDIYTable12402; ')
+    FROM delay.Installation AS i
+    WHERE i.Item LIKE N'disabled trigger %' AND i.Detail = N'0006';
+    EXEC sys.sp_executesql @Sql;
+    DELETE FROM delay.Installation WHERE Item LIKE N'disabled trigger %' AND Detail = N'0006';
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision = '0006';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = CAST(SESSION_CONTEXT(N'mailq_db.activation') AS INT);
+IF @Activation IS NOT NULL AND EXISTS (
+    SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL)
+BEGIN
+    IF @Activation = 1
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);
+    ELSE
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+END;
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = NULL;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0006 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0005' WHERE dbo.mailq_alembic_version.version_num = '0006';
 
 GO
 

@@ -133,7 +133,7 @@ class _Handler:
                 self.sink.messages.append(Received(envelope.mail_from, list(envelope.rcpt_tos),
                                                    bytes(envelope.original_content or envelope.content)))
             self.sink.accepted.set()
-            return f"250 2.0.0 Ok: queued as Q{self.sink.message_count}"
+            return self.sink.final_reply or f"250 2.0.0 Ok: queued as Q{self.sink.message_count}"
 
 
 class _DelayedSMTP(SMTP):
@@ -158,6 +158,8 @@ class SmtpSink:
                  stall_seconds: float = 2.0, reply_delay: float = 0.0, cert_dir: str | None = None,
                  keep_messages: bool = True):
         self.replies: dict[tuple[str, str], str] = {}
+        #: the reply after an accepted message; None: "250 2.0.0 Ok: queued as Q<n>" (a queue ID per mail)
+        self.final_reply: str | None = None
         self.messages: list[Received] = []
         self.lock = threading.Lock()
         self.accepted = threading.Event()

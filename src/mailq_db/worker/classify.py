@@ -10,9 +10,14 @@ together.  The first matching rule wins.
   A Wait always applies to the whole rest of the account's batch.
 * **Stop** - permanent: the mail is ``Failed`` at once.
 
-Stages are where the reply came: ``connect`` (greeting, EHLO, STARTTLS),
-``auth``, ``mail`` (MAIL FROM), ``rcpt`` (RCPT TO), ``data`` (DATA and the
-final reply to the message).
+Stages are where the reply came: ``connect`` (greeting), ``ehlo``,
+``starttls``, ``auth``, ``mail`` (MAIL FROM), ``rcpt`` (RCPT TO), ``data``
+(the reply to DATA), ``dot`` (the final reply after the message; ``data`` is
+accepted as its alias), ``rset``, ``quit``.
+
+Every outcome has a ``scope``: ``recipient`` (one RCPT refused), ``mail``,
+``account`` (a Wait: the account or client is throttled or refused) or
+``connection`` (the connection is unusable; nothing is the mail's fault).
 """
 
 from __future__ import annotations
@@ -24,13 +29,16 @@ import ssl
 from dataclasses import dataclass
 
 RETRY, WAIT, STOP = "Retry", "Wait", "Stop"
-STAGES = ("connect", "auth", "mail", "rcpt", "data")
-MAIL_STAGES = ("mail", "rcpt", "data")
+STAGES = ("connect", "ehlo", "starttls", "auth", "mail", "rcpt", "data", "dot", "rset", "quit")
+MAIL_STAGES = ("mail", "rcpt", "data", "dot")
+CONNECT_STAGES = ("connect", "ehlo", "starttls")
+SCOPES = ("recipient", "mail", "account", "connection")
 
 #: Reply texts that mean "you are sending too much / the account is locked".
 THROTTLE_TEXT = re.compile(
     r"throttl|rate[ -]?limit|too many|exceed|slow down|try again in|locked|quota|frequency|"
-    r"sending limit|limit reached|temporarily blocked|temporarily rate",
+    r"sending limit|limit reached|temporarily blocked|temporarily rate|"
+    r"too much mail|too many connections",  # Postfix anvil: smtpd_client_*_rate_limit
     re.IGNORECASE,
 )
 #: 5xx texts that mean an account-wide quota, not a bad mail (e.g. a daily sending cap).
@@ -39,6 +47,11 @@ QUOTA_TEXT = re.compile(
     r"quota exceeded|rate limit",
     re.IGNORECASE,
 )
+#: Postfix rejections of the client (its HELO name, its address, the sender
+#: address), not of this mail; with smtpd_delay_reject = yes (the default)
+#: they arrive at RCPT TO.  The operator must fix the configuration.
+CLIENT_REJECTED_TEXT = re.compile(
+    r"Helo command rejected|Client host rejected|Sender address rejected", re.IGNORECASE)
 
 
 class SetupError(smtplib.SMTPException):
@@ -65,13 +78,15 @@ ANY_5XX = range(500, 600)
 
 RULES: tuple[Rule, ...] = (
     Rule("421 service closing", WAIT, (421,), retry_after_seconds=120),
+    Rule("client or sender rejected by policy", WAIT, range(400, 600), ("mail", "rcpt"),
+         text=CLIENT_REJECTED_TEXT, retry_after_seconds=900),
     Rule("4xx throttle or lock text", WAIT, ANY_4XX, text=THROTTLE_TEXT, retry_after_seconds=300),
     Rule("452 insufficient storage / too many recipients", WAIT, (452,), retry_after_seconds=300),
-    Rule("454 temporary TLS or auth failure", WAIT, (454,), ("connect", "auth"), retry_after_seconds=300),
+    Rule("454 temporary TLS or auth failure", WAIT, (454,), (*CONNECT_STAGES, "auth"), retry_after_seconds=300),
     Rule("5xx quota or sending limit", WAIT, ANY_5XX, text=QUOTA_TEXT, retry_after_seconds=3600),
     Rule("auth temporary failure", WAIT, ANY_4XX, ("auth",), retry_after_seconds=300),
     Rule("auth refused (credentials or policy)", WAIT, ANY_5XX, ("auth",), retry_after_seconds=900),
-    Rule("connect-stage error", WAIT, range(400, 600), ("connect",), retry_after_seconds=300),
+    Rule("connect-stage error", WAIT, range(400, 600), CONNECT_STAGES, retry_after_seconds=300),
     Rule("552 at RCPT is transient (RFC 5321 4.5.3.1.10)", RETRY, (552,), ("rcpt",)),
     Rule("4xx on this mail", RETRY, ANY_4XX, MAIL_STAGES),
     Rule("5xx permanent for this mail", STOP, ANY_5XX, MAIL_STAGES),
@@ -90,6 +105,8 @@ class Outcome:
     rule: str
     smtp_code: int | None = None
     retry_after_seconds: int | None = None
+    #: recipient | mail | account | connection (see the module docstring)
+    scope: str = "mail"
 
     @property
     def account_wide(self) -> bool:
@@ -103,7 +120,7 @@ def _text(reply: bytes | str | None) -> str:
     return reply or ""
 
 
-def classify_reply(code: int, text: bytes | str | None, stage: str) -> Outcome:
+def classify_reply(code: int, text: bytes | str | None, stage: str, provider: str | None = None) -> Outcome:
     """Classify one SMTP reply ``code``/``text`` received at ``stage``."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}")
@@ -111,7 +128,7 @@ def classify_reply(code: int, text: bytes | str | None, stage: str) -> Outcome:
     for rule in RULES:
         if rule.codes and code not in rule.codes:
             continue
-        if stage not in rule.stages:
+        if stage not in rule.stages and not (stage == "data" and "dot" in rule.stages):
             continue
         if rule.text is not None and not rule.text.search(message):
             continue
@@ -119,7 +136,13 @@ def classify_reply(code: int, text: bytes | str | None, stage: str) -> Outcome:
     else:
         rule = DEFAULT_RULE
     reason = f"{code} {message}".strip() + f" (at {stage.upper()}; rule: {rule.name})"
-    return Outcome(rule.disposition, reason, rule.name, code, rule.retry_after_seconds)
+    if rule.disposition == WAIT:
+        scope = "account"
+    elif stage == "rcpt":
+        scope = "recipient"
+    else:
+        scope = "mail"
+    return Outcome(rule.disposition, reason, rule.name, code, rule.retry_after_seconds, scope)
 
 
 def permanent(reason: str) -> Outcome:
@@ -127,7 +150,7 @@ def permanent(reason: str) -> Outcome:
     return Outcome(STOP, reason, "malformed mail")
 
 
-def classify_exception(exc: BaseException, stage: str) -> Outcome:
+def classify_exception(exc: BaseException, stage: str, provider: str | None = None) -> Outcome:
     """Classify an exception raised while talking to the server at ``stage``.
 
     Replies carried by smtplib exceptions go through :func:`classify_reply`.
@@ -146,22 +169,23 @@ def classify_exception(exc: BaseException, stage: str) -> Outcome:
         return classify_reply(exc.smtp_code, exc.smtp_error, "auth")
     if isinstance(exc, smtplib.SMTPResponseException):
         return classify_reply(exc.smtp_code, exc.smtp_error, stage)
-    account_stage = stage in ("connect", "auth")
+    account_stage = stage in (*CONNECT_STAGES, "auth")
     if isinstance(exc, NeedsSmtpUtf8):
         return Outcome(STOP, f"{exc} (RFC 6531); the address cannot be delivered through this account",
                        "SMTPUTF8 needed")
     if isinstance(exc, SetupError):
-        return Outcome(WAIT, str(exc), "account setup failed", None, 600)
+        return Outcome(WAIT, str(exc), "account setup failed", None, 600, "account")
     if isinstance(exc, smtplib.SMTPNotSupportedError) or isinstance(exc, ssl.SSLError):
         kind = "TLS failure" if isinstance(exc, ssl.SSLError) else "not supported by the server"
         if account_stage:
-            return Outcome(WAIT, f"{kind}: {exc} (at {stage.upper()})", "account setup failed", None, 600)
+            return Outcome(WAIT, f"{kind}: {exc} (at {stage.upper()})", "account setup failed", None, 600,
+                           "account")
         return Outcome(RETRY, f"{kind}: {exc} (at {stage.upper()})", "transport error")
     if isinstance(exc, (smtplib.SMTPServerDisconnected, socket.timeout, TimeoutError, OSError)):
         kind = "timeout" if isinstance(exc, (socket.timeout, TimeoutError)) else "connection lost"
         if account_stage:
             return Outcome(WAIT, f"{kind}: {exc or type(exc).__name__} (at {stage.upper()})",
-                           "server unreachable", None, 60)
+                           "server unreachable", None, 60, "account")
         return Outcome(RETRY, f"{kind}: {exc or type(exc).__name__} (at {stage.upper()})",
                        "dropped connection or timeout")
     return Outcome(RETRY, f"{type(exc).__name__}: {exc} (at {stage.upper()})", "unexpected error")

@@ -16,7 +16,12 @@ Ports (each a separate ``smtpd`` in master.cf):
   default: HELO and sender rejections show at RCPT TO), HELO must be a FQDN;
 * ``rate``: ``smtpd_client_message_rate_limit`` (anvil), no exception for
   loopback;
-* ``connrate``: ``smtpd_client_connection_rate_limit`` (anvil).
+* ``connrate``: ``smtpd_client_connection_rate_limit`` (anvil);
+* ``idle``: ``smtpd_timeout`` of IDLE_TIMEOUT_SECONDS, so a test can find a
+  connection that the server closed while idle.
+
+The policy service also refuses recipients whose local part starts with
+``nouser`` (550 5.1.1).
 
 The anvil time unit is shortened (``anvil_rate_time_unit``) so a rate test
 takes seconds, not minutes; the limits are "per ``RATE_UNIT_SECONDS``".
@@ -51,6 +56,7 @@ MESSAGE_SIZE_LIMIT = 200_000
 MESSAGE_RATE_LIMIT = 5
 CONNECTION_RATE_LIMIT = 2
 RATE_UNIT_SECONDS = 12
+IDLE_TIMEOUT_SECONDS = 2
 #: senders refused at MAIL FROM on the submission port (access(5) map)
 SENDER_RULES = {
     "tempfail-sender@lab.test": "451 4.3.0 Sender temporarily unavailable, try later",
@@ -110,7 +116,9 @@ class _PolicyHandler(socketserver.StreamRequestHandler):
                 attrs[key] = value
             action = "DUNNO"
             rcpt = attrs.get("recipient", "").lower()
-            if attrs.get("protocol_state") == "RCPT" and rcpt.startswith("grey"):
+            if attrs.get("protocol_state") == "RCPT" and rcpt.startswith("nouser"):
+                action = "550 5.1.1 No such user here"
+            elif attrs.get("protocol_state") == "RCPT" and rcpt.startswith("grey"):
                 key = (attrs.get("sender", "").lower(), rcpt)
                 with server.lock:
                     if key not in server.seen:
@@ -172,7 +180,7 @@ class Lab:
             if not os.stat(parent).st_mode & 0o001:
                 raise RuntimeError(f"{parent} is not searchable by other users: the postfix user "
                                    "cannot reach the lab directory; choose another base (TMPDIR)")
-        for name in ("submission", "mx", "rate", "connrate"):
+        for name in ("submission", "mx", "rate", "connrate", "idle"):
             self.ports[name] = free_port()
         self.policy = _Greylist()
         threading.Thread(target=self.policy.serve_forever, name="greylist", daemon=True).start()
@@ -372,6 +380,9 @@ delay_warning_time = 0
   {common.format(name='connrate')}
   -o smtpd_client_event_limit_exceptions=
   -o smtpd_client_connection_rate_limit={CONNECTION_RATE_LIMIT}
+127.0.0.1:{p['idle']} inet n - n - - smtpd
+  {common.format(name='idle')}
+  -o smtpd_timeout={IDLE_TIMEOUT_SECONDS}s
 pickup    unix  n       -       n       60      1       pickup
 cleanup   unix  n       -       n       -       0       cleanup
 qmgr      unix  n       -       n       300     1       qmgr

@@ -235,20 +235,24 @@ class FakeQueue:
             return [AckResult(r.mail.id, r.status, None) for r in rows]
         return self._apply("release_mail", dict(ids=ids, lock_token=lock_token), run)
 
-    def record_recipient_outcomes(self, conn: Any, *, lock_token: Any,
-                                  outcomes: Iterable[dict[str, Any]]) -> int:
+    def record_recipient_outcomes(self, conn: Any, *, mail_id: int, lock_token: Any,
+                                  outcomes: Iterable[dict[str, Any]]) -> None:
         """Like mailq.RecordRecipientOutcomes: fenced by the token, all or nothing;
-        a later outcome for an address replaces the earlier one."""
+        a Deferred recipient is replaced by a later outcome, Delivered/Refused are final."""
         outcomes = [dict(o) for o in outcomes]
 
-        def run() -> int:
+        def run() -> None:
+            addresses = [o["address"].lower() for o in outcomes]
+            assert len(set(addresses)) == len(addresses), "50184: an address twice"
             for o in outcomes:
-                assert o["outcome"] in ("Delivered", "Deferred", "Refused"), o
-            rows = {r.mail.id: r for r in self._held(sorted({o["id"] for o in outcomes}), lock_token)}
+                assert o["outcome"] in ("Delivered", "Deferred", "Refused"), o  # 50182
+            [row] = self._held([mail_id], lock_token)
             for o in outcomes:
-                rows[o["id"]].recipients[o["address"].lower()] = (o["outcome"], o.get("code"), o.get("text"))
-            return len(outcomes)
-        return self._apply("record_recipient_outcomes", dict(lock_token=lock_token, outcomes=outcomes), run)
+                old = row.recipients.get(o["address"].lower())
+                if old is None or old[0] == "Deferred":
+                    row.recipients[o["address"].lower()] = (o["outcome"], o.get("code"), o.get("text"))
+        return self._apply("record_recipient_outcomes",
+                           dict(mail_id=mail_id, lock_token=lock_token, outcomes=outcomes), run)
 
     def get_recipient_outcomes(self, conn: Any, *, ids: Iterable[int],
                                lock_token: Any) -> dict[int, dict[str, str]]:

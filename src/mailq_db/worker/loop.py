@@ -326,14 +326,15 @@ class Worker:
                 f"{'deferred' if r in deferred else 'refused'} {r}: {c} {t}"
                 for r, (c, t) in [*refused.items(), *deferred.items()])
         if (refused or deferred) and hasattr(self.procs, "record_recipient_outcomes"):
-            outcomes = [{"id": mail.id, "address": r, "outcome": "Delivered", "code": result.code or None,
+            outcomes = [{"address": r, "outcome": "Delivered", "code": result.code or None,
                          "text": result.text[:1000]} for r in result.accepted]
-            outcomes += [{"id": mail.id, "address": r, "outcome": "Refused", "code": c, "text": t[:1000]}
+            outcomes += [{"address": r, "outcome": "Refused", "code": c, "text": t[:1000]}
                          for r, (c, t) in refused.items()]
-            outcomes += [{"id": mail.id, "address": r, "outcome": "Deferred", "code": c, "text": t[:1000]}
+            outcomes += [{"address": r, "outcome": "Deferred", "code": c, "text": t[:1000]}
                          for r, (c, t) in deferred.items()]
             try:
-                self.db.call(self.procs.record_recipient_outcomes, lock_token=self.token, outcomes=outcomes)
+                self.db.call(self.procs.record_recipient_outcomes, mail_id=mail.id, lock_token=self.token,
+                             outcomes=outcomes)
             except LeaseLostError as exc:
                 self.held.pop(mail.id, None)
                 self.metrics.inc("lease_lost")

@@ -5,7 +5,8 @@ requiring STARTTLS and AUTH, and answers with scripted replies:
 ``replies[(stage, key)] = "550 5.1.1 no such user"`` where stage is ``mail``,
 ``rcpt`` or ``data`` and key an address (the sender for ``mail``, a recipient
 for ``rcpt`` and ``data``) or ``"*"`` for any.  Special replies:
-``"drop"`` closes the connection without answering, ``"stall"`` answers only
+``"drop"`` closes the connection without answering (``"drop-once"``: the
+first time only), ``"stall"`` answers only
 after ``stall_seconds``.  Every accepted message is kept in ``messages``
 (unless ``keep_messages=False``; ``message_count`` counts them anyway).
 ``reply_delay`` waits before the last line of every reply, so each client
@@ -96,7 +97,9 @@ class _Handler:
             reply = self.sink.replies.get((stage, key))
             if reply is None:
                 continue
-            if reply == "drop":
+            if reply in ("drop", "drop-once"):
+                if reply == "drop-once":
+                    del self.sink.replies[(stage, key)]
                 server.transport.abort()
                 return "250 never seen"
             if reply == "stall":
@@ -104,6 +107,12 @@ class _Handler:
                 return "250 too late"
             return reply
         return None
+
+    async def handle_EHLO(self, server, session, envelope, hostname, responses):  # noqa: N802
+        session.host_name = hostname
+        if self.sink.pipelining:
+            responses.insert(1, "250-PIPELINING")  # RFC 2920; aiosmtpd reads pipelined commands in order
+        return responses
 
     async def handle_MAIL(self, server, session, envelope, address, mail_options):  # noqa: N802
         await self.sink.delay()
@@ -137,26 +146,46 @@ class _Handler:
 
 
 class _DelayedSMTP(SMTP):
-    """aiosmtpd's SMTP server that waits ``delay`` before every reply (round-trip time)."""
+    """aiosmtpd's SMTP server whose replies reach the client ``reply_delay`` after
+    they were written (a one-way network delay), so each client round trip costs
+    one delay: commands the client pipelines (RFC 2920) are answered together,
+    one delay later, like over a real network.  ``counter`` is called once per
+    round trip (per flight of replies), not once per reply."""
 
     def __init__(self, *args: Any, reply_delay: float = 0.0, counter: Any = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._reply_delay = reply_delay
         self._counter = counter
+        self._last_due = 0.0  # loop time at which the last scheduled reply is delivered
 
     async def push(self, status: str) -> None:
-        final = len(status) < 4 or status[3] != "-"  # the last line of a reply: one round trip
-        if final and self._counter is not None:
-            self._counter()
-        if final and self._reply_delay:
-            await asyncio.sleep(self._reply_delay)
-        await super().push(status)
+        final = len(status) < 4 or status[3] != "-"  # the last line of a reply
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = now + self._reply_delay
+        if final and self._counter is not None and due > self._last_due + self._reply_delay / 2:
+            self._counter()  # a new flight: one more round trip
+        if not self._reply_delay:
+            await super().push(status)
+            return
+        due = max(due, self._last_due)
+        self._last_due = due
+        if status.startswith(("220", "221")) or self.transport is None:
+            # STARTTLS's 220 and QUIT's 221 are followed by a transport change or a
+            # close: deliver them in order, then let the server go on
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            await super().push(status)
+            return
+        data = bytes(status, "utf-8" if self.enable_SMTPUTF8 else "ascii") + b"\r\n"
+        writer = self._writer
+        loop.call_at(due, lambda: None if writer.transport.is_closing() else writer.write(data))
 
 
 class SmtpSink:
     def __init__(self, *, starttls: bool = False, auth: bool = False, smtputf8: bool = True,
                  stall_seconds: float = 2.0, reply_delay: float = 0.0, cert_dir: str | None = None,
-                 keep_messages: bool = True):
+                 keep_messages: bool = True, pipelining: bool = True):
+        self.pipelining = pipelining
         self.replies: dict[tuple[str, str], str] = {}
         #: the reply after an accepted message; None: "250 2.0.0 Ok: queued as Q<n>" (a queue ID per mail)
         self.final_reply: str | None = None

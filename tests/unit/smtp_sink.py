@@ -6,7 +6,7 @@ requiring STARTTLS and AUTH, and answers with scripted replies:
 ``rcpt`` or ``data`` and key an address (the sender for ``mail``, a recipient
 for ``rcpt`` and ``data``) or ``"*"`` for any.  Special replies:
 ``"drop"`` closes the connection without answering (``"drop-once"``: the
-first time only), ``"stall"`` answers only
+first time only), a reply prefixed ``once:`` is used once, ``"stall"`` answers only
 after ``stall_seconds``.  Every accepted message is kept in ``messages``
 (unless ``keep_messages=False``; ``message_count`` counts them anyway).
 ``reply_delay`` waits before the last line of every reply, so each client
@@ -97,6 +97,9 @@ class _Handler:
             reply = self.sink.replies.get((stage, key))
             if reply is None:
                 continue
+            if reply.startswith("once:"):  # a scripted reply used once, then the normal behaviour
+                del self.sink.replies[(stage, key)]
+                reply = reply[len("once:"):]
             if reply in ("drop", "drop-once"):
                 if reply == "drop-once":
                     del self.sink.replies[(stage, key)]
@@ -121,6 +124,7 @@ class _Handler:
             return reply
         envelope.mail_from = address
         envelope.mail_options.extend(mail_options)
+        self.sink.mail_options.append(list(mail_options))
         return "250 OK"
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # noqa: N802
@@ -184,8 +188,10 @@ class _DelayedSMTP(SMTP):
 class SmtpSink:
     def __init__(self, *, starttls: bool = False, auth: bool = False, smtputf8: bool = True,
                  stall_seconds: float = 2.0, reply_delay: float = 0.0, cert_dir: str | None = None,
-                 keep_messages: bool = True, pipelining: bool = True):
+                 keep_messages: bool = True, pipelining: bool = True, size_limit: int | None = None):
         self.pipelining = pipelining
+        self.mail_options: list[list[str]] = []  # the options of every accepted MAIL FROM
+        self.auth_attempts = 0
         self.replies: dict[tuple[str, str], str] = {}
         #: the reply after an accepted message; None: "250 2.0.0 Ok: queued as Q<n>" (a queue ID per mail)
         self.final_reply: str | None = None
@@ -209,6 +215,8 @@ class SmtpSink:
             enable_SMTPUTF8=smtputf8, tls_context=tls_context, require_starttls=starttls,
             decode_data=False,
         )
+        if size_limit is not None:
+            kwargs["data_size_limit"] = size_limit
         if auth:
             kwargs.update(authenticator=self._authenticate, auth_require_tls=starttls)
         else:
@@ -232,8 +240,8 @@ class SmtpSink:
     async def delay(self) -> None:
         return None
 
-    @staticmethod
-    def _authenticate(server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> AuthResult:
+    def _authenticate(self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> AuthResult:
+        self.auth_attempts += 1
         ok = (isinstance(auth_data, LoginPassword) and auth_data.login == USER.encode()
               and auth_data.password == PASSWORD.encode())
         return AuthResult(success=ok, handled=False)

@@ -22,7 +22,10 @@ Transaction: opens its own if none is open, else works inside the caller's;
              an error dooms either (XACT_ABORT ON) and is re-raised.
 Isolation:   the caller's; the mail row's UPDLOCK (LockLeasedMail), held to
              the end of the transaction, serializes every writer of this
-             mail's recipients, so update-then-insert cannot race.
+             mail's recipients, so update-then-insert cannot race.  Under
+             READ_COMMITTED_SNAPSHOT the NOT EXISTS read sees versions as of
+             its statement's start, which comes after the lock was granted,
+             so after any earlier writer of this mail committed.
 Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
 Example:     EXEC mailq.RecordRecipientOutcomes @ID = 101, @LockToken = @T,
                  @Outcomes = N'[{"address":"a@example.com","outcome":"Delivered","code":250}]';

@@ -330,21 +330,6 @@ class SmtpSession:
                 self.abort()
                 return
 
-    def noop(self) -> bool:
-        """True when the connection still answers (a 421 or a dead socket: False, and dropped)."""
-        if not self.connected:
-            return False
-        try:
-            assert self.smtp is not None
-            code, _ = self.smtp.noop()
-        except (smtplib.SMTPException, OSError):
-            self.abort()
-            return False
-        if code != 250:
-            self.abort()
-            return False
-        return True
-
     def _reset(self, code: int) -> None:
         if code == 421 or not self.connected:
             self.abort()

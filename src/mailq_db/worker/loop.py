@@ -17,6 +17,7 @@ lease has less than ``lease_safety_margin_seconds`` left (it is released).
 from __future__ import annotations
 
 import logging
+import re
 import smtplib
 import threading
 import time
@@ -41,6 +42,8 @@ log = logging.getLogger("mailq_db.worker")
 
 #: Mark*/Release error texts are cut to what the column keeps.
 MAX_ERROR = 2000
+#: Postfix's rejections of the client, not of the mail (logged at ERROR for the operator)
+CLIENT_REJECTED = re.compile(r"Helo command rejected|Client host rejected|Sender address rejected", re.IGNORECASE)
 #: After this many dropped SMTP connections in one account batch, the rest Waits.
 MAX_CONNECTION_FAILURES = 2
 
@@ -217,7 +220,7 @@ class Worker:
                 except Exception as exc:  # noqa: BLE001 - classified
                     outcome = self._classify_send_error(exc, session.stage)
                     self.metrics.observe_send(time.monotonic() - started, account.name, outcome.smtp_code)
-                    if outcome.account_wide:
+                    if outcome.disposition == WAIT:  # a Wait is account-wide (scope "account"/"connection")
                         self._client_rejected(account, outcome)
                         self.fail([mail, *queue], self._account_wait(account, outcome))
                         return
@@ -264,7 +267,7 @@ class Worker:
         return replace(outcome, retry_after_seconds=max(1, seconds))
 
     def _client_rejected(self, account: AccountConfig, outcome: Outcome) -> None:
-        if outcome.rule == "client or sender rejected by policy":
+        if CLIENT_REJECTED.search(outcome.reason or ""):
             event(log, logging.ERROR, f"the server refuses this client for account {account.name}: "
                   "the operator must fix the configuration", account=account.name, reason=outcome.reason,
                   fix="HELO: set local_hostname to this machine's fully qualified name; client host: "

@@ -12,7 +12,7 @@ import re
 import socket
 import time
 
-from lab import IDLE_TIMEOUT_SECONDS, MESSAGE_RATE_LIMIT, RATE_UNIT_SECONDS, RECIPIENT_LIMIT
+from lab import CONNECTION_RATE_LIMIT, IDLE_TIMEOUT_SECONDS, RATE_UNIT_SECONDS, RECIPIENT_LIMIT
 from realmta_helpers import FakeQueue, account, mails, make_mail, run_until_final, worker
 
 from mailq_db.procedures import Attachment
@@ -43,7 +43,7 @@ def test_delivered_bytes_headers_and_queue_id(lab, caplog):
     assert "=?" not in raw.split("List-Unsubscribe:")[1].split("\n List-Unsubscribe-Post")[0]
     assert to.message["List-Unsubscribe"] == LIST_UNSUBSCRIBE
     assert to.message["Subject"] == mail.subject and str(to.message["From"]) == "张三 <mailer@lab.test>"
-    assert "Bcc" not in to.message and "bytes-bcc" not in raw.split("\n\n", 1)[0].split("Delivered-To")[1][40:]
+    assert "Bcc" not in to.message and "bytes-bcc" not in raw.split("\n\n", 1)[0]  # Bcc: envelope only
     assert to.message["Message-ID"] == "<bytes.1@mailq.lab.test>" == bcc.message["Message-ID"]
     # the queue ID: in the stored text, in the worker's INFO line, in Postfix's log for both recipients
     qid = re.search(r"queued as (\w+)", queue.rows[1].smtp_text).group(1)
@@ -114,15 +114,24 @@ def test_anvil_message_rate_limit_is_an_account_wait_and_every_mail_ends_sent(la
     assert all("too much mail" in c["error"] for c in waits)
     assert waits[1]["retry_after_seconds"] > waits[0]["retry_after_seconds"] or len(waits) == 1
     assert len(lab.wait_delivered("rate-", 12)) == 12
-    assert f"limit {MESSAGE_RATE_LIMIT}" or True
 
 
 def test_anvil_connection_rate_421_waits_without_charging(lab):
-    for _ in range(3):  # use up the connection budget of this time unit
-        with socket.create_connection(("127.0.0.1", lab.ports["connrate"]), timeout=5) as s:
-            s.recv(512)
-    queue = FakeQueue(mails("connrate", 2))
-    worker(queue, {"default": account(lab, "connrate")}).run(once=True)
+    def exhaust() -> None:
+        """Connect until anvil refuses (421): the limit is reached in the current time unit."""
+        for _ in range(CONNECTION_RATE_LIMIT + 3):
+            with socket.create_connection(("127.0.0.1", lab.ports["connrate"]), timeout=5) as s:
+                if s.recv(512).startswith(b"421"):
+                    return
+
+    # anvil counts per time unit; should the unit roll over between exhaust() and the
+    # worker's connection (the worker then simply sends), do it once more
+    for _ in range(2):
+        exhaust()
+        queue = FakeQueue(mails("connrate", 2))
+        worker(queue, {"default": account(lab, "connrate")}).run(once=True)
+        if queue.calls_to("mark_failed"):
+            break
     [call] = queue.calls_to("mark_failed")
     assert call["disposition"] == "Wait" and call["ids"] == [1, 2] and call["smtp_code"] == 421
     assert "too many connections" in call["error"]

@@ -162,6 +162,20 @@ class _DelayedSMTP(SMTP):
         self._counter = counter
         self._last_due = 0.0  # loop time at which the last scheduled reply is delivered
 
+    async def smtp_RSET(self, arg: str) -> None:  # noqa: N802 - aiosmtpd's name
+        """A scripted ``replies[("rset", "*")]`` (e.g. "421 ..." then the connection is closed)."""
+        replies = self.event_handler.sink.replies
+        reply = replies.get(("rset", "*"))
+        if reply:
+            if reply.startswith("once:"):
+                del replies[("rset", "*")]
+                reply = reply[len("once:"):]
+            await self.push(reply)
+            if reply.startswith("421"):
+                self.transport.close()
+            return
+        await super().smtp_RSET(arg)
+
     async def push(self, status: str) -> None:
         final = len(status) < 4 or status[3] != "-"  # the last line of a reply
         loop = asyncio.get_running_loop()

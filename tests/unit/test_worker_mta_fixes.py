@@ -193,6 +193,17 @@ def test_idle_421_at_mail_from_is_reconnected_once_then_the_account_waits(sink):
     assert all(r.attempts == 1 for r in queue.rows.values())
 
 
+def test_421_to_rset_drops_the_connection_and_the_next_mail_is_not_charged(sink):
+    sink.replies[("rcpt", "bad@example.com")] = "550 5.1.1 no such user"
+    sink.replies[("rset", "*")] = "once:421 4.4.2 mx Error: timeout exceeded"
+    queue = FakeQueue([make_mail(1, to_address="bad@example.com"), make_mail(2)])
+    worker = run_once(queue, {"default": account_for(sink)})
+    [call] = queue.calls_to("mark_failed")
+    assert call["ids"] == [1] and call["disposition"] == "Stop"
+    assert queue.status(2) == "Sent" and queue.rows[2].attempts == 1
+    assert worker.metrics.snapshot()["smtp_connections"] == 2
+
+
 def test_final_reply_lost_is_outcome_unknown(sink):
     sink.replies[("data", "rcpt1@example.com")] = "drop"
     queue = FakeQueue([make_mail(1)])

@@ -1,19 +1,25 @@
 """Benchmark: the sender worker against a loopback SMTP sink with a simulated round-trip time.
 
     python bench/worker_smtp.py [--rtt-ms 10] [--mails 200] [--concurrent-mails 2000]
-                                [--rss-mails 20000] [--concurrency 8]
+                                [--rss-mails 20000] [--concurrency 8] [--lab] [--lab-mails 200]
 
 The real worker code runs with the database layer replaced by the unit tests'
 FakeQueue test double (tests/unit/fake_queue.py); the sink is aiosmtpd in a
-separate process that requires STARTTLS and AUTH and waits ``--rtt-ms`` before
-the last line of every reply (one simulated round trip per SMTP command; TLS
+separate process that requires STARTTLS and AUTH, offers PIPELINING, and
+delivers every reply ``--rtt-ms`` after the server wrote it (a one-way delay:
+each client round trip costs one delay, pipelined commands share one; TLS
 handshake packets are not delayed).
 
 Scenarios:
   (1) the article's pattern: a new connection + STARTTLS + AUTH for every mail,
       one mail at a time;
-  (2) the worker: one connection per account batch, one thread;
+  (2) the worker: one connection per account batch, one thread, PIPELINING
+      not used (the worker before issue 14);
+  (2p) the same with PIPELINING (RFC 2920): MAIL, RCPT and DATA in one round trip;
   (3) the worker with --concurrency threads (default 8).
+With --lab (root, Postfix and Dovecot installed): the realmta lab's Postfix
+(tests/realmta/lab.py, STARTTLS + Dovecot AUTH on loopback, no added delay)
+runs (1) and (2p) side by side for --lab-mails mails.
 Then peak RSS of this process while the worker sends --rss-mails mails with no
 delay (default 20,000 so a run takes well under 3 minutes; pass
 --rss-mails 100000 for the figure the issue asks for; RSS is sampled during
@@ -86,13 +92,18 @@ class Sink:
         self.proc.join(5)
 
 
-def account(sink: Sink) -> AccountConfig:
+def account(sink: Sink, pipelining: bool = True) -> AccountConfig:
     return AccountConfig(name="default", host="127.0.0.1", port=sink.port, tls="starttls", ca_file=sink.cert,
                          user=USER, password=PASSWORD, password_env="BENCH_PASSWORD",
-                         connect_timeout_seconds=10, command_timeout_seconds=30)
+                         connect_timeout_seconds=10, command_timeout_seconds=30, pipelining=pipelining,
+                         local_hostname="bench.example.com")
 
 
-def mails(n: int, start: int = 1) -> list:
+def mails(n: int, start: int = 1, prefix: str = "") -> list:
+    if prefix:
+        return [make_mail(i, subject=f"benchmark mail {i} 你好", from_address="mailer@lab.test",
+                          to_address=f"{prefix}-{i}@lab.test", message_id=f"<{prefix}.{i}@bench.lab.test>")
+                for i in range(start, start + n)]
     return [make_mail(i, subject=f"benchmark mail {i} 你好") for i in range(start, start + n)]
 
 
@@ -108,32 +119,85 @@ def measure(sink: Sink, n: int, run) -> tuple[float, float]:
     return delivered / elapsed, (replies - replies0) / max(delivered, 1)
 
 
-def article(sink: Sink, n: int) -> None:
+def article(sink, n: int, user: str = USER, password: str = PASSWORD, prefix: str = "") -> None:
     """A new connection, STARTTLS and AUTH for every mail, one at a time (the article's loop)."""
     context = ssl.create_default_context(cafile=sink.cert)
-    for mail in mails(n):
+    for mail in mails(n, prefix=prefix):
         out = build(mail)
-        smtp = smtplib.SMTP("127.0.0.1", sink.port, timeout=30)
+        smtp = smtplib.SMTP("127.0.0.1", sink.port, timeout=30, local_hostname="bench.example.com")
         smtp.ehlo()
         smtp.starttls(context=context)
         smtp.ehlo()
-        smtp.login(USER, PASSWORD)
+        smtp.login(user, password)
         smtp.sendmail(out.envelope_from, list(out.recipients), out.data)
         smtp.quit()
 
 
-def config(sink: Sink, concurrency: int, batch_size: int = 50) -> Config:
+def config(sink: Sink, concurrency: int, batch_size: int = 50, pipelining: bool = True,
+           acct: AccountConfig | None = None) -> Config:
     return Config(worker=WorkerConfig(batch_size=batch_size, lease_seconds=300, lease_safety_margin_seconds=30,
                                       worker_name="bench", concurrency=concurrency,
                                       idle_backoff_min_seconds=0.01, idle_backoff_max_seconds=0.05),
-                  accounts={"default": account(sink)})
+                  accounts={"default": acct or account(sink, pipelining)})
 
 
-def worker(sink: Sink, n: int, concurrency: int) -> None:
+def worker(sink: Sink, n: int, concurrency: int, pipelining: bool = True) -> None:
     queue = FakeQueue(mails(n))
-    code = run_workers(config(sink, concurrency), FakeConnection, procs=queue, once=True,
+    code = run_workers(config(sink, concurrency, pipelining=pipelining), FakeConnection, procs=queue, once=True,
                        install_signals=False, progress_seconds=3600)
     assert code == 0
+
+
+def lab_run(n: int) -> None:
+    """(1) and (2p) against the realmta lab's Postfix, side by side."""
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "realmta"))
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from lab import PASSWORD as LAB_PASSWORD, USER as LAB_USER, Lab, missing
+
+    reason = missing()
+    if reason:
+        print(f"lab: not run: {reason}", flush=True)
+        return
+    root = Path(tempfile.mkdtemp(prefix="mailq-bench-lab-"))
+    lab = Lab(root)
+    try:
+        started = time.perf_counter()
+        lab.start()
+        print(f"lab: Postfix {postfix_version()} + Dovecot on loopback, STARTTLS + AUTH (submission port), "
+              f"no added delay; started in {time.perf_counter() - started:.1f} s", flush=True)
+
+        class Target:
+            port, cert = lab.ports["submission"], lab.ca_file
+
+        acct = AccountConfig(name="default", host="127.0.0.1", port=lab.ports["submission"], tls="starttls",
+                             ca_file=lab.ca_file, user=LAB_USER, password=LAB_PASSWORD, password_env="LAB",
+                             local_hostname="bench.example.com", command_timeout_seconds=30)
+        t0 = time.perf_counter()
+        article(Target, n, LAB_USER, LAB_PASSWORD, prefix="article")
+        r1 = n / (time.perf_counter() - t0)
+        queue = FakeQueue(mails(n, prefix="worker"))
+        t0 = time.perf_counter()
+        run_workers(config(None, 1, acct=acct), FakeConnection, procs=queue, once=True,
+                    install_signals=False, progress_seconds=3600)
+        r2 = n / (time.perf_counter() - t0)
+        got = (len(lab.wait_delivered("article-", n, 60)), len(lab.wait_delivered("worker-", n, 60)))
+        sent = sum(1 for r in queue.rows.values() if r.status == "Sent")
+        print(f"lab (1) article, connection per mail : {r1:8.1f} mails/s  (delivered {got[0]}/{n})", flush=True)
+        print(f"lab (2p) worker, one connection       : {r2:8.1f} mails/s  (delivered {got[1]}/{n}, "
+              f"Sent {sent})  {r2 / r1:4.2f}x", flush=True)
+    finally:
+        lab.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def postfix_version() -> str:
+    import subprocess
+
+    out = subprocess.run(["postconf", "-d", "mail_version"], capture_output=True, text=True).stdout
+    return out.split("=")[-1].strip() or "?"
 
 
 class StreamingQueue(FakeQueue):
@@ -172,6 +236,9 @@ def main() -> None:
     parser.add_argument("--mails", type=int, default=200, help="mails for scenarios (1) and (2) (default 200)")
     parser.add_argument("--concurrent-mails", type=int, default=2000, help="mails for scenario (3) (default 2000)")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--lab", action="store_true",
+                        help="also run (1) and (2p) against the realmta lab's Postfix (root, postfix, dovecot)")
+    parser.add_argument("--lab-mails", type=int, default=200)
     parser.add_argument("--rss-mails", type=int, default=20000,
                         help="mails for the memory run with no delay (default 20000; the issue's figure: 100000)")
     args = parser.parse_args()
@@ -189,11 +256,16 @@ def main() -> None:
             r1, t1 = measure(sink, args.mails, lambda: article(sink, args.mails))
             print(f"(1) article, connection per mail     : {r1:8.1f} mails/s  {t1:5.1f} round trips/mail  1.00x",
                   flush=True)
-            r2, t2 = measure(sink, args.mails, lambda: worker(sink, args.mails, 1))
+            r2, t2 = measure(sink, args.mails, lambda: worker(sink, args.mails, 1, pipelining=False))
             bound = 1 / (t2 * rtt) if rtt else float("inf")
-            print(f"(2) worker, connection per batch     : {r2:8.1f} mails/s  {t2:5.1f} round trips/mail  "
+            print(f"(2) worker, no PIPELINING            : {r2:8.1f} mails/s  {t2:5.1f} round trips/mail  "
                   f"{r2 / r1:4.2f}x  (round-trip bound {bound:.1f} mails/s per connection: "
                   f"{100 * r2 / bound:.0f} %)", flush=True)
+            r2p, t2p = measure(sink, args.mails, lambda: worker(sink, args.mails, 1))
+            bound = 1 / (t2p * rtt) if rtt else float("inf")
+            print(f"(2p) worker, PIPELINING              : {r2p:8.1f} mails/s  {t2p:5.1f} round trips/mail  "
+                  f"{r2p / r1:4.2f}x  ({r2p / r2:4.2f}x (2); round-trip bound {bound:.1f} mails/s: "
+                  f"{100 * r2p / bound:.0f} %)", flush=True)
             r3, t3 = measure(sink, args.concurrent_mails,
                              lambda: worker(sink, args.concurrent_mails, args.concurrency))
             print(f"(3) worker, concurrency {args.concurrency:<2}          : {r3:8.1f} mails/s  {t3:5.1f} round "
@@ -227,6 +299,9 @@ def main() -> None:
                   f"peak {peak:.0f} MB", flush=True)
         finally:
             sink.stop()
+    if args.lab:
+        lab_run(args.lab_mails)
+    print(f"pipelining/no-pipelining ratio (one connection): {r2p / r2:.2f}")
     print(f"worker/article ratio: {r3 / r1:.1f}")
 
 

@@ -337,6 +337,46 @@ def mark_failed(
     )
 
 
+
+# Per-recipient outcomes (revision 0008, issue 14 point 1) ------------------
+
+RECIPIENT_OUTCOMES = ("Delivered", "Deferred", "Refused")
+RECORD_RECIPIENTS_SQL = "EXEC mailq.RecordRecipientOutcomes @ID = ?, @LockToken = ?, @Outcomes = ?;"
+
+
+def record_recipient_outcomes(
+    conn: Any,
+    *,
+    mail_id: int,
+    lock_token: uuid.UUID | str,
+    outcomes: Iterable[dict[str, Any]],
+) -> None:
+    """mailq.RecordRecipientOutcomes: which recipients of one held mail the server
+    accepted (Delivered), deferred (4xx) or refused (5xx); fenced by the token.
+    Each outcome is ``{"address", "outcome", "code", "text"}``."""
+    items = [
+        {"address": o["address"], "outcome": o["outcome"], "code": o.get("code"),
+         "text": (o.get("text") or None) and str(o["text"])[:1000]}
+        for o in outcomes
+    ]
+    _call(conn, RECORD_RECIPIENTS_SQL, [mail_id, _token(lock_token), json.dumps(items, ensure_ascii=False)]).close()
+
+
+GET_RECIPIENTS_SQL = "EXEC mailq.GetRecipientOutcomes @IDList = ?, @LockToken = ?;"
+
+
+def get_recipient_outcomes(
+    conn: Any, *, ids: Iterable[int], lock_token: uuid.UUID | str
+) -> dict[int, dict[str, str]]:
+    """mailq.GetRecipientOutcomes: mail ID -> {address: outcome} recorded for the
+    mails this token holds (mails without any recorded recipient are absent)."""
+    cursor = _call(conn, GET_RECIPIENTS_SQL, [id_list(ids), _token(lock_token)])
+    out: dict[int, dict[str, str]] = {}
+    for row in _rows(cursor):
+        out.setdefault(int(row.MailID), {})[row.Address] = row.Outcome
+    return out
+
+
 # --------------------------------------------------------------------------
 # Administration (role MailqAdmin)
 # --------------------------------------------------------------------------

@@ -158,3 +158,40 @@ def test_killed_worker_mails_are_delivered_after_lease_expiry(mssql_url, tmp_pat
     # only the mail(s) in flight at the kill may have been delivered twice
     assert len(ids) - len(set(ids)) <= 1
     assert status_counts(mssql_url).get(("Sent", "crash")) == 40
+
+
+def test_deferred_recipient_is_retried_alone_through_the_real_procedures(mssql_url):
+    """Issue 14 point 1 end to end: a greylisted recipient (450 once) is recorded
+    Deferred by mailq.RecordRecipientOutcomes, the mail is a Retry, and the next
+    attempt (mailq.GetRecipientOutcomes) sends to that recipient only."""
+    setup_account(mssql_url, "greylist")
+    conn = connect(mssql_url)
+    try:
+        r = procedures.enqueue_mail(conn, to_address="ok@example.com; grey@example.com", subject="grey",
+                                    body="b", account_name="greylist")
+    finally:
+        conn.close()
+    with SmtpSink() as sink:
+        sink.replies[("rcpt", "grey@example.com")] = "once:450 4.2.0 Greylisted, try again later"
+        cfg = config(sink, ["greylist"], concurrency=1)
+        assert run_workers(cfg, lambda: connect(mssql_url), once=True, install_signals=False) == 0
+        conn = connect(mssql_url)
+        try:
+            cursor = conn.cursor()
+            rows = cursor.execute("SELECT Address, Outcome FROM mailq.RecipientOutcomes WHERE ID = ? "
+                                  "ORDER BY Address;", r.mail_id).fetchall()
+            assert [tuple(x) for x in rows] == [("grey@example.com", "Deferred"), ("ok@example.com", "Delivered")]
+            assert cursor.execute("SELECT Status FROM mailq.MailQueue WHERE ID = ?;", r.mail_id).fetchone()[0] == "UnSent"
+            # the Retry's backoff is the database's business: make the next attempt due now
+            cursor.execute("UPDATE mailq.MailQueue SET VisibleAtUtc = SYSUTCDATETIME() WHERE ID = ?;", r.mail_id)
+            conn.commit()
+        finally:
+            conn.close()
+        assert run_workers(cfg, lambda: connect(mssql_url), once=True, install_signals=False) == 0
+        assert [m.rcpt_tos for m in sink.messages] == [["ok@example.com"], ["grey@example.com"]]
+    conn = connect(mssql_url)
+    try:
+        assert conn.cursor().execute("SELECT Status FROM mailq.MailQueue WHERE ID = ?;",
+                                     r.mail_id).fetchone()[0] == "Sent"
+    finally:
+        conn.close()

@@ -113,3 +113,30 @@ def test_enqueue_serializes_keys_on_an_applock_not_on_key_ranges():
     prefix = re.search(r"CONCAT\(N'(mailq\.IdempotencyKey:)', RTRIM\(@IdempotencyKey\)\)", code)
     assert prefix and len(prefix.group(1)) + 200 <= 255
     assert "(10, N'@IdempotencyKey', @IdempotencyKey, 200)" in code
+
+
+#: One IF condition, up to the statement it guards.
+IF_CONDITION = re.compile(r"\bIF\b(?P<cond>.*?)\b(?:THROW|SET|BEGIN|RETURN|INSERT|UPDATE|DELETE|EXEC)\b", re.I | re.S)
+
+
+def json_guard_mixed_with_json_reads(code: str) -> list[str]:
+    """IF conditions that test ISJSON and read the same text with OPENJSON or
+    JSON_VALUE: an OR does not evaluate its operands in a guaranteed order, so
+    the read can meet text that is not JSON and raise 13609 instead of the
+    procedure's own numbered error (issue 10, point 9)."""
+    return [m.group("cond").strip()[:80] for m in IF_CONDITION.finditer(code)
+            if re.search(r"\bISJSON\s*\(", m.group("cond"), re.I)
+            and re.search(r"\b(OPENJSON|JSON_VALUE|JSON_QUERY)\s*\(", m.group("cond"), re.I)]
+
+
+def test_json_guard_mixed_with_json_reads_is_found():
+    bad = "IF ISJSON(@L) = 0 OR EXISTS (SELECT 1 FROM OPENJSON(@L) AS j WHERE j.[type] <> 2)\n THROW 50999, N'x', 1;"
+    good = ("IF ISJSON(@L) = 0 SET @Ok = 0;\nELSE IF EXISTS (SELECT 1 FROM OPENJSON(@L) AS j)\n SET @Ok = 0;")
+    assert json_guard_mixed_with_json_reads(bad)
+    assert json_guard_mixed_with_json_reads(good) == []
+
+
+def test_no_if_tests_isjson_and_reads_the_json_in_one_condition():
+    offenders = {rel(p): found for p in sql_files()
+                 if (found := json_guard_mixed_with_json_reads(code_only(p.read_text(encoding="utf-8"))))}
+    assert offenders == {}

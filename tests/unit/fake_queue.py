@@ -67,6 +67,8 @@ class Row:
     smtp_code: int | None = None
     smtp_text: str | None = None
     sent_by: str | None = None  # the token whose MarkSent made it Sent
+    #: address (lower case) -> (outcome, code, text), like mailq.MailRecipientOutcome
+    recipients: dict[str, tuple[str, int | None, str | None]] = field(default_factory=dict)
 
 
 def make_mail(mail_id: int, **overrides: Any) -> ClaimedMail:
@@ -250,6 +252,39 @@ class FakeQueue:
                 r.attempts_remaining += 1
             return [AckResult(r.mail.id, r.status, None) for r in rows]
         return self._apply("release_mail", dict(ids=ids, lock_token=lock_token), run)
+
+    def record_recipient_outcomes(self, conn: Any, *, mail_id: int, lock_token: Any,
+                                  outcomes: Iterable[dict[str, Any]]) -> None:
+        """Like mailq.RecordRecipientOutcomes: fenced by the token, all or nothing;
+        a Deferred recipient is replaced by a later outcome, Delivered/Refused are final."""
+        outcomes = [dict(o) for o in outcomes]
+
+        def run() -> None:
+            addresses = [o["address"].lower() for o in outcomes]
+            assert len(set(addresses)) == len(addresses), "50184: an address twice"
+            for o in outcomes:
+                assert o["outcome"] in ("Delivered", "Deferred", "Refused"), o  # 50182
+            [row] = self._held([mail_id], lock_token)
+            for o in outcomes:
+                old = row.recipients.get(o["address"].lower())
+                if old is None or old[0] == "Deferred":
+                    row.recipients[o["address"].lower()] = (o["outcome"], o.get("code"), o.get("text"))
+        return self._apply("record_recipient_outcomes",
+                           dict(mail_id=mail_id, lock_token=lock_token, outcomes=outcomes), run)
+
+    def get_recipient_outcomes(self, conn: Any, *, ids: Iterable[int],
+                               lock_token: Any) -> dict[int, dict[str, str]]:
+        """Like mailq.GetRecipientOutcomes: mail ID -> {address: outcome} of mails leased by the token."""
+        ids = list(ids)
+
+        def run() -> dict[int, dict[str, str]]:
+            out: dict[int, dict[str, str]] = {}
+            for i in ids:
+                r = self.rows.get(i)
+                if r and r.status == "Sending" and r.token == str(lock_token) and r.recipients:
+                    out[i] = {a: v[0] for a, v in r.recipients.items()}
+            return out
+        return self._apply("get_recipient_outcomes", dict(ids=ids, lock_token=lock_token), run)
 
     def enqueue_mail(self, conn: Any, **kwargs: Any) -> EnqueueResult:
         def run() -> EnqueueResult:

@@ -5,7 +5,8 @@ requiring STARTTLS and AUTH, and answers with scripted replies:
 ``replies[(stage, key)] = "550 5.1.1 no such user"`` where stage is ``mail``,
 ``rcpt`` or ``data`` and key an address (the sender for ``mail``, a recipient
 for ``rcpt`` and ``data``) or ``"*"`` for any.  Special replies:
-``"drop"`` closes the connection without answering, ``"stall"`` answers only
+``"drop"`` closes the connection without answering (``"drop-once"``: the
+first time only), a reply prefixed ``once:`` is used once, ``"stall"`` answers only
 after ``stall_seconds``.  Every accepted message is kept in ``messages``
 (unless ``keep_messages=False``; ``message_count`` counts them anyway).
 ``reply_delay`` waits before the last line of every reply, so each client
@@ -96,7 +97,12 @@ class _Handler:
             reply = self.sink.replies.get((stage, key))
             if reply is None:
                 continue
-            if reply == "drop":
+            if reply.startswith("once:"):  # a scripted reply used once, then the normal behaviour
+                del self.sink.replies[(stage, key)]
+                reply = reply[len("once:"):]
+            if reply in ("drop", "drop-once"):
+                if reply == "drop-once":
+                    del self.sink.replies[(stage, key)]
                 server.transport.abort()
                 return "250 never seen"
             if reply == "stall":
@@ -105,6 +111,12 @@ class _Handler:
             return reply
         return None
 
+    async def handle_EHLO(self, server, session, envelope, hostname, responses):  # noqa: N802
+        session.host_name = hostname
+        if self.sink.pipelining:
+            responses.insert(1, "250-PIPELINING")  # RFC 2920; aiosmtpd reads pipelined commands in order
+        return responses
+
     async def handle_MAIL(self, server, session, envelope, address, mail_options):  # noqa: N802
         await self.sink.delay()
         reply = await self._scripted(server, "mail", [address])
@@ -112,6 +124,7 @@ class _Handler:
             return reply
         envelope.mail_from = address
         envelope.mail_options.extend(mail_options)
+        self.sink.mail_options.append(list(mail_options))
         return "250 OK"
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # noqa: N802
@@ -133,31 +146,69 @@ class _Handler:
                 self.sink.messages.append(Received(envelope.mail_from, list(envelope.rcpt_tos),
                                                    bytes(envelope.original_content or envelope.content)))
             self.sink.accepted.set()
-            return f"250 2.0.0 Ok: queued as Q{self.sink.message_count}"
+            return self.sink.final_reply or f"250 2.0.0 Ok: queued as Q{self.sink.message_count}"
 
 
 class _DelayedSMTP(SMTP):
-    """aiosmtpd's SMTP server that waits ``delay`` before every reply (round-trip time)."""
+    """aiosmtpd's SMTP server whose replies reach the client ``reply_delay`` after
+    they were written (a one-way network delay), so each client round trip costs
+    one delay: commands the client pipelines (RFC 2920) are answered together,
+    one delay later, like over a real network.  ``counter`` is called once per
+    round trip (per flight of replies), not once per reply."""
 
     def __init__(self, *args: Any, reply_delay: float = 0.0, counter: Any = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._reply_delay = reply_delay
         self._counter = counter
+        self._last_due = 0.0  # loop time at which the last scheduled reply is delivered
+
+    async def smtp_RSET(self, arg: str) -> None:  # noqa: N802 - aiosmtpd's name
+        """A scripted ``replies[("rset", "*")]`` (e.g. "421 ..." then the connection is closed)."""
+        replies = self.event_handler.sink.replies
+        reply = replies.get(("rset", "*"))
+        if reply:
+            if reply.startswith("once:"):
+                del replies[("rset", "*")]
+                reply = reply[len("once:"):]
+            await self.push(reply)
+            if reply.startswith("421"):
+                self.transport.close()
+            return
+        await super().smtp_RSET(arg)
 
     async def push(self, status: str) -> None:
-        final = len(status) < 4 or status[3] != "-"  # the last line of a reply: one round trip
-        if final and self._counter is not None:
-            self._counter()
-        if final and self._reply_delay:
-            await asyncio.sleep(self._reply_delay)
-        await super().push(status)
+        final = len(status) < 4 or status[3] != "-"  # the last line of a reply
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = now + self._reply_delay
+        if final and self._counter is not None and due > self._last_due + self._reply_delay / 2:
+            self._counter()  # a new flight: one more round trip
+        if not self._reply_delay:
+            await super().push(status)
+            return
+        due = max(due, self._last_due)
+        self._last_due = due
+        if status.startswith(("220", "221")) or self.transport is None:
+            # STARTTLS's 220 and QUIT's 221 are followed by a transport change or a
+            # close: deliver them in order, then let the server go on
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            await super().push(status)
+            return
+        data = bytes(status, "utf-8" if self.enable_SMTPUTF8 else "ascii") + b"\r\n"
+        writer = self._writer
+        loop.call_at(due, lambda: None if writer.transport.is_closing() else writer.write(data))
 
 
 class SmtpSink:
     def __init__(self, *, starttls: bool = False, auth: bool = False, smtputf8: bool = True,
                  stall_seconds: float = 2.0, reply_delay: float = 0.0, cert_dir: str | None = None,
-                 keep_messages: bool = True):
+                 keep_messages: bool = True, pipelining: bool = True, size_limit: int | None = None):
+        self.pipelining = pipelining
+        self.mail_options: list[list[str]] = []  # the options of every accepted MAIL FROM
+        self.auth_attempts = 0
         self.replies: dict[tuple[str, str], str] = {}
+        #: the reply after an accepted message; None: "250 2.0.0 Ok: queued as Q<n>" (a queue ID per mail)
+        self.final_reply: str | None = None
         self.messages: list[Received] = []
         self.lock = threading.Lock()
         self.accepted = threading.Event()
@@ -178,6 +229,8 @@ class SmtpSink:
             enable_SMTPUTF8=smtputf8, tls_context=tls_context, require_starttls=starttls,
             decode_data=False,
         )
+        if size_limit is not None:
+            kwargs["data_size_limit"] = size_limit
         if auth:
             kwargs.update(authenticator=self._authenticate, auth_require_tls=starttls)
         else:
@@ -201,8 +254,8 @@ class SmtpSink:
     async def delay(self) -> None:
         return None
 
-    @staticmethod
-    def _authenticate(server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> AuthResult:
+    def _authenticate(self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> AuthResult:
+        self.auth_attempts += 1
         ok = (isinstance(auth_data, LoginPassword) and auth_data.login == USER.encode()
               and auth_data.password == PASSWORD.encode())
         return AuthResult(success=ok, handled=False)

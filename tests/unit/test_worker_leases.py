@@ -22,6 +22,9 @@ def test_ack_falls_back_to_one_call_per_mail_when_a_lease_was_lost(sink, caplog)
                 self.rows[2].token = "00000000-0000-0000-0000-000000000002"
             return super().mark_sent(conn, **kw)
 
+    # One reply text for every mail, so the three share one MarkSent (each mail
+    # stores its own final reply; the sink's replies differ by queue ID).
+    sink.final_reply = "250 2.0.0 Ok"
     queue = Stealing([make_mail(1), make_mail(2), make_mail(3)])
     worker = make_worker(queue, {"default": account_for(sink)})
     with caplog.at_level(logging.ERROR, logger="mailq_db.worker"):
@@ -33,6 +36,7 @@ def test_ack_falls_back_to_one_call_per_mail_when_a_lease_was_lost(sink, caplog)
 
 
 def test_ack_lost_on_a_dropped_connection_is_sent_again_with_the_same_token(sink):
+    sink.final_reply = "250 2.0.0 Ok"  # one reply for both mails: one MarkSent call
     queue = FakeQueue([make_mail(1), make_mail(2)])
     queue.drop_connection("mark_sent", committed=False)
     worker = make_worker(queue, {"default": account_for(sink)})
@@ -45,6 +49,7 @@ def test_ack_lost_on_a_dropped_connection_is_sent_again_with_the_same_token(sink
 
 
 def test_ack_committed_before_the_connection_dropped_is_not_sent_twice(sink):
+    sink.final_reply = "250 2.0.0 Ok"
     queue = FakeQueue([make_mail(1), make_mail(2)])
     queue.drop_connection("mark_sent", committed=True)
     make_worker(queue, {"default": account_for(sink)}).run(once=True)

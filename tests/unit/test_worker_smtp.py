@@ -20,6 +20,7 @@ def run_once(queue, accounts, **settings):
 
 
 def test_sends_every_mail_over_one_connection_and_acks_in_one_call(sink):
+    sink.final_reply = "250 2.0.0 Ok"  # one reply text for all: one MarkSent
     queue = FakeQueue([make_mail(i) for i in range(1, 6)])
     worker = run_once(queue, {"default": account_for(sink)})
     assert queue.statuses() == {i: "Sent" for i in range(1, 6)}
@@ -27,8 +28,16 @@ def test_sends_every_mail_over_one_connection_and_acks_in_one_call(sink):
     assert sink.connections == 1 + 1  # aiosmtpd's readiness probe + the worker's one connection
     acks = queue.calls_to("mark_sent")
     assert len(acks) == 1 and acks[0]["ids"] == [1, 2, 3, 4, 5] and acks[0]["dry_run"] is False
-    assert acks[0]["smtp_code"] == 250
+    assert acks[0]["smtp_code"] == 250 and acks[0]["smtp_text"] == "250 2.0.0 Ok"
     assert worker.metrics.snapshot()["sent"] == 5
+
+
+def test_each_mail_stores_its_own_final_reply_with_the_queue_id(sink):
+    queue = FakeQueue([make_mail(i) for i in range(1, 4)])
+    run_once(queue, {"default": account_for(sink)})
+    assert [m.rcpt_tos for m in sink.messages] == [[f"rcpt{i}@example.com"] for i in range(1, 4)]
+    assert [queue.rows[i].smtp_text for i in (1, 2, 3)] == [
+        f"250 2.0.0 Ok: queued as Q{i}" for i in (1, 2, 3)]
 
 
 def test_starttls_and_auth_are_used_when_configured(tls_sink):
@@ -47,7 +56,8 @@ def test_one_connection_per_account_batch(sink):
         assert [m.rcpt_tos[0] for m in sink.messages] == ["rcpt1@example.com", "rcpt3@example.com"]
         assert [m.rcpt_tos[0] for m in other.messages] == ["rcpt2@example.com", "rcpt4@example.com"]
         assert sink.connections == 2 and other.connections == 2  # probe + one each
-        assert sorted(len(c["ids"]) for c in queue.calls_to("mark_sent")) == [2, 2]
+        assert sorted(sum(len(c["ids"]) for c in queue.calls_to("mark_sent")
+                          if c["ids"][0] in ids) for ids in ([1, 3], [2, 4])) == [2, 2]
     finally:
         other.stop()
 
@@ -76,7 +86,8 @@ def test_reply_codes_are_classified(sink, stage, code):
     assert failed[0]["ids"][0] == 1
     assert failed[0]["disposition"] == expected
     assert failed[0]["smtp_code"] == code
-    assert str(code) in failed[0]["error"] and stage.upper() in failed[0]["error"]
+    # the sink scripts "data" replies after the message: the final reply, stage DOT (RFC 5321 4.5.3.2.6)
+    assert str(code) in failed[0]["error"] and ("DOT" if stage == "data" else stage.upper()) in failed[0]["error"]
     if expected == "Wait":
         # the account is blocked: the rest of its batch is given back with the mail, not sent
         assert failed[0]["ids"] == [1, 2] and failed[0]["retry_after_seconds"]
@@ -110,14 +121,26 @@ def test_connection_dropped_after_data_is_a_retry_and_the_batch_goes_on(sink):
     assert worker.metrics.snapshot()["smtp_connections"] == 2
 
 
-def test_server_stalling_past_the_timeout_is_a_retry(sink):
+def test_a_slow_final_reply_within_its_own_timeout_is_sent_once(sink):
+    # RFC 5321 4.5.3.2.6: the reply after the final dot gets its own, longer
+    # timeout; a server slower than command_timeout_seconds still gets the mail once.
+    sink.stall_seconds = 0.8
+    sink.replies[("data", "*")] = "stall"
+    queue = FakeQueue([make_mail(1)])
+    run_once(queue, {"default": account_for(sink, command_timeout_seconds=0.2)})
+    assert queue.status(1) == "Sent" and queue.calls_to("mark_failed") == []
+
+
+def test_server_stalling_past_the_final_reply_timeout_is_outcome_unknown(sink):
     sink.stall_seconds = 3
     sink.replies[("data", "*")] = "stall"
     queue = FakeQueue([make_mail(1), make_mail(2), make_mail(3)])
-    run_once(queue, {"default": account_for(sink, command_timeout_seconds=0.2)})
+    run_once(queue, {"default": account_for(sink, command_timeout_seconds=0.2,
+                                            final_reply_timeout_seconds=0.3)})
     calls = queue.calls_to("mark_failed")
     assert calls[0]["ids"] == [1] and calls[0]["disposition"] == "Retry"
-    assert "timed out" in calls[0]["error"]
+    assert "outcome unknown" in calls[0]["error"] and "timed out" in calls[0]["error"]
+    assert "same Message-ID" in calls[0]["error"]
     assert calls[1]["ids"] == [2] and calls[1]["disposition"] == "Retry"
     # two dropped connections in one batch: the account Waits instead of hammering it
     assert calls[2]["ids"] == [3] and calls[2]["disposition"] == "Wait"
@@ -154,7 +177,11 @@ def test_mixed_batch_one_refused_recipient(sink):
     # mail 4 reached ok@ and records the refused recipient instead of being sent twice to ok@
     assert [m.rcpt_tos for m in sink.messages] == [["rcpt1@example.com"], ["rcpt3@example.com"],
                                                    ["ok@example.com"]]
-    assert "refused: bad@example.com" in queue.rows[4].smtp_text
+    assert "refused bad@example.com: 550" in queue.rows[4].smtp_text
+    assert queue.rows[4].smtp_text.startswith("250 2.0.0 Ok: queued as")
+    assert queue.rows[4].recipients == {
+        "ok@example.com": ("Delivered", 250, "2.0.0 Ok: queued as Q3"),
+        "bad@example.com": ("Refused", 550, "5.1.1 bad@example.com: no such user")}
 
 
 def test_dry_run_sends_nothing_and_records_dry_run(sink):

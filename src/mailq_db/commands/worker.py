@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 
 from .. import procedures
 from ..connection import ENV_URL, connect, find_driver, installed_drivers
 from ..errors import ConfigurationError, MailqError
 from ..worker import logs
-from ..worker.config import Config, load_config
+from ..worker.config import Config, is_fqdn, load_config
+from ..worker.probe import probe
 from ..worker.runner import run_workers
 
 HELP = """\
@@ -25,6 +27,7 @@ config. SMTP passwords come from the environment variables the config names.
 
 examples:
   mailq-db worker --config worker.toml --check-config
+  mailq-db check-config --config worker.toml --probe    # and talk to each account's server
   mailq-db worker --config worker.toml
   mailq-db worker --config worker.toml --concurrency 8 --log-format json --metrics-port 9464
   mailq-db worker --config worker.toml --dry-run --once     # drain what is due, send nothing
@@ -38,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--db", help=f"database URL (default: ${ENV_URL}, then [database] in the config)")
     p.add_argument("--check-config", action="store_true",
                    help="validate the config, explain each problem, and exit (non-zero on problems)")
+    p.add_argument("--probe", action="store_true",
+                   help="with --check-config: connect to each account's server (TCP, EHLO, STARTTLS with "
+                   "the certificate checked, AUTH, QUIT) and report each step")
     p.add_argument("--dry-run", action="store_true", help="send nothing; record the mails as dry-run sent")
     p.add_argument("--once", action="store_true", help="process what is due now, then exit")
     p.add_argument("--concurrency", type=_positive, metavar="N", help="worker threads (overrides the config)")
@@ -48,6 +54,18 @@ def register(subparsers) -> None:
     p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                    help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 for remote scraping)")
     p.set_defaults(func=run)
+
+    c = subparsers.add_parser(
+        "check-config", help="check a worker config (--probe: and each account's server)",
+        description="Validate a worker TOML file and explain each problem; with --probe, connect to each "
+        "account's SMTP server the way the worker will (TCP, EHLO, STARTTLS with the certificate checked, "
+        "one AUTH, QUIT) and report each step with what to fix. Same as `mailq-db worker --check-config`.",
+        epilog="examples:\n  mailq-db check-config --config worker.toml --probe",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("--config", required=True, metavar="FILE", help="worker TOML file (see examples/worker.toml)")
+    c.add_argument("--db", help=f"database URL (default: ${ENV_URL}, then [database] in the config)")
+    c.add_argument("--probe", action="store_true", help="connect to each account's server and report each step")
+    c.set_defaults(func=check)
 
 
 def _positive(text: str) -> int:
@@ -105,10 +123,23 @@ def check(args: argparse.Namespace) -> int:
         find_driver(installed_drivers())
     except MailqError as exc:
         problems.append(str(exc))
+    for a in config.accounts.values():
+        helo = a.local_hostname or socket.getfqdn()
+        if not is_fqdn(helo):
+            print(f"warning: account {a.name}: the EHLO name {helo!r} is not a fully qualified domain name; "
+                  "set local_hostname (Postfix's reject_non_fqdn_helo_hostname refuses it)", file=sys.stderr)
+    failed = False
+    if getattr(args, "probe", False):
+        steps, ok = probe(config.accounts)
+        for step in steps:
+            print(step.line())
+        if not ok:
+            failed = True
+            problems.append("the probe failed: see the FAIL lines above")
     if problems:
         print("problems:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
         return 1
-    print("config OK")
+    print("config OK" + (" (servers probed)" if getattr(args, "probe", False) and not failed else ""))
     return 0
 
 

@@ -12,8 +12,11 @@ Example: ``examples/worker.toml``.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import socket
+import ssl
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -44,6 +47,15 @@ class AccountConfig:
     verify_tls: bool = True
     ca_file: str | None = None
     local_hostname: str | None = None
+    #: RFC 5321 4.5.3.2.6: wait this long for the reply after the final dot
+    final_reply_timeout_seconds: float = 600.0
+    #: use RFC 2920 PIPELINING when the server offers it
+    pipelining: bool = True
+    #: a Wait (throttled account) blocks the account for this long at first,
+    #: doubling on each further Wait up to wait_max_seconds; None: the
+    #: classification rule's time
+    wait_min_seconds: float | None = None
+    wait_max_seconds: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -110,9 +122,27 @@ def _positive(value: Any, where: str, problems: _Problems, minimum: float = 1) -
         problems.add(where, f"must be at least {minimum}, got {value}")
 
 
-def _unknown(table: dict[str, Any], where: str, problems: _Problems) -> None:
+ACCOUNT_KEYS = ("host", "port", "tls", "allow_plaintext", "user", "password_env", "connect_timeout_seconds",
+                "command_timeout_seconds", "final_reply_timeout_seconds", "verify_tls", "ca_file",
+                "local_hostname", "pipelining", "wait_min_seconds", "wait_max_seconds")
+WORKER_KEYS = tuple(WorkerConfig.__dataclass_fields__)
+DATABASE_KEYS = ("url", "url_env", "connect_timeout_seconds", "query_timeout_seconds")
+
+
+def _unknown(table: dict[str, Any], where: str, problems: _Problems, known: tuple[str, ...] = ()) -> None:
     for key in table:
-        problems.add(f"{where}.{key}", "unknown setting (check the spelling against examples/worker.toml)")
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else "check the spelling against examples/worker.toml"
+        problems.add(f"{where}.{key}", f"unknown setting ({hint})")
+
+
+def is_fqdn(name: str) -> bool:
+    """A fully qualified domain name (or an address literal such as [192.0.2.1]), as EHLO wants (RFC 5321 4.1.4)."""
+    if name.startswith("[") and name.endswith("]"):
+        return True
+    labels = name.rstrip(".").split(".")
+    return len(labels) >= 2 and all(re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", x)
+                                    for x in labels) and not labels[-1].isdigit()
 
 
 def _worker(raw: dict[str, Any], problems: _Problems) -> WorkerConfig:
@@ -130,7 +160,7 @@ def _worker(raw: dict[str, Any], problems: _Problems) -> WorkerConfig:
         "ack_interval_seconds": _take(raw, "ack_interval_seconds", num, w, problems),
         "dry_run": _take(raw, "dry_run", bool, w, problems),
     }
-    _unknown(raw, w, problems)
+    _unknown(raw, w, problems, WORKER_KEYS)
     values = {k: v for k, v in values.items() if v is not None}
     cfg = WorkerConfig(**values)
     _positive(cfg.batch_size, "worker.batch_size", problems)
@@ -159,7 +189,7 @@ def _database(raw: dict[str, Any], env: Mapping[str, str], problems: _Problems) 
     url_env = _take(raw, "url_env", str, d, problems)
     connect_timeout = _take(raw, "connect_timeout_seconds", int, d, problems, 15)
     query_timeout = _take(raw, "query_timeout_seconds", int, d, problems, 30)
-    _unknown(raw, d, problems)
+    _unknown(raw, d, problems, DATABASE_KEYS)
     if url and "://" in url and urlsplit(url).password:
         problems.add("database.url", "contains a password: secrets come from the environment; "
                      "put the whole URL in MAILQ_DB_URL (or the variable named by url_env)")
@@ -199,7 +229,11 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
     verify_tls = _take(raw, "verify_tls", bool, a, problems, True)
     ca_file = _take(raw, "ca_file", str, a, problems)
     local_hostname = _take(raw, "local_hostname", str, a, problems)
-    _unknown(raw, a, problems)
+    final_timeout = _take(raw, "final_reply_timeout_seconds", num, a, problems, 600.0)
+    pipelining = _take(raw, "pipelining", bool, a, problems, True)
+    wait_min = _take(raw, "wait_min_seconds", num, a, problems)
+    wait_max = _take(raw, "wait_max_seconds", num, a, problems, 3600.0)
+    _unknown(raw, a, problems, ACCOUNT_KEYS)
     if not host:
         problems.add(f"{a}.host", "is required (the SMTP server's host name)")
     if tls not in TLS_MODES:
@@ -223,6 +257,25 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
             password = env[password_env]
     if ca_file and not os.path.isfile(ca_file):
         problems.add(f"{a}.ca_file", f"{ca_file} does not exist")
+    elif ca_file:
+        try:
+            ssl.create_default_context(cafile=ca_file)
+        except (ssl.SSLError, ValueError, OSError) as exc:
+            problems.add(f"{a}.ca_file", f"{ca_file} is not a PEM file of CA certificates ({exc})")
+    if tls == "starttls" and port == 465:
+        problems.add(f"{a}.tls", 'port 465 is implicit TLS (RFC 8314): set tls = "implicit", or use port 587')
+    if tls == "implicit" and port in (25, 587):
+        problems.add(f"{a}.tls", f'port {port} speaks STARTTLS, not implicit TLS: set tls = "starttls", '
+                     "or use port 465")
+    if local_hostname is not None and not is_fqdn(local_hostname):
+        problems.add(f"{a}.local_hostname", f"{local_hostname!r} is not a fully qualified domain name: "
+                     "servers such as Postfix (reject_non_fqdn_helo_hostname) refuse it at RCPT TO; "
+                     "give this machine's public name, e.g. mailer.example.com")
+    _positive(final_timeout, f"{a}.final_reply_timeout_seconds", problems, 0.01)
+    if wait_min is not None:
+        _positive(wait_min, f"{a}.wait_min_seconds", problems, 1)
+        if wait_max < wait_min:
+            problems.add(f"{a}.wait_max_seconds", "must be at least wait_min_seconds")
     _positive(connect_timeout, f"{a}.connect_timeout_seconds", problems, 0.01)
     _positive(command_timeout, f"{a}.command_timeout_seconds", problems, 0.01)
     return AccountConfig(
@@ -230,6 +283,8 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
         user=user, password_env=password_env, password=password,
         connect_timeout_seconds=float(connect_timeout), command_timeout_seconds=float(command_timeout),
         verify_tls=verify_tls, ca_file=ca_file, local_hostname=local_hostname,
+        final_reply_timeout_seconds=float(final_timeout), pipelining=pipelining,
+        wait_min_seconds=None if wait_min is None else float(wait_min), wait_max_seconds=float(wait_max),
     )
 
 
@@ -254,7 +309,9 @@ def parse_config(text: str, *, env: Mapping[str, str] | None = None, source: str
             if account:
                 accounts[name] = account
     for key in raw:
-        problems.add(key, "unknown section (expected [worker], [database], [accounts.NAME])")
+        close = difflib.get_close_matches(key, ("worker", "database", "accounts"), n=1, cutoff=0.6)
+        hint = f"did you mean [{close[0]}]?" if close else "expected [worker], [database], [accounts.NAME]"
+        problems.add(key, f"unknown section ({hint})")
     problems.raise_if_any()
     return Config(worker=worker, database=database, accounts=accounts)
 

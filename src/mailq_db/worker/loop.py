@@ -17,11 +17,13 @@ lease has less than ``lease_safety_margin_seconds`` left (it is released).
 from __future__ import annotations
 
 import logging
+import re
+import smtplib
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from dataclasses import dataclass
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
@@ -29,17 +31,19 @@ from .. import procedures
 from ..connection import Backoff, ReconnectingConnection
 from ..errors import DatabaseError, LeaseLostError
 from ..procedures import ClaimedMail
-from .classify import RETRY, STOP, WAIT, Outcome, classify_exception, permanent
+from .classify import RETRY, STOP, WAIT, Outcome, classify_exception, classify_reply, permanent
 from .config import AccountConfig, Config
 from .logs import event
-from .message import MalformedMail, build
+from .message import MalformedMail, Outgoing, build
 from .metrics import Metrics
-from .smtp import SendResult, SmtpSession
+from .smtp import ConnectionGone, MessageTooBig, OutcomeUnknown, SendResult, SmtpSession
 
 log = logging.getLogger("mailq_db.worker")
 
 #: Mark*/Release error texts are cut to what the column keeps.
 MAX_ERROR = 2000
+#: Postfix's rejections of the client, not of the mail (logged at ERROR for the operator)
+CLIENT_REJECTED = re.compile(r"Helo command rejected|Client host rejected|Sender address rejected", re.IGNORECASE)
 #: After this many dropped SMTP connections in one account batch, the rest Waits.
 MAX_CONNECTION_FAILURES = 2
 #: How often each worker runs mailq.FinalizeMail (expired and out-of-attempts
@@ -56,7 +60,8 @@ def utcnow() -> datetime:
 class _Pending:
     mail_id: int
     code: int | None
-    text: str | None  # None: a plain acceptance, acknowledged in the account's batch call
+    text: str | None  # the server's final reply (the same rule for every outcome)
+    account: str | None = None
 
 
 class Worker:
@@ -90,6 +95,10 @@ class Worker:
         self.pending: list[_Pending] = []  # sent, acknowledgement not yet written
         self._pending_since = 0.0
         self._finalized_at = float("-inf")  # maybe_finalize: never yet
+        #: consecutive Waits per account (the growing back-off); reset by a send
+        self.waits: dict[str, int] = {}
+        #: mail ID -> {address: outcome} of recipients handled in earlier attempts
+        self.done_recipients: dict[int, dict[str, str]] = {}
 
     # ------------------------------------------------------------------ loop
 
@@ -153,6 +162,7 @@ class Worker:
             return 0
         self.metrics.inc("claimed", len(mails))
         self.held = {m.id: m for m in mails}
+        self.done_recipients = self._recipients_done(mails)
         try:
             for account, group in group_by_account(mails).items():
                 if self.stop.is_set():
@@ -172,11 +182,12 @@ class Worker:
         if account is None:
             self.fail(mails, Outcome(WAIT, f"account {account_name!r} is not in this worker's "
                                      "configuration: add [accounts." + account_name + "]",
-                                     "unknown account", None, 300))
+                                     "unknown account", None, 300, "account"))
             return
         queue = list(mails)
         session: SmtpSession | None = None
         connection_failures = 0
+        reconnected: set[int] = set()  # mails resent once after a dead idle connection
         try:
             while queue:
                 if self.stop.is_set():
@@ -189,81 +200,211 @@ class Worker:
                     self.release([mail], "lease shorter than the safety margin")
                     continue
                 try:
-                    out = build(mail)
+                    out = self._outgoing(mail)
                 except MalformedMail as exc:
                     self.fail([mail], permanent(f"malformed mail: {exc}"))
                     continue
+                if out is None:
+                    continue  # every recipient was handled in an earlier attempt: acknowledged
                 if self.dry_run:
-                    self.accepted(mail, SendResult(0, "dry run: nothing sent"))
+                    self.accepted(mail, out, SendResult(0, "dry run: nothing sent"))
                     continue
                 if session is None or not session.connected:
                     session = self.session_factory(account)
                     try:
                         session.open()
-                        self.metrics.inc("smtp_connections")
+                        self.metrics.inc("smtp_connections", account=account.name)
                     except Exception as exc:  # noqa: BLE001 - classified
                         outcome = classify_exception(exc, session.stage)
-                        self.fail([mail, *queue], outcome)
+                        if session.stage == "auth" and isinstance(exc, smtplib.SMTPAuthenticationError):
+                            event(log, logging.ERROR, f"authentication failed for account {account.name}",
+                                  account=account.name, user=account.user, smtp_code=exc.smtp_code,
+                                  reply=_reply_text(exc.smtp_error),
+                                  fix=f"check the password in ${account.password_env} and the user name")
+                        self.fail([mail, *queue], self._account_wait(account, outcome))
                         return
+                started = time.monotonic()
                 try:
                     result = session.send(out)
+                except ConnectionGone as exc:
+                    # Closed by the server while idle: nothing of this mail was sent.
+                    session.abort()
+                    if mail.id not in reconnected:
+                        reconnected.add(mail.id)
+                        event(log, logging.INFO, "connection closed while idle; reconnecting",
+                              account=account.name, mail_id=mail.id, reason=str(exc))
+                        queue.insert(0, mail)
+                        continue
+                    self.fail([mail, *queue], self._account_wait(account, Outcome(
+                        WAIT, f"the connection to {account.host}:{account.port} died twice at MAIL FROM: {exc}",
+                        "dead connection", None, 60, "connection")))
+                    return
                 except Exception as exc:  # noqa: BLE001 - classified
-                    outcome = classify_exception(exc, session.stage)
-                    if outcome.account_wide:
-                        self.fail([mail, *queue], outcome)
+                    outcome = self._classify_send_error(exc, session.stage)
+                    self.metrics.observe_send(time.monotonic() - started, account.name, outcome.smtp_code)
+                    if outcome.disposition == WAIT:  # a Wait is account-wide (scope "account"/"connection")
+                        self._client_rejected(account, outcome)
+                        self.fail([mail, *queue], self._account_wait(account, outcome))
                         return
                     self.fail([mail], outcome)
                     if not session.connected:
                         connection_failures += 1
                         if connection_failures >= MAX_CONNECTION_FAILURES and queue:
-                            self.fail(queue, Outcome(
+                            self.fail(queue, self._account_wait(account, Outcome(
                                 WAIT, f"the connection to {account.host}:{account.port} failed "
                                 f"{connection_failures} times in one batch; last: {outcome.reason}",
-                                "unstable connection", None, 60))
+                                "unstable connection", None, 60, "connection")))
                             return
                     continue
-                self.accepted(mail, result)
+                self.metrics.observe_send(time.monotonic() - started, account.name, result.code)
+                self.waits.pop(account.name, None)
+                self.metrics.set_blocked(account.name, False)
+                wait = self.accepted(mail, out, result)
+                if wait is not None:
+                    self.fail(queue, self._account_wait(account, wait))
+                    return
         finally:
             if session is not None:
                 session.close()
 
+    def _classify_send_error(self, exc: BaseException, stage: str) -> Outcome:
+        if isinstance(exc, MessageTooBig):
+            return Outcome(STOP, str(exc), "message larger than the server's SIZE", 552, None, "mail")
+        if isinstance(exc, OutcomeUnknown):
+            # RFC 5321 4.5.3.2.6 / docs/guarantees.md: the server may have the mail.  Retried
+            # on purpose (at-least-once, same Message-ID and Date); counted as an attempt.
+            return Outcome(RETRY, f"outcome unknown: {exc}; retried with the same Message-ID "
+                           "(at-least-once)", "outcome unknown after the final dot", None, None, "mail")
+        return classify_exception(exc, stage)
+
+    def _account_wait(self, account: AccountConfig, outcome: Outcome) -> Outcome:
+        """A Wait whose block time grows with each consecutive Wait of the account."""
+        if outcome.disposition != WAIT:
+            return outcome
+        n = self.waits.get(account.name, 0) + 1
+        self.waits[account.name] = n
+        base = account.wait_min_seconds or outcome.retry_after_seconds or 60
+        seconds = int(min(account.wait_max_seconds, base * 2 ** (n - 1)))
+        self.metrics.set_blocked(account.name, True)
+        return replace(outcome, retry_after_seconds=max(1, seconds))
+
+    def _client_rejected(self, account: AccountConfig, outcome: Outcome) -> None:
+        if CLIENT_REJECTED.search(outcome.reason or ""):
+            event(log, logging.ERROR, f"the server refuses this client for account {account.name}: "
+                  "the operator must fix the configuration", account=account.name, reason=outcome.reason,
+                  fix="HELO: set local_hostname to this machine's fully qualified name; client host: "
+                  "ask the provider to allow this address; sender: use an address the account may send as")
+
+    # ------------------------------------------------------------ recipients
+
+    def _recipients_done(self, mails: list[ClaimedMail]) -> dict[int, dict[str, str]]:
+        """Recipients already delivered or refused in earlier attempts (mails claimed before)."""
+        again = [m.id for m in mails if (m.attempt_no or 0) > 1]
+        if not again or not hasattr(self.procs, "get_recipient_outcomes"):
+            return {}
+        try:
+            return self.db.call(self.procs.get_recipient_outcomes, ids=again, lock_token=self.token)
+        except LeaseLostError:
+            return {}
+
+    def _outgoing(self, mail: ClaimedMail) -> Outgoing | None:
+        out = build(mail)
+        done = {a.lower(): o for a, o in self.done_recipients.get(mail.id, {}).items()
+                if o in ("Delivered", "Refused")}
+        if not done:
+            return out
+        left = tuple(r for r in out.recipients if r.lower() not in done)
+        if left:
+            event(log, logging.INFO, "sending to the recipients left from an earlier attempt",
+                  mail_id=mail.id, recipients=list(left), already=sorted(done))
+            return replace(out, recipients=left)
+        self._ack(mail.id, None, "every recipient was handled in an earlier attempt")
+        return None
+
     # ------------------------------------------------------------- outcomes
 
-    def accepted(self, mail: ClaimedMail, result: SendResult) -> None:
-        text = None
-        if result.refused:
-            text = "accepted for some recipients; refused: " + "; ".join(
-                f"{rcpt} ({code} {reply})" for rcpt, (code, reply) in result.refused.items())
-            event(log, logging.WARNING, "recipients refused, mail sent to the others",
-                  mail_id=mail.id, account=mail.account_name, refused=list(result.refused))
-        event(log, logging.DEBUG, "accepted", mail_id=mail.id, account=mail.account_name,
-              smtp_code=result.code, smtp_text=result.text)
+    def accepted(self, mail: ClaimedMail, out: Outgoing, result: SendResult) -> Outcome | None:
+        """The server took the mail for some or all recipients.  Refused recipients
+        are classified one by one: 5xx is final for that recipient, 4xx is retried
+        later for that recipient only (the mail goes back as a Retry), and a reply
+        that blocks the account is returned as the Wait for the rest of the batch."""
+        refused: dict[str, tuple[int, str]] = {}
+        deferred: dict[str, tuple[int, str]] = {}
+        wait: Outcome | None = None
+        for rcpt, (code, text) in result.refused.items():
+            verdict = classify_reply(code, text, "rcpt")
+            if verdict.disposition == STOP:
+                refused[rcpt] = (code, text)
+            else:
+                deferred[rcpt] = (code, text)
+                if verdict.disposition == WAIT and wait is None:
+                    wait = verdict
+        event(log, logging.INFO, "sent", account=mail.account_name, mail_id=mail.id,
+              message_id=mail.message_id, queue_id=result.queue_id, smtp_code=result.code,
+              smtp_text=result.text, recipients=len(result.accepted), transactions=result.transactions,
+              refused=sorted(refused) or None, deferred=sorted(deferred) or None, dry_run=self.dry_run or None)
+        text = result.text
+        if result.code:
+            text = f"{result.code} {result.text}"
+        if refused or deferred:
+            text += "; " + "; ".join(
+                f"{'deferred' if r in deferred else 'refused'} {r}: {c} {t}"
+                for r, (c, t) in [*refused.items(), *deferred.items()])
+        if (refused or deferred) and hasattr(self.procs, "record_recipient_outcomes"):
+            outcomes = [{"address": r, "outcome": "Delivered", "code": result.code or None,
+                         "text": result.text[:1000]} for r in result.accepted]
+            outcomes += [{"address": r, "outcome": "Refused", "code": c, "text": t[:1000]}
+                         for r, (c, t) in refused.items()]
+            outcomes += [{"address": r, "outcome": "Deferred", "code": c, "text": t[:1000]}
+                         for r, (c, t) in deferred.items()]
+            try:
+                self.db.call(self.procs.record_recipient_outcomes, mail_id=mail.id, lock_token=self.token,
+                             outcomes=outcomes)
+            except LeaseLostError as exc:
+                self.held.pop(mail.id, None)
+                self.metrics.inc("lease_lost")
+                event(log, logging.ERROR, "lease lost after the SMTP server accepted the mail: "
+                      "possibly sent twice", mail_id=mail.id, error=str(exc))
+                return wait
+        if deferred:
+            self.fail([mail], Outcome(
+                RETRY, f"delivered to {len(result.accepted)} recipient(s); deferred, retried later for "
+                f"those only: {text}", "recipients deferred (4xx)", min(c for c, _ in deferred.values()),
+                None, "recipient"))
+            return wait
+        self._ack(mail.id, result.code or None, text)
+        return wait
+
+    def _ack(self, mail_id: int, code: int | None, text: str | None) -> None:
         if not self.pending:
             self._pending_since = time.monotonic()
-        self.pending.append(_Pending(mail.id, result.code or None, text or result.text))
+        mail = self.held.get(mail_id)
+        self.pending.append(_Pending(mail_id, code, text, mail.account_name if mail else None))
 
     def flush_acks(self) -> None:
         """Write every pending acknowledgement: one MarkSent per distinct reply text."""
         if not self.pending:
             return
         pending, self.pending = self.pending, []
+        # Every mail stores its own final reply (with the server's queue ID); mails
+        # with the same reply share one MarkSent call.
         groups: OrderedDict[tuple[int | None, str | None], list[int]] = OrderedDict()
-        common = {p.text for p in pending if p.text and not p.text.startswith("accepted for some")}
+        accounts = {p.mail_id: p.account for p in pending}
         for p in pending:
-            text = p.text
-            if text and not text.startswith("accepted for some") and len(common) > 1:
-                text = f"{p.code} accepted (per-mail replies in the worker log)"
-            groups.setdefault((p.code, text), []).append(p.mail_id)
+            groups.setdefault((p.code, p.text), []).append(p.mail_id)
         for (code, text), ids in groups.items():
             done = self._each(
                 ids, lambda chunk: self.db.call(
                     self.procs.mark_sent, ids=chunk, lock_token=self.token, smtp_code=code,
                     smtp_text=text[:MAX_ERROR] if text else None, dry_run=self.dry_run),
                 lost="lease lost after the SMTP server accepted the mail: possibly sent twice")
-            self.metrics.inc("sent", len(done))
+            for account, n in Counter(accounts[i] for i in done).items():
+                self.metrics.inc("sent", n, account=account, code=code)
             event(log, logging.INFO, "acknowledged", count=len(done), ids=done, dry_run=self.dry_run)
 
     def fail(self, mails: Iterable[ClaimedMail], outcome: Outcome) -> None:
+        mails = list(mails)
+        accounts = {m.id: m.account_name for m in mails}
         ids = [m.id for m in mails if m.id in self.held]
         if not ids:
             return
@@ -277,7 +418,9 @@ class Worker:
                 retry_after_seconds=outcome.retry_after_seconds, smtp_code=outcome.smtp_code),
             lost="lease lost before the failure was recorded; the new owner decides")
         counter = {STOP: "failed", RETRY: "retried", WAIT: "waited"}[outcome.disposition]
-        self.metrics.inc(counter, len(done))
+        done_set = set(done)
+        for account, n in Counter(accounts[i] for i in done_set).items():
+            self.metrics.inc(counter, n, account=account, code=outcome.smtp_code)
 
     def release(self, mails: Iterable[ClaimedMail], why: str) -> None:
         ids = [m.id for m in mails if m.id in self.held]
@@ -369,6 +512,10 @@ class Worker:
         self.held.clear()
         self.pending.clear()
         self.db.discard()
+
+
+def _reply_text(reply: bytes | str | None) -> str:
+    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else (reply or "")
 
 
 def group_by_account(mails: Iterable[ClaimedMail]) -> "OrderedDict[str, list[ClaimedMail]]":

@@ -6,6 +6,11 @@
 * Non-ASCII display names, subjects and header values are encoded per RFC 2047
   by :mod:`email`'s policy; bodies are base64 or quoted-printable, so the
   message is 7-bit clean unless an address needs SMTPUTF8.
+* ASCII business headers keep their bytes (List-Unsubscribe and RFC 8058's
+  List-Unsubscribe-Post must reach the receiver as written): they are never
+  RFC 2047-encoded, only folded at whitespace when longer than 78 characters
+  (RFC 5322 2.2.3: 78 preferred, 998 the hard limit); unfolding gives the
+  stored value back exactly.
 * Business headers are validated again here (the database validated them at
   enqueue): a bad one makes the mail malformed, never a header injection.
 """
@@ -52,8 +57,37 @@ class _CachedHeaderRegistry(HeaderRegistry):
 
 _REGISTRY = _CachedHeaderRegistry()
 #: Message bodies are 7-bit clean (base64/quoted-printable), headers RFC 2047.
-BUILD_POLICY = policy.SMTP.clone(cte_type="7bit", header_factory=_REGISTRY)
-UTF8_POLICY = policy.SMTPUTF8.clone(cte_type="7bit", header_factory=_REGISTRY)
+#: refold_source="none": a header set with set_raw (the ASCII business
+#: headers, folded by fold_ascii_header) is written exactly as given; every
+#: other header is a header object and is folded by the policy as before.
+BUILD_POLICY = policy.SMTP.clone(cte_type="7bit", header_factory=_REGISTRY, refold_source="none")
+UTF8_POLICY = policy.SMTPUTF8.clone(cte_type="7bit", header_factory=_REGISTRY, refold_source="none")
+#: RFC 5322 2.1.1: lines SHOULD be at most 78 characters, MUST be at most 998.
+PREFERRED_LINE, MAX_LINE = 78, 998
+
+
+def fold_ascii_header(name: str, value: str) -> str:
+    """``value`` folded for ``name: value`` at whitespace (a CRLF inserted before a
+    space or tab, RFC 5322 2.2.3), lines at most 78 characters where a space allows;
+    raises MalformedMail when a line cannot be kept within 998."""
+    if len(name) + 2 + len(value) <= PREFERRED_LINE:
+        return value
+    # split before each run of whitespace: the pieces concatenate back to value
+    pieces = re.findall(r"[ \t]*[^ \t]+|[ \t]+$", value)
+    lines: list[str] = []
+    current = ""
+    used = len(name) + 2
+    for piece in pieces:
+        if current and used + len(current) + len(piece) > PREFERRED_LINE and piece[0] in " \t":
+            lines.append(current)
+            current, used = piece, 0
+        else:
+            current += piece
+    lines.append(current)
+    first = len(name) + 2 + len(lines[0])
+    if first > MAX_LINE or any(len(x) > MAX_LINE for x in lines[1:]):
+        raise MalformedMail(f"header {name} has a word longer than {MAX_LINE} characters (RFC 5322 2.1.1)")
+    return "\r\n".join(lines)
 
 
 class MalformedMail(ValueError):
@@ -162,7 +196,10 @@ def build(mail: ClaimedMail) -> Outgoing:
             msg["Cc"] = cc
         msg["Subject"] = mail.subject or ""
         for name, value in (mail.headers or {}).items():
-            msg[name] = value
+            if value.isascii():
+                msg.set_raw(name, fold_ascii_header(name, value))  # kept byte for byte
+            else:
+                msg[name] = value  # RFC 2047 by the policy
         if mail.body_format == "Html":
             if mail.text_body:
                 msg.set_content(mail.text_body)

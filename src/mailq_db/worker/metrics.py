@@ -21,6 +21,12 @@ COUNTERS = {
 }
 #: upper bounds, in seconds, of the claim latency histogram
 CLAIM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: upper bounds, in seconds, of the SMTP send latency histogram (MAIL FROM to the final reply)
+SEND_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def _label(value: object) -> str:
+    return str(value if value is not None else "").replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
 
 
 class Metrics:
@@ -32,12 +38,35 @@ class Metrics:
         self.claim_buckets = [0] * len(CLAIM_BUCKETS)
         self.claim_count = 0
         self.claim_sum = 0.0
+        #: name -> (account, code) -> count, for counters incremented with labels
+        self.labelled: dict[str, dict[tuple[str, str], int]] = {}
+        #: account -> [bucket counts..., count, sum]
+        self.send: dict[str, list[float]] = {}
+        self.blocked: dict[str, bool] = {}
 
-    def inc(self, name: str, n: int = 1) -> None:
+    def inc(self, name: str, n: int = 1, *, account: str | None = None, code: int | None = None) -> None:
+        """Add ``n``; with ``account``/``code`` the series is labelled (the total stays in snapshot())."""
         if name not in self.counts:
             raise KeyError(name)
         with self._lock:
             self.counts[name] += n
+            if account is not None or code is not None:
+                key = (_label(account), _label(code))
+                series = self.labelled.setdefault(name, {})
+                series[key] = series.get(key, 0) + n
+
+    def observe_send(self, seconds: float, account: str, code: int | None = None) -> None:
+        with self._lock:
+            h = self.send.setdefault(account, [0.0] * (len(SEND_BUCKETS) + 2))
+            for i, bound in enumerate(SEND_BUCKETS):
+                if seconds <= bound:
+                    h[i] += 1
+            h[-2] += 1
+            h[-1] += seconds
+
+    def set_blocked(self, account: str, blocked: bool) -> None:
+        with self._lock:
+            self.blocked[account] = blocked
 
     def observe_claim(self, seconds: float) -> None:
         with self._lock:
@@ -57,14 +86,39 @@ class Metrics:
         with self._lock:
             for name, text in COUNTERS.items():
                 metric = f"mailq_worker_{name}_total"
-                lines += [f"# HELP {metric} {text}", f"# TYPE {metric} counter",
-                          f"{metric} {self.counts[name]}"]
+                lines += [f"# HELP {metric} {text}", f"# TYPE {metric} counter"]
+                series = self.labelled.get(name)
+                if series:
+                    rest = self.counts[name] - sum(series.values())
+                    for (account, code), count in sorted(series.items()):
+                        lines.append(f'{metric}{{account="{account}",code="{code}"}} {count}')
+                    if rest:
+                        lines.append(f'{metric}{{account="",code=""}} {rest}')
+                else:
+                    lines.append(f"{metric} {self.counts[name]}")
             metric = "mailq_worker_claim_seconds"
             lines += [f"# HELP {metric} ClaimMail latency", f"# TYPE {metric} histogram"]
             for bound, count in zip(CLAIM_BUCKETS, self.claim_buckets):
                 lines.append(f'{metric}_bucket{{le="{bound}"}} {count}')
             lines += [f'{metric}_bucket{{le="+Inf"}} {self.claim_count}',
                       f"{metric}_sum {self.claim_sum:.6f}", f"{metric}_count {self.claim_count}"]
+            metric = "mailq_worker_send_seconds"
+            lines += [f"# HELP {metric} SMTP send latency per mail (MAIL FROM to the final reply)",
+                      f"# TYPE {metric} histogram"]
+            for account, h in sorted(self.send.items()):
+                a = _label(account)
+                for bound, count in zip(SEND_BUCKETS, h):
+                    lines.append(f'{metric}_bucket{{account="{a}",le="{bound}"}} {int(count)}')
+                lines += [f'{metric}_bucket{{account="{a}",le="+Inf"}} {int(h[-2])}',
+                          f'{metric}_sum{{account="{a}"}} {h[-1]:.6f}', f'{metric}_count{{account="{a}"}} {int(h[-2])}']
+            metric = "mailq_worker_blocked_accounts"
+            lines += [f"# HELP {metric} accounts this process last saw throttled or refused (a Wait, until a send succeeds)",
+                      f"# TYPE {metric} gauge", f"{metric} {sum(self.blocked.values())}"]
+            metric = "mailq_worker_account_blocked"
+            lines += [f"# HELP {metric} 1 while the account is blocked by a Wait of this process",
+                      f"# TYPE {metric} gauge"]
+            for account, blocked in sorted(self.blocked.items()):
+                lines.append(f'{metric}{{account="{_label(account)}"}} {int(blocked)}')
         return "\n".join(lines) + "\n"
 
 

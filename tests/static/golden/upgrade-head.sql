@@ -108,7 +108,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0007'
+IF @Rows = 1 AND @Current = '0008'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3196,7 +3196,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0007'
+IF @Rows = 1 AND @Current = '0008'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -5853,7 +5853,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0007'
+IF @Rows = 1 AND @Current = '0008'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -7454,7 +7454,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0007'
+IF @Rows = 1 AND @Current = '0008'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -8320,7 +8320,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0007'
+IF @Rows = 1 AND @Current = '0008'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9331,7 +9331,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0007'
+IF @Rows = 1 AND @Current = '0008'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -12456,7 +12456,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0007'
+IF @Rows = 1 AND @Current = '0008'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -15710,6 +15710,450 @@ END;
 GO
 
 UPDATE dbo.mailq_alembic_version SET version_num='0007' WHERE dbo.mailq_alembic_version.version_num = '0006';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0007 -> 0008
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0008'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0008 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0007')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0008 upgrades a database at 0007; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0008 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0008 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailRecipientOutcome: what each recipient of a mail got, when the
+server accepted the mail for some recipients and not for others (written by
+mailq.RecordRecipientOutcomes; the worker writes nothing here for a mail that
+every recipient accepted).  One row per (mail, lower-case address), replaced
+by later attempts until it is Delivered or Refused.
+Outcome: Delivered (the server took the mail for this recipient: a later
+attempt never sends to it again), Deferred (4xx: retried, for this recipient
+only, with the mail's next attempt), Refused (5xx: final for this recipient).
+Rows go with their mail (ON DELETE CASCADE: mailq.PurgeMail needs no change).
+*/
+IF OBJECT_ID(N'mailq.MailRecipientOutcome', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailRecipientOutcome (
+        MailID BIGINT NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        Outcome NVARCHAR(16) NOT NULL,
+        SmtpCode INT NULL,
+        SmtpText NVARCHAR(1000) NULL,
+        AttemptNo INT NOT NULL,
+        UpdatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_MailRecipientOutcome_UpdatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_MailRecipientOutcome PRIMARY KEY CLUSTERED (MailID, Address),
+        CONSTRAINT FK_MailRecipientOutcome_MailQueue FOREIGN KEY (MailID)
+        REFERENCES mailq.MailQueue (ID) ON DELETE CASCADE,
+        CONSTRAINT CK_MailRecipientOutcome_Outcome CHECK (Outcome IN (N'Delivered', N'Deferred', N'Refused')),
+        CONSTRAINT CK_MailRecipientOutcome_SmtpCode CHECK (SmtpCode IS NULL OR SmtpCode BETWEEN 200 AND 599)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0008 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RecipientOutcomes: per-recipient results of mails that were accepted for
+some recipients only (mailq.MailRecipientOutcome), with the mail's account and
+current status: who did not get the mail (Refused: 5xx, final; Deferred: 4xx,
+retried with the mail) and who did (Delivered).
+*/
+CREATE OR ALTER VIEW mailq.RecipientOutcomes
+AS
+SELECT
+    o.MailID AS ID,
+    q.AccountName,
+    q.Status,
+    o.Address,
+    o.Outcome,
+    o.SmtpCode,
+    o.SmtpText,
+    o.AttemptNo,
+    o.UpdatedAtUtc
+FROM mailq.MailRecipientOutcome AS o
+INNER JOIN mailq.MailQueue AS q ON o.MailID = q.ID;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0008 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RecordRecipientOutcomes: records, for one mail the worker holds, which
+recipients the SMTP server accepted (Delivered), refused for now (Deferred,
+4xx) or refused for good (Refused, 5xx).  Fenced by the lease token through
+mailq.LockLeasedMail: a worker whose lease was reclaimed writes nothing.
+The worker calls it right after the server's final reply, before MarkSent
+(no recipient deferred) or MarkFailed 'Retry' (some deferred): the next
+attempt then sends only to the recipients that are neither Delivered nor
+Refused (mailq.GetRecipientOutcomes), so nobody gets the mail twice.
+Parameters:  @ID BIGINT, required: the mail; @LockToken UNIQUEIDENTIFIER,
+             required; @Outcomes NVARCHAR(MAX), required: a JSON array of
+             1-1000 objects {"address": "a@example.com", "outcome":
+             "Delivered"|"Deferred"|"Refused", "code": 200-599 or null,
+             "text": the server's reply, cut to 1000 characters}.
+Result set:  none.
+Errors:      50180 @ID missing; 50181 @Outcomes is not a JSON array of 1-1000
+             objects with an address of 1-320 characters; 50182 an outcome is
+             not Delivered, Deferred or Refused; 50183 a code is not 200-599;
+             50184 an address appears twice; 50131, 50201, 50202, 50203 (see
+             mailq.LockLeasedMail).  On any error nothing is written.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   the caller's; the mail row's UPDLOCK (LockLeasedMail), held to
+             the end of the transaction, serializes every writer of this
+             mail's recipients, so update-then-insert cannot race.  Under
+             READ_COMMITTED_SNAPSHOT the NOT EXISTS read sees versions as of
+             its statement's start, which comes after the lock was granted,
+             so after any earlier writer of this mail committed.
+Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
+Example:     EXEC mailq.RecordRecipientOutcomes @ID = 101, @LockToken = @T,
+                 @Outcomes = N'[{"address":"a@example.com","outcome":"Delivered","code":250}]';
+*/
+CREATE OR ALTER PROCEDURE mailq.RecordRecipientOutcomes
+    @ID BIGINT,
+    @LockToken UNIQUEIDENTIFIER,
+    @Outcomes NVARCHAR(MAX)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ID IS NULL
+        THROW 50180, N'@ID is required: the mail whose recipients are recorded.', 1;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: the token the mail was claimed with.', 1;
+    -- ISJSON, OPENJSON and JSON_VALUE in separate statements: an OR does not
+    -- evaluate its operands in a guaranteed order, so OPENJSON or JSON_VALUE
+    -- could meet text that is not JSON and raise error 13609 instead of 50181.
+    DECLARE @OutcomesOk BIT = 1;
+    IF @Outcomes IS NULL OR ISJSON(@Outcomes) = 0 OR LEFT(LTRIM(@Outcomes), 1) <> N'['
+        SET @OutcomesOk = 0;
+    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@Outcomes)) NOT BETWEEN 1 AND 1000
+        SET @OutcomesOk = 0;
+    ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@Outcomes) AS j WHERE j.[type] <> 5)
+        SET @OutcomesOk = 0;
+    -- Every element is an object now, so JSON_VALUE reads valid JSON (lax: a
+    -- missing or over-long address is NULL, and refused).
+    ELSE IF EXISTS (
+        SELECT 1
+        FROM OPENJSON(@Outcomes) AS j
+        WHERE ISNULL(LEN(JSON_VALUE(j.[value], N'$.address')), 0) NOT BETWEEN 1 AND 320
+    )
+        SET @OutcomesOk = 0;
+    IF @OutcomesOk = 0
+        THROW 50181,
+            N'@Outcomes must be a JSON array of 1-1000 objects, each with an "address" of 1-320 characters.',
+            1;
+
+    DECLARE @Rows TABLE (
+        Address NVARCHAR(320) NOT NULL,
+        Outcome NVARCHAR(16) NULL,
+        SmtpCode INT NULL,
+        SmtpCodeText NVARCHAR(20) NULL,
+        SmtpText NVARCHAR(1000) NULL
+    );
+    -- lax JSON_VALUE: a missing "code" or "text" is NULL (so is a text over
+    -- 4000 characters; the worker sends at most 1000)
+    INSERT INTO @Rows (Address, Outcome, SmtpCode, SmtpCodeText, SmtpText)
+    SELECT
+        LOWER(JSON_VALUE(j.[value], N'$.address')),
+        JSON_VALUE(j.[value], N'$.outcome'),
+        TRY_CAST(JSON_VALUE(j.[value], N'$.code') AS INT),
+        LEFT(JSON_VALUE(j.[value], N'$.code'), 20),
+        LEFT(JSON_VALUE(j.[value], N'$.text'), 1000)
+    FROM OPENJSON(@Outcomes) AS j;
+
+    SELECT TOP (1) @Msg = CONCAT(N'@Outcomes: the outcome of ', r.Address, N' is ',
+        COALESCE(N'"' + r.Outcome + N'"', N'missing'), N'; it must be Delivered, Deferred or Refused.')
+    FROM @Rows AS r
+    WHERE r.Outcome IS NULL OR r.Outcome NOT IN (N'Delivered', N'Deferred', N'Refused')
+    ORDER BY r.Address;
+    IF @Msg IS NOT NULL THROW 50182, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(N'@Outcomes: the code of ', r.Address, N' is ', r.SmtpCodeText,
+        N'; it must be an SMTP reply code 200-599 or null.')
+    FROM @Rows AS r
+    WHERE r.SmtpCodeText IS NOT NULL AND (r.SmtpCode IS NULL OR r.SmtpCode NOT BETWEEN 200 AND 599)
+    ORDER BY r.Address;
+    IF @Msg IS NOT NULL THROW 50183, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'@Outcomes names ', r.Address, N' more than once (addresses compare case-insensitively).'
+    )
+    FROM @Rows AS r
+    GROUP BY r.Address
+    HAVING COUNT(*) > 1
+    ORDER BY r.Address;
+    IF @Msg IS NOT NULL THROW 50184, @Msg, 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @AttemptNo INT;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- the fence: the mail exists, is Sending and is leased under @LockToken;
+        -- its row stays UPDLOCKed until this transaction ends
+        EXEC mailq.LockLeasedMail @ID = @ID, @LockToken = @LockToken;
+
+        SELECT @AttemptNo = q.AttemptCount
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID;
+
+        -- a Delivered or Refused recipient is final: a later attempt never changes it
+        UPDATE o
+        SET
+            o.Outcome = r.Outcome,
+            o.SmtpCode = r.SmtpCode,
+            o.SmtpText = r.SmtpText,
+            o.AttemptNo = @AttemptNo,
+            o.UpdatedAtUtc = @Now
+        FROM mailq.MailRecipientOutcome AS o
+        INNER JOIN @Rows AS r ON o.Address = r.Address
+        WHERE o.MailID = @ID AND o.Outcome = N'Deferred';
+
+        INSERT INTO mailq.MailRecipientOutcome (MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc)
+        SELECT
+            @ID,
+            r.Address,
+            r.Outcome,
+            r.SmtpCode,
+            r.SmtpText,
+            @AttemptNo,
+            @Now
+        FROM @Rows AS r
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.MailRecipientOutcome AS o
+            WHERE o.MailID = @ID AND o.Address = r.Address
+        );
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0008 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetRecipientOutcomes: the recorded recipient outcomes of mails a worker
+holds (mailq.RecordRecipientOutcomes), so a new attempt skips the recipients
+that are Delivered or Refused.  The worker calls it once per claimed batch,
+for the mails claimed before (AttemptNo > 1).  Mails not leased under
+@LockToken are left out (no error: the worker finds out at its next fenced
+call).
+Parameters:  @IDList NVARCHAR(MAX), required: a JSON array of 1-1000 mail IDs;
+             @LockToken UNIQUEIDENTIFIER, required.
+Result set:  one row per recorded recipient: MailID, Address, Outcome,
+             SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc.
+Errors:      50131 @LockToken missing; 50185 @IDList is not a JSON array of
+             1-1000 integers.
+Transaction: reads only; none of its own.
+Isolation:   the caller's: the rows read belong to mails this token holds,
+             which only this worker writes.
+Lock order:  none taken beyond the caller's isolation level (reads only).
+Example:     EXEC mailq.GetRecipientOutcomes @IDList = N'[101,102]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetRecipientOutcomes
+    @IDList NVARCHAR(MAX),
+    @LockToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
+    -- ISJSON and OPENJSON in separate statements: an OR does not evaluate its
+    -- operands in a guaranteed order, so OPENJSON could meet text that is not
+    -- JSON and raise error 13609 instead of 50185.
+    DECLARE @IDListOk BIT = 1;
+    IF @IDList IS NULL OR ISJSON(@IDList) = 0 OR LEFT(LTRIM(@IDList), 1) <> N'['
+        SET @IDListOk = 0;
+    ELSE IF EXISTS (
+        SELECT 1
+        FROM OPENJSON(@IDList) AS j
+        WHERE j.[type] <> 2 OR TRY_CAST(j.[value] AS BIGINT) IS NULL
+    )
+        SET @IDListOk = 0;
+    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@IDList)) NOT BETWEEN 1 AND 1000
+        SET @IDListOk = 0;
+    IF @IDListOk = 0
+        THROW 50185, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
+
+    SELECT
+        o.MailID,
+        o.Address,
+        o.Outcome,
+        o.SmtpCode,
+        o.SmtpText,
+        o.AttemptNo,
+        o.UpdatedAtUtc
+    FROM mailq.ParseIDList(NULL, @IDList) AS l
+    INNER JOIN mailq.MailQueue AS q ON l.ID = q.ID
+    INNER JOIN mailq.MailRecipientOutcome AS o ON q.ID = o.MailID
+    WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
+    ORDER BY o.MailID, o.Address;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0008 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants for per-recipient outcomes (revision 0008): the sender workers record
+and read them; admins too, and read the report view.
+*/
+GRANT EXECUTE ON OBJECT::mailq.RecordRecipientOutcomes TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.GetRecipientOutcomes TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.RecordRecipientOutcomes TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetRecipientOutcomes TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.RecipientOutcomes TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0008 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0008') AND FilePath IN (
+    N'tables/mailq.MailRecipientOutcome.sql',
+    N'views/mailq.RecipientOutcomes.sql',
+    N'procedures/mailq.RecordRecipientOutcomes.sql',
+    N'procedures/mailq.GetRecipientOutcomes.sql',
+    N'security/MailqSender.recipients.grants.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0008', N'tables/mailq.MailRecipientOutcome.sql', '8ae3dbc1461996d75c570595e51e230323d99e4010cd110830cca4166e62931b'),
+    ('0008', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
+    ('0008', N'procedures/mailq.RecordRecipientOutcomes.sql', '89e8e1c6b641b581a05ed4cc65148bb66c2c4429d54cc0e5768e0fc77915447d'),
+    ('0008', N'procedures/mailq.GetRecipientOutcomes.sql', '2e059909a20afac1c42e60266e1d2057750da27714f6715fe9dcc22b4fc0c9a1'),
+    ('0008', N'security/MailqSender.recipients.grants.sql', 'cd3c90ca7c17a92930df0ec499f6f736f642fea3cf58e368070a344840253c72');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0008 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0008' WHERE dbo.mailq_alembic_version.version_num = '0007';
 
 GO
 

@@ -1,0 +1,9 @@
+/*
+Grants for per-recipient outcomes (revision 0008): the sender workers record
+and read them; admins too, and read the report view.
+*/
+GRANT EXECUTE ON OBJECT::mailq.RecordRecipientOutcomes TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.GetRecipientOutcomes TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.RecordRecipientOutcomes TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetRecipientOutcomes TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.RecipientOutcomes TO MailqAdmin;

@@ -1,0 +1,56 @@
+"""The Postfix + Dovecot lab (tests/realmta/lab.py) as a session fixture.
+
+Every test in this folder is marked ``realmta``: ``pytest -m realmta -rs``
+runs and lists them.  They are never skipped silently: where Postfix,
+Dovecot or root are missing, the folder is skipped with ONE reason, and in
+CI (``CI=true``) it fails instead, because CI must run them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "unit"))  # fake_queue, smtp_sink
+
+from lab import Lab, missing  # noqa: E402
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(str(item.fspath)).parent == Path(HERE):
+            item.add_marker(pytest.mark.realmta)
+
+
+@pytest.fixture(scope="session")
+def lab():
+    reason = missing()
+    if reason:
+        message = f"the Postfix + Dovecot lab cannot run: {reason}"
+        if in_ci():
+            pytest.fail(message + " (CI=true: these tests must run in CI; .ci/run installs them)",
+                        pytrace=False)
+        pytest.skip(message)
+    root = Path(tempfile.mkdtemp(prefix="mailq-realmta-"))
+    the_lab = Lab(root)
+    try:
+        the_lab.start()
+    except BaseException:
+        the_lab.stop()
+        raise
+    try:
+        yield the_lab
+    finally:
+        the_lab.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -48,7 +48,9 @@ Text format: the sqlcmd layout Database Mail uses: a header line (column
              as the longest value.  Lines longer than @Width are wrapped every
              @Width characters.  @NoPadding = 1: no padding, no wrapping.
              Values: NULL as NULL, dates in ODBC canonical style (121),
-             binary as 0x hex, money with 4 decimals.
+             binary as 0x hex, money with 4 decimals, float and real as
+             CONVERT's default (6 significant digits; sqlcmd shows more).
+             At most 127 columns (CONCAT takes 254 arguments).
 Extension:   @Format 'HTML' (a <table> with <th> header cells, values
              HTML-escaped) or 'CSV' (RFC 4180: comma, CRLF, fields quoted when
              they hold a comma, quote, CR or LF; NULL as an empty field).
@@ -173,7 +175,9 @@ BEGIN
         COALESCE(n.ColumnName, N'') AS HeaderText,
         CASE
             WHEN n.BaseName IN (N'varchar', N'nvarchar') AND n.MaxLength = -1 THEN N'nvarchar(max)'
-            WHEN n.BaseName IN (N'text', N'ntext', N'xml') THEN N'nvarchar(max)'
+            WHEN n.BaseName IN (N'text', N'ntext') THEN N'nvarchar(max)'
+            -- xml stays xml: SQL Server converts xml to text only explicitly.
+            WHEN n.BaseName = N'xml' THEN N'xml'
             WHEN n.BaseName = N'image' THEN N'varbinary(max)'
             WHEN n.BaseName = N'timestamp' THEN N'binary(8)'
             WHEN n.BaseName IN (N'varchar', N'char') AND n.MaxLength > 4000 THEN N'nvarchar(max)'
@@ -442,7 +446,7 @@ BEGIN
             ) WITHIN GROUP (ORDER BY c.ColumnNo),
             @HeaderLine = STRING_AGG(
                 CONVERT(NVARCHAR(MAX), IIF(
-                    c.HeaderText LIKE N'%[,"' + NCHAR(13) + NCHAR(10) + N']%',
+                    c.HeaderText COLLATE Latin1_General_100_BIN2 LIKE N'%[,"' + NCHAR(13) + NCHAR(10) + N']%',
                     N'"' + REPLACE(c.HeaderText, N'"', N'""') + N'"',
                     c.HeaderText
                 )),

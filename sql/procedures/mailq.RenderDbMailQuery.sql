@@ -28,7 +28,8 @@ Supported:   one result set (INSERT ... EXEC appends every result set of the
              query to the table: further result sets of the same shape are
              appended, others fail as a query error).  Not supported: a query
              whose first result set cannot be described (temp tables made by
-             the query, shape decided at run time; error 50196), a query that
+             the query, shape decided at run time: the describe error is the
+             query's error, 50195 or appended), a query that
              itself runs INSERT ... EXEC, or a SendDbMail called inside
              INSERT ... EXEC (SQL Server refuses nested INSERT ... EXEC,
              error 8164), CLR user-defined types of the query's database.
@@ -62,8 +63,8 @@ Outputs:     @Result NVARCHAR(MAX): the rendering (N'' when the query returns
              no result set), @QueryError NVARCHAR(4000): NULL, or the query's
              error as sqlcmd prints it ('Msg n, Level n, State n, ...' and
              the message) when the query failed.
-Errors:      50196 the first result set cannot be described (message names
-             the reason).  A query error is returned in @QueryError, not
+Errors:      50196 a column type cannot be held in a temp table, or a padded
+             line needs more than 10,000 pieces of @Width characters.  A query error is returned in @QueryError, not
              raised, unless it doomed the caller's transaction (XACT_STATE()
              = -1): then it is re-raised, and the caller's transaction must be
              rolled back.
@@ -258,7 +259,9 @@ BEGIN
         -- No result set (e.g. only an UPDATE): run it for its effect and messages.
         SET @Sql = CONCAT(N'EXEC ', @Exec, N' @q;');
 
-    -- 3. Run the query (XACT_ABORT is OFF, see above).
+    -- 3. Run the query (XACT_ABORT is OFF, see above).  Rows get their
+    --    mailq_row_no in the order the query returns them, which keeps its
+    --    ORDER BY in the rendering.
     BEGIN TRY
         EXEC sys.sp_executesql @Sql, N'@q NVARCHAR(MAX)', @q = @Query;
     END TRY
@@ -363,7 +366,21 @@ BEGIN
         INNER JOIN @Value AS v ON c.ColumnNo = v.ColumnNo;
 
         -- Lines in order: header (0, 1), dashes (0, 2), rows (1, n); each cut
-        -- into @Width-character pieces unless @NoPadding = 1.
+        -- into @Width-character pieces unless @NoPadding = 1.  Every padded
+        -- line is as long as the widths and separators together, so the
+        -- number of pieces per line is known here (at most 10,000).
+        DECLARE @Pieces INT = (
+            SELECT IIF(@NoPadding = 1, 1, CEILING((SUM(c.DisplayWidth) + COUNT(*) - 1) * 1.0 / @Width))
+            FROM @Column AS c
+        );
+        IF @Pieces > 10000
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@query: a result line of ', @Pieces, N' x @query_result_width characters is too long to wrap; ',
+                N'raise @query_result_width or set @query_result_no_padding = 1.'
+            );
+            THROW 50196, @Msg, 1;
+        END;
         SET @Sql = CONCAT(
             N'WITH Line AS (
                 SELECT 0 AS Part, 1 AS LineOrder, @header AS LineText WHERE @showHeader = 1
@@ -374,7 +391,8 @@ BEGIN
             ),
             Ten AS (SELECT d.n FROM (VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)) AS d (n)),
             Piece AS (SELECT a.n + 10 * b.n + 100 * c.n + 1000 * e.n AS PieceNo
-                FROM Ten AS a CROSS JOIN Ten AS b CROSS JOIN Ten AS c CROSS JOIN Ten AS e)
+                FROM Ten AS a CROSS JOIN Ten AS b CROSS JOIN Ten AS c CROSS JOIN Ten AS e
+                WHERE a.n + 10 * b.n + 100 * c.n + 1000 * e.n < @pieces)
             SELECT @out = STRING_AGG(
                     CONVERT(NVARCHAR(MAX), IIF(@noPadding = 1, l.LineText,
                         SUBSTRING(l.LineText, p.PieceNo * @width + 1, @width))), @crlf)
@@ -388,9 +406,9 @@ BEGIN
         EXEC sys.sp_executesql
             @Sql,
             N'@sep NCHAR(1), @header NVARCHAR(MAX), @dashes NVARCHAR(MAX), @showHeader BIT, @noPadding BIT,
-              @width INT, @crlf NCHAR(2), @out NVARCHAR(MAX) OUTPUT, @rows INT OUTPUT',
+              @width INT, @pieces INT, @crlf NCHAR(2), @out NVARCHAR(MAX) OUTPUT, @rows INT OUTPUT',
             @sep = @Separator, @header = @HeaderLine, @dashes = @DashLine, @showHeader = @Header,
-            @noPadding = @NoPadding, @width = @Width, @crlf = @CrLf, @out = @Result OUTPUT,
+            @noPadding = @NoPadding, @width = @Width, @pieces = @Pieces, @crlf = @CrLf, @out = @Result OUTPUT,
             @rows = @RowCount OUTPUT;
         SET @Result = CONCAT(
             @Result, IIF(@Result IS NULL, N'', @CrLf), @CrLf,

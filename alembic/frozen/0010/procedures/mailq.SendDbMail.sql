@@ -381,7 +381,7 @@ BEGIN
         VALUES (
             @MailID, @ProfileID, @ImportanceValue, @SensitivityValue, @query, IIF(@query IS NULL, NULL, @Database),
             @attach_query_result_as_file, @query_result_header, @query_result_width, @query_result_separator,
-            @exclude_query_output, @append_query_error, SUSER_SNAME()
+            @exclude_query_output, @append_query_error, COALESCE(SUSER_SNAME(), USER_NAME())
         );
 
         IF @OwnTran = 1 COMMIT TRANSACTION;

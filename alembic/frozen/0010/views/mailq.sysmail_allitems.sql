@@ -11,8 +11,8 @@ Rows:        every mail of the queue.  db_owner and MailqAdmin members see all
 Mapping:     mailitem_id = MailQueue.ID (NULL above 2,147,483,647);
              sent_status: Sent -> sent; Failed, Cancelled, Expired -> failed;
              UnSent or Sending after a failed attempt -> retrying; else unsent.
-             Dates are the server's local time (datetime, as msdb shows them),
-             converted from the queue's UTC times with AT TIME ZONE.
+             Dates are the server's local time (datetime, as msdb shows them):
+             the queue's UTC times plus the server's current UTC offset.
              Text columns keep the documented types: body, recipients and query
              are varchar(max) there, so characters outside the database's code
              page show as '?'; mailq.MailQueue keeps the Unicode original.
@@ -23,6 +23,13 @@ Mapping:     mailitem_id = MailQueue.ID (NULL above 2,147,483,647);
 */
 CREATE OR ALTER VIEW mailq.sysmail_allitems
 AS
+-- The server's current offset from UTC (SYSDATETIME is local time; on Azure
+-- SQL Database both are UTC).  SQL Server 2019 has no CURRENT_TIMEZONE_ID, so
+-- rows from the other side of a daylight-saving change are an hour off.
+WITH Clock AS (
+    SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
+)
+
 SELECT
     CAST(IIF(q.ID <= 2147483647, q.ID, NULL) AS INT) AS mailitem_id,
     i.ProfileID AS profile_id,
@@ -44,7 +51,7 @@ SELECT
     i.QueryResultSeparator AS query_result_separator,
     i.ExcludeQueryOutput AS exclude_query_output,
     i.AppendQueryError AS append_query_error,
-    CAST(q.dtStamp AT TIME ZONE 'UTC' AT TIME ZONE CURRENT_TIMEZONE_ID() AS DATETIME) AS send_request_date,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, q.dtStamp) AS DATETIME) AS send_request_date,
     CAST(i.SendRequestUser AS SYSNAME) AS send_request_user,
     da.AccountID AS sent_account_id,
     CAST(
@@ -58,15 +65,16 @@ SELECT
     CAST(
         IIF(
             q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired'),
-            COALESCE(q.SentAtUtc, q.DateProcessed) AT TIME ZONE 'UTC' AT TIME ZONE CURRENT_TIMEZONE_ID(),
+            DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.SentAtUtc, q.DateProcessed)),
             NULL
         ) AS DATETIME
     ) AS sent_date,
     CAST(
-        COALESCE(q.DateProcessed, q.dtStamp) AT TIME ZONE 'UTC' AT TIME ZONE CURRENT_TIMEZONE_ID() AS DATETIME
+        DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.DateProcessed, q.dtStamp)) AS DATETIME
     ) AS last_mod_date,
     CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
 FROM mailq.MailQueue AS q
+CROSS JOIN Clock AS k
 LEFT JOIN mailq.DbMailItem AS i ON q.ID = i.MailID
 LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
 OUTER APPLY (
@@ -77,4 +85,4 @@ OUTER APPLY (
 WHERE
     IS_MEMBER(N'db_owner') = 1
     OR IS_MEMBER(N'MailqAdmin') = 1
-    OR i.SendRequestUser = SUSER_SNAME();
+    OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME());

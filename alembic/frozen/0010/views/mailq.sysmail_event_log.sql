@@ -14,6 +14,13 @@ Rows:        db_owner and MailqAdmin members see all; others the attempts of
 */
 CREATE OR ALTER VIEW mailq.sysmail_event_log
 AS
+-- The server's current offset from UTC (SYSDATETIME is local time; on Azure
+-- SQL Database both are UTC).  SQL Server 2019 has no CURRENT_TIMEZONE_ID, so
+-- rows from the other side of a daylight-saving change are an hour off.
+WITH Clock AS (
+    SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
+)
+
 SELECT
     CAST(ROW_NUMBER() OVER (ORDER BY t.EndedAtUtc, t.MailID, t.AttemptNo) AS INT) AS log_id,
     CAST(
@@ -23,7 +30,7 @@ SELECT
             ELSE 'warning'
         END AS VARCHAR(11)
     ) AS event_type,
-    CAST(t.EndedAtUtc AT TIME ZONE 'UTC' AT TIME ZONE CURRENT_TIMEZONE_ID() AS DATETIME) AS log_date,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, t.EndedAtUtc) AS DATETIME) AS log_date,
     CAST(
         CONCAT(
             N'Attempt ', t.AttemptNo, N': ', t.Outcome,
@@ -34,9 +41,10 @@ SELECT
     CAST(NULL AS INT) AS process_id,
     CAST(IIF(t.MailID <= 2147483647, t.MailID, NULL) AS INT) AS mailitem_id,
     da.AccountID AS account_id,
-    CAST(t.EndedAtUtc AT TIME ZONE 'UTC' AT TIME ZONE CURRENT_TIMEZONE_ID() AS DATETIME) AS last_mod_date,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, t.EndedAtUtc) AS DATETIME) AS last_mod_date,
     CAST(t.WorkerName AS SYSNAME) AS last_mod_user
 FROM mailq.MailAttempt AS t
+CROSS JOIN Clock AS k
 INNER JOIN mailq.MailQueue AS q ON t.MailID = q.ID
 LEFT JOIN mailq.DbMailItem AS i ON q.ID = i.MailID
 LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
@@ -45,5 +53,5 @@ WHERE
     AND (
         IS_MEMBER(N'db_owner') = 1
         OR IS_MEMBER(N'MailqAdmin') = 1
-        OR i.SendRequestUser = SUSER_SNAME()
+        OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME())
     );

@@ -15,7 +15,7 @@ Security:    the query runs through sys.sp_executesql in dynamic SQL.  Dynamic
              The database is entered with QUOTENAME(@Database).sys.sp_executesql,
              which runs the batch in that database as the caller's user there;
              cross-database ownership chaining stays as the server has it
-             (off by default), and the database is never TRUSTWORTHY, so
+             (off by default), and this package never marks a database as trusted, so
              nothing is run with more rights than the caller has.
 How:         1. sys.dm_exec_describe_first_result_set (run in @Database) gives
                 the first result set's columns and types;

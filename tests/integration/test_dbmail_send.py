@@ -363,3 +363,34 @@ def test_sysmail_views_show_database_mails_columns(conn, setup):
     types = dict(query(conn, "SELECT c.name, TYPE_NAME(c.user_type_id) FROM sys.columns AS c"
                              " WHERE c.object_id = OBJECT_ID(N'mailq.sysmail_event_log');"))
     assert types["log_id"] == "int" and types["event_type"] == "varchar" and types["log_date"] == "datetime"
+
+
+def _documented_columns():
+    """The documented (name, type) lists kept in tests/static/test_dbmail_views.py."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "static" / "test_dbmail_views.py"
+    spec = importlib.util.spec_from_file_location("dbmail_views_doc", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ALLITEMS, module.EVENT_LOG
+
+
+@pytest.mark.parametrize("view", ["sysmail_allitems", "sysmail_sentitems", "sysmail_unsentitems",
+                                  "sysmail_faileditems", "sysmail_event_log"])
+def test_sysmail_view_types_are_the_documented_ones(conn, view):
+    allitems, event_log = _documented_columns()
+    documented = event_log if view == "sysmail_event_log" else allitems
+    rows = query(
+        conn,
+        "SELECT c.name, TYPE_NAME(c.user_type_id),"
+        " CASE WHEN c.max_length = -1 THEN N'max'"
+        "      WHEN TYPE_NAME(c.user_type_id) IN (N'nvarchar', N'nchar') THEN CAST(c.max_length / 2 AS NVARCHAR(10))"
+        "      ELSE CAST(c.max_length AS NVARCHAR(10)) END"
+        " FROM sys.columns AS c WHERE c.object_id = OBJECT_ID(?) ORDER BY c.column_id;",
+        f"mailq.{view}",
+    )
+    actual = [(name, f"{kind}({length})" if kind in ("varchar", "nvarchar", "char") else kind)
+              for name, kind, length in rows]
+    assert actual == documented

@@ -48,7 +48,7 @@ SELECT
     i.AttachQueryResultAsFile AS attach_query_result_as_file,
     i.QueryResultHeader AS query_result_header,
     i.QueryResultWidth AS query_result_width,
-    i.QueryResultSeparator AS query_result_separator,
+    CAST(i.QueryResultSeparator AS CHAR(1)) AS query_result_separator,
     i.ExcludeQueryOutput AS exclude_query_output,
     i.AppendQueryError AS append_query_error,
     CAST(DATEADD(MINUTE, k.OffsetMinutes, q.dtStamp) AS DATETIME) AS send_request_date,

@@ -29,8 +29,9 @@ from ..errors import MailqError
 HELP = """\
 Copy Database Mail's configuration (msdb) into mailq-db: every account becomes
 a sending account (mailq.UpsertSendingAccount: from address and display name;
-an existing account of the same name is updated and its rate limits cleared,
-so re-apply limits afterwards or pass --no-accounts), every profile a profile
+an existing account of the same name is updated, its rate limits cleared and
+its default flag dropped, so re-apply them afterwards or pass --no-accounts),
+every profile a profile
 with the same accounts in the same order, every principal grant and default
 the same grant (public stays public; a msdb user or role is granted under the
 same name here, and skipped with a warning if this database has no such

@@ -15,7 +15,7 @@ from . import __version__
 from .errors import MailqError
 
 #: Command modules, in the order ``--help`` lists them.
-COMMANDS = ("deploy", "enqueue", "worker", "stats", "doctor", "dev")
+COMMANDS = ("deploy", "enqueue", "worker", "stats", "doctor", "dev", "import_dbmail")
 COMMANDS += ("classify",)  # issue 15: mailq-db classify "<reply>"
 
 EPILOG = """\

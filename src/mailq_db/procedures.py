@@ -644,3 +644,145 @@ def reconcile_delayed_tasks(
         return _dicts(cursor)
     finally:
         cursor.close()
+
+
+# --------------------------------------------------------------------------
+# Database Mail compatibility (issue 17): SendDbMail (role MailqDbMailUser),
+# profiles (role MailqAdmin).  mailq.RenderDbMailQuery is internal: only
+# SendDbMail calls it.
+# --------------------------------------------------------------------------
+
+SEND_DBMAIL_SQL = """\
+SET NOCOUNT ON;
+DECLARE @mailitem_id INT, @mailq_mail_id BIGINT;
+EXEC mailq.SendDbMail
+    @profile_name = ?, @recipients = ?, @copy_recipients = ?, @blind_copy_recipients = ?,
+    @from_address = ?, @reply_to = ?, @subject = ?, @body = ?, @body_format = ?,
+    @importance = ?, @sensitivity = ?, @query = ?, @execute_query_database = ?,
+    @attach_query_result_as_file = ?, @query_attachment_filename = ?,
+    @query_result_header = ?, @query_result_width = ?, @query_result_separator = ?,
+    @exclude_query_output = ?, @append_query_error = ?, @query_no_truncate = ?,
+    @query_result_no_padding = ?, @mailq_query_result_format = ?,
+    @mailitem_id = @mailitem_id OUTPUT, @mailq_mail_id = @mailq_mail_id OUTPUT;
+SELECT @mailq_mail_id AS MailID;
+"""
+
+
+def send_db_mail(
+    conn: Any,
+    *,
+    recipients: str,
+    profile_name: str | None = None,
+    copy_recipients: str | None = None,
+    blind_copy_recipients: str | None = None,
+    from_address: str | None = None,
+    reply_to: str | None = None,
+    subject: str | None = None,
+    body: str | None = None,
+    body_format: str | None = None,
+    importance: str | None = None,
+    sensitivity: str | None = None,
+    query: str | None = None,
+    execute_query_database: str | None = None,
+    attach_query_result_as_file: bool | None = None,
+    query_attachment_filename: str | None = None,
+    query_result_header: bool | None = None,
+    query_result_width: int | None = None,
+    query_result_separator: str | None = None,
+    exclude_query_output: bool | None = None,
+    append_query_error: bool | None = None,
+    query_no_truncate: bool | None = None,
+    query_result_no_padding: bool | None = None,
+    query_result_format: str | None = None,
+) -> int:
+    """mailq.SendDbMail: sp_send_dbmail's interface; returns the queue's mail ID.
+
+    ``@file_attachments`` is not offered: the procedure refuses it (50191).
+    """
+
+    def bit(value: bool | None) -> int | None:
+        return None if value is None else int(bool(value))
+
+    cursor = _call(
+        conn,
+        SEND_DBMAIL_SQL,
+        [
+            profile_name, recipients, copy_recipients, blind_copy_recipients,
+            from_address, reply_to, subject, body, body_format,
+            importance, sensitivity, query, execute_query_database,
+            bit(attach_query_result_as_file), query_attachment_filename,
+            bit(query_result_header), query_result_width, query_result_separator,
+            bit(exclude_query_output), bit(append_query_error), bit(query_no_truncate),
+            bit(query_result_no_padding), query_result_format,
+        ],
+    )
+    rows = _rows(cursor)
+    while not rows and _next(cursor):
+        rows = _rows(cursor)
+    return int(rows[0][0])
+
+
+UPSERT_DBMAIL_PROFILE_SQL = """\
+SET NOCOUNT ON;
+DECLARE @ProfileID INT;
+EXEC mailq.UpsertDbMailProfile @ProfileName = ?, @Description = ?, @ProfileID = @ProfileID OUTPUT;
+SELECT @ProfileID AS ProfileID;
+"""
+
+
+def upsert_db_mail_profile(conn: Any, *, profile_name: str, description: str | None = None) -> int:
+    """mailq.UpsertDbMailProfile: create a profile or change its description; returns its ID."""
+    rows = _rows(_call(conn, UPSERT_DBMAIL_PROFILE_SQL, [profile_name, description]))
+    return int(rows[0][0])
+
+
+DELETE_DBMAIL_PROFILE_SQL = "EXEC mailq.DeleteDbMailProfile @ProfileName = ?;"
+
+
+def delete_db_mail_profile(conn: Any, *, profile_name: str) -> None:
+    """mailq.DeleteDbMailProfile: delete a profile with its accounts list and grants."""
+    _call(conn, DELETE_DBMAIL_PROFILE_SQL, [profile_name]).close()
+
+
+UPSERT_DBMAIL_PROFILE_ACCOUNT_SQL = (
+    "EXEC mailq.UpsertDbMailProfileAccount @ProfileName = ?, @AccountName = ?, @SequenceNumber = ?;"
+)
+
+
+def upsert_db_mail_profile_account(
+    conn: Any, *, profile_name: str, account_name: str, sequence_number: int,
+) -> None:
+    """mailq.UpsertDbMailProfileAccount: add an account to a profile or move it in the failover order."""
+    _call(conn, UPSERT_DBMAIL_PROFILE_ACCOUNT_SQL, [profile_name, account_name, sequence_number]).close()
+
+
+DELETE_DBMAIL_PROFILE_ACCOUNT_SQL = "EXEC mailq.DeleteDbMailProfileAccount @ProfileName = ?, @AccountName = ?;"
+
+
+def delete_db_mail_profile_account(conn: Any, *, profile_name: str, account_name: str) -> None:
+    """mailq.DeleteDbMailProfileAccount: remove an account from a profile."""
+    _call(conn, DELETE_DBMAIL_PROFILE_ACCOUNT_SQL, [profile_name, account_name]).close()
+
+
+UPSERT_DBMAIL_PRINCIPAL_PROFILE_SQL = (
+    "EXEC mailq.UpsertDbMailPrincipalProfile @ProfileName = ?, @PrincipalName = ?, @IsDefault = ?;"
+)
+
+
+def upsert_db_mail_principal_profile(
+    conn: Any, *, profile_name: str, principal_name: str, is_default: bool = False,
+) -> None:
+    """mailq.UpsertDbMailPrincipalProfile: let a user, role or 'public' use a profile (optionally as default)."""
+    _call(
+        conn, UPSERT_DBMAIL_PRINCIPAL_PROFILE_SQL, [profile_name, principal_name, 1 if is_default else 0],
+    ).close()
+
+
+DELETE_DBMAIL_PRINCIPAL_PROFILE_SQL = (
+    "EXEC mailq.DeleteDbMailPrincipalProfile @ProfileName = ?, @PrincipalName = ?;"
+)
+
+
+def delete_db_mail_principal_profile(conn: Any, *, profile_name: str, principal_name: str) -> None:
+    """mailq.DeleteDbMailPrincipalProfile: withdraw a principal's use of a profile."""
+    _call(conn, DELETE_DBMAIL_PRINCIPAL_PROFILE_SQL, [profile_name, principal_name]).close()

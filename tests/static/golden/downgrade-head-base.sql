@@ -89,6 +89,625 @@ GO
 
 BEGIN TRANSACTION;
 
+-- Running downgrade 0009 -> 0008
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 0
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0009')
+BEGIN
+    SET @Msg = CONCAT(N'This downgrade removes revision 0009; ', QUOTENAME(DB_NAME()),
+        N' is at ', ISNULL(@Current, N'no revision'),
+        N'. Render the downgrade for this database with: mailq-db deploy --sql --downgrade ', ISNULL(@Current, N'head'), N':<target>.');
+    THROW 50411, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.SendDbMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.SendDbMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UpsertDbMailProfile') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UpsertDbMailProfile FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.DeleteDbMailProfile') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.DeleteDbMailProfile FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UpsertDbMailProfileAccount') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UpsertDbMailProfileAccount FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.DeleteDbMailProfileAccount') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.DeleteDbMailProfileAccount FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UpsertDbMailPrincipalProfile') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UpsertDbMailPrincipalProfile FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.DeleteDbMailPrincipalProfile') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.DeleteDbMailPrincipalProfile FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.sysmail_allitems') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_allitems FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.sysmail_sentitems') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_sentitems FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.sysmail_unsentitems') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_unsentitems FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.sysmail_faileditems') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_faileditems FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.sysmail_event_log') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_event_log FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.SendDbMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.SendDbMail FROM MailqDbMailUser;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.sysmail_allitems') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_allitems FROM MailqDbMailUser;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.sysmail_sentitems') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_sentitems FROM MailqDbMailUser;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.sysmail_unsentitems') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_unsentitems FROM MailqDbMailUser;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.sysmail_faileditems') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_faileditems FROM MailqDbMailUser;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.sysmail_event_log') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_event_log FROM MailqDbMailUser;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.DeleteDbMailPrincipalProfile;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.UpsertDbMailPrincipalProfile;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.DeleteDbMailProfileAccount;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.UpsertDbMailProfileAccount;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.DeleteDbMailProfile;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.UpsertDbMailProfile;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.SendDbMail;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.RenderDbMailQuery;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS mailq.sysmail_event_log;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS mailq.sysmail_faileditems;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS mailq.sysmail_unsentitems;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS mailq.sysmail_sentitems;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS mailq.sysmail_allitems;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.DbMailPrincipalProfile') IS NOT NULL
+    DROP INDEX IF EXISTS UX_DbMailPrincipalProfile_Default ON mailq.DbMailPrincipalProfile;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.DbMailItem;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.DbMailPrincipalProfile;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.DbMailProfileAccount;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.DbMailAccount;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.DbMailProfile;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF DATABASE_PRINCIPAL_ID(N'MailqDbMailUser') IS NOT NULL
+BEGIN
+    DECLARE @DropMembers NVARCHAR(MAX) = N'';
+    SELECT @DropMembers += N'ALTER ROLE MailqDbMailUser DROP MEMBER ' + QUOTENAME(m.name) + N';'
+    FROM sys.database_role_members AS rm
+    INNER JOIN sys.database_principals AS m ON m.principal_id = rm.member_principal_id
+    WHERE rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqDbMailUser');
+    EXEC sys.sp_executesql @DropMembers;
+    DROP ROLE MailqDbMailUser;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision = '0009';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0008' WHERE dbo.mailq_alembic_version.version_num = '0009';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
 -- Running downgrade 0008 -> 0007
 
 SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;

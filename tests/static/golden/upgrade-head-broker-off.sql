@@ -108,7 +108,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0008'
+IF @Rows = 1 AND @Current = '0009'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3196,7 +3196,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0008'
+IF @Rows = 1 AND @Current = '0009'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3281,7 +3281,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0008'
+IF @Rows = 1 AND @Current = '0009'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4882,7 +4882,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0008'
+IF @Rows = 1 AND @Current = '0009'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4967,7 +4967,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0008'
+IF @Rows = 1 AND @Current = '0009'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -5978,7 +5978,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0008'
+IF @Rows = 1 AND @Current = '0009'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -6063,7 +6063,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0008'
+IF @Rows = 1 AND @Current = '0009'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9337,7 +9337,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0008'
+IF @Rows = 1 AND @Current = '0009'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9761,6 +9761,2145 @@ END;
 GO
 
 UPDATE dbo.mailq_alembic_version SET version_num='0008' WHERE dbo.mailq_alembic_version.version_num = '0007';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0008 -> 0009
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0009'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0008')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0009 upgrades a database at 0008; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'on'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' has delayed execution (stored option broker=on); this script was rendered with -x broker=off and would leave its objects at an old revision. Render it without -x broker=off.');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'off', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'off';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'off');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Role MailqDbMailUser: Database Mail callers (msdb's DatabaseMailUserRole): may
+call mailq.SendDbMail and read the sysmail_* views (their own mail only).
+A separate role rather than MailqEnqueuer: SendDbMail runs a caller's @query,
+so who may use it is decided on its own.  The query runs with the caller's
+own rights (see mailq.RenderDbMailQuery), so membership grants no data access.
+No role holds table rights: procedures reach the tables through ownership
+chaining (every mailq object is owned by dbo).
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqDbMailUser') IS NULL
+    CREATE ROLE MailqDbMailUser AUTHORIZATION dbo;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.DbMailProfile: Database Mail compatibility (mailq.SendDbMail): a profile
+names an ordered list of sending accounts (mailq.DbMailProfileAccount), as
+msdb.dbo.sysmail_profile does.  ProfileID is the profile_id the sysmail_*
+views show.  Who may use a profile, and which one is a principal's default,
+is in mailq.DbMailPrincipalProfile (PrincipalName N'public' = a public profile).
+*/
+IF OBJECT_ID(N'mailq.DbMailProfile', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.DbMailProfile (
+        ProfileID INT IDENTITY (1, 1) NOT NULL,
+        ProfileName NVARCHAR(128) NOT NULL,
+        Description NVARCHAR(256) NULL,
+        CreatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_DbMailProfile_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_DbMailProfile PRIMARY KEY CLUSTERED (ProfileID),
+        CONSTRAINT UQ_DbMailProfile_ProfileName UNIQUE (ProfileName)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.DbMailAccount: the INT account_id Database Mail's views show
+(sent_account_id, account_id) for a sending account of mailq.SendingAccount.
+A row is made when the account is first added to a profile
+(mailq.UpsertDbMailProfileAccount); it is never reused for another account.
+*/
+IF OBJECT_ID(N'mailq.DbMailAccount', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.DbMailAccount (
+        AccountID INT IDENTITY (1, 1) NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        CONSTRAINT PK_DbMailAccount PRIMARY KEY CLUSTERED (AccountID),
+        CONSTRAINT UQ_DbMailAccount_AccountName UNIQUE (AccountName),
+        CONSTRAINT FK_DbMailAccount_SendingAccount FOREIGN KEY (AccountName)
+        REFERENCES mailq.SendingAccount (AccountName)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.DbMailProfileAccount: the accounts of a profile, in failover order
+(lowest SequenceNumber first, as msdb.dbo.sysmail_profileaccount).
+Failover is decided when mailq.SendDbMail enqueues: the mail goes to the first
+account of the profile that is not blocked (mailq.SendingAccount.BlockedUntilUtc
+unset or past); when every account is blocked, to the first one (the mail waits
+for it).  A queued mail keeps its account.
+*/
+IF OBJECT_ID(N'mailq.DbMailProfileAccount', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.DbMailProfileAccount (
+        ProfileID INT NOT NULL,
+        AccountID INT NOT NULL,
+        SequenceNumber INT NOT NULL,
+        CONSTRAINT PK_DbMailProfileAccount PRIMARY KEY CLUSTERED (ProfileID, AccountID),
+        CONSTRAINT FK_DbMailProfileAccount_DbMailProfile FOREIGN KEY (ProfileID)
+        REFERENCES mailq.DbMailProfile (ProfileID),
+        CONSTRAINT FK_DbMailProfileAccount_DbMailAccount FOREIGN KEY (AccountID)
+        REFERENCES mailq.DbMailAccount (AccountID),
+        CONSTRAINT CK_DbMailProfileAccount_SequenceNumber CHECK (SequenceNumber >= 0)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.DbMailPrincipalProfile: who may use a profile, and each principal's
+default profile (msdb.dbo.sysmail_principalprofile).  PrincipalName is a
+database user or role of this database, or N'public' for a public profile.
+IsDefault = 1 marks the principal's default (at most one per principal,
+UX_DbMailPrincipalProfile_Default); the default of N'public' is the default
+public profile.
+*/
+IF OBJECT_ID(N'mailq.DbMailPrincipalProfile', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.DbMailPrincipalProfile (
+        PrincipalName NVARCHAR(128) NOT NULL,
+        ProfileID INT NOT NULL,
+        IsDefault BIT NOT NULL CONSTRAINT DF_DbMailPrincipalProfile_IsDefault DEFAULT (0),
+        CONSTRAINT PK_DbMailPrincipalProfile PRIMARY KEY CLUSTERED (PrincipalName, ProfileID),
+        CONSTRAINT FK_DbMailPrincipalProfile_DbMailProfile FOREIGN KEY (ProfileID)
+        REFERENCES mailq.DbMailProfile (ProfileID)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.DbMailItem: what a mailq.SendDbMail call asked for beyond the queued
+mail itself (profile, importance, sensitivity, the query and its options, the
+caller), so that the sysmail_* views can show Database Mail's columns.
+One row per mail enqueued by SendDbMail; deleted with its mail (ON DELETE
+CASCADE, so mailq.PurgeMail needs no change).  ProfileID has no foreign
+key on purpose: a profile can be deleted while its mail is kept (msdb keeps
+profile_id in sysmail_mailitems the same way).
+*/
+IF OBJECT_ID(N'mailq.DbMailItem', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.DbMailItem (
+        MailID BIGINT NOT NULL,
+        ProfileID INT NOT NULL,
+        Importance VARCHAR(6) NOT NULL,
+        Sensitivity VARCHAR(12) NOT NULL,
+        Query NVARCHAR(MAX) NULL,
+        ExecuteQueryDatabase NVARCHAR(128) NULL,
+        AttachQueryResultAsFile BIT NOT NULL,
+        QueryResultHeader BIT NOT NULL,
+        QueryResultWidth INT NOT NULL,
+        QueryResultSeparator CHAR(1) NOT NULL,
+        ExcludeQueryOutput BIT NOT NULL,
+        AppendQueryError BIT NOT NULL,
+        SendRequestUser NVARCHAR(128) NOT NULL,
+        CONSTRAINT PK_DbMailItem PRIMARY KEY CLUSTERED (MailID),
+        CONSTRAINT FK_DbMailItem_MailQueue FOREIGN KEY (MailID)
+        REFERENCES mailq.MailQueue (ID) ON DELETE CASCADE
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+UX_DbMailPrincipalProfile_Default: at most one default profile per principal
+(and one default public profile).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE
+        name = N'UX_DbMailPrincipalProfile_Default'
+        AND object_id = OBJECT_ID(N'mailq.DbMailPrincipalProfile')
+)
+BEGIN
+    CREATE UNIQUE NONCLUSTERED INDEX UX_DbMailPrincipalProfile_Default
+    ON mailq.DbMailPrincipalProfile (PrincipalName)
+    WHERE IsDefault = 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_allitems: msdb.dbo.sysmail_allitems's columns (names and types
+as documented,
+https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-allitems-transact-sql)
+over this queue, so that a monitoring query written for Database Mail runs
+here by changing msdb.dbo to mailq.  Lower-case names on purpose: they are
+Database Mail's.
+Rows:        every mail of the queue.  db_owner and MailqAdmin members see all
+             of them; anybody else only the mail they sent through
+             mailq.SendDbMail (as in msdb, where only sysadmin sees all).
+Mapping:     mailitem_id = MailQueue.ID (NULL above 2,147,483,647);
+             sent_status: Sent -> sent; Failed, Cancelled, Expired -> failed;
+             UnSent or Sending after a failed attempt -> retrying; else unsent.
+             Dates are the server's local time (datetime, as msdb shows them):
+             the queue's UTC times plus the server's current UTC offset.
+             Text columns keep the documented types: body, recipients and query
+             are varchar(max) there, so characters outside the database's code
+             page show as '?'; mailq.MailQueue keeps the Unicode original.
+             profile_id and the query columns come from mailq.DbMailItem (NULL
+             for mail queued by mailq.EnqueueMail); file_attachments lists
+             the mail's attachment file names; sent_account_id is the
+             account's mailq.DbMailAccount ID (NULL for an account in no profile).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_allitems
+AS
+-- The server's current offset from UTC (SYSDATETIME is local time; on Azure
+-- SQL Database both are UTC).  SQL Server 2019 has no CURRENT_TIMEZONE_ID, so
+-- rows from the other side of a daylight-saving change are an hour off.
+WITH Clock AS (
+    SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
+)
+
+SELECT
+    CAST(IIF(q.ID <= 2147483647, q.ID, NULL) AS INT) AS mailitem_id,
+    i.ProfileID AS profile_id,
+    CAST(q.ToAddress AS VARCHAR(MAX)) AS recipients,
+    CAST(q.CC AS VARCHAR(MAX)) AS copy_recipients,
+    CAST(q.BCC AS VARCHAR(MAX)) AS blind_copy_recipients,
+    CAST(q.Subject AS NVARCHAR(510)) AS subject,
+    CAST(q.Body AS VARCHAR(MAX)) AS body,
+    CAST(UPPER(q.BodyFormat) AS VARCHAR(20)) AS body_format,
+    CAST(COALESCE(i.Importance, 'NORMAL') AS VARCHAR(6)) AS importance,
+    CAST(COALESCE(i.Sensitivity, 'NORMAL') AS VARCHAR(12)) AS sensitivity,
+    CAST(f.FileNames AS VARCHAR(MAX)) AS file_attachments,
+    CAST('MIME' AS VARCHAR(20)) AS attachment_encoding,
+    CAST(i.Query AS VARCHAR(MAX)) AS query,
+    CAST(i.ExecuteQueryDatabase AS SYSNAME) AS execute_query_database,
+    i.AttachQueryResultAsFile AS attach_query_result_as_file,
+    i.QueryResultHeader AS query_result_header,
+    i.QueryResultWidth AS query_result_width,
+    CAST(i.QueryResultSeparator AS CHAR(1)) AS query_result_separator,
+    i.ExcludeQueryOutput AS exclude_query_output,
+    i.AppendQueryError AS append_query_error,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, q.dtStamp) AS DATETIME) AS send_request_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS send_request_user,
+    da.AccountID AS sent_account_id,
+    CAST(
+        CASE
+            WHEN q.Status = N'Sent' THEN 'sent'
+            WHEN q.Status IN (N'Failed', N'Cancelled', N'Expired') THEN 'failed'
+            WHEN q.AttemptCount > 0 AND q.LastError IS NOT NULL THEN 'retrying'
+            ELSE 'unsent'
+        END AS VARCHAR(8)
+    ) AS sent_status,
+    CAST(
+        IIF(
+            q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired'),
+            DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.SentAtUtc, q.DateProcessed)),
+            NULL
+        ) AS DATETIME
+    ) AS sent_date,
+    CAST(
+        DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.DateProcessed, q.dtStamp)) AS DATETIME
+    ) AS last_mod_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
+FROM mailq.MailQueue AS q
+CROSS JOIN Clock AS k
+LEFT JOIN mailq.DbMailItem AS i ON q.ID = i.MailID
+LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
+OUTER APPLY (
+    SELECT STRING_AGG(CONVERT(NVARCHAR(MAX), t.FileName), N';') WITHIN GROUP (ORDER BY t.AttachmentNo) AS FileNames
+    FROM mailq.MailAttachment AS t
+    WHERE t.MailID = q.ID
+) AS f
+WHERE
+    IS_MEMBER(N'db_owner') = 1
+    OR IS_MEMBER(N'MailqAdmin') = 1
+    OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME());
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_sentitems: msdb.dbo.sysmail_sentitems over this queue: the rows of
+mailq.sysmail_allitems whose sent_status is sent, with the same columns
+(https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-sentitems-transact-sql).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_sentitems
+AS
+SELECT
+    i.mailitem_id,
+    i.profile_id,
+    i.recipients,
+    i.copy_recipients,
+    i.blind_copy_recipients,
+    i.subject,
+    i.body,
+    i.body_format,
+    i.importance,
+    i.sensitivity,
+    i.file_attachments,
+    i.attachment_encoding,
+    i.query,
+    i.execute_query_database,
+    i.attach_query_result_as_file,
+    i.query_result_header,
+    i.query_result_width,
+    i.query_result_separator,
+    i.exclude_query_output,
+    i.append_query_error,
+    i.send_request_date,
+    i.send_request_user,
+    i.sent_account_id,
+    i.sent_status,
+    i.sent_date,
+    i.last_mod_date,
+    i.last_mod_user
+FROM mailq.sysmail_allitems AS i
+WHERE i.sent_status = 'sent';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_unsentitems: msdb.dbo.sysmail_unsentitems over this queue: the rows of
+mailq.sysmail_allitems whose sent_status is unsent or retrying (as msdb's view), with the same columns
+(https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-unsentitems-transact-sql).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_unsentitems
+AS
+SELECT
+    i.mailitem_id,
+    i.profile_id,
+    i.recipients,
+    i.copy_recipients,
+    i.blind_copy_recipients,
+    i.subject,
+    i.body,
+    i.body_format,
+    i.importance,
+    i.sensitivity,
+    i.file_attachments,
+    i.attachment_encoding,
+    i.query,
+    i.execute_query_database,
+    i.attach_query_result_as_file,
+    i.query_result_header,
+    i.query_result_width,
+    i.query_result_separator,
+    i.exclude_query_output,
+    i.append_query_error,
+    i.send_request_date,
+    i.send_request_user,
+    i.sent_account_id,
+    i.sent_status,
+    i.sent_date,
+    i.last_mod_date,
+    i.last_mod_user
+FROM mailq.sysmail_allitems AS i
+WHERE i.sent_status IN ('unsent', 'retrying');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_faileditems: msdb.dbo.sysmail_faileditems over this queue: the rows of
+mailq.sysmail_allitems whose sent_status is failed, with the same columns
+(https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-faileditems-transact-sql).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_faileditems
+AS
+SELECT
+    i.mailitem_id,
+    i.profile_id,
+    i.recipients,
+    i.copy_recipients,
+    i.blind_copy_recipients,
+    i.subject,
+    i.body,
+    i.body_format,
+    i.importance,
+    i.sensitivity,
+    i.file_attachments,
+    i.attachment_encoding,
+    i.query,
+    i.execute_query_database,
+    i.attach_query_result_as_file,
+    i.query_result_header,
+    i.query_result_width,
+    i.query_result_separator,
+    i.exclude_query_output,
+    i.append_query_error,
+    i.send_request_date,
+    i.send_request_user,
+    i.sent_account_id,
+    i.sent_status,
+    i.sent_date,
+    i.last_mod_date,
+    i.last_mod_user
+FROM mailq.sysmail_allitems AS i
+WHERE i.sent_status = 'failed';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_event_log: msdb.dbo.sysmail_event_log's columns (as documented,
+https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-event-log-transact-sql)
+over the queue's attempt history (mailq.MailAttempt): one row per finished
+attempt.
+Mapping:     event_type: Sent, DryRun -> success; Retry, Wait, Released,
+             Abandoned -> warning; Stop -> error.  description: the outcome,
+             the SMTP code and the error text.  log_id numbers the rows by
+             time (it changes when mailq.PurgeMail deletes older ones: do
+             not keep it).  process_id is NULL (workers are not one process);
+             last_mod_user is the worker's name.  Dates as in sysmail_allitems.
+Rows:        db_owner and MailqAdmin members see all; others the attempts of
+             mail they sent through mailq.SendDbMail.
+*/
+CREATE OR ALTER VIEW mailq.sysmail_event_log
+AS
+-- The server's current offset from UTC (SYSDATETIME is local time; on Azure
+-- SQL Database both are UTC).  SQL Server 2019 has no CURRENT_TIMEZONE_ID, so
+-- rows from the other side of a daylight-saving change are an hour off.
+WITH Clock AS (
+    SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
+)
+
+SELECT
+    CAST(ROW_NUMBER() OVER (ORDER BY t.EndedAtUtc, t.MailID, t.AttemptNo) AS INT) AS log_id,
+    CAST(
+        CASE
+            WHEN t.Outcome IN (N'Sent', N'DryRun') THEN 'success'
+            WHEN t.Outcome = N'Stop' THEN 'error'
+            ELSE 'warning'
+        END AS VARCHAR(11)
+    ) AS event_type,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, t.EndedAtUtc) AS DATETIME) AS log_date,
+    CAST(
+        CONCAT(
+            N'Attempt ', t.AttemptNo, N': ', t.Outcome,
+            IIF(t.SmtpCode IS NULL, N'', CONCAT(N' (SMTP ', t.SmtpCode, N')')),
+            IIF(t.ErrorText IS NULL, N'', CONCAT(N': ', t.ErrorText))
+        ) AS NVARCHAR(MAX)
+    ) AS description,
+    CAST(NULL AS INT) AS process_id,
+    CAST(IIF(t.MailID <= 2147483647, t.MailID, NULL) AS INT) AS mailitem_id,
+    da.AccountID AS account_id,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, t.EndedAtUtc) AS DATETIME) AS last_mod_date,
+    CAST(t.WorkerName AS SYSNAME) AS last_mod_user
+FROM mailq.MailAttempt AS t
+CROSS JOIN Clock AS k
+INNER JOIN mailq.MailQueue AS q ON t.MailID = q.ID
+LEFT JOIN mailq.DbMailItem AS i ON q.ID = i.MailID
+LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
+WHERE
+    t.EndedAtUtc IS NOT NULL
+    AND (
+        IS_MEMBER(N'db_owner') = 1
+        OR IS_MEMBER(N'MailqAdmin') = 1
+        OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME())
+    );
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RenderDbMailQuery: internal to mailq.SendDbMail (no role may call it;
+SendDbMail reaches it through ownership chaining).  Runs @Query in @Database
+in the CALLER's security context and renders its result as text (Database
+Mail's format), an HTML table or CSV.
+
+Security:    the query runs through sys.sp_executesql in dynamic SQL.  Dynamic
+             SQL is a new batch: ownership chaining does not carry into it, so
+             every object the query names is checked against the caller's own
+             permissions (this procedure has no EXECUTE AS clause, so the
+             caller is who runs it; see "Ownership chains" and "EXECUTE AS
+             clause" in Microsoft's reference,
+             https://learn.microsoft.com/en-us/sql/relational-databases/security/ownership-chains
+             and https://learn.microsoft.com/en-us/sql/t-sql/statements/execute-as-clause-transact-sql).
+             The database is entered with QUOTENAME(@Database).sys.sp_executesql,
+             which runs the batch in that database as the caller's user there;
+             cross-database ownership chaining stays as the server has it
+             (off by default), and this package never marks a database as trusted, so
+             nothing is run with more rights than the caller has.
+How:         1. sys.dm_exec_describe_first_result_set (run in @Database) gives
+                the first result set's columns and types;
+             2. #DbMailResult gets one typed column per result column (c1..cn,
+                ALTER TABLE in dynamic SQL: a temp table created inside dynamic
+                SQL would vanish with that batch);
+             3. INSERT INTO #DbMailResult (c1..cn) EXEC <db>.sys.sp_executesql @Query;
+             4. one dynamic SELECT renders the rows with STRING_AGG.
+Supported:   one result set (INSERT ... EXEC appends every result set of the
+             query to the table: further result sets of the same shape are
+             appended, others fail as a query error).  Not supported: a query
+             whose first result set cannot be described (temp tables made by
+             the query, shape decided at run time: the describe error is the
+             query's error, 50195 or appended), a query that
+             itself runs INSERT ... EXEC, or a SendDbMail called inside
+             INSERT ... EXEC (SQL Server refuses nested INSERT ... EXEC,
+             error 8164), CLR user-defined types of the query's database.
+Text format: the sqlcmd layout Database Mail uses: a header line (column
+             names) and a line of '-' unless @Header = 0, then one line per
+             row, columns separated by @Separator, each padded with spaces
+             to its width (numbers right-aligned), a blank line and
+             '(n rows affected)'.  Width of a column: the longer of its name
+             and its type's display width (int 11, bigint 20, smallint 6,
+             tinyint 3, bit 1, decimal(p,s) p+2, float 24, real 14, money 21,
+             smallmoney 12, date 10, time 16, datetime 23, smalldatetime 19,
+             datetime2 27, datetimeoffset 34, uniqueidentifier 36, (n)char
+             and (n)varchar(n) n, binary(n) 2n+2), at least 4 ('NULL') for a
+             nullable column; (max), xml, text and other large types 256.
+             Values longer than the width are cut (@NoTruncate = 0); with
+             @NoTruncate = 1 large values are whole and their column as wide
+             as the longest value.  Lines longer than @Width are wrapped every
+             @Width characters.  @NoPadding = 1: no padding, no wrapping.
+             Values: NULL as NULL, dates in ODBC canonical style (121),
+             binary as 0x hex, money with 4 decimals, float and real as
+             CONVERT's default (6 significant digits; sqlcmd shows more).
+             At most 127 columns (CONCAT takes 254 arguments).
+Extension:   @Format 'HTML' (a <table> with <th> header cells, values
+             HTML-escaped) or 'CSV' (RFC 4180: comma, CRLF, fields quoted when
+             they hold a comma, quote, CR or LF; NULL as an empty field).
+Parameters:  @Query NVARCHAR(MAX), @Database SYSNAME (an existing database,
+             checked by SendDbMail), @Header BIT, @Width INT 10-32767,
+             @Separator NCHAR(1), @NoTruncate BIT, @NoPadding BIT,
+             @Format VARCHAR(4) TEXT | HTML | CSV
+Outputs:     @Result NVARCHAR(MAX): the rendering (N'' when the query returns
+             no result set), @QueryError NVARCHAR(4000): NULL, or the query's
+             error as sqlcmd prints it ('Msg n, Level n, State n, ...' and
+             the message) when the query failed.
+Errors:      50196 a column type cannot be held in a temp table, or a padded
+             line needs more than 10,000 pieces of @Width characters.  A query error is returned in @QueryError, not
+             raised, unless it doomed the caller's transaction (XACT_STATE()
+             = -1): then it is re-raised, and the caller's transaction must be
+             rolled back.
+Transaction: none of its own; writes only its temp table.  XACT_ABORT is
+             OFF while the query runs, so that a statement-level error of the
+             query does not doom a caller's transaction.
+Isolation:   the caller's: the query runs in the caller's own session at the
+             caller's level (Database Mail runs it in a separate session:
+             docs/database-mail.md lists the difference).
+Lock order:  none of its own beyond tempdb's #DbMailResult; the caller's query
+             takes what it takes.
+*/
+CREATE OR ALTER PROCEDURE mailq.RenderDbMailQuery
+    @Query NVARCHAR(MAX),
+    @Database SYSNAME,
+    @Header BIT,
+    @Width INT,
+    @Separator NCHAR(1),
+    @NoTruncate BIT,
+    @NoPadding BIT,
+    @Format VARCHAR(4),
+    @Result NVARCHAR(MAX) OUTPUT,
+    @QueryError NVARCHAR(4000) OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    DECLARE @CrLf NCHAR(2) = NCHAR(13) + NCHAR(10);
+    DECLARE @Sql NVARCHAR(MAX);
+    -- <database>.sys.sp_executesql runs its batch in that database.
+    DECLARE @Exec NVARCHAR(300) = QUOTENAME(@Database) + N'.sys.sp_executesql';
+    SET @Result = N'';
+    SET @QueryError = NULL;
+
+    DECLARE @Described TABLE (
+        ColumnOrdinal INT NULL,
+        ColumnName SYSNAME NULL,
+        IsNullable BIT NULL,
+        SystemTypeName NVARCHAR(256) NULL,
+        MaxLength SMALLINT NULL,
+        TypePrecision TINYINT NULL,
+        ErrorNumber INT NULL,
+        ErrorMessage NVARCHAR(4000) NULL
+    );
+    DECLARE @Column TABLE (
+        ColumnNo INT NOT NULL PRIMARY KEY,
+        HeaderText NVARCHAR(128) NOT NULL,
+        TempType NVARCHAR(256) NOT NULL,
+        Category VARCHAR(8) NOT NULL,
+        DisplayWidth INT NOT NULL,
+        IsNullable BIT NOT NULL
+    );
+
+    -- XACT_ABORT OFF from here on: an error of the query (or of describing
+    -- it) ends that statement and lands in CATCH without dooming a transaction
+    -- the caller holds.  Errors SQL Server always makes batch-aborting still
+    -- doom it; then nothing can be written any more and the error is
+    -- re-raised.  The setting reverts when the procedure returns.
+    SET XACT_ABORT OFF;
+
+    -- 1. Describe the first result set, in @Database, as the caller.
+    BEGIN TRY
+        INSERT INTO @Described (
+            ColumnOrdinal, ColumnName, IsNullable, SystemTypeName, MaxLength, TypePrecision,
+            ErrorNumber, ErrorMessage
+        )
+        EXEC @Exec
+            N'SELECT d.column_ordinal, d.name, d.is_nullable, d.system_type_name, d.max_length,
+                d.precision, d.error_number, d.error_message
+            FROM sys.dm_exec_describe_first_result_set(@tsql, NULL, 0) AS d
+            WHERE d.is_hidden = 0 OR d.is_hidden IS NULL;',
+            N'@tsql NVARCHAR(MAX)',
+            @tsql = @Query;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 THROW;
+        SET @QueryError = CONCAT(
+            N'Msg ', ERROR_NUMBER(), N', Level ', ERROR_SEVERITY(), N', State ', ERROR_STATE(),
+            N', Server ', @@SERVERNAME, N', Line ', ERROR_LINE(), @CrLf, ERROR_MESSAGE()
+        );
+        RETURN 0;
+    END CATCH;
+
+    -- An error found while describing is the query's error (an unknown table,
+    -- a column the caller may not read...): level and state are not reported
+    -- by the describe function; 16 and 1 are shown.
+    SELECT TOP (1) @QueryError = CONCAT(
+        N'Msg ', d.ErrorNumber, N', Level 16, State 1, Server ', @@SERVERNAME, N', Line 1', @CrLf,
+        d.ErrorMessage
+    )
+    FROM @Described AS d
+    WHERE d.ErrorNumber IS NOT NULL;
+    IF @QueryError IS NOT NULL RETURN 0;
+
+    -- 2. The column list: a temp-table type for every column (character data
+    --    as Unicode, so no code page of the source database loses text) and
+    --    the display width of the text format.
+    WITH Typed AS (
+        SELECT
+            d.ColumnOrdinal,
+            d.ColumnName,
+            d.IsNullable,
+            d.MaxLength,
+            d.TypePrecision,
+            LOWER(d.SystemTypeName) AS FullName,
+            LOWER(LEFT(d.SystemTypeName, CHARINDEX(N'(', d.SystemTypeName + N'(') - 1)) AS BaseName
+        FROM @Described AS d
+    )
+
+    INSERT INTO @Column (ColumnNo, HeaderText, TempType, Category, DisplayWidth, IsNullable)
+    SELECT
+        ROW_NUMBER() OVER (ORDER BY n.ColumnOrdinal) AS ColumnNo,
+        COALESCE(n.ColumnName, N'') AS HeaderText,
+        CASE
+            WHEN n.BaseName IN (N'varchar', N'nvarchar') AND n.MaxLength = -1 THEN N'nvarchar(max)'
+            WHEN n.BaseName IN (N'text', N'ntext') THEN N'nvarchar(max)'
+            -- xml stays xml: SQL Server converts xml to text only explicitly.
+            WHEN n.BaseName = N'xml' THEN N'xml'
+            WHEN n.BaseName = N'image' THEN N'varbinary(max)'
+            WHEN n.BaseName = N'timestamp' THEN N'binary(8)'
+            WHEN n.BaseName IN (N'varchar', N'char') AND n.MaxLength > 4000 THEN N'nvarchar(max)'
+            WHEN n.BaseName IN (N'varchar', N'char') THEN N'n' + n.FullName
+            ELSE n.FullName
+        END AS TempType,
+        CASE
+            WHEN n.BaseName IN (N'money', N'smallmoney') THEN 'money'
+            WHEN
+                n.BaseName IN (
+                    N'int', N'bigint', N'smallint', N'tinyint', N'decimal', N'numeric',
+                    N'float', N'real', N'money', N'smallmoney'
+                )
+                THEN 'number'
+            WHEN
+                n.BaseName IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset')
+                THEN 'time'
+            WHEN n.BaseName IN (N'binary', N'varbinary', N'image', N'timestamp') THEN 'binary'
+            WHEN n.BaseName IN (N'geometry', N'geography') THEN 'spatial'
+            ELSE 'text'
+        END AS Category,
+        CASE
+            WHEN n.BaseName = N'int' THEN 11
+            WHEN n.BaseName = N'bigint' THEN 20
+            WHEN n.BaseName = N'smallint' THEN 6
+            WHEN n.BaseName = N'tinyint' THEN 3
+            WHEN n.BaseName = N'bit' THEN 1
+            WHEN n.BaseName IN (N'decimal', N'numeric') THEN n.TypePrecision + 2
+            WHEN n.BaseName = N'float' THEN 24
+            WHEN n.BaseName = N'real' THEN 14
+            WHEN n.BaseName = N'money' THEN 21
+            WHEN n.BaseName = N'smallmoney' THEN 12
+            WHEN n.BaseName = N'date' THEN 10
+            WHEN n.BaseName = N'time' THEN 16
+            WHEN n.BaseName = N'datetime' THEN 23
+            WHEN n.BaseName = N'smalldatetime' THEN 19
+            WHEN n.BaseName = N'datetime2' THEN 27
+            WHEN n.BaseName = N'datetimeoffset' THEN 34
+            WHEN n.BaseName = N'uniqueidentifier' THEN 36
+            WHEN n.MaxLength = -1 OR n.BaseName IN (N'text', N'ntext', N'image', N'xml') THEN 256
+            WHEN n.BaseName IN (N'nchar', N'nvarchar') THEN n.MaxLength / 2
+            WHEN n.BaseName IN (N'char', N'varchar') THEN n.MaxLength
+            WHEN n.BaseName IN (N'binary', N'varbinary', N'timestamp') THEN 2 * n.MaxLength + 2
+            ELSE 256
+        END AS DisplayWidth,
+        COALESCE(n.IsNullable, 1) AS IsNullable
+    FROM Typed AS n;
+
+    -- Types come from the engine, but they are pasted into dynamic SQL:
+    -- accept only type-name characters.
+    SELECT TOP (1) @Msg = CONCAT(N'@query: column type ''', c.TempType, N''' is not supported.')
+    FROM @Column AS c
+    WHERE c.TempType COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9(), ]%'
+    ORDER BY c.ColumnNo;
+    IF @Msg IS NOT NULL THROW 50196, @Msg, 1;
+
+    CREATE TABLE #DbMailResult (mailq_row_no INT IDENTITY (1, 1) NOT NULL PRIMARY KEY);
+
+    DECLARE @ColumnList NVARCHAR(MAX) = (
+        SELECT STRING_AGG(CONVERT(NVARCHAR(MAX), CONCAT(N'c', c.ColumnNo)), N', ') WITHIN GROUP (ORDER BY c.ColumnNo)
+        FROM @Column AS c
+    );
+
+    IF @ColumnList IS NOT NULL
+    BEGIN
+        SET @Sql = (
+            SELECT
+                N'ALTER TABLE #DbMailResult ADD '
+                + STRING_AGG(CONVERT(NVARCHAR(MAX), CONCAT(N'c', c.ColumnNo, N' ', c.TempType, N' NULL')), N', ')
+                WITHIN GROUP (ORDER BY c.ColumnNo)
+                + N';'
+            FROM @Column AS c
+        );
+        EXEC sys.sp_executesql @Sql;
+        SET @Sql = CONCAT(N'INSERT INTO #DbMailResult (', @ColumnList, N') EXEC ', @Exec, N' @q;');
+    END;
+    ELSE
+        -- No result set (e.g. only an UPDATE): run it for its effect and messages.
+        SET @Sql = CONCAT(N'EXEC ', @Exec, N' @q;');
+
+    -- 3. Run the query (XACT_ABORT is OFF, see above).  Rows get their
+    --    mailq_row_no in the order the query returns them, which keeps its
+    --    ORDER BY in the rendering.
+    BEGIN TRY
+        EXEC sys.sp_executesql @Sql, N'@q NVARCHAR(MAX)', @q = @Query;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1 THROW;
+        SET @QueryError = CONCAT(
+            N'Msg ', ERROR_NUMBER(), N', Level ', ERROR_SEVERITY(), N', State ', ERROR_STATE(),
+            N', Server ', @@SERVERNAME, N', Line ', ERROR_LINE(), @CrLf, ERROR_MESSAGE()
+        );
+    END CATCH;
+    SET XACT_ABORT ON;
+
+    IF @QueryError IS NOT NULL OR @ColumnList IS NULL RETURN 0;
+
+    -- 4. Render.  Widths of the text format, then one expression per column.
+    IF @NoTruncate = 1
+    BEGIN
+        -- Large values are not cut: such a column is as wide as its longest value.
+        SET @Sql = (
+            SELECT
+                N'SELECT @w = (SELECT '
+                + STRING_AGG(
+                    CONVERT(
+                        NVARCHAR(MAX), CONCAT(N'MAX(LEN(CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N'))) AS c', c.ColumnNo)
+                    ),
+                    N', '
+                ) WITHIN GROUP (ORDER BY c.ColumnNo)
+                + N' FROM #DbMailResult FOR JSON PATH, WITHOUT_ARRAY_WRAPPER);'
+            FROM @Column AS c
+            WHERE c.DisplayWidth = 256
+        );
+        DECLARE @Longest NVARCHAR(MAX);
+        IF @Sql IS NOT NULL
+            EXEC sys.sp_executesql @Sql, N'@w NVARCHAR(MAX) OUTPUT', @w = @Longest OUTPUT;
+        UPDATE c
+        SET c.DisplayWidth = COALESCE(CAST(j.[value] AS INT), 0)
+        FROM @Column AS c
+        LEFT JOIN OPENJSON(@Longest) AS j ON j.[key] = CONCAT(N'c', c.ColumnNo)
+        WHERE c.DisplayWidth = 256;
+    END;
+
+    UPDATE c
+    SET c.DisplayWidth = (
+        SELECT MAX(w.Width)
+        FROM (
+            VALUES
+            (c.DisplayWidth),
+            (IIF(@Header = 1, LEN(c.HeaderText), 0)),
+            (IIF(c.IsNullable = 1, 4, 0))
+        ) AS w(Width)
+    )
+    FROM @Column AS c;
+
+    -- The value of column n as text (NULL as NULL); Unicode throughout.
+    DECLARE @Value TABLE (ColumnNo INT NOT NULL PRIMARY KEY, Expr NVARCHAR(MAX) NOT NULL);
+    INSERT INTO @Value (ColumnNo, Expr)
+    SELECT
+        c.ColumnNo,
+        CASE c.Category
+            WHEN 'time' THEN CONCAT(N'CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N', 121)')
+            WHEN 'binary' THEN CONCAT(N'CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N', 1)')
+            WHEN 'money' THEN CONCAT(N'CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N', 2)')
+            WHEN 'spatial' THEN CONCAT(N'CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N'.STAsText())')
+            ELSE CONCAT(N'CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N')')
+        END AS Expr
+    FROM @Column AS c;
+
+    DECLARE @RowExpr NVARCHAR(MAX), @HeaderLine NVARCHAR(MAX), @DashLine NVARCHAR(MAX);
+
+    IF @Format = 'TEXT'
+    BEGIN
+        SELECT
+            @RowExpr = STRING_AGG(
+                CONVERT(NVARCHAR(MAX), CASE
+                    WHEN @NoPadding = 1 THEN CONCAT(N'COALESCE(', v.Expr, N', N''NULL'')')
+                    WHEN c.Category IN ('number', 'money') THEN CONCAT(
+                        N'RIGHT(CONCAT(REPLICATE(CONVERT(NVARCHAR(MAX), N'' ''), ', c.DisplayWidth,
+                        N'), COALESCE(', v.Expr, N', N''NULL'')), ', c.DisplayWidth, N')'
+                    )
+                    ELSE CONCAT(
+                        N'LEFT(CONCAT(COALESCE(', v.Expr, N', N''NULL''), REPLICATE(CONVERT(NVARCHAR(MAX), N'' ''), ',
+                        c.DisplayWidth, N')), ', c.DisplayWidth, N')'
+                    )
+                END),
+                N', @sep, '
+            ) WITHIN GROUP (ORDER BY c.ColumnNo),
+            @HeaderLine = STRING_AGG(
+                CONVERT(NVARCHAR(MAX), IIF(
+                    @NoPadding = 1,
+                    c.HeaderText,
+                    LEFT(CONCAT(c.HeaderText, REPLICATE(CONVERT(NVARCHAR(MAX), N' '), c.DisplayWidth)), c.DisplayWidth)
+                )),
+                @Separator
+            ) WITHIN GROUP (ORDER BY c.ColumnNo),
+            @DashLine = STRING_AGG(
+                CONVERT(NVARCHAR(MAX), REPLICATE(
+                    CONVERT(NVARCHAR(MAX), N'-'), IIF(@NoPadding = 1, LEN(c.HeaderText), c.DisplayWidth)
+                )),
+                @Separator
+            ) WITHIN GROUP (ORDER BY c.ColumnNo)
+        FROM @Column AS c
+        INNER JOIN @Value AS v ON c.ColumnNo = v.ColumnNo;
+
+        -- Lines in order: header (0, 1), dashes (0, 2), rows (1, n); each cut
+        -- into @Width-character pieces unless @NoPadding = 1.  Every padded
+        -- line is as long as the widths and separators together, so the
+        -- number of pieces per line is known here (at most 10,000).
+        DECLARE @Pieces INT = (
+            SELECT IIF(@NoPadding = 1, 1, CEILING((SUM(c.DisplayWidth) + COUNT(*) - 1) * 1.0 / @Width))
+            FROM @Column AS c
+        );
+        IF @Pieces > 10000
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@query: a result line of ', @Pieces, N' x @query_result_width characters is too long to wrap; ',
+                N'raise @query_result_width or set @query_result_no_padding = 1.'
+            );
+            THROW 50196, @Msg, 1;
+        END;
+        SET @Sql = CONCAT(
+            N'WITH Line AS (
+                SELECT 0 AS Part, 1 AS LineOrder, @header AS LineText WHERE @showHeader = 1
+                UNION ALL
+                SELECT 0, 2, @dashes WHERE @showHeader = 1
+                UNION ALL
+                SELECT 1, r.mailq_row_no, CONCAT(', @RowExpr, N', N'''') FROM #DbMailResult AS r
+            ),
+            Ten AS (SELECT d.n FROM (VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)) AS d (n)),
+            Piece AS (SELECT a.n + 10 * b.n + 100 * c.n + 1000 * e.n AS PieceNo
+                FROM Ten AS a CROSS JOIN Ten AS b CROSS JOIN Ten AS c CROSS JOIN Ten AS e
+                WHERE a.n + 10 * b.n + 100 * c.n + 1000 * e.n < @pieces)
+            SELECT @out = STRING_AGG(
+                    CONVERT(NVARCHAR(MAX), IIF(@noPadding = 1, l.LineText,
+                        SUBSTRING(l.LineText, p.PieceNo * @width + 1, @width))), @crlf)
+                WITHIN GROUP (ORDER BY l.Part, l.LineOrder, p.PieceNo),
+                @rows = SUM(l.Part * IIF(p.PieceNo = 0, 1, 0))
+            FROM Line AS l
+            INNER JOIN Piece AS p
+                ON p.PieceNo = 0 OR (@noPadding = 0 AND p.PieceNo * @width < DATALENGTH(l.LineText) / 2);'
+        );
+        DECLARE @RowCount INT;
+        EXEC sys.sp_executesql
+            @Sql,
+            N'@sep NCHAR(1), @header NVARCHAR(MAX), @dashes NVARCHAR(MAX), @showHeader BIT, @noPadding BIT,
+              @width INT, @pieces INT, @crlf NCHAR(2), @out NVARCHAR(MAX) OUTPUT, @rows INT OUTPUT',
+            @sep = @Separator, @header = @HeaderLine, @dashes = @DashLine, @showHeader = @Header,
+            @noPadding = @NoPadding, @width = @Width, @pieces = @Pieces, @crlf = @CrLf, @out = @Result OUTPUT,
+            @rows = @RowCount OUTPUT;
+        SET @Result = CONCAT(
+            @Result, IIF(@Result IS NULL, N'', @CrLf), @CrLf,
+            N'(', COALESCE(@RowCount, 0), IIF(@RowCount = 1, N' row affected)', N' rows affected)')
+        );
+    END;
+    ELSE IF @Format = 'HTML'
+    BEGIN
+        SELECT
+            @RowExpr = STRING_AGG(
+                CONVERT(NVARCHAR(MAX), CONCAT(
+                    N'N''<td>'', REPLACE(REPLACE(REPLACE(REPLACE(COALESCE(', v.Expr, N', N''NULL''), ',
+                    N'N''&'', N''&amp;''), N''<'', N''&lt;''), N''>'', N''&gt;''), N''"'', N''&quot;''), N''</td>'''
+                )),
+                N', '
+            ) WITHIN GROUP (ORDER BY c.ColumnNo),
+            @HeaderLine = STRING_AGG(
+                CONVERT(NVARCHAR(MAX), CONCAT(
+                    N'<th>',
+                    REPLACE(REPLACE(REPLACE(REPLACE(c.HeaderText, N'&', N'&amp;'), N'<', N'&lt;'), N'>', N'&gt;'),
+                        N'"', N'&quot;'),
+                    N'</th>'
+                )),
+                N''
+            ) WITHIN GROUP (ORDER BY c.ColumnNo)
+        FROM @Column AS c
+        INNER JOIN @Value AS v ON c.ColumnNo = v.ColumnNo;
+
+        SET @Sql = CONCAT(
+            N'SELECT @out = STRING_AGG(CONVERT(NVARCHAR(MAX), CONCAT(N''<tr>'', ', @RowExpr, N', N''</tr>'')), @crlf)
+                WITHIN GROUP (ORDER BY r.mailq_row_no)
+            FROM #DbMailResult AS r;'
+        );
+        EXEC sys.sp_executesql @Sql, N'@crlf NCHAR(2), @out NVARCHAR(MAX) OUTPUT', @crlf = @CrLf, @out = @Result OUTPUT;
+        SET @Result = CONCAT(
+            N'<table border="1">', @CrLf,
+            IIF(@Header = 1, CONCAT(N'<tr>', @HeaderLine, N'</tr>', @CrLf), N''),
+            @Result, IIF(@Result IS NULL, N'', @CrLf),
+            N'</table>'
+        );
+    END;
+    ELSE
+    BEGIN
+        -- CSV (RFC 4180): quote a field that holds a comma, a quote, CR or LF.
+        SELECT
+            @RowExpr = STRING_AGG(
+                CONVERT(NVARCHAR(MAX), CONCAT(
+                    N'IIF(', v.Expr, N' COLLATE Latin1_General_100_BIN2',
+                    N' LIKE N''%[,"'' + NCHAR(13) + NCHAR(10) + N'']%'', ',
+                    N'N''"'' + REPLACE(', v.Expr, N', N''"'', N''""'') + N''"'', COALESCE(', v.Expr, N', N''''))'
+                )),
+                N', N'','', '
+            ) WITHIN GROUP (ORDER BY c.ColumnNo),
+            @HeaderLine = STRING_AGG(
+                CONVERT(NVARCHAR(MAX), IIF(
+                    c.HeaderText COLLATE Latin1_General_100_BIN2 LIKE N'%[,"' + NCHAR(13) + NCHAR(10) + N']%',
+                    N'"' + REPLACE(c.HeaderText, N'"', N'""') + N'"',
+                    c.HeaderText
+                )),
+                N','
+            ) WITHIN GROUP (ORDER BY c.ColumnNo)
+        FROM @Column AS c
+        INNER JOIN @Value AS v ON c.ColumnNo = v.ColumnNo;
+
+        SET @Sql = CONCAT(
+            N'SELECT @out = STRING_AGG(CONVERT(NVARCHAR(MAX), CONCAT(', @RowExpr, N', N'''')), @crlf)
+                WITHIN GROUP (ORDER BY r.mailq_row_no)
+            FROM #DbMailResult AS r;'
+        );
+        EXEC sys.sp_executesql @Sql, N'@crlf NCHAR(2), @out NVARCHAR(MAX) OUTPUT', @crlf = @CrLf, @out = @Result OUTPUT;
+        SET @Result = CONCAT(
+            IIF(@Header = 1, CONCAT(@HeaderLine, @CrLf), N''),
+            @Result, IIF(@Result IS NULL, N'', @CrLf)
+        );
+    END;
+
+    RETURN 0;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.SendDbMail: msdb.dbo.sp_send_dbmail's interface on this queue.  Switching
+a caller is a one-word change: EXEC msdb.dbo.sp_send_dbmail ... becomes
+EXEC mailq.SendDbMail ... with the same named parameters.
+Reference:   parameters, order, types, defaults and meanings follow Microsoft's
+             page (sp_send_dbmail, Transact-SQL):
+https://learn.microsoft.com/en-us/sql/relational-databases/system-stored-procedures/sp-send-dbmail-transact-sql
+             (the order of its Syntax section; msdb's own procedure declares
+             @from_address and @reply_to last, so name every parameter).
+             VARCHAR parameters keep the documented types: like Database Mail,
+             a non-ASCII address passed there is lost to the code page; pass
+             such mail through mailq.EnqueueMail.
+Parameters:  @profile_name   a profile (mailq.UpsertDbMailProfile); NULL: the
+                             caller's default profile, else a default profile
+                             of a role the caller is in, else the default
+                             public profile
+             @recipients, @copy_recipients, @blind_copy_recipients
+                             ';'-separated addresses; @recipients is required
+                             here (the queue sends no mail without a To)
+             @from_address   'address' or 'Name <address>'; default: the account's
+             @reply_to       one address
+             @subject        default N'SQL Server Message'
+             @body           default empty
+             @body_format    TEXT (default) or HTML
+             @importance     Low, Normal (default), High: the headers
+                             Database Mail's System.Net.Mail writes
+                             (High: X-Priority: 1, Priority: urgent,
+                             Importance: high; Low: X-Priority: 5,
+                             Priority: non-urgent, Importance: low; Normal: none)
+             @sensitivity    Normal (default), Personal, Private, Confidential:
+                             header Sensitivity: Personal | Private |
+                             Company-Confidential (RFC 2156); Normal: none
+             @file_attachments  refused (50191): the sender worker runs on
+                             another machine and never reads this server's disk
+             @query ... @query_result_no_padding: see mailq.RenderDbMailQuery
+                             (run at call time, as the caller, in
+                             @execute_query_database, default the current one)
+             @attach_query_result_as_file 1: the result is an attachment named
+                             @query_attachment_filename (default QueryResults.txt,
+                             .html or .csv), UTF-8; 0: appended to the body
+                             after a line break
+             @query_no_truncate 1: large values are not cut; as documented,
+                             the result then has no column headers
+             @mailitem_id    OUTPUT INT: the queue's mail ID (NULL once IDs
+                             pass 2,147,483,647: use @mailq_mail_id)
+Extensions:  (not in sp_send_dbmail; named mailq_ so that they cannot be
+             mistaken for Database Mail's)
+             @mailq_query_result_format  'TEXT' (default, Database Mail's
+                             layout), 'HTML' (a table) or 'CSV'
+             @mailq_mail_id  OUTPUT BIGINT: the queue's mail ID, always
+Result:      no result set; the message 'Mail (Id: n) queued.' unless
+             @exclude_query_output = 1.  Returns 0; every failure is an error.
+Errors:      50190 no @recipients; 50191 @file_attachments given;
+             50192 @body_format, @importance or @sensitivity not a documented
+             value; 50193 a query option out of range (@query_result_width not
+             10-32767, @query_result_no_padding with @query_no_truncate,
+             @mailq_query_result_format not TEXT/HTML/CSV, query options
+             without @query); 50194 @execute_query_database not a database
+             the caller can use; 50195 the query failed and
+             @append_query_error = 0 (the message carries the query's error);
+             50196 the query's result cannot be rendered (see
+             RenderDbMailQuery); 50197 no content (no @body, @query or
+             @subject); 50250 unknown profile or no default profile;
+             50251 the caller may not use the profile; 50252 the profile has
+             no account; and every error of mailq.EnqueueMail (addresses
+             50101-50105, sizes 50111-50113 ...).
+Transaction: the query runs first, outside any transaction of ours; then the
+             enqueue and its DbMailItem row in one transaction: its own if
+             none is open, else the caller's (no savepoint).  An error dooms
+             the caller's transaction (XACT_ABORT ON) and is re-raised;
+             nothing is queued.
+Isolation:   the caller's; reads of profiles and accounts are plain reads.
+Lock order:  (via EnqueueMail) mailq.MailQueue, mailq.MailAttachment, then
+             mailq.DbMailItem.
+Example:     EXEC mailq.SendDbMail @profile_name = N'Ops',
+                 @recipients = 'dba@example.com', @subject = N'Backups',
+                 @query = N'SELECT name, state_desc FROM sys.databases;',
+                 @attach_query_result_as_file = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.SendDbMail
+    @profile_name SYSNAME = NULL,
+    @recipients VARCHAR(MAX) = NULL,
+    @copy_recipients VARCHAR(MAX) = NULL,
+    @blind_copy_recipients VARCHAR(MAX) = NULL,
+    @from_address VARCHAR(MAX) = NULL,
+    @reply_to VARCHAR(MAX) = NULL,
+    @subject NVARCHAR(255) = NULL,
+    @body NVARCHAR(MAX) = NULL,
+    @body_format VARCHAR(20) = NULL,
+    @importance VARCHAR(6) = 'NORMAL',
+    @sensitivity VARCHAR(12) = 'NORMAL',
+    @file_attachments NVARCHAR(MAX) = NULL,
+    @query NVARCHAR(MAX) = NULL,
+    @execute_query_database SYSNAME = NULL,
+    @attach_query_result_as_file BIT = 0,
+    @query_attachment_filename NVARCHAR(255) = NULL,
+    @query_result_header BIT = 1,
+    @query_result_width INT = 256,
+    @query_result_separator CHAR(1) = ' ',
+    @exclude_query_output BIT = 0,
+    @append_query_error BIT = 0,
+    @query_no_truncate BIT = 0,
+    @query_result_no_padding BIT = 0,
+    @mailitem_id INT = NULL OUTPUT,
+    @mailq_query_result_format VARCHAR(4) = 'TEXT',
+    @mailq_mail_id BIGINT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Msg NVARCHAR(2048);
+    DECLARE @CrLf NCHAR(2) = NCHAR(13) + NCHAR(10);
+    DECLARE @BodyFormat VARCHAR(20) = UPPER(LTRIM(RTRIM(COALESCE(@body_format, 'TEXT'))));
+    DECLARE @ImportanceValue VARCHAR(6) = UPPER(LTRIM(RTRIM(COALESCE(@importance, 'NORMAL'))));
+    DECLARE @SensitivityValue VARCHAR(12) = UPPER(LTRIM(RTRIM(COALESCE(@sensitivity, 'NORMAL'))));
+    DECLARE @Format VARCHAR(4) = UPPER(LTRIM(RTRIM(COALESCE(@mailq_query_result_format, 'TEXT'))));
+    DECLARE @Database SYSNAME = COALESCE(@execute_query_database, DB_NAME());
+    SET @attach_query_result_as_file = COALESCE(@attach_query_result_as_file, 0);
+    SET @query_result_header = COALESCE(@query_result_header, 1);
+    SET @query_result_width = COALESCE(@query_result_width, 256);
+    SET @query_result_separator = COALESCE(@query_result_separator, ' ');
+    SET @exclude_query_output = COALESCE(@exclude_query_output, 0);
+    SET @append_query_error = COALESCE(@append_query_error, 0);
+    SET @query_no_truncate = COALESCE(@query_no_truncate, 0);
+    SET @query_result_no_padding = COALESCE(@query_result_no_padding, 0);
+    SET @mailitem_id = NULL;
+    SET @mailq_mail_id = NULL;
+
+    -- 1. Validate before anything runs.
+    IF @file_attachments IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@file_attachments is not supported: the sender worker runs on another machine and never reads ',
+            N'the database server''s disk. Send the file''s content with mailq.EnqueueMail @Attachments ',
+            N'(JSON, base64), or a query''s result with @query and @attach_query_result_as_file = 1.'
+        );
+        THROW 50191, @Msg, 1;
+    END;
+    IF NULLIF(LTRIM(RTRIM(@recipients)), '') IS NULL
+    BEGIN
+        SET @Msg = IIF(
+            COALESCE(@copy_recipients, @blind_copy_recipients) IS NULL,
+            N'@recipients, @copy_recipients or @blind_copy_recipients is required (separate addresses with ;).',
+            N'@recipients is required: mailq-db sends no mail without a To address; '
+            + N'move one Cc/Bcc address to @recipients.'
+        );
+        THROW 50190, @Msg, 1;
+    END;
+    IF @body IS NULL AND @query IS NULL AND @subject IS NULL
+        THROW 50197, N'No content: give at least one of @body, @query or @subject.', 1;
+    IF @BodyFormat NOT IN ('TEXT', 'HTML')
+    BEGIN
+        SET @Msg = CONCAT(N'@body_format must be TEXT or HTML; got ''', @body_format, N'''.');
+        THROW 50192, @Msg, 1;
+    END;
+    IF @ImportanceValue NOT IN ('LOW', 'NORMAL', 'HIGH')
+    BEGIN
+        SET @Msg = CONCAT(N'@importance must be Low, Normal or High; got ''', @importance, N'''.');
+        THROW 50192, @Msg, 1;
+    END;
+    IF @SensitivityValue NOT IN ('NORMAL', 'PERSONAL', 'PRIVATE', 'CONFIDENTIAL')
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@sensitivity must be Normal, Personal, Private or Confidential; got ''', @sensitivity, N'''.'
+        );
+        THROW 50192, @Msg, 1;
+    END;
+    IF @query IS NULL AND (@attach_query_result_as_file = 1 OR @query_attachment_filename IS NOT NULL)
+        THROW 50193, N'@attach_query_result_as_file and @query_attachment_filename need a @query.', 1;
+    IF @query_result_width NOT BETWEEN 10 AND 32767
+    BEGIN
+        SET @Msg = CONCAT(N'@query_result_width must be 10-32767; got ', @query_result_width, N'.');
+        THROW 50193, @Msg, 1;
+    END;
+    IF @query_result_no_padding = 1 AND @query_no_truncate = 1
+        THROW 50193,
+            N'@query_result_no_padding and @query_no_truncate are mutually exclusive (as in Database Mail).',
+            1;
+    IF @Format NOT IN ('TEXT', 'HTML', 'CSV')
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@mailq_query_result_format must be TEXT, HTML or CSV; got ''', @mailq_query_result_format, N'''.'
+        );
+        THROW 50193, @Msg, 1;
+    END;
+    IF @query IS NOT NULL AND (DB_ID(@Database) IS NULL OR HAS_DBACCESS(@Database) <> 1)
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@execute_query_database ''', @Database, N''' is not a database you can use ',
+            N'(it does not exist, is not online, or you have no user in it).'
+        );
+        THROW 50194, @Msg, 1;
+    END;
+
+    -- 2. Profile: the named one if the caller may use it (a public profile,
+    --    one granted to the caller or to a role the caller is in; db_owner
+    --    members may use every profile), else the caller's default, a role's
+    --    default, the default public profile.  IS_MEMBER and USER_NAME see the
+    --    caller: this procedure has no EXECUTE AS.
+    DECLARE @ProfileID INT;
+    IF @profile_name IS NOT NULL
+    BEGIN
+        SELECT @ProfileID = p.ProfileID
+        FROM mailq.DbMailProfile AS p
+        WHERE p.ProfileName = @profile_name;
+        IF @ProfileID IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'@profile_name ''', @profile_name, N''' is not a profile (mailq.UpsertDbMailProfile).');
+            THROW 50250, @Msg, 1;
+        END;
+        IF
+            COALESCE(IS_MEMBER(N'db_owner'), 0) = 0
+            AND NOT EXISTS (
+                SELECT 1
+                FROM mailq.DbMailPrincipalProfile AS pp
+                WHERE
+                    pp.ProfileID = @ProfileID
+                    AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
+            )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@profile_name ''', @profile_name, N''' is private and not granted to ', USER_NAME(),
+                N' (mailq.UpsertDbMailPrincipalProfile).'
+            );
+            THROW 50251, @Msg, 1;
+        END;
+    END;
+    ELSE
+    BEGIN
+        SELECT TOP (1) @ProfileID = pp.ProfileID
+        FROM mailq.DbMailPrincipalProfile AS pp
+        WHERE
+            pp.IsDefault = 1
+            AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
+        ORDER BY
+            CASE pp.PrincipalName WHEN USER_NAME() THEN 0 WHEN N'public' THEN 2 ELSE 1 END,
+            pp.PrincipalName;
+        IF @ProfileID IS NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@profile_name is NULL and there is no default profile for you, your roles or public ',
+                N'(mailq.UpsertDbMailPrincipalProfile @IsDefault = 1).'
+            );
+            THROW 50250, @Msg, 1;
+        END;
+    END;
+
+    -- Failover, decided now: the profile's first account that is not blocked;
+    -- when all are blocked, the first (the mail waits for it).  A queued mail
+    -- keeps its account (ClaimMail does not re-route).
+    DECLARE @AccountName NVARCHAR(128);
+    SELECT TOP (1) @AccountName = a.AccountName
+    FROM mailq.DbMailProfileAccount AS pa
+    INNER JOIN mailq.DbMailAccount AS da ON pa.AccountID = da.AccountID
+    INNER JOIN mailq.SendingAccount AS a ON da.AccountName = a.AccountName
+    WHERE pa.ProfileID = @ProfileID
+    ORDER BY IIF(a.BlockedUntilUtc > @Now, 1, 0), pa.SequenceNumber, pa.AccountID;
+    IF @AccountName IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'Profile ', COALESCE(@profile_name, CONCAT(N'#', @ProfileID)),
+            N' has no account (mailq.UpsertDbMailProfileAccount).'
+        );
+        THROW 50252, @Msg, 1;
+    END;
+
+    -- From: Database Mail takes 'Name <address>'; EnqueueMail takes the two apart.
+    DECLARE @FromAddress NVARCHAR(MAX) = @from_address, @FromName NVARCHAR(MAX);
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@from_address)) = 1
+        SELECT
+            @FromAddress = a.Address,
+            @FromName = a.DisplayName
+        FROM mailq.ParseAddressList(@from_address) AS a;
+
+    -- Importance and sensitivity as headers (constants: no escaping needed).
+    DECLARE @Headers NVARCHAR(MAX) = (
+        SELECT N'{' + STRING_AGG(CONCAT(N'"', h.HeaderName, N'": "', h.HeaderValue, N'"'), N', ') + N'}'
+        FROM (
+            VALUES
+            ('HIGH', NULL, N'X-Priority', N'1'), ('HIGH', NULL, N'Priority', N'urgent'),
+            ('HIGH', NULL, N'Importance', N'high'),
+            ('LOW', NULL, N'X-Priority', N'5'), ('LOW', NULL, N'Priority', N'non-urgent'),
+            ('LOW', NULL, N'Importance', N'low'),
+            (NULL, 'PERSONAL', N'Sensitivity', N'Personal'), (NULL, 'PRIVATE', N'Sensitivity', N'Private'),
+            (NULL, 'CONFIDENTIAL', N'Sensitivity', N'Company-Confidential')
+        ) AS h(Importance, Sensitivity, HeaderName, HeaderValue)
+        WHERE h.Importance = @ImportanceValue OR h.Sensitivity = @SensitivityValue
+    );
+
+    -- 3. The query, now, as the caller, before any transaction of ours.
+    DECLARE @MailBody NVARCHAR(MAX) = COALESCE(@body, N''), @Attachments NVARCHAR(MAX);
+    IF @query IS NOT NULL
+    BEGIN
+        DECLARE @Rendered NVARCHAR(MAX), @QueryError NVARCHAR(4000);
+        DECLARE @Separator NCHAR(1) = @query_result_separator;
+        -- "When set [@query_no_truncate], query results do not include column
+        -- headers" (the reference page above).
+        DECLARE @Header BIT = IIF(@query_no_truncate = 1, 0, @query_result_header);
+        EXEC mailq.RenderDbMailQuery
+            @Query = @query,
+            @Database = @Database,
+            @Header = @Header,
+            @Width = @query_result_width,
+            @Separator = @Separator,
+            @NoTruncate = @query_no_truncate,
+            @NoPadding = @query_result_no_padding,
+            @Format = @Format,
+            @Result = @Rendered OUTPUT,
+            @QueryError = @QueryError OUTPUT;
+
+        IF @QueryError IS NOT NULL
+        BEGIN
+            IF @append_query_error = 0
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@query failed, so no mail was queued (@append_query_error = 1 sends it with the error): ',
+                    LEFT(@QueryError, 1800)
+                );
+                THROW 50195, @Msg, 1;
+            END;
+            SET @Rendered = CONCAT(@Rendered, @QueryError);
+        END;
+
+        IF @attach_query_result_as_file = 1
+            -- FOR JSON writes VARBINARY as base64: the form EnqueueMail's
+            -- @Attachments takes.  The text is stored as UTF-8.
+            SET @Attachments = (
+                SELECT
+                    COALESCE(
+                        @query_attachment_filename,
+                        CONCAT(
+                            N'QueryResults.',
+                            CASE @Format WHEN 'HTML' THEN N'html' WHEN 'CSV' THEN N'csv' ELSE N'txt' END
+                        )
+                    ) AS FileName,
+                    CASE @Format
+                        WHEN 'HTML' THEN N'text/html; charset=utf-8'
+                        WHEN 'CSV' THEN N'text/csv; charset=utf-8'
+                        ELSE N'text/plain; charset=utf-8'
+                    END AS ContentType,
+                    CAST(
+                        CAST(COALESCE(@Rendered, N'') COLLATE Latin1_General_100_CI_AS_SC_UTF8 AS VARCHAR(MAX))
+                        AS VARBINARY(MAX)
+                    ) AS ContentBase64
+                FOR JSON PATH
+            );
+        ELSE
+            SET @MailBody = CONCAT(@MailBody, IIF(@MailBody = N'', N'', @CrLf), @Rendered);
+    END;
+
+    -- 4. Enqueue (all validation, Message-ID and application rules live in
+    --    EnqueueMail) and record the Database Mail details, in one transaction.
+    DECLARE @MailID BIGINT;
+    DECLARE @MailSubject NVARCHAR(255) = COALESCE(@subject, N'SQL Server Message');
+    DECLARE @EnqueueFormat NVARCHAR(20) = IIF(@BodyFormat = 'HTML', N'Html', N'Text');
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.EnqueueMail
+            @ToAddress = @recipients,
+            @CC = @copy_recipients,
+            @BCC = @blind_copy_recipients,
+            @Subject = @MailSubject,
+            @Body = @MailBody,
+            @BodyFormat = @EnqueueFormat,
+            @FromAddress = @FromAddress,
+            @FromName = @FromName,
+            @ReplyTo = @reply_to,
+            @Headers = @Headers,
+            @AccountName = @AccountName,
+            @Attachments = @Attachments,
+            @MailID = @MailID OUTPUT;
+
+        INSERT INTO mailq.DbMailItem (
+            MailID, ProfileID, Importance, Sensitivity, Query, ExecuteQueryDatabase,
+            AttachQueryResultAsFile, QueryResultHeader, QueryResultWidth, QueryResultSeparator,
+            ExcludeQueryOutput, AppendQueryError, SendRequestUser
+        )
+        VALUES (
+            @MailID, @ProfileID, @ImportanceValue, @SensitivityValue, @query, IIF(@query IS NULL, NULL, @Database),
+            @attach_query_result_as_file, @query_result_header, @query_result_width, @query_result_separator,
+            @exclude_query_output, @append_query_error, COALESCE(SUSER_SNAME(), USER_NAME())
+        );
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SET @mailq_mail_id = @MailID;
+    IF @MailID <= 2147483647 SET @mailitem_id = @MailID;
+    IF @exclude_query_output = 0
+    BEGIN
+        SET @Msg = CONCAT(N'Mail (Id: ', @MailID, N') queued.');
+        PRINT @Msg;
+    END;
+    RETURN 0;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UpsertDbMailProfile: creates a Database Mail compatible profile (for
+mailq.SendDbMail), or changes its description (msdb's sysmail_add_profile_sp
+and sysmail_update_profile_sp in one).
+Parameters:  @ProfileName NVARCHAR(128), required; @Description NVARCHAR(256).
+Outputs:     @ProfileID INT: the profile_id the sysmail_* views show.
+Errors:      50198 @ProfileName missing or a value over its size.
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error dooms the caller's (XACT_ABORT ON) and is re-raised.
+Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
+             latest committed row whatever level the caller runs at.
+Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount,
+             mailq.DbMailPrincipalProfile (every profile procedure).
+Example:     EXEC mailq.UpsertDbMailProfile @ProfileName = N'Ops', @Description = N'Alerts';
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfile
+    @ProfileName NVARCHAR(4000),
+    @Description NVARCHAR(4000) = NULL,
+    @ProfileID INT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
+    -- would otherwise read row versions under the UPDLOCK reads below).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL
+        THROW 50198, N'@ProfileName is required.', 1;
+    IF LEN(@ProfileName) > 128 OR LEN(@Description) > 256
+        THROW 50198, N'@ProfileName (128) or @Description (256) is over its size.', 1;
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        SET @ProfileID = NULL;
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two
+        -- administrators (a rarely written table: the range lock is harmless).
+        SELECT @ProfileID = p.ProfileID
+        FROM mailq.DbMailProfile AS p WITH (UPDLOCK, HOLDLOCK)
+        WHERE p.ProfileName = @ProfileName;
+
+        IF @ProfileID IS NOT NULL
+            UPDATE p
+            SET p.Description = @Description
+            FROM mailq.DbMailProfile AS p
+            WHERE p.ProfileID = @ProfileID;
+        ELSE
+        BEGIN
+            INSERT INTO mailq.DbMailProfile (ProfileName, Description)
+            VALUES (@ProfileName, @Description);
+            SET @ProfileID = SCOPE_IDENTITY();
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.DeleteDbMailProfile: deletes a profile with its account list and
+grants (msdb's sysmail_delete_profile_sp).  Mail already queued through it is
+kept and still sent by the account it was given.
+Parameters:  @ProfileName NVARCHAR(128), required.
+Errors:      50198 @ProfileName missing; 50250 no such profile.
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error dooms the caller's (XACT_ABORT ON) and is re-raised.
+Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
+             latest committed row whatever level the caller runs at.
+Lock order:  mailq.DbMailProfile, mailq.DbMailProfileAccount,
+             mailq.DbMailPrincipalProfile.
+Example:     EXEC mailq.DeleteDbMailProfile @ProfileName = N'Ops';
+*/
+CREATE OR ALTER PROCEDURE mailq.DeleteDbMailProfile
+    @ProfileName NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
+    -- would otherwise read row versions under the UPDLOCK reads below).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL
+        THROW 50198, N'@ProfileName is required.', 1;
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ProfileID INT;
+        SELECT @ProfileID = p.ProfileID
+        FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
+        WHERE p.ProfileName = @ProfileName;
+        IF @ProfileID IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile.');
+            THROW 50250, @Msg, 1;
+        END;
+
+        DELETE pa
+        FROM mailq.DbMailProfileAccount AS pa
+        WHERE pa.ProfileID = @ProfileID;
+        DELETE pp
+        FROM mailq.DbMailPrincipalProfile AS pp
+        WHERE pp.ProfileID = @ProfileID;
+        DELETE p
+        FROM mailq.DbMailProfile AS p
+        WHERE p.ProfileID = @ProfileID;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UpsertDbMailProfileAccount: adds a sending account to a profile, or
+changes its place in the failover order (msdb's sysmail_add_profileaccount_sp
+and sysmail_update_profileaccount_sp).  mailq.SendDbMail gives a mail to the
+profile's first account (lowest @SequenceNumber) that is not blocked when
+the mail is queued.
+Parameters:  @ProfileName NVARCHAR(128), required
+             @AccountName NVARCHAR(128), a mailq.SendingAccount, required
+             @SequenceNumber INT >= 0, required
+Errors:      50198 a parameter missing or @SequenceNumber negative;
+             50250 no such profile; 50253 no such sending account.
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error dooms the caller's (XACT_ABORT ON) and is re-raised.
+Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
+             latest committed row whatever level the caller runs at.
+Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount.
+Example:     EXEC mailq.UpsertDbMailProfileAccount @ProfileName = N'Ops',
+                 @AccountName = N'smtp-primary', @SequenceNumber = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfileAccount
+    @ProfileName NVARCHAR(4000),
+    @AccountName NVARCHAR(4000),
+    @SequenceNumber INT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
+    -- would otherwise read row versions under the UPDLOCK reads below).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50198, N'@ProfileName and @AccountName are required.', 1;
+    IF @SequenceNumber IS NULL OR @SequenceNumber < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@SequenceNumber must be 0 or more; got ', COALESCE(CONVERT(NVARCHAR(20), @SequenceNumber), N'NULL'), N'.'
+        );
+        THROW 50198, @Msg, 1;
+    END;
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ProfileID INT, @AccountID INT;
+        SELECT @ProfileID = p.ProfileID
+        FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
+        WHERE p.ProfileName = @ProfileName;
+        IF @ProfileID IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile (mailq.UpsertDbMailProfile).');
+            THROW 50250, @Msg, 1;
+        END;
+        IF NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.AccountName = @AccountName)
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@AccountName ''', @AccountName, N''' is not a sending account (mailq.UpsertSendingAccount).'
+            );
+            THROW 50253, @Msg, 1;
+        END;
+
+        -- UPDLOCK, HOLDLOCK: insert-if-absent on small, rarely written tables.
+        SELECT @AccountID = da.AccountID
+        FROM mailq.DbMailAccount AS da WITH (UPDLOCK, HOLDLOCK)
+        WHERE da.AccountName = @AccountName;
+        IF @AccountID IS NULL
+        BEGIN
+            INSERT INTO mailq.DbMailAccount (AccountName) VALUES (@AccountName);
+            SET @AccountID = SCOPE_IDENTITY();
+        END;
+
+        IF EXISTS (
+            SELECT 1
+            FROM mailq.DbMailProfileAccount AS pa WITH (UPDLOCK, HOLDLOCK)
+            WHERE pa.ProfileID = @ProfileID AND pa.AccountID = @AccountID
+        )
+            UPDATE pa
+            SET pa.SequenceNumber = @SequenceNumber
+            FROM mailq.DbMailProfileAccount AS pa
+            WHERE pa.ProfileID = @ProfileID AND pa.AccountID = @AccountID;
+        ELSE
+            INSERT INTO mailq.DbMailProfileAccount (ProfileID, AccountID, SequenceNumber)
+            VALUES (@ProfileID, @AccountID, @SequenceNumber);
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.DeleteDbMailProfileAccount: removes a sending account from a profile
+(msdb's sysmail_delete_profileaccount_sp).  Mail already queued keeps its
+account.
+Parameters:  @ProfileName NVARCHAR(128), @AccountName NVARCHAR(128), required.
+Errors:      50198 a parameter missing; 50250 no such profile; 50253 the
+             account is not in the profile.
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error dooms the caller's (XACT_ABORT ON) and is re-raised.
+Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
+             latest committed row whatever level the caller runs at.
+Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount.
+Example:     EXEC mailq.DeleteDbMailProfileAccount @ProfileName = N'Ops', @AccountName = N'smtp-old';
+*/
+CREATE OR ALTER PROCEDURE mailq.DeleteDbMailProfileAccount
+    @ProfileName NVARCHAR(4000),
+    @AccountName NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
+    -- would otherwise read row versions under the UPDLOCK reads below).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50198, N'@ProfileName and @AccountName are required.', 1;
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ProfileID INT;
+        SELECT @ProfileID = p.ProfileID
+        FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
+        WHERE p.ProfileName = @ProfileName;
+        IF @ProfileID IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile.');
+            THROW 50250, @Msg, 1;
+        END;
+
+        DELETE pa
+        FROM mailq.DbMailProfileAccount AS pa
+        INNER JOIN mailq.DbMailAccount AS da ON pa.AccountID = da.AccountID
+        WHERE pa.ProfileID = @ProfileID AND da.AccountName = @AccountName;
+        IF @@ROWCOUNT = 0
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@AccountName ''', @AccountName, N''' is not an account of profile ''', @ProfileName, N'''.'
+            );
+            THROW 50253, @Msg, 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UpsertDbMailPrincipalProfile: lets a principal use a profile, and
+optionally makes it that principal's default (msdb's
+sysmail_add_principalprofile_sp and sysmail_update_principalprofile_sp).
+@PrincipalName N'public' makes a public profile; with @IsDefault = 1 it is
+the default public profile.  Making a default clears the principal's previous
+default.
+Parameters:  @ProfileName NVARCHAR(128), required
+             @PrincipalName NVARCHAR(128): a user or role of this database,
+                            or N'public', required
+             @IsDefault BIT, default 0
+Errors:      50198 a parameter missing; 50250 no such profile;
+             50254 @PrincipalName is not a user or role of this database.
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error dooms the caller's (XACT_ABORT ON) and is re-raised.
+Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
+             latest committed row whatever level the caller runs at.
+Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
+Example:     EXEC mailq.UpsertDbMailPrincipalProfile @ProfileName = N'Ops',
+                 @PrincipalName = N'public', @IsDefault = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertDbMailPrincipalProfile
+    @ProfileName NVARCHAR(4000),
+    @PrincipalName NVARCHAR(4000),
+    @IsDefault BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
+    -- would otherwise read row versions under the UPDLOCK reads below).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @IsDefault = COALESCE(@IsDefault, 0);
+    IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@PrincipalName)), N'') IS NULL
+        THROW 50198, N'@ProfileName and @PrincipalName are required.', 1;
+    IF @PrincipalName <> N'public' AND DATABASE_PRINCIPAL_ID(@PrincipalName) IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@PrincipalName ''', LEFT(@PrincipalName, 128), N''' is not a user or role of this database.'
+        );
+        THROW 50254, @Msg, 1;
+    END;
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ProfileID INT;
+        SELECT @ProfileID = p.ProfileID
+        FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
+        WHERE p.ProfileName = @ProfileName;
+        IF @ProfileID IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile (mailq.UpsertDbMailProfile).');
+            THROW 50250, @Msg, 1;
+        END;
+
+        -- UPDLOCK, HOLDLOCK: the principal's rows stay ours until commit, so
+        -- two calls cannot both leave a default (UX_DbMailPrincipalProfile_Default
+        -- would refuse the second anyway).
+        IF @IsDefault = 1
+            UPDATE pp
+            SET pp.IsDefault = 0
+            FROM mailq.DbMailPrincipalProfile AS pp WITH (UPDLOCK, HOLDLOCK)
+            WHERE pp.PrincipalName = @PrincipalName AND pp.IsDefault = 1 AND pp.ProfileID <> @ProfileID;
+
+        IF EXISTS (
+            SELECT 1
+            FROM mailq.DbMailPrincipalProfile AS pp WITH (UPDLOCK, HOLDLOCK)
+            WHERE pp.PrincipalName = @PrincipalName AND pp.ProfileID = @ProfileID
+        )
+            UPDATE pp
+            SET pp.IsDefault = @IsDefault
+            FROM mailq.DbMailPrincipalProfile AS pp
+            WHERE pp.PrincipalName = @PrincipalName AND pp.ProfileID = @ProfileID;
+        ELSE
+            INSERT INTO mailq.DbMailPrincipalProfile (PrincipalName, ProfileID, IsDefault)
+            VALUES (@PrincipalName, @ProfileID, @IsDefault);
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.DeleteDbMailPrincipalProfile: withdraws a principal's right to use a
+profile, and the default with it (msdb's sysmail_delete_principalprofile_sp).
+Parameters:  @ProfileName NVARCHAR(128), @PrincipalName NVARCHAR(128), required.
+Errors:      50198 a parameter missing; 50250 no such profile; 50254 the
+             principal has no grant on the profile.
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error dooms the caller's (XACT_ABORT ON) and is re-raised.
+Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
+             latest committed row whatever level the caller runs at.
+Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
+Example:     EXEC mailq.DeleteDbMailPrincipalProfile @ProfileName = N'Ops', @PrincipalName = N'public';
+*/
+CREATE OR ALTER PROCEDURE mailq.DeleteDbMailPrincipalProfile
+    @ProfileName NVARCHAR(4000),
+    @PrincipalName NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
+    -- would otherwise read row versions under the UPDLOCK reads below).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@PrincipalName)), N'') IS NULL
+        THROW 50198, N'@ProfileName and @PrincipalName are required.', 1;
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ProfileID INT;
+        SELECT @ProfileID = p.ProfileID
+        FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
+        WHERE p.ProfileName = @ProfileName;
+        IF @ProfileID IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile.');
+            THROW 50250, @Msg, 1;
+        END;
+
+        DELETE pp
+        FROM mailq.DbMailPrincipalProfile AS pp
+        WHERE pp.ProfileID = @ProfileID AND pp.PrincipalName = @PrincipalName;
+        IF @@ROWCOUNT = 0
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@PrincipalName ''', LEFT(@PrincipalName, 128), N''' has no grant on profile ''', @ProfileName, N'''.'
+            );
+            THROW 50254, @Msg, 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqDbMailUser: send through mailq.SendDbMail and read the
+Database Mail compatible views (each member sees only the mail they sent).
+mailq.RenderDbMailQuery is not granted: SendDbMail reaches it by ownership
+chaining.
+*/
+GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqDbMailUser;
+GRANT SELECT ON OBJECT::mailq.sysmail_allitems TO MailqDbMailUser;
+GRANT SELECT ON OBJECT::mailq.sysmail_sentitems TO MailqDbMailUser;
+GRANT SELECT ON OBJECT::mailq.sysmail_unsentitems TO MailqDbMailUser;
+GRANT SELECT ON OBJECT::mailq.sysmail_faileditems TO MailqDbMailUser;
+GRANT SELECT ON OBJECT::mailq.sysmail_event_log TO MailqDbMailUser;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin for Database Mail compatibility: send, manage
+profiles, and read every row of the sysmail_* views.
+*/
+GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertDbMailProfile TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.DeleteDbMailProfile TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertDbMailProfileAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.DeleteDbMailProfileAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertDbMailPrincipalProfile TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.DeleteDbMailPrincipalProfile TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_allitems TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_sentitems TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_unsentitems TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_faileditems TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_event_log TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0009') AND FilePath IN (
+    N'security/MailqDbMailUser.role.sql',
+    N'tables/mailq.DbMailProfile.sql',
+    N'tables/mailq.DbMailAccount.sql',
+    N'tables/mailq.DbMailProfileAccount.sql',
+    N'tables/mailq.DbMailPrincipalProfile.sql',
+    N'tables/mailq.DbMailItem.sql',
+    N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql',
+    N'views/mailq.sysmail_allitems.sql',
+    N'views/mailq.sysmail_sentitems.sql',
+    N'views/mailq.sysmail_unsentitems.sql',
+    N'views/mailq.sysmail_faileditems.sql',
+    N'views/mailq.sysmail_event_log.sql',
+    N'procedures/mailq.RenderDbMailQuery.sql',
+    N'procedures/mailq.SendDbMail.sql',
+    N'procedures/mailq.UpsertDbMailProfile.sql',
+    N'procedures/mailq.DeleteDbMailProfile.sql',
+    N'procedures/mailq.UpsertDbMailProfileAccount.sql',
+    N'procedures/mailq.DeleteDbMailProfileAccount.sql',
+    N'procedures/mailq.UpsertDbMailPrincipalProfile.sql',
+    N'procedures/mailq.DeleteDbMailPrincipalProfile.sql',
+    N'security/MailqDbMailUser.grants.sql',
+    N'security/MailqAdmin.dbmail.grants.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0009', N'security/MailqDbMailUser.role.sql', '5f5ed84e3e94aa52eb28ed74c2a5d78be77c4cd466f754475ec25de4932076ae'),
+    ('0009', N'tables/mailq.DbMailProfile.sql', 'f9417f7282e71aab9028d5cea8fc251ca030c46bb9b23ea20971826441a1da72'),
+    ('0009', N'tables/mailq.DbMailAccount.sql', '5d68016c813af0eefedf11cfea5d38a07673e4ce6889eb0632c74e1f95d3bf7b'),
+    ('0009', N'tables/mailq.DbMailProfileAccount.sql', 'ce98f9dc2d88dc6b1c7bdf39fe47f2b129d18947b5d66b95403bb252410fbedf'),
+    ('0009', N'tables/mailq.DbMailPrincipalProfile.sql', '5c78aa224793927990c6396daebd6d1ef5e9e6c29c8e5fded4e504421338b466'),
+    ('0009', N'tables/mailq.DbMailItem.sql', 'd7b7e460d62134d3610e348e4601194c9106c77d96c988ccd397df07ef1f8845'),
+    ('0009', N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql', 'b05bedfa34c6f285b587cde2a8d95c7f508e54c433d2d1551168e2cf5c647cbf'),
+    ('0009', N'views/mailq.sysmail_allitems.sql', '7c9d6f45f83a6c0bbe78352f1a6b582ae981e77ee050252fc432f178c84623d9'),
+    ('0009', N'views/mailq.sysmail_sentitems.sql', 'de4fa39e15acdb1a888ed218a382287d61d978b843b21b6e2b90063dd02b3688'),
+    ('0009', N'views/mailq.sysmail_unsentitems.sql', '5df8c27e57f9a1ce3ebbc56d09ba5bad39c6fb6732278b6149bdaebee48263c3'),
+    ('0009', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
+    ('0009', N'views/mailq.sysmail_event_log.sql', '1fea12efb477887b16c9c942270509cf10d6ac5a8cccd45638b1243887f771c4'),
+    ('0009', N'procedures/mailq.RenderDbMailQuery.sql', '2cf91e19b0ead4fee0ba5db39148c11ae36e5872a0625e4a3adb36ecf4ab69c9'),
+    ('0009', N'procedures/mailq.SendDbMail.sql', 'bc058cee35a9ecf15e7131b77b2302eac078ee5f230156b3d83d2503cd877458'),
+    ('0009', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
+    ('0009', N'procedures/mailq.DeleteDbMailProfile.sql', '0671551bbef4be2b75a015e4a1de8622f53f66ffc4ec88adab82ead8bbcb928b'),
+    ('0009', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '30a940c5359b0f3ce392bbe3fd4a9535a4f044ac18b40d7f8d67713ecdfb9c68'),
+    ('0009', N'procedures/mailq.DeleteDbMailProfileAccount.sql', '7f5caaf91e521d2a166b4604d6fcd5fb9d39a65fe5b5e274da2c245c34e7a0aa'),
+    ('0009', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', '3200cdad8d8ed121e71052de8474685eb468751169fd455b552cb1a5dfa91232'),
+    ('0009', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', 'ec5908743b0972cd82cddd79681cab9c9dff326293b6edac6d5257bd00137bd4'),
+    ('0009', N'security/MailqDbMailUser.grants.sql', '7c5ab0bf34907c48b463a1dd56988c6f49214516ea761cab4e088ac83f7647bb'),
+    ('0009', N'security/MailqAdmin.dbmail.grants.sql', 'dac07263321d9bbc0353d26a0141f0139e84c82c8b75e5ca067685ed3dcaad82');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0009 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0009' WHERE dbo.mailq_alembic_version.version_num = '0008';
 
 GO
 

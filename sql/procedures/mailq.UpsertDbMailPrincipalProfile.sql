@@ -1,0 +1,87 @@
+/*
+mailq.UpsertDbMailPrincipalProfile: lets a principal use a profile, and
+optionally makes it that principal's default (msdb's
+sysmail_add_principalprofile_sp and sysmail_update_principalprofile_sp).
+@PrincipalName N'public' makes a public profile; with @IsDefault = 1 it is
+the default public profile.  Making a default clears the principal's previous
+default.
+Parameters:  @ProfileName NVARCHAR(128), required
+             @PrincipalName NVARCHAR(128): a user or role of this database,
+                            or N'public', required
+             @IsDefault BIT, default 0
+Errors:      50198 a parameter missing; 50250 no such profile;
+             50254 @PrincipalName is not a user or role of this database.
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error dooms the caller's (XACT_ABORT ON) and is re-raised.
+Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
+             latest committed row whatever level the caller runs at.
+Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
+Example:     EXEC mailq.UpsertDbMailPrincipalProfile @ProfileName = N'Ops',
+                 @PrincipalName = N'public', @IsDefault = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertDbMailPrincipalProfile
+    @ProfileName NVARCHAR(4000),
+    @PrincipalName NVARCHAR(4000),
+    @IsDefault BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
+    -- would otherwise read row versions under the UPDLOCK reads below).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @IsDefault = COALESCE(@IsDefault, 0);
+    IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@PrincipalName)), N'') IS NULL
+        THROW 50198, N'@ProfileName and @PrincipalName are required.', 1;
+    IF @PrincipalName <> N'public' AND DATABASE_PRINCIPAL_ID(@PrincipalName) IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@PrincipalName ''', LEFT(@PrincipalName, 128), N''' is not a user or role of this database.'
+        );
+        THROW 50254, @Msg, 1;
+    END;
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ProfileID INT;
+        SELECT @ProfileID = p.ProfileID
+        FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
+        WHERE p.ProfileName = @ProfileName;
+        IF @ProfileID IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile (mailq.UpsertDbMailProfile).');
+            THROW 50250, @Msg, 1;
+        END;
+
+        -- UPDLOCK, HOLDLOCK: the principal's rows stay ours until commit, so
+        -- two calls cannot both leave a default (UX_DbMailPrincipalProfile_Default
+        -- would refuse the second anyway).
+        IF @IsDefault = 1
+            UPDATE pp
+            SET pp.IsDefault = 0
+            FROM mailq.DbMailPrincipalProfile AS pp WITH (UPDLOCK, HOLDLOCK)
+            WHERE pp.PrincipalName = @PrincipalName AND pp.IsDefault = 1 AND pp.ProfileID <> @ProfileID;
+
+        IF EXISTS (
+            SELECT 1
+            FROM mailq.DbMailPrincipalProfile AS pp WITH (UPDLOCK, HOLDLOCK)
+            WHERE pp.PrincipalName = @PrincipalName AND pp.ProfileID = @ProfileID
+        )
+            UPDATE pp
+            SET pp.IsDefault = @IsDefault
+            FROM mailq.DbMailPrincipalProfile AS pp
+            WHERE pp.PrincipalName = @PrincipalName AND pp.ProfileID = @ProfileID;
+        ELSE
+            INSERT INTO mailq.DbMailPrincipalProfile (PrincipalName, ProfileID, IsDefault)
+            VALUES (@PrincipalName, @ProfileID, @IsDefault);
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;

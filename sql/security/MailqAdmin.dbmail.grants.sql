@@ -1,0 +1,16 @@
+/*
+Grants of role MailqAdmin for Database Mail compatibility: send, manage
+profiles, and read every row of the sysmail_* views.
+*/
+GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertDbMailProfile TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.DeleteDbMailProfile TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertDbMailProfileAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.DeleteDbMailProfileAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertDbMailPrincipalProfile TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.DeleteDbMailPrincipalProfile TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_allitems TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_sentitems TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_unsentitems TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_faileditems TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_event_log TO MailqAdmin;

@@ -60,10 +60,16 @@ COMMON = {
 #: SSDT's guard: in a client without SQLCMD mode, ":setvar" is a syntax error
 #: and "$(__IsSqlCmdEnabled)" stays literal, so the IF sets NOEXEC ON and
 #: nothing after it executes.  ":on error exit" makes sqlcmd (with or without
-#: -b) and SSMS in SQLCMD mode stop at the first error.
+#: -b) and SSMS in SQLCMD mode stop at the first error.  sqlcmd then closes
+#: the connection (the server rolls the open transaction back); SSMS keeps it,
+#: and XACT_ABORT does not roll back a compile error, so the header tells an
+#: SSMS user to roll back before closing (SSMS offers to COMMIT on close).
 SQLCMD_HEADER = """\
 -- mailq-db deployment script: run it with sqlcmd (-b -I recommended) or in
--- SSMS with Query > SQLCMD Mode on.  It stops at the first error.
+-- SSMS with Query > SQLCMD Mode on.  It stops at the first error.  In SSMS
+-- the session stays open after a stop: run IF @@TRANCOUNT > 0 ROLLBACK; and
+-- close the window (never COMMIT: a syntax error leaves the failed revision's
+-- transaction open; closing also releases the deployment lock).
 :on error exit
 :setvar __IsSqlCmdEnabled "True"
 GO

@@ -257,7 +257,20 @@ BEGIN
                 + N';'
             FROM @Column AS c
         );
-        EXEC sys.sp_executesql @Sql;
+        -- XACT_ABORT is OFF here: without TRY a type tempdb does not know
+        -- (a CLR type of the query's database) would only end this statement,
+        -- and the query would then fail on the missing column instead.
+        BEGIN TRY
+            EXEC sys.sp_executesql @Sql;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() = -1 THROW;
+            SET @Msg = CONCAT(
+                N'@query: a result column''s type cannot be held in a temp table (Msg ', ERROR_NUMBER(), N': ',
+                LEFT(ERROR_MESSAGE(), 1800), N').'
+            );
+            THROW 50196, @Msg, 1;
+        END CATCH;
         SET @Sql = CONCAT(N'INSERT INTO #DbMailResult (', @ColumnList, N') EXEC ', @Exec, N' @q;');
     END;
     ELSE

@@ -1,5 +1,8 @@
 -- mailq-db deployment script: run it with sqlcmd (-b -I recommended) or in
--- SSMS with Query > SQLCMD Mode on.  It stops at the first error.
+-- SSMS with Query > SQLCMD Mode on.  It stops at the first error.  In SSMS
+-- the session stays open after a stop: run IF @@TRANCOUNT > 0 ROLLBACK; and
+-- close the window (never COMMIT: a syntax error leaves the failed revision's
+-- transaction open; closing also releases the deployment lock).
 :on error exit
 :setvar __IsSqlCmdEnabled "True"
 GO

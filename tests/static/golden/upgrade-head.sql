@@ -1,5 +1,8 @@
 -- mailq-db deployment script: run it with sqlcmd (-b -I recommended) or in
--- SSMS with Query > SQLCMD Mode on.  It stops at the first error.
+-- SSMS with Query > SQLCMD Mode on.  It stops at the first error.  In SSMS
+-- the session stays open after a stop: run IF @@TRANCOUNT > 0 ROLLBACK; and
+-- close the window (never COMMIT: a syntax error leaves the failed revision's
+-- transaction open; closing also releases the deployment lock).
 :on error exit
 :setvar __IsSqlCmdEnabled "True"
 GO
@@ -17031,7 +17034,20 @@ BEGIN
                 + N';'
             FROM @Column AS c
         );
-        EXEC sys.sp_executesql @Sql;
+        -- XACT_ABORT is OFF here: without TRY a type tempdb does not know
+        -- (a CLR type of the query's database) would only end this statement,
+        -- and the query would then fail on the missing column instead.
+        BEGIN TRY
+            EXEC sys.sp_executesql @Sql;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() = -1 THROW;
+            SET @Msg = CONCAT(
+                N'@query: a result column''s type cannot be held in a temp table (Msg ', ERROR_NUMBER(), N': ',
+                LEFT(ERROR_MESSAGE(), 1800), N').'
+            );
+            THROW 50196, @Msg, 1;
+        END CATCH;
         SET @Sql = CONCAT(N'INSERT INTO #DbMailResult (', @ColumnList, N') EXEC ', @Exec, N' @q;');
     END;
     ELSE
@@ -18270,7 +18286,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0009', N'views/mailq.sysmail_unsentitems.sql', '5df8c27e57f9a1ce3ebbc56d09ba5bad39c6fb6732278b6149bdaebee48263c3'),
     ('0009', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
     ('0009', N'views/mailq.sysmail_event_log.sql', '1fea12efb477887b16c9c942270509cf10d6ac5a8cccd45638b1243887f771c4'),
-    ('0009', N'procedures/mailq.RenderDbMailQuery.sql', '2cf91e19b0ead4fee0ba5db39148c11ae36e5872a0625e4a3adb36ecf4ab69c9'),
+    ('0009', N'procedures/mailq.RenderDbMailQuery.sql', '0c38ed13957307f8eb18e187c8d5fc2ff7329ccdc0e21cad918b4265ddf6f964'),
     ('0009', N'procedures/mailq.SendDbMail.sql', 'bc058cee35a9ecf15e7131b77b2302eac078ee5f230156b3d83d2503cd877458'),
     ('0009', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
     ('0009', N'procedures/mailq.DeleteDbMailProfile.sql', '0671551bbef4be2b75a015e4a1de8622f53f66ffc4ec88adab82ead8bbcb928b'),

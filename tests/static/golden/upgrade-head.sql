@@ -8594,7 +8594,8 @@ every row this procedure takes is returned to the worker.
 How (a small fixed number of statements in one transaction):
  1. Accounts: the sending accounts the worker serves (@AccountNames), that
     are not blocked (BlockedUntilUtc), with what is left of their rate budget.
-    Budget rows are read WITH (UPDLOCK, READPAST, ROWLOCK): an account whose
+    Budget rows are read WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK), one
+    seek per such account (only its row is locked): an account whose
     budget another claimer holds is skipped for this claim, never waited on.
     The clock (@Now) is read AFTER those locks are held, and a stored window
     start later than @Now's window is kept (windows never move backwards), so
@@ -8796,7 +8797,12 @@ BEGIN
         --           under READ_COMMITTED_SNAPSHOT);
         -- READPAST: a budget row held by another claimer is skipped (that
         --           account's mail waits for the next claim), never waited on;
-        -- ROWLOCK:  row grain, so READPAST skips one account, not a page.
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page;
+        -- FORCESEEK: one seek on PK_RateBudget per account read above, never
+        --           a scan: a scan U-locks (and keeps) the budget row of
+        --           every account, also those this worker does not serve or
+        --           that have no limit, so claimers serving other accounts
+        --           would read past them and skip accounts no one is using.
         INSERT INTO @Acct (
             AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
             MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
@@ -8805,7 +8811,7 @@ BEGIN
             a.AccountName, 1, a.BlockedUntilUtc, a.PerMinuteLimit, a.PerHourLimit, a.PerDayLimit,
             b.MinuteStartUtc, b.MinuteCount, b.HourStartUtc, b.HourCount, b.DayStartUtc, b.DayCount
         FROM mailq.SendingAccount AS a
-        INNER JOIN mailq.RateBudget AS b WITH (UPDLOCK, READPAST, ROWLOCK)
+        INNER JOIN mailq.RateBudget AS b WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK)
             ON a.AccountName = b.AccountName
         WHERE
             (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
@@ -9295,7 +9301,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0005', N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql', '722c68c1a3a3aee1360c4c8acf3c6160a8bb458c63a893734d637d00897192f2'),
     ('0005', N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql', 'ae57b4d4be4d092896f5119811ec6d2da55a73501fec4ae934a5e9be8d15e641'),
     ('0005', N'indexes/mailq.MailQueue.IX_MailQueue_Claim.sql', '8fca30cdbab6b99b8ab2f2ecc526b1e055833af30dc51a3195f540a121988ec2'),
-    ('0005', N'procedures/mailq.ClaimMail.sql', '572ffad19c609c47ba7ef60ad17d566dc84f86fe7de8fc120556ea3556db506e'),
+    ('0005', N'procedures/mailq.ClaimMail.sql', '5dc5308827c5ca22b5793bc20c5f7492e0c1aef245f33c3c2baf8f25afa47bb0'),
     ('0005', N'procedures/mailq.FinalizeMail.sql', 'd550579be553320bbdeffa95aefa3841e752c825bf655a3c910f406915b64fd0'),
     ('0005', N'security/MailqSender.finalize.grants.sql', '9f61609392a2e4156e878c60502691a208e2a1ed21bc4e88e99247fcb4ae4b79');
 

@@ -14411,7 +14411,9 @@ one statement takes 5,000 locks on one index (or one table) reference
 ("Lock escalation" in Microsoft's transaction locking and row versioning
 guide).  Every statement here stays far below: the parent delete touches at
 most @BatchSize <= 1000 rows per index, children are deleted 1000 rows per
-statement.  The queue stays available to workers and enqueuers meanwhile.
+statement (recipient outcomes too, before the parent delete, whose ON DELETE
+CASCADE would otherwise remove up to 100 of them per mail in one statement).
+The queue stays available to workers and enqueuers meanwhile.
 Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
              @BatchSize INT 1-1000, default 500.
 Result set:  one row: PurgedCount BIGINT.
@@ -14426,7 +14428,8 @@ Isolation:   sets READ COMMITTED itself (READPAST is refused under SERIALIZABLE,
              READCOMMITTEDLOCK so that, under READ_COMMITTED_SNAPSHOT, it sees
              locks and READPAST can skip them.
 Lock order:  mailq.MailQueue clustered rows first (U, in ID order), then
-             mailq.MailAttempt, then mailq.MailAttachment, then the MailQueue
+             mailq.MailAttempt, then mailq.MailAttachment, then
+             mailq.MailRecipientOutcome, then the MailQueue
              rows' deletion: the order of every procedure (docs/guarantees.md).
              The candidates are found on IX_MailQueue_Final without keeping a
              lock on it, so RequeueMail (clustered row, then the index key)
@@ -14531,6 +14534,19 @@ BEGIN
                 DELETE TOP (1000) a
                 FROM mailq.MailAttachment AS a WITH (ROWLOCK)
                 WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- Recipient outcomes (up to 100 per mail) here too, not through the
+            -- ON DELETE CASCADE of the parent delete: that one statement would
+            -- lock up to 100 x @BatchSize rows of mailq.MailRecipientOutcome
+            -- and escalate to a table lock past 5,000.
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) o
+                FROM mailq.MailRecipientOutcome AS o WITH (ROWLOCK)
+                WHERE o.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
 
@@ -15691,7 +15707,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0007', N'procedures/mailq.MarkFailed.sql', '547c2f9f1c8788369d72669d3634a3dd3097d3cdbb2d82209469adf84f263fd3'),
     ('0007', N'procedures/mailq.CancelMail.sql', '83b111b1e07dce759d5570e99041a72d5eecd291c25684314808520cfaf981ed'),
     ('0007', N'procedures/mailq.RequeueMail.sql', 'eb4ff01e728ac506529c33bf94dd849dfe8b880553d94a1e9120177a5f3b9a8f'),
-    ('0007', N'procedures/mailq.PurgeMail.sql', '93533d081b39305329b115533a2c18ee1bd098236adb6d24cf264549c28756c9'),
+    ('0007', N'procedures/mailq.PurgeMail.sql', '1ac49fd69b65ca96ba88e2eb8c406c9373942214ca0085d4827b93dfb245dd65'),
     ('0007', N'procedures/mailq.UpsertSendingAccount.sql', 'b0889c6c99fbc5854756dae7ec2ccbbcfa5ea8479d90754d28b93212908554c4'),
     ('0007', N'procedures/mailq.UnblockSendingAccount.sql', 'e352e9af76fccae4d8ef1b5b593cbade69180ad4f696f02d002f5d4a5b16ea1c'),
     ('0007', N'procedures/mailq.UpsertApplication.sql', '1ca9b3c35b8dd9b65a83be3eeb70c5f5635b695f7ba1fd617d3bb8f1e0543605'),

@@ -13151,10 +13151,13 @@ BEGIN
     -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
     -- checked here still holds when the caller updates them.  No READPAST:
     -- these rows must be seen, and only a reclaiming worker could hold them.
+    -- FORCESEEK: one seek per ID.  OPENJSON is estimated at 50 rows, so on a
+    -- small queue the optimizer may scan; a scan would U-lock, and keep, every
+    -- row it reads, and two workers acknowledging at once would deadlock.
     INSERT INTO @Held (ID, Status, ThreadLock)
     SELECT l.ID, q.Status, q.ThreadLock
     FROM mailq.ParseIDList(@ID, @IDList) AS l
-    LEFT JOIN mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK) ON l.ID = q.ID;
+    LEFT JOIN mailq.MailQueue AS q WITH (FORCESEEK, UPDLOCK, ROWLOCK) ON l.ID = q.ID;
 
     SELECT TOP (1) @Msg = CONCAT(N'Mail ', h.ID, N' does not exist.')
     FROM @Held AS h
@@ -13821,7 +13824,7 @@ BEGIN
         UPDATE q
         SET q.VisibleAtUtc = @LeaseUntil
         OUTPUT inserted.ID, inserted.VisibleAtUtc INTO @Extended (ID, LeaseExpiresUtc)
-        FROM mailq.MailQueue AS q
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
 
@@ -13895,7 +13898,7 @@ BEGIN
             q.VisibleAtUtc = @Now,
             q.AttemptsRemaining = q.AttemptsRemaining + 1
         OUTPUT inserted.ID, inserted.AttemptCount INTO @Released (ID, AttemptNo)
-        FROM mailq.MailQueue AS q
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
 
@@ -13996,7 +13999,7 @@ BEGIN
             q.DryRun = @DryRun,
             q.LastError = NULL
         OUTPUT inserted.ID, inserted.AttemptCount INTO @Acked (ID, AttemptNo)
-        FROM mailq.MailQueue AS q
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
 
@@ -14149,7 +14152,7 @@ BEGIN
                         @Now
                     )
                 END AS RetryAtUtc
-            FROM mailq.MailQueue AS q
+            FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
             INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
             WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
         )
@@ -15699,12 +15702,12 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0007', N'views/mailq.OldestDueMail.sql', '162ab558e04d44adcbd1e11d6e53f8d91108c9f713e3199039d207ed229cb7a6'),
     ('0007', N'views/mailq.ThroughputPerHour.sql', '430d89e12b1171bedd76164b995c9ad7811a96e660a0de37a939ed75a9216d19'),
     ('0007', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
-    ('0007', N'procedures/mailq.LockLeasedMail.sql', 'ef4efa5dc7401d45c11b282ea8ff82ba3ccca4f4037d716993b51099ca79bbee'),
+    ('0007', N'procedures/mailq.LockLeasedMail.sql', '9d9802fc5ec882c30c2e14da4e4fdb95a3fa7b2873d19401cdb8bb407284ed40'),
     ('0007', N'procedures/mailq.EnqueueMail.sql', '0382e8d39db229eb0dce542365449f73e07a83d0dd463785fcbb26c3e88b553e'),
-    ('0007', N'procedures/mailq.ExtendLease.sql', 'eaa3fffd937140ed9660852b7e162aa5b66cd60a356846b25d04e8b766425f46'),
-    ('0007', N'procedures/mailq.ReleaseMail.sql', 'a869aea4f7bb8f6c2672b9e4bf80925166cf09d860c30d094f0220d4e791093f'),
-    ('0007', N'procedures/mailq.MarkSent.sql', '5f5869cdc7d7acf81502a4cb31b11067019c8f112293500c458e2297fe5fa5e8'),
-    ('0007', N'procedures/mailq.MarkFailed.sql', '547c2f9f1c8788369d72669d3634a3dd3097d3cdbb2d82209469adf84f263fd3'),
+    ('0007', N'procedures/mailq.ExtendLease.sql', '48525b2a69dbcd7c0ce6e203c33ba3881129f22311919dd2ef0c75b20262d009'),
+    ('0007', N'procedures/mailq.ReleaseMail.sql', 'd7f6c007214541390a294f960ab56f0564d5c840cc9eb09632836113daa5cdef'),
+    ('0007', N'procedures/mailq.MarkSent.sql', '7675fda514ad63d3a347ebe9300cd32a343d1a512d66a9385a8373fd8a16afc5'),
+    ('0007', N'procedures/mailq.MarkFailed.sql', '32c49388a64cfe5f91e1421fad08a533deb7bcf257d4a86083f50214354971d3'),
     ('0007', N'procedures/mailq.CancelMail.sql', '83b111b1e07dce759d5570e99041a72d5eecd291c25684314808520cfaf981ed'),
     ('0007', N'procedures/mailq.RequeueMail.sql', 'eb4ff01e728ac506529c33bf94dd849dfe8b880553d94a1e9120177a5f3b9a8f'),
     ('0007', N'procedures/mailq.PurgeMail.sql', '1ac49fd69b65ca96ba88e2eb8c406c9373942214ca0085d4827b93dfb245dd65'),

@@ -133,7 +133,7 @@ def test_claim_catch_rolls_back_only_its_own_transaction(claim):
 
 def test_rate_window_never_moves_backwards(claim):
     # The clock is read after the budget rows are locked ...
-    lock = claim.index("MAILQ.RATEBUDGET AS B WITH (UPDLOCK, READPAST, ROWLOCK)")
+    lock = claim.index("MAILQ.RATEBUDGET AS B WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK)")
     clock = claim.index("SET @NOW = SYSUTCDATETIME()")
     assert lock < clock, "@Now is read before the budget rows are locked"
     assert claim.count("SYSUTCDATETIME()") == 1

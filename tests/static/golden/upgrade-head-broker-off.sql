@@ -5244,7 +5244,8 @@ every row this procedure takes is returned to the worker.
 How (a small fixed number of statements in one transaction):
  1. Accounts: the sending accounts the worker serves (@AccountNames), that
     are not blocked (BlockedUntilUtc), with what is left of their rate budget.
-    Budget rows are read WITH (UPDLOCK, READPAST, ROWLOCK): an account whose
+    Budget rows are read WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK), one
+    seek per such account (only its row is locked): an account whose
     budget another claimer holds is skipped for this claim, never waited on.
     The clock (@Now) is read AFTER those locks are held, and a stored window
     start later than @Now's window is kept (windows never move backwards), so
@@ -5446,7 +5447,12 @@ BEGIN
         --           under READ_COMMITTED_SNAPSHOT);
         -- READPAST: a budget row held by another claimer is skipped (that
         --           account's mail waits for the next claim), never waited on;
-        -- ROWLOCK:  row grain, so READPAST skips one account, not a page.
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page;
+        -- FORCESEEK: one seek on PK_RateBudget per account read above, never
+        --           a scan: a scan U-locks (and keeps) the budget row of
+        --           every account, also those this worker does not serve or
+        --           that have no limit, so claimers serving other accounts
+        --           would read past them and skip accounts no one is using.
         INSERT INTO @Acct (
             AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
             MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
@@ -5455,7 +5461,7 @@ BEGIN
             a.AccountName, 1, a.BlockedUntilUtc, a.PerMinuteLimit, a.PerHourLimit, a.PerDayLimit,
             b.MinuteStartUtc, b.MinuteCount, b.HourStartUtc, b.HourCount, b.DayStartUtc, b.DayCount
         FROM mailq.SendingAccount AS a
-        INNER JOIN mailq.RateBudget AS b WITH (UPDLOCK, READPAST, ROWLOCK)
+        INNER JOIN mailq.RateBudget AS b WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK)
             ON a.AccountName = b.AccountName
         WHERE
             (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
@@ -5945,7 +5951,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0005', N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql', '722c68c1a3a3aee1360c4c8acf3c6160a8bb458c63a893734d637d00897192f2'),
     ('0005', N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql', 'ae57b4d4be4d092896f5119811ec6d2da55a73501fec4ae934a5e9be8d15e641'),
     ('0005', N'indexes/mailq.MailQueue.IX_MailQueue_Claim.sql', '8fca30cdbab6b99b8ab2f2ecc526b1e055833af30dc51a3195f540a121988ec2'),
-    ('0005', N'procedures/mailq.ClaimMail.sql', '572ffad19c609c47ba7ef60ad17d566dc84f86fe7de8fc120556ea3556db506e'),
+    ('0005', N'procedures/mailq.ClaimMail.sql', '5dc5308827c5ca22b5793bc20c5f7492e0c1aef245f33c3c2baf8f25afa47bb0'),
     ('0005', N'procedures/mailq.FinalizeMail.sql', 'd550579be553320bbdeffa95aefa3841e752c825bf655a3c910f406915b64fd0'),
     ('0005', N'security/MailqSender.finalize.grants.sql', '9f61609392a2e4156e878c60502691a208e2a1ed21bc4e88e99247fcb4ae4b79');
 
@@ -6755,10 +6761,13 @@ BEGIN
     -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
     -- checked here still holds when the caller updates them.  No READPAST:
     -- these rows must be seen, and only a reclaiming worker could hold them.
+    -- FORCESEEK: one seek per ID.  OPENJSON is estimated at 50 rows, so on a
+    -- small queue the optimizer may scan; a scan would U-lock, and keep, every
+    -- row it reads, and two workers acknowledging at once would deadlock.
     INSERT INTO @Held (ID, Status, ThreadLock)
     SELECT l.ID, q.Status, q.ThreadLock
     FROM mailq.ParseIDList(@ID, @IDList) AS l
-    LEFT JOIN mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK) ON l.ID = q.ID;
+    LEFT JOIN mailq.MailQueue AS q WITH (FORCESEEK, UPDLOCK, ROWLOCK) ON l.ID = q.ID;
 
     SELECT TOP (1) @Msg = CONCAT(N'Mail ', h.ID, N' does not exist.')
     FROM @Held AS h
@@ -7425,7 +7434,7 @@ BEGIN
         UPDATE q
         SET q.VisibleAtUtc = @LeaseUntil
         OUTPUT inserted.ID, inserted.VisibleAtUtc INTO @Extended (ID, LeaseExpiresUtc)
-        FROM mailq.MailQueue AS q
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
 
@@ -7499,7 +7508,7 @@ BEGIN
             q.VisibleAtUtc = @Now,
             q.AttemptsRemaining = q.AttemptsRemaining + 1
         OUTPUT inserted.ID, inserted.AttemptCount INTO @Released (ID, AttemptNo)
-        FROM mailq.MailQueue AS q
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
 
@@ -7600,7 +7609,7 @@ BEGIN
             q.DryRun = @DryRun,
             q.LastError = NULL
         OUTPUT inserted.ID, inserted.AttemptCount INTO @Acked (ID, AttemptNo)
-        FROM mailq.MailQueue AS q
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
 
@@ -7753,7 +7762,7 @@ BEGIN
                         @Now
                     )
                 END AS RetryAtUtc
-            FROM mailq.MailQueue AS q
+            FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
             INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
             WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
         )
@@ -8015,7 +8024,9 @@ one statement takes 5,000 locks on one index (or one table) reference
 ("Lock escalation" in Microsoft's transaction locking and row versioning
 guide).  Every statement here stays far below: the parent delete touches at
 most @BatchSize <= 1000 rows per index, children are deleted 1000 rows per
-statement.  The queue stays available to workers and enqueuers meanwhile.
+statement (recipient outcomes too, before the parent delete, whose ON DELETE
+CASCADE would otherwise remove up to 100 of them per mail in one statement).
+The queue stays available to workers and enqueuers meanwhile.
 Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
              @BatchSize INT 1-1000, default 500.
 Result set:  one row: PurgedCount BIGINT.
@@ -8030,7 +8041,8 @@ Isolation:   sets READ COMMITTED itself (READPAST is refused under SERIALIZABLE,
              READCOMMITTEDLOCK so that, under READ_COMMITTED_SNAPSHOT, it sees
              locks and READPAST can skip them.
 Lock order:  mailq.MailQueue clustered rows first (U, in ID order), then
-             mailq.MailAttempt, then mailq.MailAttachment, then the MailQueue
+             mailq.MailAttempt, then mailq.MailAttachment, then
+             mailq.MailRecipientOutcome, then the MailQueue
              rows' deletion: the order of every procedure (docs/guarantees.md).
              The candidates are found on IX_MailQueue_Final without keeping a
              lock on it, so RequeueMail (clustered row, then the index key)
@@ -8135,6 +8147,19 @@ BEGIN
                 DELETE TOP (1000) a
                 FROM mailq.MailAttachment AS a WITH (ROWLOCK)
                 WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- Recipient outcomes (up to 100 per mail) here too, not through the
+            -- ON DELETE CASCADE of the parent delete: that one statement would
+            -- lock up to 100 x @BatchSize rows of mailq.MailRecipientOutcome
+            -- and escalate to a table lock past 5,000.
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) o
+                FROM mailq.MailRecipientOutcome AS o WITH (ROWLOCK)
+                WHERE o.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
 
@@ -9287,15 +9312,15 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0007', N'views/mailq.OldestDueMail.sql', '162ab558e04d44adcbd1e11d6e53f8d91108c9f713e3199039d207ed229cb7a6'),
     ('0007', N'views/mailq.ThroughputPerHour.sql', '430d89e12b1171bedd76164b995c9ad7811a96e660a0de37a939ed75a9216d19'),
     ('0007', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
-    ('0007', N'procedures/mailq.LockLeasedMail.sql', 'ef4efa5dc7401d45c11b282ea8ff82ba3ccca4f4037d716993b51099ca79bbee'),
+    ('0007', N'procedures/mailq.LockLeasedMail.sql', '9d9802fc5ec882c30c2e14da4e4fdb95a3fa7b2873d19401cdb8bb407284ed40'),
     ('0007', N'procedures/mailq.EnqueueMail.sql', '0382e8d39db229eb0dce542365449f73e07a83d0dd463785fcbb26c3e88b553e'),
-    ('0007', N'procedures/mailq.ExtendLease.sql', 'eaa3fffd937140ed9660852b7e162aa5b66cd60a356846b25d04e8b766425f46'),
-    ('0007', N'procedures/mailq.ReleaseMail.sql', 'a869aea4f7bb8f6c2672b9e4bf80925166cf09d860c30d094f0220d4e791093f'),
-    ('0007', N'procedures/mailq.MarkSent.sql', '5f5869cdc7d7acf81502a4cb31b11067019c8f112293500c458e2297fe5fa5e8'),
-    ('0007', N'procedures/mailq.MarkFailed.sql', '547c2f9f1c8788369d72669d3634a3dd3097d3cdbb2d82209469adf84f263fd3'),
+    ('0007', N'procedures/mailq.ExtendLease.sql', '48525b2a69dbcd7c0ce6e203c33ba3881129f22311919dd2ef0c75b20262d009'),
+    ('0007', N'procedures/mailq.ReleaseMail.sql', 'd7f6c007214541390a294f960ab56f0564d5c840cc9eb09632836113daa5cdef'),
+    ('0007', N'procedures/mailq.MarkSent.sql', '7675fda514ad63d3a347ebe9300cd32a343d1a512d66a9385a8373fd8a16afc5'),
+    ('0007', N'procedures/mailq.MarkFailed.sql', '32c49388a64cfe5f91e1421fad08a533deb7bcf257d4a86083f50214354971d3'),
     ('0007', N'procedures/mailq.CancelMail.sql', '83b111b1e07dce759d5570e99041a72d5eecd291c25684314808520cfaf981ed'),
     ('0007', N'procedures/mailq.RequeueMail.sql', 'eb4ff01e728ac506529c33bf94dd849dfe8b880553d94a1e9120177a5f3b9a8f'),
-    ('0007', N'procedures/mailq.PurgeMail.sql', '93533d081b39305329b115533a2c18ee1bd098236adb6d24cf264549c28756c9'),
+    ('0007', N'procedures/mailq.PurgeMail.sql', '1ac49fd69b65ca96ba88e2eb8c406c9373942214ca0085d4827b93dfb245dd65'),
     ('0007', N'procedures/mailq.UpsertSendingAccount.sql', 'b0889c6c99fbc5854756dae7ec2ccbbcfa5ea8479d90754d28b93212908554c4'),
     ('0007', N'procedures/mailq.UnblockSendingAccount.sql', 'e352e9af76fccae4d8ef1b5b593cbade69180ad4f696f02d002f5d4a5b16ea1c'),
     ('0007', N'procedures/mailq.UpsertApplication.sql', '1ca9b3c35b8dd9b65a83be3eeb70c5f5635b695f7ba1fd617d3bb8f1e0543605'),

@@ -13,7 +13,8 @@ every row this procedure takes is returned to the worker.
 How (a small fixed number of statements in one transaction):
  1. Accounts: the sending accounts the worker serves (@AccountNames), that
     are not blocked (BlockedUntilUtc), with what is left of their rate budget.
-    Budget rows are read WITH (UPDLOCK, READPAST, ROWLOCK): an account whose
+    Budget rows are read WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK), one
+    seek per such account (only its row is locked): an account whose
     budget another claimer holds is skipped for this claim, never waited on.
     The clock (@Now) is read AFTER those locks are held, and a stored window
     start later than @Now's window is kept (windows never move backwards), so
@@ -215,7 +216,12 @@ BEGIN
         --           under READ_COMMITTED_SNAPSHOT);
         -- READPAST: a budget row held by another claimer is skipped (that
         --           account's mail waits for the next claim), never waited on;
-        -- ROWLOCK:  row grain, so READPAST skips one account, not a page.
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page;
+        -- FORCESEEK: one seek on PK_RateBudget per account read above, never
+        --           a scan: a scan U-locks (and keeps) the budget row of
+        --           every account, also those this worker does not serve or
+        --           that have no limit, so claimers serving other accounts
+        --           would read past them and skip accounts no one is using.
         INSERT INTO @Acct (
             AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
             MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
@@ -224,7 +230,7 @@ BEGIN
             a.AccountName, 1, a.BlockedUntilUtc, a.PerMinuteLimit, a.PerHourLimit, a.PerDayLimit,
             b.MinuteStartUtc, b.MinuteCount, b.HourStartUtc, b.HourCount, b.DayStartUtc, b.DayCount
         FROM mailq.SendingAccount AS a
-        INNER JOIN mailq.RateBudget AS b WITH (UPDLOCK, READPAST, ROWLOCK)
+        INNER JOIN mailq.RateBudget AS b WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK)
             ON a.AccountName = b.AccountName
         WHERE
             (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)

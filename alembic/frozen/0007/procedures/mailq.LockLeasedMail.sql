@@ -74,10 +74,13 @@ BEGIN
     -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
     -- checked here still holds when the caller updates them.  No READPAST:
     -- these rows must be seen, and only a reclaiming worker could hold them.
+    -- FORCESEEK: one seek per ID.  OPENJSON is estimated at 50 rows, so on a
+    -- small queue the optimizer may scan; a scan would U-lock, and keep, every
+    -- row it reads, and two workers acknowledging at once would deadlock.
     INSERT INTO @Held (ID, Status, ThreadLock)
     SELECT l.ID, q.Status, q.ThreadLock
     FROM mailq.ParseIDList(@ID, @IDList) AS l
-    LEFT JOIN mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK) ON l.ID = q.ID;
+    LEFT JOIN mailq.MailQueue AS q WITH (FORCESEEK, UPDLOCK, ROWLOCK) ON l.ID = q.ID;
 
     SELECT TOP (1) @Msg = CONCAT(N'Mail ', h.ID, N' does not exist.')
     FROM @Held AS h

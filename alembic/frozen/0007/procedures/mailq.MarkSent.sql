@@ -61,7 +61,7 @@ BEGIN
             q.DryRun = @DryRun,
             q.LastError = NULL
         OUTPUT inserted.ID, inserted.AttemptCount INTO @Acked (ID, AttemptNo)
-        FROM mailq.MailQueue AS q
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
 

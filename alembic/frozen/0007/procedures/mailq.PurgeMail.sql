@@ -10,7 +10,9 @@ one statement takes 5,000 locks on one index (or one table) reference
 ("Lock escalation" in Microsoft's transaction locking and row versioning
 guide).  Every statement here stays far below: the parent delete touches at
 most @BatchSize <= 1000 rows per index, children are deleted 1000 rows per
-statement.  The queue stays available to workers and enqueuers meanwhile.
+statement (recipient outcomes too, before the parent delete, whose ON DELETE
+CASCADE would otherwise remove up to 100 of them per mail in one statement).
+The queue stays available to workers and enqueuers meanwhile.
 Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
              @BatchSize INT 1-1000, default 500.
 Result set:  one row: PurgedCount BIGINT.
@@ -25,7 +27,8 @@ Isolation:   sets READ COMMITTED itself (READPAST is refused under SERIALIZABLE,
              READCOMMITTEDLOCK so that, under READ_COMMITTED_SNAPSHOT, it sees
              locks and READPAST can skip them.
 Lock order:  mailq.MailQueue clustered rows first (U, in ID order), then
-             mailq.MailAttempt, then mailq.MailAttachment, then the MailQueue
+             mailq.MailAttempt, then mailq.MailAttachment, then
+             mailq.MailRecipientOutcome, then the MailQueue
              rows' deletion: the order of every procedure (docs/guarantees.md).
              The candidates are found on IX_MailQueue_Final without keeping a
              lock on it, so RequeueMail (clustered row, then the index key)
@@ -130,6 +133,19 @@ BEGIN
                 DELETE TOP (1000) a
                 FROM mailq.MailAttachment AS a WITH (ROWLOCK)
                 WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- Recipient outcomes (up to 100 per mail) here too, not through the
+            -- ON DELETE CASCADE of the parent delete: that one statement would
+            -- lock up to 100 x @BatchSize rows of mailq.MailRecipientOutcome
+            -- and escalate to a table lock past 5,000.
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) o
+                FROM mailq.MailRecipientOutcome AS o WITH (ROWLOCK)
+                WHERE o.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
 

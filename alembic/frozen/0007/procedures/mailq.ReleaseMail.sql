@@ -42,7 +42,7 @@ BEGIN
             q.VisibleAtUtc = @Now,
             q.AttemptsRemaining = q.AttemptsRemaining + 1
         OUTPUT inserted.ID, inserted.AttemptCount INTO @Released (ID, AttemptNo)
-        FROM mailq.MailQueue AS q
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
 

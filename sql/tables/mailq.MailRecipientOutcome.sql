@@ -7,7 +7,8 @@ by later attempts until it is Delivered or Refused.
 Outcome: Delivered (the server took the mail for this recipient: a later
 attempt never sends to it again), Deferred (4xx: retried, for this recipient
 only, with the mail's next attempt), Refused (5xx: final for this recipient).
-Rows go with their mail (ON DELETE CASCADE: mailq.PurgeMail needs no change).
+Rows go with their mail: mailq.PurgeMail deletes them first, 1,000 rows per
+statement (below lock escalation); ON DELETE CASCADE covers any other delete.
 */
 IF OBJECT_ID(N'mailq.MailRecipientOutcome', N'U') IS NULL
 BEGIN

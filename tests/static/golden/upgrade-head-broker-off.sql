@@ -9438,7 +9438,8 @@ by later attempts until it is Delivered or Refused.
 Outcome: Delivered (the server took the mail for this recipient: a later
 attempt never sends to it again), Deferred (4xx: retried, for this recipient
 only, with the mail's next attempt), Refused (5xx: final for this recipient).
-Rows go with their mail (ON DELETE CASCADE: mailq.PurgeMail needs no change).
+Rows go with their mail: mailq.PurgeMail deletes them first, 1,000 rows per
+statement (below lock escalation); ON DELETE CASCADE covers any other delete.
 */
 IF OBJECT_ID(N'mailq.MailRecipientOutcome', N'U') IS NULL
 BEGIN
@@ -9771,7 +9772,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0008') AND FilePath IN
     N'procedures/mailq.GetRecipientOutcomes.sql',
     N'security/MailqSender.recipients.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
-    ('0008', N'tables/mailq.MailRecipientOutcome.sql', '8ae3dbc1461996d75c570595e51e230323d99e4010cd110830cca4166e62931b'),
+    ('0008', N'tables/mailq.MailRecipientOutcome.sql', 'f1430a5e38b9e31f49065d2688e6e2106274ce91a155fc457d8918dadfa29e74'),
     ('0008', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
     ('0008', N'procedures/mailq.RecordRecipientOutcomes.sql', '89e8e1c6b641b581a05ed4cc65148bb66c2c4429d54cc0e5768e0fc77915447d'),
     ('0008', N'procedures/mailq.GetRecipientOutcomes.sql', '2e059909a20afac1c42e60266e1d2057750da27714f6715fe9dcc22b4fc0c9a1'),

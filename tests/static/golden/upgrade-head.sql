@@ -11321,6 +11321,13 @@ WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    -- READ COMMITTED whatever the caller runs under (a level set in a
+    -- procedure reverts when it returns): the idempotency-key read below must
+    -- see a task that another call with the same key committed while we
+    -- waited for the key's lock.  Under a caller's SNAPSHOT it would read the
+    -- snapshot taken before that commit, miss the task, insert a second row
+    -- and fail on UX_Task_IdempotencyKey instead of returning the first task.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE
         @Msg NVARCHAR(2048),
@@ -12392,7 +12399,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0006', N'broker/delay.FinishTask.sql', '2672c10212fe0746537dbbc80b4aadfecc28551d75000bf164bbe117fd12f27d'),
     ('0006', N'broker/dbo.ProcessDelayQueue.sql', '40dc3e7df49c16325d7b6ba828c79ea0e61f364ef214e6144560bab69ed4c7f5'),
     ('0006', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '5dc088778f241b165dac055f2a3fabf75191a0ea82df6c1710f7da0e1ac2f221'),
-    ('0006', N'broker/dbo.InitiateDelayExecution.sql', '78b52d04fc42d845ece2628f16ceefc0cf57ba2f7c4236777ede017d8a070752'),
+    ('0006', N'broker/dbo.InitiateDelayExecution.sql', 'af4353b17cb05468eb5326aad87ea6d759bae5ef9b619924045b7765f6a78cbc'),
     ('0006', N'broker/delay.CancelTask.sql', 'd8fb63a72c1eed846a3c26fff8a8c251f61132fd9e2496e839b33fcd4e619745'),
     ('0006', N'broker/dbo.CancelDelayExecution.sql', '5ac1d8bd8b5b3afd479b6e33fa4f8c0cc37dd3fb9a8e546a8f27647ea8669e79'),
     ('0006', N'broker/delay.AllowProcedure.sql', '98d52bffa767888af395ef890385f1976ed4d0468f893e574dbfe29fac480be3'),

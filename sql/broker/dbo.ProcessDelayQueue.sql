@@ -607,6 +607,12 @@ BEGIN
 
             COMMIT TRANSACTION;
             SET @Step1Committed = 1;
+            -- The redelivered message went through: a later message of the
+            -- same conversation (the next timer of a chained delay, a lease,
+            -- a retry) gets its own redelivery on a deadlock, as the header
+            -- says ("first time for this message"), instead of the recovery.
+            IF @RedeliveredHandle = @Handle
+                SET @RedeliveredHandle = NULL;
         END TRY
         BEGIN CATCH
             SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE(), @Run = 0;

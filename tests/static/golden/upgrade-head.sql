@@ -10644,6 +10644,12 @@ BEGIN
 
             COMMIT TRANSACTION;
             SET @Step1Committed = 1;
+            -- The redelivered message went through: a later message of the
+            -- same conversation (the next timer of a chained delay, a lease,
+            -- a retry) gets its own redelivery on a deadlock, as the header
+            -- says ("first time for this message"), instead of the recovery.
+            IF @RedeliveredHandle = @Handle
+                SET @RedeliveredHandle = NULL;
         END TRY
         BEGIN CATCH
             SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE(), @Run = 0;
@@ -12397,7 +12403,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0006', N'broker/delay.Incident.sql', 'b7c8b82a405d8f1c4ad4a71417087498ab2e0cc62e4b9f1758fb13123ad8dbd3'),
     ('0006', N'broker/delay.ResolveTarget.sql', '282ca2d0c752eaa2ce5c81ae37efcd9221368f4a35d9235148c71064bdf55837'),
     ('0006', N'broker/delay.FinishTask.sql', '2672c10212fe0746537dbbc80b4aadfecc28551d75000bf164bbe117fd12f27d'),
-    ('0006', N'broker/dbo.ProcessDelayQueue.sql', '40dc3e7df49c16325d7b6ba828c79ea0e61f364ef214e6144560bab69ed4c7f5'),
+    ('0006', N'broker/dbo.ProcessDelayQueue.sql', 'ea294bc2c39603066c1aeef7eadb33732bcf5d66780aa4cecabe789525384f9a'),
     ('0006', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '5dc088778f241b165dac055f2a3fabf75191a0ea82df6c1710f7da0e1ac2f221'),
     ('0006', N'broker/dbo.InitiateDelayExecution.sql', 'af4353b17cb05468eb5326aad87ea6d759bae5ef9b619924045b7765f6a78cbc'),
     ('0006', N'broker/delay.CancelTask.sql', 'd8fb63a72c1eed846a3c26fff8a8c251f61132fd9e2496e839b33fcd4e619745'),

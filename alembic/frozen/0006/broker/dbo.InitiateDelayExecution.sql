@@ -61,6 +61,13 @@ WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    -- READ COMMITTED whatever the caller runs under (a level set in a
+    -- procedure reverts when it returns): the idempotency-key read below must
+    -- see a task that another call with the same key committed while we
+    -- waited for the key's lock.  Under a caller's SNAPSHOT it would read the
+    -- snapshot taken before that commit, miss the task, insert a second row
+    -- and fail on UX_Task_IdempotencyKey instead of returning the first task.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE
         @Msg NVARCHAR(2048),

@@ -28,8 +28,6 @@ One pass of the loop, with its transaction boundaries and lock order:
   |        = 0): never the platform's table inside a RECEIVE transaction  |
   | COMMIT                                                                |
   +-----------------------------------------------------------------------+
-  RECEIPT (autocommit UPDATE, no RECEIVE): dbo.tabDIYTable12402.F108219 of
-  a task step 1 made final; a failure is logged, delay.Reconcile repairs it.
      | failed: ROLLBACK (the message is back on the queue: 1 rollback)
      |   1205, first time for this message in this reader: nothing else;
      |         the next RECEIVE redelivers it (one ordinary redelivery)
@@ -61,6 +59,9 @@ One pass of the loop, with its transaction boundaries and lock order:
   | Done | Retrying (+ backoff timer) | Failed (GaveUp); COMMIT           |
   | (1205: tried again, at most 3 times)                                  |
   +-----------------------------------------------------------------------+
+  RECEIPT (autocommit UPDATE, no transaction of ours): F108219 of a task
+  that step 1 or step 3 made final (FinishTask @SetReceipt = 0 in both);
+  a failure is logged, delay.Reconcile repairs it.
   RELEASE: the run lock, if this pass holds it, exactly once (one call
   site, guarded by @LockHeld, which it clears first).
 
@@ -160,6 +161,7 @@ BEGIN
         @ErrorXml XML,
         @StepErrorNumber INT,
         @StepErrorMessage NVARCHAR(4000),
+        @TargetTranCount INT,
         @Backoff BIGINT,
         @Recorded BIT,
         @Try INT,
@@ -197,6 +199,7 @@ BEGIN
             @Recover = 0,
             @Recovered = 0,
             @Step1Committed = 0,
+            @Recorded = 0,
             @LockName = NULL,
             @MaxAttempts = 3,
             @RetryBaseSeconds = 30,
@@ -605,6 +608,12 @@ BEGIN
 
             COMMIT TRANSACTION;
             SET @Step1Committed = 1;
+            -- The redelivered message went through: a later message of the
+            -- same conversation (the next timer of a chained delay, a lease,
+            -- a retry) gets its own redelivery on a deadlock, as the header
+            -- says ("first time for this message"), instead of the recovery.
+            IF @RedeliveredHandle = @Handle
+                SET @RedeliveredHandle = NULL;
         END TRY
         BEGIN CATCH
             SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE(), @Run = 0;
@@ -635,43 +644,6 @@ BEGIN
             ELSE
                 SET @Recover = 1;
         END CATCH;
-
-        --==================================================================
-        -- RECEIPT: a task that step 1 made final gets its receipt here, in a
-        -- statement of its own after the COMMIT: no transaction that
-        -- RECEIVEd ever writes the platform's table.  If this fails (a
-        -- constraint or trigger of the platform's), the task is still final
-        -- in delay.Task and delay.Reconcile repairs the receipt later.
-        --==================================================================
-        IF @Step1Committed = 1 AND @Run = 0 AND @TaskID IS NOT NULL
-        BEGIN
-            BEGIN TRY
-                UPDATE p
-                SET F108219 = CASE t.TaskState
-                    WHEN N'Done' THEN 1
-                    WHEN N'Refused' THEN 2
-                    WHEN N'Failed' THEN 3
-                    WHEN N'Cancelled' THEN 4
-                    ELSE 0
-                END
-                FROM dbo.tabDIYTable12402 AS p
-                INNER JOIN delay.Task AS t ON p.ID = t.TaskID
-                WHERE
-                    p.ID = @TaskID
-                    AND t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled')
-                    AND ISNULL(p.F108219, 0) = 0;
-            END TRY
-            BEGIN CATCH
-                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
-                IF XACT_STATE() <> 0
-                    ROLLBACK TRANSACTION;
-                SET @LogText = CONCAT(
-                    N'mailq-db dbo.ProcessDelayQueue: the receipt of task ', @TaskID, N' could not be written (error ',
-                    @StepErrorNumber, N': ', @StepErrorMessage, N'); delay.Reconcile repairs it.'
-                );
-                RAISERROR (N'%s', 10, 1, @LogText);
-            END CATCH;
-        END;
 
         --==================================================================
         -- RECOVERY: only after a failed step 1.  Minimal on purpose: it does
@@ -827,14 +799,26 @@ BEGIN
                     COMMIT TRANSACTION;
             END TRY
             BEGIN CATCH
-                SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE();
+                SELECT
+                    @ErrorNumber = ERROR_NUMBER(),
+                    @ErrorMessage = ERROR_MESSAGE(),
+                    @TargetTranCount = @@TRANCOUNT;
                 -- Doomed (-1) or not (1): the target's work is undone as a whole.
                 IF XACT_STATE() <> 0
                     ROLLBACK TRANSACTION;
-                -- 266: the target committed or rolled back the transaction
-                -- opened for it; what it did may be committed, so it is not
-                -- run again.
-                IF @ErrorNumber = 266
+                -- 266 with more than our one transaction open: the target
+                -- left one of its own open; all of it was rolled back just
+                -- now, so it is retried (50335).  266 with none open: the
+                -- target committed or rolled back the transaction opened for
+                -- it; what it did may be committed, so it is not run again.
+                IF @ErrorNumber = 266 AND @TargetTranCount > 1
+                    SELECT
+                        @ErrorNumber = 50335,
+                        @ErrorMessage = CONCAT(
+                            N'the target left ', @TargetTranCount - 1, N' transaction(s) open; rolled back: ',
+                            @ErrorMessage
+                        );
+                ELSE IF @ErrorNumber = 266
                     SELECT
                         @Retryable = 0,
                         @ErrorMessage = CONCAT(
@@ -897,7 +881,7 @@ BEGIN
                             );
                     END;
                     ELSE IF @ErrorNumber IS NULL
-                        EXEC delay.FinishTask @TaskID = @TaskID, @TaskState = N'Done';
+                        EXEC delay.FinishTask @SetReceipt = 0, @TaskID = @TaskID, @TaskState = N'Done';
                     ELSE IF @Retryable = 1 AND @Attempt < @MaxAttempts AND @EndpointOpen = 1
                     BEGIN
                         SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
@@ -923,6 +907,7 @@ BEGIN
                     END;
                     ELSE
                         EXEC delay.FinishTask
+                            @SetReceipt = 0,
                             @TaskID = @TaskID,
                             @TaskState = N'Failed',
                             @EventName = N'GaveUp',
@@ -958,6 +943,46 @@ BEGIN
                     END;
                 END CATCH;
             END;
+        END;
+
+        --==================================================================
+        -- RECEIPT: a task that step 1 or step 3 made final gets its receipt
+        -- here, in a statement of its own after that COMMIT: no transaction
+        -- that RECEIVEd ever writes the platform's table, and a failure there
+        -- (a constraint or trigger of the platform's) can never undo the
+        -- recorded outcome of a target that ran (step 3 rolled back would
+        -- leave the task Running, and the watchdog would run it again).  The
+        -- task is still final in delay.Task; delay.Reconcile repairs the
+        -- receipt later.
+        --==================================================================
+        IF @TaskID IS NOT NULL AND ((@Step1Committed = 1 AND @Run = 0) OR @Recorded = 1)
+        BEGIN
+            BEGIN TRY
+                UPDATE p
+                SET F108219 = CASE t.TaskState
+                    WHEN N'Done' THEN 1
+                    WHEN N'Refused' THEN 2
+                    WHEN N'Failed' THEN 3
+                    WHEN N'Cancelled' THEN 4
+                    ELSE 0
+                END
+                FROM dbo.tabDIYTable12402 AS p
+                INNER JOIN delay.Task AS t ON p.ID = t.TaskID
+                WHERE
+                    p.ID = @TaskID
+                    AND t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled')
+                    AND ISNULL(p.F108219, 0) = 0;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: the receipt of task ', @TaskID, N' could not be written (error ',
+                    @StepErrorNumber, N': ', @StepErrorMessage, N'); delay.Reconcile repairs it.'
+                );
+                RAISERROR (N'%s', 10, 1, @LogText);
+            END CATCH;
         END;
 
         --==================================================================

@@ -226,7 +226,7 @@ def golden_dir(root: Path) -> Path:
     return root / "tests" / "static" / "golden"
 
 
-def render_golden(root: Path, command: str, revision: str, x_args: tuple[str, ...]) -> str:
+def render_golden(root: Path | None, command: str, revision: str, x_args: tuple[str, ...]) -> str:
     import io
 
     from alembic import command as alembic_command

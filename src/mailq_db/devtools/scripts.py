@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import io
 import re
 from pathlib import Path
 
-from ..deployment import alembic_config, build_order, code_only, describe, sql_dir, strip_comments
+from ..deployment import build_order, code_only, describe, sql_dir, strip_comments
 
 #: Statements that must never appear in a rendered script (outside strings and
 #: comments: messages may tell the DBA how to run them).
@@ -22,13 +21,11 @@ FORBIDDEN = {
 
 
 def render(command: str, revision: str, x_args: tuple[str, ...] = (), root: Path | None = None) -> str:
-    """The offline script of ``alembic <command> <revision> --sql``."""
-    from alembic import command as alembic_command
+    """The offline script of ``alembic <command> <revision> --sql`` (the same
+    renderer ``mailq-db dev golden`` writes the golden copies with)."""
+    from ..commands.dev import render_golden
 
-    out = io.StringIO()
-    cfg = alembic_config(root, x_args=list(x_args), stdout=out)
-    getattr(alembic_command, command)(cfg, revision, sql=True)
-    return out.getvalue()
+    return render_golden(root, command, revision, tuple(x_args))
 
 
 def batches(script: str) -> list[str]:

@@ -10995,9 +10995,14 @@ Errors:      50190 no @recipients; 50191 @file_attachments given;
              50101-50105, sizes 50111-50113 ...).
 Transaction: the query runs first, outside any transaction of ours; then the
              enqueue and its DbMailItem row in one transaction: its own if
-             none is open, else the caller's (no savepoint).  An error dooms
-             the caller's transaction (XACT_ABORT ON) and is re-raised;
-             nothing is queued.
+             none is open, else the caller's (no savepoint).  An error of the
+             enqueue dooms the caller's transaction (XACT_ABORT ON) and is
+             re-raised; nothing is queued.  One exception: a 50196 raised
+             while RenderDbMailQuery describes and loads the caller's query
+             (a column type a temp table cannot hold) comes with XACT_ABORT
+             OFF, so nothing is queued but the caller's open transaction
+             stays usable unless the underlying error doomed it.  Every
+             other error, 50195 included, dooms it.
 Isolation:   the caller's; reads of profiles and accounts are plain reads.
 Lock order:  (via EnqueueMail) mailq.MailQueue, mailq.MailAttachment, then
              mailq.DbMailItem.
@@ -11920,7 +11925,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0009', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
     ('0009', N'views/mailq.sysmail_event_log.sql', '1fea12efb477887b16c9c942270509cf10d6ac5a8cccd45638b1243887f771c4'),
     ('0009', N'procedures/mailq.RenderDbMailQuery.sql', '0c38ed13957307f8eb18e187c8d5fc2ff7329ccdc0e21cad918b4265ddf6f964'),
-    ('0009', N'procedures/mailq.SendDbMail.sql', 'bc058cee35a9ecf15e7131b77b2302eac078ee5f230156b3d83d2503cd877458'),
+    ('0009', N'procedures/mailq.SendDbMail.sql', '2416bd9e4ff74223f0e3d1d34807e5cb39c1e9acc524794ad90de87c5eca0b59'),
     ('0009', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
     ('0009', N'procedures/mailq.DeleteDbMailProfile.sql', '0671551bbef4be2b75a015e4a1de8622f53f66ffc4ec88adab82ead8bbcb928b'),
     ('0009', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '30a940c5359b0f3ce392bbe3fd4a9535a4f044ac18b40d7f8d67713ecdfb9c68'),

@@ -67,9 +67,14 @@ Errors:      50190 no @recipients; 50191 @file_attachments given;
              50101-50105, sizes 50111-50113 ...).
 Transaction: the query runs first, outside any transaction of ours; then the
              enqueue and its DbMailItem row in one transaction: its own if
-             none is open, else the caller's (no savepoint).  An error dooms
-             the caller's transaction (XACT_ABORT ON) and is re-raised;
-             nothing is queued.
+             none is open, else the caller's (no savepoint).  An error of the
+             enqueue dooms the caller's transaction (XACT_ABORT ON) and is
+             re-raised; nothing is queued.  One exception: a 50196 raised
+             while RenderDbMailQuery describes and loads the caller's query
+             (a column type a temp table cannot hold) comes with XACT_ABORT
+             OFF, so nothing is queued but the caller's open transaction
+             stays usable unless the underlying error doomed it.  Every
+             other error, 50195 included, dooms it.
 Isolation:   the caller's; reads of profiles and accounts are plain reads.
 Lock order:  (via EnqueueMail) mailq.MailQueue, mailq.MailAttachment, then
              mailq.DbMailItem.

@@ -6,7 +6,10 @@ Parameters:  @TaskID BIGINT, required: the ID InitiateDelayExecution returned
 Result set:  none.
 Errors:      50320 @TaskID missing or names no scheduled task
              50321 the task is not Scheduled or Retrying (already running or
-                   finished; the message names its state)
+                   finished, also when it finished while the cancel waited
+                   for its conversation; or ending: its conversation is in
+                   state DI/ER and the reader fails it; the message names
+                   the state)
              50342 the task was initiated by another login, and the caller is
                    neither in MailqAdmin nor db_owner
              50343 the task's conversation no longer exists (the database was

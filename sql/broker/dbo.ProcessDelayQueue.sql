@@ -34,8 +34,12 @@ One pass of the loop, with its transaction boundaries and lock order:
   +-- RECOVERY (tran R; runs only after a failed step 1) ----------------+
   | RECEIVE TOP (1) ... WHERE conversation_handle = @Handle               |
   | nothing received (another reader took it): COMMIT, go on              |
-  | else INSERT delay.Incident (no CHECK, no trigger, no FK), END         |
-  | CONVERSATION @Handle, COMMIT.  Nothing else: never delay.FinishTask,  |
+  | a LATER message (message_id / message_sequence_number differ from the |
+  | ones step 1 received: another reader took the failed one): ROLLBACK,  |
+  | it goes back for its ordinary processing; nothing recorded            |
+  | the failed message itself: INSERT delay.Incident (no CHECK, no        |
+  | trigger, no FK), END CONVERSATION @Handle, COMMIT.  Never             |
+  | delay.FinishTask,                                                     |
   | never the platform's table (whose constraints or triggers we do not   |
   | own).  If tran R fails too: ROLLBACK (2nd rollback), RAISERROR to the |
   | error log, the reader stops.                                          |
@@ -109,6 +113,12 @@ BEGIN
 
     DECLARE
         @Handle UNIQUEIDENTIFIER,
+        @MessageId UNIQUEIDENTIFIER,
+        @MessageSequence BIGINT,
+        @ReceivedId UNIQUEIDENTIFIER,
+        @ReceivedSequence BIGINT,
+        @ReceivedCount INT,
+        @SameMessage BIT,
         @MessageType SYSNAME,
         @Body VARBINARY(MAX),
         @Now DATETIME2(3),
@@ -186,6 +196,8 @@ BEGIN
     BEGIN
         SELECT
             @Handle = NULL,
+            @MessageId = NULL,
+            @MessageSequence = NULL,
             @MessageType = NULL,
             @Body = NULL,
             @TaskID = NULL,
@@ -229,6 +241,14 @@ BEGIN
             WAITFOR (
                 RECEIVE TOP (1)
                     @Handle = conversation_handle,
+                    -- The message's own identity, for a recovery that must
+                    -- take this message and no other (queue columns
+                    -- message_id, "unique identifier for the message", and
+                    -- message_sequence_number, "sequence number of the
+                    -- message in the conversation":
+                    -- https://learn.microsoft.com/en-us/sql/t-sql/statements/create-queue-transact-sql#queue-columns).
+                    @MessageId = message_id,
+                    @MessageSequence = message_sequence_number,
                     @MessageType = message_type_name,
                     @Body = message_body
                 FROM dbo.DelayServiceQueue
@@ -288,7 +308,7 @@ BEGIN
 
                     IF @TaskID IS NOT NULL AND EXISTS (
                         SELECT 1 FROM sys.conversation_endpoints AS e
-                        WHERE e.conversation_handle = @BoundHandle AND e.state NOT IN ('CD', 'ER', 'DI')
+                        WHERE e.conversation_handle = @BoundHandle AND e.state NOT IN ('CD', 'DO', 'ER', 'DI')
                     )
                     BEGIN
                         -- Lock order: the task's conversation group before its
@@ -651,21 +671,52 @@ BEGIN
         --==================================================================
         IF @Recover = 1
         BEGIN
+            SELECT @ReceivedId = NULL, @ReceivedSequence = NULL, @ReceivedCount = 0, @SameMessage = 0;
             BEGIN TRY
                 BEGIN TRANSACTION;
 
-                -- RECEIVE ... WHERE conversation_handle = @Handle takes only a
-                -- message of this conversation (RECEIVE, WHERE clause:
-                -- https://learn.microsoft.com/en-us/sql/t-sql/statements/receive-transact-sql).
-                -- Another reader idle in WAITFOR (RECEIVE) may have taken it
-                -- since our rollback: then nothing is received, and that
-                -- reader owns the message.
-                RECEIVE TOP (1) @Body = message_body
+                -- RECEIVE ... WHERE conversation_handle = @Handle takes only
+                -- messages of this conversation (RECEIVE, WHERE clause:
+                -- https://learn.microsoft.com/en-us/sql/t-sql/statements/receive-transact-sql),
+                -- but not necessarily the one that failed: another reader idle
+                -- in WAITFOR (RECEIVE) may have taken that one since our
+                -- rollback and committed it, and a LATER message of the same
+                -- conversation (the next chained timer, a lease timer of the
+                -- run it started, an EndDialog) is then the first one left.
+                -- RECEIVE cannot filter by message (its WHERE takes a
+                -- conversation_handle or a conversation_group_id, nothing
+                -- else), so the one message it returns is compared with the
+                -- one step 1 identified: message_id is unique per message, and
+                -- within a conversation messages are received in
+                -- message_sequence_number order, so the failed message, if it
+                -- is still queued, is the first one of its conversation and
+                -- comes back here (TOP (1)).  ("For each conversation, queues
+                -- return messages in the order in which the sender sent the
+                -- message": https://learn.microsoft.com/en-us/sql/database-engine/service-broker/queues)
+                RECEIVE TOP (1)
+                    @ReceivedId = message_id,
+                    @ReceivedSequence = message_sequence_number,
+                    @Body = message_body
                 FROM dbo.DelayServiceQueue
                 WHERE conversation_handle = @Handle;
+                SET @ReceivedCount = @@ROWCOUNT;
+                -- NULL-safe: a message whose id or sequence number compares
+                -- as unknown is never taken for the failed one.
+                SET @SameMessage = CASE
+                    WHEN @ReceivedCount > 0 AND EXISTS (
+                        SELECT @ReceivedId, @ReceivedSequence
+                        INTERSECT
+                        SELECT @MessageId, @MessageSequence
+                    ) THEN 1
+                    ELSE 0
+                END;
 
-                IF @@ROWCOUNT > 0
+                IF @SameMessage = 1
                 BEGIN
+                    -- The very message step 1 failed on: record it and end
+                    -- the conversation (which also removes the conversation's
+                    -- other messages from the queue: END CONVERSATION, Remarks,
+                    -- https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql).
                     INSERT INTO delay.Incident (
                         ConversationHandle, MessageType, TaskID, ErrorNumber, ErrorMessage
                     )
@@ -674,8 +725,25 @@ BEGIN
                     END CONVERSATION @Handle;
                     SET @Recovered = 1;
                 END;
+                ELSE IF @ReceivedCount > 0
+                BEGIN
+                    -- Another message: the failed one was taken and processed
+                    -- by another reader.  This one is not ours to drop: the
+                    -- rollback puts it back for its ordinary processing.  (One
+                    -- rollback of a message that never failed; poison message
+                    -- detection needs five in a row, and its next RECEIVE
+                    -- commits.)  Nothing is recorded, the conversation lives.
+                    ROLLBACK TRANSACTION;
+                    SET @LogText = CONCAT(
+                        N'mailq-db dbo.ProcessDelayQueue: recovery on conversation ', @Handle,
+                        N' found a later message (sequence ', @ReceivedSequence, N', the failed one was ',
+                        @MessageSequence, N'); another reader took the failed one; nothing recovered.'
+                    );
+                    RAISERROR (N'%s', 10, 1, @LogText);
+                END;
 
-                COMMIT TRANSACTION;
+                IF @@TRANCOUNT > 0
+                    COMMIT TRANSACTION;
             END TRY
             BEGIN CATCH
                 SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
@@ -850,7 +918,7 @@ BEGIN
                     SET @EndpointOpen = CASE
                         WHEN EXISTS (
                             SELECT 1 FROM sys.conversation_endpoints AS e
-                            WHERE e.conversation_handle = @TaskHandle AND e.state NOT IN ('CD', 'ER', 'DI')
+                            WHERE e.conversation_handle = @TaskHandle AND e.state NOT IN ('CD', 'DO', 'ER', 'DI')
                         ) THEN 1
                         ELSE 0
                     END;

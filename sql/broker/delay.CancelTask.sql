@@ -28,7 +28,10 @@ BEGIN
         @TaskState NVARCHAR(16),
         @CreatedBy NVARCHAR(128),
         @LockName NVARCHAR(255),
-        @LockResult INT;
+        @LockResult INT,
+        @EndpointState CHAR(2),
+        @Step NVARCHAR(16) = N'validate',
+        @ErrorNumber INT;
 
     -- 1. Validate before any transaction starts.
     SELECT
@@ -66,11 +69,25 @@ BEGIN
 
     -- A conversation that no longer exists cannot be locked or ended; after
     -- ALTER DATABASE ... SET NEW_BROKER every conversation is gone and no
-    -- EndDialog ever arrives.
-    IF NOT EXISTS (
-        SELECT 1 FROM sys.conversation_endpoints AS e
-        WHERE e.conversation_handle = @Handle AND e.state NOT IN ('CD', 'ER', 'DI')
-    )
+    -- EndDialog ever arrives.  States
+    -- (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql):
+    -- no row, CD (closed) or DO (this side ended it) are lost (50343); DI or
+    -- ER mean an EndDialog or Error message waits in the queue and the reader
+    -- fails the task when it receives it (50321: it is not cancellable).
+    SELECT @EndpointState = e.state
+    FROM sys.conversation_endpoints AS e
+    WHERE e.conversation_handle = @Handle;
+
+    IF @EndpointState IN ('DI', 'ER')
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@TaskID ', @TaskID, N' is ending: its conversation is in state ', @EndpointState,
+            N' and the delayed-execution reader fails it; only a Scheduled or Retrying task can be cancelled.'
+        );
+        THROW 50321, @Msg, 1;
+    END;
+
+    IF @EndpointState IS NULL OR @EndpointState IN ('CD', 'DO')
     BEGIN
         SET @Msg = CONCAT(
             N'@TaskID ', @TaskID, N' has lost its conversation (a database copy with NEW_BROKER?); ',
@@ -104,7 +121,9 @@ BEGIN
         -- only the lock: the task is either cancelled below (its conversation
         -- ends, timer and all) or refused, which dooms the transaction, so
         -- the timer never survives.
+        SET @Step = N'timer';
         BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = 1;
+        SET @Step = N'row';
 
         -- UPDLOCK: hold the row from this check to the state change, so the
         -- activation procedure cannot start the task in between.
@@ -133,10 +152,59 @@ BEGIN
             COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
+        SET @ErrorNumber = ERROR_NUMBER();
         -- Roll back only what we opened; a caller's transaction is doomed by
         -- XACT_ABORT and its own CATCH rolls it back.
         IF @OwnTran = 1 AND XACT_STATE() <> 0
             ROLLBACK TRANSACTION;
+
+        -- The race with the task's own completion: between the check above
+        -- and the timer, a reader that held the conversation group (its
+        -- RECEIVE of the task's timer) finished the task and ended the
+        -- conversation, so BEGIN CONVERSATION TIMER met an ended
+        -- conversation and Service Broker raised its own error (after END
+        -- CONVERSATION "an application can no longer send or receive
+        -- messages for that conversation":
+        -- https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql).
+        -- Which broker error that is does not matter here: the committed
+        -- state says what happened, and the caller gets the numbered error
+        -- of that state.  (Reads only: a doomed transaction of the caller
+        -- still allows them.)
+        IF @Step = N'timer' AND @ErrorNumber < 50000
+        BEGIN
+            SELECT @TaskState = NULL, @EndpointState = NULL;
+            SELECT @TaskState = t.TaskState
+            FROM delay.Task AS t
+            WHERE t.TaskID = @TaskID;
+            SELECT @EndpointState = e.state
+            FROM sys.conversation_endpoints AS e
+            WHERE e.conversation_handle = @Handle;
+
+            IF @TaskState IS NULL OR @TaskState NOT IN (N'Scheduled', N'Retrying')
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@TaskID ', @TaskID, N' is ', ISNULL(@TaskState, N'gone'),
+                    N' (it finished while the cancel waited); only a Scheduled or Retrying task can be cancelled.'
+                );
+                THROW 50321, @Msg, 1;
+            END;
+            IF @EndpointState IN ('DI', 'ER')
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@TaskID ', @TaskID, N' is ending: its conversation is in state ', @EndpointState,
+                    N' and the delayed-execution reader fails it; only a Scheduled or Retrying task can be cancelled.'
+                );
+                THROW 50321, @Msg, 1;
+            END;
+            IF @EndpointState IS NULL OR @EndpointState IN ('CD', 'DO')
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@TaskID ', @TaskID, N' has lost its conversation; ',
+                    N'run EXEC delay.Reconcile, which re-arms or fails such tasks, then cancel again.'
+                );
+                THROW 50343, @Msg, 1;
+            END;
+        END;
         THROW;
     END CATCH;
 END;

@@ -82,12 +82,18 @@ BEGIN
     -- Every task's conversation ends here, once: no endpoint is left behind.
     -- Ending the initiator side also discards its pending timer.  An endpoint
     -- that no longer exists (ALTER DATABASE ... SET NEW_BROKER removes every
-    -- conversation without notice) or is already closed is not ended again:
-    -- END CONVERSATION needs an existing conversation
-    -- (https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql).
+    -- conversation without notice), is closed (CD) or was already ended by
+    -- this side (DO, disconnected outbound: "the local side of the
+    -- conversation has issued an END CONVERSATION"; its handle "is no longer
+    -- valid") is not ended again: END CONVERSATION needs an existing, open
+    -- conversation
+    -- (https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql,
+    -- https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql).
+    -- DI and ER are ended: they stay so "until the local side ... issues an
+    -- END CONVERSATION".
     IF @Handle IS NOT NULL AND EXISTS (
         SELECT 1 FROM sys.conversation_endpoints AS e
-        WHERE e.conversation_handle = @Handle AND e.state <> 'CD'
+        WHERE e.conversation_handle = @Handle AND e.state NOT IN ('CD', 'DO')
     )
         END CONVERSATION @Handle;
 END;

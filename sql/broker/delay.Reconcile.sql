@@ -20,12 +20,16 @@ Result set:  one row per finding: Finding NVARCHAR(32), TaskID BIGINT,
                              and its alert fires; fix the cause (delay.Incident,
                              delay.Log), then ALTER QUEUE ... WITH STATUS = ON
              Orphaned        a Scheduled/Retrying task whose conversation no
-                             longer exists (NEW_BROKER gives the database a
+                             longer exists, is closed (CD) or was ended by
+                             this side (DO) (NEW_BROKER gives the database a
                              new broker identifier and removes every
                              conversation without an EndDialog, see
                              "Managing Service Broker Identities" below): a
                              new conversation and timer for the rest of its
                              delay (Rearmed)
+             Ending          a non-final task whose conversation is in state
+                             DI or ER: its EndDialog or Error message waits in
+                             the queue and the reader fails the task: Left
              RunnerGone      a Running task with no conversation and no runner
                              holding its run lock: retried (Rearmed, counts as
                              an attempt) or, out of attempts, Failed (50348)
@@ -41,10 +45,16 @@ References:  https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-
 Timing:      a re-armed task keeps its NextRunAtUtc (at least 1 s from now); a
              backfilled row is due F108218 seconds after F108217 (its created
              time, taken as UTC) or, without F108217, after now.
+Cost:        one pass over the non-final tasks joined once with
+             sys.conversation_endpoints (O(P + E)), then per repair a seek on
+             delay.Task and an endpoint lookup by handle: O(P + E + R), R <=
+             @MaxRows (details at step 2 below).
 Transaction: one short transaction per repaired task (never one big one), each
              opened here; call it outside a transaction (50349 otherwise).
-Lock order:  the task row (UPDLOCK; its old conversation is gone, so there is
-             no conversation group to take first), then the new conversation
+Lock order:  the task row (UPDLOCK; only tasks whose old conversation is gone
+             (no endpoint, CD or DO) are repaired, so there is no conversation
+             group anybody can take first; DI/ER conversations, which still
+             have one, are left to the reader), then the new conversation
              (nobody else knows it yet), then dbo.tabDIYTable12402.
 Security:    EXECUTE AS OWNER (conversations belong to dbo); for db_owner and
              MailqAdmin.
@@ -84,6 +94,11 @@ BEGIN
         @ProcedureName SYSNAME,
         @Done INT;
 
+    DECLARE @Candidate TABLE (
+        TaskID BIGINT NOT NULL PRIMARY KEY,
+        EndpointState CHAR(2) NULL
+    );
+
     DECLARE @Finding TABLE (
         FindingId INT IDENTITY (1, 1) PRIMARY KEY,
         Finding NVARCHAR(32) NOT NULL,
@@ -112,30 +127,70 @@ BEGIN
         );
 
     -- 2. Pending and running tasks whose conversation is gone.
-    SET @TaskID = NULL;
-    SET @Done = 0;
-    WHILE @Done < @MaxRows
-    BEGIN
-        -- An anti-join against the live endpoints (a CTE, so every column it names
-        -- belongs to sys.conversation_endpoints alone); a NULL handle has no
-        -- endpoint and counts as gone, as with NOT EXISTS.
-        WITH LiveEndpoint AS (
-            SELECT e.conversation_handle
-            FROM sys.conversation_endpoints AS e
-            WHERE e.state NOT IN ('CD', 'ER', 'DI')
-        )
+    --
+    -- Endpoint states (sys.conversation_endpoints.state:
+    -- https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql):
+    --   SO, SI, CO  open: its timer will fire; nothing to do.
+    --   DI          the other side issued END CONVERSATION; "an application
+    --               might still receive messages": its EndDialog waits in
+    --               dbo.DelayServiceQueue, and the reader that receives it
+    --               fails the task (BrokerError) and ends this side.
+    --   ER          "the error message is placed in the application queue":
+    --               the same, with the Error message.
+    --   DO          this side issued END CONVERSATION: it "cannot send or
+    --               receive messages", so no timer ever fires: gone.
+    --   CD          closed: gone.  No row at all (NEW_BROKER): gone.
+    -- DI and ER are therefore left to the reader (reported as Ending): ending
+    -- them here would take their conversation group after the task row, the
+    -- reverse of the lock order every other transaction follows, and race the
+    -- reader that holds that group and waits for the row.  Only gone
+    -- conversations are repaired; they have no group anybody can lock.
+    --
+    -- One set-based pass: the non-final tasks (a seek on
+    -- IX_Task_TaskState_NextRunAtUtc per state) joined ONCE with
+    -- sys.conversation_endpoints, the first @MaxRows candidates kept in a
+    -- table variable.  Cost: O(P + E) for the pass (P non-final tasks, E
+    -- endpoints of the database), then per candidate one seek on delay.Task,
+    -- one endpoint lookup by conversation_handle and the repair itself:
+    -- O(P + E + R) in all, where the loop of revision 0006 joined the
+    -- endpoints once per repair, O(R x (P + E)).
+    -- The CTE keeps every column it names to sys.conversation_endpoints alone.
+    WITH Endpoint AS (
+        SELECT e.conversation_handle, e.state
+        FROM sys.conversation_endpoints AS e
+    )
 
-        SELECT TOP (1) @TaskID = t.TaskID
-        FROM delay.Task AS t
-        LEFT OUTER JOIN LiveEndpoint AS live ON t.ConversationHandle = live.conversation_handle
+    INSERT INTO @Candidate (TaskID, EndpointState)
+    SELECT TOP (@MaxRows) t.TaskID, ep.state
+    FROM delay.Task AS t
+    LEFT OUTER JOIN Endpoint AS ep ON t.ConversationHandle = ep.conversation_handle
+    WHERE
+        t.TaskState IN (N'Scheduled', N'Retrying', N'Running')
+        AND (ep.conversation_handle IS NULL OR ep.state IN ('CD', 'DO', 'DI', 'ER'))
+    ORDER BY t.TaskID;
+
+    INSERT INTO @Finding (Finding, TaskID, Action, Detail)
+    SELECT
+        N'Ending', c.TaskID, N'Left',
+        CONCAT(
+            N'conversation state ', c.EndpointState,
+            N': its EndDialog or Error message waits in dbo.DelayServiceQueue; the reader fails the task'
+        )
+    FROM @Candidate AS c
+    WHERE c.EndpointState IN ('DI', 'ER')
+    ORDER BY c.TaskID;
+
+    SET @TaskID = NULL;
+    WHILE 1 = 1
+    BEGIN
+        SELECT TOP (1) @TaskID = c.TaskID
+        FROM @Candidate AS c
         WHERE
-            t.TaskState IN (N'Scheduled', N'Retrying', N'Running')
-            AND (@TaskID IS NULL OR t.TaskID > @TaskID)
-            AND live.conversation_handle IS NULL
-        ORDER BY t.TaskID;
+            (@TaskID IS NULL OR c.TaskID > @TaskID)
+            AND (c.EndpointState IS NULL OR c.EndpointState IN ('CD', 'DO'))
+        ORDER BY c.TaskID;
         IF @@ROWCOUNT = 0
             BREAK;
-        SET @Done += 1;
 
         BEGIN TRY
             BEGIN TRANSACTION;
@@ -151,9 +206,12 @@ BEGIN
             WHERE t.TaskID = @TaskID;
             SET @Now = SYSUTCDATETIME();
 
+            -- Gone still?  One lookup by handle; a conversation that is
+            -- open again (re-armed meanwhile) or in DI/ER is not ours.  No
+            -- conversation group is taken here: a gone one has none.
             IF @TaskState IN (N'Scheduled', N'Retrying', N'Running') AND NOT EXISTS (
                 SELECT 1 FROM sys.conversation_endpoints AS e
-                WHERE e.conversation_handle = @Handle AND e.state NOT IN ('CD', 'ER', 'DI')
+                WHERE e.conversation_handle = @Handle AND e.state NOT IN ('CD', 'DO')
             )
             BEGIN
                 IF @TaskState = N'Running'

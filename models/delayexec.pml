@@ -71,6 +71,16 @@
  *                       RECEIVE transaction: spin finds the queue disabled
  *                       under POISON, and a Running task failed by a recovery
  *   -DDIES=n            readers that die mid-target;  -DERRS=n broker Errors
+ *   -DANY_MESSAGE_RECOVERY  the recovery of revisions 0006-0009: it took
+ *                       whatever message of the conversation came first and
+ *                       recorded it as the failed one.  Another reader may
+ *                       have committed the failed timer meanwhile and started
+ *                       the run; the next (lease) timer is then the first
+ *                       one, and the recovery ended a healthy conversation:
+ *                       spin finds it (assert: the message recovered is the
+ *                       one that failed).  Since revision 0010 the recovery
+ *                       compares message_id/message_sequence_number and
+ *                       rolls a later message back instead
  *   -DCANCEL            dbo.CancelDelayExecution runs once, at any moment: it
  *                       takes the task's conversation group (and, like a
  *                       delay-0 request, its cancel lock) before the row, so
@@ -114,6 +124,10 @@ byte rb;               /* consecutive rollbacks of RECEIVE transactions       */
 bit  incident;         /* a recovery recorded this task's conversation in
                           delay.Incident and ended it                          */
 byte fails = FAILS, dies = DIES, errs = ERRS;
+byte moved;            /* ghost, bit r: since reader r's step 1 failed on the
+                          timer at the head of the conversation, some step 1
+                          committed (removed) a timer message: the head is a
+                          later message (message_sequence_number moved on)   */
 #ifdef POISON
 bit  poison = 1;       /* step 1 fails deterministically for this task        */
 #else
@@ -155,7 +169,8 @@ endloop:	/* an idle reader waiting in WAITFOR (RECEIVE) is a valid end */
 		:: fails > 0 ->
 			/* step 1 raises transiently (deadlock victim 1205, ...):
 			 * ROLLBACK TRANSACTION; the message returns to the queue */
-			fails--; failed = 1; transient = 1; rollback_receive()
+			fails--; failed = 1; transient = 1; rollback_receive();
+			moved = moved & (255 - (1 << r))
 #ifdef OLD_RECOVERY
 		:: poison ->
 			/* revision 0004 wrote the platform table (delay.FinishTask)
@@ -172,7 +187,7 @@ endloop:	/* an idle reader waiting in WAITFOR (RECEIVE) is a valid end */
 				:: else -> conv = 0; armed = 0; qtimer = 0
 				fi
 			:: else ->
-				qtimer--;
+				qtimer--; moved = 255;
 				if
 				:: ts == SCHEDULED || ts == RETRYING ->
 					/* due: TaskState = 'Running', Attempts += 1,
@@ -233,10 +248,25 @@ endloop:	/* an idle reader waiting in WAITFOR (RECEIVE) is a valid end */
 					fi;
 					rb = 0
 #else
+#ifdef ANY_MESSAGE_RECOVERY
 				:: else ->
-					/* INSERT delay.Incident; END CONVERSATION; COMMIT */
+					/* 0006-0009: whatever came first is taken for the
+					 * failed message */
+					assert(iserr || (moved & (1 << r)) == 0);
 					conv = 0; armed = 0; qtimer = 0; qerr = 0;
 					rb = 0; recovered = 1; incident = 1
+#else
+				:: fails == 0 && (iserr || (moved & (1 << r)) == 0) ->
+					/* the very message step 1 failed on (message_id and
+					 * message_sequence_number match):
+					 * INSERT delay.Incident; END CONVERSATION; COMMIT */
+					conv = 0; armed = 0; qtimer = 0; qerr = 0;
+					rb = 0; recovered = 1; incident = 1
+				:: fails == 0 && !iserr && (moved & (1 << r)) != 0 ->
+					/* a later message: another reader took the failed
+					 * one.  ROLLBACK: it goes back to the queue */
+					rollback_receive()
+#endif
 #endif
 				fi
 			:: else ->

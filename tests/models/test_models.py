@@ -121,6 +121,14 @@ CHECKS = [
     Check("delay-old-recovery-running", "delayexec.pml", ("-DOLD_RECOVERY", "-DFAILS=1"),
           expect_error=r"assertion violated \(ts!=2\)",
           why="revision 0004's recovery had no @@ROWCOUNT check: it failed a task another reader runs"),
+    Check("delay-recovery-any-message", "delayexec.pml", ("-DANY_MESSAGE_RECOVERY", "-DFAILS=2"),
+          expect_error=r"assertion violated \(iserr\|\|",
+          why="revisions 0006-0009: the recovery took the conversation's first message, which "
+              "may be a later one (the failed one taken by another reader): a healthy "
+              "conversation ended and recorded as an incident"),
+    Check("delay-recovery-later-message", "delayexec.pml", ("-DFAILS=3", "-DNR=3"),
+          why="revision 0010: the recovery takes only the message that failed (message_id), "
+              "rolls a later one back, and the queue stays enabled"),
     # ---- the seed article: the checker must find its bugs --------------------
     Check("article-claim", "article_claim.pml",
           expect_error=r"assertion violated.*proc\[0\]",

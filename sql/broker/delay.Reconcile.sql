@@ -52,9 +52,9 @@ Cost:        one pass over the non-final tasks joined once with
 Transaction: one short transaction per repaired task (never one big one), each
              opened here; call it outside a transaction (50349 otherwise).
 Lock order:  the task row (UPDLOCK; only tasks whose old conversation is gone
-             (no endpoint, CD or DO) are repaired, so there is no conversation
-             group anybody can take first; DI/ER conversations, which still
-             have one, are left to the reader), then the new conversation
+             (no endpoint, CD or DO) are repaired, so there is no
+             conversation group anybody can take first; DI/ER conversations,
+             which still have one, are left to the reader), then the new conversation
              (nobody else knows it yet), then dbo.tabDIYTable12402.
 Security:    EXECUTE AS OWNER (conversations belong to dbo); for db_owner and
              MailqAdmin.

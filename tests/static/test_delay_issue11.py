@@ -54,7 +54,7 @@ def block(text: str, start: str, end: str) -> str:
 def recovery_is_minimal(pdq: str) -> bool:
     """Point 1: RECEIVE ... WHERE conversation_handle, a row-count check, only
     delay.Incident and END CONVERSATION inside that transaction."""
-    m = re.search(r"RECEIVE TOP \(1\) @\w+ = message_body\s+FROM dbo\.DelayServiceQueue\s+"
+    m = re.search(r"RECEIVE TOP \(1\)(?:\s+@\w+ = \w+,)*\s+@\w+ = message_body\s+FROM dbo\.DelayServiceQueue\s+"
                   r"WHERE conversation_handle = @Handle;(.*?)COMMIT TRANSACTION;", pdq, re.S)
     if not m:
         return False
@@ -262,7 +262,8 @@ def test_reconcile_repairs_orphans_missing_tasks_and_receipts():
 
 def test_cancel_and_finish_handle_a_missing_endpoint():
     cancel = current("delay.CancelTask.sql")
-    assert re.search(r"IF NOT EXISTS \(\s*SELECT 1 FROM sys\.conversation_endpoints", cancel)
+    assert re.search(r"SELECT @EndpointState = e\.state\s+FROM sys\.conversation_endpoints", cancel)
+    assert "IF @EndpointState IS NULL OR @EndpointState IN ('CD', 'DO')" in cancel
     assert "THROW 50343" in cancel
     finish = current("delay.FinishTask.sql")
     assert re.search(r"IF @Handle IS NOT NULL AND EXISTS \(\s*SELECT 1 FROM sys\.conversation_endpoints", finish)

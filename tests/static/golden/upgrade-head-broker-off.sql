@@ -111,7 +111,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3199,7 +3199,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3284,7 +3284,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4885,7 +4885,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4970,7 +4970,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -5987,7 +5987,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -6072,7 +6072,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9365,7 +9365,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9810,7 +9810,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -11947,6 +11947,91 @@ END;
 GO
 
 UPDATE dbo.mailq_alembic_version SET version_num='0009' WHERE dbo.mailq_alembic_version.version_num = '0008';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0009 -> 0010
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0010'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0009')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0010 upgrades a database at 0009; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'on'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' has delayed execution (stored option broker=on); this script was rendered with -x broker=off and would leave its objects at an old revision. Render it without -x broker=off.');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'off', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'off';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'off');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0010' WHERE dbo.mailq_alembic_version.version_num = '0009';
 
 GO
 

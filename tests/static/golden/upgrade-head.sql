@@ -111,7 +111,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3199,7 +3199,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -5856,7 +5856,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -7457,7 +7457,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -8323,7 +8323,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9340,7 +9340,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -12497,7 +12497,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -15790,7 +15790,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -16235,7 +16235,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0009'
+IF @Rows = 1 AND @Current = '0010'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -18372,6 +18372,2167 @@ END;
 GO
 
 UPDATE dbo.mailq_alembic_version SET version_num='0009' WHERE dbo.mailq_alembic_version.version_num = '0008';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0009 -> 0010
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0010'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0009')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0010 upgrades a database at 0009; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF NOT EXISTS (
+    SELECT 1 FROM sys.databases
+    WHERE database_id = DB_ID() AND is_broker_enabled = 1
+)
+BEGIN
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(
+        N'Service Broker is not enabled in database ', QUOTENAME(DB_NAME()),
+        N'; delayed execution needs it. A DBA enables it with: ',
+        N'ALTER', N' DATABASE ', QUOTENAME(DB_NAME()), N' SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE; ',
+        N'this needs exclusive access to the database: WITH ROLLBACK IMMEDIATE rolls back ',
+        N'every open transaction of the other sessions in it and disconnects them. ',
+        N'(A database restored or attached as a copy may need NEW_BROKER instead, which ',
+        N'also ends every existing conversation.) To deploy the mail queue alone, run ',
+        N'mailq-db deploy -x broker=off (alembic -x broker=off upgrade head).'
+    );
+    THROW 50401, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = (
+    SELECT CAST(q.is_activation_enabled AS INT) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ'));
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = @Activation;
+IF @Activation = 1
+    ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.FinishTask: moves a task to a final state, sets the platform's receipt,
+logs the event and ends the task's conversation (which also drops its timer).
+Parameters:  @TaskID       BIGINT, required
+             @TaskState    NVARCHAR(16): Done, Failed, Refused or Cancelled
+             @EventName    NVARCHAR(16) = NULL: the delay.Log event to write
+                           (NULL writes none, e.g. for Done)
+             @ErrorNumber  INT = NULL, @ErrorMessage NVARCHAR(4000) = NULL:
+                           stored as the task's last error and in the log row
+             @SetReceipt   BIT = 1: 0 leaves dbo.tabDIYTable12402 alone; the
+                           caller writes the receipt after its COMMIT.  Every
+                           transaction that RECEIVEd passes 0: the platform's
+                           table may carry constraints or triggers we do not
+                           own, and a failure there must never roll back a
+                           RECEIVE (delay.Reconcile repairs a receipt that
+                           could not be written).
+Receipt:     Done 1, Refused 2, Failed 3, Cancelled 4 (dbo.tabDIYTable12402.F108219)
+Errors:      50399 called outside a transaction or with an unknown state (a bug)
+Transaction: joins the caller's, which must exist: the state change and the
+             END CONVERSATION commit or roll back together
+Internal:    called by dbo.ProcessDelayQueue and dbo.CancelDelayExecution (both
+             run as dbo); no role is granted EXECUTE.
+Example:     EXEC delay.FinishTask @TaskID = 42, @TaskState = N'Done';
+*/
+CREATE OR ALTER PROCEDURE delay.FinishTask
+    @TaskID BIGINT,
+    @TaskState NVARCHAR(16),
+    @EventName NVARCHAR(16) = NULL,
+    @ErrorNumber INT = NULL,
+    @ErrorMessage NVARCHAR(4000) = NULL,
+    @SetReceipt BIT = 1
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @@TRANCOUNT = 0 OR @TaskState IS NULL
+        OR @TaskState NOT IN (N'Done', N'Failed', N'Refused', N'Cancelled')
+    BEGIN
+        SET @Msg = CONCAT(
+            N'delay.FinishTask needs its caller''s transaction and a final @TaskState; got @@TRANCOUNT = ',
+            @@TRANCOUNT, N', @TaskState = ', ISNULL(@TaskState, N'NULL'), N'.'
+        );
+        THROW 50399, @Msg, 1;
+    END;
+
+    DECLARE
+        @Handle UNIQUEIDENTIFIER,
+        @TargetName NVARCHAR(400),
+        @Attempts INT;
+
+    UPDATE delay.Task
+    SET
+        TaskState = @TaskState,
+        FinishedAtUtc = SYSUTCDATETIME(),
+        NextRunAtUtc = NULL,
+        LeaseUntilUtc = NULL,
+        LastErrorNumber = ISNULL(@ErrorNumber, LastErrorNumber),
+        LastErrorMessage = ISNULL(@ErrorMessage, LastErrorMessage),
+        @Handle = ConversationHandle,
+        @TargetName = TargetName,
+        @Attempts = Attempts
+    WHERE TaskID = @TaskID;
+
+    -- The receipt is set by the row's ID, never by matching parameter values
+    -- (the source design's join on F108211-F108216 missed NULLs and marked
+    -- rows with equal parameters together).
+    IF ISNULL(@SetReceipt, 1) = 1
+        UPDATE dbo.tabDIYTable12402
+        SET F108219 = CASE @TaskState
+            WHEN N'Done' THEN 1
+            WHEN N'Refused' THEN 2
+            WHEN N'Failed' THEN 3
+            WHEN N'Cancelled' THEN 4
+        END
+        WHERE ID = @TaskID;
+
+    IF @EventName IS NOT NULL
+        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle)
+        VALUES (@TaskID, @EventName, @TargetName, @Attempts, @ErrorNumber, @ErrorMessage, @Handle);
+
+    -- Every task's conversation ends here, once: no endpoint is left behind.
+    -- Ending the initiator side also discards its pending timer.  An endpoint
+    -- that no longer exists (ALTER DATABASE ... SET NEW_BROKER removes every
+    -- conversation without notice), is closed (CD) or was already ended by
+    -- this side (DO, disconnected outbound: "the local side of the
+    -- conversation has issued an END CONVERSATION"; its handle "is no longer
+    -- valid") is not ended again: END CONVERSATION needs an existing, open
+    -- conversation
+    -- (https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql,
+    -- https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql).
+    -- DI and ER are ended: they stay so "until the local side ... issues an
+    -- END CONVERSATION".
+    IF @Handle IS NOT NULL AND EXISTS (
+        SELECT 1 FROM sys.conversation_endpoints AS e
+        WHERE e.conversation_handle = @Handle AND e.state NOT IN ('CD', 'DO')
+    )
+        END CONVERSATION @Handle;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.ProcessDelayQueue: activation procedure of dbo.DelayServiceQueue; runs due
+delayed tasks.  Service Broker starts it (EXECUTE AS OWNER, up to
+MAX_QUEUE_READERS copies); it loops until the queue stays empty for
+delay.Setting.ReceiveWaitMs, then returns.
+Parameters:  none.  Result sets: none.
+Messages:    DialogTimer (on a task's initiator handle): the delay, a retry's
+                 backoff or the watchdog lease has expired
+             MailqDelayRequest (on the target handle; body = task ID):
+                 a task with delay 0, to run at once; it runs only if the task
+                 is still bound to this very conversation (the initiator
+                 handle of the same conversation_id), never by the ID alone
+             EndDialog, Error: end this side of the conversation; a task still
+                 pending on it is failed (BrokerError)
+
+One pass of the loop, with its transaction boundaries and lock order:
+
+  +-- STEP 1 (tran A) ---------------------------------------------------+
+  | WAITFOR (RECEIVE TOP (1)) ......... locks the message's conversation  |
+  |                                     group G(msg)                      |
+  | [DelayRequest only] sp_getapplock cancel lock (Transaction), then     |
+  |   BEGIN CONVERSATION TIMER (task's initiator handle) . locks G(task)  |
+  | SELECT delay.Task WITH (UPDLOCK, ROWLOCK) ....... locks the task row  |
+  | due -> sp_getapplock run lock (Session) .. a lock outside the tran    |
+  |        Running, attempt + 1, lease timer                              |
+  | final -> delay.Task and END CONVERSATION only (FinishTask @SetReceipt |
+  |        = 0): never the platform's table inside a RECEIVE transaction  |
+  | COMMIT                                                                |
+  +-----------------------------------------------------------------------+
+     | failed: ROLLBACK (the message is back on the queue: 1 rollback)
+     |   1205, first time for this message in this reader: nothing else;
+     |         the next RECEIVE redelivers it (one ordinary redelivery)
+     |   otherwise -> RECOVERY
+  +-- RECOVERY (tran R; runs only after a failed step 1) ----------------+
+  | RECEIVE TOP (1) ... WHERE conversation_handle = @Handle               |
+  | nothing received (another reader took it): COMMIT, go on              |
+  | a LATER message (message_id / message_sequence_number differ from the |
+  | ones step 1 received: another reader took the failed one): ROLLBACK,  |
+  | it goes back for its ordinary processing; nothing recorded            |
+  | the failed message itself: INSERT delay.Incident (no CHECK, no        |
+  | trigger, no FK), END CONVERSATION @Handle, COMMIT.  Never             |
+  | delay.FinishTask,                                                     |
+  | never the platform's table (whose constraints or triggers we do not   |
+  | own).  If tran R fails too: ROLLBACK (2nd rollback), RAISERROR to the |
+  | error log, the reader stops.                                          |
+  +-----------------------------------------------------------------------+
+  +-- RECOVERY FOLLOW-UP (tran F, no RECEIVE) ---------------------------+
+  | a Scheduled/Retrying task whose conversation tran R ended: FinishTask |
+  | 'Failed' (50346).  Its failure can never count against the queue; it  |
+  | is logged and left to delay.Reconcile.                                |
+  +-----------------------------------------------------------------------+
+  +-- STEP 2 (tran T, the target's) -------------------------------------+
+  | sp_executesql: SET DEADLOCK_PRIORITY NORMAL; SET XACT_ABORT OFF;      |
+  | SET LOCK_TIMEOUT n; EXEC [schema].[proc] @SPName = @SPName, ...       |
+  | (SET options set in the dynamic batch revert when it returns; the     |
+  | reader re-asserts its own after it anyway)                            |
+  +-----------------------------------------------------------------------+
+  +-- STEP 3 (tran B) ---------------------------------------------------+
+  | BEGIN CONVERSATION TIMER (task handle, if the endpoint still exists)  |
+  |                                 ... locks G(task)                     |
+  | SELECT delay.Task WITH (UPDLOCK, ROWLOCK) ....... locks the task row  |
+  | Done | Retrying (+ backoff timer) | Failed (GaveUp); COMMIT           |
+  | (1205: tried again, at most 3 times)                                  |
+  +-----------------------------------------------------------------------+
+  RECEIPT (autocommit UPDATE, no transaction of ours): F108219 of a task
+  that step 1 or step 3 made final (FinishTask @SetReceipt = 0 in both);
+  a failure is logged, delay.Reconcile repairs it.
+  RELEASE: the run lock, if this pass holds it, exactly once (one call
+  site, guarded by @LockHeld, which it clears first).
+
+Lock order:  the task's conversation group first, then its delay.Task row,
+             then dbo.tabDIYTable12402 (delay.FinishTask, the receipt) - the
+             same in dbo.CancelDelayExecution, delay.Reconcile and every
+             transaction here.  A delay-0 request and a cancel both take the
+             task's cancel lock (an application lock) before its group.  For a DelayRequest the
+target side's group comes first (RECEIVE), and no other procedure ever takes
+that group, so it cannot close a cycle.
+Pattern:     DESIGN.md pattern (a), "receive, record, commit; then run": only
+             our own bookkeeping runs in a transaction that received a
+             message, so no target can make it roll back.  (Service Broker
+             disables a queue after five rollbacks in a row of transactions
+             that received from it:
+             https://learn.microsoft.com/en-us/sql/database-engine/service-broker/removing-poison-messages)
+             A failing step 1 costs at most two rollbacks of one message in
+             this reader (1205: three), then the message is gone.
+Watchdog:    while a task runs, its runner holds a session-owned application
+             lock named for the task, taken in step 1 before its COMMIT.  When
+             the lease timer fires, APPLOCK_TEST tells whether the runner is
+             alive (slow: the lease is extended, a Slow row logged) or gone
+             (RunnerLost: the attempt failed, retried or given up).
+             Timers longer than one day are chained (86,400 s each).
+Settings:    the reader runs DEADLOCK_PRIORITY HIGH and XACT_ABORT ON for its
+             own bookkeeping; the target runs NORMAL, XACT_ABORT OFF and, if
+             delay.Setting.TargetLockTimeoutMs is set, that LOCK_TIMEOUT.  A
+             target is called inside the reader's TRY block: an error in it
+             ends it and is caught here (T-SQL TRY...CATCH semantics), so a
+             target that wants to handle its own errors uses TRY...CATCH.
+Errors:      none raised, except the RAISERROR of a failed recovery or a
+             disabled queue (it goes to the SQL Server error log: activation
+             writes a reader's messages there).  Failures go to delay.Log and
+             delay.Incident (docs/errors.md 503xx).
+Example:     started by Service Broker; to drain by hand: EXEC dbo.ProcessDelayQueue;
+*/
+CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- The UPDLOCK reads below must lock the latest committed row: READ COMMITTED
+    -- whatever the caller runs under (a level set in a procedure reverts when it
+    -- returns; under RCSI an UPDLOCK read still takes and honours locks).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    SET DEADLOCK_PRIORITY HIGH;
+
+    DECLARE
+        @Handle UNIQUEIDENTIFIER,
+        @MessageId UNIQUEIDENTIFIER,
+        @MessageSequence BIGINT,
+        @ReceivedId UNIQUEIDENTIFIER,
+        @ReceivedSequence BIGINT,
+        @ReceivedCount INT,
+        @SameMessage BIT,
+        @MessageType SYSNAME,
+        @Body VARBINARY(MAX),
+        @Now DATETIME2(3),
+        @TaskID BIGINT,
+        @TaskHandle UNIQUEIDENTIFIER,
+        @BoundHandle UNIQUEIDENTIFIER,
+        @Unbound BIT,
+        @LogText NVARCHAR(2047),
+        @InitiatorHandle UNIQUEIDENTIFIER,
+        @TaskState NVARCHAR(16),
+        @TargetName NVARCHAR(400),
+        @NextRunAtUtc DATETIME2(3),
+        @LeaseUntilUtc DATETIME2(3),
+        @Attempts INT,
+        @Attempt INT,
+        @RemainingMs BIGINT,
+        @Timeout INT,
+        @Refusal INT,
+        @RefusalMessage NVARCHAR(400),
+        @SchemaName SYSNAME,
+        @ProcedureName SYSNAME,
+        @SPName NVARCHAR(200),
+        @Param1 NVARCHAR(200),
+        @Param2 NVARCHAR(200),
+        @Param3 NVARCHAR(200),
+        @Param4 NVARCHAR(200),
+        @Param5 NVARCHAR(200),
+        @TooLong BIT,
+        @Run BIT,
+        @Retryable BIT,
+        @Stop BIT = 0,
+        @Recover BIT,
+        @Recovered BIT,
+        @Step1Committed BIT,
+        @RedeliveredHandle UNIQUEIDENTIFIER,
+        @EndpointOpen BIT,
+        @Sql NVARCHAR(MAX),
+        -- The target contract: (@SPName, @Param1 ... @Param5 NVARCHAR(200)).
+        @ParameterList NVARCHAR(400) = CONCAT(
+            N'@SPName NVARCHAR(200), @Param1 NVARCHAR(200), @Param2 NVARCHAR(200), ',
+            N'@Param3 NVARCHAR(200), @Param4 NVARCHAR(200), @Param5 NVARCHAR(200)'
+        ),
+        @LockName NVARCHAR(255),
+        @LockResult INT,
+        @LockHeld BIT = 0,
+        @CancelLockName NVARCHAR(255),
+        @ErrorNumber INT,
+        @ErrorMessage NVARCHAR(4000),
+        @ErrorXml XML,
+        @StepErrorNumber INT,
+        @StepErrorMessage NVARCHAR(4000),
+        @TargetTranCount INT,
+        @Backoff BIGINT,
+        @Recorded BIT,
+        @Try INT,
+        @MaxAttempts INT,
+        @RetryBaseSeconds INT,
+        @RetryMaxSeconds INT,
+        @LeaseSeconds INT,
+        @ReceiveWaitMs INT,
+        @TargetLockTimeoutMs INT;
+
+    DECLARE
+        @DialogTimer SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer',
+        @EndDialog SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog',
+        @BrokerError SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/Error',
+        @DelayRequest SYSNAME = N'MailqDelayRequest',
+        -- A conversation timer never exceeds one day; longer delays are chained.
+        @MaxTimerSeconds INT = 86400,
+        -- A timer that fires less than this before the due time counts as due
+        -- (timers have whole-second resolution).
+        @EarlyToleranceMs INT = 500;
+
+    WHILE @Stop = 0
+    BEGIN
+        SELECT
+            @Handle = NULL,
+            @MessageId = NULL,
+            @MessageSequence = NULL,
+            @MessageType = NULL,
+            @Body = NULL,
+            @TaskID = NULL,
+            @TaskHandle = NULL,
+            @BoundHandle = NULL,
+            @Unbound = 0,
+            @InitiatorHandle = NULL,
+            @TaskState = NULL,
+            @Run = 0,
+            @Recover = 0,
+            @Recovered = 0,
+            @Step1Committed = 0,
+            @Recorded = 0,
+            @LockName = NULL,
+            @MaxAttempts = 3,
+            @RetryBaseSeconds = 30,
+            @RetryMaxSeconds = 3600,
+            @LeaseSeconds = 600,
+            @ReceiveWaitMs = 5000,
+            @TargetLockTimeoutMs = NULL;
+
+        SELECT
+            @MaxAttempts = s.MaxAttempts,
+            @RetryBaseSeconds = s.RetryBaseSeconds,
+            @RetryMaxSeconds = s.RetryMaxSeconds,
+            @LeaseSeconds = s.LeaseSeconds,
+            @ReceiveWaitMs = s.ReceiveWaitMs,
+            @TargetLockTimeoutMs = s.TargetLockTimeoutMs
+        FROM delay.Setting AS s
+        WHERE s.SettingId = 1;
+
+        --==================================================================
+        -- STEP 1: receive one message and do the bookkeeping; commit.
+        --==================================================================
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- WAITFOR (RECEIVE ...), TIMEOUT: waits up to @ReceiveWaitMs
+            -- milliseconds for a message; no message means the reader exits.
+            -- RECEIVE locks the message's conversation group until COMMIT.
+            WAITFOR (
+                RECEIVE TOP (1)
+                    @Handle = conversation_handle,
+                    -- The message's own identity, for a recovery that must
+                    -- take this message and no other (queue columns
+                    -- message_id, "unique identifier for the message", and
+                    -- message_sequence_number, "sequence number of the
+                    -- message in the conversation":
+                    -- https://learn.microsoft.com/en-us/sql/t-sql/statements/create-queue-transact-sql#queue-columns).
+                    @MessageId = message_id,
+                    @MessageSequence = message_sequence_number,
+                    @MessageType = message_type_name,
+                    @Body = message_body
+                FROM dbo.DelayServiceQueue
+            ), TIMEOUT @ReceiveWaitMs;
+
+            IF @Handle IS NULL
+                SET @Stop = 1;
+            ELSE
+            BEGIN
+                SET @Now = SYSUTCDATETIME();
+
+                IF @MessageType = @DelayRequest
+                BEGIN
+                    SET @TaskID = CAST(@Body AS BIGINT);
+                    -- The request arrived on the target side of the task's
+                    -- dialog; both sides share one conversation_id.  The
+                    -- initiator side is the handle the task must be bound to
+                    -- (a task ID alone may have been reused after the platform
+                    -- truncated its table).
+                    SELECT @InitiatorHandle = i.conversation_handle
+                    FROM sys.conversation_endpoints AS t
+                    INNER JOIN sys.conversation_endpoints AS i
+                        ON t.conversation_id = i.conversation_id AND i.is_initiator = 1
+                    WHERE t.conversation_handle = @Handle AND t.is_initiator = 0;
+
+                    -- No lock yet: the conversation group comes before the row.
+                    SELECT @BoundHandle = t.ConversationHandle
+                    FROM delay.Task AS t
+                    WHERE t.TaskID = @TaskID;
+
+                    IF @BoundHandle IS NULL OR @InitiatorHandle IS NULL OR @BoundHandle <> @InitiatorHandle
+                        -- Not bound to this conversation: never run.  (Both
+                        -- known and different: the ID was reused; logged below.)
+                        SELECT
+                            @Unbound = IIF(@BoundHandle IS NOT NULL AND @InitiatorHandle IS NOT NULL, 1, 0),
+                            @TaskID = NULL;
+                    ELSE
+                    BEGIN
+                        -- The task's cancel lock (transaction-owned), taken by
+                        -- delay.CancelTask first too: once we hold it, a cancel
+                        -- has either committed (its conversation is closed and
+                        -- the check below sees it) or not started, so the
+                        -- timer below never meets a conversation that a cancel
+                        -- ends while we wait for its group.
+                        SET @LockResult = NULL;
+                        SET @CancelLockName = CONCAT(N'mailq-db/delay/cancel/', @TaskID);
+                        EXEC @LockResult = sys.sp_getapplock
+                            @Resource = @CancelLockName,
+                            @LockMode = N'Exclusive',
+                            @LockOwner = N'Transaction',
+                            @LockTimeout = -1;
+                        IF @LockResult < 0
+                            -- Chosen as a deadlock victim (-3) or cancelled:
+                            -- transient, treated like 1205 below.
+                            THROW 50350, N'the task''s cancel lock was not granted; the request is redelivered', 1;
+                    END;
+
+                    IF @TaskID IS NOT NULL AND EXISTS (
+                        SELECT 1 FROM sys.conversation_endpoints AS e
+                        WHERE e.conversation_handle = @BoundHandle AND e.state NOT IN ('CD', 'DO', 'ER', 'DI')
+                    )
+                    BEGIN
+                        -- Lock order: the task's conversation group before its
+                        -- row, as everywhere (BEGIN CONVERSATION TIMER locks
+                        -- the group).  The timer is the lease of the run about
+                        -- to start; if the task is not run, a spare timer
+                        -- fires later and finds nothing to do.
+                        SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                        BEGIN CONVERSATION TIMER (@BoundHandle) TIMEOUT = @Timeout;
+                    END;
+                    -- else: bound, but its conversation is ending (the task is
+                    -- final): the final-state branch below leaves it alone.
+                END;
+                ELSE
+                    SELECT @TaskID = t.TaskID
+                    FROM delay.Task AS t
+                    WHERE t.ConversationHandle = @Handle;
+
+                -- UPDLOCK: hold the row for this state transition, so a cancel or
+                -- another reader cannot move the task between our read and write.
+                -- ROWLOCK: one task, one row lock.
+                SELECT
+                    @TaskState = t.TaskState,
+                    @TaskHandle = t.ConversationHandle,
+                    @TargetName = t.TargetName,
+                    @NextRunAtUtc = t.NextRunAtUtc,
+                    @LeaseUntilUtc = t.LeaseUntilUtc,
+                    @Attempts = t.Attempts
+                FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+                WHERE t.TaskID = @TaskID;
+
+                ------------------------------------------------------------
+                -- 1a. EndDialog / Error
+                ------------------------------------------------------------
+                IF @MessageType IN (@EndDialog, @BrokerError)
+                BEGIN
+                    IF @MessageType = @BrokerError
+                    BEGIN
+                        -- The body of an Error message is
+                        -- <Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error">
+                        --   <Code>n</Code><Description>text</Description></Error>
+                        -- (*: matches that namespace without declaring it.)
+                        SET @ErrorXml = CAST(@Body AS XML);
+                        SELECT
+                            @ErrorNumber = @ErrorXml.value('(/*:Error/*:Code)[1]', 'INT'),
+                            @ErrorMessage = @ErrorXml.value('(/*:Error/*:Description)[1]', 'NVARCHAR(4000)');
+                    END;
+                    ELSE
+                        SELECT
+                            @ErrorNumber = 50333,
+                            @ErrorMessage = N'the conversation was ended by its other side before the task finished';
+
+                    IF @TaskState IN (N'Scheduled', N'Running', N'Retrying') AND @TaskHandle = @Handle
+                        -- Ends @Handle, the task's own conversation.
+                        EXEC delay.FinishTask
+                            @SetReceipt = 0,
+                            @TaskID = @TaskID,
+                            @TaskState = N'Failed',
+                            @EventName = N'BrokerError',
+                            @ErrorNumber = @ErrorNumber,
+                            @ErrorMessage = @ErrorMessage;
+                    ELSE
+                        -- The target side of a delay-0 dialog, or a conversation
+                        -- whose task is already final: just end this side.
+                        END CONVERSATION @Handle;
+                END;
+                ------------------------------------------------------------
+                -- 1b. Messages with nothing to run
+                ------------------------------------------------------------
+                ELSE IF @MessageType NOT IN (@DialogTimer, @DelayRequest)
+                    -- Not ours (nothing else is in the contract): drop the conversation.
+                    END CONVERSATION @Handle;
+                ELSE IF @TaskState IS NULL
+                BEGIN
+                    -- No task bound to this conversation (replaced, never
+                    -- recorded, or a request whose ID now names another
+                    -- task): nothing to run.
+                    IF @Unbound = 1
+                        INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage, ConversationHandle)
+                        VALUES (
+                            CAST(@Body AS BIGINT), N'BrokerError', 50347,
+                            N'a delay-0 request arrived on a conversation the task is not bound to; not run',
+                            @Handle
+                        );
+                    END CONVERSATION @Handle;
+                END;
+                ELSE IF @TaskState IN (N'Done', N'Failed', N'Refused', N'Cancelled')
+                BEGIN
+                    -- Final already.  A late timer ends its conversation; a late
+                    -- DelayRequest leaves the target side to the EndDialog that
+                    -- the initiator side's END CONVERSATION sent.
+                    IF @MessageType = @DialogTimer
+                        END CONVERSATION @Handle;
+                END;
+                ELSE IF @MessageType = @DelayRequest AND @TaskState <> N'Scheduled'
+                    -- A run already started through the task's own conversation.
+                    SET @Run = 0;
+                ------------------------------------------------------------
+                -- 1c. The watchdog: a lease timer of a Running task
+                ------------------------------------------------------------
+                ELSE IF @MessageType = @DialogTimer AND @TaskState = N'Running'
+                BEGIN
+                    SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @LeaseUntilUtc);
+                    IF @RemainingMs > @EarlyToleranceMs
+                    BEGIN
+                        -- Early (chained or re-armed timer): wait for the rest of the lease.
+                        SET @Timeout = CASE
+                            WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                            ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                        END;
+                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                    END;
+                    -- Is the runner alive?  It holds this session-owned lock for
+                    -- as long as the target runs; a session that ended released
+                    -- it.  APPLOCK_TEST only tests (1: grantable = free), so
+                    -- there is nothing to release here.
+                    ELSE IF APPLOCK_TEST(
+                            N'public', CONCAT(N'mailq-db/delay/task/', @TaskID), N'Exclusive', N'Session'
+                        ) = 0
+                    BEGIN
+                        -- Alive and slow: extend the lease, never interrupt.
+                        UPDATE delay.Task
+                        SET LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                        WHERE TaskID = @TaskID;
+
+                        SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle)
+                        VALUES (
+                            @TaskID, N'Slow', @TargetName, @Attempts,
+                            CONCAT(N'attempt ', @Attempts, N' still running after its lease; lease extended by ',
+                                @LeaseSeconds, N' s'),
+                            @Handle
+                        );
+                    END;
+                    ELSE
+                    BEGIN
+                        SET @ErrorMessage = CONCAT(
+                            N'attempt ', @Attempts, N' ended without reporting: its session ended while the target ran'
+                        );
+                        IF @Attempts < @MaxAttempts
+                        BEGIN
+                            SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
+                                * POWER(CAST(4 AS BIGINT), IIF(@Attempts > 10, 10, @Attempts - 1));
+                            SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
+
+                            UPDATE delay.Task
+                            SET
+                                TaskState = N'Retrying',
+                                NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
+                                LeaseUntilUtc = NULL,
+                                LastErrorNumber = 50331,
+                                LastErrorMessage = @ErrorMessage
+                            WHERE TaskID = @TaskID;
+
+                            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                            INSERT INTO delay.Log (
+                                TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                            )
+                            VALUES (@TaskID, N'RunnerLost', @TargetName, @Attempts, 50331, @ErrorMessage, @Handle);
+                        END;
+                        ELSE
+                            EXEC delay.FinishTask
+                                @SetReceipt = 0,
+                                @TaskID = @TaskID,
+                                @TaskState = N'Failed',
+                                @EventName = N'RunnerLost',
+                                @ErrorNumber = 50331,
+                                @ErrorMessage = @ErrorMessage;
+                    END;
+                END;
+                ------------------------------------------------------------
+                -- 1d. Scheduled or Retrying, on its timer or its DelayRequest
+                ------------------------------------------------------------
+                ELSE
+                BEGIN
+                    SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @NextRunAtUtc);
+                    IF @MessageType = @DialogTimer AND @RemainingMs > @EarlyToleranceMs
+                    BEGIN
+                        -- A chained timer of a delay longer than one day: re-arm for the rest.
+                        SET @Timeout = CASE
+                            WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                            ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                        END;
+                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                    END;
+                    ELSE
+                    BEGIN
+                        -- Due.  Resolve the name again: the allow-list or the
+                        -- procedure (its definition included) may have changed
+                        -- since the row was scheduled.
+                        SELECT
+                            @Refusal = r.RefusalNumber,
+                            @RefusalMessage = r.RefusalMessage,
+                            @SchemaName = r.SchemaName,
+                            @ProcedureName = r.ProcedureName
+                        FROM delay.ResolveTarget(@TargetName) AS r;
+
+                        -- The values are read at run time, by the row's ID.
+                        -- A value longer than the contract's 200 characters
+                        -- is refused, never cut (an adopted table may have
+                        -- wider columns, or rows loaded without the trigger).
+                        SELECT
+                            @SPName = CAST(p.F108211 AS NVARCHAR(200)),
+                            @Param1 = CAST(p.F108212 AS NVARCHAR(200)),
+                            @Param2 = CAST(p.F108213 AS NVARCHAR(200)),
+                            @Param3 = CAST(p.F108214 AS NVARCHAR(200)),
+                            @Param4 = CAST(p.F108215 AS NVARCHAR(200)),
+                            @Param5 = CAST(p.F108216 AS NVARCHAR(200)),
+                            @TooLong = CASE
+                                WHEN
+                                    LEN(CAST(p.F108211 AS NVARCHAR(4000)) + N'.') > 201
+                                    OR LEN(CAST(p.F108212 AS NVARCHAR(MAX)) + N'.') > 201
+                                    OR LEN(CAST(p.F108213 AS NVARCHAR(MAX)) + N'.') > 201
+                                    OR LEN(CAST(p.F108214 AS NVARCHAR(MAX)) + N'.') > 201
+                                    OR LEN(CAST(p.F108215 AS NVARCHAR(MAX)) + N'.') > 201
+                                    OR LEN(CAST(p.F108216 AS NVARCHAR(MAX)) + N'.') > 201
+                                    THEN 1
+                                ELSE 0
+                            END
+                        FROM dbo.tabDIYTable12402 AS p
+                        WHERE p.ID = @TaskID;
+
+                        IF @@ROWCOUNT = 0
+                            EXEC delay.FinishTask
+                                @SetReceipt = 0,
+                                @TaskID = @TaskID,
+                                @TaskState = N'Cancelled',
+                                @EventName = N'Cancelled',
+                                @ErrorNumber = 50332,
+                                @ErrorMessage = N'the platform row was deleted before the task ran';
+                        ELSE IF @Refusal IS NOT NULL OR @TooLong = 1
+                        BEGIN
+                            IF @Refusal IS NULL
+                                SELECT
+                                    @Refusal = 50303,
+                                    @RefusalMessage = CONCAT(
+                                        N'a value F108211-F108216 is longer than the target''s 200 characters; ',
+                                        N'refused, not cut'
+                                    );
+                            EXEC delay.FinishTask
+                                @SetReceipt = 0,
+                                @TaskID = @TaskID,
+                                @TaskState = N'Refused',
+                                @EventName = N'Refused',
+                                @ErrorNumber = @Refusal,
+                                @ErrorMessage = @RefusalMessage;
+                        END;
+                        ELSE
+                        BEGIN
+                            -- The run lock is taken here, before this
+                            -- transaction commits the task as Running: a
+                            -- watchdog that fires between that commit and the
+                            -- target must find it held, or it would declare the
+                            -- runner lost and start a second run (spin found
+                            -- that race: models/delayexec.pml, delay-stale-runner).
+                            -- Session-owned, so the COMMIT below keeps it;
+                            -- released once, at the end of this pass, or by the
+                            -- session's end.
+                            SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
+                            EXEC @LockResult = sys.sp_getapplock
+                                @Resource = @LockName,
+                                @LockMode = N'Exclusive',
+                                @LockOwner = N'Session',
+                                @LockTimeout = 0;
+                            IF @LockResult >= 0
+                                SET @LockHeld = 1;
+
+                            IF @LockHeld = 0
+                            BEGIN
+                                -- A runner of an earlier attempt still holds the
+                                -- task: never run it twice at once.  Wait a lease.
+                                SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                                INSERT INTO delay.Log (
+                                    TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle
+                                )
+                                VALUES (
+                                    @TaskID, N'Slow', @TargetName, @Attempts,
+                                    N'an earlier run of this task still holds its run lock; '
+                                    + N'the next attempt waits a lease',
+                                    @Handle
+                                );
+                            END;
+                            ELSE
+                            BEGIN
+                                SET @Attempt = @Attempts + 1;
+
+                                UPDATE delay.Task
+                                SET
+                                    TaskState = N'Running',
+                                    Attempts = @Attempt,
+                                    SchemaName = @SchemaName,
+                                    ProcedureName = @ProcedureName,
+                                    FirstStartedAtUtc = ISNULL(FirstStartedAtUtc, @Now),
+                                    LastStartedAtUtc = @Now,
+                                    NextRunAtUtc = NULL,
+                                    LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                                WHERE TaskID = @TaskID;
+
+                                -- The watchdog: on the task's own conversation
+                                -- (for a DelayRequest it was set above, before
+                                -- the row lock; setting it again is harmless).
+                                SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                                SET @Run = 1;
+                            END;
+                        END;
+                    END;
+                END;
+            END;
+
+            COMMIT TRANSACTION;
+            SET @Step1Committed = 1;
+            -- The redelivered message went through: a later message of the
+            -- same conversation (the next timer of a chained delay, a lease,
+            -- a retry) gets its own redelivery on a deadlock, as the header
+            -- says ("first time for this message"), instead of the recovery.
+            IF @RedeliveredHandle = @Handle
+                SET @RedeliveredHandle = NULL;
+        END TRY
+        BEGIN CATCH
+            SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE(), @Run = 0;
+            -- The message goes back to the queue: one rollback of it.  (A run
+            -- lock taken in this step survives the rollback, being
+            -- session-owned; it is released once, at the end of this pass.)
+            IF XACT_STATE() <> 0
+                ROLLBACK TRANSACTION;
+
+            IF @Handle IS NULL
+            BEGIN
+                -- Nothing received: the queue itself failed (e.g. disabled,
+                -- error 9617).  Say so in the error log, and stop; activation
+                -- starts readers again once the queue is enabled.
+                -- N'%s': the text is an argument, so a % in an error message
+                -- is never read as a format specification.
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: RECEIVE from dbo.DelayServiceQueue failed (error ',
+                    @ErrorNumber, N': ', @ErrorMessage, N'); the reader stops. See delay.Health.'
+                );
+                RAISERROR (N'%s', 16, 1, @LogText);
+                SET @Stop = 1;
+            END;
+            ELSE IF @ErrorNumber IN (1205, 50350) AND (@RedeliveredHandle IS NULL OR @RedeliveredHandle <> @Handle)
+                -- Deadlock victim: transient.  One ordinary redelivery: the
+                -- message is back on the queue and the next RECEIVE gets it.
+                SET @RedeliveredHandle = @Handle;
+            ELSE
+                SET @Recover = 1;
+        END CATCH;
+
+        --==================================================================
+        -- RECOVERY: only after a failed step 1.  Minimal on purpose: it does
+        -- nothing that the failed step 1 did (no delay.FinishTask, no
+        -- delay.Task, no platform table), so the failure cannot repeat here.
+        --==================================================================
+        IF @Recover = 1
+        BEGIN
+            SELECT @ReceivedId = NULL, @ReceivedSequence = NULL, @ReceivedCount = 0, @SameMessage = 0;
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                -- RECEIVE ... WHERE conversation_handle = @Handle takes only
+                -- messages of this conversation (RECEIVE, WHERE clause:
+                -- https://learn.microsoft.com/en-us/sql/t-sql/statements/receive-transact-sql),
+                -- but not necessarily the one that failed: another reader idle
+                -- in WAITFOR (RECEIVE) may have taken that one since our
+                -- rollback and committed it, and a LATER message of the same
+                -- conversation (the next chained timer, a lease timer of the
+                -- run it started, an EndDialog) is then the first one left.
+                -- RECEIVE cannot filter by message (its WHERE takes a
+                -- conversation_handle or a conversation_group_id, nothing
+                -- else), so the one message it returns is compared with the
+                -- one step 1 identified: message_id is unique per message, and
+                -- within a conversation messages are received in
+                -- message_sequence_number order, so the failed message, if it
+                -- is still queued, is the first one of its conversation and
+                -- comes back here (TOP (1)).  ("For each conversation, queues
+                -- return messages in the order in which the sender sent the
+                -- message": https://learn.microsoft.com/en-us/sql/database-engine/service-broker/queues)
+                RECEIVE TOP (1)
+                    @ReceivedId = message_id,
+                    @ReceivedSequence = message_sequence_number,
+                    @Body = message_body
+                FROM dbo.DelayServiceQueue
+                WHERE conversation_handle = @Handle;
+                SET @ReceivedCount = @@ROWCOUNT;
+                -- NULL-safe: a message whose id or sequence number compares
+                -- as unknown is never taken for the failed one.
+                SET @SameMessage = CASE
+                    WHEN @ReceivedCount > 0 AND EXISTS (
+                        SELECT @ReceivedId, @ReceivedSequence
+                        INTERSECT
+                        SELECT @MessageId, @MessageSequence
+                    ) THEN 1
+                    ELSE 0
+                END;
+
+                IF @SameMessage = 1
+                BEGIN
+                    -- The very message step 1 failed on: record it and end
+                    -- the conversation (which also removes the conversation's
+                    -- other messages from the queue: END CONVERSATION, Remarks,
+                    -- https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql).
+                    INSERT INTO delay.Incident (
+                        ConversationHandle, MessageType, TaskID, ErrorNumber, ErrorMessage
+                    )
+                    VALUES (@Handle, @MessageType, @TaskID, @ErrorNumber, LEFT(@ErrorMessage, 4000));
+
+                    END CONVERSATION @Handle;
+                    SET @Recovered = 1;
+                END;
+                ELSE IF @ReceivedCount > 0
+                BEGIN
+                    -- Another message: the failed one was taken and processed
+                    -- by another reader.  This one is not ours to drop: the
+                    -- rollback puts it back for its ordinary processing.  (One
+                    -- rollback of a message that never failed; poison message
+                    -- detection needs five in a row, and its next RECEIVE
+                    -- commits.)  Nothing is recorded, the conversation lives.
+                    ROLLBACK TRANSACTION;
+                    SET @LogText = CONCAT(
+                        N'mailq-db dbo.ProcessDelayQueue: recovery on conversation ', @Handle,
+                        N' found a later message (sequence ', @ReceivedSequence, N', the failed one was ',
+                        @MessageSequence, N'); another reader took the failed one; nothing recovered.'
+                    );
+                    RAISERROR (N'%s', 10, 1, @LogText);
+                END;
+
+                IF @@TRANCOUNT > 0
+                    COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- Twice in a row: stop this reader rather than spin, and say
+                -- so where a DBA looks.  (Not WITH LOG: that needs sysadmin or
+                -- ALTER TRACE (RAISERROR, WITH LOG:
+                -- https://learn.microsoft.com/en-us/sql/t-sql/language-elements/raiserror-transact-sql),
+                -- which the activation's dbo impersonation does not carry in a
+                -- database not marked trusted, so it would fail with 2778
+                -- and log nothing; a reader's RAISERROR output is written to
+                -- the error log by activation itself:
+                -- https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008-r2/ms171585(v=sql.105))
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: the recovery of a ', @MessageType, N' message on conversation ',
+                    @Handle, N' failed (error ', @StepErrorNumber, N': ', @StepErrorMessage,
+                    N') after step 1 failed (error ', @ErrorNumber, N': ', @ErrorMessage, N'); the reader stops.'
+                );
+                RAISERROR (N'%s', 16, 1, @LogText);
+                SET @Stop = 1;
+            END CATCH;
+        END;
+
+        --==================================================================
+        -- RECOVERY FOLLOW-UP: outside any RECEIVE transaction.  A task still
+        -- waiting on the conversation the recovery ended would never fire:
+        -- fail it (receipt 3).  A Running task is left to its runner's step 3.
+        --==================================================================
+        IF @Recovered = 1 AND @TaskID IS NOT NULL
+        BEGIN
+            BEGIN TRY
+                BEGIN TRANSACTION;
+                -- The conversation is gone (ended above), so the task row is
+                -- the first lock here.
+                SET @TaskState = NULL;
+                SELECT @TaskState = t.TaskState
+                FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+                WHERE t.TaskID = @TaskID AND t.ConversationHandle = @Handle;
+
+                IF @TaskState IN (N'Scheduled', N'Retrying')
+                BEGIN
+                    SET @StepErrorMessage = CONCAT(
+                        N'dbo.ProcessDelayQueue could not process a ', @MessageType,
+                        N' message of this task (error ', @ErrorNumber, N': ', LEFT(@ErrorMessage, 3000),
+                        N'); the message was recorded in delay.Incident and its conversation ended'
+                    );
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'BrokerError',
+                        @ErrorNumber = 50346,
+                        @ErrorMessage = @StepErrorMessage;
+                END;
+
+                COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- No RECEIVE in this transaction: its rollback never counts
+                -- against the queue.  delay.Reconcile finds the task later.
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: task ', @TaskID,
+                    N' could not be failed after its message was recovered (error ', @StepErrorNumber, N': ',
+                    @StepErrorMessage, N'); delay.Reconcile will find it.'
+                );
+                RAISERROR (N'%s', 10, 1, @LogText);
+            END CATCH;
+        END;
+
+        --==================================================================
+        -- STEP 2: run the target in its own transaction.
+        --==================================================================
+        IF @Run = 1
+        BEGIN
+            -- This session holds the task's run lock since step 1 (session-owned:
+            -- it survives the target's COMMIT or ROLLBACK).
+            SELECT @ErrorNumber = NULL, @ErrorMessage = NULL, @Retryable = 1;
+
+            -- Built from the catalog's names (delay.ResolveTarget checked the
+            -- allow-list, the object's identity and its pinned definition),
+            -- each part QUOTENAMEd; the six values are parameters, never part
+            -- of the text.  The SET options apply to the target only: a SET in
+            -- a batch run by sp_executesql reverts when that batch returns
+            -- (https://learn.microsoft.com/en-us/sql/t-sql/statements/set-statements-transact-sql).
+            -- The lock timeout is an INT from delay.Setting, so its text is
+            -- digits only.
+            SET @Sql = CONCAT(
+                N'SET DEADLOCK_PRIORITY NORMAL; SET XACT_ABORT OFF; SET LOCK_TIMEOUT ',
+                ISNULL(@TargetLockTimeoutMs, -1), N'; ',
+                N'EXEC ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName),
+                N' @SPName = @SPName, @Param1 = @Param1, @Param2 = @Param2,',
+                N' @Param3 = @Param3, @Param4 = @Param4, @Param5 = @Param5;'
+            );
+
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                EXEC sys.sp_executesql
+                    @Sql,
+                    @ParameterList,
+                    @SPName = @SPName,
+                    @Param1 = @Param1,
+                    @Param2 = @Param2,
+                    @Param3 = @Param3,
+                    @Param4 = @Param4,
+                    @Param5 = @Param5;
+
+                IF @@TRANCOUNT > 1
+                BEGIN
+                    -- Left a transaction of its own open (normally 266 is raised first).
+                    SELECT
+                        @ErrorNumber = 50335,
+                        @ErrorMessage = CONCAT(N'the target left ', @@TRANCOUNT - 1, N' transaction(s) open');
+                    ROLLBACK TRANSACTION;
+                END;
+                ELSE IF @@TRANCOUNT = 1
+                    COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                SELECT
+                    @ErrorNumber = ERROR_NUMBER(),
+                    @ErrorMessage = ERROR_MESSAGE(),
+                    @TargetTranCount = @@TRANCOUNT;
+                -- Doomed (-1) or not (1): the target's work is undone as a whole.
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- 266 with more than our one transaction open: the target
+                -- left one of its own open; all of it was rolled back just
+                -- now, so it is retried (50335).  266 with none open: the
+                -- target committed or rolled back the transaction opened for
+                -- it; what it did may be committed, so it is not run again.
+                IF @ErrorNumber = 266 AND @TargetTranCount > 1
+                    SELECT
+                        @ErrorNumber = 50335,
+                        @ErrorMessage = CONCAT(
+                            N'the target left ', @TargetTranCount - 1, N' transaction(s) open; rolled back: ',
+                            @ErrorMessage
+                        );
+                ELSE IF @ErrorNumber = 266
+                    SELECT
+                        @Retryable = 0,
+                        @ErrorMessage = CONCAT(
+                            N'the target committed or rolled back the transaction opened for it ',
+                            N'(its work may be committed; not retried): ', @ErrorMessage
+                        );
+            END CATCH;
+
+            -- The reader's own settings, re-asserted after the target.
+            SET XACT_ABORT ON;
+            SET DEADLOCK_PRIORITY HIGH;
+            SET LOCK_TIMEOUT -1;
+
+            --==============================================================
+            -- STEP 3: record the outcome in a new transaction (retried on
+            -- deadlock).
+            --==============================================================
+            SELECT @Recorded = 0, @Try = 0;
+            WHILE @Recorded = 0 AND @Try < 3
+            BEGIN
+                SET @Try += 1;
+                BEGIN TRY
+                    BEGIN TRANSACTION;
+
+                    -- Conversation group first (BEGIN CONVERSATION TIMER locks
+                    -- it), then the task row: the lock order of step 1.  It
+                    -- also keeps the watchdog armed until the outcome is
+                    -- committed.  A conversation ended meanwhile (a recovery,
+                    -- NEW_BROKER) has no group to lock: the row comes first.
+                    SET @EndpointOpen = CASE
+                        WHEN EXISTS (
+                            SELECT 1 FROM sys.conversation_endpoints AS e
+                            WHERE e.conversation_handle = @TaskHandle AND e.state NOT IN ('CD', 'DO', 'ER', 'DI')
+                        ) THEN 1
+                        ELSE 0
+                    END;
+                    SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                    IF @EndpointOpen = 1
+                        BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                    SET @TaskState = NULL;
+                    -- UPDLOCK, ROWLOCK: as in step 1.
+                    SELECT
+                        @TaskState = t.TaskState,
+                        @Attempts = t.Attempts
+                    FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+                    WHERE t.TaskID = @TaskID;
+
+                    SET @Now = SYSUTCDATETIME();
+
+                    IF @TaskState IS NULL OR @TaskState <> N'Running' OR @Attempts <> @Attempt
+                    BEGIN
+                        -- Finished meanwhile (a broker Error) or the row is gone: keep that outcome.
+                        IF @ErrorNumber IS NOT NULL
+                            INSERT INTO delay.Log (
+                                TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                            )
+                            VALUES (
+                                @TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle
+                            );
+                    END;
+                    ELSE IF @ErrorNumber IS NULL
+                        EXEC delay.FinishTask @SetReceipt = 0, @TaskID = @TaskID, @TaskState = N'Done';
+                    ELSE IF @Retryable = 1 AND @Attempt < @MaxAttempts AND @EndpointOpen = 1
+                    BEGIN
+                        SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
+                            * POWER(CAST(4 AS BIGINT), IIF(@Attempt > 10, 10, @Attempt - 1));
+                        SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
+
+                        UPDATE delay.Task
+                        SET
+                            TaskState = N'Retrying',
+                            NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
+                            LeaseUntilUtc = NULL,
+                            LastErrorNumber = @ErrorNumber,
+                            LastErrorMessage = @ErrorMessage
+                        WHERE TaskID = @TaskID;
+
+                        -- Replaces the lease: the retry is a new timer on the same conversation.
+                        BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                        INSERT INTO delay.Log (
+                            TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                        )
+                        VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
+                    END;
+                    ELSE
+                        EXEC delay.FinishTask
+                            @SetReceipt = 0,
+                            @TaskID = @TaskID,
+                            @TaskState = N'Failed',
+                            @EventName = N'GaveUp',
+                            @ErrorNumber = @ErrorNumber,
+                            @ErrorMessage = @ErrorMessage;
+
+                    COMMIT TRANSACTION;
+                    SET @Recorded = 1;
+                END TRY
+                BEGIN CATCH
+                    SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                    IF XACT_STATE() <> 0
+                        ROLLBACK TRANSACTION;
+                    -- 1205: deadlock victim, try again.  Anything else: stop
+                    -- trying; the lease timer (or delay.Reconcile) finds the
+                    -- task Running with no runner.
+                    IF @StepErrorNumber <> 1205 OR @Try >= 3
+                    BEGIN
+                        SET @Try = 3;
+                        BEGIN TRY
+                            INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage)
+                            VALUES (
+                                @TaskID, N'BrokerError', @TargetName, @Attempt, @StepErrorNumber,
+                                CONCAT(
+                                    N'the outcome of attempt ', @Attempt, N' could not be recorded: ', @StepErrorMessage
+                                )
+                            );
+                        END TRY
+                        BEGIN CATCH
+                            -- Best effort: the lease timer still covers the task.
+                            SET @Recorded = 0;
+                        END CATCH;
+                    END;
+                END CATCH;
+            END;
+        END;
+
+        --==================================================================
+        -- RECEIPT: a task that step 1 or step 3 made final gets its receipt
+        -- here, in a statement of its own after that COMMIT: no transaction
+        -- that RECEIVEd ever writes the platform's table, and a failure there
+        -- (a constraint or trigger of the platform's) can never undo the
+        -- recorded outcome of a target that ran (step 3 rolled back would
+        -- leave the task Running, and the watchdog would run it again).  The
+        -- task is still final in delay.Task; delay.Reconcile repairs the
+        -- receipt later.
+        --==================================================================
+        IF @TaskID IS NOT NULL AND ((@Step1Committed = 1 AND @Run = 0) OR @Recorded = 1)
+        BEGIN
+            BEGIN TRY
+                UPDATE p
+                SET F108219 = CASE t.TaskState
+                    WHEN N'Done' THEN 1
+                    WHEN N'Refused' THEN 2
+                    WHEN N'Failed' THEN 3
+                    WHEN N'Cancelled' THEN 4
+                    ELSE 0
+                END
+                FROM dbo.tabDIYTable12402 AS p
+                INNER JOIN delay.Task AS t ON p.ID = t.TaskID
+                WHERE
+                    p.ID = @TaskID
+                    AND t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled')
+                    AND ISNULL(p.F108219, 0) = 0;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: the receipt of task ', @TaskID, N' could not be written (error ',
+                    @StepErrorNumber, N': ', @StepErrorMessage, N'); delay.Reconcile repairs it.'
+                );
+                RAISERROR (N'%s', 10, 1, @LogText);
+            END CATCH;
+        END;
+
+        --==================================================================
+        -- RELEASE: the run lock, exactly once per pass that took it.  The
+        -- flag is cleared first, so no path can release it twice (a second
+        -- sp_releaseapplock of a lock not held raises error 1223).
+        --==================================================================
+        IF @LockHeld = 1
+        BEGIN
+            SET @LockHeld = 0;
+            EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+        END;
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.CancelTask: the work of dbo.CancelDelayExecution (see its header for the
+contract, errors, transaction and lock order).  Internal: granted to nobody;
+reached from dbo.CancelDelayExecution through ownership chaining, which also
+passes the caller's login and whether the caller may cancel any task.
+Parameters:  @TaskID BIGINT, @CallerLogin NVARCHAR(128), @MayCancelAny BIT
+Errors:      50320, 50321, 50342, 50343 (docs/errors.md)
+Security:    EXECUTE AS OWNER: BEGIN CONVERSATION TIMER and END CONVERSATION
+             need the conversation's owner (dbo).
+Example:     EXEC delay.CancelTask @TaskID = 42, @CallerLogin = N'app', @MayCancelAny = 0;
+*/
+CREATE OR ALTER PROCEDURE delay.CancelTask
+    @TaskID BIGINT,
+    @CallerLogin NVARCHAR(128),
+    @MayCancelAny BIT
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- The UPDLOCK reads below must lock the latest committed row: READ COMMITTED
+    -- whatever the caller runs under (a level set in a procedure reverts when it
+    -- returns; under RCSI an UPDLOCK read still takes and honours locks).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Handle UNIQUEIDENTIFIER,
+        @TaskState NVARCHAR(16),
+        @CreatedBy NVARCHAR(128),
+        @LockName NVARCHAR(255),
+        @LockResult INT,
+        @EndpointState CHAR(2),
+        @Step NVARCHAR(16) = N'validate',
+        @ErrorNumber INT;
+
+    -- 1. Validate before any transaction starts.
+    SELECT
+        @Handle = t.ConversationHandle,
+        @TaskState = t.TaskState,
+        @CreatedBy = t.CreatedBy
+    FROM delay.Task AS t
+    WHERE t.TaskID = @TaskID;
+
+    IF @TaskState IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@TaskID names no delayed task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.'
+        );
+        THROW 50320, @Msg, 1;
+    END;
+
+    IF ISNULL(@MayCancelAny, 0) = 0 AND (@CreatedBy IS NULL OR @CreatedBy <> @CallerLogin)
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@TaskID ', @TaskID, N' was initiated by another login; only MailqAdmin or db_owner ',
+            N'may cancel it (caller: ', ISNULL(@CallerLogin, N'NULL'), N').'
+        );
+        THROW 50342, @Msg, 1;
+    END;
+
+    IF @TaskState NOT IN (N'Scheduled', N'Retrying') OR @Handle IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@TaskID ', @TaskID, N' is ', @TaskState,
+            N'; only a Scheduled or Retrying task can be cancelled.'
+        );
+        THROW 50321, @Msg, 1;
+    END;
+
+    -- A conversation that no longer exists cannot be locked or ended; after
+    -- ALTER DATABASE ... SET NEW_BROKER every conversation is gone and no
+    -- EndDialog ever arrives.  States
+    -- (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql):
+    -- no row, CD (closed) or DO (this side ended it) are lost (50343); DI or
+    -- ER mean an EndDialog or Error message waits in the queue and the reader
+    -- fails the task when it receives it (50321: it is not cancellable).
+    SELECT @EndpointState = e.state
+    FROM sys.conversation_endpoints AS e
+    WHERE e.conversation_handle = @Handle;
+
+    IF @EndpointState IN ('DI', 'ER')
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@TaskID ', @TaskID, N' is ending: its conversation is in state ', @EndpointState,
+            N' and the delayed-execution reader fails it; only a Scheduled or Retrying task can be cancelled.'
+        );
+        THROW 50321, @Msg, 1;
+    END;
+
+    IF @EndpointState IS NULL OR @EndpointState IN ('CD', 'DO')
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@TaskID ', @TaskID, N' has lost its conversation (a database copy with NEW_BROKER?); ',
+            N'run EXEC delay.Reconcile, which re-arms or fails such tasks, then cancel again.'
+        );
+        THROW 50343, @Msg, 1;
+    END;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1
+            BEGIN TRANSACTION;
+
+        -- The task's cancel lock first (a delay-0 request takes it too, so
+        -- the two never wait for each other's conversation group), then
+        -- the conversation group.
+        SET @LockName = CONCAT(N'mailq-db/delay/cancel/', @TaskID);
+        EXEC @LockResult = sys.sp_getapplock
+            @Resource = @LockName,
+            @LockMode = N'Exclusive',
+            @LockOwner = N'Transaction',
+            @LockTimeout = -1;
+        IF @LockResult < 0
+        BEGIN
+            SET @Msg = CONCAT(N'@TaskID ', @TaskID, N': its cancel lock was not granted (', @LockResult, N').');
+            THROW 50321, @Msg, 1;
+        END;
+
+        -- Lock order: the conversation group next.  The 1-second timer is
+        -- only the lock: the task is either cancelled below (its conversation
+        -- ends, timer and all) or refused, which dooms the transaction, so
+        -- the timer never survives.
+        SET @Step = N'timer';
+        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = 1;
+        SET @Step = N'row';
+
+        -- UPDLOCK: hold the row from this check to the state change, so the
+        -- activation procedure cannot start the task in between.
+        -- ROWLOCK: one task, one row lock.
+        SELECT @TaskState = t.TaskState
+        FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+        WHERE t.TaskID = @TaskID;
+
+        IF @TaskState NOT IN (N'Scheduled', N'Retrying')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TaskID ', @TaskID, N' is ', @TaskState,
+                N'; only a Scheduled or Retrying task can be cancelled.'
+            );
+            THROW 50321, @Msg, 1;
+        END;
+
+        SET @Msg = CONCAT(N'cancelled by ', @CallerLogin);
+        EXEC delay.FinishTask
+            @TaskID = @TaskID,
+            @TaskState = N'Cancelled',
+            @EventName = N'Cancelled',
+            @ErrorMessage = @Msg;
+
+        IF @OwnTran = 1
+            COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        SET @ErrorNumber = ERROR_NUMBER();
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and its own CATCH rolls it back.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0
+            ROLLBACK TRANSACTION;
+
+        -- The race with the task's own completion: between the check above
+        -- and the timer, a reader that held the conversation group (its
+        -- RECEIVE of the task's timer) finished the task and ended the
+        -- conversation, so BEGIN CONVERSATION TIMER met an ended
+        -- conversation and Service Broker raised its own error (after END
+        -- CONVERSATION "an application can no longer send or receive
+        -- messages for that conversation":
+        -- https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql).
+        -- Which broker error that is does not matter here: the committed
+        -- state says what happened, and the caller gets the numbered error
+        -- of that state.  (Reads only: a doomed transaction of the caller
+        -- still allows them.)
+        IF @Step = N'timer' AND @ErrorNumber < 50000
+        BEGIN
+            SELECT @TaskState = NULL, @EndpointState = NULL;
+            SELECT @TaskState = t.TaskState
+            FROM delay.Task AS t
+            WHERE t.TaskID = @TaskID;
+            SELECT @EndpointState = e.state
+            FROM sys.conversation_endpoints AS e
+            WHERE e.conversation_handle = @Handle;
+
+            IF @TaskState IS NULL OR @TaskState NOT IN (N'Scheduled', N'Retrying')
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@TaskID ', @TaskID, N' is ', ISNULL(@TaskState, N'gone'),
+                    N' (it finished while the cancel waited); only a Scheduled or Retrying task can be cancelled.'
+                );
+                THROW 50321, @Msg, 1;
+            END;
+            IF @EndpointState IN ('DI', 'ER')
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@TaskID ', @TaskID, N' is ending: its conversation is in state ', @EndpointState,
+                    N' and the delayed-execution reader fails it; only a Scheduled or Retrying task can be cancelled.'
+                );
+                THROW 50321, @Msg, 1;
+            END;
+            IF @EndpointState IS NULL OR @EndpointState IN ('CD', 'DO')
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@TaskID ', @TaskID, N' has lost its conversation; ',
+                    N'run EXEC delay.Reconcile, which re-arms or fails such tasks, then cancel again.'
+                );
+                THROW 50343, @Msg, 1;
+            END;
+        END;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.CancelDelayExecution: cancels a task that has not started: its receipt
+becomes 4, its conversation ends (which drops its timer), and it never runs.
+Parameters:  @TaskID BIGINT, required: the ID InitiateDelayExecution returned
+             (dbo.tabDIYTable12402.ID)
+Result set:  none.
+Errors:      50320 @TaskID missing or names no scheduled task
+             50321 the task is not Scheduled or Retrying (already running or
+                   finished, also when it finished while the cancel waited
+                   for its conversation; or ending: its conversation is in
+                   state DI/ER and the reader fails it; the message names
+                   the state)
+             50342 the task was initiated by another login, and the caller is
+                   neither in MailqAdmin nor db_owner
+             50343 the task's conversation no longer exists (the database was
+                   copied and given a NEW_BROKER, or a conversation was ended
+                   by hand): run EXEC delay.Reconcile, then cancel again
+Who:         members of MailqAdmin and db_owner cancel any task; everybody
+             else (role MailqDelayCaller) only the tasks their own login
+             initiated (delay.Task.CreatedBy = ORIGINAL_LOGIN()), as DESIGN.md
+             and the DBA guide say.  Tasks inserted by the platform belong to
+             the platform's login.
+Transaction: opens its own if none is open, else works inside the caller's;
+             any error, a refusal included, dooms the caller's transaction
+             (XACT_ABORT ON) and is re-raised: the caller must roll back.  No
+             savepoint: SAVE TRANSACTION fails inside a distributed (MSDTC)
+             transaction (error 627), and a doomed transaction cannot return
+             to one.  Validation runs before any work, so a refusal changes
+             nothing that a rollback would have to undo.
+Lock order:  the task's cancel lock (an application lock, transaction-owned),
+             then the task's conversation group (BEGIN CONVERSATION TIMER
+             locks it), then its delay.Task row (UPDLOCK), then
+             dbo.tabDIYTable12402: the order of dbo.ProcessDelayQueue (a
+             delay-0 request takes the cancel lock and the task's group
+             before the row too; a timer message holds the group already).
+Security:    runs as the caller, to learn the caller's roles; the work is done
+             by delay.CancelTask (EXECUTE AS OWNER, reached through ownership
+             chaining, granted to nobody): END CONVERSATION needs the
+             conversation's owner (dbo, who began it in the trigger).
+Example:     EXEC dbo.CancelDelayExecution @TaskID = 42;
+*/
+CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
+    @TaskID BIGINT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    -- Evaluated here, in the caller's security context (delay.CancelTask
+    -- runs as dbo, who is a member of everything).
+    DECLARE @MayCancelAny BIT = IIF(
+        IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0
+    );
+    DECLARE @CallerLogin NVARCHAR(128) = ORIGINAL_LOGIN();
+
+    EXEC delay.CancelTask
+        @TaskID = @TaskID,
+        @CallerLogin = @CallerLogin,
+        @MayCancelAny = @MayCancelAny;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Reconcile: finds delayed tasks that can no longer fire, and platform rows
+that never got a task, and repairs or reports them.  Run it after a database
+copy or restore, after a bulk load into dbo.tabDIYTable12402, once after
+migrating from the seed design (@ScheduleMissing = 1, the one-off backfill),
+and from a SQL Server Agent job every few minutes (`mailq-db doctor` runs it
+with @Apply = 0).
+Parameters:  @Apply BIT = 1            0: report only, change nothing
+             @ScheduleMissing BIT = 0  1: also schedule platform rows that have
+                                       no task (receipt 0, a name, no delay.Task
+                                       row: inserted with the trigger disabled,
+                                       or bulk loaded, which skips triggers by
+                                       default); 0: only report them
+             @MaxRows INT = 1000       at most this many repairs per kind
+Result set:  one row per finding: Finding NVARCHAR(32), TaskID BIGINT,
+             Action NVARCHAR(32), Detail NVARCHAR(400).  Findings:
+             QueueDisabled   dbo.DelayServiceQueue does not receive (poison
+                             message detection disabled it): also raised as an
+                             error (severity 16), so an Agent job step fails
+                             and its alert fires; fix the cause (delay.Incident,
+                             delay.Log), then ALTER QUEUE ... WITH STATUS = ON
+             Orphaned        a Scheduled/Retrying task whose conversation no
+                             longer exists, is closed (CD) or was ended by
+                             this side (DO) (NEW_BROKER gives the database a
+                             new broker identifier and removes every
+                             conversation without an EndDialog, see
+                             "Managing Service Broker Identities" below): a
+                             new conversation and timer for the rest of its
+                             delay (Rearmed)
+             Ending          a non-final task whose conversation is in state
+                             DI or ER: its EndDialog or Error message waits in
+                             the queue and the reader fails the task: Left
+             RunnerGone      a Running task with no conversation and no runner
+                             holding its run lock: retried (Rearmed, counts as
+                             an attempt) or, out of attempts, Failed (50348)
+             NoTask          a pending platform row without a task: Scheduled
+                             or Refused (with @ScheduleMissing = 1), else
+                             Reported
+             Receipt         a final task whose platform receipt is still 0
+                             (its write after the RECEIVE transaction failed):
+                             Repaired
+             (an Orphaned task whose conversation a recovery ended, recorded
+             in delay.Incident, is Failed, never re-armed)
+References:  https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008-r2/ms166057(v=sql.105)
+Timing:      a re-armed task keeps its NextRunAtUtc (at least 1 s from now); a
+             backfilled row is due F108218 seconds after F108217 (its created
+             time, taken as UTC) or, without F108217, after now.
+Cost:        one pass over the non-final tasks joined once with
+             sys.conversation_endpoints (O(P + E)), then per repair a seek on
+             delay.Task and an endpoint lookup by handle: O(P + E + R), R <=
+             @MaxRows (details at step 2 below).
+Transaction: one short transaction per repaired task (never one big one), each
+             opened here; call it outside a transaction (50349 otherwise).
+Lock order:  the task row (UPDLOCK; only tasks whose old conversation is gone
+             (no endpoint, CD or DO) are repaired, so there is no
+             conversation group anybody can take first; DI/ER conversations,
+             which still have one, are left to the reader), then the new conversation
+             (nobody else knows it yet), then dbo.tabDIYTable12402.
+Security:    EXECUTE AS OWNER (conversations belong to dbo); for db_owner and
+             MailqAdmin.
+Example:     EXEC delay.Reconcile @Apply = 0;   -- what would it do?
+             EXEC delay.Reconcile @ScheduleMissing = 1;
+*/
+CREATE OR ALTER PROCEDURE delay.Reconcile
+    @Apply BIT = 1,
+    @ScheduleMissing BIT = 0,
+    @MaxRows INT = 1000
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Now DATETIME2(3),
+        @TaskID BIGINT,
+        @TaskState NVARCHAR(16),
+        @Handle UNIQUEIDENTIFIER,
+        @NewHandle UNIQUEIDENTIFIER,
+        @NextRunAtUtc DATETIME2(3),
+        @Attempts INT,
+        @MaxAttempts INT = 3,
+        @Timeout INT,
+        @MaxTimerSeconds INT = 86400,
+        @MaxDelaySeconds INT = 31536000,
+        @Name NVARCHAR(4000),
+        @DelaySeconds INT,
+        @CreatedAt DATETIME2(3),
+        @TooLong BIT,
+        @Refusal INT,
+        @RefusalMessage NVARCHAR(400),
+        @SchemaName SYSNAME,
+        @ProcedureName SYSNAME,
+        @Done INT;
+
+    DECLARE @Candidate TABLE (
+        TaskID BIGINT NOT NULL PRIMARY KEY,
+        EndpointState CHAR(2) NULL
+    );
+
+    DECLARE @Finding TABLE (
+        FindingId INT IDENTITY (1, 1) PRIMARY KEY,
+        Finding NVARCHAR(32) NOT NULL,
+        TaskID BIGINT NULL,
+        Action NVARCHAR(32) NOT NULL,
+        Detail NVARCHAR(400) NULL
+    );
+
+    IF @@TRANCOUNT > 0
+        THROW 50349, N'delay.Reconcile opens one short transaction per task; call it outside a transaction.', 1;
+    SET @Apply = ISNULL(@Apply, 1);
+    SET @ScheduleMissing = ISNULL(@ScheduleMissing, 0);
+    SET @MaxRows = IIF(@MaxRows IS NULL OR @MaxRows < 1, 1000, @MaxRows);
+
+    SELECT @MaxAttempts = s.MaxAttempts FROM delay.Setting AS s WHERE s.SettingId = 1;
+
+    -- 1. The queue.
+    IF EXISTS (
+        SELECT 1 FROM sys.service_queues AS q
+        WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue') AND q.is_receive_enabled = 0
+    )
+        INSERT INTO @Finding (Finding, Action, Detail)
+        VALUES (
+            N'QueueDisabled', N'Reported',
+            N'dbo.DelayServiceQueue is disabled; see delay.Incident, delay.Log; then ALTER QUEUE ... STATUS = ON'
+        );
+
+    -- 2. Pending and running tasks whose conversation is gone.
+    --
+    -- Endpoint states (sys.conversation_endpoints.state:
+    -- https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql):
+    --   SO, SI, CO  open: its timer will fire; nothing to do.
+    --   DI          the other side issued END CONVERSATION; "an application
+    --               might still receive messages": its EndDialog waits in
+    --               dbo.DelayServiceQueue, and the reader that receives it
+    --               fails the task (BrokerError) and ends this side.
+    --   ER          "the error message is placed in the application queue":
+    --               the same, with the Error message.
+    --   DO          this side issued END CONVERSATION: it "cannot send or
+    --               receive messages", so no timer ever fires: gone.
+    --   CD          closed: gone.  No row at all (NEW_BROKER): gone.
+    -- DI and ER are therefore left to the reader (reported as Ending): ending
+    -- them here would take their conversation group after the task row, the
+    -- reverse of the lock order every other transaction follows, and race the
+    -- reader that holds that group and waits for the row.  Only gone
+    -- conversations are repaired; they have no group anybody can lock.
+    --
+    -- One set-based pass: the non-final tasks (a seek on
+    -- IX_Task_TaskState_NextRunAtUtc per state) joined ONCE with
+    -- sys.conversation_endpoints, the first @MaxRows candidates kept in a
+    -- table variable.  Cost: O(P + E) for the pass (P non-final tasks, E
+    -- endpoints of the database), then per candidate one seek on delay.Task,
+    -- one endpoint lookup by conversation_handle and the repair itself:
+    -- O(P + E + R) in all, where the loop of revision 0006 joined the
+    -- endpoints once per repair, O(R x (P + E)).
+    -- The CTE keeps every column it names to sys.conversation_endpoints alone.
+    WITH Endpoint AS (
+        SELECT e.conversation_handle, e.state
+        FROM sys.conversation_endpoints AS e
+    )
+
+    INSERT INTO @Candidate (TaskID, EndpointState)
+    SELECT TOP (@MaxRows) t.TaskID, ep.state
+    FROM delay.Task AS t
+    LEFT OUTER JOIN Endpoint AS ep ON t.ConversationHandle = ep.conversation_handle
+    WHERE
+        t.TaskState IN (N'Scheduled', N'Retrying', N'Running')
+        AND (ep.conversation_handle IS NULL OR ep.state IN ('CD', 'DO', 'DI', 'ER'))
+    ORDER BY t.TaskID;
+
+    INSERT INTO @Finding (Finding, TaskID, Action, Detail)
+    SELECT
+        N'Ending', c.TaskID, N'Left',
+        CONCAT(
+            N'conversation state ', c.EndpointState,
+            N': its EndDialog or Error message waits in dbo.DelayServiceQueue; the reader fails the task'
+        )
+    FROM @Candidate AS c
+    WHERE c.EndpointState IN ('DI', 'ER')
+    ORDER BY c.TaskID;
+
+    SET @TaskID = NULL;
+    WHILE 1 = 1
+    BEGIN
+        SELECT TOP (1) @TaskID = c.TaskID
+        FROM @Candidate AS c
+        WHERE
+            (@TaskID IS NULL OR c.TaskID > @TaskID)
+            AND (c.EndpointState IS NULL OR c.EndpointState IN ('CD', 'DO'))
+        ORDER BY c.TaskID;
+        IF @@ROWCOUNT = 0
+            BREAK;
+
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- UPDLOCK, ROWLOCK: re-read under the lock; the task may have
+            -- moved on since the scan.
+            SELECT
+                @TaskState = t.TaskState,
+                @Handle = t.ConversationHandle,
+                @NextRunAtUtc = t.NextRunAtUtc,
+                @Attempts = t.Attempts
+            FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+            WHERE t.TaskID = @TaskID;
+            SET @Now = SYSUTCDATETIME();
+
+            -- Gone still?  One lookup by handle; a conversation that is
+            -- open again (re-armed meanwhile) or in DI/ER is not ours.  No
+            -- conversation group is taken here: a gone one has none.
+            IF @TaskState IN (N'Scheduled', N'Retrying', N'Running') AND NOT EXISTS (
+                SELECT 1 FROM sys.conversation_endpoints AS e
+                WHERE e.conversation_handle = @Handle AND e.state NOT IN ('CD', 'DO')
+            )
+            BEGIN
+                IF @TaskState = N'Running'
+                    AND APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/task/', @TaskID), N'Exclusive', N'Session') = 0
+                    -- Its runner is alive: its step 3 records the outcome
+                    -- without a conversation.
+                    INSERT INTO @Finding (Finding, TaskID, Action, Detail)
+                    VALUES (N'RunnerGone', @TaskID, N'Left', N'running, its runner is alive; step 3 records it');
+                ELSE IF EXISTS (
+                    SELECT 1 FROM delay.Incident AS i
+                    WHERE i.ConversationHandle = @Handle OR i.TaskID = @TaskID
+                )
+                BEGIN
+                    -- dbo.ProcessDelayQueue could not process its message and
+                    -- ended the conversation (delay.Incident): failed, never
+                    -- re-armed into the same failure.
+                    INSERT INTO @Finding (Finding, TaskID, Action, Detail)
+                    VALUES (
+                        N'Orphaned', @TaskID, N'Failed', N'its conversation was ended by a recovery (delay.Incident)'
+                    );
+                    IF @Apply = 1
+                        EXEC delay.FinishTask
+                            @TaskID = @TaskID,
+                            @TaskState = N'Failed',
+                            @EventName = N'BrokerError',
+                            @ErrorNumber = 50346,
+                            @ErrorMessage = N'a message of this task could not be processed (delay.Incident)';
+                END;
+                ELSE IF @TaskState = N'Running' AND @Attempts >= @MaxAttempts
+                BEGIN
+                    INSERT INTO @Finding (Finding, TaskID, Action) VALUES (N'RunnerGone', @TaskID, N'Failed');
+                    IF @Apply = 1
+                        EXEC delay.FinishTask
+                            @TaskID = @TaskID,
+                            @TaskState = N'Failed',
+                            @EventName = N'RunnerLost',
+                            @ErrorNumber = 50348,
+                            @ErrorMessage = N'running with neither a conversation nor a runner; attempts exhausted';
+                END;
+                ELSE
+                BEGIN
+                    INSERT INTO @Finding (Finding, TaskID, Action, Detail)
+                    VALUES (
+                        IIF(@TaskState = N'Running', N'RunnerGone', N'Orphaned'), @TaskID, N'Rearmed',
+                        CONCAT(N'was ', @TaskState, N' on a conversation that no longer exists')
+                    );
+                    IF @Apply = 1
+                    BEGIN
+                        BEGIN DIALOG CONVERSATION @NewHandle
+                            FROM SERVICE MailqDelayService
+                            TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
+                            ON CONTRACT MailqDelayContract
+                            WITH ENCRYPTION = OFF;
+
+                        SET @NextRunAtUtc = IIF(
+                            @TaskState = N'Running' OR @NextRunAtUtc IS NULL OR @NextRunAtUtc < @Now,
+                            @Now, @NextRunAtUtc
+                        );
+                        SET @Timeout = CAST(CASE
+                            WHEN DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc) >= @MaxTimerSeconds THEN @MaxTimerSeconds
+                            WHEN DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc) < 1 THEN 1
+                            ELSE DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc)
+                        END AS INT);
+                        BEGIN CONVERSATION TIMER (@NewHandle) TIMEOUT = @Timeout;
+
+                        UPDATE delay.Task
+                        SET
+                            ConversationHandle = @NewHandle,
+                            TaskState = IIF(@TaskState = N'Running', N'Retrying', @TaskState),
+                            NextRunAtUtc = @NextRunAtUtc,
+                            LeaseUntilUtc = NULL,
+                            LastErrorNumber = IIF(@TaskState = N'Running', 50348, LastErrorNumber),
+                            LastErrorMessage = IIF(
+                                @TaskState = N'Running',
+                                N'running with neither a conversation nor a runner; retried (delay.Reconcile)',
+                                LastErrorMessage
+                            )
+                        WHERE TaskID = @TaskID;
+
+                        INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage, ConversationHandle)
+                        VALUES (
+                            @TaskID, IIF(@TaskState = N'Running', N'RunnerLost', N'BrokerError'), 50348,
+                            CONCAT(N'conversation ', CAST(@Handle AS NVARCHAR(36)),
+                                N' no longer exists; re-armed on a new one by delay.Reconcile'),
+                            @NewHandle
+                        );
+                    END;
+                END;
+            END;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0
+                ROLLBACK TRANSACTION;
+            INSERT INTO @Finding (Finding, TaskID, Action, Detail)
+            VALUES (N'Orphaned', @TaskID, N'Error', LEFT(CONCAT(ERROR_NUMBER(), N': ', ERROR_MESSAGE()), 400));
+        END CATCH;
+    END;
+
+    -- 3. Pending platform rows without a task.
+    SET @TaskID = NULL;
+    SET @Done = 0;
+    WHILE @Done < @MaxRows
+    BEGIN
+        SELECT TOP (1)
+            @TaskID = p.ID,
+            @Name = CAST(p.F108211 AS NVARCHAR(4000)),
+            @DelaySeconds = CASE WHEN p.F108218 IS NULL THEN 0 ELSE TRY_CONVERT(INT, p.F108218) END,
+            @CreatedAt = TRY_CONVERT(DATETIME2(3), p.F108217),
+            @TooLong = CASE
+                WHEN
+                    LEN(CAST(p.F108212 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(p.F108213 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(p.F108214 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(p.F108215 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(p.F108216 AS NVARCHAR(MAX)) + N'.') > 201
+                    THEN 1
+                ELSE 0
+            END
+        FROM dbo.tabDIYTable12402 AS p
+        WHERE
+            ISNULL(p.F108219, 0) = 0
+            AND p.F108211 IS NOT NULL
+            AND (@TaskID IS NULL OR p.ID > @TaskID)
+            AND NOT EXISTS (SELECT 1 FROM delay.Task AS t WHERE t.TaskID = p.ID)
+        ORDER BY p.ID;
+        IF @@ROWCOUNT = 0
+            BREAK;
+        SET @Done += 1;
+
+        IF @Apply = 0 OR @ScheduleMissing = 0
+        BEGIN
+            INSERT INTO @Finding (Finding, TaskID, Action, Detail)
+            VALUES (
+                N'NoTask', @TaskID, N'Reported', N'pending row, no task; EXEC delay.Reconcile @ScheduleMissing = 1'
+            );
+            CONTINUE;
+        END;
+
+        SELECT
+            @Refusal = r.RefusalNumber,
+            @RefusalMessage = r.RefusalMessage,
+            @SchemaName = r.SchemaName,
+            @ProcedureName = r.ProcedureName
+        FROM delay.ResolveTarget(@Name) AS r;
+        IF @DelaySeconds IS NULL OR @DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds
+            SELECT @Refusal = 50302, @RefusalMessage = N'delay F108218 is not 0-31,536,000 seconds';
+        ELSE IF @TooLong = 1
+            SELECT
+                @Refusal = 50303,
+                @RefusalMessage = N'a parameter F108212-F108216 is longer than the target''s 200 characters';
+
+        SET @Now = SYSUTCDATETIME();
+        SET @NextRunAtUtc = DATEADD(SECOND, ISNULL(@DelaySeconds, 0), ISNULL(@CreatedAt, @Now));
+
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            INSERT INTO delay.Task (
+                TaskID, TargetName, SchemaName, ProcedureName, DelaySeconds, TaskState,
+                CreatedAtUtc, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage, CreatedBy
+            )
+            VALUES (
+                @TaskID, LEFT(@Name, 400), @SchemaName, @ProcedureName, @DelaySeconds,
+                IIF(@Refusal IS NULL, N'Scheduled', N'Refused'),
+                @Now,
+                IIF(@Refusal IS NULL, @NextRunAtUtc, NULL),
+                IIF(@Refusal IS NULL, @NextRunAtUtc, NULL),
+                IIF(@Refusal IS NULL, NULL, @Now),
+                @Refusal, @RefusalMessage, N'delay.Reconcile'
+            );
+
+            IF @Refusal IS NOT NULL
+            BEGIN
+                INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
+                VALUES (@TaskID, N'Refused', LEFT(@Name, 400), @Refusal, @RefusalMessage);
+                UPDATE dbo.tabDIYTable12402 SET F108219 = 2 WHERE ID = @TaskID;
+                INSERT INTO @Finding (Finding, TaskID, Action, Detail)
+                VALUES (N'NoTask', @TaskID, N'Refused', @RefusalMessage);
+            END;
+            ELSE
+            BEGIN
+                BEGIN DIALOG CONVERSATION @NewHandle
+                    FROM SERVICE MailqDelayService
+                    TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
+                    ON CONTRACT MailqDelayContract
+                    WITH ENCRYPTION = OFF;
+                SET @Timeout = CAST(CASE
+                    WHEN DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc) >= @MaxTimerSeconds THEN @MaxTimerSeconds
+                    WHEN DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc) < 1 THEN 1
+                    ELSE DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc)
+                END AS INT);
+                BEGIN CONVERSATION TIMER (@NewHandle) TIMEOUT = @Timeout;
+                UPDATE delay.Task SET ConversationHandle = @NewHandle WHERE TaskID = @TaskID;
+                INSERT INTO @Finding (Finding, TaskID, Action) VALUES (N'NoTask', @TaskID, N'Scheduled');
+            END;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0
+                ROLLBACK TRANSACTION;
+            INSERT INTO @Finding (Finding, TaskID, Action, Detail)
+            VALUES (N'NoTask', @TaskID, N'Error', LEFT(CONCAT(ERROR_NUMBER(), N': ', ERROR_MESSAGE()), 400));
+        END CATCH;
+    END;
+
+    -- 4. Receipts that could not be written (dbo.ProcessDelayQueue writes
+    -- them after its RECEIVE transaction commits, so a constraint or trigger
+    -- of the platform's can leave one behind).
+    BEGIN TRY
+        IF @Apply = 1
+            UPDATE TOP (@MaxRows) p
+            SET F108219 = CASE t.TaskState
+                WHEN N'Done' THEN 1
+                WHEN N'Refused' THEN 2
+                WHEN N'Failed' THEN 3
+                WHEN N'Cancelled' THEN 4
+                ELSE 0
+            END
+            OUTPUT N'Receipt', inserted.ID, N'Repaired' INTO @Finding (Finding, TaskID, Action)
+            FROM dbo.tabDIYTable12402 AS p
+            INNER JOIN delay.Task AS t ON p.ID = t.TaskID
+            WHERE t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled') AND ISNULL(p.F108219, 0) = 0;
+        ELSE
+            INSERT INTO @Finding (Finding, TaskID, Action)
+            SELECT TOP (@MaxRows) N'Receipt', p.ID, N'Reported'
+            FROM dbo.tabDIYTable12402 AS p
+            INNER JOIN delay.Task AS t ON p.ID = t.TaskID
+            WHERE t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled') AND ISNULL(p.F108219, 0) = 0;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() <> 0
+            ROLLBACK TRANSACTION;
+        INSERT INTO @Finding (Finding, Action, Detail)
+        VALUES (N'Receipt', N'Error', LEFT(CONCAT(ERROR_NUMBER(), N': ', ERROR_MESSAGE()), 400));
+    END CATCH;
+
+    SELECT f.Finding, f.TaskID, f.Action, f.Detail
+    FROM @Finding AS f
+    ORDER BY f.FindingId;
+
+    IF EXISTS (SELECT 1 FROM @Finding AS f WHERE f.Finding = N'QueueDisabled')
+        -- Severity 16: an Agent job step that runs this fails, so the job's
+        -- notification or an alert on the job failure tells a DBA.  (A
+        -- BROKER_QUEUE_DISABLED event notification would need a second queue
+        -- and service to receive it; this monitor needs none.)
+        RAISERROR (
+            N'mailq-db: dbo.DelayServiceQueue is disabled (poison message detection); see %s, then %s.',
+            16, 1, N'delay.Incident and delay.Log', N'ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON'
+        );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0010') AND FilePath IN (
+    N'broker/delay.FinishTask.sql',
+    N'broker/dbo.ProcessDelayQueue.sql',
+    N'broker/delay.CancelTask.sql',
+    N'broker/dbo.CancelDelayExecution.sql',
+    N'broker/delay.Reconcile.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0010', N'broker/delay.FinishTask.sql', '95fa4a7e9a2f94bb8710617fa771fd0919e2de7350dcf94f01cbee9acbe0d2ea'),
+    ('0010', N'broker/dbo.ProcessDelayQueue.sql', '94cd337963a941890b52f9158e5f021548a2f0c1925d7c1903400b582aee5eca'),
+    ('0010', N'broker/delay.CancelTask.sql', 'f873e13c0b35f8425eb27730875866a189a648144d24209efc6782af37d42339'),
+    ('0010', N'broker/dbo.CancelDelayExecution.sql', '0708ab8cdc13ce733ab3e4082aa9b744ecf801ec6d17ecff41f32ee5fee506d5'),
+    ('0010', N'broker/delay.Reconcile.sql', '7650c281eb25713b1cc4d8a38dcbb2a3c53274fe0d158b1ef589871d18f974f7');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Readers INT = (SELECT TRY_CONVERT(INT, Value) FROM dbo.mailq_deployment_option WHERE Name = N'readers');
+IF @Readers BETWEEN 1 AND 32767 AND EXISTS (SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL
+    AND q.max_readers <> @Readers)
+BEGIN
+    DECLARE @Sql NVARCHAR(400) = CONCAT(N'ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION ',
+        N'(MAX_QUEUE_READERS = ', @Readers, N')');  -- an INT: nothing to inject
+    EXEC sys.sp_executesql @Sql;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = CAST(SESSION_CONTEXT(N'mailq_db.activation') AS INT);
+IF @Activation IS NOT NULL AND EXISTS (
+    SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL)
+BEGIN
+    IF @Activation = 1
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);
+    ELSE
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+END;
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = NULL;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0010' WHERE dbo.mailq_alembic_version.version_num = '0009';
 
 GO
 

@@ -70,7 +70,8 @@ BEGIN
     -- A conversation that no longer exists cannot be locked or ended; after
     -- ALTER DATABASE ... SET NEW_BROKER every conversation is gone and no
     -- EndDialog ever arrives.  States
-    -- (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql):
+    -- https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql
+    -- ):
     -- no row, CD (closed) or DO (this side ended it) are lost (50343); DI or
     -- ER mean an EndDialog or Error message waits in the queue and the reader
     -- fails the task when it receives it (50321: it is not cancellable).

@@ -88,7 +88,8 @@ BEGIN
     -- valid") is not ended again: END CONVERSATION needs an existing, open
     -- conversation
     -- (https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql,
-    -- https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql).
+    -- https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql
+    -- ).
     -- DI and ER are ended: they stay so "until the local side ... issues an
     -- END CONVERSATION".
     IF @Handle IS NOT NULL AND EXISTS (

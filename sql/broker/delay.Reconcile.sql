@@ -129,7 +129,8 @@ BEGIN
     -- 2. Pending and running tasks whose conversation is gone.
     --
     -- Endpoint states (sys.conversation_endpoints.state:
-    -- https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql):
+    -- https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql
+    -- ):
     --   SO, SI, CO  open: its timer will fire; nothing to do.
     --   DI          the other side issued END CONVERSATION; "an application
     --               might still receive messages": its EndDialog waits in

@@ -18593,7 +18593,8 @@ BEGIN
     -- valid") is not ended again: END CONVERSATION needs an existing, open
     -- conversation
     -- (https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql,
-    -- https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql).
+    -- https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql
+    -- ).
     -- DI and ER are ended: they stay so "until the local side ... issues an
     -- END CONVERSATION".
     IF @Handle IS NOT NULL AND EXISTS (
@@ -19764,7 +19765,8 @@ BEGIN
     -- A conversation that no longer exists cannot be locked or ended; after
     -- ALTER DATABASE ... SET NEW_BROKER every conversation is gone and no
     -- EndDialog ever arrives.  States
-    -- (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql):
+    -- https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql
+    -- ):
     -- no row, CD (closed) or DO (this side ended it) are lost (50343); DI or
     -- ER mean an EndDialog or Error message waits in the queue and the reader
     -- fails the task when it receives it (50321: it is not cancellable).
@@ -20116,7 +20118,8 @@ BEGIN
     -- 2. Pending and running tasks whose conversation is gone.
     --
     -- Endpoint states (sys.conversation_endpoints.state:
-    -- https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql):
+    -- https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql
+    -- ):
     --   SO, SI, CO  open: its timer will fire; nothing to do.
     --   DI          the other side issued END CONVERSATION; "an application
     --               might still receive messages": its EndDialog waits in
@@ -20471,11 +20474,11 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0010') AND FilePath IN
     N'broker/dbo.CancelDelayExecution.sql',
     N'broker/delay.Reconcile.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
-    ('0010', N'broker/delay.FinishTask.sql', '95fa4a7e9a2f94bb8710617fa771fd0919e2de7350dcf94f01cbee9acbe0d2ea'),
+    ('0010', N'broker/delay.FinishTask.sql', '8599db1f340df907e9572ac87ba87b9db39b6e301980b2293475d36f3ac6675e'),
     ('0010', N'broker/dbo.ProcessDelayQueue.sql', '94cd337963a941890b52f9158e5f021548a2f0c1925d7c1903400b582aee5eca'),
-    ('0010', N'broker/delay.CancelTask.sql', 'f873e13c0b35f8425eb27730875866a189a648144d24209efc6782af37d42339'),
+    ('0010', N'broker/delay.CancelTask.sql', '6283a52357903ae3133a61ec1b325404e2f01ad9f69ab5586f6da70aa3e36034'),
     ('0010', N'broker/dbo.CancelDelayExecution.sql', '0708ab8cdc13ce733ab3e4082aa9b744ecf801ec6d17ecff41f32ee5fee506d5'),
-    ('0010', N'broker/delay.Reconcile.sql', '7650c281eb25713b1cc4d8a38dcbb2a3c53274fe0d158b1ef589871d18f974f7');
+    ('0010', N'broker/delay.Reconcile.sql', 'b17c593e2987e5d2f6ae64a2ac6ed37a7208fa706c5e23a89c92289e97a1d7e4');
 
 GO
 

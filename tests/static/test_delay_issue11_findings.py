@@ -173,3 +173,37 @@ def test_cancel_reports_an_ending_conversation_as_not_cancellable():
     assert "IF @EndpointState IN ('DI', 'ER')" in text
     errors = (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")
     assert "finished while the cancel waited" in errors
+
+
+# ---- 4. the benchmark ------------------------------------------------------
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("delay_throughput_f", ROOT / "bench" / "delay_throughput.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_says_it_needs_a_server_when_it_cannot_connect(monkeypatch, capsys):
+    bench = _bench()
+    import mailq_db.connection as connection
+
+    def refuse(url):
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(connection, "connect", refuse)
+    assert bench.main(["mssql://nowhere/db"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("delay_throughput: needs a SQL Server")
+
+
+def test_the_benchmark_prints_lateness_and_duration_beside_the_reference():
+    source = (ROOT / "bench" / "delay_throughput.py").read_text(encoding="utf-8")
+    assert "| reference: p99 < " in source and "| reference: --target-ms" in source
+    bench = _bench()
+    assert bench.GOAL_P99_S == 1.0 and bench.GOAL_RATE == 1000
+    # the goal load by default: 1,000 tasks/s for 60 s = 60,000 tasks
+    assert "default=1000" in source and "default=60" in source

@@ -807,3 +807,93 @@ def test_upgrade_from_0004_in_place_keeps_pending_tasks_firing_once(fresh_databa
         assert scalar(c, "SELECT OBJECT_ID(N'delay.Reconcile')") is None
     finally:
         c.close()
+
+
+# --------------------------------------------------------------------------
+# Revision 0010: what a fresh reader still found (docs/delayed-execution.md,
+# "Third reading")
+# --------------------------------------------------------------------------
+
+
+def test_a_conversation_its_other_side_ended_is_left_to_the_reader(conn):
+    """DI is not gone: Reconcile reports it (Ending, Left), Cancel refuses it
+    with 50321, and the reader fails the task when it gets the EndDialog."""
+    probe = make_target(conn)
+    rows(conn, "ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF)")
+    try:
+        task_id = initiate(conn, f"dbo.{probe}", 0)   # delay 0: a request SENT, so a target side exists
+        handle = task(conn, task_id)["ConversationHandle"]
+        target = scalar(conn, """
+            SELECT t.conversation_handle FROM sys.conversation_endpoints AS i
+            INNER JOIN sys.conversation_endpoints AS t
+                ON t.conversation_id = i.conversation_id AND t.is_initiator = 0
+            WHERE i.conversation_handle = ?""", handle)
+        rows(conn, "END CONVERSATION ?", target)      # the other side ends: the initiator goes DI
+        wait_until(lambda: scalar(conn, "SELECT state FROM sys.conversation_endpoints "
+                                        "WHERE conversation_handle = ?", handle) == "DI",
+                   30, "the task's endpoint in state DI")
+        findings = [tuple(f[:3]) for f in rows(conn, "EXEC delay.Reconcile @Apply = 0")]
+        assert ("Ending", task_id, "Left") in findings
+        assert not any(f[1] == task_id and f[0] in ("Orphaned", "RunnerGone") for f in findings)
+        with pytest.raises(Exception, match="50321"):
+            rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
+        assert task(conn, task_id)["TaskState"] == "Scheduled"
+    finally:
+        rows(conn, "ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON)")
+    wait_final(conn, [task_id])
+    state = task(conn, task_id)
+    assert state["TaskState"] == "Failed" and state["LastErrorNumber"] == 50333
+    assert runs(conn, probe) == []
+
+
+def test_cancel_racing_the_timer_raises_only_numbered_errors(conn, mssql_url):
+    """A cancel that meets a task finishing on its timer gets 50321 (or 50343),
+    never Service Broker's own error."""
+    import threading
+
+    probe = make_target(conn)
+    errors: list[str] = []
+    outcomes = {"cancelled": 0, "numbered": 0}
+
+    def cancel_all(task_ids: list[int]) -> None:
+        c = connect(mssql_url)
+        try:
+            for task_id in task_ids:
+                try:
+                    rows(c, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
+                    outcomes["cancelled"] += 1
+                except Exception as exc:  # noqa: BLE001 - classified below
+                    if "50321" in str(exc) or "50343" in str(exc):
+                        outcomes["numbered"] += 1
+                    else:
+                        errors.append(str(exc))
+        finally:
+            c.close()
+
+    for _ in range(5):
+        ids = [initiate(conn, f"dbo.{probe}", 1, str(i)) for i in range(200)]
+        # Due in about a second: cancels start while timers fire.
+        wait_until(lambda: scalar(conn, "SELECT COUNT(*) FROM delay.Task WHERE TaskID BETWEEN ? AND ? "
+                                        "AND TaskState <> N'Scheduled'", min(ids), max(ids)) > 0,
+                   30, "the first timers")
+        worker = threading.Thread(target=cancel_all, args=(ids,))
+        worker.start()
+        worker.join(120)
+        wait_final(conn, ids)
+        assert errors == [], errors[:3]
+    assert outcomes["cancelled"] + outcomes["numbered"] == 1000
+
+
+def test_a_conversation_this_side_ended_is_reconciled(conn):
+    """DO/CD: ended by this side while the task was still Scheduled (what an
+    interrupted recovery follow-up leaves): gone, so Reconcile repairs it."""
+    probe = make_target(conn)
+    task_id = initiate(conn, f"dbo.{probe}", 3600)
+    handle = task(conn, task_id)["ConversationHandle"]
+    rows(conn, "END CONVERSATION ?", handle)
+    findings = [tuple(f[:3]) for f in rows(conn, "EXEC delay.Reconcile @Apply = 0")]
+    assert ("Orphaned", task_id, "Rearmed") in findings
+    rows(conn, "EXEC delay.Reconcile")
+    assert task(conn, task_id)["ConversationHandle"] != handle
+    rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)   # cancellable again
+    assert task(conn, task_id)["TaskState"] == "Cancelled" and runs(conn, probe) == []

@@ -168,7 +168,9 @@ BEGIN
     WHERE
         t.TaskState IN (N'Scheduled', N'Retrying', N'Running')
         AND (ep.conversation_handle IS NULL OR ep.state IN ('CD', 'DO', 'DI', 'ER'))
-    ORDER BY t.TaskID;
+    -- Repairable ones first, so that many DI/ER tasks (a disabled queue full
+    -- of EndDialogs) never use up @MaxRows before a gone one is seen.
+    ORDER BY IIF(ep.state IN ('DI', 'ER'), 1, 0), t.TaskID;
 
     INSERT INTO @Finding (Finding, TaskID, Action, Detail)
     SELECT

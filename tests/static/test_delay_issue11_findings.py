@@ -85,7 +85,7 @@ GONE = "('CD', 'DO')"
 
 def reconcile_classifies_states(text: str) -> bool:
     try:
-        pass_ = between(text, "INSERT INTO @Candidate", "ORDER BY t.TaskID;")
+        pass_ = between(text, "INSERT INTO @Candidate", "INSERT INTO @Finding")
         loop = between(text, "WHILE 1 = 1", "WHILE @Done < @MaxRows")
     except ValueError:
         return False

@@ -20157,7 +20157,9 @@ BEGIN
     WHERE
         t.TaskState IN (N'Scheduled', N'Retrying', N'Running')
         AND (ep.conversation_handle IS NULL OR ep.state IN ('CD', 'DO', 'DI', 'ER'))
-    ORDER BY t.TaskID;
+    -- Repairable ones first, so that many DI/ER tasks (a disabled queue full
+    -- of EndDialogs) never use up @MaxRows before a gone one is seen.
+    ORDER BY IIF(ep.state IN ('DI', 'ER'), 1, 0), t.TaskID;
 
     INSERT INTO @Finding (Finding, TaskID, Action, Detail)
     SELECT
@@ -20478,7 +20480,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0010', N'broker/dbo.ProcessDelayQueue.sql', '94cd337963a941890b52f9158e5f021548a2f0c1925d7c1903400b582aee5eca'),
     ('0010', N'broker/delay.CancelTask.sql', '6283a52357903ae3133a61ec1b325404e2f01ad9f69ab5586f6da70aa3e36034'),
     ('0010', N'broker/dbo.CancelDelayExecution.sql', '0708ab8cdc13ce733ab3e4082aa9b744ecf801ec6d17ecff41f32ee5fee506d5'),
-    ('0010', N'broker/delay.Reconcile.sql', 'b17c593e2987e5d2f6ae64a2ac6ed37a7208fa706c5e23a89c92289e97a1d7e4');
+    ('0010', N'broker/delay.Reconcile.sql', '999fa61a3bbd94051c532a5fe4d4f18e05b8d19deea5cee6995fa41de5445836');
 
 GO
 

@@ -207,3 +207,27 @@ def test_the_benchmark_prints_lateness_and_duration_beside_the_reference():
     assert bench.GOAL_P99_S == 1.0 and bench.GOAL_RATE == 1000
     # the goal load by default: 1,000 tasks/s for 60 s = 60,000 tasks
     assert "default=1000" in source and "default=60" in source
+
+
+# ---- 5. step 3 is a procedure of its own -----------------------------------
+
+
+def test_step3_is_split_into_record_outcome():
+    pdq = current("dbo.ProcessDelayQueue.sql")
+    outcome = current("delay.RecordOutcome.sql")
+    assert "EXEC delay.RecordOutcome" in pdq and "@Recorded = @Recorded OUTPUT" in pdq
+    # the activation procedure no longer records outcomes itself ...
+    assert "EXEC delay.FinishTask @SetReceipt = 0, @TaskID = @TaskID, @TaskState = N'Done';" not in pdq
+    # ... the step procedure does, in its own transaction, group before row
+    assert "EXEC delay.FinishTask @SetReceipt = 0, @TaskID = @TaskID, @TaskState = N'Done';" in outcome
+    assert outcome.index("BEGIN CONVERSATION TIMER (@TaskHandle)") < outcome.index("WITH (UPDLOCK, ROWLOCK)")
+    assert "THROW 50360" in outcome and "SET TRANSACTION ISOLATION LEVEL READ COMMITTED;" in outcome
+    assert "tabDIYTable12402" not in outcome  # the receipt stays after the COMMIT, in the caller
+    text = (BROKER / "delay.RecordOutcome.sql").read_text(encoding="utf-8")
+    head = text[: text.index("*/")]
+    for line in ("Parameters:", "Result set:", "Errors:", "Transaction:", "Isolation:", "Lock order:"):
+        assert line in head, line
+    order = (ROOT / "sql" / "BuildOrder.txt").read_text(encoding="utf-8")
+    assert order.index("broker/delay.RecordOutcome.sql") < order.index("broker/dbo.ProcessDelayQueue.sql")
+    grants = "\n".join(p.read_text(encoding="utf-8") for p in BROKER.glob("*.grants.sql"))
+    assert "delay.RecordOutcome" not in grants  # internal: reached by ownership chaining only

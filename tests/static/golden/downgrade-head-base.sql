@@ -1837,6 +1837,19 @@ END;
 
 GO
 
+DROP PROCEDURE IF EXISTS delay.RecordOutcome;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0010 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
 /*
 delay.FinishTask: moves a task to a final state, sets the platform's receipt,
 logs the event and ends the task's conversation (which also drops its timer).

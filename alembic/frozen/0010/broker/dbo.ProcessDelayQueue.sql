@@ -56,7 +56,7 @@ One pass of the loop, with its transaction boundaries and lock order:
   | (SET options set in the dynamic batch revert when it returns; the     |
   | reader re-asserts its own after it anyway)                            |
   +-----------------------------------------------------------------------+
-  +-- STEP 3 (tran B) ---------------------------------------------------+
+  +-- STEP 3 (tran B; delay.RecordOutcome since revision 0010) ---------+
   | BEGIN CONVERSATION TIMER (task handle, if the endpoint still exists)  |
   |                                 ... locks G(task)                     |
   | SELECT delay.Task WITH (UPDLOCK, ROWLOCK) ....... locks the task row  |
@@ -155,7 +155,6 @@ BEGIN
         @Recovered BIT,
         @Step1Committed BIT,
         @RedeliveredHandle UNIQUEIDENTIFIER,
-        @EndpointOpen BIT,
         @Sql NVARCHAR(MAX),
         -- The target contract: (@SPName, @Param1 ... @Param5 NVARCHAR(200)).
         @ParameterList NVARCHAR(400) = CONCAT(
@@ -174,7 +173,6 @@ BEGIN
         @TargetTranCount INT,
         @Backoff BIGINT,
         @Recorded BIT,
-        @Try INT,
         @MaxAttempts INT,
         @RetryBaseSeconds INT,
         @RetryMaxSeconds INT,
@@ -902,115 +900,19 @@ BEGIN
 
             --==============================================================
             -- STEP 3: record the outcome in a new transaction (retried on
-            -- deadlock).
+            -- deadlock): delay.RecordOutcome, whose header draws its
+            -- transaction and lock order.  It opens no transaction that
+            -- RECEIVEs; @Recorded says whether it committed.
             --==============================================================
-            SELECT @Recorded = 0, @Try = 0;
-            WHILE @Recorded = 0 AND @Try < 3
-            BEGIN
-                SET @Try += 1;
-                BEGIN TRY
-                    BEGIN TRANSACTION;
-
-                    -- Conversation group first (BEGIN CONVERSATION TIMER locks
-                    -- it), then the task row: the lock order of step 1.  It
-                    -- also keeps the watchdog armed until the outcome is
-                    -- committed.  A conversation ended meanwhile (a recovery,
-                    -- NEW_BROKER) has no group to lock: the row comes first.
-                    SET @EndpointOpen = CASE
-                        WHEN EXISTS (
-                            SELECT 1 FROM sys.conversation_endpoints AS e
-                            WHERE e.conversation_handle = @TaskHandle AND e.state NOT IN ('CD', 'DO', 'ER', 'DI')
-                        ) THEN 1
-                        ELSE 0
-                    END;
-                    SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
-                    IF @EndpointOpen = 1
-                        BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
-
-                    SET @TaskState = NULL;
-                    -- UPDLOCK, ROWLOCK: as in step 1.
-                    SELECT
-                        @TaskState = t.TaskState,
-                        @Attempts = t.Attempts
-                    FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
-                    WHERE t.TaskID = @TaskID;
-
-                    SET @Now = SYSUTCDATETIME();
-
-                    IF @TaskState IS NULL OR @TaskState <> N'Running' OR @Attempts <> @Attempt
-                    BEGIN
-                        -- Finished meanwhile (a broker Error) or the row is gone: keep that outcome.
-                        IF @ErrorNumber IS NOT NULL
-                            INSERT INTO delay.Log (
-                                TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
-                            )
-                            VALUES (
-                                @TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle
-                            );
-                    END;
-                    ELSE IF @ErrorNumber IS NULL
-                        EXEC delay.FinishTask @SetReceipt = 0, @TaskID = @TaskID, @TaskState = N'Done';
-                    ELSE IF @Retryable = 1 AND @Attempt < @MaxAttempts AND @EndpointOpen = 1
-                    BEGIN
-                        SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
-                            * POWER(CAST(4 AS BIGINT), IIF(@Attempt > 10, 10, @Attempt - 1));
-                        SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
-
-                        UPDATE delay.Task
-                        SET
-                            TaskState = N'Retrying',
-                            NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
-                            LeaseUntilUtc = NULL,
-                            LastErrorNumber = @ErrorNumber,
-                            LastErrorMessage = @ErrorMessage
-                        WHERE TaskID = @TaskID;
-
-                        -- Replaces the lease: the retry is a new timer on the same conversation.
-                        BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
-
-                        INSERT INTO delay.Log (
-                            TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
-                        )
-                        VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
-                    END;
-                    ELSE
-                        EXEC delay.FinishTask
-                            @SetReceipt = 0,
-                            @TaskID = @TaskID,
-                            @TaskState = N'Failed',
-                            @EventName = N'GaveUp',
-                            @ErrorNumber = @ErrorNumber,
-                            @ErrorMessage = @ErrorMessage;
-
-                    COMMIT TRANSACTION;
-                    SET @Recorded = 1;
-                END TRY
-                BEGIN CATCH
-                    SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
-                    IF XACT_STATE() <> 0
-                        ROLLBACK TRANSACTION;
-                    -- 1205: deadlock victim, try again.  Anything else: stop
-                    -- trying; the lease timer (or delay.Reconcile) finds the
-                    -- task Running with no runner.
-                    IF @StepErrorNumber <> 1205 OR @Try >= 3
-                    BEGIN
-                        SET @Try = 3;
-                        BEGIN TRY
-                            INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage)
-                            VALUES (
-                                @TaskID, N'BrokerError', @TargetName, @Attempt, @StepErrorNumber,
-                                CONCAT(
-                                    N'the outcome of attempt ', @Attempt, N' could not be recorded: ', @StepErrorMessage
-                                )
-                            );
-                        END TRY
-                        BEGIN CATCH
-                            -- Best effort: the lease timer still covers the task.
-                            SET @Recorded = 0;
-                        END CATCH;
-                    END;
-                END CATCH;
-            END;
+            EXEC delay.RecordOutcome
+                @TaskID = @TaskID,
+                @TaskHandle = @TaskHandle,
+                @TargetName = @TargetName,
+                @Attempt = @Attempt,
+                @ErrorNumber = @ErrorNumber,
+                @ErrorMessage = @ErrorMessage,
+                @Retryable = @Retryable,
+                @Recorded = @Recorded OUTPUT;
         END;
 
         --==================================================================

@@ -903,15 +903,30 @@ BEGIN
             -- transaction and lock order.  It opens no transaction that
             -- RECEIVEs; @Recorded says whether it committed.
             --==============================================================
-            EXEC delay.RecordOutcome
-                @TaskID = @TaskID,
-                @TaskHandle = @TaskHandle,
-                @TargetName = @TargetName,
-                @Attempt = @Attempt,
-                @ErrorNumber = @ErrorNumber,
-                @ErrorMessage = @ErrorMessage,
-                @Retryable = @Retryable,
-                @Recorded = @Recorded OUTPUT;
+            BEGIN TRY
+                EXEC delay.RecordOutcome
+                    @TaskID = @TaskID,
+                    @TaskHandle = @TaskHandle,
+                    @TargetName = @TargetName,
+                    @Attempt = @Attempt,
+                    @ErrorNumber = @ErrorNumber,
+                    @ErrorMessage = @ErrorMessage,
+                    @Retryable = @Retryable,
+                    @Recorded = @Recorded OUTPUT;
+            END TRY
+            BEGIN CATCH
+                -- delay.RecordOutcome catches its own errors; this is for one
+                -- it cannot (its 50360, a missing or changed procedure), so
+                -- that the pass still reaches RELEASE below.
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE(), @Recorded = 0;
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: the outcome of task ', @TaskID, N' could not be recorded (error ',
+                    @StepErrorNumber, N': ', @StepErrorMessage, N'); the lease timer or delay.Reconcile finds it.'
+                );
+                RAISERROR (N'%s', 10, 1, @LogText);
+            END CATCH;
         END;
 
         --==================================================================

@@ -19721,15 +19721,30 @@ BEGIN
             -- transaction and lock order.  It opens no transaction that
             -- RECEIVEs; @Recorded says whether it committed.
             --==============================================================
-            EXEC delay.RecordOutcome
-                @TaskID = @TaskID,
-                @TaskHandle = @TaskHandle,
-                @TargetName = @TargetName,
-                @Attempt = @Attempt,
-                @ErrorNumber = @ErrorNumber,
-                @ErrorMessage = @ErrorMessage,
-                @Retryable = @Retryable,
-                @Recorded = @Recorded OUTPUT;
+            BEGIN TRY
+                EXEC delay.RecordOutcome
+                    @TaskID = @TaskID,
+                    @TaskHandle = @TaskHandle,
+                    @TargetName = @TargetName,
+                    @Attempt = @Attempt,
+                    @ErrorNumber = @ErrorNumber,
+                    @ErrorMessage = @ErrorMessage,
+                    @Retryable = @Retryable,
+                    @Recorded = @Recorded OUTPUT;
+            END TRY
+            BEGIN CATCH
+                -- delay.RecordOutcome catches its own errors; this is for one
+                -- it cannot (its 50360, a missing or changed procedure), so
+                -- that the pass still reaches RELEASE below.
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE(), @Recorded = 0;
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: the outcome of task ', @TaskID, N' could not be recorded (error ',
+                    @StepErrorNumber, N': ', @StepErrorMessage, N'); the lease timer or delay.Reconcile finds it.'
+                );
+                RAISERROR (N'%s', 10, 1, @LogText);
+            END CATCH;
         END;
 
         --==================================================================
@@ -20582,7 +20597,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0010') AND FilePath IN
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0010', N'broker/delay.FinishTask.sql', '8599db1f340df907e9572ac87ba87b9db39b6e301980b2293475d36f3ac6675e'),
     ('0010', N'broker/delay.RecordOutcome.sql', '32d77b13ecb21a14aa43ffb05883f2f2f1025fd96b6e13e8ed36645da6b5042f'),
-    ('0010', N'broker/dbo.ProcessDelayQueue.sql', '741d6f177e6a1ed34c943f2a31ac952cd28313e3107df22c9b720a9ff74ae7c5'),
+    ('0010', N'broker/dbo.ProcessDelayQueue.sql', 'da61a366d63817dbd9eb872fec04c6ecfee3096094c762a6c7d780a2cd505758'),
     ('0010', N'broker/delay.CancelTask.sql', '6283a52357903ae3133a61ec1b325404e2f01ad9f69ab5586f6da70aa3e36034'),
     ('0010', N'broker/dbo.CancelDelayExecution.sql', '0708ab8cdc13ce733ab3e4082aa9b744ecf801ec6d17ecff41f32ee5fee506d5'),
     ('0010', N'broker/delay.Reconcile.sql', '999fa61a3bbd94051c532a5fe4d4f18e05b8d19deea5cee6995fa41de5445836');

@@ -181,15 +181,28 @@ BEGIN
 
             -- Events, in this batch's transaction (docs/events.md): a lease
             -- given up says LeaseExpired first, then the final Failed/Expired.
-            INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
             SELECT
                 d.ID, d.AppName, N'LeaseExpired', N'Sending', d.AttemptCount, NULL,
                 N'Lease expired before the worker acknowledged.', @Now
             FROM @Done AS d
             WHERE d.OldStatus = N'Sending';
 
-            INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
-            SELECT d.ID, d.AppName, d.NewStatus, d.NewStatus, d.AttemptCount, NULL, d.LastError, @Now
+            -- The event type of a final change is its new status (Failed, Expired).
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            SELECT
+                d.ID,
+                d.AppName,
+                d.NewStatus AS EventType,
+                d.NewStatus AS Status,
+                d.AttemptCount,
+                NULL,
+                d.LastError,
+                @Now
             FROM @Done AS d;
 
             COMMIT TRANSACTION;

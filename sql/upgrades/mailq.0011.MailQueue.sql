@@ -11,8 +11,9 @@ Stop the workers during the upgrade, as for every revision.
 
 1. The status 'Stopped': CK_MailQueue_Status is dropped and added again with
    the new value.  ALTER TABLE ... ADD CONSTRAINT checks the existing rows
-   (WITH CHECK is the default for a new constraint), which all satisfy the
-   wider rule, so the constraint stays trusted.
+   (WITH CHECK is the default for a new constraint: ALTER TABLE
+   (Transact-SQL), Arguments, WITH CHECK | WITH NOCHECK), which all satisfy
+   the wider rule, so the constraint stays trusted.
 2. IX_MailQueue_Final (mailq.PurgeMail's range seek) gets 'Stopped' in its
    filter, so Stopped mails are purged like every other finished mail.
 mailq.MailEvent and its indexes are new (sql/tables, sql/indexes): no event
@@ -24,11 +25,11 @@ IF EXISTS (
     WHERE
         c.parent_object_id = OBJECT_ID(N'mailq.MailQueue')
         AND c.name = N'CK_MailQueue_Status'
-        AND c.definition NOT LIKE N'%Stopped%'
+        AND c.[definition] NOT LIKE N'%Stopped%'
 )
 BEGIN
     ALTER TABLE mailq.MailQueue DROP CONSTRAINT CK_MailQueue_Status;
-    ALTER TABLE mailq.MailQueue WITH CHECK ADD CONSTRAINT CK_MailQueue_Status CHECK (
+    ALTER TABLE mailq.MailQueue ADD CONSTRAINT CK_MailQueue_Status CHECK (
         Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
     );
 END;
@@ -43,7 +44,7 @@ IF EXISTS (
 )
 BEGIN
     DROP INDEX IX_MailQueue_Final ON mailq.MailQueue;
-    -- Dynamic: created after the DROP in this same batch.
+    -- Dynamic, as in revision 0007: created after the DROP in this same batch.
     EXEC sys.sp_executesql
         N'CREATE NONCLUSTERED INDEX IX_MailQueue_Final
           ON mailq.MailQueue (DateProcessed ASC, ID ASC)

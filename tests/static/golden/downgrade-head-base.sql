@@ -2742,11 +2742,11 @@ IF EXISTS (
     WHERE
         c.parent_object_id = OBJECT_ID(N'mailq.MailQueue')
         AND c.name = N'CK_MailQueue_Status'
-        AND c.definition LIKE N'%Stopped%'
+        AND c.[definition] LIKE N'%Stopped%'
 )
 BEGIN
     ALTER TABLE mailq.MailQueue DROP CONSTRAINT CK_MailQueue_Status;
-    ALTER TABLE mailq.MailQueue WITH CHECK ADD CONSTRAINT CK_MailQueue_Status CHECK (
+    ALTER TABLE mailq.MailQueue ADD CONSTRAINT CK_MailQueue_Status CHECK (
         Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired')
     );
 END;

@@ -18719,8 +18719,9 @@ Stop the workers during the upgrade, as for every revision.
 
 1. The status 'Stopped': CK_MailQueue_Status is dropped and added again with
    the new value.  ALTER TABLE ... ADD CONSTRAINT checks the existing rows
-   (WITH CHECK is the default for a new constraint), which all satisfy the
-   wider rule, so the constraint stays trusted.
+   (WITH CHECK is the default for a new constraint: ALTER TABLE
+   (Transact-SQL), Arguments, WITH CHECK | WITH NOCHECK), which all satisfy
+   the wider rule, so the constraint stays trusted.
 2. IX_MailQueue_Final (mailq.PurgeMail's range seek) gets 'Stopped' in its
    filter, so Stopped mails are purged like every other finished mail.
 mailq.MailEvent and its indexes are new (sql/tables, sql/indexes): no event
@@ -18732,11 +18733,11 @@ IF EXISTS (
     WHERE
         c.parent_object_id = OBJECT_ID(N'mailq.MailQueue')
         AND c.name = N'CK_MailQueue_Status'
-        AND c.definition NOT LIKE N'%Stopped%'
+        AND c.[definition] NOT LIKE N'%Stopped%'
 )
 BEGIN
     ALTER TABLE mailq.MailQueue DROP CONSTRAINT CK_MailQueue_Status;
-    ALTER TABLE mailq.MailQueue WITH CHECK ADD CONSTRAINT CK_MailQueue_Status CHECK (
+    ALTER TABLE mailq.MailQueue ADD CONSTRAINT CK_MailQueue_Status CHECK (
         Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
     );
 END;
@@ -18751,7 +18752,7 @@ IF EXISTS (
 )
 BEGIN
     DROP INDEX IX_MailQueue_Final ON mailq.MailQueue;
-    -- Dynamic: created after the DROP in this same batch.
+    -- Dynamic, as in revision 0007: created after the DROP in this same batch.
     EXEC sys.sp_executesql
         N'CREATE NONCLUSTERED INDEX IX_MailQueue_Final
           ON mailq.MailQueue (DateProcessed ASC, ID ASC)
@@ -20037,15 +20038,28 @@ BEGIN
 
             -- Events, in this batch's transaction (docs/events.md): a lease
             -- given up says LeaseExpired first, then the final Failed/Expired.
-            INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
             SELECT
                 d.ID, d.AppName, N'LeaseExpired', N'Sending', d.AttemptCount, NULL,
                 N'Lease expired before the worker acknowledged.', @Now
             FROM @Done AS d
             WHERE d.OldStatus = N'Sending';
 
-            INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
-            SELECT d.ID, d.AppName, d.NewStatus, d.NewStatus, d.AttemptCount, NULL, d.LastError, @Now
+            -- The event type of a final change is its new status (Failed, Expired).
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            SELECT
+                d.ID,
+                d.AppName,
+                d.NewStatus AS EventType,
+                d.NewStatus AS Status,
+                d.AttemptCount,
+                NULL,
+                d.LastError,
+                @Now
             FROM @Done AS d;
 
             COMMIT TRANSACTION;
@@ -21314,10 +21328,10 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0011', N'tables/mailq.MailEvent.sql', '43fca44c42cc74658598b1fdd267d399ce3e10898fbe350634cd7a1ebaabf71e'),
     ('0011', N'indexes/mailq.MailEvent.IX_MailEvent_AppName.sql', '0a48a1a1b247bbe02061a51f824dd7f3513dcb73893455f7d52e5d3fd4b56ec0'),
     ('0011', N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql', '97d14958ecd474d8a8073a004bd7b29862f3b1691e60b1f144479cbb880df293'),
-    ('0011', N'upgrades/mailq.0011.MailQueue.sql', '881151d785247f2286d9f77c2cc091cb3aa5f43823c700532195d46a9a41285d'),
+    ('0011', N'upgrades/mailq.0011.MailQueue.sql', 'c17958b0546930be37b895c2d2712caaccfe96a9f39c24a9374c831c87045810'),
     ('0011', N'procedures/mailq.EnqueueMail.sql', '3b74cb294417fa7ad035150501479854b5a6c0b6ed7de910b57c1e674f811dc7'),
     ('0011', N'procedures/mailq.ClaimMail.sql', '9db6540a39630ba525c69c9170e94639d206b87d5c429d4167511105af5466c3'),
-    ('0011', N'procedures/mailq.FinalizeMail.sql', '8d2a0510ca847a6db3dc9b06a03e517822cdbe7deea38cc3690c23f4ab6458ef'),
+    ('0011', N'procedures/mailq.FinalizeMail.sql', 'eddbcbdee610dec85cc8d6a58b69edbccec454db2e3d028524dbf4d90d265af7'),
     ('0011', N'procedures/mailq.ReleaseMail.sql', '7be0390e80fbb367881371f91796ab3bcf1d8109c21e22af4ec30d9488c1cc73'),
     ('0011', N'procedures/mailq.MarkSent.sql', 'f0ad3129d126e65b36a6ebec631b2b72b0762dbf7becea39fda977eb4f650b4e'),
     ('0011', N'procedures/mailq.MarkFailed.sql', 'bb0a67f7760ce8f7c74b91d2b8902d97984437a5b153418d5a3d8771500762e2'),

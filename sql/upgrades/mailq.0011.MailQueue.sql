@@ -29,9 +29,12 @@ IF EXISTS (
 )
 BEGIN
     ALTER TABLE mailq.MailQueue DROP CONSTRAINT CK_MailQueue_Status;
-    ALTER TABLE mailq.MailQueue ADD CONSTRAINT CK_MailQueue_Status CHECK (
-        Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
-    );
+    -- Dynamic, as the index below: the schema model (tools/tsqlcheck) holds
+    -- the constraint of sql/tables/ already, under the same name.
+    EXEC sys.sp_executesql
+        N'ALTER TABLE mailq.MailQueue ADD CONSTRAINT CK_MailQueue_Status CHECK (
+              Status IN (N''UnSent'', N''Sending'', N''Sent'', N''Failed'', N''Cancelled'', N''Expired'', N''Stopped'')
+          );';
 END;
 
 IF EXISTS (
@@ -44,7 +47,8 @@ IF EXISTS (
 )
 BEGIN
     DROP INDEX IX_MailQueue_Final ON mailq.MailQueue;
-    -- Dynamic, as in revision 0007: created after the DROP in this same batch.
+    -- Dynamic, as in revision 0007: created after the DROP in this same batch
+    -- (and the schema model holds sql/indexes/'s copy under the same name).
     EXEC sys.sp_executesql
         N'CREATE NONCLUSTERED INDEX IX_MailQueue_Final
           ON mailq.MailQueue (DateProcessed ASC, ID ASC)

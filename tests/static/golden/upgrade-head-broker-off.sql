@@ -12312,9 +12312,12 @@ IF EXISTS (
 )
 BEGIN
     ALTER TABLE mailq.MailQueue DROP CONSTRAINT CK_MailQueue_Status;
-    ALTER TABLE mailq.MailQueue ADD CONSTRAINT CK_MailQueue_Status CHECK (
-        Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
-    );
+    -- Dynamic, as the index below: the schema model (tools/tsqlcheck) holds
+    -- the constraint of sql/tables/ already, under the same name.
+    EXEC sys.sp_executesql
+        N'ALTER TABLE mailq.MailQueue ADD CONSTRAINT CK_MailQueue_Status CHECK (
+              Status IN (N''UnSent'', N''Sending'', N''Sent'', N''Failed'', N''Cancelled'', N''Expired'', N''Stopped'')
+          );';
 END;
 
 IF EXISTS (
@@ -12327,7 +12330,8 @@ IF EXISTS (
 )
 BEGIN
     DROP INDEX IX_MailQueue_Final ON mailq.MailQueue;
-    -- Dynamic, as in revision 0007: created after the DROP in this same batch.
+    -- Dynamic, as in revision 0007: created after the DROP in this same batch
+    -- (and the schema model holds sql/indexes/'s copy under the same name).
     EXEC sys.sp_executesql
         N'CREATE NONCLUSTERED INDEX IX_MailQueue_Final
           ON mailq.MailQueue (DateProcessed ASC, ID ASC)
@@ -14903,7 +14907,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0011', N'tables/mailq.MailEvent.sql', '43fca44c42cc74658598b1fdd267d399ce3e10898fbe350634cd7a1ebaabf71e'),
     ('0011', N'indexes/mailq.MailEvent.IX_MailEvent_AppName.sql', '0a48a1a1b247bbe02061a51f824dd7f3513dcb73893455f7d52e5d3fd4b56ec0'),
     ('0011', N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql', '97d14958ecd474d8a8073a004bd7b29862f3b1691e60b1f144479cbb880df293'),
-    ('0011', N'upgrades/mailq.0011.MailQueue.sql', 'c17958b0546930be37b895c2d2712caaccfe96a9f39c24a9374c831c87045810'),
+    ('0011', N'upgrades/mailq.0011.MailQueue.sql', 'db60140c4e27355fab06887730dd79e9740da8f9165e3969e1170ac0e3a4da6b'),
     ('0011', N'procedures/mailq.EnqueueMail.sql', '3b74cb294417fa7ad035150501479854b5a6c0b6ed7de910b57c1e674f811dc7'),
     ('0011', N'procedures/mailq.ClaimMail.sql', '9db6540a39630ba525c69c9170e94639d206b87d5c429d4167511105af5466c3'),
     ('0011', N'procedures/mailq.FinalizeMail.sql', 'eddbcbdee610dec85cc8d6a58b69edbccec454db2e3d028524dbf4d90d265af7'),

@@ -128,7 +128,13 @@ def test_cursor_is_commit_safe(mssql_url, conn, account):
         slow.autocommit = False
         (late,) = enqueue(slow, account, app)                  # stamped first, not committed
         (early,) = enqueue(conn, account, app)                 # stamped later, committed
-        seen = procedures.get_mail_events(conn, app_name=app)
+        # The read must neither return nor wait for the open transaction's row
+        # (its key lies beyond the seek's end): a wait would hang this test.
+        execute(conn, "SET LOCK_TIMEOUT 10000;")
+        try:
+            seen = procedures.get_mail_events(conn, app_name=app)
+        finally:
+            execute(conn, "SET LOCK_TIMEOUT -1;")
         assert [e.mail_id for e in seen] == [], "an event above an open transaction's was returned"
         slow.commit()
     seen = procedures.get_mail_events(conn, app_name=app)

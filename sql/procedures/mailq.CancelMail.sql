@@ -11,7 +11,7 @@ Transaction: opens its own if none is open, else works inside the caller's
              or rolls back the caller's transaction, so the caller must roll back.
 Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
              in a procedure reverts when it returns).
-Lock order:  mailq.MailQueue only.
+Lock order:  mailq.MailQueue, then mailq.MailEvent (insert).
 Example:     EXEC mailq.CancelMail @ID = 101;
 */
 CREATE OR ALTER PROCEDURE mailq.CancelMail
@@ -52,6 +52,11 @@ BEGIN
         SET
             q.Status = N'Cancelled',
             q.DateProcessed = SYSUTCDATETIME()
+        -- The Cancelled event in the same statement (docs/events.md).
+        OUTPUT
+            inserted.ID, inserted.AppName, N'Cancelled', inserted.Status, inserted.AttemptCount,
+            NULL, NULL, inserted.DateProcessed
+        INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
 

@@ -90,8 +90,9 @@ Isolation:   sets READ COMMITTED itself (READPAST is refused under
              lock: UPDLOCK makes them locking reads of the latest committed
              rows (Microsoft's "Table hints": UPDLOCK, READPAST).
 Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
-             mailq.MailQueue (U -> X), mailq.MailAttempt (X): the order of
-             every mail-queue procedure that touches several of them.
+             mailq.MailQueue (U -> X), mailq.MailAttempt (X), mailq.MailEvent
+             (insert): the order of every mail-queue procedure that touches
+             several of them.
 Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
                  @LeaseSeconds = 300, @WorkerName = N'host1/1';
 */
@@ -184,6 +185,7 @@ BEGIN
     DECLARE @Claimed TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
         AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
         OldStatus NVARCHAR(16) NOT NULL,
         OldLockToken UNIQUEIDENTIFIER NULL,
         AttemptNo INT NOT NULL,
@@ -329,11 +331,12 @@ BEGIN
             OUTPUT
                 inserted.ID,
                 inserted.AccountName,
+                inserted.AppName,
                 deleted.Status,
                 deleted.ThreadLock,
                 inserted.AttemptCount,
                 @Pass
-            INTO @Claimed (ID, AccountName, OldStatus, OldLockToken, AttemptNo, Pass)
+            INTO @Claimed (ID, AccountName, AppName, OldStatus, OldLockToken, AttemptNo, Pass)
             -- Target row by its clustered key.  READPAST: a row another
             -- session holds (e.g. an acknowledgement of an expired lease in
             -- flight) is skipped instead of waited on, which also rules out a
@@ -427,6 +430,21 @@ BEGIN
         -- Open an attempt for each mail now leased.
         INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
         SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
+        FROM @Claimed AS c;
+
+        -- Events, in this transaction (docs/events.md): a reclaimed lease
+        -- first says LeaseExpired (its earlier attempt, now abandoned), then
+        -- every mail leased says Claimed.  Two statements, so the two events
+        -- of one mail are stamped in that order.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            c.ID, c.AppName, N'LeaseExpired', N'Sending', c.AttemptNo - 1, NULL,
+            N'Lease expired before the worker acknowledged; reclaimed (PossibleDuplicate).', @Now
+        FROM @Claimed AS c
+        WHERE c.OldStatus = N'Sending';
+
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT c.ID, c.AppName, N'Claimed', N'Sending', c.AttemptNo, NULL, @WorkerName, @Now
         FROM @Claimed AS c;
 
         IF @OwnTran = 1 COMMIT TRANSACTION;

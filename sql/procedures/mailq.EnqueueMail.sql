@@ -75,8 +75,9 @@ Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
              it returns): under a SERIALIZABLE caller the key lookup would
              otherwise take key-range locks, under SNAPSHOT it would miss a
              key committed after the caller's snapshot began.
-Lock order:  the application lock on the key, then mailq.MailQueue (insert),
-             then mailq.MailAttachment (docs/guarantees.md, "Lock order").
+Lock order:  the application lock on the key, then mailq.MailQueue (insert,
+             with its Enqueued row in mailq.MailEvent), then
+             mailq.MailAttachment (docs/guarantees.md, "Lock order").
 Example:     DECLARE @ID BIGINT;
              EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
                  @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
@@ -527,6 +528,11 @@ BEGIN
                 Status, AttemptsRemaining, Priority, AccountName, AppName,
                 IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc
             )
+            -- The Enqueued event in the same statement (docs/events.md).
+            OUTPUT
+                inserted.ID, inserted.AppName, N'Enqueued', inserted.Status, inserted.AttemptCount,
+                NULL, NULL, inserted.dtStamp
+            INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
             VALUES (
                 @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
                 @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,

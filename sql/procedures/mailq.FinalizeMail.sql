@@ -31,8 +31,8 @@ Transaction: must not be called inside a transaction (50152): each batch
              rolls back the batch under way (earlier batches stay) and is
              re-raised.
 Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
-Lock order:  mailq.MailQueue (U -> X), then mailq.MailAttempt (X), as in
-             mailq.ClaimMail.
+Lock order:  mailq.MailQueue (U -> X), then mailq.MailAttempt (X), then
+             mailq.MailEvent (insert), as in mailq.ClaimMail.
 Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
 */
 CREATE OR ALTER PROCEDURE mailq.FinalizeMail
@@ -65,7 +65,10 @@ BEGIN
         ID BIGINT NOT NULL PRIMARY KEY,
         NewStatus NVARCHAR(16) NOT NULL,
         OldStatus NVARCHAR(16) NOT NULL,
-        OldLockToken UNIQUEIDENTIFIER NULL
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AppName NVARCHAR(128) NULL,
+        AttemptCount INT NOT NULL,
+        LastError NVARCHAR(4000) NULL
     );
     DECLARE @Now DATETIME2(3);
     DECLARE @Failed INT = 0;
@@ -95,7 +98,9 @@ BEGIN
                     q.ThreadLock,
                     q.PossibleDuplicate,
                     q.DateProcessed,
-                    q.LastError
+                    q.LastError,
+                    q.AppName,
+                    q.AttemptCount
                 FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Finalize), READPAST, UPDLOCK, ROWLOCK)
                 WHERE
                     q.Status IN (N'UnSent', N'Sending')
@@ -111,8 +116,10 @@ BEGIN
                 d.PossibleDuplicate = IIF(d.Status = N'Sending', CAST(1 AS BIT), d.PossibleDuplicate),
                 d.DateProcessed = @Now,
                 d.LastError = LEFT(CONCAT(N'No attempt left after an abandoned lease. Last error: ', d.LastError), 4000)
-            OUTPUT inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock
-            INTO @Done (ID, NewStatus, OldStatus, OldLockToken)
+            OUTPUT
+                inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock,
+                inserted.AppName, inserted.AttemptCount, inserted.LastError
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken, AppName, AttemptCount, LastError)
             FROM Dead AS d;
             SET @Rows = @@ROWCOUNT;
             SET @Failed += @Rows;
@@ -128,7 +135,9 @@ BEGIN
                     q.ThreadLock,
                     q.PossibleDuplicate,
                     q.DateProcessed,
-                    q.LastError
+                    q.LastError,
+                    q.AppName,
+                    q.AttemptCount
                 FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Expiry), READPAST, UPDLOCK, ROWLOCK)
                 WHERE
                     q.Status IN (N'UnSent', N'Sending')
@@ -145,8 +154,10 @@ BEGIN
                 l.PossibleDuplicate = IIF(l.Status = N'Sending', CAST(1 AS BIT), l.PossibleDuplicate),
                 l.DateProcessed = @Now,
                 l.LastError = N'Expired before it could be sent (ExpiresAtUtc passed).'
-            OUTPUT inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock
-            INTO @Done (ID, NewStatus, OldStatus, OldLockToken)
+            OUTPUT
+                inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock,
+                inserted.AppName, inserted.AttemptCount, inserted.LastError
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken, AppName, AttemptCount, LastError)
             FROM Late AS l;
             -- Read @@ROWCOUNT once: an assignment resets it.
             SET @ExpiredRows = @@ROWCOUNT;
@@ -167,6 +178,32 @@ BEGIN
             INNER JOIN @Done AS d
                 ON t.MailID = d.ID AND t.LockToken = d.OldLockToken
             WHERE d.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+            -- Events, in this batch's transaction (docs/events.md): a lease
+            -- given up says LeaseExpired first, then the final Failed/Expired.
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            SELECT
+                d.ID, d.AppName, N'LeaseExpired', N'Sending', d.AttemptCount, NULL,
+                N'Lease expired before the worker acknowledged.', @Now
+            FROM @Done AS d
+            WHERE d.OldStatus = N'Sending';
+
+            -- The event type of a final change is its new status (Failed, Expired).
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            SELECT
+                d.ID,
+                d.AppName,
+                d.NewStatus AS EventType,
+                d.NewStatus AS Status,
+                d.AttemptCount,
+                NULL,
+                d.LastError,
+                @Now
+            FROM @Done AS d;
 
             COMMIT TRANSACTION;
         END TRY

@@ -24,7 +24,7 @@ Transaction: opens its own if none is open, else works inside the caller's
              or rolls back the caller's transaction, so the caller must roll back.
 Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
 Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
-             then mailq.SendingAccount (Wait only).
+             then mailq.MailEvent (insert), then mailq.SendingAccount (Wait only).
 Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
                  @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
 */
@@ -66,6 +66,7 @@ BEGIN
         ID BIGINT NOT NULL PRIMARY KEY,
         AttemptNo INT NOT NULL,
         AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
         Status NVARCHAR(16) NOT NULL,
         NextAttemptUtc DATETIME2(3) NULL
     );
@@ -81,6 +82,7 @@ BEGIN
             SELECT
                 q.ID,
                 q.AccountName,
+                q.AppName,
                 q.Status,
                 q.ThreadLock,
                 q.VisibleAtUtc,
@@ -128,9 +130,10 @@ BEGIN
             inserted.ID,
             inserted.AttemptCount,
             inserted.AccountName,
+            inserted.AppName,
             inserted.Status,
             IIF(inserted.Status = N'UnSent', inserted.VisibleAtUtc, NULL)
-        INTO @Acked (ID, AttemptNo, AccountName, Status, NextAttemptUtc)
+        INTO @Acked (ID, AttemptNo, AccountName, AppName, Status, NextAttemptUtc)
         FROM Outcome AS o;
 
         UPDATE t
@@ -141,6 +144,24 @@ BEGIN
             t.ErrorText = @Error
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        -- One event per mail, in this transaction (docs/events.md): Wait ->
+        -- AccountWaiting; UnSent again -> RetryScheduled; else Failed.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            a.ID,
+            a.AppName,
+            CASE
+                WHEN @Disposition = N'Wait' THEN N'AccountWaiting'
+                WHEN a.Status = N'UnSent' THEN N'RetryScheduled'
+                ELSE N'Failed'
+            END,
+            a.Status,
+            a.AttemptNo,
+            @SmtpCode,
+            @Error,
+            @Now
+        FROM @Acked AS a;
 
         IF @Disposition = N'Wait'
             UPDATE s

@@ -17,7 +17,8 @@ Transaction: opens its own if none is open, else works inside the caller's
              error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
              or rolls back the caller's transaction, so the caller must roll back.
 Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt.
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.MailEvent (insert).
 Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
 */
 CREATE OR ALTER PROCEDURE mailq.MarkSent
@@ -41,7 +42,7 @@ BEGIN
     END;
 
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    DECLARE @Acked TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+    DECLARE @Acked TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL, AppName NVARCHAR(128) NULL);
 
     -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
@@ -59,7 +60,7 @@ BEGIN
             q.DateProcessed = @Now,
             q.DryRun = @DryRun,
             q.LastError = NULL
-        OUTPUT inserted.ID, inserted.AttemptCount INTO @Acked (ID, AttemptNo)
+        OUTPUT inserted.ID, inserted.AttemptCount, inserted.AppName INTO @Acked (ID, AttemptNo, AppName)
         FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
@@ -72,6 +73,13 @@ BEGIN
             t.ErrorText = @SmtpText
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        -- One Sent (or DryRun) event per mail changed, in this transaction
+        -- (docs/events.md).  A repeated acknowledgement changes no row above
+        -- and so writes no second event.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT a.ID, a.AppName, IIF(@DryRun = 1, N'DryRun', N'Sent'), N'Sent', a.AttemptNo, @SmtpCode, @SmtpText, @Now
+        FROM @Acked AS a;
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY

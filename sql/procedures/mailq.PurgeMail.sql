@@ -1,7 +1,7 @@
 /*
-mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired)
-whose DateProcessed is older than @OlderThanDays days, with its attempts and
-attachments.  Works in batches of @BatchSize mails, one short transaction
+mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
+Stopped) whose DateProcessed is older than @OlderThanDays days, with its
+attempts, attachments and events (mailq.MailEvent).  Works in batches of @BatchSize mails, one short transaction
 per batch.  Rows locked by others are skipped (READPAST) and picked up by
 the next purge.
 Batch size and lock escalation: SQL Server escalates to a table lock when
@@ -27,7 +27,7 @@ Isolation:   sets READ COMMITTED itself (READPAST is refused under SERIALIZABLE,
              locks and READPAST can skip them.
 Lock order:  mailq.MailQueue clustered rows first (U, in ID order), then
              mailq.MailAttempt, then mailq.MailAttachment, then
-             mailq.MailRecipientOutcome, then the MailQueue
+             mailq.MailRecipientOutcome, then mailq.MailEvent, then the MailQueue
              rows' deletion: the order of every procedure (docs/guarantees.md).
              The candidates are found on IX_MailQueue_Final without keeping a
              lock on it, so RequeueMail (clustered row, then the index key)
@@ -85,7 +85,7 @@ BEGIN
             SELECT TOP (@BatchSize) q.ID
             FROM mailq.MailQueue AS q WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
             WHERE
-                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired')
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff
             ORDER BY q.DateProcessed ASC, q.ID ASC;
 
@@ -105,7 +105,7 @@ BEGIN
             INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), UPDLOCK, READPAST, ROWLOCK)
                 ON c.ID = q.ID
             WHERE
-                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired')
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff;
 
             -- Every candidate was taken or changed meanwhile: stop here rather
@@ -145,6 +145,20 @@ BEGIN
                 DELETE TOP (1000) o
                 FROM mailq.MailRecipientOutcome AS o WITH (ROWLOCK)
                 WHERE o.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- Events (about five per mail, more with retries): 1000 rows per
+            -- statement, a seek per mail on IX_MailEvent_MailID, never a scan
+            -- of the event history.  Nobody else changes a purged mail's
+            -- events (they are only inserted, with a change of the mail,
+            -- whose row this batch holds).
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) e
+                FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_MailID), FORCESEEK, ROWLOCK)
+                WHERE e.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
 

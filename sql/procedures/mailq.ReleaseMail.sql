@@ -12,7 +12,8 @@ Transaction: opens its own if none is open, else works inside the caller's
              error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
              or rolls back the caller's transaction, so the caller must roll back.
 Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt.
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.MailEvent (insert).
 Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.ReleaseMail
@@ -25,7 +26,7 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+    DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL, AppName NVARCHAR(128) NULL);
 
     -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
@@ -40,7 +41,7 @@ BEGIN
             q.ThreadLock = NULL,
             q.VisibleAtUtc = @Now,
             q.AttemptsRemaining = q.AttemptsRemaining + 1
-        OUTPUT inserted.ID, inserted.AttemptCount INTO @Released (ID, AttemptNo)
+        OUTPUT inserted.ID, inserted.AttemptCount, inserted.AppName INTO @Released (ID, AttemptNo, AppName)
         FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
@@ -51,6 +52,11 @@ BEGIN
             t.Outcome = N'Released'
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Released AS r ON t.MailID = r.ID AND t.AttemptNo = r.AttemptNo;
+
+        -- One Released event per mail, in this transaction (docs/events.md).
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT r.ID, r.AppName, N'Released', N'UnSent', r.AttemptNo, NULL, NULL, @Now
+        FROM @Released AS r;
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY

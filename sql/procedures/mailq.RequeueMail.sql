@@ -1,5 +1,5 @@
 /*
-mailq.RequeueMail: puts a Failed, Cancelled or Expired mail back in the
+mailq.RequeueMail: puts a Failed, Cancelled, Expired or Stopped mail back in the
 queue (UnSent) with a fresh set of attempts; PossibleDuplicate and the
 attempt history are kept.  An expiry time that is not after the new due time
 is cleared (the mail would otherwise expire at once).
@@ -7,14 +7,15 @@ Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
              @DateToProcess DATETIME2(3) UTC, default now.
 Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
-             50201 unknown mail; 50205 the mail is not Failed, Cancelled or Expired.
+             50201 unknown mail; 50205 the mail is not Failed, Cancelled, Expired or Stopped.
 Transaction: opens its own if none is open, else works inside the caller's
              (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
              error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
              or rolls back the caller's transaction, so the caller must roll back.
 Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
              in a procedure reverts when it returns).
-Lock order:  mailq.MailQueue only (clustered row first, as PurgeMail).
+Lock order:  mailq.MailQueue (clustered row first, as PurgeMail), then
+             mailq.MailEvent (insert).
 Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
 */
 CREATE OR ALTER PROCEDURE mailq.RequeueMail
@@ -53,10 +54,10 @@ BEGIN
             SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
             THROW 50201, @Msg, 1;
         END;
-        IF @Status NOT IN (N'Failed', N'Cancelled', N'Expired')
+        IF @Status NOT IN (N'Failed', N'Cancelled', N'Expired', N'Stopped')
         BEGIN
             SET @Msg = CONCAT(
-                N'Mail ', @ID, N' is ', @Status, N'; only Failed, Cancelled or Expired mail can be requeued.'
+                N'Mail ', @ID, N' is ', @Status, N'; only Failed, Cancelled, Expired or Stopped mail can be requeued.'
             );
             THROW 50205, @Msg, 1;
         END;
@@ -69,6 +70,11 @@ BEGIN
             q.AttemptsRemaining = @MaxAttempts,
             q.ExpiresAtUtc = IIF(q.ExpiresAtUtc > @DateToProcess, q.ExpiresAtUtc, NULL),
             q.DateProcessed = NULL
+        -- The Requeued event in the same statement (docs/events.md).
+        OUTPUT
+            inserted.ID, inserted.AppName, N'Requeued', inserted.Status, inserted.AttemptCount,
+            NULL, NULL, SYSUTCDATETIME()
+        INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
 

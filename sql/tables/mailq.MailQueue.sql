@@ -5,7 +5,10 @@ CC, BCC, Status, ThreadLock, AttemptsRemaining, Priority, Body) and corrected:
 BIGINT ID, NVARCHAR text, UTC DATETIME2(3) times, errors in LastError (never in
 Status).
 
-Status: UnSent (queued) -> Sending (leased) -> Sent | Failed | Cancelled | Expired.
+Status: UnSent (queued) -> Sending (leased) -> Sent | Failed | Cancelled | Expired
+| Stopped (mailq.StopMail, revision 0011).  Every change of Status (and every
+claim, retry and release) writes a row in mailq.MailEvent in the same
+transaction (docs/events.md).
 
 VisibleAtUtc is the one column the claim ranges over: it holds the due time
 while the mail is UnSent and the lease expiry while it is Sending, so "due or
@@ -28,8 +31,9 @@ IdempotencyKey compared as binary text (COLLATE Latin1_General_100_BIN2),
 Body, TextBody, Headers  stored out of row (table option 'large value types
               out of row' = 1, revision 0007): the clustered row keeps a
               16-byte pointer, so claims and counts read narrow rows.
-Revision 0007 changed an existing table in place
-(sql/upgrades/mailq.0007.MailQueue.sql); this file shows the current shape.
+Revisions 0007 and 0011 changed an existing table in place
+(sql/upgrades/mailq.0007.MailQueue.sql, sql/upgrades/mailq.0011.MailQueue.sql);
+this file shows the current shape.
 */
 IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
 BEGIN
@@ -71,7 +75,7 @@ BEGIN
         CONSTRAINT FK_MailQueue_Application FOREIGN KEY (AppName)
         REFERENCES mailq.Application (AppName),
         CONSTRAINT CK_MailQueue_Status CHECK (
-            Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired')
+            Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
         ),
         CONSTRAINT CK_MailQueue_Lease CHECK (
             (Status = N'Sending' AND ThreadLock IS NOT NULL)

@@ -9,7 +9,7 @@ Rows:        every mail of the queue.  db_owner and MailqAdmin members see all
              of them; anybody else only the mail they sent through
              mailq.SendDbMail (as in msdb, where only sysadmin sees all).
 Mapping:     mailitem_id = MailQueue.ID (NULL above 2,147,483,647);
-             sent_status: Sent -> sent; Failed, Cancelled, Expired -> failed;
+             sent_status: Sent -> sent; Failed, Cancelled, Expired, Stopped -> failed;
              UnSent or Sending after a failed attempt -> retrying; else unsent.
              Dates are the server's local time (datetime, as msdb shows them):
              the queue's UTC times plus the server's current UTC offset.
@@ -57,14 +57,14 @@ SELECT
     CAST(
         CASE
             WHEN q.Status = N'Sent' THEN 'sent'
-            WHEN q.Status IN (N'Failed', N'Cancelled', N'Expired') THEN 'failed'
+            WHEN q.Status IN (N'Failed', N'Cancelled', N'Expired', N'Stopped') THEN 'failed'
             WHEN q.AttemptCount > 0 AND q.LastError IS NOT NULL THEN 'retrying'
             ELSE 'unsent'
         END AS VARCHAR(8)
     ) AS sent_status,
     CAST(
         IIF(
-            q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired'),
+            q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped'),
             DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.SentAtUtc, q.DateProcessed)),
             NULL
         ) AS DATETIME

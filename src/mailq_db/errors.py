@@ -67,6 +67,11 @@ class IdempotencyKeyBusyError(InvalidInputError):
     nothing was written: retry once it ended."""
 
 
+class MailFinalError(MailStateError):
+    """mailq.StopMail: the mail is already final (Sent, Failed, Cancelled,
+    Expired or Stopped); nothing was changed (50260)."""
+
+
 class DelayExecutionError(DatabaseError):
     """Delayed-execution input or state error (50300-50399)."""
 
@@ -85,6 +90,8 @@ SPECIFIC: dict[int, type[DatabaseError]] = {
     50161: SenderNotAllowedError,
     50168: SenderNotAllowedError,
     50162: IdempotencyKeyBusyError,
+    # event stream, issue 16 point 1
+    50260: MailFinalError,
 }
 
 _BLOCKS: list[tuple[range, type[DatabaseError]]] = [

@@ -388,7 +388,7 @@ def requeue_mail(
     conn: Any, *, mail_id: int, max_attempts: int | None = None,
     date_to_process: datetime | None = None,
 ) -> list[AckResult]:
-    """mailq.RequeueMail: put a Failed, Cancelled or Expired mail back in the queue."""
+    """mailq.RequeueMail: put a Failed, Cancelled, Expired or Stopped mail back in the queue."""
     return _acks(_call(conn, REQUEUE_SQL, [mail_id, max_attempts, date_to_process]))
 
 
@@ -786,3 +786,68 @@ DELETE_DBMAIL_PRINCIPAL_PROFILE_SQL = (
 def delete_db_mail_principal_profile(conn: Any, *, profile_name: str, principal_name: str) -> None:
     """mailq.DeleteDbMailPrincipalProfile: withdraw a principal's use of a profile."""
     _call(conn, DELETE_DBMAIL_PRINCIPAL_PROFILE_SQL, [profile_name, principal_name]).close()
+
+
+# --------------------------------------------------------------------------
+# Event stream and StopMail (issue 16, point 1; docs/events.md)
+# --------------------------------------------------------------------------
+
+#: EventType values mailq.MailEvent carries (docs/events.md); never renamed.
+EVENT_TYPES = (
+    "Enqueued", "Claimed", "Sent", "DryRun", "RetryScheduled", "AccountWaiting",
+    "Released", "LeaseExpired", "Failed", "Cancelled", "Expired", "Stopped", "Requeued",
+)
+#: The event types after which a mail changes no more (unless requeued).
+TERMINAL_EVENT_TYPES = frozenset({"Sent", "DryRun", "Failed", "Cancelled", "Expired", "Stopped"})
+
+
+@dataclass(frozen=True)
+class MailEvent:
+    """One row of mailq.GetMailEvents; ``event_id`` is the commit-safe cursor."""
+
+    event_id: int
+    mail_id: int
+    app_name: str | None
+    event_type: str
+    status: str
+    attempt_count: int
+    smtp_code: int | None
+    detail: str | None
+    occurred_at_utc: datetime
+
+    @property
+    def terminal(self) -> bool:
+        return self.event_type in TERMINAL_EVENT_TYPES
+
+
+GET_MAIL_EVENTS_SQL = (
+    "EXEC mailq.GetMailEvents @AppName = ?, @MailID = ?, @AfterEventID = ?, @MaxEvents = ?;"
+)
+
+
+def get_mail_events(
+    conn: Any, *, app_name: str | None = None, mail_id: int | None = None,
+    after_event_id: int = 0, max_events: int | None = None,
+) -> list[MailEvent]:
+    """mailq.GetMailEvents: the events of one application (``app_name``) or one
+    mail (``mail_id``) after ``after_event_id``, in order, at most ``max_events``
+    (1-5000, default 500).  Keep the last ``event_id`` and pass it back."""
+    cursor = _call(conn, GET_MAIL_EVENTS_SQL, [app_name, mail_id, after_event_id, max_events])
+    return [
+        MailEvent(
+            int(r.EventID), int(r.MailID), r.AppName, r.EventType, r.Status,
+            int(r.AttemptCount), None if r.SmtpCode is None else int(r.SmtpCode),
+            r.Detail, r.OccurredAtUtc,
+        )
+        for r in _rows(cursor)
+    ]
+
+
+STOP_MAIL_SQL = "EXEC mailq.StopMail @MailID = ?, @Reason = ?;"
+
+
+def stop_mail(conn: Any, *, mail_id: int, reason: str) -> list[AckResult]:
+    """mailq.StopMail: end an UnSent or Sending mail as Stopped with a reason (no
+    more attempts; a worker's later acknowledgement is fenced out).  A final
+    mail raises MailFinalError (50260)."""
+    return _acks(_call(conn, STOP_MAIL_SQL, [mail_id, reason]))

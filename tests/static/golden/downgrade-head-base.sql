@@ -92,6 +92,2867 @@ GO
 
 BEGIN TRANSACTION;
 
+-- Running downgrade 0011 -> 0010
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 0
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0011')
+BEGIN
+    SET @Msg = CONCAT(N'This downgrade removes revision 0011; ', QUOTENAME(DB_NAME()),
+        N' is at ', ISNULL(@Current, N'no revision'),
+        N'. Render the downgrade for this database with: mailq-db deploy --sql --downgrade ', ISNULL(@Current, N'head'), N':<target>.');
+    THROW 50411, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_allitems: msdb.dbo.sysmail_allitems's columns (names and types
+as documented,
+https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-allitems-transact-sql)
+over this queue, so that a monitoring query written for Database Mail runs
+here by changing msdb.dbo to mailq.  Lower-case names on purpose: they are
+Database Mail's.
+Rows:        every mail of the queue.  db_owner and MailqAdmin members see all
+             of them; anybody else only the mail they sent through
+             mailq.SendDbMail (as in msdb, where only sysadmin sees all).
+Mapping:     mailitem_id = MailQueue.ID (NULL above 2,147,483,647);
+             sent_status: Sent -> sent; Failed, Cancelled, Expired -> failed;
+             UnSent or Sending after a failed attempt -> retrying; else unsent.
+             Dates are the server's local time (datetime, as msdb shows them):
+             the queue's UTC times plus the server's current UTC offset.
+             Text columns keep the documented types: body, recipients and query
+             are varchar(max) there, so characters outside the database's code
+             page show as '?'; mailq.MailQueue keeps the Unicode original.
+             profile_id and the query columns come from mailq.DbMailItem (NULL
+             for mail queued by mailq.EnqueueMail); file_attachments lists
+             the mail's attachment file names; sent_account_id is the
+             account's mailq.DbMailAccount ID (NULL for an account in no profile).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_allitems
+AS
+-- The server's current offset from UTC (SYSDATETIME is local time; on Azure
+-- SQL Database both are UTC).  SQL Server 2019 has no CURRENT_TIMEZONE_ID, so
+-- rows from the other side of a daylight-saving change are an hour off.
+WITH Clock AS (
+    SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
+)
+
+SELECT
+    CAST(IIF(q.ID <= 2147483647, q.ID, NULL) AS INT) AS mailitem_id,
+    i.ProfileID AS profile_id,
+    CAST(q.ToAddress AS VARCHAR(MAX)) AS recipients,
+    CAST(q.CC AS VARCHAR(MAX)) AS copy_recipients,
+    CAST(q.BCC AS VARCHAR(MAX)) AS blind_copy_recipients,
+    CAST(q.Subject AS NVARCHAR(510)) AS subject,
+    CAST(q.Body AS VARCHAR(MAX)) AS body,
+    CAST(UPPER(q.BodyFormat) AS VARCHAR(20)) AS body_format,
+    CAST(COALESCE(i.Importance, 'NORMAL') AS VARCHAR(6)) AS importance,
+    CAST(COALESCE(i.Sensitivity, 'NORMAL') AS VARCHAR(12)) AS sensitivity,
+    CAST(f.FileNames AS VARCHAR(MAX)) AS file_attachments,
+    CAST('MIME' AS VARCHAR(20)) AS attachment_encoding,
+    CAST(i.Query AS VARCHAR(MAX)) AS query,
+    CAST(i.ExecuteQueryDatabase AS SYSNAME) AS execute_query_database,
+    i.AttachQueryResultAsFile AS attach_query_result_as_file,
+    i.QueryResultHeader AS query_result_header,
+    i.QueryResultWidth AS query_result_width,
+    CAST(i.QueryResultSeparator AS CHAR(1)) AS query_result_separator,
+    i.ExcludeQueryOutput AS exclude_query_output,
+    i.AppendQueryError AS append_query_error,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, q.dtStamp) AS DATETIME) AS send_request_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS send_request_user,
+    da.AccountID AS sent_account_id,
+    CAST(
+        CASE
+            WHEN q.Status = N'Sent' THEN 'sent'
+            WHEN q.Status IN (N'Failed', N'Cancelled', N'Expired') THEN 'failed'
+            WHEN q.AttemptCount > 0 AND q.LastError IS NOT NULL THEN 'retrying'
+            ELSE 'unsent'
+        END AS VARCHAR(8)
+    ) AS sent_status,
+    CAST(
+        IIF(
+            q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired'),
+            DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.SentAtUtc, q.DateProcessed)),
+            NULL
+        ) AS DATETIME
+    ) AS sent_date,
+    CAST(
+        DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.DateProcessed, q.dtStamp)) AS DATETIME
+    ) AS last_mod_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
+FROM mailq.MailQueue AS q
+CROSS JOIN Clock AS k
+LEFT JOIN mailq.DbMailItem AS i ON q.ID = i.MailID
+LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
+OUTER APPLY (
+    SELECT STRING_AGG(CONVERT(NVARCHAR(MAX), t.FileName), N';') WITHIN GROUP (ORDER BY t.AttachmentNo) AS FileNames
+    FROM mailq.MailAttachment AS t
+    WHERE t.MailID = q.ID
+) AS f
+WHERE
+    IS_MEMBER(N'db_owner') = 1
+    OR IS_MEMBER(N'MailqAdmin') = 1
+    OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME());
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.EnqueueMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.EnqueueMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ClaimMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ClaimMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ExtendLease') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ExtendLease FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ReleaseMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ReleaseMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MarkSent') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MarkSent FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MarkFailed') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MarkFailed FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.RequeueMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.RequeueMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.CancelMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.CancelMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.PurgeMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.PurgeMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UpsertSendingAccount') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UpsertSendingAccount FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UnblockSendingAccount') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UnblockSendingAccount FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UpsertApplication') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UpsertApplication FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.BindApplication') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.BindApplication FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UnbindApplication') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UnbindApplication FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MoveBodiesOutOfRow') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MoveBodiesOutOfRow FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.GetQueueStats') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetQueueStats FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.GetInstallationHealth') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetInstallationHealth FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.QueueCountsByStatus') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.QueueCountsByStatus FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.OldestDueMail') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.OldestDueMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ThroughputPerHour') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.ThroughputPerHour FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.RecentFailures') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.RecentFailures FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.GetMailEvents') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetMailEvents FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.StopMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.StopMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin: every public mailq procedure and the reporting
+views (views are read-only reports, not table rights).
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RequeueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.CancelMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.PurgeMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UnblockSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.BindApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UnbindApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MoveBodiesOutOfRow TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.QueueCountsByStatus TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.OldestDueMail TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.ThroughputPerHour TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.RecentFailures TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.EnqueueMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.EnqueueMail FROM MailqEnqueuer;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.GetMailEvents') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetMailEvents FROM MailqEnqueuer;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqEnqueuer: enqueue mail, nothing else.  Object-level
+grants (not SCHEMA::mailq) so that internal procedures such as
+mailq.LockLeasedMail stay out of reach.  The enqueue role cannot claim or
+acknowledge (no grant on mailq.ClaimMail, MarkSent...), cannot change its own
+bindings (mailq.BindApplication is MailqAdmin's), and what it may send as is
+limited per application by mailq.ApplicationAccount / mailq.ApplicationFrom
+(tests/integration/test_mailq_roles.py).
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqEnqueuer;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.StopMail;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.GetMailEvents;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired)
+whose DateProcessed is older than @OlderThanDays days, with its attempts and
+attachments.  Works in batches of @BatchSize mails, one short transaction
+per batch.  Rows locked by others are skipped (READPAST) and picked up by
+the next purge.
+Batch size and lock escalation: SQL Server escalates to a table lock when
+one statement takes 5,000 locks on one index (or one table) reference
+("Lock escalation" in Microsoft's transaction locking and row versioning
+guide).  Every statement here stays far below: the parent delete touches at
+most @BatchSize <= 1000 rows per index, children are deleted 1000 rows per
+statement (recipient outcomes too, before the parent delete, whose ON DELETE
+CASCADE would otherwise remove up to 100 of them per mail in one statement).
+The queue stays available to workers and enqueuers meanwhile.
+Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
+             @BatchSize INT 1-1000, default 500.
+Result set:  one row: PurgedCount BIGINT.
+Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
+             over 36500 (the cutoff date would underflow, error 517);
+             50140 @BatchSize out of range; 50141 called inside a transaction.
+Transaction: must not be called inside a transaction (50141): each batch
+             commits on its own, which is the point.  An error rolls back the
+             current batch only (earlier batches stay purged) and is re-raised.
+Isolation:   sets READ COMMITTED itself (READPAST is refused under SERIALIZABLE,
+             REPEATABLE READ and SNAPSHOT, error 650); the candidate read says
+             READCOMMITTEDLOCK so that, under READ_COMMITTED_SNAPSHOT, it sees
+             locks and READPAST can skip them.
+Lock order:  mailq.MailQueue clustered rows first (U, in ID order), then
+             mailq.MailAttempt, then mailq.MailAttachment, then
+             mailq.MailRecipientOutcome, then the MailQueue
+             rows' deletion: the order of every procedure (docs/guarantees.md).
+             The candidates are found on IX_MailQueue_Final without keeping a
+             lock on it, so RequeueMail (clustered row, then the index key)
+             can no longer deadlock with a purge (issue 10, point 7).
+Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
+*/
+CREATE OR ALTER PROCEDURE mailq.PurgeMail
+    @OlderThanDays INT,
+    @BatchSize INT = 500
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @OlderThanDays IS NULL OR @OlderThanDays < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@OlderThanDays must be 0 or more; got ', COALESCE(CAST(@OlderThanDays AS NVARCHAR(12)), N'NULL'), N'.'
+        );
+        THROW 50135, @Msg, 1;
+    END;
+    IF @OlderThanDays > 36500
+    BEGIN
+        SET @Msg = CONCAT(N'@OlderThanDays must be at most 36500 (100 years); got ', @OlderThanDays, N'.');
+        THROW 50163, @Msg, 1;
+    END;
+    SET @BatchSize = COALESCE(@BatchSize, 500);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50140, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50141, N'mailq.PurgeMail commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
+    DECLARE @Purged BIGINT = 0;
+    DECLARE @Candidate TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Batch TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Deleted INT;
+
+    WHILE 1 = 1
+    BEGIN
+        DELETE FROM @Candidate;
+        DELETE FROM @Batch;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
+            --    oldest first.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks
+            --    released row by row, rows others hold are skipped; nothing on
+            --    the index stays locked while the rows below are taken.
+            INSERT INTO @Candidate (ID)
+            SELECT TOP (@BatchSize) q.ID
+            FROM mailq.MailQueue AS q WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+            WHERE
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired')
+                AND q.DateProcessed < @Cutoff
+            ORDER BY q.DateProcessed ASC, q.ID ASC;
+
+            IF @@ROWCOUNT = 0
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            -- 2. Lock the batch on the clustered index (the first lock every
+            --    procedure takes on a mail) and re-check: a candidate may have
+            --    been requeued in between.  FORCESEEK on the primary key keeps
+            --    the plan off IX_MailQueue_Final.
+            INSERT INTO @Batch (ID)
+            SELECT q.ID
+            FROM @Candidate AS c
+            INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), UPDLOCK, READPAST, ROWLOCK)
+                ON c.ID = q.ID
+            WHERE
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired')
+                AND q.DateProcessed < @Cutoff;
+
+            -- Every candidate was taken or changed meanwhile: stop here rather
+            -- than spin; the next purge picks them up.
+            IF NOT EXISTS (SELECT 1 FROM @Batch)
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            -- 3. Children, 1000 rows per statement, attempts before attachments.
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) t
+                FROM mailq.MailAttempt AS t WITH (ROWLOCK)
+                WHERE t.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) a
+                FROM mailq.MailAttachment AS a WITH (ROWLOCK)
+                WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- Recipient outcomes (up to 100 per mail) here too, not through the
+            -- ON DELETE CASCADE of the parent delete: that one statement would
+            -- lock up to 100 x @BatchSize rows of mailq.MailRecipientOutcome
+            -- and escalate to a table lock past 5,000.
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) o
+                FROM mailq.MailRecipientOutcome AS o WITH (ROWLOCK)
+                WHERE o.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- 4. The mails themselves (rows already held since step 2).
+            DELETE q
+            FROM mailq.MailQueue AS q WITH (ROWLOCK)
+            WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
+            SET @Purged += @@ROWCOUNT;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+    END;
+
+    SELECT @Purged AS PurgedCount;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RequeueMail: puts a Failed, Cancelled or Expired mail back in the
+queue (UnSent) with a fresh set of attempts; PossibleDuplicate and the
+attempt history are kept.  An expiry time that is not after the new due time
+is cleared (the mail would otherwise expire at once).
+Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
+             @DateToProcess DATETIME2(3) UTC, default now.
+Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
+             50201 unknown mail; 50205 the mail is not Failed, Cancelled or Expired.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
+             in a procedure reverts when it returns).
+Lock order:  mailq.MailQueue only (clustered row first, as PurgeMail).
+Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
+*/
+CREATE OR ALTER PROCEDURE mailq.RequeueMail
+    @ID BIGINT,
+    @MaxAttempts INT = 5,
+    @DateToProcess DATETIME2(3) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ID IS NULL
+        THROW 50136, N'@ID is required.', 1;
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    SET @DateToProcess = COALESCE(@DateToProcess, SYSUTCDATETIME());
+
+    DECLARE @Status NVARCHAR(16);
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK: check and change under one lock.
+        SELECT @Status = q.Status
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+        WHERE q.ID = @ID;
+
+        IF @Status IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
+            THROW 50201, @Msg, 1;
+        END;
+        IF @Status NOT IN (N'Failed', N'Cancelled', N'Expired')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Mail ', @ID, N' is ', @Status, N'; only Failed, Cancelled or Expired mail can be requeued.'
+            );
+            THROW 50205, @Msg, 1;
+        END;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.DateToProcess = @DateToProcess,
+            q.VisibleAtUtc = @DateToProcess,
+            q.AttemptsRemaining = @MaxAttempts,
+            q.ExpiresAtUtc = IIF(q.ExpiresAtUtc > @DateToProcess, q.ExpiresAtUtc, NULL),
+            q.DateProcessed = NULL
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @ID AS ID,
+        N'UnSent' AS Status,
+        @DateToProcess AS NextAttemptUtc;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.CancelMail: cancels a mail that is waiting to be sent (UnSent).  A mail
+being sent (Sending) cannot be cancelled safely: the SMTP server may already
+have it; cancel again after it was acknowledged, or let it finish.
+Parameters:  @ID BIGINT, required.
+Result set:  one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
+Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
+             in a procedure reverts when it returns).
+Lock order:  mailq.MailQueue only.
+Example:     EXEC mailq.CancelMail @ID = 101;
+*/
+CREATE OR ALTER PROCEDURE mailq.CancelMail
+    @ID BIGINT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ID IS NULL
+        THROW 50136, N'@ID is required.', 1;
+
+    DECLARE @Status NVARCHAR(16);
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK: read and change the row under one lock, so a claim cannot
+        -- slip in between the check and the update.
+        SELECT @Status = q.Status
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+        WHERE q.ID = @ID;
+
+        IF @Status IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
+            THROW 50201, @Msg, 1;
+        END;
+        IF @Status <> N'UnSent'
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' is ', @Status, N'; only an UnSent mail can be cancelled.');
+            THROW 50204, @Msg, 1;
+        END;
+
+        UPDATE q
+        SET
+            q.Status = N'Cancelled',
+            q.DateProcessed = SYSUTCDATETIME()
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @ID AS ID,
+        N'Cancelled' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
+nothing.  @Disposition follows TinyMail's error classes:
+  Retry  transient (4xx on the mail, dropped connection, timeout): the attempt
+         is consumed; the mail is UnSent again after @RetryAfterSeconds, or
+         after exponential backoff with jitter: 30 s * 2^(attempt-1), at most
+         1 hour, times a random 0.8-1.2; Failed when no attempt is left.
+  Wait   the account is throttled or locked (421, rate limits): the attempt is
+         refunded, the mail is UnSent again after @RetryAfterSeconds (default
+         60), and the account is blocked until then (ClaimMail skips it).
+  Stop   permanent (5xx, malformed mail): Failed at once.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @Disposition NVARCHAR(8),
+             required; @Error NVARCHAR(4000), required: what happened;
+             @RetryAfterSeconds INT 0-604800, optional; @SmtpCode INT 200-599, optional.
+Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc
+             (NULL when Failed).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50133 @Disposition unknown; 50134 @RetryAfterSeconds out of range;
+             50139 @Error missing; 50147 @SmtpCode out of range.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.SendingAccount (Wait only).
+Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
+                 @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkFailed
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @Disposition NVARCHAR(20),
+    @Error NVARCHAR(4000),
+    @RetryAfterSeconds INT = NULL,
+    @SmtpCode INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @Disposition IS NULL OR @Disposition NOT IN (N'Retry', N'Wait', N'Stop')
+    BEGIN
+        SET @Msg = CONCAT(N'@Disposition must be Retry, Wait or Stop; got ''', @Disposition, N'''.');
+        THROW 50133, @Msg, 1;
+    END;
+    IF NULLIF(LTRIM(RTRIM(@Error)), N'') IS NULL
+        THROW 50139, N'@Error is required: say what failed (the SMTP reply or the exception).', 1;
+    IF @RetryAfterSeconds NOT BETWEEN 0 AND 604800
+    BEGIN
+        SET @Msg = CONCAT(N'@RetryAfterSeconds must be 0-604800 (7 days); got ', @RetryAfterSeconds, N'.');
+        THROW 50134, @Msg, 1;
+    END;
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @WaitUntil DATETIME2(3) = DATEADD(SECOND, COALESCE(@RetryAfterSeconds, 60), @Now);
+    DECLARE @Acked TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AttemptNo INT NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        Status NVARCHAR(16) NOT NULL,
+        NextAttemptUtc DATETIME2(3) NULL
+    );
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        WITH Outcome AS (
+            SELECT
+                q.ID,
+                q.AccountName,
+                q.Status,
+                q.ThreadLock,
+                q.VisibleAtUtc,
+                q.AttemptsRemaining,
+                q.AttemptCount,
+                q.DateProcessed,
+                q.LastError,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN N'UnSent'
+                    WHEN @Disposition = N'Retry' AND q.AttemptsRemaining > 0 THEN N'UnSent'
+                    ELSE N'Failed'
+                END AS NewStatus,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN @WaitUntil
+                    WHEN @RetryAfterSeconds IS NOT NULL THEN DATEADD(SECOND, @RetryAfterSeconds, @Now)
+                    -- Exponential backoff with jitter; NEWID() gives each row its own.
+                    ELSE DATEADD(
+                        MILLISECOND,
+                        CAST(
+                            IIF(
+                                q.AttemptCount >= 8, 3600,
+                                30 * POWER(2, IIF(q.AttemptCount < 1, 0, q.AttemptCount - 1))
+                            )
+                            -- modulo before ABS: ABS(-2147483648) would overflow
+                            * (800 + ABS(CHECKSUM(NEWID()) % 401)) AS INT
+                        ),
+                        @Now
+                    )
+                END AS RetryAtUtc
+            FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
+            INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+            WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
+        )
+
+        UPDATE o
+        SET
+            o.Status = o.NewStatus,
+            o.ThreadLock = NULL,
+            o.VisibleAtUtc = IIF(o.NewStatus = N'UnSent', o.RetryAtUtc, o.VisibleAtUtc),
+            -- Wait is not the mail's fault: its attempt is refunded.
+            o.AttemptsRemaining = o.AttemptsRemaining + IIF(@Disposition = N'Wait', 1, 0),
+            o.DateProcessed = @Now,
+            o.LastError = @Error
+        OUTPUT
+            inserted.ID,
+            inserted.AttemptCount,
+            inserted.AccountName,
+            inserted.Status,
+            IIF(inserted.Status = N'UnSent', inserted.VisibleAtUtc, NULL)
+        INTO @Acked (ID, AttemptNo, AccountName, Status, NextAttemptUtc)
+        FROM Outcome AS o;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = @Disposition,
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @Error
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @Disposition = N'Wait'
+            UPDATE s
+            SET
+                s.BlockedUntilUtc = IIF(s.BlockedUntilUtc > @WaitUntil, s.BlockedUntilUtc, @WaitUntil),
+                s.BlockReason = @Error
+            FROM mailq.SendingAccount AS s
+            WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        a.ID,
+        a.Status,
+        a.NextAttemptUtc
+    FROM @Acked AS a
+    ORDER BY a.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkSent: records mails as sent; fenced by the lock token and all or
+nothing, so one call acknowledges every mail sent on one SMTP connection.
+Repeatable: a mail this token already marked Sent is accepted again and left
+unchanged, so a worker whose connection dropped before the reply can simply
+call again.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
+             exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
+             final reply, optional; @DryRun BIT, default 0: 1 records that
+             nothing was sent (worker dry-run mode).
+Result set:  one row per mail named: ID, Status ('Sent'), NextAttemptUtc (NULL).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50147 @SmtpCode out of range.  On any error nothing is written.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt.
+Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkSent
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @SmtpCode INT = NULL,
+    @SmtpText NVARCHAR(4000) = NULL,
+    @DryRun BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @DryRun = COALESCE(@DryRun, 0);
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Acked TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail
+            @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
+
+        UPDATE q
+        SET
+            q.Status = N'Sent',
+            q.ThreadLock = NULL,
+            q.SentAtUtc = @Now,
+            q.DateProcessed = @Now,
+            q.DryRun = @DryRun,
+            q.LastError = NULL
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Acked (ID, AttemptNo)
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = IIF(@DryRun = 1, N'DryRun', N'Sent'),
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @SmtpText
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        l.ID,
+        N'Sent' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    ORDER BY l.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ReleaseMail: gives back mails a worker holds but has not sent (e.g. on
+shutdown): UnSent and due now, the attempt refunded, the attempt row closed
+as Released.  Fenced by the lock token, all or nothing.  The rate budget the
+claim took is not refunded (limits stay conservative).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required.
+Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt.
+Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.ReleaseMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.ThreadLock = NULL,
+            q.VisibleAtUtc = @Now,
+            q.AttemptsRemaining = q.AttemptsRemaining + 1
+        OUTPUT inserted.ID, inserted.AttemptCount INTO @Released (ID, AttemptNo)
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Released'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Released AS r ON t.MailID = r.ID AND t.AttemptNo = r.AttemptNo;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        r.ID,
+        N'UnSent' AS Status,
+        @Now AS NextAttemptUtc
+    FROM @Released AS r
+    ORDER BY r.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.FinalizeMail: moves queued mail that can never be sent to its final
+state, in small batches, so that the claim never has to (issue 10, point 2):
+  * out of attempts: UnSent/Sending, AttemptsRemaining = 0, lease expired
+    (the worker holding the last attempt died or stalled) -> Failed,
+    "No attempt left after an abandoned lease. Last error: ...";
+  * expired: UnSent (due or not), or Sending with an expired lease, whose
+    ExpiresAtUtc passed -> Expired.  A live lease is left to its worker.
+Whatever the account: blocked accounts and accounts no worker serves
+included (their mail expires as docs/guarantees.md promises).  A reclaimed
+lease is flagged PossibleDuplicate and its open attempt closed 'Abandoned',
+as ClaimMail does when it reclaims.  Out of attempts wins over expired.
+
+Each batch is one short transaction of at most @BatchSize mails per
+statement: a range seek on IX_MailQueue_Finalize / IX_MailQueue_Expiry, TOP,
+clustered seeks; reads and locks proportional to @BatchSize (far below the
+5,000 locks per statement that trigger lock escalation).  Batches repeat
+until one finds fewer than @BatchSize mails or @MaxBatches ran; the next
+call continues.  Workers call it on a timer (src/mailq_db/worker/loop.py,
+every 60 s); a SQL Agent job or an elastic job can call it instead (see
+docs/finalization.md).
+
+Parameters:  @BatchSize  INT 1-1000, default 200: mails per statement
+             @MaxBatches INT 1-1000, default 50: batches per call
+Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT
+             (1: the last batch was full; call again)
+Errors:      50150 @BatchSize out of range; 50151 @MaxBatches out of range;
+             50152 called inside a transaction.
+Transaction: must not be called inside a transaction (50152): each batch
+             commits on its own, which is what keeps it small.  An error
+             rolls back the batch under way (earlier batches stay) and is
+             re-raised.
+Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
+Lock order:  mailq.MailQueue (U -> X), then mailq.MailAttempt (X), as in
+             mailq.ClaimMail.
+Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
+*/
+CREATE OR ALTER PROCEDURE mailq.FinalizeMail
+    @BatchSize INT = 200,
+    @MaxBatches INT = 50
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 200);
+    SET @MaxBatches = COALESCE(@MaxBatches, 50);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50150, @Msg, 1;
+    END;
+    IF @MaxBatches NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxBatches must be 1-1000; got ', @MaxBatches, N'.');
+        THROW 50151, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50152, N'mailq.FinalizeMail commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Done TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        NewStatus NVARCHAR(16) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL
+    );
+    DECLARE @Now DATETIME2(3);
+    DECLARE @Failed INT = 0;
+    DECLARE @Expired INT = 0;
+    DECLARE @Rows INT;
+    DECLARE @ExpiredRows INT;
+    DECLARE @Batches INT = 0;
+    DECLARE @MoreLeft BIT = 0;
+
+    WHILE @Batches < @MaxBatches
+    BEGIN
+        SET @Batches += 1;
+        SET @Now = SYSUTCDATETIME();
+        DELETE FROM @Done;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- Out of attempts, lease expired.  IX_MailQueue_Finalize: range
+            -- seek on VisibleAtUtc <= @Now within its filter.
+            --   READPAST: skip rows others hold (a worker acknowledging its
+            --     last attempt right now), never wait on them;
+            --   UPDLOCK, ROWLOCK: row-grain update locks while reading.
+            WITH Dead AS (
+                SELECT TOP (@BatchSize)
+                    q.ID,
+                    q.Status,
+                    q.ThreadLock,
+                    q.PossibleDuplicate,
+                    q.DateProcessed,
+                    q.LastError
+                FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Finalize), READPAST, UPDLOCK, ROWLOCK)
+                WHERE
+                    q.Status IN (N'UnSent', N'Sending')
+                    AND q.AttemptsRemaining = 0
+                    AND q.VisibleAtUtc <= @Now
+                ORDER BY q.VisibleAtUtc ASC, q.ID ASC
+            )
+
+            UPDATE d
+            SET
+                d.Status = N'Failed',
+                d.ThreadLock = NULL,
+                d.PossibleDuplicate = IIF(d.Status = N'Sending', CAST(1 AS BIT), d.PossibleDuplicate),
+                d.DateProcessed = @Now,
+                d.LastError = LEFT(CONCAT(N'No attempt left after an abandoned lease. Last error: ', d.LastError), 4000)
+            OUTPUT inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken)
+            FROM Dead AS d;
+            SET @Rows = @@ROWCOUNT;
+            SET @Failed += @Rows;
+            -- (@Rows: the fuller of the two statements decides whether to go on)
+
+            -- Expired.  IX_MailQueue_Expiry: range seek on ExpiresAtUtc <=
+            -- @Now; a live lease (Sending, VisibleAtUtc in the future) is left
+            -- to its worker.  Same hints, same reasons.
+            WITH Late AS (
+                SELECT TOP (@BatchSize)
+                    q.ID,
+                    q.Status,
+                    q.ThreadLock,
+                    q.PossibleDuplicate,
+                    q.DateProcessed,
+                    q.LastError
+                FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Expiry), READPAST, UPDLOCK, ROWLOCK)
+                WHERE
+                    q.Status IN (N'UnSent', N'Sending')
+                    AND q.ExpiresAtUtc IS NOT NULL
+                    AND q.ExpiresAtUtc <= @Now
+                    AND (q.Status = N'UnSent' OR q.VisibleAtUtc <= @Now)
+                ORDER BY q.ExpiresAtUtc ASC, q.ID ASC
+            )
+
+            UPDATE l
+            SET
+                l.Status = N'Expired',
+                l.ThreadLock = NULL,
+                l.PossibleDuplicate = IIF(l.Status = N'Sending', CAST(1 AS BIT), l.PossibleDuplicate),
+                l.DateProcessed = @Now,
+                l.LastError = N'Expired before it could be sent (ExpiresAtUtc passed).'
+            OUTPUT inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken)
+            FROM Late AS l;
+            -- Read @@ROWCOUNT once: an assignment resets it.
+            SET @ExpiredRows = @@ROWCOUNT;
+            SET @Expired += @ExpiredRows;
+            IF @ExpiredRows > @Rows SET @Rows = @ExpiredRows;
+
+            -- Close the attempts of the leases given up (seek by mail ID).
+            UPDATE t
+            SET
+                t.EndedAtUtc = @Now,
+                t.Outcome = N'Abandoned',
+                t.ErrorText = IIF(
+                    d.NewStatus = N'Failed',
+                    N'Lease expired before the worker acknowledged; no attempt left.',
+                    N'Lease expired before the worker acknowledged; the mail expired.'
+                )
+            FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+            INNER JOIN @Done AS d
+                ON t.MailID = d.ID AND t.LockToken = d.OldLockToken
+            WHERE d.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+
+        IF @Rows < @BatchSize
+        BEGIN
+            SET @MoreLeft = 0;
+            BREAK;
+        END;
+        SET @MoreLeft = 1;
+    END;
+
+    SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its cost
+is bounded by the batch and the number of accounts that can send now, never
+by the backlog that cannot be sent (issue 10, point 1).
+
+Claimable: UnSent and due, or Sending with an expired lease (its worker died
+or stalled): VisibleAtUtc <= now in both cases; with an attempt left and not
+past ExpiresAtUtc.  Mail past its expiry or out of attempts is never taken
+here: mailq.FinalizeMail moves it to Expired/Failed in bounded batches, so
+every row this procedure takes is returned to the worker.
+
+How (a small fixed number of statements in one transaction):
+ 1. Accounts: the sending accounts the worker serves (@AccountNames), that
+    are not blocked (BlockedUntilUtc), with what is left of their rate budget.
+    Budget rows are read WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK), one
+    seek per such account (only its row is locked): an account whose
+    budget another claimer holds is skipped for this claim, never waited on.
+    The clock (@Now) is read AFTER those locks are held, and a stored window
+    start later than @Now's window is kept (windows never move backwards), so
+    the mails charged to any window never exceed the account's limit, also
+    with claimers racing at a window boundary (issue 10, point 6; spin model
+    models/mailqueue.pml -DRATE).  Accounts without budget are dropped.  With
+    more such accounts than @BatchSize, those without claimable mail are
+    dropped (one row-free EXISTS probe each) and @BatchSize of the rest are
+    drawn at random per claim (so no account starves and the lock bound
+    below holds).
+ 2. Passes (at most 3): one UPDATE each, driven by those accounts: CROSS APPLY
+    a per-account TOP (cap) on IX_MailQueue_ClaimByAccount (FORCESEEK), in
+    Priority DESC, VisibleAtUtc, ID order; then TOP (slots left) over those
+    rows in round-robin order (each account's 1st mail, then each one's 2nd,
+    ...; within a turn highest Priority, then oldest due, then ID).
+    Fair share: cap = least of the account's remaining budget and
+    FLOOR(slots left / accounts still open), at least 1.  An account that
+    yields fewer rows than its cap is drained; the next pass shares the slots
+    left among the others (max-min fairness).  Within one account the DESIGN.md order
+    holds exactly (highest Priority first, then oldest due, within what can
+    be sent); across accounts the batch is shared, because each account
+    sends over its own connection and budget.  With one account (the common
+    case) the batch is exactly the global order.
+ 3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
+    open one attempt per claimed mail; commit; return the mails.
+Expected plan of a pass (header of IX_MailQueue_ClaimByAccount): Table Scan
+of @Acct (a few rows) -> Nested Loops -> per account Top (Cap) <- Sequence
+Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten ranges:
+AccountName = a, Priority = p, VisibleAtUtc <= @Now; residual AppName,
+AttemptsRemaining, ExpiresAtUtc); above the loop a TopN Sort of at most
+(slots + accounts) rows by Turn; Clustered Index Seek by ID for the UPDATE
+(Clustered Index Update maintains the indexes).  No scan of mailq.MailQueue,
+no Sort below a per-account Top, nothing that reads a non-driving account.
+Bounds per pass statement: rows read (and U-locked) on
+IX_MailQueue_ClaimByAccount <= max(slots left, accounts open) <= @BatchSize;
+at most @BatchSize rows updated, each also taking the key lock of its new
+position in the index: <= 2 x @BatchSize key locks on the index, <=
+@BatchSize on the clustered index (2,000 at the largest batch, 100 at the
+worker's default of 50), never near the 5,000 locks per statement and index
+that trigger lock escalation (Microsoft, "Lock escalation": the threshold
+counts one statement's locks on one index or table).  Limits: an isolated worker (@AppName) reads past
+due mail of OTHER applications on the same account, and every claim reads
+past expired / out-of-attempts mail not yet finalized; both are residual
+predicates on the seek (covered by INCLUDE, no lookup).
+
+Parameters:  @BatchSize    INT 1-1000, default 10
+             @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
+                           this batch; every acknowledgement must present it
+             @LeaseSeconds INT 1-3600, default 300
+             @AppName      NULL (default): claim every application's mail
+                           (competing); a name: only that application's mail (isolated)
+             @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
+             @AccountNames NULL (default): every account; else a JSON array of
+                           the account names this worker can send for (a worker
+                           without credentials for an account never claims its mail)
+Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
+                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
+                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp
+             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
+Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
+             50132 @LeaseSeconds out of range; 50103 a name over its size;
+             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails in distributed transactions,
+             error 627).  An error rolls back what it opened; inside a
+             caller's transaction XACT_ABORT dooms that transaction and the
+             caller must roll it back.  The result sets are read after the
+             claim's statements (the rows are leased to @LockToken).
+Isolation:   sets READ COMMITTED itself (READPAST is refused under
+             SERIALIZABLE and SNAPSHOT, error 650, and REPEATABLE READ would
+             keep every lock it reads; a level set inside a procedure
+             reverts when it returns).  Under READ_COMMITTED_SNAPSHOT the claim's reads still
+             lock: UPDLOCK makes them locking reads of the latest committed
+             rows (Microsoft's "Table hints": UPDLOCK, READPAST).
+Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
+             mailq.MailQueue (U -> X), mailq.MailAttempt (X): the order of
+             every mail-queue procedure that touches several of them.
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
+                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimMail
+    @BatchSize INT = 10,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300,
+    @AppName NVARCHAR(4000) = NULL,
+    @WorkerName NVARCHAR(4000) = NULL,
+    @AccountNames NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 10);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50130, @Msg, 1;
+    END;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: a new GUID per claimed batch.', 1;
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+    IF LEN(@AppName) > 128 OR LEN(@WorkerName) > 128
+        THROW 50103, N'@AppName and @WorkerName are limited to 128 characters.', 1;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50115, @Msg, 1;
+    END;
+
+    -- Separate statements, not one OR: the order in which SQL Server
+    -- evaluates ISJSON() and OPENJSON in one predicate is not guaranteed.
+    DECLARE @AccountsOk BIT = 1;
+    IF @AccountNames IS NOT NULL
+    BEGIN
+        IF ISJSON(@AccountNames) = 0 OR LEFT(LTRIM(@AccountNames), 1) <> N'['
+            SET @AccountsOk = 0;
+        ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@AccountNames) AS j WHERE j.[type] <> 1)
+            SET @AccountsOk = 0;
+    END;
+    IF @AccountsOk = 0
+        THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
+
+    DECLARE @Served TABLE (AccountName NVARCHAR(128) NOT NULL PRIMARY KEY);
+    IF @AccountNames IS NOT NULL
+        INSERT INTO @Served (AccountName)
+        SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
+        FROM OPENJSON(@AccountNames) AS j
+        WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
+
+    DECLARE @Now DATETIME2(3);
+    DECLARE @LeaseUntil DATETIME2(3);
+    DECLARE @MinuteStart DATETIME2(0);
+    DECLARE @HourStart DATETIME2(0);
+    DECLARE @DayStart DATETIME2(0);
+
+    -- The accounts that drive the claim.  Remaining: what the account may
+    -- still take in this claim; Taken: claimed so far; Cap: this pass's
+    -- per-account TOP; IsOpen: may take more in a later pass.
+    DECLARE @Acct TABLE (
+        AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        IsLimited BIT NOT NULL,
+        BlockedUntilUtc DATETIME2(3) NULL,
+        PerMinuteLimit INT NULL,
+        PerHourLimit INT NULL,
+        PerDayLimit INT NULL,
+        MinuteStartUtc DATETIME2(0) NULL,
+        MinuteCount INT NULL,
+        HourStartUtc DATETIME2(0) NULL,
+        HourCount INT NULL,
+        DayStartUtc DATETIME2(0) NULL,
+        DayCount INT NULL,
+        Remaining INT NOT NULL DEFAULT (0),
+        Taken INT NOT NULL DEFAULT (0),
+        Cap INT NOT NULL DEFAULT (0),
+        IsOpen BIT NOT NULL DEFAULT (1)
+    );
+    DECLARE @Claimed TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AccountName NVARCHAR(128) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AttemptNo INT NOT NULL,
+        Pass INT NOT NULL
+    );
+    DECLARE @Pass INT = 0;
+    DECLARE @Left INT = @BatchSize;
+    DECLARE @Open INT;
+    DECLARE @Share INT;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- Accounts without limits: no budget to take, so no lock either.
+        -- A plain read: under READ_COMMITTED_SNAPSHOT it sees the last
+        -- committed BlockedUntilUtc, which is all a claim needs.
+        INSERT INTO @Acct (AccountName, IsLimited, BlockedUntilUtc)
+        SELECT a.AccountName, 0, a.BlockedUntilUtc
+        FROM mailq.SendingAccount AS a
+        WHERE
+            a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- Accounts with limits, and their budget rows.
+        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
+        --           cannot both spend the same remainder (a locking read also
+        --           under READ_COMMITTED_SNAPSHOT);
+        -- READPAST: a budget row held by another claimer is skipped (that
+        --           account's mail waits for the next claim), never waited on;
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page;
+        -- FORCESEEK: one seek on PK_RateBudget per account read above, never
+        --           a scan: a scan U-locks (and keeps) the budget row of
+        --           every account, also those this worker does not serve or
+        --           that have no limit, so claimers serving other accounts
+        --           would read past them and skip accounts no one is using.
+        INSERT INTO @Acct (
+            AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
+            MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
+        )
+        SELECT
+            a.AccountName, 1, a.BlockedUntilUtc, a.PerMinuteLimit, a.PerHourLimit, a.PerDayLimit,
+            b.MinuteStartUtc, b.MinuteCount, b.HourStartUtc, b.HourCount, b.DayStartUtc, b.DayCount
+        FROM mailq.SendingAccount AS a
+        INNER JOIN mailq.RateBudget AS b WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK)
+            ON a.AccountName = b.AccountName
+        WHERE
+            (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- The clock, read while the budget rows are held: every claimer of an
+        -- account reads it under the same lock, one after the other.
+        SET @Now = SYSUTCDATETIME();
+        SET @LeaseUntil = DATEADD(SECOND, @LeaseSeconds, @Now);
+        SET @MinuteStart = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
+        SET @HourStart = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
+        SET @DayStart = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
+
+        DELETE FROM @Acct WHERE BlockedUntilUtc > @Now;
+
+        -- Windows never move backwards: a stored window that starts at or
+        -- after ours is the current one and its count applies (a clock read
+        -- earlier, or a clock set back, cannot reopen a spent window).
+        UPDATE a
+        SET a.Remaining = IIF(
+            a.IsLimited = 0,
+            @BatchSize,
+            (
+                SELECT MIN(w.Remaining)
+                FROM (
+                    VALUES
+                    (COALESCE(a.PerMinuteLimit - IIF(a.MinuteStartUtc >= @MinuteStart, a.MinuteCount, 0), @BatchSize)),
+                    (COALESCE(a.PerHourLimit - IIF(a.HourStartUtc >= @HourStart, a.HourCount, 0), @BatchSize)),
+                    (COALESCE(a.PerDayLimit - IIF(a.DayStartUtc >= @DayStart, a.DayCount, 0), @BatchSize))
+                ) AS w(Remaining)
+            )
+        )
+        FROM @Acct AS a;
+
+        DELETE FROM @Acct WHERE Remaining <= 0;
+        UPDATE @Acct SET Remaining = @BatchSize WHERE Remaining > @BatchSize;
+
+        -- More accounts than slots: keep the accounts that have claimable
+        -- mail now (one row-free probe per account on the same index), then
+        -- @BatchSize of them drawn at random per claim, so every account gets
+        -- its turn and a pass never seeks more than @BatchSize accounts.
+        --   READPAST, READCOMMITTEDLOCK: a locking read that skips rows other
+        --   claimers hold (an account whose claimable rows are all held has
+        --   nothing for us) and takes no lock it keeps; also under RCSI.
+        IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+        BEGIN
+            DELETE FROM d
+            FROM @Acct AS d
+            WHERE NOT EXISTS (
+                SELECT 1
+                FROM mailq.MailQueue AS k WITH (
+                    INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                )
+                WHERE
+                    k.AccountName = d.AccountName
+                    AND k.Status IN (N'UnSent', N'Sending')
+                    AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                    AND k.VisibleAtUtc <= @Now
+                    AND k.AttemptsRemaining > 0
+                    AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    AND (@AppName IS NULL OR k.AppName = @AppName)
+            );
+            IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+                DELETE FROM d
+                FROM @Acct AS d
+                WHERE d.AccountName NOT IN (
+                    SELECT TOP (@BatchSize) r.AccountName FROM @Acct AS r ORDER BY NEWID()
+                );
+        END;
+
+        -- 3. The claim: up to three passes, one UPDATE each (see the header).
+        WHILE @Pass < 3 AND @Left > 0
+        BEGIN
+            SET @Pass += 1;
+            SELECT @Open = COUNT(*) FROM @Acct WHERE IsOpen = 1 AND Remaining > Taken;
+            IF @Open = 0 BREAK;
+            -- FLOOR, at least 1: the caps never add up to more than the slots
+            -- left (or one row per open account), which bounds the rows read.
+            SET @Share = IIF(@Left / @Open < 1, 1, @Left / @Open);
+            UPDATE @Acct
+            SET Cap = IIF(
+                IsOpen = 1 AND Remaining > Taken,
+                IIF(Remaining - Taken < @Share, Remaining - Taken, @Share),
+                0
+            );
+
+            UPDATE q
+            SET
+                q.Status = N'Sending',
+                q.ThreadLock = @LockToken,
+                q.VisibleAtUtc = @LeaseUntil,
+                q.AttemptsRemaining = q.AttemptsRemaining - 1,
+                q.AttemptCount = q.AttemptCount + 1,
+                -- A lease that expired may hide a mail the dead worker already
+                -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+                q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate)
+            OUTPUT
+                inserted.ID,
+                inserted.AccountName,
+                deleted.Status,
+                deleted.ThreadLock,
+                inserted.AttemptCount,
+                @Pass
+            INTO @Claimed (ID, AccountName, OldStatus, OldLockToken, AttemptNo, Pass)
+            -- Target row by its clustered key.  READPAST: a row another
+            -- session holds (e.g. an acknowledgement of an expired lease in
+            -- flight) is skipped instead of waited on, which also rules out a
+            -- deadlock between our index-key U lock and its clustered X lock.
+            FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
+            INNER JOIN (
+                SELECT TOP (@Left) c.ID
+                FROM @Acct AS a
+                CROSS APPLY (
+                    -- One ordered seek per account (ten ranges, one per
+                    -- priority, already in ORDER BY order: no Sort, the TOP
+                    -- stops it after Cap rows).
+                    --   INDEX + FORCESEEK: the plan of the index's header,
+                    --     never a scan, whatever the statistics say;
+                    --   READPAST: skip rows other workers hold, never wait;
+                    --   UPDLOCK:  claim while reading, so two workers can't
+                    --     take one row (and a locking read under RCSI);
+                    --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
+                    SELECT TOP (a.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = a.AccountName
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                        AND (@AppName IS NULL OR k.AppName = @AppName)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                WHERE a.Cap > 0
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
+            ) AS p ON q.ID = p.ID
+            WHERE
+                q.Status IN (N'UnSent', N'Sending')
+                AND q.VisibleAtUtc <= @Now
+                AND q.AttemptsRemaining > 0;
+
+            -- What this pass gave each account; an account that yielded fewer
+            -- rows than its cap has nothing more to claim now (drained).
+            UPDATE a
+            SET
+                a.Taken = a.Taken + COALESCE(n.Claimed, 0),
+                a.IsOpen = IIF(COALESCE(n.Claimed, 0) < a.Cap, 0, a.IsOpen)
+            FROM @Acct AS a
+            LEFT JOIN (
+                SELECT m.AccountName, COUNT(*) AS Claimed
+                FROM @Claimed AS m
+                WHERE m.Pass = @Pass
+                GROUP BY m.AccountName
+            ) AS n ON a.AccountName = n.AccountName
+            WHERE a.Cap > 0;
+
+            SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
+        END;
+
+        -- Charge the budget of limited accounts (rows already U-locked above).
+        -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
+        -- budget rows other claimers hold.  A stored window that is not older
+        -- than ours is kept: the window start never moves backwards.
+        UPDATE b
+        SET
+            b.MinuteCount = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteCount, 0) + a.Taken,
+            b.MinuteStartUtc = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteStartUtc, @MinuteStart),
+            b.HourCount = IIF(b.HourStartUtc >= @HourStart, b.HourCount, 0) + a.Taken,
+            b.HourStartUtc = IIF(b.HourStartUtc >= @HourStart, b.HourStartUtc, @HourStart),
+            b.DayCount = IIF(b.DayStartUtc >= @DayStart, b.DayCount, 0) + a.Taken,
+            b.DayStartUtc = IIF(b.DayStartUtc >= @DayStart, b.DayStartUtc, @DayStart)
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Acct AS a ON b.AccountName = a.AccountName
+        WHERE a.IsLimited = 1 AND a.Taken > 0;
+
+        -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
+        -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Abandoned',
+            t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Claimed AS c
+            ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
+        WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+        -- Open an attempt for each mail now leased.
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
+        FROM @Claimed AS c;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and its own CATCH rolls it back.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    SELECT
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.AppName,
+        q.FromName,
+        q.FromAddress,
+        q.ReplyTo,
+        q.ToAddress,
+        q.CC,
+        q.BCC,
+        q.Subject,
+        q.Body,
+        q.BodyFormat,
+        q.TextBody,
+        q.Headers,
+        q.Priority,
+        q.AttemptCount AS AttemptNo,
+        q.AttemptsRemaining,
+        q.VisibleAtUtc AS LeaseExpiresUtc,
+        q.PossibleDuplicate,
+        q.dtStamp
+    FROM mailq.MailQueue AS q
+    INNER JOIN @Claimed AS c ON q.ID = c.ID
+    WHERE q.ThreadLock = @LockToken
+    ORDER BY q.Priority DESC, q.ID ASC;
+
+    SELECT
+        a.MailID,
+        a.AttachmentNo,
+        a.FileName,
+        a.ContentType,
+        a.Content
+    FROM mailq.MailAttachment AS a
+    INNER JOIN @Claimed AS c ON a.MailID = c.ID
+    ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
+that is already queued it returns the existing mail and inserts nothing.
+Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
+                          an address or 'Display Name <address>'
+             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars
+             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars
+             @BodyFormat  N'Text' (default) or N'Html'
+             @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
+             @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
+             @FromAddress default: the account's DefaultFromAddress
+             @FromName    default: the account's DefaultFromName, <= 200 chars
+             @ReplyTo     one address
+             @Headers     business headers: a JSON object of string values,
+                          e.g. N'{"X-Order-Id": "42"}'; at most 50
+             @AccountName default: the default sending account
+             @AppName     a registered application (mailq.UpsertApplication)
+             @Priority    0-9, 9 first, default 5
+             @DateToProcess  UTC time to send at, default now
+             @ExpiresAtUtc   UTC time after which the mail is Expired unsent
+             @MaxAttempts    1-20, default 5
+             @IdempotencyKey <= 200 chars; see "Idempotency" below
+             @Attachments    JSON array of {"FileName", "ContentType",
+                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all
+             NULL for an optional parameter means its default.
+Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
+             sent unchanged by every attempt), @Created BIT (0 when an existing
+             mail was returned for the idempotency key).  No result set, so the
+             procedure can be called from triggers.
+Idempotency: the key is global and compared as binary text (case- and
+             accent-sensitive: 'ABC' and 'abc' are two keys), the rule of the
+             column (COLLATE Latin1_General_100_BIN2) and of sp_getapplock's
+             resource names alike; trailing spaces are ignored, as by every
+             SQL Server comparison.  The same key with the same content (the
+             parameters exactly as passed, attachments included) returns the
+             first mail; with different content it raises 50116 and writes
+             nothing.  A key is free again once PurgeMail deleted its mail.
+             Concurrent calls with one key serialize on an application lock
+             on that key (no key-range locks: neighbouring keys never wait);
+             the lock is owned by the transaction, so inside a caller's
+             transaction a second call with the SAME key waits until the
+             caller commits or rolls back (at most 10 s, then 50162).
+Binding:     with @AppName, the account must be bound to the application and
+             the From address must match one of its From bindings (an exact
+             address or '@domain'); see mailq.BindApplication.  Mail without
+             @AppName is bound only when the calling database user is mapped
+             to an application (mailq.ApplicationPrincipal): its mail then
+             always carries that application (@AppName NULL means it, another
+             is 50168).  Unmapped users without @AppName are not bound
+             (docs/guarantees.md, "Who may send as whom").
+Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
+             50103 a value over its size; 50104 more than 100 recipients;
+             50105 CR or LF in a header value (header injection);
+             50106 @Headers not a JSON object of string values;
+             50107 invalid header name; 50108 header would override a reserved one;
+             50109 @Priority not 0-9; 50110 @ExpiresAtUtc not after the due time;
+             50111 body over its limit; 50112 attachment count or size over limit;
+             50113 attachment file name empty or path-like;
+             50114 unknown (or no default) account; 50115 unknown application;
+             50116 idempotency key reused with different content;
+             50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
+             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing;
+             50160 the application may not send through @AccountName;
+             50161 the application may not send as @FromAddress;
+             50162 the idempotency key's lock was not granted in 10 s (or deadlock);
+             50168 the calling database user is mapped to another application.
+Transaction: opens its own if none is open, else works inside the caller's
+             (the outbox pattern: the mail exists exactly when the caller
+             commits; no savepoint, SAVE TRANSACTION fails under MSDTC with
+             error 627).  Any error, validation included, is re-raised
+             unchanged; XACT_ABORT ON rolls back the caller's transaction, or
+             dooms it (XACT_STATE() = -1) when the caller catches the error:
+             the caller can only roll back, and nothing of this call remains.
+Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
+             it returns): under a SERIALIZABLE caller the key lookup would
+             otherwise take key-range locks, under SNAPSHOT it would miss a
+             key committed after the caller's snapshot began.
+Lock order:  the application lock on the key, then mailq.MailQueue (insert),
+             then mailq.MailAttachment (docs/guarantees.md, "Lock order").
+Example:     DECLARE @ID BIGINT;
+             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
+                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
+                 @MailID = @ID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMail
+    @ToAddress NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX),
+    @Body NVARCHAR(MAX),
+    @BodyFormat NVARCHAR(20) = N'Text',
+    @TextBody NVARCHAR(MAX) = NULL,
+    @CC NVARCHAR(MAX) = NULL,
+    @BCC NVARCHAR(MAX) = NULL,
+    @FromAddress NVARCHAR(MAX) = NULL,
+    @FromName NVARCHAR(MAX) = NULL,
+    @ReplyTo NVARCHAR(MAX) = NULL,
+    @Headers NVARCHAR(MAX) = NULL,
+    @AccountName NVARCHAR(4000) = NULL,
+    @AppName NVARCHAR(4000) = NULL,
+    @Priority INT = 5,
+    @DateToProcess DATETIME2(3) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL,
+    @MaxAttempts INT = 5,
+    @IdempotencyKey NVARCHAR(4000) = NULL,
+    @Attachments NVARCHAR(MAX) = NULL,
+    @MailID BIGINT = NULL OUTPUT,
+    @MessageID NVARCHAR(255) = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Msg NVARCHAR(2048);
+    -- Tested under a binary collation (COLLATE Latin1_General_100_BIN2): under
+    -- a linguistic collation control characters can be ignorable in LIKE.
+    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
+
+    -- The content hash covers the parameters exactly as passed (before
+    -- defaults), so that the same call is recognised as the same mail.
+    DECLARE @ContentJson NVARCHAR(MAX) = (
+        SELECT
+            @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, @Subject AS Subject,
+            @Body AS Body, @BodyFormat AS BodyFormat, @TextBody AS TextBody,
+            @FromAddress AS FromAddress, @FromName AS FromName, @ReplyTo AS ReplyTo,
+            @Headers AS Headers, @AccountName AS AccountName, @AppName AS AppName,
+            @Priority AS Priority, @DateToProcess AS DateToProcess,
+            @ExpiresAtUtc AS ExpiresAtUtc, @MaxAttempts AS MaxAttempts,
+            @Attachments AS Attachments
+        FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
+    );
+
+    SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
+    SET @Priority = COALESCE(@Priority, 5);
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    SET @DateToProcess = COALESCE(@DateToProcess, @Now);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(@ToAddress))
+        THROW 50101, N'@ToAddress is required: give at least one recipient address (separate several with ;).', 1;
+    IF @Subject IS NULL
+        THROW 50121, N'@Subject is required (pass N'''' for a mail without subject).', 1;
+    IF @Body IS NULL
+        THROW 50120, N'@Body is required.', 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.')
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress, 4000), (2, N'@CC', @CC, 4000), (3, N'@BCC', @BCC, 4000),
+        (4, N'@Subject', @Subject, 900), (5, N'@FromAddress', @FromAddress, 320),
+        (6, N'@FromName', @FromName, 200), (7, N'@ReplyTo', @ReplyTo, 320),
+        (8, N'@AccountName', @AccountName, 128), (9, N'@AppName', @AppName, 128),
+        (10, N'@IdempotencyKey', @IdempotencyKey, 200)
+    ) AS v(Position, ParamName, Value, MaxLength)
+    WHERE LEN(v.Value) > v.MaxLength
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' contains CR or LF; header values must be one line (header injection is refused).')
+    FROM (
+        VALUES
+        (1, N'@Subject', @Subject), (2, N'@FromName', @FromName), (3, N'@ReplyTo', @ReplyTo),
+        (4, N'@FromAddress', @FromAddress), (5, N'@IdempotencyKey', @IdempotencyKey)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(
+            v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'
+        )
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress), (2, N'@CC', @CC), (3, N'@BCC', @BCC),
+        (4, N'@ReplyTo', @ReplyTo), (5, N'@FromAddress', @FromAddress)
+    ) AS v(Position, ParamName, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+    WHERE a.Problem IS NOT NULL
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50102, @Msg, 1;
+
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) > 1
+        THROW 50102, N'@ReplyTo takes one address.', 1;
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) > 1
+        THROW 50102, N'@FromAddress takes one address.', 1;
+    IF EXISTS (SELECT 1 FROM mailq.ParseAddressList(@FromAddress) AS a WHERE a.DisplayName IS NOT NULL)
+        THROW 50102, N'@FromAddress takes a bare address; give the display name in @FromName.', 1;
+
+    DECLARE @RecipientCount INT = (
+        SELECT COUNT(*)
+        FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value)
+    );
+    IF @RecipientCount > 100
+    BEGIN
+        SET @Msg = CONCAT(N'@ToAddress, @CC and @BCC name ', @RecipientCount, N' recipients; the limit is 100.');
+        THROW 50104, @Msg, 1;
+    END;
+
+    IF @BodyFormat NOT IN (N'Text', N'Html')
+    BEGIN
+        SET @Msg = CONCAT(N'@BodyFormat must be Text or Html; got ''', LEFT(@BodyFormat, 20), N'''.');
+        THROW 50118, @Msg, 1;
+    END;
+    IF @Priority NOT BETWEEN 0 AND 9
+    BEGIN
+        SET @Msg = CONCAT(N'@Priority must be 0-9 (9 is sent first); got ', @Priority, N'.');
+        THROW 50109, @Msg, 1;
+    END;
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    IF @ExpiresAtUtc <= @DateToProcess
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ExpiresAtUtc (', CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126),
+            N') must be later than the due time (', CONVERT(NVARCHAR(30), @DateToProcess, 126), N').'
+        );
+        THROW 50110, @Msg, 1;
+    END;
+    IF LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000
+        THROW 50111, N'@Body and @TextBody are limited to 2,000,000 characters each.', 1;
+
+    -- Business headers: a JSON object whose values are strings.
+    IF @Headers IS NOT NULL
+    BEGIN
+        IF ISJSON(@Headers) = 0 OR LEFT(LTRIM(@Headers), 1) <> N'{'
+            THROW 50106, N'@Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[type] <> 1;
+        IF @Msg IS NOT NULL THROW 50106, @Msg, 1;
+
+        IF (SELECT COUNT(*) FROM OPENJSON(@Headers)) > 50
+            THROW 50106, N'@Headers holds more than 50 headers.', 1;
+
+        IF EXISTS (
+            SELECT UPPER(j.[key]) AS HeaderName
+            FROM OPENJSON(@Headers) AS j
+            GROUP BY UPPER(j.[key])
+            HAVING COUNT(*) > 1
+        )
+            THROW 50106, N'@Headers names one header twice.', 1;
+
+        -- RFC 5322 field name: 1-76 printable US-ASCII characters except ':'
+        -- (the binary collation makes the ranges code-point ranges).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
+            N'(1-76 printable ASCII characters, no space or colon).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE
+            LEN(j.[key]) NOT BETWEEN 1 AND 76
+            OR j.[key] COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%';
+        IF @Msg IS NOT NULL THROW 50107, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: ''', j.[key], N''' is set by mailq-db and cannot be overridden.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE UPPER(j.[key]) IN (
+            N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
+            N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
+            N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'
+        );
+        IF @Msg IS NOT NULL THROW 50108, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: the value of ''', j.[key], N''' contains CR or LF (header injection is refused).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf;
+        IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', j.[key], N''' is longer than 900 characters.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE LEN(j.[value]) > 900;
+        IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+    END;
+
+    -- The calling database user's application, when an administrator mapped
+    -- it (mailq.BindApplication @PrincipalName): USER_NAME() is the caller's
+    -- user (this module has no EXECUTE AS).  The content hash above keeps
+    -- @AppName as passed.
+    DECLARE @PrincipalApp NVARCHAR(128) = (
+        SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
+    );
+    IF @PrincipalApp IS NOT NULL
+    BEGIN
+        IF @AppName IS NOT NULL AND @AppName <> @PrincipalApp
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Database user ', QUOTENAME(USER_NAME()), N' enqueues as application ''', @PrincipalApp,
+                N''' only; got @AppName ''', @AppName, N'''.'
+            );
+            THROW 50168, @Msg, 1;
+        END;
+        SET @AppName = @PrincipalApp;
+    END;
+
+    -- Account and application.
+    DECLARE @ResolvedAccount NVARCHAR(128), @DefaultFrom NVARCHAR(320), @DefaultFromName NVARCHAR(200);
+    SELECT
+        @ResolvedAccount = a.AccountName,
+        @DefaultFrom = a.DefaultFromAddress,
+        @DefaultFromName = a.DefaultFromName
+    FROM mailq.SendingAccount AS a
+    WHERE
+        (@AccountName IS NOT NULL AND a.AccountName = @AccountName)
+        OR (@AccountName IS NULL AND a.IsDefault = 1);
+    IF @ResolvedAccount IS NULL
+    BEGIN
+        SET @Msg = IIF(
+            @AccountName IS NULL,
+            N'@AccountName is NULL and no default sending account exists (mailq.UpsertSendingAccount @IsDefault = 1).',
+            CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account (mailq.UpsertSendingAccount).')
+        );
+        THROW 50114, @Msg, 1;
+    END;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application (mailq.UpsertApplication).');
+        THROW 50115, @Msg, 1;
+    END;
+
+    SET @FromAddress = LTRIM(RTRIM(COALESCE(@FromAddress, @DefaultFrom)));
+    SET @FromName = COALESCE(@FromName, @DefaultFromName);
+
+    -- Who may send as whom (issue 10, point 10): an application sends only
+    -- through the accounts and as the From addresses or domains it is bound to.
+    IF @AppName IS NOT NULL
+    BEGIN
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationAccount AS b
+            WHERE b.AppName = @AppName AND b.AccountName = @ResolvedAccount
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send through account ''', @ResolvedAccount,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).'
+            );
+            THROW 50160, @Msg, 1;
+        END;
+        -- Addresses and domains compare case-insensitively whatever the
+        -- database collation (LOWER on both sides, then binary).
+        DECLARE @FromLower NVARCHAR(320) = LOWER(@FromAddress) COLLATE Latin1_General_100_BIN2;
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationFrom AS f
+            WHERE
+                f.AppName = @AppName
+                AND (
+                    f.FromPattern = @FromLower
+                    OR (
+                        LEFT(f.FromPattern, 1) = N'@'
+                        AND RIGHT(@FromLower, LEN(f.FromPattern)) = f.FromPattern
+                    )
+                )
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send as ''', @FromAddress,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, ',
+                N'@FromAddress = N''addr'' or N''@domain'').'
+            );
+            THROW 50161, @Msg, 1;
+        END;
+    END;
+
+    -- Attachments: decoded from base64 by OPENJSON ... WITH (VARBINARY), which
+    -- raises an error for text that is not base64: caught and reported as 50117.
+    DECLARE @Attachment TABLE (
+        AttachmentNo INT NOT NULL PRIMARY KEY,
+        FileName NVARCHAR(4000) NULL,
+        ContentType NVARCHAR(4000) NULL,
+        Content VARBINARY(MAX) NULL
+    );
+    IF @Attachments IS NOT NULL
+    BEGIN
+        IF ISJSON(@Attachments) = 0 OR LEFT(LTRIM(@Attachments), 1) <> N'['
+            THROW 50117,
+                N'@Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.',
+                1;
+        IF EXISTS (SELECT 1 FROM OPENJSON(@Attachments) AS e WHERE e.[type] <> 5)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        BEGIN TRY
+            INSERT INTO @Attachment (AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                CAST(e.[key] AS INT) + 1 AS AttachmentNo,
+                f.FileName,
+                f.ContentType,
+                f.Content
+            FROM OPENJSON(@Attachments) AS e
+            CROSS APPLY OPENJSON (e.[value])
+                WITH (
+                    FileName NVARCHAR(4000) '$.FileName',
+                    ContentType NVARCHAR(4000) '$.ContentType',
+                    Content VARBINARY(MAX) '$.ContentBase64'
+                ) AS f;
+        END TRY
+        BEGIN CATCH
+            SET @Msg = CONCAT(N'@Attachments: ContentBase64 must be base64 text (', ERROR_MESSAGE(), N').');
+            THROW 50117, @Msg, 1;
+        END CATCH;
+
+        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        IF (SELECT COUNT(*) FROM @Attachment) > 10
+            THROW 50112, N'@Attachments holds more than 10 attachments.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: file name ''', LEFT(t.FileName, 100),
+            N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).'
+        )
+        FROM @Attachment AS t
+        WHERE
+            NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
+            OR t.FileName LIKE N'%[/\:]%'
+            OR t.FileName IN (N'.', N'..')
+            OR t.FileName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            OR LEN(t.FileName) > 255
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50113, @Msg, 1;
+
+        SELECT TOP (1)
+            @Msg = CONCAT(N'@Attachments: content type of ''', t.FileName, N''' must look like type/subtype.')
+        FROM @Attachment AS t
+        WHERE
+            t.ContentType IS NOT NULL
+            AND (
+                t.ContentType NOT LIKE N'_%/_%'
+                OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+                OR LEN(t.ContentType) > 255
+            )
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50117, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: ''', t.FileName, N''' is ', DATALENGTH(t.Content),
+            N' bytes; the limit is 10485760 (10 MiB) per attachment.'
+        )
+        FROM @Attachment AS t
+        WHERE DATALENGTH(t.Content) > 10485760
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50112, @Msg, 1;
+
+        IF (SELECT SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) FROM @Attachment AS t) > 26214400
+            THROW 50112, N'@Attachments total more than 26214400 bytes (25 MiB) per mail.', 1;
+    END;
+
+    DECLARE @ContentHash VARBINARY(32) = HASHBYTES('SHA2_256', @ContentJson);
+    DECLARE @Domain NVARCHAR(320) = SUBSTRING(@FromAddress, CHARINDEX(N'@', @FromAddress) + 1, 320);
+    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
+    IF @Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    DECLARE @LockResult INT;
+    DECLARE @KeyResource NVARCHAR(255) = CONCAT(N'mailq.IdempotencyKey:', RTRIM(@IdempotencyKey));
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ExistingHash VARBINARY(32);
+        SET @MailID = NULL;
+        IF @IdempotencyKey IS NOT NULL
+        BEGIN
+            -- Serialize on the key itself, not on a range of the index: an
+            -- exclusive application lock owned by the transaction (released at
+            -- its commit or rollback, the caller's when we run inside it).
+            -- Resource names are compared as binary, like the key column; the
+            -- key is at most 200 characters, so the resource fits its 255.
+            -- Insert-first catching 2601/2627 was rejected: under XACT_ABORT ON
+            -- a duplicate-key error dooms the caller's transaction, so the
+            -- outbox case could never return the existing mail (docs/guarantees.md).
+            EXEC @LockResult = sys.sp_getapplock
+                @Resource = @KeyResource,
+                @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction',
+                @LockTimeout = 10000;
+            -- < 0: timed out (-1), cancelled (-2), deadlock victim (-3), call
+            -- error (-999).  A deadlock on an application lock does not roll
+            -- back the transaction (sp_getapplock, Remarks): this THROW does,
+            -- or dooms the caller's (XACT_ABORT ON).
+            IF @LockResult < 0
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''': another transaction enqueueing the same key ',
+                    N'held it for 10 s (sp_getapplock returned ', @LockResult, N'); retry once it committed.'
+                );
+                THROW 50162, @Msg, 1;
+            END;
+
+            -- A plain read is exact here: only EnqueueMail writes keys, always
+            -- under this lock, so a row with the key is committed or absent.
+            -- "IS NOT NULL" repeats the index filter, so the filtered index matches.
+            SELECT
+                @MailID = q.ID,
+                @MessageID = q.MessageID,
+                @ExistingHash = q.ContentHash
+            FROM mailq.MailQueue AS q
+            WHERE q.IdempotencyKey = @IdempotencyKey AND q.IdempotencyKey IS NOT NULL;
+
+            IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''' already belongs to mail ', @MailID,
+                    N' with different content; use a new key for a different mail.'
+                );
+                THROW 50116, @Msg, 1;
+            END;
+        END;
+
+        IF @MailID IS NOT NULL
+            SET @Created = 0;
+        ELSE
+        BEGIN
+            SET @MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', @Domain, N'>');
+
+            INSERT INTO mailq.MailQueue (
+                dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
+                ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
+                Status, AttemptsRemaining, Priority, AccountName, AppName,
+                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc
+            )
+            VALUES (
+                @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
+                @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
+                N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
+                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc
+            );
+            SET @MailID = SCOPE_IDENTITY();
+
+            INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                @MailID,
+                t.AttachmentNo,
+                LTRIM(RTRIM(t.FileName)),
+                COALESCE(t.ContentType, N'application/octet-stream'),
+                t.Content
+            FROM @Attachment AS t;
+
+            SET @Created = 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF EXISTS (SELECT 1 FROM mailq.MailQueue AS q WHERE q.Status = N'Stopped')
+BEGIN
+    DECLARE @Stopped BIGINT = (SELECT COUNT_BIG(*) FROM mailq.MailQueue AS q WHERE q.Status = N'Stopped');
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(
+        N'Downgrade below 0011 refused: mailq.MailQueue holds ', @Stopped,
+        N' Stopped mail(s), a status revision 0009 does not know. Requeue (mailq.RequeueMail) or purge them, ',
+        N'or map them to Failed by hand (docs/events.md, "Downgrade"), then run the downgrade again.'
+    );
+    THROW 50261, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF EXISTS (
+    SELECT 1
+    FROM sys.indexes AS i
+    WHERE
+        i.object_id = OBJECT_ID(N'mailq.MailQueue')
+        AND i.name = N'IX_MailQueue_Final'
+        AND i.filter_definition LIKE N'%Stopped%'
+)
+BEGIN
+    DROP INDEX IX_MailQueue_Final ON mailq.MailQueue;
+    EXEC sys.sp_executesql
+        N'CREATE NONCLUSTERED INDEX IX_MailQueue_Final
+          ON mailq.MailQueue (DateProcessed ASC, ID ASC)
+          INCLUDE (Status, AccountName)
+          WHERE Status IN (N''Sent'', N''Failed'', N''Cancelled'', N''Expired'');';
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF EXISTS (
+    SELECT 1
+    FROM sys.check_constraints AS c
+    WHERE
+        c.parent_object_id = OBJECT_ID(N'mailq.MailQueue')
+        AND c.name = N'CK_MailQueue_Status'
+        AND c.[definition] LIKE N'%Stopped%'
+)
+BEGIN
+    ALTER TABLE mailq.MailQueue DROP CONSTRAINT CK_MailQueue_Status;
+    ALTER TABLE mailq.MailQueue ADD CONSTRAINT CK_MailQueue_Status CHECK (
+        Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired')
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MailEvent') IS NOT NULL
+    DROP INDEX IF EXISTS IX_MailEvent_MailID ON mailq.MailEvent;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MailEvent') IS NOT NULL
+    DROP INDEX IF EXISTS IX_MailEvent_AppName ON mailq.MailEvent;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS mailq.MailEvent;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_Final serves mailq.PurgeMail and the reporting of finished
+mail: final statuses ordered by DateProcessed, so a purge batch is a range
+seek on the oldest rows instead of a scan of the queue.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_Final' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_MailQueue_Final
+    ON mailq.MailQueue (DateProcessed ASC, ID ASC)
+    INCLUDE (Status, AccountName)
+    WHERE Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired');
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailQueue: one row per mail.  The article's column names are kept
+(ID, dtStamp, DateToProcess, DateProcessed, FromName, FromAddress, ToAddress,
+CC, BCC, Status, ThreadLock, AttemptsRemaining, Priority, Body) and corrected:
+BIGINT ID, NVARCHAR text, UTC DATETIME2(3) times, errors in LastError (never in
+Status).
+
+Status: UnSent (queued) -> Sending (leased) -> Sent | Failed | Cancelled | Expired.
+
+VisibleAtUtc is the one column the claim ranges over: it holds the due time
+while the mail is UnSent and the lease expiry while it is Sending, so "due or
+lease expired" is a single range on IX_MailQueue_Claim (an OR across two
+columns cannot seek).  DateToProcess keeps the caller's requested due time.
+
+ThreadLock    the lock token of the worker holding the lease (NULL otherwise);
+              every acknowledgement is fenced by it.
+AttemptCount  attempts started (claims that led to Sending); AttemptsRemaining
+              is decremented at claim, so a mail that kills its worker cannot
+              loop forever.  Wait and Release refund the attempt.
+PossibleDuplicate  set when an expired lease is reclaimed: the first worker may
+              have handed the mail to SMTP before dying.
+ContentHash   SHA-256 of the enqueued content; an idempotency key reused with
+              different content is refused (error 50116).
+MessageID     RFC 5322 Message-ID made at enqueue, sent unchanged by every
+              attempt so that receivers can drop duplicates.
+IdempotencyKey compared as binary text (COLLATE Latin1_General_100_BIN2),
+              like the sp_getapplock resource mailq.EnqueueMail locks on.
+Body, TextBody, Headers  stored out of row (table option 'large value types
+              out of row' = 1, revision 0007): the clustered row keeps a
+              16-byte pointer, so claims and counts read narrow rows.
+Revision 0007 changed an existing table in place
+(sql/upgrades/mailq.0007.MailQueue.sql); this file shows the current shape.
+*/
+IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailQueue (
+        ID BIGINT IDENTITY (1, 1) NOT NULL,
+        dtStamp DATETIME2(3) NOT NULL CONSTRAINT DF_MailQueue_dtStamp DEFAULT (SYSUTCDATETIME()),
+        DateToProcess DATETIME2(3) NOT NULL,
+        DateProcessed DATETIME2(3) NULL,
+        VisibleAtUtc DATETIME2(3) NOT NULL,
+        FromName NVARCHAR(200) NULL,
+        FromAddress NVARCHAR(320) NOT NULL,
+        ReplyTo NVARCHAR(320) NULL,
+        ToAddress NVARCHAR(4000) NOT NULL,
+        CC NVARCHAR(4000) NULL,
+        BCC NVARCHAR(4000) NULL,
+        Subject NVARCHAR(900) NOT NULL,
+        Body NVARCHAR(MAX) NOT NULL,
+        BodyFormat NVARCHAR(8) NOT NULL CONSTRAINT DF_MailQueue_BodyFormat DEFAULT (N'Text'),
+        TextBody NVARCHAR(MAX) NULL,
+        Headers NVARCHAR(MAX) NULL,
+        Status NVARCHAR(16) NOT NULL CONSTRAINT DF_MailQueue_Status DEFAULT (N'UnSent'),
+        ThreadLock UNIQUEIDENTIFIER NULL,
+        AttemptsRemaining INT NOT NULL,
+        AttemptCount INT NOT NULL CONSTRAINT DF_MailQueue_AttemptCount DEFAULT (0),
+        Priority TINYINT NOT NULL CONSTRAINT DF_MailQueue_Priority DEFAULT (5),
+        AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        IdempotencyKey NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NULL,
+        ContentHash VARBINARY(32) NOT NULL,
+        MessageID NVARCHAR(255) NOT NULL,
+        ExpiresAtUtc DATETIME2(3) NULL,
+        SentAtUtc DATETIME2(3) NULL,
+        LastError NVARCHAR(4000) NULL,
+        PossibleDuplicate BIT NOT NULL CONSTRAINT DF_MailQueue_PossibleDuplicate DEFAULT (0),
+        DryRun BIT NOT NULL CONSTRAINT DF_MailQueue_DryRun DEFAULT (0),
+        CONSTRAINT PK_MailQueue PRIMARY KEY CLUSTERED (ID),
+        CONSTRAINT FK_MailQueue_SendingAccount FOREIGN KEY (AccountName)
+        REFERENCES mailq.SendingAccount (AccountName),
+        CONSTRAINT FK_MailQueue_Application FOREIGN KEY (AppName)
+        REFERENCES mailq.Application (AppName),
+        CONSTRAINT CK_MailQueue_Status CHECK (
+            Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired')
+        ),
+        CONSTRAINT CK_MailQueue_Lease CHECK (
+            (Status = N'Sending' AND ThreadLock IS NOT NULL)
+            OR (Status <> N'Sending' AND ThreadLock IS NULL)
+        ),
+        CONSTRAINT CK_MailQueue_Priority CHECK (Priority BETWEEN 0 AND 9),
+        CONSTRAINT CK_MailQueue_BodyFormat CHECK (BodyFormat IN (N'Text', N'Html')),
+        CONSTRAINT CK_MailQueue_Attempts CHECK (AttemptsRemaining >= 0 AND AttemptCount >= 0),
+        CONSTRAINT CK_MailQueue_Headers CHECK (Headers IS NULL OR ISJSON(Headers) = 1),
+        CONSTRAINT CK_MailQueue_Expiry CHECK (ExpiresAtUtc IS NULL OR ExpiresAtUtc > DateToProcess)
+    );
+    EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision = '0011';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0010' WHERE dbo.mailq_alembic_version.version_num = '0011';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
 -- Running downgrade 0010 -> 0009
 
 SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;

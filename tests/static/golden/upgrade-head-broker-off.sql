@@ -111,7 +111,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0010'
+IF @Rows = 1 AND @Current = '0011'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3199,7 +3199,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0010'
+IF @Rows = 1 AND @Current = '0011'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3284,7 +3284,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0010'
+IF @Rows = 1 AND @Current = '0011'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4885,7 +4885,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0010'
+IF @Rows = 1 AND @Current = '0011'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4970,7 +4970,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0010'
+IF @Rows = 1 AND @Current = '0011'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -5987,7 +5987,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0010'
+IF @Rows = 1 AND @Current = '0011'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -6072,7 +6072,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0010'
+IF @Rows = 1 AND @Current = '0011'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9365,7 +9365,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0010'
+IF @Rows = 1 AND @Current = '0011'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9810,7 +9810,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0010'
+IF @Rows = 1 AND @Current = '0011'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -11967,7 +11967,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0010'
+IF @Rows = 1 AND @Current = '0011'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -12032,6 +12032,2994 @@ END;
 GO
 
 UPDATE dbo.mailq_alembic_version SET version_num='0010' WHERE dbo.mailq_alembic_version.version_num = '0009';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0010 -> 0011
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0011'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0010')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0011 upgrades a database at 0010; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'on'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' has delayed execution (stored option broker=on); this script was rendered with -x broker=off and would leave its objects at an old revision. Render it without -x broker=off.');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'off', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'off';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'off');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailQueue: one row per mail.  The article's column names are kept
+(ID, dtStamp, DateToProcess, DateProcessed, FromName, FromAddress, ToAddress,
+CC, BCC, Status, ThreadLock, AttemptsRemaining, Priority, Body) and corrected:
+BIGINT ID, NVARCHAR text, UTC DATETIME2(3) times, errors in LastError (never in
+Status).
+
+Status: UnSent (queued) -> Sending (leased) -> Sent | Failed | Cancelled | Expired
+| Stopped (mailq.StopMail, revision 0011).  Every change of Status (and every
+claim, retry and release) writes a row in mailq.MailEvent in the same
+transaction (docs/events.md).
+
+VisibleAtUtc is the one column the claim ranges over: it holds the due time
+while the mail is UnSent and the lease expiry while it is Sending, so "due or
+lease expired" is a single range on IX_MailQueue_Claim (an OR across two
+columns cannot seek).  DateToProcess keeps the caller's requested due time.
+
+ThreadLock    the lock token of the worker holding the lease (NULL otherwise);
+              every acknowledgement is fenced by it.
+AttemptCount  attempts started (claims that led to Sending); AttemptsRemaining
+              is decremented at claim, so a mail that kills its worker cannot
+              loop forever.  Wait and Release refund the attempt.
+PossibleDuplicate  set when an expired lease is reclaimed: the first worker may
+              have handed the mail to SMTP before dying.
+ContentHash   SHA-256 of the enqueued content; an idempotency key reused with
+              different content is refused (error 50116).
+MessageID     RFC 5322 Message-ID made at enqueue, sent unchanged by every
+              attempt so that receivers can drop duplicates.
+IdempotencyKey compared as binary text (COLLATE Latin1_General_100_BIN2),
+              like the sp_getapplock resource mailq.EnqueueMail locks on.
+Body, TextBody, Headers  stored out of row (table option 'large value types
+              out of row' = 1, revision 0007): the clustered row keeps a
+              16-byte pointer, so claims and counts read narrow rows.
+Revisions 0007 and 0011 changed an existing table in place
+(sql/upgrades/mailq.0007.MailQueue.sql, sql/upgrades/mailq.0011.MailQueue.sql);
+this file shows the current shape.
+*/
+IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailQueue (
+        ID BIGINT IDENTITY (1, 1) NOT NULL,
+        dtStamp DATETIME2(3) NOT NULL CONSTRAINT DF_MailQueue_dtStamp DEFAULT (SYSUTCDATETIME()),
+        DateToProcess DATETIME2(3) NOT NULL,
+        DateProcessed DATETIME2(3) NULL,
+        VisibleAtUtc DATETIME2(3) NOT NULL,
+        FromName NVARCHAR(200) NULL,
+        FromAddress NVARCHAR(320) NOT NULL,
+        ReplyTo NVARCHAR(320) NULL,
+        ToAddress NVARCHAR(4000) NOT NULL,
+        CC NVARCHAR(4000) NULL,
+        BCC NVARCHAR(4000) NULL,
+        Subject NVARCHAR(900) NOT NULL,
+        Body NVARCHAR(MAX) NOT NULL,
+        BodyFormat NVARCHAR(8) NOT NULL CONSTRAINT DF_MailQueue_BodyFormat DEFAULT (N'Text'),
+        TextBody NVARCHAR(MAX) NULL,
+        Headers NVARCHAR(MAX) NULL,
+        Status NVARCHAR(16) NOT NULL CONSTRAINT DF_MailQueue_Status DEFAULT (N'UnSent'),
+        ThreadLock UNIQUEIDENTIFIER NULL,
+        AttemptsRemaining INT NOT NULL,
+        AttemptCount INT NOT NULL CONSTRAINT DF_MailQueue_AttemptCount DEFAULT (0),
+        Priority TINYINT NOT NULL CONSTRAINT DF_MailQueue_Priority DEFAULT (5),
+        AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        IdempotencyKey NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NULL,
+        ContentHash VARBINARY(32) NOT NULL,
+        MessageID NVARCHAR(255) NOT NULL,
+        ExpiresAtUtc DATETIME2(3) NULL,
+        SentAtUtc DATETIME2(3) NULL,
+        LastError NVARCHAR(4000) NULL,
+        PossibleDuplicate BIT NOT NULL CONSTRAINT DF_MailQueue_PossibleDuplicate DEFAULT (0),
+        DryRun BIT NOT NULL CONSTRAINT DF_MailQueue_DryRun DEFAULT (0),
+        CONSTRAINT PK_MailQueue PRIMARY KEY CLUSTERED (ID),
+        CONSTRAINT FK_MailQueue_SendingAccount FOREIGN KEY (AccountName)
+        REFERENCES mailq.SendingAccount (AccountName),
+        CONSTRAINT FK_MailQueue_Application FOREIGN KEY (AppName)
+        REFERENCES mailq.Application (AppName),
+        CONSTRAINT CK_MailQueue_Status CHECK (
+            Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
+        ),
+        CONSTRAINT CK_MailQueue_Lease CHECK (
+            (Status = N'Sending' AND ThreadLock IS NOT NULL)
+            OR (Status <> N'Sending' AND ThreadLock IS NULL)
+        ),
+        CONSTRAINT CK_MailQueue_Priority CHECK (Priority BETWEEN 0 AND 9),
+        CONSTRAINT CK_MailQueue_BodyFormat CHECK (BodyFormat IN (N'Text', N'Html')),
+        CONSTRAINT CK_MailQueue_Attempts CHECK (AttemptsRemaining >= 0 AND AttemptCount >= 0),
+        CONSTRAINT CK_MailQueue_Headers CHECK (Headers IS NULL OR ISJSON(Headers) = 1),
+        CONSTRAINT CK_MailQueue_Expiry CHECK (ExpiresAtUtc IS NULL OR ExpiresAtUtc > DateToProcess)
+    );
+    EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailQueue_Final serves mailq.PurgeMail and the reporting of finished
+mail: final statuses ordered by DateProcessed, so a purge batch is a range
+seek on the oldest rows instead of a scan of the queue.  'Stopped' joined
+the filter in revision 0011 (sql/upgrades/mailq.0011.MailQueue.sql rebuilds
+the index of an existing database).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_Final' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_MailQueue_Final
+    ON mailq.MailQueue (DateProcessed ASC, ID ASC)
+    INCLUDE (Status, AccountName)
+    WHERE Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped');
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailEvent: the append-only event stream of the mail queue (issue 16,
+point 1).  Every state change of a mail writes one row in the same
+transaction as the change (docs/events.md lists which procedure writes which
+EventType).  Rows are never updated; mailq.PurgeMail deletes them with their
+mail.
+
+EventSeq      ROWVERSION: the database's rowversion counter, stamped when the
+              row is inserted (rowversion (Transact-SQL), Remarks:
+              https://learn.microsoft.com/sql/t-sql/data-types/rowversion-transact-sql).
+              Exposed as EventID BIGINT by mailq.GetMailEvents, which reads
+              only rows below MIN_ACTIVE_ROWVERSION(): every value below it
+              belongs to a transaction that has ended, so an event can never
+              appear later with an ID a reader already passed (the cursor is
+              commit-safe; an IDENTITY is not).  The rowversion docs call it a
+              poor key because an UPDATE changes it: this table is never
+              updated, so the key never moves.
+EventType     Enqueued, Claimed, Sent, DryRun, RetryScheduled, AccountWaiting,
+              Released, LeaseExpired, Failed, Cancelled, Expired, Stopped,
+              Requeued.
+Status        the mail's status right after the change.
+AttemptCount  the mail's AttemptCount right after the change.
+SmtpCode, Detail  the server's reply code and text, the error, or the reason
+              given to mailq.StopMail, where there is one.
+
+No CHECK constraint, no foreign key and no trigger, on purpose: the
+procedures write this table through OUTPUT ... INTO, whose target "can't
+have enabled triggers defined on it", "can't participate on either side of
+a FOREIGN KEY constraint" and "can't have CHECK constraints or enabled
+rules" (OUTPUT clause (Transact-SQL), Arguments, output_table:
+https://learn.microsoft.com/sql/t-sql/queries/output-clause-transact-sql).
+The procedures are the only writers (no role has table rights), and
+tests/static/test_events_static.py checks the EventType values they write.
+A later per-application hook must read the stream, never add a trigger here.
+*/
+IF OBJECT_ID(N'mailq.MailEvent', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailEvent (
+        EventSeq ROWVERSION NOT NULL,
+        MailID BIGINT NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        EventType NVARCHAR(32) NOT NULL,
+        Status NVARCHAR(16) NOT NULL,
+        AttemptCount INT NOT NULL,
+        SmtpCode INT NULL,
+        Detail NVARCHAR(4000) NULL,
+        OccurredAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_MailEvent_OccurredAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_MailEvent PRIMARY KEY CLUSTERED (EventSeq)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailEvent_AppName serves mailq.GetMailEvents @AppName: keys (AppName,
+EventSeq), so "this application's events after the cursor, in order" is one
+range seek whatever the size of the table, and TOP (@MaxEvents) stops it.
+The narrow columns are included; Detail comes by a key lookup per row
+returned (at most @MaxEvents).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailEvent_AppName' AND object_id = OBJECT_ID(N'mailq.MailEvent')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_MailEvent_AppName
+    ON mailq.MailEvent (AppName ASC, EventSeq ASC)
+    INCLUDE (MailID, EventType, Status, AttemptCount, SmtpCode, OccurredAtUtc);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_MailEvent_MailID serves mailq.GetMailEvents @MailID (one mail's events
+after the cursor: a range seek) and mailq.PurgeMail (a mail's events are
+deleted with it: a seek per mail, never a scan of the event history).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailEvent_MailID' AND object_id = OBJECT_ID(N'mailq.MailEvent')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_MailEvent_MailID
+    ON mailq.MailEvent (MailID ASC, EventSeq ASC);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Revision 0011: changes mailq.MailQueue in place for the event stream and
+mailq.StopMail (issue 16, point 1), without moving, copying or deleting a
+queued mail.  Every step is guarded, so a second run changes nothing.
+Downgrade: DOWNGRADE_0011 in alembic/versions/0011_*.py (refused with 50261
+while a mail is Stopped).
+Locks: both steps take a schema-modification lock on mailq.MailQueue for the
+length of the migration's transaction; re-checking the constraint reads every
+row once and the index rebuild reads the finished mails (no row is written).
+Stop the workers during the upgrade, as for every revision.
+
+1. The status 'Stopped': CK_MailQueue_Status is dropped and added again with
+   the new value.  ALTER TABLE ... ADD CONSTRAINT checks the existing rows
+   (WITH CHECK is the default for a new constraint: ALTER TABLE
+   (Transact-SQL), Arguments, WITH CHECK | WITH NOCHECK), which all satisfy
+   the wider rule, so the constraint stays trusted.
+2. IX_MailQueue_Final (mailq.PurgeMail's range seek) gets 'Stopped' in its
+   filter, so Stopped mails are purged like every other finished mail.
+mailq.MailEvent and its indexes are new (sql/tables, sql/indexes): no event
+is made up for the history before the upgrade; the stream starts with it.
+*/
+IF EXISTS (
+    SELECT 1
+    FROM sys.check_constraints AS c
+    WHERE
+        c.parent_object_id = OBJECT_ID(N'mailq.MailQueue')
+        AND c.name = N'CK_MailQueue_Status'
+        AND c.[definition] NOT LIKE N'%Stopped%'
+)
+BEGIN
+    ALTER TABLE mailq.MailQueue DROP CONSTRAINT CK_MailQueue_Status;
+    -- Dynamic, as the index below: the schema model (tools/tsqlcheck) holds
+    -- the constraint of sql/tables/ already, under the same name.
+    EXEC sys.sp_executesql
+        N'ALTER TABLE mailq.MailQueue ADD CONSTRAINT CK_MailQueue_Status CHECK (
+              Status IN (N''UnSent'', N''Sending'', N''Sent'', N''Failed'', N''Cancelled'', N''Expired'', N''Stopped'')
+          );';
+END;
+
+IF EXISTS (
+    SELECT 1
+    FROM sys.indexes AS i
+    WHERE
+        i.object_id = OBJECT_ID(N'mailq.MailQueue')
+        AND i.name = N'IX_MailQueue_Final'
+        AND i.filter_definition NOT LIKE N'%Stopped%'
+)
+BEGIN
+    DROP INDEX IX_MailQueue_Final ON mailq.MailQueue;
+    -- Dynamic, as in revision 0007: created after the DROP in this same batch
+    -- (and the schema model holds sql/indexes/'s copy under the same name).
+    EXEC sys.sp_executesql
+        N'CREATE NONCLUSTERED INDEX IX_MailQueue_Final
+          ON mailq.MailQueue (DateProcessed ASC, ID ASC)
+          INCLUDE (Status, AccountName)
+          WHERE Status IN (N''Sent'', N''Failed'', N''Cancelled'', N''Expired'', N''Stopped'');';
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
+that is already queued it returns the existing mail and inserts nothing.
+Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
+                          an address or 'Display Name <address>'
+             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars
+             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars
+             @BodyFormat  N'Text' (default) or N'Html'
+             @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
+             @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
+             @FromAddress default: the account's DefaultFromAddress
+             @FromName    default: the account's DefaultFromName, <= 200 chars
+             @ReplyTo     one address
+             @Headers     business headers: a JSON object of string values,
+                          e.g. N'{"X-Order-Id": "42"}'; at most 50
+             @AccountName default: the default sending account
+             @AppName     a registered application (mailq.UpsertApplication)
+             @Priority    0-9, 9 first, default 5
+             @DateToProcess  UTC time to send at, default now
+             @ExpiresAtUtc   UTC time after which the mail is Expired unsent
+             @MaxAttempts    1-20, default 5
+             @IdempotencyKey <= 200 chars; see "Idempotency" below
+             @Attachments    JSON array of {"FileName", "ContentType",
+                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all
+             NULL for an optional parameter means its default.
+Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
+             sent unchanged by every attempt), @Created BIT (0 when an existing
+             mail was returned for the idempotency key).  No result set, so the
+             procedure can be called from triggers.
+Idempotency: the key is global and compared as binary text (case- and
+             accent-sensitive: 'ABC' and 'abc' are two keys), the rule of the
+             column (COLLATE Latin1_General_100_BIN2) and of sp_getapplock's
+             resource names alike; trailing spaces are ignored, as by every
+             SQL Server comparison.  The same key with the same content (the
+             parameters exactly as passed, attachments included) returns the
+             first mail; with different content it raises 50116 and writes
+             nothing.  A key is free again once PurgeMail deleted its mail.
+             Concurrent calls with one key serialize on an application lock
+             on that key (no key-range locks: neighbouring keys never wait);
+             the lock is owned by the transaction, so inside a caller's
+             transaction a second call with the SAME key waits until the
+             caller commits or rolls back (at most 10 s, then 50162).
+Binding:     with @AppName, the account must be bound to the application and
+             the From address must match one of its From bindings (an exact
+             address or '@domain'); see mailq.BindApplication.  Mail without
+             @AppName is bound only when the calling database user is mapped
+             to an application (mailq.ApplicationPrincipal): its mail then
+             always carries that application (@AppName NULL means it, another
+             is 50168).  Unmapped users without @AppName are not bound
+             (docs/guarantees.md, "Who may send as whom").
+Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
+             50103 a value over its size; 50104 more than 100 recipients;
+             50105 CR or LF in a header value (header injection);
+             50106 @Headers not a JSON object of string values;
+             50107 invalid header name; 50108 header would override a reserved one;
+             50109 @Priority not 0-9; 50110 @ExpiresAtUtc not after the due time;
+             50111 body over its limit; 50112 attachment count or size over limit;
+             50113 attachment file name empty or path-like;
+             50114 unknown (or no default) account; 50115 unknown application;
+             50116 idempotency key reused with different content;
+             50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
+             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing;
+             50160 the application may not send through @AccountName;
+             50161 the application may not send as @FromAddress;
+             50162 the idempotency key's lock was not granted in 10 s (or deadlock);
+             50168 the calling database user is mapped to another application.
+Transaction: opens its own if none is open, else works inside the caller's
+             (the outbox pattern: the mail exists exactly when the caller
+             commits; no savepoint, SAVE TRANSACTION fails under MSDTC with
+             error 627).  Any error, validation included, is re-raised
+             unchanged; XACT_ABORT ON rolls back the caller's transaction, or
+             dooms it (XACT_STATE() = -1) when the caller catches the error:
+             the caller can only roll back, and nothing of this call remains.
+Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
+             it returns): under a SERIALIZABLE caller the key lookup would
+             otherwise take key-range locks, under SNAPSHOT it would miss a
+             key committed after the caller's snapshot began.
+Lock order:  the application lock on the key, then mailq.MailQueue (insert,
+             with its Enqueued row in mailq.MailEvent), then
+             mailq.MailAttachment (docs/guarantees.md, "Lock order").
+Example:     DECLARE @ID BIGINT;
+             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
+                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
+                 @MailID = @ID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMail
+    @ToAddress NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX),
+    @Body NVARCHAR(MAX),
+    @BodyFormat NVARCHAR(20) = N'Text',
+    @TextBody NVARCHAR(MAX) = NULL,
+    @CC NVARCHAR(MAX) = NULL,
+    @BCC NVARCHAR(MAX) = NULL,
+    @FromAddress NVARCHAR(MAX) = NULL,
+    @FromName NVARCHAR(MAX) = NULL,
+    @ReplyTo NVARCHAR(MAX) = NULL,
+    @Headers NVARCHAR(MAX) = NULL,
+    @AccountName NVARCHAR(4000) = NULL,
+    @AppName NVARCHAR(4000) = NULL,
+    @Priority INT = 5,
+    @DateToProcess DATETIME2(3) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL,
+    @MaxAttempts INT = 5,
+    @IdempotencyKey NVARCHAR(4000) = NULL,
+    @Attachments NVARCHAR(MAX) = NULL,
+    @MailID BIGINT = NULL OUTPUT,
+    @MessageID NVARCHAR(255) = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Msg NVARCHAR(2048);
+    -- Tested under a binary collation (COLLATE Latin1_General_100_BIN2): under
+    -- a linguistic collation control characters can be ignorable in LIKE.
+    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
+
+    -- The content hash covers the parameters exactly as passed (before
+    -- defaults), so that the same call is recognised as the same mail.
+    DECLARE @ContentJson NVARCHAR(MAX) = (
+        SELECT
+            @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, @Subject AS Subject,
+            @Body AS Body, @BodyFormat AS BodyFormat, @TextBody AS TextBody,
+            @FromAddress AS FromAddress, @FromName AS FromName, @ReplyTo AS ReplyTo,
+            @Headers AS Headers, @AccountName AS AccountName, @AppName AS AppName,
+            @Priority AS Priority, @DateToProcess AS DateToProcess,
+            @ExpiresAtUtc AS ExpiresAtUtc, @MaxAttempts AS MaxAttempts,
+            @Attachments AS Attachments
+        FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
+    );
+
+    SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
+    SET @Priority = COALESCE(@Priority, 5);
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    SET @DateToProcess = COALESCE(@DateToProcess, @Now);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(@ToAddress))
+        THROW 50101, N'@ToAddress is required: give at least one recipient address (separate several with ;).', 1;
+    IF @Subject IS NULL
+        THROW 50121, N'@Subject is required (pass N'''' for a mail without subject).', 1;
+    IF @Body IS NULL
+        THROW 50120, N'@Body is required.', 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.')
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress, 4000), (2, N'@CC', @CC, 4000), (3, N'@BCC', @BCC, 4000),
+        (4, N'@Subject', @Subject, 900), (5, N'@FromAddress', @FromAddress, 320),
+        (6, N'@FromName', @FromName, 200), (7, N'@ReplyTo', @ReplyTo, 320),
+        (8, N'@AccountName', @AccountName, 128), (9, N'@AppName', @AppName, 128),
+        (10, N'@IdempotencyKey', @IdempotencyKey, 200)
+    ) AS v(Position, ParamName, Value, MaxLength)
+    WHERE LEN(v.Value) > v.MaxLength
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' contains CR or LF; header values must be one line (header injection is refused).')
+    FROM (
+        VALUES
+        (1, N'@Subject', @Subject), (2, N'@FromName', @FromName), (3, N'@ReplyTo', @ReplyTo),
+        (4, N'@FromAddress', @FromAddress), (5, N'@IdempotencyKey', @IdempotencyKey)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(
+            v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'
+        )
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress), (2, N'@CC', @CC), (3, N'@BCC', @BCC),
+        (4, N'@ReplyTo', @ReplyTo), (5, N'@FromAddress', @FromAddress)
+    ) AS v(Position, ParamName, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+    WHERE a.Problem IS NOT NULL
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50102, @Msg, 1;
+
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) > 1
+        THROW 50102, N'@ReplyTo takes one address.', 1;
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) > 1
+        THROW 50102, N'@FromAddress takes one address.', 1;
+    IF EXISTS (SELECT 1 FROM mailq.ParseAddressList(@FromAddress) AS a WHERE a.DisplayName IS NOT NULL)
+        THROW 50102, N'@FromAddress takes a bare address; give the display name in @FromName.', 1;
+
+    DECLARE @RecipientCount INT = (
+        SELECT COUNT(*)
+        FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value)
+    );
+    IF @RecipientCount > 100
+    BEGIN
+        SET @Msg = CONCAT(N'@ToAddress, @CC and @BCC name ', @RecipientCount, N' recipients; the limit is 100.');
+        THROW 50104, @Msg, 1;
+    END;
+
+    IF @BodyFormat NOT IN (N'Text', N'Html')
+    BEGIN
+        SET @Msg = CONCAT(N'@BodyFormat must be Text or Html; got ''', LEFT(@BodyFormat, 20), N'''.');
+        THROW 50118, @Msg, 1;
+    END;
+    IF @Priority NOT BETWEEN 0 AND 9
+    BEGIN
+        SET @Msg = CONCAT(N'@Priority must be 0-9 (9 is sent first); got ', @Priority, N'.');
+        THROW 50109, @Msg, 1;
+    END;
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    IF @ExpiresAtUtc <= @DateToProcess
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ExpiresAtUtc (', CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126),
+            N') must be later than the due time (', CONVERT(NVARCHAR(30), @DateToProcess, 126), N').'
+        );
+        THROW 50110, @Msg, 1;
+    END;
+    IF LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000
+        THROW 50111, N'@Body and @TextBody are limited to 2,000,000 characters each.', 1;
+
+    -- Business headers: a JSON object whose values are strings.
+    IF @Headers IS NOT NULL
+    BEGIN
+        IF ISJSON(@Headers) = 0 OR LEFT(LTRIM(@Headers), 1) <> N'{'
+            THROW 50106, N'@Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[type] <> 1;
+        IF @Msg IS NOT NULL THROW 50106, @Msg, 1;
+
+        IF (SELECT COUNT(*) FROM OPENJSON(@Headers)) > 50
+            THROW 50106, N'@Headers holds more than 50 headers.', 1;
+
+        IF EXISTS (
+            SELECT UPPER(j.[key]) AS HeaderName
+            FROM OPENJSON(@Headers) AS j
+            GROUP BY UPPER(j.[key])
+            HAVING COUNT(*) > 1
+        )
+            THROW 50106, N'@Headers names one header twice.', 1;
+
+        -- RFC 5322 field name: 1-76 printable US-ASCII characters except ':'
+        -- (the binary collation makes the ranges code-point ranges).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
+            N'(1-76 printable ASCII characters, no space or colon).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE
+            LEN(j.[key]) NOT BETWEEN 1 AND 76
+            OR j.[key] COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%';
+        IF @Msg IS NOT NULL THROW 50107, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: ''', j.[key], N''' is set by mailq-db and cannot be overridden.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE UPPER(j.[key]) IN (
+            N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
+            N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
+            N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'
+        );
+        IF @Msg IS NOT NULL THROW 50108, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: the value of ''', j.[key], N''' contains CR or LF (header injection is refused).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf;
+        IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', j.[key], N''' is longer than 900 characters.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE LEN(j.[value]) > 900;
+        IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+    END;
+
+    -- The calling database user's application, when an administrator mapped
+    -- it (mailq.BindApplication @PrincipalName): USER_NAME() is the caller's
+    -- user (this module has no EXECUTE AS).  The content hash above keeps
+    -- @AppName as passed.
+    DECLARE @PrincipalApp NVARCHAR(128) = (
+        SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
+    );
+    IF @PrincipalApp IS NOT NULL
+    BEGIN
+        IF @AppName IS NOT NULL AND @AppName <> @PrincipalApp
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Database user ', QUOTENAME(USER_NAME()), N' enqueues as application ''', @PrincipalApp,
+                N''' only; got @AppName ''', @AppName, N'''.'
+            );
+            THROW 50168, @Msg, 1;
+        END;
+        SET @AppName = @PrincipalApp;
+    END;
+
+    -- Account and application.
+    DECLARE @ResolvedAccount NVARCHAR(128), @DefaultFrom NVARCHAR(320), @DefaultFromName NVARCHAR(200);
+    SELECT
+        @ResolvedAccount = a.AccountName,
+        @DefaultFrom = a.DefaultFromAddress,
+        @DefaultFromName = a.DefaultFromName
+    FROM mailq.SendingAccount AS a
+    WHERE
+        (@AccountName IS NOT NULL AND a.AccountName = @AccountName)
+        OR (@AccountName IS NULL AND a.IsDefault = 1);
+    IF @ResolvedAccount IS NULL
+    BEGIN
+        SET @Msg = IIF(
+            @AccountName IS NULL,
+            N'@AccountName is NULL and no default sending account exists (mailq.UpsertSendingAccount @IsDefault = 1).',
+            CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account (mailq.UpsertSendingAccount).')
+        );
+        THROW 50114, @Msg, 1;
+    END;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application (mailq.UpsertApplication).');
+        THROW 50115, @Msg, 1;
+    END;
+
+    SET @FromAddress = LTRIM(RTRIM(COALESCE(@FromAddress, @DefaultFrom)));
+    SET @FromName = COALESCE(@FromName, @DefaultFromName);
+
+    -- Who may send as whom (issue 10, point 10): an application sends only
+    -- through the accounts and as the From addresses or domains it is bound to.
+    IF @AppName IS NOT NULL
+    BEGIN
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationAccount AS b
+            WHERE b.AppName = @AppName AND b.AccountName = @ResolvedAccount
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send through account ''', @ResolvedAccount,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).'
+            );
+            THROW 50160, @Msg, 1;
+        END;
+        -- Addresses and domains compare case-insensitively whatever the
+        -- database collation (LOWER on both sides, then binary).
+        DECLARE @FromLower NVARCHAR(320) = LOWER(@FromAddress) COLLATE Latin1_General_100_BIN2;
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationFrom AS f
+            WHERE
+                f.AppName = @AppName
+                AND (
+                    f.FromPattern = @FromLower
+                    OR (
+                        LEFT(f.FromPattern, 1) = N'@'
+                        AND RIGHT(@FromLower, LEN(f.FromPattern)) = f.FromPattern
+                    )
+                )
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send as ''', @FromAddress,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, ',
+                N'@FromAddress = N''addr'' or N''@domain'').'
+            );
+            THROW 50161, @Msg, 1;
+        END;
+    END;
+
+    -- Attachments: decoded from base64 by OPENJSON ... WITH (VARBINARY), which
+    -- raises an error for text that is not base64: caught and reported as 50117.
+    DECLARE @Attachment TABLE (
+        AttachmentNo INT NOT NULL PRIMARY KEY,
+        FileName NVARCHAR(4000) NULL,
+        ContentType NVARCHAR(4000) NULL,
+        Content VARBINARY(MAX) NULL
+    );
+    IF @Attachments IS NOT NULL
+    BEGIN
+        IF ISJSON(@Attachments) = 0 OR LEFT(LTRIM(@Attachments), 1) <> N'['
+            THROW 50117,
+                N'@Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.',
+                1;
+        IF EXISTS (SELECT 1 FROM OPENJSON(@Attachments) AS e WHERE e.[type] <> 5)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        BEGIN TRY
+            INSERT INTO @Attachment (AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                CAST(e.[key] AS INT) + 1 AS AttachmentNo,
+                f.FileName,
+                f.ContentType,
+                f.Content
+            FROM OPENJSON(@Attachments) AS e
+            CROSS APPLY OPENJSON (e.[value])
+                WITH (
+                    FileName NVARCHAR(4000) '$.FileName',
+                    ContentType NVARCHAR(4000) '$.ContentType',
+                    Content VARBINARY(MAX) '$.ContentBase64'
+                ) AS f;
+        END TRY
+        BEGIN CATCH
+            SET @Msg = CONCAT(N'@Attachments: ContentBase64 must be base64 text (', ERROR_MESSAGE(), N').');
+            THROW 50117, @Msg, 1;
+        END CATCH;
+
+        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        IF (SELECT COUNT(*) FROM @Attachment) > 10
+            THROW 50112, N'@Attachments holds more than 10 attachments.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: file name ''', LEFT(t.FileName, 100),
+            N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).'
+        )
+        FROM @Attachment AS t
+        WHERE
+            NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
+            OR t.FileName LIKE N'%[/\:]%'
+            OR t.FileName IN (N'.', N'..')
+            OR t.FileName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            OR LEN(t.FileName) > 255
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50113, @Msg, 1;
+
+        SELECT TOP (1)
+            @Msg = CONCAT(N'@Attachments: content type of ''', t.FileName, N''' must look like type/subtype.')
+        FROM @Attachment AS t
+        WHERE
+            t.ContentType IS NOT NULL
+            AND (
+                t.ContentType NOT LIKE N'_%/_%'
+                OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+                OR LEN(t.ContentType) > 255
+            )
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50117, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: ''', t.FileName, N''' is ', DATALENGTH(t.Content),
+            N' bytes; the limit is 10485760 (10 MiB) per attachment.'
+        )
+        FROM @Attachment AS t
+        WHERE DATALENGTH(t.Content) > 10485760
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50112, @Msg, 1;
+
+        IF (SELECT SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) FROM @Attachment AS t) > 26214400
+            THROW 50112, N'@Attachments total more than 26214400 bytes (25 MiB) per mail.', 1;
+    END;
+
+    DECLARE @ContentHash VARBINARY(32) = HASHBYTES('SHA2_256', @ContentJson);
+    DECLARE @Domain NVARCHAR(320) = SUBSTRING(@FromAddress, CHARINDEX(N'@', @FromAddress) + 1, 320);
+    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
+    IF @Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    DECLARE @LockResult INT;
+    DECLARE @KeyResource NVARCHAR(255) = CONCAT(N'mailq.IdempotencyKey:', RTRIM(@IdempotencyKey));
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ExistingHash VARBINARY(32);
+        SET @MailID = NULL;
+        IF @IdempotencyKey IS NOT NULL
+        BEGIN
+            -- Serialize on the key itself, not on a range of the index: an
+            -- exclusive application lock owned by the transaction (released at
+            -- its commit or rollback, the caller's when we run inside it).
+            -- Resource names are compared as binary, like the key column; the
+            -- key is at most 200 characters, so the resource fits its 255.
+            -- Insert-first catching 2601/2627 was rejected: under XACT_ABORT ON
+            -- a duplicate-key error dooms the caller's transaction, so the
+            -- outbox case could never return the existing mail (docs/guarantees.md).
+            EXEC @LockResult = sys.sp_getapplock
+                @Resource = @KeyResource,
+                @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction',
+                @LockTimeout = 10000;
+            -- < 0: timed out (-1), cancelled (-2), deadlock victim (-3), call
+            -- error (-999).  A deadlock on an application lock does not roll
+            -- back the transaction (sp_getapplock, Remarks): this THROW does,
+            -- or dooms the caller's (XACT_ABORT ON).
+            IF @LockResult < 0
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''': another transaction enqueueing the same key ',
+                    N'held it for 10 s (sp_getapplock returned ', @LockResult, N'); retry once it committed.'
+                );
+                THROW 50162, @Msg, 1;
+            END;
+
+            -- A plain read is exact here: only EnqueueMail writes keys, always
+            -- under this lock, so a row with the key is committed or absent.
+            -- "IS NOT NULL" repeats the index filter, so the filtered index matches.
+            SELECT
+                @MailID = q.ID,
+                @MessageID = q.MessageID,
+                @ExistingHash = q.ContentHash
+            FROM mailq.MailQueue AS q
+            WHERE q.IdempotencyKey = @IdempotencyKey AND q.IdempotencyKey IS NOT NULL;
+
+            IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''' already belongs to mail ', @MailID,
+                    N' with different content; use a new key for a different mail.'
+                );
+                THROW 50116, @Msg, 1;
+            END;
+        END;
+
+        IF @MailID IS NOT NULL
+            SET @Created = 0;
+        ELSE
+        BEGIN
+            SET @MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', @Domain, N'>');
+
+            INSERT INTO mailq.MailQueue (
+                dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
+                ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
+                Status, AttemptsRemaining, Priority, AccountName, AppName,
+                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc
+            )
+            -- The Enqueued event in the same statement (docs/events.md).
+            OUTPUT
+                inserted.ID, inserted.AppName, N'Enqueued', inserted.Status, inserted.AttemptCount,
+                NULL, NULL, inserted.dtStamp
+            INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+            VALUES (
+                @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
+                @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
+                N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
+                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc
+            );
+            SET @MailID = SCOPE_IDENTITY();
+
+            INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
+            SELECT
+                @MailID,
+                t.AttachmentNo,
+                LTRIM(RTRIM(t.FileName)),
+                COALESCE(t.ContentType, N'application/octet-stream'),
+                t.Content
+            FROM @Attachment AS t;
+
+            SET @Created = 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its cost
+is bounded by the batch and the number of accounts that can send now, never
+by the backlog that cannot be sent (issue 10, point 1).
+
+Claimable: UnSent and due, or Sending with an expired lease (its worker died
+or stalled): VisibleAtUtc <= now in both cases; with an attempt left and not
+past ExpiresAtUtc.  Mail past its expiry or out of attempts is never taken
+here: mailq.FinalizeMail moves it to Expired/Failed in bounded batches, so
+every row this procedure takes is returned to the worker.
+
+How (a small fixed number of statements in one transaction):
+ 1. Accounts: the sending accounts the worker serves (@AccountNames), that
+    are not blocked (BlockedUntilUtc), with what is left of their rate budget.
+    Budget rows are read WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK), one
+    seek per such account (only its row is locked): an account whose
+    budget another claimer holds is skipped for this claim, never waited on.
+    The clock (@Now) is read AFTER those locks are held, and a stored window
+    start later than @Now's window is kept (windows never move backwards), so
+    the mails charged to any window never exceed the account's limit, also
+    with claimers racing at a window boundary (issue 10, point 6; spin model
+    models/mailqueue.pml -DRATE).  Accounts without budget are dropped.  With
+    more such accounts than @BatchSize, those without claimable mail are
+    dropped (one row-free EXISTS probe each) and @BatchSize of the rest are
+    drawn at random per claim (so no account starves and the lock bound
+    below holds).
+ 2. Passes (at most 3): one UPDATE each, driven by those accounts: CROSS APPLY
+    a per-account TOP (cap) on IX_MailQueue_ClaimByAccount (FORCESEEK), in
+    Priority DESC, VisibleAtUtc, ID order; then TOP (slots left) over those
+    rows in round-robin order (each account's 1st mail, then each one's 2nd,
+    ...; within a turn highest Priority, then oldest due, then ID).
+    Fair share: cap = least of the account's remaining budget and
+    FLOOR(slots left / accounts still open), at least 1.  An account that
+    yields fewer rows than its cap is drained; the next pass shares the slots
+    left among the others (max-min fairness).  Within one account the DESIGN.md order
+    holds exactly (highest Priority first, then oldest due, within what can
+    be sent); across accounts the batch is shared, because each account
+    sends over its own connection and budget.  With one account (the common
+    case) the batch is exactly the global order.
+ 3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
+    open one attempt per claimed mail; commit; return the mails.
+Expected plan of a pass (header of IX_MailQueue_ClaimByAccount): Table Scan
+of @Acct (a few rows) -> Nested Loops -> per account Top (Cap) <- Sequence
+Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten ranges:
+AccountName = a, Priority = p, VisibleAtUtc <= @Now; residual AppName,
+AttemptsRemaining, ExpiresAtUtc); above the loop a TopN Sort of at most
+(slots + accounts) rows by Turn; Clustered Index Seek by ID for the UPDATE
+(Clustered Index Update maintains the indexes).  No scan of mailq.MailQueue,
+no Sort below a per-account Top, nothing that reads a non-driving account.
+Bounds per pass statement: rows read (and U-locked) on
+IX_MailQueue_ClaimByAccount <= max(slots left, accounts open) <= @BatchSize;
+at most @BatchSize rows updated, each also taking the key lock of its new
+position in the index: <= 2 x @BatchSize key locks on the index, <=
+@BatchSize on the clustered index (2,000 at the largest batch, 100 at the
+worker's default of 50), never near the 5,000 locks per statement and index
+that trigger lock escalation (Microsoft, "Lock escalation": the threshold
+counts one statement's locks on one index or table).  Limits: an isolated worker (@AppName) reads past
+due mail of OTHER applications on the same account, and every claim reads
+past expired / out-of-attempts mail not yet finalized; both are residual
+predicates on the seek (covered by INCLUDE, no lookup).
+
+Parameters:  @BatchSize    INT 1-1000, default 10
+             @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
+                           this batch; every acknowledgement must present it
+             @LeaseSeconds INT 1-3600, default 300
+             @AppName      NULL (default): claim every application's mail
+                           (competing); a name: only that application's mail (isolated)
+             @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
+             @AccountNames NULL (default): every account; else a JSON array of
+                           the account names this worker can send for (a worker
+                           without credentials for an account never claims its mail)
+Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
+                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
+                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp
+             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
+Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
+             50132 @LeaseSeconds out of range; 50103 a name over its size;
+             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails in distributed transactions,
+             error 627).  An error rolls back what it opened; inside a
+             caller's transaction XACT_ABORT dooms that transaction and the
+             caller must roll it back.  The result sets are read after the
+             claim's statements (the rows are leased to @LockToken).
+Isolation:   sets READ COMMITTED itself (READPAST is refused under
+             SERIALIZABLE and SNAPSHOT, error 650, and REPEATABLE READ would
+             keep every lock it reads; a level set inside a procedure
+             reverts when it returns).  Under READ_COMMITTED_SNAPSHOT the claim's reads still
+             lock: UPDLOCK makes them locking reads of the latest committed
+             rows (Microsoft's "Table hints": UPDLOCK, READPAST).
+Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
+             mailq.MailQueue (U -> X), mailq.MailAttempt (X), mailq.MailEvent
+             (insert): the order of every mail-queue procedure that touches
+             several of them.
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
+                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimMail
+    @BatchSize INT = 10,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300,
+    @AppName NVARCHAR(4000) = NULL,
+    @WorkerName NVARCHAR(4000) = NULL,
+    @AccountNames NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 10);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50130, @Msg, 1;
+    END;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: a new GUID per claimed batch.', 1;
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+    IF LEN(@AppName) > 128 OR LEN(@WorkerName) > 128
+        THROW 50103, N'@AppName and @WorkerName are limited to 128 characters.', 1;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50115, @Msg, 1;
+    END;
+
+    -- Separate statements, not one OR: the order in which SQL Server
+    -- evaluates ISJSON() and OPENJSON in one predicate is not guaranteed.
+    DECLARE @AccountsOk BIT = 1;
+    IF @AccountNames IS NOT NULL
+    BEGIN
+        IF ISJSON(@AccountNames) = 0 OR LEFT(LTRIM(@AccountNames), 1) <> N'['
+            SET @AccountsOk = 0;
+        ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@AccountNames) AS j WHERE j.[type] <> 1)
+            SET @AccountsOk = 0;
+    END;
+    IF @AccountsOk = 0
+        THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
+
+    DECLARE @Served TABLE (AccountName NVARCHAR(128) NOT NULL PRIMARY KEY);
+    IF @AccountNames IS NOT NULL
+        INSERT INTO @Served (AccountName)
+        SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
+        FROM OPENJSON(@AccountNames) AS j
+        WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
+
+    DECLARE @Now DATETIME2(3);
+    DECLARE @LeaseUntil DATETIME2(3);
+    DECLARE @MinuteStart DATETIME2(0);
+    DECLARE @HourStart DATETIME2(0);
+    DECLARE @DayStart DATETIME2(0);
+
+    -- The accounts that drive the claim.  Remaining: what the account may
+    -- still take in this claim; Taken: claimed so far; Cap: this pass's
+    -- per-account TOP; IsOpen: may take more in a later pass.
+    DECLARE @Acct TABLE (
+        AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        IsLimited BIT NOT NULL,
+        BlockedUntilUtc DATETIME2(3) NULL,
+        PerMinuteLimit INT NULL,
+        PerHourLimit INT NULL,
+        PerDayLimit INT NULL,
+        MinuteStartUtc DATETIME2(0) NULL,
+        MinuteCount INT NULL,
+        HourStartUtc DATETIME2(0) NULL,
+        HourCount INT NULL,
+        DayStartUtc DATETIME2(0) NULL,
+        DayCount INT NULL,
+        Remaining INT NOT NULL DEFAULT (0),
+        Taken INT NOT NULL DEFAULT (0),
+        Cap INT NOT NULL DEFAULT (0),
+        IsOpen BIT NOT NULL DEFAULT (1)
+    );
+    DECLARE @Claimed TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AttemptNo INT NOT NULL,
+        Pass INT NOT NULL
+    );
+    DECLARE @Pass INT = 0;
+    DECLARE @Left INT = @BatchSize;
+    DECLARE @Open INT;
+    DECLARE @Share INT;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- Accounts without limits: no budget to take, so no lock either.
+        -- A plain read: under READ_COMMITTED_SNAPSHOT it sees the last
+        -- committed BlockedUntilUtc, which is all a claim needs.
+        INSERT INTO @Acct (AccountName, IsLimited, BlockedUntilUtc)
+        SELECT a.AccountName, 0, a.BlockedUntilUtc
+        FROM mailq.SendingAccount AS a
+        WHERE
+            a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- Accounts with limits, and their budget rows.
+        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
+        --           cannot both spend the same remainder (a locking read also
+        --           under READ_COMMITTED_SNAPSHOT);
+        -- READPAST: a budget row held by another claimer is skipped (that
+        --           account's mail waits for the next claim), never waited on;
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page;
+        -- FORCESEEK: one seek on PK_RateBudget per account read above, never
+        --           a scan: a scan U-locks (and keeps) the budget row of
+        --           every account, also those this worker does not serve or
+        --           that have no limit, so claimers serving other accounts
+        --           would read past them and skip accounts no one is using.
+        INSERT INTO @Acct (
+            AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
+            MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
+        )
+        SELECT
+            a.AccountName, 1, a.BlockedUntilUtc, a.PerMinuteLimit, a.PerHourLimit, a.PerDayLimit,
+            b.MinuteStartUtc, b.MinuteCount, b.HourStartUtc, b.HourCount, b.DayStartUtc, b.DayCount
+        FROM mailq.SendingAccount AS a
+        INNER JOIN mailq.RateBudget AS b WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK)
+            ON a.AccountName = b.AccountName
+        WHERE
+            (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- The clock, read while the budget rows are held: every claimer of an
+        -- account reads it under the same lock, one after the other.
+        SET @Now = SYSUTCDATETIME();
+        SET @LeaseUntil = DATEADD(SECOND, @LeaseSeconds, @Now);
+        SET @MinuteStart = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
+        SET @HourStart = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
+        SET @DayStart = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
+
+        DELETE FROM @Acct WHERE BlockedUntilUtc > @Now;
+
+        -- Windows never move backwards: a stored window that starts at or
+        -- after ours is the current one and its count applies (a clock read
+        -- earlier, or a clock set back, cannot reopen a spent window).
+        UPDATE a
+        SET a.Remaining = IIF(
+            a.IsLimited = 0,
+            @BatchSize,
+            (
+                SELECT MIN(w.Remaining)
+                FROM (
+                    VALUES
+                    (COALESCE(a.PerMinuteLimit - IIF(a.MinuteStartUtc >= @MinuteStart, a.MinuteCount, 0), @BatchSize)),
+                    (COALESCE(a.PerHourLimit - IIF(a.HourStartUtc >= @HourStart, a.HourCount, 0), @BatchSize)),
+                    (COALESCE(a.PerDayLimit - IIF(a.DayStartUtc >= @DayStart, a.DayCount, 0), @BatchSize))
+                ) AS w(Remaining)
+            )
+        )
+        FROM @Acct AS a;
+
+        DELETE FROM @Acct WHERE Remaining <= 0;
+        UPDATE @Acct SET Remaining = @BatchSize WHERE Remaining > @BatchSize;
+
+        -- More accounts than slots: keep the accounts that have claimable
+        -- mail now (one row-free probe per account on the same index), then
+        -- @BatchSize of them drawn at random per claim, so every account gets
+        -- its turn and a pass never seeks more than @BatchSize accounts.
+        --   READPAST, READCOMMITTEDLOCK: a locking read that skips rows other
+        --   claimers hold (an account whose claimable rows are all held has
+        --   nothing for us) and takes no lock it keeps; also under RCSI.
+        IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+        BEGIN
+            DELETE FROM d
+            FROM @Acct AS d
+            WHERE NOT EXISTS (
+                SELECT 1
+                FROM mailq.MailQueue AS k WITH (
+                    INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                )
+                WHERE
+                    k.AccountName = d.AccountName
+                    AND k.Status IN (N'UnSent', N'Sending')
+                    AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                    AND k.VisibleAtUtc <= @Now
+                    AND k.AttemptsRemaining > 0
+                    AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    AND (@AppName IS NULL OR k.AppName = @AppName)
+            );
+            IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+                DELETE FROM d
+                FROM @Acct AS d
+                WHERE d.AccountName NOT IN (
+                    SELECT TOP (@BatchSize) r.AccountName FROM @Acct AS r ORDER BY NEWID()
+                );
+        END;
+
+        -- 3. The claim: up to three passes, one UPDATE each (see the header).
+        WHILE @Pass < 3 AND @Left > 0
+        BEGIN
+            SET @Pass += 1;
+            SELECT @Open = COUNT(*) FROM @Acct WHERE IsOpen = 1 AND Remaining > Taken;
+            IF @Open = 0 BREAK;
+            -- FLOOR, at least 1: the caps never add up to more than the slots
+            -- left (or one row per open account), which bounds the rows read.
+            SET @Share = IIF(@Left / @Open < 1, 1, @Left / @Open);
+            UPDATE @Acct
+            SET Cap = IIF(
+                IsOpen = 1 AND Remaining > Taken,
+                IIF(Remaining - Taken < @Share, Remaining - Taken, @Share),
+                0
+            );
+
+            UPDATE q
+            SET
+                q.Status = N'Sending',
+                q.ThreadLock = @LockToken,
+                q.VisibleAtUtc = @LeaseUntil,
+                q.AttemptsRemaining = q.AttemptsRemaining - 1,
+                q.AttemptCount = q.AttemptCount + 1,
+                -- A lease that expired may hide a mail the dead worker already
+                -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+                q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate)
+            OUTPUT
+                inserted.ID,
+                inserted.AccountName,
+                inserted.AppName,
+                deleted.Status,
+                deleted.ThreadLock,
+                inserted.AttemptCount,
+                @Pass
+            INTO @Claimed (ID, AccountName, AppName, OldStatus, OldLockToken, AttemptNo, Pass)
+            -- Target row by its clustered key.  READPAST: a row another
+            -- session holds (e.g. an acknowledgement of an expired lease in
+            -- flight) is skipped instead of waited on, which also rules out a
+            -- deadlock between our index-key U lock and its clustered X lock.
+            FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
+            INNER JOIN (
+                SELECT TOP (@Left) c.ID
+                FROM @Acct AS a
+                CROSS APPLY (
+                    -- One ordered seek per account (ten ranges, one per
+                    -- priority, already in ORDER BY order: no Sort, the TOP
+                    -- stops it after Cap rows).
+                    --   INDEX + FORCESEEK: the plan of the index's header,
+                    --     never a scan, whatever the statistics say;
+                    --   READPAST: skip rows other workers hold, never wait;
+                    --   UPDLOCK:  claim while reading, so two workers can't
+                    --     take one row (and a locking read under RCSI);
+                    --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
+                    SELECT TOP (a.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = a.AccountName
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                        AND (@AppName IS NULL OR k.AppName = @AppName)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                WHERE a.Cap > 0
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
+            ) AS p ON q.ID = p.ID
+            WHERE
+                q.Status IN (N'UnSent', N'Sending')
+                AND q.VisibleAtUtc <= @Now
+                AND q.AttemptsRemaining > 0;
+
+            -- What this pass gave each account; an account that yielded fewer
+            -- rows than its cap has nothing more to claim now (drained).
+            UPDATE a
+            SET
+                a.Taken = a.Taken + COALESCE(n.Claimed, 0),
+                a.IsOpen = IIF(COALESCE(n.Claimed, 0) < a.Cap, 0, a.IsOpen)
+            FROM @Acct AS a
+            LEFT JOIN (
+                SELECT m.AccountName, COUNT(*) AS Claimed
+                FROM @Claimed AS m
+                WHERE m.Pass = @Pass
+                GROUP BY m.AccountName
+            ) AS n ON a.AccountName = n.AccountName
+            WHERE a.Cap > 0;
+
+            SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
+        END;
+
+        -- Charge the budget of limited accounts (rows already U-locked above).
+        -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
+        -- budget rows other claimers hold.  A stored window that is not older
+        -- than ours is kept: the window start never moves backwards.
+        UPDATE b
+        SET
+            b.MinuteCount = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteCount, 0) + a.Taken,
+            b.MinuteStartUtc = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteStartUtc, @MinuteStart),
+            b.HourCount = IIF(b.HourStartUtc >= @HourStart, b.HourCount, 0) + a.Taken,
+            b.HourStartUtc = IIF(b.HourStartUtc >= @HourStart, b.HourStartUtc, @HourStart),
+            b.DayCount = IIF(b.DayStartUtc >= @DayStart, b.DayCount, 0) + a.Taken,
+            b.DayStartUtc = IIF(b.DayStartUtc >= @DayStart, b.DayStartUtc, @DayStart)
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Acct AS a ON b.AccountName = a.AccountName
+        WHERE a.IsLimited = 1 AND a.Taken > 0;
+
+        -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
+        -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Abandoned',
+            t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Claimed AS c
+            ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
+        WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+        -- Open an attempt for each mail now leased.
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
+        FROM @Claimed AS c;
+
+        -- Events, in this transaction (docs/events.md): a reclaimed lease
+        -- first says LeaseExpired (its earlier attempt, now abandoned), then
+        -- every mail leased says Claimed.  Two statements, so the two events
+        -- of one mail are stamped in that order.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            c.ID, c.AppName, N'LeaseExpired', N'Sending', c.AttemptNo - 1, NULL,
+            N'Lease expired before the worker acknowledged; reclaimed (PossibleDuplicate).', @Now
+        FROM @Claimed AS c
+        WHERE c.OldStatus = N'Sending';
+
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT c.ID, c.AppName, N'Claimed', N'Sending', c.AttemptNo, NULL, @WorkerName, @Now
+        FROM @Claimed AS c;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and its own CATCH rolls it back.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    SELECT
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.AppName,
+        q.FromName,
+        q.FromAddress,
+        q.ReplyTo,
+        q.ToAddress,
+        q.CC,
+        q.BCC,
+        q.Subject,
+        q.Body,
+        q.BodyFormat,
+        q.TextBody,
+        q.Headers,
+        q.Priority,
+        q.AttemptCount AS AttemptNo,
+        q.AttemptsRemaining,
+        q.VisibleAtUtc AS LeaseExpiresUtc,
+        q.PossibleDuplicate,
+        q.dtStamp
+    FROM mailq.MailQueue AS q
+    INNER JOIN @Claimed AS c ON q.ID = c.ID
+    WHERE q.ThreadLock = @LockToken
+    ORDER BY q.Priority DESC, q.ID ASC;
+
+    SELECT
+        a.MailID,
+        a.AttachmentNo,
+        a.FileName,
+        a.ContentType,
+        a.Content
+    FROM mailq.MailAttachment AS a
+    INNER JOIN @Claimed AS c ON a.MailID = c.ID
+    ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.FinalizeMail: moves queued mail that can never be sent to its final
+state, in small batches, so that the claim never has to (issue 10, point 2):
+  * out of attempts: UnSent/Sending, AttemptsRemaining = 0, lease expired
+    (the worker holding the last attempt died or stalled) -> Failed,
+    "No attempt left after an abandoned lease. Last error: ...";
+  * expired: UnSent (due or not), or Sending with an expired lease, whose
+    ExpiresAtUtc passed -> Expired.  A live lease is left to its worker.
+Whatever the account: blocked accounts and accounts no worker serves
+included (their mail expires as docs/guarantees.md promises).  A reclaimed
+lease is flagged PossibleDuplicate and its open attempt closed 'Abandoned',
+as ClaimMail does when it reclaims.  Out of attempts wins over expired.
+
+Each batch is one short transaction of at most @BatchSize mails per
+statement: a range seek on IX_MailQueue_Finalize / IX_MailQueue_Expiry, TOP,
+clustered seeks; reads and locks proportional to @BatchSize (far below the
+5,000 locks per statement that trigger lock escalation).  Batches repeat
+until one finds fewer than @BatchSize mails or @MaxBatches ran; the next
+call continues.  Workers call it on a timer (src/mailq_db/worker/loop.py,
+every 60 s); a SQL Agent job or an elastic job can call it instead (see
+docs/finalization.md).
+
+Parameters:  @BatchSize  INT 1-1000, default 200: mails per statement
+             @MaxBatches INT 1-1000, default 50: batches per call
+Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT
+             (1: the last batch was full; call again)
+Errors:      50150 @BatchSize out of range; 50151 @MaxBatches out of range;
+             50152 called inside a transaction.
+Transaction: must not be called inside a transaction (50152): each batch
+             commits on its own, which is what keeps it small.  An error
+             rolls back the batch under way (earlier batches stay) and is
+             re-raised.
+Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
+Lock order:  mailq.MailQueue (U -> X), then mailq.MailAttempt (X), then
+             mailq.MailEvent (insert), as in mailq.ClaimMail.
+Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
+*/
+CREATE OR ALTER PROCEDURE mailq.FinalizeMail
+    @BatchSize INT = 200,
+    @MaxBatches INT = 50
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 200);
+    SET @MaxBatches = COALESCE(@MaxBatches, 50);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50150, @Msg, 1;
+    END;
+    IF @MaxBatches NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxBatches must be 1-1000; got ', @MaxBatches, N'.');
+        THROW 50151, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50152, N'mailq.FinalizeMail commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Done TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        NewStatus NVARCHAR(16) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AppName NVARCHAR(128) NULL,
+        AttemptCount INT NOT NULL,
+        LastError NVARCHAR(4000) NULL
+    );
+    DECLARE @Now DATETIME2(3);
+    DECLARE @Failed INT = 0;
+    DECLARE @Expired INT = 0;
+    DECLARE @Rows INT;
+    DECLARE @ExpiredRows INT;
+    DECLARE @Batches INT = 0;
+    DECLARE @MoreLeft BIT = 0;
+
+    WHILE @Batches < @MaxBatches
+    BEGIN
+        SET @Batches += 1;
+        SET @Now = SYSUTCDATETIME();
+        DELETE FROM @Done;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- Out of attempts, lease expired.  IX_MailQueue_Finalize: range
+            -- seek on VisibleAtUtc <= @Now within its filter.
+            --   READPAST: skip rows others hold (a worker acknowledging its
+            --     last attempt right now), never wait on them;
+            --   UPDLOCK, ROWLOCK: row-grain update locks while reading.
+            WITH Dead AS (
+                SELECT TOP (@BatchSize)
+                    q.ID,
+                    q.Status,
+                    q.ThreadLock,
+                    q.PossibleDuplicate,
+                    q.DateProcessed,
+                    q.LastError,
+                    q.AppName,
+                    q.AttemptCount
+                FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Finalize), READPAST, UPDLOCK, ROWLOCK)
+                WHERE
+                    q.Status IN (N'UnSent', N'Sending')
+                    AND q.AttemptsRemaining = 0
+                    AND q.VisibleAtUtc <= @Now
+                ORDER BY q.VisibleAtUtc ASC, q.ID ASC
+            )
+
+            UPDATE d
+            SET
+                d.Status = N'Failed',
+                d.ThreadLock = NULL,
+                d.PossibleDuplicate = IIF(d.Status = N'Sending', CAST(1 AS BIT), d.PossibleDuplicate),
+                d.DateProcessed = @Now,
+                d.LastError = LEFT(CONCAT(N'No attempt left after an abandoned lease. Last error: ', d.LastError), 4000)
+            OUTPUT
+                inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock,
+                inserted.AppName, inserted.AttemptCount, inserted.LastError
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken, AppName, AttemptCount, LastError)
+            FROM Dead AS d;
+            SET @Rows = @@ROWCOUNT;
+            SET @Failed += @Rows;
+            -- (@Rows: the fuller of the two statements decides whether to go on)
+
+            -- Expired.  IX_MailQueue_Expiry: range seek on ExpiresAtUtc <=
+            -- @Now; a live lease (Sending, VisibleAtUtc in the future) is left
+            -- to its worker.  Same hints, same reasons.
+            WITH Late AS (
+                SELECT TOP (@BatchSize)
+                    q.ID,
+                    q.Status,
+                    q.ThreadLock,
+                    q.PossibleDuplicate,
+                    q.DateProcessed,
+                    q.LastError,
+                    q.AppName,
+                    q.AttemptCount
+                FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Expiry), READPAST, UPDLOCK, ROWLOCK)
+                WHERE
+                    q.Status IN (N'UnSent', N'Sending')
+                    AND q.ExpiresAtUtc IS NOT NULL
+                    AND q.ExpiresAtUtc <= @Now
+                    AND (q.Status = N'UnSent' OR q.VisibleAtUtc <= @Now)
+                ORDER BY q.ExpiresAtUtc ASC, q.ID ASC
+            )
+
+            UPDATE l
+            SET
+                l.Status = N'Expired',
+                l.ThreadLock = NULL,
+                l.PossibleDuplicate = IIF(l.Status = N'Sending', CAST(1 AS BIT), l.PossibleDuplicate),
+                l.DateProcessed = @Now,
+                l.LastError = N'Expired before it could be sent (ExpiresAtUtc passed).'
+            OUTPUT
+                inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock,
+                inserted.AppName, inserted.AttemptCount, inserted.LastError
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken, AppName, AttemptCount, LastError)
+            FROM Late AS l;
+            -- Read @@ROWCOUNT once: an assignment resets it.
+            SET @ExpiredRows = @@ROWCOUNT;
+            SET @Expired += @ExpiredRows;
+            IF @ExpiredRows > @Rows SET @Rows = @ExpiredRows;
+
+            -- Close the attempts of the leases given up (seek by mail ID).
+            UPDATE t
+            SET
+                t.EndedAtUtc = @Now,
+                t.Outcome = N'Abandoned',
+                t.ErrorText = IIF(
+                    d.NewStatus = N'Failed',
+                    N'Lease expired before the worker acknowledged; no attempt left.',
+                    N'Lease expired before the worker acknowledged; the mail expired.'
+                )
+            FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+            INNER JOIN @Done AS d
+                ON t.MailID = d.ID AND t.LockToken = d.OldLockToken
+            WHERE d.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+            -- Events, in this batch's transaction (docs/events.md): a lease
+            -- given up says LeaseExpired first, then the final Failed/Expired.
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            SELECT
+                d.ID, d.AppName, N'LeaseExpired', N'Sending', d.AttemptCount, NULL,
+                N'Lease expired before the worker acknowledged.', @Now
+            FROM @Done AS d
+            WHERE d.OldStatus = N'Sending';
+
+            -- The event type of a final change is its new status (Failed, Expired).
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            SELECT
+                d.ID,
+                d.AppName,
+                d.NewStatus AS EventType,
+                d.NewStatus AS Status,
+                d.AttemptCount,
+                NULL,
+                d.LastError,
+                @Now
+            FROM @Done AS d;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+
+        IF @Rows < @BatchSize
+        BEGIN
+            SET @MoreLeft = 0;
+            BREAK;
+        END;
+        SET @MoreLeft = 1;
+    END;
+
+    SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ReleaseMail: gives back mails a worker holds but has not sent (e.g. on
+shutdown): UnSent and due now, the attempt refunded, the attempt row closed
+as Released.  Fenced by the lock token, all or nothing.  The rate budget the
+claim took is not refunded (limits stay conservative).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required.
+Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.MailEvent (insert).
+Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.ReleaseMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL, AppName NVARCHAR(128) NULL);
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.ThreadLock = NULL,
+            q.VisibleAtUtc = @Now,
+            q.AttemptsRemaining = q.AttemptsRemaining + 1
+        OUTPUT inserted.ID, inserted.AttemptCount, inserted.AppName INTO @Released (ID, AttemptNo, AppName)
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Released'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Released AS r ON t.MailID = r.ID AND t.AttemptNo = r.AttemptNo;
+
+        -- One Released event per mail, in this transaction (docs/events.md).
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT r.ID, r.AppName, N'Released', N'UnSent', r.AttemptNo, NULL, NULL, @Now
+        FROM @Released AS r;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        r.ID,
+        N'UnSent' AS Status,
+        @Now AS NextAttemptUtc
+    FROM @Released AS r
+    ORDER BY r.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkSent: records mails as sent; fenced by the lock token and all or
+nothing, so one call acknowledges every mail sent on one SMTP connection.
+Repeatable: a mail this token already marked Sent is accepted again and left
+unchanged, so a worker whose connection dropped before the reply can simply
+call again.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
+             exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
+             final reply, optional; @DryRun BIT, default 0: 1 records that
+             nothing was sent (worker dry-run mode).
+Result set:  one row per mail named: ID, Status ('Sent'), NextAttemptUtc (NULL).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50147 @SmtpCode out of range.  On any error nothing is written.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.MailEvent (insert).
+Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkSent
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @SmtpCode INT = NULL,
+    @SmtpText NVARCHAR(4000) = NULL,
+    @DryRun BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @DryRun = COALESCE(@DryRun, 0);
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Acked TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL, AppName NVARCHAR(128) NULL);
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail
+            @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
+
+        UPDATE q
+        SET
+            q.Status = N'Sent',
+            q.ThreadLock = NULL,
+            q.SentAtUtc = @Now,
+            q.DateProcessed = @Now,
+            q.DryRun = @DryRun,
+            q.LastError = NULL
+        OUTPUT inserted.ID, inserted.AttemptCount, inserted.AppName INTO @Acked (ID, AttemptNo, AppName)
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = IIF(@DryRun = 1, N'DryRun', N'Sent'),
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @SmtpText
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        -- One Sent (or DryRun) event per mail changed, in this transaction
+        -- (docs/events.md).  A repeated acknowledgement changes no row above
+        -- and so writes no second event.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT a.ID, a.AppName, IIF(@DryRun = 1, N'DryRun', N'Sent'), N'Sent', a.AttemptNo, @SmtpCode, @SmtpText, @Now
+        FROM @Acked AS a;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        l.ID,
+        N'Sent' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    ORDER BY l.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
+nothing.  @Disposition follows TinyMail's error classes:
+  Retry  transient (4xx on the mail, dropped connection, timeout): the attempt
+         is consumed; the mail is UnSent again after @RetryAfterSeconds, or
+         after exponential backoff with jitter: 30 s * 2^(attempt-1), at most
+         1 hour, times a random 0.8-1.2; Failed when no attempt is left.
+  Wait   the account is throttled or locked (421, rate limits): the attempt is
+         refunded, the mail is UnSent again after @RetryAfterSeconds (default
+         60), and the account is blocked until then (ClaimMail skips it).
+  Stop   permanent (5xx, malformed mail): Failed at once.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @Disposition NVARCHAR(8),
+             required; @Error NVARCHAR(4000), required: what happened;
+             @RetryAfterSeconds INT 0-604800, optional; @SmtpCode INT 200-599, optional.
+Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc
+             (NULL when Failed).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50133 @Disposition unknown; 50134 @RetryAfterSeconds out of range;
+             50139 @Error missing; 50147 @SmtpCode out of range.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.MailEvent (insert), then mailq.SendingAccount (Wait only).
+Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
+                 @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
+*/
+CREATE OR ALTER PROCEDURE mailq.MarkFailed
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @Disposition NVARCHAR(20),
+    @Error NVARCHAR(4000),
+    @RetryAfterSeconds INT = NULL,
+    @SmtpCode INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @Disposition IS NULL OR @Disposition NOT IN (N'Retry', N'Wait', N'Stop')
+    BEGIN
+        SET @Msg = CONCAT(N'@Disposition must be Retry, Wait or Stop; got ''', @Disposition, N'''.');
+        THROW 50133, @Msg, 1;
+    END;
+    IF NULLIF(LTRIM(RTRIM(@Error)), N'') IS NULL
+        THROW 50139, N'@Error is required: say what failed (the SMTP reply or the exception).', 1;
+    IF @RetryAfterSeconds NOT BETWEEN 0 AND 604800
+    BEGIN
+        SET @Msg = CONCAT(N'@RetryAfterSeconds must be 0-604800 (7 days); got ', @RetryAfterSeconds, N'.');
+        THROW 50134, @Msg, 1;
+    END;
+    IF @SmtpCode NOT BETWEEN 200 AND 599
+    BEGIN
+        SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
+        THROW 50147, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @WaitUntil DATETIME2(3) = DATEADD(SECOND, COALESCE(@RetryAfterSeconds, 60), @Now);
+    DECLARE @Acked TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AttemptNo INT NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        Status NVARCHAR(16) NOT NULL,
+        NextAttemptUtc DATETIME2(3) NULL
+    );
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        WITH Outcome AS (
+            SELECT
+                q.ID,
+                q.AccountName,
+                q.AppName,
+                q.Status,
+                q.ThreadLock,
+                q.VisibleAtUtc,
+                q.AttemptsRemaining,
+                q.AttemptCount,
+                q.DateProcessed,
+                q.LastError,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN N'UnSent'
+                    WHEN @Disposition = N'Retry' AND q.AttemptsRemaining > 0 THEN N'UnSent'
+                    ELSE N'Failed'
+                END AS NewStatus,
+                CASE
+                    WHEN @Disposition = N'Wait' THEN @WaitUntil
+                    WHEN @RetryAfterSeconds IS NOT NULL THEN DATEADD(SECOND, @RetryAfterSeconds, @Now)
+                    -- Exponential backoff with jitter; NEWID() gives each row its own.
+                    ELSE DATEADD(
+                        MILLISECOND,
+                        CAST(
+                            IIF(
+                                q.AttemptCount >= 8, 3600,
+                                30 * POWER(2, IIF(q.AttemptCount < 1, 0, q.AttemptCount - 1))
+                            )
+                            -- modulo before ABS: ABS(-2147483648) would overflow
+                            * (800 + ABS(CHECKSUM(NEWID()) % 401)) AS INT
+                        ),
+                        @Now
+                    )
+                END AS RetryAtUtc
+            FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
+            INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+            WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
+        )
+
+        UPDATE o
+        SET
+            o.Status = o.NewStatus,
+            o.ThreadLock = NULL,
+            o.VisibleAtUtc = IIF(o.NewStatus = N'UnSent', o.RetryAtUtc, o.VisibleAtUtc),
+            -- Wait is not the mail's fault: its attempt is refunded.
+            o.AttemptsRemaining = o.AttemptsRemaining + IIF(@Disposition = N'Wait', 1, 0),
+            o.DateProcessed = @Now,
+            o.LastError = @Error
+        OUTPUT
+            inserted.ID,
+            inserted.AttemptCount,
+            inserted.AccountName,
+            inserted.AppName,
+            inserted.Status,
+            IIF(inserted.Status = N'UnSent', inserted.VisibleAtUtc, NULL)
+        INTO @Acked (ID, AttemptNo, AccountName, AppName, Status, NextAttemptUtc)
+        FROM Outcome AS o;
+
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = @Disposition,
+            t.SmtpCode = @SmtpCode,
+            t.ErrorText = @Error
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
+        INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        -- One event per mail, in this transaction (docs/events.md): Wait ->
+        -- AccountWaiting; UnSent again -> RetryScheduled; else Failed.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            a.ID,
+            a.AppName,
+            CASE
+                WHEN @Disposition = N'Wait' THEN N'AccountWaiting'
+                WHEN a.Status = N'UnSent' THEN N'RetryScheduled'
+                ELSE N'Failed'
+            END,
+            a.Status,
+            a.AttemptNo,
+            @SmtpCode,
+            @Error,
+            @Now
+        FROM @Acked AS a;
+
+        IF @Disposition = N'Wait'
+            UPDATE s
+            SET
+                s.BlockedUntilUtc = IIF(s.BlockedUntilUtc > @WaitUntil, s.BlockedUntilUtc, @WaitUntil),
+                s.BlockReason = @Error
+            FROM mailq.SendingAccount AS s
+            WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        a.ID,
+        a.Status,
+        a.NextAttemptUtc
+    FROM @Acked AS a
+    ORDER BY a.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.CancelMail: cancels a mail that is waiting to be sent (UnSent).  A mail
+being sent (Sending) cannot be cancelled safely: the SMTP server may already
+have it; cancel again after it was acknowledged, or let it finish.
+Parameters:  @ID BIGINT, required.
+Result set:  one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
+Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
+             in a procedure reverts when it returns).
+Lock order:  mailq.MailQueue, then mailq.MailEvent (insert).
+Example:     EXEC mailq.CancelMail @ID = 101;
+*/
+CREATE OR ALTER PROCEDURE mailq.CancelMail
+    @ID BIGINT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ID IS NULL
+        THROW 50136, N'@ID is required.', 1;
+
+    DECLARE @Status NVARCHAR(16);
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK: read and change the row under one lock, so a claim cannot
+        -- slip in between the check and the update.
+        SELECT @Status = q.Status
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+        WHERE q.ID = @ID;
+
+        IF @Status IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
+            THROW 50201, @Msg, 1;
+        END;
+        IF @Status <> N'UnSent'
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' is ', @Status, N'; only an UnSent mail can be cancelled.');
+            THROW 50204, @Msg, 1;
+        END;
+
+        UPDATE q
+        SET
+            q.Status = N'Cancelled',
+            q.DateProcessed = SYSUTCDATETIME()
+        -- The Cancelled event in the same statement (docs/events.md).
+        OUTPUT
+            inserted.ID, inserted.AppName, N'Cancelled', inserted.Status, inserted.AttemptCount,
+            NULL, NULL, inserted.DateProcessed
+        INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @ID AS ID,
+        N'Cancelled' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RequeueMail: puts a Failed, Cancelled, Expired or Stopped mail back in the
+queue (UnSent) with a fresh set of attempts; PossibleDuplicate and the
+attempt history are kept.  An expiry time that is not after the new due time
+is cleared (the mail would otherwise expire at once).
+Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
+             @DateToProcess DATETIME2(3) UTC, default now.
+Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
+Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
+             50201 unknown mail; 50205 the mail is not Failed, Cancelled, Expired or Stopped.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
+             in a procedure reverts when it returns).
+Lock order:  mailq.MailQueue (clustered row first, as PurgeMail), then
+             mailq.MailEvent (insert).
+Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
+*/
+CREATE OR ALTER PROCEDURE mailq.RequeueMail
+    @ID BIGINT,
+    @MaxAttempts INT = 5,
+    @DateToProcess DATETIME2(3) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ID IS NULL
+        THROW 50136, N'@ID is required.', 1;
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    SET @DateToProcess = COALESCE(@DateToProcess, SYSUTCDATETIME());
+
+    DECLARE @Status NVARCHAR(16);
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK: check and change under one lock.
+        SELECT @Status = q.Status
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+        WHERE q.ID = @ID;
+
+        IF @Status IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
+            THROW 50201, @Msg, 1;
+        END;
+        IF @Status NOT IN (N'Failed', N'Cancelled', N'Expired', N'Stopped')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Mail ', @ID, N' is ', @Status, N'; only Failed, Cancelled, Expired or Stopped mail can be requeued.'
+            );
+            THROW 50205, @Msg, 1;
+        END;
+
+        UPDATE q
+        SET
+            q.Status = N'UnSent',
+            q.DateToProcess = @DateToProcess,
+            q.VisibleAtUtc = @DateToProcess,
+            q.AttemptsRemaining = @MaxAttempts,
+            q.ExpiresAtUtc = IIF(q.ExpiresAtUtc > @DateToProcess, q.ExpiresAtUtc, NULL),
+            q.DateProcessed = NULL
+        -- The Requeued event in the same statement (docs/events.md).
+        OUTPUT
+            inserted.ID, inserted.AppName, N'Requeued', inserted.Status, inserted.AttemptCount,
+            NULL, NULL, SYSUTCDATETIME()
+        INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @ID AS ID,
+        N'UnSent' AS Status,
+        @DateToProcess AS NextAttemptUtc;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
+Stopped) whose DateProcessed is older than @OlderThanDays days, with its
+attempts, attachments and events (mailq.MailEvent).  Works in batches of @BatchSize mails, one short transaction
+per batch.  Rows locked by others are skipped (READPAST) and picked up by
+the next purge.
+Batch size and lock escalation: SQL Server escalates to a table lock when
+one statement takes 5,000 locks on one index (or one table) reference
+("Lock escalation" in Microsoft's transaction locking and row versioning
+guide).  Every statement here stays far below: the parent delete touches at
+most @BatchSize <= 1000 rows per index, children are deleted 1000 rows per
+statement (recipient outcomes too, before the parent delete, whose ON DELETE
+CASCADE would otherwise remove up to 100 of them per mail in one statement).
+The queue stays available to workers and enqueuers meanwhile.
+Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
+             @BatchSize INT 1-1000, default 500.
+Result set:  one row: PurgedCount BIGINT.
+Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
+             over 36500 (the cutoff date would underflow, error 517);
+             50140 @BatchSize out of range; 50141 called inside a transaction.
+Transaction: must not be called inside a transaction (50141): each batch
+             commits on its own, which is the point.  An error rolls back the
+             current batch only (earlier batches stay purged) and is re-raised.
+Isolation:   sets READ COMMITTED itself (READPAST is refused under SERIALIZABLE,
+             REPEATABLE READ and SNAPSHOT, error 650); the candidate read says
+             READCOMMITTEDLOCK so that, under READ_COMMITTED_SNAPSHOT, it sees
+             locks and READPAST can skip them.
+Lock order:  mailq.MailQueue clustered rows first (U, in ID order), then
+             mailq.MailAttempt, then mailq.MailAttachment, then
+             mailq.MailRecipientOutcome, then mailq.MailEvent, then the MailQueue
+             rows' deletion: the order of every procedure (docs/guarantees.md).
+             The candidates are found on IX_MailQueue_Final without keeping a
+             lock on it, so RequeueMail (clustered row, then the index key)
+             can no longer deadlock with a purge (issue 10, point 7).
+Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
+*/
+CREATE OR ALTER PROCEDURE mailq.PurgeMail
+    @OlderThanDays INT,
+    @BatchSize INT = 500
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @OlderThanDays IS NULL OR @OlderThanDays < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@OlderThanDays must be 0 or more; got ', COALESCE(CAST(@OlderThanDays AS NVARCHAR(12)), N'NULL'), N'.'
+        );
+        THROW 50135, @Msg, 1;
+    END;
+    IF @OlderThanDays > 36500
+    BEGIN
+        SET @Msg = CONCAT(N'@OlderThanDays must be at most 36500 (100 years); got ', @OlderThanDays, N'.');
+        THROW 50163, @Msg, 1;
+    END;
+    SET @BatchSize = COALESCE(@BatchSize, 500);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50140, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50141, N'mailq.PurgeMail commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
+    DECLARE @Purged BIGINT = 0;
+    DECLARE @Candidate TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Batch TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Deleted INT;
+
+    WHILE 1 = 1
+    BEGIN
+        DELETE FROM @Candidate;
+        DELETE FROM @Batch;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
+            --    oldest first.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks
+            --    released row by row, rows others hold are skipped; nothing on
+            --    the index stays locked while the rows below are taken.
+            INSERT INTO @Candidate (ID)
+            SELECT TOP (@BatchSize) q.ID
+            FROM mailq.MailQueue AS q WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+            WHERE
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
+                AND q.DateProcessed < @Cutoff
+            ORDER BY q.DateProcessed ASC, q.ID ASC;
+
+            IF @@ROWCOUNT = 0
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            -- 2. Lock the batch on the clustered index (the first lock every
+            --    procedure takes on a mail) and re-check: a candidate may have
+            --    been requeued in between.  FORCESEEK on the primary key keeps
+            --    the plan off IX_MailQueue_Final.
+            INSERT INTO @Batch (ID)
+            SELECT q.ID
+            FROM @Candidate AS c
+            INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), UPDLOCK, READPAST, ROWLOCK)
+                ON c.ID = q.ID
+            WHERE
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
+                AND q.DateProcessed < @Cutoff;
+
+            -- Every candidate was taken or changed meanwhile: stop here rather
+            -- than spin; the next purge picks them up.
+            IF NOT EXISTS (SELECT 1 FROM @Batch)
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            -- 3. Children, 1000 rows per statement, attempts before attachments.
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) t
+                FROM mailq.MailAttempt AS t WITH (ROWLOCK)
+                WHERE t.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) a
+                FROM mailq.MailAttachment AS a WITH (ROWLOCK)
+                WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- Recipient outcomes (up to 100 per mail) here too, not through the
+            -- ON DELETE CASCADE of the parent delete: that one statement would
+            -- lock up to 100 x @BatchSize rows of mailq.MailRecipientOutcome
+            -- and escalate to a table lock past 5,000.
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) o
+                FROM mailq.MailRecipientOutcome AS o WITH (ROWLOCK)
+                WHERE o.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- Events (about five per mail, more with retries): 1000 rows per
+            -- statement, a seek per mail on IX_MailEvent_MailID, never a scan
+            -- of the event history.  Nobody else changes a purged mail's
+            -- events (they are only inserted, with a change of the mail,
+            -- whose row this batch holds).
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) e
+                FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_MailID), FORCESEEK, ROWLOCK)
+                WHERE e.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- 4. The mails themselves (rows already held since step 2).
+            DELETE q
+            FROM mailq.MailQueue AS q WITH (ROWLOCK)
+            WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
+            SET @Purged += @@ROWCOUNT;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+    END;
+
+    SELECT @Purged AS PurgedCount;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetMailEvents: reads the event stream (mailq.MailEvent) after a
+cursor, in EventID order, in bounded batches: one application's events
+(@AppName) or one mail's (@MailID).  The caller keeps the last EventID it
+processed and passes it back as @AfterEventID.
+Commit-safe cursor: EventID is the row's ROWVERSION as BIGINT, and only
+rows below MIN_ACTIVE_ROWVERSION() are returned.  "A rowversion value is
+active if it is used in a transaction that has not yet been committed"; the
+function returns the lowest active value, or @@DBTS + 1 when none is
+(MIN_ACTIVE_ROWVERSION (Transact-SQL), Remarks:
+https://learn.microsoft.com/sql/t-sql/functions/min-active-rowversion-transact-sql).
+So every event returned belongs to an ended transaction, and any event that
+commits later carries a higher EventID than every one returned: a reader
+never skips one.  The price: an open transaction that has written an event
+(e.g. an enqueue inside an application's own long transaction) holds back
+every reader until it ends; events are delayed, never lost.
+The bound is read into a variable first, and the rows are read with
+READCOMMITTEDLOCK in a later statement: under READ_COMMITTED_SNAPSHOT a
+statement's snapshot could predate a commit below the bound; a locking read
+cannot (rows below the bound are committed, so it never waits on them).
+Parameters:  @AppName NVARCHAR(128) or @MailID BIGINT: exactly one;
+             @AfterEventID BIGINT >= 0, default 0 (from the start);
+             @MaxEvents INT 1-5000, default 500.
+Result set:  up to @MaxEvents rows in EventID order: EventID BIGINT, MailID
+             BIGINT, AppName NVARCHAR(128), EventType NVARCHAR(32), Status
+             NVARCHAR(16), AttemptCount INT, SmtpCode INT, Detail
+             NVARCHAR(4000), OccurredAtUtc DATETIME2(3).  Fewer rows than
+             @MaxEvents: the caller is up to date (for now).
+Errors:      50170 neither or both of @AppName / @MailID; 50171 @AfterEventID
+             NULL or negative; 50172 @MaxEvents out of range; 50173 the calling
+             database user is mapped to another application
+             (mailq.ApplicationPrincipal) than @AppName.
+Access:      a database user mapped to an application reads only that
+             application's events (by @MailID too: other mails' events are
+             filtered out); other callers of the procedure read every
+             application's (grants: MailqEnqueuer, MailqAdmin).
+Transaction: opens none and writes nothing; inside a caller's transaction
+             that has itself written events, the bound stops below them.
+Isolation:   sets READ COMMITTED itself and reads with READCOMMITTEDLOCK (see
+             above); a level set in a procedure reverts when it returns.
+Lock order:  mailq.MailEvent only (shared locks, released row by row).
+Plan:        a range seek on IX_MailEvent_AppName (AppName, EventSeq) or
+             IX_MailEvent_MailID (MailID, EventSeq) between the cursor and
+             the bound, TOP (@MaxEvents), key lookups for the rows returned:
+             the same cost at any table size.
+Example:     EXEC mailq.GetMailEvents @AppName = N'billing', @AfterEventID = 41230, @MaxEvents = 500;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetMailEvents
+    @AppName NVARCHAR(128) = NULL,
+    @MailID BIGINT = NULL,
+    @AfterEventID BIGINT = 0,
+    @MaxEvents INT = 500
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF (@AppName IS NULL AND @MailID IS NULL) OR (@AppName IS NOT NULL AND @MailID IS NOT NULL)
+        THROW 50170, N'Pass exactly one of @AppName and @MailID.', 1;
+    IF @AfterEventID IS NULL OR @AfterEventID < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@AfterEventID must be 0 or an EventID already read; got ',
+            COALESCE(CAST(@AfterEventID AS NVARCHAR(24)), N'NULL'), N'.'
+        );
+        THROW 50171, @Msg, 1;
+    END;
+    SET @MaxEvents = COALESCE(@MaxEvents, 500);
+    IF @MaxEvents NOT BETWEEN 1 AND 5000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxEvents must be 1-5000; got ', @MaxEvents, N'.');
+        THROW 50172, @Msg, 1;
+    END;
+
+    -- A user mapped to an application reads that application only.
+    DECLARE @PrincipalApp NVARCHAR(128) = (
+        SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
+    );
+    IF @PrincipalApp IS NOT NULL AND @AppName IS NOT NULL AND @AppName <> @PrincipalApp
+    BEGIN
+        SET @Msg = CONCAT(
+            N'Database user ', QUOTENAME(USER_NAME()), N' reads the events of application ''', @PrincipalApp,
+            N''' only; got @AppName ''', @AppName, N'''.'
+        );
+        THROW 50173, @Msg, 1;
+    END;
+
+    -- BIGINT -> BINARY(8) is big-endian, the order rowversion values compare in.
+    DECLARE @After BINARY(8) = CAST(@AfterEventID AS BINARY(8));
+    -- The bound first, in its own statement (see the header).
+    DECLARE @Upper BINARY(8) = MIN_ACTIVE_ROWVERSION();
+
+    IF @AppName IS NOT NULL
+        SELECT TOP (@MaxEvents)
+            CAST(e.EventSeq AS BIGINT) AS EventID,
+            e.MailID,
+            e.AppName,
+            e.EventType,
+            e.Status,
+            e.AttemptCount,
+            e.SmtpCode,
+            e.Detail,
+            e.OccurredAtUtc
+        -- FORCESEEK on the (AppName, EventSeq) range; READCOMMITTEDLOCK: see the header.
+        FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
+        WHERE e.AppName = @AppName AND e.EventSeq > @After AND e.EventSeq < @Upper
+        ORDER BY e.EventSeq ASC;
+    ELSE
+        SELECT TOP (@MaxEvents)
+            CAST(e.EventSeq AS BIGINT) AS EventID,
+            e.MailID,
+            e.AppName,
+            e.EventType,
+            e.Status,
+            e.AttemptCount,
+            e.SmtpCode,
+            e.Detail,
+            e.OccurredAtUtc
+        -- FORCESEEK on the (MailID, EventSeq) range; READCOMMITTEDLOCK: see the header.
+        FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_MailID), FORCESEEK, READCOMMITTEDLOCK)
+        WHERE
+            e.MailID = @MailID AND e.EventSeq > @After AND e.EventSeq < @Upper
+            AND (@PrincipalApp IS NULL OR e.AppName = @PrincipalApp)
+        ORDER BY e.EventSeq ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.StopMail: ends a mail that is not yet final with Status 'Stopped' and
+a reason: no more attempts (TinyMail's stop()).  Works on an UnSent mail
+and on a Sending one: the lease is taken away (ThreadLock NULL) and the open
+attempt is closed with Outcome 'Stop', so the worker's later MarkSent /
+MarkFailed / ReleaseMail / ExtendLease is refused by the fence
+(mailq.LockLeasedMail: 50203, the mail is not Sending) and can never make
+the mail Sent or UnSent again.  An SMTP transaction already under way may
+still deliver that one copy; the event stream says Stopped.  A Stopped mail
+can be put back with mailq.RequeueMail (after the cause is fixed).
+Stopping a final mail (Sent, Failed, Cancelled, Expired, Stopped) is error
+50260 and changes nothing: the caller learns that the mail ended otherwise
+(its events say how).
+Parameters:  @MailID BIGINT, required; @Reason NVARCHAR(4000), required
+             (stored in LastError and in the Stopped event's Detail).
+Result set:  one row: ID, Status ('Stopped'), NextAttemptUtc (NULL).
+Errors:      50174 @MailID missing; 50175 @Reason missing or blank;
+             50201 unknown mail; 50260 the mail is already final.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
+             in a procedure reverts when it returns).
+Lock order:  mailq.MailQueue (clustered row, U -> X), then mailq.MailEvent
+             (insert), then mailq.MailAttempt: MailQueue first, as every
+             mail-queue procedure.
+Example:     EXEC mailq.StopMail @MailID = 101, @Reason = N'Customer closed the account.';
+*/
+CREATE OR ALTER PROCEDURE mailq.StopMail
+    @MailID BIGINT,
+    @Reason NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @MailID IS NULL
+        THROW 50174, N'@MailID is required.', 1;
+    IF NULLIF(LTRIM(RTRIM(@Reason)), N'') IS NULL
+        THROW 50175, N'@Reason is required: say why the mail is stopped.', 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Status NVARCHAR(16);
+    DECLARE @OldLockToken UNIQUEIDENTIFIER;
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK: check and change under one lock, so neither a claim nor an
+        -- acknowledgement slips in between (they take the same row's U/X lock).
+        SELECT
+            @Status = q.Status,
+            @OldLockToken = q.ThreadLock
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+        WHERE q.ID = @MailID;
+
+        IF @Status IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Mail ', @MailID, N' does not exist.');
+            THROW 50201, @Msg, 1;
+        END;
+        IF @Status NOT IN (N'UnSent', N'Sending')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Mail ', @MailID, N' is already ', @Status, N'; only an UnSent or Sending mail can be stopped.'
+            );
+            THROW 50260, @Msg, 1;
+        END;
+
+        -- The change and its event in one statement (mailq.MailEvent has no
+        -- trigger, foreign key or CHECK constraint: OUTPUT INTO allows it).
+        UPDATE q
+        SET
+            q.Status = N'Stopped',
+            q.ThreadLock = NULL,
+            q.DateProcessed = @Now,
+            q.LastError = @Reason
+        OUTPUT
+            inserted.ID, inserted.AppName, N'Stopped', inserted.Status, inserted.AttemptCount,
+            NULL, @Reason, @Now
+        INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @MailID;
+
+        -- A leased mail: close the worker's open attempt (seek by mail ID).
+        IF @Status = N'Sending'
+            UPDATE t
+            SET
+                t.EndedAtUtc = @Now,
+                t.Outcome = N'Stop',
+                t.ErrorText = LEFT(CONCAT(N'Stopped by mailq.StopMail: ', @Reason), 4000)
+            FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+            WHERE t.MailID = @MailID AND t.LockToken = @OldLockToken AND t.EndedAtUtc IS NULL;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @MailID AS ID,
+        N'Stopped' AS Status,
+        CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqEnqueuer: enqueue mail and read its events
+(mailq.GetMailEvents, revision 0011), nothing else.  Object-level
+grants (not SCHEMA::mailq) so that internal procedures such as
+mailq.LockLeasedMail stay out of reach.  The enqueue role cannot claim or
+acknowledge (no grant on mailq.ClaimMail, MarkSent...), cannot change its own
+bindings (mailq.BindApplication is MailqAdmin's), and what it may send as is
+limited per application by mailq.ApplicationAccount / mailq.ApplicationFrom
+(tests/integration/test_mailq_roles.py).
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqEnqueuer;
+GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqEnqueuer;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin: every public mailq procedure and the reporting
+views (views are read-only reports, not table rights).
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RequeueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.CancelMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.PurgeMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UnblockSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.BindApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UnbindApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MoveBodiesOutOfRow TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.QueueCountsByStatus TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.OldestDueMail TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.ThroughputPerHour TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.RecentFailures TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.StopMail TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_allitems: msdb.dbo.sysmail_allitems's columns (names and types
+as documented,
+https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-allitems-transact-sql)
+over this queue, so that a monitoring query written for Database Mail runs
+here by changing msdb.dbo to mailq.  Lower-case names on purpose: they are
+Database Mail's.
+Rows:        every mail of the queue.  db_owner and MailqAdmin members see all
+             of them; anybody else only the mail they sent through
+             mailq.SendDbMail (as in msdb, where only sysadmin sees all).
+Mapping:     mailitem_id = MailQueue.ID (NULL above 2,147,483,647);
+             sent_status: Sent -> sent; Failed, Cancelled, Expired, Stopped -> failed;
+             UnSent or Sending after a failed attempt -> retrying; else unsent.
+             Dates are the server's local time (datetime, as msdb shows them):
+             the queue's UTC times plus the server's current UTC offset.
+             Text columns keep the documented types: body, recipients and query
+             are varchar(max) there, so characters outside the database's code
+             page show as '?'; mailq.MailQueue keeps the Unicode original.
+             profile_id and the query columns come from mailq.DbMailItem (NULL
+             for mail queued by mailq.EnqueueMail); file_attachments lists
+             the mail's attachment file names; sent_account_id is the
+             account's mailq.DbMailAccount ID (NULL for an account in no profile).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_allitems
+AS
+-- The server's current offset from UTC (SYSDATETIME is local time; on Azure
+-- SQL Database both are UTC).  SQL Server 2019 has no CURRENT_TIMEZONE_ID, so
+-- rows from the other side of a daylight-saving change are an hour off.
+WITH Clock AS (
+    SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
+)
+
+SELECT
+    CAST(IIF(q.ID <= 2147483647, q.ID, NULL) AS INT) AS mailitem_id,
+    i.ProfileID AS profile_id,
+    CAST(q.ToAddress AS VARCHAR(MAX)) AS recipients,
+    CAST(q.CC AS VARCHAR(MAX)) AS copy_recipients,
+    CAST(q.BCC AS VARCHAR(MAX)) AS blind_copy_recipients,
+    CAST(q.Subject AS NVARCHAR(510)) AS subject,
+    CAST(q.Body AS VARCHAR(MAX)) AS body,
+    CAST(UPPER(q.BodyFormat) AS VARCHAR(20)) AS body_format,
+    CAST(COALESCE(i.Importance, 'NORMAL') AS VARCHAR(6)) AS importance,
+    CAST(COALESCE(i.Sensitivity, 'NORMAL') AS VARCHAR(12)) AS sensitivity,
+    CAST(f.FileNames AS VARCHAR(MAX)) AS file_attachments,
+    CAST('MIME' AS VARCHAR(20)) AS attachment_encoding,
+    CAST(i.Query AS VARCHAR(MAX)) AS query,
+    CAST(i.ExecuteQueryDatabase AS SYSNAME) AS execute_query_database,
+    i.AttachQueryResultAsFile AS attach_query_result_as_file,
+    i.QueryResultHeader AS query_result_header,
+    i.QueryResultWidth AS query_result_width,
+    CAST(i.QueryResultSeparator AS CHAR(1)) AS query_result_separator,
+    i.ExcludeQueryOutput AS exclude_query_output,
+    i.AppendQueryError AS append_query_error,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, q.dtStamp) AS DATETIME) AS send_request_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS send_request_user,
+    da.AccountID AS sent_account_id,
+    CAST(
+        CASE
+            WHEN q.Status = N'Sent' THEN 'sent'
+            WHEN q.Status IN (N'Failed', N'Cancelled', N'Expired', N'Stopped') THEN 'failed'
+            WHEN q.AttemptCount > 0 AND q.LastError IS NOT NULL THEN 'retrying'
+            ELSE 'unsent'
+        END AS VARCHAR(8)
+    ) AS sent_status,
+    CAST(
+        IIF(
+            q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped'),
+            DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.SentAtUtc, q.DateProcessed)),
+            NULL
+        ) AS DATETIME
+    ) AS sent_date,
+    CAST(
+        DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.DateProcessed, q.dtStamp)) AS DATETIME
+    ) AS last_mod_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
+FROM mailq.MailQueue AS q
+CROSS JOIN Clock AS k
+LEFT JOIN mailq.DbMailItem AS i ON q.ID = i.MailID
+LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
+OUTER APPLY (
+    SELECT STRING_AGG(CONVERT(NVARCHAR(MAX), t.FileName), N';') WITHIN GROUP (ORDER BY t.AttachmentNo) AS FileNames
+    FROM mailq.MailAttachment AS t
+    WHERE t.MailID = q.ID
+) AS f
+WHERE
+    IS_MEMBER(N'db_owner') = 1
+    OR IS_MEMBER(N'MailqAdmin') = 1
+    OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME());
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0011') AND FilePath IN (
+    N'tables/mailq.MailQueue.sql',
+    N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql',
+    N'tables/mailq.MailEvent.sql',
+    N'indexes/mailq.MailEvent.IX_MailEvent_AppName.sql',
+    N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql',
+    N'upgrades/mailq.0011.MailQueue.sql',
+    N'procedures/mailq.EnqueueMail.sql',
+    N'procedures/mailq.ClaimMail.sql',
+    N'procedures/mailq.FinalizeMail.sql',
+    N'procedures/mailq.ReleaseMail.sql',
+    N'procedures/mailq.MarkSent.sql',
+    N'procedures/mailq.MarkFailed.sql',
+    N'procedures/mailq.CancelMail.sql',
+    N'procedures/mailq.RequeueMail.sql',
+    N'procedures/mailq.PurgeMail.sql',
+    N'procedures/mailq.GetMailEvents.sql',
+    N'procedures/mailq.StopMail.sql',
+    N'security/MailqEnqueuer.grants.sql',
+    N'security/MailqAdmin.grants.sql',
+    N'views/mailq.sysmail_allitems.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0011', N'tables/mailq.MailQueue.sql', '4160d6d23ad39a7f04393d038ec5863adb6d40f97846074aec2197d42a50833b'),
+    ('0011', N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql', 'bdd61203b2bf1896435d070ca31aaf40c8fe9462b3f8f7f2ebd7b828d393a69e'),
+    ('0011', N'tables/mailq.MailEvent.sql', '43fca44c42cc74658598b1fdd267d399ce3e10898fbe350634cd7a1ebaabf71e'),
+    ('0011', N'indexes/mailq.MailEvent.IX_MailEvent_AppName.sql', '0a48a1a1b247bbe02061a51f824dd7f3513dcb73893455f7d52e5d3fd4b56ec0'),
+    ('0011', N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql', '97d14958ecd474d8a8073a004bd7b29862f3b1691e60b1f144479cbb880df293'),
+    ('0011', N'upgrades/mailq.0011.MailQueue.sql', 'db60140c4e27355fab06887730dd79e9740da8f9165e3969e1170ac0e3a4da6b'),
+    ('0011', N'procedures/mailq.EnqueueMail.sql', '3b74cb294417fa7ad035150501479854b5a6c0b6ed7de910b57c1e674f811dc7'),
+    ('0011', N'procedures/mailq.ClaimMail.sql', '9db6540a39630ba525c69c9170e94639d206b87d5c429d4167511105af5466c3'),
+    ('0011', N'procedures/mailq.FinalizeMail.sql', 'eddbcbdee610dec85cc8d6a58b69edbccec454db2e3d028524dbf4d90d265af7'),
+    ('0011', N'procedures/mailq.ReleaseMail.sql', '7be0390e80fbb367881371f91796ab3bcf1d8109c21e22af4ec30d9488c1cc73'),
+    ('0011', N'procedures/mailq.MarkSent.sql', 'f0ad3129d126e65b36a6ebec631b2b72b0762dbf7becea39fda977eb4f650b4e'),
+    ('0011', N'procedures/mailq.MarkFailed.sql', 'bb0a67f7760ce8f7c74b91d2b8902d97984437a5b153418d5a3d8771500762e2'),
+    ('0011', N'procedures/mailq.CancelMail.sql', 'adfd0ceb4b08044bff1dfa34dd020429d8b7c65ec1b6f2348da20aaf5bd16540'),
+    ('0011', N'procedures/mailq.RequeueMail.sql', '6a9eacb99f122cae58f8117b03c5091c58d045dd0f45fe2d07b0bf1eab9d98d2'),
+    ('0011', N'procedures/mailq.PurgeMail.sql', '701014f25124e9764b6627a96bc96dc2f3ffe51822e31cdacc60655ea4f0c5fc'),
+    ('0011', N'procedures/mailq.GetMailEvents.sql', 'd919293767f78e1c4ca652a01db5038301e22ed82fc08f309319415ae8962d4e'),
+    ('0011', N'procedures/mailq.StopMail.sql', '4387ef6ae6dc30c0e7b096935446d0fbdc9fc0de452fbc9390a4464548a50b37'),
+    ('0011', N'security/MailqEnqueuer.grants.sql', '895755229824cee6031970c258b7f6399e140daa9a873ca07992a9d68ad9b259'),
+    ('0011', N'security/MailqAdmin.grants.sql', '41d95a3f6760172d1b3e0d1495da9423a93d10966c2e43033c4acc69d353d5a6'),
+    ('0011', N'views/mailq.sysmail_allitems.sql', '1e7b85d1d9cd32c077bdd2220fa31eb4e7b7d3eda1f35605ae5f78266f036314');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0011 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0011' WHERE dbo.mailq_alembic_version.version_num = '0010';
 
 GO
 

@@ -23,3 +23,4 @@ GRANT SELECT ON OBJECT::mailq.QueueCountsByStatus TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.OldestDueMail TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.ThroughputPerHour TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.RecentFailures TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.AcquireLoginSlot TO MailqAdmin;

@@ -76,7 +76,8 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM @Slot)
         BEGIN
             SET @Msg = CONCAT(
-                N'@AccountName ''', LEFT(@AccountName, 128), N''' is not a sending account (mailq.UpsertSendingAccount).'
+                N'@AccountName ''', LEFT(@AccountName, 128),
+                N''' is not a sending account (create it with mailq.UpsertSendingAccount).'
             );
             THROW 50270, @Msg, 1;
         END;
@@ -92,24 +93,30 @@ BEGIN
 
     -- The same test as the UPDATE's, on the values it read under the lock.
     -- DATEDIFF_BIG: a stamp far from @Now must not overflow INT before the cap.
-    SELECT
-        g.Granted,
-        CAST(IIF(g.Granted = 1, 0, IIF(r.LeftMs > s.MinLoginIntervalMs, s.MinLoginIntervalMs,
-            IIF(r.LeftMs < 1, 1, r.LeftMs))) AS INT) AS WaitMs,
-        s.MinLoginIntervalMs,
-        s.LastLoginAtUtc
-    FROM @Slot AS s
-    CROSS APPLY (
+    WITH Decided AS (
         SELECT
+            s.MinLoginIntervalMs,
+            s.LastLoginAtUtc,
             CAST(IIF(
                 s.MinLoginIntervalMs IS NULL
                 OR s.PreviousLoginAtUtc IS NULL
                 OR s.PreviousLoginAtUtc <= DATEADD(MILLISECOND, -s.MinLoginIntervalMs, @Now)
                 OR s.PreviousLoginAtUtc > DATEADD(MILLISECOND, s.MinLoginIntervalMs, @Now),
                 1, 0
-            ) AS BIT) AS Granted
-    ) AS g
-    CROSS APPLY (
-        SELECT DATEDIFF_BIG(MILLISECOND, @Now, DATEADD(MILLISECOND, s.MinLoginIntervalMs, s.PreviousLoginAtUtc)) AS LeftMs
-    ) AS r;
+            ) AS BIT) AS Granted,
+            DATEDIFF_BIG(
+                MILLISECOND, @Now, DATEADD(MILLISECOND, s.MinLoginIntervalMs, s.PreviousLoginAtUtc)
+            ) AS LeftMs
+        FROM @Slot AS s
+    )
+
+    SELECT
+        d.Granted,
+        CAST(IIF(
+            d.Granted = 1, 0,
+            IIF(d.LeftMs > d.MinLoginIntervalMs, d.MinLoginIntervalMs, IIF(d.LeftMs < 1, 1, d.LeftMs))
+        ) AS INT) AS WaitMs,
+        d.MinLoginIntervalMs,
+        d.LastLoginAtUtc
+    FROM Decided AS d;
 END;

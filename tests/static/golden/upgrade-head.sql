@@ -18519,22 +18519,25 @@ Revision 0012: the minimum interval between two logins per sending account
     MinLoginIntervalMs  INT NULL, 1-86,400,000 (CK_SendingAccount_LoginInterval);
                         NULL = no interval, which every existing account keeps.
     LastLoginAtUtc      DATETIME2(3) NULL, stamped by mailq.AcquireLoginSlot.
-Both columns are nullable without a default: adding them is a metadata-only
-change (ALTER TABLE, "Adding NULL columns"), no row is rewritten, and no mail
-row is touched at all.  Every step is guarded, so a second run changes
+Both columns are nullable without a default, so no existing row needs a
+value; only mailq.SendingAccount (one small row per account) changes, and no
+mail row is touched at all.  Every step is guarded, so a second run changes
 nothing.  Downgrade: alembic/versions/0012_*.py (DOWNGRADE_0012).
 Locks: a schema-modification lock on mailq.SendingAccount for the length of
 the migration's transaction; stop the workers during the upgrade, as for
 every revision.
+Every step is dynamic SQL: the model of tools/tsqlcheck (DacFx) takes the
+table's shape from sql/tables/mailq.SendingAccount.sql, which already holds
+both columns, and would see a static ADD as a second definition of them.
 */
 IF COL_LENGTH(N'mailq.SendingAccount', N'MinLoginIntervalMs') IS NULL
-    ALTER TABLE mailq.SendingAccount ADD MinLoginIntervalMs INT NULL;
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.SendingAccount ADD MinLoginIntervalMs INT NULL;';
 
 IF COL_LENGTH(N'mailq.SendingAccount', N'LastLoginAtUtc') IS NULL
-    ALTER TABLE mailq.SendingAccount ADD LastLoginAtUtc DATETIME2(3) NULL;
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.SendingAccount ADD LastLoginAtUtc DATETIME2(3) NULL;';
 
 IF OBJECT_ID(N'mailq.CK_SendingAccount_LoginInterval', N'C') IS NULL
-    -- Dynamic: the column is added earlier in this same batch.
+    -- Dynamic also because the column is added earlier in this same batch.
     EXEC sys.sp_executesql
         N'ALTER TABLE mailq.SendingAccount WITH CHECK ADD CONSTRAINT CK_SendingAccount_LoginInterval
           CHECK (MinLoginIntervalMs IS NULL OR MinLoginIntervalMs BETWEEN 1 AND 86400000);';
@@ -18897,7 +18900,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0012') AND FilePath IN
     N'security/MailqAdmin.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0012', N'tables/mailq.SendingAccount.sql', '9ccf3942a81f4ffd895d8ad6c231255dcce783f9ff9f8b48d09423913e812c17'),
-    ('0012', N'upgrades/mailq.0012.SendingAccount.sql', 'cdc9485d423ac2a063ce63071a4a8d46b19efb335df5b632d1faaf15fa722b04'),
+    ('0012', N'upgrades/mailq.0012.SendingAccount.sql', '35c9ad83c1a5dbf41de81a74f67ba833c9aeb79911d74ce3115eba9f2b00d824'),
     ('0012', N'procedures/mailq.UpsertSendingAccount.sql', 'd5e6a481f042e041501983176cf4996a8513ed4a0f0d2bd1e4e55ddd545168ac'),
     ('0012', N'procedures/mailq.AcquireLoginSlot.sql', '17f50f33e49d1209492b9b06fff11371fcfad132cadffee0dd9ed4f4895b2362'),
     ('0012', N'security/MailqSender.grants.sql', '486eaa9758a6e762816b9b2ba0cea739da2054377b0058fc9ea3926b105e67ff'),

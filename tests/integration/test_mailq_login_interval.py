@@ -209,3 +209,43 @@ def test_upgrade_from_0009_in_place_and_downgrade_keep_every_mail(fresh_database
         assert query(c, COLUMNS_SQL) == []
         assert scalar(c, "SELECT OBJECT_ID(N'mailq.AcquireLoginSlot');") is None
         procedures.mark_sent(c, ids=[leased[0].id], lock_token=token)  # the 0009 procedures work
+
+
+AS_USER = """
+EXECUTE AS USER = N'{user}';
+BEGIN TRY
+    EXEC mailq.AcquireLoginSlot @AccountName = ?;
+    SELECT CAST(0 AS INT) AS Number;
+END TRY
+BEGIN CATCH
+    SELECT ERROR_NUMBER() AS Number;
+END CATCH;
+REVERT;
+"""
+
+
+def acquire_as(conn, user: str, account: str) -> int:
+    """The error number AcquireLoginSlot raised when run as ``user`` (0: it ran)."""
+    cur = conn.cursor()
+    cur.execute(AS_USER.format(user=user), account)
+    last = None
+    while True:
+        if cur.description and cur.description[0][0] == "Number":
+            last = cur.fetchall()[0][0]
+        elif cur.description:
+            cur.fetchall()
+        if not cur.nextset():
+            break
+    cur.close()
+    return last
+
+
+def test_the_worker_role_may_ask_for_a_login_and_the_enqueue_role_may_not(conn):
+    account = new_account(conn, "lirole")
+    users = {}
+    for role in ("MailqSender", "MailqEnqueuer"):
+        users[role] = f"li_{role.lower()}_{uuid.uuid4().hex[:8]}"
+        execute(conn, f"CREATE USER [{users[role]}] WITHOUT LOGIN; ALTER ROLE {role} ADD MEMBER [{users[role]}];")
+    assert acquire_as(conn, users["MailqSender"], account) == 0
+    assert last_login(conn, account) is not None
+    assert acquire_as(conn, users["MailqEnqueuer"], account) == 229  # EXECUTE permission denied

@@ -16,7 +16,7 @@ import logging
 import pytest
 from worker_helpers import FakeQueue, account_for, make_mail, make_worker
 
-from mailq_db.errors import ConfigurationError
+from mailq_db.errors import ConfigurationError, DatabaseError
 from mailq_db.procedures import LoginSlot
 from mailq_db.worker.config import parse_config
 
@@ -183,3 +183,33 @@ def test_config_login_sleep_max_seconds():
     assert parse_config(base + "login_sleep_max_seconds = 0\n", env={}).accounts["default"].login_sleep_max_seconds == 0
     with pytest.raises(ConfigurationError, match="login_sleep_max_seconds"):
         parse_config(base + "login_sleep_max_seconds = -1\n", env={})
+
+
+def test_a_database_below_0012_has_no_interval_and_the_worker_sends_as_before(sink, caplog):
+    class OldDatabase(FakeQueue):
+        def acquire_login_slot(self, conn, *, account_name):
+            self.calls.append(("acquire_login_slot", {"account_name": account_name}))
+            raise DatabaseError(2812, "Could not find stored procedure 'mailq.AcquireLoginSlot'.")
+
+    queue = OldDatabase([make_mail(1)])
+    worker = make_worker(queue, {"default": account_for(sink)})
+    with caplog.at_level(logging.WARNING, logger="mailq_db.worker"):
+        worker.run(once=True)
+        queue.rows[2] = type(queue.rows[1])(make_mail(2))
+        worker.run(once=True)
+    assert queue.statuses() == {1: "Sent", 2: "Sent"}
+    assert len(queue.calls_to("acquire_login_slot")) == 1  # asked once, then not again
+    assert caplog.text.count("database below revision 0012") == 1
+
+
+def test_another_database_error_abandons_the_batch_without_spending_attempts(sink):
+    class Broken(FakeQueue):
+        def acquire_login_slot(self, conn, *, account_name):
+            raise DatabaseError(50270, "@AccountName 'default' is not a sending account")
+
+    queue = Broken([make_mail(1, attempts_remaining=3)])
+    worker = make_worker(queue, {"default": account_for(sink)})
+    with pytest.raises(DatabaseError):
+        worker.run(once=True)
+    assert queue.status(1) == "UnSent" and queue.rows[1].attempts_remaining == 3  # released, refunded
+    assert sink.messages == []

@@ -99,6 +99,8 @@ class Worker:
         self.pending: list[_Pending] = []  # sent, acknowledgement not yet written
         self._pending_since = 0.0
         self._finalized_at = float("-inf")  # maybe_finalize: never yet
+        #: set when the database has no mailq.AcquireLoginSlot (below revision 0012)
+        self._no_login_slots = False
         #: consecutive Waits per account (the growing back-off); reset by a send
         self.waits: dict[str, int] = {}
         #: mail ID -> {address: outcome} of recipients handled in earlier attempts
@@ -284,9 +286,19 @@ class Worker:
         """None when the login is granted (the slot is stamped in the database),
         else the seconds until the account's next login is allowed."""
         acquire = getattr(self.procs, "acquire_login_slot", None)
-        if acquire is None:  # a procs double without the procedure: no interval
+        if acquire is None or self._no_login_slots:  # no such procedure: no interval
             return None
-        slot = self.db.call(acquire, account_name=account.name)
+        try:
+            slot = self.db.call(acquire, account_name=account.name)
+        except DatabaseError as exc:
+            if exc.number != 2812:  # anything but "could not find stored procedure"
+                raise
+            # A database below revision 0012 (workers upgraded first): it cannot
+            # hold an interval either, so every login is allowed, as before.
+            self._no_login_slots = True
+            event(log, logging.WARNING, "mailq.AcquireLoginSlot is missing (database below revision 0012): "
+                  "no minimum interval between logins is enforced", account=account.name, error=str(exc))
+            return None
         if slot.granted:
             return None
         return max(slot.wait_ms, 1) / 1000.0

@@ -9,9 +9,14 @@ Parameters:  @AccountName NVARCHAR(128), required
              @PerMinuteLimit, @PerHourLimit, @PerDayLimit INT > 0, NULL = unlimited
              @IsDefault BIT, default 0: 1 makes this the account EnqueueMail
                         uses when @AccountName is NULL (the previous default is cleared)
+             @MinLoginIntervalMs INT 1-86,400,000, optional: the least time
+                        between two SMTP logins on the account across every
+                        worker (mailq.AcquireLoginSlot); NULL = no interval
+                        (like the limits, every call sets it: omitting it clears it)
 Result set:  none.
 Errors:      50142 @AccountName missing; 50103 a value over its size;
-             50102 @DefaultFromAddress invalid; 50143 a limit not positive.
+             50102 @DefaultFromAddress invalid; 50143 a limit not positive;
+             50122 @MinLoginIntervalMs outside 1-86,400,000.
 Transaction: opens its own if none is open, else works inside the caller's
              (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
              error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
@@ -22,7 +27,8 @@ Lock order:  mailq.SendingAccount, then mailq.RateBudget (only the new account's
              row, which no other transaction can hold yet).
 Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq',
                  @DefaultFromAddress = N'noreply@example.com', @PerMinuteLimit = 20,
-                 @PerHourLimit = 500, @PerDayLimit = 5000, @IsDefault = 1;
+                 @PerHourLimit = 500, @PerDayLimit = 5000, @IsDefault = 1,
+                 @MinLoginIntervalMs = 10000;
 */
 CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
     @AccountName NVARCHAR(4000),
@@ -31,7 +37,8 @@ CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
     @PerMinuteLimit INT = NULL,
     @PerHourLimit INT = NULL,
     @PerDayLimit INT = NULL,
-    @IsDefault BIT = 0
+    @IsDefault BIT = 0,
+    @MinLoginIntervalMs INT = NULL
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -61,6 +68,14 @@ BEGIN
     END;
     IF @PerMinuteLimit <= 0 OR @PerHourLimit <= 0 OR @PerDayLimit <= 0
         THROW 50143, N'@PerMinuteLimit, @PerHourLimit and @PerDayLimit must be positive, or NULL for no limit.', 1;
+    IF @MinLoginIntervalMs NOT BETWEEN 1 AND 86400000
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@MinLoginIntervalMs must be 1-86400000 milliseconds (24 hours), or NULL for no interval; got ',
+            @MinLoginIntervalMs, N'.'
+        );
+        THROW 50122, @Msg, 1;
+    END;
 
     -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
@@ -86,17 +101,18 @@ BEGIN
                 a.PerMinuteLimit = @PerMinuteLimit,
                 a.PerHourLimit = @PerHourLimit,
                 a.PerDayLimit = @PerDayLimit,
-                a.IsDefault = @IsDefault
+                a.IsDefault = @IsDefault,
+                a.MinLoginIntervalMs = @MinLoginIntervalMs
             FROM mailq.SendingAccount AS a
             WHERE a.AccountName = @AccountName;
         ELSE
             INSERT INTO mailq.SendingAccount (
                 AccountName, DefaultFromAddress, DefaultFromName,
-                PerMinuteLimit, PerHourLimit, PerDayLimit, IsDefault
+                PerMinuteLimit, PerHourLimit, PerDayLimit, IsDefault, MinLoginIntervalMs
             )
             VALUES (
                 @AccountName, LTRIM(RTRIM(@DefaultFromAddress)), @DefaultFromName,
-                @PerMinuteLimit, @PerHourLimit, @PerDayLimit, @IsDefault
+                @PerMinuteLimit, @PerHourLimit, @PerDayLimit, @IsDefault, @MinLoginIntervalMs
             );
 
         IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)

@@ -25,3 +25,4 @@ GRANT SELECT ON OBJECT::mailq.ThroughputPerHour TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.RecentFailures TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.StopMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.AcquireLoginSlot TO MailqAdmin;

@@ -10,3 +10,4 @@ GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.AcquireLoginSlot TO MailqSender;

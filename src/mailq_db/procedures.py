@@ -412,7 +412,7 @@ def purge_mail(conn: Any, *, older_than_days: int, batch_size: int | None = None
 UPSERT_ACCOUNT_SQL = (
     "EXEC mailq.UpsertSendingAccount @AccountName = ?, @DefaultFromAddress = ?, "
     "@DefaultFromName = ?, @PerMinuteLimit = ?, @PerHourLimit = ?, @PerDayLimit = ?, "
-    "@IsDefault = ?;"
+    "@IsDefault = ?, @MinLoginIntervalMs = ?;"
 )
 
 
@@ -426,13 +426,15 @@ def upsert_sending_account(
     per_hour_limit: int | None = None,
     per_day_limit: int | None = None,
     is_default: bool = False,
+    min_login_interval_ms: int | None = None,
 ) -> None:
-    """mailq.UpsertSendingAccount: create or change a sending account and its limits."""
+    """mailq.UpsertSendingAccount: create or change a sending account, its limits
+    and its minimum interval between two SMTP logins (None: no interval)."""
     _call(
         conn,
         UPSERT_ACCOUNT_SQL,
         [account_name, default_from_address, default_from_name, per_minute_limit,
-         per_hour_limit, per_day_limit, 1 if is_default else 0],
+         per_hour_limit, per_day_limit, 1 if is_default else 0, min_login_interval_ms],
     ).close()
 
 
@@ -851,3 +853,25 @@ def stop_mail(conn: Any, *, mail_id: int, reason: str) -> list[AckResult]:
     more attempts; a worker's later acknowledgement is fenced out).  A final
     mail raises MailFinalError (50260)."""
     return _acks(_call(conn, STOP_MAIL_SQL, [mail_id, reason]))
+# Minimum interval between two logins per account (revision 0012, issue 16
+# point 4; docs/operator-guide.md "Minimum interval between logins")
+# --------------------------------------------------------------------------
+
+ACQUIRE_LOGIN_SLOT_SQL = "EXEC mailq.AcquireLoginSlot @AccountName = ?;"
+
+
+@dataclass(frozen=True)
+class LoginSlot:
+    granted: bool  # True: connect and log in now; False: do not connect
+    wait_ms: int  # 0 when granted, else the milliseconds until the next login is allowed
+    min_login_interval_ms: int | None  # None: the account has no interval
+    last_login_utc: datetime | None  # the stamp now in force
+
+
+def acquire_login_slot(conn: Any, *, account_name: str) -> LoginSlot:
+    """mailq.AcquireLoginSlot: right before an SMTP connection, either take the
+    account's login slot (stamped with the server's clock) or learn how long
+    until the next login is allowed, across every worker."""
+    rows = _rows(_call(conn, ACQUIRE_LOGIN_SLOT_SQL, [account_name]))
+    granted, wait_ms, interval, last = rows[0]
+    return LoginSlot(bool(granted), int(wait_ms), None if interval is None else int(interval), last)

@@ -56,6 +56,11 @@ class AccountConfig:
     #: classification rule's time
     wait_min_seconds: float | None = None
     wait_max_seconds: float = 3600.0
+    #: the account's minimum interval between two logins lives in the database
+    #: (mailq.SendingAccount.MinLoginIntervalMs, every worker obeys it); when
+    #: the next login is at most this far away the worker sleeps, otherwise it
+    #: defers the account's batch (a Wait: no attempt spent).  0: never sleep.
+    login_sleep_max_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,8 @@ def _positive(value: Any, where: str, problems: _Problems, minimum: float = 1) -
 
 ACCOUNT_KEYS = ("host", "port", "tls", "allow_plaintext", "user", "password_env", "connect_timeout_seconds",
                 "command_timeout_seconds", "final_reply_timeout_seconds", "verify_tls", "ca_file",
-                "local_hostname", "pipelining", "wait_min_seconds", "wait_max_seconds")
+                "local_hostname", "pipelining", "wait_min_seconds", "wait_max_seconds",
+                "login_sleep_max_seconds")
 WORKER_KEYS = tuple(WorkerConfig.__dataclass_fields__)
 DATABASE_KEYS = ("url", "url_env", "connect_timeout_seconds", "query_timeout_seconds")
 
@@ -233,6 +239,7 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
     pipelining = _take(raw, "pipelining", bool, a, problems, True)
     wait_min = _take(raw, "wait_min_seconds", num, a, problems)
     wait_max = _take(raw, "wait_max_seconds", num, a, problems, 3600.0)
+    login_sleep_max = _take(raw, "login_sleep_max_seconds", num, a, problems, 10.0)
     _unknown(raw, a, problems, ACCOUNT_KEYS)
     if not host:
         problems.add(f"{a}.host", "is required (the SMTP server's host name)")
@@ -277,6 +284,7 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
         if wait_max < wait_min:
             problems.add(f"{a}.wait_max_seconds", "must be at least wait_min_seconds")
     _positive(connect_timeout, f"{a}.connect_timeout_seconds", problems, 0.01)
+    _positive(login_sleep_max, f"{a}.login_sleep_max_seconds", problems, 0)
     _positive(command_timeout, f"{a}.command_timeout_seconds", problems, 0.01)
     return AccountConfig(
         name=name, host=host or "", port=port, tls=tls, allow_plaintext=allow_plaintext,
@@ -285,6 +293,7 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
         verify_tls=verify_tls, ca_file=ca_file, local_hostname=local_hostname,
         final_reply_timeout_seconds=float(final_timeout), pipelining=pipelining,
         wait_min_seconds=None if wait_min is None else float(wait_min), wait_max_seconds=float(wait_max),
+        login_sleep_max_seconds=float(login_sleep_max),
     )
 
 

@@ -17,6 +17,7 @@ lease has less than ``lease_safety_margin_seconds`` left (it is released).
 from __future__ import annotations
 
 import logging
+import math
 import re
 import smtplib
 import threading
@@ -79,6 +80,7 @@ class Worker:
         clock: Callable[[], datetime] = utcnow,
         name: str | None = None,
         dry_run: bool | None = None,
+        sleep: Callable[[float], Any] | None = None,
     ):
         self.config = config
         self.settings = config.worker
@@ -88,6 +90,8 @@ class Worker:
         self.metrics = metrics or Metrics()
         self.session_factory = session_factory
         self.clock = clock
+        #: waits for the login interval; returns early when ``stop`` is set
+        self.sleep = sleep or self.stop.wait
         self.name = name or self.settings.worker_name
         self.dry_run = self.settings.dry_run if dry_run is None else dry_run
         self.token = uuid.uuid4()
@@ -95,6 +99,8 @@ class Worker:
         self.pending: list[_Pending] = []  # sent, acknowledgement not yet written
         self._pending_since = 0.0
         self._finalized_at = float("-inf")  # maybe_finalize: never yet
+        #: set when the database has no mailq.AcquireLoginSlot (below revision 0012)
+        self._no_login_slots = False
         #: consecutive Waits per account (the growing back-off); reset by a send
         self.waits: dict[str, int] = {}
         #: mail ID -> {address: outcome} of recipients handled in earlier attempts
@@ -210,6 +216,15 @@ class Worker:
                     self.accepted(mail, out, SendResult(0, "dry run: nothing sent"))
                     continue
                 if session is None or not session.connected:
+                    # The account's minimum interval between logins (mailq.AcquireLoginSlot):
+                    # every connection, the first and each reconnection, asks first.
+                    wait = self._login_wait(account)
+                    if wait is not None:
+                        if self._sleeps_for_login(account, mail, wait):
+                            queue.insert(0, mail)
+                            continue  # back to the top: stop, leases and the slot checked again
+                        self._defer_for_login(account, [mail, *queue], wait)
+                        return
                     session = self.session_factory(account)
                     try:
                         session.open()
@@ -266,6 +281,51 @@ class Worker:
         finally:
             if session is not None:
                 session.close()
+
+    def _login_wait(self, account: AccountConfig) -> float | None:
+        """None when the login is granted (the slot is stamped in the database),
+        else the seconds until the account's next login is allowed."""
+        acquire = getattr(self.procs, "acquire_login_slot", None)
+        if acquire is None or self._no_login_slots:  # no such procedure: no interval
+            return None
+        try:
+            slot = self.db.call(acquire, account_name=account.name)
+        except DatabaseError as exc:
+            if exc.number != 2812:  # anything but "could not find stored procedure"
+                raise
+            # A database below revision 0012 (workers upgraded first): it cannot
+            # hold an interval either, so every login is allowed, as before.
+            self._no_login_slots = True
+            event(log, logging.WARNING, "mailq.AcquireLoginSlot is missing (database below revision 0012): "
+                  "no minimum interval between logins is enforced", account=account.name, error=str(exc))
+            return None
+        if slot.granted:
+            return None
+        return max(slot.wait_ms, 1) / 1000.0
+
+    def _sleeps_for_login(self, account: AccountConfig, mail: ClaimedMail, wait: float) -> bool:
+        """Sleep when the next login is near (at most login_sleep_max_seconds away) and
+        the lease still covers the wait plus the safety margin; True when it slept."""
+        if wait > account.login_sleep_max_seconds:
+            return False
+        if self._lease_left(mail) - wait < self.settings.lease_safety_margin_seconds:
+            return False
+        self.metrics.inc("login_sleeps", account=account.name)
+        event(log, logging.INFO, "waiting for the account's minimum interval between logins",
+              account=account.name, mail_id=mail.id, wait_seconds=round(wait, 3))
+        self.sleep(wait)
+        return True
+
+    def _defer_for_login(self, account: AccountConfig, mails: list[ClaimedMail], wait: float) -> None:
+        """The next login is too far away: the batch goes back as a Wait for exactly
+        that long (the attempt is refunded and the account blocked until then, so no
+        worker claims it sooner).  Not the provider's throttling: the growing
+        back-off of _account_wait is neither used nor reset."""
+        self.metrics.inc("login_deferrals", account=account.name)
+        self.fail(mails, Outcome(
+            WAIT, f"minimum interval between logins on account {account.name!r}: the next login is "
+            f"allowed in {wait:.3f} s (more than login_sleep_max_seconds = {account.login_sleep_max_seconds:g}, "
+            "or the lease would not cover the wait)", "login interval", None, max(1, math.ceil(wait)), "account"))
 
     def _classify_send_error(self, exc: BaseException, stage: str) -> Outcome:
         if isinstance(exc, MessageTooBig):

@@ -17,6 +17,8 @@ COUNTERS = {
     "lease_extensions": "ExtendLease calls",
     "lease_lost": "mails whose lease was lost before the acknowledgement",
     "smtp_connections": "SMTP connections opened",
+    "login_sleeps": "sleeps for the account's minimum interval between logins (mailq.AcquireLoginSlot)",
+    "login_deferrals": "account batches deferred (Wait, no attempt spent) for the minimum login interval",
     "errors": "unexpected worker errors (batch abandoned, leases left to expire)",
 }
 #: upper bounds, in seconds, of the claim latency histogram

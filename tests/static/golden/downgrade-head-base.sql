@@ -92,6 +92,825 @@ GO
 
 BEGIN TRANSACTION;
 
+-- Running downgrade 0012 -> 0011
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 0
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0012')
+BEGIN
+    SET @Msg = CONCAT(N'This downgrade removes revision 0012; ', QUOTENAME(DB_NAME()),
+        N' is at ', ISNULL(@Current, N'no revision'),
+        N'. Render the downgrade for this database with: mailq-db deploy --sql --downgrade ', ISNULL(@Current, N'head'), N':<target>.');
+    THROW 50411, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.EnqueueMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.EnqueueMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ClaimMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ClaimMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ExtendLease') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ExtendLease FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ReleaseMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ReleaseMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MarkSent') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MarkSent FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MarkFailed') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MarkFailed FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.RequeueMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.RequeueMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.CancelMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.CancelMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.PurgeMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.PurgeMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UpsertSendingAccount') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UpsertSendingAccount FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UnblockSendingAccount') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UnblockSendingAccount FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UpsertApplication') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UpsertApplication FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.BindApplication') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.BindApplication FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.UnbindApplication') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.UnbindApplication FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MoveBodiesOutOfRow') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MoveBodiesOutOfRow FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.GetQueueStats') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetQueueStats FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.GetInstallationHealth') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetInstallationHealth FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.QueueCountsByStatus') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.QueueCountsByStatus FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.OldestDueMail') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.OldestDueMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ThroughputPerHour') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.ThroughputPerHour FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.RecentFailures') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.RecentFailures FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.GetMailEvents') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetMailEvents FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.StopMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.StopMail FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.AcquireLoginSlot') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.AcquireLoginSlot FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin: every public mailq procedure and the reporting
+views (views are read-only reports, not table rights).
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RequeueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.CancelMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.PurgeMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UnblockSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.BindApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UnbindApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MoveBodiesOutOfRow TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.QueueCountsByStatus TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.OldestDueMail TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.ThroughputPerHour TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.RecentFailures TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.StopMail TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ClaimMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ClaimMail FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ExtendLease') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ExtendLease FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.ReleaseMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ReleaseMail FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MarkSent') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MarkSent FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.MarkFailed') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.MarkFailed FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.GetInstallationHealth') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetInstallationHealth FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.AcquireLoginSlot') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.AcquireLoginSlot FROM MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqSender (sender workers): claim, extend, release and
+acknowledge mail, and read the installation health for `mailq-db doctor`.
+No grant on mailq.EnqueueMail: a worker's login cannot enqueue (issue 10,
+point 10; tests/integration/test_mailq_roles.py).
+*/
+GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS mailq.AcquireLoginSlot;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UpsertSendingAccount: creates a sending account or changes its
+settings (and creates its rate budget row).  SMTP host and credentials are
+not stored: the worker's configuration maps the account name to them.
+Parameters:  @AccountName NVARCHAR(128), required
+             @DefaultFromAddress NVARCHAR(320), required: one bare address
+                        (the display name goes in @DefaultFromName)
+             @DefaultFromName NVARCHAR(200), optional
+             @PerMinuteLimit, @PerHourLimit, @PerDayLimit INT > 0, NULL = unlimited
+             @IsDefault BIT, default 0: 1 makes this the account EnqueueMail
+                        uses when @AccountName is NULL (the previous default is cleared)
+Result set:  none.
+Errors:      50142 @AccountName missing; 50103 a value over its size;
+             50102 @DefaultFromAddress invalid; 50143 a limit not positive.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on a
+             small admin table).
+Lock order:  mailq.SendingAccount, then mailq.RateBudget (only the new account's
+             row, which no other transaction can hold yet).
+Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq',
+                 @DefaultFromAddress = N'noreply@example.com', @PerMinuteLimit = 20,
+                 @PerHourLimit = 500, @PerDayLimit = 5000, @IsDefault = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
+    @AccountName NVARCHAR(4000),
+    @DefaultFromAddress NVARCHAR(4000),
+    @DefaultFromName NVARCHAR(4000) = NULL,
+    @PerMinuteLimit INT = NULL,
+    @PerHourLimit INT = NULL,
+    @PerDayLimit INT = NULL,
+    @IsDefault BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @IsDefault = COALESCE(@IsDefault, 0);
+    IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50142, N'@AccountName is required.', 1;
+    IF LEN(@AccountName) > 128 OR LEN(@DefaultFromAddress) > 320 OR LEN(@DefaultFromName) > 200
+        THROW 50103, N'@AccountName (128), @DefaultFromAddress (320) or @DefaultFromName (200) is over its size.', 1;
+    IF @DefaultFromName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(13) + NCHAR(10) + N']%'
+        THROW 50105, N'@DefaultFromName contains CR or LF (header injection is refused).', 1;
+    IF
+        @DefaultFromAddress IS NULL
+        OR (SELECT COUNT(*) FROM mailq.ParseAddressList(@DefaultFromAddress)) <> 1
+        OR EXISTS (
+            SELECT 1
+            FROM mailq.ParseAddressList(@DefaultFromAddress) AS a
+            WHERE a.Problem IS NOT NULL OR a.DisplayName IS NOT NULL
+        )
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@DefaultFromAddress must be one valid address; got ''', LEFT(@DefaultFromAddress, 100), N'''.'
+        );
+        THROW 50102, @Msg, 1;
+    END;
+    IF @PerMinuteLimit <= 0 OR @PerHourLimit <= 0 OR @PerDayLimit <= 0
+        THROW 50143, N'@PerMinuteLimit, @PerHourLimit and @PerDayLimit must be positive, or NULL for no limit.', 1;
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        IF @IsDefault = 1
+            UPDATE a
+            SET a.IsDefault = 0
+            FROM mailq.SendingAccount AS a
+            WHERE a.IsDefault = 1 AND a.AccountName <> @AccountName;
+
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
+        IF EXISTS (
+            SELECT 1
+            FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK)
+            WHERE a.AccountName = @AccountName
+        )
+            UPDATE a
+            SET
+                a.DefaultFromAddress = LTRIM(RTRIM(@DefaultFromAddress)),
+                a.DefaultFromName = @DefaultFromName,
+                a.PerMinuteLimit = @PerMinuteLimit,
+                a.PerHourLimit = @PerHourLimit,
+                a.PerDayLimit = @PerDayLimit,
+                a.IsDefault = @IsDefault
+            FROM mailq.SendingAccount AS a
+            WHERE a.AccountName = @AccountName;
+        ELSE
+            INSERT INTO mailq.SendingAccount (
+                AccountName, DefaultFromAddress, DefaultFromName,
+                PerMinuteLimit, PerHourLimit, PerDayLimit, IsDefault
+            )
+            VALUES (
+                @AccountName, LTRIM(RTRIM(@DefaultFromAddress)), @DefaultFromName,
+                @PerMinuteLimit, @PerHourLimit, @PerDayLimit, @IsDefault
+            );
+
+        IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
+            INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.CK_SendingAccount_LoginInterval', N'C') IS NOT NULL
+    ALTER TABLE mailq.SendingAccount DROP CONSTRAINT CK_SendingAccount_LoginInterval;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF COL_LENGTH(N'mailq.SendingAccount', N'LastLoginAtUtc') IS NOT NULL
+    ALTER TABLE mailq.SendingAccount DROP COLUMN LastLoginAtUtc;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF COL_LENGTH(N'mailq.SendingAccount', N'MinLoginIntervalMs') IS NOT NULL
+    ALTER TABLE mailq.SendingAccount DROP COLUMN MinLoginIntervalMs;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.SendingAccount: one row per sending account (TinyMail's "multiple
+accounts").  SMTP host and credentials never live here: the worker's
+configuration maps AccountName to them.
+    PerMinuteLimit / PerHourLimit / PerDayLimit  NULL = unlimited; enforced at
+        claim time across every worker (see mailq.RateBudget, mailq.ClaimMail).
+    BlockedUntilUtc  set by MarkFailed @Disposition = 'Wait' (provider
+        throttling or account lock); no mail of the account is claimed before it.
+    IsDefault        the account EnqueueMail uses when @AccountName is NULL
+        (at most one, enforced by UX_SendingAccount_IsDefault).
+*/
+IF OBJECT_ID(N'mailq.SendingAccount', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.SendingAccount (
+        AccountName NVARCHAR(128) NOT NULL,
+        DefaultFromAddress NVARCHAR(320) NOT NULL,
+        DefaultFromName NVARCHAR(200) NULL,
+        PerMinuteLimit INT NULL,
+        PerHourLimit INT NULL,
+        PerDayLimit INT NULL,
+        BlockedUntilUtc DATETIME2(3) NULL,
+        BlockReason NVARCHAR(4000) NULL,
+        IsDefault BIT NOT NULL CONSTRAINT DF_SendingAccount_IsDefault DEFAULT (0),
+        CreatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_SendingAccount_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_SendingAccount PRIMARY KEY CLUSTERED (AccountName),
+        CONSTRAINT CK_SendingAccount_Limits CHECK (
+            (PerMinuteLimit IS NULL OR PerMinuteLimit > 0)
+            AND (PerHourLimit IS NULL OR PerHourLimit > 0)
+            AND (PerDayLimit IS NULL OR PerDayLimit > 0)
+        )
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision = '0012';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0011' WHERE dbo.mailq_alembic_version.version_num = '0012';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
 -- Running downgrade 0011 -> 0010
 
 SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;

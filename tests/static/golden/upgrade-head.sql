@@ -111,7 +111,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0011'
+IF @Rows = 1 AND @Current = '0012'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3199,7 +3199,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0011'
+IF @Rows = 1 AND @Current = '0012'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -5856,7 +5856,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0011'
+IF @Rows = 1 AND @Current = '0012'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -7457,7 +7457,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0011'
+IF @Rows = 1 AND @Current = '0012'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -8323,7 +8323,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0011'
+IF @Rows = 1 AND @Current = '0012'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9340,7 +9340,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0011'
+IF @Rows = 1 AND @Current = '0012'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -12497,7 +12497,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0011'
+IF @Rows = 1 AND @Current = '0012'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -15790,7 +15790,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0011'
+IF @Rows = 1 AND @Current = '0012'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -16235,7 +16235,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0011'
+IF @Rows = 1 AND @Current = '0012'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -18392,7 +18392,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0011'
+IF @Rows = 1 AND @Current = '0012'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -20678,7 +20678,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0011'
+IF @Rows = 1 AND @Current = '0012'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -23646,6 +23646,554 @@ END;
 GO
 
 UPDATE dbo.mailq_alembic_version SET version_num='0011' WHERE dbo.mailq_alembic_version.version_num = '0010';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0011 -> 0012
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0012'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0011')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0012 upgrades a database at 0011; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.SendingAccount: one row per sending account (TinyMail's "multiple
+accounts").  SMTP host and credentials never live here: the worker's
+configuration maps AccountName to them.
+    PerMinuteLimit / PerHourLimit / PerDayLimit  NULL = unlimited; enforced at
+        claim time across every worker (see mailq.RateBudget, mailq.ClaimMail).
+    BlockedUntilUtc  set by MarkFailed @Disposition = 'Wait' (provider
+        throttling or account lock); no mail of the account is claimed before it.
+    IsDefault        the account EnqueueMail uses when @AccountName is NULL
+        (at most one, enforced by UX_SendingAccount_IsDefault).
+    MinLoginIntervalMs  revision 0012 (TinyMail 8C.5): the least time between
+        two SMTP connections/logins on the account, across every worker on
+        every machine; NULL = no interval.  Set by UpsertSendingAccount.
+    LastLoginAtUtc   when a worker was last granted a login by
+        mailq.AcquireLoginSlot (the server's clock); NULL = never.
+    Existing databases get both columns from
+    sql/upgrades/mailq.0012.SendingAccount.sql.
+*/
+IF OBJECT_ID(N'mailq.SendingAccount', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.SendingAccount (
+        AccountName NVARCHAR(128) NOT NULL,
+        DefaultFromAddress NVARCHAR(320) NOT NULL,
+        DefaultFromName NVARCHAR(200) NULL,
+        PerMinuteLimit INT NULL,
+        PerHourLimit INT NULL,
+        PerDayLimit INT NULL,
+        BlockedUntilUtc DATETIME2(3) NULL,
+        BlockReason NVARCHAR(4000) NULL,
+        IsDefault BIT NOT NULL CONSTRAINT DF_SendingAccount_IsDefault DEFAULT (0),
+        MinLoginIntervalMs INT NULL,
+        LastLoginAtUtc DATETIME2(3) NULL,
+        CreatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_SendingAccount_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_SendingAccount PRIMARY KEY CLUSTERED (AccountName),
+        CONSTRAINT CK_SendingAccount_Limits CHECK (
+            (PerMinuteLimit IS NULL OR PerMinuteLimit > 0)
+            AND (PerHourLimit IS NULL OR PerHourLimit > 0)
+            AND (PerDayLimit IS NULL OR PerDayLimit > 0)
+        ),
+        CONSTRAINT CK_SendingAccount_LoginInterval CHECK (
+            MinLoginIntervalMs IS NULL OR MinLoginIntervalMs BETWEEN 1 AND 86400000
+        )
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Revision 0012: the minimum interval between two logins per sending account
+(issue 16, point 4; TinyMail 8C.5), added in place to mailq.SendingAccount:
+    MinLoginIntervalMs  INT NULL, 1-86,400,000 (CK_SendingAccount_LoginInterval);
+                        NULL = no interval, which every existing account keeps.
+    LastLoginAtUtc      DATETIME2(3) NULL, stamped by mailq.AcquireLoginSlot.
+Both columns are nullable without a default, so no existing row needs a
+value; only mailq.SendingAccount (one small row per account) changes, and no
+mail row is touched at all.  Every step is guarded, so a second run changes
+nothing.  Downgrade: alembic/versions/0012_*.py (DOWNGRADE_0012).
+Locks: a schema-modification lock on mailq.SendingAccount for the length of
+the migration's transaction; stop the workers during the upgrade, as for
+every revision.
+Every step is dynamic SQL: the model of tools/tsqlcheck (DacFx) takes the
+table's shape from sql/tables/mailq.SendingAccount.sql, which already holds
+both columns, and would see a static ADD as a second definition of them.
+*/
+IF COL_LENGTH(N'mailq.SendingAccount', N'MinLoginIntervalMs') IS NULL
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.SendingAccount ADD MinLoginIntervalMs INT NULL;';
+
+IF COL_LENGTH(N'mailq.SendingAccount', N'LastLoginAtUtc') IS NULL
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.SendingAccount ADD LastLoginAtUtc DATETIME2(3) NULL;';
+
+IF OBJECT_ID(N'mailq.CK_SendingAccount_LoginInterval', N'C') IS NULL
+    -- Dynamic also because the column is added earlier in this same batch.
+    EXEC sys.sp_executesql
+        N'ALTER TABLE mailq.SendingAccount WITH CHECK ADD CONSTRAINT CK_SendingAccount_LoginInterval
+          CHECK (MinLoginIntervalMs IS NULL OR MinLoginIntervalMs BETWEEN 1 AND 86400000);';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.UpsertSendingAccount: creates a sending account or changes its
+settings (and creates its rate budget row).  SMTP host and credentials are
+not stored: the worker's configuration maps the account name to them.
+Parameters:  @AccountName NVARCHAR(128), required
+             @DefaultFromAddress NVARCHAR(320), required: one bare address
+                        (the display name goes in @DefaultFromName)
+             @DefaultFromName NVARCHAR(200), optional
+             @PerMinuteLimit, @PerHourLimit, @PerDayLimit INT > 0, NULL = unlimited
+             @IsDefault BIT, default 0: 1 makes this the account EnqueueMail
+                        uses when @AccountName is NULL (the previous default is cleared)
+             @MinLoginIntervalMs INT 1-86,400,000, optional: the least time
+                        between two SMTP logins on the account across every
+                        worker (mailq.AcquireLoginSlot); NULL = no interval
+                        (like the limits, every call sets it: omitting it clears it)
+Result set:  none.
+Errors:      50142 @AccountName missing; 50103 a value over its size;
+             50102 @DefaultFromAddress invalid; 50143 a limit not positive;
+             50122 @MinLoginIntervalMs outside 1-86,400,000.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on a
+             small admin table).
+Lock order:  mailq.SendingAccount, then mailq.RateBudget (only the new account's
+             row, which no other transaction can hold yet).
+Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq',
+                 @DefaultFromAddress = N'noreply@example.com', @PerMinuteLimit = 20,
+                 @PerHourLimit = 500, @PerDayLimit = 5000, @IsDefault = 1,
+                 @MinLoginIntervalMs = 10000;
+*/
+CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
+    @AccountName NVARCHAR(4000),
+    @DefaultFromAddress NVARCHAR(4000),
+    @DefaultFromName NVARCHAR(4000) = NULL,
+    @PerMinuteLimit INT = NULL,
+    @PerHourLimit INT = NULL,
+    @PerDayLimit INT = NULL,
+    @IsDefault BIT = 0,
+    @MinLoginIntervalMs INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @IsDefault = COALESCE(@IsDefault, 0);
+    IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50142, N'@AccountName is required.', 1;
+    IF LEN(@AccountName) > 128 OR LEN(@DefaultFromAddress) > 320 OR LEN(@DefaultFromName) > 200
+        THROW 50103, N'@AccountName (128), @DefaultFromAddress (320) or @DefaultFromName (200) is over its size.', 1;
+    IF @DefaultFromName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(13) + NCHAR(10) + N']%'
+        THROW 50105, N'@DefaultFromName contains CR or LF (header injection is refused).', 1;
+    IF
+        @DefaultFromAddress IS NULL
+        OR (SELECT COUNT(*) FROM mailq.ParseAddressList(@DefaultFromAddress)) <> 1
+        OR EXISTS (
+            SELECT 1
+            FROM mailq.ParseAddressList(@DefaultFromAddress) AS a
+            WHERE a.Problem IS NOT NULL OR a.DisplayName IS NOT NULL
+        )
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@DefaultFromAddress must be one valid address; got ''', LEFT(@DefaultFromAddress, 100), N'''.'
+        );
+        THROW 50102, @Msg, 1;
+    END;
+    IF @PerMinuteLimit <= 0 OR @PerHourLimit <= 0 OR @PerDayLimit <= 0
+        THROW 50143, N'@PerMinuteLimit, @PerHourLimit and @PerDayLimit must be positive, or NULL for no limit.', 1;
+    IF @MinLoginIntervalMs NOT BETWEEN 1 AND 86400000
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@MinLoginIntervalMs must be 1-86400000 milliseconds (24 hours), or NULL for no interval; got ',
+            @MinLoginIntervalMs, N'.'
+        );
+        THROW 50122, @Msg, 1;
+    END;
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        IF @IsDefault = 1
+            UPDATE a
+            SET a.IsDefault = 0
+            FROM mailq.SendingAccount AS a
+            WHERE a.IsDefault = 1 AND a.AccountName <> @AccountName;
+
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
+        IF EXISTS (
+            SELECT 1
+            FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK)
+            WHERE a.AccountName = @AccountName
+        )
+            UPDATE a
+            SET
+                a.DefaultFromAddress = LTRIM(RTRIM(@DefaultFromAddress)),
+                a.DefaultFromName = @DefaultFromName,
+                a.PerMinuteLimit = @PerMinuteLimit,
+                a.PerHourLimit = @PerHourLimit,
+                a.PerDayLimit = @PerDayLimit,
+                a.IsDefault = @IsDefault,
+                a.MinLoginIntervalMs = @MinLoginIntervalMs
+            FROM mailq.SendingAccount AS a
+            WHERE a.AccountName = @AccountName;
+        ELSE
+            INSERT INTO mailq.SendingAccount (
+                AccountName, DefaultFromAddress, DefaultFromName,
+                PerMinuteLimit, PerHourLimit, PerDayLimit, IsDefault, MinLoginIntervalMs
+            )
+            VALUES (
+                @AccountName, LTRIM(RTRIM(@DefaultFromAddress)), @DefaultFromName,
+                @PerMinuteLimit, @PerHourLimit, @PerDayLimit, @IsDefault, @MinLoginIntervalMs
+            );
+
+        IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
+            INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.AcquireLoginSlot: called by a worker right before it opens an SMTP
+connection (and logs in) for a sending account.  Atomically either grants
+the login, stamping mailq.SendingAccount.LastLoginAtUtc with the server's
+clock, or says how long to wait, so that two logins on one account are at
+least MinLoginIntervalMs apart across every worker on every machine
+(TinyMail 8C.5: providers count logins as well as mails).  An account
+without an interval (NULL) is always granted, and stamped.
+Parameters:  @AccountName NVARCHAR(128), required: an existing sending account.
+Result set:  one row: Granted BIT (1: log in now; 0: do not connect),
+             WaitMs INT (0 when granted, else the milliseconds until the next
+             login is allowed, at most MinLoginIntervalMs), MinLoginIntervalMs
+             INT (NULL = none), LastLoginAtUtc DATETIME2(3) (the stamp now in
+             force: this call's when granted, else the earlier one).
+Errors:      50123 @AccountName missing; 50103 @AccountName over 128
+             characters; 50270 no sending account has that name.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+             Workers call it outside any transaction: the account row's lock is
+             then held for one single-row UPDATE only.
+Isolation:   sets READ COMMITTED itself.  The decision and the stamp are one
+             UPDATE by primary key: the row is read under an update lock even
+             under READ_COMMITTED_SNAPSHOT (an UPDATE's rows are selected by a
+             blocking scan taking U locks, "Transaction locking and row
+             versioning guide", read committed using row versioning), so a
+             second caller waits for the first and sees its stamp: never two
+             grants within one interval.
+Lock order:  mailq.SendingAccount only (one row, by key).
+Example:     EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
+*/
+CREATE OR ALTER PROCEDURE mailq.AcquireLoginSlot
+    @AccountName NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50123, N'@AccountName is required: the sending account the worker is about to log in to.', 1;
+    IF LEN(@AccountName) > 128
+        THROW 50103, N'@AccountName is over its size (128).', 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Slot TABLE (
+        MinLoginIntervalMs INT NULL,
+        PreviousLoginAtUtc DATETIME2(3) NULL,
+        LastLoginAtUtc DATETIME2(3) NULL
+    );
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- Granted when there is no interval, no earlier login, the earlier
+        -- login is at least one interval old, or it lies more than one
+        -- interval in the future (the server's clock went back: a stamp that
+        -- far ahead would otherwise refuse every login until the clock caught up).
+        UPDATE a
+        SET a.LastLoginAtUtc = IIF(
+            a.MinLoginIntervalMs IS NULL
+            OR a.LastLoginAtUtc IS NULL
+            OR a.LastLoginAtUtc <= DATEADD(MILLISECOND, -a.MinLoginIntervalMs, @Now)
+            OR a.LastLoginAtUtc > DATEADD(MILLISECOND, a.MinLoginIntervalMs, @Now),
+            @Now,
+            a.LastLoginAtUtc
+        )
+        OUTPUT inserted.MinLoginIntervalMs, deleted.LastLoginAtUtc, inserted.LastLoginAtUtc
+        INTO @Slot (MinLoginIntervalMs, PreviousLoginAtUtc, LastLoginAtUtc)
+        FROM mailq.SendingAccount AS a
+        WHERE a.AccountName = @AccountName;
+
+        IF NOT EXISTS (SELECT 1 FROM @Slot)
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@AccountName ''', LEFT(@AccountName, 128),
+                N''' is not a sending account (create it with mailq.UpsertSendingAccount).'
+            );
+            THROW 50270, @Msg, 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- The same test as the UPDATE's, on the values it read under the lock.
+    -- DATEDIFF_BIG: a stamp far from @Now must not overflow INT before the cap.
+    WITH Decided AS (
+        SELECT
+            s.MinLoginIntervalMs,
+            s.LastLoginAtUtc,
+            CAST(IIF(
+                s.MinLoginIntervalMs IS NULL
+                OR s.PreviousLoginAtUtc IS NULL
+                OR s.PreviousLoginAtUtc <= DATEADD(MILLISECOND, -s.MinLoginIntervalMs, @Now)
+                OR s.PreviousLoginAtUtc > DATEADD(MILLISECOND, s.MinLoginIntervalMs, @Now),
+                1, 0
+            ) AS BIT) AS Granted,
+            DATEDIFF_BIG(
+                MILLISECOND, @Now, DATEADD(MILLISECOND, s.MinLoginIntervalMs, s.PreviousLoginAtUtc)
+            ) AS LeftMs
+        FROM @Slot AS s
+    )
+
+    SELECT
+        d.Granted,
+        CAST(IIF(
+            d.Granted = 1, 0,
+            IIF(d.LeftMs > d.MinLoginIntervalMs, d.MinLoginIntervalMs, IIF(d.LeftMs < 1, 1, d.LeftMs))
+        ) AS INT) AS WaitMs,
+        d.MinLoginIntervalMs,
+        d.LastLoginAtUtc
+    FROM Decided AS d;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqSender (sender workers): claim, extend, release and
+acknowledge mail, and read the installation health for `mailq-db doctor`.
+No grant on mailq.EnqueueMail: a worker's login cannot enqueue (issue 10,
+point 10; tests/integration/test_mailq_roles.py).
+*/
+GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.AcquireLoginSlot TO MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin: every public mailq procedure and the reporting
+views (views are read-only reports, not table rights).
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RequeueMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.CancelMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.PurgeMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UnblockSendingAccount TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UpsertApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.BindApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.UnbindApplication TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.MoveBodiesOutOfRow TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.QueueCountsByStatus TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.OldestDueMail TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.ThroughputPerHour TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.RecentFailures TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.StopMail TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.AcquireLoginSlot TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0012') AND FilePath IN (
+    N'tables/mailq.SendingAccount.sql',
+    N'upgrades/mailq.0012.SendingAccount.sql',
+    N'procedures/mailq.UpsertSendingAccount.sql',
+    N'procedures/mailq.AcquireLoginSlot.sql',
+    N'security/MailqSender.grants.sql',
+    N'security/MailqAdmin.grants.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0012', N'tables/mailq.SendingAccount.sql', '9ccf3942a81f4ffd895d8ad6c231255dcce783f9ff9f8b48d09423913e812c17'),
+    ('0012', N'upgrades/mailq.0012.SendingAccount.sql', '35c9ad83c1a5dbf41de81a74f67ba833c9aeb79911d74ce3115eba9f2b00d824'),
+    ('0012', N'procedures/mailq.UpsertSendingAccount.sql', 'd5e6a481f042e041501983176cf4996a8513ed4a0f0d2bd1e4e55ddd545168ac'),
+    ('0012', N'procedures/mailq.AcquireLoginSlot.sql', '17f50f33e49d1209492b9b06fff11371fcfad132cadffee0dd9ed4f4895b2362'),
+    ('0012', N'security/MailqSender.grants.sql', '486eaa9758a6e762816b9b2ba0cea739da2054377b0058fc9ea3926b105e67ff'),
+    ('0012', N'security/MailqAdmin.grants.sql', 'e11f5f16128b53868dbfa68dc0df238537c9ab22be6f0f6873697fca1eac6aff');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0012 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0012' WHERE dbo.mailq_alembic_version.version_num = '0011';
 
 GO
 

@@ -1,0 +1,122 @@
+/*
+mailq.AcquireLoginSlot: called by a worker right before it opens an SMTP
+connection (and logs in) for a sending account.  Atomically either grants
+the login, stamping mailq.SendingAccount.LastLoginAtUtc with the server's
+clock, or says how long to wait, so that two logins on one account are at
+least MinLoginIntervalMs apart across every worker on every machine
+(TinyMail 8C.5: providers count logins as well as mails).  An account
+without an interval (NULL) is always granted, and stamped.
+Parameters:  @AccountName NVARCHAR(128), required: an existing sending account.
+Result set:  one row: Granted BIT (1: log in now; 0: do not connect),
+             WaitMs INT (0 when granted, else the milliseconds until the next
+             login is allowed, at most MinLoginIntervalMs), MinLoginIntervalMs
+             INT (NULL = none), LastLoginAtUtc DATETIME2(3) (the stamp now in
+             force: this call's when granted, else the earlier one).
+Errors:      50123 @AccountName missing; 50103 @AccountName over 128
+             characters; 50270 no sending account has that name.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+             Workers call it outside any transaction: the account row's lock is
+             then held for one single-row UPDATE only.
+Isolation:   sets READ COMMITTED itself.  The decision and the stamp are one
+             UPDATE by primary key: the row is read under an update lock even
+             under READ_COMMITTED_SNAPSHOT (an UPDATE's rows are selected by a
+             blocking scan taking U locks, "Transaction locking and row
+             versioning guide", read committed using row versioning), so a
+             second caller waits for the first and sees its stamp: never two
+             grants within one interval.
+Lock order:  mailq.SendingAccount only (one row, by key).
+Example:     EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
+*/
+CREATE OR ALTER PROCEDURE mailq.AcquireLoginSlot
+    @AccountName NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
+        THROW 50123, N'@AccountName is required: the sending account the worker is about to log in to.', 1;
+    IF LEN(@AccountName) > 128
+        THROW 50103, N'@AccountName is over its size (128).', 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Slot TABLE (
+        MinLoginIntervalMs INT NULL,
+        PreviousLoginAtUtc DATETIME2(3) NULL,
+        LastLoginAtUtc DATETIME2(3) NULL
+    );
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- Granted when there is no interval, no earlier login, the earlier
+        -- login is at least one interval old, or it lies more than one
+        -- interval in the future (the server's clock went back: a stamp that
+        -- far ahead would otherwise refuse every login until the clock caught up).
+        UPDATE a
+        SET a.LastLoginAtUtc = IIF(
+            a.MinLoginIntervalMs IS NULL
+            OR a.LastLoginAtUtc IS NULL
+            OR a.LastLoginAtUtc <= DATEADD(MILLISECOND, -a.MinLoginIntervalMs, @Now)
+            OR a.LastLoginAtUtc > DATEADD(MILLISECOND, a.MinLoginIntervalMs, @Now),
+            @Now,
+            a.LastLoginAtUtc
+        )
+        OUTPUT inserted.MinLoginIntervalMs, deleted.LastLoginAtUtc, inserted.LastLoginAtUtc
+        INTO @Slot (MinLoginIntervalMs, PreviousLoginAtUtc, LastLoginAtUtc)
+        FROM mailq.SendingAccount AS a
+        WHERE a.AccountName = @AccountName;
+
+        IF NOT EXISTS (SELECT 1 FROM @Slot)
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@AccountName ''', LEFT(@AccountName, 128),
+                N''' is not a sending account (create it with mailq.UpsertSendingAccount).'
+            );
+            THROW 50270, @Msg, 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- The same test as the UPDATE's, on the values it read under the lock.
+    -- DATEDIFF_BIG: a stamp far from @Now must not overflow INT before the cap.
+    WITH Decided AS (
+        SELECT
+            s.MinLoginIntervalMs,
+            s.LastLoginAtUtc,
+            CAST(IIF(
+                s.MinLoginIntervalMs IS NULL
+                OR s.PreviousLoginAtUtc IS NULL
+                OR s.PreviousLoginAtUtc <= DATEADD(MILLISECOND, -s.MinLoginIntervalMs, @Now)
+                OR s.PreviousLoginAtUtc > DATEADD(MILLISECOND, s.MinLoginIntervalMs, @Now),
+                1, 0
+            ) AS BIT) AS Granted,
+            DATEDIFF_BIG(
+                MILLISECOND, @Now, DATEADD(MILLISECOND, s.MinLoginIntervalMs, s.PreviousLoginAtUtc)
+            ) AS LeftMs
+        FROM @Slot AS s
+    )
+
+    SELECT
+        d.Granted,
+        CAST(IIF(
+            d.Granted = 1, 0,
+            IIF(d.LeftMs > d.MinLoginIntervalMs, d.MinLoginIntervalMs, IIF(d.LeftMs < 1, 1, d.LeftMs))
+        ) AS INT) AS WaitMs,
+        d.MinLoginIntervalMs,
+        d.LastLoginAtUtc
+    FROM Decided AS d;
+END;

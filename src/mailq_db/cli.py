@@ -17,6 +17,7 @@ from .errors import MailqError
 #: Command modules, in the order ``--help`` lists them.
 COMMANDS = ("deploy", "enqueue", "worker", "stats", "doctor", "dev", "import_dbmail")
 COMMANDS += ("classify",)  # issue 15: mailq-db classify "<reply>"
+COMMANDS += ("template",)  # issue 16 point 2: mailq-db template render
 
 EPILOG = """\
 examples:

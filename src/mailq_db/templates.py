@@ -34,8 +34,10 @@ The API the worker and EnqueueMail's caller use (second wave):
 
 from __future__ import annotations
 
+import contextvars
 import json
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -78,6 +80,9 @@ class Limits:
     max_mail_attachment_bytes: int = 25 * 1024 * 1024
     #: iterations of ``range()`` one render may consume (all calls together)
     max_range_items: int = 1_000_000
+    #: wall-clock seconds one render may take (checked at every output chunk,
+    #: attribute or item lookup, call and range(): see _check_deadline)
+    max_render_seconds: float = 10.0
 
 
 DEFAULT_LIMITS = Limits()
@@ -206,6 +211,7 @@ class _Budget:
         self.left = items
 
     def range(self, *args: int) -> range:
+        _check_deadline()
         r = range(*args)
         if len(r) > self.left:
             raise SecurityError(f"range() over the budget of iterations for one render "
@@ -214,12 +220,39 @@ class _Budget:
         return r
 
 
+#: the monotonic time the current render must end by (None: no render running)
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("mailq_template_deadline", default=None)
+
+
+class _TimeLimit(Exception):
+    pass
+
+
+def _check_deadline() -> None:
+    deadline = _DEADLINE.get()
+    if deadline is not None and time.monotonic() > deadline:
+        raise _TimeLimit()
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
     """The sandbox with ``*`` and ``**`` checked (Jinja2 lets a sandbox
-    intercept binary operators: ``intercepted_binops`` + ``call_binop``)."""
+    intercept binary operators: ``intercepted_binops`` + ``call_binop``), and
+    the render's deadline checked at every lookup and call."""
 
     intercepted_binops = frozenset({"*", "**"})
     max_sequence = DEFAULT_LIMITS.max_body_chars
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _check_deadline()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _check_deadline()
+        return super().getitem(obj, argument)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (Jinja's signature)
+        _check_deadline()
+        return super().call(__context, __obj, *args, **kwargs)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**":
@@ -323,12 +356,16 @@ def _render_part(part: str, code: Any, model: Mapping[str, Any], limit: int, bud
     size = 0
     try:
         for chunk in template.generate(dict(model)):
+            _check_deadline()
             size += len(chunk)
             if size > limit:
                 raise TemplateError("limit", f"the output is over {limit:,} characters", part=part)
             out.append(chunk)
     except TemplateError:
         raise
+    except _TimeLimit as exc:
+        raise TemplateError("limit", "rendering took longer than the time limit", part=part,
+                            line=_line_of(exc, part)) from None
     except UndefinedError as exc:
         raise TemplateError("undefined", _undefined_detail(exc), part=part, line=_line_of(exc, part)) from None
     except SecurityError as exc:
@@ -433,9 +470,13 @@ def render_mail(template: MailTemplate, model: str | bytes | Mapping[str, Any] |
         values = parse_model(model, limits=limits)
         budget = _Budget(limits.max_range_items)
         out: dict[str, str | None] = {"subject": None, "html": None, "text": None}
-        for part, code in codes.items():
-            limit = limits.max_subject_chars * 4 if part == "subject" else limits.max_body_chars
-            out[part] = _render_part(part, code, values, limit, budget)
+        token = _DEADLINE.set(time.monotonic() + limits.max_render_seconds)
+        try:
+            for part, code in codes.items():
+                limit = limits.max_subject_chars * 4 if part == "subject" else limits.max_body_chars
+                out[part] = _render_part(part, code, values, limit, budget)
+        finally:
+            _DEADLINE.reset(token)
         subject = (out["subject"] or "").strip()
         if "\r" in subject or "\n" in subject:
             raise TemplateError("limit", "the rendered subject has a line break (a header is one line)",

@@ -257,3 +257,11 @@ def test_jinja2_is_in_the_pinned_range():
     assert (3, 1, 6) <= (major, minor, patch) < (3, 2, 0)
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert '"Jinja2>=3.1.6,<3.2"' in pyproject
+
+
+def test_render_time_is_bounded():
+    # nested loops over model data: no range() to budget, so the deadline stops them
+    tpl = text_tpl("{% for a in xs %}{% for b in xs %}{{ b.v }}{% endfor %}{% endfor %}")
+    with pytest.raises(TemplateError) as info:
+        render_mail(tpl, {"xs": [{"v": ""}] * 20000}, limits=Limits(max_render_seconds=0.2))
+    assert info.value.kind == "limit" and "time limit" in str(info.value)

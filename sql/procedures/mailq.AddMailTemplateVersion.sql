@@ -39,9 +39,10 @@ Isolation:   sets READ COMMITTED itself; UPDLOCK, HOLDLOCK on the template's
 Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
 Example:     DECLARE @V INT, @C BIT;
              EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome',
-                  @SubjectTemplate = N'Welcome, {{ user.name }}',
-                  @HtmlTemplate = N'<p>Hello {{ user.name }}</p>',
+                  @SubjectTemplate = N'Welcome',
+                  @HtmlTemplate = N'<p>Hello</p>',
                   @Version = @V OUTPUT, @Created = @C OUTPUT;
+             (Jinja2 syntax in the texts, with worked examples: docs/templates.md.)
 */
 CREATE OR ALTER PROCEDURE mailq.AddMailTemplateVersion
     @TemplateName NVARCHAR(4000),
@@ -82,7 +83,11 @@ BEGIN
     IF @HtmlTemplate IS NULL AND @TextTemplate IS NULL
         THROW 50212, N'Give @HtmlTemplate, @TextTemplate or both: a template needs a body.', 1;
     IF LEN(@HtmlTemplate) > 2000000 OR LEN(@TextTemplate) > 2000000
-        THROW 50212, N'@HtmlTemplate and @TextTemplate are limited to 2,000,000 characters each (EnqueueMail''s body limit).', 1;
+    BEGIN
+        SET @Msg = CONCAT(N'@HtmlTemplate and @TextTemplate are limited to 2,000,000 characters each ',
+                          N'(EnqueueMail''s body limit).');
+        THROW 50212, @Msg, 1;
+    END;
     IF LEN(@Description) > 400
         THROW 50213, N'@Description is limited to 400 characters.', 1;
     IF @ExpectedLatestVersion < 0
@@ -123,7 +128,8 @@ BEGIN
         END;
 
         -- Same texts as the latest version: nothing to add.  VARBINARY compares
-        -- bytes: under a case-insensitive collation N'{{ Name }}' = N'{{ name }}'.
+        -- bytes: under a case-insensitive collation N'Name' = N'name', and a
+        -- template that changed only the case of a variable is a new template.
         IF EXISTS (
             SELECT 1
             FROM mailq.MailTemplateVersion AS v

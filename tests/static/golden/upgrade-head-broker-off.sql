@@ -12141,7 +12141,11 @@ BEGIN
     SET NOCOUNT ON;
     IF NOT EXISTS (SELECT 1 FROM deleted)
         RETURN;
-    THROW 50218, N'mailq.MailTemplateVersion rows are immutable: add a new version with mailq.AddMailTemplateVersion, or retire the template with mailq.RetireMailTemplate.', 1;
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(
+        N'mailq.MailTemplateVersion rows are immutable: add a new version with mailq.AddMailTemplateVersion, ',
+        N'or retire the template with mailq.RetireMailTemplate.'
+    );
+    THROW 50218, @Msg, 1;
 END;
 
 GO
@@ -12196,9 +12200,10 @@ Isolation:   sets READ COMMITTED itself; UPDLOCK, HOLDLOCK on the template's
 Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
 Example:     DECLARE @V INT, @C BIT;
              EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome',
-                  @SubjectTemplate = N'Welcome, {{ user.name }}',
-                  @HtmlTemplate = N'<p>Hello {{ user.name }}</p>',
+                  @SubjectTemplate = N'Welcome',
+                  @HtmlTemplate = N'<p>Hello</p>',
                   @Version = @V OUTPUT, @Created = @C OUTPUT;
+             (Jinja2 syntax in the texts, with worked examples: docs/templates.md.)
 */
 CREATE OR ALTER PROCEDURE mailq.AddMailTemplateVersion
     @TemplateName NVARCHAR(4000),
@@ -12239,7 +12244,11 @@ BEGIN
     IF @HtmlTemplate IS NULL AND @TextTemplate IS NULL
         THROW 50212, N'Give @HtmlTemplate, @TextTemplate or both: a template needs a body.', 1;
     IF LEN(@HtmlTemplate) > 2000000 OR LEN(@TextTemplate) > 2000000
-        THROW 50212, N'@HtmlTemplate and @TextTemplate are limited to 2,000,000 characters each (EnqueueMail''s body limit).', 1;
+    BEGIN
+        SET @Msg = CONCAT(N'@HtmlTemplate and @TextTemplate are limited to 2,000,000 characters each ',
+                          N'(EnqueueMail''s body limit).');
+        THROW 50212, @Msg, 1;
+    END;
     IF LEN(@Description) > 400
         THROW 50213, N'@Description is limited to 400 characters.', 1;
     IF @ExpectedLatestVersion < 0
@@ -12280,7 +12289,8 @@ BEGIN
         END;
 
         -- Same texts as the latest version: nothing to add.  VARBINARY compares
-        -- bytes: under a case-insensitive collation N'{{ Name }}' = N'{{ name }}'.
+        -- bytes: under a case-insensitive collation N'Name' = N'name', and a
+        -- template that changed only the case of a variable is a new template.
         IF EXISTS (
             SELECT 1
             FROM mailq.MailTemplateVersion AS v
@@ -12710,8 +12720,8 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0013') AND FilePath IN
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0013', N'tables/mailq.MailTemplate.sql', '2faea7a4cc23b699b566601c988f7e14331de70e0092d9faaf055a83d398534d'),
     ('0013', N'tables/mailq.MailTemplateVersion.sql', 'efbc06194e319d6450af6d69075c902d135f19aa273769528c3feb9f7e545781'),
-    ('0013', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '28022c84eb8ebcca1f35ef3409441f4492c5417e0e5a2c49684c9b53aa6a252b'),
-    ('0013', N'procedures/mailq.AddMailTemplateVersion.sql', '1710d5057b627d7288b9db4376d1143d7c22a17ada89876f77ee145e2c82deda'),
+    ('0013', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '41861390ead50e72c238144e75531db4a6d1d248d4314cc0e15ea7f1cad61a3d'),
+    ('0013', N'procedures/mailq.AddMailTemplateVersion.sql', '97d0acb780cd9492b2e7429bf3921a7c8467034a79c6329aa57f207eeafea644'),
     ('0013', N'procedures/mailq.GetMailTemplate.sql', '440ba943f651ea56442f9609bd8b4fc99f30a64dd3792476d5cfbbebaf38434d'),
     ('0013', N'procedures/mailq.ListMailTemplates.sql', '96ef651d0828b222b9535b33c54240e8d7d83392217d37841df5412934325b43'),
     ('0013', N'procedures/mailq.ListMailTemplateVersions.sql', '7809a4b13f09337f329f7312235cb97b59806f6fdef0443f8edd45c48d46be35'),

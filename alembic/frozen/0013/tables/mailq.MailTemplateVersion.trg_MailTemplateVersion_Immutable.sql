@@ -21,5 +21,9 @@ BEGIN
     SET NOCOUNT ON;
     IF NOT EXISTS (SELECT 1 FROM deleted)
         RETURN;
-    THROW 50218, N'mailq.MailTemplateVersion rows are immutable: add a new version with mailq.AddMailTemplateVersion, or retire the template with mailq.RetireMailTemplate.', 1;
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(
+        N'mailq.MailTemplateVersion rows are immutable: add a new version with mailq.AddMailTemplateVersion, ',
+        N'or retire the template with mailq.RetireMailTemplate.'
+    );
+    THROW 50218, @Msg, 1;
 END;

@@ -12130,8 +12130,11 @@ template's text add a version (mailq.AddMailTemplateVersion); to stop a
 template from being used, retire it (mailq.RetireMailTemplate).
 INSTEAD OF: the statement never touches the rows, so nothing has to be undone.
 TRUNCATE TABLE and DROP TABLE do not fire DML triggers (the downgrade drops
-the table).
+the table).  An INSTEAD OF UPDATE/DELETE trigger cannot exist on a table whose
+foreign key has an ON DELETE/ON UPDATE action: FK_MailTemplateVersion_MailTemplate
+must keep NO ACTION.
 Reference: https://learn.microsoft.com/en-us/sql/t-sql/statements/create-trigger-transact-sql
+           https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008/ms187834(v=sql.100)
 */
 CREATE OR ALTER TRIGGER mailq.trg_MailTemplateVersion_Immutable
 ON mailq.MailTemplateVersion
@@ -12720,7 +12723,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0013') AND FilePath IN
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0013', N'tables/mailq.MailTemplate.sql', '2faea7a4cc23b699b566601c988f7e14331de70e0092d9faaf055a83d398534d'),
     ('0013', N'tables/mailq.MailTemplateVersion.sql', 'efbc06194e319d6450af6d69075c902d135f19aa273769528c3feb9f7e545781'),
-    ('0013', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '41861390ead50e72c238144e75531db4a6d1d248d4314cc0e15ea7f1cad61a3d'),
+    ('0013', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '2f492b522f98b6cb9a8d7357b2f96660638daf99d1e5bae7bfea11b647f0a5df'),
     ('0013', N'procedures/mailq.AddMailTemplateVersion.sql', '97d0acb780cd9492b2e7429bf3921a7c8467034a79c6329aa57f207eeafea644'),
     ('0013', N'procedures/mailq.GetMailTemplate.sql', '440ba943f651ea56442f9609bd8b4fc99f30a64dd3792476d5cfbbebaf38434d'),
     ('0013', N'procedures/mailq.ListMailTemplates.sql', '96ef651d0828b222b9535b33c54240e8d7d83392217d37841df5412934325b43'),

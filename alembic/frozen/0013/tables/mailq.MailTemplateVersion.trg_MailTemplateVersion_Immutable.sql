@@ -10,8 +10,11 @@ template's text add a version (mailq.AddMailTemplateVersion); to stop a
 template from being used, retire it (mailq.RetireMailTemplate).
 INSTEAD OF: the statement never touches the rows, so nothing has to be undone.
 TRUNCATE TABLE and DROP TABLE do not fire DML triggers (the downgrade drops
-the table).
+the table).  An INSTEAD OF UPDATE/DELETE trigger cannot exist on a table whose
+foreign key has an ON DELETE/ON UPDATE action: FK_MailTemplateVersion_MailTemplate
+must keep NO ACTION.
 Reference: https://learn.microsoft.com/en-us/sql/t-sql/statements/create-trigger-transact-sql
+           https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008/ms187834(v=sql.100)
 */
 CREATE OR ALTER TRIGGER mailq.trg_MailTemplateVersion_Immutable
 ON mailq.MailTemplateVersion

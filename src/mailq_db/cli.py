@@ -18,6 +18,7 @@ from .errors import MailqError
 COMMANDS = ("deploy", "enqueue", "worker", "stats", "doctor", "dev", "import_dbmail")
 COMMANDS += ("classify",)  # issue 15: mailq-db classify "<reply>"
 COMMANDS += ("events",)  # issue 16.1: mailq-db events --app NAME --follow
+COMMANDS += ("template",)  # issue 16 point 2: mailq-db template render
 
 EPILOG = """\
 examples:

@@ -135,3 +135,23 @@ def from_driver_error(exc: Exception) -> DatabaseError:
     text = str(args[1]) if len(args) > 1 else str(exc)
     number, message = parse_driver_message(text)
     return class_for(number)(number, message)
+
+
+# Mail templates (issue 16, point 2; docs/templates.md).  50210-50214 are bad
+# input although they sit in the 50200 block (the block assigned to templates).
+class TemplateInputError(InvalidInputError):
+    """A template procedure refused its input (50210-50214); nothing was written."""
+
+
+class UnknownTemplateError(MailStateError):
+    """No template has this name, or it has no such version (50215)."""
+
+
+class TemplateStateError(MailStateError):
+    """The template is retired (50216), its latest version is not the expected
+    one (50217), or a version row was to be changed (50218: versions are immutable)."""
+
+
+SPECIFIC.update({n: TemplateInputError for n in range(50210, 50215)})
+SPECIFIC.update({50215: UnknownTemplateError, 50216: TemplateStateError,
+                 50217: TemplateStateError, 50218: TemplateStateError})

@@ -875,3 +875,95 @@ def acquire_login_slot(conn: Any, *, account_name: str) -> LoginSlot:
     rows = _rows(_call(conn, ACQUIRE_LOGIN_SLOT_SQL, [account_name]))
     granted, wait_ms, interval, last = rows[0]
     return LoginSlot(bool(granted), int(wait_ms), None if interval is None else int(interval), last)
+# Mail templates (issue 16, point 2: sql/procedures/mailq.*MailTemplate*.sql,
+# docs/templates.md).  Rendering is mailq_db.templates; these only store and read.
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MailTemplateRow:
+    """One version of a template, as mailq.GetMailTemplate returns it."""
+
+    template_name: str
+    version: int
+    latest_version: int
+    subject_template: str
+    html_template: str | None
+    text_template: str | None
+    description: str | None
+    created_by: str
+    created_at_utc: datetime
+    retired_at_utc: datetime | None
+
+
+ADD_MAIL_TEMPLATE_VERSION_SQL = """\
+SET NOCOUNT ON;
+DECLARE @Version INT, @Created BIT;
+EXEC mailq.AddMailTemplateVersion @TemplateName = ?, @SubjectTemplate = ?, @HtmlTemplate = ?,
+    @TextTemplate = ?, @Description = ?, @ExpectedLatestVersion = ?,
+    @Version = @Version OUTPUT, @Created = @Created OUTPUT;
+SELECT @Version AS Version, @Created AS Created;
+"""
+
+
+def add_mail_template_version(
+    conn: Any,
+    *,
+    template_name: str,
+    subject_template: str,
+    html_template: str | None = None,
+    text_template: str | None = None,
+    description: str | None = None,
+    expected_latest_version: int | None = None,
+) -> tuple[int, bool]:
+    """mailq.AddMailTemplateVersion: store a new version; returns (version, created).
+
+    ``created`` is False when the texts equal the latest version's (nothing added).
+    Check the texts first with :func:`mailq_db.templates.check_template`.
+    """
+    rows = _rows(_call(conn, ADD_MAIL_TEMPLATE_VERSION_SQL, [
+        template_name, subject_template, html_template, text_template, description,
+        expected_latest_version,
+    ]))
+    return int(rows[0][0]), bool(rows[0][1])
+
+
+GET_MAIL_TEMPLATE_SQL = "EXEC mailq.GetMailTemplate @TemplateName = ?, @Version = ?;"
+
+
+def get_mail_template(conn: Any, *, template_name: str, version: int | None = None) -> MailTemplateRow:
+    """mailq.GetMailTemplate: one version (None: the latest, refused when retired, 50216)."""
+    r = _rows(_call(conn, GET_MAIL_TEMPLATE_SQL, [template_name, version]))[0]
+    return MailTemplateRow(
+        template_name=r.TemplateName, version=int(r.Version), latest_version=int(r.LatestVersion),
+        subject_template=r.SubjectTemplate, html_template=r.HtmlTemplate, text_template=r.TextTemplate,
+        description=r.Description, created_by=r.CreatedBy, created_at_utc=r.CreatedAtUtc,
+        retired_at_utc=r.RetiredAtUtc,
+    )
+
+
+LIST_MAIL_TEMPLATES_SQL = "EXEC mailq.ListMailTemplates @IncludeRetired = ?;"
+
+
+def list_mail_templates(conn: Any, *, include_retired: bool = False) -> list[dict[str, Any]]:
+    """mailq.ListMailTemplates: one dict per template (name, latest version, retirement)."""
+    return _dicts(_call(conn, LIST_MAIL_TEMPLATES_SQL, [1 if include_retired else 0]))
+
+
+LIST_MAIL_TEMPLATE_VERSIONS_SQL = "EXEC mailq.ListMailTemplateVersions @TemplateName = ?;"
+
+
+def list_mail_template_versions(conn: Any, *, template_name: str) -> list[dict[str, Any]]:
+    """mailq.ListMailTemplateVersions: one dict per version, newest first, without bodies."""
+    return _dicts(_call(conn, LIST_MAIL_TEMPLATE_VERSIONS_SQL, [template_name]))
+
+
+RETIRE_MAIL_TEMPLATE_SQL = "EXEC mailq.RetireMailTemplate @TemplateName = ?, @Retire = ?, @Reason = ?;"
+
+
+def retire_mail_template(
+    conn: Any, *, template_name: str, retire: bool = True, reason: str | None = None,
+) -> dict[str, Any]:
+    """mailq.RetireMailTemplate: retire (or, retire=False, bring back) a template; returns its row with Changed."""
+    rows = _dicts(_call(conn, RETIRE_MAIL_TEMPLATE_SQL, [template_name, 1 if retire else 0, reason]))
+    return rows[0]

@@ -111,7 +111,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3199,7 +3199,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3284,7 +3284,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4885,7 +4885,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4970,7 +4970,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -5987,7 +5987,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -6072,7 +6072,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9365,7 +9365,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9810,7 +9810,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -11967,7 +11967,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -12052,7 +12052,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -15040,7 +15040,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0012'
+IF @Rows = 1 AND @Current = '0013'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -15568,6 +15568,802 @@ END;
 GO
 
 UPDATE dbo.mailq_alembic_version SET version_num='0012' WHERE dbo.mailq_alembic_version.version_num = '0011';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0012 -> 0013
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0013'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0012')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0013 upgrades a database at 0012; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'on'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' has delayed execution (stored option broker=on); this script was rendered with -x broker=off and would leave its objects at an old revision. Render it without -x broker=off.');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'off', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'off';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'off');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailTemplate: one row per template name (issue 16, point 2): the
+mutable facts about the name -- its latest version, description, whether it
+is retired.  The versions themselves live in mailq.MailTemplateVersion and
+never change.  Managed only through mailq.AddMailTemplateVersion and
+mailq.RetireMailTemplate; read through mailq.GetMailTemplate and
+mailq.ListMailTemplates.  TemplateName: 1-128 characters of letters, digits,
+'.', '_', '-' (checked by the procedures, 50210), compared under the
+database collation like every other name of this package.
+*/
+IF OBJECT_ID(N'mailq.MailTemplate', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailTemplate (
+        TemplateName NVARCHAR(128) NOT NULL,
+        LatestVersion INT NOT NULL,
+        Description NVARCHAR(400) NULL,
+        CreatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_MailTemplate_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        RetiredAtUtc DATETIME2(3) NULL,
+        RetiredBy NVARCHAR(128) NULL,
+        RetiredReason NVARCHAR(400) NULL,
+        CONSTRAINT PK_MailTemplate PRIMARY KEY CLUSTERED (TemplateName),
+        CONSTRAINT CK_MailTemplate_LatestVersion CHECK (LatestVersion >= 1)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailTemplateVersion: the versions of each template, immutable: a new
+version is a new row (mailq.AddMailTemplateVersion numbers them 1, 2, 3 ...
+per name), and no procedure updates or deletes a row, so a mail rendered
+from (TemplateName, Version) can always be rendered again from the very
+same text.  The trigger mailq.trg_MailTemplateVersion_Immutable refuses
+UPDATE and DELETE (50218) from anyone, administrators included; dropping
+the table (downgrade) is not a DELETE and does not fire it.
+Sizes: SubjectTemplate 1-4000 characters (the rendered subject must fit
+mailq.MailQueue.Subject, 900; checked when rendering), HtmlTemplate and
+TextTemplate up to 2,000,000 characters each (EnqueueMail's body limit,
+50111), at least one of them given.  CreatedBy is SUSER_SNAME() of the
+caller (the login, not the database user, so an audit survives a user
+being dropped).
+*/
+IF OBJECT_ID(N'mailq.MailTemplateVersion', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailTemplateVersion (
+        TemplateName NVARCHAR(128) NOT NULL,
+        Version INT NOT NULL,
+        SubjectTemplate NVARCHAR(4000) NOT NULL,
+        HtmlTemplate NVARCHAR(MAX) NULL,
+        TextTemplate NVARCHAR(MAX) NULL,
+        CreatedBy NVARCHAR(128) NOT NULL
+        CONSTRAINT DF_MailTemplateVersion_CreatedBy DEFAULT (SUSER_SNAME()),
+        CreatedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_MailTemplateVersion_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_MailTemplateVersion PRIMARY KEY CLUSTERED (TemplateName, Version),
+        CONSTRAINT FK_MailTemplateVersion_MailTemplate FOREIGN KEY (TemplateName)
+        REFERENCES mailq.MailTemplate (TemplateName),
+        CONSTRAINT CK_MailTemplateVersion_Version CHECK (Version >= 1),
+        CONSTRAINT CK_MailTemplateVersion_Body CHECK (HtmlTemplate IS NOT NULL OR TextTemplate IS NOT NULL),
+        CONSTRAINT CK_MailTemplateVersion_Size CHECK (
+            LEN(SubjectTemplate) >= 1
+            AND (HtmlTemplate IS NULL OR LEN(HtmlTemplate) <= 2000000)
+            AND (TextTemplate IS NULL OR LEN(TextTemplate) <= 2000000)
+        )
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.trg_MailTemplateVersion_Immutable: template versions never change
+(issue 16, point 2: "a new version never changes what an already-sent mail
+was rendered from").  No procedure updates or deletes mailq.MailTemplateVersion;
+this trigger makes the rule hold for anyone with table rights too (db_owner,
+a hand-written fix): an UPDATE or DELETE is refused with 50218 and, like any
+error in a trigger, rolls back the statement's transaction.  To replace a
+template's text add a version (mailq.AddMailTemplateVersion); to stop a
+template from being used, retire it (mailq.RetireMailTemplate).
+INSTEAD OF: the statement never touches the rows, so nothing has to be undone.
+TRUNCATE TABLE and DROP TABLE do not fire DML triggers (the downgrade drops
+the table).  An INSTEAD OF UPDATE/DELETE trigger cannot exist on a table whose
+foreign key has an ON DELETE/ON UPDATE action: FK_MailTemplateVersion_MailTemplate
+must keep NO ACTION.
+Reference: https://learn.microsoft.com/en-us/sql/t-sql/statements/create-trigger-transact-sql
+           https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008/ms187834(v=sql.100)
+*/
+CREATE OR ALTER TRIGGER mailq.trg_MailTemplateVersion_Immutable
+ON mailq.MailTemplateVersion
+INSTEAD OF UPDATE, DELETE
+AS
+BEGIN
+    SET NOCOUNT ON;
+    IF NOT EXISTS (SELECT 1 FROM deleted)
+        RETURN;
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(
+        N'mailq.MailTemplateVersion rows are immutable: add a new version with mailq.AddMailTemplateVersion, ',
+        N'or retire the template with mailq.RetireMailTemplate.'
+    );
+    THROW 50218, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.AddMailTemplateVersion: stores a new version of a mail template
+(issue 16, point 2), creating the template at version 1 if the name is new.
+Versions are numbered 1, 2, 3 ... per name and never change afterwards
+(mailq.MailTemplateVersion is immutable), so a mail rendered from
+(@TemplateName, version) can always be rendered again from the same text.
+When the texts equal the latest version's (compared byte for byte, not under
+the collation), no version is added: @Version returns the latest one and
+@Created 0, so deploying the same templates from source control twice is
+harmless.  The texts are not parsed here: mailq_db.templates.check_template
+(and `mailq-db template render`) compiles them before they are stored.
+Parameters:  @TemplateName NVARCHAR(128), required: 1-128 of A-Z a-z 0-9 . _ -
+             @SubjectTemplate, required: 1-4000 characters
+             @HtmlTemplate, @TextTemplate: up to 2,000,000 characters each, at
+               least one given (N'' counts as not given)
+             @Description NVARCHAR(400), optional: kept on the template; NULL
+               keeps the current description
+             @ExpectedLatestVersion INT, optional: refuse (50217) unless the
+               latest version is this one (0: the name must be new); guards
+               against two editors overwriting each other
+             @Version INT OUTPUT: the version stored (or the latest, unchanged)
+             @Created BIT OUTPUT: 1 when a version was added
+Result set:  none (OUTPUT parameters).
+Errors:      50210 @TemplateName missing or not 1-128 of A-Z a-z 0-9 . _ -;
+             50211 @SubjectTemplate missing or over 4000 characters;
+             50212 neither body given, or a body over 2,000,000 characters;
+             50213 @Description over 400 characters;
+             50214 @ExpectedLatestVersion negative;
+             50216 the template is retired (mailq.RetireMailTemplate @Retire = 0
+             brings it back); 50217 the latest version is not @ExpectedLatestVersion.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself; UPDLOCK, HOLDLOCK on the template's
+             row numbers versions one at a time per name (a new name takes a
+             key-range lock on a small administration table, as
+             mailq.UpsertApplication does).
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
+Example:     DECLARE @V INT, @C BIT;
+             EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome',
+                  @SubjectTemplate = N'Welcome',
+                  @HtmlTemplate = N'<p>Hello</p>',
+                  @Version = @V OUTPUT, @Created = @C OUTPUT;
+             (Jinja2 syntax in the texts, with worked examples: docs/templates.md.)
+*/
+CREATE OR ALTER PROCEDURE mailq.AddMailTemplateVersion
+    @TemplateName NVARCHAR(4000),
+    @SubjectTemplate NVARCHAR(MAX),
+    @HtmlTemplate NVARCHAR(MAX) = NULL,
+    @TextTemplate NVARCHAR(MAX) = NULL,
+    @Description NVARCHAR(4000) = NULL,
+    @ExpectedLatestVersion INT = NULL,
+    @Version INT = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SELECT @Version = NULL, @Created = 0;
+
+    -- 1. Validate before any transaction.  The name rule is checked under a
+    --    binary collation: under a linguistic one, [A-Z] can match accented
+    --    letters.
+    IF NULLIF(@TemplateName, N'') IS NULL
+        OR LEN(@TemplateName) > 128
+        OR DATALENGTH(@TemplateName) <> 2 * LEN(@TemplateName)
+        OR @TemplateName COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
+    BEGIN
+        SET @Msg = CONCAT(N'@TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ -; got ',
+                          IIF(@TemplateName IS NULL, N'NULL', QUOTENAME(LEFT(@TemplateName, 200), N'''')), N'.');
+        THROW 50210, @Msg, 1;
+    END;
+    IF NULLIF(@SubjectTemplate, N'') IS NULL OR LEN(@SubjectTemplate) > 4000
+    BEGIN
+        SET @Msg = CONCAT(N'@SubjectTemplate is required and limited to 4000 characters; got ',
+                          IIF(@SubjectTemplate IS NULL, N'NULL', CONCAT(LEN(@SubjectTemplate), N' characters')), N'.');
+        THROW 50211, @Msg, 1;
+    END;
+    SELECT @HtmlTemplate = NULLIF(@HtmlTemplate, N''), @TextTemplate = NULLIF(@TextTemplate, N'');
+    IF @HtmlTemplate IS NULL AND @TextTemplate IS NULL
+        THROW 50212, N'Give @HtmlTemplate, @TextTemplate or both: a template needs a body.', 1;
+    IF LEN(@HtmlTemplate) > 2000000 OR LEN(@TextTemplate) > 2000000
+    BEGIN
+        SET @Msg = CONCAT(N'@HtmlTemplate and @TextTemplate are limited to 2,000,000 characters each ',
+                          N'(EnqueueMail''s body limit).');
+        THROW 50212, @Msg, 1;
+    END;
+    IF LEN(@Description) > 400
+        THROW 50213, N'@Description is limited to 400 characters.', 1;
+    IF @ExpectedLatestVersion < 0
+    BEGIN
+        SET @Msg = CONCAT(N'@ExpectedLatestVersion must be 0 (a new name) or a version number; got ',
+                          @ExpectedLatestVersion, N'.');
+        THROW 50214, @Msg, 1;
+    END;
+
+    DECLARE @Latest INT, @RetiredAtUtc DATETIME2(3);
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK, HOLDLOCK: two callers adding a version of one name queue
+        -- here, so each numbers its version after the other's commit (and
+        -- two callers creating one new name cannot both insert it).
+        SELECT
+            @Latest = t.LatestVersion,
+            @RetiredAtUtc = t.RetiredAtUtc
+        FROM mailq.MailTemplate AS t WITH (UPDLOCK, HOLDLOCK)
+        WHERE t.TemplateName = @TemplateName;
+
+        IF @ExpectedLatestVersion IS NOT NULL AND ISNULL(@Latest, 0) <> @ExpectedLatestVersion
+        BEGIN
+            SET @Msg = CONCAT(N'Template ', QUOTENAME(@TemplateName, N''''), N' is at version ',
+                              ISNULL(@Latest, 0), N', not @ExpectedLatestVersion ', @ExpectedLatestVersion,
+                              N': someone else added a version; read it and try again.');
+            THROW 50217, @Msg, 1;
+        END;
+        IF @RetiredAtUtc IS NOT NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Template ', QUOTENAME(@TemplateName, N''''),
+                              N' is retired; mailq.RetireMailTemplate @Retire = 0 brings it back.');
+            THROW 50216, @Msg, 1;
+        END;
+
+        -- Same texts as the latest version: nothing to add.  VARBINARY compares
+        -- bytes: under a case-insensitive collation N'Name' = N'name', and a
+        -- template that changed only the case of a variable is a new template.
+        IF EXISTS (
+            SELECT 1
+            FROM mailq.MailTemplateVersion AS v
+            WHERE v.TemplateName = @TemplateName
+                AND v.Version = @Latest
+                AND CAST(v.SubjectTemplate AS VARBINARY(MAX)) = CAST(@SubjectTemplate AS VARBINARY(MAX))
+                AND (
+                    (v.HtmlTemplate IS NULL AND @HtmlTemplate IS NULL)
+                    OR CAST(v.HtmlTemplate AS VARBINARY(MAX)) = CAST(@HtmlTemplate AS VARBINARY(MAX))
+                )
+                AND (
+                    (v.TextTemplate IS NULL AND @TextTemplate IS NULL)
+                    OR CAST(v.TextTemplate AS VARBINARY(MAX)) = CAST(@TextTemplate AS VARBINARY(MAX))
+                )
+        )
+        BEGIN
+            SET @Version = @Latest;
+            IF @Description IS NOT NULL
+                UPDATE t
+                SET t.Description = @Description
+                FROM mailq.MailTemplate AS t
+                WHERE t.TemplateName = @TemplateName;
+        END;
+        ELSE
+        BEGIN
+            SET @Version = ISNULL(@Latest, 0) + 1;
+            IF @Latest IS NULL
+                INSERT INTO mailq.MailTemplate (TemplateName, LatestVersion, Description)
+                VALUES (@TemplateName, @Version, @Description);
+            ELSE
+                UPDATE t
+                SET
+                    t.LatestVersion = @Version,
+                    t.Description = ISNULL(@Description, t.Description)
+                FROM mailq.MailTemplate AS t
+                WHERE t.TemplateName = @TemplateName;
+
+            INSERT INTO mailq.MailTemplateVersion (
+                TemplateName, Version, SubjectTemplate, HtmlTemplate, TextTemplate
+            )
+            VALUES (@TemplateName, @Version, @SubjectTemplate, @HtmlTemplate, @TextTemplate);
+            SET @Created = 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        SELECT @Version = NULL, @Created = 0;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetMailTemplate: one version of a mail template, for rendering
+(mailq_db.templates) or for review.  Without @Version: the latest version,
+refused (50216) when the template is retired, so new mail cannot use it.
+With @Version: that version even if the template is retired, so mail queued
+before the retirement (which pinned its version) still renders.
+Parameters:  @TemplateName NVARCHAR(128), required; @Version INT, optional (>= 1).
+Result set:  one row: TemplateName, Version, LatestVersion, SubjectTemplate,
+             HtmlTemplate, TextTemplate, Description, CreatedBy, CreatedAtUtc,
+             RetiredAtUtc.
+Errors:      50210 @TemplateName missing or invalid; 50214 @Version below 1;
+             50215 no template has this name, or it has no such version;
+             50216 the template is retired (and no @Version was given).
+Transaction: reads only; none of its own.
+Isolation:   the caller's.  Two seeks on primary keys.  A version row is never
+             changed or deleted, and is written in the same transaction that
+             raises LatestVersion, so the version read in step 1 still exists
+             in step 2.
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared locks
+             of the caller's isolation level only).
+Example:     EXEC mailq.GetMailTemplate @TemplateName = N'welcome';
+             EXEC mailq.GetMailTemplate @TemplateName = N'welcome', @Version = 2;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetMailTemplate
+    @TemplateName NVARCHAR(4000),
+    @Version INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(@TemplateName, N'') IS NULL OR LEN(@TemplateName) > 128
+    BEGIN
+        SET @Msg = CONCAT(N'@TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ -; got ',
+                          IIF(@TemplateName IS NULL, N'NULL', QUOTENAME(LEFT(@TemplateName, 200), N'''')), N'.');
+        THROW 50210, @Msg, 1;
+    END;
+    IF @Version < 1
+    BEGIN
+        SET @Msg = CONCAT(N'@Version must be 1 or more (NULL: the latest); got ', @Version, N'.');
+        THROW 50214, @Msg, 1;
+    END;
+
+    -- 1. The template's row: does it exist, which version is the latest, is it retired.
+    DECLARE @Latest INT, @RetiredAtUtc DATETIME2(3);
+    SELECT
+        @Latest = t.LatestVersion,
+        @RetiredAtUtc = t.RetiredAtUtc
+    FROM mailq.MailTemplate AS t
+    WHERE t.TemplateName = @TemplateName;
+
+    IF @Latest IS NULL
+    BEGIN
+        SET @Msg = CONCAT(N'No template is named ', QUOTENAME(LEFT(@TemplateName, 128), N''''),
+                          N' (mailq.ListMailTemplates lists them).');
+        THROW 50215, @Msg, 1;
+    END;
+    IF @Version IS NULL AND @RetiredAtUtc IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(N'Template ', QUOTENAME(@TemplateName, N''''), N' is retired since ',
+                          CONVERT(NVARCHAR(30), @RetiredAtUtc, 126),
+                          N' UTC: new mail cannot use it (a given @Version still reads).');
+        THROW 50216, @Msg, 1;
+    END;
+    IF @Version > @Latest
+    BEGIN
+        SET @Msg = CONCAT(N'Template ', QUOTENAME(@TemplateName, N''''), N' has no version ', @Version,
+                          N'; its latest is ', @Latest, N'.');
+        THROW 50215, @Msg, 1;
+    END;
+
+    -- 2. The version itself.
+    SELECT
+        v.TemplateName,
+        v.Version,
+        t.LatestVersion,
+        v.SubjectTemplate,
+        v.HtmlTemplate,
+        v.TextTemplate,
+        t.Description,
+        v.CreatedBy,
+        v.CreatedAtUtc,
+        t.RetiredAtUtc
+    FROM mailq.MailTemplate AS t
+    INNER JOIN mailq.MailTemplateVersion AS v
+        ON t.TemplateName = v.TemplateName
+    WHERE
+        t.TemplateName = @TemplateName
+        AND v.Version = ISNULL(@Version, @Latest);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ListMailTemplates: the mail templates, one row per name, in name order.
+Parameters:  @IncludeRetired BIT, default 0: 1 lists retired templates too.
+Result set:  TemplateName, LatestVersion, Description, CreatedAtUtc,
+             LatestVersionCreatedAtUtc, LatestVersionCreatedBy, RetiredAtUtc,
+             RetiredBy, RetiredReason.
+Errors:      none.
+Transaction: reads only; none of its own.
+Isolation:   the caller's.  Reads the whole (small, administrative) template
+             table in clustered-key order, with one seek per template into
+             mailq.MailTemplateVersion for its latest version; never touches
+             the mail queue.
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared locks
+             of the caller's isolation level only).
+Example:     EXEC mailq.ListMailTemplates @IncludeRetired = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.ListMailTemplates
+    @IncludeRetired BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    SELECT
+        t.TemplateName,
+        t.LatestVersion,
+        t.Description,
+        t.CreatedAtUtc,
+        v.CreatedAtUtc AS LatestVersionCreatedAtUtc,
+        v.CreatedBy AS LatestVersionCreatedBy,
+        t.RetiredAtUtc,
+        t.RetiredBy,
+        t.RetiredReason
+    FROM mailq.MailTemplate AS t
+    INNER JOIN mailq.MailTemplateVersion AS v
+        ON t.TemplateName = v.TemplateName AND t.LatestVersion = v.Version
+    WHERE t.RetiredAtUtc IS NULL OR ISNULL(@IncludeRetired, 0) = 1
+    ORDER BY t.TemplateName;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ListMailTemplateVersions: the versions of one mail template, newest
+first, without their bodies (mailq.GetMailTemplate @Version reads one).
+Parameters:  @TemplateName NVARCHAR(128), required.
+Result set:  one row per version: TemplateName, Version, SubjectTemplate,
+             HtmlChars, TextChars (NULL when that body is absent), CreatedBy,
+             CreatedAtUtc.
+Errors:      50210 @TemplateName missing or invalid; 50215 no template has this name.
+Transaction: reads only; none of its own.
+Isolation:   the caller's.  A seek on the primary key's leading column.
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared locks
+             of the caller's isolation level only).
+Example:     EXEC mailq.ListMailTemplateVersions @TemplateName = N'welcome';
+*/
+CREATE OR ALTER PROCEDURE mailq.ListMailTemplateVersions
+    @TemplateName NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(@TemplateName, N'') IS NULL OR LEN(@TemplateName) > 128
+    BEGIN
+        SET @Msg = CONCAT(N'@TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ -; got ',
+                          IIF(@TemplateName IS NULL, N'NULL', QUOTENAME(LEFT(@TemplateName, 200), N'''')), N'.');
+        THROW 50210, @Msg, 1;
+    END;
+    IF NOT EXISTS (SELECT 1 FROM mailq.MailTemplate AS t WHERE t.TemplateName = @TemplateName)
+    BEGIN
+        SET @Msg = CONCAT(N'No template is named ', QUOTENAME(LEFT(@TemplateName, 128), N''''),
+                          N' (mailq.ListMailTemplates lists them).');
+        THROW 50215, @Msg, 1;
+    END;
+
+    SELECT
+        v.TemplateName,
+        v.Version,
+        v.SubjectTemplate,
+        LEN(v.HtmlTemplate) AS HtmlChars,
+        LEN(v.TextTemplate) AS TextChars,
+        v.CreatedBy,
+        v.CreatedAtUtc
+    FROM mailq.MailTemplateVersion AS v
+    WHERE v.TemplateName = @TemplateName
+    ORDER BY v.Version DESC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RetireMailTemplate: retires a mail template (new mail can no longer use
+its latest version: mailq.GetMailTemplate without @Version refuses it, 50216)
+or brings a retired one back (@Retire = 0).  Its versions stay, unchanged: a
+mail queued before the retirement pinned its version and still renders.
+Retiring a retired template (or bringing back an active one) changes nothing
+and says so (Changed = 0); the first retirement's time and reason are kept.
+Parameters:  @TemplateName NVARCHAR(128), required;
+             @Retire BIT, default 1 (NULL counts as 1): 0 brings it back;
+             @Reason NVARCHAR(400), optional, stored with the retirement.
+Result set:  one row: TemplateName, LatestVersion, RetiredAtUtc, RetiredBy,
+             RetiredReason, Changed BIT.
+Errors:      50210 @TemplateName missing or invalid; 50213 @Reason over 400
+             characters; 50215 no template has this name.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself; one UPDATE of one row by its key
+             (the UPDATE's own locks; READCOMMITTEDLOCK is not needed: nothing
+             is read before it).
+Lock order:  mailq.MailTemplate only.
+Example:     EXEC mailq.RetireMailTemplate @TemplateName = N'welcome', @Reason = N'replaced by welcome-2027';
+*/
+CREATE OR ALTER PROCEDURE mailq.RetireMailTemplate
+    @TemplateName NVARCHAR(4000),
+    @Retire BIT = 1,
+    @Reason NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(@TemplateName, N'') IS NULL OR LEN(@TemplateName) > 128
+    BEGIN
+        SET @Msg = CONCAT(N'@TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ -; got ',
+                          IIF(@TemplateName IS NULL, N'NULL', QUOTENAME(LEFT(@TemplateName, 200), N'''')), N'.');
+        THROW 50210, @Msg, 1;
+    END;
+    IF LEN(@Reason) > 400
+        THROW 50213, N'@Reason is limited to 400 characters.', 1;
+    SET @Retire = ISNULL(@Retire, 1);
+
+    DECLARE @Changed TABLE (
+        TemplateName NVARCHAR(128) NOT NULL,
+        LatestVersion INT NOT NULL,
+        RetiredAtUtc DATETIME2(3) NULL,
+        RetiredBy NVARCHAR(128) NULL,
+        RetiredReason NVARCHAR(400) NULL
+    );
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        UPDATE t
+        SET
+            t.RetiredAtUtc = IIF(@Retire = 1, SYSUTCDATETIME(), NULL),
+            t.RetiredBy = IIF(@Retire = 1, SUSER_SNAME(), NULL),
+            t.RetiredReason = IIF(@Retire = 1, @Reason, NULL)
+        OUTPUT inserted.TemplateName, inserted.LatestVersion, inserted.RetiredAtUtc,
+            inserted.RetiredBy, inserted.RetiredReason
+        INTO @Changed (TemplateName, LatestVersion, RetiredAtUtc, RetiredBy, RetiredReason)
+        FROM mailq.MailTemplate AS t
+        WHERE
+            t.TemplateName = @TemplateName
+            AND ((@Retire = 1 AND t.RetiredAtUtc IS NULL) OR (@Retire = 0 AND t.RetiredAtUtc IS NOT NULL));
+
+        IF NOT EXISTS (SELECT 1 FROM @Changed)
+            AND NOT EXISTS (SELECT 1 FROM mailq.MailTemplate AS t WHERE t.TemplateName = @TemplateName)
+        BEGIN
+            SET @Msg = CONCAT(N'No template is named ', QUOTENAME(LEFT(@TemplateName, 128), N''''),
+                              N' (mailq.ListMailTemplates lists them).');
+            THROW 50215, @Msg, 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        c.TemplateName,
+        c.LatestVersion,
+        c.RetiredAtUtc,
+        c.RetiredBy,
+        c.RetiredReason,
+        CAST(1 AS BIT) AS Changed
+    FROM @Changed AS c
+    UNION ALL
+    SELECT
+        t.TemplateName,
+        t.LatestVersion,
+        t.RetiredAtUtc,
+        t.RetiredBy,
+        t.RetiredReason,
+        CAST(0 AS BIT) AS Changed
+    FROM mailq.MailTemplate AS t
+    WHERE t.TemplateName = @TemplateName AND NOT EXISTS (SELECT 1 FROM @Changed);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants for mail templates (issue 16, point 2): administrators manage and read
+them; sender workers read them (the worker renders at send time, mailq_db.templates).
+*/
+GRANT EXECUTE ON OBJECT::mailq.AddMailTemplateVersion TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetMailTemplate TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ListMailTemplates TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ListMailTemplateVersions TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RetireMailTemplate TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetMailTemplate TO MailqSender;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0013') AND FilePath IN (
+    N'tables/mailq.MailTemplate.sql',
+    N'tables/mailq.MailTemplateVersion.sql',
+    N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql',
+    N'procedures/mailq.AddMailTemplateVersion.sql',
+    N'procedures/mailq.GetMailTemplate.sql',
+    N'procedures/mailq.ListMailTemplates.sql',
+    N'procedures/mailq.ListMailTemplateVersions.sql',
+    N'procedures/mailq.RetireMailTemplate.sql',
+    N'security/MailqAdmin.templates.grants.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0013', N'tables/mailq.MailTemplate.sql', '2faea7a4cc23b699b566601c988f7e14331de70e0092d9faaf055a83d398534d'),
+    ('0013', N'tables/mailq.MailTemplateVersion.sql', 'efbc06194e319d6450af6d69075c902d135f19aa273769528c3feb9f7e545781'),
+    ('0013', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '2f492b522f98b6cb9a8d7357b2f96660638daf99d1e5bae7bfea11b647f0a5df'),
+    ('0013', N'procedures/mailq.AddMailTemplateVersion.sql', '97d0acb780cd9492b2e7429bf3921a7c8467034a79c6329aa57f207eeafea644'),
+    ('0013', N'procedures/mailq.GetMailTemplate.sql', '440ba943f651ea56442f9609bd8b4fc99f30a64dd3792476d5cfbbebaf38434d'),
+    ('0013', N'procedures/mailq.ListMailTemplates.sql', '96ef651d0828b222b9535b33c54240e8d7d83392217d37841df5412934325b43'),
+    ('0013', N'procedures/mailq.ListMailTemplateVersions.sql', '7809a4b13f09337f329f7312235cb97b59806f6fdef0443f8edd45c48d46be35'),
+    ('0013', N'procedures/mailq.RetireMailTemplate.sql', '0272fd7779486834d70e5a3c5ce64b7be3a45b13568e877027bd43e7fab2de5a'),
+    ('0013', N'security/MailqAdmin.templates.grants.sql', '429dcdc2a1c11e796be97df33859c817390855263d5e70fa18cbfd80cd4b6e7d');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0013 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0013' WHERE dbo.mailq_alembic_version.version_num = '0012';
 
 GO
 

@@ -1,0 +1,186 @@
+/*
+mailq.AddMailTemplateVersion: stores a new version of a mail template
+(issue 16, point 2), creating the template at version 1 if the name is new.
+Versions are numbered 1, 2, 3 ... per name and never change afterwards
+(mailq.MailTemplateVersion is immutable), so a mail rendered from
+(@TemplateName, version) can always be rendered again from the same text.
+When the texts equal the latest version's (compared byte for byte, not under
+the collation), no version is added: @Version returns the latest one and
+@Created 0, so deploying the same templates from source control twice is
+harmless.  The texts are not parsed here: mailq_db.templates.check_template
+(and `mailq-db template render`) compiles them before they are stored.
+Parameters:  @TemplateName NVARCHAR(128), required: 1-128 of A-Z a-z 0-9 . _ -
+             @SubjectTemplate, required: 1-4000 characters
+             @HtmlTemplate, @TextTemplate: up to 2,000,000 characters each, at
+               least one given (N'' counts as not given)
+             @Description NVARCHAR(400), optional: kept on the template; NULL
+               keeps the current description
+             @ExpectedLatestVersion INT, optional: refuse (50217) unless the
+               latest version is this one (0: the name must be new); guards
+               against two editors overwriting each other
+             @Version INT OUTPUT: the version stored (or the latest, unchanged)
+             @Created BIT OUTPUT: 1 when a version was added
+Result set:  none (OUTPUT parameters).
+Errors:      50210 @TemplateName missing or not 1-128 of A-Z a-z 0-9 . _ -;
+             50211 @SubjectTemplate missing or over 4000 characters;
+             50212 neither body given, or a body over 2,000,000 characters;
+             50213 @Description over 400 characters;
+             50214 @ExpectedLatestVersion negative;
+             50216 the template is retired (mailq.RetireMailTemplate @Retire = 0
+             brings it back); 50217 the latest version is not @ExpectedLatestVersion.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself; UPDLOCK, HOLDLOCK on the template's
+             row numbers versions one at a time per name (a new name takes a
+             key-range lock on a small administration table, as
+             mailq.UpsertApplication does).
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
+Example:     DECLARE @V INT, @C BIT;
+             EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome',
+                  @SubjectTemplate = N'Welcome',
+                  @HtmlTemplate = N'<p>Hello</p>',
+                  @Version = @V OUTPUT, @Created = @C OUTPUT;
+             (Jinja2 syntax in the texts, with worked examples: docs/templates.md.)
+*/
+CREATE OR ALTER PROCEDURE mailq.AddMailTemplateVersion
+    @TemplateName NVARCHAR(4000),
+    @SubjectTemplate NVARCHAR(MAX),
+    @HtmlTemplate NVARCHAR(MAX) = NULL,
+    @TextTemplate NVARCHAR(MAX) = NULL,
+    @Description NVARCHAR(4000) = NULL,
+    @ExpectedLatestVersion INT = NULL,
+    @Version INT = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SELECT @Version = NULL, @Created = 0;
+
+    -- 1. Validate before any transaction.  The name rule is checked under a
+    --    binary collation: under a linguistic one, [A-Z] can match accented
+    --    letters.
+    IF NULLIF(@TemplateName, N'') IS NULL
+        OR LEN(@TemplateName) > 128
+        OR DATALENGTH(@TemplateName) <> 2 * LEN(@TemplateName)
+        OR @TemplateName COLLATE Latin1_General_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
+    BEGIN
+        SET @Msg = CONCAT(N'@TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ -; got ',
+                          IIF(@TemplateName IS NULL, N'NULL', QUOTENAME(LEFT(@TemplateName, 200), N'''')), N'.');
+        THROW 50210, @Msg, 1;
+    END;
+    IF NULLIF(@SubjectTemplate, N'') IS NULL OR LEN(@SubjectTemplate) > 4000
+    BEGIN
+        SET @Msg = CONCAT(N'@SubjectTemplate is required and limited to 4000 characters; got ',
+                          IIF(@SubjectTemplate IS NULL, N'NULL', CONCAT(LEN(@SubjectTemplate), N' characters')), N'.');
+        THROW 50211, @Msg, 1;
+    END;
+    SELECT @HtmlTemplate = NULLIF(@HtmlTemplate, N''), @TextTemplate = NULLIF(@TextTemplate, N'');
+    IF @HtmlTemplate IS NULL AND @TextTemplate IS NULL
+        THROW 50212, N'Give @HtmlTemplate, @TextTemplate or both: a template needs a body.', 1;
+    IF LEN(@HtmlTemplate) > 2000000 OR LEN(@TextTemplate) > 2000000
+    BEGIN
+        SET @Msg = CONCAT(N'@HtmlTemplate and @TextTemplate are limited to 2,000,000 characters each ',
+                          N'(EnqueueMail''s body limit).');
+        THROW 50212, @Msg, 1;
+    END;
+    IF LEN(@Description) > 400
+        THROW 50213, N'@Description is limited to 400 characters.', 1;
+    IF @ExpectedLatestVersion < 0
+    BEGIN
+        SET @Msg = CONCAT(N'@ExpectedLatestVersion must be 0 (a new name) or a version number; got ',
+                          @ExpectedLatestVersion, N'.');
+        THROW 50214, @Msg, 1;
+    END;
+
+    DECLARE @Latest INT, @RetiredAtUtc DATETIME2(3);
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK, HOLDLOCK: two callers adding a version of one name queue
+        -- here, so each numbers its version after the other's commit (and
+        -- two callers creating one new name cannot both insert it).
+        SELECT
+            @Latest = t.LatestVersion,
+            @RetiredAtUtc = t.RetiredAtUtc
+        FROM mailq.MailTemplate AS t WITH (UPDLOCK, HOLDLOCK)
+        WHERE t.TemplateName = @TemplateName;
+
+        IF @ExpectedLatestVersion IS NOT NULL AND ISNULL(@Latest, 0) <> @ExpectedLatestVersion
+        BEGIN
+            SET @Msg = CONCAT(N'Template ', QUOTENAME(@TemplateName, N''''), N' is at version ',
+                              ISNULL(@Latest, 0), N', not @ExpectedLatestVersion ', @ExpectedLatestVersion,
+                              N': someone else added a version; read it and try again.');
+            THROW 50217, @Msg, 1;
+        END;
+        IF @RetiredAtUtc IS NOT NULL
+        BEGIN
+            SET @Msg = CONCAT(N'Template ', QUOTENAME(@TemplateName, N''''),
+                              N' is retired; mailq.RetireMailTemplate @Retire = 0 brings it back.');
+            THROW 50216, @Msg, 1;
+        END;
+
+        -- Same texts as the latest version: nothing to add.  VARBINARY compares
+        -- bytes: under a case-insensitive collation N'Name' = N'name', and a
+        -- template that changed only the case of a variable is a new template.
+        IF EXISTS (
+            SELECT 1
+            FROM mailq.MailTemplateVersion AS v
+            WHERE v.TemplateName = @TemplateName
+                AND v.Version = @Latest
+                AND CAST(v.SubjectTemplate AS VARBINARY(MAX)) = CAST(@SubjectTemplate AS VARBINARY(MAX))
+                AND (
+                    (v.HtmlTemplate IS NULL AND @HtmlTemplate IS NULL)
+                    OR CAST(v.HtmlTemplate AS VARBINARY(MAX)) = CAST(@HtmlTemplate AS VARBINARY(MAX))
+                )
+                AND (
+                    (v.TextTemplate IS NULL AND @TextTemplate IS NULL)
+                    OR CAST(v.TextTemplate AS VARBINARY(MAX)) = CAST(@TextTemplate AS VARBINARY(MAX))
+                )
+        )
+        BEGIN
+            SET @Version = @Latest;
+            IF @Description IS NOT NULL
+                UPDATE t
+                SET t.Description = @Description
+                FROM mailq.MailTemplate AS t
+                WHERE t.TemplateName = @TemplateName;
+        END;
+        ELSE
+        BEGIN
+            SET @Version = ISNULL(@Latest, 0) + 1;
+            IF @Latest IS NULL
+                INSERT INTO mailq.MailTemplate (TemplateName, LatestVersion, Description)
+                VALUES (@TemplateName, @Version, @Description);
+            ELSE
+                UPDATE t
+                SET
+                    t.LatestVersion = @Version,
+                    t.Description = ISNULL(@Description, t.Description)
+                FROM mailq.MailTemplate AS t
+                WHERE t.TemplateName = @TemplateName;
+
+            INSERT INTO mailq.MailTemplateVersion (
+                TemplateName, Version, SubjectTemplate, HtmlTemplate, TextTemplate
+            )
+            VALUES (@TemplateName, @Version, @SubjectTemplate, @HtmlTemplate, @TextTemplate);
+            SET @Created = 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        SELECT @Version = NULL, @Created = 0;
+        THROW;
+    END CATCH;
+END;

@@ -1,0 +1,10 @@
+/*
+Grants for mail templates (issue 16, point 2): administrators manage and read
+them; sender workers read them (the worker renders at send time, mailq_db.templates).
+*/
+GRANT EXECUTE ON OBJECT::mailq.AddMailTemplateVersion TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetMailTemplate TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ListMailTemplates TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ListMailTemplateVersions TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RetireMailTemplate TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetMailTemplate TO MailqSender;

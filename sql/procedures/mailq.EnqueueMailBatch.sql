@@ -134,7 +134,9 @@ BEGIN
         DueUtc DATETIME2(3) NULL,
         ContentHash VARBINARY(32) NULL,
         MessageID NVARCHAR(255) NULL,
-        KeyLeader INT NULL                     -- RowNo of the row that creates the key's mail
+        KeyLeader INT NULL,                    -- RowNo of the row that creates the key's mail
+        ReplyToCount INT NULL, FromCount INT NULL, FromHasName BIT NULL, RecipientCount INT NULL,
+        AppKnown BIT NULL, AccountBound BIT NULL, FromBound BIT NULL
     );
     CREATE TABLE #Problem (
         RowNo INT NOT NULL,
@@ -174,7 +176,9 @@ BEGIN
     IF @Mails IS NOT NULL
     BEGIN
         IF ISJSON(@Mails) = 0 OR LEFT(LTRIM(@Mails), 1) <> N'['
-            THROW 50221, N'@Mails must be a JSON array of objects, e.g. [{"ToAddress": "a@example.com", "Subject": "Hi", "Body": "Hello"}].', 1;
+            THROW 50221,
+                N'@Mails must be a JSON array of objects, e.g. [{"ToAddress": "a@x.org", "Body": "B"}].',
+                1;
         SELECT TOP (1) @Msg = CONCAT(N'@Mails: element ', CAST(e.[key] AS INT) + 1, N' is not a JSON object.')
         FROM OPENJSON(@Mails) AS e
         WHERE e.[type] <> 5
@@ -239,7 +243,9 @@ BEGIN
                         N'Priority', N'DateToProcess', N'ExpiresAtUtc', N'MaxAttempts', N'IdempotencyKey',
                         N'Attachments'
                     )
-                        THEN CONCAT(N'''', LEFT(k.[key], 80), N''' is not a field of a mail (names are case-sensitive).')
+                        THEN CONCAT(
+                            N'''', LEFT(k.[key], 80), N''' is not a field of a mail (names are case-sensitive).'
+                        )
                     WHEN k.[type] <> 0 AND k.[key] IN (N'Headers', N'Attachments') THEN NULL
                     WHEN k.[type] = 0 THEN NULL   -- JSON null: the default
                     WHEN k.[key] IN (N'Priority', N'MaxAttempts')
@@ -302,13 +308,11 @@ BEGIN
     CROSS APPLY (
         SELECT (
             SELECT
-                b.ToAddress AS ToAddress, b.CC AS CC, b.BCC AS BCC, b.Subject AS Subject,
-                b.Body AS Body, b.BodyFormat AS BodyFormat, b.TextBody AS TextBody,
-                b.FromAddress AS FromAddress, b.FromName AS FromName, b.ReplyTo AS ReplyTo,
-                b.Headers AS Headers, b.AccountName AS AccountName, b.AppName AS AppName,
-                b.Priority AS Priority, b.DateToProcess AS DateToProcess,
-                b.ExpiresAtUtc AS ExpiresAtUtc, b.MaxAttempts AS MaxAttempts,
-                b.Attachments AS Attachments
+                -- Unaliased columns keep their names: the same JSON as EnqueueMail's
+                -- (@ToAddress AS ToAddress, ...), in the same order.
+                b.ToAddress, b.CC, b.BCC, b.Subject, b.Body, b.BodyFormat, b.TextBody,
+                b.FromAddress, b.FromName, b.ReplyTo, b.Headers, b.AccountName, b.AppName,
+                b.Priority, b.DateToProcess, b.ExpiresAtUtc, b.MaxAttempts, b.Attachments
             FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
         ) AS ContentJson
     ) AS h;
@@ -400,30 +404,31 @@ BEGIN
     ) AS x
     WHERE x.Nth = 1;
 
+    UPDATE b
+    SET
+        ReplyToCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.ReplyTo)),
+        FromCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.FromAddress)),
+        FromHasName = IIF(EXISTS (
+            SELECT 1 FROM mailq.ParseAddressList(b.FromAddress) AS a WHERE a.DisplayName IS NOT NULL
+        ), 1, 0),
+        RecipientCount = (
+            SELECT COUNT(*)
+            FROM (VALUES (b.ToAddress), (b.CC), (b.BCC)) AS r(Value)
+            CROSS APPLY mailq.ParseAddressList(r.Value)
+        )
+    FROM #Batch AS b;
+
     INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
     SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
     FROM #Batch AS b
     CROSS APPLY (
-        SELECT
-            (SELECT COUNT(*) FROM mailq.ParseAddressList(b.ReplyTo)) AS ReplyToCount,
-            (SELECT COUNT(*) FROM mailq.ParseAddressList(b.FromAddress)) AS FromCount,
-            IIF(EXISTS (
-                SELECT 1 FROM mailq.ParseAddressList(b.FromAddress) AS a WHERE a.DisplayName IS NOT NULL
-            ), 1, 0) AS FromHasName,
-            (
-                SELECT COUNT(*)
-                FROM (VALUES (b.ToAddress), (b.CC), (b.BCC)) AS r(Value)
-                CROSS APPLY mailq.ParseAddressList(r.Value)
-            ) AS RecipientCount
-    ) AS n
-    CROSS APPLY (
         VALUES
-        (31, N'ReplyTo', 50102, IIF(n.ReplyToCount > 1, 1, 0), N'ReplyTo takes one address.'),
-        (32, N'FromAddress', 50102, IIF(n.FromCount > 1, 1, 0), N'FromAddress takes one address.'),
-        (33, N'FromAddress', 50102, IIF(n.FromHasName = 1, 1, 0),
+        (31, N'ReplyTo', 50102, IIF(b.ReplyToCount > 1, 1, 0), N'ReplyTo takes one address.'),
+        (32, N'FromAddress', 50102, IIF(b.FromCount > 1, 1, 0), N'FromAddress takes one address.'),
+        (33, N'FromAddress', 50102, IIF(b.FromHasName = 1, 1, 0),
             N'FromAddress takes a bare address; give the display name in FromName.'),
-        (34, N'ToAddress', 50104, IIF(n.RecipientCount > 100, 1, 0),
-            CONCAT(N'ToAddress, CC and BCC name ', n.RecipientCount, N' recipients; the limit is 100.'))
+        (34, N'ToAddress', 50104, IIF(b.RecipientCount > 100, 1, 0),
+            CONCAT(N'ToAddress, CC and BCC name ', b.RecipientCount, N' recipients; the limit is 100.'))
     ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
     WHERE c.Failed = 1;
 
@@ -455,7 +460,8 @@ BEGIN
                         N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'), 1, 0),
                     CONCAT(N'Headers: ''', LEFT(j.[key], 80), N''' is set by mailq-db and cannot be overridden.')),
                 (57, 50105, IIF(j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf, 1, 0),
-                    CONCAT(N'Headers: the value of ''', LEFT(j.[key], 80), N''' contains CR or LF (header injection is refused).')),
+                    CONCAT(N'Headers: the value of ''', LEFT(j.[key], 80),
+                        N''' contains CR or LF (header injection is refused).')),
                 (58, 50103, IIF(LEN(j.[value]) > 900, 1, 0),
                     CONCAT(N'Headers: the value of ''', LEFT(j.[key], 80), N''' is longer than 900 characters.'))
             ) AS c(RuleOrder, ErrorNumber, Failed, Message)
@@ -476,31 +482,34 @@ BEGIN
 
     -- Application mapping (50168), account (50114), application (50115),
     -- bindings (50160, 50161).
+    UPDATE b
+    SET
+        AppKnown = IIF(EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = b.EffAppName), 1, 0),
+        AccountBound = IIF(EXISTS (
+            SELECT 1 FROM mailq.ApplicationAccount AS ba
+            WHERE ba.AppName = b.EffAppName AND ba.AccountName = b.EffAccountName
+        ), 1, 0),
+        -- Addresses and domains compare case-insensitively (LOWER, then binary), as in EnqueueMail.
+        FromBound = IIF(EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationFrom AS f
+            WHERE
+                f.AppName = b.EffAppName
+                AND (
+                    f.FromPattern = LOWER(b.EffFromAddress) COLLATE Latin1_General_100_BIN2
+                    OR (
+                        LEFT(f.FromPattern, 1) = N'@'
+                        AND RIGHT(LOWER(b.EffFromAddress) COLLATE Latin1_General_100_BIN2, LEN(f.FromPattern))
+                        = f.FromPattern
+                    )
+                )
+        ), 1, 0)
+    FROM #Batch AS b
+    WHERE b.EffAppName IS NOT NULL;
+
     INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
     SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
     FROM #Batch AS b
-    CROSS APPLY (
-        SELECT
-            IIF(b.EffAppName IS NOT NULL AND EXISTS (
-                SELECT 1 FROM mailq.Application AS p WHERE p.AppName = b.EffAppName
-            ), 1, 0) AS AppKnown,
-            IIF(EXISTS (
-                SELECT 1 FROM mailq.ApplicationAccount AS ba
-                WHERE ba.AppName = b.EffAppName AND ba.AccountName = b.EffAccountName
-            ), 1, 0) AS AccountBound,
-            -- Addresses and domains compare case-insensitively (LOWER, then binary), as in EnqueueMail.
-            IIF(EXISTS (
-                SELECT 1
-                FROM mailq.ApplicationFrom AS f
-                CROSS APPLY (SELECT LOWER(b.EffFromAddress) COLLATE Latin1_General_100_BIN2 AS FromLower) AS l
-                WHERE
-                    f.AppName = b.EffAppName
-                    AND (
-                        f.FromPattern = l.FromLower
-                        OR (LEFT(f.FromPattern, 1) = N'@' AND RIGHT(l.FromLower, LEN(f.FromPattern)) = f.FromPattern)
-                    )
-            ), 1, 0) AS FromBound
-    ) AS n
     CROSS APPLY (
         VALUES
         (60, N'AppName', 50168,
@@ -509,14 +518,16 @@ BEGIN
                 N''' only; got AppName ''', LEFT(b.AppName, 128), N'''.')),
         (61, N'AccountName', 50114, IIF(b.EffAccountName IS NULL, 1, 0),
             IIF(b.AccountName IS NULL,
-                N'AccountName is NULL and no default sending account exists (mailq.UpsertSendingAccount @IsDefault = 1).',
-                CONCAT(N'AccountName ''', LEFT(b.AccountName, 128), N''' is not a sending account (mailq.UpsertSendingAccount).'))),
-        (62, N'AppName', 50115, IIF(b.EffAppName IS NOT NULL AND n.AppKnown = 0, 1, 0),
+                N'AccountName is NULL and no default sending account exists '
+                + N'(mailq.UpsertSendingAccount @IsDefault = 1).',
+                CONCAT(N'AccountName ''', LEFT(b.AccountName, 128),
+                    N''' is not a sending account (mailq.UpsertSendingAccount).'))),
+        (62, N'AppName', 50115, IIF(b.EffAppName IS NOT NULL AND b.AppKnown = 0, 1, 0),
             CONCAT(N'AppName ''', b.EffAppName, N''' is not a registered application (mailq.UpsertApplication).')),
-        (63, N'AccountName', 50160, IIF(b.EffAppName IS NOT NULL AND n.AccountBound = 0, 1, 0),
+        (63, N'AccountName', 50160, IIF(b.EffAppName IS NOT NULL AND b.AccountBound = 0, 1, 0),
             CONCAT(N'Application ''', b.EffAppName, N''' may not send through account ''', b.EffAccountName,
                 N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).')),
-        (64, N'FromAddress', 50161, IIF(b.EffAppName IS NOT NULL AND n.FromBound = 0, 1, 0),
+        (64, N'FromAddress', 50161, IIF(b.EffAppName IS NOT NULL AND b.FromBound = 0, 1, 0),
             CONCAT(N'Application ''', b.EffAppName, N''' may not send as ''', b.EffFromAddress,
                 N''' (an administrator binds it: mailq.BindApplication @AppName, ',
                 N'@FromAddress = N''addr'' or N''@domain'').'))
@@ -649,7 +660,7 @@ BEGIN
         WHERE v.IdempotencyKey IS NOT NULL AND NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = v.RowNo)
         GROUP BY v.IdempotencyKey COLLATE Latin1_General_100_BIN2
     ) AS l
-        ON l.KeyText = b.IdempotencyKey COLLATE Latin1_General_100_BIN2
+        ON b.IdempotencyKey COLLATE Latin1_General_100_BIN2 = l.KeyText
     WHERE NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo);
 
     INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
@@ -657,7 +668,7 @@ BEGIN
         CONCAT(N'IdempotencyKey ''', b.IdempotencyKey, N''' is used by row ', b.KeyLeader,
             N' of this batch with different content; use a new key for a different mail.')
     FROM #Batch AS b
-    INNER JOIN #Batch AS l ON l.RowNo = b.KeyLeader
+    INNER JOIN #Batch AS l ON b.KeyLeader = l.RowNo
     WHERE b.KeyLeader <> b.RowNo AND b.ContentHash <> l.ContentHash;
 
     -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
@@ -670,17 +681,17 @@ BEGIN
     ) AS d;
 
     -- 4. All-or-nothing: any invalid row stops the batch before a transaction.
-    IF @RejectInvalid = 0 AND EXISTS (SELECT 1 FROM #Problem)
+    DECLARE @BadRows INT = (SELECT COUNT(DISTINCT q.RowNo) FROM #Problem AS q);
+    IF @RejectInvalid = 0 AND @BadRows > 0
     BEGIN
         SELECT TOP (1)
             @Msg = LEFT(CONCAT(
                 N'Row ', p.RowNo, N', field ', p.Field, N', rule ', p.ErrorNumber, N': ', p.Message,
-                IIF(c.BadRows > 1, CONCAT(N' (', c.BadRows - 1, N' other rows are invalid too; ',
+                IIF(@BadRows > 1, CONCAT(N' (', @BadRows - 1, N' other rows are invalid too; ',
                     N'@RejectInvalid = 1 lists them all.)'), N''),
                 N' Nothing was queued.'
             ), 2048)
         FROM #Problem AS p
-        CROSS JOIN (SELECT COUNT(DISTINCT q.RowNo) AS BadRows FROM #Problem AS q) AS c
         ORDER BY p.RowNo, p.RuleOrder;
         THROW 50220, @Msg, 1;
     END;
@@ -733,7 +744,7 @@ BEGIN
         SELECT b.RowNo, q.ID, q.MessageID, q.ContentHash
         FROM #Batch AS b
         INNER JOIN mailq.MailQueue AS q
-            ON q.IdempotencyKey = b.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
+            ON b.IdempotencyKey = q.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
         WHERE b.KeyLeader = b.RowNo;
 
         INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
@@ -741,7 +752,7 @@ BEGIN
             CONCAT(N'IdempotencyKey ''', b.IdempotencyKey, N''' already belongs to mail ', x.MailID,
                 N' with different content; use a new key for a different mail.')
         FROM #Batch AS b
-        INNER JOIN #Existing AS x ON x.RowNo = b.KeyLeader
+        INNER JOIN #Existing AS x ON b.KeyLeader = x.RowNo
         WHERE x.ContentHash <> b.ContentHash;
 
         IF @RejectInvalid = 0 AND EXISTS (SELECT 1 FROM #Problem)
@@ -766,7 +777,8 @@ BEGIN
         OUTPUT inserted.ID, inserted.MessageID, inserted.AppName
         INTO #Inserted (MailID, MessageID, AppName)
         SELECT
-            @Now, b.DueUtc, b.DueUtc, b.EffFromName, b.EffFromAddress, LTRIM(RTRIM(b.ReplyTo)),
+            @Now, b.DueUtc AS DateToProcess, b.DueUtc AS VisibleAtUtc, b.EffFromName, b.EffFromAddress,
+            LTRIM(RTRIM(b.ReplyTo)),
             b.ToAddress, b.CC, b.BCC, b.Subject, b.Body, COALESCE(b.BodyFormat, N'Text'), b.TextBody, b.Headers,
             N'UnSent', COALESCE(b.MaxAttempts, 5), COALESCE(b.Priority, 5), b.EffAccountName, b.EffAppName,
             b.IdempotencyKey, b.ContentHash, b.MessageID, b.ExpiresAtUtc
@@ -786,8 +798,8 @@ BEGIN
             COALESCE(t.ContentType, N'application/octet-stream'),
             t.Content
         FROM #Attachment AS t
-        INNER JOIN #Batch AS b ON b.RowNo = t.RowNo
-        INNER JOIN #Inserted AS i ON i.MessageID = b.MessageID;
+        INNER JOIN #Batch AS b ON t.RowNo = b.RowNo
+        INNER JOIN #Inserted AS i ON b.MessageID = i.MessageID;
 
         -- >>> EVENT STREAM (issue 16 point 1, added by the lead at merge) >>>
         -- One set-based INSERT of an 'Enqueued' event per created mail, here,
@@ -812,11 +824,11 @@ BEGIN
         COALESCE(i.MessageID, x.MessageID, li.MessageID, lx.MessageID) AS MessageID,
         CAST(IIF(i.MailID IS NOT NULL, 1, 0) AS BIT) AS Created
     FROM #Batch AS b
-    LEFT JOIN #Inserted AS i ON i.MessageID = b.MessageID
-    LEFT JOIN #Existing AS x ON x.RowNo = b.RowNo
-    LEFT JOIN #Batch AS l ON l.RowNo = b.KeyLeader AND b.KeyLeader <> b.RowNo
-    LEFT JOIN #Inserted AS li ON li.MessageID = l.MessageID
-    LEFT JOIN #Existing AS lx ON lx.RowNo = l.RowNo
+    LEFT JOIN #Inserted AS i ON b.MessageID = i.MessageID
+    LEFT JOIN #Existing AS x ON b.RowNo = x.RowNo
+    LEFT JOIN #Batch AS l ON b.KeyLeader = l.RowNo AND b.KeyLeader <> b.RowNo
+    LEFT JOIN #Inserted AS li ON l.MessageID = li.MessageID
+    LEFT JOIN #Existing AS lx ON l.RowNo = lx.RowNo
     WHERE NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo)
     ORDER BY b.RowNo;
 

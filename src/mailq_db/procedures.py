@@ -922,9 +922,18 @@ def enqueue_mail_batch(
         raise ValueError(f"a batch takes 1-{BATCH_MAX_ROWS} mails, got {len(mails)}")
     flag = 1 if reject_invalid else 0
     if use_tvp:
-        cursor = _call(conn, ENQUEUE_BATCH_TVP_SQL, [_batch_tvp(mails), flag])
-    else:
-        cursor = _call(conn, ENQUEUE_BATCH_SQL, [batch_json(mails), flag])
+        return _batch_result(_call(conn, ENQUEUE_BATCH_TVP_SQL, [_batch_tvp(mails), flag]))
+    return _batch_result(_call(conn, ENQUEUE_BATCH_SQL, [batch_json(mails), flag]))
+
+
+def enqueue_mail_batch_json(conn: Any, mails_json: str, *, reject_invalid: bool = False) -> BatchResult:
+    """mailq.EnqueueMailBatch with @Mails as given: a JSON array of objects
+    whose fields are the procedure's (ToAddress, Subject, ...), e.g. a file
+    an application or `mailq-db enqueue --batch` hands over unchanged."""
+    return _batch_result(_call(conn, ENQUEUE_BATCH_SQL, [mails_json, 1 if reject_invalid else 0]))
+
+
+def _batch_result(cursor: Any) -> BatchResult:
     try:
         enqueued = [BatchEnqueued(int(r[0]), int(r[1]), r[2], bool(r[3])) for r in _rows(cursor)]
         rejected = [BatchRejected(int(r[0]), r[1], int(r[2]), r[3]) for r in _rows(cursor)] if _next(cursor) else []

@@ -12137,6 +12137,16 @@ Concurrency: EnqueueMail serializes each key on an exclusive, transaction-owned
              deadlock with a batch: the loser gets 50225 (retry).  A lock not
              granted in 10 s is 50225 as well.  Rows without a key take no
              lock and never wait for one another.
+Escalation:  the mails are written by ONE statement, which locks each new row
+             in every index of mailq.MailQueue; from 5,000 locks on one index
+             in one statement SQL Server escalates to a table lock (Microsoft,
+             "Lock escalation": 5,000 locks on a single table or index
+             reference, retried every 1,250 locks while blocked), held until
+             the transaction ends: a batch of 5,000 mails or more can make
+             claims and single enqueues wait until it commits (READPAST does
+             not skip a table lock).  Keep batches below ~4,000 mails on a
+             busy queue, or keep the batch's transaction short (its own, not a
+             long outbox transaction); see docs/batch-enqueue.md.
 Errors:      50220 a row is invalid (all-or-nothing): the message names the row,
              the field and the rule (EnqueueMail's number) and how many other
              rows are invalid; nothing is written;
@@ -12958,7 +12968,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0014') AND FilePath IN
     N'security/MailqEnqueuer.batch.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0014', N'types/mailq.MailBatchRow.sql', 'e7edf5ba45214da4057dbb63c55a090e70d672be48823f4876e547f5c5d7dd72'),
-    ('0014', N'procedures/mailq.EnqueueMailBatch.sql', '97b7fb7215c0874fba32efac18feccedb6fb7c61d3cc3d0bdc56ed4ca1732ca6'),
+    ('0014', N'procedures/mailq.EnqueueMailBatch.sql', 'dd3a5594dc124ce1f07c15bf0fc1f97b99087e2269242022892995df8eab716c'),
     ('0014', N'security/MailqEnqueuer.batch.grants.sql', '9c894b5627dd926dfbdbc9da7a08496417c6388032c67a4d7f607df3f9ae9a9c');
 
 GO

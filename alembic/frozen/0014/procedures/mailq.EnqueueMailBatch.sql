@@ -59,6 +59,16 @@ Concurrency: EnqueueMail serializes each key on an exclusive, transaction-owned
              deadlock with a batch: the loser gets 50225 (retry).  A lock not
              granted in 10 s is 50225 as well.  Rows without a key take no
              lock and never wait for one another.
+Escalation:  the mails are written by ONE statement, which locks each new row
+             in every index of mailq.MailQueue; from 5,000 locks on one index
+             in one statement SQL Server escalates to a table lock (Microsoft,
+             "Lock escalation": 5,000 locks on a single table or index
+             reference, retried every 1,250 locks while blocked), held until
+             the transaction ends: a batch of 5,000 mails or more can make
+             claims and single enqueues wait until it commits (READPAST does
+             not skip a table lock).  Keep batches below ~4,000 mails on a
+             busy queue, or keep the batch's transaction short (its own, not a
+             long outbox transaction); see docs/batch-enqueue.md.
 Errors:      50220 a row is invalid (all-or-nothing): the message names the row,
              the field and the rule (EnqueueMail's number) and how many other
              rows are invalid; nothing is written;

@@ -12198,48 +12198,61 @@ BEGIN
     IF @Mails IS NOT NULL AND @RowsGiven = 1
         THROW 50221, N'Give @Mails or @MailRows, not both.', 1;
 
+    -- Temporary tables take tempdb's default collation unless told: every text
+    -- column says DATABASE_DEFAULT (compared with the database's tables
+    -- without a collation conflict), the key the column's binary collation.
     CREATE TABLE #Batch (
         RowNo INT NOT NULL PRIMARY KEY,
         -- as passed (the content hash covers these)
-        ToAddress NVARCHAR(MAX) NULL, Subject NVARCHAR(MAX) NULL, Body NVARCHAR(MAX) NULL,
-        BodyFormat NVARCHAR(20) NULL, TextBody NVARCHAR(MAX) NULL, CC NVARCHAR(MAX) NULL,
-        BCC NVARCHAR(MAX) NULL, FromAddress NVARCHAR(MAX) NULL, FromName NVARCHAR(MAX) NULL,
-        ReplyTo NVARCHAR(MAX) NULL, Headers NVARCHAR(MAX) NULL, AccountName NVARCHAR(4000) NULL,
-        AppName NVARCHAR(4000) NULL, Priority INT NULL, DateToProcess DATETIME2(3) NULL,
-        ExpiresAtUtc DATETIME2(3) NULL, MaxAttempts INT NULL, IdempotencyKey NVARCHAR(4000) NULL,
-        Attachments NVARCHAR(MAX) NULL,
-        -- JSON input only: the text of the typed fields, to name a bad one
-        PriorityText NVARCHAR(MAX) NULL, DateToProcessText NVARCHAR(MAX) NULL,
-        ExpiresAtUtcText NVARCHAR(MAX) NULL, MaxAttemptsText NVARCHAR(MAX) NULL,
+        ToAddress NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        Subject NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        Body NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        BodyFormat NVARCHAR(20) COLLATE DATABASE_DEFAULT NULL,
+        TextBody NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        CC NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        BCC NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        FromAddress NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        FromName NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        ReplyTo NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        Headers NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        AccountName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
+        AppName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
+        Priority INT NULL,
+        DateToProcess DATETIME2(3) NULL,
+        ExpiresAtUtc DATETIME2(3) NULL,
+        MaxAttempts INT NULL,
+        IdempotencyKey NVARCHAR(4000) COLLATE Latin1_General_100_BIN2 NULL,
+        Attachments NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
         -- derived
-        HeadersJson NVARCHAR(MAX) NULL,        -- Headers when it is a JSON object, else NULL
-        AttachmentsJson NVARCHAR(MAX) NULL,    -- Attachments when it is a JSON array, else NULL
-        EffAppName NVARCHAR(128) NULL,
-        EffAccountName NVARCHAR(128) NULL,
-        EffFromAddress NVARCHAR(320) NULL,
-        EffFromName NVARCHAR(200) NULL,
-        DefaultFrom NVARCHAR(320) NULL,
-        DefaultFromName NVARCHAR(200) NULL,
+        HeadersJson NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,      -- Headers if a JSON object, else NULL
+        AttachmentsJson NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,  -- Attachments if a JSON array, else NULL
+        EffAppName NVARCHAR(128) COLLATE DATABASE_DEFAULT NULL,
+        EffAccountName NVARCHAR(128) COLLATE DATABASE_DEFAULT NULL,
+        EffFromAddress NVARCHAR(320) COLLATE DATABASE_DEFAULT NULL,
+        EffFromName NVARCHAR(200) COLLATE DATABASE_DEFAULT NULL,
+        DefaultFrom NVARCHAR(320) COLLATE DATABASE_DEFAULT NULL,
+        DefaultFromName NVARCHAR(200) COLLATE DATABASE_DEFAULT NULL,
         DueUtc DATETIME2(3) NULL,
         ContentHash VARBINARY(32) NULL,
-        MessageID NVARCHAR(255) NULL,
+        MessageID NVARCHAR(255) COLLATE DATABASE_DEFAULT NULL,
         KeyLeader INT NULL,                    -- RowNo of the row that creates the key's mail
-        ReplyToCount INT NULL, FromCount INT NULL, FromHasName BIT NULL, RecipientCount INT NULL,
+        ToCount INT NULL, ReplyToCount INT NULL, FromCount INT NULL, FromHasName BIT NULL, RecipientCount INT NULL,
         AppKnown BIT NULL, AccountBound BIT NULL, FromBound BIT NULL
     );
     CREATE TABLE #Problem (
         RowNo INT NOT NULL,
         RuleOrder INT NOT NULL,
-        Field NVARCHAR(128) NOT NULL,
+        Field NVARCHAR(128) COLLATE DATABASE_DEFAULT NOT NULL,
         ErrorNumber INT NOT NULL,
-        Message NVARCHAR(2048) NOT NULL
+        Message NVARCHAR(2048) COLLATE DATABASE_DEFAULT NOT NULL,
+        INDEX IX_Problem CLUSTERED (RowNo, RuleOrder)
     );
     CREATE TABLE #Attachment (
         RowNo INT NOT NULL,
         AttachmentNo INT NOT NULL,
-        FileName NVARCHAR(4000) NULL,
-        ContentType NVARCHAR(4000) NULL,
-        ContentBase64 NVARCHAR(MAX) NULL,
+        FileName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
+        ContentType NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
+        ContentBase64 NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
         Base64Ok BIT NOT NULL DEFAULT (0),
         Content VARBINARY(MAX) NULL,
         PRIMARY KEY (RowNo, AttachmentNo)
@@ -12247,13 +12260,13 @@ BEGIN
     -- The created mails.  Kept for the event stream (see the marked place below).
     CREATE TABLE #Inserted (
         MailID BIGINT NOT NULL PRIMARY KEY,
-        MessageID NVARCHAR(255) NOT NULL UNIQUE,
-        AppName NVARCHAR(128) NULL
+        MessageID NVARCHAR(255) COLLATE DATABASE_DEFAULT NOT NULL UNIQUE,
+        AppName NVARCHAR(128) COLLATE DATABASE_DEFAULT NULL
     );
     CREATE TABLE #Existing (
         RowNo INT NOT NULL PRIMARY KEY,
         MailID BIGINT NOT NULL,
-        MessageID NVARCHAR(255) NOT NULL,
+        MessageID NVARCHAR(255) COLLATE DATABASE_DEFAULT NOT NULL,
         ContentHash VARBINARY(32) NOT NULL
     );
     -- The distinct idempotency keys, numbered in binary order (the lock order).
@@ -12281,13 +12294,12 @@ BEGIN
         END;
 
         -- Every field read as text (lax paths: a field of another JSON type
-        -- reads as NULL and is caught below), then converted with TRY_CONVERT,
-        -- so that one bad row cannot fail the statement for all rows.
+        -- reads as NULL), then converted with TRY_CONVERT, so that one bad row
+        -- cannot fail the statement for all rows; rule 50223 below names it.
         INSERT INTO #Batch (
             RowNo, ToAddress, Subject, Body, BodyFormat, TextBody, CC, BCC, FromAddress, FromName,
             ReplyTo, Headers, AccountName, AppName, Priority, DateToProcess, ExpiresAtUtc,
-            MaxAttempts, IdempotencyKey, Attachments,
-            PriorityText, DateToProcessText, ExpiresAtUtcText, MaxAttemptsText
+            MaxAttempts, IdempotencyKey, Attachments
         )
         SELECT
             CAST(e.[key] AS INT) + 1,
@@ -12297,8 +12309,7 @@ BEGIN
             TRY_CONVERT(DATETIME2(3), f.DateToProcess, 127),
             TRY_CONVERT(DATETIME2(3), f.ExpiresAtUtc, 127),
             TRY_CONVERT(INT, f.MaxAttempts),
-            f.IdempotencyKey, COALESCE(f.AttachmentsArray, f.AttachmentsText),
-            f.Priority, f.DateToProcess, f.ExpiresAtUtc, f.MaxAttempts
+            f.IdempotencyKey, COALESCE(f.AttachmentsArray, f.AttachmentsText)
         FROM OPENJSON(@Mails) AS e
         CROSS APPLY OPENJSON (e.[value])
             WITH (
@@ -12411,6 +12422,22 @@ BEGIN
         EffFromAddress = LEFT(LTRIM(RTRIM(COALESCE(FromAddress, DefaultFrom))), 320),
         EffFromName = LEFT(COALESCE(FromName, DefaultFromName), 200);
 
+    -- Address counts (mailq.ParseAddressList is inline: one plan for all rows).
+    UPDATE b
+    SET
+        ToCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.ToAddress)),
+        ReplyToCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.ReplyTo)),
+        FromCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.FromAddress)),
+        FromHasName = IIF(EXISTS (
+            SELECT 1 FROM mailq.ParseAddressList(b.FromAddress) AS a WHERE a.DisplayName IS NOT NULL
+        ), 1, 0),
+        RecipientCount = (
+            SELECT COUNT(*)
+            FROM (VALUES (b.ToAddress), (b.CC), (b.BCC)) AS r(Value)
+            CROSS APPLY mailq.ParseAddressList(r.Value)
+        )
+    FROM #Batch AS b;
+
     -- 3. Validation, rule by rule over all rows (RuleOrder = EnqueueMail's order).
     -- Required values, sizes, CR/LF, body format, priority, attempts, expiry, body size.
     INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
@@ -12419,7 +12446,7 @@ BEGIN
     CROSS APPLY (
         VALUES
         (10, N'ToAddress', 50101,
-            IIF(b.ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(b.ToAddress)), 1, 0),
+            IIF(b.ToAddress IS NULL OR b.ToCount = 0, 1, 0),
             N'ToAddress is required: give at least one recipient address (separate several with ;).'),
         (11, N'Subject', 50121, IIF(b.Subject IS NULL, 1, 0),
             N'Subject is required (an empty string for a mail without subject).'),
@@ -12492,20 +12519,6 @@ BEGIN
         WHERE a.Problem IS NOT NULL
     ) AS x
     WHERE x.Nth = 1;
-
-    UPDATE b
-    SET
-        ReplyToCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.ReplyTo)),
-        FromCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.FromAddress)),
-        FromHasName = IIF(EXISTS (
-            SELECT 1 FROM mailq.ParseAddressList(b.FromAddress) AS a WHERE a.DisplayName IS NOT NULL
-        ), 1, 0),
-        RecipientCount = (
-            SELECT COUNT(*)
-            FROM (VALUES (b.ToAddress), (b.CC), (b.BCC)) AS r(Value)
-            CROSS APPLY mailq.ParseAddressList(r.Value)
-        )
-    FROM #Batch AS b;
 
     INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
     SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
@@ -12968,7 +12981,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0014') AND FilePath IN
     N'security/MailqEnqueuer.batch.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0014', N'types/mailq.MailBatchRow.sql', 'e7edf5ba45214da4057dbb63c55a090e70d672be48823f4876e547f5c5d7dd72'),
-    ('0014', N'procedures/mailq.EnqueueMailBatch.sql', 'dd3a5594dc124ce1f07c15bf0fc1f97b99087e2269242022892995df8eab716c'),
+    ('0014', N'procedures/mailq.EnqueueMailBatch.sql', 'f91c0ad7aa7ec41cfe5e965f982428e2b21b67e586774501a7850c258c338b02'),
     ('0014', N'security/MailqEnqueuer.batch.grants.sql', '9c894b5627dd926dfbdbc9da7a08496417c6388032c67a4d7f607df3f9ae9a9c');
 
 GO

@@ -19110,7 +19110,9 @@ BEGIN
         UPDATE t
         SET Content = d.Content
         FROM #Attachment AS t
-        CROSS APPLY OPENJSON (CONCAT(N'{"c":"', t.ContentBase64, N'"}'))
+        -- IIF, not only the WHERE, keeps other rows' text out of the decoder:
+        -- a WHERE may be applied after the APPLY, a CASE argument may not.
+        CROSS APPLY OPENJSON (IIF(t.Base64Ok = 1, CONCAT(N'{"c":"', t.ContentBase64, N'"}'), NULL))
             WITH (Content VARBINARY(MAX) '$.c') AS d
         WHERE t.Base64Ok = 1;
     END TRY
@@ -19406,7 +19408,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0014') AND FilePath IN
     N'security/MailqEnqueuer.batch.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0014', N'types/mailq.MailBatchRow.sql', 'e7edf5ba45214da4057dbb63c55a090e70d672be48823f4876e547f5c5d7dd72'),
-    ('0014', N'procedures/mailq.EnqueueMailBatch.sql', 'f91c0ad7aa7ec41cfe5e965f982428e2b21b67e586774501a7850c258c338b02'),
+    ('0014', N'procedures/mailq.EnqueueMailBatch.sql', '9e6862222c85f47754f598ab05c73d154178298bd12ba6f7b52e2c042925a310'),
     ('0014', N'security/MailqEnqueuer.batch.grants.sql', '9c894b5627dd926dfbdbc9da7a08496417c6388032c67a4d7f607df3f9ae9a9c');
 
 GO

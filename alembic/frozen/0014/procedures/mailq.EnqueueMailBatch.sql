@@ -607,7 +607,9 @@ BEGIN
         UPDATE t
         SET Content = d.Content
         FROM #Attachment AS t
-        CROSS APPLY OPENJSON (CONCAT(N'{"c":"', t.ContentBase64, N'"}'))
+        -- IIF, not only the WHERE, keeps other rows' text out of the decoder:
+        -- a WHERE may be applied after the APPLY, a CASE argument may not.
+        CROSS APPLY OPENJSON (IIF(t.Base64Ok = 1, CONCAT(N'{"c":"', t.ContentBase64, N'"}'), NULL))
             WITH (Content VARBINARY(MAX) '$.c') AS d
         WHERE t.Base64Ok = 1;
     END TRY

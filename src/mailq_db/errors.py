@@ -72,6 +72,30 @@ class MailFinalError(MailStateError):
     Expired or Stopped); nothing was changed (50260)."""
 
 
+class BatchRowError(InvalidInputError):
+    """A row of mailq.EnqueueMailBatch is invalid (50220) and the batch was
+    all-or-nothing: nothing was queued.  ``row``, ``field`` and ``rule`` (the
+    EnqueueMail error number of the broken rule) are parsed from the message
+    ("Row 17, field ToAddress, rule 50102: ..."); None if it has another shape."""
+
+    _SHAPE = re.compile(r"Row (?P<row>-?\d+), field (?P<field>\w+), rule (?P<rule>\d+):")
+
+    @property
+    def row(self) -> int | None:
+        m = self._SHAPE.search(str(self))
+        return int(m.group("row")) if m else None
+
+    @property
+    def field(self) -> str | None:
+        m = self._SHAPE.search(str(self))
+        return m.group("field") if m else None
+
+    @property
+    def rule(self) -> int | None:
+        m = self._SHAPE.search(str(self))
+        return int(m.group("rule")) if m else None
+
+
 class DelayExecutionError(DatabaseError):
     """Delayed-execution input or state error (50300-50399)."""
 
@@ -92,10 +116,17 @@ SPECIFIC: dict[int, type[DatabaseError]] = {
     50162: IdempotencyKeyBusyError,
     # event stream, issue 16 point 1
     50260: MailFinalError,
+    # batch enqueue (issue 16 point 6)
+    50220: BatchRowError,
+    50221: InvalidInputError,
+    50222: InvalidInputError,
+    50224: InvalidInputError,
+    50225: IdempotencyKeyBusyError,
 }
 
 _BLOCKS: list[tuple[range, type[DatabaseError]]] = [
     (range(50100, 50200), InvalidInputError),
+    (range(50220, 50240), InvalidInputError),  # batch enqueue input (issue 16 point 6)
     (range(50200, 50300), MailStateError),
     (range(50300, 50400), DelayExecutionError),
     (range(50400, 50500), DeploymentCheckError),

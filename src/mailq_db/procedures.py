@@ -967,3 +967,155 @@ def retire_mail_template(
     """mailq.RetireMailTemplate: retire (or, retire=False, bring back) a template; returns its row with Changed."""
     rows = _dicts(_call(conn, RETIRE_MAIL_TEMPLATE_SQL, [template_name, 1 if retire else 0, reason]))
     return rows[0]
+# ==========================================================================
+# Batch enqueue (issue 16 point 6; role MailqEnqueuer)
+# ==========================================================================
+#
+# mailq.EnqueueMailBatch takes the mails as a JSON array (@Mails) or as a
+# table-valued parameter (@MailRows mailq.MailBatchRow).  The wrapper sends
+# JSON by default: it works with every ODBC driver (FreeTDS included) and
+# needs nothing but a string parameter.  ``use_tvp=True`` sends the TVP
+# instead (pyodbc >= 4.0.32 with Microsoft's ODBC Driver 17/18: pyodbc takes
+# the type name and schema as the first two items of the list); it is not
+# exercised here (no SQL Server), and pyodbc issue #862 reports that a NULL in
+# the first row's cells can make the driver refuse the binding.
+
+#: enqueue_mail's keyword names -> the batch's field names (EnqueueMail's parameters).
+BATCH_FIELDS: tuple[tuple[str, str], ...] = (
+    ("to_address", "ToAddress"), ("subject", "Subject"), ("body", "Body"),
+    ("body_format", "BodyFormat"), ("text_body", "TextBody"), ("cc", "CC"), ("bcc", "BCC"),
+    ("from_address", "FromAddress"), ("from_name", "FromName"), ("reply_to", "ReplyTo"),
+    ("headers", "Headers"), ("account_name", "AccountName"), ("app_name", "AppName"),
+    ("priority", "Priority"), ("date_to_process", "DateToProcess"),
+    ("expires_at_utc", "ExpiresAtUtc"), ("max_attempts", "MaxAttempts"),
+    ("idempotency_key", "IdempotencyKey"), ("attachments", "Attachments"),
+)
+BATCH_MAX_ROWS = 10000
+
+
+@dataclass(frozen=True)
+class BatchEnqueued:
+    row_no: int      # 1-based position in the list given
+    mail_id: int
+    message_id: str
+    created: bool    # False when an existing idempotency key returned an earlier mail
+
+
+@dataclass(frozen=True)
+class BatchRejected:
+    row_no: int
+    field: str
+    error_number: int  # the number EnqueueMail raises for the rule (or 50223)
+    message: str
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    enqueued: list[BatchEnqueued]
+    rejected: list[BatchRejected]  # empty unless reject_invalid=True
+
+    @property
+    def mail_ids(self) -> list[int]:
+        return [r.mail_id for r in self.enqueued]
+
+
+def _utc_naive(value: datetime) -> datetime:
+    """Naive UTC (the procedures' convention); an aware datetime is converted."""
+    if value.tzinfo is None:
+        return value
+    from datetime import timezone
+
+    return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def _batch_time(value: datetime | None) -> str | None:
+    """A datetime as the ISO 8601 text the procedure converts (CONVERT style 127)."""
+    return None if value is None else _utc_naive(value).isoformat(timespec="microseconds")
+
+
+def batch_row(mail: dict[str, Any]) -> dict[str, Any]:
+    """One mail (enqueue_mail's keyword arguments) as a batch row.
+
+    Headers and attachments become the same strings enqueue_mail sends, so a
+    mail sent through either path has the same content hash (idempotency)."""
+    known = {name for name, _ in BATCH_FIELDS}
+    unknown = sorted(set(mail) - known)
+    if unknown:
+        raise ValueError(f"not a field of a mail: {', '.join(unknown)} (fields: {', '.join(sorted(known))})")
+    row: dict[str, Any] = {}
+    for name, field_name in BATCH_FIELDS:
+        value = mail.get(name)
+        if name == "headers" and value is not None:
+            value = json.dumps(value, ensure_ascii=False)
+        elif name == "attachments":
+            value = attachments_json(value or ())
+        elif name in ("date_to_process", "expires_at_utc"):
+            value = _batch_time(value)
+        if value is not None:
+            row[field_name] = value
+    return row
+
+
+def batch_json(mails: Iterable[dict[str, Any]]) -> str:
+    """The JSON array mailq.EnqueueMailBatch's @Mails takes."""
+    return json.dumps([batch_row(m) for m in mails], ensure_ascii=False)
+
+
+def _batch_tvp(mails: Sequence[dict[str, Any]]) -> list[Any]:
+    """pyodbc's TVP value: type name, schema, then one tuple per row in the
+    column order of mailq.MailBatchRow (RowNo first); times as datetimes."""
+    rows: list[Any] = ["MailBatchRow", "mailq"]
+    for no, mail in enumerate(mails, start=1):
+        r = batch_row(mail)
+        values = []
+        for name, field_name in BATCH_FIELDS:
+            value = r.get(field_name)
+            if name in ("date_to_process", "expires_at_utc") and mail.get(name) is not None:
+                value = _utc_naive(mail[name])
+            values.append(value)
+        rows.append((no, *values))
+    return rows
+
+
+ENQUEUE_BATCH_SQL = "EXEC mailq.EnqueueMailBatch @Mails = ?, @RejectInvalid = ?;"
+ENQUEUE_BATCH_TVP_SQL = "EXEC mailq.EnqueueMailBatch @MailRows = ?, @RejectInvalid = ?;"
+
+
+def enqueue_mail_batch(
+    conn: Any,
+    mails: Sequence[dict[str, Any]],
+    *,
+    reject_invalid: bool = False,
+    use_tvp: bool = False,
+) -> BatchResult:
+    """mailq.EnqueueMailBatch: queue many mails in one call.
+
+    ``mails`` is a list of dicts with enqueue_mail's keyword names.  All or
+    nothing by default: an invalid row raises BatchRowError (``.row``,
+    ``.field``, ``.rule``) and nothing is queued.  With ``reject_invalid`` the
+    valid rows are queued and the invalid ones come back in ``rejected``.
+    Like enqueue_mail, it works inside the connection's open transaction and
+    does not commit."""
+    mails = list(mails)
+    if not 1 <= len(mails) <= BATCH_MAX_ROWS:
+        raise ValueError(f"a batch takes 1-{BATCH_MAX_ROWS} mails, got {len(mails)}")
+    flag = 1 if reject_invalid else 0
+    if use_tvp:
+        return _batch_result(_call(conn, ENQUEUE_BATCH_TVP_SQL, [_batch_tvp(mails), flag]))
+    return _batch_result(_call(conn, ENQUEUE_BATCH_SQL, [batch_json(mails), flag]))
+
+
+def enqueue_mail_batch_json(conn: Any, mails_json: str, *, reject_invalid: bool = False) -> BatchResult:
+    """mailq.EnqueueMailBatch with @Mails as given: a JSON array of objects
+    whose fields are the procedure's (ToAddress, Subject, ...), e.g. a file
+    an application or `mailq-db enqueue --batch` hands over unchanged."""
+    return _batch_result(_call(conn, ENQUEUE_BATCH_SQL, [mails_json, 1 if reject_invalid else 0]))
+
+
+def _batch_result(cursor: Any) -> BatchResult:
+    try:
+        enqueued = [BatchEnqueued(int(r[0]), int(r[1]), r[2], bool(r[3])) for r in _rows(cursor)]
+        rejected = [BatchRejected(int(r[0]), r[1], int(r[2]), r[3]) for r in _rows(cursor)] if _next(cursor) else []
+    finally:
+        cursor.close()
+    return BatchResult(enqueued, rejected)

@@ -1,8 +1,10 @@
-"""``mailq-db enqueue``: queue one mail through mailq.EnqueueMail."""
+"""``mailq-db enqueue``: queue one mail through mailq.EnqueueMail, or many
+from a JSON file through mailq.EnqueueMailBatch (``--batch``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import mimetypes
 import os
 import sys
@@ -27,17 +29,22 @@ examples:
       --html-file report.html --text-file report.txt --attach report.pdf --account billing
   echo "nightly run done" | mailq-db enqueue --to ops@example.com --subject done --text-file - \\
       --priority 9 --send-at 2030-01-01T08:00:00+08:00 --idempotency-key nightly-2030-01-01
+  mailq-db enqueue --batch mails.json            # one call, all or nothing (docs/batch-enqueue.md)
+  mailq-db enqueue --batch mails.json --reject-invalid
+
+--batch FILE takes a JSON array of mails whose fields are mailq.EnqueueMailBatch's
+(ToAddress, Subject, Body, ...: docs/batch-enqueue.md); '-' reads standard input.
 """
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("enqueue", help="queue one mail", description=HELP,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--to", action="append", required=True, metavar="ADDRESS",
+    p.add_argument("--to", action="append", metavar="ADDRESS",
                    help="recipient (repeat, or separate with ';')")
     p.add_argument("--cc", action="append", default=[], metavar="ADDRESS")
     p.add_argument("--bcc", action="append", default=[], metavar="ADDRESS", help="envelope only, never a header")
-    p.add_argument("--subject", required=True)
+    p.add_argument("--subject")
     p.add_argument("--text-file", metavar="FILE", help="plain-text body (or the HTML's text alternative)")
     p.add_argument("--html-file", metavar="FILE", help="HTML body")
     p.add_argument("--from", dest="from_address", metavar="ADDRESS", help="default: the account's address")
@@ -52,8 +59,11 @@ def register(subparsers) -> None:
     p.add_argument("--expires-at", type=_when, metavar="TIME", help="give up after this time (ISO 8601)")
     p.add_argument("--max-attempts", type=_positive)
     p.add_argument("--idempotency-key", help="a second enqueue with the same key returns the first mail")
+    p.add_argument("--batch", metavar="FILE", help="queue every mail of a JSON array in one call")
+    p.add_argument("--reject-invalid", action="store_true",
+                   help="with --batch: queue the valid mails and list the invalid ones (default: all or nothing)")
     p.add_argument("--db", help="database URL (default: $MAILQ_DB_URL)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, parser=p)
 
 
 def _priority(text: str) -> int:
@@ -123,6 +133,13 @@ def _headers(items: list[str]) -> dict[str, str] | None:
 
 
 def run(args) -> int:
+    if args.batch:
+        return run_batch(args)
+    missing = [flag for flag, value in (("--to", args.to), ("--subject", args.subject)) if value is None]
+    if missing:
+        args.parser.error("the following arguments are required: " + ", ".join(missing))
+    if args.reject_invalid:
+        args.parser.error("--reject-invalid goes with --batch")
     if not args.text_file and not args.html_file:
         raise ConfigurationError("give a body: --text-file FILE and/or --html-file FILE ('-' for stdin)")
     if args.text_file == "-" and args.html_file == "-":
@@ -150,3 +167,35 @@ def run(args) -> int:
     state = "queued" if result.created else "already queued (same idempotency key)"
     print(f"mail {result.mail_id} {state}; Message-ID {result.message_id}")
     return 0
+
+
+#: Single-mail options that --batch leaves to the file.
+_SINGLE_ONLY = ("to", "cc", "bcc", "subject", "text_file", "html_file", "from_address", "from_name", "reply_to",
+                "header", "attach", "account", "app", "priority", "send_at", "expires_at", "max_attempts",
+                "idempotency_key")
+
+
+def run_batch(args) -> int:
+    given = [name for name in _SINGLE_ONLY if getattr(args, name) not in (None, [])]
+    if given:
+        args.parser.error("--batch takes every field from the file; leave out "
+                          + ", ".join("--" + name.replace("_", "-") for name in given))
+    text = _read(args.batch)
+    try:
+        mails = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"{args.batch} is not JSON: {exc}") from exc
+    if not isinstance(mails, list) or not all(isinstance(m, dict) for m in mails):
+        raise ConfigurationError(f"{args.batch} must hold a JSON array of objects (one per mail)")
+    conn = connect(args.db)
+    try:
+        result = procedures.enqueue_mail_batch_json(conn, text, reject_invalid=args.reject_invalid)
+    finally:
+        conn.close()
+    created = sum(1 for r in result.enqueued if r.created)
+    again = len(result.enqueued) - created
+    print(f"{created} mails queued" + (f", {again} already queued (same idempotency key)" if again else "")
+          + (f"; {len(result.rejected)} rejected" if result.rejected else ""))
+    for r in result.rejected:
+        print(f"row {r.row_no}: {r.field} [{r.error_number}] {r.message}")
+    return 1 if result.rejected else 0

@@ -83,5 +83,7 @@ def procedure_signature(sql: str) -> tuple[str, dict[str, bool]] | None:
         if not piece.startswith("@"):
             continue
         name = piece.split()[0].lower()
-        params[name] = "=" in piece
+        # A table-valued parameter (READONLY) is optional: omitted, it is an
+        # empty table (no default can be declared for it).
+        params[name] = "=" in piece or bool(re.search(r"\bREADONLY\b", piece, re.I))
     return norm(match.group("name")), params

@@ -1,0 +1,7 @@
+/*
+Grants of role MailqEnqueuer for batch enqueue (revision 0014): the procedure,
+and EXECUTE on its table type, which a caller needs to declare a variable of
+the type and pass it as @MailRows.
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMailBatch TO MailqEnqueuer;
+GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer;

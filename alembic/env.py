@@ -174,11 +174,13 @@ def run_migrations_online() -> None:
                 raise ConfigurationError("-x broker=add: the database has no revision yet; "
                                          "deploy with -x broker=on instead")
             d.PROGRESS["revision"] = f"{target} (broker=add)"
+            frozen_in = dict(d.broker_catch_up_files(target, root=ROOT))  # file -> its frozen revision
             with connection.begin():
-                for label, sql in d.broker_catch_up_batches(target, opts, offline=False, root=ROOT):
-                    d.PROGRESS["file"] = label
+                for index, (label, sql) in enumerate(
+                        d.broker_catch_up_batches(target, opts, offline=False, root=ROOT), 1):
+                    d.note_batch(label, index, frozen_in.get(label), ROOT)
                     connection.exec_driver_sql(sql)
-            d.PROGRESS["file"] = None
+            d.reset_progress()
         for sql in d.script_footer()[1:]:
             connection.exec_driver_sql(sql)
         connection.commit()

@@ -786,3 +786,34 @@ DELETE_DBMAIL_PRINCIPAL_PROFILE_SQL = (
 def delete_db_mail_principal_profile(conn: Any, *, profile_name: str, principal_name: str) -> None:
     """mailq.DeleteDbMailPrincipalProfile: withdraw a principal's use of a profile."""
     _call(conn, DELETE_DBMAIL_PRINCIPAL_PROFILE_SQL, [profile_name, principal_name]).close()
+
+
+# --------------------------------------------------------------------------
+# Event stream (issue 16 point 1) -- added by cl16 for the client API, with the
+# parameters fixed in the coordination brief; ev16 writes the procedures and
+# (in parallel) the same wrappers: keep ONE copy at merge.  The client accepts
+# rows as dicts keyed by the result set's column names, pyodbc rows in that
+# column order, or objects with snake_case attributes (mailq_db.client.as_event).
+# --------------------------------------------------------------------------
+
+GET_MAIL_EVENTS_SQL = (
+    "EXEC mailq.GetMailEvents @AppName = ?, @MailID = ?, @AfterEventID = ?, @MaxEvents = ?;"
+)
+
+
+def get_mail_events(
+    conn: Any, *, app_name: str | None = None, mail_id: int | None = None,
+    after_event_id: int = 0, max_events: int = 500,
+) -> list[dict[str, Any]]:
+    """mailq.GetMailEvents: the events of one application or one mail after a
+    cursor (EventID), oldest first, at most ``max_events`` (1-5000)."""
+    return _dicts(_call(conn, GET_MAIL_EVENTS_SQL, [app_name, mail_id, after_event_id, max_events]))
+
+
+STOP_MAIL_SQL = "EXEC mailq.StopMail @MailID = ?, @Reason = ?;"
+
+
+def stop_mail(conn: Any, *, mail_id: int, reason: str) -> list[dict[str, Any]]:
+    """mailq.StopMail: end a mail that is not yet terminal with Status 'Stopped'
+    and a reason (TinyMail's stop(): no more retries); returns its result set."""
+    return _dicts(_call(conn, STOP_MAIL_SQL, [mail_id, reason]))

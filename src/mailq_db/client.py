@@ -47,6 +47,7 @@ Errors of the procedures themselves (bad input, unknown mail...) are the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -110,14 +111,19 @@ def _int(value: Any) -> int | None:
 
 def as_event(row: Any) -> MailEvent:
     """A :class:`MailEvent` from what the GetMailEvents wrapper returns: a dict
-    keyed by column names (or field names), an object with the field names as
-    attributes, or a row in the result set's column order."""
+    keyed by column names (or field names), an object with the field names or
+    the column names as attributes (a pyodbc Row), a dataclass whose fields
+    follow the result set's columns, or a row in the result set's column order."""
     if isinstance(row, MailEvent):
         return row
     if isinstance(row, Mapping):
         values = [row[c] if c in row else row.get(f) for c, f in zip(_COLUMNS, _FIELDS)]
     elif hasattr(row, "event_id"):
         values = [getattr(row, f, None) for f in _FIELDS]
+    elif hasattr(row, "EventID"):  # a pyodbc Row: columns by name
+        values = [getattr(row, c, None) for c in _COLUMNS]
+    elif dataclasses.is_dataclass(row):  # another wrapper's dataclass, fields in column order
+        values = [getattr(row, f.name) for f in dataclasses.fields(row)][: len(_COLUMNS)]
     else:
         values = list(row)[: len(_COLUMNS)]
         values += [None] * (len(_COLUMNS) - len(values))

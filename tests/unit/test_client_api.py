@@ -9,6 +9,7 @@ The procedures' behaviour is tested against SQL Server in tests/integration.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 
 import pytest
@@ -308,6 +309,28 @@ def test_as_event_accepts_rows_dicts_and_objects():
     assert client.as_event(row) == client.as_event(dict(zip(client._COLUMNS, row)))
     assert client.as_event(row) == client.as_event(dict(zip(client._FIELDS, row)))
     assert client.as_event(client.as_event(row)).event_id == 4
+
+    class Row(tuple):  # pyodbc's Row: a sequence with the columns as attributes
+        def __getattr__(self, name):
+            if name not in client._COLUMNS:
+                raise AttributeError(name)
+            return self[client._COLUMNS.index(name)]
+
+    assert client.as_event(Row(row)) == client.as_event(row)
+
+    @dataclasses.dataclass
+    class OtherWrappersEvent:  # same columns, other field names
+        id: int
+        mail: int
+        app: str
+        kind: str
+        status: str
+        attempts: int
+        code: int
+        text: str
+        at: object
+
+    assert client.as_event(OtherWrappersEvent(*row)) == client.as_event(row)
     assert client.as_event(row).terminal
 
 

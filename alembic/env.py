@@ -147,8 +147,10 @@ def run_migrations_online() -> None:
             opts = dataclasses.replace(opts, broker=stored["broker"])
         config.attributes[d.OPTIONS_ATTRIBUTE] = opts
         d.PROGRESS.update(revision="(header)", file=None)
-        for sql in d.script_header(opts):
+        for index, sql in enumerate(d.script_header(opts), 1):
+            d.note_batch("(script header)", index)
             connection.exec_driver_sql(sql)
+        d.reset_progress()
         connection.commit()
         # The header may have inferred the option of a database deployed
         # before options were stored: an explicit value must agree with it.

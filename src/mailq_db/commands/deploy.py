@@ -84,8 +84,8 @@ def describe_failure(exc: BaseException, progress: dict | None = None) -> str:
     """One line: where the deployment stopped and the server's own message.
 
     ``revision R, file F, lines A-B`` (the failing batch's place in the frozen
-    copy that was sent; each file is one batch), or ``batch N`` for a batch the
-    tool adds ("(revision check)" ...); when the message itself names a line
+    copy that was sent; each file is one batch), or ``batch N (label)`` for a
+    batch the tool adds ("(revision check)" ...); when the message itself names a line
     (and procedure), that line is added, mapped to the file's line.
     """
     progress = d.PROGRESS if progress is None else progress
@@ -98,10 +98,10 @@ def describe_failure(exc: BaseException, progress: dict | None = None) -> str:
     if progress.get("path") and first:
         where.append(f"file {progress['path']}")
         where.append(f"lines {first}-{last}" if last and last != first else f"line {first}")
+    elif label and str(label).startswith("(") and progress.get("batch"):
+        where.append(f"batch {progress['batch']} {label}")  # a batch the tool adds: "batch 4 (stored options)"
     elif label:
         where.append(f"file {label}")
-        if str(label).startswith("(") and progress.get("batch"):
-            where.append(f"batch {progress['batch']}")
     match = _SERVER_PLACE.search(text)
     if match:
         server_line = int(match.group("line"))

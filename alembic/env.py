@@ -147,8 +147,10 @@ def run_migrations_online() -> None:
             opts = dataclasses.replace(opts, broker=stored["broker"])
         config.attributes[d.OPTIONS_ATTRIBUTE] = opts
         d.PROGRESS.update(revision="(header)", file=None)
-        for sql in d.script_header(opts):
+        for index, sql in enumerate(d.script_header(opts), 1):
+            d.note_batch("(script header)", index)
             connection.exec_driver_sql(sql)
+        d.reset_progress()
         connection.commit()
         # The header may have inferred the option of a database deployed
         # before options were stored: an explicit value must agree with it.
@@ -174,11 +176,13 @@ def run_migrations_online() -> None:
                 raise ConfigurationError("-x broker=add: the database has no revision yet; "
                                          "deploy with -x broker=on instead")
             d.PROGRESS["revision"] = f"{target} (broker=add)"
+            frozen_in = dict(d.broker_catch_up_files(target, root=ROOT))  # file -> its frozen revision
             with connection.begin():
-                for label, sql in d.broker_catch_up_batches(target, opts, offline=False, root=ROOT):
-                    d.PROGRESS["file"] = label
+                for index, (label, sql) in enumerate(
+                        d.broker_catch_up_batches(target, opts, offline=False, root=ROOT), 1):
+                    d.note_batch(label, index, frozen_in.get(label), ROOT)
                     connection.exec_driver_sql(sql)
-            d.PROGRESS["file"] = None
+            d.reset_progress()
         for sql in d.script_footer()[1:]:
             connection.exec_driver_sql(sql)
         connection.commit()

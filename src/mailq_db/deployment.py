@@ -849,8 +849,51 @@ def first_broker_revision(root: Path | None = None) -> str | None:
 # --------------------------------------------------------------------------
 
 #: What the deployment is doing now: read by the CLI to report a failure as
-#: "revision, file: message" on one line.
-PROGRESS: dict[str, str | None] = {"revision": None, "file": None}
+#: "revision, file, lines: message" on one line.  ``file`` is the batch's label
+#: (a file under sql/, or "(revision check)" and the like for the batches the
+#: tool adds); ``path``/``first_line``/``last_line`` locate a file's batch in
+#: the frozen copy that was sent (see :func:`batch_location`); ``batch`` is the
+#: batch's position in its revision, 1-based.
+PROGRESS: dict[str, object] = {"revision": None, "file": None}
+
+
+def reset_progress() -> None:
+    """Nothing deployed yet: the state before a deployment starts."""
+    PROGRESS.clear()
+    PROGRESS.update(revision=None, file=None)
+
+
+def batch_location(revision: str, rel: str, root: Path | None = None) -> tuple[str, int, int] | None:
+    """(the frozen copy's path, its first line, its last line) of the batch the
+    frozen file ``rel`` of ``revision`` sends; ``None`` when it cannot be read.
+
+    Each frozen file is one batch sent from its first line (the generated-copy
+    marker, when present, is line 1 and is not sent); trailing blank lines and
+    a trailing ``;`` are not sent (:func:`statement_text`).  SQL Server numbers
+    the lines of an error from the first line of the batch, so line N of the
+    server is line ``first + N - 1`` of the file.
+    """
+    try:
+        raw = (frozen_dir(root) / revision / rel).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    offset = 1 if raw.startswith(GENERATED_MARKER) else 0
+    body = statement_text(strip_generated_marker(raw))
+    first = offset + 1
+    return f"alembic/frozen/{revision}/{rel}", first, first + body.count("\n")
+
+
+def note_batch(label: str, index: int, revision: str | None = None, root: Path | None = None) -> None:
+    """Record in :data:`PROGRESS` the batch about to be sent (label, position,
+    and for a frozen file of ``revision`` where it is)."""
+    for key in ("path", "first_line", "last_line"):
+        PROGRESS.pop(key, None)
+    PROGRESS["file"] = label
+    PROGRESS["batch"] = index
+    if revision and not label.startswith("("):
+        where = batch_location(revision, label, root)
+        if where:
+            PROGRESS["path"], PROGRESS["first_line"], PROGRESS["last_line"] = where
 
 _log = logging.getLogger("mailq_db.deploy")
 
@@ -1002,12 +1045,13 @@ class RevisionPlan:
 
     def _run(self, batches: list[tuple[str, str]]) -> None:
         PROGRESS["revision"] = self.revision
-        for label, sql in batches:
-            PROGRESS["file"] = label
+        for index, (label, sql) in enumerate(batches, 1):
+            note_batch(label, index, self.revision, self.root)
             self.execute(statement_text(sql))
             if not label.startswith("(") and not _offline():
                 _log.info("revision %s: applied %s", self.revision, label)
-        PROGRESS["file"] = None
+        reset_progress()
+        PROGRESS["revision"] = self.revision  # cleared by the next revision or the CLI
 
     def upgrade(self) -> None:
         self._run(self.upgrade_batches())

@@ -89,3 +89,80 @@ def test_typo_in_an_option_is_refused_and_nothing_is_printed():
     result = run_cli("deploy", "--sql", "-x", "brokr=off")
     assert result.returncode == 1 and result.stdout == ""
     assert "did you mean broker?" in result.stderr
+
+
+# -- 7. the failing batch's place in its file ------------------------------------
+# A fake DB-API connection that raises on a chosen batch: this tests the deploy
+# tool's bookkeeping and formatting, not any procedure (no SQL Server runs here).
+
+
+class FakeCursor:
+    def __init__(self, fail_when: str, message: str):
+        self.fail_when, self.message, self.sent = fail_when, message, []
+
+    def execute(self, sql: str) -> None:
+        self.sent.append(sql)
+        if self.fail_when in sql:
+            raise FakePyodbcError("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]"
+                                  f"{self.message} (SQLExecDirectW)")
+
+
+def run_plan_until_failure(revision: str, rel: str, message: str) -> tuple[str, FakeCursor]:
+    text = d.frozen_text(revision, rel, d.project_root())
+    marker = d.statement_text(text).splitlines()[-1]  # the last line sent: in no header batch
+    cursor = FakeCursor(marker, message)
+    plan = d.RevisionPlan(revision, d.project_root(), execute=cursor.execute)
+    d.reset_progress()
+    with pytest.raises(FakePyodbcError) as info:
+        plan.upgrade()
+    return describe_failure(info.value), cursor
+
+
+def test_failure_in_a_file_names_the_frozen_copy_and_its_line_range():
+    rel = "views/mailq.sysmail_sentitems.sql"
+    line, cursor = run_plan_until_failure("0009", rel, "Invalid column name 'Nope'. (207)")
+    raw = (d.frozen_dir() / "0009" / rel).read_text(encoding="utf-8").rstrip().rstrip(";").rstrip()
+    last = raw.count("\n") + 1
+    # line 1 is the generated marker, not sent: the batch is lines 2..last
+    assert raw.startswith(d.GENERATED_MARKER)
+    assert line == (f"mailq-db deploy: failed in revision 0009, file alembic/frozen/0009/{rel}, "
+                    f"lines 2-{last}: Invalid column name 'Nope'. (207)")
+    assert len(line.splitlines()) == 1
+    assert cursor.sent[-1].rstrip().endswith(raw.splitlines()[-1].rstrip())
+
+
+def test_a_line_named_by_the_message_is_mapped_to_the_file():
+    rel = "views/mailq.sysmail_sentitems.sql"
+    line, _ = run_plan_until_failure("0009", rel, "Msg 207, Level 16, State 1, Line 5 Invalid column name 'x'.")
+    assert f"file alembic/frozen/0009/{rel}, lines 2-" in line
+    assert "line 6 (server: batch line 5)" in line  # batch line 1 is file line 2
+
+
+def test_a_procedure_and_line_named_by_the_message_are_reported_as_given():
+    rel = "views/mailq.sysmail_sentitems.sql"
+    line, _ = run_plan_until_failure("0009", rel,
+                                     "Msg 50201, Level 16, State 1, Procedure mailq.CancelMail, Line 40 no mail")
+    assert "procedure mailq.CancelMail line 40" in line
+
+
+def test_failure_in_a_batch_the_tool_adds_names_it_and_its_position():
+    cursor = FakeCursor("mailq_deployment_option", "Login failed. (18456)")
+    plan = d.RevisionPlan("0009", d.project_root(), execute=cursor.execute)
+    d.reset_progress()
+    with pytest.raises(FakePyodbcError) as info:
+        plan.upgrade()
+    line = describe_failure(info.value)
+    assert line.startswith(f"mailq-db deploy: failed in revision 0009, batch {len(cursor.sent)} (")
+    assert "lines" not in line and "file" not in line
+    assert line.endswith("Login failed. (18456)")
+
+
+def test_batch_location_counts_from_the_first_line_sent(tmp_path):
+    frozen = tmp_path / "alembic" / "frozen" / "0042" / "procedures"
+    frozen.mkdir(parents=True)
+    (frozen / "x.sql").write_text(f"{d.GENERATED_MARKER} by test\n-- header\nCREATE PROCEDURE x AS\nSELECT 1;\n\n\n",
+                                  encoding="utf-8")
+    assert d.batch_location("0042", "procedures/x.sql", tmp_path) == ("alembic/frozen/0042/procedures/x.sql", 2, 4)
+    (frozen / "y.sql").write_text("CREATE VIEW y AS SELECT 1 AS a\n", encoding="utf-8")
+    assert d.batch_location("0042", "procedures/y.sql", tmp_path) == ("alembic/frozen/0042/procedures/y.sql", 1, 1)
+    assert d.batch_location("0042", "procedures/missing.sql", tmp_path) is None

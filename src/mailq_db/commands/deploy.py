@@ -54,15 +54,19 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def describe_failure(exc: BaseException) -> str:
-    """One line: where the deployment stopped and the server's own message."""
+#: Where a server message names a place itself: sqlcmd-style
+#: "Msg 207, Level 16, State 1, Procedure mailq.X, Line 12" or "..., Line 12".
+#: The ODBC drivers put neither in the message text (pyodbc does not read the
+#: SQL_DIAG_SS_LINE / SQL_DIAG_SS_PROCNAME diagnostic fields), so usually only
+#: the batch's place in its file is known.
+_SERVER_PLACE = re.compile(
+    r"(?:\bProcedure\s+(?P<proc>[^,\s]+)\s*,\s*)?\bLine\s+(?P<line>\d+)\b", re.I)
+
+
+def server_message(exc: BaseException) -> str:
+    """The server's (or our own) message without the driver's bracketed prefixes."""
     from ..errors import MailqError
 
-    where = []
-    if d.PROGRESS.get("revision"):
-        where.append(f"revision {d.PROGRESS['revision']}")
-    if d.PROGRESS.get("file"):
-        where.append(f"file {d.PROGRESS['file']}")
     orig = getattr(exc, "orig", None) or exc.__cause__ or exc
     args = getattr(orig, "args", ())
     if type(orig).__module__ == "pyodbc" and len(args) > 1:
@@ -73,7 +77,41 @@ def describe_failure(exc: BaseException) -> str:
         text = str(getattr(exc, "orig", None) or exc)
     # "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Message (50410) (SQLExecDirectW)"
     text = re.sub(r"\[[^\]]*\]|\(SQL[A-Za-z]+W?\)", "", text).strip()
-    text = " ".join(text.split())
+    return " ".join(text.split())
+
+
+def describe_failure(exc: BaseException, progress: dict | None = None) -> str:
+    """One line: where the deployment stopped and the server's own message.
+
+    ``revision R, file F, lines A-B`` (the failing batch's place in the frozen
+    copy that was sent; each file is one batch), or ``batch N (label)`` for a
+    batch the tool adds ("(revision check)" ...); when the message itself names a line
+    (and procedure), that line is added, mapped to the file's line.
+    """
+    progress = d.PROGRESS if progress is None else progress
+    text = server_message(exc)
+    where = []
+    if progress.get("revision"):
+        where.append(f"revision {progress['revision']}")
+    label = progress.get("file")
+    first, last = progress.get("first_line"), progress.get("last_line")
+    if progress.get("path") and first:
+        where.append(f"file {progress['path']}")
+        where.append(f"lines {first}-{last}" if last and last != first else f"line {first}")
+    elif label and str(label).startswith("(") and progress.get("batch"):
+        where.append(f"batch {progress['batch']} {label}")  # a batch the tool adds: "batch 4 (stored options)"
+    elif label:
+        where.append(f"file {label}")
+    match = _SERVER_PLACE.search(text)
+    if match:
+        server_line = int(match.group("line"))
+        proc = match.group("proc")
+        if proc:
+            where.append(f"procedure {proc} line {server_line}")
+        elif first:
+            where.append(f"line {int(first) + server_line - 1} (server: batch line {server_line})")
+        else:
+            where.append(f"batch line {server_line}")
     prefix = ", ".join(where)
     return f"mailq-db deploy: failed{' in ' + prefix if prefix else ''}: {text}"
 
@@ -96,7 +134,7 @@ def run(args) -> int:
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
             log.setLevel(logging.INFO)
-        d.PROGRESS.update(revision=None, file=None)
+        d.reset_progress()
         buffer = io.StringIO() if args.sql else None
         cfg = d.alembic_config(x_args=x_args, stdout=buffer or sys.stderr)
         if args.downgrade:

@@ -127,11 +127,16 @@ def test_rule_numbers_are_enqueuemails():
     assert single - rules <= {50162}, sorted(single - rules)
 
 
-def test_event_stream_place_is_marked_once_inside_the_transaction():
-    start = BATCH.index(">>> EVENT STREAM")
-    assert BATCH.count(">>> EVENT STREAM") == 1 and BATCH.count("<<< EVENT STREAM") == 1
-    assert BATCH.index("INSERT INTO mailq.MailAttachment") < start < BATCH.index("IF @OwnTran = 1 COMMIT TRANSACTION;")
-    assert "#Inserted" in BATCH[start:BATCH.index("<<< EVENT STREAM")]
+def test_enqueued_events_are_written_from_inserted_inside_the_transaction():
+    """Every mail the batch creates gets its 'Enqueued' event in the batch's
+    transaction (docs/events.md), from #Inserted: after the attachments, before
+    the commit, and exactly once."""
+    code = BATCH_CODE
+    start = code.index("INSERT INTO mailq.MailEvent")
+    assert code.count("INSERT INTO mailq.MailEvent") == 1
+    assert code.index("INSERT INTO mailq.MailAttachment") < start < code.index("IF @OwnTran = 1 COMMIT TRANSACTION;")
+    statement = code[start:code.index(";", start)]
+    assert "N'Enqueued'" in statement and "FROM #Inserted" in statement, statement
 
 
 def test_header_states_idempotency_and_concurrency():

@@ -34,9 +34,11 @@ One pass of the loop, with its transaction boundaries and lock order:
   +-- RECOVERY (tran R; runs only after a failed step 1) ----------------+
   | RECEIVE TOP (1) ... WHERE conversation_handle = @Handle               |
   | nothing received (another reader took it): COMMIT, go on              |
-  | a LATER message (message_id / message_sequence_number differ from the |
-  | ones step 1 received: another reader took the failed one): ROLLBACK,  |
-  | it goes back for its ordinary processing; nothing recorded            |
+  | another message (message_id / message_sequence_number differ from the |
+  | ones step 1 received: another reader took the failed one, or a        |
+  | DialogTimer, which RECEIVE returns before a conversation's other      |
+  | messages, came first): ROLLBACK, it goes back for its ordinary        |
+  | processing; nothing recorded                                          |
   | the failed message itself: INSERT delay.Incident (no CHECK, no        |
   | trigger, no FK), END CONVERSATION @Handle, COMMIT.  Never             |
   | delay.FinishTask,                                                     |
@@ -687,10 +689,22 @@ BEGIN
                 -- one step 1 identified: message_id is unique per message, and
                 -- within a conversation messages are received in
                 -- message_sequence_number order, so the failed message, if it
-                -- is still queued, is the first one of its conversation and
-                -- comes back here (TOP (1)).  ("For each conversation, queues
-                -- return messages in the order in which the sender sent the
-                -- message": https://learn.microsoft.com/en-us/sql/database-engine/service-broker/queues)
+                -- is still queued, is normally the first one of its
+                -- conversation and comes back here (TOP (1)).  ("For each
+                -- conversation, queues return messages in the order in which
+                -- the sender sent the message":
+                -- https://learn.microsoft.com/en-us/sql/database-engine/service-broker/queues)
+                -- The exception is a DialogTimer message: "a receive operation
+                -- receives the dialog timer message before any other message
+                -- for that dialog, regardless of the order in which the
+                -- timeout message arrived on the queue"
+                -- (https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2005/ms166088(v=sql.90)).
+                -- When the failed message is an EndDialog or Error and the
+                -- conversation's timer fired since, the timer comes back here:
+                -- it is not the failed message, so it is rolled back like a
+                -- later one (nothing recorded), the next pass processes it,
+                -- and the failed message's next failure comes back to a
+                -- recovery, which then finds it first.
                 RECEIVE TOP (1)
                     @ReceivedId = message_id,
                     @ReceivedSequence = message_sequence_number,
@@ -726,7 +740,8 @@ BEGIN
                 ELSE IF @ReceivedCount > 0
                 BEGIN
                     -- Another message: the failed one was taken and processed
-                    -- by another reader.  This one is not ours to drop: the
+                    -- by another reader, or a DialogTimer message came before
+                    -- it (see above).  This one is not ours to drop: the
                     -- rollback puts it back for its ordinary processing.  (One
                     -- rollback of a message that never failed; poison message
                     -- detection needs five in a row, and its next RECEIVE
@@ -734,8 +749,9 @@ BEGIN
                     ROLLBACK TRANSACTION;
                     SET @LogText = CONCAT(
                         N'mailq-db dbo.ProcessDelayQueue: recovery on conversation ', @Handle,
-                        N' found a later message (sequence ', @ReceivedSequence, N', the failed one was ',
-                        @MessageSequence, N'); another reader took the failed one; nothing recovered.'
+                        N' found another message (sequence ', @ReceivedSequence, N', the failed one was ',
+                        @MessageSequence, N'): another reader took the failed one, or a timer message ',
+                        N'came first; nothing recovered.'
                     );
                     RAISERROR (N'%s', 10, 1, @LogText);
                 END;

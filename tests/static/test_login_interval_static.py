@@ -49,7 +49,7 @@ def test_the_downgrade_drops_what_the_upgrade_added():
     spec = importlib.util.spec_from_file_location("rev0012", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.revision == "0012" and module.down_revision == "0009"
+    assert module.revision == "0012" and module.down_revision == "0011"
     assert module.PLAN.drop_overrides == {"upgrades/mailq.0012.SendingAccount.sql": module.DOWNGRADE_0012}
     down = " ".join(code(s) for s in module.DOWNGRADE_0012)
     for dropped in ("DROP CONSTRAINT CK_SendingAccount_LoginInterval", "DROP COLUMN LastLoginAtUtc",

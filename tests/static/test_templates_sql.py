@@ -112,4 +112,4 @@ def test_build_order_and_revision():
     assert frozen == FILES
     (version,) = (ROOT / "alembic/versions").glob("0013_*.py")
     source = version.read_text(encoding="utf-8")
-    assert "revision = '0013'" in source and "down_revision = '0009'" in source
+    assert "revision = '0013'" in source and "down_revision = '0012'" in source

@@ -1,7 +1,7 @@
 """event stream: every state change of a mail writes a mailq.MailEvent row in its transaction, mailq.GetMailEvents reads it by a commit-safe cursor, mailq.StopMail and the status Stopped
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-11-23 23:56:36.134535
 
 The SQL this revision deploys is frozen in alembic/frozen/0011/

@@ -4,7 +4,7 @@ MinLoginIntervalMs and LastLoginAtUtc, mailq.AcquireLoginSlot grants a login
 or says how long to wait, mailq.UpsertSendingAccount @MinLoginIntervalMs
 
 Revision ID: 0012
-Revises: 0009
+Revises: 0011
 Create Date: 2026-11-23 23:55:07.507376
 
 The SQL this revision deploys is frozen in alembic/frozen/0012/

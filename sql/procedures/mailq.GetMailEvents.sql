@@ -11,9 +11,14 @@ function returns the lowest active value, or @@DBTS + 1 when none is
 https://learn.microsoft.com/sql/t-sql/functions/min-active-rowversion-transact-sql).
 So every event returned belongs to an ended transaction, and any event that
 commits later carries a higher EventID than every one returned: a reader
-never skips one.  The price: an open transaction that has written an event
-(e.g. an enqueue inside an application's own long transaction) holds back
-every reader until it ends; events are delayed, never lost.
+never skips one.  The price: any open transaction that has written a
+rowversion value in this database holds back every reader until it ends: one
+that wrote an event (e.g. an enqueue inside an application's own long
+transaction), and equally one that inserted or updated a row of any other
+table with a rowversion column (the counter is the database's, not the
+table's); events are delayed, never lost.  An abandoned or in-doubt (MSDTC)
+transaction stalls the stream until it is ended: MIN_ACTIVE_ROWVERSION()
+staying below @@DBTS + 1 shows it.
 The bound is read into a variable first, and the rows are read with
 READCOMMITTEDLOCK in a later statement: under READ_COMMITTED_SNAPSHOT a
 statement's snapshot could predate a commit below the bound; a locking read
@@ -38,7 +43,11 @@ Transaction: opens none and writes nothing; inside a caller's transaction
              that has itself written events, the bound stops below them.
 Isolation:   sets READ COMMITTED itself and reads with READCOMMITTEDLOCK (see
              above); a level set in a procedure reverts when it returns.
-Lock order:  mailq.MailEvent only (shared locks, released row by row).
+Lock order:  mailq.MailEvent only (shared locks, released row by row).  Only
+             mailq.PurgeMail changes rows below the bound: a reader of the
+             events it is deleting waits for that purge batch, and (a key
+             lookup against the delete's index order) can be the deadlock
+             victim (1205): retry the call with the same cursor.
 Plan:        a range seek on IX_MailEvent_AppName (AppName, EventSeq) or
              IX_MailEvent_MailID (MailID, EventSeq) between the cursor and
              the bound, TOP (@MaxEvents), key lookups for the rows returned:

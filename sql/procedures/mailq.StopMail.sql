@@ -6,7 +6,9 @@ attempt is closed with Outcome 'Stop', so the worker's later MarkSent /
 MarkFailed / ReleaseMail / ExtendLease is refused by the fence
 (mailq.LockLeasedMail: 50203, the mail is not Sending) and can never make
 the mail Sent or UnSent again.  An SMTP transaction already under way may
-still deliver that one copy; the event stream says Stopped.  A Stopped mail
+still deliver that one copy; the event stream says Stopped, and
+PossibleDuplicate is set (as FinalizeMail does for a lease it ends), so
+after a RequeueMail, ClaimMail hands the mail out with PossibleDuplicate = 1.  A Stopped mail
 can be put back with mailq.RequeueMail (after the cause is fixed).
 Stopping a final mail (Sent, Failed, Cancelled, Expired, Stopped) is error
 50260 and changes nothing: the caller learns that the mail ended otherwise
@@ -72,10 +74,13 @@ BEGIN
 
         -- The change and its event in one statement (mailq.MailEvent has no
         -- trigger, foreign key or CHECK constraint: OUTPUT INTO allows it).
+        -- A leased mail may already be in an SMTP transaction: flag it, as
+        -- FinalizeMail does (a requeued copy is then claimed as such).
         UPDATE q
         SET
             q.Status = N'Stopped',
             q.ThreadLock = NULL,
+            q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate),
             q.DateProcessed = @Now,
             q.LastError = @Reason
         OUTPUT

@@ -180,6 +180,9 @@ def test_stop_unsent_and_leased_mail(conn, account):
     procedures.stop_mail(conn, mail_id=leased.mail_id, reason="template broken")
     row = mail_row(conn, leased.mail_id)
     assert (row["Status"], row["ThreadLock"], row["LastError"]) == ("Stopped", None, "template broken")
+    # it may be in an SMTP transaction already: a later requeue resends it flagged
+    assert row["PossibleDuplicate"] is True
+    assert mail_row(conn, waiting.mail_id)["PossibleDuplicate"] is False
     # the worker's acknowledgement is fenced out and does not resurrect it
     expect_error(50203, procedures.mark_sent, conn, ids=[leased.mail_id], lock_token=token, cls=MailStateError)
     assert mail_row(conn, leased.mail_id)["Status"] == "Stopped"

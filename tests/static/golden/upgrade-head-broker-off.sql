@@ -14554,9 +14554,14 @@ function returns the lowest active value, or @@DBTS + 1 when none is
 https://learn.microsoft.com/sql/t-sql/functions/min-active-rowversion-transact-sql).
 So every event returned belongs to an ended transaction, and any event that
 commits later carries a higher EventID than every one returned: a reader
-never skips one.  The price: an open transaction that has written an event
-(e.g. an enqueue inside an application's own long transaction) holds back
-every reader until it ends; events are delayed, never lost.
+never skips one.  The price: any open transaction that has written a
+rowversion value in this database holds back every reader until it ends: one
+that wrote an event (e.g. an enqueue inside an application's own long
+transaction), and equally one that inserted or updated a row of any other
+table with a rowversion column (the counter is the database's, not the
+table's); events are delayed, never lost.  An abandoned or in-doubt (MSDTC)
+transaction stalls the stream until it is ended: MIN_ACTIVE_ROWVERSION()
+staying below @@DBTS + 1 shows it.
 The bound is read into a variable first, and the rows are read with
 READCOMMITTEDLOCK in a later statement: under READ_COMMITTED_SNAPSHOT a
 statement's snapshot could predate a commit below the bound; a locking read
@@ -14581,7 +14586,11 @@ Transaction: opens none and writes nothing; inside a caller's transaction
              that has itself written events, the bound stops below them.
 Isolation:   sets READ COMMITTED itself and reads with READCOMMITTEDLOCK (see
              above); a level set in a procedure reverts when it returns.
-Lock order:  mailq.MailEvent only (shared locks, released row by row).
+Lock order:  mailq.MailEvent only (shared locks, released row by row).  Only
+             mailq.PurgeMail changes rows below the bound: a reader of the
+             events it is deleting waits for that purge batch, and (a key
+             lookup against the delete's index order) can be the deadlock
+             victim (1205): retry the call with the same cursor.
 Plan:        a range seek on IX_MailEvent_AppName (AppName, EventSeq) or
              IX_MailEvent_MailID (MailID, EventSeq) between the cursor and
              the bound, TOP (@MaxEvents), key lookups for the rows returned:
@@ -14687,7 +14696,9 @@ attempt is closed with Outcome 'Stop', so the worker's later MarkSent /
 MarkFailed / ReleaseMail / ExtendLease is refused by the fence
 (mailq.LockLeasedMail: 50203, the mail is not Sending) and can never make
 the mail Sent or UnSent again.  An SMTP transaction already under way may
-still deliver that one copy; the event stream says Stopped.  A Stopped mail
+still deliver that one copy; the event stream says Stopped, and
+PossibleDuplicate is set (as FinalizeMail does for a lease it ends), so
+after a RequeueMail, ClaimMail hands the mail out with PossibleDuplicate = 1.  A Stopped mail
 can be put back with mailq.RequeueMail (after the cause is fixed).
 Stopping a final mail (Sent, Failed, Cancelled, Expired, Stopped) is error
 50260 and changes nothing: the caller learns that the mail ended otherwise
@@ -14753,10 +14764,13 @@ BEGIN
 
         -- The change and its event in one statement (mailq.MailEvent has no
         -- trigger, foreign key or CHECK constraint: OUTPUT INTO allows it).
+        -- A leased mail may already be in an SMTP transaction: flag it, as
+        -- FinalizeMail does (a requeued copy is then claimed as such).
         UPDATE q
         SET
             q.Status = N'Stopped',
             q.ThreadLock = NULL,
+            q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate),
             q.DateProcessed = @Now,
             q.LastError = @Reason
         OUTPUT
@@ -15002,8 +15016,8 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0011', N'procedures/mailq.CancelMail.sql', 'adfd0ceb4b08044bff1dfa34dd020429d8b7c65ec1b6f2348da20aaf5bd16540'),
     ('0011', N'procedures/mailq.RequeueMail.sql', '6a9eacb99f122cae58f8117b03c5091c58d045dd0f45fe2d07b0bf1eab9d98d2'),
     ('0011', N'procedures/mailq.PurgeMail.sql', '701014f25124e9764b6627a96bc96dc2f3ffe51822e31cdacc60655ea4f0c5fc'),
-    ('0011', N'procedures/mailq.GetMailEvents.sql', 'd919293767f78e1c4ca652a01db5038301e22ed82fc08f309319415ae8962d4e'),
-    ('0011', N'procedures/mailq.StopMail.sql', '4387ef6ae6dc30c0e7b096935446d0fbdc9fc0de452fbc9390a4464548a50b37'),
+    ('0011', N'procedures/mailq.GetMailEvents.sql', 'af859d53fe913391adc23189226d249a1e4c6dd2cb9c96ca64973da1a51b50b5'),
+    ('0011', N'procedures/mailq.StopMail.sql', '477abde54c3b7def6e4e4d754fd50f858a1f3d3dfb26f84faed53936d9745e2e'),
     ('0011', N'security/MailqEnqueuer.grants.sql', '895755229824cee6031970c258b7f6399e140daa9a873ca07992a9d68ad9b259'),
     ('0011', N'security/MailqAdmin.grants.sql', '41d95a3f6760172d1b3e0d1495da9423a93d10966c2e43033c4acc69d353d5a6'),
     ('0011', N'views/mailq.sysmail_allitems.sql', '1e7b85d1d9cd32c077bdd2220fa31eb4e7b7d3eda1f35605ae5f78266f036314');

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from .errors import from_driver_error
+from .errors import DatabaseError, from_driver_error
 
 try:  # pyodbc needs libodbc.so.2; the static tests import this module without it.
     import pyodbc
@@ -822,6 +823,30 @@ class MailEvent:
         return self.event_type in TERMINAL_EVENT_TYPES
 
 
+#: Attempts of a read chosen as deadlock victim (error 1205) before it is raised.
+READ_DEADLOCK_ATTEMPTS = 3
+
+
+def _call_read_retrying_deadlocks(conn: Any, sql: str, params: Sequence[Any], *,
+                                  sleep: Callable[[float], None] | None = None) -> Any:
+    """``_call`` for a read that may be chosen as deadlock victim (1205): a
+    reader of mailq.GetMailEvents and a mailq.PurgeMail batch deleting the same
+    events take their locks in opposite orders (docs/events.md).  The read is
+    repeated with the same cursor, at most READ_DEADLOCK_ATTEMPTS times, but
+    only on an autocommit connection: in a caller's transaction a deadlock
+    has rolled that whole transaction back, and only the caller may decide
+    what to do about it."""
+    pause = time.sleep if sleep is None else sleep
+    for attempt in range(1, READ_DEADLOCK_ATTEMPTS + 1):
+        try:
+            return _call(conn, sql, params)
+        except DatabaseError as exc:
+            if exc.number != 1205 or attempt == READ_DEADLOCK_ATTEMPTS or not getattr(conn, "autocommit", False):
+                raise
+            pause(0.05 * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 GET_MAIL_EVENTS_SQL = (
     "EXEC mailq.GetMailEvents @AppName = ?, @MailID = ?, @AfterEventID = ?, @MaxEvents = ?;"
 )
@@ -834,7 +859,9 @@ def get_mail_events(
     """mailq.GetMailEvents: the events of one application (``app_name``) or one
     mail (``mail_id``) after ``after_event_id``, in order, at most ``max_events``
     (1-5000, default 500).  Keep the last ``event_id`` and pass it back."""
-    cursor = _call(conn, GET_MAIL_EVENTS_SQL, [app_name, mail_id, after_event_id, max_events])
+    cursor = _call_read_retrying_deadlocks(
+        conn, GET_MAIL_EVENTS_SQL, [app_name, mail_id, after_event_id, max_events]
+    )
     return [
         MailEvent(
             int(r.EventID), int(r.MailID), r.AppName, r.EventType, r.Status,

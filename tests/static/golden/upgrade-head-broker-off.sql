@@ -18188,7 +18188,8 @@ BEGIN
         OR @RunMode COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
     BEGIN
         SET @Msg = CONCAT(
-            N'@RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ (e.g. prod, staging, test); got ''',
+            N'@RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
+            N'(e.g. prod, staging, test); got ''',
             LEFT(@RunMode, 40), N'''.'
         );
         THROW 50240, @Msg, 1;
@@ -18943,7 +18944,8 @@ BEGIN
                 1, 0
             ),
             CONCAT(
-                N'RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ (e.g. prod, staging, test); got ''',
+                N'RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
+                N'(e.g. prod, staging, test); got ''',
                 LEFT(b.RunMode, 40), N'''.'
             )),
         (50, N'Headers', 50106,
@@ -19653,7 +19655,13 @@ BEGIN
     )
         SET @RunModesOk = 0;
     IF @RunModesOk = 0
-        THROW 50241, N'@RunModes must be a JSON array of 1-16 run-mode names (a-z first, then a-z 0-9 - _, at most 32 characters), e.g. ["prod"] or ["staging", "test"].', 1;
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@RunModes must be a JSON array of 1-16 run-mode names (a-z first, then a-z 0-9 - _, ',
+            N'at most 32 characters), e.g. ["prod"] or ["staging", "test"].'
+        );
+        THROW 50241, @Msg, 1;
+    END;
 
     DECLARE @Modes TABLE (RunMode NVARCHAR(32) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY);
     INSERT INTO @Modes (RunMode)
@@ -19830,7 +19838,7 @@ BEGIN
             SET @Pass += 1;
             SELECT @Open = COUNT(*)
             FROM @Drive AS d
-            INNER JOIN @Acct AS a ON a.AccountName = d.AccountName
+            INNER JOIN @Acct AS a ON d.AccountName = a.AccountName
             WHERE d.IsOpen = 1 AND a.Remaining > a.Taken;
             IF @Open = 0 BREAK;
             -- FLOOR, at least 1: the caps never add up to more than the slots
@@ -19857,7 +19865,7 @@ BEGIN
                         COUNT(*) OVER (PARTITION BY d2.AccountName) AS Pairs,
                         ROW_NUMBER() OVER (PARTITION BY d2.AccountName ORDER BY NEWID()) AS Seq
                     FROM @Drive AS d2
-                    INNER JOIN @Acct AS a ON a.AccountName = d2.AccountName
+                    INNER JOIN @Acct AS a ON d2.AccountName = a.AccountName
                     WHERE d2.IsOpen = 1 AND a.Remaining > a.Taken
                 ) AS o
             ) AS x ON d.AccountName = x.AccountName AND d.RunMode = x.RunMode;
@@ -20337,9 +20345,9 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0015', N'upgrades/mailq.0015.Application.sql', 'b2ec5587e2cebde0822218a95efab56fee2fe0122b8e8be4fead3edf671b43c5'),
     ('0015', N'upgrades/mailq.0015.MailQueue.sql', 'de4ea4b8c050d782e2aa972424049215714fd479baa9954940c95b26a93dea62'),
     ('0015', N'types/mailq.MailBatchRow.sql', '887a6cd1feb3094dfac986aef0b5fc98d83e2ac79e1fb46a39e27259ba05018f'),
-    ('0015', N'procedures/mailq.EnqueueMail.sql', 'ea3c76a286535f1207259e281c84e4dc8b8198bd763efec0abb9946e8928684c'),
-    ('0015', N'procedures/mailq.EnqueueMailBatch.sql', 'e1c6e038da507b3efc623e146d0333752f3ef3249e8a5cdb83448fcba065cd49'),
-    ('0015', N'procedures/mailq.ClaimMail.sql', '30e14a9aa6e49b8c74e1267b3357727b43ca292c4052a4e488f53993ab827ede'),
+    ('0015', N'procedures/mailq.EnqueueMail.sql', '1683a5bfc1607f95dbf1e92acfd51ecd4c98e3f45768b8c0ffcfd7e4c7ecf635'),
+    ('0015', N'procedures/mailq.EnqueueMailBatch.sql', '2319447d27b32bf63f8f0370da375beea7b204e69d99264503a13c779b14b904'),
+    ('0015', N'procedures/mailq.ClaimMail.sql', 'd274a126f0e71cfafe6a7ef8bef2a1473e1f7ef96bd34f42e21ae579edd03d08'),
     ('0015', N'procedures/mailq.MarkSent.sql', '5079a8bd7d9a2e0eb885fe014a717584fd0df8d3bdb7119bf485f64f09858060'),
     ('0015', N'procedures/mailq.UpsertApplication.sql', 'c67aa57bf142dfbb5c6c55f8223a0c3427c47ff300098966a771c30210438ae4'),
     ('0015', N'security/MailqEnqueuer.batch.grants.sql', 'bde562936473c3df3a2c8ab61aaaf2b1a71ad978672930ab62849c1e88a3383e');

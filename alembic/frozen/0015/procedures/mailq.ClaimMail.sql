@@ -202,7 +202,13 @@ BEGIN
     )
         SET @RunModesOk = 0;
     IF @RunModesOk = 0
-        THROW 50241, N'@RunModes must be a JSON array of 1-16 run-mode names (a-z first, then a-z 0-9 - _, at most 32 characters), e.g. ["prod"] or ["staging", "test"].', 1;
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@RunModes must be a JSON array of 1-16 run-mode names (a-z first, then a-z 0-9 - _, ',
+            N'at most 32 characters), e.g. ["prod"] or ["staging", "test"].'
+        );
+        THROW 50241, @Msg, 1;
+    END;
 
     DECLARE @Modes TABLE (RunMode NVARCHAR(32) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY);
     INSERT INTO @Modes (RunMode)
@@ -379,7 +385,7 @@ BEGIN
             SET @Pass += 1;
             SELECT @Open = COUNT(*)
             FROM @Drive AS d
-            INNER JOIN @Acct AS a ON a.AccountName = d.AccountName
+            INNER JOIN @Acct AS a ON d.AccountName = a.AccountName
             WHERE d.IsOpen = 1 AND a.Remaining > a.Taken;
             IF @Open = 0 BREAK;
             -- FLOOR, at least 1: the caps never add up to more than the slots
@@ -406,7 +412,7 @@ BEGIN
                         COUNT(*) OVER (PARTITION BY d2.AccountName) AS Pairs,
                         ROW_NUMBER() OVER (PARTITION BY d2.AccountName ORDER BY NEWID()) AS Seq
                     FROM @Drive AS d2
-                    INNER JOIN @Acct AS a ON a.AccountName = d2.AccountName
+                    INNER JOIN @Acct AS a ON d2.AccountName = a.AccountName
                     WHERE d2.IsOpen = 1 AND a.Remaining > a.Taken
                 ) AS o
             ) AS x ON d.AccountName = x.AccountName AND d.RunMode = x.RunMode;

@@ -248,7 +248,8 @@ BEGIN
         OR @RunMode COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
     BEGIN
         SET @Msg = CONCAT(
-            N'@RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ (e.g. prod, staging, test); got ''',
+            N'@RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
+            N'(e.g. prod, staging, test); got ''',
             LEFT(@RunMode, 40), N'''.'
         );
         THROW 50240, @Msg, 1;

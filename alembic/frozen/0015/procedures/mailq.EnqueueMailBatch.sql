@@ -399,7 +399,8 @@ BEGIN
                 1, 0
             ),
             CONCAT(
-                N'RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ (e.g. prod, staging, test); got ''',
+                N'RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
+                N'(e.g. prod, staging, test); got ''',
                 LEFT(b.RunMode, 40), N'''.'
             )),
         (50, N'Headers', 50106,

@@ -103,3 +103,26 @@ def test_worker_flag_replaces_config_run_modes():
     assert with_run_modes(cfg, []) is cfg
     with pytest.raises(ConfigurationError, match="--run-mode"):
         with_run_modes(cfg, ["Staging"])
+
+
+def test_cli_enqueue_passes_the_run_mode(monkeypatch, tmp_path):
+    from fake_queue import FakeConnection
+
+    from mailq_db.cli import main
+
+    queue = FakeQueue()
+    monkeypatch.setattr("mailq_db.commands.enqueue.procedures", queue)
+    monkeypatch.setattr("mailq_db.commands.enqueue.connect", lambda *a, **k: FakeConnection())
+    (tmp_path / "b.txt").write_text("body", encoding="utf-8")
+    assert main(["enqueue", "--to", "qa@example.com", "--subject", "s", "--text-file", str(tmp_path / "b.txt"),
+                 "--run-mode", "staging"]) == 0
+    assert queue.calls_to("enqueue_mail")[0]["run_mode"] == "staging"
+
+
+def test_cli_batch_refuses_a_run_mode_flag(tmp_path, capsys):
+    from mailq_db.cli import main
+
+    (tmp_path / "m.json").write_text("[]", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        main(["enqueue", "--batch", str(tmp_path / "m.json"), "--run-mode", "staging"])
+    assert "--run-mode" in capsys.readouterr().err

@@ -28328,6 +28328,11 @@ BEGIN
         IsOpen BIT NOT NULL DEFAULT (1),
         PRIMARY KEY (AccountName, RunMode)
     );
+    DECLARE @Draw TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        RunMode NVARCHAR(32) NOT NULL,
+        PRIMARY KEY (AccountName, RunMode)
+    );
     DECLARE @Claimed TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
         AccountName NVARCHAR(128) NOT NULL,
@@ -28449,13 +28454,19 @@ BEGIN
                     AND (@AppName IS NULL OR k.AppName = @AppName)
             );
             IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
+            BEGIN
+                -- The draw is materialized first: a TOP ... ORDER BY NEWID()
+                -- inside the DELETE's predicate could be evaluated more than
+                -- once, each time another draw; this keeps exactly @BatchSize.
+                INSERT INTO @Draw (AccountName, RunMode)
+                SELECT TOP (@BatchSize) r.AccountName, r.RunMode FROM @Drive AS r ORDER BY NEWID();
                 DELETE FROM d
                 FROM @Drive AS d
                 WHERE NOT EXISTS (
-                    SELECT 1
-                    FROM (SELECT TOP (@BatchSize) r.AccountName, r.RunMode FROM @Drive AS r ORDER BY NEWID()) AS w
+                    SELECT 1 FROM @Draw AS w
                     WHERE w.AccountName = d.AccountName AND w.RunMode = d.RunMode
                 );
+            END;
         END;
 
         -- 3. The claim: up to three passes, one UPDATE each (see the header).
@@ -28973,7 +28984,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0015', N'types/mailq.MailBatchRow.sql', '887a6cd1feb3094dfac986aef0b5fc98d83e2ac79e1fb46a39e27259ba05018f'),
     ('0015', N'procedures/mailq.EnqueueMail.sql', '1683a5bfc1607f95dbf1e92acfd51ecd4c98e3f45768b8c0ffcfd7e4c7ecf635'),
     ('0015', N'procedures/mailq.EnqueueMailBatch.sql', '2319447d27b32bf63f8f0370da375beea7b204e69d99264503a13c779b14b904'),
-    ('0015', N'procedures/mailq.ClaimMail.sql', 'd274a126f0e71cfafe6a7ef8bef2a1473e1f7ef96bd34f42e21ae579edd03d08'),
+    ('0015', N'procedures/mailq.ClaimMail.sql', 'c90791cda0751284267bc17e67d777825a40748f51162ab050c7dabf398d2939'),
     ('0015', N'procedures/mailq.MarkSent.sql', '5079a8bd7d9a2e0eb885fe014a717584fd0df8d3bdb7119bf485f64f09858060'),
     ('0015', N'procedures/mailq.UpsertApplication.sql', 'c67aa57bf142dfbb5c6c55f8223a0c3427c47ff300098966a771c30210438ae4'),
     ('0015', N'security/MailqEnqueuer.batch.grants.sql', 'bde562936473c3df3a2c8ab61aaaf2b1a71ad978672930ab62849c1e88a3383e');

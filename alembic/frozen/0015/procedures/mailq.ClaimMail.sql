@@ -249,6 +249,11 @@ BEGIN
         IsOpen BIT NOT NULL DEFAULT (1),
         PRIMARY KEY (AccountName, RunMode)
     );
+    DECLARE @Draw TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        RunMode NVARCHAR(32) NOT NULL,
+        PRIMARY KEY (AccountName, RunMode)
+    );
     DECLARE @Claimed TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
         AccountName NVARCHAR(128) NOT NULL,
@@ -370,13 +375,19 @@ BEGIN
                     AND (@AppName IS NULL OR k.AppName = @AppName)
             );
             IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
+            BEGIN
+                -- The draw is materialized first: a TOP ... ORDER BY NEWID()
+                -- inside the DELETE's predicate could be evaluated more than
+                -- once, each time another draw; this keeps exactly @BatchSize.
+                INSERT INTO @Draw (AccountName, RunMode)
+                SELECT TOP (@BatchSize) r.AccountName, r.RunMode FROM @Drive AS r ORDER BY NEWID();
                 DELETE FROM d
                 FROM @Drive AS d
                 WHERE NOT EXISTS (
-                    SELECT 1
-                    FROM (SELECT TOP (@BatchSize) r.AccountName, r.RunMode FROM @Drive AS r ORDER BY NEWID()) AS w
+                    SELECT 1 FROM @Draw AS w
                     WHERE w.AccountName = d.AccountName AND w.RunMode = d.RunMode
                 );
+            END;
         END;
 
         -- 3. The claim: up to three passes, one UPDATE each (see the header).

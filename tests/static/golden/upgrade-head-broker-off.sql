@@ -18574,7 +18574,7 @@ Result sets: 1. one row per queued (or idempotently returned) mail, in RowNo
 Rules:       each row is checked with EnqueueMail's rules in EnqueueMail's
              order (recipients, subject, body, sizes, CR/LF, addresses,
              recipient count, body format, priority, attempts, expiry, body
-             size, headers JSON, caller's mapped application, account,
+             size, run mode (50240, revision 0015), headers JSON, caller's mapped application, account,
              application, account and From bindings, attachments, idempotency
              key), plus 50223 for a JSON field of the wrong type or an unknown
              field.  One difference: attachment content must be canonical
@@ -20357,7 +20357,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0015', N'upgrades/mailq.0015.MailQueue.sql', 'de4ea4b8c050d782e2aa972424049215714fd479baa9954940c95b26a93dea62'),
     ('0015', N'types/mailq.MailBatchRow.sql', '887a6cd1feb3094dfac986aef0b5fc98d83e2ac79e1fb46a39e27259ba05018f'),
     ('0015', N'procedures/mailq.EnqueueMail.sql', '1683a5bfc1607f95dbf1e92acfd51ecd4c98e3f45768b8c0ffcfd7e4c7ecf635'),
-    ('0015', N'procedures/mailq.EnqueueMailBatch.sql', '2319447d27b32bf63f8f0370da375beea7b204e69d99264503a13c779b14b904'),
+    ('0015', N'procedures/mailq.EnqueueMailBatch.sql', 'dfd43e97a1ab696e8dceb143baaaafcd82b30f9cca02ddaf9659a5b5a4cba8dd'),
     ('0015', N'procedures/mailq.ClaimMail.sql', 'c90791cda0751284267bc17e67d777825a40748f51162ab050c7dabf398d2939'),
     ('0015', N'procedures/mailq.MarkSent.sql', '5079a8bd7d9a2e0eb885fe014a717584fd0df8d3bdb7119bf485f64f09858060'),
     ('0015', N'procedures/mailq.UpsertApplication.sql', 'c67aa57bf142dfbb5c6c55f8223a0c3427c47ff300098966a771c30210438ae4'),

@@ -29,7 +29,7 @@ Result sets: 1. one row per queued (or idempotently returned) mail, in RowNo
 Rules:       each row is checked with EnqueueMail's rules in EnqueueMail's
              order (recipients, subject, body, sizes, CR/LF, addresses,
              recipient count, body format, priority, attempts, expiry, body
-             size, headers JSON, caller's mapped application, account,
+             size, run mode (50240, revision 0015), headers JSON, caller's mapped application, account,
              application, account and From bindings, attachments, idempotency
              key), plus 50223 for a JSON field of the wrong type or an unknown
              field.  One difference: attachment content must be canonical

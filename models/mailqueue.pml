@@ -187,7 +187,16 @@ inline refund(m) {
  * OR ExpiresAtUtc > @Now), for the accounts in @Acct (not blocked:
  * BlockedUntilUtc <= @Now; budget left), applied to one row: an expired
  * lease is reclaimed through the same range.  Expired and out-of-attempts
- * rows are not claimable: the Finalizer (mailq.FinalizeMail) takes them. */
+ * rows are not claimable: the Finalizer (mailq.FinalizeMail) takes them.
+ * Revision 0015 drives the apply by (account, run mode) pairs and adds
+ * RunMode = d.RunMode to the seek: the model's mails are of the one run
+ * mode its workers serve (a mail of another run mode is never read, so it
+ * takes no step here), and the rate model (-DRATE) is unchanged because an
+ * account's pairs share its budget (caps add up to at most what is left;
+ * tests/static/test_claim_static.py models that arithmetic).  A dry-run
+ * application's mail takes the same steps with no SMTP delivery; its
+ * acknowledgement is MarkSent's, so the lease/fence properties are the
+ * same and no property of this model changes. */
 #ifdef CLAIM_FINALIZES
 #define CLAIMABLE(m) (vis[m] == 0 && blk == 0 && (st[m] == UNSENT || st[m] == SENDING))
 #else

@@ -20,35 +20,49 @@ How (a small fixed number of statements in one transaction):
     the mails charged to any window never exceed the account's limit, also
     with claimers racing at a window boundary (issue 10, point 6; spin model
     models/mailqueue.pml -DRATE).  Accounts without budget are dropped.  With
-    more such accounts than @BatchSize, those without claimable mail are
+    Run modes (revision 0015): each account left is crossed with the run
+    modes the worker serves (@RunModes, default ["prod"]); every (account,
+    run mode) pair drives one seek, and mail of a run mode the worker does
+    not serve is never read (RunMode is the index's second key).  With
+    more such pairs than @BatchSize, those without claimable mail are
     dropped (one row-free EXISTS probe each) and @BatchSize of the rest are
-    drawn at random per claim (so no account starves and the lock bound
-    below holds).
+    drawn at random per claim (so no pair starves and the lock bound below
+    holds).
  2. Passes (at most 3): one UPDATE each, driven by those accounts: CROSS APPLY
-    a per-account TOP (cap) on IX_MailQueue_ClaimByAccount (FORCESEEK), in
+    a per-pair TOP (cap) on IX_MailQueue_ClaimByAccount (FORCESEEK), in
     Priority DESC, VisibleAtUtc, ID order; then TOP (slots left) over those
-    rows in round-robin order (each account's 1st mail, then each one's 2nd,
+    rows in round-robin order (each pair's 1st mail, then each one's 2nd,
     ...; within a turn highest Priority, then oldest due, then ID).
-    Fair share: cap = least of the account's remaining budget and
-    FLOOR(slots left / accounts still open), at least 1.  An account that
-    yields fewer rows than its cap is drained; the next pass shares the slots
-    left among the others (max-min fairness).  Within one account the DESIGN.md order
-    holds exactly (highest Priority first, then oldest due, within what can
-    be sent); across accounts the batch is shared, because each account
-    sends over its own connection and budget.  With one account (the common
-    case) the batch is exactly the global order.
+    Fair share: cap = least of the pair's part of its account's remaining
+    budget (split evenly over the account's open pairs, the remainder to
+    pairs drawn at random, so the caps of one account never add up to more
+    than its budget) and FLOOR(slots left / pairs still open), at least 1.
+    A pair that yields fewer rows than its cap is drained; the next pass
+    shares the slots left among the others (max-min fairness).  Within one
+    (account, run mode) pair the DESIGN.md order holds exactly (highest
+    Priority first, then oldest due, within what can be sent); across
+    accounts, and across the run modes of one account, the batch is shared,
+    because each account sends over its own connection and budget and each
+    run mode is a separate stream (staging must not starve prod, nor the
+    reverse).  With one account and one run mode (the common case) the
+    batch is exactly the global order.
  3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
     open one attempt per claimed mail; commit; return the mails.
 Expected plan of a pass (header of IX_MailQueue_ClaimByAccount): Table Scan
-of @Acct (a few rows) -> Nested Loops -> per account Top (Cap) <- Sequence
-Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten ranges:
-AccountName = a, Priority = p, VisibleAtUtc <= @Now; residual AppName,
-AttemptsRemaining, ExpiresAtUtc); above the loop a TopN Sort of at most
-(slots + accounts) rows by Turn; Clustered Index Seek by ID for the UPDATE
-(Clustered Index Update maintains the indexes).  No scan of mailq.MailQueue,
-no Sort below a per-account Top, nothing that reads a non-driving account.
+of @Drive (a few rows: one per pair) -> Nested Loops -> per pair Top (Cap) <-
+Sequence Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten
+ranges: AccountName = a, RunMode = m, Priority = p, VisibleAtUtc <= @Now;
+residual AppName, AttemptsRemaining, ExpiresAtUtc); above the loop a TopN
+Sort of at most (slots + pairs) rows by Turn; Clustered Index Seek by ID for
+the UPDATE (Clustered Index Update maintains the indexes; the DryRun stamp
+is one seek on PK_Application per row claimed).  No scan of mailq.MailQueue,
+no Sort below a per-pair Top, nothing that reads a non-driving account or a
+run mode not served.  Cost per claim: pairs x (index depth + 10 ranges) +
+rows claimed, pairs <= min(@BatchSize, accounts with budget x run modes
+served): it does not grow with the mail of run modes the worker does not
+serve, however much of it is due.
 Bounds per pass statement: rows read (and U-locked) on
-IX_MailQueue_ClaimByAccount <= max(slots left, accounts open) <= @BatchSize;
+IX_MailQueue_ClaimByAccount <= max(slots left, pairs open) <= @BatchSize;
 at most @BatchSize rows updated, each also taking the key lock of its new
 position in the index: <= 2 x @BatchSize key locks on the index, <=
 @BatchSize on the clustered index (2,000 at the largest batch, 100 at the
@@ -69,14 +83,22 @@ Parameters:  @BatchSize    INT 1-1000, default 10
              @AccountNames NULL (default): every account; else a JSON array of
                            the account names this worker can send for (a worker
                            without credentials for an account never claims its mail)
+             @RunModes     NULL (default): ["prod"], the default run mode only;
+                           else a JSON array of 1-16 run-mode names this worker
+                           serves, e.g. ["staging", "test"] (revision 0015): mail
+                           of any other run mode is never claimed, nor read
 Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
                 FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
                 Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
-                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp,
+                RunMode, DryRun (1: the application is in dry-run; the worker
+                must not send it, and mailq.MarkSent records it as DryRun
+                whatever the worker reports)
              2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
 Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
              50132 @LeaseSeconds out of range; 50103 a name over its size;
-             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names.
+             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names;
+             50241 @RunModes not a JSON array of 1-16 valid run-mode names.
 Transaction: opens its own if none is open, else works inside the caller's
              (no savepoint: SAVE TRANSACTION fails in distributed transactions,
              error 627).  An error rolls back what it opened; inside a
@@ -90,9 +112,10 @@ Isolation:   sets READ COMMITTED itself (READPAST is refused under
              lock: UPDLOCK makes them locking reads of the latest committed
              rows (Microsoft's "Table hints": UPDLOCK, READPAST).
 Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
-             mailq.MailQueue (U -> X), mailq.MailAttempt (X), mailq.MailEvent
-             (insert): the order of every mail-queue procedure that touches
-             several of them.
+             mailq.MailQueue (U -> X; mailq.Application read by key inside
+             that statement for the DryRun stamp, no lock kept),
+             mailq.MailAttempt (X), mailq.MailEvent (insert): the order of
+             every mail-queue procedure that touches several of them.
 Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
                  @LeaseSeconds = 300, @WorkerName = N'host1/1';
 */
@@ -102,7 +125,8 @@ CREATE OR ALTER PROCEDURE mailq.ClaimMail
     @LeaseSeconds INT = 300,
     @AppName NVARCHAR(4000) = NULL,
     @WorkerName NVARCHAR(4000) = NULL,
-    @AccountNames NVARCHAR(MAX) = NULL
+    @AccountNames NVARCHAR(MAX) = NULL,
+    @RunModes NVARCHAR(MAX) = NULL
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -155,15 +179,48 @@ BEGIN
         FROM OPENJSON(@AccountNames) AS j
         WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
 
+    -- Run modes (revision 0015, docs/run-modes.md): the worker serves these
+    -- and nothing else.  NULL: the default run mode, 'prod'.  Each name must
+    -- pass the rule of CK_MailQueue_RunMode (a name that cannot exist is a
+    -- configuration mistake, not an empty claim).  Separate statements, as
+    -- for @AccountNames.
+    DECLARE @RunModesOk BIT = 1;
+    SET @RunModes = COALESCE(@RunModes, N'["prod"]');
+    IF ISJSON(@RunModes) = 0 OR LEFT(LTRIM(@RunModes), 1) <> N'['
+        SET @RunModesOk = 0;
+    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@RunModes)) NOT BETWEEN 1 AND 16
+        SET @RunModesOk = 0;
+    ELSE IF EXISTS (
+        SELECT 1
+        FROM OPENJSON(@RunModes) AS j
+        WHERE
+            j.[type] <> 1
+            OR LEN(j.[value]) NOT BETWEEN 1 AND 32
+            OR j.[value] COLLATE Latin1_General_100_BIN2 NOT LIKE N'[a-z]%'
+            OR j.[value] COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
+    )
+        SET @RunModesOk = 0;
+    IF @RunModesOk = 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@RunModes must be a JSON array of 1-16 run-mode names (a-z first, then a-z 0-9 - _, ',
+            N'at most 32 characters), e.g. ["prod"] or ["staging", "test"].'
+        );
+        THROW 50241, @Msg, 1;
+    END;
+
+    DECLARE @Modes TABLE (RunMode NVARCHAR(32) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY);
+    INSERT INTO @Modes (RunMode)
+    SELECT DISTINCT CAST(j.[value] AS NVARCHAR(32)) FROM OPENJSON(@RunModes) AS j;
+
     DECLARE @Now DATETIME2(3);
     DECLARE @LeaseUntil DATETIME2(3);
     DECLARE @MinuteStart DATETIME2(0);
     DECLARE @HourStart DATETIME2(0);
     DECLARE @DayStart DATETIME2(0);
 
-    -- The accounts that drive the claim.  Remaining: what the account may
-    -- still take in this claim; Taken: claimed so far; Cap: this pass's
-    -- per-account TOP; IsOpen: may take more in a later pass.
+    -- The accounts that may send now.  Remaining: what the account may
+    -- still take in this claim (its budget); Taken: claimed so far.
     DECLARE @Acct TABLE (
         AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
         IsLimited BIT NOT NULL,
@@ -178,14 +235,29 @@ BEGIN
         DayStartUtc DATETIME2(0) NULL,
         DayCount INT NULL,
         Remaining INT NOT NULL DEFAULT (0),
+        Taken INT NOT NULL DEFAULT (0)
+    );
+    -- The units that drive the claim (revision 0015): one row per (account
+    -- left in @Acct, run mode served).  Cap: this pass's per-pair TOP;
+    -- Taken: claimed so far; IsOpen: may take more in a later pass.
+    DECLARE @Drive TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        RunMode NVARCHAR(32) NOT NULL,
         Taken INT NOT NULL DEFAULT (0),
         Cap INT NOT NULL DEFAULT (0),
-        IsOpen BIT NOT NULL DEFAULT (1)
+        IsOpen BIT NOT NULL DEFAULT (1),
+        PRIMARY KEY (AccountName, RunMode)
+    );
+    DECLARE @Draw TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        RunMode NVARCHAR(32) NOT NULL,
+        PRIMARY KEY (AccountName, RunMode)
     );
     DECLARE @Claimed TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
         AccountName NVARCHAR(128) NOT NULL,
         AppName NVARCHAR(128) NULL,
+        RunMode NVARCHAR(32) NOT NULL,
         OldStatus NVARCHAR(16) NOT NULL,
         OldLockToken UNIQUEIDENTIFIER NULL,
         AttemptNo INT NOT NULL,
@@ -269,17 +341,23 @@ BEGIN
         DELETE FROM @Acct WHERE Remaining <= 0;
         UPDATE @Acct SET Remaining = @BatchSize WHERE Remaining > @BatchSize;
 
-        -- More accounts than slots: keep the accounts that have claimable
-        -- mail now (one row-free probe per account on the same index), then
-        -- @BatchSize of them drawn at random per claim, so every account gets
-        -- its turn and a pass never seeks more than @BatchSize accounts.
+        -- The driving pairs: every account left x every run mode served.
+        INSERT INTO @Drive (AccountName, RunMode)
+        SELECT a.AccountName, m.RunMode
+        FROM @Acct AS a
+        CROSS JOIN @Modes AS m;
+
+        -- More pairs than slots: keep the pairs that have claimable mail now
+        -- (one row-free probe per pair on the same index), then @BatchSize
+        -- of them drawn at random per claim, so every pair gets its turn and
+        -- a pass never seeks more than @BatchSize pairs.
         --   READPAST, READCOMMITTEDLOCK: a locking read that skips rows other
-        --   claimers hold (an account whose claimable rows are all held has
+        --   claimers hold (a pair whose claimable rows are all held has
         --   nothing for us) and takes no lock it keeps; also under RCSI.
-        IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+        IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
         BEGIN
             DELETE FROM d
-            FROM @Acct AS d
+            FROM @Drive AS d
             WHERE NOT EXISTS (
                 SELECT 1
                 FROM mailq.MailQueue AS k WITH (
@@ -287,6 +365,7 @@ BEGIN
                 )
                 WHERE
                     k.AccountName = d.AccountName
+                    AND k.RunMode = d.RunMode
                     AND k.Status IN (N'UnSent', N'Sending')
                     AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
                     AND k.VisibleAtUtc <= @Now
@@ -294,29 +373,59 @@ BEGIN
                     AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
                     AND (@AppName IS NULL OR k.AppName = @AppName)
             );
-            IF (SELECT COUNT(*) FROM @Acct) > @BatchSize
+            IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
+            BEGIN
+                -- The draw is materialized first: a TOP ... ORDER BY NEWID()
+                -- inside the DELETE's predicate could be evaluated more than
+                -- once, each time another draw; this keeps exactly @BatchSize.
+                INSERT INTO @Draw (AccountName, RunMode)
+                SELECT TOP (@BatchSize) r.AccountName, r.RunMode FROM @Drive AS r ORDER BY NEWID();
                 DELETE FROM d
-                FROM @Acct AS d
-                WHERE d.AccountName NOT IN (
-                    SELECT TOP (@BatchSize) r.AccountName FROM @Acct AS r ORDER BY NEWID()
+                FROM @Drive AS d
+                WHERE NOT EXISTS (
+                    SELECT 1 FROM @Draw AS w
+                    WHERE w.AccountName = d.AccountName AND w.RunMode = d.RunMode
                 );
+            END;
         END;
 
         -- 3. The claim: up to three passes, one UPDATE each (see the header).
         WHILE @Pass < 3 AND @Left > 0
         BEGIN
             SET @Pass += 1;
-            SELECT @Open = COUNT(*) FROM @Acct WHERE IsOpen = 1 AND Remaining > Taken;
+            SELECT @Open = COUNT(*)
+            FROM @Drive AS d
+            INNER JOIN @Acct AS a ON d.AccountName = a.AccountName
+            WHERE d.IsOpen = 1 AND a.Remaining > a.Taken;
             IF @Open = 0 BREAK;
             -- FLOOR, at least 1: the caps never add up to more than the slots
-            -- left (or one row per open account), which bounds the rows read.
+            -- left (or one row per open pair), which bounds the rows read.
             SET @Share = IIF(@Left / @Open < 1, 1, @Left / @Open);
-            UPDATE @Acct
-            SET Cap = IIF(
-                IsOpen = 1 AND Remaining > Taken,
-                IIF(Remaining - Taken < @Share, Remaining - Taken, @Share),
-                0
-            );
+            -- A pair's cap: the least of the share and its part of what is
+            -- left of its account's budget (Rest split over the account's
+            -- open pairs, Rest % Pairs of them drawn at random get one more),
+            -- so the caps of one account never add up to more than its Rest.
+            UPDATE @Drive SET Cap = 0;
+            UPDATE d
+            SET d.Cap = IIF(x.Part < @Share, x.Part, @Share)
+            FROM @Drive AS d
+            INNER JOIN (
+                SELECT
+                    o.AccountName,
+                    o.RunMode,
+                    o.Rest / o.Pairs + IIF(o.Seq <= o.Rest % o.Pairs, 1, 0) AS Part
+                FROM (
+                    SELECT
+                        d2.AccountName,
+                        d2.RunMode,
+                        a.Remaining - a.Taken AS Rest,
+                        COUNT(*) OVER (PARTITION BY d2.AccountName) AS Pairs,
+                        ROW_NUMBER() OVER (PARTITION BY d2.AccountName ORDER BY NEWID()) AS Seq
+                    FROM @Drive AS d2
+                    INNER JOIN @Acct AS a ON d2.AccountName = a.AccountName
+                    WHERE d2.IsOpen = 1 AND a.Remaining > a.Taken
+                ) AS o
+            ) AS x ON d.AccountName = x.AccountName AND d.RunMode = x.RunMode;
 
             UPDATE q
             SET
@@ -327,16 +436,24 @@ BEGIN
                 q.AttemptCount = q.AttemptCount + 1,
                 -- A lease that expired may hide a mail the dead worker already
                 -- handed to SMTP: flag it (receivers can drop it by Message-ID).
-                q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate)
+                q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate),
+                -- Per-application dry-run (revision 0015): every claim stamps
+                -- the application's flag as it is now; the claim result says
+                -- it and mailq.MarkSent keeps it (a seek on PK_Application).
+                q.DryRun = COALESCE(
+                    (SELECT ap.DryRun FROM mailq.Application AS ap WHERE ap.AppName = q.AppName),
+                    CAST(0 AS BIT)
+                )
             OUTPUT
                 inserted.ID,
                 inserted.AccountName,
                 inserted.AppName,
+                inserted.RunMode,
                 deleted.Status,
                 deleted.ThreadLock,
                 inserted.AttemptCount,
                 @Pass
-            INTO @Claimed (ID, AccountName, AppName, OldStatus, OldLockToken, AttemptNo, Pass)
+            INTO @Claimed (ID, AccountName, AppName, RunMode, OldStatus, OldLockToken, AttemptNo, Pass)
             -- Target row by its clustered key.  READPAST: a row another
             -- session holds (e.g. an acknowledgement of an expired lease in
             -- flight) is skipped instead of waited on, which also rules out a
@@ -344,18 +461,22 @@ BEGIN
             FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
             INNER JOIN (
                 SELECT TOP (@Left) c.ID
-                FROM @Acct AS a
+                FROM @Drive AS d
                 CROSS APPLY (
-                    -- One ordered seek per account (ten ranges, one per
-                    -- priority, already in ORDER BY order: no Sort, the TOP
-                    -- stops it after Cap rows).
+                    -- One ordered seek per (account, run mode) pair (ten
+                    -- ranges, one per priority, already in ORDER BY order: no
+                    -- Sort, the TOP stops it after Cap rows).  Table hints
+                    -- are allowed on a table inside the applied derived
+                    -- table like on any table source (FROM clause, "Table
+                    -- hints"); FORCESEEK with the INDEX hint makes it a seek
+                    -- on this index or an error, never a scan.
                     --   INDEX + FORCESEEK: the plan of the index's header,
                     --     never a scan, whatever the statistics say;
                     --   READPAST: skip rows other workers hold, never wait;
                     --   UPDLOCK:  claim while reading, so two workers can't
                     --     take one row (and a locking read under RCSI);
                     --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
-                    SELECT TOP (a.Cap)
+                    SELECT TOP (d.Cap)
                         k.ID,
                         k.Priority,
                         k.VisibleAtUtc,
@@ -364,7 +485,8 @@ BEGIN
                         INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
                     )
                     WHERE
-                        k.AccountName = a.AccountName
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
                         AND k.Status IN (N'UnSent', N'Sending')
                         AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
                         AND k.VisibleAtUtc <= @Now
@@ -373,7 +495,7 @@ BEGIN
                         AND (@AppName IS NULL OR k.AppName = @AppName)
                     ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
                 ) AS c
-                WHERE a.Cap > 0
+                WHERE d.Cap > 0
                 ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
             ) AS p ON q.ID = p.ID
             WHERE
@@ -381,20 +503,30 @@ BEGIN
                 AND q.VisibleAtUtc <= @Now
                 AND q.AttemptsRemaining > 0;
 
-            -- What this pass gave each account; an account that yielded fewer
-            -- rows than its cap has nothing more to claim now (drained).
-            UPDATE a
+            -- What this pass gave each pair; a pair that yielded fewer rows
+            -- than its cap has nothing more to claim now (drained).  The
+            -- account's Taken (its budget charge) is the sum over its pairs.
+            UPDATE d
             SET
-                a.Taken = a.Taken + COALESCE(n.Claimed, 0),
-                a.IsOpen = IIF(COALESCE(n.Claimed, 0) < a.Cap, 0, a.IsOpen)
-            FROM @Acct AS a
+                d.Taken = d.Taken + COALESCE(n.Claimed, 0),
+                d.IsOpen = IIF(COALESCE(n.Claimed, 0) < d.Cap, 0, d.IsOpen)
+            FROM @Drive AS d
             LEFT JOIN (
-                SELECT m.AccountName, COUNT(*) AS Claimed
+                SELECT m.AccountName, m.RunMode, COUNT(*) AS Claimed
                 FROM @Claimed AS m
                 WHERE m.Pass = @Pass
+                GROUP BY m.AccountName, m.RunMode
+            ) AS n ON d.AccountName = n.AccountName AND d.RunMode = n.RunMode
+            WHERE d.Cap > 0;
+
+            UPDATE a
+            SET a.Taken = n.Claimed
+            FROM @Acct AS a
+            INNER JOIN (
+                SELECT m.AccountName, COUNT(*) AS Claimed
+                FROM @Claimed AS m
                 GROUP BY m.AccountName
-            ) AS n ON a.AccountName = n.AccountName
-            WHERE a.Cap > 0;
+            ) AS n ON a.AccountName = n.AccountName;
 
             SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
         END;
@@ -478,7 +610,9 @@ BEGIN
         q.AttemptsRemaining,
         q.VisibleAtUtc AS LeaseExpiresUtc,
         q.PossibleDuplicate,
-        q.dtStamp
+        q.dtStamp,
+        q.RunMode,
+        q.DryRun
     FROM mailq.MailQueue AS q
     INNER JOIN @Claimed AS c ON q.ID = c.ID
     WHERE q.ThreadLock = @LockToken

@@ -22,6 +22,11 @@ Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
              @IdempotencyKey <= 200 chars; see "Idempotency" below
              @Attachments    JSON array of {"FileName", "ContentType",
                           "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all
+             @RunMode        the run mode the mail belongs to (revision 0015):
+                          a name of 1-32 characters, a-z first, then a-z 0-9
+                          '-' '_' (e.g. 'prod', 'staging', 'test'); default
+                          'prod'.  Only workers serving that run mode claim
+                          it (ClaimMail @RunModes, docs/run-modes.md).
              NULL for an optional parameter means its default.
 Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
              sent unchanged by every attempt), @Created BIT (0 when an existing
@@ -60,6 +65,7 @@ Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
              50116 idempotency key reused with different content;
              50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
              50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing;
+             50240 @RunMode not a valid run-mode name;
              50160 the application may not send through @AccountName;
              50161 the application may not send as @FromAddress;
              50162 the idempotency key's lock was not granted in 10 s (or deadlock);
@@ -105,7 +111,8 @@ CREATE OR ALTER PROCEDURE mailq.EnqueueMail
     @Attachments NVARCHAR(MAX) = NULL,
     @MailID BIGINT = NULL OUTPUT,
     @MessageID NVARCHAR(255) = NULL OUTPUT,
-    @Created BIT = NULL OUTPUT
+    @Created BIT = NULL OUTPUT,
+    @RunMode NVARCHAR(4000) = NULL
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -130,6 +137,11 @@ BEGIN
             @Attachments AS Attachments
         FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
     );
+    -- Run mode (revision 0015): part of the content when given, so a key
+    -- reused under another run mode is 50116; appended only when given, so
+    -- the hash of every call that does not pass it is unchanged (a retry
+    -- across the upgrade still finds its mail).
+    IF @RunMode IS NOT NULL SET @ContentJson = CONCAT(@ContentJson, N'|RunMode=', @RunMode);
 
     SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
     SET @Priority = COALESCE(@Priority, 5);
@@ -226,6 +238,21 @@ BEGIN
     END;
     IF LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000
         THROW 50111, N'@Body and @TextBody are limited to 2,000,000 characters each.', 1;
+
+    -- Run mode (revision 0015): the rule of CK_MailQueue_RunMode, binary
+    -- comparison (a-z means a-z only, whatever the database collation).
+    SET @RunMode = COALESCE(@RunMode, N'prod');
+    IF LEN(@RunMode) NOT BETWEEN 1 AND 32
+        OR @RunMode COLLATE Latin1_General_100_BIN2 NOT LIKE N'[a-z]%'
+        OR @RunMode COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
+            N'(e.g. prod, staging, test); got ''',
+            LEFT(@RunMode, 40), N'''.'
+        );
+        THROW 50240, @Msg, 1;
+    END;
 
     -- Business headers: a JSON object whose values are strings.
     IF @Headers IS NOT NULL
@@ -526,7 +553,8 @@ BEGIN
                 dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
                 ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
                 Status, AttemptsRemaining, Priority, AccountName, AppName,
-                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc
+                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc,
+                RunMode
             )
             -- The Enqueued event in the same statement (docs/events.md).
             OUTPUT
@@ -537,7 +565,8 @@ BEGIN
                 @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
                 @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
                 N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
-                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc
+                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc,
+                @RunMode
             );
             SET @MailID = SCOPE_IDENTITY();
 

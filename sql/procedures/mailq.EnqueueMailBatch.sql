@@ -7,7 +7,7 @@ Parameters:  @Mails     NVARCHAR(MAX): a JSON array of objects, one per mail,
                         CC, BCC, FromAddress, FromName, ReplyTo, Headers,
                         AccountName, AppName, Priority, DateToProcess,
                         ExpiresAtUtc, MaxAttempts, IdempotencyKey,
-                        Attachments); Headers and Attachments as JSON (an
+                        Attachments, RunMode); Headers and Attachments as JSON (an
                         object / array) or as the string EnqueueMail takes;
                         times are UTC ISO 8601 ('2030-01-01T08:00:00', 'Z'
                         allowed, no other offset).  Row ordinal = position + 1.
@@ -28,7 +28,7 @@ Result sets: 1. one row per queued (or idempotently returned) mail, in RowNo
 Rules:       each row is checked with EnqueueMail's rules in EnqueueMail's
              order (recipients, subject, body, sizes, CR/LF, addresses,
              recipient count, body format, priority, attempts, expiry, body
-             size, headers JSON, caller's mapped application, account,
+             size, run mode (50240, revision 0015), headers JSON, caller's mapped application, account,
              application, account and From bindings, attachments, idempotency
              key), plus 50223 for a JSON field of the wrong type or an unknown
              field.  One difference: attachment content must be canonical
@@ -145,6 +145,7 @@ BEGIN
         MaxAttempts INT NULL,
         IdempotencyKey NVARCHAR(4000) COLLATE Latin1_General_100_BIN2 NULL,
         Attachments NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        RunMode NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,  -- revision 0015
         -- derived
         HeadersJson NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,      -- Headers if a JSON object, else NULL
         AttachmentsJson NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,  -- Attachments if a JSON array, else NULL
@@ -221,7 +222,7 @@ BEGIN
         INSERT INTO #Batch (
             RowNo, ToAddress, Subject, Body, BodyFormat, TextBody, CC, BCC, FromAddress, FromName,
             ReplyTo, Headers, AccountName, AppName, Priority, DateToProcess, ExpiresAtUtc,
-            MaxAttempts, IdempotencyKey, Attachments
+            MaxAttempts, IdempotencyKey, Attachments, RunMode
         )
         SELECT
             CAST(e.[key] AS INT) + 1,
@@ -231,7 +232,7 @@ BEGIN
             TRY_CONVERT(DATETIME2(3), f.DateToProcess, 127),
             TRY_CONVERT(DATETIME2(3), f.ExpiresAtUtc, 127),
             TRY_CONVERT(INT, f.MaxAttempts),
-            f.IdempotencyKey, COALESCE(f.AttachmentsArray, f.AttachmentsText)
+            f.IdempotencyKey, COALESCE(f.AttachmentsArray, f.AttachmentsText), f.RunMode
         FROM OPENJSON(@Mails) AS e
         CROSS APPLY OPENJSON (e.[value])
             WITH (
@@ -246,7 +247,8 @@ BEGIN
                 ExpiresAtUtc NVARCHAR(MAX) '$.ExpiresAtUtc', MaxAttempts NVARCHAR(MAX) '$.MaxAttempts',
                 IdempotencyKey NVARCHAR(4000) '$.IdempotencyKey',
                 AttachmentsArray NVARCHAR(MAX) '$.Attachments' AS JSON,
-                AttachmentsText NVARCHAR(MAX) '$.Attachments'
+                AttachmentsText NVARCHAR(MAX) '$.Attachments',
+                RunMode NVARCHAR(4000) '$.RunMode'
             ) AS f;
 
         -- 50223: unknown field names, and fields of the wrong JSON type
@@ -263,7 +265,7 @@ BEGIN
                         N'ToAddress', N'Subject', N'Body', N'BodyFormat', N'TextBody', N'CC', N'BCC',
                         N'FromAddress', N'FromName', N'ReplyTo', N'Headers', N'AccountName', N'AppName',
                         N'Priority', N'DateToProcess', N'ExpiresAtUtc', N'MaxAttempts', N'IdempotencyKey',
-                        N'Attachments'
+                        N'Attachments', N'RunMode'
                     )
                         THEN CONCAT(
                             N'''', LEFT(k.[key], 80), N''' is not a field of a mail (names are case-sensitive).'
@@ -296,12 +298,12 @@ BEGIN
         INSERT INTO #Batch (
             RowNo, ToAddress, Subject, Body, BodyFormat, TextBody, CC, BCC, FromAddress, FromName,
             ReplyTo, Headers, AccountName, AppName, Priority, DateToProcess, ExpiresAtUtc,
-            MaxAttempts, IdempotencyKey, Attachments
+            MaxAttempts, IdempotencyKey, Attachments, RunMode
         )
         SELECT
             r.RowNo, r.ToAddress, r.Subject, r.Body, r.BodyFormat, r.TextBody, r.CC, r.BCC, r.FromAddress,
             r.FromName, r.ReplyTo, r.Headers, r.AccountName, r.AppName, r.Priority, r.DateToProcess,
-            r.ExpiresAtUtc, r.MaxAttempts, r.IdempotencyKey, r.Attachments
+            r.ExpiresAtUtc, r.MaxAttempts, r.IdempotencyKey, r.Attachments, r.RunMode
         FROM @MailRows AS r;
     END;
 
@@ -328,7 +330,8 @@ BEGIN
     LEFT JOIN mailq.SendingAccount AS a
         ON a.AccountName = COALESCE(b.AccountName, @DefaultAccount)
     CROSS APPLY (
-        SELECT (
+        -- Run mode (revision 0015): appended only when given, as EnqueueMail does.
+        SELECT CONCAT((
             SELECT
                 -- Unaliased columns keep their names: the same JSON as EnqueueMail's
                 -- (@ToAddress AS ToAddress, ...), in the same order.
@@ -336,7 +339,7 @@ BEGIN
                 b.FromAddress, b.FromName, b.ReplyTo, b.Headers, b.AccountName, b.AppName,
                 b.Priority, b.DateToProcess, b.ExpiresAtUtc, b.MaxAttempts, b.Attachments
             FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
-        ) AS ContentJson
+        ), IIF(b.RunMode IS NULL, N'', CONCAT(N'|RunMode=', b.RunMode))) AS ContentJson
     ) AS h;
 
     UPDATE #Batch
@@ -384,6 +387,21 @@ BEGIN
                 N') must be later than the due time (', CONVERT(NVARCHAR(30), b.DueUtc, 126), N').')),
         (44, N'Body', 50111, IIF(LEN(b.Body) > 2000000 OR LEN(b.TextBody) > 2000000, 1, 0),
             N'Body and TextBody are limited to 2,000,000 characters each.'),
+        -- Run mode (revision 0015): EnqueueMail's rule, right after 50111.
+        (45, N'RunMode', 50240,
+            IIF(
+                b.RunMode IS NOT NULL AND (
+                    LEN(b.RunMode) NOT BETWEEN 1 AND 32
+                    OR b.RunMode COLLATE Latin1_General_100_BIN2 NOT LIKE N'[a-z]%'
+                    OR b.RunMode COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
+                ),
+                1, 0
+            ),
+            CONCAT(
+                N'RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
+                N'(e.g. prod, staging, test); got ''',
+                LEFT(b.RunMode, 40), N'''.'
+            )),
         (50, N'Headers', 50106,
             IIF(b.Headers IS NOT NULL AND b.HeadersJson IS NULL, 1, 0),
             N'Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.')
@@ -798,7 +816,8 @@ BEGIN
             dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
             ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
             Status, AttemptsRemaining, Priority, AccountName, AppName,
-            IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc
+            IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc,
+            RunMode
         )
         OUTPUT inserted.ID, inserted.MessageID, inserted.AppName
         INTO #Inserted (MailID, MessageID, AppName)
@@ -807,7 +826,8 @@ BEGIN
             LTRIM(RTRIM(b.ReplyTo)),
             b.ToAddress, b.CC, b.BCC, b.Subject, b.Body, COALESCE(b.BodyFormat, N'Text'), b.TextBody, b.Headers,
             N'UnSent', COALESCE(b.MaxAttempts, 5), COALESCE(b.Priority, 5), b.EffAccountName, b.EffAppName,
-            b.IdempotencyKey, b.ContentHash, b.MessageID, b.ExpiresAtUtc
+            b.IdempotencyKey, b.ContentHash, b.MessageID, b.ExpiresAtUtc,
+            COALESCE(b.RunMode, N'prod')
         FROM #Batch AS b
         WHERE
             NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo)

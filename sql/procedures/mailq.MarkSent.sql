@@ -9,6 +9,15 @@ Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
              @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
              final reply, optional; @DryRun BIT, default 0: 1 records that
              nothing was sent (worker dry-run mode).
+Dry-run applications (revision 0015): a mail its claim returned with
+             DryRun = 1 (its application is in dry-run, mailq.UpsertApplication
+             @DryRun) is recorded as DryRun whatever @DryRun says: status
+             Sent, DryRun = 1, attempt outcome and event 'DryRun'.  An
+             acknowledgement that claims a real send of such a mail is not
+             refused (a refusal would leave the lease to expire and the mail
+             to be claimed and sent again, by the same worker); it is recorded
+             as DryRun and its event's Detail says that the worker reported a
+             real send, so the mismatch is visible in the event stream.
 Result set:  one row per mail named: ID, Status ('Sent'), NextAttemptUtc (NULL).
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
              50147 @SmtpCode out of range.  On any error nothing is written.
@@ -42,7 +51,13 @@ BEGIN
     END;
 
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    DECLARE @Acked TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL, AppName NVARCHAR(128) NULL);
+    DECLARE @Acked TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AttemptNo INT NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        DryRun BIT NOT NULL,
+        Enforced BIT NOT NULL  -- claimed as dry-run, acknowledged as a real send (revision 0015)
+    );
 
     -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
@@ -58,9 +73,17 @@ BEGIN
             q.ThreadLock = NULL,
             q.SentAtUtc = @Now,
             q.DateProcessed = @Now,
-            q.DryRun = @DryRun,
+            -- The claim's stamp wins (revision 0015): a dry-run
+            -- application's mail stays DryRun.
+            q.DryRun = IIF(@DryRun = 1 OR q.DryRun = 1, CAST(1 AS BIT), CAST(0 AS BIT)),
             q.LastError = NULL
-        OUTPUT inserted.ID, inserted.AttemptCount, inserted.AppName INTO @Acked (ID, AttemptNo, AppName)
+        OUTPUT
+            inserted.ID,
+            inserted.AttemptCount,
+            inserted.AppName,
+            inserted.DryRun,
+            IIF(deleted.DryRun = 1 AND @DryRun = 0, CAST(1 AS BIT), CAST(0 AS BIT))
+        INTO @Acked (ID, AttemptNo, AppName, DryRun, Enforced)
         FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
@@ -68,7 +91,7 @@ BEGIN
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
-            t.Outcome = IIF(@DryRun = 1, N'DryRun', N'Sent'),
+            t.Outcome = IIF(a.DryRun = 1, N'DryRun', N'Sent'),
             t.SmtpCode = @SmtpCode,
             t.ErrorText = @SmtpText
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
@@ -78,7 +101,18 @@ BEGIN
         -- (docs/events.md).  A repeated acknowledgement changes no row above
         -- and so writes no second event.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
-        SELECT a.ID, a.AppName, IIF(@DryRun = 1, N'DryRun', N'Sent'), N'Sent', a.AttemptNo, @SmtpCode, @SmtpText, @Now
+        SELECT
+            a.ID, a.AppName, IIF(a.DryRun = 1, N'DryRun', N'Sent'), N'Sent', a.AttemptNo, @SmtpCode,
+            IIF(
+                a.Enforced = 1,
+                LEFT(CONCAT(
+                    N'Recorded as DryRun: application ''', a.AppName,
+                    N''' is in dry-run (claimed with DryRun = 1) but the worker reported a real send. ',
+                    @SmtpText
+                ), 4000),
+                @SmtpText
+            ),
+            @Now
         FROM @Acked AS a;
 
         IF @OwnTran = 1 COMMIT TRANSACTION;

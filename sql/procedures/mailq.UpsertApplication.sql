@@ -4,7 +4,13 @@ mailq.UpsertApplication: registers an application name that mails may carry
 description.  A new application is bound to nothing: before it can enqueue,
 an administrator binds it to its sending accounts and From addresses or
 domains (mailq.BindApplication; EnqueueMail refuses with 50160/50161).
-Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400), optional.
+Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400), optional;
+             @DryRun BIT, optional (revision 0015): 1 = the application's mails
+             go the whole path (claim, lease, acknowledgement) and are
+             recorded as DryRun, reaching no server; 0 = they are sent; NULL
+             (default) = unchanged (0 for a new application).  Takes effect
+             at the next claim of each mail (the claim stamps it; a mail
+             already leased keeps what its claim said).
 Result set:  none.
 Errors:      50145 @AppName missing; 50103 a value over its size.
 Transaction: opens its own if none is open, else works inside the caller's
@@ -18,7 +24,8 @@ Example:     EXEC mailq.UpsertApplication @AppName = N'billing', @Description = 
 */
 CREATE OR ALTER PROCEDURE mailq.UpsertApplication
     @AppName NVARCHAR(4000),
-    @Description NVARCHAR(4000) = NULL
+    @Description NVARCHAR(4000) = NULL,
+    @DryRun BIT = NULL
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -37,12 +44,14 @@ BEGIN
         -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
         IF EXISTS (SELECT 1 FROM mailq.Application AS p WITH (UPDLOCK, HOLDLOCK) WHERE p.AppName = @AppName)
             UPDATE p
-            SET p.Description = @Description
+            SET
+                p.Description = @Description,
+                p.DryRun = COALESCE(@DryRun, p.DryRun)
             FROM mailq.Application AS p
             WHERE p.AppName = @AppName;
         ELSE
-            INSERT INTO mailq.Application (AppName, Description)
-            VALUES (@AppName, @Description);
+            INSERT INTO mailq.Application (AppName, Description, DryRun)
+            VALUES (@AppName, @Description, COALESCE(@DryRun, CAST(0 AS BIT)));
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY

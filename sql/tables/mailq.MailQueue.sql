@@ -31,9 +31,15 @@ IdempotencyKey compared as binary text (COLLATE Latin1_General_100_BIN2),
 Body, TextBody, Headers  stored out of row (table option 'large value types
               out of row' = 1, revision 0007): the clustered row keeps a
               16-byte pointer, so claims and counts read narrow rows.
-Revisions 0007 and 0011 changed an existing table in place
-(sql/upgrades/mailq.0007.MailQueue.sql, sql/upgrades/mailq.0011.MailQueue.sql);
-this file shows the current shape.
+RunMode       the run mode the mail was enqueued under ('prod', 'staging',
+              'test', ...; default 'prod'): only workers configured for it
+              claim it (docs/run-modes.md, revision 0015).
+DryRun        stamped by every claim from the application's DryRun flag and
+              kept by the acknowledgement (mailq.MarkSent): 1 = recorded as
+              sent, reached no server.
+Revisions 0007, 0011 and 0015 changed an existing table in place
+(sql/upgrades/mailq.0007.MailQueue.sql, sql/upgrades/mailq.0011.MailQueue.sql,
+sql/upgrades/mailq.0015.MailQueue.sql); this file shows the current shape.
 */
 IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
 BEGIN
@@ -69,6 +75,7 @@ BEGIN
         LastError NVARCHAR(4000) NULL,
         PossibleDuplicate BIT NOT NULL CONSTRAINT DF_MailQueue_PossibleDuplicate DEFAULT (0),
         DryRun BIT NOT NULL CONSTRAINT DF_MailQueue_DryRun DEFAULT (0),
+        RunMode NVARCHAR(32) NOT NULL CONSTRAINT DF_MailQueue_RunMode DEFAULT (N'prod'),
         CONSTRAINT PK_MailQueue PRIMARY KEY CLUSTERED (ID),
         CONSTRAINT FK_MailQueue_SendingAccount FOREIGN KEY (AccountName)
         REFERENCES mailq.SendingAccount (AccountName),
@@ -85,7 +92,12 @@ BEGIN
         CONSTRAINT CK_MailQueue_BodyFormat CHECK (BodyFormat IN (N'Text', N'Html')),
         CONSTRAINT CK_MailQueue_Attempts CHECK (AttemptsRemaining >= 0 AND AttemptCount >= 0),
         CONSTRAINT CK_MailQueue_Headers CHECK (Headers IS NULL OR ISJSON(Headers) = 1),
-        CONSTRAINT CK_MailQueue_Expiry CHECK (ExpiresAtUtc IS NULL OR ExpiresAtUtc > DateToProcess)
+        CONSTRAINT CK_MailQueue_Expiry CHECK (ExpiresAtUtc IS NULL OR ExpiresAtUtc > DateToProcess),
+        CONSTRAINT CK_MailQueue_RunMode CHECK (
+            LEN(RunMode) BETWEEN 1 AND 32
+            AND RunMode COLLATE Latin1_General_100_BIN2 LIKE N'[a-z]%'
+            AND RunMode COLLATE Latin1_General_100_BIN2 NOT LIKE N'%[^a-z0-9_-]%'
+        )
     );
     EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;
 END;

@@ -30,5 +30,6 @@ IF TYPE_ID(N'mailq.MailBatchRow') IS NULL
         ExpiresAtUtc DATETIME2(3) NULL,
         MaxAttempts INT NULL,
         IdempotencyKey NVARCHAR(4000) NULL,
-        Attachments NVARCHAR(MAX) NULL
+        Attachments NVARCHAR(MAX) NULL,
+        RunMode NVARCHAR(4000) NULL
     );

@@ -79,6 +79,11 @@ class ClaimedMail:
     possible_duplicate: bool
     dt_stamp: datetime
     attachments: list[Attachment] = field(default_factory=list)
+    #: Revision 0015 (docs/run-modes.md): the mail's run mode, and DryRun = the
+    #: application is in dry-run: the worker must not send it (MarkSent records
+    #: it as DryRun whatever the worker reports).
+    run_mode: str = "prod"
+    dry_run: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,7 @@ EXEC mailq.EnqueueMail
     @TextBody = ?, @FromAddress = ?, @FromName = ?, @ReplyTo = ?, @Headers = ?,
     @AccountName = ?, @AppName = ?, @Priority = ?, @DateToProcess = ?,
     @ExpiresAtUtc = ?, @MaxAttempts = ?, @IdempotencyKey = ?, @Attachments = ?,
+    @RunMode = ?,
     @MailID = @MailID OUTPUT, @MessageID = @MessageID OUTPUT, @Created = @Created OUTPUT;
 SELECT @MailID AS MailID, @MessageID AS MessageID, @Created AS Created;
 """
@@ -188,8 +194,10 @@ def enqueue_mail(
     max_attempts: int | None = None,
     idempotency_key: str | None = None,
     attachments: Iterable[Attachment] = (),
+    run_mode: str | None = None,
 ) -> EnqueueResult:
-    """mailq.EnqueueMail: validate and queue one mail; returns its ID and Message-ID."""
+    """mailq.EnqueueMail: validate and queue one mail; returns its ID and Message-ID.
+    ``run_mode``: the run mode it belongs to (default 'prod', docs/run-modes.md)."""
     cursor = _call(
         conn,
         ENQUEUE_SQL,
@@ -199,6 +207,7 @@ def enqueue_mail(
             json.dumps(headers, ensure_ascii=False) if headers is not None else None,
             account_name, app_name, priority, date_to_process,
             expires_at_utc, max_attempts, idempotency_key, attachments_json(attachments),
+            run_mode,
         ],
     )
     row = _rows(cursor)[0]
@@ -211,7 +220,7 @@ def enqueue_mail(
 
 CLAIM_SQL = (
     "EXEC mailq.ClaimMail @BatchSize = ?, @LockToken = ?, @LeaseSeconds = ?, "
-    "@AppName = ?, @WorkerName = ?, @AccountNames = ?;"
+    "@AppName = ?, @WorkerName = ?, @AccountNames = ?, @RunModes = ?;"
 )
 
 
@@ -224,12 +233,15 @@ def claim_mail(
     app_name: str | None = None,
     worker_name: str | None = None,
     account_names: Iterable[str] | None = None,
+    run_modes: Iterable[str] | None = None,
 ) -> list[ClaimedMail]:
     """mailq.ClaimMail: lease up to ``batch_size`` due mails to this worker
-    (only mail of ``account_names`` when given)."""
+    (only mail of ``account_names`` when given; only mail of ``run_modes``,
+    default ["prod"], revision 0015)."""
     accounts = json.dumps(sorted(account_names), ensure_ascii=False) if account_names is not None else None
+    modes = json.dumps(sorted(set(run_modes)), ensure_ascii=False) if run_modes is not None else None
     cursor = _call(
-        conn, CLAIM_SQL, [batch_size, _token(lock_token), lease_seconds, app_name, worker_name, accounts]
+        conn, CLAIM_SQL, [batch_size, _token(lock_token), lease_seconds, app_name, worker_name, accounts, modes]
     )
     mails: dict[int, ClaimedMail] = {}
     for r in _rows(cursor):
@@ -255,6 +267,8 @@ def claim_mail(
             lease_expires_utc=r.LeaseExpiresUtc,
             possible_duplicate=bool(r.PossibleDuplicate),
             dt_stamp=r.dtStamp,
+            run_mode=getattr(r, "RunMode", None) or "prod",
+            dry_run=bool(getattr(r, "DryRun", False)),
         )
     if _next(cursor):
         for r in _rows(cursor):
@@ -449,12 +463,17 @@ def unblock_sending_account(conn: Any, *, account_name: str) -> int:
     return int(rows[0][1]) if rows else 0
 
 
-UPSERT_APPLICATION_SQL = "EXEC mailq.UpsertApplication @AppName = ?, @Description = ?;"
+UPSERT_APPLICATION_SQL = "EXEC mailq.UpsertApplication @AppName = ?, @Description = ?, @DryRun = ?;"
 
 
-def upsert_application(conn: Any, *, app_name: str, description: str | None = None) -> None:
-    """mailq.UpsertApplication: register an application name mails may carry."""
-    _call(conn, UPSERT_APPLICATION_SQL, [app_name, description]).close()
+def upsert_application(
+    conn: Any, *, app_name: str, description: str | None = None, dry_run: bool | None = None
+) -> None:
+    """mailq.UpsertApplication: register an application name mails may carry.
+    ``dry_run``: True = its mails are recorded as DryRun and reach no server,
+    False = sent, None = unchanged (revision 0015, docs/run-modes.md)."""
+    flag = None if dry_run is None else (1 if dry_run else 0)
+    _call(conn, UPSERT_APPLICATION_SQL, [app_name, description, flag]).close()
 
 
 BIND_APPLICATION_SQL = (
@@ -1016,6 +1035,7 @@ BATCH_FIELDS: tuple[tuple[str, str], ...] = (
     ("priority", "Priority"), ("date_to_process", "DateToProcess"),
     ("expires_at_utc", "ExpiresAtUtc"), ("max_attempts", "MaxAttempts"),
     ("idempotency_key", "IdempotencyKey"), ("attachments", "Attachments"),
+    ("run_mode", "RunMode"),  # revision 0015
 )
 BATCH_MAX_ROWS = 10000
 

@@ -15,7 +15,11 @@ What can be shown without a server:
 * the new index's definition (keys, filter, INCLUDE, page locks) and that the
   claim's seek predicate implies its filter;
 * the rendered upgrade 0004 -> 0005 creates the new index, replaces the
-  claim, drops the old index, and the downgrade re-creates it.
+  claim, drops the old index, and the downgrade re-creates it;
+* run modes (revision 0015): the claim is driven by (account, run mode)
+  pairs, every read of the queue is keyed by both, RunMode is the index's
+  second key, the per-pair caps never exceed an account's budget nor the
+  slots left (a model of the pass loop), and the upgrade/downgrade order.
 """
 
 from __future__ import annotations
@@ -63,12 +67,13 @@ def test_claim_has_no_top_over_the_whole_backlog(claim):
         "a TOP (@BatchSize) reads mailq.MailQueue directly: its seek would read the whole due backlog"
     tops = re.findall(r"SELECT TOP \(([^)]*)\)((?:(?!SELECT ).)*?)FROM MAILQ\.MAILQUEUE", claim)
     assert tops, "no TOP over mailq.MailQueue at all"
-    assert {t[0] for t in tops} == {"A.CAP"}, f"every TOP over the queue must be the account's cap: {tops}"
+    assert {t[0] for t in tops} == {"D.CAP"}, f"every TOP over the queue must be the pair's cap: {tops}"
 
 
 def test_claim_reads_the_queue_per_account_through_cross_apply_and_forceseek(claim):
     assert "CROSS APPLY" in claim
-    assert "K.ACCOUNTNAME = A.ACCOUNTNAME" in claim, "the per-account seek is not keyed by the driving account"
+    assert "K.ACCOUNTNAME = D.ACCOUNTNAME AND K.RUNMODE = D.RUNMODE" in claim, \
+        "the per-pair seek is not keyed by the driving (account, run mode) pair"
     # Hinted reads: the per-account seek (k) and the UPDATE target (q); the
     # final result set reads the leased rows unhinted (they are ours).
     hinted = [(alias, hints) for alias, hints in mailqueue_reads(claim) if hints]
@@ -155,7 +160,7 @@ def test_claim_index_definition():
     online, offline = creates
     assert "WITH (ONLINE = ON)" in online and "ONLINE" not in offline
     assert online.replace(" WITH (ONLINE = ON)", "") == offline, "the two branches define different indexes"
-    assert "ON MAILQ.MAILQUEUE (ACCOUNTNAME ASC, PRIORITY DESC, VISIBLEATUTC ASC, ID ASC)" in offline
+    assert "ON MAILQ.MAILQUEUE (ACCOUNTNAME ASC, RUNMODE ASC, PRIORITY DESC, VISIBLEATUTC ASC, ID ASC)" in offline
     assert "INCLUDE (APPNAME, ATTEMPTSREMAINING, EXPIRESATUTC)" in offline
     assert "WHERE STATUS IN (N'UNSENT', N'SENDING')" in offline
     assert "ALLOW_PAGE_LOCKS" not in offline, "page locks off breaks ALTER INDEX ... REORGANIZE"
@@ -184,3 +189,148 @@ def test_rendered_upgrade_0005_builds_new_index_drops_old_and_downgrade_restores
     # The downgrade's ClaimMail is 0003's text, which uses the old index's claim.
     assert frozen_text("0003", "procedures/mailq.ClaimMail.sql").splitlines()[1] in down
     assert head_revision() >= "0005"
+
+
+# -- run modes (revision 0015) ---------------------------------------------------
+
+UPGRADE_0015 = SQL / "upgrades" / "mailq.0015.MailQueue.sql"
+
+
+def test_every_read_of_the_queue_in_the_claim_is_keyed_by_account_and_run_mode(claim):
+    # Both hinted reads of k (the row-free probe and the claim's seek) are
+    # equality on the index's first two keys: mail of a run mode the worker
+    # does not serve lies outside every range sought.
+    reads = re.findall(r"FROM MAILQ\.MAILQUEUE AS K WITH \([^;]*?WHERE (.*?)(?:\) AS C|\);)", claim)
+    assert len(reads) == 2, reads
+    for where in reads:
+        assert where.startswith("K.ACCOUNTNAME = D.ACCOUNTNAME AND K.RUNMODE = D.RUNMODE AND "), where
+    # The driving pairs: the accounts left crossed with the run modes served.
+    assert "INSERT INTO @DRIVE (ACCOUNTNAME, RUNMODE) SELECT A.ACCOUNTNAME, M.RUNMODE FROM @ACCT AS A CROSS JOIN @MODES AS M;" in claim
+    # At most @BatchSize pairs are sought (probe, then a random draw).
+    assert "IF (SELECT COUNT(*) FROM @DRIVE) > @BATCHSIZE" in claim
+    assert "SELECT TOP (@BATCHSIZE) R.ACCOUNTNAME, R.RUNMODE FROM @DRIVE AS R ORDER BY NEWID()" in claim
+
+
+def test_run_modes_parameter_defaults_to_prod_and_is_validated(claim):
+    assert "@RUNMODES NVARCHAR(MAX) = NULL AS" in claim, "@RunModes must be the LAST parameter"
+    assert "SET @RUNMODES = COALESCE(@RUNMODES, N'[\"PROD\"]');" in claim
+    assert "THROW 50241," in claim
+    # the rule of CK_MailQueue_RunMode, binary comparison
+    assert "COLLATE LATIN1_GENERAL_100_BIN2 NOT LIKE N'[A-Z]%'" in claim
+    assert "COLLATE LATIN1_GENERAL_100_BIN2 LIKE N'%[^A-Z0-9_-]%'" in claim
+
+
+def test_claim_stamps_dry_run_from_the_application_and_returns_it_last(claim):
+    assert "Q.DRYRUN = COALESCE( (SELECT AP.DRYRUN FROM MAILQ.APPLICATION AS AP WHERE AP.APPNAME = Q.APPNAME), CAST(0 AS BIT) )" in claim
+    first = claim[claim.index("-- 4.") if "-- 4." in claim else claim.rindex("SELECT Q.ID, Q.MESSAGEID"):]
+    assert re.search(r"Q\.DTSTAMP, Q\.RUNMODE, Q\.DRYRUN FROM MAILQ\.MAILQUEUE AS Q INNER JOIN @CLAIMED", first)
+
+
+def _passes(accounts: dict[str, int], modes: int, batch: int, yields, rng) -> tuple[dict, list[int]]:
+    """A model of ClaimMail's pass loop (the SQL's formulas, line for line):
+    returns what each pair took and the rows read per pass."""
+    pairs = {(a, m): {"taken": 0, "cap": 0, "open": True} for a in accounts for m in range(modes)}
+    if len(pairs) > batch:  # the random draw (the probe keeps all here: every pair has mail)
+        keep = rng.sample(sorted(pairs), batch)
+        pairs = {k: pairs[k] for k in keep}
+    taken = {a: 0 for a in accounts}
+    left, reads = batch, []
+    for _ in range(3):
+        if left <= 0:
+            break
+        open_ = [k for k, v in pairs.items() if v["open"] and accounts[k[0]] > taken[k[0]]]
+        if not open_:
+            break
+        share = max(1, left // len(open_))
+        for v in pairs.values():
+            v["cap"] = 0
+        for a in accounts:
+            mine = [k for k in open_ if k[0] == a]
+            rng.shuffle(mine)
+            rest = accounts[a] - taken[a]
+            for seq, k in enumerate(mine, 1):
+                part = rest // len(mine) + (1 if seq <= rest % len(mine) else 0)
+                pairs[k]["cap"] = min(part, share)
+        # each account's caps never exceed its budget left
+        for a in accounts:
+            assert sum(v["cap"] for k, v in pairs.items() if k[0] == a) <= accounts[a] - taken[a]
+        want = sum(v["cap"] for v in pairs.values())
+        reads.append(want)
+        assert want <= max(left, len(open_)) <= batch
+        got_total = 0
+        for k, v in pairs.items():
+            if v["cap"] == 0:
+                continue
+            got = min(v["cap"], yields(k))
+            got = min(got, left - got_total)  # the outer TOP (@Left)
+            got_total += got
+            v["taken"] += got
+            if got < v["cap"]:
+                v["open"] = False
+        for a in accounts:
+            taken[a] = sum(v["taken"] for k, v in pairs.items() if k[0] == a)
+        left = batch - sum(taken.values())
+    return taken, reads
+
+
+def test_model_pair_caps_respect_budgets_and_the_batch():
+    import random
+
+    rng = random.Random(15)
+    for _ in range(2000):
+        n_acc = rng.randint(1, 6)
+        accounts = {f"a{i}": rng.choice([1, 2, 3, 7, 50, 1000]) for i in range(n_acc)}
+        modes = rng.randint(1, 4)
+        batch = rng.choice([1, 2, 5, 10, 50])
+        backlog = {(a, m): rng.choice([0, 1, 3, 100]) for a in accounts for m in range(modes)}
+        taken, reads = _passes(accounts, modes, batch, lambda k: backlog[k], rng)
+        assert sum(taken.values()) <= batch
+        for a, t in taken.items():
+            assert t <= accounts[a], (a, t, accounts[a])
+        assert all(r <= batch for r in reads)
+
+
+def test_model_one_account_one_mode_takes_the_batch_in_one_pass():
+    import random
+
+    taken, reads = _passes({"a": 1000}, 1, 50, lambda k: 10_000, random.Random(1))
+    assert taken == {"a": 50} and reads == [50]
+
+
+def test_upgrade_0015_rekeys_the_index_online_where_possible():
+    text = UPGRADE_0015.read_text(encoding="utf-8")
+    code = squash(text)
+    add = code.index("ADD RUNMODE NVARCHAR(32) NOT NULL CONSTRAINT DF_MAILQUEUE_RUNMODE DEFAULT (N''PROD'')")
+    online = code.index("WITH (DROP_EXISTING = ON, ONLINE = ON)")
+    offline = code.index("WITH (DROP_EXISTING = ON);")
+    assert add < online < offline
+    assert "IN (3, 5, 8)" in code
+    assert code.count("ON MAILQ.MAILQUEUE (ACCOUNTNAME ASC, RUNMODE ASC, PRIORITY DESC, VISIBLEATUTC ASC, ID ASC)") == 2
+    # the guard: re-keyed only while RunMode is not its second key
+    assert "IC.KEY_ORDINAL = 2 AND C.NAME = N'RUNMODE'" in code
+
+
+def test_rendered_upgrade_0015_and_downgrade_order():
+    up = render("upgrade", "0014:0015")
+    type_dropped = up.index("DROP TYPE mailq.MailBatchRow")
+    column = up.index("ADD RunMode NVARCHAR(32) NOT NULL")
+    rekeyed = up.index("WITH (DROP_EXISTING = ON, ONLINE = ON)")
+    claim = up.index("CREATE OR ALTER PROCEDURE mailq.ClaimMail")
+    type_created = up.index("CREATE TYPE mailq.MailBatchRow")
+    batch = up.index("CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch")
+    grant = up.index("GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer")
+    assert type_dropped < column < rekeyed < type_created < batch < claim < grant
+    down = render("downgrade", "0015:0014")
+    refused = down.index("THROW 50243")
+    index_back = down.index("ON mailq.MailQueue (AccountName ASC, Priority DESC, VisibleAtUtc ASC, ID ASC)")
+    dropped = down.index("ALTER TABLE mailq.MailQueue DROP COLUMN RunMode")
+    app_refused = down.index("THROW 50244")
+    app_dropped = down.index("ALTER TABLE mailq.Application DROP COLUMN DryRun")
+    assert refused < index_back < dropped
+    assert app_refused < app_dropped
+    # 0014's ClaimMail comes back before the index loses RunMode
+    assert down.index("CREATE OR ALTER PROCEDURE mailq.ClaimMail") < index_back
+    # the old table type is re-created after the files, with its procedure and grants
+    retype = down.rindex("CREATE TYPE mailq.MailBatchRow")
+    assert dropped < retype < down.rindex("CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch") \
+        < down.rindex("GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer")

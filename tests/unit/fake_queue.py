@@ -64,6 +64,7 @@ class Row:
     last_error: str | None = None
     dispositions: list[str] = field(default_factory=list)
     dry_run: bool = False
+    claimed_dry_run: bool = False  # ClaimMail's DryRun stamp (revision 0015)
     smtp_code: int | None = None
     smtp_text: str | None = None
     sent_by: str | None = None  # the token whose MarkSent made it Sent
@@ -98,6 +99,8 @@ class FakeQueue:
         self.drops: dict[str, list[bool]] = {}  # procedure -> [committed?] of calls to drop
         self.stats = QueueStats([], [], [], [])
         self.health: list[dict[str, Any]] = []
+        #: applications in dry-run (mailq.Application.DryRun, revision 0015)
+        self.dry_run_apps: set[str] = set()
         for m in mails:
             self.rows[m.id] = Row(m, attempts_remaining=m.attempts_remaining)
 
@@ -158,7 +161,11 @@ class FakeQueue:
     # -- the procedure signatures -----------------------------------------
     def claim_mail(self, conn: Any, *, batch_size: int, lock_token: Any, lease_seconds: int,
                    app_name: str | None = None, worker_name: str | None = None,
-                   account_names: Any = None) -> list[ClaimedMail]:
+                   account_names: Any = None, run_modes: Any = None) -> list[ClaimedMail]:
+        # ClaimMail's contract (revision 0015): only the run modes served
+        # (NULL: ["prod"]); DryRun stamped from the application at every claim.
+        modes = set(run_modes) if run_modes is not None else {"prod"}
+
         def run() -> list[ClaimedMail]:
             now = utcnow()
             due = [
@@ -168,6 +175,7 @@ class FakeQueue:
                     or (r.status == "Sending" and r.lease_expires and r.lease_expires <= now))
                 and (app_name is None or r.mail.app_name == app_name)
                 and (account_names is None or r.mail.account_name in account_names)
+                and r.mail.run_mode in modes
             ]
             due.sort(key=lambda r: (-r.mail.priority, r.mail.id))
             lease = self.lease_override_seconds if self.lease_override_seconds is not None else lease_seconds
@@ -177,13 +185,15 @@ class FakeQueue:
                 r.lease_expires = now + timedelta(seconds=lease)
                 r.attempts_remaining -= 1
                 r.attempts += 1
+                r.claimed_dry_run = r.mail.app_name in self.dry_run_apps
                 out.append(replace(r.mail, lease_expires_utc=r.lease_expires, attempt_no=r.attempts,
                                    attempts_remaining=r.attempts_remaining,
-                                   attachments=list(r.mail.attachments)))
+                                   attachments=list(r.mail.attachments), dry_run=r.claimed_dry_run))
             return out
         return self._apply("claim_mail", dict(batch_size=batch_size, lock_token=lock_token,
                                               lease_seconds=lease_seconds, app_name=app_name,
-                                              worker_name=worker_name, account_names=account_names), run)
+                                              worker_name=worker_name, account_names=account_names,
+                                              run_modes=run_modes), run)
 
     def mark_sent(self, conn: Any, *, ids: Iterable[int], lock_token: Any, smtp_code: int | None = None,
                   smtp_text: str | None = None, dry_run: bool = False) -> list[AckResult]:
@@ -192,7 +202,9 @@ class FakeQueue:
         def run() -> list[AckResult]:
             rows = self._held(ids, lock_token, accept_sent_by_token=True)  # all or nothing
             for r in rows:
-                r.status, r.token, r.dry_run, r.sent_by = "Sent", None, dry_run, str(lock_token)
+                # MarkSent keeps the claim's DryRun stamp (revision 0015).
+                r.status, r.token, r.sent_by = "Sent", None, str(lock_token)
+                r.dry_run = dry_run or r.claimed_dry_run
                 r.smtp_code, r.smtp_text = smtp_code, smtp_text
             return [AckResult(i, "Sent", None) for i in ids]
         return self._apply("mark_sent", dict(ids=ids, lock_token=lock_token, smtp_code=smtp_code,

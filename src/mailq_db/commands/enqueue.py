@@ -31,6 +31,7 @@ examples:
       --priority 9 --send-at 2030-01-01T08:00:00+08:00 --idempotency-key nightly-2030-01-01
   mailq-db enqueue --batch mails.json            # one call, all or nothing (docs/batch-enqueue.md)
   mailq-db enqueue --batch mails.json --reject-invalid
+  mailq-db enqueue --to qa@example.com --subject "Test" --text-file body.txt --run-mode staging
 
 --batch FILE takes a JSON array of mails whose fields are mailq.EnqueueMailBatch's
 (ToAddress, Subject, Body, ...: docs/batch-enqueue.md); '-' reads standard input.
@@ -54,6 +55,8 @@ def register(subparsers) -> None:
     p.add_argument("--attach", action="append", default=[], metavar="FILE", help="attachment (repeat)")
     p.add_argument("--account", help="sending account (default: the default account)")
     p.add_argument("--app", help="application name (for isolated workers)")
+    p.add_argument("--run-mode", metavar="NAME",
+                   help="run mode of the mail (default prod): only workers serving it send it (docs/run-modes.md)")
     p.add_argument("--priority", type=_priority, help="0 (lowest) to 9 (highest)")
     p.add_argument("--send-at", type=_when, metavar="TIME", help="not before this time (ISO 8601)")
     p.add_argument("--expires-at", type=_when, metavar="TIME", help="give up after this time (ISO 8601)")
@@ -156,6 +159,7 @@ def run(args) -> int:
         priority=args.priority, date_to_process=args.send_at, expires_at_utc=args.expires_at,
         max_attempts=args.max_attempts, idempotency_key=args.idempotency_key,
         attachments=[_attachment(p) for p in args.attach],
+        run_mode=args.run_mode,
     )
     if not request["to_address"]:
         raise ConfigurationError("--to needs at least one address")
@@ -172,7 +176,7 @@ def run(args) -> int:
 #: Single-mail options that --batch leaves to the file.
 _SINGLE_ONLY = ("to", "cc", "bcc", "subject", "text_file", "html_file", "from_address", "from_name", "reply_to",
                 "header", "attach", "account", "app", "priority", "send_at", "expires_at", "max_attempts",
-                "idempotency_key")
+                "idempotency_key", "run_mode")
 
 
 def run_batch(args) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import sys
@@ -11,7 +12,7 @@ from .. import procedures
 from ..connection import ENV_URL, connect, find_driver, installed_drivers
 from ..errors import ConfigurationError, MailqError
 from ..worker import logs
-from ..worker.config import Config, is_fqdn, load_config
+from ..worker.config import Config, check_run_modes, is_fqdn, load_config
 from ..worker.probe import probe
 from ..worker.runner import run_workers
 
@@ -31,6 +32,10 @@ examples:
   mailq-db worker --config worker.toml
   mailq-db worker --config worker.toml --concurrency 8 --log-format json --metrics-port 9464
   mailq-db worker --config worker.toml --dry-run --once     # drain what is due, send nothing
+  mailq-db worker --config worker.toml --run-mode staging --run-mode test   # serve these run modes only
+
+--run-mode (repeat) replaces [worker] run_modes of the config: the worker claims
+mail of those run modes only (default ["prod"]; docs/run-modes.md).
 """
 
 
@@ -45,6 +50,8 @@ def register(subparsers) -> None:
                    help="with --check-config: connect to each account's server (TCP, EHLO, STARTTLS with "
                    "the certificate checked, AUTH, QUIT) and report each step")
     p.add_argument("--dry-run", action="store_true", help="send nothing; record the mails as dry-run sent")
+    p.add_argument("--run-mode", action="append", default=[], metavar="NAME", dest="run_modes",
+                   help="serve this run mode (repeat); replaces [worker] run_modes (default: prod)")
     p.add_argument("--once", action="store_true", help="process what is due now, then exit")
     p.add_argument("--concurrency", type=_positive, metavar="N", help="worker threads (overrides the config)")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
@@ -88,6 +95,17 @@ def _port(text: str) -> int:
     return value
 
 
+def with_run_modes(config: Config, run_modes: list[str] | None) -> Config:
+    """``config`` with [worker] run_modes replaced by --run-mode's (when given)."""
+    if not run_modes:
+        return config
+    problems = check_run_modes(run_modes)
+    if problems:
+        raise ConfigurationError("--run-mode: " + "; ".join(problems))
+    modes = tuple(dict.fromkeys(run_modes))
+    return dataclasses.replace(config, worker=dataclasses.replace(config.worker, run_modes=modes))
+
+
 def database_url(args: argparse.Namespace, config: Config) -> str | None:
     return args.db or os.environ.get(ENV_URL) or config.database.url
 
@@ -98,6 +116,7 @@ def describe(config: Config, url: str | None) -> str:
         "worker: batch_size={0.batch_size} lease_seconds={0.lease_seconds} "
         "lease_safety_margin_seconds={0.lease_safety_margin_seconds} concurrency={0.concurrency} "
         "idle_backoff={0.idle_backoff_min_seconds}-{0.idle_backoff_max_seconds}s dry_run={0.dry_run}".format(w),
+        f"run modes: {', '.join(w.run_modes)}",
         f"application: {w.app_name or '(none: competes for every application)'}",
         f"database: {'set' if url else 'NOT SET'}",
     ]
@@ -146,7 +165,7 @@ def check(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.check_config:
         return check(args)
-    config = load_config(args.config)
+    config = with_run_modes(load_config(args.config), getattr(args, "run_modes", None))
     url = database_url(args, config)
     if not url:
         raise ConfigurationError(f"no database: pass --db, set {ENV_URL}, or add [database] to the config")

@@ -75,6 +75,27 @@ class WorkerConfig:
     idle_backoff_max_seconds: float = 30.0
     ack_interval_seconds: float = 5.0
     dry_run: bool = False
+    #: The run modes this worker serves (revision 0015, docs/run-modes.md):
+    #: it claims mail of these run modes only.  Default: ("prod",).
+    run_modes: tuple[str, ...] = ("prod",)
+
+
+#: A run-mode name: the rule of CK_MailQueue_RunMode / EnqueueMail's 50240.
+RUN_MODE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+
+
+def check_run_modes(modes: Any) -> list[str]:
+    """The problems of a run-mode list (empty when it is valid): 1-16 names,
+    each a-z first, then a-z 0-9 '-' '_', at most 32 characters."""
+    if not isinstance(modes, (list, tuple)) or not modes:
+        return ["must be a non-empty list of run-mode names, e.g. [\"prod\"]"]
+    problems = []
+    if len(modes) > 16:
+        problems.append(f"at most 16 run modes (got {len(modes)})")
+    for m in modes:
+        if not isinstance(m, str) or not RUN_MODE_RE.fullmatch(m):
+            problems.append(f"{m!r} is not a run-mode name (a-z first, then a-z 0-9 - _, at most 32 characters)")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -165,7 +186,13 @@ def _worker(raw: dict[str, Any], problems: _Problems) -> WorkerConfig:
         "idle_backoff_max_seconds": _take(raw, "idle_backoff_max_seconds", num, w, problems),
         "ack_interval_seconds": _take(raw, "ack_interval_seconds", num, w, problems),
         "dry_run": _take(raw, "dry_run", bool, w, problems),
+        "run_modes": _take(raw, "run_modes", list, w, problems),
     }
+    if values["run_modes"] is not None:
+        bad = check_run_modes(values["run_modes"])
+        for text in bad:
+            problems.add("worker.run_modes", text)
+        values["run_modes"] = None if bad else tuple(dict.fromkeys(values["run_modes"]))
     _unknown(raw, w, problems, WORKER_KEYS)
     values = {k: v for k, v in values.items() if v is not None}
     cfg = WorkerConfig(**values)

@@ -63,6 +63,7 @@ class _Pending:
     code: int | None
     text: str | None  # the server's final reply (the same rule for every outcome)
     account: str | None = None
+    dry_run: bool = False  # recorded as DryRun (worker dry-run, or the application's, revision 0015)
 
 
 class Worker:
@@ -161,6 +162,7 @@ class Worker:
             self.procs.claim_mail, batch_size=s.batch_size, lock_token=self.token,
             lease_seconds=s.lease_seconds, app_name=s.app_name, worker_name=self.name,
             account_names=list(self.config.accounts),
+            run_modes=list(s.run_modes),
         )
         self.metrics.observe_claim(time.monotonic() - started)
         self.metrics.inc("claims")
@@ -212,8 +214,13 @@ class Worker:
                     continue
                 if out is None:
                     continue  # every recipient was handled in an earlier attempt: acknowledged
-                if self.dry_run:
-                    self.accepted(mail, out, SendResult(0, "dry run: nothing sent"))
+                if self.dry_run or mail.dry_run:
+                    # The worker's dry-run, or the application's (ClaimMail
+                    # said DryRun = 1, revision 0015): the whole path but SMTP.
+                    # Before any connection: no login slot asked, no session.
+                    reason = "dry run: nothing sent" if self.dry_run else \
+                        f"dry run of application {mail.app_name!r}: nothing sent"
+                    self.accepted(mail, out, SendResult(0, reason))
                     continue
                 if session is None or not session.connected:
                     # The account's minimum interval between logins (mailq.AcquireLoginSlot):
@@ -402,7 +409,8 @@ class Worker:
         event(log, logging.INFO, "sent", account=mail.account_name, mail_id=mail.id,
               message_id=mail.message_id, queue_id=result.queue_id, smtp_code=result.code,
               smtp_text=result.text, recipients=len(result.accepted), transactions=result.transactions,
-              refused=sorted(refused) or None, deferred=sorted(deferred) or None, dry_run=self.dry_run or None)
+              refused=sorted(refused) or None, deferred=sorted(deferred) or None,
+              dry_run=(self.dry_run or mail.dry_run) or None)
         text = result.text
         if result.code:
             text = f"{result.code} {result.text}"
@@ -439,7 +447,8 @@ class Worker:
         if not self.pending:
             self._pending_since = time.monotonic()
         mail = self.held.get(mail_id)
-        self.pending.append(_Pending(mail_id, code, text, mail.account_name if mail else None))
+        self.pending.append(_Pending(mail_id, code, text, mail.account_name if mail else None,
+                                     self.dry_run or bool(mail and mail.dry_run)))
 
     def flush_acks(self) -> None:
         """Write every pending acknowledgement: one MarkSent per distinct reply text."""
@@ -448,19 +457,21 @@ class Worker:
         pending, self.pending = self.pending, []
         # Every mail stores its own final reply (with the server's queue ID); mails
         # with the same reply share one MarkSent call.
-        groups: OrderedDict[tuple[int | None, str | None], list[int]] = OrderedDict()
+        # Dry-run mails (the worker's or their application's) are acknowledged
+        # apart, with @DryRun = 1.
+        groups: OrderedDict[tuple[int | None, str | None, bool], list[int]] = OrderedDict()
         accounts = {p.mail_id: p.account for p in pending}
         for p in pending:
-            groups.setdefault((p.code, p.text), []).append(p.mail_id)
-        for (code, text), ids in groups.items():
+            groups.setdefault((p.code, p.text, p.dry_run), []).append(p.mail_id)
+        for (code, text, dry), ids in groups.items():
             done = self._each(
                 ids, lambda chunk: self.db.call(
                     self.procs.mark_sent, ids=chunk, lock_token=self.token, smtp_code=code,
-                    smtp_text=text[:MAX_ERROR] if text else None, dry_run=self.dry_run),
+                    smtp_text=text[:MAX_ERROR] if text else None, dry_run=dry),
                 lost="lease lost after the SMTP server accepted the mail: possibly sent twice")
             for account, n in Counter(accounts[i] for i in done).items():
                 self.metrics.inc("sent", n, account=account, code=code)
-            event(log, logging.INFO, "acknowledged", count=len(done), ids=done, dry_run=self.dry_run)
+            event(log, logging.INFO, "acknowledged", count=len(done), ids=done, dry_run=dry)
 
     def fail(self, mails: Iterable[ClaimedMail], outcome: Outcome) -> None:
         mails = list(mails)

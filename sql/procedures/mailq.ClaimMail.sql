@@ -38,7 +38,10 @@ How (a small fixed number of statements in one transaction):
     sends over its own connection and budget.  With one account (the common
     case) the batch is exactly the global order.
  3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
-    open one attempt per claimed mail; commit; return the mails.
+    resolve the template version of template mail (revision 0016: one seek
+    on PK_MailTemplate per claimed template mail, at most @BatchSize), open
+    one attempt per claimed mail (recording that version); commit; return
+    the mails.
 Expected plan of a pass (header of IX_MailQueue_ClaimByAccount): Table Scan
 of @Acct (a few rows) -> Nested Loops -> per account Top (Cap) <- Sequence
 Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten ranges:
@@ -72,8 +75,18 @@ Parameters:  @BatchSize    INT 1-1000, default 10
 Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
                 FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
                 Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
-                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp
-             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp,
+                then (revision 0016) TemplateName, TemplateVersion (the version
+                to render: pinned, else the latest when the template is not
+                retired; NULL with a TemplateName: nothing to render, the
+                worker stops the mail), TemplateModel -- three NULLs for
+                ordinary mail (Body, Subject are N'' for template mail)
+             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content,
+                then (revision 0016) Generator, GeneratorArgs (Content NULL:
+                the worker generates it)
+             3. (revision 0016) the template versions the batch renders, each
+                once: TemplateName, Version, SubjectTemplate, HtmlTemplate,
+                TextTemplate (empty when no claimed mail has a template)
 Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
              50132 @LeaseSeconds out of range; 50103 a name over its size;
              50115 unknown @AppName; 50148 @AccountNames not a JSON array of names.
@@ -90,9 +103,11 @@ Isolation:   sets READ COMMITTED itself (READPAST is refused under
              lock: UPDLOCK makes them locking reads of the latest committed
              rows (Microsoft's "Table hints": UPDLOCK, READPAST).
 Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
-             mailq.MailQueue (U -> X), mailq.MailAttempt (X), mailq.MailEvent
+             mailq.MailQueue (U -> X), mailq.MailTemplate (read, S released
+             at once; revision 0016), mailq.MailAttempt (X), mailq.MailEvent
              (insert): the order of every mail-queue procedure that touches
-             several of them.
+             several of them.  The template procedures never touch
+             mailq.MailQueue, so the template read closes no cycle.
 Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
                  @LeaseSeconds = 300, @WorkerName = N'host1/1';
 */
@@ -189,7 +204,9 @@ BEGIN
         OldStatus NVARCHAR(16) NOT NULL,
         OldLockToken UNIQUEIDENTIFIER NULL,
         AttemptNo INT NOT NULL,
-        Pass INT NOT NULL
+        Pass INT NOT NULL,
+        TemplateName NVARCHAR(128) NULL,  -- revision 0016
+        TemplateVersion INT NULL          -- pinned at enqueue, then the version resolved to render
     );
     DECLARE @Pass INT = 0;
     DECLARE @Left INT = @BatchSize;
@@ -335,8 +352,10 @@ BEGIN
                 deleted.Status,
                 deleted.ThreadLock,
                 inserted.AttemptCount,
-                @Pass
-            INTO @Claimed (ID, AccountName, AppName, OldStatus, OldLockToken, AttemptNo, Pass)
+                @Pass,
+                inserted.TemplateName,
+                inserted.TemplateVersion
+            INTO @Claimed (ID, AccountName, AppName, OldStatus, OldLockToken, AttemptNo, Pass, TemplateName, TemplateVersion)
             -- Target row by its clustered key.  READPAST: a row another
             -- session holds (e.g. an acknowledgement of an expired lease in
             -- flight) is skipped instead of waited on, which also rules out a
@@ -427,9 +446,23 @@ BEGIN
             ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
         WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
 
-        -- Open an attempt for each mail now leased.
-        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
-        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
+        -- Revision 0016: the template version each template mail renders in
+        -- this attempt: the pinned one, else the latest when the template is
+        -- not retired (else NULL: the worker stops the mail and says why).
+        -- One seek on PK_MailTemplate per claimed template mail (at most
+        -- @BatchSize); a plain read: LatestVersion is committed together with
+        -- its version row (mailq.AddMailTemplateVersion), versions never change.
+        UPDATE c
+        SET c.TemplateVersion = COALESCE(c.TemplateVersion, IIF(t.RetiredAtUtc IS NULL, t.LatestVersion, NULL))
+        FROM @Claimed AS c
+        INNER JOIN mailq.MailTemplate AS t WITH (FORCESEEK) ON t.TemplateName = c.TemplateName
+        WHERE c.TemplateName IS NOT NULL;
+
+        -- Open an attempt for each mail now leased, with the template version
+        -- it renders (never changed afterwards: a later version only affects
+        -- later attempts).
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc, TemplateVersion)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now, c.TemplateVersion
         FROM @Claimed AS c;
 
         -- Events, in this transaction (docs/events.md): a reclaimed lease
@@ -478,7 +511,11 @@ BEGIN
         q.AttemptsRemaining,
         q.VisibleAtUtc AS LeaseExpiresUtc,
         q.PossibleDuplicate,
-        q.dtStamp
+        q.dtStamp,
+        -- Revision 0016: three columns, NULL for ordinary mail.
+        c.TemplateName,
+        c.TemplateVersion,
+        q.TemplateModel
     FROM mailq.MailQueue AS q
     INNER JOIN @Claimed AS c ON q.ID = c.ID
     WHERE q.ThreadLock = @LockToken
@@ -489,8 +526,26 @@ BEGIN
         a.AttachmentNo,
         a.FileName,
         a.ContentType,
-        a.Content
+        a.Content,
+        a.Generator,     -- revision 0016: a lazy attachment (Content NULL)
+        a.GeneratorArgs
     FROM mailq.MailAttachment AS a
     INNER JOIN @Claimed AS c ON a.MailID = c.ID
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+
+    -- Revision 0016: the texts of the template versions this batch renders,
+    -- each once (one seek on PK_MailTemplateVersion per distinct version).
+    SELECT
+        v.TemplateName,
+        v.Version,
+        v.SubjectTemplate,
+        v.HtmlTemplate,
+        v.TextTemplate
+    FROM mailq.MailTemplateVersion AS v
+    INNER JOIN (
+        SELECT DISTINCT c.TemplateName, c.TemplateVersion
+        FROM @Claimed AS c
+        WHERE c.TemplateVersion IS NOT NULL
+    ) AS d ON v.TemplateName = d.TemplateName AND v.Version = d.TemplateVersion
+    ORDER BY v.TemplateName ASC, v.Version ASC;
 END;

@@ -31,8 +31,13 @@ IdempotencyKey compared as binary text (COLLATE Latin1_General_100_BIN2),
 Body, TextBody, Headers  stored out of row (table option 'large value types
               out of row' = 1, revision 0007): the clustered row keeps a
               16-byte pointer, so claims and counts read narrow rows.
-Revisions 0007 and 0011 changed an existing table in place
-(sql/upgrades/mailq.0007.MailQueue.sql, sql/upgrades/mailq.0011.MailQueue.sql);
+TemplateName, TemplateVersion, TemplateModel (revision 0016): mail enqueued
+              with a template; Body and Subject are N'' then and the worker
+              renders them at send time (docs/templates.md).  TemplateVersion
+              NULL: the latest active version when claimed.
+Revisions 0007, 0011 and 0016 changed an existing table in place
+(sql/upgrades/mailq.0007.MailQueue.sql, sql/upgrades/mailq.0011.MailQueue.sql,
+sql/upgrades/mailq.0016.MailQueue.sql);
 this file shows the current shape.
 */
 IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
@@ -69,6 +74,9 @@ BEGIN
         LastError NVARCHAR(4000) NULL,
         PossibleDuplicate BIT NOT NULL CONSTRAINT DF_MailQueue_PossibleDuplicate DEFAULT (0),
         DryRun BIT NOT NULL CONSTRAINT DF_MailQueue_DryRun DEFAULT (0),
+        TemplateName NVARCHAR(128) NULL,
+        TemplateVersion INT NULL,
+        TemplateModel NVARCHAR(MAX) NULL,
         CONSTRAINT PK_MailQueue PRIMARY KEY CLUSTERED (ID),
         CONSTRAINT FK_MailQueue_SendingAccount FOREIGN KEY (AccountName)
         REFERENCES mailq.SendingAccount (AccountName),
@@ -85,7 +93,14 @@ BEGIN
         CONSTRAINT CK_MailQueue_BodyFormat CHECK (BodyFormat IN (N'Text', N'Html')),
         CONSTRAINT CK_MailQueue_Attempts CHECK (AttemptsRemaining >= 0 AND AttemptCount >= 0),
         CONSTRAINT CK_MailQueue_Headers CHECK (Headers IS NULL OR ISJSON(Headers) = 1),
-        CONSTRAINT CK_MailQueue_Expiry CHECK (ExpiresAtUtc IS NULL OR ExpiresAtUtc > DateToProcess)
+        CONSTRAINT CK_MailQueue_Expiry CHECK (ExpiresAtUtc IS NULL OR ExpiresAtUtc > DateToProcess),
+        CONSTRAINT CK_MailQueue_Template CHECK (
+            (TemplateName IS NULL AND TemplateVersion IS NULL AND TemplateModel IS NULL)
+            OR (
+                TemplateName IS NOT NULL AND TemplateModel IS NOT NULL AND ISJSON(TemplateModel) = 1
+                AND (TemplateVersion IS NULL OR TemplateVersion >= 1)
+            )
+        )
     );
     EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;
 END;

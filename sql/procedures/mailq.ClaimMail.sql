@@ -355,7 +355,9 @@ BEGIN
                 @Pass,
                 inserted.TemplateName,
                 inserted.TemplateVersion
-            INTO @Claimed (ID, AccountName, AppName, OldStatus, OldLockToken, AttemptNo, Pass, TemplateName, TemplateVersion)
+            INTO @Claimed (
+                ID, AccountName, AppName, OldStatus, OldLockToken, AttemptNo, Pass, TemplateName, TemplateVersion
+            )
             -- Target row by its clustered key.  READPAST: a row another
             -- session holds (e.g. an acknowledgement of an expired lease in
             -- flight) is skipped instead of waited on, which also rules out a
@@ -455,7 +457,7 @@ BEGIN
         UPDATE c
         SET c.TemplateVersion = COALESCE(c.TemplateVersion, IIF(t.RetiredAtUtc IS NULL, t.LatestVersion, NULL))
         FROM @Claimed AS c
-        INNER JOIN mailq.MailTemplate AS t WITH (FORCESEEK) ON t.TemplateName = c.TemplateName
+        INNER JOIN mailq.MailTemplate AS t WITH (FORCESEEK) ON c.TemplateName = t.TemplateName
         WHERE c.TemplateName IS NOT NULL;
 
         -- Open an attempt for each mail now leased, with the template version
@@ -541,11 +543,11 @@ BEGIN
         v.SubjectTemplate,
         v.HtmlTemplate,
         v.TextTemplate
-    FROM mailq.MailTemplateVersion AS v
-    INNER JOIN (
-        SELECT DISTINCT c.TemplateName, c.TemplateVersion
+    FROM mailq.MailTemplateVersion AS v WITH (FORCESEEK)
+    WHERE EXISTS (
+        SELECT 1
         FROM @Claimed AS c
-        WHERE c.TemplateVersion IS NOT NULL
-    ) AS d ON v.TemplateName = d.TemplateName AND v.Version = d.TemplateVersion
+        WHERE c.TemplateName = v.TemplateName AND c.TemplateVersion = v.Version
+    )
     ORDER BY v.TemplateName ASC, v.Version ASC;
 END;

@@ -291,14 +291,17 @@ BEGIN
             OR @TemplateVersion < 1
         BEGIN
             SET @Msg = CONCAT(
-                N'@TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and @TemplateVersion >= 1; got ''',
-                LEFT(@TemplateName, 130), N''' version ', COALESCE(CONVERT(NVARCHAR(12), @TemplateVersion), N'NULL'), N'.'
+                N'@TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and @TemplateVersion >= 1; ',
+                N'got ''', LEFT(@TemplateName, 130), N''' version ',
+                COALESCE(CONVERT(NVARCHAR(12), @TemplateVersion), N'NULL'), N'.'
             );
             THROW 50285, @Msg, 1;
         END;
         SET @TemplateModel = COALESCE(@TemplateModel, N'{}');
         IF LEN(@TemplateModel) > 2000000 OR ISJSON(@TemplateModel) = 0 OR LEFT(LTRIM(@TemplateModel), 1) <> N'{'
-            THROW 50284, N'@TemplateModel must be a JSON object (its keys are the template''s variables), at most 2,000,000 characters.', 1;
+            THROW 50284,
+                N'@TemplateModel must be a JSON object (its keys are the template''s variables), <= 2,000,000 characters.',
+                1;
 
         DECLARE @TemplateRetired DATETIME2(3), @TemplateLatest INT;
         SELECT @TemplateLatest = t.LatestVersion, @TemplateRetired = t.RetiredAtUtc
@@ -316,7 +319,8 @@ BEGIN
         IF @TemplateRetired IS NOT NULL
         BEGIN
             SET @Msg = CONCAT(
-                N'@TemplateName ''', @TemplateName, N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).'
+                N'@TemplateName ''', @TemplateName,
+                N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).'
             );
             THROW 50283, @Msg, 1;
         END;

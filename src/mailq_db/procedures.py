@@ -1069,6 +1069,8 @@ BATCH_FIELDS: tuple[tuple[str, str], ...] = (
     ("priority", "Priority"), ("date_to_process", "DateToProcess"),
     ("expires_at_utc", "ExpiresAtUtc"), ("max_attempts", "MaxAttempts"),
     ("idempotency_key", "IdempotencyKey"), ("attachments", "Attachments"),
+    # revision 0016
+    ("template_name", "TemplateName"), ("template_version", "TemplateVersion"), ("template_model", "TemplateModel"),
 )
 BATCH_MAX_ROWS = 10000
 
@@ -1129,6 +1131,8 @@ def batch_row(mail: dict[str, Any]) -> dict[str, Any]:
             value = json.dumps(value, ensure_ascii=False)
         elif name == "attachments":
             value = attachments_json(value or ())
+        elif name == "template_model":
+            value = _model_json(value)
         elif name in ("date_to_process", "expires_at_utc"):
             value = _batch_time(value)
         if value is not None:

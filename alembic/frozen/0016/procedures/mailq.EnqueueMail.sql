@@ -301,7 +301,7 @@ BEGIN
         SET @TemplateModel = COALESCE(@TemplateModel, N'{}');
         IF LEN(@TemplateModel) > 2000000 OR ISJSON(@TemplateModel) = 0 OR LEFT(LTRIM(@TemplateModel), 1) <> N'{'
             THROW 50284,
-                N'@TemplateModel must be a JSON object (its keys are the template''s variables), <= 2,000,000 characters.',
+                N'@TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.',
                 1;
 
         DECLARE @TemplateRetired DATETIME2(3), @TemplateLatest INT;

@@ -411,9 +411,10 @@ BEGIN
             IIF(b.TemplateName IS NOT NULL AND b.TemplateModel IS NOT NULL AND (
                 LEN(b.TemplateModel) > 2000000 OR ISJSON(b.TemplateModel) = 0
                 OR LEFT(LTRIM(b.TemplateModel), 1) <> N'{'), 1, 0),
-            N'TemplateModel must be a JSON object (its keys are the template''s variables), <= 2,000,000 characters.'),
+            N'TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.'),
         (47, N'TemplateName', 50282,
-            IIF(b.TemplateName IS NOT NULL AND (b.TemplateLatest IS NULL OR b.TemplateVersion > b.TemplateLatest), 1, 0),
+            IIF(b.TemplateName IS NOT NULL
+                AND (b.TemplateLatest IS NULL OR b.TemplateVersion > b.TemplateLatest), 1, 0),
             CONCAT(N'TemplateName ''', LEFT(b.TemplateName, 130), N''' ',
                 IIF(b.TemplateLatest IS NULL, N'is not a template (mailq.AddMailTemplateVersion).',
                     CONCAT(N'has no version ', b.TemplateVersion, N' (latest: ', b.TemplateLatest, N').')))),

@@ -17733,8 +17733,8 @@ Body stays NOT NULL: template mail stores Body = N'' and Subject = N'' (the
 worker renders both at send time), so every existing reader of Body (views,
 sysmail views, the worker below 0016) keeps reading a string.
 Locks: a schema-modification lock on mailq.MailQueue for the length of the
-migration's transaction.  ADD of a nullable column without a default is a
-metadata-only change; adding the constraint checks the existing rows
+migration's transaction.  The columns are nullable without a default, so no
+existing row needs a value; adding the constraint checks the existing rows
 (WITH CHECK, the default for a new constraint: ALTER TABLE (Transact-SQL),
 "WITH CHECK | WITH NOCHECK"), one read of each row, so it stays trusted:
 every existing row has the three columns NULL.  Stop the workers during the
@@ -17788,7 +17788,7 @@ CK_MailAttachment_Size references Content, and a column used in a CHECK
 constraint cannot be altered (ALTER TABLE (Transact-SQL), ALTER COLUMN: "The
 modified column can't be ... used in a CHECK or UNIQUE constraint"): it is
 dropped, the column altered, and it is added again unchanged (a NULL Content
-passes it).  NOT NULL -> NULL changes metadata only; the two constraints
+passes it).  NOT NULL -> NULL changes no stored value; the two constraints
 are added WITH CHECK (the default), one read of each attachment row (the
 length of an out-of-row value is in its root), so both stay trusted.
 Locks: a schema-modification lock on mailq.MailAttachment for the length of
@@ -17847,7 +17847,7 @@ mailq.ClaimMail when it opens the attempt (the version it resolved: the
 mail's pinned one, else the template's latest active one); NULL for ordinary
 mail and for earlier attempts.  An attempt's row is never re-resolved, so the
 version an already-sent mail used never changes.  Nullable without a
-default: metadata only, no row is touched.  Guarded; dynamic SQL for the
+default: no existing row needs a value.  Guarded; dynamic SQL for the
 same reason as mailq.0016.MailQueue.sql.  Downgrade: DOWNGRADE_0016.
 */
 IF COL_LENGTH(N'mailq.MailAttempt', N'TemplateVersion') IS NULL
@@ -20221,9 +20221,9 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0016', N'tables/mailq.MailQueue.sql', '7c94541a939967cc644cfc22902708595eb69301dc8b7691c201f870874eb441'),
     ('0016', N'tables/mailq.MailAttachment.sql', 'bc33b4217e7f1edee2041c5294df5b7b3321d9e63bd0ded25afcaeb59be7874d'),
     ('0016', N'tables/mailq.MailAttempt.sql', '857dbd2ea0f9ec058af471d0971d56d7e5fc1e0e68130a3c188ff18bc58fd542'),
-    ('0016', N'upgrades/mailq.0016.MailQueue.sql', '3104d27bd503c287d284a30746a6a335d473d0e82e024574d8fe1a08ffba5734'),
-    ('0016', N'upgrades/mailq.0016.MailAttachment.sql', '9a49ffae1225f22aee50e2cc407ce9de3163c614033cb3e045650bb4b1bfe05b'),
-    ('0016', N'upgrades/mailq.0016.MailAttempt.sql', '775c4495108b8f1d7d0814326e69994b51035133b3080e5a000bf5891296e946'),
+    ('0016', N'upgrades/mailq.0016.MailQueue.sql', '8bffd9c260081f97384d052cf713510be16ca848a10ac9ea9b032d9ba4db19a7'),
+    ('0016', N'upgrades/mailq.0016.MailAttachment.sql', '4b4b1e80bfd957ce843c281c1e85ad234394c932b77c34efa0ec2a637f7cdcd8'),
+    ('0016', N'upgrades/mailq.0016.MailAttempt.sql', '7a0c61d99a25ae9233063d8de36f8479e37663c4df0ad63ec6d370d553a6d203'),
     ('0016', N'types/mailq.MailBatchRow.sql', 'd806ba839d4d5fb1df145b4005ea60dc5642e7f41f35b8aa84cd9f073f27363e'),
     ('0016', N'procedures/mailq.EnqueueMail.sql', '6121080ff7ba011c842b6438dfd89d2a6cc21dbbb5c0dc45a1ca65e684b15bb3'),
     ('0016', N'procedures/mailq.EnqueueMailBatch.sql', '2e5dd8c7d1ed171450dc4f25964bcb414490bfc5e64145eef6136614467ca560'),

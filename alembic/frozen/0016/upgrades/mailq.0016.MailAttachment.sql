@@ -12,7 +12,7 @@ CK_MailAttachment_Size references Content, and a column used in a CHECK
 constraint cannot be altered (ALTER TABLE (Transact-SQL), ALTER COLUMN: "The
 modified column can't be ... used in a CHECK or UNIQUE constraint"): it is
 dropped, the column altered, and it is added again unchanged (a NULL Content
-passes it).  NOT NULL -> NULL changes metadata only; the two constraints
+passes it).  NOT NULL -> NULL changes no stored value; the two constraints
 are added WITH CHECK (the default), one read of each attachment row (the
 length of an out-of-row value is in its root), so both stay trusted.
 Locks: a schema-modification lock on mailq.MailAttachment for the length of

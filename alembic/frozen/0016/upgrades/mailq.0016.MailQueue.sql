@@ -15,8 +15,8 @@ Body stays NOT NULL: template mail stores Body = N'' and Subject = N'' (the
 worker renders both at send time), so every existing reader of Body (views,
 sysmail views, the worker below 0016) keeps reading a string.
 Locks: a schema-modification lock on mailq.MailQueue for the length of the
-migration's transaction.  ADD of a nullable column without a default is a
-metadata-only change; adding the constraint checks the existing rows
+migration's transaction.  The columns are nullable without a default, so no
+existing row needs a value; adding the constraint checks the existing rows
 (WITH CHECK, the default for a new constraint: ALTER TABLE (Transact-SQL),
 "WITH CHECK | WITH NOCHECK"), one read of each row, so it stays trusted:
 every existing row has the three columns NULL.  Stop the workers during the

@@ -190,3 +190,11 @@ def test_lazy_attachment_json_is_what_enqueuemail_reads():
     ]
     for key in ("'$.Generator'", "'$.Arguments' AS JSON"):
         assert key in ENQUEUE
+
+
+def test_batch_rows_carry_the_template_fields_in_the_type_order():
+    row = procedures.batch_row(dict(to_address="a@x.org", template_name="t", template_version=2,
+                                    template_model={"k": "张"}))
+    assert row == {"ToAddress": "a@x.org", "TemplateName": "t", "TemplateVersion": 2, "TemplateModel": '{"k": "张"}'}
+    tvp = procedures._batch_tvp([dict(to_address="a@x.org", template_name="t", template_model='{"k": 1}')])
+    assert tvp[2][-3:] == ("t", None, '{"k": 1}')

@@ -28783,19 +28783,24 @@ BEGIN
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
 
     -- Revision 0016: the texts of the template versions this batch renders,
-    -- each once (one seek on PK_MailTemplateVersion per distinct version).
+    -- each once: the distinct versions drive one seek each on
+    -- PK_MailTemplateVersion (an inner join, so FORCESEEK always has its
+    -- plan: nested loops with the few distinct versions outside).
+    WITH Used AS (
+        SELECT DISTINCT c.TemplateName, c.TemplateVersion
+        FROM @Claimed AS c
+        WHERE c.TemplateVersion IS NOT NULL
+    )
+
     SELECT
         v.TemplateName,
         v.Version,
         v.SubjectTemplate,
         v.HtmlTemplate,
         v.TextTemplate
-    FROM mailq.MailTemplateVersion AS v WITH (FORCESEEK)
-    WHERE EXISTS (
-        SELECT 1
-        FROM @Claimed AS c
-        WHERE c.TemplateName = v.TemplateName AND c.TemplateVersion = v.Version
-    )
+    FROM Used AS u
+    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)
+        ON u.TemplateName = v.TemplateName AND u.TemplateVersion = v.Version
     ORDER BY v.TemplateName ASC, v.Version ASC;
 END;
 
@@ -28853,7 +28858,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0016', N'types/mailq.MailBatchRow.sql', 'd806ba839d4d5fb1df145b4005ea60dc5642e7f41f35b8aa84cd9f073f27363e'),
     ('0016', N'procedures/mailq.EnqueueMail.sql', '6121080ff7ba011c842b6438dfd89d2a6cc21dbbb5c0dc45a1ca65e684b15bb3'),
     ('0016', N'procedures/mailq.EnqueueMailBatch.sql', '2e5dd8c7d1ed171450dc4f25964bcb414490bfc5e64145eef6136614467ca560'),
-    ('0016', N'procedures/mailq.ClaimMail.sql', 'c8cc3256f7db8072d107a0e1da4f8679b9ee4c1295c4dddedab12809286bc047'),
+    ('0016', N'procedures/mailq.ClaimMail.sql', '501a81255cc390687a5bf06661c95798c079c0cd6db5094d91c325f4a642352d'),
     ('0016', N'security/MailqEnqueuer.batch.grants.sql', 'dc31cf523b4f935fa2126815381df14ea8325e49dd6f7934823e40ee6f7c2f1a');
 
 GO

@@ -537,18 +537,23 @@ BEGIN
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
 
     -- Revision 0016: the texts of the template versions this batch renders,
-    -- each once (one seek on PK_MailTemplateVersion per distinct version).
+    -- each once: the distinct versions drive one seek each on
+    -- PK_MailTemplateVersion (an inner join, so FORCESEEK always has its
+    -- plan: nested loops with the few distinct versions outside).
+    WITH Used AS (
+        SELECT DISTINCT c.TemplateName, c.TemplateVersion
+        FROM @Claimed AS c
+        WHERE c.TemplateVersion IS NOT NULL
+    )
+
     SELECT
         v.TemplateName,
         v.Version,
         v.SubjectTemplate,
         v.HtmlTemplate,
         v.TextTemplate
-    FROM mailq.MailTemplateVersion AS v WITH (FORCESEEK)
-    WHERE EXISTS (
-        SELECT 1
-        FROM @Claimed AS c
-        WHERE c.TemplateName = v.TemplateName AND c.TemplateVersion = v.Version
-    )
+    FROM Used AS u
+    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)
+        ON u.TemplateName = v.TemplateName AND u.TemplateVersion = v.Version
     ORDER BY v.TemplateName ASC, v.Version ASC;
 END;

@@ -47,7 +47,10 @@ How (a small fixed number of statements in one transaction):
     reverse).  With one account and one run mode (the common case) the
     batch is exactly the global order.
  3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
-    open one attempt per claimed mail; commit; return the mails.
+    resolve the template version of template mail (revision 0016: one seek
+    on PK_MailTemplate per claimed template mail, at most @BatchSize), open
+    one attempt per claimed mail (recording that version); commit; return
+    the mails.
 Expected plan of a pass (header of IX_MailQueue_ClaimByAccount): Table Scan
 of @Drive (a few rows: one per pair) -> Nested Loops -> per pair Top (Cap) <-
 Sequence Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten
@@ -94,7 +97,17 @@ Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
                 RunMode, DryRun (1: the application is in dry-run; the worker
                 must not send it, and mailq.MarkSent records it as DryRun
                 whatever the worker reports)
-             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content
+                then (revision 0016) TemplateName, TemplateVersion (the version
+                to render: pinned, else the latest when the template is not
+                retired; NULL with a TemplateName: nothing to render, the
+                worker stops the mail), TemplateModel -- three NULLs for
+                ordinary mail (Body, Subject are N'' for template mail)
+             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content,
+                then (revision 0016) Generator, GeneratorArgs (Content NULL:
+                the worker generates it)
+             3. (revision 0016) the template versions the batch renders, each
+                once: TemplateName, Version, SubjectTemplate, HtmlTemplate,
+                TextTemplate (empty when no claimed mail has a template)
 Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
              50132 @LeaseSeconds out of range; 50103 a name over its size;
              50115 unknown @AppName; 50148 @AccountNames not a JSON array of names;
@@ -114,8 +127,11 @@ Isolation:   sets READ COMMITTED itself (READPAST is refused under
 Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
              mailq.MailQueue (U -> X; mailq.Application read by key inside
              that statement for the DryRun stamp, no lock kept),
+             mailq.MailTemplate (read, S released at once; revision 0016),
              mailq.MailAttempt (X), mailq.MailEvent (insert): the order of
-             every mail-queue procedure that touches several of them.
+             every mail-queue procedure that touches several of them.  The
+             template procedures never touch mailq.MailQueue, so the template
+             read closes no cycle.
 Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
                  @LeaseSeconds = 300, @WorkerName = N'host1/1';
 */
@@ -261,7 +277,9 @@ BEGIN
         OldStatus NVARCHAR(16) NOT NULL,
         OldLockToken UNIQUEIDENTIFIER NULL,
         AttemptNo INT NOT NULL,
-        Pass INT NOT NULL
+        Pass INT NOT NULL,
+        TemplateName NVARCHAR(128) NULL,  -- revision 0016
+        TemplateVersion INT NULL          -- pinned at enqueue, then the version resolved to render
     );
     DECLARE @Pass INT = 0;
     DECLARE @Left INT = @BatchSize;
@@ -452,8 +470,12 @@ BEGIN
                 deleted.Status,
                 deleted.ThreadLock,
                 inserted.AttemptCount,
-                @Pass
-            INTO @Claimed (ID, AccountName, AppName, RunMode, OldStatus, OldLockToken, AttemptNo, Pass)
+                @Pass,
+                inserted.TemplateName,
+                inserted.TemplateVersion
+            INTO @Claimed (
+                ID, AccountName, AppName, RunMode, OldStatus, OldLockToken, AttemptNo, Pass, TemplateName, TemplateVersion
+            )
             -- Target row by its clustered key.  READPAST: a row another
             -- session holds (e.g. an acknowledgement of an expired lease in
             -- flight) is skipped instead of waited on, which also rules out a
@@ -559,9 +581,23 @@ BEGIN
             ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
         WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
 
-        -- Open an attempt for each mail now leased.
-        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc)
-        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now
+        -- Revision 0016: the template version each template mail renders in
+        -- this attempt: the pinned one, else the latest when the template is
+        -- not retired (else NULL: the worker stops the mail and says why).
+        -- One seek on PK_MailTemplate per claimed template mail (at most
+        -- @BatchSize); a plain read: LatestVersion is committed together with
+        -- its version row (mailq.AddMailTemplateVersion), versions never change.
+        UPDATE c
+        SET c.TemplateVersion = COALESCE(c.TemplateVersion, IIF(t.RetiredAtUtc IS NULL, t.LatestVersion, NULL))
+        FROM @Claimed AS c
+        INNER JOIN mailq.MailTemplate AS t WITH (FORCESEEK) ON c.TemplateName = t.TemplateName
+        WHERE c.TemplateName IS NOT NULL;
+
+        -- Open an attempt for each mail now leased, with the template version
+        -- it renders (never changed afterwards: a later version only affects
+        -- later attempts).
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc, TemplateVersion)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now, c.TemplateVersion
         FROM @Claimed AS c;
 
         -- Events, in this transaction (docs/events.md): a reclaimed lease
@@ -612,7 +648,11 @@ BEGIN
         q.PossibleDuplicate,
         q.dtStamp,
         q.RunMode,
-        q.DryRun
+        q.DryRun,
+        -- Revision 0016: three columns, NULL for ordinary mail.
+        c.TemplateName,
+        c.TemplateVersion,
+        q.TemplateModel
     FROM mailq.MailQueue AS q
     INNER JOIN @Claimed AS c ON q.ID = c.ID
     WHERE q.ThreadLock = @LockToken
@@ -623,8 +663,31 @@ BEGIN
         a.AttachmentNo,
         a.FileName,
         a.ContentType,
-        a.Content
+        a.Content,
+        a.Generator,     -- revision 0016: a lazy attachment (Content NULL)
+        a.GeneratorArgs
     FROM mailq.MailAttachment AS a
     INNER JOIN @Claimed AS c ON a.MailID = c.ID
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+
+    -- Revision 0016: the texts of the template versions this batch renders,
+    -- each once: the distinct versions drive one seek each on
+    -- PK_MailTemplateVersion (an inner join, so FORCESEEK always has its
+    -- plan: nested loops with the few distinct versions outside).
+    WITH Used AS (
+        SELECT DISTINCT c.TemplateName, c.TemplateVersion
+        FROM @Claimed AS c
+        WHERE c.TemplateVersion IS NOT NULL
+    )
+
+    SELECT
+        v.TemplateName,
+        v.Version,
+        v.SubjectTemplate,
+        v.HtmlTemplate,
+        v.TextTemplate
+    FROM Used AS u
+    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)
+        ON u.TemplateName = v.TemplateName AND u.TemplateVersion = v.Version
+    ORDER BY v.TemplateName ASC, v.Version ASC;
 END;

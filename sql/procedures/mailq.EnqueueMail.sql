@@ -21,7 +21,19 @@ Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
              @MaxAttempts    1-20, default 5
              @IdempotencyKey <= 200 chars; see "Idempotency" below
              @Attachments    JSON array of {"FileName", "ContentType",
-                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all
+                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all.
+                          A lazy attachment names a generator instead of
+                          "ContentBase64": {"FileName", "ContentType",
+                          "Generator": "csv", "Arguments": {...}} (revision
+                          0016): the worker calls the generator at send time
+                          and holds its output to the same limits
+             @TemplateName   (revision 0016) a template (mailq.AddMailTemplateVersion)
+                          instead of @Subject/@Body/@TextBody: the worker
+                          renders subject and body at send time from
+                          @TemplateModel (docs/templates.md); not retired
+             @TemplateVersion  pin a version of it; NULL: the latest active
+                          version when the mail is claimed (mailq.ClaimMail)
+             @TemplateModel  the model, a JSON object text; NULL means {}
              @RunMode        the run mode the mail belongs to (revision 0015):
                           a name of 1-32 characters, a-z first, then a-z 0-9
                           '-' '_' (e.g. 'prod', 'staging', 'test'); default
@@ -69,7 +81,15 @@ Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
              50160 the application may not send through @AccountName;
              50161 the application may not send as @FromAddress;
              50162 the idempotency key's lock was not granted in 10 s (or deadlock);
-             50168 the calling database user is mapped to another application.
+             50168 the calling database user is mapped to another application;
+             (revision 0016, templates and lazy attachments)
+             50280 @TemplateName together with @Subject, @Body or @TextBody;
+             50281 @TemplateVersion or @TemplateModel without @TemplateName;
+             50282 unknown @TemplateName, or no such @TemplateVersion;
+             50283 the template is retired; 50284 @TemplateModel not a JSON object;
+             50285 @TemplateVersion not >= 1, or @TemplateName not a template name;
+             50286 a lazy attachment malformed (Generator name, Arguments not an
+                   object, or both ContentBase64 and Generator).
 Transaction: opens its own if none is open, else works inside the caller's
              (the outbox pattern: the mail exists exactly when the caller
              commits; no savepoint, SAVE TRANSACTION fails under MSDTC with
@@ -84,6 +104,8 @@ Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
 Lock order:  the application lock on the key, then mailq.MailQueue (insert,
              with its Enqueued row in mailq.MailEvent), then
              mailq.MailAttachment (docs/guarantees.md, "Lock order").
+             The template check (mailq.MailTemplate, one seek, S lock released
+             at once) runs in validation, before the transaction.
 Example:     DECLARE @ID BIGINT;
              EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
                  @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
@@ -112,7 +134,11 @@ CREATE OR ALTER PROCEDURE mailq.EnqueueMail
     @MailID BIGINT = NULL OUTPUT,
     @MessageID NVARCHAR(255) = NULL OUTPUT,
     @Created BIT = NULL OUTPUT,
-    @RunMode NVARCHAR(4000) = NULL
+    @RunMode NVARCHAR(4000) = NULL,
+    -- Revision 0016 (templates), appended at the end of the list.
+    @TemplateName NVARCHAR(4000) = NULL,
+    @TemplateVersion INT = NULL,
+    @TemplateModel NVARCHAR(MAX) = NULL
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -142,8 +168,21 @@ BEGIN
     -- the hash of every call that does not pass it is unchanged (a retry
     -- across the upgrade still finds its mail).
     IF @RunMode IS NOT NULL SET @ContentJson = CONCAT(@ContentJson, N'|RunMode=', @RunMode);
+    -- Revision 0016: the template parameters join the hash only when given,
+    -- so the hash of ordinary mail is the one earlier revisions stored (an
+    -- idempotency key retried across the upgrade still matches its mail).
+    IF @TemplateName IS NOT NULL OR @TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL
+        SET @ContentJson = CONCAT(
+            @ContentJson,
+            (
+                SELECT @TemplateName AS TemplateName, @TemplateVersion AS TemplateVersion,
+                    @TemplateModel AS TemplateModel
+                FOR JSON PATH, WITHOUT_ARRAY_WRAPPER
+            )
+        );
 
     SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
+    IF @TemplateName IS NOT NULL SET @BodyFormat = N'Text';  -- stored placeholder; the render decides
     SET @Priority = COALESCE(@Priority, 5);
     SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
     SET @DateToProcess = COALESCE(@DateToProcess, @Now);
@@ -151,10 +190,23 @@ BEGIN
     -- 1. Validate parameters before any transaction starts.
     IF @ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(@ToAddress))
         THROW 50101, N'@ToAddress is required: give at least one recipient address (separate several with ;).', 1;
+    -- Revision 0016: a template instead of @Subject / @Body / @TextBody.
+    IF @TemplateName IS NULL AND (@TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL)
+        THROW 50281, N'@TemplateVersion and @TemplateModel need @TemplateName.', 1;
+    IF @TemplateName IS NOT NULL
+    BEGIN
+        IF @Body IS NOT NULL OR @TextBody IS NOT NULL OR NULLIF(@Subject, N'') IS NOT NULL
+            THROW 50280,
+                N'@TemplateName renders the subject and the body: leave @Subject, @Body and @TextBody NULL.',
+                1;
+        SET @Subject = N'';
+        SET @Body = N'';
+    END;
+
     IF @Subject IS NULL
         THROW 50121, N'@Subject is required (pass N'''' for a mail without subject).', 1;
     IF @Body IS NULL
-        THROW 50120, N'@Body is required.', 1;
+        THROW 50120, N'@Body is required (or @TemplateName and @TemplateModel).', 1;
 
     SELECT TOP (1)
         @Msg = CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.')
@@ -252,6 +304,53 @@ BEGIN
             LEFT(@RunMode, 40), N'''.'
         );
         THROW 50240, @Msg, 1;
+    END;
+
+    -- Revision 0016: the template and its model.  The template must exist
+    -- and not be retired (a retired template takes no new mail, pinned or
+    -- not: mailq.RetireMailTemplate); a pinned version must exist (versions
+    -- are never deleted: trg_MailTemplateVersion_Immutable).  The model is
+    -- a JSON object (at most 2,000,000 characters, the renderer's limit).
+    IF @TemplateName IS NOT NULL
+    BEGIN
+        IF LEN(@TemplateName) NOT BETWEEN 1 AND 128
+            OR @TemplateName COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
+            OR @TemplateVersion < 1
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and @TemplateVersion >= 1; ',
+                N'got ''', LEFT(@TemplateName, 130), N''' version ',
+                COALESCE(CONVERT(NVARCHAR(12), @TemplateVersion), N'NULL'), N'.'
+            );
+            THROW 50285, @Msg, 1;
+        END;
+        SET @TemplateModel = COALESCE(@TemplateModel, N'{}');
+        IF LEN(@TemplateModel) > 2000000 OR ISJSON(@TemplateModel) = 0 OR LEFT(LTRIM(@TemplateModel), 1) <> N'{'
+            THROW 50284,
+                N'@TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.',
+                1;
+
+        DECLARE @TemplateRetired DATETIME2(3), @TemplateLatest INT;
+        SELECT @TemplateLatest = t.LatestVersion, @TemplateRetired = t.RetiredAtUtc
+        FROM mailq.MailTemplate AS t
+        WHERE t.TemplateName = @TemplateName;
+        IF @TemplateLatest IS NULL OR @TemplateVersion > @TemplateLatest
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TemplateName ''', @TemplateName, N'''',
+                IIF(@TemplateLatest IS NULL, N' is not a template (mailq.AddMailTemplateVersion).',
+                    CONCAT(N' has no version ', @TemplateVersion, N' (latest: ', @TemplateLatest, N').'))
+            );
+            THROW 50282, @Msg, 1;
+        END;
+        IF @TemplateRetired IS NOT NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TemplateName ''', @TemplateName,
+                N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).'
+            );
+            THROW 50283, @Msg, 1;
+        END;
     END;
 
     -- Business headers: a JSON object whose values are strings.
@@ -406,7 +505,10 @@ BEGIN
         AttachmentNo INT NOT NULL PRIMARY KEY,
         FileName NVARCHAR(4000) NULL,
         ContentType NVARCHAR(4000) NULL,
-        Content VARBINARY(MAX) NULL
+        Content VARBINARY(MAX) NULL,
+        Generator NVARCHAR(4000) NULL,       -- revision 0016: lazy attachment
+        GeneratorArgs NVARCHAR(MAX) NULL,
+        GeneratorArgsText NVARCHAR(MAX) NULL -- "Arguments" when it is not an object or array
     );
     IF @Attachments IS NOT NULL
     BEGIN
@@ -417,18 +519,28 @@ BEGIN
         IF EXISTS (SELECT 1 FROM OPENJSON(@Attachments) AS e WHERE e.[type] <> 5)
             THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
         BEGIN TRY
-            INSERT INTO @Attachment (AttachmentNo, FileName, ContentType, Content)
+            INSERT INTO @Attachment (
+                AttachmentNo, FileName, ContentType, Content, Generator, GeneratorArgs, GeneratorArgsText
+            )
             SELECT
                 CAST(e.[key] AS INT) + 1 AS AttachmentNo,
                 f.FileName,
                 f.ContentType,
-                f.Content
+                f.Content,
+                f.Generator,
+                f.GeneratorArgs,
+                f.GeneratorArgsText
             FROM OPENJSON(@Attachments) AS e
             CROSS APPLY OPENJSON (e.[value])
                 WITH (
                     FileName NVARCHAR(4000) '$.FileName',
                     ContentType NVARCHAR(4000) '$.ContentType',
-                    Content VARBINARY(MAX) '$.ContentBase64'
+                    Content VARBINARY(MAX) '$.ContentBase64',
+                    -- AS JSON: an object or array value (NULL for a scalar);
+                    -- without it, the scalar (NULL for an object): OPENJSON (Transact-SQL), "AS JSON".
+                    Generator NVARCHAR(4000) '$.Generator',
+                    GeneratorArgs NVARCHAR(MAX) '$.Arguments' AS JSON,
+                    GeneratorArgsText NVARCHAR(MAX) '$.Arguments'
                 ) AS f;
         END TRY
         BEGIN CATCH
@@ -436,8 +548,30 @@ BEGIN
             THROW 50117, @Msg, 1;
         END CATCH;
 
-        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL)
+        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL AND t.Generator IS NULL)
             THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        -- Revision 0016: lazy attachments ("Generator" + optional "Arguments" object).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: attachment ', t.AttachmentNo, N' (''', LEFT(t.FileName, 100), N'''): ',
+            CASE
+                WHEN t.Content IS NOT NULL THEN N'give ContentBase64 or Generator, not both.'
+                WHEN t.GeneratorArgsText IS NOT NULL OR LEFT(LTRIM(t.GeneratorArgs), 1) <> N'{'
+                    THEN N'Arguments must be a JSON object.'
+                ELSE N'Generator must be 1-128 characters of A-Z a-z 0-9 . _ - (an entry point name).'
+            END
+        )
+        FROM @Attachment AS t
+        WHERE
+            t.Generator IS NOT NULL
+            AND (
+                t.Content IS NOT NULL
+                OR t.GeneratorArgsText IS NOT NULL
+                OR LEFT(LTRIM(t.GeneratorArgs), 1) <> N'{'
+                OR LEN(t.Generator) NOT BETWEEN 1 AND 128
+                OR t.Generator COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
+            )
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50286, @Msg, 1;
         IF (SELECT COUNT(*) FROM @Attachment) > 10
             THROW 50112, N'@Attachments holds more than 10 attachments.', 1;
 
@@ -554,7 +688,8 @@ BEGIN
                 ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
                 Status, AttemptsRemaining, Priority, AccountName, AppName,
                 IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc,
-                RunMode
+                RunMode,
+                TemplateName, TemplateVersion, TemplateModel  -- revision 0016
             )
             -- The Enqueued event in the same statement (docs/events.md).
             OUTPUT
@@ -566,17 +701,22 @@ BEGIN
                 @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
                 N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
                 @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc,
-                @RunMode
+                @RunMode,
+                @TemplateName, @TemplateVersion, @TemplateModel
             );
             SET @MailID = SCOPE_IDENTITY();
 
-            INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
+            INSERT INTO mailq.MailAttachment (
+                MailID, AttachmentNo, FileName, ContentType, Content, Generator, GeneratorArgs
+            )
             SELECT
                 @MailID,
                 t.AttachmentNo,
                 LTRIM(RTRIM(t.FileName)),
                 COALESCE(t.ContentType, N'application/octet-stream'),
-                t.Content
+                t.Content,
+                t.Generator,
+                IIF(t.Generator IS NULL, NULL, t.GeneratorArgs)
             FROM @Attachment AS t;
 
             SET @Created = 1;

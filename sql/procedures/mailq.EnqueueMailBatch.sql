@@ -7,8 +7,11 @@ Parameters:  @Mails     NVARCHAR(MAX): a JSON array of objects, one per mail,
                         CC, BCC, FromAddress, FromName, ReplyTo, Headers,
                         AccountName, AppName, Priority, DateToProcess,
                         ExpiresAtUtc, MaxAttempts, IdempotencyKey,
-                        Attachments, RunMode); Headers and Attachments as JSON (an
-                        object / array) or as the string EnqueueMail takes;
+                        Attachments, RunMode and (revision 0016) TemplateName,
+                        TemplateVersion, TemplateModel); Headers, Attachments
+                        and TemplateModel as JSON (an object / array) or as
+                        the string EnqueueMail takes.  A lazy attachment
+                        ("Generator") is EnqueueMail's only (50286 here);
                         times are UTC ISO 8601 ('2030-01-01T08:00:00', 'Z'
                         allowed, no other offset).  Row ordinal = position + 1.
              @MailRows  mailq.MailBatchRow READONLY: the same, as a
@@ -146,6 +149,9 @@ BEGIN
         IdempotencyKey NVARCHAR(4000) COLLATE Latin1_General_100_BIN2 NULL,
         Attachments NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
         RunMode NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,  -- revision 0015
+        TemplateName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,   -- revision 0016
+        TemplateVersion INT NULL,
+        TemplateModel NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
         -- derived
         HeadersJson NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,      -- Headers if a JSON object, else NULL
         AttachmentsJson NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,  -- Attachments if a JSON array, else NULL
@@ -160,7 +166,8 @@ BEGIN
         MessageID NVARCHAR(255) COLLATE DATABASE_DEFAULT NULL,
         KeyLeader INT NULL,                    -- RowNo of the row that creates the key's mail
         ToCount INT NULL, ReplyToCount INT NULL, FromCount INT NULL, FromHasName BIT NULL, RecipientCount INT NULL,
-        AppKnown BIT NULL, AccountBound BIT NULL, FromBound BIT NULL
+        AppKnown BIT NULL, AccountBound BIT NULL, FromBound BIT NULL,
+        TemplateLatest INT NULL, TemplateRetired BIT NULL  -- revision 0016
     );
     CREATE TABLE #Problem (
         RowNo INT NOT NULL,
@@ -222,7 +229,7 @@ BEGIN
         INSERT INTO #Batch (
             RowNo, ToAddress, Subject, Body, BodyFormat, TextBody, CC, BCC, FromAddress, FromName,
             ReplyTo, Headers, AccountName, AppName, Priority, DateToProcess, ExpiresAtUtc,
-            MaxAttempts, IdempotencyKey, Attachments, RunMode
+            MaxAttempts, IdempotencyKey, Attachments, RunMode, TemplateName, TemplateVersion, TemplateModel
         )
         SELECT
             CAST(e.[key] AS INT) + 1,
@@ -232,7 +239,8 @@ BEGIN
             TRY_CONVERT(DATETIME2(3), f.DateToProcess, 127),
             TRY_CONVERT(DATETIME2(3), f.ExpiresAtUtc, 127),
             TRY_CONVERT(INT, f.MaxAttempts),
-            f.IdempotencyKey, COALESCE(f.AttachmentsArray, f.AttachmentsText), f.RunMode
+            f.IdempotencyKey, COALESCE(f.AttachmentsArray, f.AttachmentsText), f.RunMode,
+            f.TemplateName, TRY_CONVERT(INT, f.TemplateVersion), COALESCE(f.TemplateModelObject, f.TemplateModelText)
         FROM OPENJSON(@Mails) AS e
         CROSS APPLY OPENJSON (e.[value])
             WITH (
@@ -248,7 +256,10 @@ BEGIN
                 IdempotencyKey NVARCHAR(4000) '$.IdempotencyKey',
                 AttachmentsArray NVARCHAR(MAX) '$.Attachments' AS JSON,
                 AttachmentsText NVARCHAR(MAX) '$.Attachments',
-                RunMode NVARCHAR(4000) '$.RunMode'
+                RunMode NVARCHAR(4000) '$.RunMode',
+                TemplateName NVARCHAR(4000) '$.TemplateName', TemplateVersion NVARCHAR(MAX) '$.TemplateVersion',
+                TemplateModelObject NVARCHAR(MAX) '$.TemplateModel' AS JSON,
+                TemplateModelText NVARCHAR(MAX) '$.TemplateModel'
             ) AS f;
 
         -- 50223: unknown field names, and fields of the wrong JSON type
@@ -265,20 +276,20 @@ BEGIN
                         N'ToAddress', N'Subject', N'Body', N'BodyFormat', N'TextBody', N'CC', N'BCC',
                         N'FromAddress', N'FromName', N'ReplyTo', N'Headers', N'AccountName', N'AppName',
                         N'Priority', N'DateToProcess', N'ExpiresAtUtc', N'MaxAttempts', N'IdempotencyKey',
-                        N'Attachments', N'RunMode'
+                        N'Attachments', N'RunMode', N'TemplateName', N'TemplateVersion', N'TemplateModel'
                     )
                         THEN CONCAT(
                             N'''', LEFT(k.[key], 80), N''' is not a field of a mail (names are case-sensitive).'
                         )
-                    WHEN k.[type] <> 0 AND k.[key] IN (N'Headers', N'Attachments') THEN NULL
+                    WHEN k.[type] <> 0 AND k.[key] IN (N'Headers', N'Attachments', N'TemplateModel') THEN NULL
                     WHEN k.[type] = 0 THEN NULL   -- JSON null: the default
-                    WHEN k.[key] IN (N'Priority', N'MaxAttempts')
+                    WHEN k.[key] IN (N'Priority', N'MaxAttempts', N'TemplateVersion')
                         AND (k.[type] NOT IN (1, 2) OR TRY_CONVERT(INT, k.[value]) IS NULL)
                         THEN CONCAT(N'''', k.[key], N''' must be an integer.')
                     WHEN k.[key] IN (N'DateToProcess', N'ExpiresAtUtc')
                         AND (k.[type] <> 1 OR TRY_CONVERT(DATETIME2(3), k.[value], 127) IS NULL)
                         THEN CONCAT(N'''', k.[key], N''' must be a UTC time in ISO 8601, e.g. "2030-01-01T08:00:00Z".')
-                    WHEN k.[key] NOT IN (N'Priority', N'MaxAttempts')
+                    WHEN k.[key] NOT IN (N'Priority', N'MaxAttempts', N'TemplateVersion')
                         AND k.[type] <> 1
                         THEN CONCAT(N'''', k.[key], N''' must be a JSON string.')
                 END AS Message
@@ -298,12 +309,13 @@ BEGIN
         INSERT INTO #Batch (
             RowNo, ToAddress, Subject, Body, BodyFormat, TextBody, CC, BCC, FromAddress, FromName,
             ReplyTo, Headers, AccountName, AppName, Priority, DateToProcess, ExpiresAtUtc,
-            MaxAttempts, IdempotencyKey, Attachments, RunMode
+            MaxAttempts, IdempotencyKey, Attachments, RunMode, TemplateName, TemplateVersion, TemplateModel
         )
         SELECT
             r.RowNo, r.ToAddress, r.Subject, r.Body, r.BodyFormat, r.TextBody, r.CC, r.BCC, r.FromAddress,
             r.FromName, r.ReplyTo, r.Headers, r.AccountName, r.AppName, r.Priority, r.DateToProcess,
-            r.ExpiresAtUtc, r.MaxAttempts, r.IdempotencyKey, r.Attachments, r.RunMode
+            r.ExpiresAtUtc, r.MaxAttempts, r.IdempotencyKey, r.Attachments, r.RunMode,
+            r.TemplateName, r.TemplateVersion, r.TemplateModel
         FROM @MailRows AS r;
     END;
 
@@ -325,7 +337,10 @@ BEGIN
         DefaultFrom = a.DefaultFromAddress,
         DefaultFromName = a.DefaultFromName,
         DueUtc = COALESCE(b.DateToProcess, @Now),
-        ContentHash = HASHBYTES('SHA2_256', h.ContentJson)
+        -- Revision 0016: EnqueueMail's template fields join the hash only when given.
+        ContentHash = HASHBYTES('SHA2_256', CONCAT(h.ContentJson, t.TemplateJson)),
+        TemplateLatest = m.LatestVersion,
+        TemplateRetired = IIF(m.RetiredAtUtc IS NULL, 0, 1)
     FROM #Batch AS b
     LEFT JOIN mailq.SendingAccount AS a
         ON a.AccountName = COALESCE(b.AccountName, @DefaultAccount)
@@ -340,7 +355,15 @@ BEGIN
                 b.Priority, b.DateToProcess, b.ExpiresAtUtc, b.MaxAttempts, b.Attachments
             FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
         ), IIF(b.RunMode IS NULL, N'', CONCAT(N'|RunMode=', b.RunMode))) AS ContentJson
-    ) AS h;
+    ) AS h
+    CROSS APPLY (
+        SELECT IIF(
+            b.TemplateName IS NULL AND b.TemplateVersion IS NULL AND b.TemplateModel IS NULL,
+            NULL,
+            (SELECT b.TemplateName, b.TemplateVersion, b.TemplateModel FOR JSON PATH, WITHOUT_ARRAY_WRAPPER)
+        ) AS TemplateJson
+    ) AS t
+    LEFT JOIN mailq.MailTemplate AS m ON m.TemplateName = LEFT(b.TemplateName, 128);
 
     UPDATE #Batch
     SET
@@ -364,6 +387,49 @@ BEGIN
     FROM #Batch AS b;
 
     -- 3. Validation, rule by rule over all rows (RuleOrder = EnqueueMail's order).
+    -- Revision 0016: a template instead of Subject / Body / TextBody (EnqueueMail's
+    -- 50281, 50280 before its required-value rules; 50285, 50284, 50282, 50283
+    -- after its body size rule).  A template row's Subject and Body are N''
+    -- (stored, like EnqueueMail's; the worker renders them).
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
+    FROM #Batch AS b
+    CROSS APPLY (
+        VALUES
+        (8, N'TemplateName', 50281,
+            IIF(b.TemplateName IS NULL AND (b.TemplateVersion IS NOT NULL OR b.TemplateModel IS NOT NULL), 1, 0),
+            N'TemplateVersion and TemplateModel need TemplateName.'),
+        (9, N'TemplateName', 50280,
+            IIF(b.TemplateName IS NOT NULL
+                AND (b.Body IS NOT NULL OR b.TextBody IS NOT NULL OR NULLIF(b.Subject, N'') IS NOT NULL), 1, 0),
+            N'TemplateName renders the subject and the body: leave Subject, Body and TextBody out.'),
+        (45, N'TemplateName', 50285,
+            IIF(b.TemplateName IS NOT NULL AND (
+                LEN(b.TemplateName) NOT BETWEEN 1 AND 128
+                OR b.TemplateName COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
+                OR b.TemplateVersion < 1), 1, 0),
+            N'TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and TemplateVersion >= 1.'),
+        (46, N'TemplateModel', 50284,
+            IIF(b.TemplateName IS NOT NULL AND b.TemplateModel IS NOT NULL AND (
+                LEN(b.TemplateModel) > 2000000 OR ISJSON(b.TemplateModel) = 0
+                OR LEFT(LTRIM(b.TemplateModel), 1) <> N'{'), 1, 0),
+            N'TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.'),
+        (47, N'TemplateName', 50282,
+            IIF(b.TemplateName IS NOT NULL
+                AND (b.TemplateLatest IS NULL OR b.TemplateVersion > b.TemplateLatest), 1, 0),
+            CONCAT(N'TemplateName ''', LEFT(b.TemplateName, 130), N''' ',
+                IIF(b.TemplateLatest IS NULL, N'is not a template (mailq.AddMailTemplateVersion).',
+                    CONCAT(N'has no version ', b.TemplateVersion, N' (latest: ', b.TemplateLatest, N').')))),
+        (48, N'TemplateName', 50283, IIF(b.TemplateRetired = 1, 1, 0),
+            CONCAT(N'TemplateName ''', LEFT(b.TemplateName, 130),
+                N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).'))
+    ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
+    WHERE c.Failed = 1;
+
+    UPDATE #Batch
+    SET Subject = N'', Body = N'', BodyFormat = N'Text', TemplateModel = COALESCE(TemplateModel, N'{}')
+    WHERE TemplateName IS NOT NULL AND Body IS NULL AND TextBody IS NULL AND NULLIF(Subject, N'') IS NULL;
+
     -- Required values, sizes, CR/LF, body format, priority, attempts, expiry, body size.
     INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
     SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
@@ -589,6 +655,16 @@ BEGIN
     FROM #Batch AS b
     CROSS APPLY OPENJSON(b.AttachmentsJson) AS e
     WHERE e.[type] <> 5;
+
+    -- Revision 0016: a lazy attachment ("Generator") is accepted by
+    -- mailq.EnqueueMail only; here it is refused with EnqueueMail's number for
+    -- a malformed lazy attachment, before the ContentBase64 rule would blame it.
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT DISTINCT b.RowNo, 70, N'Attachments', 50286,
+        N'Attachments: a lazy attachment ("Generator") is accepted by mailq.EnqueueMail, not by the batch.'
+    FROM #Batch AS b
+    CROSS APPLY OPENJSON(b.AttachmentsJson) AS e
+    WHERE e.[type] = 5 AND JSON_VALUE(e.[value], N'$.Generator') IS NOT NULL;
 
     INSERT INTO #Attachment (RowNo, AttachmentNo, FileName, ContentType, ContentBase64)
     SELECT b.RowNo, CAST(e.[key] AS INT) + 1, f.FileName, f.ContentType, f.ContentBase64
@@ -817,7 +893,8 @@ BEGIN
             ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
             Status, AttemptsRemaining, Priority, AccountName, AppName,
             IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc,
-            RunMode
+            RunMode,
+            TemplateName, TemplateVersion, TemplateModel  -- revision 0016
         )
         OUTPUT inserted.ID, inserted.MessageID, inserted.AppName
         INTO #Inserted (MailID, MessageID, AppName)
@@ -827,7 +904,8 @@ BEGIN
             b.ToAddress, b.CC, b.BCC, b.Subject, b.Body, COALESCE(b.BodyFormat, N'Text'), b.TextBody, b.Headers,
             N'UnSent', COALESCE(b.MaxAttempts, 5), COALESCE(b.Priority, 5), b.EffAccountName, b.EffAppName,
             b.IdempotencyKey, b.ContentHash, b.MessageID, b.ExpiresAtUtc,
-            COALESCE(b.RunMode, N'prod')
+            COALESCE(b.RunMode, N'prod'),
+            b.TemplateName, b.TemplateVersion, b.TemplateModel
         FROM #Batch AS b
         WHERE
             NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo)

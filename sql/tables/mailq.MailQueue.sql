@@ -37,9 +37,14 @@ RunMode       the run mode the mail was enqueued under ('prod', 'staging',
 DryRun        stamped by every claim from the application's DryRun flag and
               kept by the acknowledgement (mailq.MarkSent): 1 = recorded as
               sent, reached no server.
-Revisions 0007, 0011 and 0015 changed an existing table in place
-(sql/upgrades/mailq.0007.MailQueue.sql, sql/upgrades/mailq.0011.MailQueue.sql,
-sql/upgrades/mailq.0015.MailQueue.sql); this file shows the current shape.
+TemplateName, TemplateVersion, TemplateModel (revision 0016): mail enqueued
+              with a template; Body and Subject are N'' then and the worker
+              renders them at send time (docs/templates.md).  TemplateVersion
+              NULL: the latest active version when claimed.
+Revisions 0007, 0011, 0015 and 0016 changed an existing table in place
+(sql/upgrades/mailq.0007.MailQueue.sql, mailq.0011.MailQueue.sql,
+mailq.0015.MailQueue.sql, mailq.0016.MailQueue.sql); this file shows the
+current shape.
 */
 IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
 BEGIN
@@ -76,6 +81,9 @@ BEGIN
         PossibleDuplicate BIT NOT NULL CONSTRAINT DF_MailQueue_PossibleDuplicate DEFAULT (0),
         DryRun BIT NOT NULL CONSTRAINT DF_MailQueue_DryRun DEFAULT (0),
         RunMode NVARCHAR(32) NOT NULL CONSTRAINT DF_MailQueue_RunMode DEFAULT (N'prod'),
+        TemplateName NVARCHAR(128) NULL,
+        TemplateVersion INT NULL,
+        TemplateModel NVARCHAR(MAX) NULL,
         CONSTRAINT PK_MailQueue PRIMARY KEY CLUSTERED (ID),
         CONSTRAINT FK_MailQueue_SendingAccount FOREIGN KEY (AccountName)
         REFERENCES mailq.SendingAccount (AccountName),
@@ -97,6 +105,13 @@ BEGIN
             LEN(RunMode) BETWEEN 1 AND 32
             AND RunMode COLLATE Latin1_General_100_BIN2 LIKE N'[a-z]%'
             AND RunMode COLLATE Latin1_General_100_BIN2 NOT LIKE N'%[^a-z0-9_-]%'
+        ),
+        CONSTRAINT CK_MailQueue_Template CHECK (
+            (TemplateName IS NULL AND TemplateVersion IS NULL AND TemplateModel IS NULL)
+            OR (
+                TemplateName IS NOT NULL AND TemplateModel IS NOT NULL AND ISJSON(TemplateModel) = 1
+                AND (TemplateVersion IS NULL OR TemplateVersion >= 1)
+            )
         )
     );
     EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;

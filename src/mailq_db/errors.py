@@ -187,3 +187,13 @@ class TemplateStateError(MailStateError):
 SPECIFIC.update({n: TemplateInputError for n in range(50210, 50215)})
 SPECIFIC.update({50215: UnknownTemplateError, 50216: TemplateStateError,
                  50217: TemplateStateError, 50218: TemplateStateError})
+
+
+# Templates and lazy attachments wired into enqueue (revision 0016; docs/templates.md,
+# "Enqueueing with a template").  Bad input of EnqueueMail / EnqueueMailBatch,
+# nothing written: InvalidInputError (50280, 50281, 50284-50286), unknown template or
+# version UnknownTemplateError (50282), retired TemplateStateError (50283).  50289
+# refuses a downgrade below 0016 (MailStateError, its block's class).
+SPECIFIC.update({50280: InvalidInputError, 50281: InvalidInputError, 50282: UnknownTemplateError,
+                 50283: TemplateStateError, 50284: InvalidInputError, 50285: InvalidInputError,
+                 50286: InvalidInputError})

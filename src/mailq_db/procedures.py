@@ -49,6 +49,33 @@ class Attachment:
 
 
 @dataclass(frozen=True)
+class LazyAttachment:
+    """An attachment produced at send time by a generator (revision 0016): an
+    entry point of the group ``mailq_db.attachment_generators`` called with
+    ``arguments`` (a JSON object).  Enqueue it like an :class:`Attachment`;
+    mailq.ClaimMail returns it in ``ClaimedMail.attachments`` until the worker
+    replaces it by what the generator made."""
+
+    file_name: str
+    generator: str
+    arguments: dict[str, Any] | str | None = None  # a dict, or JSON object text
+    content_type: str | None = None  # None: the generator's, else application/octet-stream
+
+
+@dataclass(frozen=True)
+class ClaimedTemplate:
+    """One template version a claimed batch renders (ClaimMail's third result
+    set); attribute names as :class:`MailTemplateRow`, so
+    ``templates.MailTemplate.from_row`` takes it."""
+
+    template_name: str
+    version: int
+    subject_template: str
+    html_template: str | None
+    text_template: str | None
+
+
+@dataclass(frozen=True)
 class EnqueueResult:
     mail_id: int
     message_id: str
@@ -78,7 +105,15 @@ class ClaimedMail:
     lease_expires_utc: datetime
     possible_duplicate: bool
     dt_stamp: datetime
-    attachments: list[Attachment] = field(default_factory=list)
+    attachments: list[Attachment | LazyAttachment] = field(default_factory=list)
+    # Revision 0016: mail enqueued with a template.  template_version is the
+    # version this attempt renders (None with a template_name: none to render,
+    # e.g. the template was retired and the mail pinned no version); template
+    # holds its texts.  subject and body are '' until the worker renders them.
+    template_name: str | None = None
+    template_version: int | None = None
+    template_model: str | None = None
+    template: ClaimedTemplate | None = None
     #: Revision 0015 (docs/run-modes.md): the mail's run mode, and DryRun = the
     #: application is in dry-run: the worker must not send it (MarkSent records
     #: it as DryRun whatever the worker reports).
@@ -133,16 +168,24 @@ def id_list(ids: Iterable[int]) -> str:
     return json.dumps(values)
 
 
-def attachments_json(attachments: Iterable[Attachment]) -> str | None:
-    """The JSON array EnqueueMail's @Attachments takes (content base64-encoded)."""
-    items = [
-        {
+def attachments_json(attachments: Iterable[Attachment | LazyAttachment]) -> str | None:
+    """The JSON array EnqueueMail's @Attachments takes (content base64-encoded;
+    a :class:`LazyAttachment` as "Generator" + "Arguments")."""
+    items: list[dict[str, Any]] = []
+    for a in attachments:
+        if isinstance(a, LazyAttachment):
+            item: dict[str, Any] = {"FileName": a.file_name, "Generator": a.generator}
+            if a.content_type is not None:
+                item["ContentType"] = a.content_type
+            if a.arguments is not None:
+                item["Arguments"] = json.loads(a.arguments) if isinstance(a.arguments, str) else a.arguments
+            items.append(item)
+            continue
+        items.append({
             "FileName": a.file_name,
             "ContentType": a.content_type,
             "ContentBase64": base64.b64encode(a.content).decode("ascii"),
-        }
-        for a in attachments
-    ]
+        })
     return json.dumps(items, ensure_ascii=False) if items else None
 
 
@@ -167,18 +210,26 @@ EXEC mailq.EnqueueMail
     @AccountName = ?, @AppName = ?, @Priority = ?, @DateToProcess = ?,
     @ExpiresAtUtc = ?, @MaxAttempts = ?, @IdempotencyKey = ?, @Attachments = ?,
     @RunMode = ?,
-    @MailID = @MailID OUTPUT, @MessageID = @MessageID OUTPUT, @Created = @Created OUTPUT;
+    @MailID = @MailID OUTPUT, @MessageID = @MessageID OUTPUT, @Created = @Created OUTPUT,
+    @TemplateName = ?, @TemplateVersion = ?, @TemplateModel = ?;
 SELECT @MailID AS MailID, @MessageID AS MessageID, @Created AS Created;
 """
+
+
+def _model_json(model: Any) -> str | None:
+    """A template model as EnqueueMail's @TemplateModel takes it (JSON object text)."""
+    if model is None or isinstance(model, str):
+        return model
+    return json.dumps(model, ensure_ascii=False)
 
 
 def enqueue_mail(
     conn: Any,
     *,
     to_address: str,
-    subject: str,
-    body: str,
-    body_format: str = "Text",
+    subject: str | None = None,
+    body: str | None = None,
+    body_format: str | None = "Text",
     text_body: str | None = None,
     cc: str | None = None,
     bcc: str | None = None,
@@ -193,11 +244,19 @@ def enqueue_mail(
     expires_at_utc: datetime | None = None,
     max_attempts: int | None = None,
     idempotency_key: str | None = None,
-    attachments: Iterable[Attachment] = (),
+    attachments: Iterable[Attachment | LazyAttachment] = (),
     run_mode: str | None = None,
+    template_name: str | None = None,
+    template_version: int | None = None,
+    template_model: Any = None,
 ) -> EnqueueResult:
     """mailq.EnqueueMail: validate and queue one mail; returns its ID and Message-ID.
-    ``run_mode``: the run mode it belongs to (default 'prod', docs/run-modes.md)."""
+    With ``template_name`` (+ ``template_model``, a dict or JSON object text, and
+    optionally a pinned ``template_version``) instead of subject and body, the
+    worker renders the mail at send time (docs/templates.md).  ``run_mode``: the run
+    mode it belongs to (default 'prod', docs/run-modes.md)."""
+    if template_name is not None and body_format == "Text":
+        body_format = None  # the template's parts decide
     cursor = _call(
         conn,
         ENQUEUE_SQL,
@@ -208,6 +267,7 @@ def enqueue_mail(
             account_name, app_name, priority, date_to_process,
             expires_at_utc, max_attempts, idempotency_key, attachments_json(attachments),
             run_mode,
+            template_name, template_version, _model_json(template_model),
         ],
     )
     row = _rows(cursor)[0]
@@ -269,13 +329,33 @@ def claim_mail(
             dt_stamp=r.dtStamp,
             run_mode=getattr(r, "RunMode", None) or "prod",
             dry_run=bool(getattr(r, "DryRun", False)),
+            # revision 0016 (absent from a database below it)
+            template_name=getattr(r, "TemplateName", None),
+            template_version=_int_or_none(getattr(r, "TemplateVersion", None)),
+            template_model=getattr(r, "TemplateModel", None),
         )
     if _next(cursor):
         for r in _rows(cursor):
+            generator = getattr(r, "Generator", None)
             mails[int(r.MailID)].attachments.append(
-                Attachment(r.FileName, bytes(r.Content), r.ContentType)
+                LazyAttachment(r.FileName, generator, r.GeneratorArgs, r.ContentType)
+                if generator is not None else Attachment(r.FileName, bytes(r.Content), r.ContentType)
             )
+        # Revision 0016: the template versions the batch renders, each once.
+        if _next(cursor):
+            texts = {
+                (r.TemplateName.casefold(), int(r.Version)): ClaimedTemplate(
+                    r.TemplateName, int(r.Version), r.SubjectTemplate, r.HtmlTemplate, r.TextTemplate)
+                for r in _rows(cursor)
+            }
+            for mail in mails.values():
+                if mail.template_name is not None and mail.template_version is not None:
+                    mail.template = texts.get((mail.template_name.casefold(), mail.template_version))
     return list(mails.values())
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 EXTEND_SQL = "EXEC mailq.ExtendLease @IDList = ?, @LockToken = ?, @LeaseSeconds = ?;"
@@ -1036,6 +1116,8 @@ BATCH_FIELDS: tuple[tuple[str, str], ...] = (
     ("expires_at_utc", "ExpiresAtUtc"), ("max_attempts", "MaxAttempts"),
     ("idempotency_key", "IdempotencyKey"), ("attachments", "Attachments"),
     ("run_mode", "RunMode"),  # revision 0015
+    # revision 0016
+    ("template_name", "TemplateName"), ("template_version", "TemplateVersion"), ("template_model", "TemplateModel"),
 )
 BATCH_MAX_ROWS = 10000
 
@@ -1096,6 +1178,8 @@ def batch_row(mail: dict[str, Any]) -> dict[str, Any]:
             value = json.dumps(value, ensure_ascii=False)
         elif name == "attachments":
             value = attachments_json(value or ())
+        elif name == "template_model":
+            value = _model_json(value)
         elif name in ("date_to_process", "expires_at_utc"):
             value = _batch_time(value)
         if value is not None:

@@ -220,10 +220,12 @@ def test_run_modes_parameter_defaults_to_prod_and_is_validated(claim):
     assert "COLLATE LATIN1_GENERAL_100_BIN2 LIKE N'%[^A-Z0-9_-]%'" in claim
 
 
-def test_claim_stamps_dry_run_from_the_application_and_returns_it_last(claim):
+def test_claim_stamps_dry_run_from_the_application_and_returns_it_after_run_mode(claim):
     assert "Q.DRYRUN = COALESCE( (SELECT AP.DRYRUN FROM MAILQ.APPLICATION AS AP WHERE AP.APPNAME = Q.APPNAME), CAST(0 AS BIT) )" in claim
     first = claim[claim.index("-- 4.") if "-- 4." in claim else claim.rindex("SELECT Q.ID, Q.MESSAGEID"):]
-    assert re.search(r"Q\.DTSTAMP, Q\.RUNMODE, Q\.DRYRUN FROM MAILQ\.MAILQUEUE AS Q INNER JOIN @CLAIMED", first)
+    # revision 0015 appended RunMode, DryRun; revision 0016 the three template columns after them
+    assert re.search(r"Q\.DTSTAMP, Q\.RUNMODE, Q\.DRYRUN, C\.TEMPLATENAME, C\.TEMPLATEVERSION, Q\.TEMPLATEMODEL "
+                     r"FROM MAILQ\.MAILQUEUE AS Q INNER JOIN @CLAIMED", first)
 
 
 def _passes(accounts: dict[str, int], modes: int, batch: int, yields, rng) -> tuple[dict, list[int]]:

@@ -80,7 +80,13 @@ def test_content_hash_is_enqueuemails_column_for_column():
     single = _json_columns(SINGLE_CODE, "@")
     batch = _json_columns(strip_comments(BATCH), "b.")
     assert batch == single
-    assert "HASHBYTES('SHA2_256', h.ContentJson)" in BATCH_CODE
+    # revision 0016: the template fields are appended only when given, in both
+    assert "HASHBYTES('SHA2_256', CONCAT(h.ContentJson, t.TemplateJson))" in BATCH_CODE
+    single_t = re.search(r"SELECT @TemplateName AS TemplateName, @TemplateVersion AS TemplateVersion,\s*"
+                         r"@TemplateModel AS TemplateModel\s*FOR JSON PATH, WITHOUT_ARRAY_WRAPPER\s*\)", SINGLE_CODE)
+    batch_t = re.search(r"SELECT b\.TemplateName, b\.TemplateVersion, b\.TemplateModel "
+                        r"FOR JSON PATH, WITHOUT_ARRAY_WRAPPER\)", BATCH_CODE)
+    assert single_t and batch_t
     assert "HASHBYTES('SHA2_256', @ContentJson)" in SINGLE_CODE
 
 

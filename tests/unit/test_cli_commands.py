@@ -87,6 +87,17 @@ def test_enqueue_passes_everything_to_the_procedure(fake, tmp_path, capsys):
     assert "mail 1 queued" in capsys.readouterr().out
 
 
+def test_enqueue_with_a_template_passes_name_version_and_model(fake, tmp_path, capsys):
+    (tmp_path / "m.json").write_text('{"name": "张三"}', encoding="utf-8")
+    assert main(["enqueue", "--to", "a@example.com", "--template", "welcome", "--template-version", "2",
+                 "--model", str(tmp_path / "m.json")]) == 0
+    [call] = fake.calls_to("enqueue_mail")
+    assert (call["template_name"], call["template_version"], call["template_model"]) == ("welcome", 2, '{"name": "张三"}')
+    assert call["subject"] is None and call["body"] is None
+    assert main(["enqueue", "--to", "a@example.com", "--template", "welcome", "--subject", "x"]) == 1
+    assert "--template renders the subject" in capsys.readouterr().err
+
+
 def test_enqueue_without_a_body_is_refused(fake, capsys):
     assert main(["enqueue", "--to", "a@example.com", "--subject", "x"]) == 1
     assert "give a body" in capsys.readouterr().err

@@ -62,6 +62,11 @@ def register(subparsers) -> None:
     p.add_argument("--expires-at", type=_when, metavar="TIME", help="give up after this time (ISO 8601)")
     p.add_argument("--max-attempts", type=_positive)
     p.add_argument("--idempotency-key", help="a second enqueue with the same key returns the first mail")
+    p.add_argument("--template", metavar="NAME",
+                   help="render subject and body from this stored template at send time (instead of "
+                        "--subject and a body; docs/templates.md)")
+    p.add_argument("--template-version", type=_positive, metavar="N", help="pin a version of --template")
+    p.add_argument("--model", metavar="FILE", help="the template's JSON model ('-' for stdin; default {})")
     p.add_argument("--batch", metavar="FILE", help="queue every mail of a JSON array in one call")
     p.add_argument("--reject-invalid", action="store_true",
                    help="with --batch: queue the valid mails and list the invalid ones (default: all or nothing)")
@@ -138,12 +143,18 @@ def _headers(items: list[str]) -> dict[str, str] | None:
 def run(args) -> int:
     if args.batch:
         return run_batch(args)
-    missing = [flag for flag, value in (("--to", args.to), ("--subject", args.subject)) if value is None]
+    if args.template is None and (args.template_version is not None or args.model is not None):
+        args.parser.error("--template-version and --model go with --template")
+    required = [("--to", args.to)] + ([] if args.template else [("--subject", args.subject)])
+    missing = [flag for flag, value in required if value is None]
     if missing:
         args.parser.error("the following arguments are required: " + ", ".join(missing))
     if args.reject_invalid:
         args.parser.error("--reject-invalid goes with --batch")
-    if not args.text_file and not args.html_file:
+    if args.template and (args.subject is not None or args.text_file or args.html_file):
+        raise ConfigurationError("--template renders the subject and the body: leave out --subject, "
+                                 "--text-file and --html-file")
+    if not args.template and not args.text_file and not args.html_file:
         raise ConfigurationError("give a body: --text-file FILE and/or --html-file FILE ('-' for stdin)")
     if args.text_file == "-" and args.html_file == "-":
         raise ConfigurationError("only one of --text-file/--html-file can read standard input")
@@ -161,6 +172,10 @@ def run(args) -> int:
         attachments=[_attachment(p) for p in args.attach],
         run_mode=args.run_mode,
     )
+    if args.template:  # revision 0016: rendered by the worker
+        request.update(subject=None, body=None, body_format=None, text_body=None,
+                       template_name=args.template, template_version=args.template_version,
+                       template_model=_read(args.model) if args.model else None)
     if not request["to_address"]:
         raise ConfigurationError("--to needs at least one address")
     conn = connect(args.db)

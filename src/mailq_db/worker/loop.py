@@ -34,6 +34,7 @@ from ..errors import DatabaseError, LeaseLostError
 from ..procedures import ClaimedMail
 from .classify import RETRY, STOP, WAIT, Outcome, classify_exception, classify_reply, permanent
 from .config import AccountConfig, Config
+from .lazy import LazyContentError, needs_preparing, prepare
 from .logs import event
 from .message import MalformedMail, Outgoing, build
 from .metrics import Metrics
@@ -82,6 +83,7 @@ class Worker:
         name: str | None = None,
         dry_run: bool | None = None,
         sleep: Callable[[float], Any] | None = None,
+        generators: Any = None,
     ):
         self.config = config
         self.settings = config.worker
@@ -95,6 +97,8 @@ class Worker:
         self.sleep = sleep or self.stop.wait
         self.name = name or self.settings.worker_name
         self.dry_run = self.settings.dry_run if dry_run is None else dry_run
+        #: attachment generators by name (None: the installed entry points)
+        self.generators = generators
         self.token = uuid.uuid4()
         self.held: dict[int, ClaimedMail] = {}  # leased, not yet acknowledged/failed/released
         self.pending: list[_Pending] = []  # sent, acknowledgement not yet written
@@ -170,6 +174,7 @@ class Worker:
             return 0
         self.metrics.inc("claimed", len(mails))
         self.held = {m.id: m for m in mails}
+        mails = self._prepare_lazy(mails)
         self.done_recipients = self._recipients_done(mails)
         try:
             for account, group in group_by_account(mails).items():
@@ -182,6 +187,23 @@ class Worker:
             if self.held:
                 self.release(list(self.held.values()), "worker stopping")
         return len(mails)
+
+    def _prepare_lazy(self, mails: list[ClaimedMail]) -> list[ClaimedMail]:
+        """Render template mail and generate lazy attachments (worker/lazy.py),
+        before any login; a mail whose content cannot be made is stopped with
+        the reason (what and where), so a fixed template + RequeueMail sends it."""
+        ready: list[ClaimedMail] = []
+        for mail in mails:
+            if not needs_preparing(mail):
+                ready.append(mail)
+                continue
+            try:
+                ready.append(prepare(mail, registry=self.generators))
+            except LazyContentError as exc:
+                self.metrics.inc("lazy_content_errors")
+                self.fail([mail], Outcome(STOP, exc.reason, "lazy content", None, None, "mail"))
+        self.held.update((m.id, m) for m in ready)
+        return ready
 
     # ------------------------------------------------------------ one account
 

@@ -20,6 +20,7 @@ COUNTERS = {
     "login_sleeps": "sleeps for the account's minimum interval between logins (mailq.AcquireLoginSlot)",
     "login_deferrals": "account batches deferred (Wait, no attempt spent) for the minimum login interval",
     "errors": "unexpected worker errors (batch abandoned, leases left to expire)",
+    "lazy_content_errors": "mails stopped because their template or a lazy attachment failed (revision 0016)",
 }
 #: upper bounds, in seconds, of the claim latency histogram
 CLAIM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

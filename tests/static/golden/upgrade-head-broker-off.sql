@@ -111,7 +111,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3199,7 +3199,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3284,7 +3284,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4885,7 +4885,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -4970,7 +4970,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -5987,7 +5987,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -6072,7 +6072,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9365,7 +9365,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9810,7 +9810,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -11967,7 +11967,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -12052,7 +12052,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -15054,7 +15054,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -15602,7 +15602,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -16398,7 +16398,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -17456,7 +17456,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0015'
+IF @Rows = 1 AND @Current = '0016'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -20389,6 +20389,3031 @@ END;
 GO
 
 UPDATE dbo.mailq_alembic_version SET version_num='0015' WHERE dbo.mailq_alembic_version.version_num = '0014';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0015 -> 0016
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0016'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0015')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0016 upgrades a database at 0015; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'on'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' has delayed execution (stored option broker=on); this script was rendered with -x broker=off and would leave its objects at an old revision. Render it without -x broker=off.');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'off', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'off';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'off');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailQueue: one row per mail.  The article's column names are kept
+(ID, dtStamp, DateToProcess, DateProcessed, FromName, FromAddress, ToAddress,
+CC, BCC, Status, ThreadLock, AttemptsRemaining, Priority, Body) and corrected:
+BIGINT ID, NVARCHAR text, UTC DATETIME2(3) times, errors in LastError (never in
+Status).
+
+Status: UnSent (queued) -> Sending (leased) -> Sent | Failed | Cancelled | Expired
+| Stopped (mailq.StopMail, revision 0011).  Every change of Status (and every
+claim, retry and release) writes a row in mailq.MailEvent in the same
+transaction (docs/events.md).
+
+VisibleAtUtc is the one column the claim ranges over: it holds the due time
+while the mail is UnSent and the lease expiry while it is Sending, so "due or
+lease expired" is a single range on IX_MailQueue_Claim (an OR across two
+columns cannot seek).  DateToProcess keeps the caller's requested due time.
+
+ThreadLock    the lock token of the worker holding the lease (NULL otherwise);
+              every acknowledgement is fenced by it.
+AttemptCount  attempts started (claims that led to Sending); AttemptsRemaining
+              is decremented at claim, so a mail that kills its worker cannot
+              loop forever.  Wait and Release refund the attempt.
+PossibleDuplicate  set when an expired lease is reclaimed: the first worker may
+              have handed the mail to SMTP before dying.
+ContentHash   SHA-256 of the enqueued content; an idempotency key reused with
+              different content is refused (error 50116).
+MessageID     RFC 5322 Message-ID made at enqueue, sent unchanged by every
+              attempt so that receivers can drop duplicates.
+IdempotencyKey compared as binary text (COLLATE Latin1_General_100_BIN2),
+              like the sp_getapplock resource mailq.EnqueueMail locks on.
+Body, TextBody, Headers  stored out of row (table option 'large value types
+              out of row' = 1, revision 0007): the clustered row keeps a
+              16-byte pointer, so claims and counts read narrow rows.
+RunMode       the run mode the mail was enqueued under ('prod', 'staging',
+              'test', ...; default 'prod'): only workers configured for it
+              claim it (docs/run-modes.md, revision 0015).
+DryRun        stamped by every claim from the application's DryRun flag and
+              kept by the acknowledgement (mailq.MarkSent): 1 = recorded as
+              sent, reached no server.
+TemplateName, TemplateVersion, TemplateModel (revision 0016): mail enqueued
+              with a template; Body and Subject are N'' then and the worker
+              renders them at send time (docs/templates.md).  TemplateVersion
+              NULL: the latest active version when claimed.
+Revisions 0007, 0011, 0015 and 0016 changed an existing table in place
+(sql/upgrades/mailq.0007.MailQueue.sql, mailq.0011.MailQueue.sql,
+mailq.0015.MailQueue.sql, mailq.0016.MailQueue.sql); this file shows the
+current shape.
+*/
+IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailQueue (
+        ID BIGINT IDENTITY (1, 1) NOT NULL,
+        dtStamp DATETIME2(3) NOT NULL CONSTRAINT DF_MailQueue_dtStamp DEFAULT (SYSUTCDATETIME()),
+        DateToProcess DATETIME2(3) NOT NULL,
+        DateProcessed DATETIME2(3) NULL,
+        VisibleAtUtc DATETIME2(3) NOT NULL,
+        FromName NVARCHAR(200) NULL,
+        FromAddress NVARCHAR(320) NOT NULL,
+        ReplyTo NVARCHAR(320) NULL,
+        ToAddress NVARCHAR(4000) NOT NULL,
+        CC NVARCHAR(4000) NULL,
+        BCC NVARCHAR(4000) NULL,
+        Subject NVARCHAR(900) NOT NULL,
+        Body NVARCHAR(MAX) NOT NULL,
+        BodyFormat NVARCHAR(8) NOT NULL CONSTRAINT DF_MailQueue_BodyFormat DEFAULT (N'Text'),
+        TextBody NVARCHAR(MAX) NULL,
+        Headers NVARCHAR(MAX) NULL,
+        Status NVARCHAR(16) NOT NULL CONSTRAINT DF_MailQueue_Status DEFAULT (N'UnSent'),
+        ThreadLock UNIQUEIDENTIFIER NULL,
+        AttemptsRemaining INT NOT NULL,
+        AttemptCount INT NOT NULL CONSTRAINT DF_MailQueue_AttemptCount DEFAULT (0),
+        Priority TINYINT NOT NULL CONSTRAINT DF_MailQueue_Priority DEFAULT (5),
+        AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        IdempotencyKey NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NULL,
+        ContentHash VARBINARY(32) NOT NULL,
+        MessageID NVARCHAR(255) NOT NULL,
+        ExpiresAtUtc DATETIME2(3) NULL,
+        SentAtUtc DATETIME2(3) NULL,
+        LastError NVARCHAR(4000) NULL,
+        PossibleDuplicate BIT NOT NULL CONSTRAINT DF_MailQueue_PossibleDuplicate DEFAULT (0),
+        DryRun BIT NOT NULL CONSTRAINT DF_MailQueue_DryRun DEFAULT (0),
+        RunMode NVARCHAR(32) NOT NULL CONSTRAINT DF_MailQueue_RunMode DEFAULT (N'prod'),
+        TemplateName NVARCHAR(128) NULL,
+        TemplateVersion INT NULL,
+        TemplateModel NVARCHAR(MAX) NULL,
+        CONSTRAINT PK_MailQueue PRIMARY KEY CLUSTERED (ID),
+        CONSTRAINT FK_MailQueue_SendingAccount FOREIGN KEY (AccountName)
+        REFERENCES mailq.SendingAccount (AccountName),
+        CONSTRAINT FK_MailQueue_Application FOREIGN KEY (AppName)
+        REFERENCES mailq.Application (AppName),
+        CONSTRAINT CK_MailQueue_Status CHECK (
+            Status IN (N'UnSent', N'Sending', N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
+        ),
+        CONSTRAINT CK_MailQueue_Lease CHECK (
+            (Status = N'Sending' AND ThreadLock IS NOT NULL)
+            OR (Status <> N'Sending' AND ThreadLock IS NULL)
+        ),
+        CONSTRAINT CK_MailQueue_Priority CHECK (Priority BETWEEN 0 AND 9),
+        CONSTRAINT CK_MailQueue_BodyFormat CHECK (BodyFormat IN (N'Text', N'Html')),
+        CONSTRAINT CK_MailQueue_Attempts CHECK (AttemptsRemaining >= 0 AND AttemptCount >= 0),
+        CONSTRAINT CK_MailQueue_Headers CHECK (Headers IS NULL OR ISJSON(Headers) = 1),
+        CONSTRAINT CK_MailQueue_Expiry CHECK (ExpiresAtUtc IS NULL OR ExpiresAtUtc > DateToProcess),
+        CONSTRAINT CK_MailQueue_RunMode CHECK (
+            LEN(RunMode) BETWEEN 1 AND 32
+            AND RunMode COLLATE Latin1_General_100_BIN2 LIKE N'[a-z]%'
+            AND RunMode COLLATE Latin1_General_100_BIN2 NOT LIKE N'%[^a-z0-9_-]%'
+        ),
+        CONSTRAINT CK_MailQueue_Template CHECK (
+            (TemplateName IS NULL AND TemplateVersion IS NULL AND TemplateModel IS NULL)
+            OR (
+                TemplateName IS NOT NULL AND TemplateModel IS NOT NULL AND ISJSON(TemplateModel) = 1
+                AND (TemplateVersion IS NULL OR TemplateVersion >= 1)
+            )
+        )
+    );
+    EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailAttachment: attachments of a mail, in order.  Size limits (also
+checked, with a numbered error, by mailq.EnqueueMail): 10 MiB per attachment,
+25 MiB per mail, 10 attachments per mail.  FileName is a bare name (no path).
+Lazy attachments (revision 0016, sql/upgrades/mailq.0016.MailAttachment.sql):
+a row holds Content, or names a Generator (an entry point of the group
+mailq_db.attachment_generators) with GeneratorArgs (a JSON object), never
+both; the worker generates the content at send time and holds it to the same
+limits (docs/templates.md).
+*/
+IF OBJECT_ID(N'mailq.MailAttachment', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailAttachment (
+        MailID BIGINT NOT NULL,
+        AttachmentNo INT NOT NULL,
+        FileName NVARCHAR(255) NOT NULL,
+        ContentType NVARCHAR(255) NOT NULL
+        CONSTRAINT DF_MailAttachment_ContentType DEFAULT (N'application/octet-stream'),
+        Content VARBINARY(MAX) NULL,
+        Generator NVARCHAR(128) NULL,
+        GeneratorArgs NVARCHAR(MAX) NULL,
+        CONSTRAINT PK_MailAttachment PRIMARY KEY CLUSTERED (MailID, AttachmentNo),
+        CONSTRAINT FK_MailAttachment_MailQueue FOREIGN KEY (MailID)
+        REFERENCES mailq.MailQueue (ID),
+        CONSTRAINT CK_MailAttachment_Size CHECK (DATALENGTH(Content) <= 10485760),
+        CONSTRAINT CK_MailAttachment_No CHECK (AttachmentNo BETWEEN 1 AND 10),
+        CONSTRAINT CK_MailAttachment_FileName CHECK (
+            LEN(FileName) > 0 AND FileName NOT LIKE N'%[/\:]%'
+        ),
+        CONSTRAINT CK_MailAttachment_Source CHECK (
+            (Content IS NOT NULL AND Generator IS NULL AND GeneratorArgs IS NULL)
+            OR (
+                Content IS NULL AND Generator IS NOT NULL AND LEN(Generator) > 0
+                AND (GeneratorArgs IS NULL OR ISJSON(GeneratorArgs) = 1)
+            )
+        )
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailAttempt: one row per attempt to send a mail.  Opened by
+mailq.ClaimMail, closed by the acknowledgement (MarkSent, MarkFailed,
+ReleaseMail) or, when an expired lease is reclaimed, by the next ClaimMail
+with Outcome = 'Abandoned'.
+Outcome: Sent, DryRun, Retry, Wait, Stop, Released, Abandoned; NULL while open.
+TemplateVersion (revision 0016): the template version this attempt rendered,
+set by mailq.ClaimMail when it opens the attempt; NULL for ordinary mail.
+*/
+IF OBJECT_ID(N'mailq.MailAttempt', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.MailAttempt (
+        MailID BIGINT NOT NULL,
+        AttemptNo INT NOT NULL,
+        LockToken UNIQUEIDENTIFIER NOT NULL,
+        WorkerName NVARCHAR(128) NULL,
+        StartedAtUtc DATETIME2(3) NOT NULL,
+        EndedAtUtc DATETIME2(3) NULL,
+        Outcome NVARCHAR(16) NULL,
+        SmtpCode INT NULL,
+        ErrorText NVARCHAR(4000) NULL,
+        TemplateVersion INT NULL,
+        CONSTRAINT PK_MailAttempt PRIMARY KEY CLUSTERED (MailID, AttemptNo),
+        CONSTRAINT FK_MailAttempt_MailQueue FOREIGN KEY (MailID)
+        REFERENCES mailq.MailQueue (ID),
+        CONSTRAINT CK_MailAttempt_Outcome CHECK (
+            Outcome IS NULL
+            OR Outcome IN (N'Sent', N'DryRun', N'Retry', N'Wait', N'Stop', N'Released', N'Abandoned')
+        )
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Revision 0016: mail enqueued with a template (issue 16, point 2, part B),
+added in place to mailq.MailQueue without moving, copying or deleting a
+queued mail.  Every step is guarded, so a second run changes nothing.
+    TemplateName     NVARCHAR(128) NULL  the template (mailq.MailTemplate) the
+                     worker renders the subject and body from; NULL: ordinary mail
+    TemplateVersion  INT NULL            the version the caller pinned; NULL:
+                     the latest active version when the mail is claimed
+    TemplateModel    NVARCHAR(MAX) NULL  the JSON object the template renders
+                     (stored out of row, like Body: 'large value types out of row')
+    CK_MailQueue_Template: the three are all NULL (ordinary mail), or name and
+                     model are given (model a JSON object text), version NULL or >= 1.
+Body stays NOT NULL: template mail stores Body = N'' and Subject = N'' (the
+worker renders both at send time), so every existing reader of Body (views,
+sysmail views, the worker below 0016) keeps reading a string.
+Locks: a schema-modification lock on mailq.MailQueue for the length of the
+migration's transaction.  The columns are nullable without a default, so no
+existing row needs a value; adding the constraint checks the existing rows
+(WITH CHECK, the default for a new constraint: ALTER TABLE (Transact-SQL),
+"WITH CHECK | WITH NOCHECK"), one read of each row, so it stays trusted:
+every existing row has the three columns NULL.  Stop the workers during the
+upgrade, as for every revision.
+Every step is dynamic SQL: the schema model of tools/tsqlcheck takes the
+table's shape from sql/tables/mailq.MailQueue.sql, which already holds the
+columns and the constraint.
+Downgrade: DOWNGRADE_0016 in alembic/versions/0016_*.py (refused with 50289
+while a mail that is not finished carries a template).
+*/
+IF COL_LENGTH(N'mailq.MailQueue', N'TemplateName') IS NULL
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.MailQueue ADD TemplateName NVARCHAR(128) NULL;';
+
+IF COL_LENGTH(N'mailq.MailQueue', N'TemplateVersion') IS NULL
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.MailQueue ADD TemplateVersion INT NULL;';
+
+IF COL_LENGTH(N'mailq.MailQueue', N'TemplateModel') IS NULL
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.MailQueue ADD TemplateModel NVARCHAR(MAX) NULL;';
+
+IF OBJECT_ID(N'mailq.CK_MailQueue_Template', N'C') IS NULL
+    EXEC sys.sp_executesql
+        N'ALTER TABLE mailq.MailQueue WITH CHECK ADD CONSTRAINT CK_MailQueue_Template CHECK (
+              (TemplateName IS NULL AND TemplateVersion IS NULL AND TemplateModel IS NULL)
+              OR (
+                  TemplateName IS NOT NULL AND TemplateModel IS NOT NULL AND ISJSON(TemplateModel) = 1
+                  AND (TemplateVersion IS NULL OR TemplateVersion >= 1)
+              )
+          );';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Revision 0016: lazy attachments (issue 16, point 2, part B), added in place to
+mailq.MailAttachment.  Every step is guarded, so a second run changes nothing.
+    Content        becomes NULL-able (NULL: the worker generates the content)
+    Generator      NVARCHAR(128) NULL  an entry point of the group
+                   mailq_db.attachment_generators that the worker calls
+    GeneratorArgs  NVARCHAR(MAX) NULL  its arguments, a JSON object text
+    CK_MailAttachment_Source: exactly one of Content and Generator; arguments
+                   only with a generator, and then JSON.
+CK_MailAttachment_Size references Content, and a column used in a CHECK
+constraint cannot be altered (ALTER TABLE (Transact-SQL), ALTER COLUMN: "The
+modified column can't be ... used in a CHECK or UNIQUE constraint"): it is
+dropped, the column altered, and it is added again unchanged (a NULL Content
+passes it).  NOT NULL -> NULL changes no stored value; the two constraints
+are added WITH CHECK (the default), one read of each attachment row (the
+length of an out-of-row value is in its root), so both stay trusted.
+Locks: a schema-modification lock on mailq.MailAttachment for the length of
+the migration's transaction; stop the workers during the upgrade.
+Dynamic SQL for the same reason as mailq.0016.MailQueue.sql.
+Downgrade: DOWNGRADE_0016 in alembic/versions/0016_*.py (refused with 50289
+while a lazy attachment exists).
+*/
+IF EXISTS (
+    SELECT 1
+    FROM sys.columns AS c
+    WHERE c.[object_id] = OBJECT_ID(N'mailq.MailAttachment') AND c.name = N'Content' AND c.is_nullable = 0
+)
+BEGIN
+    IF OBJECT_ID(N'mailq.CK_MailAttachment_Size', N'C') IS NOT NULL
+        ALTER TABLE mailq.MailAttachment DROP CONSTRAINT CK_MailAttachment_Size;
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.MailAttachment ALTER COLUMN Content VARBINARY(MAX) NULL;';
+END;
+
+IF OBJECT_ID(N'mailq.CK_MailAttachment_Size', N'C') IS NULL
+    EXEC sys.sp_executesql
+        N'ALTER TABLE mailq.MailAttachment WITH CHECK ADD CONSTRAINT CK_MailAttachment_Size
+          CHECK (DATALENGTH(Content) <= 10485760);';
+
+IF COL_LENGTH(N'mailq.MailAttachment', N'Generator') IS NULL
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.MailAttachment ADD Generator NVARCHAR(128) NULL;';
+
+IF COL_LENGTH(N'mailq.MailAttachment', N'GeneratorArgs') IS NULL
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.MailAttachment ADD GeneratorArgs NVARCHAR(MAX) NULL;';
+
+IF OBJECT_ID(N'mailq.CK_MailAttachment_Source', N'C') IS NULL
+    EXEC sys.sp_executesql
+        N'ALTER TABLE mailq.MailAttachment WITH CHECK ADD CONSTRAINT CK_MailAttachment_Source CHECK (
+              (Content IS NOT NULL AND Generator IS NULL AND GeneratorArgs IS NULL)
+              OR (
+                  Content IS NULL AND Generator IS NOT NULL AND LEN(Generator) > 0
+                  AND (GeneratorArgs IS NULL OR ISJSON(GeneratorArgs) = 1)
+              )
+          );';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Revision 0016: mailq.MailAttempt records the template version an attempt
+rendered (issue 16, point 2, part B): TemplateVersion INT NULL, set by
+mailq.ClaimMail when it opens the attempt (the version it resolved: the
+mail's pinned one, else the template's latest active one); NULL for ordinary
+mail and for earlier attempts.  An attempt's row is never re-resolved, so the
+version an already-sent mail used never changes.  Nullable without a
+default: no existing row needs a value.  Guarded; dynamic SQL for the
+same reason as mailq.0016.MailQueue.sql.  Downgrade: DOWNGRADE_0016.
+*/
+IF COL_LENGTH(N'mailq.MailAttempt', N'TemplateVersion') IS NULL
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.MailAttempt ADD TemplateVersion INT NULL;';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a
+table-valued parameter, for applications).  One row per mail; the columns are
+mailq.EnqueueMail's parameters with the same names and types, so that a row
+and a single call with the same values are the same mail (same content hash,
+same validation).  RowNo is the caller's ordinal: errors and results name it.
+NULL in an optional column means EnqueueMail's default.
+A table type cannot be altered: a later change is a new type (or a drop and
+re-create while no procedure references it), in its own revision.
+Callers need EXECUTE on the type (sql/security/MailqEnqueuer.batch.grants.sql).
+Revision 0015 appended RunMode (re-created by that revision's before_files
+hook), revision 0016 appends TemplateName, TemplateVersion, TemplateModel
+(EnqueueMail's new parameters).  A type in use cannot be altered or dropped
+("Cannot drop type ... because it is being referenced"; DROP TYPE
+(Transact-SQL): drop the objects that reference it first), so a type without
+them (revision 0014's or 0015's) is dropped after mailq.EnqueueMailBatch, the one
+module whose parameter uses it, in the migration's transaction; both are
+created again by their files in this revision (the procedure's file follows
+in the build order) and MailqEnqueuer.batch.grants.sql grants both again.
+The downgrade rebuilds revision 0015's type the same way
+(alembic/versions/0016_*.py, after_downgrade).
+*/
+IF TYPE_ID(N'mailq.MailBatchRow') IS NOT NULL
+    AND NOT EXISTS (
+        SELECT 1
+        FROM sys.table_types AS t
+        INNER JOIN sys.columns AS c ON t.type_table_object_id = c.[object_id]
+        WHERE t.user_type_id = TYPE_ID(N'mailq.MailBatchRow') AND c.name = N'TemplateModel'
+    )
+BEGIN
+    -- Dynamic: the schema model of tools/tsqlcheck holds both objects.
+    IF OBJECT_ID(N'mailq.EnqueueMailBatch', N'P') IS NOT NULL
+        EXEC sys.sp_executesql N'DROP PROCEDURE mailq.EnqueueMailBatch;';
+    EXEC sys.sp_executesql N'DROP TYPE mailq.MailBatchRow;';
+END;
+
+IF TYPE_ID(N'mailq.MailBatchRow') IS NULL
+    CREATE TYPE mailq.MailBatchRow AS TABLE (
+        RowNo INT NOT NULL PRIMARY KEY,
+        ToAddress NVARCHAR(MAX) NULL,
+        Subject NVARCHAR(MAX) NULL,
+        Body NVARCHAR(MAX) NULL,
+        BodyFormat NVARCHAR(20) NULL,
+        TextBody NVARCHAR(MAX) NULL,
+        CC NVARCHAR(MAX) NULL,
+        BCC NVARCHAR(MAX) NULL,
+        FromAddress NVARCHAR(MAX) NULL,
+        FromName NVARCHAR(MAX) NULL,
+        ReplyTo NVARCHAR(MAX) NULL,
+        Headers NVARCHAR(MAX) NULL,
+        AccountName NVARCHAR(4000) NULL,
+        AppName NVARCHAR(4000) NULL,
+        Priority INT NULL,
+        DateToProcess DATETIME2(3) NULL,
+        ExpiresAtUtc DATETIME2(3) NULL,
+        MaxAttempts INT NULL,
+        IdempotencyKey NVARCHAR(4000) NULL,
+        Attachments NVARCHAR(MAX) NULL,
+        RunMode NVARCHAR(4000) NULL,
+        TemplateName NVARCHAR(4000) NULL,
+        TemplateVersion INT NULL,
+        TemplateModel NVARCHAR(MAX) NULL
+    );
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
+that is already queued it returns the existing mail and inserts nothing.
+Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
+                          an address or 'Display Name <address>'
+             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars
+             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars
+             @BodyFormat  N'Text' (default) or N'Html'
+             @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
+             @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
+             @FromAddress default: the account's DefaultFromAddress
+             @FromName    default: the account's DefaultFromName, <= 200 chars
+             @ReplyTo     one address
+             @Headers     business headers: a JSON object of string values,
+                          e.g. N'{"X-Order-Id": "42"}'; at most 50
+             @AccountName default: the default sending account
+             @AppName     a registered application (mailq.UpsertApplication)
+             @Priority    0-9, 9 first, default 5
+             @DateToProcess  UTC time to send at, default now
+             @ExpiresAtUtc   UTC time after which the mail is Expired unsent
+             @MaxAttempts    1-20, default 5
+             @IdempotencyKey <= 200 chars; see "Idempotency" below
+             @Attachments    JSON array of {"FileName", "ContentType",
+                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all.
+                          A lazy attachment names a generator instead of
+                          "ContentBase64": {"FileName", "ContentType",
+                          "Generator": "csv", "Arguments": {...}} (revision
+                          0016): the worker calls the generator at send time
+                          and holds its output to the same limits
+             @TemplateName   (revision 0016) a template (mailq.AddMailTemplateVersion)
+                          instead of @Subject/@Body/@TextBody: the worker
+                          renders subject and body at send time from
+                          @TemplateModel (docs/templates.md); not retired
+             @TemplateVersion  pin a version of it; NULL: the latest active
+                          version when the mail is claimed (mailq.ClaimMail)
+             @TemplateModel  the model, a JSON object text; NULL means {}
+             @RunMode        the run mode the mail belongs to (revision 0015):
+                          a name of 1-32 characters, a-z first, then a-z 0-9
+                          '-' '_' (e.g. 'prod', 'staging', 'test'); default
+                          'prod'.  Only workers serving that run mode claim
+                          it (ClaimMail @RunModes, docs/run-modes.md).
+             NULL for an optional parameter means its default.
+Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
+             sent unchanged by every attempt), @Created BIT (0 when an existing
+             mail was returned for the idempotency key).  No result set, so the
+             procedure can be called from triggers.
+Idempotency: the key is global and compared as binary text (case- and
+             accent-sensitive: 'ABC' and 'abc' are two keys), the rule of the
+             column (COLLATE Latin1_General_100_BIN2) and of sp_getapplock's
+             resource names alike; trailing spaces are ignored, as by every
+             SQL Server comparison.  The same key with the same content (the
+             parameters exactly as passed, attachments included) returns the
+             first mail; with different content it raises 50116 and writes
+             nothing.  A key is free again once PurgeMail deleted its mail.
+             Concurrent calls with one key serialize on an application lock
+             on that key (no key-range locks: neighbouring keys never wait);
+             the lock is owned by the transaction, so inside a caller's
+             transaction a second call with the SAME key waits until the
+             caller commits or rolls back (at most 10 s, then 50162).
+Binding:     with @AppName, the account must be bound to the application and
+             the From address must match one of its From bindings (an exact
+             address or '@domain'); see mailq.BindApplication.  Mail without
+             @AppName is bound only when the calling database user is mapped
+             to an application (mailq.ApplicationPrincipal): its mail then
+             always carries that application (@AppName NULL means it, another
+             is 50168).  Unmapped users without @AppName are not bound
+             (docs/guarantees.md, "Who may send as whom").
+Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
+             50103 a value over its size; 50104 more than 100 recipients;
+             50105 CR or LF in a header value (header injection);
+             50106 @Headers not a JSON object of string values;
+             50107 invalid header name; 50108 header would override a reserved one;
+             50109 @Priority not 0-9; 50110 @ExpiresAtUtc not after the due time;
+             50111 body over its limit; 50112 attachment count or size over limit;
+             50113 attachment file name empty or path-like;
+             50114 unknown (or no default) account; 50115 unknown application;
+             50116 idempotency key reused with different content;
+             50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
+             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing;
+             50240 @RunMode not a valid run-mode name;
+             50160 the application may not send through @AccountName;
+             50161 the application may not send as @FromAddress;
+             50162 the idempotency key's lock was not granted in 10 s (or deadlock);
+             50168 the calling database user is mapped to another application;
+             (revision 0016, templates and lazy attachments)
+             50280 @TemplateName together with @Subject, @Body or @TextBody;
+             50281 @TemplateVersion or @TemplateModel without @TemplateName;
+             50282 unknown @TemplateName, or no such @TemplateVersion;
+             50283 the template is retired; 50284 @TemplateModel not a JSON object;
+             50285 @TemplateVersion not >= 1, or @TemplateName not a template name;
+             50286 a lazy attachment malformed (Generator name, Arguments not an
+                   object, or both ContentBase64 and Generator).
+Transaction: opens its own if none is open, else works inside the caller's
+             (the outbox pattern: the mail exists exactly when the caller
+             commits; no savepoint, SAVE TRANSACTION fails under MSDTC with
+             error 627).  Any error, validation included, is re-raised
+             unchanged; XACT_ABORT ON rolls back the caller's transaction, or
+             dooms it (XACT_STATE() = -1) when the caller catches the error:
+             the caller can only roll back, and nothing of this call remains.
+Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
+             it returns): under a SERIALIZABLE caller the key lookup would
+             otherwise take key-range locks, under SNAPSHOT it would miss a
+             key committed after the caller's snapshot began.
+Lock order:  the application lock on the key, then mailq.MailQueue (insert,
+             with its Enqueued row in mailq.MailEvent), then
+             mailq.MailAttachment (docs/guarantees.md, "Lock order").
+             The template check (mailq.MailTemplate, one seek, S lock released
+             at once) runs in validation, before the transaction.
+Example:     DECLARE @ID BIGINT;
+             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
+                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
+                 @MailID = @ID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMail
+    @ToAddress NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX),
+    @Body NVARCHAR(MAX),
+    @BodyFormat NVARCHAR(20) = N'Text',
+    @TextBody NVARCHAR(MAX) = NULL,
+    @CC NVARCHAR(MAX) = NULL,
+    @BCC NVARCHAR(MAX) = NULL,
+    @FromAddress NVARCHAR(MAX) = NULL,
+    @FromName NVARCHAR(MAX) = NULL,
+    @ReplyTo NVARCHAR(MAX) = NULL,
+    @Headers NVARCHAR(MAX) = NULL,
+    @AccountName NVARCHAR(4000) = NULL,
+    @AppName NVARCHAR(4000) = NULL,
+    @Priority INT = 5,
+    @DateToProcess DATETIME2(3) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL,
+    @MaxAttempts INT = 5,
+    @IdempotencyKey NVARCHAR(4000) = NULL,
+    @Attachments NVARCHAR(MAX) = NULL,
+    @MailID BIGINT = NULL OUTPUT,
+    @MessageID NVARCHAR(255) = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT,
+    @RunMode NVARCHAR(4000) = NULL,
+    -- Revision 0016 (templates), appended at the end of the list.
+    @TemplateName NVARCHAR(4000) = NULL,
+    @TemplateVersion INT = NULL,
+    @TemplateModel NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Msg NVARCHAR(2048);
+    -- Tested under a binary collation (COLLATE Latin1_General_100_BIN2): under
+    -- a linguistic collation control characters can be ignorable in LIKE.
+    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
+
+    -- The content hash covers the parameters exactly as passed (before
+    -- defaults), so that the same call is recognised as the same mail.
+    DECLARE @ContentJson NVARCHAR(MAX) = (
+        SELECT
+            @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, @Subject AS Subject,
+            @Body AS Body, @BodyFormat AS BodyFormat, @TextBody AS TextBody,
+            @FromAddress AS FromAddress, @FromName AS FromName, @ReplyTo AS ReplyTo,
+            @Headers AS Headers, @AccountName AS AccountName, @AppName AS AppName,
+            @Priority AS Priority, @DateToProcess AS DateToProcess,
+            @ExpiresAtUtc AS ExpiresAtUtc, @MaxAttempts AS MaxAttempts,
+            @Attachments AS Attachments
+        FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
+    );
+    -- Run mode (revision 0015): part of the content when given, so a key
+    -- reused under another run mode is 50116; appended only when given, so
+    -- the hash of every call that does not pass it is unchanged (a retry
+    -- across the upgrade still finds its mail).
+    IF @RunMode IS NOT NULL SET @ContentJson = CONCAT(@ContentJson, N'|RunMode=', @RunMode);
+    -- Revision 0016: the template parameters join the hash only when given,
+    -- so the hash of ordinary mail is the one earlier revisions stored (an
+    -- idempotency key retried across the upgrade still matches its mail).
+    IF @TemplateName IS NOT NULL OR @TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL
+        SET @ContentJson = CONCAT(
+            @ContentJson,
+            (
+                SELECT @TemplateName AS TemplateName, @TemplateVersion AS TemplateVersion,
+                    @TemplateModel AS TemplateModel
+                FOR JSON PATH, WITHOUT_ARRAY_WRAPPER
+            )
+        );
+
+    SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
+    IF @TemplateName IS NOT NULL SET @BodyFormat = N'Text';  -- stored placeholder; the render decides
+    SET @Priority = COALESCE(@Priority, 5);
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    SET @DateToProcess = COALESCE(@DateToProcess, @Now);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(@ToAddress))
+        THROW 50101, N'@ToAddress is required: give at least one recipient address (separate several with ;).', 1;
+    -- Revision 0016: a template instead of @Subject / @Body / @TextBody.
+    IF @TemplateName IS NULL AND (@TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL)
+        THROW 50281, N'@TemplateVersion and @TemplateModel need @TemplateName.', 1;
+    IF @TemplateName IS NOT NULL
+    BEGIN
+        IF @Body IS NOT NULL OR @TextBody IS NOT NULL OR NULLIF(@Subject, N'') IS NOT NULL
+            THROW 50280,
+                N'@TemplateName renders the subject and the body: leave @Subject, @Body and @TextBody NULL.',
+                1;
+        SET @Subject = N'';
+        SET @Body = N'';
+    END;
+
+    IF @Subject IS NULL
+        THROW 50121, N'@Subject is required (pass N'''' for a mail without subject).', 1;
+    IF @Body IS NULL
+        THROW 50120, N'@Body is required (or @TemplateName and @TemplateModel).', 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.')
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress, 4000), (2, N'@CC', @CC, 4000), (3, N'@BCC', @BCC, 4000),
+        (4, N'@Subject', @Subject, 900), (5, N'@FromAddress', @FromAddress, 320),
+        (6, N'@FromName', @FromName, 200), (7, N'@ReplyTo', @ReplyTo, 320),
+        (8, N'@AccountName', @AccountName, 128), (9, N'@AppName', @AppName, 128),
+        (10, N'@IdempotencyKey', @IdempotencyKey, 200)
+    ) AS v(Position, ParamName, Value, MaxLength)
+    WHERE LEN(v.Value) > v.MaxLength
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' contains CR or LF; header values must be one line (header injection is refused).')
+    FROM (
+        VALUES
+        (1, N'@Subject', @Subject), (2, N'@FromName', @FromName), (3, N'@ReplyTo', @ReplyTo),
+        (4, N'@FromAddress', @FromAddress), (5, N'@IdempotencyKey', @IdempotencyKey)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(
+            v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'
+        )
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress), (2, N'@CC', @CC), (3, N'@BCC', @BCC),
+        (4, N'@ReplyTo', @ReplyTo), (5, N'@FromAddress', @FromAddress)
+    ) AS v(Position, ParamName, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+    WHERE a.Problem IS NOT NULL
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50102, @Msg, 1;
+
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) > 1
+        THROW 50102, N'@ReplyTo takes one address.', 1;
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) > 1
+        THROW 50102, N'@FromAddress takes one address.', 1;
+    IF EXISTS (SELECT 1 FROM mailq.ParseAddressList(@FromAddress) AS a WHERE a.DisplayName IS NOT NULL)
+        THROW 50102, N'@FromAddress takes a bare address; give the display name in @FromName.', 1;
+
+    DECLARE @RecipientCount INT = (
+        SELECT COUNT(*)
+        FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value)
+    );
+    IF @RecipientCount > 100
+    BEGIN
+        SET @Msg = CONCAT(N'@ToAddress, @CC and @BCC name ', @RecipientCount, N' recipients; the limit is 100.');
+        THROW 50104, @Msg, 1;
+    END;
+
+    IF @BodyFormat NOT IN (N'Text', N'Html')
+    BEGIN
+        SET @Msg = CONCAT(N'@BodyFormat must be Text or Html; got ''', LEFT(@BodyFormat, 20), N'''.');
+        THROW 50118, @Msg, 1;
+    END;
+    IF @Priority NOT BETWEEN 0 AND 9
+    BEGIN
+        SET @Msg = CONCAT(N'@Priority must be 0-9 (9 is sent first); got ', @Priority, N'.');
+        THROW 50109, @Msg, 1;
+    END;
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    IF @ExpiresAtUtc <= @DateToProcess
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ExpiresAtUtc (', CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126),
+            N') must be later than the due time (', CONVERT(NVARCHAR(30), @DateToProcess, 126), N').'
+        );
+        THROW 50110, @Msg, 1;
+    END;
+    IF LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000
+        THROW 50111, N'@Body and @TextBody are limited to 2,000,000 characters each.', 1;
+
+    -- Run mode (revision 0015): the rule of CK_MailQueue_RunMode, binary
+    -- comparison (a-z means a-z only, whatever the database collation).
+    SET @RunMode = COALESCE(@RunMode, N'prod');
+    IF LEN(@RunMode) NOT BETWEEN 1 AND 32
+        OR @RunMode COLLATE Latin1_General_100_BIN2 NOT LIKE N'[a-z]%'
+        OR @RunMode COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
+            N'(e.g. prod, staging, test); got ''',
+            LEFT(@RunMode, 40), N'''.'
+        );
+        THROW 50240, @Msg, 1;
+    END;
+
+    -- Revision 0016: the template and its model.  The template must exist
+    -- and not be retired (a retired template takes no new mail, pinned or
+    -- not: mailq.RetireMailTemplate); a pinned version must exist (versions
+    -- are never deleted: trg_MailTemplateVersion_Immutable).  The model is
+    -- a JSON object (at most 2,000,000 characters, the renderer's limit).
+    IF @TemplateName IS NOT NULL
+    BEGIN
+        IF LEN(@TemplateName) NOT BETWEEN 1 AND 128
+            OR @TemplateName COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
+            OR @TemplateVersion < 1
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and @TemplateVersion >= 1; ',
+                N'got ''', LEFT(@TemplateName, 130), N''' version ',
+                COALESCE(CONVERT(NVARCHAR(12), @TemplateVersion), N'NULL'), N'.'
+            );
+            THROW 50285, @Msg, 1;
+        END;
+        SET @TemplateModel = COALESCE(@TemplateModel, N'{}');
+        IF LEN(@TemplateModel) > 2000000 OR ISJSON(@TemplateModel) = 0 OR LEFT(LTRIM(@TemplateModel), 1) <> N'{'
+            THROW 50284,
+                N'@TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.',
+                1;
+
+        DECLARE @TemplateRetired DATETIME2(3), @TemplateLatest INT;
+        SELECT @TemplateLatest = t.LatestVersion, @TemplateRetired = t.RetiredAtUtc
+        FROM mailq.MailTemplate AS t
+        WHERE t.TemplateName = @TemplateName;
+        IF @TemplateLatest IS NULL OR @TemplateVersion > @TemplateLatest
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TemplateName ''', @TemplateName, N'''',
+                IIF(@TemplateLatest IS NULL, N' is not a template (mailq.AddMailTemplateVersion).',
+                    CONCAT(N' has no version ', @TemplateVersion, N' (latest: ', @TemplateLatest, N').'))
+            );
+            THROW 50282, @Msg, 1;
+        END;
+        IF @TemplateRetired IS NOT NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TemplateName ''', @TemplateName,
+                N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).'
+            );
+            THROW 50283, @Msg, 1;
+        END;
+    END;
+
+    -- Business headers: a JSON object whose values are strings.
+    IF @Headers IS NOT NULL
+    BEGIN
+        IF ISJSON(@Headers) = 0 OR LEFT(LTRIM(@Headers), 1) <> N'{'
+            THROW 50106, N'@Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[type] <> 1;
+        IF @Msg IS NOT NULL THROW 50106, @Msg, 1;
+
+        IF (SELECT COUNT(*) FROM OPENJSON(@Headers)) > 50
+            THROW 50106, N'@Headers holds more than 50 headers.', 1;
+
+        IF EXISTS (
+            SELECT UPPER(j.[key]) AS HeaderName
+            FROM OPENJSON(@Headers) AS j
+            GROUP BY UPPER(j.[key])
+            HAVING COUNT(*) > 1
+        )
+            THROW 50106, N'@Headers names one header twice.', 1;
+
+        -- RFC 5322 field name: 1-76 printable US-ASCII characters except ':'
+        -- (the binary collation makes the ranges code-point ranges).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
+            N'(1-76 printable ASCII characters, no space or colon).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE
+            LEN(j.[key]) NOT BETWEEN 1 AND 76
+            OR j.[key] COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%';
+        IF @Msg IS NOT NULL THROW 50107, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: ''', j.[key], N''' is set by mailq-db and cannot be overridden.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE UPPER(j.[key]) IN (
+            N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
+            N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
+            N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'
+        );
+        IF @Msg IS NOT NULL THROW 50108, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: the value of ''', j.[key], N''' contains CR or LF (header injection is refused).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf;
+        IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', j.[key], N''' is longer than 900 characters.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE LEN(j.[value]) > 900;
+        IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+    END;
+
+    -- The calling database user's application, when an administrator mapped
+    -- it (mailq.BindApplication @PrincipalName): USER_NAME() is the caller's
+    -- user (this module has no EXECUTE AS).  The content hash above keeps
+    -- @AppName as passed.
+    DECLARE @PrincipalApp NVARCHAR(128) = (
+        SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
+    );
+    IF @PrincipalApp IS NOT NULL
+    BEGIN
+        IF @AppName IS NOT NULL AND @AppName <> @PrincipalApp
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Database user ', QUOTENAME(USER_NAME()), N' enqueues as application ''', @PrincipalApp,
+                N''' only; got @AppName ''', @AppName, N'''.'
+            );
+            THROW 50168, @Msg, 1;
+        END;
+        SET @AppName = @PrincipalApp;
+    END;
+
+    -- Account and application.
+    DECLARE @ResolvedAccount NVARCHAR(128), @DefaultFrom NVARCHAR(320), @DefaultFromName NVARCHAR(200);
+    SELECT
+        @ResolvedAccount = a.AccountName,
+        @DefaultFrom = a.DefaultFromAddress,
+        @DefaultFromName = a.DefaultFromName
+    FROM mailq.SendingAccount AS a
+    WHERE
+        (@AccountName IS NOT NULL AND a.AccountName = @AccountName)
+        OR (@AccountName IS NULL AND a.IsDefault = 1);
+    IF @ResolvedAccount IS NULL
+    BEGIN
+        SET @Msg = IIF(
+            @AccountName IS NULL,
+            N'@AccountName is NULL and no default sending account exists (mailq.UpsertSendingAccount @IsDefault = 1).',
+            CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account (mailq.UpsertSendingAccount).')
+        );
+        THROW 50114, @Msg, 1;
+    END;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application (mailq.UpsertApplication).');
+        THROW 50115, @Msg, 1;
+    END;
+
+    SET @FromAddress = LTRIM(RTRIM(COALESCE(@FromAddress, @DefaultFrom)));
+    SET @FromName = COALESCE(@FromName, @DefaultFromName);
+
+    -- Who may send as whom (issue 10, point 10): an application sends only
+    -- through the accounts and as the From addresses or domains it is bound to.
+    IF @AppName IS NOT NULL
+    BEGIN
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationAccount AS b
+            WHERE b.AppName = @AppName AND b.AccountName = @ResolvedAccount
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send through account ''', @ResolvedAccount,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).'
+            );
+            THROW 50160, @Msg, 1;
+        END;
+        -- Addresses and domains compare case-insensitively whatever the
+        -- database collation (LOWER on both sides, then binary).
+        DECLARE @FromLower NVARCHAR(320) = LOWER(@FromAddress) COLLATE Latin1_General_100_BIN2;
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationFrom AS f
+            WHERE
+                f.AppName = @AppName
+                AND (
+                    f.FromPattern = @FromLower
+                    OR (
+                        LEFT(f.FromPattern, 1) = N'@'
+                        AND RIGHT(@FromLower, LEN(f.FromPattern)) = f.FromPattern
+                    )
+                )
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send as ''', @FromAddress,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, ',
+                N'@FromAddress = N''addr'' or N''@domain'').'
+            );
+            THROW 50161, @Msg, 1;
+        END;
+    END;
+
+    -- Attachments: decoded from base64 by OPENJSON ... WITH (VARBINARY), which
+    -- raises an error for text that is not base64: caught and reported as 50117.
+    DECLARE @Attachment TABLE (
+        AttachmentNo INT NOT NULL PRIMARY KEY,
+        FileName NVARCHAR(4000) NULL,
+        ContentType NVARCHAR(4000) NULL,
+        Content VARBINARY(MAX) NULL,
+        Generator NVARCHAR(4000) NULL,       -- revision 0016: lazy attachment
+        GeneratorArgs NVARCHAR(MAX) NULL,
+        GeneratorArgsText NVARCHAR(MAX) NULL -- "Arguments" when it is not an object or array
+    );
+    IF @Attachments IS NOT NULL
+    BEGIN
+        IF ISJSON(@Attachments) = 0 OR LEFT(LTRIM(@Attachments), 1) <> N'['
+            THROW 50117,
+                N'@Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.',
+                1;
+        IF EXISTS (SELECT 1 FROM OPENJSON(@Attachments) AS e WHERE e.[type] <> 5)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        BEGIN TRY
+            INSERT INTO @Attachment (
+                AttachmentNo, FileName, ContentType, Content, Generator, GeneratorArgs, GeneratorArgsText
+            )
+            SELECT
+                CAST(e.[key] AS INT) + 1 AS AttachmentNo,
+                f.FileName,
+                f.ContentType,
+                f.Content,
+                f.Generator,
+                f.GeneratorArgs,
+                f.GeneratorArgsText
+            FROM OPENJSON(@Attachments) AS e
+            CROSS APPLY OPENJSON (e.[value])
+                WITH (
+                    FileName NVARCHAR(4000) '$.FileName',
+                    ContentType NVARCHAR(4000) '$.ContentType',
+                    Content VARBINARY(MAX) '$.ContentBase64',
+                    -- AS JSON: an object or array value (NULL for a scalar);
+                    -- without it, the scalar (NULL for an object): OPENJSON (Transact-SQL), "AS JSON".
+                    Generator NVARCHAR(4000) '$.Generator',
+                    GeneratorArgs NVARCHAR(MAX) '$.Arguments' AS JSON,
+                    GeneratorArgsText NVARCHAR(MAX) '$.Arguments'
+                ) AS f;
+        END TRY
+        BEGIN CATCH
+            SET @Msg = CONCAT(N'@Attachments: ContentBase64 must be base64 text (', ERROR_MESSAGE(), N').');
+            THROW 50117, @Msg, 1;
+        END CATCH;
+
+        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL AND t.Generator IS NULL)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        -- Revision 0016: lazy attachments ("Generator" + optional "Arguments" object).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: attachment ', t.AttachmentNo, N' (''', LEFT(t.FileName, 100), N'''): ',
+            CASE
+                WHEN t.Content IS NOT NULL THEN N'give ContentBase64 or Generator, not both.'
+                WHEN t.GeneratorArgsText IS NOT NULL OR LEFT(LTRIM(t.GeneratorArgs), 1) <> N'{'
+                    THEN N'Arguments must be a JSON object.'
+                ELSE N'Generator must be 1-128 characters of A-Z a-z 0-9 . _ - (an entry point name).'
+            END
+        )
+        FROM @Attachment AS t
+        WHERE
+            t.Generator IS NOT NULL
+            AND (
+                t.Content IS NOT NULL
+                OR t.GeneratorArgsText IS NOT NULL
+                OR LEFT(LTRIM(t.GeneratorArgs), 1) <> N'{'
+                OR LEN(t.Generator) NOT BETWEEN 1 AND 128
+                OR t.Generator COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
+            )
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50286, @Msg, 1;
+        IF (SELECT COUNT(*) FROM @Attachment) > 10
+            THROW 50112, N'@Attachments holds more than 10 attachments.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: file name ''', LEFT(t.FileName, 100),
+            N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).'
+        )
+        FROM @Attachment AS t
+        WHERE
+            NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
+            OR t.FileName LIKE N'%[/\:]%'
+            OR t.FileName IN (N'.', N'..')
+            OR t.FileName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            OR LEN(t.FileName) > 255
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50113, @Msg, 1;
+
+        SELECT TOP (1)
+            @Msg = CONCAT(N'@Attachments: content type of ''', t.FileName, N''' must look like type/subtype.')
+        FROM @Attachment AS t
+        WHERE
+            t.ContentType IS NOT NULL
+            AND (
+                t.ContentType NOT LIKE N'_%/_%'
+                OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+                OR LEN(t.ContentType) > 255
+            )
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50117, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: ''', t.FileName, N''' is ', DATALENGTH(t.Content),
+            N' bytes; the limit is 10485760 (10 MiB) per attachment.'
+        )
+        FROM @Attachment AS t
+        WHERE DATALENGTH(t.Content) > 10485760
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50112, @Msg, 1;
+
+        IF (SELECT SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) FROM @Attachment AS t) > 26214400
+            THROW 50112, N'@Attachments total more than 26214400 bytes (25 MiB) per mail.', 1;
+    END;
+
+    DECLARE @ContentHash VARBINARY(32) = HASHBYTES('SHA2_256', @ContentJson);
+    DECLARE @Domain NVARCHAR(320) = SUBSTRING(@FromAddress, CHARINDEX(N'@', @FromAddress) + 1, 320);
+    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
+    IF @Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    DECLARE @LockResult INT;
+    DECLARE @KeyResource NVARCHAR(255) = CONCAT(N'mailq.IdempotencyKey:', RTRIM(@IdempotencyKey));
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ExistingHash VARBINARY(32);
+        SET @MailID = NULL;
+        IF @IdempotencyKey IS NOT NULL
+        BEGIN
+            -- Serialize on the key itself, not on a range of the index: an
+            -- exclusive application lock owned by the transaction (released at
+            -- its commit or rollback, the caller's when we run inside it).
+            -- Resource names are compared as binary, like the key column; the
+            -- key is at most 200 characters, so the resource fits its 255.
+            -- Insert-first catching 2601/2627 was rejected: under XACT_ABORT ON
+            -- a duplicate-key error dooms the caller's transaction, so the
+            -- outbox case could never return the existing mail (docs/guarantees.md).
+            EXEC @LockResult = sys.sp_getapplock
+                @Resource = @KeyResource,
+                @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction',
+                @LockTimeout = 10000;
+            -- < 0: timed out (-1), cancelled (-2), deadlock victim (-3), call
+            -- error (-999).  A deadlock on an application lock does not roll
+            -- back the transaction (sp_getapplock, Remarks): this THROW does,
+            -- or dooms the caller's (XACT_ABORT ON).
+            IF @LockResult < 0
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''': another transaction enqueueing the same key ',
+                    N'held it for 10 s (sp_getapplock returned ', @LockResult, N'); retry once it committed.'
+                );
+                THROW 50162, @Msg, 1;
+            END;
+
+            -- A plain read is exact here: only EnqueueMail writes keys, always
+            -- under this lock, so a row with the key is committed or absent.
+            -- "IS NOT NULL" repeats the index filter, so the filtered index matches.
+            SELECT
+                @MailID = q.ID,
+                @MessageID = q.MessageID,
+                @ExistingHash = q.ContentHash
+            FROM mailq.MailQueue AS q
+            WHERE q.IdempotencyKey = @IdempotencyKey AND q.IdempotencyKey IS NOT NULL;
+
+            IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''' already belongs to mail ', @MailID,
+                    N' with different content; use a new key for a different mail.'
+                );
+                THROW 50116, @Msg, 1;
+            END;
+        END;
+
+        IF @MailID IS NOT NULL
+            SET @Created = 0;
+        ELSE
+        BEGIN
+            SET @MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', @Domain, N'>');
+
+            INSERT INTO mailq.MailQueue (
+                dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
+                ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
+                Status, AttemptsRemaining, Priority, AccountName, AppName,
+                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc,
+                RunMode,
+                TemplateName, TemplateVersion, TemplateModel  -- revision 0016
+            )
+            -- The Enqueued event in the same statement (docs/events.md).
+            OUTPUT
+                inserted.ID, inserted.AppName, N'Enqueued', inserted.Status, inserted.AttemptCount,
+                NULL, NULL, inserted.dtStamp
+            INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+            VALUES (
+                @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
+                @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
+                N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
+                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc,
+                @RunMode,
+                @TemplateName, @TemplateVersion, @TemplateModel
+            );
+            SET @MailID = SCOPE_IDENTITY();
+
+            INSERT INTO mailq.MailAttachment (
+                MailID, AttachmentNo, FileName, ContentType, Content, Generator, GeneratorArgs
+            )
+            SELECT
+                @MailID,
+                t.AttachmentNo,
+                LTRIM(RTRIM(t.FileName)),
+                COALESCE(t.ContentType, N'application/octet-stream'),
+                t.Content,
+                t.Generator,
+                IIF(t.Generator IS NULL, NULL, t.GeneratorArgs)
+            FROM @Attachment AS t;
+
+            SET @Created = 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.EnqueueMailBatch: validates and queues many mails in one call, row by
+row with mailq.EnqueueMail's rules, written by one set-based INSERT.
+Parameters:  @Mails     NVARCHAR(MAX): a JSON array of objects, one per mail,
+                        whose fields are EnqueueMail's parameter names without
+                        '@' (ToAddress, Subject, Body, BodyFormat, TextBody,
+                        CC, BCC, FromAddress, FromName, ReplyTo, Headers,
+                        AccountName, AppName, Priority, DateToProcess,
+                        ExpiresAtUtc, MaxAttempts, IdempotencyKey,
+                        Attachments, RunMode and (revision 0016) TemplateName,
+                        TemplateVersion, TemplateModel); Headers, Attachments
+                        and TemplateModel as JSON (an object / array) or as
+                        the string EnqueueMail takes.  A lazy attachment
+                        ("Generator") is EnqueueMail's only (50286 here);
+                        times are UTC ISO 8601 ('2030-01-01T08:00:00', 'Z'
+                        allowed, no other offset).  Row ordinal = position + 1.
+             @MailRows  mailq.MailBatchRow READONLY: the same, as a
+                        table-valued parameter (RowNo is the caller's ordinal).
+                        Give exactly one of @Mails and @MailRows; 1-10,000 rows.
+             @RejectInvalid BIT, default 0: 0 = all-or-nothing (any invalid
+                        row raises 50220 and nothing is written); 1 = queue the
+                        valid rows and return the invalid ones.
+Result sets: 1. one row per queued (or idempotently returned) mail, in RowNo
+                order: RowNo INT, MailID BIGINT, MessageID NVARCHAR(255),
+                Created BIT (0 when an existing mail was returned for the key).
+             2. the rejected rows (empty unless @RejectInvalid = 1): RowNo INT,
+                Field NVARCHAR(128), ErrorNumber INT (the number EnqueueMail
+                raises for that rule, 50101-50168, or 50223), Message
+                NVARCHAR(2048).  One row per rejected mail: its first failed
+                rule in EnqueueMail's order, the rule EnqueueMail would raise.
+Rules:       each row is checked with EnqueueMail's rules in EnqueueMail's
+             order (recipients, subject, body, sizes, CR/LF, addresses,
+             recipient count, body format, priority, attempts, expiry, body
+             size, run mode (50240, revision 0015), headers JSON, caller's mapped application, account,
+             application, account and From bindings, attachments, idempotency
+             key), plus 50223 for a JSON field of the wrong type or an unknown
+             field.  One difference: attachment content must be canonical
+             base64 (A-Z a-z 0-9 + / and '=' padding, length a multiple of 4,
+             no line breaks), because a decoding error inside one set-based
+             statement cannot say which row caused it.
+Idempotency: as EnqueueMail, and the content hash is computed exactly as
+             EnqueueMail computes it (the fields as passed, before defaults),
+             so a batch row and a single call with the same values are one
+             mail.  A key already queued with the same content returns that
+             mail (Created = 0); with different content the row fails with
+             rule 50116.  Within the batch, the first valid row with a key
+             creates the mail; later rows with the same key and content return
+             it (Created = 0), with different content they fail with 50116.
+Concurrency: EnqueueMail serializes each key on an exclusive, transaction-owned
+             application lock 'mailq.IdempotencyKey:<key>' and relies on it
+             ("only EnqueueMail writes keys, always under this lock").  This
+             procedure keeps that invariant: inside its transaction, before it
+             reads existing keys or inserts, it takes the SAME lock for every
+             distinct key of the batch, in binary key order.  sp_getapplock
+             locks one resource per call, so this is the one loop here, over
+             distinct keys only (none for a batch without keys); the mails are
+             still written by one INSERT.  Two batches lock shared keys in the
+             same order and cannot deadlock on them; a batch and single calls
+             hold at most one key per EnqueueMail call, but a caller's
+             transaction holding several keys taken in another order can
+             deadlock with a batch: the loser gets 50225 (retry).  A lock not
+             granted in 10 s is 50225 as well.  Rows without a key take no
+             lock and never wait for one another.
+Escalation:  the mails are written by ONE statement, which locks each new row
+             in every index of mailq.MailQueue; from 5,000 locks on one index
+             in one statement SQL Server escalates to a table lock (Microsoft,
+             "Lock escalation": 5,000 locks on a single table or index
+             reference, retried every 1,250 locks while blocked), held until
+             the transaction ends: a batch of 5,000 mails or more can make
+             claims and single enqueues wait until it commits (READPAST does
+             not skip a table lock).  Keep batches below ~4,000 mails on a
+             busy queue, or keep the batch's transaction short (its own, not a
+             long outbox transaction); see docs/batch-enqueue.md.
+Errors:      50220 a row is invalid (all-or-nothing): the message names the row,
+             the field and the rule (EnqueueMail's number) and how many other
+             rows are invalid; nothing is written;
+             50221 neither or both of @Mails and @MailRows, or @Mails not a
+             JSON array of objects; 50222 no rows or more than 10,000;
+             50224 an attachment's base64 passed the textual check but could
+             not be decoded (row not identifiable; nothing written);
+             50225 an idempotency key's lock was not granted in 10 s (or
+             deadlock).  Rule numbers inside 50220 / result set 2: see
+             mailq.EnqueueMail and 50223 (a JSON field of the wrong type or
+             an unknown field name).
+Transaction: opens its own if none is open, else works inside the caller's
+             (outbox: the mails exist exactly when the caller commits).  Any
+             error is re-raised; XACT_ABORT ON rolls back or dooms the caller's
+             transaction, as EnqueueMail's errors do.  @RejectInvalid = 1 does
+             not raise for invalid rows, so the caller's transaction goes on.
+Isolation:   sets READ COMMITTED itself (as EnqueueMail: no key-range locks
+             under a SERIALIZABLE caller, no stale snapshot under SNAPSHOT).
+Lock order:  the application locks on the keys (binary key order), then
+             mailq.MailQueue (insert), then mailq.MailAttachment, as EnqueueMail
+             (docs/guarantees.md, "Lock order"), then mailq.MailEvent (new
+             rows only: the 'Enqueued' event of every created mail).
+Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[
+                 {"ToAddress": "a@example.com", "Subject": "Hi", "Body": "One"},
+                 {"ToAddress": "b@example.com", "Subject": "Hi", "Body": "Two", "Priority": 9}]';
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch
+    @Mails NVARCHAR(MAX) = NULL,
+    @MailRows mailq.MailBatchRow READONLY,
+    @RejectInvalid BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Msg NVARCHAR(2048);
+    DECLARE @MaxRows INT = 10000;
+    DECLARE @RowCount INT;
+    -- Binary collation below, as in EnqueueMail: LIKE ranges are code points
+    -- and control characters are never ignorable.
+    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
+    DECLARE @Control NVARCHAR(10) = N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%';
+    SET @RejectInvalid = COALESCE(@RejectInvalid, 0);
+
+    -- 1. Input shape.  An omitted table-valued parameter is an empty table.
+    DECLARE @RowsGiven BIT = IIF(EXISTS (SELECT 1 FROM @MailRows), 1, 0);
+    IF @Mails IS NULL AND @RowsGiven = 0
+        THROW 50221, N'Give the mails: @Mails (a JSON array of objects) or @MailRows (mailq.MailBatchRow).', 1;
+    IF @Mails IS NOT NULL AND @RowsGiven = 1
+        THROW 50221, N'Give @Mails or @MailRows, not both.', 1;
+
+    -- Temporary tables take tempdb's default collation unless told: every text
+    -- column says DATABASE_DEFAULT (compared with the database's tables
+    -- without a collation conflict), the key the column's binary collation.
+    CREATE TABLE #Batch (
+        RowNo INT NOT NULL PRIMARY KEY,
+        -- as passed (the content hash covers these)
+        ToAddress NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        Subject NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        Body NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        BodyFormat NVARCHAR(20) COLLATE DATABASE_DEFAULT NULL,
+        TextBody NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        CC NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        BCC NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        FromAddress NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        FromName NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        ReplyTo NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        Headers NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        AccountName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
+        AppName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
+        Priority INT NULL,
+        DateToProcess DATETIME2(3) NULL,
+        ExpiresAtUtc DATETIME2(3) NULL,
+        MaxAttempts INT NULL,
+        IdempotencyKey NVARCHAR(4000) COLLATE Latin1_General_100_BIN2 NULL,
+        Attachments NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        RunMode NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,  -- revision 0015
+        TemplateName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,   -- revision 0016
+        TemplateVersion INT NULL,
+        TemplateModel NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        -- derived
+        HeadersJson NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,      -- Headers if a JSON object, else NULL
+        AttachmentsJson NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,  -- Attachments if a JSON array, else NULL
+        EffAppName NVARCHAR(128) COLLATE DATABASE_DEFAULT NULL,
+        EffAccountName NVARCHAR(128) COLLATE DATABASE_DEFAULT NULL,
+        EffFromAddress NVARCHAR(320) COLLATE DATABASE_DEFAULT NULL,
+        EffFromName NVARCHAR(200) COLLATE DATABASE_DEFAULT NULL,
+        DefaultFrom NVARCHAR(320) COLLATE DATABASE_DEFAULT NULL,
+        DefaultFromName NVARCHAR(200) COLLATE DATABASE_DEFAULT NULL,
+        DueUtc DATETIME2(3) NULL,
+        ContentHash VARBINARY(32) NULL,
+        MessageID NVARCHAR(255) COLLATE DATABASE_DEFAULT NULL,
+        KeyLeader INT NULL,                    -- RowNo of the row that creates the key's mail
+        ToCount INT NULL, ReplyToCount INT NULL, FromCount INT NULL, FromHasName BIT NULL, RecipientCount INT NULL,
+        AppKnown BIT NULL, AccountBound BIT NULL, FromBound BIT NULL,
+        TemplateLatest INT NULL, TemplateRetired BIT NULL  -- revision 0016
+    );
+    CREATE TABLE #Problem (
+        RowNo INT NOT NULL,
+        RuleOrder INT NOT NULL,
+        Field NVARCHAR(128) COLLATE DATABASE_DEFAULT NOT NULL,
+        ErrorNumber INT NOT NULL,
+        Message NVARCHAR(2048) COLLATE DATABASE_DEFAULT NOT NULL,
+        INDEX IX_Problem CLUSTERED (RowNo, RuleOrder)
+    );
+    CREATE TABLE #Attachment (
+        RowNo INT NOT NULL,
+        AttachmentNo INT NOT NULL,
+        FileName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
+        ContentType NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
+        ContentBase64 NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
+        Base64Ok BIT NOT NULL DEFAULT (0),
+        Content VARBINARY(MAX) NULL,
+        PRIMARY KEY (RowNo, AttachmentNo)
+    );
+    -- The created mails.  Kept for the event stream (see the marked place below).
+    CREATE TABLE #Inserted (
+        MailID BIGINT NOT NULL PRIMARY KEY,
+        MessageID NVARCHAR(255) COLLATE DATABASE_DEFAULT NOT NULL UNIQUE,
+        AppName NVARCHAR(128) COLLATE DATABASE_DEFAULT NULL
+    );
+    CREATE TABLE #Existing (
+        RowNo INT NOT NULL PRIMARY KEY,
+        MailID BIGINT NOT NULL,
+        MessageID NVARCHAR(255) COLLATE DATABASE_DEFAULT NOT NULL,
+        ContentHash VARBINARY(32) NOT NULL
+    );
+    -- The distinct idempotency keys, numbered in binary order (the lock order).
+    CREATE TABLE #Key (
+        Seq INT IDENTITY (1, 1) NOT NULL PRIMARY KEY,
+        KeyText NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NOT NULL
+    );
+
+    IF @Mails IS NOT NULL
+    BEGIN
+        IF ISJSON(@Mails) = 0 OR LEFT(LTRIM(@Mails), 1) <> N'['
+            THROW 50221,
+                N'@Mails must be a JSON array of objects, e.g. [{"ToAddress": "a@x.org", "Body": "B"}].',
+                1;
+        SELECT TOP (1) @Msg = CONCAT(N'@Mails: element ', CAST(e.[key] AS INT) + 1, N' is not a JSON object.')
+        FROM OPENJSON(@Mails) AS e
+        WHERE e.[type] <> 5
+        ORDER BY CAST(e.[key] AS INT);
+        IF @Msg IS NOT NULL THROW 50221, @Msg, 1;
+        SET @RowCount = (SELECT COUNT(*) FROM OPENJSON(@Mails));
+        IF @RowCount NOT BETWEEN 1 AND @MaxRows
+        BEGIN
+            SET @Msg = CONCAT(N'@Mails holds ', @RowCount, N' mails; a batch takes 1-', @MaxRows, N'.');
+            THROW 50222, @Msg, 1;
+        END;
+
+        -- Every field read as text (lax paths: a field of another JSON type
+        -- reads as NULL), then converted with TRY_CONVERT, so that one bad row
+        -- cannot fail the statement for all rows; rule 50223 below names it.
+        INSERT INTO #Batch (
+            RowNo, ToAddress, Subject, Body, BodyFormat, TextBody, CC, BCC, FromAddress, FromName,
+            ReplyTo, Headers, AccountName, AppName, Priority, DateToProcess, ExpiresAtUtc,
+            MaxAttempts, IdempotencyKey, Attachments, RunMode, TemplateName, TemplateVersion, TemplateModel
+        )
+        SELECT
+            CAST(e.[key] AS INT) + 1,
+            f.ToAddress, f.Subject, f.Body, f.BodyFormat, f.TextBody, f.CC, f.BCC, f.FromAddress,
+            f.FromName, f.ReplyTo, COALESCE(f.HeadersObject, f.HeadersText), f.AccountName, f.AppName,
+            TRY_CONVERT(INT, f.Priority),
+            TRY_CONVERT(DATETIME2(3), f.DateToProcess, 127),
+            TRY_CONVERT(DATETIME2(3), f.ExpiresAtUtc, 127),
+            TRY_CONVERT(INT, f.MaxAttempts),
+            f.IdempotencyKey, COALESCE(f.AttachmentsArray, f.AttachmentsText), f.RunMode,
+            f.TemplateName, TRY_CONVERT(INT, f.TemplateVersion), COALESCE(f.TemplateModelObject, f.TemplateModelText)
+        FROM OPENJSON(@Mails) AS e
+        CROSS APPLY OPENJSON (e.[value])
+            WITH (
+                ToAddress NVARCHAR(MAX) '$.ToAddress', Subject NVARCHAR(MAX) '$.Subject',
+                Body NVARCHAR(MAX) '$.Body', BodyFormat NVARCHAR(20) '$.BodyFormat',
+                TextBody NVARCHAR(MAX) '$.TextBody', CC NVARCHAR(MAX) '$.CC', BCC NVARCHAR(MAX) '$.BCC',
+                FromAddress NVARCHAR(MAX) '$.FromAddress', FromName NVARCHAR(MAX) '$.FromName',
+                ReplyTo NVARCHAR(MAX) '$.ReplyTo',
+                HeadersObject NVARCHAR(MAX) '$.Headers' AS JSON, HeadersText NVARCHAR(MAX) '$.Headers',
+                AccountName NVARCHAR(4000) '$.AccountName', AppName NVARCHAR(4000) '$.AppName',
+                Priority NVARCHAR(MAX) '$.Priority', DateToProcess NVARCHAR(MAX) '$.DateToProcess',
+                ExpiresAtUtc NVARCHAR(MAX) '$.ExpiresAtUtc', MaxAttempts NVARCHAR(MAX) '$.MaxAttempts',
+                IdempotencyKey NVARCHAR(4000) '$.IdempotencyKey',
+                AttachmentsArray NVARCHAR(MAX) '$.Attachments' AS JSON,
+                AttachmentsText NVARCHAR(MAX) '$.Attachments',
+                RunMode NVARCHAR(4000) '$.RunMode',
+                TemplateName NVARCHAR(4000) '$.TemplateName', TemplateVersion NVARCHAR(MAX) '$.TemplateVersion',
+                TemplateModelObject NVARCHAR(MAX) '$.TemplateModel' AS JSON,
+                TemplateModelText NVARCHAR(MAX) '$.TemplateModel'
+            ) AS f;
+
+        -- 50223: unknown field names, and fields of the wrong JSON type
+        -- (a string field given as a number, object or array; a number that
+        -- is not an integer; a time that is not ISO 8601 UTC).
+        INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+        SELECT p.RowNo, 1, p.Field, 50223, p.Message
+        FROM (
+            SELECT
+                CAST(e.[key] AS INT) + 1 AS RowNo,
+                LEFT(k.[key], 128) AS Field,
+                CASE
+                    WHEN k.[key] COLLATE Latin1_General_100_BIN2 NOT IN (
+                        N'ToAddress', N'Subject', N'Body', N'BodyFormat', N'TextBody', N'CC', N'BCC',
+                        N'FromAddress', N'FromName', N'ReplyTo', N'Headers', N'AccountName', N'AppName',
+                        N'Priority', N'DateToProcess', N'ExpiresAtUtc', N'MaxAttempts', N'IdempotencyKey',
+                        N'Attachments', N'RunMode', N'TemplateName', N'TemplateVersion', N'TemplateModel'
+                    )
+                        THEN CONCAT(
+                            N'''', LEFT(k.[key], 80), N''' is not a field of a mail (names are case-sensitive).'
+                        )
+                    WHEN k.[type] <> 0 AND k.[key] IN (N'Headers', N'Attachments', N'TemplateModel') THEN NULL
+                    WHEN k.[type] = 0 THEN NULL   -- JSON null: the default
+                    WHEN k.[key] IN (N'Priority', N'MaxAttempts', N'TemplateVersion')
+                        AND (k.[type] NOT IN (1, 2) OR TRY_CONVERT(INT, k.[value]) IS NULL)
+                        THEN CONCAT(N'''', k.[key], N''' must be an integer.')
+                    WHEN k.[key] IN (N'DateToProcess', N'ExpiresAtUtc')
+                        AND (k.[type] <> 1 OR TRY_CONVERT(DATETIME2(3), k.[value], 127) IS NULL)
+                        THEN CONCAT(N'''', k.[key], N''' must be a UTC time in ISO 8601, e.g. "2030-01-01T08:00:00Z".')
+                    WHEN k.[key] NOT IN (N'Priority', N'MaxAttempts', N'TemplateVersion')
+                        AND k.[type] <> 1
+                        THEN CONCAT(N'''', k.[key], N''' must be a JSON string.')
+                END AS Message
+            FROM OPENJSON(@Mails) AS e
+            CROSS APPLY OPENJSON(e.[value]) AS k
+        ) AS p
+        WHERE p.Message IS NOT NULL;
+    END;
+    ELSE
+    BEGIN
+        SET @RowCount = (SELECT COUNT(*) FROM @MailRows);
+        IF @RowCount > @MaxRows
+        BEGIN
+            SET @Msg = CONCAT(N'@MailRows holds ', @RowCount, N' mails; a batch takes 1-', @MaxRows, N'.');
+            THROW 50222, @Msg, 1;
+        END;
+        INSERT INTO #Batch (
+            RowNo, ToAddress, Subject, Body, BodyFormat, TextBody, CC, BCC, FromAddress, FromName,
+            ReplyTo, Headers, AccountName, AppName, Priority, DateToProcess, ExpiresAtUtc,
+            MaxAttempts, IdempotencyKey, Attachments, RunMode, TemplateName, TemplateVersion, TemplateModel
+        )
+        SELECT
+            r.RowNo, r.ToAddress, r.Subject, r.Body, r.BodyFormat, r.TextBody, r.CC, r.BCC, r.FromAddress,
+            r.FromName, r.ReplyTo, r.Headers, r.AccountName, r.AppName, r.Priority, r.DateToProcess,
+            r.ExpiresAtUtc, r.MaxAttempts, r.IdempotencyKey, r.Attachments, r.RunMode,
+            r.TemplateName, r.TemplateVersion, r.TemplateModel
+        FROM @MailRows AS r;
+    END;
+
+    -- 2. Derived values.  The content hash is EnqueueMail's: the same
+    --    FOR JSON of the fields as passed, with the same names, order and types.
+    DECLARE @PrincipalApp NVARCHAR(128) = (
+        SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
+    );
+    DECLARE @DefaultAccount NVARCHAR(128) = (
+        SELECT a.AccountName FROM mailq.SendingAccount AS a WHERE a.IsDefault = 1
+    );
+
+    UPDATE b
+    SET
+        HeadersJson = IIF(ISJSON(b.Headers) = 1 AND LEFT(LTRIM(b.Headers), 1) = N'{', b.Headers, NULL),
+        AttachmentsJson = IIF(ISJSON(b.Attachments) = 1 AND LEFT(LTRIM(b.Attachments), 1) = N'[', b.Attachments, NULL),
+        EffAppName = IIF(@PrincipalApp IS NOT NULL, @PrincipalApp, LEFT(b.AppName, 128)),
+        EffAccountName = a.AccountName,
+        DefaultFrom = a.DefaultFromAddress,
+        DefaultFromName = a.DefaultFromName,
+        DueUtc = COALESCE(b.DateToProcess, @Now),
+        -- Revision 0016: EnqueueMail's template fields join the hash only when given.
+        ContentHash = HASHBYTES('SHA2_256', CONCAT(h.ContentJson, t.TemplateJson)),
+        TemplateLatest = m.LatestVersion,
+        TemplateRetired = IIF(m.RetiredAtUtc IS NULL, 0, 1)
+    FROM #Batch AS b
+    LEFT JOIN mailq.SendingAccount AS a
+        ON a.AccountName = COALESCE(b.AccountName, @DefaultAccount)
+    CROSS APPLY (
+        -- Run mode (revision 0015): appended only when given, as EnqueueMail does.
+        SELECT CONCAT((
+            SELECT
+                -- Unaliased columns keep their names: the same JSON as EnqueueMail's
+                -- (@ToAddress AS ToAddress, ...), in the same order.
+                b.ToAddress, b.CC, b.BCC, b.Subject, b.Body, b.BodyFormat, b.TextBody,
+                b.FromAddress, b.FromName, b.ReplyTo, b.Headers, b.AccountName, b.AppName,
+                b.Priority, b.DateToProcess, b.ExpiresAtUtc, b.MaxAttempts, b.Attachments
+            FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
+        ), IIF(b.RunMode IS NULL, N'', CONCAT(N'|RunMode=', b.RunMode))) AS ContentJson
+    ) AS h
+    CROSS APPLY (
+        SELECT IIF(
+            b.TemplateName IS NULL AND b.TemplateVersion IS NULL AND b.TemplateModel IS NULL,
+            NULL,
+            (SELECT b.TemplateName, b.TemplateVersion, b.TemplateModel FOR JSON PATH, WITHOUT_ARRAY_WRAPPER)
+        ) AS TemplateJson
+    ) AS t
+    LEFT JOIN mailq.MailTemplate AS m ON m.TemplateName = LEFT(b.TemplateName, 128);
+
+    UPDATE #Batch
+    SET
+        EffFromAddress = LEFT(LTRIM(RTRIM(COALESCE(FromAddress, DefaultFrom))), 320),
+        EffFromName = LEFT(COALESCE(FromName, DefaultFromName), 200);
+
+    -- Address counts (mailq.ParseAddressList is inline: one plan for all rows).
+    UPDATE b
+    SET
+        ToCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.ToAddress)),
+        ReplyToCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.ReplyTo)),
+        FromCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.FromAddress)),
+        FromHasName = IIF(EXISTS (
+            SELECT 1 FROM mailq.ParseAddressList(b.FromAddress) AS a WHERE a.DisplayName IS NOT NULL
+        ), 1, 0),
+        RecipientCount = (
+            SELECT COUNT(*)
+            FROM (VALUES (b.ToAddress), (b.CC), (b.BCC)) AS r(Value)
+            CROSS APPLY mailq.ParseAddressList(r.Value)
+        )
+    FROM #Batch AS b;
+
+    -- 3. Validation, rule by rule over all rows (RuleOrder = EnqueueMail's order).
+    -- Revision 0016: a template instead of Subject / Body / TextBody (EnqueueMail's
+    -- 50281, 50280 before its required-value rules; 50285, 50284, 50282, 50283
+    -- after its body size rule).  A template row's Subject and Body are N''
+    -- (stored, like EnqueueMail's; the worker renders them).
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
+    FROM #Batch AS b
+    CROSS APPLY (
+        VALUES
+        (8, N'TemplateName', 50281,
+            IIF(b.TemplateName IS NULL AND (b.TemplateVersion IS NOT NULL OR b.TemplateModel IS NOT NULL), 1, 0),
+            N'TemplateVersion and TemplateModel need TemplateName.'),
+        (9, N'TemplateName', 50280,
+            IIF(b.TemplateName IS NOT NULL
+                AND (b.Body IS NOT NULL OR b.TextBody IS NOT NULL OR NULLIF(b.Subject, N'') IS NOT NULL), 1, 0),
+            N'TemplateName renders the subject and the body: leave Subject, Body and TextBody out.'),
+        (45, N'TemplateName', 50285,
+            IIF(b.TemplateName IS NOT NULL AND (
+                LEN(b.TemplateName) NOT BETWEEN 1 AND 128
+                OR b.TemplateName COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
+                OR b.TemplateVersion < 1), 1, 0),
+            N'TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and TemplateVersion >= 1.'),
+        (46, N'TemplateModel', 50284,
+            IIF(b.TemplateName IS NOT NULL AND b.TemplateModel IS NOT NULL AND (
+                LEN(b.TemplateModel) > 2000000 OR ISJSON(b.TemplateModel) = 0
+                OR LEFT(LTRIM(b.TemplateModel), 1) <> N'{'), 1, 0),
+            N'TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.'),
+        (47, N'TemplateName', 50282,
+            IIF(b.TemplateName IS NOT NULL
+                AND (b.TemplateLatest IS NULL OR b.TemplateVersion > b.TemplateLatest), 1, 0),
+            CONCAT(N'TemplateName ''', LEFT(b.TemplateName, 130), N''' ',
+                IIF(b.TemplateLatest IS NULL, N'is not a template (mailq.AddMailTemplateVersion).',
+                    CONCAT(N'has no version ', b.TemplateVersion, N' (latest: ', b.TemplateLatest, N').')))),
+        (48, N'TemplateName', 50283, IIF(b.TemplateRetired = 1, 1, 0),
+            CONCAT(N'TemplateName ''', LEFT(b.TemplateName, 130),
+                N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).'))
+    ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
+    WHERE c.Failed = 1;
+
+    UPDATE #Batch
+    SET Subject = N'', Body = N'', BodyFormat = N'Text', TemplateModel = COALESCE(TemplateModel, N'{}')
+    WHERE TemplateName IS NOT NULL AND Body IS NULL AND TextBody IS NULL AND NULLIF(Subject, N'') IS NULL;
+
+    -- Required values, sizes, CR/LF, body format, priority, attempts, expiry, body size.
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
+    FROM #Batch AS b
+    CROSS APPLY (
+        VALUES
+        (10, N'ToAddress', 50101,
+            IIF(b.ToAddress IS NULL OR b.ToCount = 0, 1, 0),
+            N'ToAddress is required: give at least one recipient address (separate several with ;).'),
+        (11, N'Subject', 50121, IIF(b.Subject IS NULL, 1, 0),
+            N'Subject is required (an empty string for a mail without subject).'),
+        (12, N'Body', 50120, IIF(b.Body IS NULL, 1, 0), N'Body is required.'),
+        (40, N'BodyFormat', 50118, IIF(COALESCE(b.BodyFormat, N'Text') NOT IN (N'Text', N'Html'), 1, 0),
+            CONCAT(N'BodyFormat must be Text or Html; got ''', LEFT(b.BodyFormat, 20), N'''.')),
+        (41, N'Priority', 50109, IIF(COALESCE(b.Priority, 5) NOT BETWEEN 0 AND 9, 1, 0),
+            CONCAT(N'Priority must be 0-9 (9 is sent first); got ', b.Priority, N'.')),
+        (42, N'MaxAttempts', 50119, IIF(COALESCE(b.MaxAttempts, 5) NOT BETWEEN 1 AND 20, 1, 0),
+            CONCAT(N'MaxAttempts must be 1-20; got ', b.MaxAttempts, N'.')),
+        (43, N'ExpiresAtUtc', 50110, IIF(b.ExpiresAtUtc <= b.DueUtc, 1, 0),
+            CONCAT(N'ExpiresAtUtc (', CONVERT(NVARCHAR(30), b.ExpiresAtUtc, 126),
+                N') must be later than the due time (', CONVERT(NVARCHAR(30), b.DueUtc, 126), N').')),
+        (44, N'Body', 50111, IIF(LEN(b.Body) > 2000000 OR LEN(b.TextBody) > 2000000, 1, 0),
+            N'Body and TextBody are limited to 2,000,000 characters each.'),
+        -- Run mode (revision 0015): EnqueueMail's rule, right after 50111.
+        (45, N'RunMode', 50240,
+            IIF(
+                b.RunMode IS NOT NULL AND (
+                    LEN(b.RunMode) NOT BETWEEN 1 AND 32
+                    OR b.RunMode COLLATE Latin1_General_100_BIN2 NOT LIKE N'[a-z]%'
+                    OR b.RunMode COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
+                ),
+                1, 0
+            ),
+            CONCAT(
+                N'RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
+                N'(e.g. prod, staging, test); got ''',
+                LEFT(b.RunMode, 40), N'''.'
+            )),
+        (50, N'Headers', 50106,
+            IIF(b.Headers IS NOT NULL AND b.HeadersJson IS NULL, 1, 0),
+            N'Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.')
+    ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
+    WHERE c.Failed = 1;
+
+    -- Sizes (50103) and CR/LF (50105): the first offending field per row.
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT x.RowNo, x.RuleOrder, x.Field, x.ErrorNumber, x.Message
+    FROM (
+        SELECT
+            b.RowNo, 20 AS RuleOrder, v.Field, 50103 AS ErrorNumber,
+            CONCAT(v.Field, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.') AS Message,
+            ROW_NUMBER() OVER (PARTITION BY b.RowNo ORDER BY v.Position) AS Nth
+        FROM #Batch AS b
+        CROSS APPLY (
+            VALUES
+            (1, N'ToAddress', b.ToAddress, 4000), (2, N'CC', b.CC, 4000), (3, N'BCC', b.BCC, 4000),
+            (4, N'Subject', b.Subject, 900), (5, N'FromAddress', b.FromAddress, 320),
+            (6, N'FromName', b.FromName, 200), (7, N'ReplyTo', b.ReplyTo, 320),
+            (8, N'AccountName', b.AccountName, 128), (9, N'AppName', b.AppName, 128),
+            (10, N'IdempotencyKey', b.IdempotencyKey, 200)
+        ) AS v(Position, Field, Value, MaxLength)
+        WHERE LEN(v.Value) > v.MaxLength
+        UNION ALL
+        SELECT
+            b.RowNo, 21, v.Field, 50105,
+            CONCAT(v.Field, N' contains CR or LF; header values must be one line (header injection is refused).'),
+            ROW_NUMBER() OVER (PARTITION BY b.RowNo ORDER BY v.Position)
+        FROM #Batch AS b
+        CROSS APPLY (
+            VALUES
+            (1, N'Subject', b.Subject), (2, N'FromName', b.FromName), (3, N'ReplyTo', b.ReplyTo),
+            (4, N'FromAddress', b.FromAddress), (5, N'IdempotencyKey', b.IdempotencyKey)
+        ) AS v(Position, Field, Value)
+        WHERE v.Value COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+    ) AS x
+    WHERE x.Nth = 1;
+
+    -- Addresses (50102) and recipient count (50104).
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT x.RowNo, x.RuleOrder, x.Field, 50102, x.Message
+    FROM (
+        SELECT
+            b.RowNo, 30 AS RuleOrder, v.Field,
+            CONCAT(v.Field, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.') AS Message,
+            ROW_NUMBER() OVER (PARTITION BY b.RowNo ORDER BY v.Position) AS Nth
+        FROM #Batch AS b
+        CROSS APPLY (
+            VALUES
+            (1, N'ToAddress', b.ToAddress), (2, N'CC', b.CC), (3, N'BCC', b.BCC),
+            (4, N'ReplyTo', b.ReplyTo), (5, N'FromAddress', b.FromAddress)
+        ) AS v(Position, Field, Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+        WHERE a.Problem IS NOT NULL
+    ) AS x
+    WHERE x.Nth = 1;
+
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
+    FROM #Batch AS b
+    CROSS APPLY (
+        VALUES
+        (31, N'ReplyTo', 50102, IIF(b.ReplyToCount > 1, 1, 0), N'ReplyTo takes one address.'),
+        (32, N'FromAddress', 50102, IIF(b.FromCount > 1, 1, 0), N'FromAddress takes one address.'),
+        (33, N'FromAddress', 50102, IIF(b.FromHasName = 1, 1, 0),
+            N'FromAddress takes a bare address; give the display name in FromName.'),
+        (34, N'ToAddress', 50104, IIF(b.RecipientCount > 100, 1, 0),
+            CONCAT(N'ToAddress, CC and BCC name ', b.RecipientCount, N' recipients; the limit is 100.'))
+    ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
+    WHERE c.Failed = 1;
+
+    -- Business headers (HeadersJson is NULL unless Headers is a JSON object,
+    -- so OPENJSON never meets text that is not JSON: no error 13609).
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT x.RowNo, x.RuleOrder, N'Headers', x.ErrorNumber, x.Message
+    FROM (
+        SELECT
+            y.RowNo, y.RuleOrder, y.ErrorNumber, y.Message,
+            ROW_NUMBER() OVER (PARTITION BY y.RowNo, y.RuleOrder ORDER BY y.Position) AS Nth
+        FROM (
+            SELECT
+                b.RowNo, c.RuleOrder, c.ErrorNumber, c.Message, CAST(j.[key] AS NVARCHAR(4000)) AS Position
+            FROM #Batch AS b
+            CROSS APPLY OPENJSON(b.HeadersJson) AS j
+            CROSS APPLY (
+                VALUES
+                (51, 50106, IIF(j.[type] <> 1, 1, 0),
+                    CONCAT(N'Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')),
+                (55, 50107, IIF(
+                        LEN(j.[key]) NOT BETWEEN 1 AND 76
+                        OR j.[key] COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%', 1, 0),
+                    CONCAT(N'Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
+                        N'(1-76 printable ASCII characters, no space or colon).')),
+                (56, 50108, IIF(UPPER(j.[key]) IN (
+                        N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
+                        N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
+                        N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'), 1, 0),
+                    CONCAT(N'Headers: ''', LEFT(j.[key], 80), N''' is set by mailq-db and cannot be overridden.')),
+                (57, 50105, IIF(j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf, 1, 0),
+                    CONCAT(N'Headers: the value of ''', LEFT(j.[key], 80),
+                        N''' contains CR or LF (header injection is refused).')),
+                (58, 50103, IIF(LEN(j.[value]) > 900, 1, 0),
+                    CONCAT(N'Headers: the value of ''', LEFT(j.[key], 80), N''' is longer than 900 characters.'))
+            ) AS c(RuleOrder, ErrorNumber, Failed, Message)
+            WHERE c.Failed = 1
+            UNION ALL
+            SELECT b.RowNo, 52, 50106, N'Headers holds more than 50 headers.', N''
+            FROM #Batch AS b
+            WHERE (SELECT COUNT(*) FROM OPENJSON(b.HeadersJson)) > 50
+            UNION ALL
+            SELECT b.RowNo, 53, 50106, N'Headers names one header twice.', N''
+            FROM #Batch AS b
+            WHERE EXISTS (
+                SELECT UPPER(j.[key]) FROM OPENJSON(b.HeadersJson) AS j GROUP BY UPPER(j.[key]) HAVING COUNT(*) > 1
+            )
+        ) AS y
+    ) AS x
+    WHERE x.Nth = 1;
+
+    -- Application mapping (50168), account (50114), application (50115),
+    -- bindings (50160, 50161).
+    UPDATE b
+    SET
+        AppKnown = IIF(EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = b.EffAppName), 1, 0),
+        AccountBound = IIF(EXISTS (
+            SELECT 1 FROM mailq.ApplicationAccount AS ba
+            WHERE ba.AppName = b.EffAppName AND ba.AccountName = b.EffAccountName
+        ), 1, 0),
+        -- Addresses and domains compare case-insensitively (LOWER, then binary), as in EnqueueMail.
+        FromBound = IIF(EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationFrom AS f
+            WHERE
+                f.AppName = b.EffAppName
+                AND (
+                    f.FromPattern = LOWER(b.EffFromAddress) COLLATE Latin1_General_100_BIN2
+                    OR (
+                        LEFT(f.FromPattern, 1) = N'@'
+                        AND RIGHT(LOWER(b.EffFromAddress) COLLATE Latin1_General_100_BIN2, LEN(f.FromPattern))
+                        = f.FromPattern
+                    )
+                )
+        ), 1, 0)
+    FROM #Batch AS b
+    WHERE b.EffAppName IS NOT NULL;
+
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
+    FROM #Batch AS b
+    CROSS APPLY (
+        VALUES
+        (60, N'AppName', 50168,
+            IIF(@PrincipalApp IS NOT NULL AND b.AppName IS NOT NULL AND b.AppName <> @PrincipalApp, 1, 0),
+            CONCAT(N'Database user ', QUOTENAME(USER_NAME()), N' enqueues as application ''', @PrincipalApp,
+                N''' only; got AppName ''', LEFT(b.AppName, 128), N'''.')),
+        (61, N'AccountName', 50114, IIF(b.EffAccountName IS NULL, 1, 0),
+            IIF(b.AccountName IS NULL,
+                N'AccountName is NULL and no default sending account exists '
+                + N'(mailq.UpsertSendingAccount @IsDefault = 1).',
+                CONCAT(N'AccountName ''', LEFT(b.AccountName, 128),
+                    N''' is not a sending account (mailq.UpsertSendingAccount).'))),
+        (62, N'AppName', 50115, IIF(b.EffAppName IS NOT NULL AND b.AppKnown = 0, 1, 0),
+            CONCAT(N'AppName ''', b.EffAppName, N''' is not a registered application (mailq.UpsertApplication).')),
+        (63, N'AccountName', 50160, IIF(b.EffAppName IS NOT NULL AND b.AccountBound = 0, 1, 0),
+            CONCAT(N'Application ''', b.EffAppName, N''' may not send through account ''', b.EffAccountName,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).')),
+        (64, N'FromAddress', 50161, IIF(b.EffAppName IS NOT NULL AND b.FromBound = 0, 1, 0),
+            CONCAT(N'Application ''', b.EffAppName, N''' may not send as ''', b.EffFromAddress,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, ',
+                N'@FromAddress = N''addr'' or N''@domain'').'))
+    ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
+    WHERE c.Failed = 1;
+
+    -- Attachments.  AttachmentsJson is NULL unless Attachments is a JSON array.
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT b.RowNo, 70, N'Attachments', 50117,
+        N'Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.'
+    FROM #Batch AS b
+    WHERE b.Attachments IS NOT NULL AND b.AttachmentsJson IS NULL;
+
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT DISTINCT b.RowNo, 71, N'Attachments', 50117,
+        N'Attachments: every element must be an object with FileName and ContentBase64.'
+    FROM #Batch AS b
+    CROSS APPLY OPENJSON(b.AttachmentsJson) AS e
+    WHERE e.[type] <> 5;
+
+    -- Revision 0016: a lazy attachment ("Generator") is accepted by
+    -- mailq.EnqueueMail only; here it is refused with EnqueueMail's number for
+    -- a malformed lazy attachment, before the ContentBase64 rule would blame it.
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT DISTINCT b.RowNo, 70, N'Attachments', 50286,
+        N'Attachments: a lazy attachment ("Generator") is accepted by mailq.EnqueueMail, not by the batch.'
+    FROM #Batch AS b
+    CROSS APPLY OPENJSON(b.AttachmentsJson) AS e
+    WHERE e.[type] = 5 AND JSON_VALUE(e.[value], N'$.Generator') IS NOT NULL;
+
+    INSERT INTO #Attachment (RowNo, AttachmentNo, FileName, ContentType, ContentBase64)
+    SELECT b.RowNo, CAST(e.[key] AS INT) + 1, f.FileName, f.ContentType, f.ContentBase64
+    FROM #Batch AS b
+    CROSS APPLY OPENJSON(b.AttachmentsJson) AS e
+    CROSS APPLY OPENJSON (IIF(e.[type] = 5, e.[value], NULL))
+        WITH (
+            FileName NVARCHAR(4000) '$.FileName',
+            ContentType NVARCHAR(4000) '$.ContentType',
+            ContentBase64 NVARCHAR(MAX) '$.ContentBase64'
+        ) AS f;
+
+    -- Canonical base64 only: checked as text first, so that the decoding below
+    -- meets no text it would fail on (one failure would fail the whole set).
+    UPDATE #Attachment
+    SET Base64Ok = 1
+    WHERE
+        ContentBase64 IS NOT NULL
+        AND ContentBase64 COLLATE Latin1_General_100_BIN2 NOT LIKE N'%[^A-Za-z0-9+/=]%'
+        AND LEN(ContentBase64) % 4 = 0
+        AND DATALENGTH(ContentBase64) = 2 * LEN(ContentBase64)   -- no trailing spaces
+        AND (
+            CHARINDEX(N'=', ContentBase64) = 0
+            OR (
+                CHARINDEX(N'=', ContentBase64) >= LEN(ContentBase64) - 1
+                AND RIGHT(ContentBase64, LEN(ContentBase64) - CHARINDEX(N'=', ContentBase64) + 1)
+                    COLLATE Latin1_General_100_BIN2 NOT LIKE N'%[^=]%'
+            )
+        );
+
+    BEGIN TRY
+        -- The decoder EnqueueMail uses: OPENJSON ... WITH (VARBINARY(MAX))
+        -- reads a JSON string as base64.  Base64 text needs no JSON escaping.
+        UPDATE t
+        SET Content = d.Content
+        FROM #Attachment AS t
+        -- IIF, not only the WHERE, keeps other rows' text out of the decoder:
+        -- a WHERE may be applied after the APPLY, a CASE argument may not.
+        CROSS APPLY OPENJSON (IIF(t.Base64Ok = 1, CONCAT(N'{"c":"', t.ContentBase64, N'"}'), NULL))
+            WITH (Content VARBINARY(MAX) '$.c') AS d
+        WHERE t.Base64Ok = 1;
+    END TRY
+    BEGIN CATCH
+        SET @Msg = CONCAT(N'Attachments: a ContentBase64 could not be decoded (', ERROR_MESSAGE(), N').');
+        THROW 50224, @Msg, 1;
+    END CATCH;
+
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT x.RowNo, x.RuleOrder, N'Attachments', x.ErrorNumber, x.Message
+    FROM (
+        SELECT
+            y.RowNo, y.RuleOrder, y.ErrorNumber, y.Message,
+            ROW_NUMBER() OVER (PARTITION BY y.RowNo ORDER BY y.RuleOrder, y.AttachmentNo) AS Nth
+        FROM (
+            SELECT t.RowNo, 72 AS RuleOrder, t.AttachmentNo, 50117 AS ErrorNumber,
+                IIF(t.ContentBase64 IS NULL,
+                    N'Attachments: every element must be an object with FileName and ContentBase64.',
+                    CONCAT(N'Attachments: ContentBase64 of attachment ', t.AttachmentNo,
+                        N' must be base64 text (A-Z, a-z, 0-9, +, /, ''='' padding, no line breaks).')) AS Message
+            FROM #Attachment AS t
+            WHERE t.Base64Ok = 0
+            UNION ALL
+            SELECT t.RowNo, 73, 0, 50112, N'Attachments holds more than 10 attachments.'
+            FROM #Attachment AS t
+            GROUP BY t.RowNo
+            HAVING COUNT(*) > 10
+            UNION ALL
+            SELECT t.RowNo, 74, t.AttachmentNo, 50113,
+                CONCAT(N'Attachments: file name ''', LEFT(t.FileName, 100),
+                    N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).')
+            FROM #Attachment AS t
+            WHERE
+                NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
+                OR t.FileName LIKE N'%[/\:]%'
+                OR t.FileName IN (N'.', N'..')
+                OR t.FileName COLLATE Latin1_General_100_BIN2 LIKE @Control
+                OR LEN(t.FileName) > 255
+            UNION ALL
+            SELECT t.RowNo, 75, t.AttachmentNo, 50117,
+                CONCAT(N'Attachments: content type of ''', LEFT(t.FileName, 100), N''' must look like type/subtype.')
+            FROM #Attachment AS t
+            WHERE
+                t.ContentType IS NOT NULL
+                AND (
+                    t.ContentType NOT LIKE N'_%/_%'
+                    OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+                    OR LEN(t.ContentType) > 255
+                )
+            UNION ALL
+            SELECT t.RowNo, 76, t.AttachmentNo, 50112,
+                CONCAT(N'Attachments: ''', LEFT(t.FileName, 100), N''' is ', DATALENGTH(t.Content),
+                    N' bytes; the limit is 10485760 (10 MiB) per attachment.')
+            FROM #Attachment AS t
+            WHERE DATALENGTH(t.Content) > 10485760
+            UNION ALL
+            SELECT t.RowNo, 77, 0, 50112, N'Attachments total more than 26214400 bytes (25 MiB) per mail.'
+            FROM #Attachment AS t
+            GROUP BY t.RowNo
+            HAVING SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) > 26214400
+        ) AS y
+    ) AS x
+    WHERE x.Nth = 1;
+
+    -- Idempotency keys within the batch: the first otherwise valid row with a
+    -- key leads; a later row with the key and other content fails (50116).
+    -- Keys compare as the column does (binary, trailing spaces ignored).
+    UPDATE b
+    SET KeyLeader = l.Leader
+    FROM #Batch AS b
+    INNER JOIN (
+        SELECT v.IdempotencyKey COLLATE Latin1_General_100_BIN2 AS KeyText, MIN(v.RowNo) AS Leader
+        FROM #Batch AS v
+        WHERE v.IdempotencyKey IS NOT NULL AND NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = v.RowNo)
+        GROUP BY v.IdempotencyKey COLLATE Latin1_General_100_BIN2
+    ) AS l
+        ON b.IdempotencyKey COLLATE Latin1_General_100_BIN2 = l.KeyText
+    WHERE NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo);
+
+    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+    SELECT b.RowNo, 80, N'IdempotencyKey', 50116,
+        CONCAT(N'IdempotencyKey ''', b.IdempotencyKey, N''' is used by row ', b.KeyLeader,
+            N' of this batch with different content; use a new key for a different mail.')
+    FROM #Batch AS b
+    INNER JOIN #Batch AS l ON b.KeyLeader = l.RowNo
+    WHERE b.KeyLeader <> b.RowNo AND b.ContentHash <> l.ContentHash;
+
+    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
+    UPDATE b
+    SET MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@',
+        IIF(d.Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%', N'mailq-db.invalid', d.Domain), N'>')
+    FROM #Batch AS b
+    CROSS APPLY (
+        SELECT SUBSTRING(b.EffFromAddress, CHARINDEX(N'@', b.EffFromAddress) + 1, 320) AS Domain
+    ) AS d;
+
+    -- 4. All-or-nothing: any invalid row stops the batch before a transaction.
+    DECLARE @BadRows INT = (SELECT COUNT(DISTINCT q.RowNo) FROM #Problem AS q);
+    IF @RejectInvalid = 0 AND @BadRows > 0
+    BEGIN
+        SELECT TOP (1)
+            @Msg = LEFT(CONCAT(
+                N'Row ', p.RowNo, N', field ', p.Field, N', rule ', p.ErrorNumber, N': ', p.Message,
+                IIF(@BadRows > 1, CONCAT(N' (', @BadRows - 1, N' other rows are invalid too; ',
+                    N'@RejectInvalid = 1 lists them all.)'), N''),
+                N' Nothing was queued.'
+            ), 2048)
+        FROM #Problem AS p
+        ORDER BY p.RowNo, p.RuleOrder;
+        THROW 50220, @Msg, 1;
+    END;
+
+    -- 5. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    DECLARE @LockResult INT, @KeyResource NVARCHAR(255), @KeyText NVARCHAR(200), @KeySeq INT = 0, @KeyCount INT;
+    -- One row per key (its leader), trailing spaces removed as sp_getapplock's
+    -- resource in EnqueueMail does; INSERT ... SELECT ... ORDER BY assigns the
+    -- IDENTITY values in ORDER BY order (INSERT reference, "Limitations").
+    INSERT INTO #Key (KeyText)
+    SELECT RTRIM(b.IdempotencyKey) COLLATE Latin1_General_100_BIN2 AS KeyText
+    FROM #Batch AS b
+    WHERE b.KeyLeader = b.RowNo
+    ORDER BY KeyText;
+    SET @KeyCount = @@ROWCOUNT;
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- EnqueueMail's lock on each distinct key, in binary key order (see
+        -- "Concurrency" above: the one loop, over keys, not rows).  Exclusive
+        -- and owned by the transaction, released at its commit or rollback.
+        WHILE @KeySeq < @KeyCount
+        BEGIN
+            SET @KeySeq += 1;
+            SET @KeyText = (SELECT k.KeyText FROM #Key AS k WHERE k.Seq = @KeySeq);
+            SET @KeyResource = CONCAT(N'mailq.IdempotencyKey:', @KeyText);
+            EXEC @LockResult = sys.sp_getapplock
+                @Resource = @KeyResource,
+                @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction',
+                @LockTimeout = 10000;
+            -- < 0: timed out (-1), cancelled (-2), deadlock victim (-3), call
+            -- error (-999); a deadlock on an application lock does not roll
+            -- back the transaction (sp_getapplock, Remarks): this THROW does.
+            IF @LockResult < 0
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'IdempotencyKey ''', @KeyText, N''': another transaction enqueueing the same key ',
+                    N'held it for 10 s (sp_getapplock returned ', @LockResult, N'); retry once it committed.'
+                );
+                THROW 50225, @Msg, 1;
+            END;
+        END;
+
+        -- Keys already queued.  A plain read is exact under the locks just
+        -- taken (only EnqueueMail and this procedure write keys, both under
+        -- them).  "IS NOT NULL" repeats the filter of UX_MailQueue_IdempotencyKey.
+        INSERT INTO #Existing (RowNo, MailID, MessageID, ContentHash)
+        SELECT b.RowNo, q.ID, q.MessageID, q.ContentHash
+        FROM #Batch AS b
+        INNER JOIN mailq.MailQueue AS q
+            ON b.IdempotencyKey = q.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
+        WHERE b.KeyLeader = b.RowNo;
+
+        INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+        SELECT b.RowNo, 81, N'IdempotencyKey', 50116,
+            CONCAT(N'IdempotencyKey ''', b.IdempotencyKey, N''' already belongs to mail ', x.MailID,
+                N' with different content; use a new key for a different mail.')
+        FROM #Batch AS b
+        INNER JOIN #Existing AS x ON b.KeyLeader = x.RowNo
+        WHERE x.ContentHash <> b.ContentHash;
+
+        IF @RejectInvalid = 0 AND EXISTS (SELECT 1 FROM #Problem)
+        BEGIN
+            SELECT TOP (1)
+                @Msg = LEFT(CONCAT(N'Row ', p.RowNo, N', field ', p.Field, N', rule ', p.ErrorNumber, N': ',
+                    p.Message, N' Nothing was queued.'), 2048)
+            FROM #Problem AS p
+            ORDER BY p.RowNo, p.RuleOrder;
+            THROW 50220, @Msg, 1;
+        END;
+
+        -- The one INSERT of the mails: every valid row that creates a mail
+        -- (no key, or the key's leader with no mail yet).  MessageID is unique
+        -- per row (NEWID), so OUTPUT ... INTO maps IDs back to rows by it.
+        INSERT INTO mailq.MailQueue (
+            dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
+            ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
+            Status, AttemptsRemaining, Priority, AccountName, AppName,
+            IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc,
+            RunMode,
+            TemplateName, TemplateVersion, TemplateModel  -- revision 0016
+        )
+        OUTPUT inserted.ID, inserted.MessageID, inserted.AppName
+        INTO #Inserted (MailID, MessageID, AppName)
+        SELECT
+            @Now, b.DueUtc AS DateToProcess, b.DueUtc AS VisibleAtUtc, b.EffFromName, b.EffFromAddress,
+            LTRIM(RTRIM(b.ReplyTo)),
+            b.ToAddress, b.CC, b.BCC, b.Subject, b.Body, COALESCE(b.BodyFormat, N'Text'), b.TextBody, b.Headers,
+            N'UnSent', COALESCE(b.MaxAttempts, 5), COALESCE(b.Priority, 5), b.EffAccountName, b.EffAppName,
+            b.IdempotencyKey, b.ContentHash, b.MessageID, b.ExpiresAtUtc,
+            COALESCE(b.RunMode, N'prod'),
+            b.TemplateName, b.TemplateVersion, b.TemplateModel
+        FROM #Batch AS b
+        WHERE
+            NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo)
+            AND (b.KeyLeader IS NULL OR (b.KeyLeader = b.RowNo AND NOT EXISTS (
+                SELECT 1 FROM #Existing AS x WHERE x.RowNo = b.RowNo
+            )))
+        ORDER BY b.RowNo;   -- IDs follow the row order (INSERT reference: ORDER BY orders IDENTITY values)
+
+        INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
+        SELECT
+            i.MailID,
+            t.AttachmentNo,
+            LTRIM(RTRIM(t.FileName)),
+            COALESCE(t.ContentType, N'application/octet-stream'),
+            t.Content
+        FROM #Attachment AS t
+        INNER JOIN #Batch AS b ON t.RowNo = b.RowNo
+        INNER JOIN #Inserted AS i ON b.MessageID = i.MessageID;
+
+        -- The event stream (docs/events.md): one 'Enqueued' event per created
+        -- mail, in this transaction, so an event exists exactly when its mail
+        -- does.  The INSERT above already sends its OUTPUT to #Inserted (a
+        -- statement has one OUTPUT ... INTO), so the events come from #Inserted
+        -- here, as ClaimMail and FinalizeMail write theirs.  Mails returned for
+        -- an existing idempotency key (Created = 0) are not in #Inserted and get
+        -- no event, as in EnqueueMail.  New event rows only: no lock any other
+        -- transaction holds or waits for.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT i.MailID, i.AppName, N'Enqueued', N'UnSent', 0, NULL, NULL, @Now
+        FROM #Inserted AS i
+        ORDER BY i.MailID;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- 6. Results: the queued (or returned) mails, then the rejected rows.
+    SELECT
+        b.RowNo,
+        COALESCE(i.MailID, x.MailID, li.MailID, lx.MailID) AS MailID,
+        COALESCE(i.MessageID, x.MessageID, li.MessageID, lx.MessageID) AS MessageID,
+        CAST(IIF(i.MailID IS NOT NULL, 1, 0) AS BIT) AS Created
+    FROM #Batch AS b
+    LEFT JOIN #Inserted AS i ON b.MessageID = i.MessageID
+    LEFT JOIN #Existing AS x ON b.RowNo = x.RowNo
+    LEFT JOIN #Batch AS l ON b.KeyLeader = l.RowNo AND b.KeyLeader <> b.RowNo
+    LEFT JOIN #Inserted AS li ON l.MessageID = li.MessageID
+    LEFT JOIN #Existing AS lx ON l.RowNo = lx.RowNo
+    WHERE NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo)
+    ORDER BY b.RowNo;
+
+    SELECT x.RowNo, x.Field, x.ErrorNumber, x.Message
+    FROM (
+        SELECT
+            p.RowNo, p.Field, p.ErrorNumber, p.Message,
+            ROW_NUMBER() OVER (PARTITION BY p.RowNo ORDER BY p.RuleOrder) AS Nth
+        FROM #Problem AS p
+    ) AS x
+    WHERE x.Nth = 1
+    ORDER BY x.RowNo;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its cost
+is bounded by the batch and the number of accounts that can send now, never
+by the backlog that cannot be sent (issue 10, point 1).
+
+Claimable: UnSent and due, or Sending with an expired lease (its worker died
+or stalled): VisibleAtUtc <= now in both cases; with an attempt left and not
+past ExpiresAtUtc.  Mail past its expiry or out of attempts is never taken
+here: mailq.FinalizeMail moves it to Expired/Failed in bounded batches, so
+every row this procedure takes is returned to the worker.
+
+How (a small fixed number of statements in one transaction):
+ 1. Accounts: the sending accounts the worker serves (@AccountNames), that
+    are not blocked (BlockedUntilUtc), with what is left of their rate budget.
+    Budget rows are read WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK), one
+    seek per such account (only its row is locked): an account whose
+    budget another claimer holds is skipped for this claim, never waited on.
+    The clock (@Now) is read AFTER those locks are held, and a stored window
+    start later than @Now's window is kept (windows never move backwards), so
+    the mails charged to any window never exceed the account's limit, also
+    with claimers racing at a window boundary (issue 10, point 6; spin model
+    models/mailqueue.pml -DRATE).  Accounts without budget are dropped.  With
+    Run modes (revision 0015): each account left is crossed with the run
+    modes the worker serves (@RunModes, default ["prod"]); every (account,
+    run mode) pair drives one seek, and mail of a run mode the worker does
+    not serve is never read (RunMode is the index's second key).  With
+    more such pairs than @BatchSize, those without claimable mail are
+    dropped (one row-free EXISTS probe each) and @BatchSize of the rest are
+    drawn at random per claim (so no pair starves and the lock bound below
+    holds).
+ 2. Passes (at most 3): one UPDATE each, driven by those accounts: CROSS APPLY
+    a per-pair TOP (cap) on IX_MailQueue_ClaimByAccount (FORCESEEK), in
+    Priority DESC, VisibleAtUtc, ID order; then TOP (slots left) over those
+    rows in round-robin order (each pair's 1st mail, then each one's 2nd,
+    ...; within a turn highest Priority, then oldest due, then ID).
+    Fair share: cap = least of the pair's part of its account's remaining
+    budget (split evenly over the account's open pairs, the remainder to
+    pairs drawn at random, so the caps of one account never add up to more
+    than its budget) and FLOOR(slots left / pairs still open), at least 1.
+    A pair that yields fewer rows than its cap is drained; the next pass
+    shares the slots left among the others (max-min fairness).  Within one
+    (account, run mode) pair the DESIGN.md order holds exactly (highest
+    Priority first, then oldest due, within what can be sent); across
+    accounts, and across the run modes of one account, the batch is shared,
+    because each account sends over its own connection and budget and each
+    run mode is a separate stream (staging must not starve prod, nor the
+    reverse).  With one account and one run mode (the common case) the
+    batch is exactly the global order.
+ 3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
+    resolve the template version of template mail (revision 0016: one seek
+    on PK_MailTemplate per claimed template mail, at most @BatchSize), open
+    one attempt per claimed mail (recording that version); commit; return
+    the mails.
+Expected plan of a pass (header of IX_MailQueue_ClaimByAccount): Table Scan
+of @Drive (a few rows: one per pair) -> Nested Loops -> per pair Top (Cap) <-
+Sequence Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten
+ranges: AccountName = a, RunMode = m, Priority = p, VisibleAtUtc <= @Now;
+residual AppName, AttemptsRemaining, ExpiresAtUtc); above the loop a TopN
+Sort of at most (slots + pairs) rows by Turn; Clustered Index Seek by ID for
+the UPDATE (Clustered Index Update maintains the indexes; the DryRun stamp
+is one seek on PK_Application per row claimed).  No scan of mailq.MailQueue,
+no Sort below a per-pair Top, nothing that reads a non-driving account or a
+run mode not served.  Cost per claim: pairs x (index depth + 10 ranges) +
+rows claimed, pairs <= min(@BatchSize, accounts with budget x run modes
+served): it does not grow with the mail of run modes the worker does not
+serve, however much of it is due.
+Bounds per pass statement: rows read (and U-locked) on
+IX_MailQueue_ClaimByAccount <= max(slots left, pairs open) <= @BatchSize;
+at most @BatchSize rows updated, each also taking the key lock of its new
+position in the index: <= 2 x @BatchSize key locks on the index, <=
+@BatchSize on the clustered index (2,000 at the largest batch, 100 at the
+worker's default of 50), never near the 5,000 locks per statement and index
+that trigger lock escalation (Microsoft, "Lock escalation": the threshold
+counts one statement's locks on one index or table).  Limits: an isolated worker (@AppName) reads past
+due mail of OTHER applications on the same account, and every claim reads
+past expired / out-of-attempts mail not yet finalized; both are residual
+predicates on the seek (covered by INCLUDE, no lookup).
+
+Parameters:  @BatchSize    INT 1-1000, default 10
+             @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
+                           this batch; every acknowledgement must present it
+             @LeaseSeconds INT 1-3600, default 300
+             @AppName      NULL (default): claim every application's mail
+                           (competing); a name: only that application's mail (isolated)
+             @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
+             @AccountNames NULL (default): every account; else a JSON array of
+                           the account names this worker can send for (a worker
+                           without credentials for an account never claims its mail)
+             @RunModes     NULL (default): ["prod"], the default run mode only;
+                           else a JSON array of 1-16 run-mode names this worker
+                           serves, e.g. ["staging", "test"] (revision 0015): mail
+                           of any other run mode is never claimed, nor read
+Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
+                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
+                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp,
+                RunMode, DryRun (1: the application is in dry-run; the worker
+                must not send it, and mailq.MarkSent records it as DryRun
+                whatever the worker reports)
+                then (revision 0016) TemplateName, TemplateVersion (the version
+                to render: pinned, else the latest when the template is not
+                retired; NULL with a TemplateName: nothing to render, the
+                worker stops the mail), TemplateModel -- three NULLs for
+                ordinary mail (Body, Subject are N'' for template mail)
+             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content,
+                then (revision 0016) Generator, GeneratorArgs (Content NULL:
+                the worker generates it)
+             3. (revision 0016) the template versions the batch renders, each
+                once: TemplateName, Version, SubjectTemplate, HtmlTemplate,
+                TextTemplate (empty when no claimed mail has a template)
+Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
+             50132 @LeaseSeconds out of range; 50103 a name over its size;
+             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names;
+             50241 @RunModes not a JSON array of 1-16 valid run-mode names.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails in distributed transactions,
+             error 627).  An error rolls back what it opened; inside a
+             caller's transaction XACT_ABORT dooms that transaction and the
+             caller must roll it back.  The result sets are read after the
+             claim's statements (the rows are leased to @LockToken).
+Isolation:   sets READ COMMITTED itself (READPAST is refused under
+             SERIALIZABLE and SNAPSHOT, error 650, and REPEATABLE READ would
+             keep every lock it reads; a level set inside a procedure
+             reverts when it returns).  Under READ_COMMITTED_SNAPSHOT the claim's reads still
+             lock: UPDLOCK makes them locking reads of the latest committed
+             rows (Microsoft's "Table hints": UPDLOCK, READPAST).
+Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
+             mailq.MailQueue (U -> X; mailq.Application read by key inside
+             that statement for the DryRun stamp, no lock kept),
+             mailq.MailTemplate (read, S released at once; revision 0016),
+             mailq.MailAttempt (X), mailq.MailEvent (insert): the order of
+             every mail-queue procedure that touches several of them.  The
+             template procedures never touch mailq.MailQueue, so the template
+             read closes no cycle.
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
+                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimMail
+    @BatchSize INT = 10,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300,
+    @AppName NVARCHAR(4000) = NULL,
+    @WorkerName NVARCHAR(4000) = NULL,
+    @AccountNames NVARCHAR(MAX) = NULL,
+    @RunModes NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 10);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50130, @Msg, 1;
+    END;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: a new GUID per claimed batch.', 1;
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+    IF LEN(@AppName) > 128 OR LEN(@WorkerName) > 128
+        THROW 50103, N'@AppName and @WorkerName are limited to 128 characters.', 1;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50115, @Msg, 1;
+    END;
+
+    -- Separate statements, not one OR: the order in which SQL Server
+    -- evaluates ISJSON() and OPENJSON in one predicate is not guaranteed.
+    DECLARE @AccountsOk BIT = 1;
+    IF @AccountNames IS NOT NULL
+    BEGIN
+        IF ISJSON(@AccountNames) = 0 OR LEFT(LTRIM(@AccountNames), 1) <> N'['
+            SET @AccountsOk = 0;
+        ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@AccountNames) AS j WHERE j.[type] <> 1)
+            SET @AccountsOk = 0;
+    END;
+    IF @AccountsOk = 0
+        THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
+
+    DECLARE @Served TABLE (AccountName NVARCHAR(128) NOT NULL PRIMARY KEY);
+    IF @AccountNames IS NOT NULL
+        INSERT INTO @Served (AccountName)
+        SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
+        FROM OPENJSON(@AccountNames) AS j
+        WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
+
+    -- Run modes (revision 0015, docs/run-modes.md): the worker serves these
+    -- and nothing else.  NULL: the default run mode, 'prod'.  Each name must
+    -- pass the rule of CK_MailQueue_RunMode (a name that cannot exist is a
+    -- configuration mistake, not an empty claim).  Separate statements, as
+    -- for @AccountNames.
+    DECLARE @RunModesOk BIT = 1;
+    SET @RunModes = COALESCE(@RunModes, N'["prod"]');
+    IF ISJSON(@RunModes) = 0 OR LEFT(LTRIM(@RunModes), 1) <> N'['
+        SET @RunModesOk = 0;
+    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@RunModes)) NOT BETWEEN 1 AND 16
+        SET @RunModesOk = 0;
+    ELSE IF EXISTS (
+        SELECT 1
+        FROM OPENJSON(@RunModes) AS j
+        WHERE
+            j.[type] <> 1
+            OR LEN(j.[value]) NOT BETWEEN 1 AND 32
+            OR j.[value] COLLATE Latin1_General_100_BIN2 NOT LIKE N'[a-z]%'
+            OR j.[value] COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
+    )
+        SET @RunModesOk = 0;
+    IF @RunModesOk = 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@RunModes must be a JSON array of 1-16 run-mode names (a-z first, then a-z 0-9 - _, ',
+            N'at most 32 characters), e.g. ["prod"] or ["staging", "test"].'
+        );
+        THROW 50241, @Msg, 1;
+    END;
+
+    DECLARE @Modes TABLE (RunMode NVARCHAR(32) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY);
+    INSERT INTO @Modes (RunMode)
+    SELECT DISTINCT CAST(j.[value] AS NVARCHAR(32)) FROM OPENJSON(@RunModes) AS j;
+
+    DECLARE @Now DATETIME2(3);
+    DECLARE @LeaseUntil DATETIME2(3);
+    DECLARE @MinuteStart DATETIME2(0);
+    DECLARE @HourStart DATETIME2(0);
+    DECLARE @DayStart DATETIME2(0);
+
+    -- The accounts that may send now.  Remaining: what the account may
+    -- still take in this claim (its budget); Taken: claimed so far.
+    DECLARE @Acct TABLE (
+        AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        IsLimited BIT NOT NULL,
+        BlockedUntilUtc DATETIME2(3) NULL,
+        PerMinuteLimit INT NULL,
+        PerHourLimit INT NULL,
+        PerDayLimit INT NULL,
+        MinuteStartUtc DATETIME2(0) NULL,
+        MinuteCount INT NULL,
+        HourStartUtc DATETIME2(0) NULL,
+        HourCount INT NULL,
+        DayStartUtc DATETIME2(0) NULL,
+        DayCount INT NULL,
+        Remaining INT NOT NULL DEFAULT (0),
+        Taken INT NOT NULL DEFAULT (0)
+    );
+    -- The units that drive the claim (revision 0015): one row per (account
+    -- left in @Acct, run mode served).  Cap: this pass's per-pair TOP;
+    -- Taken: claimed so far; IsOpen: may take more in a later pass.
+    DECLARE @Drive TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        RunMode NVARCHAR(32) NOT NULL,
+        Taken INT NOT NULL DEFAULT (0),
+        Cap INT NOT NULL DEFAULT (0),
+        IsOpen BIT NOT NULL DEFAULT (1),
+        PRIMARY KEY (AccountName, RunMode)
+    );
+    DECLARE @Draw TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        RunMode NVARCHAR(32) NOT NULL,
+        PRIMARY KEY (AccountName, RunMode)
+    );
+    DECLARE @Claimed TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        RunMode NVARCHAR(32) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AttemptNo INT NOT NULL,
+        Pass INT NOT NULL,
+        TemplateName NVARCHAR(128) NULL,  -- revision 0016
+        TemplateVersion INT NULL          -- pinned at enqueue, then the version resolved to render
+    );
+    DECLARE @Pass INT = 0;
+    DECLARE @Left INT = @BatchSize;
+    DECLARE @Open INT;
+    DECLARE @Share INT;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- Accounts without limits: no budget to take, so no lock either.
+        -- A plain read: under READ_COMMITTED_SNAPSHOT it sees the last
+        -- committed BlockedUntilUtc, which is all a claim needs.
+        INSERT INTO @Acct (AccountName, IsLimited, BlockedUntilUtc)
+        SELECT a.AccountName, 0, a.BlockedUntilUtc
+        FROM mailq.SendingAccount AS a
+        WHERE
+            a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- Accounts with limits, and their budget rows.
+        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
+        --           cannot both spend the same remainder (a locking read also
+        --           under READ_COMMITTED_SNAPSHOT);
+        -- READPAST: a budget row held by another claimer is skipped (that
+        --           account's mail waits for the next claim), never waited on;
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page;
+        -- FORCESEEK: one seek on PK_RateBudget per account read above, never
+        --           a scan: a scan U-locks (and keeps) the budget row of
+        --           every account, also those this worker does not serve or
+        --           that have no limit, so claimers serving other accounts
+        --           would read past them and skip accounts no one is using.
+        INSERT INTO @Acct (
+            AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
+            MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
+        )
+        SELECT
+            a.AccountName, 1, a.BlockedUntilUtc, a.PerMinuteLimit, a.PerHourLimit, a.PerDayLimit,
+            b.MinuteStartUtc, b.MinuteCount, b.HourStartUtc, b.HourCount, b.DayStartUtc, b.DayCount
+        FROM mailq.SendingAccount AS a
+        INNER JOIN mailq.RateBudget AS b WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK)
+            ON a.AccountName = b.AccountName
+        WHERE
+            (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- The clock, read while the budget rows are held: every claimer of an
+        -- account reads it under the same lock, one after the other.
+        SET @Now = SYSUTCDATETIME();
+        SET @LeaseUntil = DATEADD(SECOND, @LeaseSeconds, @Now);
+        SET @MinuteStart = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
+        SET @HourStart = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
+        SET @DayStart = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
+
+        DELETE FROM @Acct WHERE BlockedUntilUtc > @Now;
+
+        -- Windows never move backwards: a stored window that starts at or
+        -- after ours is the current one and its count applies (a clock read
+        -- earlier, or a clock set back, cannot reopen a spent window).
+        UPDATE a
+        SET a.Remaining = IIF(
+            a.IsLimited = 0,
+            @BatchSize,
+            (
+                SELECT MIN(w.Remaining)
+                FROM (
+                    VALUES
+                    (COALESCE(a.PerMinuteLimit - IIF(a.MinuteStartUtc >= @MinuteStart, a.MinuteCount, 0), @BatchSize)),
+                    (COALESCE(a.PerHourLimit - IIF(a.HourStartUtc >= @HourStart, a.HourCount, 0), @BatchSize)),
+                    (COALESCE(a.PerDayLimit - IIF(a.DayStartUtc >= @DayStart, a.DayCount, 0), @BatchSize))
+                ) AS w(Remaining)
+            )
+        )
+        FROM @Acct AS a;
+
+        DELETE FROM @Acct WHERE Remaining <= 0;
+        UPDATE @Acct SET Remaining = @BatchSize WHERE Remaining > @BatchSize;
+
+        -- The driving pairs: every account left x every run mode served.
+        INSERT INTO @Drive (AccountName, RunMode)
+        SELECT a.AccountName, m.RunMode
+        FROM @Acct AS a
+        CROSS JOIN @Modes AS m;
+
+        -- More pairs than slots: keep the pairs that have claimable mail now
+        -- (one row-free probe per pair on the same index), then @BatchSize
+        -- of them drawn at random per claim, so every pair gets its turn and
+        -- a pass never seeks more than @BatchSize pairs.
+        --   READPAST, READCOMMITTEDLOCK: a locking read that skips rows other
+        --   claimers hold (a pair whose claimable rows are all held has
+        --   nothing for us) and takes no lock it keeps; also under RCSI.
+        IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
+        BEGIN
+            DELETE FROM d
+            FROM @Drive AS d
+            WHERE NOT EXISTS (
+                SELECT 1
+                FROM mailq.MailQueue AS k WITH (
+                    INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                )
+                WHERE
+                    k.AccountName = d.AccountName
+                    AND k.RunMode = d.RunMode
+                    AND k.Status IN (N'UnSent', N'Sending')
+                    AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                    AND k.VisibleAtUtc <= @Now
+                    AND k.AttemptsRemaining > 0
+                    AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    AND (@AppName IS NULL OR k.AppName = @AppName)
+            );
+            IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
+            BEGIN
+                -- The draw is materialized first: a TOP ... ORDER BY NEWID()
+                -- inside the DELETE's predicate could be evaluated more than
+                -- once, each time another draw; this keeps exactly @BatchSize.
+                INSERT INTO @Draw (AccountName, RunMode)
+                SELECT TOP (@BatchSize) r.AccountName, r.RunMode FROM @Drive AS r ORDER BY NEWID();
+                DELETE FROM d
+                FROM @Drive AS d
+                WHERE NOT EXISTS (
+                    SELECT 1 FROM @Draw AS w
+                    WHERE w.AccountName = d.AccountName AND w.RunMode = d.RunMode
+                );
+            END;
+        END;
+
+        -- 3. The claim: up to three passes, one UPDATE each (see the header).
+        WHILE @Pass < 3 AND @Left > 0
+        BEGIN
+            SET @Pass += 1;
+            SELECT @Open = COUNT(*)
+            FROM @Drive AS d
+            INNER JOIN @Acct AS a ON d.AccountName = a.AccountName
+            WHERE d.IsOpen = 1 AND a.Remaining > a.Taken;
+            IF @Open = 0 BREAK;
+            -- FLOOR, at least 1: the caps never add up to more than the slots
+            -- left (or one row per open pair), which bounds the rows read.
+            SET @Share = IIF(@Left / @Open < 1, 1, @Left / @Open);
+            -- A pair's cap: the least of the share and its part of what is
+            -- left of its account's budget (Rest split over the account's
+            -- open pairs, Rest % Pairs of them drawn at random get one more),
+            -- so the caps of one account never add up to more than its Rest.
+            UPDATE @Drive SET Cap = 0;
+            UPDATE d
+            SET d.Cap = IIF(x.Part < @Share, x.Part, @Share)
+            FROM @Drive AS d
+            INNER JOIN (
+                SELECT
+                    o.AccountName,
+                    o.RunMode,
+                    o.Rest / o.Pairs + IIF(o.Seq <= o.Rest % o.Pairs, 1, 0) AS Part
+                FROM (
+                    SELECT
+                        d2.AccountName,
+                        d2.RunMode,
+                        a.Remaining - a.Taken AS Rest,
+                        COUNT(*) OVER (PARTITION BY d2.AccountName) AS Pairs,
+                        ROW_NUMBER() OVER (PARTITION BY d2.AccountName ORDER BY NEWID()) AS Seq
+                    FROM @Drive AS d2
+                    INNER JOIN @Acct AS a ON d2.AccountName = a.AccountName
+                    WHERE d2.IsOpen = 1 AND a.Remaining > a.Taken
+                ) AS o
+            ) AS x ON d.AccountName = x.AccountName AND d.RunMode = x.RunMode;
+
+            UPDATE q
+            SET
+                q.Status = N'Sending',
+                q.ThreadLock = @LockToken,
+                q.VisibleAtUtc = @LeaseUntil,
+                q.AttemptsRemaining = q.AttemptsRemaining - 1,
+                q.AttemptCount = q.AttemptCount + 1,
+                -- A lease that expired may hide a mail the dead worker already
+                -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+                q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate),
+                -- Per-application dry-run (revision 0015): every claim stamps
+                -- the application's flag as it is now; the claim result says
+                -- it and mailq.MarkSent keeps it (a seek on PK_Application).
+                q.DryRun = COALESCE(
+                    (SELECT ap.DryRun FROM mailq.Application AS ap WHERE ap.AppName = q.AppName),
+                    CAST(0 AS BIT)
+                )
+            OUTPUT
+                inserted.ID,
+                inserted.AccountName,
+                inserted.AppName,
+                inserted.RunMode,
+                deleted.Status,
+                deleted.ThreadLock,
+                inserted.AttemptCount,
+                @Pass,
+                inserted.TemplateName,
+                inserted.TemplateVersion
+            INTO @Claimed (
+                ID, AccountName, AppName, RunMode, OldStatus, OldLockToken, AttemptNo, Pass, TemplateName, TemplateVersion
+            )
+            -- Target row by its clustered key.  READPAST: a row another
+            -- session holds (e.g. an acknowledgement of an expired lease in
+            -- flight) is skipped instead of waited on, which also rules out a
+            -- deadlock between our index-key U lock and its clustered X lock.
+            FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
+            INNER JOIN (
+                SELECT TOP (@Left) c.ID
+                FROM @Drive AS d
+                CROSS APPLY (
+                    -- One ordered seek per (account, run mode) pair (ten
+                    -- ranges, one per priority, already in ORDER BY order: no
+                    -- Sort, the TOP stops it after Cap rows).  Table hints
+                    -- are allowed on a table inside the applied derived
+                    -- table like on any table source (FROM clause, "Table
+                    -- hints"); FORCESEEK with the INDEX hint makes it a seek
+                    -- on this index or an error, never a scan.
+                    --   INDEX + FORCESEEK: the plan of the index's header,
+                    --     never a scan, whatever the statistics say;
+                    --   READPAST: skip rows other workers hold, never wait;
+                    --   UPDLOCK:  claim while reading, so two workers can't
+                    --     take one row (and a locking read under RCSI);
+                    --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
+                    SELECT TOP (d.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                        AND (@AppName IS NULL OR k.AppName = @AppName)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                WHERE d.Cap > 0
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
+            ) AS p ON q.ID = p.ID
+            WHERE
+                q.Status IN (N'UnSent', N'Sending')
+                AND q.VisibleAtUtc <= @Now
+                AND q.AttemptsRemaining > 0;
+
+            -- What this pass gave each pair; a pair that yielded fewer rows
+            -- than its cap has nothing more to claim now (drained).  The
+            -- account's Taken (its budget charge) is the sum over its pairs.
+            UPDATE d
+            SET
+                d.Taken = d.Taken + COALESCE(n.Claimed, 0),
+                d.IsOpen = IIF(COALESCE(n.Claimed, 0) < d.Cap, 0, d.IsOpen)
+            FROM @Drive AS d
+            LEFT JOIN (
+                SELECT m.AccountName, m.RunMode, COUNT(*) AS Claimed
+                FROM @Claimed AS m
+                WHERE m.Pass = @Pass
+                GROUP BY m.AccountName, m.RunMode
+            ) AS n ON d.AccountName = n.AccountName AND d.RunMode = n.RunMode
+            WHERE d.Cap > 0;
+
+            UPDATE a
+            SET a.Taken = n.Claimed
+            FROM @Acct AS a
+            INNER JOIN (
+                SELECT m.AccountName, COUNT(*) AS Claimed
+                FROM @Claimed AS m
+                GROUP BY m.AccountName
+            ) AS n ON a.AccountName = n.AccountName;
+
+            SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
+        END;
+
+        -- Charge the budget of limited accounts (rows already U-locked above).
+        -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
+        -- budget rows other claimers hold.  A stored window that is not older
+        -- than ours is kept: the window start never moves backwards.
+        UPDATE b
+        SET
+            b.MinuteCount = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteCount, 0) + a.Taken,
+            b.MinuteStartUtc = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteStartUtc, @MinuteStart),
+            b.HourCount = IIF(b.HourStartUtc >= @HourStart, b.HourCount, 0) + a.Taken,
+            b.HourStartUtc = IIF(b.HourStartUtc >= @HourStart, b.HourStartUtc, @HourStart),
+            b.DayCount = IIF(b.DayStartUtc >= @DayStart, b.DayCount, 0) + a.Taken,
+            b.DayStartUtc = IIF(b.DayStartUtc >= @DayStart, b.DayStartUtc, @DayStart)
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Acct AS a ON b.AccountName = a.AccountName
+        WHERE a.IsLimited = 1 AND a.Taken > 0;
+
+        -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
+        -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Abandoned',
+            t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Claimed AS c
+            ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
+        WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+        -- Revision 0016: the template version each template mail renders in
+        -- this attempt: the pinned one, else the latest when the template is
+        -- not retired (else NULL: the worker stops the mail and says why).
+        -- One seek on PK_MailTemplate per claimed template mail (at most
+        -- @BatchSize); a plain read: LatestVersion is committed together with
+        -- its version row (mailq.AddMailTemplateVersion), versions never change.
+        UPDATE c
+        SET c.TemplateVersion = COALESCE(c.TemplateVersion, IIF(t.RetiredAtUtc IS NULL, t.LatestVersion, NULL))
+        FROM @Claimed AS c
+        INNER JOIN mailq.MailTemplate AS t WITH (FORCESEEK) ON c.TemplateName = t.TemplateName
+        WHERE c.TemplateName IS NOT NULL;
+
+        -- Open an attempt for each mail now leased, with the template version
+        -- it renders (never changed afterwards: a later version only affects
+        -- later attempts).
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc, TemplateVersion)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now, c.TemplateVersion
+        FROM @Claimed AS c;
+
+        -- Events, in this transaction (docs/events.md): a reclaimed lease
+        -- first says LeaseExpired (its earlier attempt, now abandoned), then
+        -- every mail leased says Claimed.  Two statements, so the two events
+        -- of one mail are stamped in that order.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            c.ID, c.AppName, N'LeaseExpired', N'Sending', c.AttemptNo - 1, NULL,
+            N'Lease expired before the worker acknowledged; reclaimed (PossibleDuplicate).', @Now
+        FROM @Claimed AS c
+        WHERE c.OldStatus = N'Sending';
+
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT c.ID, c.AppName, N'Claimed', N'Sending', c.AttemptNo, NULL, @WorkerName, @Now
+        FROM @Claimed AS c;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and its own CATCH rolls it back.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    SELECT
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.AppName,
+        q.FromName,
+        q.FromAddress,
+        q.ReplyTo,
+        q.ToAddress,
+        q.CC,
+        q.BCC,
+        q.Subject,
+        q.Body,
+        q.BodyFormat,
+        q.TextBody,
+        q.Headers,
+        q.Priority,
+        q.AttemptCount AS AttemptNo,
+        q.AttemptsRemaining,
+        q.VisibleAtUtc AS LeaseExpiresUtc,
+        q.PossibleDuplicate,
+        q.dtStamp,
+        q.RunMode,
+        q.DryRun,
+        -- Revision 0016: three columns, NULL for ordinary mail.
+        c.TemplateName,
+        c.TemplateVersion,
+        q.TemplateModel
+    FROM mailq.MailQueue AS q
+    INNER JOIN @Claimed AS c ON q.ID = c.ID
+    WHERE q.ThreadLock = @LockToken
+    ORDER BY q.Priority DESC, q.ID ASC;
+
+    SELECT
+        a.MailID,
+        a.AttachmentNo,
+        a.FileName,
+        a.ContentType,
+        a.Content,
+        a.Generator,     -- revision 0016: a lazy attachment (Content NULL)
+        a.GeneratorArgs
+    FROM mailq.MailAttachment AS a
+    INNER JOIN @Claimed AS c ON a.MailID = c.ID
+    ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+
+    -- Revision 0016: the texts of the template versions this batch renders,
+    -- each once: the distinct versions drive one seek each on
+    -- PK_MailTemplateVersion (an inner join, so FORCESEEK always has its
+    -- plan: nested loops with the few distinct versions outside).
+    WITH Used AS (
+        SELECT DISTINCT c.TemplateName, c.TemplateVersion
+        FROM @Claimed AS c
+        WHERE c.TemplateVersion IS NOT NULL
+    )
+
+    SELECT
+        v.TemplateName,
+        v.Version,
+        v.SubjectTemplate,
+        v.HtmlTemplate,
+        v.TextTemplate
+    FROM Used AS u
+    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)
+        ON u.TemplateName = v.TemplateName AND u.TemplateVersion = v.Version
+    ORDER BY v.TemplateName ASC, v.Version ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqEnqueuer for batch enqueue (revision 0014): the procedure,
+and EXECUTE on its table type, which a caller needs to declare a variable of
+the type and pass it as @MailRows.
+Revisions 0015 (the type gained RunMode) and 0016 (the template columns)
+re-create the type, and 0016 the procedure too: a table type cannot be
+altered, and dropping a type or procedure drops its permissions, so this
+file runs again in both revisions and grants them again.
+*/
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMailBatch TO MailqEnqueuer;
+GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0016') AND FilePath IN (
+    N'tables/mailq.MailQueue.sql',
+    N'tables/mailq.MailAttachment.sql',
+    N'tables/mailq.MailAttempt.sql',
+    N'upgrades/mailq.0016.MailQueue.sql',
+    N'upgrades/mailq.0016.MailAttachment.sql',
+    N'upgrades/mailq.0016.MailAttempt.sql',
+    N'types/mailq.MailBatchRow.sql',
+    N'procedures/mailq.EnqueueMail.sql',
+    N'procedures/mailq.EnqueueMailBatch.sql',
+    N'procedures/mailq.ClaimMail.sql',
+    N'security/MailqEnqueuer.batch.grants.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0016', N'tables/mailq.MailQueue.sql', '06bdf744e7110a806eea38191307af0aa5d2274185d2a7dfb78b5325784f8c31'),
+    ('0016', N'tables/mailq.MailAttachment.sql', 'bc33b4217e7f1edee2041c5294df5b7b3321d9e63bd0ded25afcaeb59be7874d'),
+    ('0016', N'tables/mailq.MailAttempt.sql', '857dbd2ea0f9ec058af471d0971d56d7e5fc1e0e68130a3c188ff18bc58fd542'),
+    ('0016', N'upgrades/mailq.0016.MailQueue.sql', '8bffd9c260081f97384d052cf713510be16ca848a10ac9ea9b032d9ba4db19a7'),
+    ('0016', N'upgrades/mailq.0016.MailAttachment.sql', '4b4b1e80bfd957ce843c281c1e85ad234394c932b77c34efa0ec2a637f7cdcd8'),
+    ('0016', N'upgrades/mailq.0016.MailAttempt.sql', '7a0c61d99a25ae9233063d8de36f8479e37663c4df0ad63ec6d370d553a6d203'),
+    ('0016', N'types/mailq.MailBatchRow.sql', '02c76403e1fc4742abd5e6c2544043b4a4b67e3785977be2e9206f41bfb6ad5f'),
+    ('0016', N'procedures/mailq.EnqueueMail.sql', '7e6769e9c40895ee02d212199483d062e7d8b9d776a96391ea578c818705ea19'),
+    ('0016', N'procedures/mailq.EnqueueMailBatch.sql', '713272dae42e1b248ec6cffb303ca2a8067f298227b6569403fe77c9d7a553c2'),
+    ('0016', N'procedures/mailq.ClaimMail.sql', '2c5517175d59dbd73e39e17bef86961744c37e2c78d6f73a20a9aca91c3cc1b5'),
+    ('0016', N'security/MailqEnqueuer.batch.grants.sql', '8674be21dd7b2603f16c74298960785e2647e85e9a6f5a227ed46c8317b063a2');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0016 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0016' WHERE dbo.mailq_alembic_version.version_num = '0015';
 
 GO
 

@@ -1,0 +1,205 @@
+"""Templates and lazy attachments wired into enqueue, claim and attempt
+(issue 16 point 2, part B; revision 0016), without a server.
+
+* The upgrade scripts are guarded and re-runnable; the downgrade refuses
+  first (50289), drops constraints before the columns they check, and
+  rebuilds revision 0014's batch table type.
+* ClaimMail's first result set grows by exactly three columns, appended at
+  its end; attachments gain Generator/GeneratorArgs at the end; a third result
+  set carries each template version once; the version is resolved by seeks
+  and recorded on the attempt.
+* EnqueueMail's new parameters are appended at the end of its list.
+* The Python reader handles the three result sets (a fake DB-API cursor: this
+  tests the Python layer's mapping, not the procedure).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+from mailq_db import procedures
+from mailq_db.deployment import strip_comments
+from mailq_db.procedures import Attachment, LazyAttachment
+
+ROOT = Path(__file__).resolve().parents[2]
+SQL = ROOT / "sql"
+
+
+def code(rel: str) -> str:
+    return strip_comments((SQL / rel).read_text(encoding="utf-8"))
+
+
+CLAIM = code("procedures/mailq.ClaimMail.sql")
+ENQUEUE = code("procedures/mailq.EnqueueMail.sql")
+
+
+def _revision():
+    [path] = (ROOT / "alembic/versions").glob("0016_*.py")
+    spec = importlib.util.spec_from_file_location("rev0016", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_upgrade_step_is_guarded():
+    for table in ("MailQueue", "MailAttachment", "MailAttempt"):
+        text = code(f"upgrades/mailq.0016.{table}.sql")
+        steps = re.findall(r"(IF [^;]*?)(ALTER TABLE|EXEC sys\.sp_executesql)", text)
+        assert steps, table
+        assert all(g.startswith(("IF COL_LENGTH(", "IF OBJECT_ID(", "IF EXISTS (")) for g, _ in steps), table
+
+
+def test_the_downgrade_refuses_first_and_drops_what_the_upgrade_added():
+    rev = _revision()
+    assert rev.revision == "0016" and rev.down_revision == "0015"
+    overrides = rev.PLAN.drop_overrides
+    assert set(overrides) == {f"upgrades/mailq.0016.{t}.sql" for t in ("MailQueue", "MailAttachment", "MailAttempt")}
+    for statements in overrides.values():
+        assert "THROW 50289" in statements[0]
+    queue = " ".join(rev.DOWNGRADE_0016_QUEUE)
+    for column in ("TemplateModel", "TemplateVersion", "TemplateName"):
+        assert queue.index("DROP CONSTRAINT CK_MailQueue_Template") < queue.index(f"DROP COLUMN {column}")
+    attach = " ".join(rev.DOWNGRADE_0016_ATTACHMENT)
+    assert attach.index("DROP CONSTRAINT CK_MailAttachment_Source") < attach.index("DROP COLUMN Generator")
+    assert attach.index("DROP CONSTRAINT CK_MailAttachment_Size") < attach.index("ALTER COLUMN Content VARBINARY(MAX) NOT NULL")
+    assert "DROP COLUMN TemplateVersion" in " ".join(rev.DOWNGRADE_0016_ATTEMPT)
+    rebuild = rev._rebuild_0015_batch_type()
+    assert "DROP PROCEDURE mailq.EnqueueMailBatch" in rebuild[0] and "DROP TYPE mailq.MailBatchRow" in rebuild[1]
+    # 0015's type: RunMode, no template columns
+    assert "CREATE TYPE mailq.MailBatchRow" in rebuild[2] and "TemplateName" not in rebuild[2]
+    assert "RunMode NVARCHAR(4000) NULL" in rebuild[2]
+
+
+def test_type_file_drops_the_old_type_after_its_procedure_only_when_it_lacks_the_columns():
+    text = code("types/mailq.MailBatchRow.sql")
+    drop_proc = text.index("DROP PROCEDURE mailq.EnqueueMailBatch")
+    assert text.index("c.name = N'TemplateModel'") < drop_proc < text.index("DROP TYPE mailq.MailBatchRow")
+    order = [l.strip() for l in (SQL / "BuildOrder.txt").read_text().splitlines()]
+    assert order.index("types/mailq.MailBatchRow.sql") < order.index("procedures/mailq.EnqueueMailBatch.sql") \
+        < order.index("security/MailqEnqueuer.batch.grants.sql")
+    assert max(order.index(f"upgrades/mailq.0016.{t}.sql") for t in ("MailQueue", "MailAttachment", "MailAttempt")) \
+        < order.index("procedures/mailq.EnqueueMail.sql")
+    frozen = (ROOT / "alembic/frozen/0016/FILES").read_text().split()
+    assert "security/MailqEnqueuer.batch.grants.sql" in frozen and "types/mailq.MailBatchRow.sql" in frozen
+
+
+def _selects(text: str) -> list[str]:
+    tail = text[text.index("END CATCH;"):]
+    return re.findall(r"\bSELECT\b(.*?)\bFROM\b", tail, re.S)
+
+
+def test_claim_result_sets_grow_only_at_their_ends():
+    first, second, _used, third = _selects(CLAIM)[:4]  # (_used: the CTE of the distinct versions)
+    cols = [c.strip().split(".")[-1].split(" AS ")[-1] for c in first.split(",")]
+    # revision 0015 appended RunMode, DryRun; 0016 the three template columns
+    assert cols[-6:] == ["dtStamp", "RunMode", "DryRun", "TemplateName", "TemplateVersion", "TemplateModel"]
+    assert len(cols) == 21 + 2 + 3
+    cols2 = [c.strip().split(".")[-1] for c in second.split(",")]
+    assert cols2 == ["MailID", "AttachmentNo", "FileName", "ContentType", "Content", "Generator", "GeneratorArgs"]
+    assert [c.strip().split(".")[-1] for c in third.split(",")] == [
+        "TemplateName", "Version", "SubjectTemplate", "HtmlTemplate", "TextTemplate"]
+    assert "INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)" in CLAIM
+
+
+def test_claim_resolves_by_seek_and_records_the_version_on_the_attempt():
+    assert re.search(r"INNER JOIN mailq\.MailTemplate AS t WITH \(FORCESEEK\) ON c\.TemplateName = t\.TemplateName",
+                     CLAIM)
+    assert "COALESCE(c.TemplateVersion, IIF(t.RetiredAtUtc IS NULL, t.LatestVersion, NULL))" in CLAIM
+    assert re.search(r"INSERT INTO mailq\.MailAttempt \([^)]*TemplateVersion\)\s*SELECT [^;]*c\.TemplateVersion", CLAIM)
+    # resolved inside the claim's transaction, before its commit
+    assert CLAIM.index("INNER JOIN mailq.MailTemplate") < CLAIM.index("COMMIT TRANSACTION")
+
+
+def test_enqueue_template_parameters_are_appended_at_the_end():
+    head = ENQUEUE[ENQUEUE.index("CREATE OR ALTER PROCEDURE"):ENQUEUE.index("\nAS\n")]
+    params = re.findall(r"@(\w+)\s+[A-Z]", head)
+    # revision 0015 appended RunMode, 0016 the template parameters after it
+    assert params[-7:] == ["MailID", "MessageID", "Created", "RunMode", "TemplateName", "TemplateVersion",
+                           "TemplateModel"]
+    for number in range(50280, 50287):
+        assert f"THROW {number}" in ENQUEUE
+
+
+class FakeCursor:
+    def __init__(self, *sets):
+        self.sets = [list(s) for s in sets]
+        self.description = True
+
+    def execute(self, sql, *params):
+        self.sql, self.params = sql, params
+
+    def fetchall(self):
+        return self.sets[0]
+
+    def nextset(self):
+        self.sets.pop(0)
+        return bool(self.sets)
+
+
+class FakeConn:
+    def __init__(self, cursor):
+        self._cursor = cursor
+
+    def cursor(self):
+        return self._cursor
+
+
+def _mail_row(i, **kw):
+    values = dict(ID=i, MessageID=f"<{i}@x>", AccountName="a", AppName=None, FromName=None, FromAddress="f@x.org",
+                  ReplyTo=None, ToAddress="t@x.org", CC=None, BCC=None, Subject="", Body="", BodyFormat="Text",
+                  TextBody=None, Headers=None, Priority=5, AttemptNo=1, AttemptsRemaining=4, LeaseExpiresUtc=None,
+                  PossibleDuplicate=False, dtStamp=None, TemplateName=None, TemplateVersion=None, TemplateModel=None)
+    values.update(kw)
+    return SimpleNamespace(**values)
+
+
+def test_claim_reader_maps_templates_and_lazy_attachments():
+    cursor = FakeCursor(
+        [_mail_row(1, TemplateName="Welcome", TemplateVersion=2, TemplateModel='{"a": 1}'), _mail_row(2)],
+        [SimpleNamespace(MailID=2, AttachmentNo=1, FileName="x.txt", ContentType="text/plain", Content=b"x",
+                         Generator=None, GeneratorArgs=None),
+         SimpleNamespace(MailID=2, AttachmentNo=2, FileName="r.csv", ContentType="application/octet-stream",
+                         Content=None, Generator="csv", GeneratorArgs='{"rows": []}')],
+        [SimpleNamespace(TemplateName="welcome", Version=2, SubjectTemplate="S", HtmlTemplate=None,
+                         TextTemplate="T")],
+    )
+    m1, m2 = procedures.claim_mail(FakeConn(cursor), batch_size=10, lock_token="00000000-0000-0000-0000-000000000001",
+                                   lease_seconds=60)
+    assert (m1.template_name, m1.template_version, m1.template_model) == ("Welcome", 2, '{"a": 1}')
+    assert m1.template.text_template == "T"  # matched under a case-insensitive name
+    assert m2.template is None and m2.template_name is None
+    assert m2.attachments == [Attachment("x.txt", b"x", "text/plain"),
+                              LazyAttachment("r.csv", "csv", '{"rows": []}', "application/octet-stream")]
+
+
+def test_claim_reader_works_against_a_database_below_0016():
+    row = _mail_row(1)
+    for name in ("TemplateName", "TemplateVersion", "TemplateModel"):
+        delattr(row, name)
+    cursor = FakeCursor([row], [SimpleNamespace(MailID=1, AttachmentNo=1, FileName="x", ContentType="a/b", Content=b"")])
+    [mail] = procedures.claim_mail(FakeConn(cursor), batch_size=1, lock_token="00000000-0000-0000-0000-000000000001",
+                                   lease_seconds=60)
+    assert mail.template_name is None and mail.attachments == [Attachment("x", b"", "a/b")]
+
+
+def test_lazy_attachment_json_is_what_enqueuemail_reads():
+    text = procedures.attachments_json([Attachment("a.txt", b"hi", "text/plain"),
+                                        LazyAttachment("r.csv", "csv", {"rows": [[1]]})])
+    assert json.loads(text) == [
+        {"FileName": "a.txt", "ContentType": "text/plain", "ContentBase64": "aGk="},
+        {"FileName": "r.csv", "Generator": "csv", "Arguments": {"rows": [[1]]}},
+    ]
+    for key in ("'$.Generator'", "'$.Arguments' AS JSON"):
+        assert key in ENQUEUE
+
+
+def test_batch_rows_carry_the_template_fields_in_the_type_order():
+    row = procedures.batch_row(dict(to_address="a@x.org", template_name="t", template_version=2,
+                                    template_model={"k": "张"}))
+    assert row == {"ToAddress": "a@x.org", "TemplateName": "t", "TemplateVersion": 2, "TemplateModel": '{"k": "张"}'}
+    tvp = procedures._batch_tvp([dict(to_address="a@x.org", template_name="t", template_model='{"k": 1}')])
+    assert tvp[2][-3:] == ("t", None, '{"k": 1}')

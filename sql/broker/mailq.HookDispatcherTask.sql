@@ -60,7 +60,9 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF @@TRANCOUNT <> 1
-        THROW 50298, N'mailq.HookDispatcherTask is run by delayed execution only (one open transaction); start the dispatcher with mailq.StartHookDispatcher.', 1;
+        THROW 50298,
+            N'mailq.HookDispatcherTask is run by delayed execution only; start it with mailq.StartHookDispatcher.',
+            1;
 
     DECLARE
         @Generation BIGINT = TRY_CAST(@Param1 AS BIGINT),

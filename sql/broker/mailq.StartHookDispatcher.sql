@@ -150,6 +150,6 @@ BEGIN
         t.TaskState,
         @Scheduled AS Scheduled
     FROM mailq.HookDispatcher AS d
-    LEFT JOIN delay.Task AS t ON t.TaskID = d.TaskID
+    LEFT JOIN delay.Task AS t ON d.TaskID = t.TaskID
     WHERE d.Singleton = 1;
 END;

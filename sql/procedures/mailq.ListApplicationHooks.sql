@@ -23,6 +23,15 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
 
+    WITH Failures AS (
+        SELECT
+            x.AppName,
+            COUNT(*) AS Failures,
+            MAX(x.RecordedAtUtc) AS LastFailureAtUtc
+        FROM mailq.ApplicationHookFailure AS x
+        GROUP BY x.AppName
+    )
+
     SELECT
         h.AppName,
         CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)) AS HookProcedure,
@@ -51,14 +60,7 @@ BEGIN
         COALESCE(f.Failures, 0) AS Failures,
         f.LastFailureAtUtc
     FROM mailq.ApplicationHook AS h
-    LEFT JOIN (
-        SELECT
-            x.AppName,
-            COUNT(*) AS Failures,
-            MAX(x.RecordedAtUtc) AS LastFailureAtUtc
-        FROM mailq.ApplicationHookFailure AS x
-        GROUP BY x.AppName
-    ) AS f ON f.AppName = h.AppName
+    LEFT JOIN Failures AS f ON h.AppName = f.AppName
     WHERE @AppName IS NULL OR h.AppName = @AppName
     ORDER BY h.AppName;
 END;

@@ -99,7 +99,9 @@ BEGIN
         THROW 50295, @Msg, 1;
     END;
     IF @@TRANCOUNT > 0
-        THROW 50296, N'mailq.RunApplicationHooks runs each hook call in its own transaction: call it outside any transaction (never inside an acknowledgement).', 1;
+        THROW 50296,
+            N'mailq.RunApplicationHooks runs each hook call in its own transaction: call it outside any transaction.',
+            1;
 
     DECLARE @Summary TABLE (
         AppName NVARCHAR(128) NOT NULL PRIMARY KEY,
@@ -300,7 +302,9 @@ BEGIN
 
                     -- 266 normally comes first; a count that still differs is the same fault.
                     IF @@TRANCOUNT <> 1
-                        THROW 50297, N'The hook changed the transaction count (it must neither end the transaction opened for it nor leave one open).', 1;
+                        THROW 50297,
+                            N'The hook ended the transaction opened for it or left one of its own open.',
+                            1;
 
                     IF @StopMail = 1
                     BEGIN
@@ -315,7 +319,9 @@ BEGIN
                         BEGIN
                             SET @StopReason = COALESCE(
                                 NULLIF(LTRIM(RTRIM(@StopReason)), N''),
-                                CONCAT(N'Stopped by the hook ', @Hook, N' on event ', @EventID, N' (', @EventType, N').')
+                                CONCAT(
+                                    N'Stopped by the hook ', @Hook, N' on event ', @EventID, N' (', @EventType, N').'
+                                )
                             );
                             -- StopMail's one-row result is kept here, not sent to our caller.
                             DELETE FROM @Stopped;
@@ -374,8 +380,10 @@ BEGIN
                 -- transaction opened for it; its work may be committed.
                 IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
                 IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
-                SET @ErrorMessage = LEFT(CONCAT(N'Event ', @EventID, N' (', @EventType, N', mail ', @MailID,
-                    N'), call ', @Attempts, N' of ', @MaxAttempts, N': error ', @ErrorNumber, N': ', @ErrorMessage), 4000);
+                SET @ErrorMessage = LEFT(CONCAT(
+                    N'Event ', @EventID, N' (', @EventType, N', mail ', @MailID, N'), call ', @Attempts,
+                    N' of ', @MaxAttempts, N': error ', @ErrorNumber, N': ', @ErrorMessage
+                ), 4000);
                 SET @Now = SYSUTCDATETIME();
                 UPDATE @Summary SET FailedCalls += 1 WHERE AppName = @App;
 
@@ -436,7 +444,7 @@ BEGIN
         -- Our own bookkeeping failed (never a hook's error: those are caught
         -- above).  Nothing half-done stays: roll back, release, re-raise.
         IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-        IF APPLOCK_MODE(N'public', N'mailq.RunApplicationHooks', N'Session') <> N'NoLock'
+        IF APPLOCK_MODE(N'public', N'mailq.RunApplicationHooks', N'Session') = N'Exclusive'
             EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
         THROW;
     END CATCH;

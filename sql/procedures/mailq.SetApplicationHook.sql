@@ -174,9 +174,9 @@ BEGIN
                     (7, N'@Detail', N'nvarchar', 8000, 0, N'NVARCHAR(4000)'),
                     (8, N'@StopMail', N'bit', 1, 1, N'BIT OUTPUT'),
                     (9, N'@StopReason', N'nvarchar', 8000, 1, N'NVARCHAR(4000) OUTPUT')
-            ) AS e (Ord, ParameterName, TypeName, MaxLength, IsOutput, Declared)
+            ) AS e(Ord, ParameterName, TypeName, MaxLength, IsOutput, Declared)
             LEFT JOIN sys.parameters AS p
-                ON p.object_id = @ObjectId AND p.name = e.ParameterName
+                ON e.ParameterName = p.name AND p.object_id = @ObjectId
             WHERE
                 p.parameter_id IS NULL
                 OR TYPE_NAME(p.user_type_id) <> e.TypeName
@@ -266,14 +266,24 @@ BEGIN
         THROW;
     END CATCH;
 
+    -- One row whether or not a hook remains (a removal returns NULLs).
+    DECLARE
+        @ResultProcedure NVARCHAR(300),
+        @ResultObjectId INT,
+        @ResultCursor BIGINT,
+        @ResultMaxAttempts INT;
+    SELECT
+        @ResultProcedure = CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)),
+        @ResultObjectId = h.ObjectId,
+        @ResultCursor = h.CursorEventID,
+        @ResultMaxAttempts = h.MaxAttempts
+    FROM mailq.ApplicationHook AS h
+    WHERE h.AppName = @AppName;
     SELECT
         @AppName AS AppName,
-        IIF(h.AppName IS NULL, NULL, CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)))
-            AS HookProcedure,
-        h.ObjectId,
-        h.CursorEventID,
-        h.MaxAttempts,
-        @Changed AS Changed
-    FROM (VALUES (1)) AS one (x)
-    LEFT JOIN mailq.ApplicationHook AS h ON h.AppName = @AppName;
+        @ResultProcedure AS HookProcedure,
+        @ResultObjectId AS ObjectId,
+        @ResultCursor AS CursorEventID,
+        @ResultMaxAttempts AS MaxAttempts,
+        @Changed AS Changed;
 END;

@@ -27070,11 +27070,12 @@ Result set:  one row per hook, by AppName: AppName, HookProcedure, ObjectId,
              LastRunAtUtc, RegisteredAtUtc, RegisteredBy, Failures INT (rows in
              mailq.ApplicationHookFailure), LastFailureAtUtc.
 Errors:      none.
-Transaction: opens none and writes nothing.
+Transaction: opens none and writes nothing (but its own table variable).
 Isolation:   the caller's (a report: a row changed meanwhile shows either way).
 Lock order:  mailq.ApplicationHook, then mailq.ApplicationHookFailure (shared, brief).
 Plan:        mailq.ApplicationHook is one row per hooked application; the
-             failure counts group the (small) failure table once.
+             failure counts group the (small) failure table once; the pin
+             check joins the catalog's procedures (sys.objects, type P).
 Example:     EXEC mailq.ListApplicationHooks;
 */
 CREATE OR ALTER PROCEDURE mailq.ListApplicationHooks
@@ -27082,6 +27083,22 @@ CREATE OR ALTER PROCEDURE mailq.ListApplicationHooks
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+
+    -- Procedures a hook may still resolve to: dbo-owned schema, no other owner
+    -- (read into a table variable first: one plain catalog read).
+    DECLARE @Live TABLE (
+        ObjectId INT NOT NULL PRIMARY KEY,
+        SchemaName SYSNAME NOT NULL,
+        ProcedureName SYSNAME NOT NULL
+    );
+    INSERT INTO @Live (ObjectId, SchemaName, ProcedureName)
+    SELECT
+        o.object_id AS ObjectId,
+        sch.name AS SchemaName,
+        o.name AS ProcedureName
+    FROM sys.objects AS o
+    INNER JOIN sys.schemas AS sch ON o.schema_id = sch.schema_id
+    WHERE o.type = 'P' AND sch.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1;
 
     WITH Failures AS (
         SELECT
@@ -27097,17 +27114,7 @@ BEGIN
         CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)) AS HookProcedure,
         h.ObjectId,
         CAST(IIF(
-            EXISTS (
-                SELECT 1
-                FROM sys.objects AS o
-                INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
-                WHERE
-                    o.object_id = h.ObjectId AND o.type = 'P'
-                    AND s.name = h.SchemaName AND o.name = h.ProcedureName
-                    AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
-            )
-            AND HASHBYTES('SHA2_256', OBJECT_DEFINITION(h.ObjectId)) = h.DefinitionHash,
-            1, 0
+            l.ObjectId IS NOT NULL AND HASHBYTES('SHA2_256', OBJECT_DEFINITION(h.ObjectId)) = h.DefinitionHash, 1, 0
         ) AS BIT) AS Pinned,
         h.CursorEventID,
         h.FailingEventID,
@@ -27120,6 +27127,8 @@ BEGIN
         COALESCE(f.Failures, 0) AS Failures,
         f.LastFailureAtUtc
     FROM mailq.ApplicationHook AS h
+    LEFT JOIN @Live AS l
+        ON h.ObjectId = l.ObjectId AND h.SchemaName = l.SchemaName AND h.ProcedureName = l.ProcedureName
     LEFT JOIN Failures AS f ON h.AppName = f.AppName
     WHERE @AppName IS NULL OR h.AppName = @AppName
     ORDER BY h.AppName;
@@ -27362,17 +27371,7 @@ created, as the deploying db_owner; re-listing refreshes the pin, so a
 revision that changes broker/mailq.HookDispatcherTask.sql must carry this
 file too (it follows that file in sql/BuildOrder.txt).  The downgrade removes
 the entry (delay.DisallowProcedure) before the procedure is dropped.
-delay.AllowProcedure returns its entry as a result set: kept in a table
-variable, not shown.
 */
-DECLARE @Listed TABLE (
-    AllowedProcedureId INT,
-    SchemaName SYSNAME,
-    ProcedureName SYSNAME,
-    ObjectId INT,
-    AllowBareName BIT
-);
-INSERT INTO @Listed (AllowedProcedureId, SchemaName, ProcedureName, ObjectId, AllowBareName)
 EXEC delay.AllowProcedure @ProcedureName = N'mailq.HookDispatcherTask', @AllowBareName = 0;
 
 GO
@@ -27588,11 +27587,11 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0017', N'tables/mailq.ApplicationHookFailure.sql', 'f754603d66267a52c81a65df0ceea0cb6282f9b5cd76ad603fb20b5fea217042'),
     ('0017', N'procedures/mailq.SetApplicationHook.sql', '2fc8238c5b98e850a2ffe19c4fef2aaa78f738424f4435c0c6c97be0b8de3375'),
     ('0017', N'procedures/mailq.RunApplicationHooks.sql', '6bfe84a245644dba5f1dab8fe190511217b59d8923a7b2ff9ba1aa416894cc87'),
-    ('0017', N'procedures/mailq.ListApplicationHooks.sql', '456477900884fe6cd54f9ac297c0ba997ef9013b51c492319bbe8aad01e7b827'),
+    ('0017', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
     ('0017', N'security/MailqAdmin.hooks.grants.sql', '6cc7a3e89b107584855a4bccb4414d7f97995b3fbf0f1de86f7589ec8157c277'),
     ('0017', N'broker/mailq.HookDispatcher.sql', '6f2cdc5f79b2b7d042742472cbf938728b647196dfd40cace4db6afe76016ce0'),
     ('0017', N'broker/mailq.HookDispatcherTask.sql', 'b54526911af27a2ddf55e2f6a0d0263e660c6a05f3cda251b036438fc30baee3'),
-    ('0017', N'broker/mailq.HookDispatcherTask.allow.sql', '46fd4fddeeb2b38c8a345348f02894be5d42b4bfa5fe812ce54e334f5177c37b'),
+    ('0017', N'broker/mailq.HookDispatcherTask.allow.sql', '0a95816b5cf1d7ad64732d551de7777e445e76a49096568af093d7a099331ab2'),
     ('0017', N'broker/mailq.StartHookDispatcher.sql', '5d0f8283e44adcd1ebfde557a8293469511d3ea7d51fe2f362dc898f63858d2c'),
     ('0017', N'broker/MailqAdmin.hooks.grants.sql', 'c7628a18792cd2721ebfc69c3f24770fd0ba97d1247d7ef85330014bd3cd5ad6');
 

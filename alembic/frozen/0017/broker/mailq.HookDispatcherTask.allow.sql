@@ -6,15 +6,5 @@ created, as the deploying db_owner; re-listing refreshes the pin, so a
 revision that changes broker/mailq.HookDispatcherTask.sql must carry this
 file too (it follows that file in sql/BuildOrder.txt).  The downgrade removes
 the entry (delay.DisallowProcedure) before the procedure is dropped.
-delay.AllowProcedure returns its entry as a result set: kept in a table
-variable, not shown.
 */
-DECLARE @Listed TABLE (
-    AllowedProcedureId INT,
-    SchemaName SYSNAME,
-    ProcedureName SYSNAME,
-    ObjectId INT,
-    AllowBareName BIT
-);
-INSERT INTO @Listed (AllowedProcedureId, SchemaName, ProcedureName, ObjectId, AllowBareName)
 EXEC delay.AllowProcedure @ProcedureName = N'mailq.HookDispatcherTask', @AllowBareName = 0;

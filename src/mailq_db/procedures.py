@@ -1250,3 +1250,95 @@ def _batch_result(cursor: Any) -> BatchResult:
     finally:
         cursor.close()
     return BatchResult(enqueued, rejected)
+
+
+# ==========================================================================
+# Per-application hooks (revision 0017, issue 16 point 1; docs/hooks.md)
+# ==========================================================================
+
+#: The documented hook signature, in the order docs/hooks.md gives it
+#: (mailq.SetApplicationHook checks it against sys.parameters).
+HOOK_SIGNATURE = (
+    ("@EventID", "BIGINT"), ("@MailID", "BIGINT"), ("@AppName", "NVARCHAR(128)"),
+    ("@EventType", "NVARCHAR(32)"), ("@Status", "NVARCHAR(16)"), ("@SmtpCode", "INT"),
+    ("@Detail", "NVARCHAR(4000)"), ("@StopMail", "BIT OUTPUT"), ("@StopReason", "NVARCHAR(4000) OUTPUT"),
+)
+
+
+@dataclass(frozen=True)
+class HookRegistration:
+    """The row mailq.SetApplicationHook returns (``hook_procedure`` None after a removal)."""
+
+    app_name: str
+    hook_procedure: str | None
+    object_id: int | None
+    cursor_event_id: int | None
+    max_attempts: int | None
+    changed: bool
+
+
+@dataclass(frozen=True)
+class HookRun:
+    """One row of mailq.RunApplicationHooks (``app_name`` None and state 'Busy':
+    another dispatcher is running)."""
+
+    app_name: str | None
+    hook_procedure: str | None
+    calls: int
+    succeeded: int
+    failed_calls: int
+    given_up: int
+    cursor_event_id: int | None
+    state: str
+
+
+SET_APPLICATION_HOOK_SQL = (
+    "EXEC mailq.SetApplicationHook @AppName = ?, @HookProcedure = ?, @MaxAttempts = ?, @ResetCursorTo = ?;"
+)
+
+
+def set_application_hook(
+    conn: Any, *, app_name: str, hook_procedure: str | None, max_attempts: int = 3,
+    reset_cursor_to: int | None = None,
+) -> HookRegistration:
+    """mailq.SetApplicationHook (db_owner): register, re-register (re-pin) or,
+    with ``hook_procedure=None``, remove an application's hook."""
+    rows = _rows(_call(conn, SET_APPLICATION_HOOK_SQL, [app_name, hook_procedure, max_attempts, reset_cursor_to]))
+    r = rows[0]
+    return HookRegistration(
+        r.AppName, r.HookProcedure, None if r.ObjectId is None else int(r.ObjectId),
+        None if r.CursorEventID is None else int(r.CursorEventID),
+        None if r.MaxAttempts is None else int(r.MaxAttempts), bool(r.Changed),
+    )
+
+
+RUN_APPLICATION_HOOKS_SQL = "EXEC mailq.RunApplicationHooks @MaxEvents = ?, @Quiet = 0;"
+
+
+def run_application_hooks(conn: Any, *, max_events: int = 500) -> list[HookRun]:
+    """mailq.RunApplicationHooks: one dispatcher run (call it on an autocommit
+    connection: inside a transaction it refuses, 50296)."""
+    return [
+        HookRun(
+            r.AppName, r.HookProcedure, int(r.Calls), int(r.Succeeded), int(r.FailedCalls), int(r.GivenUp),
+            None if r.CursorEventID is None else int(r.CursorEventID), r.State,
+        )
+        for r in _rows(_call(conn, RUN_APPLICATION_HOOKS_SQL, [max_events]))
+    ]
+
+
+LIST_APPLICATION_HOOKS_SQL = "EXEC mailq.ListApplicationHooks @AppName = ?;"
+
+
+def list_application_hooks(conn: Any, *, app_name: str | None = None) -> list[dict[str, Any]]:
+    """mailq.ListApplicationHooks: one dict per hook (pin state, cursor, retry state, failures)."""
+    return _dicts(_call(conn, LIST_APPLICATION_HOOKS_SQL, [app_name]))
+
+
+START_HOOK_DISPATCHER_SQL = "EXEC mailq.StartHookDispatcher @IntervalSeconds = ?, @Enabled = ?;"
+
+
+def start_hook_dispatcher(conn: Any, *, interval_seconds: int = 30, enabled: bool = True) -> dict[str, Any]:
+    """mailq.StartHookDispatcher (delayed execution installed only): start,
+    re-time or (``enabled=False``) stop the self-re-arming dispatcher task."""
+    return _dicts(_call(conn, START_HOOK_DISPATCHER_SQL, [interval_seconds, 1 if enabled else 0]))[0]

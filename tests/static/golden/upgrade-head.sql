@@ -111,7 +111,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -3199,7 +3199,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -5856,7 +5856,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -7457,7 +7457,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -8323,7 +8323,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -9340,7 +9340,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -12497,7 +12497,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -15790,7 +15790,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -16235,7 +16235,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -18392,7 +18392,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -20694,7 +20694,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -23696,7 +23696,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -24244,7 +24244,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -25040,7 +25040,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -26098,7 +26098,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -29051,7 +29051,7 @@ GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
     SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
-IF @Rows = 1 AND @Current = '0016'
+IF @Rows = 1 AND @Current = '0017'
 BEGIN
     -- Nothing was done in this transaction yet: end it and skip the rest.
     IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
@@ -32056,6 +32056,1609 @@ END;
 GO
 
 UPDATE dbo.mailq_alembic_version SET version_num='0016' WHERE dbo.mailq_alembic_version.version_num = '0015';
+
+GO
+
+COMMIT;
+
+GO
+
+BEGIN TRANSACTION;
+
+-- Running upgrade 0016 -> 0017
+
+SET ANSI_NULLS, ANSI_PADDING, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL, QUOTED_IDENTIFIER ON;
+SET NUMERIC_ROUNDABORT OFF;
+SET NOCOUNT, XACT_ABORT ON;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF @Rows = 1 AND @Current = '0017'
+BEGIN
+    -- Nothing was done in this transaction yet: end it and skip the rest.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    PRINT CONCAT(N'mailq-db: the database is already at ', ISNULL(@Current, N'base'), N'; nothing to do.');
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
+IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
+    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM dbo.mailq_alembic_version;
+IF NOT (@Rows = 1 AND @Current = '0016')
+BEGIN
+    SET @Msg = CONCAT(N'Revision 0017 upgrades a database at 0016; ', QUOTENAME(DB_NAME()),
+        N' is at ', IIF(@Rows > 1, N'several revisions', ISNULL(@Current, N'no revision')),
+        N'. Render the script for this database with: ', IIF(@Current IS NULL, N'mailq-db deploy --sql', CONCAT(N'mailq-db deploy --sql --revision ', @Current, N':head')),
+        N' (or apply online with mailq-db deploy, which picks the revisions itself).');
+    THROW 50410, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
+SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
+IF @Stored = N'off'
+BEGIN
+    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' was deployed with -x broker=off (stored in dbo.mailq_deployment_option); this script includes delayed execution. Render it with -x broker=off, or add delayed execution with -x broker=add (docs/dba-guide.md, section 4).');
+    THROW 50414, @Msg, 1;
+END;
+UPDATE dbo.mailq_deployment_option SET Value = N'on', ChangedAtUtc = SYSUTCDATETIME() WHERE Name = N'broker' AND Value <> N'on';
+IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
+    INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'on');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF NOT EXISTS (
+    SELECT 1 FROM sys.databases
+    WHERE database_id = DB_ID() AND is_broker_enabled = 1
+)
+BEGIN
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(
+        N'Service Broker is not enabled in database ', QUOTENAME(DB_NAME()),
+        N'; delayed execution needs it. A DBA enables it with: ',
+        N'ALTER', N' DATABASE ', QUOTENAME(DB_NAME()), N' SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE; ',
+        N'this needs exclusive access to the database: WITH ROLLBACK IMMEDIATE rolls back ',
+        N'every open transaction of the other sessions in it and disconnects them. ',
+        N'(A database restored or attached as a copy may need NEW_BROKER instead, which ',
+        N'also ends every existing conversation.) To deploy the mail queue alone, run ',
+        N'mailq-db deploy -x broker=off (alembic -x broker=off upgrade head).'
+    );
+    THROW 50401, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = (
+    SELECT CAST(q.is_activation_enabled AS INT) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ'));
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = @Activation;
+IF @Activation = 1
+    ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ApplicationHook: the per-application hook procedure (issue 16, point 1;
+TinyMail 8C.7; docs/hooks.md) and the dispatcher's cursor in that
+application's event stream.  Written by mailq.SetApplicationHook (db_owner)
+and by mailq.RunApplicationHooks (the cursor and the retry state).
+
+SchemaName, ProcedureName, ObjectId  the hook, as registered: it runs only
+              while sys.objects still holds a SQL procedure with that
+              object_id, schema and name (a procedure dropped and recreated
+              must be registered again).
+DefinitionHash  SHA2_256 of OBJECT_DEFINITION at registration (the pin, as
+              delay.AllowedProcedure's): ALTER PROCEDURE keeps the object_id,
+              so without it anyone who may alter the hook could run code as
+              dbo; a changed definition suspends the hook (no event is passed,
+              the cursor stays) until a db_owner registers it again.
+CursorEventID the last EventID (mailq.GetMailEvents' commit-safe cursor) the
+              hook has handled or given up on; advanced in the same
+              transaction as the hook's successful call.
+FailingEventID, FailCount  the event the hook failed on and how many times
+              in a row (reset when the cursor moves).
+MaxAttempts   calls of a failing event before it is recorded in
+              mailq.ApplicationHookFailure and skipped (1-100, default 3).
+*/
+IF OBJECT_ID(N'mailq.ApplicationHook', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.ApplicationHook (
+        AppName NVARCHAR(128) NOT NULL,
+        SchemaName SYSNAME NOT NULL,
+        ProcedureName SYSNAME NOT NULL,
+        ObjectId INT NOT NULL,
+        DefinitionHash VARBINARY(32) NOT NULL,
+        MaxAttempts INT NOT NULL
+        CONSTRAINT DF_ApplicationHook_MaxAttempts DEFAULT (3),
+        CursorEventID BIGINT NOT NULL
+        CONSTRAINT DF_ApplicationHook_CursorEventID DEFAULT (0),
+        FailingEventID BIGINT NULL,
+        FailCount INT NOT NULL
+        CONSTRAINT DF_ApplicationHook_FailCount DEFAULT (0),
+        LastError NVARCHAR(4000) NULL,
+        LastRunAtUtc DATETIME2(3) NULL,
+        RegisteredAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_ApplicationHook_RegisteredAtUtc DEFAULT (SYSUTCDATETIME()),
+        RegisteredBy NVARCHAR(128) NOT NULL
+        CONSTRAINT DF_ApplicationHook_RegisteredBy DEFAULT (ORIGINAL_LOGIN()),
+        CONSTRAINT PK_ApplicationHook PRIMARY KEY CLUSTERED (AppName),
+        CONSTRAINT FK_ApplicationHook_Application FOREIGN KEY (AppName) REFERENCES mailq.Application (AppName),
+        CONSTRAINT CK_ApplicationHook_MaxAttempts CHECK (MaxAttempts BETWEEN 1 AND 100),
+        CONSTRAINT CK_ApplicationHook_FailCount CHECK (FailCount >= 0)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ApplicationHookFailure: events a hook could not handle (docs/hooks.md).
+mailq.RunApplicationHooks writes one row when an event's hook call failed
+MaxAttempts times in a row (mailq.ApplicationHook), or once when the hook
+committed or rolled back the transaction opened for it (error 266 with no
+transaction left: its work may be committed, so it is not called again),
+then moves the cursor past the event: one poisoned event never stops the
+application's later events.  Rows are history: nothing deletes them (an
+operator may, after reading them).  Small by nature (one row per given-up
+event); read it by AppName with the clustered key's order.
+*/
+IF OBJECT_ID(N'mailq.ApplicationHookFailure', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.ApplicationHookFailure (
+        FailureID BIGINT IDENTITY (1, 1) NOT NULL,
+        AppName NVARCHAR(128) NOT NULL,
+        EventID BIGINT NOT NULL,
+        MailID BIGINT NOT NULL,
+        EventType NVARCHAR(32) NOT NULL,
+        HookProcedure NVARCHAR(300) NOT NULL,
+        Attempts INT NOT NULL,
+        ErrorNumber INT NULL,
+        ErrorMessage NVARCHAR(4000) NULL,
+        RecordedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_ApplicationHookFailure_RecordedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_ApplicationHookFailure PRIMARY KEY CLUSTERED (FailureID)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the
+hook procedure of one application (docs/hooks.md).  The hook is called by
+mailq.RunApplicationHooks once per event of the application, in its own
+transaction, as the dispatcher's owner (dbo): registering one is a
+dbo-level decision, so this procedure is for db_owner only (no role is
+granted EXECUTE), like delay.AllowProcedure.
+The hook must:
+  - be an existing SQL procedure (type P) of this database, named with two
+    parts (N'billing.OnMailEvent', brackets allowed);
+  - live in a schema owned by dbo and have no other owner (sys.schemas
+    .principal_id = 1 and sys.objects.principal_id NULL or 1): a schema owned
+    by somebody else lets that principal replace the procedure's code;
+    the pin below catches an ALTER, the ownership rule keeps the decision
+    with dbo in the first place;
+  - not be a system procedure (sys, INFORMATION_SCHEMA, is_ms_shipped);
+  - take exactly these parameters (read from sys.parameters: name, type,
+    length, OUTPUT; order free, the dispatcher passes them by name; no other
+    parameter, because sys.parameters cannot say whether a T-SQL parameter
+    has a default: has_default_value "is always 0 for Transact-SQL objects",
+    https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-parameters-transact-sql):
+      @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128),
+      @EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT,
+      @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
+      @StopReason NVARCHAR(4000) OUTPUT
+  - have a readable definition (not WITH ENCRYPTION): it is pinned.
+Pinning:     the row stores the object_id and SHA2_256 of OBJECT_DEFINITION;
+             a hook altered, dropped or recreated later is suspended by the
+             dispatcher (no call, the cursor stays, LastError says why) until
+             this procedure is run again for it.
+Cursor:      a new registration starts at the end of the stream (the events
+             that commit from now on: MIN_ACTIVE_ROWVERSION() - 1, see
+             mailq.GetMailEvents); a re-registration keeps the cursor and
+             the retry state, so no event is passed twice or skipped.
+             @ResetCursorTo (optional) puts the cursor at that EventID (0 =
+             replay the application's whole stream still stored).
+Parameters:  @AppName NVARCHAR(128), required, a registered application;
+             @HookProcedure NVARCHAR(300): the hook, NULL = remove the hook;
+             @MaxAttempts INT = 3: calls of a failing event before it is given
+                 up (1-100);
+             @ResetCursorTo BIGINT = NULL: see Cursor.
+Result set:  one row: AppName, HookProcedure (NULL after a removal),
+             ObjectId, CursorEventID, MaxAttempts, Changed BIT (0: removing a
+             hook that was not there).
+Errors:      50290 @AppName missing or not a registered application;
+             50291 @HookProcedure not a two-part name of an existing SQL
+                   procedure of this database, or a system procedure;
+             50292 the procedure is in a schema not owned by dbo, or has
+                   another owner;
+             50293 the procedure's parameters differ from the hook signature
+                   (the message lists what is missing, wrong or extra);
+             50294 the definition cannot be read (WITH ENCRYPTION), so it
+                   cannot be pinned;
+             50295 @MaxAttempts outside 1-100, or @ResetCursorTo negative.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms the caller's
+             transaction, which the caller must roll back.  Validation runs
+             before any transaction.
+Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK update-else-insert;
+             a level set in a procedure reverts when it returns).
+Lock order:  mailq.ApplicationHook only (the application's row, key-range
+             locked while absent).
+Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
+             EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = NULL;  -- remove
+*/
+CREATE OR ALTER PROCEDURE mailq.SetApplicationHook
+    @AppName NVARCHAR(128),
+    @HookProcedure NVARCHAR(300),
+    @MaxAttempts INT = 3,
+    @ResetCursorTo BIGINT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Part1 SYSNAME,
+        @Part2 SYSNAME,
+        @SchemaName SYSNAME,
+        @Name SYSNAME,
+        @ObjectId INT,
+        @IsShipped BIT,
+        @SchemaOwner INT,
+        @ObjectOwner INT,
+        @Problems NVARCHAR(2000),
+        @DefinitionHash VARBINARY(32),
+        @Changed BIT = 1;
+
+    -- 1. Validate before any transaction starts.
+    IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@AppName must name a registered application (mailq.UpsertApplication); got ',
+            COALESCE(N'''' + @AppName + N'''', N'NULL'), N'.'
+        );
+        THROW 50290, @Msg, 1;
+    END;
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 3);
+    IF @MaxAttempts NOT BETWEEN 1 AND 100 OR @ResetCursorTo < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@MaxAttempts must be 1-100 and @ResetCursorTo 0 or more; got ', @MaxAttempts, N' and ',
+            COALESCE(CAST(@ResetCursorTo AS NVARCHAR(24)), N'NULL'), N'.'
+        );
+        THROW 50295, @Msg, 1;
+    END;
+
+    IF @HookProcedure IS NOT NULL
+    BEGIN
+        -- PARSENAME takes a sysname: refuse what it would cut.
+        IF DATALENGTH(@HookProcedure) BETWEEN 2 AND 256
+            AND PARSENAME(@HookProcedure, 3) IS NULL
+            AND PARSENAME(@HookProcedure, 4) IS NULL
+            SELECT
+                @Part1 = PARSENAME(@HookProcedure, 1),
+                @Part2 = PARSENAME(@HookProcedure, 2);
+
+        SELECT
+            @ObjectId = o.object_id,
+            @SchemaName = s.name,
+            @Name = o.name,
+            @IsShipped = o.is_ms_shipped,
+            @SchemaOwner = s.principal_id,
+            @ObjectOwner = o.principal_id
+        FROM sys.objects AS o
+        INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+        WHERE
+            s.name = @Part2
+            AND o.name = @Part1
+            AND o.type = 'P';
+
+        IF @ObjectId IS NULL OR @IsShipped = 1 OR @SchemaName IN (N'sys', N'INFORMATION_SCHEMA')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure must be schema.procedure naming an existing SQL procedure of this database ',
+                N'(not a system procedure); got ', LEFT(@HookProcedure, 300), N'.'
+            );
+            THROW 50291, @Msg, 1;
+        END;
+
+        -- sys.objects.principal_id: the individual owner when it differs
+        -- from the schema owner, else NULL.  dbo's principal_id is 1.
+        IF @SchemaOwner <> 1 OR COALESCE(@ObjectOwner, 1) <> 1
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' must be in a schema owned by dbo and have no other owner: hooks run as dbo; schema owner ',
+                QUOTENAME(USER_NAME(@SchemaOwner)), N', object owner ',
+                COALESCE(QUOTENAME(USER_NAME(@ObjectOwner)), N'(the schema''s)'), N'.'
+            );
+            THROW 50292, @Msg, 1;
+        END;
+
+        -- The signature, from sys.parameters: what is missing or different,
+        -- then what is extra.  Lengths are in bytes (NVARCHAR(n): 2n).
+        SELECT @Problems = STRING_AGG(x.Problem, N'; ') WITHIN GROUP (ORDER BY x.Ord)
+        FROM (
+            SELECT
+                e.Ord,
+                CONCAT(
+                    e.ParameterName, N' ', e.Declared,
+                    IIF(p.parameter_id IS NULL, N' is missing', N' is declared differently')
+                ) AS Problem
+            FROM (
+                VALUES
+                    (1, N'@EventID', N'bigint', 8, 0, N'BIGINT'),
+                    (2, N'@MailID', N'bigint', 8, 0, N'BIGINT'),
+                    (3, N'@AppName', N'nvarchar', 256, 0, N'NVARCHAR(128)'),
+                    (4, N'@EventType', N'nvarchar', 64, 0, N'NVARCHAR(32)'),
+                    (5, N'@Status', N'nvarchar', 32, 0, N'NVARCHAR(16)'),
+                    (6, N'@SmtpCode', N'int', 4, 0, N'INT'),
+                    (7, N'@Detail', N'nvarchar', 8000, 0, N'NVARCHAR(4000)'),
+                    (8, N'@StopMail', N'bit', 1, 1, N'BIT OUTPUT'),
+                    (9, N'@StopReason', N'nvarchar', 8000, 1, N'NVARCHAR(4000) OUTPUT')
+            ) AS e(Ord, ParameterName, TypeName, MaxLength, IsOutput, Declared)
+            LEFT JOIN sys.parameters AS p
+                ON e.ParameterName = p.name AND p.object_id = @ObjectId
+            WHERE
+                p.parameter_id IS NULL
+                OR TYPE_NAME(p.user_type_id) <> e.TypeName
+                OR p.max_length <> e.MaxLength
+                OR p.is_output <> e.IsOutput
+            UNION ALL
+            SELECT 100 + p.parameter_id, CONCAT(p.name, N' is not a hook parameter')
+            FROM sys.parameters AS p
+            WHERE
+                p.object_id = @ObjectId
+                AND p.name NOT IN (
+                    N'@EventID', N'@MailID', N'@AppName', N'@EventType', N'@Status', N'@SmtpCode',
+                    N'@Detail', N'@StopMail', N'@StopReason'
+                )
+        ) AS x;
+
+        IF @Problems IS NOT NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' must take exactly the hook parameters (docs/hooks.md): ', LEFT(@Problems, 1500), N'.'
+            );
+            THROW 50293, @Msg, 1;
+        END;
+
+        SET @DefinitionHash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId));
+        IF @DefinitionHash IS NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' has no readable definition (WITH ENCRYPTION?), so it cannot be pinned.'
+            );
+            THROW 50294, @Msg, 1;
+        END;
+    END;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        IF @HookProcedure IS NULL
+        BEGIN
+            DELETE h
+            FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+            WHERE h.AppName = @AppName;
+            SET @Changed = IIF(@@ROWCOUNT = 0, 0, 1);
+        END;
+        ELSE
+        BEGIN
+            -- UPDLOCK, HOLDLOCK: update-else-insert without a race between the two.
+            UPDATE h
+            SET
+                h.SchemaName = @SchemaName,
+                h.ProcedureName = @Name,
+                h.ObjectId = @ObjectId,
+                h.DefinitionHash = @DefinitionHash,
+                h.MaxAttempts = @MaxAttempts,
+                h.CursorEventID = COALESCE(@ResetCursorTo, h.CursorEventID),
+                h.FailingEventID = IIF(@ResetCursorTo IS NULL, h.FailingEventID, NULL),
+                h.FailCount = IIF(@ResetCursorTo IS NULL, h.FailCount, 0),
+                h.LastError = NULL,
+                h.RegisteredAtUtc = SYSUTCDATETIME(),
+                h.RegisteredBy = ORIGINAL_LOGIN()
+            FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+            WHERE h.AppName = @AppName;
+
+            -- A new hook starts at the end of the stream: every event below
+            -- MIN_ACTIVE_ROWVERSION() is committed, every later one will be
+            -- above it (see mailq.GetMailEvents).
+            IF @@ROWCOUNT = 0
+                INSERT INTO mailq.ApplicationHook (
+                    AppName, SchemaName, ProcedureName, ObjectId, DefinitionHash, MaxAttempts, CursorEventID
+                )
+                VALUES (
+                    @AppName, @SchemaName, @Name, @ObjectId, @DefinitionHash, @MaxAttempts,
+                    COALESCE(@ResetCursorTo, CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT) - 1)
+                );
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- One row whether or not a hook remains (a removal returns NULLs).
+    DECLARE
+        @ResultProcedure NVARCHAR(300),
+        @ResultObjectId INT,
+        @ResultCursor BIGINT,
+        @ResultMaxAttempts INT;
+    SELECT
+        @ResultProcedure = CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)),
+        @ResultObjectId = h.ObjectId,
+        @ResultCursor = h.CursorEventID,
+        @ResultMaxAttempts = h.MaxAttempts
+    FROM mailq.ApplicationHook AS h
+    WHERE h.AppName = @AppName;
+    SELECT
+        @AppName AS AppName,
+        @ResultProcedure AS HookProcedure,
+        @ResultObjectId AS ObjectId,
+        @ResultCursor AS CursorEventID,
+        @ResultMaxAttempts AS MaxAttempts,
+        @Changed AS Changed;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each
+application with a hook (mailq.ApplicationHook), reads its events after the
+stored cursor with mailq.GetMailEvents' commit-safe bound (only rows below
+MIN_ACTIVE_ROWVERSION(), read with READCOMMITTEDLOCK after the bound), and
+calls the hook once per event, in EventID order, each call in its OWN
+transaction:
+  BEGIN TRANSACTION; EXEC the hook (sp_executesql, parameters by name);
+  @StopMail = 1 on a mail still UnSent or Sending: EXEC mailq.StopMail
+  (TinyMail's stop(); on a mail already final nothing happens); advance the
+  cursor; COMMIT.  The cursor moves in the same transaction as the hook's
+  work: a call is either wholly done and passed, or wholly undone.
+Failures (TRY/CATCH around the EXEC; the hook is a lower execution level,
+so even its compile and name-resolution errors reach our CATCH; TRY...CATCH
+(Transact-SQL), "Errors unaffected by a TRY...CATCH construct":
+https://learn.microsoft.com/sql/t-sql/language-elements/try-catch-transact-sql):
+  - the hook throws, or dooms the transaction (XACT_STATE() = -1, e.g. any
+    error under its own XACT_ABORT ON): everything is rolled back (a doomed
+    transaction "can only request a full rollback", XACT_STATE (Transact-SQL),
+    https://learn.microsoft.com/sql/t-sql/functions/xact-state-transact-sql);
+    the failure is counted (FailingEventID/FailCount) in a transaction of its
+    own and the application waits for the next run; after MaxAttempts failed
+    calls of the same event it is written to mailq.ApplicationHookFailure and
+    the cursor moves past it (poison-proof: one bad event never stops the
+    later ones);
+  - the hook leaves a transaction of its own open: SQL Server raises 266 at
+    its return ("@@TRANCOUNT has a different value when a stored procedure
+    finishes than it had when the procedure was executed", Rollbacks and
+    commits in stored procedures and triggers,
+    https://learn.microsoft.com/previous-versions/sql/sql-server-2008-r2/ms187844(v=sql.105));
+    all of it is rolled back and counted as a failed call;
+  - the hook commits or rolls back the transaction opened for it (266 with
+    no transaction left): its work may be committed, so it is not called
+    again: recorded in mailq.ApplicationHookFailure at once, cursor moved.
+  - a hook waits on a lock longer than 5 s: error 1222 (SET LOCK_TIMEOUT
+    5000 for the hook's batch; a SET in a batch run by sp_executesql reverts
+    when it returns), a failed call like any other.
+A hook whose procedure was altered, dropped or recreated since it was
+registered is suspended: not called, cursor kept, LastError says why, until
+mailq.SetApplicationHook re-registers it.
+Never inside an acknowledging transaction: it refuses to run inside any open
+transaction (50296), so no worker's MarkSent/MarkFailed/FinalizeMail can wait
+on a hook, and a hook's failure cannot undo an acknowledgement.  The events
+it reads are committed already; it never locks queue rows except the one
+mail a hook stops (through mailq.StopMail, briefly).
+One dispatcher at a time: a session-owned application lock
+(N'mailq.RunApplicationHooks', timeout 0); a second caller returns at once
+with State 'Busy'.
+Security:    EXECUTE AS OWNER: hooks run as dbo (that is why only db_owner
+             registers them, in dbo-owned schemas, pinned).  Granted to
+             MailqAdmin (an Agent or elastic job runs it on Azure SQL
+             Database; the delayed-execution dispatcher elsewhere).
+Parameters:  @MaxEvents INT = 500: hook calls in this run, all applications
+             together (1-5000); @Quiet BIT = 0: 1 returns no result set (the
+             delayed-execution task).
+Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
+             HookProcedure, Calls INT (hook calls made), Succeeded INT,
+             FailedCalls INT, GivenUp INT (events written to
+             mailq.ApplicationHookFailure), CursorEventID BIGINT, State
+             NVARCHAR(16): UpToDate | More (its share of @MaxEvents, an equal
+             part per hooked application, or the budget used up) | Retrying (a
+             failed call waits for the next run) | Suspended (hook changed or
+             gone) | Moved (the hook was re-registered meanwhile); or one row
+             with AppName NULL and State 'Busy'.
+Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open
+             transaction.  50297 (the hook changed the transaction count) is
+             recorded as that call's error, never raised.  A hook's errors are never re-raised: they are
+             recorded (LastError, mailq.ApplicationHookFailure).
+Transaction: none open on entry (50296); one transaction per hook call
+             (hook + StopMail + cursor), one per failure record; never one
+             around two calls.  A batch procedure: it refuses a caller's
+             transaction, as PurgeMail does.
+Isolation:   sets READ COMMITTED itself; events read with READCOMMITTEDLOCK
+             below the bound read first (see mailq.GetMailEvents).
+Lock order:  per call: whatever the hook locks, then mailq.MailQueue (the
+             stopped mail, through StopMail: MailQueue, MailEvent,
+             MailAttempt), then mailq.ApplicationHook (the application's
+             row); failure records: mailq.ApplicationHookFailure, then
+             mailq.ApplicationHook.
+Plan:        per application one range seek on IX_MailEvent_AppName between
+             the cursor and the bound, TOP (remaining budget): the same cost
+             at any event-table size; mailq.ApplicationHook by its key.
+Example:     EXEC mailq.RunApplicationHooks @MaxEvents = 500;
+*/
+CREATE OR ALTER PROCEDURE mailq.RunApplicationHooks
+    @MaxEvents INT = 500,
+    @Quiet BIT = 0
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @MaxEvents = COALESCE(@MaxEvents, 500);
+    IF @MaxEvents NOT BETWEEN 1 AND 5000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxEvents must be 1-5000; got ', @MaxEvents, N'.');
+        THROW 50295, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50296,
+            N'mailq.RunApplicationHooks runs each hook call in its own transaction: call it outside any transaction.',
+            1;
+
+    DECLARE @Summary TABLE (
+        AppName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        HookProcedure NVARCHAR(300) NOT NULL,
+        Calls INT NOT NULL DEFAULT (0),
+        Succeeded INT NOT NULL DEFAULT (0),
+        FailedCalls INT NOT NULL DEFAULT (0),
+        GivenUp INT NOT NULL DEFAULT (0),
+        CursorEventID BIGINT NOT NULL,
+        State NVARCHAR(16) NOT NULL DEFAULT (N'UpToDate')
+    );
+    DECLARE @Page TABLE (
+        EventID BIGINT NOT NULL PRIMARY KEY,
+        MailID BIGINT NOT NULL,
+        EventType NVARCHAR(32) NOT NULL,
+        Status NVARCHAR(16) NOT NULL,
+        SmtpCode INT NULL,
+        Detail NVARCHAR(4000) NULL
+    );
+    DECLARE
+        @LockResult INT,
+        @Budget INT = @MaxEvents,
+        @App NVARCHAR(128) = N'',
+        @SchemaName SYSNAME,
+        @ProcedureName SYSNAME,
+        @ObjectId INT,
+        @DefinitionHash VARBINARY(32),
+        @Hook NVARCHAR(300),
+        @Cursor BIGINT,
+        @FailingEventID BIGINT,
+        @FailCount INT,
+        @MaxAttempts INT,
+        @Upper BINARY(8),
+        @EventID BIGINT,
+        @MailID BIGINT,
+        @EventType NVARCHAR(32),
+        @Status NVARCHAR(16),
+        @SmtpCode INT,
+        @Detail NVARCHAR(4000),
+        @StopMail BIT,
+        @StopReason NVARCHAR(4000),
+        @MailStatus NVARCHAR(16),
+        @Sql NVARCHAR(MAX),
+        @ErrorNumber INT,
+        @ErrorMessage NVARCHAR(4000),
+        @TranCountInCatch INT,
+        @Attempts INT,
+        @GiveUp BIT,
+        @Moved BIT,
+        @AppState NVARCHAR(16),
+        @PerApp INT,
+        @AppCalls INT,
+        @Now DATETIME2(3);
+    DECLARE @Stopped TABLE (ID BIGINT, Status NVARCHAR(16), NextAttemptUtc DATETIME2(3));
+    DECLARE @ParameterList NVARCHAR(400) = N'@EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), '
+        + N'@EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), '
+        + N'@StopMail BIT OUTPUT, @StopReason NVARCHAR(4000) OUTPUT';
+
+    -- One dispatcher at a time (an Agent job and the delayed-execution task
+    -- may overlap): session-owned, so it spans the per-call transactions.
+    EXEC @LockResult = sys.sp_getapplock
+        @Resource = N'mailq.RunApplicationHooks',
+        @LockMode = N'Exclusive',
+        @LockOwner = N'Session',
+        @LockTimeout = 0;
+    IF @LockResult < 0
+    BEGIN
+        IF @Quiet = 0
+            SELECT
+                CAST(NULL AS NVARCHAR(128)) AS AppName,
+                CAST(NULL AS NVARCHAR(300)) AS HookProcedure,
+                0 AS Calls, 0 AS Succeeded, 0 AS FailedCalls, 0 AS GivenUp,
+                CAST(NULL AS BIGINT) AS CursorEventID,
+                N'Busy' AS State;
+        RETURN;
+    END;
+
+    BEGIN TRY
+        -- Each application gets an equal share of the budget, so one with a
+        -- long backlog does not starve the others (needs @MaxEvents >= the
+        -- number of hooked applications to reach them all in one run).
+        SET @PerApp = (SELECT CEILING(@MaxEvents * 1.0 / NULLIF(COUNT(*), 0)) FROM mailq.ApplicationHook);
+        WHILE @Budget > 0
+        BEGIN
+            -- Next hooked application, by key (a seek per application).
+            SET @SchemaName = NULL;
+            SELECT TOP (1)
+                @App = h.AppName,
+                @SchemaName = h.SchemaName,
+                @ProcedureName = h.ProcedureName,
+                @ObjectId = h.ObjectId,
+                @DefinitionHash = h.DefinitionHash,
+                @Cursor = h.CursorEventID,
+                @FailingEventID = h.FailingEventID,
+                @FailCount = h.FailCount,
+                @MaxAttempts = h.MaxAttempts
+            FROM mailq.ApplicationHook AS h
+            WHERE h.AppName > @App
+            ORDER BY h.AppName ASC;
+            IF @SchemaName IS NULL BREAK;
+
+            SET @Hook = CONCAT(QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName));
+            SELECT @AppState = N'UpToDate', @AppCalls = 0;
+            INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
+
+            -- The pin: same object, same schema and name, same definition.
+            IF NOT EXISTS (
+                SELECT 1
+                FROM sys.objects AS o
+                INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+                WHERE
+                    o.object_id = @ObjectId AND o.type = 'P'
+                    AND s.name = @SchemaName AND o.name = @ProcedureName
+                    AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
+            )
+                OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) IS NULL
+                OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) <> @DefinitionHash
+            BEGIN
+                UPDATE h
+                SET
+                    h.LastError = CONCAT(
+                        N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
+                        N'it was registered; review it and run mailq.SetApplicationHook again.'
+                    ),
+                    h.LastRunAtUtc = SYSUTCDATETIME()
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App;
+                UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                CONTINUE;
+            END;
+
+            -- QUOTENAMEd catalog names; the values are parameters, never text.
+            SET @Sql = CONCAT(
+                N'SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
+                N' @EventID = @EventID, @MailID = @MailID, @AppName = @AppName, @EventType = @EventType,',
+                N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
+                N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
+            );
+
+            -- The page: mailq.GetMailEvents' commit-safe read (bound first,
+            -- then a locking read below it; see its header).
+            DELETE FROM @Page;
+            SET @Upper = MIN_ACTIVE_ROWVERSION();
+            INSERT INTO @Page (EventID, MailID, EventType, Status, SmtpCode, Detail)
+            SELECT TOP (IIF(@PerApp < @Budget, @PerApp, @Budget))
+                CAST(e.EventSeq AS BIGINT),
+                e.MailID,
+                e.EventType,
+                e.Status,
+                e.SmtpCode,
+                e.Detail
+            FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
+            WHERE e.AppName = @App AND e.EventSeq > CAST(@Cursor AS BINARY(8)) AND e.EventSeq < @Upper
+            ORDER BY e.EventSeq ASC;
+
+            WHILE @Budget > 0 AND @AppCalls < @PerApp
+            BEGIN
+                SELECT TOP (1)
+                    @EventID = p.EventID,
+                    @MailID = p.MailID,
+                    @EventType = p.EventType,
+                    @Status = p.Status,
+                    @SmtpCode = p.SmtpCode,
+                    @Detail = p.Detail
+                FROM @Page AS p
+                WHERE p.EventID > @Cursor
+                ORDER BY p.EventID ASC;
+                IF @@ROWCOUNT = 0 BREAK;
+
+                SELECT
+                    @Budget -= 1,
+                    @AppCalls += 1,
+                    @StopMail = 0,
+                    @StopReason = NULL,
+                    @ErrorNumber = NULL,
+                    @ErrorMessage = NULL,
+                    @TranCountInCatch = NULL,
+                    @Moved = 0,
+                    @GiveUp = 0;
+                UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
+
+                -- 1. The call, its stop and the cursor: one transaction.
+                BEGIN TRY
+                    BEGIN TRANSACTION;
+
+                    EXEC sys.sp_executesql
+                        @Sql,
+                        @ParameterList,
+                        @EventID = @EventID,
+                        @MailID = @MailID,
+                        @AppName = @App,
+                        @EventType = @EventType,
+                        @Status = @Status,
+                        @SmtpCode = @SmtpCode,
+                        @Detail = @Detail,
+                        @StopMail = @StopMail OUTPUT,
+                        @StopReason = @StopReason OUTPUT;
+
+                    -- 266 normally comes first; a count that still differs is the same fault.
+                    IF @@TRANCOUNT <> 1
+                        THROW 50297,
+                            N'The hook ended the transaction opened for it or left one of its own open.',
+                            1;
+
+                    IF @StopMail = 1
+                    BEGIN
+                        -- Only a mail not yet final: StopMail would refuse a
+                        -- final one (50260).  UPDLOCK: StopMail takes the same
+                        -- row's U lock next, in this transaction.
+                        SET @MailStatus = NULL;
+                        SELECT @MailStatus = q.Status
+                        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+                        WHERE q.ID = @MailID;
+                        IF @MailStatus IN (N'UnSent', N'Sending')
+                        BEGIN
+                            SET @StopReason = COALESCE(
+                                NULLIF(LTRIM(RTRIM(@StopReason)), N''),
+                                CONCAT(
+                                    N'Stopped by the hook ', @Hook, N' on event ', @EventID, N' (', @EventType, N').'
+                                )
+                            );
+                            -- StopMail's one-row result is kept here, not sent to our caller.
+                            DELETE FROM @Stopped;
+                            INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
+                            EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
+                        END;
+                    END;
+
+                    -- The cursor, guarded: a re-registration with a new
+                    -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
+                    -- undoes this call instead of overwriting it.
+                    UPDATE h
+                    SET
+                        h.CursorEventID = @EventID,
+                        h.FailingEventID = NULL,
+                        h.FailCount = 0,
+                        h.LastError = NULL,
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                    IF @@ROWCOUNT = 0
+                    BEGIN
+                        SET @Moved = 1;
+                        ROLLBACK TRANSACTION;
+                    END;
+                    ELSE
+                        COMMIT TRANSACTION;
+                END TRY
+                BEGIN CATCH
+                    SELECT
+                        @ErrorNumber = ERROR_NUMBER(),
+                        @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
+                        @TranCountInCatch = @@TRANCOUNT;
+                    -- Doomed (-1) or not (1): the call is undone as a whole.
+                    IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+                END CATCH;
+
+                IF @Moved = 1
+                BEGIN
+                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                    SET @AppState = N'Moved';
+                    BREAK;
+                END;
+
+                IF @ErrorNumber IS NULL
+                BEGIN
+                    SET @Cursor = @EventID;
+                    SELECT @FailingEventID = NULL, @FailCount = 0;
+                    UPDATE @Summary SET Succeeded += 1, CursorEventID = @EventID WHERE AppName = @App;
+                    CONTINUE;
+                END;
+
+                -- 2. A failed call: count it, or give the event up.
+                SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
+                -- 266 with no transaction left: the hook ended the
+                -- transaction opened for it; its work may be committed.
+                IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
+                IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
+                SET @ErrorMessage = LEFT(CONCAT(
+                    N'Event ', @EventID, N' (', @EventType, N', mail ', @MailID, N'), call ', @Attempts,
+                    N' of ', @MaxAttempts, N': error ', @ErrorNumber, N': ', @ErrorMessage
+                ), 4000);
+                SET @Now = SYSUTCDATETIME();
+                UPDATE @Summary SET FailedCalls += 1 WHERE AppName = @App;
+
+                BEGIN TRANSACTION;
+                IF @GiveUp = 1
+                    INSERT INTO mailq.ApplicationHookFailure (
+                        AppName, EventID, MailID, EventType, HookProcedure, Attempts, ErrorNumber, ErrorMessage
+                    )
+                    VALUES (@App, @EventID, @MailID, @EventType, @Hook, @Attempts, @ErrorNumber, @ErrorMessage);
+                UPDATE h
+                SET
+                    h.CursorEventID = IIF(@GiveUp = 1, @EventID, h.CursorEventID),
+                    h.FailingEventID = IIF(@GiveUp = 1, NULL, @EventID),
+                    h.FailCount = IIF(@GiveUp = 1, 0, @Attempts),
+                    h.LastError = @ErrorMessage,
+                    h.LastRunAtUtc = @Now
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                IF @@ROWCOUNT = 0
+                BEGIN
+                    ROLLBACK TRANSACTION;
+                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                    SET @AppState = N'Moved';
+                    BREAK;
+                END;
+                COMMIT TRANSACTION;
+
+                IF @GiveUp = 1
+                BEGIN
+                    SET @Cursor = @EventID;
+                    SELECT @FailingEventID = NULL, @FailCount = 0;
+                    UPDATE @Summary SET GivenUp += 1, CursorEventID = @EventID WHERE AppName = @App;
+                    CONTINUE;
+                END;
+
+                -- Retry on a later run (the interval between runs is the backoff).
+                UPDATE @Summary SET State = N'Retrying' WHERE AppName = @App;
+                SET @AppState = N'Retrying';
+                BREAK;
+            END;
+
+            IF @AppState = N'UpToDate'
+            BEGIN
+                -- Nothing called (or every call passed): note the run.
+                UPDATE h
+                SET h.LastRunAtUtc = SYSUTCDATETIME()
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App AND h.ObjectId = @ObjectId;
+                -- The share or the budget used up: there may be more.
+                IF @AppCalls >= @PerApp OR @Budget = 0
+                    UPDATE @Summary SET State = N'More' WHERE AppName = @App AND Calls > 0;
+            END;
+        END;
+
+        EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
+    END TRY
+    BEGIN CATCH
+        -- Our own bookkeeping failed (never a hook's error: those are caught
+        -- above).  Nothing half-done stays: roll back, release, re-raise.
+        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        IF APPLOCK_MODE(N'public', N'mailq.RunApplicationHooks', N'Session') = N'Exclusive'
+            EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
+        THROW;
+    END CATCH;
+
+    IF @Quiet = 0
+        SELECT
+            s.AppName,
+            s.HookProcedure,
+            s.Calls,
+            s.Succeeded,
+            s.FailedCalls,
+            s.GivenUp,
+            s.CursorEventID,
+            s.State
+        FROM @Summary AS s
+        ORDER BY s.AppName;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ListApplicationHooks: the registered hooks and where each stands
+(docs/hooks.md; `mailq-db hooks list`).
+Parameters:  @AppName NVARCHAR(128) = NULL: one application, NULL = all.
+Result set:  one row per hook, by AppName: AppName, HookProcedure, ObjectId,
+             Pinned BIT (1: the procedure is still the one registered, same
+             object, schema, name, owner and definition; 0: the dispatcher
+             suspends it until mailq.SetApplicationHook re-registers it),
+             CursorEventID, FailingEventID, FailCount, MaxAttempts, LastError,
+             LastRunAtUtc, RegisteredAtUtc, RegisteredBy, Failures INT (rows in
+             mailq.ApplicationHookFailure), LastFailureAtUtc.
+Errors:      none.
+Transaction: opens none and writes nothing (but its own table variable).
+Isolation:   the caller's (a report: a row changed meanwhile shows either way).
+Lock order:  mailq.ApplicationHook, then mailq.ApplicationHookFailure (shared, brief).
+Plan:        mailq.ApplicationHook is one row per hooked application; the
+             failure counts group the (small) failure table once; the pin
+             check joins the catalog's procedures (sys.objects, type P).
+Example:     EXEC mailq.ListApplicationHooks;
+*/
+CREATE OR ALTER PROCEDURE mailq.ListApplicationHooks
+    @AppName NVARCHAR(128) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    -- Procedures a hook may still resolve to: dbo-owned schema, no other owner
+    -- (read into a table variable first: one plain catalog read).
+    DECLARE @Live TABLE (
+        ObjectId INT NOT NULL PRIMARY KEY,
+        SchemaName SYSNAME NOT NULL,
+        ProcedureName SYSNAME NOT NULL
+    );
+    INSERT INTO @Live (ObjectId, SchemaName, ProcedureName)
+    SELECT
+        o.object_id AS ObjectId,
+        sch.name AS SchemaName,
+        o.name AS ProcedureName
+    FROM sys.objects AS o
+    INNER JOIN sys.schemas AS sch ON o.schema_id = sch.schema_id
+    WHERE o.type = 'P' AND sch.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1;
+
+    WITH Failures AS (
+        SELECT
+            x.AppName,
+            COUNT(*) AS Failures,
+            MAX(x.RecordedAtUtc) AS LastFailureAtUtc
+        FROM mailq.ApplicationHookFailure AS x
+        GROUP BY x.AppName
+    )
+
+    SELECT
+        h.AppName,
+        CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)) AS HookProcedure,
+        h.ObjectId,
+        CAST(IIF(
+            l.ObjectId IS NOT NULL AND HASHBYTES('SHA2_256', OBJECT_DEFINITION(h.ObjectId)) = h.DefinitionHash, 1, 0
+        ) AS BIT) AS Pinned,
+        h.CursorEventID,
+        h.FailingEventID,
+        h.FailCount,
+        h.MaxAttempts,
+        h.LastError,
+        h.LastRunAtUtc,
+        h.RegisteredAtUtc,
+        h.RegisteredBy,
+        COALESCE(f.Failures, 0) AS Failures,
+        f.LastFailureAtUtc
+    FROM mailq.ApplicationHook AS h
+    LEFT JOIN @Live AS l
+        ON h.ObjectId = l.ObjectId AND h.SchemaName = l.SchemaName AND h.ProcedureName = l.ProcedureName
+    LEFT JOIN Failures AS f ON h.AppName = f.AppName
+    WHERE @AppName IS NULL OR h.AppName = @AppName
+    ORDER BY h.AppName;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants for per-application hooks (issue 16, point 1; docs/hooks.md):
+administrators run the dispatcher (an Agent or elastic job) and read the
+hooks.  mailq.SetApplicationHook is for db_owner only (a hook runs as dbo),
+so no role is granted it.
+*/
+GRANT EXECUTE ON OBJECT::mailq.RunApplicationHooks TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ListApplicationHooks TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.HookDispatcher: the one row that keeps the self-re-arming hook
+dispatcher of delayed execution (docs/hooks.md, "With delayed execution").
+Deployed with delayed execution only (sql/broker/: `-x broker=off` leaves it
+out; on Azure SQL Database an Agent or elastic job runs
+mailq.RunApplicationHooks instead).
+
+Enabled          1 while mailq.StartHookDispatcher has started it and not
+                 stopped it.
+IntervalSeconds  the delay between two runs (1-3600).
+Generation       the chain's current link: each run of
+                 mailq.HookDispatcherTask carries the generation it was
+                 scheduled for (@Param1) and re-arms only if that is still
+                 the current one; a stopped, restarted or redelivered run is
+                 stale and does nothing.  With InstanceKey it forms the
+                 idempotency key of the next task, so a re-arm repeated for
+                 the same generation returns the same task: at most one
+                 pending dispatcher task.
+InstanceKey      random per installation of this table, so keys of an earlier
+                 installation (delay.Task keeps them) are never reused.
+TaskID           the task of the current generation (delay.Task.TaskID).
+*/
+IF OBJECT_ID(N'mailq.HookDispatcher', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.HookDispatcher (
+        Singleton TINYINT NOT NULL
+        CONSTRAINT DF_HookDispatcher_Singleton DEFAULT (1),
+        Enabled BIT NOT NULL,
+        IntervalSeconds INT NOT NULL,
+        Generation BIGINT NOT NULL,
+        InstanceKey UNIQUEIDENTIFIER NOT NULL
+        CONSTRAINT DF_HookDispatcher_InstanceKey DEFAULT (NEWID()),
+        TaskID BIGINT NULL,
+        LastRunAtUtc DATETIME2(3) NULL,
+        LastError NVARCHAR(4000) NULL,
+        ChangedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_HookDispatcher_ChangedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ChangedBy NVARCHAR(128) NOT NULL
+        CONSTRAINT DF_HookDispatcher_ChangedBy DEFAULT (ORIGINAL_LOGIN()),
+        CONSTRAINT PK_HookDispatcher PRIMARY KEY CLUSTERED (Singleton),
+        CONSTRAINT CK_HookDispatcher_Singleton CHECK (Singleton = 1),
+        CONSTRAINT CK_HookDispatcher_IntervalSeconds CHECK (IntervalSeconds BETWEEN 1 AND 3600)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.HookDispatcherTask: the delayed-execution target that runs the hook
+dispatcher and re-arms itself (docs/hooks.md, "With delayed execution").
+Started by mailq.StartHookDispatcher; allow-listed (and pinned) by
+broker/mailq.HookDispatcherTask.allow.sql at deployment.  Not for callers.
+Parameters:  the target contract (docs/delayed-execution.md): @SPName,
+             @Param1 ... @Param5 NVARCHAR(200); @Param1 = the generation this
+             run was scheduled for (mailq.HookDispatcher.Generation); the
+             others are ignored.
+What it does, in dbo.ProcessDelayQueue's target transaction (the one
+transaction opened for it, @@TRANCOUNT = 1 on entry):
+  1. If the dispatcher is enabled and @Param1 is the current generation:
+     schedule the next run (dbo.InitiateDelayExecution, delay =
+     IntervalSeconds, idempotency key InstanceKey + next generation: a
+     repeated re-arm returns the same task) and move the generation on.
+     Otherwise (stopped, restarted, or this run delivered twice) do nothing:
+     a stale run never forks the chain.
+  2. COMMIT that transaction (the next run is now durable whatever happens
+     below), run mailq.RunApplicationHooks outside any transaction (each
+     hook call in its own; it refuses to run inside one), then BEGIN
+     TRANSACTION again before returning: @@TRANCOUNT is 1 on return as on
+     entry, so no 266 is raised ("if BEGIN TRANSACTION is executed after
+     COMMIT TRANSACTION, the error does not occur", Rollbacks and commits in
+     stored procedures and triggers,
+     https://learn.microsoft.com/previous-versions/sql/sql-server-2008-r2/ms187844(v=sql.105)),
+     and the processor commits the empty transaction and records Done.
+     This is the one target that ends the transaction opened for it, on
+     purpose: SQL Server has no autonomous transaction, and per-event
+     transactions are what makes hooks poison-proof.  The second
+     transaction holds only step 3's note, so the processor's commit or
+     rollback of it decides nothing else.
+  3. An error of the dispatcher's own bookkeeping is recorded in
+     mailq.HookDispatcher.LastError and not re-raised (the chain is already
+     re-armed; a re-raise would only make the processor retry a stale run).
+Overlap: a run that starts while the previous one still runs finds
+mailq.RunApplicationHooks' application lock held, returns 'Busy' at once,
+and has re-armed already: slow hooks delay hooks, never the chain.
+Result set:  none.
+Errors:      50298 called with a transaction count other than 1 (not run by
+             delayed execution).
+Transaction: see above: commits the transaction opened for it and opens a
+             new one before it returns.
+Isolation:   sets READ COMMITTED itself (UPDLOCK on the dispatcher row).
+Lock order:  mailq.HookDispatcher (the row, U -> X), then
+             dbo.InitiateDelayExecution's (tabDIYTable12402, delay.Task);
+             then, outside that transaction, mailq.RunApplicationHooks'.
+Security:    run by dbo.ProcessDelayQueue as dbo; no role is granted EXECUTE.
+Example:     (run by delayed execution only; start it with mailq.StartHookDispatcher)
+*/
+CREATE OR ALTER PROCEDURE mailq.HookDispatcherTask
+    @SPName NVARCHAR(200) = NULL,
+    @Param1 NVARCHAR(200) = NULL,
+    @Param2 NVARCHAR(200) = NULL,
+    @Param3 NVARCHAR(200) = NULL,
+    @Param4 NVARCHAR(200) = NULL,
+    @Param5 NVARCHAR(200) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @@TRANCOUNT <> 1
+        THROW 50298,
+            N'mailq.HookDispatcherTask is run by delayed execution only; start it with mailq.StartHookDispatcher.',
+            1;
+
+    DECLARE
+        @Generation BIGINT = TRY_CAST(@Param1 AS BIGINT),
+        @Enabled BIT,
+        @Current BIGINT,
+        @IntervalSeconds INT,
+        @InstanceKey UNIQUEIDENTIFIER,
+        @Next BIGINT,
+        @NextTaskID BIGINT,
+        @Key NVARCHAR(100),
+        @Run BIT = 0,
+        @Error NVARCHAR(4000);
+    DECLARE @Scheduled TABLE (TaskID BIGINT);
+
+    -- 1. Re-arm (in the transaction opened for us).
+    SELECT
+        @Enabled = d.Enabled,
+        @Current = d.Generation,
+        @IntervalSeconds = d.IntervalSeconds,
+        @InstanceKey = d.InstanceKey
+    FROM mailq.HookDispatcher AS d WITH (UPDLOCK, ROWLOCK)
+    WHERE d.Singleton = 1;
+
+    IF @Enabled = 1 AND @Generation = @Current
+    BEGIN
+        SET @Next = @Current + 1;
+        SET @Key = CONCAT(N'mailq.HookDispatcher:', @InstanceKey, N':', @Next);
+        -- InitiateDelayExecution returns the task ID as a result set too:
+        -- kept here (it uses no INSERT ... EXEC itself, so this nests).
+        INSERT INTO @Scheduled (TaskID)
+        EXEC dbo.InitiateDelayExecution
+            @F108211 = N'mailq.HookDispatcherTask',
+            @F108218 = @IntervalSeconds,
+            @F108212 = @Next,
+            @F108210 = N'mailq hook dispatcher',
+            @TaskID = @NextTaskID OUTPUT,
+            @IdempotencyKey = @Key;
+        UPDATE d
+        SET
+            d.Generation = @Next,
+            d.TaskID = @NextTaskID,
+            d.LastRunAtUtc = SYSUTCDATETIME()
+        FROM mailq.HookDispatcher AS d
+        WHERE d.Singleton = 1;
+        SET @Run = 1;
+    END;
+
+    IF @Run = 0 RETURN;
+
+    -- 2. Step out of the transaction, run the hooks, step back in.
+    COMMIT TRANSACTION;
+    BEGIN TRY
+        EXEC mailq.RunApplicationHooks @MaxEvents = 1000, @Quiet = 1;
+    END TRY
+    BEGIN CATCH
+        SET @Error = LEFT(CONCAT(N'error ', ERROR_NUMBER(), N': ', ERROR_MESSAGE()), 4000);
+        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+    END CATCH;
+
+    BEGIN TRANSACTION;
+    -- 3. Note the outcome (in the transaction the processor commits).
+    UPDATE d
+    SET d.LastError = @Error
+    FROM mailq.HookDispatcher AS d
+    WHERE d.Singleton = 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Allow-lists (and pins) the hook dispatcher's delayed-execution target,
+mailq.HookDispatcherTask (docs/hooks.md).  Runs after the procedure is
+created, as the deploying db_owner; re-listing refreshes the pin, so a
+revision that changes broker/mailq.HookDispatcherTask.sql must carry this
+file too (it follows that file in sql/BuildOrder.txt).  The downgrade removes
+the entry (delay.DisallowProcedure) before the procedure is dropped.
+*/
+EXEC delay.AllowProcedure @ProcedureName = N'mailq.HookDispatcherTask', @AllowBareName = 0;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.StartHookDispatcher: starts, re-times or stops the self-re-arming hook
+dispatcher of delayed execution (docs/hooks.md, "With delayed execution").
+Deployed with delayed execution only (sql/broker/); without it (Azure SQL
+Database) run mailq.RunApplicationHooks from an Agent or elastic job.
+Start (@Enabled = 1): if a dispatcher task of the current generation is
+pending (delay.Task Scheduled, Running or Retrying), only IntervalSeconds
+changes (the next re-arm uses it) and no task is added; otherwise the
+generation moves on and one task is scheduled at once (delay 0) with the
+idempotency key InstanceKey + generation.  So there is at most one pending
+dispatcher task, and starting twice is harmless.
+Stop (@Enabled = 0): the generation moves on and Enabled = 0: the pending
+task, when it runs, is stale and neither runs hooks nor re-arms (it is not
+cancelled: cancelling races its own start, and a stale run costs nothing).
+Parameters:  @IntervalSeconds INT = 30: seconds between two runs (1-3600);
+             @Enabled BIT = 1: 1 start, 0 stop.
+Result set:  one row: Enabled, IntervalSeconds, Generation, TaskID (the task
+             of the current generation), TaskState (its delay.Task state, NULL
+             when none), Scheduled BIT (1: this call scheduled a task).
+Errors:      50295 @IntervalSeconds outside 1-3600; errors of
+             dbo.InitiateDelayExecution pass through (e.g. 50306/50340: the
+             task procedure is not allow-listed or its pin is stale: a
+             db_owner runs EXEC delay.AllowProcedure @ProcedureName =
+             N'mailq.HookDispatcherTask').
+Transaction: opens its own if none is open, else works inside the caller's
+             (the task is scheduled when that transaction commits; no
+             savepoint: error 627 under MSDTC).  Any error is re-raised;
+             XACT_ABORT ON dooms the caller's transaction.
+Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK on the one row).
+Lock order:  mailq.HookDispatcher (the row, U -> X), then delay.Task (read),
+             then dbo.InitiateDelayExecution's (tabDIYTable12402, delay.Task).
+Security:    granted to MailqAdmin; InitiateDelayExecution is reached by
+             ownership chaining (both owned by dbo).
+Example:     EXEC mailq.StartHookDispatcher @IntervalSeconds = 30;
+             EXEC mailq.StartHookDispatcher @Enabled = 0;  -- stop
+*/
+CREATE OR ALTER PROCEDURE mailq.StartHookDispatcher
+    @IntervalSeconds INT = 30,
+    @Enabled BIT = 1
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Generation BIGINT,
+        @InstanceKey UNIQUEIDENTIFIER,
+        @TaskID BIGINT,
+        @WasEnabled BIT,
+        @Key NVARCHAR(100),
+        @Scheduled BIT = 0;
+    DECLARE @NewTask TABLE (TaskID BIGINT);
+
+    SET @IntervalSeconds = COALESCE(@IntervalSeconds, 30);
+    SET @Enabled = COALESCE(@Enabled, 1);
+    IF @IntervalSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@IntervalSeconds must be 1-3600; got ', @IntervalSeconds, N'.');
+        THROW 50295, @Msg, 1;
+    END;
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK, HOLDLOCK: one starter at a time, also while the row is absent.
+        SELECT
+            @Generation = d.Generation,
+            @InstanceKey = d.InstanceKey,
+            @TaskID = d.TaskID,
+            @WasEnabled = d.Enabled
+        FROM mailq.HookDispatcher AS d WITH (UPDLOCK, HOLDLOCK)
+        WHERE d.Singleton = 1;
+
+        IF @Generation IS NULL
+        BEGIN
+            INSERT INTO mailq.HookDispatcher (Singleton, Enabled, IntervalSeconds, Generation)
+            VALUES (1, 0, @IntervalSeconds, 0);
+            SELECT
+                @Generation = d.Generation,
+                @InstanceKey = d.InstanceKey,
+                @WasEnabled = 0
+            FROM mailq.HookDispatcher AS d
+            WHERE d.Singleton = 1;
+        END;
+
+        IF @Enabled = 0
+            UPDATE d
+            SET
+                d.Enabled = 0,
+                d.Generation = d.Generation + 1,
+                d.IntervalSeconds = @IntervalSeconds,
+                d.ChangedAtUtc = SYSUTCDATETIME(),
+                d.ChangedBy = ORIGINAL_LOGIN()
+            FROM mailq.HookDispatcher AS d
+            WHERE d.Singleton = 1;
+        ELSE IF @WasEnabled = 1 AND EXISTS (
+            SELECT 1
+            FROM delay.Task AS t
+            WHERE t.TaskID = @TaskID AND t.TaskState IN (N'Scheduled', N'Running', N'Retrying')
+        )
+            -- A task of the current generation is pending: re-time only.
+            UPDATE d
+            SET
+                d.IntervalSeconds = @IntervalSeconds,
+                d.ChangedAtUtc = SYSUTCDATETIME(),
+                d.ChangedBy = ORIGINAL_LOGIN()
+            FROM mailq.HookDispatcher AS d
+            WHERE d.Singleton = 1;
+        ELSE
+        BEGIN
+            SET @Generation += 1;
+            SET @Key = CONCAT(N'mailq.HookDispatcher:', @InstanceKey, N':', @Generation);
+            -- InitiateDelayExecution's one-row result is kept here, not passed on.
+            INSERT INTO @NewTask (TaskID)
+            EXEC dbo.InitiateDelayExecution
+                @F108211 = N'mailq.HookDispatcherTask',
+                @F108218 = 0,
+                @F108212 = @Generation,
+                @F108210 = N'mailq hook dispatcher',
+                @TaskID = @TaskID OUTPUT,
+                @IdempotencyKey = @Key;
+            UPDATE d
+            SET
+                d.Enabled = 1,
+                d.Generation = @Generation,
+                d.TaskID = @TaskID,
+                d.IntervalSeconds = @IntervalSeconds,
+                d.LastError = NULL,
+                d.ChangedAtUtc = SYSUTCDATETIME(),
+                d.ChangedBy = ORIGINAL_LOGIN()
+            FROM mailq.HookDispatcher AS d
+            WHERE d.Singleton = 1;
+            SET @Scheduled = 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        d.Enabled,
+        d.IntervalSeconds,
+        d.Generation,
+        d.TaskID,
+        t.TaskState,
+        @Scheduled AS Scheduled
+    FROM mailq.HookDispatcher AS d
+    LEFT JOIN delay.Task AS t ON d.TaskID = t.TaskID
+    WHERE d.Singleton = 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants for the delayed-execution hook dispatcher (docs/hooks.md):
+administrators start, re-time and stop it.  mailq.HookDispatcherTask is run
+by delayed execution only (no grant).
+*/
+GRANT EXECUTE ON OBJECT::mailq.StartHookDispatcher TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0017') AND FilePath IN (
+    N'tables/mailq.ApplicationHook.sql',
+    N'tables/mailq.ApplicationHookFailure.sql',
+    N'procedures/mailq.SetApplicationHook.sql',
+    N'procedures/mailq.RunApplicationHooks.sql',
+    N'procedures/mailq.ListApplicationHooks.sql',
+    N'security/MailqAdmin.hooks.grants.sql',
+    N'broker/mailq.HookDispatcher.sql',
+    N'broker/mailq.HookDispatcherTask.sql',
+    N'broker/mailq.HookDispatcherTask.allow.sql',
+    N'broker/mailq.StartHookDispatcher.sql',
+    N'broker/MailqAdmin.hooks.grants.sql');
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0017', N'tables/mailq.ApplicationHook.sql', '81ed0f9e6666989466916267ab4483d0b419a562975cd01f0f8ba0bce580644b'),
+    ('0017', N'tables/mailq.ApplicationHookFailure.sql', 'f754603d66267a52c81a65df0ceea0cb6282f9b5cd76ad603fb20b5fea217042'),
+    ('0017', N'procedures/mailq.SetApplicationHook.sql', '2fc8238c5b98e850a2ffe19c4fef2aaa78f738424f4435c0c6c97be0b8de3375'),
+    ('0017', N'procedures/mailq.RunApplicationHooks.sql', '6bfe84a245644dba5f1dab8fe190511217b59d8923a7b2ff9ba1aa416894cc87'),
+    ('0017', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
+    ('0017', N'security/MailqAdmin.hooks.grants.sql', '6cc7a3e89b107584855a4bccb4414d7f97995b3fbf0f1de86f7589ec8157c277'),
+    ('0017', N'broker/mailq.HookDispatcher.sql', '6f2cdc5f79b2b7d042742472cbf938728b647196dfd40cace4db6afe76016ce0'),
+    ('0017', N'broker/mailq.HookDispatcherTask.sql', 'b54526911af27a2ddf55e2f6a0d0263e660c6a05f3cda251b036438fc30baee3'),
+    ('0017', N'broker/mailq.HookDispatcherTask.allow.sql', '0a95816b5cf1d7ad64732d551de7777e445e76a49096568af093d7a099331ab2'),
+    ('0017', N'broker/mailq.StartHookDispatcher.sql', '5d0f8283e44adcd1ebfde557a8293469511d3ea7d51fe2f362dc898f63858d2c'),
+    ('0017', N'broker/MailqAdmin.hooks.grants.sql', 'c7628a18792cd2721ebfc69c3f24770fd0ba97d1247d7ef85330014bd3cd5ad6');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Readers INT = (SELECT TRY_CONVERT(INT, Value) FROM dbo.mailq_deployment_option WHERE Name = N'readers');
+IF @Readers BETWEEN 1 AND 32767 AND EXISTS (SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL
+    AND q.max_readers <> @Readers)
+BEGIN
+    DECLARE @Sql NVARCHAR(400) = CONCAT(N'ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION ',
+        N'(MAX_QUEUE_READERS = ', @Readers, N')');  -- an INT: nothing to inject
+    EXEC sys.sp_executesql @Sql;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = CAST(SESSION_CONTEXT(N'mailq_db.activation') AS INT);
+IF @Activation IS NOT NULL AND EXISTS (
+    SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL)
+BEGIN
+    IF @Activation = 1
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);
+    ELSE
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+END;
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = NULL;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0017 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+UPDATE dbo.mailq_alembic_version SET version_num='0017' WHERE dbo.mailq_alembic_version.version_num = '0016';
 
 GO
 

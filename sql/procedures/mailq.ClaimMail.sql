@@ -474,7 +474,8 @@ BEGIN
                 inserted.TemplateName,
                 inserted.TemplateVersion
             INTO @Claimed (
-                ID, AccountName, AppName, RunMode, OldStatus, OldLockToken, AttemptNo, Pass, TemplateName, TemplateVersion
+                ID, AccountName, AppName, RunMode, OldStatus, OldLockToken, AttemptNo, Pass,
+                TemplateName, TemplateVersion
             )
             -- Target row by its clustered key.  READPAST: a row another
             -- session holds (e.g. an acknowledgement of an expired lease in

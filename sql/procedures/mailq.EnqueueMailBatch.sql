@@ -62,15 +62,19 @@ Concurrency: EnqueueMail serializes each key on an exclusive, transaction-owned
              granted in 10 s is 50225 as well.  Rows without a key take no
              lock and never wait for one another.
 Escalation:  the mails are written by ONE statement, which locks each new row
-             in every index of mailq.MailQueue; from 5,000 locks on one index
-             in one statement SQL Server escalates to a table lock (Microsoft,
-             "Lock escalation": 5,000 locks on a single table or index
-             reference, retried every 1,250 locks while blocked), held until
-             the transaction ends: a batch of 5,000 mails or more can make
-             claims and single enqueues wait until it commits (READPAST does
-             not skip a table lock).  Keep batches below ~4,000 mails on a
-             busy queue, or keep the batch's transaction short (its own, not a
-             long outbox transaction); see docs/batch-enqueue.md.
+             in every index of mailq.MailQueue.  From 5,000 locks on one index
+             in one statement SQL Server would escalate to a table lock
+             (Microsoft, "Lock escalation"), held until the transaction ends;
+             revision 0018 disables escalation on mailq.MailQueue,
+             mailq.MailAttachment and mailq.MailEvent, so a 10,000-mail batch
+             keeps row locks on rows nobody else asks for (new rows) and
+             claims, enqueues and acknowledgements go on.  Its price is lock
+             memory (about one lock per new row and index, released at
+             commit); keep the batch's transaction short all the same.
+Input:       @Mails is at most 256 MB of text (DATALENGTH), @MailRows at
+             most 256 MB over its text columns (50226); times are ISO 8601:
+             "Z" or no offset is UTC, an offset ("+02:00") is converted to
+             UTC; Priority and MaxAttempts are JSON numbers.
 Errors:      50220 a row is invalid (all-or-nothing): the message names the row,
              the field and the rule (EnqueueMail's number) and how many other
              rows are invalid; nothing is written;
@@ -79,7 +83,8 @@ Errors:      50220 a row is invalid (all-or-nothing): the message names the row,
              50224 an attachment's base64 passed the textual check but could
              not be decoded (row not identifiable; nothing written);
              50225 an idempotency key's lock was not granted in 10 s (or
-             deadlock).  Rule numbers inside 50220 / result set 2: see
+             deadlock); 50226 the input is over 256 MB of text (split it).
+             Rule numbers inside 50220 / result set 2: see
              mailq.EnqueueMail and 50223 (a JSON field of the wrong type or
              an unknown field name).
 Transaction: opens its own if none is open, else works inside the caller's
@@ -109,6 +114,8 @@ BEGIN
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Msg NVARCHAR(2048);
     DECLARE @MaxRows INT = 10000;
+    DECLARE @MaxBatchBytes BIGINT = 268435456;   -- 256 MB of input text per call (50226)
+    DECLARE @Bytes BIGINT;
     DECLARE @RowCount INT;
     -- Binary collation below, as in EnqueueMail: LIKE ranges are code points
     -- and control characters are never ignorable.
@@ -207,7 +214,22 @@ BEGIN
 
     IF @Mails IS NOT NULL
     BEGIN
-        IF ISJSON(@Mails) = 0 OR LEFT(LTRIM(@Mails), 1) <> N'['
+        -- The size cap first: every body is copied to tempdb (#Batch) and the
+        -- text is parsed more than once, so an unbounded @Mails would be an
+        -- unbounded tempdb and CPU cost.
+        IF DATALENGTH(@Mails) > @MaxBatchBytes
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@Mails is ', DATALENGTH(@Mails), N' bytes; a batch takes at most ', @MaxBatchBytes,
+                N' bytes (', @MaxBatchBytes / 1048576, N' MB): split it into smaller batches.'
+            );
+            THROW 50226, @Msg, 1;
+        END;
+        -- The first character that is not JSON white space (tab, line feed,
+        -- carriage return, space, RFC 8259 section 2) must open an array.
+        -- LTRIM alone strips only spaces before SQL Server 2022.
+        IF ISJSON(@Mails) = 0
+            OR LEFT(LTRIM(TRANSLATE(LEFT(@Mails, 4000), NCHAR(9) + NCHAR(10) + NCHAR(13), N'   ')), 1) <> N'['
             THROW 50221,
                 N'@Mails must be a JSON array of objects, e.g. [{"ToAddress": "a@x.org", "Body": "B"}].',
                 1;
@@ -236,8 +258,12 @@ BEGIN
             f.ToAddress, f.Subject, f.Body, f.BodyFormat, f.TextBody, f.CC, f.BCC, f.FromAddress,
             f.FromName, f.ReplyTo, COALESCE(f.HeadersObject, f.HeadersText), f.AccountName, f.AppName,
             TRY_CONVERT(INT, f.Priority),
-            TRY_CONVERT(DATETIME2(3), f.DateToProcess, 127),
-            TRY_CONVERT(DATETIME2(3), f.ExpiresAtUtc, 127),
+            -- Through DATETIMEOFFSET: a time with an offset ("...+02:00") is
+            -- converted to UTC; a time with "Z" or no offset is UTC (the
+            -- offset defaults to +00:00, Microsoft's "datetimeoffset").  A
+            -- direct conversion to DATETIME2 would drop the offset silently.
+            CONVERT(DATETIME2(3), SWITCHOFFSET(TRY_CONVERT(DATETIMEOFFSET(3), f.DateToProcess, 127), N'+00:00')),
+            CONVERT(DATETIME2(3), SWITCHOFFSET(TRY_CONVERT(DATETIMEOFFSET(3), f.ExpiresAtUtc, 127), N'+00:00')),
             TRY_CONVERT(INT, f.MaxAttempts),
             f.IdempotencyKey, COALESCE(f.AttachmentsArray, f.AttachmentsText), f.RunMode,
             f.TemplateName, TRY_CONVERT(INT, f.TemplateVersion), COALESCE(f.TemplateModelObject, f.TemplateModelText)
@@ -284,11 +310,14 @@ BEGIN
                     WHEN k.[type] <> 0 AND k.[key] IN (N'Headers', N'Attachments', N'TemplateModel') THEN NULL
                     WHEN k.[type] = 0 THEN NULL   -- JSON null: the default
                     WHEN k.[key] IN (N'Priority', N'MaxAttempts', N'TemplateVersion')
-                        AND (k.[type] NOT IN (1, 2) OR TRY_CONVERT(INT, k.[value]) IS NULL)
-                        THEN CONCAT(N'''', k.[key], N''' must be an integer.')
+                        AND (k.[type] <> 2 OR TRY_CONVERT(INT, k.[value]) IS NULL)
+                        THEN CONCAT(N'''', k.[key], N''' must be a JSON number that is an integer (not a string).')
                     WHEN k.[key] IN (N'DateToProcess', N'ExpiresAtUtc')
-                        AND (k.[type] <> 1 OR TRY_CONVERT(DATETIME2(3), k.[value], 127) IS NULL)
-                        THEN CONCAT(N'''', k.[key], N''' must be a UTC time in ISO 8601, e.g. "2030-01-01T08:00:00Z".')
+                        AND (k.[type] <> 1 OR TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127) IS NULL)
+                        THEN CONCAT(
+                            N'''', k.[key], N''' must be an ISO 8601 time, e.g. "2030-01-01T08:00:00Z" ',
+                            N'(an offset such as +02:00 is converted to UTC).'
+                        )
                     WHEN k.[key] NOT IN (N'Priority', N'MaxAttempts', N'TemplateVersion')
                         AND k.[type] <> 1
                         THEN CONCAT(N'''', k.[key], N''' must be a JSON string.')
@@ -305,6 +334,25 @@ BEGIN
         BEGIN
             SET @Msg = CONCAT(N'@MailRows holds ', @RowCount, N' mails; a batch takes 1-', @MaxRows, N'.');
             THROW 50222, @Msg, 1;
+        END;
+        -- The same size cap as @Mails, over the columns that can be large.
+        SET @Bytes = (
+            SELECT SUM(
+                CAST(COALESCE(DATALENGTH(r.Body), 0) AS BIGINT) + COALESCE(DATALENGTH(r.TextBody), 0)
+                + COALESCE(DATALENGTH(r.Headers), 0) + COALESCE(DATALENGTH(r.Attachments), 0)
+                + COALESCE(DATALENGTH(r.ToAddress), 0) + COALESCE(DATALENGTH(r.CC), 0)
+                + COALESCE(DATALENGTH(r.BCC), 0) + COALESCE(DATALENGTH(r.Subject), 0)
+                + COALESCE(DATALENGTH(r.TemplateModel), 0)
+            )
+            FROM @MailRows AS r
+        );
+        IF @Bytes > @MaxBatchBytes
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@MailRows holds ', @Bytes, N' bytes of text; a batch takes at most ', @MaxBatchBytes,
+                N' bytes (', @MaxBatchBytes / 1048576, N' MB): split it into smaller batches.'
+            );
+            THROW 50226, @Msg, 1;
         END;
         INSERT INTO #Batch (
             RowNo, ToAddress, Subject, Body, BodyFormat, TextBody, CC, BCC, FromAddress, FromName,
@@ -860,10 +908,13 @@ BEGIN
         -- Keys already queued.  A plain read is exact under the locks just
         -- taken (only EnqueueMail and this procedure write keys, both under
         -- them).  "IS NOT NULL" repeats the filter of UX_MailQueue_IdempotencyKey.
+        -- FORCESEEK: one seek per key on that index (a loop join), never a
+        -- scan of it, which under locking READ COMMITTED could wait on other
+        -- sessions' uncommitted keys that this batch does not ask about.
         INSERT INTO #Existing (RowNo, MailID, MessageID, ContentHash)
         SELECT b.RowNo, q.ID, q.MessageID, q.ContentHash
         FROM #Batch AS b
-        INNER JOIN mailq.MailQueue AS q
+        INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK)
             ON b.IdempotencyKey = q.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
         WHERE b.KeyLeader = b.RowNo;
 
@@ -931,8 +982,10 @@ BEGIN
         -- statement has one OUTPUT ... INTO), so the events come from #Inserted
         -- here, as ClaimMail and FinalizeMail write theirs.  Mails returned for
         -- an existing idempotency key (Created = 0) are not in #Inserted and get
-        -- no event, as in EnqueueMail.  New event rows only: no lock any other
-        -- transaction holds or waits for.
+        -- no event, as in EnqueueMail.  New event rows only; mailq.MailEvent
+        -- has lock escalation disabled (revision 0018), so 10,000 rows keep
+        -- row locks and never a table lock that would stall every other
+        -- procedure's event.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT i.MailID, i.AppName, N'Enqueued', N'UnSent', 0, NULL, NULL, @Now
         FROM #Inserted AS i

@@ -122,6 +122,7 @@ SPECIFIC: dict[int, type[DatabaseError]] = {
     50222: InvalidInputError,
     50224: InvalidInputError,
     50225: IdempotencyKeyBusyError,
+    50226: InvalidInputError,
 }
 
 _BLOCKS: list[tuple[range, type[DatabaseError]]] = [

@@ -243,3 +243,67 @@ def test_due_time_and_expiry(conn, account):
     mail_id = procedures.enqueue_mail_batch(conn, batch).mail_ids[0]
     assert query(conn, "SELECT DateToProcess, VisibleAtUtc, ExpiresAtUtc FROM mailq.MailQueue WHERE ID = ?;",
                  mail_id) == [(due, due, due + timedelta(hours=2))]
+
+
+# --- revision 0018: input hardening and lock escalation ---------------------
+
+def test_a_time_with_an_offset_is_converted_to_utc(conn, account):
+    """"+02:00" is two hours ahead of UTC: the mail is due at 08:00 UTC, not
+    at 10:00 (a direct DATETIME2 conversion would drop the offset)."""
+    cursor = exec_proc(conn, "mailq.EnqueueMailBatch", Mails=(
+        '[{"ToAddress": "a@example.com", "Subject": "s", "Body": "b", "AccountName": "%s",'
+        ' "DateToProcess": "2031-05-01T10:00:00+02:00", "ExpiresAtUtc": "2031-05-02T08:00:00Z"},'
+        ' {"ToAddress": "a@example.com", "Subject": "s", "Body": "b2", "AccountName": "%s",'
+        ' "DateToProcess": "2031-05-01T08:00:00"}]' % (account, account)))
+    accepted, _ = result_sets(cursor)
+    ids = [r[1] for r in accepted]
+    rows = query(conn, "SELECT DateToProcess, ExpiresAtUtc FROM mailq.MailQueue WHERE ID IN (?, ?) ORDER BY ID;",
+                 *ids)
+    assert rows == [(datetime(2031, 5, 1, 8), datetime(2031, 5, 2, 8)), (datetime(2031, 5, 1, 8), None)]
+
+
+def test_integers_must_be_json_numbers(conn, account):
+    cursor = exec_proc(conn, "mailq.EnqueueMailBatch", RejectInvalid=1, Mails=(
+        '[{"ToAddress": "a@example.com", "Subject": "s", "Body": "b", "AccountName": "%s", "Priority": "5"},'
+        ' {"ToAddress": "a@example.com", "Subject": "s", "Body": "b", "AccountName": "%s", "Priority": 5}]'
+        % (account, account)))
+    accepted, rejected = result_sets(cursor)
+    assert [(r[0], r[1], r[2]) for r in rejected] == [(1, "Priority", 50223)]
+    assert [r[0] for r in accepted] == [2]
+
+
+def test_json_white_space_may_precede_the_array(conn, account):
+    text = "\r\n\t " + procedures.batch_json(mails(account, 2))
+    cursor = exec_proc(conn, "mailq.EnqueueMailBatch", Mails=text)
+    accepted, rejected = result_sets(cursor)
+    assert len(accepted) == 2 and rejected == []
+
+
+def test_lock_escalation_is_disabled_on_the_tables_a_batch_writes(conn):
+    rows = query(conn, "SELECT name, lock_escalation_desc FROM sys.tables "
+                       "WHERE schema_id = SCHEMA_ID(N'mailq') AND name IN "
+                       "(N'MailQueue', N'MailAttachment', N'MailEvent') ORDER BY name;")
+    assert rows == [("MailAttachment", "DISABLE"), ("MailEvent", "DISABLE"), ("MailQueue", "DISABLE")]
+
+
+def test_a_ten_thousand_mail_batch_does_not_block_a_claim(mssql_url, conn, account):
+    """With the batch's transaction still open, another session claims and
+    enqueues: row locks on new rows only (no table lock from escalation)."""
+    import pyodbc
+
+    writer = pyodbc.connect(mssql_url, autocommit=False)
+    try:
+        procedures.enqueue_mail_batch(writer, mails(account, 10000))
+        other = pyodbc.connect(mssql_url, autocommit=True)
+        try:
+            other.execute("SET LOCK_TIMEOUT 5000;")
+            exec_proc(other, "mailq.ClaimMail", BatchSize=1, LockToken=str(uuid.uuid4()),
+                      AccountNames=f'["{account}"]').fetchall()
+            mail_id = procedures.enqueue_mail(other, to_address="x@example.com", subject="s", body="b",
+                                              account_name=account)
+            assert mail_id.mail_id
+        finally:
+            other.close()
+    finally:
+        writer.rollback()
+        writer.close()

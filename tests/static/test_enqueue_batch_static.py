@@ -257,3 +257,58 @@ def test_batch_errors_map_to_classes():
     assert class_for(50225) is IdempotencyKeyBusyError
     for number in (50221, 50222, 50224):
         assert class_for(number) is InvalidInputError
+
+
+# --- revision 0018: input hardening and lock escalation ---------------------
+
+def test_times_go_through_datetimeoffset_so_an_offset_is_converted_not_dropped():
+    for field in ("DateToProcess", "ExpiresAtUtc"):
+        assert (f"CONVERT(DATETIME2(3), SWITCHOFFSET(TRY_CONVERT(DATETIMEOFFSET(3), f.{field}, 127), N'+00:00'))"
+                in BATCH_CODE), field
+    assert "TRY_CONVERT(DATETIME2(3), f.DateToProcess" not in BATCH_CODE
+    # the 50223 check accepts exactly what the conversion accepts
+    assert "TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127) IS NULL" in BATCH_CODE
+
+
+def test_integers_must_be_json_numbers():
+    assert "AND (k.[type] <> 2 OR TRY_CONVERT(INT, k.[value]) IS NULL)" in BATCH_CODE
+    assert "k.[type] NOT IN (1, 2)" not in BATCH_CODE
+
+
+def test_the_size_cap_comes_before_any_parsing_and_covers_both_inputs():
+    code = BATCH_CODE
+    assert "DECLARE @MaxBatchBytes BIGINT = 268435456;" in code
+    json_cap = code.index("IF DATALENGTH(@Mails) > @MaxBatchBytes")
+    assert json_cap < code.index("IF ISJSON(@Mails) = 0") < code.index("OPENJSON(@Mails)")
+    tvp_cap = code.index("IF @Bytes > @MaxBatchBytes")
+    assert tvp_cap < code.index("INSERT INTO #Batch", tvp_cap)
+    assert code.count("THROW 50226") == 2
+    assert class_for(50226) is InvalidInputError
+
+
+def test_json_white_space_before_the_array_is_allowed():
+    assert "LEFT(LTRIM(TRANSLATE(LEFT(@Mails, 4000), NCHAR(9) + NCHAR(10) + NCHAR(13), N'   ')), 1) <> N'['" in BATCH_CODE
+    assert "LEFT(LTRIM(@Mails), 1)" not in BATCH_CODE
+
+
+def test_existing_keys_are_read_by_seek():
+    assert "INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK)" in BATCH_CODE
+
+
+def test_revision_0018_disables_lock_escalation_and_its_downgrade_restores_it():
+    import importlib.util
+
+    upgrade = strip_comments((SQL / "upgrades/mailq.0018.LockEscalation.sql").read_text(encoding="utf-8"))
+    tables = ("MailQueue", "MailAttachment", "MailEvent")
+    for table in tables:
+        assert f"ALTER TABLE mailq.{table} SET (LOCK_ESCALATION = DISABLE);" in upgrade
+        assert f"OBJECT_ID(N'mailq.{table}') AND lock_escalation_desc <> N'DISABLE'" in upgrade
+    assert "upgrades/mailq.0018.LockEscalation.sql" in build_order()
+    [path] = (ROOT / "alembic/versions").glob("0018_*.py")
+    spec = importlib.util.spec_from_file_location("rev0018", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    down = " ".join(module.DOWNGRADE_0018)
+    for table in tables:
+        assert f"ALTER TABLE mailq.{table} SET (LOCK_ESCALATION = TABLE)" in down
+    assert module.PLAN.drop_overrides == {"upgrades/mailq.0018.LockEscalation.sql": module.DOWNGRADE_0018}

@@ -37,7 +37,8 @@ https://learn.microsoft.com/sql/t-sql/language-elements/try-catch-transact-sql):
     when it returns), a failed call like any other.
 A hook whose procedure was altered, dropped or recreated since it was
 registered is suspended: not called, cursor kept, LastError says why, until
-mailq.SetApplicationHook re-registers it.
+mailq.SetApplicationHook re-registers it.  The pin is checked before every
+call, not once per run, so a change during a run stops the next call.
 Never inside an acknowledging transaction: it refuses to run inside any open
 transaction (50296), so no worker's MarkSent/MarkFailed/FinalizeMail can wait
 on a hook, and a hook's failure cannot undo an acknowledgement.  The events
@@ -270,6 +271,35 @@ BEGIN
                 WHERE p.EventID > @Cursor
                 ORDER BY p.EventID ASC;
                 IF @@ROWCOUNT = 0 BREAK;
+
+                -- The pin again before every call (as delay.ResolveTarget at
+                -- each run): a hook altered, renamed, dropped or recreated
+                -- during this run is not called again in it.
+                IF NOT EXISTS (
+                    SELECT 1
+                    FROM sys.objects AS o
+                    INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+                    WHERE
+                        o.object_id = @ObjectId AND o.type = 'P'
+                        AND s.name = @SchemaName AND o.name = @ProcedureName
+                        AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
+                )
+                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) IS NULL
+                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) <> @DefinitionHash
+                BEGIN
+                    UPDATE h
+                    SET
+                        h.LastError = CONCAT(
+                            N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
+                            N'it was registered; review it and run mailq.SetApplicationHook again.'
+                        ),
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App;
+                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                    SET @AppState = N'Suspended';
+                    BREAK;
+                END;
 
                 SELECT
                     @Budget -= 1,

@@ -32630,7 +32630,8 @@ https://learn.microsoft.com/sql/t-sql/language-elements/try-catch-transact-sql):
     when it returns), a failed call like any other.
 A hook whose procedure was altered, dropped or recreated since it was
 registered is suspended: not called, cursor kept, LastError says why, until
-mailq.SetApplicationHook re-registers it.
+mailq.SetApplicationHook re-registers it.  The pin is checked before every
+call, not once per run, so a change during a run stops the next call.
 Never inside an acknowledging transaction: it refuses to run inside any open
 transaction (50296), so no worker's MarkSent/MarkFailed/FinalizeMail can wait
 on a hook, and a hook's failure cannot undo an acknowledgement.  The events
@@ -32863,6 +32864,35 @@ BEGIN
                 WHERE p.EventID > @Cursor
                 ORDER BY p.EventID ASC;
                 IF @@ROWCOUNT = 0 BREAK;
+
+                -- The pin again before every call (as delay.ResolveTarget at
+                -- each run): a hook altered, renamed, dropped or recreated
+                -- during this run is not called again in it.
+                IF NOT EXISTS (
+                    SELECT 1
+                    FROM sys.objects AS o
+                    INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+                    WHERE
+                        o.object_id = @ObjectId AND o.type = 'P'
+                        AND s.name = @SchemaName AND o.name = @ProcedureName
+                        AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
+                )
+                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) IS NULL
+                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) <> @DefinitionHash
+                BEGIN
+                    UPDATE h
+                    SET
+                        h.LastError = CONCAT(
+                            N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
+                            N'it was registered; review it and run mailq.SetApplicationHook again.'
+                        ),
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App;
+                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                    SET @AppState = N'Suspended';
+                    BREAK;
+                END;
 
                 SELECT
                     @Budget -= 1,
@@ -33595,7 +33625,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0017', N'tables/mailq.ApplicationHook.sql', '81ed0f9e6666989466916267ab4483d0b419a562975cd01f0f8ba0bce580644b'),
     ('0017', N'tables/mailq.ApplicationHookFailure.sql', 'f754603d66267a52c81a65df0ceea0cb6282f9b5cd76ad603fb20b5fea217042'),
     ('0017', N'procedures/mailq.SetApplicationHook.sql', '2fc8238c5b98e850a2ffe19c4fef2aaa78f738424f4435c0c6c97be0b8de3375'),
-    ('0017', N'procedures/mailq.RunApplicationHooks.sql', '6bfe84a245644dba5f1dab8fe190511217b59d8923a7b2ff9ba1aa416894cc87'),
+    ('0017', N'procedures/mailq.RunApplicationHooks.sql', 'c7b0168844502444ad2e660b70a4e0df8b855049aba02be1da02c2aff8409a8b'),
     ('0017', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
     ('0017', N'security/MailqAdmin.hooks.grants.sql', '6cc7a3e89b107584855a4bccb4414d7f97995b3fbf0f1de86f7589ec8157c277'),
     ('0017', N'broker/mailq.HookDispatcher.sql', '6f2cdc5f79b2b7d042742472cbf938728b647196dfd40cace4db6afe76016ce0'),

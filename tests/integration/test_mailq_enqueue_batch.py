@@ -307,3 +307,13 @@ def test_a_ten_thousand_mail_batch_does_not_block_a_claim(mssql_url, conn, accou
     finally:
         writer.rollback()
         writer.close()
+
+
+def test_a_time_at_the_end_of_the_range_is_a_row_error_not_a_batch_error(conn, account):
+    cursor = exec_proc(conn, "mailq.EnqueueMailBatch", RejectInvalid=1, Mails=(
+        '[{"ToAddress": "a@example.com", "Subject": "s", "Body": "b", "AccountName": "%s",'
+        ' "DateToProcess": "9999-12-31T23:00:00-02:00"},'
+        ' {"ToAddress": "a@example.com", "Subject": "s", "Body": "b", "AccountName": "%s"}]' % (account, account)))
+    accepted, rejected = result_sets(cursor)
+    assert [(r[0], r[1], r[2]) for r in rejected] == [(1, "DateToProcess", 50223)]
+    assert [r[0] for r in accepted] == [2]

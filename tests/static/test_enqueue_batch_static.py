@@ -262,12 +262,17 @@ def test_batch_errors_map_to_classes():
 # --- revision 0018: input hardening and lock escalation ---------------------
 
 def test_times_go_through_datetimeoffset_so_an_offset_is_converted_not_dropped():
+    code = " ".join(BATCH_CODE.split())
     for field in ("DateToProcess", "ExpiresAtUtc"):
-        assert (f"CONVERT(DATETIME2(3), SWITCHOFFSET(TRY_CONVERT(DATETIMEOFFSET(3), f.{field}, 127), N'+00:00'))"
-                in BATCH_CODE), field
+        # converted to UTC through DATETIMEOFFSET, and only for years 2-9998
+        # (SWITCHOFFSET at either end of the range could overflow the batch)
+        assert (f"CONVERT(DATETIME2(3), SWITCHOFFSET(IIF( YEAR(TRY_CONVERT(DATETIMEOFFSET(3), f.{field}, 127)) "
+                f"BETWEEN 2 AND 9998, TRY_CONVERT(DATETIMEOFFSET(3), f.{field}, 127), NULL ), N'+00:00'))"
+                in code), field
     assert "TRY_CONVERT(DATETIME2(3), f.DateToProcess" not in BATCH_CODE
     # the 50223 check accepts exactly what the conversion accepts
     assert "TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127) IS NULL" in BATCH_CODE
+    assert "YEAR(TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127)) NOT BETWEEN 2 AND 9998" in BATCH_CODE
 
 
 def test_integers_must_be_json_numbers():

@@ -24951,8 +24951,18 @@ BEGIN
             -- converted to UTC; a time with "Z" or no offset is UTC (the
             -- offset defaults to +00:00, Microsoft's "datetimeoffset").  A
             -- direct conversion to DATETIME2 would drop the offset silently.
-            CONVERT(DATETIME2(3), SWITCHOFFSET(TRY_CONVERT(DATETIMEOFFSET(3), f.DateToProcess, 127), N'+00:00')),
-            CONVERT(DATETIME2(3), SWITCHOFFSET(TRY_CONVERT(DATETIMEOFFSET(3), f.ExpiresAtUtc, 127), N'+00:00')),
+            -- Years 2-9998 only: SWITCHOFFSET of a time a day from either end
+            -- of the range could leave it and raise an error for the whole
+            -- batch; outside that range the field reads as NULL here and
+            -- rule 50223 below names the row.
+            CONVERT(DATETIME2(3), SWITCHOFFSET(IIF(
+                YEAR(TRY_CONVERT(DATETIMEOFFSET(3), f.DateToProcess, 127)) BETWEEN 2 AND 9998,
+                TRY_CONVERT(DATETIMEOFFSET(3), f.DateToProcess, 127), NULL
+            ), N'+00:00')),
+            CONVERT(DATETIME2(3), SWITCHOFFSET(IIF(
+                YEAR(TRY_CONVERT(DATETIMEOFFSET(3), f.ExpiresAtUtc, 127)) BETWEEN 2 AND 9998,
+                TRY_CONVERT(DATETIMEOFFSET(3), f.ExpiresAtUtc, 127), NULL
+            ), N'+00:00')),
             TRY_CONVERT(INT, f.MaxAttempts),
             f.IdempotencyKey, COALESCE(f.AttachmentsArray, f.AttachmentsText), f.RunMode,
             f.TemplateName, TRY_CONVERT(INT, f.TemplateVersion), COALESCE(f.TemplateModelObject, f.TemplateModelText)
@@ -25002,7 +25012,11 @@ BEGIN
                         AND (k.[type] <> 2 OR TRY_CONVERT(INT, k.[value]) IS NULL)
                         THEN CONCAT(N'''', k.[key], N''' must be a JSON number that is an integer (not a string).')
                     WHEN k.[key] IN (N'DateToProcess', N'ExpiresAtUtc')
-                        AND (k.[type] <> 1 OR TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127) IS NULL)
+                        AND (
+                            k.[type] <> 1
+                            OR TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127) IS NULL
+                            OR YEAR(TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127)) NOT BETWEEN 2 AND 9998
+                        )
                         THEN CONCAT(
                             N'''', k.[key], N''' must be an ISO 8601 time, e.g. "2030-01-01T08:00:00Z" ',
                             N'(an offset such as +02:00 is converted to UTC).'
@@ -25731,7 +25745,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0018') AND FilePath IN
     N'procedures/mailq.EnqueueMailBatch.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'upgrades/mailq.0018.LockEscalation.sql', '39b4f187c4fed16b67e5910657cb48ca55f61ddc3cb04640705d508f7f07fc10'),
-    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '45d91f3594f025cc1b293bba935ef96f380b4e1ac25c44c161fce1899fcdc8fe');
+    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4e24b4c0a9b676cd7ba839c29f7100b45f69b54e6a2bf7e019caa3c5128c4d89');
 
 GO
 

@@ -263,8 +263,18 @@ BEGIN
             -- converted to UTC; a time with "Z" or no offset is UTC (the
             -- offset defaults to +00:00, Microsoft's "datetimeoffset").  A
             -- direct conversion to DATETIME2 would drop the offset silently.
-            CONVERT(DATETIME2(3), SWITCHOFFSET(TRY_CONVERT(DATETIMEOFFSET(3), f.DateToProcess, 127), N'+00:00')),
-            CONVERT(DATETIME2(3), SWITCHOFFSET(TRY_CONVERT(DATETIMEOFFSET(3), f.ExpiresAtUtc, 127), N'+00:00')),
+            -- Years 2-9998 only: SWITCHOFFSET of a time a day from either end
+            -- of the range could leave it and raise an error for the whole
+            -- batch; outside that range the field reads as NULL here and
+            -- rule 50223 below names the row.
+            CONVERT(DATETIME2(3), SWITCHOFFSET(IIF(
+                YEAR(TRY_CONVERT(DATETIMEOFFSET(3), f.DateToProcess, 127)) BETWEEN 2 AND 9998,
+                TRY_CONVERT(DATETIMEOFFSET(3), f.DateToProcess, 127), NULL
+            ), N'+00:00')),
+            CONVERT(DATETIME2(3), SWITCHOFFSET(IIF(
+                YEAR(TRY_CONVERT(DATETIMEOFFSET(3), f.ExpiresAtUtc, 127)) BETWEEN 2 AND 9998,
+                TRY_CONVERT(DATETIMEOFFSET(3), f.ExpiresAtUtc, 127), NULL
+            ), N'+00:00')),
             TRY_CONVERT(INT, f.MaxAttempts),
             f.IdempotencyKey, COALESCE(f.AttachmentsArray, f.AttachmentsText), f.RunMode,
             f.TemplateName, TRY_CONVERT(INT, f.TemplateVersion), COALESCE(f.TemplateModelObject, f.TemplateModelText)
@@ -314,7 +324,11 @@ BEGIN
                         AND (k.[type] <> 2 OR TRY_CONVERT(INT, k.[value]) IS NULL)
                         THEN CONCAT(N'''', k.[key], N''' must be a JSON number that is an integer (not a string).')
                     WHEN k.[key] IN (N'DateToProcess', N'ExpiresAtUtc')
-                        AND (k.[type] <> 1 OR TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127) IS NULL)
+                        AND (
+                            k.[type] <> 1
+                            OR TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127) IS NULL
+                            OR YEAR(TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127)) NOT BETWEEN 2 AND 9998
+                        )
                         THEN CONCAT(
                             N'''', k.[key], N''' must be an ISO 8601 time, e.g. "2030-01-01T08:00:00Z" ',
                             N'(an offset such as +02:00 is converted to UTC).'

@@ -62,8 +62,12 @@ is one seek on PK_Application per row claimed).  No scan of mailq.MailQueue,
 no Sort below a per-pair Top, nothing that reads a non-driving account or a
 run mode not served.  Cost per claim: pairs x (index depth + 10 ranges) +
 rows claimed, pairs <= min(@BatchSize, accounts with budget x run modes
-served): it does not grow with the mail of run modes the worker does not
-serve, however much of it is due.
+served); when accounts with budget x run modes served exceeds @BatchSize,
+plus one EXISTS probe per such pair before the draw (index depth + at most
+10 ranges each, stopped at the first claimable row; S locks, none kept), so
+the probes are bounded by accounts x run modes served (<= 16 per account),
+not by @BatchSize.  Neither grows with the mail of run modes the worker
+does not serve, however much of it is due.
 Bounds per pass statement: rows read (and U-locked) on
 IX_MailQueue_ClaimByAccount <= max(slots left, pairs open) <= @BatchSize;
 at most @BatchSize rows updated, each also taking the key lock of its new

@@ -26364,7 +26364,10 @@ right after AccountName, so the mail of other run modes lies outside every
 range sought).  Logical reads per claim are
     pairs with budget x (index depth + 10 ranges) + rows claimed,
 pairs = accounts with budget x run modes served (at most @BatchSize pairs
-are sought: ClaimMail draws them), and key locks per statement at most
+are claimed from: ClaimMail draws them; with more pairs than @BatchSize each
+pair is first probed once by a row-free EXISTS on this index, depth + at
+most 10 ranges, so that cost is bounded by accounts x run modes served, not
+by @BatchSize), and key locks per statement at most
 2 x @BatchSize on this index (the rows read, and the new key of each row
 claimed; far below the 5,000 locks per statement and index at which SQL
 Server escalates; see "Lock escalation" in Microsoft's reference: the
@@ -29008,7 +29011,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0015') AND FilePath IN
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0015', N'tables/mailq.Application.sql', '0a19fc0b5b8e65d0cc0a799efd0d8a32d60d89b5bec2135112cc670843ca0a88'),
     ('0015', N'tables/mailq.MailQueue.sql', 'fb4ef065406824e8ea6f5b5cbfea6cebfd9a7e7b4fd7670e026e185d945784df'),
-    ('0015', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql', 'b35bc21d67a4d155c40f5a46378c65bf002f140310688554e95e8dbaa5ccd318'),
+    ('0015', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql', '79334d28f63dfd47b5bbbdd26b92f5e8887972b83378a11605efce887df8672c'),
     ('0015', N'upgrades/mailq.0015.Application.sql', 'b2ec5587e2cebde0822218a95efab56fee2fe0122b8e8be4fead3edf671b43c5'),
     ('0015', N'upgrades/mailq.0015.MailQueue.sql', 'de4ea4b8c050d782e2aa972424049215714fd479baa9954940c95b26a93dea62'),
     ('0015', N'types/mailq.MailBatchRow.sql', '887a6cd1feb3094dfac986aef0b5fc98d83e2ac79e1fb46a39e27259ba05018f'),
@@ -29565,8 +29568,12 @@ mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
 that is already queued it returns the existing mail and inserts nothing.
 Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
                           an address or 'Display Name <address>'
-             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars
-             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars
+             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars;
+                          omitted (NULL) with @TemplateName (revision 0016)
+             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars; omitted
+                          (NULL) with @TemplateName.  Both default to NULL so
+                          that a template call can leave them out (50121 /
+                          50120 when neither they nor a template are given)
              @BodyFormat  N'Text' (default) or N'Html'
              @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
              @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
@@ -29675,8 +29682,8 @@ Example:     DECLARE @ID BIGINT;
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMail
     @ToAddress NVARCHAR(MAX),
-    @Subject NVARCHAR(MAX),
-    @Body NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX) = NULL,
+    @Body NVARCHAR(MAX) = NULL,
     @BodyFormat NVARCHAR(20) = N'Text',
     @TextBody NVARCHAR(MAX) = NULL,
     @CC NVARCHAR(MAX) = NULL,
@@ -31355,8 +31362,12 @@ is one seek on PK_Application per row claimed).  No scan of mailq.MailQueue,
 no Sort below a per-pair Top, nothing that reads a non-driving account or a
 run mode not served.  Cost per claim: pairs x (index depth + 10 ranges) +
 rows claimed, pairs <= min(@BatchSize, accounts with budget x run modes
-served): it does not grow with the mail of run modes the worker does not
-serve, however much of it is due.
+served); when accounts with budget x run modes served exceeds @BatchSize,
+plus one EXISTS probe per such pair before the draw (index depth + at most
+10 ranges each, stopped at the first claimable row; S locks, none kept), so
+the probes are bounded by accounts x run modes served (<= 16 per account),
+not by @BatchSize.  Neither grows with the mail of run modes the worker
+does not serve, however much of it is due.
 Bounds per pass statement: rows read (and U-locked) on
 IX_MailQueue_ClaimByAccount <= max(slots left, pairs open) <= @BatchSize;
 at most @BatchSize rows updated, each also taking the key lock of its new
@@ -32040,9 +32051,9 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0016', N'upgrades/mailq.0016.MailAttachment.sql', '4b4b1e80bfd957ce843c281c1e85ad234394c932b77c34efa0ec2a637f7cdcd8'),
     ('0016', N'upgrades/mailq.0016.MailAttempt.sql', '7a0c61d99a25ae9233063d8de36f8479e37663c4df0ad63ec6d370d553a6d203'),
     ('0016', N'types/mailq.MailBatchRow.sql', '02c76403e1fc4742abd5e6c2544043b4a4b67e3785977be2e9206f41bfb6ad5f'),
-    ('0016', N'procedures/mailq.EnqueueMail.sql', '7e6769e9c40895ee02d212199483d062e7d8b9d776a96391ea578c818705ea19'),
+    ('0016', N'procedures/mailq.EnqueueMail.sql', '80231805d91db6cdf88b0a580f7ad6ed212ec63c935b5b24d8b117aebf771a80'),
     ('0016', N'procedures/mailq.EnqueueMailBatch.sql', '713272dae42e1b248ec6cffb303ca2a8067f298227b6569403fe77c9d7a553c2'),
-    ('0016', N'procedures/mailq.ClaimMail.sql', '790a77544a77f5b8b57f942540dbec7c85762632af4ec09fef2e54cf2537dcae'),
+    ('0016', N'procedures/mailq.ClaimMail.sql', 'aa15e93ce89db4757fcae9bc454a9006496ea99b2bcc9f6efe2713ce28c60c70'),
     ('0016', N'security/MailqEnqueuer.batch.grants.sql', '8674be21dd7b2603f16c74298960785e2647e85e9a6f5a227ed46c8317b063a2');
 
 GO
@@ -34287,8 +34298,10 @@ BEGIN
 
     -- 3. Validation, rule by rule over all rows (RuleOrder = EnqueueMail's order).
     -- Revision 0016: a template instead of Subject / Body / TextBody (EnqueueMail's
-    -- 50281, 50280 before its required-value rules; 50285, 50284, 50282, 50283
-    -- after its body size rule).  A template row's Subject and Body are N''
+    -- 50281, 50280 right after its recipient rule 50101 (RuleOrder 7) and before
+    -- 50121, 50120; 50285, 50284, 50282, 50283 (46-49) after its run-mode rule
+    -- 50240 (45), before headers (50): one RuleOrder per rule, so the first
+    -- failed rule of a row is the one EnqueueMail raises).  A template row's Subject and Body are N''
     -- (stored, like EnqueueMail's; the worker renders them).
     INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
     SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
@@ -34302,24 +34315,24 @@ BEGIN
             IIF(b.TemplateName IS NOT NULL
                 AND (b.Body IS NOT NULL OR b.TextBody IS NOT NULL OR NULLIF(b.Subject, N'') IS NOT NULL), 1, 0),
             N'TemplateName renders the subject and the body: leave Subject, Body and TextBody out.'),
-        (45, N'TemplateName', 50285,
+        (46, N'TemplateName', 50285,
             IIF(b.TemplateName IS NOT NULL AND (
                 LEN(b.TemplateName) NOT BETWEEN 1 AND 128
                 OR b.TemplateName COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
                 OR b.TemplateVersion < 1), 1, 0),
             N'TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and TemplateVersion >= 1.'),
-        (46, N'TemplateModel', 50284,
+        (47, N'TemplateModel', 50284,
             IIF(b.TemplateName IS NOT NULL AND b.TemplateModel IS NOT NULL AND (
                 LEN(b.TemplateModel) > 2000000 OR ISJSON(b.TemplateModel) = 0
                 OR LEFT(LTRIM(b.TemplateModel), 1) <> N'{'), 1, 0),
             N'TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.'),
-        (47, N'TemplateName', 50282,
+        (48, N'TemplateName', 50282,
             IIF(b.TemplateName IS NOT NULL
                 AND (b.TemplateLatest IS NULL OR b.TemplateVersion > b.TemplateLatest), 1, 0),
             CONCAT(N'TemplateName ''', LEFT(b.TemplateName, 130), N''' ',
                 IIF(b.TemplateLatest IS NULL, N'is not a template (mailq.AddMailTemplateVersion).',
                     CONCAT(N'has no version ', b.TemplateVersion, N' (latest: ', b.TemplateLatest, N').')))),
-        (48, N'TemplateName', 50283, IIF(b.TemplateRetired = 1, 1, 0),
+        (49, N'TemplateName', 50283, IIF(b.TemplateRetired = 1, 1, 0),
             CONCAT(N'TemplateName ''', LEFT(b.TemplateName, 130),
                 N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).'))
     ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
@@ -34335,7 +34348,7 @@ BEGIN
     FROM #Batch AS b
     CROSS APPLY (
         VALUES
-        (10, N'ToAddress', 50101,
+        (7, N'ToAddress', 50101,
             IIF(b.ToAddress IS NULL OR b.ToCount = 0, 1, 0),
             N'ToAddress is required: give at least one recipient address (separate several with ;).'),
         (11, N'Subject', 50121, IIF(b.Subject IS NULL, 1, 0),
@@ -34893,7 +34906,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0018') AND FilePath IN
     N'procedures/mailq.EnqueueMailBatch.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'upgrades/mailq.0018.LockEscalation.sql', '39b4f187c4fed16b67e5910657cb48ca55f61ddc3cb04640705d508f7f07fc10'),
-    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4e24b4c0a9b676cd7ba839c29f7100b45f69b54e6a2bf7e019caa3c5128c4d89');
+    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b');
 
 GO
 

@@ -31,7 +31,10 @@ right after AccountName, so the mail of other run modes lies outside every
 range sought).  Logical reads per claim are
     pairs with budget x (index depth + 10 ranges) + rows claimed,
 pairs = accounts with budget x run modes served (at most @BatchSize pairs
-are sought: ClaimMail draws them), and key locks per statement at most
+are claimed from: ClaimMail draws them; with more pairs than @BatchSize each
+pair is first probed once by a row-free EXISTS on this index, depth + at
+most 10 ranges, so that cost is bounded by accounts x run modes served, not
+by @BatchSize), and key locks per statement at most
 2 x @BatchSize on this index (the rows read, and the new key of each row
 claimed; far below the 5,000 locks per statement and index at which SQL
 Server escalates; see "Lock escalation" in Microsoft's reference: the

@@ -4,8 +4,12 @@ mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
 that is already queued it returns the existing mail and inserts nothing.
 Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
                           an address or 'Display Name <address>'
-             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars
-             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars
+             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars;
+                          omitted (NULL) with @TemplateName (revision 0016)
+             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars; omitted
+                          (NULL) with @TemplateName.  Both default to NULL so
+                          that a template call can leave them out (50121 /
+                          50120 when neither they nor a template are given)
              @BodyFormat  N'Text' (default) or N'Html'
              @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
              @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
@@ -114,8 +118,8 @@ Example:     DECLARE @ID BIGINT;
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMail
     @ToAddress NVARCHAR(MAX),
-    @Subject NVARCHAR(MAX),
-    @Body NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX) = NULL,
+    @Body NVARCHAR(MAX) = NULL,
     @BodyFormat NVARCHAR(20) = N'Text',
     @TextBody NVARCHAR(MAX) = NULL,
     @CC NVARCHAR(MAX) = NULL,

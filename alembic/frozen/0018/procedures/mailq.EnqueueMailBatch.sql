@@ -451,8 +451,10 @@ BEGIN
 
     -- 3. Validation, rule by rule over all rows (RuleOrder = EnqueueMail's order).
     -- Revision 0016: a template instead of Subject / Body / TextBody (EnqueueMail's
-    -- 50281, 50280 before its required-value rules; 50285, 50284, 50282, 50283
-    -- after its body size rule).  A template row's Subject and Body are N''
+    -- 50281, 50280 right after its recipient rule 50101 (RuleOrder 7) and before
+    -- 50121, 50120; 50285, 50284, 50282, 50283 (46-49) after its run-mode rule
+    -- 50240 (45), before headers (50): one RuleOrder per rule, so the first
+    -- failed rule of a row is the one EnqueueMail raises).  A template row's Subject and Body are N''
     -- (stored, like EnqueueMail's; the worker renders them).
     INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
     SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
@@ -466,24 +468,24 @@ BEGIN
             IIF(b.TemplateName IS NOT NULL
                 AND (b.Body IS NOT NULL OR b.TextBody IS NOT NULL OR NULLIF(b.Subject, N'') IS NOT NULL), 1, 0),
             N'TemplateName renders the subject and the body: leave Subject, Body and TextBody out.'),
-        (45, N'TemplateName', 50285,
+        (46, N'TemplateName', 50285,
             IIF(b.TemplateName IS NOT NULL AND (
                 LEN(b.TemplateName) NOT BETWEEN 1 AND 128
                 OR b.TemplateName COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
                 OR b.TemplateVersion < 1), 1, 0),
             N'TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and TemplateVersion >= 1.'),
-        (46, N'TemplateModel', 50284,
+        (47, N'TemplateModel', 50284,
             IIF(b.TemplateName IS NOT NULL AND b.TemplateModel IS NOT NULL AND (
                 LEN(b.TemplateModel) > 2000000 OR ISJSON(b.TemplateModel) = 0
                 OR LEFT(LTRIM(b.TemplateModel), 1) <> N'{'), 1, 0),
             N'TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.'),
-        (47, N'TemplateName', 50282,
+        (48, N'TemplateName', 50282,
             IIF(b.TemplateName IS NOT NULL
                 AND (b.TemplateLatest IS NULL OR b.TemplateVersion > b.TemplateLatest), 1, 0),
             CONCAT(N'TemplateName ''', LEFT(b.TemplateName, 130), N''' ',
                 IIF(b.TemplateLatest IS NULL, N'is not a template (mailq.AddMailTemplateVersion).',
                     CONCAT(N'has no version ', b.TemplateVersion, N' (latest: ', b.TemplateLatest, N').')))),
-        (48, N'TemplateName', 50283, IIF(b.TemplateRetired = 1, 1, 0),
+        (49, N'TemplateName', 50283, IIF(b.TemplateRetired = 1, 1, 0),
             CONCAT(N'TemplateName ''', LEFT(b.TemplateName, 130),
                 N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).'))
     ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
@@ -499,7 +501,7 @@ BEGIN
     FROM #Batch AS b
     CROSS APPLY (
         VALUES
-        (10, N'ToAddress', 50101,
+        (7, N'ToAddress', 50101,
             IIF(b.ToAddress IS NULL OR b.ToCount = 0, 1, 0),
             N'ToAddress is required: give at least one recipient address (separate several with ;).'),
         (11, N'Subject', 50121, IIF(b.Subject IS NULL, 1, 0),

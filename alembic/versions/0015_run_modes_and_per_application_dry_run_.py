@@ -20,8 +20,9 @@ type lacks RunMode); the frozen files then create the new type, the
 procedure and the grants again (dropping a type drops its grants).
 
 Downgrade: the procedures go back to 0014's text (frozen machinery), then
-DOWNGRADE_0015_QUEUE and DOWNGRADE_0015_APP below: REFUSED (50243) while an
-unfinished mail (UnSent, Sending) carries a run mode other than 'prod' (0014
+DOWNGRADE_0015_QUEUE and DOWNGRADE_0015_APP below: REFUSED (50243) while a
+mail that is not Sent (unfinished, or finished and requeueable) carries a
+run mode other than 'prod' (0014
 has no run modes: every worker would send it, a staging mail would reach
 production recipients), and REFUSED (50244) while an application is in
 dry-run (0014's claim would send its mail for real).  The message says how
@@ -86,15 +87,16 @@ BEGIN
     DECLARE @Other BIGINT;
     EXEC sys.sp_executesql
         N'SELECT @n = COUNT_BIG(*) FROM mailq.MailQueue AS q
-          WHERE q.Status IN (N''UnSent'', N''Sending'') AND q.RunMode <> N''prod'';',
+          WHERE q.Status <> N''Sent'' AND q.RunMode <> N''prod'';',
         N'@n BIGINT OUTPUT', @n = @Other OUTPUT;
     IF @Other > 0
     BEGIN
         DECLARE @Msg NVARCHAR(2048) = CONCAT(
             N'Downgrade below 0015 refused: ', @Other,
-            N' unfinished mail(s) carry a run mode other than prod, which revision 0014 does not know ',
-            N'(every worker would send them). Let the workers of those run modes drain them, or cancel them ',
-            N'(mailq.CancelMail), then run the downgrade again (docs/run-modes.md, "Downgrade").'
+            N' mail(s) not Sent (unfinished, or finished and still requeueable with mailq.RequeueMail) carry ',
+            N'a run mode other than prod, which revision 0014 does not know (every worker would send them). ',
+            N'Let the workers of those run modes send them, or purge them (mailq.PurgeMail), ',
+            N'then run the downgrade again (docs/run-modes.md, "Downgrade").'
         );
         THROW 50243, @Msg, 1;
     END;

@@ -15,8 +15,10 @@ GeneratorArgs and CK_MailAttachment_Source; mailq.MailAttempt gains
 TemplateVersion.  EnqueueMail and ClaimMail are replaced (CREATE OR ALTER).
 
 Downgrade (DOWNGRADE_0016, one transaction with the restored procedures):
-refused with 50289 while a mail that is not finished carries a template or
-any lazy attachment row exists (revision 0015 can neither render the one nor
+refused with 50289 while a template mail that is not Sent (unfinished, or
+finished but still requeueable: mailq.RequeueMail would send it with an
+empty subject and body once the template columns are gone) or any lazy
+attachment row exists (revision 0015 can neither render the one nor
 store the other: send, cancel or purge them first); then the columns and
 constraints are dropped.  Finished template mail keeps Subject/Body as
 stored (N'') and loses the template reference; attempts lose the version.
@@ -36,15 +38,17 @@ BEGIN
     DECLARE @Open BIGINT, @Lazy BIGINT;
     EXEC sys.sp_executesql
         N'SELECT @Open = COUNT_BIG(*) FROM mailq.MailQueue AS q
-          WHERE q.TemplateName IS NOT NULL AND q.Status IN (N''UnSent'', N''Sending'');
+          WHERE q.TemplateName IS NOT NULL AND q.Status <> N''Sent'';
           SELECT @Lazy = COUNT_BIG(*) FROM mailq.MailAttachment AS a WHERE a.Generator IS NOT NULL;',
         N'@Open BIGINT OUTPUT, @Lazy BIGINT OUTPUT', @Open = @Open OUTPUT, @Lazy = @Lazy OUTPUT;
     IF @Open > 0 OR @Lazy > 0
     BEGIN
         DECLARE @Msg NVARCHAR(2048) = CONCAT(
-            N'Downgrade below 0016 refused: ', @Open, N' unfinished template mail(s) and ', @Lazy,
-            N' lazy attachment(s) exist, which revision 0015 can neither render nor store. ',
-            N'Let them be sent, cancel (mailq.CancelMail) or purge them, then run the downgrade again.'
+            N'Downgrade below 0016 refused: ', @Open, N' template mail(s) not Sent (unfinished, or finished ',
+            N'and still requeueable with mailq.RequeueMail) and ', @Lazy,
+            N' lazy attachment(s) exist, which revision 0015 can neither render nor store: a requeued one would ',
+            N'go out with an empty subject and body. Let them be sent or purge them (mailq.PurgeMail), ',
+            N'then run the downgrade again (docs/templates.md, "Downgrade").'
         );
         THROW 50289, @Msg, 1;
     END;

@@ -330,6 +330,9 @@ def test_rendered_upgrade_0015_and_downgrade_order():
     app_dropped = down.index("ALTER TABLE mailq.Application DROP COLUMN DryRun")
     assert refused < index_back < dropped
     assert app_refused < app_dropped
+    # refused for every mail that is not Sent: a Failed/Cancelled/Expired/Stopped
+    # staging mail can still be requeued, and 0014 would let production send it
+    assert "WHERE q.Status <> N''Sent'' AND q.RunMode <> N''prod'';" in down[:refused]
     # 0014's ClaimMail comes back before the index loses RunMode
     assert down.index("CREATE OR ALTER PROCEDURE mailq.ClaimMail") < index_back
     # the old table type is re-created after the files, with its procedure and grants

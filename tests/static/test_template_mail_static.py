@@ -60,6 +60,8 @@ def test_the_downgrade_refuses_first_and_drops_what_the_upgrade_added():
     assert set(overrides) == {f"upgrades/mailq.0016.{t}.sql" for t in ("MailQueue", "MailAttachment", "MailAttempt")}
     for statements in overrides.values():
         assert "THROW 50289" in statements[0]
+        # every template mail not Sent counts: a finished one can be requeued
+        assert "WHERE q.TemplateName IS NOT NULL AND q.Status <> N''Sent'';" in statements[0]
     queue = " ".join(rev.DOWNGRADE_0016_QUEUE)
     for column in ("TemplateModel", "TemplateVersion", "TemplateName"):
         assert queue.index("DROP CONSTRAINT CK_MailQueue_Template") < queue.index(f"DROP COLUMN {column}")

@@ -3857,15 +3857,17 @@ BEGIN
     DECLARE @Open BIGINT, @Lazy BIGINT;
     EXEC sys.sp_executesql
         N'SELECT @Open = COUNT_BIG(*) FROM mailq.MailQueue AS q
-          WHERE q.TemplateName IS NOT NULL AND q.Status IN (N''UnSent'', N''Sending'');
+          WHERE q.TemplateName IS NOT NULL AND q.Status <> N''Sent'';
           SELECT @Lazy = COUNT_BIG(*) FROM mailq.MailAttachment AS a WHERE a.Generator IS NOT NULL;',
         N'@Open BIGINT OUTPUT, @Lazy BIGINT OUTPUT', @Open = @Open OUTPUT, @Lazy = @Lazy OUTPUT;
     IF @Open > 0 OR @Lazy > 0
     BEGIN
         DECLARE @Msg NVARCHAR(2048) = CONCAT(
-            N'Downgrade below 0016 refused: ', @Open, N' unfinished template mail(s) and ', @Lazy,
-            N' lazy attachment(s) exist, which revision 0015 can neither render nor store. ',
-            N'Let them be sent, cancel (mailq.CancelMail) or purge them, then run the downgrade again.'
+            N'Downgrade below 0016 refused: ', @Open, N' template mail(s) not Sent (unfinished, or finished ',
+            N'and still requeueable with mailq.RequeueMail) and ', @Lazy,
+            N' lazy attachment(s) exist, which revision 0015 can neither render nor store: a requeued one would ',
+            N'go out with an empty subject and body. Let them be sent or purge them (mailq.PurgeMail), ',
+            N'then run the downgrade again (docs/templates.md, "Downgrade").'
         );
         THROW 50289, @Msg, 1;
     END;
@@ -3901,15 +3903,17 @@ BEGIN
     DECLARE @Open BIGINT, @Lazy BIGINT;
     EXEC sys.sp_executesql
         N'SELECT @Open = COUNT_BIG(*) FROM mailq.MailQueue AS q
-          WHERE q.TemplateName IS NOT NULL AND q.Status IN (N''UnSent'', N''Sending'');
+          WHERE q.TemplateName IS NOT NULL AND q.Status <> N''Sent'';
           SELECT @Lazy = COUNT_BIG(*) FROM mailq.MailAttachment AS a WHERE a.Generator IS NOT NULL;',
         N'@Open BIGINT OUTPUT, @Lazy BIGINT OUTPUT', @Open = @Open OUTPUT, @Lazy = @Lazy OUTPUT;
     IF @Open > 0 OR @Lazy > 0
     BEGIN
         DECLARE @Msg NVARCHAR(2048) = CONCAT(
-            N'Downgrade below 0016 refused: ', @Open, N' unfinished template mail(s) and ', @Lazy,
-            N' lazy attachment(s) exist, which revision 0015 can neither render nor store. ',
-            N'Let them be sent, cancel (mailq.CancelMail) or purge them, then run the downgrade again.'
+            N'Downgrade below 0016 refused: ', @Open, N' template mail(s) not Sent (unfinished, or finished ',
+            N'and still requeueable with mailq.RequeueMail) and ', @Lazy,
+            N' lazy attachment(s) exist, which revision 0015 can neither render nor store: a requeued one would ',
+            N'go out with an empty subject and body. Let them be sent or purge them (mailq.PurgeMail), ',
+            N'then run the downgrade again (docs/templates.md, "Downgrade").'
         );
         THROW 50289, @Msg, 1;
     END;
@@ -3997,15 +4001,17 @@ BEGIN
     DECLARE @Open BIGINT, @Lazy BIGINT;
     EXEC sys.sp_executesql
         N'SELECT @Open = COUNT_BIG(*) FROM mailq.MailQueue AS q
-          WHERE q.TemplateName IS NOT NULL AND q.Status IN (N''UnSent'', N''Sending'');
+          WHERE q.TemplateName IS NOT NULL AND q.Status <> N''Sent'';
           SELECT @Lazy = COUNT_BIG(*) FROM mailq.MailAttachment AS a WHERE a.Generator IS NOT NULL;',
         N'@Open BIGINT OUTPUT, @Lazy BIGINT OUTPUT', @Open = @Open OUTPUT, @Lazy = @Lazy OUTPUT;
     IF @Open > 0 OR @Lazy > 0
     BEGIN
         DECLARE @Msg NVARCHAR(2048) = CONCAT(
-            N'Downgrade below 0016 refused: ', @Open, N' unfinished template mail(s) and ', @Lazy,
-            N' lazy attachment(s) exist, which revision 0015 can neither render nor store. ',
-            N'Let them be sent, cancel (mailq.CancelMail) or purge them, then run the downgrade again.'
+            N'Downgrade below 0016 refused: ', @Open, N' template mail(s) not Sent (unfinished, or finished ',
+            N'and still requeueable with mailq.RequeueMail) and ', @Lazy,
+            N' lazy attachment(s) exist, which revision 0015 can neither render nor store: a requeued one would ',
+            N'go out with an empty subject and body. Let them be sent or purge them (mailq.PurgeMail), ',
+            N'then run the downgrade again (docs/templates.md, "Downgrade").'
         );
         THROW 50289, @Msg, 1;
     END;
@@ -7617,15 +7623,16 @@ BEGIN
     DECLARE @Other BIGINT;
     EXEC sys.sp_executesql
         N'SELECT @n = COUNT_BIG(*) FROM mailq.MailQueue AS q
-          WHERE q.Status IN (N''UnSent'', N''Sending'') AND q.RunMode <> N''prod'';',
+          WHERE q.Status <> N''Sent'' AND q.RunMode <> N''prod'';',
         N'@n BIGINT OUTPUT', @n = @Other OUTPUT;
     IF @Other > 0
     BEGIN
         DECLARE @Msg NVARCHAR(2048) = CONCAT(
             N'Downgrade below 0015 refused: ', @Other,
-            N' unfinished mail(s) carry a run mode other than prod, which revision 0014 does not know ',
-            N'(every worker would send them). Let the workers of those run modes drain them, or cancel them ',
-            N'(mailq.CancelMail), then run the downgrade again (docs/run-modes.md, "Downgrade").'
+            N' mail(s) not Sent (unfinished, or finished and still requeueable with mailq.RequeueMail) carry ',
+            N'a run mode other than prod, which revision 0014 does not know (every worker would send them). ',
+            N'Let the workers of those run modes send them, or purge them (mailq.PurgeMail), ',
+            N'then run the downgrade again (docs/run-modes.md, "Downgrade").'
         );
         THROW 50243, @Msg, 1;
     END;

@@ -257,17 +257,24 @@ def emit(conn_or_url: Any = None, **mail: Any) -> int:
         return _emit(conn, mail)
 
 
-def _emit(conn: Any, mail: dict[str, Any]) -> int:
+def _committed(conn: Any, call: Callable[[], Any]) -> Any:
+    """Run one procedure call as its own transaction: on a connection with
+    autocommit off, commit after it and roll back on any error (with
+    autocommit on the procedure owns its transaction already)."""
     manual = _manual_commit(conn)
     try:
-        result = procedures.enqueue_mail(conn, **mail)
+        result = call()
     except BaseException:
         if manual:
             conn.rollback()
         raise
     if manual:
         conn.commit()
-    return result.mail_id
+    return result
+
+
+def _emit(conn: Any, mail: dict[str, Any]) -> int:
+    return _committed(conn, lambda: procedures.enqueue_mail(conn, **mail)).mail_id
 
 
 def _read_events(conn: Any, **kwargs: Any) -> list[MailEvent]:
@@ -370,13 +377,4 @@ def stop(conn_or_url: Any, mail_id: int, reason: str) -> list[dict[str, Any]]:
     so it is retried no more; returns the procedure's result rows.  Commits like
     :func:`emit` on a caller's connection with autocommit off."""
     with _connection(conn_or_url) as (conn, _owned):
-        manual = _manual_commit(conn)
-        try:
-            rows = procedures.stop_mail(conn, mail_id=mail_id, reason=reason)
-        except BaseException:
-            if manual:
-                conn.rollback()
-            raise
-        if manual:
-            conn.commit()
-        return rows
+        return _committed(conn, lambda: procedures.stop_mail(conn, mail_id=mail_id, reason=reason))

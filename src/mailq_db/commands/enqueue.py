@@ -39,7 +39,7 @@ examples:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("enqueue", help="queue one mail", description=HELP,
+    p = subparsers.add_parser("enqueue", help="queue one mail (or a JSON batch: --batch FILE)", description=HELP,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--to", action="append", metavar="ADDRESS",
                    help="recipient (repeat, or separate with ';')")

@@ -197,13 +197,22 @@ class Worker:
             if not needs_preparing(mail):
                 ready.append(mail)
                 continue
+            # Rendering and generators take time (a deadline per render, none per
+            # generator): the batch's leases are kept alive between two mails, as
+            # the send loop does, so none runs out while the rest is prepared.
+            self.maintain_leases()
+            if mail.id not in self.held:
+                continue  # lease lost meanwhile: another worker has the mail
             try:
-                ready.append(prepare(mail, registry=self.generators))
+                prepared = prepare(mail, registry=self.generators)
             except LazyContentError as exc:
                 self.metrics.inc("lazy_content_errors")
                 self.fail([mail], Outcome(STOP, exc.reason, "lazy content", None, None, "mail"))
-        self.held.update((m.id, m) for m in ready)
-        return ready
+                continue
+            # Held at once, so later lease extensions update this object.
+            self.held[mail.id] = prepared
+            ready.append(prepared)
+        return [m for m in ready if m.id in self.held]
 
     # ------------------------------------------------------------ one account
 

@@ -193,3 +193,19 @@ def test_leases_are_extended_while_a_batch_of_lazy_content_is_prepared(sink, mon
     assert all(left > 0 for left in lease_left_at_generation), lease_left_at_generation
     assert queue.calls_to("extend_lease")
     assert queue.statuses() == {1: "Sent", 2: "Sent", 3: "Sent", 4: "Sent"}
+
+
+def test_an_unforeseen_error_in_lazy_content_stops_that_mail_and_the_batch_goes_on(sink):
+    """A generator returning a bytes content type made generate_attachment raise a
+    TypeError that escaped the worker's preparation: the batch was abandoned
+    (released, no attempt spent) on every claim, so that one mail blocked the
+    mail claimed with it forever."""
+    from mailq_db.generators import Generated
+
+    queue = FakeQueue([make_mail(1, attachments=[LazyAttachment("r.csv", "bad", "{}")]), make_mail(2)])
+    worker = make_worker(queue, {"default": account_for(sink)})
+    worker.generators = {"bad": lambda args: Generated(b"a,b\n", content_type=b"text/csv")}
+    worker.run(once=True)
+    assert queue.statuses() == {1: "Failed", 2: "Sent"}
+    [call] = queue.calls_to("mark_failed")
+    assert call["disposition"] == "Stop" and "TypeError" in call["error"]

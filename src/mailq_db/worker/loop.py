@@ -237,6 +237,7 @@ class Worker:
         session: SmtpSession | None = None
         connection_failures = 0
         reconnected: set[int] = set()  # mails resent once after a dead idle connection
+        login_slept = 0.0  # seconds slept for the login interval before the next connection
         try:
             while queue:
                 if self.stop.is_set():
@@ -268,11 +269,13 @@ class Worker:
                     # every connection, the first and each reconnection, asks first.
                     wait = self._login_wait(account)
                     if wait is not None:
-                        if self._sleeps_for_login(account, mail, wait):
+                        if self._sleeps_for_login(account, mail, wait, login_slept):
+                            login_slept += wait
                             queue.insert(0, mail)
                             continue  # back to the top: stop, leases and the slot checked again
                         self._defer_for_login(account, [mail, *queue], wait)
                         return
+                    login_slept = 0.0
                     session = self.session_factory(account)
                     try:
                         session.open()
@@ -351,10 +354,15 @@ class Worker:
             return None
         return max(slot.wait_ms, 1) / 1000.0
 
-    def _sleeps_for_login(self, account: AccountConfig, mail: ClaimedMail, wait: float) -> bool:
-        """Sleep when the next login is near (at most login_sleep_max_seconds away) and
-        the lease still covers the wait plus the safety margin; True when it slept."""
-        if wait > account.login_sleep_max_seconds:
+    def _sleeps_for_login(self, account: AccountConfig, mail: ClaimedMail, wait: float,
+                          slept: float = 0.0) -> bool:
+        """Sleep when the next login is near (at most login_sleep_max_seconds away,
+        counting what was already slept for this connection) and the lease still
+        covers the wait plus the safety margin; True when it slept.  Without the
+        count, a worker that other workers beat to the slot after every sleep
+        slept again and again (its leases extended meanwhile), holding its whole
+        batch, other accounts' mail included, for as long as it kept losing."""
+        if slept + wait > account.login_sleep_max_seconds:
             return False
         if self._lease_left(mail) - wait < self.settings.lease_safety_margin_seconds:
             return False

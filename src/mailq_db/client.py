@@ -324,8 +324,13 @@ def wait(
         batch = _read_events(conn, mail_id=mail_id, after_event_id=after, max_events=MAX_EVENTS_LIMIT)
         for event in batch:
             after, last = event.event_id, event
-            if event.terminal:
-                return raise_for_outcome(event)
+        # The outcome is the mail's latest event when it is terminal: a terminal
+        # event followed by more (Requeued, then a new attempt) is not the outcome
+        # (an earlier mail found by its idempotency key can have such a history).
+        if last is not None and last.terminal and len(batch) < MAX_EVENTS_LIMIT:
+            return raise_for_outcome(last)
+        if len(batch) >= MAX_EVENTS_LIMIT:
+            continue  # more are waiting: read on at once
         if batch:
             backoff.reset()
         remaining = deadline - clock()

@@ -86,3 +86,24 @@ def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(argv)
     assert info.value.code == 2
+
+
+def test_app_in_another_case_prints_the_events_the_procedure_returned(monkeypatch, capsys):
+    """GetMailEvents compares @AppName under the database's (case-insensitive)
+    collation; the command dropped every returned event whose stored name was
+    spelt differently, printing nothing and exiting 0."""
+    class Conn:
+        def close(self):
+            pass
+
+    pages = [[event(1), event(2)]]
+    monkeypatch.setattr(ev, "connect", lambda db: Conn())
+    monkeypatch.setattr(ev.procedures, "get_mail_events", lambda conn, **kw: pages.pop(0) if pages else [])
+    assert cli.main(["events", "--app", "Billing"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    pages[:] = [[event(1)]]
+    assert cli.main(["events", "--mail", "101", "--app", "BILLING"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    pages[:] = [[event(1, app="shop")]]
+    assert cli.main(["events", "--mail", "101", "--app", "billing"]) == 0
+    assert capsys.readouterr().out == ""

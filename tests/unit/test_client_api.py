@@ -351,3 +351,14 @@ def test_the_client_sends_no_sql_of_its_own():
     source = Path(client.__file__).read_text(encoding="utf-8")
     assert "EXEC " not in source.upper()
     assert ".cursor(" not in source and ".execute(" not in source
+
+
+def test_send_does_not_report_a_terminal_event_the_mail_was_requeued_after(monkeypatch):
+    """An earlier mail found by its idempotency key can have failed, been requeued
+    (mailq.RequeueMail) and sent: its first terminal event is not its outcome."""
+    history = [event(1, "Enqueued"), event(2, "Claimed"), event(3, "Failed", code=550, detail="old"),
+               event(4, "Requeued")]
+    outcome, fake, clock, _ = run_send(monkeypatch, [history, [event(5, "Claimed")], [event(6, "Sent", code=250)]])
+    assert isinstance(outcome, client.MailEvent) and outcome.event_type == "Sent" and outcome.event_id == 6
+    outcome, _, _, _ = run_send(monkeypatch, [[*history, event(5, "Claimed"), event(6, "Sent", code=250)]])
+    assert isinstance(outcome, client.MailEvent) and outcome.event_id == 6

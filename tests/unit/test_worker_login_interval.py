@@ -213,3 +213,26 @@ def test_another_database_error_abandons_the_batch_without_spending_attempts(sin
         worker.run(once=True)
     assert queue.status(1) == "UnSent" and queue.rows[1].attempts_remaining == 3  # released, refunded
     assert sink.messages == []
+
+
+def test_a_worker_beaten_to_the_slot_again_and_again_defers_after_login_sleep_max(sink):
+    """Another worker takes the slot just before this one wakes, every time:
+    the sleeps for one connection add up to login_sleep_max_seconds at most,
+    then the batch is deferred; before, the worker slept on without end (its
+    leases extended), holding the whole batch."""
+    queue = SlotQueue([make_mail(1), make_mail(2)], LoginSlots(None))
+    queue.acquire_login_slot = lambda conn, *, account_name: LoginSlot(False, 4000, 4000, None)
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) > 20:
+            raise AssertionError("still sleeping after 20 sleeps")
+
+    worker = worker_for(queue, sink, login_sleep_max_seconds=10)
+    worker.sleep = sleep
+    worker.run(once=True)
+    assert sleeps == [4.0, 4.0]
+    [call] = queue.calls_to("mark_failed")
+    assert call["ids"] == [1, 2] and call["disposition"] == "Wait" and call["retry_after_seconds"] == 4
+    assert sink.messages == []

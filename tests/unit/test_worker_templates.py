@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from datetime import timedelta
 from email import message_from_bytes, policy
 from typing import Any
 
@@ -166,3 +167,45 @@ def test_ordinary_mail_never_loads_the_renderer(sink):
     queue = FakeQueue([make_mail(1)])
     run_once(queue, sink)
     assert queue.status(1) == "Sent"
+
+
+def test_leases_are_extended_while_a_batch_of_lazy_content_is_prepared(sink, monkeypatch):
+    """Generators (no deadline) and renders (10 s each) run before any login for the
+    whole batch: the leases must be kept alive meanwhile, or they run out mid-batch
+    and another worker may claim mail this one is still preparing."""
+    import fake_queue
+
+    now = [fake_queue.utcnow()]
+    monkeypatch.setattr(fake_queue, "utcnow", lambda: now[0])
+    queue = FakeQueue([make_mail(i, attachments=[LazyAttachment(f"r{i}.bin", "slow", "{}")]) for i in (1, 2, 3, 4)])
+    worker = make_worker(queue, {"default": account_for(sink)}, lease_seconds=60, lease_safety_margin_seconds=10)
+    worker.clock = lambda: now[0]
+    lease_left_at_generation = []
+
+    def slow(args):
+        lease_left_at_generation.append(min((r.lease_expires - now[0]).total_seconds()
+                                            for r in queue.rows.values() if r.status == "Sending"))
+        now[0] += timedelta(seconds=25)
+        return b"data"
+
+    worker.generators = {"slow": slow}
+    worker.run(once=True)
+    assert all(left > 0 for left in lease_left_at_generation), lease_left_at_generation
+    assert queue.calls_to("extend_lease")
+    assert queue.statuses() == {1: "Sent", 2: "Sent", 3: "Sent", 4: "Sent"}
+
+
+def test_an_unforeseen_error_in_lazy_content_stops_that_mail_and_the_batch_goes_on(sink):
+    """A generator returning a bytes content type made generate_attachment raise a
+    TypeError that escaped the worker's preparation: the batch was abandoned
+    (released, no attempt spent) on every claim, so that one mail blocked the
+    mail claimed with it forever."""
+    from mailq_db.generators import Generated
+
+    queue = FakeQueue([make_mail(1, attachments=[LazyAttachment("r.csv", "bad", "{}")]), make_mail(2)])
+    worker = make_worker(queue, {"default": account_for(sink)})
+    worker.generators = {"bad": lambda args: Generated(b"a,b\n", content_type=b"text/csv")}
+    worker.run(once=True)
+    assert queue.statuses() == {1: "Failed", 2: "Sent"}
+    [call] = queue.calls_to("mark_failed")
+    assert call["disposition"] == "Stop" and "TypeError" in call["error"]

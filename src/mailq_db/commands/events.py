@@ -134,8 +134,12 @@ def run(args) -> int:
         for event in stream(fetch, after=args.after, batch=args.batch, follow=args.follow,
                             interval=args.interval):
             last = event.event_id
-            if args.app is not None and event.app_name != args.app:
-                continue  # --mail with --app: that mail is another application's
+            # --mail with --app: that mail is another application's.  (--app alone is
+            # filtered by the procedure, which compares names under the database's
+            # collation, case-insensitive by default: 'Billing' finds 'billing'.)
+            if args.mail is not None and args.app is not None and \
+                    (event.app_name or "").casefold() != args.app.casefold():
+                continue
             print(event_json(event) if args.json else format_event(event), flush=True)
     except KeyboardInterrupt:
         print(f"mailq-db events: stopped; resume with --after {last}", file=sys.stderr)

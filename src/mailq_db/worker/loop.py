@@ -197,13 +197,32 @@ class Worker:
             if not needs_preparing(mail):
                 ready.append(mail)
                 continue
+            # Rendering and generators take time (a deadline per render, none per
+            # generator): the batch's leases are kept alive between two mails, as
+            # the send loop does, so none runs out while the rest is prepared.
+            self.maintain_leases()
+            if mail.id not in self.held:
+                continue  # lease lost meanwhile: another worker has the mail
             try:
-                ready.append(prepare(mail, registry=self.generators))
+                prepared = prepare(mail, registry=self.generators)
             except LazyContentError as exc:
                 self.metrics.inc("lazy_content_errors")
                 self.fail([mail], Outcome(STOP, exc.reason, "lazy content", None, None, "mail"))
-        self.held.update((m.id, m) for m in ready)
-        return ready
+                continue
+            except Exception as exc:  # noqa: BLE001 - one mail's content must not abandon the batch
+                # Not foreseen by lazy.py (e.g. a generator returning a bytes content
+                # type): escaping here, before run_batch's try, abandoned the whole
+                # batch on every claim, attempts refunded, so the mail blocked its
+                # batch forever.  Stopped like any other content error.
+                self.metrics.inc("lazy_content_errors")
+                log.warning("lazy content of mail %s failed unexpectedly", mail.id, exc_info=True)
+                self.fail([mail], Outcome(STOP, f"lazy content could not be made: {type(exc).__name__}: {exc}",
+                                          "lazy content", None, None, "mail"))
+                continue
+            # Held at once, so later lease extensions update this object.
+            self.held[mail.id] = prepared
+            ready.append(prepared)
+        return [m for m in ready if m.id in self.held]
 
     # ------------------------------------------------------------ one account
 
@@ -218,6 +237,7 @@ class Worker:
         session: SmtpSession | None = None
         connection_failures = 0
         reconnected: set[int] = set()  # mails resent once after a dead idle connection
+        login_slept = 0.0  # seconds slept for the login interval before the next connection
         try:
             while queue:
                 if self.stop.is_set():
@@ -249,11 +269,13 @@ class Worker:
                     # every connection, the first and each reconnection, asks first.
                     wait = self._login_wait(account)
                     if wait is not None:
-                        if self._sleeps_for_login(account, mail, wait):
+                        if self._sleeps_for_login(account, mail, wait, login_slept):
+                            login_slept += wait
                             queue.insert(0, mail)
                             continue  # back to the top: stop, leases and the slot checked again
                         self._defer_for_login(account, [mail, *queue], wait)
                         return
+                    login_slept = 0.0
                     session = self.session_factory(account)
                     try:
                         session.open()
@@ -332,10 +354,15 @@ class Worker:
             return None
         return max(slot.wait_ms, 1) / 1000.0
 
-    def _sleeps_for_login(self, account: AccountConfig, mail: ClaimedMail, wait: float) -> bool:
-        """Sleep when the next login is near (at most login_sleep_max_seconds away) and
-        the lease still covers the wait plus the safety margin; True when it slept."""
-        if wait > account.login_sleep_max_seconds:
+    def _sleeps_for_login(self, account: AccountConfig, mail: ClaimedMail, wait: float,
+                          slept: float = 0.0) -> bool:
+        """Sleep when the next login is near (at most login_sleep_max_seconds away,
+        counting what was already slept for this connection) and the lease still
+        covers the wait plus the safety margin; True when it slept.  Without the
+        count, a worker that other workers beat to the slot after every sleep
+        slept again and again (its leases extended meanwhile), holding its whole
+        batch, other accounts' mail included, for as long as it kept losing."""
+        if slept + wait > account.login_sleep_max_seconds:
             return False
         if self._lease_left(mail) - wait < self.settings.lease_safety_margin_seconds:
             return False

@@ -46,9 +46,15 @@ _CONTENT_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+$")
 class AttachmentError(MailqError):
     """A lazy attachment could not be produced; ``str()`` names the generator and the cause."""
 
-    def __init__(self, detail: str, *, generator: str | None = None, file_name: str | None = None):
+    def __init__(self, detail: str, *, generator: str | None = None, file_name: str | None = None,
+                 transient: bool = False):
         self.generator = generator
         self.file_name = file_name
+        #: True when the generator itself raised (a service it calls timed out,
+        #: a file was locked ...): the same call may succeed later.  False for
+        #: what no retry can change (unknown generator, bad arguments, output
+        #: over the limits, a bad file name or content type).
+        self.transient = transient
         self.detail = " ".join(str(detail).split())[:600]
         where = ", ".join(b for b in (
             f"attachment {file_name!r}" if file_name else "",
@@ -161,7 +167,7 @@ def generate_attachment(
         raise
     except Exception as exc:  # the generator's own failure: class and message, no traceback
         raise AttachmentError(f"failed: {type(exc).__name__}: {exc}", generator=generator,
-                              file_name=file_name) from None
+                              file_name=file_name, transient=True) from None
     name = file_name or produced_name or f"{generator}.bin"
     if not name.strip() or any(c in name for c in "/\\:\r\n") or len(name) > 255:
         raise AttachmentError("the file name must be a bare name of 1-255 characters without / \\ :",

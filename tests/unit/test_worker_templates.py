@@ -195,17 +195,36 @@ def test_leases_are_extended_while_a_batch_of_lazy_content_is_prepared(sink, mon
     assert queue.statuses() == {1: "Sent", 2: "Sent", 3: "Sent", 4: "Sent"}
 
 
-def test_an_unforeseen_error_in_lazy_content_stops_that_mail_and_the_batch_goes_on(sink):
+def test_an_unforeseen_error_in_lazy_content_defers_that_mail_and_the_batch_goes_on(sink):
     """A generator returning a bytes content type made generate_attachment raise a
     TypeError that escaped the worker's preparation: the batch was abandoned
     (released, no attempt spent) on every claim, so that one mail blocked the
-    mail claimed with it forever."""
+    mail claimed with it forever.  Now that mail alone is deferred (Retry, an
+    attempt spent: not foreseen is not known to be permanent) and the rest sends."""
     from mailq_db.generators import Generated
 
     queue = FakeQueue([make_mail(1, attachments=[LazyAttachment("r.csv", "bad", "{}")]), make_mail(2)])
     worker = make_worker(queue, {"default": account_for(sink)})
     worker.generators = {"bad": lambda args: Generated(b"a,b\n", content_type=b"text/csv")}
     worker.run(once=True)
-    assert queue.statuses() == {1: "Failed", 2: "Sent"}
+    assert queue.statuses() == {1: "UnSent", 2: "Sent"}
     [call] = queue.calls_to("mark_failed")
-    assert call["disposition"] == "Stop" and "TypeError" in call["error"]
+    assert call["disposition"] == "Retry" and "TypeError" in call["error"]
+
+
+def test_a_generator_that_raises_is_deferred_not_stopped(sink):
+    """A generator's own failure may be transient (a service it calls timed
+    out): the mail is deferred with the reason, as a mail server defers, and
+    fails only when its attempts run out; nothing reaches the server."""
+    def flaky(args):
+        raise TimeoutError("report service did not answer in 30 s")
+
+    queue = FakeQueue([make_mail(1, attachments=[LazyAttachment("r.csv", "report", "{}")])])
+    worker = make_worker(queue, {"default": account_for(sink)})
+    worker.generators = {"report": flaky}
+    worker.run(once=True)
+    assert queue.statuses() == {1: "UnSent"}
+    [call] = queue.calls_to("mark_failed")
+    assert call["disposition"] == "Retry"
+    assert "generator 'report'" in call["error"] and "TimeoutError" in call["error"]
+    assert sink.messages == []

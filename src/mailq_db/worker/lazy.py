@@ -8,9 +8,12 @@ records it) with the mail's JSON model in the sandbox of
 :mod:`mailq_db.templates`, and calls the generators of lazy attachments
 (:mod:`mailq_db.generators`), holding their output to the attachment limits.
 Any failure is a :class:`LazyContentError` whose ``reason`` says what and
-where (template, version, part, line; generator, file); the worker stops the
+where (template, version, part, line; generator, file).  The worker stops the
 mail with it (disposition Stop: no retry can fix it, a new template version or
-a corrected model plus mailq.RequeueMail can).
+a corrected model plus mailq.RequeueMail can), except when a generator itself
+raised (``retry``): that may be transient (a service it calls timed out), so
+the mail is deferred (Retry, one attempt spent) as a mail server defers, and
+fails only when its attempts run out.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from ..procedures import Attachment, ClaimedMail, LazyAttachment
 class LazyContentError(Exception):
     """The mail's content cannot be made; ``reason`` (<= 4000 chars) says why."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, *, retry: bool = False):
         super().__init__(reason)
         self.reason = reason[:4000]
+        #: True: a generator raised; the same call may succeed later (Retry).
+        self.retry = retry
 
 
 def needs_preparing(mail: ClaimedMail) -> bool:
@@ -64,7 +69,7 @@ def prepare(mail: ClaimedMail, *, registry: Mapping[str, Any] | None = None) -> 
                 made.append(generate_attachment(a.generator, a.arguments, file_name=a.file_name,
                                                 content_type=ctype, registry=registry))
             except AttachmentError as exc:
-                raise LazyContentError(exc.reason()) from None
+                raise LazyContentError(exc.reason(), retry=exc.transient) from None
         else:
             made.append(a)
     try:

@@ -207,16 +207,21 @@ class Worker:
                 prepared = prepare(mail, registry=self.generators)
             except LazyContentError as exc:
                 self.metrics.inc("lazy_content_errors")
-                self.fail([mail], Outcome(STOP, exc.reason, "lazy content", None, None, "mail"))
+                # A template/model error or a refused attachment: Stop (a fix +
+                # RequeueMail sends it).  A generator that raised: Retry, one
+                # attempt spent, as a mail server defers what may be transient.
+                self.fail([mail], Outcome(RETRY if exc.retry else STOP, exc.reason, "lazy content", None, None,
+                                          "mail"))
                 continue
             except Exception as exc:  # noqa: BLE001 - one mail's content must not abandon the batch
                 # Not foreseen by lazy.py (e.g. a generator returning a bytes content
                 # type): escaping here, before run_batch's try, abandoned the whole
                 # batch on every claim, attempts refunded, so the mail blocked its
-                # batch forever.  Stopped like any other content error.
+                # batch forever.  Deferred (Retry, one attempt spent): not
+                # foreseen means not known to be permanent; the attempts bound it.
                 self.metrics.inc("lazy_content_errors")
                 log.warning("lazy content of mail %s failed unexpectedly", mail.id, exc_info=True)
-                self.fail([mail], Outcome(STOP, f"lazy content could not be made: {type(exc).__name__}: {exc}",
+                self.fail([mail], Outcome(RETRY, f"lazy content could not be made: {type(exc).__name__}: {exc}",
                                           "lazy content", None, None, "mail"))
                 continue
             # Held at once, so later lease extensions update this object.

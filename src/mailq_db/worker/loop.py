@@ -190,8 +190,10 @@ class Worker:
 
     def _prepare_lazy(self, mails: list[ClaimedMail]) -> list[ClaimedMail]:
         """Render template mail and generate lazy attachments (worker/lazy.py),
-        before any login; a mail whose content cannot be made is stopped with
-        the reason (what and where), so a fixed template + RequeueMail sends it."""
+        before any login.  A mail whose content cannot be made is stopped with
+        the reason (what and where), so a fixed template + RequeueMail sends it;
+        one whose generator raised, or failed in a way not foreseen, is deferred
+        (Retry).  Either way the rest of the batch goes on."""
         ready: list[ClaimedMail] = []
         for mail in mails:
             if not needs_preparing(mail):

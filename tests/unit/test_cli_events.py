@@ -107,3 +107,31 @@ def test_app_in_another_case_prints_the_events_the_procedure_returned(monkeypatc
     pages[:] = [[event(1, app="shop")]]
     assert cli.main(["events", "--mail", "101", "--app", "billing"]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_a_failed_print_is_not_passed_by_the_resume_cursor(monkeypatch, capsys):
+    """The cursor was moved before the event was printed, so a print that
+    failed (a closed pipe) was skipped by "resume with --after N"."""
+    class Conn:
+        def close(self):
+            pass
+
+    pages = [[event(1), event(2)]]
+    monkeypatch.setattr(ev, "connect", lambda db: Conn())
+    monkeypatch.setattr(ev.procedures, "get_mail_events", lambda conn, **kw: pages.pop(0) if pages else [])
+    printed = []
+
+    def fragile_print(text, file=None, **kw):
+        if file is not None:  # the command's own messages on stderr
+            file.write(text + "\n")
+            return
+        if printed:
+            raise BrokenPipeError("reader went away")
+        printed.append(text)
+
+    # events.py's own name `print` shadows the builtin there only
+    monkeypatch.setattr(ev, "print", fragile_print, raising=False)
+    with pytest.raises(BrokenPipeError):
+        cli.main(["events", "--app", "billing"])
+    assert len(printed) == 1
+    assert "resume with --after 1" in capsys.readouterr().err

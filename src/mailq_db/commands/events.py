@@ -133,14 +133,15 @@ def run(args) -> int:
     try:
         for event in stream(fetch, after=args.after, batch=args.batch, follow=args.follow,
                             interval=args.interval):
-            last = event.event_id
             # --mail with --app: that mail is another application's.  (--app alone is
             # filtered by the procedure, which compares names under the database's
             # collation, case-insensitive by default: 'Billing' finds 'billing'.)
-            if args.mail is not None and args.app is not None and \
-                    (event.app_name or "").casefold() != args.app.casefold():
-                continue
-            print(event_json(event) if args.json else format_event(event), flush=True)
+            if not (args.mail is not None and args.app is not None
+                    and (event.app_name or "").casefold() != args.app.casefold()):
+                print(event_json(event) if args.json else format_event(event), flush=True)
+            # The cursor moves only past what was printed (or filtered out): when
+            # printing fails (a closed pipe), "resume with --after" repeats that event.
+            last = event.event_id
     except KeyboardInterrupt:
         print(f"mailq-db events: stopped; resume with --after {last}", file=sys.stderr)
         return 0

@@ -922,7 +922,9 @@ class MailEvent:
         return self.event_type in TERMINAL_EVENT_TYPES
 
 
-#: Attempts of a read chosen as deadlock victim (error 1205) before it is raised.
+#: Attempts of a read that failed with a transient error keeping the session
+#: (deadlock victim 1205, lock timeout, Azure throttling: connection.keeps_session)
+#: before it is raised.
 READ_DEADLOCK_ATTEMPTS = 3
 
 
@@ -931,16 +933,19 @@ def _call_read_retrying_deadlocks(conn: Any, sql: str, params: Sequence[Any], *,
     """``_call`` for a read that may be chosen as deadlock victim (1205): a
     reader of mailq.GetMailEvents and a mailq.PurgeMail batch deleting the same
     events take their locks in opposite orders (docs/events.md).  The read is
-    repeated with the same cursor, at most READ_DEADLOCK_ATTEMPTS times, but
-    only on an autocommit connection: in a caller's transaction a deadlock
-    has rolled that whole transaction back, and only the caller may decide
-    what to do about it."""
+    repeated with the same cursor, at most READ_DEADLOCK_ATTEMPTS times, after
+    any transient error that keeps the session (the list of
+    :mod:`mailq_db.connection`), but only on an autocommit connection: in a
+    caller's transaction such an error has rolled that whole transaction back,
+    and only the caller may decide what to do about it."""
+    from .connection import keeps_session
+
     pause = time.sleep if sleep is None else sleep
     for attempt in range(1, READ_DEADLOCK_ATTEMPTS + 1):
         try:
             return _call(conn, sql, params)
         except DatabaseError as exc:
-            if exc.number != 1205 or attempt == READ_DEADLOCK_ATTEMPTS or not getattr(conn, "autocommit", False):
+            if not keeps_session(exc) or attempt == READ_DEADLOCK_ATTEMPTS or not getattr(conn, "autocommit", False):
                 raise
             pause(0.05 * attempt)
     raise AssertionError("unreachable")  # pragma: no cover

@@ -631,6 +631,13 @@ class Escalation:
         """True for a Wait that this object made out of repeated temporary failures."""
         return outcome.rule.startswith(cls.RULE_PREFIX)
 
+    def level(self, account: str) -> int | None:
+        """How many times in a row the account's Wait came back (0: the first);
+        None when nothing of the account is remembered."""
+        with self._lock:
+            state = self._accounts.get(account)
+            return None if state is None else state.level
+
     def success(self, account: str) -> None:
         """A mail of ``account`` was accepted: its Retry count and Wait level start over."""
         with self._lock:

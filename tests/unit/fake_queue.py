@@ -100,7 +100,8 @@ class FakeQueue:
         #: ClaimMail/ExtendLease report LeaseSecondsRemaining (False: a database that does not)
         self.report_seconds_remaining = report_seconds_remaining
         self.extend_fails = False
-        self.drops: dict[str, list[bool]] = {}  # procedure -> [committed?] of calls to drop
+        #: procedure -> [(committed?, error)] of the next calls to fail
+        self.drops: dict[str, list[tuple[bool, BaseException]]] = {}
         self.stats = QueueStats([], [], [], [])
         self.health: list[dict[str, Any]] = []
         #: applications in dry-run (mailq.Application.DryRun, revision 0015)
@@ -121,9 +122,15 @@ class FakeQueue:
     def drop_connection(self, procedure: str, *, committed: bool) -> None:
         """Make the next call of ``procedure`` fail as a dropped connection,
         after (committed=True) or before applying it."""
-        self.drops.setdefault(procedure, []).append(committed)
+        self.fail_next(procedure, ConnectionResetError(f"fake: connection dropped during {procedure}"),
+                       committed=committed)
 
-    def _record(self, name: str, kwargs: dict[str, Any]) -> bool | None:
+    def fail_next(self, procedure: str, error: BaseException, *, committed: bool = False) -> None:
+        """Make the next call of ``procedure`` raise ``error``, after (committed=True)
+        or before applying it (a deadlock victim, an Azure failover, ...)."""
+        self.drops.setdefault(procedure, []).append((committed, error))
+
+    def _record(self, name: str, kwargs: dict[str, Any]) -> tuple[bool, BaseException] | None:
         self.calls.append((name, kwargs))
         queue = self.drops.get(name)
         return queue.pop(0) if queue else None
@@ -148,11 +155,11 @@ class FakeQueue:
     def _apply(self, name: str, kwargs: dict[str, Any], fn: Any) -> Any:
         with self.lock:
             drop = self._record(name, kwargs)
-            if drop is False:
-                raise ConnectionResetError(f"fake: connection dropped before {name}")
+            if drop is not None and not drop[0]:
+                raise drop[1]
             result = fn()
-            if drop is True:
-                raise ConnectionResetError(f"fake: connection dropped after {name} committed")
+            if drop is not None:
+                raise drop[1]
             return result
 
     def expire_leases(self) -> None:

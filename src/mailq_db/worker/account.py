@@ -145,15 +145,20 @@ class AccountSender:
         except MalformedMail as exc:
             w.fail([mail], permanent(f"malformed mail: {exc}"))
             return None
-        done = {a.lower() for a, o in w.done_recipients.get(mail.id, {}).items() if o in ("Delivered", "Refused")}
-        if not done:
+        earlier = {a.lower(): o for a, o in w.done_recipients.get(mail.id, {}).items()
+                   if o in ("Delivered", "Refused")}
+        if not earlier:
             return out
-        left = tuple(r for r in out.recipients if r.lower() not in done)
+        left = tuple(r for r in out.recipients if r.lower() not in earlier)
         if left:
             event(log, logging.INFO, "sending to the recipients left from an earlier attempt",
-                  mail_id=mail.id, recipients=list(left), already=sorted(done))
+                  mail_id=mail.id, recipients=list(left), already=sorted(earlier))
             return replace(out, recipients=left)
-        w.ack(mail, None, "every recipient was handled in an earlier attempt")
+        if "Delivered" in earlier.values():
+            w.ack(mail, None, "every recipient was handled in an earlier attempt")
+        else:
+            w.fail([mail], Outcome(STOP, "every recipient was refused in an earlier attempt",
+                                   "recipients refused", None, None, "recipient"))
         return None
 
     def _dry_run(self, mail: ClaimedMail, out: Outgoing) -> None:
@@ -344,6 +349,7 @@ class AccountSender:
         if verdict is None:
             w.ack(mail, result.code or None, judged.text(result), recipients=outcomes)
         elif verdict.disposition == WAIT:
+            self._client_rejected(verdict)
             self._wait_all(mail, verdict, recipients=outcomes)  # the rest of the batch waits with it
             return None
         else:

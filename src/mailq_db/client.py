@@ -125,7 +125,7 @@ def as_event(row: Any) -> MailEvent:
     if isinstance(row, MailEvent):
         return row
     if isinstance(row, Mapping):
-        values = [row[c] if c in row else row.get(f) for c, f in zip(_COLUMNS, _FIELDS)]
+        values = [row[c] if c in row else row.get(f) for c, f in zip(_COLUMNS, _FIELDS, strict=True)]
     elif hasattr(row, "event_id"):
         values = [getattr(row, f, None) for f in _FIELDS]
     elif hasattr(row, "EventID"):  # a pyodbc Row: columns by name
@@ -136,6 +136,8 @@ def as_event(row: Any) -> MailEvent:
         values = list(row)[: len(_COLUMNS)]
         values += [None] * (len(_COLUMNS) - len(values))
     event_id, mail_id, app, kind, status, attempts, code, detail, at = values
+    if event_id is None or mail_id is None:
+        raise ValueError(f"an event row without EventID or MailID: {row!r}")
     return MailEvent(int(event_id), int(mail_id), app, str(kind), status, procedures._int_or_none(attempts),
                      procedures._int_or_none(code), detail, at)
 

@@ -618,7 +618,7 @@ class QueueStats:
 def _dicts(cursor: Any) -> list[dict[str, Any]]:
     rows = _rows(cursor)
     names = [d[0] for d in cursor.description] if cursor.description else []
-    return [dict(zip(names, row)) for row in rows]
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 def get_queue_stats(conn: Any, *, recent_failures: int | None = None) -> QueueStats:

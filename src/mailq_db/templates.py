@@ -391,7 +391,7 @@ def _filter_growth(name: str, value: Any, args: tuple[Any, ...], kwargs: dict[st
 
 def _guarded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` with the size of its result checked before it runs."""
-    passes = _PassArg.from_obj(func)  # type: ignore[arg-type]
+    passes = _PassArg.from_obj(func)
 
     @functools.wraps(func)
     def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -552,7 +552,7 @@ def _compile(part: str, source: str) -> Any:
         raise TemplateError("syntax", exc.message or str(exc), part=part, line=exc.lineno) from None
     except RecursionError:
         raise TemplateError("syntax", "the template is nested too deeply", part=part) from None
-    except Exception as exc:  # never a traceback
+    except Exception as exc:  # noqa: BLE001 - never a traceback
         raise TemplateError("syntax", f"{type(exc).__name__}: {exc}", part=part) from None
 
 
@@ -603,7 +603,7 @@ def _render_part(part: str, code: Any, model: Mapping[str, Any], limit: int, bud
                             line=_line_of(exc, part)) from None
     except MemoryError:
         raise TemplateError("limit", "out of memory while rendering", part=part) from None
-    except Exception as exc:  # never a traceback: the class and message only
+    except Exception as exc:  # noqa: BLE001 - never a traceback: the class and message only
         raise TemplateError("render", f"{type(exc).__name__}: {exc}", part=part, line=_line_of(exc, part)) from None
     return "".join(out)
 

@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         code = args.code
     if code is None:
         args.parser.error("the reply has no leading code (e.g. \"550 ...\"); give --code")
+        raise AssertionError("argparse's error() exits")  # pragma: no cover
     outcome = engine.classify_reply(code, text, args.stage, args.provider)
     rule = engine.TABLE.by_id(outcome.rule)
     provider = engine.resolve_provider(args.provider) if args.provider else None

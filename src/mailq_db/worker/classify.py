@@ -195,7 +195,7 @@ _STATUS_PATTERN = re.compile(r"^(x|[245])\.(\d{1,3})(?:\.(\d{1,3})(?:-(\d{1,3}))
 
 def _code_matches(pattern: str, code: int) -> bool:
     text = f"{code:03d}"
-    return len(text) == 3 and all(p in ("x", c) for p, c in zip(pattern, text))
+    return len(text) == 3 and all(p in ("x", c) for p, c in zip(pattern, text, strict=True))
 
 
 def _compile(where: str, key: str, pattern: Any) -> re.Pattern[str]:

@@ -31,6 +31,7 @@ What it guarantees (docs/guarantees.md, docs/operator-guide.md):
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -583,13 +584,20 @@ class Worker:
             if a.outcome is not None and a.recipients is None and not a.undecided:
                 groups.setdefault(a.outcome, []).append(a.mail_id)
         for outcome, ids in groups.items():
+            mark = functools.partial(self._mark_failed, outcome)
             for chunk in _chunks(ids):
-                done = self._apply(chunk, lambda c, o=outcome: self.db.call(
-                    self.procs.mark_failed, ids=c, lock_token=self.token, disposition=o.disposition,
-                    error=o.reason[:MAX_ERROR], retry_after_seconds=o.retry_after_seconds,
-                    smtp_code=o.smtp_code), self._lost)
+                done = self._apply(chunk, mark, self._lost)
                 self._written(done, {STOP: "failed", RETRY: "retried", WAIT: "waited"}[outcome.disposition],
                               outcome.smtp_code)
+
+    def _mark_failed(self, outcome: Outcome, ids: list[int]) -> None:
+        self.db.call(self.procs.mark_failed, ids=ids, lock_token=self.token, disposition=outcome.disposition,
+                     error=outcome.reason[:MAX_ERROR], retry_after_seconds=outcome.retry_after_seconds,
+                     smtp_code=outcome.smtp_code)
+
+    def _mark_sent(self, code: int | None, text: str | None, dry: bool, ids: list[int]) -> None:
+        self.db.call(self.procs.mark_sent, ids=ids, lock_token=self.token, smtp_code=code,
+                     smtp_text=text[:MAX_ERROR] if text else None, dry_run=dry)
 
     def _write_sent(self) -> None:
         # Every mail stores its own final reply (with the server's queue ID); mails
@@ -599,10 +607,9 @@ class Worker:
             if a.outcome is None and a.recipients is None:
                 groups.setdefault((a.code, a.text, a.dry_run), []).append(a.mail_id)
         for (code, text, dry), ids in groups.items():
+            mark = functools.partial(self._mark_sent, code, text, dry)
             for chunk in _chunks(ids):
-                done = self._apply(chunk, lambda c, code=code, text=text, dry=dry: self.db.call(
-                    self.procs.mark_sent, ids=c, lock_token=self.token, smtp_code=code,
-                    smtp_text=text[:MAX_ERROR] if text else None, dry_run=dry), self._lost)
+                done = self._apply(chunk, mark, self._lost)
                 self._written(done, "sent", code)
                 if done:
                     event(log, logging.INFO, "acknowledged", count=len(done), ids=done, dry_run=dry)

@@ -106,7 +106,7 @@ class Metrics:
                     lines.append(f"{metric} {self.counts[name]}")
             metric = "mailq_worker_claim_seconds"
             lines += [f"# HELP {metric} ClaimMail latency", f"# TYPE {metric} histogram"]
-            for bound, count in zip(CLAIM_BUCKETS, self.claim_buckets):
+            for bound, count in zip(CLAIM_BUCKETS, self.claim_buckets, strict=True):
                 lines.append(f'{metric}_bucket{{le="{bound}"}} {count}')
             lines += [f'{metric}_bucket{{le="+Inf"}} {self.claim_count}',
                       f"{metric}_sum {self.claim_sum:.6f}", f"{metric}_count {self.claim_count}"]
@@ -115,8 +115,8 @@ class Metrics:
                       f"# TYPE {metric} histogram"]
             for account, h in sorted(self.send.items()):
                 a = _label(account)
-                for bound, count in zip(SEND_BUCKETS, h):
-                    lines.append(f'{metric}_bucket{{account="{a}",le="{bound}"}} {int(count)}')
+                for bound, seen in zip(SEND_BUCKETS, h[:len(SEND_BUCKETS)], strict=True):
+                    lines.append(f'{metric}_bucket{{account="{a}",le="{bound}"}} {int(seen)}')
                 lines += [f'{metric}_bucket{{account="{a}",le="+Inf"}} {int(h[-2])}',
                           f'{metric}_sum{{account="{a}"}} {h[-1]:.6f}', f'{metric}_count{{account="{a}"}} {int(h[-2])}']
             metric = "mailq_worker_blocked_accounts"

@@ -378,7 +378,7 @@ class SmtpSession:
         assert self.smtp is not None
         tx = _Transaction()
         self.stage = "rcpt"
-        for rcpt, cmd in zip(recipients, rcpt_cmds):
+        for rcpt, cmd in zip(recipients, rcpt_cmds, strict=True):
             if not pipelined:
                 self.smtp.send(cmd)
             code, text = self._reply()

@@ -2,7 +2,7 @@
 
 tests/corpus/replies.csv: the corpus the rules were tuned against (>= 95 % required).
 tests/corpus/heldout.csv: each batch written before the rules were changed for it, and never
-tuned against.  Its floor is the agreement measured when the last batch was added (88 %, see
+tuned against.  Its floor is the agreement measured when the last batch was added (87 %, see
 the file's header), so a rule change that loses held-out agreement fails here; the goal for
 an independent corpus is 90 %.  Both print their agreement and every disagreement (run with
 -s or -rP to see them when they pass).
@@ -55,7 +55,7 @@ def test_the_held_out_corpus_is_independent():
     assert not [r for r in load("heldout.csv") if (r["code"], r["text"]) in tuned]
 
 
-@pytest.mark.parametrize("name,required", [("replies.csv", 0.95), ("heldout.csv", 0.88)])
+@pytest.mark.parametrize("name,required", [("replies.csv", 0.95), ("heldout.csv", 0.87)])
 def test_agreement(name, required):
     rows = load(name)
     rate, misses = agreement(rows)

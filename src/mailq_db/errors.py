@@ -1,7 +1,7 @@
 """Exceptions raised by the Python layer, mapped from the THROW numbers of sql/.
 
 Every number is documented once in docs/errors.md; a static test checks that
-every number mapped here exists there.  Blocks (from DESIGN.md):
+every number mapped here exists there.  Blocks:
 
 * 50100-50199  mail-queue input            -> InvalidInputError
 * 50200-50299  mail state and fencing      -> MailStateError (LeaseLostError for fencing)

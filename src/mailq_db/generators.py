@@ -1,4 +1,4 @@
-"""Lazy attachments: content produced at send time by a named generator (issue 16, point 2).
+"""Lazy attachments: content produced at send time by a named generator.
 
 An attachment may name a *generator* instead of carrying its bytes: an entry
 point in the group ``mailq_db.attachment_generators`` that the worker's
@@ -18,7 +18,7 @@ the numbers mailq.EnqueueMail enforces).
 Built in: ``csv`` (:func:`csv_from_rows`), CSV from JSON rows.
 
 Every failure is an :class:`AttachmentError` naming the generator and what
-went wrong, never a traceback.  Wiring (second wave)::
+went wrong, never a traceback.  Use::
 
     att = generate_attachment("csv", row.arguments_json, file_name=row.file_name)
     check_attachments([*stored, att])     # the per-mail limits

@@ -152,7 +152,7 @@ class Worker:
         self._acks_since = 0.0
         self._stopping_since: float | None = None
         self._finalized_at = float("-inf")  # maybe_finalize: never yet
-        #: set when the database has no mailq.AcquireLoginSlot (below revision 0012)
+        #: set when the database has no mailq.AcquireLoginSlot (older than this worker)
         self._no_login_slots = False
         #: mail ID -> {address: outcome} of recipients handled in earlier attempts
         self.done_recipients: dict[int, dict[str, str]] = {}

@@ -17,18 +17,12 @@ import os
 import re
 import socket
 import ssl
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 from ..errors import ConfigurationError
-from .classify import EscalationPolicy, resolve_provider
+from .classify import EscalationPolicy, resolve_provider, tomllib  # one TOML import for Python 3.10 and 3.11+
 
 TLS_MODES = ("starttls", "implicit", "none")
 #: The generators every application may call when the configuration names none

@@ -230,7 +230,8 @@ class SmtpSession:
         mechanism = next((m for m in AUTH_MECHANISMS if m in offered), None)
         if mechanism is None:
             raise SetupError(f"{a.host} offers AUTH {' '.join(offered)}, not {' or '.join(AUTH_MECHANISMS)}")
-        code, reply = self._auth_plain() if mechanism == "PLAIN" else self._auth_login()
+        # one method per mechanism: _auth_plain, _auth_login (a mechanism plugs in the same way)
+        code, reply = getattr(self, f"_auth_{mechanism.lower()}")()
         if code not in (235, 503):  # 503: already authenticated
             raise smtplib.SMTPAuthenticationError(code, reply)
         self._step("AUTH", f"logged in as {a.user} (one attempt) with {mechanism}")

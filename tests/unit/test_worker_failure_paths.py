@@ -92,8 +92,11 @@ def test_an_acknowledgement_the_database_refuses_is_left_to_lease_expiry_and_fla
     assert sorted(r.mailq_fields["mail_id"] for r in warned) == [1, 2]  # one line per mail
     queue.refuse = False
     queue.expire_leases()
-    make_worker(queue, {"default": account_for(sink)}).run(once=True)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mailq_db.worker"):
+        make_worker(queue, {"default": account_for(sink)}).run(once=True)
     assert queue.statuses() == {1: "Sent", 2: "Sent"}
+    assert len([r for r in caplog.records if "PossibleDuplicate" in r.getMessage()]) == 2  # said at the claim
     assert all(queue.rows[i].possible_duplicate for i in (1, 2))  # the reclaim flagged them
     assert len(sink.messages) == 4  # the duplicates the flag announces
 

@@ -239,6 +239,10 @@ class Worker:
         for m in mails:
             self.held[m.id] = m
             self.leases[m.id] = started + self._granted(getattr(m, "lease_seconds_remaining", None))
+            if m.possible_duplicate:
+                event(log, logging.WARNING, "claimed a mail whose earlier lease ran out (PossibleDuplicate): "
+                      "a copy may already have reached its recipients", mail_id=m.id, message_id=m.message_id,
+                      attempt_no=m.attempt_no)
         return mails
 
     def _granted(self, seconds_remaining: int | None) -> float:

@@ -14,7 +14,7 @@ Freeze the current sql/ files into Alembic revisions (run in a checkout).
 
 examples:
   mailq-db dev new-revision -m "add mailq.GetQueueStats"
-  mailq-db dev refreeze            re-freeze the unreleased head revision
+  mailq-db dev refreeze            re-freeze the unreleased head revision (the baseline: all of sql/)
   mailq-db dev status              list the files that differ from their frozen copy
   mailq-db dev mark-generated      add the generated-copy marker to every frozen file
   mailq-db dev release             mark the head revision released (never refrozen)
@@ -142,10 +142,15 @@ def new_revision(args) -> int:
     from alembic import command
 
     root = _checkout()
+    head = d.head_revision(root)
+    if head is not None and head not in d.released(root):
+        raise ConfigurationError(
+            f"revision {head} is not released: until it is, a change to sql/ edits it in place "
+            "(mailq-db dev refreeze; docs/CONVENTIONS.md). A new revision follows a released one "
+            "(mailq-db dev release).")
     files = changed_files(root, paths=args.paths)
     if not files:
         raise ConfigurationError("nothing to freeze: every sql/ file equals its newest frozen copy")
-    head = d.head_revision(root)
     revision = f"{int(head or 0) + 1:04d}"
     _freeze(root, revision, files)
     command.revision(d.alembic_config(root), message=args.message, rev_id=revision)
@@ -161,11 +166,40 @@ def refreeze(args) -> int:
     if head in d.released(root):
         raise ConfigurationError(f"revision {head} is released (alembic/frozen/RELEASED); "
                                  "make a new revision instead")
-    files = changed_files(root, before=head, paths=args.paths or _frozen_prefixes(root, head))
+    paths = list(getattr(args, "paths", None) or [])
+    if d.revisions(root)[0] == head:
+        return refreeze_baseline(root, head, paths)
+    files = changed_files(root, before=head, paths=paths or _frozen_prefixes(root, head))
     if not files:
         raise ConfigurationError(f"revision {head} would freeze nothing; delete it instead")
     _freeze(root, head, files)
     print(f"revision {head}: re-froze {len(files)} file(s)")
+    return 0
+
+
+def refreeze_baseline(root: Path, head: str, paths: list[str]) -> int:
+    """The baseline (the first revision) freezes every file of sql/BuildOrder.txt
+    in its order: files added to or removed from sql/ come and go with it."""
+    if paths:
+        raise ConfigurationError(f"revision {head} is the baseline: it freezes every file of "
+                                 "sql/BuildOrder.txt; run mailq-db dev refreeze without paths")
+    order = check_build_order(root)
+    upgrades = [rel for rel in order if rel.startswith("upgrades/")]
+    if upgrades:
+        raise ConfigurationError(
+            f"{upgrades[0]}: the baseline creates every table in its final shape; change the table's "
+            "file under sql/tables/ (or sql/broker/) instead. sql/upgrades/ serves revisions after "
+            "the baseline is released.")
+    current = d.revision_files(head, root) if (d.frozen_dir(root) / head / "FILES").is_file() else []
+    same = current == order and all(
+        d.frozen_text(head, rel, root) == (d.sql_dir(root) / rel).read_text(encoding="utf-8") for rel in order)
+    if same and d.manifest_problems(root) == []:
+        print(f"revision {head}: up to date ({len(order)} files)")
+        return 0
+    _freeze(root, head, order)
+    added, removed = sorted(set(order) - set(current)), sorted(set(current) - set(order))
+    print(f"revision {head}: re-froze the baseline ({len(order)} files; "
+          f"{len(added)} added, {len(removed)} removed)")
     return 0
 
 
@@ -205,6 +239,9 @@ def mark_generated(args) -> int:
     for rel in marked:
         print(f"marked {rel}")
     print(f"{len(marked)} frozen file(s) marked; {d.manifest_path(root).relative_to(root)} rewritten")
+    return 0
+
+
 def release(args) -> int:
     root = _checkout()
     wanted = list(getattr(args, "revisions", None) or [d.head_revision(root)])

@@ -19,7 +19,13 @@ Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
              50133 @Disposition unknown; 50134 @RetryAfterSeconds out of range;
              50139 @Error missing; 50147 @SmtpCode out of range.
-Transaction: joins the caller's via a savepoint, else opens its own.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
+             or rolls back the caller's transaction, so the caller must roll back.
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.MailEvent (insert), then mailq.SendingAccount (Wait only).
 Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
                  @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
 */
@@ -34,6 +40,7 @@ CREATE OR ALTER PROCEDURE mailq.MarkFailed
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     IF @Disposition IS NULL OR @Disposition NOT IN (N'Retry', N'Wait', N'Stop')
@@ -60,14 +67,15 @@ BEGIN
         ID BIGINT NOT NULL PRIMARY KEY,
         AttemptNo INT NOT NULL,
         AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
         Status NVARCHAR(16) NOT NULL,
         NextAttemptUtc DATETIME2(3) NULL
     );
 
-    DECLARE @TranCount INT = @@TRANCOUNT;
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @TranCount = 0 BEGIN TRANSACTION;
-        ELSE SAVE TRANSACTION MarkFailed;
+        IF @OwnTran = 1 BEGIN TRANSACTION;
 
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
 
@@ -75,6 +83,7 @@ BEGIN
             SELECT
                 q.ID,
                 q.AccountName,
+                q.AppName,
                 q.Status,
                 q.ThreadLock,
                 q.VisibleAtUtc,
@@ -98,12 +107,13 @@ BEGIN
                                 q.AttemptCount >= 8, 3600,
                                 30 * POWER(2, IIF(q.AttemptCount < 1, 0, q.AttemptCount - 1))
                             )
-                            * (800 + ABS(CHECKSUM(NEWID())) % 401) AS INT
+                            -- modulo before ABS: ABS(-2147483648) would overflow
+                            * (800 + ABS(CHECKSUM(NEWID()) % 401)) AS INT
                         ),
                         @Now
                     )
                 END AS RetryAtUtc
-            FROM mailq.MailQueue AS q
+            FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
             INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
             WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
         )
@@ -121,9 +131,10 @@ BEGIN
             inserted.ID,
             inserted.AttemptCount,
             inserted.AccountName,
+            inserted.AppName,
             inserted.Status,
             IIF(inserted.Status = N'UnSent', inserted.VisibleAtUtc, NULL)
-        INTO @Acked (ID, AttemptNo, AccountName, Status, NextAttemptUtc)
+        INTO @Acked (ID, AttemptNo, AccountName, AppName, Status, NextAttemptUtc)
         FROM Outcome AS o;
 
         UPDATE t
@@ -132,8 +143,26 @@ BEGIN
             t.Outcome = @Disposition,
             t.SmtpCode = @SmtpCode,
             t.ErrorText = @Error
-        FROM mailq.MailAttempt AS t
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
+
+        -- One event per mail, in this transaction (docs/events.md): Wait ->
+        -- AccountWaiting; UnSent again -> RetryScheduled; else Failed.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            a.ID,
+            a.AppName,
+            CASE
+                WHEN @Disposition = N'Wait' THEN N'AccountWaiting'
+                WHEN a.Status = N'UnSent' THEN N'RetryScheduled'
+                ELSE N'Failed'
+            END,
+            a.Status,
+            a.AttemptNo,
+            @SmtpCode,
+            @Error,
+            @Now
+        FROM @Acked AS a;
 
         IF @Disposition = N'Wait'
             UPDATE s
@@ -143,13 +172,12 @@ BEGIN
             FROM mailq.SendingAccount AS s
             WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
 
-        IF @TranCount = 0 COMMIT TRANSACTION;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
-            ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION MarkFailed;
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
 

@@ -2,6 +2,8 @@
 /*
 Grants of role MailqSender (sender workers): claim, extend, release and
 acknowledge mail, and read the installation health for `mailq-db doctor`.
+No grant on mailq.EnqueueMail: a worker's login cannot enqueue (issue 10,
+point 10; tests/integration/test_mailq_roles.py).
 */
 GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqSender;
@@ -9,3 +11,4 @@ GRANT EXECUTE ON OBJECT::mailq.ReleaseMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.MarkSent TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqSender;
+GRANT EXECUTE ON OBJECT::mailq.AcquireLoginSlot TO MailqSender;

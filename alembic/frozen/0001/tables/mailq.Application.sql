@@ -4,6 +4,9 @@ mailq.Application: application names a mail may carry (TinyMail's "multiple
 applications compete or are isolated").  A worker started with @AppName
 claims only that application's mail (isolated); a worker with @AppName NULL
 claims every mail (competing).
+DryRun (revision 0015, sql/upgrades/mailq.0015.Application.sql): 1 = the
+application's mails go the whole path (claim, lease, acknowledgement) and are
+recorded as DryRun, reaching no server; set by mailq.UpsertApplication.
 */
 IF OBJECT_ID(N'mailq.Application', N'U') IS NULL
 BEGIN
@@ -12,6 +15,7 @@ BEGIN
         Description NVARCHAR(400) NULL,
         CreatedAtUtc DATETIME2(3) NOT NULL
         CONSTRAINT DF_Application_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        DryRun BIT NOT NULL CONSTRAINT DF_Application_DryRun DEFAULT (0),
         CONSTRAINT PK_Application PRIMARY KEY CLUSTERED (AppName)
     );
 END;

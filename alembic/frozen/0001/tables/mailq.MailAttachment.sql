@@ -3,6 +3,11 @@
 mailq.MailAttachment: attachments of a mail, in order.  Size limits (also
 checked, with a numbered error, by mailq.EnqueueMail): 10 MiB per attachment,
 25 MiB per mail, 10 attachments per mail.  FileName is a bare name (no path).
+Lazy attachments (revision 0016, sql/upgrades/mailq.0016.MailAttachment.sql):
+a row holds Content, or names a Generator (an entry point of the group
+mailq_db.attachment_generators) with GeneratorArgs (a JSON object), never
+both; the worker generates the content at send time and holds it to the same
+limits (docs/templates.md).
 */
 IF OBJECT_ID(N'mailq.MailAttachment', N'U') IS NULL
 BEGIN
@@ -12,7 +17,9 @@ BEGIN
         FileName NVARCHAR(255) NOT NULL,
         ContentType NVARCHAR(255) NOT NULL
         CONSTRAINT DF_MailAttachment_ContentType DEFAULT (N'application/octet-stream'),
-        Content VARBINARY(MAX) NOT NULL,
+        Content VARBINARY(MAX) NULL,
+        Generator NVARCHAR(128) NULL,
+        GeneratorArgs NVARCHAR(MAX) NULL,
         CONSTRAINT PK_MailAttachment PRIMARY KEY CLUSTERED (MailID, AttachmentNo),
         CONSTRAINT FK_MailAttachment_MailQueue FOREIGN KEY (MailID)
         REFERENCES mailq.MailQueue (ID),
@@ -20,6 +27,15 @@ BEGIN
         CONSTRAINT CK_MailAttachment_No CHECK (AttachmentNo BETWEEN 1 AND 10),
         CONSTRAINT CK_MailAttachment_FileName CHECK (
             LEN(FileName) > 0 AND FileName NOT LIKE N'%[/\:]%'
+        ),
+        CONSTRAINT CK_MailAttachment_Source CHECK (
+            (Content IS NOT NULL AND Generator IS NULL AND GeneratorArgs IS NULL)
+            OR (
+                Content IS NULL AND Generator IS NOT NULL AND LEN(Generator) > 0
+                AND (GeneratorArgs IS NULL OR ISJSON(GeneratorArgs) = 1)
+            )
         )
     );
+    -- Dynamic SQL: sqlfluff's tsql dialect does not parse SET (LOCK_ESCALATION = ...).
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.MailAttachment SET (LOCK_ESCALATION = DISABLE);';
 END;

@@ -5,6 +5,8 @@ mailq.ClaimMail, closed by the acknowledgement (MarkSent, MarkFailed,
 ReleaseMail) or, when an expired lease is reclaimed, by the next ClaimMail
 with Outcome = 'Abandoned'.
 Outcome: Sent, DryRun, Retry, Wait, Stop, Released, Abandoned; NULL while open.
+TemplateVersion (revision 0016): the template version this attempt rendered,
+set by mailq.ClaimMail when it opens the attempt; NULL for ordinary mail.
 */
 IF OBJECT_ID(N'mailq.MailAttempt', N'U') IS NULL
 BEGIN
@@ -18,6 +20,7 @@ BEGIN
         Outcome NVARCHAR(16) NULL,
         SmtpCode INT NULL,
         ErrorText NVARCHAR(4000) NULL,
+        TemplateVersion INT NULL,
         CONSTRAINT PK_MailAttempt PRIMARY KEY CLUSTERED (MailID, AttemptNo),
         CONSTRAINT FK_MailAttempt_MailQueue FOREIGN KEY (MailID)
         REFERENCES mailq.MailQueue (ID),

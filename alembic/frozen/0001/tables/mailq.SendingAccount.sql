@@ -9,6 +9,13 @@ configuration maps AccountName to them.
         throttling or account lock); no mail of the account is claimed before it.
     IsDefault        the account EnqueueMail uses when @AccountName is NULL
         (at most one, enforced by UX_SendingAccount_IsDefault).
+    MinLoginIntervalMs  revision 0012 (TinyMail 8C.5): the least time between
+        two SMTP connections/logins on the account, across every worker on
+        every machine; NULL = no interval.  Set by UpsertSendingAccount.
+    LastLoginAtUtc   when a worker was last granted a login by
+        mailq.AcquireLoginSlot (the server's clock); NULL = never.
+    Existing databases get both columns from
+    sql/upgrades/mailq.0012.SendingAccount.sql.
 */
 IF OBJECT_ID(N'mailq.SendingAccount', N'U') IS NULL
 BEGIN
@@ -22,6 +29,8 @@ BEGIN
         BlockedUntilUtc DATETIME2(3) NULL,
         BlockReason NVARCHAR(4000) NULL,
         IsDefault BIT NOT NULL CONSTRAINT DF_SendingAccount_IsDefault DEFAULT (0),
+        MinLoginIntervalMs INT NULL,
+        LastLoginAtUtc DATETIME2(3) NULL,
         CreatedAtUtc DATETIME2(3) NOT NULL
         CONSTRAINT DF_SendingAccount_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
         CONSTRAINT PK_SendingAccount PRIMARY KEY CLUSTERED (AccountName),
@@ -29,6 +38,9 @@ BEGIN
             (PerMinuteLimit IS NULL OR PerMinuteLimit > 0)
             AND (PerHourLimit IS NULL OR PerHourLimit > 0)
             AND (PerDayLimit IS NULL OR PerDayLimit > 0)
+        ),
+        CONSTRAINT CK_SendingAccount_LoginInterval CHECK (
+            MinLoginIntervalMs IS NULL OR MinLoginIntervalMs BETWEEN 1 AND 86400000
         )
     );
 END;

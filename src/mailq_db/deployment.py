@@ -1056,7 +1056,7 @@ def drop_column(table: str, column: str) -> Callable[[], list[str]]:
             "    IF @Values > 0\n"
             "    BEGIN\n"
             f"        SET @Msg = CONCAT(N'This downgrade would drop column {t}.{c}, which holds ', @Values,\n"
-            "            N' value(s). Nothing was changed. Back them up and run the downgrade with -x drop_data=yes, '\n"
+            "            N' value(s). Nothing was changed. Back them up and run the downgrade with -x drop_data=yes, ',\n"
             "            N'or set them to NULL first.');\n"
             "        THROW 50422, @Msg, 1;\n"
             "    END;\n"

@@ -253,7 +253,13 @@ def machinery_batches() -> dict[str, str]:
         "readers 7": d.readers_batch(seven),
         "checksums": d.checksum_batch({"a.sql": "0001"}, {"a.sql": "x"}, "0001", delete=False),
         "schema": d.guarded_schema(d.statement_text(d.frozen_text("0001", "schemas/mailq.sql", ROOT))),
+        "header guard": d.HEADER_GUARD, "done": d.DONE_MESSAGE,
+        "data check": d.data_loss_check("0001", [d.DroppedTable("mailq.T"), d.DroppedTable(
+            "dbo.P", "EXISTS (SELECT 1 FROM x.I AS i WHERE i.Item = N'dbo.P')", "x.I")]),
+        "seed restore": d.seed_restore("0001"),
     })
+    out.update({f"drop column {i}": b for i, b in enumerate(d.drop_column("mailq.T", "Note")())})
+    out.update({f"seed check {i}": b for i, b in enumerate(d.seed_checks("disable-triggers", "0001"))})
     return out
 
 
@@ -410,3 +416,23 @@ def test_alembic_itself_refuses_a_range_that_renders_nothing():
     with pytest.raises(ConfigurationError, match="renders no revision"):
         render_into(out, "upgrade", "0001:base")
     assert out.getvalue() == ""
+
+
+def test_every_batch_the_deployment_adds_parses_with_microsofts_parser(tmp_path):
+    """ScriptDom (TSql150Parser), stricter than sqlfluff: e.g. two adjacent
+    string literals without a comma are a syntax error there."""
+    import os
+
+    from mailq_db.devtools import tsqlcheck as t
+
+    _, reason = t.tool_or_reason(ROOT)
+    if reason is not None:
+        if os.environ.get(t.REQUIRE_ENV) == "1":
+            pytest.fail(f"{t.REQUIRE_ENV}=1 but: {reason}")
+        pytest.skip(reason)
+    paths = {}
+    for i, (name, sql) in enumerate(sorted(machinery_batches().items())):
+        paths[name] = tmp_path / f"b{i}.sql"
+        paths[name].write_text(sql + "\nGO\n", encoding="utf-8")
+    parsed = t.parse(list(paths.values()), ROOT)
+    assert {name: parsed[str(path)] for name, path in paths.items() if parsed[str(path)]} == {}

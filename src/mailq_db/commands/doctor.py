@@ -23,7 +23,7 @@ Exit status: 0 when every check is OK (warnings allowed unless --strict),
 
 examples:
   mailq-db doctor
-  mailq-db doctor --db "mssql+pyodbc://worker:pw@sql1/mail?driver=ODBC+Driver+18+for+SQL+Server"
+  mailq-db doctor --db "mssql+pyodbc://sql1/mail?driver=ODBC+Driver+18+for+SQL+Server"   (integrated login)
   mailq-db doctor --strict      # warnings count as problems too (for monitoring)
 """
 
@@ -260,7 +260,7 @@ def run(args) -> int:
             url = connection.resolve_url(args.db)
         except MailqError as exc:
             checks.append(Check("Server", "Connectivity", "FAIL", str(exc),
-                                "set MAILQ_DB_URL or pass --db mssql+pyodbc://user:password@host:port/database"))
+                                "set MAILQ_DB_URL (mssql+pyodbc://user:password@host:port/database; keep a password out of --db)"))
         else:
             checks += server_checks(url)
     print(render(checks))

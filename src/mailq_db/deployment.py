@@ -657,9 +657,10 @@ def guard_batch(revision: str) -> str:
     does not cover) roll it back, and once the revision's transaction is gone,
     stop executing the rest of the script (SET NOEXEC ON).  SSDT's pattern
     (``IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK``), for runs where ``:on
-    error exit`` did not stop; RAISERROR so that SET NOEXEC ON still runs."""
+    error exit`` did not stop; RAISERROR so that SET NOEXEC ON still runs.
+    One line: it follows every batch, and a reader learns it once."""
     return (
-        "IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;\n"
+        "IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; "
         f"IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision {revision} failed and was rolled back; "
         "the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END"
     )

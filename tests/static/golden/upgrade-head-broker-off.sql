@@ -107,8 +107,7 @@ BEGIN
     SET NOEXEC ON;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);
 IF OBJECT_ID(N'dbo.mailq_alembic_version', N'U') IS NOT NULL
@@ -128,8 +127,7 @@ BEGIN
     THROW 50410, @Msg, 1;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 DECLARE @Stored NVARCHAR(400), @Msg NVARCHAR(2048);
 SELECT @Stored = Value FROM dbo.mailq_deployment_option WHERE Name = N'broker';
@@ -142,16 +140,14 @@ UPDATE dbo.mailq_deployment_option SET Value = N'off', ChangedAtUtc = SYSUTCDATE
 IF NOT EXISTS (SELECT 1 FROM dbo.mailq_deployment_option WHERE Name = N'broker')
     INSERT INTO dbo.mailq_deployment_option (Name, Value) VALUES (N'broker', N'off');
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Deployment pre-check (runs first in revision 0001; creates nothing).
-Stops the deployment with a numbered error when the server or database
-cannot run mailq-db:
+Deployment pre-check (the baseline's first file; creates nothing).  Stops the
+deployment when the server or database cannot run mailq-db:
     50402  database compatibility level below 130 (OPENJSON, STRING_SPLIT)
     50403  SQL Server older than 2019 (major version 15) outside Azure
-The fix is printed in the message; this script never changes the database.
+The message says what to do; this script never changes the database.
 */
 DECLARE @CompatibilityLevel INT = (
     SELECT d.compatibility_level
@@ -184,21 +180,17 @@ BEGIN
     THROW 50403, @Msg, 1;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Schema mailq: every object of the mail queue.  Owned by dbo so that
-ownership chaining lets the procedures read and write the tables for callers
-that hold only EXECUTE (see sql/security/).
-CREATE SCHEMA must be alone in its batch, so it cannot sit under an IF;
-Alembic runs this batch once, in revision 0001.
+Schema mailq: every object of the mail queue.  Owned by dbo, so ownership
+chaining lets the procedures use the tables for callers that hold only
+EXECUTE (sql/security/).  Sent as IF SCHEMA_ID(...) IS NULL EXEC (...).
 */
 IF SCHEMA_ID(N'mailq') IS NULL
     EXEC (N'CREATE SCHEMA mailq AUTHORIZATION dbo');
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 Role MailqEnqueuer: may only enqueue mail (EXECUTE mailq.EnqueueMail).
@@ -208,8 +200,7 @@ chaining (every mailq object is owned by dbo).
 IF DATABASE_PRINCIPAL_ID(N'MailqEnqueuer') IS NULL
     CREATE ROLE MailqEnqueuer AUTHORIZATION dbo;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 Role MailqSender: sender workers: claim, extend, release and acknowledge mail, read health.
@@ -219,8 +210,7 @@ chaining (every mailq object is owned by dbo).
 IF DATABASE_PRINCIPAL_ID(N'MailqSender') IS NULL
     CREATE ROLE MailqSender AUTHORIZATION dbo;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 Role MailqAdmin: administration: every mailq procedure (requeue, cancel, purge, accounts, stats).
@@ -230,8 +220,7 @@ chaining (every mailq object is owned by dbo).
 IF DATABASE_PRINCIPAL_ID(N'MailqAdmin') IS NULL
     CREATE ROLE MailqAdmin AUTHORIZATION dbo;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 Role MailqDelayCaller: may only call dbo.InitiateDelayExecution and dbo.CancelDelayExecution (grants in sql/broker/).
@@ -241,26 +230,20 @@ chaining (every mailq object is owned by dbo).
 IF DATABASE_PRINCIPAL_ID(N'MailqDelayCaller') IS NULL
     CREATE ROLE MailqDelayCaller AUTHORIZATION dbo;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SendingAccount: one row per sending account (TinyMail's "multiple
-accounts").  SMTP host and credentials never live here: the worker's
-configuration maps AccountName to them.
+mailq.SendingAccount: one row per sending account.  SMTP host and credentials
+never live here: the worker's configuration maps AccountName to them.
     PerMinuteLimit / PerHourLimit / PerDayLimit  NULL = unlimited; enforced at
-        claim time across every worker (see mailq.RateBudget, mailq.ClaimMail).
-    BlockedUntilUtc  set by MarkFailed @Disposition = 'Wait' (provider
-        throttling or account lock); no mail of the account is claimed before it.
+        claim time across every worker (mailq.RateBudget, mailq.ClaimMail).
+    BlockedUntilUtc  set by MarkFailed @Disposition = 'Wait'; no mail of the
+        account is claimed before it.
     IsDefault        the account EnqueueMail uses when @AccountName is NULL
-        (at most one, enforced by UX_SendingAccount_IsDefault).
-    MinLoginIntervalMs  revision 0012 (TinyMail 8C.5): the least time between
-        two SMTP connections/logins on the account, across every worker on
-        every machine; NULL = no interval.  Set by UpsertSendingAccount.
-    LastLoginAtUtc   when a worker was last granted a login by
-        mailq.AcquireLoginSlot (the server's clock); NULL = never.
-    Existing databases get both columns from
-    sql/upgrades/mailq.0012.SendingAccount.sql.
+        (at most one: UX_SendingAccount_IsDefault).
+    MinLoginIntervalMs  least time between two SMTP logins on the account
+        across every worker; NULL = none.  LastLoginAtUtc: the last login
+        mailq.AcquireLoginSlot granted (server clock).
 */
 IF OBJECT_ID(N'mailq.SendingAccount', N'U') IS NULL
 BEGIN
@@ -290,8 +273,7 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.RateBudget: the rate budget of each sending account, in fixed UTC
@@ -322,17 +304,15 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.Application: application names a mail may carry (TinyMail's "multiple
-applications compete or are isolated").  A worker started with @AppName
-claims only that application's mail (isolated); a worker with @AppName NULL
-claims every mail (competing).
-DryRun (revision 0015, sql/upgrades/mailq.0015.Application.sql): 1 = the
-application's mails go the whole path (claim, lease, acknowledgement) and are
-recorded as DryRun, reaching no server; set by mailq.UpsertApplication.
+mailq.Application: application names a mail may carry.  A worker started with
+@AppName claims only that application's mail (isolated); one with @AppName
+NULL claims every mail (competing).
+DryRun: 1 = the application's mails go the whole path (claim, lease,
+acknowledgement) and are recorded as DryRun, reaching no server
+(mailq.UpsertApplication @DryRun; docs/run-modes.md).
 */
 IF OBJECT_ID(N'mailq.Application', N'U') IS NULL
 BEGIN
@@ -346,8 +326,7 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.MailQueue: one row per mail (docs/dba-guide.md, "Tables").
@@ -441,18 +420,16 @@ BEGIN
     EXEC sys.sp_executesql N'ALTER TABLE mailq.MailQueue SET (LOCK_ESCALATION = DISABLE);';
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailAttachment: attachments of a mail, in order.  Size limits (also
-checked, with a numbered error, by mailq.EnqueueMail): 10 MiB per attachment,
-25 MiB per mail, 10 attachments per mail.  FileName is a bare name (no path).
-Lazy attachments (revision 0016, sql/upgrades/mailq.0016.MailAttachment.sql):
-a row holds Content, or names a Generator (an entry point of the group
-mailq_db.attachment_generators) with GeneratorArgs (a JSON object), never
-both; the worker generates the content at send time and holds it to the same
-limits (docs/templates.md).
+mailq.MailAttachment: attachments of a mail, in order.  Limits (also checked
+with numbered errors by mailq.EnqueueMail): 10 MiB per attachment, 25 MiB per
+mail, 10 per mail; FileName is a bare name.  A row holds Content, or names a
+Generator (an entry point of mailq_db.attachment_generators) with
+GeneratorArgs (a JSON object), never both; the worker generates the content
+at send time under the same limits (docs/templates.md).
+LOCK_ESCALATION = DISABLE (docs/dba-guide.md, section 7).
 */
 IF OBJECT_ID(N'mailq.MailAttachment', N'U') IS NULL
 BEGIN
@@ -485,8 +462,7 @@ BEGIN
     EXEC sys.sp_executesql N'ALTER TABLE mailq.MailAttachment SET (LOCK_ESCALATION = DISABLE);';
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.MailAttempt: one row per attempt to send a mail.  Opened by
@@ -494,8 +470,7 @@ mailq.ClaimMail, closed by the acknowledgement (MarkSent, MarkFailed,
 ReleaseMail) or, when an expired lease is reclaimed, by the next ClaimMail
 with Outcome = 'Abandoned'.
 Outcome: Sent, DryRun, Retry, Wait, Stop, Released, Abandoned; NULL while open.
-TemplateVersion (revision 0016): the template version this attempt rendered,
-set by mailq.ClaimMail when it opens the attempt; NULL for ordinary mail.
+TemplateVersion: the template version the attempt rendered (NULL for ordinary mail).
 */
 IF OBJECT_ID(N'mailq.MailAttempt', N'U') IS NULL
 BEGIN
@@ -520,17 +495,12 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ApplicationAccount: the sending accounts each application may send
-through (issue 10, point 10).  mailq.EnqueueMail refuses a mail whose
-@AppName is not bound to its account (error 50160).  Rows are written by
-mailq.BindApplication and mailq.UnbindApplication (MailqAdmin only).
-Revision 0007 seeded one row per (application, account) pair found in the
-queue, and bound applications without mail to every account that existed,
-so that applications kept working through the upgrade.
+through; mailq.EnqueueMail refuses another (50160).  Written by
+mailq.BindApplication and mailq.UnbindApplication (MailqAdmin).
 */
 IF OBJECT_ID(N'mailq.ApplicationAccount', N'U') IS NULL
 BEGIN
@@ -547,19 +517,14 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ApplicationFrom: the From addresses and domains each application may
-send as (issue 10, point 10).  FromPattern is either one address
-('billing@example.com') or a domain written '@example.com' (that exact
-domain, not its subdomains), stored in lower case under a binary collation:
-mailq.EnqueueMail lowers the From address and compares, so the match is
-case-insensitive whatever the database collation (error 50161 otherwise).
-Rows are written by mailq.BindApplication and mailq.UnbindApplication.
-Revision 0007 seeded the From addresses found in the queue per application,
-and each account's DefaultFromAddress for applications without mail.
+send as.  FromPattern is one address ('billing@example.com') or a domain
+('@example.com': that domain, not its subdomains), stored in lower case under
+a binary collation; mailq.EnqueueMail lowers the From address and compares
+(50161 otherwise).  Written by mailq.BindApplication and UnbindApplication.
 */
 IF OBJECT_ID(N'mailq.ApplicationFrom', N'U') IS NULL
 BEGIN
@@ -575,20 +540,15 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationPrincipal: which application a database user enqueues as
-(issue 10, point 10).  When the caller of mailq.EnqueueMail (USER_NAME(),
-the database user of the session, or the user impersonated by EXECUTE AS)
-is listed here, its mail always carries that application: @AppName NULL
-means this application, another @AppName is refused (50168), and the
-application's account and From bindings then apply.  A user not listed here
-enqueues as before (compatibility with applications deployed before
-revision 0007); mailq.GetInstallationHealth warns about MailqEnqueuer members
-that are not listed.  Rows are written by mailq.BindApplication
-@PrincipalName and mailq.UnbindApplication @PrincipalName.
+mailq.ApplicationPrincipal: which application a database user enqueues as.
+When the caller of mailq.EnqueueMail (USER_NAME(), or the user impersonated by
+EXECUTE AS) is listed, its mail carries that application: @AppName NULL means
+this one, another is refused (50168), and its account and From bindings
+apply.  mailq.GetInstallationHealth warns about MailqEnqueuer members not
+listed.  Written by mailq.BindApplication / UnbindApplication @PrincipalName.
 */
 IF OBJECT_ID(N'mailq.ApplicationPrincipal', N'U') IS NULL
 BEGIN
@@ -603,8 +563,7 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 IX_MailQueue_ClaimByAccount: mailq.ClaimMail's seek, one per (account, run
@@ -623,8 +582,7 @@ IF NOT EXISTS (
     INCLUDE (AppName, AttemptsRemaining, ExpiresAtUtc)
     WHERE Status IN (N'UnSent', N'Sending');
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 IX_MailQueue_Finalize: mailq.FinalizeMail's first step (a mail on its last
@@ -640,8 +598,7 @@ IF NOT EXISTS (
     ON mailq.MailQueue (VisibleAtUtc ASC, ID ASC)
     WHERE Status IN (N'UnSent', N'Sending') AND AttemptsRemaining = 0;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 IX_MailQueue_Expiry: mailq.FinalizeMail's expiry step (queued mail whose
@@ -658,8 +615,7 @@ IF NOT EXISTS (
     INCLUDE (VisibleAtUtc)
     WHERE Status IN (N'UnSent', N'Sending') AND ExpiresAtUtc IS NOT NULL;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.MailRecipientOutcome: what each recipient of a mail got, when the
@@ -692,17 +648,14 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 UX_MailQueue_IdempotencyKey: one mail per idempotency key, compared as binary
-text (the column's collation since revision 0007).  mailq.EnqueueMail
-serializes callers of one key with an application lock on the key and then
-looks it up: no key-range lock on this index, so enqueues of neighbouring
-keys never wait for each other.  Filtered, so mails without a key (the common
-case) cost nothing.  A key becomes free again once mailq.PurgeMail deletes
-its mail.
+text (the column's collation).  Enqueues of one key serialize on an
+application lock on the key, never on key-range locks of this index.
+Filtered: mail without a key costs nothing; a key is free again once its mail
+is purged.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -715,15 +668,12 @@ BEGIN
     WHERE IdempotencyKey IS NOT NULL;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_Final serves mailq.PurgeMail and the reporting of finished
-mail: final statuses ordered by DateProcessed, so a purge batch is a range
-seek on the oldest rows instead of a scan of the queue.  'Stopped' joined
-the filter in revision 0011 (sql/upgrades/mailq.0011.MailQueue.sql rebuilds
-the index of an existing database).
+IX_MailQueue_Final: mailq.PurgeMail and reports of finished mail.  Keys
+(DateProcessed, ID), INCLUDE (Status, AccountName), filtered to the final
+statuses: a purge batch is a range seek on the oldest rows.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -737,8 +687,7 @@ BEGIN
     WHERE Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped');
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 IX_MailAttempt_EndedAtUtc serves the reporting views (throughput per hour,
@@ -757,8 +706,7 @@ BEGIN
     WHERE EndedAtUtc IS NOT NULL;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 UX_SendingAccount_IsDefault: at most one default sending account (the one
@@ -775,24 +723,14 @@ BEGIN
     WHERE IsDefault = 1;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_Status: the narrow index the counts read (issue 10, point 8).
-Keys (Status, AccountName, VisibleAtUtc), no INCLUDE, unfiltered: about 40
-bytes per mail against a clustered row that carries the addresses, subject
-and (until mailq.MoveBodiesOutOfRow ran) the bodies.
-  mailq.QueueCountsByStatus  Index Scan of this index in key order + Stream
-                             Aggregate: no Sort, no Key Lookup, never the
-                             clustered index.
-  mailq.OldestDueMail        Index Seek (Status = 'UnSent', residual
-                             VisibleAtUtc <= now) + Stream Aggregate per account.
-Unfiltered on purpose: a view's Status predicate then never has to match an
-index filter (a filtered index is used only when the query's predicate
-provably implies the filter, which a parameterized or forced-parameterized
-statement cannot show).  Cost: one more key per mail, rewritten when the
-status changes.
+IX_MailQueue_Status: the narrow index the counts read.  Keys (Status,
+AccountName, VisibleAtUtc), no INCLUDE, unfiltered (a view's Status predicate
+never has to match a filter).  mailq.QueueCountsByStatus scans it in key
+order (Stream Aggregate, no Sort, never the clustered index);
+mailq.OldestDueMail seeks Status = 'UnSent'.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -804,43 +742,22 @@ BEGIN
     ON mailq.MailQueue (Status ASC, AccountName ASC, VisibleAtUtc ASC);
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailEvent: the append-only event stream of the mail queue (issue 16,
-point 1).  Every state change of a mail writes one row in the same
-transaction as the change (docs/events.md lists which procedure writes which
-EventType).  Rows are never updated; mailq.PurgeMail deletes them with their
-mail.
-
-EventSeq      ROWVERSION: the database's rowversion counter, stamped when the
-              row is inserted (rowversion (Transact-SQL), Remarks:
-              https://learn.microsoft.com/sql/t-sql/data-types/rowversion-transact-sql).
-              Exposed as EventID BIGINT by mailq.GetMailEvents, which reads
-              only rows below MIN_ACTIVE_ROWVERSION(): every value below it
-              belongs to a transaction that has ended, so an event can never
-              appear later with an ID a reader already passed (the cursor is
-              commit-safe; an IDENTITY is not).  The rowversion docs call it a
-              poor key because an UPDATE changes it: this table is never
-              updated, so the key never moves.
+mailq.MailEvent: the append-only event stream of the mail queue: every state
+change of a mail writes one row in the same transaction (docs/events.md lists
+which procedure writes which EventType).  Never updated; mailq.PurgeMail
+deletes a mail's events with it.
+EventSeq      ROWVERSION, read below MIN_ACTIVE_ROWVERSION() by
+              mailq.GetMailEvents (as EventID BIGINT): a commit-safe cursor.
 EventType     Enqueued, Claimed, Sent, DryRun, RetryScheduled, AccountWaiting,
-              Released, LeaseExpired, Failed, Cancelled, Expired, Stopped,
-              Requeued.
-Status        the mail's status right after the change.
-AttemptCount  the mail's AttemptCount right after the change.
-SmtpCode, Detail  the server's reply code and text, the error, or the reason
-              given to mailq.StopMail, where there is one.
-
-No CHECK constraint, no foreign key and no trigger, on purpose: the
-procedures write this table through OUTPUT ... INTO, whose target "can't
-have enabled triggers defined on it", "can't participate on either side of
-a FOREIGN KEY constraint" and "can't have CHECK constraints or enabled
-rules" (OUTPUT clause (Transact-SQL), Arguments, output_table:
-https://learn.microsoft.com/sql/t-sql/queries/output-clause-transact-sql).
-The procedures are the only writers (no role has table rights), and
-tests/static/test_events_static.py checks the EventType values they write.
-A later per-application hook must read the stream, never add a trigger here.
+              Released, LeaseExpired, Failed, Cancelled, Expired, Stopped, Requeued.
+Status, AttemptCount  the mail's, right after the change.
+SmtpCode, Detail      the server's reply, the error, or StopMail's reason.
+No CHECK, foreign key or trigger: the procedures write it through OUTPUT ...
+INTO, whose target may have none (a hook reads the stream instead).
+LOCK_ESCALATION = DISABLE (docs/dba-guide.md, section 7).
 */
 IF OBJECT_ID(N'mailq.MailEvent', N'U') IS NULL
 BEGIN
@@ -860,8 +777,7 @@ BEGIN
     EXEC sys.sp_executesql N'ALTER TABLE mailq.MailEvent SET (LOCK_ESCALATION = DISABLE);';
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 IX_MailEvent_AppName serves mailq.GetMailEvents @AppName: keys (AppName,
@@ -881,8 +797,7 @@ BEGIN
     INCLUDE (MailID, EventType, Status, AttemptCount, SmtpCode, OccurredAtUtc);
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 IX_MailEvent_MailID serves mailq.GetMailEvents @MailID (one mail's events
@@ -899,29 +814,17 @@ BEGIN
     ON mailq.MailEvent (MailID ASC, EventSeq ASC);
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationHook: the per-application hook procedure (issue 16, point 1;
-TinyMail 8C.7; docs/hooks.md) and the dispatcher's cursor in that
-application's event stream.  Written by mailq.SetApplicationHook (db_owner)
-and by mailq.RunApplicationHooks (the cursor and the retry state).
-
-SchemaName, ProcedureName, ObjectId  the hook, as registered: it runs only
-              while sys.objects still holds a SQL procedure with that
-              object_id, schema and name (a procedure dropped and recreated
-              must be registered again).
-DefinitionHash  SHA2_256 of OBJECT_DEFINITION at registration (the pin, as
-              delay.AllowedProcedure's): ALTER PROCEDURE keeps the object_id,
-              so without it anyone who may alter the hook could run code as
-              dbo; a changed definition suspends the hook (no event is passed,
-              the cursor stays) until a db_owner registers it again.
-CursorEventID the last EventID (mailq.GetMailEvents' commit-safe cursor) the
-              hook has handled or given up on; advanced in the same
-              transaction as the hook's successful call.
-FailingEventID, FailCount  the event the hook failed on and how many times
-              in a row (reset when the cursor moves).
+mailq.ApplicationHook: an application's hook procedure and the dispatcher's
+cursor in its event stream (docs/hooks.md).  Written by
+mailq.SetApplicationHook (db_owner) and mailq.RunApplicationHooks.
+SchemaName, ProcedureName, ObjectId, DefinitionHash  the registered hook,
+              pinned: it runs only while sys.objects holds that procedure with
+              that object_id and SHA2_256 definition (else suspended).
+CursorEventID the last EventID the hook handled or gave up on.
+FailingEventID, FailCount  the event it failed on, and how often in a row.
 MaxAttempts   calls of a failing event before it is recorded in
               mailq.ApplicationHookFailure and skipped (1-100, default 3).
 */
@@ -953,8 +856,7 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ApplicationHookFailure: events a hook could not handle (docs/hooks.md).
@@ -985,8 +887,7 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ParseAddressList: splits a ';'-separated list of recipients and says
@@ -1052,8 +953,7 @@ FROM (
     WHERE e.Entry <> N''
 ) AS p;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ParseIDList: the mail IDs named by a procedure's @ID or @IDList.
@@ -1074,8 +974,7 @@ RETURN (
     WHERE j.[type] = 2 AND TRY_CAST(j.[value] AS BIGINT) IS NOT NULL
 );
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a
@@ -1141,8 +1040,7 @@ IF TYPE_ID(N'mailq.MailBatchRow') IS NULL
         TemplateModel NVARCHAR(MAX) NULL
     );
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.QueueCountsByStatus: how many mails each account has in each status.
@@ -1162,8 +1060,7 @@ SELECT
 FROM mailq.MailQueue AS q
 GROUP BY q.Status, q.AccountName;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.OldestDueMail: per account, the oldest mail that is due and waiting
@@ -1189,8 +1086,7 @@ FROM mailq.MailQueue AS q
 WHERE q.Status = N'UnSent' AND q.VisibleAtUtc <= SYSUTCDATETIME()
 GROUP BY q.AccountName;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ThroughputPerHour: attempts finished per UTC hour and account over the
@@ -1224,8 +1120,7 @@ FROM RecentAttempt AS r
 INNER JOIN mailq.MailQueue AS q ON r.MailID = q.ID
 GROUP BY r.HourUtc, q.AccountName;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.RecentFailures: failed attempts of the last 7 days (Retry, Wait, Stop,
@@ -1257,8 +1152,7 @@ WHERE
     t.EndedAtUtc >= DATEADD(DAY, -7, SYSUTCDATETIME())
     AND t.Outcome IN (N'Retry', N'Wait', N'Stop', N'Abandoned');
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.RecipientOutcomes: per-recipient results of mails that were accepted for
@@ -1281,36 +1175,27 @@ SELECT
 FROM mailq.MailRecipientOutcome AS o
 INNER JOIN mailq.MailQueue AS q ON o.MailID = q.ID;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.LockLeasedMail: the fence of every acknowledgement (internal: called by
 ExtendLease, ReleaseMail, MarkSent and MarkFailed inside their transaction;
-granted to no role).  Validates @ID / @IDList, then locks the named mails
-WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises an
-error unless every one of them exists, is Sending and holds @LockToken.  The
-caller's UPDATE then cannot race a reclaim: a worker whose lease expired and
-was reclaimed is told so and changes nothing (all or nothing).
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (a JSON array of 1-1000
+granted to no role).  Locks the named mails WITH (UPDLOCK, ROWLOCK) until the
+caller's transaction ends and raises unless every one exists, is Sending and
+holds @LockToken: a worker whose lease was reclaimed changes nothing.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000
              integers): exactly one; @LockToken UNIQUEIDENTIFIER, required;
              @AcceptSentByToken BIT, default 0: 1 also accepts a mail already
-             Sent by an attempt under @LockToken (MarkSent repeated after its
-             connection dropped before the reply: the first call committed)
+             Sent under @LockToken (a repeated MarkSent).
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
-             50137 @IDList malformed; 50201 unknown mail ID;
-             50202 the mail is leased under another token (lease lost);
-             50203 the mail is not Sending (already acknowledged or never claimed).
-Transaction: must run inside the caller's transaction (raises 50138 otherwise);
-             opens none; an error dooms the caller's transaction (XACT_ABORT ON)
-             and is re-raised unchanged: the caller's CATCH rolls back.
-Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
-             it returns): UPDLOCK reads the latest committed row under every
-             caller level, and the MailAttempt read says READCOMMITTEDLOCK so it
-             never reads a row version under READ_COMMITTED_SNAPSHOT.
-Lock order:  mailq.MailQueue (clustered rows, in ID order), then mailq.MailAttempt:
-             the order of every mail-queue procedure (docs/guarantees.md).
+             50137 @IDList malformed; 50138 no open transaction; 50201 unknown
+             mail; 50202 leased under another token; 50203 not Sending.
+Transaction: runs inside the caller's only; an error dooms it (XACT_ABORT ON)
+             and is re-raised unchanged.
+Isolation:   sets READ COMMITTED: UPDLOCK reads the latest committed row, and
+             the MailAttempt read says READCOMMITTEDLOCK (never a version).
+Lock order:  mailq.MailQueue (clustered rows, in ID order), then mailq.MailAttempt.
 Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
@@ -1403,8 +1288,7 @@ BEGIN
     IF @Msg IS NOT NULL THROW 50202, @Msg, 1;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
@@ -2144,8 +2028,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.EnqueueMailBatch: validates and queues many mails in one call, row by
@@ -3191,8 +3074,7 @@ BEGIN
     ORDER BY x.RowNo;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its cost
@@ -3893,8 +3775,7 @@ BEGIN
     ORDER BY v.TemplateName ASC, v.Version ASC;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.FinalizeMail: moves queued mail that can never be sent to its final
@@ -4121,8 +4002,7 @@ BEGIN
     SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ExtendLease: pushes the lease of mails a worker still holds (long
@@ -4192,8 +4072,7 @@ BEGIN
     ORDER BY e.ID;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ReleaseMail: gives back mails a worker holds but has not sent (e.g. on
@@ -4204,10 +4083,8 @@ Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, required.
 Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
 Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
              then mailq.MailEvent (insert).
@@ -4272,37 +4149,25 @@ BEGIN
     ORDER BY r.ID;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.MarkSent: records mails as sent; fenced by the lock token and all or
 nothing, so one call acknowledges every mail sent on one SMTP connection.
-Repeatable: a mail this token already marked Sent is accepted again and left
-unchanged, so a worker whose connection dropped before the reply can simply
-call again.
+Repeatable: a mail this token already marked Sent is accepted again, unchanged.
+A mail claimed with DryRun = 1 (its application is in dry-run) is recorded as
+DryRun whatever @DryRun says (status Sent, event 'DryRun'; the event's Detail
+notes a worker that reported a real send).
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
-             exactly one; @LockToken UNIQUEIDENTIFIER, required;
-             @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
-             final reply, optional; @DryRun BIT, default 0: 1 records that
-             nothing was sent (worker dry-run mode).
-Dry-run applications (revision 0015): a mail its claim returned with
-             DryRun = 1 (its application is in dry-run, mailq.UpsertApplication
-             @DryRun) is recorded as DryRun whatever @DryRun says: status
-             Sent, DryRun = 1, attempt outcome and event 'DryRun'.  An
-             acknowledgement that claims a real send of such a mail is not
-             refused (a refusal would leave the lease to expire and the mail
-             to be claimed and sent again, by the same worker); it is recorded
-             as DryRun and its event's Detail says that the worker reported a
-             real send, so the mismatch is visible in the event stream.
-Result set:  one row per mail named: ID, Status ('Sent'), NextAttemptUtc (NULL).
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             exactly one; @LockToken UNIQUEIDENTIFIER, required; @SmtpCode INT
+             200-599 and @SmtpText NVARCHAR(4000), optional; @DryRun BIT,
+             default 0 (the worker sent nothing).
+Result set:  one row per mail: ID, Status ('Sent'), NextAttemptUtc (NULL).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail);
              50147 @SmtpCode out of range.  On any error nothing is written.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
 Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
              then mailq.MailEvent (insert).
 Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
@@ -4333,7 +4198,7 @@ BEGIN
         AttemptNo INT NOT NULL,
         AppName NVARCHAR(128) NULL,
         DryRun BIT NOT NULL,
-        Enforced BIT NOT NULL  -- claimed as dry-run, acknowledged as a real send (revision 0015)
+        Enforced BIT NOT NULL  -- claimed as dry-run, acknowledged as a real send
     );
 
     -- Own the transaction if none is open; otherwise work inside the caller's.
@@ -4350,7 +4215,7 @@ BEGIN
             q.ThreadLock = NULL,
             q.SentAtUtc = @Now,
             q.DateProcessed = @Now,
-            -- The claim's stamp wins (revision 0015): a dry-run
+            -- The claim's stamp wins: a dry-run
             -- application's mail stays DryRun.
             q.DryRun = IIF(@DryRun = 1 OR q.DryRun = 1, CAST(1 AS BIT), CAST(0 AS BIT)),
             q.LastError = NULL
@@ -4409,34 +4274,28 @@ BEGIN
     ORDER BY l.ID;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
-nothing.  @Disposition follows TinyMail's error classes:
-  Retry  transient (4xx on the mail, dropped connection, timeout): the attempt
-         is consumed; the mail is UnSent again after @RetryAfterSeconds, or
-         after exponential backoff with jitter: 30 s * 2^(attempt-1), at most
-         1 hour, times a random 0.8-1.2; Failed when no attempt is left.
-  Wait   the account is throttled or locked (421, rate limits): the attempt is
-         refunded, the mail is UnSent again after @RetryAfterSeconds (default
-         60), and the account is blocked until then (ClaimMail skips it).
-  Stop   permanent (5xx, malformed mail): Failed at once.
+nothing.  @Disposition (docs/smtp-classification.md):
+  Retry  transient: the attempt is spent; UnSent again after
+         @RetryAfterSeconds, or 30 s * 2^(attempt-1) (at most 1 hour) times a
+         random 0.8-1.2; Failed when no attempt is left.
+  Wait   the account is throttled: the attempt is refunded, UnSent again after
+         @RetryAfterSeconds (default 60), the account blocked until then.
+  Stop   permanent: Failed at once.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
-             @LockToken UNIQUEIDENTIFIER, required; @Disposition NVARCHAR(8),
-             required; @Error NVARCHAR(4000), required: what happened;
-             @RetryAfterSeconds INT 0-604800, optional; @SmtpCode INT 200-599, optional.
-Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc
-             (NULL when Failed).
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
-             50133 @Disposition unknown; 50134 @RetryAfterSeconds out of range;
-             50139 @Error missing; 50147 @SmtpCode out of range.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+             @LockToken UNIQUEIDENTIFIER, @Disposition NVARCHAR(8), @Error
+             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800 and
+             @SmtpCode INT 200-599, optional.
+Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail);
+             50133 @Disposition; 50134 @RetryAfterSeconds; 50139 @Error
+             missing; 50147 @SmtpCode.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
 Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
              then mailq.MailEvent (insert), then mailq.SendingAccount (Wait only).
 Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
@@ -4602,8 +4461,7 @@ BEGIN
     ORDER BY a.ID;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.CancelMail: cancels a mail that is waiting to be sent (UnSent).  A mail
@@ -4612,10 +4470,8 @@ have it; cancel again after it was acknowledged, or let it finish.
 Parameters:  @ID BIGINT, required.
 Result set:  one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
 Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
              in a procedure reverts when it returns).
 Lock order:  mailq.MailQueue, then mailq.MailEvent (insert).
@@ -4682,8 +4538,7 @@ BEGIN
         CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.RequeueMail: puts a Failed, Cancelled, Expired or Stopped mail back in the
@@ -4695,10 +4550,8 @@ Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
 Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
              50201 unknown mail; 50205 the mail is not Failed, Cancelled, Expired or Stopped.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
              in a procedure reverts when it returns).
 Lock order:  mailq.MailQueue (clustered row first, as PurgeMail), then
@@ -4780,8 +4633,7 @@ BEGIN
         @DateToProcess AS NextAttemptUtc;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
@@ -4964,8 +4816,7 @@ BEGIN
     SELECT @Purged AS PurgedCount;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.UpsertSendingAccount: creates a sending account or changes its
@@ -5097,8 +4948,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.UnblockSendingAccount: clears an account's BlockedUntilUtc (set by
@@ -5111,9 +4961,8 @@ Retry backoff, keep their time.
 Parameters:  @AccountName NVARCHAR(128), required.
 Result set:  one row: AccountName, MadeVisibleCount INT.
 Errors:      50142 @AccountName missing; 50114 unknown account.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
-             dooms or rolls back the caller's transaction.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself; the attempt read says READCOMMITTEDLOCK
              (under READ_COMMITTED_SNAPSHOT it must see a MarkFailed in flight).
 Lock order:  mailq.MailQueue (the deferred mails), reading mailq.MailAttempt,
@@ -5179,38 +5028,27 @@ BEGIN
         @Visible AS MadeVisibleCount;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.AcquireLoginSlot: called by a worker right before it opens an SMTP
-connection (and logs in) for a sending account.  Atomically either grants
-the login, stamping mailq.SendingAccount.LastLoginAtUtc with the server's
-clock, or says how long to wait, so that two logins on one account are at
-least MinLoginIntervalMs apart across every worker on every machine
-(TinyMail 8C.5: providers count logins as well as mails).  An account
-without an interval (NULL) is always granted, and stamped.
+mailq.AcquireLoginSlot: called by a worker right before it logs in to an
+account's SMTP server.  Grants the login, stamping
+mailq.SendingAccount.LastLoginAtUtc with the server's clock, or says how long
+to wait, so that two logins on one account are at least MinLoginIntervalMs
+apart across all workers.  An account without an interval (NULL) is always
+granted, and stamped.
 Parameters:  @AccountName NVARCHAR(128), required: an existing sending account.
-Result set:  one row: Granted BIT (1: log in now; 0: do not connect),
-             WaitMs INT (0 when granted, else the milliseconds until the next
-             login is allowed, at most MinLoginIntervalMs), MinLoginIntervalMs
-             INT (NULL = none), LastLoginAtUtc DATETIME2(3) (the stamp now in
-             force: this call's when granted, else the earlier one).
-Errors:      50123 @AccountName missing; 50103 @AccountName over 128
-             characters; 50270 no sending account has that name.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-             Workers call it outside any transaction: the account row's lock is
-             then held for one single-row UPDATE only.
-Isolation:   sets READ COMMITTED itself.  The decision and the stamp are one
-             UPDATE by primary key: the row is read under an update lock even
-             under READ_COMMITTED_SNAPSHOT (an UPDATE's rows are selected by a
-             blocking scan taking U locks, "Transaction locking and row
-             versioning guide", read committed using row versioning), so a
-             second caller waits for the first and sees its stamp: never two
-             grants within one interval.
+Result set:  one row: Granted BIT, WaitMs INT (0 when granted, else at most
+             MinLoginIntervalMs), MinLoginIntervalMs INT (NULL = none),
+             LastLoginAtUtc DATETIME2(3) (the stamp now in force).
+Errors:      50123 @AccountName missing; 50103 over 128 characters; 50270 no
+             such account.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+             Workers call it outside any transaction.
+Isolation:   sets READ COMMITTED; the decision and the stamp are one UPDATE by
+             key, whose row is U-locked even under RCSI: never two grants
+             within one interval.
 Lock order:  mailq.SendingAccount only (one row, by key).
 Example:     EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
 */
@@ -5305,8 +5143,7 @@ BEGIN
     FROM Decided AS d;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.UpsertApplication: registers an application name that mails may carry
@@ -5373,8 +5210,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.BindApplication: allows an application to send through a sending
@@ -5518,8 +5354,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.UnbindApplication: withdraws what mailq.BindApplication allowed.  Mail
@@ -5535,9 +5370,8 @@ Parameters:  @AppName NVARCHAR(128), required
 Result set:  none.
 Errors:      50145 @AppName missing; 50164 none of @AccountName, @FromAddress,
              @PrincipalName.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
-             dooms or rolls back the caller's transaction.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself.
 Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
              mailq.ApplicationPrincipal.
@@ -5588,120 +5422,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-/*
-mailq.MoveBodiesOutOfRow: moves the NVARCHAR(MAX) values (Body, TextBody,
-Headers) of mails enqueued before revision 0007 out of the clustered row,
-in batches, so that claims, acknowledgements and counts touch narrow rows
-(issue 10, point 8).
-Why: revision 0007 sets the table option 'large value types out of row' on
-mailq.MailQueue.  New values are stored by the option in effect; existing
-values move only when they are next written ("When the large value types
-out of row option value is changed, existing ... values aren't immediately
-converted": sp_tableoption, Remarks), so this procedure writes each value
-to itself, @BatchSize mails per transaction, oldest ID first, UnSent and
-Sending mails first (the hot rows), then the rest.  Re-running it is
-harmless: a value already out of row is rewritten to the same place.
-The claim's result set does not change (the columns stay where they are).
-Parameters:  @BatchSize INT 1-1000, default 500 (every statement stays far
-             below the 5,000 locks that escalate to a table lock);
-             @MaxBatches INT >= 1, default NULL (until done): stop after that
-             many batches, e.g. to spread the work over several maintenance runs.
-Result set:  one row: MovedCount BIGINT, LastID BIGINT (NULL when nothing was left).
-Errors:      50140 @BatchSize out of range; 50141 called inside a transaction;
-             50166 @MaxBatches below 1.
-Transaction: must not be called inside a transaction (50141): each batch
-             commits on its own.  An error rolls back the current batch only.
-Isolation:   sets READ COMMITTED itself (READPAST skips rows a worker holds;
-             they are moved by a later run or by their next update anyway).
-Lock order:  mailq.MailQueue only (clustered rows, in ID order).
-Example:     EXEC mailq.MoveBodiesOutOfRow @BatchSize = 500;
-*/
-CREATE OR ALTER PROCEDURE mailq.MoveBodiesOutOfRow
-    @BatchSize INT = 500,
-    @MaxBatches INT = NULL
-AS
-BEGIN
-    SET NOCOUNT, XACT_ABORT ON;
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
-    DECLARE @Msg NVARCHAR(2048);
-    SET @BatchSize = COALESCE(@BatchSize, 500);
-    IF @BatchSize NOT BETWEEN 1 AND 1000
-    BEGIN
-        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
-        THROW 50140, @Msg, 1;
-    END;
-    IF @MaxBatches < 1
-    BEGIN
-        SET @Msg = CONCAT(N'@MaxBatches must be 1 or more (NULL: until done); got ', @MaxBatches, N'.');
-        THROW 50166, @Msg, 1;
-    END;
-    IF @@TRANCOUNT > 0
-        THROW 50141, N'mailq.MoveBodiesOutOfRow commits batch by batch: call it outside a transaction.', 1;
-
-    DECLARE @Moved BIGINT = 0, @Batches INT = 0, @Rows INT;
-    DECLARE @LastID BIGINT = 0, @Pass TINYINT = 1;
-    DECLARE @Batch TABLE (ID BIGINT NOT NULL PRIMARY KEY);
-
-    -- Pass 1: UnSent and Sending (the rows every claim reads); pass 2: the rest.
-    WHILE @Pass <= 2 AND (@MaxBatches IS NULL OR @Batches < @MaxBatches)
-    BEGIN
-        DELETE FROM @Batch;
-        BEGIN TRY
-            BEGIN TRANSACTION;
-
-            -- UPDLOCK, READPAST, ROWLOCK: take the batch, skip rows others hold.
-            INSERT INTO @Batch (ID)
-            SELECT TOP (@BatchSize) q.ID
-            FROM mailq.MailQueue AS q WITH (UPDLOCK, READPAST, ROWLOCK)
-            WHERE
-                q.ID > @LastID
-                AND (
-                    (@Pass = 1 AND q.Status IN (N'UnSent', N'Sending'))
-                    OR (@Pass = 2 AND q.Status NOT IN (N'UnSent', N'Sending'))
-                )
-            ORDER BY q.ID ASC;
-            SET @Rows = @@ROWCOUNT;
-
-            -- Writing a value to itself stores it by the table option now in effect.
-            UPDATE q
-            SET
-                q.Body = q.Body,
-                q.TextBody = q.TextBody,
-                q.Headers = q.Headers
-            FROM mailq.MailQueue AS q WITH (ROWLOCK)
-            WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
-
-            COMMIT TRANSACTION;
-        END TRY
-        BEGIN CATCH
-            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-            THROW;
-        END CATCH;
-
-        IF @Rows = 0
-        BEGIN
-            SET @Pass += 1;
-            SET @LastID = 0;
-        END
-        ELSE
-        BEGIN
-            SET @Moved += @Rows;
-            SET @Batches += 1;
-            SELECT @LastID = MAX(b.ID) FROM @Batch AS b;
-        END;
-    END;
-
-    SELECT
-        @Moved AS MovedCount,
-        IIF(@Pass > 2, CAST(NULL AS BIGINT), @LastID) AS LastID;
-END;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.GetQueueStats: the reporting views in one call (for `mailq-db stats`).
@@ -5773,36 +5494,27 @@ BEGIN
     ORDER BY f.DateProcessed DESC;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.GetInstallationHealth: one row per installation check, for
 `mailq-db doctor`.  Reads only catalog views and the queue; changes nothing.
 Parameters:  none.
 Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix
-             (what to do when Status is not OK).  Checks: server version and
-             edition; compatibility level (>= 130); READ_COMMITTED_SNAPSHOT;
-             deployed schema revision; Service Broker and dbo.DelayServiceQueue;
-             the caller's roles and EXECUTE permissions; expired leases not yet
-             reclaimed; failures of the last 24 hours; blocked accounts; default account.
+             (runnable as is: names QUOTENAMEd, quotes doubled).  Checks: server
+             version (FAIL below SQL Server 2019) and edition; compatibility
+             level (>= 130); READ_COMMITTED_SNAPSHOT; deployed revision; Service
+             Broker and dbo.DelayServiceQueue; the caller's roles and EXECUTE
+             permissions; MailqEnqueuer members not mapped to an application;
+             expired leases not yet reclaimed; failures of the last 24 hours;
+             blocked accounts; default account.
+Visibility:  catalog views show a caller only what it owns or holds a
+             permission on, also inside this procedure: a least-privilege
+             MailqSender member sees "not visible" (WARN) for the queue, and
+             the Fix names VIEW DEFINITION or MailqAdmin.
 Errors:      none of its own.
-Visibility:  catalog views show a caller only the metadata of objects it owns
-             or holds a permission on ("Metadata Visibility Configuration"),
-             also inside this procedure: ownership chaining reaches the queue's
-             tables, not metadata.  A least-privilege member of MailqSender
-             therefore cannot see dbo.DelayServiceQueue; the check then says
-             "not visible" (WARN) instead of missing silently, and names the
-             grant (VIEW DEFINITION) or the role (MailqAdmin) that shows it.
-Checks added by revision 0007: the Version row fails below SQL Server 2019
-             (as mailq.CheckServer); UnmappedEnqueuers warns about MailqEnqueuer
-             members not mapped to an application (mailq.BindApplication
-             @PrincipalName).
-Quoting:     names put into Fix text are quoted: QUOTENAME for identifiers,
-             doubled quotes inside N'...' literals, so a Fix is runnable as is.
-Transaction: reads only; opens none and leaves the caller's untouched.
-Isolation:   sets READ COMMITTED itself (reads hold no lock past a statement,
-             whatever the caller's level).
+Transaction: reads only; opens none.
+Isolation:   sets READ COMMITTED (no lock held past a statement).
 Lock order:  none (no locking reads).
 Example:     EXEC mailq.GetInstallationHealth;
 */
@@ -5893,7 +5605,8 @@ BEGIN
     FROM dbo.mailq_alembic_version AS v;
     IF @@ROWCOUNT = 0
         INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
-        VALUES (N'Schema', N'Revision', N'FAIL', N'no revision recorded', N'mailq-db deploy --url ...');
+        VALUES (N'Schema', N'Revision', N'FAIL', N'no revision recorded',
+            N'mailq-db deploy (with MAILQ_DB_URL in the environment)');
 
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
@@ -6045,37 +5758,28 @@ BEGIN
     ORDER BY c.Position;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RecordRecipientOutcomes: records, for one mail the worker holds, which
-recipients the SMTP server accepted (Delivered), refused for now (Deferred,
-4xx) or refused for good (Refused, 5xx).  Fenced by the lease token through
-mailq.LockLeasedMail: a worker whose lease was reclaimed writes nothing.
-The worker calls it right after the server's final reply, before MarkSent
-(no recipient deferred) or MarkFailed 'Retry' (some deferred): the next
-attempt then sends only to the recipients that are neither Delivered nor
-Refused (mailq.GetRecipientOutcomes), so nobody gets the mail twice.
-Parameters:  @ID BIGINT, required: the mail; @LockToken UNIQUEIDENTIFIER,
-             required; @Outcomes NVARCHAR(MAX), required: a JSON array of
-             1-1000 objects {"address": "a@example.com", "outcome":
-             "Delivered"|"Deferred"|"Refused", "code": 200-599 or null,
-             "text": the server's reply, cut to 1000 characters}.
+mailq.RecordRecipientOutcomes: records which recipients of a mail the worker
+holds were accepted (Delivered), refused for now (Deferred, 4xx) or for good
+(Refused, 5xx).  Called after the server's final reply, before MarkSent or
+MarkFailed 'Retry': the next attempt sends only to recipients neither
+Delivered nor Refused (mailq.GetRecipientOutcomes).  Fenced by the lease
+token (mailq.LockLeasedMail).
+Parameters:  @ID BIGINT, @LockToken UNIQUEIDENTIFIER, required;
+             @Outcomes NVARCHAR(MAX), required: a JSON array of 1-1000
+             {"address", "outcome": "Delivered"|"Deferred"|"Refused",
+             "code": 200-599 or null, "text": up to 1000 characters}.
 Result set:  none.
-Errors:      50180 @ID missing; 50181 @Outcomes is not a JSON array of 1-1000
-             objects with an address of 1-320 characters; 50182 an outcome is
-             not Delivered, Deferred or Refused; 50183 a code is not 200-599;
-             50184 an address appears twice; 50131, 50201, 50202, 50203 (see
-             mailq.LockLeasedMail).  On any error nothing is written.
-Transaction: opens its own if none is open, else works inside the caller's;
-             an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   the caller's; the mail row's UPDLOCK (LockLeasedMail), held to
-             the end of the transaction, serializes every writer of this
-             mail's recipients, so update-then-insert cannot race.  Under
-             READ_COMMITTED_SNAPSHOT the NOT EXISTS read sees versions as of
-             its statement's start, which comes after the lock was granted,
-             so after any earlier writer of this mail committed.
+Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not
+             1-320 characters; 50182 unknown outcome; 50183 code not 200-599;
+             50184 an address twice; 50131, 50201-50203 (mailq.LockLeasedMail).
+             On any error nothing is written.
+Transaction: its own if none is open, else the caller's; an error dooms either
+             (XACT_ABORT ON) and is re-raised.
+Isolation:   the caller's; the mail row's UPDLOCK (LockLeasedMail) serializes
+             every writer of this mail's recipients, also under RCSI.
 Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
 Example:     EXEC mailq.RecordRecipientOutcomes @ID = 101, @LockToken = @T,
                  @Outcomes = N'[{"address":"a@example.com","outcome":"Delivered","code":250}]';
@@ -6207,8 +5911,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.GetRecipientOutcomes: the recorded recipient outcomes of mails a worker
@@ -6270,8 +5973,7 @@ BEGIN
     ORDER BY o.MailID, o.Address;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.GetMailEvents: reads the event stream (mailq.MailEvent) after a
@@ -6409,38 +6111,23 @@ BEGIN
         ORDER BY e.EventSeq ASC;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.StopMail: ends a mail that is not yet final with Status 'Stopped' and
-a reason: no more attempts (TinyMail's stop()).  Works on an UnSent mail
-and on a Sending one: the lease is taken away (ThreadLock NULL) and the open
-attempt is closed with Outcome 'Stop', so the worker's later MarkSent /
-MarkFailed / ReleaseMail / ExtendLease is refused by the fence
-(mailq.LockLeasedMail: 50203, the mail is not Sending) and can never make
-the mail Sent or UnSent again.  An SMTP transaction already under way may
-still deliver that one copy; the event stream says Stopped, and
-PossibleDuplicate is set (as FinalizeMail does for a lease it ends), so
-after a RequeueMail, ClaimMail hands the mail out with PossibleDuplicate = 1.  A Stopped mail
-can be put back with mailq.RequeueMail (after the cause is fixed).
-Stopping a final mail (Sent, Failed, Cancelled, Expired, Stopped) is error
-50260 and changes nothing: the caller learns that the mail ended otherwise
-(its events say how).
+mailq.StopMail: ends a mail that is not final with Status 'Stopped' and a
+reason.  A Sending mail loses its lease and its open attempt is closed with
+Outcome 'Stop', so the worker's later acknowledgement is refused by the fence
+(50203); an SMTP transaction already under way may still deliver that copy,
+so PossibleDuplicate is set.  mailq.RequeueMail puts a Stopped mail back.
 Parameters:  @MailID BIGINT, required; @Reason NVARCHAR(4000), required
              (stored in LastError and in the Stopped event's Detail).
 Result set:  one row: ID, Status ('Stopped'), NextAttemptUtc (NULL).
-Errors:      50174 @MailID missing; 50175 @Reason missing or blank;
-             50201 unknown mail; 50260 the mail is already final.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
-             in a procedure reverts when it returns).
-Lock order:  mailq.MailQueue (clustered row, U -> X), then mailq.MailEvent
-             (insert), then mailq.MailAttempt: MailQueue first, as every
-             mail-queue procedure.
+Errors:      50174 @MailID missing; 50175 @Reason missing or blank; 50201
+             unknown mail; 50260 the mail is already final (nothing changes).
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).
+Lock order:  mailq.MailQueue, then mailq.MailEvent, then mailq.MailAttempt.
 Example:     EXEC mailq.StopMail @MailID = 101, @Reason = N'Customer closed the account.';
 */
 CREATE OR ALTER PROCEDURE mailq.StopMail
@@ -6529,8 +6216,7 @@ BEGIN
         CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the
@@ -6822,8 +6508,7 @@ BEGIN
         @Changed AS Changed;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each
@@ -7320,8 +7005,7 @@ BEGIN
         ORDER BY s.AppName;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ListApplicationHooks: the registered hooks and where each stands
@@ -7399,45 +7083,35 @@ BEGIN
     ORDER BY h.AppName;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqEnqueuer: enqueue mail and read its events
-(mailq.GetMailEvents, revision 0011), nothing else.  Object-level
-grants (not SCHEMA::mailq) so that internal procedures such as
-mailq.LockLeasedMail stay out of reach.  The enqueue role cannot claim or
-acknowledge (no grant on mailq.ClaimMail, MarkSent...), cannot change its own
-bindings (mailq.BindApplication is MailqAdmin's), and what it may send as is
-limited per application by mailq.ApplicationAccount / mailq.ApplicationFrom
-(tests/integration/test_mailq_roles.py).
+Role MailqEnqueuer: enqueue mail and read its events, nothing else.
+Object-level grants (not SCHEMA::mailq), so internal procedures such as
+mailq.LockLeasedMail stay out of reach; no claim, acknowledgement or binding
+procedure.  What it may send as is bound per application
+(mailq.ApplicationAccount, ApplicationFrom; docs/dba-guide.md, section 3).
 */
 GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqEnqueuer;
 GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqEnqueuer;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqEnqueuer for batch enqueue (revision 0014): the procedure,
-and EXECUTE on its table type, which a caller needs to declare a variable of
-the type and pass it as @MailRows.
-Revisions 0015 (the type gained RunMode) and 0016 (the template columns)
-re-create the type, and 0016 the procedure too: a table type cannot be
-altered, and dropping a type or procedure drops its permissions, so this
-file runs again in both revisions and grants them again.
+Batch enqueue: the procedure, and EXECUTE on its table type (a caller needs it
+to declare a variable of the type and pass it as @MailRows).  Dropping a type
+or procedure drops its grants: a revision that re-creates either carries this
+file again.
 */
 GRANT EXECUTE ON OBJECT::mailq.EnqueueMailBatch TO MailqEnqueuer;
 GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqSender (sender workers): claim, extend, release and
-acknowledge mail, and read the installation health for `mailq-db doctor`.
-No grant on mailq.EnqueueMail: a worker's login cannot enqueue (issue 10,
-point 10; tests/integration/test_mailq_roles.py).
+Role MailqSender (sender workers): claim, extend, release and acknowledge
+mail, and read the installation health for `mailq-db doctor`.  No grant on
+mailq.EnqueueMail: a worker's login cannot enqueue.
 */
 GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqSender;
@@ -7447,8 +7121,7 @@ GRANT EXECUTE ON OBJECT::mailq.MarkFailed TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.AcquireLoginSlot TO MailqSender;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 Grants of role MailqAdmin: every public mailq procedure and the reporting
@@ -7468,7 +7141,6 @@ GRANT EXECUTE ON OBJECT::mailq.UnblockSendingAccount TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.UpsertApplication TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.BindApplication TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.UnbindApplication TO MailqAdmin;
-GRANT EXECUTE ON OBJECT::mailq.MoveBodiesOutOfRow TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.QueueCountsByStatus TO MailqAdmin;
@@ -7479,23 +7151,20 @@ GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.StopMail TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.AcquireLoginSlot TO MailqAdmin;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants on mailq.FinalizeMail (revision 0005): sender workers run it on a
-timer, administrators and their jobs (SQL Agent, elastic jobs) may run it
-too.  A file of its own so that the role grant files stay as they were.
+mailq.FinalizeMail: sender workers run it on a timer; administrators and
+their jobs may run it too.
 */
 GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqAdmin;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants for per-recipient outcomes (revision 0008): the sender workers record
-and read them; admins too, and read the report view.
+Per-recipient outcomes: sender workers record and read them; administrators
+too, and read the report view.
 */
 GRANT EXECUTE ON OBJECT::mailq.RecordRecipientOutcomes TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.GetRecipientOutcomes TO MailqSender;
@@ -7503,30 +7172,23 @@ GRANT EXECUTE ON OBJECT::mailq.RecordRecipientOutcomes TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetRecipientOutcomes TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.RecipientOutcomes TO MailqAdmin;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants for per-application hooks (issue 16, point 1; docs/hooks.md):
-administrators run the dispatcher (an Agent or elastic job) and read the
-hooks.  mailq.SetApplicationHook is for db_owner only (a hook runs as dbo),
-so no role is granted it.
+Per-application hooks (docs/hooks.md): administrators run the dispatcher and
+list the hooks.  mailq.SetApplicationHook is db_owner's (a hook runs as dbo).
 */
 GRANT EXECUTE ON OBJECT::mailq.RunApplicationHooks TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.ListApplicationHooks TO MailqAdmin;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailTemplate: one row per template name (issue 16, point 2): the
-mutable facts about the name -- its latest version, description, whether it
-is retired.  The versions themselves live in mailq.MailTemplateVersion and
-never change.  Managed only through mailq.AddMailTemplateVersion and
-mailq.RetireMailTemplate; read through mailq.GetMailTemplate and
-mailq.ListMailTemplates.  TemplateName: 1-128 characters of letters, digits,
-'.', '_', '-' (checked by the procedures, 50210), compared under the
-database collation like every other name of this package.
+mailq.MailTemplate: one row per template name: its latest version,
+description and retirement.  The versions live in mailq.MailTemplateVersion
+and never change.  Managed through mailq.AddMailTemplateVersion and
+mailq.RetireMailTemplate.  TemplateName: 1-128 letters, digits, '.', '_', '-'
+(checked by the procedures, 50210), compared under the database collation.
 */
 IF OBJECT_ID(N'mailq.MailTemplate', N'U') IS NULL
 BEGIN
@@ -7544,23 +7206,16 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailTemplateVersion: the versions of each template, immutable: a new
-version is a new row (mailq.AddMailTemplateVersion numbers them 1, 2, 3 ...
-per name), and no procedure updates or deletes a row, so a mail rendered
-from (TemplateName, Version) can always be rendered again from the very
-same text.  The trigger mailq.trg_MailTemplateVersion_Immutable refuses
-UPDATE and DELETE (50218) from anyone, administrators included; dropping
-the table (downgrade) is not a DELETE and does not fire it.
-Sizes: SubjectTemplate 1-4000 characters (the rendered subject must fit
-mailq.MailQueue.Subject, 900; checked when rendering), HtmlTemplate and
-TextTemplate up to 2,000,000 characters each (EnqueueMail's body limit,
-50111), at least one of them given.  CreatedBy is SUSER_SNAME() of the
-caller (the login, not the database user, so an audit survives a user
-being dropped).
+mailq.MailTemplateVersion: the versions of each template (1, 2, 3 ... per
+name, mailq.AddMailTemplateVersion), immutable: no procedure updates or
+deletes a row, and trg_MailTemplateVersion_Immutable refuses it (50218), so a
+mail rendered from (TemplateName, Version) renders the same text again.
+SubjectTemplate 1-4000 characters; HtmlTemplate, TextTemplate up to 2,000,000
+each, at least one.  CreatedBy is SUSER_SNAME() (the login: an audit survives
+a dropped user).
 */
 IF OBJECT_ID(N'mailq.MailTemplateVersion', N'U') IS NULL
 BEGIN
@@ -7587,25 +7242,16 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.trg_MailTemplateVersion_Immutable: template versions never change
-(issue 16, point 2: "a new version never changes what an already-sent mail
-was rendered from").  No procedure updates or deletes mailq.MailTemplateVersion;
-this trigger makes the rule hold for anyone with table rights too (db_owner,
-a hand-written fix): an UPDATE or DELETE is refused with 50218 and, like any
-error in a trigger, rolls back the statement's transaction.  To replace a
-template's text add a version (mailq.AddMailTemplateVersion); to stop a
-template from being used, retire it (mailq.RetireMailTemplate).
-INSTEAD OF: the statement never touches the rows, so nothing has to be undone.
-TRUNCATE TABLE and DROP TABLE do not fire DML triggers (the downgrade drops
-the table).  An INSTEAD OF UPDATE/DELETE trigger cannot exist on a table whose
-foreign key has an ON DELETE/ON UPDATE action: FK_MailTemplateVersion_MailTemplate
-must keep NO ACTION.
-Reference: https://learn.microsoft.com/en-us/sql/t-sql/statements/create-trigger-transact-sql
-           https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008/ms187834(v=sql.100)
+mailq.trg_MailTemplateVersion_Immutable: template versions never change, for
+anyone with table rights too (db_owner, a hand-written fix): an UPDATE or
+DELETE is refused with 50218, which rolls back the statement's transaction.
+Add a version (mailq.AddMailTemplateVersion) or retire the template
+(mailq.RetireMailTemplate) instead.  INSTEAD OF: the rows are never touched.
+TRUNCATE and DROP TABLE do not fire it.  FK_MailTemplateVersion_MailTemplate
+must keep NO ACTION (an INSTEAD OF trigger forbids cascading keys).
 */
 CREATE OR ALTER TRIGGER mailq.trg_MailTemplateVersion_Immutable
 ON mailq.MailTemplateVersion
@@ -7622,54 +7268,35 @@ BEGIN
     THROW 50218, @Msg, 1;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.AddMailTemplateVersion: stores a new version of a mail template
-(issue 16, point 2), creating the template at version 1 if the name is new.
-Versions are numbered 1, 2, 3 ... per name and never change afterwards
-(mailq.MailTemplateVersion is immutable), so a mail rendered from
-(@TemplateName, version) can always be rendered again from the same text.
-When the texts equal the latest version's (compared byte for byte, not under
-the collation), no version is added: @Version returns the latest one and
-@Created 0, so deploying the same templates from source control twice is
-harmless.  The texts are not parsed here: mailq_db.templates.check_template
-(and `mailq-db template render`) compiles them before they are stored.
+mailq.AddMailTemplateVersion: stores a new version of a mail template,
+creating the template at version 1 if the name is new.  Versions (1, 2, 3 ...
+per name) never change afterwards.  Texts equal to the latest version's
+(compared byte for byte) add nothing: @Version returns the latest, @Created 0,
+so deploying the same templates twice is harmless.  The texts are compiled by
+mailq_db.templates.check_template before they are stored, not here.
 Parameters:  @TemplateName NVARCHAR(128), required: 1-128 of A-Z a-z 0-9 . _ -
-             @SubjectTemplate, required: 1-4000 characters
-             @HtmlTemplate, @TextTemplate: up to 2,000,000 characters each, at
-               least one given (N'' counts as not given)
-             @Description NVARCHAR(400), optional: kept on the template; NULL
-               keeps the current description
-             @ExpectedLatestVersion INT, optional: refuse (50217) unless the
-               latest version is this one (0: the name must be new); guards
-               against two editors overwriting each other
-             @Version INT OUTPUT: the version stored (or the latest, unchanged)
-             @Created BIT OUTPUT: 1 when a version was added
-Result set:  none (OUTPUT parameters).
-Errors:      50210 @TemplateName missing or not 1-128 of A-Z a-z 0-9 . _ -;
-             50211 @SubjectTemplate missing or over 4000 characters;
-             50212 neither body given, or a body over 2,000,000 characters;
-             50213 @Description over 400 characters;
-             50214 @ExpectedLatestVersion negative;
-             50216 the template is retired (mailq.RetireMailTemplate @Retire = 0
-             brings it back); 50217 the latest version is not @ExpectedLatestVersion.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself; UPDLOCK, HOLDLOCK on the template's
-             row numbers versions one at a time per name (a new name takes a
-             key-range lock on a small administration table, as
-             mailq.UpsertApplication does).
+             @SubjectTemplate, required, 1-4000 characters
+             @HtmlTemplate, @TextTemplate: up to 2,000,000 characters, at least
+               one given (N'' counts as not given)
+             @Description NVARCHAR(400): NULL keeps the current one
+             @ExpectedLatestVersion INT: refuse unless the latest version is
+               this one (0: the name must be new)
+             @Version INT OUTPUT, @Created BIT OUTPUT
+Errors:      50210 @TemplateName; 50211 @SubjectTemplate; 50212 no body or one
+             too long; 50213 @Description too long; 50214 @ExpectedLatestVersion
+             negative; 50216 the template is retired; 50217 the latest version
+             is not @ExpectedLatestVersion.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED; UPDLOCK, HOLDLOCK on the template's row
+             numbers versions one at a time per name.
 Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
-Example:     DECLARE @V INT, @C BIT;
-             EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome',
-                  @SubjectTemplate = N'Welcome',
-                  @HtmlTemplate = N'<p>Hello</p>',
-                  @Version = @V OUTPUT, @Created = @C OUTPUT;
-             (Jinja2 syntax in the texts, with worked examples: docs/templates.md.)
+Example:     EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome',
+                 @SubjectTemplate = N'Welcome', @HtmlTemplate = N'<p>Hello</p>',
+                 @Version = @V OUTPUT, @Created = @C OUTPUT;  -- docs/templates.md
 */
 CREATE OR ALTER PROCEDURE mailq.AddMailTemplateVersion
     @TemplateName NVARCHAR(4000),
@@ -7812,31 +7439,24 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.GetMailTemplate: one version of a mail template, for rendering
-(mailq_db.templates) or for review.  Without @Version: the latest version,
-refused (50216) when the template is retired, so new mail cannot use it.
-With @Version: that version even if the template is retired, so mail queued
-before the retirement (which pinned its version) still renders.
+(mailq_db.templates) or review.  Without @Version: the latest, refused (50216)
+when the template is retired.  With @Version: that version even if retired,
+so mail that pinned it still renders.
 Parameters:  @TemplateName NVARCHAR(128), required; @Version INT, optional (>= 1).
 Result set:  one row: TemplateName, Version, LatestVersion, SubjectTemplate,
              HtmlTemplate, TextTemplate, Description, CreatedBy, CreatedAtUtc,
              RetiredAtUtc.
 Errors:      50210 @TemplateName missing or invalid; 50214 @Version below 1;
-             50215 no template has this name, or it has no such version;
-             50216 the template is retired (and no @Version was given).
+             50215 no such template or version; 50216 retired (no @Version).
 Transaction: reads only; none of its own.
-Isolation:   the caller's.  Two seeks on primary keys.  A version row is never
-             changed or deleted, and is written in the same transaction that
-             raises LatestVersion, so the version read in step 1 still exists
-             in step 2.
-Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared locks
-             of the caller's isolation level only).
-Example:     EXEC mailq.GetMailTemplate @TemplateName = N'welcome';
-             EXEC mailq.GetMailTemplate @TemplateName = N'welcome', @Version = 2;
+Isolation:   the caller's; two seeks on primary keys (a version row never
+             changes and is written with LatestVersion).
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
+Example:     EXEC mailq.GetMailTemplate @TemplateName = N'welcome', @Version = 2;
 */
 CREATE OR ALTER PROCEDURE mailq.GetMailTemplate
     @TemplateName NVARCHAR(4000),
@@ -7906,8 +7526,7 @@ BEGIN
         AND v.Version = ISNULL(@Version, @Latest);
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ListMailTemplates: the mail templates, one row per name, in name order.
@@ -7917,12 +7536,8 @@ Result set:  TemplateName, LatestVersion, Description, CreatedAtUtc,
              RetiredBy, RetiredReason.
 Errors:      none.
 Transaction: reads only; none of its own.
-Isolation:   the caller's.  Reads the whole (small, administrative) template
-             table in clustered-key order, with one seek per template into
-             mailq.MailTemplateVersion for its latest version; never touches
-             the mail queue.
-Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared locks
-             of the caller's isolation level only).
+Isolation:   the caller's; one seek per template for its latest version.
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
 Example:     EXEC mailq.ListMailTemplates @IncludeRetired = 1;
 */
 CREATE OR ALTER PROCEDURE mailq.ListMailTemplates
@@ -7948,8 +7563,7 @@ BEGIN
     ORDER BY t.TemplateName;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.ListMailTemplateVersions: the versions of one mail template, newest
@@ -7998,30 +7612,22 @@ BEGIN
     ORDER BY v.Version DESC;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RetireMailTemplate: retires a mail template (new mail can no longer use
-its latest version: mailq.GetMailTemplate without @Version refuses it, 50216)
-or brings a retired one back (@Retire = 0).  Its versions stay, unchanged: a
-mail queued before the retirement pinned its version and still renders.
-Retiring a retired template (or bringing back an active one) changes nothing
-and says so (Changed = 0); the first retirement's time and reason are kept.
-Parameters:  @TemplateName NVARCHAR(128), required;
-             @Retire BIT, default 1 (NULL counts as 1): 0 brings it back;
-             @Reason NVARCHAR(400), optional, stored with the retirement.
+mailq.RetireMailTemplate: retires a mail template (its latest version can no
+longer be used by new mail: 50216) or brings it back (@Retire = 0).  Its
+versions stay: mail that pinned one still renders.  Retiring a retired
+template changes nothing (Changed = 0; the first retirement is kept).
+Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT, default 1
+             (NULL counts as 1); @Reason NVARCHAR(400), optional.
 Result set:  one row: TemplateName, LatestVersion, RetiredAtUtc, RetiredBy,
              RetiredReason, Changed BIT.
 Errors:      50210 @TemplateName missing or invalid; 50213 @Reason over 400
              characters; 50215 no template has this name.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself; one UPDATE of one row by its key
-             (the UPDATE's own locks; READCOMMITTEDLOCK is not needed: nothing
-             is read before it).
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED; one UPDATE of one row by key.
 Lock order:  mailq.MailTemplate only.
 Example:     EXEC mailq.RetireMailTemplate @TemplateName = N'welcome', @Reason = N'replaced by welcome-2027';
 */
@@ -8108,12 +7714,11 @@ BEGIN
     WHERE t.TemplateName = @TemplateName AND NOT EXISTS (SELECT 1 FROM @Changed);
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants for mail templates (issue 16, point 2): administrators manage and read
-them; sender workers read them (the worker renders at send time, mailq_db.templates).
+Mail templates: administrators manage and read them; sender workers read them
+(the worker renders at send time).
 */
 GRANT EXECUTE ON OBJECT::mailq.AddMailTemplateVersion TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetMailTemplate TO MailqAdmin;
@@ -8122,8 +7727,7 @@ GRANT EXECUTE ON OBJECT::mailq.ListMailTemplateVersions TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.RetireMailTemplate TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetMailTemplate TO MailqSender;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 Role MailqDbMailUser: Database Mail callers (msdb's DatabaseMailUserRole): may
@@ -8137,8 +7741,7 @@ chaining (every mailq object is owned by dbo).
 IF DATABASE_PRINCIPAL_ID(N'MailqDbMailUser') IS NULL
     CREATE ROLE MailqDbMailUser AUTHORIZATION dbo;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.DbMailProfile: Database Mail compatibility (mailq.SendDbMail): a profile
@@ -8160,8 +7763,7 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.DbMailAccount: the INT account_id Database Mail's views show
@@ -8181,8 +7783,7 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.DbMailProfileAccount: the accounts of a profile, in failover order
@@ -8207,8 +7808,7 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.DbMailPrincipalProfile: who may use a profile, and each principal's
@@ -8230,8 +7830,7 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.DbMailItem: what a mailq.SendDbMail call asked for beyond the queued
@@ -8264,8 +7863,7 @@ BEGIN
     );
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 UX_DbMailPrincipalProfile_Default: at most one default profile per principal
@@ -8284,8 +7882,7 @@ BEGIN
     WHERE IsDefault = 1;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.sysmail_allitems: msdb.dbo.sysmail_allitems's columns (names and types
@@ -8376,8 +7973,7 @@ WHERE
     OR IS_MEMBER(N'MailqAdmin') = 1
     OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME());
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.sysmail_sentitems: msdb.dbo.sysmail_sentitems over this queue: the rows of
@@ -8417,8 +8013,7 @@ SELECT
 FROM mailq.sysmail_allitems AS i
 WHERE i.sent_status = 'sent';
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.sysmail_unsentitems: msdb.dbo.sysmail_unsentitems over this queue: the rows of
@@ -8458,8 +8053,7 @@ SELECT
 FROM mailq.sysmail_allitems AS i
 WHERE i.sent_status IN ('unsent', 'retrying');
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.sysmail_faileditems: msdb.dbo.sysmail_faileditems over this queue: the rows of
@@ -8499,8 +8093,7 @@ SELECT
 FROM mailq.sysmail_allitems AS i
 WHERE i.sent_status = 'failed';
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.sysmail_event_log: msdb.dbo.sysmail_event_log's columns (as documented,
@@ -8560,8 +8153,7 @@ WHERE
         OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME())
     );
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.RenderDbMailQuery: internal to mailq.SendDbMail (no role may call it;
@@ -9071,8 +8663,7 @@ BEGIN
     RETURN 0;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.SendDbMail: msdb.dbo.sp_send_dbmail's interface on this queue.  Switching
@@ -9482,8 +9073,7 @@ BEGIN
     RETURN 0;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.UpsertDbMailProfile: creates a Database Mail compatible profile (for
@@ -9547,8 +9137,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.DeleteDbMailProfile: deletes a profile with its account list and
@@ -9609,8 +9198,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.UpsertDbMailProfileAccount: adds a sending account to a profile, or
@@ -9705,8 +9293,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.DeleteDbMailProfileAccount: removes a sending account from a profile
@@ -9770,8 +9357,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.UpsertDbMailPrincipalProfile: lets a principal use a profile, and
@@ -9861,8 +9447,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 mailq.DeleteDbMailPrincipalProfile: withdraws a principal's right to use a
@@ -9924,8 +9509,7 @@ BEGIN
     END CATCH;
 END;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 Grants of role MailqDbMailUser: send through mailq.SendDbMail and read the
@@ -9940,8 +9524,7 @@ GRANT SELECT ON OBJECT::mailq.sysmail_unsentitems TO MailqDbMailUser;
 GRANT SELECT ON OBJECT::mailq.sysmail_faileditems TO MailqDbMailUser;
 GRANT SELECT ON OBJECT::mailq.sysmail_event_log TO MailqDbMailUser;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
 Grants of role MailqAdmin for Database Mail compatibility: send, manage
@@ -9960,8 +9543,7 @@ GRANT SELECT ON OBJECT::mailq.sysmail_unsentitems TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.sysmail_faileditems TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.sysmail_event_log TO MailqAdmin;
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN (
     N'checks/mailq.CheckServer.sql',
@@ -10019,7 +9601,6 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'procedures/mailq.UpsertApplication.sql',
     N'procedures/mailq.BindApplication.sql',
     N'procedures/mailq.UnbindApplication.sql',
-    N'procedures/mailq.MoveBodiesOutOfRow.sql',
     N'procedures/mailq.GetQueueStats.sql',
     N'procedures/mailq.GetInstallationHealth.sql',
     N'procedures/mailq.RecordRecipientOutcomes.sql',
@@ -10068,34 +9649,34 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'security/MailqDbMailUser.grants.sql',
     N'security/MailqAdmin.dbmail.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
-    ('0001', N'checks/mailq.CheckServer.sql', 'e65930ab8a8abd93d5f501b11d63a3430649be995249c806da9c71a6a299b303'),
-    ('0001', N'schemas/mailq.sql', '0bcb4ec5d48112813771ffd7c079891bd9facab89687b68f0abf69af85dc3f3c'),
+    ('0001', N'checks/mailq.CheckServer.sql', '89ed45a62c6ee8ca40463e4bd4af18043187e39a1ba6d06b14d13407c15881df'),
+    ('0001', N'schemas/mailq.sql', 'a9a6be54bd0f26e4b367d371bb9b830d93be85ee5ba7add8c05eea0aae709248'),
     ('0001', N'security/MailqEnqueuer.role.sql', '589e23d67df1fb9e52f9123d6143dce0a2ee666dcd17feb1c8222917b86ddb81'),
     ('0001', N'security/MailqSender.role.sql', 'ff2c8c44a1856d12b08548a671dda68a7520f3b6d9092903d7bca1ba99157b59'),
     ('0001', N'security/MailqAdmin.role.sql', '30aa41f2d450c3bef3825cc2fb7002c42de02860929c2c3a2a2cea510746714b'),
     ('0001', N'security/MailqDelayCaller.role.sql', 'f54c09706acd6f8a5fa5f969cb78deb696342fdd718a2a84aba55b7f5694fd2f'),
-    ('0001', N'tables/mailq.SendingAccount.sql', '9ccf3942a81f4ffd895d8ad6c231255dcce783f9ff9f8b48d09423913e812c17'),
+    ('0001', N'tables/mailq.SendingAccount.sql', 'f3907b26912fabe6dad7defd1a9bc7924939bcf892b4218a698fe6922e63aedb'),
     ('0001', N'tables/mailq.RateBudget.sql', 'ba96dd9dc748b79697b4ab85d719bfb011305db75812f7154fcb46cdcdc14ff7'),
-    ('0001', N'tables/mailq.Application.sql', '0a19fc0b5b8e65d0cc0a799efd0d8a32d60d89b5bec2135112cc670843ca0a88'),
+    ('0001', N'tables/mailq.Application.sql', '207e725fae4335e7a3e5f1a90a367b9dd295c84d00446aae5786a2a8bb3b709b'),
     ('0001', N'tables/mailq.MailQueue.sql', 'c5fd4c70c6aa26fa13629d5d0008e2d50a99ede7097d3ee495332d4d71312681'),
-    ('0001', N'tables/mailq.MailAttachment.sql', '6fc3d3e0fbd65081d6448ec204fd0237748b2e4bfa93edc5f436ffca65efab54'),
-    ('0001', N'tables/mailq.MailAttempt.sql', '857dbd2ea0f9ec058af471d0971d56d7e5fc1e0e68130a3c188ff18bc58fd542'),
-    ('0001', N'tables/mailq.ApplicationAccount.sql', 'da54678fb1dd8d70774c32d7a8805a21ec07246ee3973e497ba49f8bcede98c0'),
-    ('0001', N'tables/mailq.ApplicationFrom.sql', '2c074f3f6f185826ac871110186f456e362a16e83d483ed440da8fd58e34c350'),
-    ('0001', N'tables/mailq.ApplicationPrincipal.sql', '15a4e7e489a5906674c336120c9f859f75003409f8c57435786904406bc313c2'),
+    ('0001', N'tables/mailq.MailAttachment.sql', '059f381d10ed35442ec961bcbe3347d01797a00933590e07476d08b6385012ff'),
+    ('0001', N'tables/mailq.MailAttempt.sql', 'cacec28f3b1a2508b3bebf36aaae8897c20931df4c64898d5a8910ae9e003e40'),
+    ('0001', N'tables/mailq.ApplicationAccount.sql', '988d96eb1d0417f2543b3009f71e259f9e97ba58ab201b460c2c56f27a21aaa0'),
+    ('0001', N'tables/mailq.ApplicationFrom.sql', '50fdc6c291ea38fc983860b3f3a1ae3421a2e2acd88fbc5ac9fdf2e26d3f3b4a'),
+    ('0001', N'tables/mailq.ApplicationPrincipal.sql', '53cc36e068e256975695127747321957913e4fd46867dd233a08abb33ae8c64e'),
     ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql', '62be44ede166e928f3a4e370a91266e16c7604206073e15ac4e84f68b3631b56'),
     ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql', '11ace511c32b156de71e2663c030c9c8e143a2f6d4335b0abeb5016d5377e40c'),
     ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql', 'f41ca58f74b71a351c6561e956363df3f78588ed70d11e226ac02c8a63bb2cc8'),
     ('0001', N'tables/mailq.MailRecipientOutcome.sql', 'f1430a5e38b9e31f49065d2688e6e2106274ce91a155fc457d8918dadfa29e74'),
-    ('0001', N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql', 'bb14310d5c2c15e17968a36aea356b3ecd3adf472bc15a0868c878c420f121e4'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql', 'bdd61203b2bf1896435d070ca31aaf40c8fe9462b3f8f7f2ebd7b828d393a69e'),
+    ('0001', N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql', '227bedc63564cd48d89514e6dd7b890b9dedc6f7cf6b168e3a664ee3597169bd'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql', '804b2ef1a4efbb15ae13bf62360dec0143dc7a8fc155974956f478dd73605e70'),
     ('0001', N'indexes/mailq.MailAttempt.IX_MailAttempt_EndedAtUtc.sql', '533fac7d1deb5639e6743c84bc6ad31ca675b7accedd2a50277410b7c989e8dc'),
     ('0001', N'indexes/mailq.SendingAccount.UX_SendingAccount_IsDefault.sql', 'd0af5a63438163fc084ed685b4b1f2418e92ad885ba5891814cff6186dce8560'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Status.sql', '401e79502920792f2e96364e6aca3bb2aca445c9c1f0d4903ded59b006d91c1b'),
-    ('0001', N'tables/mailq.MailEvent.sql', '4802524b7ff8abbd5e801a7bdcd77dfde516d2abbe8274e8831631309f22b0d6'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Status.sql', 'a7489c8675f519fcc0f5efc4157a89217dcb648872ef5fa3052c059879387c9b'),
+    ('0001', N'tables/mailq.MailEvent.sql', '8e8ef5203d5804a705ad49b408ede57c0066067d8a0552ad48cbbf66abd4a0fb'),
     ('0001', N'indexes/mailq.MailEvent.IX_MailEvent_AppName.sql', '0a48a1a1b247bbe02061a51f824dd7f3513dcb73893455f7d52e5d3fd4b56ec0'),
     ('0001', N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql', '97d14958ecd474d8a8073a004bd7b29862f3b1691e60b1f144479cbb880df293'),
-    ('0001', N'tables/mailq.ApplicationHook.sql', '81ed0f9e6666989466916267ab4483d0b419a562975cd01f0f8ba0bce580644b'),
+    ('0001', N'tables/mailq.ApplicationHook.sql', '7a5b960e85f0838216aa6df258ea6684f7dc2313519f60373e6820236f540dc5'),
     ('0001', N'tables/mailq.ApplicationHookFailure.sql', 'f754603d66267a52c81a65df0ceea0cb6282f9b5cd76ad603fb20b5fea217042'),
     ('0001', N'functions/mailq.ParseAddressList.sql', 'fc32cb8caa04c6c8eeb6466c050652bd9917d72795419b3d2efec091944e51fe'),
     ('0001', N'functions/mailq.ParseIDList.sql', '030429dfb47b466d8caa7aff6c66633f870c2ecff105a3d96fad2581d422d4ce'),
@@ -10105,50 +9686,49 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.ThroughputPerHour.sql', '430d89e12b1171bedd76164b995c9ad7811a96e660a0de37a939ed75a9216d19'),
     ('0001', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
-    ('0001', N'procedures/mailq.LockLeasedMail.sql', '9d9802fc5ec882c30c2e14da4e4fdb95a3fa7b2873d19401cdb8bb407284ed40'),
+    ('0001', N'procedures/mailq.LockLeasedMail.sql', 'fb0a7dae90991ce25d4e04642c243d2bf6619d236164a94187bd19c3ab3a211f'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', '80231805d91db6cdf88b0a580f7ad6ed212ec63c935b5b24d8b117aebf771a80'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b'),
     ('0001', N'procedures/mailq.ClaimMail.sql', 'aa15e93ce89db4757fcae9bc454a9006496ea99b2bcc9f6efe2713ce28c60c70'),
     ('0001', N'procedures/mailq.FinalizeMail.sql', 'eddbcbdee610dec85cc8d6a58b69edbccec454db2e3d028524dbf4d90d265af7'),
     ('0001', N'procedures/mailq.ExtendLease.sql', '48525b2a69dbcd7c0ce6e203c33ba3881129f22311919dd2ef0c75b20262d009'),
-    ('0001', N'procedures/mailq.ReleaseMail.sql', '7be0390e80fbb367881371f91796ab3bcf1d8109c21e22af4ec30d9488c1cc73'),
-    ('0001', N'procedures/mailq.MarkSent.sql', '5079a8bd7d9a2e0eb885fe014a717584fd0df8d3bdb7119bf485f64f09858060'),
-    ('0001', N'procedures/mailq.MarkFailed.sql', 'bb0a67f7760ce8f7c74b91d2b8902d97984437a5b153418d5a3d8771500762e2'),
-    ('0001', N'procedures/mailq.CancelMail.sql', 'adfd0ceb4b08044bff1dfa34dd020429d8b7c65ec1b6f2348da20aaf5bd16540'),
-    ('0001', N'procedures/mailq.RequeueMail.sql', '6a9eacb99f122cae58f8117b03c5091c58d045dd0f45fe2d07b0bf1eab9d98d2'),
+    ('0001', N'procedures/mailq.ReleaseMail.sql', '8f72da9b892b4bdb2d39aa6fcb5aaef5a43b9d6c6c6e336c60bf376d72a51ad3'),
+    ('0001', N'procedures/mailq.MarkSent.sql', '63e9c82af22c4c5959473830ffa250aa10bc43819156691de7840eb4f71b143f'),
+    ('0001', N'procedures/mailq.MarkFailed.sql', 'dc5bff613a81b325211cb939441da996427f022103a77e9753d9b275e9836e4d'),
+    ('0001', N'procedures/mailq.CancelMail.sql', 'fd011090a589a1b3d140220a1c8eac6d7e4f0362bf31ae2fe97e40a6a547bb86'),
+    ('0001', N'procedures/mailq.RequeueMail.sql', '0dab9eb7c2aca0b14c24f8583ef7ba210e4d1b998c893b29a76d47b3e425f9cc'),
     ('0001', N'procedures/mailq.PurgeMail.sql', '701014f25124e9764b6627a96bc96dc2f3ffe51822e31cdacc60655ea4f0c5fc'),
     ('0001', N'procedures/mailq.UpsertSendingAccount.sql', 'd5e6a481f042e041501983176cf4996a8513ed4a0f0d2bd1e4e55ddd545168ac'),
-    ('0001', N'procedures/mailq.UnblockSendingAccount.sql', 'e352e9af76fccae4d8ef1b5b593cbade69180ad4f696f02d002f5d4a5b16ea1c'),
-    ('0001', N'procedures/mailq.AcquireLoginSlot.sql', '17f50f33e49d1209492b9b06fff11371fcfad132cadffee0dd9ed4f4895b2362'),
+    ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
+    ('0001', N'procedures/mailq.AcquireLoginSlot.sql', 'd67229441fcc7acf16876c9fce16713efe952e1cdcb9e2d9852b3c91efa645b1'),
     ('0001', N'procedures/mailq.UpsertApplication.sql', 'c67aa57bf142dfbb5c6c55f8223a0c3427c47ff300098966a771c30210438ae4'),
     ('0001', N'procedures/mailq.BindApplication.sql', '681fa86b9bd7b4d8c1c7a12f93b7daac23ff0fbf43ecaee7a696de4587061f4c'),
-    ('0001', N'procedures/mailq.UnbindApplication.sql', '4006777019f5f25f97c319bcf2eed1c3b387c56fbaf45dc1076b861a0af6a124'),
-    ('0001', N'procedures/mailq.MoveBodiesOutOfRow.sql', 'e9c1b8ba51dc06d5faafc93e393737c50a9dca52cf72c0697bd55494953dd700'),
+    ('0001', N'procedures/mailq.UnbindApplication.sql', 'c6cfffd6e670ba895709856cc742f910a1f7be30b5c7f6fa3b821d18769a6076'),
     ('0001', N'procedures/mailq.GetQueueStats.sql', '629044a0c44b437614a0555456940b1fd072a74ba60cd9c2cda734271e3cc536'),
-    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '5087c38fb00f535682dc5d83df9879da6dbc72a4620322362da334f957dc28c5'),
-    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '89e8e1c6b641b581a05ed4cc65148bb66c2c4429d54cc0e5768e0fc77915447d'),
+    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '778eb143222d2f0007dcb39dd6ea01272bac8e93f9e69819ab20cf8c17791af8'),
+    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '52098780439c2838961200c068c72ad374ad3b95b0c0460e860b2d14388a2a7f'),
     ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '2e059909a20afac1c42e60266e1d2057750da27714f6715fe9dcc22b4fc0c9a1'),
     ('0001', N'procedures/mailq.GetMailEvents.sql', 'af859d53fe913391adc23189226d249a1e4c6dd2cb9c96ca64973da1a51b50b5'),
-    ('0001', N'procedures/mailq.StopMail.sql', '477abde54c3b7def6e4e4d754fd50f858a1f3d3dfb26f84faed53936d9745e2e'),
+    ('0001', N'procedures/mailq.StopMail.sql', '57190c217b55d60c775f7b74d35f5cd6b780fc2b215c048acc5ee90e30f8b9c1'),
     ('0001', N'procedures/mailq.SetApplicationHook.sql', '2fc8238c5b98e850a2ffe19c4fef2aaa78f738424f4435c0c6c97be0b8de3375'),
     ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'c7b0168844502444ad2e660b70a4e0df8b855049aba02be1da02c2aff8409a8b'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
-    ('0001', N'security/MailqEnqueuer.grants.sql', '895755229824cee6031970c258b7f6399e140daa9a873ca07992a9d68ad9b259'),
-    ('0001', N'security/MailqEnqueuer.batch.grants.sql', '8674be21dd7b2603f16c74298960785e2647e85e9a6f5a227ed46c8317b063a2'),
-    ('0001', N'security/MailqSender.grants.sql', '486eaa9758a6e762816b9b2ba0cea739da2054377b0058fc9ea3926b105e67ff'),
-    ('0001', N'security/MailqAdmin.grants.sql', 'e11f5f16128b53868dbfa68dc0df238537c9ab22be6f0f6873697fca1eac6aff'),
-    ('0001', N'security/MailqSender.finalize.grants.sql', '9f61609392a2e4156e878c60502691a208e2a1ed21bc4e88e99247fcb4ae4b79'),
-    ('0001', N'security/MailqSender.recipients.grants.sql', 'cd3c90ca7c17a92930df0ec499f6f736f642fea3cf58e368070a344840253c72'),
-    ('0001', N'security/MailqAdmin.hooks.grants.sql', '6cc7a3e89b107584855a4bccb4414d7f97995b3fbf0f1de86f7589ec8157c277'),
-    ('0001', N'tables/mailq.MailTemplate.sql', '2faea7a4cc23b699b566601c988f7e14331de70e0092d9faaf055a83d398534d'),
-    ('0001', N'tables/mailq.MailTemplateVersion.sql', 'efbc06194e319d6450af6d69075c902d135f19aa273769528c3feb9f7e545781'),
-    ('0001', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '2f492b522f98b6cb9a8d7357b2f96660638daf99d1e5bae7bfea11b647f0a5df'),
-    ('0001', N'procedures/mailq.AddMailTemplateVersion.sql', '97d0acb780cd9492b2e7429bf3921a7c8467034a79c6329aa57f207eeafea644'),
-    ('0001', N'procedures/mailq.GetMailTemplate.sql', '440ba943f651ea56442f9609bd8b4fc99f30a64dd3792476d5cfbbebaf38434d'),
-    ('0001', N'procedures/mailq.ListMailTemplates.sql', '96ef651d0828b222b9535b33c54240e8d7d83392217d37841df5412934325b43'),
+    ('0001', N'security/MailqEnqueuer.grants.sql', '308e6b3f4e8a94429b47e1720c362f8913cd230a0afc63ceca89013740ef94a4'),
+    ('0001', N'security/MailqEnqueuer.batch.grants.sql', '500a3a76b5ce7a8edd0cdbf9d19d48322676042658da9fb541d4d0e457804e1d'),
+    ('0001', N'security/MailqSender.grants.sql', '38d55f69943e8c103cef7d15da235dfdc69431baf1735959703665e0f6581686'),
+    ('0001', N'security/MailqAdmin.grants.sql', '3696354d41a2d0c7a6f294103fc7ac349c8b376ae32036b19eb1d2fc00a14e36'),
+    ('0001', N'security/MailqSender.finalize.grants.sql', '476129a986853112459e2aede7653486af792be00e8f3cdc6f20d38c11b67078'),
+    ('0001', N'security/MailqSender.recipients.grants.sql', 'e450e5c2eb97a0ab27bdb80713db3844bf56d972ab5cafdfedf19b06042b0a6d'),
+    ('0001', N'security/MailqAdmin.hooks.grants.sql', 'c707623f13a083a6efab3515f34d29f4701ee57f515504280a39181265b32016'),
+    ('0001', N'tables/mailq.MailTemplate.sql', 'bf6adf36d946b89f08b03715929d7dcef78474409b34c1d16062a27bb8d74bbe'),
+    ('0001', N'tables/mailq.MailTemplateVersion.sql', '740e3884fde00d413cb05c3d4cee3bb2eb2d55e85eb79c747ec29a7f7c255c43'),
+    ('0001', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '133f9422bc2571f00cda7ce554f3fde0ac0370953e37158bf40a628ec0a3ac80'),
+    ('0001', N'procedures/mailq.AddMailTemplateVersion.sql', 'd97bdabd53597ebbeb6ff169c900948fa79cdebbb8ab5e3da03178169f0d5890'),
+    ('0001', N'procedures/mailq.GetMailTemplate.sql', '2cef27378a90f4abed64841bafa6e9bbc8434de294cccfe47e06e69fcff3fcb7'),
+    ('0001', N'procedures/mailq.ListMailTemplates.sql', '9c197f2af691d38c2e44e3524539ea6eefc26f44a629f88d17b2c1a257ad6097'),
     ('0001', N'procedures/mailq.ListMailTemplateVersions.sql', '7809a4b13f09337f329f7312235cb97b59806f6fdef0443f8edd45c48d46be35'),
-    ('0001', N'procedures/mailq.RetireMailTemplate.sql', '0272fd7779486834d70e5a3c5ce64b7be3a45b13568e877027bd43e7fab2de5a'),
-    ('0001', N'security/MailqAdmin.templates.grants.sql', '429dcdc2a1c11e796be97df33859c817390855263d5e70fa18cbfd80cd4b6e7d'),
+    ('0001', N'procedures/mailq.RetireMailTemplate.sql', '7096d2fcc12530a2d89797d47dfdf31eb293f3dd922081e8712cd37b95790c67'),
+    ('0001', N'security/MailqAdmin.templates.grants.sql', '1bc2010fe8c5699d9b462b3ec3c5d024f83c29641e9e15f807db8a84a2296315'),
     ('0001', N'security/MailqDbMailUser.role.sql', '5f5ed84e3e94aa52eb28ed74c2a5d78be77c4cd466f754475ec25de4932076ae'),
     ('0001', N'tables/mailq.DbMailProfile.sql', 'f9417f7282e71aab9028d5cea8fc251ca030c46bb9b23ea20971826441a1da72'),
     ('0001', N'tables/mailq.DbMailAccount.sql', '5d68016c813af0eefedf11cfea5d38a07673e4ce6889eb0632c74e1f95d3bf7b'),
@@ -10172,8 +9752,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqDbMailUser.grants.sql', '7c5ab0bf34907c48b463a1dd56988c6f49214516ea761cab4e088ac83f7647bb'),
     ('0001', N'security/MailqAdmin.dbmail.grants.sql', 'dac07263321d9bbc0353d26a0141f0139e84c82c8b75e5ca067685ed3dcaad82');
 GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 INSERT INTO dbo.mailq_alembic_version (version_num) OUTPUT inserted.version_num VALUES ('0001');
 GO

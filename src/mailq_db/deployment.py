@@ -694,7 +694,7 @@ def version_check(revision: str, expected: str | None, direction: str,
         )
     batches = []
     if offline and destination is not False:
-        at_dest = "@Rows = 0" if destination is None else f"@Rows = 1 AND @Current = '{_lit(destination)}'"
+        at_dest = "@Rows = 0" if destination is None else f"@Rows = 1 AND @Current = '{_lit(str(destination))}'"
         batches.append(
             read
             + f"IF {at_dest}\n"
@@ -1254,8 +1254,9 @@ class RevisionPlan:
             if newest_frozen(rel, before=self.revision, root=self.root) is not None:
                 continue
             if rel in special:
-                if special[rel] is not None:
-                    out.append(special[rel])
+                entry = special[rel]
+                if entry is not None:
+                    out.append(entry)
                 continue
             obj = describe(frozen_text(self.revision, rel, self.root))
             if obj.kind == "table" and not (self.drop_overrides and rel in self.drop_overrides):
@@ -1506,7 +1507,7 @@ def drift(expected: dict[str, tuple[str, str, str]], actual: dict[str, str | Non
         if have is None:
             problems.append(f"{name}: missing (frozen in {rev}/{rel})")
         elif have != want:
-            have_lines, want_lines = have.split("\n"), want.split("\n")
+            have_lines, want_lines = have.split("\n"), (want or "").split("\n")
             line = next((i + 1 for i, (a, b) in enumerate(zip(have_lines, want_lines)) if a != b),
                         min(len(have_lines), len(want_lines)) + 1)
             problems.append(f"{name}: differs from {rev}/{rel} from line {line} "

@@ -77,7 +77,7 @@ def server_message(exc: BaseException) -> str:
     from ..errors import MailqError
 
     orig = getattr(exc, "orig", None) or exc.__cause__ or exc
-    args = getattr(orig, "args", ())
+    args: tuple = tuple(getattr(orig, "args", ()))
     if type(orig).__module__ == "pyodbc" and len(args) > 1:
         text = str(args[1])
     elif isinstance(exc, MailqError):
@@ -118,7 +118,7 @@ def describe_failure(exc: BaseException, progress: dict | None = None) -> str:
         if proc:
             where.append(f"procedure {proc} line {server_line}")
         elif first:
-            where.append(f"line {int(first) + server_line - 1} (server: batch line {server_line})")
+            where.append(f"line {int(str(first)) + server_line - 1} (server: batch line {server_line})")
         else:
             where.append(f"batch line {server_line}")
     prefix = ", ".join(where)
@@ -198,7 +198,7 @@ def check_range(args) -> None:
         raise ConfigurationError(f"a range ({spec}) needs --sql: online, mailq-db deploy reads the "
                                  "database's revision and picks the revisions itself")
     start, dest = spec.split(":", 1)
-    below = _position(dest, known) < _position(start, known)
+    below = (_position(dest, known) or 0) < (_position(start, known) or 0)  # both known: checked above
     if start == dest:
         raise ConfigurationError(f"the range {spec} starts where it ends: there is nothing to render")
     if args.downgrade is None and below:

@@ -87,6 +87,12 @@ def head_check(rows: list[dict[str, Any]]) -> Check:
     detail = str(deployed.get("Detail") or "")
     if head and head in detail:
         return Check("Schema", "Revision vs package head", "OK", f"at head {head}")
+    from ..deployment import revisions
+
+    if detail.strip() and detail.strip() not in revisions():
+        return Check("Schema", "Revision vs package head", "FAIL",
+                     f"server: {detail}, a revision this mailq-db does not know (its head: {head})",
+                     "a newer mailq-db deployed it: use that version or a later one (error 50421)")
     return Check("Schema", "Revision vs package head", "FAIL",
                  f"server: {detail or 'unknown'}; package head: {head}",
                  "run mailq-db deploy (or deploy --sql and hand the script to the DBA)")

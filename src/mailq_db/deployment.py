@@ -1225,6 +1225,21 @@ class RevisionPlan:
     def upgrade_statements(self) -> list[str]:
         return [statement_text(frozen_text(self.revision, rel, self.root)) for rel in self.files]
 
+    def check_names(self) -> None:
+        """Every file the migration names in ``drop_overrides`` or
+        ``dropped_tables`` must be one the revision froze: a renamed file
+        would otherwise lose its override silently (an adopted table dropped,
+        the deployment's own rows counted as data)."""
+        from .errors import ConfigurationError
+
+        frozen = set(revision_files(self.revision, self.root))
+        named = set(self.drop_overrides or ()) | set(self.dropped_tables or ())
+        unknown = sorted(named - frozen)
+        if unknown:
+            raise ConfigurationError(
+                f"revision {self.revision}: its migration names {', '.join(unknown)}, which "
+                f"alembic/frozen/{self.revision}/FILES does not list; update the migration in alembic/versions/")
+
     def downgrade_statements(self) -> list[str]:
         statements: list[str] = []
         for rel in reversed(self.files):
@@ -1305,6 +1320,7 @@ class RevisionPlan:
         return out
 
     def upgrade_batches(self) -> list[tuple[str, str]]:
+        self.check_names()
         files = self.files
         texts = {rel: frozen_text(self.revision, rel, self.root) for rel in files}
         labelled = [("(revision checks)", sql) for sql in (self.before_files() if self.before_files else [])]
@@ -1315,6 +1331,7 @@ class RevisionPlan:
         return self._wrap("upgrade", labelled, epilogue)
 
     def downgrade_batches(self) -> list[tuple[str, str]]:
+        self.check_names()
         labelled = [("(downgrade)", sql) for sql in (self.before_downgrade() if self.before_downgrade else [])]
         labelled += [("(downgrade)", sql) for sql in self.downgrade_statements()]
         labelled += [("(downgrade)", sql) for sql in (self.after_downgrade() if self.after_downgrade else [])]

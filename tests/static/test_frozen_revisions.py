@@ -226,3 +226,22 @@ def test_mark_generated_marks_unmarked_copies_once_and_rewrites_the_manifest(pro
     before = {p: p.read_bytes() for p in base.rglob("*") if p.is_file()}
     assert dev.mark_frozen_files(project) == []  # idempotent
     assert {p: p.read_bytes() for p in base.rglob("*") if p.is_file()} == before
+
+
+def test_a_migration_naming_a_file_the_revision_lacks_is_refused(project, monkeypatch):
+    """A file renamed under sql/ would otherwise lose its drop override
+    silently (e.g. an adopted platform table dropped on downgrade)."""
+    import importlib.util
+
+    from mailq_db.devtools.scripts import render
+
+    [path] = (project / "alembic/versions").glob("0001_*.py")
+    spec = importlib.util.spec_from_file_location("baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.PLAN.check_names()  # the real migration names only frozen files
+    text = path.read_text(encoding="utf-8").replace('"broker/dbo.tabDIYTable12402.sql": [DROP_PLATFORM_TABLE]',
+                                                    '"broker/dbo.tabDIYTable.sql": [DROP_PLATFORM_TABLE]')
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(Exception, match="names broker/dbo.tabDIYTable.sql"):
+        render("downgrade", "head:base", root=project)

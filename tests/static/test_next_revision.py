@@ -31,6 +31,8 @@ PROCEDURE = "procedures/mailq.CancelMail.sql"
 UPGRADE = "upgrades/mailq.0002.MailQueue.sql"
 INDEX = "indexes/mailq.MailQueue.IX_MailQueue_Note.sql"
 TABLE = "tables/mailq.MailQueue.sql"
+#: What revision 0002 changes in the procedure (a comment is part of its text).
+CHANGE = "-- changed by revision 0002"
 
 UPGRADE_SQL = """\
 /*
@@ -88,13 +90,13 @@ def scratch(tmp_path_factory):
 
     # One change: a procedure altered, a nullable column through sql/upgrades/, an index.
     text = state["old_procedure"]
-    assert "only an UnSent mail can be cancelled" in text
-    (sql / PROCEDURE).write_text(text.replace("only an UnSent mail can be cancelled",
-                                              "only an UnSent mail may be cancelled"), encoding="utf-8")
+    assert "SET NOCOUNT, XACT_ABORT ON;" in text
+    (sql / PROCEDURE).write_text(text.replace("SET NOCOUNT, XACT_ABORT ON;", "SET NOCOUNT, XACT_ABORT ON;  " + CHANGE, 1),
+                                 encoding="utf-8")
     table = (sql / TABLE).read_text(encoding="utf-8")
-    anchor = "        TemplateModel NVARCHAR(MAX) NULL,\n"
+    anchor = "        CONSTRAINT PK_MailQueue PRIMARY KEY"
     assert anchor in table
-    (sql / TABLE).write_text(table.replace(anchor, anchor + "        Note NVARCHAR(200) NULL,\n"), encoding="utf-8")
+    (sql / TABLE).write_text(table.replace(anchor, "        Note NVARCHAR(200) NULL,\n" + anchor, 1), encoding="utf-8")
     (sql / UPGRADE).write_text(UPGRADE_SQL, encoding="utf-8")
     (sql / INDEX).write_text(INDEX_SQL, encoding="utf-8")
     order = (sql / "BuildOrder.txt").read_text(encoding="utf-8")
@@ -173,7 +175,7 @@ def test_upgrade_checks_the_starting_revision_and_applies_only_the_change(scratc
     assert "IF @Rows = 1 AND @Current NOT IN ('0001', '0002')" in body  # newer database: 50421
     code = d.code_only(body)
     assert code.count("CREATE OR ALTER PROCEDURE mailq.CancelMail") == 1
-    assert "only an UnSent mail may be cancelled" in body
+    assert CHANGE in body
     assert "ALTER TABLE mailq.MailQueue ADD Note NVARCHAR(200) NULL;" in body
     assert body.index("ADD Note") < body.index("CREATE NONCLUSTERED INDEX IX_MailQueue_Note")
     assert "CREATE OR ALTER PROCEDURE mailq.ClaimMail" not in code  # nothing else is replayed
@@ -186,7 +188,7 @@ def test_upgrade_checks_the_starting_revision_and_applies_only_the_change(scratc
 def test_downgrade_restores_the_procedure_and_refuses_to_drop_a_column_with_values(scratch):
     down = section(scratch["downgrade"], "-- Running downgrade 0002 -> 0001")
     assert "IF NOT (@Rows = 1 AND @Current = '0002')" in down and "THROW 50411" in down
-    assert "only an UnSent mail can be cancelled" in down  # 0001's text is back
+    assert d.statement_text(scratch["old_procedure"]) in down and CHANGE not in down  # 0001's text is back
     assert "DROP PROCEDURE IF EXISTS mailq.CancelMail" not in down
     assert "DROP INDEX IF EXISTS IX_MailQueue_Note ON mailq.MailQueue" in down
     refuse, drop = down.index("THROW 50422"), down.index("ALTER TABLE mailq.MailQueue DROP COLUMN Note;")

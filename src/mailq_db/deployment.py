@@ -391,6 +391,8 @@ MAX_READERS = 32767
 DEFAULT_LOCK_TIMEOUT_MS = 30000
 #: Files under this sql/ folder need Service Broker; ``-x broker=off`` skips them.
 BROKER_PREFIX = "broker/"
+#: In-place changes of existing tables (a revision after the baseline names their downgrade).
+UPGRADES_PREFIX = "upgrades/"
 #: The application lock that keeps two deployers of one database apart.
 DEPLOY_LOCK = "mailq-db deploy"
 
@@ -1253,6 +1255,13 @@ class RevisionPlan:
             elif self.drop_overrides and rel in self.drop_overrides:
                 override = self.drop_overrides[rel]
                 statements += override() if callable(override) else override
+            elif rel.startswith(UPGRADES_PREFIX):
+                from .errors import ConfigurationError
+
+                raise ConfigurationError(
+                    f"revision {self.revision}: {rel} changes a table in place and its migration names no "
+                    "downgrade for it: add drop_overrides={...} in alembic/versions/ (an empty list when there "
+                    "is nothing to undo; docs/CONVENTIONS.md)")
             else:
                 drop = drop_statement(obj)
                 if drop:

@@ -107,6 +107,10 @@ def scratch(tmp_path_factory):
     assert refused.returncode == 1 and "released" in refused.stderr
     state["new_revision"] = ok(cli(root, "dev", "new-revision", "-m", "note on mail"))
 
+    # Without the downgrade of its upgrades/ file the revision does not render a downgrade.
+    unnamed = cli(root, "deploy", "--sql", "--downgrade", "0002:0001")
+    assert unnamed.returncode == 1 and unnamed.stdout == "" and "names no downgrade" in unnamed.stderr
+    state["unnamed"] = unnamed.stderr
     # The maintainer names the upgrade file's downgrade in the generated revision.
     [migration] = (root / "alembic/versions").glob("0002_*.py")
     source = migration.read_text(encoding="utf-8")

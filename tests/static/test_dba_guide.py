@@ -100,3 +100,34 @@ def test_no_document_installs_the_unpublished_name():
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if bad.search(line)]
     assert found == []
     assert "pip wheel" in section("0. Getting `mailq-db`")
+
+
+def test_dev_golden_leaves_the_guide_in_step():
+    from mailq_db.commands.dev import sync_dba_guide
+
+    assert sync_dba_guide(GUIDE, ROOT) == GUIDE, "run `mailq-db dev golden`"
+
+
+def test_dev_golden_follows_a_new_grant_and_a_new_index(tmp_path):
+    """A helper's new procedure grant and index reach the guide with the one
+    regeneration command, and the checks above then hold for it."""
+    import shutil
+
+    from mailq_db.commands.dev import sync_dba_guide
+
+    shutil.copytree(ROOT / "sql", tmp_path / "sql")
+    (tmp_path / "sql/indexes/mailq.MailQueue.IX_MailQueue_New.sql").write_text(
+        "/*\nIX_MailQueue_New: serves mailq.Report.\n*/\nCREATE NONCLUSTERED INDEX IX_MailQueue_New "
+        "ON mailq.MailQueue (dtStamp);\n", encoding="utf-8")
+    grants = tmp_path / "sql/security/MailqSender.grants.sql"
+    grants.write_text(grants.read_text(encoding="utf-8") + "GRANT EXECUTE ON OBJECT::mailq.Report TO MailqSender;\n",
+                      encoding="utf-8")
+    order = tmp_path / "sql/BuildOrder.txt"
+    order.write_text(order.read_text(encoding="utf-8") + "indexes/mailq.MailQueue.IX_MailQueue_New.sql\n",
+                     encoding="utf-8")
+    synced = sync_dba_guide(GUIDE, tmp_path)
+    roles = table_rows(synced[synced.index("## 3. Roles"):synced.index("## 4.")])
+    assert ("EXECUTE", "mailq.Report") in documented(roles["MailqSender"])
+    indexes = table_rows(synced[synced.index("## 7. Tables and indexes"):synced.index("## 8.")])
+    assert "IX_MailQueue_New: serves mailq.Report." in indexes["mailq.MailQueue.IX_MailQueue_New"]
+    assert sync_dba_guide(synced, tmp_path) == synced

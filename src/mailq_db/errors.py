@@ -199,3 +199,9 @@ SPECIFIC.update({50215: UnknownTemplateError, 50216: TemplateStateError,
 SPECIFIC.update({50280: InvalidInputError, 50281: InvalidInputError, 50282: UnknownTemplateError,
                  50283: TemplateStateError, 50284: InvalidInputError, 50285: InvalidInputError,
                  50286: InvalidInputError})
+
+
+# Deployment (issue 21): a downgrade that would drop tables holding rows
+# (50420) or a column holding values (50422), and a database at a revision
+# this package does not know (50421, deployed by a newer mailq-db).
+SPECIFIC.update({50420: DeploymentCheckError, 50421: DeploymentCheckError, 50422: DeploymentCheckError})

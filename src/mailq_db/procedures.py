@@ -594,16 +594,6 @@ def unbind_application(conn: Any, *, app_name: str, account_name: str | None = N
     _call(conn, UNBIND_APPLICATION_SQL, [app_name, account_name, from_address, principal_name]).close()
 
 
-MOVE_BODIES_SQL = "EXEC mailq.MoveBodiesOutOfRow @BatchSize = ?, @MaxBatches = ?;"
-
-
-def move_bodies_out_of_row(conn: Any, *, batch_size: int | None = None, max_batches: int | None = None) -> int:
-    """mailq.MoveBodiesOutOfRow: after upgrading to 0007, move existing bodies off
-    the clustered rows in committed batches; returns how many mails were rewritten."""
-    rows = _rows(_call(conn, MOVE_BODIES_SQL, [batch_size, max_batches]))
-    return int(rows[0][0]) if rows else 0
-
-
 STATS_SQL = "EXEC mailq.GetQueueStats @RecentFailures = ?;"
 
 

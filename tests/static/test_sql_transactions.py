@@ -84,7 +84,7 @@ def test_every_owned_transaction_uses_the_one_catch_pattern():
             return False
         if re.search(r"\bIF\s+@OwnTran\s*=\s*1\s+BEGIN\s+TRANSACTION\b", code, re.I):
             return not re.search(r"IF\s+@OwnTran\s*=\s*1\s+AND\s+XACT_STATE\(\)\s*<>\s*0\s+ROLLBACK\s+TRANSACTION", code, re.I)
-        # Batch procedures (PurgeMail, MoveBodiesOutOfRow) refuse a caller's
+        # Batch procedures (PurgeMail) refuse a caller's
         # transaction (50141) and commit per batch.
         return not re.search(r"IF\s+@@TRANCOUNT\s*>\s*0\s+THROW", code, re.I)
 

@@ -249,10 +249,8 @@ def test_top_level_work_is_skipped_and_grants_kept(tool, tmp_path):
 
 def test_schema_preprocessing_skips_only_run_time_work(sql150):
     """On the real schema, nothing that defines an object is ever skipped: only top-level
-    run-time work (DML, THROW, DECLARE/SET, EXEC, PRINT: data migrations such as
-    sql/upgrades/ and broker/delay.AllowedProcedure.pin.sql, guards), DROP INDEX (a file
-    that retires an index, revision 0005), and ELSE branches of IF guards (they adopt an
-    existing object, or build the THEN branch's index without ONLINE = ON)."""
+    run-time work (DML, THROW, DECLARE/SET, EXEC, PRINT: seed rows, dynamic SQL, guards),
+    DROP INDEX, and ELSE branches of IF guards (they adopt an existing object)."""
     skipped = {(r["type"], r["why"]) for r in sql150 if r["kind"] == "skipped"}
     run_time = {"DeclareVariableStatement", "SetVariableStatement", "ThrowStatement", "InsertStatement",
                 "UpdateStatement", "DeleteStatement", "SelectStatement", "PrintStatement",

@@ -23,7 +23,7 @@ Exit status: 0 when every check is OK (warnings allowed unless --strict),
 
 examples:
   mailq-db doctor
-  mailq-db doctor --db "mssql+pyodbc://worker:pw@sql1/mail?driver=ODBC+Driver+18+for+SQL+Server"
+  mailq-db doctor --db "mssql+pyodbc://sql1/mail?driver=ODBC+Driver+18+for+SQL+Server"   (integrated login)
   mailq-db doctor --strict      # warnings count as problems too (for monitoring)
 """
 
@@ -87,6 +87,12 @@ def head_check(rows: list[dict[str, Any]]) -> Check:
     detail = str(deployed.get("Detail") or "")
     if head and head in detail:
         return Check("Schema", "Revision vs package head", "OK", f"at head {head}")
+    from ..deployment import revisions
+
+    if detail.strip() and detail.strip() not in revisions():
+        return Check("Schema", "Revision vs package head", "FAIL",
+                     f"server: {detail}, a revision this mailq-db does not know (its head: {head})",
+                     "a newer mailq-db deployed it: use that version or a later one (error 50421)")
     return Check("Schema", "Revision vs package head", "FAIL",
                  f"server: {detail or 'unknown'}; package head: {head}",
                  "run mailq-db deploy (or deploy --sql and hand the script to the DBA)")
@@ -260,7 +266,7 @@ def run(args) -> int:
             url = connection.resolve_url(args.db)
         except MailqError as exc:
             checks.append(Check("Server", "Connectivity", "FAIL", str(exc),
-                                "set MAILQ_DB_URL or pass --db mssql+pyodbc://user:password@host:port/database"))
+                                "set MAILQ_DB_URL (mssql+pyodbc://user:password@host:port/database; keep a password out of --db)"))
         else:
             checks += server_checks(url)
     print(render(checks))

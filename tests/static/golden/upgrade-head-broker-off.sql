@@ -25113,7 +25113,9 @@ problems AS (
     -- 33: attachments (mailq.MailAttachmentList reads a JSON array only and decodes nothing).
     SELECT 33, x.Position, t.AttachmentNo, x.ErrorNumber, N'Attachments', x.Message
     FROM (
-        SELECT a.*, COUNT(*) OVER () AS Files, SUM(a.Bytes) OVER () AS TotalBytes
+        SELECT
+            a.AttachmentNo, a.IsObject, a.FileName, a.ContentType, a.ContentBase64, a.Generator, a.GeneratorArgs,
+            a.GeneratorArgsText, a.Base64Ok, a.Bytes, COUNT(*) OVER () AS Files, SUM(a.Bytes) OVER () AS TotalBytes
         FROM mailq.MailAttachmentList(@Attachments) AS a
     ) AS t
     CROSS APPLY (VALUES
@@ -25157,8 +25159,9 @@ SELECT
     n.Subject, n.Body, n.BodyFormat, n.FromAddress, n.FromName, n.ReplyTo, n.AccountName, n.AppName,
     n.Priority, n.DueUtc, n.MaxAttempts, n.RunMode, n.TemplateModel,
     RTRIM(@IdempotencyKey) COLLATE Latin1_General_100_BIN2 AS KeyText,
-    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
-    IIF(d.Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%', N'mailq-db.invalid', d.Domain) AS Domain,
+    -- A Message-ID is ASCII and fits its column: another domain gets a neutral one.
+    IIF(d.Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' OR LEN(d.Domain) > 200, N'mailq-db.invalid', d.Domain)
+        AS Domain,
     -- The normalized content, headers and attachments re-serialized: neither
     -- how a default is spelled nor the path (single, JSON, TVP) changes it.
     HASHBYTES('SHA2_256', (
@@ -26055,7 +26058,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'upgrades/mailq.0018.LockEscalation.sql', '39b4f187c4fed16b67e5910657cb48ca55f61ddc3cb04640705d508f7f07fc10'),
     ('0018', N'functions/mailq.MailAttachmentList.sql', 'f24efad0ca73a89b8d849c8cdfa06017c72e2ddcc71be815f7392136fd401eaf'),
     ('0018', N'functions/mailq.MailBatchJson.sql', 'ab122cea575474bc51b5c5af146cbcd2b143a755366e4779e49527a4e40f5c83'),
-    ('0018', N'functions/mailq.EnqueueMailCheck.sql', 'b097b30f6a42305897d0a878e5f09a3c61855674eefc69ffe203f7e20e7ab987'),
+    ('0018', N'functions/mailq.EnqueueMailCheck.sql', 'c2a8d0a58c3c6423176d0d098d14c1855e97a52e1e4973f8442689d2a7578e6f'),
     ('0018', N'procedures/mailq.EnqueueMailRows.sql', '6f71d74fb551574a812f318a19ec4e6c74c69a40af6de2d8aec3a26142a61aa9'),
     ('0018', N'procedures/mailq.EnqueueMail.sql', '81ea78d951af91658af35997edf497a0338c2f657c1a6fda86eca76767c7e80c'),
     ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '71e060787abc719bb4e4322cc996d5fd9e50d1f499acd749f71b1d94f2bd4c2d'),

@@ -227,7 +227,9 @@ problems AS (
     -- 33: attachments (mailq.MailAttachmentList reads a JSON array only and decodes nothing).
     SELECT 33, x.Position, t.AttachmentNo, x.ErrorNumber, N'Attachments', x.Message
     FROM (
-        SELECT a.*, COUNT(*) OVER () AS Files, SUM(a.Bytes) OVER () AS TotalBytes
+        SELECT
+            a.AttachmentNo, a.IsObject, a.FileName, a.ContentType, a.ContentBase64, a.Generator, a.GeneratorArgs,
+            a.GeneratorArgsText, a.Base64Ok, a.Bytes, COUNT(*) OVER () AS Files, SUM(a.Bytes) OVER () AS TotalBytes
         FROM mailq.MailAttachmentList(@Attachments) AS a
     ) AS t
     CROSS APPLY (VALUES
@@ -271,8 +273,9 @@ SELECT
     n.Subject, n.Body, n.BodyFormat, n.FromAddress, n.FromName, n.ReplyTo, n.AccountName, n.AppName,
     n.Priority, n.DueUtc, n.MaxAttempts, n.RunMode, n.TemplateModel,
     RTRIM(@IdempotencyKey) COLLATE Latin1_General_100_BIN2 AS KeyText,
-    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
-    IIF(d.Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%', N'mailq-db.invalid', d.Domain) AS Domain,
+    -- A Message-ID is ASCII and fits its column: another domain gets a neutral one.
+    IIF(d.Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' OR LEN(d.Domain) > 200, N'mailq-db.invalid', d.Domain)
+        AS Domain,
     -- The normalized content, headers and attachments re-serialized: neither
     -- how a default is spelled nor the path (single, JSON, TVP) changes it.
     HASHBYTES('SHA2_256', (

@@ -295,6 +295,28 @@ def test_upsert_sending_account_keeps_what_it_is_not_given():
     assert UPSERT.index("THROW 50503") < UPSERT.index("UPDATE a")
 
 
+# -- the batch's JSON input -------------------------------------------------------
+
+
+def test_json_times_go_through_datetimeoffset_so_an_offset_is_converted_not_dropped():
+    code = " ".join(CODE["json"].split())
+    assert "VALUES (TRY_CONVERT(DATETIMEOFFSET(3), f.DateToProcess, 127), TRY_CONVERT(DATETIMEOFFSET(3), " \
+           "f.ExpiresAtUtc, 127))" in code
+    for column in ("Due", "Expires"):
+        # years 2-9998 only: SWITCHOFFSET at either end of the range could raise for the whole batch
+        assert (f"SWITCHOFFSET(IIF(YEAR(t.{column}) BETWEEN 2 AND 9998, t.{column}, NULL), N'+00:00')" in code), column
+    assert "YEAR(TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127)) BETWEEN 2 AND 9998" in code   # 50223 agrees
+    assert "IIF(k.[type] = 2 AND TRY_CONVERT(INT, k.[value]) IS NOT NULL, NULL," in code       # numbers, not strings
+
+
+def test_the_size_cap_comes_before_any_parsing_and_covers_both_inputs():
+    batch = CODE["batch"]
+    assert batch.index("SET @Bytes = DATALENGTH(@Mails);") < batch.index("IF @Bytes <= 268435456") \
+        < batch.index("ISJSON(@Mails)")
+    assert "COALESCE(DATALENGTH(r.Attachments), 0)" in batch and batch.count("THROW 50226") == 1
+    assert "LEFT(LTRIM(TRANSLATE(LEFT(@Mails, 4000), NCHAR(9) + NCHAR(10) + NCHAR(13), N'   ')), 1) <> N'['" in batch
+
+
 # -- sizes and headers ----------------------------------------------------------
 
 
@@ -303,10 +325,16 @@ def test_the_enqueue_path_is_at_most_half_of_the_two_copies_it_replaced():
     assert lines <= 890, lines   # EnqueueMail 737 + EnqueueMailBatch 1,043 before
 
 
-@pytest.mark.parametrize("key", list(FILES))
-def test_headers_are_contracts_of_10_to_30_lines(key):
-    header = TEXT[key][:TEXT[key].index("*/")]
+OTHER = ["procedures/mailq.UpsertSendingAccount.sql", "procedures/mailq.SetEnqueuePolicy.sql",
+         "procedures/mailq.GetEnqueuePolicy.sql", "tables/mailq.EnqueuePolicy.sql"]
+
+
+@pytest.mark.parametrize("rel", list(FILES.values()) + OTHER)
+def test_headers_are_contracts_of_10_to_30_lines(rel):
+    text = (SQL / rel).read_text(encoding="utf-8")
+    header = text[:text.index("*/")]
     assert 10 <= len(header.splitlines()) <= 30, len(header.splitlines())
+    assert not re.search(r"\b(issue|revision) \d", header, re.I)   # a contract, not history
 
 
 def test_headers_state_transaction_isolation_and_lock_order():

@@ -25683,29 +25683,27 @@ mailq.UpsertSendingAccount: creates a sending account, or changes only the
 settings it is given (and creates the account's rate budget row).  SMTP host
 and credentials are not stored: the worker's configuration maps the name to them.
 Parameters:  @AccountName NVARCHAR(128), required
-             @DefaultFromAddress NVARCHAR(320): one bare address; required for a
-                        new account, NULL keeps it
+             @DefaultFromAddress NVARCHAR(320): one bare address; required to
+                        create the account
              @DefaultFromName NVARCHAR(200); @PerMinuteLimit, @PerHourLimit,
                         @PerDayLimit INT > 0; @MinLoginIntervalMs INT 1-86,400,000
-                        (mailq.AcquireLoginSlot): NULL keeps the stored value
-                        (a new account: none, i.e. no name, no limit, no interval)
-             @IsDefault BIT: 1 = the account EnqueueMail uses when @AccountName is
-                        NULL (the previous default stops being it); 0 = no longer
-                        the default (then EnqueueMail without @AccountName raises
-                        50114); NULL keeps it (a new account: 0)
-             @Clear NVARCHAR(4000): settings to remove, comma-separated among
-                        DefaultFromName, PerMinuteLimit, PerHourLimit, PerDayLimit,
-                        MinLoginIntervalMs
+                        (mailq.AcquireLoginSlot)
+             @IsDefault BIT: 1 = the account EnqueueMail uses without @AccountName
+                        (the previous default stops being it); 0 = not the default
+                        any more (EnqueueMail without @AccountName: 50114)
+             NULL keeps what is stored (a new account: no name, limit, interval;
+             not the default); @Clear NVARCHAR(4000) removes settings, a comma-
+             separated list of DefaultFromName, PerMinuteLimit, PerHourLimit,
+             PerDayLimit, MinLoginIntervalMs.
 Result set:  none.
 Errors:      50142 @AccountName missing; 50103 a value over its size; 50105 CR/LF
              in @DefaultFromName; 50102 @DefaultFromAddress invalid; 50143 a limit
              not positive; 50122 @MinLoginIntervalMs out of range; 50503 a new
              account without @DefaultFromAddress; 50504 @Clear names another
-             setting, or one that is also given a value.  Nothing is written.
+             setting, or one also given a value.  Nothing is written.
 Transaction: its own if none is open, else the caller's (no savepoint); an
              error dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   READ COMMITTED, and the SET options of filtered-index DML
-             (UX_SendingAccount_IsDefault), set here.
+Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
 Lock order:  mailq.SendingAccount (the row, then the previous default), then
              mailq.RateBudget (only a new account's row).
 Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq', @PerMinuteLimit = 30;
@@ -26062,7 +26060,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'procedures/mailq.EnqueueMailRows.sql', '6f71d74fb551574a812f318a19ec4e6c74c69a40af6de2d8aec3a26142a61aa9'),
     ('0018', N'procedures/mailq.EnqueueMail.sql', '81ea78d951af91658af35997edf497a0338c2f657c1a6fda86eca76767c7e80c'),
     ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '71e060787abc719bb4e4322cc996d5fd9e50d1f499acd749f71b1d94f2bd4c2d'),
-    ('0018', N'procedures/mailq.UpsertSendingAccount.sql', 'f2c735eccf8e770eb948a5acc1597b36c04fd5233e1fd2afb8612b4517b3ebf6'),
+    ('0018', N'procedures/mailq.UpsertSendingAccount.sql', '4a2a8c40495e7a1e7ec74aa3888950e7e88997681478a28a082e117722e2088a'),
     ('0018', N'procedures/mailq.SetEnqueuePolicy.sql', 'ebab2f0d893042164d3de72c5d73536f20cb329cf5f387e3b91c0f8e321a54cd'),
     ('0018', N'procedures/mailq.GetEnqueuePolicy.sql', '19d803b973dfbc7cb0b0a5f9e77e2e1178e9d5884621f5bd8c1b8ae889a65588'),
     ('0018', N'security/MailqAdmin.enqueue.grants.sql', 'cf9a54032e603bb02db138dc8cd512a5b10548a2f5825f3844833329b1efb4b7');

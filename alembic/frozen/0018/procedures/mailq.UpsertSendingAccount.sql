@@ -4,29 +4,27 @@ mailq.UpsertSendingAccount: creates a sending account, or changes only the
 settings it is given (and creates the account's rate budget row).  SMTP host
 and credentials are not stored: the worker's configuration maps the name to them.
 Parameters:  @AccountName NVARCHAR(128), required
-             @DefaultFromAddress NVARCHAR(320): one bare address; required for a
-                        new account, NULL keeps it
+             @DefaultFromAddress NVARCHAR(320): one bare address; required to
+                        create the account
              @DefaultFromName NVARCHAR(200); @PerMinuteLimit, @PerHourLimit,
                         @PerDayLimit INT > 0; @MinLoginIntervalMs INT 1-86,400,000
-                        (mailq.AcquireLoginSlot): NULL keeps the stored value
-                        (a new account: none, i.e. no name, no limit, no interval)
-             @IsDefault BIT: 1 = the account EnqueueMail uses when @AccountName is
-                        NULL (the previous default stops being it); 0 = no longer
-                        the default (then EnqueueMail without @AccountName raises
-                        50114); NULL keeps it (a new account: 0)
-             @Clear NVARCHAR(4000): settings to remove, comma-separated among
-                        DefaultFromName, PerMinuteLimit, PerHourLimit, PerDayLimit,
-                        MinLoginIntervalMs
+                        (mailq.AcquireLoginSlot)
+             @IsDefault BIT: 1 = the account EnqueueMail uses without @AccountName
+                        (the previous default stops being it); 0 = not the default
+                        any more (EnqueueMail without @AccountName: 50114)
+             NULL keeps what is stored (a new account: no name, limit, interval;
+             not the default); @Clear NVARCHAR(4000) removes settings, a comma-
+             separated list of DefaultFromName, PerMinuteLimit, PerHourLimit,
+             PerDayLimit, MinLoginIntervalMs.
 Result set:  none.
 Errors:      50142 @AccountName missing; 50103 a value over its size; 50105 CR/LF
              in @DefaultFromName; 50102 @DefaultFromAddress invalid; 50143 a limit
              not positive; 50122 @MinLoginIntervalMs out of range; 50503 a new
              account without @DefaultFromAddress; 50504 @Clear names another
-             setting, or one that is also given a value.  Nothing is written.
+             setting, or one also given a value.  Nothing is written.
 Transaction: its own if none is open, else the caller's (no savepoint); an
              error dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   READ COMMITTED, and the SET options of filtered-index DML
-             (UX_SendingAccount_IsDefault), set here.
+Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
 Lock order:  mailq.SendingAccount (the row, then the previous default), then
              mailq.RateBudget (only a new account's row).
 Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq', @PerMinuteLimit = 30;

@@ -25759,11 +25759,11 @@ BEGIN
     END;
 
     -- @Clear: each name once, known, and not also given a value.
-    DECLARE @Cleared TABLE (Setting NVARCHAR(4000) NOT NULL PRIMARY KEY, Given BIT NULL);
+    DECLARE @Cleared TABLE (Setting NVARCHAR(128) NOT NULL PRIMARY KEY, Given BIT NULL);
     INSERT INTO @Cleared (Setting, Given)
     SELECT DISTINCT s.Setting, v.Given
     FROM STRING_SPLIT(@Clear, N',') AS c
-    CROSS APPLY (VALUES (LTRIM(RTRIM(c.value)))) AS s(Setting)
+    CROSS APPLY (VALUES (LEFT(LTRIM(RTRIM(c.value)), 128))) AS s(Setting)
     LEFT JOIN (
         VALUES
         (N'DefaultFromName', IIF(@DefaultFromName IS NULL, 0, 1)),
@@ -26060,7 +26060,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'procedures/mailq.EnqueueMailRows.sql', '6f71d74fb551574a812f318a19ec4e6c74c69a40af6de2d8aec3a26142a61aa9'),
     ('0018', N'procedures/mailq.EnqueueMail.sql', '81ea78d951af91658af35997edf497a0338c2f657c1a6fda86eca76767c7e80c'),
     ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '71e060787abc719bb4e4322cc996d5fd9e50d1f499acd749f71b1d94f2bd4c2d'),
-    ('0018', N'procedures/mailq.UpsertSendingAccount.sql', '4a2a8c40495e7a1e7ec74aa3888950e7e88997681478a28a082e117722e2088a'),
+    ('0018', N'procedures/mailq.UpsertSendingAccount.sql', '7b619046925ea5e96a4a8edcd51748ae94c9668161c239a8c3bdcdb818479d9b'),
     ('0018', N'procedures/mailq.SetEnqueuePolicy.sql', 'ebab2f0d893042164d3de72c5d73536f20cb329cf5f387e3b91c0f8e321a54cd'),
     ('0018', N'procedures/mailq.GetEnqueuePolicy.sql', '19d803b973dfbc7cb0b0a5f9e77e2e1178e9d5884621f5bd8c1b8ae889a65588'),
     ('0018', N'security/MailqAdmin.enqueue.grants.sql', 'cf9a54032e603bb02db138dc8cd512a5b10548a2f5825f3844833329b1efb4b7');

@@ -80,11 +80,11 @@ BEGIN
     END;
 
     -- @Clear: each name once, known, and not also given a value.
-    DECLARE @Cleared TABLE (Setting NVARCHAR(4000) NOT NULL PRIMARY KEY, Given BIT NULL);
+    DECLARE @Cleared TABLE (Setting NVARCHAR(128) NOT NULL PRIMARY KEY, Given BIT NULL);
     INSERT INTO @Cleared (Setting, Given)
     SELECT DISTINCT s.Setting, v.Given
     FROM STRING_SPLIT(@Clear, N',') AS c
-    CROSS APPLY (VALUES (LTRIM(RTRIM(c.value)))) AS s(Setting)
+    CROSS APPLY (VALUES (LEFT(LTRIM(RTRIM(c.value)), 128))) AS s(Setting)
     LEFT JOIN (
         VALUES
         (N'DefaultFromName', IIF(@DefaultFromName IS NULL, 0, 1)),

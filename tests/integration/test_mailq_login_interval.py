@@ -50,8 +50,9 @@ def last_login(conn, account: str):
 
 
 def set_interval(conn, account: str, ms: int | None) -> None:
+    """Set the interval, or remove it (None): UpsertSendingAccount keeps what it is not given."""
     procedures.upsert_sending_account(conn, account_name=account, default_from_address="noreply@example.org",
-                                      min_login_interval_ms=ms)
+                                      min_login_interval_ms=ms, clear=["MinLoginIntervalMs"] if ms is None else [])
 
 
 def test_upsert_sets_changes_and_clears_the_interval(conn):

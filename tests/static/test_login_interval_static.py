@@ -38,7 +38,8 @@ def test_a_bad_interval_is_refused_before_the_transaction():
     assert "@MinLoginIntervalMs INT = NULL" in upsert
     assert upsert.index("THROW 50122") < upsert.index("BEGIN TRANSACTION")
     assert "IF @MinLoginIntervalMs NOT BETWEEN 1 AND 86400000" in upsert
-    assert "a.MinLoginIntervalMs = @MinLoginIntervalMs" in upsert  # an update sets it
+    # an update sets it when given, keeps it when NULL, removes it with @Clear (issue 24 M6)
+    assert "COALESCE(@MinLoginIntervalMs, a.MinLoginIntervalMs)" in upsert
     assert upsert.count("@MinLoginIntervalMs") >= 5  # parameter, check, message, update, insert
 
 

@@ -108,11 +108,14 @@ def test_enqueue_serializes_keys_on_an_applock_not_on_key_ranges():
         code = strip_comments(path.read_text(encoding="utf-8"))
         for hint in re.finditer(r"mailq\.MailQueue\s+AS\s+\w+\s+WITH\s*\(([^)]*)\)", code, re.I):
             assert not re.search(r"\b(HOLDLOCK|SERIALIZABLE)\b", hint.group(1), re.I), rel(path)
-    code = strip_comments((SQL / "procedures/mailq.EnqueueMail.sql").read_text(encoding="utf-8"))
+    # EnqueueMail and EnqueueMailBatch both write through the one core (docs/enqueue.md)
+    code = strip_comments((SQL / "procedures/mailq.EnqueueMailRows.sql").read_text(encoding="utf-8"))
     assert re.search(r"sys\.sp_getapplock[^;]*@LockOwner\s*=\s*N'Transaction'", code, re.S)
-    prefix = re.search(r"CONCAT\(N'(mailq\.IdempotencyKey:)', RTRIM\(@IdempotencyKey\)\)", code)
+    prefix = re.search(r"CONCAT\(N'(mailq\.IdempotencyKey:)', @KeyText\)", code)
     assert prefix and len(prefix.group(1)) + 200 <= 255
-    assert "(10, N'@IdempotencyKey', @IdempotencyKey, 200)" in code
+    rules = strip_comments((SQL / "functions/mailq.EnqueueMailCheck.sql").read_text(encoding="utf-8"))
+    assert "(8, 50103, 10, N'IdempotencyKey', @IdempotencyKey, 200)" in rules  # a longer key never reaches the lock
+    assert "RTRIM(@IdempotencyKey) COLLATE Latin1_General_100_BIN2 AS KeyText" in rules
 
 
 #: One IF condition, up to the statement it guards.

@@ -282,8 +282,8 @@ MODEL_SAMPLES = [
      "INSERT INTO mailq.MailAttempt (MailID, AttemptNumber,", ("[mailq].[MailAttempt].[AttemptNumber]",)),
     ("procedures/mailq.MarkSent.sql", "            inserted.AttemptCount,\n            inserted.AppName,\n",
      "            inserted.Attempts,\n            inserted.AppName,\n", ("[mailq].[MailQueue].[Attempts]",)),
-    ("procedures/mailq.EnqueueMail.sql", "FROM mailq.SendingAccount AS a\n",
-     "FROM mailq.SendingAccounts AS a\n", ("[mailq].[SendingAccounts]",)),
+    ("functions/mailq.EnqueueMailCheck.sql", "FROM mailq.SendingAccount AS s\n",
+     "FROM mailq.SendingAccounts AS s\n", ("[mailq].[SendingAccounts]",)),
     ("procedures/mailq.ReleaseMail.sql", "@IDList = @IDList, @LockToken = @LockToken;",
      "@IDLst = @IDList, @LockToken = @LockToken;", ("[mailq].[LockLeasedMail].[@IDLst]",)),
     ("views/mailq.RecentFailures.sql", "t.ErrorText AS LastError", "t.ErrorTxt AS LastError",
@@ -327,7 +327,7 @@ def test_a_sys_object_outside_the_allowlist_is_a_problem(broken_sql150):
 
 def test_every_problem_of_the_broken_copy_is_one_of_the_samples(broken_sql150):
     """The samples are caught for their own defect, not by noise."""
-    elements = {"[mailq].[ClaimMail]", "[mailq].[MarkSent]", "[mailq].[EnqueueMail]", "[mailq].[ReleaseMail]",
+    elements = {"[mailq].[ClaimMail]", "[mailq].[MarkSent]", "[mailq].[EnqueueMailCheck]", "[mailq].[ReleaseMail]",
                 "[mailq].[RecentFailures]", "[mailq].[GetInstallationHealth]", "[mailq].[SessionCount]"}
     for problem in broken_sql150:
         assert any(e in problem for e in elements), problem

@@ -595,6 +595,34 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
+mailq.EnqueuePolicy: who may enqueue without an application, one row.
+    AllowUnmappedEnqueuers  0 (a new installation): a database user that no
+        mailq.ApplicationPrincipal row maps to an application is refused by
+        mailq.EnqueueMail, mailq.EnqueueMailBatch and mailq.SendDbMail (50500);
+        1: the opt-in of mailq.SetEnqueuePolicy, such a user enqueues unbound
+        (any account, any From address) as before this table existed.
+    ChangedAtUtc, ChangedBy  when and by whom (ORIGINAL_LOGIN()) it was last set.
+Written only by mailq.SetEnqueuePolicy (db_owner, MailqAdmin); read by the
+enqueue core (mailq.EnqueueMailRows) and mailq.GetEnqueuePolicy
+(docs/enqueue.md, "Who may send as whom").
+*/
+IF OBJECT_ID(N'mailq.EnqueuePolicy', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.EnqueuePolicy (
+        PolicyId TINYINT NOT NULL CONSTRAINT DF_EnqueuePolicy_PolicyId DEFAULT (1),
+        AllowUnmappedEnqueuers BIT NOT NULL CONSTRAINT DF_EnqueuePolicy_AllowUnmapped DEFAULT (0),
+        ChangedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_EnqueuePolicy_ChangedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ChangedBy NVARCHAR(128) NULL,
+        CONSTRAINT PK_EnqueuePolicy PRIMARY KEY CLUSTERED (PolicyId),
+        CONSTRAINT CK_EnqueuePolicy_SingleRow CHECK (PolicyId = 1)
+    );
+
+    INSERT INTO mailq.EnqueuePolicy (PolicyId, AllowUnmappedEnqueuers) VALUES (1, 0);
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
 IX_MailQueue_ClaimByAccount: mailq.ClaimMail's seek, one per (account, run
 mode) pair that may send now.  Keys (AccountName, RunMode, Priority DESC,
 VisibleAtUtc, ID), INCLUDE (AppName, AttemptsRemaining, ExpiresAtUtc), filtered
@@ -1072,6 +1100,444 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
+mailq.MailAttachmentList: the attachments of one mail, read from EnqueueMail's
+@Attachments text without ever raising an error (inline).
+Parameters:  @Attachments NVARCHAR(MAX): a JSON array; anything else gives no rows
+Returns:     per element: AttachmentNo (from 1), IsObject, FileName, ContentType,
+             ContentBase64, Generator, GeneratorArgs ("Arguments" when an object
+             or array), GeneratorArgsText (when a scalar), Base64Ok (canonical
+             base64: A-Z a-z 0-9 + /, length a multiple of 4, '=' only as 1-2
+             final characters) and Bytes (the decoded size, from the text).
+No error:    OPENJSON only meets text IIF proved to be JSON (else 13609 would fail
+             a whole batch); nothing is decoded here (the core decodes Base64Ok text).
+Example:     SELECT a.Bytes FROM mailq.MailAttachmentList(N'[{"FileName": "a", "ContentBase64": "YQ=="}]') AS a;
+*/
+CREATE OR ALTER FUNCTION mailq.MailAttachmentList(@Attachments NVARCHAR(MAX))
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    CAST(e.[key] AS INT) + 1 AS AttachmentNo,
+    IIF(e.[type] = 5, 1, 0) AS IsObject,
+    f.FileName,
+    f.ContentType,
+    f.ContentBase64,
+    f.Generator,
+    f.GeneratorArgs,
+    f.GeneratorArgsText,
+    IIF(
+        b.Chars % 4 = 0
+        AND f.ContentBase64 COLLATE Latin1_General_100_BIN2 NOT LIKE N'%[^A-Za-z0-9+/=]%'
+        AND (b.Pad = 0 OR (b.Pad >= b.Chars - 1 AND SUBSTRING(f.ContentBase64, b.Pad, 2) IN (N'=', N'=='))),
+        1, 0
+    ) AS Base64Ok,
+    b.Chars / 4 * 3 - IIF(b.Pad = 0, 0, b.Chars - b.Pad + 1) AS Bytes
+FROM OPENJSON(IIF(ISJSON(@Attachments) = 1 AND LEFT(LTRIM(@Attachments), 1) = N'[', @Attachments, NULL)) AS e
+-- IIF: a scalar element is not JSON text (OPENJSON would raise 13609).
+OUTER APPLY OPENJSON (IIF(e.[type] = 5, e.[value], NULL))
+    WITH (
+        FileName NVARCHAR(4000) '$.FileName',
+        ContentType NVARCHAR(4000) '$.ContentType',
+        ContentBase64 NVARCHAR(MAX) '$.ContentBase64',
+        Generator NVARCHAR(4000) '$.Generator',
+        -- AS JSON: an object or array value (NULL for a scalar), OPENJSON (Transact-SQL)
+        GeneratorArgs NVARCHAR(MAX) '$.Arguments' AS JSON,
+        GeneratorArgsText NVARCHAR(MAX) '$.Arguments'
+    ) AS f
+-- DATALENGTH, not LEN: trailing spaces count (and are not base64).
+CROSS APPLY (
+    VALUES (CAST(DATALENGTH(f.ContentBase64) / 2 AS BIGINT), CAST(CHARINDEX(N'=', f.ContentBase64) AS BIGINT))
+) AS b(Chars, Pad);
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.MailBatchJson: EnqueueMailBatch's @Mails (a JSON array of objects) as rows
+with mailq.MailBatchRow's columns, without ever raising an error (inline).
+Parameters:  @Mails NVARCHAR(MAX); NULL or text that is not JSON gives no rows
+Returns:     RowNo (position + 1), the fields as MailBatchRow types them, and
+             InputField/InputMessage: a field unknown or of the wrong JSON type
+             (rule 50223), else NULL.  Fields are read as text and converted
+             with TRY_CONVERT; Headers, Attachments, TemplateModel may be JSON or
+             a string; times are ISO 8601, an offset converted to UTC, years 2-9998.
+Example:     SELECT j.RowNo, j.InputMessage FROM mailq.MailBatchJson(N'[{"Priority": "9"}]') AS j;
+*/
+CREATE OR ALTER FUNCTION mailq.MailBatchJson(@Mails NVARCHAR(MAX))
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    CAST(e.[key] AS INT) + 1 AS RowNo,
+    f.ToAddress, f.Subject, f.Body, f.BodyFormat, f.TextBody, f.CC, f.BCC, f.FromAddress, f.FromName,
+    f.ReplyTo, COALESCE(f.HeadersObject, f.HeadersText) AS Headers, f.AccountName, f.AppName,
+    TRY_CONVERT(INT, f.Priority) AS Priority,
+    CONVERT(DATETIME2(3), SWITCHOFFSET(IIF(YEAR(t.Due) BETWEEN 2 AND 9998, t.Due, NULL), N'+00:00')) AS DateToProcess,
+    CONVERT(DATETIME2(3), SWITCHOFFSET(IIF(YEAR(t.Expires) BETWEEN 2 AND 9998, t.Expires, NULL), N'+00:00'))
+        AS ExpiresAtUtc,
+    TRY_CONVERT(INT, f.MaxAttempts) AS MaxAttempts, f.IdempotencyKey,
+    COALESCE(f.AttachmentsArray, f.AttachmentsText) AS Attachments, f.RunMode, f.TemplateName,
+    TRY_CONVERT(INT, f.TemplateVersion) AS TemplateVersion,
+    COALESCE(f.TemplateModelObject, f.TemplateModelText) AS TemplateModel,
+    LEFT(p.Field, 128) AS InputField, p.Message AS InputMessage
+FROM OPENJSON(IIF(ISJSON(@Mails) = 1, @Mails, NULL)) AS e
+-- IIF: an element that is not an object is not JSON text for OPENJSON (13609).
+CROSS APPLY OPENJSON (IIF(e.[type] = 5, e.[value], NULL))
+    WITH (
+        ToAddress NVARCHAR(MAX) '$.ToAddress', Subject NVARCHAR(MAX) '$.Subject',
+        Body NVARCHAR(MAX) '$.Body', BodyFormat NVARCHAR(20) '$.BodyFormat',
+        TextBody NVARCHAR(MAX) '$.TextBody', CC NVARCHAR(MAX) '$.CC', BCC NVARCHAR(MAX) '$.BCC',
+        FromAddress NVARCHAR(MAX) '$.FromAddress', FromName NVARCHAR(MAX) '$.FromName',
+        ReplyTo NVARCHAR(MAX) '$.ReplyTo',
+        HeadersObject NVARCHAR(MAX) '$.Headers' AS JSON, HeadersText NVARCHAR(MAX) '$.Headers',
+        AccountName NVARCHAR(4000) '$.AccountName', AppName NVARCHAR(4000) '$.AppName',
+        Priority NVARCHAR(MAX) '$.Priority', DateToProcess NVARCHAR(MAX) '$.DateToProcess',
+        ExpiresAtUtc NVARCHAR(MAX) '$.ExpiresAtUtc', MaxAttempts NVARCHAR(MAX) '$.MaxAttempts',
+        IdempotencyKey NVARCHAR(4000) '$.IdempotencyKey',
+        AttachmentsArray NVARCHAR(MAX) '$.Attachments' AS JSON, AttachmentsText NVARCHAR(MAX) '$.Attachments',
+        RunMode NVARCHAR(4000) '$.RunMode', TemplateName NVARCHAR(4000) '$.TemplateName',
+        TemplateVersion NVARCHAR(MAX) '$.TemplateVersion',
+        TemplateModelObject NVARCHAR(MAX) '$.TemplateModel' AS JSON,
+        TemplateModelText NVARCHAR(MAX) '$.TemplateModel'
+    ) AS f
+CROSS APPLY (
+    VALUES (TRY_CONVERT(DATETIMEOFFSET(3), f.DateToProcess, 127), TRY_CONVERT(DATETIMEOFFSET(3), f.ExpiresAtUtc, 127))
+) AS t(Due, Expires)
+OUTER APPLY (
+    SELECT TOP (1) k.[key] AS Field, v.Message
+    FROM OPENJSON(IIF(e.[type] = 5, e.[value], NULL)) AS k
+    CROSS APPLY (
+        SELECT CASE
+            WHEN k.[key] COLLATE Latin1_General_100_BIN2 NOT IN (
+                N'ToAddress', N'Subject', N'Body', N'BodyFormat', N'TextBody', N'CC', N'BCC', N'FromAddress',
+                N'FromName', N'ReplyTo', N'Headers', N'AccountName', N'AppName', N'Priority', N'DateToProcess',
+                N'ExpiresAtUtc', N'MaxAttempts', N'IdempotencyKey', N'Attachments', N'RunMode', N'TemplateName',
+                N'TemplateVersion', N'TemplateModel'
+            )
+                THEN CONCAT(N'''', LEFT(k.[key], 80), N''' is not a field of a mail (names are case-sensitive).')
+            WHEN k.[type] = 0 OR k.[key] IN (N'Headers', N'Attachments', N'TemplateModel') THEN NULL
+            WHEN k.[key] IN (N'Priority', N'MaxAttempts', N'TemplateVersion')
+                THEN IIF(k.[type] = 2 AND TRY_CONVERT(INT, k.[value]) IS NOT NULL, NULL,
+                    CONCAT(N'''', k.[key], N''' must be a JSON number that is an integer (not a string).'))
+            WHEN k.[key] IN (N'DateToProcess', N'ExpiresAtUtc')
+                THEN IIF(k.[type] = 1
+                    AND YEAR(TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127)) BETWEEN 2 AND 9998, NULL,
+                    CONCAT(N'''', k.[key], N''' must be an ISO 8601 time, e.g. "2030-01-01T08:00:00Z" ',
+                        N'(an offset such as +02:00 is converted to UTC).'))
+            WHEN k.[type] <> 1 THEN CONCAT(N'''', k.[key], N''' must be a JSON string.')
+        END AS Message
+    ) AS v
+    WHERE v.Message IS NOT NULL
+) AS p;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.EnqueueMailCheck: THE rules of enqueueing one mail, its defaults and its
+idempotency content hash.  Inline: expanded into the one statement of its one
+caller, mailq.EnqueueMailRows, for a single call and for every batch row alike.
+Parameters:  mailq.MailBatchRow's 23 fields in column order (NULL = default);
+             @InputField/@InputMessage (rule 50223 found reading the input); @P
+             N'@' (messages name parameters) or N'' (batch fields); @Now; @User;
+             @PrincipalApp (the caller's mapped application); @AllowUnmapped;
+             @TemplateLatest, @TemplateRetired (mailq.MailTemplate's row, read by the caller).
+Returns:     one row: the values to store, defaults applied; KeyText (the key as
+             its lock names it); Domain (of the Message-ID); ContentHash (SHA-256
+             of the normalized content, the due time as given); and the FIRST
+             broken rule by RuleOrder: ErrorNumber, Field, Message (NULL if valid).
+Errors:      none raised: JSON functions read only text IIF proved to be JSON.
+Example:     see mailq.EnqueueMailRows; docs/enqueue.md lists every rule.
+*/
+CREATE OR ALTER FUNCTION mailq.EnqueueMailCheck(
+    @ToAddress NVARCHAR(MAX), @Subject NVARCHAR(MAX), @Body NVARCHAR(MAX), @BodyFormat NVARCHAR(20),
+    @TextBody NVARCHAR(MAX), @CC NVARCHAR(MAX), @BCC NVARCHAR(MAX), @FromAddress NVARCHAR(MAX),
+    @FromName NVARCHAR(MAX), @ReplyTo NVARCHAR(MAX), @Headers NVARCHAR(MAX), @AccountName NVARCHAR(4000),
+    @AppName NVARCHAR(4000), @Priority INT, @DateToProcess DATETIME2(3), @ExpiresAtUtc DATETIME2(3),
+    @MaxAttempts INT, @IdempotencyKey NVARCHAR(4000), @Attachments NVARCHAR(MAX), @RunMode NVARCHAR(4000),
+    @TemplateName NVARCHAR(4000), @TemplateVersion INT, @TemplateModel NVARCHAR(MAX),
+    @InputField NVARCHAR(128), @InputMessage NVARCHAR(2048), @P NVARCHAR(1), @Now DATETIME2(3),
+    @User NVARCHAR(128), @PrincipalApp NVARCHAR(128), @AllowUnmapped BIT, @TemplateLatest INT,
+    @TemplateRetired DATETIME2(3)
+)
+RETURNS TABLE
+AS
+RETURN
+-- n: the defaults, and what the rules look up (one row).
+WITH n AS (
+    SELECT
+        a.AccountName,
+        IIF(@TemplateName IS NULL, @Subject, N'') AS Subject,   -- a template renders subject and body
+        IIF(@TemplateName IS NULL, @Body, N'') AS Body,
+        IIF(@TemplateName IS NULL, COALESCE(@BodyFormat, N'Text'), N'Text') AS BodyFormat,
+        LEFT(LTRIM(RTRIM(COALESCE(@FromAddress, a.DefaultFrom))), 320) AS FromAddress,
+        LEFT(COALESCE(@FromName, a.DefaultFromName), 200) AS FromName,
+        LTRIM(RTRIM(@ReplyTo)) AS ReplyTo,
+        LEFT(COALESCE(@PrincipalApp, @AppName), 128) AS AppName,
+        COALESCE(@Priority, 5) AS Priority,
+        COALESCE(@DateToProcess, @Now) AS DueUtc,
+        COALESCE(@MaxAttempts, 5) AS MaxAttempts,
+        COALESCE(@RunMode, N'prod') AS RunMode,
+        IIF(@TemplateName IS NULL, @TemplateModel, COALESCE(@TemplateModel, N'{}')) AS TemplateModel,
+        IIF(ISJSON(@Headers) = 1 AND LEFT(LTRIM(@Headers), 1) = N'{', @Headers, NULL) AS HeadersJson,
+        N'%[' + NCHAR(13) + NCHAR(10) + N']%' AS CrLf,
+        (SELECT COUNT(*) FROM mailq.ParseAddressList(@ToAddress)) AS ToCount,
+        (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) AS ReplyToCount,
+        (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) AS FromCount,
+        (SELECT COUNT(x.DisplayName) FROM mailq.ParseAddressList(@FromAddress) AS x) AS FromNames,
+        (
+            SELECT COUNT(*) FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(List)
+            CROSS APPLY mailq.ParseAddressList(v.List)
+        ) AS Recipients
+    -- The account named, or the default one; MAX makes one row either way.
+    FROM (
+        SELECT
+            MAX(s.AccountName) AS AccountName, MAX(s.DefaultFromAddress) AS DefaultFrom,
+            MAX(s.DefaultFromName) AS DefaultFromName
+        FROM mailq.SendingAccount AS s
+        WHERE s.AccountName = COALESCE(@AccountName, (
+            SELECT x.AccountName FROM mailq.SendingAccount AS x WHERE x.IsDefault = 1
+        ))
+    ) AS a
+),
+
+-- Every broken rule: (RuleOrder, Position, Item) orders them; the first one wins.
+problems AS (
+    SELECT v.RuleOrder, 0 AS Position, 0 AS Item, v.ErrorNumber, v.Field, v.Message
+    FROM n
+    CROSS APPLY (VALUES
+        (1, 50500, N'AppName', IIF(@PrincipalApp IS NULL AND @AllowUnmapped = 0, 1, 0), CONCAT(
+            N'Database user ', QUOTENAME(@User), N' is not mapped to an application, and this installation ',
+            N'refuses unmapped enqueuers: an administrator maps it with EXEC mailq.BindApplication ',
+            N'@AppName = N''<application>'', @PrincipalName = N''', REPLACE(@User, N'''', N''''''), N''';')),
+        (2, 50223, @InputField, IIF(@InputMessage IS NULL, 0, 1), @InputMessage),
+        (3, 50101, N'ToAddress', IIF(@ToAddress IS NULL OR n.ToCount = 0, 1, 0),
+            CONCAT(@P, N'ToAddress is required: give at least one recipient address (separate several with ;).')),
+        (4, 50281, N'TemplateName',
+            IIF(@TemplateName IS NULL AND (@TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL), 1, 0),
+            CONCAT(@P, N'TemplateVersion and ', @P, N'TemplateModel need ', @P, N'TemplateName.')),
+        (5, 50280, N'TemplateName', IIF(@TemplateName IS NOT NULL
+                AND (@Body IS NOT NULL OR @TextBody IS NOT NULL OR NULLIF(@Subject, N'') IS NOT NULL), 1, 0),
+            CONCAT(@P, N'TemplateName renders the subject and the body: leave ', @P, N'Subject, ', @P,
+                N'Body and ', @P, N'TextBody NULL.')),
+        (6, 50121, N'Subject', IIF(n.Subject IS NULL, 1, 0),
+            CONCAT(@P, N'Subject is required (pass N'''' for a mail without subject).')),
+        (7, 50120, N'Body', IIF(n.Body IS NULL, 1, 0),
+            CONCAT(@P, N'Body is required (or ', @P, N'TemplateName and ', @P, N'TemplateModel).')),
+        (11, 50102, N'ReplyTo', IIF(n.ReplyToCount > 1, 1, 0), CONCAT(@P, N'ReplyTo takes one address.')),
+        (12, 50102, N'FromAddress', IIF(n.FromCount > 1, 1, 0), CONCAT(@P, N'FromAddress takes one address.')),
+        (13, 50102, N'FromAddress', IIF(n.FromNames > 0, 1, 0),
+            CONCAT(@P, N'FromAddress takes a bare address; give the display name in ', @P, N'FromName.')),
+        (14, 50104, N'ToAddress', IIF(n.Recipients > 100, 1, 0), CONCAT(@P, N'ToAddress, ', @P, N'CC and ', @P,
+            N'BCC name ', n.Recipients, N' recipients; the limit is 100.')),
+        (15, 50118, N'BodyFormat', IIF(n.BodyFormat NOT IN (N'Text', N'Html'), 1, 0),
+            CONCAT(@P, N'BodyFormat must be Text or Html; got ''', LEFT(n.BodyFormat, 20), N'''.')),
+        (16, 50109, N'Priority', IIF(n.Priority NOT BETWEEN 0 AND 9, 1, 0),
+            CONCAT(@P, N'Priority must be 0-9 (9 is sent first); got ', n.Priority, N'.')),
+        (17, 50119, N'MaxAttempts', IIF(n.MaxAttempts NOT BETWEEN 1 AND 20, 1, 0),
+            CONCAT(@P, N'MaxAttempts must be 1-20; got ', n.MaxAttempts, N'.')),
+        (18, 50110, N'ExpiresAtUtc', IIF(@ExpiresAtUtc <= n.DueUtc, 1, 0), CONCAT(@P, N'ExpiresAtUtc (',
+            CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126), N') must be later than the due time (',
+            CONVERT(NVARCHAR(30), n.DueUtc, 126), N').')),
+        (19, 50111, N'Body', IIF(LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000, 1, 0),
+            CONCAT(@P, N'Body and ', @P, N'TextBody are limited to 2,000,000 characters each.')),
+        -- The rule of CK_MailQueue_RunMode, compared as binary (a-z means a-z only).
+        (20, 50240, N'RunMode', IIF(LEN(n.RunMode) NOT BETWEEN 1 AND 32
+                OR n.RunMode COLLATE Latin1_General_100_BIN2 NOT LIKE N'[a-z]%'
+                OR n.RunMode COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%', 1, 0),
+            CONCAT(@P, N'RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
+                N'(e.g. prod, staging, test); got ''', LEFT(n.RunMode, 40), N'''.')),
+        (21, 50285, N'TemplateName', IIF(@TemplateName IS NOT NULL AND (LEN(@TemplateName) NOT BETWEEN 1 AND 128
+                OR @TemplateName COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
+                OR @TemplateVersion < 1), 1, 0),
+            CONCAT(@P, N'TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and ', @P,
+                N'TemplateVersion >= 1; got ''', LEFT(@TemplateName, 130), N''' version ',
+                COALESCE(CONVERT(NVARCHAR(12), @TemplateVersion), N'NULL'), N'.')),
+        (22, 50284, N'TemplateModel', IIF(@TemplateName IS NOT NULL AND (LEN(n.TemplateModel) > 2000000
+                OR ISJSON(n.TemplateModel) = 0 OR LEFT(LTRIM(n.TemplateModel), 1) <> N'{'), 1, 0),
+            CONCAT(@P, N'TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.')),
+        (23, 50282, N'TemplateName', IIF(@TemplateName IS NOT NULL
+                AND (@TemplateLatest IS NULL OR @TemplateVersion > @TemplateLatest), 1, 0),
+            CONCAT(@P, N'TemplateName ''', LEFT(@TemplateName, 130), N'''',
+                IIF(@TemplateLatest IS NULL, N' is not a template (mailq.AddMailTemplateVersion).',
+                    CONCAT(N' has no version ', @TemplateVersion, N' (latest: ', @TemplateLatest, N').')))),
+        (24, 50283, N'TemplateName', IIF(@TemplateRetired IS NOT NULL AND @TemplateName IS NOT NULL, 1, 0),
+            CONCAT(@P, N'TemplateName ''', LEFT(@TemplateName, 130),
+                N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).')),
+        (25, 50106, N'Headers', IIF(@Headers IS NOT NULL AND n.HeadersJson IS NULL, 1, 0),
+            CONCAT(@P, N'Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.')),
+        (27, 50168, N'AppName', IIF(@AppName <> @PrincipalApp, 1, 0), CONCAT(N'Database user ', QUOTENAME(@User),
+            N' enqueues as application ''', @PrincipalApp, N''' only; got ', @P, N'AppName ''', LEFT(@AppName, 128),
+            N'''.')),
+        (28, 50114, N'AccountName', IIF(n.AccountName IS NULL, 1, 0), IIF(@AccountName IS NULL,
+            CONCAT(@P, N'AccountName is NULL and no default sending account exists ',
+                N'(mailq.UpsertSendingAccount @AccountName = ..., @IsDefault = 1).'),
+            CONCAT(@P, N'AccountName ''', LEFT(@AccountName, 128),
+                N''' is not a sending account (mailq.UpsertSendingAccount).'))),
+        (29, 50115, N'AppName', IIF(n.AppName IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = n.AppName), 1, 0),
+            CONCAT(@P, N'AppName ''', n.AppName, N''' is not a registered application (mailq.UpsertApplication).')),
+        (30, 50160, N'AccountName', IIF(n.AppName IS NOT NULL AND NOT EXISTS (
+                SELECT 1 FROM mailq.ApplicationAccount AS b
+                WHERE b.AppName = n.AppName AND b.AccountName = n.AccountName
+            ), 1, 0), CONCAT(N'Application ''', n.AppName, N''' may not send through account ''', n.AccountName,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).')),
+        -- Addresses and domains compare case-insensitively whatever the collation (LOWER, then binary).
+        (31, 50161, N'FromAddress', IIF(n.AppName IS NOT NULL AND NOT EXISTS (
+                SELECT 1
+                FROM mailq.ApplicationFrom AS f
+                CROSS APPLY (VALUES (LOWER(n.FromAddress) COLLATE Latin1_General_100_BIN2)) AS l(Addr)
+                WHERE f.AppName = n.AppName AND (f.FromPattern = l.Addr
+                    OR (LEFT(f.FromPattern, 1) = N'@' AND RIGHT(l.Addr, LEN(f.FromPattern)) = f.FromPattern))
+            ), 1, 0), CONCAT(N'Application ''', n.AppName, N''' may not send as ''', n.FromAddress,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, @FromAddress = N''addr'' or ',
+                N'N''@domain'').')),
+        (32, 50117, N'Attachments', IIF(ISJSON(@Attachments) = 0 OR LEFT(LTRIM(@Attachments), 1) <> N'[', 1, 0),
+            CONCAT(@P, N'Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.'))
+    ) AS v(RuleOrder, ErrorNumber, Field, Failed, Message)
+    WHERE v.Failed = 1
+    UNION ALL
+    -- 8: a value over its size, 9: CR/LF in a header value; the first field by position.
+    SELECT v.RuleOrder, v.Position, 0, v.ErrorNumber, v.Field,
+        CONCAT(@P, v.Field, IIF(v.RuleOrder = 8,
+            CONCAT(N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.'),
+            N' contains CR or LF; header values must be one line (header injection is refused).'))
+    FROM n
+    CROSS APPLY (VALUES
+        (8, 50103, 1, N'ToAddress', @ToAddress, 4000), (8, 50103, 2, N'CC', @CC, 4000),
+        (8, 50103, 3, N'BCC', @BCC, 4000), (8, 50103, 4, N'Subject', @Subject, 900),
+        (8, 50103, 5, N'FromAddress', @FromAddress, 320), (8, 50103, 6, N'FromName', @FromName, 200),
+        (8, 50103, 7, N'ReplyTo', @ReplyTo, 320), (8, 50103, 8, N'AccountName', @AccountName, 128),
+        (8, 50103, 9, N'AppName', @AppName, 128), (8, 50103, 10, N'IdempotencyKey', @IdempotencyKey, 200),
+        (9, 50105, 1, N'Subject', @Subject, 0), (9, 50105, 2, N'FromName', @FromName, 0),
+        (9, 50105, 3, N'ReplyTo', @ReplyTo, 0), (9, 50105, 4, N'FromAddress', @FromAddress, 0),
+        (9, 50105, 5, N'IdempotencyKey', @IdempotencyKey, 0)
+    ) AS v(RuleOrder, ErrorNumber, Position, Field, Value, MaxLength)
+    WHERE IIF(v.RuleOrder = 8, IIF(LEN(v.Value) > v.MaxLength, 1, 0),
+        IIF(v.Value COLLATE Latin1_General_100_BIN2 LIKE n.CrLf, 1, 0)) = 1
+    UNION ALL
+    -- 10: an address that is not one.
+    SELECT 10, v.Position, 0, 50102, v.Field,
+        CONCAT(@P, v.Field, N': address ''', LEFT(x.Address, 100), N''' ', x.Problem, N'.')
+    FROM (VALUES
+        (1, N'ToAddress', @ToAddress), (2, N'CC', @CC), (3, N'BCC', @BCC), (4, N'ReplyTo', @ReplyTo),
+        (5, N'FromAddress', @FromAddress)
+    ) AS v(Position, Field, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS x
+    WHERE x.Problem IS NOT NULL
+    UNION ALL
+    -- 26: business headers (HeadersJson is NULL unless @Headers is a JSON object).
+    SELECT 26, x.Position, 0, x.ErrorNumber, N'Headers', x.Message
+    FROM (
+        SELECT
+            j.[key] AS Name, j.[value] AS Value, j.[type] AS JsonType,
+            COUNT(*) OVER () AS Headers, COUNT(*) OVER (PARTITION BY UPPER(j.[key])) AS SameName, n.CrLf
+        FROM n
+        CROSS APPLY OPENJSON(n.HeadersJson) AS j
+    ) AS h
+    CROSS APPLY (VALUES
+        (1, 50106, IIF(h.JsonType <> 1, 1, 0),
+            CONCAT(@P, N'Headers: the value of ''', LEFT(h.Name, 80), N''' must be a JSON string.')),
+        (2, 50106, IIF(h.Headers > 50, 1, 0), CONCAT(@P, N'Headers holds more than 50 headers.')),
+        (3, 50106, IIF(h.SameName > 1, 1, 0), CONCAT(@P, N'Headers names one header twice.')),
+        -- RFC 5322 field name: 1-76 printable US-ASCII characters except ':'.
+        (4, 50107, IIF(LEN(h.Name) NOT BETWEEN 1 AND 76
+                OR h.Name COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%', 1, 0),
+            CONCAT(@P, N'Headers: ''', LEFT(h.Name, 80), N''' is not a valid header name ',
+                N'(1-76 printable ASCII characters, no space or colon).')),
+        (5, 50108, IIF(UPPER(h.Name) IN (
+                N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO', N'SENDER',
+                N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE', N'CONTENT-TRANSFER-ENCODING',
+                N'CONTENT-DISPOSITION'
+            ), 1, 0),
+            CONCAT(@P, N'Headers: ''', LEFT(h.Name, 80), N''' is set by mailq-db and cannot be overridden.')),
+        (6, 50105, IIF(h.Value COLLATE Latin1_General_100_BIN2 LIKE h.CrLf, 1, 0), CONCAT(@P,
+            N'Headers: the value of ''', LEFT(h.Name, 80), N''' contains CR or LF (header injection is refused).')),
+        (7, 50103, IIF(LEN(h.Value) > 900, 1, 0),
+            CONCAT(@P, N'Headers: the value of ''', LEFT(h.Name, 80), N''' is longer than 900 characters.'))
+    ) AS x(Position, ErrorNumber, Failed, Message)
+    WHERE x.Failed = 1
+    UNION ALL
+    -- 33: attachments (mailq.MailAttachmentList reads a JSON array only and decodes nothing).
+    SELECT 33, x.Position, t.AttachmentNo, x.ErrorNumber, N'Attachments', x.Message
+    FROM (
+        SELECT
+            a.AttachmentNo, a.IsObject, a.FileName, a.ContentType, a.ContentBase64, a.Generator, a.GeneratorArgs,
+            a.GeneratorArgsText, a.Base64Ok, a.Bytes, COUNT(*) OVER () AS Files, SUM(a.Bytes) OVER () AS TotalBytes
+        FROM mailq.MailAttachmentList(@Attachments) AS a
+    ) AS t
+    CROSS APPLY (VALUES
+        (1, 50117, IIF(t.IsObject = 0 OR (t.ContentBase64 IS NULL AND t.Generator IS NULL), 1, 0),
+            CONCAT(@P, N'Attachments: every element must be an object with FileName and ContentBase64.')),
+        (2, 50117, IIF(t.ContentBase64 IS NOT NULL AND t.Base64Ok = 0, 1, 0),
+            CONCAT(@P, N'Attachments: ContentBase64 of attachment ', t.AttachmentNo,
+                N' must be base64 text (A-Z, a-z, 0-9, +, /, ''='' padding, no line breaks).')),
+        (3, 50286, IIF(t.Generator IS NOT NULL AND (t.ContentBase64 IS NOT NULL OR t.GeneratorArgsText IS NOT NULL
+                OR LEFT(LTRIM(t.GeneratorArgs), 1) <> N'{' OR LEN(t.Generator) NOT BETWEEN 1 AND 128
+                OR t.Generator COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'), 1, 0),
+            CONCAT(@P, N'Attachments: attachment ', t.AttachmentNo, N' (''', LEFT(t.FileName, 100), N'''): ', CASE
+                WHEN t.ContentBase64 IS NOT NULL THEN N'give ContentBase64 or Generator, not both.'
+                WHEN t.GeneratorArgsText IS NOT NULL OR LEFT(LTRIM(t.GeneratorArgs), 1) <> N'{'
+                    THEN N'Arguments must be a JSON object.'
+                ELSE N'Generator must be 1-128 characters of A-Z a-z 0-9 . _ - (an entry point name).'
+            END)),
+        (4, 50112, IIF(t.Files > 10, 1, 0), CONCAT(@P, N'Attachments holds more than 10 attachments.')),
+        (5, 50113, IIF(NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL OR t.FileName LIKE N'%[/\:]%'
+                OR t.FileName IN (N'.', N'..') OR LEN(t.FileName) > 255
+                OR t.FileName COLLATE Latin1_General_100_BIN2
+                LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%', 1, 0),
+            CONCAT(@P, N'Attachments: file name ''', LEFT(t.FileName, 100),
+                N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).')),
+        (6, 50117, IIF(t.ContentType NOT LIKE N'_%/_%' OR LEN(t.ContentType) > 255
+                OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(13) + NCHAR(10) + N']%', 1, 0),
+            CONCAT(@P, N'Attachments: content type of ''', LEFT(t.FileName, 100), N''' must look like type/subtype.')),
+        (7, 50112, IIF(t.Bytes > 10485760, 1, 0), CONCAT(@P, N'Attachments: ''', LEFT(t.FileName, 100),
+            N''' is ', t.Bytes, N' bytes; the limit is 10485760 (10 MiB) per attachment.')),
+        (8, 50112, IIF(t.TotalBytes > 26214400, 1, 0),
+            CONCAT(@P, N'Attachments total more than 26214400 bytes (25 MiB) per mail.'))
+    ) AS x(Position, ErrorNumber, Failed, Message)
+    WHERE x.Failed = 1
+),
+
+firstproblem AS (
+    SELECT TOP (1) p.ErrorNumber, p.Field, p.Message FROM problems AS p ORDER BY p.RuleOrder, p.Position, p.Item
+)
+
+SELECT
+    n.Subject, n.Body, n.BodyFormat, n.FromAddress, n.FromName, n.ReplyTo, n.AccountName, n.AppName,
+    n.Priority, n.DueUtc, n.MaxAttempts, n.RunMode, n.TemplateModel,
+    RTRIM(@IdempotencyKey) COLLATE Latin1_General_100_BIN2 AS KeyText,
+    -- A Message-ID is ASCII and fits its column: another domain gets a neutral one.
+    IIF(d.Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' OR LEN(d.Domain) > 200, N'mailq-db.invalid', d.Domain)
+        AS Domain,
+    -- The normalized content, headers and attachments re-serialized: neither
+    -- how a default is spelled nor the path (single, JSON, TVP) changes it.
+    HASHBYTES('SHA2_256', (
+        SELECT
+            @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, n.Subject, n.Body, n.BodyFormat,
+            @TextBody AS TextBody, n.FromAddress, n.FromName, n.ReplyTo, n.AccountName, n.AppName, n.Priority,
+            @DateToProcess AS DateToProcess, @ExpiresAtUtc AS ExpiresAtUtc, n.MaxAttempts, n.RunMode,
+            @TemplateName AS TemplateName, @TemplateVersion AS TemplateVersion, n.TemplateModel,
+            (
+                SELECT j.[key] AS Name, j.[value] AS Value FROM OPENJSON(n.HeadersJson) AS j
+                ORDER BY j.[key] FOR JSON PATH
+            ) AS Headers,
+            (
+                SELECT
+                    LTRIM(RTRIM(t.FileName)) AS FileName,
+                    COALESCE(t.ContentType, N'application/octet-stream') AS ContentType,
+                    t.ContentBase64, t.Generator, t.GeneratorArgs
+                FROM mailq.MailAttachmentList(@Attachments) AS t
+                ORDER BY t.AttachmentNo FOR JSON PATH
+            ) AS Attachments
+        FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
+    )) AS ContentHash,
+    r.ErrorNumber, r.Field, r.Message
+FROM n
+CROSS APPLY (VALUES (SUBSTRING(n.FromAddress, CHARINDEX(N'@', n.FromAddress) + 1, 320))) AS d(Domain)
+LEFT JOIN firstproblem AS r ON 1 = 1;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
 mailq.QueueCountsByStatus: how many mails each account has in each status.
 Expected plan shape (checked on 100,000 rows by
 tests/integration/test_mailq_view_plans.py): Index Scan of
@@ -1320,1752 +1786,262 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
-that is already queued it returns the existing mail and inserts nothing.
-Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
-                          an address or 'Display Name <address>'
-             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars;
-                          omitted (NULL) with @TemplateName (revision 0016)
-             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars; omitted
-                          (NULL) with @TemplateName.  Both default to NULL so
-                          that a template call can leave them out (50121 /
-                          50120 when neither they nor a template are given)
-             @BodyFormat  N'Text' (default) or N'Html'
-             @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
-             @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
-             @FromAddress default: the account's DefaultFromAddress
-             @FromName    default: the account's DefaultFromName, <= 200 chars
-             @ReplyTo     one address
-             @Headers     business headers: a JSON object of string values,
-                          e.g. N'{"X-Order-Id": "42"}'; at most 50
-             @AccountName default: the default sending account
-             @AppName     a registered application (mailq.UpsertApplication)
-             @Priority    0-9, 9 first, default 5
-             @DateToProcess  UTC time to send at, default now
-             @ExpiresAtUtc   UTC time after which the mail is Expired unsent
-             @MaxAttempts    1-20, default 5
-             @IdempotencyKey <= 200 chars; see "Idempotency" below
-             @Attachments    JSON array of {"FileName", "ContentType",
-                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all.
-                          A lazy attachment names a generator instead of
-                          "ContentBase64": {"FileName", "ContentType",
-                          "Generator": "csv", "Arguments": {...}} (revision
-                          0016): the worker calls the generator at send time
-                          and holds its output to the same limits
-             @TemplateName   (revision 0016) a template (mailq.AddMailTemplateVersion)
-                          instead of @Subject/@Body/@TextBody: the worker
-                          renders subject and body at send time from
-                          @TemplateModel (docs/templates.md); not retired
-             @TemplateVersion  pin a version of it; NULL: the latest active
-                          version when the mail is claimed (mailq.ClaimMail)
-             @TemplateModel  the model, a JSON object text; NULL means {}
-             @RunMode        the run mode the mail belongs to (revision 0015):
-                          a name of 1-32 characters, a-z first, then a-z 0-9
-                          '-' '_' (e.g. 'prod', 'staging', 'test'); default
-                          'prod'.  Only workers serving that run mode claim
-                          it (ClaimMail @RunModes, docs/run-modes.md).
-             NULL for an optional parameter means its default.
-Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
-             sent unchanged by every attempt), @Created BIT (0 when an existing
-             mail was returned for the idempotency key).  No result set, so the
-             procedure can be called from triggers.
-Idempotency: the key is global and compared as binary text (case- and
-             accent-sensitive: 'ABC' and 'abc' are two keys), the rule of the
-             column (COLLATE Latin1_General_100_BIN2) and of sp_getapplock's
-             resource names alike; trailing spaces are ignored, as by every
-             SQL Server comparison.  The same key with the same content (the
-             parameters exactly as passed, attachments included) returns the
-             first mail; with different content it raises 50116 and writes
-             nothing.  A key is free again once PurgeMail deleted its mail.
-             Concurrent calls with one key serialize on an application lock
-             on that key (no key-range locks: neighbouring keys never wait);
-             the lock is owned by the transaction, so inside a caller's
-             transaction a second call with the SAME key waits until the
-             caller commits or rolls back (at most 10 s, then 50162).
-Binding:     with @AppName, the account must be bound to the application and
-             the From address must match one of its From bindings (an exact
-             address or '@domain'); see mailq.BindApplication.  Mail without
-             @AppName is bound only when the calling database user is mapped
-             to an application (mailq.ApplicationPrincipal): its mail then
-             always carries that application (@AppName NULL means it, another
-             is 50168).  Unmapped users without @AppName are not bound
-             (docs/guarantees.md, "Who may send as whom").
-Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
-             50103 a value over its size; 50104 more than 100 recipients;
-             50105 CR or LF in a header value (header injection);
-             50106 @Headers not a JSON object of string values;
-             50107 invalid header name; 50108 header would override a reserved one;
-             50109 @Priority not 0-9; 50110 @ExpiresAtUtc not after the due time;
-             50111 body over its limit; 50112 attachment count or size over limit;
-             50113 attachment file name empty or path-like;
-             50114 unknown (or no default) account; 50115 unknown application;
-             50116 idempotency key reused with different content;
-             50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
-             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing;
-             50240 @RunMode not a valid run-mode name;
-             50160 the application may not send through @AccountName;
-             50161 the application may not send as @FromAddress;
-             50162 the idempotency key's lock was not granted in 10 s (or deadlock);
-             50168 the calling database user is mapped to another application;
-             (revision 0016, templates and lazy attachments)
-             50280 @TemplateName together with @Subject, @Body or @TextBody;
-             50281 @TemplateVersion or @TemplateModel without @TemplateName;
-             50282 unknown @TemplateName, or no such @TemplateVersion;
-             50283 the template is retired; 50284 @TemplateModel not a JSON object;
-             50285 @TemplateVersion not >= 1, or @TemplateName not a template name;
-             50286 a lazy attachment malformed (Generator name, Arguments not an
-                   object, or both ContentBase64 and Generator).
-Transaction: opens its own if none is open, else works inside the caller's
-             (the outbox pattern: the mail exists exactly when the caller
-             commits; no savepoint, SAVE TRANSACTION fails under MSDTC with
-             error 627).  Any error, validation included, is re-raised
-             unchanged; XACT_ABORT ON rolls back the caller's transaction, or
-             dooms it (XACT_STATE() = -1) when the caller catches the error:
-             the caller can only roll back, and nothing of this call remains.
-Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
-             it returns): under a SERIALIZABLE caller the key lookup would
-             otherwise take key-range locks, under SNAPSHOT it would miss a
-             key committed after the caller's snapshot began.
-Lock order:  the application lock on the key, then mailq.MailQueue (insert,
-             with its Enqueued row in mailq.MailEvent), then
-             mailq.MailAttachment (docs/guarantees.md, "Lock order").
-             The template check (mailq.MailTemplate, one seek, S lock released
-             at once) runs in validation, before the transaction.
-Example:     DECLARE @ID BIGINT;
-             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
-                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
-                 @MailID = @ID OUTPUT;
+mailq.EnqueueMailRows: the one implementation of enqueueing, for one mail
+(mailq.EnqueueMail) and for many (mailq.EnqueueMailBatch).  Internal: granted to
+no role, reached by ownership chaining.
+Parameters:  @Rows mailq.MailBatchRow READONLY, @Mails (JSON, mailq.MailBatchJson),
+             or with @Single = 1 one mail in @ToAddress ... @TemplateModel (RowNo 1);
+             @RejectInvalid BIT (batch): 1 = queue the valid rows.
+Rules:       mailq.EnqueueMailCheck, for every row, in one statement.
+Results:     @Single = 1: @MailID, @MessageID, @Created OUTPUT and no result set;
+             else result sets 1 (RowNo, MailID, MessageID, Created) and 2 (RowNo,
+             Field, ErrorNumber, Message of the rejected rows).
+Errors:      @Single = 1: the broken rule's own number, 50162 (key lock); else
+             50220 (row, field, rule), 50225 (key lock), 50224 (base64); all
+             raised before anything is written.
+Transaction: its own if none is open, else the caller's, distributed included
+             (no savepoint); XACT_ABORT ON: an error dooms the caller's.
+Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
+Lock order:  the keys' application locks (binary key order), mailq.MailQueue,
+             mailq.MailAttachment, mailq.MailEvent.
+Cost:        table variables (no statistics, no recompiles) and one cached plan
+             for single calls; a batch calls it WITH RECOMPILE (docs/enqueue.md).
+Example:     EXEC mailq.EnqueueMailRows @Rows = @R, @RejectInvalid = 1;
 */
-CREATE OR ALTER PROCEDURE mailq.EnqueueMail
-    @ToAddress NVARCHAR(MAX),
-    @Subject NVARCHAR(MAX) = NULL,
-    @Body NVARCHAR(MAX) = NULL,
-    @BodyFormat NVARCHAR(20) = N'Text',
-    @TextBody NVARCHAR(MAX) = NULL,
-    @CC NVARCHAR(MAX) = NULL,
-    @BCC NVARCHAR(MAX) = NULL,
-    @FromAddress NVARCHAR(MAX) = NULL,
-    @FromName NVARCHAR(MAX) = NULL,
-    @ReplyTo NVARCHAR(MAX) = NULL,
-    @Headers NVARCHAR(MAX) = NULL,
-    @AccountName NVARCHAR(4000) = NULL,
-    @AppName NVARCHAR(4000) = NULL,
-    @Priority INT = 5,
-    @DateToProcess DATETIME2(3) = NULL,
-    @ExpiresAtUtc DATETIME2(3) = NULL,
-    @MaxAttempts INT = 5,
-    @IdempotencyKey NVARCHAR(4000) = NULL,
-    @Attachments NVARCHAR(MAX) = NULL,
+CREATE OR ALTER PROCEDURE mailq.EnqueueMailRows
+    @Rows mailq.MailBatchRow READONLY,
+    @Mails NVARCHAR(MAX) = NULL,
+    @RejectInvalid BIT = 0,
+    @Single BIT = 0,
+    @ToAddress NVARCHAR(MAX) = NULL, @Subject NVARCHAR(MAX) = NULL, @Body NVARCHAR(MAX) = NULL,
+    @BodyFormat NVARCHAR(20) = NULL, @TextBody NVARCHAR(MAX) = NULL, @CC NVARCHAR(MAX) = NULL,
+    @BCC NVARCHAR(MAX) = NULL, @FromAddress NVARCHAR(MAX) = NULL, @FromName NVARCHAR(MAX) = NULL,
+    @ReplyTo NVARCHAR(MAX) = NULL, @Headers NVARCHAR(MAX) = NULL, @AccountName NVARCHAR(4000) = NULL,
+    @AppName NVARCHAR(4000) = NULL, @Priority INT = NULL, @DateToProcess DATETIME2(3) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL, @MaxAttempts INT = NULL, @IdempotencyKey NVARCHAR(4000) = NULL,
+    @Attachments NVARCHAR(MAX) = NULL, @RunMode NVARCHAR(4000) = NULL, @TemplateName NVARCHAR(4000) = NULL,
+    @TemplateVersion INT = NULL, @TemplateModel NVARCHAR(MAX) = NULL,
     @MailID BIGINT = NULL OUTPUT,
     @MessageID NVARCHAR(255) = NULL OUTPUT,
-    @Created BIT = NULL OUTPUT,
-    @RunMode NVARCHAR(4000) = NULL,
-    -- Revision 0016 (templates), appended at the end of the list.
-    @TemplateName NVARCHAR(4000) = NULL,
-    @TemplateVersion INT = NULL,
-    @TemplateModel NVARCHAR(MAX) = NULL
+    @Created BIT = NULL OUTPUT
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    -- What DML on a table with a filtered index needs at run time (else 1934);
+    -- ANSI_NULLS, QUOTED_IDENTIFIER are the module's (ON at CREATE); ARITHABORT follows ANSI_WARNINGS.
+    SET ANSI_WARNINGS, ANSI_PADDING, CONCAT_NULL_YIELDS_NULL ON;
+    SET NUMERIC_ROUNDABORT OFF;
+    -- No key-range locks under a SERIALIZABLE caller, no stale snapshot under SNAPSHOT.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    DECLARE @Msg NVARCHAR(2048);
-    -- Tested under a binary collation (COLLATE Latin1_General_100_BIN2): under
-    -- a linguistic collation control characters can be ignorable in LIKE.
-    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
-
-    -- The content hash covers the parameters exactly as passed (before
-    -- defaults), so that the same call is recognised as the same mail.
-    DECLARE @ContentJson NVARCHAR(MAX) = (
-        SELECT
-            @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, @Subject AS Subject,
-            @Body AS Body, @BodyFormat AS BodyFormat, @TextBody AS TextBody,
-            @FromAddress AS FromAddress, @FromName AS FromName, @ReplyTo AS ReplyTo,
-            @Headers AS Headers, @AccountName AS AccountName, @AppName AS AppName,
-            @Priority AS Priority, @DateToProcess AS DateToProcess,
-            @ExpiresAtUtc AS ExpiresAtUtc, @MaxAttempts AS MaxAttempts,
-            @Attachments AS Attachments
-        FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
-    );
-    -- Run mode (revision 0015): part of the content when given, so a key
-    -- reused under another run mode is 50116; appended only when given, so
-    -- the hash of every call that does not pass it is unchanged (a retry
-    -- across the upgrade still finds its mail).
-    IF @RunMode IS NOT NULL SET @ContentJson = CONCAT(@ContentJson, N'|RunMode=', @RunMode);
-    -- Revision 0016: the template parameters join the hash only when given,
-    -- so the hash of ordinary mail is the one earlier revisions stored (an
-    -- idempotency key retried across the upgrade still matches its mail).
-    IF @TemplateName IS NOT NULL OR @TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL
-        SET @ContentJson = CONCAT(
-            @ContentJson,
-            (
-                SELECT @TemplateName AS TemplateName, @TemplateVersion AS TemplateVersion,
-                    @TemplateModel AS TemplateModel
-                FOR JSON PATH, WITHOUT_ARRAY_WRAPPER
-            )
-        );
-
-    SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
-    IF @TemplateName IS NOT NULL SET @BodyFormat = N'Text';  -- stored placeholder; the render decides
-    SET @Priority = COALESCE(@Priority, 5);
-    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
-    SET @DateToProcess = COALESCE(@DateToProcess, @Now);
-
-    -- 1. Validate parameters before any transaction starts.
-    IF @ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(@ToAddress))
-        THROW 50101, N'@ToAddress is required: give at least one recipient address (separate several with ;).', 1;
-    -- Revision 0016: a template instead of @Subject / @Body / @TextBody.
-    IF @TemplateName IS NULL AND (@TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL)
-        THROW 50281, N'@TemplateVersion and @TemplateModel need @TemplateName.', 1;
-    IF @TemplateName IS NOT NULL
-    BEGIN
-        IF @Body IS NOT NULL OR @TextBody IS NOT NULL OR NULLIF(@Subject, N'') IS NOT NULL
-            THROW 50280,
-                N'@TemplateName renders the subject and the body: leave @Subject, @Body and @TextBody NULL.',
-                1;
-        SET @Subject = N'';
-        SET @Body = N'';
-    END;
-
-    IF @Subject IS NULL
-        THROW 50121, N'@Subject is required (pass N'''' for a mail without subject).', 1;
-    IF @Body IS NULL
-        THROW 50120, N'@Body is required (or @TemplateName and @TemplateModel).', 1;
-
-    SELECT TOP (1)
-        @Msg = CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.')
-    FROM (
-        VALUES
-        (1, N'@ToAddress', @ToAddress, 4000), (2, N'@CC', @CC, 4000), (3, N'@BCC', @BCC, 4000),
-        (4, N'@Subject', @Subject, 900), (5, N'@FromAddress', @FromAddress, 320),
-        (6, N'@FromName', @FromName, 200), (7, N'@ReplyTo', @ReplyTo, 320),
-        (8, N'@AccountName', @AccountName, 128), (9, N'@AppName', @AppName, 128),
-        (10, N'@IdempotencyKey', @IdempotencyKey, 200)
-    ) AS v(Position, ParamName, Value, MaxLength)
-    WHERE LEN(v.Value) > v.MaxLength
-    ORDER BY v.Position;
-    IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
-
-    SELECT TOP (1)
-        @Msg = CONCAT(v.ParamName, N' contains CR or LF; header values must be one line (header injection is refused).')
-    FROM (
-        VALUES
-        (1, N'@Subject', @Subject), (2, N'@FromName', @FromName), (3, N'@ReplyTo', @ReplyTo),
-        (4, N'@FromAddress', @FromAddress), (5, N'@IdempotencyKey', @IdempotencyKey)
-    ) AS v(Position, ParamName, Value)
-    WHERE v.Value COLLATE Latin1_General_100_BIN2 LIKE @CrLf
-    ORDER BY v.Position;
-    IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
-
-    SELECT TOP (1)
-        @Msg = CONCAT(
-            v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'
-        )
-    FROM (
-        VALUES
-        (1, N'@ToAddress', @ToAddress), (2, N'@CC', @CC), (3, N'@BCC', @BCC),
-        (4, N'@ReplyTo', @ReplyTo), (5, N'@FromAddress', @FromAddress)
-    ) AS v(Position, ParamName, Value)
-    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
-    WHERE a.Problem IS NOT NULL
-    ORDER BY v.Position;
-    IF @Msg IS NOT NULL THROW 50102, @Msg, 1;
-
-    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) > 1
-        THROW 50102, N'@ReplyTo takes one address.', 1;
-    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) > 1
-        THROW 50102, N'@FromAddress takes one address.', 1;
-    IF EXISTS (SELECT 1 FROM mailq.ParseAddressList(@FromAddress) AS a WHERE a.DisplayName IS NOT NULL)
-        THROW 50102, N'@FromAddress takes a bare address; give the display name in @FromName.', 1;
-
-    DECLARE @RecipientCount INT = (
-        SELECT COUNT(*)
-        FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(Value)
-        CROSS APPLY mailq.ParseAddressList(v.Value)
-    );
-    IF @RecipientCount > 100
-    BEGIN
-        SET @Msg = CONCAT(N'@ToAddress, @CC and @BCC name ', @RecipientCount, N' recipients; the limit is 100.');
-        THROW 50104, @Msg, 1;
-    END;
-
-    IF @BodyFormat NOT IN (N'Text', N'Html')
-    BEGIN
-        SET @Msg = CONCAT(N'@BodyFormat must be Text or Html; got ''', LEFT(@BodyFormat, 20), N'''.');
-        THROW 50118, @Msg, 1;
-    END;
-    IF @Priority NOT BETWEEN 0 AND 9
-    BEGIN
-        SET @Msg = CONCAT(N'@Priority must be 0-9 (9 is sent first); got ', @Priority, N'.');
-        THROW 50109, @Msg, 1;
-    END;
-    IF @MaxAttempts NOT BETWEEN 1 AND 20
-    BEGIN
-        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
-        THROW 50119, @Msg, 1;
-    END;
-    IF @ExpiresAtUtc <= @DateToProcess
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@ExpiresAtUtc (', CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126),
-            N') must be later than the due time (', CONVERT(NVARCHAR(30), @DateToProcess, 126), N').'
-        );
-        THROW 50110, @Msg, 1;
-    END;
-    IF LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000
-        THROW 50111, N'@Body and @TextBody are limited to 2,000,000 characters each.', 1;
-
-    -- Run mode (revision 0015): the rule of CK_MailQueue_RunMode, binary
-    -- comparison (a-z means a-z only, whatever the database collation).
-    SET @RunMode = COALESCE(@RunMode, N'prod');
-    IF LEN(@RunMode) NOT BETWEEN 1 AND 32
-        OR @RunMode COLLATE Latin1_General_100_BIN2 NOT LIKE N'[a-z]%'
-        OR @RunMode COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
-            N'(e.g. prod, staging, test); got ''',
-            LEFT(@RunMode, 40), N'''.'
-        );
-        THROW 50240, @Msg, 1;
-    END;
-
-    -- Revision 0016: the template and its model.  The template must exist
-    -- and not be retired (a retired template takes no new mail, pinned or
-    -- not: mailq.RetireMailTemplate); a pinned version must exist (versions
-    -- are never deleted: trg_MailTemplateVersion_Immutable).  The model is
-    -- a JSON object (at most 2,000,000 characters, the renderer's limit).
-    IF @TemplateName IS NOT NULL
-    BEGIN
-        IF LEN(@TemplateName) NOT BETWEEN 1 AND 128
-            OR @TemplateName COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
-            OR @TemplateVersion < 1
-        BEGIN
-            SET @Msg = CONCAT(
-                N'@TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and @TemplateVersion >= 1; ',
-                N'got ''', LEFT(@TemplateName, 130), N''' version ',
-                COALESCE(CONVERT(NVARCHAR(12), @TemplateVersion), N'NULL'), N'.'
-            );
-            THROW 50285, @Msg, 1;
-        END;
-        SET @TemplateModel = COALESCE(@TemplateModel, N'{}');
-        IF LEN(@TemplateModel) > 2000000 OR ISJSON(@TemplateModel) = 0 OR LEFT(LTRIM(@TemplateModel), 1) <> N'{'
-            THROW 50284,
-                N'@TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.',
-                1;
-
-        DECLARE @TemplateRetired DATETIME2(3), @TemplateLatest INT;
-        SELECT @TemplateLatest = t.LatestVersion, @TemplateRetired = t.RetiredAtUtc
-        FROM mailq.MailTemplate AS t
-        WHERE t.TemplateName = @TemplateName;
-        IF @TemplateLatest IS NULL OR @TemplateVersion > @TemplateLatest
-        BEGIN
-            SET @Msg = CONCAT(
-                N'@TemplateName ''', @TemplateName, N'''',
-                IIF(@TemplateLatest IS NULL, N' is not a template (mailq.AddMailTemplateVersion).',
-                    CONCAT(N' has no version ', @TemplateVersion, N' (latest: ', @TemplateLatest, N').'))
-            );
-            THROW 50282, @Msg, 1;
-        END;
-        IF @TemplateRetired IS NOT NULL
-        BEGIN
-            SET @Msg = CONCAT(
-                N'@TemplateName ''', @TemplateName,
-                N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).'
-            );
-            THROW 50283, @Msg, 1;
-        END;
-    END;
-
-    -- Business headers: a JSON object whose values are strings.
-    IF @Headers IS NOT NULL
-    BEGIN
-        IF ISJSON(@Headers) = 0 OR LEFT(LTRIM(@Headers), 1) <> N'{'
-            THROW 50106, N'@Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.', 1;
-
-        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')
-        FROM OPENJSON(@Headers) AS j
-        WHERE j.[type] <> 1;
-        IF @Msg IS NOT NULL THROW 50106, @Msg, 1;
-
-        IF (SELECT COUNT(*) FROM OPENJSON(@Headers)) > 50
-            THROW 50106, N'@Headers holds more than 50 headers.', 1;
-
-        IF EXISTS (
-            SELECT UPPER(j.[key]) AS HeaderName
-            FROM OPENJSON(@Headers) AS j
-            GROUP BY UPPER(j.[key])
-            HAVING COUNT(*) > 1
-        )
-            THROW 50106, N'@Headers names one header twice.', 1;
-
-        -- RFC 5322 field name: 1-76 printable US-ASCII characters except ':'
-        -- (the binary collation makes the ranges code-point ranges).
-        SELECT TOP (1) @Msg = CONCAT(
-            N'@Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
-            N'(1-76 printable ASCII characters, no space or colon).'
-        )
-        FROM OPENJSON(@Headers) AS j
-        WHERE
-            LEN(j.[key]) NOT BETWEEN 1 AND 76
-            OR j.[key] COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%';
-        IF @Msg IS NOT NULL THROW 50107, @Msg, 1;
-
-        SELECT TOP (1) @Msg = CONCAT(N'@Headers: ''', j.[key], N''' is set by mailq-db and cannot be overridden.')
-        FROM OPENJSON(@Headers) AS j
-        WHERE UPPER(j.[key]) IN (
-            N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
-            N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
-            N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'
-        );
-        IF @Msg IS NOT NULL THROW 50108, @Msg, 1;
-
-        SELECT TOP (1) @Msg = CONCAT(
-            N'@Headers: the value of ''', j.[key], N''' contains CR or LF (header injection is refused).'
-        )
-        FROM OPENJSON(@Headers) AS j
-        WHERE j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf;
-        IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
-
-        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', j.[key], N''' is longer than 900 characters.')
-        FROM OPENJSON(@Headers) AS j
-        WHERE LEN(j.[value]) > 900;
-        IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
-    END;
-
-    -- The calling database user's application, when an administrator mapped
-    -- it (mailq.BindApplication @PrincipalName): USER_NAME() is the caller's
-    -- user (this module has no EXECUTE AS).  The content hash above keeps
-    -- @AppName as passed.
+    DECLARE @P NVARCHAR(1) = IIF(@Single = 1, N'@', N''), @Err INT, @Msg NVARCHAR(2048);
+    DECLARE @User NVARCHAR(128) = USER_NAME();   -- the caller's user: no EXECUTE AS on the way here
     DECLARE @PrincipalApp NVARCHAR(128) = (
         SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
     );
-    IF @PrincipalApp IS NOT NULL
-    BEGIN
-        IF @AppName IS NOT NULL AND @AppName <> @PrincipalApp
-        BEGIN
-            SET @Msg = CONCAT(
-                N'Database user ', QUOTENAME(USER_NAME()), N' enqueues as application ''', @PrincipalApp,
-                N''' only; got @AppName ''', @AppName, N'''.'
-            );
-            THROW 50168, @Msg, 1;
-        END;
-        SET @AppName = @PrincipalApp;
-    END;
-
-    -- Account and application.
-    DECLARE @ResolvedAccount NVARCHAR(128), @DefaultFrom NVARCHAR(320), @DefaultFromName NVARCHAR(200);
-    SELECT
-        @ResolvedAccount = a.AccountName,
-        @DefaultFrom = a.DefaultFromAddress,
-        @DefaultFromName = a.DefaultFromName
-    FROM mailq.SendingAccount AS a
-    WHERE
-        (@AccountName IS NOT NULL AND a.AccountName = @AccountName)
-        OR (@AccountName IS NULL AND a.IsDefault = 1);
-    IF @ResolvedAccount IS NULL
-    BEGIN
-        SET @Msg = IIF(
-            @AccountName IS NULL,
-            N'@AccountName is NULL and no default sending account exists (mailq.UpsertSendingAccount @IsDefault = 1).',
-            CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account (mailq.UpsertSendingAccount).')
-        );
-        THROW 50114, @Msg, 1;
-    END;
-    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
-    BEGIN
-        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application (mailq.UpsertApplication).');
-        THROW 50115, @Msg, 1;
-    END;
-
-    SET @FromAddress = LTRIM(RTRIM(COALESCE(@FromAddress, @DefaultFrom)));
-    SET @FromName = COALESCE(@FromName, @DefaultFromName);
-
-    -- Who may send as whom (issue 10, point 10): an application sends only
-    -- through the accounts and as the From addresses or domains it is bound to.
-    IF @AppName IS NOT NULL
-    BEGIN
-        IF NOT EXISTS (
-            SELECT 1
-            FROM mailq.ApplicationAccount AS b
-            WHERE b.AppName = @AppName AND b.AccountName = @ResolvedAccount
-        )
-        BEGIN
-            SET @Msg = CONCAT(
-                N'Application ''', @AppName, N''' may not send through account ''', @ResolvedAccount,
-                N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).'
-            );
-            THROW 50160, @Msg, 1;
-        END;
-        -- Addresses and domains compare case-insensitively whatever the
-        -- database collation (LOWER on both sides, then binary).
-        DECLARE @FromLower NVARCHAR(320) = LOWER(@FromAddress) COLLATE Latin1_General_100_BIN2;
-        IF NOT EXISTS (
-            SELECT 1
-            FROM mailq.ApplicationFrom AS f
-            WHERE
-                f.AppName = @AppName
-                AND (
-                    f.FromPattern = @FromLower
-                    OR (
-                        LEFT(f.FromPattern, 1) = N'@'
-                        AND RIGHT(@FromLower, LEN(f.FromPattern)) = f.FromPattern
-                    )
-                )
-        )
-        BEGIN
-            SET @Msg = CONCAT(
-                N'Application ''', @AppName, N''' may not send as ''', @FromAddress,
-                N''' (an administrator binds it: mailq.BindApplication @AppName, ',
-                N'@FromAddress = N''addr'' or N''@domain'').'
-            );
-            THROW 50161, @Msg, 1;
-        END;
-    END;
-
-    -- Attachments: decoded from base64 by OPENJSON ... WITH (VARBINARY), which
-    -- raises an error for text that is not base64: caught and reported as 50117.
-    DECLARE @Attachment TABLE (
-        AttachmentNo INT NOT NULL PRIMARY KEY,
-        FileName NVARCHAR(4000) NULL,
-        ContentType NVARCHAR(4000) NULL,
-        Content VARBINARY(MAX) NULL,
-        Generator NVARCHAR(4000) NULL,       -- revision 0016: lazy attachment
-        GeneratorArgs NVARCHAR(MAX) NULL,
-        GeneratorArgsText NVARCHAR(MAX) NULL -- "Arguments" when it is not an object or array
+    DECLARE @AllowUnmapped BIT = COALESCE(
+        (SELECT p.AllowUnmappedEnqueuers FROM mailq.EnqueuePolicy AS p WHERE p.PolicyId = 1), 0
     );
-    IF @Attachments IS NOT NULL
-    BEGIN
-        IF ISJSON(@Attachments) = 0 OR LEFT(LTRIM(@Attachments), 1) <> N'['
-            THROW 50117,
-                N'@Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.',
-                1;
-        IF EXISTS (SELECT 1 FROM OPENJSON(@Attachments) AS e WHERE e.[type] <> 5)
-            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
-        BEGIN TRY
-            INSERT INTO @Attachment (
-                AttachmentNo, FileName, ContentType, Content, Generator, GeneratorArgs, GeneratorArgsText
-            )
-            SELECT
-                CAST(e.[key] AS INT) + 1 AS AttachmentNo,
-                f.FileName,
-                f.ContentType,
-                f.Content,
-                f.Generator,
-                f.GeneratorArgs,
-                f.GeneratorArgsText
-            FROM OPENJSON(@Attachments) AS e
-            CROSS APPLY OPENJSON (e.[value])
-                WITH (
-                    FileName NVARCHAR(4000) '$.FileName',
-                    ContentType NVARCHAR(4000) '$.ContentType',
-                    Content VARBINARY(MAX) '$.ContentBase64',
-                    -- AS JSON: an object or array value (NULL for a scalar);
-                    -- without it, the scalar (NULL for an object): OPENJSON (Transact-SQL), "AS JSON".
-                    Generator NVARCHAR(4000) '$.Generator',
-                    GeneratorArgs NVARCHAR(MAX) '$.Arguments' AS JSON,
-                    GeneratorArgsText NVARCHAR(MAX) '$.Arguments'
-                ) AS f;
-        END TRY
-        BEGIN CATCH
-            SET @Msg = CONCAT(N'@Attachments: ContentBase64 must be base64 text (', ERROR_MESSAGE(), N').');
-            THROW 50117, @Msg, 1;
-        END CATCH;
+    SET @RejectInvalid = IIF(@Single = 1, 0, COALESCE(@RejectInvalid, 0));
 
-        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL AND t.Generator IS NULL)
-            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
-        -- Revision 0016: lazy attachments ("Generator" + optional "Arguments" object).
-        SELECT TOP (1) @Msg = CONCAT(
-            N'@Attachments: attachment ', t.AttachmentNo, N' (''', LEFT(t.FileName, 100), N'''): ',
-            CASE
-                WHEN t.Content IS NOT NULL THEN N'give ContentBase64 or Generator, not both.'
-                WHEN t.GeneratorArgsText IS NOT NULL OR LEFT(LTRIM(t.GeneratorArgs), 1) <> N'{'
-                    THEN N'Arguments must be a JSON object.'
-                ELSE N'Generator must be 1-128 characters of A-Z a-z 0-9 . _ - (an entry point name).'
-            END
-        )
-        FROM @Attachment AS t
-        WHERE
-            t.Generator IS NOT NULL
-            AND (
-                t.Content IS NOT NULL
-                OR t.GeneratorArgsText IS NOT NULL
-                OR LEFT(LTRIM(t.GeneratorArgs), 1) <> N'{'
-                OR LEN(t.Generator) NOT BETWEEN 1 AND 128
-                OR t.Generator COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
-            )
-        ORDER BY t.AttachmentNo;
-        IF @Msg IS NOT NULL THROW 50286, @Msg, 1;
-        IF (SELECT COUNT(*) FROM @Attachment) > 10
-            THROW 50112, N'@Attachments holds more than 10 attachments.', 1;
+    -- A table variable (current database's collation): no statistics, so no
+    -- recompiles; a batch's caller asks for a fresh plan instead.
+    DECLARE @Work TABLE (   -- NULL spelled out: the session's ANSI_NULL_DFLT_ON does not decide it
+        RowNo INT NOT NULL PRIMARY KEY, ToAddress NVARCHAR(MAX) NULL, CC NVARCHAR(MAX) NULL, BCC NVARCHAR(MAX) NULL,
+        Subject NVARCHAR(MAX) NULL, Body NVARCHAR(MAX) NULL, BodyFormat NVARCHAR(20) NULL, TextBody NVARCHAR(MAX) NULL,
+        Headers NVARCHAR(MAX) NULL, FromAddress NVARCHAR(320) NULL, FromName NVARCHAR(200) NULL,
+        ReplyTo NVARCHAR(MAX) NULL, AccountName NVARCHAR(128) NULL, AppName NVARCHAR(128) NULL, Priority INT NULL,
+        DueUtc DATETIME2(3) NULL, ExpiresAtUtc DATETIME2(3) NULL, MaxAttempts INT NULL,
+        IdempotencyKey NVARCHAR(4000) COLLATE Latin1_General_100_BIN2 NULL,
+        KeyText NVARCHAR(4000) COLLATE Latin1_General_100_BIN2 NULL, Attachments NVARCHAR(MAX) NULL,
+        RunMode NVARCHAR(4000) NULL, TemplateName NVARCHAR(4000) NULL, TemplateVersion INT NULL,
+        TemplateModel NVARCHAR(MAX) NULL, ContentHash VARBINARY(32) NULL, MessageID NVARCHAR(255) NULL,
+        ErrorNumber INT NULL, Field NVARCHAR(128) NULL, Message NVARCHAR(2048) NULL, KeyLeader INT NULL,
+        KeySeq INT NULL INDEX IX_Work_KeySeq, MailID BIGINT NULL, Created BIT NULL
+    );
+    DECLARE @Inserted TABLE (MailID BIGINT NOT NULL PRIMARY KEY, MessageID NVARCHAR(255) NOT NULL UNIQUE,
+        AppName NVARCHAR(128) NULL);
 
-        SELECT TOP (1) @Msg = CONCAT(
-            N'@Attachments: file name ''', LEFT(t.FileName, 100),
-            N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).'
-        )
-        FROM @Attachment AS t
-        WHERE
-            NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
-            OR t.FileName LIKE N'%[/\:]%'
-            OR t.FileName IN (N'.', N'..')
-            OR t.FileName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
-            OR LEN(t.FileName) > 255
-        ORDER BY t.AttachmentNo;
-        IF @Msg IS NOT NULL THROW 50113, @Msg, 1;
+    -- 1. Every row through the rules, in one statement.
+    INSERT INTO @Work (
+        RowNo, ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers, FromAddress, FromName, ReplyTo,
+        AccountName, AppName, Priority, DueUtc, ExpiresAtUtc, MaxAttempts, IdempotencyKey, KeyText, Attachments,
+        RunMode, TemplateName, TemplateVersion, TemplateModel, ContentHash, MessageID, ErrorNumber, Field, Message
+    )
+    SELECT
+        i.RowNo, i.ToAddress, i.CC, i.BCC, c.Subject, c.Body, c.BodyFormat, i.TextBody, i.Headers, c.FromAddress,
+        c.FromName, c.ReplyTo, c.AccountName, c.AppName, c.Priority, c.DueUtc, i.ExpiresAtUtc, c.MaxAttempts,
+        i.IdempotencyKey, c.KeyText, i.Attachments, c.RunMode, i.TemplateName, i.TemplateVersion, c.TemplateModel,
+        c.ContentHash, CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', c.Domain, N'>'),
+        c.ErrorNumber, c.Field, LEFT(c.Message, 2048)
+    FROM (
+        SELECT
+            r.RowNo, r.ToAddress, r.Subject, r.Body, r.BodyFormat, r.TextBody, r.CC, r.BCC, r.FromAddress,
+            r.FromName, r.ReplyTo, r.Headers, r.AccountName, r.AppName, r.Priority, r.DateToProcess,
+            r.ExpiresAtUtc, r.MaxAttempts, r.IdempotencyKey, r.Attachments, r.RunMode, r.TemplateName,
+            r.TemplateVersion, r.TemplateModel, CAST(NULL AS NVARCHAR(128)) AS InputField,
+            CAST(NULL AS NVARCHAR(2048)) AS InputMessage
+        FROM @Rows AS r
+        UNION ALL
+        SELECT
+            1, @ToAddress, @Subject, @Body, @BodyFormat, @TextBody, @CC, @BCC, @FromAddress, @FromName, @ReplyTo,
+            @Headers, @AccountName, @AppName, @Priority, @DateToProcess, @ExpiresAtUtc, @MaxAttempts,
+            @IdempotencyKey, @Attachments, @RunMode, @TemplateName, @TemplateVersion, @TemplateModel, NULL, NULL
+        WHERE @Single = 1
+        UNION ALL
+        SELECT
+            j.RowNo, j.ToAddress, j.Subject, j.Body, j.BodyFormat, j.TextBody, j.CC, j.BCC, j.FromAddress,
+            j.FromName, j.ReplyTo, j.Headers, j.AccountName, j.AppName, j.Priority, j.DateToProcess,
+            j.ExpiresAtUtc, j.MaxAttempts, j.IdempotencyKey, j.Attachments, j.RunMode, j.TemplateName,
+            j.TemplateVersion, j.TemplateModel, j.InputField, j.InputMessage
+        FROM mailq.MailBatchJson(@Mails) AS j
+    ) AS i
+    OUTER APPLY (
+        SELECT t.LatestVersion, t.RetiredAtUtc
+        FROM mailq.MailTemplate AS t WHERE t.TemplateName = LEFT(i.TemplateName, 128)
+    ) AS m
+    CROSS APPLY mailq.EnqueueMailCheck(
+        i.ToAddress, i.Subject, i.Body, i.BodyFormat, i.TextBody, i.CC, i.BCC, i.FromAddress, i.FromName,
+        i.ReplyTo, i.Headers, i.AccountName, i.AppName, i.Priority, i.DateToProcess, i.ExpiresAtUtc,
+        i.MaxAttempts, i.IdempotencyKey, i.Attachments, i.RunMode, i.TemplateName, i.TemplateVersion,
+        i.TemplateModel, i.InputField, i.InputMessage, @P, @Now, @User, @PrincipalApp, @AllowUnmapped,
+        m.LatestVersion, m.RetiredAtUtc
+    ) AS c;
 
-        SELECT TOP (1)
-            @Msg = CONCAT(N'@Attachments: content type of ''', t.FileName, N''' must look like type/subtype.')
-        FROM @Attachment AS t
-        WHERE
-            t.ContentType IS NOT NULL
-            AND (
-                t.ContentType NOT LIKE N'_%/_%'
-                OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE @CrLf
-                OR LEN(t.ContentType) > 255
-            )
-        ORDER BY t.AttachmentNo;
-        IF @Msg IS NOT NULL THROW 50117, @Msg, 1;
+    -- 2. Keys within the call: the first valid row with a key leads; a later
+    --    row with the key and other content breaks rule 50116.
+    UPDATE w
+    SET w.KeyLeader = l.Leader, w.KeySeq = IIF(w.RowNo = l.Leader, l.Seq, NULL)
+    FROM @Work AS w
+    INNER JOIN (
+        SELECT v.KeyText, MIN(v.RowNo) AS Leader, ROW_NUMBER() OVER (ORDER BY v.KeyText) AS Seq
+        FROM @Work AS v
+        WHERE v.KeyText IS NOT NULL AND v.ErrorNumber IS NULL
+        GROUP BY v.KeyText
+    ) AS l ON w.KeyText = l.KeyText
+    WHERE w.ErrorNumber IS NULL;
+    UPDATE f
+    SET f.ErrorNumber = 50116, f.Field = N'IdempotencyKey', f.Message = CONCAT(N'IdempotencyKey ''',
+        LEFT(f.IdempotencyKey, 200), N''' is used by row ', l.RowNo, N' of this batch with different content; ',
+        N'use a new key for a different mail.')
+    FROM @Work AS f
+    INNER JOIN @Work AS l ON f.KeyLeader = l.RowNo
+    WHERE f.RowNo <> l.RowNo AND f.ContentHash <> l.ContentHash;
 
-        SELECT TOP (1) @Msg = CONCAT(
-            N'@Attachments: ''', t.FileName, N''' is ', DATALENGTH(t.Content),
-            N' bytes; the limit is 10485760 (10 MiB) per attachment.'
-        )
-        FROM @Attachment AS t
-        WHERE DATALENGTH(t.Content) > 10485760
-        ORDER BY t.AttachmentNo;
-        IF @Msg IS NOT NULL THROW 50112, @Msg, 1;
-
-        IF (SELECT SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) FROM @Attachment AS t) > 26214400
-            THROW 50112, N'@Attachments total more than 26214400 bytes (25 MiB) per mail.', 1;
-    END;
-
-    DECLARE @ContentHash VARBINARY(32) = HASHBYTES('SHA2_256', @ContentJson);
-    DECLARE @Domain NVARCHAR(320) = SUBSTRING(@FromAddress, CHARINDEX(N'@', @FromAddress) + 1, 320);
-    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
-    IF @Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
-
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
-    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
-    DECLARE @LockResult INT;
-    DECLARE @KeyResource NVARCHAR(255) = CONCAT(N'mailq.IdempotencyKey:', RTRIM(@IdempotencyKey));
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0), @Bad INT = (
+        SELECT COUNT(*) FROM @Work AS w WHERE w.ErrorNumber IS NOT NULL
+    );
+    DECLARE @Seq INT = 0, @Keys INT = (SELECT MAX(w.KeySeq) FROM @Work AS w), @Lock INT;
+    DECLARE @KeyText NVARCHAR(200), @Resource NVARCHAR(255);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
-        DECLARE @ExistingHash VARBINARY(32);
-        SET @MailID = NULL;
-        IF @IdempotencyKey IS NOT NULL
+        -- 3. Unless an invalid row already stops the call: each key serialized on
+        --    an exclusive application lock owned by the transaction, in binary key
+        --    order (no key-range locks; the one loop: sp_getapplock takes one
+        --    resource per call; a deadlock on it does not roll back, the THROW does).
+        WHILE @Seq < COALESCE(@Keys, 0) AND (@RejectInvalid = 1 OR @Bad = 0)
         BEGIN
-            -- Serialize on the key itself, not on a range of the index: an
-            -- exclusive application lock owned by the transaction (released at
-            -- its commit or rollback, the caller's when we run inside it).
-            -- Resource names are compared as binary, like the key column; the
-            -- key is at most 200 characters, so the resource fits its 255.
-            -- Insert-first catching 2601/2627 was rejected: under XACT_ABORT ON
-            -- a duplicate-key error dooms the caller's transaction, so the
-            -- outbox case could never return the existing mail (docs/guarantees.md).
-            EXEC @LockResult = sys.sp_getapplock
-                @Resource = @KeyResource,
-                @LockMode = N'Exclusive',
-                @LockOwner = N'Transaction',
-                @LockTimeout = 10000;
-            -- < 0: timed out (-1), cancelled (-2), deadlock victim (-3), call
-            -- error (-999).  A deadlock on an application lock does not roll
-            -- back the transaction (sp_getapplock, Remarks): this THROW does,
-            -- or dooms the caller's (XACT_ABORT ON).
-            IF @LockResult < 0
+            SET @Seq += 1;
+            SET @KeyText = (SELECT w.KeyText FROM @Work AS w WHERE w.KeySeq = @Seq);
+            SET @Resource = CONCAT(N'mailq.IdempotencyKey:', @KeyText);
+            EXEC @Lock = sys.sp_getapplock
+                @Resource = @Resource, @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 10000;
+            IF @Lock < 0
             BEGIN
-                SET @Msg = CONCAT(
-                    N'@IdempotencyKey ''', @IdempotencyKey, N''': another transaction enqueueing the same key ',
-                    N'held it for 10 s (sp_getapplock returned ', @LockResult, N'); retry once it committed.'
-                );
-                THROW 50162, @Msg, 1;
-            END;
-
-            -- A plain read is exact here: only EnqueueMail writes keys, always
-            -- under this lock, so a row with the key is committed or absent.
-            -- "IS NOT NULL" repeats the index filter, so the filtered index matches.
-            SELECT
-                @MailID = q.ID,
-                @MessageID = q.MessageID,
-                @ExistingHash = q.ContentHash
-            FROM mailq.MailQueue AS q
-            WHERE q.IdempotencyKey = @IdempotencyKey AND q.IdempotencyKey IS NOT NULL;
-
-            IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
-            BEGIN
-                SET @Msg = CONCAT(
-                    N'@IdempotencyKey ''', @IdempotencyKey, N''' already belongs to mail ', @MailID,
-                    N' with different content; use a new key for a different mail.'
-                );
-                THROW 50116, @Msg, 1;
+                SELECT
+                    @Err = IIF(@Single = 1, 50162, 50225),
+                    @Msg = CONCAT(@P, N'IdempotencyKey ''', @KeyText, N''': another transaction enqueueing the same ',
+                        N'key held it for 10 s (sp_getapplock returned ', @Lock, N'); retry once it committed.');
+                THROW @Err, @Msg, 1;
             END;
         END;
 
-        IF @MailID IS NOT NULL
-            SET @Created = 0;
-        ELSE
+        -- 4. Keys already queued: exact under the locks (every writer of keys
+        --    takes them).  FORCESEEK: one seek per key on UX_MailQueue_IdempotencyKey,
+        --    whose filter "IS NOT NULL" repeats.  The same content returns the mail.
+        UPDATE w
+        SET w.MailID = q.ID, w.MessageID = q.MessageID, w.Created = 0,
+            w.ErrorNumber = IIF(q.ContentHash = w.ContentHash, NULL, 50116),
+            w.Field = IIF(q.ContentHash = w.ContentHash, NULL, N'IdempotencyKey'),
+            w.Message = IIF(q.ContentHash = w.ContentHash, NULL, CONCAT(@P, N'IdempotencyKey ''', w.KeyText,
+                N''' already belongs to mail ', q.ID, N' with different content; use a new key for a different mail.'))
+        FROM @Work AS w
+        INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK)
+            ON w.IdempotencyKey = q.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
+        WHERE w.KeySeq <= @Seq;
+        UPDATE f
+        SET f.ErrorNumber = l.ErrorNumber, f.Field = l.Field, f.Message = l.Message
+        FROM @Work AS f
+        INNER JOIN @Work AS l ON f.KeyLeader = l.RowNo
+        WHERE f.RowNo <> l.RowNo AND f.ErrorNumber IS NULL AND l.ErrorNumber IS NOT NULL;
+
+        -- 5. Refuse, nothing written yet: the rule's own number for a single
+        --    call, 50220 naming row, field and rule for a batch.
+        SET @Bad = (SELECT COUNT(*) FROM @Work AS w WHERE w.ErrorNumber IS NOT NULL);
+        IF @RejectInvalid = 0 AND @Bad > 0
         BEGIN
-            SET @MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', @Domain, N'>');
+            SELECT TOP (1)
+                @Err = IIF(@Single = 1, w.ErrorNumber, 50220),
+                @Msg = IIF(@Single = 1, w.Message, LEFT(CONCAT(N'Row ', w.RowNo, N', field ', w.Field, N', rule ',
+                    w.ErrorNumber, N': ', w.Message, IIF(@Bad > 1, CONCAT(N' (', @Bad - 1, N' other rows are ',
+                    N'invalid too; @RejectInvalid = 1 lists them all.)'), N''), N' Nothing was queued.'), 2048))
+            FROM @Work AS w
+            WHERE w.ErrorNumber IS NOT NULL
+            ORDER BY w.RowNo;
+            THROW @Err, @Msg, 1;
+        END;
 
-            INSERT INTO mailq.MailQueue (
-                dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
-                ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
-                Status, AttemptsRemaining, Priority, AccountName, AppName,
-                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc,
-                RunMode,
-                TemplateName, TemplateVersion, TemplateModel  -- revision 0016
-            )
-            -- The Enqueued event in the same statement (docs/events.md).
-            OUTPUT
-                inserted.ID, inserted.AppName, N'Enqueued', inserted.Status, inserted.AttemptCount,
-                NULL, NULL, inserted.dtStamp
-            INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
-            VALUES (
-                @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
-                @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
-                N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
-                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc,
-                @RunMode,
-                @TemplateName, @TemplateVersion, @TemplateModel
-            );
-            SET @MailID = SCOPE_IDENTITY();
+        -- 6. One INSERT of the mails (IDs in RowNo order: INSERT ... SELECT ...
+        --    ORDER BY assigns identity values in that order); MessageID (NEWID)
+        --    is unique, so it maps the new IDs back to the rows.
+        INSERT INTO mailq.MailQueue (
+            dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
+            Body, BodyFormat, TextBody, Headers, Status, AttemptsRemaining, Priority, AccountName, AppName,
+            IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc, RunMode, TemplateName, TemplateVersion, TemplateModel
+        )
+        OUTPUT inserted.ID, inserted.MessageID, inserted.AppName INTO @Inserted (MailID, MessageID, AppName)
+        SELECT
+            @Now, w.DueUtc AS DateToProcess, w.DueUtc AS VisibleAtUtc, w.FromName, w.FromAddress, w.ReplyTo,
+            w.ToAddress, w.CC, w.BCC, w.Subject, w.Body, w.BodyFormat, w.TextBody, w.Headers, N'UnSent',
+            w.MaxAttempts, w.Priority, w.AccountName, w.AppName, w.IdempotencyKey, w.ContentHash, w.MessageID,
+            w.ExpiresAtUtc, w.RunMode, w.TemplateName, w.TemplateVersion, w.TemplateModel
+        FROM @Work AS w
+        WHERE w.ErrorNumber IS NULL AND w.MailID IS NULL AND (w.KeyLeader IS NULL OR w.KeySeq IS NOT NULL)
+        ORDER BY w.RowNo;
 
+        UPDATE w SET w.MailID = i.MailID, w.Created = 1
+        FROM @Work AS w INNER JOIN @Inserted AS i ON w.MessageID = i.MessageID;
+
+        -- Attachments: only canonical base64 reaches the decoder (OPENJSON ...
+        -- WITH VARBINARY reads a JSON string as base64), so it cannot fail.
+        BEGIN TRY
             INSERT INTO mailq.MailAttachment (
                 MailID, AttachmentNo, FileName, ContentType, Content, Generator, GeneratorArgs
             )
             SELECT
-                @MailID,
-                t.AttachmentNo,
-                LTRIM(RTRIM(t.FileName)),
-                COALESCE(t.ContentType, N'application/octet-stream'),
-                t.Content,
-                t.Generator,
+                w.MailID, t.AttachmentNo, LTRIM(RTRIM(t.FileName)),
+                COALESCE(t.ContentType, N'application/octet-stream'), b.Content, t.Generator,
                 IIF(t.Generator IS NULL, NULL, t.GeneratorArgs)
-            FROM @Attachment AS t;
-
-            SET @Created = 1;
-        END;
-
-        IF @OwnTran = 1 COMMIT TRANSACTION;
-    END TRY
-    BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
-        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-        THROW;
-    END CATCH;
-END;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-/*
-mailq.EnqueueMailBatch: validates and queues many mails in one call, row by
-row with mailq.EnqueueMail's rules, written by one set-based INSERT.
-Parameters:  @Mails     NVARCHAR(MAX): a JSON array of objects, one per mail,
-                        whose fields are EnqueueMail's parameter names without
-                        '@' (ToAddress, Subject, Body, BodyFormat, TextBody,
-                        CC, BCC, FromAddress, FromName, ReplyTo, Headers,
-                        AccountName, AppName, Priority, DateToProcess,
-                        ExpiresAtUtc, MaxAttempts, IdempotencyKey,
-                        Attachments, RunMode and (revision 0016) TemplateName,
-                        TemplateVersion, TemplateModel); Headers, Attachments
-                        and TemplateModel as JSON (an object / array) or as
-                        the string EnqueueMail takes.  A lazy attachment
-                        ("Generator") is EnqueueMail's only (50286 here);
-                        times are UTC ISO 8601 ('2030-01-01T08:00:00', 'Z'
-                        allowed, no other offset).  Row ordinal = position + 1.
-             @MailRows  mailq.MailBatchRow READONLY: the same, as a
-                        table-valued parameter (RowNo is the caller's ordinal).
-                        Give exactly one of @Mails and @MailRows; 1-10,000 rows.
-             @RejectInvalid BIT, default 0: 0 = all-or-nothing (any invalid
-                        row raises 50220 and nothing is written); 1 = queue the
-                        valid rows and return the invalid ones.
-Result sets: 1. one row per queued (or idempotently returned) mail, in RowNo
-                order: RowNo INT, MailID BIGINT, MessageID NVARCHAR(255),
-                Created BIT (0 when an existing mail was returned for the key).
-             2. the rejected rows (empty unless @RejectInvalid = 1): RowNo INT,
-                Field NVARCHAR(128), ErrorNumber INT (the number EnqueueMail
-                raises for that rule, 50101-50168, or 50223), Message
-                NVARCHAR(2048).  One row per rejected mail: its first failed
-                rule in EnqueueMail's order, the rule EnqueueMail would raise.
-Rules:       each row is checked with EnqueueMail's rules in EnqueueMail's
-             order (recipients, subject, body, sizes, CR/LF, addresses,
-             recipient count, body format, priority, attempts, expiry, body
-             size, run mode (50240, revision 0015), headers JSON, caller's mapped application, account,
-             application, account and From bindings, attachments, idempotency
-             key), plus 50223 for a JSON field of the wrong type or an unknown
-             field.  One difference: attachment content must be canonical
-             base64 (A-Z a-z 0-9 + / and '=' padding, length a multiple of 4,
-             no line breaks), because a decoding error inside one set-based
-             statement cannot say which row caused it.
-Idempotency: as EnqueueMail, and the content hash is computed exactly as
-             EnqueueMail computes it (the fields as passed, before defaults),
-             so a batch row and a single call with the same values are one
-             mail.  A key already queued with the same content returns that
-             mail (Created = 0); with different content the row fails with
-             rule 50116.  Within the batch, the first valid row with a key
-             creates the mail; later rows with the same key and content return
-             it (Created = 0), with different content they fail with 50116.
-Concurrency: EnqueueMail serializes each key on an exclusive, transaction-owned
-             application lock 'mailq.IdempotencyKey:<key>' and relies on it
-             ("only EnqueueMail writes keys, always under this lock").  This
-             procedure keeps that invariant: inside its transaction, before it
-             reads existing keys or inserts, it takes the SAME lock for every
-             distinct key of the batch, in binary key order.  sp_getapplock
-             locks one resource per call, so this is the one loop here, over
-             distinct keys only (none for a batch without keys); the mails are
-             still written by one INSERT.  Two batches lock shared keys in the
-             same order and cannot deadlock on them; a batch and single calls
-             hold at most one key per EnqueueMail call, but a caller's
-             transaction holding several keys taken in another order can
-             deadlock with a batch: the loser gets 50225 (retry).  A lock not
-             granted in 10 s is 50225 as well.  Rows without a key take no
-             lock and never wait for one another.
-Escalation:  the mails are written by ONE statement, which locks each new row
-             in every index of mailq.MailQueue.  From 5,000 locks on one index
-             in one statement SQL Server would escalate to a table lock
-             (Microsoft, "Lock escalation"), held until the transaction ends;
-             revision 0018 disables escalation on mailq.MailQueue,
-             mailq.MailAttachment and mailq.MailEvent, so a 10,000-mail batch
-             keeps row locks on rows nobody else asks for (new rows) and
-             claims, enqueues and acknowledgements go on.  Its price is lock
-             memory (about one lock per new row and index, released at
-             commit); keep the batch's transaction short all the same.
-Input:       @Mails is at most 256 MB of text (DATALENGTH), @MailRows at
-             most 256 MB over its text columns (50226); times are ISO 8601:
-             "Z" or no offset is UTC, an offset ("+02:00") is converted to
-             UTC; Priority and MaxAttempts are JSON numbers.
-Errors:      50220 a row is invalid (all-or-nothing): the message names the row,
-             the field and the rule (EnqueueMail's number) and how many other
-             rows are invalid; nothing is written;
-             50221 neither or both of @Mails and @MailRows, or @Mails not a
-             JSON array of objects; 50222 no rows or more than 10,000;
-             50224 an attachment's base64 passed the textual check but could
-             not be decoded (row not identifiable; nothing written);
-             50225 an idempotency key's lock was not granted in 10 s (or
-             deadlock); 50226 the input is over 256 MB of text (split it).
-             Rule numbers inside 50220 / result set 2: see
-             mailq.EnqueueMail and 50223 (a JSON field of the wrong type or
-             an unknown field name).
-Transaction: opens its own if none is open, else works inside the caller's
-             (outbox: the mails exist exactly when the caller commits).  Any
-             error is re-raised; XACT_ABORT ON rolls back or dooms the caller's
-             transaction, as EnqueueMail's errors do.  @RejectInvalid = 1 does
-             not raise for invalid rows, so the caller's transaction goes on.
-Isolation:   sets READ COMMITTED itself (as EnqueueMail: no key-range locks
-             under a SERIALIZABLE caller, no stale snapshot under SNAPSHOT).
-Lock order:  the application locks on the keys (binary key order), then
-             mailq.MailQueue (insert), then mailq.MailAttachment, as EnqueueMail
-             (docs/guarantees.md, "Lock order"), then mailq.MailEvent (new
-             rows only: the 'Enqueued' event of every created mail).
-Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[
-                 {"ToAddress": "a@example.com", "Subject": "Hi", "Body": "One"},
-                 {"ToAddress": "b@example.com", "Subject": "Hi", "Body": "Two", "Priority": 9}]';
-*/
-CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch
-    @Mails NVARCHAR(MAX) = NULL,
-    @MailRows mailq.MailBatchRow READONLY,
-    @RejectInvalid BIT = 0
-AS
-BEGIN
-    SET NOCOUNT, XACT_ABORT ON;
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
-    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    DECLARE @Msg NVARCHAR(2048);
-    DECLARE @MaxRows INT = 10000;
-    DECLARE @MaxBatchBytes BIGINT = 268435456;   -- 256 MB of input text per call (50226)
-    DECLARE @Bytes BIGINT;
-    DECLARE @RowCount INT;
-    -- Binary collation below, as in EnqueueMail: LIKE ranges are code points
-    -- and control characters are never ignorable.
-    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
-    DECLARE @Control NVARCHAR(10) = N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%';
-    SET @RejectInvalid = COALESCE(@RejectInvalid, 0);
-
-    -- 1. Input shape.  An omitted table-valued parameter is an empty table.
-    DECLARE @RowsGiven BIT = IIF(EXISTS (SELECT 1 FROM @MailRows), 1, 0);
-    IF @Mails IS NULL AND @RowsGiven = 0
-        THROW 50221, N'Give the mails: @Mails (a JSON array of objects) or @MailRows (mailq.MailBatchRow).', 1;
-    IF @Mails IS NOT NULL AND @RowsGiven = 1
-        THROW 50221, N'Give @Mails or @MailRows, not both.', 1;
-
-    -- Temporary tables take tempdb's default collation unless told: every text
-    -- column says DATABASE_DEFAULT (compared with the database's tables
-    -- without a collation conflict), the key the column's binary collation.
-    CREATE TABLE #Batch (
-        RowNo INT NOT NULL PRIMARY KEY,
-        -- as passed (the content hash covers these)
-        ToAddress NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        Subject NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        Body NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        BodyFormat NVARCHAR(20) COLLATE DATABASE_DEFAULT NULL,
-        TextBody NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        CC NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        BCC NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        FromAddress NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        FromName NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        ReplyTo NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        Headers NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        AccountName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
-        AppName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
-        Priority INT NULL,
-        DateToProcess DATETIME2(3) NULL,
-        ExpiresAtUtc DATETIME2(3) NULL,
-        MaxAttempts INT NULL,
-        IdempotencyKey NVARCHAR(4000) COLLATE Latin1_General_100_BIN2 NULL,
-        Attachments NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        RunMode NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,  -- revision 0015
-        TemplateName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,   -- revision 0016
-        TemplateVersion INT NULL,
-        TemplateModel NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        -- derived
-        HeadersJson NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,      -- Headers if a JSON object, else NULL
-        AttachmentsJson NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,  -- Attachments if a JSON array, else NULL
-        EffAppName NVARCHAR(128) COLLATE DATABASE_DEFAULT NULL,
-        EffAccountName NVARCHAR(128) COLLATE DATABASE_DEFAULT NULL,
-        EffFromAddress NVARCHAR(320) COLLATE DATABASE_DEFAULT NULL,
-        EffFromName NVARCHAR(200) COLLATE DATABASE_DEFAULT NULL,
-        DefaultFrom NVARCHAR(320) COLLATE DATABASE_DEFAULT NULL,
-        DefaultFromName NVARCHAR(200) COLLATE DATABASE_DEFAULT NULL,
-        DueUtc DATETIME2(3) NULL,
-        ContentHash VARBINARY(32) NULL,
-        MessageID NVARCHAR(255) COLLATE DATABASE_DEFAULT NULL,
-        KeyLeader INT NULL,                    -- RowNo of the row that creates the key's mail
-        ToCount INT NULL, ReplyToCount INT NULL, FromCount INT NULL, FromHasName BIT NULL, RecipientCount INT NULL,
-        AppKnown BIT NULL, AccountBound BIT NULL, FromBound BIT NULL,
-        TemplateLatest INT NULL, TemplateRetired BIT NULL  -- revision 0016
-    );
-    CREATE TABLE #Problem (
-        RowNo INT NOT NULL,
-        RuleOrder INT NOT NULL,
-        Field NVARCHAR(128) COLLATE DATABASE_DEFAULT NOT NULL,
-        ErrorNumber INT NOT NULL,
-        Message NVARCHAR(2048) COLLATE DATABASE_DEFAULT NOT NULL,
-        INDEX IX_Problem CLUSTERED (RowNo, RuleOrder)
-    );
-    CREATE TABLE #Attachment (
-        RowNo INT NOT NULL,
-        AttachmentNo INT NOT NULL,
-        FileName NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
-        ContentType NVARCHAR(4000) COLLATE DATABASE_DEFAULT NULL,
-        ContentBase64 NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL,
-        Base64Ok BIT NOT NULL DEFAULT (0),
-        Content VARBINARY(MAX) NULL,
-        PRIMARY KEY (RowNo, AttachmentNo)
-    );
-    -- The created mails.  Kept for the event stream (see the marked place below).
-    CREATE TABLE #Inserted (
-        MailID BIGINT NOT NULL PRIMARY KEY,
-        MessageID NVARCHAR(255) COLLATE DATABASE_DEFAULT NOT NULL UNIQUE,
-        AppName NVARCHAR(128) COLLATE DATABASE_DEFAULT NULL
-    );
-    CREATE TABLE #Existing (
-        RowNo INT NOT NULL PRIMARY KEY,
-        MailID BIGINT NOT NULL,
-        MessageID NVARCHAR(255) COLLATE DATABASE_DEFAULT NOT NULL,
-        ContentHash VARBINARY(32) NOT NULL
-    );
-    -- The distinct idempotency keys, numbered in binary order (the lock order).
-    CREATE TABLE #Key (
-        Seq INT IDENTITY (1, 1) NOT NULL PRIMARY KEY,
-        KeyText NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NOT NULL
-    );
-
-    IF @Mails IS NOT NULL
-    BEGIN
-        -- The size cap first: every body is copied to tempdb (#Batch) and the
-        -- text is parsed more than once, so an unbounded @Mails would be an
-        -- unbounded tempdb and CPU cost.
-        IF DATALENGTH(@Mails) > @MaxBatchBytes
-        BEGIN
-            SET @Msg = CONCAT(
-                N'@Mails is ', DATALENGTH(@Mails), N' bytes; a batch takes at most ', @MaxBatchBytes,
-                N' bytes (', @MaxBatchBytes / 1048576, N' MB): split it into smaller batches.'
-            );
-            THROW 50226, @Msg, 1;
-        END;
-        -- The first character that is not JSON white space (tab, line feed,
-        -- carriage return, space, RFC 8259 section 2) must open an array.
-        -- LTRIM alone strips only spaces before SQL Server 2022.
-        IF ISJSON(@Mails) = 0
-            OR LEFT(LTRIM(TRANSLATE(LEFT(@Mails, 4000), NCHAR(9) + NCHAR(10) + NCHAR(13), N'   ')), 1) <> N'['
-            THROW 50221,
-                N'@Mails must be a JSON array of objects, e.g. [{"ToAddress": "a@x.org", "Body": "B"}].',
-                1;
-        SELECT TOP (1) @Msg = CONCAT(N'@Mails: element ', CAST(e.[key] AS INT) + 1, N' is not a JSON object.')
-        FROM OPENJSON(@Mails) AS e
-        WHERE e.[type] <> 5
-        ORDER BY CAST(e.[key] AS INT);
-        IF @Msg IS NOT NULL THROW 50221, @Msg, 1;
-        SET @RowCount = (SELECT COUNT(*) FROM OPENJSON(@Mails));
-        IF @RowCount NOT BETWEEN 1 AND @MaxRows
-        BEGIN
-            SET @Msg = CONCAT(N'@Mails holds ', @RowCount, N' mails; a batch takes 1-', @MaxRows, N'.');
-            THROW 50222, @Msg, 1;
-        END;
-
-        -- Every field read as text (lax paths: a field of another JSON type
-        -- reads as NULL), then converted with TRY_CONVERT, so that one bad row
-        -- cannot fail the statement for all rows; rule 50223 below names it.
-        INSERT INTO #Batch (
-            RowNo, ToAddress, Subject, Body, BodyFormat, TextBody, CC, BCC, FromAddress, FromName,
-            ReplyTo, Headers, AccountName, AppName, Priority, DateToProcess, ExpiresAtUtc,
-            MaxAttempts, IdempotencyKey, Attachments, RunMode, TemplateName, TemplateVersion, TemplateModel
-        )
-        SELECT
-            CAST(e.[key] AS INT) + 1,
-            f.ToAddress, f.Subject, f.Body, f.BodyFormat, f.TextBody, f.CC, f.BCC, f.FromAddress,
-            f.FromName, f.ReplyTo, COALESCE(f.HeadersObject, f.HeadersText), f.AccountName, f.AppName,
-            TRY_CONVERT(INT, f.Priority),
-            -- Through DATETIMEOFFSET: a time with an offset ("...+02:00") is
-            -- converted to UTC; a time with "Z" or no offset is UTC (the
-            -- offset defaults to +00:00, Microsoft's "datetimeoffset").  A
-            -- direct conversion to DATETIME2 would drop the offset silently.
-            -- Years 2-9998 only: SWITCHOFFSET of a time a day from either end
-            -- of the range could leave it and raise an error for the whole
-            -- batch; outside that range the field reads as NULL here and
-            -- rule 50223 below names the row.
-            CONVERT(DATETIME2(3), SWITCHOFFSET(IIF(
-                YEAR(TRY_CONVERT(DATETIMEOFFSET(3), f.DateToProcess, 127)) BETWEEN 2 AND 9998,
-                TRY_CONVERT(DATETIMEOFFSET(3), f.DateToProcess, 127), NULL
-            ), N'+00:00')),
-            CONVERT(DATETIME2(3), SWITCHOFFSET(IIF(
-                YEAR(TRY_CONVERT(DATETIMEOFFSET(3), f.ExpiresAtUtc, 127)) BETWEEN 2 AND 9998,
-                TRY_CONVERT(DATETIMEOFFSET(3), f.ExpiresAtUtc, 127), NULL
-            ), N'+00:00')),
-            TRY_CONVERT(INT, f.MaxAttempts),
-            f.IdempotencyKey, COALESCE(f.AttachmentsArray, f.AttachmentsText), f.RunMode,
-            f.TemplateName, TRY_CONVERT(INT, f.TemplateVersion), COALESCE(f.TemplateModelObject, f.TemplateModelText)
-        FROM OPENJSON(@Mails) AS e
-        CROSS APPLY OPENJSON (e.[value])
-            WITH (
-                ToAddress NVARCHAR(MAX) '$.ToAddress', Subject NVARCHAR(MAX) '$.Subject',
-                Body NVARCHAR(MAX) '$.Body', BodyFormat NVARCHAR(20) '$.BodyFormat',
-                TextBody NVARCHAR(MAX) '$.TextBody', CC NVARCHAR(MAX) '$.CC', BCC NVARCHAR(MAX) '$.BCC',
-                FromAddress NVARCHAR(MAX) '$.FromAddress', FromName NVARCHAR(MAX) '$.FromName',
-                ReplyTo NVARCHAR(MAX) '$.ReplyTo',
-                HeadersObject NVARCHAR(MAX) '$.Headers' AS JSON, HeadersText NVARCHAR(MAX) '$.Headers',
-                AccountName NVARCHAR(4000) '$.AccountName', AppName NVARCHAR(4000) '$.AppName',
-                Priority NVARCHAR(MAX) '$.Priority', DateToProcess NVARCHAR(MAX) '$.DateToProcess',
-                ExpiresAtUtc NVARCHAR(MAX) '$.ExpiresAtUtc', MaxAttempts NVARCHAR(MAX) '$.MaxAttempts',
-                IdempotencyKey NVARCHAR(4000) '$.IdempotencyKey',
-                AttachmentsArray NVARCHAR(MAX) '$.Attachments' AS JSON,
-                AttachmentsText NVARCHAR(MAX) '$.Attachments',
-                RunMode NVARCHAR(4000) '$.RunMode',
-                TemplateName NVARCHAR(4000) '$.TemplateName', TemplateVersion NVARCHAR(MAX) '$.TemplateVersion',
-                TemplateModelObject NVARCHAR(MAX) '$.TemplateModel' AS JSON,
-                TemplateModelText NVARCHAR(MAX) '$.TemplateModel'
-            ) AS f;
-
-        -- 50223: unknown field names, and fields of the wrong JSON type
-        -- (a string field given as a number, object or array; a number that
-        -- is not an integer; a time that is not ISO 8601 UTC).
-        INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-        SELECT p.RowNo, 1, p.Field, 50223, p.Message
-        FROM (
+            FROM @Work AS w
+            CROSS APPLY mailq.MailAttachmentList(w.Attachments) AS t
+            OUTER APPLY OPENJSON (IIF(t.Base64Ok = 1, CONCAT(N'{"c":"', t.ContentBase64, N'"}'), NULL))
+                WITH (Content VARBINARY(MAX) '$.c') AS b
+            WHERE w.Created = 1;
+        END TRY
+        BEGIN CATCH
             SELECT
-                CAST(e.[key] AS INT) + 1 AS RowNo,
-                LEFT(k.[key], 128) AS Field,
-                CASE
-                    WHEN k.[key] COLLATE Latin1_General_100_BIN2 NOT IN (
-                        N'ToAddress', N'Subject', N'Body', N'BodyFormat', N'TextBody', N'CC', N'BCC',
-                        N'FromAddress', N'FromName', N'ReplyTo', N'Headers', N'AccountName', N'AppName',
-                        N'Priority', N'DateToProcess', N'ExpiresAtUtc', N'MaxAttempts', N'IdempotencyKey',
-                        N'Attachments', N'RunMode', N'TemplateName', N'TemplateVersion', N'TemplateModel'
-                    )
-                        THEN CONCAT(
-                            N'''', LEFT(k.[key], 80), N''' is not a field of a mail (names are case-sensitive).'
-                        )
-                    WHEN k.[type] <> 0 AND k.[key] IN (N'Headers', N'Attachments', N'TemplateModel') THEN NULL
-                    WHEN k.[type] = 0 THEN NULL   -- JSON null: the default
-                    WHEN k.[key] IN (N'Priority', N'MaxAttempts', N'TemplateVersion')
-                        AND (k.[type] <> 2 OR TRY_CONVERT(INT, k.[value]) IS NULL)
-                        THEN CONCAT(N'''', k.[key], N''' must be a JSON number that is an integer (not a string).')
-                    WHEN k.[key] IN (N'DateToProcess', N'ExpiresAtUtc')
-                        AND (
-                            k.[type] <> 1
-                            OR TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127) IS NULL
-                            OR YEAR(TRY_CONVERT(DATETIMEOFFSET(3), k.[value], 127)) NOT BETWEEN 2 AND 9998
-                        )
-                        THEN CONCAT(
-                            N'''', k.[key], N''' must be an ISO 8601 time, e.g. "2030-01-01T08:00:00Z" ',
-                            N'(an offset such as +02:00 is converted to UTC).'
-                        )
-                    WHEN k.[key] NOT IN (N'Priority', N'MaxAttempts', N'TemplateVersion')
-                        AND k.[type] <> 1
-                        THEN CONCAT(N'''', k.[key], N''' must be a JSON string.')
-                END AS Message
-            FROM OPENJSON(@Mails) AS e
-            CROSS APPLY OPENJSON(e.[value]) AS k
-        ) AS p
-        WHERE p.Message IS NOT NULL;
-    END;
-    ELSE
-    BEGIN
-        SET @RowCount = (SELECT COUNT(*) FROM @MailRows);
-        IF @RowCount > @MaxRows
-        BEGIN
-            SET @Msg = CONCAT(N'@MailRows holds ', @RowCount, N' mails; a batch takes 1-', @MaxRows, N'.');
-            THROW 50222, @Msg, 1;
-        END;
-        -- The same size cap as @Mails, over the columns that can be large.
-        SET @Bytes = (
-            SELECT SUM(
-                CAST(COALESCE(DATALENGTH(r.Body), 0) AS BIGINT) + COALESCE(DATALENGTH(r.TextBody), 0)
-                + COALESCE(DATALENGTH(r.Headers), 0) + COALESCE(DATALENGTH(r.Attachments), 0)
-                + COALESCE(DATALENGTH(r.ToAddress), 0) + COALESCE(DATALENGTH(r.CC), 0)
-                + COALESCE(DATALENGTH(r.BCC), 0) + COALESCE(DATALENGTH(r.Subject), 0)
-                + COALESCE(DATALENGTH(r.TemplateModel), 0)
-            )
-            FROM @MailRows AS r
-        );
-        IF @Bytes > @MaxBatchBytes
-        BEGIN
-            SET @Msg = CONCAT(
-                N'@MailRows holds ', @Bytes, N' bytes of text; a batch takes at most ', @MaxBatchBytes,
-                N' bytes (', @MaxBatchBytes / 1048576, N' MB): split it into smaller batches.'
-            );
-            THROW 50226, @Msg, 1;
-        END;
-        INSERT INTO #Batch (
-            RowNo, ToAddress, Subject, Body, BodyFormat, TextBody, CC, BCC, FromAddress, FromName,
-            ReplyTo, Headers, AccountName, AppName, Priority, DateToProcess, ExpiresAtUtc,
-            MaxAttempts, IdempotencyKey, Attachments, RunMode, TemplateName, TemplateVersion, TemplateModel
-        )
-        SELECT
-            r.RowNo, r.ToAddress, r.Subject, r.Body, r.BodyFormat, r.TextBody, r.CC, r.BCC, r.FromAddress,
-            r.FromName, r.ReplyTo, r.Headers, r.AccountName, r.AppName, r.Priority, r.DateToProcess,
-            r.ExpiresAtUtc, r.MaxAttempts, r.IdempotencyKey, r.Attachments, r.RunMode,
-            r.TemplateName, r.TemplateVersion, r.TemplateModel
-        FROM @MailRows AS r;
-    END;
-
-    -- 2. Derived values.  The content hash is EnqueueMail's: the same
-    --    FOR JSON of the fields as passed, with the same names, order and types.
-    DECLARE @PrincipalApp NVARCHAR(128) = (
-        SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
-    );
-    DECLARE @DefaultAccount NVARCHAR(128) = (
-        SELECT a.AccountName FROM mailq.SendingAccount AS a WHERE a.IsDefault = 1
-    );
-
-    UPDATE b
-    SET
-        HeadersJson = IIF(ISJSON(b.Headers) = 1 AND LEFT(LTRIM(b.Headers), 1) = N'{', b.Headers, NULL),
-        AttachmentsJson = IIF(ISJSON(b.Attachments) = 1 AND LEFT(LTRIM(b.Attachments), 1) = N'[', b.Attachments, NULL),
-        EffAppName = IIF(@PrincipalApp IS NOT NULL, @PrincipalApp, LEFT(b.AppName, 128)),
-        EffAccountName = a.AccountName,
-        DefaultFrom = a.DefaultFromAddress,
-        DefaultFromName = a.DefaultFromName,
-        DueUtc = COALESCE(b.DateToProcess, @Now),
-        -- Revision 0016: EnqueueMail's template fields join the hash only when given.
-        ContentHash = HASHBYTES('SHA2_256', CONCAT(h.ContentJson, t.TemplateJson)),
-        TemplateLatest = m.LatestVersion,
-        TemplateRetired = IIF(m.RetiredAtUtc IS NULL, 0, 1)
-    FROM #Batch AS b
-    LEFT JOIN mailq.SendingAccount AS a
-        ON a.AccountName = COALESCE(b.AccountName, @DefaultAccount)
-    CROSS APPLY (
-        -- Run mode (revision 0015): appended only when given, as EnqueueMail does.
-        SELECT CONCAT((
-            SELECT
-                -- Unaliased columns keep their names: the same JSON as EnqueueMail's
-                -- (@ToAddress AS ToAddress, ...), in the same order.
-                b.ToAddress, b.CC, b.BCC, b.Subject, b.Body, b.BodyFormat, b.TextBody,
-                b.FromAddress, b.FromName, b.ReplyTo, b.Headers, b.AccountName, b.AppName,
-                b.Priority, b.DateToProcess, b.ExpiresAtUtc, b.MaxAttempts, b.Attachments
-            FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
-        ), IIF(b.RunMode IS NULL, N'', CONCAT(N'|RunMode=', b.RunMode))) AS ContentJson
-    ) AS h
-    CROSS APPLY (
-        SELECT IIF(
-            b.TemplateName IS NULL AND b.TemplateVersion IS NULL AND b.TemplateModel IS NULL,
-            NULL,
-            (SELECT b.TemplateName, b.TemplateVersion, b.TemplateModel FOR JSON PATH, WITHOUT_ARRAY_WRAPPER)
-        ) AS TemplateJson
-    ) AS t
-    LEFT JOIN mailq.MailTemplate AS m ON m.TemplateName = LEFT(b.TemplateName, 128);
-
-    UPDATE #Batch
-    SET
-        EffFromAddress = LEFT(LTRIM(RTRIM(COALESCE(FromAddress, DefaultFrom))), 320),
-        EffFromName = LEFT(COALESCE(FromName, DefaultFromName), 200);
-
-    -- Address counts (mailq.ParseAddressList is inline: one plan for all rows).
-    UPDATE b
-    SET
-        ToCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.ToAddress)),
-        ReplyToCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.ReplyTo)),
-        FromCount = (SELECT COUNT(*) FROM mailq.ParseAddressList(b.FromAddress)),
-        FromHasName = IIF(EXISTS (
-            SELECT 1 FROM mailq.ParseAddressList(b.FromAddress) AS a WHERE a.DisplayName IS NOT NULL
-        ), 1, 0),
-        RecipientCount = (
-            SELECT COUNT(*)
-            FROM (VALUES (b.ToAddress), (b.CC), (b.BCC)) AS r(Value)
-            CROSS APPLY mailq.ParseAddressList(r.Value)
-        )
-    FROM #Batch AS b;
-
-    -- 3. Validation, rule by rule over all rows (RuleOrder = EnqueueMail's order).
-    -- Revision 0016: a template instead of Subject / Body / TextBody (EnqueueMail's
-    -- 50281, 50280 right after its recipient rule 50101 (RuleOrder 7) and before
-    -- 50121, 50120; 50285, 50284, 50282, 50283 (46-49) after its run-mode rule
-    -- 50240 (45), before headers (50): one RuleOrder per rule, so the first
-    -- failed rule of a row is the one EnqueueMail raises).  A template row's Subject and Body are N''
-    -- (stored, like EnqueueMail's; the worker renders them).
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
-    FROM #Batch AS b
-    CROSS APPLY (
-        VALUES
-        (8, N'TemplateName', 50281,
-            IIF(b.TemplateName IS NULL AND (b.TemplateVersion IS NOT NULL OR b.TemplateModel IS NOT NULL), 1, 0),
-            N'TemplateVersion and TemplateModel need TemplateName.'),
-        (9, N'TemplateName', 50280,
-            IIF(b.TemplateName IS NOT NULL
-                AND (b.Body IS NOT NULL OR b.TextBody IS NOT NULL OR NULLIF(b.Subject, N'') IS NOT NULL), 1, 0),
-            N'TemplateName renders the subject and the body: leave Subject, Body and TextBody out.'),
-        (46, N'TemplateName', 50285,
-            IIF(b.TemplateName IS NOT NULL AND (
-                LEN(b.TemplateName) NOT BETWEEN 1 AND 128
-                OR b.TemplateName COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
-                OR b.TemplateVersion < 1), 1, 0),
-            N'TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and TemplateVersion >= 1.'),
-        (47, N'TemplateModel', 50284,
-            IIF(b.TemplateName IS NOT NULL AND b.TemplateModel IS NOT NULL AND (
-                LEN(b.TemplateModel) > 2000000 OR ISJSON(b.TemplateModel) = 0
-                OR LEFT(LTRIM(b.TemplateModel), 1) <> N'{'), 1, 0),
-            N'TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.'),
-        (48, N'TemplateName', 50282,
-            IIF(b.TemplateName IS NOT NULL
-                AND (b.TemplateLatest IS NULL OR b.TemplateVersion > b.TemplateLatest), 1, 0),
-            CONCAT(N'TemplateName ''', LEFT(b.TemplateName, 130), N''' ',
-                IIF(b.TemplateLatest IS NULL, N'is not a template (mailq.AddMailTemplateVersion).',
-                    CONCAT(N'has no version ', b.TemplateVersion, N' (latest: ', b.TemplateLatest, N').')))),
-        (49, N'TemplateName', 50283, IIF(b.TemplateRetired = 1, 1, 0),
-            CONCAT(N'TemplateName ''', LEFT(b.TemplateName, 130),
-                N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).'))
-    ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
-    WHERE c.Failed = 1;
-
-    UPDATE #Batch
-    SET Subject = N'', Body = N'', BodyFormat = N'Text', TemplateModel = COALESCE(TemplateModel, N'{}')
-    WHERE TemplateName IS NOT NULL AND Body IS NULL AND TextBody IS NULL AND NULLIF(Subject, N'') IS NULL;
-
-    -- Required values, sizes, CR/LF, body format, priority, attempts, expiry, body size.
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
-    FROM #Batch AS b
-    CROSS APPLY (
-        VALUES
-        (7, N'ToAddress', 50101,
-            IIF(b.ToAddress IS NULL OR b.ToCount = 0, 1, 0),
-            N'ToAddress is required: give at least one recipient address (separate several with ;).'),
-        (11, N'Subject', 50121, IIF(b.Subject IS NULL, 1, 0),
-            N'Subject is required (an empty string for a mail without subject).'),
-        (12, N'Body', 50120, IIF(b.Body IS NULL, 1, 0), N'Body is required.'),
-        (40, N'BodyFormat', 50118, IIF(COALESCE(b.BodyFormat, N'Text') NOT IN (N'Text', N'Html'), 1, 0),
-            CONCAT(N'BodyFormat must be Text or Html; got ''', LEFT(b.BodyFormat, 20), N'''.')),
-        (41, N'Priority', 50109, IIF(COALESCE(b.Priority, 5) NOT BETWEEN 0 AND 9, 1, 0),
-            CONCAT(N'Priority must be 0-9 (9 is sent first); got ', b.Priority, N'.')),
-        (42, N'MaxAttempts', 50119, IIF(COALESCE(b.MaxAttempts, 5) NOT BETWEEN 1 AND 20, 1, 0),
-            CONCAT(N'MaxAttempts must be 1-20; got ', b.MaxAttempts, N'.')),
-        (43, N'ExpiresAtUtc', 50110, IIF(b.ExpiresAtUtc <= b.DueUtc, 1, 0),
-            CONCAT(N'ExpiresAtUtc (', CONVERT(NVARCHAR(30), b.ExpiresAtUtc, 126),
-                N') must be later than the due time (', CONVERT(NVARCHAR(30), b.DueUtc, 126), N').')),
-        (44, N'Body', 50111, IIF(LEN(b.Body) > 2000000 OR LEN(b.TextBody) > 2000000, 1, 0),
-            N'Body and TextBody are limited to 2,000,000 characters each.'),
-        -- Run mode (revision 0015): EnqueueMail's rule, right after 50111.
-        (45, N'RunMode', 50240,
-            IIF(
-                b.RunMode IS NOT NULL AND (
-                    LEN(b.RunMode) NOT BETWEEN 1 AND 32
-                    OR b.RunMode COLLATE Latin1_General_100_BIN2 NOT LIKE N'[a-z]%'
-                    OR b.RunMode COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
-                ),
-                1, 0
-            ),
-            CONCAT(
-                N'RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
-                N'(e.g. prod, staging, test); got ''',
-                LEFT(b.RunMode, 40), N'''.'
-            )),
-        (50, N'Headers', 50106,
-            IIF(b.Headers IS NOT NULL AND b.HeadersJson IS NULL, 1, 0),
-            N'Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.')
-    ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
-    WHERE c.Failed = 1;
-
-    -- Sizes (50103) and CR/LF (50105): the first offending field per row.
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT x.RowNo, x.RuleOrder, x.Field, x.ErrorNumber, x.Message
-    FROM (
-        SELECT
-            b.RowNo, 20 AS RuleOrder, v.Field, 50103 AS ErrorNumber,
-            CONCAT(v.Field, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.') AS Message,
-            ROW_NUMBER() OVER (PARTITION BY b.RowNo ORDER BY v.Position) AS Nth
-        FROM #Batch AS b
-        CROSS APPLY (
-            VALUES
-            (1, N'ToAddress', b.ToAddress, 4000), (2, N'CC', b.CC, 4000), (3, N'BCC', b.BCC, 4000),
-            (4, N'Subject', b.Subject, 900), (5, N'FromAddress', b.FromAddress, 320),
-            (6, N'FromName', b.FromName, 200), (7, N'ReplyTo', b.ReplyTo, 320),
-            (8, N'AccountName', b.AccountName, 128), (9, N'AppName', b.AppName, 128),
-            (10, N'IdempotencyKey', b.IdempotencyKey, 200)
-        ) AS v(Position, Field, Value, MaxLength)
-        WHERE LEN(v.Value) > v.MaxLength
-        UNION ALL
-        SELECT
-            b.RowNo, 21, v.Field, 50105,
-            CONCAT(v.Field, N' contains CR or LF; header values must be one line (header injection is refused).'),
-            ROW_NUMBER() OVER (PARTITION BY b.RowNo ORDER BY v.Position)
-        FROM #Batch AS b
-        CROSS APPLY (
-            VALUES
-            (1, N'Subject', b.Subject), (2, N'FromName', b.FromName), (3, N'ReplyTo', b.ReplyTo),
-            (4, N'FromAddress', b.FromAddress), (5, N'IdempotencyKey', b.IdempotencyKey)
-        ) AS v(Position, Field, Value)
-        WHERE v.Value COLLATE Latin1_General_100_BIN2 LIKE @CrLf
-    ) AS x
-    WHERE x.Nth = 1;
-
-    -- Addresses (50102) and recipient count (50104).
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT x.RowNo, x.RuleOrder, x.Field, 50102, x.Message
-    FROM (
-        SELECT
-            b.RowNo, 30 AS RuleOrder, v.Field,
-            CONCAT(v.Field, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.') AS Message,
-            ROW_NUMBER() OVER (PARTITION BY b.RowNo ORDER BY v.Position) AS Nth
-        FROM #Batch AS b
-        CROSS APPLY (
-            VALUES
-            (1, N'ToAddress', b.ToAddress), (2, N'CC', b.CC), (3, N'BCC', b.BCC),
-            (4, N'ReplyTo', b.ReplyTo), (5, N'FromAddress', b.FromAddress)
-        ) AS v(Position, Field, Value)
-        CROSS APPLY mailq.ParseAddressList(v.Value) AS a
-        WHERE a.Problem IS NOT NULL
-    ) AS x
-    WHERE x.Nth = 1;
-
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
-    FROM #Batch AS b
-    CROSS APPLY (
-        VALUES
-        (31, N'ReplyTo', 50102, IIF(b.ReplyToCount > 1, 1, 0), N'ReplyTo takes one address.'),
-        (32, N'FromAddress', 50102, IIF(b.FromCount > 1, 1, 0), N'FromAddress takes one address.'),
-        (33, N'FromAddress', 50102, IIF(b.FromHasName = 1, 1, 0),
-            N'FromAddress takes a bare address; give the display name in FromName.'),
-        (34, N'ToAddress', 50104, IIF(b.RecipientCount > 100, 1, 0),
-            CONCAT(N'ToAddress, CC and BCC name ', b.RecipientCount, N' recipients; the limit is 100.'))
-    ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
-    WHERE c.Failed = 1;
-
-    -- Business headers (HeadersJson is NULL unless Headers is a JSON object,
-    -- so OPENJSON never meets text that is not JSON: no error 13609).
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT x.RowNo, x.RuleOrder, N'Headers', x.ErrorNumber, x.Message
-    FROM (
-        SELECT
-            y.RowNo, y.RuleOrder, y.ErrorNumber, y.Message,
-            ROW_NUMBER() OVER (PARTITION BY y.RowNo, y.RuleOrder ORDER BY y.Position) AS Nth
-        FROM (
-            SELECT
-                b.RowNo, c.RuleOrder, c.ErrorNumber, c.Message, CAST(j.[key] AS NVARCHAR(4000)) AS Position
-            FROM #Batch AS b
-            CROSS APPLY OPENJSON(b.HeadersJson) AS j
-            CROSS APPLY (
-                VALUES
-                (51, 50106, IIF(j.[type] <> 1, 1, 0),
-                    CONCAT(N'Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')),
-                (55, 50107, IIF(
-                        LEN(j.[key]) NOT BETWEEN 1 AND 76
-                        OR j.[key] COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%', 1, 0),
-                    CONCAT(N'Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
-                        N'(1-76 printable ASCII characters, no space or colon).')),
-                (56, 50108, IIF(UPPER(j.[key]) IN (
-                        N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
-                        N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
-                        N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'), 1, 0),
-                    CONCAT(N'Headers: ''', LEFT(j.[key], 80), N''' is set by mailq-db and cannot be overridden.')),
-                (57, 50105, IIF(j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf, 1, 0),
-                    CONCAT(N'Headers: the value of ''', LEFT(j.[key], 80),
-                        N''' contains CR or LF (header injection is refused).')),
-                (58, 50103, IIF(LEN(j.[value]) > 900, 1, 0),
-                    CONCAT(N'Headers: the value of ''', LEFT(j.[key], 80), N''' is longer than 900 characters.'))
-            ) AS c(RuleOrder, ErrorNumber, Failed, Message)
-            WHERE c.Failed = 1
-            UNION ALL
-            SELECT b.RowNo, 52, 50106, N'Headers holds more than 50 headers.', N''
-            FROM #Batch AS b
-            WHERE (SELECT COUNT(*) FROM OPENJSON(b.HeadersJson)) > 50
-            UNION ALL
-            SELECT b.RowNo, 53, 50106, N'Headers names one header twice.', N''
-            FROM #Batch AS b
-            WHERE EXISTS (
-                SELECT UPPER(j.[key]) FROM OPENJSON(b.HeadersJson) AS j GROUP BY UPPER(j.[key]) HAVING COUNT(*) > 1
-            )
-        ) AS y
-    ) AS x
-    WHERE x.Nth = 1;
-
-    -- Application mapping (50168), account (50114), application (50115),
-    -- bindings (50160, 50161).
-    UPDATE b
-    SET
-        AppKnown = IIF(EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = b.EffAppName), 1, 0),
-        AccountBound = IIF(EXISTS (
-            SELECT 1 FROM mailq.ApplicationAccount AS ba
-            WHERE ba.AppName = b.EffAppName AND ba.AccountName = b.EffAccountName
-        ), 1, 0),
-        -- Addresses and domains compare case-insensitively (LOWER, then binary), as in EnqueueMail.
-        FromBound = IIF(EXISTS (
-            SELECT 1
-            FROM mailq.ApplicationFrom AS f
-            WHERE
-                f.AppName = b.EffAppName
-                AND (
-                    f.FromPattern = LOWER(b.EffFromAddress) COLLATE Latin1_General_100_BIN2
-                    OR (
-                        LEFT(f.FromPattern, 1) = N'@'
-                        AND RIGHT(LOWER(b.EffFromAddress) COLLATE Latin1_General_100_BIN2, LEN(f.FromPattern))
-                        = f.FromPattern
-                    )
-                )
-        ), 1, 0)
-    FROM #Batch AS b
-    WHERE b.EffAppName IS NOT NULL;
-
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT b.RowNo, c.RuleOrder, c.Field, c.ErrorNumber, c.Message
-    FROM #Batch AS b
-    CROSS APPLY (
-        VALUES
-        (60, N'AppName', 50168,
-            IIF(@PrincipalApp IS NOT NULL AND b.AppName IS NOT NULL AND b.AppName <> @PrincipalApp, 1, 0),
-            CONCAT(N'Database user ', QUOTENAME(USER_NAME()), N' enqueues as application ''', @PrincipalApp,
-                N''' only; got AppName ''', LEFT(b.AppName, 128), N'''.')),
-        (61, N'AccountName', 50114, IIF(b.EffAccountName IS NULL, 1, 0),
-            IIF(b.AccountName IS NULL,
-                N'AccountName is NULL and no default sending account exists '
-                + N'(mailq.UpsertSendingAccount @IsDefault = 1).',
-                CONCAT(N'AccountName ''', LEFT(b.AccountName, 128),
-                    N''' is not a sending account (mailq.UpsertSendingAccount).'))),
-        (62, N'AppName', 50115, IIF(b.EffAppName IS NOT NULL AND b.AppKnown = 0, 1, 0),
-            CONCAT(N'AppName ''', b.EffAppName, N''' is not a registered application (mailq.UpsertApplication).')),
-        (63, N'AccountName', 50160, IIF(b.EffAppName IS NOT NULL AND b.AccountBound = 0, 1, 0),
-            CONCAT(N'Application ''', b.EffAppName, N''' may not send through account ''', b.EffAccountName,
-                N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).')),
-        (64, N'FromAddress', 50161, IIF(b.EffAppName IS NOT NULL AND b.FromBound = 0, 1, 0),
-            CONCAT(N'Application ''', b.EffAppName, N''' may not send as ''', b.EffFromAddress,
-                N''' (an administrator binds it: mailq.BindApplication @AppName, ',
-                N'@FromAddress = N''addr'' or N''@domain'').'))
-    ) AS c(RuleOrder, Field, ErrorNumber, Failed, Message)
-    WHERE c.Failed = 1;
-
-    -- Attachments.  AttachmentsJson is NULL unless Attachments is a JSON array.
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT b.RowNo, 70, N'Attachments', 50117,
-        N'Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.'
-    FROM #Batch AS b
-    WHERE b.Attachments IS NOT NULL AND b.AttachmentsJson IS NULL;
-
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT DISTINCT b.RowNo, 71, N'Attachments', 50117,
-        N'Attachments: every element must be an object with FileName and ContentBase64.'
-    FROM #Batch AS b
-    CROSS APPLY OPENJSON(b.AttachmentsJson) AS e
-    WHERE e.[type] <> 5;
-
-    -- Revision 0016: a lazy attachment ("Generator") is accepted by
-    -- mailq.EnqueueMail only; here it is refused with EnqueueMail's number for
-    -- a malformed lazy attachment, before the ContentBase64 rule would blame it.
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT DISTINCT b.RowNo, 70, N'Attachments', 50286,
-        N'Attachments: a lazy attachment ("Generator") is accepted by mailq.EnqueueMail, not by the batch.'
-    FROM #Batch AS b
-    CROSS APPLY OPENJSON(b.AttachmentsJson) AS e
-    WHERE e.[type] = 5 AND JSON_VALUE(e.[value], N'$.Generator') IS NOT NULL;
-
-    INSERT INTO #Attachment (RowNo, AttachmentNo, FileName, ContentType, ContentBase64)
-    SELECT b.RowNo, CAST(e.[key] AS INT) + 1, f.FileName, f.ContentType, f.ContentBase64
-    FROM #Batch AS b
-    CROSS APPLY OPENJSON(b.AttachmentsJson) AS e
-    CROSS APPLY OPENJSON (IIF(e.[type] = 5, e.[value], NULL))
-        WITH (
-            FileName NVARCHAR(4000) '$.FileName',
-            ContentType NVARCHAR(4000) '$.ContentType',
-            ContentBase64 NVARCHAR(MAX) '$.ContentBase64'
-        ) AS f;
-
-    -- Canonical base64 only: checked as text first, so that the decoding below
-    -- meets no text it would fail on (one failure would fail the whole set).
-    UPDATE #Attachment
-    SET Base64Ok = 1
-    WHERE
-        ContentBase64 IS NOT NULL
-        AND ContentBase64 COLLATE Latin1_General_100_BIN2 NOT LIKE N'%[^A-Za-z0-9+/=]%'
-        AND LEN(ContentBase64) % 4 = 0
-        AND DATALENGTH(ContentBase64) = 2 * LEN(ContentBase64)   -- no trailing spaces
-        AND (
-            CHARINDEX(N'=', ContentBase64) = 0
-            OR (
-                CHARINDEX(N'=', ContentBase64) >= LEN(ContentBase64) - 1
-                AND RIGHT(ContentBase64, LEN(ContentBase64) - CHARINDEX(N'=', ContentBase64) + 1)
-                    COLLATE Latin1_General_100_BIN2 NOT LIKE N'%[^=]%'
-            )
-        );
-
-    BEGIN TRY
-        -- The decoder EnqueueMail uses: OPENJSON ... WITH (VARBINARY(MAX))
-        -- reads a JSON string as base64.  Base64 text needs no JSON escaping.
-        UPDATE t
-        SET Content = d.Content
-        FROM #Attachment AS t
-        -- IIF, not only the WHERE, keeps other rows' text out of the decoder:
-        -- a WHERE may be applied after the APPLY, a CASE argument may not.
-        CROSS APPLY OPENJSON (IIF(t.Base64Ok = 1, CONCAT(N'{"c":"', t.ContentBase64, N'"}'), NULL))
-            WITH (Content VARBINARY(MAX) '$.c') AS d
-        WHERE t.Base64Ok = 1;
-    END TRY
-    BEGIN CATCH
-        SET @Msg = CONCAT(N'Attachments: a ContentBase64 could not be decoded (', ERROR_MESSAGE(), N').');
-        THROW 50224, @Msg, 1;
-    END CATCH;
-
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT x.RowNo, x.RuleOrder, N'Attachments', x.ErrorNumber, x.Message
-    FROM (
-        SELECT
-            y.RowNo, y.RuleOrder, y.ErrorNumber, y.Message,
-            ROW_NUMBER() OVER (PARTITION BY y.RowNo ORDER BY y.RuleOrder, y.AttachmentNo) AS Nth
-        FROM (
-            SELECT t.RowNo, 72 AS RuleOrder, t.AttachmentNo, 50117 AS ErrorNumber,
-                IIF(t.ContentBase64 IS NULL,
-                    N'Attachments: every element must be an object with FileName and ContentBase64.',
-                    CONCAT(N'Attachments: ContentBase64 of attachment ', t.AttachmentNo,
-                        N' must be base64 text (A-Z, a-z, 0-9, +, /, ''='' padding, no line breaks).')) AS Message
-            FROM #Attachment AS t
-            WHERE t.Base64Ok = 0
-            UNION ALL
-            SELECT t.RowNo, 73, 0, 50112, N'Attachments holds more than 10 attachments.'
-            FROM #Attachment AS t
-            GROUP BY t.RowNo
-            HAVING COUNT(*) > 10
-            UNION ALL
-            SELECT t.RowNo, 74, t.AttachmentNo, 50113,
-                CONCAT(N'Attachments: file name ''', LEFT(t.FileName, 100),
-                    N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).')
-            FROM #Attachment AS t
-            WHERE
-                NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
-                OR t.FileName LIKE N'%[/\:]%'
-                OR t.FileName IN (N'.', N'..')
-                OR t.FileName COLLATE Latin1_General_100_BIN2 LIKE @Control
-                OR LEN(t.FileName) > 255
-            UNION ALL
-            SELECT t.RowNo, 75, t.AttachmentNo, 50117,
-                CONCAT(N'Attachments: content type of ''', LEFT(t.FileName, 100), N''' must look like type/subtype.')
-            FROM #Attachment AS t
-            WHERE
-                t.ContentType IS NOT NULL
-                AND (
-                    t.ContentType NOT LIKE N'_%/_%'
-                    OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE @CrLf
-                    OR LEN(t.ContentType) > 255
-                )
-            UNION ALL
-            SELECT t.RowNo, 76, t.AttachmentNo, 50112,
-                CONCAT(N'Attachments: ''', LEFT(t.FileName, 100), N''' is ', DATALENGTH(t.Content),
-                    N' bytes; the limit is 10485760 (10 MiB) per attachment.')
-            FROM #Attachment AS t
-            WHERE DATALENGTH(t.Content) > 10485760
-            UNION ALL
-            SELECT t.RowNo, 77, 0, 50112, N'Attachments total more than 26214400 bytes (25 MiB) per mail.'
-            FROM #Attachment AS t
-            GROUP BY t.RowNo
-            HAVING SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) > 26214400
-        ) AS y
-    ) AS x
-    WHERE x.Nth = 1;
-
-    -- Idempotency keys within the batch: the first otherwise valid row with a
-    -- key leads; a later row with the key and other content fails (50116).
-    -- Keys compare as the column does (binary, trailing spaces ignored).
-    UPDATE b
-    SET KeyLeader = l.Leader
-    FROM #Batch AS b
-    INNER JOIN (
-        SELECT v.IdempotencyKey COLLATE Latin1_General_100_BIN2 AS KeyText, MIN(v.RowNo) AS Leader
-        FROM #Batch AS v
-        WHERE v.IdempotencyKey IS NOT NULL AND NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = v.RowNo)
-        GROUP BY v.IdempotencyKey COLLATE Latin1_General_100_BIN2
-    ) AS l
-        ON b.IdempotencyKey COLLATE Latin1_General_100_BIN2 = l.KeyText
-    WHERE NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo);
-
-    INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-    SELECT b.RowNo, 80, N'IdempotencyKey', 50116,
-        CONCAT(N'IdempotencyKey ''', b.IdempotencyKey, N''' is used by row ', b.KeyLeader,
-            N' of this batch with different content; use a new key for a different mail.')
-    FROM #Batch AS b
-    INNER JOIN #Batch AS l ON b.KeyLeader = l.RowNo
-    WHERE b.KeyLeader <> b.RowNo AND b.ContentHash <> l.ContentHash;
-
-    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
-    UPDATE b
-    SET MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@',
-        IIF(d.Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%', N'mailq-db.invalid', d.Domain), N'>')
-    FROM #Batch AS b
-    CROSS APPLY (
-        SELECT SUBSTRING(b.EffFromAddress, CHARINDEX(N'@', b.EffFromAddress) + 1, 320) AS Domain
-    ) AS d;
-
-    -- 4. All-or-nothing: any invalid row stops the batch before a transaction.
-    DECLARE @BadRows INT = (SELECT COUNT(DISTINCT q.RowNo) FROM #Problem AS q);
-    IF @RejectInvalid = 0 AND @BadRows > 0
-    BEGIN
-        SELECT TOP (1)
-            @Msg = LEFT(CONCAT(
-                N'Row ', p.RowNo, N', field ', p.Field, N', rule ', p.ErrorNumber, N': ', p.Message,
-                IIF(@BadRows > 1, CONCAT(N' (', @BadRows - 1, N' other rows are invalid too; ',
-                    N'@RejectInvalid = 1 lists them all.)'), N''),
-                N' Nothing was queued.'
-            ), 2048)
-        FROM #Problem AS p
-        ORDER BY p.RowNo, p.RuleOrder;
-        THROW 50220, @Msg, 1;
-    END;
-
-    -- 5. Own the transaction if none is open; otherwise work inside the caller's.
-    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
-    DECLARE @LockResult INT, @KeyResource NVARCHAR(255), @KeyText NVARCHAR(200), @KeySeq INT = 0, @KeyCount INT;
-    -- One row per key (its leader), trailing spaces removed as sp_getapplock's
-    -- resource in EnqueueMail does; INSERT ... SELECT ... ORDER BY assigns the
-    -- IDENTITY values in ORDER BY order (INSERT reference, "Limitations").
-    INSERT INTO #Key (KeyText)
-    SELECT RTRIM(b.IdempotencyKey) COLLATE Latin1_General_100_BIN2 AS KeyText
-    FROM #Batch AS b
-    WHERE b.KeyLeader = b.RowNo
-    ORDER BY KeyText;
-    SET @KeyCount = @@ROWCOUNT;
-    BEGIN TRY
-        IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- EnqueueMail's lock on each distinct key, in binary key order (see
-        -- "Concurrency" above: the one loop, over keys, not rows).  Exclusive
-        -- and owned by the transaction, released at its commit or rollback.
-        WHILE @KeySeq < @KeyCount
-        BEGIN
-            SET @KeySeq += 1;
-            SET @KeyText = (SELECT k.KeyText FROM #Key AS k WHERE k.Seq = @KeySeq);
-            SET @KeyResource = CONCAT(N'mailq.IdempotencyKey:', @KeyText);
-            EXEC @LockResult = sys.sp_getapplock
-                @Resource = @KeyResource,
-                @LockMode = N'Exclusive',
-                @LockOwner = N'Transaction',
-                @LockTimeout = 10000;
-            -- < 0: timed out (-1), cancelled (-2), deadlock victim (-3), call
-            -- error (-999); a deadlock on an application lock does not roll
-            -- back the transaction (sp_getapplock, Remarks): this THROW does.
-            IF @LockResult < 0
-            BEGIN
-                SET @Msg = CONCAT(
-                    N'IdempotencyKey ''', @KeyText, N''': another transaction enqueueing the same key ',
-                    N'held it for 10 s (sp_getapplock returned ', @LockResult, N'); retry once it committed.'
-                );
-                THROW 50225, @Msg, 1;
-            END;
-        END;
-
-        -- Keys already queued.  A plain read is exact under the locks just
-        -- taken (only EnqueueMail and this procedure write keys, both under
-        -- them).  "IS NOT NULL" repeats the filter of UX_MailQueue_IdempotencyKey.
-        -- FORCESEEK: one seek per key on that index (a loop join), never a
-        -- scan of it, which under locking READ COMMITTED could wait on other
-        -- sessions' uncommitted keys that this batch does not ask about.
-        INSERT INTO #Existing (RowNo, MailID, MessageID, ContentHash)
-        SELECT b.RowNo, q.ID, q.MessageID, q.ContentHash
-        FROM #Batch AS b
-        INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK)
-            ON b.IdempotencyKey = q.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
-        WHERE b.KeyLeader = b.RowNo;
-
-        INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
-        SELECT b.RowNo, 81, N'IdempotencyKey', 50116,
-            CONCAT(N'IdempotencyKey ''', b.IdempotencyKey, N''' already belongs to mail ', x.MailID,
-                N' with different content; use a new key for a different mail.')
-        FROM #Batch AS b
-        INNER JOIN #Existing AS x ON b.KeyLeader = x.RowNo
-        WHERE x.ContentHash <> b.ContentHash;
-
-        IF @RejectInvalid = 0 AND EXISTS (SELECT 1 FROM #Problem)
-        BEGIN
-            SELECT TOP (1)
-                @Msg = LEFT(CONCAT(N'Row ', p.RowNo, N', field ', p.Field, N', rule ', p.ErrorNumber, N': ',
-                    p.Message, N' Nothing was queued.'), 2048)
-            FROM #Problem AS p
-            ORDER BY p.RowNo, p.RuleOrder;
-            THROW 50220, @Msg, 1;
-        END;
-
-        -- The one INSERT of the mails: every valid row that creates a mail
-        -- (no key, or the key's leader with no mail yet).  MessageID is unique
-        -- per row (NEWID), so OUTPUT ... INTO maps IDs back to rows by it.
-        INSERT INTO mailq.MailQueue (
-            dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
-            ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
-            Status, AttemptsRemaining, Priority, AccountName, AppName,
-            IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc,
-            RunMode,
-            TemplateName, TemplateVersion, TemplateModel  -- revision 0016
-        )
-        OUTPUT inserted.ID, inserted.MessageID, inserted.AppName
-        INTO #Inserted (MailID, MessageID, AppName)
-        SELECT
-            @Now, b.DueUtc AS DateToProcess, b.DueUtc AS VisibleAtUtc, b.EffFromName, b.EffFromAddress,
-            LTRIM(RTRIM(b.ReplyTo)),
-            b.ToAddress, b.CC, b.BCC, b.Subject, b.Body, COALESCE(b.BodyFormat, N'Text'), b.TextBody, b.Headers,
-            N'UnSent', COALESCE(b.MaxAttempts, 5), COALESCE(b.Priority, 5), b.EffAccountName, b.EffAppName,
-            b.IdempotencyKey, b.ContentHash, b.MessageID, b.ExpiresAtUtc,
-            COALESCE(b.RunMode, N'prod'),
-            b.TemplateName, b.TemplateVersion, b.TemplateModel
-        FROM #Batch AS b
-        WHERE
-            NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo)
-            AND (b.KeyLeader IS NULL OR (b.KeyLeader = b.RowNo AND NOT EXISTS (
-                SELECT 1 FROM #Existing AS x WHERE x.RowNo = b.RowNo
-            )))
-        ORDER BY b.RowNo;   -- IDs follow the row order (INSERT reference: ORDER BY orders IDENTITY values)
-
-        INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
-        SELECT
-            i.MailID,
-            t.AttachmentNo,
-            LTRIM(RTRIM(t.FileName)),
-            COALESCE(t.ContentType, N'application/octet-stream'),
-            t.Content
-        FROM #Attachment AS t
-        INNER JOIN #Batch AS b ON t.RowNo = b.RowNo
-        INNER JOIN #Inserted AS i ON b.MessageID = i.MessageID;
+                @Err = IIF(@Single = 1, 50117, 50224),
+                @Msg = CONCAT(@P, N'Attachments: a ContentBase64 could not be decoded (', ERROR_MESSAGE(), N').');
+            THROW @Err, @Msg, 1;
+        END CATCH;
 
         -- The event stream (docs/events.md): one 'Enqueued' event per created
-        -- mail, in this transaction, so an event exists exactly when its mail
-        -- does.  The INSERT above already sends its OUTPUT to #Inserted (a
-        -- statement has one OUTPUT ... INTO), so the events come from #Inserted
-        -- here, as ClaimMail and FinalizeMail write theirs.  Mails returned for
-        -- an existing idempotency key (Created = 0) are not in #Inserted and get
-        -- no event, as in EnqueueMail.  New event rows only; mailq.MailEvent
-        -- has lock escalation disabled (revision 0018), so 10,000 rows keep
-        -- row locks and never a table lock that would stall every other
-        -- procedure's event.
+        -- mail, in this transaction; a mail returned for its key gets none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT i.MailID, i.AppName, N'Enqueued', N'UnSent', 0, NULL, NULL, @Now
-        FROM #Inserted AS i
+        FROM @Inserted AS i
         ORDER BY i.MailID;
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
@@ -3077,30 +2053,185 @@ BEGIN
         THROW;
     END CATCH;
 
-    -- 6. Results: the queued (or returned) mails, then the rejected rows.
-    SELECT
-        b.RowNo,
-        COALESCE(i.MailID, x.MailID, li.MailID, lx.MailID) AS MailID,
-        COALESCE(i.MessageID, x.MessageID, li.MessageID, lx.MessageID) AS MessageID,
-        CAST(IIF(i.MailID IS NOT NULL, 1, 0) AS BIT) AS Created
-    FROM #Batch AS b
-    LEFT JOIN #Inserted AS i ON b.MessageID = i.MessageID
-    LEFT JOIN #Existing AS x ON b.RowNo = x.RowNo
-    LEFT JOIN #Batch AS l ON b.KeyLeader = l.RowNo AND b.KeyLeader <> b.RowNo
-    LEFT JOIN #Inserted AS li ON l.MessageID = li.MessageID
-    LEFT JOIN #Existing AS lx ON l.RowNo = lx.RowNo
-    WHERE NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo)
-    ORDER BY b.RowNo;
+    -- 7. Results.  Later rows with a key get their leader's mail (Created = 0).
+    UPDATE f SET f.MailID = l.MailID, f.MessageID = l.MessageID, f.Created = 0
+    FROM @Work AS f
+    INNER JOIN @Work AS l ON f.KeyLeader = l.RowNo
+    WHERE f.RowNo <> l.RowNo AND f.ErrorNumber IS NULL;
+    IF @Single = 1
+        SELECT @MailID = w.MailID, @MessageID = w.MessageID, @Created = w.Created FROM @Work AS w;
+    ELSE
+    BEGIN
+        SELECT w.RowNo, w.MailID, w.MessageID, w.Created FROM @Work AS w WHERE w.ErrorNumber IS NULL ORDER BY w.RowNo;
+        SELECT w.RowNo, w.Field, w.ErrorNumber, w.Message
+        FROM @Work AS w WHERE w.ErrorNumber IS NOT NULL ORDER BY w.RowNo;
+    END;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
+already queued for the same content it returns that mail and writes nothing.
+It has no rule of its own: it hands its parameters, as one row, to
+mailq.EnqueueMailRows, the one implementation it shares with mailq.EnqueueMailBatch.
+Parameters:  @ToAddress required; @Subject, @Body required unless @TemplateName;
+             every other parameter optional, NULL = its default (BodyFormat
+             Text, Priority 5, MaxAttempts 5, RunMode prod, the default account
+             and its From, due now).  Each is described in docs/enqueue.md.
+Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255), @Created BIT (0: an
+             existing mail returned for @IdempotencyKey).  No result set, so
+             triggers may call it.
+Errors:      the broken rule's number, raised before anything is written:
+             50101-50121, 50160, 50161, 50168 (mail input), 50240 (run mode),
+             50280-50286 (templates, lazy attachments), 50500 (the caller is
+             mapped to no application); 50116 key reused with other content;
+             50162 the key's lock not granted in 10 s.  docs/errors.md.
+Transaction: opens its own if none is open, else works inside the caller's,
+             including a distributed one (no savepoint); an error dooms the
+             caller's transaction (XACT_ABORT ON): it can only roll back.
+Isolation:   READ COMMITTED and the SET options a filtered index needs, set by
+             mailq.EnqueueMailRows (they revert when it returns).
+Lock order:  the key's application lock, mailq.MailQueue, mailq.MailAttachment,
+             mailq.MailEvent (docs/guarantees.md, "Lock order").
+Example:     DECLARE @ID BIGINT;
+             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
+                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.', @MailID = @ID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMail
+    @ToAddress NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX) = NULL,
+    @Body NVARCHAR(MAX) = NULL,
+    @BodyFormat NVARCHAR(20) = NULL,
+    @TextBody NVARCHAR(MAX) = NULL,
+    @CC NVARCHAR(MAX) = NULL,
+    @BCC NVARCHAR(MAX) = NULL,
+    @FromAddress NVARCHAR(MAX) = NULL,
+    @FromName NVARCHAR(MAX) = NULL,
+    @ReplyTo NVARCHAR(MAX) = NULL,
+    @Headers NVARCHAR(MAX) = NULL,
+    @AccountName NVARCHAR(4000) = NULL,
+    @AppName NVARCHAR(4000) = NULL,
+    @Priority INT = NULL,
+    @DateToProcess DATETIME2(3) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL,
+    @MaxAttempts INT = NULL,
+    @IdempotencyKey NVARCHAR(4000) = NULL,
+    @Attachments NVARCHAR(MAX) = NULL,
+    @MailID BIGINT = NULL OUTPUT,
+    @MessageID NVARCHAR(255) = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT,
+    @RunMode NVARCHAR(4000) = NULL,
+    @TemplateName NVARCHAR(4000) = NULL,
+    @TemplateVersion INT = NULL,
+    @TemplateModel NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
 
-    SELECT x.RowNo, x.Field, x.ErrorNumber, x.Message
-    FROM (
+    EXEC mailq.EnqueueMailRows
+        @Single = 1,
+        @ToAddress = @ToAddress, @Subject = @Subject, @Body = @Body, @BodyFormat = @BodyFormat,
+        @TextBody = @TextBody, @CC = @CC, @BCC = @BCC, @FromAddress = @FromAddress, @FromName = @FromName,
+        @ReplyTo = @ReplyTo, @Headers = @Headers, @AccountName = @AccountName, @AppName = @AppName,
+        @Priority = @Priority, @DateToProcess = @DateToProcess, @ExpiresAtUtc = @ExpiresAtUtc,
+        @MaxAttempts = @MaxAttempts, @IdempotencyKey = @IdempotencyKey, @Attachments = @Attachments,
+        @RunMode = @RunMode, @TemplateName = @TemplateName, @TemplateVersion = @TemplateVersion,
+        @TemplateModel = @TemplateModel,
+        @MailID = @MailID OUTPUT, @MessageID = @MessageID OUTPUT, @Created = @Created OUTPUT;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.EnqueueMailBatch: validates and queues up to 10,000 mails in one call,
+each row with exactly EnqueueMail's rules, defaults and content hash: both
+hand their rows to mailq.EnqueueMailRows, which writes them with one INSERT.
+Parameters:  @Mails NVARCHAR(MAX): a JSON array of objects whose fields are
+             EnqueueMail's parameter names without '@'; or @MailRows
+             mailq.MailBatchRow READONLY (RowNo = the caller's ordinal).  Exactly
+             one of them, 1-10,000 rows, at most 256 MB of text.
+             @RejectInvalid BIT, default 0: 0 = all or nothing; 1 = queue the
+             valid rows and return the invalid ones.
+Result sets: 1. RowNo, MailID, MessageID, Created (0: an existing mail
+             returned for its key), by RowNo; 2. the rejected rows: RowNo,
+             Field, ErrorNumber (EnqueueMail's number, or 50223), Message.
+Errors:      50220 a row is invalid (all or nothing): names row, field and rule;
+             50221 input shape; 50222 row count; 50225 a key's lock not granted
+             in 10 s; 50224 base64 not decodable; 50226 over 256 MB.  Nothing
+             is written when one is raised.  docs/batch-enqueue.md.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint); an error dooms it; @RejectInvalid = 1 raises
+             nothing for invalid rows.
+Isolation:   READ COMMITTED and the filtered-index SET options, set by the core.
+Lock order:  the keys' application locks in binary key order, mailq.MailQueue,
+             mailq.MailAttachment, mailq.MailEvent.
+Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[
+                 {"ToAddress": "a@example.com", "Subject": "Hi", "Body": "One"},
+                 {"ToAddress": "b@example.com", "Subject": "Hi", "Body": "Two", "Priority": 9}]';
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch
+    @Mails NVARCHAR(MAX) = NULL,
+    @MailRows mailq.MailBatchRow READONLY,
+    @RejectInvalid BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048), @Rows BIGINT, @Bytes BIGINT;
+    DECLARE @RowsGiven BIT = IIF(EXISTS (SELECT 1 FROM @MailRows), 1, 0);   -- an omitted TVP is empty
+    IF (@Mails IS NULL AND @RowsGiven = 0) OR (@Mails IS NOT NULL AND @RowsGiven = 1)
+        THROW 50221,
+            N'Give the mails in exactly one of @Mails (a JSON array of objects) and @MailRows (mailq.MailBatchRow).',
+            1;
+
+    IF @Mails IS NOT NULL
+    BEGIN
+        -- The size cap before any parsing; then the first character that is
+        -- not JSON white space (RFC 8259) must open an array of objects.
+        SET @Bytes = DATALENGTH(@Mails);
+        IF @Bytes <= 268435456
+        BEGIN
+            IF ISJSON(@Mails) = 0
+                OR LEFT(LTRIM(TRANSLATE(LEFT(@Mails, 4000), NCHAR(9) + NCHAR(10) + NCHAR(13), N'   ')), 1) <> N'['
+                THROW 50221,
+                    N'@Mails must be a JSON array of objects, e.g. [{"ToAddress": "a@x.org", "Body": "B"}].', 1;
+            SELECT TOP (1) @Msg = CONCAT(N'@Mails: element ', CAST(e.[key] AS INT) + 1, N' is not a JSON object.')
+            FROM OPENJSON(@Mails) AS e
+            WHERE e.[type] <> 5
+            ORDER BY CAST(e.[key] AS INT);
+            IF @Msg IS NOT NULL THROW 50221, @Msg, 1;
+            SET @Rows = (SELECT COUNT_BIG(*) FROM OPENJSON(@Mails));
+        END;
+    END;
+    ELSE
         SELECT
-            p.RowNo, p.Field, p.ErrorNumber, p.Message,
-            ROW_NUMBER() OVER (PARTITION BY p.RowNo ORDER BY p.RuleOrder) AS Nth
-        FROM #Problem AS p
-    ) AS x
-    WHERE x.Nth = 1
-    ORDER BY x.RowNo;
+            @Rows = COUNT_BIG(*),
+            @Bytes = SUM(
+                CAST(COALESCE(DATALENGTH(r.Body), 0) AS BIGINT) + COALESCE(DATALENGTH(r.TextBody), 0)
+                + COALESCE(DATALENGTH(r.Headers), 0) + COALESCE(DATALENGTH(r.Attachments), 0)
+                + COALESCE(DATALENGTH(r.ToAddress), 0) + COALESCE(DATALENGTH(r.CC), 0)
+                + COALESCE(DATALENGTH(r.BCC), 0) + COALESCE(DATALENGTH(r.Subject), 0)
+                + COALESCE(DATALENGTH(r.TemplateModel), 0)
+            )
+        FROM @MailRows AS r;
+
+    IF @Bytes > 268435456
+    BEGIN
+        SET @Msg = CONCAT(IIF(@Mails IS NULL, N'@MailRows', N'@Mails'), N' holds ', @Bytes,
+            N' bytes of text; a batch takes at most 268435456 (256 MB): split it into smaller batches.');
+        THROW 50226, @Msg, 1;
+    END;
+    IF @Rows NOT BETWEEN 1 AND 10000
+    BEGIN
+        SET @Msg = CONCAT(IIF(@Mails IS NULL, N'@MailRows', N'@Mails'), N' holds ', @Rows,
+            N' mails; a batch takes 1-10000.');
+        THROW 50222, @Msg, 1;
+    END;
+
+    -- WITH RECOMPILE: a plan for this batch's rows, discarded afterwards; the
+    -- cached plan stays the single call's (EXECUTE, "WITH RECOMPILE").
+    EXEC mailq.EnqueueMailRows @Rows = @MailRows, @Mails = @Mails, @RejectInvalid = @RejectInvalid WITH RECOMPILE;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
@@ -4848,53 +3979,53 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UpsertSendingAccount: creates a sending account or changes its
-settings (and creates its rate budget row).  SMTP host and credentials are
-not stored: the worker's configuration maps the account name to them.
+mailq.UpsertSendingAccount: creates a sending account, or changes only the
+settings it is given (and creates the account's rate budget row).  SMTP host
+and credentials are not stored: the worker's configuration maps the name to them.
 Parameters:  @AccountName NVARCHAR(128), required
-             @DefaultFromAddress NVARCHAR(320), required: one bare address
-                        (the display name goes in @DefaultFromName)
-             @DefaultFromName NVARCHAR(200), optional
-             @PerMinuteLimit, @PerHourLimit, @PerDayLimit INT > 0, NULL = unlimited
-             @IsDefault BIT, default 0: 1 makes this the account EnqueueMail
-                        uses when @AccountName is NULL (the previous default is cleared)
-             @MinLoginIntervalMs INT 1-86,400,000, optional: the least time
-                        between two SMTP logins on the account across every
-                        worker (mailq.AcquireLoginSlot); NULL = no interval
-                        (like the limits, every call sets it: omitting it clears it)
+             @DefaultFromAddress NVARCHAR(320): one bare address; required to
+                        create the account
+             @DefaultFromName NVARCHAR(200); @PerMinuteLimit, @PerHourLimit,
+                        @PerDayLimit INT > 0; @MinLoginIntervalMs INT 1-86,400,000
+                        (mailq.AcquireLoginSlot)
+             @IsDefault BIT: 1 = the account EnqueueMail uses without @AccountName
+                        (the previous default stops being it); 0 = not the default
+                        any more (EnqueueMail without @AccountName: 50114)
+             NULL keeps what is stored (a new account: no name, limit, interval;
+             not the default); @Clear NVARCHAR(4000) removes settings, a comma-
+             separated list of DefaultFromName, PerMinuteLimit, PerHourLimit,
+             PerDayLimit, MinLoginIntervalMs.
 Result set:  none.
-Errors:      50142 @AccountName missing; 50103 a value over its size;
-             50102 @DefaultFromAddress invalid; 50143 a limit not positive;
-             50122 @MinLoginIntervalMs outside 1-86,400,000.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on a
-             small admin table).
-Lock order:  mailq.SendingAccount, then mailq.RateBudget (only the new account's
-             row, which no other transaction can hold yet).
-Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq',
-                 @DefaultFromAddress = N'noreply@example.com', @PerMinuteLimit = 20,
-                 @PerHourLimit = 500, @PerDayLimit = 5000, @IsDefault = 1,
-                 @MinLoginIntervalMs = 10000;
+Errors:      50142 @AccountName missing; 50103 a value over its size; 50105 CR/LF
+             in @DefaultFromName; 50102 @DefaultFromAddress invalid; 50143 a limit
+             not positive; 50122 @MinLoginIntervalMs out of range; 50503 a new
+             account without @DefaultFromAddress; 50504 @Clear names another
+             setting, or one also given a value.  Nothing is written.
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
+Lock order:  mailq.SendingAccount (the row, then the previous default), then
+             mailq.RateBudget (only a new account's row).
+Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq', @PerMinuteLimit = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
     @AccountName NVARCHAR(4000),
-    @DefaultFromAddress NVARCHAR(4000),
+    @DefaultFromAddress NVARCHAR(4000) = NULL,
     @DefaultFromName NVARCHAR(4000) = NULL,
     @PerMinuteLimit INT = NULL,
     @PerHourLimit INT = NULL,
     @PerDayLimit INT = NULL,
-    @IsDefault BIT = 0,
-    @MinLoginIntervalMs INT = NULL
+    @IsDefault BIT = NULL,
+    @MinLoginIntervalMs INT = NULL,
+    @Clear NVARCHAR(4000) = NULL
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET ANSI_WARNINGS, ANSI_PADDING, CONCAT_NULL_YIELDS_NULL ON;   -- filtered-index DML (else 1934)
+    SET NUMERIC_ROUNDABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
-    SET @IsDefault = COALESCE(@IsDefault, 0);
     IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
         THROW 50142, N'@AccountName is required.', 1;
     IF LEN(@AccountName) > 128 OR LEN(@DefaultFromAddress) > 320 OR LEN(@DefaultFromName) > 200
@@ -4902,12 +4033,13 @@ BEGIN
     IF @DefaultFromName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(13) + NCHAR(10) + N']%'
         THROW 50105, N'@DefaultFromName contains CR or LF (header injection is refused).', 1;
     IF
-        @DefaultFromAddress IS NULL
-        OR (SELECT COUNT(*) FROM mailq.ParseAddressList(@DefaultFromAddress)) <> 1
-        OR EXISTS (
-            SELECT 1
-            FROM mailq.ParseAddressList(@DefaultFromAddress) AS a
-            WHERE a.Problem IS NOT NULL OR a.DisplayName IS NOT NULL
+        @DefaultFromAddress IS NOT NULL AND (
+            (SELECT COUNT(*) FROM mailq.ParseAddressList(@DefaultFromAddress)) <> 1
+            OR EXISTS (
+                SELECT 1
+                FROM mailq.ParseAddressList(@DefaultFromAddress) AS a
+                WHERE a.Problem IS NOT NULL OR a.DisplayName IS NOT NULL
+            )
         )
     BEGIN
         SET @Msg = CONCAT(
@@ -4916,43 +4048,83 @@ BEGIN
         THROW 50102, @Msg, 1;
     END;
     IF @PerMinuteLimit <= 0 OR @PerHourLimit <= 0 OR @PerDayLimit <= 0
-        THROW 50143, N'@PerMinuteLimit, @PerHourLimit and @PerDayLimit must be positive, or NULL for no limit.', 1;
+        THROW 50143, N'@PerMinuteLimit, @PerHourLimit and @PerDayLimit must be positive (@Clear removes a limit).', 1;
     IF @MinLoginIntervalMs NOT BETWEEN 1 AND 86400000
     BEGIN
         SET @Msg = CONCAT(
-            N'@MinLoginIntervalMs must be 1-86400000 milliseconds (24 hours), or NULL for no interval; got ',
+            N'@MinLoginIntervalMs must be 1-86400000 milliseconds (24 hours; @Clear removes it); got ',
             @MinLoginIntervalMs, N'.'
         );
         THROW 50122, @Msg, 1;
     END;
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
+    -- @Clear: each name once, known, and not also given a value.
+    DECLARE @Cleared TABLE (Setting NVARCHAR(128) NOT NULL PRIMARY KEY, Given BIT NULL);
+    INSERT INTO @Cleared (Setting, Given)
+    SELECT DISTINCT s.Setting, v.Given
+    FROM STRING_SPLIT(@Clear, N',') AS c
+    CROSS APPLY (VALUES (LEFT(LTRIM(RTRIM(c.value)), 128))) AS s(Setting)
+    LEFT JOIN (
+        VALUES
+        (N'DefaultFromName', IIF(@DefaultFromName IS NULL, 0, 1)),
+        (N'PerMinuteLimit', IIF(@PerMinuteLimit IS NULL, 0, 1)),
+        (N'PerHourLimit', IIF(@PerHourLimit IS NULL, 0, 1)),
+        (N'PerDayLimit', IIF(@PerDayLimit IS NULL, 0, 1)),
+        (N'MinLoginIntervalMs', IIF(@MinLoginIntervalMs IS NULL, 0, 1))
+    ) AS v(Setting, Given) ON s.Setting = v.Setting
+    WHERE s.Setting <> N'';
+    SELECT TOP (1) @Msg = CONCAT(N'@Clear: ''', LEFT(c.Setting, 100), IIF(c.Given IS NULL,
+        N''' is not a setting that can be removed (DefaultFromName, PerMinuteLimit, PerHourLimit, PerDayLimit, '
+        + N'MinLoginIntervalMs).', N''' is also given a value: give a value or remove it, not both.'))
+    FROM @Cleared AS c
+    WHERE c.Given IS NULL OR c.Given = 1;
+    IF @Msg IS NOT NULL THROW 50504, @Msg, 1;
+
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers
+        -- (a small admin table: its key-range lock costs nothing).
+        DECLARE @Exists BIT = IIF(EXISTS (
+            SELECT 1 FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK) WHERE a.AccountName = @AccountName
+        ), 1, 0);
+        IF @Exists = 0 AND @DefaultFromAddress IS NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@DefaultFromAddress is required to create sending account ''', LEFT(@AccountName, 128), N'''.'
+            );
+            THROW 50503, @Msg, 1;
+        END;
+
+        -- One default at most (UX_SendingAccount_IsDefault): the previous one
+        -- stops being it first, and only when this call asks for it.
         IF @IsDefault = 1
             UPDATE a
             SET a.IsDefault = 0
             FROM mailq.SendingAccount AS a
             WHERE a.IsDefault = 1 AND a.AccountName <> @AccountName;
 
-        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
-        IF EXISTS (
-            SELECT 1
-            FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK)
-            WHERE a.AccountName = @AccountName
-        )
+        IF @Exists = 1
             UPDATE a
             SET
-                a.DefaultFromAddress = LTRIM(RTRIM(@DefaultFromAddress)),
-                a.DefaultFromName = @DefaultFromName,
-                a.PerMinuteLimit = @PerMinuteLimit,
-                a.PerHourLimit = @PerHourLimit,
-                a.PerDayLimit = @PerDayLimit,
-                a.IsDefault = @IsDefault,
-                a.MinLoginIntervalMs = @MinLoginIntervalMs
+                a.DefaultFromAddress = COALESCE(LTRIM(RTRIM(@DefaultFromAddress)), a.DefaultFromAddress),
+                a.DefaultFromName = IIF(c.Name = 1, NULL, COALESCE(@DefaultFromName, a.DefaultFromName)),
+                a.PerMinuteLimit = IIF(c.Minute = 1, NULL, COALESCE(@PerMinuteLimit, a.PerMinuteLimit)),
+                a.PerHourLimit = IIF(c.Hour = 1, NULL, COALESCE(@PerHourLimit, a.PerHourLimit)),
+                a.PerDayLimit = IIF(c.Day = 1, NULL, COALESCE(@PerDayLimit, a.PerDayLimit)),
+                a.IsDefault = COALESCE(@IsDefault, a.IsDefault),
+                a.MinLoginIntervalMs = IIF(c.Login = 1, NULL, COALESCE(@MinLoginIntervalMs, a.MinLoginIntervalMs))
             FROM mailq.SendingAccount AS a
+            CROSS APPLY (
+                SELECT
+                    MAX(IIF(k.Setting = N'DefaultFromName', 1, 0)) AS Name,
+                    MAX(IIF(k.Setting = N'PerMinuteLimit', 1, 0)) AS Minute,
+                    MAX(IIF(k.Setting = N'PerHourLimit', 1, 0)) AS Hour,
+                    MAX(IIF(k.Setting = N'PerDayLimit', 1, 0)) AS Day,
+                    MAX(IIF(k.Setting = N'MinLoginIntervalMs', 1, 0)) AS Login
+                FROM @Cleared AS k
+            ) AS c
             WHERE a.AccountName = @AccountName;
         ELSE
             INSERT INTO mailq.SendingAccount (
@@ -4961,7 +4133,7 @@ BEGIN
             )
             VALUES (
                 @AccountName, LTRIM(RTRIM(@DefaultFromAddress)), @DefaultFromName,
-                @PerMinuteLimit, @PerHourLimit, @PerDayLimit, @IsDefault, @MinLoginIntervalMs
+                @PerMinuteLimit, @PerHourLimit, @PerDayLimit, COALESCE(@IsDefault, 0), @MinLoginIntervalMs
             );
 
         IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
@@ -5449,6 +4621,143 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.SetEnqueuePolicy: decides whether a database user that no application
+binding covers (no mailq.ApplicationPrincipal row) may enqueue.  For db_owner
+and MailqAdmin only: the procedure checks the caller itself, so a broader
+grant (EXECUTE ON SCHEMA::mailq) does not open it.
+Parameters:  @AllowUnmappedEnqueuers BIT, required: 0 = refuse such a user with
+             50500 (a new installation's setting); 1 = the documented opt-in:
+             such a user enqueues unbound, through any account as any From
+             address (EnqueueMail, EnqueueMailBatch and SendDbMail alike).
+Result set:  none.
+Errors:      50501 @AllowUnmappedEnqueuers NULL; 50502 the caller is neither a
+             member of db_owner nor of MailqAdmin.  Nothing is written.
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   READ COMMITTED, set here.
+Lock order:  mailq.EnqueuePolicy only (one row).
+Example:     EXEC mailq.SetEnqueuePolicy @AllowUnmappedEnqueuers = 0;
+*/
+CREATE OR ALTER PROCEDURE mailq.SetEnqueuePolicy
+    @AllowUnmappedEnqueuers BIT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @AllowUnmappedEnqueuers IS NULL
+        THROW 50501, N'@AllowUnmappedEnqueuers is required: 0 refuses unmapped enqueuers, 1 allows them.', 1;
+    -- IS_ROLEMEMBER checks the caller's own user (this module has no EXECUTE AS).
+    IF COALESCE(IS_ROLEMEMBER(N'db_owner'), 0) = 0 AND COALESCE(IS_ROLEMEMBER(N'MailqAdmin'), 0) = 0
+        THROW 50502, N'mailq.SetEnqueuePolicy is for members of db_owner or MailqAdmin.', 1;
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        UPDATE p
+        SET
+            p.AllowUnmappedEnqueuers = @AllowUnmappedEnqueuers,
+            p.ChangedAtUtc = SYSUTCDATETIME(),
+            p.ChangedBy = LEFT(ORIGINAL_LOGIN(), 128)
+        FROM mailq.EnqueuePolicy AS p
+        WHERE p.PolicyId = 1;
+        IF @@ROWCOUNT = 0
+            INSERT INTO mailq.EnqueuePolicy (PolicyId, AllowUnmappedEnqueuers, ChangedBy)
+            VALUES (1, @AllowUnmappedEnqueuers, LEFT(ORIGINAL_LOGIN(), 128));
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.GetEnqueuePolicy: which enqueue policy is in force and which database
+users may call an enqueue procedure without being mapped to an application
+(for `mailq-db doctor`).  Reads only; runs with the caller's rights.
+Parameters:  none.
+Result sets: 1. one row: AllowUnmappedEnqueuers BIT (mailq.EnqueuePolicy),
+                ChangedAtUtc, ChangedBy, MembershipVisible BIT (0: this caller may
+                not see other users' role memberships and grants, so set 2 is
+                incomplete; db_owner, db_securityadmin or VIEW DEFINITION see all).
+             2. the unmapped users, one row per way in: PrincipalName, Via (the
+                role or user holding the grant: EXECUTE on mailq.EnqueueMail,
+                EnqueueMailBatch or SendDbMail, on SCHEMA::mailq or on the
+                database; db_owner; dbo; public reaches every user).  A DENY is
+                not subtracted: the list may name a user the server would refuse.
+Errors:      none of its own.
+Transaction: reads only; opens none.
+Isolation:   READ COMMITTED, set here.
+Lock order:  none (catalog views and mailq.EnqueuePolicy, no locking hint).
+Example:     EXEC mailq.GetEnqueuePolicy;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetEnqueuePolicy
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    SELECT
+        COALESCE(p.AllowUnmappedEnqueuers, CAST(0 AS BIT)) AS AllowUnmappedEnqueuers,
+        p.ChangedAtUtc,
+        p.ChangedBy,
+        CAST(IIF(
+            COALESCE(IS_ROLEMEMBER(N'db_owner'), 0) = 1 OR COALESCE(IS_ROLEMEMBER(N'db_securityadmin'), 0) = 1
+            OR HAS_PERMS_BY_NAME(DB_NAME(), N'DATABASE', N'VIEW DEFINITION') = 1, 1, 0
+        ) AS BIT) AS MembershipVisible
+    FROM (VALUES (1)) AS one(PolicyId)
+    LEFT JOIN mailq.EnqueuePolicy AS p ON one.PolicyId = p.PolicyId;
+
+    -- Catalog visibility applies here as to the caller (no EXECUTE AS).
+    WITH grantee AS (
+        SELECT d.grantee_principal_id AS PrincipalId
+        FROM sys.database_permissions AS d
+        WHERE
+            d.permission_name = N'EXECUTE' AND d.state IN ('G', 'W')
+            AND (
+                d.class = 0
+                OR (d.class = 3 AND d.major_id = SCHEMA_ID(N'mailq'))
+                OR (d.class = 1 AND d.major_id IN (
+                    OBJECT_ID(N'mailq.EnqueueMail'), OBJECT_ID(N'mailq.EnqueueMailBatch'),
+                    OBJECT_ID(N'mailq.SendDbMail')
+                ))
+            )
+        UNION ALL
+        SELECT DATABASE_PRINCIPAL_ID(N'db_owner')
+        UNION ALL
+        SELECT DATABASE_PRINCIPAL_ID(N'dbo')
+    ),
+
+    holder AS (
+        SELECT g.PrincipalId, g.PrincipalId AS ViaId FROM grantee AS g
+        UNION ALL
+        SELECT m.member_principal_id, h.ViaId
+        FROM holder AS h
+        INNER JOIN sys.database_role_members AS m ON h.PrincipalId = m.role_principal_id
+    )
+
+    SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
+    FROM holder AS h
+    -- A grant to public (principal 0) reaches every user.
+    INNER JOIN sys.database_principals AS u ON h.PrincipalId = u.principal_id OR h.PrincipalId = 0
+    WHERE
+        u.type IN ('S', 'U', 'E', 'X', 'C', 'K')   -- users, not roles (EnqueueMail compares USER_NAME())
+        AND u.principal_id NOT IN (2, 3, 4)         -- guest, INFORMATION_SCHEMA, sys; dbo is listed
+        -- NOT IN is exact: PrincipalName is the primary key, never NULL.
+        AND u.name NOT IN (SELECT a.PrincipalName FROM mailq.ApplicationPrincipal AS a)
+    ORDER BY u.name, USER_NAME(h.ViaId);
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
@@ -7209,6 +6518,20 @@ list the hooks.  mailq.SetApplicationHook is db_owner's (a hook runs as dbo).
 */
 GRANT EXECUTE ON OBJECT::mailq.RunApplicationHooks TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.ListApplicationHooks TO MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+Grants for who may send as whom (docs/enqueue.md): administrators set the
+enqueue policy (the procedure also checks db_owner or MailqAdmin itself) and
+read it with the unmapped users; sender workers read it for `mailq-db doctor`
+(catalog visibility still applies: they see only what they may see).
+mailq.EnqueueMailRows, the enqueue core, is granted to no role: EnqueueMail,
+EnqueueMailBatch and SendDbMail reach it by ownership chaining.
+*/
+GRANT EXECUTE ON OBJECT::mailq.SetEnqueuePolicy TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetEnqueuePolicy TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetEnqueuePolicy TO MailqSender;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -13568,6 +12891,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'tables/mailq.ApplicationAccount.sql',
     N'tables/mailq.ApplicationFrom.sql',
     N'tables/mailq.ApplicationPrincipal.sql',
+    N'tables/mailq.EnqueuePolicy.sql',
     N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql',
     N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql',
     N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql',
@@ -13585,12 +12909,16 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'functions/mailq.ParseAddressList.sql',
     N'functions/mailq.ParseIDList.sql',
     N'types/mailq.MailBatchRow.sql',
+    N'functions/mailq.MailAttachmentList.sql',
+    N'functions/mailq.MailBatchJson.sql',
+    N'functions/mailq.EnqueueMailCheck.sql',
     N'views/mailq.QueueCountsByStatus.sql',
     N'views/mailq.OldestDueMail.sql',
     N'views/mailq.ThroughputPerHour.sql',
     N'views/mailq.RecentFailures.sql',
     N'views/mailq.RecipientOutcomes.sql',
     N'procedures/mailq.LockLeasedMail.sql',
+    N'procedures/mailq.EnqueueMailRows.sql',
     N'procedures/mailq.EnqueueMail.sql',
     N'procedures/mailq.EnqueueMailBatch.sql',
     N'procedures/mailq.ClaimMail.sql',
@@ -13608,6 +12936,8 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'procedures/mailq.UpsertApplication.sql',
     N'procedures/mailq.BindApplication.sql',
     N'procedures/mailq.UnbindApplication.sql',
+    N'procedures/mailq.SetEnqueuePolicy.sql',
+    N'procedures/mailq.GetEnqueuePolicy.sql',
     N'procedures/mailq.GetQueueStats.sql',
     N'procedures/mailq.GetInstallationHealth.sql',
     N'procedures/mailq.RecordRecipientOutcomes.sql',
@@ -13624,6 +12954,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'security/MailqSender.finalize.grants.sql',
     N'security/MailqSender.recipients.grants.sql',
     N'security/MailqAdmin.hooks.grants.sql',
+    N'security/MailqAdmin.enqueue.grants.sql',
     N'tables/mailq.MailTemplate.sql',
     N'tables/mailq.MailTemplateVersion.sql',
     N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql',
@@ -13712,6 +13043,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'tables/mailq.ApplicationAccount.sql', '988d96eb1d0417f2543b3009f71e259f9e97ba58ab201b460c2c56f27a21aaa0'),
     ('0001', N'tables/mailq.ApplicationFrom.sql', '50fdc6c291ea38fc983860b3f3a1ae3421a2e2acd88fbc5ac9fdf2e26d3f3b4a'),
     ('0001', N'tables/mailq.ApplicationPrincipal.sql', '53cc36e068e256975695127747321957913e4fd46867dd233a08abb33ae8c64e'),
+    ('0001', N'tables/mailq.EnqueuePolicy.sql', '48c60d86f6ea8d551826c9a96ae47b3873d81254cf5e72c01bd50be4bf1b1f38'),
     ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql', '62be44ede166e928f3a4e370a91266e16c7604206073e15ac4e84f68b3631b56'),
     ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql', '11ace511c32b156de71e2663c030c9c8e143a2f6d4335b0abeb5016d5377e40c'),
     ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql', 'f41ca58f74b71a351c6561e956363df3f78588ed70d11e226ac02c8a63bb2cc8'),
@@ -13729,14 +13061,18 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'functions/mailq.ParseAddressList.sql', 'fc32cb8caa04c6c8eeb6466c050652bd9917d72795419b3d2efec091944e51fe'),
     ('0001', N'functions/mailq.ParseIDList.sql', '030429dfb47b466d8caa7aff6c66633f870c2ecff105a3d96fad2581d422d4ce'),
     ('0001', N'types/mailq.MailBatchRow.sql', '02c76403e1fc4742abd5e6c2544043b4a4b67e3785977be2e9206f41bfb6ad5f'),
+    ('0001', N'functions/mailq.MailAttachmentList.sql', 'f24efad0ca73a89b8d849c8cdfa06017c72e2ddcc71be815f7392136fd401eaf'),
+    ('0001', N'functions/mailq.MailBatchJson.sql', 'ab122cea575474bc51b5c5af146cbcd2b143a755366e4779e49527a4e40f5c83'),
+    ('0001', N'functions/mailq.EnqueueMailCheck.sql', 'c2a8d0a58c3c6423176d0d098d14c1855e97a52e1e4973f8442689d2a7578e6f'),
     ('0001', N'views/mailq.QueueCountsByStatus.sql', '32e5f38bff4ef0a40c0f2f241723f7f2ee19701c2cd4ac5952c6f08d957d59cd'),
     ('0001', N'views/mailq.OldestDueMail.sql', '162ab558e04d44adcbd1e11d6e53f8d91108c9f713e3199039d207ed229cb7a6'),
     ('0001', N'views/mailq.ThroughputPerHour.sql', '430d89e12b1171bedd76164b995c9ad7811a96e660a0de37a939ed75a9216d19'),
     ('0001', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
     ('0001', N'procedures/mailq.LockLeasedMail.sql', 'fb0a7dae90991ce25d4e04642c243d2bf6619d236164a94187bd19c3ab3a211f'),
-    ('0001', N'procedures/mailq.EnqueueMail.sql', '80231805d91db6cdf88b0a580f7ad6ed212ec63c935b5b24d8b117aebf771a80'),
-    ('0001', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b'),
+    ('0001', N'procedures/mailq.EnqueueMailRows.sql', '6f71d74fb551574a812f318a19ec4e6c74c69a40af6de2d8aec3a26142a61aa9'),
+    ('0001', N'procedures/mailq.EnqueueMail.sql', '81ea78d951af91658af35997edf497a0338c2f657c1a6fda86eca76767c7e80c'),
+    ('0001', N'procedures/mailq.EnqueueMailBatch.sql', '71e060787abc719bb4e4322cc996d5fd9e50d1f499acd749f71b1d94f2bd4c2d'),
     ('0001', N'procedures/mailq.ClaimMail.sql', 'aa15e93ce89db4757fcae9bc454a9006496ea99b2bcc9f6efe2713ce28c60c70'),
     ('0001', N'procedures/mailq.FinalizeMail.sql', 'eddbcbdee610dec85cc8d6a58b69edbccec454db2e3d028524dbf4d90d265af7'),
     ('0001', N'procedures/mailq.ExtendLease.sql', '48525b2a69dbcd7c0ce6e203c33ba3881129f22311919dd2ef0c75b20262d009'),
@@ -13746,12 +13082,14 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.CancelMail.sql', 'fd011090a589a1b3d140220a1c8eac6d7e4f0362bf31ae2fe97e40a6a547bb86'),
     ('0001', N'procedures/mailq.RequeueMail.sql', '0dab9eb7c2aca0b14c24f8583ef7ba210e4d1b998c893b29a76d47b3e425f9cc'),
     ('0001', N'procedures/mailq.PurgeMail.sql', '701014f25124e9764b6627a96bc96dc2f3ffe51822e31cdacc60655ea4f0c5fc'),
-    ('0001', N'procedures/mailq.UpsertSendingAccount.sql', 'd5e6a481f042e041501983176cf4996a8513ed4a0f0d2bd1e4e55ddd545168ac'),
+    ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '7b619046925ea5e96a4a8edcd51748ae94c9668161c239a8c3bdcdb818479d9b'),
     ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
     ('0001', N'procedures/mailq.AcquireLoginSlot.sql', 'd67229441fcc7acf16876c9fce16713efe952e1cdcb9e2d9852b3c91efa645b1'),
     ('0001', N'procedures/mailq.UpsertApplication.sql', 'c67aa57bf142dfbb5c6c55f8223a0c3427c47ff300098966a771c30210438ae4'),
     ('0001', N'procedures/mailq.BindApplication.sql', '681fa86b9bd7b4d8c1c7a12f93b7daac23ff0fbf43ecaee7a696de4587061f4c'),
     ('0001', N'procedures/mailq.UnbindApplication.sql', 'c6cfffd6e670ba895709856cc742f910a1f7be30b5c7f6fa3b821d18769a6076'),
+    ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'ebab2f0d893042164d3de72c5d73536f20cb329cf5f387e3b91c0f8e321a54cd'),
+    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', '19d803b973dfbc7cb0b0a5f9e77e2e1178e9d5884621f5bd8c1b8ae889a65588'),
     ('0001', N'procedures/mailq.GetQueueStats.sql', '629044a0c44b437614a0555456940b1fd072a74ba60cd9c2cda734271e3cc536'),
     ('0001', N'procedures/mailq.GetInstallationHealth.sql', '778eb143222d2f0007dcb39dd6ea01272bac8e93f9e69819ab20cf8c17791af8'),
     ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '52098780439c2838961200c068c72ad374ad3b95b0c0460e860b2d14388a2a7f'),
@@ -13768,6 +13106,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqSender.finalize.grants.sql', '476129a986853112459e2aede7653486af792be00e8f3cdc6f20d38c11b67078'),
     ('0001', N'security/MailqSender.recipients.grants.sql', 'e450e5c2eb97a0ab27bdb80713db3844bf56d972ab5cafdfedf19b06042b0a6d'),
     ('0001', N'security/MailqAdmin.hooks.grants.sql', 'c707623f13a083a6efab3515f34d29f4701ee57f515504280a39181265b32016'),
+    ('0001', N'security/MailqAdmin.enqueue.grants.sql', 'cf9a54032e603bb02db138dc8cd512a5b10548a2f5825f3844833329b1efb4b7'),
     ('0001', N'tables/mailq.MailTemplate.sql', 'bf6adf36d946b89f08b03715929d7dcef78474409b34c1d16062a27bb8d74bbe'),
     ('0001', N'tables/mailq.MailTemplateVersion.sql', '740e3884fde00d413cb05c3d4cee3bb2eb2d55e85eb79c747ec29a7f7c255c43'),
     ('0001', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '133f9422bc2571f00cda7ce554f3fde0ac0370953e37158bf40a628ec0a3ac80'),

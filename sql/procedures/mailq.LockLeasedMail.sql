@@ -23,8 +23,10 @@ Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
              it returns): UPDLOCK reads the latest committed row under every
              caller level, and the MailAttempt read says READCOMMITTEDLOCK so it
              never reads a row version under READ_COMMITTED_SNAPSHOT.
-Lock order:  mailq.MailQueue (clustered rows, in ID order), then mailq.MailAttempt:
-             the order of every mail-queue procedure (docs/guarantees.md).
+Lock order:  mailq.MailQueue (clustered rows, in the order the plan reads the
+             list: not guaranteed sorted, so two tokens acknowledging
+             overlapping lists at once can deadlock, 1205), then
+             mailq.MailAttempt: the order of every mail-queue procedure.
 Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.LockLeasedMail

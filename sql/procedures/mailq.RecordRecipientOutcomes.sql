@@ -20,9 +20,11 @@ Errors:      50180 @ID missing; 50181 @Outcomes is not a JSON array of 1-1000
              mailq.LockLeasedMail).  On any error nothing is written.
 Transaction: opens its own if none is open, else works inside the caller's;
              an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   the caller's; the mail row's UPDLOCK (LockLeasedMail), held to
-             the end of the transaction, serializes every writer of this
-             mail's recipients, so update-then-insert cannot race.  Under
+Isolation:   sets READ COMMITTED itself (a SERIALIZABLE caller's level would
+             make the NOT EXISTS take key-range locks); the mail row's UPDLOCK
+             (LockLeasedMail), held to the end of the transaction, serializes
+             every writer of this mail's recipients, so update-then-insert
+             cannot race.  Under
              READ_COMMITTED_SNAPSHOT the NOT EXISTS read sees versions as of
              its statement's start, which comes after the lock was granted,
              so after any earlier writer of this mail committed.
@@ -37,6 +39,7 @@ CREATE OR ALTER PROCEDURE mailq.RecordRecipientOutcomes
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
 
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL

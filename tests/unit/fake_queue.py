@@ -11,17 +11,30 @@ integration suite against SQL Server.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
 from mailq_db.errors import LeaseLostError
-from mailq_db.procedures import AckResult, ClaimedMail, EnqueueResult, QueueStats
+from mailq_db.procedures import (
+    AckResult,
+    ClaimedMail,
+    EnqueueResult,
+    EventStreamStall,
+    LeaseExtension,
+    QueueStats,
+)
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def seconds_left(lease_expires: datetime, now: datetime) -> int:
+    """LeaseSecondsRemaining as the procedures compute it: whole seconds, floor."""
+    return math.floor((lease_expires - now).total_seconds())
 
 
 class FakeConnection:
@@ -98,6 +111,8 @@ class FakeQueue:
         self.extend_fails = False
         self.drops: dict[str, list[bool]] = {}  # procedure -> [committed?] of calls to drop
         self.stats = QueueStats([], [], [], [])
+        #: what mailq.GetEventStreamStall answers (default: nothing held back)
+        self.stall = EventStreamStall(False, 1001, 1001, True, "VIEW SERVER STATE", None, [])
         self.health: list[dict[str, Any]] = []
         #: applications in dry-run (mailq.Application.DryRun, revision 0015)
         self.dry_run_apps: set[str] = set()
@@ -188,7 +203,8 @@ class FakeQueue:
                 r.claimed_dry_run = r.mail.app_name in self.dry_run_apps
                 out.append(replace(r.mail, lease_expires_utc=r.lease_expires, attempt_no=r.attempts,
                                    attempts_remaining=r.attempts_remaining,
-                                   attachments=list(r.mail.attachments), dry_run=r.claimed_dry_run))
+                                   attachments=list(r.mail.attachments), dry_run=r.claimed_dry_run,
+                                   lease_seconds_remaining=seconds_left(r.lease_expires, now)))
             return out
         return self._apply("claim_mail", dict(batch_size=batch_size, lock_token=lock_token,
                                               lease_seconds=lease_seconds, app_name=app_name,
@@ -237,19 +253,20 @@ class FakeQueue:
                                                smtp_code=smtp_code), run)
 
     def extend_lease(self, conn: Any, *, ids: Iterable[int], lock_token: Any,
-                     lease_seconds: int) -> dict[int, datetime]:
+                     lease_seconds: int) -> dict[int, LeaseExtension]:
         ids = list(ids)
 
-        def run() -> dict[int, datetime]:
+        def run() -> dict[int, LeaseExtension]:
             if self.extend_fails:
                 from mailq_db.errors import DatabaseError
                 raise DatabaseError(1205, "fake: deadlock victim")
-            out = {}
+            out: dict[int, LeaseExtension] = {}
             for i in ids:
                 r = self.rows.get(i)
                 if r and r.status == "Sending" and r.token == str(lock_token):
-                    r.lease_expires = utcnow() + timedelta(seconds=lease_seconds)
-                    out[i] = r.lease_expires
+                    now = utcnow()
+                    r.lease_expires = now + timedelta(seconds=lease_seconds)
+                    out[i] = LeaseExtension(r.lease_expires, seconds_left(r.lease_expires, now))
             return out
         return self._apply("extend_lease", dict(ids=ids, lock_token=lock_token,
                                                 lease_seconds=lease_seconds), run)
@@ -308,8 +325,14 @@ class FakeQueue:
             return EnqueueResult(mail_id, mail.message_id, True)
         return self._apply("enqueue_mail", dict(kwargs), run)
 
-    def get_queue_stats(self, conn: Any, *, recent_failures: int | None = None) -> QueueStats:
-        return self._apply("get_queue_stats", dict(recent_failures=recent_failures), lambda: self.stats)
+    def get_queue_stats(self, conn: Any, *, recent_failures: int | None = None,
+                        finished_hours: int | None = None) -> QueueStats:
+        return self._apply("get_queue_stats", dict(recent_failures=recent_failures,
+                                                   finished_hours=finished_hours), lambda: self.stats)
+
+    def get_event_stream_stall(self, conn: Any, *, min_open_seconds: int | None = None) -> EventStreamStall:
+        return self._apply("get_event_stream_stall", dict(min_open_seconds=min_open_seconds),
+                           lambda: self.stall)
 
     def get_installation_health(self, conn: Any) -> list[dict[str, Any]]:
         return self._apply("get_installation_health", {}, lambda: self.health)

@@ -617,7 +617,8 @@ class Worker:
         pending = {p.mail_id for p in self.pending}
         for i in ids:
             if i in new:
-                self.held[i].lease_expires_utc = new[i]
+                self.held[i].lease_expires_utc = new[i].lease_expires_utc
+                self.held[i].lease_seconds_remaining = new[i].lease_seconds_remaining
                 continue
             self.held.pop(i)
             self.metrics.inc("lease_lost")

@@ -33847,6 +33847,191 @@ END;
 GO
 
 /*
+IX_MailQueue_ClaimByApp serves the claim of an isolated worker
+(mailq.ClaimMail @AppName = N'...'): one seek per (sending account, run
+mode) pair that reads that application's mail only.
+Keys (AccountName, RunMode, AppName, Priority DESC, VisibleAtUtc, ID),
+INCLUDE (AttemptsRemaining, ExpiresAtUtc), filtered to the claimable
+statuses of mail that has an application.  ClaimMail reads it WITH (INDEX
+(IX_MailQueue_ClaimByApp), FORCESEEK, READPAST, UPDLOCK, ROWLOCK) and
+repeats the filter's literals (Status IN (N'UnSent', N'Sending') AND AppName
+IS NOT NULL), so the filtered index always matches.
+Expected plan: Nested Loops over the pairs, per pair Top (cap) <- Index Seek
+with ten ranges (AccountName = a, RunMode = m, AppName = @AppName, Priority
+= p, VisibleAtUtc <= @Now), in key order: no Sort below the Top, residual
+AttemptsRemaining and ExpiresAtUtc only.  Rows of other applications lie
+outside every range sought, so the reads of a claim are those of its batch
+whatever other applications have queued on the same accounts.
+Why a second index (docs/claim.md): AppName as the third key of
+IX_MailQueue_ClaimByAccount would break the single ordered seek per pair of
+competing workers (priority order across applications would need a Sort).
+Cost: one more index row rewritten when a mail with an application is
+enqueued, claimed or finished.  ONLINE = ON where the edition allows it
+(engine editions 3, 5, 8; see IX_MailQueue_ClaimByAccount).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_ClaimByApp' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+BEGIN
+    IF CAST(SERVERPROPERTY('EngineEdition') AS INT) IN (3, 5, 8)
+        CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByApp
+        ON mailq.MailQueue (AccountName ASC, RunMode ASC, AppName ASC, Priority DESC, VisibleAtUtc ASC, ID ASC)
+        INCLUDE (AttemptsRemaining, ExpiresAtUtc)
+        WHERE Status IN (N'UnSent', N'Sending') AND AppName IS NOT NULL
+        WITH (ONLINE = ON);
+    ELSE
+        CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByApp
+        ON mailq.MailQueue (AccountName ASC, RunMode ASC, AppName ASC, Priority DESC, VisibleAtUtc ASC, ID ASC)
+        INCLUDE (AttemptsRemaining, ExpiresAtUtc)
+        WHERE Status IN (N'UnSent', N'Sending') AND AppName IS NOT NULL;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.LockLeasedMail: the fence of every acknowledgement (internal: called by
+ExtendLease, ReleaseMail, MarkSent and MarkFailed inside their transaction;
+granted to no role).  Validates @ID / @IDList, then locks the named mails
+WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises an
+error unless every one of them exists, is Sending and holds @LockToken.  The
+caller's UPDATE then cannot race a reclaim: a worker whose lease expired and
+was reclaimed is told so and changes nothing (all or nothing).
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (a JSON array of 1-1000
+             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @AcceptSentByToken BIT, default 0: 1 also accepts a mail already
+             Sent by an attempt under @LockToken (MarkSent repeated after its
+             connection dropped before the reply: the first call committed)
+Result set:  none.
+Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
+             50137 @IDList malformed; 50201 unknown mail ID;
+             50202 the mail is leased under another token (lease lost);
+             50203 the mail is not Sending (already acknowledged or never claimed).
+Transaction: must run inside the caller's transaction (raises 50138 otherwise);
+             opens none; an error dooms the caller's transaction (XACT_ABORT ON)
+             and is re-raised unchanged: the caller's CATCH rolls back.
+Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
+             it returns): UPDLOCK reads the latest committed row under every
+             caller level, and the MailAttempt read says READCOMMITTEDLOCK so it
+             never reads a row version under READ_COMMITTED_SNAPSHOT.
+Lock order:  mailq.MailQueue (clustered rows, in the order the plan reads the
+             list: not guaranteed sorted, so two tokens acknowledging
+             overlapping lists at once can deadlock, 1205), then
+             mailq.MailAttempt: the order of every mail-queue procedure.
+Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @AcceptSentByToken BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @@TRANCOUNT = 0
+        THROW 50138, N'mailq.LockLeasedMail must run inside the caller''s transaction.', 1;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
+    IF (@ID IS NULL AND @IDList IS NULL) OR (@ID IS NOT NULL AND @IDList IS NOT NULL)
+        THROW 50136, N'Give exactly one of @ID (one mail) or @IDList (a JSON array of mail IDs).', 1;
+    -- ISJSON and OPENJSON in separate statements: an OR does not evaluate its
+    -- operands in a guaranteed order, so OPENJSON could meet text that is not
+    -- JSON and raise error 13609 instead of our 50137.
+    DECLARE @IDListOk BIT = 1;
+    IF @IDList IS NOT NULL
+    BEGIN
+        IF ISJSON(@IDList) = 0 OR LEFT(LTRIM(@IDList), 1) <> N'['
+            SET @IDListOk = 0;
+        ELSE IF EXISTS (
+            SELECT 1
+            FROM OPENJSON(@IDList) AS j
+            WHERE j.[type] <> 2 OR TRY_CAST(j.[value] AS BIGINT) IS NULL
+        )
+            SET @IDListOk = 0;
+        ELSE IF (SELECT COUNT(*) FROM OPENJSON(@IDList)) NOT BETWEEN 1 AND 1000
+            SET @IDListOk = 0;
+    END;
+    IF @IDListOk = 0
+        THROW 50137, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
+
+    DECLARE @Held TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        Status NVARCHAR(16) NULL,
+        ThreadLock UNIQUEIDENTIFIER NULL
+    );
+
+    -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
+    -- checked here still holds when the caller updates them.  No READPAST:
+    -- these rows must be seen, and only a reclaiming worker could hold them.
+    -- FORCESEEK: one seek per ID.  OPENJSON is estimated at 50 rows, so on a
+    -- small queue the optimizer may scan; a scan would U-lock, and keep, every
+    -- row it reads, and two workers acknowledging at once would deadlock.
+    INSERT INTO @Held (ID, Status, ThreadLock)
+    SELECT l.ID, q.Status, q.ThreadLock
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    LEFT JOIN mailq.MailQueue AS q WITH (FORCESEEK, UPDLOCK, ROWLOCK) ON l.ID = q.ID;
+
+    SELECT TOP (1) @Msg = CONCAT(N'Mail ', h.ID, N' does not exist.')
+    FROM @Held AS h
+    WHERE h.Status IS NULL
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50201, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'Mail ', h.ID, N' is ', h.Status, N', not Sending: it was already acknowledged, released or never claimed.'
+    )
+    FROM @Held AS h
+    WHERE
+        h.Status <> N'Sending'
+        AND NOT (
+            @AcceptSentByToken = 1
+            AND h.Status = N'Sent'
+            AND EXISTS (
+                SELECT 1
+                -- READCOMMITTEDLOCK: the attempt row as committed now, never a
+                -- version (the mail row's U lock above orders its writers).
+                FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
+                WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
+            )
+        )
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50203, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'Mail ', h.ID, N' is leased under another @LockToken: this worker''s lease expired and the mail ',
+        N'was reclaimed; nothing was changed.'
+    )
+    FROM @Held AS h
+    WHERE h.ThreadLock <> @LockToken
+    ORDER BY h.ID;
+    IF @Msg IS NOT NULL THROW 50202, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
 mailq.EnqueueMailBatch: validates and queues many mails in one call, row by
 row with mailq.EnqueueMail's rules, written by one set-based INSERT.
 Parameters:  @Mails     NVARCHAR(MAX): a JSON array of objects, one per mail,
@@ -34901,12 +35086,1886 @@ END;
 
 GO
 
+/*
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its reads
+and locks grow with the batch and the accounts that can send now, never with
+mail it cannot take: other accounts, run modes or applications, throttled or
+blocked accounts (how, plan and bounds: docs/claim.md).
+Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER,
+             required (every acknowledgement presents it); @LeaseSeconds INT
+             1-3600, default 300; @AppName NULL: every application's mail
+             (competing workers), a name: only that application's (isolated);
+             @WorkerName, kept in mailq.MailAttempt; @AccountNames NULL (all)
+             or a JSON array of the accounts served; @RunModes NULL (["prod"])
+             or a JSON array of 1-16 run-mode names served.
+Result sets: 1. one row per mail leased: ID, MessageID, AccountName, AppName,
+                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
+                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
+                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp,
+                RunMode, DryRun, TemplateName, TemplateVersion, TemplateModel,
+                LeaseSecondsRemaining (INT: whole seconds of lease left, floor,
+                by the server's clock as the row is returned)
+             2. attachments: MailID, AttachmentNo, FileName, ContentType,
+                Content, Generator, GeneratorArgs (Content NULL: generated)
+             3. template versions the batch renders: TemplateName, Version,
+                SubjectTemplate, HtmlTemplate, TextTemplate
+Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a
+             name over 128 characters, 50115 @AppName not registered, 50148
+             @AccountNames, 50241 @RunModes (docs/errors.md).
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error rolls back what it opened and dooms a caller's (XACT_ABORT).
+Isolation:   sets READ COMMITTED (READPAST needs it, error 650); its reads of
+             the queue lock (UPDLOCK / READCOMMITTEDLOCK), also under RCSI.
+Lock order:  mailq.RateBudget (U), mailq.MailQueue (claim index keys U, then
+             clustered rows X), mailq.MailAttempt (X), mailq.MailEvent (insert);
+             SendingAccount, Application, MailTemplate are read, no lock kept.
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T,
+                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimMail
+    @BatchSize INT = 10,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300,
+    @AppName NVARCHAR(4000) = NULL,
+    @WorkerName NVARCHAR(4000) = NULL,
+    @AccountNames NVARCHAR(MAX) = NULL,
+    @RunModes NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 10);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50130, @Msg, 1;
+    END;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: a new GUID per claimed batch.', 1;
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+    IF LEN(@AppName) > 128 OR LEN(@WorkerName) > 128
+        THROW 50103, N'@AppName and @WorkerName are limited to 128 characters.', 1;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50115, @Msg, 1;
+    END;
+
+    -- Separate statements, not one OR: the order in which SQL Server
+    -- evaluates ISJSON() and OPENJSON in one predicate is not guaranteed.
+    DECLARE @AccountsOk BIT = 1;
+    IF @AccountNames IS NOT NULL
+    BEGIN
+        IF ISJSON(@AccountNames) = 0 OR LEFT(LTRIM(@AccountNames), 1) <> N'['
+            SET @AccountsOk = 0;
+        ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@AccountNames) AS j WHERE j.[type] <> 1)
+            SET @AccountsOk = 0;
+    END;
+    IF @AccountsOk = 0
+        THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
+
+    DECLARE @Served TABLE (AccountName NVARCHAR(128) NOT NULL PRIMARY KEY);
+    IF @AccountNames IS NOT NULL
+        INSERT INTO @Served (AccountName)
+        SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
+        FROM OPENJSON(@AccountNames) AS j
+        WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
+
+    -- Run modes (docs/run-modes.md): the worker serves these and nothing
+    -- else; NULL is 'prod'.  Each name must pass CK_MailQueue_RunMode's rule
+    -- (a name that cannot exist is a configuration mistake, not an empty
+    -- claim).  Separate statements, as for @AccountNames.
+    DECLARE @RunModesOk BIT = 1;
+    SET @RunModes = COALESCE(@RunModes, N'["prod"]');
+    IF ISJSON(@RunModes) = 0 OR LEFT(LTRIM(@RunModes), 1) <> N'['
+        SET @RunModesOk = 0;
+    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@RunModes)) NOT BETWEEN 1 AND 16
+        SET @RunModesOk = 0;
+    ELSE IF EXISTS (
+        SELECT 1
+        FROM OPENJSON(@RunModes) AS j
+        WHERE
+            j.[type] <> 1
+            OR LEN(j.[value]) NOT BETWEEN 1 AND 32
+            OR j.[value] COLLATE Latin1_General_100_BIN2 NOT LIKE N'[a-z]%'
+            OR j.[value] COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
+    )
+        SET @RunModesOk = 0;
+    IF @RunModesOk = 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@RunModes must be a JSON array of 1-16 run-mode names (a-z first, then a-z 0-9 - _, ',
+            N'at most 32 characters), e.g. ["prod"] or ["staging", "test"].'
+        );
+        THROW 50241, @Msg, 1;
+    END;
+
+    DECLARE @Modes TABLE (RunMode NVARCHAR(32) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY);
+    INSERT INTO @Modes (RunMode)
+    SELECT DISTINCT CAST(j.[value] AS NVARCHAR(32)) FROM OPENJSON(@RunModes) AS j;
+
+    DECLARE @Now DATETIME2(3);
+    DECLARE @LeaseUntil DATETIME2(3);
+    DECLARE @MinuteStart DATETIME2(0);
+    DECLARE @HourStart DATETIME2(0);
+    DECLARE @DayStart DATETIME2(0);
+
+    -- The accounts that may send now.  Remaining: what the account may
+    -- still take in this claim (its budget); Taken: claimed so far.
+    DECLARE @Acct TABLE (
+        AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        IsLimited BIT NOT NULL,
+        BlockedUntilUtc DATETIME2(3) NULL,
+        PerMinuteLimit INT NULL,
+        PerHourLimit INT NULL,
+        PerDayLimit INT NULL,
+        MinuteStartUtc DATETIME2(0) NULL,
+        MinuteCount INT NULL,
+        HourStartUtc DATETIME2(0) NULL,
+        HourCount INT NULL,
+        DayStartUtc DATETIME2(0) NULL,
+        DayCount INT NULL,
+        Remaining INT NOT NULL DEFAULT (0),
+        Taken INT NOT NULL DEFAULT (0)
+    );
+    -- The units that drive the claim: one row per (account left in @Acct,
+    -- run mode served).  Cap: this pass's per-pair TOP;
+    -- Taken: claimed so far; IsOpen: may take more in a later pass.
+    DECLARE @Drive TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        RunMode NVARCHAR(32) NOT NULL,
+        Taken INT NOT NULL DEFAULT (0),
+        Cap INT NOT NULL DEFAULT (0),
+        IsOpen BIT NOT NULL DEFAULT (1),
+        PRIMARY KEY (AccountName, RunMode)
+    );
+    DECLARE @Draw TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        RunMode NVARCHAR(32) NOT NULL,
+        PRIMARY KEY (AccountName, RunMode)
+    );
+    -- One pass's pick: the rows its seeks took (U locks held to commit).
+    DECLARE @Pick TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Claimed TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        RunMode NVARCHAR(32) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AttemptNo INT NOT NULL,
+        Pass INT NOT NULL,
+        TemplateName NVARCHAR(128) NULL,
+        TemplateVersion INT NULL          -- pinned at enqueue, then the version resolved to render
+    );
+    DECLARE @Pass INT = 0;
+    DECLARE @Left INT = @BatchSize;
+    DECLARE @Open INT;
+    DECLARE @Share INT;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- Accounts without limits: no budget to take, so no lock either.
+        -- A plain read: under READ_COMMITTED_SNAPSHOT it sees the last
+        -- committed BlockedUntilUtc, which is all a claim needs.
+        INSERT INTO @Acct (AccountName, IsLimited, BlockedUntilUtc)
+        SELECT a.AccountName, 0, a.BlockedUntilUtc
+        FROM mailq.SendingAccount AS a
+        WHERE
+            a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- Accounts with limits, and their budget rows.
+        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
+        --           cannot both spend the same remainder (a locking read also
+        --           under READ_COMMITTED_SNAPSHOT);
+        -- READPAST: a budget row held by another claimer is skipped (that
+        --           account's mail waits for the next claim), never waited on;
+        -- ROWLOCK:  row grain, so READPAST skips one account, not a page;
+        -- FORCESEEK: one seek on PK_RateBudget per account read above, never
+        --           a scan: a scan U-locks (and keeps) the budget row of
+        --           every account, also those this worker does not serve or
+        --           that have no limit, so claimers serving other accounts
+        --           would read past them and skip accounts no one is using.
+        INSERT INTO @Acct (
+            AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
+            MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
+        )
+        SELECT
+            a.AccountName, 1, a.BlockedUntilUtc, a.PerMinuteLimit, a.PerHourLimit, a.PerDayLimit,
+            b.MinuteStartUtc, b.MinuteCount, b.HourStartUtc, b.HourCount, b.DayStartUtc, b.DayCount
+        FROM mailq.SendingAccount AS a
+        INNER JOIN mailq.RateBudget AS b WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK)
+            ON a.AccountName = b.AccountName
+        WHERE
+            (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
+            AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
+
+        -- The clock, read while the budget rows are held: every claimer of an
+        -- account reads it under the same lock, one after the other.
+        SET @Now = SYSUTCDATETIME();
+        SET @LeaseUntil = DATEADD(SECOND, @LeaseSeconds, @Now);
+        SET @MinuteStart = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
+        SET @HourStart = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
+        SET @DayStart = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
+
+        DELETE FROM @Acct WHERE BlockedUntilUtc > @Now;
+
+        -- Windows never move backwards: a stored window that starts at or
+        -- after ours is the current one and its count applies (a clock read
+        -- earlier, or a clock set back, cannot reopen a spent window).
+        UPDATE a
+        SET a.Remaining = IIF(
+            a.IsLimited = 0,
+            @BatchSize,
+            (
+                SELECT MIN(w.Remaining)
+                FROM (
+                    VALUES
+                    (COALESCE(a.PerMinuteLimit - IIF(a.MinuteStartUtc >= @MinuteStart, a.MinuteCount, 0), @BatchSize)),
+                    (COALESCE(a.PerHourLimit - IIF(a.HourStartUtc >= @HourStart, a.HourCount, 0), @BatchSize)),
+                    (COALESCE(a.PerDayLimit - IIF(a.DayStartUtc >= @DayStart, a.DayCount, 0), @BatchSize))
+                ) AS w(Remaining)
+            )
+        )
+        FROM @Acct AS a;
+
+        DELETE FROM @Acct WHERE Remaining <= 0;
+        UPDATE @Acct SET Remaining = @BatchSize WHERE Remaining > @BatchSize;
+
+        -- The driving pairs: every account left x every run mode served.
+        INSERT INTO @Drive (AccountName, RunMode)
+        SELECT a.AccountName, m.RunMode
+        FROM @Acct AS a
+        CROSS JOIN @Modes AS m;
+
+        -- More pairs than slots: keep the pairs that have claimable mail now
+        -- (one row-free probe per pair), then @BatchSize of them drawn at
+        -- random, so every pair gets its turn and a pass seeks at most
+        -- @BatchSize pairs.  The probe reads the index the claim will read
+        -- (an isolated worker's: its application's keys only).
+        --   READPAST, READCOMMITTEDLOCK: a locking read (also under RCSI)
+        --   that skips rows other claimers hold and keeps no lock.
+        IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
+        BEGIN
+            IF @AppName IS NULL
+                DELETE FROM d
+                FROM @Drive AS d
+                WHERE NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                );
+            ELSE
+                DELETE FROM d
+                FROM @Drive AS d
+                WHERE NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByApp), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.AppName = @AppName
+                        AND k.AppName IS NOT NULL
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                );
+            IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
+            BEGIN
+                -- The draw is materialized first: a TOP ... ORDER BY NEWID()
+                -- inside the DELETE's predicate could be evaluated more than
+                -- once, each time another draw; this keeps exactly @BatchSize.
+                INSERT INTO @Draw (AccountName, RunMode)
+                SELECT TOP (@BatchSize) r.AccountName, r.RunMode FROM @Drive AS r ORDER BY NEWID();
+                DELETE FROM d
+                FROM @Drive AS d
+                WHERE NOT EXISTS (
+                    SELECT 1 FROM @Draw AS w
+                    WHERE w.AccountName = d.AccountName AND w.RunMode = d.RunMode
+                );
+            END;
+        END;
+
+        -- 3. The claim: up to three passes, one UPDATE each (see the header).
+        WHILE @Pass < 3 AND @Left > 0
+        BEGIN
+            SET @Pass += 1;
+            SELECT @Open = COUNT(*)
+            FROM @Drive AS d
+            INNER JOIN @Acct AS a ON d.AccountName = a.AccountName
+            WHERE d.IsOpen = 1 AND a.Remaining > a.Taken;
+            IF @Open = 0 BREAK;
+            -- FLOOR, at least 1: the caps never add up to more than the slots
+            -- left (or one row per open pair), which bounds the rows read.
+            SET @Share = IIF(@Left / @Open < 1, 1, @Left / @Open);
+            -- A pair's cap: the least of the share and its part of what is
+            -- left of its account's budget (Rest split over the account's
+            -- open pairs, Rest % Pairs of them drawn at random get one more),
+            -- so the caps of one account never add up to more than its Rest.
+            UPDATE @Drive SET Cap = 0;
+            UPDATE d
+            SET d.Cap = IIF(x.Part < @Share, x.Part, @Share)
+            FROM @Drive AS d
+            INNER JOIN (
+                SELECT
+                    o.AccountName,
+                    o.RunMode,
+                    o.Rest / o.Pairs + IIF(o.Seq <= o.Rest % o.Pairs, 1, 0) AS Part
+                FROM (
+                    SELECT
+                        d2.AccountName,
+                        d2.RunMode,
+                        a.Remaining - a.Taken AS Rest,
+                        COUNT(*) OVER (PARTITION BY d2.AccountName) AS Pairs,
+                        ROW_NUMBER() OVER (PARTITION BY d2.AccountName ORDER BY NEWID()) AS Seq
+                    FROM @Drive AS d2
+                    INNER JOIN @Acct AS a ON d2.AccountName = a.AccountName
+                    WHERE d2.IsOpen = 1 AND a.Remaining > a.Taken
+                ) AS o
+            ) AS x ON d.AccountName = x.AccountName AND d.RunMode = x.RunMode;
+
+            -- The pick: per pair with a cap, one ordered seek that stops after it
+            -- (ten ranges, one per priority, already in ORDER BY order: no
+            -- Sort below the TOP); then the pass's TOP (@Left) in turns.
+            -- Competing workers seek IX_MailQueue_ClaimByAccount; an
+            -- isolated worker seeks IX_MailQueue_ClaimByApp, whose third key
+            -- is AppName: other applications' mail lies outside its ranges.
+            --   INDEX + FORCESEEK: this index's seek or an error, never a scan;
+            --   READPAST: skip rows other workers hold, never wait;
+            --   UPDLOCK:  the keys read stay ours until commit, so two
+            --     workers cannot take one row (a locking read under RCSI);
+            --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
+            DELETE FROM @Pick;
+            IF @AppName IS NULL
+                INSERT INTO @Pick (ID)
+                SELECT TOP (@Left) c.ID
+                FROM (SELECT r.AccountName, r.RunMode, r.Cap FROM @Drive AS r WHERE r.Cap > 0) AS d
+                CROSS APPLY (
+                    SELECT TOP (d.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC;
+            ELSE
+                INSERT INTO @Pick (ID)
+                SELECT TOP (@Left) c.ID
+                FROM (SELECT r.AccountName, r.RunMode, r.Cap FROM @Drive AS r WHERE r.Cap > 0) AS d
+                CROSS APPLY (
+                    SELECT TOP (d.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByApp), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.AppName = @AppName
+                        AND k.AppName IS NOT NULL
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC;
+
+            -- The lease: the picked rows by clustered key, re-checked.
+            --   FORCESEEK (PK_MailQueue (ID)): one seek per picked ID whatever
+            --     the cached plan's estimate of @Pick, never a scan;
+            --   READPAST: a row another session holds (an acknowledgement of
+            --     an expired lease in flight) is skipped, never waited on, so
+            --     our key U lock and its clustered X lock cannot deadlock.
+            UPDATE q
+            SET
+                q.Status = N'Sending',
+                q.ThreadLock = @LockToken,
+                q.VisibleAtUtc = @LeaseUntil,
+                q.AttemptsRemaining = q.AttemptsRemaining - 1,
+                q.AttemptCount = q.AttemptCount + 1,
+                -- A lease that expired may hide a mail the dead worker already
+                -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+                q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate),
+                -- The application's dry-run flag as it is now (a seek on
+                -- PK_Application); mailq.MarkSent keeps it.
+                q.DryRun = COALESCE(
+                    (SELECT ap.DryRun FROM mailq.Application AS ap WHERE ap.AppName = q.AppName),
+                    CAST(0 AS BIT)
+                )
+            OUTPUT
+                inserted.ID,
+                inserted.AccountName,
+                inserted.AppName,
+                inserted.RunMode,
+                deleted.Status,
+                deleted.ThreadLock,
+                inserted.AttemptCount,
+                @Pass,
+                inserted.TemplateName,
+                inserted.TemplateVersion
+            INTO @Claimed (
+                ID, AccountName, AppName, RunMode, OldStatus, OldLockToken, AttemptNo, Pass,
+                TemplateName, TemplateVersion
+            )
+            FROM mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), READPAST, UPDLOCK, ROWLOCK)
+            WHERE
+                q.ID IN (SELECT p.ID FROM @Pick AS p)
+                AND q.Status IN (N'UnSent', N'Sending')
+                AND q.VisibleAtUtc <= @Now
+                AND q.AttemptsRemaining > 0;
+
+            -- What this pass gave each pair; a pair that yielded fewer rows
+            -- than its cap has nothing more to claim now (drained).  The
+            -- account's Taken (its budget charge) is the sum over its pairs.
+            UPDATE d
+            SET
+                d.Taken = d.Taken + COALESCE(n.Claimed, 0),
+                d.IsOpen = IIF(COALESCE(n.Claimed, 0) < d.Cap, 0, d.IsOpen)
+            FROM @Drive AS d
+            LEFT JOIN (
+                SELECT m.AccountName, m.RunMode, COUNT(*) AS Claimed
+                FROM @Claimed AS m
+                WHERE m.Pass = @Pass
+                GROUP BY m.AccountName, m.RunMode
+            ) AS n ON d.AccountName = n.AccountName AND d.RunMode = n.RunMode
+            WHERE d.Cap > 0;
+
+            UPDATE a
+            SET a.Taken = n.Claimed
+            FROM @Acct AS a
+            INNER JOIN (
+                SELECT m.AccountName, COUNT(*) AS Claimed
+                FROM @Claimed AS m
+                GROUP BY m.AccountName
+            ) AS n ON a.AccountName = n.AccountName;
+
+            SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
+        END;
+
+        -- Charge the budget of limited accounts (rows already U-locked above).
+        -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
+        -- budget rows other claimers hold.  A stored window that is not older
+        -- than ours is kept: the window start never moves backwards.
+        UPDATE b
+        SET
+            b.MinuteCount = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteCount, 0) + a.Taken,
+            b.MinuteStartUtc = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteStartUtc, @MinuteStart),
+            b.HourCount = IIF(b.HourStartUtc >= @HourStart, b.HourCount, 0) + a.Taken,
+            b.HourStartUtc = IIF(b.HourStartUtc >= @HourStart, b.HourStartUtc, @HourStart),
+            b.DayCount = IIF(b.DayStartUtc >= @DayStart, b.DayCount, 0) + a.Taken,
+            b.DayStartUtc = IIF(b.DayStartUtc >= @DayStart, b.DayStartUtc, @DayStart)
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Acct AS a ON b.AccountName = a.AccountName
+        WHERE a.IsLimited = 1 AND a.Taken > 0;
+
+        -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
+        -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
+        UPDATE t
+        SET
+            t.EndedAtUtc = @Now,
+            t.Outcome = N'Abandoned',
+            t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        INNER JOIN @Claimed AS c
+            ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
+        WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+        -- The template version each template mail renders in this attempt:
+        -- the pinned one, else the latest when the template is not retired
+        -- (else NULL: the worker stops the mail and says why).
+        -- One seek on PK_MailTemplate per claimed template mail (at most
+        -- @BatchSize); a plain read: LatestVersion is committed together with
+        -- its version row (mailq.AddMailTemplateVersion), versions never change.
+        UPDATE c
+        SET c.TemplateVersion = COALESCE(c.TemplateVersion, IIF(t.RetiredAtUtc IS NULL, t.LatestVersion, NULL))
+        FROM @Claimed AS c
+        INNER JOIN mailq.MailTemplate AS t WITH (FORCESEEK) ON c.TemplateName = t.TemplateName
+        WHERE c.TemplateName IS NOT NULL;
+
+        -- Open an attempt for each mail now leased, with the template version
+        -- it renders (never changed afterwards: a later version only affects
+        -- later attempts).
+        INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc, TemplateVersion)
+        SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now, c.TemplateVersion
+        FROM @Claimed AS c;
+
+        -- Events, in this transaction (docs/events.md): a reclaimed lease
+        -- first says LeaseExpired (its earlier attempt, now abandoned), then
+        -- every mail leased says Claimed.  Two statements, so the two events
+        -- of one mail are stamped in that order.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            c.ID, c.AppName, N'LeaseExpired', N'Sending', c.AttemptNo - 1, NULL,
+            N'Lease expired before the worker acknowledged; reclaimed (PossibleDuplicate).', @Now
+        FROM @Claimed AS c
+        WHERE c.OldStatus = N'Sending';
+
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT c.ID, c.AppName, N'Claimed', N'Sending', c.AttemptNo, NULL, @WorkerName, @Now
+        FROM @Claimed AS c;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and its own CATCH rolls it back.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    -- LeaseSecondsRemaining: by the server's clock read now, after the
+    -- claim's statements (and their commit when the transaction is ours),
+    -- in whole seconds rounded down, so a worker counting it down from the
+    -- reply on its own monotonic clock never overestimates it.
+    DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
+    SELECT
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.AppName,
+        q.FromName,
+        q.FromAddress,
+        q.ReplyTo,
+        q.ToAddress,
+        q.CC,
+        q.BCC,
+        q.Subject,
+        q.Body,
+        q.BodyFormat,
+        q.TextBody,
+        q.Headers,
+        q.Priority,
+        q.AttemptCount AS AttemptNo,
+        q.AttemptsRemaining,
+        q.VisibleAtUtc AS LeaseExpiresUtc,
+        q.PossibleDuplicate,
+        q.dtStamp,
+        q.RunMode,
+        q.DryRun,
+        -- Template columns: NULL for ordinary mail.
+        c.TemplateName,
+        c.TemplateVersion,
+        q.TemplateModel,
+        CAST(FLOOR(DATEDIFF_BIG(MILLISECOND, @ReturnedAt, q.VisibleAtUtc) / 1000.0) AS INT) AS LeaseSecondsRemaining
+    FROM mailq.MailQueue AS q
+    INNER JOIN @Claimed AS c ON q.ID = c.ID
+    WHERE q.ThreadLock = @LockToken
+    ORDER BY q.Priority DESC, q.ID ASC;
+
+    SELECT
+        a.MailID,
+        a.AttachmentNo,
+        a.FileName,
+        a.ContentType,
+        a.Content,
+        a.Generator,     -- a lazy attachment (Content NULL)
+        a.GeneratorArgs
+    FROM mailq.MailAttachment AS a
+    INNER JOIN @Claimed AS c ON a.MailID = c.ID
+    ORDER BY a.MailID ASC, a.AttachmentNo ASC;
+
+    -- The texts of the template versions this batch renders,
+    -- each once: the distinct versions drive one seek each on
+    -- PK_MailTemplateVersion (an inner join, so FORCESEEK always has its
+    -- plan: nested loops with the few distinct versions outside).
+    WITH Used AS (
+        SELECT DISTINCT c.TemplateName, c.TemplateVersion
+        FROM @Claimed AS c
+        WHERE c.TemplateVersion IS NOT NULL
+    )
+
+    SELECT
+        v.TemplateName,
+        v.Version,
+        v.SubjectTemplate,
+        v.HtmlTemplate,
+        v.TextTemplate
+    FROM Used AS u
+    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)
+        ON u.TemplateName = v.TemplateName AND u.TemplateVersion = v.Version
+    ORDER BY v.TemplateName ASC, v.Version ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.FinalizeMail: moves queued mail that can never be sent to its final
+state, in small batches, whatever its account, so that the claim never has
+to: out of attempts with the last lease expired -> Failed; past ExpiresAtUtc
+(UnSent, or Sending with an expired lease) -> Expired.  A live lease is left
+to its worker.  One finalizer at a time (docs/finalization.md).
+Parameters:  @BatchSize  INT 1-1000, default 200: mails per statement
+             @MaxBatches INT 1-1000, default 50: batches per call
+Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT (1: the
+             last batch was full; call again), Busy BIT (1: another
+             FinalizeMail held the finalizer lock, so this call stopped there
+             and left the rest to it)
+Errors:      50150 @BatchSize out of range; 50151 @MaxBatches out of range;
+             50152 called inside a transaction.
+Transaction: must not be called inside one (50152): each batch is its own
+             short transaction; an error rolls back the batch under way
+             (earlier batches stay) and is re-raised.
+Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
+Lock order:  the application lock N'mailq.FinalizeMail' (exclusive, owned by
+             the batch's transaction, never waited for), then mailq.MailQueue
+             (index keys U, clustered rows X), mailq.MailAttempt (X),
+             mailq.MailEvent (insert), as in mailq.ClaimMail.
+Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
+*/
+CREATE OR ALTER PROCEDURE mailq.FinalizeMail
+    @BatchSize INT = 200,
+    @MaxBatches INT = 50
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
+    -- the caller's level comes back when the procedure returns.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @BatchSize = COALESCE(@BatchSize, 200);
+    SET @MaxBatches = COALESCE(@MaxBatches, 50);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50150, @Msg, 1;
+    END;
+    IF @MaxBatches NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxBatches must be 1-1000; got ', @MaxBatches, N'.');
+        THROW 50151, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50152, N'mailq.FinalizeMail commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Done TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        NewStatus NVARCHAR(16) NOT NULL,
+        OldStatus NVARCHAR(16) NOT NULL,
+        OldLockToken UNIQUEIDENTIFIER NULL,
+        AppName NVARCHAR(128) NULL,
+        AttemptCount INT NOT NULL,
+        LastError NVARCHAR(4000) NULL
+    );
+    DECLARE @Now DATETIME2(3);
+    DECLARE @Failed INT = 0;
+    DECLARE @Expired INT = 0;
+    DECLARE @Rows INT;
+    DECLARE @ExpiredRows INT;
+    DECLARE @Batches INT = 0;
+    DECLARE @MoreLeft BIT = 0;
+    DECLARE @Busy BIT = 0;
+    DECLARE @Lock INT;
+
+    WHILE @Batches < @MaxBatches
+    BEGIN
+        SET @Batches += 1;
+        SET @Now = SYSUTCDATETIME();
+        DELETE FROM @Done;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- One finalizer at a time: two finalizers reading the two indexes
+            -- below in opposite orders could deadlock on a mail that is both
+            -- out of attempts and expired.  Transaction-owned, so it ends with
+            -- the batch; timeout 0: another finalizer at work already does
+            -- this job, so this call stops instead of waiting (Busy = 1).
+            EXEC @Lock = sys.sp_getapplock
+                @Resource = N'mailq.FinalizeMail', @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction', @LockTimeout = 0;
+            IF @Lock < 0
+            BEGIN
+                ROLLBACK TRANSACTION;  -- nothing written in it
+                SET @Busy = 1;
+                BREAK;
+            END;
+
+            -- Out of attempts, lease expired.  IX_MailQueue_Finalize: range
+            -- seek on VisibleAtUtc <= @Now within its filter.
+            --   READPAST: skip rows others hold (a worker acknowledging its
+            --     last attempt right now), never wait on them;
+            --   UPDLOCK, ROWLOCK: row-grain update locks while reading.
+            WITH Dead AS (
+                SELECT TOP (@BatchSize)
+                    q.ID,
+                    q.Status,
+                    q.ThreadLock,
+                    q.PossibleDuplicate,
+                    q.DateProcessed,
+                    q.LastError,
+                    q.AppName,
+                    q.AttemptCount
+                FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Finalize), READPAST, UPDLOCK, ROWLOCK)
+                WHERE
+                    q.Status IN (N'UnSent', N'Sending')
+                    AND q.AttemptsRemaining = 0
+                    AND q.VisibleAtUtc <= @Now
+                ORDER BY q.VisibleAtUtc ASC, q.ID ASC
+            )
+
+            UPDATE d
+            SET
+                d.Status = N'Failed',
+                d.ThreadLock = NULL,
+                d.PossibleDuplicate = IIF(d.Status = N'Sending', CAST(1 AS BIT), d.PossibleDuplicate),
+                d.DateProcessed = @Now,
+                d.LastError = LEFT(CONCAT(N'No attempt left after an abandoned lease. Last error: ', d.LastError), 4000)
+            OUTPUT
+                inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock,
+                inserted.AppName, inserted.AttemptCount, inserted.LastError
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken, AppName, AttemptCount, LastError)
+            FROM Dead AS d;
+            SET @Rows = @@ROWCOUNT;
+            SET @Failed += @Rows;
+            -- (@Rows: the fuller of the two statements decides whether to go on)
+
+            -- Expired.  IX_MailQueue_Expiry: range seek on ExpiresAtUtc <=
+            -- @Now; a live lease (Sending, VisibleAtUtc in the future) is left
+            -- to its worker.  Same hints, same reasons.
+            WITH Late AS (
+                SELECT TOP (@BatchSize)
+                    q.ID,
+                    q.Status,
+                    q.ThreadLock,
+                    q.PossibleDuplicate,
+                    q.DateProcessed,
+                    q.LastError,
+                    q.AppName,
+                    q.AttemptCount
+                FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Expiry), READPAST, UPDLOCK, ROWLOCK)
+                WHERE
+                    q.Status IN (N'UnSent', N'Sending')
+                    AND q.ExpiresAtUtc IS NOT NULL
+                    AND q.ExpiresAtUtc <= @Now
+                    AND (q.Status = N'UnSent' OR q.VisibleAtUtc <= @Now)
+                ORDER BY q.ExpiresAtUtc ASC, q.ID ASC
+            )
+
+            UPDATE l
+            SET
+                l.Status = N'Expired',
+                l.ThreadLock = NULL,
+                l.PossibleDuplicate = IIF(l.Status = N'Sending', CAST(1 AS BIT), l.PossibleDuplicate),
+                l.DateProcessed = @Now,
+                l.LastError = N'Expired before it could be sent (ExpiresAtUtc passed).'
+            OUTPUT
+                inserted.ID, inserted.Status, deleted.Status, deleted.ThreadLock,
+                inserted.AppName, inserted.AttemptCount, inserted.LastError
+            INTO @Done (ID, NewStatus, OldStatus, OldLockToken, AppName, AttemptCount, LastError)
+            FROM Late AS l;
+            -- Read @@ROWCOUNT once: an assignment resets it.
+            SET @ExpiredRows = @@ROWCOUNT;
+            SET @Expired += @ExpiredRows;
+            IF @ExpiredRows > @Rows SET @Rows = @ExpiredRows;
+
+            -- Close the attempts of the leases given up (seek by mail ID).
+            UPDATE t
+            SET
+                t.EndedAtUtc = @Now,
+                t.Outcome = N'Abandoned',
+                t.ErrorText = IIF(
+                    d.NewStatus = N'Failed',
+                    N'Lease expired before the worker acknowledged; no attempt left.',
+                    N'Lease expired before the worker acknowledged; the mail expired.'
+                )
+            FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+            INNER JOIN @Done AS d
+                ON t.MailID = d.ID AND t.LockToken = d.OldLockToken
+            WHERE d.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
+
+            -- Events, in this batch's transaction (docs/events.md): a lease
+            -- given up says LeaseExpired first, then the final Failed/Expired.
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            SELECT
+                d.ID, d.AppName, N'LeaseExpired', N'Sending', d.AttemptCount, NULL,
+                N'Lease expired before the worker acknowledged.', @Now
+            FROM @Done AS d
+            WHERE d.OldStatus = N'Sending';
+
+            -- The event type of a final change is its new status (Failed, Expired).
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            SELECT
+                d.ID,
+                d.AppName,
+                d.NewStatus AS EventType,
+                d.NewStatus AS Status,
+                d.AttemptCount,
+                NULL,
+                d.LastError,
+                @Now
+            FROM @Done AS d;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+
+        IF @Rows < @BatchSize
+        BEGIN
+            SET @MoreLeft = 0;
+            BREAK;
+        END;
+        SET @MoreLeft = 1;
+    END;
+
+    SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft, @Busy AS Busy;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ExtendLease: pushes the lease of mails a worker still holds (long
+batches), fenced by the lock token, all or nothing.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 1-3600,
+             default 300: the new lease runs from now.
+Result set:  one row per mail: ID, LeaseExpiresUtc, LeaseSecondsRemaining
+             (INT: whole seconds of lease left, floor, by the server's clock as
+             the rows are returned; count it down on the worker's own
+             monotonic clock, never compare LeaseExpiresUtc with its wall clock).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             50132 @LeaseSeconds out of range.
+Transaction: its own if none is open, else the caller's (no savepoint); any
+             error is re-raised unchanged and dooms a caller's (XACT_ABORT).
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue only (clustered rows, via mailq.LockLeasedMail).
+Example:     EXEC mailq.ExtendLease @IDList = N'[101,102]', @LockToken = @T, @LeaseSeconds = 300;
+*/
+CREATE OR ALTER PROCEDURE mailq.ExtendLease
+    @ID BIGINT = NULL,
+    @IDList NVARCHAR(MAX) = NULL,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+    IF @LeaseSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
+        THROW 50132, @Msg, 1;
+    END;
+
+    DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, SYSUTCDATETIME());
+    DECLARE @Extended TABLE (ID BIGINT NOT NULL PRIMARY KEY, LeaseExpiresUtc DATETIME2(3) NOT NULL);
+
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+
+        UPDATE q
+        SET q.VisibleAtUtc = @LeaseUntil
+        OUTPUT inserted.ID, inserted.VisibleAtUtc INTO @Extended (ID, LeaseExpiresUtc)
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
+        INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
+        WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- Seconds left by the server's clock read now, rounded down.
+    DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
+    SELECT
+        e.ID,
+        e.LeaseExpiresUtc,
+        CAST(FLOOR(DATEDIFF_BIG(MILLISECOND, @ReturnedAt, e.LeaseExpiresUtc) / 1000.0) AS INT) AS LeaseSecondsRemaining
+    FROM @Extended AS e
+    ORDER BY e.ID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
+Stopped) whose DateProcessed is older than @OlderThanDays days, with its
+attempts, attachments, recipient outcomes and events, in batches of
+@BatchSize mails, one short transaction per batch.  Rows others hold are
+skipped (READPAST) and left to the next purge.  Every statement touches at
+most 1,000 rows per index, by forced seeks, far below lock escalation's
+5,000 (docs/guarantees.md, "Lock order").
+Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
+             @BatchSize INT 1-1000, default 500.
+Result set:  one row: PurgedCount BIGINT.
+Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
+             over 36500 (the cutoff date would underflow, error 517);
+             50140 @BatchSize out of range; 50141 called inside a transaction.
+Transaction: must not be called inside one (50141): each batch commits on its
+             own; an error rolls back the batch under way (earlier batches
+             stay purged) and is re-raised.
+Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
+             REPEATABLE READ (error 650 otherwise), and REPEATABLE READ would
+             keep every shared lock the candidate read takes; that read says
+             READCOMMITTEDLOCK so that under READ_COMMITTED_SNAPSHOT it sees
+             locks and READPAST can skip them.
+Lock order:  mailq.MailQueue clustered rows (U; candidates are found on
+             IX_MailQueue_Final without keeping a lock there), then
+             mailq.MailAttempt, mailq.MailAttachment, mailq.MailRecipientOutcome,
+             mailq.MailEvent, then the MailQueue rows' deletion.
+Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
+*/
+CREATE OR ALTER PROCEDURE mailq.PurgeMail
+    @OlderThanDays INT,
+    @BatchSize INT = 500
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @OlderThanDays IS NULL OR @OlderThanDays < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@OlderThanDays must be 0 or more; got ', COALESCE(CAST(@OlderThanDays AS NVARCHAR(12)), N'NULL'), N'.'
+        );
+        THROW 50135, @Msg, 1;
+    END;
+    IF @OlderThanDays > 36500
+    BEGIN
+        SET @Msg = CONCAT(N'@OlderThanDays must be at most 36500 (100 years); got ', @OlderThanDays, N'.');
+        THROW 50163, @Msg, 1;
+    END;
+    SET @BatchSize = COALESCE(@BatchSize, 500);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50140, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50141, N'mailq.PurgeMail commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
+    DECLARE @Purged BIGINT = 0;
+    DECLARE @Candidate TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Batch TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Deleted INT;
+
+    WHILE 1 = 1
+    BEGIN
+        DELETE FROM @Candidate;
+        DELETE FROM @Batch;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
+            --    oldest first.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks
+            --    released row by row, rows others hold are skipped; nothing on
+            --    the index stays locked while the rows below are taken.
+            INSERT INTO @Candidate (ID)
+            SELECT TOP (@BatchSize) q.ID
+            FROM mailq.MailQueue AS q WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+            WHERE
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
+                AND q.DateProcessed < @Cutoff
+            ORDER BY q.DateProcessed ASC, q.ID ASC;
+
+            IF @@ROWCOUNT = 0
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            -- 2. Lock the batch on the clustered index (the first lock every
+            --    procedure takes on a mail) and re-check: a candidate may have
+            --    been requeued in between.  FORCESEEK on the primary key keeps
+            --    the plan off IX_MailQueue_Final.
+            INSERT INTO @Batch (ID)
+            SELECT q.ID
+            FROM @Candidate AS c
+            INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), UPDLOCK, READPAST, ROWLOCK)
+                ON c.ID = q.ID
+            WHERE
+                q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
+                AND q.DateProcessed < @Cutoff;
+
+            -- Every candidate was taken or changed meanwhile: stop here rather
+            -- than spin; the next purge picks them up.
+            IF NOT EXISTS (SELECT 1 FROM @Batch)
+            BEGIN
+                COMMIT TRANSACTION;
+                BREAK;
+            END;
+
+            -- 3. Children, 1000 rows per statement, attempts before attachments.
+            --    FORCESEEK: one seek per purged mail on the child's clustered
+            --    key (MailID first), never a scan, which would lock its way
+            --    through the rows of live mail (no READPAST here) and wait on
+            --    the workers holding them.
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) t
+                FROM mailq.MailAttempt AS t WITH (FORCESEEK (PK_MailAttempt (MailID)), ROWLOCK)
+                WHERE t.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) a
+                FROM mailq.MailAttachment AS a WITH (FORCESEEK (PK_MailAttachment (MailID)), ROWLOCK)
+                WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- Recipient outcomes (up to 100 per mail) here too, not through the
+            -- ON DELETE CASCADE of the parent delete: that one statement would
+            -- lock up to 100 x @BatchSize rows of mailq.MailRecipientOutcome
+            -- and escalate to a table lock past 5,000.
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) o
+                FROM mailq.MailRecipientOutcome AS o WITH (FORCESEEK (PK_MailRecipientOutcome (MailID)), ROWLOCK)
+                WHERE o.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- Events (about five per mail, more with retries): 1000 rows per
+            -- statement, a seek per mail on IX_MailEvent_MailID, never a scan
+            -- of the event history.  Nobody else changes a purged mail's
+            -- events (they are only inserted, with a change of the mail,
+            -- whose row this batch holds).
+            SET @Deleted = 1000;
+            WHILE @Deleted = 1000
+            BEGIN
+                DELETE TOP (1000) e
+                FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_MailID), FORCESEEK, ROWLOCK)
+                WHERE e.MailID IN (SELECT b.ID FROM @Batch AS b);
+                SET @Deleted = @@ROWCOUNT;
+            END;
+
+            -- 4. The mails themselves (rows already held since step 2), by key.
+            DELETE q
+            FROM mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), ROWLOCK)
+            WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
+            SET @Purged += @@ROWCOUNT;
+
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+    END;
+
+    SELECT @Purged AS PurgedCount;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetQueueStats: the queue's health in one call (for `mailq-db stats`),
+from forced seeks bounded by the mail still queued or by a time window, never
+by the history kept (docs/guarantees.md, "Storage and reporting").
+Parameters:  @RecentFailures INT 1-1000, default 20: rows of result set 4;
+             @FinishedHours  INT 1-168, default 24: the window of result set 3.
+Result sets: 1. Status, AccountName, MailCount: mail queued now (UnSent,
+                Sending); seek on IX_MailQueue_Status, two status ranges
+             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount: due
+                UnSent mail per account; seek on IX_MailQueue_Status
+             3. HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped:
+                mail finished per UTC hour over the last @FinishedHours hours
+                (by DateProcessed); range seek on IX_MailQueue_Final (covering)
+             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode,
+                LastError, DateProcessed: the newest failed attempts of the last
+                7 days; backward seek on IX_MailAttempt_EndedAtUtc, then
+                PK_MailQueue by ID
+Errors:      50146 @RecentFailures out of range; 50520 @FinishedHours out of
+             range.
+Transaction: reads only; opens none and leaves the caller's untouched.
+Isolation:   sets READ COMMITTED itself (no range or shared locks kept for a
+             SERIALIZABLE or REPEATABLE READ caller); under
+             READ_COMMITTED_SNAPSHOT each statement reads a snapshot.
+Lock order:  none (shared locks released row by row, or none under RCSI).
+Example:     EXEC mailq.GetQueueStats @RecentFailures = 10, @FinishedHours = 24;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetQueueStats
+    @RecentFailures INT = 20,
+    @FinishedHours INT = 24
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @RecentFailures = COALESCE(@RecentFailures, 20);
+    SET @FinishedHours = COALESCE(@FinishedHours, 24);
+    IF @RecentFailures NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@RecentFailures must be 1-1000; got ', @RecentFailures, N'.');
+        THROW 50146, @Msg, 1;
+    END;
+    IF @FinishedHours NOT BETWEEN 1 AND 168
+    BEGIN
+        SET @Msg = CONCAT(N'@FinishedHours must be 1-168 (a week); got ', @FinishedHours, N'.');
+        THROW 50520, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    -- Whole hours: the window starts at the top of the oldest hour shown.
+    DECLARE @FinishedSince DATETIME2(3) = DATEADD(
+        HOUR, DATEDIFF(HOUR, '20000101', @Now) - @FinishedHours + 1, CAST('20000101' AS DATETIME2(3))
+    );
+    DECLARE @FailuresSince DATETIME2(3) = DATEADD(DAY, -7, @Now);
+
+    -- Every read below is a forced seek on a narrow index whose range holds
+    -- only queued mail or one time window: the cost never grows with the
+    -- finished mail kept until mailq.PurgeMail removes it.
+    SELECT
+        q.Status,
+        q.AccountName,
+        COUNT_BIG(*) AS MailCount
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)
+    WHERE q.Status IN (N'UnSent', N'Sending')
+    GROUP BY q.Status, q.AccountName
+    ORDER BY q.AccountName ASC, q.Status ASC;
+
+    SELECT
+        q.AccountName,
+        MIN(q.VisibleAtUtc) AS OldestDueUtc,
+        DATEDIFF_BIG(SECOND, MIN(q.VisibleAtUtc), @Now) AS OldestDueAgeSeconds,
+        COUNT_BIG(*) AS DueCount
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)
+    WHERE q.Status = N'UnSent' AND q.VisibleAtUtc <= @Now
+    GROUP BY q.AccountName
+    ORDER BY OldestDueAgeSeconds DESC;
+
+    -- IX_MailQueue_Final is filtered on the final statuses: the predicate
+    -- repeats them as literals so the filtered index always matches.
+    SELECT
+        DATEADD(HOUR, DATEDIFF(HOUR, '20000101', q.DateProcessed), CAST('20000101' AS DATETIME2(0))) AS HourUtc,
+        q.AccountName,
+        SUM(IIF(q.Status = N'Sent', 1, 0)) AS Sent,
+        SUM(IIF(q.Status = N'Failed', 1, 0)) AS Failed,
+        SUM(IIF(q.Status = N'Expired', 1, 0)) AS Expired,
+        SUM(IIF(q.Status = N'Cancelled', 1, 0)) AS Cancelled,
+        SUM(IIF(q.Status = N'Stopped', 1, 0)) AS Stopped
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Final), FORCESEEK)
+    WHERE
+        q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
+        AND q.DateProcessed >= @FinishedSince
+    GROUP BY
+        DATEADD(HOUR, DATEDIFF(HOUR, '20000101', q.DateProcessed), CAST('20000101' AS DATETIME2(0))),
+        q.AccountName
+    ORDER BY HourUtc DESC, q.AccountName ASC;
+
+    -- Newest first, stopped after @RecentFailures rows: a backward range
+    -- seek on EndedAtUtc (Outcome is an included column), a key lookup for
+    -- ErrorText of the rows kept, one PK_MailQueue seek per row kept.
+    SELECT TOP (@RecentFailures)
+        t.MailID AS ID,
+        t.AttemptNo,
+        q.AccountName,
+        q.Status,
+        t.Outcome,
+        t.SmtpCode,
+        t.ErrorText AS LastError,
+        t.EndedAtUtc AS DateProcessed
+    FROM mailq.MailAttempt AS t WITH (INDEX (IX_MailAttempt_EndedAtUtc), FORCESEEK)
+    INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID))) ON t.MailID = q.ID
+    WHERE
+        t.EndedAtUtc IS NOT NULL
+        AND t.EndedAtUtc >= @FailuresSince
+        AND t.Outcome IN (N'Retry', N'Wait', N'Stop', N'Abandoned')
+    ORDER BY t.EndedAtUtc DESC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RecordRecipientOutcomes: records, for one mail the worker holds, which
+recipients the SMTP server accepted (Delivered), refused for now (Deferred,
+4xx) or refused for good (Refused, 5xx).  Fenced by the lease token through
+mailq.LockLeasedMail: a worker whose lease was reclaimed writes nothing.
+The worker calls it right after the server's final reply, before MarkSent
+(no recipient deferred) or MarkFailed 'Retry' (some deferred): the next
+attempt then sends only to the recipients that are neither Delivered nor
+Refused (mailq.GetRecipientOutcomes), so nobody gets the mail twice.
+Parameters:  @ID BIGINT, required: the mail; @LockToken UNIQUEIDENTIFIER,
+             required; @Outcomes NVARCHAR(MAX), required: a JSON array of
+             1-1000 objects {"address": "a@example.com", "outcome":
+             "Delivered"|"Deferred"|"Refused", "code": 200-599 or null,
+             "text": the server's reply, cut to 1000 characters}.
+Result set:  none.
+Errors:      50180 @ID missing; 50181 @Outcomes is not a JSON array of 1-1000
+             objects with an address of 1-320 characters; 50182 an outcome is
+             not Delivered, Deferred or Refused; 50183 a code is not 200-599;
+             50184 an address appears twice; 50131, 50201, 50202, 50203 (see
+             mailq.LockLeasedMail).  On any error nothing is written.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   sets READ COMMITTED itself (a SERIALIZABLE caller's level would
+             make the NOT EXISTS take key-range locks); the mail row's UPDLOCK
+             (LockLeasedMail), held to the end of the transaction, serializes
+             every writer of this mail's recipients, so update-then-insert
+             cannot race.  Under
+             READ_COMMITTED_SNAPSHOT the NOT EXISTS read sees versions as of
+             its statement's start, which comes after the lock was granted,
+             so after any earlier writer of this mail committed.
+Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
+Example:     EXEC mailq.RecordRecipientOutcomes @ID = 101, @LockToken = @T,
+                 @Outcomes = N'[{"address":"a@example.com","outcome":"Delivered","code":250}]';
+*/
+CREATE OR ALTER PROCEDURE mailq.RecordRecipientOutcomes
+    @ID BIGINT,
+    @LockToken UNIQUEIDENTIFIER,
+    @Outcomes NVARCHAR(MAX)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ID IS NULL
+        THROW 50180, N'@ID is required: the mail whose recipients are recorded.', 1;
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: the token the mail was claimed with.', 1;
+    -- ISJSON, OPENJSON and JSON_VALUE in separate statements: an OR does not
+    -- evaluate its operands in a guaranteed order, so OPENJSON or JSON_VALUE
+    -- could meet text that is not JSON and raise error 13609 instead of 50181.
+    DECLARE @OutcomesOk BIT = 1;
+    IF @Outcomes IS NULL OR ISJSON(@Outcomes) = 0 OR LEFT(LTRIM(@Outcomes), 1) <> N'['
+        SET @OutcomesOk = 0;
+    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@Outcomes)) NOT BETWEEN 1 AND 1000
+        SET @OutcomesOk = 0;
+    ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@Outcomes) AS j WHERE j.[type] <> 5)
+        SET @OutcomesOk = 0;
+    -- Every element is an object now, so JSON_VALUE reads valid JSON (lax: a
+    -- missing or over-long address is NULL, and refused).
+    ELSE IF EXISTS (
+        SELECT 1
+        FROM OPENJSON(@Outcomes) AS j
+        WHERE ISNULL(LEN(JSON_VALUE(j.[value], N'$.address')), 0) NOT BETWEEN 1 AND 320
+    )
+        SET @OutcomesOk = 0;
+    IF @OutcomesOk = 0
+        THROW 50181,
+            N'@Outcomes must be a JSON array of 1-1000 objects, each with an "address" of 1-320 characters.',
+            1;
+
+    DECLARE @Rows TABLE (
+        Address NVARCHAR(320) NOT NULL,
+        Outcome NVARCHAR(16) NULL,
+        SmtpCode INT NULL,
+        SmtpCodeText NVARCHAR(20) NULL,
+        SmtpText NVARCHAR(1000) NULL
+    );
+    -- lax JSON_VALUE: a missing "code" or "text" is NULL (so is a text over
+    -- 4000 characters; the worker sends at most 1000)
+    INSERT INTO @Rows (Address, Outcome, SmtpCode, SmtpCodeText, SmtpText)
+    SELECT
+        LOWER(JSON_VALUE(j.[value], N'$.address')),
+        JSON_VALUE(j.[value], N'$.outcome'),
+        TRY_CAST(JSON_VALUE(j.[value], N'$.code') AS INT),
+        LEFT(JSON_VALUE(j.[value], N'$.code'), 20),
+        LEFT(JSON_VALUE(j.[value], N'$.text'), 1000)
+    FROM OPENJSON(@Outcomes) AS j;
+
+    SELECT TOP (1) @Msg = CONCAT(N'@Outcomes: the outcome of ', r.Address, N' is ',
+        COALESCE(N'"' + r.Outcome + N'"', N'missing'), N'; it must be Delivered, Deferred or Refused.')
+    FROM @Rows AS r
+    WHERE r.Outcome IS NULL OR r.Outcome NOT IN (N'Delivered', N'Deferred', N'Refused')
+    ORDER BY r.Address;
+    IF @Msg IS NOT NULL THROW 50182, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(N'@Outcomes: the code of ', r.Address, N' is ', r.SmtpCodeText,
+        N'; it must be an SMTP reply code 200-599 or null.')
+    FROM @Rows AS r
+    WHERE r.SmtpCodeText IS NOT NULL AND (r.SmtpCode IS NULL OR r.SmtpCode NOT BETWEEN 200 AND 599)
+    ORDER BY r.Address;
+    IF @Msg IS NOT NULL THROW 50183, @Msg, 1;
+
+    SELECT TOP (1) @Msg = CONCAT(
+        N'@Outcomes names ', r.Address, N' more than once (addresses compare case-insensitively).'
+    )
+    FROM @Rows AS r
+    GROUP BY r.Address
+    HAVING COUNT(*) > 1
+    ORDER BY r.Address;
+    IF @Msg IS NOT NULL THROW 50184, @Msg, 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @AttemptNo INT;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- the fence: the mail exists, is Sending and is leased under @LockToken;
+        -- its row stays UPDLOCKed until this transaction ends
+        EXEC mailq.LockLeasedMail @ID = @ID, @LockToken = @LockToken;
+
+        SELECT @AttemptNo = q.AttemptCount
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID;
+
+        -- a Delivered or Refused recipient is final: a later attempt never changes it
+        UPDATE o
+        SET
+            o.Outcome = r.Outcome,
+            o.SmtpCode = r.SmtpCode,
+            o.SmtpText = r.SmtpText,
+            o.AttemptNo = @AttemptNo,
+            o.UpdatedAtUtc = @Now
+        FROM mailq.MailRecipientOutcome AS o
+        INNER JOIN @Rows AS r ON o.Address = r.Address
+        WHERE o.MailID = @ID AND o.Outcome = N'Deferred';
+
+        INSERT INTO mailq.MailRecipientOutcome (MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc)
+        SELECT
+            @ID,
+            r.Address,
+            r.Outcome,
+            r.SmtpCode,
+            r.SmtpText,
+            @AttemptNo,
+            @Now
+        FROM @Rows AS r
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.MailRecipientOutcome AS o
+            WHERE o.MailID = @ID AND o.Address = r.Address
+        );
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetRecipientOutcomes: the recorded recipient outcomes of mails a worker
+holds (mailq.RecordRecipientOutcomes), so a new attempt skips the recipients
+that are Delivered or Refused.  The worker calls it once per claimed batch,
+for the mails claimed before (AttemptNo > 1).  Mails not leased under
+@LockToken are left out (no error: the worker finds out at its next fenced
+call).
+Parameters:  @IDList NVARCHAR(MAX), required: a JSON array of 1-1000 mail IDs;
+             @LockToken UNIQUEIDENTIFIER, required.
+Result set:  one row per recorded recipient: MailID, Address, Outcome,
+             SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc.
+Errors:      50131 @LockToken missing; 50185 @IDList is not a JSON array of
+             1-1000 integers.
+Transaction: reads only; none of its own.
+Isolation:   sets READ COMMITTED itself (no shared or range lock kept for a
+             REPEATABLE READ or SERIALIZABLE caller); the rows read belong to
+             mails this token holds, which only this worker writes.
+Lock order:  mailq.MailQueue, then mailq.MailRecipientOutcome (shared, row by row).
+Example:     EXEC mailq.GetRecipientOutcomes @IDList = N'[101,102]', @LockToken = @T;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetRecipientOutcomes
+    @IDList NVARCHAR(MAX),
+    @LockToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
+
+    IF @LockToken IS NULL
+        THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
+    -- ISJSON and OPENJSON in separate statements: an OR does not evaluate its
+    -- operands in a guaranteed order, so OPENJSON could meet text that is not
+    -- JSON and raise error 13609 instead of 50185.
+    DECLARE @IDListOk BIT = 1;
+    IF @IDList IS NULL OR ISJSON(@IDList) = 0 OR LEFT(LTRIM(@IDList), 1) <> N'['
+        SET @IDListOk = 0;
+    ELSE IF EXISTS (
+        SELECT 1
+        FROM OPENJSON(@IDList) AS j
+        WHERE j.[type] <> 2 OR TRY_CAST(j.[value] AS BIGINT) IS NULL
+    )
+        SET @IDListOk = 0;
+    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@IDList)) NOT BETWEEN 1 AND 1000
+        SET @IDListOk = 0;
+    IF @IDListOk = 0
+        THROW 50185, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
+
+    SELECT
+        o.MailID,
+        o.Address,
+        o.Outcome,
+        o.SmtpCode,
+        o.SmtpText,
+        o.AttemptNo,
+        o.UpdatedAtUtc
+    FROM mailq.ParseIDList(NULL, @IDList) AS l
+    INNER JOIN mailq.MailQueue AS q ON l.ID = q.ID
+    INNER JOIN mailq.MailRecipientOutcome AS o ON q.ID = o.MailID
+    WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
+    ORDER BY o.MailID, o.Address;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetMailEvents: reads the event stream (mailq.MailEvent) after a
+cursor, in EventID order, in bounded batches: one application's events
+(@AppName) or one mail's (@MailID).  The caller keeps the last EventID it
+processed and passes it back as @AfterEventID.  Commit-safe: only events
+below MIN_ACTIVE_ROWVERSION() are returned, so no event can appear later
+below a cursor already given; an open transaction that wrote a rowversion
+value anywhere in the database holds every reader back until it ends
+(mailq.GetEventStreamStall names it; docs/events.md).
+Parameters:  @AppName NVARCHAR(128) or @MailID BIGINT: exactly one;
+             @AfterEventID BIGINT >= 0, default 0 (from the start);
+             @MaxEvents INT 1-5000, default 500.
+Result set:  up to @MaxEvents rows in EventID order: EventID BIGINT, MailID
+             BIGINT, AppName NVARCHAR(128), EventType NVARCHAR(32), Status
+             NVARCHAR(16), AttemptCount INT, SmtpCode INT, Detail
+             NVARCHAR(4000), OccurredAtUtc DATETIME2(3).  Fewer rows than
+             @MaxEvents: the caller is up to date (for now).
+Errors:      50170 neither or both of @AppName / @MailID; 50171 @AfterEventID
+             NULL or negative; 50172 @MaxEvents out of range; 50173 the calling
+             database user is mapped to another application than @AppName.
+Access:      a user mapped to an application (mailq.ApplicationPrincipal) reads
+             only that application's events; other callers read every one.
+Transaction: opens none and writes nothing.
+Isolation:   sets READ COMMITTED; the bound is read first, the rows then with
+             READCOMMITTEDLOCK (no RCSI snapshot older than the bound).
+Lock order:  mailq.MailEvent only (shared, row by row).  A mailq.PurgeMail batch
+             deleting the events read can make the reader wait or its deadlock
+             victim (1205): call again with the same cursor.
+Example:     EXEC mailq.GetMailEvents @AppName = N'billing', @AfterEventID = 41230, @MaxEvents = 500;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetMailEvents
+    @AppName NVARCHAR(128) = NULL,
+    @MailID BIGINT = NULL,
+    @AfterEventID BIGINT = 0,
+    @MaxEvents INT = 500
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF (@AppName IS NULL AND @MailID IS NULL) OR (@AppName IS NOT NULL AND @MailID IS NOT NULL)
+        THROW 50170, N'Pass exactly one of @AppName and @MailID.', 1;
+    IF @AfterEventID IS NULL OR @AfterEventID < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@AfterEventID must be 0 or an EventID already read; got ',
+            COALESCE(CAST(@AfterEventID AS NVARCHAR(24)), N'NULL'), N'.'
+        );
+        THROW 50171, @Msg, 1;
+    END;
+    SET @MaxEvents = COALESCE(@MaxEvents, 500);
+    IF @MaxEvents NOT BETWEEN 1 AND 5000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxEvents must be 1-5000; got ', @MaxEvents, N'.');
+        THROW 50172, @Msg, 1;
+    END;
+
+    -- A user mapped to an application reads that application only.
+    DECLARE @PrincipalApp NVARCHAR(128) = (
+        SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
+    );
+    IF @PrincipalApp IS NOT NULL AND @AppName IS NOT NULL AND @AppName <> @PrincipalApp
+    BEGIN
+        SET @Msg = CONCAT(
+            N'Database user ', QUOTENAME(USER_NAME()), N' reads the events of application ''', @PrincipalApp,
+            N''' only; got @AppName ''', @AppName, N'''.'
+        );
+        THROW 50173, @Msg, 1;
+    END;
+
+    -- BIGINT -> BINARY(8) is big-endian, the order rowversion values compare in.
+    DECLARE @After BINARY(8) = CAST(@AfterEventID AS BINARY(8));
+    -- The bound first, in its own statement (see the header).
+    DECLARE @Upper BINARY(8) = MIN_ACTIVE_ROWVERSION();
+
+    IF @AppName IS NOT NULL
+        SELECT TOP (@MaxEvents)
+            CAST(e.EventSeq AS BIGINT) AS EventID,
+            e.MailID,
+            e.AppName,
+            e.EventType,
+            e.Status,
+            e.AttemptCount,
+            e.SmtpCode,
+            e.Detail,
+            e.OccurredAtUtc
+        -- FORCESEEK on the (AppName, EventSeq) range; READCOMMITTEDLOCK: see the header.
+        FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
+        WHERE e.AppName = @AppName AND e.EventSeq > @After AND e.EventSeq < @Upper
+        ORDER BY e.EventSeq ASC;
+    ELSE
+        SELECT TOP (@MaxEvents)
+            CAST(e.EventSeq AS BIGINT) AS EventID,
+            e.MailID,
+            e.AppName,
+            e.EventType,
+            e.Status,
+            e.AttemptCount,
+            e.SmtpCode,
+            e.Detail,
+            e.OccurredAtUtc
+        -- FORCESEEK on the (MailID, EventSeq) range; READCOMMITTEDLOCK: see the header.
+        FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_MailID), FORCESEEK, READCOMMITTEDLOCK)
+        WHERE
+            e.MailID = @MailID AND e.EventSeq > @After AND e.EventSeq < @Upper
+            AND (@PrincipalApp IS NULL OR e.AppName = @PrincipalApp)
+        ORDER BY e.EventSeq ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetEventStreamStall: is the event stream (mailq.GetMailEvents) and the
+hook dispatcher held back now, and by which open transactions?  Both return
+only events below MIN_ACTIVE_ROWVERSION(): an open transaction that wrote a
+rowversion value in ANY table of this database holds back every reader until
+it ends (docs/events.md, "When the stream stalls").
+Parameters:  @MinOpenSeconds INT 0-86400, default 0: list only transactions
+             open at least this long.
+Result sets: 1. one row: HeldBack BIT (MIN_ACTIVE_ROWVERSION() < @@DBTS + 1),
+                MinActiveRowversion BIGINT, NextRowversion BIGINT (@@DBTS + 1),
+                CanSeeTransactions BIT, Permission NVARCHAR(200) (what the caller
+                needs to see them), OldestOpenSeconds INT (NULL: none listed)
+             2. (filled when HeldBack = 1 and CanSeeTransactions = 1) this
+                database's open read/write transactions that have written,
+                oldest first (the holder is among them, most often the
+                oldest): SessionID (NULL: no session, e.g. an in-doubt MSDTC
+                transaction), TransactionID, TransactionName, OpenSinceUtc,
+                OpenSeconds, State, SessionStatus, ProgramName, HostName,
+                LoginName, LogRecords
+Permission:  EXECUTE (MailqAdmin, MailqEnqueuer); the transactions are read
+             from sys.dm_tran_database_transactions, _active_transactions,
+             _session_transactions and sys.dm_exec_sessions with the CALLER's
+             rights: VIEW SERVER STATE (2022 and later: VIEW SERVER PERFORMANCE
+             STATE suffices; Azure SQL Database: VIEW DATABASE STATE).  Without
+             it result set 2 stays empty (checked first: never error 297/300).
+Errors:      50521 @MinOpenSeconds out of range.
+Transaction: reads only; opens none.
+Isolation:   sets READ COMMITTED; reads no table, only DMVs (no locks).
+Lock order:  none.
+Example:     EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetEventStreamStall
+    @MinOpenSeconds INT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @MinOpenSeconds = COALESCE(@MinOpenSeconds, 0);
+    IF @MinOpenSeconds NOT BETWEEN 0 AND 86400
+    BEGIN
+        SET @Msg = CONCAT(N'@MinOpenSeconds must be 0-86400 (a day); got ', @MinOpenSeconds, N'.');
+        THROW 50521, @Msg, 1;
+    END;
+
+    -- @@DBTS first: a transaction that writes between the two reads then
+    -- cannot make an idle stream look held back.
+    DECLARE @Next BIGINT = CAST(@@DBTS AS BIGINT) + 1;
+    DECLARE @MinActive BIGINT = CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT);
+    DECLARE @HeldBack BIT = IIF(@MinActive < @Next, 1, 0);
+
+    -- The DMVs check the caller's permission (this procedure adds none).
+    -- HAS_PERMS_BY_NAME returns NULL, not an error, for a permission name the
+    -- server does not know (VIEW SERVER PERFORMANCE STATE before 2022).
+    DECLARE @Azure BIT = IIF(CAST(SERVERPROPERTY('EngineEdition') AS INT) = 5, 1, 0);
+    DECLARE @Permission NVARCHAR(200) = IIF(
+        @Azure = 1,
+        N'VIEW DATABASE STATE',
+        N'VIEW SERVER STATE (SQL Server 2022 and later: VIEW SERVER PERFORMANCE STATE)'
+    );
+    DECLARE @CanSee BIT = 0;
+    IF @Azure = 1 AND HAS_PERMS_BY_NAME(DB_NAME(), N'DATABASE', N'VIEW DATABASE STATE') = 1
+        SET @CanSee = 1;
+    IF
+        @Azure = 0
+        AND (
+            HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE') = 1
+            OR COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER PERFORMANCE STATE'), 0) = 1
+        )
+        SET @CanSee = 1;
+
+    DECLARE @Holder TABLE (
+        SessionID INT NULL,
+        TransactionID BIGINT NOT NULL PRIMARY KEY,
+        TransactionName NVARCHAR(32) NULL,
+        OpenSinceUtc DATETIME2(0) NULL,
+        OpenSeconds INT NULL,
+        State NVARCHAR(40) NOT NULL,
+        SessionStatus NVARCHAR(30) NULL,
+        ProgramName NVARCHAR(128) NULL,
+        HostName NVARCHAR(128) NULL,
+        LoginName NVARCHAR(128) NULL,
+        LogRecords BIGINT NULL
+    );
+
+    IF @HeldBack = 1 AND @CanSee = 1
+    BEGIN
+        -- The DMVs report the server's local time (datetime): durations are
+        -- taken against SYSDATETIME(), the same clock, and the start is then
+        -- shown in UTC.
+        DECLARE @LocalNow DATETIME2(3) = SYSDATETIME();
+        DECLARE @UtcNow DATETIME2(3) = SYSUTCDATETIME();
+        INSERT INTO @Holder (
+            SessionID, TransactionID, TransactionName, OpenSinceUtc, OpenSeconds, State,
+            SessionStatus, ProgramName, HostName, LoginName, LogRecords
+        )
+        SELECT
+            st.session_id,
+            dt.transaction_id,
+            tx.name,
+            DATEADD(SECOND, -DATEDIFF(SECOND, tx.transaction_begin_time, @LocalNow), @UtcNow),
+            DATEDIFF(SECOND, tx.transaction_begin_time, @LocalNow),
+            CASE
+                WHEN tx.transaction_state = 5 THEN N'prepared, waiting for MSDTC (in doubt)'
+                WHEN tx.transaction_state IN (7, 8) THEN N'rolling back'
+                WHEN tx.transaction_type = 4 THEN N'distributed, active'
+                ELSE N'active'
+            END,
+            s.status,
+            s.program_name,
+            s.host_name,
+            s.login_name,
+            dt.database_transaction_log_record_count
+        FROM sys.dm_tran_database_transactions AS dt
+        LEFT JOIN sys.dm_tran_active_transactions AS tx ON dt.transaction_id = tx.transaction_id
+        -- One session per transaction (bound sessions could list several).
+        OUTER APPLY (
+            SELECT TOP (1) x.session_id
+            FROM sys.dm_tran_session_transactions AS x
+            WHERE x.transaction_id = dt.transaction_id
+            ORDER BY x.session_id ASC
+        ) AS st
+        LEFT JOIN sys.dm_exec_sessions AS s ON st.session_id = s.session_id
+        WHERE
+            dt.database_id = DB_ID()
+            AND dt.database_transaction_type = 1           -- read/write (not system, not read-only)
+            AND dt.database_transaction_state IN (4, 5)    -- has written (log records), or prepared
+            AND COALESCE(DATEDIFF(SECOND, tx.transaction_begin_time, @LocalNow), 0) >= @MinOpenSeconds;
+    END;
+
+    SELECT
+        @HeldBack AS HeldBack,
+        @MinActive AS MinActiveRowversion,
+        @Next AS NextRowversion,
+        @CanSee AS CanSeeTransactions,
+        @Permission AS Permission,
+        (SELECT MAX(h.OpenSeconds) FROM @Holder AS h) AS OldestOpenSeconds;
+
+    SELECT
+        h.SessionID,
+        h.TransactionID,
+        h.TransactionName,
+        h.OpenSinceUtc,
+        h.OpenSeconds,
+        h.State,
+        h.SessionStatus,
+        h.ProgramName,
+        h.HostName,
+        h.LoginName,
+        h.LogRecords
+    FROM @Holder AS h
+    ORDER BY h.OpenSeconds DESC, h.TransactionID ASC;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants on mailq.GetEventStreamStall: whoever reads the event stream
+(MailqEnqueuer, MailqAdmin) may ask what holds it back.  The procedure reads
+the transaction DMVs with the caller's own rights, so the grant shows open
+transactions only to a caller who already holds VIEW SERVER STATE (or VIEW
+DATABASE STATE on Azure SQL Database).
+*/
+GRANT EXECUTE ON OBJECT::mailq.GetEventStreamStall TO MailqEnqueuer;
+GRANT EXECUTE ON OBJECT::mailq.GetEventStreamStall TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
 DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0018') AND FilePath IN (
     N'upgrades/mailq.0018.LockEscalation.sql',
-    N'procedures/mailq.EnqueueMailBatch.sql');
+    N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql',
+    N'procedures/mailq.LockLeasedMail.sql',
+    N'procedures/mailq.EnqueueMailBatch.sql',
+    N'procedures/mailq.ClaimMail.sql',
+    N'procedures/mailq.FinalizeMail.sql',
+    N'procedures/mailq.ExtendLease.sql',
+    N'procedures/mailq.PurgeMail.sql',
+    N'procedures/mailq.GetQueueStats.sql',
+    N'procedures/mailq.RecordRecipientOutcomes.sql',
+    N'procedures/mailq.GetRecipientOutcomes.sql',
+    N'procedures/mailq.GetMailEvents.sql',
+    N'procedures/mailq.GetEventStreamStall.sql',
+    N'security/MailqEnqueuer.eventstall.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'upgrades/mailq.0018.LockEscalation.sql', '39b4f187c4fed16b67e5910657cb48ca55f61ddc3cb04640705d508f7f07fc10'),
-    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b');
+    ('0018', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql', 'cd0811f52a27d274ad027c1b58ef1e295b8a4a1711550aa4105e3516c5532711'),
+    ('0018', N'procedures/mailq.LockLeasedMail.sql', '90e1691558269c27b5821702135d52aa17bffa689a1b635c76831490c3908038'),
+    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b'),
+    ('0018', N'procedures/mailq.ClaimMail.sql', '585af23ea2affd6742c9503824f7390d9c0e1fb18ded4ac23a6559440c2cd70e'),
+    ('0018', N'procedures/mailq.FinalizeMail.sql', '35dac204fbb7564671ef93743cb9276c8214071e130f302d96d41c6cf8498fa8'),
+    ('0018', N'procedures/mailq.ExtendLease.sql', 'f904b562528d3305fb4df10fafac648e56c05ada67afa61cafba7b4e20c491aa'),
+    ('0018', N'procedures/mailq.PurgeMail.sql', '4292a61c22b8242644c330c576b7096a54c587b2b40c5ba0c8f2b43e3db9c4d0'),
+    ('0018', N'procedures/mailq.GetQueueStats.sql', '8e2031feb041c242e647c8051274adce720666971dac0488c6396f44716757e9'),
+    ('0018', N'procedures/mailq.RecordRecipientOutcomes.sql', 'b0a4ea876ac437118415df4980ae426d6c7a7cbeccd640d3d2f79af8175f2f3e'),
+    ('0018', N'procedures/mailq.GetRecipientOutcomes.sql', '9d6440087de1500f6688d698c4098d940458eab0b4f063aa03ac5642f219e41d'),
+    ('0018', N'procedures/mailq.GetMailEvents.sql', '510007bc2ebeae4cdd380512352e13982fb146482cfb7a5e8d82c3322696069e'),
+    ('0018', N'procedures/mailq.GetEventStreamStall.sql', '635374a8d2c2b93350cce00be98ee8fa7ea5c588aaa0973e90004f38db9015aa'),
+    ('0018', N'security/MailqEnqueuer.eventstall.grants.sql', 'a7e819800bf26dd821739517e854d07da0c3cc016233fe6f0bc2eeed5fb18279');
 
 GO
 

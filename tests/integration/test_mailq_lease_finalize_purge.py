@@ -13,6 +13,9 @@ SQL Server 2022 (docs/claim.md, docs/finalization.md, docs/guarantees.md).
   Clustered Index Seeks (actual plan), and a purge completes under
   SET LOCK_TIMEOUT while another session holds an X lock on a live mail's
   attempt row (a scan would wait for it: error 1222).
+* RecordRecipientOutcomes and GetRecipientOutcomes set READ COMMITTED
+  themselves: called inside a SERIALIZABLE transaction, they leave no
+  key-range lock on mailq.MailRecipientOutcome.
 """
 
 from __future__ import annotations
@@ -225,3 +228,25 @@ def test_purge_never_waits_on_a_live_mails_attempt(mssql_url, conn):
             cursor.execute("IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;")
             cursor.close()
     procedures.release_mail(conn, ids=[live.id], lock_token=token)
+
+
+# -- L6: the recipient procedures set READ COMMITTED themselves ---------------------
+
+
+def test_recipient_procedures_take_no_range_locks_under_a_serializable_caller(conn):
+    app, account = new_app(conn, "rcser"), new_account(conn, "rcser")
+    enqueue(conn, account, app, 1, cc="c@example.com")
+    token, (mail,) = claim(conn, app, batch_size=1)
+    ranges = ("SELECT COUNT(*) FROM sys.dm_tran_locks WHERE request_session_id = @@SPID "
+              "AND resource_database_id = DB_ID() AND request_mode LIKE N'Range%';")
+    cursor = conn.cursor()
+    cursor.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; BEGIN TRANSACTION;")
+    try:
+        procedures.record_recipient_outcomes(conn, mail_id=mail.id, lock_token=token, outcomes=[
+            {"address": "c@example.com", "outcome": "Refused", "code": 550}])
+        procedures.get_recipient_outcomes(conn, ids=[mail.id], lock_token=token)
+        assert scalar(conn, ranges) == 0, "a key-range lock is kept: the caller's SERIALIZABLE level applied"
+    finally:
+        cursor.execute("IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; SET TRANSACTION ISOLATION LEVEL READ COMMITTED;")
+        cursor.close()
+    procedures.release_mail(conn, ids=[mail.id], lock_token=token)

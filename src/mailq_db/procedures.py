@@ -119,23 +119,9 @@ class ClaimedMail:
     #: it as DryRun whatever the worker reports).
     run_mode: str = "prod"
     dry_run: bool = False
-    #: Whole seconds of lease left by the SERVER's clock when ClaimMail returned
-    #: the row (LeaseSecondsRemaining, rounded down).  Count it down on this
-    #: machine's monotonic clock from the moment the reply arrived; never
-    #: compare lease_expires_utc with this machine's wall clock (its clock may
-    #: be off).  None from a database whose ClaimMail does not return it: the
-    #: lease_seconds asked for, counted from when the claim was sent, is then
-    #: the safe bound.
+    #: the seconds of lease the database granted, by its own clock (ClaimMail's
+    #: LeaseSecondsRemaining); None from a database that does not report it
     lease_seconds_remaining: int | None = None
-
-
-@dataclass(frozen=True)
-class LeaseExtension:
-    """One row of mailq.ExtendLease: the new expiry (server time) and the whole
-    seconds left by the server's clock as the row was returned (floor)."""
-
-    lease_expires_utc: datetime
-    lease_seconds_remaining: int
 
 
 @dataclass(frozen=True)
@@ -346,11 +332,11 @@ def claim_mail(
             dt_stamp=r.dtStamp,
             run_mode=getattr(r, "RunMode", None) or "prod",
             dry_run=bool(getattr(r, "DryRun", False)),
+            lease_seconds_remaining=_int_or_none(getattr(r, "LeaseSecondsRemaining", None)),
             # revision 0016 (absent from a database below it)
             template_name=getattr(r, "TemplateName", None),
             template_version=_int_or_none(getattr(r, "TemplateVersion", None)),
             template_model=getattr(r, "TemplateModel", None),
-            lease_seconds_remaining=_int_or_none(getattr(r, "LeaseSecondsRemaining", None)),
         )
     if _next(cursor):
         for r in _rows(cursor):
@@ -379,13 +365,22 @@ def _int_or_none(value: Any) -> int | None:
 EXTEND_SQL = "EXEC mailq.ExtendLease @IDList = ?, @LockToken = ?, @LeaseSeconds = ?;"
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A lease as mailq.ExtendLease reports it."""
+
+    expires_utc: datetime  # by the database's clock
+    #: LeaseSecondsRemaining, by the database's clock; None when not reported
+    seconds_remaining: int | None = None
+
+
 def extend_lease(
     conn: Any, *, ids: Iterable[int], lock_token: uuid.UUID | str, lease_seconds: int
-) -> dict[int, LeaseExtension]:
-    """mailq.ExtendLease: push the lease of mails this worker holds; returns, per
-    mail, the new expiry and the seconds left by the server's clock."""
+) -> dict[int, Lease]:
+    """mailq.ExtendLease: push the lease of mails this worker holds; returns the new leases."""
     cursor = _call(conn, EXTEND_SQL, [id_list(ids), _token(lock_token), lease_seconds])
-    return {int(r.ID): LeaseExtension(r.LeaseExpiresUtc, int(r.LeaseSecondsRemaining)) for r in _rows(cursor)}
+    return {int(r[0]): Lease(r[1], _int_or_none(getattr(r, "LeaseSecondsRemaining", None)))
+            for r in _rows(cursor)}
 
 
 RELEASE_SQL = "EXEC mailq.ReleaseMail @IDList = ?, @LockToken = ?;"

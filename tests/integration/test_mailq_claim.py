@@ -150,9 +150,9 @@ def test_extend_lease_moves_the_lease(conn, account):
     new = procedures.extend_lease(conn, ids=[mail.mail_id], lock_token=token, lease_seconds=600)
     t1 = server_now(conn)
     assert set(new) == {mail.mail_id}
-    expires = new[mail.mail_id].lease_expires_utc
+    expires = new[mail.mail_id].expires_utc
     assert t0 + timedelta(seconds=600) - TOLERANCE <= expires <= t1 + timedelta(seconds=600) + TOLERANCE
-    assert 598 <= new[mail.mail_id].lease_seconds_remaining <= 600
+    assert 598 <= new[mail.mail_id].seconds_remaining <= 600
     row = mail_row(conn, mail.mail_id)
     assert row["VisibleAtUtc"] == expires and row["Status"] == "Sending"
     assert row["AttemptCount"] == 1 and len(attempts(conn, mail.mail_id)) == 1

@@ -11,30 +11,17 @@ integration suite against SQL Server.
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
 from mailq_db.errors import LeaseLostError
-from mailq_db.procedures import (
-    AckResult,
-    ClaimedMail,
-    EnqueueResult,
-    EventStreamStall,
-    LeaseExtension,
-    QueueStats,
-)
+from mailq_db.procedures import AckResult, ClaimedMail, EnqueueResult, Lease, QueueStats
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-def seconds_left(lease_expires: datetime, now: datetime) -> int:
-    """LeaseSecondsRemaining as the procedures compute it: whole seconds, floor."""
-    return math.floor((lease_expires - now).total_seconds())
 
 
 class FakeConnection:
@@ -81,6 +68,7 @@ class Row:
     smtp_code: int | None = None
     smtp_text: str | None = None
     sent_by: str | None = None  # the token whose MarkSent made it Sent
+    possible_duplicate: bool = False  # set when a lease that ran out is reclaimed (ClaimMail)
     #: address (lower case) -> (outcome, code, text), like mailq.MailRecipientOutcome
     recipients: dict[str, tuple[str, int | None, str | None]] = field(default_factory=dict)
 
@@ -102,17 +90,20 @@ def make_mail(mail_id: int, **overrides: Any) -> ClaimedMail:
 class FakeQueue:
     """In-memory stand-in for mailq_db.procedures (thread-safe)."""
 
-    def __init__(self, mails: Iterable[ClaimedMail] = (), *, lease_override_seconds: float | None = None):
+    def __init__(self, mails: Iterable[ClaimedMail] = (), *, lease_override_seconds: float | None = None,
+                 report_seconds_remaining: bool = True):
         self.lock = threading.RLock()
         self.rows: dict[int, Row] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.blocked_until: dict[str, datetime] = {}
         self.lease_override_seconds = lease_override_seconds
+        #: ClaimMail/ExtendLease report LeaseSecondsRemaining (False: a database that does not)
+        self.report_seconds_remaining = report_seconds_remaining
         self.extend_fails = False
         self.drops: dict[str, list[bool]] = {}  # procedure -> [committed?] of calls to drop
         self.stats = QueueStats([], [], [], [])
-        #: what mailq.GetEventStreamStall answers (default: nothing held back)
-        self.stall = EventStreamStall(False, 1001, 1001, True, "VIEW SERVER STATE", None, [])
+        #: what mailq.GetEventStreamStall answers (None: nothing held back)
+        self.stall: Any = None
         self.health: list[dict[str, Any]] = []
         #: applications in dry-run (mailq.Application.DryRun, revision 0015)
         self.dry_run_apps: set[str] = set()
@@ -196,6 +187,8 @@ class FakeQueue:
             lease = self.lease_override_seconds if self.lease_override_seconds is not None else lease_seconds
             out = []
             for r in due[:batch_size]:
+                if r.status == "Sending":  # a lease that ran out: ClaimMail flags a possible duplicate
+                    r.possible_duplicate = True
                 r.status, r.token = "Sending", str(lock_token)
                 r.lease_expires = now + timedelta(seconds=lease)
                 r.attempts_remaining -= 1
@@ -204,7 +197,8 @@ class FakeQueue:
                 out.append(replace(r.mail, lease_expires_utc=r.lease_expires, attempt_no=r.attempts,
                                    attempts_remaining=r.attempts_remaining,
                                    attachments=list(r.mail.attachments), dry_run=r.claimed_dry_run,
-                                   lease_seconds_remaining=seconds_left(r.lease_expires, now)))
+                                   possible_duplicate=r.possible_duplicate,
+                                   lease_seconds_remaining=int(lease) if self.report_seconds_remaining else None))
             return out
         return self._apply("claim_mail", dict(batch_size=batch_size, lock_token=lock_token,
                                               lease_seconds=lease_seconds, app_name=app_name,
@@ -253,20 +247,19 @@ class FakeQueue:
                                                smtp_code=smtp_code), run)
 
     def extend_lease(self, conn: Any, *, ids: Iterable[int], lock_token: Any,
-                     lease_seconds: int) -> dict[int, LeaseExtension]:
+                     lease_seconds: int) -> dict[int, Lease]:
         ids = list(ids)
 
-        def run() -> dict[int, LeaseExtension]:
+        def run() -> dict[int, Lease]:
             if self.extend_fails:
                 from mailq_db.errors import DatabaseError
                 raise DatabaseError(1205, "fake: deadlock victim")
-            out: dict[int, LeaseExtension] = {}
+            out = {}
             for i in ids:
                 r = self.rows.get(i)
                 if r and r.status == "Sending" and r.token == str(lock_token):
-                    now = utcnow()
-                    r.lease_expires = now + timedelta(seconds=lease_seconds)
-                    out[i] = LeaseExtension(r.lease_expires, seconds_left(r.lease_expires, now))
+                    r.lease_expires = utcnow() + timedelta(seconds=lease_seconds)
+                    out[i] = Lease(r.lease_expires, lease_seconds if self.report_seconds_remaining else None)
             return out
         return self._apply("extend_lease", dict(ids=ids, lock_token=lock_token,
                                                 lease_seconds=lease_seconds), run)
@@ -330,9 +323,12 @@ class FakeQueue:
         return self._apply("get_queue_stats", dict(recent_failures=recent_failures,
                                                    finished_hours=finished_hours), lambda: self.stats)
 
-    def get_event_stream_stall(self, conn: Any, *, min_open_seconds: int | None = None) -> EventStreamStall:
-        return self._apply("get_event_stream_stall", dict(min_open_seconds=min_open_seconds),
-                           lambda: self.stall)
+    def get_event_stream_stall(self, conn: Any, *, min_open_seconds: int | None = None) -> Any:
+        from mailq_db.procedures import EventStreamStall
+
+        def run() -> EventStreamStall:
+            return self.stall or EventStreamStall(False, 1001, 1001, True, "VIEW SERVER STATE", None, [])
+        return self._apply("get_event_stream_stall", dict(min_open_seconds=min_open_seconds), run)
 
     def get_installation_health(self, conn: Any) -> list[dict[str, Any]]:
         return self._apply("get_installation_health", {}, lambda: self.health)

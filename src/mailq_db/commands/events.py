@@ -11,7 +11,6 @@ from typing import Any, Callable, Iterator
 
 from .. import procedures
 from ..connection import connect
-from ..errors import DatabaseError
 
 HELP = """\
 Print the events of an application's mail (or of one mail) in order, from
@@ -111,7 +110,7 @@ class StallWatch:
     """Says on stderr, once per transaction, what holds the stream back while
     the reader is caught up: at most every ``every`` seconds.  Quiet when the
     stream flows; gives up quietly when the procedure cannot be called (not
-    deployed, not granted): the events are what this command is for."""
+    deployed, not granted, any error): the events are what this command is for."""
 
     def __init__(self, check: Callable[[], procedures.EventStreamStall], *, every: float,
                  out: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -131,7 +130,7 @@ class StallWatch:
         self.last_look = now
         try:
             stall = self.check()
-        except DatabaseError:
+        except Exception:  # noqa: BLE001 - the note is a courtesy: it never stops the stream
             self.off = True
             return
         if not stall.held_back:

@@ -617,8 +617,8 @@ class Worker:
         pending = {p.mail_id for p in self.pending}
         for i in ids:
             if i in new:
-                self.held[i].lease_expires_utc = new[i].lease_expires_utc
-                self.held[i].lease_seconds_remaining = new[i].lease_seconds_remaining
+                self.held[i].lease_expires_utc = new[i].expires_utc
+                self.held[i].lease_seconds_remaining = new[i].seconds_remaining
                 continue
             self.held.pop(i)
             self.metrics.inc("lease_lost")

@@ -26266,7 +26266,7 @@ BEGIN
             END;
         END;
 
-        -- 3. The claim: up to three passes, one UPDATE each (see the header).
+        -- 3. The claim: up to three passes, each a pick and one UPDATE (docs/claim.md).
         WHILE @Pass < 3 AND @Left > 0
         BEGIN
             SET @Pass += 1;
@@ -27808,7 +27808,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql', 'cd0811f52a27d274ad027c1b58ef1e295b8a4a1711550aa4105e3516c5532711'),
     ('0018', N'procedures/mailq.LockLeasedMail.sql', '90e1691558269c27b5821702135d52aa17bffa689a1b635c76831490c3908038'),
     ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b'),
-    ('0018', N'procedures/mailq.ClaimMail.sql', '585af23ea2affd6742c9503824f7390d9c0e1fb18ded4ac23a6559440c2cd70e'),
+    ('0018', N'procedures/mailq.ClaimMail.sql', 'b0c1c9e51e5adbd7903dbd7e95b61dcffb125a137a0c6f300be24bd298e4e769'),
     ('0018', N'procedures/mailq.FinalizeMail.sql', '35dac204fbb7564671ef93743cb9276c8214071e130f302d96d41c6cf8498fa8'),
     ('0018', N'procedures/mailq.ExtendLease.sql', 'f904b562528d3305fb4df10fafac648e56c05ada67afa61cafba7b4e20c491aa'),
     ('0018', N'procedures/mailq.PurgeMail.sql', '4292a61c22b8242644c330c576b7096a54c587b2b40c5ba0c8f2b43e3db9c4d0'),

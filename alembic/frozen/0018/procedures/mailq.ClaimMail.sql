@@ -327,7 +327,7 @@ BEGIN
             END;
         END;
 
-        -- 3. The claim: up to three passes, one UPDATE each (see the header).
+        -- 3. The claim: up to three passes, each a pick and one UPDATE (docs/claim.md).
         WHILE @Pass < 3 AND @Left > 0
         BEGIN
             SET @Pass += 1;

@@ -16,7 +16,9 @@ Transaction: runs inside the caller's only; an error dooms it (XACT_ABORT ON)
              and is re-raised unchanged.
 Isolation:   sets READ COMMITTED: UPDLOCK reads the latest committed row, and
              the MailAttempt read says READCOMMITTEDLOCK (never a version).
-Lock order:  mailq.MailQueue (clustered rows, in ID order), then mailq.MailAttempt.
+Lock order:  mailq.MailQueue (clustered rows, in the order the plan reads the
+             list, not sorted: overlapping lists under two tokens can deadlock,
+             1205), then mailq.MailAttempt.
 Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.LockLeasedMail

@@ -16,8 +16,10 @@ Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not
              On any error nothing is written.
 Transaction: its own if none is open, else the caller's; an error dooms either
              (XACT_ABORT ON) and is re-raised.
-Isolation:   the caller's; the mail row's UPDLOCK (LockLeasedMail) serializes
-             every writer of this mail's recipients, also under RCSI.
+Isolation:   sets READ COMMITTED itself (a SERIALIZABLE caller would make the
+             NOT EXISTS take key-range locks); the mail row's UPDLOCK
+             (LockLeasedMail) serializes every writer of this mail's recipients,
+             also under RCSI.
 Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
 Example:     EXEC mailq.RecordRecipientOutcomes @ID = 101, @LockToken = @T,
                  @Outcomes = N'[{"address":"a@example.com","outcome":"Delivered","code":250}]';
@@ -29,6 +31,7 @@ CREATE OR ALTER PROCEDURE mailq.RecordRecipientOutcomes
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
 
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL

@@ -133,6 +133,7 @@ _BLOCKS: list[tuple[range, type[DatabaseError]]] = [
     (range(50220, 50240), InvalidInputError),  # batch enqueue input (issue 16 point 6)
     (range(50240, 50243), InvalidInputError),  # run modes input (issue 16 point 3, revision 0015)
     (range(50290, 50299), InvalidInputError),  # hooks: registration and dispatcher input (issue 16 point 1)
+    (range(50520, 50540), InvalidInputError),  # queue reporting and event-stream stall input
     (range(50200, 50300), MailStateError),
     (range(50300, 50400), DelayExecutionError),
     (range(50400, 50500), DeploymentCheckError),

@@ -642,15 +642,17 @@ def unbind_application(conn: Any, *, app_name: str, account_name: str | None = N
     _call(conn, UNBIND_APPLICATION_SQL, [app_name, account_name, from_address, principal_name]).close()
 
 
-STATS_SQL = "EXEC mailq.GetQueueStats @RecentFailures = ?;"
+STATS_SQL = "EXEC mailq.GetQueueStats @RecentFailures = ?, @FinishedHours = ?;"
 
 
 @dataclass
 class QueueStats:
-    by_status: list[dict[str, Any]]
-    oldest_due: list[dict[str, Any]]
-    throughput: list[dict[str, Any]]
-    failures: list[dict[str, Any]]
+    """mailq.GetQueueStats' four result sets, each read by a bounded seek."""
+
+    queued: list[dict[str, Any]]             # Status (UnSent, Sending), AccountName, MailCount
+    oldest_due: list[dict[str, Any]]         # AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount
+    finished_per_hour: list[dict[str, Any]]  # HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped
+    failures: list[dict[str, Any]]           # the newest failed attempts of the last 7 days
 
 
 def _dicts(cursor: Any) -> list[dict[str, Any]]:
@@ -659,9 +661,11 @@ def _dicts(cursor: Any) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in rows]
 
 
-def get_queue_stats(conn: Any, *, recent_failures: int | None = None) -> QueueStats:
-    """mailq.GetQueueStats: the reporting views as four result sets."""
-    cursor = _call(conn, STATS_SQL, [recent_failures])
+def get_queue_stats(conn: Any, *, recent_failures: int | None = None,
+                    finished_hours: int | None = None) -> QueueStats:
+    """mailq.GetQueueStats: mail queued now, oldest due, mail finished per hour
+    over the last ``finished_hours`` (1-168, default 24), recent failures."""
+    cursor = _call(conn, STATS_SQL, [recent_failures, finished_hours])
     sets = [_dicts(cursor)]
     while _next(cursor):
         sets.append(_dicts(cursor))
@@ -689,6 +693,8 @@ class FinalizeResult:
     failed: int
     expired: int
     more_left: bool
+    #: another FinalizeMail held the finalizer lock: this call stopped there
+    busy: bool = False
 
 
 def finalize_mail(conn: Any, *, batch_size: int | None = None, max_batches: int | None = None) -> FinalizeResult:
@@ -697,7 +703,7 @@ def finalize_mail(conn: Any, *, batch_size: int | None = None, max_batches: int 
     rows = _rows(_call(conn, FINALIZE_SQL, [batch_size, max_batches]))
     if not rows:
         return FinalizeResult(0, 0, False)
-    return FinalizeResult(int(rows[0][0]), int(rows[0][1]), bool(rows[0][2]))
+    return FinalizeResult(int(rows[0][0]), int(rows[0][1]), bool(rows[0][2]), bool(rows[0][3]))
 
 
 # --------------------------------------------------------------------------
@@ -1026,6 +1032,79 @@ def get_mail_events(
         )
         for r in _rows(cursor)
     ]
+
+
+EVENT_STREAM_STALL_SQL = "EXEC mailq.GetEventStreamStall @MinOpenSeconds = ?;"
+
+
+@dataclass(frozen=True)
+class RowversionHolder:
+    """An open transaction of the database that has written (a candidate for
+    what holds the event stream back; the oldest is the usual one)."""
+
+    session_id: int | None  # None: no session (e.g. an in-doubt MSDTC transaction)
+    transaction_id: int
+    transaction_name: str | None
+    open_since_utc: datetime | None
+    open_seconds: int | None
+    state: str
+    session_status: str | None
+    program_name: str | None
+    host_name: str | None
+    login_name: str | None
+    log_records: int | None
+
+    def describe(self) -> str:
+        who = f"session {self.session_id}" if self.session_id is not None else "no session"
+        parts = [who, f"transaction {self.transaction_id}"]
+        if self.transaction_name:
+            parts.append(f"'{self.transaction_name}'")
+        if self.open_seconds is not None:
+            since = self.open_since_utc.strftime("%Y-%m-%d %H:%M:%S UTC") if self.open_since_utc else "?"
+            parts.append(f"open since {since} ({self.open_seconds} s)")
+        parts.append(self.state)
+        for label, value in (("status", self.session_status), ("program", self.program_name),
+                             ("host", self.host_name), ("login", self.login_name)):
+            if value:
+                parts.append(f"{label} {value!r}" if label == "program" else f"{label} {value}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class EventStreamStall:
+    """mailq.GetEventStreamStall: is the event stream (and the hook dispatcher)
+    held back now by an open rowversion writer, and by whom (when visible)."""
+
+    held_back: bool
+    min_active_rowversion: int
+    next_rowversion: int
+    can_see_transactions: bool
+    permission: str
+    oldest_open_seconds: int | None
+    holders: list[RowversionHolder]
+
+
+def get_event_stream_stall(conn: Any, *, min_open_seconds: int | None = None) -> EventStreamStall:
+    """mailq.GetEventStreamStall: whether readers of the event stream are held
+    back, and the open writing transactions open at least ``min_open_seconds``
+    (visible with VIEW SERVER STATE, VIEW SERVER PERFORMANCE STATE or, on Azure
+    SQL Database, VIEW DATABASE STATE)."""
+    cursor = _call(conn, EVENT_STREAM_STALL_SQL, [min_open_seconds])
+    head = _rows(cursor)[0]
+    holders = []
+    if _next(cursor):
+        holders = [
+            RowversionHolder(
+                _int_or_none(r.SessionID), int(r.TransactionID), r.TransactionName, r.OpenSinceUtc,
+                _int_or_none(r.OpenSeconds), r.State, r.SessionStatus, r.ProgramName, r.HostName,
+                r.LoginName, _int_or_none(r.LogRecords),
+            )
+            for r in _rows(cursor)
+        ]
+    return EventStreamStall(
+        bool(head.HeldBack), int(head.MinActiveRowversion), int(head.NextRowversion),
+        bool(head.CanSeeTransactions), head.Permission, _int_or_none(head.OldestOpenSeconds), holders,
+    )
 
 
 STOP_MAIL_SQL = "EXEC mailq.StopMail @MailID = ?, @Reason = ?;"

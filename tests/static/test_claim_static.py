@@ -55,9 +55,20 @@ def finalize() -> str:
     return squash(FINALIZE.read_text(encoding="utf-8"))
 
 
-def mailqueue_reads(sql: str) -> list[str]:
-    """Each ``FROM/JOIN mailq.MailQueue AS x WITH (...)`` of a squashed text, with its hints."""
-    return re.findall(r"(?:FROM|JOIN) MAILQ\.MAILQUEUE AS (\w+)(?: WITH \(([^()]*(?:\([^()]*\)[^()]*)*)\))?", sql)
+def mailqueue_reads(sql: str) -> list[tuple[str, str]]:
+    """Each ``FROM/JOIN mailq.MailQueue AS x WITH (...)`` of a squashed text, with its
+    hints (balanced parentheses: ``FORCESEEK (PK_MAILQUEUE (ID))`` nests twice)."""
+    reads = []
+    for match in re.finditer(r"(?:FROM|JOIN) MAILQ\.MAILQUEUE AS (\w+)( WITH \()?", sql):
+        hints = ""
+        if match.group(2):
+            depth, i = 1, match.end()
+            while depth:
+                depth += {"(": 1, ")": -1}.get(sql[i], 0)
+                i += 1
+            hints = sql[match.end():i - 1]
+        reads.append((match.group(1), hints))
+    return reads
 
 
 def test_claim_has_no_top_over_the_whole_backlog(claim):
@@ -73,23 +84,27 @@ def test_claim_reads_the_queue_per_account_through_cross_apply_and_forceseek(cla
     assert "CROSS APPLY" in claim
     assert "K.ACCOUNTNAME = D.ACCOUNTNAME AND K.RUNMODE = D.RUNMODE" in claim, \
         "the per-pair seek is not keyed by the driving (account, run mode) pair"
-    # Hinted reads: the per-account seek (k) and the UPDATE target (q); the
+    # Hinted reads: the per-pair seeks (k) and the UPDATE target (q); the
     # final result set reads the leased rows unhinted (they are ours).
     hinted = [(alias, hints) for alias, hints in mailqueue_reads(claim) if hints]
     assert {alias for alias, _ in hinted} == {"Q", "K"}, hinted
-    # The per-account reads: the claim's seek (UPDLOCK) and, with more accounts
-    # than slots, the row-free probe (READCOMMITTEDLOCK); both forced seeks.
-    for alias, hints in hinted:
-        if alias == "K":
-            flat = hints.replace(" ", "")
-            assert "INDEX(IX_MAILQUEUE_CLAIMBYACCOUNT)" in flat and "FORCESEEK" in flat and "READPAST" in flat
-    reads = {alias: hints for alias, hints in hinted if "UPDLOCK" in hints}
-    inner = reads["K"].replace(" ", "")
-    for hint in ("INDEX(IX_MAILQUEUE_CLAIMBYACCOUNT)", "FORCESEEK", "READPAST", "UPDLOCK", "ROWLOCK"):
-        assert hint in inner, f"the per-account read lacks {hint}: {reads['K']}"
-    target = reads["Q"].replace(" ", "")
-    for hint in ("READPAST", "UPDLOCK", "ROWLOCK"):
-        assert hint in target, f"the UPDATE target lacks {hint}: {reads['Q']}"
+    # The per-pair reads: the claim's seeks (UPDLOCK) and, with more pairs
+    # than slots, the row-free probes (READCOMMITTEDLOCK); all forced seeks on
+    # one of the two claim indexes, one of each kind per index.
+    k_reads = [hints.replace(" ", "") for alias, hints in hinted if alias == "K"]
+    assert len(k_reads) == 4, k_reads
+    for flat in k_reads:
+        assert "FORCESEEK" in flat and "READPAST" in flat
+        assert ("INDEX(IX_MAILQUEUE_CLAIMBYACCOUNT)" in flat) != ("INDEX(IX_MAILQUEUE_CLAIMBYAPP)" in flat)
+    picks = [flat for flat in k_reads if "UPDLOCK" in flat]
+    assert len(picks) == 2
+    for index in ("IX_MAILQUEUE_CLAIMBYACCOUNT", "IX_MAILQUEUE_CLAIMBYAPP"):
+        (inner,) = [flat for flat in picks if f"INDEX({index})" in flat]
+        for hint in ("FORCESEEK", "READPAST", "UPDLOCK", "ROWLOCK"):
+            assert hint in inner, f"the per-pair read of {index} lacks {hint}: {inner}"
+    (target,) = [hints.replace(" ", "") for alias, hints in hinted if alias == "Q"]
+    for hint in ("FORCESEEK(PK_MAILQUEUE(ID))", "READPAST", "UPDLOCK", "ROWLOCK"):
+        assert hint in target, f"the UPDATE target lacks {hint}: {target}"
     # The ten priority ranges make each account's seek come out in ORDER BY order.
     assert "K.PRIORITY IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)" in claim
     assert "ORDER BY K.PRIORITY DESC, K.VISIBLEATUTC ASC, K.ID ASC" in claim
@@ -140,7 +155,11 @@ def test_rate_window_never_moves_backwards(claim):
     lock = claim.index("MAILQ.RATEBUDGET AS B WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK)")
     clock = claim.index("SET @NOW = SYSUTCDATETIME()")
     assert lock < clock, "@Now is read before the budget rows are locked"
-    assert claim.count("SYSUTCDATETIME()") == 1
+    # The claim reads the clock once; the other reading is after the claim's
+    # transaction, for LeaseSecondsRemaining only.
+    claim_part, returned = claim.split("END CATCH;", 1)
+    assert claim_part.count("SYSUTCDATETIME()") == 1
+    assert returned.count("SYSUTCDATETIME()") == 1 and "@RETURNEDAT DATETIME2(3) = SYSUTCDATETIME()" in returned
     # ... and a stored window start counts (and is kept) when it is not older than ours.
     for unit in ("MINUTE", "HOUR", "DAY"):
         assert f"STARTUTC = @{unit}START" not in claim.replace(f"B.{unit}STARTUTC = IIF", ""), \
@@ -188,7 +207,7 @@ def test_every_read_of_the_queue_in_the_claim_is_keyed_by_account_and_run_mode(c
     # equality on the index's first two keys: mail of a run mode the worker
     # does not serve lies outside every range sought.
     reads = re.findall(r"FROM MAILQ\.MAILQUEUE AS K WITH \([^;]*?WHERE (.*?)(?:\) AS C|\);)", claim)
-    assert len(reads) == 2, reads
+    assert len(reads) == 4, reads
     for where in reads:
         assert where.startswith("K.ACCOUNTNAME = D.ACCOUNTNAME AND K.RUNMODE = D.RUNMODE AND "), where
     # The driving pairs: the accounts left crossed with the run modes served.
@@ -211,8 +230,9 @@ def test_claim_stamps_dry_run_from_the_application_and_returns_it_after_run_mode
     assert "Q.DRYRUN = COALESCE( (SELECT AP.DRYRUN FROM MAILQ.APPLICATION AS AP WHERE AP.APPNAME = Q.APPNAME), CAST(0 AS BIT) )" in claim
     first = claim[claim.index("-- 4.") if "-- 4." in claim else claim.rindex("SELECT Q.ID, Q.MESSAGEID"):]
     # revision 0015 appended RunMode, DryRun; revision 0016 the three template columns after them
-    assert re.search(r"Q\.DTSTAMP, Q\.RUNMODE, Q\.DRYRUN, C\.TEMPLATENAME, C\.TEMPLATEVERSION, Q\.TEMPLATEMODEL "
-                     r"FROM MAILQ\.MAILQUEUE AS Q INNER JOIN @CLAIMED", first)
+    assert re.search(r"Q\.DTSTAMP, Q\.RUNMODE, Q\.DRYRUN, C\.TEMPLATENAME, C\.TEMPLATEVERSION, Q\.TEMPLATEMODEL, "
+                     r"CAST\(FLOOR\(DATEDIFF_BIG\(MILLISECOND, @RETURNEDAT, Q\.VISIBLEATUTC\) / 1000\.0\) AS INT\) "
+                     r"AS LEASESECONDSREMAINING FROM MAILQ\.MAILQUEUE AS Q INNER JOIN @CLAIMED", first)
 
 
 def _passes(accounts: dict[str, int], modes: int, batch: int, yields, rng) -> tuple[dict, list[int]]:

@@ -50,6 +50,7 @@ def test_error_mapping_classes():
     assert errors.class_for(50250) is errors.MailStateError
     assert errors.class_for(50310) is errors.DelayExecutionError
     assert errors.class_for(50401) is errors.DeploymentCheckError
+    assert errors.class_for(50520) is errors.InvalidInputError
     assert errors.class_for(2812) is errors.DatabaseError
 
 

@@ -63,8 +63,11 @@ def _selects(text: str) -> list[str]:
 
 def test_claim_result_sets_grow_only_at_their_ends():
     first, second, _used, third = _selects(CLAIM)[:4]  # (_used: the CTE of the distinct versions)
-    cols = [c.strip().split(".")[-1].split(" AS ")[-1] for c in first.split(",")]
-    # revision 0015 appended RunMode, DryRun; 0016 the three template columns
+    # The last column is computed: LeaseSecondsRemaining (server clock, floor).
+    lease = first.rindex("CAST(FLOOR(")
+    assert first[lease:].strip().endswith("AS LeaseSecondsRemaining")
+    cols = [c.strip().split(".")[-1].split(" AS ")[-1] for c in first[:lease].strip().rstrip(",").split(",")]
+    # revision 0015 appended RunMode, DryRun; 0016 the three template columns; then LeaseSecondsRemaining
     assert cols[-6:] == ["dtStamp", "RunMode", "DryRun", "TemplateName", "TemplateVersion", "TemplateModel"]
     assert len(cols) == 21 + 2 + 3
     cols2 = [c.strip().split(".")[-1] for c in second.split(",")]

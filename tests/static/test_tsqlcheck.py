@@ -290,11 +290,22 @@ MODEL_SAMPLES = [
      ("[mailq].[RecentFailures]", "ErrorTxt")),
     ("procedures/mailq.GetInstallationHealth.sql", "mailq_alembic_version", "alembic_version",
      ("[dbo].[alembic_version]",)),
+    # The claim's per-pair seeks (competing and isolated) are validated too.
+    ("procedures/mailq.ClaimMail.sql", "                        k.VisibleAtUtc,\n",
+     "                        k.VisibleAtUtz,\n", ("[mailq].[ClaimMail]", "VisibleAtUtz")),
+    ("procedures/mailq.ClaimMail.sql",
+     "INDEX (IX_MailQueue_ClaimByApp), FORCESEEK, READPAST, UPDLOCK, ROWLOCK\n"
+     "                    )\n                    WHERE\n                        k.AccountName = d.AccountName",
+     "INDEX (IX_MailQueue_ClaimByApp), FORCESEEK, READPAST, UPDLOCK, ROWLOCK\n"
+     "                    )\n                    WHERE\n                        k.AccountNam = d.AccountName",
+     ("[mailq].[ClaimMail]", "AccountNam]")),
+    ("procedures/mailq.GetQueueStats.sql", "AND q.DateProcessed >= @FinishedSince",
+     "AND q.DateProcesed >= @FinishedSince", ("[mailq].[GetQueueStats]", "DateProcesed")),
 ]
 #: A view on a sys object that is not in the allow-list.
-UNLISTED_SYS_VIEW = ("views/mailq.SessionCount.sql",
-                     "CREATE OR ALTER VIEW mailq.SessionCount\nAS\nSELECT COUNT_BIG(*) AS Sessions\n"
-                     "FROM sys.dm_exec_sessions;\n")
+UNLISTED_SYS_VIEW = ("views/mailq.WaitCount.sql",
+                     "CREATE OR ALTER VIEW mailq.WaitCount\nAS\nSELECT COUNT_BIG(*) AS Waits\n"
+                     "FROM sys.dm_os_wait_stats;\n")
 #: A Service Broker object among the queue-only files.
 BROKER_IN_QUEUE = ("tables/mailq.NotifyQueue.sql", "CREATE QUEUE mailq.NotifyQueue;\n")
 
@@ -322,13 +333,14 @@ def test_sql150_model_finds_a_broken_reference(broken_sql150, rel, old, new, exp
 
 
 def test_a_sys_object_outside_the_allowlist_is_a_problem(broken_sql150):
-    assert any("[mailq].[SessionCount]" in p and "[sys].[dm_exec_sessions]" in p for p in broken_sql150)
+    assert any("[mailq].[WaitCount]" in p and "[sys].[dm_os_wait_stats]" in p for p in broken_sql150)
 
 
 def test_every_problem_of_the_broken_copy_is_one_of_the_samples(broken_sql150):
     """The samples are caught for their own defect, not by noise."""
     elements = {"[mailq].[ClaimMail]", "[mailq].[MarkSent]", "[mailq].[EnqueueMailCheck]", "[mailq].[ReleaseMail]",
-                "[mailq].[RecentFailures]", "[mailq].[GetInstallationHealth]", "[mailq].[SessionCount]"}
+                "[mailq].[RecentFailures]", "[mailq].[GetInstallationHealth]", "[mailq].[WaitCount]",
+                "[mailq].[GetQueueStats]"}
     for problem in broken_sql150:
         assert any(e in problem for e in elements), problem
 

@@ -103,6 +103,8 @@ class FakeQueue:
         #: procedure -> [(committed?, error)] of the next calls to fail
         self.drops: dict[str, list[tuple[bool, BaseException]]] = {}
         self.stats = QueueStats([], [], [], [])
+        #: what mailq.GetEventStreamStall answers (None: nothing held back)
+        self.stall: Any = None
         self.health: list[dict[str, Any]] = []
         #: applications in dry-run (mailq.Application.DryRun, revision 0015)
         self.dry_run_apps: set[str] = set()
@@ -323,8 +325,17 @@ class FakeQueue:
             return EnqueueResult(mail_id, mail.message_id, True)
         return self._apply("enqueue_mail", dict(kwargs), run)
 
-    def get_queue_stats(self, conn: Any, *, recent_failures: int | None = None) -> QueueStats:
-        return self._apply("get_queue_stats", dict(recent_failures=recent_failures), lambda: self.stats)
+    def get_queue_stats(self, conn: Any, *, recent_failures: int | None = None,
+                        finished_hours: int | None = None) -> QueueStats:
+        return self._apply("get_queue_stats", dict(recent_failures=recent_failures,
+                                                   finished_hours=finished_hours), lambda: self.stats)
+
+    def get_event_stream_stall(self, conn: Any, *, min_open_seconds: int | None = None) -> Any:
+        from mailq_db.procedures import EventStreamStall
+
+        def run() -> EventStreamStall:
+            return self.stall or EventStreamStall(False, 1001, 1001, True, "VIEW SERVER STATE", None, [])
+        return self._apply("get_event_stream_stall", dict(min_open_seconds=min_open_seconds), run)
 
     def get_installation_health(self, conn: Any) -> list[dict[str, Any]]:
         return self._apply("get_installation_health", {}, lambda: self.health)

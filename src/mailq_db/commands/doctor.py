@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,8 @@ Check everything the mail queue needs, from this machine to the database:
 the ODBC driver, connectivity, server version and edition, compatibility level
 (130 or more), schema revision against this package's head, Service Broker and
 its queue, the current login's roles and permissions, stuck leases and pending
-failures. Each problem is printed with its fix.
+failures, and whether an open transaction holds the event stream and the
+hooks back (mailq.GetEventStreamStall). Each problem is printed with its fix.
 
 Exit status: 0 when every check is OK (warnings allowed unless --strict),
 1 when a check failed.
@@ -29,6 +31,11 @@ examples:
 
 STATUSES = ("OK", "WARN", "FAIL")
 NOT_DEPLOYED = 2812  # Could not find stored procedure
+#: A writing transaction open this long that holds the event stream back is reported.
+STALL_SECONDS = 60
+#: Without the permission to see transactions: seconds between two samples of
+#: MIN_ACTIVE_ROWVERSION(); the same value held back in both is one transaction.
+STALL_RESAMPLE_SECONDS = 3.0
 
 
 @dataclass
@@ -110,6 +117,7 @@ def server_checks(url: str | None) -> list[Check]:
         rows = procedures.get_installation_health(conn)
         delay = delay_checks(conn)  # issue 11: the owner's login, delay.Reconcile (report only)
         delay += enqueue_policy_checks(conn)  # issue 24 M3: who may send as whom
+        stall = stall_checks(conn)
     except DatabaseError as exc:
         if exc.number == NOT_DEPLOYED:
             return checks + [Check("Schema", "Deployed", "FAIL", "schema not deployed (mailq.GetInstallationHealth "
@@ -128,6 +136,7 @@ def server_checks(url: str | None) -> list[Check]:
                             status if status in STATUSES else "WARN",
                             str(r.get("Detail") or ""), r.get("Fix")))
     checks += delay
+    checks += stall
     checks.append(head_check(rows))
     return checks + drift_rows
 
@@ -283,6 +292,44 @@ def enqueue_policy_checks(conn: Any) -> list[Check]:
     if policy.allow_unmapped_enqueuers and users.status != "OK":
         mode.status = "WARN"
     return [mode, users]
+STALL_FIX = (
+    "end that transaction: commit or roll back in the application that opened it (a session left idle "
+    "in an open transaction is the usual cause); KILL <session> as a last resort; an in-doubt MSDTC "
+    "transaction is resolved in MSDTC (or KILL '<unit of work>'). See docs/events.md, \"When the stream stalls\"."
+)
+
+
+def stall_checks(conn: Any, *, sleep=time.sleep) -> list[Check]:
+    """The event stream and the hook dispatcher read only below
+    MIN_ACTIVE_ROWVERSION(): an open transaction that wrote a rowversion value
+    anywhere in the database holds them back.  Report it when it lasts."""
+    name = "Event stream held back"
+    try:
+        stall = procedures.get_event_stream_stall(conn, min_open_seconds=STALL_SECONDS)
+    except DatabaseError as exc:
+        if exc.number == NOT_DEPLOYED:
+            return []
+        return [Check("Events", name, "WARN", f"cannot check: {str(exc).splitlines()[0]}",
+                      "run doctor as a member of MailqAdmin (EXECUTE on mailq.GetEventStreamStall)")]
+    if not stall.held_back:
+        return [Check("Events", name, "OK", "no open transaction holds the event stream or the hooks back")]
+    if stall.can_see_transactions:
+        if not stall.holders:
+            return [Check("Events", name, "OK", f"a write in flight; no writing transaction open "
+                          f"{STALL_SECONDS} s or more")]
+        oldest = stall.holders[0]
+        more = f" (and {len(stall.holders) - 1} more)" if len(stall.holders) > 1 else ""
+        return [Check("Events", name, "WARN",
+                      f"events and hooks wait for {oldest.describe()}{more}", STALL_FIX)]
+    sleep(STALL_RESAMPLE_SECONDS)
+    again = procedures.get_event_stream_stall(conn, min_open_seconds=STALL_SECONDS)
+    if again.held_back and again.min_active_rowversion == stall.min_active_rowversion:
+        return [Check("Events", name, "WARN",
+                      f"one open transaction has held events and hooks back for {STALL_RESAMPLE_SECONDS:g} s "
+                      f"or more; this login cannot see which (it needs {stall.permission})",
+                      f"GRANT {stall.permission.split(' (')[0]} to the login running doctor, run it again, "
+                      "then " + STALL_FIX)]
+    return [Check("Events", name, "OK", "held back only by writes in flight")]
 
 
 def render(checks: list[Check]) -> str:

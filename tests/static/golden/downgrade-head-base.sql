@@ -676,6 +676,16 @@ DROP TABLE IF EXISTS mailq.MailTemplate;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
+IF OBJECT_ID(N'mailq.GetEventStreamStall') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetEventStreamStall FROM MailqEnqueuer;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.GetEventStreamStall') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetEventStreamStall FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
 IF OBJECT_ID(N'mailq.SetEnqueuePolicy') IS NOT NULL
     REVOKE EXECUTE ON OBJECT::mailq.SetEnqueuePolicy FROM MailqAdmin;
 GO
@@ -906,6 +916,10 @@ IF OBJECT_ID(N'mailq.GetMailEvents') IS NOT NULL
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
+DROP PROCEDURE IF EXISTS mailq.GetEventStreamStall;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
 DROP PROCEDURE IF EXISTS mailq.ListApplicationHooks;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
@@ -1067,6 +1081,11 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 DROP FUNCTION IF EXISTS mailq.ParseAddressList;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.MailQueue') IS NOT NULL
+    DROP INDEX IF EXISTS IX_MailQueue_ClaimByApp ON mailq.MailQueue;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO

@@ -918,6 +918,26 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
+IX_MailQueue_ClaimByApp: mailq.ClaimMail's seek for an isolated worker
+(@AppName set), one per (account, run mode) pair, reading that application's
+mail only.  Keys (AccountName, RunMode, AppName, Priority DESC, VisibleAtUtc,
+ID), INCLUDE (AttemptsRemaining, ExpiresAtUtc), filtered to Status IN (UnSent,
+Sending) AND AppName IS NOT NULL; ClaimMail repeats the filter's literals.
+Expected plan and why a second index: docs/claim.md.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_ClaimByApp' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+    CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByApp
+    ON mailq.MailQueue (AccountName ASC, RunMode ASC, AppName ASC, Priority DESC, VisibleAtUtc ASC, ID ASC)
+    INCLUDE (AttemptsRemaining, ExpiresAtUtc)
+    WHERE Status IN (N'UnSent', N'Sending') AND AppName IS NOT NULL;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
 mailq.ParseAddressList: splits a ';'-separated list of recipients and says
 what is wrong with each (inline, so it costs nothing outside the query).
 An entry is a bare address (user@example.com) or a display name followed by
@@ -1661,7 +1681,9 @@ Transaction: runs inside the caller's only; an error dooms it (XACT_ABORT ON)
              and is re-raised unchanged.
 Isolation:   sets READ COMMITTED: UPDLOCK reads the latest committed row, and
              the MailAttempt read says READCOMMITTEDLOCK (never a version).
-Lock order:  mailq.MailQueue (clustered rows, in ID order), then mailq.MailAttempt.
+Lock order:  mailq.MailQueue (clustered rows, in the order the plan reads the
+             list, not sorted: overlapping lists under two tokens can deadlock,
+             1205), then mailq.MailAttempt.
 Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
@@ -2208,144 +2230,39 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its cost
-is bounded by the batch and the number of accounts that can send now, never
-by the backlog that cannot be sent (issue 10, point 1).
-
-Claimable: UnSent and due, or Sending with an expired lease (its worker died
-or stalled): VisibleAtUtc <= now in both cases; with an attempt left and not
-past ExpiresAtUtc.  Mail past its expiry or out of attempts is never taken
-here: mailq.FinalizeMail moves it to Expired/Failed in bounded batches, so
-every row this procedure takes is returned to the worker.
-
-How (a small fixed number of statements in one transaction):
- 1. Accounts: the sending accounts the worker serves (@AccountNames), that
-    are not blocked (BlockedUntilUtc), with what is left of their rate budget.
-    Budget rows are read WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK), one
-    seek per such account (only its row is locked): an account whose
-    budget another claimer holds is skipped for this claim, never waited on.
-    The clock (@Now) is read AFTER those locks are held, and a stored window
-    start later than @Now's window is kept (windows never move backwards), so
-    the mails charged to any window never exceed the account's limit, also
-    with claimers racing at a window boundary (issue 10, point 6; spin model
-    models/mailqueue.pml -DRATE).  Accounts without budget are dropped.  With
-    Run modes (revision 0015): each account left is crossed with the run
-    modes the worker serves (@RunModes, default ["prod"]); every (account,
-    run mode) pair drives one seek, and mail of a run mode the worker does
-    not serve is never read (RunMode is the index's second key).  With
-    more such pairs than @BatchSize, those without claimable mail are
-    dropped (one row-free EXISTS probe each) and @BatchSize of the rest are
-    drawn at random per claim (so no pair starves and the lock bound below
-    holds).
- 2. Passes (at most 3): one UPDATE each, driven by those accounts: CROSS APPLY
-    a per-pair TOP (cap) on IX_MailQueue_ClaimByAccount (FORCESEEK), in
-    Priority DESC, VisibleAtUtc, ID order; then TOP (slots left) over those
-    rows in round-robin order (each pair's 1st mail, then each one's 2nd,
-    ...; within a turn highest Priority, then oldest due, then ID).
-    Fair share: cap = least of the pair's part of its account's remaining
-    budget (split evenly over the account's open pairs, the remainder to
-    pairs drawn at random, so the caps of one account never add up to more
-    than its budget) and FLOOR(slots left / pairs still open), at least 1.
-    A pair that yields fewer rows than its cap is drained; the next pass
-    shares the slots left among the others (max-min fairness).  Within one
-    (account, run mode) pair the DESIGN.md order holds exactly (highest
-    Priority first, then oldest due, within what can be sent); across
-    accounts, and across the run modes of one account, the batch is shared,
-    because each account sends over its own connection and budget and each
-    run mode is a separate stream (staging must not starve prod, nor the
-    reverse).  With one account and one run mode (the common case) the
-    batch is exactly the global order.
- 3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
-    resolve the template version of template mail (revision 0016: one seek
-    on PK_MailTemplate per claimed template mail, at most @BatchSize), open
-    one attempt per claimed mail (recording that version); commit; return
-    the mails.
-Expected plan of a pass (header of IX_MailQueue_ClaimByAccount): Table Scan
-of @Drive (a few rows: one per pair) -> Nested Loops -> per pair Top (Cap) <-
-Sequence Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten
-ranges: AccountName = a, RunMode = m, Priority = p, VisibleAtUtc <= @Now;
-residual AppName, AttemptsRemaining, ExpiresAtUtc); above the loop a TopN
-Sort of at most (slots + pairs) rows by Turn; Clustered Index Seek by ID for
-the UPDATE (Clustered Index Update maintains the indexes; the DryRun stamp
-is one seek on PK_Application per row claimed).  No scan of mailq.MailQueue,
-no Sort below a per-pair Top, nothing that reads a non-driving account or a
-run mode not served.  Cost per claim: pairs x (index depth + 10 ranges) +
-rows claimed, pairs <= min(@BatchSize, accounts with budget x run modes
-served); when accounts with budget x run modes served exceeds @BatchSize,
-plus one EXISTS probe per such pair before the draw (index depth + at most
-10 ranges each, stopped at the first claimable row; S locks, none kept), so
-the probes are bounded by accounts x run modes served (<= 16 per account),
-not by @BatchSize.  Neither grows with the mail of run modes the worker
-does not serve, however much of it is due.
-Bounds per pass statement: rows read (and U-locked) on
-IX_MailQueue_ClaimByAccount <= max(slots left, pairs open) <= @BatchSize;
-at most @BatchSize rows updated, each also taking the key lock of its new
-position in the index: <= 2 x @BatchSize key locks on the index, <=
-@BatchSize on the clustered index (2,000 at the largest batch, 100 at the
-worker's default of 50), never near the 5,000 locks per statement and index
-that trigger lock escalation (Microsoft, "Lock escalation": the threshold
-counts one statement's locks on one index or table).  Limits: an isolated worker (@AppName) reads past
-due mail of OTHER applications on the same account, and every claim reads
-past expired / out-of-attempts mail not yet finalized; both are residual
-predicates on the seek (covered by INCLUDE, no lookup).
-
-Parameters:  @BatchSize    INT 1-1000, default 10
-             @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
-                           this batch; every acknowledgement must present it
-             @LeaseSeconds INT 1-3600, default 300
-             @AppName      NULL (default): claim every application's mail
-                           (competing); a name: only that application's mail (isolated)
-             @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
-             @AccountNames NULL (default): every account; else a JSON array of
-                           the account names this worker can send for (a worker
-                           without credentials for an account never claims its mail)
-             @RunModes     NULL (default): ["prod"], the default run mode only;
-                           else a JSON array of 1-16 run-mode names this worker
-                           serves, e.g. ["staging", "test"] (revision 0015): mail
-                           of any other run mode is never claimed, nor read
-Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its reads
+and locks grow with the batch and the accounts that can send now, never with
+mail it cannot take: other accounts, run modes or applications, throttled or
+blocked accounts (how, plan and bounds: docs/claim.md).
+Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER,
+             required (every acknowledgement presents it); @LeaseSeconds INT
+             1-3600, default 300; @AppName NULL: every application's mail
+             (competing workers), a name: only that application's (isolated);
+             @WorkerName, kept in mailq.MailAttempt; @AccountNames NULL (all)
+             or a JSON array of the accounts served; @RunModes NULL (["prod"])
+             or a JSON array of 1-16 run-mode names served.
+Result sets: 1. one row per mail leased: ID, MessageID, AccountName, AppName,
                 FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
                 Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
                 AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp,
-                RunMode, DryRun (1: the application is in dry-run; the worker
-                must not send it, and mailq.MarkSent records it as DryRun
-                whatever the worker reports)
-                then (revision 0016) TemplateName, TemplateVersion (the version
-                to render: pinned, else the latest when the template is not
-                retired; NULL with a TemplateName: nothing to render, the
-                worker stops the mail), TemplateModel -- three NULLs for
-                ordinary mail (Body, Subject are N'' for template mail)
-             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content,
-                then (revision 0016) Generator, GeneratorArgs (Content NULL:
-                the worker generates it)
-             3. (revision 0016) the template versions the batch renders, each
-                once: TemplateName, Version, SubjectTemplate, HtmlTemplate,
-                TextTemplate (empty when no claimed mail has a template)
-Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
-             50132 @LeaseSeconds out of range; 50103 a name over its size;
-             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names;
-             50241 @RunModes not a JSON array of 1-16 valid run-mode names.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails in distributed transactions,
-             error 627).  An error rolls back what it opened; inside a
-             caller's transaction XACT_ABORT dooms that transaction and the
-             caller must roll it back.  The result sets are read after the
-             claim's statements (the rows are leased to @LockToken).
-Isolation:   sets READ COMMITTED itself (READPAST is refused under
-             SERIALIZABLE and SNAPSHOT, error 650, and REPEATABLE READ would
-             keep every lock it reads; a level set inside a procedure
-             reverts when it returns).  Under READ_COMMITTED_SNAPSHOT the claim's reads still
-             lock: UPDLOCK makes them locking reads of the latest committed
-             rows (Microsoft's "Table hints": UPDLOCK, READPAST).
-Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
-             mailq.MailQueue (U -> X; mailq.Application read by key inside
-             that statement for the DryRun stamp, no lock kept),
-             mailq.MailTemplate (read, S released at once; revision 0016),
-             mailq.MailAttempt (X), mailq.MailEvent (insert): the order of
-             every mail-queue procedure that touches several of them.  The
-             template procedures never touch mailq.MailQueue, so the template
-             read closes no cycle.
-Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
+                RunMode, DryRun, TemplateName, TemplateVersion, TemplateModel,
+                LeaseSecondsRemaining (INT: whole seconds of lease left, floor,
+                by the server's clock as the row is returned)
+             2. attachments: MailID, AttachmentNo, FileName, ContentType,
+                Content, Generator, GeneratorArgs (Content NULL: generated)
+             3. template versions the batch renders: TemplateName, Version,
+                SubjectTemplate, HtmlTemplate, TextTemplate
+Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a
+             name over 128 characters, 50115 @AppName not registered, 50148
+             @AccountNames, 50241 @RunModes (docs/errors.md).
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error rolls back what it opened and dooms a caller's (XACT_ABORT).
+Isolation:   sets READ COMMITTED (READPAST needs it, error 650); its reads of
+             the queue lock (UPDLOCK / READCOMMITTEDLOCK), also under RCSI.
+Lock order:  mailq.RateBudget (U), mailq.MailQueue (claim index keys U, then
+             clustered rows X), mailq.MailAttempt (X), mailq.MailEvent (insert);
+             SendingAccount, Application, MailTemplate are read, no lock kept.
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T,
                  @LeaseSeconds = 300, @WorkerName = N'host1/1';
 */
 CREATE OR ALTER PROCEDURE mailq.ClaimMail
@@ -2408,11 +2325,10 @@ BEGIN
         FROM OPENJSON(@AccountNames) AS j
         WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
 
-    -- Run modes (revision 0015, docs/run-modes.md): the worker serves these
-    -- and nothing else.  NULL: the default run mode, 'prod'.  Each name must
-    -- pass the rule of CK_MailQueue_RunMode (a name that cannot exist is a
-    -- configuration mistake, not an empty claim).  Separate statements, as
-    -- for @AccountNames.
+    -- Run modes (docs/run-modes.md): the worker serves these and nothing
+    -- else; NULL is 'prod'.  Each name must pass CK_MailQueue_RunMode's rule
+    -- (a name that cannot exist is a configuration mistake, not an empty
+    -- claim).  Separate statements, as for @AccountNames.
     DECLARE @RunModesOk BIT = 1;
     SET @RunModes = COALESCE(@RunModes, N'["prod"]');
     IF ISJSON(@RunModes) = 0 OR LEFT(LTRIM(@RunModes), 1) <> N'['
@@ -2466,8 +2382,8 @@ BEGIN
         Remaining INT NOT NULL DEFAULT (0),
         Taken INT NOT NULL DEFAULT (0)
     );
-    -- The units that drive the claim (revision 0015): one row per (account
-    -- left in @Acct, run mode served).  Cap: this pass's per-pair TOP;
+    -- The units that drive the claim: one row per (account left in @Acct,
+    -- run mode served).  Cap: this pass's per-pair TOP;
     -- Taken: claimed so far; IsOpen: may take more in a later pass.
     DECLARE @Drive TABLE (
         AccountName NVARCHAR(128) NOT NULL,
@@ -2482,6 +2398,8 @@ BEGIN
         RunMode NVARCHAR(32) NOT NULL,
         PRIMARY KEY (AccountName, RunMode)
     );
+    -- One pass's pick: the rows its seeks took (U locks held to commit).
+    DECLARE @Pick TABLE (ID BIGINT NOT NULL PRIMARY KEY);
     DECLARE @Claimed TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
         AccountName NVARCHAR(128) NOT NULL,
@@ -2491,7 +2409,7 @@ BEGIN
         OldLockToken UNIQUEIDENTIFIER NULL,
         AttemptNo INT NOT NULL,
         Pass INT NOT NULL,
-        TemplateName NVARCHAR(128) NULL,  -- revision 0016
+        TemplateName NVARCHAR(128) NULL,
         TemplateVersion INT NULL          -- pinned at enqueue, then the version resolved to render
     );
     DECLARE @Pass INT = 0;
@@ -2579,31 +2497,50 @@ BEGIN
         CROSS JOIN @Modes AS m;
 
         -- More pairs than slots: keep the pairs that have claimable mail now
-        -- (one row-free probe per pair on the same index), then @BatchSize
-        -- of them drawn at random per claim, so every pair gets its turn and
-        -- a pass never seeks more than @BatchSize pairs.
-        --   READPAST, READCOMMITTEDLOCK: a locking read that skips rows other
-        --   claimers hold (a pair whose claimable rows are all held has
-        --   nothing for us) and takes no lock it keeps; also under RCSI.
+        -- (one row-free probe per pair), then @BatchSize of them drawn at
+        -- random, so every pair gets its turn and a pass seeks at most
+        -- @BatchSize pairs.  The probe reads the index the claim will read
+        -- (an isolated worker's: its application's keys only).
+        --   READPAST, READCOMMITTEDLOCK: a locking read (also under RCSI)
+        --   that skips rows other claimers hold and keeps no lock.
         IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
         BEGIN
-            DELETE FROM d
-            FROM @Drive AS d
-            WHERE NOT EXISTS (
-                SELECT 1
-                FROM mailq.MailQueue AS k WITH (
-                    INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, READCOMMITTEDLOCK
-                )
-                WHERE
-                    k.AccountName = d.AccountName
-                    AND k.RunMode = d.RunMode
-                    AND k.Status IN (N'UnSent', N'Sending')
-                    AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-                    AND k.VisibleAtUtc <= @Now
-                    AND k.AttemptsRemaining > 0
-                    AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
-                    AND (@AppName IS NULL OR k.AppName = @AppName)
-            );
+            IF @AppName IS NULL
+                DELETE FROM d
+                FROM @Drive AS d
+                WHERE NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                );
+            ELSE
+                DELETE FROM d
+                FROM @Drive AS d
+                WHERE NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByApp), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.AppName = @AppName
+                        AND k.AppName IS NOT NULL
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                );
             IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
             BEGIN
                 -- The draw is materialized first: a TOP ... ORDER BY NEWID()
@@ -2620,7 +2557,7 @@ BEGIN
             END;
         END;
 
-        -- 3. The claim: up to three passes, one UPDATE each (see the header).
+        -- 3. The claim: up to three passes, each a pick and one UPDATE (docs/claim.md).
         WHILE @Pass < 3 AND @Left > 0
         BEGIN
             SET @Pass += 1;
@@ -2658,6 +2595,75 @@ BEGIN
                 ) AS o
             ) AS x ON d.AccountName = x.AccountName AND d.RunMode = x.RunMode;
 
+            -- The pick: per pair with a cap, one ordered seek that stops after it
+            -- (ten ranges, one per priority, already in ORDER BY order: no
+            -- Sort below the TOP); then the pass's TOP (@Left) in turns.
+            -- Competing workers seek IX_MailQueue_ClaimByAccount; an
+            -- isolated worker seeks IX_MailQueue_ClaimByApp, whose third key
+            -- is AppName: other applications' mail lies outside its ranges.
+            --   INDEX + FORCESEEK: this index's seek or an error, never a scan;
+            --   READPAST: skip rows other workers hold, never wait;
+            --   UPDLOCK:  the keys read stay ours until commit, so two
+            --     workers cannot take one row (a locking read under RCSI);
+            --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
+            DELETE FROM @Pick;
+            IF @AppName IS NULL
+                INSERT INTO @Pick (ID)
+                SELECT TOP (@Left) c.ID
+                FROM (SELECT r.AccountName, r.RunMode, r.Cap FROM @Drive AS r WHERE r.Cap > 0) AS d
+                CROSS APPLY (
+                    SELECT TOP (d.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC;
+            ELSE
+                INSERT INTO @Pick (ID)
+                SELECT TOP (@Left) c.ID
+                FROM (SELECT r.AccountName, r.RunMode, r.Cap FROM @Drive AS r WHERE r.Cap > 0) AS d
+                CROSS APPLY (
+                    SELECT TOP (d.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByApp), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.AppName = @AppName
+                        AND k.AppName IS NOT NULL
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC;
+
+            -- The lease: the picked rows by clustered key, re-checked.
+            --   FORCESEEK (PK_MailQueue (ID)): one seek per picked ID whatever
+            --     the cached plan's estimate of @Pick, never a scan;
+            --   READPAST: a row another session holds (an acknowledgement of
+            --     an expired lease in flight) is skipped, never waited on, so
+            --     our key U lock and its clustered X lock cannot deadlock.
             UPDATE q
             SET
                 q.Status = N'Sending',
@@ -2668,9 +2674,8 @@ BEGIN
                 -- A lease that expired may hide a mail the dead worker already
                 -- handed to SMTP: flag it (receivers can drop it by Message-ID).
                 q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate),
-                -- Per-application dry-run (revision 0015): every claim stamps
-                -- the application's flag as it is now; the claim result says
-                -- it and mailq.MarkSent keeps it (a seek on PK_Application).
+                -- The application's dry-run flag as it is now (a seek on
+                -- PK_Application); mailq.MarkSent keeps it.
                 q.DryRun = COALESCE(
                     (SELECT ap.DryRun FROM mailq.Application AS ap WHERE ap.AppName = q.AppName),
                     CAST(0 AS BIT)
@@ -2690,52 +2695,10 @@ BEGIN
                 ID, AccountName, AppName, RunMode, OldStatus, OldLockToken, AttemptNo, Pass,
                 TemplateName, TemplateVersion
             )
-            -- Target row by its clustered key.  READPAST: a row another
-            -- session holds (e.g. an acknowledgement of an expired lease in
-            -- flight) is skipped instead of waited on, which also rules out a
-            -- deadlock between our index-key U lock and its clustered X lock.
-            FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
-            INNER JOIN (
-                SELECT TOP (@Left) c.ID
-                FROM @Drive AS d
-                CROSS APPLY (
-                    -- One ordered seek per (account, run mode) pair (ten
-                    -- ranges, one per priority, already in ORDER BY order: no
-                    -- Sort, the TOP stops it after Cap rows).  Table hints
-                    -- are allowed on a table inside the applied derived
-                    -- table like on any table source (FROM clause, "Table
-                    -- hints"); FORCESEEK with the INDEX hint makes it a seek
-                    -- on this index or an error, never a scan.
-                    --   INDEX + FORCESEEK: the plan of the index's header,
-                    --     never a scan, whatever the statistics say;
-                    --   READPAST: skip rows other workers hold, never wait;
-                    --   UPDLOCK:  claim while reading, so two workers can't
-                    --     take one row (and a locking read under RCSI);
-                    --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
-                    SELECT TOP (d.Cap)
-                        k.ID,
-                        k.Priority,
-                        k.VisibleAtUtc,
-                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
-                    FROM mailq.MailQueue AS k WITH (
-                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
-                    )
-                    WHERE
-                        k.AccountName = d.AccountName
-                        AND k.RunMode = d.RunMode
-                        AND k.Status IN (N'UnSent', N'Sending')
-                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-                        AND k.VisibleAtUtc <= @Now
-                        AND k.AttemptsRemaining > 0
-                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
-                        AND (@AppName IS NULL OR k.AppName = @AppName)
-                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
-                ) AS c
-                WHERE d.Cap > 0
-                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
-            ) AS p ON q.ID = p.ID
+            FROM mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), READPAST, UPDLOCK, ROWLOCK)
             WHERE
-                q.Status IN (N'UnSent', N'Sending')
+                q.ID IN (SELECT p.ID FROM @Pick AS p)
+                AND q.Status IN (N'UnSent', N'Sending')
                 AND q.VisibleAtUtc <= @Now
                 AND q.AttemptsRemaining > 0;
 
@@ -2795,9 +2758,9 @@ BEGIN
             ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
         WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
 
-        -- Revision 0016: the template version each template mail renders in
-        -- this attempt: the pinned one, else the latest when the template is
-        -- not retired (else NULL: the worker stops the mail and says why).
+        -- The template version each template mail renders in this attempt:
+        -- the pinned one, else the latest when the template is not retired
+        -- (else NULL: the worker stops the mail and says why).
         -- One seek on PK_MailTemplate per claimed template mail (at most
         -- @BatchSize); a plain read: LatestVersion is committed together with
         -- its version row (mailq.AddMailTemplateVersion), versions never change.
@@ -2839,6 +2802,11 @@ BEGIN
     END CATCH;
 
     -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    -- LeaseSecondsRemaining: by the server's clock read now, after the
+    -- claim's statements (and their commit when the transaction is ours),
+    -- in whole seconds rounded down, so a worker counting it down from the
+    -- reply on its own monotonic clock never overestimates it.
+    DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
     SELECT
         q.ID,
         q.MessageID,
@@ -2863,10 +2831,11 @@ BEGIN
         q.dtStamp,
         q.RunMode,
         q.DryRun,
-        -- Revision 0016: three columns, NULL for ordinary mail.
+        -- Template columns: NULL for ordinary mail.
         c.TemplateName,
         c.TemplateVersion,
-        q.TemplateModel
+        q.TemplateModel,
+        CAST(FLOOR(DATEDIFF_BIG(MILLISECOND, @ReturnedAt, q.VisibleAtUtc) / 1000.0) AS INT) AS LeaseSecondsRemaining
     FROM mailq.MailQueue AS q
     INNER JOIN @Claimed AS c ON q.ID = c.ID
     WHERE q.ThreadLock = @LockToken
@@ -2878,13 +2847,13 @@ BEGIN
         a.FileName,
         a.ContentType,
         a.Content,
-        a.Generator,     -- revision 0016: a lazy attachment (Content NULL)
+        a.Generator,     -- a lazy attachment (Content NULL)
         a.GeneratorArgs
     FROM mailq.MailAttachment AS a
     INNER JOIN @Claimed AS c ON a.MailID = c.ID
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
 
-    -- Revision 0016: the texts of the template versions this batch renders,
+    -- The texts of the template versions this batch renders,
     -- each once: the distinct versions drive one seek each on
     -- PK_MailTemplateVersion (an inner join, so FORCESEEK always has its
     -- plan: nested loops with the few distinct versions outside).
@@ -2910,38 +2879,25 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.FinalizeMail: moves queued mail that can never be sent to its final
-state, in small batches, so that the claim never has to (issue 10, point 2):
-  * out of attempts: UnSent/Sending, AttemptsRemaining = 0, lease expired
-    (the worker holding the last attempt died or stalled) -> Failed,
-    "No attempt left after an abandoned lease. Last error: ...";
-  * expired: UnSent (due or not), or Sending with an expired lease, whose
-    ExpiresAtUtc passed -> Expired.  A live lease is left to its worker.
-Whatever the account: blocked accounts and accounts no worker serves
-included (their mail expires as docs/guarantees.md promises).  A reclaimed
-lease is flagged PossibleDuplicate and its open attempt closed 'Abandoned',
-as ClaimMail does when it reclaims.  Out of attempts wins over expired.
-
-Each batch is one short transaction of at most @BatchSize mails per
-statement: a range seek on IX_MailQueue_Finalize / IX_MailQueue_Expiry, TOP,
-clustered seeks; reads and locks proportional to @BatchSize (far below the
-5,000 locks per statement that trigger lock escalation).  Batches repeat
-until one finds fewer than @BatchSize mails or @MaxBatches ran; the next
-call continues.  Workers call it on a timer (src/mailq_db/worker/loop.py,
-every 60 s); a SQL Agent job or an elastic job can call it instead (see
-docs/finalization.md).
-
+state, in small batches, whatever its account, so that the claim never has
+to: out of attempts with the last lease expired -> Failed; past ExpiresAtUtc
+(UnSent, or Sending with an expired lease) -> Expired.  A live lease is left
+to its worker.  One finalizer at a time (docs/finalization.md).
 Parameters:  @BatchSize  INT 1-1000, default 200: mails per statement
              @MaxBatches INT 1-1000, default 50: batches per call
-Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT
-             (1: the last batch was full; call again)
+Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT (1: the
+             last batch was full; call again), Busy BIT (1: another
+             FinalizeMail held the finalizer lock, so this call stopped there
+             and left the rest to it)
 Errors:      50150 @BatchSize out of range; 50151 @MaxBatches out of range;
              50152 called inside a transaction.
-Transaction: must not be called inside a transaction (50152): each batch
-             commits on its own, which is what keeps it small.  An error
-             rolls back the batch under way (earlier batches stay) and is
-             re-raised.
+Transaction: must not be called inside one (50152): each batch is its own
+             short transaction; an error rolls back the batch under way
+             (earlier batches stay) and is re-raised.
 Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
-Lock order:  mailq.MailQueue (U -> X), then mailq.MailAttempt (X), then
+Lock order:  the application lock N'mailq.FinalizeMail' (exclusive, owned by
+             the batch's transaction, never waited for), then mailq.MailQueue
+             (index keys U, clustered rows X), mailq.MailAttempt (X),
              mailq.MailEvent (insert), as in mailq.ClaimMail.
 Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
 */
@@ -2987,6 +2943,8 @@ BEGIN
     DECLARE @ExpiredRows INT;
     DECLARE @Batches INT = 0;
     DECLARE @MoreLeft BIT = 0;
+    DECLARE @Busy BIT = 0;
+    DECLARE @Lock INT;
 
     WHILE @Batches < @MaxBatches
     BEGIN
@@ -2995,6 +2953,21 @@ BEGIN
         DELETE FROM @Done;
         BEGIN TRY
             BEGIN TRANSACTION;
+
+            -- One finalizer at a time: two finalizers reading the two indexes
+            -- below in opposite orders could deadlock on a mail that is both
+            -- out of attempts and expired.  Transaction-owned, so it ends with
+            -- the batch; timeout 0: another finalizer at work already does
+            -- this job, so this call stops instead of waiting (Busy = 1).
+            EXEC @Lock = sys.sp_getapplock
+                @Resource = N'mailq.FinalizeMail', @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction', @LockTimeout = 0;
+            IF @Lock < 0
+            BEGIN
+                ROLLBACK TRANSACTION;  -- nothing written in it
+                SET @Busy = 1;
+                BREAK;
+            END;
 
             -- Out of attempts, lease expired.  IX_MailQueue_Finalize: range
             -- seek on VisibleAtUtc <= @Now within its filter.
@@ -3130,7 +3103,7 @@ BEGIN
         SET @MoreLeft = 1;
     END;
 
-    SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft;
+    SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft, @Busy AS Busy;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
@@ -3141,15 +3114,16 @@ batches), fenced by the lock token, all or nothing.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 1-3600,
              default 300: the new lease runs from now.
-Result set:  one row per mail: ID, LeaseExpiresUtc.
+Result set:  one row per mail: ID, LeaseExpiresUtc, LeaseSecondsRemaining
+             (INT: whole seconds of lease left, floor, by the server's clock as
+             the rows are returned; count it down on the worker's own
+             monotonic clock, never compare LeaseExpiresUtc with its wall clock).
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
              50132 @LeaseSeconds out of range.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
+Transaction: its own if none is open, else the caller's (no savepoint); any
+             error is re-raised unchanged and dooms a caller's (XACT_ABORT).
 Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail).
+Lock order:  mailq.MailQueue only (clustered rows, via mailq.LockLeasedMail).
 Example:     EXEC mailq.ExtendLease @IDList = N'[101,102]', @LockToken = @T, @LeaseSeconds = 300;
 */
 CREATE OR ALTER PROCEDURE mailq.ExtendLease
@@ -3196,9 +3170,12 @@ BEGIN
         THROW;
     END CATCH;
 
+    -- Seconds left by the server's clock read now, rounded down.
+    DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
     SELECT
         e.ID,
-        e.LeaseExpiresUtc
+        e.LeaseExpiresUtc,
+        CAST(FLOOR(DATEDIFF_BIG(MILLISECOND, @ReturnedAt, e.LeaseExpiresUtc) / 1000.0) AS INT) AS LeaseSecondsRemaining
     FROM @Extended AS e
     ORDER BY e.ID;
 END;
@@ -3769,37 +3746,29 @@ GO
 /*
 mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
 Stopped) whose DateProcessed is older than @OlderThanDays days, with its
-attempts, attachments and events (mailq.MailEvent).  Works in batches of @BatchSize mails, one short transaction
-per batch.  Rows locked by others are skipped (READPAST) and picked up by
-the next purge.
-Batch size and lock escalation: SQL Server escalates to a table lock when
-one statement takes 5,000 locks on one index (or one table) reference
-("Lock escalation" in Microsoft's transaction locking and row versioning
-guide).  Every statement here stays far below: the parent delete touches at
-most @BatchSize <= 1000 rows per index, children are deleted 1000 rows per
-statement (recipient outcomes too, before the parent delete, whose ON DELETE
-CASCADE would otherwise remove up to 100 of them per mail in one statement).
-The queue stays available to workers and enqueuers meanwhile.
+attempts, attachments, recipient outcomes and events, in batches of
+@BatchSize mails, one short transaction per batch.  Rows others hold are
+skipped (READPAST) and left to the next purge.  Every statement touches at
+most 1,000 rows per index, by forced seeks, far below lock escalation's
+5,000 (docs/guarantees.md, "Lock order").
 Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
              @BatchSize INT 1-1000, default 500.
 Result set:  one row: PurgedCount BIGINT.
 Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
              over 36500 (the cutoff date would underflow, error 517);
              50140 @BatchSize out of range; 50141 called inside a transaction.
-Transaction: must not be called inside a transaction (50141): each batch
-             commits on its own, which is the point.  An error rolls back the
-             current batch only (earlier batches stay purged) and is re-raised.
-Isolation:   sets READ COMMITTED itself (READPAST is refused under SERIALIZABLE,
-             REPEATABLE READ and SNAPSHOT, error 650); the candidate read says
-             READCOMMITTEDLOCK so that, under READ_COMMITTED_SNAPSHOT, it sees
+Transaction: must not be called inside one (50141): each batch commits on its
+             own; an error rolls back the batch under way (earlier batches
+             stay purged) and is re-raised.
+Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
+             REPEATABLE READ (error 650 otherwise), and REPEATABLE READ would
+             keep every shared lock the candidate read takes; that read says
+             READCOMMITTEDLOCK so that under READ_COMMITTED_SNAPSHOT it sees
              locks and READPAST can skip them.
-Lock order:  mailq.MailQueue clustered rows first (U, in ID order), then
-             mailq.MailAttempt, then mailq.MailAttachment, then
-             mailq.MailRecipientOutcome, then mailq.MailEvent, then the MailQueue
-             rows' deletion: the order of every procedure (docs/guarantees.md).
-             The candidates are found on IX_MailQueue_Final without keeping a
-             lock on it, so RequeueMail (clustered row, then the index key)
-             can no longer deadlock with a purge (issue 10, point 7).
+Lock order:  mailq.MailQueue clustered rows (U; candidates are found on
+             IX_MailQueue_Final without keeping a lock there), then
+             mailq.MailAttempt, mailq.MailAttachment, mailq.MailRecipientOutcome,
+             mailq.MailEvent, then the MailQueue rows' deletion.
 Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.PurgeMail
@@ -3885,11 +3854,15 @@ BEGIN
             END;
 
             -- 3. Children, 1000 rows per statement, attempts before attachments.
+            --    FORCESEEK: one seek per purged mail on the child's clustered
+            --    key (MailID first), never a scan, which would lock its way
+            --    through the rows of live mail (no READPAST here) and wait on
+            --    the workers holding them.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
                 DELETE TOP (1000) t
-                FROM mailq.MailAttempt AS t WITH (ROWLOCK)
+                FROM mailq.MailAttempt AS t WITH (FORCESEEK (PK_MailAttempt (MailID)), ROWLOCK)
                 WHERE t.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
@@ -3898,7 +3871,7 @@ BEGIN
             WHILE @Deleted = 1000
             BEGIN
                 DELETE TOP (1000) a
-                FROM mailq.MailAttachment AS a WITH (ROWLOCK)
+                FROM mailq.MailAttachment AS a WITH (FORCESEEK (PK_MailAttachment (MailID)), ROWLOCK)
                 WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
@@ -3911,7 +3884,7 @@ BEGIN
             WHILE @Deleted = 1000
             BEGIN
                 DELETE TOP (1000) o
-                FROM mailq.MailRecipientOutcome AS o WITH (ROWLOCK)
+                FROM mailq.MailRecipientOutcome AS o WITH (FORCESEEK (PK_MailRecipientOutcome (MailID)), ROWLOCK)
                 WHERE o.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
@@ -3930,9 +3903,9 @@ BEGIN
                 SET @Deleted = @@ROWCOUNT;
             END;
 
-            -- 4. The mails themselves (rows already held since step 2).
+            -- 4. The mails themselves (rows already held since step 2), by key.
             DELETE q
-            FROM mailq.MailQueue AS q WITH (ROWLOCK)
+            FROM mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), ROWLOCK)
             WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
             SET @Purged += @@ROWCOUNT;
 
@@ -4734,25 +4707,34 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetQueueStats: the reporting views in one call (for `mailq-db stats`).
-Parameters:  @RecentFailures INT 1-1000, default 20: rows of result set 4.
-Result sets: 1. Status, AccountName, MailCount           (mailq.QueueCountsByStatus)
-             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount (mailq.OldestDueMail)
-             3. HourUtc, AccountName, Sent, Failed       (mailq.ThroughputPerHour, last 24 h)
-             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode, LastError,
-                DateProcessed                            (mailq.RecentFailures, newest first)
-Errors:      50146 @RecentFailures out of range.
+mailq.GetQueueStats: the queue's health in one call (for `mailq-db stats`),
+from forced seeks bounded by the mail still queued or by a time window, never
+by the history kept (docs/guarantees.md, "Storage and reporting").
+Parameters:  @RecentFailures INT 1-1000, default 20: rows of result set 4;
+             @FinishedHours  INT 1-168, default 24: the window of result set 3.
+Result sets: 1. Status, AccountName, MailCount: mail queued now (UnSent,
+                Sending); seek on IX_MailQueue_Status, two status ranges
+             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount: due
+                UnSent mail per account; seek on IX_MailQueue_Status
+             3. HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped:
+                mail finished per UTC hour over the last @FinishedHours hours
+                (by DateProcessed); range seek on IX_MailQueue_Final (covering)
+             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode,
+                LastError, DateProcessed: the newest failed attempts of the last
+                7 days; backward seek on IX_MailAttempt_EndedAtUtc, then
+                PK_MailQueue by ID
+Errors:      50146 @RecentFailures out of range; 50520 @FinishedHours out of
+             range.
 Transaction: reads only; opens none and leaves the caller's untouched.
-Isolation:   sets READ COMMITTED itself: called from a SERIALIZABLE or
-             REPEATABLE READ session it would otherwise hold range or shared
-             locks on the queue until the caller's transaction ends; under
-             READ_COMMITTED_SNAPSHOT the counts are a consistent snapshot per
-             statement (no lock taken).
-Lock order:  none (no locking reads).
-Example:     EXEC mailq.GetQueueStats @RecentFailures = 10;
+Isolation:   sets READ COMMITTED itself (no range or shared locks kept for a
+             SERIALIZABLE or REPEATABLE READ caller); under
+             READ_COMMITTED_SNAPSHOT each statement reads a snapshot.
+Lock order:  none (shared locks released row by row, or none under RCSI).
+Example:     EXEC mailq.GetQueueStats @RecentFailures = 10, @FinishedHours = 24;
 */
 CREATE OR ALTER PROCEDURE mailq.GetQueueStats
-    @RecentFailures INT = 20
+    @RecentFailures INT = 20,
+    @FinishedHours INT = 24
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -4760,47 +4742,85 @@ BEGIN
 
     DECLARE @Msg NVARCHAR(2048);
     SET @RecentFailures = COALESCE(@RecentFailures, 20);
+    SET @FinishedHours = COALESCE(@FinishedHours, 24);
     IF @RecentFailures NOT BETWEEN 1 AND 1000
     BEGIN
         SET @Msg = CONCAT(N'@RecentFailures must be 1-1000; got ', @RecentFailures, N'.');
         THROW 50146, @Msg, 1;
     END;
+    IF @FinishedHours NOT BETWEEN 1 AND 168
+    BEGIN
+        SET @Msg = CONCAT(N'@FinishedHours must be 1-168 (a week); got ', @FinishedHours, N'.');
+        THROW 50520, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    -- Whole hours: the window starts at the top of the oldest hour shown.
+    DECLARE @FinishedSince DATETIME2(3) = DATEADD(
+        HOUR, DATEDIFF(HOUR, '20000101', @Now) - @FinishedHours + 1, CAST('20000101' AS DATETIME2(3))
+    );
+    DECLARE @FailuresSince DATETIME2(3) = DATEADD(DAY, -7, @Now);
+
+    -- Every read below is a forced seek on a narrow index whose range holds
+    -- only queued mail or one time window: the cost never grows with the
+    -- finished mail kept until mailq.PurgeMail removes it.
+    SELECT
+        q.Status,
+        q.AccountName,
+        COUNT_BIG(*) AS MailCount
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)
+    WHERE q.Status IN (N'UnSent', N'Sending')
+    GROUP BY q.Status, q.AccountName
+    ORDER BY q.AccountName ASC, q.Status ASC;
 
     SELECT
-        c.Status,
-        c.AccountName,
-        c.MailCount
-    FROM mailq.QueueCountsByStatus AS c
-    ORDER BY c.AccountName, c.Status;
+        q.AccountName,
+        MIN(q.VisibleAtUtc) AS OldestDueUtc,
+        DATEDIFF_BIG(SECOND, MIN(q.VisibleAtUtc), @Now) AS OldestDueAgeSeconds,
+        COUNT_BIG(*) AS DueCount
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)
+    WHERE q.Status = N'UnSent' AND q.VisibleAtUtc <= @Now
+    GROUP BY q.AccountName
+    ORDER BY OldestDueAgeSeconds DESC;
 
+    -- IX_MailQueue_Final is filtered on the final statuses: the predicate
+    -- repeats them as literals so the filtered index always matches.
     SELECT
-        o.AccountName,
-        o.OldestDueUtc,
-        o.OldestDueAgeSeconds,
-        o.DueCount
-    FROM mailq.OldestDueMail AS o
-    ORDER BY o.OldestDueAgeSeconds DESC;
+        DATEADD(HOUR, DATEDIFF(HOUR, '20000101', q.DateProcessed), CAST('20000101' AS DATETIME2(0))) AS HourUtc,
+        q.AccountName,
+        SUM(IIF(q.Status = N'Sent', 1, 0)) AS Sent,
+        SUM(IIF(q.Status = N'Failed', 1, 0)) AS Failed,
+        SUM(IIF(q.Status = N'Expired', 1, 0)) AS Expired,
+        SUM(IIF(q.Status = N'Cancelled', 1, 0)) AS Cancelled,
+        SUM(IIF(q.Status = N'Stopped', 1, 0)) AS Stopped
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Final), FORCESEEK)
+    WHERE
+        q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
+        AND q.DateProcessed >= @FinishedSince
+    GROUP BY
+        DATEADD(HOUR, DATEDIFF(HOUR, '20000101', q.DateProcessed), CAST('20000101' AS DATETIME2(0))),
+        q.AccountName
+    ORDER BY HourUtc DESC, q.AccountName ASC;
 
-    SELECT
-        t.HourUtc,
-        t.AccountName,
-        t.Sent,
-        t.Failed
-    FROM mailq.ThroughputPerHour AS t
-    WHERE t.HourUtc >= DATEADD(HOUR, -24, SYSUTCDATETIME())
-    ORDER BY t.HourUtc DESC, t.AccountName ASC;
-
+    -- Newest first, stopped after @RecentFailures rows: a backward range
+    -- seek on EndedAtUtc (Outcome is an included column), a key lookup for
+    -- ErrorText of the rows kept, one PK_MailQueue seek per row kept.
     SELECT TOP (@RecentFailures)
-        f.ID,
-        f.AttemptNo,
-        f.AccountName,
-        f.Status,
-        f.Outcome,
-        f.SmtpCode,
-        f.LastError,
-        f.DateProcessed
-    FROM mailq.RecentFailures AS f
-    ORDER BY f.DateProcessed DESC;
+        t.MailID AS ID,
+        t.AttemptNo,
+        q.AccountName,
+        q.Status,
+        t.Outcome,
+        t.SmtpCode,
+        t.ErrorText AS LastError,
+        t.EndedAtUtc AS DateProcessed
+    FROM mailq.MailAttempt AS t WITH (INDEX (IX_MailAttempt_EndedAtUtc), FORCESEEK)
+    INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID))) ON t.MailID = q.ID
+    WHERE
+        t.EndedAtUtc IS NOT NULL
+        AND t.EndedAtUtc >= @FailuresSince
+        AND t.Outcome IN (N'Retry', N'Wait', N'Stop', N'Abandoned')
+    ORDER BY t.EndedAtUtc DESC;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
@@ -5087,8 +5107,10 @@ Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not
              On any error nothing is written.
 Transaction: its own if none is open, else the caller's; an error dooms either
              (XACT_ABORT ON) and is re-raised.
-Isolation:   the caller's; the mail row's UPDLOCK (LockLeasedMail) serializes
-             every writer of this mail's recipients, also under RCSI.
+Isolation:   sets READ COMMITTED itself (a SERIALIZABLE caller would make the
+             NOT EXISTS take key-range locks); the mail row's UPDLOCK
+             (LockLeasedMail) serializes every writer of this mail's recipients,
+             also under RCSI.
 Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
 Example:     EXEC mailq.RecordRecipientOutcomes @ID = 101, @LockToken = @T,
                  @Outcomes = N'[{"address":"a@example.com","outcome":"Delivered","code":250}]';
@@ -5100,6 +5122,7 @@ CREATE OR ALTER PROCEDURE mailq.RecordRecipientOutcomes
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
 
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL
@@ -5236,9 +5259,10 @@ Result set:  one row per recorded recipient: MailID, Address, Outcome,
 Errors:      50131 @LockToken missing; 50185 @IDList is not a JSON array of
              1-1000 integers.
 Transaction: reads only; none of its own.
-Isolation:   the caller's: the rows read belong to mails this token holds,
-             which only this worker writes.
-Lock order:  none taken beyond the caller's isolation level (reads only).
+Isolation:   sets READ COMMITTED itself (no shared or range lock kept for a
+             REPEATABLE READ or SERIALIZABLE caller); the rows read belong to
+             mails this token holds, which only this worker writes.
+Lock order:  mailq.MailQueue, then mailq.MailRecipientOutcome (shared, row by row).
 Example:     EXEC mailq.GetRecipientOutcomes @IDList = N'[101,102]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.GetRecipientOutcomes
@@ -5247,6 +5271,7 @@ CREATE OR ALTER PROCEDURE mailq.GetRecipientOutcomes
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
 
     IF @LockToken IS NULL
         THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
@@ -5288,27 +5313,11 @@ GO
 mailq.GetMailEvents: reads the event stream (mailq.MailEvent) after a
 cursor, in EventID order, in bounded batches: one application's events
 (@AppName) or one mail's (@MailID).  The caller keeps the last EventID it
-processed and passes it back as @AfterEventID.
-Commit-safe cursor: EventID is the row's ROWVERSION as BIGINT, and only
-rows below MIN_ACTIVE_ROWVERSION() are returned.  "A rowversion value is
-active if it is used in a transaction that has not yet been committed"; the
-function returns the lowest active value, or @@DBTS + 1 when none is
-(MIN_ACTIVE_ROWVERSION (Transact-SQL), Remarks:
-https://learn.microsoft.com/sql/t-sql/functions/min-active-rowversion-transact-sql).
-So every event returned belongs to an ended transaction, and any event that
-commits later carries a higher EventID than every one returned: a reader
-never skips one.  The price: any open transaction that has written a
-rowversion value in this database holds back every reader until it ends: one
-that wrote an event (e.g. an enqueue inside an application's own long
-transaction), and equally one that inserted or updated a row of any other
-table with a rowversion column (the counter is the database's, not the
-table's); events are delayed, never lost.  An abandoned or in-doubt (MSDTC)
-transaction stalls the stream until it is ended: MIN_ACTIVE_ROWVERSION()
-staying below @@DBTS + 1 shows it.
-The bound is read into a variable first, and the rows are read with
-READCOMMITTEDLOCK in a later statement: under READ_COMMITTED_SNAPSHOT a
-statement's snapshot could predate a commit below the bound; a locking read
-cannot (rows below the bound are committed, so it never waits on them).
+processed and passes it back as @AfterEventID.  Commit-safe: only events
+below MIN_ACTIVE_ROWVERSION() are returned, so no event can appear later
+below a cursor already given; an open transaction that wrote a rowversion
+value anywhere in the database holds every reader back until it ends
+(mailq.GetEventStreamStall names it; docs/events.md).
 Parameters:  @AppName NVARCHAR(128) or @MailID BIGINT: exactly one;
              @AfterEventID BIGINT >= 0, default 0 (from the start);
              @MaxEvents INT 1-5000, default 500.
@@ -5319,25 +5328,15 @@ Result set:  up to @MaxEvents rows in EventID order: EventID BIGINT, MailID
              @MaxEvents: the caller is up to date (for now).
 Errors:      50170 neither or both of @AppName / @MailID; 50171 @AfterEventID
              NULL or negative; 50172 @MaxEvents out of range; 50173 the calling
-             database user is mapped to another application
-             (mailq.ApplicationPrincipal) than @AppName.
-Access:      a database user mapped to an application reads only that
-             application's events (by @MailID too: other mails' events are
-             filtered out); other callers of the procedure read every
-             application's (grants: MailqEnqueuer, MailqAdmin).
-Transaction: opens none and writes nothing; inside a caller's transaction
-             that has itself written events, the bound stops below them.
-Isolation:   sets READ COMMITTED itself and reads with READCOMMITTEDLOCK (see
-             above); a level set in a procedure reverts when it returns.
-Lock order:  mailq.MailEvent only (shared locks, released row by row).  Only
-             mailq.PurgeMail changes rows below the bound: a reader of the
-             events it is deleting waits for that purge batch, and (a key
-             lookup against the delete's index order) can be the deadlock
-             victim (1205): retry the call with the same cursor.
-Plan:        a range seek on IX_MailEvent_AppName (AppName, EventSeq) or
-             IX_MailEvent_MailID (MailID, EventSeq) between the cursor and
-             the bound, TOP (@MaxEvents), key lookups for the rows returned:
-             the same cost at any table size.
+             database user is mapped to another application than @AppName.
+Access:      a user mapped to an application (mailq.ApplicationPrincipal) reads
+             only that application's events; other callers read every one.
+Transaction: opens none and writes nothing.
+Isolation:   sets READ COMMITTED; the bound is read first, the rows then with
+             READCOMMITTEDLOCK (no RCSI snapshot older than the bound).
+Lock order:  mailq.MailEvent only (shared, row by row).  A mailq.PurgeMail batch
+             deleting the events read can make the reader wait or its deadlock
+             victim (1205): call again with the same cursor.
 Example:     EXEC mailq.GetMailEvents @AppName = N'billing', @AfterEventID = 41230, @MaxEvents = 500;
 */
 CREATE OR ALTER PROCEDURE mailq.GetMailEvents
@@ -6395,6 +6394,163 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
+mailq.GetEventStreamStall: is the event stream (mailq.GetMailEvents) and the
+hook dispatcher held back now, and by which open transactions?  Both return
+only events below MIN_ACTIVE_ROWVERSION(): an open transaction that wrote a
+rowversion value in ANY table of this database holds back every reader until
+it ends (docs/events.md, "When the stream stalls").
+Parameters:  @MinOpenSeconds INT 0-86400, default 0: list only transactions
+             open at least this long.
+Result sets: 1. one row: HeldBack BIT (MIN_ACTIVE_ROWVERSION() < @@DBTS + 1),
+                MinActiveRowversion BIGINT, NextRowversion BIGINT (@@DBTS + 1),
+                CanSeeTransactions BIT, Permission NVARCHAR(200) (what the caller
+                needs to see them), OldestOpenSeconds INT (NULL: none listed)
+             2. (filled when HeldBack = 1 and CanSeeTransactions = 1) this
+                database's open read/write transactions that have written,
+                oldest first (the holder is among them, most often the
+                oldest): SessionID (NULL: no session, e.g. an in-doubt MSDTC
+                transaction), TransactionID, TransactionName, OpenSinceUtc,
+                OpenSeconds, State, SessionStatus, ProgramName, HostName,
+                LoginName, LogRecords
+Permission:  EXECUTE (MailqAdmin, MailqEnqueuer); the transactions are read
+             from sys.dm_tran_database_transactions, _active_transactions,
+             _session_transactions and sys.dm_exec_sessions with the CALLER's
+             rights: VIEW SERVER STATE (2022 and later: VIEW SERVER PERFORMANCE
+             STATE suffices; Azure SQL Database: VIEW DATABASE STATE).  Without
+             it result set 2 stays empty (checked first: never error 297/300).
+Errors:      50521 @MinOpenSeconds out of range.
+Transaction: reads only; opens none.
+Isolation:   sets READ COMMITTED; reads no table, only DMVs (no locks).
+Lock order:  none.
+Example:     EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetEventStreamStall
+    @MinOpenSeconds INT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @MinOpenSeconds = COALESCE(@MinOpenSeconds, 0);
+    IF @MinOpenSeconds NOT BETWEEN 0 AND 86400
+    BEGIN
+        SET @Msg = CONCAT(N'@MinOpenSeconds must be 0-86400 (a day); got ', @MinOpenSeconds, N'.');
+        THROW 50521, @Msg, 1;
+    END;
+
+    -- @@DBTS first: a transaction that writes between the two reads then
+    -- cannot make an idle stream look held back.
+    DECLARE @Next BIGINT = CAST(@@DBTS AS BIGINT) + 1;
+    DECLARE @MinActive BIGINT = CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT);
+    DECLARE @HeldBack BIT = IIF(@MinActive < @Next, 1, 0);
+
+    -- The DMVs check the caller's permission (this procedure adds none).
+    -- HAS_PERMS_BY_NAME returns NULL, not an error, for a permission name the
+    -- server does not know (VIEW SERVER PERFORMANCE STATE before 2022).
+    DECLARE @Azure BIT = IIF(CAST(SERVERPROPERTY('EngineEdition') AS INT) = 5, 1, 0);
+    DECLARE @Permission NVARCHAR(200) = IIF(
+        @Azure = 1,
+        N'VIEW DATABASE STATE',
+        N'VIEW SERVER STATE (SQL Server 2022 and later: VIEW SERVER PERFORMANCE STATE)'
+    );
+    DECLARE @CanSee BIT = 0;
+    IF @Azure = 1 AND HAS_PERMS_BY_NAME(DB_NAME(), N'DATABASE', N'VIEW DATABASE STATE') = 1
+        SET @CanSee = 1;
+    IF
+        @Azure = 0
+        AND (
+            HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE') = 1
+            OR COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER PERFORMANCE STATE'), 0) = 1
+        )
+        SET @CanSee = 1;
+
+    DECLARE @Holder TABLE (
+        SessionID INT NULL,
+        TransactionID BIGINT NOT NULL PRIMARY KEY,
+        TransactionName NVARCHAR(32) NULL,
+        OpenSinceUtc DATETIME2(0) NULL,
+        OpenSeconds INT NULL,
+        State NVARCHAR(40) NOT NULL,
+        SessionStatus NVARCHAR(30) NULL,
+        ProgramName NVARCHAR(128) NULL,
+        HostName NVARCHAR(128) NULL,
+        LoginName NVARCHAR(128) NULL,
+        LogRecords BIGINT NULL
+    );
+
+    IF @HeldBack = 1 AND @CanSee = 1
+    BEGIN
+        -- The DMVs report the server's local time (datetime): durations are
+        -- taken against SYSDATETIME(), the same clock, and the start is then
+        -- shown in UTC.
+        DECLARE @LocalNow DATETIME2(3) = SYSDATETIME();
+        DECLARE @UtcNow DATETIME2(3) = SYSUTCDATETIME();
+        INSERT INTO @Holder (
+            SessionID, TransactionID, TransactionName, OpenSinceUtc, OpenSeconds, State,
+            SessionStatus, ProgramName, HostName, LoginName, LogRecords
+        )
+        SELECT
+            st.session_id,
+            dt.transaction_id,
+            tx.name,
+            DATEADD(SECOND, -DATEDIFF(SECOND, tx.transaction_begin_time, @LocalNow), @UtcNow),
+            DATEDIFF(SECOND, tx.transaction_begin_time, @LocalNow),
+            CASE
+                WHEN tx.transaction_state = 5 THEN N'prepared, waiting for MSDTC (in doubt)'
+                WHEN tx.transaction_state IN (7, 8) THEN N'rolling back'
+                WHEN tx.transaction_type = 4 THEN N'distributed, active'
+                ELSE N'active'
+            END,
+            s.status,
+            s.program_name,
+            s.host_name,
+            s.login_name,
+            dt.database_transaction_log_record_count
+        FROM sys.dm_tran_database_transactions AS dt
+        LEFT JOIN sys.dm_tran_active_transactions AS tx ON dt.transaction_id = tx.transaction_id
+        -- One session per transaction (bound sessions could list several).
+        OUTER APPLY (
+            SELECT TOP (1) x.session_id
+            FROM sys.dm_tran_session_transactions AS x
+            WHERE x.transaction_id = dt.transaction_id
+            ORDER BY x.session_id ASC
+        ) AS st
+        LEFT JOIN sys.dm_exec_sessions AS s ON st.session_id = s.session_id
+        WHERE
+            dt.database_id = DB_ID()
+            AND dt.database_transaction_type = 1           -- read/write (not system, not read-only)
+            AND dt.database_transaction_state IN (4, 5)    -- has written (log records), or prepared
+            AND COALESCE(DATEDIFF(SECOND, tx.transaction_begin_time, @LocalNow), 0) >= @MinOpenSeconds;
+    END;
+
+    SELECT
+        @HeldBack AS HeldBack,
+        @MinActive AS MinActiveRowversion,
+        @Next AS NextRowversion,
+        @CanSee AS CanSeeTransactions,
+        @Permission AS Permission,
+        (SELECT MAX(h.OpenSeconds) FROM @Holder AS h) AS OldestOpenSeconds;
+
+    SELECT
+        h.SessionID,
+        h.TransactionID,
+        h.TransactionName,
+        h.OpenSinceUtc,
+        h.OpenSeconds,
+        h.State,
+        h.SessionStatus,
+        h.ProgramName,
+        h.HostName,
+        h.LoginName,
+        h.LogRecords
+    FROM @Holder AS h
+    ORDER BY h.OpenSeconds DESC, h.TransactionID ASC;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
 Role MailqEnqueuer: enqueue mail and read its events, nothing else.
 Object-level grants (not SCHEMA::mailq), so internal procedures such as
 mailq.LockLeasedMail stay out of reach; no claim, acknowledgement or binding
@@ -6503,6 +6659,18 @@ EnqueueMailBatch and SendDbMail reach it by ownership chaining.
 GRANT EXECUTE ON OBJECT::mailq.SetEnqueuePolicy TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetEnqueuePolicy TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetEnqueuePolicy TO MailqSender;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+Grants on mailq.GetEventStreamStall: whoever reads the event stream
+(MailqEnqueuer, MailqAdmin) may ask what holds it back.  The procedure reads
+the transaction DMVs with the caller's own rights, so the grant shows open
+transactions only to a caller who already holds VIEW SERVER STATE (or VIEW
+DATABASE STATE on Azure SQL Database).
+*/
+GRANT EXECUTE ON OBJECT::mailq.GetEventStreamStall TO MailqEnqueuer;
+GRANT EXECUTE ON OBJECT::mailq.GetEventStreamStall TO MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -8899,6 +9067,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql',
     N'tables/mailq.ApplicationHook.sql',
     N'tables/mailq.ApplicationHookFailure.sql',
+    N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql',
     N'functions/mailq.ParseAddressList.sql',
     N'functions/mailq.ParseIDList.sql',
     N'types/mailq.MailBatchRow.sql',
@@ -8940,6 +9109,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'procedures/mailq.SetApplicationHook.sql',
     N'procedures/mailq.RunApplicationHooks.sql',
     N'procedures/mailq.ListApplicationHooks.sql',
+    N'procedures/mailq.GetEventStreamStall.sql',
     N'security/MailqEnqueuer.grants.sql',
     N'security/MailqEnqueuer.batch.grants.sql',
     N'security/MailqSender.grants.sql',
@@ -8948,6 +9118,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'security/MailqSender.recipients.grants.sql',
     N'security/MailqAdmin.hooks.grants.sql',
     N'security/MailqAdmin.enqueue.grants.sql',
+    N'security/MailqEnqueuer.eventstall.grants.sql',
     N'tables/mailq.MailTemplate.sql',
     N'tables/mailq.MailTemplateVersion.sql',
     N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql',
@@ -9010,6 +9181,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql', '97d14958ecd474d8a8073a004bd7b29862f3b1691e60b1f144479cbb880df293'),
     ('0001', N'tables/mailq.ApplicationHook.sql', '7a5b960e85f0838216aa6df258ea6684f7dc2313519f60373e6820236f540dc5'),
     ('0001', N'tables/mailq.ApplicationHookFailure.sql', 'f754603d66267a52c81a65df0ceea0cb6282f9b5cd76ad603fb20b5fea217042'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql', 'f04c4a974bea0b3e6521fd3a30c1b23689f8ed862318f99ea68de34bd95327f8'),
     ('0001', N'functions/mailq.ParseAddressList.sql', 'fc32cb8caa04c6c8eeb6466c050652bd9917d72795419b3d2efec091944e51fe'),
     ('0001', N'functions/mailq.ParseIDList.sql', '030429dfb47b466d8caa7aff6c66633f870c2ecff105a3d96fad2581d422d4ce'),
     ('0001', N'types/mailq.MailBatchRow.sql', '02c76403e1fc4742abd5e6c2544043b4a4b67e3785977be2e9206f41bfb6ad5f'),
@@ -9021,19 +9193,19 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.ThroughputPerHour.sql', '430d89e12b1171bedd76164b995c9ad7811a96e660a0de37a939ed75a9216d19'),
     ('0001', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
-    ('0001', N'procedures/mailq.LockLeasedMail.sql', 'fb0a7dae90991ce25d4e04642c243d2bf6619d236164a94187bd19c3ab3a211f'),
+    ('0001', N'procedures/mailq.LockLeasedMail.sql', '7c551bc3d04a61184ef72a53039aa164d11402bbd7a0cd5908795337fca9f2c3'),
     ('0001', N'procedures/mailq.EnqueueMailRows.sql', '6f71d74fb551574a812f318a19ec4e6c74c69a40af6de2d8aec3a26142a61aa9'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', '81ea78d951af91658af35997edf497a0338c2f657c1a6fda86eca76767c7e80c'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', '71e060787abc719bb4e4322cc996d5fd9e50d1f499acd749f71b1d94f2bd4c2d'),
-    ('0001', N'procedures/mailq.ClaimMail.sql', 'aa15e93ce89db4757fcae9bc454a9006496ea99b2bcc9f6efe2713ce28c60c70'),
-    ('0001', N'procedures/mailq.FinalizeMail.sql', 'eddbcbdee610dec85cc8d6a58b69edbccec454db2e3d028524dbf4d90d265af7'),
-    ('0001', N'procedures/mailq.ExtendLease.sql', '48525b2a69dbcd7c0ce6e203c33ba3881129f22311919dd2ef0c75b20262d009'),
+    ('0001', N'procedures/mailq.ClaimMail.sql', 'b0c1c9e51e5adbd7903dbd7e95b61dcffb125a137a0c6f300be24bd298e4e769'),
+    ('0001', N'procedures/mailq.FinalizeMail.sql', '35dac204fbb7564671ef93743cb9276c8214071e130f302d96d41c6cf8498fa8'),
+    ('0001', N'procedures/mailq.ExtendLease.sql', 'f904b562528d3305fb4df10fafac648e56c05ada67afa61cafba7b4e20c491aa'),
     ('0001', N'procedures/mailq.ReleaseMail.sql', '8f72da9b892b4bdb2d39aa6fcb5aaef5a43b9d6c6c6e336c60bf376d72a51ad3'),
     ('0001', N'procedures/mailq.MarkSent.sql', '63e9c82af22c4c5959473830ffa250aa10bc43819156691de7840eb4f71b143f'),
     ('0001', N'procedures/mailq.MarkFailed.sql', 'dc5bff613a81b325211cb939441da996427f022103a77e9753d9b275e9836e4d'),
     ('0001', N'procedures/mailq.CancelMail.sql', 'fd011090a589a1b3d140220a1c8eac6d7e4f0362bf31ae2fe97e40a6a547bb86'),
     ('0001', N'procedures/mailq.RequeueMail.sql', '0dab9eb7c2aca0b14c24f8583ef7ba210e4d1b998c893b29a76d47b3e425f9cc'),
-    ('0001', N'procedures/mailq.PurgeMail.sql', '701014f25124e9764b6627a96bc96dc2f3ffe51822e31cdacc60655ea4f0c5fc'),
+    ('0001', N'procedures/mailq.PurgeMail.sql', '4292a61c22b8242644c330c576b7096a54c587b2b40c5ba0c8f2b43e3db9c4d0'),
     ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '7b619046925ea5e96a4a8edcd51748ae94c9668161c239a8c3bdcdb818479d9b'),
     ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
     ('0001', N'procedures/mailq.AcquireLoginSlot.sql', 'd67229441fcc7acf16876c9fce16713efe952e1cdcb9e2d9852b3c91efa645b1'),
@@ -9042,15 +9214,16 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.UnbindApplication.sql', 'c6cfffd6e670ba895709856cc742f910a1f7be30b5c7f6fa3b821d18769a6076'),
     ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'ebab2f0d893042164d3de72c5d73536f20cb329cf5f387e3b91c0f8e321a54cd'),
     ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', '19d803b973dfbc7cb0b0a5f9e77e2e1178e9d5884621f5bd8c1b8ae889a65588'),
-    ('0001', N'procedures/mailq.GetQueueStats.sql', '629044a0c44b437614a0555456940b1fd072a74ba60cd9c2cda734271e3cc536'),
+    ('0001', N'procedures/mailq.GetQueueStats.sql', '8e2031feb041c242e647c8051274adce720666971dac0488c6396f44716757e9'),
     ('0001', N'procedures/mailq.GetInstallationHealth.sql', '778eb143222d2f0007dcb39dd6ea01272bac8e93f9e69819ab20cf8c17791af8'),
-    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '52098780439c2838961200c068c72ad374ad3b95b0c0460e860b2d14388a2a7f'),
-    ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '2e059909a20afac1c42e60266e1d2057750da27714f6715fe9dcc22b4fc0c9a1'),
-    ('0001', N'procedures/mailq.GetMailEvents.sql', 'af859d53fe913391adc23189226d249a1e4c6dd2cb9c96ca64973da1a51b50b5'),
+    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '153dc087cfcdb92ebb0d8006d0610c5df24c3d6099775c846433a14d02b70694'),
+    ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '9d6440087de1500f6688d698c4098d940458eab0b4f063aa03ac5642f219e41d'),
+    ('0001', N'procedures/mailq.GetMailEvents.sql', '510007bc2ebeae4cdd380512352e13982fb146482cfb7a5e8d82c3322696069e'),
     ('0001', N'procedures/mailq.StopMail.sql', '57190c217b55d60c775f7b74d35f5cd6b780fc2b215c048acc5ee90e30f8b9c1'),
     ('0001', N'procedures/mailq.SetApplicationHook.sql', '2fc8238c5b98e850a2ffe19c4fef2aaa78f738424f4435c0c6c97be0b8de3375'),
     ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'c7b0168844502444ad2e660b70a4e0df8b855049aba02be1da02c2aff8409a8b'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
+    ('0001', N'procedures/mailq.GetEventStreamStall.sql', '635374a8d2c2b93350cce00be98ee8fa7ea5c588aaa0973e90004f38db9015aa'),
     ('0001', N'security/MailqEnqueuer.grants.sql', '308e6b3f4e8a94429b47e1720c362f8913cd230a0afc63ceca89013740ef94a4'),
     ('0001', N'security/MailqEnqueuer.batch.grants.sql', '500a3a76b5ce7a8edd0cdbf9d19d48322676042658da9fb541d4d0e457804e1d'),
     ('0001', N'security/MailqSender.grants.sql', '38d55f69943e8c103cef7d15da235dfdc69431baf1735959703665e0f6581686'),
@@ -9059,6 +9232,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqSender.recipients.grants.sql', 'e450e5c2eb97a0ab27bdb80713db3844bf56d972ab5cafdfedf19b06042b0a6d'),
     ('0001', N'security/MailqAdmin.hooks.grants.sql', 'c707623f13a083a6efab3515f34d29f4701ee57f515504280a39181265b32016'),
     ('0001', N'security/MailqAdmin.enqueue.grants.sql', 'cf9a54032e603bb02db138dc8cd512a5b10548a2f5825f3844833329b1efb4b7'),
+    ('0001', N'security/MailqEnqueuer.eventstall.grants.sql', 'a7e819800bf26dd821739517e854d07da0c3cc016233fe6f0bc2eeed5fb18279'),
     ('0001', N'tables/mailq.MailTemplate.sql', 'bf6adf36d946b89f08b03715929d7dcef78474409b34c1d16062a27bb8d74bbe'),
     ('0001', N'tables/mailq.MailTemplateVersion.sql', '740e3884fde00d413cb05c3d4cee3bb2eb2d55e85eb79c747ec29a7f7c255c43'),
     ('0001', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '133f9422bc2571f00cda7ce554f3fde0ac0370953e37158bf40a628ec0a3ac80'),

@@ -199,3 +199,7 @@ SPECIFIC.update({50215: UnknownTemplateError, 50216: TemplateStateError,
 SPECIFIC.update({50280: InvalidInputError, 50281: InvalidInputError, 50282: UnknownTemplateError,
                  50283: TemplateStateError, 50284: InvalidInputError, 50285: InvalidInputError,
                  50286: InvalidInputError})
+
+
+# Monitoring procedures (docs/monitoring/): bad input only, nothing written.
+_BLOCKS.append((range(50580, 50600), InvalidInputError))

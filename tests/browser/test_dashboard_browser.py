@@ -15,6 +15,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from mailq_db.dashboard.app import Dashboard
 
+pytestmark = pytest.mark.browser
+
 TOKEN = "browser-test-token-0123456789abcdef"
 
 

@@ -35,7 +35,7 @@ from ..procedures import ClaimedMail
 from .classify import RETRY, STOP, WAIT, Outcome, classify_exception, classify_reply, permanent
 from .config import AccountConfig, Config
 from .lazy import LazyContentError, needs_preparing, prepare
-from .logs import event
+from .logs import event, mail_state
 from .message import MalformedMail, Outgoing, build
 from .metrics import Metrics
 from .smtp import ConnectionGone, MessageTooBig, OutcomeUnknown, SendResult, SmtpSession
@@ -65,6 +65,8 @@ class _Pending:
     text: str | None  # the server's final reply (the same rule for every outcome)
     account: str | None = None
     dry_run: bool = False  # recorded as DryRun (worker dry-run, or the application's, revision 0015)
+    message_id: str | None = None
+    queue_id: str | None = None  # the relay's queue ID from its final reply
 
 
 class Worker:
@@ -174,6 +176,9 @@ class Worker:
             return 0
         self.metrics.inc("claimed", len(mails))
         self.held = {m.id: m for m in mails}
+        for m in mails:
+            mail_state(log, mail_id=m.id, account=m.account_name, message_id=m.message_id, status="Sending",
+                       outcome="Claimed", attempt=m.attempt_no, worker=self.name)
         mails = self._prepare_lazy(mails)
         self.done_recipients = self._recipients_done(mails)
         try:
@@ -496,15 +501,16 @@ class Worker:
                 f"those only: {text}", "recipients deferred (4xx)", min(c for c, _ in deferred.values()),
                 None, "recipient"))
             return wait
-        self._ack(mail.id, result.code or None, text)
+        self._ack(mail.id, result.code or None, text, queue_id=result.queue_id)
         return wait
 
-    def _ack(self, mail_id: int, code: int | None, text: str | None) -> None:
+    def _ack(self, mail_id: int, code: int | None, text: str | None, queue_id: str | None = None) -> None:
         if not self.pending:
             self._pending_since = time.monotonic()
         mail = self.held.get(mail_id)
         self.pending.append(_Pending(mail_id, code, text, mail.account_name if mail else None,
-                                     self.dry_run or bool(mail and mail.dry_run)))
+                                     self.dry_run or bool(mail and mail.dry_run),
+                                     mail.message_id if mail else None, queue_id))
 
     def flush_acks(self) -> None:
         """Write every pending acknowledgement: one MarkSent per distinct reply text."""
@@ -517,6 +523,7 @@ class Worker:
         # apart, with @DryRun = 1.
         groups: OrderedDict[tuple[int | None, str | None, bool], list[int]] = OrderedDict()
         accounts = {p.mail_id: p.account for p in pending}
+        by_id = {p.mail_id: p for p in pending}
         for p in pending:
             groups.setdefault((p.code, p.text, p.dry_run), []).append(p.mail_id)
         for (code, text, dry), ids in groups.items():
@@ -528,28 +535,42 @@ class Worker:
             for account, n in Counter(accounts[i] for i in done).items():
                 self.metrics.inc("sent", n, account=account, code=code)
             event(log, logging.INFO, "acknowledged", count=len(done), ids=done, dry_run=dry)
+            for i in done:
+                p = by_id[i]
+                mail_state(log, mail_id=i, account=p.account, message_id=p.message_id, status="Sent",
+                           outcome="DryRun" if dry else "Sent", queue_id=p.queue_id, smtp_code=code)
 
     def fail(self, mails: Iterable[ClaimedMail], outcome: Outcome) -> None:
         mails = list(mails)
         accounts = {m.id: m.account_name for m in mails}
+        by_id = {m.id: m for m in mails}
         ids = [m.id for m in mails if m.id in self.held]
         if not ids:
             return
         level = logging.ERROR if outcome.disposition == STOP else logging.WARNING
         event(log, level, outcome.disposition, ids=ids, reason=outcome.reason, rule=outcome.rule,
               smtp_code=outcome.smtp_code, retry_after_seconds=outcome.retry_after_seconds)
-        done = self._each(
-            ids, lambda chunk: self.db.call(
-                self.procs.mark_failed, ids=chunk, lock_token=self.token,
-                disposition=outcome.disposition, error=outcome.reason[:MAX_ERROR],
-                retry_after_seconds=outcome.retry_after_seconds, smtp_code=outcome.smtp_code),
-            lost="lease lost before the failure was recorded; the new owner decides")
+        statuses: dict[int, str] = {}  # the status MarkFailed left each mail in (UnSent or Failed)
+
+        def mark(chunk: list[int]) -> None:
+            for r in self.db.call(
+                    self.procs.mark_failed, ids=chunk, lock_token=self.token,
+                    disposition=outcome.disposition, error=outcome.reason[:MAX_ERROR],
+                    retry_after_seconds=outcome.retry_after_seconds, smtp_code=outcome.smtp_code) or []:
+                statuses[r.mail_id] = r.status
+
+        done = self._each(ids, mark, lost="lease lost before the failure was recorded; the new owner decides")
+        for i in done:
+            mail_state(log, mail_id=i, account=accounts[i], message_id=by_id[i].message_id,
+                       status=statuses.get(i), outcome=outcome.disposition, smtp_code=outcome.smtp_code,
+                       reason=outcome.reason, level=level)
         counter = {STOP: "failed", RETRY: "retried", WAIT: "waited"}[outcome.disposition]
         done_set = set(done)
         for account, n in Counter(accounts[i] for i in done_set).items():
             self.metrics.inc(counter, n, account=account, code=outcome.smtp_code)
 
     def release(self, mails: Iterable[ClaimedMail], why: str) -> None:
+        mails = list(mails)
         ids = [m.id for m in mails if m.id in self.held]
         if not ids:
             return
@@ -564,6 +585,10 @@ class Worker:
             return
         self.metrics.inc("released", len(done))
         event(log, logging.INFO, "released", ids=done, why=why)
+        by_id = {m.id: m for m in mails}
+        for i in done:
+            mail_state(log, mail_id=i, account=by_id[i].account_name, message_id=by_id[i].message_id,
+                       status="UnSent", outcome="Released", reason=why)
 
     def _each(self, ids: list[int], call: Callable[[list[int]], Any], *, lost: str) -> list[int]:
         """``call(ids)`` all at once; when a lease is lost (the call wrote nothing),

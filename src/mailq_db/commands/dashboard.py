@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..connection import ENV_URL, connect
 from ..errors import ConfigurationError
@@ -64,9 +64,9 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def read_token(token_file: str | None, environ: dict[str, str] | None = None) -> str | None:
+def read_token(token_file: str | None, environ: Mapping[str, str] | None = None) -> str | None:
     """The dashboard token: the first line of ``token_file``, else $MAILQ_DASHBOARD_TOKEN, else None."""
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     if token_file:
         try:
             lines = Path(token_file).read_text(encoding="utf-8").splitlines()
@@ -74,7 +74,7 @@ def read_token(token_file: str | None, environ: dict[str, str] | None = None) ->
             raise ConfigurationError(f"--token-file {token_file}: {exc.strerror}") from None
         token = lines[0].strip() if lines else ""
     else:
-        token = environ.get(ENV_TOKEN, "").strip()
+        token = env.get(ENV_TOKEN, "").strip()
         if not token:
             return None
     if len(token) < MIN_TOKEN:
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         server = make_dashboard_server(app, args.host, args.port)
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
-    host, port = server.server_address[:2]
+    host, port = str(server.server_address[0]), int(server.server_address[1])
     print(f"dashboard on http://{host}:{port}/ ({'token required' if token else 'no token: loopback only'}; "
           f"actions {'ENABLED' if args.allow_actions else 'off'}); Ctrl-C stops", flush=True)
     thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)

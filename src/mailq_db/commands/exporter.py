@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     open_connection().close()  # fail fast on a missing driver, a wrong URL or login
     cache = make_cache(open_connection, interval=args.interval, window_minutes=args.window_minutes)
     server = serve(queue_registry(cache), args.port, args.host)
-    host, port = server.server_address[:2]
+    host, port = str(server.server_address[0]), int(server.server_address[1])
     logs.event(logging.getLogger("mailq_db.exporter"), logging.INFO, "exporter started",
                url=f"http://{host}:{port}/metrics", interval_seconds=args.interval)
     print(f"serving http://{host}:{port}/metrics (Ctrl-C stops)", flush=True)

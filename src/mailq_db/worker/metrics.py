@@ -338,7 +338,7 @@ class QueueCollector(Collector):
         if snap.delay:
             yield from self._delay(snap.delay)
 
-    def _family(self, name: str) -> Metric:
+    def _family(self, name: str) -> GaugeMetricFamily | CounterMetricFamily:
         kind, text, labels = QUEUE_FAMILIES[name]
         if kind == "counter":
             return CounterMetricFamily(name, text, labels=list(labels))

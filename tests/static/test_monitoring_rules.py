@@ -161,3 +161,13 @@ def test_the_alert_rules_query_only_exported_names():
 
 def test_a_misspelt_name_is_caught():
     assert not metric_names("mailq_queue_oldest_age_seconds > 900") <= registered_names()
+
+
+def test_every_alert_has_its_runbook_section():
+    readme = (MONITORING / "README.md").read_text(encoding="utf-8")
+    anchors = {line[4:].strip().lower() for line in readme.splitlines() if line.startswith("### ")}
+    rules = yaml.safe_load((MONITORING / "alerts.yml").read_text())
+    for rule in (r for g in rules["groups"] for r in g["rules"]):
+        runbook = rule["annotations"]["runbook"]
+        assert runbook == f"docs/monitoring/README.md#{rule['alert'].lower()}", runbook
+        assert rule["alert"].lower() in anchors, rule["alert"]

@@ -26,6 +26,15 @@ def log_in(browser, base: str, token: str = TOKEN) -> None:
     assert urlparse(browser.current_url).path == "/login"
     browser.find_element(By.ID, "token").send_keys(token)
     browser.find_element(By.ID, "login").click()
+    # the login POST and its redirect complete before the test goes on (the cookie is set)
+    WebDriverWait(browser, 20).until(
+        lambda b: urlparse(b.current_url).path == "/" or b.find_elements(By.ID, "login-failed"))
+
+
+def find(browser, element_id: str):
+    """The element with this ID, once the page that has it has loaded (after a click)."""
+    WebDriverWait(browser, 20).until(lambda b: b.find_elements(By.ID, element_id))
+    return browser.find_element(By.ID, element_id)
 
 
 def row(browser, table: str, account: str, run_mode: str | None = None):
@@ -78,8 +87,7 @@ def test_a_mails_story_is_its_timeline_attempts_and_recipients(browser, serve_da
     log_in(browser, base)
     browser.find_element(By.ID, "mail-id").send_keys("4711")
     browser.find_element(By.ID, "show-mail").click()
-    WebDriverWait(browser, 10).until(lambda b: b.find_elements(By.ID, "mail-status"))
-    assert browser.find_element(By.ID, "mail-status").text == "Sent"
+    assert find(browser, "mail-status").text == "Sent"
     assert browser.find_element(By.ID, "message-id").text == "<4711.abc@mailq.example>"
     events = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#timeline tr.event td.type")]
     assert events == ["Enqueued", "Claimed", "RetryScheduled", "Claimed", "Sent"]
@@ -92,7 +100,7 @@ def test_a_mails_story_is_its_timeline_attempts_and_recipients(browser, serve_da
 def test_a_wrong_token_is_refused(browser, serve_dashboard):
     base = serve_dashboard(Dashboard(FakeDashboardData(), token=TOKEN))
     log_in(browser, base, token="not-the-token-at-all")
-    assert browser.find_element(By.ID, "login-failed").is_displayed()
+    assert find(browser, "login-failed").is_displayed()
     browser.get(base + "/mail?id=1")
     assert urlparse(browser.current_url).path == "/login"
 
@@ -104,7 +112,7 @@ def test_an_action_is_refused_without_mailqadmin(browser, serve_dashboard, scree
     browser.get(base + "/find?status=Failed&account=default")
     assert len(browser.find_elements(By.CSS_SELECTOR, "#found tbody tr")) == 2
     browser.find_element(By.ID, "action-requeue").click()
-    error = browser.find_element(By.ID, "error")
+    error = find(browser, "error")
     assert "Refused" in error.text and "MailqAdmin" in error.text
     assert not [c for c in data.calls if c[0] == "requeue"]
     screenshot("action-refused")
@@ -117,10 +125,10 @@ def test_an_action_is_listed_confirmed_then_done(browser, serve_dashboard, scree
     log_in(browser, base)
     browser.get(base + "/find?status=UnSent&account=default")
     browser.find_element(By.ID, "action-cancel").click()
-    assert browser.find_element(By.ID, "confirm-title").text == "Cancel 3 UnSent mail(s) of default?"
+    assert find(browser, "confirm-title").text == "Cancel 3 UnSent mail(s) of default?"
     assert not [c for c in data.calls if c[0] == "cancel"]  # listing changes nothing
     screenshot("action-confirm")
     browser.find_element(By.ID, "confirm").click()
-    assert browser.find_element(By.ID, "done").text == "Cancel: 2 mail(s) changed, 1 left alone"
+    assert find(browser, "done").text == "Cancel: 2 mail(s) changed, 1 left alone"
     assert [c for c in data.calls if c[0] == "cancel"] == [("cancel", [101, 102, 103])]
     screenshot("action-done")

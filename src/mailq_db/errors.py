@@ -214,3 +214,5 @@ SPECIFIC.update({50420: DeploymentCheckError, 50421: DeploymentCheckError, 50422
 # SenderNotAllowedError; the other numbers of 50500-50519 are bad input.
 _BLOCKS.insert(0, (range(50500, 50520), InvalidInputError))
 SPECIFIC.update({50500: SenderNotAllowedError, 50502: SenderNotAllowedError})
+# Monitoring procedures (docs/monitoring/): bad input only, nothing written.
+_BLOCKS.append((range(50580, 50600), InvalidInputError))

@@ -1478,3 +1478,86 @@ def start_hook_dispatcher(conn: Any, *, interval_seconds: int = 30, enabled: boo
     """mailq.StartHookDispatcher (delayed execution installed only): start,
     re-time or (``enabled=False``) stop the self-re-arming dispatcher task."""
     return _dicts(_call(conn, START_HOOK_DISPATCHER_SQL, [interval_seconds, 1 if enabled else 0]))[0]
+
+
+# --------------------------------------------------------------------------
+# Monitoring (docs/monitoring/): the exporter's and the dashboard's reads
+# --------------------------------------------------------------------------
+
+QUEUE_METRICS_SQL = "EXEC mailq.GetQueueMetrics @WindowMinutes = ?;"
+
+
+@dataclass
+class QueueMetrics:
+    """mailq.GetQueueMetrics' result sets (rows as dicts keyed by column name)."""
+
+    measured_at_utc: datetime | None
+    window_start_utc: datetime | None
+    window_end_utc: datetime | None
+    caller_is_admin: bool
+    depth: list[dict[str, Any]]
+    sendable: list[dict[str, Any]]
+    accounts: list[dict[str, Any]]
+    attempts: list[dict[str, Any]]
+    #: a sixth result set, once the procedure returns suppressions (else None)
+    suppressions: list[dict[str, Any]] | None = None
+
+
+def get_queue_metrics(conn: Any, *, window_minutes: int | None = None) -> QueueMetrics:
+    """mailq.GetQueueMetrics: depth, sendable age, accounts and the attempts of
+    the last ``window_minutes`` complete minutes (1-60, default 5) in one call."""
+    cursor = _call(conn, QUEUE_METRICS_SQL, [window_minutes])
+    sets = [_dicts(cursor)]
+    while _next(cursor):
+        sets.append(_dicts(cursor))
+    info = sets[0][0] if sets and sets[0] else {}
+    sets += [[]] * (5 - len(sets))
+    return QueueMetrics(
+        info.get("MeasuredAtUtc"), info.get("WindowStartUtc"), info.get("WindowEndUtc"),
+        bool(info.get("CallerIsMailqAdmin")), sets[1], sets[2], sets[3], sets[4],
+        sets[5] if len(sets) > 5 else None,
+    )
+
+
+DELAY_TASK_METRICS_SQL = "EXEC delay.GetTaskMetrics;"
+
+
+def get_delay_task_metrics(conn: Any) -> dict[str, Any]:
+    """delay.GetTaskMetrics: PendingTasks, OverdueTasks, HeldTasks, FailedTasks,
+    QueueReceiveEnabled (None: not visible to this login), BrokerEnabled.
+    Raises DatabaseError 2812 where delayed execution is not deployed."""
+    rows = _dicts(_call(conn, DELAY_TASK_METRICS_SQL, []))
+    return rows[0] if rows else {}
+
+
+MAIL_HISTORY_SQL = "EXEC mailq.GetMailHistory @MailID = ?;"
+
+
+@dataclass
+class MailHistory:
+    mail: dict[str, Any] | None  # None: no such mail
+    attempts: list[dict[str, Any]]
+    recipients: list[dict[str, Any]]
+
+
+def get_mail_history(conn: Any, *, mail_id: int) -> MailHistory:
+    """mailq.GetMailHistory: the mail, its attempts and its recipients' outcomes."""
+    cursor = _call(conn, MAIL_HISTORY_SQL, [mail_id])
+    sets = [_dicts(cursor)]
+    while _next(cursor):
+        sets.append(_dicts(cursor))
+    sets += [[]] * (3 - len(sets))
+    return MailHistory(sets[0][0] if sets[0] else None, sets[1], sets[2])
+
+
+FIND_MAIL_SQL = "EXEC mailq.FindMail @Status = ?, @AccountName = ?, @RunMode = ?, @MaxRows = ?;"
+
+
+def find_mail(
+    conn: Any, *, status: str, account_name: str | None = None, run_mode: str | None = None,
+    max_rows: int | None = None,
+) -> list[dict[str, Any]]:
+    """mailq.FindMail: the mails of one status (UnSent, Failed, Cancelled,
+    Expired, Stopped), optionally of one account and run mode, at most
+    ``max_rows`` (1-1000, default 100): what a bulk action would touch."""
+    return _dicts(_call(conn, FIND_MAIL_SQL, [status, account_name, run_mode, max_rows]))

@@ -241,7 +241,7 @@ def test_metrics_endpoint_serves_prometheus_text():
         body = urllib.request.urlopen(url, timeout=5).read().decode()
     finally:
         server.shutdown()
-    assert "mailq_worker_sent_total 3" in body
+    assert 'mailq_worker_sent_total{account="",code=""} 3.0' in body
     assert 'mailq_worker_claim_seconds_bucket{le="0.025"} 1' in body
     assert 'mailq_worker_claim_seconds_bucket{le="0.01"} 0' in body
     assert "mailq_worker_claim_seconds_count 1" in body

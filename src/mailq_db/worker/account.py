@@ -347,7 +347,7 @@ class AccountSender:
         outcomes = judged.outcomes(result) if judged.refused or judged.deferred else None
         verdict = judged.verdict(result)
         if verdict is None:
-            w.ack(mail, result.code or None, judged.text(result), recipients=outcomes)
+            w.ack(mail, result.code or None, judged.text(result), recipients=outcomes, queue_id=result.queue_id)
         elif verdict.disposition == WAIT:
             self._client_rejected(verdict)
             self._wait_all(mail, verdict, recipients=outcomes)  # the rest of the batch waits with it

@@ -50,7 +50,7 @@ from .account import AccountSender, SenderPauses
 from .classify import RETRY, STOP, WAIT, Escalation, Outcome
 from .config import AccountConfig, Config
 from .lazy import LazyContentError, needs_preparing, prepare
-from .logs import event
+from .logs import event, mail_state
 from .metrics import Metrics
 from .smtp import SmtpSession
 
@@ -100,6 +100,8 @@ class _Ack:
     #: of the account is accepted or its batch ends (a Retry, charged), or turned
     #: into the account's Wait when its failures escalate (refunded)
     undecided: bool = False
+    message_id: str | None = None
+    queue_id: str | None = None  # the relay's queue ID from its final reply
 
 
 class Worker:
@@ -148,6 +150,7 @@ class Worker:
         self.token = uuid.uuid4()
         self.held: dict[int, ClaimedMail] = {}  # leased, not yet decided
         self.acks: OrderedDict[int, _Ack] = OrderedDict()  # decided, not yet written
+        self._failed_status: dict[int, str] = {}  # MarkFailed's status per mail, for its state line
         self.leases: dict[int, float] = {}  # monotonic deadline of every lease held (held and acks)
         self._acks_since = 0.0
         self._stopping_since: float | None = None
@@ -239,6 +242,8 @@ class Worker:
         for m in mails:
             self.held[m.id] = m
             self.leases[m.id] = started + self._granted(getattr(m, "lease_seconds_remaining", None))
+            mail_state(log, mail_id=m.id, account=m.account_name, message_id=m.message_id, status="Sending",
+                       outcome="Claimed", attempt=m.attempt_no, worker=self.name)
             if m.possible_duplicate:
                 event(log, logging.WARNING, "claimed a mail whose earlier lease ran out (PossibleDuplicate): "
                       "a copy may already have reached its recipients", mail_id=m.id, message_id=m.message_id,
@@ -460,11 +465,12 @@ class Worker:
     # ------------------------------------------------------------ decisions
 
     def ack(self, mail: ClaimedMail, code: int | None, text: str | None, *,
-            recipients: list[dict[str, Any]] | None = None) -> None:
+            recipients: list[dict[str, Any]] | None = None, queue_id: str | None = None) -> None:
         """The server accepted ``mail``: its MarkSent is kept until written (with the
         recipients' outcomes first)."""
         self._decided(mail, _Ack(mail.id, mail.account_name, None, code, text,
-                                 self.dry_run or bool(mail.dry_run), recipients))
+                                 self.dry_run or bool(mail.dry_run), recipients,
+                                 message_id=mail.message_id, queue_id=queue_id))
 
     def fail(self, mails: Iterable[ClaimedMail], outcome: Outcome, *, undecided: bool = False,
              recipients: list[dict[str, Any]] | None = None) -> None:
@@ -479,7 +485,8 @@ class Worker:
               rule=outcome.rule, smtp_code=outcome.smtp_code, retry_after_seconds=outcome.retry_after_seconds,
               undecided=undecided or None)
         for m in mails:
-            self._decided(m, _Ack(m.id, m.account_name, outcome, recipients=recipients, undecided=undecided))
+            self._decided(m, _Ack(m.id, m.account_name, outcome, recipients=recipients, undecided=undecided,
+                                  message_id=m.message_id))
         if not undecided:
             self._write_acks(sent=False)
 
@@ -508,6 +515,7 @@ class Worker:
         ids = [m.id for m in mails if m.id in self.held]
         if not ids:
             return
+        by_id = {m.id: m for m in mails if m.id in ids}
         for i in ids:
             self.held.pop(i, None)
         done: list[int] = []
@@ -526,6 +534,9 @@ class Worker:
         if done:
             self.metrics.inc("released", len(done))
             event(log, logging.INFO, "released", ids=done, why=why)
+        for i in done:
+            mail_state(log, mail_id=i, account=by_id[i].account_name, message_id=by_id[i].message_id,
+                       status="UnSent", outcome="Released", reason=why)
 
     # ------------------------------------------------------------ writing acknowledgements
 
@@ -595,9 +606,11 @@ class Worker:
                               outcome.smtp_code)
 
     def _mark_failed(self, outcome: Outcome, ids: list[int]) -> None:
-        self.db.call(self.procs.mark_failed, ids=ids, lock_token=self.token, disposition=outcome.disposition,
-                     error=outcome.reason[:MAX_ERROR], retry_after_seconds=outcome.retry_after_seconds,
-                     smtp_code=outcome.smtp_code)
+        rows = self.db.call(self.procs.mark_failed, ids=ids, lock_token=self.token, disposition=outcome.disposition,
+                            error=outcome.reason[:MAX_ERROR], retry_after_seconds=outcome.retry_after_seconds,
+                            smtp_code=outcome.smtp_code)
+        for r in rows or []:  # the status MarkFailed left each mail in (UnSent or Failed), for its state line
+            self._failed_status[r.mail_id] = r.status
 
     def _mark_sent(self, code: int | None, text: str | None, dry: bool, ids: list[int]) -> None:
         self.db.call(self.procs.mark_sent, ids=ids, lock_token=self.token, smtp_code=code,
@@ -621,10 +634,23 @@ class Worker:
     def _written(self, ids: list[int], counter: str, code: int | None) -> None:
         accounts = Counter(self.acks[i].account for i in ids if i in self.acks)
         for i in ids:
-            self.acks.pop(i, None)
+            a = self.acks.pop(i, None)
             self.leases.pop(i, None)
+            if a is not None:
+                self._state_line(a)
         for account, n in accounts.items():
             self.metrics.inc(counter, n, account=account, code=code)
+
+    def _state_line(self, a: _Ack) -> None:
+        """The mail's state-change line, once the database has its acknowledgement."""
+        if a.outcome is None:
+            mail_state(log, mail_id=a.mail_id, account=a.account, message_id=a.message_id, status="Sent",
+                       outcome="DryRun" if a.dry_run else "Sent", queue_id=a.queue_id, smtp_code=a.code)
+            return
+        level = logging.ERROR if a.outcome.disposition == STOP else logging.WARNING
+        mail_state(log, mail_id=a.mail_id, account=a.account, message_id=a.message_id,
+                   status=self._failed_status.pop(a.mail_id, None), outcome=a.outcome.disposition,
+                   smtp_code=a.outcome.smtp_code, reason=a.outcome.reason, level=level)
 
     def _apply(self, ids: list[int], call: Callable[[list[int]], Any],
                failed: Callable[[int, BaseException], None]) -> list[int]:

@@ -210,6 +210,95 @@ END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
+IF OBJECT_ID(N'delay.GetTaskMetrics') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::delay.GetTaskMetrics FROM MailqMonitor;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'delay.GetTaskMetrics') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::delay.GetTaskMetrics FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'dbo.DelayServiceQueue') IS NOT NULL
+    REVOKE VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue FROM MailqMonitor;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'dbo.DelayServiceQueue') IS NOT NULL
+    REVOKE VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP PROCEDURE IF EXISTS delay.GetTaskMetrics;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.GetQueueMetrics') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetQueueMetrics FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.GetMailHistory') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetMailHistory FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.FindMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.FindMail FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.GetQueueMetrics') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetQueueMetrics FROM MailqMonitor;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.GetMailHistory') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetMailHistory FROM MailqMonitor;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.FindMail') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.FindMail FROM MailqMonitor;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.GetMailEvents') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetMailEvents FROM MailqMonitor;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.GetQueueStats') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.GetQueueStats FROM MailqMonitor;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP PROCEDURE IF EXISTS mailq.FindMail;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP PROCEDURE IF EXISTS mailq.GetMailHistory;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP PROCEDURE IF EXISTS mailq.GetQueueMetrics;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF DATABASE_PRINCIPAL_ID(N'MailqMonitor') IS NOT NULL
+BEGIN
+    DECLARE @DropMembers NVARCHAR(MAX) = N'';
+    SELECT @DropMembers += N'ALTER ROLE MailqMonitor DROP MEMBER ' + QUOTENAME(m.name) + N';'
+    FROM sys.database_role_members AS rm
+    INNER JOIN sys.database_principals AS m ON m.principal_id = rm.member_principal_id
+    WHERE rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqMonitor');
+    EXEC sys.sp_executesql @DropMembers;
+    DROP ROLE MailqMonitor;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
 IF OBJECT_ID(N'mailq.StartHookDispatcher') IS NOT NULL
     REVOKE EXECUTE ON OBJECT::mailq.StartHookDispatcher FROM MailqAdmin;
 GO

@@ -9036,6 +9036,375 @@ GRANT SELECT ON OBJECT::mailq.sysmail_event_log TO MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
+/*
+Role MailqMonitor: read-only monitoring (`mailq-db exporter`, the read-only
+`mailq-db dashboard`): the queue's metrics, one mail's history and events,
+the statistics.  No procedure that changes a mail or an account.
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqMonitor') IS NULL
+    CREATE ROLE MailqMonitor AUTHORIZATION dbo;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.GetQueueMetrics: the queue's own metrics in one cheap call, for
+`mailq-db exporter` and `mailq-db dashboard` (docs/monitoring/README.md).
+Parameters:  @WindowMinutes INT 1-60, default 5: the complete UTC minutes
+             before the current one that result set 5 covers.
+Result sets: 1. one row: MeasuredAtUtc, WindowStartUtc, WindowEndUtc,
+                CallerIsMailqAdmin (member of MailqAdmin or db_owner)
+             2. depth: AccountName, RunMode, Status (UnSent, Sending), MailCount
+             3. sendable, per (account, run mode) with queued mail: DueCount
+                (the claim's own test: VisibleAtUtc <= now, an attempt left,
+                not expired), IsBlocked, SendableCount (DueCount, 0 when the
+                account is blocked), OldestSendableUtc, OldestSendableAgeSeconds
+                (0 when nothing is sendable; scheduled, backed-off and blocked
+                mail never counts)
+             4. accounts: AccountName, IsBlocked, BlockedUntilUtc,
+                BlockedSecondsLeft, BlockReason, PerMinuteLimit, PerHourLimit,
+                PerDayLimit
+             5. attempts ended in the window: MinuteUtc, AccountName, Outcome,
+                ReplyClass ('2xx', '4xx', '5xx', 'none'), Attempts
+Plan:        2+3: one ordered scan of IX_MailQueue_ClaimByAccount (filtered to
+             UnSent and Sending, covering: no lookup) + Stream Aggregate; the
+             Sending split: a seek on IX_MailQueue_Status (Status = 'Sending')
+             with one key lookup per mail in flight.  4: a scan of
+             PK_SendingAccount.  5: a range seek on IX_MailAttempt_EndedAtUtc
+             over the window + one PK_MailQueue seek per attempt (its account).
+             Cost: queued mail + mail in flight + attempts in the window;
+             never the sent history.
+Errors:      50580 @WindowMinutes out of range.
+Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself
+             (no lock kept past a statement; none under READ_COMMITTED_SNAPSHOT).
+Lock order:  none (no locking reads).
+Example:     EXEC mailq.GetQueueMetrics @WindowMinutes = 5;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetQueueMetrics
+    @WindowMinutes INT = 5
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @WindowMinutes = COALESCE(@WindowMinutes, 5);
+    IF @WindowMinutes NOT BETWEEN 1 AND 60
+    BEGIN
+        SET @Msg = CONCAT(N'@WindowMinutes must be 1-60; got ', @WindowMinutes, N'.');
+        THROW 50580, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @WindowEnd DATETIME2(3) = DATEADD(
+        MINUTE, DATEDIFF(MINUTE, '20000101', @Now), CAST('20000101' AS DATETIME2(3))
+    );
+    DECLARE @WindowStart DATETIME2(3) = DATEADD(MINUTE, -@WindowMinutes, @WindowEnd);
+
+    DECLARE @Pair TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        RunMode NVARCHAR(32) NOT NULL,
+        MailCount BIGINT NOT NULL,
+        DueCount BIGINT NOT NULL,
+        OldestDueUtc DATETIME2(3) NULL,
+        SendingCount BIGINT NOT NULL DEFAULT (0),
+        PRIMARY KEY (AccountName, RunMode)
+    );
+
+    -- Queued mail per (account, run mode): the claim's index, filtered to
+    -- UnSent and Sending, so finished mail is never read.  INDEX: the literal
+    -- Status list matches the filter; the hint keeps the covering index
+    -- whatever the statistics say.  "Due" is ClaimMail's own predicate.
+    INSERT INTO @Pair (AccountName, RunMode, MailCount, DueCount, OldestDueUtc)
+    SELECT
+        k.AccountName,
+        k.RunMode,
+        COUNT_BIG(*),
+        SUM(IIF(k.VisibleAtUtc <= @Now AND k.AttemptsRemaining > 0
+            AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now), CAST(1 AS BIGINT), CAST(0 AS BIGINT))),
+        MIN(IIF(k.VisibleAtUtc <= @Now AND k.AttemptsRemaining > 0
+            AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now), k.VisibleAtUtc, NULL))
+    FROM mailq.MailQueue AS k WITH (INDEX (IX_MailQueue_ClaimByAccount))
+    WHERE k.Status IN (N'UnSent', N'Sending')
+    GROUP BY k.AccountName, k.RunMode;
+
+    -- Mail in flight per (account, run mode): a seek on the Sending range of
+    -- IX_MailQueue_Status, one lookup per leased mail for its run mode.
+    UPDATE p
+    SET p.SendingCount = s.SendingCount
+    FROM @Pair AS p
+    INNER JOIN (
+        SELECT q.AccountName, q.RunMode, COUNT_BIG(*) AS SendingCount
+        FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)
+        WHERE q.Status = N'Sending'
+        GROUP BY q.AccountName, q.RunMode
+    ) AS s ON p.AccountName = s.AccountName AND p.RunMode = s.RunMode;
+
+    SELECT
+        @Now AS MeasuredAtUtc,
+        @WindowStart AS WindowStartUtc,
+        @WindowEnd AS WindowEndUtc,
+        CAST(IIF(IS_ROLEMEMBER(N'MailqAdmin') = 1 OR IS_ROLEMEMBER(N'db_owner') = 1, 1, 0) AS BIT)
+        AS CallerIsMailqAdmin;
+
+    SELECT
+        d.AccountName,
+        d.RunMode,
+        d.Status,
+        d.MailCount
+    FROM (
+        SELECT p.AccountName, p.RunMode, N'UnSent' AS Status, p.MailCount - p.SendingCount AS MailCount
+        FROM @Pair AS p
+        UNION ALL
+        SELECT p.AccountName, p.RunMode, N'Sending' AS Status, p.SendingCount AS MailCount
+        FROM @Pair AS p
+    ) AS d
+    ORDER BY d.AccountName, d.RunMode, d.Status;
+
+    SELECT
+        p.AccountName,
+        p.RunMode,
+        p.DueCount,
+        CAST(IIF(a.BlockedUntilUtc > @Now, 1, 0) AS BIT) AS IsBlocked,
+        IIF(a.BlockedUntilUtc > @Now, CAST(0 AS BIGINT), p.DueCount) AS SendableCount,
+        IIF(a.BlockedUntilUtc > @Now, NULL, p.OldestDueUtc) AS OldestSendableUtc,
+        IIF(
+            a.BlockedUntilUtc > @Now OR p.OldestDueUtc IS NULL,
+            CAST(0 AS BIGINT),
+            DATEDIFF_BIG(SECOND, p.OldestDueUtc, @Now)
+        ) AS OldestSendableAgeSeconds
+    FROM @Pair AS p
+    INNER JOIN mailq.SendingAccount AS a ON p.AccountName = a.AccountName
+    ORDER BY p.AccountName, p.RunMode;
+
+    SELECT
+        a.AccountName,
+        CAST(IIF(a.BlockedUntilUtc > @Now, 1, 0) AS BIT) AS IsBlocked,
+        a.BlockedUntilUtc,
+        IIF(a.BlockedUntilUtc > @Now, DATEDIFF_BIG(SECOND, @Now, a.BlockedUntilUtc), CAST(0 AS BIGINT))
+        AS BlockedSecondsLeft,
+        IIF(a.BlockedUntilUtc > @Now, a.BlockReason, NULL) AS BlockReason,
+        a.PerMinuteLimit,
+        a.PerHourLimit,
+        a.PerDayLimit
+    FROM mailq.SendingAccount AS a
+    ORDER BY a.AccountName;
+
+    -- Attempts ended in the window's complete minutes: a range seek on the
+    -- attempts' end-time index (its filter is implied: the explicit IS NOT
+    -- NULL lets the hint match it), one PK seek per attempt for the account.
+    SELECT
+        m.MinuteUtc,
+        q.AccountName,
+        m.Outcome,
+        m.ReplyClass,
+        COUNT_BIG(*) AS Attempts
+    FROM (
+        SELECT
+            t.MailID,
+            t.Outcome,
+            DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', t.EndedAtUtc), CAST('20000101' AS DATETIME2(0)))
+            AS MinuteUtc,
+            IIF(t.SmtpCode IS NULL, N'none', CONCAT(t.SmtpCode / 100, N'xx')) AS ReplyClass
+        FROM mailq.MailAttempt AS t WITH (INDEX (IX_MailAttempt_EndedAtUtc), FORCESEEK)
+        WHERE
+            t.EndedAtUtc IS NOT NULL
+            AND t.EndedAtUtc >= @WindowStart
+            AND t.EndedAtUtc < @WindowEnd
+    ) AS m
+    INNER JOIN mailq.MailQueue AS q ON m.MailID = q.ID
+    GROUP BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass
+    ORDER BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass;
+
+    -- Suppressions are not read here yet: docs/monitoring/README.md,
+    -- "Suppressions", says how the sixth result set joins this procedure.
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.GetMailHistory: one mail's story for `mailq-db dashboard`: the mail,
+every attempt, and what each recipient got (its events come from
+mailq.GetMailEvents @MailID).  An unknown ID returns three empty sets.
+Parameters:  @MailID BIGINT, required.
+Result sets: 1. the mail (0 or 1 row): ID, MessageID, AccountName, AppName,
+                RunMode, Status, Priority, FromAddress, ToAddress, CC, BCC,
+                Subject, EnqueuedAtUtc, DateToProcess, VisibleAtUtc,
+                SentAtUtc, DateProcessed, ExpiresAtUtc, AttemptCount,
+                AttemptsRemaining, PossibleDuplicate, DryRun, LastError,
+                TemplateName, TemplateVersion
+             2. attempts in order: AttemptNo, WorkerName, StartedAtUtc,
+                EndedAtUtc, Outcome, SmtpCode, ErrorText (the server's final
+                reply, with its queue ID, for a Sent attempt), TemplateVersion
+             3. recipient outcomes: Address, Outcome, SmtpCode, SmtpText,
+                AttemptNo, UpdatedAtUtc
+Plan:        three clustered index seeks on the mail's key (PK_MailQueue,
+             PK_MailAttempt, PK_MailRecipientOutcome): the same cost at any
+             table size.
+Errors:      50583 @MailID missing.
+Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself.
+Lock order:  none (no locking reads).
+Example:     EXEC mailq.GetMailHistory @MailID = 101;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetMailHistory
+    @MailID BIGINT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @MailID IS NULL
+        THROW 50583, N'@MailID is required.', 1;
+
+    SELECT
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.AppName,
+        q.RunMode,
+        q.Status,
+        q.Priority,
+        q.FromAddress,
+        q.ToAddress,
+        q.CC,
+        q.BCC,
+        q.Subject,
+        q.dtStamp AS EnqueuedAtUtc,
+        q.DateToProcess,
+        q.VisibleAtUtc,
+        q.SentAtUtc,
+        q.DateProcessed,
+        q.ExpiresAtUtc,
+        q.AttemptCount,
+        q.AttemptsRemaining,
+        q.PossibleDuplicate,
+        q.DryRun,
+        q.LastError,
+        q.TemplateName,
+        q.TemplateVersion
+    FROM mailq.MailQueue AS q
+    WHERE q.ID = @MailID;
+
+    SELECT
+        t.AttemptNo,
+        t.WorkerName,
+        t.StartedAtUtc,
+        t.EndedAtUtc,
+        t.Outcome,
+        t.SmtpCode,
+        t.ErrorText,
+        t.TemplateVersion
+    FROM mailq.MailAttempt AS t
+    WHERE t.MailID = @MailID
+    ORDER BY t.AttemptNo;
+
+    SELECT
+        r.Address,
+        r.Outcome,
+        r.SmtpCode,
+        r.SmtpText,
+        r.AttemptNo,
+        r.UpdatedAtUtc
+    FROM mailq.MailRecipientOutcome AS r
+    WHERE r.MailID = @MailID
+    ORDER BY r.Address;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.FindMail: the mails a bulk action of `mailq-db dashboard` would touch
+(cancel UnSent mail; requeue Failed, Cancelled, Expired or Stopped mail),
+per account in VisibleAtUtc order.  Reads only: the dashboard shows the list, asks to confirm,
+then calls mailq.CancelMail or mailq.RequeueMail once per listed ID.
+Parameters:  @Status NVARCHAR(16), required: UnSent, Failed, Cancelled,
+             Expired or Stopped
+             @AccountName NVARCHAR(128), NULL = every account
+             @RunMode NVARCHAR(32), NULL = every run mode
+             @MaxRows INT 1-1000, default 100
+Result set:  up to @MaxRows rows: ID, MessageID, AccountName, RunMode, Status,
+             Subject, EnqueuedAtUtc, DateProcessed, AttemptCount, LastError
+Plan:        a range seek on IX_MailQueue_Status (Status = @Status, and
+             AccountName = @AccountName when given) in key order, one key
+             lookup per row examined (run mode, subject, error); TOP (@MaxRows)
+             stops it: the cost is bounded by the mail of that status and
+             account, never the whole history.
+Errors:      50581 @Status missing or not one of the five; 50582 @MaxRows
+             out of range.
+Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself.
+Lock order:  none (no locking reads).
+Example:     EXEC mailq.FindMail @Status = N'Failed', @AccountName = N'default', @MaxRows = 500;
+*/
+CREATE OR ALTER PROCEDURE mailq.FindMail
+    @Status NVARCHAR(16),
+    @AccountName NVARCHAR(128) = NULL,
+    @RunMode NVARCHAR(32) = NULL,
+    @MaxRows INT = 100
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @MaxRows = COALESCE(@MaxRows, 100);
+    IF @Status IS NULL OR @Status NOT IN (N'UnSent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@Status must be UnSent, Failed, Cancelled, Expired or Stopped; got ''', @Status, N'''.'
+        );
+        THROW 50581, @Msg, 1;
+    END;
+    IF @MaxRows NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxRows must be 1-1000; got ', @MaxRows, N'.');
+        THROW 50582, @Msg, 1;
+    END;
+
+    -- INDEX + FORCESEEK: the narrow status index, seeked on (Status
+    -- [, AccountName]); never a scan of the clustered rows.
+    SELECT TOP (@MaxRows)
+        q.ID,
+        q.MessageID,
+        q.AccountName,
+        q.RunMode,
+        q.Status,
+        q.Subject,
+        q.dtStamp AS EnqueuedAtUtc,
+        q.DateProcessed,
+        q.AttemptCount,
+        q.LastError
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)
+    WHERE
+        q.Status = @Status
+        AND (@AccountName IS NULL OR q.AccountName = @AccountName)
+        AND (@RunMode IS NULL OR q.RunMode = @RunMode)
+    ORDER BY q.AccountName, q.VisibleAtUtc, q.ID
+    OPTION (RECOMPILE);
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+Grants of role MailqMonitor: reads only (docs/monitoring/README.md).
+*/
+GRANT EXECUTE ON OBJECT::mailq.GetQueueMetrics TO MailqMonitor;
+GRANT EXECUTE ON OBJECT::mailq.GetMailHistory TO MailqMonitor;
+GRANT EXECUTE ON OBJECT::mailq.FindMail TO MailqMonitor;
+GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqMonitor;
+GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqMonitor;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+Grants of role MailqAdmin on the monitoring procedures: the dashboard's
+actions (mailq.CancelMail, mailq.RequeueMail, mailq.UnblockSendingAccount,
+granted in MailqAdmin.grants.sql) list their mails with mailq.FindMail.
+*/
+GRANT EXECUTE ON OBJECT::mailq.GetQueueMetrics TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetMailHistory TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.FindMail TO MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
 DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN (
     N'checks/mailq.CheckServer.sql',
     N'schemas/mailq.sql',
@@ -9149,7 +9518,13 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'procedures/mailq.UpsertDbMailPrincipalProfile.sql',
     N'procedures/mailq.DeleteDbMailPrincipalProfile.sql',
     N'security/MailqDbMailUser.grants.sql',
-    N'security/MailqAdmin.dbmail.grants.sql');
+    N'security/MailqAdmin.dbmail.grants.sql',
+    N'security/MailqMonitor.role.sql',
+    N'procedures/mailq.GetQueueMetrics.sql',
+    N'procedures/mailq.GetMailHistory.sql',
+    N'procedures/mailq.FindMail.sql',
+    N'security/MailqMonitor.grants.sql',
+    N'security/MailqAdmin.monitoring.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'checks/mailq.CheckServer.sql', '89ed45a62c6ee8ca40463e4bd4af18043187e39a1ba6d06b14d13407c15881df'),
     ('0001', N'schemas/mailq.sql', 'a9a6be54bd0f26e4b367d371bb9b830d93be85ee5ba7add8c05eea0aae709248'),
@@ -9263,7 +9638,13 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', '3200cdad8d8ed121e71052de8474685eb468751169fd455b552cb1a5dfa91232'),
     ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', 'ec5908743b0972cd82cddd79681cab9c9dff326293b6edac6d5257bd00137bd4'),
     ('0001', N'security/MailqDbMailUser.grants.sql', '7c5ab0bf34907c48b463a1dd56988c6f49214516ea761cab4e088ac83f7647bb'),
-    ('0001', N'security/MailqAdmin.dbmail.grants.sql', 'dac07263321d9bbc0353d26a0141f0139e84c82c8b75e5ca067685ed3dcaad82');
+    ('0001', N'security/MailqAdmin.dbmail.grants.sql', 'dac07263321d9bbc0353d26a0141f0139e84c82c8b75e5ca067685ed3dcaad82'),
+    ('0001', N'security/MailqMonitor.role.sql', '4aab1e65217069c7dafde0f55e862c1731e9e321a9ab15cacf5b20eaa2ace1b8'),
+    ('0001', N'procedures/mailq.GetQueueMetrics.sql', 'd7c38c420ae52f4259c06cffd720ec286a87889692ff0e474d3c72d252688924'),
+    ('0001', N'procedures/mailq.GetMailHistory.sql', '02fe0914facdcef3e905b5034156073f88dee3958917fd57a07a363d8a551133'),
+    ('0001', N'procedures/mailq.FindMail.sql', '6d2faada299f95329285dc968d432bc48b73d59773808f8569438907e110b89d'),
+    ('0001', N'security/MailqMonitor.grants.sql', '96ac12fc212d8403dcd69387635d3e45c04da83cc6300849a7b769139de40329'),
+    ('0001', N'security/MailqAdmin.monitoring.grants.sql', '110850872b0469247a7816029131773eae165f5f5d580e63f37ff786c5aa9f4e');
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO

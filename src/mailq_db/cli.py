@@ -20,6 +20,7 @@ COMMANDS += ("classify",)  # issue 15: mailq-db classify "<reply>"
 COMMANDS += ("events",)  # issue 16.1: mailq-db events --app NAME --follow
 COMMANDS += ("template",)  # issue 16 point 2: mailq-db template render
 COMMANDS += ("hooks",)  # issue 16 point 1: mailq-db hooks set|list|run|dispatcher
+COMMANDS += ("dbmail_runner",)  # issue 25: mailq-db dbmail-runner (SendDbMail's @query)
 
 EPILOG = """\
 examples:
@@ -29,6 +30,7 @@ examples:
   mailq-db worker --config worker.toml        run a sender worker
   mailq-db stats                              queue counts, oldest due age, throughput
   mailq-db doctor                             check driver, server, schema, broker, roles
+  mailq-db dbmail-runner                      run SendDbMail's @query as its sender
 """
 
 

@@ -39,8 +39,8 @@ BEGIN
     DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @CrLf NCHAR(2) = NCHAR(13) + NCHAR(10);
-    DECLARE @Lost NVARCHAR(200) =
-        N'The query runner''s claim on this item is lost (finished, or taken over after its lease).';
+    DECLARE @Lost NVARCHAR(200)
+        = N'The query runner''s claim on this item is lost (finished, or taken over after its lease).';
     IF @Outcome NOT IN ('Done', 'Failed')
         OR (@Outcome = 'Failed' AND NULLIF(@Error, N'') IS NULL)
         OR (@Outcome = 'Done' AND (@Attachment IS NULL) = (@Text IS NULL))

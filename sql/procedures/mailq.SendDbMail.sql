@@ -24,6 +24,7 @@ Errors:      as msdb: RAISERROR severity 16 then RETURN n, nothing written,
 Transaction: validation first, with XACT_ABORT as the caller has it; then the
              enqueue and its DbMailItem row in one transaction: its own if none
              is open, else the caller's (no savepoint).
+Isolation:   the caller's (profile reads are plain reads; EnqueueMail sets its own).
 Lock order:  (via EnqueueMail) mailq.MailQueue, mailq.MailAttachment, then
              mailq.DbMailItem.
 Example:     DECLARE @rc INT;

@@ -756,8 +756,8 @@ def reconcile_delayed_tasks(
 
 SEND_DBMAIL_SQL = """\
 SET NOCOUNT ON;
-DECLARE @rc INT, @mailitem_id INT, @mailq_mail_id BIGINT;
-EXEC @rc = mailq.SendDbMail
+DECLARE @mailitem_id INT, @mailq_mail_id BIGINT;
+EXEC mailq.SendDbMail
     @profile_name = ?, @recipients = ?, @copy_recipients = ?, @blind_copy_recipients = ?,
     @from_address = ?, @reply_to = ?, @subject = ?, @body = ?, @body_format = ?,
     @importance = ?, @sensitivity = ?, @query = ?, @execute_query_database = ?,
@@ -766,7 +766,7 @@ EXEC @rc = mailq.SendDbMail
     @exclude_query_output = ?, @append_query_error = ?, @query_no_truncate = ?,
     @query_result_no_padding = ?, @mailq_query_result_format = ?,
     @mailitem_id = @mailitem_id OUTPUT, @mailq_mail_id = @mailq_mail_id OUTPUT;
-SELECT @rc AS ReturnCode, @mailitem_id AS MailItemID, @mailq_mail_id AS MailID;
+SELECT @mailitem_id AS MailItemID, @mailq_mail_id AS MailID;
 """
 
 
@@ -826,9 +826,9 @@ def send_db_mail(
     rows = _rows(cursor)
     while not rows and _next(cursor):
         rows = _rows(cursor)
-    rc, item, mail = rows[0]
-    if rc != 0 or item is None:  # pragma: no cover - the server raised the message already
-        raise DatabaseError(None, f"mailq.SendDbMail returned {rc}")
+    item, mail = rows[0]
+    if item is None:  # pragma: no cover - a refusal raises its message first
+        raise DatabaseError(None, "mailq.SendDbMail queued nothing")
     return DbMailQueued(mailitem_id=int(item), mail_id=int(mail))
 
 

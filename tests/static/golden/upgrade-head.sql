@@ -34901,12 +34901,1242 @@ END;
 
 GO
 
+/*
+mailq.DbMailItem: one row per mailq.SendDbMail call (msdb.dbo.sysmail_mailitems's
+part that the queue does not hold): the INT mailitem_id, the profile, importance
+and sensitivity, the query and its options, who asked and when.  MailID is the
+queued mail (deleted with it: ON DELETE CASCADE, so mailq.PurgeMail needs no
+change); ProfileID has no foreign key: a profile can be deleted while its mail
+is kept, as msdb keeps profile_id.
+SendRequestDate  the server's local time of the call (DATETIME, as msdb stores
+              it), so the sysmail_* views filter on a stored, indexed column.
+RequestUser, RequestUserSid  the database user (USER_NAME(), USER_SID()) whose
+              rights the query runs with: the query runner impersonates it and
+              checks the SID (docs/database-mail.md, "How @query runs").
+QueryState    NULL (no query); Pending, Running (a runner holds it until
+              QueryDueAtUtc), Done, Failed.  QueryDueAtUtc is when a runner may
+              take it (Pending: at once; Running: the lease expiry), so one
+              range on IX_DbMailItem_QueryDue finds both.
+*/
+IF OBJECT_ID(N'mailq.DbMailItem', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.DbMailItem (
+        MailItemID INT IDENTITY (1, 1) NOT NULL,
+        MailID BIGINT NOT NULL,
+        ProfileID INT NOT NULL,
+        Importance VARCHAR(6) NOT NULL,
+        Sensitivity VARCHAR(12) NOT NULL,
+        Query NVARCHAR(MAX) NULL,
+        ExecuteQueryDatabase NVARCHAR(128) NULL,
+        AttachQueryResultAsFile BIT NOT NULL,
+        QueryAttachmentFilename NVARCHAR(260) NULL,
+        QueryResultHeader BIT NOT NULL,
+        QueryResultWidth INT NOT NULL,
+        QueryResultSeparator NCHAR(1) NOT NULL,
+        ExcludeQueryOutput BIT NOT NULL,
+        AppendQueryError BIT NOT NULL,
+        QueryNoTruncate BIT NOT NULL CONSTRAINT DF_DbMailItem_QueryNoTruncate DEFAULT (0),
+        QueryResultNoPadding BIT NOT NULL CONSTRAINT DF_DbMailItem_QueryResultNoPadding DEFAULT (0),
+        QueryResultFormat VARCHAR(4) NOT NULL CONSTRAINT DF_DbMailItem_QueryResultFormat DEFAULT ('TEXT'),
+        SendRequestUser NVARCHAR(128) NOT NULL,
+        SendRequestDate DATETIME NOT NULL,
+        RequestUser NVARCHAR(128) NOT NULL,
+        RequestUserSid VARBINARY(85) NULL,
+        QueryState NVARCHAR(16) NULL,
+        QueryDueAtUtc DATETIME2(3) NULL,
+        QueryLockToken UNIQUEIDENTIFIER NULL,
+        QueryAttempts INT NOT NULL CONSTRAINT DF_DbMailItem_QueryAttempts DEFAULT (0),
+        QueryError NVARCHAR(4000) NULL,
+        QueryFinishedAtUtc DATETIME2(3) NULL,
+        CONSTRAINT PK_DbMailItem PRIMARY KEY CLUSTERED (MailItemID),
+        CONSTRAINT UQ_DbMailItem_MailID UNIQUE (MailID),
+        CONSTRAINT FK_DbMailItem_MailQueue FOREIGN KEY (MailID)
+        REFERENCES mailq.MailQueue (ID) ON DELETE CASCADE,
+        CONSTRAINT CK_DbMailItem_QueryState CHECK (
+            (QueryState IS NULL AND Query IS NULL)
+            OR (QueryState IN (N'Pending', N'Running', N'Done', N'Failed') AND Query IS NOT NULL)
+        ),
+        CONSTRAINT CK_DbMailItem_QueryLease CHECK (
+            (QueryState = N'Running' AND QueryLockToken IS NOT NULL AND QueryDueAtUtc IS NOT NULL)
+            OR (QueryState = N'Pending' AND QueryLockToken IS NULL AND QueryDueAtUtc IS NOT NULL)
+            OR (QueryState IS NULL OR QueryState IN (N'Done', N'Failed'))
+        ),
+        CONSTRAINT CK_DbMailItem_QueryResultFormat CHECK (QueryResultFormat IN ('TEXT', 'HTML', 'CSV'))
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_DbMailItem_SendRequestDate: the sysmail_* views' usual filter
+(send_request_date > ...) as a seek; the mail is then found by its key.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_DbMailItem_SendRequestDate' AND object_id = OBJECT_ID(N'mailq.DbMailItem')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_DbMailItem_SendRequestDate
+    ON mailq.DbMailItem (SendRequestDate)
+    INCLUDE (MailID);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_DbMailItem_QueryDue: the queries a runner may take (mailq.ClaimDbMailQuery):
+Pending ones and Running ones whose lease passed, one range on QueryDueAtUtc;
+filtered, so finished items cost nothing.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_DbMailItem_QueryDue' AND object_id = OBJECT_ID(N'mailq.DbMailItem')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_DbMailItem_QueryDue
+    ON mailq.DbMailItem (QueryDueAtUtc, MailItemID)
+    INCLUDE (QueryState)
+    WHERE QueryState IN (N'Pending', N'Running');
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_allitems: msdb.dbo.sysmail_allitems over this queue: one row per
+mailq.SendDbMail call, msdb's 27 columns in msdb's order
+(https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-allitems-transact-sql).
+Types:       every text column is Unicode (NVARCHAR/NCHAR: msdb stores body and
+             query as nvarchar(max); nothing is cast to a code page).
+Rows:        db_owner and MailqAdmin members see all; others what they sent.
+Mapping:     mailitem_id = DbMailItem.MailItemID; sent_status: Sent -> sent;
+             Failed, Cancelled, Expired, Stopped -> failed; UnSent or Sending
+             after a failed attempt -> retrying; else unsent (a query waiting
+             for the runner too).  send_request_date is stored (local time);
+             sent_date and last_mod_date are the queue's UTC plus the server's
+             current offset.  sent_account_id only once sent.  file_attachments
+             is always NULL (refused); a query's file is in sysmail_mailattachments.
+Cost:        filters on mailitem_id and send_request_date seek DbMailItem;
+             any other filter reads the DbMail items only, never the whole queue
+             (tests/integration/test_dbmail_views_plan.py).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_allitems
+AS
+-- The server's current offset from UTC (SYSDATETIME is local time; on Azure
+-- SQL Database both are UTC).
+WITH Clock AS (
+    SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
+)
+
+SELECT
+    i.MailItemID AS mailitem_id,
+    i.ProfileID AS profile_id,
+    q.ToAddress AS recipients,
+    q.CC AS copy_recipients,
+    q.BCC AS blind_copy_recipients,
+    CAST(q.Subject AS NVARCHAR(900)) AS subject,
+    CAST(q.Body AS NVARCHAR(MAX)) AS body,
+    CAST(UPPER(q.BodyFormat) AS NVARCHAR(20)) AS body_format,
+    CAST(i.Importance AS NVARCHAR(6)) AS importance,
+    CAST(i.Sensitivity AS NVARCHAR(12)) AS sensitivity,
+    CAST(NULL AS NVARCHAR(MAX)) AS file_attachments,
+    CAST(N'MIME' AS NVARCHAR(20)) AS attachment_encoding,
+    CAST(i.Query AS NVARCHAR(MAX)) AS query,
+    CAST(i.ExecuteQueryDatabase AS SYSNAME) AS execute_query_database,
+    i.AttachQueryResultAsFile AS attach_query_result_as_file,
+    i.QueryResultHeader AS query_result_header,
+    i.QueryResultWidth AS query_result_width,
+    i.QueryResultSeparator AS query_result_separator,
+    i.ExcludeQueryOutput AS exclude_query_output,
+    i.AppendQueryError AS append_query_error,
+    i.SendRequestDate AS send_request_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS send_request_user,
+    IIF(q.Status = N'Sent', da.AccountID, NULL) AS sent_account_id,
+    CAST(
+        CASE
+            WHEN q.Status = N'Sent' THEN N'sent'
+            WHEN q.Status IN (N'Failed', N'Cancelled', N'Expired', N'Stopped') THEN N'failed'
+            WHEN q.AttemptCount > 0 AND q.LastError IS NOT NULL THEN N'retrying'
+            ELSE N'unsent'
+        END AS NVARCHAR(8)
+    ) AS sent_status,
+    CAST(
+        IIF(
+            q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped'),
+            DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.SentAtUtc, q.DateProcessed)),
+            NULL
+        ) AS DATETIME
+    ) AS sent_date,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.DateProcessed, q.dtStamp)) AS DATETIME) AS last_mod_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailItem AS i
+INNER JOIN mailq.MailQueue AS q ON i.MailID = q.ID
+CROSS JOIN Clock AS k
+LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
+WHERE
+    IS_MEMBER(N'db_owner') = 1
+    OR IS_MEMBER(N'MailqAdmin') = 1
+    OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME());
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_event_log: msdb.dbo.sysmail_event_log over the queue's event
+stream (mailq.MailEvent) for mail sent with mailq.SendDbMail, msdb's columns
+in msdb's order
+(https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-event-log-transact-sql).
+event_type:  success: Sent, DryRun; warning: RetryScheduled, AccountWaiting,
+             LeaseExpired, Released; error: Failed (attempts used up, or a
+             permanent refusal), Expired, and Stopped by a failed query;
+             information: Cancelled, Requeued, Stopped otherwise.  So a mail
+             that fails finally has exactly one error row, as in msdb.
+log_id:      the event's EventID (BIGINT, msdb's is int): it never changes,
+             is the same for every reader and grows in commit order, so
+             "log_id > @last_seen" polling works (docs/events.md).
+Rows:        as mailq.sysmail_allitems (db_owner and MailqAdmin all; others
+             their own mail).  description: the event, SMTP code and detail.
+Cost:        mailitem_id seeks DbMailItem, then IX_MailEvent_MailID per item.
+*/
+CREATE OR ALTER VIEW mailq.sysmail_event_log
+AS
+WITH Clock AS (
+    SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
+)
+
+SELECT
+    CAST(e.EventSeq AS BIGINT) AS log_id,
+    CAST(
+        CASE
+            WHEN e.EventType IN (N'Sent', N'DryRun') THEN N'success'
+            WHEN e.EventType IN (N'Failed', N'Expired') THEN N'error'
+            WHEN e.EventType = N'Stopped' AND i.QueryState = N'Failed' THEN N'error'
+            WHEN e.EventType IN (N'Cancelled', N'Requeued', N'Stopped') THEN N'information'
+            ELSE N'warning'
+        END AS NVARCHAR(11)
+    ) AS event_type,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, e.OccurredAtUtc) AS DATETIME) AS log_date,
+    CAST(
+        CONCAT(
+            e.EventType,
+            IIF(e.SmtpCode IS NULL, N'', CONCAT(N' (SMTP ', e.SmtpCode, N')')),
+            IIF(e.Detail IS NULL, N'', CONCAT(N': ', e.Detail))
+        ) AS NVARCHAR(MAX)
+    ) AS description,
+    CAST(NULL AS INT) AS process_id,
+    i.MailItemID AS mailitem_id,
+    da.AccountID AS account_id,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, e.OccurredAtUtc) AS DATETIME) AS last_mod_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailItem AS i
+INNER JOIN mailq.MailEvent AS e ON i.MailID = e.MailID
+INNER JOIN mailq.MailQueue AS q ON i.MailID = q.ID
+CROSS JOIN Clock AS k
+LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
+WHERE
+    e.EventType NOT IN (N'Enqueued', N'Claimed')
+    AND (
+        IS_MEMBER(N'db_owner') = 1
+        OR IS_MEMBER(N'MailqAdmin') = 1
+        OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME())
+    );
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.DbMailAddressProblem: the first thing wrong with the addresses of a
+mailq.SendDbMail call, named with sp_send_dbmail's parameters, or no row.
+Parameters:  @recipients, @copy_recipients, @blind_copy_recipients,
+             @from_address, @reply_to NVARCHAR(MAX) as SendDbMail received them
+Returns:     at most one row: ReturnCode INT, Message NVARCHAR(2048)
+             50644 a list over 4,000 characters or an address over its size;
+             50642 an invalid address (mailq.ParseAddressList's rules), or more
+             than one address in @from_address or @reply_to;
+             50643 more than 100 recipients in the three lists together.
+             (Commas are msdb's 14613 and are checked by SendDbMail first.)
+Example:     SELECT p.ReturnCode, p.Message
+             FROM mailq.DbMailAddressProblem(N'a@x.org; b@', NULL, NULL, NULL, NULL) AS p;
+*/
+CREATE OR ALTER FUNCTION mailq.DbMailAddressProblem(
+    @recipients NVARCHAR(MAX),
+    @copy_recipients NVARCHAR(MAX),
+    @blind_copy_recipients NVARCHAR(MAX),
+    @from_address NVARCHAR(MAX),
+    @reply_to NVARCHAR(MAX)
+)
+RETURNS TABLE
+AS
+RETURN
+SELECT TOP (1)
+    x.ReturnCode,
+    x.Message
+FROM (
+    SELECT
+        50644 AS ReturnCode,
+        CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit here is ', v.MaxLength, N'.')
+        AS Message,
+        v.Position
+    FROM (
+        VALUES
+        (1, N'@recipients', @recipients, 4000), (2, N'@copy_recipients', @copy_recipients, 4000),
+        (3, N'@blind_copy_recipients', @blind_copy_recipients, 4000),
+        (4, N'@from_address', @from_address, 520), (5, N'@reply_to', @reply_to, 320)
+    ) AS v(Position, ParamName, Value, MaxLength)
+    WHERE LEN(v.Value) > v.MaxLength
+
+    UNION ALL
+
+    SELECT
+        50642,
+        CONCAT(v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'),
+        10 + v.Position
+    FROM (
+        VALUES
+        (1, N'@recipients', @recipients), (2, N'@copy_recipients', @copy_recipients),
+        (3, N'@blind_copy_recipients', @blind_copy_recipients), (4, N'@from_address', @from_address),
+        (5, N'@reply_to', @reply_to)
+    ) AS v(Position, ParamName, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+    WHERE a.Problem IS NOT NULL
+
+    UNION ALL
+
+    SELECT 50642, CONCAT(v.ParamName, N' takes one address.'), 20 + v.Position
+    FROM (VALUES (1, N'@from_address', @from_address), (2, N'@reply_to', @reply_to)) AS v(Position, ParamName, Value)
+    WHERE (SELECT COUNT(*) FROM mailq.ParseAddressList(v.Value)) > 1
+
+    UNION ALL
+
+    SELECT
+        50643,
+        CONCAT(
+            N'@recipients, @copy_recipients and @blind_copy_recipients name ', c.Recipients,
+            N' recipients; the limit here is 100 per mail.'
+        ),
+        30
+    FROM (
+        SELECT COUNT(*) AS Recipients
+        FROM (VALUES (@recipients), (@copy_recipients), (@blind_copy_recipients)) AS v(Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value)
+    ) AS c
+    WHERE c.Recipients > 100
+) AS x
+ORDER BY x.Position;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.SendDbMail: msdb.dbo.sp_send_dbmail on this queue; the parameters in
+msdb's own declaration order (positional calls bind as on msdb), then the
+@mailq_ extensions.  Reference:
+https://learn.microsoft.com/en-us/sql/relational-databases/system-stored-procedures/sp-send-dbmail-transact-sql
+Parameters:  as sp_send_dbmail's; @file_attachments is refused; @query runs
+             later, as the caller's database user, in this database
+             (mailq-db dbmail-runner; docs/database-mail.md)
+             @mailq_query_result_format 'TEXT' (default) | 'HTML' | 'CSV'
+             @mailq_mail_id OUTPUT BIGINT: the queue's mail ID
+Outputs:     @mailitem_id INT: this call's item (the sysmail_* views' key)
+Result:      no result set; PRINT 'Mail (Id: n) queued.' unless
+             @exclude_query_output = 1.
+Errors:      as msdb: RAISERROR severity 16 then RETURN n, nothing written,
+             the batch and the caller's transaction go on: 14636/14607 rc 1
+             (profile), 14618 rc 2-6, 15, 17 (NULL option), 14626 rc 13,
+             14622 rc 16, 14623 rc 18, 14624 rc 19 (no content) and rc 20 (no
+             recipient), 14613 rc 1 (comma in a list), 14625 rc 21, 14630 rc 2
+             (prohibited extension), 14633 rc 1 (unknown database).  Refusals
+             of this package: RAISERROR (error 50000) and RETURN 50641-50652
+             (docs/errors.md).  Only errors of mailq.EnqueueMail that are not
+             checked here (application binding 50160/50161/50168, an account
+             dropped meanwhile 50114, deadlock) are THROWn, under XACT_ABORT ON.
+Transaction: validation first, with XACT_ABORT as the caller has it; then the
+             enqueue and its DbMailItem row in one transaction: its own if none
+             is open, else the caller's (no savepoint).
+Isolation:   the caller's (profile reads are plain reads; EnqueueMail sets its own).
+Lock order:  (via EnqueueMail) mailq.MailQueue, mailq.MailAttachment, then
+             mailq.DbMailItem.
+Example:     DECLARE @rc INT;
+             EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com',
+                 @subject = N'Backups', @query = N'SELECT name FROM sys.databases;';
+             IF @rc <> 0 PRINT 'not queued';
+*/
+CREATE OR ALTER PROCEDURE mailq.SendDbMail
+    @profile_name SYSNAME = NULL,
+    @recipients VARCHAR(MAX) = NULL,
+    @copy_recipients VARCHAR(MAX) = NULL,
+    @blind_copy_recipients VARCHAR(MAX) = NULL,
+    @subject NVARCHAR(255) = NULL,
+    @body NVARCHAR(MAX) = NULL,
+    @body_format VARCHAR(20) = NULL,
+    @importance VARCHAR(6) = 'NORMAL',
+    @sensitivity VARCHAR(12) = 'NORMAL',
+    @file_attachments NVARCHAR(MAX) = NULL,
+    @query NVARCHAR(MAX) = NULL,
+    @execute_query_database SYSNAME = NULL,
+    @attach_query_result_as_file BIT = 0,
+    @query_attachment_filename NVARCHAR(260) = NULL,
+    @query_result_header BIT = 1,
+    @query_result_width INT = 256,
+    @query_result_separator CHAR(1) = ' ',
+    @exclude_query_output BIT = 0,
+    @append_query_error BIT = 0,
+    @query_no_truncate BIT = 0,
+    @query_result_no_padding BIT = 0,
+    @mailitem_id INT = NULL OUTPUT,
+    @from_address VARCHAR(MAX) = NULL,
+    @reply_to VARCHAR(MAX) = NULL,
+    @mailq_query_result_format VARCHAR(4) = 'TEXT',
+    @mailq_mail_id BIGINT = NULL OUTPUT
+AS
+BEGIN
+    -- XACT_ABORT stays as the caller has it until the enqueue: every check
+    -- below RAISERRORs (which never aborts the batch) and RETURNs, as msdb does.
+    SET NOCOUNT ON;
+    DECLARE @Msg NVARCHAR(2048), @rc INT, @ProfileID INT, @FromList NVARCHAR(400);
+    DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
+    SET @mailitem_id = NULL;
+    SET @mailq_mail_id = NULL;
+    SET @query = NULLIF(@query, N'');
+
+    -- 1. Profile: the named one if the caller may use it (public, granted to
+    --    the user or a role of it; db_owner may use all), else the user's
+    --    default, a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
+    IF @profile_name IS NOT NULL
+    BEGIN
+        SELECT @ProfileID = p.ProfileID FROM mailq.DbMailProfile AS p WHERE p.ProfileName = @profile_name;
+        IF @ProfileID IS NULL
+            OR (
+                COALESCE(IS_MEMBER(N'db_owner'), 0) = 0
+                AND NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.DbMailPrincipalProfile AS pp
+                    WHERE
+                        pp.ProfileID = @ProfileID
+                        AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
+                )
+            )
+        BEGIN
+            RAISERROR (14607, 16, 1, 'profile');
+            RETURN 1;
+        END;
+    END;
+    ELSE
+    BEGIN
+        SELECT TOP (1) @ProfileID = pp.ProfileID
+        FROM mailq.DbMailPrincipalProfile AS pp
+        WHERE pp.IsDefault = 1 AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
+        ORDER BY CASE pp.PrincipalName WHEN USER_NAME() THEN 0 WHEN N'public' THEN 2 ELSE 1 END, pp.PrincipalName;
+        IF @ProfileID IS NULL
+        BEGIN
+            RAISERROR (14636, 16, 1);
+            RETURN 1;
+        END;
+    END;
+
+    -- 2. msdb's checks, in msdb's order and with its numbers and return codes.
+    SET @rc = CASE
+        WHEN @attach_query_result_as_file IS NULL THEN 2
+        WHEN @exclude_query_output IS NULL THEN 3
+        WHEN @query_result_header IS NULL THEN 4
+        WHEN @query_result_separator IS NULL OR DATALENGTH(@query_result_separator) = 0 THEN 5
+        WHEN @append_query_error IS NULL THEN 6
+    END;
+    IF @rc IS NOT NULL
+    BEGIN
+        SET @Msg = CHOOSE(@rc - 1, N'attach_query_result_as_file', N'exclude_query_output',
+            N'query_result_header', N'query_result_separator', N'append_query_error');
+        RAISERROR (14618, 16, 1, @Msg);
+        RETURN @rc;
+    END;
+    SET @body_format = UPPER(COALESCE(@body_format, 'TEXT'));
+    IF @body_format NOT IN ('TEXT', 'HTML')
+    BEGIN
+        RAISERROR (14626, 16, 1, @body_format);
+        RETURN 13;
+    END;
+    IF @importance IS NULL
+    BEGIN
+        RAISERROR (14618, 16, 1, N'importance');
+        RETURN 15;
+    END;
+    SET @importance = UPPER(@importance);
+    IF @importance NOT IN ('LOW', 'NORMAL', 'HIGH')
+    BEGIN
+        RAISERROR (14622, 16, 1, @importance);
+        RETURN 16;
+    END;
+    IF @sensitivity IS NULL
+    BEGIN
+        RAISERROR (14618, 16, 1, N'sensitivity');
+        RETURN 17;
+    END;
+    SET @sensitivity = UPPER(@sensitivity);
+    IF @sensitivity NOT IN ('NORMAL', 'PERSONAL', 'PRIVATE', 'CONFIDENTIAL')
+    BEGIN
+        RAISERROR (14623, 16, 1, @sensitivity);
+        RETURN 18;
+    END;
+    IF COALESCE(LEN(@body), 0) = 0 AND @query IS NULL AND COALESCE(LEN(@file_attachments), 0) = 0
+        AND COALESCE(LEN(@subject), 0) = 0
+    BEGIN
+        RAISERROR (14624, 16, 1, N'@body, @query, @file_attachments, @subject');
+        RETURN 19;
+    END;
+    IF COALESCE(LEN(@subject), 0) = 0 SET @subject = N'SQL Server Message';
+    IF COALESCE(LEN(@recipients), 0) = 0 AND COALESCE(LEN(@copy_recipients), 0) = 0
+        AND COALESCE(LEN(@blind_copy_recipients), 0) = 0
+    BEGIN
+        RAISERROR (14624, 16, 1, N'@recipients, @copy_recipients, @blind_copy_recipients');
+        RETURN 20;
+    END;
+    -- sysmail_verify_addressparams_sp: a comma separates nothing (msdb refuses
+    -- one outside double quotes; a list with quotes is left to the address rules).
+    SELECT TOP (1) @Msg = v.ParamName, @FromList = LEFT(v.Value, 400)
+    FROM (
+        VALUES (1, N'@recipients', @recipients), (2, N'@copy_recipients', @copy_recipients),
+        (3, N'@blind_copy_recipients', @blind_copy_recipients), (4, N'@reply_to', @reply_to)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value LIKE '%,%' AND CHARINDEX('"', v.Value) = 0
+    ORDER BY v.Position;
+    IF @FromList IS NOT NULL
+    BEGIN
+        RAISERROR (14613, 16, 1, @Msg, @FromList);
+        RETURN 1;
+    END;
+    IF @query IS NULL AND @attach_query_result_as_file = 1
+    BEGIN
+        RAISERROR (14625, 16, 1);
+        RETURN 21;
+    END;
+    SET @query_attachment_filename = NULLIF(LTRIM(RTRIM(@query_attachment_filename)), N'');
+    IF @query IS NOT NULL AND @attach_query_result_as_file = 1
+        AND (
+            @query_attachment_filename LIKE N'%.exe' OR @query_attachment_filename LIKE N'%.dll'
+            OR @query_attachment_filename LIKE N'%.vbs' OR @query_attachment_filename LIKE N'%.js'
+        )
+    BEGIN
+        RAISERROR (14630, 16, 1, @query_attachment_filename);
+        RETURN 2;
+    END;
+    IF @query IS NOT NULL AND @execute_query_database IS NOT NULL AND DB_ID(@execute_query_database) IS NULL
+    BEGIN
+        RAISERROR (14633, 16, 1, @execute_query_database);
+        RETURN 1;
+    END;
+
+    -- 3. This package's refusals: RAISERROR (50000) and RETURN 50641-50652.
+    SELECT TOP (1) @rc = r.ReturnCode, @Msg = r.Message
+    FROM (
+        SELECT 50641 AS ReturnCode, 1 AS Position,
+            N'@file_attachments is not supported: the sender worker never reads the database server''s disk; '
+            + N'send the content with mailq.EnqueueMail @Attachments, or a query''s result with @query.' AS Message
+        WHERE COALESCE(LEN(@file_attachments), 0) > 0
+        UNION ALL
+        SELECT p.ReturnCode, 2, p.Message
+        FROM mailq.DbMailAddressProblem(
+            @recipients, @copy_recipients, @blind_copy_recipients, @from_address, @reply_to
+        ) AS p
+        UNION ALL
+        SELECT 50645, 3, N'@body is limited to 2,000,000 characters here.' WHERE LEN(@body) > 2000000
+        UNION ALL
+        SELECT 50646, 4, N'@subject contains CR or LF; a subject is one line.'
+        WHERE @subject LIKE N'%' + NCHAR(13) + N'%' OR @subject LIKE N'%' + NCHAR(10) + N'%'
+        UNION ALL
+        SELECT 50647, 5, CONCAT(N'@execute_query_database ''', @execute_query_database,
+            N''': the query runs as your database user in this database (', DB_NAME(),
+            N') only; use three-part names only where that user may (docs/database-mail.md).')
+        WHERE @query IS NOT NULL AND DB_ID(@execute_query_database) <> DB_ID()
+        UNION ALL
+        SELECT 50648, 6, CONCAT(N'@query_result_width must be 10-32767; got ', @query_result_width, N'.')
+        WHERE @query IS NOT NULL AND COALESCE(@query_result_width, 0) NOT BETWEEN 10 AND 32767
+        UNION ALL
+        SELECT 50649, 7, N'@query_result_no_padding and @query_no_truncate are mutually exclusive.'
+        WHERE @query IS NOT NULL AND @query_result_no_padding = 1 AND @query_no_truncate = 1
+        UNION ALL
+        SELECT 50650, 8, CONCAT(N'@mailq_query_result_format must be TEXT, HTML or CSV; got ''',
+            @mailq_query_result_format, N'''.')
+        WHERE UPPER(COALESCE(@mailq_query_result_format, 'TEXT')) NOT IN ('TEXT', 'HTML', 'CSV')
+        UNION ALL
+        SELECT 50652, 9, N'@query_attachment_filename must be a file name of at most 255 characters, without / \ :'
+        WHERE @query IS NOT NULL AND @attach_query_result_as_file = 1
+            AND (LEN(@query_attachment_filename) > 255 OR @query_attachment_filename LIKE N'%[/\:]%')
+    ) AS r
+    ORDER BY r.Position;
+    IF @rc IS NOT NULL
+    BEGIN
+        RAISERROR (N'%s', 16, 1, @Msg);
+        RETURN @rc;
+    END;
+
+    -- Failover at enqueue: the profile's first account that is not blocked
+    -- (all blocked: the first; the mail waits for it).
+    DECLARE @AccountName NVARCHAR(128);
+    SELECT TOP (1) @AccountName = a.AccountName
+    FROM mailq.DbMailProfileAccount AS pa
+    INNER JOIN mailq.DbMailAccount AS da ON pa.AccountID = da.AccountID
+    INNER JOIN mailq.SendingAccount AS a ON da.AccountName = a.AccountName
+    WHERE pa.ProfileID = @ProfileID
+    ORDER BY IIF(a.BlockedUntilUtc > SYSUTCDATETIME(), 1, 0), pa.SequenceNumber, pa.AccountID;
+    IF @AccountName IS NULL
+    BEGIN
+        RAISERROR (N'The profile has no account (mailq.UpsertDbMailProfileAccount).', 16, 1);
+        RETURN 50651;
+    END;
+
+    -- 4. The mail.  'Name <address>' is split for EnqueueMail; importance and
+    --    sensitivity become the headers System.Net.Mail writes.
+    DECLARE @FromAddress NVARCHAR(MAX) = @from_address, @FromName NVARCHAR(MAX);
+    SELECT @FromAddress = a.Address, @FromName = a.DisplayName
+    FROM mailq.ParseAddressList(@from_address) AS a;
+    DECLARE @Headers NVARCHAR(MAX) = (
+        SELECT N'{' + STRING_AGG(CONCAT(N'"', h.HeaderName, N'": "', h.HeaderValue, N'"'), N', ') + N'}'
+        FROM (
+            VALUES
+            ('HIGH', NULL, N'X-Priority', N'1'), ('HIGH', NULL, N'Priority', N'urgent'),
+            ('HIGH', NULL, N'Importance', N'high'), ('LOW', NULL, N'X-Priority', N'5'),
+            ('LOW', NULL, N'Priority', N'non-urgent'), ('LOW', NULL, N'Importance', N'low'),
+            (NULL, 'PERSONAL', N'Sensitivity', N'Personal'), (NULL, 'PRIVATE', N'Sensitivity', N'Private'),
+            (NULL, 'CONFIDENTIAL', N'Sensitivity', N'Company-Confidential')
+        ) AS h(Importance, Sensitivity, HeaderName, HeaderValue)
+        WHERE h.Importance = @importance OR h.Sensitivity = @sensitivity
+    );
+    -- Mail with a query waits (due at @Hold) until the runner has added the
+    -- result (mailq.CompleteDbMailQuery makes it due).
+    DECLARE @Due DATETIME2(3) = IIF(@query IS NULL, NULL, @Hold);
+    DECLARE @ToAddress NVARCHAR(MAX) = NULLIF(LTRIM(RTRIM(@recipients)), '');
+    DECLARE @MailBody NVARCHAR(MAX) = COALESCE(@body, N'');
+    DECLARE @EnqueueFormat NVARCHAR(20) = IIF(@body_format = 'HTML', N'Html', N'Text');
+    DECLARE @MailID BIGINT, @ItemID INT;
+
+    SET XACT_ABORT ON;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        EXEC mailq.EnqueueMail
+            @ToAddress = @ToAddress,
+            @CC = @copy_recipients,
+            @BCC = @blind_copy_recipients,
+            @Subject = @subject,
+            @Body = @MailBody,
+            @BodyFormat = @EnqueueFormat,
+            @FromAddress = @FromAddress,
+            @FromName = @FromName,
+            @ReplyTo = @reply_to,
+            @Headers = @Headers,
+            @AccountName = @AccountName,
+            @DateToProcess = @Due,
+            @MailID = @MailID OUTPUT;
+
+        INSERT INTO mailq.DbMailItem (
+            MailID, ProfileID, Importance, Sensitivity, Query, ExecuteQueryDatabase,
+            AttachQueryResultAsFile, QueryAttachmentFilename, QueryResultHeader, QueryResultWidth,
+            QueryResultSeparator, ExcludeQueryOutput, AppendQueryError, QueryNoTruncate, QueryResultNoPadding,
+            QueryResultFormat, SendRequestUser, SendRequestDate, RequestUser, RequestUserSid,
+            QueryState, QueryDueAtUtc
+        )
+        VALUES (
+            @MailID, @ProfileID, @importance, @sensitivity, @query, IIF(@query IS NULL, NULL, DB_NAME()),
+            @attach_query_result_as_file, @query_attachment_filename, @query_result_header,
+            COALESCE(@query_result_width, 256), @query_result_separator, @exclude_query_output,
+            @append_query_error, COALESCE(@query_no_truncate, 0), COALESCE(@query_result_no_padding, 0),
+            UPPER(COALESCE(@mailq_query_result_format, 'TEXT')),
+            COALESCE(SUSER_SNAME(), USER_NAME()), CAST(SYSDATETIME() AS DATETIME), USER_NAME(), USER_SID(),
+            IIF(@query IS NULL, NULL, N'Pending'), IIF(@query IS NULL, NULL, SYSUTCDATETIME())
+        );
+        SET @ItemID = SCOPE_IDENTITY();
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SET @mailitem_id = @ItemID;
+    SET @mailq_mail_id = @MailID;
+    IF @exclude_query_output = 0
+    BEGIN
+        SET @Msg = COALESCE(FORMATMESSAGE(14635, @ItemID), CONCAT(N'Mail (Id: ', @ItemID, N') queued.'));
+        PRINT @Msg;
+    END;
+    RETURN 0;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqDbMailUser: send through mailq.SendDbMail and read the
+Database Mail compatible views (each member sees only the mail they sent).
+*/
+GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqDbMailUser;
+GRANT SELECT ON OBJECT::mailq.sysmail_allitems TO MailqDbMailUser;
+GRANT SELECT ON OBJECT::mailq.sysmail_sentitems TO MailqDbMailUser;
+GRANT SELECT ON OBJECT::mailq.sysmail_unsentitems TO MailqDbMailUser;
+GRANT SELECT ON OBJECT::mailq.sysmail_faileditems TO MailqDbMailUser;
+GRANT SELECT ON OBJECT::mailq.sysmail_event_log TO MailqDbMailUser;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Role MailqDbMailRunner: the query runner of mailq.SendDbMail (mailq-db
+dbmail-runner) claims waiting queries and hands back their results.  To run a
+caller's query as that caller, the runner's user also needs IMPERSONATE on
+each database user that sends @query mail, granted by the DBA one by one:
+GRANT IMPERSONATE ON USER::[report_user] TO MailqDbMailRunner;
+(docs/database-mail.md, "How @query runs": what that grant means).
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqDbMailRunner') IS NULL
+    CREATE ROLE MailqDbMailRunner AUTHORIZATION dbo;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ClaimDbMailQuery: gives one waiting mailq.SendDbMail query to a query
+runner (mailq-db dbmail-runner) for @LeaseSeconds: the oldest Pending one, or
+a Running one whose runner's lease passed (that runner died: at-least-once).
+Parameters:  @LockToken UNIQUEIDENTIFIER, required: the runner's token for
+             this query (mailq.CompleteDbMailQuery checks it)
+             @LeaseSeconds INT 10-3600, default 300
+Result set:  zero or one row: MailItemID INT, MailID BIGINT, Query, Database,
+             RequestUser, RequestUserSid (whom the runner impersonates, and
+             the SID it must find), the options (AttachQueryResultAsFile,
+             QueryAttachmentFilename, QueryResultHeader, QueryResultWidth,
+             QueryResultSeparator, ExcludeQueryOutput, AppendQueryError,
+             QueryNoTruncate, QueryResultNoPadding, QueryResultFormat) and
+             Attempts (this claim included).
+Errors:      50660 @LockToken missing or @LeaseSeconds not 10-3600.
+Transaction: one statement; works inside the caller's transaction if open.
+Isolation:   sets READ COMMITTED (READPAST needs it).
+Lock order:  mailq.DbMailItem only.
+Example:     EXEC mailq.ClaimDbMailQuery @LockToken = 'F0E1...', @LeaseSeconds = 300;
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimDbMailQuery
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @LockToken IS NULL OR COALESCE(@LeaseSeconds, 0) NOT BETWEEN 10 AND 3600
+        THROW 50660, N'@LockToken is required and @LeaseSeconds must be 10-3600.', 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    WITH NextQuery AS (
+        SELECT TOP (1)
+            i.MailItemID, i.MailID, i.Query, i.ExecuteQueryDatabase, i.RequestUser, i.RequestUserSid,
+            i.AttachQueryResultAsFile, i.QueryAttachmentFilename, i.QueryResultHeader, i.QueryResultWidth,
+            i.QueryResultSeparator, i.ExcludeQueryOutput, i.AppendQueryError, i.QueryNoTruncate,
+            i.QueryResultNoPadding, i.QueryResultFormat, i.QueryState, i.QueryDueAtUtc, i.QueryLockToken,
+            i.QueryAttempts
+        FROM mailq.DbMailItem AS i WITH (READPAST, UPDLOCK, ROWLOCK)
+        -- READPAST: skip a query another runner is claiming; UPDLOCK: claim
+        -- while reading; ROWLOCK: row grain for READPAST; INDEX: the filtered
+        -- range of waiting queries (the optimizer may not match the filter).
+        WHERE i.QueryState IN (N'Pending', N'Running') AND i.QueryDueAtUtc <= @Now
+        ORDER BY i.QueryDueAtUtc, i.MailItemID
+    )
+
+    UPDATE NextQuery
+    SET
+        QueryState = N'Running',
+        QueryLockToken = @LockToken,
+        QueryDueAtUtc = DATEADD(SECOND, @LeaseSeconds, @Now),
+        QueryAttempts = QueryAttempts + 1
+    OUTPUT
+        inserted.MailItemID, inserted.MailID, inserted.Query, inserted.ExecuteQueryDatabase AS [Database],
+        inserted.RequestUser, inserted.RequestUserSid, inserted.AttachQueryResultAsFile,
+        inserted.QueryAttachmentFilename, inserted.QueryResultHeader, inserted.QueryResultWidth,
+        inserted.QueryResultSeparator, inserted.ExcludeQueryOutput, inserted.AppendQueryError,
+        inserted.QueryNoTruncate, inserted.QueryResultNoPadding, inserted.QueryResultFormat,
+        inserted.QueryAttempts AS Attempts;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.CompleteDbMailQuery: the query runner hands back a query it claimed
+(mailq.ClaimDbMailQuery): with @Outcome 'Done' the result joins the mail
+(appended to the body after CRLF, as msdb writes it, or as the attachment) and
+the mail becomes due; with 'Failed' the mail is stopped (mailq.StopMail, reason
+'Query execution failed: ...'; sysmail_event_log shows an error row).
+A result over the queue's limits (body 2,000,000 characters, attachment
+10 MiB) fails the mail the same way.  A mail cancelled or stopped meanwhile
+stays so; the item is finished either way.
+Parameters:  @MailItemID INT, @LockToken UNIQUEIDENTIFIER (the claim's),
+             @Outcome 'Done' | 'Failed', @Text NVARCHAR(MAX) (Done, body:
+             the rendered result), @Attachment VARBINARY(MAX), @FileName
+             NVARCHAR(255), @ContentType NVARCHAR(255) (Done, attachment),
+             @Error NVARCHAR(4000) (Failed: why)
+Result set:  with 'Failed', mailq.StopMail's row (ID, Status, NextAttemptUtc).
+Errors:      50661 the claim is lost (not Running, or another token: a later
+             runner took it over); 50662 @Outcome or its arguments invalid.
+Transaction: its own if none is open, else the caller's; an error dooms it.
+Isolation:   sets READ COMMITTED.
+Lock order:  mailq.MailQueue, mailq.MailAttachment (or, failing, StopMail's
+             MailQueue, MailEvent, MailAttempt), then mailq.DbMailItem.
+Example:     EXEC mailq.CompleteDbMailQuery @MailItemID = 7, @LockToken = @t,
+                 @Outcome = 'Done', @Text = N'name ...';
+*/
+CREATE OR ALTER PROCEDURE mailq.CompleteDbMailQuery
+    @MailItemID INT,
+    @LockToken UNIQUEIDENTIFIER,
+    @Outcome VARCHAR(6),
+    @Text NVARCHAR(MAX) = NULL,
+    @Attachment VARBINARY(MAX) = NULL,
+    @FileName NVARCHAR(255) = NULL,
+    @ContentType NVARCHAR(255) = NULL,
+    @Error NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @CrLf NCHAR(2) = NCHAR(13) + NCHAR(10);
+    DECLARE @Lost NVARCHAR(200)
+        = N'The query runner''s claim on this item is lost (finished, or taken over after its lease).';
+    IF @Outcome NOT IN ('Done', 'Failed')
+        OR (@Outcome = 'Failed' AND NULLIF(@Error, N'') IS NULL)
+        OR (@Outcome = 'Done' AND (@Attachment IS NULL) = (@Text IS NULL))
+        OR (@Attachment IS NOT NULL AND NULLIF(@FileName, N'') IS NULL)
+        THROW 50662, N'@Outcome must be Done (with @Text, or @Attachment and @FileName) or Failed (with @Error).', 1;
+
+    DECLARE @MailID BIGINT = (
+        SELECT i.MailID
+        FROM mailq.DbMailItem AS i
+        WHERE i.MailItemID = @MailItemID AND i.QueryState = N'Running' AND i.QueryLockToken = @LockToken
+    );
+    IF @MailID IS NULL
+        THROW 50661, @Lost, 1;
+
+    IF @Outcome = 'Done' AND (
+        LEN(@Text) + (SELECT LEN(q.Body) FROM mailq.MailQueue AS q WHERE q.ID = @MailID) + 2 > 2000000
+        OR DATALENGTH(@Attachment) > 10485760
+    )
+        SELECT
+            @Outcome = 'Failed',
+            @Error = N'the result is over the queue''s limits (2,000,000 characters in the body, 10 MiB attached).';
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        IF @Outcome = 'Done'
+        BEGIN
+            UPDATE q
+            SET
+                q.Body = IIF(@Text IS NULL, q.Body, CONCAT(q.Body, @CrLf, @Text)),
+                q.DateToProcess = @Now,
+                q.VisibleAtUtc = @Now
+            -- UPDLOCK: read and change one row without a lock-conversion deadlock.
+            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+            WHERE q.ID = @MailID AND q.Status = N'UnSent' AND q.VisibleAtUtc = @Hold;
+            IF @@ROWCOUNT = 1 AND @Attachment IS NOT NULL
+                INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
+                VALUES (@MailID, 1, @FileName, COALESCE(@ContentType, N'text/plain'), @Attachment);
+        END;
+        ELSE IF EXISTS (
+            SELECT 1 FROM mailq.MailQueue AS q WHERE q.ID = @MailID AND q.Status IN (N'UnSent', N'Sending')
+        )
+        BEGIN
+            DECLARE @Reason NVARCHAR(4000) = LEFT(CONCAT(N'Query execution failed: ', @Error), 4000);
+            -- StopMail's one-row result set goes to the runner.
+            EXEC mailq.StopMail @MailID = @MailID, @Reason = @Reason;
+        END;
+
+        UPDATE mailq.DbMailItem
+        SET
+            QueryState = IIF(@Outcome = 'Done', N'Done', N'Failed'),
+            QueryLockToken = NULL,
+            QueryDueAtUtc = NULL,
+            QueryError = IIF(@Outcome = 'Done', NULL, LEFT(@Error, 4000)),
+            QueryFinishedAtUtc = @Now
+        WHERE MailItemID = @MailItemID AND QueryState = N'Running' AND QueryLockToken = @LockToken;
+        IF @@ROWCOUNT = 0
+            THROW 50661, @Lost, 1;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_mailattachments: msdb.dbo.sysmail_mailattachments over this
+queue: the attachments of mail sent with mailq.SendDbMail (here only a
+query's result file), msdb's columns in msdb's order
+(https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-mailattachments-transact-sql).
+attachment_id is BIGINT here (MailItemID * 10 + the attachment's number - 1:
+a mail has at most 10); rows as mailq.sysmail_allitems.
+*/
+CREATE OR ALTER VIEW mailq.sysmail_mailattachments
+AS
+SELECT
+    CAST(i.MailItemID AS BIGINT) * 10 + a.AttachmentNo - 1 AS attachment_id,
+    i.MailItemID AS mailitem_id,
+    CAST(a.FileName AS NVARCHAR(260)) AS filename,
+    CAST(DATALENGTH(a.Content) AS INT) AS filesize,
+    a.Content AS attachment,
+    i.SendRequestDate AS last_mod_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailItem AS i
+INNER JOIN mailq.MailAttachment AS a ON i.MailID = a.MailID
+WHERE
+    IS_MEMBER(N'db_owner') = 1
+    OR IS_MEMBER(N'MailqAdmin') = 1
+    OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME());
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_profile: msdb.dbo.sysmail_profile's columns over
+mailq.DbMailProfile (profile_id, name, description, last_mod_datetime: the
+creation time, local; last_mod_user: NULL, not recorded here).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_profile
+AS
+SELECT
+    p.ProfileID AS profile_id,
+    CAST(p.ProfileName AS SYSNAME) AS name,
+    CAST(p.Description AS NVARCHAR(256)) AS description,
+    CAST(DATEADD(MINUTE, DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()), p.CreatedAtUtc) AS DATETIME)
+    AS last_mod_datetime,
+    CAST(NULL AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailProfile AS p;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_account: msdb.dbo.sysmail_account's columns over the sending
+accounts that are in a profile (mailq.DbMailAccount, mailq.SendingAccount):
+email_address and display_name are the account's defaults; description and
+replyto_address are NULL (no such account settings here: pass @reply_to).
+SMTP servers and credentials live in the worker's configuration, not here.
+*/
+CREATE OR ALTER VIEW mailq.sysmail_account
+AS
+SELECT
+    da.AccountID AS account_id,
+    CAST(a.AccountName AS SYSNAME) AS name,
+    CAST(NULL AS NVARCHAR(256)) AS description,
+    a.DefaultFromAddress AS email_address,
+    a.DefaultFromName AS display_name,
+    CAST(NULL AS NVARCHAR(128)) AS replyto_address,
+    CAST(DATEADD(MINUTE, DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()), a.CreatedAtUtc) AS DATETIME)
+    AS last_mod_datetime,
+    CAST(NULL AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailAccount AS da
+INNER JOIN mailq.SendingAccount AS a ON da.AccountName = a.AccountName;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_profileaccount: msdb.dbo.sysmail_profileaccount's columns over
+mailq.DbMailProfileAccount (the failover order of a profile's accounts).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_profileaccount
+AS
+SELECT
+    pa.ProfileID AS profile_id,
+    pa.AccountID AS account_id,
+    pa.SequenceNumber AS sequence_number,
+    CAST(NULL AS DATETIME) AS last_mod_datetime,
+    CAST(NULL AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailProfileAccount AS pa;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_principalprofile: msdb.dbo.sysmail_principalprofile's columns
+over mailq.DbMailPrincipalProfile; principal_sid is 0x00 for public (as
+msdb), else the database principal's SID (NULL if it no longer exists), and
+principal_name, not in msdb, is added last.
+*/
+CREATE OR ALTER VIEW mailq.sysmail_principalprofile
+AS
+SELECT
+    pp.ProfileID AS profile_id,
+    CAST(IIF(pp.PrincipalName = N'public', 0x00, dp.sid) AS VARBINARY(85)) AS principal_sid,
+    pp.IsDefault AS is_default,
+    CAST(NULL AS DATETIME) AS last_mod_datetime,
+    CAST(NULL AS SYSNAME) AS last_mod_user,
+    CAST(pp.PrincipalName AS SYSNAME) AS principal_name
+FROM mailq.DbMailPrincipalProfile AS pp
+LEFT JOIN sys.database_principals AS dp ON pp.PrincipalName = dp.name;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.sysmail_configuration: msdb.dbo.sysmail_configuration's columns with
+this package's fixed values for msdb's settings that have a meaning here
+(docs/database-mail.md, "Settings"): MaxFileSize (the attachment limit, bytes),
+ProhibitedExtensions (refused for @query_attachment_filename: 14630),
+AccountRetryAttempts (attempts per mail, mailq.EnqueueMail's default, not per
+account), LoggingLevel (2: errors, warnings and successes in sysmail_event_log).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_configuration
+AS
+SELECT
+    c.paramname,
+    c.paramvalue,
+    c.description,
+    CAST(NULL AS DATETIME) AS last_mod_datetime,
+    CAST(NULL AS SYSNAME) AS last_mod_user
+FROM (
+    VALUES
+    (
+        CAST(N'AccountRetryAttempts' AS NVARCHAR(256)), CAST(N'5' AS NVARCHAR(256)),
+        CAST(N'Attempts per mail (all accounts together), then the mail fails' AS NVARCHAR(256))
+    ),
+    (N'LoggingLevel', N'2', N'sysmail_event_log: errors, warnings, successes and information'),
+    (N'MaxFileSize', N'10485760', N'Bytes per attachment (the queue''s limit)'),
+    (N'ProhibitedExtensions', N'exe,dll,vbs,js', N'Refused for @query_attachment_filename (14630)')
+) AS c(paramname, paramvalue, description);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqDbMailRunner: claim a waiting query, hand back its result.
+*/
+GRANT EXECUTE ON OBJECT::mailq.ClaimDbMailQuery TO MailqDbMailRunner;
+GRANT EXECUTE ON OBJECT::mailq.CompleteDbMailQuery TO MailqDbMailRunner;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin for the Database Mail catalogue views (profiles,
+accounts, grants, settings) and the attachments view.
+*/
+GRANT SELECT ON OBJECT::mailq.sysmail_mailattachments TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_profile TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_account TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_profileaccount TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_principalprofile TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_configuration TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
 DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0018') AND FilePath IN (
     N'upgrades/mailq.0018.LockEscalation.sql',
-    N'procedures/mailq.EnqueueMailBatch.sql');
+    N'procedures/mailq.EnqueueMailBatch.sql',
+    N'tables/mailq.DbMailItem.sql',
+    N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql',
+    N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql',
+    N'views/mailq.sysmail_allitems.sql',
+    N'views/mailq.sysmail_event_log.sql',
+    N'functions/mailq.DbMailAddressProblem.sql',
+    N'procedures/mailq.SendDbMail.sql',
+    N'security/MailqDbMailUser.grants.sql',
+    N'security/MailqDbMailRunner.role.sql',
+    N'procedures/mailq.ClaimDbMailQuery.sql',
+    N'procedures/mailq.CompleteDbMailQuery.sql',
+    N'views/mailq.sysmail_mailattachments.sql',
+    N'views/mailq.sysmail_profile.sql',
+    N'views/mailq.sysmail_account.sql',
+    N'views/mailq.sysmail_profileaccount.sql',
+    N'views/mailq.sysmail_principalprofile.sql',
+    N'views/mailq.sysmail_configuration.sql',
+    N'security/MailqDbMailRunner.grants.sql',
+    N'security/MailqAdmin.dbmail2.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'upgrades/mailq.0018.LockEscalation.sql', '39b4f187c4fed16b67e5910657cb48ca55f61ddc3cb04640705d508f7f07fc10'),
-    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b');
+    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b'),
+    ('0018', N'tables/mailq.DbMailItem.sql', '6e017d4d3194a75a7a9fd7715e5c55fc0ff09662c53345515cec4c51edc2f0db'),
+    ('0018', N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql', '15e1ef84f4a88fa0fe12134a3b78a734cb6ec2b8038e9ad66ca0d65fb3d877ab'),
+    ('0018', N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql', '6cd529dc0143cf6780988ffde3fcd17f3f0a21234106060aaa5dfca8ccb76235'),
+    ('0018', N'views/mailq.sysmail_allitems.sql', 'c6e0a390c184ed4860a80118a30d03fad824173639ef2eff13cad77ee239f318'),
+    ('0018', N'views/mailq.sysmail_event_log.sql', '45900d2fe03be402252a7a45c43f64c706b3fb0a90e57a49bdda14bff66e49de'),
+    ('0018', N'functions/mailq.DbMailAddressProblem.sql', 'bbb5e2e8c3d3a51e978ab68da23fc00c6317535f8f4d34c2db4208ffa06ee478'),
+    ('0018', N'procedures/mailq.SendDbMail.sql', '36fa4ca0c817c88178fecf6719cd3cf5d7bdfb41932ab17d6465df1ce77efa0b'),
+    ('0018', N'security/MailqDbMailUser.grants.sql', '5d7694f7218facd6a705e5a91b4d06613c3cbd2c86c97b00807c10c598835ef6'),
+    ('0018', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),
+    ('0018', N'procedures/mailq.ClaimDbMailQuery.sql', '32312da16a8ea40d32bec704da1f5dfce51829f2141650765a397bd8b31c2167'),
+    ('0018', N'procedures/mailq.CompleteDbMailQuery.sql', '9c8f2e120fe3c72abf80f4f017e824036581dc71331117db9b4a887482cc5388'),
+    ('0018', N'views/mailq.sysmail_mailattachments.sql', 'edf748544e1352d35cae718a1e8291b2a47d3d644a0e3276b3106160abf320f5'),
+    ('0018', N'views/mailq.sysmail_profile.sql', '86cbb0a0c212583f0a2c7e643a73393066c83fe9ff74fef42b5f5de53c7bbf3e'),
+    ('0018', N'views/mailq.sysmail_account.sql', 'e6af113c8ac95c003bea6c4e9ef3d3a6b49b39ba52f93ddb757afbe4c80f990b'),
+    ('0018', N'views/mailq.sysmail_profileaccount.sql', '2490a39e9023a34f615b9cfcf78b9ec8b7ad1a1f2ce05f44517894a166d3512a'),
+    ('0018', N'views/mailq.sysmail_principalprofile.sql', '8c9b4d8cb0c61a4e66405c8980e457b08ea2f81bb437d016de92d9880b8594ff'),
+    ('0018', N'views/mailq.sysmail_configuration.sql', '4380271b2d053df4de0fc681df5de4e4d39c34d8c052e69db59e1f47fe529ad0'),
+    ('0018', N'security/MailqDbMailRunner.grants.sql', '1a3cd1b1382b62f823da2c4e50d012809aae6411cebc40ba4cba3923eb428d2d'),
+    ('0018', N'security/MailqAdmin.dbmail2.grants.sql', '8e183eb1f250afe5152e8ca31f717395f71d497404155088c2d4a578dd181d9b');
 
 GO
 

@@ -26641,7 +26641,8 @@ BEGIN
         = N'The query runner''s claim on this item is lost (finished, or taken over after its lease).';
     IF @Outcome NOT IN ('Done', 'Failed')
         OR (@Outcome = 'Failed' AND NULLIF(@Error, N'') IS NULL)
-        OR (@Outcome = 'Done' AND (@Attachment IS NULL) = (@Text IS NULL))
+        OR (@Outcome = 'Done' AND @Attachment IS NULL AND @Text IS NULL)
+        OR (@Outcome = 'Done' AND @Attachment IS NOT NULL AND @Text IS NOT NULL)
         OR (@Attachment IS NOT NULL AND NULLIF(@FileName, N'') IS NULL)
         THROW 50662, N'@Outcome must be Done (with @Text, or @Attachment and @FileName) or Failed (with @Error).', 1;
 
@@ -26980,7 +26981,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'security/MailqDbMailUser.grants.sql', '5d7694f7218facd6a705e5a91b4d06613c3cbd2c86c97b00807c10c598835ef6'),
     ('0018', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),
     ('0018', N'procedures/mailq.ClaimDbMailQuery.sql', '32312da16a8ea40d32bec704da1f5dfce51829f2141650765a397bd8b31c2167'),
-    ('0018', N'procedures/mailq.CompleteDbMailQuery.sql', '9c8f2e120fe3c72abf80f4f017e824036581dc71331117db9b4a887482cc5388'),
+    ('0018', N'procedures/mailq.CompleteDbMailQuery.sql', '58824bd1190da6109fc5f10a8243b2a17a79d88fb4807b4d36edbadef892752d'),
     ('0018', N'views/mailq.sysmail_mailattachments.sql', 'edf748544e1352d35cae718a1e8291b2a47d3d644a0e3276b3106160abf320f5'),
     ('0018', N'views/mailq.sysmail_profile.sql', '86cbb0a0c212583f0a2c7e643a73393066c83fe9ff74fef42b5f5de53c7bbf3e'),
     ('0018', N'views/mailq.sysmail_account.sql', 'e6af113c8ac95c003bea6c4e9ef3d3a6b49b39ba52f93ddb757afbe4c80f990b'),

@@ -44,7 +44,8 @@ BEGIN
         = N'The query runner''s claim on this item is lost (finished, or taken over after its lease).';
     IF @Outcome NOT IN ('Done', 'Failed')
         OR (@Outcome = 'Failed' AND NULLIF(@Error, N'') IS NULL)
-        OR (@Outcome = 'Done' AND (@Attachment IS NULL) = (@Text IS NULL))
+        OR (@Outcome = 'Done' AND @Attachment IS NULL AND @Text IS NULL)
+        OR (@Outcome = 'Done' AND @Attachment IS NOT NULL AND @Text IS NOT NULL)
         OR (@Attachment IS NOT NULL AND NULLIF(@FileName, N'') IS NULL)
         THROW 50662, N'@Outcome must be Done (with @Text, or @Attachment and @FileName) or Failed (with @Error).', 1;
 

@@ -28,6 +28,9 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from ..errors import ConfigurationError
+from .dkim import DkimSettings, parse_dkim
+from .oauth.settings import OAuthSettings, parse_oauth
+from .sasl import AUTH_MODES
 
 TLS_MODES = ("starttls", "implicit", "none")
 
@@ -61,6 +64,12 @@ class AccountConfig:
     #: the next login is at most this far away the worker sleeps, otherwise it
     #: defers the account's batch (a Wait: no attempt spent).  0: never sleep.
     login_sleep_max_seconds: float = 10.0
+    #: how the account signs in: "password" (PLAIN/LOGIN), "xoauth2" or
+    #: "oauthbearer" with a token from ``oauth`` (docs/oauth2.md)
+    auth: str = "password"
+    oauth: OAuthSettings | None = None
+    #: DKIM signing of every mail of the account (docs/dkim.md); None: unsigned
+    dkim: DkimSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -151,7 +160,7 @@ def _positive(value: Any, where: str, problems: _Problems, minimum: float = 1) -
 ACCOUNT_KEYS = ("host", "port", "tls", "allow_plaintext", "user", "password_env", "connect_timeout_seconds",
                 "command_timeout_seconds", "final_reply_timeout_seconds", "verify_tls", "ca_file",
                 "local_hostname", "pipelining", "wait_min_seconds", "wait_max_seconds",
-                "login_sleep_max_seconds")
+                "login_sleep_max_seconds", "auth", "oauth", "dkim")
 WORKER_KEYS = tuple(WorkerConfig.__dataclass_fields__)
 DATABASE_KEYS = ("url", "url_env", "connect_timeout_seconds", "query_timeout_seconds")
 
@@ -267,6 +276,7 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
     wait_min = _take(raw, "wait_min_seconds", num, a, problems)
     wait_max = _take(raw, "wait_max_seconds", num, a, problems, 3600.0)
     login_sleep_max = _take(raw, "login_sleep_max_seconds", num, a, problems, 10.0)
+    identity = _identity(a, raw, env, problems, user, password_env)
     _unknown(raw, a, problems, ACCOUNT_KEYS)
     if not host:
         problems.add(f"{a}.host", "is required (the SMTP server's host name)")
@@ -280,7 +290,7 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
     if not 0 < port < 65536:
         problems.add(f"{a}.port", f"must be 1-65535 (got {port})")
     password = None
-    if user and not password_env:
+    if user and not password_env and identity["auth"] == "password":
         problems.add(f"{a}.password_env", f"user is set: name the environment variable that holds {user}'s password")
     if password_env and not user:
         problems.add(f"{a}.user", "password_env is set but user is not")
@@ -320,8 +330,35 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
         verify_tls=verify_tls, ca_file=ca_file, local_hostname=local_hostname,
         final_reply_timeout_seconds=float(final_timeout), pipelining=pipelining,
         wait_min_seconds=None if wait_min is None else float(wait_min), wait_max_seconds=float(wait_max),
-        login_sleep_max_seconds=float(login_sleep_max),
+        login_sleep_max_seconds=float(login_sleep_max), **identity,
     )
+
+
+def _identity(a: str, raw: dict[str, Any], env: Mapping[str, str], problems: _Problems, user: str | None,
+              password_env: str | None) -> dict[str, Any]:
+    """The account's ``auth``, ``[accounts.NAME.oauth]`` and ``[accounts.NAME.dkim]``
+    (docs/oauth2.md, docs/dkim.md)."""
+    auth = _take(raw, "auth", str, a, problems, "password")
+    oauth_raw, dkim_raw = raw.pop("oauth", None), raw.pop("dkim", None)
+    values: dict[str, Any] = {"auth": "password", "oauth": None, "dkim": None}
+    if auth not in AUTH_MODES:
+        problems.add(f"{a}.auth", f"must be one of {', '.join(AUTH_MODES)} (got {auth!r})")
+    elif auth != "password":
+        values["auth"] = auth
+        if not user:
+            problems.add(f"{a}.user", f'is required with auth = "{auth}": the mailbox the token signs in as')
+        if password_env:
+            problems.add(f"{a}.password_env", f'auth = "{auth}" signs in with a token, not a password: remove it')
+        if oauth_raw is None:
+            problems.add(a, f'auth = "{auth}" needs a table [{a}.oauth] with provider = "microsoft", "google", '
+                         '"refresh_token" or "command" (docs/oauth2.md)')
+        else:
+            values["oauth"] = parse_oauth(f"{a}.oauth", oauth_raw, env, problems, user)
+    if auth == "password" and oauth_raw is not None:
+        problems.add(f"{a}.oauth", 'is set but auth is "password": set auth = "xoauth2" (or "oauthbearer")')
+    if dkim_raw is not None:
+        values["dkim"] = parse_dkim(f"{a}.dkim", dkim_raw, env, problems)
+    return values
 
 
 def parse_config(text: str, *, env: Mapping[str, str] | None = None, source: str = "config") -> Config:

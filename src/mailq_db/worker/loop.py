@@ -37,6 +37,7 @@ from .config import AccountConfig, Config
 from .lazy import LazyContentError, needs_preparing, prepare
 from .logs import event
 from .message import MalformedMail, Outgoing, build
+from .sasl import auth_fix
 from .metrics import Metrics
 from .smtp import ConnectionGone, MessageTooBig, OutcomeUnknown, SendResult, SmtpSession
 
@@ -293,7 +294,7 @@ class Worker:
                             event(log, logging.ERROR, f"authentication failed for account {account.name}",
                                   account=account.name, user=account.user, smtp_code=exc.smtp_code,
                                   reply=_reply_text(exc.smtp_error),
-                                  fix=f"check the password in ${account.password_env} and the user name")
+                                  fix=auth_fix(account, outcome))
                         self.fail([mail, *queue], self._account_wait(account, outcome))
                         return
                 started = time.monotonic()

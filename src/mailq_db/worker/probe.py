@@ -1,7 +1,8 @@
 """``check-config --probe``: talk to each account's server the way the worker will, step by step.
 
 TCP (and TLS for implicit TLS), the greeting, EHLO, STARTTLS with the
-certificate checked, EHLO again, one AUTH, QUIT.  Each step is reported with
+certificate checked, EHLO again, one AUTH (for a token account: fetching the
+token first, as its own step), QUIT.  Each step is reported with
 what the server said and, when it fails, what to fix.  QUIT is sent after an
 error too, so the server sees a clean end.  Nothing is sent: no MAIL FROM.
 """
@@ -13,6 +14,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 
+from . import sasl
 from .config import AccountConfig, is_fqdn
 from .smtp import SmtpSession, tls_context
 
@@ -123,12 +125,17 @@ def probe_account(a: AccountConfig) -> list[Step]:
         elif a.tls == "none":
             add(Step(name, "TLS", True, "none: mail and password go in clear text (allow_plaintext)",
                      "only for local sinks", warning=True))
-        if a.user:
+        if a.user and a.auth != "password":
+            # token acquisition is its own step, then one AUTH with the token
+            for step, ok, detail, fix in sasl.probe_login(session):
+                add(Step(name, step, ok, detail, fix))
+        elif a.user:
             try:
                 session._login(a.user, a.password or "")
                 add(Step(name, "AUTH", True, f"logged in as {a.user} (one attempt)"))
             except smtplib.SMTPAuthenticationError as exc:
                 add(Step(name, "AUTH", False, f"{exc.smtp_code} {_reply(exc.smtp_error)}",
+                         sasl.password_fix(a, exc) or
                          f"authentication failed for account {name}: check the user name and the password "
                          f"in ${a.password_env} (one attempt was made, to avoid a lockout)"))
             except smtplib.SMTPException as exc:

@@ -8,7 +8,10 @@ What this layer does on purpose (issue 14, checked against Postfix in
 tests/realmta):
 
 * **One AUTH attempt** with one mechanism (PLAIN, else LOGIN): a wrong
-  password is tried once, never once per mechanism.
+  password is tried once, never once per mechanism.  Accounts with
+  ``auth = "xoauth2"`` / ``"oauthbearer"`` send one AUTH with a token
+  (:mod:`mailq_db.worker.sasl`); a refused token is dropped and ``open``
+  connects once more with a new one (again one AUTH on that connection).
 * **SIZE** (RFC 1870): when the server advertises a limit, MAIL FROM declares
   the message size, and a message above the limit is refused before MAIL
   (:class:`MessageTooBig`, a Stop).
@@ -36,6 +39,7 @@ import socket
 import ssl
 from dataclasses import dataclass, field
 
+from . import dkim, sasl
 from .classify import NeedsSmtpUtf8, SetupError
 from .config import AccountConfig
 from .message import Outgoing
@@ -104,6 +108,14 @@ class SmtpSession:
 
     # ------------------------------------------------------------ connect
     def open(self) -> "SmtpSession":
+        try:
+            return self._connect()
+        except sasl.TokenRejected as exc:
+            # The token was dropped from the cache: one more connection with a new one.
+            sasl.refused_once(self, exc)
+            return self._connect()
+
+    def _connect(self) -> "SmtpSession":
         a = self.account
         self.stage = "connect"
         try:
@@ -129,7 +141,10 @@ class SmtpSession:
                 self._ehlo()
             if a.user:
                 self.stage = "auth"
-                self._login(a.user, a.password or "")
+                if a.auth == "password":
+                    self._login(a.user, a.password or "")
+                else:
+                    sasl.token_login(self)
         except BaseException:
             self.close()
             raise
@@ -192,6 +207,7 @@ class SmtpSession:
         :class:`OutcomeUnknown`, :class:`ConnectionGone`.
         """
         assert self.smtp is not None, "open() first"
+        out = dkim.sign_outgoing(self.account, out)
         options: list[str] = []
         if out.smtputf8:
             if not self.supports_smtputf8:

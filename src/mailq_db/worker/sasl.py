@@ -52,7 +52,8 @@ AUTH_MODES = ("password", *TOKEN_MECHANISMS)
 MAX_INITIAL_RESPONSE_LINE = 2048
 #: Rules of smtp_rules.toml whose ``why`` is the fix for a password refused
 #: because the provider no longer accepts passwords (issue 26).
-BASIC_AUTH_RULES = ("basic-auth-disabled", "gmail-password-refused", "gmail-app-password-required")
+BASIC_AUTH_RULES = ("basic-auth-disabled", "smtp-auth-disabled", "gmail-password-refused",
+                    "gmail-app-password-required")
 
 
 class TokenRejected(smtplib.SMTPAuthenticationError):

@@ -178,7 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
             with server.lock:
                 found = server.refresh_tokens.get(form.get("refresh_token", ""))
             if found is None or found[0] != form["client_id"]:
-                return self._reply(400, {"error": "invalid_grant", "error_description": "Token has been expired or revoked."})
+                return self._reply(400, {"error": "invalid_grant",
+                                         "error_description": "Token has been expired or revoked."})
             body = server.issue(found[1])
             if server.rotate_refresh:
                 with server.lock:

@@ -140,7 +140,8 @@ def entra_error(code: int, error: str, text: str) -> dict[str, Any]:
     return {"error": error, "error_description": f"AADSTS{code}: {text}\r\nTrace ID: 0000aaaa-11bb-cccc-dd22-"
             "eeeeee333333\r\nCorrelation ID: aaaa0000-bb11-2222-33cc-444444dddddd\r\nTimestamp: 2026-11-26 "
             "02:02:12Z", "error_codes": [code], "timestamp": "2026-11-26 02:02:12Z",
-            "trace_id": "0000aaaa-11bb-cccc-dd22-eeeeee333333", "correlation_id": "aaaa0000-bb11-2222-33cc-444444dddddd",
+            "trace_id": "0000aaaa-11bb-cccc-dd22-eeeeee333333",
+            "correlation_id": "aaaa0000-bb11-2222-33cc-444444dddddd",
             "error_uri": f"https://login.microsoftonline.com/error?code={code}"}
 
 

@@ -49,7 +49,8 @@ def test_oauthbearer_initial_response_follows_rfc_7628():
     assert raw == (b"n,a=user@example.com,\x01host=server.example.com\x01port=587\x01"
                    b"auth=Bearer vF9dft4qmTc2Nvb3RlckBhbHRhdmlzdGEuY29tCg==\x01\x01")
     # RFC 5801 saslname: "," and "=" escaped in the authzid
-    assert sasl.initial_response("OAUTHBEARER", "a,b=c@x.example", "t", "h", 1).startswith(b"n,a=a=2Cb=3Dc@x.example,\x01")
+    escaped = sasl.initial_response("OAUTHBEARER", "a,b=c@x.example", "t", "h", 1)
+    assert escaped.startswith(b"n,a=a=2Cb=3Dc@x.example,\x01")
 
 
 class FakeSmtp:
@@ -232,7 +233,8 @@ def test_a_token_that_cannot_be_obtained_waits_the_account_without_any_auth(oaut
     make_worker(queue, {"acct": token_account(port)}).run(once=True)
     oauth.TOKENS.clear()
     row = queue.rows[1]
-    assert row.dispositions == ["Wait"] and "AADSTS7000215" in row.last_error and "fix: put the secret" in row.last_error
+    assert row.dispositions == ["Wait"]
+    assert "AADSTS7000215" in row.last_error and "fix: put the secret" in row.last_error
     assert handler.logins == []
 
 

@@ -207,7 +207,7 @@ def oauth_template(name: str, host: str, user: str | None) -> list[str] | None:
         lines += [
             f"# {PLACEHOLDER}: {'Outlook.com' if issuer == 'microsoft' else 'Gmail'} takes no password for SMTP from",
             "# this kind of mailbox: sign it in once interactively to get a refresh token",
-            f"# (docs/oauth2.md, \"Delegated mailboxes\"), fill in the table below and remove its",
+            "# (docs/oauth2.md, \"Delegated mailboxes\"), fill in the table below and remove its",
             "# leading \"# \".  --check-config refuses the account until then.",
             'auth = "xoauth2"',
             f"# {table}",

@@ -122,7 +122,10 @@ def describe(config: Config, url: str | None) -> str:
     ]
     for a in config.accounts.values():
         login = f"user {a.user} (password from ${a.password_env})" if a.user else "no login"
-        lines.append(f"account {a.name}: {a.host}:{a.port} tls={a.tls} {login} "
+        if a.user and a.oauth is not None:
+            login = f"user {a.user} ({a.auth.upper()}, token from provider {a.oauth.provider})"
+        dkim = f" dkim d={a.dkim.domain} s={a.dkim.selector}" if a.dkim else ""
+        lines.append(f"account {a.name}: {a.host}:{a.port} tls={a.tls} {login}{dkim} "
                      f"timeouts connect={a.connect_timeout_seconds}s command={a.command_timeout_seconds}s")
     return "\n".join(lines)
 

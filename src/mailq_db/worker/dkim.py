@@ -11,7 +11,7 @@ and the checks.
   present in the message (RFC 6376 5.4: a listed but absent field would
   sign its absence, so a relay adding it, e.g. a Cc, breaks the signature).
   ``From`` is always signed (RFC 6376 5.4).  ``List-Unsubscribe`` and
-  ``List-Unsubscribe-Post`` are signed when present, as RFC 8058 3 requires
+  ``List-Unsubscribe-Post`` are signed when present, as RFC 8058 4 requires
   for one-click unsubscription.
 * The key is read and checked when the configuration is loaded (an RSA key
   of at least 1024 bits, RFC 8301 3.2), and kept in memory; signing does
@@ -114,9 +114,9 @@ def parse_dkim(where: str, raw: Any, env: Mapping[str, str], problems: Any) -> D
             if bits < 1024:
                 problems.add(f"{where}.private_key", f"{source} is a {bits}-bit key: DKIM needs at least 1024 bits "
                              "(RFC 8301 3.2), 2048 recommended")
-    if problems.count or pem is None:
+    if problems.count or pem is None or not isinstance(domain, str) or not isinstance(selector, str):
         return None
-    return DkimSettings(domain.lower(), selector, source, pem, tuple(headers), bits)  # type: ignore[union-attr]
+    return DkimSettings(domain.lower(), selector, source, pem, tuple(headers), bits)
 
 
 def _key(where: str, values: dict[str, Any], env: Mapping[str, str], problems: Any) -> tuple[bytes | None, str]:

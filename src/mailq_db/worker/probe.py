@@ -125,10 +125,8 @@ def probe_account(a: AccountConfig) -> list[Step]:
         elif a.tls == "none":
             add(Step(name, "TLS", True, "none: mail and password go in clear text (allow_plaintext)",
                      "only for local sinks", warning=True))
-        if a.user and a.auth != "password":
-            # token acquisition is its own step, then one AUTH with the token
-            for step, ok, detail, fix in sasl.probe_login(session):
-                add(Step(name, step, ok, detail, fix))
+        if a.user and a.auth != "password":  # the token is fetched as its own step, then one AUTH
+            sasl.probe_login(session, lambda *step: add(Step(name, *step)))
         elif a.user:
             try:
                 session._login(a.user, a.password or "")

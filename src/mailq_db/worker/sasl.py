@@ -68,6 +68,10 @@ class TokenRejected(smtplib.SMTPAuthenticationError):
         self.server_error = server_error
 
 
+def _text(reply: bytes | str) -> str:
+    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
+
+
 def saslname(value: str) -> str:
     """RFC 5801 saslname: ``=`` as ``=3D`` and ``,`` as ``=2C``."""
     return value.replace("=", "=3D").replace(",", "=2C")
@@ -196,11 +200,20 @@ def describe_provider(account: Any) -> str:
     return f"command {s.command[0]}"
 
 
-def probe_login(session: Any) -> list[tuple[str, bool, str, str | None]]:
-    """``check-config --probe``: token acquisition, then one AUTH, as (step, ok, detail, fix).
+def probe_login(session: Any, report: Any = None) -> list[tuple[str, bool, str, str | None]]:
+    """``check-config --probe``: token acquisition, then one AUTH, as (step, ok, detail, fix)
+    tuples, each also passed to ``report(step, ok, detail, fix)`` when given.
 
     The token is fetched anew (a cache of its own), so the probe shows what the
     identity platform says now."""
+    steps = _probe_login(session)
+    for step in steps:
+        if report is not None:
+            report(*step)
+    return steps
+
+
+def _probe_login(session: Any) -> list[tuple[str, bool, str, str | None]]:
     account = session.account
     steps: list[tuple[str, bool, str, str | None]] = []
     cache = oauth.TokenCache()
@@ -221,7 +234,7 @@ def probe_login(session: Any) -> list[tuple[str, bool, str, str | None]]:
     try:
         authenticate(session.smtp, mechanism, account.user, token.access_token, account.host, account.port)
     except TokenRejected as exc:
-        reply = exc.smtp_error.decode("utf-8", "replace")
+        reply = _text(exc.smtp_error)
         steps.append(("AUTH", False, f"{exc.smtp_code} {reply}", auth_fix(account, again=False)))
         return steps
     except SetupError as exc:
@@ -237,4 +250,4 @@ def refused_once(session: Any, exc: TokenRejected) -> None:
     account = session.account
     event(log, logging.WARNING, f"the server refused the token of account {account.name}; fetching a new token "
           "and connecting once more", account=account.name, user=account.user, smtp_code=exc.smtp_code,
-          reply=exc.smtp_error.decode("utf-8", "replace"))
+          reply=_text(exc.smtp_error))

@@ -33,8 +33,8 @@ AADSTS: dict[int, str] = {
     65001: "consent is missing (AADSTS65001): an administrator must grant admin consent for the application's "
            "permissions (API permissions > Grant admin consent; for client credentials: Office 365 Exchange "
            "Online > Application permissions > SMTP.SendAsApp)",
-    500011: "the resource is not in the tenant (AADSTS500011): request the scope https://outlook.office365.com/.default "
-            "and make sure the tenant has Exchange Online; check the tenant name",
+    500011: "the resource is not in the tenant (AADSTS500011): request the scope "
+            "https://outlook.office365.com/.default and make sure the tenant has Exchange Online; check the tenant",
     7000112: "the application is disabled in the tenant (AADSTS7000112): enable it under Enterprise applications "
              "> Properties > Enabled for users to sign-in",
     700027: "the certificate was refused (AADSTS700027 client assertion failed): upload this certificate's public "

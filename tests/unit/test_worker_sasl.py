@@ -99,6 +99,13 @@ def test_a_final_refusal_without_a_challenge_is_a_token_rejection_too():
     assert info.value.server_error is None and len(smtp.sent) == 1
 
 
+def test_a_temporary_failure_is_not_a_token_rejection():
+    smtp = FakeSmtp((454, b"4.7.0 Temporary authentication failure"))
+    with pytest.raises(smtplib.SMTPAuthenticationError) as info:
+        sasl.authenticate(smtp, "XOAUTH2", "u@example.com", "tok", "smtp.example.com", 587)
+    assert not isinstance(info.value, sasl.TokenRejected) and info.value.smtp_code == 454
+
+
 def test_a_long_response_goes_after_the_servers_empty_challenge():
     token = "e" * 2500  # an Entra ID access token is a 1.5-2.5 KB JWT
     smtp = FakeSmtp((334, b""), (235, b"2.7.0 Authentication successful"))
@@ -125,6 +132,7 @@ class OAuthHandler:
 
     def __init__(self) -> None:
         self.valid: set[str] = set()
+        self.temporary = False  # answer 454 instead of refusing
         self.logins: list[tuple[str, bool]] = []  # (mechanism, accepted) per AUTH command
         self.messages: list[bytes] = []
 
@@ -136,6 +144,8 @@ class OAuthHandler:
         self.logins.append((mechanism, ok))
         if ok:
             return AuthResult(success=True)
+        if self.temporary:
+            return AuthResult(success=False, handled=False, message="454 4.7.0 Temporary authentication failure")
         error = {"status": "401", "schemes": "bearer"} if mechanism == "XOAUTH2" else {"status": "invalid_token"}
         await server.challenge_auth(json.dumps(error))
         return AuthResult(success=False, handled=False, message="535 5.7.8 Username and Password not accepted.")
@@ -236,6 +246,18 @@ def test_a_token_that_cannot_be_obtained_waits_the_account_without_any_auth(oaut
     assert row.dispositions == ["Wait"]
     assert "AADSTS7000215" in row.last_error and "fix: put the secret" in row.last_error
     assert handler.logins == []
+
+
+def test_a_temporary_auth_failure_keeps_the_token_and_waits_briefly(oauth_server, tokens, caplog):
+    handler, port = oauth_server
+    handler.temporary = True
+    queue = FakeQueue([make_mail(1, account_name="acct")])
+    with caplog.at_level(logging.INFO, logger="mailq_db"):
+        make_worker(queue, {"acct": token_account(port)}).run(once=True)
+    assert handler.logins == [("XOAUTH2", False)] and tokens.n == 1  # no refresh, no second connection
+    assert queue.rows[1].dispositions == ["Wait"]
+    [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert error.mailq_fields["fix"].startswith("the server could not check the token just now")
 
 
 def test_a_token_account_sends_its_mail(oauth_server, tokens):

@@ -12,6 +12,9 @@ Exactly one AUTH command per connection, as with passwords:
 * The initial response goes on the AUTH line when that line fits in 2048
   octets; a longer one (a large JWT) is sent after the server's empty 334
   (RFC 4954 4 allows both; Microsoft's documentation shows the second form).
+* A 4xx reply (RFC 4954 ``454 4.7.0 Temporary authentication failure``:
+  the server could not check the token) is not a refusal: the token is kept
+  and the account waits briefly.
 * A refused token is answered by the server with a ``334`` challenge holding
   a base64 JSON error (``{"status":"401","schemes":"bearer","scope":...}``);
   the client must end the exchange: an empty line for XOAUTH2 (Google's
@@ -136,6 +139,10 @@ def authenticate(smtp: smtplib.SMTP, mechanism: str, user: str, token: str, host
         code, reply = smtp.docmd("" if mechanism == "XOAUTH2" else base64.b64encode(b"\x01").decode("ascii"))
     if code == 235:
         return
+    if 400 <= code < 500:
+        # the server could not check the token just now (RFC 4954 454 4.7.0): not a refusal
+        text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+        raise smtplib.SMTPAuthenticationError(code, text.encode("utf-8"))
     raise TokenRejected(code, reply, server_error)
 
 
@@ -162,6 +169,9 @@ def auth_fix(account: Any, outcome: Outcome | None = None, *, again: bool = True
         return f"check the password in ${account.password_env} and the user name"
     s = account.oauth
     who = f"the mailbox {account.user}"
+    if outcome is not None and outcome.smtp_code is not None and 400 <= outcome.smtp_code < 500:
+        return ("the server could not check the token just now (a temporary failure, not a refusal): the account "
+                "waits and tries again; if it persists, check the server's connection to its identity platform")
     if s.provider == "microsoft":
         hint = ("the application has the Office 365 Exchange Online application permission SMTP.SendAsApp with "
                 "admin consent, its service principal is registered in Exchange Online (New-ServicePrincipal) "

@@ -210,6 +210,19 @@ def test_a_forced_refresh_asks_the_identity_platform_again_not_msals_cache():
     assert len(http.posts) == 2
 
 
+def test_a_rotated_secret_file_is_used_without_a_restart(tmp_path):
+    from mailq_db.worker.oauth.microsoft import ClientCredentials
+
+    secret = tmp_path / "secret"
+    secret.write_text("old-secret-value\n")
+    http = FakeEntra(ok("eyJ-one"), ok("eyJ-two"))
+    provider = ClientCredentials(microsoft(client_secret=Secret(file=str(secret))), http_client=http)
+    provider.fetch()
+    secret.write_text("new-secret-value\n")
+    provider.fetch()
+    assert [p["client_secret"] for p in http.posts] == ["old-secret-value", "new-secret-value"]
+
+
 @pytest.mark.parametrize("code,error,text,expect", [
     (7000215, "invalid_client", "Invalid client secret provided. Ensure the secret being sent in the request is the "
      "client secret value, not the client secret ID", "Value, not its ID"),

@@ -19,6 +19,7 @@ token) removes the cached access tokens first, so the token endpoint is asked.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -74,6 +75,7 @@ class _Msal:
         self.http_client = http_client
         self.clock = clock
         self._app: Any = None
+        self._credential_digest = ""
 
     def _credential(self) -> Any:
         s = self.settings
@@ -81,7 +83,7 @@ class _Msal:
             return _certificate_credential(s.certificate_file, s.certificate_password)
         return s.client_secret.read() if s.client_secret else None
 
-    def _make(self, confidential: bool) -> Any:
+    def _make(self, confidential: bool, credential: Any) -> Any:
         msal = _msal()
         s = self.settings
         authority = f"{s.authority_host}/{s.tenant}"
@@ -90,7 +92,7 @@ class _Msal:
             kwargs["http_client"] = self.http_client
         try:
             if confidential:
-                return msal.ConfidentialClientApplication(s.client_id, client_credential=self._credential(), **kwargs)
+                return msal.ConfidentialClientApplication(s.client_id, client_credential=credential, **kwargs)
             return msal.PublicClientApplication(s.client_id, **kwargs)
         except ValueError as exc:  # e.g. a bad authority, an unreadable key
             raise TokenError(f"MSAL refused the configuration: {exc}", "check tenant, authority_host and the "
@@ -98,6 +100,19 @@ class _Msal:
         except OSError as exc:
             raise TokenUnavailable(f"the Microsoft identity platform ({authority}) could not be reached: "
                                    f"{type(exc).__name__}") from None
+
+    def _ensure_app(self, confidential: bool) -> None:
+        """The MSAL application, made again when the secret or certificate (read anew
+        each time, so a rotated file is picked up) changed; otherwise its cached
+        access tokens are dropped, since fetch() is called only when the token is
+        used up or was refused."""
+        credential = self._credential() if confidential else None
+        digest = hashlib.sha256(repr(credential).encode()).hexdigest()
+        if self._app is None or digest != self._credential_digest:
+            self._app = self._make(confidential, credential)
+            self._credential_digest = digest
+        else:
+            self._forget_cached()
 
     def _forget_cached(self) -> None:
         cache = self._app.token_cache
@@ -122,10 +137,7 @@ class ClientCredentials(_Msal):
     """Client credentials grant for Exchange Online SMTP AUTH."""
 
     def fetch(self) -> Token:
-        if self._app is None:
-            self._app = self._make(confidential=True)
-        else:
-            self._forget_cached()  # fetch() is called when the cached token is used up or refused
+        self._ensure_app(confidential=True)
         return _token(self._call("acquire_token_for_client", scopes=list(self.settings.scopes)), self.clock)
 
 
@@ -137,10 +149,7 @@ class RefreshToken(_Msal):
         self._refresh: str | None = None
 
     def fetch(self) -> Token:
-        if self._app is None:
-            self._app = self._make(confidential=self.settings.client_secret is not None)
-        else:
-            self._forget_cached()
+        self._ensure_app(confidential=self.settings.client_secret is not None)
         refresh = self._refresh or self.settings.refresh_token.read()  # type: ignore[union-attr]
         result = self._call("acquire_token_by_refresh_token", refresh, scopes=list(self.settings.scopes))
         rotated = result.get("refresh_token")

@@ -296,3 +296,28 @@ def test_an_ordinary_wrong_password_still_names_the_password_variable():
     acct = AccountConfig(name="a", host="smtp.example.com", user="u", password_env="SMTP_PASSWORD")
     assert sasl.auth_fix(acct, outcome) == "check the password in $SMTP_PASSWORD and the user name"
     assert sasl.password_fix(acct, smtplib.SMTPAuthenticationError(535, b"5.7.8 Error: authentication failed")) is None
+
+
+# --------------------------------------------------------------------------- probe
+
+
+def test_the_probe_names_the_missing_consent_when_entra_refuses(oauth_server, monkeypatch):
+    from test_worker_oauth import FakeEntra, entra_error, microsoft
+
+    from mailq_db.worker.oauth.microsoft import ClientCredentials
+    from mailq_db.worker.probe import probe_account
+
+    handler, port = oauth_server
+    refusal = entra_error(65001, "invalid_grant", "The user or administrator has not consented to use the "
+                          "application with ID '11111111-2222-3333-4444-555555555555' named 'mailq-db'.")
+    monkeypatch.setattr(oauth, "make_provider",
+                        lambda s, **kw: ClientCredentials(s, http_client=FakeEntra((400, refusal))))
+    acct = token_account(port)
+    acct = AccountConfig(**{**acct.__dict__, "oauth": microsoft()})
+    steps = probe_account(acct)
+    token = next(s for s in steps if s.name == "token")
+    assert not token.ok and token.detail.startswith("Microsoft identity platform refused the token request: "
+                                                    "invalid_grant (AADSTS65001: The user or administrator")
+    assert "Grant admin consent" in token.fix and "SMTP.SendAsApp" in token.fix
+    assert "AUTH" not in [s.name for s in steps] and handler.logins == []
+    assert steps[-1].name == "QUIT" and steps[-1].ok

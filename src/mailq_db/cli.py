@@ -15,7 +15,7 @@ from . import __version__
 from .errors import MailqError
 
 #: Command modules, in the order ``--help`` lists them.
-COMMANDS = ("deploy", "enqueue", "worker", "stats", "doctor", "dev", "import_dbmail")
+COMMANDS: tuple[str, ...] = ("deploy", "enqueue", "worker", "stats", "doctor", "dev", "import_dbmail")
 COMMANDS += ("classify",)  # issue 15: mailq-db classify "<reply>"
 COMMANDS += ("events",)  # issue 16.1: mailq-db events --app NAME --follow
 COMMANDS += ("template",)  # issue 16 point 2: mailq-db template render

@@ -656,7 +656,7 @@ def version_check(revision: str, expected: str | None, direction: str,
     )
     batches = []
     if offline and destination is not False:
-        at_dest = "@Rows = 0" if destination is None else f"@Rows = 1 AND @Current = '{_lit(destination)}'"
+        at_dest = "@Rows = 0" if destination is None else f"@Rows = 1 AND @Current = '{_lit(str(destination))}'"
         batches.append(
             read
             + f"IF {at_dest}\n"
@@ -1222,8 +1222,8 @@ def drift(expected: dict[str, tuple[str, str, str]], actual: dict[str, str | Non
         if have is None:
             problems.append(f"{name}: missing (frozen in {rev}/{rel})")
         elif have != want:
-            have_lines, want_lines = have.split("\n"), want.split("\n")
-            line = next((i + 1 for i, (a, b) in enumerate(zip(have_lines, want_lines)) if a != b),
+            have_lines, want_lines = have.split("\n"), (want or "").split("\n")
+            line = next((i + 1 for i, (a, b) in enumerate(zip(have_lines, want_lines, strict=False)) if a != b),
                         min(len(have_lines), len(want_lines)) + 1)
             problems.append(f"{name}: differs from {rev}/{rel} from line {line} "
                             "(changed by hand? re-apply the frozen text or make a revision)")

@@ -1,7 +1,7 @@
 """Exceptions raised by the Python layer, mapped from the THROW numbers of sql/.
 
 Every number is documented once in docs/errors.md; a static test checks that
-every number mapped here exists there.  Blocks (from DESIGN.md):
+every number mapped here exists there.  Blocks:
 
 * 50100-50199  mail-queue input            -> InvalidInputError
 * 50200-50299  mail state and fencing      -> MailStateError (LeaseLostError for fencing)
@@ -163,9 +163,9 @@ def parse_driver_message(text: str) -> tuple[int | None, str]:
     return number, _PREFIX.sub("", text.strip()).strip()
 
 
-def from_driver_error(exc: Exception) -> DatabaseError:
+def from_driver_error(exc: BaseException) -> DatabaseError:
     """Translate a pyodbc.Error into the matching DatabaseError subclass."""
-    args = getattr(exc, "args", ())
+    args: tuple[object, ...] = getattr(exc, "args", ())
     text = str(args[1]) if len(args) > 1 else str(exc)
     number, message = parse_driver_message(text)
     return class_for(number)(number, message)

@@ -119,6 +119,9 @@ class ClaimedMail:
     #: it as DryRun whatever the worker reports).
     run_mode: str = "prod"
     dry_run: bool = False
+    #: the seconds of lease the database granted, by its own clock (ClaimMail's
+    #: LeaseSecondsRemaining); None from a database that does not report it
+    lease_seconds_remaining: int | None = None
 
 
 @dataclass(frozen=True)
@@ -329,6 +332,7 @@ def claim_mail(
             dt_stamp=r.dtStamp,
             run_mode=getattr(r, "RunMode", None) or "prod",
             dry_run=bool(getattr(r, "DryRun", False)),
+            lease_seconds_remaining=_int_or_none(getattr(r, "LeaseSecondsRemaining", None)),
             # revision 0016 (absent from a database below it)
             template_name=getattr(r, "TemplateName", None),
             template_version=_int_or_none(getattr(r, "TemplateVersion", None)),
@@ -361,12 +365,22 @@ def _int_or_none(value: Any) -> int | None:
 EXTEND_SQL = "EXEC mailq.ExtendLease @IDList = ?, @LockToken = ?, @LeaseSeconds = ?;"
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A lease as mailq.ExtendLease reports it."""
+
+    expires_utc: datetime  # by the database's clock
+    #: LeaseSecondsRemaining, by the database's clock; None when not reported
+    seconds_remaining: int | None = None
+
+
 def extend_lease(
     conn: Any, *, ids: Iterable[int], lock_token: uuid.UUID | str, lease_seconds: int
-) -> dict[int, datetime]:
-    """mailq.ExtendLease: push the lease of mails this worker holds; returns the new expiries."""
+) -> dict[int, Lease]:
+    """mailq.ExtendLease: push the lease of mails this worker holds; returns the new leases."""
     cursor = _call(conn, EXTEND_SQL, [id_list(ids), _token(lock_token), lease_seconds])
-    return {int(r[0]): r[1] for r in _rows(cursor)}
+    return {int(r[0]): Lease(r[1], _int_or_none(getattr(r, "LeaseSecondsRemaining", None)))
+            for r in _rows(cursor)}
 
 
 RELEASE_SQL = "EXEC mailq.ReleaseMail @IDList = ?, @LockToken = ?;"
@@ -604,7 +618,7 @@ class QueueStats:
 def _dicts(cursor: Any) -> list[dict[str, Any]]:
     rows = _rows(cursor)
     names = [d[0] for d in cursor.description] if cursor.description else []
-    return [dict(zip(names, row)) for row in rows]
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 def get_queue_stats(conn: Any, *, recent_failures: int | None = None) -> QueueStats:
@@ -922,7 +936,9 @@ class MailEvent:
         return self.event_type in TERMINAL_EVENT_TYPES
 
 
-#: Attempts of a read chosen as deadlock victim (error 1205) before it is raised.
+#: Attempts of a read that failed with a transient error keeping the session
+#: (deadlock victim 1205, lock timeout, Azure throttling: connection.keeps_session)
+#: before it is raised.
 READ_DEADLOCK_ATTEMPTS = 3
 
 
@@ -931,16 +947,19 @@ def _call_read_retrying_deadlocks(conn: Any, sql: str, params: Sequence[Any], *,
     """``_call`` for a read that may be chosen as deadlock victim (1205): a
     reader of mailq.GetMailEvents and a mailq.PurgeMail batch deleting the same
     events take their locks in opposite orders (docs/events.md).  The read is
-    repeated with the same cursor, at most READ_DEADLOCK_ATTEMPTS times, but
-    only on an autocommit connection: in a caller's transaction a deadlock
-    has rolled that whole transaction back, and only the caller may decide
-    what to do about it."""
+    repeated with the same cursor, at most READ_DEADLOCK_ATTEMPTS times, after
+    any transient error that keeps the session (the list of
+    :mod:`mailq_db.connection`), but only on an autocommit connection: in a
+    caller's transaction such an error has rolled that whole transaction back,
+    and only the caller may decide what to do about it."""
+    from .connection import keeps_session
+
     pause = time.sleep if sleep is None else sleep
     for attempt in range(1, READ_DEADLOCK_ATTEMPTS + 1):
         try:
             return _call(conn, sql, params)
         except DatabaseError as exc:
-            if exc.number != 1205 or attempt == READ_DEADLOCK_ATTEMPTS or not getattr(conn, "autocommit", False):
+            if not keeps_session(exc) or attempt == READ_DEADLOCK_ATTEMPTS or not getattr(conn, "autocommit", False):
                 raise
             pause(0.05 * attempt)
     raise AssertionError("unreachable")  # pragma: no cover

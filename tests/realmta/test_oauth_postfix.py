@@ -281,7 +281,7 @@ def test_probe_shows_token_acquisition_as_its_own_step_then_one_auth(olab, serve
     assert names[-3:] == ["token", "AUTH", "QUIT"], [s.line() for s in steps]
     assert all(s.ok for s in steps), [s.line() for s in steps]
     assert "command" in steps[-3].detail and "valid for" in steps[-3].detail
-    assert steps[-2].detail == "logged in as mailer@lab.test with XOAUTH2 (one attempt)"
+    assert steps[-2].detail == "logged in as mailer@lab.test (one attempt) with XOAUTH2"
 
 
 def test_probe_of_a_refused_token_request_names_the_fix_and_does_not_log_in(olab, server):

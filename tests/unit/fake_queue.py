@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
 from mailq_db.errors import LeaseLostError
-from mailq_db.procedures import AckResult, ClaimedMail, EnqueueResult, QueueStats
+from mailq_db.procedures import AckResult, ClaimedMail, EnqueueResult, Lease, QueueStats
 
 
 def utcnow() -> datetime:
@@ -68,6 +68,7 @@ class Row:
     smtp_code: int | None = None
     smtp_text: str | None = None
     sent_by: str | None = None  # the token whose MarkSent made it Sent
+    possible_duplicate: bool = False  # set when a lease that ran out is reclaimed (ClaimMail)
     #: address (lower case) -> (outcome, code, text), like mailq.MailRecipientOutcome
     recipients: dict[str, tuple[str, int | None, str | None]] = field(default_factory=dict)
 
@@ -89,14 +90,18 @@ def make_mail(mail_id: int, **overrides: Any) -> ClaimedMail:
 class FakeQueue:
     """In-memory stand-in for mailq_db.procedures (thread-safe)."""
 
-    def __init__(self, mails: Iterable[ClaimedMail] = (), *, lease_override_seconds: float | None = None):
+    def __init__(self, mails: Iterable[ClaimedMail] = (), *, lease_override_seconds: float | None = None,
+                 report_seconds_remaining: bool = True):
         self.lock = threading.RLock()
         self.rows: dict[int, Row] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.blocked_until: dict[str, datetime] = {}
         self.lease_override_seconds = lease_override_seconds
+        #: ClaimMail/ExtendLease report LeaseSecondsRemaining (False: a database that does not)
+        self.report_seconds_remaining = report_seconds_remaining
         self.extend_fails = False
-        self.drops: dict[str, list[bool]] = {}  # procedure -> [committed?] of calls to drop
+        #: procedure -> [(committed?, error)] of the next calls to fail
+        self.drops: dict[str, list[tuple[bool, BaseException]]] = {}
         self.stats = QueueStats([], [], [], [])
         self.health: list[dict[str, Any]] = []
         #: applications in dry-run (mailq.Application.DryRun, revision 0015)
@@ -117,9 +122,15 @@ class FakeQueue:
     def drop_connection(self, procedure: str, *, committed: bool) -> None:
         """Make the next call of ``procedure`` fail as a dropped connection,
         after (committed=True) or before applying it."""
-        self.drops.setdefault(procedure, []).append(committed)
+        self.fail_next(procedure, ConnectionResetError(f"fake: connection dropped during {procedure}"),
+                       committed=committed)
 
-    def _record(self, name: str, kwargs: dict[str, Any]) -> bool | None:
+    def fail_next(self, procedure: str, error: BaseException, *, committed: bool = False) -> None:
+        """Make the next call of ``procedure`` raise ``error``, after (committed=True)
+        or before applying it (a deadlock victim, an Azure failover, ...)."""
+        self.drops.setdefault(procedure, []).append((committed, error))
+
+    def _record(self, name: str, kwargs: dict[str, Any]) -> tuple[bool, BaseException] | None:
         self.calls.append((name, kwargs))
         queue = self.drops.get(name)
         return queue.pop(0) if queue else None
@@ -144,11 +155,11 @@ class FakeQueue:
     def _apply(self, name: str, kwargs: dict[str, Any], fn: Any) -> Any:
         with self.lock:
             drop = self._record(name, kwargs)
-            if drop is False:
-                raise ConnectionResetError(f"fake: connection dropped before {name}")
+            if drop is not None and not drop[0]:
+                raise drop[1]
             result = fn()
-            if drop is True:
-                raise ConnectionResetError(f"fake: connection dropped after {name} committed")
+            if drop is not None:
+                raise drop[1]
             return result
 
     def expire_leases(self) -> None:
@@ -181,6 +192,8 @@ class FakeQueue:
             lease = self.lease_override_seconds if self.lease_override_seconds is not None else lease_seconds
             out = []
             for r in due[:batch_size]:
+                if r.status == "Sending":  # a lease that ran out: ClaimMail flags a possible duplicate
+                    r.possible_duplicate = True
                 r.status, r.token = "Sending", str(lock_token)
                 r.lease_expires = now + timedelta(seconds=lease)
                 r.attempts_remaining -= 1
@@ -188,7 +201,9 @@ class FakeQueue:
                 r.claimed_dry_run = r.mail.app_name in self.dry_run_apps
                 out.append(replace(r.mail, lease_expires_utc=r.lease_expires, attempt_no=r.attempts,
                                    attempts_remaining=r.attempts_remaining,
-                                   attachments=list(r.mail.attachments), dry_run=r.claimed_dry_run))
+                                   attachments=list(r.mail.attachments), dry_run=r.claimed_dry_run,
+                                   possible_duplicate=r.possible_duplicate,
+                                   lease_seconds_remaining=int(lease) if self.report_seconds_remaining else None))
             return out
         return self._apply("claim_mail", dict(batch_size=batch_size, lock_token=lock_token,
                                               lease_seconds=lease_seconds, app_name=app_name,
@@ -237,10 +252,10 @@ class FakeQueue:
                                                smtp_code=smtp_code), run)
 
     def extend_lease(self, conn: Any, *, ids: Iterable[int], lock_token: Any,
-                     lease_seconds: int) -> dict[int, datetime]:
+                     lease_seconds: int) -> dict[int, Lease]:
         ids = list(ids)
 
-        def run() -> dict[int, datetime]:
+        def run() -> dict[int, Lease]:
             if self.extend_fails:
                 from mailq_db.errors import DatabaseError
                 raise DatabaseError(1205, "fake: deadlock victim")
@@ -249,7 +264,7 @@ class FakeQueue:
                 r = self.rows.get(i)
                 if r and r.status == "Sending" and r.token == str(lock_token):
                     r.lease_expires = utcnow() + timedelta(seconds=lease_seconds)
-                    out[i] = r.lease_expires
+                    out[i] = Lease(r.lease_expires, lease_seconds if self.report_seconds_remaining else None)
             return out
         return self._apply("extend_lease", dict(ids=ids, lock_token=lock_token,
                                                 lease_seconds=lease_seconds), run)

@@ -68,7 +68,7 @@ def server_message(exc: BaseException) -> str:
     from ..errors import MailqError
 
     orig = getattr(exc, "orig", None) or exc.__cause__ or exc
-    args = getattr(orig, "args", ())
+    args: tuple[object, ...] = getattr(orig, "args", ())
     if type(orig).__module__ == "pyodbc" and len(args) > 1:
         text = str(args[1])
     elif isinstance(exc, MailqError):
@@ -109,7 +109,7 @@ def describe_failure(exc: BaseException, progress: dict | None = None) -> str:
         if proc:
             where.append(f"procedure {proc} line {server_line}")
         elif first:
-            where.append(f"line {int(first) + server_line - 1} (server: batch line {server_line})")
+            where.append(f"line {int(str(first)) + server_line - 1} (server: batch line {server_line})")
         else:
             where.append(f"batch line {server_line}")
     prefix = ", ".join(where)

@@ -205,6 +205,9 @@ def mark_generated(args) -> int:
     for rel in marked:
         print(f"marked {rel}")
     print(f"{len(marked)} frozen file(s) marked; {d.manifest_path(root).relative_to(root)} rewritten")
+    return 0
+
+
 def release(args) -> int:
     root = _checkout()
     wanted = list(getattr(args, "revisions", None) or [d.head_revision(root)])

@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from .. import procedures
-from ..connection import connect
+from ..connection import ReconnectingConnection, connect
 
 HELP = """\
 Print the events of an application's mail (or of one mail) in order, from
@@ -122,12 +122,16 @@ def run(args) -> int:
     if args.app is None and args.mail is None:
         print("mailq-db events: give --app NAME or --mail ID", file=sys.stderr)
         return 2
-    conn = connect(args.db)
+    # Reads are safe to repeat: a transient error (connection.TRANSIENT_ERRORS,
+    # a dropped connection) is retried with the same cursor.
+    conn = ReconnectingConnection(lambda: connect(args.db))
 
     def fetch(after: int, batch: int) -> list[procedures.MailEvent]:
         if args.mail is not None:
-            return procedures.get_mail_events(conn, mail_id=args.mail, after_event_id=after, max_events=batch)
-        return procedures.get_mail_events(conn, app_name=args.app, after_event_id=after, max_events=batch)
+            return conn.call(procedures.get_mail_events, mail_id=args.mail, after_event_id=after,
+                             max_events=batch)
+        return conn.call(procedures.get_mail_events, app_name=args.app, after_event_id=after,
+                         max_events=batch)
 
     last = args.after
     try:

@@ -287,7 +287,7 @@ def worker_config_skeleton(config: DbMailConfig) -> str:
 @dataclass
 class Step:
     text: str
-    run: Callable[[Any], None]
+    run: Callable[..., Any]
 
 
 def plan_import(config: DbMailConfig, *, accounts: bool = True) -> list[Step]:

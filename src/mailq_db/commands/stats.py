@@ -65,8 +65,8 @@ def table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
         return "  (none)"
     cells = [[_cell(r.get(c), 80) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(line.rstrip() for line in lines)
 
 

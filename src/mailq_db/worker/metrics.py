@@ -20,7 +20,12 @@ COUNTERS = {
     "login_sleeps": "sleeps for the account's minimum interval between logins (mailq.AcquireLoginSlot)",
     "login_deferrals": "account batches deferred (Wait, no attempt spent) for the minimum login interval",
     "errors": "unexpected worker errors (batch abandoned, leases left to expire)",
-    "lazy_content_errors": "mails stopped because their template or a lazy attachment failed (revision 0016)",
+    "lazy_content_errors": "mails stopped or deferred because their template or a lazy attachment failed",
+    "ack_retries": "acknowledgement writes that failed with a transient error and were kept to retry",
+    "acks_abandoned": "acknowledgements never written: the mail was left to lease expiry (PossibleDuplicate)",
+    "escalations": "repeated temporary failures of an account turned into an account pause",
+    "sender_pauses": "From addresses paused on an account after a temporary refusal of the sender",
+    "budget_releases": "claimed mails given back at once because the batch memory budget was full",
 }
 #: upper bounds, in seconds, of the claim latency histogram
 CLAIM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -101,7 +106,7 @@ class Metrics:
                     lines.append(f"{metric} {self.counts[name]}")
             metric = "mailq_worker_claim_seconds"
             lines += [f"# HELP {metric} ClaimMail latency", f"# TYPE {metric} histogram"]
-            for bound, count in zip(CLAIM_BUCKETS, self.claim_buckets):
+            for bound, count in zip(CLAIM_BUCKETS, self.claim_buckets, strict=True):
                 lines.append(f'{metric}_bucket{{le="{bound}"}} {count}')
             lines += [f'{metric}_bucket{{le="+Inf"}} {self.claim_count}',
                       f"{metric}_sum {self.claim_sum:.6f}", f"{metric}_count {self.claim_count}"]
@@ -110,8 +115,8 @@ class Metrics:
                       f"# TYPE {metric} histogram"]
             for account, h in sorted(self.send.items()):
                 a = _label(account)
-                for bound, count in zip(SEND_BUCKETS, h):
-                    lines.append(f'{metric}_bucket{{account="{a}",le="{bound}"}} {int(count)}')
+                for bound, seen in zip(SEND_BUCKETS, h[:len(SEND_BUCKETS)], strict=True):
+                    lines.append(f'{metric}_bucket{{account="{a}",le="{bound}"}} {int(seen)}')
                 lines += [f'{metric}_bucket{{account="{a}",le="+Inf"}} {int(h[-2])}',
                           f'{metric}_sum{{account="{a}"}} {h[-1]:.6f}', f'{metric}_count{{account="{a}"}} {int(h[-2])}']
             metric = "mailq_worker_blocked_accounts"

@@ -24,7 +24,9 @@ Exactly one AUTH command per connection, as with passwords:
 
 Nothing here logs or raises anything that contains the token.
 
-The token comes from the account's provider through the per-process cache
+The exchange plugs into the session's AUTH dispatch
+(``SmtpSession._auth_xoauth2`` / ``_auth_oauthbearer``).  The token comes from
+the account's provider through the per-process cache
 (:mod:`mailq_db.worker.oauth`); a refused token is dropped from the cache, so
 the next connection gets a new one (``SmtpSession.open`` connects once more
 with it; a second refusal pauses the account).
@@ -111,16 +113,23 @@ def describe_server_error(value: Any) -> str:
     return str(value)[:300]
 
 
-def authenticate(smtp: smtplib.SMTP, mechanism: str, user: str, token: str, host: str, port: int) -> None:
-    """One AUTH command with ``mechanism``; returns on 235, raises :class:`TokenRejected`
-    (or :class:`SetupError` when the server does not offer the mechanism)."""
-    if not smtp.has_extn("auth"):
-        raise SetupError(f"{host}:{port} does not offer AUTH (is the port a submission port?)")
-    offered = smtp.esmtp_features["auth"].upper().split()
+def check_offered(mechanism: str, offered: list[str], host: str) -> None:
+    """:class:`SetupError` when the server does not offer the token ``mechanism`` (naming
+    the other token mechanism when the server offers that one)."""
     if mechanism not in offered:
-        other = next((a for m, a in TOKEN_MECHANISMS.items() if a in offered and a != mechanism), None)
+        other = next((a for a in TOKEN_MECHANISMS.values() if a in offered and a != mechanism), None)
         hint = f': set auth = "{other.lower()}"' if other else ""
         raise SetupError(f"{host} offers AUTH {' '.join(offered)}, not {mechanism}{hint}")
+
+
+def authenticate(smtp: smtplib.SMTP, mechanism: str, user: str, token: str, host: str,
+                 port: int) -> tuple[int, bytes]:
+    """One AUTH command with ``mechanism``; returns the 235 reply, raises :class:`TokenRejected`
+    for a refused token, ``SMTPAuthenticationError`` for a 4xx (the token is not refused), or
+    :class:`SetupError` when the server does not offer the mechanism."""
+    if not smtp.has_extn("auth"):
+        raise SetupError(f"{host}:{port} does not offer AUTH (is the port a submission port?)")
+    check_offered(mechanism, smtp.esmtp_features["auth"].upper().split(), host)
     response = base64.b64encode(initial_response(mechanism, user, token, host, port)).decode("ascii")
     if len("AUTH ") + len(mechanism) + 1 + len(response) + 2 <= MAX_INITIAL_RESPONSE_LINE:
         code, reply = smtp.docmd("AUTH", f"{mechanism} {response}")
@@ -138,25 +147,12 @@ def authenticate(smtp: smtplib.SMTP, mechanism: str, user: str, token: str, host
         # end the failed exchange: XOAUTH2 an empty line, OAUTHBEARER a single %x01 (RFC 7628 3.2.3)
         code, reply = smtp.docmd("" if mechanism == "XOAUTH2" else base64.b64encode(b"\x01").decode("ascii"))
     if code == 235:
-        return
+        return code, reply
     if 400 <= code < 500:
         # the server could not check the token just now (RFC 4954 454 4.7.0): not a refusal
         text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
         raise smtplib.SMTPAuthenticationError(code, text.encode("utf-8"))
     raise TokenRejected(code, reply, server_error)
-
-
-def token_login(session: Any, cache: oauth.TokenCache | None = None) -> None:
-    """The AUTH step of an SmtpSession whose account signs in with a token."""
-    account = session.account
-    cache = cache or oauth.TOKENS
-    token = oauth.get_token(account.name, account.oauth, cache)
-    try:
-        authenticate(session.smtp, TOKEN_MECHANISMS[account.auth], account.user, token.access_token,
-                     account.host, account.port)
-    except TokenRejected:
-        cache.invalidate(account.name, token)
-        raise
 
 
 def auth_fix(account: Any, outcome: Outcome | None = None, *, again: bool = True) -> str:
@@ -194,7 +190,7 @@ def password_fix(account: Any, exc: smtplib.SMTPResponseException) -> str | None
     """The fix named by a "basic authentication disabled" rule for this refusal, or None."""
     from .classify import classify_reply
 
-    outcome = classify_reply(exc.smtp_code, exc.smtp_error, "auth", account.host)
+    outcome = classify_reply(exc.smtp_code, exc.smtp_error, "auth", account.provider or account.host)
     rule = TABLE.by_id(outcome.rule)
     return rule.why if rule is not None and rule.id in BASIC_AUTH_RULES else None
 
@@ -210,49 +206,24 @@ def describe_provider(account: Any) -> str:
     return f"command {s.command[0]}"
 
 
-def probe_login(session: Any, report: Any = None) -> list[tuple[str, bool, str, str | None]]:
-    """``check-config --probe``: token acquisition, then one AUTH, as (step, ok, detail, fix)
-    tuples, each also passed to ``report(step, ok, detail, fix)`` when given.
-
-    The token is fetched anew (a cache of its own), so the probe shows what the
-    identity platform says now."""
-    steps = _probe_login(session)
-    for step in steps:
-        if report is not None:
-            report(*step)
-    return steps
-
-
-def _probe_login(session: Any) -> list[tuple[str, bool, str, str | None]]:
-    account = session.account
-    steps: list[tuple[str, bool, str, str | None]] = []
-    cache = oauth.TokenCache()
-    try:
-        token = oauth.get_token(account.name, account.oauth, cache)
-    except oauth.MissingExtra as exc:
-        return [("token", False, str(exc), "install the extra named above, then probe again")]
-    except oauth.TokenError as exc:
-        return [("token", False, str(exc).split("; fix: ")[0], exc.fix)]
-    except oauth.TokenUnavailable as exc:
-        return [("token", False, str(exc), "check that this machine reaches the identity platform "
-                 "(proxy, firewall, DNS) and probe again")]
+def describe_token(account: Any, token: oauth.Token, cache: oauth.TokenCache) -> str:
+    """The probe's "token" step: where the token came from and how long it lives."""
     left = max(0, int(token.expires_at - cache.clock()))
-    steps.append(("token", True, f"obtained from {describe_provider(account)}; valid for {left} s "
-                  f"(refreshed {int(min(account.oauth.refresh_margin_seconds, left / 2))} s before it expires)",
-                  None))
-    mechanism = TOKEN_MECHANISMS[account.auth]
-    try:
-        authenticate(session.smtp, mechanism, account.user, token.access_token, account.host, account.port)
-    except TokenRejected as exc:
-        reply = _text(exc.smtp_error)
-        steps.append(("AUTH", False, f"{exc.smtp_code} {reply}", auth_fix(account, again=False)))
-        return steps
-    except SetupError as exc:
-        steps.append(("AUTH", False, str(exc), "use the provider's submission port (587), or the mechanism it "
-                      "offers"))
-        return steps
-    steps.append(("AUTH", True, f"logged in as {account.user} with {mechanism} (one attempt)", None))
-    return steps
+    return (f"obtained from {describe_provider(account)}; valid for {left} s "
+            f"(refreshed {int(min(account.oauth.refresh_margin_seconds, left / 2))} s before it expires)")
+
+
+def token_failure(exc: BaseException) -> tuple[str, str | None] | None:
+    """The probe's failed "token" step for an exception of the token fetch, as (detail, fix);
+    None when ``exc`` is not one."""
+    if isinstance(exc, oauth.MissingExtra):
+        return str(exc), "install the extra named above, then probe again"
+    if isinstance(exc, oauth.TokenError):
+        return str(exc).split("; fix: ")[0], exc.fix
+    if isinstance(exc, oauth.TokenUnavailable):
+        return str(exc), ("check that this machine reaches the identity platform (proxy, firewall, DNS) "
+                          "and probe again")
+    return None
 
 
 def refused_once(session: Any, exc: TokenRejected) -> None:

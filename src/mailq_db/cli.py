@@ -24,7 +24,7 @@ COMMANDS += ("hooks",)  # issue 16 point 1: mailq-db hooks set|list|run|dispatch
 EPILOG = """\
 examples:
   mailq-db deploy --sql > deploy.sql          print the deployment script for review
-  mailq-db deploy --url "$MAILQ_DB_URL"       apply it (alembic upgrade head)
+  mailq-db deploy                             apply it (URL from $MAILQ_DB_URL, never argv)
   mailq-db enqueue --to a@example.com --subject Hi --text-file body.txt
   mailq-db worker --config worker.toml        run a sender worker
   mailq-db stats                              queue counts, oldest due age, throughput

@@ -521,29 +521,43 @@ def purge_mail(conn: Any, *, older_than_days: int, batch_size: int | None = None
 UPSERT_ACCOUNT_SQL = (
     "EXEC mailq.UpsertSendingAccount @AccountName = ?, @DefaultFromAddress = ?, "
     "@DefaultFromName = ?, @PerMinuteLimit = ?, @PerHourLimit = ?, @PerDayLimit = ?, "
-    "@IsDefault = ?, @MinLoginIntervalMs = ?;"
+    "@IsDefault = ?, @MinLoginIntervalMs = ?, @Clear = ?;"
 )
+
+#: The settings mailq.UpsertSendingAccount @Clear removes.
+CLEARABLE_ACCOUNT_SETTINGS = ("DefaultFromName", "PerMinuteLimit", "PerHourLimit", "PerDayLimit",
+                              "MinLoginIntervalMs")
 
 
 def upsert_sending_account(
     conn: Any,
     *,
     account_name: str,
-    default_from_address: str,
+    default_from_address: str | None = None,
     default_from_name: str | None = None,
     per_minute_limit: int | None = None,
     per_hour_limit: int | None = None,
     per_day_limit: int | None = None,
-    is_default: bool = False,
+    is_default: bool | None = None,
     min_login_interval_ms: int | None = None,
+    clear: Iterable[str] = (),
 ) -> None:
-    """mailq.UpsertSendingAccount: create or change a sending account, its limits
-    and its minimum interval between two SMTP logins (None: no interval)."""
+    """mailq.UpsertSendingAccount: create a sending account, or change only what
+    is given (None keeps the stored value; ``default_from_address`` is needed to
+    create one).  ``is_default``: True makes it the default account, False
+    makes it no longer the default, None keeps it.  ``clear`` removes settings
+    (names in CLEARABLE_ACCOUNT_SETTINGS: a limit, the login interval, the
+    default From name)."""
+    names = list(clear)
+    unknown = sorted(set(names) - set(CLEARABLE_ACCOUNT_SETTINGS))
+    if unknown:
+        raise ValueError(f"cannot clear {', '.join(unknown)} (settings: {', '.join(CLEARABLE_ACCOUNT_SETTINGS)})")
     _call(
         conn,
         UPSERT_ACCOUNT_SQL,
         [account_name, default_from_address, default_from_name, per_minute_limit,
-         per_hour_limit, per_day_limit, 1 if is_default else 0, min_login_interval_ms],
+         per_hour_limit, per_day_limit, None if is_default is None else (1 if is_default else 0),
+         min_login_interval_ms, ",".join(names) or None],
     ).close()
 
 
@@ -588,20 +602,44 @@ UNBIND_APPLICATION_SQL = (
 )
 
 
+SET_ENQUEUE_POLICY_SQL = "EXEC mailq.SetEnqueuePolicy @AllowUnmappedEnqueuers = ?;"
+
+
+def set_enqueue_policy(conn: Any, *, allow_unmapped_enqueuers: bool) -> None:
+    """mailq.SetEnqueuePolicy (db_owner, MailqAdmin): False refuses database users
+    that no application binding covers (50500, a new installation's setting);
+    True is the opt-in that lets them enqueue unbound (docs/enqueue.md)."""
+    _call(conn, SET_ENQUEUE_POLICY_SQL, [1 if allow_unmapped_enqueuers else 0]).close()
+
+
+@dataclass(frozen=True)
+class EnqueuePolicy:
+    allow_unmapped_enqueuers: bool
+    changed_at_utc: datetime | None
+    changed_by: str | None
+    membership_visible: bool                    # False: ``unmapped`` may be incomplete
+    unmapped: list[tuple[str, str]]             # (user, the role or grant it enqueues through)
+
+
+GET_ENQUEUE_POLICY_SQL = "EXEC mailq.GetEnqueuePolicy;"
+
+
+def get_enqueue_policy(conn: Any) -> EnqueuePolicy:
+    """mailq.GetEnqueuePolicy: the policy in force and the database users that may
+    call an enqueue procedure without being mapped to an application."""
+    cursor = _call(conn, GET_ENQUEUE_POLICY_SQL, [])
+    try:
+        policy = _rows(cursor)[0]
+        unmapped = [(str(r[0]), str(r[1])) for r in _rows(cursor)] if _next(cursor) else []
+    finally:
+        cursor.close()
+    return EnqueuePolicy(bool(policy[0]), policy[1], policy[2], bool(policy[3]), unmapped)
+
+
 def unbind_application(conn: Any, *, app_name: str, account_name: str | None = None,
                        from_address: str | None = None, principal_name: str | None = None) -> None:
     """mailq.UnbindApplication: withdraw what :func:`bind_application` allowed."""
     _call(conn, UNBIND_APPLICATION_SQL, [app_name, account_name, from_address, principal_name]).close()
-
-
-MOVE_BODIES_SQL = "EXEC mailq.MoveBodiesOutOfRow @BatchSize = ?, @MaxBatches = ?;"
-
-
-def move_bodies_out_of_row(conn: Any, *, batch_size: int | None = None, max_batches: int | None = None) -> int:
-    """mailq.MoveBodiesOutOfRow: after upgrading to 0007, move existing bodies off
-    the clustered rows in committed batches; returns how many mails were rewritten."""
-    rows = _rows(_call(conn, MOVE_BODIES_SQL, [batch_size, max_batches]))
-    return int(rows[0][0]) if rows else 0
 
 
 STATS_SQL = "EXEC mailq.GetQueueStats @RecentFailures = ?;"

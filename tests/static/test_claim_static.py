@@ -1,4 +1,4 @@
-"""Static checks of the claim (issue 10, points 1, 2, 6; revision 0005).
+"""Static checks of the claim (issue 10, points 1, 2, 6).
 
 What can be shown without a server:
 
@@ -14,12 +14,11 @@ What can be shown without a server:
   the stored window start never moves backwards (``>=``, never ``=``);
 * the new index's definition (keys, filter, INCLUDE, page locks) and that the
   claim's seek predicate implies its filter;
-* the rendered upgrade 0004 -> 0005 creates the new index, replaces the
-  claim, drops the old index, and the downgrade re-creates it;
-* run modes (revision 0015): the claim is driven by (account, run mode)
-  pairs, every read of the queue is keyed by both, RunMode is the index's
-  second key, the per-pair caps never exceed an account's budget nor the
-  slots left (a model of the pass loop), and the upgrade/downgrade order.
+* the fresh install creates the index once and the downgrade drops it;
+* run modes: the claim is driven by (account, run mode) pairs, every read of
+  the queue is keyed by both, RunMode is the index's second key, and the
+  per-pair caps never exceed an account's budget nor the slots left (a model
+  of the pass loop).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from mailq_db.deployment import code_only, frozen_text, head_revision
+from mailq_db.deployment import code_only
 from mailq_db.devtools.scripts import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,44 +155,32 @@ def _index_statements() -> list[str]:
 
 def test_claim_index_definition():
     creates = _index_statements()
-    assert len(creates) == 2, "one CREATE per edition branch (ONLINE where supported)"
-    online, offline = creates
-    assert "WITH (ONLINE = ON)" in online and "ONLINE" not in offline
-    assert online.replace(" WITH (ONLINE = ON)", "") == offline, "the two branches define different indexes"
-    assert "ON MAILQ.MAILQUEUE (ACCOUNTNAME ASC, RUNMODE ASC, PRIORITY DESC, VISIBLEATUTC ASC, ID ASC)" in offline
-    assert "INCLUDE (APPNAME, ATTEMPTSREMAINING, EXPIRESATUTC)" in offline
-    assert "WHERE STATUS IN (N'UNSENT', N'SENDING')" in offline
-    assert "ALLOW_PAGE_LOCKS" not in offline, "page locks off breaks ALTER INDEX ... REORGANIZE"
+    assert len(creates) == 1, "one CREATE: the baseline builds it on a new, empty table"
+    create = creates[0]
+    assert "ON MAILQ.MAILQUEUE (ACCOUNTNAME ASC, RUNMODE ASC, PRIORITY DESC, VISIBLEATUTC ASC, ID ASC)" in create
+    assert "INCLUDE (APPNAME, ATTEMPTSREMAINING, EXPIRESATUTC)" in create
+    assert "WHERE STATUS IN (N'UNSENT', N'SENDING')" in create
+    assert "ALLOW_PAGE_LOCKS" not in create, "page locks off breaks ALTER INDEX ... REORGANIZE"
 
 
 def test_claim_predicate_implies_the_index_filter(claim):
     # A filtered index is used only when the query's predicate implies its
     # filter at compile time: same literal list, no parameter.
-    filter_ = re.search(r"WHERE (STATUS IN \([^)]*\))", _index_statements()[1]).group(1)
+    filter_ = re.search(r"WHERE (STATUS IN \([^)]*\))", _index_statements()[0]).group(1)
     assert f"K.{filter_}" in claim
 
 
-def test_rendered_upgrade_0005_builds_new_index_drops_old_and_downgrade_restores():
-    up = render("upgrade", "0004:0005")
-    created = up.index("CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByAccount")
-    dropped = up.index("DROP INDEX IX_MailQueue_Claim ON mailq.MailQueue")
-    altered = up.index("CREATE OR ALTER PROCEDURE mailq.ClaimMail")
-    assert created < dropped < altered
-    assert "CREATE OR ALTER PROCEDURE mailq.FinalizeMail" in up
+def test_fresh_install_creates_the_claim_objects_once_and_the_downgrade_drops_them():
+    up = render("upgrade", "head")
+    assert up.count("CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByAccount") == 1
+    assert up.count("CREATE OR ALTER PROCEDURE mailq.ClaimMail") == 1
+    assert up.index("CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByAccount") < up.index(
+        "CREATE OR ALTER PROCEDURE mailq.ClaimMail")
+    assert "IX_MailQueue_Claim " not in up and "IX_MailQueue_Claim\n" not in up
     assert "GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqSender" in up
-    down = render("downgrade", "0005:0004")
-    assert "CREATE NONCLUSTERED INDEX IX_MailQueue_Claim" in down
+    down = render("downgrade", "head:base")
     assert "DROP INDEX IF EXISTS IX_MailQueue_ClaimByAccount ON mailq.MailQueue" in down
     assert "DROP PROCEDURE IF EXISTS mailq.FinalizeMail" in down
-    assert "REVOKE EXECUTE ON OBJECT::mailq.FinalizeMail FROM MailqSender" in down
-    # The downgrade's ClaimMail is 0003's text, which uses the old index's claim.
-    assert frozen_text("0003", "procedures/mailq.ClaimMail.sql").splitlines()[1] in down
-    assert head_revision() >= "0005"
-
-
-# -- run modes (revision 0015) ---------------------------------------------------
-
-UPGRADE_0015 = SQL / "upgrades" / "mailq.0015.MailQueue.sql"
 
 
 def test_every_read_of_the_queue_in_the_claim_is_keyed_by_account_and_run_mode(claim):
@@ -297,45 +284,3 @@ def test_model_one_account_one_mode_takes_the_batch_in_one_pass():
 
     taken, reads = _passes({"a": 1000}, 1, 50, lambda k: 10_000, random.Random(1))
     assert taken == {"a": 50} and reads == [50]
-
-
-def test_upgrade_0015_rekeys_the_index_online_where_possible():
-    text = UPGRADE_0015.read_text(encoding="utf-8")
-    code = squash(text)
-    add = code.index("ADD RUNMODE NVARCHAR(32) NOT NULL CONSTRAINT DF_MAILQUEUE_RUNMODE DEFAULT (N''PROD'')")
-    online = code.index("WITH (DROP_EXISTING = ON, ONLINE = ON)")
-    offline = code.index("WITH (DROP_EXISTING = ON);")
-    assert add < online < offline
-    assert "IN (3, 5, 8)" in code
-    assert code.count("ON MAILQ.MAILQUEUE (ACCOUNTNAME ASC, RUNMODE ASC, PRIORITY DESC, VISIBLEATUTC ASC, ID ASC)") == 2
-    # the guard: re-keyed only while RunMode is not its second key
-    assert "IC.KEY_ORDINAL = 2 AND C.NAME = N'RUNMODE'" in code
-
-
-def test_rendered_upgrade_0015_and_downgrade_order():
-    up = render("upgrade", "0014:0015")
-    type_dropped = up.index("DROP TYPE mailq.MailBatchRow")
-    column = up.index("ADD RunMode NVARCHAR(32) NOT NULL")
-    rekeyed = up.index("WITH (DROP_EXISTING = ON, ONLINE = ON)")
-    claim = up.index("CREATE OR ALTER PROCEDURE mailq.ClaimMail")
-    type_created = up.index("CREATE TYPE mailq.MailBatchRow")
-    batch = up.index("CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch")
-    grant = up.index("GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer")
-    assert type_dropped < column < rekeyed < type_created < batch < claim < grant
-    down = render("downgrade", "0015:0014")
-    refused = down.index("THROW 50243")
-    index_back = down.index("ON mailq.MailQueue (AccountName ASC, Priority DESC, VisibleAtUtc ASC, ID ASC)")
-    dropped = down.index("ALTER TABLE mailq.MailQueue DROP COLUMN RunMode")
-    app_refused = down.index("THROW 50244")
-    app_dropped = down.index("ALTER TABLE mailq.Application DROP COLUMN DryRun")
-    assert refused < index_back < dropped
-    assert app_refused < app_dropped
-    # refused for every mail that is not Sent: a Failed/Cancelled/Expired/Stopped
-    # staging mail can still be requeued, and 0014 would let production send it
-    assert "WHERE q.Status <> N''Sent'' AND q.RunMode <> N''prod'';" in down[:refused]
-    # 0014's ClaimMail comes back before the index loses RunMode
-    assert down.index("CREATE OR ALTER PROCEDURE mailq.ClaimMail") < index_back
-    # the old table type is re-created after the files, with its procedure and grants
-    retype = down.rindex("CREATE TYPE mailq.MailBatchRow")
-    assert dropped < retype < down.rindex("CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch") \
-        < down.rindex("GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer")

@@ -249,10 +249,8 @@ def test_top_level_work_is_skipped_and_grants_kept(tool, tmp_path):
 
 def test_schema_preprocessing_skips_only_run_time_work(sql150):
     """On the real schema, nothing that defines an object is ever skipped: only top-level
-    run-time work (DML, THROW, DECLARE/SET, EXEC, PRINT: data migrations such as
-    sql/upgrades/ and broker/delay.AllowedProcedure.pin.sql, guards), DROP INDEX (a file
-    that retires an index, revision 0005), and ELSE branches of IF guards (they adopt an
-    existing object, or build the THEN branch's index without ONLINE = ON)."""
+    run-time work (DML, THROW, DECLARE/SET, EXEC, PRINT: seed rows, dynamic SQL, guards),
+    DROP INDEX, and ELSE branches of IF guards (they adopt an existing object)."""
     skipped = {(r["type"], r["why"]) for r in sql150 if r["kind"] == "skipped"}
     run_time = {"DeclareVariableStatement", "SetVariableStatement", "ThrowStatement", "InsertStatement",
                 "UpdateStatement", "DeleteStatement", "SelectStatement", "PrintStatement",
@@ -284,8 +282,8 @@ MODEL_SAMPLES = [
      "INSERT INTO mailq.MailAttempt (MailID, AttemptNumber,", ("[mailq].[MailAttempt].[AttemptNumber]",)),
     ("procedures/mailq.MarkSent.sql", "            inserted.AttemptCount,\n            inserted.AppName,\n",
      "            inserted.Attempts,\n            inserted.AppName,\n", ("[mailq].[MailQueue].[Attempts]",)),
-    ("procedures/mailq.EnqueueMail.sql", "FROM mailq.SendingAccount AS a\n",
-     "FROM mailq.SendingAccounts AS a\n", ("[mailq].[SendingAccounts]",)),
+    ("functions/mailq.EnqueueMailCheck.sql", "FROM mailq.SendingAccount AS s\n",
+     "FROM mailq.SendingAccounts AS s\n", ("[mailq].[SendingAccounts]",)),
     ("procedures/mailq.ReleaseMail.sql", "@IDList = @IDList, @LockToken = @LockToken;",
      "@IDLst = @IDList, @LockToken = @LockToken;", ("[mailq].[LockLeasedMail].[@IDLst]",)),
     ("views/mailq.RecentFailures.sql", "t.ErrorText AS LastError", "t.ErrorTxt AS LastError",
@@ -329,7 +327,7 @@ def test_a_sys_object_outside_the_allowlist_is_a_problem(broken_sql150):
 
 def test_every_problem_of_the_broken_copy_is_one_of_the_samples(broken_sql150):
     """The samples are caught for their own defect, not by noise."""
-    elements = {"[mailq].[ClaimMail]", "[mailq].[MarkSent]", "[mailq].[EnqueueMail]", "[mailq].[ReleaseMail]",
+    elements = {"[mailq].[ClaimMail]", "[mailq].[MarkSent]", "[mailq].[EnqueueMailCheck]", "[mailq].[ReleaseMail]",
                 "[mailq].[RecentFailures]", "[mailq].[GetInstallationHealth]", "[mailq].[SessionCount]"}
     for problem in broken_sql150:
         assert any(e in problem for e in elements), problem

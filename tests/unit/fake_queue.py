@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
 from mailq_db.errors import LeaseLostError
-from mailq_db.procedures import AckResult, ClaimedMail, EnqueueResult, Lease, QueueStats
+from mailq_db.procedures import AckResult, ClaimedMail, EnqueuePolicy, EnqueueResult, Lease, QueueStats
 
 
 def utcnow() -> datetime:
@@ -328,6 +328,10 @@ class FakeQueue:
 
     def get_installation_health(self, conn: Any) -> list[dict[str, Any]]:
         return self._apply("get_installation_health", {}, lambda: self.health)
+
+    def get_enqueue_policy(self, conn: Any) -> EnqueuePolicy:
+        """A closed installation whose every enqueuing user is mapped (doctor: all OK)."""
+        return self._apply("get_enqueue_policy", {}, lambda: EnqueuePolicy(False, None, None, True, []))
 
     def reconcile_delayed_tasks(self, conn: Any, *, apply: bool = True, schedule_missing: bool = False,
                                 max_rows: int | None = None) -> list[dict[str, Any]]:

@@ -165,9 +165,12 @@ def test_doctor_compares_the_schema_revision_with_the_package_head(monkeypatch):
     from mailq_db.commands.doctor import head_check
 
     monkeypatch.setattr("mailq_db.deployment.head_revision", lambda root=None: "0007")
+    monkeypatch.setattr("mailq_db.deployment.revisions", lambda root=None: ["0001", "0005", "0007"])
     assert head_check([{"CheckName": "Schema revision", "Detail": "0007"}]).status == "OK"
     old = head_check([{"CheckName": "Schema revision", "Detail": "0005"}])
-    assert old.status == "FAIL" and "0007" in old.detail and "deploy" in old.fix
+    assert old.status == "FAIL" and "0007" in old.detail and old.fix.startswith("run mailq-db deploy")
+    newer = head_check([{"CheckName": "Schema revision", "Detail": "0009"}])
+    assert newer.status == "FAIL" and "does not know" in newer.detail and "newer mailq-db" in newer.fix
 
 
 def test_doctor_without_a_driver_says_how_to_install_one(monkeypatch, capsys):

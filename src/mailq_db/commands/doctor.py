@@ -23,7 +23,7 @@ Exit status: 0 when every check is OK (warnings allowed unless --strict),
 
 examples:
   mailq-db doctor
-  mailq-db doctor --db "mssql+pyodbc://worker:pw@sql1/mail?driver=ODBC+Driver+18+for+SQL+Server"
+  mailq-db doctor --db "mssql+pyodbc://sql1/mail?driver=ODBC+Driver+18+for+SQL+Server"   (integrated login)
   mailq-db doctor --strict      # warnings count as problems too (for monitoring)
 """
 
@@ -87,6 +87,12 @@ def head_check(rows: list[dict[str, Any]]) -> Check:
     detail = str(deployed.get("Detail") or "")
     if head and head in detail:
         return Check("Schema", "Revision vs package head", "OK", f"at head {head}")
+    from ..deployment import revisions
+
+    if detail.strip() and detail.strip() not in revisions():
+        return Check("Schema", "Revision vs package head", "FAIL",
+                     f"server: {detail}, a revision this mailq-db does not know (its head: {head})",
+                     "a newer mailq-db deployed it: use that version or a later one (error 50421)")
     return Check("Schema", "Revision vs package head", "FAIL",
                  f"server: {detail or 'unknown'}; package head: {head}",
                  "run mailq-db deploy (or deploy --sql and hand the script to the DBA)")
@@ -103,6 +109,7 @@ def server_checks(url: str | None) -> list[Check]:
     try:
         rows = procedures.get_installation_health(conn)
         delay = delay_checks(conn)  # issue 11: the owner's login, delay.Reconcile (report only)
+        delay += enqueue_policy_checks(conn)  # issue 24 M3: who may send as whom
     except DatabaseError as exc:
         if exc.number == NOT_DEPLOYED:
             return checks + [Check("Schema", "Deployed", "FAIL", "schema not deployed (mailq.GetInstallationHealth "
@@ -241,6 +248,43 @@ def delay_checks(conn: Any) -> list[Check]:
     return checks
 
 
+def enqueue_policy_checks(conn: Any) -> list[Check]:
+    """Who may send as whom (docs/enqueue.md): the enqueue policy in force and
+    the database users that may enqueue without being mapped to an application."""
+    try:
+        policy = procedures.get_enqueue_policy(conn)
+    except DatabaseError as exc:
+        if exc.number == NOT_DEPLOYED:
+            return []
+        return [Check("Security", "Enqueue policy", "WARN", str(exc).splitlines()[0],
+                      "run mailq-db doctor as a MailqAdmin member (EXECUTE on mailq.GetEnqueuePolicy)")]
+    bind = "EXEC mailq.BindApplication @AppName = N'<application>', @PrincipalName = N'{}';"
+    if policy.allow_unmapped_enqueuers:
+        mode = Check("Security", "Enqueue policy", "OK",
+                     f"open: unmapped users enqueue unbound, through any account as any From address "
+                     f"(opted in by {policy.changed_by or '?'} at {policy.changed_at_utc} UTC)",
+                     "EXEC mailq.SetEnqueuePolicy @AllowUnmappedEnqueuers = 0;  (after mapping every user)")
+    else:
+        mode = Check("Security", "Enqueue policy", "OK", "closed: users mapped to no application are refused (50500)")
+    if not policy.membership_visible:
+        users = Check("Security", "Unmapped enqueuers", "WARN",
+                      "this login may not see other users' role memberships and grants, so the list is unknown",
+                      "run mailq-db doctor as db_owner, or GRANT VIEW DEFINITION TO [this user];")
+    elif not policy.unmapped:
+        users = Check("Security", "Unmapped enqueuers", "OK", "every user that may enqueue is mapped to an application")
+    else:
+        names = sorted({name for name, _ in policy.unmapped})
+        via = ", ".join(f"{name} (via {v})" for name, v in policy.unmapped[:5])
+        effect = "enqueue unbound" if policy.allow_unmapped_enqueuers else "are refused (50500)"
+        users = Check("Security", "Unmapped enqueuers", "WARN",
+                      f"{len(names)} user(s) may call an enqueue procedure, mapped to no application, and "
+                      f"{effect}: {via}{' ...' if len(policy.unmapped) > 5 else ''}",
+                      "\n".join(bind.format(n.replace("'", "''")) for n in names[:5]))
+    if policy.allow_unmapped_enqueuers and users.status != "OK":
+        mode.status = "WARN"
+    return [mode, users]
+
+
 def render(checks: list[Check]) -> str:
     lines = []
     for c in checks:
@@ -260,7 +304,7 @@ def run(args) -> int:
             url = connection.resolve_url(args.db)
         except MailqError as exc:
             checks.append(Check("Server", "Connectivity", "FAIL", str(exc),
-                                "set MAILQ_DB_URL or pass --db mssql+pyodbc://user:password@host:port/database"))
+                                "set MAILQ_DB_URL (mssql+pyodbc://user:password@host:port/database; keep a password out of --db)"))
         else:
             checks += server_checks(url)
     print(render(checks))

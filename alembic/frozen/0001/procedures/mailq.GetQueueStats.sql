@@ -8,7 +8,13 @@ Result sets: 1. Status, AccountName, MailCount           (mailq.QueueCountsBySta
              4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode, LastError,
                 DateProcessed                            (mailq.RecentFailures, newest first)
 Errors:      50146 @RecentFailures out of range.
-Transaction: reads only.
+Transaction: reads only; opens none and leaves the caller's untouched.
+Isolation:   sets READ COMMITTED itself: called from a SERIALIZABLE or
+             REPEATABLE READ session it would otherwise hold range or shared
+             locks on the queue until the caller's transaction ends; under
+             READ_COMMITTED_SNAPSHOT the counts are a consistent snapshot per
+             statement (no lock taken).
+Lock order:  none (no locking reads).
 Example:     EXEC mailq.GetQueueStats @RecentFailures = 10;
 */
 CREATE OR ALTER PROCEDURE mailq.GetQueueStats
@@ -16,6 +22,7 @@ CREATE OR ALTER PROCEDURE mailq.GetQueueStats
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     SET @RecentFailures = COALESCE(@RecentFailures, 20);

@@ -100,7 +100,10 @@ class Options:
 
 @dataclass
 class Output:
+    """``stopped``: why reading ended early (None: the query's output is whole)."""
+
     items: list[Any] = field(default_factory=list)
+    stopped: str | None = None
 
 
 def display_width(col: Column) -> int:

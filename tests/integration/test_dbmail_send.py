@@ -162,3 +162,48 @@ def test_views_are_unicode(conn, setup):
     sent = send(conn, subject="李雷", body="正文")
     assert query(conn, "SELECT subject, body FROM mailq.sysmail_allitems WHERE mailitem_id = ?;",
                  sent.mailitem_id) == [("李雷", "正文")]
+
+
+def test_an_error_among_the_rows_keeps_the_rows_before_it(conn, setup):
+    # The divide by zero comes with the second row: the first is mailed, then the error.
+    sent = send(conn, query="SELECT v, 10 / v AS q FROM (VALUES (1), (0)) AS t(v);", append_query_error=True)
+    run_queries(setup)
+    body = body_of(conn, sent.mail_id)
+    assert "          1          10" in body and "Msg 8134" in body
+    assert body.index("          1          10") < body.index("Msg 8134")
+
+
+def test_sql_variant_and_clr_types_fail_only_their_mail(conn, setup):
+    ok = send(conn, query="SELECT SERVERPROPERTY('ProductMajorVersion') AS v;")  # sql_variant (pyodbc >= 5.2)
+    clr = send(conn, query="SELECT hierarchyid::GetRoot() AS h;")
+    after = send(conn, query="SELECT 1 AS n;")
+    assert run_queries(setup) >= 3  # the runner went on after each
+    assert scalar(conn, "SELECT Status FROM mailq.MailQueue WHERE ID = ?;", ok.mail_id) == "UnSent"
+    assert scalar(conn, "SELECT QueryError FROM mailq.DbMailItem WHERE MailID = ?;", clr.mail_id).startswith(
+        "column 1 of the result is a CLR type")
+    assert "(1 row affected)" in body_of(conn, after.mail_id)
+
+
+def test_server_level_data_is_what_a_database_user_sees(conn, setup):
+    """docs/database-mail.md section 3: the query runs as the sender's database
+    user, so sys.databases shows master, tempdb and this database only, even
+    to a login that sees every database itself (VIEW ANY DATABASE, public)."""
+    login = unique("dbmrep")
+    execute(conn, f"CREATE LOGIN [{login}] WITH PASSWORD = N'{unique('Pw-')}Aa1!', CHECK_POLICY = OFF; "
+                  f"CREATE USER [{login}] FOR LOGIN [{login}]; ALTER ROLE MailqDbMailUser ADD MEMBER [{login}];")
+    try:
+        own = {r[0] for r in query(conn, f"EXECUTE AS LOGIN = N'{login}'; "
+                                         "SELECT name FROM sys.databases; REVERT;")}
+        assert "msdb" in own  # the login itself sees every database
+        mail_id = query(conn, f"""
+            SET NOCOUNT ON; DECLARE @id BIGINT;
+            EXECUTE AS USER = N'{login}';
+            EXEC mailq.SendDbMail @recipients = 'to@example.org', @query_result_header = 0,
+                @query = N'SET NOCOUNT ON; SELECT name FROM sys.databases;', @mailq_mail_id = @id OUTPUT;
+            REVERT;
+            SELECT @id;""")[-1][0]
+        run_queries(setup)
+        mailed = {line.strip() for line in body_of(conn, mail_id).split("\r\n") if line.strip()}
+        assert mailed == {"master", "tempdb", scalar(conn, "SELECT DB_NAME();")}
+    finally:
+        execute(conn, f"DROP USER [{login}]; DROP LOGIN [{login}];")

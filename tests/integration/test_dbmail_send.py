@@ -207,3 +207,33 @@ def test_server_level_data_is_what_a_database_user_sees(conn, setup):
         assert mailed == {"master", "tempdb", scalar(conn, "SELECT DB_NAME();")}
     finally:
         execute(conn, f"DROP USER [{login}]; DROP LOGIN [{login}];")
+
+
+def _documented_view_columns():
+    """The (name, type) lists tests/static/test_dbmail_views.py reads from Microsoft's pages."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "static" / "test_dbmail_views.py"
+    spec = importlib.util.spec_from_file_location("dbmail_view_lists", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {"sysmail_allitems": module.ALLITEMS, "sysmail_sentitems": module.ALLITEMS,
+            "sysmail_unsentitems": module.ALLITEMS, "sysmail_faileditems": module.ALLITEMS,
+            "sysmail_event_log": module.EVENT_LOG}
+
+
+@pytest.mark.parametrize("view,documented", list(_documented_view_columns().items()))
+def test_sysmail_view_types_are_the_documented_ones(conn, view, documented):
+    """The types SQL Server reports for each column: msdb's names in msdb's
+    order, Unicode text (sysname is nvarchar(128) with user type sysname)."""
+    rows = query(conn, "SELECT name, system_type_name, user_type_name FROM sys.dm_exec_describe_first_result_set("
+                       "?, NULL, 0) ORDER BY column_ordinal;", f"SELECT * FROM mailq.{view};")
+    assert [r[0] for r in rows] == [name for name, _ in documented]
+    for (name, system_type, _user_type), (_, expected) in zip(rows, documented, strict=True):
+        if expected == "sysname":
+            assert system_type in ("nvarchar(128)", "sysname"), (name, system_type)
+        elif expected == "nvarchar":  # the page gives no length (the queue's lists are nvarchar(4000))
+            assert system_type.startswith("nvarchar("), (name, system_type)
+        else:
+            assert system_type == expected, (name, system_type, expected)

@@ -254,6 +254,33 @@ def test_an_unknown_aadsts_code_points_to_the_error_lookup_page():
         ClientCredentials(microsoft(), http_client=http).fetch()
 
 
+class EntraDown(FakeEntra):
+    """Discovery answers 503 with an HTML page (an outage of the identity platform)."""
+
+    def get(self, url: str, params: Any = None, headers: Any = None, **kw: Any) -> Response:
+        self.gets.append(url)
+        page = Response(503, {})
+        page.text = "<html><body>Service Unavailable</body></html>"
+        return page
+
+
+def test_an_identity_platform_outage_is_transient_not_a_configuration_error():
+    from mailq_db.worker.classify import classify_exception
+    from mailq_db.worker.oauth.microsoft import ClientCredentials
+
+    with pytest.raises(oauth.TokenUnavailable) as info:
+        ClientCredentials(microsoft(), http_client=EntraDown(ok())).fetch()
+    outcome = classify_exception(info.value, "auth")
+    assert (outcome.disposition, outcome.rule, outcome.retry_after_seconds) == ("Wait", "server unreachable", 60)
+    # the token endpoint's HTML error page (not JSON) is transient too
+    page = Response(502, {})
+    page.text = "<html>Bad Gateway</html>"
+    http = FakeEntra(ok())
+    http.post = lambda *a, **k: page  # type: ignore[method-assign]
+    with pytest.raises(oauth.TokenUnavailable):
+        ClientCredentials(microsoft(), http_client=http).fetch()
+
+
 def test_a_certificate_signs_a_client_assertion_and_sends_no_secret(tmp_path):
     import datetime
 
@@ -391,6 +418,31 @@ def test_google_refusals_name_the_delegation_or_the_subject_to_check(service_acc
         ServiceAccount(google(service_account_key), request=FakeGoogle((status, body))).fetch()
     assert info.value.code == body["error"] and expect in info.value.fix
     assert body["error_description"] in str(info.value)
+
+
+class GooglePage(FakeGoogle):
+    """The token endpoint answers with a page that is not JSON (a 503 from a front end)."""
+
+    def __call__(self, url: str, method: str = "GET", body: Any = None, headers: Any = None,
+                 timeout: Any = None, **kw: Any) -> GoogleResponse:
+        self.calls.append({"url": url})
+        page = GoogleResponse(503, {})
+        page.data = b"<html><title>503 Service Unavailable</title></html>"
+        return page
+
+
+@pytest.mark.parametrize("request_", [
+    GooglePage(),
+    FakeGoogle((429, {"error": "rate_limit_exceeded", "error_description": "Rate Limit Exceeded"})),
+    FakeGoogle((500, {"error": "internal_failure"})),
+], ids=["html-503", "429", "internal_failure"])
+def test_google_answers_that_google_auth_calls_retryable_are_transient(service_account_key, request_):
+    from mailq_db.worker.oauth.google import ServiceAccount
+
+    with pytest.raises(oauth.TokenUnavailable) as info:
+        ServiceAccount(google(service_account_key), request=request_).fetch()
+    assert "fix:" not in str(info.value)
+    assert len(request_.calls) == 3  # google-auth retried before giving up
 
 
 def test_a_broken_service_account_key_is_explained(tmp_path):

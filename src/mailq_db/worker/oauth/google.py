@@ -64,7 +64,12 @@ class _GoogleAuth:
             credentials.refresh(self._transport())
         except exceptions.RefreshError as exc:
             data = exc.args[1] if len(exc.args) > 1 else None
-            raise explain_google(data, str(exc.args[0]) if exc.args else "") from None
+            refusal = explain_google(data, str(exc.args[0]) if exc.args else "")
+            if getattr(exc, "retryable", False) and not isinstance(refusal, TokenUnavailable):
+                # google-auth's own judgement after its retries: a 5xx, 429 or 408, or an
+                # internal_failure / server_error answer (a page that is not JSON included)
+                raise TokenUnavailable(str(refusal).split("; fix: ")[0]) from None
+            raise refusal from None
         except exceptions.TransportError as exc:
             raise TokenUnavailable(f"the token endpoint could not be reached: {type(exc).__name__}") from None
         expiry = credentials.expiry  # naive UTC (google-auth's convention)

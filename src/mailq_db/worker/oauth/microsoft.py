@@ -97,7 +97,9 @@ class _Msal:
         except ValueError as exc:  # e.g. a bad authority, an unreadable key
             raise TokenError(f"MSAL refused the configuration: {exc}", "check tenant, authority_host and the "
                              "certificate file") from None
-        except OSError as exc:
+        except (OSError, msal.exceptions.MsalError, RuntimeError) as exc:
+            # the discovery request failed: requests' errors are OSErrors; a 5xx is MSAL's
+            # MsalServiceError ("HTTP Error: 503"), or a RuntimeError when raise_for_status() is silent
             raise TokenUnavailable(f"the Microsoft identity platform ({authority}) could not be reached: "
                                    f"{type(exc).__name__}") from None
 
@@ -120,10 +122,12 @@ class _Msal:
             cache.remove_at(item)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        msal = _msal()
         try:
             result = getattr(self._app, method)(*args, **kwargs)
-        except (OSError, ValueError) as exc:
-            # requests' ConnectionError/Timeout are OSErrors; MSAL raises ValueError for bad discovery data
+        except (OSError, ValueError, msal.exceptions.MsalError) as exc:
+            # requests' ConnectionError/Timeout are OSErrors; MSAL raises ValueError for a response that
+            # is not JSON (an HTML error page) and MsalServiceError for a 5xx it could not read
             raise TokenUnavailable(f"the Microsoft identity platform could not be reached: "
                                    f"{type(exc).__name__}") from None
         if not isinstance(result, dict):

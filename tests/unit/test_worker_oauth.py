@@ -445,6 +445,33 @@ def test_google_answers_that_google_auth_calls_retryable_are_transient(service_a
     assert len(request_.calls) == 3  # google-auth retried before giving up
 
 
+def test_a_configured_token_uri_replaces_the_keys_own(service_account_key):
+    from mailq_db.worker.oauth.google import ServiceAccount
+
+    request = FakeGoogle((200, {"access_token": "ya29.c.elsewhere", "expires_in": 3599, "token_type": "Bearer"}))
+    settings = google(service_account_key, token_uri="https://oauth2.example.test/token")
+    assert ServiceAccount(settings, request=request).fetch().access_token == "ya29.c.elsewhere"
+    assert [c["url"] for c in request.calls] == ["https://oauth2.example.test/token"]
+
+
+@pytest.mark.parametrize("table", [
+    'provider = "google"\nservice_account_env = "K"\ntoken_uri = "http://oauth2.example.test/token"',
+    'provider = "refresh_token"\nissuer = "generic"\nclient_id = "c"\nclient_secret_env = "K"\n'
+    'refresh_token_env = "K"\ntoken_uri = "http://127.0.0.1.attacker.example/token"',
+    'provider = "refresh_token"\nissuer = "google"\nclient_id = "c"\nclient_secret_env = "K"\n'
+    'refresh_token_env = "K"\ntoken_uri = "http://localhost.attacker.example/token"',
+])
+def test_a_token_endpoint_in_clear_text_is_refused(table):
+    with pytest.raises(ConfigurationError, match="token_uri: must be an https:// URL"):
+        config(table, {"K": "{}"})
+
+
+def test_a_loopback_token_endpoint_is_allowed_for_tests():
+    acct = config('provider = "refresh_token"\nissuer = "generic"\nclient_id = "c"\nclient_secret_env = "K"\n'
+                  'refresh_token_env = "K"\ntoken_uri = "http://127.0.0.1:8080/token"', {"K": "x"})
+    assert acct.oauth.token_uri == "http://127.0.0.1:8080/token"
+
+
 def test_a_broken_service_account_key_is_explained(tmp_path):
     from mailq_db.worker.oauth.google import ServiceAccount
 

@@ -94,11 +94,13 @@ class ServiceAccount(_GoogleAuth):
             raise TokenError(f"the service account key in {s.service_account.describe()} is not readable JSON "
                              f"({type(exc).__name__})", "download a JSON key of the service account (IAM & Admin "
                              "> Service accounts > Keys) and point service_account_file at it") from None
+        if s.token_uri and isinstance(info, dict):
+            # google-auth takes the endpoint from the key (a keyword would be passed twice)
+            info = {**info, "token_uri": s.token_uri}
         try:
-            extra = {"token_uri": s.token_uri} if s.token_uri else {}
             creds = service_account.Credentials.from_service_account_info(
-                info, scopes=list(s.scopes), subject=s.subject, **extra)
-        except (ValueError, KeyError) as exc:
+                info, scopes=list(s.scopes), subject=s.subject)
+        except (ValueError, KeyError, TypeError) as exc:
             raise TokenError(f"the service account key in {s.service_account.describe()} is not a service "
                              f"account key ({type(exc).__name__}: missing or bad field)",
                              "use the JSON key file of a service account (type service_account)") from None

@@ -175,6 +175,15 @@ def _scopes(raw: dict[str, Any], where: str, problems: Problems, default: tuple[
     return tuple(scopes)
 
 
+def _check_token_uri(token_uri: str | None, where: str, problems: Problems) -> None:
+    """A token endpoint receives the client secret, refresh token or signed assertion: https only
+    (plain http only on this machine's loopback, for tests)."""
+    if token_uri and not token_uri.startswith(("https://", "http://127.0.0.1:", "http://127.0.0.1/",
+                                                "http://localhost:", "http://localhost/", "http://[::1]")):
+        problems.add(f"{where}.token_uri", f"must be an https:// URL (got {token_uri!r}): the endpoint receives "
+                     "the client's credentials")
+
+
 def _number(raw: dict[str, Any], key: str, where: str, problems: Problems, default: float,
             minimum: float) -> float:
     value = _take(raw, key, (int, float), where, problems)
@@ -250,6 +259,7 @@ def _google(where: str, raw: dict[str, Any], env: Mapping[str, str], problems: P
                   what="the service account's JSON key")
     subject = _take(raw, "subject", str, where, problems) or user
     token_uri = _take(raw, "token_uri", str, where, problems)
+    _check_token_uri(token_uri, where, problems)
     if not subject:
         problems.add(f"{where}.subject", "is required: the mailbox the service account acts for (default: user)")
     return OAuthSettings("google", _scopes(raw, where, problems, (GOOGLE_SCOPE,)), service_account=key,
@@ -276,8 +286,9 @@ def _refresh_token(where: str, raw: dict[str, Any], env: Mapping[str, str], prob
     if issuer == "microsoft" and not tenant:
         problems.add(f"{where}.tenant", "is required for issuer microsoft (a tenant ID, a domain, or "
                      "'organizations' / 'consumers')")
-    if issuer == "generic" and not (token_uri or "").startswith(("https://", "http://127.0.0.1", "http://localhost")):
+    if issuer == "generic" and not token_uri:
         problems.add(f"{where}.token_uri", "is required for issuer generic: the token endpoint's https:// URL")
+    _check_token_uri(token_uri, where, problems)
     default = {"microsoft": (MICROSOFT_DELEGATED_SCOPE,), "google": (GOOGLE_SCOPE,), "generic": ()}[issuer]
     return OAuthSettings("refresh_token", _scopes(raw, where, problems, default), issuer=issuer, tenant=tenant,
                          client_id=client_id, client_secret=secret, refresh_token=token,

@@ -329,6 +329,80 @@ def test_a_delegated_refresh_token_is_redeemed_with_msal_and_its_rotation_writte
     assert stored.read_text() == "0.AAAA-two\n" and stored.stat().st_mode & 0o777 == 0o600
 
 
+def delegated(source: Secret) -> OAuthSettings:
+    return OAuthSettings("refresh_token", ("https://outlook.office.com/SMTP.Send",), issuer="microsoft",
+                         tenant="organizations", client_id="cid", refresh_token=source)
+
+
+def rotating(*refresh_tokens: str) -> FakeEntra:
+    """Entra answering each refresh grant with a new access token and the next refresh token."""
+    return FakeEntra(*[(200, {"token_type": "Bearer", "expires_in": 4000, "access_token": f"eyJ-{i}",
+                              "refresh_token": rt}) for i, rt in enumerate(refresh_tokens)])
+
+
+def test_a_refresh_token_stored_after_signing_in_again_is_used_without_a_restart(tmp_path):
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    stored = tmp_path / "rt"
+    stored.write_text("rt-one\n")
+    http = rotating("rt-two", "rt-three")
+    provider = RefreshToken(delegated(Secret(file=str(stored))), http_client=http)
+    provider.fetch()  # rt-one redeemed, rt-two written back
+    stored.write_text("rt-after-signing-in-again\n")  # the operator's new sign-in (e.g. after AADSTS50173)
+    provider.fetch()
+    assert [p["refresh_token"] for p in http.posts] == ["rt-one", "rt-after-signing-in-again"]
+
+
+def test_a_rotated_refresh_token_file_is_0600_and_its_symlink_is_kept(tmp_path):
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    real = tmp_path / "secrets" / "sales.rt"
+    real.parent.mkdir()
+    real.write_text("rt-one\n")
+    real.chmod(0o644)  # readable by everyone: the rotated token must not be
+    link = tmp_path / "sales.rt"
+    link.symlink_to(real)
+    RefreshToken(delegated(Secret(file=str(link))), http_client=rotating("rt-two")).fetch()
+    assert link.is_symlink() and real.read_text() == "rt-two\n"
+    assert real.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in real.parent.iterdir()] == ["sales.rt"]  # no temporary file left
+
+
+def test_a_rotated_token_that_cannot_be_written_is_kept_until_the_file_changes(tmp_path, caplog, monkeypatch):
+    import errno
+
+    from mailq_db.worker.oauth import refresh
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    def read_only(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    stored = tmp_path / "rt"
+    stored.write_text("rt-one\n")
+    monkeypatch.setattr(refresh.tempfile, "mkstemp", read_only)
+    http = rotating("rt-two", "rt-three", "rt-four")
+    provider = RefreshToken(delegated(Secret(file=str(stored))), http_client=http)
+    with caplog.at_level(logging.INFO, logger="mailq_db"):
+        provider.fetch()
+        provider.fetch()
+    assert "could not be rewritten (Read-only file system)" in caplog.text and "rt-t" not in caplog.text
+    stored.write_text("rt-new-sign-in\n")  # the operator stores a new token: it wins over the kept one
+    provider.fetch()
+    assert [p["refresh_token"] for p in http.posts] == ["rt-one", "rt-two", "rt-new-sign-in"]
+
+
+def test_a_refresh_token_from_the_environment_rotates_in_memory_and_says_so_once(caplog):
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    http = rotating("rt-two", "rt-three", "rt-four")
+    provider = RefreshToken(delegated(Secret(env="SALES_RT", value="rt-one")), http_client=http)
+    with caplog.at_level(logging.INFO, logger="mailq_db"):
+        for _ in range(3):
+            provider.fetch()
+    assert [p["refresh_token"] for p in http.posts] == ["rt-one", "rt-two", "rt-three"]
+    assert caplog.text.count("kept in memory") == 1 and "rt-t" not in caplog.text
+
+
 def test_msal_logs_neither_the_secret_nor_the_token(caplog):
     from mailq_db.worker.oauth.microsoft import ClientCredentials
 

@@ -7,8 +7,8 @@
 * :class:`RefreshToken`: a refresh token redeemed at an RFC 6749 token
   endpoint with google-auth's refresh grant (section 6): Google's
   (``issuer = "google"``) or any standard endpoint (``issuer = "generic"``,
-  ``token_uri``).  A rotated refresh token replaces the old one in memory and
-  in its file.
+  ``token_uri``).  A rotated refresh token is written back to its file
+  (:mod:`.refresh`).
 
 ``request`` may be given (tests pass a fake transport with recorded
 responses); by default google-auth's requests transport, with the account's
@@ -25,7 +25,7 @@ from typing import Any
 
 from .cache import Token
 from .errors import MissingExtra, TokenError, TokenUnavailable, explain_google
-from .microsoft import write_back
+from .refresh import StoredRefreshToken
 from .settings import OAuthSettings
 
 
@@ -112,17 +112,16 @@ class RefreshToken(_GoogleAuth):
 
     def __init__(self, settings: OAuthSettings, **kwargs: Any):
         super().__init__(settings, **kwargs)
-        self._refresh_value: str | None = None
+        assert settings.refresh_token is not None
+        self.stored = StoredRefreshToken(settings.refresh_token)
 
     def fetch(self) -> Token:
         _, credentials, _ = _google()
         s = self.settings
-        assert s.refresh_token is not None and s.client_secret is not None
-        refresh = self._refresh_value or s.refresh_token.read()
+        assert s.client_secret is not None
+        refresh = self.stored.current()
         creds = credentials.Credentials(None, refresh_token=refresh, token_uri=s.token_uri, client_id=s.client_id,
                                         client_secret=s.client_secret.read(), scopes=list(s.scopes) or None)
         token = self._refresh(creds)
-        if creds.refresh_token and creds.refresh_token != refresh:
-            self._refresh_value = creds.refresh_token
-            write_back(s.refresh_token, creds.refresh_token)
+        self.stored.rotated(refresh, creds.refresh_token)
         return token

@@ -223,6 +223,21 @@ def test_a_rotated_secret_file_is_used_without_a_restart(tmp_path):
     assert [p["client_secret"] for p in http.posts] == ["old-secret-value", "new-secret-value"]
 
 
+@pytest.mark.parametrize("kind", ["client_secret_file", "certificate_file", "pfx"])
+def test_a_secret_file_removed_after_loading_is_a_token_error_naming_it(tmp_path, kind):
+    from mailq_db.worker.classify import classify_exception
+    from mailq_db.worker.oauth.microsoft import ClientCredentials
+
+    gone = str(tmp_path / ("app.pfx" if kind == "pfx" else "gone"))
+    settings = microsoft(client_secret=Secret(file=gone)) if kind == "client_secret_file" else \
+        microsoft(client_secret=None, certificate_file=gone)
+    with pytest.raises(oauth.TokenError) as info:
+        ClientCredentials(settings, http_client=FakeEntra(ok())).fetch()
+    assert f"{gone} cannot be read (No such file or directory)" in str(info.value)
+    assert "readable by the worker's user" in info.value.fix
+    assert classify_exception(info.value, "auth").rule == "account setup failed"  # not "server unreachable"
+
+
 @pytest.mark.parametrize("code,error,text,expect", [
     (7000215, "invalid_client", "Invalid client secret provided. Ensure the secret being sent in the request is the "
      "client secret value, not the client secret ID", "Value, not its ID"),

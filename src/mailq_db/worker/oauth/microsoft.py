@@ -27,7 +27,7 @@ from typing import Any
 from .cache import Token
 from .errors import MissingExtra, TokenError, TokenUnavailable, explain_microsoft
 from .refresh import StoredRefreshToken
-from .settings import OAuthSettings, Secret
+from .settings import OAuthSettings, Secret, read_secret_file
 
 
 def _msal() -> Any:
@@ -49,10 +49,10 @@ def _certificate_credential(path: str, password: Secret | None) -> dict[str, Any
     """MSAL's client_credential for a PEM (key and certificate) or PFX file."""
     passphrase = password.read() if password else None
     if path.lower().endswith((".pfx", ".p12")):
+        read_secret_file(path, "latin-1")  # MSAL reads it; a missing file is ours to explain
         cred: dict[str, Any] = {"private_key_pfx_path": path}
     else:
-        with open(path, encoding="ascii") as fh:
-            pem = fh.read()
+        pem = read_secret_file(path, "ascii")
         key = re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.+?-----END [A-Z ]*PRIVATE KEY-----", pem, re.S)
         cert = re.search(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", pem, re.S)
         if not key or not cert:

@@ -72,14 +72,28 @@ class Secret:
     value: str | None = field(default=None, repr=False, compare=False)
 
     def read(self) -> str:
+        """The secret; a file that cannot be read is a TokenError naming it (never its content)."""
         if self.env is not None:
             return self.value or ""
         assert self.file is not None
-        with open(self.file, encoding="utf-8") as fh:
-            return fh.read().strip()
+        return read_secret_file(self.file, "utf-8").strip()
 
     def describe(self) -> str:
         return f"${self.env}" if self.env else f"the file {self.file}"
+
+
+def read_secret_file(path: str, encoding: str) -> str:
+    """The text of a secret file, read when a token is fetched; a file removed or made unreadable
+    since the configuration was loaded is a TokenError (an account Wait naming the file)."""
+    try:
+        with open(path, encoding=encoding) as fh:
+            return fh.read()
+    except (OSError, UnicodeError) as exc:
+        from .errors import TokenError
+
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"not {encoding} text"
+        raise TokenError(f"{path} cannot be read ({reason})",
+                         "check that the file exists and is readable by the worker's user") from None
 
 
 @dataclass(frozen=True)

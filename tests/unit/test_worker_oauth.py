@@ -106,6 +106,100 @@ def test_one_refresh_at_a_time_per_account_and_accounts_do_not_wait_for_each_oth
     assert other_account_waited < 0.4  # not blocked behind the slow account's fetch
 
 
+class CountingLock:
+    """The account lock, counting the callers that reached it (before they wait for it)."""
+
+    def __init__(self) -> None:
+        self.lock, self.arrived = threading.Lock(), 0
+
+    def __enter__(self) -> None:
+        self.arrived += 1
+        self.lock.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+
+
+class Unreachable:
+    """A provider whose identity platform cannot be reached (after ``gate`` opens, if given)."""
+
+    def __init__(self, gate: Any = None, error: Exception | None = None) -> None:
+        self.calls, self.gate = 0, gate
+        self.error = error or oauth.TokenUnavailable("the Microsoft identity platform could not be reached: "
+                                                     "ConnectTimeout")
+
+    def fetch(self) -> Token:
+        self.calls += 1
+        if self.gate is not None:
+            self.gate()
+        raise self.error
+
+
+def test_a_failed_fetch_is_not_repeated_by_the_threads_that_waited_for_it():
+    lock = CountingLock()
+
+    class Cache(TokenCache):
+        def _lock(self, key: str) -> Any:
+            return lock
+
+    cache, waiting = Cache(), 6
+
+    def until_all_arrived() -> None:  # the fetch ends only when every caller waits behind it
+        while lock.arrived < waiting:
+            time.sleep(0.01)
+
+    provider = Unreachable(until_all_arrived)
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            cache.get("a", provider, 300)
+        except oauth.TokenUnavailable as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(waiting)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert provider.calls == 1 and len(errors) == waiting
+    assert len({id(e) for e in errors}) == waiting and {str(e) for e in errors} == {str(provider.error)}
+    with pytest.raises(oauth.TokenUnavailable):  # a caller that comes afterwards asks again
+        cache.get("a", provider, 300)
+    assert provider.calls == 2
+
+
+def test_an_unreachable_platform_does_not_throw_away_a_token_that_still_lasts(caplog):
+    now = [0.0]
+    cache = TokenCache(clock=lambda: now[0])
+    good = Counting(now)
+    first = cache.get("a", good, 300)
+    now[0] = 3600 - 200  # inside the margin: time to refresh
+    down = Unreachable()
+    with caplog.at_level(logging.WARNING, logger="mailq_db"):
+        assert cache.get("a", down, 300) is first
+    [line] = caplog.records
+    assert "could not be refreshed; the current one is used while it lasts (200 s)" in line.getMessage()
+    assert first.access_token not in caplog.text
+    now[0] += 10
+    assert cache.get("a", down, 300) is first and down.calls == 1  # not asked again right away
+    now[0] += 30
+    assert cache.get("a", good, 300).access_token == "token-2"  # asked again, and it answers
+
+
+def test_a_refusal_or_a_token_about_to_expire_is_not_hidden_by_the_cached_token():
+    now = [0.0]
+    cache = TokenCache(clock=lambda: now[0])
+    cache.get("a", Counting(now), 300)
+    now[0] = 3600 - 200
+    refused = Unreachable(error=oauth.TokenError("invalid_grant", "sign the mailbox in again"))
+    with pytest.raises(oauth.TokenError):
+        cache.get("a", refused, 300)
+    now[0] = 3600 - 20  # 20 s left: too little to sign in with
+    with pytest.raises(oauth.TokenUnavailable):
+        cache.get("a", Unreachable(), 300)
+
+
 def test_a_token_never_shows_in_its_repr():
     token = Token("eyJ0eXAiOiJKV1QiLCJ-secret-part-abcd", 10.0, 0.0)
     assert "secret-part" not in repr(token) and token.hint == "…abcd"

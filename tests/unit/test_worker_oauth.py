@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -747,6 +748,80 @@ def test_a_command_that_prints_nothing_is_refused():
 
     with pytest.raises(oauth.TokenError, match="printed no token"):
         Command(command("pass")).fetch()
+
+
+def test_a_command_that_prints_too_much_is_stopped():
+    from mailq_db.worker.oauth.command import Command
+
+    with pytest.raises(oauth.TokenError, match="printed more than 64 KiB"):
+        Command(command("import sys\nwhile True: sys.stdout.write('x' * 65536)", timeout_seconds=60)).fetch()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return "\nState:\tZ" in fh.read()  # a zombie nobody reaped yet is dead too
+    except FileNotFoundError:
+        return True
+
+
+def test_a_child_left_holding_the_output_is_not_waited_for(tmp_path):
+    from mailq_db.worker.oauth.command import Command
+
+    pid_file = tmp_path / "helper.pid"
+    script = ("import pathlib, subprocess, sys\n"  # a helper that inherits standard output and stays
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\n"
+              "print('token-from-a-program-with-a-helper')")
+    try:
+        # before: the run waited for the helper to close the pipe, and timed out (TokenUnavailable)
+        token = Command(command(script, timeout_seconds=20)).fetch()
+        assert token.access_token == "token-from-a-program-with-a-helper"
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), 9)
+
+
+def test_a_timeout_kills_the_program_and_what_it_started(tmp_path):
+    from mailq_db.worker.oauth.command import Command
+
+    pid_file = tmp_path / "child.pid"
+    script = ("import pathlib, subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\ntime.sleep(60)")
+    with pytest.raises(oauth.TokenUnavailable, match="did not finish within 5 s"):
+        Command(command(script, timeout_seconds=5.0)).fetch()
+    child = int(pid_file.read_text())
+    for _ in range(500):  # SIGKILL is delivered at once; its parent (init) reaps it when it can
+        if _gone(child):
+            break
+        time.sleep(0.01)
+    assert _gone(child)
+
+
+def test_a_failing_commands_error_line_does_not_repeat_a_token():
+    from mailq_db.worker.oauth.command import Command
+
+    script = ("import sys; print('eyJhbGciOiJSUzI1NiJ9.half-token-9f3a7c2e1d')\n"
+              "print('refresh failed: refresh_token=1//0gLq3xYz9Kf8AbCdEfGhIjKlMnOp rejected', file=sys.stderr)\n"
+              "sys.exit(2)")
+    with pytest.raises(oauth.TokenError) as info:
+        Command(command(script)).fetch()
+    assert "refresh failed: refresh_token=[redacted] rejected" in str(info.value)
+    assert "9f3a7c" not in str(info.value) and "0gLq3xYz9" not in str(info.value)
+
+
+@pytest.mark.parametrize("printed,problem", [
+    ("'tok\\x01user=someone-else@example.com'", "characters a bearer token cannot have"),
+    ("'tök-en'", "characters a bearer token cannot have"),
+    ("json.dumps({'access_token': 't', 'expires_in': -5})", "not a positive number"),
+    ("'{\"access_token\": \"t\", \"expires_in\": NaN}'", "not a positive number"),
+])
+def test_a_token_or_lifetime_that_cannot_be_used_is_refused(printed, problem):
+    from mailq_db.worker.oauth.command import Command
+
+    with pytest.raises(oauth.TokenError, match=problem):
+        Command(command(f"import json; print({printed})")).fetch()
 
 
 # --------------------------------------------------------------------------- settings

@@ -201,6 +201,22 @@ def test_a_refusal_or_a_token_about_to_expire_is_not_hidden_by_the_cached_token(
         cache.get("a", Unreachable(), 300)
 
 
+def test_a_token_that_is_not_a_bearer_token_is_refused_and_not_cached():
+    class Odd:
+        calls = 0
+
+        def fetch(self) -> Token:
+            Odd.calls += 1
+            return Token("abc\x01user=someone-else@example.com", 3600.0, 0.0)
+
+    cache = TokenCache(clock=lambda: 0.0)
+    for _ in range(2):
+        with pytest.raises(oauth.TokenError, match="characters a bearer token cannot have") as info:
+            cache.get("a", Odd(), 300)
+        assert "someone-else" not in str(info.value)
+    assert Odd.calls == 2 and cache.fetches == {}
+
+
 def test_a_token_never_shows_in_its_repr():
     token = Token("eyJ0eXAiOiJKV1QiLCJ-secret-part-abcd", 10.0, 0.0)
     assert "secret-part" not in repr(token) and token.hint == "…abcd"

@@ -23,19 +23,22 @@
   left, that token is used (the margin exists for this), with one WARNING
   line, and the next fetch is tried :data:`STALE_RETRY_SECONDS` later.  A
   refusal (:class:`TokenError`) is never hidden this way.
+* A token that is not a bearer token (:data:`BEARER_TOKEN`) is refused, not
+  cached: it could break the SASL message it goes into.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from ..logs import event
-from .errors import TokenUnavailable
+from .errors import TokenError, TokenUnavailable
 
 log = logging.getLogger("mailq_db.worker.oauth")
 
@@ -43,6 +46,9 @@ log = logging.getLogger("mailq_db.worker.oauth")
 STALE_FLOOR_SECONDS = 30.0
 #: ... and the platform is asked again no sooner than this after it could not be reached
 STALE_RETRY_SECONDS = 30.0
+#: a bearer token (RFC 6750 2.1 b64token, widened to visible ASCII): nothing that could end a
+#: SASL field (XOAUTH2 and OAUTHBEARER separate fields with %x01) or the AUTH line
+BEARER_TOKEN = re.compile(r"[\x21-\x7e]+")
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,12 @@ class TokenCache:
                   f"is used while it lasts ({kept.expires_at - self.clock():.0f} s)", account=key, error=str(exc))
             return kept
         self._attempts[key] = attempt
+        if not BEARER_TOKEN.fullmatch(new.access_token):
+            error = TokenError(f"the access token obtained for account {key} has characters a bearer token "
+                               "cannot have (RFC 6750 2.1: visible ASCII, no space)",
+                               "check what the token provider returns")
+            self._failures[key] = _Failure(attempt, error, self.clock())
+            raise error
         self._failures.pop(key, None)
         self._tokens[key] = new
         self.fetches[key] = self.fetches.get(key, 0) + 1

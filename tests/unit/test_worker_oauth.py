@@ -672,6 +672,55 @@ def test_a_loopback_token_endpoint_is_allowed_for_tests():
     assert acct.oauth.token_uri == "http://127.0.0.1:8080/token"
 
 
+def test_google_auths_debug_request_log_does_not_carry_the_signed_assertion(service_account_key, tmp_path):
+    """google-auth's own DEBUG log of the token request, with its real requests transport against a
+    token endpoint on 127.0.0.1: the JWT assertion (redeemable for an hour) must not be in it."""
+    import http.server
+
+    from mailq_db.worker.oauth.google import ServiceAccount
+
+    class Endpoint(http.server.BaseHTTPRequestHandler):
+        bodies: list[str] = []
+
+        def do_POST(self) -> None:  # noqa: N802 - BaseHTTPRequestHandler's name
+            Endpoint.bodies.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            data = json.dumps({"access_token": "ya29.from-the-lab", "expires_in": 3599}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Endpoint)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    google_logger, keep = logging.getLogger("google"), Keep()
+    google_logger.addHandler(keep)
+    google_logger.setLevel(logging.DEBUG)
+    try:
+        settings = google(service_account_key, token_uri=f"http://127.0.0.1:{server.server_address[1]}/token")
+        assert ServiceAccount(settings).fetch().access_token == "ya29.from-the-lab"
+    finally:
+        google_logger.removeHandler(keep)
+        google_logger.setLevel(logging.NOTSET)
+        server.shutdown()
+        server.server_close()
+    [body] = Endpoint.bodies
+    assertion = urllib.parse.parse_qs(body)["assertion"][0]
+    logged = [r for r in records if hasattr(r, "httpRequest")]
+    assert logged and all(assertion not in str(vars(r)) for r in records)
+    assert logged[0].httpRequest["body"]["assertion"] == "[redacted]"
+
+
 def test_a_broken_service_account_key_is_explained(tmp_path):
     from mailq_db.worker.oauth.google import ServiceAccount
 

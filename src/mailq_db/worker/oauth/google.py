@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -47,8 +48,33 @@ def _default_request() -> Any:
     return Request()
 
 
+#: google-auth's transports, whose DEBUG line "Making request..." carries the request body
+_TRANSPORT_LOGGERS = ("google.auth.transport.requests", "google.auth.transport.urllib3")
+
+
+class _NoAssertionInLogs(logging.Filter):
+    """google-auth hashes access and refresh tokens and the client secret in its DEBUG request
+    log, but not the JWT bearer grant's ``assertion``: a signed JWT that can be redeemed for a
+    token of the mailbox until it expires (one hour).  This filter replaces it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        request = getattr(record, "httpRequest", None)
+        body = request.get("body") if isinstance(request, dict) else None
+        if isinstance(body, dict) and "assertion" in body:
+            record.httpRequest = {**request, "body": {**body, "assertion": "[redacted]"}}  # type: ignore[dict-item]
+        return True
+
+
+def _guard_logs() -> None:
+    for name in _TRANSPORT_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoAssertionInLogs) for f in logger.filters):
+            logger.addFilter(_NoAssertionInLogs())
+
+
 class _GoogleAuth:
     def __init__(self, settings: OAuthSettings, *, request: Any = None, clock: Any = time.monotonic):
+        _guard_logs()
         self.settings = settings
         self._request = request
         self.clock = clock

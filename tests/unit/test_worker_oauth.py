@@ -360,6 +360,8 @@ def test_a_secret_file_removed_after_loading_is_a_token_error_naming_it(tmp_path
     (500011, "invalid_resource", "The resource principal named https://outlook.office365.com was not found in the "
      "tenant named Contoso.", "https://outlook.office365.com/.default"),
     (7000112, "unauthorized_client", "Application '1111' is disabled.", "Enterprise applications"),
+    (700024, "invalid_client", "Client assertion is not within its valid time range. Current time: "
+     "2026-11-26T10:00:00Z, assertion valid from 2026-11-26T10:20:00Z", "clock is wrong"),
 ])
 def test_microsoft_refusals_name_the_missing_permission_or_consent(code, error, text, expect):
     from mailq_db.worker.oauth.microsoft import ClientCredentials

@@ -496,6 +496,31 @@ def test_a_rotated_refresh_token_file_is_0600_and_its_symlink_is_kept(tmp_path):
     assert [p.name for p in real.parent.iterdir()] == ["sales.rt"]  # no temporary file left
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+def test_a_rotation_written_by_root_keeps_the_workers_ownership(tmp_path):
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    stored = tmp_path / "rt"
+    stored.write_text("rt-one\n")
+    os.chown(stored, 4321, 4322)  # the worker's user; root runs check-config --probe
+    RefreshToken(delegated(Secret(file=str(stored))), http_client=rotating("rt-two")).fetch()
+    info = stored.stat()
+    assert stored.read_text() == "rt-two\n" and (info.st_uid, info.st_gid, info.st_mode & 0o777) == (4321, 4322, 0o600)
+
+
+def test_another_user_does_not_take_the_workers_token_file(tmp_path, monkeypatch, caplog):
+    from mailq_db.worker.oauth import refresh
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    stored = tmp_path / "rt"
+    stored.write_text("rt-one\n")
+    owner = stored.stat().st_uid
+    monkeypatch.setattr(refresh.os, "geteuid", lambda: owner + 1000)  # a user that is neither its owner nor root
+    with caplog.at_level(logging.WARNING, logger="mailq_db"):
+        RefreshToken(delegated(Secret(file=str(stored))), http_client=rotating("rt-two")).fetch()
+    assert stored.read_text() == "rt-one\n" and "belongs to another user" in caplog.text
+
+
 def test_a_rotated_token_that_cannot_be_written_is_kept_until_the_file_changes(tmp_path, caplog, monkeypatch):
     import errno
 

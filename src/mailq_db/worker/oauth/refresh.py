@@ -7,9 +7,9 @@ keeps the rule in one place for the MSAL and google-auth providers:
 * The token is read from its source at every fetch, so a refresh token the
   operator stores after signing the mailbox in again is used without a restart.
 * A rotated token is written back to its file (:func:`write_back`): a new file
-  of mode 0600 in the same directory, flushed to disk, then renamed over the
-  old one (the path's symbolic links are followed, so the link stays).  The
-  next fetch reads it back from the file.
+  of mode 0600 and the old file's owner in the same directory, flushed to
+  disk, then renamed over the old one (the path's symbolic links are
+  followed, so the link stays).  The next fetch reads it back from the file.
 * When it cannot be stored (an environment variable, a read-only directory),
   the rotated token is kept in memory and used for as long as the source still
   holds what it held then; a different token in the source wins.
@@ -63,12 +63,27 @@ class StoredRefreshToken:
 
 def write_back(path: str, token: str) -> bool:
     """Replace the file at ``path`` (its symbolic links followed) by one holding ``token``,
-    mode 0600, atomically and durably; False (logged) when it cannot be done."""
+    mode 0600 and the old file's owner, atomically and durably; False (logged) when it cannot
+    be done.  A user other than the file's owner (and not root) does not replace it: the new
+    file would be its own, mode 0600, and the owner (the worker) could no longer read it;
+    this happens when ``check-config --probe`` runs as another user."""
     target = os.path.realpath(path)
     directory = os.path.dirname(target)
+    euid = os.geteuid() if hasattr(os, "geteuid") else None
+    try:
+        old = os.stat(target)
+    except OSError:
+        old = None
+    if old is not None and euid not in (None, 0, old.st_uid):
+        log.warning("the refresh token was rotated but %s belongs to another user (uid %d) and is not rewritten "
+                    "by this one (uid %d); the new one is kept in memory until this process stops",
+                    path, old.st_uid, euid)
+        return False
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=".refresh-", dir=directory)  # mode 0600
+        if old is not None and euid == 0 and (old.st_uid, old.st_gid) != (0, 0):
+            os.fchown(fd, old.st_uid, old.st_gid)  # root (a probe) keeps the worker's file the worker's
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(token + "\n")
             fh.flush()

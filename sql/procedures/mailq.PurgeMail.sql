@@ -13,8 +13,9 @@ Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
              over 36500 (the cutoff date would underflow, error 517);
              50140 @BatchSize out of range; 50141 called inside a transaction.
 Transaction: must not be called inside one (50141): each batch commits on its
-             own; an error rolls back the batch under way (earlier batches
-             stay purged) and is re-raised.
+             own, also for a session in implicit transaction mode (turned off
+             inside); an error rolls back the batch under way (earlier
+             batches stay purged) and is re-raised.
 Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
              REPEATABLE READ (error 650 otherwise), and REPEATABLE READ would
              keep every shared lock the candidate read takes; that read says
@@ -32,6 +33,11 @@ CREATE OR ALTER PROCEDURE mailq.PurgeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    -- Each BEGIN TRANSACTION below must be a real one: under the caller's
+    -- IMPLICIT_TRANSACTIONS ON (pyodbc and JDBC with autocommit off) it would
+    -- nest in an implicit transaction and the whole purge would be one.  Set
+    -- before any statement that could open one; restored on return.
+    SET IMPLICIT_TRANSACTIONS OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);

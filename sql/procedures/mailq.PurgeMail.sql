@@ -76,12 +76,16 @@ BEGIN
             BEGIN TRANSACTION;
 
             -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
-            --    oldest first.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks
-            --    released row by row, rows others hold are skipped; nothing on
-            --    the index stays locked while the rows below are taken.
+            --    oldest first.  INDEX + FORCESEEK: that seek or an error, never
+            --    a scan of the history kept (the filter's literals repeat).
+            --    READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by
+            --    row, rows others hold are skipped; nothing on the index stays
+            --    locked while the rows below are taken.
             INSERT INTO @Candidate (ID)
             SELECT TOP (@BatchSize) q.ID
-            FROM mailq.MailQueue AS q WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+            FROM mailq.MailQueue AS q WITH (
+                INDEX (IX_MailQueue_Final), FORCESEEK, READCOMMITTEDLOCK, READPAST, ROWLOCK
+            )
             WHERE
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff

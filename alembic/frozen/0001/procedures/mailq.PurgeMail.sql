@@ -14,8 +14,9 @@ Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
              over 36500 (the cutoff date would underflow, error 517);
              50140 @BatchSize out of range; 50141 called inside a transaction.
 Transaction: must not be called inside one (50141): each batch commits on its
-             own; an error rolls back the batch under way (earlier batches
-             stay purged) and is re-raised.
+             own, also for a session in implicit transaction mode (turned off
+             inside); an error rolls back the batch under way (earlier
+             batches stay purged) and is re-raised.
 Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
              REPEATABLE READ (error 650 otherwise), and REPEATABLE READ would
              keep every shared lock the candidate read takes; that read says
@@ -33,6 +34,11 @@ CREATE OR ALTER PROCEDURE mailq.PurgeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    -- Each BEGIN TRANSACTION below must be a real one: under the caller's
+    -- IMPLICIT_TRANSACTIONS ON (pyodbc and JDBC with autocommit off) it would
+    -- nest in an implicit transaction and the whole purge would be one.  Set
+    -- before any statement that could open one; restored on return.
+    SET IMPLICIT_TRANSACTIONS OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
@@ -71,12 +77,16 @@ BEGIN
             BEGIN TRANSACTION;
 
             -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
-            --    oldest first.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks
-            --    released row by row, rows others hold are skipped; nothing on
-            --    the index stays locked while the rows below are taken.
+            --    oldest first.  INDEX + FORCESEEK: that seek or an error, never
+            --    a scan of the history kept (the filter's literals repeat).
+            --    READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by
+            --    row, rows others hold are skipped; nothing on the index stays
+            --    locked while the rows below are taken.
             INSERT INTO @Candidate (ID)
             SELECT TOP (@BatchSize) q.ID
-            FROM mailq.MailQueue AS q WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+            FROM mailq.MailQueue AS q WITH (
+                INDEX (IX_MailQueue_Final), FORCESEEK, READCOMMITTEDLOCK, READPAST, ROWLOCK
+            )
             WHERE
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff

@@ -3754,7 +3754,8 @@ GO
 /*
 mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
 Stopped) whose DateProcessed is older than @OlderThanDays days, with its
-attempts, attachments, recipient outcomes and events, in batches of
+attempts, attachments, recipient outcomes, events and Database Mail item
+(mailq.DbMailItem, by its ON DELETE CASCADE), in batches of
 @BatchSize mails, one short transaction per batch.  Rows others hold are
 skipped (READPAST) and left to the next purge.  Every statement touches at
 most 1,000 rows per index, by forced seeks, far below lock escalation's
@@ -3777,7 +3778,8 @@ Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
 Lock order:  mailq.MailQueue clustered rows (U; candidates are found on
              IX_MailQueue_Final without keeping a lock there), then
              mailq.MailAttempt, mailq.MailAttachment, mailq.MailRecipientOutcome,
-             mailq.MailEvent, then the MailQueue rows' deletion.
+             mailq.MailEvent, then the MailQueue rows' deletion (and, by
+             cascade, their mailq.DbMailItem rows).
 Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.PurgeMail
@@ -9525,7 +9527,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.MarkFailed.sql', 'dc5bff613a81b325211cb939441da996427f022103a77e9753d9b275e9836e4d'),
     ('0001', N'procedures/mailq.CancelMail.sql', 'fd011090a589a1b3d140220a1c8eac6d7e4f0362bf31ae2fe97e40a6a547bb86'),
     ('0001', N'procedures/mailq.RequeueMail.sql', '0dab9eb7c2aca0b14c24f8583ef7ba210e4d1b998c893b29a76d47b3e425f9cc'),
-    ('0001', N'procedures/mailq.PurgeMail.sql', 'd3d089d805828ee7919d1ddcf8a3c41fb43df2fc518ac405ff51163d5af41a32'),
+    ('0001', N'procedures/mailq.PurgeMail.sql', '47b29433eebe42dcc19877f83725d978bbdaa6913d42763a1b5d2b6b338814e9'),
     ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '7b619046925ea5e96a4a8edcd51748ae94c9668161c239a8c3bdcdb818479d9b'),
     ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
     ('0001', N'procedures/mailq.AcquireLoginSlot.sql', 'd67229441fcc7acf16876c9fce16713efe952e1cdcb9e2d9852b3c91efa645b1'),

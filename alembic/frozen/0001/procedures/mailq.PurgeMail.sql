@@ -2,7 +2,8 @@
 /*
 mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
 Stopped) whose DateProcessed is older than @OlderThanDays days, with its
-attempts, attachments, recipient outcomes and events, in batches of
+attempts, attachments, recipient outcomes, events and Database Mail item
+(mailq.DbMailItem, by its ON DELETE CASCADE), in batches of
 @BatchSize mails, one short transaction per batch.  Rows others hold are
 skipped (READPAST) and left to the next purge.  Every statement touches at
 most 1,000 rows per index, by forced seeks, far below lock escalation's
@@ -25,7 +26,8 @@ Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
 Lock order:  mailq.MailQueue clustered rows (U; candidates are found on
              IX_MailQueue_Final without keeping a lock there), then
              mailq.MailAttempt, mailq.MailAttachment, mailq.MailRecipientOutcome,
-             mailq.MailEvent, then the MailQueue rows' deletion.
+             mailq.MailEvent, then the MailQueue rows' deletion (and, by
+             cascade, their mailq.DbMailItem rows).
 Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.PurgeMail

@@ -570,7 +570,9 @@ BEGIN
         THROW;
     END CATCH;
 
-    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock hint
+    -- needed).  FORCESEEK: a seek per claimed ID whatever the plan's estimate
+    -- of @Claimed, never a scan that would wait on rows other sessions hold.
     -- LeaseSecondsRemaining: by the server's clock read now, after the
     -- claim's statements (and their commit when the transaction is ours),
     -- in whole seconds rounded down, so a worker counting it down from the
@@ -605,7 +607,7 @@ BEGIN
         c.TemplateVersion,
         q.TemplateModel,
         CAST(FLOOR(DATEDIFF_BIG(MILLISECOND, @ReturnedAt, q.VisibleAtUtc) / 1000.0) AS INT) AS LeaseSecondsRemaining
-    FROM mailq.MailQueue AS q
+    FROM mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)))
     INNER JOIN @Claimed AS c ON q.ID = c.ID
     WHERE q.ThreadLock = @LockToken
     ORDER BY q.Priority DESC, q.ID ASC;
@@ -618,7 +620,7 @@ BEGIN
         a.Content,
         a.Generator,     -- a lazy attachment (Content NULL)
         a.GeneratorArgs
-    FROM mailq.MailAttachment AS a
+    FROM mailq.MailAttachment AS a WITH (FORCESEEK (PK_MailAttachment (MailID)))
     INNER JOIN @Claimed AS c ON a.MailID = c.ID
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
 

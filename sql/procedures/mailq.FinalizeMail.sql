@@ -13,8 +13,9 @@ Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT (1: the
 Errors:      50150 @BatchSize out of range; 50151 @MaxBatches out of range;
              50152 called inside a transaction.
 Transaction: must not be called inside one (50152): each batch is its own
-             short transaction; an error rolls back the batch under way
-             (earlier batches stay) and is re-raised.
+             short transaction, also for a session in implicit transaction
+             mode (turned off inside); an error rolls back the batch under
+             way (earlier batches stay) and is re-raised.
 Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
 Lock order:  the application lock N'mailq.FinalizeMail' (exclusive, owned by
              the batch's transaction, never waited for), then mailq.MailQueue
@@ -28,6 +29,11 @@ CREATE OR ALTER PROCEDURE mailq.FinalizeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    -- Each BEGIN TRANSACTION below must be a real one: under the caller's
+    -- IMPLICIT_TRANSACTIONS ON (pyodbc and JDBC with autocommit off) it would
+    -- nest in an implicit transaction and no batch would commit.  Set before
+    -- any statement that could open one; restored when the procedure returns.
+    SET IMPLICIT_TRANSACTIONS OFF;
     -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
     -- the caller's level comes back when the procedure returns.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;

@@ -1,7 +1,8 @@
 /*
 mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
 Stopped) whose DateProcessed is older than @OlderThanDays days, with its
-attempts, attachments, recipient outcomes and events, in batches of
+attempts, attachments, recipient outcomes, events and Database Mail item
+(mailq.DbMailItem, by its ON DELETE CASCADE), in batches of
 @BatchSize mails, one short transaction per batch.  Rows others hold are
 skipped (READPAST) and left to the next purge.  Every statement touches at
 most 1,000 rows per index, by forced seeks, far below lock escalation's
@@ -13,8 +14,9 @@ Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
              over 36500 (the cutoff date would underflow, error 517);
              50140 @BatchSize out of range; 50141 called inside a transaction.
 Transaction: must not be called inside one (50141): each batch commits on its
-             own; an error rolls back the batch under way (earlier batches
-             stay purged) and is re-raised.
+             own, also for a session in implicit transaction mode (turned off
+             inside); an error rolls back the batch under way (earlier
+             batches stay purged) and is re-raised.
 Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
              REPEATABLE READ (error 650 otherwise), and REPEATABLE READ would
              keep every shared lock the candidate read takes; that read says
@@ -23,7 +25,8 @@ Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
 Lock order:  mailq.MailQueue clustered rows (U; candidates are found on
              IX_MailQueue_Final without keeping a lock there), then
              mailq.MailAttempt, mailq.MailAttachment, mailq.MailRecipientOutcome,
-             mailq.MailEvent, then the MailQueue rows' deletion.
+             mailq.MailEvent, then the MailQueue rows' deletion (and, by
+             cascade, their mailq.DbMailItem rows).
 Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.PurgeMail
@@ -32,6 +35,11 @@ CREATE OR ALTER PROCEDURE mailq.PurgeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    -- Each BEGIN TRANSACTION below must be a real one: under the caller's
+    -- IMPLICIT_TRANSACTIONS ON (pyodbc and JDBC with autocommit off) it would
+    -- nest in an implicit transaction and the whole purge would be one.  Set
+    -- before any statement that could open one; restored on return.
+    SET IMPLICIT_TRANSACTIONS OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
@@ -70,12 +78,16 @@ BEGIN
             BEGIN TRANSACTION;
 
             -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
-            --    oldest first.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks
-            --    released row by row, rows others hold are skipped; nothing on
-            --    the index stays locked while the rows below are taken.
+            --    oldest first.  INDEX + FORCESEEK: that seek or an error, never
+            --    a scan of the history kept (the filter's literals repeat).
+            --    READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by
+            --    row, rows others hold are skipped; nothing on the index stays
+            --    locked while the rows below are taken.
             INSERT INTO @Candidate (ID)
             SELECT TOP (@BatchSize) q.ID
-            FROM mailq.MailQueue AS q WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+            FROM mailq.MailQueue AS q WITH (
+                INDEX (IX_MailQueue_Final), FORCESEEK, READCOMMITTEDLOCK, READPAST, ROWLOCK
+            )
             WHERE
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff

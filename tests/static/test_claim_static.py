@@ -84,10 +84,11 @@ def test_claim_reads_the_queue_per_account_through_cross_apply_and_forceseek(cla
     assert "CROSS APPLY" in claim
     assert "K.ACCOUNTNAME = D.ACCOUNTNAME AND K.RUNMODE = D.RUNMODE" in claim, \
         "the per-pair seek is not keyed by the driving (account, run mode) pair"
-    # Hinted reads: the per-pair seeks (k) and the UPDATE target (q); the
-    # final result set reads the leased rows unhinted (they are ours).
+    # Hinted reads: the per-pair seeks (k), the UPDATE target (q) and the
+    # final result set (q again: a forced seek per leased row, no lock hint).
     hinted = [(alias, hints) for alias, hints in mailqueue_reads(claim) if hints]
     assert {alias for alias, _ in hinted} == {"Q", "K"}, hinted
+    assert [alias for alias, _ in mailqueue_reads(claim) if alias == "Q"] == ["Q", "Q"]
     # The per-pair reads: the claim's seeks (UPDLOCK) and, with more pairs
     # than slots, the row-free probes (READCOMMITTEDLOCK); all forced seeks on
     # one of the two claim indexes, one of each kind per index.
@@ -102,9 +103,10 @@ def test_claim_reads_the_queue_per_account_through_cross_apply_and_forceseek(cla
         (inner,) = [flat for flat in picks if f"INDEX({index})" in flat]
         for hint in ("FORCESEEK", "READPAST", "UPDLOCK", "ROWLOCK"):
             assert hint in inner, f"the per-pair read of {index} lacks {hint}: {inner}"
-    (target,) = [hints.replace(" ", "") for alias, hints in hinted if alias == "Q"]
+    target, returned = [hints.replace(" ", "") for alias, hints in hinted if alias == "Q"]
     for hint in ("FORCESEEK(PK_MAILQUEUE(ID))", "READPAST", "UPDLOCK", "ROWLOCK"):
         assert hint in target, f"the UPDATE target lacks {hint}: {target}"
+    assert returned == "FORCESEEK(PK_MAILQUEUE(ID))", f"the result set's read of the leased rows: {returned}"
     # The ten priority ranges make each account's seek come out in ORDER BY order.
     assert "K.PRIORITY IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)" in claim
     assert "ORDER BY K.PRIORITY DESC, K.VISIBLEATUTC ASC, K.ID ASC" in claim
@@ -232,7 +234,8 @@ def test_claim_stamps_dry_run_from_the_application_and_returns_it_after_run_mode
     # revision 0015 appended RunMode, DryRun; revision 0016 the three template columns after them
     assert re.search(r"Q\.DTSTAMP, Q\.RUNMODE, Q\.DRYRUN, C\.TEMPLATENAME, C\.TEMPLATEVERSION, Q\.TEMPLATEMODEL, "
                      r"CAST\(FLOOR\(DATEDIFF_BIG\(MILLISECOND, @RETURNEDAT, Q\.VISIBLEATUTC\) / 1000\.0\) AS INT\) "
-                     r"AS LEASESECONDSREMAINING FROM MAILQ\.MAILQUEUE AS Q INNER JOIN @CLAIMED", first)
+                     r"AS LEASESECONDSREMAINING FROM MAILQ\.MAILQUEUE AS Q WITH \(FORCESEEK \(PK_MAILQUEUE \(ID\)\)\) "
+                     r"INNER JOIN @CLAIMED", first)
 
 
 def _passes(accounts: dict[str, int], modes: int, batch: int, yields, rng) -> tuple[dict, list[int]]:

@@ -2830,7 +2830,9 @@ BEGIN
         THROW;
     END CATCH;
 
-    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock hint
+    -- needed).  FORCESEEK: a seek per claimed ID whatever the plan's estimate
+    -- of @Claimed, never a scan that would wait on rows other sessions hold.
     -- LeaseSecondsRemaining: by the server's clock read now, after the
     -- claim's statements (and their commit when the transaction is ours),
     -- in whole seconds rounded down, so a worker counting it down from the
@@ -2865,7 +2867,7 @@ BEGIN
         c.TemplateVersion,
         q.TemplateModel,
         CAST(FLOOR(DATEDIFF_BIG(MILLISECOND, @ReturnedAt, q.VisibleAtUtc) / 1000.0) AS INT) AS LeaseSecondsRemaining
-    FROM mailq.MailQueue AS q
+    FROM mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)))
     INNER JOIN @Claimed AS c ON q.ID = c.ID
     WHERE q.ThreadLock = @LockToken
     ORDER BY q.Priority DESC, q.ID ASC;
@@ -2878,7 +2880,7 @@ BEGIN
         a.Content,
         a.Generator,     -- a lazy attachment (Content NULL)
         a.GeneratorArgs
-    FROM mailq.MailAttachment AS a
+    FROM mailq.MailAttachment AS a WITH (FORCESEEK (PK_MailAttachment (MailID)))
     INNER JOIN @Claimed AS c ON a.MailID = c.ID
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
 
@@ -2921,8 +2923,9 @@ Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT (1: the
 Errors:      50150 @BatchSize out of range; 50151 @MaxBatches out of range;
              50152 called inside a transaction.
 Transaction: must not be called inside one (50152): each batch is its own
-             short transaction; an error rolls back the batch under way
-             (earlier batches stay) and is re-raised.
+             short transaction, also for a session in implicit transaction
+             mode (turned off inside); an error rolls back the batch under
+             way (earlier batches stay) and is re-raised.
 Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
 Lock order:  the application lock N'mailq.FinalizeMail' (exclusive, owned by
              the batch's transaction, never waited for), then mailq.MailQueue
@@ -2936,6 +2939,11 @@ CREATE OR ALTER PROCEDURE mailq.FinalizeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    -- Each BEGIN TRANSACTION below must be a real one: under the caller's
+    -- IMPLICIT_TRANSACTIONS ON (pyodbc and JDBC with autocommit off) it would
+    -- nest in an implicit transaction and no batch would commit.  Set before
+    -- any statement that could open one; restored when the procedure returns.
+    SET IMPLICIT_TRANSACTIONS OFF;
     -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
     -- the caller's level comes back when the procedure returns.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
@@ -3775,7 +3783,8 @@ GO
 /*
 mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
 Stopped) whose DateProcessed is older than @OlderThanDays days, with its
-attempts, attachments, recipient outcomes and events, in batches of
+attempts, attachments, recipient outcomes, events and Database Mail item
+(mailq.DbMailItem, by its ON DELETE CASCADE), in batches of
 @BatchSize mails, one short transaction per batch.  Rows others hold are
 skipped (READPAST) and left to the next purge.  Every statement touches at
 most 1,000 rows per index, by forced seeks, far below lock escalation's
@@ -3787,8 +3796,9 @@ Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
              over 36500 (the cutoff date would underflow, error 517);
              50140 @BatchSize out of range; 50141 called inside a transaction.
 Transaction: must not be called inside one (50141): each batch commits on its
-             own; an error rolls back the batch under way (earlier batches
-             stay purged) and is re-raised.
+             own, also for a session in implicit transaction mode (turned off
+             inside); an error rolls back the batch under way (earlier
+             batches stay purged) and is re-raised.
 Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
              REPEATABLE READ (error 650 otherwise), and REPEATABLE READ would
              keep every shared lock the candidate read takes; that read says
@@ -3797,7 +3807,8 @@ Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
 Lock order:  mailq.MailQueue clustered rows (U; candidates are found on
              IX_MailQueue_Final without keeping a lock there), then
              mailq.MailAttempt, mailq.MailAttachment, mailq.MailRecipientOutcome,
-             mailq.MailEvent, then the MailQueue rows' deletion.
+             mailq.MailEvent, then the MailQueue rows' deletion (and, by
+             cascade, their mailq.DbMailItem rows).
 Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.PurgeMail
@@ -3806,6 +3817,11 @@ CREATE OR ALTER PROCEDURE mailq.PurgeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    -- Each BEGIN TRANSACTION below must be a real one: under the caller's
+    -- IMPLICIT_TRANSACTIONS ON (pyodbc and JDBC with autocommit off) it would
+    -- nest in an implicit transaction and the whole purge would be one.  Set
+    -- before any statement that could open one; restored on return.
+    SET IMPLICIT_TRANSACTIONS OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
@@ -3844,12 +3860,16 @@ BEGIN
             BEGIN TRANSACTION;
 
             -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
-            --    oldest first.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks
-            --    released row by row, rows others hold are skipped; nothing on
-            --    the index stays locked while the rows below are taken.
+            --    oldest first.  INDEX + FORCESEEK: that seek or an error, never
+            --    a scan of the history kept (the filter's literals repeat).
+            --    READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by
+            --    row, rows others hold are skipped; nothing on the index stays
+            --    locked while the rows below are taken.
             INSERT INTO @Candidate (ID)
             SELECT TOP (@BatchSize) q.ID
-            FROM mailq.MailQueue AS q WITH (READCOMMITTEDLOCK, READPAST, ROWLOCK)
+            FROM mailq.MailQueue AS q WITH (
+                INDEX (IX_MailQueue_Final), FORCESEEK, READCOMMITTEDLOCK, READPAST, ROWLOCK
+            )
             WHERE
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff
@@ -4668,8 +4688,10 @@ Result sets: 1. one row: AllowUnmappedEnqueuers BIT (mailq.EnqueuePolicy),
              2. the unmapped users, one row per way in: PrincipalName, Via (the
                 role or user holding the grant: EXECUTE on mailq.EnqueueMail,
                 EnqueueMailBatch or SendDbMail, on SCHEMA::mailq or on the
-                database; db_owner; dbo; public reaches every user).  A DENY is
-                not subtracted: the list may name a user the server would refuse.
+                database; db_owner; dbo; public reaches every user).  A Windows
+                group's user is listed too: its members cannot be mapped through
+                it (mailq.BindApplication maps users).  A DENY is not
+                subtracted: the list may name a user the server would refuse.
 Errors:      none of its own.
 Transaction: reads only; opens none.
 Isolation:   READ COMMITTED, set here.
@@ -4726,7 +4748,9 @@ BEGIN
     -- A grant to public (principal 0) reaches every user.
     INNER JOIN sys.database_principals AS u ON h.PrincipalId = u.principal_id OR h.PrincipalId = 0
     WHERE
-        u.type IN ('S', 'U', 'E', 'X', 'C', 'K')   -- users, not roles (EnqueueMail compares USER_NAME())
+        -- users, not roles (EnqueueMail compares USER_NAME()); G: a Windows
+        -- group, whose members come in through it and cannot be mapped by it
+        u.type IN ('S', 'U', 'G', 'E', 'X', 'C', 'K')
         AND u.principal_id NOT IN (2, 3, 4)         -- guest, INFORMATION_SCHEMA, sys; dbo is listed
         -- NOT IN is exact: PrincipalName is the primary key, never NULL.
         AND u.name NOT IN (SELECT a.PrincipalName FROM mailq.ApplicationPrincipal AS a)
@@ -4747,7 +4771,8 @@ Result sets: 1. Status, AccountName, MailCount: mail queued now (UnSent,
                 UnSent mail per account; seek on IX_MailQueue_Status
              3. HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped:
                 mail finished per UTC hour over the last @FinishedHours hours
-                (by DateProcessed); range seek on IX_MailQueue_Final (covering)
+                (by DateProcessed); range seek on IX_MailQueue_Final (covering),
+                compiled for the window (memory grant of its rows, not the history's)
              4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode,
                 LastError, DateProcessed: the newest failed attempts of the last
                 7 days; backward seek on IX_MailAttempt_EndedAtUtc, then
@@ -4814,6 +4839,11 @@ BEGIN
 
     -- IX_MailQueue_Final is filtered on the final statuses: the predicate
     -- repeats them as literals so the filtered index always matches.
+    -- RECOMPILE: the hour grouping needs a hash or sort whose memory grant
+    -- follows the estimate; for the local @FinishedSince it would be a fixed
+    -- 30% of all finished mail kept (a grant sized for the history), with
+    -- the value known it is the window's rows.  Called rarely: the compile
+    -- costs nothing that matters.
     SELECT
         DATEADD(HOUR, DATEDIFF(HOUR, '20000101', q.DateProcessed), CAST('20000101' AS DATETIME2(0))) AS HourUtc,
         q.AccountName,
@@ -4829,7 +4859,8 @@ BEGIN
     GROUP BY
         DATEADD(HOUR, DATEDIFF(HOUR, '20000101', q.DateProcessed), CAST('20000101' AS DATETIME2(0))),
         q.AccountName
-    ORDER BY HourUtc DESC, q.AccountName ASC;
+    ORDER BY HourUtc DESC, q.AccountName ASC
+    OPTION (RECOMPILE);
 
     -- Newest first, stopped after @RecentFailures rows: a backward range
     -- seek on EndedAtUtc (Outcome is an included column), a key lookup for
@@ -13616,15 +13647,15 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.EnqueueMailRows.sql', '6f71d74fb551574a812f318a19ec4e6c74c69a40af6de2d8aec3a26142a61aa9'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', '81ea78d951af91658af35997edf497a0338c2f657c1a6fda86eca76767c7e80c'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', '71e060787abc719bb4e4322cc996d5fd9e50d1f499acd749f71b1d94f2bd4c2d'),
-    ('0001', N'procedures/mailq.ClaimMail.sql', 'b0c1c9e51e5adbd7903dbd7e95b61dcffb125a137a0c6f300be24bd298e4e769'),
-    ('0001', N'procedures/mailq.FinalizeMail.sql', '35dac204fbb7564671ef93743cb9276c8214071e130f302d96d41c6cf8498fa8'),
+    ('0001', N'procedures/mailq.ClaimMail.sql', 'ff91ccd939d07c590424a9cbf36931e6cb61bb7afd5605ce380b02746d891efc'),
+    ('0001', N'procedures/mailq.FinalizeMail.sql', 'd347aee2a778982d0696c24cbd7500e4f11d84d59bfdeb20e6c318ebfbdee73c'),
     ('0001', N'procedures/mailq.ExtendLease.sql', 'f904b562528d3305fb4df10fafac648e56c05ada67afa61cafba7b4e20c491aa'),
     ('0001', N'procedures/mailq.ReleaseMail.sql', '8f72da9b892b4bdb2d39aa6fcb5aaef5a43b9d6c6c6e336c60bf376d72a51ad3'),
     ('0001', N'procedures/mailq.MarkSent.sql', '63e9c82af22c4c5959473830ffa250aa10bc43819156691de7840eb4f71b143f'),
     ('0001', N'procedures/mailq.MarkFailed.sql', 'dc5bff613a81b325211cb939441da996427f022103a77e9753d9b275e9836e4d'),
     ('0001', N'procedures/mailq.CancelMail.sql', 'fd011090a589a1b3d140220a1c8eac6d7e4f0362bf31ae2fe97e40a6a547bb86'),
     ('0001', N'procedures/mailq.RequeueMail.sql', '0dab9eb7c2aca0b14c24f8583ef7ba210e4d1b998c893b29a76d47b3e425f9cc'),
-    ('0001', N'procedures/mailq.PurgeMail.sql', '4292a61c22b8242644c330c576b7096a54c587b2b40c5ba0c8f2b43e3db9c4d0'),
+    ('0001', N'procedures/mailq.PurgeMail.sql', '47b29433eebe42dcc19877f83725d978bbdaa6913d42763a1b5d2b6b338814e9'),
     ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '7b619046925ea5e96a4a8edcd51748ae94c9668161c239a8c3bdcdb818479d9b'),
     ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
     ('0001', N'procedures/mailq.AcquireLoginSlot.sql', 'd67229441fcc7acf16876c9fce16713efe952e1cdcb9e2d9852b3c91efa645b1'),
@@ -13632,8 +13663,8 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.BindApplication.sql', '681fa86b9bd7b4d8c1c7a12f93b7daac23ff0fbf43ecaee7a696de4587061f4c'),
     ('0001', N'procedures/mailq.UnbindApplication.sql', 'c6cfffd6e670ba895709856cc742f910a1f7be30b5c7f6fa3b821d18769a6076'),
     ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'ebab2f0d893042164d3de72c5d73536f20cb329cf5f387e3b91c0f8e321a54cd'),
-    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', '19d803b973dfbc7cb0b0a5f9e77e2e1178e9d5884621f5bd8c1b8ae889a65588'),
-    ('0001', N'procedures/mailq.GetQueueStats.sql', '8e2031feb041c242e647c8051274adce720666971dac0488c6396f44716757e9'),
+    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', 'b0583c5d23c7a503ca54016b237c9e9684fc882ee6437b3d7e1ddb13c7739ae3'),
+    ('0001', N'procedures/mailq.GetQueueStats.sql', '27e0a401b0e0f101457d74f3297e377c435c00ac91f16ac0ffe1fa8d5bcca5cd'),
     ('0001', N'procedures/mailq.GetInstallationHealth.sql', '778eb143222d2f0007dcb39dd6ea01272bac8e93f9e69819ab20cf8c17791af8'),
     ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '153dc087cfcdb92ebb0d8006d0610c5df24c3d6099775c846433a14d02b70694'),
     ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '9d6440087de1500f6688d698c4098d940458eab0b4f063aa03ac5642f219e41d'),

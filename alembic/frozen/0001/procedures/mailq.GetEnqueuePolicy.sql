@@ -11,8 +11,10 @@ Result sets: 1. one row: AllowUnmappedEnqueuers BIT (mailq.EnqueuePolicy),
              2. the unmapped users, one row per way in: PrincipalName, Via (the
                 role or user holding the grant: EXECUTE on mailq.EnqueueMail,
                 EnqueueMailBatch or SendDbMail, on SCHEMA::mailq or on the
-                database; db_owner; dbo; public reaches every user).  A DENY is
-                not subtracted: the list may name a user the server would refuse.
+                database; db_owner; dbo; public reaches every user).  A Windows
+                group's user is listed too: its members cannot be mapped through
+                it (mailq.BindApplication maps users).  A DENY is not
+                subtracted: the list may name a user the server would refuse.
 Errors:      none of its own.
 Transaction: reads only; opens none.
 Isolation:   READ COMMITTED, set here.
@@ -69,7 +71,9 @@ BEGIN
     -- A grant to public (principal 0) reaches every user.
     INNER JOIN sys.database_principals AS u ON h.PrincipalId = u.principal_id OR h.PrincipalId = 0
     WHERE
-        u.type IN ('S', 'U', 'E', 'X', 'C', 'K')   -- users, not roles (EnqueueMail compares USER_NAME())
+        -- users, not roles (EnqueueMail compares USER_NAME()); G: a Windows
+        -- group, whose members come in through it and cannot be mapped by it
+        u.type IN ('S', 'U', 'G', 'E', 'X', 'C', 'K')
         AND u.principal_id NOT IN (2, 3, 4)         -- guest, INFORMATION_SCHEMA, sys; dbo is listed
         -- NOT IN is exact: PrincipalName is the primary key, never NULL.
         AND u.name NOT IN (SELECT a.PrincipalName FROM mailq.ApplicationPrincipal AS a)

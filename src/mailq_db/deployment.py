@@ -118,7 +118,7 @@ def statement_text(sql: str) -> str:
 _NAME = r"(?:\[[^\]]+\]|[A-Za-z_#@][\w@$#]*)(?:\s*\.\s*(?:\[[^\]]+\]|[A-Za-z_][\w@$#]*))*"
 _CREATE = re.compile(
     r"\bCREATE\s+(?:OR\s+ALTER\s+)?"
-    r"(?P<kind>PROCEDURE|PROC|VIEW|FUNCTION|TRIGGER|TABLE|SCHEMA|ROLE|QUEUE|SERVICE|CONTRACT"
+    r"(?P<kind>PROCEDURE|PROC|VIEW|FUNCTION|TRIGGER|TABLE|SCHEMA|ROLE|USER|QUEUE|SERVICE|CONTRACT"
     r"|MESSAGE\s+TYPE|(?:UNIQUE\s+)?(?:NONCLUSTERED\s+|CLUSTERED\s+)?INDEX)\s+"
     rf"(?P<name>{_NAME})(?:\s+ON\s+(?P<parent>{_NAME}))?",
     re.I,
@@ -170,6 +170,9 @@ def drop_statement(obj: SqlObject) -> str | None:
     if obj.kind in simple:
         return simple[obj.kind]
     literal = _unbracket(n.split(".")[-1]).replace("'", "''")
+    if obj.kind == "user":
+        # A user WITHOUT LOGIN owns nothing here; what was granted to it goes with it.
+        return f"IF DATABASE_PRINCIPAL_ID(N'{literal}') IS NOT NULL\n    DROP USER {n}"
     if obj.kind == "role":
         # A role with members cannot be dropped: remove the members first.
         return (

@@ -166,6 +166,3977 @@ END;
 
 GO
 
+DECLARE @Activation INT = (
+    SELECT CAST(q.is_activation_enabled AS INT) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ'));
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = @Activation;
+IF @Activation = 1
+    ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'mailq.StartHookDispatcher') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.StartHookDispatcher FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants for the delayed-execution hook dispatcher (docs/hooks.md):
+administrators start, re-time and stop it.  mailq.HookDispatcherTask is run
+by delayed execution only (no grant).
+*/
+GRANT EXECUTE ON OBJECT::mailq.StartHookDispatcher TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.StartHookDispatcher: starts, re-times or stops the self-re-arming hook
+dispatcher of delayed execution (docs/hooks.md, "With delayed execution").
+Deployed with delayed execution only (sql/broker/); without it (Azure SQL
+Database) run mailq.RunApplicationHooks from an Agent or elastic job.
+Start (@Enabled = 1): if a dispatcher task of the current generation is
+pending (delay.Task Scheduled, Running or Retrying), only IntervalSeconds
+changes (the next re-arm uses it) and no task is added; otherwise the
+generation moves on and one task is scheduled at once (delay 0) with the
+idempotency key InstanceKey + generation.  So there is at most one pending
+dispatcher task, and starting twice is harmless.
+Stop (@Enabled = 0): the generation moves on and Enabled = 0: the pending
+task, when it runs, is stale and neither runs hooks nor re-arms (it is not
+cancelled: cancelling races its own start, and a stale run costs nothing).
+Parameters:  @IntervalSeconds INT = 30: seconds between two runs (1-3600);
+             @Enabled BIT = 1: 1 start, 0 stop.
+Result set:  one row: Enabled, IntervalSeconds, Generation, TaskID (the task
+             of the current generation), TaskState (its delay.Task state, NULL
+             when none), Scheduled BIT (1: this call scheduled a task).
+Errors:      50295 @IntervalSeconds outside 1-3600; errors of
+             dbo.InitiateDelayExecution pass through (e.g. 50306/50340: the
+             task procedure is not allow-listed or its pin is stale: a
+             db_owner runs EXEC delay.AllowProcedure @ProcedureName =
+             N'mailq.HookDispatcherTask').
+Transaction: opens its own if none is open, else works inside the caller's
+             (the task is scheduled when that transaction commits; no
+             savepoint: error 627 under MSDTC).  Any error is re-raised;
+             XACT_ABORT ON dooms the caller's transaction.
+Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK on the one row).
+Lock order:  mailq.HookDispatcher (the row, U -> X), then delay.Task (read),
+             then dbo.InitiateDelayExecution's (tabDIYTable12402, delay.Task).
+Security:    granted to MailqAdmin; InitiateDelayExecution is reached by
+             ownership chaining (both owned by dbo).
+Example:     EXEC mailq.StartHookDispatcher @IntervalSeconds = 30;
+             EXEC mailq.StartHookDispatcher @Enabled = 0;  -- stop
+*/
+CREATE OR ALTER PROCEDURE mailq.StartHookDispatcher
+    @IntervalSeconds INT = 30,
+    @Enabled BIT = 1
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Generation BIGINT,
+        @InstanceKey UNIQUEIDENTIFIER,
+        @TaskID BIGINT,
+        @WasEnabled BIT,
+        @Key NVARCHAR(100),
+        @Scheduled BIT = 0;
+    DECLARE @NewTask TABLE (TaskID BIGINT);
+
+    SET @IntervalSeconds = COALESCE(@IntervalSeconds, 30);
+    SET @Enabled = COALESCE(@Enabled, 1);
+    IF @IntervalSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@IntervalSeconds must be 1-3600; got ', @IntervalSeconds, N'.');
+        THROW 50295, @Msg, 1;
+    END;
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- UPDLOCK, HOLDLOCK: one starter at a time, also while the row is absent.
+        SELECT
+            @Generation = d.Generation,
+            @InstanceKey = d.InstanceKey,
+            @TaskID = d.TaskID,
+            @WasEnabled = d.Enabled
+        FROM mailq.HookDispatcher AS d WITH (UPDLOCK, HOLDLOCK)
+        WHERE d.Singleton = 1;
+
+        IF @Generation IS NULL
+        BEGIN
+            INSERT INTO mailq.HookDispatcher (Singleton, Enabled, IntervalSeconds, Generation)
+            VALUES (1, 0, @IntervalSeconds, 0);
+            SELECT
+                @Generation = d.Generation,
+                @InstanceKey = d.InstanceKey,
+                @WasEnabled = 0
+            FROM mailq.HookDispatcher AS d
+            WHERE d.Singleton = 1;
+        END;
+
+        IF @Enabled = 0
+            UPDATE d
+            SET
+                d.Enabled = 0,
+                d.Generation = d.Generation + 1,
+                d.IntervalSeconds = @IntervalSeconds,
+                d.ChangedAtUtc = SYSUTCDATETIME(),
+                d.ChangedBy = ORIGINAL_LOGIN()
+            FROM mailq.HookDispatcher AS d
+            WHERE d.Singleton = 1;
+        ELSE IF @WasEnabled = 1 AND EXISTS (
+            SELECT 1
+            FROM delay.Task AS t
+            WHERE t.TaskID = @TaskID AND t.TaskState IN (N'Scheduled', N'Running', N'Retrying')
+        )
+            -- A task of the current generation is pending: re-time only.
+            UPDATE d
+            SET
+                d.IntervalSeconds = @IntervalSeconds,
+                d.ChangedAtUtc = SYSUTCDATETIME(),
+                d.ChangedBy = ORIGINAL_LOGIN()
+            FROM mailq.HookDispatcher AS d
+            WHERE d.Singleton = 1;
+        ELSE
+        BEGIN
+            SET @Generation += 1;
+            SET @Key = CONCAT(N'mailq.HookDispatcher:', @InstanceKey, N':', @Generation);
+            -- InitiateDelayExecution's one-row result is kept here, not passed on.
+            INSERT INTO @NewTask (TaskID)
+            EXEC dbo.InitiateDelayExecution
+                @F108211 = N'mailq.HookDispatcherTask',
+                @F108218 = 0,
+                @F108212 = @Generation,
+                @F108210 = N'mailq hook dispatcher',
+                @TaskID = @TaskID OUTPUT,
+                @IdempotencyKey = @Key;
+            UPDATE d
+            SET
+                d.Enabled = 1,
+                d.Generation = @Generation,
+                d.TaskID = @TaskID,
+                d.IntervalSeconds = @IntervalSeconds,
+                d.LastError = NULL,
+                d.ChangedAtUtc = SYSUTCDATETIME(),
+                d.ChangedBy = ORIGINAL_LOGIN()
+            FROM mailq.HookDispatcher AS d
+            WHERE d.Singleton = 1;
+            SET @Scheduled = 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        d.Enabled,
+        d.IntervalSeconds,
+        d.Generation,
+        d.TaskID,
+        t.TaskState,
+        @Scheduled AS Scheduled
+    FROM mailq.HookDispatcher AS d
+    LEFT JOIN delay.Task AS t ON d.TaskID = t.TaskID
+    WHERE d.Singleton = 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.PendingTasks') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.PendingTasks FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.FinishedTasks') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.FinishedTasks FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Health') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.Health FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'dbo.DelayServiceQueue') IS NOT NULL
+    REVOKE VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.GetTaskMetrics') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::delay.GetTaskMetrics FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Monitor') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::delay.Monitor FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.PurgeHistory') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::delay.PurgeHistory FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'dbo.CancelDelayExecution') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::dbo.CancelDelayExecution FROM MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin (created in sql/security/MailqAdmin.role.sql) on
+delayed execution: reading the operator views, cancelling any task, and
+reconciling (delay.Reconcile: re-arms tasks whose conversation is gone).
+Not the allow-list procedures (delay.AllowProcedure, delay.DisallowProcedure):
+a listed procedure runs as dbo, so listing stays with db_owner.
+delay.Health also needs VIEW SERVER STATE for its ActiveReaders column, a
+server permission that a database role cannot carry.
+*/
+GRANT SELECT ON OBJECT::delay.PendingTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.RunningTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.FailedTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.RefusedTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.Health TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::dbo.CancelDelayExecution TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::delay.Reconcile TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'dbo.InitiateDelayExecution') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::dbo.InitiateDelayExecution FROM MailqDelayCaller;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'dbo.CancelDelayExecution') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::dbo.CancelDelayExecution FROM MailqDelayCaller;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqDelayCaller (created in sql/security/MailqDelayCaller.role.sql):
+EXECUTE on dbo.InitiateDelayExecution and dbo.CancelDelayExecution, nothing
+else.  No table, queue or service rights: both procedures run EXECUTE AS OWNER
+and reach the tables and the broker as dbo.
+*/
+GRANT EXECUTE ON OBJECT::dbo.InitiateDelayExecution TO MailqDelayCaller;
+GRANT EXECUTE ON OBJECT::dbo.CancelDelayExecution TO MailqDelayCaller;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Health: one row for operators and `mailq-db doctor`: is delayed execution
+able to run tasks?
+Columns:     IsBrokerEnabled       sys.databases.is_broker_enabled of this database
+             IsReceiveEnabled      0 = the queue is disabled (poison message
+                                   handling after five rollbacks in a row):
+                                   ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON
+             IsEnqueueEnabled, IsActivationEnabled, IsPoisonMessageHandlingEnabled
+             MaxQueueReaders, ActivationProcedure
+             ActiveReaders         activated copies of dbo.ProcessDelayQueue now
+                                   (sys.dm_broker_activated_tasks)
+             QueuedMessages        rows in the queue (partition statistics of its
+                                   internal table: no lock on the queue)
+             OpenConversations     endpoints of the delay service not yet closed
+                                   (state <> 'CD'); about one per pending task
+             TransmissionQueue     messages of the service stuck in
+                                   sys.transmission_queue (broker disabled, ...)
+             PendingTasks, RunningTasks, OverdueTasks (pending, due more than
+                                   60 s ago), FailedTasks, RefusedTasks
+Permissions: sys.dm_broker_activated_tasks needs VIEW SERVER STATE (VIEW SERVER
+             PERFORMANCE STATE on SQL Server 2022); without it the view fails.
+Example:     SELECT IsReceiveEnabled, ActiveReaders, OverdueTasks FROM delay.Health;
+*/
+CREATE OR ALTER VIEW delay.Health
+AS
+SELECT
+    IsBrokerEnabled = (
+        SELECT d.is_broker_enabled FROM sys.databases AS d WHERE d.database_id = DB_ID()
+    ),
+    IsReceiveEnabled = q.is_receive_enabled,
+    IsEnqueueEnabled = q.is_enqueue_enabled,
+    IsActivationEnabled = q.is_activation_enabled,
+    IsPoisonMessageHandlingEnabled = q.is_poison_message_handling_enabled,
+    MaxQueueReaders = q.max_readers,
+    ActivationProcedure = q.activation_procedure,
+    ActiveReaders = (
+        SELECT COUNT(*)
+        FROM sys.dm_broker_activated_tasks AS bat
+        WHERE bat.database_id = DB_ID() AND bat.queue_id = q.object_id
+    ),
+    QueuedMessages = (
+        SELECT SUM(ps.row_count)
+        FROM sys.internal_tables AS it
+        INNER JOIN sys.dm_db_partition_stats AS ps ON it.object_id = ps.object_id
+        WHERE it.parent_object_id = q.object_id AND ps.index_id IN (0, 1)
+    ),
+    OpenConversations = (
+        SELECT COUNT_BIG(*)
+        FROM sys.conversation_endpoints AS ce
+        INNER JOIN sys.services AS s ON ce.service_id = s.service_id
+        WHERE s.name = N'MailqDelayService' AND ce.state <> 'CD'
+    ),
+    TransmissionQueue = (
+        SELECT COUNT_BIG(*)
+        FROM sys.transmission_queue AS tq
+        WHERE tq.from_service_name = N'MailqDelayService'
+    ),
+    PendingTasks = (
+        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState IN (N'Scheduled', N'Retrying')
+    ),
+    RunningTasks = (
+        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Running'
+    ),
+    OverdueTasks = (
+        SELECT COUNT_BIG(*)
+        FROM delay.Task AS t
+        WHERE
+            t.TaskState IN (N'Scheduled', N'Retrying')
+            AND t.NextRunAtUtc < DATEADD(SECOND, -60, SYSUTCDATETIME())
+    ),
+    FailedTasks = (
+        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Failed'
+    ),
+    RefusedTasks = (
+        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Refused'
+    )
+FROM sys.service_queues AS q
+WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP VIEW IF EXISTS delay.FinishedTasks;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.PendingTasks: tasks waiting for their time: Scheduled (first run) or
+Retrying (after a failed attempt), soonest first when ordered by NextRunAtUtc.
+Columns:     TaskID, TargetName, TaskState, Attempts, CreatedAtUtc, DueAtUtc,
+             NextRunAtUtc, OverdueSeconds (> 0: due but not yet started, e.g.
+             activation is off or every reader is busy), LastErrorNumber,
+             LastErrorMessage
+Example:     SELECT TaskID, TargetName, NextRunAtUtc FROM delay.PendingTasks ORDER BY NextRunAtUtc;
+*/
+CREATE OR ALTER VIEW delay.PendingTasks
+AS
+SELECT
+    t.TaskID,
+    t.TargetName,
+    t.TaskState,
+    t.Attempts,
+    t.CreatedAtUtc,
+    t.DueAtUtc,
+    t.NextRunAtUtc,
+    OverdueSeconds = IIF(
+        t.NextRunAtUtc < SYSUTCDATETIME(), DATEDIFF_BIG(SECOND, t.NextRunAtUtc, SYSUTCDATETIME()), 0
+    ),
+    t.LastErrorNumber,
+    t.LastErrorMessage
+FROM delay.Task AS t
+WHERE t.TaskState IN (N'Scheduled', N'Retrying');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.GetTaskMetrics;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.PurgeHistory;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.Monitor;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.EnableThisDatabase;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.DisallowProcedure: removes a procedure from the allow-list.  Tasks already
+scheduled for it are refused when they come due (receipt 2, 50306).
+Parameters:  @ProcedureName NVARCHAR(4000), required: schema.procedure as listed
+Result set:  none.
+Errors:      50314 @ProcedureName is not on the allow-list
+Transaction: joins the caller's (a single DELETE).
+Security:    for db_owner only, like delay.AllowProcedure.
+Example:     EXEC delay.DisallowProcedure @ProcedureName = N'dbo.TCXG';
+*/
+CREATE OR ALTER PROCEDURE delay.DisallowProcedure
+    @ProcedureName NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+
+    DELETE ap
+    FROM delay.AllowedProcedure AS ap
+    WHERE
+        DATALENGTH(@ProcedureName) BETWEEN 2 AND 256
+        AND ap.SchemaName = PARSENAME(@ProcedureName, 2)
+        AND ap.ProcedureName = PARSENAME(@ProcedureName, 1)
+        AND PARSENAME(@ProcedureName, 3) IS NULL;
+
+    IF @@ROWCOUNT = 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ProcedureName is not on the allow-list; got ', ISNULL(LEFT(@ProcedureName, 300), N'NULL'), N'.'
+        );
+        THROW 50314, @Msg, 1;
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.AllowProcedure: puts a procedure on the allow-list of delayed execution,
+or refreshes its entry (after the procedure was dropped and recreated).
+Parameters:  @ProcedureName NVARCHAR(4000), required: schema-qualified,
+                 N'dbo.TCXG' or N'[dbo].[TCXG]'; an existing SQL procedure of
+                 this database that takes the target contract's parameters
+                 @SPName, @Param1, @Param2, @Param3, @Param4, @Param5
+             @AllowBareName BIT = 0: 1 lets the bare name (N'TCXG', as the
+                 platform stores it) resolve to this procedure; at most one
+                 listed procedure per bare name
+Result set:  one row: AllowedProcedureId INT, SchemaName SYSNAME,
+             ProcedureName SYSNAME, ObjectId INT, AllowBareName BIT
+Errors:      50310 @ProcedureName is not a two-part name of an existing SQL
+                   procedure of this database
+             50311 @ProcedureName is a system procedure (sys or
+                   INFORMATION_SCHEMA schema, or shipped with SQL Server)
+             50312 the procedure lacks a parameter of the target contract
+             50313 @AllowBareName = 1, but another listed procedure already
+                   answers to that bare name
+             50341 the procedure's definition cannot be read (WITH
+                   ENCRYPTION), so it cannot be pinned
+Pinning:     the entry stores SHA2_256 of the procedure's definition; a later
+             ALTER PROCEDURE makes it resolve to 50340 until it is listed
+             again (run this procedure again after reviewing the change).
+Transaction: opens its own if none is open, else works inside the caller's;
+             any error dooms either (XACT_ABORT ON) and is re-raised: the
+             caller's transaction must be rolled back.  No savepoint (SAVE
+             TRANSACTION fails inside a distributed transaction, error 627).
+Lock order:  delay.AllowedProcedure only.
+Security:    for db_owner only (no role is granted EXECUTE): a listed procedure
+             runs as dbo, so listing one is a dbo-level decision.
+Example:     EXEC delay.AllowProcedure @ProcedureName = N'dbo.TCXG', @AllowBareName = 1;
+*/
+CREATE OR ALTER PROCEDURE delay.AllowProcedure
+    @ProcedureName NVARCHAR(4000),
+    @AllowBareName BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- The UPDLOCK reads below must lock the latest committed row: READ COMMITTED
+    -- whatever the caller runs under (a level set in a procedure reverts when it
+    -- returns; under RCSI an UPDLOCK read still takes and honours locks).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Part1 SYSNAME,
+        @Part2 SYSNAME,
+        @SchemaName SYSNAME,
+        @Name SYSNAME,
+        @ObjectId INT,
+        @IsShipped BIT,
+        @Missing NVARCHAR(200),
+        @DefinitionHash VARBINARY(32);
+
+    -- 1. Validate parameters before any transaction starts.
+    SET @AllowBareName = ISNULL(@AllowBareName, 0);
+
+    -- PARSENAME takes a sysname: refuse what it would cut.
+    IF DATALENGTH(@ProcedureName) BETWEEN 2 AND 256
+        AND PARSENAME(@ProcedureName, 3) IS NULL
+        AND PARSENAME(@ProcedureName, 4) IS NULL
+        SELECT
+            @Part1 = PARSENAME(@ProcedureName, 1),
+            @Part2 = PARSENAME(@ProcedureName, 2);
+
+    IF @Part2 IN (N'sys', N'INFORMATION_SCHEMA')
+    BEGIN
+        SET @Msg = CONCAT(N'@ProcedureName must not be a system procedure; got ', @ProcedureName, N'.');
+        THROW 50311, @Msg, 1;
+    END;
+
+    SELECT
+        @ObjectId = o.object_id,
+        @SchemaName = s.name,
+        @Name = o.name,
+        @IsShipped = o.is_ms_shipped
+    FROM sys.objects AS o
+    INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+    WHERE
+        s.name = @Part2
+        AND o.name = @Part1
+        AND o.type = 'P';
+
+    IF @ObjectId IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ProcedureName must be schema.procedure naming an existing SQL procedure of this database; got ',
+            ISNULL(LEFT(@ProcedureName, 300), N'NULL'), N'.'
+        );
+        THROW 50310, @Msg, 1;
+    END;
+
+    IF @IsShipped = 1
+    BEGIN
+        SET @Msg = CONCAT(N'@ProcedureName must not be a system procedure; got ', @ProcedureName, N'.');
+        THROW 50311, @Msg, 1;
+    END;
+
+    SELECT @Missing = STRING_AGG(c.ParameterName, N', ') WITHIN GROUP (ORDER BY c.ParameterName)
+    FROM (
+        VALUES (N'@SPName'), (N'@Param1'), (N'@Param2'), (N'@Param3'), (N'@Param4'), (N'@Param5')
+    ) AS c(ParameterName)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM sys.parameters AS p
+        WHERE p.object_id = @ObjectId AND p.name = c.ParameterName
+    );
+
+    IF @Missing IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ProcedureName ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+            N' must take the target contract''s parameters; it lacks ', @Missing, N'.'
+        );
+        THROW 50312, @Msg, 1;
+    END;
+
+    SET @DefinitionHash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId));
+    IF @DefinitionHash IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ProcedureName ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+            N' has no readable definition (WITH ENCRYPTION?), so it cannot be pinned; got ', @ProcedureName, N'.'
+        );
+        THROW 50341, @Msg, 1;
+    END;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1
+            BEGIN TRANSACTION;
+
+        -- UPDLOCK, HOLDLOCK: the range lock keeps two sessions from both
+        -- seeing the bare name free (insert-if-absent).
+        IF @AllowBareName = 1 AND EXISTS (
+            SELECT 1
+            FROM delay.AllowedProcedure AS ap WITH (UPDLOCK, HOLDLOCK)
+            WHERE
+                ap.ProcedureName = @Name
+                AND ap.AllowBareName = 1
+                AND ap.SchemaName <> @SchemaName
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@AllowBareName = 1, but the bare name ', @Name,
+                N' already resolves to another schema''s procedure; disallow that entry first.'
+            );
+            THROW 50313, @Msg, 1;
+        END;
+
+        -- UPDLOCK, HOLDLOCK: update-else-insert without a race between the two.
+        UPDATE ap
+        SET
+            ObjectId = @ObjectId,
+            DefinitionHash = @DefinitionHash,
+            AllowBareName = @AllowBareName,
+            ListedAtUtc = SYSUTCDATETIME(),
+            ListedBy = ORIGINAL_LOGIN()
+        FROM delay.AllowedProcedure AS ap WITH (UPDLOCK, HOLDLOCK)
+        WHERE ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
+
+        IF @@ROWCOUNT = 0
+            INSERT INTO delay.AllowedProcedure (SchemaName, ProcedureName, ObjectId, AllowBareName, DefinitionHash)
+            VALUES (@SchemaName, @Name, @ObjectId, @AllowBareName, @DefinitionHash);
+
+        IF @OwnTran = 1
+            COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and its own CATCH rolls it back.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0
+            ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        ap.AllowedProcedureId,
+        ap.SchemaName,
+        ap.ProcedureName,
+        ap.ObjectId,
+        ap.AllowBareName
+    FROM delay.AllowedProcedure AS ap
+    WHERE ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.CancelDelayExecution: cancels a task that has not started: its receipt
+becomes 4, its conversation ends (which drops its timer), and it never runs.
+Parameters:  @TaskID BIGINT, required: the ID InitiateDelayExecution returned
+             (dbo.tabDIYTable12402.ID)
+Result set:  none.
+Errors:      50320 @TaskID missing or names no scheduled task
+             50321 the task is not Scheduled or Retrying (already running or
+                   finished, also when it finished while the cancel waited
+                   for its conversation; or ending: its conversation is in
+                   state DI/ER and the reader fails it; the message names
+                   the state)
+             50342 the task was initiated by another login, and the caller is
+                   neither in MailqAdmin nor db_owner
+             50343 the task's conversation no longer exists (the database was
+                   copied and given a NEW_BROKER, or a conversation was ended
+                   by hand): run EXEC delay.Reconcile, then cancel again
+Who:         members of MailqAdmin and db_owner cancel any task; everybody
+             else (role MailqDelayCaller) only the tasks their own login
+             initiated (delay.Task.CreatedBy = ORIGINAL_LOGIN()), as DESIGN.md
+             and the DBA guide say.  Tasks inserted by the platform belong to
+             the platform's login.
+Transaction: opens its own if none is open, else works inside the caller's;
+             any error, a refusal included, dooms the caller's transaction
+             (XACT_ABORT ON) and is re-raised: the caller must roll back.  No
+             savepoint: SAVE TRANSACTION fails inside a distributed (MSDTC)
+             transaction (error 627), and a doomed transaction cannot return
+             to one.  Validation runs before any work, so a refusal changes
+             nothing that a rollback would have to undo.
+Lock order:  the task's cancel lock (an application lock, transaction-owned),
+             then the task's conversation group (BEGIN CONVERSATION TIMER
+             locks it), then its delay.Task row (UPDLOCK), then
+             dbo.tabDIYTable12402: the order of dbo.ProcessDelayQueue (a
+             delay-0 request takes the cancel lock and the task's group
+             before the row too; a timer message holds the group already).
+Security:    runs as the caller, to learn the caller's roles; the work is done
+             by delay.CancelTask (EXECUTE AS OWNER, reached through ownership
+             chaining, granted to nobody): END CONVERSATION needs the
+             conversation's owner (dbo, who began it in the trigger).
+Example:     EXEC dbo.CancelDelayExecution @TaskID = 42;
+*/
+CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
+    @TaskID BIGINT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    -- Evaluated here, in the caller's security context (delay.CancelTask
+    -- runs as dbo, who is a member of everything).
+    DECLARE @MayCancelAny BIT = IIF(
+        IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0
+    );
+    DECLARE @CallerLogin NVARCHAR(128) = ORIGINAL_LOGIN();
+
+    EXEC delay.CancelTask
+        @TaskID = @TaskID,
+        @CallerLogin = @CallerLogin,
+        @MayCancelAny = @MayCancelAny;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.InitiateDelayExecution: schedules one allow-listed procedure to run after a
+delay; inserts one row into dbo.tabDIYTable12402, whose trigger schedules it.
+Parameters (the source document's names and order):
+    @F108211 NVARCHAR(MAX)   target procedure: N'schema.proc', or a bare N'proc'
+                             listed with AllowBareName = 1 (see delay.AllowProcedure)
+    @F108218 INT             delay in seconds, 0-31,536,000 (365 days)
+    @F108212 ... @F108216 NVARCHAR(MAX) = NULL: the target's @Param1 ... @Param5,
+                             at most 200 characters each (the target's contract)
+    @F108210 NVARCHAR(MAX) = NULL  description (the platform's F108210), at most
+                             50 characters
+    @TaskID  BIGINT = NULL OUTPUT  the new task's ID (dbo.tabDIYTable12402.ID)
+    @IdempotencyKey NVARCHAR(MAX) = NULL  at most 100 characters: a call resent
+                             with a key already used returns that first call's
+                             task (result and @TaskID) and schedules nothing
+Lengths:     every text parameter is declared MAX and checked, so a value longer
+             than its column is refused (50303, 50304, 50344, 50345), never cut
+             (SQL Server silently truncates a value passed to a shorter
+             parameter).  Lengths count trailing blanks.
+Result set:  one row, one column: TaskID BIGINT (the same value as @TaskID), for
+             clients that read a result rather than an OUTPUT parameter.
+Errors:      50301 @F108211 missing; 50302 @F108218 outside 0-31,536,000;
+             50303 a parameter longer than 200 characters;
+             50304 @F108211 malformed or longer than 128 characters;
+             50305 @F108211 has three or four parts; 50306 not on the allow-list;
+             50307 listed, but the procedure was dropped, recreated or moved;
+             50340 listed, but its definition changed since it was listed;
+             50344 @F108210 longer than 50 characters;
+             50345 @IdempotencyKey empty or longer than 100 characters, or
+                   another call with the same key held it for over 30 s
+Transaction: opens its own if none is open, else works inside the caller's.
+             Any error, a refusal included, dooms the caller's transaction
+             (XACT_ABORT ON) and is re-raised: the caller must roll back.  No
+             savepoint: a savepoint fails inside a distributed (MSDTC)
+             transaction (error 627), and a doomed transaction cannot return
+             to one.  Validation runs before any work.  The task is scheduled
+             when that transaction commits; if it rolls back, nothing is.
+Lock order:  with a key, an application lock on the key (transaction-owned),
+             then dbo.tabDIYTable12402 (the INSERT), then its trigger's
+             delay.Task rows and conversations.
+Security:    EXECUTE AS OWNER (dbo) so that name resolution sees every procedure
+             in sys.objects; callers need only EXECUTE (role MailqDelayCaller).
+             The task records ORIGINAL_LOGIN() as its owner (delay.Task.CreatedBy).
+Example:     DECLARE @TaskID BIGINT;
+             EXEC dbo.InitiateDelayExecution @F108211 = N'dbo.TCXG', @F108218 = 60,
+                 @F108212 = N'A-1', @TaskID = @TaskID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE dbo.InitiateDelayExecution
+    @F108211 NVARCHAR(MAX),
+    @F108218 INT,
+    @F108212 NVARCHAR(MAX) = NULL,
+    @F108213 NVARCHAR(MAX) = NULL,
+    @F108214 NVARCHAR(MAX) = NULL,
+    @F108215 NVARCHAR(MAX) = NULL,
+    @F108216 NVARCHAR(MAX) = NULL,
+    @F108210 NVARCHAR(MAX) = NULL,
+    @TaskID BIGINT = NULL OUTPUT,
+    @IdempotencyKey NVARCHAR(MAX) = NULL
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READ COMMITTED whatever the caller runs under (a level set in a
+    -- procedure reverts when it returns): the idempotency-key read below must
+    -- see a task that another call with the same key committed while we
+    -- waited for the key's lock.  Under a caller's SNAPSHOT it would read the
+    -- snapshot taken before that commit, miss the task, insert a second row
+    -- and fail on UX_Task_IdempotencyKey instead of returning the first task.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @MaxDelaySeconds INT = 31536000,
+        @BadParameter SYSNAME,
+        @BadLength BIGINT,
+        @Refusal INT,
+        @RefusalMessage NVARCHAR(400),
+        @TaskState NVARCHAR(16),
+        @LockName NVARCHAR(255),
+        @LockResult INT;
+
+    SET @TaskID = NULL;
+
+    -- 1. Validate parameters before any transaction starts.
+    IF NULLIF(@F108211, N'') IS NULL
+        THROW 50301, N'@F108211 (target procedure name) is required.', 1;
+
+    IF @F108218 IS NULL OR @F108218 NOT BETWEEN 0 AND @MaxDelaySeconds
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@F108218 (delay) must be 0-', @MaxDelaySeconds, N' seconds; got ',
+            ISNULL(CAST(@F108218 AS NVARCHAR(20)), N'NULL'), N'.'
+        );
+        THROW 50302, @Msg, 1;
+    END;
+
+    SELECT TOP (1)
+        @BadParameter = v.ParameterName,
+        @BadLength = v.ValueLength
+    FROM (
+        VALUES
+        -- LEN(x + N'.') - 1 counts trailing blanks, which LEN ignores.
+        (N'@F108212', LEN(@F108212 + N'.') - 1),
+        (N'@F108213', LEN(@F108213 + N'.') - 1),
+        (N'@F108214', LEN(@F108214 + N'.') - 1),
+        (N'@F108215', LEN(@F108215 + N'.') - 1),
+        (N'@F108216', LEN(@F108216 + N'.') - 1)
+    ) AS v(ParameterName, ValueLength)
+    WHERE v.ValueLength > 200
+    ORDER BY v.ParameterName;
+
+    IF @BadParameter IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            @BadParameter, N' must be at most 200 characters (the target''s @Param contract); got ',
+            @BadLength, N'.'
+        );
+        THROW 50303, @Msg, 1;
+    END;
+
+    IF LEN(@F108210 + N'.') - 1 > 50
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@F108210 (description) must be at most 50 characters; got ', LEN(@F108210 + N'.') - 1, N'.'
+        );
+        THROW 50344, @Msg, 1;
+    END;
+
+    IF @IdempotencyKey IS NOT NULL AND (LEN(@IdempotencyKey + N'.') - 1 NOT BETWEEN 1 AND 100)
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@IdempotencyKey must be 1-100 characters; got ', LEN(@IdempotencyKey + N'.') - 1, N'.'
+        );
+        THROW 50345, @Msg, 1;
+    END;
+
+    -- ResolveTarget takes NVARCHAR(4000); a longer name is malformed anyway
+    -- (50304 for anything over 128 characters).
+    SELECT
+        @Refusal = r.RefusalNumber,
+        @RefusalMessage = r.RefusalMessage
+    FROM delay.ResolveTarget(
+        IIF(LEN(@F108211 + N'.') - 1 > 4000, N'', CAST(@F108211 AS NVARCHAR(4000)))
+    ) AS r;
+
+    IF @Refusal IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(N'@F108211: ', @RefusalMessage, N'.');
+        THROW @Refusal, @Msg, 1;
+    END;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1
+            BEGIN TRANSACTION;
+
+        IF @IdempotencyKey IS NOT NULL
+        BEGIN
+            -- Serialize on the key itself, not on a key range (TSQL-STYLE:
+            -- UPDLOCK, HOLDLOCK on an absent key locks the whole gap).
+            -- Transaction-owned: released when the caller's transaction ends.
+            SET @LockName = CONCAT(
+                N'mailq-db/delay/key/', CONVERT(NVARCHAR(64), HASHBYTES('SHA2_256', @IdempotencyKey), 2)
+            );
+            EXEC @LockResult = sys.sp_getapplock
+                @Resource = @LockName,
+                @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction',
+                @LockTimeout = 30000;
+            IF @LockResult < 0
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey: another call with the same key did not finish within 30 s (',
+                    @LockResult, N').'
+                );
+                THROW 50345, @Msg, 1;
+            END;
+
+            SELECT @TaskID = t.TaskID
+            FROM delay.Task AS t
+            WHERE t.IdempotencyKey = @IdempotencyKey;
+        END;
+
+        IF @TaskID IS NULL
+        BEGIN
+            INSERT INTO dbo.tabDIYTable12402 (
+                F108210, F108211, F108212, F108213, F108214, F108215, F108216, F108218, F108219
+            )
+            VALUES (@F108210, @F108211, @F108212, @F108213, @F108214, @F108215, @F108216, @F108218, 0);
+
+            -- SCOPE_IDENTITY, not @@IDENTITY: the trigger inserts into delay.Log,
+            -- which has an identity of its own.
+            SET @TaskID = CAST(SCOPE_IDENTITY() AS BIGINT);
+
+            -- The trigger resolved the name again; the allow-list may have changed
+            -- in between.
+            SELECT
+                @TaskState = t.TaskState,
+                @Refusal = t.LastErrorNumber,
+                @RefusalMessage = t.LastErrorMessage
+            FROM delay.Task AS t
+            WHERE t.TaskID = @TaskID;
+
+            IF @TaskState IS NULL OR @TaskState <> N'Scheduled'
+            BEGIN
+                SET @Msg = CONCAT(N'@F108211: ', ISNULL(@RefusalMessage, N'the task was not scheduled'), N'.');
+                SET @Refusal = ISNULL(@Refusal, 50306);
+                THROW @Refusal, @Msg, 1;
+            END;
+
+            IF @IdempotencyKey IS NOT NULL
+                UPDATE delay.Task
+                SET IdempotencyKey = @IdempotencyKey
+                WHERE TaskID = @TaskID;
+        END;
+
+        IF @OwnTran = 1
+            COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and its own CATCH rolls it back.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0
+            ROLLBACK TRANSACTION;
+        SET @TaskID = NULL;
+        THROW;
+    END CATCH;
+
+    SELECT TaskID = @TaskID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.trg_tabDIYTable12402_ScheduleDelay: schedules every row inserted into the
+platform's table; executes nothing.
+Rows:        a row whose receipt F108219 is non-zero, or whose name F108211 is
+             NULL, is ignored (no bookkeeping, no conversation).
+             Every other row gets a delay.Task row, written set-based:
+               refused (receipt 2, a delay.Log row, never run) when the delay is
+               not 0-31,536,000 s (50302), a parameter is longer than 200
+               characters (50303), or the name does not resolve through
+               delay.ResolveTarget (50304-50307);
+               scheduled otherwise: its own dialog (BEGIN DIALOG per row: a
+               conversation per task), then a conversation timer of the delay
+               (chained by day above 86,400 s), or for a delay of 0 a
+               DelayRequest message, which is received at once.
+             A bad row never makes the INSERT fail: it is refused, and the
+             other rows are scheduled.  A NULL delay counts as 0.
+Transaction: the inserting statement's.  Broker operations are transactional:
+             if the INSERT's transaction rolls back, no dialog, timer or message
+             remains, and nothing runs.
+Security:    WITH EXECUTE AS OWNER (dbo): BEGIN DIALOG needs RECEIVE on the
+             queue and REFERENCES on the contract, which ownership chaining does
+             not provide; the platform's own login needs only INSERT on the table.
+Example:     INSERT INTO dbo.tabDIYTable12402 (F108211, F108218, F108212)
+             VALUES (N'TCXG', 60, N'A-1');
+*/
+CREATE OR ALTER TRIGGER dbo.trg_tabDIYTable12402_ScheduleDelay
+ON dbo.tabDIYTable12402
+WITH EXECUTE AS OWNER
+AFTER INSERT
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    IF NOT EXISTS (SELECT 1 FROM inserted)
+        RETURN;
+
+    DECLARE
+        @Now DATETIME2(3) = SYSUTCDATETIME(),
+        -- 365 days; InitiateDelayExecution accepts the same range (50302).
+        @MaxDelaySeconds INT = 31536000,
+        -- A conversation timer never exceeds one day; dbo.ProcessDelayQueue
+        -- re-arms a longer delay day by day.
+        @MaxTimerSeconds INT = 86400,
+        @TaskID BIGINT = NULL,
+        @DelaySeconds INT,
+        @Timeout INT,
+        @Handle UNIQUEIDENTIFIER,
+        @Body VARBINARY(8);
+
+    DECLARE @New TABLE (
+        TaskID BIGINT NOT NULL PRIMARY KEY,
+        TargetName NVARCHAR(400) NULL,
+        DelaySeconds INT NULL,
+        RefusalNumber INT NULL,
+        RefusalMessage NVARCHAR(400) NULL,
+        SchemaName SYSNAME NULL,
+        ProcedureName SYSNAME NULL
+    );
+    DECLARE @Scheduled TABLE (
+        TaskID BIGINT NOT NULL PRIMARY KEY,
+        ConversationHandle UNIQUEIDENTIFIER NOT NULL
+    );
+
+    -- 1. Classify every inserted row in one statement.
+    WITH Candidate AS (
+        SELECT
+            TaskID = i.ID,
+            TargetName = CAST(i.F108211 AS NVARCHAR(4000)),
+            RawDelay = i.F108218,
+            -- TRY_CONVERT: an adopted table may type F108218 otherwise; a value
+            -- that is no integer is refused (50302) instead of failing the INSERT.
+            DelaySeconds = CASE WHEN i.F108218 IS NULL THEN 0 ELSE TRY_CONVERT(INT, i.F108218) END,
+            -- LEN(x + N'.') - 1: the length with trailing blanks, which LEN
+            -- alone ignores; a longer value is refused, never cut to 200.
+            ParameterTooLong = CASE
+                WHEN
+                    LEN(CAST(i.F108212 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(i.F108213 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(i.F108214 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(i.F108215 AS NVARCHAR(MAX)) + N'.') > 201
+                    OR LEN(CAST(i.F108216 AS NVARCHAR(MAX)) + N'.') > 201
+                    THEN 1
+                ELSE 0
+            END
+        FROM inserted AS i
+        WHERE
+            ISNULL(i.F108219, 0) = 0
+            AND i.F108211 IS NOT NULL
+    )
+
+    INSERT INTO @New (TaskID, TargetName, DelaySeconds, RefusalNumber, RefusalMessage, SchemaName, ProcedureName)
+    SELECT
+        c.TaskID,
+        LEFT(c.TargetName, 400),
+        c.DelaySeconds,
+        CASE
+            WHEN c.DelaySeconds IS NULL OR c.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds THEN 50302
+            WHEN c.ParameterTooLong = 1 THEN 50303
+            ELSE r.RefusalNumber
+        END,
+        CASE
+            WHEN c.DelaySeconds IS NULL OR c.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds
+                THEN CONCAT(N'delay F108218 = ', c.RawDelay, N' is not 0-', @MaxDelaySeconds, N' seconds')
+            WHEN c.ParameterTooLong = 1
+                THEN N'a parameter F108212-F108216 is longer than the target''s 200 characters'
+            ELSE r.RefusalMessage
+        END,
+        r.SchemaName,
+        r.ProcedureName
+    FROM Candidate AS c
+    CROSS APPLY delay.ResolveTarget(c.TargetName) AS r;
+
+    IF NOT EXISTS (SELECT 1 FROM @New)
+        RETURN;
+
+    -- An ID used again (the platform truncated its table and the identity
+    -- restarted): the old bookkeeping refers to a row that is gone.  Its
+    -- conversation, if still open, finds no task and is ended when its timer
+    -- fires.
+    -- (Not DELETE ... OUTPUT INTO delay.Log: an OUTPUT INTO target may not
+    -- have CHECK constraints.)
+    INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle)
+    SELECT
+        t.TaskID, N'Cancelled', t.TargetName, t.Attempts, 50332,
+        N'the platform row was replaced by a new row with the same ID', t.ConversationHandle
+    FROM delay.Task AS t
+    INNER JOIN @New AS n ON t.TaskID = n.TaskID;
+
+    DELETE t
+    FROM delay.Task AS t
+    INNER JOIN @New AS n ON t.TaskID = n.TaskID;
+
+    -- 2. Bookkeeping, set-based: every row, scheduled or refused.
+    INSERT INTO delay.Task (
+        TaskID, TargetName, SchemaName, ProcedureName, DelaySeconds, TaskState,
+        CreatedAtUtc, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage, CreatedBy
+    )
+    SELECT
+        n.TaskID,
+        n.TargetName,
+        n.SchemaName,
+        n.ProcedureName,
+        n.DelaySeconds,
+        IIF(n.RefusalNumber IS NULL, N'Scheduled', N'Refused'),
+        @Now,
+        IIF(n.RefusalNumber IS NULL, DATEADD(SECOND, n.DelaySeconds, @Now), NULL),
+        IIF(n.RefusalNumber IS NULL, DATEADD(SECOND, n.DelaySeconds, @Now), NULL),
+        IIF(n.RefusalNumber IS NULL, NULL, @Now),
+        n.RefusalNumber,
+        n.RefusalMessage,
+        -- The inserting session's login, whatever EXECUTE AS says: the owner
+        -- of the task for dbo.CancelDelayExecution.
+        ORIGINAL_LOGIN()
+    FROM @New AS n;
+
+    INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
+    SELECT n.TaskID, N'Refused', n.TargetName, n.RefusalNumber, n.RefusalMessage
+    FROM @New AS n
+    WHERE n.RefusalNumber IS NOT NULL;
+
+    -- By ID: never by parameter values.  An UPDATE does not fire this
+    -- AFTER INSERT trigger again.
+    UPDATE p
+    SET F108219 = 2
+    FROM dbo.tabDIYTable12402 AS p
+    INNER JOIN @New AS n ON p.ID = n.TaskID
+    WHERE n.RefusalNumber IS NOT NULL;
+
+    -- 3. One conversation per scheduled row: BEGIN DIALOG has no set form.
+    WHILE 1 = 1
+    BEGIN
+        SELECT TOP (1)
+            @TaskID = n.TaskID,
+            @DelaySeconds = n.DelaySeconds
+        FROM @New AS n
+        WHERE n.RefusalNumber IS NULL AND (@TaskID IS NULL OR n.TaskID > @TaskID)
+        ORDER BY n.TaskID;
+
+        IF @@ROWCOUNT = 0
+            BREAK;
+
+        BEGIN DIALOG CONVERSATION @Handle
+            FROM SERVICE MailqDelayService
+            TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
+            ON CONTRACT MailqDelayContract
+            WITH ENCRYPTION = OFF;
+
+        IF @DelaySeconds = 0
+        BEGIN
+            -- No timer for 0: a message on the dialog is received at once.
+            SET @Body = CAST(@TaskID AS BINARY(8));
+            SEND ON CONVERSATION @Handle
+                MESSAGE TYPE MailqDelayRequest (@Body);
+        END;
+        ELSE
+        BEGIN
+            SET @Timeout = IIF(@DelaySeconds > @MaxTimerSeconds, @MaxTimerSeconds, @DelaySeconds);
+            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+        END;
+
+        INSERT INTO @Scheduled (TaskID, ConversationHandle) VALUES (@TaskID, @Handle);
+    END;
+
+    UPDATE t
+    SET ConversationHandle = s.ConversationHandle
+    FROM delay.Task AS t
+    INNER JOIN @Scheduled AS s ON t.TaskID = s.TaskID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Activation of dbo.DelayServiceQueue: Service Broker starts dbo.ProcessDelayQueue
+when messages arrive faster than the running readers receive them, up to
+MAX_QUEUE_READERS instances.
+    MAX_QUEUE_READERS = 5   the default; the Alembic revision that deploys this
+                            file changes it with ALTER QUEUE when run with
+                            -x readers=N (1-32767), and a DBA may change it at
+                            any time with ALTER QUEUE ... WITH ACTIVATION
+                            (MAX_QUEUE_READERS = N)
+    EXECUTE AS OWNER        the procedure runs as the queue's owner (dbo), so it
+                            can run the allow-listed targets in any schema of
+                            this database; it gains no server-level rights,
+                            because the database is never marked trusted
+A separate file because the procedure must exist before activation names it,
+and it RECEIVEs from the queue, so the queue must exist before the procedure.
+*/
+ALTER QUEUE dbo.DelayServiceQueue
+    WITH ACTIVATION (
+        STATUS = ON,
+        PROCEDURE_NAME = dbo.ProcessDelayQueue,
+        MAX_QUEUE_READERS = 5,
+        EXECUTE AS OWNER
+    );
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.ProcessDelayQueue: activation procedure of dbo.DelayServiceQueue; runs due
+delayed tasks.  Service Broker starts it (EXECUTE AS OWNER, up to
+MAX_QUEUE_READERS copies); it loops until the queue stays empty for
+delay.Setting.ReceiveWaitMs, then returns.
+Parameters:  none.  Result sets: none.
+Messages:    DialogTimer (on a task's initiator handle): the delay, a retry's
+                 backoff or the watchdog lease has expired
+             MailqDelayRequest (on the target handle; body = task ID):
+                 a task with delay 0, to run at once; it runs only if the task
+                 is still bound to this very conversation (the initiator
+                 handle of the same conversation_id), never by the ID alone
+             EndDialog, Error: end this side of the conversation; a task still
+                 pending on it is failed (BrokerError)
+
+One pass of the loop, with its transaction boundaries and lock order:
+
+  +-- STEP 1 (tran A) ---------------------------------------------------+
+  | WAITFOR (RECEIVE TOP (1)) ......... locks the message's conversation  |
+  |                                     group G(msg)                      |
+  | [DelayRequest only] sp_getapplock cancel lock (Transaction), then     |
+  |   BEGIN CONVERSATION TIMER (task's initiator handle) . locks G(task)  |
+  | SELECT delay.Task WITH (UPDLOCK, ROWLOCK) ....... locks the task row  |
+  | due -> sp_getapplock run lock (Session) .. a lock outside the tran    |
+  |        Running, attempt + 1, lease timer                              |
+  | final -> delay.Task and END CONVERSATION only (FinishTask @SetReceipt |
+  |        = 0): never the platform's table inside a RECEIVE transaction  |
+  | COMMIT                                                                |
+  +-----------------------------------------------------------------------+
+     | failed: ROLLBACK (the message is back on the queue: 1 rollback)
+     |   1205, first time for this message in this reader: nothing else;
+     |         the next RECEIVE redelivers it (one ordinary redelivery)
+     |   otherwise -> RECOVERY
+  +-- RECOVERY (tran R; runs only after a failed step 1) ----------------+
+  | RECEIVE TOP (1) ... WHERE conversation_handle = @Handle               |
+  | nothing received (another reader took it): COMMIT, go on              |
+  | another message (message_id / message_sequence_number differ from the |
+  | ones step 1 received: another reader took the failed one, or a        |
+  | DialogTimer, which RECEIVE returns before a conversation's other      |
+  | messages, came first): ROLLBACK, it goes back for its ordinary        |
+  | processing; nothing recorded                                          |
+  | the failed message itself: INSERT delay.Incident (no CHECK, no        |
+  | trigger, no FK), END CONVERSATION @Handle, COMMIT.  Never             |
+  | delay.FinishTask,                                                     |
+  | never the platform's table (whose constraints or triggers we do not   |
+  | own).  If tran R fails too: ROLLBACK (2nd rollback), RAISERROR to the |
+  | error log, the reader stops.                                          |
+  +-----------------------------------------------------------------------+
+  +-- RECOVERY FOLLOW-UP (tran F, no RECEIVE) ---------------------------+
+  | a Scheduled/Retrying task whose conversation tran R ended: FinishTask |
+  | 'Failed' (50346).  Its failure can never count against the queue; it  |
+  | is logged and left to delay.Reconcile.                                |
+  +-----------------------------------------------------------------------+
+  +-- STEP 2 (tran T, the target's) -------------------------------------+
+  | sp_executesql: SET DEADLOCK_PRIORITY NORMAL; SET XACT_ABORT OFF;      |
+  | SET LOCK_TIMEOUT n; EXEC [schema].[proc] @SPName = @SPName, ...       |
+  | (SET options set in the dynamic batch revert when it returns; the     |
+  | reader re-asserts its own after it anyway)                            |
+  +-----------------------------------------------------------------------+
+  +-- STEP 3 (tran B; delay.RecordOutcome since revision 0010) ---------+
+  | BEGIN CONVERSATION TIMER (task handle, if the endpoint still exists)  |
+  |                                 ... locks G(task)                     |
+  | SELECT delay.Task WITH (UPDLOCK, ROWLOCK) ....... locks the task row  |
+  | Done | Retrying (+ backoff timer) | Failed (GaveUp); COMMIT           |
+  | (1205: tried again, at most 3 times)                                  |
+  +-----------------------------------------------------------------------+
+  RECEIPT (autocommit UPDATE, no transaction of ours): F108219 of a task
+  that step 1 or step 3 made final (FinishTask @SetReceipt = 0 in both);
+  a failure is logged, delay.Reconcile repairs it.
+  RELEASE: the run lock, if this pass holds it, exactly once (one call
+  site, guarded by @LockHeld, which it clears first).
+
+Lock order:  the task's conversation group first, then its delay.Task row,
+             then dbo.tabDIYTable12402 (delay.FinishTask, the receipt) - the
+             same in dbo.CancelDelayExecution, delay.Reconcile and every
+             transaction here.  A delay-0 request and a cancel both take the
+             task's cancel lock (an application lock) before its group.  For a DelayRequest the
+target side's group comes first (RECEIVE), and no other procedure ever takes
+that group, so it cannot close a cycle.
+Pattern:     DESIGN.md pattern (a), "receive, record, commit; then run": only
+             our own bookkeeping runs in a transaction that received a
+             message, so no target can make it roll back.  (Service Broker
+             disables a queue after five rollbacks in a row of transactions
+             that received from it:
+             https://learn.microsoft.com/en-us/sql/database-engine/service-broker/removing-poison-messages)
+             A failing step 1 costs at most two rollbacks of one message in
+             this reader (1205: three), then the message is gone.
+Watchdog:    while a task runs, its runner holds a session-owned application
+             lock named for the task, taken in step 1 before its COMMIT.  When
+             the lease timer fires, APPLOCK_TEST tells whether the runner is
+             alive (slow: the lease is extended, a Slow row logged) or gone
+             (RunnerLost: the attempt failed, retried or given up).
+             Timers longer than one day are chained (86,400 s each).
+Settings:    the reader runs DEADLOCK_PRIORITY HIGH and XACT_ABORT ON for its
+             own bookkeeping; the target runs NORMAL, XACT_ABORT OFF and, if
+             delay.Setting.TargetLockTimeoutMs is set, that LOCK_TIMEOUT.  A
+             target is called inside the reader's TRY block: an error in it
+             ends it and is caught here (T-SQL TRY...CATCH semantics), so a
+             target that wants to handle its own errors uses TRY...CATCH.
+Errors:      none raised, except the RAISERROR of a failed recovery or a
+             disabled queue (it goes to the SQL Server error log: activation
+             writes a reader's messages there).  Failures go to delay.Log and
+             delay.Incident (docs/errors.md 503xx).
+Example:     started by Service Broker; to drain by hand: EXEC dbo.ProcessDelayQueue;
+*/
+CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- The UPDLOCK reads below must lock the latest committed row: READ COMMITTED
+    -- whatever the caller runs under (a level set in a procedure reverts when it
+    -- returns; under RCSI an UPDLOCK read still takes and honours locks).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    SET DEADLOCK_PRIORITY HIGH;
+
+    DECLARE
+        @Handle UNIQUEIDENTIFIER,
+        @MessageId UNIQUEIDENTIFIER,
+        @MessageSequence BIGINT,
+        @ReceivedId UNIQUEIDENTIFIER,
+        @ReceivedSequence BIGINT,
+        @ReceivedCount INT,
+        @SameMessage BIT,
+        @MessageType SYSNAME,
+        @Body VARBINARY(MAX),
+        @Now DATETIME2(3),
+        @TaskID BIGINT,
+        @TaskHandle UNIQUEIDENTIFIER,
+        @BoundHandle UNIQUEIDENTIFIER,
+        @Unbound BIT,
+        @LogText NVARCHAR(2047),
+        @InitiatorHandle UNIQUEIDENTIFIER,
+        @TaskState NVARCHAR(16),
+        @TargetName NVARCHAR(400),
+        @NextRunAtUtc DATETIME2(3),
+        @LeaseUntilUtc DATETIME2(3),
+        @Attempts INT,
+        @Attempt INT,
+        @RemainingMs BIGINT,
+        @Timeout INT,
+        @Refusal INT,
+        @RefusalMessage NVARCHAR(400),
+        @SchemaName SYSNAME,
+        @ProcedureName SYSNAME,
+        @SPName NVARCHAR(200),
+        @Param1 NVARCHAR(200),
+        @Param2 NVARCHAR(200),
+        @Param3 NVARCHAR(200),
+        @Param4 NVARCHAR(200),
+        @Param5 NVARCHAR(200),
+        @TooLong BIT,
+        @Run BIT,
+        @Retryable BIT,
+        @Stop BIT = 0,
+        @Recover BIT,
+        @Recovered BIT,
+        @Step1Committed BIT,
+        @RedeliveredHandle UNIQUEIDENTIFIER,
+        @Sql NVARCHAR(MAX),
+        -- The target contract: (@SPName, @Param1 ... @Param5 NVARCHAR(200)).
+        @ParameterList NVARCHAR(400) = CONCAT(
+            N'@SPName NVARCHAR(200), @Param1 NVARCHAR(200), @Param2 NVARCHAR(200), ',
+            N'@Param3 NVARCHAR(200), @Param4 NVARCHAR(200), @Param5 NVARCHAR(200)'
+        ),
+        @LockName NVARCHAR(255),
+        @LockResult INT,
+        @LockHeld BIT = 0,
+        @CancelLockName NVARCHAR(255),
+        @ErrorNumber INT,
+        @ErrorMessage NVARCHAR(4000),
+        @ErrorXml XML,
+        @StepErrorNumber INT,
+        @StepErrorMessage NVARCHAR(4000),
+        @TargetTranCount INT,
+        @Backoff BIGINT,
+        @Recorded BIT,
+        @MaxAttempts INT,
+        @RetryBaseSeconds INT,
+        @RetryMaxSeconds INT,
+        @LeaseSeconds INT,
+        @ReceiveWaitMs INT,
+        @TargetLockTimeoutMs INT;
+
+    DECLARE
+        @DialogTimer SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer',
+        @EndDialog SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog',
+        @BrokerError SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/Error',
+        @DelayRequest SYSNAME = N'MailqDelayRequest',
+        -- A conversation timer never exceeds one day; longer delays are chained.
+        @MaxTimerSeconds INT = 86400,
+        -- A timer that fires less than this before the due time counts as due
+        -- (timers have whole-second resolution).
+        @EarlyToleranceMs INT = 500;
+
+    WHILE @Stop = 0
+    BEGIN
+        SELECT
+            @Handle = NULL,
+            @MessageId = NULL,
+            @MessageSequence = NULL,
+            @MessageType = NULL,
+            @Body = NULL,
+            @TaskID = NULL,
+            @TaskHandle = NULL,
+            @BoundHandle = NULL,
+            @Unbound = 0,
+            @InitiatorHandle = NULL,
+            @TaskState = NULL,
+            @Run = 0,
+            @Recover = 0,
+            @Recovered = 0,
+            @Step1Committed = 0,
+            @Recorded = 0,
+            @LockName = NULL,
+            @MaxAttempts = 3,
+            @RetryBaseSeconds = 30,
+            @RetryMaxSeconds = 3600,
+            @LeaseSeconds = 600,
+            @ReceiveWaitMs = 5000,
+            @TargetLockTimeoutMs = NULL;
+
+        SELECT
+            @MaxAttempts = s.MaxAttempts,
+            @RetryBaseSeconds = s.RetryBaseSeconds,
+            @RetryMaxSeconds = s.RetryMaxSeconds,
+            @LeaseSeconds = s.LeaseSeconds,
+            @ReceiveWaitMs = s.ReceiveWaitMs,
+            @TargetLockTimeoutMs = s.TargetLockTimeoutMs
+        FROM delay.Setting AS s
+        WHERE s.SettingId = 1;
+
+        --==================================================================
+        -- STEP 1: receive one message and do the bookkeeping; commit.
+        --==================================================================
+        BEGIN TRY
+            BEGIN TRANSACTION;
+
+            -- WAITFOR (RECEIVE ...), TIMEOUT: waits up to @ReceiveWaitMs
+            -- milliseconds for a message; no message means the reader exits.
+            -- RECEIVE locks the message's conversation group until COMMIT.
+            WAITFOR (
+                RECEIVE TOP (1)
+                    @Handle = conversation_handle,
+                    -- The message's own identity, for a recovery that must
+                    -- take this message and no other (queue columns
+                    -- message_id, "unique identifier for the message", and
+                    -- message_sequence_number, "sequence number of the
+                    -- message in the conversation":
+                    -- https://learn.microsoft.com/en-us/sql/t-sql/statements/create-queue-transact-sql#queue-columns).
+                    @MessageId = message_id,
+                    @MessageSequence = message_sequence_number,
+                    @MessageType = message_type_name,
+                    @Body = message_body
+                FROM dbo.DelayServiceQueue
+            ), TIMEOUT @ReceiveWaitMs;
+
+            IF @Handle IS NULL
+                SET @Stop = 1;
+            ELSE
+            BEGIN
+                SET @Now = SYSUTCDATETIME();
+
+                IF @MessageType = @DelayRequest
+                BEGIN
+                    SET @TaskID = CAST(@Body AS BIGINT);
+                    -- The request arrived on the target side of the task's
+                    -- dialog; both sides share one conversation_id.  The
+                    -- initiator side is the handle the task must be bound to
+                    -- (a task ID alone may have been reused after the platform
+                    -- truncated its table).
+                    SELECT @InitiatorHandle = i.conversation_handle
+                    FROM sys.conversation_endpoints AS t
+                    INNER JOIN sys.conversation_endpoints AS i
+                        ON t.conversation_id = i.conversation_id AND i.is_initiator = 1
+                    WHERE t.conversation_handle = @Handle AND t.is_initiator = 0;
+
+                    -- No lock yet: the conversation group comes before the row.
+                    SELECT @BoundHandle = t.ConversationHandle
+                    FROM delay.Task AS t
+                    WHERE t.TaskID = @TaskID;
+
+                    IF @BoundHandle IS NULL OR @InitiatorHandle IS NULL OR @BoundHandle <> @InitiatorHandle
+                        -- Not bound to this conversation: never run.  (Both
+                        -- known and different: the ID was reused; logged below.)
+                        SELECT
+                            @Unbound = IIF(@BoundHandle IS NOT NULL AND @InitiatorHandle IS NOT NULL, 1, 0),
+                            @TaskID = NULL;
+                    ELSE
+                    BEGIN
+                        -- The task's cancel lock (transaction-owned), taken by
+                        -- delay.CancelTask first too: once we hold it, a cancel
+                        -- has either committed (its conversation is closed and
+                        -- the check below sees it) or not started, so the
+                        -- timer below never meets a conversation that a cancel
+                        -- ends while we wait for its group.
+                        SET @LockResult = NULL;
+                        SET @CancelLockName = CONCAT(N'mailq-db/delay/cancel/', @TaskID);
+                        EXEC @LockResult = sys.sp_getapplock
+                            @Resource = @CancelLockName,
+                            @LockMode = N'Exclusive',
+                            @LockOwner = N'Transaction',
+                            @LockTimeout = -1;
+                        IF @LockResult < 0
+                            -- Chosen as a deadlock victim (-3) or cancelled:
+                            -- transient, treated like 1205 below.
+                            THROW 50350, N'the task''s cancel lock was not granted; the request is redelivered', 1;
+                    END;
+
+                    IF @TaskID IS NOT NULL AND EXISTS (
+                        SELECT 1 FROM sys.conversation_endpoints AS e
+                        WHERE e.conversation_handle = @BoundHandle AND e.state NOT IN ('CD', 'DO', 'ER', 'DI')
+                    )
+                    BEGIN
+                        -- Lock order: the task's conversation group before its
+                        -- row, as everywhere (BEGIN CONVERSATION TIMER locks
+                        -- the group).  The timer is the lease of the run about
+                        -- to start; if the task is not run, a spare timer
+                        -- fires later and finds nothing to do.
+                        SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                        BEGIN CONVERSATION TIMER (@BoundHandle) TIMEOUT = @Timeout;
+                    END;
+                    -- else: bound, but its conversation is ending (the task is
+                    -- final): the final-state branch below leaves it alone.
+                END;
+                ELSE
+                    SELECT @TaskID = t.TaskID
+                    FROM delay.Task AS t
+                    WHERE t.ConversationHandle = @Handle;
+
+                -- UPDLOCK: hold the row for this state transition, so a cancel or
+                -- another reader cannot move the task between our read and write.
+                -- ROWLOCK: one task, one row lock.
+                SELECT
+                    @TaskState = t.TaskState,
+                    @TaskHandle = t.ConversationHandle,
+                    @TargetName = t.TargetName,
+                    @NextRunAtUtc = t.NextRunAtUtc,
+                    @LeaseUntilUtc = t.LeaseUntilUtc,
+                    @Attempts = t.Attempts
+                FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+                WHERE t.TaskID = @TaskID;
+
+                ------------------------------------------------------------
+                -- 1a. EndDialog / Error
+                ------------------------------------------------------------
+                IF @MessageType IN (@EndDialog, @BrokerError)
+                BEGIN
+                    IF @MessageType = @BrokerError
+                    BEGIN
+                        -- The body of an Error message is
+                        -- <Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error">
+                        --   <Code>n</Code><Description>text</Description></Error>
+                        -- (*: matches that namespace without declaring it.)
+                        SET @ErrorXml = CAST(@Body AS XML);
+                        SELECT
+                            @ErrorNumber = @ErrorXml.value('(/*:Error/*:Code)[1]', 'INT'),
+                            @ErrorMessage = @ErrorXml.value('(/*:Error/*:Description)[1]', 'NVARCHAR(4000)');
+                    END;
+                    ELSE
+                        SELECT
+                            @ErrorNumber = 50333,
+                            @ErrorMessage = N'the conversation was ended by its other side before the task finished';
+
+                    IF @TaskState IN (N'Scheduled', N'Running', N'Retrying') AND @TaskHandle = @Handle
+                        -- Ends @Handle, the task's own conversation.
+                        EXEC delay.FinishTask
+                            @SetReceipt = 0,
+                            @TaskID = @TaskID,
+                            @TaskState = N'Failed',
+                            @EventName = N'BrokerError',
+                            @ErrorNumber = @ErrorNumber,
+                            @ErrorMessage = @ErrorMessage;
+                    ELSE
+                        -- The target side of a delay-0 dialog, or a conversation
+                        -- whose task is already final: just end this side.
+                        END CONVERSATION @Handle;
+                END;
+                ------------------------------------------------------------
+                -- 1b. Messages with nothing to run
+                ------------------------------------------------------------
+                ELSE IF @MessageType NOT IN (@DialogTimer, @DelayRequest)
+                    -- Not ours (nothing else is in the contract): drop the conversation.
+                    END CONVERSATION @Handle;
+                ELSE IF @TaskState IS NULL
+                BEGIN
+                    -- No task bound to this conversation (replaced, never
+                    -- recorded, or a request whose ID now names another
+                    -- task): nothing to run.
+                    IF @Unbound = 1
+                        INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage, ConversationHandle)
+                        VALUES (
+                            CAST(@Body AS BIGINT), N'BrokerError', 50347,
+                            N'a delay-0 request arrived on a conversation the task is not bound to; not run',
+                            @Handle
+                        );
+                    END CONVERSATION @Handle;
+                END;
+                ELSE IF @TaskState IN (N'Done', N'Failed', N'Refused', N'Cancelled')
+                BEGIN
+                    -- Final already.  A late timer ends its conversation; a late
+                    -- DelayRequest leaves the target side to the EndDialog that
+                    -- the initiator side's END CONVERSATION sent.
+                    IF @MessageType = @DialogTimer
+                        END CONVERSATION @Handle;
+                END;
+                ELSE IF @MessageType = @DelayRequest AND @TaskState <> N'Scheduled'
+                    -- A run already started through the task's own conversation.
+                    SET @Run = 0;
+                ------------------------------------------------------------
+                -- 1c. The watchdog: a lease timer of a Running task
+                ------------------------------------------------------------
+                ELSE IF @MessageType = @DialogTimer AND @TaskState = N'Running'
+                BEGIN
+                    SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @LeaseUntilUtc);
+                    IF @RemainingMs > @EarlyToleranceMs
+                    BEGIN
+                        -- Early (chained or re-armed timer): wait for the rest of the lease.
+                        SET @Timeout = CASE
+                            WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                            ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                        END;
+                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                    END;
+                    -- Is the runner alive?  It holds this session-owned lock for
+                    -- as long as the target runs; a session that ended released
+                    -- it.  APPLOCK_TEST only tests (1: grantable = free), so
+                    -- there is nothing to release here.
+                    ELSE IF APPLOCK_TEST(
+                            N'public', CONCAT(N'mailq-db/delay/task/', @TaskID), N'Exclusive', N'Session'
+                        ) = 0
+                    BEGIN
+                        -- Alive and slow: extend the lease, never interrupt.
+                        UPDATE delay.Task
+                        SET LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                        WHERE TaskID = @TaskID;
+
+                        SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle)
+                        VALUES (
+                            @TaskID, N'Slow', @TargetName, @Attempts,
+                            CONCAT(N'attempt ', @Attempts, N' still running after its lease; lease extended by ',
+                                @LeaseSeconds, N' s'),
+                            @Handle
+                        );
+                    END;
+                    ELSE
+                    BEGIN
+                        SET @ErrorMessage = CONCAT(
+                            N'attempt ', @Attempts, N' ended without reporting: its session ended while the target ran'
+                        );
+                        IF @Attempts < @MaxAttempts
+                        BEGIN
+                            SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
+                                * POWER(CAST(4 AS BIGINT), IIF(@Attempts > 10, 10, @Attempts - 1));
+                            SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
+
+                            UPDATE delay.Task
+                            SET
+                                TaskState = N'Retrying',
+                                NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
+                                LeaseUntilUtc = NULL,
+                                LastErrorNumber = 50331,
+                                LastErrorMessage = @ErrorMessage
+                            WHERE TaskID = @TaskID;
+
+                            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+
+                            INSERT INTO delay.Log (
+                                TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
+                            )
+                            VALUES (@TaskID, N'RunnerLost', @TargetName, @Attempts, 50331, @ErrorMessage, @Handle);
+                        END;
+                        ELSE
+                            EXEC delay.FinishTask
+                                @SetReceipt = 0,
+                                @TaskID = @TaskID,
+                                @TaskState = N'Failed',
+                                @EventName = N'RunnerLost',
+                                @ErrorNumber = 50331,
+                                @ErrorMessage = @ErrorMessage;
+                    END;
+                END;
+                ------------------------------------------------------------
+                -- 1d. Scheduled or Retrying, on its timer or its DelayRequest
+                ------------------------------------------------------------
+                ELSE
+                BEGIN
+                    SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @NextRunAtUtc);
+                    IF @MessageType = @DialogTimer AND @RemainingMs > @EarlyToleranceMs
+                    BEGIN
+                        -- A chained timer of a delay longer than one day: re-arm for the rest.
+                        SET @Timeout = CASE
+                            WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
+                            ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
+                        END;
+                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+                    END;
+                    ELSE
+                    BEGIN
+                        -- Due.  Resolve the name again: the allow-list or the
+                        -- procedure (its definition included) may have changed
+                        -- since the row was scheduled.
+                        SELECT
+                            @Refusal = r.RefusalNumber,
+                            @RefusalMessage = r.RefusalMessage,
+                            @SchemaName = r.SchemaName,
+                            @ProcedureName = r.ProcedureName
+                        FROM delay.ResolveTarget(@TargetName) AS r;
+
+                        -- The values are read at run time, by the row's ID.
+                        -- A value longer than the contract's 200 characters
+                        -- is refused, never cut (an adopted table may have
+                        -- wider columns, or rows loaded without the trigger).
+                        SELECT
+                            @SPName = CAST(p.F108211 AS NVARCHAR(200)),
+                            @Param1 = CAST(p.F108212 AS NVARCHAR(200)),
+                            @Param2 = CAST(p.F108213 AS NVARCHAR(200)),
+                            @Param3 = CAST(p.F108214 AS NVARCHAR(200)),
+                            @Param4 = CAST(p.F108215 AS NVARCHAR(200)),
+                            @Param5 = CAST(p.F108216 AS NVARCHAR(200)),
+                            @TooLong = CASE
+                                WHEN
+                                    LEN(CAST(p.F108211 AS NVARCHAR(4000)) + N'.') > 201
+                                    OR LEN(CAST(p.F108212 AS NVARCHAR(MAX)) + N'.') > 201
+                                    OR LEN(CAST(p.F108213 AS NVARCHAR(MAX)) + N'.') > 201
+                                    OR LEN(CAST(p.F108214 AS NVARCHAR(MAX)) + N'.') > 201
+                                    OR LEN(CAST(p.F108215 AS NVARCHAR(MAX)) + N'.') > 201
+                                    OR LEN(CAST(p.F108216 AS NVARCHAR(MAX)) + N'.') > 201
+                                    THEN 1
+                                ELSE 0
+                            END
+                        FROM dbo.tabDIYTable12402 AS p
+                        WHERE p.ID = @TaskID;
+
+                        IF @@ROWCOUNT = 0
+                            EXEC delay.FinishTask
+                                @SetReceipt = 0,
+                                @TaskID = @TaskID,
+                                @TaskState = N'Cancelled',
+                                @EventName = N'Cancelled',
+                                @ErrorNumber = 50332,
+                                @ErrorMessage = N'the platform row was deleted before the task ran';
+                        ELSE IF @Refusal IS NOT NULL OR @TooLong = 1
+                        BEGIN
+                            IF @Refusal IS NULL
+                                SELECT
+                                    @Refusal = 50303,
+                                    @RefusalMessage = CONCAT(
+                                        N'a value F108211-F108216 is longer than the target''s 200 characters; ',
+                                        N'refused, not cut'
+                                    );
+                            EXEC delay.FinishTask
+                                @SetReceipt = 0,
+                                @TaskID = @TaskID,
+                                @TaskState = N'Refused',
+                                @EventName = N'Refused',
+                                @ErrorNumber = @Refusal,
+                                @ErrorMessage = @RefusalMessage;
+                        END;
+                        ELSE
+                        BEGIN
+                            -- The run lock is taken here, before this
+                            -- transaction commits the task as Running: a
+                            -- watchdog that fires between that commit and the
+                            -- target must find it held, or it would declare the
+                            -- runner lost and start a second run (spin found
+                            -- that race: models/delayexec.pml, delay-stale-runner).
+                            -- Session-owned, so the COMMIT below keeps it;
+                            -- released once, at the end of this pass, or by the
+                            -- session's end.
+                            SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
+                            EXEC @LockResult = sys.sp_getapplock
+                                @Resource = @LockName,
+                                @LockMode = N'Exclusive',
+                                @LockOwner = N'Session',
+                                @LockTimeout = 0;
+                            IF @LockResult >= 0
+                                SET @LockHeld = 1;
+
+                            IF @LockHeld = 0
+                            BEGIN
+                                -- A runner of an earlier attempt still holds the
+                                -- task: never run it twice at once.  Wait a lease.
+                                SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                                INSERT INTO delay.Log (
+                                    TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle
+                                )
+                                VALUES (
+                                    @TaskID, N'Slow', @TargetName, @Attempts,
+                                    N'an earlier run of this task still holds its run lock; '
+                                    + N'the next attempt waits a lease',
+                                    @Handle
+                                );
+                            END;
+                            ELSE
+                            BEGIN
+                                SET @Attempt = @Attempts + 1;
+
+                                UPDATE delay.Task
+                                SET
+                                    TaskState = N'Running',
+                                    Attempts = @Attempt,
+                                    SchemaName = @SchemaName,
+                                    ProcedureName = @ProcedureName,
+                                    FirstStartedAtUtc = ISNULL(FirstStartedAtUtc, @Now),
+                                    LastStartedAtUtc = @Now,
+                                    NextRunAtUtc = NULL,
+                                    LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
+                                WHERE TaskID = @TaskID;
+
+                                -- The watchdog: on the task's own conversation
+                                -- (for a DelayRequest it was set above, before
+                                -- the row lock; setting it again is harmless).
+                                SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
+                                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
+
+                                SET @Run = 1;
+                            END;
+                        END;
+                    END;
+                END;
+            END;
+
+            COMMIT TRANSACTION;
+            SET @Step1Committed = 1;
+            -- The redelivered message went through: a later message of the
+            -- same conversation (the next timer of a chained delay, a lease,
+            -- a retry) gets its own redelivery on a deadlock, as the header
+            -- says ("first time for this message"), instead of the recovery.
+            IF @RedeliveredHandle = @Handle
+                SET @RedeliveredHandle = NULL;
+        END TRY
+        BEGIN CATCH
+            SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE(), @Run = 0;
+            -- The message goes back to the queue: one rollback of it.  (A run
+            -- lock taken in this step survives the rollback, being
+            -- session-owned; it is released once, at the end of this pass.)
+            IF XACT_STATE() <> 0
+                ROLLBACK TRANSACTION;
+
+            IF @Handle IS NULL
+            BEGIN
+                -- Nothing received: the queue itself failed (e.g. disabled,
+                -- error 9617).  Say so in the error log, and stop; activation
+                -- starts readers again once the queue is enabled.
+                -- N'%s': the text is an argument, so a % in an error message
+                -- is never read as a format specification.
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: RECEIVE from dbo.DelayServiceQueue failed (error ',
+                    @ErrorNumber, N': ', @ErrorMessage, N'); the reader stops. See delay.Health.'
+                );
+                RAISERROR (N'%s', 16, 1, @LogText);
+                SET @Stop = 1;
+            END;
+            ELSE IF @ErrorNumber IN (1205, 50350) AND (@RedeliveredHandle IS NULL OR @RedeliveredHandle <> @Handle)
+                -- Deadlock victim: transient.  One ordinary redelivery: the
+                -- message is back on the queue and the next RECEIVE gets it.
+                SET @RedeliveredHandle = @Handle;
+            ELSE
+                SET @Recover = 1;
+        END CATCH;
+
+        --==================================================================
+        -- RECOVERY: only after a failed step 1.  Minimal on purpose: it does
+        -- nothing that the failed step 1 did (no delay.FinishTask, no
+        -- delay.Task, no platform table), so the failure cannot repeat here.
+        --==================================================================
+        IF @Recover = 1
+        BEGIN
+            SELECT @ReceivedId = NULL, @ReceivedSequence = NULL, @ReceivedCount = 0, @SameMessage = 0;
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                -- RECEIVE ... WHERE conversation_handle = @Handle takes only
+                -- messages of this conversation (RECEIVE, WHERE clause:
+                -- https://learn.microsoft.com/en-us/sql/t-sql/statements/receive-transact-sql),
+                -- but not necessarily the one that failed: another reader idle
+                -- in WAITFOR (RECEIVE) may have taken that one since our
+                -- rollback and committed it, and a LATER message of the same
+                -- conversation (the next chained timer, a lease timer of the
+                -- run it started, an EndDialog) is then the first one left.
+                -- RECEIVE cannot filter by message (its WHERE takes a
+                -- conversation_handle or a conversation_group_id, nothing
+                -- else), so the one message it returns is compared with the
+                -- one step 1 identified: message_id is unique per message, and
+                -- within a conversation messages are received in
+                -- message_sequence_number order, so the failed message, if it
+                -- is still queued, is normally the first one of its
+                -- conversation and comes back here (TOP (1)).  ("For each
+                -- conversation, queues return messages in the order in which
+                -- the sender sent the message":
+                -- https://learn.microsoft.com/en-us/sql/database-engine/service-broker/queues)
+                -- The exception is a DialogTimer message: "a receive operation
+                -- receives the dialog timer message before any other message
+                -- for that dialog, regardless of the order in which the
+                -- timeout message arrived on the queue"
+                -- (https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2005/ms166088(v=sql.90)).
+                -- When the failed message is an EndDialog or Error and the
+                -- conversation's timer fired since, the timer comes back here:
+                -- it is not the failed message, so it is rolled back like a
+                -- later one (nothing recorded), the next pass processes it,
+                -- and the failed message's next failure comes back to a
+                -- recovery, which then finds it first.
+                RECEIVE TOP (1)
+                    @ReceivedId = message_id,
+                    @ReceivedSequence = message_sequence_number,
+                    @Body = message_body
+                FROM dbo.DelayServiceQueue
+                WHERE conversation_handle = @Handle;
+                SET @ReceivedCount = @@ROWCOUNT;
+                -- NULL-safe: a message whose id or sequence number compares
+                -- as unknown is never taken for the failed one.
+                SET @SameMessage = CASE
+                    WHEN @ReceivedCount > 0 AND EXISTS (
+                        SELECT @ReceivedId, @ReceivedSequence
+                        INTERSECT
+                        SELECT @MessageId, @MessageSequence
+                    ) THEN 1
+                    ELSE 0
+                END;
+
+                IF @SameMessage = 1
+                BEGIN
+                    -- The very message step 1 failed on: record it and end
+                    -- the conversation (which also removes the conversation's
+                    -- other messages from the queue: END CONVERSATION, Remarks,
+                    -- https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql).
+                    INSERT INTO delay.Incident (
+                        ConversationHandle, MessageType, TaskID, ErrorNumber, ErrorMessage
+                    )
+                    VALUES (@Handle, @MessageType, @TaskID, @ErrorNumber, LEFT(@ErrorMessage, 4000));
+
+                    END CONVERSATION @Handle;
+                    SET @Recovered = 1;
+                END;
+                ELSE IF @ReceivedCount > 0
+                BEGIN
+                    -- Another message: the failed one was taken and processed
+                    -- by another reader, or a DialogTimer message came before
+                    -- it (see above).  This one is not ours to drop: the
+                    -- rollback puts it back for its ordinary processing.  (One
+                    -- rollback of a message that never failed; poison message
+                    -- detection needs five in a row, and its next RECEIVE
+                    -- commits.)  Nothing is recorded, the conversation lives.
+                    ROLLBACK TRANSACTION;
+                    SET @LogText = CONCAT(
+                        N'mailq-db dbo.ProcessDelayQueue: recovery on conversation ', @Handle,
+                        N' found another message (sequence ', @ReceivedSequence, N', the failed one was ',
+                        @MessageSequence, N'): another reader took the failed one, or a timer message ',
+                        N'came first; nothing recovered.'
+                    );
+                    RAISERROR (N'%s', 10, 1, @LogText);
+                END;
+
+                IF @@TRANCOUNT > 0
+                    COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- Twice in a row: stop this reader rather than spin, and say
+                -- so where a DBA looks.  (Not WITH LOG: that needs sysadmin or
+                -- ALTER TRACE (RAISERROR, WITH LOG:
+                -- https://learn.microsoft.com/en-us/sql/t-sql/language-elements/raiserror-transact-sql),
+                -- which the activation's dbo impersonation does not carry in a
+                -- database not marked trusted, so it would fail with 2778
+                -- and log nothing; a reader's RAISERROR output is written to
+                -- the error log by activation itself:
+                -- https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008-r2/ms171585(v=sql.105))
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: the recovery of a ', @MessageType, N' message on conversation ',
+                    @Handle, N' failed (error ', @StepErrorNumber, N': ', @StepErrorMessage,
+                    N') after step 1 failed (error ', @ErrorNumber, N': ', @ErrorMessage, N'); the reader stops.'
+                );
+                RAISERROR (N'%s', 16, 1, @LogText);
+                SET @Stop = 1;
+            END CATCH;
+        END;
+
+        --==================================================================
+        -- RECOVERY FOLLOW-UP: outside any RECEIVE transaction.  A task still
+        -- waiting on the conversation the recovery ended would never fire:
+        -- fail it (receipt 3).  A Running task is left to its runner's step 3.
+        --==================================================================
+        IF @Recovered = 1 AND @TaskID IS NOT NULL
+        BEGIN
+            BEGIN TRY
+                BEGIN TRANSACTION;
+                -- The conversation is gone (ended above), so the task row is
+                -- the first lock here.
+                SET @TaskState = NULL;
+                SELECT @TaskState = t.TaskState
+                FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
+                WHERE t.TaskID = @TaskID AND t.ConversationHandle = @Handle;
+
+                IF @TaskState IN (N'Scheduled', N'Retrying')
+                BEGIN
+                    SET @StepErrorMessage = CONCAT(
+                        N'dbo.ProcessDelayQueue could not process a ', @MessageType,
+                        N' message of this task (error ', @ErrorNumber, N': ', LEFT(@ErrorMessage, 3000),
+                        N'); the message was recorded in delay.Incident and its conversation ended'
+                    );
+                    EXEC delay.FinishTask
+                        @TaskID = @TaskID,
+                        @TaskState = N'Failed',
+                        @EventName = N'BrokerError',
+                        @ErrorNumber = 50346,
+                        @ErrorMessage = @StepErrorMessage;
+                END;
+
+                COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- No RECEIVE in this transaction: its rollback never counts
+                -- against the queue.  delay.Reconcile finds the task later.
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: task ', @TaskID,
+                    N' could not be failed after its message was recovered (error ', @StepErrorNumber, N': ',
+                    @StepErrorMessage, N'); delay.Reconcile will find it.'
+                );
+                RAISERROR (N'%s', 10, 1, @LogText);
+            END CATCH;
+        END;
+
+        --==================================================================
+        -- STEP 2: run the target in its own transaction.
+        --==================================================================
+        IF @Run = 1
+        BEGIN
+            -- This session holds the task's run lock since step 1 (session-owned:
+            -- it survives the target's COMMIT or ROLLBACK).
+            SELECT @ErrorNumber = NULL, @ErrorMessage = NULL, @Retryable = 1;
+
+            -- Built from the catalog's names (delay.ResolveTarget checked the
+            -- allow-list, the object's identity and its pinned definition),
+            -- each part QUOTENAMEd; the six values are parameters, never part
+            -- of the text.  The SET options apply to the target only: a SET in
+            -- a batch run by sp_executesql reverts when that batch returns
+            -- (https://learn.microsoft.com/en-us/sql/t-sql/statements/set-statements-transact-sql).
+            -- The lock timeout is an INT from delay.Setting, so its text is
+            -- digits only.
+            SET @Sql = CONCAT(
+                N'SET DEADLOCK_PRIORITY NORMAL; SET XACT_ABORT OFF; SET LOCK_TIMEOUT ',
+                ISNULL(@TargetLockTimeoutMs, -1), N'; ',
+                N'EXEC ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName),
+                N' @SPName = @SPName, @Param1 = @Param1, @Param2 = @Param2,',
+                N' @Param3 = @Param3, @Param4 = @Param4, @Param5 = @Param5;'
+            );
+
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                EXEC sys.sp_executesql
+                    @Sql,
+                    @ParameterList,
+                    @SPName = @SPName,
+                    @Param1 = @Param1,
+                    @Param2 = @Param2,
+                    @Param3 = @Param3,
+                    @Param4 = @Param4,
+                    @Param5 = @Param5;
+
+                IF @@TRANCOUNT > 1
+                BEGIN
+                    -- Left a transaction of its own open (normally 266 is raised first).
+                    SELECT
+                        @ErrorNumber = 50335,
+                        @ErrorMessage = CONCAT(N'the target left ', @@TRANCOUNT - 1, N' transaction(s) open');
+                    ROLLBACK TRANSACTION;
+                END;
+                ELSE IF @@TRANCOUNT = 1
+                    COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                SELECT
+                    @ErrorNumber = ERROR_NUMBER(),
+                    @ErrorMessage = ERROR_MESSAGE(),
+                    @TargetTranCount = @@TRANCOUNT;
+                -- Doomed (-1) or not (1): the target's work is undone as a whole.
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                -- 266 with more than our one transaction open: the target
+                -- left one of its own open; all of it was rolled back just
+                -- now, so it is retried (50335).  266 with none open: the
+                -- target committed or rolled back the transaction opened for
+                -- it; what it did may be committed, so it is not run again.
+                IF @ErrorNumber = 266 AND @TargetTranCount > 1
+                    SELECT
+                        @ErrorNumber = 50335,
+                        @ErrorMessage = CONCAT(
+                            N'the target left ', @TargetTranCount - 1, N' transaction(s) open; rolled back: ',
+                            @ErrorMessage
+                        );
+                ELSE IF @ErrorNumber = 266
+                    SELECT
+                        @Retryable = 0,
+                        @ErrorMessage = CONCAT(
+                            N'the target committed or rolled back the transaction opened for it ',
+                            N'(its work may be committed; not retried): ', @ErrorMessage
+                        );
+            END CATCH;
+
+            -- The reader's own settings, re-asserted after the target.
+            SET XACT_ABORT ON;
+            SET DEADLOCK_PRIORITY HIGH;
+            SET LOCK_TIMEOUT -1;
+
+            --==============================================================
+            -- STEP 3: record the outcome in a new transaction (retried on
+            -- deadlock): delay.RecordOutcome, whose header draws its
+            -- transaction and lock order.  It opens no transaction that
+            -- RECEIVEs; @Recorded says whether it committed.
+            --==============================================================
+            BEGIN TRY
+                EXEC delay.RecordOutcome
+                    @TaskID = @TaskID,
+                    @TaskHandle = @TaskHandle,
+                    @TargetName = @TargetName,
+                    @Attempt = @Attempt,
+                    @ErrorNumber = @ErrorNumber,
+                    @ErrorMessage = @ErrorMessage,
+                    @Retryable = @Retryable,
+                    @Recorded = @Recorded OUTPUT;
+            END TRY
+            BEGIN CATCH
+                -- delay.RecordOutcome catches its own errors; this is for one
+                -- it cannot (its 50360, a missing or changed procedure), so
+                -- that the pass still reaches RELEASE below.
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE(), @Recorded = 0;
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: the outcome of task ', @TaskID, N' could not be recorded (error ',
+                    @StepErrorNumber, N': ', @StepErrorMessage, N'); the lease timer or delay.Reconcile finds it.'
+                );
+                RAISERROR (N'%s', 10, 1, @LogText);
+            END CATCH;
+        END;
+
+        --==================================================================
+        -- RECEIPT: a task that step 1 or step 3 made final gets its receipt
+        -- here, in a statement of its own after that COMMIT: no transaction
+        -- that RECEIVEd ever writes the platform's table, and a failure there
+        -- (a constraint or trigger of the platform's) can never undo the
+        -- recorded outcome of a target that ran (step 3 rolled back would
+        -- leave the task Running, and the watchdog would run it again).  The
+        -- task is still final in delay.Task; delay.Reconcile repairs the
+        -- receipt later.
+        --==================================================================
+        IF @TaskID IS NOT NULL AND ((@Step1Committed = 1 AND @Run = 0) OR @Recorded = 1)
+        BEGIN
+            BEGIN TRY
+                UPDATE p
+                SET F108219 = CASE t.TaskState
+                    WHEN N'Done' THEN 1
+                    WHEN N'Refused' THEN 2
+                    WHEN N'Failed' THEN 3
+                    WHEN N'Cancelled' THEN 4
+                    ELSE 0
+                END
+                FROM dbo.tabDIYTable12402 AS p
+                INNER JOIN delay.Task AS t ON p.ID = t.TaskID
+                WHERE
+                    p.ID = @TaskID
+                    AND t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled')
+                    AND ISNULL(p.F108219, 0) = 0;
+            END TRY
+            BEGIN CATCH
+                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
+                IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+                SET @LogText = CONCAT(
+                    N'mailq-db dbo.ProcessDelayQueue: the receipt of task ', @TaskID, N' could not be written (error ',
+                    @StepErrorNumber, N': ', @StepErrorMessage, N'); delay.Reconcile repairs it.'
+                );
+                RAISERROR (N'%s', 10, 1, @LogText);
+            END CATCH;
+        END;
+
+        --==================================================================
+        -- RELEASE: the run lock, exactly once per pass that took it.  The
+        -- flag is cleared first, so no path can release it twice (a second
+        -- sp_releaseapplock of a lock not held raises error 1223).
+        --==================================================================
+        IF @LockHeld = 1
+        BEGIN
+            SET @LockHeld = 0;
+            EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+        END;
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.RunDueTasks;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.RunTask;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.WriteReceipts;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP PROCEDURE IF EXISTS delay.ArmDispatcher;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP FUNCTION IF EXISTS delay.CheckTarget;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP FUNCTION IF EXISTS delay.Classify;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Service MailqDelayService on dbo.DelayServiceQueue.  Each task is a dialog
+from this service to itself (TO SERVICE N'MailqDelayService',
+N'CURRENT DATABASE'); both endpoints live on the one queue.
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.services WHERE name = N'MailqDelayService')
+    CREATE SERVICE MailqDelayService
+        ON QUEUE dbo.DelayServiceQueue (MailqDelayContract);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Queue dbo.DelayServiceQueue: the DialogTimer, DelayRequest, EndDialog and Error
+messages of every delayed task.
+Created without ACTIVATION: the activation procedure dbo.ProcessDelayQueue
+RECEIVEs from this queue, so the queue exists first, then the procedure, then
+broker/dbo.DelayServiceQueue.activation.sql switches activation on.
+RETENTION = OFF: received messages are deleted (the log table keeps history).
+POISON_MESSAGE_HANDLING stays ON as the last safety net: dbo.ProcessDelayQueue
+never lets a RECEIVE transaction roll back because of a target (targets run
+in their own transaction after the RECEIVE committed), so if the queue is ever
+disabled (five rollbacks in a row of a transaction that received from it) the
+cause is a bug to fix, and delay.Health shows is_receive_enabled = 0.
+*/
+IF OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NULL
+    CREATE QUEUE dbo.DelayServiceQueue
+        WITH STATUS = ON,
+        RETENTION = OFF,
+        POISON_MESSAGE_HANDLING (STATUS = ON);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Contract MailqDelayContract: the dialog of one delayed task.  The service
+talks to itself (one queue), so the initiator sends the only message type.
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.service_contracts WHERE name = N'MailqDelayContract')
+    CREATE CONTRACT MailqDelayContract (MailqDelayRequest SENT BY INITIATOR);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Message type MailqDelayRequest: "run task N now".  Sent only for a delay
+of 0 seconds (every other delay is a conversation timer, whose DialogTimer
+message is a system type).  Body: the task ID as BINARY(8)
+(CAST(TaskID AS BINARY(8)), read back with CAST(message_body AS BIGINT)).
+VALIDATION = NONE: the body is not XML and only our own trigger sends it.
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.service_message_types WHERE name = N'MailqDelayRequest')
+    CREATE MESSAGE TYPE MailqDelayRequest VALIDATION = NONE;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.HookDispatcher: the one row that keeps the self-re-arming hook
+dispatcher of delayed execution (docs/hooks.md, "With delayed execution").
+Deployed with delayed execution only (sql/broker/: `-x broker=off` leaves it
+out; on Azure SQL Database an Agent or elastic job runs
+mailq.RunApplicationHooks instead).
+
+Enabled          1 while mailq.StartHookDispatcher has started it and not
+                 stopped it.
+IntervalSeconds  the delay between two runs (1-3600).
+Generation       the chain's current link: each run of
+                 mailq.HookDispatcherTask carries the generation it was
+                 scheduled for (@Param1) and re-arms only if that is still
+                 the current one; a stopped, restarted or redelivered run is
+                 stale and does nothing.  With InstanceKey it forms the
+                 idempotency key of the next task, so a re-arm repeated for
+                 the same generation returns the same task: at most one
+                 pending dispatcher task.
+InstanceKey      random per installation of this table, so keys of an earlier
+                 installation (delay.Task keeps them) are never reused.
+TaskID           the task of the current generation (delay.Task.TaskID).
+*/
+IF OBJECT_ID(N'mailq.HookDispatcher', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.HookDispatcher (
+        Singleton TINYINT NOT NULL
+        CONSTRAINT DF_HookDispatcher_Singleton DEFAULT (1),
+        Enabled BIT NOT NULL,
+        IntervalSeconds INT NOT NULL,
+        Generation BIGINT NOT NULL,
+        InstanceKey UNIQUEIDENTIFIER NOT NULL
+        CONSTRAINT DF_HookDispatcher_InstanceKey DEFAULT (NEWID()),
+        TaskID BIGINT NULL,
+        LastRunAtUtc DATETIME2(3) NULL,
+        LastError NVARCHAR(4000) NULL,
+        ChangedAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_HookDispatcher_ChangedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ChangedBy NVARCHAR(128) NOT NULL
+        CONSTRAINT DF_HookDispatcher_ChangedBy DEFAULT (ORIGINAL_LOGIN()),
+        CONSTRAINT PK_HookDispatcher PRIMARY KEY CLUSTERED (Singleton),
+        CONSTRAINT CK_HookDispatcher_Singleton CHECK (Singleton = 1),
+        CONSTRAINT CK_HookDispatcher_IntervalSeconds CHECK (IntervalSeconds BETWEEN 1 AND 3600)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.tabDIYTable12402: the low-code platform's trigger table ("过程触发器_主表"),
+created if absent, adopted if the platform already made it.
+Columns (the platform's names):
+    ID       identity: the task ID
+    F108210  description                F108211  target procedure name
+    F108212 ... F108216  parameters 1-5 (the target's @Param1 ... @Param5)
+    F108217  created time (UTC when mailq-db creates the column)
+    F108218  delay in seconds           F108219  receipt
+Receipt (F108219): 0 pending, 1 done, 2 refused, 3 failed after its attempts,
+4 cancelled; NULL counts as 0.  Rows inserted with a non-zero receipt or a NULL
+name are left alone.
+Adoption: an existing table gains only the columns it lacks, added NULL so that
+the ALTER is a metadata change (no rewrite of the platform's rows); nothing is
+dropped or updated.  It must already have an identity ID and an integer-typed
+F108219 (the receipt codes do not fit a BIT); otherwise the deployment stops
+with 50390 and changes nothing.
+The outcome is recorded in delay.Installation; downgrade drops the table only
+when that row says N'created'.
+*/
+IF OBJECT_ID(N'dbo.tabDIYTable12402', N'U') IS NULL
+BEGIN
+    CREATE TABLE dbo.tabDIYTable12402 (
+        ID BIGINT IDENTITY (1, 1) NOT NULL,
+        F108210 NVARCHAR(50) NULL,
+        F108211 NVARCHAR(400) NULL,
+        F108212 NVARCHAR(200) NULL,
+        F108213 NVARCHAR(200) NULL,
+        F108214 NVARCHAR(200) NULL,
+        F108215 NVARCHAR(200) NULL,
+        F108216 NVARCHAR(200) NULL,
+        F108217 DATETIME2(3) NULL CONSTRAINT DF_tabDIYTable12402_F108217 DEFAULT (SYSUTCDATETIME()),
+        F108218 INT NULL CONSTRAINT DF_tabDIYTable12402_F108218 DEFAULT (0),
+        F108219 INT NULL CONSTRAINT DF_tabDIYTable12402_F108219 DEFAULT (0),
+        CONSTRAINT PK_tabDIYTable12402 PRIMARY KEY CLUSTERED (ID)
+    );
+
+    INSERT INTO delay.Installation (Item, Detail)
+    VALUES (N'dbo.tabDIYTable12402', N'created');
+END;
+ELSE
+BEGIN
+    DECLARE @Msg NVARCHAR(2048);
+
+    -- COLUMNPROPERTY is NULL when the column is missing, 0 when it is no identity.
+    IF ISNULL(COLUMNPROPERTY(OBJECT_ID(N'dbo.tabDIYTable12402'), N'ID', 'IsIdentity'), 0) <> 1
+    BEGIN
+        SET @Msg = CONCAT(
+            N'dbo.tabDIYTable12402 exists but has no identity column ID; delayed execution ',
+            N'needs ID as the task ID. Nothing was changed.'
+        );
+        THROW 50390, @Msg, 1;
+    END;
+
+    IF EXISTS (
+        SELECT 1
+        FROM sys.columns AS c
+        INNER JOIN sys.types AS t ON c.user_type_id = t.user_type_id
+        WHERE
+            c.object_id = OBJECT_ID(N'dbo.tabDIYTable12402')
+            AND c.name = N'F108219'
+            AND t.name NOT IN (N'tinyint', N'smallint', N'int', N'bigint', N'decimal', N'numeric')
+    )
+    BEGIN
+        SET @Msg = CONCAT(
+            N'dbo.tabDIYTable12402.F108219 (receipt) must be an integer type to hold the ',
+            N'receipt codes 0-4; it is not. Nothing was changed.'
+        );
+        THROW 50390, @Msg, 1;
+    END;
+
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108210') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108210 NVARCHAR(50) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108211') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108211 NVARCHAR(400) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108212') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108212 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108213') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108213 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108214') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108214 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108215') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108215 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108216') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108216 NVARCHAR(200) NULL;
+    -- Added without WITH VALUES: existing rows read NULL, new rows get the
+    -- default; a metadata-only change that never rewrites the platform's rows.
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108217') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108217 DATETIME2(3) NULL
+            CONSTRAINT DF_tabDIYTable12402_F108217 DEFAULT (SYSUTCDATETIME());
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108218') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108218 INT NULL
+            CONSTRAINT DF_tabDIYTable12402_F108218 DEFAULT (0);
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108219') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108219 INT NULL
+            CONSTRAINT DF_tabDIYTable12402_F108219 DEFAULT (0);
+
+    INSERT INTO delay.Installation (Item, Detail)
+    VALUES (N'dbo.tabDIYTable12402', N'adopted');
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS delay.Dispatcher;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_Log_TaskID: the failed and refused views show each task's log rows; a seek
+by task instead of a scan of the whole log.
+*/
+IF NOT EXISTS (
+    SELECT 1 FROM sys.indexes
+    WHERE name = N'IX_Log_TaskID' AND object_id = OBJECT_ID(N'delay.Log')
+)
+    CREATE NONCLUSTERED INDEX IX_Log_TaskID
+        ON delay.Log (TaskID, LogId);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Log: refusals and failures of delayed execution, one row per event.
+    EventName   Refused     the row was never scheduled or never run (ErrorNumber
+                            50302-50307 says why); receipt 2
+                Failed      a run failed and will be retried (Attempt = the run)
+                GaveUp      the last failure: receipt 3
+                Slow        a run outlived its lease; the runner is alive, the
+                            lease was extended (the run is not interrupted)
+                RunnerLost  the session running a target ended without reporting
+                            (ErrorNumber 50331); counted as a failed attempt
+                Cancelled   cancelled by dbo.CancelDelayExecution, or the
+                            platform row was deleted before the run (50332)
+                BrokerError an Error message arrived on a task's conversation,
+                            or the activation procedure itself failed
+    ErrorNumber / ErrorMessage: ERROR_NUMBER() and ERROR_MESSAGE() of the
+    failure, or the 503xx number of docs/errors.md.
+*/
+IF OBJECT_ID(N'delay.Log', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Log (
+        LogId BIGINT IDENTITY (1, 1) NOT NULL,
+        LoggedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Log_LoggedAtUtc DEFAULT (SYSUTCDATETIME()),
+        TaskID BIGINT NULL,
+        EventName NVARCHAR(16) NOT NULL,
+        TargetName NVARCHAR(400) NULL,
+        Attempt INT NULL,
+        ErrorNumber INT NULL,
+        ErrorMessage NVARCHAR(4000) NULL,
+        ConversationHandle UNIQUEIDENTIFIER NULL,
+        CONSTRAINT PK_Log PRIMARY KEY CLUSTERED (LogId),
+        CONSTRAINT CK_Log_EventName CHECK (
+            EventName IN (N'Refused', N'Failed', N'GaveUp', N'Slow', N'RunnerLost', N'Cancelled', N'BrokerError')
+        )
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS delay.ReceiptDue;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DROP TABLE IF EXISTS delay.TaskKey;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Task') IS NOT NULL
+    DROP INDEX IF EXISTS IX_Task_FinishedAtUtc ON delay.Task;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+IF OBJECT_ID(N'delay.Task') IS NOT NULL
+    DROP INDEX IF EXISTS IX_Task_Due ON delay.Task;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Task: the bookkeeping of every scheduled row of dbo.tabDIYTable12402,
+kept beside the platform's table rather than in it.
+    TaskID             = dbo.tabDIYTable12402.ID (the task ID InitiateDelayExecution returns)
+    ConversationHandle the initiator handle of the task's own dialog: its
+                       conversation timer is the delay, the retry backoff and
+                       the watchdog lease in turn; NULL for refused rows
+    TaskState          Scheduled -> Running -> Done
+                                           -> Retrying -> Running ... -> Failed
+                       Scheduled/Retrying -> Cancelled; new row -> Refused
+    Receipt            what the platform's F108219 is set to:
+                       0 pending (Scheduled, Running, Retrying), 1 Done,
+                       2 Refused, 3 Failed (attempts exhausted or not retryable),
+                       4 Cancelled
+    DueAtUtc           CreatedAtUtc + delay: when the task should first run
+    NextRunAtUtc       when it runs next (DueAtUtc, then each retry's time)
+    LeaseUntilUtc      while Running: when the watchdog looks at the runner
+    FirstStartedAtUtc  the first run's start (lateness = this - DueAtUtc)
+    CreatedBy          ORIGINAL_LOGIN() of the session that inserted the row:
+                       MailqDelayCaller members may cancel only their own tasks
+    IdempotencyKey     InitiateDelayExecution's @IdempotencyKey: a resent call
+                       with the same key returns the first call's task
+Rows are written by the trigger on dbo.tabDIYTable12402 (set-based), by
+dbo.ProcessDelayQueue and by dbo.CancelDelayExecution only.
+*/
+IF OBJECT_ID(N'delay.Task', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Task (
+        TaskID BIGINT NOT NULL,
+        ConversationHandle UNIQUEIDENTIFIER NULL,
+        TargetName NVARCHAR(400) NULL,
+        SchemaName SYSNAME NULL,
+        ProcedureName SYSNAME NULL,
+        DelaySeconds INT NULL,
+        TaskState NVARCHAR(16) NOT NULL,
+        Receipt AS CAST(CASE TaskState
+                WHEN N'Done' THEN 1
+                WHEN N'Refused' THEN 2
+                WHEN N'Failed' THEN 3
+                WHEN N'Cancelled' THEN 4
+                ELSE 0
+            END AS TINYINT),
+        Attempts INT NOT NULL CONSTRAINT DF_Task_Attempts DEFAULT (0),
+        CreatedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Task_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        DueAtUtc DATETIME2(3) NULL,
+        NextRunAtUtc DATETIME2(3) NULL,
+        LeaseUntilUtc DATETIME2(3) NULL,
+        FirstStartedAtUtc DATETIME2(3) NULL,
+        LastStartedAtUtc DATETIME2(3) NULL,
+        FinishedAtUtc DATETIME2(3) NULL,
+        LastErrorNumber INT NULL,
+        LastErrorMessage NVARCHAR(4000) NULL,
+        CreatedBy NVARCHAR(128) NULL,
+        IdempotencyKey NVARCHAR(100) NULL,
+        CONSTRAINT PK_Task PRIMARY KEY CLUSTERED (TaskID),
+        CONSTRAINT CK_Task_TaskState CHECK (
+            TaskState IN (N'Scheduled', N'Running', N'Retrying', N'Done', N'Failed', N'Refused', N'Cancelled')
+        ),
+        CONSTRAINT CK_Task_Attempts CHECK (Attempts >= 0)
+    );
+END;
+-- Added in place to a table deployed by an earlier revision: NULL columns, a
+-- metadata-only change (existing rows are not rewritten).  The downgrade of
+-- the revision that adds them drops them.
+ELSE
+BEGIN
+    IF COL_LENGTH(N'delay.Task', N'CreatedBy') IS NULL
+        ALTER TABLE delay.Task ADD CreatedBy NVARCHAR(128) NULL;
+    IF COL_LENGTH(N'delay.Task', N'IdempotencyKey') IS NULL
+        ALTER TABLE delay.Task ADD IdempotencyKey NVARCHAR(100) NULL;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+UX_AllowedProcedure_BareName: a bare (one-part) name resolves to at most one
+listed procedure, so dbo.TCXG and app.TCXG cannot both answer to N'TCXG'.
+Filtered: entries that do not allow a bare name are not constrained.
+*/
+IF NOT EXISTS (
+    SELECT 1 FROM sys.indexes
+    WHERE name = N'UX_AllowedProcedure_BareName' AND object_id = OBJECT_ID(N'delay.AllowedProcedure')
+)
+    CREATE UNIQUE NONCLUSTERED INDEX UX_AllowedProcedure_BareName
+        ON delay.AllowedProcedure (ProcedureName)
+        WHERE AllowBareName = 1;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.AllowedProcedure: the allow-list of procedures that delayed execution may run.
+An entry is a schema-qualified procedure and the object_id it had when it was
+listed (delay.AllowProcedure).  At call time and again at execution time a name
+resolves only if the entry exists AND sys.objects still holds a SQL procedure
+with that object_id, schema and name: a procedure dropped and recreated (even
+under the same name) must be listed again.
+AllowBareName = 1 lets a one-part name (the platform stores bare names such as
+N'TCXG') resolve to this entry; at most one entry per bare name may allow it
+(UX_AllowedProcedure_BareName).  A bare name never resolves through anybody's
+default schema.
+DefinitionHash pins the procedure's text: SHA2_256 of OBJECT_DEFINITION at
+listing time.  ALTER PROCEDURE keeps the object_id, so without it anyone who
+may alter a listed procedure could run code as dbo at its next schedule; a
+changed definition resolves to 50340 until a db_owner lists it again.
+*/
+IF OBJECT_ID(N'delay.AllowedProcedure', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.AllowedProcedure (
+        AllowedProcedureId INT IDENTITY (1, 1) NOT NULL,
+        SchemaName SYSNAME NOT NULL,
+        ProcedureName SYSNAME NOT NULL,
+        ObjectId INT NOT NULL,
+        AllowBareName BIT NOT NULL
+            CONSTRAINT DF_AllowedProcedure_AllowBareName DEFAULT (0),
+        ListedAtUtc DATETIME2(3) NOT NULL
+            CONSTRAINT DF_AllowedProcedure_ListedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ListedBy NVARCHAR(128) NOT NULL
+            CONSTRAINT DF_AllowedProcedure_ListedBy DEFAULT (ORIGINAL_LOGIN()),
+        DefinitionHash VARBINARY(32) NULL,
+        CONSTRAINT PK_AllowedProcedure PRIMARY KEY CLUSTERED (AllowedProcedureId),
+        CONSTRAINT UQ_AllowedProcedure_SchemaName_ProcedureName UNIQUE (SchemaName, ProcedureName)
+    );
+END;
+-- Added in place to a table deployed by an earlier revision; the entries
+-- listed before are pinned by broker/delay.AllowedProcedure.pin.sql (a
+-- separate batch: this one could not name the new column).  The downgrade of
+-- the revision that adds the column drops it.
+ELSE IF COL_LENGTH(N'delay.AllowedProcedure', N'DefinitionHash') IS NULL
+    ALTER TABLE delay.AllowedProcedure ADD DefinitionHash VARBINARY(32) NULL;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Setting: the retry and lease policy of dbo.ProcessDelayQueue, one row.
+    MaxAttempts        runs of a failing target before it is given up (receipt 3)
+    RetryBaseSeconds   backoff before retry n: RetryBaseSeconds * 4^(n-1) ...
+    RetryMaxSeconds    ... capped at RetryMaxSeconds
+    LeaseSeconds       watchdog: if a run has not reported after this long, the
+                       activation procedure checks whether its runner is alive
+                       (slow: the lease is extended and logged) or gone
+                       (the attempt failed: retried or given up)
+    ReceiveWaitMs      how long an idle reader waits in WAITFOR (RECEIVE) before
+                       it exits (activation starts readers again on demand)
+    TargetLockTimeoutMs  NULL (wait for locks as long as it takes) or the
+                       SET LOCK_TIMEOUT, in ms, under which targets run (error
+                       1222 then fails the attempt, which is retried)
+Operators change it with UPDATE (db_owner); the procedures read it at each message.
+*/
+IF OBJECT_ID(N'delay.Setting', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Setting (
+        SettingId TINYINT NOT NULL CONSTRAINT DF_Setting_SettingId DEFAULT (1),
+        MaxAttempts INT NOT NULL CONSTRAINT DF_Setting_MaxAttempts DEFAULT (3),
+        RetryBaseSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryBaseSeconds DEFAULT (30),
+        RetryMaxSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryMaxSeconds DEFAULT (3600),
+        LeaseSeconds INT NOT NULL CONSTRAINT DF_Setting_LeaseSeconds DEFAULT (600),
+        ReceiveWaitMs INT NOT NULL CONSTRAINT DF_Setting_ReceiveWaitMs DEFAULT (5000),
+        TargetLockTimeoutMs INT NULL,
+        CONSTRAINT PK_Setting PRIMARY KEY CLUSTERED (SettingId),
+        CONSTRAINT CK_Setting_SingleRow CHECK (SettingId = 1),
+        CONSTRAINT CK_Setting_MaxAttempts CHECK (MaxAttempts BETWEEN 1 AND 100),
+        CONSTRAINT CK_Setting_RetryBaseSeconds CHECK (RetryBaseSeconds BETWEEN 1 AND 86400),
+        CONSTRAINT CK_Setting_RetryMaxSeconds CHECK (RetryMaxSeconds BETWEEN 1 AND 86400),
+        CONSTRAINT CK_Setting_LeaseSeconds CHECK (LeaseSeconds BETWEEN 1 AND 86400),
+        CONSTRAINT CK_Setting_ReceiveWaitMs CHECK (ReceiveWaitMs BETWEEN 100 AND 60000),
+        CONSTRAINT CK_Setting_TargetLockTimeoutMs CHECK (TargetLockTimeoutMs BETWEEN 0 AND 3600000)
+    );
+
+    INSERT INTO delay.Setting (SettingId) VALUES (1);
+END;
+-- Added in place to a table deployed by an earlier revision (NULL: a
+-- metadata-only change).  The downgrade of the revision that adds it drops it.
+ELSE IF COL_LENGTH(N'delay.Setting', N'TargetLockTimeoutMs') IS NULL
+BEGIN
+    ALTER TABLE delay.Setting ADD TargetLockTimeoutMs INT NULL
+        CONSTRAINT CK_Setting_TargetLockTimeoutMs CHECK (TargetLockTimeoutMs BETWEEN 0 AND 3600000);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Installation: what the deployment of delayed execution found and did,
+so that a downgrade undoes exactly that and nothing more.
+One row per fact, e.g. Item = N'dbo.tabDIYTable12402', Detail = N'created'
+(mailq-db created the platform table: downgrade may drop it) or N'adopted'
+(the platform had it: downgrade never drops it, and never drops the columns
+that the adoption added, because the platform may have written data into them).
+Written by the deployment only; no role has rights on it.
+*/
+IF OBJECT_ID(N'delay.Installation', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Installation (
+        Item NVARCHAR(256) NOT NULL,
+        Detail NVARCHAR(400) NOT NULL,
+        RecordedAtUtc DATETIME2(3) NOT NULL
+            CONSTRAINT DF_Installation_RecordedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_Installation PRIMARY KEY CLUSTERED (Item)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Schema delay: the internal objects of delayed execution (bookkeeping, allow-list,
+log, settings, views, admin procedures).  The public contract stays in dbo, as
+the source document names it: dbo.InitiateDelayExecution,
+dbo.CancelDelayExecution, dbo.tabDIYTable12402, dbo.DelayServiceQueue,
+dbo.ProcessDelayQueue.
+Owned by dbo so that ownership chaining lets the dbo procedures and the trigger
+read and write these tables for callers that hold only EXECUTE.
+CREATE SCHEMA must be alone in its batch, so it cannot sit under an IF;
+Alembic runs this batch once, in the revision that introduces it.
+*/
+CREATE SCHEMA delay AUTHORIZATION dbo;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each
+application with a hook (mailq.ApplicationHook), reads its events after the
+stored cursor with mailq.GetMailEvents' commit-safe bound (only rows below
+MIN_ACTIVE_ROWVERSION(), read with READCOMMITTEDLOCK after the bound), and
+calls the hook once per event, in EventID order, each call in its OWN
+transaction:
+  BEGIN TRANSACTION; EXEC the hook (sp_executesql, parameters by name);
+  @StopMail = 1 on a mail still UnSent or Sending: EXEC mailq.StopMail
+  (TinyMail's stop(); on a mail already final nothing happens); advance the
+  cursor; COMMIT.  The cursor moves in the same transaction as the hook's
+  work: a call is either wholly done and passed, or wholly undone.
+Failures (TRY/CATCH around the EXEC; the hook is a lower execution level,
+so even its compile and name-resolution errors reach our CATCH; TRY...CATCH
+(Transact-SQL), "Errors unaffected by a TRY...CATCH construct":
+https://learn.microsoft.com/sql/t-sql/language-elements/try-catch-transact-sql):
+  - the hook throws, or dooms the transaction (XACT_STATE() = -1, e.g. any
+    error under its own XACT_ABORT ON): everything is rolled back (a doomed
+    transaction "can only request a full rollback", XACT_STATE (Transact-SQL),
+    https://learn.microsoft.com/sql/t-sql/functions/xact-state-transact-sql);
+    the failure is counted (FailingEventID/FailCount) in a transaction of its
+    own and the application waits for the next run; after MaxAttempts failed
+    calls of the same event it is written to mailq.ApplicationHookFailure and
+    the cursor moves past it (poison-proof: one bad event never stops the
+    later ones);
+  - the hook leaves a transaction of its own open: SQL Server raises 266 at
+    its return ("@@TRANCOUNT has a different value when a stored procedure
+    finishes than it had when the procedure was executed", Rollbacks and
+    commits in stored procedures and triggers,
+    https://learn.microsoft.com/previous-versions/sql/sql-server-2008-r2/ms187844(v=sql.105));
+    all of it is rolled back and counted as a failed call;
+  - the hook commits or rolls back the transaction opened for it (266 with
+    no transaction left): its work may be committed, so it is not called
+    again: recorded in mailq.ApplicationHookFailure at once, cursor moved.
+  - a hook waits on a lock longer than 5 s: error 1222 (SET LOCK_TIMEOUT
+    5000 for the hook's batch; a SET in a batch run by sp_executesql reverts
+    when it returns), a failed call like any other.
+A hook whose procedure was altered, dropped or recreated since it was
+registered is suspended: not called, cursor kept, LastError says why, until
+mailq.SetApplicationHook re-registers it.  The pin is checked before every
+call, not once per run, so a change during a run stops the next call.
+Never inside an acknowledging transaction: it refuses to run inside any open
+transaction (50296), so no worker's MarkSent/MarkFailed/FinalizeMail can wait
+on a hook, and a hook's failure cannot undo an acknowledgement.  The events
+it reads are committed already; it never locks queue rows except the one
+mail a hook stops (through mailq.StopMail, briefly).
+One dispatcher at a time: a session-owned application lock
+(N'mailq.RunApplicationHooks', timeout 0); a second caller returns at once
+with State 'Busy'.
+Security:    EXECUTE AS OWNER: hooks run as dbo (that is why only db_owner
+             registers them, in dbo-owned schemas, pinned).  Granted to
+             MailqAdmin (an Agent or elastic job runs it on Azure SQL
+             Database; the delayed-execution dispatcher elsewhere).
+Parameters:  @MaxEvents INT = 500: hook calls in this run, all applications
+             together (1-5000); @Quiet BIT = 0: 1 returns no result set (the
+             delayed-execution task).
+Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
+             HookProcedure, Calls INT (hook calls made), Succeeded INT,
+             FailedCalls INT, GivenUp INT (events written to
+             mailq.ApplicationHookFailure), CursorEventID BIGINT, State
+             NVARCHAR(16): UpToDate | More (its share of @MaxEvents, an equal
+             part per hooked application, or the budget used up) | Retrying (a
+             failed call waits for the next run) | Suspended (hook changed or
+             gone) | Moved (the hook was re-registered meanwhile); or one row
+             with AppName NULL and State 'Busy'.
+Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open
+             transaction.  50297 (the hook changed the transaction count) is
+             recorded as that call's error, never raised.  A hook's errors are never re-raised: they are
+             recorded (LastError, mailq.ApplicationHookFailure).
+Transaction: none open on entry (50296); one transaction per hook call
+             (hook + StopMail + cursor), one per failure record; never one
+             around two calls.  A batch procedure: it refuses a caller's
+             transaction, as PurgeMail does.
+Isolation:   sets READ COMMITTED itself; events read with READCOMMITTEDLOCK
+             below the bound read first (see mailq.GetMailEvents).
+Lock order:  per call: whatever the hook locks, then mailq.MailQueue (the
+             stopped mail, through StopMail: MailQueue, MailEvent,
+             MailAttempt), then mailq.ApplicationHook (the application's
+             row); failure records: mailq.ApplicationHookFailure, then
+             mailq.ApplicationHook.
+Plan:        per application one range seek on IX_MailEvent_AppName between
+             the cursor and the bound, TOP (remaining budget): the same cost
+             at any event-table size; mailq.ApplicationHook by its key.
+Example:     EXEC mailq.RunApplicationHooks @MaxEvents = 500;
+*/
+CREATE OR ALTER PROCEDURE mailq.RunApplicationHooks
+    @MaxEvents INT = 500,
+    @Quiet BIT = 0
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @MaxEvents = COALESCE(@MaxEvents, 500);
+    IF @MaxEvents NOT BETWEEN 1 AND 5000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxEvents must be 1-5000; got ', @MaxEvents, N'.');
+        THROW 50295, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50296,
+            N'mailq.RunApplicationHooks runs each hook call in its own transaction: call it outside any transaction.',
+            1;
+
+    DECLARE @Summary TABLE (
+        AppName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        HookProcedure NVARCHAR(300) NOT NULL,
+        Calls INT NOT NULL DEFAULT (0),
+        Succeeded INT NOT NULL DEFAULT (0),
+        FailedCalls INT NOT NULL DEFAULT (0),
+        GivenUp INT NOT NULL DEFAULT (0),
+        CursorEventID BIGINT NOT NULL,
+        State NVARCHAR(16) NOT NULL DEFAULT (N'UpToDate')
+    );
+    DECLARE @Page TABLE (
+        EventID BIGINT NOT NULL PRIMARY KEY,
+        MailID BIGINT NOT NULL,
+        EventType NVARCHAR(32) NOT NULL,
+        Status NVARCHAR(16) NOT NULL,
+        SmtpCode INT NULL,
+        Detail NVARCHAR(4000) NULL
+    );
+    DECLARE
+        @LockResult INT,
+        @Budget INT = @MaxEvents,
+        @App NVARCHAR(128) = N'',
+        @SchemaName SYSNAME,
+        @ProcedureName SYSNAME,
+        @ObjectId INT,
+        @DefinitionHash VARBINARY(32),
+        @Hook NVARCHAR(300),
+        @Cursor BIGINT,
+        @FailingEventID BIGINT,
+        @FailCount INT,
+        @MaxAttempts INT,
+        @Upper BINARY(8),
+        @EventID BIGINT,
+        @MailID BIGINT,
+        @EventType NVARCHAR(32),
+        @Status NVARCHAR(16),
+        @SmtpCode INT,
+        @Detail NVARCHAR(4000),
+        @StopMail BIT,
+        @StopReason NVARCHAR(4000),
+        @MailStatus NVARCHAR(16),
+        @Sql NVARCHAR(MAX),
+        @ErrorNumber INT,
+        @ErrorMessage NVARCHAR(4000),
+        @TranCountInCatch INT,
+        @Attempts INT,
+        @GiveUp BIT,
+        @Moved BIT,
+        @AppState NVARCHAR(16),
+        @PerApp INT,
+        @AppCalls INT,
+        @Now DATETIME2(3);
+    DECLARE @Stopped TABLE (ID BIGINT, Status NVARCHAR(16), NextAttemptUtc DATETIME2(3));
+    DECLARE @ParameterList NVARCHAR(400) = N'@EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), '
+        + N'@EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), '
+        + N'@StopMail BIT OUTPUT, @StopReason NVARCHAR(4000) OUTPUT';
+
+    -- One dispatcher at a time (an Agent job and the delayed-execution task
+    -- may overlap): session-owned, so it spans the per-call transactions.
+    EXEC @LockResult = sys.sp_getapplock
+        @Resource = N'mailq.RunApplicationHooks',
+        @LockMode = N'Exclusive',
+        @LockOwner = N'Session',
+        @LockTimeout = 0;
+    IF @LockResult < 0
+    BEGIN
+        IF @Quiet = 0
+            SELECT
+                CAST(NULL AS NVARCHAR(128)) AS AppName,
+                CAST(NULL AS NVARCHAR(300)) AS HookProcedure,
+                0 AS Calls, 0 AS Succeeded, 0 AS FailedCalls, 0 AS GivenUp,
+                CAST(NULL AS BIGINT) AS CursorEventID,
+                N'Busy' AS State;
+        RETURN;
+    END;
+
+    BEGIN TRY
+        -- Each application gets an equal share of the budget, so one with a
+        -- long backlog does not starve the others (needs @MaxEvents >= the
+        -- number of hooked applications to reach them all in one run).
+        SET @PerApp = (SELECT CEILING(@MaxEvents * 1.0 / NULLIF(COUNT(*), 0)) FROM mailq.ApplicationHook);
+        WHILE @Budget > 0
+        BEGIN
+            -- Next hooked application, by key (a seek per application).
+            SET @SchemaName = NULL;
+            SELECT TOP (1)
+                @App = h.AppName,
+                @SchemaName = h.SchemaName,
+                @ProcedureName = h.ProcedureName,
+                @ObjectId = h.ObjectId,
+                @DefinitionHash = h.DefinitionHash,
+                @Cursor = h.CursorEventID,
+                @FailingEventID = h.FailingEventID,
+                @FailCount = h.FailCount,
+                @MaxAttempts = h.MaxAttempts
+            FROM mailq.ApplicationHook AS h
+            WHERE h.AppName > @App
+            ORDER BY h.AppName ASC;
+            IF @SchemaName IS NULL BREAK;
+
+            SET @Hook = CONCAT(QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName));
+            SELECT @AppState = N'UpToDate', @AppCalls = 0;
+            INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
+
+            -- The pin: same object, same schema and name, same definition.
+            IF NOT EXISTS (
+                SELECT 1
+                FROM sys.objects AS o
+                INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+                WHERE
+                    o.object_id = @ObjectId AND o.type = 'P'
+                    AND s.name = @SchemaName AND o.name = @ProcedureName
+                    AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
+            )
+                OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) IS NULL
+                OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) <> @DefinitionHash
+            BEGIN
+                UPDATE h
+                SET
+                    h.LastError = CONCAT(
+                        N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
+                        N'it was registered; review it and run mailq.SetApplicationHook again.'
+                    ),
+                    h.LastRunAtUtc = SYSUTCDATETIME()
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App;
+                UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                CONTINUE;
+            END;
+
+            -- QUOTENAMEd catalog names; the values are parameters, never text.
+            SET @Sql = CONCAT(
+                N'SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
+                N' @EventID = @EventID, @MailID = @MailID, @AppName = @AppName, @EventType = @EventType,',
+                N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
+                N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
+            );
+
+            -- The page: mailq.GetMailEvents' commit-safe read (bound first,
+            -- then a locking read below it; see its header).
+            DELETE FROM @Page;
+            SET @Upper = MIN_ACTIVE_ROWVERSION();
+            INSERT INTO @Page (EventID, MailID, EventType, Status, SmtpCode, Detail)
+            SELECT TOP (IIF(@PerApp < @Budget, @PerApp, @Budget))
+                CAST(e.EventSeq AS BIGINT),
+                e.MailID,
+                e.EventType,
+                e.Status,
+                e.SmtpCode,
+                e.Detail
+            FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
+            WHERE e.AppName = @App AND e.EventSeq > CAST(@Cursor AS BINARY(8)) AND e.EventSeq < @Upper
+            ORDER BY e.EventSeq ASC;
+
+            WHILE @Budget > 0 AND @AppCalls < @PerApp
+            BEGIN
+                SELECT TOP (1)
+                    @EventID = p.EventID,
+                    @MailID = p.MailID,
+                    @EventType = p.EventType,
+                    @Status = p.Status,
+                    @SmtpCode = p.SmtpCode,
+                    @Detail = p.Detail
+                FROM @Page AS p
+                WHERE p.EventID > @Cursor
+                ORDER BY p.EventID ASC;
+                IF @@ROWCOUNT = 0 BREAK;
+
+                -- The pin again before every call (as delay.ResolveTarget at
+                -- each run): a hook altered, renamed, dropped or recreated
+                -- during this run is not called again in it.
+                IF NOT EXISTS (
+                    SELECT 1
+                    FROM sys.objects AS o
+                    INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+                    WHERE
+                        o.object_id = @ObjectId AND o.type = 'P'
+                        AND s.name = @SchemaName AND o.name = @ProcedureName
+                        AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
+                )
+                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) IS NULL
+                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) <> @DefinitionHash
+                BEGIN
+                    UPDATE h
+                    SET
+                        h.LastError = CONCAT(
+                            N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
+                            N'it was registered; review it and run mailq.SetApplicationHook again.'
+                        ),
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App;
+                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                    SET @AppState = N'Suspended';
+                    BREAK;
+                END;
+
+                SELECT
+                    @Budget -= 1,
+                    @AppCalls += 1,
+                    @StopMail = 0,
+                    @StopReason = NULL,
+                    @ErrorNumber = NULL,
+                    @ErrorMessage = NULL,
+                    @TranCountInCatch = NULL,
+                    @Moved = 0,
+                    @GiveUp = 0;
+                UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
+
+                -- 1. The call, its stop and the cursor: one transaction.
+                BEGIN TRY
+                    BEGIN TRANSACTION;
+
+                    EXEC sys.sp_executesql
+                        @Sql,
+                        @ParameterList,
+                        @EventID = @EventID,
+                        @MailID = @MailID,
+                        @AppName = @App,
+                        @EventType = @EventType,
+                        @Status = @Status,
+                        @SmtpCode = @SmtpCode,
+                        @Detail = @Detail,
+                        @StopMail = @StopMail OUTPUT,
+                        @StopReason = @StopReason OUTPUT;
+
+                    -- 266 normally comes first; a count that still differs is the same fault.
+                    IF @@TRANCOUNT <> 1
+                        THROW 50297,
+                            N'The hook ended the transaction opened for it or left one of its own open.',
+                            1;
+
+                    IF @StopMail = 1
+                    BEGIN
+                        -- Only a mail not yet final: StopMail would refuse a
+                        -- final one (50260).  UPDLOCK: StopMail takes the same
+                        -- row's U lock next, in this transaction.
+                        SET @MailStatus = NULL;
+                        SELECT @MailStatus = q.Status
+                        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+                        WHERE q.ID = @MailID;
+                        IF @MailStatus IN (N'UnSent', N'Sending')
+                        BEGIN
+                            SET @StopReason = COALESCE(
+                                NULLIF(LTRIM(RTRIM(@StopReason)), N''),
+                                CONCAT(
+                                    N'Stopped by the hook ', @Hook, N' on event ', @EventID, N' (', @EventType, N').'
+                                )
+                            );
+                            -- StopMail's one-row result is kept here, not sent to our caller.
+                            DELETE FROM @Stopped;
+                            INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
+                            EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
+                        END;
+                    END;
+
+                    -- The cursor, guarded: a re-registration with a new
+                    -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
+                    -- undoes this call instead of overwriting it.
+                    UPDATE h
+                    SET
+                        h.CursorEventID = @EventID,
+                        h.FailingEventID = NULL,
+                        h.FailCount = 0,
+                        h.LastError = NULL,
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                    IF @@ROWCOUNT = 0
+                    BEGIN
+                        SET @Moved = 1;
+                        ROLLBACK TRANSACTION;
+                    END;
+                    ELSE
+                        COMMIT TRANSACTION;
+                END TRY
+                BEGIN CATCH
+                    SELECT
+                        @ErrorNumber = ERROR_NUMBER(),
+                        @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
+                        @TranCountInCatch = @@TRANCOUNT;
+                    -- Doomed (-1) or not (1): the call is undone as a whole.
+                    IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+                END CATCH;
+
+                IF @Moved = 1
+                BEGIN
+                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                    SET @AppState = N'Moved';
+                    BREAK;
+                END;
+
+                IF @ErrorNumber IS NULL
+                BEGIN
+                    SET @Cursor = @EventID;
+                    SELECT @FailingEventID = NULL, @FailCount = 0;
+                    UPDATE @Summary SET Succeeded += 1, CursorEventID = @EventID WHERE AppName = @App;
+                    CONTINUE;
+                END;
+
+                -- 2. A failed call: count it, or give the event up.
+                SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
+                -- 266 with no transaction left: the hook ended the
+                -- transaction opened for it; its work may be committed.
+                IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
+                IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
+                SET @ErrorMessage = LEFT(CONCAT(
+                    N'Event ', @EventID, N' (', @EventType, N', mail ', @MailID, N'), call ', @Attempts,
+                    N' of ', @MaxAttempts, N': error ', @ErrorNumber, N': ', @ErrorMessage
+                ), 4000);
+                SET @Now = SYSUTCDATETIME();
+                UPDATE @Summary SET FailedCalls += 1 WHERE AppName = @App;
+
+                BEGIN TRANSACTION;
+                IF @GiveUp = 1
+                    INSERT INTO mailq.ApplicationHookFailure (
+                        AppName, EventID, MailID, EventType, HookProcedure, Attempts, ErrorNumber, ErrorMessage
+                    )
+                    VALUES (@App, @EventID, @MailID, @EventType, @Hook, @Attempts, @ErrorNumber, @ErrorMessage);
+                UPDATE h
+                SET
+                    h.CursorEventID = IIF(@GiveUp = 1, @EventID, h.CursorEventID),
+                    h.FailingEventID = IIF(@GiveUp = 1, NULL, @EventID),
+                    h.FailCount = IIF(@GiveUp = 1, 0, @Attempts),
+                    h.LastError = @ErrorMessage,
+                    h.LastRunAtUtc = @Now
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                IF @@ROWCOUNT = 0
+                BEGIN
+                    ROLLBACK TRANSACTION;
+                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                    SET @AppState = N'Moved';
+                    BREAK;
+                END;
+                COMMIT TRANSACTION;
+
+                IF @GiveUp = 1
+                BEGIN
+                    SET @Cursor = @EventID;
+                    SELECT @FailingEventID = NULL, @FailCount = 0;
+                    UPDATE @Summary SET GivenUp += 1, CursorEventID = @EventID WHERE AppName = @App;
+                    CONTINUE;
+                END;
+
+                -- Retry on a later run (the interval between runs is the backoff).
+                UPDATE @Summary SET State = N'Retrying' WHERE AppName = @App;
+                SET @AppState = N'Retrying';
+                BREAK;
+            END;
+
+            IF @AppState = N'UpToDate'
+            BEGIN
+                -- Nothing called (or every call passed): note the run.
+                UPDATE h
+                SET h.LastRunAtUtc = SYSUTCDATETIME()
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App AND h.ObjectId = @ObjectId;
+                -- The share or the budget used up: there may be more.
+                IF @AppCalls >= @PerApp OR @Budget = 0
+                    UPDATE @Summary SET State = N'More' WHERE AppName = @App AND Calls > 0;
+            END;
+        END;
+
+        EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
+    END TRY
+    BEGIN CATCH
+        -- Our own bookkeeping failed (never a hook's error: those are caught
+        -- above).  Nothing half-done stays: roll back, release, re-raise.
+        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        IF APPLOCK_MODE(N'public', N'mailq.RunApplicationHooks', N'Session') = N'Exclusive'
+            EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
+        THROW;
+    END CATCH;
+
+    IF @Quiet = 0
+        SELECT
+            s.AppName,
+            s.HookProcedure,
+            s.Calls,
+            s.Succeeded,
+            s.FailedCalls,
+            s.GivenUp,
+            s.CursorEventID,
+            s.State
+        FROM @Summary AS s
+        ORDER BY s.AppName;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the
+hook procedure of one application (docs/hooks.md).  The hook is called by
+mailq.RunApplicationHooks once per event of the application, in its own
+transaction, as the dispatcher's owner (dbo): registering one is a
+dbo-level decision, so this procedure is for db_owner only (no role is
+granted EXECUTE), like delay.AllowProcedure.
+The hook must:
+  - be an existing SQL procedure (type P) of this database, named with two
+    parts (N'billing.OnMailEvent', brackets allowed);
+  - live in a schema owned by dbo and have no other owner (sys.schemas
+    .principal_id = 1 and sys.objects.principal_id NULL or 1): a schema owned
+    by somebody else lets that principal replace the procedure's code;
+    the pin below catches an ALTER, the ownership rule keeps the decision
+    with dbo in the first place;
+  - not be a system procedure (sys, INFORMATION_SCHEMA, is_ms_shipped);
+  - take exactly these parameters (read from sys.parameters: name, type,
+    length, OUTPUT; order free, the dispatcher passes them by name; no other
+    parameter, because sys.parameters cannot say whether a T-SQL parameter
+    has a default: has_default_value "is always 0 for Transact-SQL objects",
+    https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-parameters-transact-sql):
+      @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128),
+      @EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT,
+      @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
+      @StopReason NVARCHAR(4000) OUTPUT
+  - have a readable definition (not WITH ENCRYPTION): it is pinned.
+Pinning:     the row stores the object_id and SHA2_256 of OBJECT_DEFINITION;
+             a hook altered, dropped or recreated later is suspended by the
+             dispatcher (no call, the cursor stays, LastError says why) until
+             this procedure is run again for it.
+Cursor:      a new registration starts at the end of the stream (the events
+             that commit from now on: MIN_ACTIVE_ROWVERSION() - 1, see
+             mailq.GetMailEvents); a re-registration keeps the cursor and
+             the retry state, so no event is passed twice or skipped.
+             @ResetCursorTo (optional) puts the cursor at that EventID (0 =
+             replay the application's whole stream still stored).
+Parameters:  @AppName NVARCHAR(128), required, a registered application;
+             @HookProcedure NVARCHAR(300): the hook, NULL = remove the hook;
+             @MaxAttempts INT = 3: calls of a failing event before it is given
+                 up (1-100);
+             @ResetCursorTo BIGINT = NULL: see Cursor.
+Result set:  one row: AppName, HookProcedure (NULL after a removal),
+             ObjectId, CursorEventID, MaxAttempts, Changed BIT (0: removing a
+             hook that was not there).
+Errors:      50290 @AppName missing or not a registered application;
+             50291 @HookProcedure not a two-part name of an existing SQL
+                   procedure of this database, or a system procedure;
+             50292 the procedure is in a schema not owned by dbo, or has
+                   another owner;
+             50293 the procedure's parameters differ from the hook signature
+                   (the message lists what is missing, wrong or extra);
+             50294 the definition cannot be read (WITH ENCRYPTION), so it
+                   cannot be pinned;
+             50295 @MaxAttempts outside 1-100, or @ResetCursorTo negative.
+Transaction: opens its own if none is open, else works inside the caller's
+             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
+             error is re-raised unchanged; XACT_ABORT ON dooms the caller's
+             transaction, which the caller must roll back.  Validation runs
+             before any transaction.
+Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK update-else-insert;
+             a level set in a procedure reverts when it returns).
+Lock order:  mailq.ApplicationHook only (the application's row, key-range
+             locked while absent).
+Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
+             EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = NULL;  -- remove
+*/
+CREATE OR ALTER PROCEDURE mailq.SetApplicationHook
+    @AppName NVARCHAR(128),
+    @HookProcedure NVARCHAR(300),
+    @MaxAttempts INT = 3,
+    @ResetCursorTo BIGINT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Part1 SYSNAME,
+        @Part2 SYSNAME,
+        @SchemaName SYSNAME,
+        @Name SYSNAME,
+        @ObjectId INT,
+        @IsShipped BIT,
+        @SchemaOwner INT,
+        @ObjectOwner INT,
+        @Problems NVARCHAR(2000),
+        @DefinitionHash VARBINARY(32),
+        @Changed BIT = 1;
+
+    -- 1. Validate before any transaction starts.
+    IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@AppName must name a registered application (mailq.UpsertApplication); got ',
+            COALESCE(N'''' + @AppName + N'''', N'NULL'), N'.'
+        );
+        THROW 50290, @Msg, 1;
+    END;
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 3);
+    IF @MaxAttempts NOT BETWEEN 1 AND 100 OR @ResetCursorTo < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@MaxAttempts must be 1-100 and @ResetCursorTo 0 or more; got ', @MaxAttempts, N' and ',
+            COALESCE(CAST(@ResetCursorTo AS NVARCHAR(24)), N'NULL'), N'.'
+        );
+        THROW 50295, @Msg, 1;
+    END;
+
+    IF @HookProcedure IS NOT NULL
+    BEGIN
+        -- PARSENAME takes a sysname: refuse what it would cut.
+        IF DATALENGTH(@HookProcedure) BETWEEN 2 AND 256
+            AND PARSENAME(@HookProcedure, 3) IS NULL
+            AND PARSENAME(@HookProcedure, 4) IS NULL
+            SELECT
+                @Part1 = PARSENAME(@HookProcedure, 1),
+                @Part2 = PARSENAME(@HookProcedure, 2);
+
+        SELECT
+            @ObjectId = o.object_id,
+            @SchemaName = s.name,
+            @Name = o.name,
+            @IsShipped = o.is_ms_shipped,
+            @SchemaOwner = s.principal_id,
+            @ObjectOwner = o.principal_id
+        FROM sys.objects AS o
+        INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+        WHERE
+            s.name = @Part2
+            AND o.name = @Part1
+            AND o.type = 'P';
+
+        IF @ObjectId IS NULL OR @IsShipped = 1 OR @SchemaName IN (N'sys', N'INFORMATION_SCHEMA')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure must be schema.procedure naming an existing SQL procedure of this database ',
+                N'(not a system procedure); got ', LEFT(@HookProcedure, 300), N'.'
+            );
+            THROW 50291, @Msg, 1;
+        END;
+
+        -- sys.objects.principal_id: the individual owner when it differs
+        -- from the schema owner, else NULL.  dbo's principal_id is 1.
+        IF @SchemaOwner <> 1 OR COALESCE(@ObjectOwner, 1) <> 1
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' must be in a schema owned by dbo and have no other owner: hooks run as dbo; schema owner ',
+                QUOTENAME(USER_NAME(@SchemaOwner)), N', object owner ',
+                COALESCE(QUOTENAME(USER_NAME(@ObjectOwner)), N'(the schema''s)'), N'.'
+            );
+            THROW 50292, @Msg, 1;
+        END;
+
+        -- The signature, from sys.parameters: what is missing or different,
+        -- then what is extra.  Lengths are in bytes (NVARCHAR(n): 2n).
+        SELECT @Problems = STRING_AGG(x.Problem, N'; ') WITHIN GROUP (ORDER BY x.Ord)
+        FROM (
+            SELECT
+                e.Ord,
+                CONCAT(
+                    e.ParameterName, N' ', e.Declared,
+                    IIF(p.parameter_id IS NULL, N' is missing', N' is declared differently')
+                ) AS Problem
+            FROM (
+                VALUES
+                    (1, N'@EventID', N'bigint', 8, 0, N'BIGINT'),
+                    (2, N'@MailID', N'bigint', 8, 0, N'BIGINT'),
+                    (3, N'@AppName', N'nvarchar', 256, 0, N'NVARCHAR(128)'),
+                    (4, N'@EventType', N'nvarchar', 64, 0, N'NVARCHAR(32)'),
+                    (5, N'@Status', N'nvarchar', 32, 0, N'NVARCHAR(16)'),
+                    (6, N'@SmtpCode', N'int', 4, 0, N'INT'),
+                    (7, N'@Detail', N'nvarchar', 8000, 0, N'NVARCHAR(4000)'),
+                    (8, N'@StopMail', N'bit', 1, 1, N'BIT OUTPUT'),
+                    (9, N'@StopReason', N'nvarchar', 8000, 1, N'NVARCHAR(4000) OUTPUT')
+            ) AS e(Ord, ParameterName, TypeName, MaxLength, IsOutput, Declared)
+            LEFT JOIN sys.parameters AS p
+                ON e.ParameterName = p.name AND p.object_id = @ObjectId
+            WHERE
+                p.parameter_id IS NULL
+                OR TYPE_NAME(p.user_type_id) <> e.TypeName
+                OR p.max_length <> e.MaxLength
+                OR p.is_output <> e.IsOutput
+            UNION ALL
+            SELECT 100 + p.parameter_id, CONCAT(p.name, N' is not a hook parameter')
+            FROM sys.parameters AS p
+            WHERE
+                p.object_id = @ObjectId
+                AND p.name NOT IN (
+                    N'@EventID', N'@MailID', N'@AppName', N'@EventType', N'@Status', N'@SmtpCode',
+                    N'@Detail', N'@StopMail', N'@StopReason'
+                )
+        ) AS x;
+
+        IF @Problems IS NOT NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' must take exactly the hook parameters (docs/hooks.md): ', LEFT(@Problems, 1500), N'.'
+            );
+            THROW 50293, @Msg, 1;
+        END;
+
+        SET @DefinitionHash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId));
+        IF @DefinitionHash IS NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' has no readable definition (WITH ENCRYPTION?), so it cannot be pinned.'
+            );
+            THROW 50294, @Msg, 1;
+        END;
+    END;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        IF @HookProcedure IS NULL
+        BEGIN
+            DELETE h
+            FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+            WHERE h.AppName = @AppName;
+            SET @Changed = IIF(@@ROWCOUNT = 0, 0, 1);
+        END;
+        ELSE
+        BEGIN
+            -- UPDLOCK, HOLDLOCK: update-else-insert without a race between the two.
+            UPDATE h
+            SET
+                h.SchemaName = @SchemaName,
+                h.ProcedureName = @Name,
+                h.ObjectId = @ObjectId,
+                h.DefinitionHash = @DefinitionHash,
+                h.MaxAttempts = @MaxAttempts,
+                h.CursorEventID = COALESCE(@ResetCursorTo, h.CursorEventID),
+                h.FailingEventID = IIF(@ResetCursorTo IS NULL, h.FailingEventID, NULL),
+                h.FailCount = IIF(@ResetCursorTo IS NULL, h.FailCount, 0),
+                h.LastError = NULL,
+                h.RegisteredAtUtc = SYSUTCDATETIME(),
+                h.RegisteredBy = ORIGINAL_LOGIN()
+            FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+            WHERE h.AppName = @AppName;
+
+            -- A new hook starts at the end of the stream: every event below
+            -- MIN_ACTIVE_ROWVERSION() is committed, every later one will be
+            -- above it (see mailq.GetMailEvents).
+            IF @@ROWCOUNT = 0
+                INSERT INTO mailq.ApplicationHook (
+                    AppName, SchemaName, ProcedureName, ObjectId, DefinitionHash, MaxAttempts, CursorEventID
+                )
+                VALUES (
+                    @AppName, @SchemaName, @Name, @ObjectId, @DefinitionHash, @MaxAttempts,
+                    COALESCE(@ResetCursorTo, CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT) - 1)
+                );
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- One row whether or not a hook remains (a removal returns NULLs).
+    DECLARE
+        @ResultProcedure NVARCHAR(300),
+        @ResultObjectId INT,
+        @ResultCursor BIGINT,
+        @ResultMaxAttempts INT;
+    SELECT
+        @ResultProcedure = CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)),
+        @ResultObjectId = h.ObjectId,
+        @ResultCursor = h.CursorEventID,
+        @ResultMaxAttempts = h.MaxAttempts
+    FROM mailq.ApplicationHook AS h
+    WHERE h.AppName = @AppName;
+    SELECT
+        @AppName AS AppName,
+        @ResultProcedure AS HookProcedure,
+        @ResultObjectId AS ObjectId,
+        @ResultCursor AS CursorEventID,
+        @ResultMaxAttempts AS MaxAttempts,
+        @Changed AS Changed;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
 /*
 mailq.EnqueueMailBatch: validates and queues many mails in one call, row by
 row with mailq.EnqueueMail's rules, written by one set-based INSERT.
@@ -1152,6 +5123,19 @@ END;
 
 GO
 
+DROP FUNCTION IF EXISTS mailq.HookPin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
 IF EXISTS (
     SELECT 1 FROM sys.tables
     WHERE object_id = OBJECT_ID(N'mailq.MailEvent') AND lock_escalation_desc <> N'TABLE'
@@ -1203,7 +5187,44 @@ END;
 
 GO
 
+IF DATABASE_PRINCIPAL_ID(N'MailqRunner') IS NOT NULL
+    DROP USER MailqRunner;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
 DELETE FROM dbo.mailq_deployment_file WHERE Revision = '0018';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = CAST(SESSION_CONTEXT(N'mailq_db.activation') AS INT);
+IF @Activation IS NOT NULL AND EXISTS (
+    SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL)
+BEGIN
+    IF @Activation = 1
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);
+    ELSE
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+END;
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = NULL;
 
 GO
 

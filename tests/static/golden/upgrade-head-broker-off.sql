@@ -24638,6 +24638,32 @@ END;
 GO
 
 /*
+User MailqRunner: the one identity registered code runs as: every
+delayed-execution target (delay.RunTask) and every hook (mailq.RunApplicationHooks)
+is called inside EXECUTE AS USER = N'MailqRunner' ... REVERT, never as dbo.
+WITHOUT LOGIN: nobody can connect as it; only dbo (and db_owner members)
+may impersonate it.  It holds EXECUTE on exactly the listed targets and the
+registered hooks (granted by delay.AllowProcedure and mailq.SetApplicationHook,
+revoked when they are taken off) and nothing else: what a target or hook reaches
+beyond that is by ownership chaining from a dbo-owned module, and DDL, permission
+changes or impersonation inside it (a callee's, a trigger's) run with these rights.
+Part of the mail queue (hooks deploy without Service Broker too).
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqRunner') IS NULL
+    CREATE USER MailqRunner WITHOUT LOGIN;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
 Revision 0018: lock escalation disabled on the three tables a batch writes
 row by row in one statement (mailq.EnqueueMailBatch, issue 16 point 6):
 mailq.MailQueue, mailq.MailAttachment and mailq.MailEvent.
@@ -24686,6 +24712,52 @@ IF EXISTS (
     WHERE object_id = OBJECT_ID(N'mailq.MailEvent') AND lock_escalation_desc <> N'DISABLE'
 )
     EXEC sys.sp_executesql N'ALTER TABLE mailq.MailEvent SET (LOCK_ESCALATION = DISABLE);';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.HookPin: the registered hook as it is now, if it is still the procedure
+that was registered: same object_id, schema, name, owner (dbo) and definition
+(SHA2_256 of OBJECT_DEFINITION = the pinned hash).  No row otherwise.
+mailq.RunApplicationHooks reads it before every call and, in the call's
+transaction, again after it: the same ModifyDate both times means nothing
+altered the hook in between (docs/hooks.md, "The check and the call").
+Parameters:  @ObjectId INT, @SchemaName SYSNAME, @ProcedureName SYSNAME,
+             @DefinitionHash VARBINARY(32): mailq.ApplicationHook's pin
+Result set:  zero or one row: ModifyDate DATETIME (sys.objects.modify_date)
+Security:    the catalog shows a procedure only to whoever may see it: the
+             dispatcher reads it as dbo (EXECUTE AS OWNER).
+Example:     SELECT ModifyDate FROM mailq.HookPin(@ObjectId, N'billing', N'OnMailEvent', @Hash);
+*/
+CREATE OR ALTER FUNCTION mailq.HookPin(
+    @ObjectId INT,
+    @SchemaName SYSNAME,
+    @ProcedureName SYSNAME,
+    @DefinitionHash VARBINARY(32)
+)
+RETURNS TABLE
+AS
+RETURN
+SELECT ModifyDate = o.modify_date
+FROM sys.objects AS o
+INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+WHERE
+    o.object_id = @ObjectId
+    AND o.type = 'P'
+    AND s.name = @SchemaName
+    AND o.name = @ProcedureName
+    AND s.principal_id = 1
+    AND COALESCE(o.principal_id, 1) = 1
+    AND HASHBYTES('SHA2_256', OBJECT_DEFINITION(o.object_id)) = @DefinitionHash;
 
 GO
 
@@ -25753,12 +25825,797 @@ END;
 
 GO
 
+/*
+mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the hook
+procedure of one application (docs/hooks.md).  The hook is called by
+mailq.RunApplicationHooks once per event, in its own transaction, as MailqRunner:
+registering grants MailqRunner EXECUTE on it, removing or replacing it revokes
+that (unless another application's hook is the same procedure).  For db_owner
+only (no role is granted EXECUTE; the GRANT needs it), like delay.AllowProcedure.
+The hook must be an existing SQL procedure named schema.procedure, not a system
+one, in a schema owned by dbo with no other owner on the procedure, with a
+readable definition (it is pinned: object_id and SHA2_256 of the definition), and
+take exactly these parameters (sys.parameters: name, type, length, OUTPUT; no
+others, since has_default_value "is always 0 for Transact-SQL objects"):
+  @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), @EventType NVARCHAR(32),
+  @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
+  @StopReason NVARCHAR(4000) OUTPUT
+Cursor:      a new registration starts at the end of the stream; a re-registration
+             keeps the cursor and retry state; @ResetCursorTo puts it at that EventID.
+Parameters:  @AppName NVARCHAR(128); @HookProcedure NVARCHAR(300) (NULL = remove);
+             @MaxAttempts INT = 3 (1-100); @ResetCursorTo BIGINT = NULL
+Result set:  one row: AppName, HookProcedure (NULL after a removal), ObjectId,
+             CursorEventID, MaxAttempts, Changed BIT (0: removing a hook that was not there)
+Errors:      50290 @AppName not a registered application; 50291 not an existing
+             two-part SQL procedure, or a system one; 50292 schema not owned by dbo,
+             or another owner; 50293 parameters differ from the signature; 50294
+             definition unreadable (WITH ENCRYPTION); 50295 @MaxAttempts or @ResetCursorTo
+Transaction: its own or the caller's (no savepoint); any error is re-raised and
+             dooms the caller's transaction.  Validation runs first.
+Lock order:  mailq.ApplicationHook only (the application's row).
+Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
+*/
+CREATE OR ALTER PROCEDURE mailq.SetApplicationHook
+    @AppName NVARCHAR(128),
+    @HookProcedure NVARCHAR(300),
+    @MaxAttempts INT = 3,
+    @ResetCursorTo BIGINT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Part1 SYSNAME,
+        @Part2 SYSNAME,
+        @SchemaName SYSNAME,
+        @Name SYSNAME,
+        @ObjectId INT,
+        @IsShipped BIT,
+        @SchemaOwner INT,
+        @ObjectOwner INT,
+        @Problems NVARCHAR(2000),
+        @DefinitionHash VARBINARY(32),
+        @Changed BIT = 1,
+        @OldObjectId INT,
+        @Grant NVARCHAR(600);
+
+    -- 1. Validate before any transaction starts.
+    IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@AppName must name a registered application (mailq.UpsertApplication); got ',
+            COALESCE(N'''' + @AppName + N'''', N'NULL'), N'.'
+        );
+        THROW 50290, @Msg, 1;
+    END;
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 3);
+    IF @MaxAttempts NOT BETWEEN 1 AND 100 OR @ResetCursorTo < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@MaxAttempts must be 1-100 and @ResetCursorTo 0 or more; got ', @MaxAttempts, N' and ',
+            COALESCE(CAST(@ResetCursorTo AS NVARCHAR(24)), N'NULL'), N'.'
+        );
+        THROW 50295, @Msg, 1;
+    END;
+
+    IF @HookProcedure IS NOT NULL
+    BEGIN
+        -- PARSENAME takes a sysname: refuse what it would cut.
+        IF DATALENGTH(@HookProcedure) BETWEEN 2 AND 256
+            AND PARSENAME(@HookProcedure, 3) IS NULL
+            AND PARSENAME(@HookProcedure, 4) IS NULL
+            SELECT
+                @Part1 = PARSENAME(@HookProcedure, 1),
+                @Part2 = PARSENAME(@HookProcedure, 2);
+
+        SELECT
+            @ObjectId = o.object_id,
+            @SchemaName = s.name,
+            @Name = o.name,
+            @IsShipped = o.is_ms_shipped,
+            @SchemaOwner = s.principal_id,
+            @ObjectOwner = o.principal_id
+        FROM sys.objects AS o
+        INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+        WHERE
+            s.name = @Part2
+            AND o.name = @Part1
+            AND o.type = 'P';
+
+        IF @ObjectId IS NULL OR @IsShipped = 1 OR @SchemaName IN (N'sys', N'INFORMATION_SCHEMA')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure must be schema.procedure naming an existing SQL procedure of this database ',
+                N'(not a system procedure); got ', LEFT(@HookProcedure, 300), N'.'
+            );
+            THROW 50291, @Msg, 1;
+        END;
+
+        -- sys.objects.principal_id: the individual owner when it differs
+        -- from the schema owner, else NULL.  dbo's principal_id is 1.
+        IF @SchemaOwner <> 1 OR COALESCE(@ObjectOwner, 1) <> 1
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' must be in a schema owned by dbo and have no other owner; schema owner ',
+                QUOTENAME(USER_NAME(@SchemaOwner)), N', object owner ',
+                COALESCE(QUOTENAME(USER_NAME(@ObjectOwner)), N'(the schema''s)'), N'.'
+            );
+            THROW 50292, @Msg, 1;
+        END;
+
+        -- The signature, from sys.parameters: what is missing or different,
+        -- then what is extra.  Lengths are in bytes (NVARCHAR(n): 2n).
+        SELECT @Problems = STRING_AGG(x.Problem, N'; ') WITHIN GROUP (ORDER BY x.Ord)
+        FROM (
+            SELECT
+                e.Ord,
+                CONCAT(
+                    e.ParameterName, N' ', e.Declared,
+                    IIF(p.parameter_id IS NULL, N' is missing', N' is declared differently')
+                ) AS Problem
+            FROM (
+                VALUES
+                    (1, N'@EventID', N'bigint', 8, 0, N'BIGINT'),
+                    (2, N'@MailID', N'bigint', 8, 0, N'BIGINT'),
+                    (3, N'@AppName', N'nvarchar', 256, 0, N'NVARCHAR(128)'),
+                    (4, N'@EventType', N'nvarchar', 64, 0, N'NVARCHAR(32)'),
+                    (5, N'@Status', N'nvarchar', 32, 0, N'NVARCHAR(16)'),
+                    (6, N'@SmtpCode', N'int', 4, 0, N'INT'),
+                    (7, N'@Detail', N'nvarchar', 8000, 0, N'NVARCHAR(4000)'),
+                    (8, N'@StopMail', N'bit', 1, 1, N'BIT OUTPUT'),
+                    (9, N'@StopReason', N'nvarchar', 8000, 1, N'NVARCHAR(4000) OUTPUT')
+            ) AS e(Ord, ParameterName, TypeName, MaxLength, IsOutput, Declared)
+            LEFT JOIN sys.parameters AS p
+                ON e.ParameterName = p.name AND p.object_id = @ObjectId
+            WHERE
+                p.parameter_id IS NULL
+                OR TYPE_NAME(p.user_type_id) <> e.TypeName
+                OR p.max_length <> e.MaxLength
+                OR p.is_output <> e.IsOutput
+            UNION ALL
+            SELECT 100 + p.parameter_id, CONCAT(p.name, N' is not a hook parameter')
+            FROM sys.parameters AS p
+            WHERE
+                p.object_id = @ObjectId
+                AND p.name NOT IN (
+                    N'@EventID', N'@MailID', N'@AppName', N'@EventType', N'@Status', N'@SmtpCode',
+                    N'@Detail', N'@StopMail', N'@StopReason'
+                )
+        ) AS x;
+
+        IF @Problems IS NOT NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' must take exactly the hook parameters (docs/hooks.md): ', LEFT(@Problems, 1500), N'.'
+            );
+            THROW 50293, @Msg, 1;
+        END;
+
+        SET @DefinitionHash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId));
+        IF @DefinitionHash IS NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' has no readable definition (WITH ENCRYPTION?), so it cannot be pinned.'
+            );
+            THROW 50294, @Msg, 1;
+        END;
+    END;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        SELECT @OldObjectId = h.ObjectId
+        FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+        WHERE h.AppName = @AppName;
+
+        IF @HookProcedure IS NULL
+        BEGIN
+            DELETE h
+            FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+            WHERE h.AppName = @AppName;
+            SET @Changed = IIF(@@ROWCOUNT = 0, 0, 1);
+        END;
+        ELSE
+        BEGIN
+            -- UPDLOCK, HOLDLOCK: update-else-insert without a race between the two.
+            UPDATE h
+            SET
+                h.SchemaName = @SchemaName,
+                h.ProcedureName = @Name,
+                h.ObjectId = @ObjectId,
+                h.DefinitionHash = @DefinitionHash,
+                h.MaxAttempts = @MaxAttempts,
+                h.CursorEventID = COALESCE(@ResetCursorTo, h.CursorEventID),
+                h.FailingEventID = IIF(@ResetCursorTo IS NULL, h.FailingEventID, NULL),
+                h.FailCount = IIF(@ResetCursorTo IS NULL, h.FailCount, 0),
+                h.LastError = NULL,
+                h.RegisteredAtUtc = SYSUTCDATETIME(),
+                h.RegisteredBy = ORIGINAL_LOGIN()
+            FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+            WHERE h.AppName = @AppName;
+
+            -- A new hook starts at the end of the stream: every event below
+            -- MIN_ACTIVE_ROWVERSION() is committed, every later one will be
+            -- above it (see mailq.GetMailEvents).
+            IF @@ROWCOUNT = 0
+                INSERT INTO mailq.ApplicationHook (
+                    AppName, SchemaName, ProcedureName, ObjectId, DefinitionHash, MaxAttempts, CursorEventID
+                )
+                VALUES (
+                    @AppName, @SchemaName, @Name, @ObjectId, @DefinitionHash, @MaxAttempts,
+                    COALESCE(@ResetCursorTo, CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT) - 1)
+                );
+        END;
+
+        -- Hooks run as MailqRunner: it may execute exactly the registered hooks.
+        -- Catalog names, QUOTENAMEd.  The old hook's grant goes unless another
+        -- application still uses that procedure.
+        IF @OldObjectId IS NOT NULL AND @OldObjectId <> ISNULL(@ObjectId, 0)
+            AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationHook AS h WHERE h.ObjectId = @OldObjectId)
+            AND OBJECT_NAME(@OldObjectId) IS NOT NULL
+        BEGIN
+            SET @Grant = CONCAT(
+                N'REVOKE EXECUTE ON OBJECT::', QUOTENAME(OBJECT_SCHEMA_NAME(@OldObjectId)), N'.',
+                QUOTENAME(OBJECT_NAME(@OldObjectId)), N' FROM MailqRunner;'
+            );
+            EXEC sys.sp_executesql @Grant;
+        END;
+        IF @HookProcedure IS NOT NULL
+        BEGIN
+            SET @Grant = CONCAT(
+                N'GRANT EXECUTE ON OBJECT::', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name), N' TO MailqRunner;'
+            );
+            EXEC sys.sp_executesql @Grant;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- One row whether or not a hook remains (a removal returns NULLs).
+    DECLARE
+        @ResultProcedure NVARCHAR(300),
+        @ResultObjectId INT,
+        @ResultCursor BIGINT,
+        @ResultMaxAttempts INT;
+    SELECT
+        @ResultProcedure = CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)),
+        @ResultObjectId = h.ObjectId,
+        @ResultCursor = h.CursorEventID,
+        @ResultMaxAttempts = h.MaxAttempts
+    FROM mailq.ApplicationHook AS h
+    WHERE h.AppName = @AppName;
+    SELECT
+        @AppName AS AppName,
+        @ResultProcedure AS HookProcedure,
+        @ResultObjectId AS ObjectId,
+        @ResultCursor AS CursorEventID,
+        @ResultMaxAttempts AS MaxAttempts,
+        @Changed AS Changed;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each
+application with a hook, reads its events after the stored cursor (the commit-safe
+bound of mailq.GetMailEvents) and calls the hook once per event, in EventID order,
+each call in its own transaction: the hook; @StopMail = 1 on a mail still UnSent or
+Sending -> mailq.StopMail; the cursor moves.  Each application gets an equal share
+of @MaxEvents.  One dispatcher at a time (a session application lock; a second
+caller gets State 'Busy').
+The call: as MailqRunner (EXECUTE AS USER ... REVERT: never as dbo), after one SET
+line (ANSI options ON, NUMERIC_ROUNDABORT OFF, XACT_ABORT OFF, DEADLOCK_PRIORITY
+NORMAL, LOCK_TIMEOUT 5000), and only while mailq.HookPin finds the registered
+procedure; read again after the call in its transaction: a hook altered meanwhile
+is rolled back and suspended (LastError) until mailq.SetApplicationHook again.
+Failures: a throwing or dooming hook is rolled back and counted; after MaxAttempts
+the event goes to mailq.ApplicationHookFailure and the cursor passes it; a hook that
+ends the transaction opened for it (266, none left) is given up at once (its work
+may be committed); one that leaves one open is rolled back (50297/266).
+Parameters:  @MaxEvents INT = 500 (1-5000); @Quiet BIT = 0 (1: no result set)
+Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
+             HookProcedure, Calls, Succeeded, FailedCalls, GivenUp, CursorEventID,
+             State (UpToDate | More | Retrying | Suspended | Moved); or one row
+             with AppName NULL and State 'Busy'.
+Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open transaction.
+Transaction: none open on entry; one per hook call, one per failure record.
+Lock order:  per call: whatever the hook locks, mailq.MailQueue (StopMail), then
+             mailq.ApplicationHook; failures: ApplicationHookFailure, ApplicationHook.
+Security:    EXECUTE AS OWNER for its own reads and writes; the hook runs as
+             MailqRunner.  Granted to MailqAdmin.
+Example:     EXEC mailq.RunApplicationHooks @MaxEvents = 500;
+*/
+CREATE OR ALTER PROCEDURE mailq.RunApplicationHooks
+    @MaxEvents INT = 500,
+    @Quiet BIT = 0
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @MaxEvents = COALESCE(@MaxEvents, 500);
+    IF @MaxEvents NOT BETWEEN 1 AND 5000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxEvents must be 1-5000; got ', @MaxEvents, N'.');
+        THROW 50295, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50296,
+            N'mailq.RunApplicationHooks runs each hook call in its own transaction: call it outside any transaction.',
+            1;
+
+    DECLARE @Summary TABLE (
+        AppName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        HookProcedure NVARCHAR(300) NOT NULL,
+        Calls INT NOT NULL DEFAULT (0),
+        Succeeded INT NOT NULL DEFAULT (0),
+        FailedCalls INT NOT NULL DEFAULT (0),
+        GivenUp INT NOT NULL DEFAULT (0),
+        CursorEventID BIGINT NOT NULL,
+        State NVARCHAR(16) NOT NULL DEFAULT (N'UpToDate')
+    );
+    DECLARE @Page TABLE (
+        EventID BIGINT NOT NULL PRIMARY KEY,
+        MailID BIGINT NOT NULL,
+        EventType NVARCHAR(32) NOT NULL,
+        Status NVARCHAR(16) NOT NULL,
+        SmtpCode INT NULL,
+        Detail NVARCHAR(4000) NULL
+    );
+    DECLARE
+        @LockResult INT,
+        @Budget INT = @MaxEvents,
+        @App NVARCHAR(128) = N'',
+        @SchemaName SYSNAME,
+        @ProcedureName SYSNAME,
+        @ObjectId INT,
+        @DefinitionHash VARBINARY(32),
+        @Hook NVARCHAR(300),
+        @Cursor BIGINT,
+        @FailingEventID BIGINT,
+        @FailCount INT,
+        @MaxAttempts INT,
+        @Upper BINARY(8),
+        @EventID BIGINT,
+        @MailID BIGINT,
+        @EventType NVARCHAR(32),
+        @Status NVARCHAR(16),
+        @SmtpCode INT,
+        @Detail NVARCHAR(4000),
+        @StopMail BIT,
+        @StopReason NVARCHAR(4000),
+        @MailStatus NVARCHAR(16),
+        @Sql NVARCHAR(MAX),
+        @ErrorNumber INT,
+        @ErrorMessage NVARCHAR(4000),
+        @TranCountInCatch INT,
+        @Modified DATETIME,
+        @Changed BIT,
+        @Attempts INT,
+        @GiveUp BIT,
+        @Moved BIT,
+        @AppState NVARCHAR(16),
+        @PerApp INT,
+        @AppCalls INT,
+        @Now DATETIME2(3);
+    DECLARE @Stopped TABLE (ID BIGINT, Status NVARCHAR(16), NextAttemptUtc DATETIME2(3));
+    DECLARE @ParameterList NVARCHAR(400) = N'@EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), '
+        + N'@EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), '
+        + N'@StopMail BIT OUTPUT, @StopReason NVARCHAR(4000) OUTPUT';
+
+    -- One dispatcher at a time (an Agent job and the delayed-execution task
+    -- may overlap): session-owned, so it spans the per-call transactions.
+    EXEC @LockResult = sys.sp_getapplock
+        @Resource = N'mailq.RunApplicationHooks',
+        @LockMode = N'Exclusive',
+        @LockOwner = N'Session',
+        @LockTimeout = 0;
+    IF @LockResult < 0
+    BEGIN
+        IF @Quiet = 0
+            SELECT
+                CAST(NULL AS NVARCHAR(128)) AS AppName,
+                CAST(NULL AS NVARCHAR(300)) AS HookProcedure,
+                0 AS Calls, 0 AS Succeeded, 0 AS FailedCalls, 0 AS GivenUp,
+                CAST(NULL AS BIGINT) AS CursorEventID,
+                N'Busy' AS State;
+        RETURN;
+    END;
+
+    BEGIN TRY
+        -- Each application gets an equal share of the budget, so one with a
+        -- long backlog does not starve the others (needs @MaxEvents >= the
+        -- number of hooked applications to reach them all in one run).
+        SET @PerApp = (SELECT CEILING(@MaxEvents * 1.0 / NULLIF(COUNT(*), 0)) FROM mailq.ApplicationHook);
+        WHILE @Budget > 0
+        BEGIN
+            -- Next hooked application, by key (a seek per application).
+            SET @SchemaName = NULL;
+            SELECT TOP (1)
+                @App = h.AppName,
+                @SchemaName = h.SchemaName,
+                @ProcedureName = h.ProcedureName,
+                @ObjectId = h.ObjectId,
+                @DefinitionHash = h.DefinitionHash,
+                @Cursor = h.CursorEventID,
+                @FailingEventID = h.FailingEventID,
+                @FailCount = h.FailCount,
+                @MaxAttempts = h.MaxAttempts
+            FROM mailq.ApplicationHook AS h
+            WHERE h.AppName > @App
+            ORDER BY h.AppName ASC;
+            IF @SchemaName IS NULL BREAK;
+
+            SET @Hook = CONCAT(QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName));
+            SELECT @AppState = N'UpToDate', @AppCalls = 0;
+            INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
+
+            -- The pin: same object, schema, name, owner and definition.
+            IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
+            BEGIN
+                UPDATE h
+                SET
+                    h.LastError = CONCAT(
+                        N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
+                        N'it was registered; review it and run mailq.SetApplicationHook again.'
+                    ),
+                    h.LastRunAtUtc = SYSUTCDATETIME()
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App;
+                UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                CONTINUE;
+            END;
+
+            -- QUOTENAMEd catalog names; the values are parameters, never text.
+            SET @Sql = CONCAT(
+                N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, ',
+                N'CONCAT_NULL_YIELDS_NULL ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; ',
+                N'SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
+                N' @EventID = @EventID, @MailID = @MailID, @AppName = @AppName, @EventType = @EventType,',
+                N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
+                N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
+            );
+
+            -- The page: mailq.GetMailEvents' commit-safe read (bound first,
+            -- then a locking read below it; see its header).
+            DELETE FROM @Page;
+            SET @Upper = MIN_ACTIVE_ROWVERSION();
+            INSERT INTO @Page (EventID, MailID, EventType, Status, SmtpCode, Detail)
+            SELECT TOP (IIF(@PerApp < @Budget, @PerApp, @Budget))
+                CAST(e.EventSeq AS BIGINT),
+                e.MailID,
+                e.EventType,
+                e.Status,
+                e.SmtpCode,
+                e.Detail
+            FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
+            WHERE e.AppName = @App AND e.EventSeq > CAST(@Cursor AS BINARY(8)) AND e.EventSeq < @Upper
+            ORDER BY e.EventSeq ASC;
+
+            WHILE @Budget > 0 AND @AppCalls < @PerApp
+            BEGIN
+                SELECT TOP (1)
+                    @EventID = p.EventID,
+                    @MailID = p.MailID,
+                    @EventType = p.EventType,
+                    @Status = p.Status,
+                    @SmtpCode = p.SmtpCode,
+                    @Detail = p.Detail
+                FROM @Page AS p
+                WHERE p.EventID > @Cursor
+                ORDER BY p.EventID ASC;
+                IF @@ROWCOUNT = 0 BREAK;
+
+                -- The pin again before every call: a hook altered, renamed,
+                -- dropped or recreated during this run is not called again in it.
+                SET @Modified = NULL;
+                SELECT @Modified = p.ModifyDate
+                FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
+                IF @Modified IS NULL
+                BEGIN
+                    UPDATE h
+                    SET
+                        h.LastError = CONCAT(
+                            N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
+                            N'it was registered; review it and run mailq.SetApplicationHook again.'
+                        ),
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App;
+                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                    SET @AppState = N'Suspended';
+                    BREAK;
+                END;
+
+                SELECT
+                    @Budget -= 1,
+                    @AppCalls += 1,
+                    @StopMail = 0,
+                    @StopReason = NULL,
+                    @ErrorNumber = NULL,
+                    @ErrorMessage = NULL,
+                    @TranCountInCatch = NULL,
+                    @Moved = 0,
+                    @GiveUp = 0;
+                UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
+
+                -- 1. The call, its stop and the cursor: one transaction.  The hook
+                --    runs as MailqRunner: REVERT inside a module undoes only that
+                --    module's EXECUTE AS, so the hook cannot keep or undo ours.
+                SET @Changed = 0;
+                BEGIN TRANSACTION;
+                EXECUTE AS USER = N'MailqRunner';
+                BEGIN TRY
+                    EXEC sys.sp_executesql
+                        @Sql,
+                        @ParameterList,
+                        @EventID = @EventID,
+                        @MailID = @MailID,
+                        @AppName = @App,
+                        @EventType = @EventType,
+                        @Status = @Status,
+                        @SmtpCode = @SmtpCode,
+                        @Detail = @Detail,
+                        @StopMail = @StopMail OUTPUT,
+                        @StopReason = @StopReason OUTPUT;
+                END TRY
+                BEGIN CATCH
+                    SELECT
+                        @ErrorNumber = ERROR_NUMBER(),
+                        @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
+                        @TranCountInCatch = @@TRANCOUNT;
+                END CATCH;
+                REVERT;
+
+                IF @ErrorNumber IS NULL
+                BEGIN
+                    BEGIN TRY
+                        -- 266 normally comes first; a count that still differs is the same fault.
+                        IF @@TRANCOUNT <> 1
+                            THROW 50297,
+                                N'The hook ended the transaction opened for it or left one of its own open.',
+                                1;
+
+                        -- The code that ran is the code that was checked (same ModifyDate).
+                        IF NOT EXISTS (
+                            SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
+                            WHERE p.ModifyDate = @Modified
+                        )
+                        BEGIN
+                            SET @Changed = 1;
+                            ROLLBACK TRANSACTION;
+                        END;
+
+                        IF @Changed = 0 AND @StopMail = 1
+                        BEGIN
+                            -- Only a mail not yet final: StopMail would refuse a
+                            -- final one (50260).  UPDLOCK: StopMail takes the same
+                            -- row's U lock next, in this transaction.
+                            SET @MailStatus = NULL;
+                            SELECT @MailStatus = q.Status
+                            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+                            WHERE q.ID = @MailID;
+                            IF @MailStatus IN (N'UnSent', N'Sending')
+                            BEGIN
+                                SET @StopReason = COALESCE(
+                                    NULLIF(LTRIM(RTRIM(@StopReason)), N''),
+                                    CONCAT(
+                                        N'Stopped by the hook ', @Hook, N' on event ', @EventID,
+                                        N' (', @EventType, N').'
+                                    )
+                                );
+                                -- StopMail's one-row result is kept here, not sent to our caller.
+                                DELETE FROM @Stopped;
+                                INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
+                                EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
+                            END;
+                        END;
+
+                        -- The cursor, guarded: a re-registration with a new
+                        -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
+                        -- undoes this call instead of overwriting it.
+                        IF @Changed = 0
+                        BEGIN
+                            UPDATE h
+                            SET
+                                h.CursorEventID = @EventID,
+                                h.FailingEventID = NULL,
+                                h.FailCount = 0,
+                                h.LastError = NULL,
+                                h.LastRunAtUtc = SYSUTCDATETIME()
+                            FROM mailq.ApplicationHook AS h
+                            WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                            IF @@ROWCOUNT = 0
+                            BEGIN
+                                SET @Moved = 1;
+                                ROLLBACK TRANSACTION;
+                            END;
+                            ELSE
+                                COMMIT TRANSACTION;
+                        END;
+                    END TRY
+                    BEGIN CATCH
+                        SELECT
+                            @ErrorNumber = ERROR_NUMBER(),
+                            @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
+                            @TranCountInCatch = @@TRANCOUNT;
+                        -- Doomed (-1) or not (1): the call is undone as a whole.
+                        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+                    END CATCH;
+                END;
+                -- A failed call: undone as a whole (doomed or not).
+                ELSE IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+
+                IF @Changed = 1
+                BEGIN
+                    UPDATE h
+                    SET
+                        h.LastError = CONCAT(
+                            N'Suspended: ', @Hook, N' was altered while it was called; the call was rolled back. ',
+                            N'Review it and run mailq.SetApplicationHook again.'
+                        ),
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App;
+                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                    SET @AppState = N'Suspended';
+                    BREAK;
+                END;
+
+                IF @Moved = 1
+                BEGIN
+                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                    SET @AppState = N'Moved';
+                    BREAK;
+                END;
+
+                IF @ErrorNumber IS NULL
+                BEGIN
+                    SET @Cursor = @EventID;
+                    SELECT @FailingEventID = NULL, @FailCount = 0;
+                    UPDATE @Summary SET Succeeded += 1, CursorEventID = @EventID WHERE AppName = @App;
+                    CONTINUE;
+                END;
+
+                -- 2. A failed call: count it, or give the event up.
+                SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
+                -- 266 with no transaction left: the hook ended the
+                -- transaction opened for it; its work may be committed.
+                IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
+                IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
+                SET @ErrorMessage = LEFT(CONCAT(
+                    N'Event ', @EventID, N' (', @EventType, N', mail ', @MailID, N'), call ', @Attempts,
+                    N' of ', @MaxAttempts, N': error ', @ErrorNumber, N': ', @ErrorMessage
+                ), 4000);
+                SET @Now = SYSUTCDATETIME();
+                UPDATE @Summary SET FailedCalls += 1 WHERE AppName = @App;
+
+                BEGIN TRANSACTION;
+                IF @GiveUp = 1
+                    INSERT INTO mailq.ApplicationHookFailure (
+                        AppName, EventID, MailID, EventType, HookProcedure, Attempts, ErrorNumber, ErrorMessage
+                    )
+                    VALUES (@App, @EventID, @MailID, @EventType, @Hook, @Attempts, @ErrorNumber, @ErrorMessage);
+                UPDATE h
+                SET
+                    h.CursorEventID = IIF(@GiveUp = 1, @EventID, h.CursorEventID),
+                    h.FailingEventID = IIF(@GiveUp = 1, NULL, @EventID),
+                    h.FailCount = IIF(@GiveUp = 1, 0, @Attempts),
+                    h.LastError = @ErrorMessage,
+                    h.LastRunAtUtc = @Now
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                IF @@ROWCOUNT = 0
+                BEGIN
+                    ROLLBACK TRANSACTION;
+                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                    SET @AppState = N'Moved';
+                    BREAK;
+                END;
+                COMMIT TRANSACTION;
+
+                IF @GiveUp = 1
+                BEGIN
+                    SET @Cursor = @EventID;
+                    SELECT @FailingEventID = NULL, @FailCount = 0;
+                    UPDATE @Summary SET GivenUp += 1, CursorEventID = @EventID WHERE AppName = @App;
+                    CONTINUE;
+                END;
+
+                -- Retry on a later run (the interval between runs is the backoff).
+                UPDATE @Summary SET State = N'Retrying' WHERE AppName = @App;
+                SET @AppState = N'Retrying';
+                BREAK;
+            END;
+
+            IF @AppState = N'UpToDate'
+            BEGIN
+                -- Nothing called (or every call passed): note the run.
+                UPDATE h
+                SET h.LastRunAtUtc = SYSUTCDATETIME()
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App AND h.ObjectId = @ObjectId;
+                -- The share or the budget used up: there may be more.
+                IF @AppCalls >= @PerApp OR @Budget = 0
+                    UPDATE @Summary SET State = N'More' WHERE AppName = @App AND Calls > 0;
+            END;
+        END;
+
+        EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
+    END TRY
+    BEGIN CATCH
+        -- Our own bookkeeping failed (never a hook's error: those are caught
+        -- above).  Nothing half-done stays: roll back, release, re-raise.
+        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        IF APPLOCK_MODE(N'public', N'mailq.RunApplicationHooks', N'Session') = N'Exclusive'
+            EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
+        THROW;
+    END CATCH;
+
+    IF @Quiet = 0
+        SELECT
+            s.AppName,
+            s.HookProcedure,
+            s.Calls,
+            s.Succeeded,
+            s.FailedCalls,
+            s.GivenUp,
+            s.CursorEventID,
+            s.State
+        FROM @Summary AS s
+        ORDER BY s.AppName;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
 DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0018') AND FilePath IN (
+    N'security/MailqRunner.user.sql',
     N'upgrades/mailq.0018.LockEscalation.sql',
-    N'procedures/mailq.EnqueueMailBatch.sql');
+    N'functions/mailq.HookPin.sql',
+    N'procedures/mailq.EnqueueMailBatch.sql',
+    N'procedures/mailq.SetApplicationHook.sql',
+    N'procedures/mailq.RunApplicationHooks.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0018', N'security/MailqRunner.user.sql', 'e92e9fb39816e02ec59d0848ef1e74596c9a5922bf72ae8dbd4b3addee1f9626'),
     ('0018', N'upgrades/mailq.0018.LockEscalation.sql', '39b4f187c4fed16b67e5910657cb48ca55f61ddc3cb04640705d508f7f07fc10'),
-    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b');
+    ('0018', N'functions/mailq.HookPin.sql', '5bbc8ba60b5e959f48e0dc352baff33e7fd342b5b9408199b2d0430d3eb5cb4a'),
+    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b'),
+    ('0018', N'procedures/mailq.SetApplicationHook.sql', 'f544e1e4dac7c629ec9d5778081938d8fa2b5771efdf8667198acd573ef19c69'),
+    ('0018', N'procedures/mailq.RunApplicationHooks.sql', '97ad237f1c8e40eb769e243834ffdfeb72d0df860409b62e79e39d5b326697b6');
 
 GO
 

@@ -33785,6 +33785,79 @@ END;
 
 GO
 
+IF NOT EXISTS (
+    SELECT 1 FROM sys.databases
+    WHERE database_id = DB_ID() AND is_broker_enabled = 1
+)
+BEGIN
+    DECLARE @Msg NVARCHAR(2048) = CONCAT(
+        N'Service Broker is not enabled in database ', QUOTENAME(DB_NAME()),
+        N'; delayed execution needs it. A DBA enables it with: ',
+        N'ALTER', N' DATABASE ', QUOTENAME(DB_NAME()), N' SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE; ',
+        N'this needs exclusive access to the database: WITH ROLLBACK IMMEDIATE rolls back ',
+        N'every open transaction of the other sessions in it and disconnects them. ',
+        N'(A database restored or attached as a copy may need NEW_BROKER instead, which ',
+        N'also ends every existing conversation.) To deploy the mail queue alone, run ',
+        N'mailq-db deploy -x broker=off (alembic -x broker=off upgrade head).'
+    );
+    THROW 50401, @Msg, 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = (
+    SELECT CAST(q.is_activation_enabled AS INT) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ'));
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = @Activation;
+IF @Activation = 1
+    ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+User MailqRunner: the one identity registered code runs as: every
+delayed-execution target (delay.RunTask) and every hook (mailq.RunApplicationHooks)
+is called inside EXECUTE AS USER = N'MailqRunner' ... REVERT, never as dbo.
+WITHOUT LOGIN: nobody can connect as it; only dbo (and db_owner members)
+may impersonate it.  It holds EXECUTE on exactly the listed targets and the
+registered hooks (granted by delay.AllowProcedure and mailq.SetApplicationHook,
+revoked when they are taken off) and nothing else: what a target or hook reaches
+beyond that is by ownership chaining from a dbo-owned module, and DDL, permission
+changes or impersonation inside it (a callee's, a trigger's) run with these rights.
+Part of the mail queue (hooks deploy without Service Broker too).
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqRunner') IS NULL
+    CREATE USER MailqRunner WITHOUT LOGIN;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
 /*
 Revision 0018: lock escalation disabled on the three tables a batch writes
 row by row in one statement (mailq.EnqueueMailBatch, issue 16 point 6):
@@ -33834,6 +33907,52 @@ IF EXISTS (
     WHERE object_id = OBJECT_ID(N'mailq.MailEvent') AND lock_escalation_desc <> N'DISABLE'
 )
     EXEC sys.sp_executesql N'ALTER TABLE mailq.MailEvent SET (LOCK_ESCALATION = DISABLE);';
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.HookPin: the registered hook as it is now, if it is still the procedure
+that was registered: same object_id, schema, name, owner (dbo) and definition
+(SHA2_256 of OBJECT_DEFINITION = the pinned hash).  No row otherwise.
+mailq.RunApplicationHooks reads it before every call and, in the call's
+transaction, again after it: the same ModifyDate both times means nothing
+altered the hook in between (docs/hooks.md, "The check and the call").
+Parameters:  @ObjectId INT, @SchemaName SYSNAME, @ProcedureName SYSNAME,
+             @DefinitionHash VARBINARY(32): mailq.ApplicationHook's pin
+Result set:  zero or one row: ModifyDate DATETIME (sys.objects.modify_date)
+Security:    the catalog shows a procedure only to whoever may see it: the
+             dispatcher reads it as dbo (EXECUTE AS OWNER).
+Example:     SELECT ModifyDate FROM mailq.HookPin(@ObjectId, N'billing', N'OnMailEvent', @Hash);
+*/
+CREATE OR ALTER FUNCTION mailq.HookPin(
+    @ObjectId INT,
+    @SchemaName SYSNAME,
+    @ProcedureName SYSNAME,
+    @DefinitionHash VARBINARY(32)
+)
+RETURNS TABLE
+AS
+RETURN
+SELECT ModifyDate = o.modify_date
+FROM sys.objects AS o
+INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+WHERE
+    o.object_id = @ObjectId
+    AND o.type = 'P'
+    AND s.name = @SchemaName
+    AND o.name = @ProcedureName
+    AND s.principal_id = 1
+    AND COALESCE(o.principal_id, 1) = 1
+    AND HASHBYTES('SHA2_256', OBJECT_DEFINITION(o.object_id)) = @DefinitionHash;
 
 GO
 
@@ -34901,12 +35020,3338 @@ END;
 
 GO
 
+/*
+mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the hook
+procedure of one application (docs/hooks.md).  The hook is called by
+mailq.RunApplicationHooks once per event, in its own transaction, as MailqRunner:
+registering grants MailqRunner EXECUTE on it, removing or replacing it revokes
+that (unless another application's hook is the same procedure).  For db_owner
+only (no role is granted EXECUTE; the GRANT needs it), like delay.AllowProcedure.
+The hook must be an existing SQL procedure named schema.procedure, not a system
+one, in a schema owned by dbo with no other owner on the procedure, with a
+readable definition (it is pinned: object_id and SHA2_256 of the definition), and
+take exactly these parameters (sys.parameters: name, type, length, OUTPUT; no
+others, since has_default_value "is always 0 for Transact-SQL objects"):
+  @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), @EventType NVARCHAR(32),
+  @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
+  @StopReason NVARCHAR(4000) OUTPUT
+Cursor:      a new registration starts at the end of the stream; a re-registration
+             keeps the cursor and retry state; @ResetCursorTo puts it at that EventID.
+Parameters:  @AppName NVARCHAR(128); @HookProcedure NVARCHAR(300) (NULL = remove);
+             @MaxAttempts INT = 3 (1-100); @ResetCursorTo BIGINT = NULL
+Result set:  one row: AppName, HookProcedure (NULL after a removal), ObjectId,
+             CursorEventID, MaxAttempts, Changed BIT (0: removing a hook that was not there)
+Errors:      50290 @AppName not a registered application; 50291 not an existing
+             two-part SQL procedure, or a system one; 50292 schema not owned by dbo,
+             or another owner; 50293 parameters differ from the signature; 50294
+             definition unreadable (WITH ENCRYPTION); 50295 @MaxAttempts or @ResetCursorTo
+Transaction: its own or the caller's (no savepoint); any error is re-raised and
+             dooms the caller's transaction.  Validation runs first.
+Lock order:  mailq.ApplicationHook only (the application's row).
+Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
+*/
+CREATE OR ALTER PROCEDURE mailq.SetApplicationHook
+    @AppName NVARCHAR(128),
+    @HookProcedure NVARCHAR(300),
+    @MaxAttempts INT = 3,
+    @ResetCursorTo BIGINT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE
+        @Msg NVARCHAR(2048),
+        @Part1 SYSNAME,
+        @Part2 SYSNAME,
+        @SchemaName SYSNAME,
+        @Name SYSNAME,
+        @ObjectId INT,
+        @IsShipped BIT,
+        @SchemaOwner INT,
+        @ObjectOwner INT,
+        @Problems NVARCHAR(2000),
+        @DefinitionHash VARBINARY(32),
+        @Changed BIT = 1,
+        @OldObjectId INT,
+        @Grant NVARCHAR(600);
+
+    -- 1. Validate before any transaction starts.
+    IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@AppName must name a registered application (mailq.UpsertApplication); got ',
+            COALESCE(N'''' + @AppName + N'''', N'NULL'), N'.'
+        );
+        THROW 50290, @Msg, 1;
+    END;
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 3);
+    IF @MaxAttempts NOT BETWEEN 1 AND 100 OR @ResetCursorTo < 0
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@MaxAttempts must be 1-100 and @ResetCursorTo 0 or more; got ', @MaxAttempts, N' and ',
+            COALESCE(CAST(@ResetCursorTo AS NVARCHAR(24)), N'NULL'), N'.'
+        );
+        THROW 50295, @Msg, 1;
+    END;
+
+    IF @HookProcedure IS NOT NULL
+    BEGIN
+        -- PARSENAME takes a sysname: refuse what it would cut.
+        IF DATALENGTH(@HookProcedure) BETWEEN 2 AND 256
+            AND PARSENAME(@HookProcedure, 3) IS NULL
+            AND PARSENAME(@HookProcedure, 4) IS NULL
+            SELECT
+                @Part1 = PARSENAME(@HookProcedure, 1),
+                @Part2 = PARSENAME(@HookProcedure, 2);
+
+        SELECT
+            @ObjectId = o.object_id,
+            @SchemaName = s.name,
+            @Name = o.name,
+            @IsShipped = o.is_ms_shipped,
+            @SchemaOwner = s.principal_id,
+            @ObjectOwner = o.principal_id
+        FROM sys.objects AS o
+        INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+        WHERE
+            s.name = @Part2
+            AND o.name = @Part1
+            AND o.type = 'P';
+
+        IF @ObjectId IS NULL OR @IsShipped = 1 OR @SchemaName IN (N'sys', N'INFORMATION_SCHEMA')
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure must be schema.procedure naming an existing SQL procedure of this database ',
+                N'(not a system procedure); got ', LEFT(@HookProcedure, 300), N'.'
+            );
+            THROW 50291, @Msg, 1;
+        END;
+
+        -- sys.objects.principal_id: the individual owner when it differs
+        -- from the schema owner, else NULL.  dbo's principal_id is 1.
+        IF @SchemaOwner <> 1 OR COALESCE(@ObjectOwner, 1) <> 1
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' must be in a schema owned by dbo and have no other owner; schema owner ',
+                QUOTENAME(USER_NAME(@SchemaOwner)), N', object owner ',
+                COALESCE(QUOTENAME(USER_NAME(@ObjectOwner)), N'(the schema''s)'), N'.'
+            );
+            THROW 50292, @Msg, 1;
+        END;
+
+        -- The signature, from sys.parameters: what is missing or different,
+        -- then what is extra.  Lengths are in bytes (NVARCHAR(n): 2n).
+        SELECT @Problems = STRING_AGG(x.Problem, N'; ') WITHIN GROUP (ORDER BY x.Ord)
+        FROM (
+            SELECT
+                e.Ord,
+                CONCAT(
+                    e.ParameterName, N' ', e.Declared,
+                    IIF(p.parameter_id IS NULL, N' is missing', N' is declared differently')
+                ) AS Problem
+            FROM (
+                VALUES
+                    (1, N'@EventID', N'bigint', 8, 0, N'BIGINT'),
+                    (2, N'@MailID', N'bigint', 8, 0, N'BIGINT'),
+                    (3, N'@AppName', N'nvarchar', 256, 0, N'NVARCHAR(128)'),
+                    (4, N'@EventType', N'nvarchar', 64, 0, N'NVARCHAR(32)'),
+                    (5, N'@Status', N'nvarchar', 32, 0, N'NVARCHAR(16)'),
+                    (6, N'@SmtpCode', N'int', 4, 0, N'INT'),
+                    (7, N'@Detail', N'nvarchar', 8000, 0, N'NVARCHAR(4000)'),
+                    (8, N'@StopMail', N'bit', 1, 1, N'BIT OUTPUT'),
+                    (9, N'@StopReason', N'nvarchar', 8000, 1, N'NVARCHAR(4000) OUTPUT')
+            ) AS e(Ord, ParameterName, TypeName, MaxLength, IsOutput, Declared)
+            LEFT JOIN sys.parameters AS p
+                ON e.ParameterName = p.name AND p.object_id = @ObjectId
+            WHERE
+                p.parameter_id IS NULL
+                OR TYPE_NAME(p.user_type_id) <> e.TypeName
+                OR p.max_length <> e.MaxLength
+                OR p.is_output <> e.IsOutput
+            UNION ALL
+            SELECT 100 + p.parameter_id, CONCAT(p.name, N' is not a hook parameter')
+            FROM sys.parameters AS p
+            WHERE
+                p.object_id = @ObjectId
+                AND p.name NOT IN (
+                    N'@EventID', N'@MailID', N'@AppName', N'@EventType', N'@Status', N'@SmtpCode',
+                    N'@Detail', N'@StopMail', N'@StopReason'
+                )
+        ) AS x;
+
+        IF @Problems IS NOT NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' must take exactly the hook parameters (docs/hooks.md): ', LEFT(@Problems, 1500), N'.'
+            );
+            THROW 50293, @Msg, 1;
+        END;
+
+        SET @DefinitionHash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId));
+        IF @DefinitionHash IS NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' has no readable definition (WITH ENCRYPTION?), so it cannot be pinned.'
+            );
+            THROW 50294, @Msg, 1;
+        END;
+    END;
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        SELECT @OldObjectId = h.ObjectId
+        FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+        WHERE h.AppName = @AppName;
+
+        IF @HookProcedure IS NULL
+        BEGIN
+            DELETE h
+            FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+            WHERE h.AppName = @AppName;
+            SET @Changed = IIF(@@ROWCOUNT = 0, 0, 1);
+        END;
+        ELSE
+        BEGIN
+            -- UPDLOCK, HOLDLOCK: update-else-insert without a race between the two.
+            UPDATE h
+            SET
+                h.SchemaName = @SchemaName,
+                h.ProcedureName = @Name,
+                h.ObjectId = @ObjectId,
+                h.DefinitionHash = @DefinitionHash,
+                h.MaxAttempts = @MaxAttempts,
+                h.CursorEventID = COALESCE(@ResetCursorTo, h.CursorEventID),
+                h.FailingEventID = IIF(@ResetCursorTo IS NULL, h.FailingEventID, NULL),
+                h.FailCount = IIF(@ResetCursorTo IS NULL, h.FailCount, 0),
+                h.LastError = NULL,
+                h.RegisteredAtUtc = SYSUTCDATETIME(),
+                h.RegisteredBy = ORIGINAL_LOGIN()
+            FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+            WHERE h.AppName = @AppName;
+
+            -- A new hook starts at the end of the stream: every event below
+            -- MIN_ACTIVE_ROWVERSION() is committed, every later one will be
+            -- above it (see mailq.GetMailEvents).
+            IF @@ROWCOUNT = 0
+                INSERT INTO mailq.ApplicationHook (
+                    AppName, SchemaName, ProcedureName, ObjectId, DefinitionHash, MaxAttempts, CursorEventID
+                )
+                VALUES (
+                    @AppName, @SchemaName, @Name, @ObjectId, @DefinitionHash, @MaxAttempts,
+                    COALESCE(@ResetCursorTo, CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT) - 1)
+                );
+        END;
+
+        -- Hooks run as MailqRunner: it may execute exactly the registered hooks.
+        -- Catalog names, QUOTENAMEd.  The old hook's grant goes unless another
+        -- application still uses that procedure.
+        IF @OldObjectId IS NOT NULL AND @OldObjectId <> ISNULL(@ObjectId, 0)
+            AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationHook AS h WHERE h.ObjectId = @OldObjectId)
+            AND OBJECT_NAME(@OldObjectId) IS NOT NULL
+        BEGIN
+            SET @Grant = CONCAT(
+                N'REVOKE EXECUTE ON OBJECT::', QUOTENAME(OBJECT_SCHEMA_NAME(@OldObjectId)), N'.',
+                QUOTENAME(OBJECT_NAME(@OldObjectId)), N' FROM MailqRunner;'
+            );
+            EXEC sys.sp_executesql @Grant;
+        END;
+        IF @HookProcedure IS NOT NULL
+        BEGIN
+            SET @Grant = CONCAT(
+                N'GRANT EXECUTE ON OBJECT::', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name), N' TO MailqRunner;'
+            );
+            EXEC sys.sp_executesql @Grant;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- One row whether or not a hook remains (a removal returns NULLs).
+    DECLARE
+        @ResultProcedure NVARCHAR(300),
+        @ResultObjectId INT,
+        @ResultCursor BIGINT,
+        @ResultMaxAttempts INT;
+    SELECT
+        @ResultProcedure = CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)),
+        @ResultObjectId = h.ObjectId,
+        @ResultCursor = h.CursorEventID,
+        @ResultMaxAttempts = h.MaxAttempts
+    FROM mailq.ApplicationHook AS h
+    WHERE h.AppName = @AppName;
+    SELECT
+        @AppName AS AppName,
+        @ResultProcedure AS HookProcedure,
+        @ResultObjectId AS ObjectId,
+        @ResultCursor AS CursorEventID,
+        @ResultMaxAttempts AS MaxAttempts,
+        @Changed AS Changed;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each
+application with a hook, reads its events after the stored cursor (the commit-safe
+bound of mailq.GetMailEvents) and calls the hook once per event, in EventID order,
+each call in its own transaction: the hook; @StopMail = 1 on a mail still UnSent or
+Sending -> mailq.StopMail; the cursor moves.  Each application gets an equal share
+of @MaxEvents.  One dispatcher at a time (a session application lock; a second
+caller gets State 'Busy').
+The call: as MailqRunner (EXECUTE AS USER ... REVERT: never as dbo), after one SET
+line (ANSI options ON, NUMERIC_ROUNDABORT OFF, XACT_ABORT OFF, DEADLOCK_PRIORITY
+NORMAL, LOCK_TIMEOUT 5000), and only while mailq.HookPin finds the registered
+procedure; read again after the call in its transaction: a hook altered meanwhile
+is rolled back and suspended (LastError) until mailq.SetApplicationHook again.
+Failures: a throwing or dooming hook is rolled back and counted; after MaxAttempts
+the event goes to mailq.ApplicationHookFailure and the cursor passes it; a hook that
+ends the transaction opened for it (266, none left) is given up at once (its work
+may be committed); one that leaves one open is rolled back (50297/266).
+Parameters:  @MaxEvents INT = 500 (1-5000); @Quiet BIT = 0 (1: no result set)
+Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
+             HookProcedure, Calls, Succeeded, FailedCalls, GivenUp, CursorEventID,
+             State (UpToDate | More | Retrying | Suspended | Moved); or one row
+             with AppName NULL and State 'Busy'.
+Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open transaction.
+Transaction: none open on entry; one per hook call, one per failure record.
+Lock order:  per call: whatever the hook locks, mailq.MailQueue (StopMail), then
+             mailq.ApplicationHook; failures: ApplicationHookFailure, ApplicationHook.
+Security:    EXECUTE AS OWNER for its own reads and writes; the hook runs as
+             MailqRunner.  Granted to MailqAdmin.
+Example:     EXEC mailq.RunApplicationHooks @MaxEvents = 500;
+*/
+CREATE OR ALTER PROCEDURE mailq.RunApplicationHooks
+    @MaxEvents INT = 500,
+    @Quiet BIT = 0
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @MaxEvents = COALESCE(@MaxEvents, 500);
+    IF @MaxEvents NOT BETWEEN 1 AND 5000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxEvents must be 1-5000; got ', @MaxEvents, N'.');
+        THROW 50295, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50296,
+            N'mailq.RunApplicationHooks runs each hook call in its own transaction: call it outside any transaction.',
+            1;
+
+    DECLARE @Summary TABLE (
+        AppName NVARCHAR(128) NOT NULL PRIMARY KEY,
+        HookProcedure NVARCHAR(300) NOT NULL,
+        Calls INT NOT NULL DEFAULT (0),
+        Succeeded INT NOT NULL DEFAULT (0),
+        FailedCalls INT NOT NULL DEFAULT (0),
+        GivenUp INT NOT NULL DEFAULT (0),
+        CursorEventID BIGINT NOT NULL,
+        State NVARCHAR(16) NOT NULL DEFAULT (N'UpToDate')
+    );
+    DECLARE @Page TABLE (
+        EventID BIGINT NOT NULL PRIMARY KEY,
+        MailID BIGINT NOT NULL,
+        EventType NVARCHAR(32) NOT NULL,
+        Status NVARCHAR(16) NOT NULL,
+        SmtpCode INT NULL,
+        Detail NVARCHAR(4000) NULL
+    );
+    DECLARE
+        @LockResult INT,
+        @Budget INT = @MaxEvents,
+        @App NVARCHAR(128) = N'',
+        @SchemaName SYSNAME,
+        @ProcedureName SYSNAME,
+        @ObjectId INT,
+        @DefinitionHash VARBINARY(32),
+        @Hook NVARCHAR(300),
+        @Cursor BIGINT,
+        @FailingEventID BIGINT,
+        @FailCount INT,
+        @MaxAttempts INT,
+        @Upper BINARY(8),
+        @EventID BIGINT,
+        @MailID BIGINT,
+        @EventType NVARCHAR(32),
+        @Status NVARCHAR(16),
+        @SmtpCode INT,
+        @Detail NVARCHAR(4000),
+        @StopMail BIT,
+        @StopReason NVARCHAR(4000),
+        @MailStatus NVARCHAR(16),
+        @Sql NVARCHAR(MAX),
+        @ErrorNumber INT,
+        @ErrorMessage NVARCHAR(4000),
+        @TranCountInCatch INT,
+        @Modified DATETIME,
+        @Changed BIT,
+        @Attempts INT,
+        @GiveUp BIT,
+        @Moved BIT,
+        @AppState NVARCHAR(16),
+        @PerApp INT,
+        @AppCalls INT,
+        @Now DATETIME2(3);
+    DECLARE @Stopped TABLE (ID BIGINT, Status NVARCHAR(16), NextAttemptUtc DATETIME2(3));
+    DECLARE @ParameterList NVARCHAR(400) = N'@EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), '
+        + N'@EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), '
+        + N'@StopMail BIT OUTPUT, @StopReason NVARCHAR(4000) OUTPUT';
+
+    -- One dispatcher at a time (an Agent job and the delayed-execution task
+    -- may overlap): session-owned, so it spans the per-call transactions.
+    EXEC @LockResult = sys.sp_getapplock
+        @Resource = N'mailq.RunApplicationHooks',
+        @LockMode = N'Exclusive',
+        @LockOwner = N'Session',
+        @LockTimeout = 0;
+    IF @LockResult < 0
+    BEGIN
+        IF @Quiet = 0
+            SELECT
+                CAST(NULL AS NVARCHAR(128)) AS AppName,
+                CAST(NULL AS NVARCHAR(300)) AS HookProcedure,
+                0 AS Calls, 0 AS Succeeded, 0 AS FailedCalls, 0 AS GivenUp,
+                CAST(NULL AS BIGINT) AS CursorEventID,
+                N'Busy' AS State;
+        RETURN;
+    END;
+
+    BEGIN TRY
+        -- Each application gets an equal share of the budget, so one with a
+        -- long backlog does not starve the others (needs @MaxEvents >= the
+        -- number of hooked applications to reach them all in one run).
+        SET @PerApp = (SELECT CEILING(@MaxEvents * 1.0 / NULLIF(COUNT(*), 0)) FROM mailq.ApplicationHook);
+        WHILE @Budget > 0
+        BEGIN
+            -- Next hooked application, by key (a seek per application).
+            SET @SchemaName = NULL;
+            SELECT TOP (1)
+                @App = h.AppName,
+                @SchemaName = h.SchemaName,
+                @ProcedureName = h.ProcedureName,
+                @ObjectId = h.ObjectId,
+                @DefinitionHash = h.DefinitionHash,
+                @Cursor = h.CursorEventID,
+                @FailingEventID = h.FailingEventID,
+                @FailCount = h.FailCount,
+                @MaxAttempts = h.MaxAttempts
+            FROM mailq.ApplicationHook AS h
+            WHERE h.AppName > @App
+            ORDER BY h.AppName ASC;
+            IF @SchemaName IS NULL BREAK;
+
+            SET @Hook = CONCAT(QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName));
+            SELECT @AppState = N'UpToDate', @AppCalls = 0;
+            INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
+
+            -- The pin: same object, schema, name, owner and definition.
+            IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
+            BEGIN
+                UPDATE h
+                SET
+                    h.LastError = CONCAT(
+                        N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
+                        N'it was registered; review it and run mailq.SetApplicationHook again.'
+                    ),
+                    h.LastRunAtUtc = SYSUTCDATETIME()
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App;
+                UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                CONTINUE;
+            END;
+
+            -- QUOTENAMEd catalog names; the values are parameters, never text.
+            SET @Sql = CONCAT(
+                N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, ',
+                N'CONCAT_NULL_YIELDS_NULL ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; ',
+                N'SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
+                N' @EventID = @EventID, @MailID = @MailID, @AppName = @AppName, @EventType = @EventType,',
+                N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
+                N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
+            );
+
+            -- The page: mailq.GetMailEvents' commit-safe read (bound first,
+            -- then a locking read below it; see its header).
+            DELETE FROM @Page;
+            SET @Upper = MIN_ACTIVE_ROWVERSION();
+            INSERT INTO @Page (EventID, MailID, EventType, Status, SmtpCode, Detail)
+            SELECT TOP (IIF(@PerApp < @Budget, @PerApp, @Budget))
+                CAST(e.EventSeq AS BIGINT),
+                e.MailID,
+                e.EventType,
+                e.Status,
+                e.SmtpCode,
+                e.Detail
+            FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
+            WHERE e.AppName = @App AND e.EventSeq > CAST(@Cursor AS BINARY(8)) AND e.EventSeq < @Upper
+            ORDER BY e.EventSeq ASC;
+
+            WHILE @Budget > 0 AND @AppCalls < @PerApp
+            BEGIN
+                SELECT TOP (1)
+                    @EventID = p.EventID,
+                    @MailID = p.MailID,
+                    @EventType = p.EventType,
+                    @Status = p.Status,
+                    @SmtpCode = p.SmtpCode,
+                    @Detail = p.Detail
+                FROM @Page AS p
+                WHERE p.EventID > @Cursor
+                ORDER BY p.EventID ASC;
+                IF @@ROWCOUNT = 0 BREAK;
+
+                -- The pin again before every call: a hook altered, renamed,
+                -- dropped or recreated during this run is not called again in it.
+                SET @Modified = NULL;
+                SELECT @Modified = p.ModifyDate
+                FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
+                IF @Modified IS NULL
+                BEGIN
+                    UPDATE h
+                    SET
+                        h.LastError = CONCAT(
+                            N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
+                            N'it was registered; review it and run mailq.SetApplicationHook again.'
+                        ),
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App;
+                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                    SET @AppState = N'Suspended';
+                    BREAK;
+                END;
+
+                SELECT
+                    @Budget -= 1,
+                    @AppCalls += 1,
+                    @StopMail = 0,
+                    @StopReason = NULL,
+                    @ErrorNumber = NULL,
+                    @ErrorMessage = NULL,
+                    @TranCountInCatch = NULL,
+                    @Moved = 0,
+                    @GiveUp = 0;
+                UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
+
+                -- 1. The call, its stop and the cursor: one transaction.  The hook
+                --    runs as MailqRunner: REVERT inside a module undoes only that
+                --    module's EXECUTE AS, so the hook cannot keep or undo ours.
+                SET @Changed = 0;
+                BEGIN TRANSACTION;
+                EXECUTE AS USER = N'MailqRunner';
+                BEGIN TRY
+                    EXEC sys.sp_executesql
+                        @Sql,
+                        @ParameterList,
+                        @EventID = @EventID,
+                        @MailID = @MailID,
+                        @AppName = @App,
+                        @EventType = @EventType,
+                        @Status = @Status,
+                        @SmtpCode = @SmtpCode,
+                        @Detail = @Detail,
+                        @StopMail = @StopMail OUTPUT,
+                        @StopReason = @StopReason OUTPUT;
+                END TRY
+                BEGIN CATCH
+                    SELECT
+                        @ErrorNumber = ERROR_NUMBER(),
+                        @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
+                        @TranCountInCatch = @@TRANCOUNT;
+                END CATCH;
+                REVERT;
+
+                IF @ErrorNumber IS NULL
+                BEGIN
+                    BEGIN TRY
+                        -- 266 normally comes first; a count that still differs is the same fault.
+                        IF @@TRANCOUNT <> 1
+                            THROW 50297,
+                                N'The hook ended the transaction opened for it or left one of its own open.',
+                                1;
+
+                        -- The code that ran is the code that was checked (same ModifyDate).
+                        IF NOT EXISTS (
+                            SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
+                            WHERE p.ModifyDate = @Modified
+                        )
+                        BEGIN
+                            SET @Changed = 1;
+                            ROLLBACK TRANSACTION;
+                        END;
+
+                        IF @Changed = 0 AND @StopMail = 1
+                        BEGIN
+                            -- Only a mail not yet final: StopMail would refuse a
+                            -- final one (50260).  UPDLOCK: StopMail takes the same
+                            -- row's U lock next, in this transaction.
+                            SET @MailStatus = NULL;
+                            SELECT @MailStatus = q.Status
+                            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+                            WHERE q.ID = @MailID;
+                            IF @MailStatus IN (N'UnSent', N'Sending')
+                            BEGIN
+                                SET @StopReason = COALESCE(
+                                    NULLIF(LTRIM(RTRIM(@StopReason)), N''),
+                                    CONCAT(
+                                        N'Stopped by the hook ', @Hook, N' on event ', @EventID,
+                                        N' (', @EventType, N').'
+                                    )
+                                );
+                                -- StopMail's one-row result is kept here, not sent to our caller.
+                                DELETE FROM @Stopped;
+                                INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
+                                EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
+                            END;
+                        END;
+
+                        -- The cursor, guarded: a re-registration with a new
+                        -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
+                        -- undoes this call instead of overwriting it.
+                        IF @Changed = 0
+                        BEGIN
+                            UPDATE h
+                            SET
+                                h.CursorEventID = @EventID,
+                                h.FailingEventID = NULL,
+                                h.FailCount = 0,
+                                h.LastError = NULL,
+                                h.LastRunAtUtc = SYSUTCDATETIME()
+                            FROM mailq.ApplicationHook AS h
+                            WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                            IF @@ROWCOUNT = 0
+                            BEGIN
+                                SET @Moved = 1;
+                                ROLLBACK TRANSACTION;
+                            END;
+                            ELSE
+                                COMMIT TRANSACTION;
+                        END;
+                    END TRY
+                    BEGIN CATCH
+                        SELECT
+                            @ErrorNumber = ERROR_NUMBER(),
+                            @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
+                            @TranCountInCatch = @@TRANCOUNT;
+                        -- Doomed (-1) or not (1): the call is undone as a whole.
+                        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+                    END CATCH;
+                END;
+                -- A failed call: undone as a whole (doomed or not).
+                ELSE IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+
+                IF @Changed = 1
+                BEGIN
+                    UPDATE h
+                    SET
+                        h.LastError = CONCAT(
+                            N'Suspended: ', @Hook, N' was altered while it was called; the call was rolled back. ',
+                            N'Review it and run mailq.SetApplicationHook again.'
+                        ),
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App;
+                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                    SET @AppState = N'Suspended';
+                    BREAK;
+                END;
+
+                IF @Moved = 1
+                BEGIN
+                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                    SET @AppState = N'Moved';
+                    BREAK;
+                END;
+
+                IF @ErrorNumber IS NULL
+                BEGIN
+                    SET @Cursor = @EventID;
+                    SELECT @FailingEventID = NULL, @FailCount = 0;
+                    UPDATE @Summary SET Succeeded += 1, CursorEventID = @EventID WHERE AppName = @App;
+                    CONTINUE;
+                END;
+
+                -- 2. A failed call: count it, or give the event up.
+                SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
+                -- 266 with no transaction left: the hook ended the
+                -- transaction opened for it; its work may be committed.
+                IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
+                IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
+                SET @ErrorMessage = LEFT(CONCAT(
+                    N'Event ', @EventID, N' (', @EventType, N', mail ', @MailID, N'), call ', @Attempts,
+                    N' of ', @MaxAttempts, N': error ', @ErrorNumber, N': ', @ErrorMessage
+                ), 4000);
+                SET @Now = SYSUTCDATETIME();
+                UPDATE @Summary SET FailedCalls += 1 WHERE AppName = @App;
+
+                BEGIN TRANSACTION;
+                IF @GiveUp = 1
+                    INSERT INTO mailq.ApplicationHookFailure (
+                        AppName, EventID, MailID, EventType, HookProcedure, Attempts, ErrorNumber, ErrorMessage
+                    )
+                    VALUES (@App, @EventID, @MailID, @EventType, @Hook, @Attempts, @ErrorNumber, @ErrorMessage);
+                UPDATE h
+                SET
+                    h.CursorEventID = IIF(@GiveUp = 1, @EventID, h.CursorEventID),
+                    h.FailingEventID = IIF(@GiveUp = 1, NULL, @EventID),
+                    h.FailCount = IIF(@GiveUp = 1, 0, @Attempts),
+                    h.LastError = @ErrorMessage,
+                    h.LastRunAtUtc = @Now
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                IF @@ROWCOUNT = 0
+                BEGIN
+                    ROLLBACK TRANSACTION;
+                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                    SET @AppState = N'Moved';
+                    BREAK;
+                END;
+                COMMIT TRANSACTION;
+
+                IF @GiveUp = 1
+                BEGIN
+                    SET @Cursor = @EventID;
+                    SELECT @FailingEventID = NULL, @FailCount = 0;
+                    UPDATE @Summary SET GivenUp += 1, CursorEventID = @EventID WHERE AppName = @App;
+                    CONTINUE;
+                END;
+
+                -- Retry on a later run (the interval between runs is the backoff).
+                UPDATE @Summary SET State = N'Retrying' WHERE AppName = @App;
+                SET @AppState = N'Retrying';
+                BREAK;
+            END;
+
+            IF @AppState = N'UpToDate'
+            BEGIN
+                -- Nothing called (or every call passed): note the run.
+                UPDATE h
+                SET h.LastRunAtUtc = SYSUTCDATETIME()
+                FROM mailq.ApplicationHook AS h
+                WHERE h.AppName = @App AND h.ObjectId = @ObjectId;
+                -- The share or the budget used up: there may be more.
+                IF @AppCalls >= @PerApp OR @Budget = 0
+                    UPDATE @Summary SET State = N'More' WHERE AppName = @App AND Calls > 0;
+            END;
+        END;
+
+        EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
+    END TRY
+    BEGIN CATCH
+        -- Our own bookkeeping failed (never a hook's error: those are caught
+        -- above).  Nothing half-done stays: roll back, release, re-raise.
+        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        IF APPLOCK_MODE(N'public', N'mailq.RunApplicationHooks', N'Session') = N'Exclusive'
+            EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
+        THROW;
+    END CATCH;
+
+    IF @Quiet = 0
+        SELECT
+            s.AppName,
+            s.HookProcedure,
+            s.Calls,
+            s.Succeeded,
+            s.FailedCalls,
+            s.GivenUp,
+            s.CursorEventID,
+            s.State
+        FROM @Summary AS s
+        ORDER BY s.AppName;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Schema delay: the internal objects of delayed execution.  The public contract
+stays in dbo, as the source document names it.  Owned by dbo, so that ownership
+chaining lets the dbo procedures and the trigger reach these tables for callers
+that hold only EXECUTE.  CREATE SCHEMA is alone in its batch; the deployment guards it.
+*/
+IF SCHEMA_ID(N'delay') IS NULL
+    EXEC (N'CREATE SCHEMA delay AUTHORIZATION dbo');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Installation: what the deployment found and did, so that a downgrade undoes
+exactly that: Item = N'dbo.tabDIYTable12402', Detail = N'created' (a downgrade may
+drop it) or N'adopted' (never dropped).  Written by the deployment only.
+*/
+IF OBJECT_ID(N'delay.Installation', N'U') IS NULL
+    CREATE TABLE delay.Installation (
+        Item NVARCHAR(256) NOT NULL,
+        Detail NVARCHAR(400) NOT NULL,
+        RecordedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Installation_RecordedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_Installation PRIMARY KEY CLUSTERED (Item)
+    );
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Setting: the dispatcher's policy, one row (db_owner changes it with UPDATE;
+each pass reads it).  MaxAttempts runs of a failing target before receipt 3;
+RetryBaseSeconds * 4^(n-1), at most RetryMaxSeconds, before retry n; LeaseSeconds a
+claim's lease (a claimed task not started by then is claimed again; a running one
+never is); BatchSize tasks per claim; TickSeconds the safety tick (the timer never
+waits longer); ReceiveWaitMs an idle reader's wait before it exits;
+TargetLockTimeoutMs every target's SET LOCK_TIMEOUT (finite: 1222 fails the attempt);
+OverdueSeconds when a due task counts as overdue; RetentionDays for delay.PurgeHistory.
+*/
+IF OBJECT_ID(N'delay.Setting', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Setting (
+        SettingId TINYINT NOT NULL CONSTRAINT DF_Setting_SettingId DEFAULT (1),
+        MaxAttempts INT NOT NULL CONSTRAINT DF_Setting_MaxAttempts DEFAULT (3),
+        RetryBaseSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryBaseSeconds DEFAULT (30),
+        RetryMaxSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryMaxSeconds DEFAULT (3600),
+        LeaseSeconds INT NOT NULL CONSTRAINT DF_Setting_LeaseSeconds DEFAULT (30),
+        BatchSize INT NOT NULL CONSTRAINT DF_Setting_BatchSize DEFAULT (50),
+        TickSeconds INT NOT NULL CONSTRAINT DF_Setting_TickSeconds DEFAULT (60),
+        ReceiveWaitMs INT NOT NULL CONSTRAINT DF_Setting_ReceiveWaitMs DEFAULT (5000),
+        TargetLockTimeoutMs INT NOT NULL CONSTRAINT DF_Setting_TargetLockTimeoutMs DEFAULT (30000),
+        OverdueSeconds INT NOT NULL CONSTRAINT DF_Setting_OverdueSeconds DEFAULT (60),
+        RetentionDays INT NOT NULL CONSTRAINT DF_Setting_RetentionDays DEFAULT (30),
+        CONSTRAINT PK_Setting PRIMARY KEY CLUSTERED (SettingId),
+        CONSTRAINT CK_Setting_Values CHECK (
+            SettingId = 1 AND MaxAttempts BETWEEN 1 AND 100 AND RetryBaseSeconds BETWEEN 1 AND 86400
+            AND RetryMaxSeconds BETWEEN 1 AND 86400 AND LeaseSeconds BETWEEN 5 AND 86400
+            AND BatchSize BETWEEN 1 AND 1000
+            AND TickSeconds BETWEEN 1 AND 86400 AND ReceiveWaitMs BETWEEN 100 AND 60000
+            AND TargetLockTimeoutMs BETWEEN 1 AND 3600000 AND OverdueSeconds BETWEEN 1 AND 86400
+            AND RetentionDays BETWEEN 1 AND 3650
+        )
+    );
+    INSERT INTO delay.Setting (SettingId) VALUES (1);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.AllowedProcedure: the allow-list.  An entry is a procedure, its object ID when
+delay.AllowProcedure listed it and the SHA2_256 of its definition then (the pin);
+listing also grants MailqRunner EXECUTE on it.  A task of an entry whose procedure
+was altered, dropped, recreated or moved is Held until it is listed again; a task
+of a target with no entry (never listed, or disallowed) is Refused.
+AllowBareName = 1: the one-part form (N'TCXG') resolves to this entry (at most one
+entry each).  MaxReaders: readers that may run it at once (NULL: MAX_QUEUE_READERS - 1,
+at least 1), so a slow or blocked target never holds every reader.
+*/
+IF OBJECT_ID(N'delay.AllowedProcedure', N'U') IS NULL
+    CREATE TABLE delay.AllowedProcedure (
+        AllowedProcedureId INT IDENTITY (1, 1) NOT NULL,
+        SchemaName SYSNAME NOT NULL,
+        ProcedureName SYSNAME NOT NULL,
+        ObjectId INT NOT NULL,
+        DefinitionHash VARBINARY(32) NOT NULL,
+        AllowBareName BIT NOT NULL CONSTRAINT DF_AllowedProcedure_AllowBareName DEFAULT (0),
+        MaxReaders INT NULL,
+        ListedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_AllowedProcedure_ListedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ListedBy NVARCHAR(128) NOT NULL CONSTRAINT DF_AllowedProcedure_ListedBy DEFAULT (ORIGINAL_LOGIN()),
+        CONSTRAINT PK_AllowedProcedure PRIMARY KEY CLUSTERED (AllowedProcedureId),
+        CONSTRAINT UQ_AllowedProcedure_SchemaName_ProcedureName UNIQUE (SchemaName, ProcedureName),
+        CONSTRAINT CK_AllowedProcedure_MaxReaders CHECK (MaxReaders BETWEEN 1 AND 32767)
+    );
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+UX_AllowedProcedure_BareName: a bare name resolves to at most one listed procedure
+(dbo.TCXG and app.TCXG cannot both answer to N'TCXG').  Filtered; only
+delay.AllowProcedure (db_owner) writes the table.
+*/
+IF NOT EXISTS (
+    SELECT 1 FROM sys.indexes
+    WHERE name = N'UX_AllowedProcedure_BareName' AND object_id = OBJECT_ID(N'delay.AllowedProcedure')
+)
+    CREATE UNIQUE NONCLUSTERED INDEX UX_AllowedProcedure_BareName ON delay.AllowedProcedure (ProcedureName)
+        WHERE AllowBareName = 1;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Task: the queue, one row per platform row the trigger saw (TaskID = its ID),
+with the target and its values copied when scheduled: a later UPDATE of the platform
+row changes nothing that runs.
+TaskState:   Pending -> Claimed -> Done | Pending (retry after a backoff) | Failed |
+             Held (the target changed; Pending again once listed again); Pending and
+             Held -> Cancelled, or Refused (disallowed); a bad row -> Refused at once.
+Receipt:     F108219's value: 0 pending, 1 Done, 2 Refused, 3 Failed, 4 Cancelled.
+ClaimToken, LeaseUntilUtc: a claim, taken again once its lease passed unless a reader
+runs it (its run holds the row; the sweep reads past).  Attempts: runs with an outcome;
+Claims: times claimed; CreatedBy: ORIGINAL_LOGIN() of the inserter (who may cancel).
+No filtered index, indexed computed column or indexed view (the trigger writes it in
+the platform's session, whatever its SET options); LOCK_ESCALATION = DISABLE, so a
+large platform INSERT never locks the table against the readers' READPAST claims.
+*/
+IF OBJECT_ID(N'delay.Task', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Task (
+        TaskID BIGINT NOT NULL,
+        TargetName NVARCHAR(400) NULL,
+        SchemaName SYSNAME NULL,
+        ProcedureName SYSNAME NULL,
+        DelaySeconds INT NULL,
+        Param1 NVARCHAR(200) NULL,
+        Param2 NVARCHAR(200) NULL,
+        Param3 NVARCHAR(200) NULL,
+        Param4 NVARCHAR(200) NULL,
+        Param5 NVARCHAR(200) NULL,
+        TaskState NVARCHAR(16) NOT NULL,
+        Receipt AS CAST(CASE TaskState
+                WHEN N'Done' THEN 1 WHEN N'Refused' THEN 2 WHEN N'Failed' THEN 3 WHEN N'Cancelled' THEN 4 ELSE 0
+            END AS TINYINT),
+        Attempts INT NOT NULL CONSTRAINT DF_Task_Attempts DEFAULT (0),
+        Claims INT NOT NULL CONSTRAINT DF_Task_Claims DEFAULT (0),
+        CreatedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Task_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        DueAtUtc DATETIME2(3) NULL,
+        NextRunAtUtc DATETIME2(3) NULL,
+        ClaimToken UNIQUEIDENTIFIER NULL,
+        LeaseUntilUtc DATETIME2(3) NULL,
+        FirstStartedAtUtc DATETIME2(3) NULL,
+        LastStartedAtUtc DATETIME2(3) NULL,
+        FinishedAtUtc DATETIME2(3) NULL,
+        LastErrorNumber INT NULL,
+        LastErrorMessage NVARCHAR(2048) NULL,
+        CreatedBy NVARCHAR(128) NULL,
+        CONSTRAINT PK_Task PRIMARY KEY CLUSTERED (TaskID),
+        CONSTRAINT CK_Task_TaskState CHECK (
+            TaskState IN (N'Pending', N'Claimed', N'Held', N'Done', N'Failed', N'Refused', N'Cancelled')
+        ),
+        CONSTRAINT CK_Task_Attempts CHECK (Attempts >= 0 AND Claims >= 0)
+    );
+    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET (as upgrades/mailq.0018).
+    EXEC sys.sp_executesql N'ALTER TABLE delay.Task SET (LOCK_ESCALATION = DISABLE);';
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_Task_Due: readers claim Pending rows in NextRunAtUtc order and sweep Claimed
+ones; the timer reads the first Pending row; delay.GetTaskMetrics counts by
+state.  No included column: a running target's reader changes only the
+clustered row, so these reads never wait for a target.
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = N'IX_Task_Due' AND object_id = OBJECT_ID(N'delay.Task'))
+    CREATE NONCLUSTERED INDEX IX_Task_Due ON delay.Task (TaskState, NextRunAtUtc);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_Task_FinishedAtUtc: delay.PurgeHistory deletes final tasks oldest first, a
+bounded batch at a time.
+*/
+IF NOT EXISTS (
+    SELECT 1 FROM sys.indexes WHERE name = N'IX_Task_FinishedAtUtc' AND object_id = OBJECT_ID(N'delay.Task')
+)
+    CREATE NONCLUSTERED INDEX IX_Task_FinishedAtUtc ON delay.Task (FinishedAtUtc);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.TaskKey: dbo.InitiateDelayExecution's idempotency keys, one per task.  A
+binary collation: keys compare as sent (with SQL Server's trailing-blank padding,
+which the procedure's key lock follows by hashing RTRIM of the key).  A table of
+its own: delay.Task keeps no filtered index, which would make the platform's
+INSERT depend on its session's SET options.
+*/
+IF OBJECT_ID(N'delay.TaskKey', N'U') IS NULL
+    CREATE TABLE delay.TaskKey (
+        IdempotencyKey NVARCHAR(100) COLLATE Latin1_General_100_BIN2 NOT NULL,
+        TaskID BIGINT NOT NULL,
+        CONSTRAINT PK_TaskKey PRIMARY KEY CLUSTERED (IdempotencyKey)
+    );
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.ReceiptDue: tasks made final whose receipt F108219 is not written yet.  The
+transaction that makes a task final adds it; delay.WriteReceipts writes the
+receipts (as MailqRunner) a batch at a time and removes them.
+*/
+IF OBJECT_ID(N'delay.ReceiptDue', N'U') IS NULL
+    CREATE TABLE delay.ReceiptDue (TaskID BIGINT NOT NULL, CONSTRAINT PK_ReceiptDue PRIMARY KEY CLUSTERED (TaskID));
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Log: what happened to tasks besides running well, one row per event:
+Refused (never run, 50302-50306), Failed (a run failed, will be retried), GaveUp
+(the last failure; receipt 3), Held (the target changed: 50307, 50340, 50540),
+Released (listed again), Cancelled (by a cancel, or its ID reused: 50332),
+Receipt (the platform refused a receipt: 50548), Dispatcher (its conversation
+begun again, the database enabled).  Purged by delay.PurgeHistory.
+*/
+IF OBJECT_ID(N'delay.Log', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Log (
+        LogId BIGINT IDENTITY (1, 1) NOT NULL,
+        LoggedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Log_LoggedAtUtc DEFAULT (SYSUTCDATETIME()),
+        TaskID BIGINT NULL,
+        EventName NVARCHAR(16) NOT NULL,
+        TargetName NVARCHAR(400) NULL,
+        Attempt INT NULL,
+        ErrorNumber INT NULL,
+        ErrorMessage NVARCHAR(2048) NULL,
+        CONSTRAINT PK_Log PRIMARY KEY CLUSTERED (LogId),
+        CONSTRAINT CK_Log_EventName CHECK (
+            EventName IN (
+                N'Refused', N'Failed', N'GaveUp', N'Held', N'Released', N'Cancelled', N'Receipt', N'Dispatcher'
+            )
+        )
+    );
+    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET (as upgrades/mailq.0018).
+    EXEC sys.sp_executesql N'ALTER TABLE delay.Log SET (LOCK_ESCALATION = DISABLE);';
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_Log_TaskID: a task's log rows by a seek.
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = N'IX_Log_TaskID' AND object_id = OBJECT_ID(N'delay.Log'))
+    CREATE NONCLUSTERED INDEX IX_Log_TaskID ON delay.Log (TaskID, LogId);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Dispatcher: the one dispatcher conversation and its timer, one row.
+ConversationHandle: the initiator handle of the self-dialog whose conversation timer
+wakes activation (delay.ArmDispatcher begins a new one when it is lost).
+ArmedForUtc: when the timer fires, as the last reader set it: an upper bound (an
+inserter only moves the timer earlier), which inserters read to decide whether to.
+LastArmedAtUtc, LastWokenAtUtc: the readers' heartbeat (delay.Monitor).
+BrokerGuid: the broker identity this database runs tasks for (recorded by the first
+reader); a copy (another identity) runs nothing until delay.EnableThisDatabase there.
+*/
+IF OBJECT_ID(N'delay.Dispatcher', N'U') IS NULL
+BEGIN
+    CREATE TABLE delay.Dispatcher (
+        DispatcherId TINYINT NOT NULL CONSTRAINT DF_Dispatcher_DispatcherId DEFAULT (1),
+        ConversationHandle UNIQUEIDENTIFIER NULL,
+        ArmedForUtc DATETIME2(3) NULL,
+        LastArmedAtUtc DATETIME2(3) NULL,
+        LastWokenAtUtc DATETIME2(3) NULL,
+        BrokerGuid UNIQUEIDENTIFIER NULL,
+        EnabledAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Dispatcher_EnabledAtUtc DEFAULT (SYSUTCDATETIME()),
+        EnabledBy NVARCHAR(128) NOT NULL CONSTRAINT DF_Dispatcher_EnabledBy DEFAULT (ORIGINAL_LOGIN()),
+        CONSTRAINT PK_Dispatcher PRIMARY KEY CLUSTERED (DispatcherId),
+        CONSTRAINT CK_Dispatcher_SingleRow CHECK (DispatcherId = 1)
+    );
+    INSERT INTO delay.Dispatcher (DispatcherId) VALUES (1);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.tabDIYTable12402: the low-code platform's trigger table, created if absent,
+adopted if the platform already made it.  Columns (the platform's names): ID
+identity (the task ID), F108210 description, F108211 target name, F108212-F108216
+the target's @Param1-@Param5, F108217 created time (UTC when created here),
+F108218 delay in seconds, F108219 receipt: 0 pending, 1 done, 2 refused,
+3 failed, 4 cancelled (NULL counts as 0).  Rows inserted with a non-zero receipt
+or a NULL name are left alone.  Once scheduled a row is informational: its values
+were copied into delay.Task, and an UPDATE of them changes nothing that runs.
+Adoption: an existing table gains only the columns it lacks, added NULL (metadata
+only, no row rewritten); nothing is dropped or updated.  It needs an identity ID
+and an integer F108219, else the deployment stops with 50390 and changes nothing.
+delay.Installation records N'created' or N'adopted'; only a created table is dropped.
+*/
+IF OBJECT_ID(N'dbo.tabDIYTable12402', N'U') IS NULL
+BEGIN
+    CREATE TABLE dbo.tabDIYTable12402 (
+        ID BIGINT IDENTITY (1, 1) NOT NULL,
+        F108210 NVARCHAR(50) NULL,
+        F108211 NVARCHAR(400) NULL,
+        F108212 NVARCHAR(200) NULL,
+        F108213 NVARCHAR(200) NULL,
+        F108214 NVARCHAR(200) NULL,
+        F108215 NVARCHAR(200) NULL,
+        F108216 NVARCHAR(200) NULL,
+        F108217 DATETIME2(3) NULL CONSTRAINT DF_tabDIYTable12402_F108217 DEFAULT (SYSUTCDATETIME()),
+        F108218 INT NULL CONSTRAINT DF_tabDIYTable12402_F108218 DEFAULT (0),
+        F108219 INT NULL CONSTRAINT DF_tabDIYTable12402_F108219 DEFAULT (0),
+        CONSTRAINT PK_tabDIYTable12402 PRIMARY KEY CLUSTERED (ID)
+    );
+    INSERT INTO delay.Installation (Item, Detail) VALUES (N'dbo.tabDIYTable12402', N'created');
+END;
+ELSE
+BEGIN
+    -- COLUMNPROPERTY is NULL when the column is missing, 0 when it is no identity.
+    IF ISNULL(COLUMNPROPERTY(OBJECT_ID(N'dbo.tabDIYTable12402'), N'ID', 'IsIdentity'), 0) <> 1
+        THROW 50390, N'dbo.tabDIYTable12402 exists but has no identity column ID (the task ID). Nothing changed.', 1;
+    IF EXISTS (
+        SELECT 1
+        FROM sys.columns AS c
+        INNER JOIN sys.types AS t ON c.user_type_id = t.user_type_id
+        WHERE
+            c.object_id = OBJECT_ID(N'dbo.tabDIYTable12402') AND c.name = N'F108219'
+            AND t.name NOT IN (N'tinyint', N'smallint', N'int', N'bigint', N'decimal', N'numeric')
+    )
+        THROW 50390, N'dbo.tabDIYTable12402.F108219 (receipt) must be an integer type. Nothing changed.', 1;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108210') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108210 NVARCHAR(50) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108211') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108211 NVARCHAR(400) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108212') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108212 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108213') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108213 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108214') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108214 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108215') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108215 NVARCHAR(200) NULL;
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108216') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108216 NVARCHAR(200) NULL;
+    -- Without WITH VALUES: existing rows read NULL, new rows get the default (metadata only).
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108217') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108217 DATETIME2(3) NULL
+            CONSTRAINT DF_tabDIYTable12402_F108217 DEFAULT (SYSUTCDATETIME());
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108218') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108218 INT NULL CONSTRAINT DF_tabDIYTable12402_F108218 DEFAULT (0);
+    IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108219') IS NULL
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108219 INT NULL CONSTRAINT DF_tabDIYTable12402_F108219 DEFAULT (0);
+    INSERT INTO delay.Installation (Item, Detail) VALUES (N'dbo.tabDIYTable12402', N'adopted');
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.HookDispatcher: the hook dispatcher of delayed execution (docs/hooks.md), one
+row: when Enabled, a reader runs mailq.RunApplicationHooks once NextRunAtUtc has
+come (delay.RunDueTasks) and moves it IntervalSeconds on; the dispatcher's
+timer wakes for it too.  Deployed with delayed execution only; without it
+(`-x broker=off`) an Agent or elastic job runs mailq.RunApplicationHooks.
+*/
+IF OBJECT_ID(N'mailq.HookDispatcher', N'U') IS NULL
+    CREATE TABLE mailq.HookDispatcher (
+        Singleton TINYINT NOT NULL CONSTRAINT DF_HookDispatcher_Singleton DEFAULT (1),
+        Enabled BIT NOT NULL,
+        IntervalSeconds INT NOT NULL,
+        NextRunAtUtc DATETIME2(3) NOT NULL,
+        LastRunAtUtc DATETIME2(3) NULL,
+        LastError NVARCHAR(4000) NULL,
+        ChangedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_HookDispatcher_ChangedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ChangedBy NVARCHAR(128) NOT NULL CONSTRAINT DF_HookDispatcher_ChangedBy DEFAULT (ORIGINAL_LOGIN()),
+        CONSTRAINT PK_HookDispatcher PRIMARY KEY CLUSTERED (Singleton),
+        CONSTRAINT CK_HookDispatcher_Singleton CHECK (Singleton = 1),
+        CONSTRAINT CK_HookDispatcher_IntervalSeconds CHECK (IntervalSeconds BETWEEN 1 AND 3600)
+    );
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Message type MailqDelayRequest: "look for due tasks now", sent by a reader that
+claimed a full batch, so that activation starts another reader.  No body
+(VALIDATION = EMPTY).  The dispatcher's other message is its timer's DialogTimer.
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.service_message_types WHERE name = N'MailqDelayRequest')
+    CREATE MESSAGE TYPE MailqDelayRequest VALIDATION = EMPTY;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Contract MailqDelayContract: the dispatcher's self-dialog (the timer on its
+initiator side; wake requests are sent by the initiator).
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.service_contracts WHERE name = N'MailqDelayContract')
+    CREATE CONTRACT MailqDelayContract (MailqDelayRequest SENT BY INITIATOR);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Queue dbo.DelayServiceQueue: the dispatcher's DialogTimer and MailqDelayRequest
+messages (and EndDialog/Error when its conversation ends): a handful of messages at
+any load, since tasks are rows of delay.Task.  Activation is added by
+broker/dbo.DelayServiceQueue.activation.sql once the procedure exists.
+POISON_MESSAGE_HANDLING stays ON as the last safety net: a transaction that
+RECEIVEs here does nothing else, so it has nothing to roll back for.
+*/
+IF OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NULL
+    CREATE QUEUE dbo.DelayServiceQueue WITH STATUS = ON, RETENTION = OFF, POISON_MESSAGE_HANDLING (STATUS = ON);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Service MailqDelayService on dbo.DelayServiceQueue: the dispatcher's dialog
+goes from this service to itself (TO SERVICE N'MailqDelayService', N'CURRENT DATABASE').
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.services WHERE name = N'MailqDelayService')
+    CREATE SERVICE MailqDelayService
+        ON QUEUE dbo.DelayServiceQueue (MailqDelayContract);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Classify: one platform row (or one dbo.InitiateDelayExecution call) -> its
+allow-list entry, delay and values as the target will get them, or why it is refused.
+Names are matched against delay.AllowedProcedure only, never executed, never
+against the catalog (a listed procedure that changed is Held when due, not refused):
+"schema.proc" matches that entry; a bare "proc" only the one listed with
+AllowBareName = 1, never through a default schema.  PARSENAME takes a sysname and
+would cut a longer string: longer names are refused first.
+Parameters:  @Name NVARCHAR(4000); @Delay NVARCHAR(40) (F108218 as text: an adopted table
+             may type it otherwise; NULL counts as 0); @P1 ... @P5 NVARCHAR(MAX)
+Result set:  one row: RefusalNumber, RefusalMessage (NULL: schedule it; 50302 delay not
+             an integer 0-31,536,000; 50303 a value over 200 characters, never cut;
+             50304 a name empty, over 128 characters or not a name; 50305 three or four
+             parts; 50306 not listed), SchemaName, ProcedureName, TargetName
+             NVARCHAR(400), DelaySeconds, Param1 ... Param5 NVARCHAR(200)
+Example:     SELECT c.RefusalNumber FROM delay.Classify(N'TCXG', N'60', N'A-1', NULL, NULL, NULL, NULL) AS c;
+*/
+CREATE OR ALTER FUNCTION delay.Classify(
+    @Name NVARCHAR(4000), @Delay NVARCHAR(40),
+    @P1 NVARCHAR(MAX), @P2 NVARCHAR(MAX), @P3 NVARCHAR(MAX), @P4 NVARCHAR(MAX), @P5 NVARCHAR(MAX)
+)
+RETURNS TABLE
+AS
+RETURN
+WITH Checked AS (
+    SELECT
+        i.DelaySeconds, a.SchemaName, a.ProcedureName,
+        RefusalNumber = CASE
+            WHEN i.DelaySeconds IS NULL OR i.DelaySeconds NOT BETWEEN 0 AND 31536000 THEN 50302
+            -- LEN(x + N'.') - 1 counts trailing blanks, which LEN alone ignores.
+            WHEN LEN(@P1 + N'.') > 201 OR LEN(@P2 + N'.') > 201 OR LEN(@P3 + N'.') > 201
+                OR LEN(@P4 + N'.') > 201 OR LEN(@P5 + N'.') > 201 THEN 50303
+            WHEN i.Part1 IS NULL THEN 50304
+            WHEN i.Parts34 IS NOT NULL THEN 50305
+            WHEN a.SchemaName IS NULL THEN 50306
+        END
+    FROM (
+        SELECT
+            DelaySeconds = IIF(@Delay IS NULL, 0, TRY_CONVERT(INT, @Delay)),
+            Part1 = IIF(DATALENGTH(@Name) BETWEEN 2 AND 256, PARSENAME(@Name, 1), NULL),
+            Part2 = IIF(DATALENGTH(@Name) BETWEEN 2 AND 256, PARSENAME(@Name, 2), NULL),
+            Parts34 = IIF(DATALENGTH(@Name) BETWEEN 2 AND 256, COALESCE(PARSENAME(@Name, 3), PARSENAME(@Name, 4)), NULL)
+    ) AS i
+    -- At most one entry: (SchemaName, ProcedureName) is unique, and so is a bare name.
+    OUTER APPLY (
+        SELECT ap.SchemaName, ap.ProcedureName FROM delay.AllowedProcedure AS ap
+        WHERE
+            i.Parts34 IS NULL AND ap.ProcedureName = i.Part1
+            AND (ap.SchemaName = i.Part2 OR (i.Part2 IS NULL AND ap.AllowBareName = 1))
+    ) AS a
+)
+
+SELECT
+    c.RefusalNumber,
+    RefusalMessage = CASE c.RefusalNumber
+        WHEN 50302 THEN CONCAT(N'delay ', LEFT(@Delay, 40), N' is not 0-31536000 seconds')
+        WHEN 50303 THEN N'a value is longer than the target''s 200 characters'
+        WHEN 50304 THEN CONCAT(N'"', LEFT(@Name, 200), N'" is empty, longer than 128 characters or not a name')
+        WHEN 50305 THEN CONCAT(N'"', LEFT(@Name, 200), N'" has three or four parts')
+        WHEN 50306 THEN CONCAT(N'"', LEFT(@Name, 200), N'" is not on the allow-list (delay.AllowedProcedure)')
+    END,
+    c.SchemaName, c.ProcedureName, TargetName = CAST(LEFT(@Name, 400) AS NVARCHAR(400)), c.DelaySeconds,
+    Param1 = CAST(@P1 AS NVARCHAR(200)), Param2 = CAST(@P2 AS NVARCHAR(200)), Param3 = CAST(@P3 AS NVARCHAR(200)),
+    Param4 = CAST(@P4 AS NVARCHAR(200)), Param5 = CAST(@P5 AS NVARCHAR(200))
+FROM Checked AS c;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.CheckTarget: is a task's target, right now, the procedure that was listed?
+delay.RunTask reads it before the call and, in the call's transaction, after it:
+the same ObjectId, ModifyDate and DefinitionHash both times means nothing
+altered, dropped or recreated it in between (docs: "The check and the call").
+Parameters:  @SchemaName, @ProcedureName SYSNAME: the entry the task was scheduled for
+Result set:  one row: Verdict NVARCHAR(8): Run | Held (listed, but gone, recreated,
+             moved, or its definition differs from the pin or cannot be read) |
+             Refused (no entry: never listed, or disallowed); Reason INT (50307 gone
+             or recreated, 50340 changed, 50306 not listed), ObjectId, ModifyDate,
+             DefinitionHash, MaxReaders
+Security:    the catalog shows a procedure only to whoever may see it: callers run as dbo.
+Example:     SELECT Verdict, Reason FROM delay.CheckTarget(N'dbo', N'TCXG');
+*/
+CREATE OR ALTER FUNCTION delay.CheckTarget(@SchemaName SYSNAME, @ProcedureName SYSNAME)
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    Verdict = CASE
+        WHEN a.ObjectId IS NULL THEN N'Refused'
+        WHEN o.object_id IS NULL OR h.CurrentHash IS NULL OR h.CurrentHash <> a.DefinitionHash THEN N'Held'
+        ELSE N'Run'
+    END,
+    Reason = CASE
+        WHEN a.ObjectId IS NULL THEN 50306
+        WHEN o.object_id IS NULL THEN 50307
+        WHEN h.CurrentHash IS NULL OR h.CurrentHash <> a.DefinitionHash THEN 50340
+    END,
+    ObjectId = o.object_id,
+    ModifyDate = o.modify_date,
+    DefinitionHash = h.CurrentHash,
+    a.MaxReaders
+FROM (VALUES (@SchemaName, @ProcedureName)) AS req(SchemaName, ProcedureName)
+OUTER APPLY (
+    SELECT ap.SchemaName, ap.ProcedureName, ap.ObjectId, ap.DefinitionHash, ap.MaxReaders
+    FROM delay.AllowedProcedure AS ap
+    WHERE ap.SchemaName = req.SchemaName AND ap.ProcedureName = req.ProcedureName
+) AS a
+LEFT OUTER JOIN sys.objects AS o
+    ON
+        a.ObjectId = o.object_id AND o.type = 'P' AND o.is_ms_shipped = 0
+        AND a.ProcedureName = o.name AND o.schema_id = SCHEMA_ID(a.SchemaName)
+-- The pin: SHA2_256 of the current text (NULL when there is none, e.g. WITH ENCRYPTION).
+OUTER APPLY (VALUES (HASHBYTES('SHA2_256', OBJECT_DEFINITION(o.object_id)))) AS h(CurrentHash);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.ArmDispatcher: sets the dispatcher's conversation timer, first beginning
+the dispatcher's self-dialog when there is none or it ended (NEW_BROKER,
+ERROR_BROKER_CONVERSATIONS, END CONVERSATION).
+Parameters:  @DueAtUtc DATETIME2(3) = NULL: an inserter's (or a release's) earliest
+                 due time: the timer moves to it when that is the earliest pending
+                 time (never later: BEGIN CONVERSATION TIMER replaces a timer).  NULL: a
+                 reader's end of pass: the timer goes to the first Pending task, the
+                 next hook run, the first claim lease or now + TickSeconds, the earliest
+             @Armed BIT OUTPUT: 1 set; 0 a lock was not granted in time
+             @NextDueUtc DATETIME2(3) OUTPUT: the first Pending task's due time
+Protocol:    docs/delayed-execution.md "One timer", models/delayexec.pml: a reader
+             writes delay.Dispatcher, then reads the due index with locks; an
+             inserter inserts, then reads delay.Dispatcher: one always sees the other.
+             A reader waits at most 200 ms for a lock, then polls (@Armed = 0); an
+             inserter waits at most 2 s for the arm lock, else leaves it to the tick.
+Errors:      an inserter's are swallowed (XACT_ABORT OFF there: never fails the INSERT);
+             a reader's other than 1205/1222 are re-raised.  Transaction: an inserter's
+             (held to its commit); a reader's own.
+Lock order:  the arm lock (application lock), delay.Dispatcher, delay.Task, the
+             dispatcher's conversation group.
+Security:    EXECUTE AS OWNER (timers and dialogs need dbo); granted to nobody.
+Example:     EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT, @NextDueUtc = @Next OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE delay.ArmDispatcher
+    @DueAtUtc DATETIME2(3) = NULL,
+    @Armed BIT = NULL OUTPUT,
+    @NextDueUtc DATETIME2(3) = NULL OUTPUT
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Now DATETIME2(3) = SYSUTCDATETIME(), @Reader BIT = IIF(@DueAtUtc IS NULL, 1, 0),
+        @Handle UNIQUEIDENTIFIER, @ArmedFor DATETIME2(3), @Fire DATETIME2(3), @Tick INT = 60, @Wait INT = 2000,
+        @Lock INT, @Timeout INT, @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    SELECT @Armed = 0, @NextDueUtc = NULL;
+    SELECT @Tick = s.TickSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
+    IF @Reader = 1
+    BEGIN
+        -- A reader never waits long on an inserter: it yields and polls, and is
+        -- the victim of any deadlock with one.
+        SET LOCK_TIMEOUT 200;
+        SET DEADLOCK_PRIORITY LOW;
+        SET @Wait = 200;
+    END;
+    ELSE
+        -- Statement errors stay statement errors: nothing here fails the INSERT.
+        SET XACT_ABORT OFF;
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        EXEC @Lock = sys.sp_getapplock
+            @Resource = N'mailq-db/delay/arm', @LockMode = N'Exclusive', @LockOwner = N'Transaction',
+            @LockTimeout = @Wait;
+        IF @Lock >= 0
+        BEGIN
+            -- The reader writes the row first; inserters read it after inserting.
+            IF @Reader = 1
+                UPDATE d SET d.LastWokenAtUtc = @Now FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
+            SELECT @Handle = d.ConversationHandle, @ArmedFor = d.ArmedForUtc FROM delay.Dispatcher AS d
+            WHERE d.DispatcherId = 1;
+            -- A reader: READCOMMITTEDLOCK waits (200 ms at most) for an uncommitted row
+            -- that may come first, also under READ_COMMITTED_SNAPSHOT.  An inserter:
+            -- READPAST, it never waits on other rows.
+            IF @Reader = 1
+                SELECT TOP (1) @NextDueUtc = t.NextRunAtUtc
+                FROM delay.Task AS t WITH (READCOMMITTEDLOCK, INDEX (IX_Task_Due))
+                WHERE t.TaskState = N'Pending' ORDER BY t.NextRunAtUtc;
+            ELSE
+                SELECT TOP (1) @NextDueUtc = t.NextRunAtUtc
+                FROM delay.Task AS t WITH (READPAST, INDEX (IX_Task_Due))
+                WHERE t.TaskState = N'Pending' ORDER BY t.NextRunAtUtc;
+            -- Earlier than needed is always safe: a reader then finds nothing due.
+            SELECT @Fire = MIN(x.At)
+            FROM (
+                VALUES (@NextDueUtc), (@DueAtUtc), (IIF(@Reader = 1, DATEADD(SECOND, @Tick, @Now), @ArmedFor)),
+                ((SELECT MIN(t.LeaseUntilUtc) FROM delay.Task AS t WITH (READPAST) WHERE t.TaskState = N'Claimed')),
+                ((SELECT h.NextRunAtUtc FROM mailq.HookDispatcher AS h WHERE h.Singleton = 1 AND h.Enabled = 1))
+            ) AS x(At);
+            IF @Handle IS NULL OR NOT EXISTS (
+                SELECT 1 FROM sys.conversation_endpoints AS e
+                WHERE e.conversation_handle = @Handle AND e.state IN ('SO', 'SI', 'CO')
+            )
+            BEGIN
+                BEGIN DIALOG CONVERSATION @Handle FROM SERVICE MailqDelayService
+                    TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
+                    ON CONTRACT MailqDelayContract WITH ENCRYPTION = OFF;
+                UPDATE d SET d.ConversationHandle = @Handle FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
+                INSERT INTO delay.Log (EventName, ErrorMessage)
+                VALUES (N'Dispatcher', CONCAT(N'dispatcher conversation begun: ', @Handle));
+            END;
+            -- Whole seconds, 1 s at least (0 is not documented), one day at most.
+            SET @Timeout = CAST(CASE
+                WHEN @Fire <= @Now THEN 1
+                WHEN @Fire >= DATEADD(SECOND, 86400, @Now) THEN 86400
+                ELSE (DATEDIFF_BIG(MILLISECOND, @Now, @Fire) + 999) / 1000
+            END AS INT);
+            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+            IF @Reader = 1
+                UPDATE d SET d.ArmedForUtc = DATEADD(SECOND, @Timeout, @Now), d.LastArmedAtUtc = @Now
+                FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
+            SET @Armed = 1;
+        END;
+        IF @OwnTran = 1 AND XACT_STATE() = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        SET @Armed = 0;
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        IF @Reader = 1 AND ERROR_NUMBER() NOT IN (1205, 1222) THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.WriteReceipts: writes the platform receipts (F108219) of tasks made final, up
+to 1,000 in one transaction (one log flush), and takes them off delay.ReceiptDue.
+As MailqRunner: the UPDATE fires the platform's own triggers with the runner's
+rights, never dbo's.  If the platform refuses the batch (its constraint or trigger),
+each receipt is tried alone; one it refuses is logged (Receipt, 50548) and dropped:
+delay.Task keeps the state.  Errors: none raised.
+Transaction: its own (returns at once inside a caller's).
+Lock order:  delay.ReceiptDue (READPAST: readers never wait for each other),
+             delay.Task (read), dbo.tabDIYTable12402, delay.Log.
+Example:     EXEC delay.WriteReceipts;   -- delay.RunDueTasks after each batch
+*/
+CREATE OR ALTER PROCEDURE delay.WriteReceipts
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    IF @@TRANCOUNT > 0 RETURN;
+    DECLARE @TaskID BIGINT = 0, @Alone BIT = 0, @Runner BIT = 0, @Left INT = 1000, @Message NVARCHAR(2048);
+    DECLARE @Due TABLE (TaskID BIGINT NOT NULL PRIMARY KEY);
+    WHILE @Left > 0
+    BEGIN
+        IF @Alone = 1
+        BEGIN
+            -- After a refused batch: one receipt at a time, each in its own transaction.
+            SELECT @TaskID = MIN(r.TaskID) FROM delay.ReceiptDue AS r WITH (READPAST) WHERE r.TaskID > @TaskID;
+            SET @Left -= 1;
+            IF @TaskID IS NULL RETURN;
+        END;
+        BEGIN TRY
+            BEGIN TRANSACTION;
+            DELETE FROM @Due;
+            DELETE TOP (1000) r
+            OUTPUT deleted.TaskID INTO @Due (TaskID)
+            FROM delay.ReceiptDue AS r WITH (READPAST, ROWLOCK)
+            WHERE @Alone = 0 OR r.TaskID = @TaskID;
+            EXECUTE AS USER = N'MailqRunner';
+            SET @Runner = 1;
+            UPDATE p SET p.F108219 = t.Receipt
+            FROM dbo.tabDIYTable12402 AS p
+            INNER JOIN @Due AS d ON p.ID = d.TaskID INNER JOIN delay.Task AS t ON d.TaskID = t.TaskID;
+            REVERT;
+            SET @Runner = 0;
+            COMMIT TRANSACTION;
+            IF @Alone = 0 RETURN;
+        END TRY
+        BEGIN CATCH
+            SELECT @Message = LEFT(ERROR_MESSAGE(), 2048);
+            IF @Runner = 1
+                REVERT;
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            SET @Runner = 0;
+            IF @Alone = 1
+            BEGIN
+                DELETE FROM delay.ReceiptDue WHERE TaskID = @TaskID;
+                INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage)
+                VALUES (@TaskID, N'Receipt', 50548, CONCAT(N'the platform refused the receipt: ', @Message));
+            END;
+            SET @Alone = 1;
+        END CATCH;
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.RunTask: runs one claimed task: its target in a transaction T of its own,
+as MailqRunner, with the outcome committed in T with the target's work.
+Parameters:  @TaskID BIGINT, @ClaimToken UNIQUEIDENTIFIER: the reader's claim
+Steps in T:  1. the run lock: an UPDATE of the task's row for this claim (held until T
+             ends: the sweep reads past it; a claim swept meanwhile is left alone);
+             2. delay.CheckTarget: Held or Refused is recorded, nothing runs; 3. a slot
+             of the target (at most MaxReaders readers run it at once), else Pending
+             again in 2 s; 4. EXECUTE AS USER = N'MailqRunner', one SET line, the target
+             through sp_executesql, REVERT; 5. delay.CheckTarget again: the same
+             ObjectId, ModifyDate and hash, else rolled back and Held (50540); 6. Done.
+Failures:    T is rolled back and the failure recorded in a short transaction: Pending
+             after a backoff, or Failed (attempts used up; the target ended the
+             transaction opened for it, 266: not run again; claimed too often, 50541).
+Errors:      a target's are recorded, never raised; our own bookkeeping's are raised.
+Isolation:   READ COMMITTED.  Lock order: the task row, the slot (an application lock),
+             whatever the target locks, delay.ReceiptDue, delay.Log.
+Example:     EXEC delay.RunTask @TaskID = 42, @ClaimToken = @Token;   -- delay.RunDueTasks only
+*/
+CREATE OR ALTER PROCEDURE delay.RunTask
+    @TaskID BIGINT,
+    @ClaimToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Now DATETIME2(3) = SYSUTCDATETIME(), @SchemaName SYSNAME, @ProcedureName SYSNAME, @SPName NVARCHAR(200),
+        @P1 NVARCHAR(200), @P2 NVARCHAR(200), @P3 NVARCHAR(200), @P4 NVARCHAR(200), @P5 NVARCHAR(200),
+        @Claims INT, @Verdict NVARCHAR(8), @Reason INT, @ObjectId INT, @Modified DATETIME, @Hash VARBINARY(32),
+        @Cap INT, @Slot INT = 0, @Lock INT = -1, @LockName NVARCHAR(255), @Sql NVARCHAR(MAX), @Error INT,
+        @Message NVARCHAR(2048), @TranCount INT, @GiveUp BIT = 0, @MaxAttempts INT = 3, @RetryBase INT = 30,
+        @RetryMax INT = 3600, @LockTimeoutMs INT = 30000, @Attempts INT, @State NVARCHAR(16), @Event NVARCHAR(16),
+        @NextRun DATETIME2(3), @Ran BIT = 0;
+    SELECT @MaxAttempts = s.MaxAttempts, @RetryBase = s.RetryBaseSeconds, @RetryMax = s.RetryMaxSeconds,
+        @LockTimeoutMs = s.TargetLockTimeoutMs FROM delay.Setting AS s WHERE s.SettingId = 1;
+    BEGIN TRANSACTION;
+    -- 1. The run lock; the far lease marks the run (if the target commits T, no sweep
+    --    claims it again; delay.Monitor fails it if its reader ends).
+    UPDATE t
+    SET
+        t.LeaseUntilUtc = '9999-12-31', @SchemaName = t.SchemaName, @ProcedureName = t.ProcedureName,
+        @SPName = LEFT(t.TargetName, 200), @P1 = t.Param1, @P2 = t.Param2, @P3 = t.Param3, @P4 = t.Param4,
+        @P5 = t.Param5, @Claims = t.Claims, @Attempts = t.Attempts, @NextRun = t.NextRunAtUtc
+    FROM delay.Task AS t WITH (ROWLOCK)
+    WHERE t.TaskID = @TaskID AND t.ClaimToken = @ClaimToken AND t.TaskState = N'Claimed';
+    IF @@ROWCOUNT = 0
+    BEGIN
+        ROLLBACK TRANSACTION;
+        RETURN;
+    END;
+    -- 2. Is the target still what was listed?
+    SELECT
+        @Verdict = IIF(@Claims > @MaxAttempts + 3, N'Failed', c.Verdict),
+        @Reason = IIF(@Claims > @MaxAttempts + 3, 50541, c.Reason),
+        @ObjectId = c.ObjectId, @Modified = c.ModifyDate, @Hash = c.DefinitionHash, @Cap = c.MaxReaders
+    FROM delay.CheckTarget(@SchemaName, @ProcedureName) AS c;
+    SELECT @Cap = COALESCE(@Cap, NULLIF(q.max_readers - 1, 0), 1) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue');
+    -- 3. A slot of this target (transaction-owned: released when T ends).
+    WHILE @Verdict = N'Run' AND @Lock < 0 AND @Slot < @Cap
+    BEGIN
+        SELECT @Slot += 1, @LockName = CONCAT(N'mailq-db/delay/slot/', @ObjectId, N'/', @Slot);
+        EXEC @Lock = sys.sp_getapplock
+            @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 0;
+    END;
+    IF @Verdict = N'Run' AND @Lock >= 0
+    BEGIN
+        -- 4. Only QUOTENAMEd catalog names reach the text; values are parameters; the
+        --    lock timeout an INT.  The SET line: a target never inherits the reader's
+        --    session (the database's defaults); SETs in a batch revert on return.
+        SET @Sql = CONCAT(
+            N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, CONCAT_NULL_YIELDS_NULL ',
+            N'ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT ',
+            @LockTimeoutMs, N'; EXEC ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName),
+            N' @SPName = @SPName, @Param1 = @P1, @Param2 = @P2, @Param3 = @P3, @Param4 = @P4, @Param5 = @P5;'
+        );
+        -- REVERT in a module undoes only its own EXECUTE AS, and leaving a module undoes
+        -- it too: the target can neither keep nor undo this one.
+        EXECUTE AS USER = N'MailqRunner';
+        BEGIN TRY
+            EXEC sys.sp_executesql @Sql,
+                N'@SPName NVARCHAR(200), @P1 NVARCHAR(200), @P2 NVARCHAR(200), @P3 NVARCHAR(200),
+                  @P4 NVARCHAR(200), @P5 NVARCHAR(200)',
+                @SPName = @SPName, @P1 = @P1, @P2 = @P2, @P3 = @P3, @P4 = @P4, @P5 = @P5;
+        END TRY
+        BEGIN CATCH
+            SELECT @Error = ERROR_NUMBER(), @Message = LEFT(ERROR_MESSAGE(), 2048), @TranCount = @@TRANCOUNT;
+        END CATCH;
+        REVERT;
+        -- 5. The code that ran is the code that was checked.
+        IF @Error IS NULL AND @@TRANCOUNT = 1 AND XACT_STATE() = 1 AND NOT EXISTS (
+            SELECT 1 FROM delay.CheckTarget(@SchemaName, @ProcedureName) AS c
+            WHERE
+                c.Verdict = N'Run' AND c.ObjectId = @ObjectId AND c.ModifyDate = @Modified
+                AND c.DefinitionHash = @Hash
+        )
+            SELECT @Error = 50540, @Message = N'the target was altered or replaced while it was called: rolled back';
+        -- A failure: undo all.  266 with none left open: the target ended the transaction
+        -- opened for it (its work may be committed: not run again); else 50335.
+        SELECT @Ran = 1, @TranCount = ISNULL(@TranCount, @@TRANCOUNT);
+        IF @Error IS NOT NULL OR @@TRANCOUNT <> 1 OR XACT_STATE() <> 1
+        BEGIN
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            SET @GiveUp = IIF(@Error = 266 AND @TranCount = 0, 1, 0);
+            SET @Error = IIF((@Error = 266 AND @TranCount > 0) OR @Error IS NULL, 50335, @Error);
+            BEGIN TRANSACTION;
+        END;
+    END;
+    -- 6. The outcome, in T with the target's work (Done) or after a failure's rollback.
+    SELECT
+        @State = CASE
+            WHEN @Verdict <> N'Run' THEN @Verdict
+            WHEN @Ran = 0 THEN N'Pending'
+            WHEN @Error IS NULL THEN N'Done'
+            WHEN @Error = 50540 THEN N'Held'
+            WHEN @GiveUp = 1 OR @Attempts + 1 >= @MaxAttempts THEN N'Failed'
+            ELSE N'Pending'
+        END,
+        -- 50306 disallowed, 50307 gone or recreated, 50340 changed, 50541 claimed too often.
+        @Message = COALESCE(@Message, IIF(@Reason IS NULL, NULL, CONCAT(QUOTENAME(@SchemaName), N'.',
+            QUOTENAME(@ProcedureName), IIF(@Reason = 50541, N': claimed too often without an outcome',
+            N': not the listed procedure'), N' (', @Reason, N', docs/errors.md)')));
+    SELECT
+        @Event = CASE
+            WHEN @State IN (N'Held', N'Refused') THEN @State
+            WHEN @State = N'Failed' THEN N'GaveUp'
+            WHEN @State = N'Pending' AND @Ran = 1 THEN N'Failed'
+        END,
+        @NextRun = CASE
+            WHEN @State <> N'Pending' THEN @NextRun
+            WHEN @Ran = 0 THEN DATEADD(SECOND, 2, @Now)
+            ELSE DATEADD(SECOND, IIF(
+                @RetryBase * POWER(CAST(4 AS BIGINT), IIF(@Attempts > 10, 10, @Attempts)) > @RetryMax, @RetryMax,
+                @RetryBase * POWER(CAST(4 AS BIGINT), IIF(@Attempts > 10, 10, @Attempts))
+            ), @Now)
+        END;
+    UPDATE t
+    SET
+        t.TaskState = @State, t.Attempts = t.Attempts + @Ran, t.NextRunAtUtc = @NextRun,
+        t.FirstStartedAtUtc = IIF(@Ran = 1, ISNULL(t.FirstStartedAtUtc, @Now), t.FirstStartedAtUtc),
+        t.LastStartedAtUtc = IIF(@Ran = 1, @Now, t.LastStartedAtUtc),
+        t.FinishedAtUtc = IIF(@State IN (N'Done', N'Failed', N'Refused'), SYSUTCDATETIME(), NULL),
+        t.ClaimToken = NULL, t.LeaseUntilUtc = NULL,
+        t.LastErrorNumber = COALESCE(@Error, @Reason, t.LastErrorNumber),
+        t.LastErrorMessage = COALESCE(@Message, t.LastErrorMessage)
+    FROM delay.Task AS t
+    WHERE t.TaskID = @TaskID;
+    IF @State IN (N'Done', N'Failed', N'Refused')
+        INSERT INTO delay.ReceiptDue (TaskID) VALUES (@TaskID);
+    IF @Event IS NOT NULL
+        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage)
+        VALUES (@TaskID, @Event, @SPName, @Attempts + @Ran, COALESCE(@Error, @Reason), @Message);
+    COMMIT TRANSACTION;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.RunDueTasks: a reader's work between two messages: the hook run when due
+(mailq.HookDispatcher: one reader wins it, READPAST; mailq.RunApplicationHooks runs
+outside any transaction, its error kept in LastError), then claim and run until
+nothing is due.  A claim is one short transaction on
+IX_Task_Due (READPAST, UPDLOCK, ROWLOCK) of up to BatchSize rows: first the sweep,
+Claimed tasks whose lease passed (a running task's row is held by its run, so the
+sweep reads past it: a task never runs twice at once), then Pending tasks due now,
+oldest first; each claim gets a new token and LeaseSeconds.  Each task then runs in
+its own transaction (delay.RunTask), and the batch's receipts follow
+(delay.WriteReceipts).  A full batch sends one MailqDelayRequest on the dispatcher
+conversation: activation then starts another reader.  A copy of the database (its
+service_broker_guid is not delay.Dispatcher's) runs nothing until delay.EnableThisDatabase.
+Parameters:  @Claimed INT OUTPUT: tasks claimed by this call
+Transaction: none open on entry; one per claim, per task, per receipt batch.
+Example:     EXEC delay.RunDueTasks @Claimed = @Claimed OUTPUT;   -- dbo.ProcessDelayQueue
+*/
+CREATE OR ALTER PROCEDURE delay.RunDueTasks
+    @Claimed INT = 0 OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST is refused under SERIALIZABLE, REPEATABLE READ and SNAPSHOT.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME(), @Token UNIQUEIDENTIFIER, @TaskID BIGINT, @Count INT, @Batch INT = 50,
+        @LeaseSeconds INT = 30, @Handle UNIQUEIDENTIFIER, @Error NVARCHAR(4000);
+    DECLARE @Claim TABLE (TaskID BIGINT NOT NULL PRIMARY KEY);
+    SET @Claimed = 0;
+    -- The identity is recorded by the first pass after deployment (then only by delay.EnableThisDatabase).
+    UPDATE d SET d.BrokerGuid = db.service_broker_guid
+    FROM delay.Dispatcher AS d INNER JOIN sys.databases AS db ON db.database_id = DB_ID()
+    WHERE d.DispatcherId = 1 AND d.BrokerGuid IS NULL;
+    IF NOT EXISTS (
+        SELECT 1 FROM delay.Dispatcher AS d
+        INNER JOIN sys.databases AS db ON d.BrokerGuid = db.service_broker_guid AND db.database_id = DB_ID()
+        WHERE d.DispatcherId = 1
+    )
+        RETURN;
+    UPDATE h
+    SET h.NextRunAtUtc = DATEADD(SECOND, h.IntervalSeconds, @Now), h.LastRunAtUtc = @Now
+    FROM mailq.HookDispatcher AS h WITH (READPAST, ROWLOCK)
+    WHERE h.Singleton = 1 AND h.Enabled = 1 AND h.NextRunAtUtc <= @Now;
+    IF @@ROWCOUNT = 1
+    BEGIN
+        BEGIN TRY
+            EXEC mailq.RunApplicationHooks @MaxEvents = 1000, @Quiet = 1;
+        END TRY
+        BEGIN CATCH
+            SET @Error = LEFT(CONCAT(N'error ', ERROR_NUMBER(), N': ', ERROR_MESSAGE()), 4000);
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        END CATCH;
+        UPDATE h SET h.LastError = @Error FROM mailq.HookDispatcher AS h WHERE h.Singleton = 1;
+    END;
+    WHILE 1 = 1
+    BEGIN
+        SELECT @Batch = s.BatchSize, @LeaseSeconds = s.LeaseSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
+        SELECT @Now = SYSUTCDATETIME(), @Token = NEWID();
+        DELETE FROM @Claim;
+        BEGIN TRANSACTION;
+        -- READPAST: skip rows others hold (claiming or running); UPDLOCK: claim while
+        -- reading; ROWLOCK: row grain, so READPAST skips rows, not pages.
+        UPDATE TOP (@Batch) t
+        SET t.ClaimToken = @Token, t.LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now), t.Claims = t.Claims + 1
+        OUTPUT inserted.TaskID INTO @Claim (TaskID)
+        FROM delay.Task AS t WITH (READPAST, UPDLOCK, ROWLOCK, INDEX (IX_Task_Due))
+        WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc < @Now;
+        SET @Count = @@ROWCOUNT;
+        WITH Due AS (
+            SELECT TOP (@Batch - @Count) t.TaskID, t.TaskState, t.ClaimToken, t.LeaseUntilUtc, t.Claims
+            FROM delay.Task AS t WITH (READPAST, UPDLOCK, ROWLOCK, INDEX (IX_Task_Due))
+            WHERE t.TaskState = N'Pending' AND t.NextRunAtUtc <= @Now
+            ORDER BY t.NextRunAtUtc
+        )
+
+        UPDATE Due
+        SET TaskState = N'Claimed', ClaimToken = @Token, LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now),
+            Claims = Claims + 1
+        OUTPUT inserted.TaskID INTO @Claim (TaskID);
+        COMMIT TRANSACTION;
+        SET @Count = (SELECT COUNT(*) FROM @Claim);
+        IF @Count = 0 RETURN;
+        SET @Claimed += @Count;
+        IF @Count = @Batch
+        BEGIN
+            BEGIN TRY
+                SELECT @Handle = d.ConversationHandle FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
+                SEND ON CONVERSATION @Handle MESSAGE TYPE MailqDelayRequest;
+            END TRY
+            BEGIN CATCH
+                -- A lost conversation: delay.ArmDispatcher begins a new one at the end of the pass.
+                IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            END CATCH;
+        END;
+        SET @TaskID = 0;
+        WHILE 1 = 1
+        BEGIN
+            SELECT @TaskID = MIN(c.TaskID) FROM @Claim AS c WHERE c.TaskID > @TaskID;
+            IF @TaskID IS NULL BREAK;
+            EXEC delay.RunTask @TaskID = @TaskID, @ClaimToken = @Token;
+        END;
+        EXEC delay.WriteReceipts;
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.ProcessDelayQueue: the activation procedure of dbo.DelayServiceQueue (EXECUTE AS
+OWNER, up to MAX_QUEUE_READERS copies).  A reader loops:
+  1. one transaction: WAITFOR (RECEIVE TOP (1)) a dispatcher message (its timer, or
+     another reader's MailqDelayRequest); EndDialog, Error or a foreign message ends
+     its conversation.  Nothing else runs in it, so nothing a task does can roll a
+     RECEIVE back (five rollbacks in a row would disable the queue);
+  2. delay.RunDueTasks: the hook run if due, then claim and run due tasks, each in
+     its own transaction, as MailqRunner;
+  3. delay.ArmDispatcher: the timer to the next due task, hook run or claim lease,
+     or the safety tick (a new dispatcher conversation if it was lost);
+  4. wait: to the next due time when it is near (milliseconds), 1 s while the timer
+     could not be set (polling), or leave when nothing came, nothing ran and the
+     timer is set.
+A failure in 2-3 goes to the error log (activation logs a reader's RAISERROR) and the
+loop goes on; a claimed task is claimed again after its lease.  Its session options
+are set here (activation starts it with the database's defaults); each target gets
+its own SET line (delay.RunTask).  Errors: none raised.
+Example:     started by Service Broker; by hand (db_owner): EXEC dbo.ProcessDelayQueue;
+*/
+CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET ANSI_WARNINGS, ANSI_PADDING, ARITHABORT, CONCAT_NULL_YIELDS_NULL ON;
+    SET NUMERIC_ROUNDABORT OFF;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Handle UNIQUEIDENTIFIER, @Type SYSNAME, @WaitMs INT = 0, @ReceiveWaitMs INT = 5000, @Claimed INT,
+        @Armed BIT, @NextDue DATETIME2(3), @UntilDueMs BIGINT, @Text NVARCHAR(2047);
+    WHILE 1 = 1
+    BEGIN
+        SELECT @Handle = NULL, @Type = NULL, @Claimed = 0, @Armed = 0, @NextDue = NULL;
+        SELECT @ReceiveWaitMs = s.ReceiveWaitMs FROM delay.Setting AS s WHERE s.SettingId = 1;
+        -- 1. One message, and nothing else in its transaction.
+        BEGIN TRANSACTION;
+        WAITFOR (
+            RECEIVE TOP (1) @Handle = conversation_handle, @Type = message_type_name FROM dbo.DelayServiceQueue
+        ), TIMEOUT @WaitMs;
+        IF @Handle IS NOT NULL
+            AND @Type NOT IN (N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer', N'MailqDelayRequest')
+            END CONVERSATION @Handle;
+        COMMIT TRANSACTION;
+        -- 2. Due tasks, each in its own transaction.
+        BEGIN TRY
+            EXEC delay.RunDueTasks @Claimed = @Claimed OUTPUT;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            SET @Text = CONCAT(N'mailq-db dbo.ProcessDelayQueue: error ', ERROR_NUMBER(), N': ', ERROR_MESSAGE());
+            RAISERROR (N'%s', 10, 1, @Text);
+        END CATCH;
+        -- 3. The timer.
+        BEGIN TRY
+            EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT, @NextDueUtc = @NextDue OUTPUT;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            SET @Text = CONCAT(N'mailq-db dbo.ProcessDelayQueue: timer error ', ERROR_NUMBER(), N': ', ERROR_MESSAGE());
+            RAISERROR (N'%s', 10, 1, @Text);
+        END CATCH;
+        -- 4. The next wait.
+        SET @UntilDueMs = DATEDIFF_BIG(MILLISECOND, SYSUTCDATETIME(), @NextDue);
+        IF @Armed = 0
+            SET @WaitMs = 1000;
+        ELSE IF @UntilDueMs < @ReceiveWaitMs
+            SET @WaitMs = IIF(@UntilDueMs < 1, 1, @UntilDueMs);
+        ELSE IF @Handle IS NULL AND @Claimed = 0 BREAK;
+        ELSE
+            SET @WaitMs = @ReceiveWaitMs;
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Activation of dbo.DelayServiceQueue: Service Broker starts dbo.ProcessDelayQueue,
+up to MAX_QUEUE_READERS copies: 5 here; `-x readers=N` (1-32767) changes it by an
+ALTER QUEUE after each revision, and a DBA may at any time.  EXECUTE AS OWNER: the
+readers' bookkeeping runs as dbo; every target runs as MailqRunner (delay.RunTask).
+A separate file: the procedure exists first, and it RECEIVEs from the queue.
+*/
+ALTER QUEUE dbo.DelayServiceQueue
+    WITH ACTIVATION (STATUS = ON, PROCEDURE_NAME = dbo.ProcessDelayQueue, MAX_QUEUE_READERS = 5, EXECUTE AS OWNER);
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.trg_tabDIYTable12402_ScheduleDelay: turns every row inserted into the platform's
+table into a task of delay.Task, set-based, its values copied now; executes nothing
+and opens no dialog.  A row with a non-zero receipt F108219 or a NULL name F108211 is
+ignored; every other is refused (receipt 2, delay.Log) when delay.Classify finds a
+bad delay (50302), a value over 200 characters (50303), a bad name (50304, 50305) or
+one not on the allow-list (50306), else Pending, due F108218 seconds from now (0:
+due now; NULL counts as 0).  A bad row never fails the INSERT.  An ID seen before
+(the platform truncated its table) replaces the old task (logged, 50332).
+Timer:       only when the first new task is due over a second before the armed time
+             does delay.ArmDispatcher move the timer (in this transaction); otherwise
+             nothing shared is locked beyond a brief read of delay.Dispatcher.
+Transaction: the inserting statement's; if it rolls back, nothing is scheduled.
+Security:    runs as the inserting user (the platform needs INSERT only); delay tables
+             and refusals' receipts by ownership chaining (the platform's triggers fire
+             with its own rights); the timer through delay.ArmDispatcher (EXECUTE AS OWNER).
+Lock order:  delay.Task (new rows), delay.Log, dbo.tabDIYTable12402, delay.Dispatcher.
+Example:     INSERT INTO dbo.tabDIYTable12402 (F108211, F108218, F108212) VALUES (N'TCXG', 60, N'A-1');
+*/
+CREATE OR ALTER TRIGGER dbo.trg_tabDIYTable12402_ScheduleDelay
+ON dbo.tabDIYTable12402
+AFTER INSERT
+AS
+BEGIN
+    SET NOCOUNT ON;
+    -- A level set in a trigger reverts when it ends; the reads below must take locks.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    IF NOT EXISTS (SELECT 1 FROM inserted) RETURN;
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME(), @FirstDue DATETIME2(3), @ArmedFor DATETIME2(3);
+    DECLARE @New TABLE (TaskID BIGINT NOT NULL PRIMARY KEY, RefusalNumber INT NULL, NextRunAtUtc DATETIME2(3) NULL);
+    -- An ID used again: the old task and its bookkeeping go (logged).
+    INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
+    SELECT t.TaskID, N'Cancelled', t.TargetName, 50332, N'the platform row was replaced by a new row with the same ID'
+    FROM delay.Task AS t
+    INNER JOIN inserted AS i ON t.TaskID = i.ID;
+    IF @@ROWCOUNT > 0
+    BEGIN
+        DELETE r FROM delay.ReceiptDue AS r INNER JOIN inserted AS i ON r.TaskID = i.ID;
+        DELETE k FROM delay.TaskKey AS k INNER JOIN inserted AS i ON k.TaskID = i.ID;
+        DELETE t FROM delay.Task AS t INNER JOIN inserted AS i ON t.TaskID = i.ID;
+    END;
+    -- Every row: classified, its values copied, in one statement.
+    INSERT INTO delay.Task (
+        TaskID, TargetName, SchemaName, ProcedureName, DelaySeconds, Param1, Param2, Param3, Param4, Param5,
+        TaskState, CreatedAtUtc, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage, CreatedBy
+    )
+    OUTPUT inserted.TaskID, inserted.LastErrorNumber, inserted.NextRunAtUtc
+    INTO @New (TaskID, RefusalNumber, NextRunAtUtc)
+    SELECT
+        i.ID, c.TargetName, c.SchemaName, c.ProcedureName, c.DelaySeconds, c.Param1, c.Param2, c.Param3, c.Param4,
+        c.Param5, IIF(c.RefusalNumber IS NULL, N'Pending', N'Refused'), @Now,
+        IIF(c.RefusalNumber IS NULL, DATEADD(SECOND, c.DelaySeconds, @Now), NULL),
+        IIF(c.RefusalNumber IS NULL, DATEADD(SECOND, c.DelaySeconds, @Now), NULL),
+        IIF(c.RefusalNumber IS NULL, NULL, @Now), c.RefusalNumber, c.RefusalMessage,
+        -- The inserting session's login, whatever the context: who may cancel it.
+        ORIGINAL_LOGIN()
+    FROM inserted AS i
+    CROSS APPLY delay.Classify(
+        CAST(i.F108211 AS NVARCHAR(4000)), CAST(i.F108218 AS NVARCHAR(40)),
+        i.F108212, i.F108213, i.F108214, i.F108215, i.F108216
+    ) AS c
+    WHERE ISNULL(i.F108219, 0) = 0 AND i.F108211 IS NOT NULL;
+    INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
+    SELECT t.TaskID, N'Refused', t.TargetName, t.LastErrorNumber, t.LastErrorMessage
+    FROM delay.Task AS t
+    INNER JOIN @New AS n ON t.TaskID = n.TaskID
+    WHERE n.RefusalNumber IS NOT NULL;
+    -- By ID, never by parameter values.  An UPDATE does not fire this trigger.
+    UPDATE p SET p.F108219 = 2 FROM dbo.tabDIYTable12402 AS p INNER JOIN @New AS n ON p.ID = n.TaskID
+    WHERE n.RefusalNumber IS NOT NULL;
+    -- The timer, only when a new task is due before it.  READCOMMITTEDLOCK: wait for a
+    -- re-arming reader's row rather than read its old value (also under RCSI).
+    SELECT @FirstDue = MIN(n.NextRunAtUtc) FROM @New AS n WHERE n.RefusalNumber IS NULL;
+    IF @FirstDue IS NULL RETURN;
+    SELECT @ArmedFor = d.ArmedForUtc FROM delay.Dispatcher AS d WITH (READCOMMITTEDLOCK) WHERE d.DispatcherId = 1;
+    IF @ArmedFor IS NULL OR @FirstDue < DATEADD(SECOND, -1, @ArmedFor)
+        EXEC delay.ArmDispatcher @DueAtUtc = @FirstDue;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.InitiateDelayExecution: schedules an allow-listed procedure to run after a
+delay: inserts one row into dbo.tabDIYTable12402, whose trigger writes the task.
+Parameters (the source document's names and order): @F108211 NVARCHAR(MAX) target,
+             N'schema.proc' or a bare N'proc' listed with AllowBareName = 1;
+             @F108218 INT delay in seconds, 0-31,536,000 (0 = due now); @F108212 ...
+             @F108216 NVARCHAR(MAX) = NULL the target's @Param1 ... @Param5 (copied now);
+             @F108210 NVARCHAR(MAX) = NULL description; @TaskID BIGINT = NULL OUTPUT;
+             @IdempotencyKey NVARCHAR(MAX) = NULL: a call resent with a key already
+             used returns that call's task and schedules nothing
+Lengths:     text is declared MAX and checked: too long is refused, never cut.
+Result set:  one row: TaskID BIGINT (also in @TaskID).
+Errors:      50301 @F108211 missing; 50302 delay outside 0-31,536,000; 50303 a value
+             over 200 characters; 50304 malformed name or over 128 characters; 50305
+             three or four parts; 50306 not on the allow-list; 50344 @F108210 over 50
+             characters; 50345 @IdempotencyKey empty, over 100 characters or held by
+             another call for over 30 s.  A listed target that changed is accepted:
+             its task is Held when due until a db_owner lists it again.
+Transaction: its own if none is open, else the caller's.  Any error, a refusal
+             included, dooms the caller's transaction (XACT_ABORT ON): the caller
+             must roll back.  No savepoint (error 627 under MSDTC).  Validation first.
+Lock order:  the key's application lock, dbo.tabDIYTable12402 and its trigger's, delay.TaskKey.
+Security:    runs as the caller (EXECUTE only); tables by ownership chaining, so the
+             platform's own triggers fire with the caller's rights.
+Example:     EXEC dbo.InitiateDelayExecution @F108211 = N'dbo.TCXG', @F108218 = 60, @F108212 = N'A-1';
+*/
+CREATE OR ALTER PROCEDURE dbo.InitiateDelayExecution
+    @F108211 NVARCHAR(MAX),
+    @F108218 INT,
+    @F108212 NVARCHAR(MAX) = NULL,
+    @F108213 NVARCHAR(MAX) = NULL,
+    @F108214 NVARCHAR(MAX) = NULL,
+    @F108215 NVARCHAR(MAX) = NULL,
+    @F108216 NVARCHAR(MAX) = NULL,
+    @F108210 NVARCHAR(MAX) = NULL,
+    @TaskID BIGINT = NULL OUTPUT,
+    @IdempotencyKey NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- The key read must see a task committed while this call waited for the key's lock.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Msg NVARCHAR(2048), @Refusal INT, @RefusalMessage NVARCHAR(400), @TaskState NVARCHAR(16),
+        @LockName NVARCHAR(255), @LockResult INT, @Bad SYSNAME, @BadLength BIGINT;
+    SET @TaskID = NULL;
+    -- 1. Validate before any transaction starts.  LEN(x + N'.') - 1 counts trailing blanks.
+    IF NULLIF(@F108211, N'') IS NULL
+        THROW 50301, N'@F108211 (target procedure name) is required.', 1;
+    SELECT TOP (1) @Bad = v.Name, @BadLength = v.Length
+    FROM (
+        VALUES (N'@F108212', LEN(@F108212 + N'.') - 1), (N'@F108213', LEN(@F108213 + N'.') - 1),
+        (N'@F108214', LEN(@F108214 + N'.') - 1), (N'@F108215', LEN(@F108215 + N'.') - 1),
+        (N'@F108216', LEN(@F108216 + N'.') - 1)
+    ) AS v(Name, Length)
+    WHERE v.Length > 200
+    ORDER BY v.Name;
+    IF @Bad IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(@Bad, N' must be at most 200 characters (the target''s contract); got ', @BadLength, N'.');
+        THROW 50303, @Msg, 1;
+    END;
+    IF LEN(@F108210 + N'.') - 1 > 50
+    BEGIN
+        SET @Msg = CONCAT(N'@F108210 (description) must be at most 50 characters; got ', LEN(@F108210 + N'.') - 1);
+        THROW 50344, @Msg, 1;
+    END;
+    IF @IdempotencyKey IS NOT NULL AND (LEN(@IdempotencyKey + N'.') - 1 NOT BETWEEN 1 AND 100)
+    BEGIN
+        SET @Msg = CONCAT(N'@IdempotencyKey must be 1-100 characters; got ', LEN(@IdempotencyKey + N'.') - 1, N'.');
+        THROW 50345, @Msg, 1;
+    END;
+    -- The delay and the name by the trigger's own rules (a name over 4000 characters is malformed).
+    SELECT @Refusal = c.RefusalNumber, @RefusalMessage = c.RefusalMessage
+    FROM delay.Classify(
+        IIF(LEN(@F108211 + N'.') - 1 > 4000, N'', CAST(@F108211 AS NVARCHAR(4000))),
+        ISNULL(CAST(@F108218 AS NVARCHAR(40)), N'null'), NULL, NULL, NULL, NULL, NULL
+    ) AS c;
+    IF @Refusal IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(IIF(@Refusal = 50302, N'@F108218: ', N'@F108211: '), @RefusalMessage, N'.');
+        THROW @Refusal, @Msg, 1;
+    END;
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        IF @IdempotencyKey IS NOT NULL
+        BEGIN
+            -- On the key itself, not a key range (TSQL-STYLE); RTRIM: the lookup pads blanks too.
+            SET @LockName = CONCAT(N'mailq-db/delay/key/', CONVERT(NVARCHAR(64), HASHBYTES('SHA2_256',
+                RTRIM(@IdempotencyKey)), 2));
+            EXEC @LockResult = sys.sp_getapplock
+                @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
+            IF @LockResult < 0
+            BEGIN
+                SET @Msg = CONCAT(N'@IdempotencyKey: another call held the key over 30 s (', @LockResult, N').');
+                THROW 50345, @Msg, 1;
+            END;
+            SELECT @TaskID = k.TaskID FROM delay.TaskKey AS k WHERE k.IdempotencyKey = @IdempotencyKey;
+        END;
+        IF @TaskID IS NULL
+        BEGIN
+            INSERT INTO dbo.tabDIYTable12402 (
+                F108210, F108211, F108212, F108213, F108214, F108215, F108216, F108218, F108219
+            )
+            VALUES (@F108210, @F108211, @F108212, @F108213, @F108214, @F108215, @F108216, @F108218, 0);
+            -- SCOPE_IDENTITY, not @@IDENTITY: the trigger inserts into delay.Log.
+            SET @TaskID = CAST(SCOPE_IDENTITY() AS BIGINT);
+            -- The trigger classified the row again; the allow-list may have changed meanwhile.
+            SELECT @TaskState = t.TaskState, @Refusal = t.LastErrorNumber, @RefusalMessage = t.LastErrorMessage
+            FROM delay.Task AS t
+            WHERE t.TaskID = @TaskID;
+            IF @TaskState IS NULL OR @TaskState <> N'Pending'
+            BEGIN
+                SET @Msg = CONCAT(N'@F108211: ', ISNULL(@RefusalMessage, N'the task was not scheduled'), N'.');
+                SET @Refusal = ISNULL(@Refusal, 50306);
+                THROW @Refusal, @Msg, 1;
+            END;
+            IF @IdempotencyKey IS NOT NULL
+                INSERT INTO delay.TaskKey (IdempotencyKey, TaskID) VALUES (@IdempotencyKey, @TaskID);
+        END;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by XACT_ABORT.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        SET @TaskID = NULL;
+        THROW;
+    END CATCH;
+    SELECT TaskID = @TaskID;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+dbo.CancelDelayExecution: cancels a task that is not running: a Pending or Held
+task becomes Cancelled (receipt 4) and never runs.
+Parameters:  @TaskID BIGINT: the ID dbo.InitiateDelayExecution returned
+Errors:      50320 @TaskID names no task; 50321 the task is Claimed (a reader runs it
+             or is about to) or final (the message names the state); 50342 another
+             login initiated it and the caller is neither in MailqAdmin nor db_owner
+Transaction: its own or the caller's; any error, a refusal included, dooms the
+             caller's transaction (XACT_ABORT ON): the caller must roll back.  No
+             savepoint (error 627 under MSDTC).  Validation runs first.
+Lock order:  the task's delay.Task row (UPDLOCK), delay.Log, dbo.tabDIYTable12402.
+             Readers claim with READPAST: a cancel held open in a caller's
+             transaction holds no reader.
+Security:    runs as the caller (its roles decide; MailqDelayCaller cancels only its
+             own login's tasks); tables by ownership chaining, the platform's
+             triggers fire with the caller's rights.
+Example:     EXEC dbo.CancelDelayExecution @TaskID = 42;
+*/
+CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
+    @TaskID BIGINT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- The UPDLOCK read must lock the latest committed row (reverts on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Msg NVARCHAR(2048), @TaskState NVARCHAR(16), @CreatedBy NVARCHAR(128),
+        @Caller NVARCHAR(128) = ORIGINAL_LOGIN(),
+        @MayCancelAny BIT = IIF(IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0);
+    -- 1. Validate before any transaction starts.
+    SELECT @TaskState = t.TaskState, @CreatedBy = t.CreatedBy FROM delay.Task AS t WHERE t.TaskID = @TaskID;
+    IF @TaskState IS NULL
+    BEGIN
+        SET @Msg = CONCAT(N'@TaskID names no delayed task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.');
+        THROW 50320, @Msg, 1;
+    END;
+    IF @MayCancelAny = 0 AND (@CreatedBy IS NULL OR @CreatedBy <> @Caller)
+    BEGIN
+        SET @Msg = CONCAT(N'@TaskID ', @TaskID,
+            N' was initiated by another login; only MailqAdmin or db_owner may cancel it (caller: ', ISNULL(@Caller,
+            N'NULL'), N').');
+        THROW 50342, @Msg, 1;
+    END;
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        -- UPDLOCK, ROWLOCK: hold the row from the check to the change.
+        SELECT @TaskState = t.TaskState FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK) WHERE t.TaskID = @TaskID;
+        IF @TaskState NOT IN (N'Pending', N'Held')
+        BEGIN
+            SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' is ', @TaskState, N'; only Pending or Held ones are.');
+            THROW 50321, @Msg, 1;
+        END;
+        UPDATE t
+        SET
+            t.TaskState = N'Cancelled', t.FinishedAtUtc = SYSUTCDATETIME(), t.LastErrorNumber = NULL,
+            t.LastErrorMessage = CONCAT(N'cancelled by ', @Caller)
+        FROM delay.Task AS t
+        WHERE t.TaskID = @TaskID;
+        INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorMessage)
+        SELECT t.TaskID, N'Cancelled', t.TargetName, t.LastErrorMessage FROM delay.Task AS t WHERE t.TaskID = @TaskID;
+        -- By ID, never by parameter values.
+        UPDATE p SET p.F108219 = 4 FROM dbo.tabDIYTable12402 AS p WHERE p.ID = @TaskID;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by XACT_ABORT.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.AllowProcedure: lists a procedure for delayed execution, or lists it again
+after a review of a change: pins its definition (object_id, SHA2_256), grants
+EXECUTE on it to MailqRunner (the user every target runs as), and releases its
+Held tasks (Pending, due now).
+Parameters:  @ProcedureName NVARCHAR(4000): N'dbo.TCXG' or N'[dbo].[TCXG]', an existing
+                 SQL procedure of this database taking @SPName, @Param1 ... @Param5
+             @AllowBareName BIT = 0: 1 lets the bare name (N'TCXG') resolve to it
+             @MaxReaders INT = NULL: readers that may run it at once (1-32767); NULL:
+                 one fewer than MAX_QUEUE_READERS, at least 1
+Result set:  one row: AllowedProcedureId, SchemaName, ProcedureName, ObjectId,
+             AllowBareName, MaxReaders, Released INT (Held tasks released)
+Errors:      50310 not a two-part name of an existing SQL procedure here; 50311 a
+             system procedure; 50312 a parameter of the contract is missing; 50313 the
+             bare name answers to another entry; 50341 no readable definition (WITH
+             ENCRYPTION): cannot be pinned; 50542 @MaxReaders outside 1-32767
+Transaction: its own or the caller's; any error dooms either and is re-raised.
+Lock order:  delay.AllowedProcedure, delay.Task (Held rows), delay.Log, delay.ArmDispatcher's.
+Security:    for db_owner only (no role is granted EXECUTE; the GRANT needs it).
+Example:     EXEC delay.AllowProcedure @ProcedureName = N'dbo.TCXG', @AllowBareName = 1;
+*/
+CREATE OR ALTER PROCEDURE delay.AllowProcedure
+    @ProcedureName NVARCHAR(4000),
+    @AllowBareName BIT = 0,
+    @MaxReaders INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- The UPDLOCK reads below must lock the latest committed row (reverts on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Msg NVARCHAR(2048), @SchemaName SYSNAME, @Name SYSNAME, @ObjectId INT, @IsShipped BIT,
+        @Missing NVARCHAR(200), @Hash VARBINARY(32), @Grant NVARCHAR(400), @Released INT = 0,
+        @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Release TABLE (TaskID BIGINT NOT NULL PRIMARY KEY, TargetName NVARCHAR(400) NULL);
+    -- 1. Validate before any transaction starts.  PARSENAME takes a sysname: refuse what it would cut.
+    SET @AllowBareName = ISNULL(@AllowBareName, 0);
+    IF @MaxReaders NOT BETWEEN 1 AND 32767
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxReaders must be 1-32767 or NULL; got ', @MaxReaders, N'.');
+        THROW 50542, @Msg, 1;
+    END;
+    SELECT @ObjectId = o.object_id, @SchemaName = s.name, @Name = o.name, @IsShipped = o.is_ms_shipped
+    FROM sys.objects AS o
+    INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+    WHERE
+        DATALENGTH(@ProcedureName) BETWEEN 2 AND 256 AND PARSENAME(@ProcedureName, 3) IS NULL
+        AND s.name = PARSENAME(@ProcedureName, 2) AND o.name = PARSENAME(@ProcedureName, 1) AND o.type = 'P';
+    IF @ObjectId IS NULL
+    BEGIN
+        SET @Msg = CONCAT(N'@ProcedureName must be schema.procedure naming an existing SQL procedure here; got ',
+            ISNULL(LEFT(@ProcedureName, 300), N'NULL'), N'.');
+        THROW 50310, @Msg, 1;
+    END;
+    IF @IsShipped = 1 OR @SchemaName IN (N'sys', N'INFORMATION_SCHEMA')
+    BEGIN
+        SET @Msg = CONCAT(N'@ProcedureName must not be a system procedure; got ', @ProcedureName, N'.');
+        THROW 50311, @Msg, 1;
+    END;
+    SELECT @Missing = STRING_AGG(c.ParameterName, N', ') WITHIN GROUP (ORDER BY c.ParameterName)
+    FROM (VALUES (N'@SPName'), (N'@Param1'), (N'@Param2'), (N'@Param3'), (N'@Param4'), (N'@Param5')) AS c(ParameterName)
+    WHERE NOT EXISTS (SELECT 1 FROM sys.parameters AS p WHERE p.object_id = @ObjectId AND p.name = c.ParameterName);
+    IF @Missing IS NOT NULL
+    BEGIN
+        SET @Msg = CONCAT(N'@ProcedureName ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+            N' must take the target contract''s parameters; it lacks ', @Missing, N'.');
+        THROW 50312, @Msg, 1;
+    END;
+    SET @Hash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId));
+    IF @Hash IS NULL
+    BEGIN
+        SET @Msg = CONCAT(N'@ProcedureName ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+            N' has no readable definition (WITH ENCRYPTION?), so it cannot be pinned.');
+        THROW 50341, @Msg, 1;
+    END;
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        -- UPDLOCK, HOLDLOCK: the range lock keeps two sessions from both seeing the bare name free.
+        IF @AllowBareName = 1 AND EXISTS (
+            SELECT 1 FROM delay.AllowedProcedure AS ap WITH (UPDLOCK, HOLDLOCK)
+            WHERE ap.ProcedureName = @Name AND ap.AllowBareName = 1 AND ap.SchemaName <> @SchemaName
+        )
+        BEGIN
+            SET @Msg = CONCAT(N'@AllowBareName = 1, but the bare name ', @Name, N' already resolves to another entry.');
+            THROW 50313, @Msg, 1;
+        END;
+        -- UPDLOCK, HOLDLOCK: update-else-insert without a race between the two.
+        UPDATE ap
+        SET
+            ap.ObjectId = @ObjectId, ap.DefinitionHash = @Hash, ap.AllowBareName = @AllowBareName,
+            ap.MaxReaders = @MaxReaders, ap.ListedAtUtc = @Now, ap.ListedBy = ORIGINAL_LOGIN()
+        FROM delay.AllowedProcedure AS ap WITH (UPDLOCK, HOLDLOCK)
+        WHERE ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
+        IF @@ROWCOUNT = 0
+            INSERT INTO delay.AllowedProcedure (
+                SchemaName, ProcedureName, ObjectId, AllowBareName, MaxReaders, DefinitionHash
+            )
+            VALUES (@SchemaName, @Name, @ObjectId, @AllowBareName, @MaxReaders, @Hash);
+        -- The allow-list is a grant to MailqRunner, which targets run as (QUOTENAMEd catalog names).
+        SET @Grant = CONCAT(N'GRANT EXECUTE ON OBJECT::', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+            N' TO MailqRunner;');
+        EXEC sys.sp_executesql @Grant;
+        -- Its Held tasks run now: listing it again is the review of the change.
+        UPDATE t
+        SET t.TaskState = N'Pending', t.NextRunAtUtc = @Now, t.LastErrorNumber = NULL, t.LastErrorMessage = NULL
+        OUTPUT inserted.TaskID, inserted.TargetName INTO @Release (TaskID, TargetName)
+        FROM delay.Task AS t WITH (INDEX (IX_Task_Due))
+        WHERE t.TaskState = N'Held' AND t.SchemaName = @SchemaName AND t.ProcedureName = @Name;
+        SET @Released = @@ROWCOUNT;
+        -- (Not OUTPUT INTO delay.Log: an OUTPUT INTO target may not have a CHECK constraint.)
+        INSERT INTO delay.Log (TaskID, EventName, TargetName)
+        SELECT r.TaskID, N'Released', r.TargetName FROM @Release AS r;
+        IF @Released > 0
+            EXEC delay.ArmDispatcher @DueAtUtc = @Now;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+    SELECT ap.AllowedProcedureId, ap.SchemaName, ap.ProcedureName, ap.ObjectId, ap.AllowBareName, ap.MaxReaders,
+        @Released AS Released
+    FROM delay.AllowedProcedure AS ap
+    WHERE ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.DisallowProcedure: takes a procedure off the allow-list, revokes MailqRunner's
+EXECUTE on it, and refuses its Pending and Held tasks (final, receipt 2, 50306);
+a claimed one is refused when its reader checks it.
+Parameters:  @ProcedureName NVARCHAR(4000): schema.procedure as listed
+Result set:  one row: Refused INT (tasks refused now)
+Errors:      50314 @ProcedureName is not on the allow-list
+Transaction: its own or the caller's; any error dooms either and is re-raised.
+Lock order:  delay.AllowedProcedure, delay.Task, delay.Log, delay.ReceiptDue.
+Security:    for db_owner only, like delay.AllowProcedure.
+Example:     EXEC delay.DisallowProcedure @ProcedureName = N'dbo.TCXG';
+*/
+CREATE OR ALTER PROCEDURE delay.DisallowProcedure
+    @ProcedureName NVARCHAR(4000)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Msg NVARCHAR(2048), @SchemaName SYSNAME = PARSENAME(@ProcedureName, 2),
+        @Name SYSNAME = PARSENAME(@ProcedureName, 1), @Revoke NVARCHAR(400), @Refused INT = 0;
+    DECLARE @Gone TABLE (TaskID BIGINT NOT NULL PRIMARY KEY, TargetName NVARCHAR(400) NULL);
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        DELETE ap
+        FROM delay.AllowedProcedure AS ap
+        WHERE
+            DATALENGTH(@ProcedureName) BETWEEN 2 AND 256 AND PARSENAME(@ProcedureName, 3) IS NULL
+            AND ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
+        IF @@ROWCOUNT = 0
+        BEGIN
+            SET @Msg = CONCAT(N'@ProcedureName is not on the allow-list; got ', LEFT(@ProcedureName, 300), N'.');
+            THROW 50314, @Msg, 1;
+        END;
+        -- Guarded: the procedure may be gone already (its permissions went with it).
+        IF OBJECT_ID(CONCAT(QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name)), N'P') IS NOT NULL
+        BEGIN
+            SET @Revoke = CONCAT(N'REVOKE EXECUTE ON OBJECT::', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' FROM MailqRunner;');
+            EXEC sys.sp_executesql @Revoke;
+        END;
+        UPDATE t
+        SET
+            t.TaskState = N'Refused', t.FinishedAtUtc = SYSUTCDATETIME(), t.LastErrorNumber = 50306,
+            t.LastErrorMessage = N'the target was disallowed (delay.DisallowProcedure): refused'
+        OUTPUT inserted.TaskID, inserted.TargetName INTO @Gone (TaskID, TargetName)
+        FROM delay.Task AS t
+        WHERE t.TaskState IN (N'Pending', N'Held') AND t.SchemaName = @SchemaName AND t.ProcedureName = @Name;
+        SET @Refused = @@ROWCOUNT;
+        INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
+        SELECT g.TaskID, N'Refused', g.TargetName, 50306, N'the target was disallowed' FROM @Gone AS g;
+        INSERT INTO delay.ReceiptDue (TaskID) SELECT g.TaskID FROM @Gone AS g;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+    SELECT @Refused AS Refused;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.EnableThisDatabase: declares this database the one that runs its delayed
+tasks.  A restored or attached copy with a new Service Broker identity (NEW_BROKER:
+its service_broker_guid is not delay.Dispatcher's) runs no task and no hook until a
+db_owner runs this there, so a copy never runs production's tasks (delay.Monitor
+reports CopyNotEnabled).  Also needed after NEW_BROKER on the live database.
+Parameters:  @Confirm BIT = 0: must be 1
+Result set:  one row: WasBrokerGuid, BrokerGuid, PendingTasks BIGINT (Pending and Held
+             tasks this database will now run)
+Errors:      50544 @Confirm is not 1
+Transaction: its own or the caller's; any error dooms either and is re-raised.
+Lock order:  delay.Dispatcher, then delay.ArmDispatcher's.  Security: db_owner only.
+Example:     EXEC delay.EnableThisDatabase @Confirm = 1;
+*/
+CREATE OR ALTER PROCEDURE delay.EnableThisDatabase
+    @Confirm BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @Was UNIQUEIDENTIFIER, @Now DATETIME2(3) = SYSUTCDATETIME(), @Current UNIQUEIDENTIFIER;
+    SELECT @Current = d.service_broker_guid FROM sys.databases AS d WHERE d.database_id = DB_ID();
+    IF ISNULL(@Confirm, 0) <> 1
+        THROW 50544, N'@Confirm must be 1: this database then runs its delayed tasks here.', 1;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        UPDATE d
+        SET @Was = d.BrokerGuid, d.BrokerGuid = @Current, d.EnabledAtUtc = @Now, d.EnabledBy = ORIGINAL_LOGIN()
+        FROM delay.Dispatcher AS d
+        WHERE d.DispatcherId = 1;
+        INSERT INTO delay.Log (EventName, ErrorMessage)
+        VALUES (N'Dispatcher', CONCAT(N'enabled for broker identity ', @Current, N' by ', ORIGINAL_LOGIN()));
+        EXEC delay.ArmDispatcher @DueAtUtc = @Now;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+    SELECT @Was AS WasBrokerGuid, @Current AS BrokerGuid,
+        (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState IN (N'Pending', N'Held')) AS PendingTasks;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Monitor: is delayed execution running its tasks?  One row per finding, with
+what to do.  The Agent job step `EXEC delay.Monitor;` every few minutes fails (50545)
+on a Critical one, so its alert fires; `mailq-db doctor` runs @Apply = 0, @Raise = 0.
+Critical:    BrokerDisabled, QueueDisabled, ActivationOff, RunnerMissing, CopyNotEnabled
+             (a new broker identity: runs nothing until delay.EnableThisDatabase),
+             ActivationFailing (the timer fired, no reader came), OverdueTasks.
+Warning:     DispatcherLost (begun again, @Apply = 1), HeldTasks (per target),
+             OrphanedRuns (a target ended the transaction opened for it, then its reader
+             ended: failed, 50546, @Apply = 1), NoTask (with
+             @ScheduleMissing = 1: platform rows without a task, scheduled, @MaxRows at most).
+Result set:  Finding NVARCHAR(32), Severity NVARCHAR(8), Detail, Fix NVARCHAR(800)
+Errors:      50545 after the result set, on a Critical finding, when @Raise = 1
+Security:    EXECUTE AS OWNER (the catalog and the queue); granted to MailqAdmin.
+Example:     EXEC delay.Monitor @Apply = 0, @Raise = 0;
+*/
+CREATE OR ALTER PROCEDURE delay.Monitor
+    @Apply BIT = 1,
+    @Raise BIT = 1,
+    @OverdueLimit INT = 0,
+    @ScheduleMissing BIT = 0,
+    @MaxRows INT = 1000
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Now DATETIME2(3) = SYSUTCDATETIME(), @Overdue INT = 60, @Count BIGINT, @Msg NVARCHAR(2048),
+        @Handle UNIQUEIDENTIFIER, @ArmedFor DATETIME2(3), @Woken DATETIME2(3), @Guid UNIQUEIDENTIFIER;
+    DECLARE @Finding TABLE (
+        Id INT IDENTITY (1, 1) PRIMARY KEY, Finding NVARCHAR(32) NOT NULL, Severity NVARCHAR(8) NOT NULL,
+        Detail NVARCHAR(800) NULL, Fix NVARCHAR(800) NULL
+    );
+    SELECT @Overdue = s.OverdueSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
+    SELECT @Handle = d.ConversationHandle, @ArmedFor = d.ArmedForUtc, @Woken = d.LastWokenAtUtc, @Guid = d.BrokerGuid
+    FROM delay.Dispatcher AS d
+    WHERE d.DispatcherId = 1;
+    INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+    SELECT x.Finding, x.Severity, x.Detail, x.Fix
+    FROM sys.databases AS db
+    CROSS JOIN sys.service_queues AS q
+    CROSS APPLY (
+        VALUES
+        (IIF(db.is_broker_enabled = 0, N'BrokerDisabled', NULL), N'Critical', N'Service Broker is off: no timer fires',
+            N'ALTER DATABASE ... SET ENABLE_BROKER (exclusive access); a copy: NEW_BROKER (see CopyNotEnabled)'),
+        (IIF(q.is_receive_enabled = 0, N'QueueDisabled', NULL), N'Critical', N'dbo.DelayServiceQueue is disabled',
+            N'read delay.Log and the error log, then ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON;'),
+        (IIF(q.is_activation_enabled = 0, N'ActivationOff', NULL), N'Critical', N'activation is off: no reader starts',
+            N'ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);'),
+        (IIF(DATABASE_PRINCIPAL_ID(N'MailqRunner') IS NULL, N'RunnerMissing', NULL), N'Critical',
+            N'the user MailqRunner (targets and hooks run as it) is missing', N'deploy again: mailq-db deploy'),
+        (IIF(@Guid IS NULL OR @Guid <> db.service_broker_guid, N'CopyNotEnabled', NULL), N'Critical',
+            CONCAT(N'broker identity ', db.service_broker_guid, N' is not the one tasks run for (', @Guid, N')'),
+            N'on the live database only: EXEC delay.EnableThisDatabase @Confirm = 1; a copy runs nothing'),
+        (IIF(@ArmedFor < DATEADD(SECOND, -@Overdue, @Now) AND (@Woken IS NULL OR @Woken < @ArmedFor),
+            N'ActivationFailing', NULL), N'Critical', CONCAT(N'the timer fired at ', @ArmedFor, N'; no reader since'),
+            N'see the SQL Server error log (an orphaned owner: ALTER AUTHORIZATION ON DATABASE::... TO [login])')
+    ) AS x(Finding, Severity, Detail, Fix)
+    WHERE db.database_id = DB_ID() AND q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue') AND x.Finding IS NOT NULL;
+    SELECT @Count = COUNT_BIG(*) FROM delay.Task AS t
+    WHERE t.TaskState = N'Pending' AND t.NextRunAtUtc < DATEADD(SECOND, -@Overdue, @Now);
+    IF @Count > ISNULL(@OverdueLimit, 0)
+        INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+        VALUES (N'OverdueTasks', N'Critical', CONCAT(@Count, N' task(s) due over ', @Overdue, N' s ago not started'),
+            N'the findings above; else more MAX_QUEUE_READERS, or a slow target''s MaxReaders holds them');
+    INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+    SELECT N'HeldTasks', N'Warning', CONCAT(COUNT_BIG(*), N' task(s) of ', t.SchemaName, N'.', t.ProcedureName,
+            N' held: it changed since it was listed'),
+        CONCAT(N'review it, then EXEC delay.AllowProcedure N''', t.SchemaName, N'.', t.ProcedureName, N''';')
+    FROM delay.Task AS t
+    WHERE t.TaskState = N'Held'
+    GROUP BY t.SchemaName, t.ProcedureName;
+    IF @Handle IS NULL OR NOT EXISTS (
+        SELECT 1 FROM sys.conversation_endpoints AS e
+        WHERE e.conversation_handle = @Handle AND e.state IN ('SO', 'SI', 'CO')
+    )
+    BEGIN
+        INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+        VALUES (N'DispatcherLost', N'Warning', N'the dispatcher conversation is gone (NEW_BROKER, an error)',
+            IIF(@Apply = 1, N'begun again now', N'EXEC delay.Monitor;'));
+        IF @Apply = 1
+            EXEC delay.ArmDispatcher @DueAtUtc = @Now;
+    END;
+    -- The run's mark, and no reader holds the row: the target committed, then its reader ended.
+    SELECT @Count = COUNT_BIG(*) FROM delay.Task AS t WITH (READPAST)
+    WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31';
+    IF @Count > 0
+    BEGIN
+        INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+        VALUES (N'OrphanedRuns', N'Warning', CONCAT(@Count, N' run(s) ended without an outcome'),
+            IIF(@Apply = 1, N'failed now (50546), not run again', N'EXEC delay.Monitor;'));
+        IF @Apply = 1
+            UPDATE t
+            SET
+                t.TaskState = N'Failed', t.FinishedAtUtc = @Now, t.ClaimToken = NULL, t.LeaseUntilUtc = NULL,
+                t.LastErrorNumber = 50546,
+                t.LastErrorMessage = N'the target ended its transaction, then its reader ended'
+            OUTPUT inserted.TaskID INTO delay.ReceiptDue (TaskID)
+            FROM delay.Task AS t WITH (READPAST, ROWLOCK)
+            WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31';
+    END;
+    IF @ScheduleMissing = 1
+    BEGIN
+        -- Rows inserted without the trigger: due F108218 s after F108217 (or now); a scan, when asked.
+        INSERT INTO delay.Task (
+            TaskID, TargetName, SchemaName, ProcedureName, DelaySeconds, Param1, Param2, Param3, Param4, Param5,
+            TaskState, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage, CreatedBy
+        )
+        SELECT TOP (@MaxRows)
+            p.ID, c.TargetName, c.SchemaName, c.ProcedureName, c.DelaySeconds, c.Param1, c.Param2, c.Param3, c.Param4,
+            c.Param5, IIF(c.RefusalNumber IS NULL, N'Pending', N'Refused'), f.Due AS DueAtUtc, f.Due AS NextRunAtUtc,
+            IIF(c.RefusalNumber IS NULL, NULL, @Now), c.RefusalNumber, c.RefusalMessage, ORIGINAL_LOGIN()
+        FROM dbo.tabDIYTable12402 AS p
+        CROSS APPLY delay.Classify(
+            CAST(p.F108211 AS NVARCHAR(4000)), CAST(p.F108218 AS NVARCHAR(40)),
+            p.F108212, p.F108213, p.F108214, p.F108215, p.F108216
+        ) AS c
+        CROSS APPLY (
+            VALUES (DATEADD(SECOND, ISNULL(c.DelaySeconds, 0), ISNULL(TRY_CONVERT(DATETIME2(3), p.F108217), @Now)))
+        ) AS f(Due)
+        WHERE ISNULL(p.F108219, 0) = 0 AND p.F108211 IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM delay.Task AS t WHERE t.TaskID = p.ID
+        )
+        ORDER BY p.ID;
+        SET @Count = @@ROWCOUNT;
+        INSERT INTO delay.ReceiptDue (TaskID)
+        SELECT t.TaskID FROM delay.Task AS t
+        WHERE t.TaskState = N'Refused' AND t.FinishedAtUtc = @Now
+            AND NOT EXISTS (SELECT 1 FROM delay.ReceiptDue AS r WHERE r.TaskID = t.TaskID);
+        IF @Count > 0
+        BEGIN
+            EXEC delay.ArmDispatcher @DueAtUtc = @Now;
+            INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+            VALUES (N'NoTask', N'Warning', CONCAT(@Count, N' platform row(s) without a task scheduled now'),
+                IIF(@Count = @MaxRows, N'EXEC delay.Monitor @ScheduleMissing = 1; again', NULL));
+        END;
+    END;
+    SELECT f.Finding, f.Severity, f.Detail, f.Fix FROM @Finding AS f ORDER BY f.Id;
+    IF @Raise = 1 AND EXISTS (SELECT 1 FROM @Finding AS f WHERE f.Severity = N'Critical')
+    BEGIN
+        SELECT @Msg = CONCAT(N'delay.Monitor: ', STRING_AGG(f.Finding, N', ')) FROM @Finding AS f
+        WHERE f.Severity = N'Critical';
+        THROW 50545, @Msg, 1;
+    END;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.PurgeHistory: deletes final tasks (Done, Failed, Refused, Cancelled, receipt
+written) that finished before the cutoff, with their keys, and delay.Log rows logged
+before it: @BatchSize rows per short transaction, at most @MaxBatches per call (run
+it from the Agent job).  The platform's rows are never deleted.
+Parameters:  @OlderThanDays INT = NULL (delay.Setting.RetentionDays) 1-3650;
+             @BatchSize INT = 1000 (1-10000); @MaxBatches INT = 100 (1-100000)
+Result set:  one row: TasksDeleted BIGINT, LogRowsDeleted BIGINT, Finished BIT (0: run it again)
+Errors:      50543 called inside a transaction, or a parameter out of range
+Lock order:  delay.Task (IX_Task_FinishedAtUtc order), delay.TaskKey; then delay.Log.
+Security:    granted to MailqAdmin.
+Example:     EXEC delay.PurgeHistory @OlderThanDays = 30;
+*/
+CREATE OR ALTER PROCEDURE delay.PurgeHistory
+    @OlderThanDays INT = NULL,
+    @BatchSize INT = 1000,
+    @MaxBatches INT = 100
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @Msg NVARCHAR(2048), @Cutoff DATETIME2(3), @Tasks BIGINT = 0, @Logs BIGINT = 0, @Batches INT = 0,
+        @Done INT = 0, @LogDone INT = 0;
+    DECLARE @Gone TABLE (TaskID BIGINT NOT NULL PRIMARY KEY);
+    SELECT @OlderThanDays = ISNULL(@OlderThanDays, s.RetentionDays) FROM delay.Setting AS s WHERE s.SettingId = 1;
+    IF @@TRANCOUNT > 0 OR ISNULL(@OlderThanDays, 0) NOT BETWEEN 1 AND 3650
+        OR ISNULL(@BatchSize, 0) NOT BETWEEN 1 AND 10000 OR ISNULL(@MaxBatches, 0) NOT BETWEEN 1 AND 100000
+    BEGIN
+        SET @Msg = CONCAT(N'delay.PurgeHistory runs outside a transaction with @OlderThanDays 1-3650, @BatchSize ',
+            N'1-10000, @MaxBatches 1-100000; got ', @@TRANCOUNT, N' open, ', @OlderThanDays, N', ', @BatchSize, N', ',
+            @MaxBatches, N'.');
+        THROW 50543, @Msg, 1;
+    END;
+    SET @Cutoff = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
+    WHILE @Batches < @MaxBatches
+    BEGIN
+        SET @Batches += 1;
+        DELETE FROM @Gone;
+        BEGIN TRANSACTION;
+        DELETE TOP (@BatchSize) t
+        OUTPUT deleted.TaskID INTO @Gone (TaskID)
+        FROM delay.Task AS t WITH (INDEX (IX_Task_FinishedAtUtc))
+        WHERE t.FinishedAtUtc < @Cutoff AND t.TaskState IN (N'Done', N'Failed', N'Refused', N'Cancelled')
+            AND NOT EXISTS (SELECT 1 FROM delay.ReceiptDue AS r WHERE r.TaskID = t.TaskID);
+        SET @Done = @@ROWCOUNT;
+        DELETE k FROM delay.TaskKey AS k INNER JOIN @Gone AS g ON k.TaskID = g.TaskID;
+        COMMIT TRANSACTION;
+        -- LogId grows with LoggedAtUtc: the oldest rows come first in the clustered
+        -- order, a bounded read from its start.
+        WITH Oldest AS (SELECT TOP (@BatchSize) l.LogId, l.LoggedAtUtc FROM delay.Log AS l ORDER BY l.LogId)
+
+        DELETE FROM Oldest WHERE LoggedAtUtc < @Cutoff;
+        SELECT @LogDone = @@ROWCOUNT, @Tasks += @Done;
+        SET @Logs += @LogDone;
+        IF @Done < @BatchSize AND @LogDone < @BatchSize BREAK;
+    END;
+    SELECT @Tasks AS TasksDeleted, @Logs AS LogRowsDeleted,
+        CAST(IIF(@Done < @BatchSize AND @LogDone < @BatchSize, 1, 0) AS BIT) AS Finished;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.GetTaskMetrics: the four counts of delayed tasks that monitoring reads, one
+row (delay.Health has the same columns): PendingTasks BIGINT (Pending or Claimed:
+scheduled, not final, not held), OverdueTasks BIGINT (Pending, due longer ago than
+delay.Setting.OverdueSeconds), HeldTasks BIGINT (waiting for their target to be
+listed again), FailedTasks BIGINT (given up, until purged).
+Cost:        seeks on IX_Task_Due; never waits for a running target.
+Security:    granted to MailqAdmin.
+Example:     EXEC delay.GetTaskMetrics;
+*/
+CREATE OR ALTER PROCEDURE delay.GetTaskMetrics
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @OverdueBefore DATETIME2(3) = DATEADD(SECOND, -60, SYSUTCDATETIME());
+    SELECT @OverdueBefore = DATEADD(SECOND, -s.OverdueSeconds, SYSUTCDATETIME()) FROM delay.Setting AS s
+    WHERE s.SettingId = 1;
+    SELECT
+        (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState IN (N'Pending', N'Claimed')) AS PendingTasks,
+        (
+            SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Pending' AND t.NextRunAtUtc < @OverdueBefore
+        ) AS OverdueTasks,
+        (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Held') AS HeldTasks,
+        (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Failed') AS FailedTasks;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.PendingTasks: tasks not finished: Pending (waiting for NextRunAtUtc or a
+retry's backoff), Claimed (a reader runs it or is about to; LeaseUntilUtc 9999-12-31
+while it runs, and a locking read of that row waits for the target), Held (the
+target changed since it was listed: it runs once a db_owner lists it again;
+HeldReason says why).  OverdueSeconds > 0: due and not started.
+Example:     SELECT TaskID, TargetName, TaskState, NextRunAtUtc FROM delay.PendingTasks ORDER BY NextRunAtUtc;
+*/
+CREATE OR ALTER VIEW delay.PendingTasks
+AS
+SELECT
+    t.TaskID, t.TargetName, t.TaskState, t.Attempts, t.Claims, t.CreatedAtUtc, t.DueAtUtc, t.NextRunAtUtc,
+    t.LeaseUntilUtc, t.FirstStartedAtUtc,
+    OverdueSeconds = IIF(
+        t.TaskState = N'Pending' AND t.NextRunAtUtc < SYSUTCDATETIME(),
+        DATEDIFF_BIG(SECOND, t.NextRunAtUtc, SYSUTCDATETIME()), 0
+    ),
+    HeldReason = IIF(t.TaskState = N'Held', t.LastErrorMessage, NULL),
+    t.LastErrorNumber, t.LastErrorMessage
+FROM delay.Task AS t
+WHERE t.TaskState IN (N'Pending', N'Claimed', N'Held');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.FinishedTasks: tasks with a final state, until purged: Done (receipt 1),
+Refused (2: never run; 50302-50306 say why), Failed (3: attempts used up, the
+target ended the transaction opened for it, or claimed too often), Cancelled (4).
+The last error is here; every attempt's is in delay.Log.
+Example:     SELECT TaskID, TaskState, LastErrorMessage FROM delay.FinishedTasks WHERE TaskState = N'Failed';
+*/
+CREATE OR ALTER VIEW delay.FinishedTasks
+AS
+SELECT
+    t.TaskID, t.TargetName, t.SchemaName, t.ProcedureName, t.TaskState, t.Receipt, t.Attempts, t.CreatedAtUtc,
+    t.DueAtUtc, t.FirstStartedAtUtc, t.FinishedAtUtc, t.LastErrorNumber, t.LastErrorMessage
+FROM delay.Task AS t
+WHERE t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.Health: one row: can delayed execution run tasks, and how many wait?
+(delay.Monitor says what to do about each problem.)  IsBrokerEnabled,
+IsReceiveEnabled (0: the queue is disabled), IsActivationEnabled, MaxQueueReaders,
+IsEnabledHere (0: a copy with a new broker identity, which runs nothing until
+delay.EnableThisDatabase), IsTrustworthy, IsDbChaining, DispatcherArmedForUtc,
+LastWokenAtUtc, PendingTasks, OverdueTasks, HeldTasks, FailedTasks (as
+delay.GetTaskMetrics), RefusedTasks, ReceiptsDue.
+Permissions: SELECT, and VIEW DEFINITION on the queue (both granted to MailqAdmin);
+no server permission.
+Example:     SELECT IsReceiveEnabled, IsEnabledHere, OverdueTasks, HeldTasks FROM delay.Health;
+*/
+CREATE OR ALTER VIEW delay.Health
+AS
+WITH D AS (
+    SELECT dp.BrokerGuid, dp.ArmedForUtc, dp.LastWokenAtUtc, s.OverdueSeconds
+    FROM delay.Dispatcher AS dp CROSS JOIN delay.Setting AS s
+),
+
+Q AS (
+    SELECT
+        IsReceiveEnabled = sq.is_receive_enabled, IsActivationEnabled = sq.is_activation_enabled,
+        MaxQueueReaders = sq.max_readers
+    FROM sys.service_queues AS sq
+    WHERE sq.object_id = OBJECT_ID(N'dbo.DelayServiceQueue')
+)
+
+SELECT
+    IsBrokerEnabled = db.is_broker_enabled,
+    q.IsReceiveEnabled,
+    q.IsActivationEnabled,
+    q.MaxQueueReaders,
+    IsEnabledHere = CAST(IIF(d.BrokerGuid = db.service_broker_guid, 1, 0) AS BIT),
+    IsTrustworthy = db.is_trustworthy_on,
+    IsDbChaining = db.is_db_chaining_on,
+    DispatcherArmedForUtc = d.ArmedForUtc,
+    d.LastWokenAtUtc,
+    PendingTasks = (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState IN (N'Pending', N'Claimed')),
+    OverdueTasks = (
+        SELECT COUNT_BIG(*) FROM delay.Task AS t
+        WHERE t.TaskState = N'Pending' AND t.NextRunAtUtc < DATEADD(SECOND, -d.OverdueSeconds, SYSUTCDATETIME())
+    ),
+    HeldTasks = (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Held'),
+    FailedTasks = (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Failed'),
+    RefusedTasks = (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Refused'),
+    ReceiptsDue = (SELECT COUNT_BIG(*) FROM delay.ReceiptDue)
+FROM sys.databases AS db
+CROSS JOIN D AS d
+LEFT OUTER JOIN Q AS q ON 1 = 1
+WHERE db.database_id = DB_ID();
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqDelayCaller: EXECUTE on dbo.InitiateDelayExecution and
+dbo.CancelDelayExecution, nothing else.  Both run as the caller and reach the
+tables by ownership chaining; the timer is set through delay.ArmDispatcher
+(EXECUTE AS OWNER), granted to nobody.
+*/
+GRANT EXECUTE ON OBJECT::dbo.InitiateDelayExecution TO MailqDelayCaller;
+GRANT EXECUTE ON OBJECT::dbo.CancelDelayExecution TO MailqDelayCaller;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants of role MailqAdmin (sql/security/MailqAdmin.role.sql) on delayed
+execution: the operator views, the metrics, the monitor, the purge, cancelling
+any task.  VIEW DEFINITION on the queue lets delay.Health read its status row
+(catalog views show an object only to whoever has a permission on it).
+Not the allow-list (delay.AllowProcedure, delay.DisallowProcedure) nor
+delay.EnableThisDatabase: db_owner decisions.
+*/
+GRANT SELECT ON OBJECT::delay.PendingTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.FinishedTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.Health TO MailqAdmin;
+GRANT VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::delay.GetTaskMetrics TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::delay.Monitor TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::delay.PurgeHistory TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::dbo.CancelDelayExecution TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.StartHookDispatcher: starts, re-times or stops the hook dispatcher of delayed
+execution (docs/hooks.md): a reader runs mailq.RunApplicationHooks every
+@IntervalSeconds.  Starting sets the first run to now and arms the dispatcher's
+timer; starting again only re-times it; stopping sets Enabled = 0.
+Parameters:  @IntervalSeconds INT = 30 (1-3600); @Enabled BIT = 1 (0: stop)
+Result set:  one row: Enabled, IntervalSeconds, NextRunAtUtc, LastRunAtUtc, LastError
+Errors:      50295 @IntervalSeconds outside 1-3600
+Transaction: its own or the caller's; any error dooms either and is re-raised.
+Lock order:  mailq.HookDispatcher, then delay.ArmDispatcher's.
+Security:    granted to MailqAdmin.
+Example:     EXEC mailq.StartHookDispatcher @IntervalSeconds = 30;
+*/
+CREATE OR ALTER PROCEDURE mailq.StartHookDispatcher
+    @IntervalSeconds INT = 30,
+    @Enabled BIT = 1
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @Msg NVARCHAR(2048), @Now DATETIME2(3) = SYSUTCDATETIME();
+    SELECT @IntervalSeconds = COALESCE(@IntervalSeconds, 30), @Enabled = COALESCE(@Enabled, 1);
+    IF @IntervalSeconds NOT BETWEEN 1 AND 3600
+    BEGIN
+        SET @Msg = CONCAT(N'@IntervalSeconds must be 1-3600; got ', @IntervalSeconds, N'.');
+        THROW 50295, @Msg, 1;
+    END;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        -- UPDLOCK, HOLDLOCK: update-else-insert of the one row without a race.
+        UPDATE h
+        SET
+            h.Enabled = @Enabled, h.NextRunAtUtc = IIF(@Enabled = 1 AND h.Enabled = 0, @Now, h.NextRunAtUtc),
+            h.IntervalSeconds = @IntervalSeconds, h.ChangedAtUtc = @Now, h.ChangedBy = ORIGINAL_LOGIN()
+        FROM mailq.HookDispatcher AS h WITH (UPDLOCK, HOLDLOCK)
+        WHERE h.Singleton = 1;
+        IF @@ROWCOUNT = 0
+            INSERT INTO mailq.HookDispatcher (Singleton, Enabled, IntervalSeconds, NextRunAtUtc)
+            VALUES (1, @Enabled, @IntervalSeconds, @Now);
+        IF @Enabled = 1
+            EXEC delay.ArmDispatcher @DueAtUtc = @Now;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+    SELECT h.Enabled, h.IntervalSeconds, h.NextRunAtUtc, h.LastRunAtUtc, h.LastError
+    FROM mailq.HookDispatcher AS h WHERE h.Singleton = 1;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants for the hook dispatcher of delayed execution (docs/hooks.md):
+administrators start, re-time and stop it.
+*/
+GRANT EXECUTE ON OBJECT::mailq.StartHookDispatcher TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
 DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0018') AND FilePath IN (
+    N'security/MailqRunner.user.sql',
     N'upgrades/mailq.0018.LockEscalation.sql',
-    N'procedures/mailq.EnqueueMailBatch.sql');
+    N'functions/mailq.HookPin.sql',
+    N'procedures/mailq.EnqueueMailBatch.sql',
+    N'procedures/mailq.SetApplicationHook.sql',
+    N'procedures/mailq.RunApplicationHooks.sql',
+    N'broker/delay.schema.sql',
+    N'broker/delay.Installation.sql',
+    N'broker/delay.Setting.sql',
+    N'broker/delay.AllowedProcedure.sql',
+    N'broker/delay.AllowedProcedure.UX_AllowedProcedure_BareName.sql',
+    N'broker/delay.Task.sql',
+    N'broker/delay.Task.IX_Task_Due.sql',
+    N'broker/delay.Task.IX_Task_FinishedAtUtc.sql',
+    N'broker/delay.TaskKey.sql',
+    N'broker/delay.ReceiptDue.sql',
+    N'broker/delay.Log.sql',
+    N'broker/delay.Log.IX_Log_TaskID.sql',
+    N'broker/delay.Dispatcher.sql',
+    N'broker/dbo.tabDIYTable12402.sql',
+    N'broker/mailq.HookDispatcher.sql',
+    N'broker/mt.DelayRequest.sql',
+    N'broker/contract.DelayContract.sql',
+    N'broker/dbo.DelayServiceQueue.sql',
+    N'broker/service.DelayService.sql',
+    N'broker/delay.Classify.sql',
+    N'broker/delay.CheckTarget.sql',
+    N'broker/delay.ArmDispatcher.sql',
+    N'broker/delay.WriteReceipts.sql',
+    N'broker/delay.RunTask.sql',
+    N'broker/delay.RunDueTasks.sql',
+    N'broker/dbo.ProcessDelayQueue.sql',
+    N'broker/dbo.DelayServiceQueue.activation.sql',
+    N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql',
+    N'broker/dbo.InitiateDelayExecution.sql',
+    N'broker/dbo.CancelDelayExecution.sql',
+    N'broker/delay.AllowProcedure.sql',
+    N'broker/delay.DisallowProcedure.sql',
+    N'broker/delay.EnableThisDatabase.sql',
+    N'broker/delay.Monitor.sql',
+    N'broker/delay.PurgeHistory.sql',
+    N'broker/delay.GetTaskMetrics.sql',
+    N'broker/delay.PendingTasks.sql',
+    N'broker/delay.FinishedTasks.sql',
+    N'broker/delay.Health.sql',
+    N'broker/MailqDelayCaller.grants.sql',
+    N'broker/MailqAdmin.delay.grants.sql',
+    N'broker/mailq.StartHookDispatcher.sql',
+    N'broker/MailqAdmin.hooks.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+    ('0018', N'security/MailqRunner.user.sql', 'e92e9fb39816e02ec59d0848ef1e74596c9a5922bf72ae8dbd4b3addee1f9626'),
     ('0018', N'upgrades/mailq.0018.LockEscalation.sql', '39b4f187c4fed16b67e5910657cb48ca55f61ddc3cb04640705d508f7f07fc10'),
-    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b');
+    ('0018', N'functions/mailq.HookPin.sql', '5bbc8ba60b5e959f48e0dc352baff33e7fd342b5b9408199b2d0430d3eb5cb4a'),
+    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b'),
+    ('0018', N'procedures/mailq.SetApplicationHook.sql', 'f544e1e4dac7c629ec9d5778081938d8fa2b5771efdf8667198acd573ef19c69'),
+    ('0018', N'procedures/mailq.RunApplicationHooks.sql', '97ad237f1c8e40eb769e243834ffdfeb72d0df860409b62e79e39d5b326697b6'),
+    ('0018', N'broker/delay.schema.sql', '493521b22e21be401e03b915752778b7ec32cce3d0a618c3da82d7f951e9d6a6'),
+    ('0018', N'broker/delay.Installation.sql', '9a3b1a0442314c507237880d77a93a7932f7ff91702fc06142711f1e97e57dcc'),
+    ('0018', N'broker/delay.Setting.sql', '4e4b5acc5470ddca6dd7f8f8c5059b183249804ace59ec638258fb6c74f3286c'),
+    ('0018', N'broker/delay.AllowedProcedure.sql', '9080106cb986cc13ff6aa5226e36e892adfacf44883f855a4457a03600cd48aa'),
+    ('0018', N'broker/delay.AllowedProcedure.UX_AllowedProcedure_BareName.sql', 'c9f7c1fc8811b99c6796a18aed70f39f0c9dd0d85556b0b7f7bfb19a2e92c923'),
+    ('0018', N'broker/delay.Task.sql', '35d75d22a993717607f9a2b53f6c0ba9a3960f13f10befe8183f4b674fe55b18'),
+    ('0018', N'broker/delay.Task.IX_Task_Due.sql', '57e04da602821e369e46d13718f634e1bd95666dc7bbd8faba3ef76778223be9'),
+    ('0018', N'broker/delay.Task.IX_Task_FinishedAtUtc.sql', 'dd7a726a8a45dd14848cfc8270c78bbe8017e191c10c9dca8697611ce3564c48'),
+    ('0018', N'broker/delay.TaskKey.sql', 'a2961a42675f344d849cf5c7b457558f56ed899053220fed3fad5960791bbba4'),
+    ('0018', N'broker/delay.ReceiptDue.sql', '15bde69b1cf4772745fa165a8959bfc3b32198f3281c8c07d96ad7adbb55fdc9'),
+    ('0018', N'broker/delay.Log.sql', '7bae0fb82d72736930e5955c68644bb2a9ba25e7bd7049711396bd9d04c13e9e'),
+    ('0018', N'broker/delay.Log.IX_Log_TaskID.sql', 'c7ac107feddde33cd8c6966e5104793dec2ec52179b3bed4e2fe5e88196db668'),
+    ('0018', N'broker/delay.Dispatcher.sql', '9c2ed581b3eeb4c73226a42708d55ddf2271002ab24550465f607a186edd10d8'),
+    ('0018', N'broker/dbo.tabDIYTable12402.sql', 'f61f8041beaabc0716ba98381bbb8d7ff13ae15ceab5dd5df36a0dac17d14f6c'),
+    ('0018', N'broker/mailq.HookDispatcher.sql', '829ed05008815e5d4c2d61aea3a597cb2e67c726d3a9416aae903bb41256a784'),
+    ('0018', N'broker/mt.DelayRequest.sql', '62f7d22d9335124fb060f8557c3a80f1147576df2855d81014b7c9b60c64057d'),
+    ('0018', N'broker/contract.DelayContract.sql', '7d8dcdd4aed1ecb1466b2f9d5c4005768d48a0bdef1278e3f6907e4f32380f5f'),
+    ('0018', N'broker/dbo.DelayServiceQueue.sql', 'ddb3a0b545f81943d16d8ce06041ffec0cc9c092763245e804b010dfc98c20d3'),
+    ('0018', N'broker/service.DelayService.sql', '80ac92b373a97c895be45e27f14641339d1f2a55c3eeb836d2a2a38966cee77a'),
+    ('0018', N'broker/delay.Classify.sql', '6eaed335dc3395bd314bdc56d94361ec76b4363eef8cb21794be5851ab389de9'),
+    ('0018', N'broker/delay.CheckTarget.sql', '450561506197d0f460421e90295f701d035f186a2fcc539229835986b5964156'),
+    ('0018', N'broker/delay.ArmDispatcher.sql', 'd7e88d8fabca84522b09f99fd688f27b4af78c123c20f3b0b03b7ba008a428a1'),
+    ('0018', N'broker/delay.WriteReceipts.sql', '7a86aef260c8dd31af01f4cc272ee4a39ac790511b98ddd002dab4068a9a6154'),
+    ('0018', N'broker/delay.RunTask.sql', '04910d562e11c72398f77cf9584a23a4686ff36ca10ffcb7c542b7e113667740'),
+    ('0018', N'broker/delay.RunDueTasks.sql', 'f86d5687f4fbeed2b2150e199f53d45aaac0fc22b5e64779ea77b2297d0348f3'),
+    ('0018', N'broker/dbo.ProcessDelayQueue.sql', '67f842d6bbb5dea327eb2ccbfabed69f8ebf4833d4ccfb86d5e27c277a759e2b'),
+    ('0018', N'broker/dbo.DelayServiceQueue.activation.sql', '09e433da0503ac1e434435c8c79bbccbb407200dc0189836774422cc3704c74b'),
+    ('0018', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '591cadce33bc1f86929939669a9a77b123d7ae2015b2b82bd8e909e46eb6cf40'),
+    ('0018', N'broker/dbo.InitiateDelayExecution.sql', '1546905936150b4c7392207ac219ef5dd03a65c4b9cd57f4649ef790dce1d867'),
+    ('0018', N'broker/dbo.CancelDelayExecution.sql', 'a44683e1dd61377e4056bceaa33d1464ad9adfc6dbef628d9276e0e764d4ffb9'),
+    ('0018', N'broker/delay.AllowProcedure.sql', 'b56af5c83054abba250d664e71ece6f06206f0c6eddc34d52b2f75065e013438'),
+    ('0018', N'broker/delay.DisallowProcedure.sql', '96de780fed11096bb9c6240b49ef73d7cba7aa9ee270a15b0a86babe241ff96e'),
+    ('0018', N'broker/delay.EnableThisDatabase.sql', '75042f551ba11a19d798726ebaaff6728c483fb1aa1175ae0ab97a4dbab8524f'),
+    ('0018', N'broker/delay.Monitor.sql', 'a4888799fa797886a6fb5bb4962eab14ade49903ae6e1a9ea6e67f171a3c7224'),
+    ('0018', N'broker/delay.PurgeHistory.sql', '29cf7591df19997969cba261e8b8d3586b2c03471430c89fae4b6117708ed63a'),
+    ('0018', N'broker/delay.GetTaskMetrics.sql', '10746b958f4336a3e4e525db63318bc1b1be2d16def8f23d946f1415291f01b6'),
+    ('0018', N'broker/delay.PendingTasks.sql', 'ffa386b1f2f245bbe560048f905e07fde2ac2e1ab06e28d32ae96074cc118a9c'),
+    ('0018', N'broker/delay.FinishedTasks.sql', '10fdee68d540555dc12cf307a0aa29432504a0f1fa66cc728b0369455d71fccd'),
+    ('0018', N'broker/delay.Health.sql', 'a9440e238b4887339280ec7fb76ac606d93079267ab9423ed55cad3e068c6a65'),
+    ('0018', N'broker/MailqDelayCaller.grants.sql', 'd79a6f389dc90cee32ff9512752c7fc14425661659150108c8978b8542991c7b'),
+    ('0018', N'broker/MailqAdmin.delay.grants.sql', '8c4c786468ad8f6d4506815938a500a89ea5f75fde7f6d38e1e77139698a5003'),
+    ('0018', N'broker/mailq.StartHookDispatcher.sql', 'c5e5561ed66779d421273ea45a418b029b4264d2bf2b032d94ab4679c12c90a0'),
+    ('0018', N'broker/MailqAdmin.hooks.grants.sql', '58fb07c06f7b57ad75446d614a6ccdd6c5bd4cc7b92f060c67ffedb2a5bbcb05');
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Readers INT = (SELECT TRY_CONVERT(INT, Value) FROM dbo.mailq_deployment_option WHERE Name = N'readers');
+IF @Readers BETWEEN 1 AND 32767 AND EXISTS (SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL
+    AND q.max_readers <> @Readers)
+BEGIN
+    DECLARE @Sql NVARCHAR(400) = CONCAT(N'ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION ',
+        N'(MAX_QUEUE_READERS = ', @Readers, N')');  -- an INT: nothing to inject
+    EXEC sys.sp_executesql @Sql;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+DECLARE @Activation INT = CAST(SESSION_CONTEXT(N'mailq_db.activation') AS INT);
+IF @Activation IS NOT NULL AND EXISTS (
+    SELECT 1 FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') AND q.activation_procedure IS NOT NULL)
+BEGIN
+    IF @Activation = 1
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);
+    ELSE
+        ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = OFF);
+END;
+EXEC sys.sp_set_session_context @key = N'mailq_db.activation', @value = NULL;
 
 GO
 

@@ -1084,8 +1084,8 @@ def _guard_object(sql: str) -> str:
 
 def broker_catch_up_files(target: str, root: Path | None = None) -> list[tuple[str, str]]:
     """(file, revision) for every broker file at ``target``: the newest frozen
-    copy of each up to ``target``, in sql/BuildOrder.txt order (files the build
-    order no longer lists follow in the order they were first frozen)."""
+    copy of each up to ``target``, in sql/BuildOrder.txt order (below the head,
+    files the build order no longer lists follow in the order they were first frozen)."""
     newest: dict[str, str] = {}
     first_seen: list[str] = []
     for rev in revisions(root):
@@ -1101,7 +1101,10 @@ def broker_catch_up_files(target: str, root: Path | None = None) -> list[tuple[s
     except OSError:
         order = []
     ordered = [rel for rel in order if rel in newest]
-    ordered += [rel for rel in first_seen if rel not in ordered]
+    # Files the build order no longer lists belong to older revisions only: at
+    # the head they were retired (and their objects may no longer compile).
+    if target != head_revision(root):
+        ordered += [rel for rel in first_seen if rel not in ordered]
     return [(rel, newest[rel]) for rel in ordered]
 
 

@@ -44,7 +44,9 @@ def test_every_revision_has_a_migration_and_a_frozen_folder():
 def test_revision_files_follow_the_build_order():
     order = d.build_order(ROOT)
     for rev in d.revisions(ROOT):
-        files = d.revision_files(rev, ROOT)
+        # A file sql/ no longer has (retired in place while 1.0 is unreleased,
+        # e.g. the second design of delayed execution) has no place in the order.
+        files = [rel for rel in d.revision_files(rev, ROOT) if rel in order]
         assert files == sorted(files, key=order.index), rev
 
 

@@ -25852,6 +25852,7 @@ Errors:      50290 @AppName not a registered application; 50291 not an existing
              definition unreadable (WITH ENCRYPTION); 50295 @MaxAttempts or @ResetCursorTo
 Transaction: its own or the caller's (no savepoint); any error is re-raised and
              dooms the caller's transaction.  Validation runs first.
+Isolation:   READ COMMITTED (UPDLOCK, HOLDLOCK update-else-insert).
 Lock order:  mailq.ApplicationHook only (the application's row).
 Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
 */
@@ -26141,6 +26142,7 @@ Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
              with AppName NULL and State 'Busy'.
 Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open transaction.
 Transaction: none open on entry; one per hook call, one per failure record.
+Isolation:   READ COMMITTED; events read with READCOMMITTEDLOCK below the bound.
 Lock order:  per call: whatever the hook locks, mailq.MailQueue (StopMail), then
              mailq.ApplicationHook; failures: ApplicationHookFailure, ApplicationHook.
 Security:    EXECUTE AS OWNER for its own reads and writes; the hook runs as
@@ -26614,8 +26616,8 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'upgrades/mailq.0018.LockEscalation.sql', '39b4f187c4fed16b67e5910657cb48ca55f61ddc3cb04640705d508f7f07fc10'),
     ('0018', N'functions/mailq.HookPin.sql', '5bbc8ba60b5e959f48e0dc352baff33e7fd342b5b9408199b2d0430d3eb5cb4a'),
     ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b'),
-    ('0018', N'procedures/mailq.SetApplicationHook.sql', 'f544e1e4dac7c629ec9d5778081938d8fa2b5771efdf8667198acd573ef19c69'),
-    ('0018', N'procedures/mailq.RunApplicationHooks.sql', '97ad237f1c8e40eb769e243834ffdfeb72d0df860409b62e79e39d5b326697b6');
+    ('0018', N'procedures/mailq.SetApplicationHook.sql', '68e13868093ea2b78789569f726e5cb9313242fdb2d69b1416cfb84ce04d634b'),
+    ('0018', N'procedures/mailq.RunApplicationHooks.sql', 'b2f0510300349b11db4f41affa0453ffc5eba1a67c3b430028696c573f3e5859');
 
 GO
 

@@ -35047,6 +35047,7 @@ Errors:      50290 @AppName not a registered application; 50291 not an existing
              definition unreadable (WITH ENCRYPTION); 50295 @MaxAttempts or @ResetCursorTo
 Transaction: its own or the caller's (no savepoint); any error is re-raised and
              dooms the caller's transaction.  Validation runs first.
+Isolation:   READ COMMITTED (UPDLOCK, HOLDLOCK update-else-insert).
 Lock order:  mailq.ApplicationHook only (the application's row).
 Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
 */
@@ -35336,6 +35337,7 @@ Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
              with AppName NULL and State 'Busy'.
 Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open transaction.
 Transaction: none open on entry; one per hook call, one per failure record.
+Isolation:   READ COMMITTED; events read with READCOMMITTEDLOCK below the bound.
 Lock order:  per call: whatever the hook locks, mailq.MailQueue (StopMail), then
              mailq.ApplicationHook; failures: ApplicationHookFailure, ApplicationHook.
 Security:    EXECUTE AS OWNER for its own reads and writes; the hook runs as
@@ -37287,8 +37289,9 @@ BEGIN
         IF @IdempotencyKey IS NOT NULL
         BEGIN
             -- On the key itself, not a key range (TSQL-STYLE); RTRIM: the lookup pads blanks too.
-            SET @LockName = CONCAT(N'mailq-db/delay/key/', CONVERT(NVARCHAR(64), HASHBYTES('SHA2_256',
-                RTRIM(@IdempotencyKey)), 2));
+            SET @LockName = CONCAT(
+                N'mailq-db/delay/key/', CONVERT(NVARCHAR(64), HASHBYTES('SHA2_256', RTRIM(@IdempotencyKey)), 2)
+            );
             EXEC @LockResult = sys.sp_getapplock
                 @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
             IF @LockResult < 0
@@ -38263,8 +38266,8 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'upgrades/mailq.0018.LockEscalation.sql', '39b4f187c4fed16b67e5910657cb48ca55f61ddc3cb04640705d508f7f07fc10'),
     ('0018', N'functions/mailq.HookPin.sql', '5bbc8ba60b5e959f48e0dc352baff33e7fd342b5b9408199b2d0430d3eb5cb4a'),
     ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b'),
-    ('0018', N'procedures/mailq.SetApplicationHook.sql', 'f544e1e4dac7c629ec9d5778081938d8fa2b5771efdf8667198acd573ef19c69'),
-    ('0018', N'procedures/mailq.RunApplicationHooks.sql', '97ad237f1c8e40eb769e243834ffdfeb72d0df860409b62e79e39d5b326697b6'),
+    ('0018', N'procedures/mailq.SetApplicationHook.sql', '68e13868093ea2b78789569f726e5cb9313242fdb2d69b1416cfb84ce04d634b'),
+    ('0018', N'procedures/mailq.RunApplicationHooks.sql', 'b2f0510300349b11db4f41affa0453ffc5eba1a67c3b430028696c573f3e5859'),
     ('0018', N'broker/delay.schema.sql', '493521b22e21be401e03b915752778b7ec32cce3d0a618c3da82d7f951e9d6a6'),
     ('0018', N'broker/delay.Installation.sql', '9a3b1a0442314c507237880d77a93a7932f7ff91702fc06142711f1e97e57dcc'),
     ('0018', N'broker/delay.Setting.sql', '4e4b5acc5470ddca6dd7f8f8c5059b183249804ace59ec638258fb6c74f3286c'),
@@ -38293,7 +38296,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'broker/dbo.ProcessDelayQueue.sql', '67f842d6bbb5dea327eb2ccbfabed69f8ebf4833d4ccfb86d5e27c277a759e2b'),
     ('0018', N'broker/dbo.DelayServiceQueue.activation.sql', '09e433da0503ac1e434435c8c79bbccbb407200dc0189836774422cc3704c74b'),
     ('0018', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '591cadce33bc1f86929939669a9a77b123d7ae2015b2b82bd8e909e46eb6cf40'),
-    ('0018', N'broker/dbo.InitiateDelayExecution.sql', '1546905936150b4c7392207ac219ef5dd03a65c4b9cd57f4649ef790dce1d867'),
+    ('0018', N'broker/dbo.InitiateDelayExecution.sql', 'ce265d39cc52975f847b3979e5c8f482113a47d29e55a6bd1e9c0cadddc8ec49'),
     ('0018', N'broker/dbo.CancelDelayExecution.sql', 'a44683e1dd61377e4056bceaa33d1464ad9adfc6dbef628d9276e0e764d4ffb9'),
     ('0018', N'broker/delay.AllowProcedure.sql', 'b56af5c83054abba250d664e71ece6f06206f0c6eddc34d52b2f75065e013438'),
     ('0018', N'broker/delay.DisallowProcedure.sql', '96de780fed11096bb9c6240b49ef73d7cba7aa9ee270a15b0a86babe241ff96e'),

@@ -23,6 +23,7 @@ Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
              with AppName NULL and State 'Busy'.
 Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open transaction.
 Transaction: none open on entry; one per hook call, one per failure record.
+Isolation:   READ COMMITTED; events read with READCOMMITTEDLOCK below the bound.
 Lock order:  per call: whatever the hook locks, mailq.MailQueue (StopMail), then
              mailq.ApplicationHook; failures: ApplicationHookFailure, ApplicationHook.
 Security:    EXECUTE AS OWNER for its own reads and writes; the hook runs as

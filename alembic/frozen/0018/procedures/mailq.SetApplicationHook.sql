@@ -26,6 +26,7 @@ Errors:      50290 @AppName not a registered application; 50291 not an existing
              definition unreadable (WITH ENCRYPTION); 50295 @MaxAttempts or @ResetCursorTo
 Transaction: its own or the caller's (no savepoint); any error is re-raised and
              dooms the caller's transaction.  Validation runs first.
+Isolation:   READ COMMITTED (UPDLOCK, HOLDLOCK update-else-insert).
 Lock order:  mailq.ApplicationHook only (the application's row).
 Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
 */

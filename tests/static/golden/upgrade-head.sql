@@ -37009,8 +37009,9 @@ dbo.ProcessDelayQueue: the activation procedure of dbo.DelayServiceQueue (EXECUT
 OWNER, up to MAX_QUEUE_READERS copies).  A reader loops:
   1. one transaction: WAITFOR (RECEIVE TOP (1)) a dispatcher message (its timer, or
      another reader's MailqDelayRequest); EndDialog, Error or a foreign message ends
-     its conversation.  Nothing else runs in it, so nothing a task does can roll a
-     RECEIVE back (five rollbacks in a row would disable the queue);
+     its conversation; a DialogTimer re-arms the safety tick.  Nothing else runs in
+     it, so nothing a task does can roll a RECEIVE back (five rollbacks in a row
+     would disable the queue);
   2. delay.RunDueTasks: the hook run if due, then claim and run due tasks, each in
      its own transaction, as MailqRunner;
   3. delay.ArmDispatcher: the timer to the next due task, hook run or claim lease,
@@ -37033,11 +37034,11 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE
         @Handle UNIQUEIDENTIFIER, @Type SYSNAME, @WaitMs INT = 0, @ReceiveWaitMs INT = 5000, @Claimed INT,
-        @Armed BIT, @NextDue DATETIME2(3), @UntilDueMs BIGINT, @Text NVARCHAR(2047);
+        @Armed BIT, @NextDue DATETIME2(3), @UntilDueMs BIGINT, @Text NVARCHAR(2047), @Tick INT = 60;
     WHILE 1 = 1
     BEGIN
         SELECT @Handle = NULL, @Type = NULL, @Claimed = 0, @Armed = 0, @NextDue = NULL;
-        SELECT @ReceiveWaitMs = s.ReceiveWaitMs FROM delay.Setting AS s WHERE s.SettingId = 1;
+        SELECT @ReceiveWaitMs = s.ReceiveWaitMs, @Tick = s.TickSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
         -- 1. One message, and nothing else in its transaction.
         BEGIN TRANSACTION;
         WAITFOR (
@@ -37046,7 +37047,18 @@ BEGIN
         IF @Handle IS NOT NULL
             AND @Type NOT IN (N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer', N'MailqDelayRequest')
             END CONVERSATION @Handle;
-        COMMIT TRANSACTION;
+        -- The safety tick, with the RECEIVE: a reader that dies in its pass leaves a timer.
+        -- XACT_ABORT OFF: a failure here is a statement error; the RECEIVE still commits.
+        SET XACT_ABORT OFF;
+        BEGIN TRY
+            IF @Type = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer'
+                BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Tick;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() = -1 ROLLBACK TRANSACTION;
+        END CATCH;
+        SET XACT_ABORT ON;
+        IF @@TRANCOUNT > 0 COMMIT TRANSACTION;
         -- 2. Due tasks, each in its own transaction.
         BEGIN TRY
             EXEC delay.RunDueTasks @Claimed = @Claimed OUTPUT;
@@ -38293,7 +38305,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'broker/delay.WriteReceipts.sql', '7a86aef260c8dd31af01f4cc272ee4a39ac790511b98ddd002dab4068a9a6154'),
     ('0018', N'broker/delay.RunTask.sql', '04910d562e11c72398f77cf9584a23a4686ff36ca10ffcb7c542b7e113667740'),
     ('0018', N'broker/delay.RunDueTasks.sql', 'f86d5687f4fbeed2b2150e199f53d45aaac0fc22b5e64779ea77b2297d0348f3'),
-    ('0018', N'broker/dbo.ProcessDelayQueue.sql', '67f842d6bbb5dea327eb2ccbfabed69f8ebf4833d4ccfb86d5e27c277a759e2b'),
+    ('0018', N'broker/dbo.ProcessDelayQueue.sql', '264e7bd284552946eddb22f3688d36d48ff36c666a66d3fc879a502bf6f00823'),
     ('0018', N'broker/dbo.DelayServiceQueue.activation.sql', '09e433da0503ac1e434435c8c79bbccbb407200dc0189836774422cc3704c74b'),
     ('0018', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '591cadce33bc1f86929939669a9a77b123d7ae2015b2b82bd8e909e46eb6cf40'),
     ('0018', N'broker/dbo.InitiateDelayExecution.sql', 'ce265d39cc52975f847b3979e5c8f482113a47d29e55a6bd1e9c0cadddc8ec49'),

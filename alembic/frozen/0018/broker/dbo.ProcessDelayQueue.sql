@@ -4,8 +4,9 @@ dbo.ProcessDelayQueue: the activation procedure of dbo.DelayServiceQueue (EXECUT
 OWNER, up to MAX_QUEUE_READERS copies).  A reader loops:
   1. one transaction: WAITFOR (RECEIVE TOP (1)) a dispatcher message (its timer, or
      another reader's MailqDelayRequest); EndDialog, Error or a foreign message ends
-     its conversation.  Nothing else runs in it, so nothing a task does can roll a
-     RECEIVE back (five rollbacks in a row would disable the queue);
+     its conversation; a DialogTimer re-arms the safety tick.  Nothing else runs in
+     it, so nothing a task does can roll a RECEIVE back (five rollbacks in a row
+     would disable the queue);
   2. delay.RunDueTasks: the hook run if due, then claim and run due tasks, each in
      its own transaction, as MailqRunner;
   3. delay.ArmDispatcher: the timer to the next due task, hook run or claim lease,
@@ -28,11 +29,11 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE
         @Handle UNIQUEIDENTIFIER, @Type SYSNAME, @WaitMs INT = 0, @ReceiveWaitMs INT = 5000, @Claimed INT,
-        @Armed BIT, @NextDue DATETIME2(3), @UntilDueMs BIGINT, @Text NVARCHAR(2047);
+        @Armed BIT, @NextDue DATETIME2(3), @UntilDueMs BIGINT, @Text NVARCHAR(2047), @Tick INT = 60;
     WHILE 1 = 1
     BEGIN
         SELECT @Handle = NULL, @Type = NULL, @Claimed = 0, @Armed = 0, @NextDue = NULL;
-        SELECT @ReceiveWaitMs = s.ReceiveWaitMs FROM delay.Setting AS s WHERE s.SettingId = 1;
+        SELECT @ReceiveWaitMs = s.ReceiveWaitMs, @Tick = s.TickSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
         -- 1. One message, and nothing else in its transaction.
         BEGIN TRANSACTION;
         WAITFOR (
@@ -41,7 +42,18 @@ BEGIN
         IF @Handle IS NOT NULL
             AND @Type NOT IN (N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer', N'MailqDelayRequest')
             END CONVERSATION @Handle;
-        COMMIT TRANSACTION;
+        -- The safety tick, with the RECEIVE: a reader that dies in its pass leaves a timer.
+        -- XACT_ABORT OFF: a failure here is a statement error; the RECEIVE still commits.
+        SET XACT_ABORT OFF;
+        BEGIN TRY
+            IF @Type = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer'
+                BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Tick;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() = -1 ROLLBACK TRANSACTION;
+        END CATCH;
+        SET XACT_ABORT ON;
+        IF @@TRANCOUNT > 0 COMMIT TRANSACTION;
         -- 2. Due tasks, each in its own transaction.
         BEGIN TRY
             EXEC delay.RunDueTasks @Claimed = @Claimed OUTPUT;

@@ -18,8 +18,11 @@
  *             running rows are skipped) every Claimed task whose lease passed
  *             and every Pending task that is due, with a new token and a lease;
  *             delay.RunTask per task: the run lock (an UPDATE of the row for
- *             this claim, held until the run's transaction ends), the target
- *             check (Held if it changed), the call, Done / retry / Failed;
+ *             this claim, held until the run's transaction ends, marking the
+ *             lease 9999-12-31) and the run's session lock (the sweep tests
+ *             it with APPLOCK_TEST, so a target that ends the transaction
+ *             opened for it is still passed by), the target check (Held if it
+ *             changed), the call, Done / retry / Failed;
  *             delay.ArmDispatcher at the end of the pass: the arm lock, WRITE
  *             delay.Dispatcher, then READ the first Pending due time with locks
  *             (an uncommitted row that may come first makes the reader's lock
@@ -61,9 +64,9 @@
  *                        earliest pending one: an earlier inserter's is lost
  *   -DNO_RUN_LOCK        the run does not hold its row and the sweep does not
  *                        read past it: a task runs twice at once
- *   -DNO_SENTINEL        a target that commits the transaction opened for it
- *                        leaves its claim's lease, not the run's mark: the sweep
- *                        claims it again while it still runs
+ *   -DNO_SESSION_LOCK    the run takes no session lock: a target that rolls
+ *                        back the transaction opened for it (and the run's mark
+ *                        with it) and runs on is claimed again by the sweep
  *   -DREFUSE_CHANGED     a changed target's tasks are refused (the second
  *                        design, finding B1): listed again, they never run
  *   -DNO_SAFETY_REARM    the RECEIVE transaction does not re-arm the safety
@@ -128,6 +131,7 @@ byte alters = ALTERS, dies = DIES, fails = FAILS;
 
 byte st[NT], due[NT], tok[NT], lease[NT], runner[NT], att[NT];
 byte token;               /* claim tokens: a new one per claim                 */
+bit  slock[NT];           /* the run's session lock (APPLOCK_TEST in the sweep) */
 byte running[NT];         /* ghost: runs of task t in progress                 */
 byte inpass;              /* ghost: readers in a pass or polling               */
 
@@ -137,6 +141,9 @@ byte inpass;              /* ghost: readers in a pass or polling               *
 #define FIRSTP  (PD(0) < PD(NT - 1) -> PD(0) : PD(NT - 1))
 #define BLOCKS  ((st[0] == UNCOMMIT && due[0] <= FIRSTP) || \
                  (st[NT - 1] == UNCOMMIT && due[NT - 1] <= FIRSTP))
+
+/* the end of a run: its locks go, the claim's lease local is dead */
+#define ENDRUN(k)  running[k]--; runner[k] = 0; slock[k] = 0; v = 0
 
 inline firstPending(v, readpast) {
     /* the first due time of committed Pending rows (READPAST skips the rest) */
@@ -246,7 +253,7 @@ pass:
 #ifdef NO_RUN_LOCK
                 :: st[t] == CLAIMED && lease[t] < now ->
 #else
-                :: st[t] == CLAIMED && lease[t] < now && runner[t] == 0 ->
+                :: st[t] == CLAIMED && lease[t] < now && runner[t] == 0 && slock[t] == 0 ->
 #endif
                     tok[t] = mine; lease[t] = now + LEASE
                 :: st[t] == PENDING && due[t] <= now ->
@@ -277,6 +284,9 @@ pass:
                 v = lease[t];           /* the claim's lease, back on a rollback */
                 lease[t] = NONE;        /* the run's mark: 9999-12-31 */
 #endif
+#ifndef NO_SESSION_LOCK
+                slock[t] = 1;           /* the run's session lock (sp_getapplock, Session) */
+#endif
                 runner[t] = r + 1;
                 assert(running[t] == 0);        /* never twice at once */
                 running[t]++
@@ -289,49 +299,49 @@ pass:
 #else
                      st[t] = HELD;
 #endif
-                     running[t]--; runner[t] = 0; v = 0 }
+                     ENDRUN(t) }
                :: atomic { !changed && dies > 0 ->
-                     /* the reader's session ends mid-run: the run rolls back;
-                        the claim stays until its lease passes */
-                     dies--; running[t]--; runner[t] = 0; inpass--;
+                     /* the reader's session ends mid-run: the run rolls back and
+                        its locks go; the claim stays until its lease passes */
+                     dies--; inpass--;
 #ifndef NO_RUN_LOCK
                      lease[t] = v;
 #endif
-                     v = 0; t = 0; mine = 0;
+                     ENDRUN(t); t = 0; mine = 0;
                      goto end_idle }
                :: atomic { !changed && alters > 0 ->
                      /* ALTER lands while it runs: the post-check in the same
                         transaction rolls the target's work back and holds it */
-                     alters--; changed = 1; st[t] = HELD; running[t]--; runner[t] = 0; v = 0 }
+                     alters--; changed = 1; st[t] = HELD; ENDRUN(t) }
                :: atomic { !changed && fails > 0 ->
                      fails--; att[t]++;
                      if
                      :: att[t] >= MAXATT -> st[t] = FAILED
                      :: else -> st[t] = PENDING; due[t] = now + 1
                      fi;
-                     running[t]--; runner[t] = 0; v = 0 }
-               :: atomic { !changed -> st[t] = DONE; running[t]--; runner[t] = 0; v = 0 }
+                     ENDRUN(t) }
+               :: atomic { !changed -> st[t] = DONE; ENDRUN(t) }
                :: !changed && SLOW -> v = now + LEASE;
                   /* a slow (or blocked) target outlives its claim's lease: the
-                     other readers' sweeps read past its row meanwhile */
+                     other readers' sweeps pass its row by meanwhile */
                   (now > v || now == HARD);
                   atomic {
                       /* the post-check: an ALTER meanwhile rolls it back, Held */
                       if :: changed -> st[t] = HELD :: else -> st[t] = DONE fi;
-                      running[t]--; runner[t] = 0; v = 0 }
+                      ENDRUN(t) }
                :: !changed && SLOW ->
-                  /* the target commits the transaction opened for it (266): its
-                     row is no longer held, the committed mark stays, and the
-                     target goes on past the lease; then it is failed, not rerun */
-                  atomic {
-                      runner[t] = 0;
-#ifdef NO_SENTINEL
-                      lease[t] = now;
-#endif
-                  }
+                  /* the target ends the transaction opened for it (266) and goes
+                     on past the lease: its row is no longer held.  COMMIT keeps
+                     the run's mark; ROLLBACK undoes it (the claim's lease is
+                     back); the session lock stays either way.  Then it is
+                     failed, not rerun. */
+                  if
+                  :: atomic { runner[t] = 0 }                   /* COMMIT */
+                  :: atomic { runner[t] = 0; lease[t] = v }     /* ROLLBACK */
+                  fi;
                   v = now + LEASE;
                   (now > v || now == HARD);
-                  atomic { st[t] = FAILED; running[t]--; v = 0 }
+                  atomic { st[t] = FAILED; ENDRUN(t) }
                fi
             :: else -> skip     /* not ours any more (swept), or not claimed */
             fi;

@@ -94,8 +94,8 @@ CHECKS = [
           ("-DNR=3", "-DFAILS=0", "-DSLOW=0", "-DALTERS=0", "-DMAXT=5", "-DHARD=12"), DELAY_CC,
           why="the same with three readers"),
     Check("delay-runs", "delayexec.pml", ("-DALTERS=0", "-DMAXT=4", "-DHARD=12"), DELAY_CC,
-          why="slow targets past their lease, a target that commits (266), a failure and "
-              "its retry: the sweep never runs a task twice at once"),
+          why="slow targets past their lease, a target that commits or rolls back (266), a "
+              "failure and its retry: the sweep never runs a task twice at once"),
     Check("delay-fails", "delayexec.pml", ("-DALTERS=0", "-DSLOW=0", "-DMAXT=5", "-DHARD=12"),
           DELAY_CC, why="a failing target is retried, then Failed; the timer follows the retry"),
     Check("delay-hold", "delayexec.pml", ("-DFAILS=0", "-DSLOW=0", "-DMAXT=5", "-DHARD=12"),
@@ -122,10 +122,11 @@ CHECKS = [
           ("-DNO_RUN_LOCK", "-DALTERS=0", "-DMAXT=4", "-DHARD=12"), DELAY_CC,
           expect_error=r"assertion violated \(running\[t\]==0\)",
           why="a run that does not hold its row: the sweep runs a slow task a second time"),
-    Check("delay-no-sentinel", "delayexec.pml",
-          ("-DNO_SENTINEL", "-DALTERS=0", "-DMAXT=4", "-DHARD=12"), DELAY_CC,
+    Check("delay-no-session-lock", "delayexec.pml",
+          ("-DNO_SESSION_LOCK", "-DALTERS=0", "-DMAXT=4", "-DHARD=12"), DELAY_CC,
           expect_error=r"assertion violated \(running\[t\]==0\)",
-          why="a target that commits leaves only its lease: the sweep runs it again"),
+          why="without the run's session lock, a target that rolls back the transaction "
+              "opened for it (the run's mark with it) and runs on is swept and run again"),
     Check("delay-refuse-changed", "delayexec.pml",
           ("-DREFUSE_CHANGED", "-DFAILS=0", "-DSLOW=0", "-DMAXT=5", "-DHARD=12"), DELAY_CC,
           expect_error=r"assertion violated .*changed&&\(st\[t\]==4\)",

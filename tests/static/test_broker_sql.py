@@ -398,6 +398,15 @@ def test_readers_claim_due_rows_in_batches_with_a_lease_and_sweep_expired_claims
     run = current(RUN_TASK)
     assert "WHERE t.TaskID = @TaskID AND t.ClaimToken = @ClaimToken AND t.TaskState = N'Claimed';" in run
     assert "t.LeaseUntilUtc = '9999-12-31'" in run
+    # ... and a session lock, which a target that ends the transaction opened for it
+    # cannot release: the sweep tests it (models/delayexec.pml NO_SESSION_LOCK)
+    name = "CONCAT(N'mailq-db/delay/run/', @TaskID)"
+    assert name in run and "@LockOwner = N'Session', @LockTimeout = 0;" in run
+    take, call = run.index("@LockOwner = N'Session', @LockTimeout = 0;"), run.index("EXEC sys.sp_executesql @Sql")
+    release = run.index("EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';")
+    assert take < call < run.index("REVERT;") < release
+    assert "APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/run/', t.TaskID), N'Exclusive', N'Session') = 1" in (
+        text[sweep:claim])
 
 
 def test_a_slow_target_holds_at_most_its_own_readers():

@@ -36528,11 +36528,10 @@ GO
 delay.ArmDispatcher: sets the dispatcher's conversation timer, first beginning
 the dispatcher's self-dialog when there is none or it ended (NEW_BROKER,
 ERROR_BROKER_CONVERSATIONS, END CONVERSATION).
-Parameters:  @DueAtUtc DATETIME2(3) = NULL: an inserter's (or a release's) earliest
-                 due time: the timer moves to it when that is the earliest pending
-                 time (never later: BEGIN CONVERSATION TIMER replaces a timer).  NULL: a
-                 reader's end of pass: the timer goes to the first Pending task, the
-                 next hook run, the first claim lease or now + TickSeconds, the earliest
+Parameters:  @DueAtUtc DATETIME2(3) = NULL: an inserter's (or a release's) earliest due
+                 time: the timer moves to the earliest pending time, never later (BEGIN
+                 CONVERSATION TIMER replaces a timer).  NULL: a reader's end of pass: the
+                 earliest of the first Pending task, hook run, claim lease, now + TickSeconds
              @Armed BIT OUTPUT: 1 set; 0 a lock was not granted in time
              @NextDueUtc DATETIME2(3) OUTPUT: the first Pending task's due time
 Protocol:    docs/delayed-execution.md "One timer", models/delayexec.pml: a reader
@@ -36543,8 +36542,7 @@ Protocol:    docs/delayed-execution.md "One timer", models/delayexec.pml: a read
 Errors:      an inserter's are swallowed (XACT_ABORT OFF there: never fails the INSERT);
              a reader's other than 1205/1222 are re-raised.  Transaction: an inserter's
              (held to its commit); a reader's own.
-Lock order:  the arm lock (application lock), delay.Dispatcher, delay.Task, the
-             dispatcher's conversation group.
+Lock order:  the arm lock (applock), delay.Dispatcher, delay.Task, the conversation group.
 Security:    EXECUTE AS OWNER (timers and dialogs need dbo); granted to nobody.
 Example:     EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT, @NextDueUtc = @Next OUTPUT;
 */
@@ -36729,7 +36727,8 @@ Parameters:  @TaskID BIGINT, @ClaimToken UNIQUEIDENTIFIER: the reader's claim
 Steps in T:  1. the run lock: an UPDATE of the task's row for this claim (held until T
              ends: the sweep reads past it; a claim swept meanwhile is left alone);
              2. delay.CheckTarget: Held or Refused is recorded, nothing runs; 3. a slot
-             of the target (at most MaxReaders readers run it at once), else Pending
+             of the target (at most MaxReaders readers run it at once) and the run's
+             session lock (the sweep skips it even if the target ends T), else Pending
              again in 2 s; 4. EXECUTE AS USER = N'MailqRunner', one SET line, the target
              through sp_executesql, REVERT; 5. delay.CheckTarget again: the same
              ObjectId, ModifyDate and hash, else rolled back and Held (50540); 6. Done.
@@ -36788,11 +36787,15 @@ BEGIN
         EXEC @Lock = sys.sp_getapplock
             @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 0;
     END;
+    -- The run's session lock: held for the run even if the target ends T (the sweep tests it).
+    SET @LockName = CONCAT(N'mailq-db/delay/run/', @TaskID);
+    IF @Verdict = N'Run' AND @Lock >= 0
+        EXEC @Lock = sys.sp_getapplock
+            @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = 0;
     IF @Verdict = N'Run' AND @Lock >= 0
     BEGIN
-        -- 4. Only QUOTENAMEd catalog names reach the text; values are parameters; the
-        --    lock timeout an INT.  The SET line: a target never inherits the reader's
-        --    session (the database's defaults); SETs in a batch revert on return.
+        -- 4. Only QUOTENAMEd catalog names reach the text, values are parameters.  The SET
+        --    line: a target never inherits the reader's session; SETs revert on return.
         SET @Sql = CONCAT(
             N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, CONCAT_NULL_YIELDS_NULL ',
             N'ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT ',
@@ -36812,6 +36815,7 @@ BEGIN
             SELECT @Error = ERROR_NUMBER(), @Message = LEFT(ERROR_MESSAGE(), 2048), @TranCount = @@TRANCOUNT;
         END CATCH;
         REVERT;
+        EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
         -- 5. The code that ran is the code that was checked.
         IF @Error IS NULL AND @@TRANCOUNT = 1 AND XACT_STATE() = 1 AND NOT EXISTS (
             SELECT 1 FROM delay.CheckTarget(@SchemaName, @ProcedureName) AS c
@@ -36895,8 +36899,8 @@ delay.RunDueTasks: a reader's work between two messages: the hook run when due
 outside any transaction, its error kept in LastError), then claim and run until
 nothing is due.  A claim is one short transaction on
 IX_Task_Due (READPAST, UPDLOCK, ROWLOCK) of up to BatchSize rows: first the sweep,
-Claimed tasks whose lease passed (a running task's row is held by its run, so the
-sweep reads past it: a task never runs twice at once), then Pending tasks due now,
+Claimed tasks whose lease passed (a running task's row and session lock are held by
+its run, so the sweep passes it by: a task never runs twice at once), then Pending tasks due now,
 oldest first; each claim gets a new token and LeaseSeconds.  Each task then runs in
 its own transaction (delay.RunTask), and the batch's receipts follow
 (delay.WriteReceipts).  A full batch sends one MailqDelayRequest on the dispatcher
@@ -36954,7 +36958,8 @@ BEGIN
         SET t.ClaimToken = @Token, t.LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now), t.Claims = t.Claims + 1
         OUTPUT inserted.TaskID INTO @Claim (TaskID)
         FROM delay.Task AS t WITH (READPAST, UPDLOCK, ROWLOCK, INDEX (IX_Task_Due))
-        WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc < @Now;
+        WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc < @Now
+            AND APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/run/', t.TaskID), N'Exclusive', N'Session') = 1;
         SET @Count = @@ROWCOUNT;
         WITH Due AS (
             SELECT TOP (@Batch - @Count) t.TaskID, t.TaskState, t.ClaimToken, t.LeaseUntilUtc, t.Claims
@@ -37047,8 +37052,7 @@ BEGIN
         IF @Handle IS NOT NULL
             AND @Type NOT IN (N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer', N'MailqDelayRequest')
             END CONVERSATION @Handle;
-        -- The safety tick, with the RECEIVE: a reader that dies in its pass leaves a timer.
-        -- XACT_ABORT OFF: a failure here is a statement error; the RECEIVE still commits.
+        -- The safety tick, with the RECEIVE (a reader dying in its pass leaves a timer); it commits anyway.
         SET XACT_ABORT OFF;
         BEGIN TRY
             IF @Type = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer'
@@ -37220,15 +37224,13 @@ Parameters (the source document's names and order): @F108211 NVARCHAR(MAX) targe
              @F108216 NVARCHAR(MAX) = NULL the target's @Param1 ... @Param5 (copied now);
              @F108210 NVARCHAR(MAX) = NULL description; @TaskID BIGINT = NULL OUTPUT;
              @IdempotencyKey NVARCHAR(MAX) = NULL: a call resent with a key already
-             used returns that call's task and schedules nothing
-Lengths:     text is declared MAX and checked: too long is refused, never cut.
+             used returns that call's task.  Text is checked, too long refused, never cut.
 Result set:  one row: TaskID BIGINT (also in @TaskID).
 Errors:      50301 @F108211 missing; 50302 delay outside 0-31,536,000; 50303 a value
              over 200 characters; 50304 malformed name or over 128 characters; 50305
              three or four parts; 50306 not on the allow-list; 50344 @F108210 over 50
              characters; 50345 @IdempotencyKey empty, over 100 characters or held by
-             another call for over 30 s.  A listed target that changed is accepted:
-             its task is Held when due until a db_owner lists it again.
+             another call over 30 s.  A changed listed target is accepted (Held when due).
 Transaction: its own if none is open, else the caller's.  Any error, a refusal
              included, dooms the caller's transaction (XACT_ABORT ON): the caller
              must roll back.  No savepoint (error 627 under MSDTC).  Validation first.
@@ -37551,7 +37553,6 @@ BEGIN
         FROM delay.Task AS t WITH (INDEX (IX_Task_Due))
         WHERE t.TaskState = N'Held' AND t.SchemaName = @SchemaName AND t.ProcedureName = @Name;
         SET @Released = @@ROWCOUNT;
-        -- (Not OUTPUT INTO delay.Log: an OUTPUT INTO target may not have a CHECK constraint.)
         INSERT INTO delay.Log (TaskID, EventName, TargetName)
         SELECT r.TaskID, N'Released', r.TargetName FROM @Release AS r;
         IF @Released > 0
@@ -38301,16 +38302,16 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'broker/service.DelayService.sql', '80ac92b373a97c895be45e27f14641339d1f2a55c3eeb836d2a2a38966cee77a'),
     ('0018', N'broker/delay.Classify.sql', '6eaed335dc3395bd314bdc56d94361ec76b4363eef8cb21794be5851ab389de9'),
     ('0018', N'broker/delay.CheckTarget.sql', '450561506197d0f460421e90295f701d035f186a2fcc539229835986b5964156'),
-    ('0018', N'broker/delay.ArmDispatcher.sql', 'd7e88d8fabca84522b09f99fd688f27b4af78c123c20f3b0b03b7ba008a428a1'),
+    ('0018', N'broker/delay.ArmDispatcher.sql', '5a938e1e1c91a5a7e635e4aff9797029b650d3daa3a253e6638c62249e86e3d0'),
     ('0018', N'broker/delay.WriteReceipts.sql', '7a86aef260c8dd31af01f4cc272ee4a39ac790511b98ddd002dab4068a9a6154'),
-    ('0018', N'broker/delay.RunTask.sql', '04910d562e11c72398f77cf9584a23a4686ff36ca10ffcb7c542b7e113667740'),
-    ('0018', N'broker/delay.RunDueTasks.sql', 'f86d5687f4fbeed2b2150e199f53d45aaac0fc22b5e64779ea77b2297d0348f3'),
-    ('0018', N'broker/dbo.ProcessDelayQueue.sql', '264e7bd284552946eddb22f3688d36d48ff36c666a66d3fc879a502bf6f00823'),
+    ('0018', N'broker/delay.RunTask.sql', '1913a781907fcaaac43ce06887ffbe50eadb4b38064ca59ec799edfe330d9976'),
+    ('0018', N'broker/delay.RunDueTasks.sql', '3e78d91ec7a2c8075f9e3c83fb9f0e15a0d47619d8f7738de2d00e6e792c7c43'),
+    ('0018', N'broker/dbo.ProcessDelayQueue.sql', '5b1e9f73b4cc6191a439ca7be19984ddc297a3efe91ad61166501810df0ac60d'),
     ('0018', N'broker/dbo.DelayServiceQueue.activation.sql', '09e433da0503ac1e434435c8c79bbccbb407200dc0189836774422cc3704c74b'),
     ('0018', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '591cadce33bc1f86929939669a9a77b123d7ae2015b2b82bd8e909e46eb6cf40'),
-    ('0018', N'broker/dbo.InitiateDelayExecution.sql', 'ce265d39cc52975f847b3979e5c8f482113a47d29e55a6bd1e9c0cadddc8ec49'),
+    ('0018', N'broker/dbo.InitiateDelayExecution.sql', 'c60b9f59eaa50f6df8f191e8c490e0fb5a14dfda37f8a1e9737f3af6d8a7c051'),
     ('0018', N'broker/dbo.CancelDelayExecution.sql', 'a44683e1dd61377e4056bceaa33d1464ad9adfc6dbef628d9276e0e764d4ffb9'),
-    ('0018', N'broker/delay.AllowProcedure.sql', 'b56af5c83054abba250d664e71ece6f06206f0c6eddc34d52b2f75065e013438'),
+    ('0018', N'broker/delay.AllowProcedure.sql', '60e26f1f078f0b2b7cc05d28ba5223c828900aa70c0386c6622bc13361c6ed94'),
     ('0018', N'broker/delay.DisallowProcedure.sql', '96de780fed11096bb9c6240b49ef73d7cba7aa9ee270a15b0a86babe241ff96e'),
     ('0018', N'broker/delay.EnableThisDatabase.sql', '75042f551ba11a19d798726ebaaff6728c483fb1aa1175ae0ab97a4dbab8524f'),
     ('0018', N'broker/delay.Monitor.sql', 'a4888799fa797886a6fb5bb4962eab14ade49903ae6e1a9ea6e67f171a3c7224'),

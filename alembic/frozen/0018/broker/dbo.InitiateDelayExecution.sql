@@ -8,15 +8,13 @@ Parameters (the source document's names and order): @F108211 NVARCHAR(MAX) targe
              @F108216 NVARCHAR(MAX) = NULL the target's @Param1 ... @Param5 (copied now);
              @F108210 NVARCHAR(MAX) = NULL description; @TaskID BIGINT = NULL OUTPUT;
              @IdempotencyKey NVARCHAR(MAX) = NULL: a call resent with a key already
-             used returns that call's task and schedules nothing
-Lengths:     text is declared MAX and checked: too long is refused, never cut.
+             used returns that call's task.  Text is checked, too long refused, never cut.
 Result set:  one row: TaskID BIGINT (also in @TaskID).
 Errors:      50301 @F108211 missing; 50302 delay outside 0-31,536,000; 50303 a value
              over 200 characters; 50304 malformed name or over 128 characters; 50305
              three or four parts; 50306 not on the allow-list; 50344 @F108210 over 50
              characters; 50345 @IdempotencyKey empty, over 100 characters or held by
-             another call for over 30 s.  A listed target that changed is accepted:
-             its task is Held when due until a db_owner lists it again.
+             another call over 30 s.  A changed listed target is accepted (Held when due).
 Transaction: its own if none is open, else the caller's.  Any error, a refusal
              included, dooms the caller's transaction (XACT_ABORT ON): the caller
              must roll back.  No savepoint (error 627 under MSDTC).  Validation first.

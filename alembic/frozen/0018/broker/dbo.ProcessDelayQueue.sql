@@ -42,8 +42,7 @@ BEGIN
         IF @Handle IS NOT NULL
             AND @Type NOT IN (N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer', N'MailqDelayRequest')
             END CONVERSATION @Handle;
-        -- The safety tick, with the RECEIVE: a reader that dies in its pass leaves a timer.
-        -- XACT_ABORT OFF: a failure here is a statement error; the RECEIVE still commits.
+        -- The safety tick, with the RECEIVE (a reader dying in its pass leaves a timer); it commits anyway.
         SET XACT_ABORT OFF;
         BEGIN TRY
             IF @Type = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer'

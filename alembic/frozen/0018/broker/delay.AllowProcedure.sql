@@ -110,7 +110,6 @@ BEGIN
         FROM delay.Task AS t WITH (INDEX (IX_Task_Due))
         WHERE t.TaskState = N'Held' AND t.SchemaName = @SchemaName AND t.ProcedureName = @Name;
         SET @Released = @@ROWCOUNT;
-        -- (Not OUTPUT INTO delay.Log: an OUTPUT INTO target may not have a CHECK constraint.)
         INSERT INTO delay.Log (TaskID, EventName, TargetName)
         SELECT r.TaskID, N'Released', r.TargetName FROM @Release AS r;
         IF @Released > 0

@@ -3,11 +3,10 @@
 delay.ArmDispatcher: sets the dispatcher's conversation timer, first beginning
 the dispatcher's self-dialog when there is none or it ended (NEW_BROKER,
 ERROR_BROKER_CONVERSATIONS, END CONVERSATION).
-Parameters:  @DueAtUtc DATETIME2(3) = NULL: an inserter's (or a release's) earliest
-                 due time: the timer moves to it when that is the earliest pending
-                 time (never later: BEGIN CONVERSATION TIMER replaces a timer).  NULL: a
-                 reader's end of pass: the timer goes to the first Pending task, the
-                 next hook run, the first claim lease or now + TickSeconds, the earliest
+Parameters:  @DueAtUtc DATETIME2(3) = NULL: an inserter's (or a release's) earliest due
+                 time: the timer moves to the earliest pending time, never later (BEGIN
+                 CONVERSATION TIMER replaces a timer).  NULL: a reader's end of pass: the
+                 earliest of the first Pending task, hook run, claim lease, now + TickSeconds
              @Armed BIT OUTPUT: 1 set; 0 a lock was not granted in time
              @NextDueUtc DATETIME2(3) OUTPUT: the first Pending task's due time
 Protocol:    docs/delayed-execution.md "One timer", models/delayexec.pml: a reader
@@ -18,8 +17,7 @@ Protocol:    docs/delayed-execution.md "One timer", models/delayexec.pml: a read
 Errors:      an inserter's are swallowed (XACT_ABORT OFF there: never fails the INSERT);
              a reader's other than 1205/1222 are re-raised.  Transaction: an inserter's
              (held to its commit); a reader's own.
-Lock order:  the arm lock (application lock), delay.Dispatcher, delay.Task, the
-             dispatcher's conversation group.
+Lock order:  the arm lock (applock), delay.Dispatcher, delay.Task, the conversation group.
 Security:    EXECUTE AS OWNER (timers and dialogs need dbo); granted to nobody.
 Example:     EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT, @NextDueUtc = @Next OUTPUT;
 */

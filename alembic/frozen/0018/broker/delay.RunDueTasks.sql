@@ -5,8 +5,8 @@ delay.RunDueTasks: a reader's work between two messages: the hook run when due
 outside any transaction, its error kept in LastError), then claim and run until
 nothing is due.  A claim is one short transaction on
 IX_Task_Due (READPAST, UPDLOCK, ROWLOCK) of up to BatchSize rows: first the sweep,
-Claimed tasks whose lease passed (a running task's row is held by its run, so the
-sweep reads past it: a task never runs twice at once), then Pending tasks due now,
+Claimed tasks whose lease passed (a running task's row and session lock are held by
+its run, so the sweep passes it by: a task never runs twice at once), then Pending tasks due now,
 oldest first; each claim gets a new token and LeaseSeconds.  Each task then runs in
 its own transaction (delay.RunTask), and the batch's receipts follow
 (delay.WriteReceipts).  A full batch sends one MailqDelayRequest on the dispatcher
@@ -64,7 +64,8 @@ BEGIN
         SET t.ClaimToken = @Token, t.LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now), t.Claims = t.Claims + 1
         OUTPUT inserted.TaskID INTO @Claim (TaskID)
         FROM delay.Task AS t WITH (READPAST, UPDLOCK, ROWLOCK, INDEX (IX_Task_Due))
-        WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc < @Now;
+        WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc < @Now
+            AND APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/run/', t.TaskID), N'Exclusive', N'Session') = 1;
         SET @Count = @@ROWCOUNT;
         WITH Due AS (
             SELECT TOP (@Batch - @Count) t.TaskID, t.TaskState, t.ClaimToken, t.LeaseUntilUtc, t.Claims

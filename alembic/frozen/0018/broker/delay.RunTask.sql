@@ -6,7 +6,8 @@ Parameters:  @TaskID BIGINT, @ClaimToken UNIQUEIDENTIFIER: the reader's claim
 Steps in T:  1. the run lock: an UPDATE of the task's row for this claim (held until T
              ends: the sweep reads past it; a claim swept meanwhile is left alone);
              2. delay.CheckTarget: Held or Refused is recorded, nothing runs; 3. a slot
-             of the target (at most MaxReaders readers run it at once), else Pending
+             of the target (at most MaxReaders readers run it at once) and the run's
+             session lock (the sweep skips it even if the target ends T), else Pending
              again in 2 s; 4. EXECUTE AS USER = N'MailqRunner', one SET line, the target
              through sp_executesql, REVERT; 5. delay.CheckTarget again: the same
              ObjectId, ModifyDate and hash, else rolled back and Held (50540); 6. Done.
@@ -65,11 +66,15 @@ BEGIN
         EXEC @Lock = sys.sp_getapplock
             @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 0;
     END;
+    -- The run's session lock: held for the run even if the target ends T (the sweep tests it).
+    SET @LockName = CONCAT(N'mailq-db/delay/run/', @TaskID);
+    IF @Verdict = N'Run' AND @Lock >= 0
+        EXEC @Lock = sys.sp_getapplock
+            @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = 0;
     IF @Verdict = N'Run' AND @Lock >= 0
     BEGIN
-        -- 4. Only QUOTENAMEd catalog names reach the text; values are parameters; the
-        --    lock timeout an INT.  The SET line: a target never inherits the reader's
-        --    session (the database's defaults); SETs in a batch revert on return.
+        -- 4. Only QUOTENAMEd catalog names reach the text, values are parameters.  The SET
+        --    line: a target never inherits the reader's session; SETs revert on return.
         SET @Sql = CONCAT(
             N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, CONCAT_NULL_YIELDS_NULL ',
             N'ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT ',
@@ -89,6 +94,7 @@ BEGIN
             SELECT @Error = ERROR_NUMBER(), @Message = LEFT(ERROR_MESSAGE(), 2048), @TranCount = @@TRANCOUNT;
         END CATCH;
         REVERT;
+        EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
         -- 5. The code that ran is the code that was checked.
         IF @Error IS NULL AND @@TRANCOUNT = 1 AND XACT_STATE() = 1 AND NOT EXISTS (
             SELECT 1 FROM delay.CheckTarget(@SchemaName, @ProcedureName) AS c

@@ -82,9 +82,9 @@ def conn(mssql_url):
 
 @pytest.fixture()
 def fast_retries(conn):
-    """Short backoff and lease so that retries and the watchdog show within seconds."""
+    """Short backoff and lease (the smallest allowed, 5 s) so that retries and the sweep show within seconds."""
     before = rows(conn, "SELECT MaxAttempts, RetryBaseSeconds, RetryMaxSeconds, LeaseSeconds FROM delay.Setting")
-    rows(conn, "UPDATE delay.Setting SET MaxAttempts = 2, RetryBaseSeconds = 1, RetryMaxSeconds = 2, LeaseSeconds = 3")
+    rows(conn, "UPDATE delay.Setting SET MaxAttempts = 2, RetryBaseSeconds = 1, RetryMaxSeconds = 2, LeaseSeconds = 5")
     yield
     rows(conn, "UPDATE delay.Setting SET MaxAttempts = ?, RetryBaseSeconds = ?, RetryMaxSeconds = ?, LeaseSeconds = ?",
          *before[0])
@@ -407,7 +407,7 @@ def test_failing_targets_are_recorded_and_never_disable_the_queue(conn, fast_ret
 
 
 def test_a_slow_target_outlives_its_lease_and_runs_once(conn, fast_retries):
-    """LeaseSeconds = 3; the target takes 8 s: the sweep reads past its held row."""
+    """LeaseSeconds = 5; the target takes 8 s: the sweep passes its held row by."""
     slow = make_target(conn, """
         WAITFOR DELAY '00:00:08';
         INSERT INTO dbo.DelayProbeRun (Probe) VALUES (OBJECT_NAME(@@PROCID));""")

@@ -653,7 +653,8 @@ def test_bare_names_resolve_only_when_listed_so(conn):
 def test_metrics_have_the_shape_monitoring_reads(conn):
     cursor = conn.cursor()
     cursor.execute("EXEC delay.GetTaskMetrics")
-    assert [c[0] for c in cursor.description] == ["PendingTasks", "OverdueTasks", "HeldTasks", "FailedTasks"]
+    assert [c[0] for c in cursor.description] == ["PendingTasks", "OverdueTasks", "HeldTasks", "FailedTasks",
+                                                  "QueueReceiveEnabled", "BrokerEnabled"]
     assert len(cursor.fetchall()) == 1
     health = rows(conn, "SELECT PendingTasks, OverdueTasks, HeldTasks, FailedTasks FROM delay.Health")
     assert len(health) == 1

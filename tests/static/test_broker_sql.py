@@ -464,8 +464,13 @@ def test_history_is_purged_in_bounded_batches():
 
 
 def test_task_metrics_have_exactly_the_four_counts():
+    # the four counts of issue 23 (branch i27's reader), then the queue's and the broker's state
     metrics = current("delay.GetTaskMetrics.sql")
-    assert re.findall(r"\) AS (\w+)", metrics) == ["PendingTasks", "OverdueTasks", "HeldTasks", "FailedTasks"]
+    assert ("h.PendingTasks, h.OverdueTasks, h.HeldTasks, h.FailedTasks,\n"
+            "        QueueReceiveEnabled = CAST(h.IsReceiveEnabled AS INT), BrokerEnabled = CAST(h.IsBrokerEnabled AS INT)\n"
+            "    FROM delay.Health AS h;") in metrics
+    order = d.build_order(ROOT)
+    assert order.index("broker/delay.Health.sql") < order.index("broker/delay.GetTaskMetrics.sql")
     health = current("delay.Health.sql")
     for column in ("PendingTasks", "OverdueTasks", "HeldTasks", "FailedTasks", "IsEnabledHere", "IsTrustworthy"):
         assert f"{column} =" in health or f"q.{column}" in health, column

@@ -571,6 +571,19 @@ END;
 
 GO
 
+DROP PROCEDURE IF EXISTS delay.GetTaskMetrics;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
 /*
 delay.Health: one row for operators and `mailq-db doctor`: is delayed execution
 able to run tasks?
@@ -700,19 +713,6 @@ SELECT
     t.LastErrorMessage
 FROM delay.Task AS t
 WHERE t.TaskState IN (N'Scheduled', N'Retrying');
-
-GO
-
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0
-BEGIN
-    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
-    SET NOEXEC ON;
-END;
-
-GO
-
-DROP PROCEDURE IF EXISTS delay.GetTaskMetrics;
 
 GO
 

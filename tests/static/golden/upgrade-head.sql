@@ -37938,44 +37938,6 @@ END;
 GO
 
 /*
-delay.GetTaskMetrics: the four counts of delayed tasks that monitoring reads, one
-row (delay.Health has the same columns): PendingTasks BIGINT (Pending or Claimed:
-scheduled, not final, not held), OverdueTasks BIGINT (Pending, due longer ago than
-delay.Setting.OverdueSeconds), HeldTasks BIGINT (waiting for their target to be
-listed again), FailedTasks BIGINT (given up, until purged).
-Cost:        seeks on IX_Task_Due; never waits for a running target.
-Security:    granted to MailqAdmin.
-Example:     EXEC delay.GetTaskMetrics;
-*/
-CREATE OR ALTER PROCEDURE delay.GetTaskMetrics
-AS
-BEGIN
-    SET NOCOUNT, XACT_ABORT ON;
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-    DECLARE @OverdueBefore DATETIME2(3) = DATEADD(SECOND, -60, SYSUTCDATETIME());
-    SELECT @OverdueBefore = DATEADD(SECOND, -s.OverdueSeconds, SYSUTCDATETIME()) FROM delay.Setting AS s
-    WHERE s.SettingId = 1;
-    SELECT
-        (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState IN (N'Pending', N'Claimed')) AS PendingTasks,
-        (
-            SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Pending' AND t.NextRunAtUtc < @OverdueBefore
-        ) AS OverdueTasks,
-        (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Held') AS HeldTasks,
-        (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Failed') AS FailedTasks;
-END;
-
-GO
-
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-IF @@TRANCOUNT = 0
-BEGIN
-    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
-    SET NOEXEC ON;
-END;
-
-GO
-
-/*
 delay.PendingTasks: tasks not finished: Pending (waiting for NextRunAtUtc or a
 retry's backoff), Claimed (a reader runs it or is about to; LeaseUntilUtc 9999-12-31
 while it runs, and a locking read of that row waits for the target), Held (the
@@ -38084,6 +38046,40 @@ FROM sys.databases AS db
 CROSS JOIN D AS d
 LEFT OUTER JOIN Q AS q ON 1 = 1
 WHERE db.database_id = DB_ID();
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+delay.GetTaskMetrics: the counts of delayed tasks that monitoring reads (`mailq-db
+exporter`), one row, read from delay.Health: PendingTasks BIGINT (Pending or Claimed:
+scheduled, not final, not held), OverdueTasks BIGINT (Pending, due longer ago than
+delay.Setting.OverdueSeconds), HeldTasks BIGINT (waiting for their target to be
+listed again), FailedTasks BIGINT (given up, until purged), QueueReceiveEnabled INT
+(0: the queue is disabled; NULL: the caller may not see it: VIEW DEFINITION on
+dbo.DelayServiceQueue), BrokerEnabled INT.
+Cost:        seeks on IX_Task_Due; never waits for a running target.
+Security:    granted to MailqAdmin.
+Example:     EXEC delay.GetTaskMetrics;
+*/
+CREATE OR ALTER PROCEDURE delay.GetTaskMetrics
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    SELECT
+        h.PendingTasks, h.OverdueTasks, h.HeldTasks, h.FailedTasks,
+        QueueReceiveEnabled = CAST(h.IsReceiveEnabled AS INT), BrokerEnabled = CAST(h.IsBrokerEnabled AS INT)
+    FROM delay.Health AS h;
+END;
 
 GO
 
@@ -38266,10 +38262,10 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0018') AND FilePath IN
     N'broker/delay.EnableThisDatabase.sql',
     N'broker/delay.Monitor.sql',
     N'broker/delay.PurgeHistory.sql',
-    N'broker/delay.GetTaskMetrics.sql',
     N'broker/delay.PendingTasks.sql',
     N'broker/delay.FinishedTasks.sql',
     N'broker/delay.Health.sql',
+    N'broker/delay.GetTaskMetrics.sql',
     N'broker/MailqDelayCaller.grants.sql',
     N'broker/MailqAdmin.delay.grants.sql',
     N'broker/mailq.StartHookDispatcher.sql',
@@ -38316,10 +38312,10 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'broker/delay.EnableThisDatabase.sql', '75042f551ba11a19d798726ebaaff6728c483fb1aa1175ae0ab97a4dbab8524f'),
     ('0018', N'broker/delay.Monitor.sql', 'a4888799fa797886a6fb5bb4962eab14ade49903ae6e1a9ea6e67f171a3c7224'),
     ('0018', N'broker/delay.PurgeHistory.sql', '29cf7591df19997969cba261e8b8d3586b2c03471430c89fae4b6117708ed63a'),
-    ('0018', N'broker/delay.GetTaskMetrics.sql', '10746b958f4336a3e4e525db63318bc1b1be2d16def8f23d946f1415291f01b6'),
     ('0018', N'broker/delay.PendingTasks.sql', 'ffa386b1f2f245bbe560048f905e07fde2ac2e1ab06e28d32ae96074cc118a9c'),
     ('0018', N'broker/delay.FinishedTasks.sql', '10fdee68d540555dc12cf307a0aa29432504a0f1fa66cc728b0369455d71fccd'),
     ('0018', N'broker/delay.Health.sql', 'a9440e238b4887339280ec7fb76ac606d93079267ab9423ed55cad3e068c6a65'),
+    ('0018', N'broker/delay.GetTaskMetrics.sql', '21d9e4c55cf55f207a5faf9a81fc2570169e0e4e1614e3585213eec361fd757d'),
     ('0018', N'broker/MailqDelayCaller.grants.sql', 'd79a6f389dc90cee32ff9512752c7fc14425661659150108c8978b8542991c7b'),
     ('0018', N'broker/MailqAdmin.delay.grants.sql', '8c4c786468ad8f6d4506815938a500a89ea5f75fde7f6d38e1e77139698a5003'),
     ('0018', N'broker/mailq.StartHookDispatcher.sql', 'c5e5561ed66779d421273ea45a418b029b4264d2bf2b032d94ab4679c12c90a0'),

@@ -1,421 +1,506 @@
 /*
- * delayexec.pml -- delayed execution through Service Broker, checked with spin.
+ * delayexec.pml -- delayed execution, third design (issue 23), checked with spin.
  *
- * Mirrors sql/broker/dbo.ProcessDelayQueue.sql (pattern (a) of DESIGN.md):
- *   step 1  one transaction: WAITFOR (RECEIVE TOP (1) ...) from
- *           dbo.DelayServiceQueue, read delay.Task WITH (UPDLOCK, ROWLOCK),
- *           act on the message, COMMIT.  For a due DialogTimer: TaskState =
- *           'Running', Attempts += 1, LeaseUntilUtc, and the watchdog: BEGIN
- *           CONVERSATION TIMER (@TaskHandle) before the COMMIT.
- *           On failure: ROLLBACK (the message returns to the queue).  A
- *           transient failure (1205) the first time in this reader: nothing
- *           else, the next RECEIVE redelivers it.  Otherwise the RECOVERY
- *           transaction: RECEIVE ... WHERE conversation_handle = @Handle;
- *           nothing received (another reader took it) -> COMMIT, go on; else
- *           INSERT delay.Incident, END CONVERSATION, COMMIT -- it writes
- *           nothing that step 1 wrote, so a deterministic failure of step 1
- *           cannot repeat in it.  If it fails too: RAISERROR, the reader stops
- *           (activation starts another).  Then, in a transaction without
- *           RECEIVE, a Scheduled/Retrying task whose conversation it ended is
- *           failed (delay.FinishTask, which writes the platform table).
- *           The run lock, sp_getapplock 'mailq-db/delay/task/<id>' (Session,
- *           timeout 0), is taken inside step 1 before its COMMIT; held while
- *           the target runs, released after step 3 or by the session's end.
- *   step 2  the target through sp_executesql in its own transaction.
- *   step 3  a new transaction: BEGIN CONVERSATION TIMER (re-arms the lease),
- *           read the task WITH (UPDLOCK): still Running in this attempt ->
- *           delay.FinishTask 'Done' (receipt 1) / 'Retrying' + backoff timer /
- *           delay.FinishTask 'Failed' (GaveUp); otherwise keep what is there.
- *   watchdog  a DialogTimer on a Running task whose lease passed: the runner
- *           holds the applock -> alive, extend; else 'RunnerLost' -> Retrying
- *           (new timer) or Failed.
- *   EndDialog / Error messages: delay.FinishTask 'Failed' (ends the task's
- *           conversation) or END CONVERSATION.
- *   delay.FinishTask: sets the final state and the receipt, END CONVERSATION
- *           (which also drops the conversation's timer and queued messages).
+ * Mirrors sql/broker/: delay.Task is the queue; one dispatcher conversation's
+ * timer wakes the readers (dbo.ProcessDelayQueue); time is whole units.
+ *   inserter  (dbo.trg_tabDIYTable12402_ScheduleDelay, in the platform's
+ *             transaction): INSERT the task row (uncommitted, X-locked), then
+ *             read delay.Dispatcher.ArmedForUtc with READCOMMITTEDLOCK (waits
+ *             while a reader holds that row); if the task is due more than one
+ *             unit before it: delay.ArmDispatcher -- the arm lock (application
+ *             lock, held to commit), the first committed Pending due time
+ *             (READPAST), and the timer := the earliest of the three (BEGIN
+ *             CONVERSATION TIMER replaces a timer, so never a later one).  The
+ *             timer and the row become real at COMMIT; a ROLLBACK undoes both.
+ *   reader    RECEIVE one message (its transaction does nothing else; a
+ *             DialogTimer re-arms the timer to the safety tick in it);
+ *             delay.RunDueTasks: claim (READPAST, UPDLOCK: uncommitted and
+ *             running rows are skipped) every Claimed task whose lease passed
+ *             and every Pending task that is due, with a new token and a lease;
+ *             delay.RunTask per task: the run lock (an UPDATE of the row for
+ *             this claim, held until the run's transaction ends, marking the
+ *             lease 9999-12-31) and the run's session lock (the sweep tests
+ *             it with APPLOCK_TEST, so a target that ends the transaction
+ *             opened for it is still passed by), the target check (Held if it
+ *             changed), the call, Done / retry / Failed;
+ *             delay.ArmDispatcher at the end of the pass: the arm lock, WRITE
+ *             delay.Dispatcher, then READ the first Pending due time with locks
+ *             (an uncommitted row that may come first makes the reader's lock
+ *             time out: it rolls back and polls), timer := the earliest of the
+ *             first due time, the first lease, now + TICK.
+ *   operator  ALTER of the target (its tasks are Held when checked, a run whose
+ *             target changed meanwhile is rolled back and Held: the post-check
+ *             in the run's transaction), then delay.AllowProcedure (Held ->
+ *             Pending, due now, and the timer armed like an inserter's).
+ *   clock     time moves on; a timer whose time has come puts a DialogTimer
+ *             message on the queue.
  *
- * Time is abstract: an armed conversation timer may fire at any moment, so a
- * lease may expire at any point of a run (a stalled or slow reader).  One task
- * and its one conversation; NR concurrent readers (MAX_QUEUE_READERS).
+ * Bounds: NT = 2 tasks (one per inserter, inserted at any time up to MAXT - 2,
+ * delays 0..2), NR readers, LEASE, TICK, HARD units of time; readers may die
+ * mid-run (DIES), targets may fail (FAILS), be slow or commit (SLOW), the
+ * target may be altered once, before or during a run (ALTERS).  Time moves on
+ * only when no other step can be taken (a timeout-driven clock), so every step
+ * that waits for time says so.  Locals are reset once dead (fewer states).
  *
- * Invariants (assertions):
- *   - a task runs at most once per attempt, never two runs at once, and a
- *     run starts only while no later attempt has started (att == my);
- *   - the queue is never disabled: fewer than 5 consecutive rollbacks of a
- *     transaction that RECEIVEd (SQL Server's poison-message rule);
- *   - at most MAXATT attempts.
- * Liveness (-DLIVE, pan -a -f): the conversation ends and the task is final
- * (with delay.Reconcile running now and then, for a task whose conversation a
- * recovery ended while its runner died).
+ * Properties:
+ *   - a task never runs twice at once (assert in the run's start);
+ *   - the timer is never lost (monitor Wake, with DIES=0): every committed
+ *     Pending task is due at most one unit before the timer (the tolerance of
+ *     the inserter's test and of whole-second timers), or a message waits, or
+ *     a reader is in a pass or polling; every claimed, not running task is
+ *     covered the same way by its lease;
+ *   - at the end (no step left: timeout), every task of a target that is
+ *     listed is Done or Failed, and a task of a changed target is Held: no task
+ *     is refused for a routine ALTER, and none is left behind (also with
+ *     readers dying: the safety tick re-armed in the RECEIVE transaction).
  *
- * Switches:
- *   -DAPPLOCK_AFTER_COMMIT  take the run lock in step 2, after step 1's COMMIT,
- *                       as the first version of the procedure did: spin finds
- *                       the race (a watchdog firing in between declares the
- *                       runner lost and a second run starts; docs/models.md)
- *   -DNO_ATTEMPT_CHECK  leave out "a run starts only in its own attempt"
- *   -DFAILS=n           step-1 / recovery transactions that fail transiently
- *                       (env budget; 5 in a row disable the queue: spin finds it)
- *   -DPOISON            every write to the platform table fails for this task
- *                       (a CHECK or trigger the platform added, a revoked
- *                       permission).  Since revision 0006 no RECEIVE
- *                       transaction writes that table (step 1 records the
- *                       final state in delay.Task and ends the conversation;
- *                       the receipt is written after its COMMIT, in a
- *                       statement of its own, and delay.Reconcile repairs a
- *                       receipt that failed), so POISON touches only the
- *                       follow-up and Reconcile's FinishTask
- *   -DOLD_RECOVERY      the recovery of revision 0004: no 1205 redelivery, no
- *                       @@ROWCOUNT check after its RECEIVE, and it calls
- *                       delay.FinishTask (the platform table) inside the
- *                       RECEIVE transaction: spin finds the queue disabled
- *                       under POISON, and a Running task failed by a recovery
- *   -DDIES=n            readers that die mid-target;  -DERRS=n broker Errors
- *   -DANY_MESSAGE_RECOVERY  the recovery of revisions 0006-0009: it took
- *                       whatever message of the conversation came first and
- *                       recorded it as the failed one.  Another reader may
- *                       have committed the failed timer meanwhile and started
- *                       the run; the next (lease) timer is then the first
- *                       one, and the recovery ended a healthy conversation:
- *                       spin finds it (assert: the message recovered is the
- *                       one that failed).  Since revision 0010 the recovery
- *                       compares message_id/message_sequence_number and
- *                       rolls a later message back instead
- *   -DCANCEL            dbo.CancelDelayExecution runs once, at any moment: it
- *                       takes the task's conversation group (and, like a
- *                       delay-0 request, its cancel lock) before the row, so
- *                       it is one atomic step against step 1 and step 3
+ * Switches (each makes spin find a counterexample; tests/models):
+ *   -DREAD_BEFORE_WRITE  the reader reads the due index before writing
+ *                        delay.Dispatcher: an inserter that read the old armed
+ *                        time skips the timer and the reader misses its row
+ *   -DREADPAST_MIN       the reader's first-due read skips uncommitted rows
+ *                        (READPAST instead of waiting): the same lost wake-up
+ *   -DREPLACE            an inserter sets the timer to its own due time, not the
+ *                        earliest pending one: an earlier inserter's is lost
+ *   -DNO_RUN_LOCK        the run does not hold its row and the sweep does not
+ *                        read past it: a task runs twice at once
+ *   -DNO_SESSION_LOCK    the run takes no session lock: a target that rolls
+ *                        back the transaction opened for it (and the run's mark
+ *                        with it) and runs on is claimed again by the sweep
+ *   -DREFUSE_CHANGED     a changed target's tasks are refused (the second
+ *                        design, finding B1): listed again, they never run
+ *   -DNO_SAFETY_REARM    the RECEIVE transaction does not re-arm the safety
+ *                        tick: a reader dying mid-pass leaves no timer
  */
 
+#ifndef NT
+#define NT 2
+#endif
 #ifndef NR
 #define NR 2
+#endif
+#ifndef MAXT
+#define MAXT 7       /* tasks are inserted until MAXT - 2, listed again until MAXT */
+#endif
+#ifndef TICK
+#define TICK 3
+#endif
+#ifndef LEASE
+#define LEASE 2
 #endif
 #ifndef MAXATT
 #define MAXATT 2
 #endif
-#ifndef FAILS
-#define FAILS 2
-#endif
 #ifndef DIES
-#define DIES 1
+#define DIES 0
 #endif
-#ifndef ERRS
-#define ERRS 1
+#ifndef FAILS
+#define FAILS 1
+#endif
+#ifndef ALTERS
+#define ALTERS 1
+#endif
+#ifndef SLOW
+#define SLOW 1       /* 1: a target may outlive its lease */
+#endif
+
+#define NONE 255
+#ifndef HARD
+#define HARD 18      /* the end of time: far past the last due time, lease and tick */
 #endif
 
 /* delay.Task.TaskState */
-#define SCHEDULED 1
-#define RUNNING   2
-#define RETRYING  3
-#define DONE      4
-#define FAILED    5
-#define CANCELLED 6
+#define ABSENT   0
+#define UNCOMMIT 1   /* inserted, the inserting transaction still open */
+#define PENDING  2
+#define CLAIMED  3
+#define HELD     4
+#define DONE     5
+#define FAILED   6
+#define REFUSED  7
 
-byte ts = SCHEDULED;   /* TaskState                                          */
-byte att;              /* Attempts                                           */
-bit  conv = 1;         /* the task's conversation is open                     */
-bit  armed = 1;        /* its conversation timer is set (the trigger set the
-                          delay timer: BEGIN CONVERSATION TIMER in
-                          dbo.trg_tabDIYTable12402_ScheduleDelay)              */
-byte qtimer;           /* DialogTimer messages on dbo.DelayServiceQueue       */
-bit  qerr;             /* an Error (or EndDialog) message on the queue        */
-byte applock;          /* reader + 1 holding the task's run lock, 0: free     */
-byte rb;               /* consecutive rollbacks of RECEIVE transactions       */
-bit  incident;         /* a recovery recorded this task's conversation in
-                          delay.Incident and ended it                          */
-byte fails = FAILS, dies = DIES, errs = ERRS;
-byte moved;            /* ghost, bit r: since reader r's step 1 failed on the
-                          timer at the head of the conversation, some step 1
-                          committed (removed) a timer message: the head is a
-                          later message (message_sequence_number moved on)   */
-#ifdef POISON
-bit  poison = 1;       /* step 1 fails deterministically for this task        */
+byte now;
+byte timer = NONE;        /* the dispatcher conversation's timer               */
+byte tmsg;                /* DialogTimer messages on dbo.DelayServiceQueue     */
+byte rmsg;                /* MailqDelayRequest messages                        */
+byte armedFor = NONE;     /* delay.Dispatcher.ArmedForUtc (NULL: never armed)  */
+byte armlock;             /* holder + 1 of the arm lock; inserters NR+1..       */
+byte disp;                /* reader + 1 holding delay.Dispatcher's row (X)    */
+bit  changed;             /* the target was altered since it was listed        */
+byte alters = ALTERS, dies = DIES, fails = FAILS;
+
+byte st[NT], due[NT], tok[NT], lease[NT], runner[NT], att[NT];
+byte token;               /* claim tokens: a new one per claim                 */
+bit  slock[NT];           /* the run's session lock (APPLOCK_TEST in the sweep) */
+byte running[NT];         /* ghost: runs of task t in progress                 */
+byte inpass;              /* ghost: readers in a pass or polling               */
+
+/* the first committed Pending due time; an uncommitted row at or before it
+   blocks a locking read of the due index (IX_Task_Due, ORDER BY NextRunAtUtc) */
+#define PD(k)   (st[k] == PENDING -> due[k] : NONE)
+#define FIRSTP  (PD(0) < PD(NT - 1) -> PD(0) : PD(NT - 1))
+#define BLOCKS  ((st[0] == UNCOMMIT && due[0] <= FIRSTP) || \
+                 (st[NT - 1] == UNCOMMIT && due[NT - 1] <= FIRSTP))
+
+/* the end of a run: its locks go, the claim's lease local is dead */
+#define ENDRUN(k)  running[k]--; runner[k] = 0; slock[k] = 0; v = 0
+
+inline firstPending(v, readpast) {
+    /* the first due time of committed Pending rows (READPAST skips the rest) */
+    v = NONE;
+    i = 0;
+    do
+    :: i < NT ->
+        if
+        :: st[i] == PENDING && due[i] < v -> v = due[i]
+        :: else -> skip
+        fi;
+        i++
+    :: else -> break
+    od
+}
+
+inline setTimer(fire) {
+    /* TIMEOUT is 1 at least: a time that has come fires at now + 1 */
+    if
+    :: fire <= now -> timer = now + 1
+    :: else -> timer = fire
+    fi
+}
+
+proctype Inserter(byte t) {
+    byte a, fire, v, i, d;
+    bit rearm = 0;
+    /* the platform's INSERT: the row exists, uncommitted, X-locked */
+    /* at which time (0 .. MAXT - 2), with which delay (0 .. 2) */
+    do
+    :: a < MAXT - 2 -> a++
+    :: break
+    od;
+    if
+    :: d = 0
+    :: d = 1
+    :: d = 2
+    fi;
+    atomic { now >= a -> st[t] = UNCOMMIT; due[t] = now + d; a = 0; d = 0 };
+    /* trigger: ArmedForUtc WITH (READCOMMITTEDLOCK): waits for a reader's write */
+    atomic { disp == 0 -> a = armedFor };
+    if
+    :: a == NONE || due[t] + 1 < a ->
+        /* delay.ArmDispatcher as an inserter: the arm lock, held to commit */
+        atomic { armlock == 0 -> armlock = NR + 1 + t };
+        atomic {
+            firstPending(v, 1);
+#ifdef REPLACE
+            fire = due[t];
 #else
-bit  poison = 0;
+            fire = due[t];
+            if :: v < fire -> fire = v :: else -> skip fi;
+            if :: armedFor < fire -> fire = armedFor :: else -> skip fi;
 #endif
-
-/* ghost */
-bit  ran[MAXATT + 1];  /* attempt n has started its target                   */
-byte running;          /* targets running now                                */
-
-/* delay.FinishTask: final state, receipt, END CONVERSATION @TaskHandle */
-inline finish(state) {
-	ts = state; conv = 0; armed = 0; qtimer = 0; qerr = 0
+            rearm = 1
+        }
+    :: else -> skip
+    fi;
+    /* a long platform transaction: the commit comes a unit of time later */
+    if
+    :: d = now; (now > d)
+    :: skip
+    fi;
+    /* the platform's COMMIT (or ROLLBACK): the row and the timer together */
+    if
+    :: atomic {
+            st[t] = PENDING;
+            if :: rearm -> setTimer(fire); armlock = 0 :: else -> skip fi;
+            a = 0; fire = 0; v = 0; i = 0; d = 0; rearm = 0     /* dead from here on */
+        }
+    :: atomic {
+            st[t] = ABSENT;
+            if :: rearm -> armlock = 0 :: else -> skip fi;
+            a = 0; fire = 0; v = 0; i = 0; d = 0; rearm = 0
+        }
+    fi;
+end_ins:
+    skip
 }
 
-inline rollback_receive() {
-	rb++;
-	assert(rb < 5)               /* the queue would be disabled (poison) */
-}
-
-proctype Reader(byte r)
-{
-	bit dorun, got, err, retryable, iserr, failed, transient, redelivered, recovered;
-	byte my;
-
-endloop:	/* an idle reader waiting in WAITFOR (RECEIVE) is a valid end */
-	/* ---- step 1: BEGIN TRAN; WAITFOR (RECEIVE TOP (1) ...) --------------
-	 * RECEIVE locks the conversation group until COMMIT, so step 1 of two
-	 * readers never interleaves on one conversation: one atomic step. */
-	atomic {
-		conv && (qtimer > 0 || qerr) ->
-		dorun = 0; got = 0; err = 0; retryable = 1; my = 0; iserr = 0;
-		if
-		:: qtimer > 0 -> iserr = 0
-		:: qerr -> iserr = 1
-		fi;
-		failed = 0; transient = 0; recovered = 0;
-		if
-		:: fails > 0 ->
-			/* step 1 raises transiently (deadlock victim 1205, ...):
-			 * ROLLBACK TRANSACTION; the message returns to the queue */
-			fails--; failed = 1; transient = 1; rollback_receive();
-			moved = moved & (255 - (1 << r))
-#ifdef OLD_RECOVERY
-		:: poison ->
-			/* revision 0004 wrote the platform table (delay.FinishTask)
-			 * inside step 1: the same write fails every time */
-			failed = 1; rollback_receive()
+proctype Reader(byte r) {
+    byte t, mine, v, i, fire, seen;
+    bit polling;
+end_idle:
+    do
+    :: atomic {
+        (tmsg > 0 || rmsg > 0) ->
+        if
+        :: tmsg > 0 ->
+            tmsg--;
+#ifndef NO_SAFETY_REARM
+            /* the RECEIVE transaction re-arms the safety tick on the timer's conversation */
+            setTimer(now + TICK);
 #endif
-		:: else ->
-			if
-			:: iserr ->
-				/* EndDialog / Error: FinishTask 'Failed' (BrokerError) */
-				qerr = 0;
-				if
-				:: ts == SCHEDULED || ts == RUNNING || ts == RETRYING -> finish(FAILED)
-				:: else -> conv = 0; armed = 0; qtimer = 0
-				fi
-			:: else ->
-				qtimer--; moved = 255;
-				if
-				:: ts == SCHEDULED || ts == RETRYING ->
-					/* due: TaskState = 'Running', Attempts += 1,
-					 * LeaseUntilUtc; BEGIN CONVERSATION TIMER (watchdog) */
-					att++; assert(att <= MAXATT);
-					ts = RUNNING; armed = 1; dorun = 1; my = att;
-#ifndef APPLOCK_AFTER_COMMIT
-					if :: applock == 0 -> applock = r + 1; got = 1
-					   :: else -> got = 0 fi
-#endif
-				:: ts == RUNNING ->
-					/* the watchdog: lease passed; sp_getapplock timeout 0 */
-					if
-					:: applock != 0 -> armed = 1           /* alive: extend */
-					:: else ->                               /* RunnerLost */
-						if
-						:: att < MAXATT -> ts = RETRYING; armed = 1
-						:: else -> finish(FAILED)
-						fi
-					fi
-				:: else -> conv = 0; armed = 0; qtimer = 0  /* late timer */
-				fi
-			fi;
-			rb = 0;                                          /* COMMIT */
-			redelivered = 0
-		fi
-	}
-	if
-	:: failed ->
-#ifndef OLD_RECOVERY
-		if
-		:: transient && !redelivered ->
-			redelivered = 1; goto endloop   /* one ordinary redelivery */
-		:: else -> skip
-		fi;
-#endif
-		/* ---- RECOVERY: BEGIN TRAN; RECEIVE ... WHERE conversation_handle */
-		atomic {
-			redelivered = 0;
-			if
-			:: (iserr && qerr) || (!iserr && qtimer > 0) ->
-				/* the message is still there: received again */
-				if
-				:: fails > 0 ->
-					/* fails too: ROLLBACK, RAISERROR, the reader stops;
-					 * activation starts another (endloop) */
-					fails--; rollback_receive(); goto endloop
-#ifdef OLD_RECOVERY
-				:: poison ->
-					/* delay.FinishTask writes the platform table: the
-					 * same deterministic failure */
-					rollback_receive(); goto endloop
-				:: !poison ->
-					if
-					:: ts == SCHEDULED || ts == RUNNING || ts == RETRYING ->
-						assert(ts != RUNNING); finish(FAILED)
-					:: else -> conv = 0; armed = 0; qtimer = 0; qerr = 0
-					fi;
-					rb = 0
+        :: rmsg > 0 -> rmsg--
+        fi;
+        inpass++
+       }
+pass:
+        /* delay.RunDueTasks: one claim transaction (READPAST, UPDLOCK, ROWLOCK) */
+        atomic {
+            mine = token + 1;
+            t = 0;
+            do
+            :: t < NT ->
+                if
+#ifdef NO_RUN_LOCK
+                :: st[t] == CLAIMED && lease[t] < now ->
 #else
-#ifdef ANY_MESSAGE_RECOVERY
-				:: else ->
-					/* 0006-0009: whatever came first is taken for the
-					 * failed message */
-					assert(iserr || (moved & (1 << r)) == 0);
-					conv = 0; armed = 0; qtimer = 0; qerr = 0;
-					rb = 0; recovered = 1; incident = 1
+                :: st[t] == CLAIMED && lease[t] < now && runner[t] == 0 && slock[t] == 0 ->
+#endif
+                    tok[t] = mine; lease[t] = now + LEASE
+                :: st[t] == PENDING && due[t] <= now ->
+                    st[t] = CLAIMED; tok[t] = mine; lease[t] = now + LEASE
+                :: else -> skip
+                fi;
+                t++
+            :: else -> break
+            od;
+            /* NEWID(): a token is never reused (none is taken for an empty claim) */
+            if :: (tok[0] == mine || tok[NT - 1] == mine) -> token++ :: else -> mine = 0 fi
+        };
+        /* a full batch wakes another reader (here: whenever two were claimed) */
+        if
+        :: (tok[0] == mine && tok[NT - 1] == mine && NT > 1) -> rmsg++
+        :: else -> skip
+        fi;
+        /* delay.RunTask for each task of this claim */
+        t = 0;
+        do
+        :: t < NT ->
+            if
+            :: atomic {
+#ifdef NO_RUN_LOCK
+                st[t] == CLAIMED && tok[t] == mine ->
 #else
-				:: fails == 0 && (iserr || (moved & (1 << r)) == 0) ->
-					/* the very message step 1 failed on (message_id and
-					 * message_sequence_number match):
-					 * INSERT delay.Incident; END CONVERSATION; COMMIT */
-					conv = 0; armed = 0; qtimer = 0; qerr = 0;
-					rb = 0; recovered = 1; incident = 1
-				:: fails == 0 && !iserr && (moved & (1 << r)) != 0 ->
-					/* a later message: another reader took the failed
-					 * one.  ROLLBACK: it goes back to the queue */
-					rollback_receive()
+                st[t] == CLAIMED && tok[t] == mine && runner[t] == 0 ->
+                v = lease[t];           /* the claim's lease, back on a rollback */
+                lease[t] = NONE;        /* the run's mark: 9999-12-31 */
 #endif
+#ifndef NO_SESSION_LOCK
+                slock[t] = 1;           /* the run's session lock (sp_getapplock, Session) */
 #endif
-				fi
-			:: else ->
-				/* nothing received: another reader owns the message */
-#ifdef OLD_RECOVERY
-				/* no @@ROWCOUNT check: FinishTask 'Failed' anyway */
-				if
-				:: !poison && (ts == SCHEDULED || ts == RUNNING || ts == RETRYING) ->
-					assert(ts != RUNNING); finish(FAILED)
-				:: else -> skip
-				fi
+                runner[t] = r + 1;
+                assert(running[t] == 0);        /* never twice at once */
+                running[t]++
+               }
+               /* delay.CheckTarget, then the call */
+               if
+               :: atomic { changed ->
+#ifdef REFUSE_CHANGED
+                     st[t] = REFUSED;
 #else
-				skip
+                     st[t] = HELD;
 #endif
-			fi
-		}
-		/* ---- RECOVERY FOLLOW-UP: no RECEIVE in this transaction; its
-		 * failure (poison: FinishTask writes the platform table) is logged
-		 * and left to delay.Reconcile */
-		atomic {
-			if
-			:: recovered && !poison && (ts == SCHEDULED || ts == RETRYING) -> finish(FAILED)
-			:: else -> skip
-			fi
-		}
-		goto endloop
-	:: dorun -> skip
-	:: else -> goto endloop
-	fi;
-
-	/* ---- step 2: the run lock, then the target in its own transaction --- */
-#ifdef APPLOCK_AFTER_COMMIT
-	atomic {
-		if :: applock == 0 -> applock = r + 1; got = 1
-		   :: else -> got = 0 fi
-	}
+                     ENDRUN(t) }
+               :: atomic { !changed && dies > 0 ->
+                     /* the reader's session ends mid-run: the run rolls back and
+                        its locks go; the claim stays until its lease passes */
+                     dies--; inpass--;
+#ifndef NO_RUN_LOCK
+                     lease[t] = v;
 #endif
-	if
-	:: got ->
-		atomic {
-			/* EXEC sys.sp_executesql @Sql (the target starts) */
-			/* no later attempt has started: the watchdog did not
-			 * declare this runner lost (a broker Error may have finished
-			 * the task meanwhile: see docs/models.md) */
-#ifndef NO_ATTEMPT_CHECK
-			assert(att == my);
+                     ENDRUN(t); t = 0; mine = 0;
+                     goto end_idle }
+               :: atomic { !changed && alters > 0 ->
+                     /* ALTER lands while it runs: the post-check in the same
+                        transaction rolls the target's work back and holds it */
+                     alters--; changed = 1; st[t] = HELD; ENDRUN(t) }
+               :: atomic { !changed && fails > 0 ->
+                     fails--; att[t]++;
+                     if
+                     :: att[t] >= MAXATT -> st[t] = FAILED
+                     :: else -> st[t] = PENDING; due[t] = now + 1
+                     fi;
+                     ENDRUN(t) }
+               :: atomic { !changed -> st[t] = DONE; ENDRUN(t) }
+               :: !changed && SLOW -> v = now + LEASE;
+                  /* a slow (or blocked) target outlives its claim's lease: the
+                     other readers' sweeps pass its row by meanwhile */
+                  (now > v || now == HARD);
+                  atomic {
+                      /* the post-check: an ALTER meanwhile rolls it back, Held */
+                      if :: changed -> st[t] = HELD :: else -> st[t] = DONE fi;
+                      ENDRUN(t) }
+               :: !changed && SLOW ->
+                  /* the target ends the transaction opened for it (266) and goes
+                     on past the lease: its row is no longer held.  COMMIT keeps
+                     the run's mark; ROLLBACK undoes it (the claim's lease is
+                     back); the session lock stays either way.  Then it is
+                     failed, not rerun. */
+                  if
+                  :: atomic { runner[t] = 0 }                   /* COMMIT */
+                  :: atomic { runner[t] = 0; lease[t] = v }     /* ROLLBACK */
+                  fi;
+                  v = now + LEASE;
+                  (now > v || now == HARD);
+                  atomic { st[t] = FAILED; ENDRUN(t) }
+               fi
+            :: else -> skip     /* not ours any more (swept), or not claimed */
+            fi;
+            t++
+        :: else -> break
+        od;
+        /* delay.ArmDispatcher at the end of the pass */
+        if
+        :: atomic { armlock == 0 -> armlock = r + 1 }
+#ifdef READ_BEFORE_WRITE
+           atomic { !BLOCKS -> firstPending(v, 0) };
+           atomic { disp = r + 1 };
+#else
+           atomic { disp = r + 1 };
 #endif
-			assert(!ran[my]);                    /* once per attempt        */
-			ran[my] = 1;
-			running++;
-			assert(running == 1)                 /* never two at once       */
-		}
-		if
-		:: atomic { running--; err = 0 }                     /* succeeds   */
-		:: atomic { running--; err = 1 }     /* raises; ROLLBACK (it is 1) */
-		:: atomic { running--; err = 1 }     /* dooms: XACT_STATE() = -1   */
-		:: atomic { running--; err = 1; retryable = 0 }   /* 266: commits */
-		:: atomic { dies > 0 -> dies--; running--;      /* the process dies: */
-			applock = 0 };                 /* the session's lock goes */
-			goto endloop                      /* activation starts a new reader */
-		fi
-	:: else ->
-		err = 1           /* 50334: another session held the task's run lock */
-	fi;
-
-	/* ---- step 3: record the outcome ------------------------------------ */
-	atomic {
-		if
-		:: !conv ->
-			/* the conversation was ended (a recovery): no timer; the
-			 * outcome is still recorded, without a retry */
-			if
-			:: ts == RUNNING && att == my ->
-				if :: !err -> finish(DONE) :: else -> finish(FAILED) fi
-			:: else -> skip
-			fi
-		:: else ->
-			armed = 1;
-			if
-			:: ts != RUNNING || att != my -> skip   /* finished meanwhile */
-			:: else ->
-				if
-				:: !err -> finish(DONE)             /* F108219 = 1 */
-				:: err && retryable && my < MAXATT -> ts = RETRYING; armed = 1
-				:: else -> finish(FAILED)           /* GaveUp */
-				fi
-			fi
-		fi;
-		/* sp_releaseapplock */
-		if :: got && applock == r + 1 -> applock = 0 :: else -> skip fi
-	}
-	goto endloop
+           if
+#if !defined(READPAST_MIN) && !defined(READ_BEFORE_WRITE)
+           :: atomic {
+                /* an uncommitted row that may come first: the reader waits;
+                   its lock times out (200 ms): it rolls back and polls */
+                BLOCKS ->
+                disp = 0; armlock = 0; polling = 1;
+                t = 0; mine = 0; v = 0; i = 0; fire = 0 }
+#endif
+           :: atomic {
+#if defined(READPAST_MIN) || defined(READ_BEFORE_WRITE)
+                true ->
+#else
+                !BLOCKS ->      /* the inserter committed meanwhile, or none */
+#endif
+#ifndef READ_BEFORE_WRITE
+                firstPending(v, 0);
+#endif
+                fire = now + TICK;
+                if :: v < fire -> fire = v :: else -> skip fi;
+                t = 0;
+                do
+                :: t < NT ->
+                    if
+                    :: st[t] == CLAIMED && runner[t] == 0 && lease[t] < fire -> fire = lease[t]
+                    :: else -> skip
+                    fi;
+                    t++
+                :: else -> break
+                od;
+                setTimer(fire);
+                armedFor = timer;
+                disp = 0; armlock = 0; polling = 0;
+                t = 0; mine = 0; v = 0; i = 0; fire = 0 }
+           fi
+        :: atomic { armlock != 0 -> polling = 1; t = 0; mine = 0; v = 0; i = 0; fire = 0 }
+                                                /* the arm lock timed out: poll */
+        fi;
+        if
+        :: polling ->
+            /* WAITFOR (RECEIVE), TIMEOUT 1000: the next unit of time, or a message */
+            seen = now;
+end_poll:
+            atomic { (now != seen || now == HARD || tmsg > 0 || rmsg > 0) ->
+                if
+                :: tmsg > 0 -> tmsg--;
+#ifndef NO_SAFETY_REARM
+                    setTimer(now + TICK);       /* the same RECEIVE transaction */
+#endif
+                :: rmsg > 0 -> rmsg--
+                :: else -> skip
+                fi;
+                polling = 0; seen = 0 };
+            goto pass
+        :: else -> atomic { inpass--; t = 0; mine = 0; v = 0; i = 0; fire = 0; seen = 0 }
+        fi
+    od
 }
 
-/* The conversation timer fires (at any time: a lease of any length). */
-active proctype Timer()
-{
-end:	do
-	:: atomic { armed && conv -> armed = 0; qtimer++; assert(qtimer <= 3) }
-	od
+proctype Operator() {
+    /* an ALTER of the target, then a db_owner lists it again (AllowProcedure:
+       Held -> Pending due now, the timer armed like an inserter's) */
+    byte t, v, i, fire, at;
+    /* the ALTER at a time of its choosing (or none) */
+    do
+    :: at < MAXT - 2 -> at++
+    :: break
+    od;
+    if
+    :: atomic { alters > 0 && now >= at -> alters--; changed = 1; at = 0 }
+    :: skip
+    fi;
+    /* listing it again, at a later time of its choosing, MAXT at the latest */
+    do
+    :: at < MAXT -> at++
+    :: break
+    od;
+end_op:
+    atomic { changed && now >= at && armlock == 0 ->
+        changed = 0;
+        t = 0;
+        do
+        :: t < NT ->
+            if :: st[t] == HELD -> st[t] = PENDING; due[t] = now :: else -> skip fi;
+            t++
+        :: else -> break
+        od;
+        fire = now;
+        setTimer(fire)
+    }
 }
 
-#ifdef CANCEL
-/* dbo.CancelDelayExecution -> delay.CancelTask: only a Scheduled or Retrying
- * task (50321 otherwise); FinishTask 'Cancelled' ends the conversation, so a
- * queued timer message goes with it.  50343 when the conversation is gone. */
-active proctype Cancel()
-{
-end:	/* never cancellable (already running or final): 50321, a valid end */
-	atomic { conv && (ts == SCHEDULED || ts == RETRYING) -> finish(CANCELLED) }
+active proctype Clock() {
+    /* Time moves on only when nothing else can (maximal progress): a long
+       transaction or a slow target is an explicit wait for time below. */
+end_clock:
+    do
+    :: atomic { timeout && now < HARD ->
+        now++;
+        if
+        :: timer != NONE && timer <= now -> tmsg++; timer = NONE
+        :: else -> skip
+        fi }
+    od
+}
+
+#ifndef NO_WAKE_CHECK
+#define LATE(at) (timer == NONE || (timer > (at) + 1 && timer > now + 1))
+active proctype Wake() {
+    /* the timer is never lost: checked in every state (with DIES = 0) */
+end_wake:
+    atomic {
+        (inpass == 0 && tmsg == 0 && rmsg == 0 &&
+         ((st[0] == PENDING && LATE(due[0])) ||
+          (st[NT - 1] == PENDING && LATE(due[NT - 1])) ||
+          (st[0] == CLAIMED && runner[0] == 0 && LATE(lease[0])) ||
+          (st[NT - 1] == CLAIMED && runner[NT - 1] == 0 && LATE(lease[NT - 1]))))
+        -> assert(false)
+    }
 }
 #endif
 
-/* delay.Reconcile (an Agent job, or doctor): a task that is not final and
- * whose conversation is gone.  Recovered by an incident: failed (its
- * FinishTask writes the platform table, so under POISON it fails again and
- * the task stays for a later run).  Otherwise re-armed on a new conversation;
- * a Running task only when no runner holds its run lock (APPLOCK_TEST). */
-active proctype Reconcile()
-{
-end:	do
-	:: atomic { !conv && incident && !poison && (ts == SCHEDULED || ts == RETRYING
-	            || (ts == RUNNING && applock == 0)) -> ts = FAILED }
-	:: atomic { !conv && !incident && (ts == SCHEDULED || ts == RETRYING) -> conv = 1; armed = 1 }
-	:: atomic { !conv && !incident && ts == RUNNING && applock == 0 ->
-		if
-		:: att < MAXATT -> ts = RETRYING; conv = 1; armed = 1
-		:: else -> ts = FAILED
-		fi }
-	od
+active proctype Final() {
+    /* nothing left to do and no timer to wait for: every task of a listed
+       target ran (Done or Failed), every task of a changed one is Held; none is
+       refused for an ALTER, none is left behind */
+    byte t;
+    atomic { timeout && inpass == 0 && st[0] != UNCOMMIT && st[NT - 1] != UNCOMMIT && (timer == NONE || now == HARD) };
+    t = 0;
+    do
+    :: t < NT ->
+        assert(st[t] == ABSENT || st[t] == DONE || st[t] == FAILED || (changed && st[t] == HELD));
+        t++
+    :: else -> break
+    od
 }
 
-/* The broker delivers an Error message on the conversation. */
-active proctype Broker()
-{
-end:	do
-	:: atomic { errs > 0 && conv -> errs--; qerr = 1 }
-	:: errs == 0 -> break
-	od
+init {
+    byte t, r;
+    atomic {
+        r = 0;
+        do :: r < NR -> run Reader(r); r++ :: else -> break od;
+        t = 0;
+        do :: t < NT -> run Inserter(t); t++ :: else -> break od;
+        run Operator()
+    }
 }
-
-init
-{
-	byte i;
-	atomic {
-		for (i : 0 .. NR - 1) { run Reader(i) }
-	}
-}
-
-#ifdef LIVE
-ltl ends { <> (!conv && (ts == DONE || ts == FAILED || ts == CANCELLED)) }
-#endif

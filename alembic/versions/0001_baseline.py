@@ -49,21 +49,11 @@ DROP_ACTIVATION = """\
 IF OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NOT NULL
     ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (DROP)"""
 
-#: The allow-list entry of the hook dispatcher is a script, not an object.
-DISALLOW_HOOK_DISPATCHER = """\
-IF OBJECT_ID(N'delay.DisallowProcedure', N'P') IS NOT NULL
-    AND EXISTS (
-        SELECT 1 FROM delay.AllowedProcedure AS ap
-        WHERE ap.SchemaName = N'mailq' AND ap.ProcedureName = N'HookDispatcherTask'
-    )
-    EXEC delay.DisallowProcedure @ProcedureName = N'mailq.HookDispatcherTask'"""
-
 #: Tables whose rows the deployment wrote itself do not count as data.
 DROPPED_TABLES = {
     "broker/delay.Installation.sql": None,  # the deployment's own record
     "broker/delay.Setting.sql": None,  # its single settings row
-    "broker/delay.AllowedProcedure.sql": DroppedTable(
-        "delay.AllowedProcedure", "NOT (SchemaName = N'mailq' AND ProcedureName = N'HookDispatcherTask')"),
+    "broker/delay.Dispatcher.sql": None,  # the dispatcher conversation's single row
     "broker/dbo.tabDIYTable12402.sql": DroppedTable(
         "dbo.tabDIYTable12402",
         "EXISTS (SELECT 1 FROM delay.Installation AS i WHERE i.Item = N'dbo.tabDIYTable12402' "
@@ -89,7 +79,6 @@ PLAN = RevisionPlan.load(
     drop_overrides={
         "broker/dbo.tabDIYTable12402.sql": [DROP_PLATFORM_TABLE],
         "broker/dbo.DelayServiceQueue.activation.sql": [DROP_ACTIVATION],
-        "broker/mailq.HookDispatcherTask.allow.sql": [DISALLOW_HOOK_DISPATCHER],
     },
     after_files=after_files,
     before_downgrade=before_downgrade,

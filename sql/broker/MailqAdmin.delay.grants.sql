@@ -1,16 +1,16 @@
 /*
-Grants of role MailqAdmin (created in sql/security/MailqAdmin.role.sql) on
-delayed execution: reading the operator views, cancelling any task, and
-reconciling (delay.Reconcile: re-arms tasks whose conversation is gone).
-Not the allow-list procedures (delay.AllowProcedure, delay.DisallowProcedure):
-a listed procedure runs as dbo, so listing stays with db_owner.
-delay.Health also needs VIEW SERVER STATE for its ActiveReaders column, a
-server permission that a database role cannot carry.
+Grants of role MailqAdmin (sql/security/MailqAdmin.role.sql) on delayed
+execution: the operator views, the metrics, the monitor, the purge, cancelling
+any task.  VIEW DEFINITION on the queue lets delay.Health read its status row
+(catalog views show an object only to whoever has a permission on it).
+Not the allow-list (delay.AllowProcedure, delay.DisallowProcedure) nor
+delay.EnableThisDatabase: db_owner decisions.
 */
 GRANT SELECT ON OBJECT::delay.PendingTasks TO MailqAdmin;
-GRANT SELECT ON OBJECT::delay.RunningTasks TO MailqAdmin;
-GRANT SELECT ON OBJECT::delay.FailedTasks TO MailqAdmin;
-GRANT SELECT ON OBJECT::delay.RefusedTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.FinishedTasks TO MailqAdmin;
 GRANT SELECT ON OBJECT::delay.Health TO MailqAdmin;
+GRANT VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::delay.GetTaskMetrics TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::delay.Monitor TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::delay.PurgeHistory TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::dbo.CancelDelayExecution TO MailqAdmin;
-GRANT EXECUTE ON OBJECT::delay.Reconcile TO MailqAdmin;

@@ -1,6 +1,5 @@
 /*
-Grants for the delayed-execution hook dispatcher (docs/hooks.md):
-administrators start, re-time and stop it.  mailq.HookDispatcherTask is run
-by delayed execution only (no grant).
+Grants for the hook dispatcher of delayed execution (docs/hooks.md):
+administrators start, re-time and stop it.
 */
 GRANT EXECUTE ON OBJECT::mailq.StartHookDispatcher TO MailqAdmin;

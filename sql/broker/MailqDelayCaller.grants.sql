@@ -1,8 +1,8 @@
 /*
-Grants of role MailqDelayCaller (created in sql/security/MailqDelayCaller.role.sql):
-EXECUTE on dbo.InitiateDelayExecution and dbo.CancelDelayExecution, nothing
-else.  No table, queue or service rights: both procedures run EXECUTE AS OWNER
-and reach the tables and the broker as dbo.
+Grants of role MailqDelayCaller: EXECUTE on dbo.InitiateDelayExecution and
+dbo.CancelDelayExecution, nothing else.  Both run as the caller and reach the
+tables by ownership chaining; the timer is set through delay.ArmDispatcher
+(EXECUTE AS OWNER), granted to nobody.
 */
 GRANT EXECUTE ON OBJECT::dbo.InitiateDelayExecution TO MailqDelayCaller;
 GRANT EXECUTE ON OBJECT::dbo.CancelDelayExecution TO MailqDelayCaller;

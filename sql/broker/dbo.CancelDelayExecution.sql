@@ -1,42 +1,19 @@
 /*
-dbo.CancelDelayExecution: cancels a task that has not started: its receipt
-becomes 4, its conversation ends (which drops its timer), and it never runs.
-Parameters:  @TaskID BIGINT, required: the ID InitiateDelayExecution returned
-             (dbo.tabDIYTable12402.ID)
-Result set:  none.
-Errors:      50320 @TaskID missing or names no scheduled task
-             50321 the task is not Scheduled or Retrying (already running or
-                   finished, also when it finished while the cancel waited
-                   for its conversation; or ending: its conversation is in
-                   state DI/ER and the reader fails it; the message names
-                   the state)
-             50342 the task was initiated by another login, and the caller is
-                   neither in MailqAdmin nor db_owner
-             50343 the task's conversation no longer exists (the database was
-                   copied and given a NEW_BROKER, or a conversation was ended
-                   by hand): run EXEC delay.Reconcile, then cancel again
-Who:         members of MailqAdmin and db_owner cancel any task; everybody
-             else (role MailqDelayCaller) only the tasks their own login
-             initiated (delay.Task.CreatedBy = ORIGINAL_LOGIN()), as DESIGN.md
-             and the DBA guide say.  Tasks inserted by the platform belong to
-             the platform's login.
-Transaction: opens its own if none is open, else works inside the caller's;
-             any error, a refusal included, dooms the caller's transaction
-             (XACT_ABORT ON) and is re-raised: the caller must roll back.  No
-             savepoint: SAVE TRANSACTION fails inside a distributed (MSDTC)
-             transaction (error 627), and a doomed transaction cannot return
-             to one.  Validation runs before any work, so a refusal changes
-             nothing that a rollback would have to undo.
-Lock order:  the task's cancel lock (an application lock, transaction-owned),
-             then the task's conversation group (BEGIN CONVERSATION TIMER
-             locks it), then its delay.Task row (UPDLOCK), then
-             dbo.tabDIYTable12402: the order of dbo.ProcessDelayQueue (a
-             delay-0 request takes the cancel lock and the task's group
-             before the row too; a timer message holds the group already).
-Security:    runs as the caller, to learn the caller's roles; the work is done
-             by delay.CancelTask (EXECUTE AS OWNER, reached through ownership
-             chaining, granted to nobody): END CONVERSATION needs the
-             conversation's owner (dbo, who began it in the trigger).
+dbo.CancelDelayExecution: cancels a task that is not running: a Pending or Held
+task becomes Cancelled (receipt 4) and never runs.
+Parameters:  @TaskID BIGINT: the ID dbo.InitiateDelayExecution returned
+Errors:      50320 @TaskID names no task; 50321 the task is Claimed (a reader runs it
+             or is about to) or final (the message names the state); 50342 another
+             login initiated it and the caller is neither in MailqAdmin nor db_owner
+Transaction: its own or the caller's; any error, a refusal included, dooms the
+             caller's transaction (XACT_ABORT ON): the caller must roll back.  No
+             savepoint (error 627 under MSDTC).  Validation runs first.
+Lock order:  the task's delay.Task row (UPDLOCK), delay.Log, dbo.tabDIYTable12402.
+             Readers claim with READPAST: a cancel held open in a caller's
+             transaction holds no reader.
+Security:    runs as the caller (its roles decide; MailqDelayCaller cancels only its
+             own login's tasks); tables by ownership chaining, the platform's
+             triggers fire with the caller's rights.
 Example:     EXEC dbo.CancelDelayExecution @TaskID = 42;
 */
 CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
@@ -44,16 +21,52 @@ CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
-    -- Evaluated here, in the caller's security context (delay.CancelTask
-    -- runs as dbo, who is a member of everything).
-    DECLARE @MayCancelAny BIT = IIF(
-        IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0
-    );
-    DECLARE @CallerLogin NVARCHAR(128) = ORIGINAL_LOGIN();
-
-    EXEC delay.CancelTask
-        @TaskID = @TaskID,
-        @CallerLogin = @CallerLogin,
-        @MayCancelAny = @MayCancelAny;
+    -- The UPDLOCK read must lock the latest committed row (reverts on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Msg NVARCHAR(2048), @TaskState NVARCHAR(16), @CreatedBy NVARCHAR(128),
+        @Caller NVARCHAR(128) = ORIGINAL_LOGIN(),
+        @MayCancelAny BIT = IIF(IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0);
+    -- 1. Validate before any transaction starts.
+    SELECT @TaskState = t.TaskState, @CreatedBy = t.CreatedBy FROM delay.Task AS t WHERE t.TaskID = @TaskID;
+    IF @TaskState IS NULL
+    BEGIN
+        SET @Msg = CONCAT(N'@TaskID names no delayed task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.');
+        THROW 50320, @Msg, 1;
+    END;
+    IF @MayCancelAny = 0 AND (@CreatedBy IS NULL OR @CreatedBy <> @Caller)
+    BEGIN
+        SET @Msg = CONCAT(N'@TaskID ', @TaskID,
+            N' was initiated by another login; only MailqAdmin or db_owner may cancel it (caller: ', ISNULL(@Caller,
+            N'NULL'), N').');
+        THROW 50342, @Msg, 1;
+    END;
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        -- UPDLOCK, ROWLOCK: hold the row from the check to the change.
+        SELECT @TaskState = t.TaskState FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK) WHERE t.TaskID = @TaskID;
+        IF @TaskState NOT IN (N'Pending', N'Held')
+        BEGIN
+            SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' is ', @TaskState, N'; only Pending or Held ones are.');
+            THROW 50321, @Msg, 1;
+        END;
+        UPDATE t
+        SET
+            t.TaskState = N'Cancelled', t.FinishedAtUtc = SYSUTCDATETIME(), t.LastErrorNumber = NULL,
+            t.LastErrorMessage = CONCAT(N'cancelled by ', @Caller)
+        FROM delay.Task AS t
+        WHERE t.TaskID = @TaskID;
+        INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorMessage)
+        SELECT t.TaskID, N'Cancelled', t.TargetName, t.LastErrorMessage FROM delay.Task AS t WHERE t.TaskID = @TaskID;
+        -- By ID, never by parameter values.
+        UPDATE p SET p.F108219 = 4 FROM dbo.tabDIYTable12402 AS p WHERE p.ID = @TaskID;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by XACT_ABORT.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
 END;

@@ -1,10 +1,5 @@
 /*
-IX_Log_TaskID: the failed and refused views show each task's log rows; a seek
-by task instead of a scan of the whole log.
+IX_Log_TaskID: a task's log rows by a seek.
 */
-IF NOT EXISTS (
-    SELECT 1 FROM sys.indexes
-    WHERE name = N'IX_Log_TaskID' AND object_id = OBJECT_ID(N'delay.Log')
-)
-    CREATE NONCLUSTERED INDEX IX_Log_TaskID
-        ON delay.Log (TaskID, LogId);
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = N'IX_Log_TaskID' AND object_id = OBJECT_ID(N'delay.Log'))
+    CREATE NONCLUSTERED INDEX IX_Log_TaskID ON delay.Log (TaskID, LogId);

@@ -1,19 +1,10 @@
 /*
-delay.Log: refusals and failures of delayed execution, one row per event.
-    EventName   Refused     the row was never scheduled or never run (ErrorNumber
-                            50302-50307 says why); receipt 2
-                Failed      a run failed and will be retried (Attempt = the run)
-                GaveUp      the last failure: receipt 3
-                Slow        a run outlived its lease; the runner is alive, the
-                            lease was extended (the run is not interrupted)
-                RunnerLost  the session running a target ended without reporting
-                            (ErrorNumber 50331); counted as a failed attempt
-                Cancelled   cancelled by dbo.CancelDelayExecution, or the
-                            platform row was deleted before the run (50332)
-                BrokerError an Error message arrived on a task's conversation,
-                            or the activation procedure itself failed
-    ErrorNumber / ErrorMessage: ERROR_NUMBER() and ERROR_MESSAGE() of the
-    failure, or the 503xx number of docs/errors.md.
+delay.Log: what happened to tasks besides running well, one row per event:
+Refused (never run, 50302-50306), Failed (a run failed, will be retried), GaveUp
+(the last failure; receipt 3), Held (the target changed: 50307, 50340, 50540),
+Released (listed again), Cancelled (by a cancel, or its ID reused: 50332),
+Receipt (the platform refused a receipt: 50548), Dispatcher (its conversation
+begun again, the database enabled).  Purged by delay.PurgeHistory.
 */
 IF OBJECT_ID(N'delay.Log', N'U') IS NULL
 BEGIN
@@ -25,11 +16,14 @@ BEGIN
         TargetName NVARCHAR(400) NULL,
         Attempt INT NULL,
         ErrorNumber INT NULL,
-        ErrorMessage NVARCHAR(4000) NULL,
-        ConversationHandle UNIQUEIDENTIFIER NULL,
+        ErrorMessage NVARCHAR(2048) NULL,
         CONSTRAINT PK_Log PRIMARY KEY CLUSTERED (LogId),
         CONSTRAINT CK_Log_EventName CHECK (
-            EventName IN (N'Refused', N'Failed', N'GaveUp', N'Slow', N'RunnerLost', N'Cancelled', N'BrokerError')
+            EventName IN (
+                N'Refused', N'Failed', N'GaveUp', N'Held', N'Released', N'Cancelled', N'Receipt', N'Dispatcher'
+            )
         )
     );
+    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET (as upgrades/mailq.0018).
+    EXEC sys.sp_executesql N'ALTER TABLE delay.Log SET (LOCK_ESCALATION = DISABLE);';
 END;

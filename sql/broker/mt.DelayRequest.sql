@@ -1,9 +1,7 @@
 /*
-Message type MailqDelayRequest: "run task N now".  Sent only for a delay
-of 0 seconds (every other delay is a conversation timer, whose DialogTimer
-message is a system type).  Body: the task ID as BINARY(8)
-(CAST(TaskID AS BINARY(8)), read back with CAST(message_body AS BIGINT)).
-VALIDATION = NONE: the body is not XML and only our own trigger sends it.
+Message type MailqDelayRequest: "look for due tasks now", sent by a reader that
+claimed a full batch, so that activation starts another reader.  No body
+(VALIDATION = EMPTY).  The dispatcher's other message is its timer's DialogTimer.
 */
 IF NOT EXISTS (SELECT 1 FROM sys.service_message_types WHERE name = N'MailqDelayRequest')
-    CREATE MESSAGE TYPE MailqDelayRequest VALIDATION = NONE;
+    CREATE MESSAGE TYPE MailqDelayRequest VALIDATION = EMPTY;

@@ -1,7 +1,6 @@
 /*
-Service MailqDelayService on dbo.DelayServiceQueue.  Each task is a dialog
-from this service to itself (TO SERVICE N'MailqDelayService',
-N'CURRENT DATABASE'); both endpoints live on the one queue.
+Service MailqDelayService on dbo.DelayServiceQueue: the dispatcher's dialog
+goes from this service to itself (TO SERVICE N'MailqDelayService', N'CURRENT DATABASE').
 */
 IF NOT EXISTS (SELECT 1 FROM sys.services WHERE name = N'MailqDelayService')
     CREATE SERVICE MailqDelayService

@@ -1,86 +1,32 @@
 /*
 mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each
-application with a hook (mailq.ApplicationHook), reads its events after the
-stored cursor with mailq.GetMailEvents' commit-safe bound (only rows below
-MIN_ACTIVE_ROWVERSION(), read with READCOMMITTEDLOCK after the bound), and
-calls the hook once per event, in EventID order, each call in its OWN
-transaction:
-  BEGIN TRANSACTION; EXEC the hook (sp_executesql, parameters by name);
-  @StopMail = 1 on a mail still UnSent or Sending: EXEC mailq.StopMail
-  (TinyMail's stop(); on a mail already final nothing happens); advance the
-  cursor; COMMIT.  The cursor moves in the same transaction as the hook's
-  work: a call is either wholly done and passed, or wholly undone.
-Failures (TRY/CATCH around the EXEC; the hook is a lower execution level,
-so even its compile and name-resolution errors reach our CATCH; TRY...CATCH
-(Transact-SQL), "Errors unaffected by a TRY...CATCH construct":
-https://learn.microsoft.com/sql/t-sql/language-elements/try-catch-transact-sql):
-  - the hook throws, or dooms the transaction (XACT_STATE() = -1, e.g. any
-    error under its own XACT_ABORT ON): everything is rolled back (a doomed
-    transaction "can only request a full rollback", XACT_STATE (Transact-SQL),
-    https://learn.microsoft.com/sql/t-sql/functions/xact-state-transact-sql);
-    the failure is counted (FailingEventID/FailCount) in a transaction of its
-    own and the application waits for the next run; after MaxAttempts failed
-    calls of the same event it is written to mailq.ApplicationHookFailure and
-    the cursor moves past it (poison-proof: one bad event never stops the
-    later ones);
-  - the hook leaves a transaction of its own open: SQL Server raises 266 at
-    its return ("@@TRANCOUNT has a different value when a stored procedure
-    finishes than it had when the procedure was executed", Rollbacks and
-    commits in stored procedures and triggers,
-    https://learn.microsoft.com/previous-versions/sql/sql-server-2008-r2/ms187844(v=sql.105));
-    all of it is rolled back and counted as a failed call;
-  - the hook commits or rolls back the transaction opened for it (266 with
-    no transaction left): its work may be committed, so it is not called
-    again: recorded in mailq.ApplicationHookFailure at once, cursor moved.
-  - a hook waits on a lock longer than 5 s: error 1222 (SET LOCK_TIMEOUT
-    5000 for the hook's batch; a SET in a batch run by sp_executesql reverts
-    when it returns), a failed call like any other.
-A hook whose procedure was altered, dropped or recreated since it was
-registered is suspended: not called, cursor kept, LastError says why, until
-mailq.SetApplicationHook re-registers it.  The pin is checked before every
-call, not once per run, so a change during a run stops the next call.
-Never inside an acknowledging transaction: it refuses to run inside any open
-transaction (50296), so no worker's MarkSent/MarkFailed/FinalizeMail can wait
-on a hook, and a hook's failure cannot undo an acknowledgement.  The events
-it reads are committed already; it never locks queue rows except the one
-mail a hook stops (through mailq.StopMail, briefly).
-One dispatcher at a time: a session-owned application lock
-(N'mailq.RunApplicationHooks', timeout 0); a second caller returns at once
-with State 'Busy'.
-Security:    EXECUTE AS OWNER: hooks run as dbo (that is why only db_owner
-             registers them, in dbo-owned schemas, pinned).  Granted to
-             MailqAdmin (an Agent or elastic job runs it on Azure SQL
-             Database; the delayed-execution dispatcher elsewhere).
-Parameters:  @MaxEvents INT = 500: hook calls in this run, all applications
-             together (1-5000); @Quiet BIT = 0: 1 returns no result set (the
-             delayed-execution task).
+application with a hook, reads its events after the stored cursor (the commit-safe
+bound of mailq.GetMailEvents) and calls the hook once per event, in EventID order,
+each call in its own transaction: the hook; @StopMail = 1 on a mail still UnSent or
+Sending -> mailq.StopMail; the cursor moves.  Each application gets an equal share
+of @MaxEvents.  One dispatcher at a time (a session application lock; a second
+caller gets State 'Busy').
+The call: as MailqRunner (EXECUTE AS USER ... REVERT: never as dbo), after one SET
+line (ANSI options ON, NUMERIC_ROUNDABORT OFF, XACT_ABORT OFF, DEADLOCK_PRIORITY
+NORMAL, LOCK_TIMEOUT 5000), and only while mailq.HookPin finds the registered
+procedure; read again after the call in its transaction: a hook altered meanwhile
+is rolled back and suspended (LastError) until mailq.SetApplicationHook again.
+Failures: a throwing or dooming hook is rolled back and counted; after MaxAttempts
+the event goes to mailq.ApplicationHookFailure and the cursor passes it; a hook that
+ends the transaction opened for it (266, none left) is given up at once (its work
+may be committed); one that leaves one open is rolled back (50297/266).
+Parameters:  @MaxEvents INT = 500 (1-5000); @Quiet BIT = 0 (1: no result set)
 Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
-             HookProcedure, Calls INT (hook calls made), Succeeded INT,
-             FailedCalls INT, GivenUp INT (events written to
-             mailq.ApplicationHookFailure), CursorEventID BIGINT, State
-             NVARCHAR(16): UpToDate | More (its share of @MaxEvents, an equal
-             part per hooked application, or the budget used up) | Retrying (a
-             failed call waits for the next run) | Suspended (hook changed or
-             gone) | Moved (the hook was re-registered meanwhile); or one row
+             HookProcedure, Calls, Succeeded, FailedCalls, GivenUp, CursorEventID,
+             State (UpToDate | More | Retrying | Suspended | Moved); or one row
              with AppName NULL and State 'Busy'.
-Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open
-             transaction.  50297 (the hook changed the transaction count) is
-             recorded as that call's error, never raised.  A hook's errors are never re-raised: they are
-             recorded (LastError, mailq.ApplicationHookFailure).
-Transaction: none open on entry (50296); one transaction per hook call
-             (hook + StopMail + cursor), one per failure record; never one
-             around two calls.  A batch procedure: it refuses a caller's
-             transaction, as PurgeMail does.
-Isolation:   sets READ COMMITTED itself; events read with READCOMMITTEDLOCK
-             below the bound read first (see mailq.GetMailEvents).
-Lock order:  per call: whatever the hook locks, then mailq.MailQueue (the
-             stopped mail, through StopMail: MailQueue, MailEvent,
-             MailAttempt), then mailq.ApplicationHook (the application's
-             row); failure records: mailq.ApplicationHookFailure, then
-             mailq.ApplicationHook.
-Plan:        per application one range seek on IX_MailEvent_AppName between
-             the cursor and the bound, TOP (remaining budget): the same cost
-             at any event-table size; mailq.ApplicationHook by its key.
+Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open transaction.
+Transaction: none open on entry; one per hook call, one per failure record.
+Isolation:   READ COMMITTED; events read with READCOMMITTEDLOCK below the bound.
+Lock order:  per call: whatever the hook locks, mailq.MailQueue (StopMail), then
+             mailq.ApplicationHook; failures: ApplicationHookFailure, ApplicationHook.
+Security:    EXECUTE AS OWNER for its own reads and writes; the hook runs as
+             MailqRunner.  Granted to MailqAdmin.
 Example:     EXEC mailq.RunApplicationHooks @MaxEvents = 500;
 */
 CREATE OR ALTER PROCEDURE mailq.RunApplicationHooks
@@ -149,6 +95,8 @@ BEGIN
         @ErrorNumber INT,
         @ErrorMessage NVARCHAR(4000),
         @TranCountInCatch INT,
+        @Modified DATETIME,
+        @Changed BIT,
         @Attempts INT,
         @GiveUp BIT,
         @Moved BIT,
@@ -208,18 +156,8 @@ BEGIN
             SELECT @AppState = N'UpToDate', @AppCalls = 0;
             INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
 
-            -- The pin: same object, same schema and name, same definition.
-            IF NOT EXISTS (
-                SELECT 1
-                FROM sys.objects AS o
-                INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
-                WHERE
-                    o.object_id = @ObjectId AND o.type = 'P'
-                    AND s.name = @SchemaName AND o.name = @ProcedureName
-                    AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
-            )
-                OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) IS NULL
-                OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) <> @DefinitionHash
+            -- The pin: same object, schema, name, owner and definition.
+            IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
             BEGIN
                 UPDATE h
                 SET
@@ -236,7 +174,9 @@ BEGIN
 
             -- QUOTENAMEd catalog names; the values are parameters, never text.
             SET @Sql = CONCAT(
-                N'SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
+                N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, ',
+                N'CONCAT_NULL_YIELDS_NULL ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; ',
+                N'SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
                 N' @EventID = @EventID, @MailID = @MailID, @AppName = @AppName, @EventType = @EventType,',
                 N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
                 N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
@@ -272,20 +212,12 @@ BEGIN
                 ORDER BY p.EventID ASC;
                 IF @@ROWCOUNT = 0 BREAK;
 
-                -- The pin again before every call (as delay.ResolveTarget at
-                -- each run): a hook altered, renamed, dropped or recreated
-                -- during this run is not called again in it.
-                IF NOT EXISTS (
-                    SELECT 1
-                    FROM sys.objects AS o
-                    INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
-                    WHERE
-                        o.object_id = @ObjectId AND o.type = 'P'
-                        AND s.name = @SchemaName AND o.name = @ProcedureName
-                        AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
-                )
-                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) IS NULL
-                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) <> @DefinitionHash
+                -- The pin again before every call: a hook altered, renamed,
+                -- dropped or recreated during this run is not called again in it.
+                SET @Modified = NULL;
+                SELECT @Modified = p.ModifyDate
+                FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
+                IF @Modified IS NULL
                 BEGIN
                     UPDATE h
                     SET
@@ -313,10 +245,13 @@ BEGIN
                     @GiveUp = 0;
                 UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
 
-                -- 1. The call, its stop and the cursor: one transaction.
+                -- 1. The call, its stop and the cursor: one transaction.  The hook
+                --    runs as MailqRunner: REVERT inside a module undoes only that
+                --    module's EXECUTE AS, so the hook cannot keep or undo ours.
+                SET @Changed = 0;
+                BEGIN TRANSACTION;
+                EXECUTE AS USER = N'MailqRunner';
                 BEGIN TRY
-                    BEGIN TRANSACTION;
-
                     EXEC sys.sp_executesql
                         @Sql,
                         @ParameterList,
@@ -329,65 +264,110 @@ BEGIN
                         @Detail = @Detail,
                         @StopMail = @StopMail OUTPUT,
                         @StopReason = @StopReason OUTPUT;
-
-                    -- 266 normally comes first; a count that still differs is the same fault.
-                    IF @@TRANCOUNT <> 1
-                        THROW 50297,
-                            N'The hook ended the transaction opened for it or left one of its own open.',
-                            1;
-
-                    IF @StopMail = 1
-                    BEGIN
-                        -- Only a mail not yet final: StopMail would refuse a
-                        -- final one (50260).  UPDLOCK: StopMail takes the same
-                        -- row's U lock next, in this transaction.
-                        SET @MailStatus = NULL;
-                        SELECT @MailStatus = q.Status
-                        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
-                        WHERE q.ID = @MailID;
-                        IF @MailStatus IN (N'UnSent', N'Sending')
-                        BEGIN
-                            SET @StopReason = COALESCE(
-                                NULLIF(LTRIM(RTRIM(@StopReason)), N''),
-                                CONCAT(
-                                    N'Stopped by the hook ', @Hook, N' on event ', @EventID, N' (', @EventType, N').'
-                                )
-                            );
-                            -- StopMail's one-row result is kept here, not sent to our caller.
-                            DELETE FROM @Stopped;
-                            INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
-                            EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
-                        END;
-                    END;
-
-                    -- The cursor, guarded: a re-registration with a new
-                    -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
-                    -- undoes this call instead of overwriting it.
-                    UPDATE h
-                    SET
-                        h.CursorEventID = @EventID,
-                        h.FailingEventID = NULL,
-                        h.FailCount = 0,
-                        h.LastError = NULL,
-                        h.LastRunAtUtc = SYSUTCDATETIME()
-                    FROM mailq.ApplicationHook AS h
-                    WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
-                    IF @@ROWCOUNT = 0
-                    BEGIN
-                        SET @Moved = 1;
-                        ROLLBACK TRANSACTION;
-                    END;
-                    ELSE
-                        COMMIT TRANSACTION;
                 END TRY
                 BEGIN CATCH
                     SELECT
                         @ErrorNumber = ERROR_NUMBER(),
                         @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
                         @TranCountInCatch = @@TRANCOUNT;
-                    -- Doomed (-1) or not (1): the call is undone as a whole.
-                    IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
                 END CATCH;
+                REVERT;
+
+                IF @ErrorNumber IS NULL
+                BEGIN
+                    BEGIN TRY
+                        -- 266 normally comes first; a count that still differs is the same fault.
+                        IF @@TRANCOUNT <> 1
+                            THROW 50297,
+                                N'The hook ended the transaction opened for it or left one of its own open.',
+                                1;
+
+                        -- The code that ran is the code that was checked (same ModifyDate).
+                        IF NOT EXISTS (
+                            SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
+                            WHERE p.ModifyDate = @Modified
+                        )
+                        BEGIN
+                            SET @Changed = 1;
+                            ROLLBACK TRANSACTION;
+                        END;
+
+                        IF @Changed = 0 AND @StopMail = 1
+                        BEGIN
+                            -- Only a mail not yet final: StopMail would refuse a
+                            -- final one (50260).  UPDLOCK: StopMail takes the same
+                            -- row's U lock next, in this transaction.
+                            SET @MailStatus = NULL;
+                            SELECT @MailStatus = q.Status
+                            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+                            WHERE q.ID = @MailID;
+                            IF @MailStatus IN (N'UnSent', N'Sending')
+                            BEGIN
+                                SET @StopReason = COALESCE(
+                                    NULLIF(LTRIM(RTRIM(@StopReason)), N''),
+                                    CONCAT(
+                                        N'Stopped by the hook ', @Hook, N' on event ', @EventID,
+                                        N' (', @EventType, N').'
+                                    )
+                                );
+                                -- StopMail's one-row result is kept here, not sent to our caller.
+                                DELETE FROM @Stopped;
+                                INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
+                                EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
+                            END;
+                        END;
+
+                        -- The cursor, guarded: a re-registration with a new
+                        -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
+                        -- undoes this call instead of overwriting it.
+                        IF @Changed = 0
+                        BEGIN
+                            UPDATE h
+                            SET
+                                h.CursorEventID = @EventID,
+                                h.FailingEventID = NULL,
+                                h.FailCount = 0,
+                                h.LastError = NULL,
+                                h.LastRunAtUtc = SYSUTCDATETIME()
+                            FROM mailq.ApplicationHook AS h
+                            WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                            IF @@ROWCOUNT = 0
+                            BEGIN
+                                SET @Moved = 1;
+                                ROLLBACK TRANSACTION;
+                            END;
+                            ELSE
+                                COMMIT TRANSACTION;
+                        END;
+                    END TRY
+                    BEGIN CATCH
+                        SELECT
+                            @ErrorNumber = ERROR_NUMBER(),
+                            @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
+                            @TranCountInCatch = @@TRANCOUNT;
+                        -- Doomed (-1) or not (1): the call is undone as a whole.
+                        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+                    END CATCH;
+                END;
+                -- A failed call: undone as a whole (doomed or not).
+                ELSE IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+
+                IF @Changed = 1
+                BEGIN
+                    UPDATE h
+                    SET
+                        h.LastError = CONCAT(
+                            N'Suspended: ', @Hook, N' was altered while it was called; the call was rolled back. ',
+                            N'Review it and run mailq.SetApplicationHook again.'
+                        ),
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App;
+                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                    SET @AppState = N'Suspended';
+                    BREAK;
+                END;
 
                 IF @Moved = 1
                 BEGIN

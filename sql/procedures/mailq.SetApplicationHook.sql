@@ -1,68 +1,33 @@
 /*
-mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the
-hook procedure of one application (docs/hooks.md).  The hook is called by
-mailq.RunApplicationHooks once per event of the application, in its own
-transaction, as the dispatcher's owner (dbo): registering one is a
-dbo-level decision, so this procedure is for db_owner only (no role is
-granted EXECUTE), like delay.AllowProcedure.
-The hook must:
-  - be an existing SQL procedure (type P) of this database, named with two
-    parts (N'billing.OnMailEvent', brackets allowed);
-  - live in a schema owned by dbo and have no other owner (sys.schemas
-    .principal_id = 1 and sys.objects.principal_id NULL or 1): a schema owned
-    by somebody else lets that principal replace the procedure's code;
-    the pin below catches an ALTER, the ownership rule keeps the decision
-    with dbo in the first place;
-  - not be a system procedure (sys, INFORMATION_SCHEMA, is_ms_shipped);
-  - take exactly these parameters (read from sys.parameters: name, type,
-    length, OUTPUT; order free, the dispatcher passes them by name; no other
-    parameter, because sys.parameters cannot say whether a T-SQL parameter
-    has a default: has_default_value "is always 0 for Transact-SQL objects",
-    https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-parameters-transact-sql):
-      @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128),
-      @EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT,
-      @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
-      @StopReason NVARCHAR(4000) OUTPUT
-  - have a readable definition (not WITH ENCRYPTION): it is pinned.
-Pinning:     the row stores the object_id and SHA2_256 of OBJECT_DEFINITION;
-             a hook altered, dropped or recreated later is suspended by the
-             dispatcher (no call, the cursor stays, LastError says why) until
-             this procedure is run again for it.
-Cursor:      a new registration starts at the end of the stream (the events
-             that commit from now on: MIN_ACTIVE_ROWVERSION() - 1, see
-             mailq.GetMailEvents); a re-registration keeps the cursor and
-             the retry state, so no event is passed twice or skipped.
-             @ResetCursorTo (optional) puts the cursor at that EventID (0 =
-             replay the application's whole stream still stored).
-Parameters:  @AppName NVARCHAR(128), required, a registered application;
-             @HookProcedure NVARCHAR(300): the hook, NULL = remove the hook;
-             @MaxAttempts INT = 3: calls of a failing event before it is given
-                 up (1-100);
-             @ResetCursorTo BIGINT = NULL: see Cursor.
-Result set:  one row: AppName, HookProcedure (NULL after a removal),
-             ObjectId, CursorEventID, MaxAttempts, Changed BIT (0: removing a
-             hook that was not there).
-Errors:      50290 @AppName missing or not a registered application;
-             50291 @HookProcedure not a two-part name of an existing SQL
-                   procedure of this database, or a system procedure;
-             50292 the procedure is in a schema not owned by dbo, or has
-                   another owner;
-             50293 the procedure's parameters differ from the hook signature
-                   (the message lists what is missing, wrong or extra);
-             50294 the definition cannot be read (WITH ENCRYPTION), so it
-                   cannot be pinned;
-             50295 @MaxAttempts outside 1-100, or @ResetCursorTo negative.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms the caller's
-             transaction, which the caller must roll back.  Validation runs
-             before any transaction.
-Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK update-else-insert;
-             a level set in a procedure reverts when it returns).
-Lock order:  mailq.ApplicationHook only (the application's row, key-range
-             locked while absent).
+mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the hook
+procedure of one application (docs/hooks.md).  The hook is called by
+mailq.RunApplicationHooks once per event, in its own transaction, as MailqRunner:
+registering grants MailqRunner EXECUTE on it, removing or replacing it revokes
+that (unless another application's hook is the same procedure).  For db_owner
+only (no role is granted EXECUTE; the GRANT needs it), like delay.AllowProcedure.
+The hook must be an existing SQL procedure named schema.procedure, not a system
+one, in a schema owned by dbo with no other owner on the procedure, with a
+readable definition (it is pinned: object_id and SHA2_256 of the definition), and
+take exactly these parameters (sys.parameters: name, type, length, OUTPUT; no
+others, since has_default_value "is always 0 for Transact-SQL objects"):
+  @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), @EventType NVARCHAR(32),
+  @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
+  @StopReason NVARCHAR(4000) OUTPUT
+Cursor:      a new registration starts at the end of the stream; a re-registration
+             keeps the cursor and retry state; @ResetCursorTo puts it at that EventID.
+Parameters:  @AppName NVARCHAR(128); @HookProcedure NVARCHAR(300) (NULL = remove);
+             @MaxAttempts INT = 3 (1-100); @ResetCursorTo BIGINT = NULL
+Result set:  one row: AppName, HookProcedure (NULL after a removal), ObjectId,
+             CursorEventID, MaxAttempts, Changed BIT (0: removing a hook that was not there)
+Errors:      50290 @AppName not a registered application; 50291 not an existing
+             two-part SQL procedure, or a system one; 50292 schema not owned by dbo,
+             or another owner; 50293 parameters differ from the signature; 50294
+             definition unreadable (WITH ENCRYPTION); 50295 @MaxAttempts or @ResetCursorTo
+Transaction: its own or the caller's (no savepoint); any error is re-raised and
+             dooms the caller's transaction.  Validation runs first.
+Isolation:   READ COMMITTED (UPDLOCK, HOLDLOCK update-else-insert).
+Lock order:  mailq.ApplicationHook only (the application's row).
 Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
-             EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = NULL;  -- remove
 */
 CREATE OR ALTER PROCEDURE mailq.SetApplicationHook
     @AppName NVARCHAR(128),
@@ -86,7 +51,9 @@ BEGIN
         @ObjectOwner INT,
         @Problems NVARCHAR(2000),
         @DefinitionHash VARBINARY(32),
-        @Changed BIT = 1;
+        @Changed BIT = 1,
+        @OldObjectId INT,
+        @Grant NVARCHAR(600);
 
     -- 1. Validate before any transaction starts.
     IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
@@ -146,7 +113,7 @@ BEGIN
         BEGIN
             SET @Msg = CONCAT(
                 N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
-                N' must be in a schema owned by dbo and have no other owner: hooks run as dbo; schema owner ',
+                N' must be in a schema owned by dbo and have no other owner; schema owner ',
                 QUOTENAME(USER_NAME(@SchemaOwner)), N', object owner ',
                 COALESCE(QUOTENAME(USER_NAME(@ObjectOwner)), N'(the schema''s)'), N'.'
             );
@@ -218,6 +185,10 @@ BEGIN
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
+        SELECT @OldObjectId = h.ObjectId
+        FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+        WHERE h.AppName = @AppName;
+
         IF @HookProcedure IS NULL
         BEGIN
             DELETE h
@@ -255,6 +226,27 @@ BEGIN
                     @AppName, @SchemaName, @Name, @ObjectId, @DefinitionHash, @MaxAttempts,
                     COALESCE(@ResetCursorTo, CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT) - 1)
                 );
+        END;
+
+        -- Hooks run as MailqRunner: it may execute exactly the registered hooks.
+        -- Catalog names, QUOTENAMEd.  The old hook's grant goes unless another
+        -- application still uses that procedure.
+        IF @OldObjectId IS NOT NULL AND @OldObjectId <> ISNULL(@ObjectId, 0)
+            AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationHook AS h WHERE h.ObjectId = @OldObjectId)
+            AND OBJECT_NAME(@OldObjectId) IS NOT NULL
+        BEGIN
+            SET @Grant = CONCAT(
+                N'REVOKE EXECUTE ON OBJECT::', QUOTENAME(OBJECT_SCHEMA_NAME(@OldObjectId)), N'.',
+                QUOTENAME(OBJECT_NAME(@OldObjectId)), N' FROM MailqRunner;'
+            );
+            EXEC sys.sp_executesql @Grant;
+        END;
+        IF @HookProcedure IS NOT NULL
+        BEGIN
+            SET @Grant = CONCAT(
+                N'GRANT EXECUTE ON OBJECT::', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name), N' TO MailqRunner;'
+            );
+            EXEC sys.sp_executesql @Grant;
         END;
 
         IF @OwnTran = 1 COMMIT TRANSACTION;

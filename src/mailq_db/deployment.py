@@ -118,7 +118,7 @@ def statement_text(sql: str) -> str:
 _NAME = r"(?:\[[^\]]+\]|[A-Za-z_#@][\w@$#]*)(?:\s*\.\s*(?:\[[^\]]+\]|[A-Za-z_][\w@$#]*))*"
 _CREATE = re.compile(
     r"\bCREATE\s+(?:OR\s+ALTER\s+)?"
-    r"(?P<kind>PROCEDURE|PROC|VIEW|FUNCTION|TRIGGER|TABLE|TYPE|SCHEMA|ROLE|QUEUE|SERVICE|CONTRACT"
+    r"(?P<kind>PROCEDURE|PROC|VIEW|FUNCTION|TRIGGER|TABLE|TYPE|SCHEMA|ROLE|USER|QUEUE|SERVICE|CONTRACT"
     r"|MESSAGE\s+TYPE|(?:UNIQUE\s+)?(?:NONCLUSTERED\s+|CLUSTERED\s+)?INDEX)\s+"
     rf"(?P<name>{_NAME})(?:\s+ON\s+(?P<parent>{_NAME}))?",
     re.I,
@@ -171,6 +171,9 @@ def drop_statement(obj: SqlObject) -> str | None:
     if obj.kind in simple:
         return simple[obj.kind]
     literal = _unbracket(n.split(".")[-1]).replace("'", "''")
+    if obj.kind == "user":
+        # A user WITHOUT LOGIN owns nothing here; what was granted to it goes with it.
+        return f"IF DATABASE_PRINCIPAL_ID(N'{literal}') IS NOT NULL\n    DROP USER {n}"
     if obj.kind == "role":
         # A role with members cannot be dropped: remove the members first.
         return (
@@ -1390,8 +1393,8 @@ def _guard_object(sql: str) -> str:
 
 def broker_catch_up_files(target: str, root: Path | None = None) -> list[tuple[str, str]]:
     """(file, revision) for every broker file at ``target``: the newest frozen
-    copy of each up to ``target``, in sql/BuildOrder.txt order (files the build
-    order no longer lists follow in the order they were first frozen)."""
+    copy of each up to ``target``, in sql/BuildOrder.txt order (below the head,
+    files the build order no longer lists follow in the order they were first frozen)."""
     newest: dict[str, str] = {}
     first_seen: list[str] = []
     for rev in revisions(root):
@@ -1407,7 +1410,10 @@ def broker_catch_up_files(target: str, root: Path | None = None) -> list[tuple[s
     except OSError:
         order = []
     ordered = [rel for rel in order if rel in newest]
-    ordered += [rel for rel in first_seen if rel not in ordered]
+    # Files the build order no longer lists belong to older revisions only: at
+    # the head they were retired (and their objects may no longer compile).
+    if target != head_revision(root):
+        ordered += [rel for rel in first_seen if rel not in ordered]
     return [(rel, newest[rel]) for rel in ordered]
 
 

@@ -5,7 +5,7 @@ every number mapped here exists there.  Blocks:
 
 * 50100-50199  mail-queue input            -> InvalidInputError
 * 50200-50299  mail state and fencing      -> MailStateError (LeaseLostError for fencing)
-* 50300-50399  delayed execution           -> DelayExecutionError
+* 50300-50399  delayed execution           -> DelayExecutionError (and 50540-50579)
 * 50400-50499  deployment checks           -> DeploymentCheckError
 * 50500-50519  who may send as whom, sending accounts -> InvalidInputError
 """
@@ -100,7 +100,7 @@ class BatchRowError(InvalidInputError):
 
 
 class DelayExecutionError(DatabaseError):
-    """Delayed-execution input or state error (50300-50399)."""
+    """Delayed-execution input or state error (50300-50399, 50540-50579)."""
 
 
 class DeploymentCheckError(DatabaseError):
@@ -137,6 +137,7 @@ _BLOCKS: list[tuple[range, type[DatabaseError]]] = [
     (range(50200, 50300), MailStateError),
     (range(50300, 50400), DelayExecutionError),
     (range(50400, 50500), DeploymentCheckError),
+    (range(50540, 50580), DelayExecutionError),  # delayed execution, third design (issue 23)
 ]
 
 # pyodbc messages look like:

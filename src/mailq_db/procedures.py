@@ -711,7 +711,7 @@ def finalize_mail(conn: Any, *, batch_size: int | None = None, max_batches: int 
 # --------------------------------------------------------------------------
 # One wrapper per public procedure of the delayed-execution half, so that
 # tests/static/test_exec_contract.py checks them against sql/ like the rest.
-# Errors 50300-50399 arrive as DelayExecutionError (mailq_db.errors).
+# Errors 50300-50399 and 50540-50579 arrive as DelayExecutionError (mailq_db.errors).
 
 INITIATE_DELAY_SQL = (
     "EXEC dbo.InitiateDelayExecution @F108211 = ?, @F108218 = ?, @F108212 = ?, @F108213 = ?, "
@@ -760,20 +760,24 @@ CANCEL_DELAY_SQL = "EXEC dbo.CancelDelayExecution @TaskID = ?;"
 
 
 def cancel_delay_execution(conn: Any, *, task_id: int) -> None:
-    """dbo.CancelDelayExecution: cancel a Scheduled or Retrying task (receipt 4).
+    """dbo.CancelDelayExecution: cancel a Pending or Held task (receipt 4).
 
     Members of MailqDelayCaller cancel only the tasks their own login
-    initiated (50342 otherwise); MailqAdmin and db_owner cancel any.
+    initiated (50342 otherwise); MailqAdmin and db_owner cancel any.  A task a
+    reader has claimed (running or about to) cannot be cancelled (50321).
     """
     _call(conn, CANCEL_DELAY_SQL, [task_id]).close()
 
 
-ALLOW_PROCEDURE_SQL = "EXEC delay.AllowProcedure @ProcedureName = ?, @AllowBareName = ?;"
+ALLOW_PROCEDURE_SQL = "EXEC delay.AllowProcedure @ProcedureName = ?, @AllowBareName = ?, @MaxReaders = ?;"
 
 
-def allow_procedure(conn: Any, *, procedure: str, allow_bare_name: bool = False) -> dict[str, Any]:
-    """delay.AllowProcedure (db_owner): list a procedure, pinned to its current definition."""
-    cursor = _call(conn, ALLOW_PROCEDURE_SQL, [procedure, 1 if allow_bare_name else 0])
+def allow_procedure(
+    conn: Any, *, procedure: str, allow_bare_name: bool = False, max_readers: int | None = None,
+) -> dict[str, Any]:
+    """delay.AllowProcedure (db_owner): list a procedure, pinned to its current
+    definition and granted to MailqRunner; its Held tasks run again (``Released``)."""
+    cursor = _call(conn, ALLOW_PROCEDURE_SQL, [procedure, 1 if allow_bare_name else 0, max_readers])
     try:
         rows = _dicts(cursor)
     finally:
@@ -784,26 +788,68 @@ def allow_procedure(conn: Any, *, procedure: str, allow_bare_name: bool = False)
 DISALLOW_PROCEDURE_SQL = "EXEC delay.DisallowProcedure @ProcedureName = ?;"
 
 
-def disallow_procedure(conn: Any, *, procedure: str) -> None:
-    """delay.DisallowProcedure (db_owner): take a procedure off the allow-list."""
-    _call(conn, DISALLOW_PROCEDURE_SQL, [procedure]).close()
+def disallow_procedure(conn: Any, *, procedure: str) -> int:
+    """delay.DisallowProcedure (db_owner): take a procedure off the allow-list;
+    returns how many of its Pending and Held tasks were refused."""
+    cursor = _call(conn, DISALLOW_PROCEDURE_SQL, [procedure])
+    try:
+        rows = _rows(cursor)
+    finally:
+        cursor.close()
+    return int(rows[0][0]) if rows else 0
 
 
-RECONCILE_SQL = "EXEC delay.Reconcile @Apply = ?, @ScheduleMissing = ?, @MaxRows = ?;"
+MONITOR_DELAY_SQL = (
+    "EXEC delay.Monitor @Apply = ?, @Raise = ?, @OverdueLimit = ?, @ScheduleMissing = ?, @MaxRows = ?;"
+)
 
 
-def reconcile_delayed_tasks(
-    conn: Any, *, apply: bool = True, schedule_missing: bool = False, max_rows: int | None = None,
+def monitor_delayed_execution(
+    conn: Any, *, apply: bool = True, raise_on_critical: bool = False, overdue_limit: int = 0,
+    schedule_missing: bool = False, max_rows: int = 1000,
 ) -> list[dict[str, Any]]:
-    """delay.Reconcile (MailqAdmin, db_owner): re-arm or fail tasks whose
-    conversation is gone, schedule or report platform rows without a task,
-    repair receipts; returns one dict per finding (Finding, TaskID, Action,
-    Detail).  A disabled queue is reported and raised (severity 16)."""
-    cursor = _call(conn, RECONCILE_SQL, [1 if apply else 0, 1 if schedule_missing else 0, max_rows])
+    """delay.Monitor (MailqAdmin): one dict per finding (Finding, Severity,
+    Detail, Fix).  ``apply`` repairs what it can (a lost dispatcher
+    conversation, orphaned runs); ``schedule_missing`` schedules platform rows
+    that have no task.  ``raise_on_critical`` makes a Critical finding raise
+    50545 after the findings (what an Agent job step wants)."""
+    cursor = _call(conn, MONITOR_DELAY_SQL, [
+        1 if apply else 0, 1 if raise_on_critical else 0, overdue_limit, 1 if schedule_missing else 0, max_rows,
+    ])
     try:
         return _dicts(cursor)
     finally:
         cursor.close()
+
+
+ENABLE_THIS_DATABASE_SQL = "EXEC delay.EnableThisDatabase @Confirm = ?;"
+
+
+def enable_this_database(conn: Any, *, confirm: bool) -> dict[str, Any]:
+    """delay.EnableThisDatabase (db_owner): this database (a restored copy with a
+    new broker identity, or the live one after NEW_BROKER) runs its tasks from now on."""
+    cursor = _call(conn, ENABLE_THIS_DATABASE_SQL, [1 if confirm else 0])
+    try:
+        rows = _dicts(cursor)
+    finally:
+        cursor.close()
+    return rows[0] if rows else {}
+
+
+PURGE_DELAY_SQL = "EXEC delay.PurgeHistory @OlderThanDays = ?, @BatchSize = ?, @MaxBatches = ?;"
+
+
+def purge_delay_history(
+    conn: Any, *, older_than_days: int | None = None, batch_size: int = 1000, max_batches: int = 100,
+) -> dict[str, Any]:
+    """delay.PurgeHistory (MailqAdmin): delete final tasks and log rows older
+    than the retention, in bounded batches (call on an autocommit connection)."""
+    cursor = _call(conn, PURGE_DELAY_SQL, [older_than_days, batch_size, max_batches])
+    try:
+        rows = _dicts(cursor)
+    finally:
+        cursor.close()
+    return rows[0] if rows else {}
 
 
 # --------------------------------------------------------------------------
@@ -1554,7 +1600,8 @@ START_HOOK_DISPATCHER_SQL = "EXEC mailq.StartHookDispatcher @IntervalSeconds = ?
 
 def start_hook_dispatcher(conn: Any, *, interval_seconds: int = 30, enabled: bool = True) -> dict[str, Any]:
     """mailq.StartHookDispatcher (delayed execution installed only): start,
-    re-time or (``enabled=False``) stop the self-re-arming dispatcher task."""
+    re-time or (``enabled=False``) stop the hook run of delayed execution's readers;
+    returns Enabled, IntervalSeconds, NextRunAtUtc, LastRunAtUtc, LastError."""
     return _dicts(_call(conn, START_HOOK_DISPATCHER_SQL, [interval_seconds, 1 if enabled else 0]))[0]
 
 

@@ -53,7 +53,9 @@ BROKER_KEYWORDS = (
     "POISON_MESSAGE_HANDLING PROCEDURE_NAME QUEUE REBUILD RECEIVE "
     "RELATED_CONVERSATION RELATED_CONVERSATION_GROUP REORGANIZE RETENTION "
     "SCHEMA SELF SEND SENT SERVICE STATUS TARGET TIMEOUT TIMER TO TOP TYPE "
-    "VALIDATION VALID_XML WAITFOR WELL_FORMED_XML WHERE WITH"
+    "VALIDATION VALID_XML WAITFOR WELL_FORMED_XML WHERE WITH "
+    # EXECUTE AS / REVERT statements (below)
+    "USER LOGIN CALLER NO REVERT COOKIE"
 ).split()
 
 
@@ -493,6 +495,49 @@ class WaitForConversationStatementSegment(BaseSegment):
     )
 
 
+class ExecuteAsStatementSegment(BaseSegment):
+    """The ``EXECUTE AS`` statement (not the module clause).
+
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/execute-as-transact-sql
+
+    Not Service Broker, but the delayed-execution reader switches to a
+    low-privilege user around each target with it, and sqlfluff 4.5.0 parses
+    only the module clause.
+    """
+
+    type = "execute_as_statement"
+    match_grammar = Sequence(
+        OneOf("EXEC", "EXECUTE"),
+        "AS",
+        OneOf(
+            Sequence(
+                OneOf("USER", "LOGIN"),
+                Ref("EqualsSegment"),
+                OneOf(Ref("QuotedLiteralSegmentOptWithN"), Ref("ParameterNameSegment")),
+                Sequence(
+                    "WITH",
+                    OneOf(Sequence("NO", "REVERT"), Sequence("COOKIE", "INTO", Ref("ParameterNameSegment"))),
+                    optional=True,
+                ),
+            ),
+            "CALLER",
+        ),
+    )
+
+
+class RevertStatementSegment(BaseSegment):
+    """``REVERT [ WITH COOKIE = @cookie ]``.
+
+    https://learn.microsoft.com/en-us/sql/t-sql/statements/revert-transact-sql
+    """
+
+    type = "revert_statement"
+    match_grammar = Sequence(
+        "REVERT",
+        Sequence("WITH", "COOKIE", Ref("EqualsSegment"), Ref("ParameterNameSegment"), optional=True),
+    )
+
+
 STATEMENT_SEGMENTS: tuple[type[BaseSegment], ...] = (
     CreateQueueStatementSegment,
     AlterQueueStatementSegment,
@@ -508,6 +553,8 @@ STATEMENT_SEGMENTS: tuple[type[BaseSegment], ...] = (
     ReceiveStatementSegment,
     GetConversationGroupStatementSegment,
     WaitForConversationStatementSegment,
+    ExecuteAsStatementSegment,
+    RevertStatementSegment,
 )
 OTHER_SEGMENTS: tuple[type[BaseSegment], ...] = (
     QueueReferenceSegment,

@@ -18,8 +18,10 @@
 * Never inside an acknowledgement: inside an open transaction the dispatcher
   refuses (50296); an acknowledgement never waits on a hook (a hook blocked on
   a lock does not delay MarkSent of another mail).
-* Delayed execution: StartHookDispatcher schedules one task; starting twice
-  keeps one pending task; the chain runs the hook; stop ends it.
+* Least privilege (issue 23): hooks run as MailqRunner, never dbo; the
+  registration grants it EXECUTE, removal revokes it.
+* Delayed execution: StartHookDispatcher starts (and re-times) the one
+  dispatcher row; the readers run the hooks; stop ends it.
 """
 
 from __future__ import annotations
@@ -185,21 +187,44 @@ def test_the_dispatcher_refuses_an_open_transaction(conn):
         execute(conn, "IF @@TRANCOUNT > 0 ROLLBACK;")
 
 
-def test_the_delayed_dispatcher_keeps_one_pending_task_and_runs_hooks(conn, account):
+def test_hooks_run_as_mailqrunner_not_dbo(conn, account):
+    """Issue 23 point 3: the one least-privilege mechanism of delayed targets and hooks."""
+    execute(conn, "IF OBJECT_ID(N'dbo.HookWho', N'U') IS NULL CREATE TABLE dbo.HookWho ("
+                  "EventID BIGINT, UserName SYSNAME, IsDbOwner INT, DynamicDenied INT);")
+    app = new_app(conn, "hookwho")
+    hook = make_hook(conn, "HookWho", """
+        DECLARE @Denied INT = 0;
+        BEGIN TRY EXEC (N'SELECT TOP (0) * FROM mailq.MailQueue'); END TRY BEGIN CATCH SET @Denied = 1; END CATCH;
+        INSERT INTO dbo.HookWho VALUES (@EventID, USER_NAME(), IS_MEMBER(N'db_owner'), @Denied);""")
+    procedures.set_application_hook(conn, app_name=app, hook_procedure=hook)
+    granted = ("SELECT COUNT(*) FROM sys.database_permissions WHERE grantee_principal_id = "
+               "DATABASE_PRINCIPAL_ID(N'MailqRunner') AND major_id = OBJECT_ID(N'dbo.HookWho') "
+               "AND permission_name = N'EXECUTE' AND state = 'G'")
+    assert scalar(conn, granted) == 1
+    enqueue(conn, account, app, n=1)
+    procedures.run_application_hooks(conn)
+    assert query(conn, "SELECT UserName, IsDbOwner, DynamicDenied FROM dbo.HookWho") == [("MailqRunner", 0, 1)]
+    assert scalar(conn, "SELECT USER_NAME()") == "dbo"     # reverted after the call
+    procedures.set_application_hook(conn, app_name=app, hook_procedure=None)
+    assert scalar(conn, granted) == 0
+
+
+def test_the_delayed_dispatcher_runs_hooks_on_the_readers(conn, account):
     if scalar(conn, "SELECT OBJECT_ID(N'mailq.StartHookDispatcher')") is None:
         pytest.skip("delayed execution is not deployed in this database")
     app = new_app(conn, "hookdelay")
     hook = make_hook(conn, "HookDelayed", "INSERT INTO dbo.HookSeen VALUES (@EventID, @MailID, @EventType);")
     procedures.set_application_hook(conn, app_name=app, hook_procedure=hook)
     first = procedures.start_hook_dispatcher(conn, interval_seconds=1)
-    again = procedures.start_hook_dispatcher(conn, interval_seconds=1)
-    assert again["Scheduled"] in (0, False) or first["Scheduled"] in (0, False)
+    again = procedures.start_hook_dispatcher(conn, interval_seconds=2)   # re-timed, still one dispatcher
+    assert first["Enabled"] and again["IntervalSeconds"] == 2
+    assert scalar(conn, "SELECT COUNT(*) FROM mailq.HookDispatcher") == 1
     enqueue(conn, account, app, n=1)
     deadline = time.monotonic() + 60
     while not seen(conn, app) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert [r[0] for r in seen(conn, app)] == ["Enqueued"]
-    pending = scalar(conn, "SELECT COUNT(*) FROM delay.Task WHERE TargetName LIKE N'%HookDispatcherTask%' "
-                           "AND TaskState IN (N'Scheduled', N'Retrying')")
-    assert pending <= 1
-    procedures.start_hook_dispatcher(conn, enabled=False)
+    state = procedures.start_hook_dispatcher(conn, enabled=False)
+    assert not state["Enabled"] and state["LastRunAtUtc"] is not None and state["LastError"] is None
+    # no task of delay.Task stands for the dispatcher any more
+    assert scalar(conn, "SELECT COUNT(*) FROM delay.Task WHERE TargetName LIKE N'%Hook%'") == 0

@@ -47,6 +47,8 @@ class Check:
 
 LIVENESS = ("-DNFAIR=3",)
 LIVE_ARGS = ("-a", "-f", "-m400000")
+#: delayexec.pml's checks store millions of states: compressed (COLLAPSE is lossless)
+DELAY_CC = ("-DSAFETY", "-DCOLLAPSE")
 
 CHECKS = [
     # ---- the mail protocol -------------------------------------------------
@@ -84,51 +86,57 @@ CHECKS = [
     Check("rate-window-old", "mailqueue.pml", ("-DRATE", "-DOLD_WINDOW"),
           expect_error=r"assertion violated \(charged\[seen\]<=",
           why="0001-0004: clock read before the budget lock, window reset backwards"),
-    # ---- delayed execution (dbo.ProcessDelayQueue, pattern (a)) -------------
-    Check("delay-safety", "delayexec.pml",
-          ("-DNO_ATTEMPT_CHECK", "-DNR=3", "-DMAXATT=3", "-DDIES=2"),
-          why="once per attempt, never two runs at once, queue never disabled"),
-    Check("delay-liveness", "delayexec.pml", ("-DLIVE", "-DNO_ATTEMPT_CHECK"),
-          LIVENESS, LIVE_ARGS,
-          why="the conversation ends and the task is final under weak fairness"),
-    Check("delay-stale-runner", "delayexec.pml", ("-DAPPLOCK_AFTER_COMMIT",),
-          expect_error=r"assertion violated \(att==my\)",
-          why="run lock taken after step 1's COMMIT (the first version): a watchdog "
-              "firing in between lets a lost runner start after a later attempt"),
-    Check("delay-applock-in-step1", "delayexec.pml",
-          ("-DNR=3", "-DMAXATT=3", "-DDIES=2"),
-          why="the procedure as written takes the run lock before step 1 commits"),
-    Check("delay-poison", "delayexec.pml", ("-DFAILS=5",),
-          expect_error=r"assertion violated \(rb<5\)",
-          why="5 failing bookkeeping transactions in a row would disable the queue"),
-    Check("delay-transient-failures", "delayexec.pml", ("-DFAILS=4", "-DNR=3"),
-          why="4 transient step-1/recovery failures (1205 redelivered once) never disable the queue"),
-    Check("delay-recovery-poison", "delayexec.pml", ("-DPOISON", "-DFAILS=1"),
-          why="a platform table that refuses every write (CHECK, trigger, permission): "
-              "no RECEIVE transaction writes it, the queue stays enabled"),
-    Check("delay-recovery-poison-5-readers", "delayexec.pml",
-          ("-DPOISON", "-DFAILS=0", "-DNR=5", "-DDIES=0", "-DERRS=0"),
-          why="the same with MAX_QUEUE_READERS 5"),
-    Check("delay-cancel", "delayexec.pml", ("-DCANCEL", "-DNR=3", "-DMAXATT=3", "-DDIES=2"),
-          why="a cancel at any moment: still once per attempt, never two runs, queue enabled"),
-    Check("delay-cancel-liveness", "delayexec.pml", ("-DLIVE", "-DNO_ATTEMPT_CHECK", "-DCANCEL"),
-          LIVENESS, LIVE_ARGS,
-          why="with a cancel the task still ends (Done, Failed or Cancelled)"),
-    Check("delay-old-recovery-poison", "delayexec.pml", ("-DPOISON", "-DOLD_RECOVERY", "-DFAILS=0"),
-          expect_error=r"assertion violated \(rb<5\)",
-          why="revision 0004's recovery called delay.FinishTask inside the RECEIVE: a refusing "
-              "platform table disables the queue"),
-    Check("delay-old-recovery-running", "delayexec.pml", ("-DOLD_RECOVERY", "-DFAILS=1"),
-          expect_error=r"assertion violated \(ts!=2\)",
-          why="revision 0004's recovery had no @@ROWCOUNT check: it failed a task another reader runs"),
-    Check("delay-recovery-any-message", "delayexec.pml", ("-DANY_MESSAGE_RECOVERY", "-DFAILS=2"),
-          expect_error=r"assertion violated \(iserr\|\|",
-          why="revisions 0006-0009: the recovery took the conversation's first message, which "
-              "may be a later one (the failed one taken by another reader): a healthy "
-              "conversation ended and recorded as an incident"),
-    Check("delay-recovery-later-message", "delayexec.pml", ("-DFAILS=3", "-DNR=3"),
-          why="revision 0010: the recovery takes only the message that failed (message_id), "
-              "rolls a later one back, and the queue stays enabled"),
+    # ---- delayed execution, third design (sql/broker/, issue 23) ------------
+    Check("delay-timer", "delayexec.pml", ("-DFAILS=0", "-DSLOW=0", "-DALTERS=0"), DELAY_CC,
+          why="two inserters, two readers: the timer is never lost (monitor Wake) and every "
+              "task runs, whatever the order of inserts, commits, passes and re-arms"),
+    Check("delay-timer-3-readers", "delayexec.pml",
+          ("-DNR=3", "-DFAILS=0", "-DSLOW=0", "-DALTERS=0", "-DMAXT=5", "-DHARD=12"), DELAY_CC,
+          why="the same with three readers"),
+    Check("delay-runs", "delayexec.pml", ("-DALTERS=0", "-DMAXT=4", "-DHARD=12"), DELAY_CC,
+          why="slow targets past their lease, a target that commits or rolls back (266), a "
+              "failure and its retry: the sweep never runs a task twice at once"),
+    Check("delay-fails", "delayexec.pml", ("-DALTERS=0", "-DSLOW=0", "-DMAXT=5", "-DHARD=12"),
+          DELAY_CC, why="a failing target is retried, then Failed; the timer follows the retry"),
+    Check("delay-hold", "delayexec.pml", ("-DFAILS=0", "-DSLOW=0", "-DMAXT=5", "-DHARD=12"),
+          DELAY_CC,
+          why="an ALTER before or during a run holds the task (B1); listed again, it runs"),
+    Check("delay-reader-dies", "delayexec.pml",
+          ("-DDIES=1", "-DNO_WAKE_CHECK", "-DFAILS=0", "-DSLOW=0", "-DALTERS=0"), DELAY_CC,
+          why="a reader dies mid-run: the safety tick re-armed with the RECEIVE and the "
+              "sweep still run every task (at least once)"),
+    Check("delay-replace", "delayexec.pml",
+          ("-DREPLACE", "-DFAILS=0", "-DSLOW=0", "-DALTERS=0"), DELAY_CC,
+          expect_error=r"assertion violated 0",
+          why="an inserter arming its own due time, not the earliest: BEGIN CONVERSATION "
+              "TIMER replaces the earlier inserter's timer, which is lost"),
+    Check("delay-read-before-write", "delayexec.pml",
+          ("-DREAD_BEFORE_WRITE", "-DFAILS=0", "-DSLOW=0", "-DALTERS=0"), DELAY_CC,
+          expect_error=r"assertion violated 0",
+          why="the reader reading the due index before writing delay.Dispatcher: a lost wake-up"),
+    Check("delay-readpast-min", "delayexec.pml",
+          ("-DREADPAST_MIN", "-DFAILS=0", "-DSLOW=0", "-DALTERS=0"), DELAY_CC,
+          expect_error=r"assertion violated 0",
+          why="the reader's first-due read skipping uncommitted rows: a lost wake-up"),
+    Check("delay-no-run-lock", "delayexec.pml",
+          ("-DNO_RUN_LOCK", "-DALTERS=0", "-DMAXT=4", "-DHARD=12"), DELAY_CC,
+          expect_error=r"assertion violated \(running\[t\]==0\)",
+          why="a run that does not hold its row: the sweep runs a slow task a second time"),
+    Check("delay-no-session-lock", "delayexec.pml",
+          ("-DNO_SESSION_LOCK", "-DALTERS=0", "-DMAXT=4", "-DHARD=12"), DELAY_CC,
+          expect_error=r"assertion violated \(running\[t\]==0\)",
+          why="without the run's session lock, a target that rolls back the transaction "
+              "opened for it (the run's mark with it) and runs on is swept and run again"),
+    Check("delay-refuse-changed", "delayexec.pml",
+          ("-DREFUSE_CHANGED", "-DFAILS=0", "-DSLOW=0", "-DMAXT=5", "-DHARD=12"), DELAY_CC,
+          expect_error=r"assertion violated .*changed&&\(st\[t\]==4\)",
+          why="the second design (finding B1): an ALTER refuses the tasks for good"),
+    Check("delay-no-safety-rearm", "delayexec.pml",
+          ("-DNO_SAFETY_REARM", "-DDIES=1", "-DNO_WAKE_CHECK", "-DFAILS=0", "-DSLOW=0",
+           "-DALTERS=0"), DELAY_CC,
+          expect_error=r"assertion violated .*changed&&\(st\[t\]==4\)",
+          why="without the tick re-armed with the RECEIVE, a reader dying mid-pass leaves "
+              "a claimed task and no timer"),
     # ---- the seed article: the checker must find its bugs --------------------
     Check("article-claim", "article_claim.pml",
           expect_error=r"assertion violated.*proc\[0\]",

@@ -63,7 +63,7 @@ def test_correct_exec_passes():
 def test_every_exec_in_sql_passes_the_required_parameters():
     problems, checked = check_sql_tree(ROOT / "sql")
     assert problems == []
-    assert checked >= 10  # ReleaseMail -> LockLeasedMail, the delay.FinishTask calls, ...
+    assert checked >= 10  # ReleaseMail -> LockLeasedMail, delay.RunDueTasks -> delay.RunTask, ...
 
 
 def test_module_exec_missing_a_required_parameter_is_reported(sql_copy):

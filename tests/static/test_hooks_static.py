@@ -12,10 +12,11 @@ the properties a reader could break without noticing:
   trigger;
 * broker gating: the queue-only script (`-x broker=off`, Azure SQL Database)
   has the registration and the dispatcher but nothing of delayed execution;
-  the full script allow-lists the dispatcher task after creating it, and the
-  downgrade removes the entry before dropping the procedure;
-* registration is for db_owner only (no grant), and the dispatcher task is
-  granted to nobody.
+  with delayed execution a reader runs the hooks when the hook run is due;
+* registration is for db_owner only (no grant);
+* hooks run as MailqRunner, never as dbo: registration grants EXECUTE on the
+  hook to it, the call is wrapped in EXECUTE AS USER ... REVERT, and the pin is
+  read again after the call in its transaction (the same ModifyDate).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ SQL = ROOT / "sql"
 GOLDEN = ROOT / "tests" / "static" / "golden"
 SET_HOOK = SQL / "procedures" / "mailq.SetApplicationHook.sql"
 RUN_HOOKS = SQL / "procedures" / "mailq.RunApplicationHooks.sql"
-TASK = SQL / "broker" / "mailq.HookDispatcherTask.sql"
 START = SQL / "broker" / "mailq.StartHookDispatcher.sql"
+DUE = SQL / "broker" / "delay.RunDueTasks.sql"
 
 
 def code(path: Path) -> str:
@@ -70,9 +71,30 @@ def test_the_signature_check_refuses_extra_parameters_and_reads_sys_parameters()
     assert "is not a hook parameter" in text
     assert re.search(r"p\.is_output <> e\.IsOutput", text)
     assert re.search(r"TYPE_NAME\(p\.user_type_id\) <> e\.TypeName", text)
-    # dbo-owned schema, no other owner, the pin
+    # dbo-owned schema, no other owner, the pin, the grant to the runner
     assert re.search(r"@SchemaOwner <> 1 OR COALESCE\(@ObjectOwner, 1\) <> 1", text)
     assert "HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId))" in text
+    assert "N' TO MailqRunner;'" in text and "N' FROM MailqRunner;'" in text
+
+
+def test_hooks_run_as_mailqrunner_and_are_checked_after_the_call():
+    text = code(RUN_HOOKS)
+    call = text.index("EXEC sys.sp_executesql")
+    execute_as = text.rindex("EXECUTE AS USER = N'MailqRunner';", 0, call)
+    revert = text.index("REVERT;", call)
+    assert re.fullmatch(r"\s*BEGIN TRY\s*", text[execute_as + len("EXECUTE AS USER = N'MailqRunner';"):
+                                                  text.index("EXEC sys.sp_executesql", execute_as)])
+    assert text.index("END CATCH;", call) < revert and "COOKIE" not in text
+    # the pin before the call (ModifyDate) and after it, in the call's transaction
+    before = text.rindex("FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash)", 0, call)
+    after = text.index("mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash)", revert)
+    assert before < call < after and "WHERE p.ModifyDate = @Modified" in text[after:after + 200]
+    assert "COMMIT" not in text[call:after]
+    # the same SET line as delayed targets, with the hooks' 5 s lock timeout
+    line = " ".join(re.findall(r"N'([^']*)'", re.search(r"SET @Sql = CONCAT\((.*?)\);", text, re.S).group(1)))
+    for option in ("CONCAT_NULL_YIELDS_NULL ON;", "SET NUMERIC_ROUNDABORT OFF;", "SET XACT_ABORT OFF;",
+                   "SET DEADLOCK_PRIORITY NORMAL;", "SET LOCK_TIMEOUT 5000;"):
+        assert option in line, option
 
 
 def test_the_dispatcher_refuses_a_caller_transaction_before_any_work():
@@ -124,8 +146,8 @@ def test_the_queue_only_script_has_hooks_but_no_delayed_execution():
     off = strip_comments((GOLDEN / "upgrade-head-broker-off.sql").read_text(encoding="utf-8"))
     assert "CREATE OR ALTER PROCEDURE mailq.RunApplicationHooks" in off
     assert "CREATE OR ALTER PROCEDURE mailq.SetApplicationHook" in off
-    for absent in ("mailq.HookDispatcherTask", "mailq.StartHookDispatcher", "mailq.HookDispatcher ",
-                   "dbo.InitiateDelayExecution", "delay.AllowProcedure"):
+    for absent in ("mailq.StartHookDispatcher", "mailq.HookDispatcher ", "dbo.InitiateDelayExecution",
+                   "delay.AllowProcedure", "delay.RunDueTasks"):
         assert absent not in off, absent
     # and nothing outside sql/broker/ names delayed execution's objects
     for path in SQL.rglob("*.sql"):
@@ -135,41 +157,18 @@ def test_the_queue_only_script_has_hooks_but_no_delayed_execution():
         assert "InitiateDelayExecution" not in text and "delay." not in text, path
 
 
-def test_the_full_script_lists_the_task_after_creating_it():
-    full = (GOLDEN / "upgrade-head.sql").read_text(encoding="utf-8")
-    created = full.index("CREATE OR ALTER PROCEDURE mailq.HookDispatcherTask")
-    listed = full.index("EXEC delay.AllowProcedure @ProcedureName = N'mailq.HookDispatcherTask'")
-    assert created < listed < full.index("CREATE OR ALTER PROCEDURE mailq.StartHookDispatcher")
-    down = (GOLDEN / "downgrade-head-base.sql").read_text(encoding="utf-8")
-    assert (down.index("EXEC delay.DisallowProcedure @ProcedureName = N'mailq.HookDispatcherTask'")
-            < down.index("DROP PROCEDURE IF EXISTS mailq.HookDispatcherTask"))
-
-
-def test_the_task_re_arms_before_it_steps_out_and_steps_back_in():
-    text = code(TASK)
-    rearm = text.index("EXEC dbo.InitiateDelayExecution")
-    commit = text.index("COMMIT TRANSACTION")
-    run = text.index("EXEC mailq.RunApplicationHooks")
-    begin = text.index("BEGIN TRANSACTION", run)
-    assert rearm < commit < run < begin
-    assert "@IdempotencyKey = @Key" in text
-    assert re.search(r"IF @Enabled = 1 AND @Generation = @Current", text)
-    # the dispatcher's own error is noted, never re-raised (no THROW after the step-out)
-    assert "THROW" not in text[commit:]
+def test_a_reader_runs_the_hooks_when_due_outside_any_transaction():
+    text = code(DUE)
+    claim = text.index("FROM mailq.HookDispatcher AS h WITH (READPAST, ROWLOCK)")
+    run = text.index("EXEC mailq.RunApplicationHooks @MaxEvents = 1000, @Quiet = 1;")
+    assert claim < run < text.index("BEGIN TRANSACTION")  # before the first claim's transaction
+    assert "h.NextRunAtUtc <= @Now" in text[claim:run]
     start = code(START)
-    assert "@IdempotencyKey = @Key" in start
-    assert re.search(r"TaskState IN \(N'Scheduled', N'Running', N'Retrying'\)", start)
+    assert "EXEC delay.ArmDispatcher @DueAtUtc = @Now;" in start and "THROW 50295" in start
 
 
 def test_grants():
     everything = "\n".join(strip_comments(p.read_text(encoding="utf-8")) for p in SQL.rglob("*.sql"))
     assert not re.search(r"GRANT\s+EXECUTE\s+ON\s+OBJECT::mailq\.SetApplicationHook", everything)
-    assert not re.search(r"GRANT\s+EXECUTE\s+ON\s+OBJECT::mailq\.HookDispatcherTask", everything)
     assert re.search(r"GRANT EXECUTE ON OBJECT::mailq\.RunApplicationHooks TO MailqAdmin;", everything)
     assert re.search(r"GRANT EXECUTE ON OBJECT::mailq\.StartHookDispatcher TO MailqAdmin;", everything)
-
-
-def test_the_baseline_allow_lists_the_dispatcher_after_creating_it():
-    frozen = (ROOT / "alembic" / "frozen" / "0001" / "FILES").read_text(encoding="utf-8").split()
-    assert "broker/mailq.HookDispatcherTask.allow.sql" in frozen
-    assert frozen.index("broker/mailq.HookDispatcherTask.sql") < frozen.index("broker/mailq.HookDispatcherTask.allow.sql")

@@ -106,7 +106,7 @@ def test_missing_object_is_reported(upgrade, downgrade):
 
 _CREATES = re.compile(
     r"\bCREATE\s+(?:OR\s+ALTER\s+)?(?:UNIQUE\s+)?(?:NONCLUSTERED\s+|CLUSTERED\s+)?"
-    r"(PROCEDURE|VIEW|FUNCTION|TRIGGER|TABLE|TYPE|SCHEMA|ROLE|QUEUE|SERVICE|CONTRACT|MESSAGE\s+TYPE|INDEX)\s+"
+    r"(PROCEDURE|VIEW|FUNCTION|TRIGGER|TABLE|TYPE|SCHEMA|ROLE|USER|QUEUE|SERVICE|CONTRACT|MESSAGE\s+TYPE|INDEX)\s+"
     r"(\[[^\]]+\]|[\w.]+)", re.I)
 
 

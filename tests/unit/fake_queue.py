@@ -38,15 +38,18 @@ class FakeConnection:
 
 
 class FakeCatalogCursor:
-    """Answers doctor's one catalog query (the database owner's login)."""
+    """Answers doctor's one catalog query (owner login, TRUSTWORTHY, chaining)."""
 
     owner_login: str | None = "sa"
+    trustworthy: int = 0
+    db_chaining: int = 0
+    server_chaining: int = 0
 
     def execute(self, sql: str, *params: Any) -> "FakeCatalogCursor":
         return self
 
-    def fetchone(self) -> tuple[str | None]:
-        return (self.owner_login,)
+    def fetchone(self) -> tuple[str | None, int, int, int]:
+        return (self.owner_login, self.trustworthy, self.db_chaining, self.server_chaining)
 
     def close(self) -> None:
         pass
@@ -106,6 +109,7 @@ class FakeQueue:
         #: what mailq.GetEventStreamStall answers (None: nothing held back)
         self.stall: Any = None
         self.health: list[dict[str, Any]] = []
+        self.delay_findings: list[dict[str, Any]] = []
         #: applications in dry-run (mailq.Application.DryRun, revision 0015)
         self.dry_run_apps: set[str] = set()
         for m in mails:
@@ -344,8 +348,9 @@ class FakeQueue:
         """A closed installation whose every enqueuing user is mapped (doctor: all OK)."""
         return self._apply("get_enqueue_policy", {}, lambda: EnqueuePolicy(False, None, None, True, []))
 
-    def reconcile_delayed_tasks(self, conn: Any, *, apply: bool = True, schedule_missing: bool = False,
-                                max_rows: int | None = None) -> list[dict[str, Any]]:
-        return self._apply("reconcile_delayed_tasks",
-                           dict(apply=apply, schedule_missing=schedule_missing, max_rows=max_rows),
-                           lambda: [])
+    def monitor_delayed_execution(self, conn: Any, *, apply: bool = True, raise_on_critical: bool = False,
+                                  overdue_limit: int = 0, schedule_missing: bool = False,
+                                  max_rows: int = 1000) -> list[dict[str, Any]]:
+        return self._apply("monitor_delayed_execution",
+                           dict(apply=apply, raise_on_critical=raise_on_critical),
+                           lambda: list(self.delay_findings))

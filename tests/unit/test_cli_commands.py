@@ -247,18 +247,40 @@ def test_metrics_endpoint_serves_prometheus_text():
     assert "mailq_worker_claim_seconds_count 1" in body
 
 
-def test_doctor_checks_the_owner_login_and_reconciles_report_only(fake, monkeypatch, capsys):
-    """Issue 11 point 9: activation runs EXECUTE AS OWNER; a restore to a server
-    without the owner's login stops every delayed task."""
+def test_doctor_checks_the_owner_login_trustworthy_chaining_and_the_monitor(fake, monkeypatch, capsys):
+    """Activation runs EXECUTE AS OWNER (a restore to a server without the
+    owner's login stops every delayed task); TRUSTWORTHY and cross-database
+    chaining widen what MailqRunner reaches; delay.Monitor runs report-only and
+    a Critical finding fails the doctor with its fix."""
     from fake_queue import FakeCatalogCursor
 
     monkeypatch.setattr("mailq_db.connection.find_driver", lambda available=None: "FreeTDS")
     monkeypatch.setattr("mailq_db.connection.pyodbc_problem", lambda: None)
     fake.health = []
-    main(["doctor"])
+    assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "[OK  ] Broker / Database owner login: owner login sa exists" in out
-    assert fake.calls_to("reconcile_delayed_tasks") == [{"apply": False, "schedule_missing": False, "max_rows": None}]
+    assert "[OK  ] Security / TRUSTWORTHY: OFF" in out
+    assert "[OK  ] Security / Cross-database ownership chaining: OFF" in out
+    assert "[OK  ] Broker / delay.Monitor: delayed execution runs its tasks" in out
+    assert fake.calls_to("monitor_delayed_execution") == [{"apply": False, "raise_on_critical": False}]
+
+    monkeypatch.setattr(FakeCatalogCursor, "trustworthy", 1)
+    monkeypatch.setattr(FakeCatalogCursor, "server_chaining", 1)
+    fake.delay_findings = [
+        {"Finding": "HeldTasks", "Severity": "Warning", "Detail": "3 task(s) of dbo.P held",
+         "Fix": "EXEC delay.AllowProcedure"},
+        {"Finding": "CopyNotEnabled", "Severity": "Critical", "Detail": "a copy",
+         "Fix": "EXEC delay.EnableThisDatabase"},
+    ]
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "[WARN] Security / TRUSTWORTHY: ON" in out and "SET TRUSTWORTHY OFF" in out
+    assert "[WARN] Security / Cross-database ownership chaining: ON (server)" in out
+    assert "[WARN] Broker / HeldTasks: 3 task(s) of dbo.P held" in out and "fix: EXEC delay.AllowProcedure" in out
+    assert "[FAIL] Broker / CopyNotEnabled: a copy" in out and "fix: EXEC delay.EnableThisDatabase" in out
+
+    fake.delay_findings = []
     monkeypatch.setattr(FakeCatalogCursor, "owner_login", None)
     assert main(["doctor"]) == 1
     out = capsys.readouterr().out

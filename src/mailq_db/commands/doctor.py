@@ -115,8 +115,8 @@ def server_checks(url: str | None) -> list[Check]:
     checks = [Check("Server", "Connectivity", "OK", "connected")]
     try:
         rows = procedures.get_installation_health(conn)
-        delay = delay_checks(conn)  # issue 11: the owner's login, delay.Reconcile (report only)
-        delay += enqueue_policy_checks(conn)  # issue 24 M3: who may send as whom
+        delay = delay_checks(conn)  # owner login, TRUSTWORTHY, chaining, delay.Monitor (report only)
+        delay += enqueue_policy_checks(conn)
         stall = stall_checks(conn)
     except DatabaseError as exc:
         if exc.number == NOT_DEPLOYED:
@@ -214,46 +214,63 @@ def drift_checks(conn) -> list[Check]:
         conn.close()
 
 
-#: The database owner's login: activation runs EXECUTE AS OWNER, which fails
-#: (and no delayed task runs) after a restore to a server without that login.
-OWNER_SQL = "SELECT SUSER_SNAME(d.owner_sid) AS OwnerLogin FROM sys.databases AS d WHERE d.database_id = DB_ID();"
+#: One row about the database: the owner's login (activation runs EXECUTE AS
+#: OWNER, which fails, and no delayed task runs, after a restore to a server
+#: without that login), TRUSTWORTHY, the database's cross-database ownership
+#: chaining, and the server's 'cross db ownership chaining' option.
+DATABASE_SQL = (
+    "SELECT SUSER_SNAME(d.owner_sid) AS OwnerLogin, d.is_trustworthy_on, d.is_db_chaining_on, "
+    "(SELECT CAST(c.value_in_use AS INT) FROM sys.configurations AS c WHERE c.name = N'cross db ownership chaining') "
+    "FROM sys.databases AS d WHERE d.database_id = DB_ID();"
+)
+
+
+def database_checks(row: Any) -> list[Check]:
+    """The owner's login, TRUSTWORTHY and cross-database ownership chaining: delayed
+    targets and hooks run as MailqRunner inside the database; TRUSTWORTHY (with a
+    powerful owner) or chaining would let that context reach beyond it."""
+    owner, trustworthy, db_chaining, server_chaining = (tuple(row) + (None,) * 4)[:4] if row else (None,) * 4
+    checks = [Check("Broker", "Database owner login", "OK", f"owner login {owner} exists") if owner else Check(
+        "Broker", "Database owner login", "FAIL",
+        "the database owner's SID maps to no login on this server (restored from another server?); "
+        "activation runs EXECUTE AS OWNER and fails, so no delayed task runs",
+        "ALTER AUTHORIZATION ON DATABASE::[YourDb] TO [an existing login]; (a DBA decision: that login owns dbo)")]
+    checks.append(Check("Security", "TRUSTWORTHY", "WARN" if trustworthy else "OK",
+                        "ON: an impersonated context (MailqRunner, activation's dbo) is trusted beyond this "
+                        "database" if trustworthy else "OFF",
+                        "ALTER DATABASE [YourDb] SET TRUSTWORTHY OFF; (use module signing for what needed it)"))
+    chaining = [name for name, on in (("database", db_chaining), ("server", server_chaining)) if on]
+    checks.append(Check("Security", "Cross-database ownership chaining", "WARN" if chaining else "OK",
+                        f"ON ({', '.join(chaining)}): a dbo-owned target or hook reaches other databases' "
+                        "dbo-owned objects unchecked" if chaining else "OFF",
+                        "ALTER DATABASE [YourDb] SET DB_CHAINING OFF; / EXEC sp_configure 'cross db ownership "
+                        "chaining', 0; RECONFIGURE;"))
+    return checks
 
 
 def delay_checks(conn: Any) -> list[Check]:
-    """Delayed execution: the database owner's login exists; delay.Reconcile
-    (report only) finds nothing to repair and the queue is enabled."""
-    checks: list[Check] = []
+    """Delayed execution: the database facts above, then delay.Monitor (report only):
+    a Critical finding fails, a Warning warns, each with its fix."""
     cursor = conn.cursor()
     try:
-        cursor.execute(OWNER_SQL)
+        cursor.execute(DATABASE_SQL)
         row = cursor.fetchone()
     finally:
         cursor.close()
-    owner = row[0] if row else None
-    if owner:
-        checks.append(Check("Broker", "Database owner login", "OK", f"owner login {owner} exists"))
-    else:
-        checks.append(Check(
-            "Broker", "Database owner login", "FAIL",
-            "the database owner's SID maps to no login on this server (restored from another server?); "
-            "activation runs EXECUTE AS OWNER and fails, so no delayed task runs",
-            "ALTER AUTHORIZATION ON DATABASE::[YourDb] TO [an existing login]; (a DBA decision: that login owns dbo)",
-        ))
+    checks = database_checks(row)
     try:
-        findings = procedures.reconcile_delayed_tasks(conn, apply=False)
+        findings = procedures.monitor_delayed_execution(conn, apply=False, raise_on_critical=False)
     except DatabaseError as exc:
         if exc.number == NOT_DEPLOYED:
             return checks  # delayed execution not deployed (-x broker=off)
-        checks.append(Check("Broker", "delay.Reconcile", "WARN", str(exc).splitlines()[0],
-                            "run as MailqAdmin or db_owner; a disabled queue: see docs/delayed-execution.md"))
+        checks.append(Check("Broker", "delay.Monitor", "WARN", str(exc).splitlines()[0],
+                            "run as MailqAdmin or db_owner (docs/delayed-execution.md, Operating)"))
         return checks
-    if findings:
-        kinds = sorted({str(f.get("Finding")) for f in findings})
-        checks.append(Check("Broker", "delay.Reconcile", "WARN",
-                            f"{len(findings)} finding(s): {', '.join(kinds)}",
-                            "EXEC delay.Reconcile;  (add @ScheduleMissing = 1 to schedule rows without a task)"))
-    else:
-        checks.append(Check("Broker", "delay.Reconcile", "OK", "nothing to reconcile"))
+    for f in findings:
+        checks.append(Check("Broker", str(f.get("Finding")), "FAIL" if f.get("Severity") == "Critical" else "WARN",
+                            str(f.get("Detail") or ""), f.get("Fix")))
+    if not findings:
+        checks.append(Check("Broker", "delay.Monitor", "OK", "delayed execution runs its tasks"))
     return checks
 
 

@@ -23,7 +23,7 @@ mail (@StopMail = 1).
   list        the hooks, whether each is still pinned, cursor, failures
   run         one dispatcher run (--loop: again every --interval seconds; the
               way to run hooks on Azure SQL Database without an Agent job)
-  dispatcher  start / re-time / stop the delayed-execution dispatcher task
+  dispatcher  start / re-time / stop the hook run of delayed execution
               (only where delayed execution is installed)
 
 examples:
@@ -196,6 +196,6 @@ def run_dispatcher(args) -> int:
     finally:
         conn.close()
     state = "enabled" if row["Enabled"] else "stopped"
-    print(f"hook dispatcher {state}: interval={row['IntervalSeconds']}s generation={row['Generation']} "
-          f"task={row['TaskID']} ({row['TaskState'] or '-'}){' scheduled now' if row['Scheduled'] else ''}")
+    print(f"hook dispatcher {state}: interval={row['IntervalSeconds']}s next run={row['NextRunAtUtc'] or '-'} "
+          f"last run={row['LastRunAtUtc'] or '-'}{' last error: ' + str(row['LastError']) if row['LastError'] else ''}")
     return 0

@@ -159,10 +159,11 @@ INSERT INTO @Dropped (Name, RowFilter, NeedsTable) VALUES
     (N'mailq.DbMailProfileAccount', NULL, NULL),
     (N'mailq.DbMailPrincipalProfile', NULL, NULL),
     (N'mailq.DbMailItem', NULL, NULL),
-    (N'delay.AllowedProcedure', N'NOT (SchemaName = N''mailq'' AND ProcedureName = N''HookDispatcherTask'')', NULL),
+    (N'delay.AllowedProcedure', NULL, NULL),
     (N'delay.Task', NULL, NULL),
+    (N'delay.TaskKey', NULL, NULL),
+    (N'delay.ReceiptDue', NULL, NULL),
     (N'delay.Log', NULL, NULL),
-    (N'delay.Incident', NULL, NULL),
     (N'dbo.tabDIYTable12402', N'EXISTS (SELECT 1 FROM delay.Installation AS i WHERE i.Item = N''dbo.tabDIYTable12402'' AND i.Detail = N''created'')', N'delay.Installation'),
     (N'mailq.HookDispatcher', NULL, NULL);
 DECLARE @Seq INT = 0, @Name NVARCHAR(300), @RowFilter NVARCHAR(1000), @NeedsTable NVARCHAR(300),
@@ -305,22 +306,8 @@ IF OBJECT_ID(N'delay.GetTaskMetrics') IS NOT NULL
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-IF OBJECT_ID(N'delay.GetTaskMetrics') IS NOT NULL
-    REVOKE EXECUTE ON OBJECT::delay.GetTaskMetrics FROM MailqAdmin;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
 IF OBJECT_ID(N'dbo.DelayServiceQueue') IS NOT NULL
     REVOKE VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue FROM MailqMonitor;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-IF OBJECT_ID(N'dbo.DelayServiceQueue') IS NOT NULL
-    REVOKE VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue FROM MailqAdmin;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-DROP PROCEDURE IF EXISTS delay.GetTaskMetrics;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -398,40 +385,13 @@ DROP PROCEDURE IF EXISTS mailq.StartHookDispatcher;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-IF OBJECT_ID(N'delay.DisallowProcedure', N'P') IS NOT NULL
-    AND EXISTS (
-        SELECT 1 FROM delay.AllowedProcedure AS ap
-        WHERE ap.SchemaName = N'mailq' AND ap.ProcedureName = N'HookDispatcherTask'
-    )
-    EXEC delay.DisallowProcedure @ProcedureName = N'mailq.HookDispatcherTask';
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-DROP PROCEDURE IF EXISTS mailq.HookDispatcherTask;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-DROP TABLE IF EXISTS mailq.HookDispatcher;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
 IF OBJECT_ID(N'delay.PendingTasks') IS NOT NULL
     REVOKE SELECT ON OBJECT::delay.PendingTasks FROM MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-IF OBJECT_ID(N'delay.RunningTasks') IS NOT NULL
-    REVOKE SELECT ON OBJECT::delay.RunningTasks FROM MailqAdmin;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-IF OBJECT_ID(N'delay.FailedTasks') IS NOT NULL
-    REVOKE SELECT ON OBJECT::delay.FailedTasks FROM MailqAdmin;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-IF OBJECT_ID(N'delay.RefusedTasks') IS NOT NULL
-    REVOKE SELECT ON OBJECT::delay.RefusedTasks FROM MailqAdmin;
+IF OBJECT_ID(N'delay.FinishedTasks') IS NOT NULL
+    REVOKE SELECT ON OBJECT::delay.FinishedTasks FROM MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -440,13 +400,28 @@ IF OBJECT_ID(N'delay.Health') IS NOT NULL
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-IF OBJECT_ID(N'dbo.CancelDelayExecution') IS NOT NULL
-    REVOKE EXECUTE ON OBJECT::dbo.CancelDelayExecution FROM MailqAdmin;
+IF OBJECT_ID(N'dbo.DelayServiceQueue') IS NOT NULL
+    REVOKE VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue FROM MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-IF OBJECT_ID(N'delay.Reconcile') IS NOT NULL
-    REVOKE EXECUTE ON OBJECT::delay.Reconcile FROM MailqAdmin;
+IF OBJECT_ID(N'delay.GetTaskMetrics') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::delay.GetTaskMetrics FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'delay.Monitor') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::delay.Monitor FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'delay.PurgeHistory') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::delay.PurgeHistory FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'dbo.CancelDelayExecution') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::dbo.CancelDelayExecution FROM MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -460,19 +435,15 @@ IF OBJECT_ID(N'dbo.CancelDelayExecution') IS NOT NULL
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
+DROP PROCEDURE IF EXISTS delay.GetTaskMetrics;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
 DROP VIEW IF EXISTS delay.Health;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-DROP VIEW IF EXISTS delay.RefusedTasks;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-DROP VIEW IF EXISTS delay.FailedTasks;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-DROP VIEW IF EXISTS delay.RunningTasks;
+DROP VIEW IF EXISTS delay.FinishedTasks;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -480,7 +451,15 @@ DROP VIEW IF EXISTS delay.PendingTasks;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-DROP PROCEDURE IF EXISTS delay.Reconcile;
+DROP PROCEDURE IF EXISTS delay.PurgeHistory;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP PROCEDURE IF EXISTS delay.Monitor;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP PROCEDURE IF EXISTS delay.EnableThisDatabase;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -493,10 +472,6 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 DROP PROCEDURE IF EXISTS dbo.CancelDelayExecution;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-DROP PROCEDURE IF EXISTS delay.CancelTask;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -517,15 +492,27 @@ DROP PROCEDURE IF EXISTS dbo.ProcessDelayQueue;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-DROP PROCEDURE IF EXISTS delay.RecordOutcome;
+DROP PROCEDURE IF EXISTS delay.RunDueTasks;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-DROP PROCEDURE IF EXISTS delay.FinishTask;
+DROP PROCEDURE IF EXISTS delay.RunTask;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-DROP FUNCTION IF EXISTS delay.ResolveTarget;
+DROP PROCEDURE IF EXISTS delay.WriteReceipts;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP PROCEDURE IF EXISTS delay.ArmDispatcher;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP FUNCTION IF EXISTS delay.CheckTarget;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP FUNCTION IF EXISTS delay.Classify;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -549,6 +536,10 @@ IF EXISTS (SELECT 1 FROM sys.service_message_types WHERE name = N'MailqDelayRequ
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
+DROP TABLE IF EXISTS mailq.HookDispatcher;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
 IF OBJECT_ID(N'delay.Installation', N'U') IS NOT NULL
 BEGIN
     IF EXISTS (
@@ -560,7 +551,7 @@ END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-DROP TABLE IF EXISTS delay.Incident;
+DROP TABLE IF EXISTS delay.Dispatcher;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -573,18 +564,21 @@ DROP TABLE IF EXISTS delay.Log;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-IF OBJECT_ID(N'delay.Task') IS NOT NULL
-    DROP INDEX IF EXISTS UX_Task_IdempotencyKey ON delay.Task;
+DROP TABLE IF EXISTS delay.ReceiptDue;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP TABLE IF EXISTS delay.TaskKey;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 IF OBJECT_ID(N'delay.Task') IS NOT NULL
-    DROP INDEX IF EXISTS IX_Task_TaskState_NextRunAtUtc ON delay.Task;
+    DROP INDEX IF EXISTS IX_Task_FinishedAtUtc ON delay.Task;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 IF OBJECT_ID(N'delay.Task') IS NOT NULL
-    DROP INDEX IF EXISTS UX_Task_ConversationHandle ON delay.Task;
+    DROP INDEX IF EXISTS IX_Task_Due ON delay.Task;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -1265,6 +1259,10 @@ DROP TYPE IF EXISTS mailq.MailBatchRow;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
+DROP FUNCTION IF EXISTS mailq.HookPin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
 DROP FUNCTION IF EXISTS mailq.ParseIDList;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
@@ -1381,6 +1379,11 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 DROP TABLE IF EXISTS mailq.SendingAccount;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF DATABASE_PRINCIPAL_ID(N'MailqRunner') IS NOT NULL
+    DROP USER MailqRunner;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO

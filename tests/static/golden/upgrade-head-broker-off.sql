@@ -233,6 +233,23 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
+User MailqRunner: the one identity registered code runs as: every
+delayed-execution target (delay.RunTask) and every hook (mailq.RunApplicationHooks)
+is called inside EXECUTE AS USER = N'MailqRunner' ... REVERT, never as dbo.
+WITHOUT LOGIN: nobody can connect as it; only dbo (and db_owner members)
+may impersonate it.  It holds EXECUTE on exactly the listed targets and the
+registered hooks (granted by delay.AllowProcedure and mailq.SetApplicationHook,
+revoked when they are taken off) and nothing else: what a target or hook reaches
+beyond that is by ownership chaining from a dbo-owned module, and DDL, permission
+changes or impersonation inside it (a callee's, a trigger's) run with these rights.
+Part of the mail queue (hooks deploy without Service Broker too).
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqRunner') IS NULL
+    CREATE USER MailqRunner WITHOUT LOGIN;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
 mailq.SendingAccount: one row per sending account.  SMTP host and credentials
 never live here: the worker's configuration maps AccountName to them.
     PerMinuteLimit / PerHourLimit / PerDayLimit  NULL = unlimited; enforced at
@@ -1021,6 +1038,43 @@ RETURN (
     FROM OPENJSON(@IDList) AS j
     WHERE j.[type] = 2 AND TRY_CAST(j.[value] AS BIGINT) IS NOT NULL
 );
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.HookPin: the registered hook as it is now, if it is still the procedure
+that was registered: same object_id, schema, name, owner (dbo) and definition
+(SHA2_256 of OBJECT_DEFINITION = the pinned hash).  No row otherwise.
+mailq.RunApplicationHooks reads it before every call and, in the call's
+transaction, again after it: the same ModifyDate both times means nothing
+altered the hook in between (docs/hooks.md, "The check and the call").
+Parameters:  @ObjectId INT, @SchemaName SYSNAME, @ProcedureName SYSNAME,
+             @DefinitionHash VARBINARY(32): mailq.ApplicationHook's pin
+Result set:  zero or one row: ModifyDate DATETIME (sys.objects.modify_date)
+Security:    the catalog shows a procedure only to whoever may see it: the
+             dispatcher reads it as dbo (EXECUTE AS OWNER).
+Example:     SELECT ModifyDate FROM mailq.HookPin(@ObjectId, N'billing', N'OnMailEvent', @Hash);
+*/
+CREATE OR ALTER FUNCTION mailq.HookPin(
+    @ObjectId INT,
+    @SchemaName SYSNAME,
+    @ProcedureName SYSNAME,
+    @DefinitionHash VARBINARY(32)
+)
+RETURNS TABLE
+AS
+RETURN
+SELECT ModifyDate = o.modify_date
+FROM sys.objects AS o
+INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+WHERE
+    o.object_id = @ObjectId
+    AND o.type = 'P'
+    AND s.name = @SchemaName
+    AND o.name = @ProcedureName
+    AND s.principal_id = 1
+    AND COALESCE(o.principal_id, 1) = 1
+    AND HASHBYTES('SHA2_256', OBJECT_DEFINITION(o.object_id)) = @DefinitionHash;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -5558,70 +5612,35 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the
-hook procedure of one application (docs/hooks.md).  The hook is called by
-mailq.RunApplicationHooks once per event of the application, in its own
-transaction, as the dispatcher's owner (dbo): registering one is a
-dbo-level decision, so this procedure is for db_owner only (no role is
-granted EXECUTE), like delay.AllowProcedure.
-The hook must:
-  - be an existing SQL procedure (type P) of this database, named with two
-    parts (N'billing.OnMailEvent', brackets allowed);
-  - live in a schema owned by dbo and have no other owner (sys.schemas
-    .principal_id = 1 and sys.objects.principal_id NULL or 1): a schema owned
-    by somebody else lets that principal replace the procedure's code;
-    the pin below catches an ALTER, the ownership rule keeps the decision
-    with dbo in the first place;
-  - not be a system procedure (sys, INFORMATION_SCHEMA, is_ms_shipped);
-  - take exactly these parameters (read from sys.parameters: name, type,
-    length, OUTPUT; order free, the dispatcher passes them by name; no other
-    parameter, because sys.parameters cannot say whether a T-SQL parameter
-    has a default: has_default_value "is always 0 for Transact-SQL objects",
-    https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-parameters-transact-sql):
-      @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128),
-      @EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT,
-      @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
-      @StopReason NVARCHAR(4000) OUTPUT
-  - have a readable definition (not WITH ENCRYPTION): it is pinned.
-Pinning:     the row stores the object_id and SHA2_256 of OBJECT_DEFINITION;
-             a hook altered, dropped or recreated later is suspended by the
-             dispatcher (no call, the cursor stays, LastError says why) until
-             this procedure is run again for it.
-Cursor:      a new registration starts at the end of the stream (the events
-             that commit from now on: MIN_ACTIVE_ROWVERSION() - 1, see
-             mailq.GetMailEvents); a re-registration keeps the cursor and
-             the retry state, so no event is passed twice or skipped.
-             @ResetCursorTo (optional) puts the cursor at that EventID (0 =
-             replay the application's whole stream still stored).
-Parameters:  @AppName NVARCHAR(128), required, a registered application;
-             @HookProcedure NVARCHAR(300): the hook, NULL = remove the hook;
-             @MaxAttempts INT = 3: calls of a failing event before it is given
-                 up (1-100);
-             @ResetCursorTo BIGINT = NULL: see Cursor.
-Result set:  one row: AppName, HookProcedure (NULL after a removal),
-             ObjectId, CursorEventID, MaxAttempts, Changed BIT (0: removing a
-             hook that was not there).
-Errors:      50290 @AppName missing or not a registered application;
-             50291 @HookProcedure not a two-part name of an existing SQL
-                   procedure of this database, or a system procedure;
-             50292 the procedure is in a schema not owned by dbo, or has
-                   another owner;
-             50293 the procedure's parameters differ from the hook signature
-                   (the message lists what is missing, wrong or extra);
-             50294 the definition cannot be read (WITH ENCRYPTION), so it
-                   cannot be pinned;
-             50295 @MaxAttempts outside 1-100, or @ResetCursorTo negative.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms the caller's
-             transaction, which the caller must roll back.  Validation runs
-             before any transaction.
-Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK update-else-insert;
-             a level set in a procedure reverts when it returns).
-Lock order:  mailq.ApplicationHook only (the application's row, key-range
-             locked while absent).
+mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the hook
+procedure of one application (docs/hooks.md).  The hook is called by
+mailq.RunApplicationHooks once per event, in its own transaction, as MailqRunner:
+registering grants MailqRunner EXECUTE on it, removing or replacing it revokes
+that (unless another application's hook is the same procedure).  For db_owner
+only (no role is granted EXECUTE; the GRANT needs it), like delay.AllowProcedure.
+The hook must be an existing SQL procedure named schema.procedure, not a system
+one, in a schema owned by dbo with no other owner on the procedure, with a
+readable definition (it is pinned: object_id and SHA2_256 of the definition), and
+take exactly these parameters (sys.parameters: name, type, length, OUTPUT; no
+others, since has_default_value "is always 0 for Transact-SQL objects"):
+  @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), @EventType NVARCHAR(32),
+  @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
+  @StopReason NVARCHAR(4000) OUTPUT
+Cursor:      a new registration starts at the end of the stream; a re-registration
+             keeps the cursor and retry state; @ResetCursorTo puts it at that EventID.
+Parameters:  @AppName NVARCHAR(128); @HookProcedure NVARCHAR(300) (NULL = remove);
+             @MaxAttempts INT = 3 (1-100); @ResetCursorTo BIGINT = NULL
+Result set:  one row: AppName, HookProcedure (NULL after a removal), ObjectId,
+             CursorEventID, MaxAttempts, Changed BIT (0: removing a hook that was not there)
+Errors:      50290 @AppName not a registered application; 50291 not an existing
+             two-part SQL procedure, or a system one; 50292 schema not owned by dbo,
+             or another owner; 50293 parameters differ from the signature; 50294
+             definition unreadable (WITH ENCRYPTION); 50295 @MaxAttempts or @ResetCursorTo
+Transaction: its own or the caller's (no savepoint); any error is re-raised and
+             dooms the caller's transaction.  Validation runs first.
+Isolation:   READ COMMITTED (UPDLOCK, HOLDLOCK update-else-insert).
+Lock order:  mailq.ApplicationHook only (the application's row).
 Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
-             EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = NULL;  -- remove
 */
 CREATE OR ALTER PROCEDURE mailq.SetApplicationHook
     @AppName NVARCHAR(128),
@@ -5645,7 +5664,9 @@ BEGIN
         @ObjectOwner INT,
         @Problems NVARCHAR(2000),
         @DefinitionHash VARBINARY(32),
-        @Changed BIT = 1;
+        @Changed BIT = 1,
+        @OldObjectId INT,
+        @Grant NVARCHAR(600);
 
     -- 1. Validate before any transaction starts.
     IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
@@ -5705,7 +5726,7 @@ BEGIN
         BEGIN
             SET @Msg = CONCAT(
                 N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
-                N' must be in a schema owned by dbo and have no other owner: hooks run as dbo; schema owner ',
+                N' must be in a schema owned by dbo and have no other owner; schema owner ',
                 QUOTENAME(USER_NAME(@SchemaOwner)), N', object owner ',
                 COALESCE(QUOTENAME(USER_NAME(@ObjectOwner)), N'(the schema''s)'), N'.'
             );
@@ -5777,6 +5798,10 @@ BEGIN
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
+        SELECT @OldObjectId = h.ObjectId
+        FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+        WHERE h.AppName = @AppName;
+
         IF @HookProcedure IS NULL
         BEGIN
             DELETE h
@@ -5816,6 +5841,27 @@ BEGIN
                 );
         END;
 
+        -- Hooks run as MailqRunner: it may execute exactly the registered hooks.
+        -- Catalog names, QUOTENAMEd.  The old hook's grant goes unless another
+        -- application still uses that procedure.
+        IF @OldObjectId IS NOT NULL AND @OldObjectId <> ISNULL(@ObjectId, 0)
+            AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationHook AS h WHERE h.ObjectId = @OldObjectId)
+            AND OBJECT_NAME(@OldObjectId) IS NOT NULL
+        BEGIN
+            SET @Grant = CONCAT(
+                N'REVOKE EXECUTE ON OBJECT::', QUOTENAME(OBJECT_SCHEMA_NAME(@OldObjectId)), N'.',
+                QUOTENAME(OBJECT_NAME(@OldObjectId)), N' FROM MailqRunner;'
+            );
+            EXEC sys.sp_executesql @Grant;
+        END;
+        IF @HookProcedure IS NOT NULL
+        BEGIN
+            SET @Grant = CONCAT(
+                N'GRANT EXECUTE ON OBJECT::', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name), N' TO MailqRunner;'
+            );
+            EXEC sys.sp_executesql @Grant;
+        END;
+
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -5851,87 +5897,33 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each
-application with a hook (mailq.ApplicationHook), reads its events after the
-stored cursor with mailq.GetMailEvents' commit-safe bound (only rows below
-MIN_ACTIVE_ROWVERSION(), read with READCOMMITTEDLOCK after the bound), and
-calls the hook once per event, in EventID order, each call in its OWN
-transaction:
-  BEGIN TRANSACTION; EXEC the hook (sp_executesql, parameters by name);
-  @StopMail = 1 on a mail still UnSent or Sending: EXEC mailq.StopMail
-  (TinyMail's stop(); on a mail already final nothing happens); advance the
-  cursor; COMMIT.  The cursor moves in the same transaction as the hook's
-  work: a call is either wholly done and passed, or wholly undone.
-Failures (TRY/CATCH around the EXEC; the hook is a lower execution level,
-so even its compile and name-resolution errors reach our CATCH; TRY...CATCH
-(Transact-SQL), "Errors unaffected by a TRY...CATCH construct":
-https://learn.microsoft.com/sql/t-sql/language-elements/try-catch-transact-sql):
-  - the hook throws, or dooms the transaction (XACT_STATE() = -1, e.g. any
-    error under its own XACT_ABORT ON): everything is rolled back (a doomed
-    transaction "can only request a full rollback", XACT_STATE (Transact-SQL),
-    https://learn.microsoft.com/sql/t-sql/functions/xact-state-transact-sql);
-    the failure is counted (FailingEventID/FailCount) in a transaction of its
-    own and the application waits for the next run; after MaxAttempts failed
-    calls of the same event it is written to mailq.ApplicationHookFailure and
-    the cursor moves past it (poison-proof: one bad event never stops the
-    later ones);
-  - the hook leaves a transaction of its own open: SQL Server raises 266 at
-    its return ("@@TRANCOUNT has a different value when a stored procedure
-    finishes than it had when the procedure was executed", Rollbacks and
-    commits in stored procedures and triggers,
-    https://learn.microsoft.com/previous-versions/sql/sql-server-2008-r2/ms187844(v=sql.105));
-    all of it is rolled back and counted as a failed call;
-  - the hook commits or rolls back the transaction opened for it (266 with
-    no transaction left): its work may be committed, so it is not called
-    again: recorded in mailq.ApplicationHookFailure at once, cursor moved.
-  - a hook waits on a lock longer than 5 s: error 1222 (SET LOCK_TIMEOUT
-    5000 for the hook's batch; a SET in a batch run by sp_executesql reverts
-    when it returns), a failed call like any other.
-A hook whose procedure was altered, dropped or recreated since it was
-registered is suspended: not called, cursor kept, LastError says why, until
-mailq.SetApplicationHook re-registers it.  The pin is checked before every
-call, not once per run, so a change during a run stops the next call.
-Never inside an acknowledging transaction: it refuses to run inside any open
-transaction (50296), so no worker's MarkSent/MarkFailed/FinalizeMail can wait
-on a hook, and a hook's failure cannot undo an acknowledgement.  The events
-it reads are committed already; it never locks queue rows except the one
-mail a hook stops (through mailq.StopMail, briefly).
-One dispatcher at a time: a session-owned application lock
-(N'mailq.RunApplicationHooks', timeout 0); a second caller returns at once
-with State 'Busy'.
-Security:    EXECUTE AS OWNER: hooks run as dbo (that is why only db_owner
-             registers them, in dbo-owned schemas, pinned).  Granted to
-             MailqAdmin (an Agent or elastic job runs it on Azure SQL
-             Database; the delayed-execution dispatcher elsewhere).
-Parameters:  @MaxEvents INT = 500: hook calls in this run, all applications
-             together (1-5000); @Quiet BIT = 0: 1 returns no result set (the
-             delayed-execution task).
+application with a hook, reads its events after the stored cursor (the commit-safe
+bound of mailq.GetMailEvents) and calls the hook once per event, in EventID order,
+each call in its own transaction: the hook; @StopMail = 1 on a mail still UnSent or
+Sending -> mailq.StopMail; the cursor moves.  Each application gets an equal share
+of @MaxEvents.  One dispatcher at a time (a session application lock; a second
+caller gets State 'Busy').
+The call: as MailqRunner (EXECUTE AS USER ... REVERT: never as dbo), after one SET
+line (ANSI options ON, NUMERIC_ROUNDABORT OFF, XACT_ABORT OFF, DEADLOCK_PRIORITY
+NORMAL, LOCK_TIMEOUT 5000), and only while mailq.HookPin finds the registered
+procedure; read again after the call in its transaction: a hook altered meanwhile
+is rolled back and suspended (LastError) until mailq.SetApplicationHook again.
+Failures: a throwing or dooming hook is rolled back and counted; after MaxAttempts
+the event goes to mailq.ApplicationHookFailure and the cursor passes it; a hook that
+ends the transaction opened for it (266, none left) is given up at once (its work
+may be committed); one that leaves one open is rolled back (50297/266).
+Parameters:  @MaxEvents INT = 500 (1-5000); @Quiet BIT = 0 (1: no result set)
 Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
-             HookProcedure, Calls INT (hook calls made), Succeeded INT,
-             FailedCalls INT, GivenUp INT (events written to
-             mailq.ApplicationHookFailure), CursorEventID BIGINT, State
-             NVARCHAR(16): UpToDate | More (its share of @MaxEvents, an equal
-             part per hooked application, or the budget used up) | Retrying (a
-             failed call waits for the next run) | Suspended (hook changed or
-             gone) | Moved (the hook was re-registered meanwhile); or one row
+             HookProcedure, Calls, Succeeded, FailedCalls, GivenUp, CursorEventID,
+             State (UpToDate | More | Retrying | Suspended | Moved); or one row
              with AppName NULL and State 'Busy'.
-Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open
-             transaction.  50297 (the hook changed the transaction count) is
-             recorded as that call's error, never raised.  A hook's errors are never re-raised: they are
-             recorded (LastError, mailq.ApplicationHookFailure).
-Transaction: none open on entry (50296); one transaction per hook call
-             (hook + StopMail + cursor), one per failure record; never one
-             around two calls.  A batch procedure: it refuses a caller's
-             transaction, as PurgeMail does.
-Isolation:   sets READ COMMITTED itself; events read with READCOMMITTEDLOCK
-             below the bound read first (see mailq.GetMailEvents).
-Lock order:  per call: whatever the hook locks, then mailq.MailQueue (the
-             stopped mail, through StopMail: MailQueue, MailEvent,
-             MailAttempt), then mailq.ApplicationHook (the application's
-             row); failure records: mailq.ApplicationHookFailure, then
-             mailq.ApplicationHook.
-Plan:        per application one range seek on IX_MailEvent_AppName between
-             the cursor and the bound, TOP (remaining budget): the same cost
-             at any event-table size; mailq.ApplicationHook by its key.
+Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open transaction.
+Transaction: none open on entry; one per hook call, one per failure record.
+Isolation:   READ COMMITTED; events read with READCOMMITTEDLOCK below the bound.
+Lock order:  per call: whatever the hook locks, mailq.MailQueue (StopMail), then
+             mailq.ApplicationHook; failures: ApplicationHookFailure, ApplicationHook.
+Security:    EXECUTE AS OWNER for its own reads and writes; the hook runs as
+             MailqRunner.  Granted to MailqAdmin.
 Example:     EXEC mailq.RunApplicationHooks @MaxEvents = 500;
 */
 CREATE OR ALTER PROCEDURE mailq.RunApplicationHooks
@@ -6000,6 +5992,8 @@ BEGIN
         @ErrorNumber INT,
         @ErrorMessage NVARCHAR(4000),
         @TranCountInCatch INT,
+        @Modified DATETIME,
+        @Changed BIT,
         @Attempts INT,
         @GiveUp BIT,
         @Moved BIT,
@@ -6059,18 +6053,8 @@ BEGIN
             SELECT @AppState = N'UpToDate', @AppCalls = 0;
             INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
 
-            -- The pin: same object, same schema and name, same definition.
-            IF NOT EXISTS (
-                SELECT 1
-                FROM sys.objects AS o
-                INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
-                WHERE
-                    o.object_id = @ObjectId AND o.type = 'P'
-                    AND s.name = @SchemaName AND o.name = @ProcedureName
-                    AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
-            )
-                OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) IS NULL
-                OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) <> @DefinitionHash
+            -- The pin: same object, schema, name, owner and definition.
+            IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
             BEGIN
                 UPDATE h
                 SET
@@ -6087,7 +6071,9 @@ BEGIN
 
             -- QUOTENAMEd catalog names; the values are parameters, never text.
             SET @Sql = CONCAT(
-                N'SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
+                N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, ',
+                N'CONCAT_NULL_YIELDS_NULL ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; ',
+                N'SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
                 N' @EventID = @EventID, @MailID = @MailID, @AppName = @AppName, @EventType = @EventType,',
                 N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
                 N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
@@ -6123,20 +6109,12 @@ BEGIN
                 ORDER BY p.EventID ASC;
                 IF @@ROWCOUNT = 0 BREAK;
 
-                -- The pin again before every call (as delay.ResolveTarget at
-                -- each run): a hook altered, renamed, dropped or recreated
-                -- during this run is not called again in it.
-                IF NOT EXISTS (
-                    SELECT 1
-                    FROM sys.objects AS o
-                    INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
-                    WHERE
-                        o.object_id = @ObjectId AND o.type = 'P'
-                        AND s.name = @SchemaName AND o.name = @ProcedureName
-                        AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
-                )
-                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) IS NULL
-                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) <> @DefinitionHash
+                -- The pin again before every call: a hook altered, renamed,
+                -- dropped or recreated during this run is not called again in it.
+                SET @Modified = NULL;
+                SELECT @Modified = p.ModifyDate
+                FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
+                IF @Modified IS NULL
                 BEGIN
                     UPDATE h
                     SET
@@ -6164,10 +6142,13 @@ BEGIN
                     @GiveUp = 0;
                 UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
 
-                -- 1. The call, its stop and the cursor: one transaction.
+                -- 1. The call, its stop and the cursor: one transaction.  The hook
+                --    runs as MailqRunner: REVERT inside a module undoes only that
+                --    module's EXECUTE AS, so the hook cannot keep or undo ours.
+                SET @Changed = 0;
+                BEGIN TRANSACTION;
+                EXECUTE AS USER = N'MailqRunner';
                 BEGIN TRY
-                    BEGIN TRANSACTION;
-
                     EXEC sys.sp_executesql
                         @Sql,
                         @ParameterList,
@@ -6180,65 +6161,110 @@ BEGIN
                         @Detail = @Detail,
                         @StopMail = @StopMail OUTPUT,
                         @StopReason = @StopReason OUTPUT;
-
-                    -- 266 normally comes first; a count that still differs is the same fault.
-                    IF @@TRANCOUNT <> 1
-                        THROW 50297,
-                            N'The hook ended the transaction opened for it or left one of its own open.',
-                            1;
-
-                    IF @StopMail = 1
-                    BEGIN
-                        -- Only a mail not yet final: StopMail would refuse a
-                        -- final one (50260).  UPDLOCK: StopMail takes the same
-                        -- row's U lock next, in this transaction.
-                        SET @MailStatus = NULL;
-                        SELECT @MailStatus = q.Status
-                        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
-                        WHERE q.ID = @MailID;
-                        IF @MailStatus IN (N'UnSent', N'Sending')
-                        BEGIN
-                            SET @StopReason = COALESCE(
-                                NULLIF(LTRIM(RTRIM(@StopReason)), N''),
-                                CONCAT(
-                                    N'Stopped by the hook ', @Hook, N' on event ', @EventID, N' (', @EventType, N').'
-                                )
-                            );
-                            -- StopMail's one-row result is kept here, not sent to our caller.
-                            DELETE FROM @Stopped;
-                            INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
-                            EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
-                        END;
-                    END;
-
-                    -- The cursor, guarded: a re-registration with a new
-                    -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
-                    -- undoes this call instead of overwriting it.
-                    UPDATE h
-                    SET
-                        h.CursorEventID = @EventID,
-                        h.FailingEventID = NULL,
-                        h.FailCount = 0,
-                        h.LastError = NULL,
-                        h.LastRunAtUtc = SYSUTCDATETIME()
-                    FROM mailq.ApplicationHook AS h
-                    WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
-                    IF @@ROWCOUNT = 0
-                    BEGIN
-                        SET @Moved = 1;
-                        ROLLBACK TRANSACTION;
-                    END;
-                    ELSE
-                        COMMIT TRANSACTION;
                 END TRY
                 BEGIN CATCH
                     SELECT
                         @ErrorNumber = ERROR_NUMBER(),
                         @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
                         @TranCountInCatch = @@TRANCOUNT;
-                    -- Doomed (-1) or not (1): the call is undone as a whole.
-                    IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
                 END CATCH;
+                REVERT;
+
+                IF @ErrorNumber IS NULL
+                BEGIN
+                    BEGIN TRY
+                        -- 266 normally comes first; a count that still differs is the same fault.
+                        IF @@TRANCOUNT <> 1
+                            THROW 50297,
+                                N'The hook ended the transaction opened for it or left one of its own open.',
+                                1;
+
+                        -- The code that ran is the code that was checked (same ModifyDate).
+                        IF NOT EXISTS (
+                            SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
+                            WHERE p.ModifyDate = @Modified
+                        )
+                        BEGIN
+                            SET @Changed = 1;
+                            ROLLBACK TRANSACTION;
+                        END;
+
+                        IF @Changed = 0 AND @StopMail = 1
+                        BEGIN
+                            -- Only a mail not yet final: StopMail would refuse a
+                            -- final one (50260).  UPDLOCK: StopMail takes the same
+                            -- row's U lock next, in this transaction.
+                            SET @MailStatus = NULL;
+                            SELECT @MailStatus = q.Status
+                            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+                            WHERE q.ID = @MailID;
+                            IF @MailStatus IN (N'UnSent', N'Sending')
+                            BEGIN
+                                SET @StopReason = COALESCE(
+                                    NULLIF(LTRIM(RTRIM(@StopReason)), N''),
+                                    CONCAT(
+                                        N'Stopped by the hook ', @Hook, N' on event ', @EventID,
+                                        N' (', @EventType, N').'
+                                    )
+                                );
+                                -- StopMail's one-row result is kept here, not sent to our caller.
+                                DELETE FROM @Stopped;
+                                INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
+                                EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
+                            END;
+                        END;
+
+                        -- The cursor, guarded: a re-registration with a new
+                        -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
+                        -- undoes this call instead of overwriting it.
+                        IF @Changed = 0
+                        BEGIN
+                            UPDATE h
+                            SET
+                                h.CursorEventID = @EventID,
+                                h.FailingEventID = NULL,
+                                h.FailCount = 0,
+                                h.LastError = NULL,
+                                h.LastRunAtUtc = SYSUTCDATETIME()
+                            FROM mailq.ApplicationHook AS h
+                            WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                            IF @@ROWCOUNT = 0
+                            BEGIN
+                                SET @Moved = 1;
+                                ROLLBACK TRANSACTION;
+                            END;
+                            ELSE
+                                COMMIT TRANSACTION;
+                        END;
+                    END TRY
+                    BEGIN CATCH
+                        SELECT
+                            @ErrorNumber = ERROR_NUMBER(),
+                            @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
+                            @TranCountInCatch = @@TRANCOUNT;
+                        -- Doomed (-1) or not (1): the call is undone as a whole.
+                        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+                    END CATCH;
+                END;
+                -- A failed call: undone as a whole (doomed or not).
+                ELSE IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+
+                IF @Changed = 1
+                BEGIN
+                    UPDATE h
+                    SET
+                        h.LastError = CONCAT(
+                            N'Suspended: ', @Hook, N' was altered while it was called; the call was rolled back. ',
+                            N'Review it and run mailq.SetApplicationHook again.'
+                        ),
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App;
+                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                    SET @AppState = N'Suspended';
+                    BREAK;
+                END;
 
                 IF @Moved = 1
                 BEGIN
@@ -9356,6 +9382,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'security/MailqSender.role.sql',
     N'security/MailqAdmin.role.sql',
     N'security/MailqDelayCaller.role.sql',
+    N'security/MailqRunner.user.sql',
     N'tables/mailq.SendingAccount.sql',
     N'tables/mailq.RateBudget.sql',
     N'tables/mailq.Application.sql',
@@ -9383,6 +9410,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql',
     N'functions/mailq.ParseAddressList.sql',
     N'functions/mailq.ParseIDList.sql',
+    N'functions/mailq.HookPin.sql',
     N'types/mailq.MailBatchRow.sql',
     N'functions/mailq.MailAttachmentList.sql',
     N'functions/mailq.MailBatchJson.sql',
@@ -9490,6 +9518,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqSender.role.sql', 'ff2c8c44a1856d12b08548a671dda68a7520f3b6d9092903d7bca1ba99157b59'),
     ('0001', N'security/MailqAdmin.role.sql', '30aa41f2d450c3bef3825cc2fb7002c42de02860929c2c3a2a2cea510746714b'),
     ('0001', N'security/MailqDelayCaller.role.sql', 'f54c09706acd6f8a5fa5f969cb78deb696342fdd718a2a84aba55b7f5694fd2f'),
+    ('0001', N'security/MailqRunner.user.sql', 'e92e9fb39816e02ec59d0848ef1e74596c9a5922bf72ae8dbd4b3addee1f9626'),
     ('0001', N'tables/mailq.SendingAccount.sql', 'f3907b26912fabe6dad7defd1a9bc7924939bcf892b4218a698fe6922e63aedb'),
     ('0001', N'tables/mailq.RateBudget.sql', 'ba96dd9dc748b79697b4ab85d719bfb011305db75812f7154fcb46cdcdc14ff7'),
     ('0001', N'tables/mailq.Application.sql', '207e725fae4335e7a3e5f1a90a367b9dd295c84d00446aae5786a2a8bb3b709b'),
@@ -9517,6 +9546,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql', 'f04c4a974bea0b3e6521fd3a30c1b23689f8ed862318f99ea68de34bd95327f8'),
     ('0001', N'functions/mailq.ParseAddressList.sql', 'fc32cb8caa04c6c8eeb6466c050652bd9917d72795419b3d2efec091944e51fe'),
     ('0001', N'functions/mailq.ParseIDList.sql', '030429dfb47b466d8caa7aff6c66633f870c2ecff105a3d96fad2581d422d4ce'),
+    ('0001', N'functions/mailq.HookPin.sql', '5bbc8ba60b5e959f48e0dc352baff33e7fd342b5b9408199b2d0430d3eb5cb4a'),
     ('0001', N'types/mailq.MailBatchRow.sql', '02c76403e1fc4742abd5e6c2544043b4a4b67e3785977be2e9206f41bfb6ad5f'),
     ('0001', N'functions/mailq.MailAttachmentList.sql', 'f24efad0ca73a89b8d849c8cdfa06017c72e2ddcc71be815f7392136fd401eaf'),
     ('0001', N'functions/mailq.MailBatchJson.sql', 'ab122cea575474bc51b5c5af146cbcd2b143a755366e4779e49527a4e40f5c83'),
@@ -9553,8 +9583,8 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '9d6440087de1500f6688d698c4098d940458eab0b4f063aa03ac5642f219e41d'),
     ('0001', N'procedures/mailq.GetMailEvents.sql', '510007bc2ebeae4cdd380512352e13982fb146482cfb7a5e8d82c3322696069e'),
     ('0001', N'procedures/mailq.StopMail.sql', '57190c217b55d60c775f7b74d35f5cd6b780fc2b215c048acc5ee90e30f8b9c1'),
-    ('0001', N'procedures/mailq.SetApplicationHook.sql', '2fc8238c5b98e850a2ffe19c4fef2aaa78f738424f4435c0c6c97be0b8de3375'),
-    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'c7b0168844502444ad2e660b70a4e0df8b855049aba02be1da02c2aff8409a8b'),
+    ('0001', N'procedures/mailq.SetApplicationHook.sql', '68e13868093ea2b78789569f726e5cb9313242fdb2d69b1416cfb84ce04d634b'),
+    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'b2f0510300349b11db4f41affa0453ffc5eba1a67c3b430028696c573f3e5859'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', '635374a8d2c2b93350cce00be98ee8fa7ea5c588aaa0973e90004f38db9015aa'),
     ('0001', N'security/MailqEnqueuer.grants.sql', '308e6b3f4e8a94429b47e1720c362f8913cd230a0afc63ceca89013740ef94a4'),

@@ -262,6 +262,23 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
+User MailqRunner: the one identity registered code runs as: every
+delayed-execution target (delay.RunTask) and every hook (mailq.RunApplicationHooks)
+is called inside EXECUTE AS USER = N'MailqRunner' ... REVERT, never as dbo.
+WITHOUT LOGIN: nobody can connect as it; only dbo (and db_owner members)
+may impersonate it.  It holds EXECUTE on exactly the listed targets and the
+registered hooks (granted by delay.AllowProcedure and mailq.SetApplicationHook,
+revoked when they are taken off) and nothing else: what a target or hook reaches
+beyond that is by ownership chaining from a dbo-owned module, and DDL, permission
+changes or impersonation inside it (a callee's, a trigger's) run with these rights.
+Part of the mail queue (hooks deploy without Service Broker too).
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqRunner') IS NULL
+    CREATE USER MailqRunner WITHOUT LOGIN;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
 mailq.SendingAccount: one row per sending account.  SMTP host and credentials
 never live here: the worker's configuration maps AccountName to them.
     PerMinuteLimit / PerHourLimit / PerDayLimit  NULL = unlimited; enforced at
@@ -1050,6 +1067,43 @@ RETURN (
     FROM OPENJSON(@IDList) AS j
     WHERE j.[type] = 2 AND TRY_CAST(j.[value] AS BIGINT) IS NOT NULL
 );
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.HookPin: the registered hook as it is now, if it is still the procedure
+that was registered: same object_id, schema, name, owner (dbo) and definition
+(SHA2_256 of OBJECT_DEFINITION = the pinned hash).  No row otherwise.
+mailq.RunApplicationHooks reads it before every call and, in the call's
+transaction, again after it: the same ModifyDate both times means nothing
+altered the hook in between (docs/hooks.md, "The check and the call").
+Parameters:  @ObjectId INT, @SchemaName SYSNAME, @ProcedureName SYSNAME,
+             @DefinitionHash VARBINARY(32): mailq.ApplicationHook's pin
+Result set:  zero or one row: ModifyDate DATETIME (sys.objects.modify_date)
+Security:    the catalog shows a procedure only to whoever may see it: the
+             dispatcher reads it as dbo (EXECUTE AS OWNER).
+Example:     SELECT ModifyDate FROM mailq.HookPin(@ObjectId, N'billing', N'OnMailEvent', @Hash);
+*/
+CREATE OR ALTER FUNCTION mailq.HookPin(
+    @ObjectId INT,
+    @SchemaName SYSNAME,
+    @ProcedureName SYSNAME,
+    @DefinitionHash VARBINARY(32)
+)
+RETURNS TABLE
+AS
+RETURN
+SELECT ModifyDate = o.modify_date
+FROM sys.objects AS o
+INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
+WHERE
+    o.object_id = @ObjectId
+    AND o.type = 'P'
+    AND s.name = @SchemaName
+    AND o.name = @ProcedureName
+    AND s.principal_id = 1
+    AND COALESCE(o.principal_id, 1) = 1
+    AND HASHBYTES('SHA2_256', OBJECT_DEFINITION(o.object_id)) = @DefinitionHash;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -5587,70 +5641,35 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the
-hook procedure of one application (docs/hooks.md).  The hook is called by
-mailq.RunApplicationHooks once per event of the application, in its own
-transaction, as the dispatcher's owner (dbo): registering one is a
-dbo-level decision, so this procedure is for db_owner only (no role is
-granted EXECUTE), like delay.AllowProcedure.
-The hook must:
-  - be an existing SQL procedure (type P) of this database, named with two
-    parts (N'billing.OnMailEvent', brackets allowed);
-  - live in a schema owned by dbo and have no other owner (sys.schemas
-    .principal_id = 1 and sys.objects.principal_id NULL or 1): a schema owned
-    by somebody else lets that principal replace the procedure's code;
-    the pin below catches an ALTER, the ownership rule keeps the decision
-    with dbo in the first place;
-  - not be a system procedure (sys, INFORMATION_SCHEMA, is_ms_shipped);
-  - take exactly these parameters (read from sys.parameters: name, type,
-    length, OUTPUT; order free, the dispatcher passes them by name; no other
-    parameter, because sys.parameters cannot say whether a T-SQL parameter
-    has a default: has_default_value "is always 0 for Transact-SQL objects",
-    https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-parameters-transact-sql):
-      @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128),
-      @EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT,
-      @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
-      @StopReason NVARCHAR(4000) OUTPUT
-  - have a readable definition (not WITH ENCRYPTION): it is pinned.
-Pinning:     the row stores the object_id and SHA2_256 of OBJECT_DEFINITION;
-             a hook altered, dropped or recreated later is suspended by the
-             dispatcher (no call, the cursor stays, LastError says why) until
-             this procedure is run again for it.
-Cursor:      a new registration starts at the end of the stream (the events
-             that commit from now on: MIN_ACTIVE_ROWVERSION() - 1, see
-             mailq.GetMailEvents); a re-registration keeps the cursor and
-             the retry state, so no event is passed twice or skipped.
-             @ResetCursorTo (optional) puts the cursor at that EventID (0 =
-             replay the application's whole stream still stored).
-Parameters:  @AppName NVARCHAR(128), required, a registered application;
-             @HookProcedure NVARCHAR(300): the hook, NULL = remove the hook;
-             @MaxAttempts INT = 3: calls of a failing event before it is given
-                 up (1-100);
-             @ResetCursorTo BIGINT = NULL: see Cursor.
-Result set:  one row: AppName, HookProcedure (NULL after a removal),
-             ObjectId, CursorEventID, MaxAttempts, Changed BIT (0: removing a
-             hook that was not there).
-Errors:      50290 @AppName missing or not a registered application;
-             50291 @HookProcedure not a two-part name of an existing SQL
-                   procedure of this database, or a system procedure;
-             50292 the procedure is in a schema not owned by dbo, or has
-                   another owner;
-             50293 the procedure's parameters differ from the hook signature
-                   (the message lists what is missing, wrong or extra);
-             50294 the definition cannot be read (WITH ENCRYPTION), so it
-                   cannot be pinned;
-             50295 @MaxAttempts outside 1-100, or @ResetCursorTo negative.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms the caller's
-             transaction, which the caller must roll back.  Validation runs
-             before any transaction.
-Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK update-else-insert;
-             a level set in a procedure reverts when it returns).
-Lock order:  mailq.ApplicationHook only (the application's row, key-range
-             locked while absent).
+mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the hook
+procedure of one application (docs/hooks.md).  The hook is called by
+mailq.RunApplicationHooks once per event, in its own transaction, as MailqRunner:
+registering grants MailqRunner EXECUTE on it, removing or replacing it revokes
+that (unless another application's hook is the same procedure).  For db_owner
+only (no role is granted EXECUTE; the GRANT needs it), like delay.AllowProcedure.
+The hook must be an existing SQL procedure named schema.procedure, not a system
+one, in a schema owned by dbo with no other owner on the procedure, with a
+readable definition (it is pinned: object_id and SHA2_256 of the definition), and
+take exactly these parameters (sys.parameters: name, type, length, OUTPUT; no
+others, since has_default_value "is always 0 for Transact-SQL objects"):
+  @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), @EventType NVARCHAR(32),
+  @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
+  @StopReason NVARCHAR(4000) OUTPUT
+Cursor:      a new registration starts at the end of the stream; a re-registration
+             keeps the cursor and retry state; @ResetCursorTo puts it at that EventID.
+Parameters:  @AppName NVARCHAR(128); @HookProcedure NVARCHAR(300) (NULL = remove);
+             @MaxAttempts INT = 3 (1-100); @ResetCursorTo BIGINT = NULL
+Result set:  one row: AppName, HookProcedure (NULL after a removal), ObjectId,
+             CursorEventID, MaxAttempts, Changed BIT (0: removing a hook that was not there)
+Errors:      50290 @AppName not a registered application; 50291 not an existing
+             two-part SQL procedure, or a system one; 50292 schema not owned by dbo,
+             or another owner; 50293 parameters differ from the signature; 50294
+             definition unreadable (WITH ENCRYPTION); 50295 @MaxAttempts or @ResetCursorTo
+Transaction: its own or the caller's (no savepoint); any error is re-raised and
+             dooms the caller's transaction.  Validation runs first.
+Isolation:   READ COMMITTED (UPDLOCK, HOLDLOCK update-else-insert).
+Lock order:  mailq.ApplicationHook only (the application's row).
 Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
-             EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = NULL;  -- remove
 */
 CREATE OR ALTER PROCEDURE mailq.SetApplicationHook
     @AppName NVARCHAR(128),
@@ -5674,7 +5693,9 @@ BEGIN
         @ObjectOwner INT,
         @Problems NVARCHAR(2000),
         @DefinitionHash VARBINARY(32),
-        @Changed BIT = 1;
+        @Changed BIT = 1,
+        @OldObjectId INT,
+        @Grant NVARCHAR(600);
 
     -- 1. Validate before any transaction starts.
     IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
@@ -5734,7 +5755,7 @@ BEGIN
         BEGIN
             SET @Msg = CONCAT(
                 N'@HookProcedure ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
-                N' must be in a schema owned by dbo and have no other owner: hooks run as dbo; schema owner ',
+                N' must be in a schema owned by dbo and have no other owner; schema owner ',
                 QUOTENAME(USER_NAME(@SchemaOwner)), N', object owner ',
                 COALESCE(QUOTENAME(USER_NAME(@ObjectOwner)), N'(the schema''s)'), N'.'
             );
@@ -5806,6 +5827,10 @@ BEGIN
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
+        SELECT @OldObjectId = h.ObjectId
+        FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
+        WHERE h.AppName = @AppName;
+
         IF @HookProcedure IS NULL
         BEGIN
             DELETE h
@@ -5845,6 +5870,27 @@ BEGIN
                 );
         END;
 
+        -- Hooks run as MailqRunner: it may execute exactly the registered hooks.
+        -- Catalog names, QUOTENAMEd.  The old hook's grant goes unless another
+        -- application still uses that procedure.
+        IF @OldObjectId IS NOT NULL AND @OldObjectId <> ISNULL(@ObjectId, 0)
+            AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationHook AS h WHERE h.ObjectId = @OldObjectId)
+            AND OBJECT_NAME(@OldObjectId) IS NOT NULL
+        BEGIN
+            SET @Grant = CONCAT(
+                N'REVOKE EXECUTE ON OBJECT::', QUOTENAME(OBJECT_SCHEMA_NAME(@OldObjectId)), N'.',
+                QUOTENAME(OBJECT_NAME(@OldObjectId)), N' FROM MailqRunner;'
+            );
+            EXEC sys.sp_executesql @Grant;
+        END;
+        IF @HookProcedure IS NOT NULL
+        BEGIN
+            SET @Grant = CONCAT(
+                N'GRANT EXECUTE ON OBJECT::', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name), N' TO MailqRunner;'
+            );
+            EXEC sys.sp_executesql @Grant;
+        END;
+
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -5880,87 +5926,33 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each
-application with a hook (mailq.ApplicationHook), reads its events after the
-stored cursor with mailq.GetMailEvents' commit-safe bound (only rows below
-MIN_ACTIVE_ROWVERSION(), read with READCOMMITTEDLOCK after the bound), and
-calls the hook once per event, in EventID order, each call in its OWN
-transaction:
-  BEGIN TRANSACTION; EXEC the hook (sp_executesql, parameters by name);
-  @StopMail = 1 on a mail still UnSent or Sending: EXEC mailq.StopMail
-  (TinyMail's stop(); on a mail already final nothing happens); advance the
-  cursor; COMMIT.  The cursor moves in the same transaction as the hook's
-  work: a call is either wholly done and passed, or wholly undone.
-Failures (TRY/CATCH around the EXEC; the hook is a lower execution level,
-so even its compile and name-resolution errors reach our CATCH; TRY...CATCH
-(Transact-SQL), "Errors unaffected by a TRY...CATCH construct":
-https://learn.microsoft.com/sql/t-sql/language-elements/try-catch-transact-sql):
-  - the hook throws, or dooms the transaction (XACT_STATE() = -1, e.g. any
-    error under its own XACT_ABORT ON): everything is rolled back (a doomed
-    transaction "can only request a full rollback", XACT_STATE (Transact-SQL),
-    https://learn.microsoft.com/sql/t-sql/functions/xact-state-transact-sql);
-    the failure is counted (FailingEventID/FailCount) in a transaction of its
-    own and the application waits for the next run; after MaxAttempts failed
-    calls of the same event it is written to mailq.ApplicationHookFailure and
-    the cursor moves past it (poison-proof: one bad event never stops the
-    later ones);
-  - the hook leaves a transaction of its own open: SQL Server raises 266 at
-    its return ("@@TRANCOUNT has a different value when a stored procedure
-    finishes than it had when the procedure was executed", Rollbacks and
-    commits in stored procedures and triggers,
-    https://learn.microsoft.com/previous-versions/sql/sql-server-2008-r2/ms187844(v=sql.105));
-    all of it is rolled back and counted as a failed call;
-  - the hook commits or rolls back the transaction opened for it (266 with
-    no transaction left): its work may be committed, so it is not called
-    again: recorded in mailq.ApplicationHookFailure at once, cursor moved.
-  - a hook waits on a lock longer than 5 s: error 1222 (SET LOCK_TIMEOUT
-    5000 for the hook's batch; a SET in a batch run by sp_executesql reverts
-    when it returns), a failed call like any other.
-A hook whose procedure was altered, dropped or recreated since it was
-registered is suspended: not called, cursor kept, LastError says why, until
-mailq.SetApplicationHook re-registers it.  The pin is checked before every
-call, not once per run, so a change during a run stops the next call.
-Never inside an acknowledging transaction: it refuses to run inside any open
-transaction (50296), so no worker's MarkSent/MarkFailed/FinalizeMail can wait
-on a hook, and a hook's failure cannot undo an acknowledgement.  The events
-it reads are committed already; it never locks queue rows except the one
-mail a hook stops (through mailq.StopMail, briefly).
-One dispatcher at a time: a session-owned application lock
-(N'mailq.RunApplicationHooks', timeout 0); a second caller returns at once
-with State 'Busy'.
-Security:    EXECUTE AS OWNER: hooks run as dbo (that is why only db_owner
-             registers them, in dbo-owned schemas, pinned).  Granted to
-             MailqAdmin (an Agent or elastic job runs it on Azure SQL
-             Database; the delayed-execution dispatcher elsewhere).
-Parameters:  @MaxEvents INT = 500: hook calls in this run, all applications
-             together (1-5000); @Quiet BIT = 0: 1 returns no result set (the
-             delayed-execution task).
+application with a hook, reads its events after the stored cursor (the commit-safe
+bound of mailq.GetMailEvents) and calls the hook once per event, in EventID order,
+each call in its own transaction: the hook; @StopMail = 1 on a mail still UnSent or
+Sending -> mailq.StopMail; the cursor moves.  Each application gets an equal share
+of @MaxEvents.  One dispatcher at a time (a session application lock; a second
+caller gets State 'Busy').
+The call: as MailqRunner (EXECUTE AS USER ... REVERT: never as dbo), after one SET
+line (ANSI options ON, NUMERIC_ROUNDABORT OFF, XACT_ABORT OFF, DEADLOCK_PRIORITY
+NORMAL, LOCK_TIMEOUT 5000), and only while mailq.HookPin finds the registered
+procedure; read again after the call in its transaction: a hook altered meanwhile
+is rolled back and suspended (LastError) until mailq.SetApplicationHook again.
+Failures: a throwing or dooming hook is rolled back and counted; after MaxAttempts
+the event goes to mailq.ApplicationHookFailure and the cursor passes it; a hook that
+ends the transaction opened for it (266, none left) is given up at once (its work
+may be committed); one that leaves one open is rolled back (50297/266).
+Parameters:  @MaxEvents INT = 500 (1-5000); @Quiet BIT = 0 (1: no result set)
 Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
-             HookProcedure, Calls INT (hook calls made), Succeeded INT,
-             FailedCalls INT, GivenUp INT (events written to
-             mailq.ApplicationHookFailure), CursorEventID BIGINT, State
-             NVARCHAR(16): UpToDate | More (its share of @MaxEvents, an equal
-             part per hooked application, or the budget used up) | Retrying (a
-             failed call waits for the next run) | Suspended (hook changed or
-             gone) | Moved (the hook was re-registered meanwhile); or one row
+             HookProcedure, Calls, Succeeded, FailedCalls, GivenUp, CursorEventID,
+             State (UpToDate | More | Retrying | Suspended | Moved); or one row
              with AppName NULL and State 'Busy'.
-Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open
-             transaction.  50297 (the hook changed the transaction count) is
-             recorded as that call's error, never raised.  A hook's errors are never re-raised: they are
-             recorded (LastError, mailq.ApplicationHookFailure).
-Transaction: none open on entry (50296); one transaction per hook call
-             (hook + StopMail + cursor), one per failure record; never one
-             around two calls.  A batch procedure: it refuses a caller's
-             transaction, as PurgeMail does.
-Isolation:   sets READ COMMITTED itself; events read with READCOMMITTEDLOCK
-             below the bound read first (see mailq.GetMailEvents).
-Lock order:  per call: whatever the hook locks, then mailq.MailQueue (the
-             stopped mail, through StopMail: MailQueue, MailEvent,
-             MailAttempt), then mailq.ApplicationHook (the application's
-             row); failure records: mailq.ApplicationHookFailure, then
-             mailq.ApplicationHook.
-Plan:        per application one range seek on IX_MailEvent_AppName between
-             the cursor and the bound, TOP (remaining budget): the same cost
-             at any event-table size; mailq.ApplicationHook by its key.
+Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open transaction.
+Transaction: none open on entry; one per hook call, one per failure record.
+Isolation:   READ COMMITTED; events read with READCOMMITTEDLOCK below the bound.
+Lock order:  per call: whatever the hook locks, mailq.MailQueue (StopMail), then
+             mailq.ApplicationHook; failures: ApplicationHookFailure, ApplicationHook.
+Security:    EXECUTE AS OWNER for its own reads and writes; the hook runs as
+             MailqRunner.  Granted to MailqAdmin.
 Example:     EXEC mailq.RunApplicationHooks @MaxEvents = 500;
 */
 CREATE OR ALTER PROCEDURE mailq.RunApplicationHooks
@@ -6029,6 +6021,8 @@ BEGIN
         @ErrorNumber INT,
         @ErrorMessage NVARCHAR(4000),
         @TranCountInCatch INT,
+        @Modified DATETIME,
+        @Changed BIT,
         @Attempts INT,
         @GiveUp BIT,
         @Moved BIT,
@@ -6088,18 +6082,8 @@ BEGIN
             SELECT @AppState = N'UpToDate', @AppCalls = 0;
             INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
 
-            -- The pin: same object, same schema and name, same definition.
-            IF NOT EXISTS (
-                SELECT 1
-                FROM sys.objects AS o
-                INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
-                WHERE
-                    o.object_id = @ObjectId AND o.type = 'P'
-                    AND s.name = @SchemaName AND o.name = @ProcedureName
-                    AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
-            )
-                OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) IS NULL
-                OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) <> @DefinitionHash
+            -- The pin: same object, schema, name, owner and definition.
+            IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
             BEGIN
                 UPDATE h
                 SET
@@ -6116,7 +6100,9 @@ BEGIN
 
             -- QUOTENAMEd catalog names; the values are parameters, never text.
             SET @Sql = CONCAT(
-                N'SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
+                N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, ',
+                N'CONCAT_NULL_YIELDS_NULL ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; ',
+                N'SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
                 N' @EventID = @EventID, @MailID = @MailID, @AppName = @AppName, @EventType = @EventType,',
                 N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
                 N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
@@ -6152,20 +6138,12 @@ BEGIN
                 ORDER BY p.EventID ASC;
                 IF @@ROWCOUNT = 0 BREAK;
 
-                -- The pin again before every call (as delay.ResolveTarget at
-                -- each run): a hook altered, renamed, dropped or recreated
-                -- during this run is not called again in it.
-                IF NOT EXISTS (
-                    SELECT 1
-                    FROM sys.objects AS o
-                    INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
-                    WHERE
-                        o.object_id = @ObjectId AND o.type = 'P'
-                        AND s.name = @SchemaName AND o.name = @ProcedureName
-                        AND s.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1
-                )
-                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) IS NULL
-                    OR HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId)) <> @DefinitionHash
+                -- The pin again before every call: a hook altered, renamed,
+                -- dropped or recreated during this run is not called again in it.
+                SET @Modified = NULL;
+                SELECT @Modified = p.ModifyDate
+                FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
+                IF @Modified IS NULL
                 BEGIN
                     UPDATE h
                     SET
@@ -6193,10 +6171,13 @@ BEGIN
                     @GiveUp = 0;
                 UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
 
-                -- 1. The call, its stop and the cursor: one transaction.
+                -- 1. The call, its stop and the cursor: one transaction.  The hook
+                --    runs as MailqRunner: REVERT inside a module undoes only that
+                --    module's EXECUTE AS, so the hook cannot keep or undo ours.
+                SET @Changed = 0;
+                BEGIN TRANSACTION;
+                EXECUTE AS USER = N'MailqRunner';
                 BEGIN TRY
-                    BEGIN TRANSACTION;
-
                     EXEC sys.sp_executesql
                         @Sql,
                         @ParameterList,
@@ -6209,65 +6190,110 @@ BEGIN
                         @Detail = @Detail,
                         @StopMail = @StopMail OUTPUT,
                         @StopReason = @StopReason OUTPUT;
-
-                    -- 266 normally comes first; a count that still differs is the same fault.
-                    IF @@TRANCOUNT <> 1
-                        THROW 50297,
-                            N'The hook ended the transaction opened for it or left one of its own open.',
-                            1;
-
-                    IF @StopMail = 1
-                    BEGIN
-                        -- Only a mail not yet final: StopMail would refuse a
-                        -- final one (50260).  UPDLOCK: StopMail takes the same
-                        -- row's U lock next, in this transaction.
-                        SET @MailStatus = NULL;
-                        SELECT @MailStatus = q.Status
-                        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
-                        WHERE q.ID = @MailID;
-                        IF @MailStatus IN (N'UnSent', N'Sending')
-                        BEGIN
-                            SET @StopReason = COALESCE(
-                                NULLIF(LTRIM(RTRIM(@StopReason)), N''),
-                                CONCAT(
-                                    N'Stopped by the hook ', @Hook, N' on event ', @EventID, N' (', @EventType, N').'
-                                )
-                            );
-                            -- StopMail's one-row result is kept here, not sent to our caller.
-                            DELETE FROM @Stopped;
-                            INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
-                            EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
-                        END;
-                    END;
-
-                    -- The cursor, guarded: a re-registration with a new
-                    -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
-                    -- undoes this call instead of overwriting it.
-                    UPDATE h
-                    SET
-                        h.CursorEventID = @EventID,
-                        h.FailingEventID = NULL,
-                        h.FailCount = 0,
-                        h.LastError = NULL,
-                        h.LastRunAtUtc = SYSUTCDATETIME()
-                    FROM mailq.ApplicationHook AS h
-                    WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
-                    IF @@ROWCOUNT = 0
-                    BEGIN
-                        SET @Moved = 1;
-                        ROLLBACK TRANSACTION;
-                    END;
-                    ELSE
-                        COMMIT TRANSACTION;
                 END TRY
                 BEGIN CATCH
                     SELECT
                         @ErrorNumber = ERROR_NUMBER(),
                         @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
                         @TranCountInCatch = @@TRANCOUNT;
-                    -- Doomed (-1) or not (1): the call is undone as a whole.
-                    IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
                 END CATCH;
+                REVERT;
+
+                IF @ErrorNumber IS NULL
+                BEGIN
+                    BEGIN TRY
+                        -- 266 normally comes first; a count that still differs is the same fault.
+                        IF @@TRANCOUNT <> 1
+                            THROW 50297,
+                                N'The hook ended the transaction opened for it or left one of its own open.',
+                                1;
+
+                        -- The code that ran is the code that was checked (same ModifyDate).
+                        IF NOT EXISTS (
+                            SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
+                            WHERE p.ModifyDate = @Modified
+                        )
+                        BEGIN
+                            SET @Changed = 1;
+                            ROLLBACK TRANSACTION;
+                        END;
+
+                        IF @Changed = 0 AND @StopMail = 1
+                        BEGIN
+                            -- Only a mail not yet final: StopMail would refuse a
+                            -- final one (50260).  UPDLOCK: StopMail takes the same
+                            -- row's U lock next, in this transaction.
+                            SET @MailStatus = NULL;
+                            SELECT @MailStatus = q.Status
+                            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+                            WHERE q.ID = @MailID;
+                            IF @MailStatus IN (N'UnSent', N'Sending')
+                            BEGIN
+                                SET @StopReason = COALESCE(
+                                    NULLIF(LTRIM(RTRIM(@StopReason)), N''),
+                                    CONCAT(
+                                        N'Stopped by the hook ', @Hook, N' on event ', @EventID,
+                                        N' (', @EventType, N').'
+                                    )
+                                );
+                                -- StopMail's one-row result is kept here, not sent to our caller.
+                                DELETE FROM @Stopped;
+                                INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
+                                EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
+                            END;
+                        END;
+
+                        -- The cursor, guarded: a re-registration with a new
+                        -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
+                        -- undoes this call instead of overwriting it.
+                        IF @Changed = 0
+                        BEGIN
+                            UPDATE h
+                            SET
+                                h.CursorEventID = @EventID,
+                                h.FailingEventID = NULL,
+                                h.FailCount = 0,
+                                h.LastError = NULL,
+                                h.LastRunAtUtc = SYSUTCDATETIME()
+                            FROM mailq.ApplicationHook AS h
+                            WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                            IF @@ROWCOUNT = 0
+                            BEGIN
+                                SET @Moved = 1;
+                                ROLLBACK TRANSACTION;
+                            END;
+                            ELSE
+                                COMMIT TRANSACTION;
+                        END;
+                    END TRY
+                    BEGIN CATCH
+                        SELECT
+                            @ErrorNumber = ERROR_NUMBER(),
+                            @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
+                            @TranCountInCatch = @@TRANCOUNT;
+                        -- Doomed (-1) or not (1): the call is undone as a whole.
+                        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+                    END CATCH;
+                END;
+                -- A failed call: undone as a whole (doomed or not).
+                ELSE IF XACT_STATE() <> 0
+                    ROLLBACK TRANSACTION;
+
+                IF @Changed = 1
+                BEGIN
+                    UPDATE h
+                    SET
+                        h.LastError = CONCAT(
+                            N'Suspended: ', @Hook, N' was altered while it was called; the call was rolled back. ',
+                            N'Review it and run mailq.SetApplicationHook again.'
+                        ),
+                        h.LastRunAtUtc = SYSUTCDATETIME()
+                    FROM mailq.ApplicationHook AS h
+                    WHERE h.AppName = @App;
+                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                    SET @AppState = N'Suspended';
+                    BREAK;
+                END;
 
                 IF @Moved = 1
                 BEGIN
@@ -8654,15 +8680,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Schema delay: the internal objects of delayed execution (bookkeeping, allow-list,
-log, settings, views, admin procedures).  The public contract stays in dbo, as
-the source document names it: dbo.InitiateDelayExecution,
-dbo.CancelDelayExecution, dbo.tabDIYTable12402, dbo.DelayServiceQueue,
-dbo.ProcessDelayQueue.
-Owned by dbo so that ownership chaining lets the dbo procedures and the trigger
-read and write these tables for callers that hold only EXECUTE.
-CREATE SCHEMA must be alone in its batch, so it cannot sit under an IF;
-Alembic runs this batch once, in the revision that introduces it.
+Schema delay: the internal objects of delayed execution.  The public contract
+stays in dbo, as the source document names it.  Owned by dbo, so that ownership
+chaining lets the dbo procedures and the trigger reach these tables for callers
+that hold only EXECUTE.  CREATE SCHEMA is alone in its batch; the deployment guards it.
 */
 IF SCHEMA_ID(N'delay') IS NULL
     EXEC (N'CREATE SCHEMA delay AUTHORIZATION dbo');
@@ -8670,42 +8691,29 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.Installation: what the deployment of delayed execution found and did,
-so that a downgrade undoes exactly that and nothing more.
-One row per fact, e.g. Item = N'dbo.tabDIYTable12402', Detail = N'created'
-(mailq-db created the platform table: downgrade may drop it) or N'adopted'
-(the platform had it: downgrade never drops it, and never drops the columns
-that the adoption added, because the platform may have written data into them).
-Written by the deployment only; no role has rights on it.
+delay.Installation: what the deployment found and did, so that a downgrade undoes
+exactly that: Item = N'dbo.tabDIYTable12402', Detail = N'created' (a downgrade may
+drop it) or N'adopted' (never dropped).  Written by the deployment only.
 */
 IF OBJECT_ID(N'delay.Installation', N'U') IS NULL
-BEGIN
     CREATE TABLE delay.Installation (
         Item NVARCHAR(256) NOT NULL,
         Detail NVARCHAR(400) NOT NULL,
-        RecordedAtUtc DATETIME2(3) NOT NULL
-            CONSTRAINT DF_Installation_RecordedAtUtc DEFAULT (SYSUTCDATETIME()),
+        RecordedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Installation_RecordedAtUtc DEFAULT (SYSUTCDATETIME()),
         CONSTRAINT PK_Installation PRIMARY KEY CLUSTERED (Item)
     );
-END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.Setting: the retry and lease policy of dbo.ProcessDelayQueue, one row.
-    MaxAttempts        runs of a failing target before it is given up (receipt 3)
-    RetryBaseSeconds   backoff before retry n: RetryBaseSeconds * 4^(n-1) ...
-    RetryMaxSeconds    ... capped at RetryMaxSeconds
-    LeaseSeconds       watchdog: if a run has not reported after this long, the
-                       activation procedure checks whether its runner is alive
-                       (slow: the lease is extended and logged) or gone
-                       (the attempt failed: retried or given up)
-    ReceiveWaitMs      how long an idle reader waits in WAITFOR (RECEIVE) before
-                       it exits (activation starts readers again on demand)
-    TargetLockTimeoutMs  NULL (wait for locks as long as it takes) or the
-                       SET LOCK_TIMEOUT, in ms, under which targets run (error
-                       1222 then fails the attempt, which is retried)
-Operators change it with UPDATE (db_owner); the procedures read it at each message.
+delay.Setting: the dispatcher's policy, one row (db_owner changes it with UPDATE;
+each pass reads it).  MaxAttempts runs of a failing target before receipt 3;
+RetryBaseSeconds * 4^(n-1), at most RetryMaxSeconds, before retry n; LeaseSeconds a
+claim's lease (a claimed task not started by then is claimed again; a running one
+never is); BatchSize tasks per claim; TickSeconds the safety tick (the timer never
+waits longer); ReceiveWaitMs an idle reader's wait before it exits;
+TargetLockTimeoutMs every target's SET LOCK_TIMEOUT (finite: 1222 fails the attempt);
+OverdueSeconds when a due task counts as overdue; RetentionDays for delay.PurgeHistory.
 */
 IF OBJECT_ID(N'delay.Setting', N'U') IS NULL
 BEGIN
@@ -8714,201 +8722,182 @@ BEGIN
         MaxAttempts INT NOT NULL CONSTRAINT DF_Setting_MaxAttempts DEFAULT (3),
         RetryBaseSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryBaseSeconds DEFAULT (30),
         RetryMaxSeconds INT NOT NULL CONSTRAINT DF_Setting_RetryMaxSeconds DEFAULT (3600),
-        LeaseSeconds INT NOT NULL CONSTRAINT DF_Setting_LeaseSeconds DEFAULT (600),
+        LeaseSeconds INT NOT NULL CONSTRAINT DF_Setting_LeaseSeconds DEFAULT (30),
+        BatchSize INT NOT NULL CONSTRAINT DF_Setting_BatchSize DEFAULT (50),
+        TickSeconds INT NOT NULL CONSTRAINT DF_Setting_TickSeconds DEFAULT (60),
         ReceiveWaitMs INT NOT NULL CONSTRAINT DF_Setting_ReceiveWaitMs DEFAULT (5000),
-        TargetLockTimeoutMs INT NULL,
+        TargetLockTimeoutMs INT NOT NULL CONSTRAINT DF_Setting_TargetLockTimeoutMs DEFAULT (30000),
+        OverdueSeconds INT NOT NULL CONSTRAINT DF_Setting_OverdueSeconds DEFAULT (60),
+        RetentionDays INT NOT NULL CONSTRAINT DF_Setting_RetentionDays DEFAULT (30),
         CONSTRAINT PK_Setting PRIMARY KEY CLUSTERED (SettingId),
-        CONSTRAINT CK_Setting_SingleRow CHECK (SettingId = 1),
-        CONSTRAINT CK_Setting_MaxAttempts CHECK (MaxAttempts BETWEEN 1 AND 100),
-        CONSTRAINT CK_Setting_RetryBaseSeconds CHECK (RetryBaseSeconds BETWEEN 1 AND 86400),
-        CONSTRAINT CK_Setting_RetryMaxSeconds CHECK (RetryMaxSeconds BETWEEN 1 AND 86400),
-        CONSTRAINT CK_Setting_LeaseSeconds CHECK (LeaseSeconds BETWEEN 1 AND 86400),
-        CONSTRAINT CK_Setting_ReceiveWaitMs CHECK (ReceiveWaitMs BETWEEN 100 AND 60000),
-        CONSTRAINT CK_Setting_TargetLockTimeoutMs CHECK (TargetLockTimeoutMs BETWEEN 0 AND 3600000)
+        CONSTRAINT CK_Setting_Values CHECK (
+            SettingId = 1 AND MaxAttempts BETWEEN 1 AND 100 AND RetryBaseSeconds BETWEEN 1 AND 86400
+            AND RetryMaxSeconds BETWEEN 1 AND 86400 AND LeaseSeconds BETWEEN 5 AND 86400
+            AND BatchSize BETWEEN 1 AND 1000
+            AND TickSeconds BETWEEN 1 AND 86400 AND ReceiveWaitMs BETWEEN 100 AND 60000
+            AND TargetLockTimeoutMs BETWEEN 1 AND 3600000 AND OverdueSeconds BETWEEN 1 AND 86400
+            AND RetentionDays BETWEEN 1 AND 3650
+        )
     );
-
     INSERT INTO delay.Setting (SettingId) VALUES (1);
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.AllowedProcedure: the allow-list of procedures that delayed execution may run.
-An entry is a schema-qualified procedure and the object_id it had when it was
-listed (delay.AllowProcedure).  At call time and again at execution time a name
-resolves only if the entry exists AND sys.objects still holds a SQL procedure
-with that object_id, schema and name: a procedure dropped and recreated (even
-under the same name) must be listed again.
-AllowBareName = 1 lets a one-part name (the platform stores bare names such as
-N'TCXG') resolve to this entry; at most one entry per bare name may allow it
-(UX_AllowedProcedure_BareName).  A bare name never resolves through anybody's
-default schema.
-DefinitionHash pins the procedure's text: SHA2_256 of OBJECT_DEFINITION at
-listing time.  ALTER PROCEDURE keeps the object_id, so without it anyone who
-may alter a listed procedure could run code as dbo at its next schedule; a
-changed definition resolves to 50340 until a db_owner lists it again.
+delay.AllowedProcedure: the allow-list.  An entry is a procedure, its object ID when
+delay.AllowProcedure listed it and the SHA2_256 of its definition then (the pin);
+listing also grants MailqRunner EXECUTE on it.  A task of an entry whose procedure
+was altered, dropped, recreated or moved is Held until it is listed again; a task
+of a target with no entry (never listed, or disallowed) is Refused.
+AllowBareName = 1: the one-part form (N'TCXG') resolves to this entry (at most one
+entry each).  MaxReaders: readers that may run it at once (NULL: MAX_QUEUE_READERS - 1,
+at least 1), so a slow or blocked target never holds every reader.
 */
 IF OBJECT_ID(N'delay.AllowedProcedure', N'U') IS NULL
-BEGIN
     CREATE TABLE delay.AllowedProcedure (
         AllowedProcedureId INT IDENTITY (1, 1) NOT NULL,
         SchemaName SYSNAME NOT NULL,
         ProcedureName SYSNAME NOT NULL,
         ObjectId INT NOT NULL,
-        AllowBareName BIT NOT NULL
-            CONSTRAINT DF_AllowedProcedure_AllowBareName DEFAULT (0),
-        ListedAtUtc DATETIME2(3) NOT NULL
-            CONSTRAINT DF_AllowedProcedure_ListedAtUtc DEFAULT (SYSUTCDATETIME()),
-        ListedBy NVARCHAR(128) NOT NULL
-            CONSTRAINT DF_AllowedProcedure_ListedBy DEFAULT (ORIGINAL_LOGIN()),
-        DefinitionHash VARBINARY(32) NULL,
+        DefinitionHash VARBINARY(32) NOT NULL,
+        AllowBareName BIT NOT NULL CONSTRAINT DF_AllowedProcedure_AllowBareName DEFAULT (0),
+        MaxReaders INT NULL,
+        ListedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_AllowedProcedure_ListedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ListedBy NVARCHAR(128) NOT NULL CONSTRAINT DF_AllowedProcedure_ListedBy DEFAULT (ORIGINAL_LOGIN()),
         CONSTRAINT PK_AllowedProcedure PRIMARY KEY CLUSTERED (AllowedProcedureId),
-        CONSTRAINT UQ_AllowedProcedure_SchemaName_ProcedureName UNIQUE (SchemaName, ProcedureName)
+        CONSTRAINT UQ_AllowedProcedure_SchemaName_ProcedureName UNIQUE (SchemaName, ProcedureName),
+        CONSTRAINT CK_AllowedProcedure_MaxReaders CHECK (MaxReaders BETWEEN 1 AND 32767)
     );
-END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-UX_AllowedProcedure_BareName: a bare (one-part) name resolves to at most one
-listed procedure, so dbo.TCXG and app.TCXG cannot both answer to N'TCXG'.
-Filtered: entries that do not allow a bare name are not constrained.
+UX_AllowedProcedure_BareName: a bare name resolves to at most one listed procedure
+(dbo.TCXG and app.TCXG cannot both answer to N'TCXG').  Filtered; only
+delay.AllowProcedure (db_owner) writes the table.
 */
 IF NOT EXISTS (
     SELECT 1 FROM sys.indexes
     WHERE name = N'UX_AllowedProcedure_BareName' AND object_id = OBJECT_ID(N'delay.AllowedProcedure')
 )
-    CREATE UNIQUE NONCLUSTERED INDEX UX_AllowedProcedure_BareName
-        ON delay.AllowedProcedure (ProcedureName)
+    CREATE UNIQUE NONCLUSTERED INDEX UX_AllowedProcedure_BareName ON delay.AllowedProcedure (ProcedureName)
         WHERE AllowBareName = 1;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.Task: the bookkeeping of every scheduled row of dbo.tabDIYTable12402,
-kept beside the platform's table rather than in it.
-    TaskID             = dbo.tabDIYTable12402.ID (the task ID InitiateDelayExecution returns)
-    ConversationHandle the initiator handle of the task's own dialog: its
-                       conversation timer is the delay, the retry backoff and
-                       the watchdog lease in turn; NULL for refused rows
-    TaskState          Scheduled -> Running -> Done
-                                           -> Retrying -> Running ... -> Failed
-                       Scheduled/Retrying -> Cancelled; new row -> Refused
-    Receipt            what the platform's F108219 is set to:
-                       0 pending (Scheduled, Running, Retrying), 1 Done,
-                       2 Refused, 3 Failed (attempts exhausted or not retryable),
-                       4 Cancelled
-    DueAtUtc           CreatedAtUtc + delay: when the task should first run
-    NextRunAtUtc       when it runs next (DueAtUtc, then each retry's time)
-    LeaseUntilUtc      while Running: when the watchdog looks at the runner
-    FirstStartedAtUtc  the first run's start (lateness = this - DueAtUtc)
-    CreatedBy          ORIGINAL_LOGIN() of the session that inserted the row:
-                       MailqDelayCaller members may cancel only their own tasks
-    IdempotencyKey     InitiateDelayExecution's @IdempotencyKey: a resent call
-                       with the same key returns the first call's task
-Rows are written by the trigger on dbo.tabDIYTable12402 (set-based), by
-dbo.ProcessDelayQueue and by dbo.CancelDelayExecution only.
+delay.Task: the queue, one row per platform row the trigger saw (TaskID = its ID),
+with the target and its values copied when scheduled: a later UPDATE of the platform
+row changes nothing that runs.
+TaskState:   Pending -> Claimed -> Done | Pending (retry after a backoff) | Failed |
+             Held (the target changed; Pending again once listed again); Pending and
+             Held -> Cancelled, or Refused (disallowed); a bad row -> Refused at once.
+Receipt:     F108219's value: 0 pending, 1 Done, 2 Refused, 3 Failed, 4 Cancelled.
+ClaimToken, LeaseUntilUtc: a claim, taken again once its lease passed unless a reader
+runs it (its run holds the row; the sweep reads past).  Attempts: runs with an outcome;
+Claims: times claimed; CreatedBy: ORIGINAL_LOGIN() of the inserter (who may cancel).
+No filtered index, indexed computed column or indexed view (the trigger writes it in
+the platform's session, whatever its SET options); LOCK_ESCALATION = DISABLE, so a
+large platform INSERT never locks the table against the readers' READPAST claims.
 */
 IF OBJECT_ID(N'delay.Task', N'U') IS NULL
 BEGIN
     CREATE TABLE delay.Task (
         TaskID BIGINT NOT NULL,
-        ConversationHandle UNIQUEIDENTIFIER NULL,
         TargetName NVARCHAR(400) NULL,
         SchemaName SYSNAME NULL,
         ProcedureName SYSNAME NULL,
         DelaySeconds INT NULL,
+        Param1 NVARCHAR(200) NULL,
+        Param2 NVARCHAR(200) NULL,
+        Param3 NVARCHAR(200) NULL,
+        Param4 NVARCHAR(200) NULL,
+        Param5 NVARCHAR(200) NULL,
         TaskState NVARCHAR(16) NOT NULL,
         Receipt AS CAST(CASE TaskState
-                WHEN N'Done' THEN 1
-                WHEN N'Refused' THEN 2
-                WHEN N'Failed' THEN 3
-                WHEN N'Cancelled' THEN 4
-                ELSE 0
+                WHEN N'Done' THEN 1 WHEN N'Refused' THEN 2 WHEN N'Failed' THEN 3 WHEN N'Cancelled' THEN 4 ELSE 0
             END AS TINYINT),
         Attempts INT NOT NULL CONSTRAINT DF_Task_Attempts DEFAULT (0),
+        Claims INT NOT NULL CONSTRAINT DF_Task_Claims DEFAULT (0),
         CreatedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Task_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
         DueAtUtc DATETIME2(3) NULL,
         NextRunAtUtc DATETIME2(3) NULL,
+        ClaimToken UNIQUEIDENTIFIER NULL,
         LeaseUntilUtc DATETIME2(3) NULL,
         FirstStartedAtUtc DATETIME2(3) NULL,
         LastStartedAtUtc DATETIME2(3) NULL,
         FinishedAtUtc DATETIME2(3) NULL,
         LastErrorNumber INT NULL,
-        LastErrorMessage NVARCHAR(4000) NULL,
+        LastErrorMessage NVARCHAR(2048) NULL,
         CreatedBy NVARCHAR(128) NULL,
-        IdempotencyKey NVARCHAR(100) NULL,
         CONSTRAINT PK_Task PRIMARY KEY CLUSTERED (TaskID),
         CONSTRAINT CK_Task_TaskState CHECK (
-            TaskState IN (N'Scheduled', N'Running', N'Retrying', N'Done', N'Failed', N'Refused', N'Cancelled')
+            TaskState IN (N'Pending', N'Claimed', N'Held', N'Done', N'Failed', N'Refused', N'Cancelled')
         ),
-        CONSTRAINT CK_Task_Attempts CHECK (Attempts >= 0)
+        CONSTRAINT CK_Task_Attempts CHECK (Attempts >= 0 AND Claims >= 0)
     );
+    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET (as upgrades/mailq.0018).
+    EXEC sys.sp_executesql N'ALTER TABLE delay.Task SET (LOCK_ESCALATION = DISABLE);';
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-UX_Task_ConversationHandle: dbo.ProcessDelayQueue finds the task of a
-DialogTimer message by its conversation handle: a seek, whatever the backlog.
-Filtered: refused rows have no conversation.
+IX_Task_Due: readers claim Pending rows in NextRunAtUtc order and sweep Claimed
+ones; the timer reads the first Pending row; delay.GetTaskMetrics counts by
+state.  No included column: a running target's reader changes only the
+clustered row, so these reads never wait for a target.
 */
-IF NOT EXISTS (
-    SELECT 1 FROM sys.indexes
-    WHERE name = N'UX_Task_ConversationHandle' AND object_id = OBJECT_ID(N'delay.Task')
-)
-    CREATE UNIQUE NONCLUSTERED INDEX UX_Task_ConversationHandle
-        ON delay.Task (ConversationHandle)
-        WHERE ConversationHandle IS NOT NULL;
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = N'IX_Task_Due' AND object_id = OBJECT_ID(N'delay.Task'))
+    CREATE NONCLUSTERED INDEX IX_Task_Due ON delay.Task (TaskState, NextRunAtUtc);
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_Task_TaskState_NextRunAtUtc: the operator views (pending, running, failed,
-refused) and the health view filter on TaskState; a seek on the state, ordered
-by the next run, instead of a scan of every task ever scheduled.
+IX_Task_FinishedAtUtc: delay.PurgeHistory deletes final tasks oldest first, a
+bounded batch at a time.
 */
 IF NOT EXISTS (
-    SELECT 1 FROM sys.indexes
-    WHERE name = N'IX_Task_TaskState_NextRunAtUtc' AND object_id = OBJECT_ID(N'delay.Task')
+    SELECT 1 FROM sys.indexes WHERE name = N'IX_Task_FinishedAtUtc' AND object_id = OBJECT_ID(N'delay.Task')
 )
-    CREATE NONCLUSTERED INDEX IX_Task_TaskState_NextRunAtUtc
-        ON delay.Task (TaskState, NextRunAtUtc)
-        INCLUDE (TargetName, Attempts, LeaseUntilUtc);
+    CREATE NONCLUSTERED INDEX IX_Task_FinishedAtUtc ON delay.Task (FinishedAtUtc);
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-UX_Task_IdempotencyKey: one task per idempotency key of
-dbo.InitiateDelayExecution (a reconnecting caller may resend its call); the
-procedure finds an earlier task by a seek.  Filtered: most tasks have no key.
+delay.TaskKey: dbo.InitiateDelayExecution's idempotency keys, one per task.  A
+binary collation: keys compare as sent (with SQL Server's trailing-blank padding,
+which the procedure's key lock follows by hashing RTRIM of the key).  A table of
+its own: delay.Task keeps no filtered index, which would make the platform's
+INSERT depend on its session's SET options.
 */
-IF NOT EXISTS (
-    SELECT 1 FROM sys.indexes
-    WHERE name = N'UX_Task_IdempotencyKey' AND object_id = OBJECT_ID(N'delay.Task')
-)
-    CREATE UNIQUE NONCLUSTERED INDEX UX_Task_IdempotencyKey
-        ON delay.Task (IdempotencyKey)
-        WHERE IdempotencyKey IS NOT NULL;
+IF OBJECT_ID(N'delay.TaskKey', N'U') IS NULL
+    CREATE TABLE delay.TaskKey (
+        IdempotencyKey NVARCHAR(100) COLLATE Latin1_General_100_BIN2 NOT NULL,
+        TaskID BIGINT NOT NULL,
+        CONSTRAINT PK_TaskKey PRIMARY KEY CLUSTERED (IdempotencyKey)
+    );
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.Log: refusals and failures of delayed execution, one row per event.
-    EventName   Refused     the row was never scheduled or never run (ErrorNumber
-                            50302-50307 says why); receipt 2
-                Failed      a run failed and will be retried (Attempt = the run)
-                GaveUp      the last failure: receipt 3
-                Slow        a run outlived its lease; the runner is alive, the
-                            lease was extended (the run is not interrupted)
-                RunnerLost  the session running a target ended without reporting
-                            (ErrorNumber 50331); counted as a failed attempt
-                Cancelled   cancelled by dbo.CancelDelayExecution, or the
-                            platform row was deleted before the run (50332)
-                BrokerError an Error message arrived on a task's conversation,
-                            or the activation procedure itself failed
-    ErrorNumber / ErrorMessage: ERROR_NUMBER() and ERROR_MESSAGE() of the
-    failure, or the 503xx number of docs/errors.md.
+delay.ReceiptDue: tasks made final whose receipt F108219 is not written yet.  The
+transaction that makes a task final adds it; delay.WriteReceipts writes the
+receipts (as MailqRunner) a batch at a time and removes them.
+*/
+IF OBJECT_ID(N'delay.ReceiptDue', N'U') IS NULL
+    CREATE TABLE delay.ReceiptDue (TaskID BIGINT NOT NULL, CONSTRAINT PK_ReceiptDue PRIMARY KEY CLUSTERED (TaskID));
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+delay.Log: what happened to tasks besides running well, one row per event:
+Refused (never run, 50302-50306), Failed (a run failed, will be retried), GaveUp
+(the last failure; receipt 3), Held (the target changed: 50307, 50340, 50540),
+Released (listed again), Cancelled (by a cancel, or its ID reused: 50332),
+Receipt (the platform refused a receipt: 50548), Dispatcher (its conversation
+begun again, the database enabled).  Purged by delay.PurgeHistory.
 */
 IF OBJECT_ID(N'delay.Log', N'U') IS NULL
 BEGIN
@@ -8920,80 +8909,70 @@ BEGIN
         TargetName NVARCHAR(400) NULL,
         Attempt INT NULL,
         ErrorNumber INT NULL,
-        ErrorMessage NVARCHAR(4000) NULL,
-        ConversationHandle UNIQUEIDENTIFIER NULL,
+        ErrorMessage NVARCHAR(2048) NULL,
         CONSTRAINT PK_Log PRIMARY KEY CLUSTERED (LogId),
         CONSTRAINT CK_Log_EventName CHECK (
-            EventName IN (N'Refused', N'Failed', N'GaveUp', N'Slow', N'RunnerLost', N'Cancelled', N'BrokerError')
+            EventName IN (
+                N'Refused', N'Failed', N'GaveUp', N'Held', N'Released', N'Cancelled', N'Receipt', N'Dispatcher'
+            )
         )
     );
+    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET (as upgrades/mailq.0018).
+    EXEC sys.sp_executesql N'ALTER TABLE delay.Log SET (LOCK_ESCALATION = DISABLE);';
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_Log_TaskID: the failed and refused views show each task's log rows; a seek
-by task instead of a scan of the whole log.
+IX_Log_TaskID: a task's log rows by a seek.
 */
-IF NOT EXISTS (
-    SELECT 1 FROM sys.indexes
-    WHERE name = N'IX_Log_TaskID' AND object_id = OBJECT_ID(N'delay.Log')
-)
-    CREATE NONCLUSTERED INDEX IX_Log_TaskID
-        ON delay.Log (TaskID, LogId);
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = N'IX_Log_TaskID' AND object_id = OBJECT_ID(N'delay.Log'))
+    CREATE NONCLUSTERED INDEX IX_Log_TaskID ON delay.Log (TaskID, LogId);
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.Incident: messages that dbo.ProcessDelayQueue could not process, written
-by its recovery transaction (the one that RECEIVEs the message a second time,
-after step 1 failed and rolled back).
-Deliberately plain: no CHECK, no foreign key, no trigger, no default that can
-fail, and nothing the platform owns, so that the INSERT of the recovery cannot
-fail for the reason step 1 failed.  A failure to write here is the second
-rollback of that message; the reader then stops and writes the error log.
-    ConversationHandle  the conversation the message arrived on (ended by the recovery)
-    MessageType         its message_type_name
-    TaskID              the task step 1 was working on, if known
-    ErrorNumber / ErrorMessage  the error of step 1
-Read it with: SELECT IncidentId, RecordedAtUtc, TaskID, ErrorNumber, ErrorMessage
-              FROM delay.Incident ORDER BY IncidentId DESC;
+delay.Dispatcher: the one dispatcher conversation and its timer, one row.
+ConversationHandle: the initiator handle of the self-dialog whose conversation timer
+wakes activation (delay.ArmDispatcher begins a new one when it is lost).
+ArmedForUtc: when the timer fires, as the last reader set it: an upper bound (an
+inserter only moves the timer earlier), which inserters read to decide whether to.
+LastArmedAtUtc, LastWokenAtUtc: the readers' heartbeat (delay.Monitor).
+BrokerGuid: the broker identity this database runs tasks for (recorded by the first
+reader); a copy (another identity) runs nothing until delay.EnableThisDatabase there.
 */
-IF OBJECT_ID(N'delay.Incident', N'U') IS NULL
+IF OBJECT_ID(N'delay.Dispatcher', N'U') IS NULL
 BEGIN
-    CREATE TABLE delay.Incident (
-        IncidentId BIGINT IDENTITY (1, 1) NOT NULL,
-        RecordedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Incident_RecordedAtUtc DEFAULT (SYSUTCDATETIME()),
+    CREATE TABLE delay.Dispatcher (
+        DispatcherId TINYINT NOT NULL CONSTRAINT DF_Dispatcher_DispatcherId DEFAULT (1),
         ConversationHandle UNIQUEIDENTIFIER NULL,
-        MessageType NVARCHAR(256) NULL,
-        TaskID BIGINT NULL,
-        ErrorNumber INT NULL,
-        ErrorMessage NVARCHAR(4000) NULL,
-        CONSTRAINT PK_Incident PRIMARY KEY CLUSTERED (IncidentId)
+        ArmedForUtc DATETIME2(3) NULL,
+        LastArmedAtUtc DATETIME2(3) NULL,
+        LastWokenAtUtc DATETIME2(3) NULL,
+        BrokerGuid UNIQUEIDENTIFIER NULL,
+        EnabledAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Dispatcher_EnabledAtUtc DEFAULT (SYSUTCDATETIME()),
+        EnabledBy NVARCHAR(128) NOT NULL CONSTRAINT DF_Dispatcher_EnabledBy DEFAULT (ORIGINAL_LOGIN()),
+        CONSTRAINT PK_Dispatcher PRIMARY KEY CLUSTERED (DispatcherId),
+        CONSTRAINT CK_Dispatcher_SingleRow CHECK (DispatcherId = 1)
     );
+    INSERT INTO delay.Dispatcher (DispatcherId) VALUES (1);
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-dbo.tabDIYTable12402: the low-code platform's trigger table ("过程触发器_主表"),
-created if absent, adopted if the platform already made it.
-Columns (the platform's names):
-    ID       identity: the task ID
-    F108210  description                F108211  target procedure name
-    F108212 ... F108216  parameters 1-5 (the target's @Param1 ... @Param5)
-    F108217  created time (UTC when mailq-db creates the column)
-    F108218  delay in seconds           F108219  receipt
-Receipt (F108219): 0 pending, 1 done, 2 refused, 3 failed after its attempts,
-4 cancelled; NULL counts as 0.  Rows inserted with a non-zero receipt or a NULL
-name are left alone.
-Adoption: an existing table gains only the columns it lacks, added NULL so that
-the ALTER is a metadata change (no rewrite of the platform's rows); nothing is
-dropped or updated.  It must already have an identity ID and an integer-typed
-F108219 (the receipt codes do not fit a BIT); otherwise the deployment stops
-with 50390 and changes nothing.
-The outcome is recorded in delay.Installation; downgrade drops the table only
-when that row says N'created'.
+dbo.tabDIYTable12402: the low-code platform's trigger table, created if absent,
+adopted if the platform already made it.  Columns (the platform's names): ID
+identity (the task ID), F108210 description, F108211 target name, F108212-F108216
+the target's @Param1-@Param5, F108217 created time (UTC when created here),
+F108218 delay in seconds, F108219 receipt: 0 pending, 1 done, 2 refused,
+3 failed, 4 cancelled (NULL counts as 0).  Rows inserted with a non-zero receipt
+or a NULL name are left alone.  Once scheduled a row is informational: its values
+were copied into delay.Task, and an UPDATE of them changes nothing that runs.
+Adoption: an existing table gains only the columns it lacks, added NULL (metadata
+only, no row rewritten); nothing is dropped or updated.  It needs an identity ID
+and an integer F108219, else the deployment stops with 50390 and changes nothing.
+delay.Installation records N'created' or N'adopted'; only a created table is dropped.
 */
 IF OBJECT_ID(N'dbo.tabDIYTable12402', N'U') IS NULL
 BEGIN
@@ -9011,41 +8990,22 @@ BEGIN
         F108219 INT NULL CONSTRAINT DF_tabDIYTable12402_F108219 DEFAULT (0),
         CONSTRAINT PK_tabDIYTable12402 PRIMARY KEY CLUSTERED (ID)
     );
-
-    INSERT INTO delay.Installation (Item, Detail)
-    VALUES (N'dbo.tabDIYTable12402', N'created');
+    INSERT INTO delay.Installation (Item, Detail) VALUES (N'dbo.tabDIYTable12402', N'created');
 END;
 ELSE
 BEGIN
-    DECLARE @Msg NVARCHAR(2048);
-
     -- COLUMNPROPERTY is NULL when the column is missing, 0 when it is no identity.
     IF ISNULL(COLUMNPROPERTY(OBJECT_ID(N'dbo.tabDIYTable12402'), N'ID', 'IsIdentity'), 0) <> 1
-    BEGIN
-        SET @Msg = CONCAT(
-            N'dbo.tabDIYTable12402 exists but has no identity column ID; delayed execution ',
-            N'needs ID as the task ID. Nothing was changed.'
-        );
-        THROW 50390, @Msg, 1;
-    END;
-
+        THROW 50390, N'dbo.tabDIYTable12402 exists but has no identity column ID (the task ID). Nothing changed.', 1;
     IF EXISTS (
         SELECT 1
         FROM sys.columns AS c
         INNER JOIN sys.types AS t ON c.user_type_id = t.user_type_id
         WHERE
-            c.object_id = OBJECT_ID(N'dbo.tabDIYTable12402')
-            AND c.name = N'F108219'
+            c.object_id = OBJECT_ID(N'dbo.tabDIYTable12402') AND c.name = N'F108219'
             AND t.name NOT IN (N'tinyint', N'smallint', N'int', N'bigint', N'decimal', N'numeric')
     )
-    BEGIN
-        SET @Msg = CONCAT(
-            N'dbo.tabDIYTable12402.F108219 (receipt) must be an integer type to hold the ',
-            N'receipt codes 0-4; it is not. Nothing was changed.'
-        );
-        THROW 50390, @Msg, 1;
-    END;
-
+        THROW 50390, N'dbo.tabDIYTable12402.F108219 (receipt) must be an integer type. Nothing changed.', 1;
     IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108210') IS NULL
         ALTER TABLE dbo.tabDIYTable12402 ADD F108210 NVARCHAR(50) NULL;
     IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108211') IS NULL
@@ -9060,39 +9020,56 @@ BEGIN
         ALTER TABLE dbo.tabDIYTable12402 ADD F108215 NVARCHAR(200) NULL;
     IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108216') IS NULL
         ALTER TABLE dbo.tabDIYTable12402 ADD F108216 NVARCHAR(200) NULL;
-    -- Added without WITH VALUES: existing rows read NULL, new rows get the
-    -- default; a metadata-only change that never rewrites the platform's rows.
+    -- Without WITH VALUES: existing rows read NULL, new rows get the default (metadata only).
     IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108217') IS NULL
         ALTER TABLE dbo.tabDIYTable12402 ADD F108217 DATETIME2(3) NULL
             CONSTRAINT DF_tabDIYTable12402_F108217 DEFAULT (SYSUTCDATETIME());
     IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108218') IS NULL
-        ALTER TABLE dbo.tabDIYTable12402 ADD F108218 INT NULL
-            CONSTRAINT DF_tabDIYTable12402_F108218 DEFAULT (0);
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108218 INT NULL CONSTRAINT DF_tabDIYTable12402_F108218 DEFAULT (0);
     IF COL_LENGTH(N'dbo.tabDIYTable12402', N'F108219') IS NULL
-        ALTER TABLE dbo.tabDIYTable12402 ADD F108219 INT NULL
-            CONSTRAINT DF_tabDIYTable12402_F108219 DEFAULT (0);
-
-    INSERT INTO delay.Installation (Item, Detail)
-    VALUES (N'dbo.tabDIYTable12402', N'adopted');
+        ALTER TABLE dbo.tabDIYTable12402 ADD F108219 INT NULL CONSTRAINT DF_tabDIYTable12402_F108219 DEFAULT (0);
+    INSERT INTO delay.Installation (Item, Detail) VALUES (N'dbo.tabDIYTable12402', N'adopted');
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Message type MailqDelayRequest: "run task N now".  Sent only for a delay
-of 0 seconds (every other delay is a conversation timer, whose DialogTimer
-message is a system type).  Body: the task ID as BINARY(8)
-(CAST(TaskID AS BINARY(8)), read back with CAST(message_body AS BIGINT)).
-VALIDATION = NONE: the body is not XML and only our own trigger sends it.
+mailq.HookDispatcher: the hook dispatcher of delayed execution (docs/hooks.md), one
+row: when Enabled, a reader runs mailq.RunApplicationHooks once NextRunAtUtc has
+come (delay.RunDueTasks) and moves it IntervalSeconds on; the dispatcher's
+timer wakes for it too.  Deployed with delayed execution only; without it
+(`-x broker=off`) an Agent or elastic job runs mailq.RunApplicationHooks.
 */
-IF NOT EXISTS (SELECT 1 FROM sys.service_message_types WHERE name = N'MailqDelayRequest')
-    CREATE MESSAGE TYPE MailqDelayRequest VALIDATION = NONE;
+IF OBJECT_ID(N'mailq.HookDispatcher', N'U') IS NULL
+    CREATE TABLE mailq.HookDispatcher (
+        Singleton TINYINT NOT NULL CONSTRAINT DF_HookDispatcher_Singleton DEFAULT (1),
+        Enabled BIT NOT NULL,
+        IntervalSeconds INT NOT NULL,
+        NextRunAtUtc DATETIME2(3) NOT NULL,
+        LastRunAtUtc DATETIME2(3) NULL,
+        LastError NVARCHAR(4000) NULL,
+        ChangedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_HookDispatcher_ChangedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ChangedBy NVARCHAR(128) NOT NULL CONSTRAINT DF_HookDispatcher_ChangedBy DEFAULT (ORIGINAL_LOGIN()),
+        CONSTRAINT PK_HookDispatcher PRIMARY KEY CLUSTERED (Singleton),
+        CONSTRAINT CK_HookDispatcher_Singleton CHECK (Singleton = 1),
+        CONSTRAINT CK_HookDispatcher_IntervalSeconds CHECK (IntervalSeconds BETWEEN 1 AND 3600)
+    );
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Contract MailqDelayContract: the dialog of one delayed task.  The service
-talks to itself (one queue), so the initiator sends the only message type.
+Message type MailqDelayRequest: "look for due tasks now", sent by a reader that
+claimed a full batch, so that activation starts another reader.  No body
+(VALIDATION = EMPTY).  The dispatcher's other message is its timer's DialogTimer.
+*/
+IF NOT EXISTS (SELECT 1 FROM sys.service_message_types WHERE name = N'MailqDelayRequest')
+    CREATE MESSAGE TYPE MailqDelayRequest VALIDATION = EMPTY;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+Contract MailqDelayContract: the dispatcher's self-dialog (the timer on its
+initiator side; wake requests are sent by the initiator).
 */
 IF NOT EXISTS (SELECT 1 FROM sys.service_contracts WHERE name = N'MailqDelayContract')
     CREATE CONTRACT MailqDelayContract (MailqDelayRequest SENT BY INITIATOR);
@@ -9100,30 +9077,21 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Queue dbo.DelayServiceQueue: the DialogTimer, DelayRequest, EndDialog and Error
-messages of every delayed task.
-Created without ACTIVATION: the activation procedure dbo.ProcessDelayQueue
-RECEIVEs from this queue, so the queue exists first, then the procedure, then
-broker/dbo.DelayServiceQueue.activation.sql switches activation on.
-RETENTION = OFF: received messages are deleted (the log table keeps history).
-POISON_MESSAGE_HANDLING stays ON as the last safety net: dbo.ProcessDelayQueue
-never lets a RECEIVE transaction roll back because of a target (targets run
-in their own transaction after the RECEIVE committed), so if the queue is ever
-disabled (five rollbacks in a row of a transaction that received from it) the
-cause is a bug to fix, and delay.Health shows is_receive_enabled = 0.
+Queue dbo.DelayServiceQueue: the dispatcher's DialogTimer and MailqDelayRequest
+messages (and EndDialog/Error when its conversation ends): a handful of messages at
+any load, since tasks are rows of delay.Task.  Activation is added by
+broker/dbo.DelayServiceQueue.activation.sql once the procedure exists.
+POISON_MESSAGE_HANDLING stays ON as the last safety net: a transaction that
+RECEIVEs here does nothing else, so it has nothing to roll back for.
 */
 IF OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NULL
-    CREATE QUEUE dbo.DelayServiceQueue
-        WITH STATUS = ON,
-        RETENTION = OFF,
-        POISON_MESSAGE_HANDLING (STATUS = ON);
+    CREATE QUEUE dbo.DelayServiceQueue WITH STATUS = ON, RETENTION = OFF, POISON_MESSAGE_HANDLING (STATUS = ON);
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Service MailqDelayService on dbo.DelayServiceQueue.  Each task is a dialog
-from this service to itself (TO SERVICE N'MailqDelayService',
-N'CURRENT DATABASE'); both endpoints live on the one queue.
+Service MailqDelayService on dbo.DelayServiceQueue: the dispatcher's dialog
+goes from this service to itself (TO SERVICE N'MailqDelayService', N'CURRENT DATABASE').
 */
 IF NOT EXISTS (SELECT 1 FROM sys.services WHERE name = N'MailqDelayService')
     CREATE SERVICE MailqDelayService
@@ -9132,403 +9100,293 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.ResolveTarget: resolves a requested target name against the allow-list
-and sys.objects; the one place where a name becomes something executable.
-Parameters:  @Name NVARCHAR(4000): a name as the caller or the platform wrote it
-Result set:  exactly one row:
-             RefusalNumber INT: NULL when the name resolves, else why not:
-                 50304 empty, longer than 128 characters, or not a valid name
-                 50305 a three- or four-part name (another database or server)
-                 50306 not on the allow-list (delay.AllowedProcedure)
-                 50307 listed, but sys.objects no longer holds that procedure
-                       with the listed object_id, schema and name (dropped,
-                       recreated, moved, or renamed): list it again
-                 50340 listed, but its definition changed since it was listed
-                       (ALTER PROCEDURE keeps the object_id; the hash of
-                       OBJECT_DEFINITION no longer matches the pinned one):
-                       a db_owner reviews it and lists it again
-             RefusalMessage NVARCHAR(400): the reason in words, naming the value
-             SchemaName, ProcedureName SYSNAME, ObjectId INT: the catalog's
-                 names of the procedure to run (NULL when refused)
-Rules:       "schema.proc" matches the entry with that schema and name only.
-             A bare "proc" matches only the entry listed with AllowBareName = 1
-             (at most one per name); it never resolves through a default schema.
-             Names are compared, never executed: an injected string such as
-             N'x];DROP TABLE t;--' or N'dbo.p; EXEC xp_cmdshell ''x''' matches no
-             listed procedure.  The caller builds the EXEC from the returned
-             catalog names with QUOTENAME.
-             PARSENAME takes a sysname (NVARCHAR(128)) and would silently cut a
-             longer string, so longer names are refused before it is called.
-             Runs in its caller's security context (an inline function): the
-             callers run as dbo (EXECUTE AS OWNER) and so see every procedure.
-Example:     SELECT RefusalNumber, SchemaName, ProcedureName, ObjectId
-             FROM delay.ResolveTarget(N'dbo.TCXG');
+delay.Classify: one platform row (or one dbo.InitiateDelayExecution call) -> its
+allow-list entry, delay and values as the target will get them, or why it is refused.
+Names are matched against delay.AllowedProcedure only, never executed, never
+against the catalog (a listed procedure that changed is Held when due, not refused):
+"schema.proc" matches that entry; a bare "proc" only the one listed with
+AllowBareName = 1, never through a default schema.  PARSENAME takes a sysname and
+would cut a longer string: longer names are refused first.
+Parameters:  @Name NVARCHAR(4000); @Delay NVARCHAR(40) (F108218 as text: an adopted table
+             may type it otherwise; NULL counts as 0); @P1 ... @P5 NVARCHAR(MAX)
+Result set:  one row: RefusalNumber, RefusalMessage (NULL: schedule it; 50302 delay not
+             an integer 0-31,536,000; 50303 a value over 200 characters, never cut;
+             50304 a name empty, over 128 characters or not a name; 50305 three or four
+             parts; 50306 not listed), SchemaName, ProcedureName, TargetName
+             NVARCHAR(400), DelaySeconds, Param1 ... Param5 NVARCHAR(200)
+Example:     SELECT c.RefusalNumber FROM delay.Classify(N'TCXG', N'60', N'A-1', NULL, NULL, NULL, NULL) AS c;
 */
-CREATE OR ALTER FUNCTION delay.ResolveTarget(@Name NVARCHAR(4000))
+CREATE OR ALTER FUNCTION delay.Classify(
+    @Name NVARCHAR(4000), @Delay NVARCHAR(40),
+    @P1 NVARCHAR(MAX), @P2 NVARCHAR(MAX), @P3 NVARCHAR(MAX), @P4 NVARCHAR(MAX), @P5 NVARCHAR(MAX)
+)
 RETURNS TABLE
 AS
 RETURN
-SELECT
-    RefusalNumber = CASE
-        WHEN n.Part1 IS NULL THEN 50304
-        WHEN n.Part3 IS NOT NULL OR n.Part4 IS NOT NULL THEN 50305
-        WHEN a.AllowedProcedureId IS NULL THEN 50306
-        WHEN o.object_id IS NULL THEN 50307
-        WHEN a.DefinitionHash IS NULL OR h.CurrentHash IS NULL OR h.CurrentHash <> a.DefinitionHash THEN 50340
-    END,
-    RefusalMessage = CASE
-        WHEN n.Part1 IS NULL THEN CONCAT(
-                N'target name "', LEFT(@Name, 200), N'" is empty, longer than 128 characters or not a valid name'
-            )
-        WHEN n.Part3 IS NOT NULL OR n.Part4 IS NOT NULL THEN CONCAT(
-                N'target name "', LEFT(@Name, 200),
-                N'" has three or four parts; only schema.procedure or a bare name is allowed'
-            )
-        WHEN a.AllowedProcedureId IS NULL THEN CONCAT(
-                N'target name "', LEFT(@Name, 200), N'" is not on the allow-list (delay.AllowedProcedure)'
-            )
-        WHEN o.object_id IS NULL THEN CONCAT(
-                N'target name "', LEFT(@Name, 200), N'" was listed as ', QUOTENAME(a.SchemaName), N'.',
-                QUOTENAME(a.ProcedureName), N', which no longer exists with the listed identity; list it again'
-            )
-        WHEN a.DefinitionHash IS NULL OR h.CurrentHash IS NULL OR h.CurrentHash <> a.DefinitionHash THEN CONCAT(
-                N'target name "', LEFT(@Name, 200), N'" names ', QUOTENAME(a.SchemaName), N'.',
-                QUOTENAME(a.ProcedureName),
-                N', whose definition changed since it was listed; review it and list it again'
-            )
-    END,
-    SchemaName = CASE WHEN h.CurrentHash = a.DefinitionHash THEN a.SchemaName END,
-    ProcedureName = CASE WHEN h.CurrentHash = a.DefinitionHash THEN a.ProcedureName END,
-    ObjectId = CASE WHEN h.CurrentHash = a.DefinitionHash THEN o.object_id END
-FROM (
+WITH Checked AS (
     SELECT
-        Part1 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 1) END,
-        Part2 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 2) END,
-        Part3 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 3) END,
-        Part4 = CASE WHEN ok.IsShort = 1 THEN PARSENAME(@Name, 4) END
+        i.DelaySeconds, a.SchemaName, a.ProcedureName,
+        RefusalNumber = CASE
+            WHEN i.DelaySeconds IS NULL OR i.DelaySeconds NOT BETWEEN 0 AND 31536000 THEN 50302
+            -- LEN(x + N'.') - 1 counts trailing blanks, which LEN alone ignores.
+            WHEN LEN(@P1 + N'.') > 201 OR LEN(@P2 + N'.') > 201 OR LEN(@P3 + N'.') > 201
+                OR LEN(@P4 + N'.') > 201 OR LEN(@P5 + N'.') > 201 THEN 50303
+            WHEN i.Part1 IS NULL THEN 50304
+            WHEN i.Parts34 IS NOT NULL THEN 50305
+            WHEN a.SchemaName IS NULL THEN 50306
+        END
     FROM (
-        -- DATALENGTH, not LEN: LEN ignores trailing blanks.  2-256 bytes = 1-128 characters.
-        SELECT IsShort = CASE WHEN DATALENGTH(@Name) BETWEEN 2 AND 256 THEN 1 ELSE 0 END
-    ) AS ok
-) AS n
-OUTER APPLY (
-    -- At most one row: (SchemaName, ProcedureName) is unique, and so is
-    -- ProcedureName among the entries that allow a bare name.
-    SELECT
-        ap.AllowedProcedureId,
-        ap.SchemaName,
-        ap.ProcedureName,
-        ap.ObjectId,
-        ap.DefinitionHash
-    FROM delay.AllowedProcedure AS ap
-    WHERE
-        n.Part3 IS NULL
-        AND n.Part4 IS NULL
-        AND ap.ProcedureName = n.Part1
-        AND (ap.SchemaName = n.Part2 OR (n.Part2 IS NULL AND ap.AllowBareName = 1))
-) AS a
-LEFT OUTER JOIN sys.objects AS o
-    ON
-        a.ObjectId = o.object_id
-        AND o.type = 'P'
-        AND o.is_ms_shipped = 0
-        AND a.ProcedureName = o.name
-        AND o.schema_id = SCHEMA_ID(a.SchemaName)
--- The pin: SHA2_256 of the current text (HASHBYTES takes NVARCHAR(MAX)
--- since SQL Server 2016).  NULL for an encrypted module: refused.
-CROSS APPLY (VALUES (HASHBYTES('SHA2_256', OBJECT_DEFINITION(o.object_id)))) AS h(CurrentHash);
+        SELECT
+            DelaySeconds = IIF(@Delay IS NULL, 0, TRY_CONVERT(INT, @Delay)),
+            Part1 = IIF(DATALENGTH(@Name) BETWEEN 2 AND 256, PARSENAME(@Name, 1), NULL),
+            Part2 = IIF(DATALENGTH(@Name) BETWEEN 2 AND 256, PARSENAME(@Name, 2), NULL),
+            Parts34 = IIF(DATALENGTH(@Name) BETWEEN 2 AND 256, COALESCE(PARSENAME(@Name, 3), PARSENAME(@Name, 4)), NULL)
+    ) AS i
+    -- At most one entry: (SchemaName, ProcedureName) is unique, and so is a bare name.
+    OUTER APPLY (
+        SELECT ap.SchemaName, ap.ProcedureName FROM delay.AllowedProcedure AS ap
+        WHERE
+            i.Parts34 IS NULL AND ap.ProcedureName = i.Part1
+            AND (ap.SchemaName = i.Part2 OR (i.Part2 IS NULL AND ap.AllowBareName = 1))
+    ) AS a
+)
+
+SELECT
+    c.RefusalNumber,
+    RefusalMessage = CASE c.RefusalNumber
+        WHEN 50302 THEN CONCAT(N'delay ', LEFT(@Delay, 40), N' is not 0-31536000 seconds')
+        WHEN 50303 THEN N'a value is longer than the target''s 200 characters'
+        WHEN 50304 THEN CONCAT(N'"', LEFT(@Name, 200), N'" is empty, longer than 128 characters or not a name')
+        WHEN 50305 THEN CONCAT(N'"', LEFT(@Name, 200), N'" has three or four parts')
+        WHEN 50306 THEN CONCAT(N'"', LEFT(@Name, 200), N'" is not on the allow-list (delay.AllowedProcedure)')
+    END,
+    c.SchemaName, c.ProcedureName, TargetName = CAST(LEFT(@Name, 400) AS NVARCHAR(400)), c.DelaySeconds,
+    Param1 = CAST(@P1 AS NVARCHAR(200)), Param2 = CAST(@P2 AS NVARCHAR(200)), Param3 = CAST(@P3 AS NVARCHAR(200)),
+    Param4 = CAST(@P4 AS NVARCHAR(200)), Param5 = CAST(@P5 AS NVARCHAR(200))
+FROM Checked AS c;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.FinishTask: moves a task to a final state, sets the platform's receipt,
-logs the event and ends the task's conversation (which also drops its timer).
-Parameters:  @TaskID       BIGINT, required
-             @TaskState    NVARCHAR(16): Done, Failed, Refused or Cancelled
-             @EventName    NVARCHAR(16) = NULL: the delay.Log event to write
-                           (NULL writes none, e.g. for Done)
-             @ErrorNumber  INT = NULL, @ErrorMessage NVARCHAR(4000) = NULL:
-                           stored as the task's last error and in the log row
-             @SetReceipt   BIT = 1: 0 leaves dbo.tabDIYTable12402 alone; the
-                           caller writes the receipt after its COMMIT.  Every
-                           transaction that RECEIVEd passes 0: the platform's
-                           table may carry constraints or triggers we do not
-                           own, and a failure there must never roll back a
-                           RECEIVE (delay.Reconcile repairs a receipt that
-                           could not be written).
-Receipt:     Done 1, Refused 2, Failed 3, Cancelled 4 (dbo.tabDIYTable12402.F108219)
-Errors:      50399 called outside a transaction or with an unknown state (a bug)
-Transaction: joins the caller's, which must exist: the state change and the
-             END CONVERSATION commit or roll back together
-Internal:    called by dbo.ProcessDelayQueue and dbo.CancelDelayExecution (both
-             run as dbo); no role is granted EXECUTE.
-Example:     EXEC delay.FinishTask @TaskID = 42, @TaskState = N'Done';
+delay.CheckTarget: is a task's target, right now, the procedure that was listed?
+delay.RunTask reads it before the call and, in the call's transaction, after it:
+the same ObjectId, ModifyDate and DefinitionHash both times means nothing
+altered, dropped or recreated it in between (docs: "The check and the call").
+Parameters:  @SchemaName, @ProcedureName SYSNAME: the entry the task was scheduled for
+Result set:  one row: Verdict NVARCHAR(8): Run | Held (listed, but gone, recreated,
+             moved, or its definition differs from the pin or cannot be read) |
+             Refused (no entry: never listed, or disallowed); Reason INT (50307 gone
+             or recreated, 50340 changed, 50306 not listed), ObjectId, ModifyDate,
+             DefinitionHash, MaxReaders
+Security:    the catalog shows a procedure only to whoever may see it: callers run as dbo.
+Example:     SELECT Verdict, Reason FROM delay.CheckTarget(N'dbo', N'TCXG');
 */
-CREATE OR ALTER PROCEDURE delay.FinishTask
-    @TaskID BIGINT,
-    @TaskState NVARCHAR(16),
-    @EventName NVARCHAR(16) = NULL,
-    @ErrorNumber INT = NULL,
-    @ErrorMessage NVARCHAR(4000) = NULL,
-    @SetReceipt BIT = 1
+CREATE OR ALTER FUNCTION delay.CheckTarget(@SchemaName SYSNAME, @ProcedureName SYSNAME)
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    Verdict = CASE
+        WHEN a.ObjectId IS NULL THEN N'Refused'
+        WHEN o.object_id IS NULL OR h.CurrentHash IS NULL OR h.CurrentHash <> a.DefinitionHash THEN N'Held'
+        ELSE N'Run'
+    END,
+    Reason = CASE
+        WHEN a.ObjectId IS NULL THEN 50306
+        WHEN o.object_id IS NULL THEN 50307
+        WHEN h.CurrentHash IS NULL OR h.CurrentHash <> a.DefinitionHash THEN 50340
+    END,
+    ObjectId = o.object_id,
+    ModifyDate = o.modify_date,
+    DefinitionHash = h.CurrentHash,
+    a.MaxReaders
+FROM (VALUES (@SchemaName, @ProcedureName)) AS req(SchemaName, ProcedureName)
+OUTER APPLY (
+    SELECT ap.SchemaName, ap.ProcedureName, ap.ObjectId, ap.DefinitionHash, ap.MaxReaders
+    FROM delay.AllowedProcedure AS ap
+    WHERE ap.SchemaName = req.SchemaName AND ap.ProcedureName = req.ProcedureName
+) AS a
+LEFT OUTER JOIN sys.objects AS o
+    ON
+        a.ObjectId = o.object_id AND o.type = 'P' AND o.is_ms_shipped = 0
+        AND a.ProcedureName = o.name AND o.schema_id = SCHEMA_ID(a.SchemaName)
+-- The pin: SHA2_256 of the current text (NULL when there is none, e.g. WITH ENCRYPTION).
+OUTER APPLY (VALUES (HASHBYTES('SHA2_256', OBJECT_DEFINITION(o.object_id)))) AS h(CurrentHash);
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+delay.ArmDispatcher: sets the dispatcher's conversation timer, first beginning
+the dispatcher's self-dialog when there is none or it ended (NEW_BROKER,
+ERROR_BROKER_CONVERSATIONS, END CONVERSATION).
+Parameters:  @DueAtUtc DATETIME2(3) = NULL: an inserter's (or a release's) earliest due
+                 time: the timer moves to the earliest pending time, never later (BEGIN
+                 CONVERSATION TIMER replaces a timer).  NULL: a reader's end of pass: the
+                 earliest of the first Pending task, hook run, claim lease, now + TickSeconds
+             @Armed BIT OUTPUT: 1 set; 0 a lock was not granted in time
+             @NextDueUtc DATETIME2(3) OUTPUT: the first Pending task's due time
+Protocol:    docs/delayed-execution.md "One timer", models/delayexec.pml: a reader
+             writes delay.Dispatcher, then reads the due index with locks; an
+             inserter inserts, then reads delay.Dispatcher: one always sees the other.
+             A reader waits at most 200 ms for a lock, then polls (@Armed = 0); an
+             inserter waits at most 2 s for the arm lock, else leaves it to the tick.
+Errors:      an inserter's are swallowed (XACT_ABORT OFF there: never fails the INSERT);
+             a reader's other than 1205/1222 are re-raised.  Transaction: an inserter's
+             (held to its commit); a reader's own.
+Lock order:  the arm lock (applock), delay.Dispatcher, delay.Task, the conversation group.
+Security:    EXECUTE AS OWNER (timers and dialogs need dbo); granted to nobody.
+Example:     EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT, @NextDueUtc = @Next OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE delay.ArmDispatcher
+    @DueAtUtc DATETIME2(3) = NULL,
+    @Armed BIT = NULL OUTPUT,
+    @NextDueUtc DATETIME2(3) = NULL OUTPUT
+WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
-    DECLARE @Msg NVARCHAR(2048);
-    IF @@TRANCOUNT = 0 OR @TaskState IS NULL
-        OR @TaskState NOT IN (N'Done', N'Failed', N'Refused', N'Cancelled')
-    BEGIN
-        SET @Msg = CONCAT(
-            N'delay.FinishTask needs its caller''s transaction and a final @TaskState; got @@TRANCOUNT = ',
-            @@TRANCOUNT, N', @TaskState = ', ISNULL(@TaskState, N'NULL'), N'.'
-        );
-        THROW 50399, @Msg, 1;
-    END;
-
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE
-        @Handle UNIQUEIDENTIFIER,
-        @TargetName NVARCHAR(400),
-        @Attempts INT;
-
-    UPDATE delay.Task
-    SET
-        TaskState = @TaskState,
-        FinishedAtUtc = SYSUTCDATETIME(),
-        NextRunAtUtc = NULL,
-        LeaseUntilUtc = NULL,
-        LastErrorNumber = ISNULL(@ErrorNumber, LastErrorNumber),
-        LastErrorMessage = ISNULL(@ErrorMessage, LastErrorMessage),
-        @Handle = ConversationHandle,
-        @TargetName = TargetName,
-        @Attempts = Attempts
-    WHERE TaskID = @TaskID;
-
-    -- The receipt is set by the row's ID, never by matching parameter values
-    -- (the source design's join on F108211-F108216 missed NULLs and marked
-    -- rows with equal parameters together).
-    IF ISNULL(@SetReceipt, 1) = 1
-        UPDATE dbo.tabDIYTable12402
-        SET F108219 = CASE @TaskState
-            WHEN N'Done' THEN 1
-            WHEN N'Refused' THEN 2
-            WHEN N'Failed' THEN 3
-            WHEN N'Cancelled' THEN 4
-        END
-        WHERE ID = @TaskID;
-
-    IF @EventName IS NOT NULL
-        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle)
-        VALUES (@TaskID, @EventName, @TargetName, @Attempts, @ErrorNumber, @ErrorMessage, @Handle);
-
-    -- Every task's conversation ends here, once: no endpoint is left behind.
-    -- Ending the initiator side also discards its pending timer.  An endpoint
-    -- that no longer exists (ALTER DATABASE ... SET NEW_BROKER removes every
-    -- conversation without notice), is closed (CD) or was already ended by
-    -- this side (DO, disconnected outbound: "the local side of the
-    -- conversation has issued an END CONVERSATION"; its handle "is no longer
-    -- valid") is not ended again: END CONVERSATION needs an existing, open
-    -- conversation
-    -- (https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql,
-    -- https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql
-    -- ).
-    -- DI and ER are ended: they stay so "until the local side ... issues an
-    -- END CONVERSATION".
-    IF @Handle IS NOT NULL AND EXISTS (
-        SELECT 1 FROM sys.conversation_endpoints AS e
-        WHERE e.conversation_handle = @Handle AND e.state NOT IN ('CD', 'DO')
-    )
-        END CONVERSATION @Handle;
+        @Now DATETIME2(3) = SYSUTCDATETIME(), @Reader BIT = IIF(@DueAtUtc IS NULL, 1, 0),
+        @Handle UNIQUEIDENTIFIER, @ArmedFor DATETIME2(3), @Fire DATETIME2(3), @Tick INT = 60, @Wait INT = 2000,
+        @Lock INT, @Timeout INT, @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    SELECT @Armed = 0, @NextDueUtc = NULL;
+    SELECT @Tick = s.TickSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
+    IF @Reader = 1
+    BEGIN
+        -- A reader never waits long on an inserter: it yields and polls, and is
+        -- the victim of any deadlock with one.
+        SET LOCK_TIMEOUT 200;
+        SET DEADLOCK_PRIORITY LOW;
+        SET @Wait = 200;
+    END;
+    ELSE
+        -- Statement errors stay statement errors: nothing here fails the INSERT.
+        SET XACT_ABORT OFF;
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        EXEC @Lock = sys.sp_getapplock
+            @Resource = N'mailq-db/delay/arm', @LockMode = N'Exclusive', @LockOwner = N'Transaction',
+            @LockTimeout = @Wait;
+        IF @Lock >= 0
+        BEGIN
+            -- The reader writes the row first; inserters read it after inserting.
+            IF @Reader = 1
+                UPDATE d SET d.LastWokenAtUtc = @Now FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
+            SELECT @Handle = d.ConversationHandle, @ArmedFor = d.ArmedForUtc FROM delay.Dispatcher AS d
+            WHERE d.DispatcherId = 1;
+            -- A reader: READCOMMITTEDLOCK waits (200 ms at most) for an uncommitted row
+            -- that may come first, also under READ_COMMITTED_SNAPSHOT.  An inserter:
+            -- READPAST, it never waits on other rows.
+            IF @Reader = 1
+                SELECT TOP (1) @NextDueUtc = t.NextRunAtUtc
+                FROM delay.Task AS t WITH (READCOMMITTEDLOCK, INDEX (IX_Task_Due))
+                WHERE t.TaskState = N'Pending' ORDER BY t.NextRunAtUtc;
+            ELSE
+                SELECT TOP (1) @NextDueUtc = t.NextRunAtUtc
+                FROM delay.Task AS t WITH (READPAST, INDEX (IX_Task_Due))
+                WHERE t.TaskState = N'Pending' ORDER BY t.NextRunAtUtc;
+            -- Earlier than needed is always safe: a reader then finds nothing due.
+            SELECT @Fire = MIN(x.At)
+            FROM (
+                VALUES (@NextDueUtc), (@DueAtUtc), (IIF(@Reader = 1, DATEADD(SECOND, @Tick, @Now), @ArmedFor)),
+                ((SELECT MIN(t.LeaseUntilUtc) FROM delay.Task AS t WITH (READPAST) WHERE t.TaskState = N'Claimed')),
+                ((SELECT h.NextRunAtUtc FROM mailq.HookDispatcher AS h WHERE h.Singleton = 1 AND h.Enabled = 1))
+            ) AS x(At);
+            IF @Handle IS NULL OR NOT EXISTS (
+                SELECT 1 FROM sys.conversation_endpoints AS e
+                WHERE e.conversation_handle = @Handle AND e.state IN ('SO', 'SI', 'CO')
+            )
+            BEGIN
+                BEGIN DIALOG CONVERSATION @Handle FROM SERVICE MailqDelayService
+                    TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
+                    ON CONTRACT MailqDelayContract WITH ENCRYPTION = OFF;
+                UPDATE d SET d.ConversationHandle = @Handle FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
+                INSERT INTO delay.Log (EventName, ErrorMessage)
+                VALUES (N'Dispatcher', CONCAT(N'dispatcher conversation begun: ', @Handle));
+            END;
+            -- Whole seconds, 1 s at least (0 is not documented), one day at most.
+            SET @Timeout = CAST(CASE
+                WHEN @Fire <= @Now THEN 1
+                WHEN @Fire >= DATEADD(SECOND, 86400, @Now) THEN 86400
+                ELSE (DATEDIFF_BIG(MILLISECOND, @Now, @Fire) + 999) / 1000
+            END AS INT);
+            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
+            IF @Reader = 1
+                UPDATE d SET d.ArmedForUtc = DATEADD(SECOND, @Timeout, @Now), d.LastArmedAtUtc = @Now
+                FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
+            SET @Armed = 1;
+        END;
+        IF @OwnTran = 1 AND XACT_STATE() = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        SET @Armed = 0;
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        IF @Reader = 1 AND ERROR_NUMBER() NOT IN (1205, 1222) THROW;
+    END CATCH;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.RecordOutcome: step 3 of dbo.ProcessDelayQueue, split out of it
-(revision 0010): records the outcome of one run of a task's target in a new
-transaction, retried on deadlock (1205) at most three times.  No RECEIVE
-happens here, so a rollback never counts against the queue.
-Parameters:  @TaskID BIGINT, @TaskHandle UNIQUEIDENTIFIER (the task's
-             conversation), @TargetName NVARCHAR(400), @Attempt INT (the
-             attempt step 1 started), @ErrorNumber INT / @ErrorMessage
-             NVARCHAR(4000) (NULL: the target succeeded), @Retryable BIT
-             (0: the target committed or rolled back the transaction opened
-             for it; never run again), @Recorded BIT OUTPUT (1: committed)
-Result set:  none.
-Outcome:     still Running in this attempt -> Done (delay.FinishTask
-             @SetReceipt = 0) | Retrying + backoff timer (retryable, attempts
-             left, conversation open) | Failed (GaveUp).  Finished meanwhile
-             (a broker Error) or the row is gone: that outcome is kept and a
-             failure is only logged.  The receipt is written by the caller,
-             after this COMMIT (never inside a transaction here).
-Errors:      50360 called inside a transaction (internal misuse).  Any other
-             error is caught: logged to delay.Log (best effort), @Recorded = 0;
-             the lease timer (or delay.Reconcile) finds the task Running.
-Transaction: opens and commits its own, one per try; must be called outside a
-             transaction (the caller is the activation procedure, between
-             step 2 and the receipt).
-Isolation:   READ COMMITTED (set here): the UPDLOCK read locks the latest
-             committed row.
-Lock order:  the task's conversation group first (BEGIN CONVERSATION TIMER
-             locks it; skipped when the endpoint is no longer open), then its
-             delay.Task row (UPDLOCK, ROWLOCK), then delay.Log: the order of
-             step 1, dbo.CancelDelayExecution and delay.Reconcile.
-Internal:    called by dbo.ProcessDelayQueue only (both dbo's; ownership
-             chaining); no role is granted EXECUTE.
-Example:     EXEC delay.RecordOutcome @TaskID = 42, @TaskHandle = @h, @TargetName = N'dbo.P',
-                 @Attempt = 1, @ErrorNumber = NULL, @ErrorMessage = NULL, @Retryable = 1,
-                 @Recorded = @r OUTPUT;
+delay.WriteReceipts: writes the platform receipts (F108219) of tasks made final, up
+to 1,000 in one transaction (one log flush), and takes them off delay.ReceiptDue.
+As MailqRunner: the UPDATE fires the platform's own triggers with the runner's
+rights, never dbo's.  If the platform refuses the batch (its constraint or trigger),
+each receipt is tried alone; one it refuses is logged (Receipt, 50548) and dropped:
+delay.Task keeps the state.  Errors: none raised.
+Transaction: its own (returns at once inside a caller's).
+Lock order:  delay.ReceiptDue (READPAST: readers never wait for each other),
+             delay.Task (read), dbo.tabDIYTable12402, delay.Log.
+Example:     EXEC delay.WriteReceipts;   -- delay.RunDueTasks after each batch
 */
-CREATE OR ALTER PROCEDURE delay.RecordOutcome
-    @TaskID BIGINT,
-    @TaskHandle UNIQUEIDENTIFIER,
-    @TargetName NVARCHAR(400),
-    @Attempt INT,
-    @ErrorNumber INT,
-    @ErrorMessage NVARCHAR(4000),
-    @Retryable BIT,
-    @Recorded BIT OUTPUT
+CREATE OR ALTER PROCEDURE delay.WriteReceipts
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-    -- The reader's own priority for its bookkeeping (the caller re-asserts
-    -- it after the target too; a SET in a procedure reverts when it returns).
-    SET DEADLOCK_PRIORITY HIGH;
-
-    IF @@TRANCOUNT > 0
-        THROW 50360, N'delay.RecordOutcome opens its own transaction; call it outside one (internal misuse).', 1;
-
-    DECLARE
-        @Now DATETIME2(3),
-        @TaskState NVARCHAR(16),
-        @Attempts INT,
-        @Timeout INT,
-        @Backoff BIGINT,
-        @EndpointOpen BIT,
-        @Try INT,
-        @StepErrorNumber INT,
-        @StepErrorMessage NVARCHAR(4000),
-        @MaxAttempts INT = 3,
-        @RetryBaseSeconds INT = 30,
-        @RetryMaxSeconds INT = 3600,
-        @LeaseSeconds INT = 600,
-        -- A conversation timer never exceeds one day; longer ones are chained.
-        @MaxTimerSeconds INT = 86400;
-
-    SELECT
-        @MaxAttempts = s.MaxAttempts,
-        @RetryBaseSeconds = s.RetryBaseSeconds,
-        @RetryMaxSeconds = s.RetryMaxSeconds,
-        @LeaseSeconds = s.LeaseSeconds
-    FROM delay.Setting AS s
-    WHERE s.SettingId = 1;
-
-    SELECT @Recorded = 0, @Try = 0;
-    WHILE @Recorded = 0 AND @Try < 3
+    IF @@TRANCOUNT > 0 RETURN;
+    DECLARE @TaskID BIGINT = 0, @Alone BIT = 0, @Runner BIT = 0, @Left INT = 1000, @Message NVARCHAR(2048);
+    DECLARE @Due TABLE (TaskID BIGINT NOT NULL PRIMARY KEY);
+    WHILE @Left > 0
     BEGIN
-        SET @Try += 1;
+        IF @Alone = 1
+        BEGIN
+            -- After a refused batch: one receipt at a time, each in its own transaction.
+            SELECT @TaskID = MIN(r.TaskID) FROM delay.ReceiptDue AS r WITH (READPAST) WHERE r.TaskID > @TaskID;
+            SET @Left -= 1;
+            IF @TaskID IS NULL RETURN;
+        END;
         BEGIN TRY
             BEGIN TRANSACTION;
-
-            -- Conversation group first (BEGIN CONVERSATION TIMER locks
-            -- it), then the task row: the lock order of step 1.  It
-            -- also keeps the watchdog armed until the outcome is
-            -- committed.  A conversation ended meanwhile (a recovery,
-            -- NEW_BROKER) has no group to lock: the row comes first.
-            SET @EndpointOpen = CASE
-                WHEN EXISTS (
-                    SELECT 1 FROM sys.conversation_endpoints AS e
-                    WHERE e.conversation_handle = @TaskHandle AND e.state NOT IN ('CD', 'DO', 'ER', 'DI')
-                ) THEN 1
-                ELSE 0
-            END;
-            SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
-            IF @EndpointOpen = 1
-                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
-
-            SET @TaskState = NULL;
-            -- UPDLOCK, ROWLOCK: as in step 1.
-            SELECT
-                @TaskState = t.TaskState,
-                @Attempts = t.Attempts
-            FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
-            WHERE t.TaskID = @TaskID;
-
-            SET @Now = SYSUTCDATETIME();
-
-            IF @TaskState IS NULL OR @TaskState <> N'Running' OR @Attempts <> @Attempt
-            BEGIN
-                -- Finished meanwhile (a broker Error) or the row is gone: keep that outcome.
-                IF @ErrorNumber IS NOT NULL
-                    INSERT INTO delay.Log (
-                        TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
-                    )
-                    VALUES (
-                        @TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle
-                    );
-            END;
-            ELSE IF @ErrorNumber IS NULL
-                EXEC delay.FinishTask @SetReceipt = 0, @TaskID = @TaskID, @TaskState = N'Done';
-            ELSE IF @Retryable = 1 AND @Attempt < @MaxAttempts AND @EndpointOpen = 1
-            BEGIN
-                SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
-                    * POWER(CAST(4 AS BIGINT), IIF(@Attempt > 10, 10, @Attempt - 1));
-                SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
-
-                UPDATE delay.Task
-                SET
-                    TaskState = N'Retrying',
-                    NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
-                    LeaseUntilUtc = NULL,
-                    LastErrorNumber = @ErrorNumber,
-                    LastErrorMessage = @ErrorMessage
-                WHERE TaskID = @TaskID;
-
-                -- Replaces the lease: the retry is a new timer on the same conversation.
-                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
-
-                INSERT INTO delay.Log (
-                    TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
-                )
-                VALUES (@TaskID, N'Failed', @TargetName, @Attempt, @ErrorNumber, @ErrorMessage, @TaskHandle);
-            END;
-            ELSE
-                EXEC delay.FinishTask
-                    @SetReceipt = 0,
-                    @TaskID = @TaskID,
-                    @TaskState = N'Failed',
-                    @EventName = N'GaveUp',
-                    @ErrorNumber = @ErrorNumber,
-                    @ErrorMessage = @ErrorMessage;
-
+            DELETE FROM @Due;
+            DELETE TOP (1000) r
+            OUTPUT deleted.TaskID INTO @Due (TaskID)
+            FROM delay.ReceiptDue AS r WITH (READPAST, ROWLOCK)
+            WHERE @Alone = 0 OR r.TaskID = @TaskID;
+            EXECUTE AS USER = N'MailqRunner';
+            SET @Runner = 1;
+            UPDATE p SET p.F108219 = t.Receipt
+            FROM dbo.tabDIYTable12402 AS p
+            INNER JOIN @Due AS d ON p.ID = d.TaskID INNER JOIN delay.Task AS t ON d.TaskID = t.TaskID;
+            REVERT;
+            SET @Runner = 0;
             COMMIT TRANSACTION;
-            SET @Recorded = 1;
+            IF @Alone = 0 RETURN;
         END TRY
         BEGIN CATCH
-            SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
-            IF XACT_STATE() <> 0
-                ROLLBACK TRANSACTION;
-            -- 1205: deadlock victim, try again.  Anything else: stop
-            -- trying; the lease timer (or delay.Reconcile) finds the
-            -- task Running with no runner.
-            IF @StepErrorNumber <> 1205 OR @Try >= 3
+            SELECT @Message = LEFT(ERROR_MESSAGE(), 2048);
+            IF @Runner = 1
+                REVERT;
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            SET @Runner = 0;
+            IF @Alone = 1
             BEGIN
-                SET @Try = 3;
-                BEGIN TRY
-                    INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage)
-                    VALUES (
-                        @TaskID, N'BrokerError', @TargetName, @Attempt, @StepErrorNumber,
-                        CONCAT(
-                            N'the outcome of attempt ', @Attempt, N' could not be recorded: ', @StepErrorMessage
-                        )
-                    );
-                END TRY
-                BEGIN CATCH
-                    -- Best effort: the lease timer still covers the task.
-                    SET @Recorded = 0;
-                END CATCH;
+                DELETE FROM delay.ReceiptDue WHERE TaskID = @TaskID;
+                INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage)
+                VALUES (@TaskID, N'Receipt', 50548, CONCAT(N'the platform refused the receipt: ', @Message));
             END;
+            SET @Alone = 1;
         END CATCH;
     END;
 END;
@@ -9536,1290 +9394,478 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-dbo.ProcessDelayQueue: activation procedure of dbo.DelayServiceQueue; runs due
-delayed tasks.  Service Broker starts it (EXECUTE AS OWNER, up to
-MAX_QUEUE_READERS copies); it loops until the queue stays empty for
-delay.Setting.ReceiveWaitMs, then returns.
-Parameters:  none.  Result sets: none.
-Messages:    DialogTimer (on a task's initiator handle): the delay, a retry's
-                 backoff or the watchdog lease has expired
-             MailqDelayRequest (on the target handle; body = task ID):
-                 a task with delay 0, to run at once; it runs only if the task
-                 is still bound to this very conversation (the initiator
-                 handle of the same conversation_id), never by the ID alone
-             EndDialog, Error: end this side of the conversation; a task still
-                 pending on it is failed (BrokerError)
+delay.RunTask: runs one claimed task: its target in a transaction T of its own,
+as MailqRunner, with the outcome committed in T with the target's work.
+Parameters:  @TaskID BIGINT, @ClaimToken UNIQUEIDENTIFIER: the reader's claim
+Steps in T:  1. the run lock: an UPDATE of the task's row for this claim (held until T
+             ends: the sweep reads past it; a claim swept meanwhile is left alone);
+             2. delay.CheckTarget: Held or Refused is recorded, nothing runs; 3. a slot
+             of the target (at most MaxReaders readers run it at once) and the run's
+             session lock (the sweep skips it even if the target ends T), else Pending
+             again in 2 s; 4. EXECUTE AS USER = N'MailqRunner', one SET line, the target
+             through sp_executesql, REVERT; 5. delay.CheckTarget again: the same
+             ObjectId, ModifyDate and hash, else rolled back and Held (50540); 6. Done.
+Failures:    T is rolled back and the failure recorded in a short transaction: Pending
+             after a backoff, or Failed (attempts used up; the target ended the
+             transaction opened for it, 266: not run again; claimed too often, 50541).
+Errors:      a target's are recorded, never raised; our own bookkeeping's are raised.
+Isolation:   READ COMMITTED.  Lock order: the task row, the slot (an application lock),
+             whatever the target locks, delay.ReceiptDue, delay.Log.
+Example:     EXEC delay.RunTask @TaskID = 42, @ClaimToken = @Token;   -- delay.RunDueTasks only
+*/
+CREATE OR ALTER PROCEDURE delay.RunTask
+    @TaskID BIGINT,
+    @ClaimToken UNIQUEIDENTIFIER
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Now DATETIME2(3) = SYSUTCDATETIME(), @SchemaName SYSNAME, @ProcedureName SYSNAME, @SPName NVARCHAR(200),
+        @P1 NVARCHAR(200), @P2 NVARCHAR(200), @P3 NVARCHAR(200), @P4 NVARCHAR(200), @P5 NVARCHAR(200),
+        @Claims INT, @Verdict NVARCHAR(8), @Reason INT, @ObjectId INT, @Modified DATETIME, @Hash VARBINARY(32),
+        @Cap INT, @Slot INT = 0, @Lock INT = -1, @LockName NVARCHAR(255), @Sql NVARCHAR(MAX), @Error INT,
+        @Message NVARCHAR(2048), @TranCount INT, @GiveUp BIT = 0, @MaxAttempts INT = 3, @RetryBase INT = 30,
+        @RetryMax INT = 3600, @LockTimeoutMs INT = 30000, @Attempts INT, @State NVARCHAR(16), @Event NVARCHAR(16),
+        @NextRun DATETIME2(3), @Ran BIT = 0;
+    SELECT @MaxAttempts = s.MaxAttempts, @RetryBase = s.RetryBaseSeconds, @RetryMax = s.RetryMaxSeconds,
+        @LockTimeoutMs = s.TargetLockTimeoutMs FROM delay.Setting AS s WHERE s.SettingId = 1;
+    BEGIN TRANSACTION;
+    -- 1. The run lock; the far lease marks the run (if the target commits T, no sweep
+    --    claims it again; delay.Monitor fails it if its reader ends).
+    UPDATE t
+    SET
+        t.LeaseUntilUtc = '9999-12-31', @SchemaName = t.SchemaName, @ProcedureName = t.ProcedureName,
+        @SPName = LEFT(t.TargetName, 200), @P1 = t.Param1, @P2 = t.Param2, @P3 = t.Param3, @P4 = t.Param4,
+        @P5 = t.Param5, @Claims = t.Claims, @Attempts = t.Attempts, @NextRun = t.NextRunAtUtc
+    FROM delay.Task AS t WITH (ROWLOCK)
+    WHERE t.TaskID = @TaskID AND t.ClaimToken = @ClaimToken AND t.TaskState = N'Claimed';
+    IF @@ROWCOUNT = 0
+    BEGIN
+        ROLLBACK TRANSACTION;
+        RETURN;
+    END;
+    -- 2. Is the target still what was listed?
+    SELECT
+        @Verdict = IIF(@Claims > @MaxAttempts + 3, N'Failed', c.Verdict),
+        @Reason = IIF(@Claims > @MaxAttempts + 3, 50541, c.Reason),
+        @ObjectId = c.ObjectId, @Modified = c.ModifyDate, @Hash = c.DefinitionHash, @Cap = c.MaxReaders
+    FROM delay.CheckTarget(@SchemaName, @ProcedureName) AS c;
+    SELECT @Cap = COALESCE(@Cap, NULLIF(q.max_readers - 1, 0), 1) FROM sys.service_queues AS q
+    WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue');
+    -- 3. A slot of this target (transaction-owned: released when T ends).
+    WHILE @Verdict = N'Run' AND @Lock < 0 AND @Slot < @Cap
+    BEGIN
+        SELECT @Slot += 1, @LockName = CONCAT(N'mailq-db/delay/slot/', @ObjectId, N'/', @Slot);
+        EXEC @Lock = sys.sp_getapplock
+            @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 0;
+    END;
+    -- The run's session lock: held for the run even if the target ends T (the sweep tests it).
+    SET @LockName = CONCAT(N'mailq-db/delay/run/', @TaskID);
+    IF @Verdict = N'Run' AND @Lock >= 0
+        EXEC @Lock = sys.sp_getapplock
+            @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = 0;
+    IF @Verdict = N'Run' AND @Lock >= 0
+    BEGIN
+        -- 4. Only QUOTENAMEd catalog names reach the text, values are parameters.  The SET
+        --    line: a target never inherits the reader's session; SETs revert on return.
+        SET @Sql = CONCAT(
+            N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, CONCAT_NULL_YIELDS_NULL ',
+            N'ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT ',
+            @LockTimeoutMs, N'; EXEC ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName),
+            N' @SPName = @SPName, @Param1 = @P1, @Param2 = @P2, @Param3 = @P3, @Param4 = @P4, @Param5 = @P5;'
+        );
+        -- REVERT in a module undoes only its own EXECUTE AS, and leaving a module undoes
+        -- it too: the target can neither keep nor undo this one.
+        EXECUTE AS USER = N'MailqRunner';
+        BEGIN TRY
+            EXEC sys.sp_executesql @Sql,
+                N'@SPName NVARCHAR(200), @P1 NVARCHAR(200), @P2 NVARCHAR(200), @P3 NVARCHAR(200),
+                  @P4 NVARCHAR(200), @P5 NVARCHAR(200)',
+                @SPName = @SPName, @P1 = @P1, @P2 = @P2, @P3 = @P3, @P4 = @P4, @P5 = @P5;
+        END TRY
+        BEGIN CATCH
+            SELECT @Error = ERROR_NUMBER(), @Message = LEFT(ERROR_MESSAGE(), 2048), @TranCount = @@TRANCOUNT;
+        END CATCH;
+        REVERT;
+        EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
+        -- 5. The code that ran is the code that was checked.
+        IF @Error IS NULL AND @@TRANCOUNT = 1 AND XACT_STATE() = 1 AND NOT EXISTS (
+            SELECT 1 FROM delay.CheckTarget(@SchemaName, @ProcedureName) AS c
+            WHERE
+                c.Verdict = N'Run' AND c.ObjectId = @ObjectId AND c.ModifyDate = @Modified
+                AND c.DefinitionHash = @Hash
+        )
+            SELECT @Error = 50540, @Message = N'the target was altered or replaced while it was called: rolled back';
+        -- A failure: undo all.  266 with none left open: the target ended the transaction
+        -- opened for it (its work may be committed: not run again); else 50335.
+        SELECT @Ran = 1, @TranCount = ISNULL(@TranCount, @@TRANCOUNT);
+        IF @Error IS NOT NULL OR @@TRANCOUNT <> 1 OR XACT_STATE() <> 1
+        BEGIN
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            SET @GiveUp = IIF(@Error = 266 AND @TranCount = 0, 1, 0);
+            SET @Error = IIF((@Error = 266 AND @TranCount > 0) OR @Error IS NULL, 50335, @Error);
+            BEGIN TRANSACTION;
+        END;
+    END;
+    -- 6. The outcome, in T with the target's work (Done) or after a failure's rollback.
+    SELECT
+        @State = CASE
+            WHEN @Verdict <> N'Run' THEN @Verdict
+            WHEN @Ran = 0 THEN N'Pending'
+            WHEN @Error IS NULL THEN N'Done'
+            WHEN @Error = 50540 THEN N'Held'
+            WHEN @GiveUp = 1 OR @Attempts + 1 >= @MaxAttempts THEN N'Failed'
+            ELSE N'Pending'
+        END,
+        -- 50306 disallowed, 50307 gone or recreated, 50340 changed, 50541 claimed too often.
+        @Message = COALESCE(@Message, IIF(@Reason IS NULL, NULL, CONCAT(QUOTENAME(@SchemaName), N'.',
+            QUOTENAME(@ProcedureName), IIF(@Reason = 50541, N': claimed too often without an outcome',
+            N': not the listed procedure'), N' (', @Reason, N', docs/errors.md)')));
+    SELECT
+        @Event = CASE
+            WHEN @State IN (N'Held', N'Refused') THEN @State
+            WHEN @State = N'Failed' THEN N'GaveUp'
+            WHEN @State = N'Pending' AND @Ran = 1 THEN N'Failed'
+        END,
+        @NextRun = CASE
+            WHEN @State <> N'Pending' THEN @NextRun
+            WHEN @Ran = 0 THEN DATEADD(SECOND, 2, @Now)
+            ELSE DATEADD(SECOND, IIF(
+                @RetryBase * POWER(CAST(4 AS BIGINT), IIF(@Attempts > 10, 10, @Attempts)) > @RetryMax, @RetryMax,
+                @RetryBase * POWER(CAST(4 AS BIGINT), IIF(@Attempts > 10, 10, @Attempts))
+            ), @Now)
+        END;
+    UPDATE t
+    SET
+        t.TaskState = @State, t.Attempts = t.Attempts + @Ran, t.NextRunAtUtc = @NextRun,
+        t.FirstStartedAtUtc = IIF(@Ran = 1, ISNULL(t.FirstStartedAtUtc, @Now), t.FirstStartedAtUtc),
+        t.LastStartedAtUtc = IIF(@Ran = 1, @Now, t.LastStartedAtUtc),
+        t.FinishedAtUtc = IIF(@State IN (N'Done', N'Failed', N'Refused'), SYSUTCDATETIME(), NULL),
+        t.ClaimToken = NULL, t.LeaseUntilUtc = NULL,
+        t.LastErrorNumber = COALESCE(@Error, @Reason, t.LastErrorNumber),
+        t.LastErrorMessage = COALESCE(@Message, t.LastErrorMessage)
+    FROM delay.Task AS t
+    WHERE t.TaskID = @TaskID;
+    IF @State IN (N'Done', N'Failed', N'Refused')
+        INSERT INTO delay.ReceiptDue (TaskID) VALUES (@TaskID);
+    IF @Event IS NOT NULL
+        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage)
+        VALUES (@TaskID, @Event, @SPName, @Attempts + @Ran, COALESCE(@Error, @Reason), @Message);
+    COMMIT TRANSACTION;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+delay.RunDueTasks: a reader's work between two messages: the hook run when due
+(mailq.HookDispatcher: one reader wins it, READPAST; mailq.RunApplicationHooks runs
+outside any transaction, its error kept in LastError), then claim and run until
+nothing is due.  A claim is one short transaction on
+IX_Task_Due (READPAST, UPDLOCK, ROWLOCK) of up to BatchSize rows: first the sweep,
+Claimed tasks whose lease passed (a running task's row and session lock are held by
+its run, so the sweep passes it by: a task never runs twice at once), then Pending tasks due now,
+oldest first; each claim gets a new token and LeaseSeconds.  Each task then runs in
+its own transaction (delay.RunTask), and the batch's receipts follow
+(delay.WriteReceipts).  A full batch sends one MailqDelayRequest on the dispatcher
+conversation: activation then starts another reader.  A copy of the database (its
+service_broker_guid is not delay.Dispatcher's) runs nothing until delay.EnableThisDatabase.
+Parameters:  @Claimed INT OUTPUT: tasks claimed by this call
+Transaction: none open on entry; one per claim, per task, per receipt batch.
+Example:     EXEC delay.RunDueTasks @Claimed = @Claimed OUTPUT;   -- dbo.ProcessDelayQueue
+*/
+CREATE OR ALTER PROCEDURE delay.RunDueTasks
+    @Claimed INT = 0 OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    -- READPAST is refused under SERIALIZABLE, REPEATABLE READ and SNAPSHOT.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME(), @Token UNIQUEIDENTIFIER, @TaskID BIGINT, @Count INT, @Batch INT = 50,
+        @LeaseSeconds INT = 30, @Handle UNIQUEIDENTIFIER, @Error NVARCHAR(4000);
+    DECLARE @Claim TABLE (TaskID BIGINT NOT NULL PRIMARY KEY);
+    SET @Claimed = 0;
+    -- The identity is recorded by the first pass after deployment (then only by delay.EnableThisDatabase).
+    UPDATE d SET d.BrokerGuid = db.service_broker_guid
+    FROM delay.Dispatcher AS d INNER JOIN sys.databases AS db ON db.database_id = DB_ID()
+    WHERE d.DispatcherId = 1 AND d.BrokerGuid IS NULL;
+    IF NOT EXISTS (
+        SELECT 1 FROM delay.Dispatcher AS d
+        INNER JOIN sys.databases AS db ON d.BrokerGuid = db.service_broker_guid AND db.database_id = DB_ID()
+        WHERE d.DispatcherId = 1
+    )
+        RETURN;
+    UPDATE h
+    SET h.NextRunAtUtc = DATEADD(SECOND, h.IntervalSeconds, @Now), h.LastRunAtUtc = @Now
+    FROM mailq.HookDispatcher AS h WITH (READPAST, ROWLOCK)
+    WHERE h.Singleton = 1 AND h.Enabled = 1 AND h.NextRunAtUtc <= @Now;
+    IF @@ROWCOUNT = 1
+    BEGIN
+        BEGIN TRY
+            EXEC mailq.RunApplicationHooks @MaxEvents = 1000, @Quiet = 1;
+        END TRY
+        BEGIN CATCH
+            SET @Error = LEFT(CONCAT(N'error ', ERROR_NUMBER(), N': ', ERROR_MESSAGE()), 4000);
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        END CATCH;
+        UPDATE h SET h.LastError = @Error FROM mailq.HookDispatcher AS h WHERE h.Singleton = 1;
+    END;
+    WHILE 1 = 1
+    BEGIN
+        SELECT @Batch = s.BatchSize, @LeaseSeconds = s.LeaseSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
+        SELECT @Now = SYSUTCDATETIME(), @Token = NEWID();
+        DELETE FROM @Claim;
+        BEGIN TRANSACTION;
+        -- READPAST: skip rows others hold (claiming or running); UPDLOCK: claim while
+        -- reading; ROWLOCK: row grain, so READPAST skips rows, not pages.
+        UPDATE TOP (@Batch) t
+        SET t.ClaimToken = @Token, t.LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now), t.Claims = t.Claims + 1
+        OUTPUT inserted.TaskID INTO @Claim (TaskID)
+        FROM delay.Task AS t WITH (READPAST, UPDLOCK, ROWLOCK, INDEX (IX_Task_Due))
+        WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc < @Now
+            AND APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/run/', t.TaskID), N'Exclusive', N'Session') = 1;
+        SET @Count = @@ROWCOUNT;
+        WITH Due AS (
+            SELECT TOP (@Batch - @Count) t.TaskID, t.TaskState, t.ClaimToken, t.LeaseUntilUtc, t.Claims
+            FROM delay.Task AS t WITH (READPAST, UPDLOCK, ROWLOCK, INDEX (IX_Task_Due))
+            WHERE t.TaskState = N'Pending' AND t.NextRunAtUtc <= @Now
+            ORDER BY t.NextRunAtUtc
+        )
 
-One pass of the loop, with its transaction boundaries and lock order:
-
-  +-- STEP 1 (tran A) ---------------------------------------------------+
-  | WAITFOR (RECEIVE TOP (1)) ......... locks the message's conversation  |
-  |                                     group G(msg)                      |
-  | [DelayRequest only] sp_getapplock cancel lock (Transaction), then     |
-  |   BEGIN CONVERSATION TIMER (task's initiator handle) . locks G(task)  |
-  | SELECT delay.Task WITH (UPDLOCK, ROWLOCK) ....... locks the task row  |
-  | due -> sp_getapplock run lock (Session) .. a lock outside the tran    |
-  |        Running, attempt + 1, lease timer                              |
-  | final -> delay.Task and END CONVERSATION only (FinishTask @SetReceipt |
-  |        = 0): never the platform's table inside a RECEIVE transaction  |
-  | COMMIT                                                                |
-  +-----------------------------------------------------------------------+
-     | failed: ROLLBACK (the message is back on the queue: 1 rollback)
-     |   1205, first time for this message in this reader: nothing else;
-     |         the next RECEIVE redelivers it (one ordinary redelivery)
-     |   otherwise -> RECOVERY
-  +-- RECOVERY (tran R; runs only after a failed step 1) ----------------+
-  | RECEIVE TOP (1) ... WHERE conversation_handle = @Handle               |
-  | nothing received (another reader took it): COMMIT, go on              |
-  | another message (message_id / message_sequence_number differ from the |
-  | ones step 1 received: another reader took the failed one, or a        |
-  | DialogTimer, which RECEIVE returns before a conversation's other      |
-  | messages, came first): ROLLBACK, it goes back for its ordinary        |
-  | processing; nothing recorded                                          |
-  | the failed message itself: INSERT delay.Incident (no CHECK, no        |
-  | trigger, no FK), END CONVERSATION @Handle, COMMIT.  Never             |
-  | delay.FinishTask,                                                     |
-  | never the platform's table (whose constraints or triggers we do not   |
-  | own).  If tran R fails too: ROLLBACK (2nd rollback), RAISERROR to the |
-  | error log, the reader stops.                                          |
-  +-----------------------------------------------------------------------+
-  +-- RECOVERY FOLLOW-UP (tran F, no RECEIVE) ---------------------------+
-  | a Scheduled/Retrying task whose conversation tran R ended: FinishTask |
-  | 'Failed' (50346).  Its failure can never count against the queue; it  |
-  | is logged and left to delay.Reconcile.                                |
-  +-----------------------------------------------------------------------+
-  +-- STEP 2 (tran T, the target's) -------------------------------------+
-  | sp_executesql: SET DEADLOCK_PRIORITY NORMAL; SET XACT_ABORT OFF;      |
-  | SET LOCK_TIMEOUT n; EXEC [schema].[proc] @SPName = @SPName, ...       |
-  | (SET options set in the dynamic batch revert when it returns; the     |
-  | reader re-asserts its own after it anyway)                            |
-  +-----------------------------------------------------------------------+
-  +-- STEP 3 (tran B; delay.RecordOutcome since revision 0010) ---------+
-  | BEGIN CONVERSATION TIMER (task handle, if the endpoint still exists)  |
-  |                                 ... locks G(task)                     |
-  | SELECT delay.Task WITH (UPDLOCK, ROWLOCK) ....... locks the task row  |
-  | Done | Retrying (+ backoff timer) | Failed (GaveUp); COMMIT           |
-  | (1205: tried again, at most 3 times)                                  |
-  +-----------------------------------------------------------------------+
-  RECEIPT (autocommit UPDATE, no transaction of ours): F108219 of a task
-  that step 1 or step 3 made final (FinishTask @SetReceipt = 0 in both);
-  a failure is logged, delay.Reconcile repairs it.
-  RELEASE: the run lock, if this pass holds it, exactly once (one call
-  site, guarded by @LockHeld, which it clears first).
-
-Lock order:  the task's conversation group first, then its delay.Task row,
-             then dbo.tabDIYTable12402 (delay.FinishTask, the receipt) - the
-             same in dbo.CancelDelayExecution, delay.Reconcile and every
-             transaction here.  A delay-0 request and a cancel both take the
-             task's cancel lock (an application lock) before its group.  For a DelayRequest the
-target side's group comes first (RECEIVE), and no other procedure ever takes
-that group, so it cannot close a cycle.
-Pattern:     DESIGN.md pattern (a), "receive, record, commit; then run": only
-             our own bookkeeping runs in a transaction that received a
-             message, so no target can make it roll back.  (Service Broker
-             disables a queue after five rollbacks in a row of transactions
-             that received from it:
-             https://learn.microsoft.com/en-us/sql/database-engine/service-broker/removing-poison-messages)
-             A failing step 1 costs at most two rollbacks of one message in
-             this reader (1205: three), then the message is gone.
-Watchdog:    while a task runs, its runner holds a session-owned application
-             lock named for the task, taken in step 1 before its COMMIT.  When
-             the lease timer fires, APPLOCK_TEST tells whether the runner is
-             alive (slow: the lease is extended, a Slow row logged) or gone
-             (RunnerLost: the attempt failed, retried or given up).
-             Timers longer than one day are chained (86,400 s each).
-Settings:    the reader runs DEADLOCK_PRIORITY HIGH and XACT_ABORT ON for its
-             own bookkeeping; the target runs NORMAL, XACT_ABORT OFF and, if
-             delay.Setting.TargetLockTimeoutMs is set, that LOCK_TIMEOUT.  A
-             target is called inside the reader's TRY block: an error in it
-             ends it and is caught here (T-SQL TRY...CATCH semantics), so a
-             target that wants to handle its own errors uses TRY...CATCH.
-Errors:      none raised, except the RAISERROR of a failed recovery or a
-             disabled queue (it goes to the SQL Server error log: activation
-             writes a reader's messages there).  Failures go to delay.Log and
-             delay.Incident (docs/errors.md 503xx).
-Example:     started by Service Broker; to drain by hand: EXEC dbo.ProcessDelayQueue;
+        UPDATE Due
+        SET TaskState = N'Claimed', ClaimToken = @Token, LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now),
+            Claims = Claims + 1
+        OUTPUT inserted.TaskID INTO @Claim (TaskID);
+        COMMIT TRANSACTION;
+        SET @Count = (SELECT COUNT(*) FROM @Claim);
+        IF @Count = 0 RETURN;
+        SET @Claimed += @Count;
+        IF @Count = @Batch
+        BEGIN
+            BEGIN TRY
+                SELECT @Handle = d.ConversationHandle FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
+                SEND ON CONVERSATION @Handle MESSAGE TYPE MailqDelayRequest;
+            END TRY
+            BEGIN CATCH
+                -- A lost conversation: delay.ArmDispatcher begins a new one at the end of the pass.
+                IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            END CATCH;
+        END;
+        SET @TaskID = 0;
+        WHILE 1 = 1
+        BEGIN
+            SELECT @TaskID = MIN(c.TaskID) FROM @Claim AS c WHERE c.TaskID > @TaskID;
+            IF @TaskID IS NULL BREAK;
+            EXEC delay.RunTask @TaskID = @TaskID, @ClaimToken = @Token;
+        END;
+        EXEC delay.WriteReceipts;
+    END;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+dbo.ProcessDelayQueue: the activation procedure of dbo.DelayServiceQueue (EXECUTE AS
+OWNER, up to MAX_QUEUE_READERS copies).  A reader loops:
+  1. one transaction: WAITFOR (RECEIVE TOP (1)) a dispatcher message (its timer, or
+     another reader's MailqDelayRequest); EndDialog, Error or a foreign message ends
+     its conversation; a DialogTimer re-arms the safety tick.  Nothing else runs in
+     it, so nothing a task does can roll a RECEIVE back (five rollbacks in a row
+     would disable the queue);
+  2. delay.RunDueTasks: the hook run if due, then claim and run due tasks, each in
+     its own transaction, as MailqRunner;
+  3. delay.ArmDispatcher: the timer to the next due task, hook run or claim lease,
+     or the safety tick (a new dispatcher conversation if it was lost);
+  4. wait: to the next due time when it is near (milliseconds), 1 s while the timer
+     could not be set (polling), or leave when nothing came, nothing ran and the
+     timer is set.
+A failure in 2-3 goes to the error log (activation logs a reader's RAISERROR) and the
+loop goes on; a claimed task is claimed again after its lease.  Its session options
+are set here (activation starts it with the database's defaults); each target gets
+its own SET line (delay.RunTask).  Errors: none raised.
+Example:     started by Service Broker; by hand (db_owner): EXEC dbo.ProcessDelayQueue;
 */
 CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- The UPDLOCK reads below must lock the latest committed row: READ COMMITTED
-    -- whatever the caller runs under (a level set in a procedure reverts when it
-    -- returns; under RCSI an UPDLOCK read still takes and honours locks).
+    SET ANSI_WARNINGS, ANSI_PADDING, ARITHABORT, CONCAT_NULL_YIELDS_NULL ON;
+    SET NUMERIC_ROUNDABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-    SET DEADLOCK_PRIORITY HIGH;
-
     DECLARE
-        @Handle UNIQUEIDENTIFIER,
-        @MessageId UNIQUEIDENTIFIER,
-        @MessageSequence BIGINT,
-        @ReceivedId UNIQUEIDENTIFIER,
-        @ReceivedSequence BIGINT,
-        @ReceivedCount INT,
-        @SameMessage BIT,
-        @MessageType SYSNAME,
-        @Body VARBINARY(MAX),
-        @Now DATETIME2(3),
-        @TaskID BIGINT,
-        @TaskHandle UNIQUEIDENTIFIER,
-        @BoundHandle UNIQUEIDENTIFIER,
-        @Unbound BIT,
-        @LogText NVARCHAR(2047),
-        @InitiatorHandle UNIQUEIDENTIFIER,
-        @TaskState NVARCHAR(16),
-        @TargetName NVARCHAR(400),
-        @NextRunAtUtc DATETIME2(3),
-        @LeaseUntilUtc DATETIME2(3),
-        @Attempts INT,
-        @Attempt INT,
-        @RemainingMs BIGINT,
-        @Timeout INT,
-        @Refusal INT,
-        @RefusalMessage NVARCHAR(400),
-        @SchemaName SYSNAME,
-        @ProcedureName SYSNAME,
-        @SPName NVARCHAR(200),
-        @Param1 NVARCHAR(200),
-        @Param2 NVARCHAR(200),
-        @Param3 NVARCHAR(200),
-        @Param4 NVARCHAR(200),
-        @Param5 NVARCHAR(200),
-        @TooLong BIT,
-        @Run BIT,
-        @Retryable BIT,
-        @Stop BIT = 0,
-        @Recover BIT,
-        @Recovered BIT,
-        @Step1Committed BIT,
-        @RedeliveredHandle UNIQUEIDENTIFIER,
-        @Sql NVARCHAR(MAX),
-        -- The target contract: (@SPName, @Param1 ... @Param5 NVARCHAR(200)).
-        @ParameterList NVARCHAR(400) = CONCAT(
-            N'@SPName NVARCHAR(200), @Param1 NVARCHAR(200), @Param2 NVARCHAR(200), ',
-            N'@Param3 NVARCHAR(200), @Param4 NVARCHAR(200), @Param5 NVARCHAR(200)'
-        ),
-        @LockName NVARCHAR(255),
-        @LockResult INT,
-        @LockHeld BIT = 0,
-        @CancelLockName NVARCHAR(255),
-        @ErrorNumber INT,
-        @ErrorMessage NVARCHAR(4000),
-        @ErrorXml XML,
-        @StepErrorNumber INT,
-        @StepErrorMessage NVARCHAR(4000),
-        @TargetTranCount INT,
-        @Backoff BIGINT,
-        @Recorded BIT,
-        @MaxAttempts INT,
-        @RetryBaseSeconds INT,
-        @RetryMaxSeconds INT,
-        @LeaseSeconds INT,
-        @ReceiveWaitMs INT,
-        @TargetLockTimeoutMs INT;
-
-    DECLARE
-        @DialogTimer SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer',
-        @EndDialog SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog',
-        @BrokerError SYSNAME = N'http://schemas.microsoft.com/SQL/ServiceBroker/Error',
-        @DelayRequest SYSNAME = N'MailqDelayRequest',
-        -- A conversation timer never exceeds one day; longer delays are chained.
-        @MaxTimerSeconds INT = 86400,
-        -- A timer that fires less than this before the due time counts as due
-        -- (timers have whole-second resolution).
-        @EarlyToleranceMs INT = 500;
-
-    WHILE @Stop = 0
+        @Handle UNIQUEIDENTIFIER, @Type SYSNAME, @WaitMs INT = 0, @ReceiveWaitMs INT = 5000, @Claimed INT,
+        @Armed BIT, @NextDue DATETIME2(3), @UntilDueMs BIGINT, @Text NVARCHAR(2047), @Tick INT = 60;
+    WHILE 1 = 1
     BEGIN
-        SELECT
-            @Handle = NULL,
-            @MessageId = NULL,
-            @MessageSequence = NULL,
-            @MessageType = NULL,
-            @Body = NULL,
-            @TaskID = NULL,
-            @TaskHandle = NULL,
-            @BoundHandle = NULL,
-            @Unbound = 0,
-            @InitiatorHandle = NULL,
-            @TaskState = NULL,
-            @Run = 0,
-            @Recover = 0,
-            @Recovered = 0,
-            @Step1Committed = 0,
-            @Recorded = 0,
-            @LockName = NULL,
-            @MaxAttempts = 3,
-            @RetryBaseSeconds = 30,
-            @RetryMaxSeconds = 3600,
-            @LeaseSeconds = 600,
-            @ReceiveWaitMs = 5000,
-            @TargetLockTimeoutMs = NULL;
-
-        SELECT
-            @MaxAttempts = s.MaxAttempts,
-            @RetryBaseSeconds = s.RetryBaseSeconds,
-            @RetryMaxSeconds = s.RetryMaxSeconds,
-            @LeaseSeconds = s.LeaseSeconds,
-            @ReceiveWaitMs = s.ReceiveWaitMs,
-            @TargetLockTimeoutMs = s.TargetLockTimeoutMs
-        FROM delay.Setting AS s
-        WHERE s.SettingId = 1;
-
-        --==================================================================
-        -- STEP 1: receive one message and do the bookkeeping; commit.
-        --==================================================================
+        SELECT @Handle = NULL, @Type = NULL, @Claimed = 0, @Armed = 0, @NextDue = NULL;
+        SELECT @ReceiveWaitMs = s.ReceiveWaitMs, @Tick = s.TickSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
+        -- 1. One message, and nothing else in its transaction.
+        BEGIN TRANSACTION;
+        WAITFOR (
+            RECEIVE TOP (1) @Handle = conversation_handle, @Type = message_type_name FROM dbo.DelayServiceQueue
+        ), TIMEOUT @WaitMs;
+        IF @Handle IS NOT NULL
+            AND @Type NOT IN (N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer', N'MailqDelayRequest')
+            END CONVERSATION @Handle;
+        -- The safety tick, with the RECEIVE (a reader dying in its pass leaves a timer); it commits anyway.
+        SET XACT_ABORT OFF;
         BEGIN TRY
-            BEGIN TRANSACTION;
-
-            -- WAITFOR (RECEIVE ...), TIMEOUT: waits up to @ReceiveWaitMs
-            -- milliseconds for a message; no message means the reader exits.
-            -- RECEIVE locks the message's conversation group until COMMIT.
-            WAITFOR (
-                RECEIVE TOP (1)
-                    @Handle = conversation_handle,
-                    -- The message's own identity, for a recovery that must
-                    -- take this message and no other (queue columns
-                    -- message_id, "unique identifier for the message", and
-                    -- message_sequence_number, "sequence number of the
-                    -- message in the conversation":
-                    -- https://learn.microsoft.com/en-us/sql/t-sql/statements/create-queue-transact-sql#queue-columns).
-                    @MessageId = message_id,
-                    @MessageSequence = message_sequence_number,
-                    @MessageType = message_type_name,
-                    @Body = message_body
-                FROM dbo.DelayServiceQueue
-            ), TIMEOUT @ReceiveWaitMs;
-
-            IF @Handle IS NULL
-                SET @Stop = 1;
-            ELSE
-            BEGIN
-                SET @Now = SYSUTCDATETIME();
-
-                IF @MessageType = @DelayRequest
-                BEGIN
-                    SET @TaskID = CAST(@Body AS BIGINT);
-                    -- The request arrived on the target side of the task's
-                    -- dialog; both sides share one conversation_id.  The
-                    -- initiator side is the handle the task must be bound to
-                    -- (a task ID alone may have been reused after the platform
-                    -- truncated its table).
-                    SELECT @InitiatorHandle = i.conversation_handle
-                    FROM sys.conversation_endpoints AS t
-                    INNER JOIN sys.conversation_endpoints AS i
-                        ON t.conversation_id = i.conversation_id AND i.is_initiator = 1
-                    WHERE t.conversation_handle = @Handle AND t.is_initiator = 0;
-
-                    -- No lock yet: the conversation group comes before the row.
-                    SELECT @BoundHandle = t.ConversationHandle
-                    FROM delay.Task AS t
-                    WHERE t.TaskID = @TaskID;
-
-                    IF @BoundHandle IS NULL OR @InitiatorHandle IS NULL OR @BoundHandle <> @InitiatorHandle
-                        -- Not bound to this conversation: never run.  (Both
-                        -- known and different: the ID was reused; logged below.)
-                        SELECT
-                            @Unbound = IIF(@BoundHandle IS NOT NULL AND @InitiatorHandle IS NOT NULL, 1, 0),
-                            @TaskID = NULL;
-                    ELSE
-                    BEGIN
-                        -- The task's cancel lock (transaction-owned), taken by
-                        -- delay.CancelTask first too: once we hold it, a cancel
-                        -- has either committed (its conversation is closed and
-                        -- the check below sees it) or not started, so the
-                        -- timer below never meets a conversation that a cancel
-                        -- ends while we wait for its group.
-                        SET @LockResult = NULL;
-                        SET @CancelLockName = CONCAT(N'mailq-db/delay/cancel/', @TaskID);
-                        EXEC @LockResult = sys.sp_getapplock
-                            @Resource = @CancelLockName,
-                            @LockMode = N'Exclusive',
-                            @LockOwner = N'Transaction',
-                            @LockTimeout = -1;
-                        IF @LockResult < 0
-                            -- Chosen as a deadlock victim (-3) or cancelled:
-                            -- transient, treated like 1205 below.
-                            THROW 50350, N'the task''s cancel lock was not granted; the request is redelivered', 1;
-                    END;
-
-                    IF @TaskID IS NOT NULL AND EXISTS (
-                        SELECT 1 FROM sys.conversation_endpoints AS e
-                        WHERE e.conversation_handle = @BoundHandle AND e.state NOT IN ('CD', 'DO', 'ER', 'DI')
-                    )
-                    BEGIN
-                        -- Lock order: the task's conversation group before its
-                        -- row, as everywhere (BEGIN CONVERSATION TIMER locks
-                        -- the group).  The timer is the lease of the run about
-                        -- to start; if the task is not run, a spare timer
-                        -- fires later and finds nothing to do.
-                        SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
-                        BEGIN CONVERSATION TIMER (@BoundHandle) TIMEOUT = @Timeout;
-                    END;
-                    -- else: bound, but its conversation is ending (the task is
-                    -- final): the final-state branch below leaves it alone.
-                END;
-                ELSE
-                    SELECT @TaskID = t.TaskID
-                    FROM delay.Task AS t
-                    WHERE t.ConversationHandle = @Handle;
-
-                -- UPDLOCK: hold the row for this state transition, so a cancel or
-                -- another reader cannot move the task between our read and write.
-                -- ROWLOCK: one task, one row lock.
-                SELECT
-                    @TaskState = t.TaskState,
-                    @TaskHandle = t.ConversationHandle,
-                    @TargetName = t.TargetName,
-                    @NextRunAtUtc = t.NextRunAtUtc,
-                    @LeaseUntilUtc = t.LeaseUntilUtc,
-                    @Attempts = t.Attempts
-                FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
-                WHERE t.TaskID = @TaskID;
-
-                ------------------------------------------------------------
-                -- 1a. EndDialog / Error
-                ------------------------------------------------------------
-                IF @MessageType IN (@EndDialog, @BrokerError)
-                BEGIN
-                    IF @MessageType = @BrokerError
-                    BEGIN
-                        -- The body of an Error message is
-                        -- <Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error">
-                        --   <Code>n</Code><Description>text</Description></Error>
-                        -- (*: matches that namespace without declaring it.)
-                        SET @ErrorXml = CAST(@Body AS XML);
-                        SELECT
-                            @ErrorNumber = @ErrorXml.value('(/*:Error/*:Code)[1]', 'INT'),
-                            @ErrorMessage = @ErrorXml.value('(/*:Error/*:Description)[1]', 'NVARCHAR(4000)');
-                    END;
-                    ELSE
-                        SELECT
-                            @ErrorNumber = 50333,
-                            @ErrorMessage = N'the conversation was ended by its other side before the task finished';
-
-                    IF @TaskState IN (N'Scheduled', N'Running', N'Retrying') AND @TaskHandle = @Handle
-                        -- Ends @Handle, the task's own conversation.
-                        EXEC delay.FinishTask
-                            @SetReceipt = 0,
-                            @TaskID = @TaskID,
-                            @TaskState = N'Failed',
-                            @EventName = N'BrokerError',
-                            @ErrorNumber = @ErrorNumber,
-                            @ErrorMessage = @ErrorMessage;
-                    ELSE
-                        -- The target side of a delay-0 dialog, or a conversation
-                        -- whose task is already final: just end this side.
-                        END CONVERSATION @Handle;
-                END;
-                ------------------------------------------------------------
-                -- 1b. Messages with nothing to run
-                ------------------------------------------------------------
-                ELSE IF @MessageType NOT IN (@DialogTimer, @DelayRequest)
-                    -- Not ours (nothing else is in the contract): drop the conversation.
-                    END CONVERSATION @Handle;
-                ELSE IF @TaskState IS NULL
-                BEGIN
-                    -- No task bound to this conversation (replaced, never
-                    -- recorded, or a request whose ID now names another
-                    -- task): nothing to run.
-                    IF @Unbound = 1
-                        INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage, ConversationHandle)
-                        VALUES (
-                            CAST(@Body AS BIGINT), N'BrokerError', 50347,
-                            N'a delay-0 request arrived on a conversation the task is not bound to; not run',
-                            @Handle
-                        );
-                    END CONVERSATION @Handle;
-                END;
-                ELSE IF @TaskState IN (N'Done', N'Failed', N'Refused', N'Cancelled')
-                BEGIN
-                    -- Final already.  A late timer ends its conversation; a late
-                    -- DelayRequest leaves the target side to the EndDialog that
-                    -- the initiator side's END CONVERSATION sent.
-                    IF @MessageType = @DialogTimer
-                        END CONVERSATION @Handle;
-                END;
-                ELSE IF @MessageType = @DelayRequest AND @TaskState <> N'Scheduled'
-                    -- A run already started through the task's own conversation.
-                    SET @Run = 0;
-                ------------------------------------------------------------
-                -- 1c. The watchdog: a lease timer of a Running task
-                ------------------------------------------------------------
-                ELSE IF @MessageType = @DialogTimer AND @TaskState = N'Running'
-                BEGIN
-                    SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @LeaseUntilUtc);
-                    IF @RemainingMs > @EarlyToleranceMs
-                    BEGIN
-                        -- Early (chained or re-armed timer): wait for the rest of the lease.
-                        SET @Timeout = CASE
-                            WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
-                            ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
-                        END;
-                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
-                    END;
-                    -- Is the runner alive?  It holds this session-owned lock for
-                    -- as long as the target runs; a session that ended released
-                    -- it.  APPLOCK_TEST only tests (1: grantable = free), so
-                    -- there is nothing to release here.
-                    ELSE IF APPLOCK_TEST(
-                            N'public', CONCAT(N'mailq-db/delay/task/', @TaskID), N'Exclusive', N'Session'
-                        ) = 0
-                    BEGIN
-                        -- Alive and slow: extend the lease, never interrupt.
-                        UPDATE delay.Task
-                        SET LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
-                        WHERE TaskID = @TaskID;
-
-                        SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
-                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
-
-                        INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle)
-                        VALUES (
-                            @TaskID, N'Slow', @TargetName, @Attempts,
-                            CONCAT(N'attempt ', @Attempts, N' still running after its lease; lease extended by ',
-                                @LeaseSeconds, N' s'),
-                            @Handle
-                        );
-                    END;
-                    ELSE
-                    BEGIN
-                        SET @ErrorMessage = CONCAT(
-                            N'attempt ', @Attempts, N' ended without reporting: its session ended while the target ran'
-                        );
-                        IF @Attempts < @MaxAttempts
-                        BEGIN
-                            SET @Backoff = CAST(@RetryBaseSeconds AS BIGINT)
-                                * POWER(CAST(4 AS BIGINT), IIF(@Attempts > 10, 10, @Attempts - 1));
-                            SET @Timeout = CAST(IIF(@Backoff > @RetryMaxSeconds, @RetryMaxSeconds, @Backoff) AS INT);
-
-                            UPDATE delay.Task
-                            SET
-                                TaskState = N'Retrying',
-                                NextRunAtUtc = DATEADD(SECOND, @Timeout, @Now),
-                                LeaseUntilUtc = NULL,
-                                LastErrorNumber = 50331,
-                                LastErrorMessage = @ErrorMessage
-                            WHERE TaskID = @TaskID;
-
-                            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
-
-                            INSERT INTO delay.Log (
-                                TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle
-                            )
-                            VALUES (@TaskID, N'RunnerLost', @TargetName, @Attempts, 50331, @ErrorMessage, @Handle);
-                        END;
-                        ELSE
-                            EXEC delay.FinishTask
-                                @SetReceipt = 0,
-                                @TaskID = @TaskID,
-                                @TaskState = N'Failed',
-                                @EventName = N'RunnerLost',
-                                @ErrorNumber = 50331,
-                                @ErrorMessage = @ErrorMessage;
-                    END;
-                END;
-                ------------------------------------------------------------
-                -- 1d. Scheduled or Retrying, on its timer or its DelayRequest
-                ------------------------------------------------------------
-                ELSE
-                BEGIN
-                    SET @RemainingMs = DATEDIFF_BIG(MILLISECOND, @Now, @NextRunAtUtc);
-                    IF @MessageType = @DialogTimer AND @RemainingMs > @EarlyToleranceMs
-                    BEGIN
-                        -- A chained timer of a delay longer than one day: re-arm for the rest.
-                        SET @Timeout = CASE
-                            WHEN @RemainingMs >= CAST(@MaxTimerSeconds AS BIGINT) * 1000 THEN @MaxTimerSeconds
-                            ELSE CAST((@RemainingMs + 999) / 1000 AS INT)
-                        END;
-                        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
-                    END;
-                    ELSE
-                    BEGIN
-                        -- Due.  Resolve the name again: the allow-list or the
-                        -- procedure (its definition included) may have changed
-                        -- since the row was scheduled.
-                        SELECT
-                            @Refusal = r.RefusalNumber,
-                            @RefusalMessage = r.RefusalMessage,
-                            @SchemaName = r.SchemaName,
-                            @ProcedureName = r.ProcedureName
-                        FROM delay.ResolveTarget(@TargetName) AS r;
-
-                        -- The values are read at run time, by the row's ID.
-                        -- A value longer than the contract's 200 characters
-                        -- is refused, never cut (an adopted table may have
-                        -- wider columns, or rows loaded without the trigger).
-                        SELECT
-                            @SPName = CAST(p.F108211 AS NVARCHAR(200)),
-                            @Param1 = CAST(p.F108212 AS NVARCHAR(200)),
-                            @Param2 = CAST(p.F108213 AS NVARCHAR(200)),
-                            @Param3 = CAST(p.F108214 AS NVARCHAR(200)),
-                            @Param4 = CAST(p.F108215 AS NVARCHAR(200)),
-                            @Param5 = CAST(p.F108216 AS NVARCHAR(200)),
-                            @TooLong = CASE
-                                WHEN
-                                    LEN(CAST(p.F108211 AS NVARCHAR(4000)) + N'.') > 201
-                                    OR LEN(CAST(p.F108212 AS NVARCHAR(MAX)) + N'.') > 201
-                                    OR LEN(CAST(p.F108213 AS NVARCHAR(MAX)) + N'.') > 201
-                                    OR LEN(CAST(p.F108214 AS NVARCHAR(MAX)) + N'.') > 201
-                                    OR LEN(CAST(p.F108215 AS NVARCHAR(MAX)) + N'.') > 201
-                                    OR LEN(CAST(p.F108216 AS NVARCHAR(MAX)) + N'.') > 201
-                                    THEN 1
-                                ELSE 0
-                            END
-                        FROM dbo.tabDIYTable12402 AS p
-                        WHERE p.ID = @TaskID;
-
-                        IF @@ROWCOUNT = 0
-                            EXEC delay.FinishTask
-                                @SetReceipt = 0,
-                                @TaskID = @TaskID,
-                                @TaskState = N'Cancelled',
-                                @EventName = N'Cancelled',
-                                @ErrorNumber = 50332,
-                                @ErrorMessage = N'the platform row was deleted before the task ran';
-                        ELSE IF @Refusal IS NOT NULL OR @TooLong = 1
-                        BEGIN
-                            IF @Refusal IS NULL
-                                SELECT
-                                    @Refusal = 50303,
-                                    @RefusalMessage = CONCAT(
-                                        N'a value F108211-F108216 is longer than the target''s 200 characters; ',
-                                        N'refused, not cut'
-                                    );
-                            EXEC delay.FinishTask
-                                @SetReceipt = 0,
-                                @TaskID = @TaskID,
-                                @TaskState = N'Refused',
-                                @EventName = N'Refused',
-                                @ErrorNumber = @Refusal,
-                                @ErrorMessage = @RefusalMessage;
-                        END;
-                        ELSE
-                        BEGIN
-                            -- The run lock is taken here, before this
-                            -- transaction commits the task as Running: a
-                            -- watchdog that fires between that commit and the
-                            -- target must find it held, or it would declare the
-                            -- runner lost and start a second run (spin found
-                            -- that race: models/delayexec.pml, delay-stale-runner).
-                            -- Session-owned, so the COMMIT below keeps it;
-                            -- released once, at the end of this pass, or by the
-                            -- session's end.
-                            SET @LockName = CONCAT(N'mailq-db/delay/task/', @TaskID);
-                            EXEC @LockResult = sys.sp_getapplock
-                                @Resource = @LockName,
-                                @LockMode = N'Exclusive',
-                                @LockOwner = N'Session',
-                                @LockTimeout = 0;
-                            IF @LockResult >= 0
-                                SET @LockHeld = 1;
-
-                            IF @LockHeld = 0
-                            BEGIN
-                                -- A runner of an earlier attempt still holds the
-                                -- task: never run it twice at once.  Wait a lease.
-                                SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
-                                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
-
-                                INSERT INTO delay.Log (
-                                    TaskID, EventName, TargetName, Attempt, ErrorMessage, ConversationHandle
-                                )
-                                VALUES (
-                                    @TaskID, N'Slow', @TargetName, @Attempts,
-                                    N'an earlier run of this task still holds its run lock; '
-                                    + N'the next attempt waits a lease',
-                                    @Handle
-                                );
-                            END;
-                            ELSE
-                            BEGIN
-                                SET @Attempt = @Attempts + 1;
-
-                                UPDATE delay.Task
-                                SET
-                                    TaskState = N'Running',
-                                    Attempts = @Attempt,
-                                    SchemaName = @SchemaName,
-                                    ProcedureName = @ProcedureName,
-                                    FirstStartedAtUtc = ISNULL(FirstStartedAtUtc, @Now),
-                                    LastStartedAtUtc = @Now,
-                                    NextRunAtUtc = NULL,
-                                    LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now)
-                                WHERE TaskID = @TaskID;
-
-                                -- The watchdog: on the task's own conversation
-                                -- (for a DelayRequest it was set above, before
-                                -- the row lock; setting it again is harmless).
-                                SET @Timeout = IIF(@LeaseSeconds > @MaxTimerSeconds, @MaxTimerSeconds, @LeaseSeconds);
-                                BEGIN CONVERSATION TIMER (@TaskHandle) TIMEOUT = @Timeout;
-
-                                SET @Run = 1;
-                            END;
-                        END;
-                    END;
-                END;
-            END;
-
-            COMMIT TRANSACTION;
-            SET @Step1Committed = 1;
-            -- The redelivered message went through: a later message of the
-            -- same conversation (the next timer of a chained delay, a lease,
-            -- a retry) gets its own redelivery on a deadlock, as the header
-            -- says ("first time for this message"), instead of the recovery.
-            IF @RedeliveredHandle = @Handle
-                SET @RedeliveredHandle = NULL;
+            IF @Type = N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer'
+                BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Tick;
         END TRY
         BEGIN CATCH
-            SELECT @ErrorNumber = ERROR_NUMBER(), @ErrorMessage = ERROR_MESSAGE(), @Run = 0;
-            -- The message goes back to the queue: one rollback of it.  (A run
-            -- lock taken in this step survives the rollback, being
-            -- session-owned; it is released once, at the end of this pass.)
-            IF XACT_STATE() <> 0
-                ROLLBACK TRANSACTION;
-
-            IF @Handle IS NULL
-            BEGIN
-                -- Nothing received: the queue itself failed (e.g. disabled,
-                -- error 9617).  Say so in the error log, and stop; activation
-                -- starts readers again once the queue is enabled.
-                -- N'%s': the text is an argument, so a % in an error message
-                -- is never read as a format specification.
-                SET @LogText = CONCAT(
-                    N'mailq-db dbo.ProcessDelayQueue: RECEIVE from dbo.DelayServiceQueue failed (error ',
-                    @ErrorNumber, N': ', @ErrorMessage, N'); the reader stops. See delay.Health.'
-                );
-                RAISERROR (N'%s', 16, 1, @LogText);
-                SET @Stop = 1;
-            END;
-            ELSE IF @ErrorNumber IN (1205, 50350) AND (@RedeliveredHandle IS NULL OR @RedeliveredHandle <> @Handle)
-                -- Deadlock victim: transient.  One ordinary redelivery: the
-                -- message is back on the queue and the next RECEIVE gets it.
-                SET @RedeliveredHandle = @Handle;
-            ELSE
-                SET @Recover = 1;
+            IF XACT_STATE() = -1 ROLLBACK TRANSACTION;
         END CATCH;
-
-        --==================================================================
-        -- RECOVERY: only after a failed step 1.  Minimal on purpose: it does
-        -- nothing that the failed step 1 did (no delay.FinishTask, no
-        -- delay.Task, no platform table), so the failure cannot repeat here.
-        --==================================================================
-        IF @Recover = 1
-        BEGIN
-            SELECT @ReceivedId = NULL, @ReceivedSequence = NULL, @ReceivedCount = 0, @SameMessage = 0;
-            BEGIN TRY
-                BEGIN TRANSACTION;
-
-                -- RECEIVE ... WHERE conversation_handle = @Handle takes only
-                -- messages of this conversation (RECEIVE, WHERE clause:
-                -- https://learn.microsoft.com/en-us/sql/t-sql/statements/receive-transact-sql),
-                -- but not necessarily the one that failed: another reader idle
-                -- in WAITFOR (RECEIVE) may have taken that one since our
-                -- rollback and committed it, and a LATER message of the same
-                -- conversation (the next chained timer, a lease timer of the
-                -- run it started, an EndDialog) is then the first one left.
-                -- RECEIVE cannot filter by message (its WHERE takes a
-                -- conversation_handle or a conversation_group_id, nothing
-                -- else), so the one message it returns is compared with the
-                -- one step 1 identified: message_id is unique per message, and
-                -- within a conversation messages are received in
-                -- message_sequence_number order, so the failed message, if it
-                -- is still queued, is normally the first one of its
-                -- conversation and comes back here (TOP (1)).  ("For each
-                -- conversation, queues return messages in the order in which
-                -- the sender sent the message":
-                -- https://learn.microsoft.com/en-us/sql/database-engine/service-broker/queues)
-                -- The exception is a DialogTimer message: "a receive operation
-                -- receives the dialog timer message before any other message
-                -- for that dialog, regardless of the order in which the
-                -- timeout message arrived on the queue"
-                -- (https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2005/ms166088(v=sql.90)).
-                -- When the failed message is an EndDialog or Error and the
-                -- conversation's timer fired since, the timer comes back here:
-                -- it is not the failed message, so it is rolled back like a
-                -- later one (nothing recorded), the next pass processes it,
-                -- and the failed message's next failure comes back to a
-                -- recovery, which then finds it first.
-                RECEIVE TOP (1)
-                    @ReceivedId = message_id,
-                    @ReceivedSequence = message_sequence_number,
-                    @Body = message_body
-                FROM dbo.DelayServiceQueue
-                WHERE conversation_handle = @Handle;
-                SET @ReceivedCount = @@ROWCOUNT;
-                -- NULL-safe: a message whose id or sequence number compares
-                -- as unknown is never taken for the failed one.
-                SET @SameMessage = CASE
-                    WHEN @ReceivedCount > 0 AND EXISTS (
-                        SELECT @ReceivedId, @ReceivedSequence
-                        INTERSECT
-                        SELECT @MessageId, @MessageSequence
-                    ) THEN 1
-                    ELSE 0
-                END;
-
-                IF @SameMessage = 1
-                BEGIN
-                    -- The very message step 1 failed on: record it and end
-                    -- the conversation (which also removes the conversation's
-                    -- other messages from the queue: END CONVERSATION, Remarks,
-                    -- https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql).
-                    INSERT INTO delay.Incident (
-                        ConversationHandle, MessageType, TaskID, ErrorNumber, ErrorMessage
-                    )
-                    VALUES (@Handle, @MessageType, @TaskID, @ErrorNumber, LEFT(@ErrorMessage, 4000));
-
-                    END CONVERSATION @Handle;
-                    SET @Recovered = 1;
-                END;
-                ELSE IF @ReceivedCount > 0
-                BEGIN
-                    -- Another message: the failed one was taken and processed
-                    -- by another reader, or a DialogTimer message came before
-                    -- it (see above).  This one is not ours to drop: the
-                    -- rollback puts it back for its ordinary processing.  (One
-                    -- rollback of a message that never failed; poison message
-                    -- detection needs five in a row, and its next RECEIVE
-                    -- commits.)  Nothing is recorded, the conversation lives.
-                    ROLLBACK TRANSACTION;
-                    SET @LogText = CONCAT(
-                        N'mailq-db dbo.ProcessDelayQueue: recovery on conversation ', @Handle,
-                        N' found another message (sequence ', @ReceivedSequence, N', the failed one was ',
-                        @MessageSequence, N'): another reader took the failed one, or a timer message ',
-                        N'came first; nothing recovered.'
-                    );
-                    RAISERROR (N'%s', 10, 1, @LogText);
-                END;
-
-                IF @@TRANCOUNT > 0
-                    COMMIT TRANSACTION;
-            END TRY
-            BEGIN CATCH
-                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
-                IF XACT_STATE() <> 0
-                    ROLLBACK TRANSACTION;
-                -- Twice in a row: stop this reader rather than spin, and say
-                -- so where a DBA looks.  (Not WITH LOG: that needs sysadmin or
-                -- ALTER TRACE (RAISERROR, WITH LOG:
-                -- https://learn.microsoft.com/en-us/sql/t-sql/language-elements/raiserror-transact-sql),
-                -- which the activation's dbo impersonation does not carry in a
-                -- database not marked trusted, so it would fail with 2778
-                -- and log nothing; a reader's RAISERROR output is written to
-                -- the error log by activation itself:
-                -- https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008-r2/ms171585(v=sql.105))
-                SET @LogText = CONCAT(
-                    N'mailq-db dbo.ProcessDelayQueue: the recovery of a ', @MessageType, N' message on conversation ',
-                    @Handle, N' failed (error ', @StepErrorNumber, N': ', @StepErrorMessage,
-                    N') after step 1 failed (error ', @ErrorNumber, N': ', @ErrorMessage, N'); the reader stops.'
-                );
-                RAISERROR (N'%s', 16, 1, @LogText);
-                SET @Stop = 1;
-            END CATCH;
-        END;
-
-        --==================================================================
-        -- RECOVERY FOLLOW-UP: outside any RECEIVE transaction.  A task still
-        -- waiting on the conversation the recovery ended would never fire:
-        -- fail it (receipt 3).  A Running task is left to its runner's step 3.
-        --==================================================================
-        IF @Recovered = 1 AND @TaskID IS NOT NULL
-        BEGIN
-            BEGIN TRY
-                BEGIN TRANSACTION;
-                -- The conversation is gone (ended above), so the task row is
-                -- the first lock here.
-                SET @TaskState = NULL;
-                SELECT @TaskState = t.TaskState
-                FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
-                WHERE t.TaskID = @TaskID AND t.ConversationHandle = @Handle;
-
-                IF @TaskState IN (N'Scheduled', N'Retrying')
-                BEGIN
-                    SET @StepErrorMessage = CONCAT(
-                        N'dbo.ProcessDelayQueue could not process a ', @MessageType,
-                        N' message of this task (error ', @ErrorNumber, N': ', LEFT(@ErrorMessage, 3000),
-                        N'); the message was recorded in delay.Incident and its conversation ended'
-                    );
-                    EXEC delay.FinishTask
-                        @TaskID = @TaskID,
-                        @TaskState = N'Failed',
-                        @EventName = N'BrokerError',
-                        @ErrorNumber = 50346,
-                        @ErrorMessage = @StepErrorMessage;
-                END;
-
-                COMMIT TRANSACTION;
-            END TRY
-            BEGIN CATCH
-                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
-                IF XACT_STATE() <> 0
-                    ROLLBACK TRANSACTION;
-                -- No RECEIVE in this transaction: its rollback never counts
-                -- against the queue.  delay.Reconcile finds the task later.
-                SET @LogText = CONCAT(
-                    N'mailq-db dbo.ProcessDelayQueue: task ', @TaskID,
-                    N' could not be failed after its message was recovered (error ', @StepErrorNumber, N': ',
-                    @StepErrorMessage, N'); delay.Reconcile will find it.'
-                );
-                RAISERROR (N'%s', 10, 1, @LogText);
-            END CATCH;
-        END;
-
-        --==================================================================
-        -- STEP 2: run the target in its own transaction.
-        --==================================================================
-        IF @Run = 1
-        BEGIN
-            -- This session holds the task's run lock since step 1 (session-owned:
-            -- it survives the target's COMMIT or ROLLBACK).
-            SELECT @ErrorNumber = NULL, @ErrorMessage = NULL, @Retryable = 1;
-
-            -- Built from the catalog's names (delay.ResolveTarget checked the
-            -- allow-list, the object's identity and its pinned definition),
-            -- each part QUOTENAMEd; the six values are parameters, never part
-            -- of the text.  The SET options apply to the target only: a SET in
-            -- a batch run by sp_executesql reverts when that batch returns
-            -- (https://learn.microsoft.com/en-us/sql/t-sql/statements/set-statements-transact-sql).
-            -- The lock timeout is an INT from delay.Setting, so its text is
-            -- digits only.
-            SET @Sql = CONCAT(
-                N'SET DEADLOCK_PRIORITY NORMAL; SET XACT_ABORT OFF; SET LOCK_TIMEOUT ',
-                ISNULL(@TargetLockTimeoutMs, -1), N'; ',
-                N'EXEC ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName),
-                N' @SPName = @SPName, @Param1 = @Param1, @Param2 = @Param2,',
-                N' @Param3 = @Param3, @Param4 = @Param4, @Param5 = @Param5;'
-            );
-
-            BEGIN TRY
-                BEGIN TRANSACTION;
-
-                EXEC sys.sp_executesql
-                    @Sql,
-                    @ParameterList,
-                    @SPName = @SPName,
-                    @Param1 = @Param1,
-                    @Param2 = @Param2,
-                    @Param3 = @Param3,
-                    @Param4 = @Param4,
-                    @Param5 = @Param5;
-
-                IF @@TRANCOUNT > 1
-                BEGIN
-                    -- Left a transaction of its own open (normally 266 is raised first).
-                    SELECT
-                        @ErrorNumber = 50335,
-                        @ErrorMessage = CONCAT(N'the target left ', @@TRANCOUNT - 1, N' transaction(s) open');
-                    ROLLBACK TRANSACTION;
-                END;
-                ELSE IF @@TRANCOUNT = 1
-                    COMMIT TRANSACTION;
-            END TRY
-            BEGIN CATCH
-                SELECT
-                    @ErrorNumber = ERROR_NUMBER(),
-                    @ErrorMessage = ERROR_MESSAGE(),
-                    @TargetTranCount = @@TRANCOUNT;
-                -- Doomed (-1) or not (1): the target's work is undone as a whole.
-                IF XACT_STATE() <> 0
-                    ROLLBACK TRANSACTION;
-                -- 266 with more than our one transaction open: the target
-                -- left one of its own open; all of it was rolled back just
-                -- now, so it is retried (50335).  266 with none open: the
-                -- target committed or rolled back the transaction opened for
-                -- it; what it did may be committed, so it is not run again.
-                IF @ErrorNumber = 266 AND @TargetTranCount > 1
-                    SELECT
-                        @ErrorNumber = 50335,
-                        @ErrorMessage = CONCAT(
-                            N'the target left ', @TargetTranCount - 1, N' transaction(s) open; rolled back: ',
-                            @ErrorMessage
-                        );
-                ELSE IF @ErrorNumber = 266
-                    SELECT
-                        @Retryable = 0,
-                        @ErrorMessage = CONCAT(
-                            N'the target committed or rolled back the transaction opened for it ',
-                            N'(its work may be committed; not retried): ', @ErrorMessage
-                        );
-            END CATCH;
-
-            -- The reader's own settings, re-asserted after the target.
-            SET XACT_ABORT ON;
-            SET DEADLOCK_PRIORITY HIGH;
-            SET LOCK_TIMEOUT -1;
-
-            --==============================================================
-            -- STEP 3: record the outcome in a new transaction (retried on
-            -- deadlock): delay.RecordOutcome, whose header draws its
-            -- transaction and lock order.  It opens no transaction that
-            -- RECEIVEs; @Recorded says whether it committed.
-            --==============================================================
-            BEGIN TRY
-                EXEC delay.RecordOutcome
-                    @TaskID = @TaskID,
-                    @TaskHandle = @TaskHandle,
-                    @TargetName = @TargetName,
-                    @Attempt = @Attempt,
-                    @ErrorNumber = @ErrorNumber,
-                    @ErrorMessage = @ErrorMessage,
-                    @Retryable = @Retryable,
-                    @Recorded = @Recorded OUTPUT;
-            END TRY
-            BEGIN CATCH
-                -- delay.RecordOutcome catches its own errors; this is for one
-                -- it cannot (its 50360, a missing or changed procedure), so
-                -- that the pass still reaches RELEASE below.
-                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE(), @Recorded = 0;
-                IF XACT_STATE() <> 0
-                    ROLLBACK TRANSACTION;
-                SET @LogText = CONCAT(
-                    N'mailq-db dbo.ProcessDelayQueue: the outcome of task ', @TaskID, N' could not be recorded (error ',
-                    @StepErrorNumber, N': ', @StepErrorMessage, N'); the lease timer or delay.Reconcile finds it.'
-                );
-                RAISERROR (N'%s', 10, 1, @LogText);
-            END CATCH;
-        END;
-
-        --==================================================================
-        -- RECEIPT: a task that step 1 or step 3 made final gets its receipt
-        -- here, in a statement of its own after that COMMIT: no transaction
-        -- that RECEIVEd ever writes the platform's table, and a failure there
-        -- (a constraint or trigger of the platform's) can never undo the
-        -- recorded outcome of a target that ran (step 3 rolled back would
-        -- leave the task Running, and the watchdog would run it again).  The
-        -- task is still final in delay.Task; delay.Reconcile repairs the
-        -- receipt later.
-        --==================================================================
-        IF @TaskID IS NOT NULL AND ((@Step1Committed = 1 AND @Run = 0) OR @Recorded = 1)
-        BEGIN
-            BEGIN TRY
-                UPDATE p
-                SET F108219 = CASE t.TaskState
-                    WHEN N'Done' THEN 1
-                    WHEN N'Refused' THEN 2
-                    WHEN N'Failed' THEN 3
-                    WHEN N'Cancelled' THEN 4
-                    ELSE 0
-                END
-                FROM dbo.tabDIYTable12402 AS p
-                INNER JOIN delay.Task AS t ON p.ID = t.TaskID
-                WHERE
-                    p.ID = @TaskID
-                    AND t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled')
-                    AND ISNULL(p.F108219, 0) = 0;
-            END TRY
-            BEGIN CATCH
-                SELECT @StepErrorNumber = ERROR_NUMBER(), @StepErrorMessage = ERROR_MESSAGE();
-                IF XACT_STATE() <> 0
-                    ROLLBACK TRANSACTION;
-                SET @LogText = CONCAT(
-                    N'mailq-db dbo.ProcessDelayQueue: the receipt of task ', @TaskID, N' could not be written (error ',
-                    @StepErrorNumber, N': ', @StepErrorMessage, N'); delay.Reconcile repairs it.'
-                );
-                RAISERROR (N'%s', 10, 1, @LogText);
-            END CATCH;
-        END;
-
-        --==================================================================
-        -- RELEASE: the run lock, exactly once per pass that took it.  The
-        -- flag is cleared first, so no path can release it twice (a second
-        -- sp_releaseapplock of a lock not held raises error 1223).
-        --==================================================================
-        IF @LockHeld = 1
-        BEGIN
-            SET @LockHeld = 0;
-            EXEC sys.sp_releaseapplock @Resource = @LockName, @LockOwner = N'Session';
-        END;
+        SET XACT_ABORT ON;
+        IF @@TRANCOUNT > 0 COMMIT TRANSACTION;
+        -- 2. Due tasks, each in its own transaction.
+        BEGIN TRY
+            EXEC delay.RunDueTasks @Claimed = @Claimed OUTPUT;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            SET @Text = CONCAT(N'mailq-db dbo.ProcessDelayQueue: error ', ERROR_NUMBER(), N': ', ERROR_MESSAGE());
+            RAISERROR (N'%s', 10, 1, @Text);
+        END CATCH;
+        -- 3. The timer.
+        BEGIN TRY
+            EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT, @NextDueUtc = @NextDue OUTPUT;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            SET @Text = CONCAT(N'mailq-db dbo.ProcessDelayQueue: timer error ', ERROR_NUMBER(), N': ', ERROR_MESSAGE());
+            RAISERROR (N'%s', 10, 1, @Text);
+        END CATCH;
+        -- 4. The next wait.
+        SET @UntilDueMs = DATEDIFF_BIG(MILLISECOND, SYSUTCDATETIME(), @NextDue);
+        IF @Armed = 0
+            SET @WaitMs = 1000;
+        ELSE IF @UntilDueMs < @ReceiveWaitMs
+            SET @WaitMs = IIF(@UntilDueMs < 1, 1, @UntilDueMs);
+        ELSE IF @Handle IS NULL AND @Claimed = 0 BREAK;
+        ELSE
+            SET @WaitMs = @ReceiveWaitMs;
     END;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Activation of dbo.DelayServiceQueue: Service Broker starts dbo.ProcessDelayQueue
-when messages arrive faster than the running readers receive them, up to
-MAX_QUEUE_READERS instances.
-    MAX_QUEUE_READERS = 5   the default; the Alembic revision that deploys this
-                            file changes it with ALTER QUEUE when run with
-                            -x readers=N (1-32767), and a DBA may change it at
-                            any time with ALTER QUEUE ... WITH ACTIVATION
-                            (MAX_QUEUE_READERS = N)
-    EXECUTE AS OWNER        the procedure runs as the queue's owner (dbo), so it
-                            can run the allow-listed targets in any schema of
-                            this database; it gains no server-level rights,
-                            because the database is never marked trusted
-A separate file because the procedure must exist before activation names it,
-and it RECEIVEs from the queue, so the queue must exist before the procedure.
+Activation of dbo.DelayServiceQueue: Service Broker starts dbo.ProcessDelayQueue,
+up to MAX_QUEUE_READERS copies: 5 here; `-x readers=N` (1-32767) changes it by an
+ALTER QUEUE after each revision, and a DBA may at any time.  EXECUTE AS OWNER: the
+readers' bookkeeping runs as dbo; every target runs as MailqRunner (delay.RunTask).
+A separate file: the procedure exists first, and it RECEIVEs from the queue.
 */
 ALTER QUEUE dbo.DelayServiceQueue
-    WITH ACTIVATION (
-        STATUS = ON,
-        PROCEDURE_NAME = dbo.ProcessDelayQueue,
-        MAX_QUEUE_READERS = 5,
-        EXECUTE AS OWNER
-    );
+    WITH ACTIVATION (STATUS = ON, PROCEDURE_NAME = dbo.ProcessDelayQueue, MAX_QUEUE_READERS = 5, EXECUTE AS OWNER);
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-dbo.trg_tabDIYTable12402_ScheduleDelay: schedules every row inserted into the
-platform's table; executes nothing.
-Rows:        a row whose receipt F108219 is non-zero, or whose name F108211 is
-             NULL, is ignored (no bookkeeping, no conversation).
-             Every other row gets a delay.Task row, written set-based:
-               refused (receipt 2, a delay.Log row, never run) when the delay is
-               not 0-31,536,000 s (50302), a parameter is longer than 200
-               characters (50303), or the name does not resolve through
-               delay.ResolveTarget (50304-50307);
-               scheduled otherwise: its own dialog (BEGIN DIALOG per row: a
-               conversation per task), then a conversation timer of the delay
-               (chained by day above 86,400 s), or for a delay of 0 a
-               DelayRequest message, which is received at once.
-             A bad row never makes the INSERT fail: it is refused, and the
-             other rows are scheduled.  A NULL delay counts as 0.
-Transaction: the inserting statement's.  Broker operations are transactional:
-             if the INSERT's transaction rolls back, no dialog, timer or message
-             remains, and nothing runs.
-Security:    WITH EXECUTE AS OWNER (dbo): BEGIN DIALOG needs RECEIVE on the
-             queue and REFERENCES on the contract, which ownership chaining does
-             not provide; the platform's own login needs only INSERT on the table.
-Example:     INSERT INTO dbo.tabDIYTable12402 (F108211, F108218, F108212)
-             VALUES (N'TCXG', 60, N'A-1');
+dbo.trg_tabDIYTable12402_ScheduleDelay: turns every row inserted into the platform's
+table into a task of delay.Task, set-based, its values copied now; executes nothing
+and opens no dialog.  A row with a non-zero receipt F108219 or a NULL name F108211 is
+ignored; every other is refused (receipt 2, delay.Log) when delay.Classify finds a
+bad delay (50302), a value over 200 characters (50303), a bad name (50304, 50305) or
+one not on the allow-list (50306), else Pending, due F108218 seconds from now (0:
+due now; NULL counts as 0).  A bad row never fails the INSERT.  An ID seen before
+(the platform truncated its table) replaces the old task (logged, 50332).
+Timer:       only when the first new task is due over a second before the armed time
+             does delay.ArmDispatcher move the timer (in this transaction); otherwise
+             nothing shared is locked beyond a brief read of delay.Dispatcher.
+Transaction: the inserting statement's; if it rolls back, nothing is scheduled.
+Security:    runs as the inserting user (the platform needs INSERT only); delay tables
+             and refusals' receipts by ownership chaining (the platform's triggers fire
+             with its own rights); the timer through delay.ArmDispatcher (EXECUTE AS OWNER).
+Lock order:  delay.Task (new rows), delay.Log, dbo.tabDIYTable12402, delay.Dispatcher.
+Example:     INSERT INTO dbo.tabDIYTable12402 (F108211, F108218, F108212) VALUES (N'TCXG', 60, N'A-1');
 */
 CREATE OR ALTER TRIGGER dbo.trg_tabDIYTable12402_ScheduleDelay
 ON dbo.tabDIYTable12402
-WITH EXECUTE AS OWNER
 AFTER INSERT
 AS
 BEGIN
     SET NOCOUNT ON;
-
-    IF NOT EXISTS (SELECT 1 FROM inserted)
-        RETURN;
-
-    DECLARE
-        @Now DATETIME2(3) = SYSUTCDATETIME(),
-        -- 365 days; InitiateDelayExecution accepts the same range (50302).
-        @MaxDelaySeconds INT = 31536000,
-        -- A conversation timer never exceeds one day; dbo.ProcessDelayQueue
-        -- re-arms a longer delay day by day.
-        @MaxTimerSeconds INT = 86400,
-        @TaskID BIGINT = NULL,
-        @DelaySeconds INT,
-        @Timeout INT,
-        @Handle UNIQUEIDENTIFIER,
-        @Body VARBINARY(8);
-
-    DECLARE @New TABLE (
-        TaskID BIGINT NOT NULL PRIMARY KEY,
-        TargetName NVARCHAR(400) NULL,
-        DelaySeconds INT NULL,
-        RefusalNumber INT NULL,
-        RefusalMessage NVARCHAR(400) NULL,
-        SchemaName SYSNAME NULL,
-        ProcedureName SYSNAME NULL
-    );
-    DECLARE @Scheduled TABLE (
-        TaskID BIGINT NOT NULL PRIMARY KEY,
-        ConversationHandle UNIQUEIDENTIFIER NOT NULL
-    );
-
-    -- 1. Classify every inserted row in one statement.
-    WITH Candidate AS (
-        SELECT
-            TaskID = i.ID,
-            TargetName = CAST(i.F108211 AS NVARCHAR(4000)),
-            RawDelay = i.F108218,
-            -- TRY_CONVERT: an adopted table may type F108218 otherwise; a value
-            -- that is no integer is refused (50302) instead of failing the INSERT.
-            DelaySeconds = CASE WHEN i.F108218 IS NULL THEN 0 ELSE TRY_CONVERT(INT, i.F108218) END,
-            -- LEN(x + N'.') - 1: the length with trailing blanks, which LEN
-            -- alone ignores; a longer value is refused, never cut to 200.
-            ParameterTooLong = CASE
-                WHEN
-                    LEN(CAST(i.F108212 AS NVARCHAR(MAX)) + N'.') > 201
-                    OR LEN(CAST(i.F108213 AS NVARCHAR(MAX)) + N'.') > 201
-                    OR LEN(CAST(i.F108214 AS NVARCHAR(MAX)) + N'.') > 201
-                    OR LEN(CAST(i.F108215 AS NVARCHAR(MAX)) + N'.') > 201
-                    OR LEN(CAST(i.F108216 AS NVARCHAR(MAX)) + N'.') > 201
-                    THEN 1
-                ELSE 0
-            END
-        FROM inserted AS i
-        WHERE
-            ISNULL(i.F108219, 0) = 0
-            AND i.F108211 IS NOT NULL
-    )
-
-    INSERT INTO @New (TaskID, TargetName, DelaySeconds, RefusalNumber, RefusalMessage, SchemaName, ProcedureName)
-    SELECT
-        c.TaskID,
-        LEFT(c.TargetName, 400),
-        c.DelaySeconds,
-        CASE
-            WHEN c.DelaySeconds IS NULL OR c.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds THEN 50302
-            WHEN c.ParameterTooLong = 1 THEN 50303
-            ELSE r.RefusalNumber
-        END,
-        CASE
-            WHEN c.DelaySeconds IS NULL OR c.DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds
-                THEN CONCAT(N'delay F108218 = ', c.RawDelay, N' is not 0-', @MaxDelaySeconds, N' seconds')
-            WHEN c.ParameterTooLong = 1
-                THEN N'a parameter F108212-F108216 is longer than the target''s 200 characters'
-            ELSE r.RefusalMessage
-        END,
-        r.SchemaName,
-        r.ProcedureName
-    FROM Candidate AS c
-    CROSS APPLY delay.ResolveTarget(c.TargetName) AS r;
-
-    IF NOT EXISTS (SELECT 1 FROM @New)
-        RETURN;
-
-    -- An ID used again (the platform truncated its table and the identity
-    -- restarted): the old bookkeeping refers to a row that is gone.  Its
-    -- conversation, if still open, finds no task and is ended when its timer
-    -- fires.
-    -- (Not DELETE ... OUTPUT INTO delay.Log: an OUTPUT INTO target may not
-    -- have CHECK constraints.)
-    INSERT INTO delay.Log (TaskID, EventName, TargetName, Attempt, ErrorNumber, ErrorMessage, ConversationHandle)
-    SELECT
-        t.TaskID, N'Cancelled', t.TargetName, t.Attempts, 50332,
-        N'the platform row was replaced by a new row with the same ID', t.ConversationHandle
-    FROM delay.Task AS t
-    INNER JOIN @New AS n ON t.TaskID = n.TaskID;
-
-    DELETE t
-    FROM delay.Task AS t
-    INNER JOIN @New AS n ON t.TaskID = n.TaskID;
-
-    -- 2. Bookkeeping, set-based: every row, scheduled or refused.
-    INSERT INTO delay.Task (
-        TaskID, TargetName, SchemaName, ProcedureName, DelaySeconds, TaskState,
-        CreatedAtUtc, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage, CreatedBy
-    )
-    SELECT
-        n.TaskID,
-        n.TargetName,
-        n.SchemaName,
-        n.ProcedureName,
-        n.DelaySeconds,
-        IIF(n.RefusalNumber IS NULL, N'Scheduled', N'Refused'),
-        @Now,
-        IIF(n.RefusalNumber IS NULL, DATEADD(SECOND, n.DelaySeconds, @Now), NULL),
-        IIF(n.RefusalNumber IS NULL, DATEADD(SECOND, n.DelaySeconds, @Now), NULL),
-        IIF(n.RefusalNumber IS NULL, NULL, @Now),
-        n.RefusalNumber,
-        n.RefusalMessage,
-        -- The inserting session's login, whatever EXECUTE AS says: the owner
-        -- of the task for dbo.CancelDelayExecution.
-        ORIGINAL_LOGIN()
-    FROM @New AS n;
-
+    -- A level set in a trigger reverts when it ends; the reads below must take locks.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    IF NOT EXISTS (SELECT 1 FROM inserted) RETURN;
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME(), @FirstDue DATETIME2(3), @ArmedFor DATETIME2(3);
+    DECLARE @New TABLE (TaskID BIGINT NOT NULL PRIMARY KEY, RefusalNumber INT NULL, NextRunAtUtc DATETIME2(3) NULL);
+    -- An ID used again: the old task and its bookkeeping go (logged).
     INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
-    SELECT n.TaskID, N'Refused', n.TargetName, n.RefusalNumber, n.RefusalMessage
-    FROM @New AS n
-    WHERE n.RefusalNumber IS NOT NULL;
-
-    -- By ID: never by parameter values.  An UPDATE does not fire this
-    -- AFTER INSERT trigger again.
-    UPDATE p
-    SET F108219 = 2
-    FROM dbo.tabDIYTable12402 AS p
-    INNER JOIN @New AS n ON p.ID = n.TaskID
-    WHERE n.RefusalNumber IS NOT NULL;
-
-    -- 3. One conversation per scheduled row: BEGIN DIALOG has no set form.
-    WHILE 1 = 1
-    BEGIN
-        SELECT TOP (1)
-            @TaskID = n.TaskID,
-            @DelaySeconds = n.DelaySeconds
-        FROM @New AS n
-        WHERE n.RefusalNumber IS NULL AND (@TaskID IS NULL OR n.TaskID > @TaskID)
-        ORDER BY n.TaskID;
-
-        IF @@ROWCOUNT = 0
-            BREAK;
-
-        BEGIN DIALOG CONVERSATION @Handle
-            FROM SERVICE MailqDelayService
-            TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
-            ON CONTRACT MailqDelayContract
-            WITH ENCRYPTION = OFF;
-
-        IF @DelaySeconds = 0
-        BEGIN
-            -- No timer for 0: a message on the dialog is received at once.
-            SET @Body = CAST(@TaskID AS BINARY(8));
-            SEND ON CONVERSATION @Handle
-                MESSAGE TYPE MailqDelayRequest (@Body);
-        END;
-        ELSE
-        BEGIN
-            SET @Timeout = IIF(@DelaySeconds > @MaxTimerSeconds, @MaxTimerSeconds, @DelaySeconds);
-            BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = @Timeout;
-        END;
-
-        INSERT INTO @Scheduled (TaskID, ConversationHandle) VALUES (@TaskID, @Handle);
-    END;
-
-    UPDATE t
-    SET ConversationHandle = s.ConversationHandle
+    SELECT t.TaskID, N'Cancelled', t.TargetName, 50332, N'the platform row was replaced by a new row with the same ID'
     FROM delay.Task AS t
-    INNER JOIN @Scheduled AS s ON t.TaskID = s.TaskID;
+    INNER JOIN inserted AS i ON t.TaskID = i.ID;
+    IF @@ROWCOUNT > 0
+    BEGIN
+        DELETE r FROM delay.ReceiptDue AS r INNER JOIN inserted AS i ON r.TaskID = i.ID;
+        DELETE k FROM delay.TaskKey AS k INNER JOIN inserted AS i ON k.TaskID = i.ID;
+        DELETE t FROM delay.Task AS t INNER JOIN inserted AS i ON t.TaskID = i.ID;
+    END;
+    -- Every row: classified, its values copied, in one statement.
+    INSERT INTO delay.Task (
+        TaskID, TargetName, SchemaName, ProcedureName, DelaySeconds, Param1, Param2, Param3, Param4, Param5,
+        TaskState, CreatedAtUtc, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage, CreatedBy
+    )
+    OUTPUT inserted.TaskID, inserted.LastErrorNumber, inserted.NextRunAtUtc
+    INTO @New (TaskID, RefusalNumber, NextRunAtUtc)
+    SELECT
+        i.ID, c.TargetName, c.SchemaName, c.ProcedureName, c.DelaySeconds, c.Param1, c.Param2, c.Param3, c.Param4,
+        c.Param5, IIF(c.RefusalNumber IS NULL, N'Pending', N'Refused'), @Now,
+        IIF(c.RefusalNumber IS NULL, DATEADD(SECOND, c.DelaySeconds, @Now), NULL),
+        IIF(c.RefusalNumber IS NULL, DATEADD(SECOND, c.DelaySeconds, @Now), NULL),
+        IIF(c.RefusalNumber IS NULL, NULL, @Now), c.RefusalNumber, c.RefusalMessage,
+        -- The inserting session's login, whatever the context: who may cancel it.
+        ORIGINAL_LOGIN()
+    FROM inserted AS i
+    CROSS APPLY delay.Classify(
+        CAST(i.F108211 AS NVARCHAR(4000)), CAST(i.F108218 AS NVARCHAR(40)),
+        i.F108212, i.F108213, i.F108214, i.F108215, i.F108216
+    ) AS c
+    WHERE ISNULL(i.F108219, 0) = 0 AND i.F108211 IS NOT NULL;
+    INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
+    SELECT t.TaskID, N'Refused', t.TargetName, t.LastErrorNumber, t.LastErrorMessage
+    FROM delay.Task AS t
+    INNER JOIN @New AS n ON t.TaskID = n.TaskID
+    WHERE n.RefusalNumber IS NOT NULL;
+    -- By ID, never by parameter values.  An UPDATE does not fire this trigger.
+    UPDATE p SET p.F108219 = 2 FROM dbo.tabDIYTable12402 AS p INNER JOIN @New AS n ON p.ID = n.TaskID
+    WHERE n.RefusalNumber IS NOT NULL;
+    -- The timer, only when a new task is due before it.  READCOMMITTEDLOCK: wait for a
+    -- re-arming reader's row rather than read its old value (also under RCSI).
+    SELECT @FirstDue = MIN(n.NextRunAtUtc) FROM @New AS n WHERE n.RefusalNumber IS NULL;
+    IF @FirstDue IS NULL RETURN;
+    SELECT @ArmedFor = d.ArmedForUtc FROM delay.Dispatcher AS d WITH (READCOMMITTEDLOCK) WHERE d.DispatcherId = 1;
+    IF @ArmedFor IS NULL OR @FirstDue < DATEADD(SECOND, -1, @ArmedFor)
+        EXEC delay.ArmDispatcher @DueAtUtc = @FirstDue;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-dbo.InitiateDelayExecution: schedules one allow-listed procedure to run after a
-delay; inserts one row into dbo.tabDIYTable12402, whose trigger schedules it.
-Parameters (the source document's names and order):
-    @F108211 NVARCHAR(MAX)   target procedure: N'schema.proc', or a bare N'proc'
-                             listed with AllowBareName = 1 (see delay.AllowProcedure)
-    @F108218 INT             delay in seconds, 0-31,536,000 (365 days)
-    @F108212 ... @F108216 NVARCHAR(MAX) = NULL: the target's @Param1 ... @Param5,
-                             at most 200 characters each (the target's contract)
-    @F108210 NVARCHAR(MAX) = NULL  description (the platform's F108210), at most
-                             50 characters
-    @TaskID  BIGINT = NULL OUTPUT  the new task's ID (dbo.tabDIYTable12402.ID)
-    @IdempotencyKey NVARCHAR(MAX) = NULL  at most 100 characters: a call resent
-                             with a key already used returns that first call's
-                             task (result and @TaskID) and schedules nothing
-Lengths:     every text parameter is declared MAX and checked, so a value longer
-             than its column is refused (50303, 50304, 50344, 50345), never cut
-             (SQL Server silently truncates a value passed to a shorter
-             parameter).  Lengths count trailing blanks.
-Result set:  one row, one column: TaskID BIGINT (the same value as @TaskID), for
-             clients that read a result rather than an OUTPUT parameter.
-Errors:      50301 @F108211 missing; 50302 @F108218 outside 0-31,536,000;
-             50303 a parameter longer than 200 characters;
-             50304 @F108211 malformed or longer than 128 characters;
-             50305 @F108211 has three or four parts; 50306 not on the allow-list;
-             50307 listed, but the procedure was dropped, recreated or moved;
-             50340 listed, but its definition changed since it was listed;
-             50344 @F108210 longer than 50 characters;
-             50345 @IdempotencyKey empty or longer than 100 characters, or
-                   another call with the same key held it for over 30 s
-Transaction: opens its own if none is open, else works inside the caller's.
-             Any error, a refusal included, dooms the caller's transaction
-             (XACT_ABORT ON) and is re-raised: the caller must roll back.  No
-             savepoint: a savepoint fails inside a distributed (MSDTC)
-             transaction (error 627), and a doomed transaction cannot return
-             to one.  Validation runs before any work.  The task is scheduled
-             when that transaction commits; if it rolls back, nothing is.
-Lock order:  with a key, an application lock on the key (transaction-owned),
-             then dbo.tabDIYTable12402 (the INSERT), then its trigger's
-             delay.Task rows and conversations.
-Security:    EXECUTE AS OWNER (dbo) so that name resolution sees every procedure
-             in sys.objects; callers need only EXECUTE (role MailqDelayCaller).
-             The task records ORIGINAL_LOGIN() as its owner (delay.Task.CreatedBy).
-Example:     DECLARE @TaskID BIGINT;
-             EXEC dbo.InitiateDelayExecution @F108211 = N'dbo.TCXG', @F108218 = 60,
-                 @F108212 = N'A-1', @TaskID = @TaskID OUTPUT;
+dbo.InitiateDelayExecution: schedules an allow-listed procedure to run after a
+delay: inserts one row into dbo.tabDIYTable12402, whose trigger writes the task.
+Parameters (the source document's names and order): @F108211 NVARCHAR(MAX) target,
+             N'schema.proc' or a bare N'proc' listed with AllowBareName = 1;
+             @F108218 INT delay in seconds, 0-31,536,000 (0 = due now); @F108212 ...
+             @F108216 NVARCHAR(MAX) = NULL the target's @Param1 ... @Param5 (copied now);
+             @F108210 NVARCHAR(MAX) = NULL description; @TaskID BIGINT = NULL OUTPUT;
+             @IdempotencyKey NVARCHAR(MAX) = NULL: a call resent with a key already
+             used returns that call's task.  Text is checked, too long refused, never cut.
+Result set:  one row: TaskID BIGINT (also in @TaskID).
+Errors:      50301 @F108211 missing; 50302 delay outside 0-31,536,000; 50303 a value
+             over 200 characters; 50304 malformed name or over 128 characters; 50305
+             three or four parts; 50306 not on the allow-list; 50344 @F108210 over 50
+             characters; 50345 @IdempotencyKey empty, over 100 characters or held by
+             another call over 30 s.  A changed listed target is accepted (Held when due).
+Transaction: its own if none is open, else the caller's.  Any error, a refusal
+             included, dooms the caller's transaction (XACT_ABORT ON): the caller
+             must roll back.  No savepoint (error 627 under MSDTC).  Validation first.
+Lock order:  the key's application lock, dbo.tabDIYTable12402 and its trigger's, delay.TaskKey.
+Security:    runs as the caller (EXECUTE only); tables by ownership chaining, so the
+             platform's own triggers fire with the caller's rights.
+Example:     EXEC dbo.InitiateDelayExecution @F108211 = N'dbo.TCXG', @F108218 = 60, @F108212 = N'A-1';
 */
 CREATE OR ALTER PROCEDURE dbo.InitiateDelayExecution
     @F108211 NVARCHAR(MAX),
@@ -10832,435 +9878,121 @@ CREATE OR ALTER PROCEDURE dbo.InitiateDelayExecution
     @F108210 NVARCHAR(MAX) = NULL,
     @TaskID BIGINT = NULL OUTPUT,
     @IdempotencyKey NVARCHAR(MAX) = NULL
-WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- READ COMMITTED whatever the caller runs under (a level set in a
-    -- procedure reverts when it returns): the idempotency-key read below must
-    -- see a task that another call with the same key committed while we
-    -- waited for the key's lock.  Under a caller's SNAPSHOT it would read the
-    -- snapshot taken before that commit, miss the task, insert a second row
-    -- and fail on UX_Task_IdempotencyKey instead of returning the first task.
+    -- The key read must see a task committed while this call waited for the key's lock.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE
-        @Msg NVARCHAR(2048),
-        @MaxDelaySeconds INT = 31536000,
-        @BadParameter SYSNAME,
-        @BadLength BIGINT,
-        @Refusal INT,
-        @RefusalMessage NVARCHAR(400),
-        @TaskState NVARCHAR(16),
-        @LockName NVARCHAR(255),
-        @LockResult INT;
-
+        @Msg NVARCHAR(2048), @Refusal INT, @RefusalMessage NVARCHAR(400), @TaskState NVARCHAR(16),
+        @LockName NVARCHAR(255), @LockResult INT, @Bad SYSNAME, @BadLength BIGINT;
     SET @TaskID = NULL;
-
-    -- 1. Validate parameters before any transaction starts.
+    -- 1. Validate before any transaction starts.  LEN(x + N'.') - 1 counts trailing blanks.
     IF NULLIF(@F108211, N'') IS NULL
         THROW 50301, N'@F108211 (target procedure name) is required.', 1;
-
-    IF @F108218 IS NULL OR @F108218 NOT BETWEEN 0 AND @MaxDelaySeconds
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@F108218 (delay) must be 0-', @MaxDelaySeconds, N' seconds; got ',
-            ISNULL(CAST(@F108218 AS NVARCHAR(20)), N'NULL'), N'.'
-        );
-        THROW 50302, @Msg, 1;
-    END;
-
-    SELECT TOP (1)
-        @BadParameter = v.ParameterName,
-        @BadLength = v.ValueLength
+    SELECT TOP (1) @Bad = v.Name, @BadLength = v.Length
     FROM (
-        VALUES
-        -- LEN(x + N'.') - 1 counts trailing blanks, which LEN ignores.
-        (N'@F108212', LEN(@F108212 + N'.') - 1),
-        (N'@F108213', LEN(@F108213 + N'.') - 1),
-        (N'@F108214', LEN(@F108214 + N'.') - 1),
-        (N'@F108215', LEN(@F108215 + N'.') - 1),
+        VALUES (N'@F108212', LEN(@F108212 + N'.') - 1), (N'@F108213', LEN(@F108213 + N'.') - 1),
+        (N'@F108214', LEN(@F108214 + N'.') - 1), (N'@F108215', LEN(@F108215 + N'.') - 1),
         (N'@F108216', LEN(@F108216 + N'.') - 1)
-    ) AS v(ParameterName, ValueLength)
-    WHERE v.ValueLength > 200
-    ORDER BY v.ParameterName;
-
-    IF @BadParameter IS NOT NULL
+    ) AS v(Name, Length)
+    WHERE v.Length > 200
+    ORDER BY v.Name;
+    IF @Bad IS NOT NULL
     BEGIN
-        SET @Msg = CONCAT(
-            @BadParameter, N' must be at most 200 characters (the target''s @Param contract); got ',
-            @BadLength, N'.'
-        );
+        SET @Msg = CONCAT(@Bad, N' must be at most 200 characters (the target''s contract); got ', @BadLength, N'.');
         THROW 50303, @Msg, 1;
     END;
-
     IF LEN(@F108210 + N'.') - 1 > 50
     BEGIN
-        SET @Msg = CONCAT(
-            N'@F108210 (description) must be at most 50 characters; got ', LEN(@F108210 + N'.') - 1, N'.'
-        );
+        SET @Msg = CONCAT(N'@F108210 (description) must be at most 50 characters; got ', LEN(@F108210 + N'.') - 1);
         THROW 50344, @Msg, 1;
     END;
-
     IF @IdempotencyKey IS NOT NULL AND (LEN(@IdempotencyKey + N'.') - 1 NOT BETWEEN 1 AND 100)
     BEGIN
-        SET @Msg = CONCAT(
-            N'@IdempotencyKey must be 1-100 characters; got ', LEN(@IdempotencyKey + N'.') - 1, N'.'
-        );
+        SET @Msg = CONCAT(N'@IdempotencyKey must be 1-100 characters; got ', LEN(@IdempotencyKey + N'.') - 1, N'.');
         THROW 50345, @Msg, 1;
     END;
-
-    -- ResolveTarget takes NVARCHAR(4000); a longer name is malformed anyway
-    -- (50304 for anything over 128 characters).
-    SELECT
-        @Refusal = r.RefusalNumber,
-        @RefusalMessage = r.RefusalMessage
-    FROM delay.ResolveTarget(
-        IIF(LEN(@F108211 + N'.') - 1 > 4000, N'', CAST(@F108211 AS NVARCHAR(4000)))
-    ) AS r;
-
+    -- The delay and the name by the trigger's own rules (a name over 4000 characters is malformed).
+    SELECT @Refusal = c.RefusalNumber, @RefusalMessage = c.RefusalMessage
+    FROM delay.Classify(
+        IIF(LEN(@F108211 + N'.') - 1 > 4000, N'', CAST(@F108211 AS NVARCHAR(4000))),
+        ISNULL(CAST(@F108218 AS NVARCHAR(40)), N'null'), NULL, NULL, NULL, NULL, NULL
+    ) AS c;
     IF @Refusal IS NOT NULL
     BEGIN
-        SET @Msg = CONCAT(N'@F108211: ', @RefusalMessage, N'.');
+        SET @Msg = CONCAT(IIF(@Refusal = 50302, N'@F108218: ', N'@F108211: '), @RefusalMessage, N'.');
         THROW @Refusal, @Msg, 1;
     END;
-
     -- 2. Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @OwnTran = 1
-            BEGIN TRANSACTION;
-
+        IF @OwnTran = 1 BEGIN TRANSACTION;
         IF @IdempotencyKey IS NOT NULL
         BEGIN
-            -- Serialize on the key itself, not on a key range (TSQL-STYLE:
-            -- UPDLOCK, HOLDLOCK on an absent key locks the whole gap).
-            -- Transaction-owned: released when the caller's transaction ends.
+            -- On the key itself, not a key range (TSQL-STYLE); RTRIM: the lookup pads blanks too.
             SET @LockName = CONCAT(
-                N'mailq-db/delay/key/', CONVERT(NVARCHAR(64), HASHBYTES('SHA2_256', @IdempotencyKey), 2)
+                N'mailq-db/delay/key/', CONVERT(NVARCHAR(64), HASHBYTES('SHA2_256', RTRIM(@IdempotencyKey)), 2)
             );
             EXEC @LockResult = sys.sp_getapplock
-                @Resource = @LockName,
-                @LockMode = N'Exclusive',
-                @LockOwner = N'Transaction',
-                @LockTimeout = 30000;
+                @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
             IF @LockResult < 0
             BEGIN
-                SET @Msg = CONCAT(
-                    N'@IdempotencyKey: another call with the same key did not finish within 30 s (',
-                    @LockResult, N').'
-                );
+                SET @Msg = CONCAT(N'@IdempotencyKey: another call held the key over 30 s (', @LockResult, N').');
                 THROW 50345, @Msg, 1;
             END;
-
-            SELECT @TaskID = t.TaskID
-            FROM delay.Task AS t
-            WHERE t.IdempotencyKey = @IdempotencyKey;
+            SELECT @TaskID = k.TaskID FROM delay.TaskKey AS k WHERE k.IdempotencyKey = @IdempotencyKey;
         END;
-
         IF @TaskID IS NULL
         BEGIN
             INSERT INTO dbo.tabDIYTable12402 (
                 F108210, F108211, F108212, F108213, F108214, F108215, F108216, F108218, F108219
             )
             VALUES (@F108210, @F108211, @F108212, @F108213, @F108214, @F108215, @F108216, @F108218, 0);
-
-            -- SCOPE_IDENTITY, not @@IDENTITY: the trigger inserts into delay.Log,
-            -- which has an identity of its own.
+            -- SCOPE_IDENTITY, not @@IDENTITY: the trigger inserts into delay.Log.
             SET @TaskID = CAST(SCOPE_IDENTITY() AS BIGINT);
-
-            -- The trigger resolved the name again; the allow-list may have changed
-            -- in between.
-            SELECT
-                @TaskState = t.TaskState,
-                @Refusal = t.LastErrorNumber,
-                @RefusalMessage = t.LastErrorMessage
+            -- The trigger classified the row again; the allow-list may have changed meanwhile.
+            SELECT @TaskState = t.TaskState, @Refusal = t.LastErrorNumber, @RefusalMessage = t.LastErrorMessage
             FROM delay.Task AS t
             WHERE t.TaskID = @TaskID;
-
-            IF @TaskState IS NULL OR @TaskState <> N'Scheduled'
+            IF @TaskState IS NULL OR @TaskState <> N'Pending'
             BEGIN
                 SET @Msg = CONCAT(N'@F108211: ', ISNULL(@RefusalMessage, N'the task was not scheduled'), N'.');
                 SET @Refusal = ISNULL(@Refusal, 50306);
                 THROW @Refusal, @Msg, 1;
             END;
-
             IF @IdempotencyKey IS NOT NULL
-                UPDATE delay.Task
-                SET IdempotencyKey = @IdempotencyKey
-                WHERE TaskID = @TaskID;
+                INSERT INTO delay.TaskKey (IdempotencyKey, TaskID) VALUES (@IdempotencyKey, @TaskID);
         END;
-
-        IF @OwnTran = 1
-            COMMIT TRANSACTION;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; a caller's transaction is doomed by
-        -- XACT_ABORT and its own CATCH rolls it back.
-        IF @OwnTran = 1 AND XACT_STATE() <> 0
-            ROLLBACK TRANSACTION;
+        -- Roll back only what we opened; a caller's transaction is doomed by XACT_ABORT.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         SET @TaskID = NULL;
         THROW;
     END CATCH;
-
     SELECT TaskID = @TaskID;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.CancelTask: the work of dbo.CancelDelayExecution (see its header for the
-contract, errors, transaction and lock order).  Internal: granted to nobody;
-reached from dbo.CancelDelayExecution through ownership chaining, which also
-passes the caller's login and whether the caller may cancel any task.
-Parameters:  @TaskID BIGINT, @CallerLogin NVARCHAR(128), @MayCancelAny BIT
-Errors:      50320, 50321, 50342, 50343 (docs/errors.md)
-Security:    EXECUTE AS OWNER: BEGIN CONVERSATION TIMER and END CONVERSATION
-             need the conversation's owner (dbo).
-Example:     EXEC delay.CancelTask @TaskID = 42, @CallerLogin = N'app', @MayCancelAny = 0;
-*/
-CREATE OR ALTER PROCEDURE delay.CancelTask
-    @TaskID BIGINT,
-    @CallerLogin NVARCHAR(128),
-    @MayCancelAny BIT
-WITH EXECUTE AS OWNER
-AS
-BEGIN
-    SET NOCOUNT, XACT_ABORT ON;
-    -- The UPDLOCK reads below must lock the latest committed row: READ COMMITTED
-    -- whatever the caller runs under (a level set in a procedure reverts when it
-    -- returns; under RCSI an UPDLOCK read still takes and honours locks).
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
-    DECLARE
-        @Msg NVARCHAR(2048),
-        @Handle UNIQUEIDENTIFIER,
-        @TaskState NVARCHAR(16),
-        @CreatedBy NVARCHAR(128),
-        @LockName NVARCHAR(255),
-        @LockResult INT,
-        @EndpointState CHAR(2),
-        @Step NVARCHAR(16) = N'validate',
-        @ErrorNumber INT;
-
-    -- 1. Validate before any transaction starts.
-    SELECT
-        @Handle = t.ConversationHandle,
-        @TaskState = t.TaskState,
-        @CreatedBy = t.CreatedBy
-    FROM delay.Task AS t
-    WHERE t.TaskID = @TaskID;
-
-    IF @TaskState IS NULL
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@TaskID names no delayed task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.'
-        );
-        THROW 50320, @Msg, 1;
-    END;
-
-    IF ISNULL(@MayCancelAny, 0) = 0 AND (@CreatedBy IS NULL OR @CreatedBy <> @CallerLogin)
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@TaskID ', @TaskID, N' was initiated by another login; only MailqAdmin or db_owner ',
-            N'may cancel it (caller: ', ISNULL(@CallerLogin, N'NULL'), N').'
-        );
-        THROW 50342, @Msg, 1;
-    END;
-
-    IF @TaskState NOT IN (N'Scheduled', N'Retrying') OR @Handle IS NULL
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@TaskID ', @TaskID, N' is ', @TaskState,
-            N'; only a Scheduled or Retrying task can be cancelled.'
-        );
-        THROW 50321, @Msg, 1;
-    END;
-
-    -- A conversation that no longer exists cannot be locked or ended; after
-    -- ALTER DATABASE ... SET NEW_BROKER every conversation is gone and no
-    -- EndDialog ever arrives.  States
-    -- https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql
-    -- ):
-    -- no row, CD (closed) or DO (this side ended it) are lost (50343); DI or
-    -- ER mean an EndDialog or Error message waits in the queue and the reader
-    -- fails the task when it receives it (50321: it is not cancellable).
-    SELECT @EndpointState = e.state
-    FROM sys.conversation_endpoints AS e
-    WHERE e.conversation_handle = @Handle;
-
-    IF @EndpointState IN ('DI', 'ER')
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@TaskID ', @TaskID, N' is ending: its conversation is in state ', @EndpointState,
-            N' and the delayed-execution reader fails it; only a Scheduled or Retrying task can be cancelled.'
-        );
-        THROW 50321, @Msg, 1;
-    END;
-
-    IF @EndpointState IS NULL OR @EndpointState IN ('CD', 'DO')
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@TaskID ', @TaskID, N' has lost its conversation (a database copy with NEW_BROKER?); ',
-            N'run EXEC delay.Reconcile, which re-arms or fails such tasks, then cancel again.'
-        );
-        THROW 50343, @Msg, 1;
-    END;
-
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
-    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
-    BEGIN TRY
-        IF @OwnTran = 1
-            BEGIN TRANSACTION;
-
-        -- The task's cancel lock first (a delay-0 request takes it too, so
-        -- the two never wait for each other's conversation group), then
-        -- the conversation group.
-        SET @LockName = CONCAT(N'mailq-db/delay/cancel/', @TaskID);
-        EXEC @LockResult = sys.sp_getapplock
-            @Resource = @LockName,
-            @LockMode = N'Exclusive',
-            @LockOwner = N'Transaction',
-            @LockTimeout = -1;
-        IF @LockResult < 0
-        BEGIN
-            SET @Msg = CONCAT(N'@TaskID ', @TaskID, N': its cancel lock was not granted (', @LockResult, N').');
-            THROW 50321, @Msg, 1;
-        END;
-
-        -- Lock order: the conversation group next.  The 1-second timer is
-        -- only the lock: the task is either cancelled below (its conversation
-        -- ends, timer and all) or refused, which dooms the transaction, so
-        -- the timer never survives.
-        SET @Step = N'timer';
-        BEGIN CONVERSATION TIMER (@Handle) TIMEOUT = 1;
-        SET @Step = N'row';
-
-        -- UPDLOCK: hold the row from this check to the state change, so the
-        -- activation procedure cannot start the task in between.
-        -- ROWLOCK: one task, one row lock.
-        SELECT @TaskState = t.TaskState
-        FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
-        WHERE t.TaskID = @TaskID;
-
-        IF @TaskState NOT IN (N'Scheduled', N'Retrying')
-        BEGIN
-            SET @Msg = CONCAT(
-                N'@TaskID ', @TaskID, N' is ', @TaskState,
-                N'; only a Scheduled or Retrying task can be cancelled.'
-            );
-            THROW 50321, @Msg, 1;
-        END;
-
-        SET @Msg = CONCAT(N'cancelled by ', @CallerLogin);
-        EXEC delay.FinishTask
-            @TaskID = @TaskID,
-            @TaskState = N'Cancelled',
-            @EventName = N'Cancelled',
-            @ErrorMessage = @Msg;
-
-        IF @OwnTran = 1
-            COMMIT TRANSACTION;
-    END TRY
-    BEGIN CATCH
-        SET @ErrorNumber = ERROR_NUMBER();
-        -- Roll back only what we opened; a caller's transaction is doomed by
-        -- XACT_ABORT and its own CATCH rolls it back.
-        IF @OwnTran = 1 AND XACT_STATE() <> 0
-            ROLLBACK TRANSACTION;
-
-        -- The race with the task's own completion: between the check above
-        -- and the timer, a reader that held the conversation group (its
-        -- RECEIVE of the task's timer) finished the task and ended the
-        -- conversation, so BEGIN CONVERSATION TIMER met an ended
-        -- conversation and Service Broker raised its own error (after END
-        -- CONVERSATION "an application can no longer send or receive
-        -- messages for that conversation":
-        -- https://learn.microsoft.com/en-us/sql/t-sql/statements/end-conversation-transact-sql).
-        -- Which broker error that is does not matter here: the committed
-        -- state says what happened, and the caller gets the numbered error
-        -- of that state.  (Reads only: a doomed transaction of the caller
-        -- still allows them.)
-        IF @Step = N'timer' AND @ErrorNumber < 50000
-        BEGIN
-            SELECT @TaskState = NULL, @EndpointState = NULL;
-            SELECT @TaskState = t.TaskState
-            FROM delay.Task AS t
-            WHERE t.TaskID = @TaskID;
-            SELECT @EndpointState = e.state
-            FROM sys.conversation_endpoints AS e
-            WHERE e.conversation_handle = @Handle;
-
-            IF @TaskState IS NULL OR @TaskState NOT IN (N'Scheduled', N'Retrying')
-            BEGIN
-                SET @Msg = CONCAT(
-                    N'@TaskID ', @TaskID, N' is ', ISNULL(@TaskState, N'gone'),
-                    N' (it finished while the cancel waited); only a Scheduled or Retrying task can be cancelled.'
-                );
-                THROW 50321, @Msg, 1;
-            END;
-            IF @EndpointState IN ('DI', 'ER')
-            BEGIN
-                SET @Msg = CONCAT(
-                    N'@TaskID ', @TaskID, N' is ending: its conversation is in state ', @EndpointState,
-                    N' and the delayed-execution reader fails it; only a Scheduled or Retrying task can be cancelled.'
-                );
-                THROW 50321, @Msg, 1;
-            END;
-            IF @EndpointState IS NULL OR @EndpointState IN ('CD', 'DO')
-            BEGIN
-                SET @Msg = CONCAT(
-                    N'@TaskID ', @TaskID, N' has lost its conversation; ',
-                    N'run EXEC delay.Reconcile, which re-arms or fails such tasks, then cancel again.'
-                );
-                THROW 50343, @Msg, 1;
-            END;
-        END;
-        THROW;
-    END CATCH;
-END;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-/*
-dbo.CancelDelayExecution: cancels a task that has not started: its receipt
-becomes 4, its conversation ends (which drops its timer), and it never runs.
-Parameters:  @TaskID BIGINT, required: the ID InitiateDelayExecution returned
-             (dbo.tabDIYTable12402.ID)
-Result set:  none.
-Errors:      50320 @TaskID missing or names no scheduled task
-             50321 the task is not Scheduled or Retrying (already running or
-                   finished, also when it finished while the cancel waited
-                   for its conversation; or ending: its conversation is in
-                   state DI/ER and the reader fails it; the message names
-                   the state)
-             50342 the task was initiated by another login, and the caller is
-                   neither in MailqAdmin nor db_owner
-             50343 the task's conversation no longer exists (the database was
-                   copied and given a NEW_BROKER, or a conversation was ended
-                   by hand): run EXEC delay.Reconcile, then cancel again
-Who:         members of MailqAdmin and db_owner cancel any task; everybody
-             else (role MailqDelayCaller) only the tasks their own login
-             initiated (delay.Task.CreatedBy = ORIGINAL_LOGIN()), as DESIGN.md
-             and the DBA guide say.  Tasks inserted by the platform belong to
-             the platform's login.
-Transaction: opens its own if none is open, else works inside the caller's;
-             any error, a refusal included, dooms the caller's transaction
-             (XACT_ABORT ON) and is re-raised: the caller must roll back.  No
-             savepoint: SAVE TRANSACTION fails inside a distributed (MSDTC)
-             transaction (error 627), and a doomed transaction cannot return
-             to one.  Validation runs before any work, so a refusal changes
-             nothing that a rollback would have to undo.
-Lock order:  the task's cancel lock (an application lock, transaction-owned),
-             then the task's conversation group (BEGIN CONVERSATION TIMER
-             locks it), then its delay.Task row (UPDLOCK), then
-             dbo.tabDIYTable12402: the order of dbo.ProcessDelayQueue (a
-             delay-0 request takes the cancel lock and the task's group
-             before the row too; a timer message holds the group already).
-Security:    runs as the caller, to learn the caller's roles; the work is done
-             by delay.CancelTask (EXECUTE AS OWNER, reached through ownership
-             chaining, granted to nobody): END CONVERSATION needs the
-             conversation's owner (dbo, who began it in the trigger).
+dbo.CancelDelayExecution: cancels a task that is not running: a Pending or Held
+task becomes Cancelled (receipt 4) and never runs.
+Parameters:  @TaskID BIGINT: the ID dbo.InitiateDelayExecution returned
+Errors:      50320 @TaskID names no task; 50321 the task is Claimed (a reader runs it
+             or is about to) or final (the message names the state); 50342 another
+             login initiated it and the caller is neither in MailqAdmin nor db_owner
+Transaction: its own or the caller's; any error, a refusal included, dooms the
+             caller's transaction (XACT_ABORT ON): the caller must roll back.  No
+             savepoint (error 627 under MSDTC).  Validation runs first.
+Lock order:  the task's delay.Task row (UPDLOCK), delay.Log, dbo.tabDIYTable12402.
+             Readers claim with READPAST: a cancel held open in a caller's
+             transaction holds no reader.
+Security:    runs as the caller (its roles decide; MailqDelayCaller cancels only its
+             own login's tasks); tables by ownership chaining, the platform's
+             triggers fire with the caller's rights.
 Example:     EXEC dbo.CancelDelayExecution @TaskID = 42;
 */
 CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
@@ -11268,205 +10000,181 @@ CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
-    -- Evaluated here, in the caller's security context (delay.CancelTask
-    -- runs as dbo, who is a member of everything).
-    DECLARE @MayCancelAny BIT = IIF(
-        IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0
-    );
-    DECLARE @CallerLogin NVARCHAR(128) = ORIGINAL_LOGIN();
-
-    EXEC delay.CancelTask
-        @TaskID = @TaskID,
-        @CallerLogin = @CallerLogin,
-        @MayCancelAny = @MayCancelAny;
+    -- The UPDLOCK read must lock the latest committed row (reverts on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Msg NVARCHAR(2048), @TaskState NVARCHAR(16), @CreatedBy NVARCHAR(128),
+        @Caller NVARCHAR(128) = ORIGINAL_LOGIN(),
+        @MayCancelAny BIT = IIF(IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0);
+    -- 1. Validate before any transaction starts.
+    SELECT @TaskState = t.TaskState, @CreatedBy = t.CreatedBy FROM delay.Task AS t WHERE t.TaskID = @TaskID;
+    IF @TaskState IS NULL
+    BEGIN
+        SET @Msg = CONCAT(N'@TaskID names no delayed task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.');
+        THROW 50320, @Msg, 1;
+    END;
+    IF @MayCancelAny = 0 AND (@CreatedBy IS NULL OR @CreatedBy <> @Caller)
+    BEGIN
+        SET @Msg = CONCAT(N'@TaskID ', @TaskID,
+            N' was initiated by another login; only MailqAdmin or db_owner may cancel it (caller: ', ISNULL(@Caller,
+            N'NULL'), N').');
+        THROW 50342, @Msg, 1;
+    END;
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        -- UPDLOCK, ROWLOCK: hold the row from the check to the change.
+        SELECT @TaskState = t.TaskState FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK) WHERE t.TaskID = @TaskID;
+        IF @TaskState NOT IN (N'Pending', N'Held')
+        BEGIN
+            SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' is ', @TaskState, N'; only Pending or Held ones are.');
+            THROW 50321, @Msg, 1;
+        END;
+        UPDATE t
+        SET
+            t.TaskState = N'Cancelled', t.FinishedAtUtc = SYSUTCDATETIME(), t.LastErrorNumber = NULL,
+            t.LastErrorMessage = CONCAT(N'cancelled by ', @Caller)
+        FROM delay.Task AS t
+        WHERE t.TaskID = @TaskID;
+        INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorMessage)
+        SELECT t.TaskID, N'Cancelled', t.TargetName, t.LastErrorMessage FROM delay.Task AS t WHERE t.TaskID = @TaskID;
+        -- By ID, never by parameter values.
+        UPDATE p SET p.F108219 = 4 FROM dbo.tabDIYTable12402 AS p WHERE p.ID = @TaskID;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened; a caller's transaction is doomed by XACT_ABORT.
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.AllowProcedure: puts a procedure on the allow-list of delayed execution,
-or refreshes its entry (after the procedure was dropped and recreated).
-Parameters:  @ProcedureName NVARCHAR(4000), required: schema-qualified,
-                 N'dbo.TCXG' or N'[dbo].[TCXG]'; an existing SQL procedure of
-                 this database that takes the target contract's parameters
-                 @SPName, @Param1, @Param2, @Param3, @Param4, @Param5
-             @AllowBareName BIT = 0: 1 lets the bare name (N'TCXG', as the
-                 platform stores it) resolve to this procedure; at most one
-                 listed procedure per bare name
-Result set:  one row: AllowedProcedureId INT, SchemaName SYSNAME,
-             ProcedureName SYSNAME, ObjectId INT, AllowBareName BIT
-Errors:      50310 @ProcedureName is not a two-part name of an existing SQL
-                   procedure of this database
-             50311 @ProcedureName is a system procedure (sys or
-                   INFORMATION_SCHEMA schema, or shipped with SQL Server)
-             50312 the procedure lacks a parameter of the target contract
-             50313 @AllowBareName = 1, but another listed procedure already
-                   answers to that bare name
-             50341 the procedure's definition cannot be read (WITH
-                   ENCRYPTION), so it cannot be pinned
-Pinning:     the entry stores SHA2_256 of the procedure's definition; a later
-             ALTER PROCEDURE makes it resolve to 50340 until it is listed
-             again (run this procedure again after reviewing the change).
-Transaction: opens its own if none is open, else works inside the caller's;
-             any error dooms either (XACT_ABORT ON) and is re-raised: the
-             caller's transaction must be rolled back.  No savepoint (SAVE
-             TRANSACTION fails inside a distributed transaction, error 627).
-Lock order:  delay.AllowedProcedure only.
-Security:    for db_owner only (no role is granted EXECUTE): a listed procedure
-             runs as dbo, so listing one is a dbo-level decision.
+delay.AllowProcedure: lists a procedure for delayed execution, or lists it again
+after a review of a change: pins its definition (object_id, SHA2_256), grants
+EXECUTE on it to MailqRunner (the user every target runs as), and releases its
+Held tasks (Pending, due now).
+Parameters:  @ProcedureName NVARCHAR(4000): N'dbo.TCXG' or N'[dbo].[TCXG]', an existing
+                 SQL procedure of this database taking @SPName, @Param1 ... @Param5
+             @AllowBareName BIT = 0: 1 lets the bare name (N'TCXG') resolve to it
+             @MaxReaders INT = NULL: readers that may run it at once (1-32767); NULL:
+                 one fewer than MAX_QUEUE_READERS, at least 1
+Result set:  one row: AllowedProcedureId, SchemaName, ProcedureName, ObjectId,
+             AllowBareName, MaxReaders, Released INT (Held tasks released)
+Errors:      50310 not a two-part name of an existing SQL procedure here; 50311 a
+             system procedure; 50312 a parameter of the contract is missing; 50313 the
+             bare name answers to another entry; 50341 no readable definition (WITH
+             ENCRYPTION): cannot be pinned; 50542 @MaxReaders outside 1-32767
+Transaction: its own or the caller's; any error dooms either and is re-raised.
+Lock order:  delay.AllowedProcedure, delay.Task (Held rows), delay.Log, delay.ArmDispatcher's.
+Security:    for db_owner only (no role is granted EXECUTE; the GRANT needs it).
 Example:     EXEC delay.AllowProcedure @ProcedureName = N'dbo.TCXG', @AllowBareName = 1;
 */
 CREATE OR ALTER PROCEDURE delay.AllowProcedure
     @ProcedureName NVARCHAR(4000),
-    @AllowBareName BIT = 0
+    @AllowBareName BIT = 0,
+    @MaxReaders INT = NULL
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- The UPDLOCK reads below must lock the latest committed row: READ COMMITTED
-    -- whatever the caller runs under (a level set in a procedure reverts when it
-    -- returns; under RCSI an UPDLOCK read still takes and honours locks).
+    -- The UPDLOCK reads below must lock the latest committed row (reverts on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE
-        @Msg NVARCHAR(2048),
-        @Part1 SYSNAME,
-        @Part2 SYSNAME,
-        @SchemaName SYSNAME,
-        @Name SYSNAME,
-        @ObjectId INT,
-        @IsShipped BIT,
-        @Missing NVARCHAR(200),
-        @DefinitionHash VARBINARY(32);
-
-    -- 1. Validate parameters before any transaction starts.
+        @Msg NVARCHAR(2048), @SchemaName SYSNAME, @Name SYSNAME, @ObjectId INT, @IsShipped BIT,
+        @Missing NVARCHAR(200), @Hash VARBINARY(32), @Grant NVARCHAR(400), @Released INT = 0,
+        @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Release TABLE (TaskID BIGINT NOT NULL PRIMARY KEY, TargetName NVARCHAR(400) NULL);
+    -- 1. Validate before any transaction starts.  PARSENAME takes a sysname: refuse what it would cut.
     SET @AllowBareName = ISNULL(@AllowBareName, 0);
-
-    -- PARSENAME takes a sysname: refuse what it would cut.
-    IF DATALENGTH(@ProcedureName) BETWEEN 2 AND 256
-        AND PARSENAME(@ProcedureName, 3) IS NULL
-        AND PARSENAME(@ProcedureName, 4) IS NULL
-        SELECT
-            @Part1 = PARSENAME(@ProcedureName, 1),
-            @Part2 = PARSENAME(@ProcedureName, 2);
-
-    IF @Part2 IN (N'sys', N'INFORMATION_SCHEMA')
+    IF @MaxReaders NOT BETWEEN 1 AND 32767
     BEGIN
-        SET @Msg = CONCAT(N'@ProcedureName must not be a system procedure; got ', @ProcedureName, N'.');
-        THROW 50311, @Msg, 1;
+        SET @Msg = CONCAT(N'@MaxReaders must be 1-32767 or NULL; got ', @MaxReaders, N'.');
+        THROW 50542, @Msg, 1;
     END;
-
-    SELECT
-        @ObjectId = o.object_id,
-        @SchemaName = s.name,
-        @Name = o.name,
-        @IsShipped = o.is_ms_shipped
+    SELECT @ObjectId = o.object_id, @SchemaName = s.name, @Name = o.name, @IsShipped = o.is_ms_shipped
     FROM sys.objects AS o
     INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
     WHERE
-        s.name = @Part2
-        AND o.name = @Part1
-        AND o.type = 'P';
-
+        DATALENGTH(@ProcedureName) BETWEEN 2 AND 256 AND PARSENAME(@ProcedureName, 3) IS NULL
+        AND s.name = PARSENAME(@ProcedureName, 2) AND o.name = PARSENAME(@ProcedureName, 1) AND o.type = 'P';
     IF @ObjectId IS NULL
     BEGIN
-        SET @Msg = CONCAT(
-            N'@ProcedureName must be schema.procedure naming an existing SQL procedure of this database; got ',
-            ISNULL(LEFT(@ProcedureName, 300), N'NULL'), N'.'
-        );
+        SET @Msg = CONCAT(N'@ProcedureName must be schema.procedure naming an existing SQL procedure here; got ',
+            ISNULL(LEFT(@ProcedureName, 300), N'NULL'), N'.');
         THROW 50310, @Msg, 1;
     END;
-
-    IF @IsShipped = 1
+    IF @IsShipped = 1 OR @SchemaName IN (N'sys', N'INFORMATION_SCHEMA')
     BEGIN
         SET @Msg = CONCAT(N'@ProcedureName must not be a system procedure; got ', @ProcedureName, N'.');
         THROW 50311, @Msg, 1;
     END;
-
     SELECT @Missing = STRING_AGG(c.ParameterName, N', ') WITHIN GROUP (ORDER BY c.ParameterName)
-    FROM (
-        VALUES (N'@SPName'), (N'@Param1'), (N'@Param2'), (N'@Param3'), (N'@Param4'), (N'@Param5')
-    ) AS c(ParameterName)
-    WHERE NOT EXISTS (
-        SELECT 1 FROM sys.parameters AS p
-        WHERE p.object_id = @ObjectId AND p.name = c.ParameterName
-    );
-
+    FROM (VALUES (N'@SPName'), (N'@Param1'), (N'@Param2'), (N'@Param3'), (N'@Param4'), (N'@Param5')) AS c(ParameterName)
+    WHERE NOT EXISTS (SELECT 1 FROM sys.parameters AS p WHERE p.object_id = @ObjectId AND p.name = c.ParameterName);
     IF @Missing IS NOT NULL
     BEGIN
-        SET @Msg = CONCAT(
-            N'@ProcedureName ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
-            N' must take the target contract''s parameters; it lacks ', @Missing, N'.'
-        );
+        SET @Msg = CONCAT(N'@ProcedureName ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+            N' must take the target contract''s parameters; it lacks ', @Missing, N'.');
         THROW 50312, @Msg, 1;
     END;
-
-    SET @DefinitionHash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId));
-    IF @DefinitionHash IS NULL
+    SET @Hash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId));
+    IF @Hash IS NULL
     BEGIN
-        SET @Msg = CONCAT(
-            N'@ProcedureName ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
-            N' has no readable definition (WITH ENCRYPTION?), so it cannot be pinned; got ', @ProcedureName, N'.'
-        );
+        SET @Msg = CONCAT(N'@ProcedureName ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+            N' has no readable definition (WITH ENCRYPTION?), so it cannot be pinned.');
         THROW 50341, @Msg, 1;
     END;
-
     -- 2. Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @OwnTran = 1
-            BEGIN TRANSACTION;
-
-        -- UPDLOCK, HOLDLOCK: the range lock keeps two sessions from both
-        -- seeing the bare name free (insert-if-absent).
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        -- UPDLOCK, HOLDLOCK: the range lock keeps two sessions from both seeing the bare name free.
         IF @AllowBareName = 1 AND EXISTS (
-            SELECT 1
-            FROM delay.AllowedProcedure AS ap WITH (UPDLOCK, HOLDLOCK)
-            WHERE
-                ap.ProcedureName = @Name
-                AND ap.AllowBareName = 1
-                AND ap.SchemaName <> @SchemaName
+            SELECT 1 FROM delay.AllowedProcedure AS ap WITH (UPDLOCK, HOLDLOCK)
+            WHERE ap.ProcedureName = @Name AND ap.AllowBareName = 1 AND ap.SchemaName <> @SchemaName
         )
         BEGIN
-            SET @Msg = CONCAT(
-                N'@AllowBareName = 1, but the bare name ', @Name,
-                N' already resolves to another schema''s procedure; disallow that entry first.'
-            );
+            SET @Msg = CONCAT(N'@AllowBareName = 1, but the bare name ', @Name, N' already resolves to another entry.');
             THROW 50313, @Msg, 1;
         END;
-
         -- UPDLOCK, HOLDLOCK: update-else-insert without a race between the two.
         UPDATE ap
         SET
-            ObjectId = @ObjectId,
-            DefinitionHash = @DefinitionHash,
-            AllowBareName = @AllowBareName,
-            ListedAtUtc = SYSUTCDATETIME(),
-            ListedBy = ORIGINAL_LOGIN()
+            ap.ObjectId = @ObjectId, ap.DefinitionHash = @Hash, ap.AllowBareName = @AllowBareName,
+            ap.MaxReaders = @MaxReaders, ap.ListedAtUtc = @Now, ap.ListedBy = ORIGINAL_LOGIN()
         FROM delay.AllowedProcedure AS ap WITH (UPDLOCK, HOLDLOCK)
         WHERE ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
-
         IF @@ROWCOUNT = 0
-            INSERT INTO delay.AllowedProcedure (SchemaName, ProcedureName, ObjectId, AllowBareName, DefinitionHash)
-            VALUES (@SchemaName, @Name, @ObjectId, @AllowBareName, @DefinitionHash);
-
-        IF @OwnTran = 1
-            COMMIT TRANSACTION;
+            INSERT INTO delay.AllowedProcedure (
+                SchemaName, ProcedureName, ObjectId, AllowBareName, MaxReaders, DefinitionHash
+            )
+            VALUES (@SchemaName, @Name, @ObjectId, @AllowBareName, @MaxReaders, @Hash);
+        -- The allow-list is a grant to MailqRunner, which targets run as (QUOTENAMEd catalog names).
+        SET @Grant = CONCAT(N'GRANT EXECUTE ON OBJECT::', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+            N' TO MailqRunner;');
+        EXEC sys.sp_executesql @Grant;
+        -- Its Held tasks run now: listing it again is the review of the change.
+        UPDATE t
+        SET t.TaskState = N'Pending', t.NextRunAtUtc = @Now, t.LastErrorNumber = NULL, t.LastErrorMessage = NULL
+        OUTPUT inserted.TaskID, inserted.TargetName INTO @Release (TaskID, TargetName)
+        FROM delay.Task AS t WITH (INDEX (IX_Task_Due))
+        WHERE t.TaskState = N'Held' AND t.SchemaName = @SchemaName AND t.ProcedureName = @Name;
+        SET @Released = @@ROWCOUNT;
+        INSERT INTO delay.Log (TaskID, EventName, TargetName)
+        SELECT r.TaskID, N'Released', r.TargetName FROM @Release AS r;
+        IF @Released > 0
+            EXEC delay.ArmDispatcher @DueAtUtc = @Now;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; a caller's transaction is doomed by
-        -- XACT_ABORT and its own CATCH rolls it back.
-        IF @OwnTran = 1 AND XACT_STATE() <> 0
-            ROLLBACK TRANSACTION;
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
-    SELECT
-        ap.AllowedProcedureId,
-        ap.SchemaName,
-        ap.ProcedureName,
-        ap.ObjectId,
-        ap.AllowBareName
+    SELECT ap.AllowedProcedureId, ap.SchemaName, ap.ProcedureName, ap.ObjectId, ap.AllowBareName, ap.MaxReaders,
+        @Released AS Released
     FROM delay.AllowedProcedure AS ap
     WHERE ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
 END;
@@ -11474,12 +10182,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.DisallowProcedure: removes a procedure from the allow-list.  Tasks already
-scheduled for it are refused when they come due (receipt 2, 50306).
-Parameters:  @ProcedureName NVARCHAR(4000), required: schema.procedure as listed
-Result set:  none.
+delay.DisallowProcedure: takes a procedure off the allow-list, revokes MailqRunner's
+EXECUTE on it, and refuses its Pending and Held tasks (final, receipt 2, 50306);
+a claimed one is refused when its reader checks it.
+Parameters:  @ProcedureName NVARCHAR(4000): schema.procedure as listed
+Result set:  one row: Refused INT (tasks refused now)
 Errors:      50314 @ProcedureName is not on the allow-list
-Transaction: joins the caller's (a single DELETE).
+Transaction: its own or the caller's; any error dooms either and is re-raised.
+Lock order:  delay.AllowedProcedure, delay.Task, delay.Log, delay.ReceiptDue.
 Security:    for db_owner only, like delay.AllowProcedure.
 Example:     EXEC delay.DisallowProcedure @ProcedureName = N'dbo.TCXG';
 */
@@ -11488,93 +10198,119 @@ CREATE OR ALTER PROCEDURE delay.DisallowProcedure
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
-    DECLARE @Msg NVARCHAR(2048);
-
-    DELETE ap
-    FROM delay.AllowedProcedure AS ap
-    WHERE
-        DATALENGTH(@ProcedureName) BETWEEN 2 AND 256
-        AND ap.SchemaName = PARSENAME(@ProcedureName, 2)
-        AND ap.ProcedureName = PARSENAME(@ProcedureName, 1)
-        AND PARSENAME(@ProcedureName, 3) IS NULL;
-
-    IF @@ROWCOUNT = 0
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@ProcedureName is not on the allow-list; got ', ISNULL(LEFT(@ProcedureName, 300), N'NULL'), N'.'
-        );
-        THROW 50314, @Msg, 1;
-    END;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE
+        @Msg NVARCHAR(2048), @SchemaName SYSNAME = PARSENAME(@ProcedureName, 2),
+        @Name SYSNAME = PARSENAME(@ProcedureName, 1), @Revoke NVARCHAR(400), @Refused INT = 0;
+    DECLARE @Gone TABLE (TaskID BIGINT NOT NULL PRIMARY KEY, TargetName NVARCHAR(400) NULL);
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        DELETE ap
+        FROM delay.AllowedProcedure AS ap
+        WHERE
+            DATALENGTH(@ProcedureName) BETWEEN 2 AND 256 AND PARSENAME(@ProcedureName, 3) IS NULL
+            AND ap.SchemaName = @SchemaName AND ap.ProcedureName = @Name;
+        IF @@ROWCOUNT = 0
+        BEGIN
+            SET @Msg = CONCAT(N'@ProcedureName is not on the allow-list; got ', LEFT(@ProcedureName, 300), N'.');
+            THROW 50314, @Msg, 1;
+        END;
+        -- Guarded: the procedure may be gone already (its permissions went with it).
+        IF OBJECT_ID(CONCAT(QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name)), N'P') IS NOT NULL
+        BEGIN
+            SET @Revoke = CONCAT(N'REVOKE EXECUTE ON OBJECT::', QUOTENAME(@SchemaName), N'.', QUOTENAME(@Name),
+                N' FROM MailqRunner;');
+            EXEC sys.sp_executesql @Revoke;
+        END;
+        UPDATE t
+        SET
+            t.TaskState = N'Refused', t.FinishedAtUtc = SYSUTCDATETIME(), t.LastErrorNumber = 50306,
+            t.LastErrorMessage = N'the target was disallowed (delay.DisallowProcedure): refused'
+        OUTPUT inserted.TaskID, inserted.TargetName INTO @Gone (TaskID, TargetName)
+        FROM delay.Task AS t
+        WHERE t.TaskState IN (N'Pending', N'Held') AND t.SchemaName = @SchemaName AND t.ProcedureName = @Name;
+        SET @Refused = @@ROWCOUNT;
+        INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
+        SELECT g.TaskID, N'Refused', g.TargetName, 50306, N'the target was disallowed' FROM @Gone AS g;
+        INSERT INTO delay.ReceiptDue (TaskID) SELECT g.TaskID FROM @Gone AS g;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+    SELECT @Refused AS Refused;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.Reconcile: finds delayed tasks that can no longer fire, and platform rows
-that never got a task, and repairs or reports them.  Run it after a database
-copy or restore, after a bulk load into dbo.tabDIYTable12402, once after
-migrating from the seed design (@ScheduleMissing = 1, the one-off backfill),
-and from a SQL Server Agent job every few minutes (`mailq-db doctor` runs it
-with @Apply = 0).
-Parameters:  @Apply BIT = 1            0: report only, change nothing
-             @ScheduleMissing BIT = 0  1: also schedule platform rows that have
-                                       no task (receipt 0, a name, no delay.Task
-                                       row: inserted with the trigger disabled,
-                                       or bulk loaded, which skips triggers by
-                                       default); 0: only report them
-             @MaxRows INT = 1000       at most this many repairs per kind
-Result set:  one row per finding: Finding NVARCHAR(32), TaskID BIGINT,
-             Action NVARCHAR(32), Detail NVARCHAR(400).  Findings:
-             QueueDisabled   dbo.DelayServiceQueue does not receive (poison
-                             message detection disabled it): also raised as an
-                             error (severity 16), so an Agent job step fails
-                             and its alert fires; fix the cause (delay.Incident,
-                             delay.Log), then ALTER QUEUE ... WITH STATUS = ON
-             Orphaned        a Scheduled/Retrying task whose conversation no
-                             longer exists, is closed (CD) or was ended by
-                             this side (DO) (NEW_BROKER gives the database a
-                             new broker identifier and removes every
-                             conversation without an EndDialog, see
-                             "Managing Service Broker Identities" below): a
-                             new conversation and timer for the rest of its
-                             delay (Rearmed)
-             Ending          a non-final task whose conversation is in state
-                             DI or ER: its EndDialog or Error message waits in
-                             the queue and the reader fails the task: Left
-             RunnerGone      a Running task with no conversation and no runner
-                             holding its run lock: retried (Rearmed, counts as
-                             an attempt) or, out of attempts, Failed (50348)
-             NoTask          a pending platform row without a task: Scheduled
-                             or Refused (with @ScheduleMissing = 1), else
-                             Reported
-             Receipt         a final task whose platform receipt is still 0
-                             (its write after the RECEIVE transaction failed):
-                             Repaired
-             (an Orphaned task whose conversation a recovery ended, recorded
-             in delay.Incident, is Failed, never re-armed)
-References:  https://learn.microsoft.com/en-us/previous-versions/sql/sql-server-2008-r2/ms166057(v=sql.105)
-Timing:      a re-armed task keeps its NextRunAtUtc (at least 1 s from now); a
-             backfilled row is due F108218 seconds after F108217 (its created
-             time, taken as UTC) or, without F108217, after now.
-Cost:        one pass over the non-final tasks joined once with
-             sys.conversation_endpoints (O(P + E)), then per repair a seek on
-             delay.Task and an endpoint lookup by handle: O(P + E + R), R <=
-             @MaxRows (details at step 2 below).
-Transaction: one short transaction per repaired task (never one big one), each
-             opened here; call it outside a transaction (50349 otherwise).
-Lock order:  the task row (UPDLOCK; only tasks whose old conversation is gone
-             (no endpoint, CD or DO) are repaired, so there is no
-             conversation group anybody can take first; DI/ER conversations,
-             which still have one, are left to the reader), then the new conversation
-             (nobody else knows it yet), then dbo.tabDIYTable12402.
-Security:    EXECUTE AS OWNER (conversations belong to dbo); for db_owner and
-             MailqAdmin.
-Example:     EXEC delay.Reconcile @Apply = 0;   -- what would it do?
-             EXEC delay.Reconcile @ScheduleMissing = 1;
+delay.EnableThisDatabase: declares this database the one that runs its delayed
+tasks.  A restored or attached copy with a new Service Broker identity (NEW_BROKER:
+its service_broker_guid is not delay.Dispatcher's) runs no task and no hook until a
+db_owner runs this there, so a copy never runs production's tasks (delay.Monitor
+reports CopyNotEnabled).  Also needed after NEW_BROKER on the live database.
+Parameters:  @Confirm BIT = 0: must be 1
+Result set:  one row: WasBrokerGuid, BrokerGuid, PendingTasks BIGINT (Pending and Held
+             tasks this database will now run)
+Errors:      50544 @Confirm is not 1
+Transaction: its own or the caller's; any error dooms either and is re-raised.
+Lock order:  delay.Dispatcher, then delay.ArmDispatcher's.  Security: db_owner only.
+Example:     EXEC delay.EnableThisDatabase @Confirm = 1;
 */
-CREATE OR ALTER PROCEDURE delay.Reconcile
+CREATE OR ALTER PROCEDURE delay.EnableThisDatabase
+    @Confirm BIT = 0
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @Was UNIQUEIDENTIFIER, @Now DATETIME2(3) = SYSUTCDATETIME(), @Current UNIQUEIDENTIFIER;
+    SELECT @Current = d.service_broker_guid FROM sys.databases AS d WHERE d.database_id = DB_ID();
+    IF ISNULL(@Confirm, 0) <> 1
+        THROW 50544, N'@Confirm must be 1: this database then runs its delayed tasks here.', 1;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+        UPDATE d
+        SET @Was = d.BrokerGuid, d.BrokerGuid = @Current, d.EnabledAtUtc = @Now, d.EnabledBy = ORIGINAL_LOGIN()
+        FROM delay.Dispatcher AS d
+        WHERE d.DispatcherId = 1;
+        INSERT INTO delay.Log (EventName, ErrorMessage)
+        VALUES (N'Dispatcher', CONCAT(N'enabled for broker identity ', @Current, N' by ', ORIGINAL_LOGIN()));
+        EXEC delay.ArmDispatcher @DueAtUtc = @Now;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+    SELECT @Was AS WasBrokerGuid, @Current AS BrokerGuid,
+        (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState IN (N'Pending', N'Held')) AS PendingTasks;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+delay.Monitor: is delayed execution running its tasks?  One row per finding, with
+what to do.  The Agent job step `EXEC delay.Monitor;` every few minutes fails (50545)
+on a Critical one, so its alert fires; `mailq-db doctor` runs @Apply = 0, @Raise = 0.
+Critical:    BrokerDisabled, QueueDisabled, ActivationOff, RunnerMissing, CopyNotEnabled
+             (a new broker identity: runs nothing until delay.EnableThisDatabase),
+             ActivationFailing (the timer fired, no reader came), OverdueTasks.
+Warning:     DispatcherLost (begun again, @Apply = 1), HeldTasks (per target),
+             OrphanedRuns (a target ended the transaction opened for it, then its reader
+             ended: failed, 50546, @Apply = 1), NoTask (with
+             @ScheduleMissing = 1: platform rows without a task, scheduled, @MaxRows at most).
+Result set:  Finding NVARCHAR(32), Severity NVARCHAR(8), Detail, Fix NVARCHAR(800)
+Errors:      50545 after the result set, on a Critical finding, when @Raise = 1
+Security:    EXECUTE AS OWNER (the catalog and the queue); granted to MailqAdmin.
+Example:     EXEC delay.Monitor @Apply = 0, @Raise = 0;
+*/
+CREATE OR ALTER PROCEDURE delay.Monitor
     @Apply BIT = 1,
+    @Raise BIT = 1,
+    @OverdueLimit INT = 0,
     @ScheduleMissing BIT = 0,
     @MaxRows INT = 1000
 WITH EXECUTE AS OWNER
@@ -11582,598 +10318,314 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE
-        @Msg NVARCHAR(2048),
-        @Now DATETIME2(3),
-        @TaskID BIGINT,
-        @TaskState NVARCHAR(16),
-        @Handle UNIQUEIDENTIFIER,
-        @NewHandle UNIQUEIDENTIFIER,
-        @NextRunAtUtc DATETIME2(3),
-        @Attempts INT,
-        @MaxAttempts INT = 3,
-        @Timeout INT,
-        @MaxTimerSeconds INT = 86400,
-        @MaxDelaySeconds INT = 31536000,
-        @Name NVARCHAR(4000),
-        @DelaySeconds INT,
-        @CreatedAt DATETIME2(3),
-        @TooLong BIT,
-        @Refusal INT,
-        @RefusalMessage NVARCHAR(400),
-        @SchemaName SYSNAME,
-        @ProcedureName SYSNAME,
-        @Done INT;
-
-    DECLARE @Candidate TABLE (
-        TaskID BIGINT NOT NULL PRIMARY KEY,
-        EndpointState CHAR(2) NULL
-    );
-
+        @Now DATETIME2(3) = SYSUTCDATETIME(), @Overdue INT = 60, @Count BIGINT, @Msg NVARCHAR(2048),
+        @Handle UNIQUEIDENTIFIER, @ArmedFor DATETIME2(3), @Woken DATETIME2(3), @Guid UNIQUEIDENTIFIER;
     DECLARE @Finding TABLE (
-        FindingId INT IDENTITY (1, 1) PRIMARY KEY,
-        Finding NVARCHAR(32) NOT NULL,
-        TaskID BIGINT NULL,
-        Action NVARCHAR(32) NOT NULL,
-        Detail NVARCHAR(400) NULL
+        Id INT IDENTITY (1, 1) PRIMARY KEY, Finding NVARCHAR(32) NOT NULL, Severity NVARCHAR(8) NOT NULL,
+        Detail NVARCHAR(800) NULL, Fix NVARCHAR(800) NULL
     );
-
-    IF @@TRANCOUNT > 0
-        THROW 50349, N'delay.Reconcile opens one short transaction per task; call it outside a transaction.', 1;
-    SET @Apply = ISNULL(@Apply, 1);
-    SET @ScheduleMissing = ISNULL(@ScheduleMissing, 0);
-    SET @MaxRows = IIF(@MaxRows IS NULL OR @MaxRows < 1, 1000, @MaxRows);
-
-    SELECT @MaxAttempts = s.MaxAttempts FROM delay.Setting AS s WHERE s.SettingId = 1;
-
-    -- 1. The queue.
-    IF EXISTS (
-        SELECT 1 FROM sys.service_queues AS q
-        WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue') AND q.is_receive_enabled = 0
-    )
-        INSERT INTO @Finding (Finding, Action, Detail)
-        VALUES (
-            N'QueueDisabled', N'Reported',
-            N'dbo.DelayServiceQueue is disabled; see delay.Incident, delay.Log; then ALTER QUEUE ... STATUS = ON'
-        );
-
-    -- 2. Pending and running tasks whose conversation is gone.
-    --
-    -- Endpoint states (sys.conversation_endpoints.state:
-    -- https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql
-    -- ):
-    --   SO, SI, CO  open: its timer will fire; nothing to do.
-    --   DI          the other side issued END CONVERSATION; "an application
-    --               might still receive messages": its EndDialog waits in
-    --               dbo.DelayServiceQueue, and the reader that receives it
-    --               fails the task (BrokerError) and ends this side.
-    --   ER          "the error message is placed in the application queue":
-    --               the same, with the Error message.
-    --   DO          this side issued END CONVERSATION: it "cannot send or
-    --               receive messages", so no timer ever fires: gone.
-    --   CD          closed: gone.  No row at all (NEW_BROKER): gone.
-    -- DI and ER are therefore left to the reader (reported as Ending): ending
-    -- them here would take their conversation group after the task row, the
-    -- reverse of the lock order every other transaction follows, and race the
-    -- reader that holds that group and waits for the row.  Only gone
-    -- conversations are repaired; they have no group anybody can lock.
-    --
-    -- One set-based pass: the non-final tasks (a seek on
-    -- IX_Task_TaskState_NextRunAtUtc per state) joined ONCE with
-    -- sys.conversation_endpoints, the first @MaxRows candidates kept in a
-    -- table variable.  Cost: O(P + E) for the pass (P non-final tasks, E
-    -- endpoints of the database), then per candidate one seek on delay.Task,
-    -- one endpoint lookup by conversation_handle and the repair itself:
-    -- O(P + E + R) in all, where the loop of revision 0006 joined the
-    -- endpoints once per repair, O(R x (P + E)).
-    -- The CTE keeps every column it names to sys.conversation_endpoints alone.
-    WITH Endpoint AS (
-        SELECT e.conversation_handle, e.state
-        FROM sys.conversation_endpoints AS e
-    )
-
-    INSERT INTO @Candidate (TaskID, EndpointState)
-    SELECT TOP (@MaxRows) t.TaskID, ep.state
+    SELECT @Overdue = s.OverdueSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
+    SELECT @Handle = d.ConversationHandle, @ArmedFor = d.ArmedForUtc, @Woken = d.LastWokenAtUtc, @Guid = d.BrokerGuid
+    FROM delay.Dispatcher AS d
+    WHERE d.DispatcherId = 1;
+    INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+    SELECT x.Finding, x.Severity, x.Detail, x.Fix
+    FROM sys.databases AS db
+    CROSS JOIN sys.service_queues AS q
+    CROSS APPLY (
+        VALUES
+        (IIF(db.is_broker_enabled = 0, N'BrokerDisabled', NULL), N'Critical', N'Service Broker is off: no timer fires',
+            N'ALTER DATABASE ... SET ENABLE_BROKER (exclusive access); a copy: NEW_BROKER (see CopyNotEnabled)'),
+        (IIF(q.is_receive_enabled = 0, N'QueueDisabled', NULL), N'Critical', N'dbo.DelayServiceQueue is disabled',
+            N'read delay.Log and the error log, then ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON;'),
+        (IIF(q.is_activation_enabled = 0, N'ActivationOff', NULL), N'Critical', N'activation is off: no reader starts',
+            N'ALTER QUEUE dbo.DelayServiceQueue WITH ACTIVATION (STATUS = ON);'),
+        (IIF(DATABASE_PRINCIPAL_ID(N'MailqRunner') IS NULL, N'RunnerMissing', NULL), N'Critical',
+            N'the user MailqRunner (targets and hooks run as it) is missing', N'deploy again: mailq-db deploy'),
+        (IIF(@Guid IS NULL OR @Guid <> db.service_broker_guid, N'CopyNotEnabled', NULL), N'Critical',
+            CONCAT(N'broker identity ', db.service_broker_guid, N' is not the one tasks run for (', @Guid, N')'),
+            N'on the live database only: EXEC delay.EnableThisDatabase @Confirm = 1; a copy runs nothing'),
+        (IIF(@ArmedFor < DATEADD(SECOND, -@Overdue, @Now) AND (@Woken IS NULL OR @Woken < @ArmedFor),
+            N'ActivationFailing', NULL), N'Critical', CONCAT(N'the timer fired at ', @ArmedFor, N'; no reader since'),
+            N'see the SQL Server error log (an orphaned owner: ALTER AUTHORIZATION ON DATABASE::... TO [login])')
+    ) AS x(Finding, Severity, Detail, Fix)
+    WHERE db.database_id = DB_ID() AND q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue') AND x.Finding IS NOT NULL;
+    SELECT @Count = COUNT_BIG(*) FROM delay.Task AS t
+    WHERE t.TaskState = N'Pending' AND t.NextRunAtUtc < DATEADD(SECOND, -@Overdue, @Now);
+    IF @Count > ISNULL(@OverdueLimit, 0)
+        INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+        VALUES (N'OverdueTasks', N'Critical', CONCAT(@Count, N' task(s) due over ', @Overdue, N' s ago not started'),
+            N'the findings above; else more MAX_QUEUE_READERS, or a slow target''s MaxReaders holds them');
+    INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+    SELECT N'HeldTasks', N'Warning', CONCAT(COUNT_BIG(*), N' task(s) of ', t.SchemaName, N'.', t.ProcedureName,
+            N' held: it changed since it was listed'),
+        CONCAT(N'review it, then EXEC delay.AllowProcedure N''', t.SchemaName, N'.', t.ProcedureName, N''';')
     FROM delay.Task AS t
-    LEFT OUTER JOIN Endpoint AS ep ON t.ConversationHandle = ep.conversation_handle
-    WHERE
-        t.TaskState IN (N'Scheduled', N'Retrying', N'Running')
-        AND (ep.conversation_handle IS NULL OR ep.state IN ('CD', 'DO', 'DI', 'ER'))
-    -- Repairable ones first, so that many DI/ER tasks (a disabled queue full
-    -- of EndDialogs) never use up @MaxRows before a gone one is seen.
-    ORDER BY IIF(ep.state IN ('DI', 'ER'), 1, 0), t.TaskID;
-
-    INSERT INTO @Finding (Finding, TaskID, Action, Detail)
-    SELECT
-        N'Ending', c.TaskID, N'Left',
-        CONCAT(
-            N'conversation state ', c.EndpointState,
-            N': its EndDialog or Error message waits in dbo.DelayServiceQueue; the reader fails the task'
-        )
-    FROM @Candidate AS c
-    WHERE c.EndpointState IN ('DI', 'ER')
-    ORDER BY c.TaskID;
-
-    SET @TaskID = NULL;
-    WHILE 1 = 1
+    WHERE t.TaskState = N'Held'
+    GROUP BY t.SchemaName, t.ProcedureName;
+    IF @Handle IS NULL OR NOT EXISTS (
+        SELECT 1 FROM sys.conversation_endpoints AS e
+        WHERE e.conversation_handle = @Handle AND e.state IN ('SO', 'SI', 'CO')
+    )
     BEGIN
-        SELECT TOP (1) @TaskID = c.TaskID
-        FROM @Candidate AS c
-        WHERE
-            (@TaskID IS NULL OR c.TaskID > @TaskID)
-            AND (c.EndpointState IS NULL OR c.EndpointState IN ('CD', 'DO'))
-        ORDER BY c.TaskID;
-        IF @@ROWCOUNT = 0
-            BREAK;
-
-        BEGIN TRY
-            BEGIN TRANSACTION;
-
-            -- UPDLOCK, ROWLOCK: re-read under the lock; the task may have
-            -- moved on since the scan.
-            SELECT
-                @TaskState = t.TaskState,
-                @Handle = t.ConversationHandle,
-                @NextRunAtUtc = t.NextRunAtUtc,
-                @Attempts = t.Attempts
-            FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK)
-            WHERE t.TaskID = @TaskID;
-            SET @Now = SYSUTCDATETIME();
-
-            -- Gone still?  One lookup by handle; a conversation that is
-            -- open again (re-armed meanwhile) or in DI/ER is not ours.  No
-            -- conversation group is taken here: a gone one has none.
-            IF @TaskState IN (N'Scheduled', N'Retrying', N'Running') AND NOT EXISTS (
-                SELECT 1 FROM sys.conversation_endpoints AS e
-                WHERE e.conversation_handle = @Handle AND e.state NOT IN ('CD', 'DO')
-            )
-            BEGIN
-                IF @TaskState = N'Running'
-                    AND APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/task/', @TaskID), N'Exclusive', N'Session') = 0
-                    -- Its runner is alive: its step 3 records the outcome
-                    -- without a conversation.
-                    INSERT INTO @Finding (Finding, TaskID, Action, Detail)
-                    VALUES (N'RunnerGone', @TaskID, N'Left', N'running, its runner is alive; step 3 records it');
-                ELSE IF EXISTS (
-                    SELECT 1 FROM delay.Incident AS i
-                    WHERE i.ConversationHandle = @Handle OR i.TaskID = @TaskID
-                )
-                BEGIN
-                    -- dbo.ProcessDelayQueue could not process its message and
-                    -- ended the conversation (delay.Incident): failed, never
-                    -- re-armed into the same failure.
-                    INSERT INTO @Finding (Finding, TaskID, Action, Detail)
-                    VALUES (
-                        N'Orphaned', @TaskID, N'Failed', N'its conversation was ended by a recovery (delay.Incident)'
-                    );
-                    IF @Apply = 1
-                        EXEC delay.FinishTask
-                            @TaskID = @TaskID,
-                            @TaskState = N'Failed',
-                            @EventName = N'BrokerError',
-                            @ErrorNumber = 50346,
-                            @ErrorMessage = N'a message of this task could not be processed (delay.Incident)';
-                END;
-                ELSE IF @TaskState = N'Running' AND @Attempts >= @MaxAttempts
-                BEGIN
-                    INSERT INTO @Finding (Finding, TaskID, Action) VALUES (N'RunnerGone', @TaskID, N'Failed');
-                    IF @Apply = 1
-                        EXEC delay.FinishTask
-                            @TaskID = @TaskID,
-                            @TaskState = N'Failed',
-                            @EventName = N'RunnerLost',
-                            @ErrorNumber = 50348,
-                            @ErrorMessage = N'running with neither a conversation nor a runner; attempts exhausted';
-                END;
-                ELSE
-                BEGIN
-                    INSERT INTO @Finding (Finding, TaskID, Action, Detail)
-                    VALUES (
-                        IIF(@TaskState = N'Running', N'RunnerGone', N'Orphaned'), @TaskID, N'Rearmed',
-                        CONCAT(N'was ', @TaskState, N' on a conversation that no longer exists')
-                    );
-                    IF @Apply = 1
-                    BEGIN
-                        BEGIN DIALOG CONVERSATION @NewHandle
-                            FROM SERVICE MailqDelayService
-                            TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
-                            ON CONTRACT MailqDelayContract
-                            WITH ENCRYPTION = OFF;
-
-                        SET @NextRunAtUtc = IIF(
-                            @TaskState = N'Running' OR @NextRunAtUtc IS NULL OR @NextRunAtUtc < @Now,
-                            @Now, @NextRunAtUtc
-                        );
-                        SET @Timeout = CAST(CASE
-                            WHEN DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc) >= @MaxTimerSeconds THEN @MaxTimerSeconds
-                            WHEN DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc) < 1 THEN 1
-                            ELSE DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc)
-                        END AS INT);
-                        BEGIN CONVERSATION TIMER (@NewHandle) TIMEOUT = @Timeout;
-
-                        UPDATE delay.Task
-                        SET
-                            ConversationHandle = @NewHandle,
-                            TaskState = IIF(@TaskState = N'Running', N'Retrying', @TaskState),
-                            NextRunAtUtc = @NextRunAtUtc,
-                            LeaseUntilUtc = NULL,
-                            LastErrorNumber = IIF(@TaskState = N'Running', 50348, LastErrorNumber),
-                            LastErrorMessage = IIF(
-                                @TaskState = N'Running',
-                                N'running with neither a conversation nor a runner; retried (delay.Reconcile)',
-                                LastErrorMessage
-                            )
-                        WHERE TaskID = @TaskID;
-
-                        INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage, ConversationHandle)
-                        VALUES (
-                            @TaskID, IIF(@TaskState = N'Running', N'RunnerLost', N'BrokerError'), 50348,
-                            CONCAT(N'conversation ', CAST(@Handle AS NVARCHAR(36)),
-                                N' no longer exists; re-armed on a new one by delay.Reconcile'),
-                            @NewHandle
-                        );
-                    END;
-                END;
-            END;
-
-            COMMIT TRANSACTION;
-        END TRY
-        BEGIN CATCH
-            IF XACT_STATE() <> 0
-                ROLLBACK TRANSACTION;
-            INSERT INTO @Finding (Finding, TaskID, Action, Detail)
-            VALUES (N'Orphaned', @TaskID, N'Error', LEFT(CONCAT(ERROR_NUMBER(), N': ', ERROR_MESSAGE()), 400));
-        END CATCH;
-    END;
-
-    -- 3. Pending platform rows without a task.
-    SET @TaskID = NULL;
-    SET @Done = 0;
-    WHILE @Done < @MaxRows
-    BEGIN
-        SELECT TOP (1)
-            @TaskID = p.ID,
-            @Name = CAST(p.F108211 AS NVARCHAR(4000)),
-            @DelaySeconds = CASE WHEN p.F108218 IS NULL THEN 0 ELSE TRY_CONVERT(INT, p.F108218) END,
-            @CreatedAt = TRY_CONVERT(DATETIME2(3), p.F108217),
-            @TooLong = CASE
-                WHEN
-                    LEN(CAST(p.F108212 AS NVARCHAR(MAX)) + N'.') > 201
-                    OR LEN(CAST(p.F108213 AS NVARCHAR(MAX)) + N'.') > 201
-                    OR LEN(CAST(p.F108214 AS NVARCHAR(MAX)) + N'.') > 201
-                    OR LEN(CAST(p.F108215 AS NVARCHAR(MAX)) + N'.') > 201
-                    OR LEN(CAST(p.F108216 AS NVARCHAR(MAX)) + N'.') > 201
-                    THEN 1
-                ELSE 0
-            END
-        FROM dbo.tabDIYTable12402 AS p
-        WHERE
-            ISNULL(p.F108219, 0) = 0
-            AND p.F108211 IS NOT NULL
-            AND (@TaskID IS NULL OR p.ID > @TaskID)
-            AND NOT EXISTS (SELECT 1 FROM delay.Task AS t WHERE t.TaskID = p.ID)
-        ORDER BY p.ID;
-        IF @@ROWCOUNT = 0
-            BREAK;
-        SET @Done += 1;
-
-        IF @Apply = 0 OR @ScheduleMissing = 0
-        BEGIN
-            INSERT INTO @Finding (Finding, TaskID, Action, Detail)
-            VALUES (
-                N'NoTask', @TaskID, N'Reported', N'pending row, no task; EXEC delay.Reconcile @ScheduleMissing = 1'
-            );
-            CONTINUE;
-        END;
-
-        SELECT
-            @Refusal = r.RefusalNumber,
-            @RefusalMessage = r.RefusalMessage,
-            @SchemaName = r.SchemaName,
-            @ProcedureName = r.ProcedureName
-        FROM delay.ResolveTarget(@Name) AS r;
-        IF @DelaySeconds IS NULL OR @DelaySeconds NOT BETWEEN 0 AND @MaxDelaySeconds
-            SELECT @Refusal = 50302, @RefusalMessage = N'delay F108218 is not 0-31,536,000 seconds';
-        ELSE IF @TooLong = 1
-            SELECT
-                @Refusal = 50303,
-                @RefusalMessage = N'a parameter F108212-F108216 is longer than the target''s 200 characters';
-
-        SET @Now = SYSUTCDATETIME();
-        SET @NextRunAtUtc = DATEADD(SECOND, ISNULL(@DelaySeconds, 0), ISNULL(@CreatedAt, @Now));
-
-        BEGIN TRY
-            BEGIN TRANSACTION;
-
-            INSERT INTO delay.Task (
-                TaskID, TargetName, SchemaName, ProcedureName, DelaySeconds, TaskState,
-                CreatedAtUtc, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage, CreatedBy
-            )
-            VALUES (
-                @TaskID, LEFT(@Name, 400), @SchemaName, @ProcedureName, @DelaySeconds,
-                IIF(@Refusal IS NULL, N'Scheduled', N'Refused'),
-                @Now,
-                IIF(@Refusal IS NULL, @NextRunAtUtc, NULL),
-                IIF(@Refusal IS NULL, @NextRunAtUtc, NULL),
-                IIF(@Refusal IS NULL, NULL, @Now),
-                @Refusal, @RefusalMessage, N'delay.Reconcile'
-            );
-
-            IF @Refusal IS NOT NULL
-            BEGIN
-                INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorNumber, ErrorMessage)
-                VALUES (@TaskID, N'Refused', LEFT(@Name, 400), @Refusal, @RefusalMessage);
-                UPDATE dbo.tabDIYTable12402 SET F108219 = 2 WHERE ID = @TaskID;
-                INSERT INTO @Finding (Finding, TaskID, Action, Detail)
-                VALUES (N'NoTask', @TaskID, N'Refused', @RefusalMessage);
-            END;
-            ELSE
-            BEGIN
-                BEGIN DIALOG CONVERSATION @NewHandle
-                    FROM SERVICE MailqDelayService
-                    TO SERVICE N'MailqDelayService', N'CURRENT DATABASE'
-                    ON CONTRACT MailqDelayContract
-                    WITH ENCRYPTION = OFF;
-                SET @Timeout = CAST(CASE
-                    WHEN DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc) >= @MaxTimerSeconds THEN @MaxTimerSeconds
-                    WHEN DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc) < 1 THEN 1
-                    ELSE DATEDIFF_BIG(SECOND, @Now, @NextRunAtUtc)
-                END AS INT);
-                BEGIN CONVERSATION TIMER (@NewHandle) TIMEOUT = @Timeout;
-                UPDATE delay.Task SET ConversationHandle = @NewHandle WHERE TaskID = @TaskID;
-                INSERT INTO @Finding (Finding, TaskID, Action) VALUES (N'NoTask', @TaskID, N'Scheduled');
-            END;
-
-            COMMIT TRANSACTION;
-        END TRY
-        BEGIN CATCH
-            IF XACT_STATE() <> 0
-                ROLLBACK TRANSACTION;
-            INSERT INTO @Finding (Finding, TaskID, Action, Detail)
-            VALUES (N'NoTask', @TaskID, N'Error', LEFT(CONCAT(ERROR_NUMBER(), N': ', ERROR_MESSAGE()), 400));
-        END CATCH;
-    END;
-
-    -- 4. Receipts that could not be written (dbo.ProcessDelayQueue writes
-    -- them after its RECEIVE transaction commits, so a constraint or trigger
-    -- of the platform's can leave one behind).
-    BEGIN TRY
+        INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+        VALUES (N'DispatcherLost', N'Warning', N'the dispatcher conversation is gone (NEW_BROKER, an error)',
+            IIF(@Apply = 1, N'begun again now', N'EXEC delay.Monitor;'));
         IF @Apply = 1
-            UPDATE TOP (@MaxRows) p
-            SET F108219 = CASE t.TaskState
-                WHEN N'Done' THEN 1
-                WHEN N'Refused' THEN 2
-                WHEN N'Failed' THEN 3
-                WHEN N'Cancelled' THEN 4
-                ELSE 0
-            END
-            OUTPUT N'Receipt', inserted.ID, N'Repaired' INTO @Finding (Finding, TaskID, Action)
-            FROM dbo.tabDIYTable12402 AS p
-            INNER JOIN delay.Task AS t ON p.ID = t.TaskID
-            WHERE t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled') AND ISNULL(p.F108219, 0) = 0;
-        ELSE
-            INSERT INTO @Finding (Finding, TaskID, Action)
-            SELECT TOP (@MaxRows) N'Receipt', p.ID, N'Reported'
-            FROM dbo.tabDIYTable12402 AS p
-            INNER JOIN delay.Task AS t ON p.ID = t.TaskID
-            WHERE t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled') AND ISNULL(p.F108219, 0) = 0;
-    END TRY
-    BEGIN CATCH
-        IF XACT_STATE() <> 0
-            ROLLBACK TRANSACTION;
-        INSERT INTO @Finding (Finding, Action, Detail)
-        VALUES (N'Receipt', N'Error', LEFT(CONCAT(ERROR_NUMBER(), N': ', ERROR_MESSAGE()), 400));
-    END CATCH;
-
-    SELECT f.Finding, f.TaskID, f.Action, f.Detail
-    FROM @Finding AS f
-    ORDER BY f.FindingId;
-
-    IF EXISTS (SELECT 1 FROM @Finding AS f WHERE f.Finding = N'QueueDisabled')
-        -- Severity 16: an Agent job step that runs this fails, so the job's
-        -- notification or an alert on the job failure tells a DBA.  (A
-        -- BROKER_QUEUE_DISABLED event notification would need a second queue
-        -- and service to receive it; this monitor needs none.)
-        RAISERROR (
-            N'mailq-db: dbo.DelayServiceQueue is disabled (poison message detection); see %s, then %s.',
-            16, 1, N'delay.Incident and delay.Log', N'ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON'
-        );
+            EXEC delay.ArmDispatcher @DueAtUtc = @Now;
+    END;
+    -- The run's mark, and no reader holds the row: the target committed, then its reader ended.
+    SELECT @Count = COUNT_BIG(*) FROM delay.Task AS t WITH (READPAST)
+    WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31';
+    IF @Count > 0
+    BEGIN
+        INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+        VALUES (N'OrphanedRuns', N'Warning', CONCAT(@Count, N' run(s) ended without an outcome'),
+            IIF(@Apply = 1, N'failed now (50546), not run again', N'EXEC delay.Monitor;'));
+        IF @Apply = 1
+            UPDATE t
+            SET
+                t.TaskState = N'Failed', t.FinishedAtUtc = @Now, t.ClaimToken = NULL, t.LeaseUntilUtc = NULL,
+                t.LastErrorNumber = 50546,
+                t.LastErrorMessage = N'the target ended its transaction, then its reader ended'
+            OUTPUT inserted.TaskID INTO delay.ReceiptDue (TaskID)
+            FROM delay.Task AS t WITH (READPAST, ROWLOCK)
+            WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31';
+    END;
+    IF @ScheduleMissing = 1
+    BEGIN
+        -- Rows inserted without the trigger: due F108218 s after F108217 (or now); a scan, when asked.
+        INSERT INTO delay.Task (
+            TaskID, TargetName, SchemaName, ProcedureName, DelaySeconds, Param1, Param2, Param3, Param4, Param5,
+            TaskState, DueAtUtc, NextRunAtUtc, FinishedAtUtc, LastErrorNumber, LastErrorMessage, CreatedBy
+        )
+        SELECT TOP (@MaxRows)
+            p.ID, c.TargetName, c.SchemaName, c.ProcedureName, c.DelaySeconds, c.Param1, c.Param2, c.Param3, c.Param4,
+            c.Param5, IIF(c.RefusalNumber IS NULL, N'Pending', N'Refused'), f.Due AS DueAtUtc, f.Due AS NextRunAtUtc,
+            IIF(c.RefusalNumber IS NULL, NULL, @Now), c.RefusalNumber, c.RefusalMessage, ORIGINAL_LOGIN()
+        FROM dbo.tabDIYTable12402 AS p
+        CROSS APPLY delay.Classify(
+            CAST(p.F108211 AS NVARCHAR(4000)), CAST(p.F108218 AS NVARCHAR(40)),
+            p.F108212, p.F108213, p.F108214, p.F108215, p.F108216
+        ) AS c
+        CROSS APPLY (
+            VALUES (DATEADD(SECOND, ISNULL(c.DelaySeconds, 0), ISNULL(TRY_CONVERT(DATETIME2(3), p.F108217), @Now)))
+        ) AS f(Due)
+        WHERE ISNULL(p.F108219, 0) = 0 AND p.F108211 IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM delay.Task AS t WHERE t.TaskID = p.ID
+        )
+        ORDER BY p.ID;
+        SET @Count = @@ROWCOUNT;
+        INSERT INTO delay.ReceiptDue (TaskID)
+        SELECT t.TaskID FROM delay.Task AS t
+        WHERE t.TaskState = N'Refused' AND t.FinishedAtUtc = @Now
+            AND NOT EXISTS (SELECT 1 FROM delay.ReceiptDue AS r WHERE r.TaskID = t.TaskID);
+        IF @Count > 0
+        BEGIN
+            EXEC delay.ArmDispatcher @DueAtUtc = @Now;
+            INSERT INTO @Finding (Finding, Severity, Detail, Fix)
+            VALUES (N'NoTask', N'Warning', CONCAT(@Count, N' platform row(s) without a task scheduled now'),
+                IIF(@Count = @MaxRows, N'EXEC delay.Monitor @ScheduleMissing = 1; again', NULL));
+        END;
+    END;
+    SELECT f.Finding, f.Severity, f.Detail, f.Fix FROM @Finding AS f ORDER BY f.Id;
+    IF @Raise = 1 AND EXISTS (SELECT 1 FROM @Finding AS f WHERE f.Severity = N'Critical')
+    BEGIN
+        SELECT @Msg = CONCAT(N'delay.Monitor: ', STRING_AGG(f.Finding, N', ')) FROM @Finding AS f
+        WHERE f.Severity = N'Critical';
+        THROW 50545, @Msg, 1;
+    END;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.PendingTasks: tasks waiting for their time: Scheduled (first run) or
-Retrying (after a failed attempt), soonest first when ordered by NextRunAtUtc.
-Columns:     TaskID, TargetName, TaskState, Attempts, CreatedAtUtc, DueAtUtc,
-             NextRunAtUtc, OverdueSeconds (> 0: due but not yet started, e.g.
-             activation is off or every reader is busy), LastErrorNumber,
-             LastErrorMessage
-Example:     SELECT TaskID, TargetName, NextRunAtUtc FROM delay.PendingTasks ORDER BY NextRunAtUtc;
+delay.PurgeHistory: deletes final tasks (Done, Failed, Refused, Cancelled, receipt
+written) that finished before the cutoff, with their keys, and delay.Log rows logged
+before it: @BatchSize rows per short transaction, at most @MaxBatches per call (run
+it from the Agent job).  The platform's rows are never deleted.
+Parameters:  @OlderThanDays INT = NULL (delay.Setting.RetentionDays) 1-3650;
+             @BatchSize INT = 1000 (1-10000); @MaxBatches INT = 100 (1-100000)
+Result set:  one row: TasksDeleted BIGINT, LogRowsDeleted BIGINT, Finished BIT (0: run it again)
+Errors:      50543 called inside a transaction, or a parameter out of range
+Lock order:  delay.Task (IX_Task_FinishedAtUtc order), delay.TaskKey; then delay.Log.
+Security:    granted to MailqAdmin.
+Example:     EXEC delay.PurgeHistory @OlderThanDays = 30;
+*/
+CREATE OR ALTER PROCEDURE delay.PurgeHistory
+    @OlderThanDays INT = NULL,
+    @BatchSize INT = 1000,
+    @MaxBatches INT = 100
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @Msg NVARCHAR(2048), @Cutoff DATETIME2(3), @Tasks BIGINT = 0, @Logs BIGINT = 0, @Batches INT = 0,
+        @Done INT = 0, @LogDone INT = 0;
+    DECLARE @Gone TABLE (TaskID BIGINT NOT NULL PRIMARY KEY);
+    SELECT @OlderThanDays = ISNULL(@OlderThanDays, s.RetentionDays) FROM delay.Setting AS s WHERE s.SettingId = 1;
+    IF @@TRANCOUNT > 0 OR ISNULL(@OlderThanDays, 0) NOT BETWEEN 1 AND 3650
+        OR ISNULL(@BatchSize, 0) NOT BETWEEN 1 AND 10000 OR ISNULL(@MaxBatches, 0) NOT BETWEEN 1 AND 100000
+    BEGIN
+        SET @Msg = CONCAT(N'delay.PurgeHistory runs outside a transaction with @OlderThanDays 1-3650, @BatchSize ',
+            N'1-10000, @MaxBatches 1-100000; got ', @@TRANCOUNT, N' open, ', @OlderThanDays, N', ', @BatchSize, N', ',
+            @MaxBatches, N'.');
+        THROW 50543, @Msg, 1;
+    END;
+    SET @Cutoff = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
+    WHILE @Batches < @MaxBatches
+    BEGIN
+        SET @Batches += 1;
+        DELETE FROM @Gone;
+        BEGIN TRANSACTION;
+        DELETE TOP (@BatchSize) t
+        OUTPUT deleted.TaskID INTO @Gone (TaskID)
+        FROM delay.Task AS t WITH (INDEX (IX_Task_FinishedAtUtc))
+        WHERE t.FinishedAtUtc < @Cutoff AND t.TaskState IN (N'Done', N'Failed', N'Refused', N'Cancelled')
+            AND NOT EXISTS (SELECT 1 FROM delay.ReceiptDue AS r WHERE r.TaskID = t.TaskID);
+        SET @Done = @@ROWCOUNT;
+        DELETE k FROM delay.TaskKey AS k INNER JOIN @Gone AS g ON k.TaskID = g.TaskID;
+        COMMIT TRANSACTION;
+        -- LogId grows with LoggedAtUtc: the oldest rows come first in the clustered
+        -- order, a bounded read from its start.
+        WITH Oldest AS (SELECT TOP (@BatchSize) l.LogId, l.LoggedAtUtc FROM delay.Log AS l ORDER BY l.LogId)
+
+        DELETE FROM Oldest WHERE LoggedAtUtc < @Cutoff;
+        SELECT @LogDone = @@ROWCOUNT, @Tasks += @Done;
+        SET @Logs += @LogDone;
+        IF @Done < @BatchSize AND @LogDone < @BatchSize BREAK;
+    END;
+    SELECT @Tasks AS TasksDeleted, @Logs AS LogRowsDeleted,
+        CAST(IIF(@Done < @BatchSize AND @LogDone < @BatchSize, 1, 0) AS BIT) AS Finished;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+delay.PendingTasks: tasks not finished: Pending (waiting for NextRunAtUtc or a
+retry's backoff), Claimed (a reader runs it or is about to; LeaseUntilUtc 9999-12-31
+while it runs, and a locking read of that row waits for the target), Held (the
+target changed since it was listed: it runs once a db_owner lists it again;
+HeldReason says why).  OverdueSeconds > 0: due and not started.
+Example:     SELECT TaskID, TargetName, TaskState, NextRunAtUtc FROM delay.PendingTasks ORDER BY NextRunAtUtc;
 */
 CREATE OR ALTER VIEW delay.PendingTasks
 AS
 SELECT
-    t.TaskID,
-    t.TargetName,
-    t.TaskState,
-    t.Attempts,
-    t.CreatedAtUtc,
-    t.DueAtUtc,
-    t.NextRunAtUtc,
+    t.TaskID, t.TargetName, t.TaskState, t.Attempts, t.Claims, t.CreatedAtUtc, t.DueAtUtc, t.NextRunAtUtc,
+    t.LeaseUntilUtc, t.FirstStartedAtUtc,
     OverdueSeconds = IIF(
-        t.NextRunAtUtc < SYSUTCDATETIME(), DATEDIFF_BIG(SECOND, t.NextRunAtUtc, SYSUTCDATETIME()), 0
+        t.TaskState = N'Pending' AND t.NextRunAtUtc < SYSUTCDATETIME(),
+        DATEDIFF_BIG(SECOND, t.NextRunAtUtc, SYSUTCDATETIME()), 0
     ),
-    t.LastErrorNumber,
-    t.LastErrorMessage
+    HeldReason = IIF(t.TaskState = N'Held', t.LastErrorMessage, NULL),
+    t.LastErrorNumber, t.LastErrorMessage
 FROM delay.Task AS t
-WHERE t.TaskState IN (N'Scheduled', N'Retrying');
+WHERE t.TaskState IN (N'Pending', N'Claimed', N'Held');
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.RunningTasks: tasks whose target is running now (or whose runner died and
-the watchdog has not looked yet: LeaseUntilUtc in the past).
-Columns:     TaskID, TargetName, SchemaName, ProcedureName, Attempts,
-             FirstStartedAtUtc, LastStartedAtUtc, RunningSeconds, LeaseUntilUtc
-Example:     SELECT TaskID, TargetName, RunningSeconds FROM delay.RunningTasks;
+delay.FinishedTasks: tasks with a final state, until purged: Done (receipt 1),
+Refused (2: never run; 50302-50306 say why), Failed (3: attempts used up, the
+target ended the transaction opened for it, or claimed too often), Cancelled (4).
+The last error is here; every attempt's is in delay.Log.
+Example:     SELECT TaskID, TaskState, LastErrorMessage FROM delay.FinishedTasks WHERE TaskState = N'Failed';
 */
-CREATE OR ALTER VIEW delay.RunningTasks
+CREATE OR ALTER VIEW delay.FinishedTasks
 AS
 SELECT
-    t.TaskID,
-    t.TargetName,
-    t.SchemaName,
-    t.ProcedureName,
-    t.Attempts,
-    t.FirstStartedAtUtc,
-    t.LastStartedAtUtc,
-    RunningSeconds = DATEDIFF_BIG(SECOND, t.LastStartedAtUtc, SYSUTCDATETIME()),
-    t.LeaseUntilUtc
+    t.TaskID, t.TargetName, t.SchemaName, t.ProcedureName, t.TaskState, t.Receipt, t.Attempts, t.CreatedAtUtc,
+    t.DueAtUtc, t.FirstStartedAtUtc, t.FinishedAtUtc, t.LastErrorNumber, t.LastErrorMessage
 FROM delay.Task AS t
-WHERE t.TaskState = N'Running';
+WHERE t.TaskState IN (N'Done', N'Refused', N'Failed', N'Cancelled');
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-delay.FailedTasks: tasks given up (receipt 3): their attempts ran out, the
-target managed the transaction opened for it (266), or a broker error ended the
-conversation.  The last error is here; every attempt's error is in delay.Log.
-Columns:     TaskID, TargetName, SchemaName, ProcedureName, Attempts,
-             CreatedAtUtc, DueAtUtc, FirstStartedAtUtc, FinishedAtUtc,
-             LastErrorNumber, LastErrorMessage
-Example:     SELECT TaskID, LastErrorMessage FROM delay.FailedTasks;
-*/
-CREATE OR ALTER VIEW delay.FailedTasks
-AS
-SELECT
-    t.TaskID,
-    t.TargetName,
-    t.SchemaName,
-    t.ProcedureName,
-    t.Attempts,
-    t.CreatedAtUtc,
-    t.DueAtUtc,
-    t.FirstStartedAtUtc,
-    t.FinishedAtUtc,
-    t.LastErrorNumber,
-    t.LastErrorMessage
-FROM delay.Task AS t
-WHERE t.TaskState = N'Failed';
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-/*
-delay.RefusedTasks: rows that were refused and never run (receipt 2), with the
-reason: 50302 delay out of range, 50303 parameter too long, 50304 malformed
-name, 50305 three- or four-part name, 50306 not on the allow-list, 50307 the
-listed procedure was dropped, recreated or moved.
-Columns:     TaskID, TargetName, DelaySeconds, CreatedAtUtc, RefusedAtUtc,
-             RefusalNumber, RefusalMessage
-Example:     SELECT TaskID, TargetName, RefusalMessage FROM delay.RefusedTasks;
-*/
-CREATE OR ALTER VIEW delay.RefusedTasks
-AS
-SELECT
-    t.TaskID,
-    t.TargetName,
-    t.DelaySeconds,
-    t.CreatedAtUtc,
-    RefusedAtUtc = t.FinishedAtUtc,
-    RefusalNumber = t.LastErrorNumber,
-    RefusalMessage = t.LastErrorMessage
-FROM delay.Task AS t
-WHERE t.TaskState = N'Refused';
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-/*
-delay.Health: one row for operators and `mailq-db doctor`: is delayed execution
-able to run tasks?
-Columns:     IsBrokerEnabled       sys.databases.is_broker_enabled of this database
-             IsReceiveEnabled      0 = the queue is disabled (poison message
-                                   handling after five rollbacks in a row):
-                                   ALTER QUEUE dbo.DelayServiceQueue WITH STATUS = ON
-             IsEnqueueEnabled, IsActivationEnabled, IsPoisonMessageHandlingEnabled
-             MaxQueueReaders, ActivationProcedure
-             ActiveReaders         activated copies of dbo.ProcessDelayQueue now
-                                   (sys.dm_broker_activated_tasks)
-             QueuedMessages        rows in the queue (partition statistics of its
-                                   internal table: no lock on the queue)
-             OpenConversations     endpoints of the delay service not yet closed
-                                   (state <> 'CD'); about one per pending task
-             TransmissionQueue     messages of the service stuck in
-                                   sys.transmission_queue (broker disabled, ...)
-             PendingTasks, RunningTasks, OverdueTasks (pending, due more than
-                                   60 s ago), FailedTasks, RefusedTasks
-Permissions: sys.dm_broker_activated_tasks needs VIEW SERVER STATE (VIEW SERVER
-             PERFORMANCE STATE on SQL Server 2022); without it the view fails.
-Example:     SELECT IsReceiveEnabled, ActiveReaders, OverdueTasks FROM delay.Health;
+delay.Health: one row: can delayed execution run tasks, and how many wait?
+(delay.Monitor says what to do about each problem.)  IsBrokerEnabled,
+IsReceiveEnabled (0: the queue is disabled), IsActivationEnabled, MaxQueueReaders,
+IsEnabledHere (0: a copy with a new broker identity, which runs nothing until
+delay.EnableThisDatabase), IsTrustworthy, IsDbChaining, DispatcherArmedForUtc,
+LastWokenAtUtc, PendingTasks, OverdueTasks, HeldTasks, FailedTasks (as
+delay.GetTaskMetrics), RefusedTasks, ReceiptsDue.
+Permissions: SELECT, and VIEW DEFINITION on the queue (both granted to MailqAdmin);
+no server permission.
+Example:     SELECT IsReceiveEnabled, IsEnabledHere, OverdueTasks, HeldTasks FROM delay.Health;
 */
 CREATE OR ALTER VIEW delay.Health
 AS
+WITH D AS (
+    SELECT dp.BrokerGuid, dp.ArmedForUtc, dp.LastWokenAtUtc, s.OverdueSeconds
+    FROM delay.Dispatcher AS dp CROSS JOIN delay.Setting AS s
+),
+
+Q AS (
+    SELECT
+        IsReceiveEnabled = sq.is_receive_enabled, IsActivationEnabled = sq.is_activation_enabled,
+        MaxQueueReaders = sq.max_readers
+    FROM sys.service_queues AS sq
+    WHERE sq.object_id = OBJECT_ID(N'dbo.DelayServiceQueue')
+)
+
 SELECT
-    IsBrokerEnabled = (
-        SELECT d.is_broker_enabled FROM sys.databases AS d WHERE d.database_id = DB_ID()
-    ),
-    IsReceiveEnabled = q.is_receive_enabled,
-    IsEnqueueEnabled = q.is_enqueue_enabled,
-    IsActivationEnabled = q.is_activation_enabled,
-    IsPoisonMessageHandlingEnabled = q.is_poison_message_handling_enabled,
-    MaxQueueReaders = q.max_readers,
-    ActivationProcedure = q.activation_procedure,
-    ActiveReaders = (
-        SELECT COUNT(*)
-        FROM sys.dm_broker_activated_tasks AS bat
-        WHERE bat.database_id = DB_ID() AND bat.queue_id = q.object_id
-    ),
-    QueuedMessages = (
-        SELECT SUM(ps.row_count)
-        FROM sys.internal_tables AS it
-        INNER JOIN sys.dm_db_partition_stats AS ps ON it.object_id = ps.object_id
-        WHERE it.parent_object_id = q.object_id AND ps.index_id IN (0, 1)
-    ),
-    OpenConversations = (
-        SELECT COUNT_BIG(*)
-        FROM sys.conversation_endpoints AS ce
-        INNER JOIN sys.services AS s ON ce.service_id = s.service_id
-        WHERE s.name = N'MailqDelayService' AND ce.state <> 'CD'
-    ),
-    TransmissionQueue = (
-        SELECT COUNT_BIG(*)
-        FROM sys.transmission_queue AS tq
-        WHERE tq.from_service_name = N'MailqDelayService'
-    ),
-    PendingTasks = (
-        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState IN (N'Scheduled', N'Retrying')
-    ),
-    RunningTasks = (
-        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Running'
-    ),
+    IsBrokerEnabled = db.is_broker_enabled,
+    q.IsReceiveEnabled,
+    q.IsActivationEnabled,
+    q.MaxQueueReaders,
+    IsEnabledHere = CAST(IIF(d.BrokerGuid = db.service_broker_guid, 1, 0) AS BIT),
+    IsTrustworthy = db.is_trustworthy_on,
+    IsDbChaining = db.is_db_chaining_on,
+    DispatcherArmedForUtc = d.ArmedForUtc,
+    d.LastWokenAtUtc,
+    PendingTasks = (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState IN (N'Pending', N'Claimed')),
     OverdueTasks = (
-        SELECT COUNT_BIG(*)
-        FROM delay.Task AS t
-        WHERE
-            t.TaskState IN (N'Scheduled', N'Retrying')
-            AND t.NextRunAtUtc < DATEADD(SECOND, -60, SYSUTCDATETIME())
+        SELECT COUNT_BIG(*) FROM delay.Task AS t
+        WHERE t.TaskState = N'Pending' AND t.NextRunAtUtc < DATEADD(SECOND, -d.OverdueSeconds, SYSUTCDATETIME())
     ),
-    FailedTasks = (
-        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Failed'
-    ),
-    RefusedTasks = (
-        SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Refused'
-    )
-FROM sys.service_queues AS q
-WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue');
+    HeldTasks = (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Held'),
+    FailedTasks = (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Failed'),
+    RefusedTasks = (SELECT COUNT_BIG(*) FROM delay.Task AS t WHERE t.TaskState = N'Refused'),
+    ReceiptsDue = (SELECT COUNT_BIG(*) FROM delay.ReceiptDue)
+FROM sys.databases AS db
+CROSS JOIN D AS d
+LEFT OUTER JOIN Q AS q ON 1 = 1
+WHERE db.database_id = DB_ID();
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqDelayCaller (created in sql/security/MailqDelayCaller.role.sql):
-EXECUTE on dbo.InitiateDelayExecution and dbo.CancelDelayExecution, nothing
-else.  No table, queue or service rights: both procedures run EXECUTE AS OWNER
-and reach the tables and the broker as dbo.
+delay.GetTaskMetrics: the counts of delayed tasks that monitoring reads (`mailq-db
+exporter`), one row, read from delay.Health: PendingTasks BIGINT (Pending or Claimed:
+scheduled, not final, not held), OverdueTasks BIGINT (Pending, due longer ago than
+delay.Setting.OverdueSeconds), HeldTasks BIGINT (waiting for their target to be
+listed again), FailedTasks BIGINT (given up, until purged), QueueReceiveEnabled INT
+(0: the queue is disabled; NULL: the caller may not see it: VIEW DEFINITION on
+dbo.DelayServiceQueue), BrokerEnabled INT.
+Cost:        seeks on IX_Task_Due; never waits for a running target.
+Security:    granted to MailqAdmin.
+Example:     EXEC delay.GetTaskMetrics;
+*/
+CREATE OR ALTER PROCEDURE delay.GetTaskMetrics
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    SELECT
+        h.PendingTasks, h.OverdueTasks, h.HeldTasks, h.FailedTasks,
+        QueueReceiveEnabled = CAST(h.IsReceiveEnabled AS INT), BrokerEnabled = CAST(h.IsBrokerEnabled AS INT)
+    FROM delay.Health AS h;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+Grants of role MailqDelayCaller: EXECUTE on dbo.InitiateDelayExecution and
+dbo.CancelDelayExecution, nothing else.  Both run as the caller and reach the
+tables by ownership chaining; the timer is set through delay.ArmDispatcher
+(EXECUTE AS OWNER), granted to nobody.
 */
 GRANT EXECUTE ON OBJECT::dbo.InitiateDelayExecution TO MailqDelayCaller;
 GRANT EXECUTE ON OBJECT::dbo.CancelDelayExecution TO MailqDelayCaller;
@@ -12181,252 +10633,36 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqAdmin (created in sql/security/MailqAdmin.role.sql) on
-delayed execution: reading the operator views, cancelling any task, and
-reconciling (delay.Reconcile: re-arms tasks whose conversation is gone).
-Not the allow-list procedures (delay.AllowProcedure, delay.DisallowProcedure):
-a listed procedure runs as dbo, so listing stays with db_owner.
-delay.Health also needs VIEW SERVER STATE for its ActiveReaders column, a
-server permission that a database role cannot carry.
+Grants of role MailqAdmin (sql/security/MailqAdmin.role.sql) on delayed
+execution: the operator views, the metrics, the monitor, the purge, cancelling
+any task.  VIEW DEFINITION on the queue lets delay.Health read its status row
+(catalog views show an object only to whoever has a permission on it).
+Not the allow-list (delay.AllowProcedure, delay.DisallowProcedure) nor
+delay.EnableThisDatabase: db_owner decisions.
 */
 GRANT SELECT ON OBJECT::delay.PendingTasks TO MailqAdmin;
-GRANT SELECT ON OBJECT::delay.RunningTasks TO MailqAdmin;
-GRANT SELECT ON OBJECT::delay.FailedTasks TO MailqAdmin;
-GRANT SELECT ON OBJECT::delay.RefusedTasks TO MailqAdmin;
+GRANT SELECT ON OBJECT::delay.FinishedTasks TO MailqAdmin;
 GRANT SELECT ON OBJECT::delay.Health TO MailqAdmin;
+GRANT VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::delay.GetTaskMetrics TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::delay.Monitor TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::delay.PurgeHistory TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::dbo.CancelDelayExecution TO MailqAdmin;
-GRANT EXECUTE ON OBJECT::delay.Reconcile TO MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.HookDispatcher: the one row that keeps the self-re-arming hook
-dispatcher of delayed execution (docs/hooks.md, "With delayed execution").
-Deployed with delayed execution only (sql/broker/: `-x broker=off` leaves it
-out; on Azure SQL Database an Agent or elastic job runs
-mailq.RunApplicationHooks instead).
-
-Enabled          1 while mailq.StartHookDispatcher has started it and not
-                 stopped it.
-IntervalSeconds  the delay between two runs (1-3600).
-Generation       the chain's current link: each run of
-                 mailq.HookDispatcherTask carries the generation it was
-                 scheduled for (@Param1) and re-arms only if that is still
-                 the current one; a stopped, restarted or redelivered run is
-                 stale and does nothing.  With InstanceKey it forms the
-                 idempotency key of the next task, so a re-arm repeated for
-                 the same generation returns the same task: at most one
-                 pending dispatcher task.
-InstanceKey      random per installation of this table, so keys of an earlier
-                 installation (delay.Task keeps them) are never reused.
-TaskID           the task of the current generation (delay.Task.TaskID).
-*/
-IF OBJECT_ID(N'mailq.HookDispatcher', N'U') IS NULL
-BEGIN
-    CREATE TABLE mailq.HookDispatcher (
-        Singleton TINYINT NOT NULL
-        CONSTRAINT DF_HookDispatcher_Singleton DEFAULT (1),
-        Enabled BIT NOT NULL,
-        IntervalSeconds INT NOT NULL,
-        Generation BIGINT NOT NULL,
-        InstanceKey UNIQUEIDENTIFIER NOT NULL
-        CONSTRAINT DF_HookDispatcher_InstanceKey DEFAULT (NEWID()),
-        TaskID BIGINT NULL,
-        LastRunAtUtc DATETIME2(3) NULL,
-        LastError NVARCHAR(4000) NULL,
-        ChangedAtUtc DATETIME2(3) NOT NULL
-        CONSTRAINT DF_HookDispatcher_ChangedAtUtc DEFAULT (SYSUTCDATETIME()),
-        ChangedBy NVARCHAR(128) NOT NULL
-        CONSTRAINT DF_HookDispatcher_ChangedBy DEFAULT (ORIGINAL_LOGIN()),
-        CONSTRAINT PK_HookDispatcher PRIMARY KEY CLUSTERED (Singleton),
-        CONSTRAINT CK_HookDispatcher_Singleton CHECK (Singleton = 1),
-        CONSTRAINT CK_HookDispatcher_IntervalSeconds CHECK (IntervalSeconds BETWEEN 1 AND 3600)
-    );
-END;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-/*
-mailq.HookDispatcherTask: the delayed-execution target that runs the hook
-dispatcher and re-arms itself (docs/hooks.md, "With delayed execution").
-Started by mailq.StartHookDispatcher; allow-listed (and pinned) by
-broker/mailq.HookDispatcherTask.allow.sql at deployment.  Not for callers.
-Parameters:  the target contract (docs/delayed-execution.md): @SPName,
-             @Param1 ... @Param5 NVARCHAR(200); @Param1 = the generation this
-             run was scheduled for (mailq.HookDispatcher.Generation); the
-             others are ignored.
-What it does, in dbo.ProcessDelayQueue's target transaction (the one
-transaction opened for it, @@TRANCOUNT = 1 on entry):
-  1. If the dispatcher is enabled and @Param1 is the current generation:
-     schedule the next run (dbo.InitiateDelayExecution, delay =
-     IntervalSeconds, idempotency key InstanceKey + next generation: a
-     repeated re-arm returns the same task) and move the generation on.
-     Otherwise (stopped, restarted, or this run delivered twice) do nothing:
-     a stale run never forks the chain.
-  2. COMMIT that transaction (the next run is now durable whatever happens
-     below), run mailq.RunApplicationHooks outside any transaction (each
-     hook call in its own; it refuses to run inside one), then BEGIN
-     TRANSACTION again before returning: @@TRANCOUNT is 1 on return as on
-     entry, so no 266 is raised ("if BEGIN TRANSACTION is executed after
-     COMMIT TRANSACTION, the error does not occur", Rollbacks and commits in
-     stored procedures and triggers,
-     https://learn.microsoft.com/previous-versions/sql/sql-server-2008-r2/ms187844(v=sql.105)),
-     and the processor commits the empty transaction and records Done.
-     This is the one target that ends the transaction opened for it, on
-     purpose: SQL Server has no autonomous transaction, and per-event
-     transactions are what makes hooks poison-proof.  The second
-     transaction holds only step 3's note, so the processor's commit or
-     rollback of it decides nothing else.
-  3. An error of the dispatcher's own bookkeeping is recorded in
-     mailq.HookDispatcher.LastError and not re-raised (the chain is already
-     re-armed; a re-raise would only make the processor retry a stale run).
-Overlap: a run that starts while the previous one still runs finds
-mailq.RunApplicationHooks' application lock held, returns 'Busy' at once,
-and has re-armed already: slow hooks delay hooks, never the chain.
-Result set:  none.
-Errors:      50298 called with a transaction count other than 1 (not run by
-             delayed execution).
-Transaction: see above: commits the transaction opened for it and opens a
-             new one before it returns.
-Isolation:   sets READ COMMITTED itself (UPDLOCK on the dispatcher row).
-Lock order:  mailq.HookDispatcher (the row, U -> X), then
-             dbo.InitiateDelayExecution's (tabDIYTable12402, delay.Task);
-             then, outside that transaction, mailq.RunApplicationHooks'.
-Security:    run by dbo.ProcessDelayQueue as dbo; no role is granted EXECUTE.
-Example:     (run by delayed execution only; start it with mailq.StartHookDispatcher)
-*/
-CREATE OR ALTER PROCEDURE mailq.HookDispatcherTask
-    @SPName NVARCHAR(200) = NULL,
-    @Param1 NVARCHAR(200) = NULL,
-    @Param2 NVARCHAR(200) = NULL,
-    @Param3 NVARCHAR(200) = NULL,
-    @Param4 NVARCHAR(200) = NULL,
-    @Param5 NVARCHAR(200) = NULL
-AS
-BEGIN
-    SET NOCOUNT, XACT_ABORT ON;
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
-    IF @@TRANCOUNT <> 1
-        THROW 50298,
-            N'mailq.HookDispatcherTask is run by delayed execution only; start it with mailq.StartHookDispatcher.',
-            1;
-
-    DECLARE
-        @Generation BIGINT = TRY_CAST(@Param1 AS BIGINT),
-        @Enabled BIT,
-        @Current BIGINT,
-        @IntervalSeconds INT,
-        @InstanceKey UNIQUEIDENTIFIER,
-        @Next BIGINT,
-        @NextTaskID BIGINT,
-        @Key NVARCHAR(100),
-        @Run BIT = 0,
-        @Error NVARCHAR(4000);
-    DECLARE @Scheduled TABLE (TaskID BIGINT);
-
-    -- 1. Re-arm (in the transaction opened for us).
-    SELECT
-        @Enabled = d.Enabled,
-        @Current = d.Generation,
-        @IntervalSeconds = d.IntervalSeconds,
-        @InstanceKey = d.InstanceKey
-    FROM mailq.HookDispatcher AS d WITH (UPDLOCK, ROWLOCK)
-    WHERE d.Singleton = 1;
-
-    IF @Enabled = 1 AND @Generation = @Current
-    BEGIN
-        SET @Next = @Current + 1;
-        SET @Key = CONCAT(N'mailq.HookDispatcher:', @InstanceKey, N':', @Next);
-        -- InitiateDelayExecution returns the task ID as a result set too:
-        -- kept here (it uses no INSERT ... EXEC itself, so this nests).
-        INSERT INTO @Scheduled (TaskID)
-        EXEC dbo.InitiateDelayExecution
-            @F108211 = N'mailq.HookDispatcherTask',
-            @F108218 = @IntervalSeconds,
-            @F108212 = @Next,
-            @F108210 = N'mailq hook dispatcher',
-            @TaskID = @NextTaskID OUTPUT,
-            @IdempotencyKey = @Key;
-        UPDATE d
-        SET
-            d.Generation = @Next,
-            d.TaskID = @NextTaskID,
-            d.LastRunAtUtc = SYSUTCDATETIME()
-        FROM mailq.HookDispatcher AS d
-        WHERE d.Singleton = 1;
-        SET @Run = 1;
-    END;
-
-    IF @Run = 0 RETURN;
-
-    -- 2. Step out of the transaction, run the hooks, step back in.
-    COMMIT TRANSACTION;
-    BEGIN TRY
-        EXEC mailq.RunApplicationHooks @MaxEvents = 1000, @Quiet = 1;
-    END TRY
-    BEGIN CATCH
-        SET @Error = LEFT(CONCAT(N'error ', ERROR_NUMBER(), N': ', ERROR_MESSAGE()), 4000);
-        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-    END CATCH;
-
-    BEGIN TRANSACTION;
-    -- 3. Note the outcome (in the transaction the processor commits).
-    UPDATE d
-    SET d.LastError = @Error
-    FROM mailq.HookDispatcher AS d
-    WHERE d.Singleton = 1;
-END;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-/*
-Allow-lists (and pins) the hook dispatcher's delayed-execution target,
-mailq.HookDispatcherTask (docs/hooks.md).  Runs after the procedure is
-created, as the deploying db_owner; re-listing refreshes the pin, so a
-revision that changes broker/mailq.HookDispatcherTask.sql must carry this
-file too (it follows that file in sql/BuildOrder.txt).  The downgrade removes
-the entry (delay.DisallowProcedure) before the procedure is dropped.
-*/
-EXEC delay.AllowProcedure @ProcedureName = N'mailq.HookDispatcherTask', @AllowBareName = 0;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-/*
-mailq.StartHookDispatcher: starts, re-times or stops the self-re-arming hook
-dispatcher of delayed execution (docs/hooks.md, "With delayed execution").
-Deployed with delayed execution only (sql/broker/); without it (Azure SQL
-Database) run mailq.RunApplicationHooks from an Agent or elastic job.
-Start (@Enabled = 1): if a dispatcher task of the current generation is
-pending (delay.Task Scheduled, Running or Retrying), only IntervalSeconds
-changes (the next re-arm uses it) and no task is added; otherwise the
-generation moves on and one task is scheduled at once (delay 0) with the
-idempotency key InstanceKey + generation.  So there is at most one pending
-dispatcher task, and starting twice is harmless.
-Stop (@Enabled = 0): the generation moves on and Enabled = 0: the pending
-task, when it runs, is stale and neither runs hooks nor re-arms (it is not
-cancelled: cancelling races its own start, and a stale run costs nothing).
-Parameters:  @IntervalSeconds INT = 30: seconds between two runs (1-3600);
-             @Enabled BIT = 1: 1 start, 0 stop.
-Result set:  one row: Enabled, IntervalSeconds, Generation, TaskID (the task
-             of the current generation), TaskState (its delay.Task state, NULL
-             when none), Scheduled BIT (1: this call scheduled a task).
-Errors:      50295 @IntervalSeconds outside 1-3600; errors of
-             dbo.InitiateDelayExecution pass through (e.g. 50306/50340: the
-             task procedure is not allow-listed or its pin is stale: a
-             db_owner runs EXEC delay.AllowProcedure @ProcedureName =
-             N'mailq.HookDispatcherTask').
-Transaction: opens its own if none is open, else works inside the caller's
-             (the task is scheduled when that transaction commits; no
-             savepoint: error 627 under MSDTC).  Any error is re-raised;
-             XACT_ABORT ON dooms the caller's transaction.
-Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK on the one row).
-Lock order:  mailq.HookDispatcher (the row, U -> X), then delay.Task (read),
-             then dbo.InitiateDelayExecution's (tabDIYTable12402, delay.Task).
-Security:    granted to MailqAdmin; InitiateDelayExecution is reached by
-             ownership chaining (both owned by dbo).
+mailq.StartHookDispatcher: starts, re-times or stops the hook dispatcher of delayed
+execution (docs/hooks.md): a reader runs mailq.RunApplicationHooks every
+@IntervalSeconds.  Starting sets the first run to now and arms the dispatcher's
+timer; starting again only re-times it; stopping sets Enabled = 0.
+Parameters:  @IntervalSeconds INT = 30 (1-3600); @Enabled BIT = 1 (0: stop)
+Result set:  one row: Enabled, IntervalSeconds, NextRunAtUtc, LastRunAtUtc, LastError
+Errors:      50295 @IntervalSeconds outside 1-3600
+Transaction: its own or the caller's; any error dooms either and is re-raised.
+Lock order:  mailq.HookDispatcher, then delay.ArmDispatcher's.
+Security:    granted to MailqAdmin.
 Example:     EXEC mailq.StartHookDispatcher @IntervalSeconds = 30;
-             EXEC mailq.StartHookDispatcher @Enabled = 0;  -- stop
 */
 CREATE OR ALTER PROCEDURE mailq.StartHookDispatcher
     @IntervalSeconds INT = 30,
@@ -12435,125 +10671,43 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
-    DECLARE
-        @Msg NVARCHAR(2048),
-        @Generation BIGINT,
-        @InstanceKey UNIQUEIDENTIFIER,
-        @TaskID BIGINT,
-        @WasEnabled BIT,
-        @Key NVARCHAR(100),
-        @Scheduled BIT = 0;
-    DECLARE @NewTask TABLE (TaskID BIGINT);
-
-    SET @IntervalSeconds = COALESCE(@IntervalSeconds, 30);
-    SET @Enabled = COALESCE(@Enabled, 1);
+    DECLARE @Msg NVARCHAR(2048), @Now DATETIME2(3) = SYSUTCDATETIME();
+    SELECT @IntervalSeconds = COALESCE(@IntervalSeconds, 30), @Enabled = COALESCE(@Enabled, 1);
     IF @IntervalSeconds NOT BETWEEN 1 AND 3600
     BEGIN
         SET @Msg = CONCAT(N'@IntervalSeconds must be 1-3600; got ', @IntervalSeconds, N'.');
         THROW 50295, @Msg, 1;
     END;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK, HOLDLOCK: one starter at a time, also while the row is absent.
-        SELECT
-            @Generation = d.Generation,
-            @InstanceKey = d.InstanceKey,
-            @TaskID = d.TaskID,
-            @WasEnabled = d.Enabled
-        FROM mailq.HookDispatcher AS d WITH (UPDLOCK, HOLDLOCK)
-        WHERE d.Singleton = 1;
-
-        IF @Generation IS NULL
-        BEGIN
-            INSERT INTO mailq.HookDispatcher (Singleton, Enabled, IntervalSeconds, Generation)
-            VALUES (1, 0, @IntervalSeconds, 0);
-            SELECT
-                @Generation = d.Generation,
-                @InstanceKey = d.InstanceKey,
-                @WasEnabled = 0
-            FROM mailq.HookDispatcher AS d
-            WHERE d.Singleton = 1;
-        END;
-
-        IF @Enabled = 0
-            UPDATE d
-            SET
-                d.Enabled = 0,
-                d.Generation = d.Generation + 1,
-                d.IntervalSeconds = @IntervalSeconds,
-                d.ChangedAtUtc = SYSUTCDATETIME(),
-                d.ChangedBy = ORIGINAL_LOGIN()
-            FROM mailq.HookDispatcher AS d
-            WHERE d.Singleton = 1;
-        ELSE IF @WasEnabled = 1 AND EXISTS (
-            SELECT 1
-            FROM delay.Task AS t
-            WHERE t.TaskID = @TaskID AND t.TaskState IN (N'Scheduled', N'Running', N'Retrying')
-        )
-            -- A task of the current generation is pending: re-time only.
-            UPDATE d
-            SET
-                d.IntervalSeconds = @IntervalSeconds,
-                d.ChangedAtUtc = SYSUTCDATETIME(),
-                d.ChangedBy = ORIGINAL_LOGIN()
-            FROM mailq.HookDispatcher AS d
-            WHERE d.Singleton = 1;
-        ELSE
-        BEGIN
-            SET @Generation += 1;
-            SET @Key = CONCAT(N'mailq.HookDispatcher:', @InstanceKey, N':', @Generation);
-            -- InitiateDelayExecution's one-row result is kept here, not passed on.
-            INSERT INTO @NewTask (TaskID)
-            EXEC dbo.InitiateDelayExecution
-                @F108211 = N'mailq.HookDispatcherTask',
-                @F108218 = 0,
-                @F108212 = @Generation,
-                @F108210 = N'mailq hook dispatcher',
-                @TaskID = @TaskID OUTPUT,
-                @IdempotencyKey = @Key;
-            UPDATE d
-            SET
-                d.Enabled = 1,
-                d.Generation = @Generation,
-                d.TaskID = @TaskID,
-                d.IntervalSeconds = @IntervalSeconds,
-                d.LastError = NULL,
-                d.ChangedAtUtc = SYSUTCDATETIME(),
-                d.ChangedBy = ORIGINAL_LOGIN()
-            FROM mailq.HookDispatcher AS d
-            WHERE d.Singleton = 1;
-            SET @Scheduled = 1;
-        END;
-
+        -- UPDLOCK, HOLDLOCK: update-else-insert of the one row without a race.
+        UPDATE h
+        SET
+            h.Enabled = @Enabled, h.NextRunAtUtc = IIF(@Enabled = 1 AND h.Enabled = 0, @Now, h.NextRunAtUtc),
+            h.IntervalSeconds = @IntervalSeconds, h.ChangedAtUtc = @Now, h.ChangedBy = ORIGINAL_LOGIN()
+        FROM mailq.HookDispatcher AS h WITH (UPDLOCK, HOLDLOCK)
+        WHERE h.Singleton = 1;
+        IF @@ROWCOUNT = 0
+            INSERT INTO mailq.HookDispatcher (Singleton, Enabled, IntervalSeconds, NextRunAtUtc)
+            VALUES (1, @Enabled, @IntervalSeconds, @Now);
+        IF @Enabled = 1
+            EXEC delay.ArmDispatcher @DueAtUtc = @Now;
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
-    SELECT
-        d.Enabled,
-        d.IntervalSeconds,
-        d.Generation,
-        d.TaskID,
-        t.TaskState,
-        @Scheduled AS Scheduled
-    FROM mailq.HookDispatcher AS d
-    LEFT JOIN delay.Task AS t ON d.TaskID = t.TaskID
-    WHERE d.Singleton = 1;
+    SELECT h.Enabled, h.IntervalSeconds, h.NextRunAtUtc, h.LastRunAtUtc, h.LastError
+    FROM mailq.HookDispatcher AS h WHERE h.Singleton = 1;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants for the delayed-execution hook dispatcher (docs/hooks.md):
-administrators start, re-time and stop it.  mailq.HookDispatcherTask is run
-by delayed execution only (no grant).
+Grants for the hook dispatcher of delayed execution (docs/hooks.md):
+administrators start, re-time and stop it.
 */
 GRANT EXECUTE ON OBJECT::mailq.StartHookDispatcher TO MailqAdmin;
 GO
@@ -12928,70 +11082,10 @@ GRANT EXECUTE ON OBJECT::mailq.FindMail TO MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-/*
-delay.GetTaskMetrics: the four task counts and the queue's state that
-`mailq-db exporter` reads in its second call (skipped where delayed
-execution is not deployed, e.g. Azure SQL Database).
-Parameters:  none.
-Result set:  one row: PendingTasks (Scheduled, Retrying), OverdueTasks
-             (pending, NextRunAtUtc more than 60 s ago, as delay.Health),
-             HeldTasks (0: no task state holds a task yet), FailedTasks
-             (Failed, kept until purged), QueueReceiveEnabled (0: poison
-             message handling disabled dbo.DelayServiceQueue; NULL: the
-             caller may not see the queue: GRANT VIEW DEFINITION on it),
-             BrokerEnabled (sys.databases.is_broker_enabled).
-Plan:        one seek per state on IX_Task_TaskState_NextRunAtUtc (the
-             overdue count: the pending ranges up to now - 60 s);
-             cost grows with pending and failed tasks, never with Done ones.
-Errors:      none of its own.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself.
-Lock order:  none (no locking reads).
-Example:     EXEC delay.GetTaskMetrics;
-*/
-CREATE OR ALTER PROCEDURE delay.GetTaskMetrics
-AS
-BEGIN
-    SET NOCOUNT, XACT_ABORT ON;
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
-    DECLARE @Cutoff DATETIME2(3) = DATEADD(SECOND, -60, SYSUTCDATETIME());
-
-    SELECT
-        (
-            SELECT COUNT_BIG(*) FROM delay.Task AS t
-            WHERE t.TaskState IN (N'Scheduled', N'Retrying')
-        ) AS PendingTasks,
-        (
-            SELECT COUNT_BIG(*) FROM delay.Task AS t
-            WHERE t.TaskState IN (N'Scheduled', N'Retrying') AND t.NextRunAtUtc < @Cutoff
-        ) AS OverdueTasks,
-        CAST(0 AS BIGINT) AS HeldTasks,
-        (
-            SELECT COUNT_BIG(*) FROM delay.Task AS t
-            WHERE t.TaskState = N'Failed'
-        ) AS FailedTasks,
-        (
-            SELECT CAST(q.is_receive_enabled AS INT) FROM sys.service_queues AS q
-            WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue')
-        ) AS QueueReceiveEnabled,
-        (
-            SELECT CAST(d.is_broker_enabled AS INT) FROM sys.databases AS d
-            WHERE d.database_id = DB_ID()
-        ) AS BrokerEnabled;
-END;
-GO
-IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
-GO
-/*
-Grants on delayed execution for monitoring: delay.GetTaskMetrics to
-MailqMonitor and MailqAdmin, and VIEW DEFINITION on dbo.DelayServiceQueue so
-that its QueueReceiveEnabled is visible to them (catalog views show a queue
-only to principals holding a permission on it).
-*/
+/* Monitoring: delay.GetTaskMetrics, and VIEW DEFINITION on the queue so that its
+QueueReceiveEnabled is visible (catalog views show a queue only to permission holders). */
 GRANT EXECUTE ON OBJECT::delay.GetTaskMetrics TO MailqMonitor;
-GRANT EXECUTE ON OBJECT::delay.GetTaskMetrics TO MailqAdmin;
 GRANT VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue TO MailqMonitor;
-GRANT VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue TO MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -13430,6 +11524,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'security/MailqSender.role.sql',
     N'security/MailqAdmin.role.sql',
     N'security/MailqDelayCaller.role.sql',
+    N'security/MailqRunner.user.sql',
     N'tables/mailq.SendingAccount.sql',
     N'tables/mailq.RateBudget.sql',
     N'tables/mailq.Application.sql',
@@ -13457,6 +11552,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql',
     N'functions/mailq.ParseAddressList.sql',
     N'functions/mailq.ParseIDList.sql',
+    N'functions/mailq.HookPin.sql',
     N'types/mailq.MailBatchRow.sql',
     N'functions/mailq.MailAttachmentList.sql',
     N'functions/mailq.MailBatchJson.sql',
@@ -13545,39 +11641,41 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'broker/delay.AllowedProcedure.sql',
     N'broker/delay.AllowedProcedure.UX_AllowedProcedure_BareName.sql',
     N'broker/delay.Task.sql',
-    N'broker/delay.Task.UX_Task_ConversationHandle.sql',
-    N'broker/delay.Task.IX_Task_TaskState_NextRunAtUtc.sql',
-    N'broker/delay.Task.UX_Task_IdempotencyKey.sql',
+    N'broker/delay.Task.IX_Task_Due.sql',
+    N'broker/delay.Task.IX_Task_FinishedAtUtc.sql',
+    N'broker/delay.TaskKey.sql',
+    N'broker/delay.ReceiptDue.sql',
     N'broker/delay.Log.sql',
     N'broker/delay.Log.IX_Log_TaskID.sql',
-    N'broker/delay.Incident.sql',
+    N'broker/delay.Dispatcher.sql',
     N'broker/dbo.tabDIYTable12402.sql',
+    N'broker/mailq.HookDispatcher.sql',
     N'broker/mt.DelayRequest.sql',
     N'broker/contract.DelayContract.sql',
     N'broker/dbo.DelayServiceQueue.sql',
     N'broker/service.DelayService.sql',
-    N'broker/delay.ResolveTarget.sql',
-    N'broker/delay.FinishTask.sql',
-    N'broker/delay.RecordOutcome.sql',
+    N'broker/delay.Classify.sql',
+    N'broker/delay.CheckTarget.sql',
+    N'broker/delay.ArmDispatcher.sql',
+    N'broker/delay.WriteReceipts.sql',
+    N'broker/delay.RunTask.sql',
+    N'broker/delay.RunDueTasks.sql',
     N'broker/dbo.ProcessDelayQueue.sql',
     N'broker/dbo.DelayServiceQueue.activation.sql',
     N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql',
     N'broker/dbo.InitiateDelayExecution.sql',
-    N'broker/delay.CancelTask.sql',
     N'broker/dbo.CancelDelayExecution.sql',
     N'broker/delay.AllowProcedure.sql',
     N'broker/delay.DisallowProcedure.sql',
-    N'broker/delay.Reconcile.sql',
+    N'broker/delay.EnableThisDatabase.sql',
+    N'broker/delay.Monitor.sql',
+    N'broker/delay.PurgeHistory.sql',
     N'broker/delay.PendingTasks.sql',
-    N'broker/delay.RunningTasks.sql',
-    N'broker/delay.FailedTasks.sql',
-    N'broker/delay.RefusedTasks.sql',
+    N'broker/delay.FinishedTasks.sql',
     N'broker/delay.Health.sql',
+    N'broker/delay.GetTaskMetrics.sql',
     N'broker/MailqDelayCaller.grants.sql',
     N'broker/MailqAdmin.delay.grants.sql',
-    N'broker/mailq.HookDispatcher.sql',
-    N'broker/mailq.HookDispatcherTask.sql',
-    N'broker/mailq.HookDispatcherTask.allow.sql',
     N'broker/mailq.StartHookDispatcher.sql',
     N'broker/MailqAdmin.hooks.grants.sql',
     N'security/MailqMonitor.role.sql',
@@ -13586,7 +11684,6 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'procedures/mailq.FindMail.sql',
     N'security/MailqMonitor.grants.sql',
     N'security/MailqAdmin.monitoring.grants.sql',
-    N'broker/delay.GetTaskMetrics.sql',
     N'broker/MailqMonitor.delay.grants.sql',
     N'security/MailqDbMailRunner.role.sql',
     N'procedures/mailq.ClaimDbMailQuery.sql',
@@ -13607,6 +11704,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqSender.role.sql', 'ff2c8c44a1856d12b08548a671dda68a7520f3b6d9092903d7bca1ba99157b59'),
     ('0001', N'security/MailqAdmin.role.sql', '30aa41f2d450c3bef3825cc2fb7002c42de02860929c2c3a2a2cea510746714b'),
     ('0001', N'security/MailqDelayCaller.role.sql', 'f54c09706acd6f8a5fa5f969cb78deb696342fdd718a2a84aba55b7f5694fd2f'),
+    ('0001', N'security/MailqRunner.user.sql', 'e92e9fb39816e02ec59d0848ef1e74596c9a5922bf72ae8dbd4b3addee1f9626'),
     ('0001', N'tables/mailq.SendingAccount.sql', 'f3907b26912fabe6dad7defd1a9bc7924939bcf892b4218a698fe6922e63aedb'),
     ('0001', N'tables/mailq.RateBudget.sql', 'ba96dd9dc748b79697b4ab85d719bfb011305db75812f7154fcb46cdcdc14ff7'),
     ('0001', N'tables/mailq.Application.sql', '207e725fae4335e7a3e5f1a90a367b9dd295c84d00446aae5786a2a8bb3b709b'),
@@ -13634,6 +11732,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql', 'f04c4a974bea0b3e6521fd3a30c1b23689f8ed862318f99ea68de34bd95327f8'),
     ('0001', N'functions/mailq.ParseAddressList.sql', 'fc32cb8caa04c6c8eeb6466c050652bd9917d72795419b3d2efec091944e51fe'),
     ('0001', N'functions/mailq.ParseIDList.sql', '030429dfb47b466d8caa7aff6c66633f870c2ecff105a3d96fad2581d422d4ce'),
+    ('0001', N'functions/mailq.HookPin.sql', '5bbc8ba60b5e959f48e0dc352baff33e7fd342b5b9408199b2d0430d3eb5cb4a'),
     ('0001', N'types/mailq.MailBatchRow.sql', '02c76403e1fc4742abd5e6c2544043b4a4b67e3785977be2e9206f41bfb6ad5f'),
     ('0001', N'functions/mailq.MailAttachmentList.sql', 'f24efad0ca73a89b8d849c8cdfa06017c72e2ddcc71be815f7392136fd401eaf'),
     ('0001', N'functions/mailq.MailBatchJson.sql', 'ab122cea575474bc51b5c5af146cbcd2b143a755366e4779e49527a4e40f5c83'),
@@ -13670,8 +11769,8 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '9d6440087de1500f6688d698c4098d940458eab0b4f063aa03ac5642f219e41d'),
     ('0001', N'procedures/mailq.GetMailEvents.sql', '510007bc2ebeae4cdd380512352e13982fb146482cfb7a5e8d82c3322696069e'),
     ('0001', N'procedures/mailq.StopMail.sql', '57190c217b55d60c775f7b74d35f5cd6b780fc2b215c048acc5ee90e30f8b9c1'),
-    ('0001', N'procedures/mailq.SetApplicationHook.sql', '2fc8238c5b98e850a2ffe19c4fef2aaa78f738424f4435c0c6c97be0b8de3375'),
-    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'c7b0168844502444ad2e660b70a4e0df8b855049aba02be1da02c2aff8409a8b'),
+    ('0001', N'procedures/mailq.SetApplicationHook.sql', '68e13868093ea2b78789569f726e5cb9313242fdb2d69b1416cfb84ce04d634b'),
+    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'b2f0510300349b11db4f41affa0453ffc5eba1a67c3b430028696c573f3e5859'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', '635374a8d2c2b93350cce00be98ee8fa7ea5c588aaa0973e90004f38db9015aa'),
     ('0001', N'security/MailqEnqueuer.grants.sql', '308e6b3f4e8a94429b47e1720c362f8913cd230a0afc63ceca89013740ef94a4'),
@@ -13716,55 +11815,56 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', 'ec5908743b0972cd82cddd79681cab9c9dff326293b6edac6d5257bd00137bd4'),
     ('0001', N'security/MailqDbMailUser.grants.sql', '5d7694f7218facd6a705e5a91b4d06613c3cbd2c86c97b00807c10c598835ef6'),
     ('0001', N'security/MailqAdmin.dbmail.grants.sql', 'dac07263321d9bbc0353d26a0141f0139e84c82c8b75e5ca067685ed3dcaad82'),
-    ('0001', N'broker/delay.schema.sql', 'a8d676d5552b55250dbb4c9345a8ccb0471dfdb42e0030c9dffb2b69e391725d'),
-    ('0001', N'broker/delay.Installation.sql', '1a49801388aebe45aad84dbcd17480dc34855e86a3afb13ec4d025c79618a126'),
-    ('0001', N'broker/delay.Setting.sql', '8b32be3996b47d6395effc78e42b3e3e4177e35fd1a8e6f243d6441d5c7fc3b5'),
-    ('0001', N'broker/delay.AllowedProcedure.sql', 'ee80ee5aff9670a7608192e99fe8291eaee5dbdc984593433e14d926dda795d6'),
-    ('0001', N'broker/delay.AllowedProcedure.UX_AllowedProcedure_BareName.sql', 'f88e88060ab65561812cbe876918e45c929941375931e75e00389ff0c97397d7'),
-    ('0001', N'broker/delay.Task.sql', '1c802b21104a5ff912f7b513e1967c817954e917852b2e5a5da237b35fa6c5d0'),
-    ('0001', N'broker/delay.Task.UX_Task_ConversationHandle.sql', 'fdcfa84b2c14d0b4091d25ccc841ad8e55694e8fdb7f0b8d9518f7d95d02b77b'),
-    ('0001', N'broker/delay.Task.IX_Task_TaskState_NextRunAtUtc.sql', '7920498e33ced30e6dd958f6d9f564061c6e4499f711be03b314201ba60b2cd6'),
-    ('0001', N'broker/delay.Task.UX_Task_IdempotencyKey.sql', '136bd69a44075a5d30eb6350a17c97c1afded7279d6cba6538dab96c7e9e08f2'),
-    ('0001', N'broker/delay.Log.sql', '94e8653e1e6d02892a8be64d5a527b3df18ee1a11cae2397a0149cae5c1bba58'),
-    ('0001', N'broker/delay.Log.IX_Log_TaskID.sql', 'b9fadb84e2cb4bffecb80cd0c41f8188931daf1fb53c1e5fd30e301e9d4dc86b'),
-    ('0001', N'broker/delay.Incident.sql', 'b7c8b82a405d8f1c4ad4a71417087498ab2e0cc62e4b9f1758fb13123ad8dbd3'),
-    ('0001', N'broker/dbo.tabDIYTable12402.sql', '2b4019d4e46baf65bad04c9418ba7f8fe6daecae7b7d16671993083aeb74de4a'),
-    ('0001', N'broker/mt.DelayRequest.sql', '61f9e07be7ca75672c6f168ea5a3f7ba63bfef9826dec503cfe94d126796a371'),
-    ('0001', N'broker/contract.DelayContract.sql', '6a284b3d29adfe717beec47a7270db694f566bef21f9956ea9ce9f29992d23c6'),
-    ('0001', N'broker/dbo.DelayServiceQueue.sql', 'f7da438f27cd8474b13b3cbbac528e24cdcd6f80c4d8f66977da189afe3dd96e'),
-    ('0001', N'broker/service.DelayService.sql', '045dd6a16dfd6232f776d887006bda5255a1a870b5c6855f7131df26ef911e3c'),
-    ('0001', N'broker/delay.ResolveTarget.sql', '282ca2d0c752eaa2ce5c81ae37efcd9221368f4a35d9235148c71064bdf55837'),
-    ('0001', N'broker/delay.FinishTask.sql', '8599db1f340df907e9572ac87ba87b9db39b6e301980b2293475d36f3ac6675e'),
-    ('0001', N'broker/delay.RecordOutcome.sql', '32d77b13ecb21a14aa43ffb05883f2f2f1025fd96b6e13e8ed36645da6b5042f'),
-    ('0001', N'broker/dbo.ProcessDelayQueue.sql', 'caa07bbd32a074d1ebdc03543692efbaced0357bb97514cc5545a83afd6e14c2'),
-    ('0001', N'broker/dbo.DelayServiceQueue.activation.sql', 'effd12198ce30fafa26308f562284ef76b728e07a58ff7774f115f596fa69563'),
-    ('0001', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '5dc088778f241b165dac055f2a3fabf75191a0ea82df6c1710f7da0e1ac2f221'),
-    ('0001', N'broker/dbo.InitiateDelayExecution.sql', 'af4353b17cb05468eb5326aad87ea6d759bae5ef9b619924045b7765f6a78cbc'),
-    ('0001', N'broker/delay.CancelTask.sql', '6283a52357903ae3133a61ec1b325404e2f01ad9f69ab5586f6da70aa3e36034'),
-    ('0001', N'broker/dbo.CancelDelayExecution.sql', '0708ab8cdc13ce733ab3e4082aa9b744ecf801ec6d17ecff41f32ee5fee506d5'),
-    ('0001', N'broker/delay.AllowProcedure.sql', '98d52bffa767888af395ef890385f1976ed4d0468f893e574dbfe29fac480be3'),
-    ('0001', N'broker/delay.DisallowProcedure.sql', '105f9b9f88800323a192cbb45360b8111714425a604c2f965dc2305f10c79cbb'),
-    ('0001', N'broker/delay.Reconcile.sql', '999fa61a3bbd94051c532a5fe4d4f18e05b8d19deea5cee6995fa41de5445836'),
-    ('0001', N'broker/delay.PendingTasks.sql', '3859557b0efea8f7832f9501255bfb6bf77f37422f11d2a0237dbcee50c6e889'),
-    ('0001', N'broker/delay.RunningTasks.sql', '4ce472616b9c435dc1c929a8801b53f763a743d820ed5d611e559734ff330f89'),
-    ('0001', N'broker/delay.FailedTasks.sql', '2559208e0d7a6db08cf497875a8da9b199a39244fb43e41e030d974875195039'),
-    ('0001', N'broker/delay.RefusedTasks.sql', 'e9190e331b87fb8973d7d14e231a00337f0ed775c9a8f7434fe046d8fa315a53'),
-    ('0001', N'broker/delay.Health.sql', '85ae270e48f8a6a9ccff1531fb557bfd35b103954dcd567815143907c4485a67'),
-    ('0001', N'broker/MailqDelayCaller.grants.sql', 'f1eef07ed4f0f4fce224edcf651f7338afc9fc86bcbbb08f9152ede9aa35d80d'),
-    ('0001', N'broker/MailqAdmin.delay.grants.sql', 'cb6edf115baa7af6943fab493af5e080792b6512e38b56ac3f431cbf1953a4b3'),
-    ('0001', N'broker/mailq.HookDispatcher.sql', '6f2cdc5f79b2b7d042742472cbf938728b647196dfd40cace4db6afe76016ce0'),
-    ('0001', N'broker/mailq.HookDispatcherTask.sql', 'b54526911af27a2ddf55e2f6a0d0263e660c6a05f3cda251b036438fc30baee3'),
-    ('0001', N'broker/mailq.HookDispatcherTask.allow.sql', '0a95816b5cf1d7ad64732d551de7777e445e76a49096568af093d7a099331ab2'),
-    ('0001', N'broker/mailq.StartHookDispatcher.sql', '5d0f8283e44adcd1ebfde557a8293469511d3ea7d51fe2f362dc898f63858d2c'),
-    ('0001', N'broker/MailqAdmin.hooks.grants.sql', 'c7628a18792cd2721ebfc69c3f24770fd0ba97d1247d7ef85330014bd3cd5ad6'),
+    ('0001', N'broker/delay.schema.sql', '493521b22e21be401e03b915752778b7ec32cce3d0a618c3da82d7f951e9d6a6'),
+    ('0001', N'broker/delay.Installation.sql', '9a3b1a0442314c507237880d77a93a7932f7ff91702fc06142711f1e97e57dcc'),
+    ('0001', N'broker/delay.Setting.sql', '4e4b5acc5470ddca6dd7f8f8c5059b183249804ace59ec638258fb6c74f3286c'),
+    ('0001', N'broker/delay.AllowedProcedure.sql', '9080106cb986cc13ff6aa5226e36e892adfacf44883f855a4457a03600cd48aa'),
+    ('0001', N'broker/delay.AllowedProcedure.UX_AllowedProcedure_BareName.sql', 'c9f7c1fc8811b99c6796a18aed70f39f0c9dd0d85556b0b7f7bfb19a2e92c923'),
+    ('0001', N'broker/delay.Task.sql', '35d75d22a993717607f9a2b53f6c0ba9a3960f13f10befe8183f4b674fe55b18'),
+    ('0001', N'broker/delay.Task.IX_Task_Due.sql', '57e04da602821e369e46d13718f634e1bd95666dc7bbd8faba3ef76778223be9'),
+    ('0001', N'broker/delay.Task.IX_Task_FinishedAtUtc.sql', 'dd7a726a8a45dd14848cfc8270c78bbe8017e191c10c9dca8697611ce3564c48'),
+    ('0001', N'broker/delay.TaskKey.sql', 'a2961a42675f344d849cf5c7b457558f56ed899053220fed3fad5960791bbba4'),
+    ('0001', N'broker/delay.ReceiptDue.sql', '15bde69b1cf4772745fa165a8959bfc3b32198f3281c8c07d96ad7adbb55fdc9'),
+    ('0001', N'broker/delay.Log.sql', '7bae0fb82d72736930e5955c68644bb2a9ba25e7bd7049711396bd9d04c13e9e'),
+    ('0001', N'broker/delay.Log.IX_Log_TaskID.sql', 'c7ac107feddde33cd8c6966e5104793dec2ec52179b3bed4e2fe5e88196db668'),
+    ('0001', N'broker/delay.Dispatcher.sql', '9c2ed581b3eeb4c73226a42708d55ddf2271002ab24550465f607a186edd10d8'),
+    ('0001', N'broker/dbo.tabDIYTable12402.sql', 'f61f8041beaabc0716ba98381bbb8d7ff13ae15ceab5dd5df36a0dac17d14f6c'),
+    ('0001', N'broker/mailq.HookDispatcher.sql', '829ed05008815e5d4c2d61aea3a597cb2e67c726d3a9416aae903bb41256a784'),
+    ('0001', N'broker/mt.DelayRequest.sql', '62f7d22d9335124fb060f8557c3a80f1147576df2855d81014b7c9b60c64057d'),
+    ('0001', N'broker/contract.DelayContract.sql', '7d8dcdd4aed1ecb1466b2f9d5c4005768d48a0bdef1278e3f6907e4f32380f5f'),
+    ('0001', N'broker/dbo.DelayServiceQueue.sql', 'ddb3a0b545f81943d16d8ce06041ffec0cc9c092763245e804b010dfc98c20d3'),
+    ('0001', N'broker/service.DelayService.sql', '80ac92b373a97c895be45e27f14641339d1f2a55c3eeb836d2a2a38966cee77a'),
+    ('0001', N'broker/delay.Classify.sql', '6eaed335dc3395bd314bdc56d94361ec76b4363eef8cb21794be5851ab389de9'),
+    ('0001', N'broker/delay.CheckTarget.sql', '450561506197d0f460421e90295f701d035f186a2fcc539229835986b5964156'),
+    ('0001', N'broker/delay.ArmDispatcher.sql', '5a938e1e1c91a5a7e635e4aff9797029b650d3daa3a253e6638c62249e86e3d0'),
+    ('0001', N'broker/delay.WriteReceipts.sql', '7a86aef260c8dd31af01f4cc272ee4a39ac790511b98ddd002dab4068a9a6154'),
+    ('0001', N'broker/delay.RunTask.sql', '1913a781907fcaaac43ce06887ffbe50eadb4b38064ca59ec799edfe330d9976'),
+    ('0001', N'broker/delay.RunDueTasks.sql', '3e78d91ec7a2c8075f9e3c83fb9f0e15a0d47619d8f7738de2d00e6e792c7c43'),
+    ('0001', N'broker/dbo.ProcessDelayQueue.sql', '5b1e9f73b4cc6191a439ca7be19984ddc297a3efe91ad61166501810df0ac60d'),
+    ('0001', N'broker/dbo.DelayServiceQueue.activation.sql', '09e433da0503ac1e434435c8c79bbccbb407200dc0189836774422cc3704c74b'),
+    ('0001', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '591cadce33bc1f86929939669a9a77b123d7ae2015b2b82bd8e909e46eb6cf40'),
+    ('0001', N'broker/dbo.InitiateDelayExecution.sql', 'c60b9f59eaa50f6df8f191e8c490e0fb5a14dfda37f8a1e9737f3af6d8a7c051'),
+    ('0001', N'broker/dbo.CancelDelayExecution.sql', 'a44683e1dd61377e4056bceaa33d1464ad9adfc6dbef628d9276e0e764d4ffb9'),
+    ('0001', N'broker/delay.AllowProcedure.sql', '60e26f1f078f0b2b7cc05d28ba5223c828900aa70c0386c6622bc13361c6ed94'),
+    ('0001', N'broker/delay.DisallowProcedure.sql', '96de780fed11096bb9c6240b49ef73d7cba7aa9ee270a15b0a86babe241ff96e'),
+    ('0001', N'broker/delay.EnableThisDatabase.sql', '75042f551ba11a19d798726ebaaff6728c483fb1aa1175ae0ab97a4dbab8524f'),
+    ('0001', N'broker/delay.Monitor.sql', 'a4888799fa797886a6fb5bb4962eab14ade49903ae6e1a9ea6e67f171a3c7224'),
+    ('0001', N'broker/delay.PurgeHistory.sql', '29cf7591df19997969cba261e8b8d3586b2c03471430c89fae4b6117708ed63a'),
+    ('0001', N'broker/delay.PendingTasks.sql', 'ffa386b1f2f245bbe560048f905e07fde2ac2e1ab06e28d32ae96074cc118a9c'),
+    ('0001', N'broker/delay.FinishedTasks.sql', '10fdee68d540555dc12cf307a0aa29432504a0f1fa66cc728b0369455d71fccd'),
+    ('0001', N'broker/delay.Health.sql', 'a9440e238b4887339280ec7fb76ac606d93079267ab9423ed55cad3e068c6a65'),
+    ('0001', N'broker/delay.GetTaskMetrics.sql', '21d9e4c55cf55f207a5faf9a81fc2570169e0e4e1614e3585213eec361fd757d'),
+    ('0001', N'broker/MailqDelayCaller.grants.sql', 'd79a6f389dc90cee32ff9512752c7fc14425661659150108c8978b8542991c7b'),
+    ('0001', N'broker/MailqAdmin.delay.grants.sql', '8c4c786468ad8f6d4506815938a500a89ea5f75fde7f6d38e1e77139698a5003'),
+    ('0001', N'broker/mailq.StartHookDispatcher.sql', 'c5e5561ed66779d421273ea45a418b029b4264d2bf2b032d94ab4679c12c90a0'),
+    ('0001', N'broker/MailqAdmin.hooks.grants.sql', '58fb07c06f7b57ad75446d614a6ccdd6c5bd4cc7b92f060c67ffedb2a5bbcb05'),
     ('0001', N'security/MailqMonitor.role.sql', '4aab1e65217069c7dafde0f55e862c1731e9e321a9ab15cacf5b20eaa2ace1b8'),
     ('0001', N'procedures/mailq.GetQueueMetrics.sql', 'd7c38c420ae52f4259c06cffd720ec286a87889692ff0e474d3c72d252688924'),
     ('0001', N'procedures/mailq.GetMailHistory.sql', '02fe0914facdcef3e905b5034156073f88dee3958917fd57a07a363d8a551133'),
     ('0001', N'procedures/mailq.FindMail.sql', '6d2faada299f95329285dc968d432bc48b73d59773808f8569438907e110b89d'),
     ('0001', N'security/MailqMonitor.grants.sql', '96ac12fc212d8403dcd69387635d3e45c04da83cc6300849a7b769139de40329'),
     ('0001', N'security/MailqAdmin.monitoring.grants.sql', '110850872b0469247a7816029131773eae165f5f5d580e63f37ff786c5aa9f4e'),
-    ('0001', N'broker/delay.GetTaskMetrics.sql', '5cb8b4d226696dd082eb9dd1b424b5ababfb24ed691c5a7f9342f3bcc78f0af8'),
-    ('0001', N'broker/MailqMonitor.delay.grants.sql', '6c6b407e3f64e2e63646356e61aa6e32c8b447eb1f0898b4ee2966a15d67bbca'),
+    ('0001', N'broker/MailqMonitor.delay.grants.sql', '51329ac4e47840b9a08b0d06bb50af9a0579a9bfa973679972fb9433f57982bd'),
     ('0001', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),
     ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '344f758049ec6d83971172a8e551e67c66a4bd44eb28edf21da78650f6c47ac9'),
     ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', '58824bd1190da6109fc5f10a8243b2a17a79d88fb4807b4d36edbadef892752d'),

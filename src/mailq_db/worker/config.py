@@ -27,6 +27,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from ..bounces.verp import BounceSettings, parse_settings as parse_bounce_settings
 from ..errors import ConfigurationError
 
 TLS_MODES = ("starttls", "implicit", "none")
@@ -61,6 +62,8 @@ class AccountConfig:
     #: the next login is at most this far away the worker sleeps, otherwise it
     #: defers the account's batch (a Wait: no attempt spent).  0: never sleep.
     login_sleep_max_seconds: float = 10.0
+    #: [accounts.NAME.bounces]: VERP return path and unsubscribe links (docs/bounces.md)
+    bounces: BounceSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ def _positive(value: Any, where: str, problems: _Problems, minimum: float = 1) -
 ACCOUNT_KEYS = ("host", "port", "tls", "allow_plaintext", "user", "password_env", "connect_timeout_seconds",
                 "command_timeout_seconds", "final_reply_timeout_seconds", "verify_tls", "ca_file",
                 "local_hostname", "pipelining", "wait_min_seconds", "wait_max_seconds",
-                "login_sleep_max_seconds")
+                "login_sleep_max_seconds", "bounces")
 WORKER_KEYS = tuple(WorkerConfig.__dataclass_fields__)
 DATABASE_KEYS = ("url", "url_env", "connect_timeout_seconds", "query_timeout_seconds")
 
@@ -267,6 +270,7 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
     wait_min = _take(raw, "wait_min_seconds", num, a, problems)
     wait_max = _take(raw, "wait_max_seconds", num, a, problems, 3600.0)
     login_sleep_max = _take(raw, "login_sleep_max_seconds", num, a, problems, 10.0)
+    bounces = parse_bounce_settings(raw.pop("bounces", None), f"{a}.bounces", env, problems.add)
     _unknown(raw, a, problems, ACCOUNT_KEYS)
     if not host:
         problems.add(f"{a}.host", "is required (the SMTP server's host name)")
@@ -320,7 +324,7 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
         verify_tls=verify_tls, ca_file=ca_file, local_hostname=local_hostname,
         final_reply_timeout_seconds=float(final_timeout), pipelining=pipelining,
         wait_min_seconds=None if wait_min is None else float(wait_min), wait_max_seconds=float(wait_max),
-        login_sleep_max_seconds=float(login_sleep_max),
+        login_sleep_max_seconds=float(login_sleep_max), bounces=bounces,
     )
 
 

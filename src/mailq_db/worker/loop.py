@@ -36,6 +36,7 @@ from .classify import RETRY, STOP, WAIT, Outcome, classify_exception, classify_r
 from .config import AccountConfig, Config
 from .lazy import LazyContentError, needs_preparing, prepare
 from .logs import event
+from ..bounces.outgoing import prepare as prepare_outgoing
 from .message import MalformedMail, Outgoing, build
 from .metrics import Metrics
 from .smtp import ConnectionGone, MessageTooBig, OutcomeUnknown, SendResult, SmtpSession
@@ -431,7 +432,8 @@ class Worker:
             return {}
 
     def _outgoing(self, mail: ClaimedMail) -> Outgoing | None:
-        out = build(mail)
+        # VERP return path and bulk mail's List-Unsubscribe (mailq_db.bounces.outgoing)
+        out = prepare_outgoing(mail, self.config.accounts.get(mail.account_name), build)
         done = {a.lower(): o for a, o in self.done_recipients.get(mail.id, {}).items()
                 if o in ("Delivered", "Refused")}
         if not done:

@@ -86,6 +86,9 @@ Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
              50161 the application may not send as @FromAddress;
              50162 the idempotency key's lock was not granted in 10 s (or deadlock);
              50168 the calling database user is mapped to another application;
+             50600 every recipient is suppressed for the account/application
+                   (suppressed recipients of a mail with others left are
+                   dropped with a RecipientSuppressed event, docs/bounces.md);
              (revision 0016, templates and lazy attachments)
              50280 @TemplateName together with @Subject, @Body or @TextBody;
              50281 @TemplateVersion or @TemplateModel without @TemplateName;
@@ -105,7 +108,8 @@ Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
              it returns): under a SERIALIZABLE caller the key lookup would
              otherwise take key-range locks, under SNAPSHOT it would miss a
              key committed after the caller's snapshot began.
-Lock order:  the application lock on the key, then mailq.MailQueue (insert,
+Lock order:  the application lock on the key, then mailq.Suppression (shared
+             key ranges of the recipients, held), then mailq.MailQueue (insert,
              with its Enqueued row in mailq.MailEvent), then
              mailq.MailAttachment (docs/guarantees.md, "Lock order").
              The template check (mailq.MailTemplate, one seek, S lock released
@@ -685,6 +689,27 @@ BEGIN
             SET @Created = 0;
         ELSE
         BEGIN
+            -- >>> suppression (issue 28, docs/bounces.md): recipients suppressed
+            -- for this account and application are left out (event
+            -- RecipientSuppressed below); a mail left with nobody is refused
+            -- (50600).  mailq.FilterSuppressedRecipients keeps share locks on
+            -- the addresses' key ranges to the end of the transaction, so a
+            -- suppression being added waits for this mail and then sweeps it.
+            DECLARE @Suppressed NVARCHAR(MAX), @EntriesLeft INT;
+            SELECT
+                @ToAddress = ISNULL(f.ToAddress, N''), @CC = f.CC, @BCC = f.BCC,
+                @Suppressed = f.Suppressed, @EntriesLeft = f.EntriesLeft
+            FROM mailq.FilterSuppressedRecipients(@ResolvedAccount, @AppName, @ToAddress, @CC, @BCC) AS f
+            WHERE f.SuppressedCount > 0;
+            IF @Suppressed IS NOT NULL AND @EntriesLeft = 0
+            BEGIN
+                SET @Msg = LEFT(CONCAT(N'Every recipient is suppressed for account ''', @ResolvedAccount,
+                    IIF(@AppName IS NULL, N'''', CONCAT(N''' and application ''', @AppName, N'''')),
+                    N' (bounced, complained or unsubscribed; mailq.ListSuppressions): ', @Suppressed), 2048);
+                THROW 50600, @Msg, 1;
+            END;
+            -- <<< suppression
+
             SET @MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', @Domain, N'>');
 
             INSERT INTO mailq.MailQueue (
@@ -709,6 +734,17 @@ BEGIN
                 @TemplateName, @TemplateVersion, @TemplateModel
             );
             SET @MailID = SCOPE_IDENTITY();
+
+            -- >>> suppression: the recipients left out, in the event stream
+            IF @Suppressed IS NOT NULL
+                INSERT INTO mailq.MailEvent (
+                    MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+                )
+                VALUES (
+                    @MailID, @AppName, N'RecipientSuppressed', N'UnSent', 0, NULL,
+                    LEFT(CONCAT(N'not sent to (suppressed): ', @Suppressed), 4000), @Now
+                );
+            -- <<< suppression
 
             INSERT INTO mailq.MailAttachment (
                 MailID, AttachmentNo, FileName, ContentType, Content, Generator, GeneratorArgs

@@ -199,3 +199,19 @@ SPECIFIC.update({50215: UnknownTemplateError, 50216: TemplateStateError,
 SPECIFIC.update({50280: InvalidInputError, 50281: InvalidInputError, 50282: UnknownTemplateError,
                  50283: TemplateStateError, 50284: InvalidInputError, 50285: InvalidInputError,
                  50286: InvalidInputError})
+
+
+# Bounces, complaints, unsubscribes and suppression (issue 28; docs/bounces.md).
+class SuppressedRecipientError(InvalidInputError):
+    """Every recipient of the mail is suppressed for its account or application
+    (bounced, complained or unsubscribed): nothing was queued (50600)."""
+
+
+class UnknownUnsubscribeError(MailStateError):
+    """mailq.RecordUnsubscribe: the link names a mail that no longer exists
+    (50611) or a recipient it does not have (50612)."""
+
+
+SPECIFIC.update({50600: SuppressedRecipientError, 50611: UnknownUnsubscribeError,
+                 50612: UnknownUnsubscribeError})
+_BLOCKS.append((range(50600, 50640), InvalidInputError))  # suppression input (issue 28)

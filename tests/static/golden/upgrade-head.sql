@@ -33847,6 +33847,1132 @@ END;
 GO
 
 /*
+mailq.Suppression: addresses that a sending account (or one application on
+it) must no longer mail (docs/bounces.md).  One row per (account, address,
+application); AppName N'' means every application of the account.
+Reason       HardBounce (the address does not exist: after the configured
+             number of hard bounces, default 1), SoftBounce (after the
+             configured number of soft bounces, off by default), Complaint
+             (a spam complaint: at once, account-wide), Unsubscribe (the
+             recipient asked: the application that sent the mail, or the
+             whole account for mail without one), Manual (an operator).
+Source, Detail  who or what added it and why (the report's status and text,
+             the unsubscribe link, the operator's note).
+MailID       the mail that caused it, if any (no foreign key: mail is purged,
+             the suppression stays).
+ExpiresAtUtc NULL: forever; else the row stops applying at that time.
+Address is stored lower-case (the rule every enqueue compares with).
+Written only by mailq.ApplySuppressions and mailq.RemoveSuppression; read by
+mailq.FilterSuppressedRecipients at every enqueue (one seek per recipient).
+*/
+IF OBJECT_ID(N'mailq.Suppression', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.Suppression (
+        AccountName NVARCHAR(128) NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AppName NVARCHAR(128) NOT NULL CONSTRAINT DF_Suppression_AppName DEFAULT (N''),
+        Reason NVARCHAR(16) NOT NULL,
+        Source NVARCHAR(200) NOT NULL,
+        Detail NVARCHAR(1000) NULL,
+        MailID BIGINT NULL,
+        CreatedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Suppression_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        UpdatedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Suppression_UpdatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ExpiresAtUtc DATETIME2(3) NULL,
+        CONSTRAINT PK_Suppression PRIMARY KEY CLUSTERED (AccountName, Address, AppName),
+        CONSTRAINT FK_Suppression_SendingAccount FOREIGN KEY (AccountName)
+        REFERENCES mailq.SendingAccount (AccountName),
+        CONSTRAINT CK_Suppression_Reason CHECK (
+            Reason IN (N'HardBounce', N'SoftBounce', N'Complaint', N'Unsubscribe', N'Manual')
+        ),
+        CONSTRAINT CK_Suppression_Address CHECK (Address = LOWER(Address) AND Address LIKE N'%_@_%')
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.SuppressionHistory: every addition, renewal and removal of a
+suppression, with who did it and why (the audit an operator is asked for
+when a customer says "I never unsubscribed").  Append-only; written by
+mailq.ApplySuppressions and mailq.RemoveSuppression.
+Action: Added, Renewed (an existing row got a new reason, source or
+expiry), Removed.  AppName N'' as in mailq.Suppression.
+*/
+IF OBJECT_ID(N'mailq.SuppressionHistory', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.SuppressionHistory (
+        HistoryID BIGINT IDENTITY (1, 1) NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AppName NVARCHAR(128) NOT NULL,
+        Action NVARCHAR(16) NOT NULL,
+        Reason NVARCHAR(16) NOT NULL,
+        Source NVARCHAR(200) NOT NULL,
+        Detail NVARCHAR(1000) NULL,
+        MailID BIGINT NULL,
+        OccurredAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_SuppressionHistory_OccurredAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_SuppressionHistory PRIMARY KEY CLUSTERED (HistoryID),
+        CONSTRAINT CK_SuppressionHistory_Action CHECK (Action IN (N'Added', N'Renewed', N'Removed'))
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.BounceReport: one row per (report, recipient) the bounce reader or
+the unsubscribe endpoint recorded: the idempotency key of mailq.RecordBounce
+(reading the same message twice records nothing new) and the history the
+hard/soft bounce counts are taken from (docs/bounces.md).
+ReportKey    SHA-256 of the report's Message-ID (else of its bytes), or of
+             'unsubscribe:<mail>:<recipient>' for an unsubscribe.
+Kind         Hard, Soft, Delayed, Complaint, Unsubscribe.
+MailID       the mail the report is about (from its signed VERP token), NULL
+             when the report could not be tied to a mail; no foreign key:
+             mail is purged, the bounce history stays.
+Action, Status, SmtpCode, Detail  the DSN's Action, enhanced status code,
+             the SMTP reply code of its diagnostic, and its text.
+*/
+IF OBJECT_ID(N'mailq.BounceReport', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.BounceReport (
+        ReportKey VARBINARY(32) NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        MailID BIGINT NULL,
+        Kind NVARCHAR(16) NOT NULL,
+        Action NVARCHAR(16) NULL,
+        Status NVARCHAR(16) NULL,
+        SmtpCode INT NULL,
+        Detail NVARCHAR(1000) NULL,
+        Source NVARCHAR(200) NOT NULL,
+        ReceivedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_BounceReport_ReceivedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_BounceReport PRIMARY KEY CLUSTERED (ReportKey, Address),
+        CONSTRAINT CK_BounceReport_Kind CHECK (
+            Kind IN (N'Hard', N'Soft', N'Delayed', N'Complaint', N'Unsubscribe')
+        ),
+        CONSTRAINT CK_BounceReport_SmtpCode CHECK (SmtpCode IS NULL OR SmtpCode BETWEEN 200 AND 599)
+    );
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_BounceReport_Address: the bounce count of one address on one account
+(mailq.RecordBounce compares it with @HardBounceLimit / @SoftBounceLimit):
+one seek on (AccountName, Address, Kind).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_BounceReport_Address' AND object_id = OBJECT_ID(N'mailq.BounceReport')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_BounceReport_Address
+    ON mailq.BounceReport (AccountName ASC, Address ASC, Kind ASC);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+IX_BounceReport_ReceivedAtUtc: recent reports by time (mailq.GetSuppressionStats,
+the mailq.RecentBounceReports view) and the oldest ones first
+(mailq.PurgeBounceReports): a range seek, never a scan of the history.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_BounceReport_ReceivedAtUtc' AND object_id = OBJECT_ID(N'mailq.BounceReport')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_BounceReport_ReceivedAtUtc
+    ON mailq.BounceReport (ReceivedAtUtc ASC)
+    INCLUDE (AccountName, Kind, MailID);
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.MailRecipientList: the recipients of a mail in the order the worker
+sends them: To, then CC, then BCC, each list in its written order (inline,
+so it costs nothing outside the query).
+Parameters:  @ToAddress, @CC, @BCC NVARCHAR(MAX): ';'-separated lists as
+             mailq.EnqueueMail stores them; NULL lists give no rows.
+Returns:     ListNo INT (1 To, 2 CC, 3 BCC), Position INT (0-based place in
+             its list), Entry NVARCHAR(MAX) (trimmed, as written, display
+             name included), Address NVARCHAR(MAX) (lower-case addr-spec),
+             RecipientNo BIGINT (1-based number of the distinct address in
+             send order: the number a VERP or unsubscribe token carries,
+             mailq_db.bounces.verp), IsFirst INT (1 for an address's first
+             entry, 0 for a repeat).  Empty entries are skipped.
+Split:       OPENJSON over the list turned into a JSON array keeps the order
+             (its [key]); STRING_SPLIT promises none before SQL Server 2022.
+Example:     SELECT r.RecipientNo, r.Address
+             FROM mailq.MailRecipientList(N'a@x.org; B <b@y.org>', NULL, N'a@x.org') AS r;
+*/
+CREATE OR ALTER FUNCTION mailq.MailRecipientList(
+    @ToAddress NVARCHAR(MAX),
+    @CC NVARCHAR(MAX),
+    @BCC NVARCHAR(MAX)
+)
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    e.ListNo,
+    e.Position,
+    e.Entry,
+    e.Address,
+    DENSE_RANK() OVER (ORDER BY e.FirstKey) AS RecipientNo,
+    IIF(e.Occurrence = 1, 1, 0) AS IsFirst
+FROM (
+    SELECT
+        p.ListNo,
+        p.Position,
+        p.Entry,
+        p.Address,
+        MIN(CAST(p.ListNo AS BIGINT) * 1000000 + p.Position) OVER (PARTITION BY p.Address) AS FirstKey,
+        ROW_NUMBER() OVER (PARTITION BY p.Address ORDER BY p.ListNo, p.Position) AS Occurrence
+    FROM (
+        SELECT
+            s.ListNo,
+            s.Position,
+            s.Entry,
+            -- "Name <address>": the address is what stands between the first '<' and the final '>'.
+            LOWER(IIF(
+                s.Entry LIKE N'%<%>',
+                SUBSTRING(s.Entry, CHARINDEX(N'<', s.Entry) + 1, LEN(s.Entry) - CHARINDEX(N'<', s.Entry) - 1),
+                s.Entry
+            )) AS Address
+        FROM (
+            SELECT
+                l.ListNo,
+                CAST(j.[key] AS INT) AS Position,
+                LTRIM(RTRIM(j.[value])) AS Entry
+            FROM (VALUES (1, @ToAddress), (2, @CC), (3, @BCC)) AS l(ListNo, List)
+            CROSS APPLY OPENJSON(N'["' + REPLACE(STRING_ESCAPE(l.List, 'json'), N';', N'","') + N'"]') AS j
+            WHERE l.List IS NOT NULL
+        ) AS s
+        WHERE s.Entry <> N''
+    ) AS p
+) AS e;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.FilterSuppressedRecipients: a mail's recipient lists without the
+addresses suppressed for its account and application (mailq.Suppression),
+as one row (inline: one seek on PK_Suppression per recipient entry).
+Parameters:  @AccountName NVARCHAR(128), @AppName NVARCHAR(128) (NULL: no
+             application), @ToAddress, @CC, @BCC NVARCHAR(MAX) as stored.
+Returns:     one row: SuppressedCount INT (entries removed), EntriesLeft INT,
+             ToAddress, CC, BCC NVARCHAR(MAX) (the lists without them, '; '
+             joined, NULL when a list is left empty), Suppressed NVARCHAR(MAX)
+             (the removed addresses, '; ' joined, NULL when none).
+             A row applies when AppName is N'' (the whole account) or the
+             mail's application, and it has not expired.
+Locking:     HOLDLOCK: inside the caller's transaction the key ranges read
+             stay share-locked to its end, so a suppression of one of these
+             addresses (mailq.ApplySuppressions inserts first, then sweeps the
+             queue) waits for this mail to commit and then finds it, or was
+             committed first and is seen here: a mail never slips between the
+             check and the sweep.  mailq.Suppression is written rarely (bounce
+             reader, unsubscribes, operators); readers never block each other.
+Example:     SELECT f.ToAddress, f.Suppressed
+             FROM mailq.FilterSuppressedRecipients(N'news', NULL, N'a@x.org; b@y.org', NULL, NULL) AS f;
+*/
+CREATE OR ALTER FUNCTION mailq.FilterSuppressedRecipients(
+    @AccountName NVARCHAR(128),
+    @AppName NVARCHAR(128),
+    @ToAddress NVARCHAR(MAX),
+    @CC NVARCHAR(MAX),
+    @BCC NVARCHAR(MAX)
+)
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    ISNULL(SUM(r.IsSuppressed), 0) AS SuppressedCount,
+    ISNULL(SUM(1 - r.IsSuppressed), 0) AS EntriesLeft,
+    STRING_AGG(IIF(r.ListNo = 1 AND r.IsSuppressed = 0, r.Entry, NULL), N'; ')
+    WITHIN GROUP (ORDER BY r.ListNo, r.Position) AS ToAddress,
+    STRING_AGG(IIF(r.ListNo = 2 AND r.IsSuppressed = 0, r.Entry, NULL), N'; ')
+    WITHIN GROUP (ORDER BY r.ListNo, r.Position) AS CC,
+    STRING_AGG(IIF(r.ListNo = 3 AND r.IsSuppressed = 0, r.Entry, NULL), N'; ')
+    WITHIN GROUP (ORDER BY r.ListNo, r.Position) AS BCC,
+    STRING_AGG(IIF(r.IsSuppressed = 1 AND r.IsFirst = 1, r.Address, NULL), N'; ')
+    WITHIN GROUP (ORDER BY r.ListNo, r.Position) AS Suppressed
+FROM (
+    SELECT
+        l.ListNo,
+        l.Position,
+        l.Entry,
+        l.Address,
+        l.IsFirst,
+        IIF(EXISTS (
+            SELECT 1
+            FROM mailq.Suppression AS s WITH (HOLDLOCK)  -- see Locking above
+            WHERE
+                s.AccountName = @AccountName
+                AND s.Address = l.Address
+                AND s.AppName IN (N'', ISNULL(@AppName, N''))
+                AND (s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > SYSUTCDATETIME())
+        ), 1, 0) AS IsSuppressed
+    FROM mailq.MailRecipientList(@ToAddress, @CC, @BCC) AS l
+) AS r;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
+that is already queued it returns the existing mail and inserts nothing.
+Parameters:  @ToAddress   NVARCHAR(MAX), required: ';'-separated entries, each
+                          an address or 'Display Name <address>'
+             @Subject     NVARCHAR(MAX), required (N'' for none), <= 900 chars;
+                          omitted (NULL) with @TemplateName (revision 0016)
+             @Body        NVARCHAR(MAX), required, <= 2,000,000 chars; omitted
+                          (NULL) with @TemplateName.  Both default to NULL so
+                          that a template call can leave them out (50121 /
+                          50120 when neither they nor a template are given)
+             @BodyFormat  N'Text' (default) or N'Html'
+             @TextBody    plain-text alternative of an Html body, <= 2,000,000 chars
+             @CC, @BCC    ';'-separated addresses; BCC is never sent as a header
+             @FromAddress default: the account's DefaultFromAddress
+             @FromName    default: the account's DefaultFromName, <= 200 chars
+             @ReplyTo     one address
+             @Headers     business headers: a JSON object of string values,
+                          e.g. N'{"X-Order-Id": "42"}'; at most 50
+             @AccountName default: the default sending account
+             @AppName     a registered application (mailq.UpsertApplication)
+             @Priority    0-9, 9 first, default 5
+             @DateToProcess  UTC time to send at, default now
+             @ExpiresAtUtc   UTC time after which the mail is Expired unsent
+             @MaxAttempts    1-20, default 5
+             @IdempotencyKey <= 200 chars; see "Idempotency" below
+             @Attachments    JSON array of {"FileName", "ContentType",
+                          "ContentBase64"}; <= 10 files, 10 MiB each, 25 MiB in all.
+                          A lazy attachment names a generator instead of
+                          "ContentBase64": {"FileName", "ContentType",
+                          "Generator": "csv", "Arguments": {...}} (revision
+                          0016): the worker calls the generator at send time
+                          and holds its output to the same limits
+             @TemplateName   (revision 0016) a template (mailq.AddMailTemplateVersion)
+                          instead of @Subject/@Body/@TextBody: the worker
+                          renders subject and body at send time from
+                          @TemplateModel (docs/templates.md); not retired
+             @TemplateVersion  pin a version of it; NULL: the latest active
+                          version when the mail is claimed (mailq.ClaimMail)
+             @TemplateModel  the model, a JSON object text; NULL means {}
+             @RunMode        the run mode the mail belongs to (revision 0015):
+                          a name of 1-32 characters, a-z first, then a-z 0-9
+                          '-' '_' (e.g. 'prod', 'staging', 'test'); default
+                          'prod'.  Only workers serving that run mode claim
+                          it (ClaimMail @RunModes, docs/run-modes.md).
+             NULL for an optional parameter means its default.
+Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255) (RFC 5322 Message-ID,
+             sent unchanged by every attempt), @Created BIT (0 when an existing
+             mail was returned for the idempotency key).  No result set, so the
+             procedure can be called from triggers.
+Idempotency: the key is global and compared as binary text (case- and
+             accent-sensitive: 'ABC' and 'abc' are two keys), the rule of the
+             column (COLLATE Latin1_General_100_BIN2) and of sp_getapplock's
+             resource names alike; trailing spaces are ignored, as by every
+             SQL Server comparison.  The same key with the same content (the
+             parameters exactly as passed, attachments included) returns the
+             first mail; with different content it raises 50116 and writes
+             nothing.  A key is free again once PurgeMail deleted its mail.
+             Concurrent calls with one key serialize on an application lock
+             on that key (no key-range locks: neighbouring keys never wait);
+             the lock is owned by the transaction, so inside a caller's
+             transaction a second call with the SAME key waits until the
+             caller commits or rolls back (at most 10 s, then 50162).
+Binding:     with @AppName, the account must be bound to the application and
+             the From address must match one of its From bindings (an exact
+             address or '@domain'); see mailq.BindApplication.  Mail without
+             @AppName is bound only when the calling database user is mapped
+             to an application (mailq.ApplicationPrincipal): its mail then
+             always carries that application (@AppName NULL means it, another
+             is 50168).  Unmapped users without @AppName are not bound
+             (docs/guarantees.md, "Who may send as whom").
+Errors:      50101 no recipient in @ToAddress; 50102 an invalid address;
+             50103 a value over its size; 50104 more than 100 recipients;
+             50105 CR or LF in a header value (header injection);
+             50106 @Headers not a JSON object of string values;
+             50107 invalid header name; 50108 header would override a reserved one;
+             50109 @Priority not 0-9; 50110 @ExpiresAtUtc not after the due time;
+             50111 body over its limit; 50112 attachment count or size over limit;
+             50113 attachment file name empty or path-like;
+             50114 unknown (or no default) account; 50115 unknown application;
+             50116 idempotency key reused with different content;
+             50117 @Attachments malformed; 50118 @BodyFormat not Text or Html;
+             50119 @MaxAttempts not 1-20; 50120 @Body missing; 50121 @Subject missing;
+             50240 @RunMode not a valid run-mode name;
+             50160 the application may not send through @AccountName;
+             50161 the application may not send as @FromAddress;
+             50162 the idempotency key's lock was not granted in 10 s (or deadlock);
+             50168 the calling database user is mapped to another application;
+             50600 every recipient is suppressed for the account/application
+                   (suppressed recipients of a mail with others left are
+                   dropped with a RecipientSuppressed event, docs/bounces.md);
+             (revision 0016, templates and lazy attachments)
+             50280 @TemplateName together with @Subject, @Body or @TextBody;
+             50281 @TemplateVersion or @TemplateModel without @TemplateName;
+             50282 unknown @TemplateName, or no such @TemplateVersion;
+             50283 the template is retired; 50284 @TemplateModel not a JSON object;
+             50285 @TemplateVersion not >= 1, or @TemplateName not a template name;
+             50286 a lazy attachment malformed (Generator name, Arguments not an
+                   object, or both ContentBase64 and Generator).
+Transaction: opens its own if none is open, else works inside the caller's
+             (the outbox pattern: the mail exists exactly when the caller
+             commits; no savepoint, SAVE TRANSACTION fails under MSDTC with
+             error 627).  Any error, validation included, is re-raised
+             unchanged; XACT_ABORT ON rolls back the caller's transaction, or
+             dooms it (XACT_STATE() = -1) when the caller catches the error:
+             the caller can only roll back, and nothing of this call remains.
+Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
+             it returns): under a SERIALIZABLE caller the key lookup would
+             otherwise take key-range locks, under SNAPSHOT it would miss a
+             key committed after the caller's snapshot began.
+Lock order:  the application lock on the key, then mailq.Suppression (shared
+             key ranges of the recipients, held), then mailq.MailQueue (insert,
+             with its Enqueued row in mailq.MailEvent), then
+             mailq.MailAttachment (docs/guarantees.md, "Lock order").
+             The template check (mailq.MailTemplate, one seek, S lock released
+             at once) runs in validation, before the transaction.
+Example:     DECLARE @ID BIGINT;
+             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
+                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.',
+                 @MailID = @ID OUTPUT;
+*/
+CREATE OR ALTER PROCEDURE mailq.EnqueueMail
+    @ToAddress NVARCHAR(MAX),
+    @Subject NVARCHAR(MAX) = NULL,
+    @Body NVARCHAR(MAX) = NULL,
+    @BodyFormat NVARCHAR(20) = N'Text',
+    @TextBody NVARCHAR(MAX) = NULL,
+    @CC NVARCHAR(MAX) = NULL,
+    @BCC NVARCHAR(MAX) = NULL,
+    @FromAddress NVARCHAR(MAX) = NULL,
+    @FromName NVARCHAR(MAX) = NULL,
+    @ReplyTo NVARCHAR(MAX) = NULL,
+    @Headers NVARCHAR(MAX) = NULL,
+    @AccountName NVARCHAR(4000) = NULL,
+    @AppName NVARCHAR(4000) = NULL,
+    @Priority INT = 5,
+    @DateToProcess DATETIME2(3) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL,
+    @MaxAttempts INT = 5,
+    @IdempotencyKey NVARCHAR(4000) = NULL,
+    @Attachments NVARCHAR(MAX) = NULL,
+    @MailID BIGINT = NULL OUTPUT,
+    @MessageID NVARCHAR(255) = NULL OUTPUT,
+    @Created BIT = NULL OUTPUT,
+    @RunMode NVARCHAR(4000) = NULL,
+    -- Revision 0016 (templates), appended at the end of the list.
+    @TemplateName NVARCHAR(4000) = NULL,
+    @TemplateVersion INT = NULL,
+    @TemplateModel NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Msg NVARCHAR(2048);
+    -- Tested under a binary collation (COLLATE Latin1_General_100_BIN2): under
+    -- a linguistic collation control characters can be ignorable in LIKE.
+    DECLARE @CrLf NVARCHAR(10) = N'%[' + NCHAR(13) + NCHAR(10) + N']%';
+
+    -- The content hash covers the parameters exactly as passed (before
+    -- defaults), so that the same call is recognised as the same mail.
+    DECLARE @ContentJson NVARCHAR(MAX) = (
+        SELECT
+            @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, @Subject AS Subject,
+            @Body AS Body, @BodyFormat AS BodyFormat, @TextBody AS TextBody,
+            @FromAddress AS FromAddress, @FromName AS FromName, @ReplyTo AS ReplyTo,
+            @Headers AS Headers, @AccountName AS AccountName, @AppName AS AppName,
+            @Priority AS Priority, @DateToProcess AS DateToProcess,
+            @ExpiresAtUtc AS ExpiresAtUtc, @MaxAttempts AS MaxAttempts,
+            @Attachments AS Attachments
+        FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES
+    );
+    -- Run mode (revision 0015): part of the content when given, so a key
+    -- reused under another run mode is 50116; appended only when given, so
+    -- the hash of every call that does not pass it is unchanged (a retry
+    -- across the upgrade still finds its mail).
+    IF @RunMode IS NOT NULL SET @ContentJson = CONCAT(@ContentJson, N'|RunMode=', @RunMode);
+    -- Revision 0016: the template parameters join the hash only when given,
+    -- so the hash of ordinary mail is the one earlier revisions stored (an
+    -- idempotency key retried across the upgrade still matches its mail).
+    IF @TemplateName IS NOT NULL OR @TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL
+        SET @ContentJson = CONCAT(
+            @ContentJson,
+            (
+                SELECT @TemplateName AS TemplateName, @TemplateVersion AS TemplateVersion,
+                    @TemplateModel AS TemplateModel
+                FOR JSON PATH, WITHOUT_ARRAY_WRAPPER
+            )
+        );
+
+    SET @BodyFormat = COALESCE(@BodyFormat, N'Text');
+    IF @TemplateName IS NOT NULL SET @BodyFormat = N'Text';  -- stored placeholder; the render decides
+    SET @Priority = COALESCE(@Priority, 5);
+    SET @MaxAttempts = COALESCE(@MaxAttempts, 5);
+    SET @DateToProcess = COALESCE(@DateToProcess, @Now);
+
+    -- 1. Validate parameters before any transaction starts.
+    IF @ToAddress IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.ParseAddressList(@ToAddress))
+        THROW 50101, N'@ToAddress is required: give at least one recipient address (separate several with ;).', 1;
+    -- Revision 0016: a template instead of @Subject / @Body / @TextBody.
+    IF @TemplateName IS NULL AND (@TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL)
+        THROW 50281, N'@TemplateVersion and @TemplateModel need @TemplateName.', 1;
+    IF @TemplateName IS NOT NULL
+    BEGIN
+        IF @Body IS NOT NULL OR @TextBody IS NOT NULL OR NULLIF(@Subject, N'') IS NOT NULL
+            THROW 50280,
+                N'@TemplateName renders the subject and the body: leave @Subject, @Body and @TextBody NULL.',
+                1;
+        SET @Subject = N'';
+        SET @Body = N'';
+    END;
+
+    IF @Subject IS NULL
+        THROW 50121, N'@Subject is required (pass N'''' for a mail without subject).', 1;
+    IF @Body IS NULL
+        THROW 50120, N'@Body is required (or @TemplateName and @TemplateModel).', 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit is ', v.MaxLength, N'.')
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress, 4000), (2, N'@CC', @CC, 4000), (3, N'@BCC', @BCC, 4000),
+        (4, N'@Subject', @Subject, 900), (5, N'@FromAddress', @FromAddress, 320),
+        (6, N'@FromName', @FromName, 200), (7, N'@ReplyTo', @ReplyTo, 320),
+        (8, N'@AccountName', @AccountName, 128), (9, N'@AppName', @AppName, 128),
+        (10, N'@IdempotencyKey', @IdempotencyKey, 200)
+    ) AS v(Position, ParamName, Value, MaxLength)
+    WHERE LEN(v.Value) > v.MaxLength
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(v.ParamName, N' contains CR or LF; header values must be one line (header injection is refused).')
+    FROM (
+        VALUES
+        (1, N'@Subject', @Subject), (2, N'@FromName', @FromName), (3, N'@ReplyTo', @ReplyTo),
+        (4, N'@FromAddress', @FromAddress), (5, N'@IdempotencyKey', @IdempotencyKey)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+    SELECT TOP (1)
+        @Msg = CONCAT(
+            v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'
+        )
+    FROM (
+        VALUES
+        (1, N'@ToAddress', @ToAddress), (2, N'@CC', @CC), (3, N'@BCC', @BCC),
+        (4, N'@ReplyTo', @ReplyTo), (5, N'@FromAddress', @FromAddress)
+    ) AS v(Position, ParamName, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+    WHERE a.Problem IS NOT NULL
+    ORDER BY v.Position;
+    IF @Msg IS NOT NULL THROW 50102, @Msg, 1;
+
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) > 1
+        THROW 50102, N'@ReplyTo takes one address.', 1;
+    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) > 1
+        THROW 50102, N'@FromAddress takes one address.', 1;
+    IF EXISTS (SELECT 1 FROM mailq.ParseAddressList(@FromAddress) AS a WHERE a.DisplayName IS NOT NULL)
+        THROW 50102, N'@FromAddress takes a bare address; give the display name in @FromName.', 1;
+
+    DECLARE @RecipientCount INT = (
+        SELECT COUNT(*)
+        FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value)
+    );
+    IF @RecipientCount > 100
+    BEGIN
+        SET @Msg = CONCAT(N'@ToAddress, @CC and @BCC name ', @RecipientCount, N' recipients; the limit is 100.');
+        THROW 50104, @Msg, 1;
+    END;
+
+    IF @BodyFormat NOT IN (N'Text', N'Html')
+    BEGIN
+        SET @Msg = CONCAT(N'@BodyFormat must be Text or Html; got ''', LEFT(@BodyFormat, 20), N'''.');
+        THROW 50118, @Msg, 1;
+    END;
+    IF @Priority NOT BETWEEN 0 AND 9
+    BEGIN
+        SET @Msg = CONCAT(N'@Priority must be 0-9 (9 is sent first); got ', @Priority, N'.');
+        THROW 50109, @Msg, 1;
+    END;
+    IF @MaxAttempts NOT BETWEEN 1 AND 20
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxAttempts must be 1-20; got ', @MaxAttempts, N'.');
+        THROW 50119, @Msg, 1;
+    END;
+    IF @ExpiresAtUtc <= @DateToProcess
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@ExpiresAtUtc (', CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126),
+            N') must be later than the due time (', CONVERT(NVARCHAR(30), @DateToProcess, 126), N').'
+        );
+        THROW 50110, @Msg, 1;
+    END;
+    IF LEN(@Body) > 2000000 OR LEN(@TextBody) > 2000000
+        THROW 50111, N'@Body and @TextBody are limited to 2,000,000 characters each.', 1;
+
+    -- Run mode (revision 0015): the rule of CK_MailQueue_RunMode, binary
+    -- comparison (a-z means a-z only, whatever the database collation).
+    SET @RunMode = COALESCE(@RunMode, N'prod');
+    IF LEN(@RunMode) NOT BETWEEN 1 AND 32
+        OR @RunMode COLLATE Latin1_General_100_BIN2 NOT LIKE N'[a-z]%'
+        OR @RunMode COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9_-]%'
+    BEGIN
+        SET @Msg = CONCAT(
+            N'@RunMode must be a run-mode name of 1-32 characters, a-z first, then a-z 0-9 - _ ',
+            N'(e.g. prod, staging, test); got ''',
+            LEFT(@RunMode, 40), N'''.'
+        );
+        THROW 50240, @Msg, 1;
+    END;
+
+    -- Revision 0016: the template and its model.  The template must exist
+    -- and not be retired (a retired template takes no new mail, pinned or
+    -- not: mailq.RetireMailTemplate); a pinned version must exist (versions
+    -- are never deleted: trg_MailTemplateVersion_Immutable).  The model is
+    -- a JSON object (at most 2,000,000 characters, the renderer's limit).
+    IF @TemplateName IS NOT NULL
+    BEGIN
+        IF LEN(@TemplateName) NOT BETWEEN 1 AND 128
+            OR @TemplateName COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
+            OR @TemplateVersion < 1
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TemplateName must be 1-128 characters of A-Z a-z 0-9 . _ - and @TemplateVersion >= 1; ',
+                N'got ''', LEFT(@TemplateName, 130), N''' version ',
+                COALESCE(CONVERT(NVARCHAR(12), @TemplateVersion), N'NULL'), N'.'
+            );
+            THROW 50285, @Msg, 1;
+        END;
+        SET @TemplateModel = COALESCE(@TemplateModel, N'{}');
+        IF LEN(@TemplateModel) > 2000000 OR ISJSON(@TemplateModel) = 0 OR LEFT(LTRIM(@TemplateModel), 1) <> N'{'
+            THROW 50284,
+                N'@TemplateModel must be a JSON object (its keys are the variables), <= 2,000,000 characters.',
+                1;
+
+        DECLARE @TemplateRetired DATETIME2(3), @TemplateLatest INT;
+        SELECT @TemplateLatest = t.LatestVersion, @TemplateRetired = t.RetiredAtUtc
+        FROM mailq.MailTemplate AS t
+        WHERE t.TemplateName = @TemplateName;
+        IF @TemplateLatest IS NULL OR @TemplateVersion > @TemplateLatest
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TemplateName ''', @TemplateName, N'''',
+                IIF(@TemplateLatest IS NULL, N' is not a template (mailq.AddMailTemplateVersion).',
+                    CONCAT(N' has no version ', @TemplateVersion, N' (latest: ', @TemplateLatest, N').'))
+            );
+            THROW 50282, @Msg, 1;
+        END;
+        IF @TemplateRetired IS NOT NULL
+        BEGIN
+            SET @Msg = CONCAT(
+                N'@TemplateName ''', @TemplateName,
+                N''' is retired (mailq.RetireMailTemplate @Retire = 0 brings it back).'
+            );
+            THROW 50283, @Msg, 1;
+        END;
+    END;
+
+    -- Business headers: a JSON object whose values are strings.
+    IF @Headers IS NOT NULL
+    BEGIN
+        IF ISJSON(@Headers) = 0 OR LEFT(LTRIM(@Headers), 1) <> N'{'
+            THROW 50106, N'@Headers must be a JSON object of string values, e.g. {"X-Order-Id": "42"}.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', LEFT(j.[key], 80), N''' must be a JSON string.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[type] <> 1;
+        IF @Msg IS NOT NULL THROW 50106, @Msg, 1;
+
+        IF (SELECT COUNT(*) FROM OPENJSON(@Headers)) > 50
+            THROW 50106, N'@Headers holds more than 50 headers.', 1;
+
+        IF EXISTS (
+            SELECT UPPER(j.[key]) AS HeaderName
+            FROM OPENJSON(@Headers) AS j
+            GROUP BY UPPER(j.[key])
+            HAVING COUNT(*) > 1
+        )
+            THROW 50106, N'@Headers names one header twice.', 1;
+
+        -- RFC 5322 field name: 1-76 printable US-ASCII characters except ':'
+        -- (the binary collation makes the ranges code-point ranges).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: ''', LEFT(j.[key], 80), N''' is not a valid header name ',
+            N'(1-76 printable ASCII characters, no space or colon).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE
+            LEN(j.[key]) NOT BETWEEN 1 AND 76
+            OR j.[key] COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-9;-~]%';
+        IF @Msg IS NOT NULL THROW 50107, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: ''', j.[key], N''' is set by mailq-db and cannot be overridden.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE UPPER(j.[key]) IN (
+            N'FROM', N'TO', N'CC', N'BCC', N'SUBJECT', N'MESSAGE-ID', N'DATE', N'REPLY-TO',
+            N'SENDER', N'RETURN-PATH', N'MIME-VERSION', N'CONTENT-TYPE',
+            N'CONTENT-TRANSFER-ENCODING', N'CONTENT-DISPOSITION'
+        );
+        IF @Msg IS NOT NULL THROW 50108, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Headers: the value of ''', j.[key], N''' contains CR or LF (header injection is refused).'
+        )
+        FROM OPENJSON(@Headers) AS j
+        WHERE j.[value] COLLATE Latin1_General_100_BIN2 LIKE @CrLf;
+        IF @Msg IS NOT NULL THROW 50105, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(N'@Headers: the value of ''', j.[key], N''' is longer than 900 characters.')
+        FROM OPENJSON(@Headers) AS j
+        WHERE LEN(j.[value]) > 900;
+        IF @Msg IS NOT NULL THROW 50103, @Msg, 1;
+    END;
+
+    -- The calling database user's application, when an administrator mapped
+    -- it (mailq.BindApplication @PrincipalName): USER_NAME() is the caller's
+    -- user (this module has no EXECUTE AS).  The content hash above keeps
+    -- @AppName as passed.
+    DECLARE @PrincipalApp NVARCHAR(128) = (
+        SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
+    );
+    IF @PrincipalApp IS NOT NULL
+    BEGIN
+        IF @AppName IS NOT NULL AND @AppName <> @PrincipalApp
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Database user ', QUOTENAME(USER_NAME()), N' enqueues as application ''', @PrincipalApp,
+                N''' only; got @AppName ''', @AppName, N'''.'
+            );
+            THROW 50168, @Msg, 1;
+        END;
+        SET @AppName = @PrincipalApp;
+    END;
+
+    -- Account and application.
+    DECLARE @ResolvedAccount NVARCHAR(128), @DefaultFrom NVARCHAR(320), @DefaultFromName NVARCHAR(200);
+    SELECT
+        @ResolvedAccount = a.AccountName,
+        @DefaultFrom = a.DefaultFromAddress,
+        @DefaultFromName = a.DefaultFromName
+    FROM mailq.SendingAccount AS a
+    WHERE
+        (@AccountName IS NOT NULL AND a.AccountName = @AccountName)
+        OR (@AccountName IS NULL AND a.IsDefault = 1);
+    IF @ResolvedAccount IS NULL
+    BEGIN
+        SET @Msg = IIF(
+            @AccountName IS NULL,
+            N'@AccountName is NULL and no default sending account exists (mailq.UpsertSendingAccount @IsDefault = 1).',
+            CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account (mailq.UpsertSendingAccount).')
+        );
+        THROW 50114, @Msg, 1;
+    END;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS p WHERE p.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application (mailq.UpsertApplication).');
+        THROW 50115, @Msg, 1;
+    END;
+
+    SET @FromAddress = LTRIM(RTRIM(COALESCE(@FromAddress, @DefaultFrom)));
+    SET @FromName = COALESCE(@FromName, @DefaultFromName);
+
+    -- Who may send as whom (issue 10, point 10): an application sends only
+    -- through the accounts and as the From addresses or domains it is bound to.
+    IF @AppName IS NOT NULL
+    BEGIN
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationAccount AS b
+            WHERE b.AppName = @AppName AND b.AccountName = @ResolvedAccount
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send through account ''', @ResolvedAccount,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, @AccountName).'
+            );
+            THROW 50160, @Msg, 1;
+        END;
+        -- Addresses and domains compare case-insensitively whatever the
+        -- database collation (LOWER on both sides, then binary).
+        DECLARE @FromLower NVARCHAR(320) = LOWER(@FromAddress) COLLATE Latin1_General_100_BIN2;
+        IF NOT EXISTS (
+            SELECT 1
+            FROM mailq.ApplicationFrom AS f
+            WHERE
+                f.AppName = @AppName
+                AND (
+                    f.FromPattern = @FromLower
+                    OR (
+                        LEFT(f.FromPattern, 1) = N'@'
+                        AND RIGHT(@FromLower, LEN(f.FromPattern)) = f.FromPattern
+                    )
+                )
+        )
+        BEGIN
+            SET @Msg = CONCAT(
+                N'Application ''', @AppName, N''' may not send as ''', @FromAddress,
+                N''' (an administrator binds it: mailq.BindApplication @AppName, ',
+                N'@FromAddress = N''addr'' or N''@domain'').'
+            );
+            THROW 50161, @Msg, 1;
+        END;
+    END;
+
+    -- Attachments: decoded from base64 by OPENJSON ... WITH (VARBINARY), which
+    -- raises an error for text that is not base64: caught and reported as 50117.
+    DECLARE @Attachment TABLE (
+        AttachmentNo INT NOT NULL PRIMARY KEY,
+        FileName NVARCHAR(4000) NULL,
+        ContentType NVARCHAR(4000) NULL,
+        Content VARBINARY(MAX) NULL,
+        Generator NVARCHAR(4000) NULL,       -- revision 0016: lazy attachment
+        GeneratorArgs NVARCHAR(MAX) NULL,
+        GeneratorArgsText NVARCHAR(MAX) NULL -- "Arguments" when it is not an object or array
+    );
+    IF @Attachments IS NOT NULL
+    BEGIN
+        IF ISJSON(@Attachments) = 0 OR LEFT(LTRIM(@Attachments), 1) <> N'['
+            THROW 50117,
+                N'@Attachments must be a JSON array of {"FileName", "ContentType", "ContentBase64"} objects.',
+                1;
+        IF EXISTS (SELECT 1 FROM OPENJSON(@Attachments) AS e WHERE e.[type] <> 5)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        BEGIN TRY
+            INSERT INTO @Attachment (
+                AttachmentNo, FileName, ContentType, Content, Generator, GeneratorArgs, GeneratorArgsText
+            )
+            SELECT
+                CAST(e.[key] AS INT) + 1 AS AttachmentNo,
+                f.FileName,
+                f.ContentType,
+                f.Content,
+                f.Generator,
+                f.GeneratorArgs,
+                f.GeneratorArgsText
+            FROM OPENJSON(@Attachments) AS e
+            CROSS APPLY OPENJSON (e.[value])
+                WITH (
+                    FileName NVARCHAR(4000) '$.FileName',
+                    ContentType NVARCHAR(4000) '$.ContentType',
+                    Content VARBINARY(MAX) '$.ContentBase64',
+                    -- AS JSON: an object or array value (NULL for a scalar);
+                    -- without it, the scalar (NULL for an object): OPENJSON (Transact-SQL), "AS JSON".
+                    Generator NVARCHAR(4000) '$.Generator',
+                    GeneratorArgs NVARCHAR(MAX) '$.Arguments' AS JSON,
+                    GeneratorArgsText NVARCHAR(MAX) '$.Arguments'
+                ) AS f;
+        END TRY
+        BEGIN CATCH
+            SET @Msg = CONCAT(N'@Attachments: ContentBase64 must be base64 text (', ERROR_MESSAGE(), N').');
+            THROW 50117, @Msg, 1;
+        END CATCH;
+
+        IF EXISTS (SELECT 1 FROM @Attachment AS t WHERE t.Content IS NULL AND t.Generator IS NULL)
+            THROW 50117, N'@Attachments: every element must be an object with FileName and ContentBase64.', 1;
+        -- Revision 0016: lazy attachments ("Generator" + optional "Arguments" object).
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: attachment ', t.AttachmentNo, N' (''', LEFT(t.FileName, 100), N'''): ',
+            CASE
+                WHEN t.Content IS NOT NULL THEN N'give ContentBase64 or Generator, not both.'
+                WHEN t.GeneratorArgsText IS NOT NULL OR LEFT(LTRIM(t.GeneratorArgs), 1) <> N'{'
+                    THEN N'Arguments must be a JSON object.'
+                ELSE N'Generator must be 1-128 characters of A-Z a-z 0-9 . _ - (an entry point name).'
+            END
+        )
+        FROM @Attachment AS t
+        WHERE
+            t.Generator IS NOT NULL
+            AND (
+                t.Content IS NOT NULL
+                OR t.GeneratorArgsText IS NOT NULL
+                OR LEFT(LTRIM(t.GeneratorArgs), 1) <> N'{'
+                OR LEN(t.Generator) NOT BETWEEN 1 AND 128
+                OR t.Generator COLLATE Latin1_General_100_BIN2 LIKE N'%[^A-Za-z0-9._-]%'
+            )
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50286, @Msg, 1;
+        IF (SELECT COUNT(*) FROM @Attachment) > 10
+            THROW 50112, N'@Attachments holds more than 10 attachments.', 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: file name ''', LEFT(t.FileName, 100),
+            N''' must be a bare file name (not empty, no path, no control characters, <= 255 characters).'
+        )
+        FROM @Attachment AS t
+        WHERE
+            NULLIF(LTRIM(RTRIM(t.FileName)), N'') IS NULL
+            OR t.FileName LIKE N'%[/\:]%'
+            OR t.FileName IN (N'.', N'..')
+            OR t.FileName COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
+            OR LEN(t.FileName) > 255
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50113, @Msg, 1;
+
+        SELECT TOP (1)
+            @Msg = CONCAT(N'@Attachments: content type of ''', t.FileName, N''' must look like type/subtype.')
+        FROM @Attachment AS t
+        WHERE
+            t.ContentType IS NOT NULL
+            AND (
+                t.ContentType NOT LIKE N'_%/_%'
+                OR t.ContentType COLLATE Latin1_General_100_BIN2 LIKE @CrLf
+                OR LEN(t.ContentType) > 255
+            )
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50117, @Msg, 1;
+
+        SELECT TOP (1) @Msg = CONCAT(
+            N'@Attachments: ''', t.FileName, N''' is ', DATALENGTH(t.Content),
+            N' bytes; the limit is 10485760 (10 MiB) per attachment.'
+        )
+        FROM @Attachment AS t
+        WHERE DATALENGTH(t.Content) > 10485760
+        ORDER BY t.AttachmentNo;
+        IF @Msg IS NOT NULL THROW 50112, @Msg, 1;
+
+        IF (SELECT SUM(CAST(DATALENGTH(t.Content) AS BIGINT)) FROM @Attachment AS t) > 26214400
+            THROW 50112, N'@Attachments total more than 26214400 bytes (25 MiB) per mail.', 1;
+    END;
+
+    DECLARE @ContentHash VARBINARY(32) = HASHBYTES('SHA2_256', @ContentJson);
+    DECLARE @Domain NVARCHAR(320) = SUBSTRING(@FromAddress, CHARINDEX(N'@', @FromAddress) + 1, 320);
+    -- A Message-ID must be ASCII: a non-ASCII sender domain gets a neutral one.
+    IF @Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' SET @Domain = N'mailq-db.invalid';
+
+    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    DECLARE @LockResult INT;
+    DECLARE @KeyResource NVARCHAR(255) = CONCAT(N'mailq.IdempotencyKey:', RTRIM(@IdempotencyKey));
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DECLARE @ExistingHash VARBINARY(32);
+        SET @MailID = NULL;
+        IF @IdempotencyKey IS NOT NULL
+        BEGIN
+            -- Serialize on the key itself, not on a range of the index: an
+            -- exclusive application lock owned by the transaction (released at
+            -- its commit or rollback, the caller's when we run inside it).
+            -- Resource names are compared as binary, like the key column; the
+            -- key is at most 200 characters, so the resource fits its 255.
+            -- Insert-first catching 2601/2627 was rejected: under XACT_ABORT ON
+            -- a duplicate-key error dooms the caller's transaction, so the
+            -- outbox case could never return the existing mail (docs/guarantees.md).
+            EXEC @LockResult = sys.sp_getapplock
+                @Resource = @KeyResource,
+                @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction',
+                @LockTimeout = 10000;
+            -- < 0: timed out (-1), cancelled (-2), deadlock victim (-3), call
+            -- error (-999).  A deadlock on an application lock does not roll
+            -- back the transaction (sp_getapplock, Remarks): this THROW does,
+            -- or dooms the caller's (XACT_ABORT ON).
+            IF @LockResult < 0
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''': another transaction enqueueing the same key ',
+                    N'held it for 10 s (sp_getapplock returned ', @LockResult, N'); retry once it committed.'
+                );
+                THROW 50162, @Msg, 1;
+            END;
+
+            -- A plain read is exact here: only EnqueueMail writes keys, always
+            -- under this lock, so a row with the key is committed or absent.
+            -- "IS NOT NULL" repeats the index filter, so the filtered index matches.
+            SELECT
+                @MailID = q.ID,
+                @MessageID = q.MessageID,
+                @ExistingHash = q.ContentHash
+            FROM mailq.MailQueue AS q
+            WHERE q.IdempotencyKey = @IdempotencyKey AND q.IdempotencyKey IS NOT NULL;
+
+            IF @MailID IS NOT NULL AND @ExistingHash <> @ContentHash
+            BEGIN
+                SET @Msg = CONCAT(
+                    N'@IdempotencyKey ''', @IdempotencyKey, N''' already belongs to mail ', @MailID,
+                    N' with different content; use a new key for a different mail.'
+                );
+                THROW 50116, @Msg, 1;
+            END;
+        END;
+
+        IF @MailID IS NOT NULL
+            SET @Created = 0;
+        ELSE
+        BEGIN
+            -- >>> suppression (issue 28, docs/bounces.md): recipients suppressed
+            -- for this account and application are left out (event
+            -- RecipientSuppressed below); a mail left with nobody is refused
+            -- (50600).  mailq.FilterSuppressedRecipients keeps share locks on
+            -- the addresses' key ranges to the end of the transaction, so a
+            -- suppression being added waits for this mail and then sweeps it.
+            DECLARE @Suppressed NVARCHAR(MAX), @EntriesLeft INT;
+            SELECT
+                @ToAddress = ISNULL(f.ToAddress, N''), @CC = f.CC, @BCC = f.BCC,
+                @Suppressed = f.Suppressed, @EntriesLeft = f.EntriesLeft
+            FROM mailq.FilterSuppressedRecipients(@ResolvedAccount, @AppName, @ToAddress, @CC, @BCC) AS f
+            WHERE f.SuppressedCount > 0;
+            IF @Suppressed IS NOT NULL AND @EntriesLeft = 0
+            BEGIN
+                SET @Msg = LEFT(CONCAT(N'Every recipient is suppressed for account ''', @ResolvedAccount,
+                    IIF(@AppName IS NULL, N'''', CONCAT(N''' and application ''', @AppName, N'''')),
+                    N' (bounced, complained or unsubscribed; mailq.ListSuppressions): ', @Suppressed), 2048);
+                THROW 50600, @Msg, 1;
+            END;
+            -- <<< suppression
+
+            SET @MessageID = CONCAT(N'<', LOWER(CONVERT(NCHAR(36), NEWID())), N'@', @Domain, N'>');
+
+            INSERT INTO mailq.MailQueue (
+                dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo,
+                ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers,
+                Status, AttemptsRemaining, Priority, AccountName, AppName,
+                IdempotencyKey, ContentHash, MessageID, ExpiresAtUtc,
+                RunMode,
+                TemplateName, TemplateVersion, TemplateModel  -- revision 0016
+            )
+            -- The Enqueued event in the same statement (docs/events.md).
+            OUTPUT
+                inserted.ID, inserted.AppName, N'Enqueued', inserted.Status, inserted.AttemptCount,
+                NULL, NULL, inserted.dtStamp
+            INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+            VALUES (
+                @Now, @DateToProcess, @DateToProcess, @FromName, @FromAddress, LTRIM(RTRIM(@ReplyTo)),
+                @ToAddress, @CC, @BCC, @Subject, @Body, @BodyFormat, @TextBody, @Headers,
+                N'UnSent', @MaxAttempts, @Priority, @ResolvedAccount, @AppName,
+                @IdempotencyKey, @ContentHash, @MessageID, @ExpiresAtUtc,
+                @RunMode,
+                @TemplateName, @TemplateVersion, @TemplateModel
+            );
+            SET @MailID = SCOPE_IDENTITY();
+
+            -- >>> suppression: the recipients left out, in the event stream
+            IF @Suppressed IS NOT NULL
+                INSERT INTO mailq.MailEvent (
+                    MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+                )
+                VALUES (
+                    @MailID, @AppName, N'RecipientSuppressed', N'UnSent', 0, NULL,
+                    LEFT(CONCAT(N'not sent to (suppressed): ', @Suppressed), 4000), @Now
+                );
+            -- <<< suppression
+
+            INSERT INTO mailq.MailAttachment (
+                MailID, AttachmentNo, FileName, ContentType, Content, Generator, GeneratorArgs
+            )
+            SELECT
+                @MailID,
+                t.AttachmentNo,
+                LTRIM(RTRIM(t.FileName)),
+                COALESCE(t.ContentType, N'application/octet-stream'),
+                t.Content,
+                t.Generator,
+                IIF(t.Generator IS NULL, NULL, t.GeneratorArgs)
+            FROM @Attachment AS t;
+
+            SET @Created = 1;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
 mailq.EnqueueMailBatch: validates and queues many mails in one call, row by
 row with mailq.EnqueueMail's rules, written by one set-based INSERT.
 Parameters:  @Mails     NVARCHAR(MAX): a JSON array of objects, one per mail,
@@ -33873,7 +34999,7 @@ Result sets: 1. one row per queued (or idempotently returned) mail, in RowNo
                 Created BIT (0 when an existing mail was returned for the key).
              2. the rejected rows (empty unless @RejectInvalid = 1): RowNo INT,
                 Field NVARCHAR(128), ErrorNumber INT (the number EnqueueMail
-                raises for that rule, 50101-50168, or 50223), Message
+                raises for that rule, 50101-50168 or 50600, or 50223), Message
                 NVARCHAR(2048).  One row per rejected mail: its first failed
                 rule in EnqueueMail's order, the rule EnqueueMail would raise.
 Rules:       each row is checked with EnqueueMail's rules in EnqueueMail's
@@ -33932,6 +35058,9 @@ Errors:      50220 a row is invalid (all-or-nothing): the message names the row,
              not be decoded (row not identifiable; nothing written);
              50225 an idempotency key's lock was not granted in 10 s (or
              deadlock); 50226 the input is over 256 MB of text (split it).
+             Rule 50600 (issue 28): every recipient of the row is suppressed
+             (suppressed recipients of a row with others left are dropped with
+             a RecipientSuppressed event, docs/bounces.md).
              Rule numbers inside 50220 / result set 2: see
              mailq.EnqueueMail and 50223 (a JSON field of the wrong type or
              an unknown field name).
@@ -33943,6 +35072,7 @@ Transaction: opens its own if none is open, else works inside the caller's
 Isolation:   sets READ COMMITTED itself (as EnqueueMail: no key-range locks
              under a SERIALIZABLE caller, no stale snapshot under SNAPSHOT).
 Lock order:  the application locks on the keys (binary key order), then
+             mailq.Suppression (shared key ranges of the recipients, held), then
              mailq.MailQueue (insert), then mailq.MailAttachment, as EnqueueMail
              (docs/guarantees.md, "Lock order"), then mailq.MailEvent (new
              rows only: the 'Enqueued' event of every created mail).
@@ -34022,7 +35152,8 @@ BEGIN
         KeyLeader INT NULL,                    -- RowNo of the row that creates the key's mail
         ToCount INT NULL, ReplyToCount INT NULL, FromCount INT NULL, FromHasName BIT NULL, RecipientCount INT NULL,
         AppKnown BIT NULL, AccountBound BIT NULL, FromBound BIT NULL,
-        TemplateLatest INT NULL, TemplateRetired BIT NULL  -- revision 0016
+        TemplateLatest INT NULL, TemplateRetired BIT NULL,  -- revision 0016
+        Suppressed NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL, EntriesLeft INT NULL  -- suppression (issue 28)
     );
     CREATE TABLE #Problem (
         RowNo INT NOT NULL,
@@ -34800,6 +35931,47 @@ BEGIN
             THROW 50220, @Msg, 1;
         END;
 
+        -- >>> suppression (issue 28, docs/bounces.md): as mailq.EnqueueMail,
+        -- per row that creates a mail: suppressed recipients are left out (event
+        -- RecipientSuppressed below); a row left with nobody fails with rule
+        -- 50600, and so do the rows that share its idempotency key.
+        UPDATE b
+        SET
+            b.ToAddress = ISNULL(f.ToAddress, N''),
+            b.CC = f.CC,
+            b.BCC = f.BCC,
+            b.Suppressed = f.Suppressed,
+            b.EntriesLeft = f.EntriesLeft
+        FROM #Batch AS b
+        CROSS APPLY mailq.FilterSuppressedRecipients(b.EffAccountName, b.EffAppName, b.ToAddress, b.CC, b.BCC) AS f
+        WHERE
+            f.SuppressedCount > 0
+            AND NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo)
+            AND (b.KeyLeader IS NULL OR (b.KeyLeader = b.RowNo AND NOT EXISTS (
+                SELECT 1 FROM #Existing AS x WHERE x.RowNo = b.RowNo
+            )));
+
+        INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+        SELECT b.RowNo, 90, N'ToAddress', 50600,
+            LEFT(CONCAT(N'Every recipient is suppressed for account ''', l.EffAccountName,
+                N''' (bounced, complained or unsubscribed; mailq.ListSuppressions): ', l.Suppressed), 2048)
+        FROM #Batch AS b
+        INNER JOIN #Batch AS l ON ISNULL(b.KeyLeader, b.RowNo) = l.RowNo
+        WHERE
+            l.Suppressed IS NOT NULL AND l.EntriesLeft = 0
+            AND NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo);
+
+        IF @RejectInvalid = 0 AND EXISTS (SELECT 1 FROM #Problem)
+        BEGIN
+            SELECT TOP (1)
+                @Msg = LEFT(CONCAT(N'Row ', p.RowNo, N', field ', p.Field, N', rule ', p.ErrorNumber, N': ',
+                    p.Message, N' Nothing was queued.'), 2048)
+            FROM #Problem AS p
+            ORDER BY p.RowNo, p.RuleOrder;
+            THROW 50220, @Msg, 1;
+        END;
+        -- <<< suppression
+
         -- The one INSERT of the mails: every valid row that creates a mail
         -- (no key, or the key's leader with no mail yet).  MessageID is unique
         -- per row (NEWID), so OUTPUT ... INTO maps IDs back to rows by it.
@@ -34855,6 +36027,17 @@ BEGIN
         FROM #Inserted AS i
         ORDER BY i.MailID;
 
+        -- >>> suppression: the recipients left out, in the event stream
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            i.MailID, i.AppName, N'RecipientSuppressed', N'UnSent', 0, NULL,
+            LEFT(CONCAT(N'not sent to (suppressed): ', b.Suppressed), 4000), @Now
+        FROM #Inserted AS i
+        INNER JOIN #Batch AS b ON i.MessageID = b.MessageID
+        WHERE b.Suppressed IS NOT NULL
+        ORDER BY i.MailID;
+        -- <<< suppression
+
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -34901,12 +36084,1313 @@ END;
 
 GO
 
+/*
+Role MailqBounceReader: the bounce reader (`mailq-db bounces`) and the
+one-click unsubscribe endpoint (`mailq-db unsubscribe-server`): record
+bounces, complaints and unsubscribes, nothing else.  Not MailqSender: these
+processes read mail written by strangers and answer HTTP from the internet,
+so they get neither the claim and acknowledgement of mail nor any
+administration; a compromised reader can at worst suppress addresses.
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqBounceReader') IS NULL
+    CREATE ROLE MailqBounceReader AUTHORIZATION dbo;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.Suppressions: the suppression list as operators read it: AppName NULL
+means every application of the account; IsActive 0 once ExpiresAtUtc passed.
+*/
+CREATE OR ALTER VIEW mailq.Suppressions
+AS
+SELECT
+    s.AccountName,
+    NULLIF(s.AppName, N'') AS AppName,
+    s.Address,
+    s.Reason,
+    s.Source,
+    s.Detail,
+    s.MailID,
+    s.CreatedAtUtc,
+    s.UpdatedAtUtc,
+    s.ExpiresAtUtc,
+    CAST(IIF(s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > SYSUTCDATETIME(), 1, 0) AS BIT) AS IsActive
+FROM mailq.Suppression AS s;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RecentBounceReports: bounce, complaint and unsubscribe reports of the
+last 7 days (a range of IX_BounceReport_ReceivedAtUtc), newest first when
+ordered by ReceivedAtUtc DESC; whether each address is suppressed now.
+*/
+CREATE OR ALTER VIEW mailq.RecentBounceReports
+AS
+SELECT
+    b.ReceivedAtUtc,
+    b.AccountName,
+    b.AppName,
+    b.MailID,
+    b.Address,
+    b.Kind,
+    b.Action,
+    b.Status,
+    b.SmtpCode,
+    b.Detail,
+    b.Source,
+    CAST(IIF(EXISTS (
+        SELECT 1
+        FROM mailq.Suppression AS s
+        WHERE
+            s.AccountName = b.AccountName AND s.Address = b.Address
+            AND s.AppName IN (N'', ISNULL(b.AppName, N''))
+            AND (s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > SYSUTCDATETIME())
+    ), 1, 0) AS BIT) AS Suppressed
+FROM mailq.BounceReport AS b
+WHERE b.ReceivedAtUtc >= DATEADD(DAY, -7, SYSUTCDATETIME());
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ApplySuppressions: (internal: called by AddSuppression, RecordBounce
+and RecordUnsubscribe, granted to nobody) adds or renews suppressions, then
+takes the suppressed addresses out of the mail already queued for them.
+Sweep:       queued mail of the suppressions' accounts (UnSent or Sending,
+             found on IX_MailQueue_ClaimByAccount): UnSent mail loses the
+             addresses from To/CC/BCC (event RecipientSuppressed), or is
+             Stopped when nobody is left (event Stopped); Sending mail, which
+             a worker holds, keeps its lists and gets a Refused recipient
+             outcome per address, so no later attempt sends to it (the attempt
+             under way may).  ClaimMail is untouched: its cost stays bounded
+             by the batch; this sweep reads the accounts' queued mail once
+             per call (one range of the index plus the rows' recipient lists).
+Parameters:  @Suppressions NVARCHAR(MAX), required: a JSON array of objects
+             {"AccountName", "Address" (lower-case), "AppName" (null or "" =
+             every application), "Reason", "Source", "Detail", "MailID",
+             "ExpiresAtUtc"} (FOR JSON PATH of those columns), validated by
+             the caller (the public procedures).
+             @SweptMails INT OUTPUT: queued mails that lost a recipient;
+             @StoppedMails INT OUTPUT: those of them Stopped.
+Result set:  none.
+Errors:      none of its own (the callers validate); SQL Server's errors are
+             re-raised unchanged.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   sets READ COMMITTED itself; the suppression rows are read WITH
+             (UPDLOCK, HOLDLOCK) so two writers of one address serialize
+             (mailq.Suppression is not an enqueue hot spot: enqueues only
+             read it); queued mail is locked with UPDLOCK before it is read
+             for the change.  DEADLOCK_PRIORITY LOW: against a claim or an
+             acknowledgement the sweep is the deadlock victim, never a worker.
+Lock order:  mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue
+             (queued rows, U -> X), mailq.MailEvent, mailq.MailRecipientOutcome
+             (docs/bounces.md, "Lock order").  An enqueue holds a shared
+             key-range lock on the address (mailq.FilterSuppressedRecipients),
+             so the insert here waits for that mail to commit and then sweeps it.
+Example:     EXEC mailq.ApplySuppressions @Suppressions = N'[{"AccountName":"news",
+                 "Address":"a@example.com","Reason":"Manual","Source":"dba"}]';
+*/
+CREATE OR ALTER PROCEDURE mailq.ApplySuppressions
+    @Suppressions NVARCHAR(MAX),
+    @SweptMails INT = NULL OUTPUT,
+    @StoppedMails INT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    SET DEADLOCK_PRIORITY LOW;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    SET @SweptMails = 0;
+    SET @StoppedMails = 0;
+
+    DECLARE @S TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AppName NVARCHAR(128) NOT NULL,
+        Reason NVARCHAR(16) NOT NULL,
+        Source NVARCHAR(200) NOT NULL,
+        Detail NVARCHAR(1000) NULL,
+        MailID BIGINT NULL,
+        ExpiresAtUtc DATETIME2(3) NULL,
+        PRIMARY KEY (AccountName, Address, AppName)
+    );
+    -- JSON_VALUE per field (lax: a missing field is NULL); times as ISO 8601 (style 126)
+    INSERT INTO @S (AccountName, Address, AppName, Reason, Source, Detail, MailID, ExpiresAtUtc)
+    SELECT x.AccountName, x.Address, x.AppName, x.Reason, x.Source, x.Detail, x.MailID, x.ExpiresAtUtc
+    FROM (
+        SELECT
+            v.AccountName,
+            v.Address,
+            v.AppName,
+            v.Reason,
+            v.Source,
+            v.Detail,
+            v.MailID,
+            v.ExpiresAtUtc,
+            ROW_NUMBER() OVER (PARTITION BY v.AccountName, v.Address, v.AppName ORDER BY v.Ordinal) AS Nth
+        FROM (
+            SELECT
+                CAST(j.[key] AS INT) AS Ordinal,
+                CAST(JSON_VALUE(j.[value], N'$.AccountName') AS NVARCHAR(128)) AS AccountName,
+                CAST(LOWER(JSON_VALUE(j.[value], N'$.Address')) AS NVARCHAR(320)) AS Address,
+                CAST(ISNULL(JSON_VALUE(j.[value], N'$.AppName'), N'') AS NVARCHAR(128)) AS AppName,
+                CAST(JSON_VALUE(j.[value], N'$.Reason') AS NVARCHAR(16)) AS Reason,
+                CAST(JSON_VALUE(j.[value], N'$.Source') AS NVARCHAR(200)) AS Source,
+                CAST(LEFT(JSON_VALUE(j.[value], N'$.Detail'), 1000) AS NVARCHAR(1000)) AS Detail,
+                TRY_CAST(JSON_VALUE(j.[value], N'$.MailID') AS BIGINT) AS MailID,
+                TRY_CONVERT(DATETIME2(3), JSON_VALUE(j.[value], N'$.ExpiresAtUtc'), 126) AS ExpiresAtUtc
+            FROM OPENJSON(@Suppressions) AS j
+        ) AS v
+    ) AS x
+    WHERE x.Nth = 1;
+
+    DECLARE @Changed TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AppName NVARCHAR(128) NOT NULL,
+        Action NVARCHAR(16) NOT NULL,
+        Reason NVARCHAR(16) NOT NULL,
+        Source NVARCHAR(200) NOT NULL,
+        Detail NVARCHAR(1000) NULL,
+        MailID BIGINT NULL
+    );
+    DECLARE @Mail TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Swept TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        Status NVARCHAR(16) NOT NULL,
+        ToAddress NVARCHAR(MAX) NULL,
+        CC NVARCHAR(MAX) NULL,
+        BCC NVARCHAR(MAX) NULL,
+        Suppressed NVARCHAR(MAX) NULL,
+        EntriesLeft INT NOT NULL
+    );
+    DECLARE @Refuse TABLE (
+        MailID BIGINT NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AttemptNo INT NOT NULL,
+        PRIMARY KEY (MailID, Address)
+    );
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- 1. Renew what exists: the newest reason, source and detail; the
+        --    longer of the two lifetimes (NULL = forever wins; an expired row
+        --    takes the new expiry).  UPDLOCK, HOLDLOCK: see Isolation.
+        UPDATE s
+        SET
+            s.Reason = i.Reason,
+            s.Source = i.Source,
+            s.Detail = i.Detail,
+            s.MailID = COALESCE(i.MailID, s.MailID),
+            s.UpdatedAtUtc = @Now,
+            s.ExpiresAtUtc = CASE
+                WHEN s.ExpiresAtUtc IS NULL OR i.ExpiresAtUtc IS NULL THEN NULL
+                WHEN i.ExpiresAtUtc > s.ExpiresAtUtc THEN i.ExpiresAtUtc
+                ELSE s.ExpiresAtUtc
+            END
+        OUTPUT
+            inserted.AccountName, inserted.Address, inserted.AppName, N'Renewed', inserted.Reason,
+            inserted.Source, inserted.Detail, inserted.MailID
+        INTO @Changed (AccountName, Address, AppName, Action, Reason, Source, Detail, MailID)
+        FROM mailq.Suppression AS s WITH (UPDLOCK, HOLDLOCK)
+        INNER JOIN @S AS i ON s.AccountName = i.AccountName AND s.Address = i.Address AND s.AppName = i.AppName;
+
+        -- 2. Add what is new (waits for enqueues that read this address's
+        --    key range: they commit first and are swept below).
+        INSERT INTO mailq.Suppression (
+            AccountName, Address, AppName, Reason, Source, Detail, MailID, CreatedAtUtc, UpdatedAtUtc, ExpiresAtUtc
+        )
+        OUTPUT
+            inserted.AccountName, inserted.Address, inserted.AppName, N'Added', inserted.Reason,
+            inserted.Source, inserted.Detail, inserted.MailID
+        INTO @Changed (AccountName, Address, AppName, Action, Reason, Source, Detail, MailID)
+        SELECT i.AccountName, i.Address, i.AppName, i.Reason, i.Source, i.Detail, i.MailID, @Now, @Now, i.ExpiresAtUtc
+        FROM @S AS i
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.Suppression AS s WITH (UPDLOCK, HOLDLOCK)
+            WHERE s.AccountName = i.AccountName AND s.Address = i.Address AND s.AppName = i.AppName
+        );
+
+        INSERT INTO mailq.SuppressionHistory (
+            AccountName, Address, AppName, Action, Reason, Source, Detail, MailID, OccurredAtUtc
+        )
+        SELECT c.AccountName, c.Address, c.AppName, c.Action, c.Reason, c.Source, c.Detail, c.MailID, @Now
+        FROM @Changed AS c;
+
+        -- 3. Candidates: queued mail of these accounts whose lists mention an
+        --    address (a text probe; the exact test is step 5).  A range of
+        --    IX_MailQueue_ClaimByAccount per account, no locks kept.
+        INSERT INTO @Mail (ID)
+        SELECT DISTINCT q.ID
+        FROM mailq.MailQueue AS q
+        INNER JOIN @S AS i ON q.AccountName = i.AccountName
+        WHERE
+            q.Status IN (N'UnSent', N'Sending')
+            AND (i.AppName = N'' OR i.AppName = q.AppName)
+            AND CHARINDEX(i.Address, LOWER(CONCAT(q.ToAddress, N';', q.CC, N';', q.BCC))) > 0;
+
+        -- 4. Lock them (UPDLOCK reads the committed row even under
+        --    READ_COMMITTED_SNAPSHOT) and 5. compute their lists without
+        --    every address suppressed for them (mailq.Suppression now holds
+        --    this call's rows too).
+        INSERT INTO @Swept (ID, Status, ToAddress, CC, BCC, Suppressed, EntriesLeft)
+        SELECT q.ID, q.Status, f.ToAddress, f.CC, f.BCC, f.Suppressed, f.EntriesLeft
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK, FORCESEEK)
+        INNER JOIN @Mail AS m ON q.ID = m.ID
+        CROSS APPLY mailq.FilterSuppressedRecipients(q.AccountName, q.AppName, q.ToAddress, q.CC, q.BCC) AS f
+        WHERE q.Status IN (N'UnSent', N'Sending') AND f.SuppressedCount > 0;
+
+        -- 6. UnSent with recipients left: the lists without them.
+        UPDATE q
+        SET
+            q.ToAddress = ISNULL(w.ToAddress, N''),
+            q.CC = w.CC,
+            q.BCC = w.BCC
+        OUTPUT
+            inserted.ID, inserted.AppName, N'RecipientSuppressed', inserted.Status, inserted.AttemptCount,
+            NULL, LEFT(CONCAT(N'not sent to (suppressed): ', w.Suppressed), 4000), @Now
+        INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        FROM mailq.MailQueue AS q
+        INNER JOIN @Swept AS w ON q.ID = w.ID
+        WHERE w.Status = N'UnSent' AND w.EntriesLeft > 0;
+        SET @SweptMails = @@ROWCOUNT;
+
+        -- 7. UnSent with nobody left: Stopped, as mailq.StopMail leaves it.
+        UPDATE q
+        SET
+            q.Status = N'Stopped',
+            q.DateProcessed = @Now,
+            q.LastError = LEFT(CONCAT(N'every recipient is suppressed: ', w.Suppressed), 4000)
+        OUTPUT
+            inserted.ID, inserted.AppName, N'Stopped', inserted.Status, inserted.AttemptCount,
+            NULL, inserted.LastError, @Now
+        INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        FROM mailq.MailQueue AS q
+        INNER JOIN @Swept AS w ON q.ID = w.ID
+        WHERE w.Status = N'UnSent' AND w.EntriesLeft = 0;
+        SET @StoppedMails = @@ROWCOUNT;
+        SET @SweptMails += @StoppedMails;
+
+        -- 8. Sending: a Refused outcome per suppressed address, so a later
+        --    attempt skips it (mailq.GetRecipientOutcomes); Delivered stays.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            q.ID, q.AppName, N'RecipientSuppressed', q.Status, q.AttemptCount, NULL,
+            LEFT(CONCAT(N'not sent to (suppressed) after this attempt: ', w.Suppressed), 4000), @Now
+        FROM @Swept AS w
+        INNER JOIN mailq.MailQueue AS q ON w.ID = q.ID
+        WHERE w.Status = N'Sending';
+        SET @SweptMails += @@ROWCOUNT;
+
+        INSERT INTO @Refuse (MailID, Address, AttemptNo)
+        SELECT q.ID, CAST(r.Address AS NVARCHAR(320)), q.AttemptCount
+        FROM @Swept AS w
+        INNER JOIN mailq.MailQueue AS q ON w.ID = q.ID
+        CROSS APPLY mailq.MailRecipientList(q.ToAddress, q.CC, q.BCC) AS r
+        WHERE
+            w.Status = N'Sending' AND r.IsFirst = 1 AND LEN(r.Address) <= 320
+            AND EXISTS (
+                SELECT 1
+                FROM mailq.Suppression AS s
+                WHERE
+                    s.AccountName = q.AccountName AND s.Address = r.Address
+                    AND s.AppName IN (N'', ISNULL(q.AppName, N''))
+                    AND (s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now)
+            );
+
+        UPDATE o
+        SET
+            o.Outcome = N'Refused',
+            o.SmtpCode = NULL,
+            o.SmtpText = N'suppressed (mailq.Suppression)',
+            o.UpdatedAtUtc = @Now
+        FROM mailq.MailRecipientOutcome AS o
+        INNER JOIN @Refuse AS f ON o.MailID = f.MailID AND o.Address = f.Address
+        WHERE o.Outcome = N'Deferred';
+
+        INSERT INTO mailq.MailRecipientOutcome (MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc)
+        SELECT f.MailID, f.Address, N'Refused', NULL, N'suppressed (mailq.Suppression)', f.AttemptNo, @Now
+        FROM @Refuse AS f
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.MailRecipientOutcome AS o
+            WHERE o.MailID = f.MailID AND o.Address = f.Address
+        );
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RecordBounce: records what one delivery report says about its
+recipients (the bounce reader, `mailq-db bounces`), once per report and
+recipient, and suppresses the addresses that reached their limit.
+Per recipient, the first time (ReportKey, address) is seen: a row in
+mailq.BounceReport; with a known mail, an event (Bounced for Hard and Soft,
+BounceDelayed, Complained) and, for Hard and Soft, the recipient's outcome
+Refused in mailq.MailRecipientOutcome with the report's code and text;
+then a suppression (mailq.ApplySuppressions, account-wide) for a Complaint
+at once, for Hard when the address has @HardBounceLimit Hard reports on the
+account, for Soft when @SoftBounceLimit is set and reached.  Delayed never
+suppresses.  Reading the same report again changes nothing.
+Parameters:  @ReportKey VARBINARY(32), required: SHA-256 of the report's
+             Message-ID (else of its bytes).
+             @Recipients NVARCHAR(MAX), required: a JSON array of 1-1000
+             objects {"address", "kind": "Hard"|"Soft"|"Delayed"|"Complaint",
+             "action", "status" (enhanced code), "code" (SMTP reply code
+             200-599 or null), "detail"}; "address" may be left out when
+             @RecipientNo names the recipient (the report did not).
+             @Source NVARCHAR(200), required: e.g. 'imap:bounces@example.com'.
+             @AccountName NVARCHAR(128): the account the report belongs to
+             when no mail is known (the reader's configured account); a known
+             mail's own account wins.
+             @MailID BIGINT, @RecipientNo INT: from the report's verified
+             VERP token (mailq_db.bounces.verp); a mail purged since is
+             treated as unknown.
+             @HardBounceLimit INT 1-100, default 1; @SoftBounceLimit INT
+             1-100, default NULL (soft bounces never suppress).
+Result set:  one row per recipient: Address, Kind, MailID, Recorded BIT (0:
+             already recorded), Suppressed BIT (suppressed by this call).
+Errors:      50601 no known mail and @AccountName missing or not an account;
+             50602 a recipient without a valid address (1-320 characters,
+             one @) and no @RecipientNo of the mail to take it from;
+             50604 @Source missing or over 200 characters;
+             50607 @ReportKey not 32 bytes; 50608 a kind not Hard, Soft,
+             Delayed or Complaint; 50609 @Recipients not a JSON array of
+             1-1000 objects; 50610 a limit out of range.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   sets READ COMMITTED itself; the report key is checked WITH
+             (UPDLOCK, HOLDLOCK) so two readers of one report record it once.
+Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order
+             (mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue,
+             mailq.MailEvent, mailq.MailRecipientOutcome), then the reported
+             mail's row (mailq.MailQueue), mailq.MailRecipientOutcome,
+             mailq.MailEvent.
+Example:     EXEC mailq.RecordBounce @ReportKey = @Key, @Source = N'imap:bounces@example.com',
+                 @MailID = 101, @Recipients = N'[{"address":"a@example.com","kind":"Hard","status":"5.1.1"}]';
+*/
+CREATE OR ALTER PROCEDURE mailq.RecordBounce
+    @ReportKey VARBINARY(32),
+    @Recipients NVARCHAR(MAX),
+    @Source NVARCHAR(200),
+    @AccountName NVARCHAR(128) = NULL,
+    @MailID BIGINT = NULL,
+    @RecipientNo INT = NULL,
+    @HardBounceLimit INT = 1,
+    @SoftBounceLimit INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ReportKey IS NULL OR DATALENGTH(@ReportKey) <> 32
+        THROW 50607, N'@ReportKey must be 32 bytes: the SHA-256 of the report''s Message-ID (or of its bytes).', 1;
+    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
+        THROW 50604, N'@Source is required (1-200 characters): where the report was read.', 1;
+    SET @HardBounceLimit = ISNULL(@HardBounceLimit, 1);
+    IF @HardBounceLimit NOT BETWEEN 1 AND 100 OR @SoftBounceLimit NOT BETWEEN 1 AND 100
+    BEGIN
+        SET @Msg = CONCAT(N'@HardBounceLimit must be 1-100 and @SoftBounceLimit 1-100 or NULL; got ',
+            @HardBounceLimit, N' and ', COALESCE(CAST(@SoftBounceLimit AS NVARCHAR(12)), N'NULL'), N'.');
+        THROW 50610, @Msg, 1;
+    END;
+    -- ISJSON, OPENJSON and JSON_VALUE in separate statements (no guaranteed
+    -- evaluation order inside one condition).
+    DECLARE @RecipientsOk BIT = 1;
+    IF @Recipients IS NULL OR ISJSON(@Recipients) = 0 OR LEFT(LTRIM(@Recipients), 1) <> N'['
+        SET @RecipientsOk = 0;
+    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@Recipients)) NOT BETWEEN 1 AND 1000
+        SET @RecipientsOk = 0;
+    ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@Recipients) AS j WHERE j.[type] <> 5)
+        SET @RecipientsOk = 0;
+    IF @RecipientsOk = 0
+        THROW 50609, N'@Recipients must be a JSON array of 1-1000 objects.', 1;
+
+    -- The mail, when the token named one that still exists (a plain read:
+    -- account, application and lists do not change after enqueue except by
+    -- a suppression sweep, which only removes addresses).
+    DECLARE @Account NVARCHAR(128), @App NVARCHAR(128), @To NVARCHAR(4000), @CC NVARCHAR(4000),
+        @BCC NVARCHAR(4000), @KnownMail BIGINT;
+    IF @MailID IS NOT NULL
+        SELECT
+            @KnownMail = q.ID, @Account = q.AccountName, @App = q.AppName,
+            @To = q.ToAddress, @CC = q.CC, @BCC = q.BCC
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @MailID;
+    IF @KnownMail IS NULL
+    BEGIN
+        SET @Account = @AccountName;
+        IF @Account IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.AccountName = @Account)
+        BEGIN
+            SET @Msg = CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account, and the report ',
+                N'names no queued mail (@MailID ', @MailID, N'): give the account the bounce mailbox serves.');
+            THROW 50601, @Msg, 1;
+        END;
+    END;
+    DECLARE @TokenAddress NVARCHAR(320) = (
+        SELECT TOP (1) CAST(r.Address AS NVARCHAR(320))
+        FROM mailq.MailRecipientList(@To, @CC, @BCC) AS r
+        WHERE r.RecipientNo = @RecipientNo AND r.IsFirst = 1 AND @KnownMail IS NOT NULL
+    );
+
+    DECLARE @R TABLE (
+        Address NVARCHAR(400) NULL,
+        Kind NVARCHAR(16) NULL,
+        Action NVARCHAR(16) NULL,
+        Status NVARCHAR(16) NULL,
+        SmtpCode INT NULL,
+        Detail NVARCHAR(1000) NULL,
+        Nth BIGINT NOT NULL
+    );
+    INSERT INTO @R (Address, Kind, Action, Status, SmtpCode, Detail, Nth)
+    SELECT
+        v.Address, v.Kind, v.Action, v.Status, v.SmtpCode, v.Detail,
+        ROW_NUMBER() OVER (PARTITION BY v.Address ORDER BY v.Ordinal) AS Nth
+    FROM (
+        SELECT
+            CAST(j.[key] AS INT) AS Ordinal,
+            LEFT(LOWER(LTRIM(RTRIM(COALESCE(JSON_VALUE(j.[value], N'$.address'), @TokenAddress)))), 400) AS Address,
+            LEFT(JSON_VALUE(j.[value], N'$.kind'), 16) AS Kind,
+            LEFT(LOWER(JSON_VALUE(j.[value], N'$.action')), 16) AS Action,
+            LEFT(JSON_VALUE(j.[value], N'$.status'), 16) AS Status,
+            IIF(
+                TRY_CAST(JSON_VALUE(j.[value], N'$.code') AS INT) BETWEEN 200 AND 599,
+                TRY_CAST(JSON_VALUE(j.[value], N'$.code') AS INT), NULL
+            ) AS SmtpCode,
+            LEFT(JSON_VALUE(j.[value], N'$.detail'), 1000) AS Detail
+        FROM OPENJSON(@Recipients) AS j
+    ) AS v;
+
+    SELECT TOP (1) @Msg = CONCAT(N'@Recipients: ',
+        COALESCE(N'''' + r.Address + N'''', N'a recipient without "address"'),
+        N' is not one address of 1-320 characters',
+        IIF(r.Address IS NULL, N', and @RecipientNo names no recipient of a queued mail', N''), N'.')
+    FROM @R AS r
+    WHERE r.Address IS NULL OR LEN(r.Address) > 320 OR r.Address NOT LIKE N'%_@_%' OR r.Address LIKE N'%@%@%';
+    IF @Msg IS NOT NULL THROW 50602, @Msg, 1;
+    SELECT TOP (1) @Msg = CONCAT(N'@Recipients: the kind of ', r.Address, N' is ',
+        COALESCE(N'''' + r.Kind + N'''', N'missing'), N'; it must be Hard, Soft, Delayed or Complaint.')
+    FROM @R AS r
+    WHERE r.Kind IS NULL OR r.Kind NOT IN (N'Hard', N'Soft', N'Delayed', N'Complaint');
+    IF @Msg IS NOT NULL THROW 50608, @Msg, 1;
+    DELETE FROM @R WHERE Nth > 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @New TABLE (Address NVARCHAR(320) NOT NULL PRIMARY KEY);
+    DECLARE @Suppress TABLE (Address NVARCHAR(320) NOT NULL PRIMARY KEY, Reason NVARCHAR(16) NOT NULL);
+    DECLARE @Suppressions NVARCHAR(MAX), @Status NVARCHAR(16), @AttemptCount INT;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- 1. The idempotency key: (report, address) recorded once.
+        INSERT INTO mailq.BounceReport (
+            ReportKey, Address, AccountName, AppName, MailID, Kind, Action, Status, SmtpCode, Detail, Source,
+            ReceivedAtUtc
+        )
+        OUTPUT inserted.Address INTO @New (Address)
+        SELECT
+            @ReportKey, r.Address, @Account, @App, @KnownMail, r.Kind, r.Action, r.Status, r.SmtpCode, r.Detail,
+            @Source, @Now
+        FROM @R AS r
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.BounceReport AS b WITH (UPDLOCK, HOLDLOCK)
+            WHERE b.ReportKey = @ReportKey AND b.Address = r.Address
+        );
+
+        -- 2. Which of the new ones reach their limit (the counts include them).
+        INSERT INTO @Suppress (Address, Reason)
+        SELECT
+            r.Address,
+            CASE r.Kind WHEN N'Complaint' THEN N'Complaint' WHEN N'Hard' THEN N'HardBounce' ELSE N'SoftBounce' END
+        FROM @R AS r
+        INNER JOIN @New AS n ON r.Address = n.Address
+        WHERE
+            r.Kind = N'Complaint'
+            OR (r.Kind = N'Hard' AND (
+                SELECT COUNT(*)
+                FROM mailq.BounceReport AS b
+                WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Hard'
+            ) >= @HardBounceLimit)
+            OR (r.Kind = N'Soft' AND @SoftBounceLimit IS NOT NULL AND (
+                SELECT COUNT(*)
+                FROM mailq.BounceReport AS b
+                WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Soft'
+            ) >= @SoftBounceLimit);
+
+        IF EXISTS (SELECT 1 FROM @Suppress)
+        BEGIN
+            SET @Suppressions = (
+                SELECT
+                    @Account AS AccountName,
+                    s.Address,
+                    s.Reason,
+                    @Source AS Source,
+                    LEFT(CONCAT(r.Kind, N' ', r.Status, N': ', r.Detail), 1000) AS Detail,
+                    @KnownMail AS MailID
+                FROM @Suppress AS s
+                INNER JOIN @R AS r ON s.Address = r.Address
+                FOR JSON PATH
+            );
+            EXEC mailq.ApplySuppressions @Suppressions = @Suppressions;
+        END;
+
+        -- 3. The reported mail: its recipients' outcomes and its events.
+        IF @KnownMail IS NOT NULL AND EXISTS (SELECT 1 FROM @New)
+        BEGIN
+            SELECT @Status = q.Status, @AttemptCount = q.AttemptCount
+            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+            WHERE q.ID = @KnownMail;
+
+            UPDATE o
+            SET
+                o.Outcome = N'Refused',
+                o.SmtpCode = r.SmtpCode,
+                o.SmtpText = LEFT(CONCAT(N'bounced later (', r.Status, N'): ', r.Detail), 1000),
+                o.UpdatedAtUtc = @Now
+            FROM mailq.MailRecipientOutcome AS o
+            INNER JOIN @R AS r ON o.Address = r.Address
+            INNER JOIN @New AS n ON r.Address = n.Address
+            WHERE o.MailID = @KnownMail AND r.Kind IN (N'Hard', N'Soft');
+
+            INSERT INTO mailq.MailRecipientOutcome (
+                MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc
+            )
+            SELECT
+                @KnownMail, r.Address, N'Refused', r.SmtpCode,
+                LEFT(CONCAT(N'bounced later (', r.Status, N'): ', r.Detail), 1000), @AttemptCount, @Now
+            FROM @R AS r
+            INNER JOIN @New AS n ON r.Address = n.Address
+            WHERE
+                r.Kind IN (N'Hard', N'Soft')
+                AND NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.MailRecipientOutcome AS o
+                    WHERE o.MailID = @KnownMail AND o.Address = r.Address
+                );
+
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            SELECT
+                @KnownMail, @App,
+                CASE r.Kind WHEN N'Delayed' THEN N'BounceDelayed' WHEN N'Complaint' THEN N'Complained'
+                    ELSE N'Bounced' END,
+                @Status, @AttemptCount, r.SmtpCode,
+                LEFT(CONCAT(r.Address, N': ', r.Kind, N' ', r.Status, N' ', r.Detail), 4000), @Now
+            FROM @R AS r
+            INNER JOIN @New AS n ON r.Address = n.Address;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        r.Address,
+        r.Kind,
+        @KnownMail AS MailID,
+        CAST(IIF(n.Address IS NULL, 0, 1) AS BIT) AS Recorded,
+        CAST(IIF(s.Address IS NULL, 0, 1) AS BIT) AS Suppressed
+    FROM @R AS r
+    LEFT JOIN @New AS n ON r.Address = n.Address
+    LEFT JOIN @Suppress AS s ON r.Address = s.Address
+    ORDER BY r.Address;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RecordUnsubscribe: a recipient asked to receive no more of this
+mail's stream (RFC 8058 one-click POST, or the List-Unsubscribe mailto:
+read by the bounce reader): suppresses the address for the mail's
+application (for the whole account when the mail has none), records it in
+mailq.BounceReport (Kind Unsubscribe) and writes the event Unsubscribed.
+The caller has verified the link's signed token (mailq_db.bounces.verp),
+which names the mail and the recipient's number in it.
+Idempotent: a second request for one (mail, recipient) records nothing
+new; it re-applies the suppression only if an operator removed it since.
+Parameters:  @MailID BIGINT, required; @RecipientNo INT, required: 1-based
+             number of the recipient (mailq.MailRecipientList);
+             @Source NVARCHAR(200), required: 'unsubscribe-url' or
+             'unsubscribe-mailto' and where it came from.
+Result set:  one row: MailID, AccountName, AppName, Address, Recorded BIT
+             (0: this recipient had already unsubscribed from this mail).
+Errors:      50604 @Source missing or over 200 characters; 50611 no such
+             mail (unknown, or purged: the link outlived the mail's
+             retention, docs/bounces.md); 50612 @RecipientNo is not a
+             recipient number of that mail.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   sets READ COMMITTED itself; the report key is checked WITH
+             (UPDLOCK, HOLDLOCK) so two clicks record one unsubscribe.
+Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order
+             (mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue,
+             mailq.MailEvent, mailq.MailRecipientOutcome), then mailq.MailEvent.
+Example:     EXEC mailq.RecordUnsubscribe @MailID = 101, @RecipientNo = 1, @Source = N'unsubscribe-url';
+*/
+CREATE OR ALTER PROCEDURE mailq.RecordUnsubscribe
+    @MailID BIGINT,
+    @RecipientNo INT,
+    @Source NVARCHAR(200)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
+        THROW 50604, N'@Source is required (1-200 characters): how the unsubscribe arrived.', 1;
+
+    DECLARE @Account NVARCHAR(128), @App NVARCHAR(128), @To NVARCHAR(4000), @CC NVARCHAR(4000),
+        @BCC NVARCHAR(4000), @Known BIGINT, @Status NVARCHAR(16), @AttemptCount INT;
+    SELECT
+        @Known = q.ID, @Account = q.AccountName, @App = q.AppName,
+        @To = q.ToAddress, @CC = q.CC, @BCC = q.BCC
+    FROM mailq.MailQueue AS q
+    WHERE q.ID = @MailID;
+    IF @Known IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'Mail ', @MailID, N' does not exist (purged?): the unsubscribe cannot be tied to an address.'
+        );
+        THROW 50611, @Msg, 1;
+    END;
+    -- Tokens name a recipient only for a mail with one recipient (number 1):
+    -- a sweep never renumbers such a mail (it stops it instead).
+    DECLARE @Address NVARCHAR(320) = (
+        SELECT TOP (1) CAST(r.Address AS NVARCHAR(320))
+        FROM mailq.MailRecipientList(@To, @CC, @BCC) AS r
+        WHERE r.RecipientNo = @RecipientNo AND r.IsFirst = 1 AND LEN(r.Address) <= 320
+    );
+    IF @Address IS NULL
+    BEGIN
+        SET @Msg = CONCAT(N'@RecipientNo ', COALESCE(CAST(@RecipientNo AS NVARCHAR(12)), N'NULL'),
+            N' is not a recipient number of mail ', @MailID, N'.');
+        THROW 50612, @Msg, 1;
+    END;
+
+    DECLARE @Key VARBINARY(32) = HASHBYTES('SHA2_256', CONCAT(N'unsubscribe:', @MailID, N':', @RecipientNo));
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Recorded BIT = 0;
+    DECLARE @Suppressions NVARCHAR(MAX);
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        INSERT INTO mailq.BounceReport (
+            ReportKey, Address, AccountName, AppName, MailID, Kind, Action, Status, SmtpCode, Detail, Source,
+            ReceivedAtUtc
+        )
+        SELECT @Key, @Address, @Account, @App, @MailID, N'Unsubscribe', NULL, NULL, NULL, NULL, @Source, @Now
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.BounceReport AS b WITH (UPDLOCK, HOLDLOCK)
+            WHERE b.ReportKey = @Key AND b.Address = @Address
+        );
+        SET @Recorded = IIF(@@ROWCOUNT = 1, 1, 0);
+
+        IF @Recorded = 1 OR NOT EXISTS (
+            SELECT 1
+            FROM mailq.Suppression AS s
+            WHERE
+                s.AccountName = @Account AND s.Address = @Address AND s.AppName IN (N'', ISNULL(@App, N''))
+                AND (s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now)
+        )
+        BEGIN
+            SET @Suppressions = (
+                SELECT
+                    @Account AS AccountName,
+                    @Address AS Address,
+                    @App AS AppName,
+                    N'Unsubscribe' AS Reason,
+                    @Source AS Source,
+                    CONCAT(N'unsubscribed from mail ', @MailID) AS Detail,
+                    @MailID AS MailID
+                FOR JSON PATH
+            );
+            EXEC mailq.ApplySuppressions @Suppressions = @Suppressions;
+        END;
+
+        IF @Recorded = 1
+        BEGIN
+            SELECT @Status = q.Status, @AttemptCount = q.AttemptCount
+            FROM mailq.MailQueue AS q
+            WHERE q.ID = @MailID;
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            VALUES (
+                @MailID, @App, N'Unsubscribed', @Status, @AttemptCount, NULL,
+                LEFT(CONCAT(@Address, N' (', @Source, N')'), 4000), @Now
+            );
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT @MailID AS MailID, @Account AS AccountName, @App AS AppName, @Address AS Address, @Recorded AS Recorded;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.AddSuppression: an operator (or an application's own feedback
+source) suppresses an address for a sending account, or for one
+application on it, and takes it out of the mail already queued for it
+(mailq.ApplySuppressions).  Adding an existing suppression renews it.
+Parameters:  @AccountName NVARCHAR(128), required: a sending account;
+             @Address NVARCHAR(320), required: one address (stored lower-case);
+             @Reason NVARCHAR(16), default 'Manual': Manual, HardBounce,
+             SoftBounce, Complaint or Unsubscribe;
+             @Source NVARCHAR(200), required: who adds it (e.g. 'dba:alice');
+             @AppName NVARCHAR(128), default NULL: every application of the
+             account; else a registered application only;
+             @Detail NVARCHAR(1000), default NULL: why;
+             @ExpiresAtUtc DATETIME2(3), default NULL (forever): a future UTC time.
+Result set:  one row: AccountName, AppName, Address, Reason, SweptMails INT
+             (queued mails that lost the address), StoppedMails INT (those
+             stopped because nobody was left).
+Errors:      50601 @AccountName missing or not a sending account;
+             50602 @Address not one address of 1-320 characters;
+             50603 @Reason not Manual, HardBounce, SoftBounce, Complaint or
+             Unsubscribe; 50604 @Source missing or over 200 characters;
+             50605 @ExpiresAtUtc not in the future; 50606 @AppName not a
+             registered application.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   the validation reads are plain reads before the transaction;
+             see mailq.ApplySuppressions for the writes.
+Lock order:  mailq.ApplySuppressions's (mailq.Suppression,
+             mailq.SuppressionHistory, mailq.MailQueue, mailq.MailEvent,
+             mailq.MailRecipientOutcome).
+Example:     EXEC mailq.AddSuppression @AccountName = N'news', @Address = N'old@example.com',
+                 @Source = N'dba:alice', @Detail = N'Customer asked by phone.';
+*/
+CREATE OR ALTER PROCEDURE mailq.AddSuppression
+    @AccountName NVARCHAR(128),
+    @Address NVARCHAR(400),
+    @Source NVARCHAR(200),
+    @Reason NVARCHAR(16) = N'Manual',
+    @AppName NVARCHAR(128) = NULL,
+    @Detail NVARCHAR(1000) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @Reason = ISNULL(@Reason, N'Manual');
+    SET @Address = LOWER(LTRIM(RTRIM(@Address)));
+    IF @AccountName IS NULL OR NOT EXISTS (
+        SELECT 1 FROM mailq.SendingAccount AS a WHERE a.AccountName = @AccountName
+    )
+    BEGIN
+        SET @Msg = CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account.');
+        THROW 50601, @Msg, 1;
+    END;
+    IF @Address IS NULL OR LEN(@Address) > 320 OR @Address NOT LIKE N'%_@_%' OR @Address LIKE N'%@%@%'
+        OR @Address LIKE N'%[ ;,<>]%'
+    BEGIN
+        SET @Msg = CONCAT(N'@Address ''', @Address, N''' is not one address of 1-320 characters.');
+        THROW 50602, @Msg, 1;
+    END;
+    IF @Reason NOT IN (N'Manual', N'HardBounce', N'SoftBounce', N'Complaint', N'Unsubscribe')
+    BEGIN
+        SET @Msg = CONCAT(N'@Reason is ''', @Reason, N'''; it must be Manual, HardBounce, SoftBounce, ',
+            N'Complaint or Unsubscribe.');
+        THROW 50603, @Msg, 1;
+    END;
+    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
+        THROW 50604, N'@Source is required (1-200 characters): who adds the suppression.', 1;
+    IF @ExpiresAtUtc <= SYSUTCDATETIME()
+    BEGIN
+        SET @Msg = CONCAT(N'@ExpiresAtUtc must be in the future (UTC); got ',
+            CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126), N'.');
+        THROW 50605, @Msg, 1;
+    END;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50606, @Msg, 1;
+    END;
+
+    DECLARE @Suppressions NVARCHAR(MAX) = (
+        SELECT
+            @AccountName AS AccountName,
+            @Address AS Address,
+            @AppName AS AppName,
+            @Reason AS Reason,
+            @Source AS Source,
+            @Detail AS Detail,
+            CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126) AS ExpiresAtUtc
+        FOR JSON PATH
+    );
+    DECLARE @Swept INT, @Stopped INT;
+    -- mailq.ApplySuppressions owns or joins the transaction itself (one call).
+    EXEC mailq.ApplySuppressions @Suppressions = @Suppressions, @SweptMails = @Swept OUTPUT,
+        @StoppedMails = @Stopped OUTPUT;
+
+    SELECT
+        @AccountName AS AccountName,
+        @AppName AS AppName,
+        @Address AS Address,
+        @Reason AS Reason,
+        @Swept AS SweptMails,
+        @Stopped AS StoppedMails;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.RemoveSuppression: the address may be mailed again by the account (or
+the one application): deletes the suppression and records who removed it
+and why in mailq.SuppressionHistory.  Mail swept while it applied keeps its
+lists (or stays Stopped: mailq.RequeueMail puts it back).  Removing a
+suppression that does not exist changes nothing (Removed = 0).
+Parameters:  @AccountName NVARCHAR(128), required; @Address NVARCHAR(320),
+             required; @Source NVARCHAR(200), required: who removes it;
+             @AppName NVARCHAR(128), default NULL: the account-wide row; a
+             name: that application's row; @Detail NVARCHAR(1000): why.
+Result set:  one row: Removed INT (0 or 1).
+Errors:      50601 @AccountName missing; 50602 @Address missing or over 320
+             characters; 50604 @Source missing or over 200 characters.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   sets READ COMMITTED itself (one DELETE by the primary key).
+Lock order:  mailq.Suppression, then mailq.SuppressionHistory.
+Example:     EXEC mailq.RemoveSuppression @AccountName = N'news', @Address = N'old@example.com',
+                 @Source = N'dba:alice', @Detail = N'The customer fixed the mailbox.';
+*/
+CREATE OR ALTER PROCEDURE mailq.RemoveSuppression
+    @AccountName NVARCHAR(128),
+    @Address NVARCHAR(400),
+    @Source NVARCHAR(200),
+    @AppName NVARCHAR(128) = NULL,
+    @Detail NVARCHAR(1000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF NULLIF(@AccountName, N'') IS NULL
+        THROW 50601, N'@AccountName is required.', 1;
+    SET @Address = LOWER(LTRIM(RTRIM(@Address)));
+    IF NULLIF(@Address, N'') IS NULL OR LEN(@Address) > 320
+        THROW 50602, N'@Address is required: one address of 1-320 characters.', 1;
+    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
+        THROW 50604, N'@Source is required (1-200 characters): who removes the suppression.', 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Removed INT = 0;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DELETE s
+        OUTPUT
+            deleted.AccountName, deleted.Address, deleted.AppName, N'Removed', deleted.Reason, @Source,
+            LEFT(@Detail, 1000), deleted.MailID, @Now
+        INTO mailq.SuppressionHistory (
+            AccountName, Address, AppName, Action, Reason, Source, Detail, MailID, OccurredAtUtc
+        )
+        FROM mailq.Suppression AS s
+        WHERE s.AccountName = @AccountName AND s.Address = @Address AND s.AppName = ISNULL(@AppName, N'');
+        SET @Removed = @@ROWCOUNT;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT @Removed AS Removed;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.ListSuppressions: the suppression list, newest change first, for an
+operator or an export (`mailq-db suppressions list`).
+Parameters:  @AccountName NVARCHAR(128), default NULL: every account;
+             @Address NVARCHAR(320), default NULL: every address (with
+             @AccountName: one seek on PK_Suppression);
+             @Reason NVARCHAR(16), default NULL: every reason;
+             @IncludeExpired BIT, default 0;
+             @MaxRows INT 1-100000, default 1000.
+Result set:  AccountName, AppName (NULL: every application of the account),
+             Address, Reason, Source, Detail, MailID, CreatedAtUtc,
+             UpdatedAtUtc, ExpiresAtUtc, IsActive BIT.
+Errors:      50613 @MaxRows out of range.
+Transaction: none of its own; reads only.
+Isolation:   the caller's (a report: a row committed a moment later may be missing).
+Lock order:  mailq.Suppression only.
+Example:     EXEC mailq.ListSuppressions @AccountName = N'news', @Reason = N'Complaint';
+*/
+CREATE OR ALTER PROCEDURE mailq.ListSuppressions
+    @AccountName NVARCHAR(128) = NULL,
+    @Address NVARCHAR(400) = NULL,
+    @Reason NVARCHAR(16) = NULL,
+    @IncludeExpired BIT = 0,
+    @MaxRows INT = 1000
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @MaxRows = ISNULL(@MaxRows, 1000);
+    IF @MaxRows NOT BETWEEN 1 AND 100000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxRows must be 1-100000; got ', @MaxRows, N'.');
+        THROW 50613, @Msg, 1;
+    END;
+    SET @Address = LOWER(LTRIM(RTRIM(@Address)));
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+
+    SELECT TOP (@MaxRows)
+        s.AccountName,
+        NULLIF(s.AppName, N'') AS AppName,
+        s.Address,
+        s.Reason,
+        s.Source,
+        s.Detail,
+        s.MailID,
+        s.CreatedAtUtc,
+        s.UpdatedAtUtc,
+        s.ExpiresAtUtc,
+        CAST(IIF(s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now, 1, 0) AS BIT) AS IsActive
+    FROM mailq.Suppression AS s
+    WHERE
+        (@AccountName IS NULL OR s.AccountName = @AccountName)
+        AND (@Address IS NULL OR s.Address = @Address)
+        AND (@Reason IS NULL OR s.Reason = @Reason)
+        AND (ISNULL(@IncludeExpired, 0) = 1 OR s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now)
+    ORDER BY s.UpdatedAtUtc DESC, s.AccountName ASC, s.Address ASC
+    OPTION (RECOMPILE);  -- optional filters: a plan per call, so a given account+address seeks
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.GetSuppressionStats: what `mailq-db stats` and `mailq-db doctor` show
+about bounces and suppressions.
+Parameters:  @Days INT 1-366, default 7: the window of the report counts.
+Result sets: 1. active suppressions: AccountName, Reason, Suppressed INT
+                (one scan of mailq.Suppression: a report, not a hot path);
+             2. reports recorded in the last @Days days: AccountName, Kind,
+                Reports INT, Mails INT (distinct mails they were tied to),
+                LastAtUtc (a range seek on IX_BounceReport_ReceivedAtUtc).
+Errors:      50614 @Days out of range.
+Transaction: none of its own; reads only.
+Isolation:   the caller's.
+Lock order:  mailq.Suppression, then mailq.BounceReport.
+Example:     EXEC mailq.GetSuppressionStats @Days = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetSuppressionStats
+    @Days INT = 7
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @Days = ISNULL(@Days, 7);
+    IF @Days NOT BETWEEN 1 AND 366
+    BEGIN
+        SET @Msg = CONCAT(N'@Days must be 1-366; got ', @Days, N'.');
+        THROW 50614, @Msg, 1;
+    END;
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Since DATETIME2(3) = DATEADD(DAY, -@Days, @Now);
+
+    SELECT s.AccountName, s.Reason, COUNT(*) AS Suppressed
+    FROM mailq.Suppression AS s
+    WHERE s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now
+    GROUP BY s.AccountName, s.Reason
+    ORDER BY s.AccountName, s.Reason;
+
+    SELECT
+        b.AccountName,
+        b.Kind,
+        COUNT(*) AS Reports,
+        COUNT(DISTINCT b.MailID) AS Mails,
+        MAX(b.ReceivedAtUtc) AS LastAtUtc
+    FROM mailq.BounceReport AS b
+    WHERE b.ReceivedAtUtc >= @Since
+    GROUP BY b.AccountName, b.Kind
+    ORDER BY b.AccountName, b.Kind;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+mailq.PurgeBounceReports: deletes bounce, complaint and unsubscribe reports
+(mailq.BounceReport) older than @OlderThanDays days, @BatchSize rows per
+transaction, oldest first (a range of IX_BounceReport_ReceivedAtUtc).  The
+suppressions they caused stay; the hard/soft bounce counts of
+mailq.RecordBounce then count only what is kept, so the retention is also
+the window of those counts (docs/bounces.md).
+Parameters:  @OlderThanDays INT 1-36500, required; @BatchSize INT 1-1000, default 1000.
+Result set:  one row: PurgedCount BIGINT.
+Errors:      50615 @OlderThanDays out of range; 50616 @BatchSize out of range;
+             50617 called inside a transaction.
+Transaction: must not be called inside one (50617): each batch commits on its
+             own; an error rolls back the current batch only and is re-raised.
+Isolation:   sets READ COMMITTED itself.  Batches of at most 1,000 rows stay
+             far below the 5,000 locks of lock escalation.
+Lock order:  mailq.BounceReport only.
+Example:     EXEC mailq.PurgeBounceReports @OlderThanDays = 365;
+*/
+CREATE OR ALTER PROCEDURE mailq.PurgeBounceReports
+    @OlderThanDays INT,
+    @BatchSize INT = 1000
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @OlderThanDays IS NULL OR @OlderThanDays NOT BETWEEN 1 AND 36500
+    BEGIN
+        SET @Msg = CONCAT(N'@OlderThanDays must be 1-36500; got ',
+            COALESCE(CAST(@OlderThanDays AS NVARCHAR(12)), N'NULL'), N'.');
+        THROW 50615, @Msg, 1;
+    END;
+    SET @BatchSize = ISNULL(@BatchSize, 1000);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50616, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50617, N'mailq.PurgeBounceReports commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
+    DECLARE @Purged BIGINT = 0;
+    DECLARE @Deleted INT = 1;
+    WHILE @Deleted > 0
+    BEGIN
+        BEGIN TRY
+            BEGIN TRANSACTION;
+            WITH Oldest AS (
+                SELECT TOP (@BatchSize) b.ReportKey, b.Address, b.ReceivedAtUtc
+                FROM mailq.BounceReport AS b
+                WHERE b.ReceivedAtUtc < @Cutoff
+                ORDER BY b.ReceivedAtUtc
+            )
+
+            DELETE FROM Oldest;
+            SET @Deleted = @@ROWCOUNT;
+            SET @Purged += @Deleted;
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+    END;
+
+    SELECT @Purged AS PurgedCount;
+END;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
+/*
+Grants for bounces, complaints, unsubscribes and suppression (docs/bounces.md):
+the bounce reader role records; administrators also list, add, remove,
+purge and read the views.  mailq.ApplySuppressions is internal (reached
+through ownership chaining only) and granted to nobody; enqueuers need no
+grant for mailq.FilterSuppressedRecipients, which EnqueueMail calls.
+*/
+GRANT EXECUTE ON OBJECT::mailq.RecordBounce TO MailqBounceReader;
+GRANT EXECUTE ON OBJECT::mailq.RecordUnsubscribe TO MailqBounceReader;
+GRANT EXECUTE ON OBJECT::mailq.RecordBounce TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RecordUnsubscribe TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.AddSuppression TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RemoveSuppression TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ListSuppressions TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetSuppressionStats TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.PurgeBounceReports TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.Suppressions TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.RecentBounceReports TO MailqAdmin;
+
+GO
+
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+IF @@TRANCOUNT = 0
+BEGIN
+    RAISERROR(N'mailq-db: revision 0018 failed and was rolled back; the rest of this script is not executed.', 16, 1);
+    SET NOEXEC ON;
+END;
+
+GO
+
 DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0018') AND FilePath IN (
     N'upgrades/mailq.0018.LockEscalation.sql',
-    N'procedures/mailq.EnqueueMailBatch.sql');
+    N'tables/mailq.Suppression.sql',
+    N'tables/mailq.SuppressionHistory.sql',
+    N'tables/mailq.BounceReport.sql',
+    N'indexes/mailq.BounceReport.IX_BounceReport_Address.sql',
+    N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql',
+    N'functions/mailq.MailRecipientList.sql',
+    N'functions/mailq.FilterSuppressedRecipients.sql',
+    N'procedures/mailq.EnqueueMail.sql',
+    N'procedures/mailq.EnqueueMailBatch.sql',
+    N'security/MailqBounceReader.role.sql',
+    N'views/mailq.Suppressions.sql',
+    N'views/mailq.RecentBounceReports.sql',
+    N'procedures/mailq.ApplySuppressions.sql',
+    N'procedures/mailq.RecordBounce.sql',
+    N'procedures/mailq.RecordUnsubscribe.sql',
+    N'procedures/mailq.AddSuppression.sql',
+    N'procedures/mailq.RemoveSuppression.sql',
+    N'procedures/mailq.ListSuppressions.sql',
+    N'procedures/mailq.GetSuppressionStats.sql',
+    N'procedures/mailq.PurgeBounceReports.sql',
+    N'security/MailqBounceReader.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'upgrades/mailq.0018.LockEscalation.sql', '39b4f187c4fed16b67e5910657cb48ca55f61ddc3cb04640705d508f7f07fc10'),
-    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '4b0babced6dc9e1f52579a63eae92a8906d99d1a29841df5f0cc93fa7f36b27b');
+    ('0018', N'tables/mailq.Suppression.sql', 'da9e2ba03a9d52ecbd98a8c7d3c4c8663428bdea4df27ce0e26af3194aee24d7'),
+    ('0018', N'tables/mailq.SuppressionHistory.sql', '6efb2e5781c9679a40f6cd149e97f6e2f66e0095158db20d38e43684f5285782'),
+    ('0018', N'tables/mailq.BounceReport.sql', '3c847cd36edbb54e07beaa0348cab68ff64a7c84d542e54dfab19d9ec216d210'),
+    ('0018', N'indexes/mailq.BounceReport.IX_BounceReport_Address.sql', 'bff8bfb95c05c806921a3628158195556c7922881fcc0a662512285441f56be7'),
+    ('0018', N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql', '0bbe3c46ba7311580cb4a1a1a2129dcabf614c563a3a71846574b3931ab54175'),
+    ('0018', N'functions/mailq.MailRecipientList.sql', '9d3c6d4660576d3a99dd6709014ceef4451f553f069772a306312c047909f9c8'),
+    ('0018', N'functions/mailq.FilterSuppressedRecipients.sql', '76da5be94fa56e2c299abce84f30bc062c440bedbd2372f8a923be7981e204ba'),
+    ('0018', N'procedures/mailq.EnqueueMail.sql', '5d413220f3fde2da00fa61a0b3061b2101fd93f5ea3202efad32640ecc36e7de'),
+    ('0018', N'procedures/mailq.EnqueueMailBatch.sql', '7414c84e6355675525bf49df3ea3a30b4686ed8d8e65787872d7fc3a0246d6f8'),
+    ('0018', N'security/MailqBounceReader.role.sql', '5a85dbbd3a7336a5982c6c24fe1c6487632c6410261401aadac0614ef4e20eaa'),
+    ('0018', N'views/mailq.Suppressions.sql', 'b747c4415e4357b757bfcf2b93ed04b4e73937faf52740e61380bfe885694a8a'),
+    ('0018', N'views/mailq.RecentBounceReports.sql', 'fed5cdae95664e0f44799da08f8674094aa16c5f819efa79115661152d6469ae'),
+    ('0018', N'procedures/mailq.ApplySuppressions.sql', '16f8f861cf3ceaa9904189b45e68fb2bb4a6105fd509b8dd91c4a39fdef95c37'),
+    ('0018', N'procedures/mailq.RecordBounce.sql', 'f97571f0f401b00927f24b71c73a00ef18c613c2cbffeaf127d0145d279c939b'),
+    ('0018', N'procedures/mailq.RecordUnsubscribe.sql', '4064ddf97065b72e62047daaa90f7ba7aea53d4c186b2eda9ba191088ff398f1'),
+    ('0018', N'procedures/mailq.AddSuppression.sql', '6b07fb8a2658803abd9ffc4342a1a96e67264205e30e0e0fd20d848ebe8ccfea'),
+    ('0018', N'procedures/mailq.RemoveSuppression.sql', '3d30a2afed34cce917a71ece3078fef398d099ab6787e70ccabae4d7ba4dc46b'),
+    ('0018', N'procedures/mailq.ListSuppressions.sql', 'bf0052c7e948b3248421cb82fdcc32b11f44914cb547a5084d4098e7ec2fd41d'),
+    ('0018', N'procedures/mailq.GetSuppressionStats.sql', '9ce8f493d9c1acd4cb06093bf7b6303db91bad4bf07101235ed0450544b95ca9'),
+    ('0018', N'procedures/mailq.PurgeBounceReports.sql', 'a51c25029e54480925a7f019d4824f9fc01a17c3cad33d9f15d558fcf8a77565'),
+    ('0018', N'security/MailqBounceReader.grants.sql', '6f1f83e6af468b0714d53791ae9b146c0b8c0e819c03aa7c30a1535eca01bba4');
 
 GO
 

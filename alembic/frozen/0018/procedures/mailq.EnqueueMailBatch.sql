@@ -26,7 +26,7 @@ Result sets: 1. one row per queued (or idempotently returned) mail, in RowNo
                 Created BIT (0 when an existing mail was returned for the key).
              2. the rejected rows (empty unless @RejectInvalid = 1): RowNo INT,
                 Field NVARCHAR(128), ErrorNumber INT (the number EnqueueMail
-                raises for that rule, 50101-50168, or 50223), Message
+                raises for that rule, 50101-50168 or 50600, or 50223), Message
                 NVARCHAR(2048).  One row per rejected mail: its first failed
                 rule in EnqueueMail's order, the rule EnqueueMail would raise.
 Rules:       each row is checked with EnqueueMail's rules in EnqueueMail's
@@ -85,6 +85,9 @@ Errors:      50220 a row is invalid (all-or-nothing): the message names the row,
              not be decoded (row not identifiable; nothing written);
              50225 an idempotency key's lock was not granted in 10 s (or
              deadlock); 50226 the input is over 256 MB of text (split it).
+             Rule 50600 (issue 28): every recipient of the row is suppressed
+             (suppressed recipients of a row with others left are dropped with
+             a RecipientSuppressed event, docs/bounces.md).
              Rule numbers inside 50220 / result set 2: see
              mailq.EnqueueMail and 50223 (a JSON field of the wrong type or
              an unknown field name).
@@ -96,6 +99,7 @@ Transaction: opens its own if none is open, else works inside the caller's
 Isolation:   sets READ COMMITTED itself (as EnqueueMail: no key-range locks
              under a SERIALIZABLE caller, no stale snapshot under SNAPSHOT).
 Lock order:  the application locks on the keys (binary key order), then
+             mailq.Suppression (shared key ranges of the recipients, held), then
              mailq.MailQueue (insert), then mailq.MailAttachment, as EnqueueMail
              (docs/guarantees.md, "Lock order"), then mailq.MailEvent (new
              rows only: the 'Enqueued' event of every created mail).
@@ -175,7 +179,8 @@ BEGIN
         KeyLeader INT NULL,                    -- RowNo of the row that creates the key's mail
         ToCount INT NULL, ReplyToCount INT NULL, FromCount INT NULL, FromHasName BIT NULL, RecipientCount INT NULL,
         AppKnown BIT NULL, AccountBound BIT NULL, FromBound BIT NULL,
-        TemplateLatest INT NULL, TemplateRetired BIT NULL  -- revision 0016
+        TemplateLatest INT NULL, TemplateRetired BIT NULL,  -- revision 0016
+        Suppressed NVARCHAR(MAX) COLLATE DATABASE_DEFAULT NULL, EntriesLeft INT NULL  -- suppression (issue 28)
     );
     CREATE TABLE #Problem (
         RowNo INT NOT NULL,
@@ -953,6 +958,47 @@ BEGIN
             THROW 50220, @Msg, 1;
         END;
 
+        -- >>> suppression (issue 28, docs/bounces.md): as mailq.EnqueueMail,
+        -- per row that creates a mail: suppressed recipients are left out (event
+        -- RecipientSuppressed below); a row left with nobody fails with rule
+        -- 50600, and so do the rows that share its idempotency key.
+        UPDATE b
+        SET
+            b.ToAddress = ISNULL(f.ToAddress, N''),
+            b.CC = f.CC,
+            b.BCC = f.BCC,
+            b.Suppressed = f.Suppressed,
+            b.EntriesLeft = f.EntriesLeft
+        FROM #Batch AS b
+        CROSS APPLY mailq.FilterSuppressedRecipients(b.EffAccountName, b.EffAppName, b.ToAddress, b.CC, b.BCC) AS f
+        WHERE
+            f.SuppressedCount > 0
+            AND NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo)
+            AND (b.KeyLeader IS NULL OR (b.KeyLeader = b.RowNo AND NOT EXISTS (
+                SELECT 1 FROM #Existing AS x WHERE x.RowNo = b.RowNo
+            )));
+
+        INSERT INTO #Problem (RowNo, RuleOrder, Field, ErrorNumber, Message)
+        SELECT b.RowNo, 90, N'ToAddress', 50600,
+            LEFT(CONCAT(N'Every recipient is suppressed for account ''', l.EffAccountName,
+                N''' (bounced, complained or unsubscribed; mailq.ListSuppressions): ', l.Suppressed), 2048)
+        FROM #Batch AS b
+        INNER JOIN #Batch AS l ON ISNULL(b.KeyLeader, b.RowNo) = l.RowNo
+        WHERE
+            l.Suppressed IS NOT NULL AND l.EntriesLeft = 0
+            AND NOT EXISTS (SELECT 1 FROM #Problem AS p WHERE p.RowNo = b.RowNo);
+
+        IF @RejectInvalid = 0 AND EXISTS (SELECT 1 FROM #Problem)
+        BEGIN
+            SELECT TOP (1)
+                @Msg = LEFT(CONCAT(N'Row ', p.RowNo, N', field ', p.Field, N', rule ', p.ErrorNumber, N': ',
+                    p.Message, N' Nothing was queued.'), 2048)
+            FROM #Problem AS p
+            ORDER BY p.RowNo, p.RuleOrder;
+            THROW 50220, @Msg, 1;
+        END;
+        -- <<< suppression
+
         -- The one INSERT of the mails: every valid row that creates a mail
         -- (no key, or the key's leader with no mail yet).  MessageID is unique
         -- per row (NEWID), so OUTPUT ... INTO maps IDs back to rows by it.
@@ -1007,6 +1053,17 @@ BEGIN
         SELECT i.MailID, i.AppName, N'Enqueued', N'UnSent', 0, NULL, NULL, @Now
         FROM #Inserted AS i
         ORDER BY i.MailID;
+
+        -- >>> suppression: the recipients left out, in the event stream
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            i.MailID, i.AppName, N'RecipientSuppressed', N'UnSent', 0, NULL,
+            LEFT(CONCAT(N'not sent to (suppressed): ', b.Suppressed), 4000), @Now
+        FROM #Inserted AS i
+        INNER JOIN #Batch AS b ON i.MessageID = b.MessageID
+        WHERE b.Suppressed IS NOT NULL
+        ORDER BY i.MailID;
+        -- <<< suppression
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY

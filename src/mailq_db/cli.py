@@ -20,6 +20,7 @@ COMMANDS += ("classify",)  # issue 15: mailq-db classify "<reply>"
 COMMANDS += ("events",)  # issue 16.1: mailq-db events --app NAME --follow
 COMMANDS += ("template",)  # issue 16 point 2: mailq-db template render
 COMMANDS += ("hooks",)  # issue 16 point 1: mailq-db hooks set|list|run|dispatcher
+COMMANDS += ("bounces", "unsubscribe")  # issue 28: mailq-db bounces [parse|list|...], unsubscribe-server
 
 EPILOG = """\
 examples:

@@ -85,9 +85,7 @@ def recipients(text: str) -> list[DsnRecipient]:
 def _set(r: DsnRecipient, name: str, value: str) -> None:
     if name == "original-recipient":
         r.original = _address(value)
-    elif name == "final-recipient":
-        r.final = _address(value)
-    elif name == "x-actual-recipient" and r.final is None:
+    elif name == "final-recipient" or name == "x-actual-recipient" and r.final is None:
         r.final = _address(value)
     elif name == "action":
         r.action = value.split()[0].lower() if value.split() else None

@@ -8,8 +8,8 @@ import email.policy
 import email.utils
 import quopri
 import re
+from collections.abc import Iterator
 from email.message import Message
-from typing import Iterator
 
 #: Where a plain-text report stops and the copy of the original message begins.
 RETURNED_MARKER = re.compile(

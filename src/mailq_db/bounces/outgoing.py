@@ -12,27 +12,33 @@
   ``unsubscribe_url``, nor for a mail with several recipients (one message
   body carries one link: bulk mail is addressed one recipient per mail).
 * **Return path**: the envelope sender becomes ``return_path`` with the mail's
-  token (``bounces+<token>@domain``); the From header is unchanged.
+  token (``bounces+<token>@domain``); the From header is unchanged.  The same
+  token goes in an ``X-Mailq-Token`` header, for complaints (ARF returns the
+  headers, not the envelope) and for relays that replace the envelope sender.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from . import verp
 
 log = logging.getLogger("mailq_db.bounces")
 
 CATEGORY_HEADER = "X-Mailq-Category"
+TOKEN_HEADER = "X-Mailq-Token"
 BULK = "bulk"
 
-O = TypeVar("O")
+OutT = TypeVar("OutT")
 
 
 def _recipients(mail: Any) -> list[str]:
-    from ..worker.message import parse_addresses  # the worker's own reading of the lists
+    from ..worker.message import (
+        parse_addresses,  # the worker's own reading of the lists
+    )
 
     seen: list[str] = []
     for value, what in ((mail.to_address, "ToAddress"), (mail.cc, "CC"), (mail.bcc, "BCC")):
@@ -79,12 +85,20 @@ def _headers(mail: Any, settings: verp.BounceSettings | None) -> dict[str, str] 
     return headers
 
 
-def prepare(mail: Any, account: Any, build: Callable[[Any], O]) -> O:
-    """``build(mail)`` with the bulk headers added and the VERP envelope sender set."""
+def prepare(mail: Any, account: Any, build: Callable[[Any], OutT]) -> OutT:
+    """``build(mail)`` with the bulk headers and X-Mailq-Token added and the VERP
+    envelope sender set (each only when the account has [accounts.NAME.bounces])."""
     settings: verp.BounceSettings | None = getattr(account, "bounces", None)
     headers = _headers(mail, settings)
-    out = build(mail if headers is None else replace(mail, headers=headers))
-    if settings is None or not settings.return_path:
+    if settings is None:
+        return build(mail if headers is None else replace(mail, headers=headers))
+    token = settings.signer().token(verp.BOUNCE, mail.id, verp.recipient_no(_recipients(mail)))
+    # The token in a header too: complaints (ARF) and relays that put their own
+    # envelope sender on the mail (Microsoft 365, Gmail) return the headers.
+    headers = dict(mail.headers or {}) if headers is None else headers
+    headers = {k: v for k, v in headers.items() if k.lower() != TOKEN_HEADER.lower()}
+    headers[TOKEN_HEADER] = token
+    out = build(replace(mail, headers=headers))
+    if not settings.return_path:
         return out
-    token = settings.signer().token(verp.BOUNCE, mail.id, verp.recipient_no(getattr(out, "recipients", ())))
     return replace(out, envelope_from=verp.fill(settings.return_path, token))  # type: ignore[type-var]

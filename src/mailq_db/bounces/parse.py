@@ -83,6 +83,9 @@ class Report:
     #: where the report was delivered (Delivered-To, X-Original-To, To, ...): a
     #: VERP address names the mail and recipient it is about
     delivered_to: list[str] = field(default_factory=list)
+    #: the returned message's Return-Path addresses and X-Mailq-Token values:
+    #: where a complaint or a relay that rewrote the envelope keeps the token
+    returned_tokens: list[str] = field(default_factory=list)
     format: str = "none"  # arf, jmrp, ses, mdn, dsn, text, autoreply, tlsrpt, challenge, none
     feedback_type: str | None = None
 
@@ -100,6 +103,7 @@ def parse(raw: bytes) -> Report:
     report = _classify(msg)
     report.message_id = mime.normalize_message_id(mime.header(msg, "Message-ID"))
     report.delivered_to = _delivered_to(msg)
+    report.returned_tokens = _returned_tokens(msg)
     if report.original_message_id is None and report.kind not in ("autoreply", "not-bounce"):
         report.original_message_id = _original_id_fallback(msg)
     return report
@@ -156,6 +160,25 @@ def _delivered_to(msg: Message) -> list[str]:
                 if addr not in out:
                     out.append(addr)
     return out
+
+
+TOKEN_HEADER = "X-Mailq-Token"
+RETURNED_TOKEN = re.compile(r"^(?:Return-Path:[ \t]*<([^<>\s]+)>|X-Mailq-Token:[ \t]*([A-Za-z2-7]+))[ \t]*$",
+                            re.IGNORECASE | re.MULTILINE)
+
+
+def _returned_tokens(msg: Message) -> list[str]:
+    """Return-Path addresses and X-Mailq-Token values of the returned message
+    (a message/rfc822 or headers part, or the copy inside a plain-text report)."""
+    out: list[str] = []
+    returned = mime.returned_message(msg)
+    if returned is not None:
+        for value in (returned.get_all("Return-Path") or []) + (returned.get_all(TOKEN_HEADER) or []):
+            out += mime.addresses(str(value)) or [str(value).strip()]
+    for text in mime.report_texts(msg):
+        for m in RETURNED_TOKEN.finditer(mime.split_returned(text)[1]):
+            out.append((m.group(1) or m.group(2)).lower())
+    return [t for i, t in enumerate(out) if t and t not in out[:i]]
 
 
 # ---------------------------------------------------------------- complaints
@@ -285,10 +308,10 @@ def _dsn(msg: Message) -> Report | None:
         if address in seen:
             continue
         seen.add(address)
-        kind = rules.recipient_kind(r.action, r.status, r.diagnostic)
-        status = r.status if kind == "delivered" else rules.specific_code(r.status, r.diagnostic)
-        action = r.action if r.action in rules.ACTIONS else _action_for(kind)
-        recipients.append(Recipient(address, action, status, kind, r.diagnostic))
+        one = rules.recipient_kind(r.action, r.status, r.diagnostic)
+        status = r.status if one == "delivered" else rules.specific_code(r.status, r.diagnostic)
+        action = r.action if r.action in rules.ACTIONS else _action_for(one)
+        recipients.append(Recipient(address, action or "failed", status, one, r.diagnostic))
     kind = rules.worst([r.kind for r in recipients])
     return Report("not-bounce" if kind == "delivered" else kind or "not-bounce", recipients,
                   _returned_id(msg), format="dsn")

@@ -14,7 +14,9 @@ or an unknown user (:mod:`.rules`).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from email.message import Message
+from typing import Any
 
 from . import mime, rules
 
@@ -27,6 +29,7 @@ DAEMON = re.compile(r"^(?:mailer-daemon|postmaster|post_master|bounce[s]?|norepl
 #: qmail's catch-all #5.5.0.
 VAGUE = ("5.5.0",)
 
+_flufl_all_failures: Callable[[Message], tuple[Any, Any]] | None
 try:  # optional extra: pip install 'mailq-db[bounces]'
     from flufl.bounce import all_failures as _flufl_all_failures
 except ImportError:  # pragma: no cover - depends on the installation

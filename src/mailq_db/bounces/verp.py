@@ -39,8 +39,8 @@ import hashlib
 import hmac
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
 
 MAC_BYTES = 10
 MIN_KEY_BYTES = 32
@@ -127,11 +127,13 @@ class Signer:
         return Token(purpose, mail_id, recipient_no) if pos == len(payload) else None
 
     def find(self, addresses: Iterable[str], purposes: Iterable[str] = (BOUNCE, UNSUBSCRIBE)) -> Token | None:
-        """The first valid token in the ``+detail`` of any of ``addresses`` (VERP)."""
+        """The first valid token in the ``+detail`` of any of ``addresses`` (VERP);
+        an item without '@' is tried as a bare token (an X-Mailq-Token value)."""
         wanted = tuple(purposes)
         for addr in addresses:
-            local = addr.rpartition("@")[0]
-            for detail in local.split("+")[1:]:
+            local, at, _ = addr.rpartition("@")
+            details = local.split("+")[1:] if at else [addr]
+            for detail in details:
                 for purpose in wanted:
                     found = self.verify(purpose, detail)
                     if found is not None:

@@ -18,8 +18,10 @@ RETURNED_MARKER = re.compile(
     r"|returned message|the header of the original message is following|original message header"
     r"|undelivered message headers|message headers follow|a copy of the original message"
     r"|forwarded message|header of the original message|copy of message|the original message was received"
-    r"|原始邮件|原邮件|邮件原文|原始信件|退回的邮件"
-    r")",
+    r")"
+    # Chinese providers: only as a separator line ("----- 原始邮件 -----"): QQ Mail's
+    # "原邮件信息：" heads the summary of the original that comes before the reason
+    r"|^\s*(?:-{2,}|={2,})\s*(?:原始邮件|原邮件|邮件原文|原始信件|退回的邮件)",
     re.IGNORECASE | re.MULTILINE,
 )
 MESSAGE_ID = re.compile(r"^Message-I[dD]:[ \t]*\r?\n?[ \t]*(<?[^\s<>]+@[^\s<>]+>?)", re.MULTILINE | re.IGNORECASE)

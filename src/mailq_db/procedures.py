@@ -1441,6 +1441,7 @@ def list_suppressions(conn: Any, *, account_name: str | None = None, address: st
 class SuppressionStats:
     suppressed: list[dict[str, Any]]  # AccountName, Reason, Suppressed
     reports: list[dict[str, Any]]  # AccountName, Kind, Reports, Mails, LastAtUtc
+    sent: list[dict[str, Any]] = field(default_factory=list)  # AccountName, Sent (same window)
 
 
 GET_SUPPRESSION_STATS_SQL = "EXEC mailq.GetSuppressionStats @Days = ?;"
@@ -1449,9 +1450,11 @@ GET_SUPPRESSION_STATS_SQL = "EXEC mailq.GetSuppressionStats @Days = ?;"
 def get_suppression_stats(conn: Any, *, days: int | None = None) -> SuppressionStats:
     """mailq.GetSuppressionStats: active suppressions, and reports of the last ``days`` days."""
     cursor = _call(conn, GET_SUPPRESSION_STATS_SQL, [days])
-    first = _dicts(cursor)
-    second = _dicts(cursor) if _next(cursor) else []
-    return SuppressionStats(first, second)
+    sets = [_dicts(cursor)]
+    while _next(cursor):
+        sets.append(_dicts(cursor))
+    sets += [[]] * (3 - len(sets))
+    return SuppressionStats(*sets[:3])
 
 
 PURGE_BOUNCE_REPORTS_SQL = "EXEC mailq.PurgeBounceReports @OlderThanDays = ?, @BatchSize = ?;"

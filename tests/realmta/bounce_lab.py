@@ -48,7 +48,7 @@ class BounceLab(Lab):
     def ok_maildir(self) -> Path:
         return self.root / "mail" / "ok"
 
-    def start(self) -> "BounceLab":
+    def start(self) -> BounceLab:
         super().start()
         self._bouncing_postfix()
         return self

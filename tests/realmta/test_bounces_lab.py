@@ -35,8 +35,8 @@ from realmta_helpers import account, make_mail, worker
 
 from mailq_db.bounces import reader, verp
 from mailq_db.bounces.parse import parse
-from mailq_db.commands.unsubscribe import build_server
 from mailq_db.bounces.unsubscribe import make_app
+from mailq_db.commands.unsubscribe import build_server
 from mailq_db.connection import Backoff, ReconnectingConnection
 from mailq_db.errors import SuppressedRecipientError
 
@@ -136,7 +136,7 @@ def test_bounces_are_read_recorded_suppressed_and_refused_at_enqueue(blab: Bounc
     save_lab_dsns(files)
     assert len(blab.wait_files(blab.ok_maildir, 1)) == 1
     raws = [f.read_bytes() for f in files]
-    assert all(re.search(rb"^Delivered-To: bounces\+[a-z2-7]+@lab\.test", r, re.M) for r in raws)
+    assert all(re.search(rb"^Delivered-To: bounces\+[a-z2-7]+@lab\.test", r, re.MULTILINE) for r in raws)
 
     summary = reader.run_once(reader_config(blab), db(), queue)
     assert (summary.seen, summary.recorded, summary.failed) == (3, 3, 0)

@@ -11,13 +11,18 @@ tests/integration/test_bounces_integration.py.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from fake_queue import FakeQueue, Row
 
-from mailq_db.errors import InvalidInputError, SuppressedRecipientError, UnknownUnsubscribeError
-from mailq_db.procedures import BounceRecorded, EnqueueResult
+from mailq_db.errors import (
+    InvalidInputError,
+    SuppressedRecipientError,
+    UnknownUnsubscribeError,
+)
+from mailq_db.procedures import BounceRecorded, EnqueueResult, SuppressionStats
 
 
 @dataclass
@@ -180,3 +185,48 @@ class FakeBounceQueue(FakeQueue):
                                      f"not sent to (suppressed): {'; '.join(a for _, a in dropped)}"))
         return result
 
+    # -- mailq.GetSuppressionStats, ListSuppressions, Add/RemoveSuppression -----
+    def get_suppression_stats(self, conn: Any, *, days: int | None = None) -> SuppressionStats:
+        def run() -> SuppressionStats:
+            reasons: dict[tuple[str, str], int] = {}
+            for (account, _, _), s in self.suppressed.items():
+                reasons[(account, s.reason)] = reasons.get((account, s.reason), 0) + 1
+            kinds: dict[tuple[str, str], int] = {}
+            for r in self.reports.values():
+                kinds[(r["account"], r["kind"])] = kinds.get((r["account"], r["kind"]), 0) + 1
+            sent: dict[str, int] = {}
+            for row in self.rows.values():
+                if row.status == "Sent":
+                    sent[row.mail.account_name] = sent.get(row.mail.account_name, 0) + 1
+            return SuppressionStats(
+                [{"AccountName": a, "Reason": r, "Suppressed": n} for (a, r), n in sorted(reasons.items())],
+                [{"AccountName": a, "Kind": k, "Reports": n, "Mails": n, "LastAtUtc": None}
+                 for (a, k), n in sorted(kinds.items())],
+                [{"AccountName": a, "Sent": n} for a, n in sorted(sent.items())])
+        return self._apply("get_suppression_stats", {"days": days}, run)
+
+    def list_suppressions(self, conn: Any, **kw: Any) -> list[dict[str, Any]]:
+        def run() -> list[dict[str, Any]]:
+            return [{"AccountName": a, "AppName": app or None, "Address": addr, "Reason": s.reason,
+                     "Source": s.source, "UpdatedAtUtc": None, "ExpiresAtUtc": None}
+                    for (a, app, addr), s in sorted(self.suppressed.items())
+                    if kw.get("account_name") in (None, a) and kw.get("address") in (None, addr)]
+        return self._apply("list_suppressions", dict(kw), run)
+
+    def add_suppression(self, conn: Any, *, account_name: str, address: str, source: str,
+                        reason: str = "Manual", app_name: str | None = None, **kw: Any) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            before = [e for e in self.events]
+            self._suppress(account_name, app_name or "", address.lower(), reason, source, None)
+            new = self.events[len(before):]
+            return {"AccountName": account_name, "AppName": app_name, "Address": address.lower(), "Reason": reason,
+                    "SweptMails": len(new), "StoppedMails": sum(e.event_type == "Stopped" for e in new)}
+        return self._apply("add_suppression", {"account_name": account_name, "address": address, "source": source,
+                                               "reason": reason, "app_name": app_name, **kw}, run)
+
+    def remove_suppression(self, conn: Any, *, account_name: str, address: str, source: str,
+                           app_name: str | None = None, **kw: Any) -> int:
+        def run() -> int:
+            return 1 if self.suppressed.pop((account_name, app_name or "", address.lower()), None) else 0
+        return self._apply("remove_suppression", {"account_name": account_name, "address": address,
+                                                  "source": source, "app_name": app_name}, run)

@@ -156,3 +156,12 @@ def test_config_problems_are_listed():
     assert "accounts.news.bounces.unsubscribe_url" in message and "https://" in message
     assert "accounts.news.bounces.foo: unknown setting" in message
     assert "MAILQ_BOUNCE_KEY is not set" in message
+
+
+def test_every_mail_of_an_account_with_bounce_settings_carries_its_token_in_x_mailq_token():
+    mail = make_mail(82, to_address="a@example.org", headers={"X-Mailq-Token": "forged-by-the-app"})
+    out = outgoing.prepare(mail, AccountConfig(name="default", host="h", bounces=settings(return_path=None)), build)
+    msg = email.message_from_bytes(out.data, policy=email.policy.default)
+    assert msg.get_all("X-Mailq-Token") == [msg["X-Mailq-Token"]]  # the application's is replaced
+    assert verp.Signer([KEY]).find([msg["X-Mailq-Token"]]) == verp.Token("b", 82, 1)
+    assert out.envelope_from == "sender@example.com"  # no return_path: the envelope is unchanged

@@ -103,6 +103,7 @@ def server_checks(url: str | None) -> list[Check]:
     try:
         rows = procedures.get_installation_health(conn)
         delay = delay_checks(conn)  # issue 11: the owner's login, delay.Reconcile (report only)
+        delay += bounce_checks(conn)  # issue 28: suppression list, bounce and complaint rates
     except DatabaseError as exc:
         if exc.number == NOT_DEPLOYED:
             return checks + [Check("Schema", "Deployed", "FAIL", "schema not deployed (mailq.GetInstallationHealth "
@@ -239,6 +240,23 @@ def delay_checks(conn: Any) -> list[Check]:
     else:
         checks.append(Check("Broker", "delay.Reconcile", "OK", "nothing to reconcile"))
     return checks
+
+
+def bounce_checks(conn: Any) -> list[Check]:
+    """Suppressions and bounce/complaint rates (mailq_db.bounces.health); none before they are deployed."""
+    from ..bounces import health
+
+    get = getattr(procedures, "get_suppression_stats", None)  # a stand-in without it: no check
+    if get is None:
+        return []
+    try:
+        stats = get(conn, days=7)
+    except DatabaseError as exc:
+        if exc.number == NOT_DEPLOYED:
+            return []
+        return [Check("Bounces", "GetSuppressionStats", "WARN", str(exc).splitlines()[0],
+                      "run as MailqAdmin (EXECUTE on mailq.GetSuppressionStats)")]
+    return [Check(*f) for f in health.findings(stats, 7)]
 
 
 def render(checks: list[Check]) -> str:

@@ -37182,11 +37182,14 @@ Result sets: 1. active suppressions: AccountName, Reason, Suppressed INT
                 (one scan of mailq.Suppression: a report, not a hot path);
              2. reports recorded in the last @Days days: AccountName, Kind,
                 Reports INT, Mails INT (distinct mails they were tied to),
-                LastAtUtc (a range seek on IX_BounceReport_ReceivedAtUtc).
+                LastAtUtc (a range seek on IX_BounceReport_ReceivedAtUtc);
+             3. mail Sent in the same window, the denominator of bounce and
+                complaint rates: AccountName, Sent INT (a range seek on
+                IX_MailQueue_Final by DateProcessed, covering).
 Errors:      50614 @Days out of range.
 Transaction: none of its own; reads only.
 Isolation:   the caller's.
-Lock order:  mailq.Suppression, then mailq.BounceReport.
+Lock order:  mailq.Suppression, mailq.BounceReport, then mailq.MailQueue.
 Example:     EXEC mailq.GetSuppressionStats @Days = 1;
 */
 CREATE OR ALTER PROCEDURE mailq.GetSuppressionStats
@@ -37221,6 +37224,14 @@ BEGIN
     WHERE b.ReceivedAtUtc >= @Since
     GROUP BY b.AccountName, b.Kind
     ORDER BY b.AccountName, b.Kind;
+
+    SELECT q.AccountName, COUNT(*) AS Sent
+    FROM mailq.MailQueue AS q
+    WHERE
+        q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')  -- IX_MailQueue_Final's filter
+        AND q.DateProcessed >= @Since AND q.Status = N'Sent'
+    GROUP BY q.AccountName
+    ORDER BY q.AccountName;
 END;
 
 GO
@@ -37388,7 +37399,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'procedures/mailq.AddSuppression.sql', '6b07fb8a2658803abd9ffc4342a1a96e67264205e30e0e0fd20d848ebe8ccfea'),
     ('0018', N'procedures/mailq.RemoveSuppression.sql', '3d30a2afed34cce917a71ece3078fef398d099ab6787e70ccabae4d7ba4dc46b'),
     ('0018', N'procedures/mailq.ListSuppressions.sql', 'bf0052c7e948b3248421cb82fdcc32b11f44914cb547a5084d4098e7ec2fd41d'),
-    ('0018', N'procedures/mailq.GetSuppressionStats.sql', '9ce8f493d9c1acd4cb06093bf7b6303db91bad4bf07101235ed0450544b95ca9'),
+    ('0018', N'procedures/mailq.GetSuppressionStats.sql', 'b20e9eadf0f76d79d67180f6e9878dc9f943178c241cdcb3855ddeb48e7b3dce'),
     ('0018', N'procedures/mailq.PurgeBounceReports.sql', 'a51c25029e54480925a7f019d4824f9fc01a17c3cad33d9f15d558fcf8a77565'),
     ('0018', N'security/MailqBounceReader.grants.sql', '6f1f83e6af468b0714d53791ae9b146c0b8c0e819c03aa7c30a1535eca01bba4');
 

@@ -7,11 +7,14 @@ Result sets: 1. active suppressions: AccountName, Reason, Suppressed INT
                 (one scan of mailq.Suppression: a report, not a hot path);
              2. reports recorded in the last @Days days: AccountName, Kind,
                 Reports INT, Mails INT (distinct mails they were tied to),
-                LastAtUtc (a range seek on IX_BounceReport_ReceivedAtUtc).
+                LastAtUtc (a range seek on IX_BounceReport_ReceivedAtUtc);
+             3. mail Sent in the same window, the denominator of bounce and
+                complaint rates: AccountName, Sent INT (a range seek on
+                IX_MailQueue_Final by DateProcessed, covering).
 Errors:      50614 @Days out of range.
 Transaction: none of its own; reads only.
 Isolation:   the caller's.
-Lock order:  mailq.Suppression, then mailq.BounceReport.
+Lock order:  mailq.Suppression, mailq.BounceReport, then mailq.MailQueue.
 Example:     EXEC mailq.GetSuppressionStats @Days = 1;
 */
 CREATE OR ALTER PROCEDURE mailq.GetSuppressionStats
@@ -46,4 +49,12 @@ BEGIN
     WHERE b.ReceivedAtUtc >= @Since
     GROUP BY b.AccountName, b.Kind
     ORDER BY b.AccountName, b.Kind;
+
+    SELECT q.AccountName, COUNT(*) AS Sent
+    FROM mailq.MailQueue AS q
+    WHERE
+        q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')  -- IX_MailQueue_Final's filter
+        AND q.DateProcessed >= @Since AND q.Status = N'Sent'
+    GROUP BY q.AccountName
+    ORDER BY q.AccountName;
 END;

@@ -245,3 +245,9 @@ def test_a_purged_mail_is_gone_and_a_database_error_is_a_503():
     assert call(make_app([KEY], purged), "POST", f"/u/{token}", b"List-Unsubscribe=One-Click")[0] == "410 Gone"
     status = call(make_app([KEY], down), "POST", f"/x?token={token}", b"List-Unsubscribe=One-Click")[0]
     assert status == "503 Service Unavailable"
+
+
+def test_the_example_configuration_is_valid():
+    text = (Path(__file__).resolve().parents[2] / "examples" / "bounces.toml").read_text()
+    cfg = reader.parse_reader_config(text, env={"MAILQ_BOUNCE_IMAP_PASSWORD": "x", "MAILQ_BOUNCE_KEY": "k" * 32})
+    assert (cfg.host, cfg.port, cfg.soft_bounce_limit) == ("imap.example.com", 993, None)

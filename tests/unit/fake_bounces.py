@@ -104,9 +104,12 @@ class FakeBounceQueue(FakeQueue):
             if account not in self.accounts:
                 raise InvalidInputError(50601, f"@AccountName {account!r} is not a sending account")
             out = []
+            token_address = self.recipients_of(row.mail.id)[recipient_no - 1] if row and recipient_no else None
+            if token_address and len(items) == 1 and items[0].get("address") \
+                    and items[0]["address"].lower() not in self.recipients_of(row.mail.id):
+                items[0]["address"] = token_address  # a forwarding alias: the token's recipient
             for r in items:
-                address = (r.get("address") or (self.recipients_of(row.mail.id)[recipient_no - 1]
-                                                 if row and recipient_no else None))
+                address = r.get("address") or token_address
                 if not address:
                     raise InvalidInputError(50602, "a recipient without an address")
                 assert r["kind"] in ("Hard", "Soft", "Delayed", "Complaint"), "50608"

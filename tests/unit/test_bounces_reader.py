@@ -251,3 +251,10 @@ def test_the_example_configuration_is_valid():
     text = (Path(__file__).resolve().parents[2] / "examples" / "bounces.toml").read_text()
     cfg = reader.parse_reader_config(text, env={"MAILQ_BOUNCE_IMAP_PASSWORD": "x", "MAILQ_BOUNCE_KEY": "k" * 32})
     assert (cfg.host, cfg.port, cfg.soft_bounce_limit) == ("imap.example.com", 993, None)
+
+
+def test_a_forwarded_final_recipient_is_recorded_as_the_address_the_mail_was_sent_to():
+    queue = FakeBounceQueue([make_mail(9, to_address="alias@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 9, 1)
+    reader.process(dsn(f"bounces+{token}@example.com", "real.mailbox@elsewhere.example"), config(), db(), queue)
+    assert ("default", "", "alias@example.org") in queue.suppressed

@@ -27337,7 +27337,9 @@ Parameters:  @ReportKey VARBINARY(32), required: SHA-256 of the report's
              objects {"address", "kind": "Hard"|"Soft"|"Delayed"|"Complaint",
              "action", "status" (enhanced code), "code" (SMTP reply code
              200-599 or null), "detail"}; "address" may be left out when
-             @RecipientNo names the recipient (the report did not).
+             @RecipientNo names the recipient (the report did not); one
+             address that is not the mail's (a forwarding alias) is replaced
+             by the recipient @RecipientNo names.
              @Source NVARCHAR(200), required: e.g. 'imap:bounces@example.com'.
              @AccountName NVARCHAR(128): the account the report belongs to
              when no mail is known (the reader's configured account); a known
@@ -27460,6 +27462,19 @@ BEGIN
             LEFT(JSON_VALUE(j.[value], N'$.detail'), 1000) AS Detail
         FROM OPENJSON(@Recipients) AS j
     ) AS v;
+
+    -- A report about one recipient that is not among the mail's (a forwarding
+    -- alias: the Final-Recipient after expansion) is about the address the
+    -- token names: that is the one the queue sent to and must suppress.
+    IF @TokenAddress IS NOT NULL AND (SELECT COUNT(*) FROM @R) = 1
+        UPDATE r
+        SET r.Address = @TokenAddress
+        FROM @R AS r
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.MailRecipientList(@To, @CC, @BCC) AS l
+            WHERE l.Address = r.Address
+        );
 
     SELECT TOP (1) @Msg = CONCAT(N'@Recipients: ',
         COALESCE(N'''' + r.Address + N'''', N'a recipient without "address"'),
@@ -28246,7 +28261,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0018', N'views/mailq.Suppressions.sql', 'b747c4415e4357b757bfcf2b93ed04b4e73937faf52740e61380bfe885694a8a'),
     ('0018', N'views/mailq.RecentBounceReports.sql', 'fed5cdae95664e0f44799da08f8674094aa16c5f819efa79115661152d6469ae'),
     ('0018', N'procedures/mailq.ApplySuppressions.sql', '16f8f861cf3ceaa9904189b45e68fb2bb4a6105fd509b8dd91c4a39fdef95c37'),
-    ('0018', N'procedures/mailq.RecordBounce.sql', 'f97571f0f401b00927f24b71c73a00ef18c613c2cbffeaf127d0145d279c939b'),
+    ('0018', N'procedures/mailq.RecordBounce.sql', 'c450b4aea421ac69d8c0d1346d00ff88ccb3d12b94c2e2ae1a3e1c4f6824b52b'),
     ('0018', N'procedures/mailq.RecordUnsubscribe.sql', '4064ddf97065b72e62047daaa90f7ba7aea53d4c186b2eda9ba191088ff398f1'),
     ('0018', N'procedures/mailq.AddSuppression.sql', '6b07fb8a2658803abd9ffc4342a1a96e67264205e30e0e0fd20d848ebe8ccfea'),
     ('0018', N'procedures/mailq.RemoveSuppression.sql', '3d30a2afed34cce917a71ece3078fef398d099ab6787e70ccabae4d7ba4dc46b'),

@@ -17,7 +17,9 @@ Parameters:  @ReportKey VARBINARY(32), required: SHA-256 of the report's
              objects {"address", "kind": "Hard"|"Soft"|"Delayed"|"Complaint",
              "action", "status" (enhanced code), "code" (SMTP reply code
              200-599 or null), "detail"}; "address" may be left out when
-             @RecipientNo names the recipient (the report did not).
+             @RecipientNo names the recipient (the report did not); one
+             address that is not the mail's (a forwarding alias) is replaced
+             by the recipient @RecipientNo names.
              @Source NVARCHAR(200), required: e.g. 'imap:bounces@example.com'.
              @AccountName NVARCHAR(128): the account the report belongs to
              when no mail is known (the reader's configured account); a known
@@ -140,6 +142,19 @@ BEGIN
             LEFT(JSON_VALUE(j.[value], N'$.detail'), 1000) AS Detail
         FROM OPENJSON(@Recipients) AS j
     ) AS v;
+
+    -- A report about one recipient that is not among the mail's (a forwarding
+    -- alias: the Final-Recipient after expansion) is about the address the
+    -- token names: that is the one the queue sent to and must suppress.
+    IF @TokenAddress IS NOT NULL AND (SELECT COUNT(*) FROM @R) = 1
+        UPDATE r
+        SET r.Address = @TokenAddress
+        FROM @R AS r
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.MailRecipientList(@To, @CC, @BCC) AS l
+            WHERE l.Address = r.Address
+        );
 
     SELECT TOP (1) @Msg = CONCAT(N'@Recipients: ',
         COALESCE(N'''' + r.Address + N'''', N'a recipient without "address"'),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -75,11 +76,11 @@ SQLCMD_HEADER = """\
 GO
 IF N'$(__IsSqlCmdEnabled)' NOT LIKE N'True'
 BEGIN
-    PRINT N'mailq-db: SQLCMD mode must be enabled to run this script (sqlcmd, or SSMS: Query > SQLCMD Mode).';
+    RAISERROR(N'mailq-db: SQLCMD mode must be enabled to run this script (sqlcmd, or SSMS: Query > SQLCMD Mode).', 16, 1);
     SET NOEXEC ON;
 END
 GO
-"""
+""" + d.HEADER_GUARD + "\nGO\n"
 
 
 def _execute(sql: str) -> None:
@@ -96,6 +97,14 @@ def _destination() -> str | None:
     return context.script.get_revision(arg).revision
 
 
+def _empty_range_message() -> str:
+    start = context.get_starting_revision_argument()
+    dest = context.get_revision_argument()
+    return (f"the range {start or 'base'}:{dest or 'base'} renders no revision: an upgrade goes up "
+            f"(a downgrade is mailq-db deploy --sql --downgrade {start or 'head'}:{dest or 'base'}); "
+            f"this package's revisions: {', '.join(d.revisions(ROOT))}")
+
+
 def run_migrations_offline() -> None:
     """Render the script: no connection, no driver needed."""
     config.attributes[d.OPTIONS_ATTRIBUTE] = options
@@ -105,6 +114,7 @@ def run_migrations_offline() -> None:
     impl.static_output(SQLCMD_HEADER)
     for sql in d.script_header(options):
         _execute(sql)
+        _execute(d.HEADER_GUARD)
     if options.broker == "add":
         target = _destination()
         if target is None:
@@ -115,12 +125,22 @@ def run_migrations_offline() -> None:
             _execute(sql)
         _execute("COMMIT TRANSACTION")
     else:
+        d.reset_progress()
         with context.begin_transaction():
             context.run_migrations()
+        if d.PROGRESS.get("revision") is None:
+            raise ConfigurationError(_empty_range_message())
     for sql in d.script_footer():
         _execute(sql)
     out = config.output_buffer or sys.stdout
-    out.write(buffer.getvalue())
+    out.write(compact(buffer.getvalue()))
+
+
+def compact(script: str) -> str:
+    """Alembic writes a blank line before and after every GO; one GO line
+    between batches reads the same in fewer lines (no batch holds a line that
+    is only GO: tests/static/test_deploy_script.py)."""
+    return re.sub(r"\n\n+GO\n\n+", "\nGO\n", script)
 
 
 def stored_options(connection) -> dict[str, str]:
@@ -152,8 +172,7 @@ def run_migrations_online() -> None:
             connection.exec_driver_sql(sql)
         d.reset_progress()
         connection.commit()
-        # The header may have inferred the option of a database deployed
-        # before options were stored: an explicit value must agree with it.
+        # An explicit value must agree with the stored one.
         stored = stored_options(connection).get("broker")
         connection.commit()  # end the read's autobegun transaction
         if "broker" in opts.explicit and stored in ("on", "off") and opts.broker in ("on", "off") \
@@ -183,7 +202,7 @@ def run_migrations_online() -> None:
                     d.note_batch(label, index, frozen_in.get(label), ROOT)
                     connection.exec_driver_sql(sql)
             d.reset_progress()
-        for sql in d.script_footer()[1:]:
+        for sql in d.script_footer(offline=False):
             connection.exec_driver_sql(sql)
         connection.commit()
 

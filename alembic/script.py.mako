@@ -15,6 +15,9 @@ down_revision = ${repr(down_revision)}
 branch_labels = None
 depends_on = None
 
+# A file this revision froze under sql/upgrades/ needs its downgrade named here:
+# RevisionPlan.load(revision, __file__, drop_overrides={"upgrades/<file>.sql": [...]})
+# (deployment.drop_column for an added column; docs/CONVENTIONS.md).
 PLAN = RevisionPlan.load(revision, __file__)
 
 

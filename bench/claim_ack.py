@@ -2,7 +2,7 @@
 
     python bench/claim_ack.py [--url URL] [--database NAME] [--depths 10000,1000000]
                               [--workers 8] [--batch 100] [--seconds 20] [--keep]
-                              [--skew 100000] [--eligible 1000] [--rounds 5]
+                              [--skew 100000] [--app-skew 100000] [--eligible 1000] [--rounds 5]
 
 URL: ``--url`` or ``MAILQ_DB_URL`` (``mssql+pyodbc://sa:...@127.0.0.1:14330/master?TrustServerCertificate=yes``
 or an ODBC connection string), naming any database the login can create
@@ -36,6 +36,14 @@ come first.  Printed side by side: mails/s, logical reads per claim, p50 /
 p99 claim latency, and the skew / no-skew ratios (issue 10's target: within
 20 %; revision 0004's claim read every skewed row on every claim).
 ``--skew 0`` leaves the comparison out.
+
+Then the same comparison for an isolated worker (the third queue reading,
+M1): ``--app-skew`` (default 100,000) due priority-9 mails of application X
+on the very account whose ``--eligible`` priority-0 mails of application Y
+the workers claim with ``@AppName = Y``; against the same runs without X's
+backlog.  Before IX_MailQueue_ClaimByApp every such claim read X's whole
+due backlog (AppName was a residual predicate of the claim's seek); the
+target is the same as above.  ``--app-skew 0`` leaves it out.
 
 Issue 3's targets on a 2-core SQL Server 2022 container: logical reads per
 claim that do not grow with depth, and >= 5,000 mails/s with batch 100.  A
@@ -76,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the database this run created")
     p.add_argument("--skew", type=int, default=100_000,
                    help="unclaimable due mails ranked ahead in the skewed scenario (default 100000; 0: skip)")
+    p.add_argument("--app-skew", type=int, default=100_000,
+                   help="due mails of another application on the isolated workers' account (default 100000; "
+                        "0: skip)")
     p.add_argument("--eligible", type=int, default=1_000, help="eligible mails per skew round (default 1000)")
     p.add_argument("--rounds", type=int, default=5, help="rounds of the skew comparison (default 5)")
     return p.parse_args(argv)
@@ -154,7 +165,8 @@ def top_up(conn, account: str, depth: int) -> float:
 
 
 def run_depth(url: str, depth: int, workers: int, batch: int, seconds: float,
-              target: int | None = None, account_names: list[str] | None = None) -> dict:
+              target: int | None = None, account_names: list[str] | None = None,
+              app_name: str | None = None) -> dict:
     from mailq_db import procedures
     from mailq_db.connection import connect
 
@@ -181,7 +193,8 @@ def run_depth(url: str, depth: int, workers: int, batch: int, seconds: float,
                 token = uuid.uuid4()
                 t = time.perf_counter()
                 mails = procedures.claim_mail(conn, batch_size=batch, lock_token=token, lease_seconds=300,
-                                              worker_name=f"bench-{i}", account_names=account_names)
+                                              worker_name=f"bench-{i}", account_names=account_names,
+                                              app_name=app_name)
                 mine.append(time.perf_counter() - t)
                 if not mails:
                     with lock:
@@ -295,6 +308,46 @@ def skew_scenario(conn, url: str, args, skewed: bool) -> dict:
         runs.append(run_depth(url, args.eligible, args.workers, args.batch, args.seconds,
                               target=args.eligible, account_names=[eligible, spent]))
     cursor.close()
+    return summarize(runs)
+
+
+RESET_APP = (
+    "UPDATE mailq.MailQueue SET Status = N'UnSent', ThreadLock = NULL, AttemptsRemaining = 5, "
+    "VisibleAtUtc = DATEADD(SECOND, -1, SYSUTCDATETIME()), SentAtUtc = NULL, DateProcessed = NULL "
+    "WHERE AccountName = ? AND AppName = ?;"
+)
+
+
+def app_skew_scenario(conn, url: str, args, skewed: bool) -> dict:
+    """``args.rounds`` rounds in which isolated workers of application Y claim
+    ``args.eligible`` mails of Y from an account that, when ``skewed``, also
+    holds ``args.app_skew`` due mails of application X ranked ahead."""
+    from mailq_db import procedures
+    from mailq_helpers import bulk_fill
+
+    shared = new_bench_account(conn, "shared")
+    bulk_app, isolated = f"benchx_{uuid.uuid4().hex[:8]}", f"benchy_{uuid.uuid4().hex[:8]}"
+    for app in (bulk_app, isolated):
+        procedures.upsert_application(conn, app_name=app, description="bench/claim_ack.py")
+    bulk_fill(conn, shared, args.eligible, app=isolated)
+    cursor = conn.cursor()
+    cursor.execute("UPDATE mailq.MailQueue SET Priority = 0 WHERE AccountName = ? AND AppName = ?;",
+                   shared, isolated)
+    if skewed:
+        bulk_fill(conn, shared, args.app_skew, app=bulk_app)
+        cursor.execute("UPDATE mailq.MailQueue SET Priority = 9 WHERE AccountName = ? AND AppName = ?;",
+                       shared, bulk_app)
+    cursor.execute("UPDATE STATISTICS mailq.MailQueue;")
+    runs = []
+    for _ in range(max(1, args.rounds)):
+        cursor.execute(RESET_APP, shared, isolated)
+        runs.append(run_depth(url, args.eligible, args.workers, args.batch, args.seconds,
+                              target=args.eligible, account_names=[shared], app_name=isolated))
+    cursor.close()
+    return summarize(runs)
+
+
+def summarize(runs: list[dict]) -> dict:
     mails = sum(r["mails"] for r in runs)
     elapsed = sum(r["elapsed"] for r in runs)
     reads = [r["reads_per_claim"] for r in runs if r["reads_per_claim"] is not None]
@@ -307,15 +360,16 @@ def skew_scenario(conn, url: str, args, skewed: bool) -> dict:
     }
 
 
-def print_skew(plain: dict, skew: dict, args) -> None:
+def print_skew(plain: dict, skew: dict, args, *, title: str | None = None, label: str | None = None) -> None:
     def fmt(v, spec):
         return format(v, spec) if v is not None else "n/a"
 
-    print(f"skewed backlog: {args.skew:,} due mails of a budget-exhausted account ranked ahead of "
-          f"{args.eligible:,} eligible ({args.rounds} rounds, workers {args.workers}, batch {args.batch})")
+    print(title or (f"skewed backlog: {args.skew:,} due mails of a budget-exhausted account ranked ahead of "
+                    f"{args.eligible:,} eligible ({args.rounds} rounds, workers {args.workers}, "
+                    f"batch {args.batch})"))
     print(f"{'':24}{'mails/s':>12}{'reads/claim':>14}{'p50 ms':>10}{'p99 ms':>10}")
-    for label, r in (("no skew", plain), (f"skew {args.skew:,} ahead", skew)):
-        print(f"{label:24}{fmt(r['mails_per_s'], ',.0f'):>12}{fmt(r['reads_per_claim'], ',.0f'):>14}"
+    for name, r in (("no skew", plain), (label or f"skew {args.skew:,} ahead", skew)):
+        print(f"{name:24}{fmt(r['mails_per_s'], ',.0f'):>12}{fmt(r['reads_per_claim'], ',.0f'):>14}"
               f"{r['p50_ms']:>10.1f}{r['p99_ms']:>10.1f}")
     rate = skew["mails_per_s"] / plain["mails_per_s"] if plain["mails_per_s"] else float("nan")
     if plain["reads_per_claim"] and skew["reads_per_claim"] is not None:
@@ -381,6 +435,14 @@ def main(argv: list[str] | None = None) -> int:
                 plain = skew_scenario(conn, url, args, skewed=False)
                 skew = skew_scenario(conn, url, args, skewed=True)
                 print_skew(plain, skew, args)
+            if args.app_skew > 0:
+                print("isolated-worker comparison: filling...", flush=True)
+                plain = app_skew_scenario(conn, url, args, skewed=False)
+                skew = app_skew_scenario(conn, url, args, skewed=True)
+                print_skew(plain, skew, args, label=f"other app {args.app_skew:,}", title=(
+                    f"isolated workers (@AppName): {args.app_skew:,} due mails of another application on the "
+                    f"same account ranked ahead of {args.eligible:,} of theirs ({args.rounds} rounds, "
+                    f"workers {args.workers}, batch {args.batch})"))
             with_reads = [r for r in results if r["reads_per_claim"]]
             if len(with_reads) >= 2:
                 first, last = with_reads[0], with_reads[-1]

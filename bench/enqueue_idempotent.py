@@ -194,6 +194,10 @@ def main(argv=None) -> int:
 
             account = f"bench_{uuid.uuid4().hex[:8]}"
             procedures.upsert_sending_account(conn, account_name=account, default_from_address="bench@example.org")
+            # a new installation refuses an unmapped user (50500): map this one (docs/enqueue.md)
+            from enqueue_batch import map_bench_user
+
+            map_bench_user(conn, account)
 
             def enqueue(c, key):
                 procedures.enqueue_mail(c, to_address="r@example.com", subject="bench", body="b",

@@ -32,9 +32,3 @@ BEGIN
         CONSTRAINT UQ_AllowedProcedure_SchemaName_ProcedureName UNIQUE (SchemaName, ProcedureName)
     );
 END;
--- Added in place to a table deployed by an earlier revision; the entries
--- listed before are pinned by broker/delay.AllowedProcedure.pin.sql (a
--- separate batch: this one could not name the new column).  The downgrade of
--- the revision that adds the column drops it.
-ELSE IF COL_LENGTH(N'delay.AllowedProcedure', N'DefinitionHash') IS NULL
-    ALTER TABLE delay.AllowedProcedure ADD DefinitionHash VARBINARY(32) NULL;

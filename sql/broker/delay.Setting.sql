@@ -36,10 +36,3 @@ BEGIN
 
     INSERT INTO delay.Setting (SettingId) VALUES (1);
 END;
--- Added in place to a table deployed by an earlier revision (NULL: a
--- metadata-only change).  The downgrade of the revision that adds it drops it.
-ELSE IF COL_LENGTH(N'delay.Setting', N'TargetLockTimeoutMs') IS NULL
-BEGIN
-    ALTER TABLE delay.Setting ADD TargetLockTimeoutMs INT NULL
-        CONSTRAINT CK_Setting_TargetLockTimeoutMs CHECK (TargetLockTimeoutMs BETWEEN 0 AND 3600000);
-END;

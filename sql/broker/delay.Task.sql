@@ -59,13 +59,3 @@ BEGIN
         CONSTRAINT CK_Task_Attempts CHECK (Attempts >= 0)
     );
 END;
--- Added in place to a table deployed by an earlier revision: NULL columns, a
--- metadata-only change (existing rows are not rewritten).  The downgrade of
--- the revision that adds them drops them.
-ELSE
-BEGIN
-    IF COL_LENGTH(N'delay.Task', N'CreatedBy') IS NULL
-        ALTER TABLE delay.Task ADD CreatedBy NVARCHAR(128) NULL;
-    IF COL_LENGTH(N'delay.Task', N'IdempotencyKey') IS NULL
-        ALTER TABLE delay.Task ADD IdempotencyKey NVARCHAR(100) NULL;
-END;

@@ -1,10 +1,9 @@
 /*
-Deployment pre-check (runs first in revision 0001; creates nothing).
-Stops the deployment with a numbered error when the server or database
-cannot run mailq-db:
+Deployment pre-check (the baseline's first file; creates nothing).  Stops the
+deployment when the server or database cannot run mailq-db:
     50402  database compatibility level below 130 (OPENJSON, STRING_SPLIT)
     50403  SQL Server older than 2019 (major version 15) outside Azure
-The fix is printed in the message; this script never changes the database.
+The message says what to do; this script never changes the database.
 */
 DECLARE @CompatibilityLevel INT = (
     SELECT d.compatibility_level

@@ -1,9 +1,7 @@
 /*
-IX_MailQueue_Final serves mailq.PurgeMail and the reporting of finished
-mail: final statuses ordered by DateProcessed, so a purge batch is a range
-seek on the oldest rows instead of a scan of the queue.  'Stopped' joined
-the filter in revision 0011 (sql/upgrades/mailq.0011.MailQueue.sql rebuilds
-the index of an existing database).
+IX_MailQueue_Final: mailq.PurgeMail and reports of finished mail.  Keys
+(DateProcessed, ID), INCLUDE (Status, AccountName), filtered to the final
+statuses: a purge batch is a range seek on the oldest rows.
 */
 IF NOT EXISTS (
     SELECT 1

@@ -1,11 +1,9 @@
 /*
 UX_MailQueue_IdempotencyKey: one mail per idempotency key, compared as binary
-text (the column's collation since revision 0007).  mailq.EnqueueMail
-serializes callers of one key with an application lock on the key and then
-looks it up: no key-range lock on this index, so enqueues of neighbouring
-keys never wait for each other.  Filtered, so mails without a key (the common
-case) cost nothing.  A key becomes free again once mailq.PurgeMail deletes
-its mail.
+text (the column's collation).  Enqueues of one key serialize on an
+application lock on the key, never on key-range locks of this index.
+Filtered: mail without a key costs nothing; a key is free again once its mail
+is purged.
 */
 IF NOT EXISTS (
     SELECT 1

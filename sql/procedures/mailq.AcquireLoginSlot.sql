@@ -1,32 +1,22 @@
 /*
-mailq.AcquireLoginSlot: called by a worker right before it opens an SMTP
-connection (and logs in) for a sending account.  Atomically either grants
-the login, stamping mailq.SendingAccount.LastLoginAtUtc with the server's
-clock, or says how long to wait, so that two logins on one account are at
-least MinLoginIntervalMs apart across every worker on every machine
-(TinyMail 8C.5: providers count logins as well as mails).  An account
-without an interval (NULL) is always granted, and stamped.
+mailq.AcquireLoginSlot: called by a worker right before it logs in to an
+account's SMTP server.  Grants the login, stamping
+mailq.SendingAccount.LastLoginAtUtc with the server's clock, or says how long
+to wait, so that two logins on one account are at least MinLoginIntervalMs
+apart across all workers.  An account without an interval (NULL) is always
+granted, and stamped.
 Parameters:  @AccountName NVARCHAR(128), required: an existing sending account.
-Result set:  one row: Granted BIT (1: log in now; 0: do not connect),
-             WaitMs INT (0 when granted, else the milliseconds until the next
-             login is allowed, at most MinLoginIntervalMs), MinLoginIntervalMs
-             INT (NULL = none), LastLoginAtUtc DATETIME2(3) (the stamp now in
-             force: this call's when granted, else the earlier one).
-Errors:      50123 @AccountName missing; 50103 @AccountName over 128
-             characters; 50270 no sending account has that name.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-             Workers call it outside any transaction: the account row's lock is
-             then held for one single-row UPDATE only.
-Isolation:   sets READ COMMITTED itself.  The decision and the stamp are one
-             UPDATE by primary key: the row is read under an update lock even
-             under READ_COMMITTED_SNAPSHOT (an UPDATE's rows are selected by a
-             blocking scan taking U locks, "Transaction locking and row
-             versioning guide", read committed using row versioning), so a
-             second caller waits for the first and sees its stamp: never two
-             grants within one interval.
+Result set:  one row: Granted BIT, WaitMs INT (0 when granted, else at most
+             MinLoginIntervalMs), MinLoginIntervalMs INT (NULL = none),
+             LastLoginAtUtc DATETIME2(3) (the stamp now in force).
+Errors:      50123 @AccountName missing; 50103 over 128 characters; 50270 no
+             such account.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+             Workers call it outside any transaction.
+Isolation:   sets READ COMMITTED; the decision and the stamp are one UPDATE by
+             key, whose row is U-locked even under RCSI: never two grants
+             within one interval.
 Lock order:  mailq.SendingAccount only (one row, by key).
 Example:     EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
 */

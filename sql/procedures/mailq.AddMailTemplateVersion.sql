@@ -1,48 +1,30 @@
 /*
-mailq.AddMailTemplateVersion: stores a new version of a mail template
-(issue 16, point 2), creating the template at version 1 if the name is new.
-Versions are numbered 1, 2, 3 ... per name and never change afterwards
-(mailq.MailTemplateVersion is immutable), so a mail rendered from
-(@TemplateName, version) can always be rendered again from the same text.
-When the texts equal the latest version's (compared byte for byte, not under
-the collation), no version is added: @Version returns the latest one and
-@Created 0, so deploying the same templates from source control twice is
-harmless.  The texts are not parsed here: mailq_db.templates.check_template
-(and `mailq-db template render`) compiles them before they are stored.
+mailq.AddMailTemplateVersion: stores a new version of a mail template,
+creating the template at version 1 if the name is new.  Versions (1, 2, 3 ...
+per name) never change afterwards.  Texts equal to the latest version's
+(compared byte for byte) add nothing: @Version returns the latest, @Created 0,
+so deploying the same templates twice is harmless.  The texts are compiled by
+mailq_db.templates.check_template before they are stored, not here.
 Parameters:  @TemplateName NVARCHAR(128), required: 1-128 of A-Z a-z 0-9 . _ -
-             @SubjectTemplate, required: 1-4000 characters
-             @HtmlTemplate, @TextTemplate: up to 2,000,000 characters each, at
-               least one given (N'' counts as not given)
-             @Description NVARCHAR(400), optional: kept on the template; NULL
-               keeps the current description
-             @ExpectedLatestVersion INT, optional: refuse (50217) unless the
-               latest version is this one (0: the name must be new); guards
-               against two editors overwriting each other
-             @Version INT OUTPUT: the version stored (or the latest, unchanged)
-             @Created BIT OUTPUT: 1 when a version was added
-Result set:  none (OUTPUT parameters).
-Errors:      50210 @TemplateName missing or not 1-128 of A-Z a-z 0-9 . _ -;
-             50211 @SubjectTemplate missing or over 4000 characters;
-             50212 neither body given, or a body over 2,000,000 characters;
-             50213 @Description over 400 characters;
-             50214 @ExpectedLatestVersion negative;
-             50216 the template is retired (mailq.RetireMailTemplate @Retire = 0
-             brings it back); 50217 the latest version is not @ExpectedLatestVersion.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself; UPDLOCK, HOLDLOCK on the template's
-             row numbers versions one at a time per name (a new name takes a
-             key-range lock on a small administration table, as
-             mailq.UpsertApplication does).
+             @SubjectTemplate, required, 1-4000 characters
+             @HtmlTemplate, @TextTemplate: up to 2,000,000 characters, at least
+               one given (N'' counts as not given)
+             @Description NVARCHAR(400): NULL keeps the current one
+             @ExpectedLatestVersion INT: refuse unless the latest version is
+               this one (0: the name must be new)
+             @Version INT OUTPUT, @Created BIT OUTPUT
+Errors:      50210 @TemplateName; 50211 @SubjectTemplate; 50212 no body or one
+             too long; 50213 @Description too long; 50214 @ExpectedLatestVersion
+             negative; 50216 the template is retired; 50217 the latest version
+             is not @ExpectedLatestVersion.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED; UPDLOCK, HOLDLOCK on the template's row
+             numbers versions one at a time per name.
 Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
-Example:     DECLARE @V INT, @C BIT;
-             EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome',
-                  @SubjectTemplate = N'Welcome',
-                  @HtmlTemplate = N'<p>Hello</p>',
-                  @Version = @V OUTPUT, @Created = @C OUTPUT;
-             (Jinja2 syntax in the texts, with worked examples: docs/templates.md.)
+Example:     EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome',
+                 @SubjectTemplate = N'Welcome', @HtmlTemplate = N'<p>Hello</p>',
+                 @Version = @V OUTPUT, @Created = @C OUTPUT;  -- docs/templates.md
 */
 CREATE OR ALTER PROCEDURE mailq.AddMailTemplateVersion
     @TemplateName NVARCHAR(4000),

@@ -5,10 +5,8 @@ have it; cancel again after it was acknowledged, or let it finish.
 Parameters:  @ID BIGINT, required.
 Result set:  one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
 Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
              in a procedure reverts when it returns).
 Lock order:  mailq.MailQueue, then mailq.MailEvent (insert).

@@ -1,142 +1,37 @@
 /*
-mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its cost
-is bounded by the batch and the number of accounts that can send now, never
-by the backlog that cannot be sent (issue 10, point 1).
-
-Claimable: UnSent and due, or Sending with an expired lease (its worker died
-or stalled): VisibleAtUtc <= now in both cases; with an attempt left and not
-past ExpiresAtUtc.  Mail past its expiry or out of attempts is never taken
-here: mailq.FinalizeMail moves it to Expired/Failed in bounded batches, so
-every row this procedure takes is returned to the worker.
-
-How (a small fixed number of statements in one transaction):
- 1. Accounts: the sending accounts the worker serves (@AccountNames), that
-    are not blocked (BlockedUntilUtc), with what is left of their rate budget.
-    Budget rows are read WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK), one
-    seek per such account (only its row is locked): an account whose
-    budget another claimer holds is skipped for this claim, never waited on.
-    The clock (@Now) is read AFTER those locks are held, and a stored window
-    start later than @Now's window is kept (windows never move backwards), so
-    the mails charged to any window never exceed the account's limit, also
-    with claimers racing at a window boundary (issue 10, point 6; spin model
-    models/mailqueue.pml -DRATE).  Accounts without budget are dropped.  With
-    Run modes (revision 0015): each account left is crossed with the run
-    modes the worker serves (@RunModes, default ["prod"]); every (account,
-    run mode) pair drives one seek, and mail of a run mode the worker does
-    not serve is never read (RunMode is the index's second key).  With
-    more such pairs than @BatchSize, those without claimable mail are
-    dropped (one row-free EXISTS probe each) and @BatchSize of the rest are
-    drawn at random per claim (so no pair starves and the lock bound below
-    holds).
- 2. Passes (at most 3): one UPDATE each, driven by those accounts: CROSS APPLY
-    a per-pair TOP (cap) on IX_MailQueue_ClaimByAccount (FORCESEEK), in
-    Priority DESC, VisibleAtUtc, ID order; then TOP (slots left) over those
-    rows in round-robin order (each pair's 1st mail, then each one's 2nd,
-    ...; within a turn highest Priority, then oldest due, then ID).
-    Fair share: cap = least of the pair's part of its account's remaining
-    budget (split evenly over the account's open pairs, the remainder to
-    pairs drawn at random, so the caps of one account never add up to more
-    than its budget) and FLOOR(slots left / pairs still open), at least 1.
-    A pair that yields fewer rows than its cap is drained; the next pass
-    shares the slots left among the others (max-min fairness).  Within one
-    (account, run mode) pair the DESIGN.md order holds exactly (highest
-    Priority first, then oldest due, within what can be sent); across
-    accounts, and across the run modes of one account, the batch is shared,
-    because each account sends over its own connection and budget and each
-    run mode is a separate stream (staging must not starve prod, nor the
-    reverse).  With one account and one run mode (the common case) the
-    batch is exactly the global order.
- 3. Charge the budgets, close the attempts of reclaimed leases (Abandoned),
-    resolve the template version of template mail (revision 0016: one seek
-    on PK_MailTemplate per claimed template mail, at most @BatchSize), open
-    one attempt per claimed mail (recording that version); commit; return
-    the mails.
-Expected plan of a pass (header of IX_MailQueue_ClaimByAccount): Table Scan
-of @Drive (a few rows: one per pair) -> Nested Loops -> per pair Top (Cap) <-
-Sequence Project <- ordered Index Seek on IX_MailQueue_ClaimByAccount (ten
-ranges: AccountName = a, RunMode = m, Priority = p, VisibleAtUtc <= @Now;
-residual AppName, AttemptsRemaining, ExpiresAtUtc); above the loop a TopN
-Sort of at most (slots + pairs) rows by Turn; Clustered Index Seek by ID for
-the UPDATE (Clustered Index Update maintains the indexes; the DryRun stamp
-is one seek on PK_Application per row claimed).  No scan of mailq.MailQueue,
-no Sort below a per-pair Top, nothing that reads a non-driving account or a
-run mode not served.  Cost per claim: pairs x (index depth + 10 ranges) +
-rows claimed, pairs <= min(@BatchSize, accounts with budget x run modes
-served); when accounts with budget x run modes served exceeds @BatchSize,
-plus one EXISTS probe per such pair before the draw (index depth + at most
-10 ranges each, stopped at the first claimable row; S locks, none kept), so
-the probes are bounded by accounts x run modes served (<= 16 per account),
-not by @BatchSize.  Neither grows with the mail of run modes the worker
-does not serve, however much of it is due.
-Bounds per pass statement: rows read (and U-locked) on
-IX_MailQueue_ClaimByAccount <= max(slots left, pairs open) <= @BatchSize;
-at most @BatchSize rows updated, each also taking the key lock of its new
-position in the index: <= 2 x @BatchSize key locks on the index, <=
-@BatchSize on the clustered index (2,000 at the largest batch, 100 at the
-worker's default of 50), never near the 5,000 locks per statement and index
-that trigger lock escalation (Microsoft, "Lock escalation": the threshold
-counts one statement's locks on one index or table).  Limits: an isolated worker (@AppName) reads past
-due mail of OTHER applications on the same account, and every claim reads
-past expired / out-of-attempts mail not yet finalized; both are residual
-predicates on the seek (covered by INCLUDE, no lookup).
-
-Parameters:  @BatchSize    INT 1-1000, default 10
-             @LockToken    UNIQUEIDENTIFIER, required: the worker's token for
-                           this batch; every acknowledgement must present it
-             @LeaseSeconds INT 1-3600, default 300
-             @AppName      NULL (default): claim every application's mail
-                           (competing); a name: only that application's mail (isolated)
-             @WorkerName   NVARCHAR(128), recorded in mailq.MailAttempt
-             @AccountNames NULL (default): every account; else a JSON array of
-                           the account names this worker can send for (a worker
-                           without credentials for an account never claims its mail)
-             @RunModes     NULL (default): ["prod"], the default run mode only;
-                           else a JSON array of 1-16 run-mode names this worker
-                           serves, e.g. ["staging", "test"] (revision 0015): mail
-                           of any other run mode is never claimed, nor read
-Result sets: 1. one row per claimed mail: ID, MessageID, AccountName, AppName,
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its reads
+and locks grow with the batch and the accounts that can send now, never with
+mail it cannot take: other accounts, run modes or applications, throttled or
+blocked accounts (how, plan and bounds: docs/claim.md).
+Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER,
+             required (every acknowledgement presents it); @LeaseSeconds INT
+             1-3600, default 300; @AppName NULL: every application's mail
+             (competing workers), a name: only that application's (isolated);
+             @WorkerName, kept in mailq.MailAttempt; @AccountNames NULL (all)
+             or a JSON array of the accounts served; @RunModes NULL (["prod"])
+             or a JSON array of 1-16 run-mode names served.
+Result sets: 1. one row per mail leased: ID, MessageID, AccountName, AppName,
                 FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
                 Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
                 AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp,
-                RunMode, DryRun (1: the application is in dry-run; the worker
-                must not send it, and mailq.MarkSent records it as DryRun
-                whatever the worker reports)
-                then (revision 0016) TemplateName, TemplateVersion (the version
-                to render: pinned, else the latest when the template is not
-                retired; NULL with a TemplateName: nothing to render, the
-                worker stops the mail), TemplateModel -- three NULLs for
-                ordinary mail (Body, Subject are N'' for template mail)
-             2. their attachments: MailID, AttachmentNo, FileName, ContentType, Content,
-                then (revision 0016) Generator, GeneratorArgs (Content NULL:
-                the worker generates it)
-             3. (revision 0016) the template versions the batch renders, each
-                once: TemplateName, Version, SubjectTemplate, HtmlTemplate,
-                TextTemplate (empty when no claimed mail has a template)
-Errors:      50130 @BatchSize out of range; 50131 @LockToken missing;
-             50132 @LeaseSeconds out of range; 50103 a name over its size;
-             50115 unknown @AppName; 50148 @AccountNames not a JSON array of names;
-             50241 @RunModes not a JSON array of 1-16 valid run-mode names.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails in distributed transactions,
-             error 627).  An error rolls back what it opened; inside a
-             caller's transaction XACT_ABORT dooms that transaction and the
-             caller must roll it back.  The result sets are read after the
-             claim's statements (the rows are leased to @LockToken).
-Isolation:   sets READ COMMITTED itself (READPAST is refused under
-             SERIALIZABLE and SNAPSHOT, error 650, and REPEATABLE READ would
-             keep every lock it reads; a level set inside a procedure
-             reverts when it returns).  Under READ_COMMITTED_SNAPSHOT the claim's reads still
-             lock: UPDLOCK makes them locking reads of the latest committed
-             rows (Microsoft's "Table hints": UPDLOCK, READPAST).
-Lock order:  mailq.SendingAccount (read, no lock held), mailq.RateBudget (U),
-             mailq.MailQueue (U -> X; mailq.Application read by key inside
-             that statement for the DryRun stamp, no lock kept),
-             mailq.MailTemplate (read, S released at once; revision 0016),
-             mailq.MailAttempt (X), mailq.MailEvent (insert): the order of
-             every mail-queue procedure that touches several of them.  The
-             template procedures never touch mailq.MailQueue, so the template
-             read closes no cycle.
-Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = 'A1F0...',
+                RunMode, DryRun, TemplateName, TemplateVersion, TemplateModel,
+                LeaseSecondsRemaining (INT: whole seconds of lease left, floor,
+                by the server's clock as the row is returned)
+             2. attachments: MailID, AttachmentNo, FileName, ContentType,
+                Content, Generator, GeneratorArgs (Content NULL: generated)
+             3. template versions the batch renders: TemplateName, Version,
+                SubjectTemplate, HtmlTemplate, TextTemplate
+Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a
+             name over 128 characters, 50115 @AppName not registered, 50148
+             @AccountNames, 50241 @RunModes (docs/errors.md).
+Transaction: its own if none is open, else the caller's (no savepoint); an
+             error rolls back what it opened and dooms a caller's (XACT_ABORT).
+Isolation:   sets READ COMMITTED (READPAST needs it, error 650); its reads of
+             the queue lock (UPDLOCK / READCOMMITTEDLOCK), also under RCSI.
+Lock order:  mailq.RateBudget (U), mailq.MailQueue (claim index keys U, then
+             clustered rows X), mailq.MailAttempt (X), mailq.MailEvent (insert);
+             SendingAccount, Application, MailTemplate are read, no lock kept.
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T,
                  @LeaseSeconds = 300, @WorkerName = N'host1/1';
 */
 CREATE OR ALTER PROCEDURE mailq.ClaimMail
@@ -199,11 +94,10 @@ BEGIN
         FROM OPENJSON(@AccountNames) AS j
         WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
 
-    -- Run modes (revision 0015, docs/run-modes.md): the worker serves these
-    -- and nothing else.  NULL: the default run mode, 'prod'.  Each name must
-    -- pass the rule of CK_MailQueue_RunMode (a name that cannot exist is a
-    -- configuration mistake, not an empty claim).  Separate statements, as
-    -- for @AccountNames.
+    -- Run modes (docs/run-modes.md): the worker serves these and nothing
+    -- else; NULL is 'prod'.  Each name must pass CK_MailQueue_RunMode's rule
+    -- (a name that cannot exist is a configuration mistake, not an empty
+    -- claim).  Separate statements, as for @AccountNames.
     DECLARE @RunModesOk BIT = 1;
     SET @RunModes = COALESCE(@RunModes, N'["prod"]');
     IF ISJSON(@RunModes) = 0 OR LEFT(LTRIM(@RunModes), 1) <> N'['
@@ -257,8 +151,8 @@ BEGIN
         Remaining INT NOT NULL DEFAULT (0),
         Taken INT NOT NULL DEFAULT (0)
     );
-    -- The units that drive the claim (revision 0015): one row per (account
-    -- left in @Acct, run mode served).  Cap: this pass's per-pair TOP;
+    -- The units that drive the claim: one row per (account left in @Acct,
+    -- run mode served).  Cap: this pass's per-pair TOP;
     -- Taken: claimed so far; IsOpen: may take more in a later pass.
     DECLARE @Drive TABLE (
         AccountName NVARCHAR(128) NOT NULL,
@@ -273,6 +167,8 @@ BEGIN
         RunMode NVARCHAR(32) NOT NULL,
         PRIMARY KEY (AccountName, RunMode)
     );
+    -- One pass's pick: the rows its seeks took (U locks held to commit).
+    DECLARE @Pick TABLE (ID BIGINT NOT NULL PRIMARY KEY);
     DECLARE @Claimed TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
         AccountName NVARCHAR(128) NOT NULL,
@@ -282,7 +178,7 @@ BEGIN
         OldLockToken UNIQUEIDENTIFIER NULL,
         AttemptNo INT NOT NULL,
         Pass INT NOT NULL,
-        TemplateName NVARCHAR(128) NULL,  -- revision 0016
+        TemplateName NVARCHAR(128) NULL,
         TemplateVersion INT NULL          -- pinned at enqueue, then the version resolved to render
     );
     DECLARE @Pass INT = 0;
@@ -370,31 +266,50 @@ BEGIN
         CROSS JOIN @Modes AS m;
 
         -- More pairs than slots: keep the pairs that have claimable mail now
-        -- (one row-free probe per pair on the same index), then @BatchSize
-        -- of them drawn at random per claim, so every pair gets its turn and
-        -- a pass never seeks more than @BatchSize pairs.
-        --   READPAST, READCOMMITTEDLOCK: a locking read that skips rows other
-        --   claimers hold (a pair whose claimable rows are all held has
-        --   nothing for us) and takes no lock it keeps; also under RCSI.
+        -- (one row-free probe per pair), then @BatchSize of them drawn at
+        -- random, so every pair gets its turn and a pass seeks at most
+        -- @BatchSize pairs.  The probe reads the index the claim will read
+        -- (an isolated worker's: its application's keys only).
+        --   READPAST, READCOMMITTEDLOCK: a locking read (also under RCSI)
+        --   that skips rows other claimers hold and keeps no lock.
         IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
         BEGIN
-            DELETE FROM d
-            FROM @Drive AS d
-            WHERE NOT EXISTS (
-                SELECT 1
-                FROM mailq.MailQueue AS k WITH (
-                    INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, READCOMMITTEDLOCK
-                )
-                WHERE
-                    k.AccountName = d.AccountName
-                    AND k.RunMode = d.RunMode
-                    AND k.Status IN (N'UnSent', N'Sending')
-                    AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-                    AND k.VisibleAtUtc <= @Now
-                    AND k.AttemptsRemaining > 0
-                    AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
-                    AND (@AppName IS NULL OR k.AppName = @AppName)
-            );
+            IF @AppName IS NULL
+                DELETE FROM d
+                FROM @Drive AS d
+                WHERE NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                );
+            ELSE
+                DELETE FROM d
+                FROM @Drive AS d
+                WHERE NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByApp), FORCESEEK, READPAST, READCOMMITTEDLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.AppName = @AppName
+                        AND k.AppName IS NOT NULL
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                );
             IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
             BEGIN
                 -- The draw is materialized first: a TOP ... ORDER BY NEWID()
@@ -411,7 +326,7 @@ BEGIN
             END;
         END;
 
-        -- 3. The claim: up to three passes, one UPDATE each (see the header).
+        -- 3. The claim: up to three passes, each a pick and one UPDATE (docs/claim.md).
         WHILE @Pass < 3 AND @Left > 0
         BEGIN
             SET @Pass += 1;
@@ -449,6 +364,75 @@ BEGIN
                 ) AS o
             ) AS x ON d.AccountName = x.AccountName AND d.RunMode = x.RunMode;
 
+            -- The pick: per pair with a cap, one ordered seek that stops after it
+            -- (ten ranges, one per priority, already in ORDER BY order: no
+            -- Sort below the TOP); then the pass's TOP (@Left) in turns.
+            -- Competing workers seek IX_MailQueue_ClaimByAccount; an
+            -- isolated worker seeks IX_MailQueue_ClaimByApp, whose third key
+            -- is AppName: other applications' mail lies outside its ranges.
+            --   INDEX + FORCESEEK: this index's seek or an error, never a scan;
+            --   READPAST: skip rows other workers hold, never wait;
+            --   UPDLOCK:  the keys read stay ours until commit, so two
+            --     workers cannot take one row (a locking read under RCSI);
+            --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
+            DELETE FROM @Pick;
+            IF @AppName IS NULL
+                INSERT INTO @Pick (ID)
+                SELECT TOP (@Left) c.ID
+                FROM (SELECT r.AccountName, r.RunMode, r.Cap FROM @Drive AS r WHERE r.Cap > 0) AS d
+                CROSS APPLY (
+                    SELECT TOP (d.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC;
+            ELSE
+                INSERT INTO @Pick (ID)
+                SELECT TOP (@Left) c.ID
+                FROM (SELECT r.AccountName, r.RunMode, r.Cap FROM @Drive AS r WHERE r.Cap > 0) AS d
+                CROSS APPLY (
+                    SELECT TOP (d.Cap)
+                        k.ID,
+                        k.Priority,
+                        k.VisibleAtUtc,
+                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
+                    FROM mailq.MailQueue AS k WITH (
+                        INDEX (IX_MailQueue_ClaimByApp), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
+                    )
+                    WHERE
+                        k.AccountName = d.AccountName
+                        AND k.RunMode = d.RunMode
+                        AND k.AppName = @AppName
+                        AND k.AppName IS NOT NULL
+                        AND k.Status IN (N'UnSent', N'Sending')
+                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                        AND k.VisibleAtUtc <= @Now
+                        AND k.AttemptsRemaining > 0
+                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
+                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
+                ) AS c
+                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC;
+
+            -- The lease: the picked rows by clustered key, re-checked.
+            --   FORCESEEK (PK_MailQueue (ID)): one seek per picked ID whatever
+            --     the cached plan's estimate of @Pick, never a scan;
+            --   READPAST: a row another session holds (an acknowledgement of
+            --     an expired lease in flight) is skipped, never waited on, so
+            --     our key U lock and its clustered X lock cannot deadlock.
             UPDATE q
             SET
                 q.Status = N'Sending',
@@ -459,9 +443,8 @@ BEGIN
                 -- A lease that expired may hide a mail the dead worker already
                 -- handed to SMTP: flag it (receivers can drop it by Message-ID).
                 q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate),
-                -- Per-application dry-run (revision 0015): every claim stamps
-                -- the application's flag as it is now; the claim result says
-                -- it and mailq.MarkSent keeps it (a seek on PK_Application).
+                -- The application's dry-run flag as it is now (a seek on
+                -- PK_Application); mailq.MarkSent keeps it.
                 q.DryRun = COALESCE(
                     (SELECT ap.DryRun FROM mailq.Application AS ap WHERE ap.AppName = q.AppName),
                     CAST(0 AS BIT)
@@ -481,52 +464,10 @@ BEGIN
                 ID, AccountName, AppName, RunMode, OldStatus, OldLockToken, AttemptNo, Pass,
                 TemplateName, TemplateVersion
             )
-            -- Target row by its clustered key.  READPAST: a row another
-            -- session holds (e.g. an acknowledgement of an expired lease in
-            -- flight) is skipped instead of waited on, which also rules out a
-            -- deadlock between our index-key U lock and its clustered X lock.
-            FROM mailq.MailQueue AS q WITH (READPAST, UPDLOCK, ROWLOCK)
-            INNER JOIN (
-                SELECT TOP (@Left) c.ID
-                FROM @Drive AS d
-                CROSS APPLY (
-                    -- One ordered seek per (account, run mode) pair (ten
-                    -- ranges, one per priority, already in ORDER BY order: no
-                    -- Sort, the TOP stops it after Cap rows).  Table hints
-                    -- are allowed on a table inside the applied derived
-                    -- table like on any table source (FROM clause, "Table
-                    -- hints"); FORCESEEK with the INDEX hint makes it a seek
-                    -- on this index or an error, never a scan.
-                    --   INDEX + FORCESEEK: the plan of the index's header,
-                    --     never a scan, whatever the statistics say;
-                    --   READPAST: skip rows other workers hold, never wait;
-                    --   UPDLOCK:  claim while reading, so two workers can't
-                    --     take one row (and a locking read under RCSI);
-                    --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
-                    SELECT TOP (d.Cap)
-                        k.ID,
-                        k.Priority,
-                        k.VisibleAtUtc,
-                        ROW_NUMBER() OVER (ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC) AS Turn
-                    FROM mailq.MailQueue AS k WITH (
-                        INDEX (IX_MailQueue_ClaimByAccount), FORCESEEK, READPAST, UPDLOCK, ROWLOCK
-                    )
-                    WHERE
-                        k.AccountName = d.AccountName
-                        AND k.RunMode = d.RunMode
-                        AND k.Status IN (N'UnSent', N'Sending')
-                        AND k.Priority IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-                        AND k.VisibleAtUtc <= @Now
-                        AND k.AttemptsRemaining > 0
-                        AND (k.ExpiresAtUtc IS NULL OR k.ExpiresAtUtc > @Now)
-                        AND (@AppName IS NULL OR k.AppName = @AppName)
-                    ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
-                ) AS c
-                WHERE d.Cap > 0
-                ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC
-            ) AS p ON q.ID = p.ID
+            FROM mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), READPAST, UPDLOCK, ROWLOCK)
             WHERE
-                q.Status IN (N'UnSent', N'Sending')
+                q.ID IN (SELECT p.ID FROM @Pick AS p)
+                AND q.Status IN (N'UnSent', N'Sending')
                 AND q.VisibleAtUtc <= @Now
                 AND q.AttemptsRemaining > 0;
 
@@ -586,9 +527,9 @@ BEGIN
             ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
         WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
 
-        -- Revision 0016: the template version each template mail renders in
-        -- this attempt: the pinned one, else the latest when the template is
-        -- not retired (else NULL: the worker stops the mail and says why).
+        -- The template version each template mail renders in this attempt:
+        -- the pinned one, else the latest when the template is not retired
+        -- (else NULL: the worker stops the mail and says why).
         -- One seek on PK_MailTemplate per claimed template mail (at most
         -- @BatchSize); a plain read: LatestVersion is committed together with
         -- its version row (mailq.AddMailTemplateVersion), versions never change.
@@ -630,6 +571,11 @@ BEGIN
     END CATCH;
 
     -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock needed).
+    -- LeaseSecondsRemaining: by the server's clock read now, after the
+    -- claim's statements (and their commit when the transaction is ours),
+    -- in whole seconds rounded down, so a worker counting it down from the
+    -- reply on its own monotonic clock never overestimates it.
+    DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
     SELECT
         q.ID,
         q.MessageID,
@@ -654,10 +600,11 @@ BEGIN
         q.dtStamp,
         q.RunMode,
         q.DryRun,
-        -- Revision 0016: three columns, NULL for ordinary mail.
+        -- Template columns: NULL for ordinary mail.
         c.TemplateName,
         c.TemplateVersion,
-        q.TemplateModel
+        q.TemplateModel,
+        CAST(FLOOR(DATEDIFF_BIG(MILLISECOND, @ReturnedAt, q.VisibleAtUtc) / 1000.0) AS INT) AS LeaseSecondsRemaining
     FROM mailq.MailQueue AS q
     INNER JOIN @Claimed AS c ON q.ID = c.ID
     WHERE q.ThreadLock = @LockToken
@@ -669,13 +616,13 @@ BEGIN
         a.FileName,
         a.ContentType,
         a.Content,
-        a.Generator,     -- revision 0016: a lazy attachment (Content NULL)
+        a.Generator,     -- a lazy attachment (Content NULL)
         a.GeneratorArgs
     FROM mailq.MailAttachment AS a
     INNER JOIN @Claimed AS c ON a.MailID = c.ID
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
 
-    -- Revision 0016: the texts of the template versions this batch renders,
+    -- The texts of the template versions this batch renders,
     -- each once: the distinct versions drive one seek each on
     -- PK_MailTemplateVersion (an inner join, so FORCESEEK always has its
     -- plan: nested loops with the few distinct versions outside).

@@ -4,15 +4,16 @@ batches), fenced by the lock token, all or nothing.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 1-3600,
              default 300: the new lease runs from now.
-Result set:  one row per mail: ID, LeaseExpiresUtc.
+Result set:  one row per mail: ID, LeaseExpiresUtc, LeaseSecondsRemaining
+             (INT: whole seconds of lease left, floor, by the server's clock as
+             the rows are returned; count it down on the worker's own
+             monotonic clock, never compare LeaseExpiresUtc with its wall clock).
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
              50132 @LeaseSeconds out of range.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
+Transaction: its own if none is open, else the caller's (no savepoint); any
+             error is re-raised unchanged and dooms a caller's (XACT_ABORT).
 Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail).
+Lock order:  mailq.MailQueue only (clustered rows, via mailq.LockLeasedMail).
 Example:     EXEC mailq.ExtendLease @IDList = N'[101,102]', @LockToken = @T, @LeaseSeconds = 300;
 */
 CREATE OR ALTER PROCEDURE mailq.ExtendLease
@@ -59,9 +60,12 @@ BEGIN
         THROW;
     END CATCH;
 
+    -- Seconds left by the server's clock read now, rounded down.
+    DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
     SELECT
         e.ID,
-        e.LeaseExpiresUtc
+        e.LeaseExpiresUtc,
+        CAST(FLOOR(DATEDIFF_BIG(MILLISECOND, @ReturnedAt, e.LeaseExpiresUtc) / 1000.0) AS INT) AS LeaseSecondsRemaining
     FROM @Extended AS e
     ORDER BY e.ID;
 END;

@@ -1,37 +1,24 @@
 /*
 mailq.FinalizeMail: moves queued mail that can never be sent to its final
-state, in small batches, so that the claim never has to (issue 10, point 2):
-  * out of attempts: UnSent/Sending, AttemptsRemaining = 0, lease expired
-    (the worker holding the last attempt died or stalled) -> Failed,
-    "No attempt left after an abandoned lease. Last error: ...";
-  * expired: UnSent (due or not), or Sending with an expired lease, whose
-    ExpiresAtUtc passed -> Expired.  A live lease is left to its worker.
-Whatever the account: blocked accounts and accounts no worker serves
-included (their mail expires as docs/guarantees.md promises).  A reclaimed
-lease is flagged PossibleDuplicate and its open attempt closed 'Abandoned',
-as ClaimMail does when it reclaims.  Out of attempts wins over expired.
-
-Each batch is one short transaction of at most @BatchSize mails per
-statement: a range seek on IX_MailQueue_Finalize / IX_MailQueue_Expiry, TOP,
-clustered seeks; reads and locks proportional to @BatchSize (far below the
-5,000 locks per statement that trigger lock escalation).  Batches repeat
-until one finds fewer than @BatchSize mails or @MaxBatches ran; the next
-call continues.  Workers call it on a timer (src/mailq_db/worker/loop.py,
-every 60 s); a SQL Agent job or an elastic job can call it instead (see
-docs/finalization.md).
-
+state, in small batches, whatever its account, so that the claim never has
+to: out of attempts with the last lease expired -> Failed; past ExpiresAtUtc
+(UnSent, or Sending with an expired lease) -> Expired.  A live lease is left
+to its worker.  One finalizer at a time (docs/finalization.md).
 Parameters:  @BatchSize  INT 1-1000, default 200: mails per statement
              @MaxBatches INT 1-1000, default 50: batches per call
-Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT
-             (1: the last batch was full; call again)
+Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT (1: the
+             last batch was full; call again), Busy BIT (1: another
+             FinalizeMail held the finalizer lock, so this call stopped there
+             and left the rest to it)
 Errors:      50150 @BatchSize out of range; 50151 @MaxBatches out of range;
              50152 called inside a transaction.
-Transaction: must not be called inside a transaction (50152): each batch
-             commits on its own, which is what keeps it small.  An error
-             rolls back the batch under way (earlier batches stay) and is
-             re-raised.
+Transaction: must not be called inside one (50152): each batch is its own
+             short transaction; an error rolls back the batch under way
+             (earlier batches stay) and is re-raised.
 Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
-Lock order:  mailq.MailQueue (U -> X), then mailq.MailAttempt (X), then
+Lock order:  the application lock N'mailq.FinalizeMail' (exclusive, owned by
+             the batch's transaction, never waited for), then mailq.MailQueue
+             (index keys U, clustered rows X), mailq.MailAttempt (X),
              mailq.MailEvent (insert), as in mailq.ClaimMail.
 Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
 */
@@ -77,6 +64,8 @@ BEGIN
     DECLARE @ExpiredRows INT;
     DECLARE @Batches INT = 0;
     DECLARE @MoreLeft BIT = 0;
+    DECLARE @Busy BIT = 0;
+    DECLARE @Lock INT;
 
     WHILE @Batches < @MaxBatches
     BEGIN
@@ -85,6 +74,21 @@ BEGIN
         DELETE FROM @Done;
         BEGIN TRY
             BEGIN TRANSACTION;
+
+            -- One finalizer at a time: two finalizers reading the two indexes
+            -- below in opposite orders could deadlock on a mail that is both
+            -- out of attempts and expired.  Transaction-owned, so it ends with
+            -- the batch; timeout 0: another finalizer at work already does
+            -- this job, so this call stops instead of waiting (Busy = 1).
+            EXEC @Lock = sys.sp_getapplock
+                @Resource = N'mailq.FinalizeMail', @LockMode = N'Exclusive',
+                @LockOwner = N'Transaction', @LockTimeout = 0;
+            IF @Lock < 0
+            BEGIN
+                ROLLBACK TRANSACTION;  -- nothing written in it
+                SET @Busy = 1;
+                BREAK;
+            END;
 
             -- Out of attempts, lease expired.  IX_MailQueue_Finalize: range
             -- seek on VisibleAtUtc <= @Now within its filter.
@@ -220,5 +224,5 @@ BEGIN
         SET @MoreLeft = 1;
     END;
 
-    SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft;
+    SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft, @Busy AS Busy;
 END;

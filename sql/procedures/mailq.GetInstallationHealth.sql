@@ -3,28 +3,20 @@ mailq.GetInstallationHealth: one row per installation check, for
 `mailq-db doctor`.  Reads only catalog views and the queue; changes nothing.
 Parameters:  none.
 Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix
-             (what to do when Status is not OK).  Checks: server version and
-             edition; compatibility level (>= 130); READ_COMMITTED_SNAPSHOT;
-             deployed schema revision; Service Broker and dbo.DelayServiceQueue;
-             the caller's roles and EXECUTE permissions; expired leases not yet
-             reclaimed; failures of the last 24 hours; blocked accounts; default account.
+             (runnable as is: names QUOTENAMEd, quotes doubled).  Checks: server
+             version (FAIL below SQL Server 2019) and edition; compatibility
+             level (>= 130); READ_COMMITTED_SNAPSHOT; deployed revision; Service
+             Broker and dbo.DelayServiceQueue; the caller's roles and EXECUTE
+             permissions; MailqEnqueuer members not mapped to an application;
+             expired leases not yet reclaimed; failures of the last 24 hours;
+             blocked accounts; default account.
+Visibility:  catalog views show a caller only what it owns or holds a
+             permission on, also inside this procedure: a least-privilege
+             MailqSender member sees "not visible" (WARN) for the queue, and
+             the Fix names VIEW DEFINITION or MailqAdmin.
 Errors:      none of its own.
-Visibility:  catalog views show a caller only the metadata of objects it owns
-             or holds a permission on ("Metadata Visibility Configuration"),
-             also inside this procedure: ownership chaining reaches the queue's
-             tables, not metadata.  A least-privilege member of MailqSender
-             therefore cannot see dbo.DelayServiceQueue; the check then says
-             "not visible" (WARN) instead of missing silently, and names the
-             grant (VIEW DEFINITION) or the role (MailqAdmin) that shows it.
-Checks added by revision 0007: the Version row fails below SQL Server 2019
-             (as mailq.CheckServer); UnmappedEnqueuers warns about MailqEnqueuer
-             members not mapped to an application (mailq.BindApplication
-             @PrincipalName).
-Quoting:     names put into Fix text are quoted: QUOTENAME for identifiers,
-             doubled quotes inside N'...' literals, so a Fix is runnable as is.
-Transaction: reads only; opens none and leaves the caller's untouched.
-Isolation:   sets READ COMMITTED itself (reads hold no lock past a statement,
-             whatever the caller's level).
+Transaction: reads only; opens none.
+Isolation:   sets READ COMMITTED (no lock held past a statement).
 Lock order:  none (no locking reads).
 Example:     EXEC mailq.GetInstallationHealth;
 */
@@ -115,7 +107,8 @@ BEGIN
     FROM dbo.mailq_alembic_version AS v;
     IF @@ROWCOUNT = 0
         INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
-        VALUES (N'Schema', N'Revision', N'FAIL', N'no revision recorded', N'mailq-db deploy --url ...');
+        VALUES (N'Schema', N'Revision', N'FAIL', N'no revision recorded',
+            N'mailq-db deploy (with MAILQ_DB_URL in the environment)');
 
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT

@@ -2,27 +2,11 @@
 mailq.GetMailEvents: reads the event stream (mailq.MailEvent) after a
 cursor, in EventID order, in bounded batches: one application's events
 (@AppName) or one mail's (@MailID).  The caller keeps the last EventID it
-processed and passes it back as @AfterEventID.
-Commit-safe cursor: EventID is the row's ROWVERSION as BIGINT, and only
-rows below MIN_ACTIVE_ROWVERSION() are returned.  "A rowversion value is
-active if it is used in a transaction that has not yet been committed"; the
-function returns the lowest active value, or @@DBTS + 1 when none is
-(MIN_ACTIVE_ROWVERSION (Transact-SQL), Remarks:
-https://learn.microsoft.com/sql/t-sql/functions/min-active-rowversion-transact-sql).
-So every event returned belongs to an ended transaction, and any event that
-commits later carries a higher EventID than every one returned: a reader
-never skips one.  The price: any open transaction that has written a
-rowversion value in this database holds back every reader until it ends: one
-that wrote an event (e.g. an enqueue inside an application's own long
-transaction), and equally one that inserted or updated a row of any other
-table with a rowversion column (the counter is the database's, not the
-table's); events are delayed, never lost.  An abandoned or in-doubt (MSDTC)
-transaction stalls the stream until it is ended: MIN_ACTIVE_ROWVERSION()
-staying below @@DBTS + 1 shows it.
-The bound is read into a variable first, and the rows are read with
-READCOMMITTEDLOCK in a later statement: under READ_COMMITTED_SNAPSHOT a
-statement's snapshot could predate a commit below the bound; a locking read
-cannot (rows below the bound are committed, so it never waits on them).
+processed and passes it back as @AfterEventID.  Commit-safe: only events
+below MIN_ACTIVE_ROWVERSION() are returned, so no event can appear later
+below a cursor already given; an open transaction that wrote a rowversion
+value anywhere in the database holds every reader back until it ends
+(mailq.GetEventStreamStall names it; docs/events.md).
 Parameters:  @AppName NVARCHAR(128) or @MailID BIGINT: exactly one;
              @AfterEventID BIGINT >= 0, default 0 (from the start);
              @MaxEvents INT 1-5000, default 500.
@@ -33,25 +17,15 @@ Result set:  up to @MaxEvents rows in EventID order: EventID BIGINT, MailID
              @MaxEvents: the caller is up to date (for now).
 Errors:      50170 neither or both of @AppName / @MailID; 50171 @AfterEventID
              NULL or negative; 50172 @MaxEvents out of range; 50173 the calling
-             database user is mapped to another application
-             (mailq.ApplicationPrincipal) than @AppName.
-Access:      a database user mapped to an application reads only that
-             application's events (by @MailID too: other mails' events are
-             filtered out); other callers of the procedure read every
-             application's (grants: MailqEnqueuer, MailqAdmin).
-Transaction: opens none and writes nothing; inside a caller's transaction
-             that has itself written events, the bound stops below them.
-Isolation:   sets READ COMMITTED itself and reads with READCOMMITTEDLOCK (see
-             above); a level set in a procedure reverts when it returns.
-Lock order:  mailq.MailEvent only (shared locks, released row by row).  Only
-             mailq.PurgeMail changes rows below the bound: a reader of the
-             events it is deleting waits for that purge batch, and (a key
-             lookup against the delete's index order) can be the deadlock
-             victim (1205): retry the call with the same cursor.
-Plan:        a range seek on IX_MailEvent_AppName (AppName, EventSeq) or
-             IX_MailEvent_MailID (MailID, EventSeq) between the cursor and
-             the bound, TOP (@MaxEvents), key lookups for the rows returned:
-             the same cost at any table size.
+             database user is mapped to another application than @AppName.
+Access:      a user mapped to an application (mailq.ApplicationPrincipal) reads
+             only that application's events; other callers read every one.
+Transaction: opens none and writes nothing.
+Isolation:   sets READ COMMITTED; the bound is read first, the rows then with
+             READCOMMITTEDLOCK (no RCSI snapshot older than the bound).
+Lock order:  mailq.MailEvent only (shared, row by row).  A mailq.PurgeMail batch
+             deleting the events read can make the reader wait or its deadlock
+             victim (1205): call again with the same cursor.
 Example:     EXEC mailq.GetMailEvents @AppName = N'billing', @AfterEventID = 41230, @MaxEvents = 500;
 */
 CREATE OR ALTER PROCEDURE mailq.GetMailEvents

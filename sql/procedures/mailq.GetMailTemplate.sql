@@ -1,25 +1,19 @@
 /*
 mailq.GetMailTemplate: one version of a mail template, for rendering
-(mailq_db.templates) or for review.  Without @Version: the latest version,
-refused (50216) when the template is retired, so new mail cannot use it.
-With @Version: that version even if the template is retired, so mail queued
-before the retirement (which pinned its version) still renders.
+(mailq_db.templates) or review.  Without @Version: the latest, refused (50216)
+when the template is retired.  With @Version: that version even if retired,
+so mail that pinned it still renders.
 Parameters:  @TemplateName NVARCHAR(128), required; @Version INT, optional (>= 1).
 Result set:  one row: TemplateName, Version, LatestVersion, SubjectTemplate,
              HtmlTemplate, TextTemplate, Description, CreatedBy, CreatedAtUtc,
              RetiredAtUtc.
 Errors:      50210 @TemplateName missing or invalid; 50214 @Version below 1;
-             50215 no template has this name, or it has no such version;
-             50216 the template is retired (and no @Version was given).
+             50215 no such template or version; 50216 retired (no @Version).
 Transaction: reads only; none of its own.
-Isolation:   the caller's.  Two seeks on primary keys.  A version row is never
-             changed or deleted, and is written in the same transaction that
-             raises LatestVersion, so the version read in step 1 still exists
-             in step 2.
-Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared locks
-             of the caller's isolation level only).
-Example:     EXEC mailq.GetMailTemplate @TemplateName = N'welcome';
-             EXEC mailq.GetMailTemplate @TemplateName = N'welcome', @Version = 2;
+Isolation:   the caller's; two seeks on primary keys (a version row never
+             changes and is written with LatestVersion).
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
+Example:     EXEC mailq.GetMailTemplate @TemplateName = N'welcome', @Version = 2;
 */
 CREATE OR ALTER PROCEDURE mailq.GetMailTemplate
     @TemplateName NVARCHAR(4000),

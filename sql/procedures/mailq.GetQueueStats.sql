@@ -1,23 +1,32 @@
 /*
-mailq.GetQueueStats: the reporting views in one call (for `mailq-db stats`).
-Parameters:  @RecentFailures INT 1-1000, default 20: rows of result set 4.
-Result sets: 1. Status, AccountName, MailCount           (mailq.QueueCountsByStatus)
-             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount (mailq.OldestDueMail)
-             3. HourUtc, AccountName, Sent, Failed       (mailq.ThroughputPerHour, last 24 h)
-             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode, LastError,
-                DateProcessed                            (mailq.RecentFailures, newest first)
-Errors:      50146 @RecentFailures out of range.
+mailq.GetQueueStats: the queue's health in one call (for `mailq-db stats`),
+from forced seeks bounded by the mail still queued or by a time window, never
+by the history kept (docs/guarantees.md, "Storage and reporting").
+Parameters:  @RecentFailures INT 1-1000, default 20: rows of result set 4;
+             @FinishedHours  INT 1-168, default 24: the window of result set 3.
+Result sets: 1. Status, AccountName, MailCount: mail queued now (UnSent,
+                Sending); seek on IX_MailQueue_Status, two status ranges
+             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount: due
+                UnSent mail per account; seek on IX_MailQueue_Status
+             3. HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped:
+                mail finished per UTC hour over the last @FinishedHours hours
+                (by DateProcessed); range seek on IX_MailQueue_Final (covering)
+             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode,
+                LastError, DateProcessed: the newest failed attempts of the last
+                7 days; backward seek on IX_MailAttempt_EndedAtUtc, then
+                PK_MailQueue by ID
+Errors:      50146 @RecentFailures out of range; 50520 @FinishedHours out of
+             range.
 Transaction: reads only; opens none and leaves the caller's untouched.
-Isolation:   sets READ COMMITTED itself: called from a SERIALIZABLE or
-             REPEATABLE READ session it would otherwise hold range or shared
-             locks on the queue until the caller's transaction ends; under
-             READ_COMMITTED_SNAPSHOT the counts are a consistent snapshot per
-             statement (no lock taken).
-Lock order:  none (no locking reads).
-Example:     EXEC mailq.GetQueueStats @RecentFailures = 10;
+Isolation:   sets READ COMMITTED itself (no range or shared locks kept for a
+             SERIALIZABLE or REPEATABLE READ caller); under
+             READ_COMMITTED_SNAPSHOT each statement reads a snapshot.
+Lock order:  none (shared locks released row by row, or none under RCSI).
+Example:     EXEC mailq.GetQueueStats @RecentFailures = 10, @FinishedHours = 24;
 */
 CREATE OR ALTER PROCEDURE mailq.GetQueueStats
-    @RecentFailures INT = 20
+    @RecentFailures INT = 20,
+    @FinishedHours INT = 24
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -25,45 +34,83 @@ BEGIN
 
     DECLARE @Msg NVARCHAR(2048);
     SET @RecentFailures = COALESCE(@RecentFailures, 20);
+    SET @FinishedHours = COALESCE(@FinishedHours, 24);
     IF @RecentFailures NOT BETWEEN 1 AND 1000
     BEGIN
         SET @Msg = CONCAT(N'@RecentFailures must be 1-1000; got ', @RecentFailures, N'.');
         THROW 50146, @Msg, 1;
     END;
+    IF @FinishedHours NOT BETWEEN 1 AND 168
+    BEGIN
+        SET @Msg = CONCAT(N'@FinishedHours must be 1-168 (a week); got ', @FinishedHours, N'.');
+        THROW 50520, @Msg, 1;
+    END;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    -- Whole hours: the window starts at the top of the oldest hour shown.
+    DECLARE @FinishedSince DATETIME2(3) = DATEADD(
+        HOUR, DATEDIFF(HOUR, '20000101', @Now) - @FinishedHours + 1, CAST('20000101' AS DATETIME2(3))
+    );
+    DECLARE @FailuresSince DATETIME2(3) = DATEADD(DAY, -7, @Now);
+
+    -- Every read below is a forced seek on a narrow index whose range holds
+    -- only queued mail or one time window: the cost never grows with the
+    -- finished mail kept until mailq.PurgeMail removes it.
+    SELECT
+        q.Status,
+        q.AccountName,
+        COUNT_BIG(*) AS MailCount
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)
+    WHERE q.Status IN (N'UnSent', N'Sending')
+    GROUP BY q.Status, q.AccountName
+    ORDER BY q.AccountName ASC, q.Status ASC;
 
     SELECT
-        c.Status,
-        c.AccountName,
-        c.MailCount
-    FROM mailq.QueueCountsByStatus AS c
-    ORDER BY c.AccountName, c.Status;
+        q.AccountName,
+        MIN(q.VisibleAtUtc) AS OldestDueUtc,
+        DATEDIFF_BIG(SECOND, MIN(q.VisibleAtUtc), @Now) AS OldestDueAgeSeconds,
+        COUNT_BIG(*) AS DueCount
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)
+    WHERE q.Status = N'UnSent' AND q.VisibleAtUtc <= @Now
+    GROUP BY q.AccountName
+    ORDER BY OldestDueAgeSeconds DESC;
 
+    -- IX_MailQueue_Final is filtered on the final statuses: the predicate
+    -- repeats them as literals so the filtered index always matches.
     SELECT
-        o.AccountName,
-        o.OldestDueUtc,
-        o.OldestDueAgeSeconds,
-        o.DueCount
-    FROM mailq.OldestDueMail AS o
-    ORDER BY o.OldestDueAgeSeconds DESC;
+        DATEADD(HOUR, DATEDIFF(HOUR, '20000101', q.DateProcessed), CAST('20000101' AS DATETIME2(0))) AS HourUtc,
+        q.AccountName,
+        SUM(IIF(q.Status = N'Sent', 1, 0)) AS Sent,
+        SUM(IIF(q.Status = N'Failed', 1, 0)) AS Failed,
+        SUM(IIF(q.Status = N'Expired', 1, 0)) AS Expired,
+        SUM(IIF(q.Status = N'Cancelled', 1, 0)) AS Cancelled,
+        SUM(IIF(q.Status = N'Stopped', 1, 0)) AS Stopped
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Final), FORCESEEK)
+    WHERE
+        q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
+        AND q.DateProcessed >= @FinishedSince
+    GROUP BY
+        DATEADD(HOUR, DATEDIFF(HOUR, '20000101', q.DateProcessed), CAST('20000101' AS DATETIME2(0))),
+        q.AccountName
+    ORDER BY HourUtc DESC, q.AccountName ASC;
 
-    SELECT
-        t.HourUtc,
-        t.AccountName,
-        t.Sent,
-        t.Failed
-    FROM mailq.ThroughputPerHour AS t
-    WHERE t.HourUtc >= DATEADD(HOUR, -24, SYSUTCDATETIME())
-    ORDER BY t.HourUtc DESC, t.AccountName ASC;
-
+    -- Newest first, stopped after @RecentFailures rows: a backward range
+    -- seek on EndedAtUtc (Outcome is an included column), a key lookup for
+    -- ErrorText of the rows kept, one PK_MailQueue seek per row kept.
     SELECT TOP (@RecentFailures)
-        f.ID,
-        f.AttemptNo,
-        f.AccountName,
-        f.Status,
-        f.Outcome,
-        f.SmtpCode,
-        f.LastError,
-        f.DateProcessed
-    FROM mailq.RecentFailures AS f
-    ORDER BY f.DateProcessed DESC;
+        t.MailID AS ID,
+        t.AttemptNo,
+        q.AccountName,
+        q.Status,
+        t.Outcome,
+        t.SmtpCode,
+        t.ErrorText AS LastError,
+        t.EndedAtUtc AS DateProcessed
+    FROM mailq.MailAttempt AS t WITH (INDEX (IX_MailAttempt_EndedAtUtc), FORCESEEK)
+    INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID))) ON t.MailID = q.ID
+    WHERE
+        t.EndedAtUtc IS NOT NULL
+        AND t.EndedAtUtc >= @FailuresSince
+        AND t.Outcome IN (N'Retry', N'Wait', N'Stop', N'Abandoned')
+    ORDER BY t.EndedAtUtc DESC;
 END;

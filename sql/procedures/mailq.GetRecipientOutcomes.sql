@@ -12,9 +12,10 @@ Result set:  one row per recorded recipient: MailID, Address, Outcome,
 Errors:      50131 @LockToken missing; 50185 @IDList is not a JSON array of
              1-1000 integers.
 Transaction: reads only; none of its own.
-Isolation:   the caller's: the rows read belong to mails this token holds,
-             which only this worker writes.
-Lock order:  none taken beyond the caller's isolation level (reads only).
+Isolation:   sets READ COMMITTED itself (no shared or range lock kept for a
+             REPEATABLE READ or SERIALIZABLE caller); the rows read belong to
+             mails this token holds, which only this worker writes.
+Lock order:  mailq.MailQueue, then mailq.MailRecipientOutcome (shared, row by row).
 Example:     EXEC mailq.GetRecipientOutcomes @IDList = N'[101,102]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.GetRecipientOutcomes
@@ -23,6 +24,7 @@ CREATE OR ALTER PROCEDURE mailq.GetRecipientOutcomes
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
 
     IF @LockToken IS NULL
         THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;

@@ -12,7 +12,8 @@ Result sets: 1. active suppressions: AccountName, Reason, Suppressed INT
                 IX_MailQueue_Final by DateProcessed, covering).
 Errors:      50614 @Days out of range.
 Transaction: none of its own; reads only.
-Isolation:   the caller's.
+Isolation:   sets READ COMMITTED itself (no key-range locks under a SERIALIZABLE
+             caller, no stale snapshot under SNAPSHOT; a report, locks kept by none).
 Lock order:  mailq.Suppression, mailq.BounceReport, then mailq.MailQueue.
 Example:     EXEC mailq.GetSuppressionStats @Days = 1;
 */
@@ -21,6 +22,7 @@ CREATE OR ALTER PROCEDURE mailq.GetSuppressionStats
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     SET @Days = ISNULL(@Days, 7);

@@ -6,12 +6,8 @@ Result set:  TemplateName, LatestVersion, Description, CreatedAtUtc,
              RetiredBy, RetiredReason.
 Errors:      none.
 Transaction: reads only; none of its own.
-Isolation:   the caller's.  Reads the whole (small, administrative) template
-             table in clustered-key order, with one seek per template into
-             mailq.MailTemplateVersion for its latest version; never touches
-             the mail queue.
-Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared locks
-             of the caller's isolation level only).
+Isolation:   the caller's; one seek per template for its latest version.
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
 Example:     EXEC mailq.ListMailTemplates @IncludeRetired = 1;
 */
 CREATE OR ALTER PROCEDURE mailq.ListMailTemplates

@@ -12,7 +12,8 @@ Result set:  AccountName, AppName (NULL: every application of the account),
              UpdatedAtUtc, ExpiresAtUtc, IsActive BIT.
 Errors:      50613 @MaxRows out of range.
 Transaction: none of its own; reads only.
-Isolation:   the caller's (a report: a row committed a moment later may be missing).
+Isolation:   sets READ COMMITTED itself (no key-range locks under a SERIALIZABLE
+             caller, no stale snapshot under SNAPSHOT; a report, locks kept by none).
 Lock order:  mailq.Suppression only.
 Example:     EXEC mailq.ListSuppressions @AccountName = N'news', @Reason = N'Complaint';
 */
@@ -25,6 +26,7 @@ CREATE OR ALTER PROCEDURE mailq.ListSuppressions
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     SET @MaxRows = ISNULL(@MaxRows, 1000);

@@ -1,30 +1,24 @@
 /*
 mailq.LockLeasedMail: the fence of every acknowledgement (internal: called by
 ExtendLease, ReleaseMail, MarkSent and MarkFailed inside their transaction;
-granted to no role).  Validates @ID / @IDList, then locks the named mails
-WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises an
-error unless every one of them exists, is Sending and holds @LockToken.  The
-caller's UPDATE then cannot race a reclaim: a worker whose lease expired and
-was reclaimed is told so and changes nothing (all or nothing).
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (a JSON array of 1-1000
+granted to no role).  Locks the named mails WITH (UPDLOCK, ROWLOCK) until the
+caller's transaction ends and raises unless every one exists, is Sending and
+holds @LockToken: a worker whose lease was reclaimed changes nothing.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000
              integers): exactly one; @LockToken UNIQUEIDENTIFIER, required;
              @AcceptSentByToken BIT, default 0: 1 also accepts a mail already
-             Sent by an attempt under @LockToken (MarkSent repeated after its
-             connection dropped before the reply: the first call committed)
+             Sent under @LockToken (a repeated MarkSent).
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
-             50137 @IDList malformed; 50201 unknown mail ID;
-             50202 the mail is leased under another token (lease lost);
-             50203 the mail is not Sending (already acknowledged or never claimed).
-Transaction: must run inside the caller's transaction (raises 50138 otherwise);
-             opens none; an error dooms the caller's transaction (XACT_ABORT ON)
-             and is re-raised unchanged: the caller's CATCH rolls back.
-Isolation:   sets READ COMMITTED itself (a level set in a procedure reverts when
-             it returns): UPDLOCK reads the latest committed row under every
-             caller level, and the MailAttempt read says READCOMMITTEDLOCK so it
-             never reads a row version under READ_COMMITTED_SNAPSHOT.
-Lock order:  mailq.MailQueue (clustered rows, in ID order), then mailq.MailAttempt:
-             the order of every mail-queue procedure (docs/guarantees.md).
+             50137 @IDList malformed; 50138 no open transaction; 50201 unknown
+             mail; 50202 leased under another token; 50203 not Sending.
+Transaction: runs inside the caller's only; an error dooms it (XACT_ABORT ON)
+             and is re-raised unchanged.
+Isolation:   sets READ COMMITTED: UPDLOCK reads the latest committed row, and
+             the MailAttempt read says READCOMMITTEDLOCK (never a version).
+Lock order:  mailq.MailQueue (clustered rows, in the order the plan reads the
+             list, not sorted: overlapping lists under two tokens can deadlock,
+             1205), then mailq.MailAttempt.
 Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.LockLeasedMail

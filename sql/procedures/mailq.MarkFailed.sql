@@ -1,28 +1,23 @@
 /*
 mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
-nothing.  @Disposition follows TinyMail's error classes:
-  Retry  transient (4xx on the mail, dropped connection, timeout): the attempt
-         is consumed; the mail is UnSent again after @RetryAfterSeconds, or
-         after exponential backoff with jitter: 30 s * 2^(attempt-1), at most
-         1 hour, times a random 0.8-1.2; Failed when no attempt is left.
-  Wait   the account is throttled or locked (421, rate limits): the attempt is
-         refunded, the mail is UnSent again after @RetryAfterSeconds (default
-         60), and the account is blocked until then (ClaimMail skips it).
-  Stop   permanent (5xx, malformed mail): Failed at once.
+nothing.  @Disposition (docs/smtp-classification.md):
+  Retry  transient: the attempt is spent; UnSent again after
+         @RetryAfterSeconds, or 30 s * 2^(attempt-1) (at most 1 hour) times a
+         random 0.8-1.2; Failed when no attempt is left.
+  Wait   the account is throttled: the attempt is refunded, UnSent again after
+         @RetryAfterSeconds (default 60), the account blocked until then.
+  Stop   permanent: Failed at once.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
-             @LockToken UNIQUEIDENTIFIER, required; @Disposition NVARCHAR(8),
-             required; @Error NVARCHAR(4000), required: what happened;
-             @RetryAfterSeconds INT 0-604800, optional; @SmtpCode INT 200-599, optional.
-Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc
-             (NULL when Failed).
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
-             50133 @Disposition unknown; 50134 @RetryAfterSeconds out of range;
-             50139 @Error missing; 50147 @SmtpCode out of range.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+             @LockToken UNIQUEIDENTIFIER, @Disposition NVARCHAR(8), @Error
+             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800 and
+             @SmtpCode INT 200-599, optional.
+Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc.
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail);
+             50133 @Disposition; 50134 @RetryAfterSeconds; 50139 @Error
+             missing; 50147 @SmtpCode.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
 Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
              then mailq.MailEvent (insert), then mailq.SendingAccount (Wait only).
 Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',

@@ -1,31 +1,20 @@
 /*
 mailq.MarkSent: records mails as sent; fenced by the lock token and all or
 nothing, so one call acknowledges every mail sent on one SMTP connection.
-Repeatable: a mail this token already marked Sent is accepted again and left
-unchanged, so a worker whose connection dropped before the reply can simply
-call again.
+Repeatable: a mail this token already marked Sent is accepted again, unchanged.
+A mail claimed with DryRun = 1 (its application is in dry-run) is recorded as
+DryRun whatever @DryRun says (status Sent, event 'DryRun'; the event's Detail
+notes a worker that reported a real send).
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
-             exactly one; @LockToken UNIQUEIDENTIFIER, required;
-             @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
-             final reply, optional; @DryRun BIT, default 0: 1 records that
-             nothing was sent (worker dry-run mode).
-Dry-run applications (revision 0015): a mail its claim returned with
-             DryRun = 1 (its application is in dry-run, mailq.UpsertApplication
-             @DryRun) is recorded as DryRun whatever @DryRun says: status
-             Sent, DryRun = 1, attempt outcome and event 'DryRun'.  An
-             acknowledgement that claims a real send of such a mail is not
-             refused (a refusal would leave the lease to expire and the mail
-             to be claimed and sent again, by the same worker); it is recorded
-             as DryRun and its event's Detail says that the worker reported a
-             real send, so the mismatch is visible in the event stream.
-Result set:  one row per mail named: ID, Status ('Sent'), NextAttemptUtc (NULL).
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+             exactly one; @LockToken UNIQUEIDENTIFIER, required; @SmtpCode INT
+             200-599 and @SmtpText NVARCHAR(4000), optional; @DryRun BIT,
+             default 0 (the worker sent nothing).
+Result set:  one row per mail: ID, Status ('Sent'), NextAttemptUtc (NULL).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail);
              50147 @SmtpCode out of range.  On any error nothing is written.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
 Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
              then mailq.MailEvent (insert).
 Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
@@ -56,7 +45,7 @@ BEGIN
         AttemptNo INT NOT NULL,
         AppName NVARCHAR(128) NULL,
         DryRun BIT NOT NULL,
-        Enforced BIT NOT NULL  -- claimed as dry-run, acknowledged as a real send (revision 0015)
+        Enforced BIT NOT NULL  -- claimed as dry-run, acknowledged as a real send
     );
 
     -- Own the transaction if none is open; otherwise work inside the caller's.
@@ -73,7 +62,7 @@ BEGIN
             q.ThreadLock = NULL,
             q.SentAtUtc = @Now,
             q.DateProcessed = @Now,
-            -- The claim's stamp wins (revision 0015): a dry-run
+            -- The claim's stamp wins: a dry-run
             -- application's mail stays DryRun.
             q.DryRun = IIF(@DryRun = 1 OR q.DryRun = 1, CAST(1 AS BIT), CAST(0 AS BIT)),
             q.LastError = NULL

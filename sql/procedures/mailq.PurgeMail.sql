@@ -1,37 +1,29 @@
 /*
 mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
 Stopped) whose DateProcessed is older than @OlderThanDays days, with its
-attempts, attachments and events (mailq.MailEvent).  Works in batches of @BatchSize mails, one short transaction
-per batch.  Rows locked by others are skipped (READPAST) and picked up by
-the next purge.
-Batch size and lock escalation: SQL Server escalates to a table lock when
-one statement takes 5,000 locks on one index (or one table) reference
-("Lock escalation" in Microsoft's transaction locking and row versioning
-guide).  Every statement here stays far below: the parent delete touches at
-most @BatchSize <= 1000 rows per index, children are deleted 1000 rows per
-statement (recipient outcomes too, before the parent delete, whose ON DELETE
-CASCADE would otherwise remove up to 100 of them per mail in one statement).
-The queue stays available to workers and enqueuers meanwhile.
+attempts, attachments, recipient outcomes and events, in batches of
+@BatchSize mails, one short transaction per batch.  Rows others hold are
+skipped (READPAST) and left to the next purge.  Every statement touches at
+most 1,000 rows per index, by forced seeks, far below lock escalation's
+5,000 (docs/guarantees.md, "Lock order").
 Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
              @BatchSize INT 1-1000, default 500.
 Result set:  one row: PurgedCount BIGINT.
 Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
              over 36500 (the cutoff date would underflow, error 517);
              50140 @BatchSize out of range; 50141 called inside a transaction.
-Transaction: must not be called inside a transaction (50141): each batch
-             commits on its own, which is the point.  An error rolls back the
-             current batch only (earlier batches stay purged) and is re-raised.
-Isolation:   sets READ COMMITTED itself (READPAST is refused under SERIALIZABLE,
-             REPEATABLE READ and SNAPSHOT, error 650); the candidate read says
-             READCOMMITTEDLOCK so that, under READ_COMMITTED_SNAPSHOT, it sees
+Transaction: must not be called inside one (50141): each batch commits on its
+             own; an error rolls back the batch under way (earlier batches
+             stay purged) and is re-raised.
+Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
+             REPEATABLE READ (error 650 otherwise), and REPEATABLE READ would
+             keep every shared lock the candidate read takes; that read says
+             READCOMMITTEDLOCK so that under READ_COMMITTED_SNAPSHOT it sees
              locks and READPAST can skip them.
-Lock order:  mailq.MailQueue clustered rows first (U, in ID order), then
-             mailq.MailAttempt, then mailq.MailAttachment, then
-             mailq.MailRecipientOutcome, then mailq.MailEvent, then the MailQueue
-             rows' deletion: the order of every procedure (docs/guarantees.md).
-             The candidates are found on IX_MailQueue_Final without keeping a
-             lock on it, so RequeueMail (clustered row, then the index key)
-             can no longer deadlock with a purge (issue 10, point 7).
+Lock order:  mailq.MailQueue clustered rows (U; candidates are found on
+             IX_MailQueue_Final without keeping a lock there), then
+             mailq.MailAttempt, mailq.MailAttachment, mailq.MailRecipientOutcome,
+             mailq.MailEvent, then the MailQueue rows' deletion.
 Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.PurgeMail
@@ -117,11 +109,15 @@ BEGIN
             END;
 
             -- 3. Children, 1000 rows per statement, attempts before attachments.
+            --    FORCESEEK: one seek per purged mail on the child's clustered
+            --    key (MailID first), never a scan, which would lock its way
+            --    through the rows of live mail (no READPAST here) and wait on
+            --    the workers holding them.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
                 DELETE TOP (1000) t
-                FROM mailq.MailAttempt AS t WITH (ROWLOCK)
+                FROM mailq.MailAttempt AS t WITH (FORCESEEK (PK_MailAttempt (MailID)), ROWLOCK)
                 WHERE t.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
@@ -130,7 +126,7 @@ BEGIN
             WHILE @Deleted = 1000
             BEGIN
                 DELETE TOP (1000) a
-                FROM mailq.MailAttachment AS a WITH (ROWLOCK)
+                FROM mailq.MailAttachment AS a WITH (FORCESEEK (PK_MailAttachment (MailID)), ROWLOCK)
                 WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
@@ -143,7 +139,7 @@ BEGIN
             WHILE @Deleted = 1000
             BEGIN
                 DELETE TOP (1000) o
-                FROM mailq.MailRecipientOutcome AS o WITH (ROWLOCK)
+                FROM mailq.MailRecipientOutcome AS o WITH (FORCESEEK (PK_MailRecipientOutcome (MailID)), ROWLOCK)
                 WHERE o.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
@@ -162,9 +158,9 @@ BEGIN
                 SET @Deleted = @@ROWCOUNT;
             END;
 
-            -- 4. The mails themselves (rows already held since step 2).
+            -- 4. The mails themselves (rows already held since step 2), by key.
             DELETE q
-            FROM mailq.MailQueue AS q WITH (ROWLOCK)
+            FROM mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), ROWLOCK)
             WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
             SET @Purged += @@ROWCOUNT;
 

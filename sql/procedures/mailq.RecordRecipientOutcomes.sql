@@ -1,31 +1,25 @@
 /*
-mailq.RecordRecipientOutcomes: records, for one mail the worker holds, which
-recipients the SMTP server accepted (Delivered), refused for now (Deferred,
-4xx) or refused for good (Refused, 5xx).  Fenced by the lease token through
-mailq.LockLeasedMail: a worker whose lease was reclaimed writes nothing.
-The worker calls it right after the server's final reply, before MarkSent
-(no recipient deferred) or MarkFailed 'Retry' (some deferred): the next
-attempt then sends only to the recipients that are neither Delivered nor
-Refused (mailq.GetRecipientOutcomes), so nobody gets the mail twice.
-Parameters:  @ID BIGINT, required: the mail; @LockToken UNIQUEIDENTIFIER,
-             required; @Outcomes NVARCHAR(MAX), required: a JSON array of
-             1-1000 objects {"address": "a@example.com", "outcome":
-             "Delivered"|"Deferred"|"Refused", "code": 200-599 or null,
-             "text": the server's reply, cut to 1000 characters}.
+mailq.RecordRecipientOutcomes: records which recipients of a mail the worker
+holds were accepted (Delivered), refused for now (Deferred, 4xx) or for good
+(Refused, 5xx).  Called after the server's final reply, before MarkSent or
+MarkFailed 'Retry': the next attempt sends only to recipients neither
+Delivered nor Refused (mailq.GetRecipientOutcomes).  Fenced by the lease
+token (mailq.LockLeasedMail).
+Parameters:  @ID BIGINT, @LockToken UNIQUEIDENTIFIER, required;
+             @Outcomes NVARCHAR(MAX), required: a JSON array of 1-1000
+             {"address", "outcome": "Delivered"|"Deferred"|"Refused",
+             "code": 200-599 or null, "text": up to 1000 characters}.
 Result set:  none.
-Errors:      50180 @ID missing; 50181 @Outcomes is not a JSON array of 1-1000
-             objects with an address of 1-320 characters; 50182 an outcome is
-             not Delivered, Deferred or Refused; 50183 a code is not 200-599;
-             50184 an address appears twice; 50131, 50201, 50202, 50203 (see
-             mailq.LockLeasedMail).  On any error nothing is written.
-Transaction: opens its own if none is open, else works inside the caller's;
-             an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   the caller's; the mail row's UPDLOCK (LockLeasedMail), held to
-             the end of the transaction, serializes every writer of this
-             mail's recipients, so update-then-insert cannot race.  Under
-             READ_COMMITTED_SNAPSHOT the NOT EXISTS read sees versions as of
-             its statement's start, which comes after the lock was granted,
-             so after any earlier writer of this mail committed.
+Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not
+             1-320 characters; 50182 unknown outcome; 50183 code not 200-599;
+             50184 an address twice; 50131, 50201-50203 (mailq.LockLeasedMail).
+             On any error nothing is written.
+Transaction: its own if none is open, else the caller's; an error dooms either
+             (XACT_ABORT ON) and is re-raised.
+Isolation:   sets READ COMMITTED itself (a SERIALIZABLE caller would make the
+             NOT EXISTS take key-range locks); the mail row's UPDLOCK
+             (LockLeasedMail) serializes every writer of this mail's recipients,
+             also under RCSI.
 Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
 Example:     EXEC mailq.RecordRecipientOutcomes @ID = 101, @LockToken = @T,
                  @Outcomes = N'[{"address":"a@example.com","outcome":"Delivered","code":250}]';
@@ -37,6 +31,7 @@ CREATE OR ALTER PROCEDURE mailq.RecordRecipientOutcomes
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
 
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL

@@ -7,10 +7,8 @@ Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, required.
 Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
 Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
              then mailq.MailEvent (insert).

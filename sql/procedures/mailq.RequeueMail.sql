@@ -8,10 +8,8 @@ Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
 Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
              50201 unknown mail; 50205 the mail is not Failed, Cancelled, Expired or Stopped.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
              in a procedure reverts when it returns).
 Lock order:  mailq.MailQueue (clustered row first, as PurgeMail), then

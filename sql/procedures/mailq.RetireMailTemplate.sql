@@ -1,24 +1,17 @@
 /*
-mailq.RetireMailTemplate: retires a mail template (new mail can no longer use
-its latest version: mailq.GetMailTemplate without @Version refuses it, 50216)
-or brings a retired one back (@Retire = 0).  Its versions stay, unchanged: a
-mail queued before the retirement pinned its version and still renders.
-Retiring a retired template (or bringing back an active one) changes nothing
-and says so (Changed = 0); the first retirement's time and reason are kept.
-Parameters:  @TemplateName NVARCHAR(128), required;
-             @Retire BIT, default 1 (NULL counts as 1): 0 brings it back;
-             @Reason NVARCHAR(400), optional, stored with the retirement.
+mailq.RetireMailTemplate: retires a mail template (its latest version can no
+longer be used by new mail: 50216) or brings it back (@Retire = 0).  Its
+versions stay: mail that pinned one still renders.  Retiring a retired
+template changes nothing (Changed = 0; the first retirement is kept).
+Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT, default 1
+             (NULL counts as 1); @Reason NVARCHAR(400), optional.
 Result set:  one row: TemplateName, LatestVersion, RetiredAtUtc, RetiredBy,
              RetiredReason, Changed BIT.
 Errors:      50210 @TemplateName missing or invalid; 50213 @Reason over 400
              characters; 50215 no template has this name.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself; one UPDATE of one row by its key
-             (the UPDATE's own locks; READCOMMITTEDLOCK is not needed: nothing
-             is read before it).
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED; one UPDATE of one row by key.
 Lock order:  mailq.MailTemplate only.
 Example:     EXEC mailq.RetireMailTemplate @TemplateName = N'welcome', @Reason = N'replaced by welcome-2027';
 */

@@ -1,32 +1,18 @@
 /*
-mailq.StopMail: ends a mail that is not yet final with Status 'Stopped' and
-a reason: no more attempts (TinyMail's stop()).  Works on an UnSent mail
-and on a Sending one: the lease is taken away (ThreadLock NULL) and the open
-attempt is closed with Outcome 'Stop', so the worker's later MarkSent /
-MarkFailed / ReleaseMail / ExtendLease is refused by the fence
-(mailq.LockLeasedMail: 50203, the mail is not Sending) and can never make
-the mail Sent or UnSent again.  An SMTP transaction already under way may
-still deliver that one copy; the event stream says Stopped, and
-PossibleDuplicate is set (as FinalizeMail does for a lease it ends), so
-after a RequeueMail, ClaimMail hands the mail out with PossibleDuplicate = 1.  A Stopped mail
-can be put back with mailq.RequeueMail (after the cause is fixed).
-Stopping a final mail (Sent, Failed, Cancelled, Expired, Stopped) is error
-50260 and changes nothing: the caller learns that the mail ended otherwise
-(its events say how).
+mailq.StopMail: ends a mail that is not final with Status 'Stopped' and a
+reason.  A Sending mail loses its lease and its open attempt is closed with
+Outcome 'Stop', so the worker's later acknowledgement is refused by the fence
+(50203); an SMTP transaction already under way may still deliver that copy,
+so PossibleDuplicate is set.  mailq.RequeueMail puts a Stopped mail back.
 Parameters:  @MailID BIGINT, required; @Reason NVARCHAR(4000), required
              (stored in LastError and in the Stopped event's Detail).
 Result set:  one row: ID, Status ('Stopped'), NextAttemptUtc (NULL).
-Errors:      50174 @MailID missing; 50175 @Reason missing or blank;
-             50201 unknown mail; 50260 the mail is already final.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
-             in a procedure reverts when it returns).
-Lock order:  mailq.MailQueue (clustered row, U -> X), then mailq.MailEvent
-             (insert), then mailq.MailAttempt: MailQueue first, as every
-             mail-queue procedure.
+Errors:      50174 @MailID missing; 50175 @Reason missing or blank; 50201
+             unknown mail; 50260 the mail is already final (nothing changes).
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).
+Lock order:  mailq.MailQueue, then mailq.MailEvent, then mailq.MailAttempt.
 Example:     EXEC mailq.StopMail @MailID = 101, @Reason = N'Customer closed the account.';
 */
 CREATE OR ALTER PROCEDURE mailq.StopMail

@@ -12,9 +12,8 @@ Parameters:  @AppName NVARCHAR(128), required
 Result set:  none.
 Errors:      50145 @AppName missing; 50164 none of @AccountName, @FromAddress,
              @PrincipalName.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
-             dooms or rolls back the caller's transaction.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself.
 Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
              mailq.ApplicationPrincipal.

@@ -9,9 +9,8 @@ Retry backoff, keep their time.
 Parameters:  @AccountName NVARCHAR(128), required.
 Result set:  one row: AccountName, MadeVisibleCount INT.
 Errors:      50142 @AccountName missing; 50114 unknown account.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
-             dooms or rolls back the caller's transaction.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself; the attempt read says READCOMMITTEDLOCK
              (under READ_COMMITTED_SNAPSHOT it must see a MarkFailed in flight).
 Lock order:  mailq.MailQueue (the deferred mails), reading mailq.MailAttempt,

@@ -16,7 +16,6 @@ GRANT EXECUTE ON OBJECT::mailq.UnblockSendingAccount TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.UpsertApplication TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.BindApplication TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.UnbindApplication TO MailqAdmin;
-GRANT EXECUTE ON OBJECT::mailq.MoveBodiesOutOfRow TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetInstallationHealth TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.QueueCountsByStatus TO MailqAdmin;

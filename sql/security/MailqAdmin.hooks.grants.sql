@@ -1,8 +1,6 @@
 /*
-Grants for per-application hooks (issue 16, point 1; docs/hooks.md):
-administrators run the dispatcher (an Agent or elastic job) and read the
-hooks.  mailq.SetApplicationHook is for db_owner only (a hook runs as dbo),
-so no role is granted it.
+Per-application hooks (docs/hooks.md): administrators run the dispatcher and
+list the hooks.  mailq.SetApplicationHook is db_owner's (a hook runs as dbo).
 */
 GRANT EXECUTE ON OBJECT::mailq.RunApplicationHooks TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.ListApplicationHooks TO MailqAdmin;

@@ -1,6 +1,6 @@
 /*
-Grants for mail templates (issue 16, point 2): administrators manage and read
-them; sender workers read them (the worker renders at send time, mailq_db.templates).
+Mail templates: administrators manage and read them; sender workers read them
+(the worker renders at send time).
 */
 GRANT EXECUTE ON OBJECT::mailq.AddMailTemplateVersion TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetMailTemplate TO MailqAdmin;

@@ -1,12 +1,9 @@
 /*
-Grants of role MailqEnqueuer: enqueue mail and read its events
-(mailq.GetMailEvents, revision 0011), nothing else.  Object-level
-grants (not SCHEMA::mailq) so that internal procedures such as
-mailq.LockLeasedMail stay out of reach.  The enqueue role cannot claim or
-acknowledge (no grant on mailq.ClaimMail, MarkSent...), cannot change its own
-bindings (mailq.BindApplication is MailqAdmin's), and what it may send as is
-limited per application by mailq.ApplicationAccount / mailq.ApplicationFrom
-(tests/integration/test_mailq_roles.py).
+Role MailqEnqueuer: enqueue mail and read its events, nothing else.
+Object-level grants (not SCHEMA::mailq), so internal procedures such as
+mailq.LockLeasedMail stay out of reach; no claim, acknowledgement or binding
+procedure.  What it may send as is bound per application
+(mailq.ApplicationAccount, ApplicationFrom; docs/dba-guide.md, section 3).
 */
 GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqEnqueuer;
 GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqEnqueuer;

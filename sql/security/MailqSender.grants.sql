@@ -1,8 +1,7 @@
 /*
-Grants of role MailqSender (sender workers): claim, extend, release and
-acknowledge mail, and read the installation health for `mailq-db doctor`.
-No grant on mailq.EnqueueMail: a worker's login cannot enqueue (issue 10,
-point 10; tests/integration/test_mailq_roles.py).
+Role MailqSender (sender workers): claim, extend, release and acknowledge
+mail, and read the installation health for `mailq-db doctor`.  No grant on
+mailq.EnqueueMail: a worker's login cannot enqueue.
 */
 GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqSender;

@@ -1,6 +1,6 @@
 /*
-Grants for per-recipient outcomes (revision 0008): the sender workers record
-and read them; admins too, and read the report view.
+Per-recipient outcomes: sender workers record and read them; administrators
+too, and read the report view.
 */
 GRANT EXECUTE ON OBJECT::mailq.RecordRecipientOutcomes TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.GetRecipientOutcomes TO MailqSender;

@@ -1,11 +1,10 @@
 /*
-mailq.Application: application names a mail may carry (TinyMail's "multiple
-applications compete or are isolated").  A worker started with @AppName
-claims only that application's mail (isolated); a worker with @AppName NULL
-claims every mail (competing).
-DryRun (revision 0015, sql/upgrades/mailq.0015.Application.sql): 1 = the
-application's mails go the whole path (claim, lease, acknowledgement) and are
-recorded as DryRun, reaching no server; set by mailq.UpsertApplication.
+mailq.Application: application names a mail may carry.  A worker started with
+@AppName claims only that application's mail (isolated); one with @AppName
+NULL claims every mail (competing).
+DryRun: 1 = the application's mails go the whole path (claim, lease,
+acknowledgement) and are recorded as DryRun, reaching no server
+(mailq.UpsertApplication @DryRun; docs/run-modes.md).
 */
 IF OBJECT_ID(N'mailq.Application', N'U') IS NULL
 BEGIN

@@ -1,11 +1,7 @@
 /*
 mailq.ApplicationAccount: the sending accounts each application may send
-through (issue 10, point 10).  mailq.EnqueueMail refuses a mail whose
-@AppName is not bound to its account (error 50160).  Rows are written by
-mailq.BindApplication and mailq.UnbindApplication (MailqAdmin only).
-Revision 0007 seeded one row per (application, account) pair found in the
-queue, and bound applications without mail to every account that existed,
-so that applications kept working through the upgrade.
+through; mailq.EnqueueMail refuses another (50160).  Written by
+mailq.BindApplication and mailq.UnbindApplication (MailqAdmin).
 */
 IF OBJECT_ID(N'mailq.ApplicationAccount', N'U') IS NULL
 BEGIN

@@ -1,13 +1,9 @@
 /*
 mailq.ApplicationFrom: the From addresses and domains each application may
-send as (issue 10, point 10).  FromPattern is either one address
-('billing@example.com') or a domain written '@example.com' (that exact
-domain, not its subdomains), stored in lower case under a binary collation:
-mailq.EnqueueMail lowers the From address and compares, so the match is
-case-insensitive whatever the database collation (error 50161 otherwise).
-Rows are written by mailq.BindApplication and mailq.UnbindApplication.
-Revision 0007 seeded the From addresses found in the queue per application,
-and each account's DefaultFromAddress for applications without mail.
+send as.  FromPattern is one address ('billing@example.com') or a domain
+('@example.com': that domain, not its subdomains), stored in lower case under
+a binary collation; mailq.EnqueueMail lowers the From address and compares
+(50161 otherwise).  Written by mailq.BindApplication and UnbindApplication.
 */
 IF OBJECT_ID(N'mailq.ApplicationFrom', N'U') IS NULL
 BEGIN

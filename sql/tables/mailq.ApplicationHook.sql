@@ -1,23 +1,12 @@
 /*
-mailq.ApplicationHook: the per-application hook procedure (issue 16, point 1;
-TinyMail 8C.7; docs/hooks.md) and the dispatcher's cursor in that
-application's event stream.  Written by mailq.SetApplicationHook (db_owner)
-and by mailq.RunApplicationHooks (the cursor and the retry state).
-
-SchemaName, ProcedureName, ObjectId  the hook, as registered: it runs only
-              while sys.objects still holds a SQL procedure with that
-              object_id, schema and name (a procedure dropped and recreated
-              must be registered again).
-DefinitionHash  SHA2_256 of OBJECT_DEFINITION at registration (the pin, as
-              delay.AllowedProcedure's): ALTER PROCEDURE keeps the object_id,
-              so without it anyone who may alter the hook could run code as
-              dbo; a changed definition suspends the hook (no event is passed,
-              the cursor stays) until a db_owner registers it again.
-CursorEventID the last EventID (mailq.GetMailEvents' commit-safe cursor) the
-              hook has handled or given up on; advanced in the same
-              transaction as the hook's successful call.
-FailingEventID, FailCount  the event the hook failed on and how many times
-              in a row (reset when the cursor moves).
+mailq.ApplicationHook: an application's hook procedure and the dispatcher's
+cursor in its event stream (docs/hooks.md).  Written by
+mailq.SetApplicationHook (db_owner) and mailq.RunApplicationHooks.
+SchemaName, ProcedureName, ObjectId, DefinitionHash  the registered hook,
+              pinned: it runs only while sys.objects holds that procedure with
+              that object_id and SHA2_256 definition (else suspended).
+CursorEventID the last EventID the hook handled or gave up on.
+FailingEventID, FailCount  the event it failed on, and how often in a row.
 MaxAttempts   calls of a failing event before it is recorded in
               mailq.ApplicationHookFailure and skipped (1-100, default 3).
 */

@@ -1,14 +1,10 @@
 /*
-mailq.ApplicationPrincipal: which application a database user enqueues as
-(issue 10, point 10).  When the caller of mailq.EnqueueMail (USER_NAME(),
-the database user of the session, or the user impersonated by EXECUTE AS)
-is listed here, its mail always carries that application: @AppName NULL
-means this application, another @AppName is refused (50168), and the
-application's account and From bindings then apply.  A user not listed here
-enqueues as before (compatibility with applications deployed before
-revision 0007); mailq.GetInstallationHealth warns about MailqEnqueuer members
-that are not listed.  Rows are written by mailq.BindApplication
-@PrincipalName and mailq.UnbindApplication @PrincipalName.
+mailq.ApplicationPrincipal: which application a database user enqueues as.
+When the caller of mailq.EnqueueMail (USER_NAME(), or the user impersonated by
+EXECUTE AS) is listed, its mail carries that application: @AppName NULL means
+this one, another is refused (50168), and its account and From bindings
+apply.  mailq.GetInstallationHealth warns about MailqEnqueuer members not
+listed.  Written by mailq.BindApplication / UnbindApplication @PrincipalName.
 */
 IF OBJECT_ID(N'mailq.ApplicationPrincipal', N'U') IS NULL
 BEGIN

@@ -1,12 +1,11 @@
 /*
-mailq.MailAttachment: attachments of a mail, in order.  Size limits (also
-checked, with a numbered error, by mailq.EnqueueMail): 10 MiB per attachment,
-25 MiB per mail, 10 attachments per mail.  FileName is a bare name (no path).
-Lazy attachments (revision 0016, sql/upgrades/mailq.0016.MailAttachment.sql):
-a row holds Content, or names a Generator (an entry point of the group
-mailq_db.attachment_generators) with GeneratorArgs (a JSON object), never
-both; the worker generates the content at send time and holds it to the same
-limits (docs/templates.md).
+mailq.MailAttachment: attachments of a mail, in order.  Limits (also checked
+with numbered errors by mailq.EnqueueMail): 10 MiB per attachment, 25 MiB per
+mail, 10 per mail; FileName is a bare name.  A row holds Content, or names a
+Generator (an entry point of mailq_db.attachment_generators) with
+GeneratorArgs (a JSON object), never both; the worker generates the content
+at send time under the same limits (docs/templates.md).
+LOCK_ESCALATION = DISABLE (docs/dba-guide.md, section 7).
 */
 IF OBJECT_ID(N'mailq.MailAttachment', N'U') IS NULL
 BEGIN
@@ -35,4 +34,6 @@ BEGIN
             )
         )
     );
+    -- Dynamic SQL: sqlfluff's tsql dialect does not parse SET (LOCK_ESCALATION = ...).
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.MailAttachment SET (LOCK_ESCALATION = DISABLE);';
 END;

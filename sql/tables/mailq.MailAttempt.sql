@@ -4,8 +4,7 @@ mailq.ClaimMail, closed by the acknowledgement (MarkSent, MarkFailed,
 ReleaseMail) or, when an expired lease is reclaimed, by the next ClaimMail
 with Outcome = 'Abandoned'.
 Outcome: Sent, DryRun, Retry, Wait, Stop, Released, Abandoned; NULL while open.
-TemplateVersion (revision 0016): the template version this attempt rendered,
-set by mailq.ClaimMail when it opens the attempt; NULL for ordinary mail.
+TemplateVersion: the template version the attempt rendered (NULL for ordinary mail).
 */
 IF OBJECT_ID(N'mailq.MailAttempt', N'U') IS NULL
 BEGIN

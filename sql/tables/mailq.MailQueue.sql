@@ -1,50 +1,21 @@
 /*
-mailq.MailQueue: one row per mail.  The article's column names are kept
-(ID, dtStamp, DateToProcess, DateProcessed, FromName, FromAddress, ToAddress,
-CC, BCC, Status, ThreadLock, AttemptsRemaining, Priority, Body) and corrected:
-BIGINT ID, NVARCHAR text, UTC DATETIME2(3) times, errors in LastError (never in
-Status).
-
-Status: UnSent (queued) -> Sending (leased) -> Sent | Failed | Cancelled | Expired
-| Stopped (mailq.StopMail, revision 0011).  Every change of Status (and every
-claim, retry and release) writes a row in mailq.MailEvent in the same
-transaction (docs/events.md).
-
-VisibleAtUtc is the one column the claim ranges over: it holds the due time
-while the mail is UnSent and the lease expiry while it is Sending, so "due or
-lease expired" is a single range on IX_MailQueue_Claim (an OR across two
-columns cannot seek).  DateToProcess keeps the caller's requested due time.
-
-ThreadLock    the lock token of the worker holding the lease (NULL otherwise);
-              every acknowledgement is fenced by it.
-AttemptCount  attempts started (claims that led to Sending); AttemptsRemaining
-              is decremented at claim, so a mail that kills its worker cannot
-              loop forever.  Wait and Release refund the attempt.
-PossibleDuplicate  set when an expired lease is reclaimed: the first worker may
-              have handed the mail to SMTP before dying.
-ContentHash   SHA-256 of the enqueued content; an idempotency key reused with
-              different content is refused (error 50116).
-MessageID     RFC 5322 Message-ID made at enqueue, sent unchanged by every
-              attempt so that receivers can drop duplicates.
-IdempotencyKey compared as binary text (COLLATE Latin1_General_100_BIN2),
-              like the sp_getapplock resource mailq.EnqueueMail locks on.
-Body, TextBody, Headers  stored out of row (table option 'large value types
-              out of row' = 1, revision 0007): the clustered row keeps a
-              16-byte pointer, so claims and counts read narrow rows.
-RunMode       the run mode the mail was enqueued under ('prod', 'staging',
-              'test', ...; default 'prod'): only workers configured for it
-              claim it (docs/run-modes.md, revision 0015).
-DryRun        stamped by every claim from the application's DryRun flag and
-              kept by the acknowledgement (mailq.MarkSent): 1 = recorded as
-              sent, reached no server.
-TemplateName, TemplateVersion, TemplateModel (revision 0016): mail enqueued
-              with a template; Body and Subject are N'' then and the worker
-              renders them at send time (docs/templates.md).  TemplateVersion
-              NULL: the latest active version when claimed.
-Revisions 0007, 0011, 0015 and 0016 changed an existing table in place
-(sql/upgrades/mailq.0007.MailQueue.sql, mailq.0011.MailQueue.sql,
-mailq.0015.MailQueue.sql, mailq.0016.MailQueue.sql); this file shows the
-current shape.
+mailq.MailQueue: one row per mail (docs/dba-guide.md, "Tables").
+Status: UnSent -> Sending (leased) -> Sent | Failed | Cancelled | Expired |
+Stopped; every change writes a mailq.MailEvent row in the same transaction.
+VisibleAtUtc  the due time while UnSent, the lease expiry while Sending: the
+              one column a claim ranges over.  DateToProcess keeps the
+              caller's requested time.
+ThreadLock    the lease token of the worker holding the mail; every
+              acknowledgement is fenced by it.
+AttemptsRemaining / AttemptCount  decremented / counted at claim (a mail that
+              kills its worker cannot loop); Wait and Release refund.
+PossibleDuplicate  an expired lease was reclaimed.
+ContentHash, IdempotencyKey (binary collation), MessageID  see docs/guarantees.md.
+RunMode, DryRun     docs/run-modes.md.  TemplateName/Version/Model  docs/templates.md.
+Options: 'large value types out of row' (Body, TextBody, Headers, TemplateModel
+off the clustered row); LOCK_ESCALATION = DISABLE (a batch enqueue keeps its
+row locks; run ad-hoc mass updates in batches).
+Written only by the mailq procedures; no role has table rights.
 */
 IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
 BEGIN
@@ -115,4 +86,6 @@ BEGIN
         )
     );
     EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;
+    -- Dynamic SQL: sqlfluff's tsql dialect does not parse SET (LOCK_ESCALATION = ...).
+    EXEC sys.sp_executesql N'ALTER TABLE mailq.MailQueue SET (LOCK_ESCALATION = DISABLE);';
 END;

@@ -1,12 +1,9 @@
 /*
-mailq.MailTemplate: one row per template name (issue 16, point 2): the
-mutable facts about the name -- its latest version, description, whether it
-is retired.  The versions themselves live in mailq.MailTemplateVersion and
-never change.  Managed only through mailq.AddMailTemplateVersion and
-mailq.RetireMailTemplate; read through mailq.GetMailTemplate and
-mailq.ListMailTemplates.  TemplateName: 1-128 characters of letters, digits,
-'.', '_', '-' (checked by the procedures, 50210), compared under the
-database collation like every other name of this package.
+mailq.MailTemplate: one row per template name: its latest version,
+description and retirement.  The versions live in mailq.MailTemplateVersion
+and never change.  Managed through mailq.AddMailTemplateVersion and
+mailq.RetireMailTemplate.  TemplateName: 1-128 letters, digits, '.', '_', '-'
+(checked by the procedures, 50210), compared under the database collation.
 */
 IF OBJECT_ID(N'mailq.MailTemplate', N'U') IS NULL
 BEGIN

@@ -1,17 +1,11 @@
 /*
-mailq.MailTemplateVersion: the versions of each template, immutable: a new
-version is a new row (mailq.AddMailTemplateVersion numbers them 1, 2, 3 ...
-per name), and no procedure updates or deletes a row, so a mail rendered
-from (TemplateName, Version) can always be rendered again from the very
-same text.  The trigger mailq.trg_MailTemplateVersion_Immutable refuses
-UPDATE and DELETE (50218) from anyone, administrators included; dropping
-the table (downgrade) is not a DELETE and does not fire it.
-Sizes: SubjectTemplate 1-4000 characters (the rendered subject must fit
-mailq.MailQueue.Subject, 900; checked when rendering), HtmlTemplate and
-TextTemplate up to 2,000,000 characters each (EnqueueMail's body limit,
-50111), at least one of them given.  CreatedBy is SUSER_SNAME() of the
-caller (the login, not the database user, so an audit survives a user
-being dropped).
+mailq.MailTemplateVersion: the versions of each template (1, 2, 3 ... per
+name, mailq.AddMailTemplateVersion), immutable: no procedure updates or
+deletes a row, and trg_MailTemplateVersion_Immutable refuses it (50218), so a
+mail rendered from (TemplateName, Version) renders the same text again.
+SubjectTemplate 1-4000 characters; HtmlTemplate, TextTemplate up to 2,000,000
+each, at least one.  CreatedBy is SUSER_SNAME() (the login: an audit survives
+a dropped user).
 */
 IF OBJECT_ID(N'mailq.MailTemplateVersion', N'U') IS NULL
 BEGIN

@@ -1,20 +1,15 @@
 /*
-mailq.SendingAccount: one row per sending account (TinyMail's "multiple
-accounts").  SMTP host and credentials never live here: the worker's
-configuration maps AccountName to them.
+mailq.SendingAccount: one row per sending account.  SMTP host and credentials
+never live here: the worker's configuration maps AccountName to them.
     PerMinuteLimit / PerHourLimit / PerDayLimit  NULL = unlimited; enforced at
-        claim time across every worker (see mailq.RateBudget, mailq.ClaimMail).
-    BlockedUntilUtc  set by MarkFailed @Disposition = 'Wait' (provider
-        throttling or account lock); no mail of the account is claimed before it.
+        claim time across every worker (mailq.RateBudget, mailq.ClaimMail).
+    BlockedUntilUtc  set by MarkFailed @Disposition = 'Wait'; no mail of the
+        account is claimed before it.
     IsDefault        the account EnqueueMail uses when @AccountName is NULL
-        (at most one, enforced by UX_SendingAccount_IsDefault).
-    MinLoginIntervalMs  revision 0012 (TinyMail 8C.5): the least time between
-        two SMTP connections/logins on the account, across every worker on
-        every machine; NULL = no interval.  Set by UpsertSendingAccount.
-    LastLoginAtUtc   when a worker was last granted a login by
-        mailq.AcquireLoginSlot (the server's clock); NULL = never.
-    Existing databases get both columns from
-    sql/upgrades/mailq.0012.SendingAccount.sql.
+        (at most one: UX_SendingAccount_IsDefault).
+    MinLoginIntervalMs  least time between two SMTP logins on the account
+        across every worker; NULL = none.  LastLoginAtUtc: the last login
+        mailq.AcquireLoginSlot granted (server clock).
 */
 IF OBJECT_ID(N'mailq.SendingAccount', N'U') IS NULL
 BEGIN

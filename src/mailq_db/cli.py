@@ -15,21 +15,24 @@ from . import __version__
 from .errors import MailqError
 
 #: Command modules, in the order ``--help`` lists them.
-COMMANDS = ("deploy", "enqueue", "worker", "stats", "doctor", "dev", "import_dbmail")
+COMMANDS: tuple[str, ...] = ("deploy", "enqueue", "worker", "stats", "doctor", "dev", "import_dbmail")
 COMMANDS += ("classify",)  # issue 15: mailq-db classify "<reply>"
 COMMANDS += ("events",)  # issue 16.1: mailq-db events --app NAME --follow
 COMMANDS += ("template",)  # issue 16 point 2: mailq-db template render
 COMMANDS += ("hooks",)  # issue 16 point 1: mailq-db hooks set|list|run|dispatcher
+COMMANDS += ("exporter", "dashboard")  # issue 27: monitoring (docs/monitoring/)
 COMMANDS += ("bounces", "unsubscribe")  # issue 28: mailq-db bounces [parse|list|...], unsubscribe-server
 
 EPILOG = """\
 examples:
   mailq-db deploy --sql > deploy.sql          print the deployment script for review
-  mailq-db deploy --url "$MAILQ_DB_URL"       apply it (alembic upgrade head)
+  mailq-db deploy                             apply it (URL from $MAILQ_DB_URL, never argv)
   mailq-db enqueue --to a@example.com --subject Hi --text-file body.txt
   mailq-db worker --config worker.toml        run a sender worker
   mailq-db stats                              queue counts, oldest due age, throughput
   mailq-db doctor                             check driver, server, schema, broker, roles
+  mailq-db exporter                           the queue's metrics for Prometheus
+  mailq-db dashboard                          a read-only web page of the queue
 """
 
 

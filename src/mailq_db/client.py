@@ -1,4 +1,4 @@
-"""The client API for applications: TinyMail's post / emit / send, and events.
+"""The client API for applications: post / emit / send / stop, and events.
 
 Four calls, each a thin layer over the wrappers of :mod:`mailq_db.procedures`
 (this module sends no SQL of its own)::
@@ -15,24 +15,36 @@ a URL or ODBC connection string (a connection is opened, with autocommit on,
 and closed), or ``None``: the URL in ``MAILQ_DB_URL``.
 
 Transactions (the procedures own a transaction only when the caller has none:
-``@OwnTran = IIF(@@TRANCOUNT = 0, 1, 0)``):
+``@OwnTran = IIF(@@TRANCOUNT = 0, 1, 0)``).  No function here ever commits or
+rolls back a caller's connection:
 
-* :func:`post` never commits nor rolls back.  The mail is part of the caller's
-  transaction: it is queued if and when the caller commits, and gone if the
-  caller rolls back.  With pyodbc's default (autocommit off) the connection is
-  always in a transaction; the driver runs it with IMPLICIT_TRANSACTIONS ON,
-  under which EnqueueMail's own BEGIN TRANSACTION nests inside the caller's
-  ("When IMPLICIT_TRANSACTIONS = ON an explicit BEGIN TRANSACTION will start
-  two nested transactions", SET IMPLICIT_TRANSACTIONS reference), so its
-  COMMIT commits nothing durable.  On an autocommit connection the caller must
-  have run BEGIN TRANSACTION, otherwise the procedure commits the mail itself.
-* :func:`emit` owns the transaction: on a connection it opened, the procedure
-  commits its own; on a caller's connection with autocommit off it commits
-  after the enqueue (and rolls back on an error), so pending work on that
-  connection goes with it -- enqueue inside your own work with :func:`post`.
-* :func:`send` is :func:`emit` plus reads; on a caller's connection with
-  autocommit off each read's transaction is committed (reads only), so the
-  connection holds no transaction between two polls.
+* :func:`post` joins the caller's transaction.  The mail is queued if and
+  when the caller commits, and gone if the caller rolls back.  With pyodbc's
+  default (autocommit off) the connection is always in a transaction; the
+  driver runs it with IMPLICIT_TRANSACTIONS ON, under which EnqueueMail's own
+  BEGIN TRANSACTION nests inside the caller's ("When IMPLICIT_TRANSACTIONS =
+  ON an explicit BEGIN TRANSACTION will start two nested transactions", SET
+  IMPLICIT_TRANSACTIONS reference), so its COMMIT commits nothing durable.  On
+  an autocommit connection the caller must have run BEGIN TRANSACTION,
+  otherwise the procedure commits the mail itself.
+* :func:`emit`, :func:`send` and :func:`stop` run in their own transaction and
+  leave the caller's work alone: given a URL they open (and close) their own
+  autocommit connection; given a caller's connection they accept it only with
+  autocommit on (the procedure owns its transaction) and refuse one with
+  autocommit off (:class:`CallerTransactionError`): on it they could neither
+  commit their own work nor roll back their own error without committing or
+  rolling back the caller's.  (TinyMail's ``emit``/``send`` never touch the
+  caller's transaction either; its ``post``, which records the error and does
+  not affect the transaction, differs from this :func:`post`, the outbox.)
+* :func:`events` and :func:`wait` only read; they never commit either.
+
+Transient errors (the list of :mod:`mailq_db.connection`: deadlocks, lock
+timeouts, Azure SQL and availability-group failovers, dropped connections) are
+retried: on a connection these functions opened, with a new connection when
+the old one broke; on a caller's connection, in place when the session
+survived the error.  An enqueue is sent again after an error that may have
+committed it only when it carries an ``idempotency_key`` (EnqueueMail then
+returns the mail the first call queued).
 
 Outcomes of :func:`send`: the terminal event (Sent or DryRun) is returned;
 Failed, Expired and Cancelled raise :class:`MailFailed` (subclasses
@@ -55,7 +67,7 @@ from datetime import datetime
 from typing import Any, Callable, Iterator, Mapping
 
 from . import procedures
-from .connection import Backoff, connect
+from .connection import Backoff, ReconnectingConnection, connect, keeps_session
 from .errors import MailqError
 
 #: Event types after which nothing more happens to a mail (coordination brief).
@@ -105,10 +117,6 @@ _FIELDS = ("event_id", "mail_id", "app_name", "event_type", "status", "attempt_c
            "detail", "occurred_at_utc")
 
 
-def _int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
 def as_event(row: Any) -> MailEvent:
     """A :class:`MailEvent` from what the GetMailEvents wrapper returns: a dict
     keyed by column names (or field names), an object with the field names or
@@ -117,7 +125,7 @@ def as_event(row: Any) -> MailEvent:
     if isinstance(row, MailEvent):
         return row
     if isinstance(row, Mapping):
-        values = [row[c] if c in row else row.get(f) for c, f in zip(_COLUMNS, _FIELDS)]
+        values = [row[c] if c in row else row.get(f) for c, f in zip(_COLUMNS, _FIELDS, strict=True)]
     elif hasattr(row, "event_id"):
         values = [getattr(row, f, None) for f in _FIELDS]
     elif hasattr(row, "EventID"):  # a pyodbc Row: columns by name
@@ -128,13 +136,21 @@ def as_event(row: Any) -> MailEvent:
         values = list(row)[: len(_COLUMNS)]
         values += [None] * (len(_COLUMNS) - len(values))
     event_id, mail_id, app, kind, status, attempts, code, detail, at = values
-    return MailEvent(int(event_id), int(mail_id), app, str(kind), status, _int(attempts), _int(code),
-                     detail, at)
+    if event_id is None or mail_id is None:
+        raise ValueError(f"an event row without EventID or MailID: {row!r}")
+    return MailEvent(int(event_id), int(mail_id), app, str(kind), status, procedures._int_or_none(attempts),
+                     procedures._int_or_none(code), detail, at)
 
 
 # --------------------------------------------------------------------------
 # Exceptions
 # --------------------------------------------------------------------------
+
+
+class CallerTransactionError(MailqError, TypeError):
+    """emit, send or stop was given a connection with autocommit off: it would
+    have to commit or roll back the caller's transaction.  Pass a URL, an
+    autocommit connection, or enqueue inside the transaction with post()."""
 
 
 class MailError(MailqError):
@@ -205,30 +221,58 @@ def raise_for_outcome(event: MailEvent) -> MailEvent:
 # Connections
 # --------------------------------------------------------------------------
 
+#: In-place attempts of a call on a caller's connection after a transient error
+#: that kept the session (the call was rolled back: connection.keeps_session).
+IN_PLACE_ATTEMPTS = 3
+
 
 def _is_connection(conn_or_url: Any) -> bool:
     return conn_or_url is not None and not isinstance(conn_or_url, str)
 
 
+class _CallersConnection:
+    """A caller's connection behind the interface of ReconnectingConnection: a
+    call that was rolled back by a transient error is sent again on the same
+    session; a broken connection is the caller's to reopen."""
+
+    def __init__(self, conn: Any, sleep: Callable[[float], None] = time.sleep):
+        self.raw = conn
+        self._sleep = sleep
+
+    def call(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        backoff = Backoff(0.05, 1.0)
+        for attempt in range(1, IN_PLACE_ATTEMPTS + 1):
+            try:
+                return fn(self.raw, **kwargs)
+            except Exception as exc:
+                if attempt == IN_PLACE_ATTEMPTS or not keeps_session(exc):
+                    raise
+                self._sleep(backoff.next())
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    call_at_most_once = call  # only errors that rolled the call back are retried
+
+
 @contextmanager
-def _connection(conn_or_url: Any, opener: Callable[[str | None], Any] | None = None) -> Iterator[tuple[Any, bool]]:
-    """(connection, whether this call owns it).  A URL (or None: MAILQ_DB_URL)
-    is opened with autocommit on and closed afterwards; a connection is used as
-    is and left open."""
+def _database(conn_or_url: Any, *, own_transaction: bool) -> Iterator[Any]:
+    """A ReconnectingConnection on a connection of our own (a URL, or None:
+    MAILQ_DB_URL), opened with autocommit on and closed afterwards; or the
+    caller's connection, used as is and left open.  ``own_transaction``: the
+    call runs in its own transaction, so a caller's connection must be in
+    autocommit mode (CallerTransactionError otherwise)."""
     if _is_connection(conn_or_url):
-        yield conn_or_url, False
+        if own_transaction and not getattr(conn_or_url, "autocommit", False):
+            raise CallerTransactionError(
+                "this connection has autocommit off: the call would commit or roll back your open "
+                "transaction; pass a URL or an autocommit connection, or use post() to enqueue inside "
+                "your transaction")
+        yield _CallersConnection(conn_or_url)
         return
-    conn = (opener or connect)(conn_or_url)
+    db = ReconnectingConnection(lambda: connect(conn_or_url))
     try:
-        yield conn, True
+        yield db
     finally:
-        conn.close()
-
-
-def _manual_commit(conn: Any) -> bool:
-    """True when the connection is in a transaction the client must end itself
-    (pyodbc's default, autocommit off)."""
-    return not getattr(conn, "autocommit", False)
+        db.close()
 
 
 # --------------------------------------------------------------------------
@@ -249,39 +293,23 @@ def post(conn: Any, **mail: Any) -> int:
 
 
 def emit(conn_or_url: Any = None, **mail: Any) -> int:
-    """Enqueue one mail in its own transaction, commit, and return its mail ID.
+    """Enqueue one mail in its own transaction and return its mail ID.
 
     With an idempotency_key that an earlier mail used, nothing new is queued and
     that mail's ID is returned (mailq.EnqueueMail's rule)."""
-    with _connection(conn_or_url) as (conn, _owned):
-        return _emit(conn, mail)
+    with _database(conn_or_url, own_transaction=True) as db:
+        return _emit(db, mail)
 
 
-def _committed(conn: Any, call: Callable[[], Any]) -> Any:
-    """Run one procedure call as its own transaction: on a connection with
-    autocommit off, commit after it and roll back on any error (with
-    autocommit on the procedure owns its transaction already)."""
-    manual = _manual_commit(conn)
-    try:
-        result = call()
-    except BaseException:
-        if manual:
-            conn.rollback()
-        raise
-    if manual:
-        conn.commit()
-    return result
+def _emit(db: Any, mail: dict[str, Any]) -> int:
+    # With an idempotency key a repeated enqueue returns the first mail: safe to
+    # send again after a dropped connection.  Without, only when nothing ran.
+    call = db.call if mail.get("idempotency_key") else db.call_at_most_once
+    return int(call(procedures.enqueue_mail, **mail).mail_id)
 
 
-def _emit(conn: Any, mail: dict[str, Any]) -> int:
-    return _committed(conn, lambda: procedures.enqueue_mail(conn, **mail)).mail_id
-
-
-def _read_events(conn: Any, **kwargs: Any) -> list[MailEvent]:
-    rows = procedures.get_mail_events(conn, **kwargs)
-    if _manual_commit(conn):
-        conn.commit()  # a read's transaction: nothing is held between two polls
-    return [as_event(r) for r in rows]
+def _read_events(db: Any, **kwargs: Any) -> list[MailEvent]:
+    return [as_event(r) for r in db.call(procedures.get_mail_events, **kwargs)]
 
 
 def send(
@@ -304,11 +332,11 @@ def send(
     (or at once reports) the outcome of the earlier mail."""
     if not timeout or timeout <= 0:
         raise ValueError("timeout must be a positive number of seconds")
-    with _connection(conn_or_url) as (conn, _owned):
-        mail_id = _emit(conn, mail)
+    with _database(conn_or_url, own_transaction=True) as db:
+        mail_id = _emit(db, mail)
         deadline = clock() + timeout
-        return wait(conn, mail_id, deadline=deadline, timeout=timeout, poll_initial=poll_initial,
-                    poll_maximum=poll_maximum, clock=clock, sleep=sleep)
+        return _wait(db, mail_id, deadline=deadline, timeout=timeout, poll_initial=poll_initial,
+                     poll_maximum=poll_maximum, clock=clock, sleep=sleep)
 
 
 def wait(
@@ -317,11 +345,19 @@ def wait(
     sleep: Callable[[float], None] = time.sleep,
 ) -> MailEvent:
     """Follow one mail's events until a terminal one or ``deadline`` (a ``clock()``
-    value); see :func:`send`."""
+    value); see :func:`send`.  Reads only: the connection's transaction is left alone."""
+    return _wait(_CallersConnection(conn), mail_id, deadline=deadline, timeout=timeout,
+                 poll_initial=poll_initial, poll_maximum=poll_maximum, clock=clock, sleep=sleep)
+
+
+def _wait(
+    db: Any, mail_id: int, *, deadline: float, timeout: float, poll_initial: float, poll_maximum: float,
+    clock: Callable[[], float], sleep: Callable[[float], None],
+) -> MailEvent:
     backoff = Backoff(poll_initial, poll_maximum, jitter=False)
     after, last = 0, None
     while True:
-        batch = _read_events(conn, mail_id=mail_id, after_event_id=after, max_events=MAX_EVENTS_LIMIT)
+        batch = _read_events(db, mail_id=mail_id, after_event_id=after, max_events=MAX_EVENTS_LIMIT)
         for event in batch:
             after, last = event.event_id, event
         # The outcome is the mail's latest event when it is terminal: a terminal
@@ -361,10 +397,10 @@ def events(
         raise ValueError(f"batch_size must be 1-{MAX_EVENTS_LIMIT}")
     if not app:
         raise ValueError("app (the application name) is required")
-    with _connection(conn_or_url) as (conn, _owned):
+    with _database(conn_or_url, own_transaction=False) as db:
         backoff = Backoff(poll_initial, poll_maximum, jitter=False)
         while True:
-            batch = _read_events(conn, app_name=app, after_event_id=after, max_events=batch_size)
+            batch = _read_events(db, app_name=app, after_event_id=after, max_events=batch_size)
             for event in batch:
                 after = event.event_id
                 yield event
@@ -377,9 +413,10 @@ def events(
             sleep(backoff.next())
 
 
-def stop(conn_or_url: Any, mail_id: int, reason: str) -> list[dict[str, Any]]:
+def stop(conn_or_url: Any, mail_id: int, reason: str) -> list[Any]:
     """TinyMail's stop(): end a mail that is not yet terminal (mailq.StopMail),
-    so it is retried no more; returns the procedure's result rows.  Commits like
-    :func:`emit` on a caller's connection with autocommit off."""
-    with _connection(conn_or_url) as (conn, _owned):
-        return _committed(conn, lambda: procedures.stop_mail(conn, mail_id=mail_id, reason=reason))
+    so it is retried no more; returns the procedure's result rows.  Its own
+    transaction, like :func:`emit`."""
+    with _database(conn_or_url, own_transaction=True) as db:
+        result: list[Any] = db.call_at_most_once(procedures.stop_mail, mail_id=mail_id, reason=reason)
+        return result

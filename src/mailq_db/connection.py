@@ -8,8 +8,10 @@ Accepted forms (from ``MAILQ_DB_URL``, ``--db``/``--url`` or the worker's config
 
 When the string names no driver, :func:`find_driver` picks one.  Connections
 are opened with autocommit on: every procedure owns its transaction.
-:class:`ReconnectingConnection` reopens a dropped connection with backoff and
-sends the interrupted call again (safe for the token-fenced procedures).
+:data:`TRANSIENT_ERRORS` is the one list of transient errors (each with the
+Microsoft page it comes from); :class:`ReconnectingConnection` retries them,
+reopening a dropped connection, and every caller (worker, client, the
+events and hooks commands) goes through it or through :func:`is_transient`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import logging
 import os
 import random
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .errors import ConfigurationError, DatabaseError, DriverNotFoundError, from_driver_error
@@ -161,16 +164,79 @@ def connect(url: str | None = None, *, timeout: int = 15, query_timeout: int | N
 
 
 # --------------------------------------------------------------------------
-# Dropped connections
+# Transient errors: the one list every caller uses
 # --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transient:
+    """A SQL Server error after which the same call may succeed a little later."""
+
+    number: int
+    what: str
+    #: True: the server ran none of the call's work (refused, or rolled it back),
+    #: so any call may be sent again.  False: the connection broke mid-call, so
+    #: the call may have committed: only a call that is safe to repeat is resent.
+    rolled_back: bool
+    source: str
+
+
+_ERRORS = "https://learn.microsoft.com/en-us/sql/relational-databases/errors-events/"
+_AZURE_TRANSIENT = ("https://learn.microsoft.com/en-us/azure/azure-sql/database/"
+                    "troubleshoot-common-errors-issues#list-of-transient-fault-error-codes")
+_AZURE_LIMITS = "https://learn.microsoft.com/en-us/azure/azure-sql/database/resource-limits-logical-server"
+_AG_CLIENTS = ("https://learn.microsoft.com/en-us/sql/database-engine/availability-groups/windows/"
+               "about-client-connection-access-to-availability-replicas-sql-server")
+
+#: Native error numbers that are transient, each with the Microsoft page that says so.
+#: Microsoft.Data.SqlClient keeps a similar list (SqlConfigurableRetryFactory.
+#: BaselineTransientErrors); this one adds the availability-group errors.
+TRANSIENT_ERRORS: dict[int, Transient] = {t.number: t for t in (
+    Transient(1205, "chosen as deadlock victim; the transaction was rolled back", True,
+              _ERRORS + "mssqlserver-1205-database-engine-error"),
+    Transient(1222, "lock request time out (XACT_ABORT ON: the transaction was rolled back)", True,
+              _ERRORS + "mssqlserver-1222-database-engine-error"),
+    Transient(4060, "cannot open the database requested by the login (it is moving or starting)", True,
+              _AZURE_TRANSIENT),
+    Transient(40613, "database not currently available (Azure SQL reconfiguration)", True, _AZURE_TRANSIENT),
+    Transient(40501, "the service is busy (Azure SQL throttling); the request was refused", True,
+              _AZURE_TRANSIENT),
+    Transient(49918, "not enough resources to process the request", True, _AZURE_TRANSIENT),
+    Transient(49919, "too many create or update operations in progress", True, _AZURE_TRANSIENT),
+    Transient(49920, "too many operations in progress", True, _AZURE_TRANSIENT),
+    Transient(10928, "resource limit (sessions or workers) reached; the request was refused", True,
+              _AZURE_LIMITS),
+    Transient(10929, "the resource's minimum guarantee cannot be given now; the request was refused",
+              True, _AZURE_LIMITS),
+    Transient(40197, "the service had an error processing the request (failover or reconfiguration)",
+              False, _AZURE_TRANSIENT),
+    Transient(976, "the availability database is not accessible (failover in progress)", True,
+              _AG_CLIENTS),
+    Transient(983, "the availability replica is not PRIMARY or SECONDARY (failover in progress)", True,
+              _AG_CLIENTS),
+)}
 
 #: ODBC SQLSTATEs after which the connection is unusable (class 08: connection
 #: exception) or in an unknown state (HYT00/HYT01: timeout; the statement was
 #: cancelled, so the connection is closed and opened again to roll back
-#: whatever it left open).
+#: whatever it left open).  An availability-group failover ends every
+#: connection of the old primary this way.  (ODBC Appendix A, error codes:
+#: https://learn.microsoft.com/en-us/sql/odbc/reference/appendixes/appendix-a-odbc-error-codes)
 LOST_SQLSTATES = ("08", "HYT00", "HYT01")
-#: SQL Server native errors that mean the session is gone.
+#: Native numbers of a session that is gone (233: no process on the other end
+#: of the pipe; 10053/10054/10060/10061/11001/64/121: TCP errors; -1 and 233
+#: are how the ODBC driver reports a broken link).
 LOST_NATIVE = {233, 10053, 10054, 10060, 10061, 11001, 64, 121, -1}
+#: The transient errors that keep the session usable (nothing to reconnect for).
+SAME_SESSION = frozenset({1205, 1222, 40501, 49918, 49919, 49920, 10928, 10929})
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    seen = 0
+    while exc is not None and seen < 5:
+        yield exc
+        exc = exc.__cause__
+        seen += 1
 
 
 def is_connection_lost(exc: BaseException | None) -> bool:
@@ -179,20 +245,42 @@ def is_connection_lost(exc: BaseException | None) -> bool:
     Recognises pyodbc errors by SQLSTATE and native number, and plain
     :class:`ConnectionError`/``TimeoutError`` (which test doubles raise).
     """
-    seen = 0
-    while exc is not None and seen < 5:
-        if isinstance(exc, (ConnectionError, TimeoutError)):
+    for e in _chain(exc):
+        if isinstance(e, (ConnectionError, TimeoutError)):
             return True
-        args = getattr(exc, "args", ())
-        if type(exc).__module__ == "pyodbc" and args and isinstance(args[0], str):
+        args = getattr(e, "args", ())
+        if type(e).__module__ == "pyodbc" and args and isinstance(args[0], str):
             if args[0].startswith(LOST_SQLSTATES):
                 return True
-        number = getattr(exc, "number", None)
-        if isinstance(exc, DatabaseError) and number in LOST_NATIVE:
+        if isinstance(e, DatabaseError) and e.number in LOST_NATIVE:
             return True
-        exc = exc.__cause__
-        seen += 1
     return False
+
+
+def transient_error(exc: BaseException | None) -> Transient | None:
+    """The :data:`TRANSIENT_ERRORS` entry of ``exc`` (or of an exception it was raised from)."""
+    for e in _chain(exc):
+        number = getattr(e, "number", None)
+        if isinstance(e, DatabaseError) and number in TRANSIENT_ERRORS:
+            return TRANSIENT_ERRORS[number]
+    return None
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    """A lost connection or a :data:`TRANSIENT_ERRORS` error: the same call may succeed later."""
+    return transient_error(exc) is not None or is_connection_lost(exc)
+
+
+def may_have_run(exc: BaseException | None) -> bool:
+    """True when the failed call may have committed (the connection broke mid-call)."""
+    known = transient_error(exc)
+    return (known is not None and not known.rolled_back) or is_connection_lost(exc)
+
+
+def keeps_session(exc: BaseException | None) -> bool:
+    """True for a transient error after which the same connection can be used again."""
+    known = transient_error(exc)
+    return known is not None and known.number in SAME_SESSION and not is_connection_lost(exc)
 
 
 class Backoff:
@@ -214,18 +302,21 @@ class Backoff:
 
 
 class ReconnectingConnection:
-    """A connection that is opened again, with backoff, when it drops.
+    """A connection that retries transient errors and is opened again, with backoff, when it drops.
 
     ``call(fn, **kwargs)`` runs ``fn(conn, **kwargs)`` (a wrapper of
-    :mod:`mailq_db.procedures`).  When the call fails because the connection
-    dropped, the connection is discarded, reopened with backoff, and the same
-    call is sent again with the same arguments, at most ``retries`` times.
+    :mod:`mailq_db.procedures`).  When it fails with a transient error
+    (:func:`is_transient`: a lost connection, a deadlock, a lock timeout, an
+    Azure SQL or availability-group failover error), the connection is
+    discarded unless the error keeps the session (:func:`keeps_session`), and
+    the same call is sent again after a backoff, at most ``retries`` times.
 
-    Sending a call again is safe for the sender's procedures because they are
-    fenced by the lock token: an acknowledgement that did commit before the
-    connection dropped is refused the second time with ``LeaseLostError``
-    (nothing is written twice), and a claim whose answer was lost only leaves
-    mails leased to a token nobody uses, which the lease returns to the queue.
+    ``call`` is for calls that are safe to repeat: the sender's procedures are
+    fenced by the lock token (an acknowledgement that committed before the
+    connection dropped is accepted again or refused with LeaseLostError, and
+    nothing is written twice), reads, and the at-least-once dispatchers.
+    ``call_at_most_once`` resends only when the server surely ran nothing
+    (``Transient.rolled_back``): for a call that must not run twice.
     Other errors are raised unchanged.
     """
 
@@ -254,21 +345,29 @@ class ReconnectingConnection:
         return self._conn
 
     def call(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        return self._call(fn, kwargs, repeatable=True)
+
+    def call_at_most_once(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        return self._call(fn, kwargs, repeatable=False)
+
+    def _call(self, fn: Callable[..., Any], kwargs: dict[str, Any], *, repeatable: bool) -> Any:
         attempt = 0
         while True:
             try:
                 result = fn(self.raw, **kwargs)
             except Exception as exc:
-                if not is_connection_lost(exc) or attempt >= self.retries:
+                retry = is_transient(exc) and (repeatable or not may_have_run(exc))
+                if not retry or attempt >= self.retries:
                     raise
                 attempt += 1
                 delay = self.backoff.next()
                 self._log.warning(
-                    "database connection lost during %s (%s); reconnecting in %.1f s (%d/%d)",
+                    "transient database error during %s (%s); retrying in %.1f s (%d/%d)",
                     getattr(fn, "__name__", "call"), exc, delay, attempt, self.retries,
                 )
-                self.discard()
-                self.reconnects += 1
+                if not keeps_session(exc):
+                    self.discard()
+                    self.reconnects += 1
                 self._sleep(delay)
                 continue
             self.backoff.reset()

@@ -118,7 +118,7 @@ def statement_text(sql: str) -> str:
 _NAME = r"(?:\[[^\]]+\]|[A-Za-z_#@][\w@$#]*)(?:\s*\.\s*(?:\[[^\]]+\]|[A-Za-z_][\w@$#]*))*"
 _CREATE = re.compile(
     r"\bCREATE\s+(?:OR\s+ALTER\s+)?"
-    r"(?P<kind>PROCEDURE|PROC|VIEW|FUNCTION|TRIGGER|TABLE|SCHEMA|ROLE|QUEUE|SERVICE|CONTRACT"
+    r"(?P<kind>PROCEDURE|PROC|VIEW|FUNCTION|TRIGGER|TABLE|TYPE|SCHEMA|ROLE|QUEUE|SERVICE|CONTRACT"
     r"|MESSAGE\s+TYPE|(?:UNIQUE\s+)?(?:NONCLUSTERED\s+|CLUSTERED\s+)?INDEX)\s+"
     rf"(?P<name>{_NAME})(?:\s+ON\s+(?P<parent>{_NAME}))?",
     re.I,
@@ -165,6 +165,7 @@ def drop_statement(obj: SqlObject) -> str | None:
         "trigger": f"DROP TRIGGER IF EXISTS {n}",
         "table": f"DROP TABLE IF EXISTS {n}",
         "schema": f"DROP SCHEMA IF EXISTS {n}",
+        "type": f"DROP TYPE IF EXISTS {n}",
         "index": f"DROP INDEX IF EXISTS {n} ON {obj.parent}",
     }
     if obj.kind in simple:
@@ -379,15 +380,19 @@ def manifest_problems(root: Path | None = None) -> list[str]:
 # --------------------------------------------------------------------------
 
 #: Every ``-x`` key the deployment understands; any other key is refused.
-KNOWN_OPTIONS = ("url", "broker", "readers", "lock_timeout", "seed")
-#: ``-x seed=...``: how revision 0006 treats what the seed design left on the
-#: platform table and the queue (alembic/versions/0006_*.py).
+KNOWN_OPTIONS = ("url", "broker", "readers", "lock_timeout", "seed", "drop_data")
+#: ``-x seed=...``: how the deployment of delayed execution treats what the
+#: seed design left on the platform table and the queue (:func:`seed_checks`).
 SEED_MODES = ("check", "disable-triggers", "ignore")
+#: ``-x drop_data=yes``: a downgrade may drop tables that hold rows.
+DROP_DATA_VALUES = {"yes": True, "no": False}
 DEFAULT_READERS = 5
 MAX_READERS = 32767
 DEFAULT_LOCK_TIMEOUT_MS = 30000
 #: Files under this sql/ folder need Service Broker; ``-x broker=off`` skips them.
 BROKER_PREFIX = "broker/"
+#: In-place changes of existing tables (a revision after the baseline names their downgrade).
+UPGRADES_PREFIX = "upgrades/"
 #: The application lock that keeps two deployers of one database apart.
 DEPLOY_LOCK = "mailq-db deploy"
 
@@ -400,6 +405,8 @@ class DeployOptions:
     ``add`` adds delayed execution to a database deployed with ``off``.
     ``readers``: MAX_QUEUE_READERS (``None``: keep the stored value, default 5).
     ``lock_timeout_ms``: SET LOCK_TIMEOUT for the deployment's session.
+    ``seed``: ``check``, ``disable-triggers`` or ``ignore`` (:func:`seed_checks`).
+    ``drop_data``: a downgrade may drop tables that hold rows (else 50420).
     ``explicit``: the keys given on the command line.
     """
 
@@ -407,6 +414,8 @@ class DeployOptions:
     readers: int | None = None
     lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
     explicit: frozenset = frozenset()
+    seed: str = "check"
+    drop_data: bool = False
 
     @property
     def files_broker(self) -> bool:
@@ -463,9 +472,16 @@ def parse_options(x_args: dict[str, str] | Iterable[str] | None) -> DeployOption
                 "-x lock_timeout must be milliseconds (0 or more; -1 waits forever); "
                 f"got {items['lock_timeout']!r}")
         lock_timeout = int(text)
-    if "seed" in items and (items["seed"] or "").strip().lower() not in SEED_MODES:
+    seed = (items.get("seed", "check") or "").strip().lower()
+    if seed not in SEED_MODES:
         raise ConfigurationError(f"-x seed must be one of {', '.join(SEED_MODES)}; got {items['seed']!r}")
-    return DeployOptions(broker, readers, lock_timeout, frozenset(k for k in items if k != "url"))
+    drop_data = (items.get("drop_data", "no") or "").strip().lower()
+    if drop_data not in DROP_DATA_VALUES:
+        raise ConfigurationError(
+            "-x drop_data must be yes (a downgrade may drop tables that hold rows, with their rows) "
+            f"or no (the default: such a downgrade stops with 50420); got {items['drop_data']!r}")
+    return DeployOptions(broker, readers, lock_timeout, frozenset(k for k in items if k != "url"),
+                         seed, DROP_DATA_VALUES[drop_data])
 
 
 OPTIONS_ATTRIBUTE = "mailq_db.options"
@@ -527,7 +543,9 @@ V = f"{VERSION_SCHEMA}.{VERSION_TABLE}"
 def script_header(options: DeployOptions) -> list[str]:
     """Batches run once per deployment before any revision (online and offline):
     session options, the system-database guard, the db_owner check, the
-    deployers' application lock, and the bookkeeping tables."""
+    deployers' application lock, and the bookkeeping tables.  Offline, each is
+    followed by :data:`HEADER_GUARD`."""
+    broker_objects = " and Service Broker objects" if options.broker != "off" else ""
     return [
         SESSION_OPTIONS + f";\nSET LOCK_TIMEOUT {options.lock_timeout_ms}",
         # DB_NAME(), not DB_ID() <= 4: the names are what a DBA recognises.
@@ -540,7 +558,7 @@ def script_header(options: DeployOptions) -> list[str]:
         "END;\n"
         "IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0\n"
         "BEGIN\n"
-        "    SET @Msg = CONCAT(N'The deployment creates schemas, roles, tables and Service Broker objects: the login ',\n"
+        f"    SET @Msg = CONCAT(N'The deployment creates schemas, roles, tables{broker_objects}: the login ',\n"
         "        QUOTENAME(SUSER_SNAME()), N' (user ', QUOTENAME(USER_NAME()), N') must be a member of db_owner in ',\n"
         "        QUOTENAME(DB_NAME()), N' for the deployment, nothing afterwards.');\n"
         "    THROW 50413, @Msg, 1;\n"
@@ -587,27 +605,27 @@ def script_header(options: DeployOptions) -> list[str]:
         "DEFAULT SYSUTCDATETIME(),\n"
         "        CONSTRAINT PK_mailq_deployment_file PRIMARY KEY (Revision, FilePath)\n"
         "    );",
-        # A database deployed before options were stored: infer the broker
-        # option from what exists (the queue is there or not).  Nested IF: the
-        # inner statements name the version table only when it exists.
-        f"IF OBJECT_ID(N'{V}', N'U') IS NOT NULL\n"
-        "BEGIN\n"
-        f"    IF NOT EXISTS (SELECT 1 FROM {OPTION_TABLE} WHERE Name = N'broker')\n"
-        f"        AND EXISTS (SELECT 1 FROM {V} WHERE version_num >= '{first_broker_revision() or '9999'}')\n"
-        f"        INSERT INTO {OPTION_TABLE} (Name, Value)\n"
-        "        VALUES (N'broker', IIF(OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NULL, N'off', N'on'));\n"
-        "END",
     ]
 
 
-def script_footer() -> list[str]:
-    """The last batches of an offline script: execution back on for the session
-    (SSMS keeps it), and the deployment lock released."""
-    return [
-        "SET NOEXEC OFF",
-        f"IF APPLOCK_MODE(N'public', N'{DEPLOY_LOCK}', N'Session') = N'Exclusive'\n"
-        f"    EXEC sys.sp_releaseapplock @Resource = N'{DEPLOY_LOCK}', @LockOwner = N'Session'",
-    ]
+#: The offline script's last word when it ran to the end (under NOEXEC ON,
+#: after a stop or "nothing to do", it is not executed): sqlcmd prints it.
+DONE_MESSAGE = (
+    "DECLARE @Reached VARCHAR(32);\n"
+    f"IF OBJECT_ID(N'{VERSION_SCHEMA}.{VERSION_TABLE}', N'U') IS NOT NULL\n"
+    f"    SELECT @Reached = MAX(version_num) FROM {VERSION_SCHEMA}.{VERSION_TABLE};\n"
+    "PRINT CONCAT(N'mailq-db: database ', QUOTENAME(DB_NAME()), N' is now at revision ',\n"
+    "    ISNULL(@Reached, N'base (no revision)'), N'.')"
+)
+
+
+def script_footer(offline: bool = True) -> list[str]:
+    """The last batches of a script: offline, the revision reached is printed
+    and execution switched back on for the session (SSMS keeps it); then the
+    deployment lock is released."""
+    release = (f"IF APPLOCK_MODE(N'public', N'{DEPLOY_LOCK}', N'Session') = N'Exclusive'\n"
+               f"    EXEC sys.sp_releaseapplock @Resource = N'{DEPLOY_LOCK}', @LockOwner = N'Session'")
+    return [DONE_MESSAGE, "SET NOEXEC OFF", release] if offline else [release]
 
 
 # References for the script's safety net (checked in Microsoft's docs):
@@ -622,41 +640,63 @@ def script_footer() -> list[str]:
 # * "sp_getapplock": returns < 0 on timeout (-1), cancel, deadlock or a bad
 #   call; a Session-owned lock is released by sp_releaseapplock or at logoff.
 
-#: Raised by the guard after every GO of an offline script.  RAISERROR, not
-#: THROW: the guard must go on to SET NOEXEC ON in the same batch (THROW would
-#: end the batch); there is no transaction left to doom.
+#: After every batch of the script header (offline): a client that ignores
+#: ``:on error exit`` but honours ``:setvar`` (Azure Data Studio's SQLCMD mode)
+#: goes on to the next batch after a THROW; this one then stops the script.
+#: @@ERROR still holds the number of the last statement of the previous batch
+#: (SSDT's and Redgate SQL Compare's scripts check it after every GO the same
+#: way).  RAISERROR, not THROW: the batch must go on to SET NOEXEC ON (SET
+#: NOEXEC: batches are then compiled, never executed).
+HEADER_GUARD = (
+    "IF @@ERROR <> 0 BEGIN RAISERROR(N'mailq-db: the checks before the first revision stopped the deployment "
+    "(see the error above); the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END"
+)
+
+
 def guard_batch(revision: str) -> str:
     """After every GO of a revision in an offline script: if the previous batch
     failed with its transaction still open (a compile error, which XACT_ABORT
     does not cover) roll it back, and once the revision's transaction is gone,
-    stop executing the rest of the script (SET NOEXEC ON: batches are compiled,
-    never executed).  This is SSDT's pattern (``IF @@ERROR <> 0 AND
-    @@TRANCOUNT > 0 ROLLBACK``), for runs where ``:on error exit`` did not stop."""
+    stop executing the rest of the script (SET NOEXEC ON).  SSDT's pattern
+    (``IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK``), for runs where ``:on
+    error exit`` did not stop; RAISERROR so that SET NOEXEC ON still runs.
+    One line: it follows every batch, and a reader learns it once."""
     return (
-        "IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;\n"
-        "IF @@TRANCOUNT = 0\n"
-        "BEGIN\n"
-        f"    RAISERROR(N'mailq-db: revision {revision} failed and was rolled back; the rest of this script "
-        "is not executed.', 16, 1);\n"
-        "    SET NOEXEC ON;\n"
-        "END"
+        "IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; "
+        f"IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision {revision} failed and was rolled back; "
+        "the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END"
     )
 
 
 def version_check(revision: str, expected: str | None, direction: str,
-                  destination: str | None | bool, offline: bool) -> list[str]:
+                  destination: str | None | bool, offline: bool, known: Iterable[str] = ()) -> list[str]:
     """The batches that open a revision: the database must be at ``expected``
     (``None``: no revision yet), else THROW with the command that renders the
-    script this database needs.  Offline, a database already at the script's
-    destination skips the whole rest of the script (a re-run is a no-op)."""
+    script this database needs; a database at a revision outside ``known``
+    (this package's revisions) was deployed by a newer mailq-db (50421).
+    Offline, a database already at the script's destination skips the whole
+    rest of the script (a re-run is a no-op)."""
     read = (
         "DECLARE @Current VARCHAR(32), @Rows INT = 0, @Msg NVARCHAR(2048);\n"
         f"IF OBJECT_ID(N'{V}', N'U') IS NOT NULL\n"
         f"    SELECT @Rows = COUNT(*), @Current = MAX(version_num) FROM {V};\n"
     )
+    known = list(known)
+    newer = ""
+    if known:
+        listed = ", ".join(f"'{_lit(k)}'" for k in known)
+        newer = (
+            f"IF @Rows = 1 AND @Current NOT IN ({listed})\n"
+            "BEGIN\n"
+            "    SET @Msg = CONCAT(N'Database ', QUOTENAME(DB_NAME()), N' is at revision ', @Current,\n"
+            f"        N', which this mailq-db does not know (its newest is {_lit(known[-1])}): a newer mailq-db "
+            "deployed it. Deploy with that version or a later one.');\n"
+            "    THROW 50421, @Msg, 1;\n"
+            "END;\n"
+        )
     batches = []
     if offline and destination is not False:
-        at_dest = "@Rows = 0" if destination is None else f"@Rows = 1 AND @Current = '{_lit(destination)}'"
+        at_dest = "@Rows = 0" if destination is None else f"@Rows = 1 AND @Current = '{_lit(str(destination))}'"
         batches.append(
             read
             + f"IF {at_dest}\n"
@@ -672,7 +712,7 @@ def version_check(revision: str, expected: str | None, direction: str,
         want = expected or "no revision (an empty database)"
         fix = ("N'mailq-db deploy --sql --revision ', @Current, N':head'" )
         batches.append(
-            read
+            read + newer
             + f"IF NOT ({ok})\n"
             "BEGIN\n"
             f"    SET @Msg = CONCAT(N'Revision {revision} upgrades a database at {want}; ', QUOTENAME(DB_NAME()),\n"
@@ -685,7 +725,7 @@ def version_check(revision: str, expected: str | None, direction: str,
         )
     else:
         batches.append(
-            read
+            read + newer
             + f"IF NOT (@Rows = 1 AND @Current = '{_lit(revision)}')\n"
             "BEGIN\n"
             f"    SET @Msg = CONCAT(N'This downgrade removes revision {revision}; ', QUOTENAME(DB_NAME()),\n"
@@ -837,11 +877,213 @@ def checksum_batch(revision_of: dict[str, str], texts: dict[str, str], revision:
     return sql + f"INSERT INTO {FILE_TABLE} (Revision, FilePath, Sha256) VALUES\n    {rows}"
 
 
-def first_broker_revision(root: Path | None = None) -> str | None:
-    for rev in revisions(root):
-        if any(rel.startswith(BROKER_PREFIX) for rel in revision_files(rev, root)):
-            return rev
-    return None
+# --------------------------------------------------------------------------
+# What the seed design may have left (-x seed=...)
+# --------------------------------------------------------------------------
+
+#: Other enabled triggers on the platform table: the seed design's trigger ran
+#: targets synchronously inside the platform's INSERT (every task would run
+#: twice).  ``{disable}`` = 1 disables them and records each in
+#: delay.Installation (Detail = the revision), so the downgrade enables them again.
+SEED_TRIGGERS = """\
+DECLARE @Disable BIT = {disable};
+DECLARE @Other NVARCHAR(MAX), @Msg NVARCHAR(2048), @Sql NVARCHAR(MAX);
+DECLARE @Found TABLE (TriggerName NVARCHAR(300) NOT NULL PRIMARY KEY);
+INSERT INTO @Found (TriggerName)
+SELECT QUOTENAME(SCHEMA_NAME(o.schema_id)) + N'.' + QUOTENAME(tr.name)
+FROM sys.triggers AS tr
+INNER JOIN sys.objects AS o ON o.object_id = tr.object_id
+WHERE
+    tr.parent_id = OBJECT_ID(N'dbo.tabDIYTable12402')
+    AND tr.is_disabled = 0
+    AND tr.name <> N'trg_tabDIYTable12402_ScheduleDelay';
+SELECT
+    @Other = STRING_AGG(CONVERT(NVARCHAR(MAX), f.TriggerName), N', '),
+    @Sql = STRING_AGG(CONVERT(NVARCHAR(MAX), CONCAT(N'DISABLE TRIGGER ', f.TriggerName, N' ON dbo.tabDIYTable12402;')), N' ')
+FROM @Found AS f;
+IF @Other IS NOT NULL AND @Disable = 0
+BEGIN
+    SET @Msg = CONCAT(
+        N'dbo.tabDIYTable12402 has other enabled triggers: ', @Other,
+        N'. The seed design''s trigger runs targets synchronously inside the platform''s INSERT, ',
+        N'so every task would run twice. Disable or drop them, or rerun with ',
+        N'-x seed=disable-triggers (the downgrade enables them again).'
+    );
+    THROW 50370, @Msg, 1;
+END;
+IF @Other IS NOT NULL
+BEGIN
+    EXEC sys.sp_executesql @Sql;
+    INSERT INTO delay.Installation (Item, Detail)
+    SELECT CONCAT(N'disabled trigger ', f.TriggerName), N'{revision}'
+    FROM @Found AS f
+    WHERE NOT EXISTS (
+        SELECT 1 FROM delay.Installation AS i WHERE i.Item = CONCAT(N'disabled trigger ', f.TriggerName)
+    );
+END"""
+
+#: Other services on the queue, and messages that are not delayed execution's on it.
+SEED_QUEUE = """\
+DECLARE @Other NVARCHAR(MAX), @Msg NVARCHAR(2048), @Foreign INT;
+SELECT @Other = STRING_AGG(CONVERT(NVARCHAR(MAX), QUOTENAME(s.name)), N', ')
+FROM sys.services AS s
+WHERE s.service_queue_id = OBJECT_ID(N'dbo.DelayServiceQueue') AND s.name <> N'MailqDelayService';
+IF @Other IS NOT NULL
+BEGIN
+    SET @Msg = CONCAT(
+        N'dbo.DelayServiceQueue also serves ', @Other,
+        N'; dbo.ProcessDelayQueue ends every conversation that is not a delayed task''s. ',
+        N'Move those services to a queue of their own (ALTER SERVICE ... ON QUEUE ...) and rerun, ',
+        N'or rerun with -x seed=ignore.'
+    );
+    THROW 50371, @Msg, 1;
+END;
+SELECT @Foreign = COUNT(*)
+FROM dbo.DelayServiceQueue
+WHERE message_type_name NOT IN (
+    N'MailqDelayRequest',
+    N'http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer',
+    N'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog',
+    N'http://schemas.microsoft.com/SQL/ServiceBroker/Error'
+);
+IF @Foreign > 0
+BEGIN
+    SET @Msg = CONCAT(
+        N'dbo.DelayServiceQueue holds ', @Foreign, N' message(s) of types that are not delayed execution''s ',
+        N'(the seed design''s?). Drain them with their own program first, or rerun with -x seed=ignore ',
+        N'(dbo.ProcessDelayQueue then ends their conversations).'
+    );
+    THROW 50372, @Msg, 1;
+END"""
+
+#: Enables the triggers the seed check disabled (recorded with Detail = the revision).
+ENABLE_SEED_TRIGGERS = """\
+IF OBJECT_ID(N'delay.Installation', N'U') IS NOT NULL
+BEGIN
+    DECLARE @Sql NVARCHAR(MAX) = N'';
+    SELECT @Sql += CONCAT(N'ENABLE TRIGGER ', SUBSTRING(i.Item, 18, 400), N' ON dbo.tabDIYTable12402; ')
+    FROM delay.Installation AS i
+    WHERE i.Item LIKE N'disabled trigger %' AND i.Detail = N'{revision}';
+    EXEC sys.sp_executesql @Sql;
+    DELETE FROM delay.Installation WHERE Item LIKE N'disabled trigger %' AND Detail = N'{revision}';
+END"""
+
+
+def seed_checks(mode: str, revision: str) -> list[str]:
+    """What the seed design (the source document's trigger version and its own
+    queue) may have left, checked after the broker files ran: another enabled
+    trigger on dbo.tabDIYTable12402 (50370), another service on
+    dbo.DelayServiceQueue (50371), foreign messages on it (50372).  ``check``
+    stops; ``disable-triggers`` disables the other triggers (and still stops on
+    the other two); ``ignore`` skips the checks."""
+    if mode == "ignore":
+        return []
+    return [SEED_TRIGGERS.format(disable=1 if mode == "disable-triggers" else 0, revision=_lit(revision)),
+            SEED_QUEUE]
+
+
+def seed_restore(revision: str) -> str:
+    """The batch that enables the triggers :func:`seed_checks` disabled."""
+    return ENABLE_SEED_TRIGGERS.format(revision=_lit(revision))
+
+
+# --------------------------------------------------------------------------
+# A downgrade never drops rows silently (-x drop_data=yes)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DroppedTable:
+    """A table a downgrade drops.  ``rows``: a WHERE condition selecting the rows
+    that count as data (``None``: all of them; rows the deployment itself
+    wrote are left out); ``when``: a table that must exist for ``rows`` to be
+    evaluated (else the table is not counted)."""
+
+    name: str
+    rows: str | None = None
+    when: str | None = None
+
+
+def data_loss_check(revision: str, tables: list[DroppedTable]) -> str:
+    """The batch that stops a downgrade (50420) when a table it drops holds
+    rows, naming each such table and its row count (COUNT_BIG, exact).  The
+    names and conditions are the package's own, rendered here, never input."""
+    values = ",\n    ".join(
+        "(N'{}', {}, {})".format(_lit(t.name), f"N'{_lit(t.rows)}'" if t.rows else "NULL",
+                                 f"N'{_lit(t.when)}'" if t.when else "NULL")
+        for t in tables)
+    return (
+        "DECLARE @Dropped TABLE (Seq INT IDENTITY (1, 1) PRIMARY KEY, Name NVARCHAR(300) NOT NULL,\n"
+        "    RowFilter NVARCHAR(1000) NULL, NeedsTable NVARCHAR(300) NULL);\n"
+        f"INSERT INTO @Dropped (Name, RowFilter, NeedsTable) VALUES\n    {values};\n"
+        "DECLARE @Seq INT = 0, @Name NVARCHAR(300), @RowFilter NVARCHAR(1000), @NeedsTable NVARCHAR(300),\n"
+        "    @Count BIGINT, @Sql NVARCHAR(MAX), @Found NVARCHAR(MAX) = N'', @Msg NVARCHAR(2048);\n"
+        "WHILE 1 = 1\n"
+        "BEGIN\n"
+        "    SELECT TOP (1) @Seq = d.Seq, @Name = d.Name, @RowFilter = d.RowFilter, @NeedsTable = d.NeedsTable\n"
+        "    FROM @Dropped AS d WHERE d.Seq > @Seq ORDER BY d.Seq;\n"
+        "    IF @@ROWCOUNT = 0 BREAK;\n"
+        "    IF OBJECT_ID(@Name, N'U') IS NULL OR (@NeedsTable IS NOT NULL AND OBJECT_ID(@NeedsTable, N'U') IS NULL)\n"
+        "        CONTINUE;\n"
+        "    SET @Sql = CONCAT(N'SELECT @n = COUNT_BIG(*) FROM ', QUOTENAME(PARSENAME(@Name, 2)), N'.',\n"
+        "        QUOTENAME(PARSENAME(@Name, 1)), N' WHERE ' + @RowFilter, N';');\n"
+        "    EXEC sys.sp_executesql @Sql, N'@n BIGINT OUTPUT', @n = @Count OUTPUT;\n"
+        "    IF @Count > 0 SET @Found = CONCAT(@Found, N', ', @Name, N' (', @Count, N' rows)');\n"
+        "END;\n"
+        "IF @Found <> N''\n"
+        "BEGIN\n"
+        f"    SET @Msg = CONCAT(N'This downgrade of revision {_lit(revision)} would drop tables that hold rows: ',\n"
+        "        STUFF(@Found, 1, 2, N''), N'. Nothing was changed. Back them up and run the downgrade with ',\n"
+        "        N'-x drop_data=yes to drop them with their rows, or empty them first.');\n"
+        "    THROW 50420, @Msg, 1;\n"
+        "END"
+    )
+
+
+def drop_column(table: str, column: str) -> Callable[[], list[str]]:
+    """The downgrade of an upgrades/ file that added ``column`` to ``table``
+    (for ``RevisionPlan(drop_overrides=...)``): refused with 50422 while the
+    column holds a value (not NULL) unless ``-x drop_data=yes``, then dropped
+    with its own default and column check constraints (a table-level
+    constraint naming it needs an override of its own).  Dynamic SQL: the
+    column may be gone already."""
+    t, c = _lit(table), _lit(column)
+
+    def batches() -> list[str]:
+        check = (
+            f"IF COL_LENGTH(N'{t}', N'{c}') IS NOT NULL\n"
+            "BEGIN\n"
+            "    DECLARE @Values BIGINT, @Msg NVARCHAR(2048);\n"
+            f"    EXEC sys.sp_executesql N'SELECT @n = COUNT_BIG({c}) FROM {t};', N'@n BIGINT OUTPUT',\n"
+            "        @n = @Values OUTPUT;\n"
+            "    IF @Values > 0\n"
+            "    BEGIN\n"
+            f"        SET @Msg = CONCAT(N'This downgrade would drop column {t}.{c}, which holds ', @Values,\n"
+            "            N' value(s). Nothing was changed. Back them up and run the downgrade with -x drop_data=yes, ',\n"
+            "            N'or set them to NULL first.');\n"
+            "        THROW 50422, @Msg, 1;\n"
+            "    END;\n"
+            "END"
+        )
+        drop = (
+            f"IF COL_LENGTH(N'{t}', N'{c}') IS NOT NULL\n"
+            "BEGIN\n"
+            "    DECLARE @Sql NVARCHAR(MAX) = N'';\n"
+            "    SELECT @Sql += CONCAT(N'ALTER TABLE ', QUOTENAME(SCHEMA_NAME(o.schema_id)), N'.', QUOTENAME(o.name),\n"
+            "        N' DROP CONSTRAINT ', QUOTENAME(k.name), N'; ')\n"
+            "    FROM sys.objects AS k\n"
+            "    INNER JOIN sys.objects AS o ON o.object_id = k.parent_object_id\n"
+            "    LEFT JOIN sys.default_constraints AS dc ON dc.object_id = k.object_id\n"
+            "    LEFT JOIN sys.check_constraints AS cc ON cc.object_id = k.object_id\n"
+            f"    WHERE k.parent_object_id = OBJECT_ID(N'{t}')\n"
+            f"        AND COALESCE(dc.parent_column_id, cc.parent_column_id) = COLUMNPROPERTY(OBJECT_ID(N'{t}'), N'{c}', 'ColumnId');\n"
+            f"    SET @Sql += N'ALTER TABLE {t} DROP COLUMN {c};';\n"
+            "    EXEC sys.sp_executesql @Sql;\n"
+            "END"
+        )
+        return [drop] if current_options().drop_data else [check, drop]
+
+    return batches
 
 
 # --------------------------------------------------------------------------
@@ -940,18 +1182,30 @@ class RevisionPlan:
     session options, the starting-revision check, the stored-option check,
     activation off (revisions with broker files), every file, checksums,
     MAX_QUEUE_READERS, activation restored; offline, a guard after every GO.
+    A downgrade first refuses (50420) when a table it drops holds rows, unless
+    ``-x drop_data=yes``.
     """
 
     revision: str
     root: Path
     execute: Callable[[str], None] = _execute
-    drop_overrides: dict[str, list[str]] | None = None
+    #: Batches that undo a file instead of the DROP derived from its CREATE
+    #: (a script, an upgrades/ file, or an object the package may have
+    #: adopted); a callable is called when the plan is rendered or run (so it
+    #: may read -x options, as :func:`drop_column` does).
+    drop_overrides: dict[str, list[str] | Callable[[], list[str]]] | None = None
     #: Revision-specific batches, called when the plan is rendered or run (so
-    #: they may read -x options): ``before_files`` run after the checks and
-    #: before the first file of an upgrade (e.g. 0006's checks for what the
-    #: seed design left); ``after_downgrade`` after the files of a downgrade.
+    #: they may read -x options): ``before_files`` and ``after_files`` around
+    #: the files of an upgrade, ``before_downgrade`` and ``after_downgrade``
+    #: around the files of a downgrade.
     before_files: Callable[[], list[str]] | None = None
+    after_files: Callable[[], list[str]] | None = None
+    before_downgrade: Callable[[], list[str]] | None = None
     after_downgrade: Callable[[], list[str]] | None = None
+    #: Tables the downgrade drops whose rows are checked differently (file ->
+    #: DroppedTable, or None: not checked, the deployment's own bookkeeping);
+    #: every other table file this revision introduced is checked whole.
+    dropped_tables: dict[str, DroppedTable | None] | None = None
 
     @classmethod
     def load(cls, revision: str, revision_file: str, **kw) -> "RevisionPlan":
@@ -973,6 +1227,21 @@ class RevisionPlan:
     def upgrade_statements(self) -> list[str]:
         return [statement_text(frozen_text(self.revision, rel, self.root)) for rel in self.files]
 
+    def check_names(self) -> None:
+        """Every file the migration names in ``drop_overrides`` or
+        ``dropped_tables`` must be one the revision froze: a renamed file
+        would otherwise lose its override silently (an adopted table dropped,
+        the deployment's own rows counted as data)."""
+        from .errors import ConfigurationError
+
+        frozen = set(revision_files(self.revision, self.root))
+        named = set(self.drop_overrides or ()) | set(self.dropped_tables or ())
+        unknown = sorted(named - frozen)
+        if unknown:
+            raise ConfigurationError(
+                f"revision {self.revision}: its migration names {', '.join(unknown)}, which "
+                f"alembic/frozen/{self.revision}/FILES does not list; update the migration in alembic/versions/")
+
     def downgrade_statements(self) -> list[str]:
         statements: list[str] = []
         for rel in reversed(self.files):
@@ -984,12 +1253,39 @@ class RevisionPlan:
             if previous is not None:
                 statements.append(statement_text(frozen_text(previous, rel, self.root)))
             elif self.drop_overrides and rel in self.drop_overrides:
-                statements += self.drop_overrides[rel]
+                override = self.drop_overrides[rel]
+                statements += override() if callable(override) else override
+            elif rel.startswith(UPGRADES_PREFIX):
+                from .errors import ConfigurationError
+
+                raise ConfigurationError(
+                    f"revision {self.revision}: {rel} changes a table in place and its migration names no "
+                    "downgrade for it: add drop_overrides={...} in alembic/versions/ (an empty list when there "
+                    "is nothing to undo; docs/CONVENTIONS.md)")
             else:
                 drop = drop_statement(obj)
                 if drop:
                     statements.append(_guard_object(drop))
         return statements
+
+    def tables_dropped(self) -> list[DroppedTable]:
+        """The tables this revision's downgrade drops, in build order: each
+        table file it introduced (no earlier frozen copy), as ``dropped_tables``
+        says."""
+        special = self.dropped_tables or {}
+        out = []
+        for rel in self.files:
+            if newest_frozen(rel, before=self.revision, root=self.root) is not None:
+                continue
+            if rel in special:
+                entry = special[rel]
+                if entry is not None:
+                    out.append(entry)
+                continue
+            obj = describe(frozen_text(self.revision, rel, self.root))
+            if obj.kind == "table" and not (self.drop_overrides and rel in self.drop_overrides):
+                out.append(DroppedTable(obj.name))
+        return out
 
     # -- the batches, labelled by file ------------------------------------
 
@@ -1001,8 +1297,12 @@ class RevisionPlan:
         expected = down if direction == "upgrade" else self.revision
         head: list[tuple[str, str]] = [("(session options)", SESSION_OPTIONS)]
         head += [("(revision check)", sql) for sql in
-                 version_check(self.revision, expected, direction, dest, offline)]
+                 version_check(self.revision, expected, direction, dest, offline, revisions(self.root))]
         head.append(("(stored options)", option_batch(options)))
+        if direction == "downgrade" and not options.drop_data:
+            tables = self.tables_dropped()
+            if tables:
+                head.append(("(data check)", data_loss_check(self.revision, tables)))
         broker = self.touches_broker
         if broker and direction == "upgrade":
             head.append(("(broker check)", BROKER_CHECK))
@@ -1029,16 +1329,20 @@ class RevisionPlan:
         return out
 
     def upgrade_batches(self) -> list[tuple[str, str]]:
+        self.check_names()
         files = self.files
         texts = {rel: frozen_text(self.revision, rel, self.root) for rel in files}
         labelled = [("(revision checks)", sql) for sql in (self.before_files() if self.before_files else [])]
         labelled += [(rel, guarded_schema(statement_text(texts[rel]))) for rel in files]
+        labelled += [("(revision checks)", sql) for sql in (self.after_files() if self.after_files else [])]
         epilogue = [("(checksums)", checksum_batch({rel: self.revision for rel in files}, texts,
                                                     self.revision, delete=False))] if files else []
         return self._wrap("upgrade", labelled, epilogue)
 
     def downgrade_batches(self) -> list[tuple[str, str]]:
-        labelled = [("(downgrade)", sql) for sql in self.downgrade_statements()]
+        self.check_names()
+        labelled = [("(downgrade)", sql) for sql in (self.before_downgrade() if self.before_downgrade else [])]
+        labelled += [("(downgrade)", sql) for sql in self.downgrade_statements()]
         labelled += [("(downgrade)", sql) for sql in (self.after_downgrade() if self.after_downgrade else [])]
         epilogue = [("(checksums)", checksum_batch({}, {}, self.revision, delete=True))]
         return self._wrap("downgrade", labelled, epilogue)
@@ -1061,16 +1365,21 @@ class RevisionPlan:
 
 
 _REVOKE_ON_OBJECT = re.compile(r"^REVOKE\s+.+?\s+ON\s+OBJECT::(?P<name>\S+)\s+FROM\s", re.I | re.S)
+_REVOKE_ON_TYPE = re.compile(r"^REVOKE\s+.+?\s+ON\s+TYPE::(?P<name>\S+)\s+FROM\s", re.I | re.S)
 _DROP_INDEX = re.compile(r"^DROP\s+INDEX\s+IF\s+EXISTS\s+\S+\s+ON\s+(?P<name>\S+)\s*$", re.I)
 
 
 def _guard_object(sql: str) -> str:
-    """REVOKE ... ON OBJECT:: and DROP INDEX ... ON fail when the object is
-    gone: guard them, so a downgrade removes what exists and nothing else."""
+    """REVOKE ... ON OBJECT:: / TYPE:: and DROP INDEX ... ON fail when the
+    object is gone: guard them, so a downgrade removes what exists and nothing else."""
     match = _REVOKE_ON_OBJECT.match(sql) or _DROP_INDEX.match(sql)
     if match:
         name = match.group("name").replace("'", "''")
         return f"IF OBJECT_ID(N'{name}') IS NOT NULL\n    {sql}"
+    match = _REVOKE_ON_TYPE.match(sql)
+    if match:
+        name = match.group("name").replace("'", "''")
+        return f"IF TYPE_ID(N'{name}') IS NOT NULL\n    {sql}"
     return sql
 
 
@@ -1106,15 +1415,17 @@ def broker_catch_up_batches(target: str, options: DeployOptions, offline: bool,
                             root: Path | None = None) -> list[tuple[str, str]]:
     """The batches that add delayed execution to a database at ``target``
     deployed with broker=off: a fresh install of the broker part at that
-    revision (the newest frozen copy of every broker file), the option stored
-    as on, checksums recorded.  Run in one transaction."""
+    revision (the newest frozen copy of every broker file), the seed checks
+    (``-x seed=``), the option stored as on, checksums recorded.  Run in one
+    transaction."""
     files = broker_catch_up_files(target, root)
     texts = {rel: frozen_text(rev, rel, root) for rel, rev in files}
     batches: list[tuple[str, str]] = [("(session options)", SESSION_OPTIONS)]
     batches += [("(revision check)", sql) for sql in version_check(
-        "broker=add", target, "upgrade", False, offline)]
+        "broker=add", target, "upgrade", False, offline, revisions(root))]
     batches += [("(stored options)", option_batch(options, adding_broker=True)), ("(broker check)", BROKER_CHECK)]
     batches += [(rel, guarded_schema(statement_text(texts[rel]))) for rel, _ in files]
+    batches += [("(revision checks)", sql) for sql in seed_checks(options.seed, target)]
     batches += [("(checksums)", checksum_batch(dict(files), texts, target, delete=False)),
                 ("(queue readers)", readers_batch(options))]
     if not offline:
@@ -1222,8 +1533,8 @@ def drift(expected: dict[str, tuple[str, str, str]], actual: dict[str, str | Non
         if have is None:
             problems.append(f"{name}: missing (frozen in {rev}/{rel})")
         elif have != want:
-            have_lines, want_lines = have.split("\n"), want.split("\n")
-            line = next((i + 1 for i, (a, b) in enumerate(zip(have_lines, want_lines)) if a != b),
+            have_lines, want_lines = have.split("\n"), (want or "").split("\n")
+            line = next((i + 1 for i, (a, b) in enumerate(zip(have_lines, want_lines, strict=False)) if a != b),
                         min(len(have_lines), len(want_lines)) + 1)
             problems.append(f"{name}: differs from {rev}/{rel} from line {line} "
                             "(changed by hand? re-apply the frozen text or make a revision)")

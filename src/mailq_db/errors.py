@@ -1,12 +1,13 @@
 """Exceptions raised by the Python layer, mapped from the THROW numbers of sql/.
 
 Every number is documented once in docs/errors.md; a static test checks that
-every number mapped here exists there.  Blocks (from DESIGN.md):
+every number mapped here exists there.  Blocks:
 
 * 50100-50199  mail-queue input            -> InvalidInputError
 * 50200-50299  mail state and fencing      -> MailStateError (LeaseLostError for fencing)
 * 50300-50399  delayed execution           -> DelayExecutionError
 * 50400-50499  deployment checks           -> DeploymentCheckError
+* 50500-50519  who may send as whom, sending accounts -> InvalidInputError
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ class UnknownMailError(MailStateError):
 
 class SenderNotAllowedError(InvalidInputError):
     """The application may not send through this account (50160) or as this
-    From address (50161), or the database user is mapped to another
-    application (50168): see mailq.BindApplication."""
+    From address (50161), the database user is mapped to another application
+    (50168) or to none while the installation refuses unmapped enqueuers
+    (50500): see mailq.BindApplication; or mailq.SetEnqueuePolicy was called
+    by a user who is neither db_owner nor MailqAdmin (50502)."""
 
 
 class IdempotencyKeyBusyError(InvalidInputError):
@@ -130,6 +133,7 @@ _BLOCKS: list[tuple[range, type[DatabaseError]]] = [
     (range(50220, 50240), InvalidInputError),  # batch enqueue input (issue 16 point 6)
     (range(50240, 50243), InvalidInputError),  # run modes input (issue 16 point 3, revision 0015)
     (range(50290, 50299), InvalidInputError),  # hooks: registration and dispatcher input (issue 16 point 1)
+    (range(50520, 50540), InvalidInputError),  # queue reporting and event-stream stall input
     (range(50200, 50300), MailStateError),
     (range(50300, 50400), DelayExecutionError),
     (range(50400, 50500), DeploymentCheckError),
@@ -163,9 +167,9 @@ def parse_driver_message(text: str) -> tuple[int | None, str]:
     return number, _PREFIX.sub("", text.strip()).strip()
 
 
-def from_driver_error(exc: Exception) -> DatabaseError:
+def from_driver_error(exc: BaseException) -> DatabaseError:
     """Translate a pyodbc.Error into the matching DatabaseError subclass."""
-    args = getattr(exc, "args", ())
+    args: tuple[object, ...] = getattr(exc, "args", ())
     text = str(args[1]) if len(args) > 1 else str(exc)
     number, message = parse_driver_message(text)
     return class_for(number)(number, message)
@@ -199,6 +203,19 @@ SPECIFIC.update({50215: UnknownTemplateError, 50216: TemplateStateError,
 SPECIFIC.update({50280: InvalidInputError, 50281: InvalidInputError, 50282: UnknownTemplateError,
                  50283: TemplateStateError, 50284: InvalidInputError, 50285: InvalidInputError,
                  50286: InvalidInputError})
+
+
+# Deployment (issue 21): a downgrade that would drop tables holding rows
+# (50420) or a column holding values (50422), and a database at a revision
+# this package does not know (50421, deployed by a newer mailq-db).
+SPECIFIC.update({50420: DeploymentCheckError, 50421: DeploymentCheckError, 50422: DeploymentCheckError})
+# Who may send as whom and sending accounts (issue 24; docs/enqueue.md): 50500
+# (an unmapped enqueuer refused) and 50502 (SetEnqueuePolicy by a non-admin) are
+# SenderNotAllowedError; the other numbers of 50500-50519 are bad input.
+_BLOCKS.insert(0, (range(50500, 50520), InvalidInputError))
+SPECIFIC.update({50500: SenderNotAllowedError, 50502: SenderNotAllowedError})
+# Monitoring procedures (docs/monitoring/): bad input only, nothing written.
+_BLOCKS.append((range(50580, 50600), InvalidInputError))
 
 
 # Bounces, complaints, unsubscribes and suppression (issue 28; docs/bounces.md).

@@ -1,4 +1,4 @@
-"""Lazy attachments: content produced at send time by a named generator (issue 16, point 2).
+"""Lazy attachments: content produced at send time by a named generator.
 
 An attachment may name a *generator* instead of carrying its bytes: an entry
 point in the group ``mailq_db.attachment_generators`` that the worker's
@@ -18,7 +18,7 @@ the numbers mailq.EnqueueMail enforces).
 Built in: ``csv`` (:func:`csv_from_rows`), CSV from JSON rows.
 
 Every failure is an :class:`AttachmentError` naming the generator and what
-went wrong, never a traceback.  Wiring (second wave)::
+went wrong, never a traceback.  Use::
 
     att = generate_attachment("csv", row.arguments_json, file_name=row.file_name)
     check_attachments([*stored, att])     # the per-mail limits
@@ -90,7 +90,7 @@ def _resolve(name: str, registry: Mapping[str, Any] | None) -> Callable[[dict[st
     if isinstance(target, metadata.EntryPoint):
         try:
             target = target.load()
-        except Exception as exc:  # an installation problem, said plainly
+        except Exception as exc:  # noqa: BLE001 - an installation problem, said plainly
             raise AttachmentError(f"cannot load {target.value}: {type(exc).__name__}: {exc}", generator=name) from None
     if not callable(target):
         raise AttachmentError("the entry point is not callable", generator=name)
@@ -165,7 +165,7 @@ def generate_attachment(
         data = _collect(result, limits.max_attachment_bytes, generator, file_name or produced_name)
     except AttachmentError:
         raise
-    except Exception as exc:  # the generator's own failure: class and message, no traceback
+    except Exception as exc:  # noqa: BLE001 - the generator's own failure: class and message, no traceback
         raise AttachmentError(f"failed: {type(exc).__name__}: {exc}", generator=generator,
                               file_name=file_name, transient=True) from None
     name = file_name or produced_name or f"{generator}.bin"

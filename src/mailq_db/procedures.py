@@ -119,6 +119,9 @@ class ClaimedMail:
     #: it as DryRun whatever the worker reports).
     run_mode: str = "prod"
     dry_run: bool = False
+    #: the seconds of lease the database granted, by its own clock (ClaimMail's
+    #: LeaseSecondsRemaining); None from a database that does not report it
+    lease_seconds_remaining: int | None = None
 
 
 @dataclass(frozen=True)
@@ -329,6 +332,7 @@ def claim_mail(
             dt_stamp=r.dtStamp,
             run_mode=getattr(r, "RunMode", None) or "prod",
             dry_run=bool(getattr(r, "DryRun", False)),
+            lease_seconds_remaining=_int_or_none(getattr(r, "LeaseSecondsRemaining", None)),
             # revision 0016 (absent from a database below it)
             template_name=getattr(r, "TemplateName", None),
             template_version=_int_or_none(getattr(r, "TemplateVersion", None)),
@@ -361,12 +365,22 @@ def _int_or_none(value: Any) -> int | None:
 EXTEND_SQL = "EXEC mailq.ExtendLease @IDList = ?, @LockToken = ?, @LeaseSeconds = ?;"
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A lease as mailq.ExtendLease reports it."""
+
+    expires_utc: datetime  # by the database's clock
+    #: LeaseSecondsRemaining, by the database's clock; None when not reported
+    seconds_remaining: int | None = None
+
+
 def extend_lease(
     conn: Any, *, ids: Iterable[int], lock_token: uuid.UUID | str, lease_seconds: int
-) -> dict[int, datetime]:
-    """mailq.ExtendLease: push the lease of mails this worker holds; returns the new expiries."""
+) -> dict[int, Lease]:
+    """mailq.ExtendLease: push the lease of mails this worker holds; returns the new leases."""
     cursor = _call(conn, EXTEND_SQL, [id_list(ids), _token(lock_token), lease_seconds])
-    return {int(r[0]): r[1] for r in _rows(cursor)}
+    return {int(r[0]): Lease(r[1], _int_or_none(getattr(r, "LeaseSecondsRemaining", None)))
+            for r in _rows(cursor)}
 
 
 RELEASE_SQL = "EXEC mailq.ReleaseMail @IDList = ?, @LockToken = ?;"
@@ -507,29 +521,43 @@ def purge_mail(conn: Any, *, older_than_days: int, batch_size: int | None = None
 UPSERT_ACCOUNT_SQL = (
     "EXEC mailq.UpsertSendingAccount @AccountName = ?, @DefaultFromAddress = ?, "
     "@DefaultFromName = ?, @PerMinuteLimit = ?, @PerHourLimit = ?, @PerDayLimit = ?, "
-    "@IsDefault = ?, @MinLoginIntervalMs = ?;"
+    "@IsDefault = ?, @MinLoginIntervalMs = ?, @Clear = ?;"
 )
+
+#: The settings mailq.UpsertSendingAccount @Clear removes.
+CLEARABLE_ACCOUNT_SETTINGS = ("DefaultFromName", "PerMinuteLimit", "PerHourLimit", "PerDayLimit",
+                              "MinLoginIntervalMs")
 
 
 def upsert_sending_account(
     conn: Any,
     *,
     account_name: str,
-    default_from_address: str,
+    default_from_address: str | None = None,
     default_from_name: str | None = None,
     per_minute_limit: int | None = None,
     per_hour_limit: int | None = None,
     per_day_limit: int | None = None,
-    is_default: bool = False,
+    is_default: bool | None = None,
     min_login_interval_ms: int | None = None,
+    clear: Iterable[str] = (),
 ) -> None:
-    """mailq.UpsertSendingAccount: create or change a sending account, its limits
-    and its minimum interval between two SMTP logins (None: no interval)."""
+    """mailq.UpsertSendingAccount: create a sending account, or change only what
+    is given (None keeps the stored value; ``default_from_address`` is needed to
+    create one).  ``is_default``: True makes it the default account, False
+    makes it no longer the default, None keeps it.  ``clear`` removes settings
+    (names in CLEARABLE_ACCOUNT_SETTINGS: a limit, the login interval, the
+    default From name)."""
+    names = list(clear)
+    unknown = sorted(set(names) - set(CLEARABLE_ACCOUNT_SETTINGS))
+    if unknown:
+        raise ValueError(f"cannot clear {', '.join(unknown)} (settings: {', '.join(CLEARABLE_ACCOUNT_SETTINGS)})")
     _call(
         conn,
         UPSERT_ACCOUNT_SQL,
         [account_name, default_from_address, default_from_name, per_minute_limit,
-         per_hour_limit, per_day_limit, 1 if is_default else 0, min_login_interval_ms],
+         per_hour_limit, per_day_limit, None if is_default is None else (1 if is_default else 0),
+         min_login_interval_ms, ",".join(names) or None],
     ).close()
 
 
@@ -574,42 +602,70 @@ UNBIND_APPLICATION_SQL = (
 )
 
 
+SET_ENQUEUE_POLICY_SQL = "EXEC mailq.SetEnqueuePolicy @AllowUnmappedEnqueuers = ?;"
+
+
+def set_enqueue_policy(conn: Any, *, allow_unmapped_enqueuers: bool) -> None:
+    """mailq.SetEnqueuePolicy (db_owner, MailqAdmin): False refuses database users
+    that no application binding covers (50500, a new installation's setting);
+    True is the opt-in that lets them enqueue unbound (docs/enqueue.md)."""
+    _call(conn, SET_ENQUEUE_POLICY_SQL, [1 if allow_unmapped_enqueuers else 0]).close()
+
+
+@dataclass(frozen=True)
+class EnqueuePolicy:
+    allow_unmapped_enqueuers: bool
+    changed_at_utc: datetime | None
+    changed_by: str | None
+    membership_visible: bool                    # False: ``unmapped`` may be incomplete
+    unmapped: list[tuple[str, str]]             # (user, the role or grant it enqueues through)
+
+
+GET_ENQUEUE_POLICY_SQL = "EXEC mailq.GetEnqueuePolicy;"
+
+
+def get_enqueue_policy(conn: Any) -> EnqueuePolicy:
+    """mailq.GetEnqueuePolicy: the policy in force and the database users that may
+    call an enqueue procedure without being mapped to an application."""
+    cursor = _call(conn, GET_ENQUEUE_POLICY_SQL, [])
+    try:
+        policy = _rows(cursor)[0]
+        unmapped = [(str(r[0]), str(r[1])) for r in _rows(cursor)] if _next(cursor) else []
+    finally:
+        cursor.close()
+    return EnqueuePolicy(bool(policy[0]), policy[1], policy[2], bool(policy[3]), unmapped)
+
+
 def unbind_application(conn: Any, *, app_name: str, account_name: str | None = None,
                        from_address: str | None = None, principal_name: str | None = None) -> None:
     """mailq.UnbindApplication: withdraw what :func:`bind_application` allowed."""
     _call(conn, UNBIND_APPLICATION_SQL, [app_name, account_name, from_address, principal_name]).close()
 
 
-MOVE_BODIES_SQL = "EXEC mailq.MoveBodiesOutOfRow @BatchSize = ?, @MaxBatches = ?;"
-
-
-def move_bodies_out_of_row(conn: Any, *, batch_size: int | None = None, max_batches: int | None = None) -> int:
-    """mailq.MoveBodiesOutOfRow: after upgrading to 0007, move existing bodies off
-    the clustered rows in committed batches; returns how many mails were rewritten."""
-    rows = _rows(_call(conn, MOVE_BODIES_SQL, [batch_size, max_batches]))
-    return int(rows[0][0]) if rows else 0
-
-
-STATS_SQL = "EXEC mailq.GetQueueStats @RecentFailures = ?;"
+STATS_SQL = "EXEC mailq.GetQueueStats @RecentFailures = ?, @FinishedHours = ?;"
 
 
 @dataclass
 class QueueStats:
-    by_status: list[dict[str, Any]]
-    oldest_due: list[dict[str, Any]]
-    throughput: list[dict[str, Any]]
-    failures: list[dict[str, Any]]
+    """mailq.GetQueueStats' four result sets, each read by a bounded seek."""
+
+    queued: list[dict[str, Any]]             # Status (UnSent, Sending), AccountName, MailCount
+    oldest_due: list[dict[str, Any]]         # AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount
+    finished_per_hour: list[dict[str, Any]]  # HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped
+    failures: list[dict[str, Any]]           # the newest failed attempts of the last 7 days
 
 
 def _dicts(cursor: Any) -> list[dict[str, Any]]:
     rows = _rows(cursor)
     names = [d[0] for d in cursor.description] if cursor.description else []
-    return [dict(zip(names, row)) for row in rows]
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
-def get_queue_stats(conn: Any, *, recent_failures: int | None = None) -> QueueStats:
-    """mailq.GetQueueStats: the reporting views as four result sets."""
-    cursor = _call(conn, STATS_SQL, [recent_failures])
+def get_queue_stats(conn: Any, *, recent_failures: int | None = None,
+                    finished_hours: int | None = None) -> QueueStats:
+    """mailq.GetQueueStats: mail queued now, oldest due, mail finished per hour
+    over the last ``finished_hours`` (1-168, default 24), recent failures."""
+    cursor = _call(conn, STATS_SQL, [recent_failures, finished_hours])
     sets = [_dicts(cursor)]
     while _next(cursor):
         sets.append(_dicts(cursor))
@@ -637,6 +693,8 @@ class FinalizeResult:
     failed: int
     expired: int
     more_left: bool
+    #: another FinalizeMail held the finalizer lock: this call stopped there
+    busy: bool = False
 
 
 def finalize_mail(conn: Any, *, batch_size: int | None = None, max_batches: int | None = None) -> FinalizeResult:
@@ -645,7 +703,7 @@ def finalize_mail(conn: Any, *, batch_size: int | None = None, max_batches: int 
     rows = _rows(_call(conn, FINALIZE_SQL, [batch_size, max_batches]))
     if not rows:
         return FinalizeResult(0, 0, False)
-    return FinalizeResult(int(rows[0][0]), int(rows[0][1]), bool(rows[0][2]))
+    return FinalizeResult(int(rows[0][0]), int(rows[0][1]), bool(rows[0][2]), bool(rows[0][3]))
 
 
 # --------------------------------------------------------------------------
@@ -924,7 +982,9 @@ class MailEvent:
         return self.event_type in TERMINAL_EVENT_TYPES
 
 
-#: Attempts of a read chosen as deadlock victim (error 1205) before it is raised.
+#: Attempts of a read that failed with a transient error keeping the session
+#: (deadlock victim 1205, lock timeout, Azure throttling: connection.keeps_session)
+#: before it is raised.
 READ_DEADLOCK_ATTEMPTS = 3
 
 
@@ -933,16 +993,19 @@ def _call_read_retrying_deadlocks(conn: Any, sql: str, params: Sequence[Any], *,
     """``_call`` for a read that may be chosen as deadlock victim (1205): a
     reader of mailq.GetMailEvents and a mailq.PurgeMail batch deleting the same
     events take their locks in opposite orders (docs/events.md).  The read is
-    repeated with the same cursor, at most READ_DEADLOCK_ATTEMPTS times, but
-    only on an autocommit connection: in a caller's transaction a deadlock
-    has rolled that whole transaction back, and only the caller may decide
-    what to do about it."""
+    repeated with the same cursor, at most READ_DEADLOCK_ATTEMPTS times, after
+    any transient error that keeps the session (the list of
+    :mod:`mailq_db.connection`), but only on an autocommit connection: in a
+    caller's transaction such an error has rolled that whole transaction back,
+    and only the caller may decide what to do about it."""
+    from .connection import keeps_session
+
     pause = time.sleep if sleep is None else sleep
     for attempt in range(1, READ_DEADLOCK_ATTEMPTS + 1):
         try:
             return _call(conn, sql, params)
         except DatabaseError as exc:
-            if exc.number != 1205 or attempt == READ_DEADLOCK_ATTEMPTS or not getattr(conn, "autocommit", False):
+            if not keeps_session(exc) or attempt == READ_DEADLOCK_ATTEMPTS or not getattr(conn, "autocommit", False):
                 raise
             pause(0.05 * attempt)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -971,6 +1034,79 @@ def get_mail_events(
         )
         for r in _rows(cursor)
     ]
+
+
+EVENT_STREAM_STALL_SQL = "EXEC mailq.GetEventStreamStall @MinOpenSeconds = ?;"
+
+
+@dataclass(frozen=True)
+class RowversionHolder:
+    """An open transaction of the database that has written (a candidate for
+    what holds the event stream back; the oldest is the usual one)."""
+
+    session_id: int | None  # None: no session (e.g. an in-doubt MSDTC transaction)
+    transaction_id: int
+    transaction_name: str | None
+    open_since_utc: datetime | None
+    open_seconds: int | None
+    state: str
+    session_status: str | None
+    program_name: str | None
+    host_name: str | None
+    login_name: str | None
+    log_records: int | None
+
+    def describe(self) -> str:
+        who = f"session {self.session_id}" if self.session_id is not None else "no session"
+        parts = [who, f"transaction {self.transaction_id}"]
+        if self.transaction_name:
+            parts.append(f"'{self.transaction_name}'")
+        if self.open_seconds is not None:
+            since = self.open_since_utc.strftime("%Y-%m-%d %H:%M:%S UTC") if self.open_since_utc else "?"
+            parts.append(f"open since {since} ({self.open_seconds} s)")
+        parts.append(self.state)
+        for label, value in (("status", self.session_status), ("program", self.program_name),
+                             ("host", self.host_name), ("login", self.login_name)):
+            if value:
+                parts.append(f"{label} {value!r}" if label == "program" else f"{label} {value}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class EventStreamStall:
+    """mailq.GetEventStreamStall: is the event stream (and the hook dispatcher)
+    held back now by an open rowversion writer, and by whom (when visible)."""
+
+    held_back: bool
+    min_active_rowversion: int
+    next_rowversion: int
+    can_see_transactions: bool
+    permission: str
+    oldest_open_seconds: int | None
+    holders: list[RowversionHolder]
+
+
+def get_event_stream_stall(conn: Any, *, min_open_seconds: int | None = None) -> EventStreamStall:
+    """mailq.GetEventStreamStall: whether readers of the event stream are held
+    back, and the open writing transactions open at least ``min_open_seconds``
+    (visible with VIEW SERVER STATE, VIEW SERVER PERFORMANCE STATE or, on Azure
+    SQL Database, VIEW DATABASE STATE)."""
+    cursor = _call(conn, EVENT_STREAM_STALL_SQL, [min_open_seconds])
+    head = _rows(cursor)[0]
+    holders = []
+    if _next(cursor):
+        holders = [
+            RowversionHolder(
+                _int_or_none(r.SessionID), int(r.TransactionID), r.TransactionName, r.OpenSinceUtc,
+                _int_or_none(r.OpenSeconds), r.State, r.SessionStatus, r.ProgramName, r.HostName,
+                r.LoginName, _int_or_none(r.LogRecords),
+            )
+            for r in _rows(cursor)
+        ]
+    return EventStreamStall(
+        bool(head.HeldBack), int(head.MinActiveRowversion), int(head.NextRowversion),
+        bool(head.CanSeeTransactions), head.Permission, _int_or_none(head.OldestOpenSeconds), holders,
+    )
 
 
 STOP_MAIL_SQL = "EXEC mailq.StopMail @MailID = ?, @Reason = ?;"
@@ -1464,3 +1600,86 @@ def purge_bounce_reports(conn: Any, *, older_than_days: int, batch_size: int | N
     """mailq.PurgeBounceReports: deletes reports older than ``older_than_days`` (the
     suppressions stay); returns how many."""
     return int(_rows(_call(conn, PURGE_BOUNCE_REPORTS_SQL, [older_than_days, batch_size]))[0][0])
+
+
+# --------------------------------------------------------------------------
+# Monitoring (docs/monitoring/): the exporter's and the dashboard's reads
+# --------------------------------------------------------------------------
+
+QUEUE_METRICS_SQL = "EXEC mailq.GetQueueMetrics @WindowMinutes = ?;"
+
+
+@dataclass
+class QueueMetrics:
+    """mailq.GetQueueMetrics' result sets (rows as dicts keyed by column name)."""
+
+    measured_at_utc: datetime | None
+    window_start_utc: datetime | None
+    window_end_utc: datetime | None
+    caller_is_admin: bool
+    depth: list[dict[str, Any]]
+    sendable: list[dict[str, Any]]
+    accounts: list[dict[str, Any]]
+    attempts: list[dict[str, Any]]
+    #: the sixth result set, suppressions in force (AccountName, Reason, Suppressed); None if absent
+    suppressions: list[dict[str, Any]] | None = None
+
+
+def get_queue_metrics(conn: Any, *, window_minutes: int | None = None) -> QueueMetrics:
+    """mailq.GetQueueMetrics: depth, sendable age, accounts and the attempts of
+    the last ``window_minutes`` complete minutes (1-60, default 5) in one call."""
+    cursor = _call(conn, QUEUE_METRICS_SQL, [window_minutes])
+    sets = [_dicts(cursor)]
+    while _next(cursor):
+        sets.append(_dicts(cursor))
+    info = sets[0][0] if sets and sets[0] else {}
+    sets += [[]] * (5 - len(sets))
+    return QueueMetrics(
+        info.get("MeasuredAtUtc"), info.get("WindowStartUtc"), info.get("WindowEndUtc"),
+        bool(info.get("CallerIsMailqAdmin")), sets[1], sets[2], sets[3], sets[4],
+        sets[5] if len(sets) > 5 else None,
+    )
+
+
+DELAY_TASK_METRICS_SQL = "EXEC delay.GetTaskMetrics;"
+
+
+def get_delay_task_metrics(conn: Any) -> dict[str, Any]:
+    """delay.GetTaskMetrics: PendingTasks, OverdueTasks, HeldTasks, FailedTasks,
+    QueueReceiveEnabled (None: not visible to this login), BrokerEnabled.
+    Raises DatabaseError 2812 where delayed execution is not deployed."""
+    rows = _dicts(_call(conn, DELAY_TASK_METRICS_SQL, []))
+    return rows[0] if rows else {}
+
+
+MAIL_HISTORY_SQL = "EXEC mailq.GetMailHistory @MailID = ?;"
+
+
+@dataclass
+class MailHistory:
+    mail: dict[str, Any] | None  # None: no such mail
+    attempts: list[dict[str, Any]]
+    recipients: list[dict[str, Any]]
+
+
+def get_mail_history(conn: Any, *, mail_id: int) -> MailHistory:
+    """mailq.GetMailHistory: the mail, its attempts and its recipients' outcomes."""
+    cursor = _call(conn, MAIL_HISTORY_SQL, [mail_id])
+    sets = [_dicts(cursor)]
+    while _next(cursor):
+        sets.append(_dicts(cursor))
+    sets += [[]] * (3 - len(sets))
+    return MailHistory(sets[0][0] if sets[0] else None, sets[1], sets[2])
+
+
+FIND_MAIL_SQL = "EXEC mailq.FindMail @Status = ?, @AccountName = ?, @RunMode = ?, @MaxRows = ?;"
+
+
+def find_mail(
+    conn: Any, *, status: str, account_name: str | None = None, run_mode: str | None = None,
+    max_rows: int | None = None,
+) -> list[dict[str, Any]]:
+    """mailq.FindMail: the mails of one status (UnSent, Failed, Cancelled,
+    Expired, Stopped), optionally of one account and run mode, at most
+    ``max_rows`` (1-1000, default 100): what a bulk action would touch."""
+    return _dicts(_call(conn, FIND_MAIL_SQL, [status, account_name, run_mode, max_rows]))

@@ -1,4 +1,4 @@
-"""Mail templates rendered in a Jinja2 sandbox (issue 16, point 2; docs/templates.md).
+"""Mail templates rendered in a Jinja2 sandbox (docs/templates.md).
 
 A template has a subject part and an HTML part, a text part or both; the
 model is a JSON object whose keys are the template's variables.  Rendering:
@@ -15,15 +15,20 @@ model is a JSON object whose keys are the template's variables.  Rendering:
   ``{% import %}`` and ``{% extends %}`` (templates are self-contained);
 * keeps only ``range`` (with a budget of iterations per render) and ``dict``
   as globals: ``cycler``, ``joiner``, ``lipsum`` and ``namespace`` are gone;
-* refuses ``*`` and ``**`` whose result would be huge (``'x' * 10**9``);
-* streams the output and stops at the size limit (a template cannot build
-  a gigabyte before being refused).
+* refuses, before the memory is spent, any operation whose result would be
+  over the body limit: ``*`` and ``**`` (``'x' * 10**9``), ``+`` and ``~``,
+  format widths and precisions (``'{0:>1000000000}'.format(1)``, ``'%09999999d'
+  % 1``, the ``format`` filter), the widths of ``center``, ``indent``,
+  ``wordwrap``, ``ljust``/``rjust``/``zfill``/``expandtabs``, ``replace`` and
+  ``join`` (``(['x' * 2000000] * 1000)|join``), and printing a value that
+  would be that large; sizes are estimated from the operands, never built;
+* streams the output and stops at the size limit.
 
 Every failure is a :class:`TemplateError` that says what is wrong and where
 (template name and version, part, line), never a traceback and never the
 internals it was refused.
 
-The API the worker and EnqueueMail's caller use (second wave):
+The API the worker and EnqueueMail's caller use:
 
     tpl = MailTemplate.from_row(procedures.get_mail_template(conn, template_name=n, version=v))
     check_template(tpl)                       # before AddMailTemplateVersion
@@ -35,20 +40,27 @@ The API the worker and EnqueueMail's caller use (second wave):
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 import math
+import re
 import time
+import types
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from jinja2 import StrictUndefined, nodes
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import (
     SecurityError,
     TemplateError as JinjaTemplateError,
     TemplateSyntaxError,
     UndefinedError,
 )
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.runtime import markup_join, str_join
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
+from jinja2.utils import _PassArg
+from markupsafe import Markup
 
 from .errors import MailqError
 
@@ -210,6 +222,12 @@ class _Budget:
     def __init__(self, items: int):
         self.left = items
 
+    def __repr__(self) -> str:
+        return "range"
+
+    def __call__(self, *args: int) -> range:
+        return self.range(*args)
+
     def range(self, *args: int) -> range:
         _check_deadline()
         r = range(*args)
@@ -234,12 +252,177 @@ def _check_deadline() -> None:
         raise _TimeLimit()
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """The sandbox with ``*`` and ``**`` checked (Jinja2 lets a sandbox
-    intercept binary operators: ``intercepted_binops`` + ``call_binop``), and
-    the render's deadline checked at every lookup and call."""
+# --------------------------------------------------------------------------
+# Sizes, checked before anything is built
+# --------------------------------------------------------------------------
 
-    intercepted_binops = frozenset({"*", "**"})
+#: The largest string one operation of a template may make: the body limit.
+_LIMIT = DEFAULT_LIMITS.max_body_chars
+#: Sizes counted per number (a number prints in a few characters; big ints are bounded by **)
+_NUMBER_SIZE = 24
+_OTHER_SIZE = 64
+
+
+def _size(obj: Any, budget: int = _LIMIT) -> int:
+    """About how many characters ``str(obj)`` (or joining ``obj``) makes, counted
+    without building it; stops counting once over ``budget``."""
+    total, stack = 0, [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, str):
+            total += len(o)
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            total += 2 + 2 * len(o)
+            if total <= budget:
+                stack.extend(o)
+        elif isinstance(o, dict):
+            total += 2 + 4 * len(o)
+            if total <= budget:
+                stack.extend(o.keys())
+                stack.extend(o.values())
+        elif isinstance(o, bool) or o is None:
+            total += 5
+        elif isinstance(o, int):
+            total += max(1, o.bit_length() // 3 + 2)
+        elif isinstance(o, float):
+            total += _NUMBER_SIZE
+        else:
+            total += _OTHER_SIZE
+        if total > budget:
+            return total
+    return total
+
+
+def _refuse_if_over(size: int, what: str) -> None:
+    if size > _LIMIT:
+        raise SecurityError(f"{what} would make over {_LIMIT:,} characters (the output limit)")
+
+
+#: The numbers in a format specification (width, precision; "{:>{}}" nests them: resolved first).
+_SPEC_NUMBERS = re.compile(r"\d+")
+#: A printf-style conversion: %[(key)][flags][width][.precision][length]type
+_PRINTF = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?([a-zA-Z%])")
+
+
+def _check_spec(spec: str) -> None:
+    if any(int(n) > _LIMIT for n in _SPEC_NUMBERS.findall(spec)):
+        raise SecurityError("a format width or precision over the output limit")
+
+
+def _check_printf(fmt: str, args: Any) -> None:
+    """``fmt % args`` would stay within the limit: widths, precisions and the arguments' sizes."""
+    stars = 0
+    for m in _PRINTF.finditer(fmt):
+        for group in (m.group(1), m.group(2)):
+            if group == "*":
+                stars += 1
+            elif group and int(group) > _LIMIT:
+                raise SecurityError("a % format width or precision over the output limit")
+    values = args if isinstance(args, tuple) else (args,)
+    if stars and any(isinstance(v, int) and not isinstance(v, bool) and v > _LIMIT for v in values):
+        raise SecurityError("a % format width or precision (*) over the output limit")
+    _refuse_if_over(len(fmt) + _size(args), "this % formatting")
+
+
+class _CheckedFormatter(SandboxedFormatter):
+    """str.format in the sandbox with each field's spec and the total size checked."""
+
+    made = 0
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        _check_spec(format_spec)
+        self.made += _size(value)
+        _refuse_if_over(self.made, "this str.format")
+        return super().format_field(value, format_spec)
+
+
+class _CheckedEscapeFormatter(SandboxedEscapeFormatter, _CheckedFormatter):
+    pass
+
+
+#: str methods whose result can be far larger than the string, with how large.
+_STR_GROWTH: dict[str, Callable[[str, tuple[Any, ...]], int]] = {
+    "center": lambda s, a: max(len(s), _int_arg(a, 0)),
+    "ljust": lambda s, a: max(len(s), _int_arg(a, 0)),
+    "rjust": lambda s, a: max(len(s), _int_arg(a, 0)),
+    "zfill": lambda s, a: max(len(s), _int_arg(a, 0)),
+    "expandtabs": lambda s, a: len(s) + s.count("\t") * (_int_arg(a, 0) if a else 8),
+    "replace": lambda s, a: _replaced_size(s, *a[:3]) if len(a) >= 2 else len(s),
+    "join": lambda s, a: _size(list(a[0]) if a and not isinstance(a[0], str) else (a[0] if a else ""))
+    + len(s) * (len(a[0]) if a and hasattr(a[0], "__len__") else 0),
+}
+
+
+def _int_arg(args: tuple[Any, ...], index: int) -> int:
+    value = args[index] if len(args) > index else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _replaced_size(s: Any, old: Any, new: Any, count: Any = -1) -> int:
+    s, old, new = str(s), str(old), str(new)
+    n = s.count(old) if old else len(s) + 1
+    if isinstance(count, int) and count >= 0:
+        n = min(n, count)
+    return len(s) + n * max(0, len(new) - len(old))
+
+
+def _filter_growth(name: str, value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The size of a filter's result, for the filters whose result can outgrow their input."""
+    if name == "center":
+        return max(_size(value), int(kwargs.get("width", _int_arg(args, 0) or 80)))
+    if name == "indent":
+        width = kwargs.get("width", args[0] if args else 4)
+        pad = len(width) if isinstance(width, str) else (width if isinstance(width, int) else 4)
+        return _size(value) + (str(value).count("\n") + 1) * max(0, pad)
+    if name == "wordwrap":
+        width = max(1, int(kwargs.get("width", _int_arg(args, 0) or 79)))
+        wrap = kwargs.get("wrapstring") or (args[3] if len(args) > 3 else "\n") or "\n"
+        return _size(value) * (1 + len(str(wrap)) // width + 1)
+    if name == "replace" and len(args) >= 2:
+        return _replaced_size(value, *args[:3])
+    if name == "format":
+        _check_printf(str(value), args or tuple(kwargs.values()))
+    if name == "join":
+        sep = kwargs.get("d", args[0] if args else "")
+        items = list(value) if not isinstance(value, str) else [value]
+        return _size(items) + len(str(sep)) * len(items)
+    return _size(value)
+
+
+def _guarded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` with the size of its result checked before it runs."""
+    passes = _PassArg.from_obj(func)
+
+    @functools.wraps(func)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        lead = 1 if passes is not None else 0
+        if len(args) > lead:
+            _refuse_if_over(_filter_growth(name, args[lead], args[lead + 1:], kwargs), f"the {name!r} filter")
+        return func(*args, **kwargs)
+
+    return guarded
+
+
+class _CodeGenerator(CodeGenerator):
+    """Jinja's code generator with ``~`` (Concat) sized before it joins."""
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        self.write("environment.sized_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("), context.eval_ctx.autoescape)")
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The sandbox with ``*``, ``**``, ``+`` and ``%`` checked (Jinja2 lets a
+    sandbox intercept binary operators: ``intercepted_binops`` + ``call_binop``),
+    str.format, the growing str methods, filters, ``~`` and printed values
+    sized before they run, and the render's deadline checked at every lookup
+    and call."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+    code_generator_class = _CodeGenerator
     max_sequence = DEFAULT_LIMITS.max_body_chars
 
     def getattr(self, obj: Any, attribute: str) -> Any:
@@ -252,6 +435,11 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (Jinja's signature)
         _check_deadline()
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str) and isinstance(__obj, types.BuiltinMethodType):
+            growth = _STR_GROWTH.get(__obj.__name__)
+            if growth is not None:
+                _refuse_if_over(growth(owner, args), f"str.{__obj.__name__}")
         return super().call(__context, __obj, *args, **kwargs)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
@@ -262,16 +450,54 @@ class _Sandbox(ImmutableSandboxedEnvironment):
                     raise SecurityError("the power is too large")
         elif operator == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.max_sequence:
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and _size(seq) * n > self.max_sequence:
                     raise SecurityError("repeating a string or list that many times is over the output limit")
+        elif operator == "+" and isinstance(left, (str, list, tuple)):
+            _refuse_if_over(_size(left) + _size(right), "this +")
+        elif operator == "%" and isinstance(left, str):
+            _check_printf(left, right)
         return super().call_binop(context, operator, left, right)
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """str.format / format_map with the checked formatters (Jinja's own wrapper,
+        with each field's width, precision and size checked)."""
+        if not isinstance(value, (types.MethodType, types.BuiltinMethodType)) or \
+                value.__name__ not in ("format", "format_map") or not isinstance(value.__self__, str):
+            return None
+        f_self: str = value.__self__
+        is_format_map = value.__name__ == "format_map"
+
+        def wrapper(*args: Any, **kwargs: Any) -> str:
+            formatter: _CheckedFormatter = (
+                _CheckedEscapeFormatter(self, escape=f_self.escape) if isinstance(f_self, Markup)
+                else _CheckedFormatter(self))
+            if is_format_map:
+                if kwargs or len(args) != 1:
+                    raise TypeError("format_map() takes exactly one argument")
+                kwargs, args = args[0], ()
+            return type(f_self)(formatter.vformat(f_self, args, kwargs))
+
+        return functools.update_wrapper(wrapper, value)
+
+    @staticmethod
+    def sized_concat(values: tuple[Any, ...], autoescape: bool) -> str:
+        _refuse_if_over(_size(list(values)), "this ~ concatenation")
+        return markup_join(values) if autoescape else str_join(values)
+
+
+def _finalize(value: Any) -> Any:
+    """Every printed value is sized before it is turned into text."""
+    if not isinstance(value, str):
+        _refuse_if_over(_size(value), "printing this value")
+    return value
 
 
 def _environment(html: bool) -> _Sandbox:
     env = _Sandbox(undefined=StrictUndefined, autoescape=html, keep_trailing_newline=True,
-                   auto_reload=False, cache_size=0)
+                   auto_reload=False, cache_size=0, finalize=_finalize)
     env.globals.clear()  # range is added per render (with its budget)
     env.globals["dict"] = dict
+    env.filters = {name: _guarded_filter(name, f) for name, f in env.filters.items()}
     return env
 
 
@@ -326,7 +552,7 @@ def _compile(part: str, source: str) -> Any:
         raise TemplateError("syntax", exc.message or str(exc), part=part, line=exc.lineno) from None
     except RecursionError:
         raise TemplateError("syntax", "the template is nested too deeply", part=part) from None
-    except Exception as exc:  # never a traceback
+    except Exception as exc:  # noqa: BLE001 - never a traceback
         raise TemplateError("syntax", f"{type(exc).__name__}: {exc}", part=part) from None
 
 
@@ -351,7 +577,7 @@ def _undefined_detail(exc: UndefinedError) -> str:
 
 def _render_part(part: str, code: Any, model: Mapping[str, Any], limit: int, budget: _Budget) -> str:
     env = _ENV[part == "html"]
-    template = env.template_class.from_code(env, code, {**env.globals, "range": budget.range})
+    template = env.template_class.from_code(env, code, {**env.globals, "range": budget})
     out: list[str] = []
     size = 0
     try:
@@ -377,7 +603,7 @@ def _render_part(part: str, code: Any, model: Mapping[str, Any], limit: int, bud
                             line=_line_of(exc, part)) from None
     except MemoryError:
         raise TemplateError("limit", "out of memory while rendering", part=part) from None
-    except Exception as exc:  # never a traceback: the class and message only
+    except Exception as exc:  # noqa: BLE001 - never a traceback: the class and message only
         raise TemplateError("render", f"{type(exc).__name__}: {exc}", part=part, line=_line_of(exc, part)) from None
     return "".join(out)
 

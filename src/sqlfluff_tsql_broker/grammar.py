@@ -109,7 +109,7 @@ def _comma_optional_list(*options: Matchable) -> Matchable:
     )
 
 
-def _clause(*elements: Matchable, optional: bool = False) -> Matchable:
+def _clause(*elements: Matchable | str, optional: bool = False) -> Matchable:
     """A clause that may start a new, indented line (a line break point)."""
     return Sequence(Indent, *elements, Dedent, optional=optional)
 

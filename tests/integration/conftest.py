@@ -13,7 +13,12 @@ Fixtures:
                     ALLOW_SNAPSHOT_ISOLATION ON, deployed with
                     `alembic upgrade head`; dropped afterwards
   fresh_database    factory: ``fresh_database(deploy=True, broker=True)`` makes
-                    another fresh database and returns its URL
+                    another fresh database and returns its URL; the suite
+                    connects as sa (user dbo, mapped to no application), so
+                    a deployed database opts in to unmapped enqueuers
+                    (mailq.SetEnqueuePolicy) unless
+                    ``allow_unmapped_enqueuers=False`` keeps a new
+                    installation's refusal (docs/enqueue.md)
   conn              module: an autocommit connection (as sa) to ``mssql_url``
 """
 
@@ -120,7 +125,8 @@ def fresh_database(mssql_server_url):
     made: list[str] = []
     master = connect(mssql_server_url)
 
-    def make(deploy: bool = True, broker: bool = True, x_args: tuple[str, ...] = ()) -> str:
+    def make(deploy: bool = True, broker: bool = True, x_args: tuple[str, ...] = (),
+             allow_unmapped_enqueuers: bool = True) -> str:
         name = f"mailq_test_{uuid.uuid4().hex[:12]}"
         cursor = master.cursor()
         cursor.execute(f"CREATE DATABASE [{name}]")
@@ -140,6 +146,12 @@ def fresh_database(mssql_server_url):
             from alembic import command
 
             command.upgrade(alembic_config(x_args=[f"url={url}", *x_args]), "head")
+            if allow_unmapped_enqueuers:
+                from mailq_db import procedures
+                from mailq_helpers import connection
+
+                with connection(url) as c:
+                    procedures.set_enqueue_policy(c, allow_unmapped_enqueuers=True)
         return url
 
     yield make

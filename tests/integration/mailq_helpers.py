@@ -182,7 +182,7 @@ TEST_FROM_DOMAINS = ("@example.org", "@example.com", "@shop.example.net", "@ä¾‹ã
 
 
 def bind_test_apps(conn: Any) -> None:
-    """Test setup as sa (revision 0007 binds applications to accounts and From
+    """Test setup as sa (applications are bound to accounts and From
     domains): every application of the database except the ``unbound*`` ones may
     use every account and the suite's From domains, so tests written before the
     binding existed keep testing what they test."""

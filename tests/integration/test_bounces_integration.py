@@ -21,6 +21,7 @@ import pytest
 from mailq_helpers import (
     claim,
     enqueue,
+    execute,
     expect_error,
     mail_row,
     new_account,
@@ -136,6 +137,39 @@ def test_batch_enqueue_applies_the_same_rule(conn, account):
     assert [(r.row_no, r.error_number) for r in result.rejected] == [(1, 50600)]
     (queued,) = result.enqueued
     assert query(conn, "SELECT ToAddress FROM mailq.MailQueue WHERE ID = ?;", queued.mail_id) == [("ok@example.com",)]
+
+
+def test_the_core_checks_suppressions_last_and_under_the_key_lock(conn, account):
+    """The check lives in mailq.EnqueueMailRows: a retried key returns its mail
+    although its recipient was suppressed since; a batch without @RejectInvalid
+    names rule 50600 in 50220; the RecipientSuppressed event follows Enqueued."""
+    app = new_app(conn, "core")
+    (first,) = enqueue(conn, account, app, 1, to_address="later-gone@example.com", idempotency_key=f"k-{app}")
+    procedures.add_suppression(conn, account_name=account, address="later-gone@example.com", source="it")
+    (again,) = enqueue(conn, account, app, 1, to_address="later-gone@example.com", idempotency_key=f"k-{app}")
+    assert (again.mail_id, again.created) == (first.mail_id, False)
+    err = expect_error(50220, procedures.enqueue_mail_batch, conn, [
+        {"to_address": "ok@example.com", "subject": "s", "body": "b", "account_name": account, "app_name": app},
+        {"to_address": "later-gone@example.com", "subject": "s", "body": "b", "account_name": account,
+         "app_name": app}], cls=InvalidInputError)
+    assert "Row 2, field ToAddress, rule 50600" in str(err)
+    (mixed,) = enqueue(conn, account, app, 1, to_address="kept@example.com", bcc="later-gone@example.com")
+    assert [e for e, _ in events(conn, mixed.mail_id)] == ["Enqueued", "RecipientSuppressed"]
+    assert query(conn, "SELECT ToAddress, BCC FROM mailq.MailQueue WHERE ID = ?;", mixed.mail_id) == [
+        ("kept@example.com", None)]
+
+
+def test_queue_metrics_count_the_suppressions_in_force(conn):
+    other = new_account(conn, "metrics")
+    for address, reason in (("h1@example.com", "HardBounce"), ("h2@example.com", "HardBounce"),
+                            ("c1@example.com", "Complaint")):
+        procedures.add_suppression(conn, account_name=other, address=address, source="it", reason=reason)
+    execute(conn, "UPDATE mailq.Suppression SET ExpiresAtUtc = DATEADD(SECOND, -1, SYSUTCDATETIME()) "
+                  "WHERE AccountName = ? AND Address = ?;", other, "h2@example.com")
+    m = procedures.get_queue_metrics(conn)
+    assert m.suppressions is not None
+    assert {r["Reason"]: r["Suppressed"] for r in m.suppressions if r["AccountName"] == other} == {
+        "HardBounce": 1, "Complaint": 1}
 
 
 @pytest.mark.parametrize("kwargs,number", [

@@ -64,7 +64,9 @@ def test_post_is_queued_when_the_caller_commits(conn, manual, account):
 def test_emit_commits_and_an_idempotency_key_returns_the_same_mail(conn, manual, mssql_url, account):
     app = new_app(conn, "emit")
     key = f"order-{uuid.uuid4()}"
-    first = client.emit(manual, **mail(account, app, idempotency_key=key))
+    with pytest.raises(client.CallerTransactionError):  # would commit the caller's transaction
+        client.emit(manual, **mail(account, app, idempotency_key=key))
+    first = client.emit(conn, **mail(account, app, idempotency_key=key))  # an autocommit connection
     second = client.emit(mssql_url, **mail(account, app, idempotency_key=key))  # a URL: own connection
     assert first == second and mail_row(conn, first)["Status"] == "UnSent"
 

@@ -519,7 +519,9 @@ def test_an_existing_platform_table_is_adopted_and_kept(fresh_database):
         assert scalar(other, "SELECT COUNT(*) FROM dbo.tabDIYTable12402 WHERE Extra = N'keep'") == 1
         assert scalar(other, "SELECT COL_LENGTH(N'dbo.tabDIYTable12402', N'F108216')") is not None
         assert scalar(other, "SELECT COUNT(*) FROM delay.Task") == 0  # the old row was not scheduled
-    command.downgrade(alembic_config(x_args=[f"url={url}"]), "0001")
+    # The adopted table's rows are the platform's: they neither block the
+    # downgrade (no 50420 without drop_data) nor go with it.
+    command.downgrade(alembic_config(x_args=[f"url={url}"]), "base")
     with connect(url) as other:
         assert scalar(other, "SELECT COUNT(*) FROM dbo.tabDIYTable12402 WHERE Extra = N'keep'") == 1
         assert scalar(other, "SELECT OBJECT_ID(N'dbo.DelayServiceQueue')") is None
@@ -533,7 +535,7 @@ def test_downgrade_removes_a_created_platform_table(fresh_database):
     from mailq_db.deployment import alembic_config
 
     url = fresh_database()
-    command.downgrade(alembic_config(x_args=[f"url={url}"]), "0001")
+    command.downgrade(alembic_config(x_args=[f"url={url}"]), "base")  # no rows anywhere: no drop_data needed
     with connect(url) as other:
         assert scalar(other, "SELECT OBJECT_ID(N'dbo.tabDIYTable12402')") is None
         assert scalar(other, "SELECT COUNT(*) FROM sys.services WHERE name = N'MailqDelayService'") == 0
@@ -780,33 +782,6 @@ def test_a_caller_may_not_cancel_another_logins_task(conn, mssql_url):
         rows(conn, f"DROP USER IF EXISTS {login}; DROP LOGIN {login};")
     assert task(conn, mine)["TaskState"] == "Cancelled"
     rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", theirs)  # the admin may
-
-
-def test_upgrade_from_0004_in_place_keeps_pending_tasks_firing_once(fresh_database):
-    """The revision: a database at 0004 with pending tasks, upgraded to head."""
-    from alembic import command
-
-    from mailq_db.deployment import alembic_config
-
-    url = fresh_database(deploy=False)
-    command.upgrade(alembic_config(x_args=[f"url={url}"]), "0004")
-    c = connect(url)
-    try:
-        rows(c, "CREATE TABLE dbo.DelayProbeRun (RunId BIGINT IDENTITY PRIMARY KEY, Probe SYSNAME NOT NULL, "
-                "SPName NVARCHAR(200), Param1 NVARCHAR(200), Param2 NVARCHAR(200), Param3 NVARCHAR(200), "
-                "Param4 NVARCHAR(200), Param5 NVARCHAR(200), RanAtUtc DATETIME2(3) DEFAULT SYSUTCDATETIME())")
-        probe = make_target(c)
-        ids = [initiate(c, f"dbo.{probe}", d, str(d)) for d in (5, 8, 12)]
-        command.upgrade(alembic_config(x_args=[f"url={url}"]), "head")
-        wait_final(c, ids, timeout=60)
-        assert [task(c, i)["TaskState"] for i in ids] == ["Done"] * 3
-        per_task = rows(c, "SELECT Param1, COUNT(*) FROM dbo.DelayProbeRun WHERE Probe = ? GROUP BY Param1", probe)
-        assert sorted(per_task) == [("12", 1), ("5", 1), ("8", 1)]
-        command.downgrade(alembic_config(x_args=[f"url={url}"]), "0004")
-        assert scalar(c, "SELECT COL_LENGTH(N'delay.Task', N'CreatedBy')") is None
-        assert scalar(c, "SELECT OBJECT_ID(N'delay.Reconcile')") is None
-    finally:
-        c.close()
 
 
 # --------------------------------------------------------------------------

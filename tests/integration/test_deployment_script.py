@@ -1,7 +1,9 @@
-"""Issue 12 (and issue 11 point 10) against SQL Server: the rendered script run
-by sqlcmd itself, without -b; re-run at head; the starting-revision check;
-options stored in the database; the broker added later; drift after an ALTER
-by hand; activation off while a revision changes the broker.
+"""Issues 12 and 21 (and issue 11 point 10) against SQL Server: the rendered
+script run by sqlcmd itself, without -b (and without ':on error exit', as a
+client that ignores it runs it); re-run at head; a database newer than the
+package; the downgrade's refusal to drop rows; options stored in the
+database; the broker added later; drift after an ALTER by hand; activation
+off while a revision changes the broker.
 
 sqlcmd: go-sqlcmd or mssql-tools18 (``MAILQ_SQLCMD`` names the binary; CI
 installs it).  Where the suite must run (``MAILQ_REQUIRE_INTEGRATION=1``), a
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -102,22 +103,41 @@ def test_sqlcmd_without_b_stops_when_the_broker_is_disabled(fresh_database, tmp_
     assert result.returncode != 0
     assert "50401" in result.stdout + result.stderr or "Service Broker is not enabled" in result.stdout
     with connection(url) as conn:
-        assert scalar(conn, f"SELECT version_num FROM {V}") == "0001"  # 0001 committed, 0002 rolled back
-        assert scalar(conn, "SELECT SCHEMA_ID(N'delay')") is None
+        # The baseline is one transaction: nothing of it is left.
+        assert scalar(conn, f"SELECT OBJECT_ID(N'{V}')") is None
+        assert scalar(conn, "SELECT SCHEMA_ID(N'mailq')") is None and scalar(conn, "SELECT SCHEMA_ID(N'delay')") is None
         assert user_queues(conn) == []
 
 
-def test_partial_script_refuses_a_database_at_another_revision(fresh_database, tmp_path):
-    url = fresh_database(deploy=False)
-    upgrade(url, "0001")
-    result = run_sqlcmd(url, render("upgrade", "0002:head"), tmp_path)  # starts with 0003, needs 0002
-    assert result.returncode != 0
-    output = result.stdout + result.stderr
-    assert "50410" in output or "Revision 0003 upgrades a database at 0002" in output
-    assert "mailq-db deploy --sql --revision 0001:head" in output
+def test_a_database_newer_than_the_package_is_refused_and_left_alone(fresh_database, tmp_path):
+    """Defect 8 of the 2026-11-26 reading: a database at a revision this
+    package does not know gets 50421 ("a newer mailq-db deployed it"), not a
+    command that cannot work; the script and the online path change nothing."""
+    import contextlib
+    import io as _io
+
+    from mailq_db.cli import main
+
+    url = fresh_database()
     with connection(url) as conn:
-        assert scalar(conn, f"SELECT version_num FROM {V}") == "0001"
-        assert scalar(conn, "SELECT OBJECT_ID(N'delay.Task')") is None
+        execute(conn, f"UPDATE {V} SET version_num = '0099'")
+        stamp = scalar(conn, "SELECT modify_date FROM sys.objects WHERE object_id = OBJECT_ID(N'mailq.ClaimMail')")
+    result = run_sqlcmd(url, render("upgrade", "head"), tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and ("50421" in output or "a newer mailq-db deployed it" in output)
+    err = _io.StringIO()
+    with contextlib.redirect_stderr(err):
+        os.environ["MAILQ_DB_URL"] = url
+        try:
+            assert main(["deploy"]) == 1
+        finally:
+            del os.environ["MAILQ_DB_URL"]
+    assert "revision 0099, which this mailq-db does not know" in err.getvalue()
+    assert len(err.getvalue().strip().splitlines()) == 1
+    with connection(url) as conn:
+        assert scalar(conn, f"SELECT version_num FROM {V}") == "0099"
+        assert scalar(conn, "SELECT modify_date FROM sys.objects "
+                            "WHERE object_id = OBJECT_ID(N'mailq.ClaimMail')") == stamp
 
 
 def test_script_refuses_master(mssql_server_url, tmp_path):
@@ -129,32 +149,73 @@ def test_script_refuses_master(mssql_server_url, tmp_path):
         assert scalar(conn, "SELECT SCHEMA_ID(N'mailq')") is None
 
 
+def test_script_without_on_error_exit_still_stops_in_master(mssql_server_url, tmp_path):
+    """A client that ignores ':on error exit' but honours ':setvar' (Azure Data
+    Studio's SQLCMD mode) goes on after the 50412 THROW: the header guard after
+    it sets NOEXEC ON, so not even the bookkeeping tables are created."""
+    script = render("upgrade", "head")
+    assert ":on error exit\n" in script
+    result = run_sqlcmd(mssql_server_url, script.replace(":on error exit\n", ""), tmp_path)
+    output = result.stdout + result.stderr
+    assert "50412" in output or "system database" in output
+    assert "the checks before the first revision stopped the deployment" in output
+    with connection(mssql_server_url) as conn:
+        for name in (V, d.OPTION_TABLE, d.FILE_TABLE):
+            assert scalar(conn, f"SELECT OBJECT_ID(N'{name}')") is None, name
+        assert scalar(conn, "SELECT SCHEMA_ID(N'mailq')") is None
+        assert scalar(conn, "SELECT APPLOCK_MODE(N'public', N'mailq-db deploy', N'Session')") == "NoLock"
+
+
+# -- issue 21 point 5: a downgrade never drops rows silently ---------------------------
+
+
+def test_downgrade_script_refuses_while_tables_hold_rows(fresh_database, tmp_path):
+    from mailq_helpers import enqueue, new_account, new_app
+
+    url = fresh_database()
+    with connection(url) as conn:
+        enqueue(conn, new_account(conn, "dd"), new_app(conn, "dd"), 1)
+    refused = run_sqlcmd(url, render("downgrade", "head:base"), tmp_path)
+    output = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "50420" in output or "would drop tables that hold rows" in output
+    assert "mailq.MailQueue (1 rows)" in output
+    with connection(url) as conn:
+        assert scalar(conn, f"SELECT version_num FROM {V}") == d.head_revision()
+        assert scalar(conn, "SELECT COUNT(*) FROM mailq.MailQueue") == 1
+        assert scalar(conn, "SELECT @@TRANCOUNT") == 0
+    dropped = run_sqlcmd(url, render("downgrade", "head:base", "drop_data=yes"), tmp_path)
+    assert dropped.returncode == 0, dropped.stdout[-3000:] + dropped.stderr[-3000:]
+    with connection(url) as conn:
+        assert scalar(conn, "SELECT SCHEMA_ID(N'mailq')") is None
+        assert scalar(conn, f"SELECT COUNT(*) FROM {V}") == 0
+
+
 # -- point 4: options stored, broker added later ------------------------------------
 
 
 def test_upgrade_that_forgets_broker_off_keeps_it(fresh_database):
     url = fresh_database(deploy=False, broker=False)
-    upgrade(url, "0002", "broker=off")
-    upgrade(url, "head")  # no -x broker=off: the stored option holds
+    upgrade(url, "head", "broker=off")
+    upgrade(url, "head")  # no -x broker=off: the stored option holds (nothing to do)
     with connection(url) as conn:
         assert scalar(conn, f"SELECT version_num FROM {V}") == d.head_revision()
         assert scalar(conn, f"SELECT Value FROM {d.OPTION_TABLE} WHERE Name = N'broker'") == "off"
         assert user_queues(conn) == [] and scalar(conn, "SELECT SCHEMA_ID(N'delay')") is None
 
 
-def test_broker_added_later_to_a_legacy_database_without_downgrade(fresh_database, mssql_server_url):
-    """A database at head deployed by the old -x broker=off (no stored options)
-    gets delayed execution with -x broker=add: nothing is downgraded."""
+def test_broker_added_later_without_downgrade(fresh_database, mssql_server_url):
+    """A database deployed with -x broker=off gets delayed execution with
+    -x broker=add: nothing is downgraded, the mail queue is not touched."""
     url = fresh_database(deploy=False, broker=False)
     upgrade(url, "head", "broker=off")
     name = urlsplit(url).path.lstrip("/")
     with connection(url) as conn:
-        execute(conn, f"DROP TABLE {d.OPTION_TABLE}")  # as before issue 12
         stamp = scalar(conn, "SELECT modify_date FROM sys.objects WHERE object_id = OBJECT_ID(N'mailq.ClaimMail')")
     with connection(mssql_server_url) as master:
         execute(master, f"ALTER DATABASE [{name}] SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE")
     with pytest.raises(Exception, match="50414|broker=off"):
-        upgrade(url, "head", "broker=on")  # inferred off: an explicit on is refused
+        upgrade(url, "head", "broker=on")  # stored off: an explicit on is refused
     upgrade(url, "head", "broker=add")
     with connection(url) as conn:
         assert scalar(conn, f"SELECT version_num FROM {V}") == d.head_revision()
@@ -190,30 +251,24 @@ def test_doctor_reports_a_procedure_altered_by_hand(fresh_database):
 # -- issue 11 point 10: activation off while a revision changes the broker ----------
 
 
-def batches_of(script: str) -> list[str]:
-    body = "\n".join(ln for ln in script.splitlines() if not ln.startswith(":"))
-    return [b.strip() for b in re.split(r"^\s*GO\s*$", body, flags=re.M) if b.strip()]
-
-
 def test_activation_is_off_inside_a_broker_revision_and_restored(fresh_database):
-    url = fresh_database(deploy=False)
-    upgrade(url, "0003")
-    script = render("upgrade", "0003:0004")
+    """The batches every revision with broker files wraps around them: the
+    baseline creates the queue, so this runs them around a re-applied
+    activation procedure on a deployed database, as a later revision would."""
+    url = fresh_database()
     seen = []
+    text = d.statement_text(d.frozen_text(d.head_revision(), "broker/dbo.ProcessDelayQueue.sql"))
     with connection(url) as conn:
         assert scalar(conn, "SELECT is_activation_enabled FROM sys.service_queues "
                             "WHERE name = N'DelayServiceQueue'") == 1
-        for batch in batches_of(script):
-            if batch.startswith("IF N'$(__IsSqlCmdEnabled)'"):
-                continue
+        for batch in (d.ACTIVATION_OFF, text, d.ACTIVATION_RESTORE):
             execute(conn, batch)
-            if "CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue" in batch:
+            if batch is text:
                 seen.append(scalar(conn, "SELECT is_activation_enabled FROM sys.service_queues "
                                          "WHERE name = N'DelayServiceQueue'"))
         assert seen == [0]  # no reader can start while the revision runs
         assert scalar(conn, "SELECT is_activation_enabled FROM sys.service_queues "
                             "WHERE name = N'DelayServiceQueue'") == 1
-        assert scalar(conn, f"SELECT version_num FROM {V}") == "0004"
 
 
 # -- point 7: two deployers ---------------------------------------------------------

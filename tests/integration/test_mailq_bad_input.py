@@ -439,7 +439,7 @@ ACCOUNT_CASES: list[tuple[str, dict[str, Any], int]] = [
     ("account-name-null", {"AccountName": None}, 50142),
     ("account-name-blank", {"AccountName": "  "}, 50142),
     ("account-name-over-128", {"AccountName": "a" * 129}, 50103),
-    ("from-address-null", {"DefaultFromAddress": None}, 50102),
+    ("from-address-null-new-account", {"DefaultFromAddress": None}, 50503),
     ("from-address-invalid", {"DefaultFromAddress": "noreply"}, 50102),
     ("from-address-two", {"DefaultFromAddress": "a@example.org; b@example.org"}, 50102),
     ("from-address-with-display-name", {"DefaultFromAddress": "Ops <ops@example.org>"}, 50102),
@@ -447,6 +447,8 @@ ACCOUNT_CASES: list[tuple[str, dict[str, Any], int]] = [
     ("per-minute-0", {"PerMinuteLimit": 0}, 50143),
     ("per-hour-negative", {"PerHourLimit": -1}, 50143),
     ("per-day-0", {"PerDayLimit": 0}, 50143),
+    ("clear-unknown-setting", {"Clear": "DefaultFromAddress"}, 50504),
+    ("clear-and-set-one-setting", {"Clear": "PerDayLimit", "PerDayLimit": 10}, 50504),
 ]
 
 

@@ -150,9 +150,11 @@ def test_extend_lease_moves_the_lease(conn, account):
     new = procedures.extend_lease(conn, ids=[mail.mail_id], lock_token=token, lease_seconds=600)
     t1 = server_now(conn)
     assert set(new) == {mail.mail_id}
-    assert t0 + timedelta(seconds=600) - TOLERANCE <= new[mail.mail_id] <= t1 + timedelta(seconds=600) + TOLERANCE
+    expires = new[mail.mail_id].expires_utc
+    assert t0 + timedelta(seconds=600) - TOLERANCE <= expires <= t1 + timedelta(seconds=600) + TOLERANCE
+    assert 598 <= new[mail.mail_id].seconds_remaining <= 600
     row = mail_row(conn, mail.mail_id)
-    assert row["VisibleAtUtc"] == new[mail.mail_id] and row["Status"] == "Sending"
+    assert row["VisibleAtUtc"] == expires and row["Status"] == "Sending"
     assert row["AttemptCount"] == 1 and len(attempts(conn, mail.mail_id)) == 1
 
 

@@ -7,9 +7,9 @@ session, ``SET STATISTICS XML ON`` and ``EXEC mailq.ClaimMail @BatchSize = 100``
 every showplan document the call returns is parsed with xml.etree (namespace
 http://schemas.microsoft.com/sqlserver/2004/07/showplan).
 
-What is asserted about the claim statement (the UPDATE of mailq.MailQueue
-whose plan reads IX_MailQueue_ClaimByAccount, revision 0005), as the index's
-header comment promises:
+What is asserted about the claim's pick (the INSERT into @Pick whose plan
+reads IX_MailQueue_ClaimByAccount), as the index's header comment and
+docs/claim.md promise:
 
 1. IX_MailQueue_ClaimByAccount is read by an **Index Seek** (not an Index Scan), and
    the seek is ordered (``IndexScan/@Ordered``).
@@ -25,6 +25,12 @@ header comment promises:
    is a seek.
 5. The call claimed exactly 100 mails, the first of them of priority 9.
 
+The same for an isolated worker's pick on IX_MailQueue_ClaimByApp, beside
+the 100,000 due mails of no application on the same account.  And the
+lease's UPDATE reaches its rows by a Clustered Index Seek on PK_MailQueue
+even when its plan was compiled for one (account, run mode) pair and then
+runs for 200 (FORCESEEK (PK_MailQueue (ID))).
+
 Then the logical reads of ClaimMail per execution
 (sys.dm_exec_procedure_stats) at 100 k are compared with those at 5 k rows of
 a second database: they must not grow with depth (at most 3 x, a loose bound
@@ -33,6 +39,7 @@ for a property that should hold within a few pages).
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -40,8 +47,10 @@ import pytest
 from mailq_helpers import (
     bulk_fill,
     connection,
+    enqueue,
     execute,
     new_account,
+    new_app,
     scalar,
     showplans,
     statement_plans,
@@ -92,8 +101,8 @@ def test_claim_plan_is_an_ordered_seek_with_top_and_no_sort_at_100k(deep):
     assert len(claimed) == BATCH
     assert claimed[0][15] == 9, "the first claimed mail is not of the highest priority"  # column Priority
 
-    statements = [s for s in statement_plans(plans, INDEX) if "UPDATE" in s.statement_type.upper()]
-    assert len(statements) == 1, f"expected one UPDATE reading {INDEX}, found {len(statements)}"
+    statements = [s for s in statement_plans(plans, INDEX) if s.statement_type.upper() == "INSERT"]  # the pick
+    assert len(statements) == 1, f"expected one pick reading {INDEX}, found {len(statements)}"
     (claim_stmt,) = statements
     reads = claim_stmt.reads
     assert reads, f"the claim does not read {INDEX}"
@@ -108,6 +117,59 @@ def test_claim_plan_is_an_ordered_seek_with_top_and_no_sort_at_100k(deep):
         assert read.actual_rows <= 10 * BATCH, \
             f"the seek returned {read.actual_rows} rows of {DEPTH}: the Top did not stop it"
     assert table_scans(claim_stmt) == [], "the claim scans mailq.MailQueue"
+
+
+def test_isolated_claim_plan_is_an_ordered_seek_on_its_applications_keys(deep):
+    url, account = deep
+    with connection(url) as conn:
+        app = new_app(conn, "planiso")
+        bulk_fill(conn, account, 1_000, app=app)
+        execute(conn, "UPDATE STATISTICS mailq.MailQueue WITH FULLSCAN;")
+        cursor = conn.cursor()
+        cursor.execute("SET STATISTICS XML ON;")
+        cursor.execute("EXEC mailq.ClaimMail @BatchSize = ?, @LockToken = ?, @LeaseSeconds = 300, @AppName = ?;",
+                       BATCH, str(uuid.uuid4()), app)
+        plans, others = showplans(cursor)
+        cursor.execute("SET STATISTICS XML OFF;")
+        cursor.close()
+    assert len(others[0]) == BATCH and {r[3] for r in others[0]} == {app}
+    assert not statement_plans(plans, INDEX), f"the isolated claim read {INDEX}"
+    (pick,) = [s for s in statement_plans(plans, "IX_MailQueue_ClaimByApp") if s.statement_type.upper() == "INSERT"]
+    for read in pick.reads:
+        assert read.physical_op == "Index Seek" and read.ordered
+        below_top = read.ops_below_top()
+        assert below_top is not None and not [op for op in below_top if op[0] == "Sort"], below_top
+        assert read.actual_rows is not None and read.actual_rows <= 10 * BATCH
+    assert table_scans(pick) == []
+
+
+def test_lease_update_is_a_clustered_seek_after_a_plan_compiled_for_one_pair(fresh_database):
+    url = fresh_database()
+    with connection(url) as conn:
+        app = new_app(conn, "l1")
+        first = new_account(conn, "l1first")
+        enqueue(conn, first, app, 1)
+        # Compiled (and cached) with one (account, run mode) pair.
+        procedures.claim_mail(conn, batch_size=1, lock_token=uuid.uuid4(), lease_seconds=300,
+                              account_names=[first])
+        many = [new_account(conn, f"l1many{i}") for i in range(200)]
+        for acct in many:
+            bulk_fill(conn, acct, 2)
+        cursor = conn.cursor()
+        cursor.execute("SET STATISTICS XML ON;")
+        cursor.execute("EXEC mailq.ClaimMail @BatchSize = 200, @LockToken = ?, @LeaseSeconds = 300, "
+                       "@AccountNames = ?;", str(uuid.uuid4()), json.dumps(many))
+        plans, others = showplans(cursor)
+        cursor.execute("SET STATISTICS XML OFF;")
+        cursor.close()
+    assert len(others[0]) == 200
+    updates = [s for s in statement_plans(plans, "PK_MailQueue") if s.statement_type.upper() == "UPDATE"
+               and "@Pick" in s.text]
+    assert updates, "no UPDATE of the picked rows reads PK_MailQueue"
+    for stmt in updates:
+        assert [r.physical_op for r in stmt.reads] and all(r.physical_op == "Clustered Index Seek"
+                                                            for r in stmt.reads), stmt.reads
+        assert table_scans(stmt) == [], "the lease's UPDATE scans mailq.MailQueue"
 
 
 def test_claim_reads_do_not_grow_with_depth(deep, fresh_database):

@@ -1,8 +1,10 @@
 """``alembic downgrade base`` removes exactly what the package created (SQL Server 2022).
 
 On a database deployed with ``alembic upgrade head`` (fixture
-``fresh_database``), holding data and a role member, ``downgrade base`` must
-leave nothing of ours behind:
+``fresh_database``), holding data and a role member, ``downgrade base`` first
+refuses (50420, naming the tables that hold rows and their counts) and
+changes nothing; with ``-x drop_data=yes`` it must leave nothing of ours
+behind:
 
 * no schema ``mailq`` or ``delay``;
 * no user object at all (tables, views, procedures, functions, triggers,
@@ -99,7 +101,17 @@ def test_downgrade_base_leaves_nothing_and_upgrade_deploys_again(fresh_database)
         assert scalar(conn, f"SELECT version_num FROM dbo.{VERSION_TABLE};") == head
         assert query(conn, "SELECT name FROM sys.schemas WHERE name = N'mailq';") == [("mailq",)]
 
-    command.downgrade(cfg, "base")
+    # Tables hold rows: the downgrade refuses (50420), naming them, and changes nothing.
+    with pytest.raises(Exception, match=r"50420|would drop tables that hold rows") as refused:
+        command.downgrade(cfg, "base")
+    assert "mailq.MailQueue (1 rows)" in str(refused.value)
+    with connection(url) as conn:
+        assert scalar(conn, f"SELECT version_num FROM dbo.{VERSION_TABLE};") == head
+        assert scalar(conn, "SELECT COUNT(*) FROM mailq.MailQueue;") == 1
+        assert scalar(conn, "SELECT COUNT(*) FROM sys.database_role_members "
+                            "WHERE role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqSender');") == 1
+
+    command.downgrade(alembic_config(x_args=[f"url={url}", "drop_data=yes"]), "base")
     with connection(url) as conn:
         assert_clean(conn)
         # Not ours: the user stays (only its membership went with the role).
@@ -112,7 +124,7 @@ def test_downgrade_base_leaves_nothing_and_upgrade_deploys_again(fresh_database)
         smoke(conn)
 
     command.upgrade(cfg, "head")  # already at head: nothing to do, no error
-    command.downgrade(cfg, "base")
+    command.downgrade(alembic_config(x_args=[f"url={url}", "drop_data=yes"]), "base")
     with connection(url) as conn:
         assert_clean(conn)
 

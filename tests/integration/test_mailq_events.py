@@ -15,16 +15,12 @@
   nothing changes; bad input 50170-50175 changes nothing; Stopped can be
   requeued; the sysmail view calls it failed.
 * PurgeMail deletes the events with the mail (Stopped mails included).
-* Upgrade from 0009 keeps every mail and adds the status; downgrade with a
-  Stopped mail is refused with 50261, and goes through once it is requeued.
 """
 
 from __future__ import annotations
 
-import uuid
 
 import pytest
-from alembic import command
 
 from mailq_helpers import (
     age_finished,
@@ -40,7 +36,6 @@ from mailq_helpers import (
     scalar,
 )
 from mailq_db import procedures
-from mailq_db.deployment import alembic_config
 from mailq_db.errors import InvalidInputError, MailFinalError, MailStateError
 
 pytestmark = pytest.mark.integration
@@ -207,30 +202,3 @@ def test_purge_deletes_events_with_the_mail(conn, account):
     procedures.purge_mail(conn, older_than_days=30)
     assert mail_row(conn, mail.mail_id) is None
     assert scalar(conn, "SELECT COUNT(*) FROM mailq.MailEvent WHERE MailID = ?;", mail.mail_id) == 0
-
-
-def test_upgrade_from_0009_and_refused_downgrade(fresh_database):
-    url = fresh_database(deploy=False)
-    cfg = alembic_config(x_args=[f"url={url}"])
-    command.upgrade(cfg, "0009")
-    tag = uuid.uuid4().hex[:8]
-    with connection(url) as c:
-        procedures.upsert_sending_account(c, account_name=f"a_{tag}", default_from_address="noreply@example.org",
-                                          is_default=True)
-        ids = [procedures.enqueue_mail(c, to_address="r@example.com", subject="s", body="b").mail_id
-               for _ in range(3)]
-        snapshot = query(c, "SELECT ID, Status, MessageID FROM mailq.MailQueue ORDER BY ID;")
-    command.upgrade(cfg, "head")
-    with connection(url) as c:
-        assert query(c, "SELECT ID, Status, MessageID FROM mailq.MailQueue ORDER BY ID;") == snapshot
-        procedures.stop_mail(c, mail_id=ids[0], reason="before downgrade")
-    with pytest.raises(Exception, match="50261"):
-        command.downgrade(cfg, "0009")
-    with connection(url) as c:
-        assert mail_row(c, ids[0])["Status"] == "Stopped"                  # the refusal changed nothing
-        procedures.requeue_mail(c, mail_id=ids[0])
-    command.downgrade(cfg, "0009")
-    with connection(url) as c:
-        assert scalar(c, "SELECT OBJECT_ID(N'mailq.MailEvent');") is None
-        assert [r[0] for r in query(c, "SELECT ID FROM mailq.MailQueue ORDER BY ID;")] == ids
-    command.upgrade(cfg, "head")

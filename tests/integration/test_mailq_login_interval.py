@@ -14,9 +14,6 @@ point 4) against SQL Server 2022.
 * Many workers at once: eight connections released together by a barrier
   ask for the slot of one account; exactly one is granted.
 * Inside a caller's transaction the stamp rolls back with it.
-* A database at 0009 with queued and leased mail upgrades in place (every
-  mail kept, the lease still valid, accounts without an interval) and
-  downgrades back to 0009 (both columns gone, every mail kept).
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from alembic import command
 
 from mailq_helpers import (
     assert_unchanged,
@@ -36,12 +32,10 @@ from mailq_helpers import (
     expect_error,
     fingerprint,
     new_account,
-    query,
     scalar,
     server_now,
 )
 from mailq_db import procedures
-from mailq_db.deployment import alembic_config
 from mailq_db.errors import InvalidInputError, MailStateError
 
 pytestmark = pytest.mark.integration
@@ -56,8 +50,9 @@ def last_login(conn, account: str):
 
 
 def set_interval(conn, account: str, ms: int | None) -> None:
+    """Set the interval, or remove it (None): UpsertSendingAccount keeps what it is not given."""
     procedures.upsert_sending_account(conn, account_name=account, default_from_address="noreply@example.org",
-                                      min_login_interval_ms=ms)
+                                      min_login_interval_ms=ms, clear=["MinLoginIntervalMs"] if ms is None else [])
 
 
 def test_upsert_sets_changes_and_clears_the_interval(conn):
@@ -169,46 +164,6 @@ def test_in_a_callers_transaction_the_stamp_rolls_back_with_it(conn, mssql_url):
         c.rollback()
     assert last_login(conn, account) is None
     assert procedures.acquire_login_slot(conn, account_name=account).granted
-
-
-SNAPSHOT_SQL = "SELECT ID, Status, ThreadLock, AttemptsRemaining, MessageID, Body FROM mailq.MailQueue ORDER BY ID;"
-COLUMNS_SQL = ("SELECT name FROM sys.columns WHERE object_id = OBJECT_ID(N'mailq.SendingAccount') "
-               "AND name IN (N'MinLoginIntervalMs', N'LastLoginAtUtc') ORDER BY name;")
-
-
-def test_upgrade_from_0009_in_place_and_downgrade_keep_every_mail(fresh_database):
-    url = fresh_database(deploy=False)
-    cfg = alembic_config(x_args=[f"url={url}"])
-    command.upgrade(cfg, "0009")
-    tag = uuid.uuid4().hex[:8]
-    with connection(url) as c:
-        procedures.upsert_sending_account(c, account_name=f"acc_{tag}", default_from_address="noreply@example.org")
-        procedures.upsert_application(c, app_name=f"app_{tag}")
-        procedures.bind_application(c, app_name=f"app_{tag}", account_name=f"acc_{tag}")
-        procedures.bind_application(c, app_name=f"app_{tag}", from_address="noreply@example.org")
-        for i in range(4):
-            procedures.enqueue_mail(c, to_address=f"r{i}@example.com", subject=f"s{i}", body=f"b{i}",
-                                    account_name=f"acc_{tag}", app_name=f"app_{tag}")
-        token = uuid.uuid4()
-        leased = procedures.claim_mail(c, batch_size=1, lock_token=token, lease_seconds=600, app_name=f"app_{tag}")
-        before = query(c, SNAPSHOT_SQL)
-        assert query(c, COLUMNS_SQL) == []
-
-    command.upgrade(cfg, "head")
-    with connection(url) as c:
-        assert query(c, SNAPSHOT_SQL) == before  # nothing lost, nothing duplicated
-        assert [r[0] for r in query(c, COLUMNS_SQL)] == ["LastLoginAtUtc", "MinLoginIntervalMs"]
-        assert interval_of(c, f"acc_{tag}") is None
-        assert procedures.acquire_login_slot(c, account_name=f"acc_{tag}").granted
-        set_interval(c, f"acc_{tag}", 1000)
-        after_upgrade = query(c, SNAPSHOT_SQL)
-
-    command.downgrade(cfg, "0009")
-    with connection(url) as c:
-        assert query(c, SNAPSHOT_SQL) == after_upgrade
-        assert query(c, COLUMNS_SQL) == []
-        assert scalar(c, "SELECT OBJECT_ID(N'mailq.AcquireLoginSlot');") is None
-        procedures.mark_sent(c, ids=[leased[0].id], lock_token=token)  # the 0009 procedures work
 
 
 AS_USER = """

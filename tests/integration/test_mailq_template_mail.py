@@ -10,8 +10,8 @@ revision 0016; docs/templates.md "Enqueueing with a template").
 * A retired, unpinned template's mail is claimed with no version (the worker
   stops it); a pinned one still renders.
 * Lazy attachments round-trip (Content NULL, Generator + GeneratorArgs).
-* The batch takes the template fields, hashes like EnqueueMail, refuses
-  lazy attachments with 50286.
+* The batch takes the template fields and lazy attachments, hashes like
+  EnqueueMail (one implementation), refuses a malformed lazy attachment with 50286.
 * Worker path: template error -> Stop with the reason; new version +
   RequeueMail -> sent.
 """
@@ -114,7 +114,7 @@ def test_lazy_attachment_round_trips(conn):
     assert prepared.attachments[1].content_type == "text/csv"
 
 
-def test_batch_takes_templates_with_enqueuemails_hash_and_refuses_lazy_attachments(conn):
+def test_batch_takes_templates_and_lazy_attachments_with_enqueuemails_hash(conn):
     account, app = new_account(conn), new_app(conn)
     name = template(conn)
     key = unique("k")
@@ -123,9 +123,13 @@ def test_batch_takes_templates_with_enqueuemails_hash_and_refuses_lazy_attachmen
     [first] = procedures.enqueue_mail_batch(conn, [mail]).enqueued
     again = procedures.enqueue_mail(conn, **mail)  # the same mail: same content hash
     assert (again.mail_id, again.created) == (first.mail_id, False)
+    # one set of rules: the batch takes lazy attachments like EnqueueMail (and refuses a malformed one alike)
+    lazy = dict(to_address="r@example.com", subject="s", body="b", account_name=account, app_name=app,
+                attachments=[LazyAttachment("a", "csv")])
+    [queued] = procedures.enqueue_mail_batch(conn, [lazy]).enqueued
+    assert query(conn, "SELECT Generator FROM mailq.MailAttachment WHERE MailID = ?;", queued.mail_id) == [("csv",)]
     with pytest.raises(BatchRowError) as err:
-        procedures.enqueue_mail_batch(conn, [dict(to_address="r@example.com", subject="s", body="b",
-                                                  account_name=account, attachments=[LazyAttachment("a", "csv")])])
+        procedures.enqueue_mail_batch(conn, [dict(lazy, attachments=[LazyAttachment("a", "bad name")])])
     assert err.value.rule == 50286
     for use_tvp in (False, True):
         [row] = procedures.enqueue_mail_batch(conn, [dict(mail, idempotency_key=None)], use_tvp=use_tvp).enqueued

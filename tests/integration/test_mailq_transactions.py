@@ -190,7 +190,6 @@ def exercise_every_procedure(c, account: str, app: str) -> None:
     procedures.get_queue_stats(c)
     procedures.get_installation_health(c)
     procedures.purge_mail(c, older_than_days=36500)
-    procedures.move_bodies_out_of_row(c, batch_size=100, max_batches=2)
 
 
 @pytest.mark.parametrize("level", ["SERIALIZABLE", "SNAPSHOT", "REPEATABLE READ"])

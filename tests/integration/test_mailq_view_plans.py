@@ -15,9 +15,9 @@ are the ones written in each view's header comment:
   scan mailq.MailAttempt, and never scan MailQueue's clustered rows.
 
 Bodies out of row: the table option 'large value types out of row' is 1
-after the upgrade, and after mailq.MoveBodiesOutOfRow the in-row records of
-the clustered index are small (avg_record_size_in_bytes of IN_ROW_DATA far
-below the 4,000 bytes a 2,000-character NVARCHAR body takes in row).
+from the deployment on, so the in-row records of the clustered index are small
+(avg_record_size_in_bytes of IN_ROW_DATA far below the 4,000 bytes a
+2,000-character NVARCHAR body takes in row).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from mailq_helpers import SHOWPLAN_NS, bulk_fill, connection, execute, new_account, scalar, showplans
-from mailq_db import procedures
 
 pytestmark = pytest.mark.integration
 
@@ -39,12 +38,8 @@ NS = f"{{{SHOWPLAN_NS}}}"
 def filled(mssql_url):
     with connection(mssql_url) as c:
         account = new_account(c, "views")
-        # Bodies in row first (the state of a database upgraded from 0004),
-        # so that MoveBodiesOutOfRow has something to move.
-        execute(c, "EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 0;")
         bulk_fill(c, account, ROWS)
         execute(c, "UPDATE mailq.MailQueue SET Body = REPLICATE(N'b', 2000) WHERE AccountName = ?;", account)
-        execute(c, "EXEC sys.sp_tableoption N'mailq.MailQueue', 'large value types out of row', 1;")
         execute(c, "UPDATE TOP (40000) q SET q.Status = N'Sent', q.SentAtUtc = SYSUTCDATETIME(), "
                    "q.DateProcessed = SYSUTCDATETIME() FROM mailq.MailQueue AS q WHERE q.AccountName = ?;", account)
         # One old attempt per mail (30 days ago), then 300 recent ones: the
@@ -122,14 +117,10 @@ def in_row_record_size(url: str) -> float:
             WHERE s.alloc_unit_type_desc = N'IN_ROW_DATA' AND s.index_level = 0;""")
 
 
-def test_bodies_move_out_of_row(filled):
+def test_bodies_are_stored_out_of_row(filled):
     url, _ = filled
     with connection(url) as c:
         assert scalar(c, "SELECT CAST(large_value_types_out_of_row AS INT) FROM sys.tables "
                          "WHERE object_id = OBJECT_ID(N'mailq.MailQueue');") == 1
-    assert in_row_record_size(url) > 3000          # written while the option was 0: still in row
-    with connection(url) as c:
-        moved = procedures.move_bodies_out_of_row(c, batch_size=1000)
-        assert moved >= ROWS
         execute(c, "ALTER INDEX PK_MailQueue ON mailq.MailQueue REBUILD;")
     assert in_row_record_size(url) < 1000

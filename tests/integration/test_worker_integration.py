@@ -70,12 +70,19 @@ def delivered_ids(sink: SmtpSink) -> list[str]:
 
 
 def status_counts(url: str) -> dict[tuple[str, str], int]:
+    """Mail queued now (UnSent, Sending) and mail finished in the last 24 hours, per
+    (status, account), from mailq.GetQueueStats."""
     conn = connect(url)
     try:
         stats = procedures.get_queue_stats(conn)
     finally:
         conn.close()
-    return {(r["Status"], r["AccountName"]): r["MailCount"] for r in stats.by_status}
+    counts = {(r["Status"], r["AccountName"]): r["MailCount"] for r in stats.queued}
+    for row in stats.finished_per_hour:
+        for status in ("Sent", "Failed", "Expired", "Cancelled", "Stopped"):
+            key = (status, row["AccountName"])
+            counts[key] = counts.get(key, 0) + row[status]
+    return counts
 
 
 def run_in_thread(cfg: Config, url: str):

@@ -21,7 +21,9 @@ Ports (each a separate ``smtpd`` in master.cf):
   connection that the server closed while idle.
 
 The policy service also refuses recipients whose local part starts with
-``nouser`` (550 5.1.1).
+``nouser`` (550 5.1.1), and, during a relay incident (:meth:`Lab.relay_incident`),
+answers every message on the submission port with INCIDENT_REPLY at the end
+of DATA (smtpd_end_of_data_restrictions).
 
 The anvil time unit is shortened (``anvil_rate_time_unit``) so a rate test
 takes seconds, not minutes; the limits are "per ``RATE_UNIT_SECONDS``".
@@ -62,7 +64,11 @@ SENDER_RULES = {
     "tempfail-sender@lab.test": "451 4.3.0 Sender temporarily unavailable, try later",
     "refused-sender@lab.test": "553 5.7.1 Sender not allowed",
     "blocked-sender@lab.test": "REJECT",
+    "pause-sender@lab.test": "450 4.1.8 <pause-sender@lab.test>: Sender address rejected: Domain not found",
 }
+#: What the policy service answers at the end of the message during a relay incident
+#: (Lab.relay_incident): the reply a relay in trouble gives to every DATA.
+INCIDENT_REPLY = "451 4.3.0 Temporary server error. Please try again later"
 
 
 def missing() -> str | None:
@@ -97,6 +103,8 @@ class _Greylist(socketserver.ThreadingTCPServer):
         self.seen: set[tuple[str, str]] = set()
         self.deferred: list[str] = []
         self.lock = threading.Lock()
+        self.incident_until = 0.0  # time.monotonic() until which every message gets INCIDENT_REPLY
+        self.incident_replies = 0
         super().__init__(("127.0.0.1", 0), _PolicyHandler)
 
 
@@ -116,7 +124,12 @@ class _PolicyHandler(socketserver.StreamRequestHandler):
                 attrs[key] = value
             action = "DUNNO"
             rcpt = attrs.get("recipient", "").lower()
-            if attrs.get("protocol_state") == "RCPT" and rcpt.startswith("nouser"):
+            if attrs.get("protocol_state") == "END-OF-MESSAGE":
+                with server.lock:
+                    if time.monotonic() < server.incident_until:
+                        server.incident_replies += 1
+                        action = INCIDENT_REPLY
+            elif attrs.get("protocol_state") == "RCPT" and rcpt.startswith("nouser"):
                 action = "550 5.1.1 No such user here"
             elif attrs.get("protocol_state") == "RCPT" and rcpt.startswith("grey"):
                 key = (attrs.get("sender", "").lower(), rcpt)
@@ -365,6 +378,7 @@ delay_warning_time = 0
   -o smtpd_client_restrictions=
   -o smtpd_sender_restrictions=check_sender_access,texthash:{d}/sender_access
   -o smtpd_recipient_restrictions=check_policy_service,inet:127.0.0.1:{self.policy.server_address[1]},permit_sasl_authenticated,reject
+  -o smtpd_end_of_data_restrictions=check_policy_service,inet:127.0.0.1:{self.policy.server_address[1]}
   -o smtpd_relay_restrictions=permit_sasl_authenticated,reject
 127.0.0.1:{p['mx']} inet n - n - - smtpd
   {common.format(name='mx')}
@@ -448,6 +462,32 @@ postlog   unix-dgram n  -       n       -       1       postlogd
         self.started.clear()
         if errors:
             raise RuntimeError("stopping the lab: " + "; ".join(errors))
+
+    def relay_incident(self, seconds: float) -> None:
+        """For ``seconds`` from now, the submission port answers every message
+        with INCIDENT_REPLY after its final dot (a relay's bad minutes)."""
+        with self.policy.lock:
+            self.policy.incident_until = time.monotonic() + seconds
+
+    def wait_queue_empty(self, timeout: float = 30.0) -> None:
+        """Until Postfix has delivered (or bounced) everything it accepted."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = subprocess.run(["postqueue", "-c", str(self.postfix_dir), "-j"], capture_output=True,
+                                 text=True, timeout=30).stdout
+            if not out.strip():
+                return
+            time.sleep(0.1)
+        raise RuntimeError("Postfix's queue did not empty" + self._logs())
+
+    def copies(self, message_id: str) -> dict[str, int]:
+        """How many copies of the message with ``message_id`` each recipient received."""
+        out: dict[str, int] = {}
+        for d in self.delivered():
+            m = re.search(rb"^Message-ID:\s*(\S+)\r?$", d.raw, re.MULTILINE | re.IGNORECASE)
+            if m and m.group(1).decode() == message_id:
+                out[d.recipient] = out.get(d.recipient, 0) + 1
+        return out
 
     # ------------------------------------------------------------ what tests read
     def delivered(self) -> list[Delivered]:

@@ -150,21 +150,28 @@ def test_helo_rejected_at_rcpt_pauses_the_account_and_says_what_to_fix(lab, capl
     assert record.levelno == logging.ERROR and "local_hostname" in record.mailq_fields["fix"]
 
 
-def test_sender_rejected_at_rcpt_pauses_the_account(lab):
+def test_sender_rejected_at_rcpt_fails_those_mails_and_never_pauses_the_account(lab):
+    # smtpd_delay_reject = yes: Postfix reports the sender restriction at RCPT TO, for
+    # every recipient; the refusal names the sender address, so it concerns that mail
     queue = FakeQueue(mails("sender", 2, from_address="blocked-sender@lab.test"))
     worker(queue, {"default": account(lab, "mx")}).run(once=True)
-    [call] = queue.calls_to("mark_failed")
-    assert call["disposition"] == "Wait" and "Sender address rejected" in call["error"]
-    assert all(r.status == "UnSent" and r.attempts_remaining == 5 for r in queue.rows.values())
+    calls = queue.calls_to("mark_failed")
+    assert [c["disposition"] for c in calls] == ["Stop", "Stop"]
+    assert all("Sender address rejected" in c["error"] and "sender-address-refused" in c["error"] for c in calls)
+    assert queue.statuses() == {1: "Failed", 2: "Failed"} and queue.blocked_until == {}
 
 
 def test_sender_4xx_and_5xx_at_mail_from(lab):
-    for sender, code in (("tempfail-sender@lab.test", 451), ("refused-sender@lab.test", 553)):
+    # 451: the From address pauses (the second mail is not even tried); 553: each mail
+    # with that From fails.  Neither pauses the account.
+    for sender, code, statuses in (("tempfail-sender@lab.test", 451, {1: "UnSent", 2: "UnSent"}),
+                                   ("refused-sender@lab.test", 553, {1: "Failed", 2: "Failed"})):
         queue = FakeQueue(mails(f"mf{code}", 2, from_address=sender))
         worker(queue, {"default": account(lab)}).run(once=True)
-        [call] = queue.calls_to("mark_failed")
-        assert call["smtp_code"] == code and "MAIL" in call["error"]
-        assert call["disposition"] == "Wait"  # "Sender address rejected": the account's sender, fixed by the operator
+        first = queue.calls_to("mark_failed")[0]
+        assert first["smtp_code"] == code and "MAIL" in first["error"]
+        assert queue.statuses() == statuses and queue.blocked_until == {}
+        assert lab.wait_delivered(f"mf{code}-", 0, timeout=0) == []
 
 
 def test_connection_closed_while_idle_is_reconnected_without_charging(lab, caplog):

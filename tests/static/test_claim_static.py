@@ -1,4 +1,4 @@
-"""Static checks of the claim (issue 10, points 1, 2, 6; revision 0005).
+"""Static checks of the claim (issue 10, points 1, 2, 6).
 
 What can be shown without a server:
 
@@ -14,12 +14,11 @@ What can be shown without a server:
   the stored window start never moves backwards (``>=``, never ``=``);
 * the new index's definition (keys, filter, INCLUDE, page locks) and that the
   claim's seek predicate implies its filter;
-* the rendered upgrade 0004 -> 0005 creates the new index, replaces the
-  claim, drops the old index, and the downgrade re-creates it;
-* run modes (revision 0015): the claim is driven by (account, run mode)
-  pairs, every read of the queue is keyed by both, RunMode is the index's
-  second key, the per-pair caps never exceed an account's budget nor the
-  slots left (a model of the pass loop), and the upgrade/downgrade order.
+* the fresh install creates the index once and the downgrade drops it;
+* run modes: the claim is driven by (account, run mode) pairs, every read of
+  the queue is keyed by both, RunMode is the index's second key, and the
+  per-pair caps never exceed an account's budget nor the slots left (a model
+  of the pass loop).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from mailq_db.deployment import code_only, frozen_text, head_revision
+from mailq_db.deployment import code_only
 from mailq_db.devtools.scripts import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,9 +55,20 @@ def finalize() -> str:
     return squash(FINALIZE.read_text(encoding="utf-8"))
 
 
-def mailqueue_reads(sql: str) -> list[str]:
-    """Each ``FROM/JOIN mailq.MailQueue AS x WITH (...)`` of a squashed text, with its hints."""
-    return re.findall(r"(?:FROM|JOIN) MAILQ\.MAILQUEUE AS (\w+)(?: WITH \(([^()]*(?:\([^()]*\)[^()]*)*)\))?", sql)
+def mailqueue_reads(sql: str) -> list[tuple[str, str]]:
+    """Each ``FROM/JOIN mailq.MailQueue AS x WITH (...)`` of a squashed text, with its
+    hints (balanced parentheses: ``FORCESEEK (PK_MAILQUEUE (ID))`` nests twice)."""
+    reads = []
+    for match in re.finditer(r"(?:FROM|JOIN) MAILQ\.MAILQUEUE AS (\w+)( WITH \()?", sql):
+        hints = ""
+        if match.group(2):
+            depth, i = 1, match.end()
+            while depth:
+                depth += {"(": 1, ")": -1}.get(sql[i], 0)
+                i += 1
+            hints = sql[match.end():i - 1]
+        reads.append((match.group(1), hints))
+    return reads
 
 
 def test_claim_has_no_top_over_the_whole_backlog(claim):
@@ -74,23 +84,27 @@ def test_claim_reads_the_queue_per_account_through_cross_apply_and_forceseek(cla
     assert "CROSS APPLY" in claim
     assert "K.ACCOUNTNAME = D.ACCOUNTNAME AND K.RUNMODE = D.RUNMODE" in claim, \
         "the per-pair seek is not keyed by the driving (account, run mode) pair"
-    # Hinted reads: the per-account seek (k) and the UPDATE target (q); the
+    # Hinted reads: the per-pair seeks (k) and the UPDATE target (q); the
     # final result set reads the leased rows unhinted (they are ours).
     hinted = [(alias, hints) for alias, hints in mailqueue_reads(claim) if hints]
     assert {alias for alias, _ in hinted} == {"Q", "K"}, hinted
-    # The per-account reads: the claim's seek (UPDLOCK) and, with more accounts
-    # than slots, the row-free probe (READCOMMITTEDLOCK); both forced seeks.
-    for alias, hints in hinted:
-        if alias == "K":
-            flat = hints.replace(" ", "")
-            assert "INDEX(IX_MAILQUEUE_CLAIMBYACCOUNT)" in flat and "FORCESEEK" in flat and "READPAST" in flat
-    reads = {alias: hints for alias, hints in hinted if "UPDLOCK" in hints}
-    inner = reads["K"].replace(" ", "")
-    for hint in ("INDEX(IX_MAILQUEUE_CLAIMBYACCOUNT)", "FORCESEEK", "READPAST", "UPDLOCK", "ROWLOCK"):
-        assert hint in inner, f"the per-account read lacks {hint}: {reads['K']}"
-    target = reads["Q"].replace(" ", "")
-    for hint in ("READPAST", "UPDLOCK", "ROWLOCK"):
-        assert hint in target, f"the UPDATE target lacks {hint}: {reads['Q']}"
+    # The per-pair reads: the claim's seeks (UPDLOCK) and, with more pairs
+    # than slots, the row-free probes (READCOMMITTEDLOCK); all forced seeks on
+    # one of the two claim indexes, one of each kind per index.
+    k_reads = [hints.replace(" ", "") for alias, hints in hinted if alias == "K"]
+    assert len(k_reads) == 4, k_reads
+    for flat in k_reads:
+        assert "FORCESEEK" in flat and "READPAST" in flat
+        assert ("INDEX(IX_MAILQUEUE_CLAIMBYACCOUNT)" in flat) != ("INDEX(IX_MAILQUEUE_CLAIMBYAPP)" in flat)
+    picks = [flat for flat in k_reads if "UPDLOCK" in flat]
+    assert len(picks) == 2
+    for index in ("IX_MAILQUEUE_CLAIMBYACCOUNT", "IX_MAILQUEUE_CLAIMBYAPP"):
+        (inner,) = [flat for flat in picks if f"INDEX({index})" in flat]
+        for hint in ("FORCESEEK", "READPAST", "UPDLOCK", "ROWLOCK"):
+            assert hint in inner, f"the per-pair read of {index} lacks {hint}: {inner}"
+    (target,) = [hints.replace(" ", "") for alias, hints in hinted if alias == "Q"]
+    for hint in ("FORCESEEK(PK_MAILQUEUE(ID))", "READPAST", "UPDLOCK", "ROWLOCK"):
+        assert hint in target, f"the UPDATE target lacks {hint}: {target}"
     # The ten priority ranges make each account's seek come out in ORDER BY order.
     assert "K.PRIORITY IN (9, 8, 7, 6, 5, 4, 3, 2, 1, 0)" in claim
     assert "ORDER BY K.PRIORITY DESC, K.VISIBLEATUTC ASC, K.ID ASC" in claim
@@ -141,7 +155,11 @@ def test_rate_window_never_moves_backwards(claim):
     lock = claim.index("MAILQ.RATEBUDGET AS B WITH (FORCESEEK, UPDLOCK, READPAST, ROWLOCK)")
     clock = claim.index("SET @NOW = SYSUTCDATETIME()")
     assert lock < clock, "@Now is read before the budget rows are locked"
-    assert claim.count("SYSUTCDATETIME()") == 1
+    # The claim reads the clock once; the other reading is after the claim's
+    # transaction, for LeaseSecondsRemaining only.
+    claim_part, returned = claim.split("END CATCH;", 1)
+    assert claim_part.count("SYSUTCDATETIME()") == 1
+    assert returned.count("SYSUTCDATETIME()") == 1 and "@RETURNEDAT DATETIME2(3) = SYSUTCDATETIME()" in returned
     # ... and a stored window start counts (and is kept) when it is not older than ours.
     for unit in ("MINUTE", "HOUR", "DAY"):
         assert f"STARTUTC = @{unit}START" not in claim.replace(f"B.{unit}STARTUTC = IIF", ""), \
@@ -156,44 +174,32 @@ def _index_statements() -> list[str]:
 
 def test_claim_index_definition():
     creates = _index_statements()
-    assert len(creates) == 2, "one CREATE per edition branch (ONLINE where supported)"
-    online, offline = creates
-    assert "WITH (ONLINE = ON)" in online and "ONLINE" not in offline
-    assert online.replace(" WITH (ONLINE = ON)", "") == offline, "the two branches define different indexes"
-    assert "ON MAILQ.MAILQUEUE (ACCOUNTNAME ASC, RUNMODE ASC, PRIORITY DESC, VISIBLEATUTC ASC, ID ASC)" in offline
-    assert "INCLUDE (APPNAME, ATTEMPTSREMAINING, EXPIRESATUTC)" in offline
-    assert "WHERE STATUS IN (N'UNSENT', N'SENDING')" in offline
-    assert "ALLOW_PAGE_LOCKS" not in offline, "page locks off breaks ALTER INDEX ... REORGANIZE"
+    assert len(creates) == 1, "one CREATE: the baseline builds it on a new, empty table"
+    create = creates[0]
+    assert "ON MAILQ.MAILQUEUE (ACCOUNTNAME ASC, RUNMODE ASC, PRIORITY DESC, VISIBLEATUTC ASC, ID ASC)" in create
+    assert "INCLUDE (APPNAME, ATTEMPTSREMAINING, EXPIRESATUTC)" in create
+    assert "WHERE STATUS IN (N'UNSENT', N'SENDING')" in create
+    assert "ALLOW_PAGE_LOCKS" not in create, "page locks off breaks ALTER INDEX ... REORGANIZE"
 
 
 def test_claim_predicate_implies_the_index_filter(claim):
     # A filtered index is used only when the query's predicate implies its
     # filter at compile time: same literal list, no parameter.
-    filter_ = re.search(r"WHERE (STATUS IN \([^)]*\))", _index_statements()[1]).group(1)
+    filter_ = re.search(r"WHERE (STATUS IN \([^)]*\))", _index_statements()[0]).group(1)
     assert f"K.{filter_}" in claim
 
 
-def test_rendered_upgrade_0005_builds_new_index_drops_old_and_downgrade_restores():
-    up = render("upgrade", "0004:0005")
-    created = up.index("CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByAccount")
-    dropped = up.index("DROP INDEX IX_MailQueue_Claim ON mailq.MailQueue")
-    altered = up.index("CREATE OR ALTER PROCEDURE mailq.ClaimMail")
-    assert created < dropped < altered
-    assert "CREATE OR ALTER PROCEDURE mailq.FinalizeMail" in up
+def test_fresh_install_creates_the_claim_objects_once_and_the_downgrade_drops_them():
+    up = render("upgrade", "head")
+    assert up.count("CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByAccount") == 1
+    assert up.count("CREATE OR ALTER PROCEDURE mailq.ClaimMail") == 1
+    assert up.index("CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByAccount") < up.index(
+        "CREATE OR ALTER PROCEDURE mailq.ClaimMail")
+    assert "IX_MailQueue_Claim " not in up and "IX_MailQueue_Claim\n" not in up
     assert "GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqSender" in up
-    down = render("downgrade", "0005:0004")
-    assert "CREATE NONCLUSTERED INDEX IX_MailQueue_Claim" in down
+    down = render("downgrade", "head:base")
     assert "DROP INDEX IF EXISTS IX_MailQueue_ClaimByAccount ON mailq.MailQueue" in down
     assert "DROP PROCEDURE IF EXISTS mailq.FinalizeMail" in down
-    assert "REVOKE EXECUTE ON OBJECT::mailq.FinalizeMail FROM MailqSender" in down
-    # The downgrade's ClaimMail is 0003's text, which uses the old index's claim.
-    assert frozen_text("0003", "procedures/mailq.ClaimMail.sql").splitlines()[1] in down
-    assert head_revision() >= "0005"
-
-
-# -- run modes (revision 0015) ---------------------------------------------------
-
-UPGRADE_0015 = SQL / "upgrades" / "mailq.0015.MailQueue.sql"
 
 
 def test_every_read_of_the_queue_in_the_claim_is_keyed_by_account_and_run_mode(claim):
@@ -201,7 +207,7 @@ def test_every_read_of_the_queue_in_the_claim_is_keyed_by_account_and_run_mode(c
     # equality on the index's first two keys: mail of a run mode the worker
     # does not serve lies outside every range sought.
     reads = re.findall(r"FROM MAILQ\.MAILQUEUE AS K WITH \([^;]*?WHERE (.*?)(?:\) AS C|\);)", claim)
-    assert len(reads) == 2, reads
+    assert len(reads) == 4, reads
     for where in reads:
         assert where.startswith("K.ACCOUNTNAME = D.ACCOUNTNAME AND K.RUNMODE = D.RUNMODE AND "), where
     # The driving pairs: the accounts left crossed with the run modes served.
@@ -224,8 +230,9 @@ def test_claim_stamps_dry_run_from_the_application_and_returns_it_after_run_mode
     assert "Q.DRYRUN = COALESCE( (SELECT AP.DRYRUN FROM MAILQ.APPLICATION AS AP WHERE AP.APPNAME = Q.APPNAME), CAST(0 AS BIT) )" in claim
     first = claim[claim.index("-- 4.") if "-- 4." in claim else claim.rindex("SELECT Q.ID, Q.MESSAGEID"):]
     # revision 0015 appended RunMode, DryRun; revision 0016 the three template columns after them
-    assert re.search(r"Q\.DTSTAMP, Q\.RUNMODE, Q\.DRYRUN, C\.TEMPLATENAME, C\.TEMPLATEVERSION, Q\.TEMPLATEMODEL "
-                     r"FROM MAILQ\.MAILQUEUE AS Q INNER JOIN @CLAIMED", first)
+    assert re.search(r"Q\.DTSTAMP, Q\.RUNMODE, Q\.DRYRUN, C\.TEMPLATENAME, C\.TEMPLATEVERSION, Q\.TEMPLATEMODEL, "
+                     r"CAST\(FLOOR\(DATEDIFF_BIG\(MILLISECOND, @RETURNEDAT, Q\.VISIBLEATUTC\) / 1000\.0\) AS INT\) "
+                     r"AS LEASESECONDSREMAINING FROM MAILQ\.MAILQUEUE AS Q INNER JOIN @CLAIMED", first)
 
 
 def _passes(accounts: dict[str, int], modes: int, batch: int, yields, rng) -> tuple[dict, list[int]]:
@@ -297,45 +304,3 @@ def test_model_one_account_one_mode_takes_the_batch_in_one_pass():
 
     taken, reads = _passes({"a": 1000}, 1, 50, lambda k: 10_000, random.Random(1))
     assert taken == {"a": 50} and reads == [50]
-
-
-def test_upgrade_0015_rekeys_the_index_online_where_possible():
-    text = UPGRADE_0015.read_text(encoding="utf-8")
-    code = squash(text)
-    add = code.index("ADD RUNMODE NVARCHAR(32) NOT NULL CONSTRAINT DF_MAILQUEUE_RUNMODE DEFAULT (N''PROD'')")
-    online = code.index("WITH (DROP_EXISTING = ON, ONLINE = ON)")
-    offline = code.index("WITH (DROP_EXISTING = ON);")
-    assert add < online < offline
-    assert "IN (3, 5, 8)" in code
-    assert code.count("ON MAILQ.MAILQUEUE (ACCOUNTNAME ASC, RUNMODE ASC, PRIORITY DESC, VISIBLEATUTC ASC, ID ASC)") == 2
-    # the guard: re-keyed only while RunMode is not its second key
-    assert "IC.KEY_ORDINAL = 2 AND C.NAME = N'RUNMODE'" in code
-
-
-def test_rendered_upgrade_0015_and_downgrade_order():
-    up = render("upgrade", "0014:0015")
-    type_dropped = up.index("DROP TYPE mailq.MailBatchRow")
-    column = up.index("ADD RunMode NVARCHAR(32) NOT NULL")
-    rekeyed = up.index("WITH (DROP_EXISTING = ON, ONLINE = ON)")
-    claim = up.index("CREATE OR ALTER PROCEDURE mailq.ClaimMail")
-    type_created = up.index("CREATE TYPE mailq.MailBatchRow")
-    batch = up.index("CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch")
-    grant = up.index("GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer")
-    assert type_dropped < column < rekeyed < type_created < batch < claim < grant
-    down = render("downgrade", "0015:0014")
-    refused = down.index("THROW 50243")
-    index_back = down.index("ON mailq.MailQueue (AccountName ASC, Priority DESC, VisibleAtUtc ASC, ID ASC)")
-    dropped = down.index("ALTER TABLE mailq.MailQueue DROP COLUMN RunMode")
-    app_refused = down.index("THROW 50244")
-    app_dropped = down.index("ALTER TABLE mailq.Application DROP COLUMN DryRun")
-    assert refused < index_back < dropped
-    assert app_refused < app_dropped
-    # refused for every mail that is not Sent: a Failed/Cancelled/Expired/Stopped
-    # staging mail can still be requeued, and 0014 would let production send it
-    assert "WHERE q.Status <> N''Sent'' AND q.RunMode <> N''prod'';" in down[:refused]
-    # 0014's ClaimMail comes back before the index loses RunMode
-    assert down.index("CREATE OR ALTER PROCEDURE mailq.ClaimMail") < index_back
-    # the old table type is re-created after the files, with its procedure and grants
-    retype = down.rindex("CREATE TYPE mailq.MailBatchRow")
-    assert dropped < retype < down.rindex("CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch") \
-        < down.rindex("GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer")

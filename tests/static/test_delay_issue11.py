@@ -1,7 +1,7 @@
 """Issue 11 (delayed execution, second reading): what the SQL text can show.
 
 Each test names the requirement it covers; every one of them fails on the
-code of revision 0004 (alembic/frozen/0002 + 0004 hold it, and
+code before issue 11 (tests/static/samples/delay-0004/ keeps that text, and
 ``test_the_checks_fail_on_revision_0004`` runs the text checks against it).
 Behaviour is covered by tests/integration/test_delay_execution.py (SQL Server
 2022) and the spin model (tests/models, delay-*).
@@ -30,10 +30,13 @@ def current(name: str) -> str:
     return code_of((BROKER / name).read_text(encoding="utf-8"))
 
 
+SAMPLES = ROOT / "tests" / "static" / "samples" / "delay-0004"
+
+
 def at_0004(name: str) -> str:
-    rel = f"broker/{name}"
-    rev = d.newest_frozen(rel, before="0006", root=ROOT)
-    return code_of(d.frozen_text(rev, rel, ROOT)) if rev else ""
+    """The text before issue 11 (a negative sample: the checks must fail on it)."""
+    path = SAMPLES / name
+    return code_of(path.read_text(encoding="utf-8")) if path.is_file() else ""
 
 
 def header(name: str) -> str:
@@ -238,8 +241,7 @@ def test_listed_procedures_are_pinned_by_their_definition():
     assert "THEN 50340" in resolve and "DefinitionHash" not in at_0004("delay.ResolveTarget.sql")
     allow = current("delay.AllowProcedure.sql")
     assert "HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId))" in allow and "THROW 50341" in allow
-    pin = current("delay.AllowedProcedure.pin.sql")
-    assert "WHERE DefinitionHash IS NULL" in pin
+    assert "DefinitionHash VARBINARY(32) NULL" in current("delay.AllowedProcedure.sql")
 
 
 def test_cross_database_access_is_documented_as_module_signing():
@@ -329,7 +331,7 @@ def test_every_public_delay_procedure_has_a_wrapper(procedure):
 
 
 # --------------------------------------------------------------------------
-# Point 4 and the revision: seed checks, in-place upgrade, downgrade
+# Point 4: the seed checks, in the baseline's transaction
 # --------------------------------------------------------------------------
 
 
@@ -344,57 +346,48 @@ def render(direction: str, target: str, *x_args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def upgrade_0006() -> str:
-    return render("upgrade", "0005:0006")
+def upgrade() -> str:
+    return render("upgrade", "head")
 
 
-@pytest.fixture(scope="module")
-def downgrade_0006() -> str:
-    return render("downgrade", "0006:0004")
-
-
-def test_upgrade_checks_for_the_seed_design_first(upgrade_0006):
+def test_upgrade_checks_for_the_seed_design_after_the_broker_files(upgrade):
     for number in ("THROW 50370", "THROW 50371", "THROW 50372"):
-        assert number in upgrade_0006
-    first_module = upgrade_0006.index("CREATE OR ALTER")
-    assert upgrade_0006.index("THROW 50370") < first_module
-    assert "DECLARE @Disable BIT = 0;" in upgrade_0006
+        assert number in upgrade
+    assert upgrade.index("CREATE QUEUE dbo.DelayServiceQueue") < upgrade.index("THROW 50370")
+    assert upgrade.index("THROW 50372") < upgrade.index("INSERT INTO dbo.mailq_deployment_file")
+    assert "DECLARE @Disable BIT = 0;" in upgrade
 
 
 def test_seed_option_disables_or_skips():
-    assert "DECLARE @Disable BIT = 1;" in render("upgrade", "0005:0006", "seed=disable-triggers")
-    assert "THROW 50370" not in render("upgrade", "0005:0006", "seed=ignore")
+    assert "DECLARE @Disable BIT = 1;" in render("upgrade", "head", "seed=disable-triggers")
+    assert "THROW 50370" not in render("upgrade", "head", "seed=ignore")
     with pytest.raises(ConfigurationError, match="-x seed must be one of"):
-        render("upgrade", "0005:0006", "seed=drop")
+        render("upgrade", "head", "seed=drop")
 
 
-def test_upgrade_alters_tables_in_place(upgrade_0006):
-    assert "ALTER TABLE delay.Task ADD CreatedBy NVARCHAR(128) NULL" in upgrade_0006
-    assert "ALTER TABLE delay.AllowedProcedure ADD DefinitionHash VARBINARY(32) NULL" in upgrade_0006
-    assert "ALTER TABLE delay.Setting ADD TargetLockTimeoutMs INT NULL" in upgrade_0006
-    # pinned in a later batch than the one that adds the column
-    assert upgrade_0006.index("ADD DefinitionHash") < upgrade_0006.index("WHERE DefinitionHash IS NULL")
+def test_seed_option_applies_to_a_broker_added_later():
+    assert "THROW 50370" in render("upgrade", "head", "broker=add")
+    assert "THROW 50370" not in render("upgrade", "head", "broker=add", "seed=ignore")
 
 
-def test_downgrade_restores_0004_and_removes_what_0006_added(downgrade_0006):
-    for drop in ("DROP PROCEDURE IF EXISTS delay.Reconcile", "DROP PROCEDURE IF EXISTS delay.CancelTask",
-                 "DROP TABLE IF EXISTS delay.Incident", "DROP INDEX IF EXISTS UX_Task_IdempotencyKey ON delay.Task",
-                 "DROP COLUMN IF EXISTS IdempotencyKey, CreatedBy", "DROP COLUMN IF EXISTS DefinitionHash",
-                 "DROP COLUMN IF EXISTS TargetLockTimeoutMs", "ENABLE TRIGGER"):
-        assert drop in downgrade_0006, drop
-    # 0004's activation procedure comes back before the columns go
-    assert downgrade_0006.index("CREATE OR ALTER PROCEDURE dbo.ProcessDelayQueue") < downgrade_0006.index(
-        "DROP COLUMN IF EXISTS IdempotencyKey")
-    # and dbo.CancelDelayExecution is restored before delay.CancelTask is dropped
-    assert downgrade_0006.index("CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution") < downgrade_0006.index(
-        "DROP PROCEDURE IF EXISTS delay.CancelTask")
+def test_delay_tables_are_created_in_their_final_shape(upgrade):
+    code = d.code_only(upgrade)
+    assert "ALTER TABLE delay." not in code
+    for column in ("CreatedBy NVARCHAR(128) NULL", "IdempotencyKey NVARCHAR(100) NULL",
+                   "DefinitionHash VARBINARY(32) NULL", "TargetLockTimeoutMs INT NULL"):
+        assert column in upgrade, column
 
 
-def test_broker_off_renders_nothing_of_0006():
-    section = render("upgrade", "0005:0006", "broker=off")
-    assert "delay." not in section and "THROW 5037" not in section
-    down = render("downgrade", "0006:0004", "broker=off")
-    assert "DROP COLUMN" not in down and "delay.Reconcile" not in down
+def test_downgrade_enables_the_disabled_triggers_before_the_tables_go():
+    down = render("downgrade", "head:base")
+    assert down.index("ENABLE TRIGGER") < down.index("DROP TABLE IF EXISTS delay.Installation")
+
+
+def test_broker_off_renders_no_seed_check():
+    section = render("upgrade", "head", "broker=off")
+    assert "CREATE TABLE delay." not in section and "THROW 5037" not in section
+    down = render("downgrade", "head:base", "broker=off")
+    assert "ENABLE TRIGGER" not in down and "delay.Reconcile" not in down
 
 
 # --------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Issue 11, what a fresh reader still found in revision 0006 (revision 0010).
 
 Text checks of the procedures; each also runs against the text of revision
-0006 (frozen) and must fail there, so it shows the finding.  Behaviour: the
+0006 (tests/static/samples/delay-0006) and must fail there, so it shows the finding.  Behaviour: the
 spin model (tests/models: delay-recovery-any-message finds the 0006 recovery's
 counterexample, delay-recovery-later-message checks 0010's) and
 tests/integration/test_delay_execution.py (SQL Server 2022).
@@ -25,9 +25,9 @@ def current(name: str) -> str:
 
 
 def at_0006(name: str) -> str:
-    rel = f"broker/{name}"
-    rev = d.newest_frozen(rel, before="0010", root=ROOT)
-    return d.strip_comments(d.frozen_text(rev, rel, ROOT)) if rev else ""
+    """The text of revision 0006 (a negative sample kept in tests/static/samples)."""
+    path = ROOT / "tests" / "static" / "samples" / "delay-0006" / name
+    return d.strip_comments(path.read_text(encoding="utf-8")) if path.is_file() else ""
 
 
 def between(text: str, start: str, end: str) -> str:

@@ -54,20 +54,11 @@ def test_default_script_refuses_a_database_deployed_without_broker(script):
     assert "-x broker=add" in first[check: first.index("THROW 50414", check)]
 
 
-def test_legacy_database_gets_its_broker_option_inferred(script):
-    """A database at 0004 deployed by the old -x broker=off has no stored
-    option: the header infers it from the queue before any revision runs."""
-    header = script[: script.index("BEGIN TRANSACTION")]
-    assert f"version_num >= '{d.first_broker_revision(ROOT)}'" in header
-    assert "IIF(OBJECT_ID(N'dbo.DelayServiceQueue', N'SQ') IS NULL, N'off', N'on')" in header
-
-
 def test_readers_are_stored_and_reapplied_after_every_broker_revision():
     seven = render("upgrade", "head", ("readers=7",))
     assert "VALUES (N'readers', N'7')" in seven
     default = render("upgrade", "head")
-    for rev in ("0002", "0004"):
-        section = sections(default)[rev]
+    for rev, section in sections(default).items():
         assert "SELECT TRY_CONVERT(INT, Value) FROM dbo.mailq_deployment_option WHERE Name = N'readers'" in section
 
 
@@ -91,8 +82,7 @@ def test_broker_add_is_a_catch_up_without_any_downgrade():
     for rel, rev in files:
         assert rev == d.newest_frozen(rel, before=f"{int(head) + 1:04d}", root=ROOT)
         assert d.guarded_schema(d.statement_text(d.frozen_text(rev, rel, ROOT))) in script, rel
-    older = d.statement_text(d.frozen_text("0002", "broker/dbo.ProcessDelayQueue.sql", ROOT))
-    assert older not in script  # 0004 replaced it
+    assert "CREATE OR ALTER PROCEDURE mailq.ClaimMail" not in script  # the broker part only
 
 
 # -- issue 11 point 10: activation off during upgrades ---------------------------
@@ -116,7 +106,7 @@ def test_revisions_with_broker_files_switch_activation_off_and_restore_it(script
 
 
 def test_downgrade_also_switches_activation_off():
-    down = render("downgrade", "0004:0003")
+    down = render("downgrade", "head:base")
     assert d.ACTIVATION_OFF in down and d.ACTIVATION_RESTORE in down
 
 
@@ -124,10 +114,17 @@ def test_downgrade_also_switches_activation_off():
 
 
 def test_released_revisions_keep_their_digest():
-    released = d.released_digests(ROOT)
-    assert {"0001", "0002", "0003", "0004"} <= set(released)
-    for rev, digest in released.items():
+    for rev, digest in d.released_digests(ROOT).items():
         assert digest == d.revision_digest(rev, ROOT), rev
+
+
+def test_nothing_is_released_before_1_0():
+    """Until 1.0 the baseline is refrozen in place (docs/CONVENTIONS.md)."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    assert int(version.split(".")[0]) < 1, version
+    assert d.released_digests(ROOT) == {}
 
 
 def test_manifest_has_no_problem():
@@ -143,21 +140,28 @@ def project(tmp_path):
 
 
 def test_edited_frozen_copy_stops_the_render(project):
-    frozen = project / "alembic/frozen/0003/procedures/mailq.ClaimMail.sql"
+    frozen = project / "alembic/frozen/0001/procedures/mailq.ClaimMail.sql"
     frozen.write_text(frozen.read_text(encoding="utf-8").replace("SELECT", "SELECT ", 1), encoding="utf-8")
     with pytest.raises(ConfigurationError, match="MANIFEST.sha256"):
         render("upgrade", "head", root=project)
 
 
-def test_rewritten_manifest_does_not_hide_a_changed_release(project):
-    frozen = project / "alembic/frozen/0004/broker/dbo.ProcessDelayQueue.sql"
+def release(project, monkeypatch):
+    monkeypatch.setattr(d, "project_root", lambda: project)
+    dev.release(type("A", (), {"revisions": []})())
+
+
+def test_rewritten_manifest_does_not_hide_a_changed_release(project, monkeypatch):
+    release(project, monkeypatch)
+    frozen = project / "alembic/frozen/0001/broker/dbo.ProcessDelayQueue.sql"
     frozen.write_text(frozen.read_text(encoding="utf-8") + "\n-- edited\n", encoding="utf-8")
     d.write_manifest(project)
-    assert any("released revision 0004" in p for p in d.manifest_problems(project))
+    assert any("released revision 0001" in p for p in d.manifest_problems(project))
 
 
-def test_generated_marker_does_not_change_a_release_digest(project):
-    frozen = project / "alembic/frozen/0004/broker/dbo.ProcessDelayQueue.sql"
+def test_generated_marker_does_not_change_a_release_digest(project, monkeypatch):
+    release(project, monkeypatch)
+    frozen = project / "alembic/frozen/0001/broker/dbo.ProcessDelayQueue.sql"
     # Frozen copies carry the marker (mailq-db dev mark-generated): take it off, then
     # put a differently worded one on; neither changes the released digest.
     text = frozen.read_text(encoding="utf-8")
@@ -171,14 +175,14 @@ def test_generated_marker_does_not_change_a_release_digest(project):
     assert d.manifest_problems(project) == []
 
 
-def test_released_revision_cannot_be_overwritten_by_the_freeze(project):
+def test_released_revision_cannot_be_overwritten_by_the_freeze(project, monkeypatch):
+    release(project, monkeypatch)
     with pytest.raises(ConfigurationError, match="released"):
-        dev._freeze(project, "0004", ["broker/dbo.ProcessDelayQueue.sql"])
+        dev._freeze(project, "0001", ["broker/dbo.ProcessDelayQueue.sql"])
 
 
 def test_release_command_pins_the_head(project, monkeypatch):
     monkeypatch.setattr(d, "project_root", lambda: project)
-    (project / "alembic/frozen/RELEASED").unlink()
     dev.release(type("A", (), {"revisions": []})())
     head = d.head_revision(project)
     assert d.released_digests(project) == {head: d.revision_digest(head, project)}

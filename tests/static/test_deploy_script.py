@@ -31,9 +31,11 @@ def downgrade() -> str:
 
 
 def revision_sections(script: str) -> dict[str, str]:
-    """Each revision's part of a script, keyed by the revision it reaches."""
-    parts = re.split(r"^-- Running (?:upgrade|downgrade) \S* ?-> (\S+)$", script, flags=re.M)
-    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+    """Each revision's part of a script, keyed by the revision it applies
+    (upgrade) or removes (downgrade)."""
+    parts = re.split(r"^-- Running (upgrade|downgrade) (\S*) ?-> ?(\S*)$", script, flags=re.M)
+    return {(parts[i + 2] if parts[i] == "upgrade" else parts[i + 1]): parts[i + 3]
+            for i in range(1, len(parts) - 3, 4)}
 
 
 # -- 1. safe outside sqlcmd -b -------------------------------------------------
@@ -69,7 +71,7 @@ def test_every_batch_of_a_revision_is_followed_by_the_transaction_guard(directio
         # session options, then (work batch, guard) pairs, then Alembic's version row
         work = parts[1:-1]
         assert len(work) % 2 == 0, rev
-        guard = d.guard_batch(rev if direction == "upgrade" else d.revisions(ROOT)[d.revisions(ROOT).index(rev) + 1])
+        guard = d.guard_batch(rev)
         for i in range(0, len(work), 2):
             assert work[i].rstrip(";") != guard, (rev, i)
             assert work[i + 1].rstrip(";") == guard, (rev, work[i][:200])
@@ -84,7 +86,7 @@ def test_a_failed_revision_never_reaches_its_version_row(script):
 
 
 def test_broker_revisions_check_the_broker_first_inside_their_transaction(script):
-    section = revision_sections(script)["0002"]
+    section = revision_sections(script)["0001"]
     assert section.index("THROW 50401") < section.index("CREATE QUEUE")
 
 
@@ -112,12 +114,16 @@ def test_every_revision_checks_its_starting_revision_and_names_the_command(scrip
         previous = rev
 
 
-def test_partial_script_checks_it_starts_where_the_database_is():
-    """A 0002:head script on a database at 0001 used to apply 0003-0004 and stay at 0001."""
-    partial = render("upgrade", "0002:head")
-    first = revision_sections(partial)
-    assert list(first)[0] == "0003"
-    assert "IF NOT (@Rows = 1 AND @Current = '0002')" in first["0003"]
+def test_a_database_newer_than_the_package_is_told_so(script, downgrade):
+    """A database at a revision this package does not know was deployed by a
+    newer mailq-db: 50421 says so, instead of a command that cannot work."""
+    known = ", ".join(f"'{rev}'" for rev in d.revisions(ROOT))
+    for text in (script, downgrade):
+        for section in revision_sections(text).values():
+            check = section.index(f"IF @Rows = 1 AND @Current NOT IN ({known})")
+            throw = section.index("THROW 50421", check)
+            assert "a newer mailq-db deployed it" in section[check:throw]
+            assert throw < section.index("THROW 5041")  # before the starting-revision check
 
 
 def test_rerun_at_head_is_a_no_op_and_rendering_is_deterministic(script):
@@ -135,7 +141,7 @@ def test_rerun_at_head_is_a_no_op_and_rendering_is_deterministic(script):
 
 def test_downgrade_checks_the_revision_it_removes(downgrade):
     assert "THROW 50411" in downgrade
-    assert "IF NOT (@Rows = 1 AND @Current = '0004')" in downgrade
+    assert f"IF NOT (@Rows = 1 AND @Current = '{d.head_revision(ROOT)}')" in downgrade
 
 
 # -- 3. version table pinned to dbo --------------------------------------------
@@ -247,7 +253,13 @@ def machinery_batches() -> dict[str, str]:
         "readers 7": d.readers_batch(seven),
         "checksums": d.checksum_batch({"a.sql": "0001"}, {"a.sql": "x"}, "0001", delete=False),
         "schema": d.guarded_schema(d.statement_text(d.frozen_text("0001", "schemas/mailq.sql", ROOT))),
+        "header guard": d.HEADER_GUARD, "done": d.DONE_MESSAGE,
+        "data check": d.data_loss_check("0001", [d.DroppedTable("mailq.T"), d.DroppedTable(
+            "dbo.P", "EXISTS (SELECT 1 FROM x.I AS i WHERE i.Item = N'dbo.P')", "x.I")]),
+        "seed restore": d.seed_restore("0001"),
     })
+    out.update({f"drop column {i}": b for i, b in enumerate(d.drop_column("mailq.T", "Note")())})
+    out.update({f"seed check {i}": b for i, b in enumerate(d.seed_checks("disable-triggers", "0001"))})
     return out
 
 
@@ -256,3 +268,171 @@ def test_every_batch_the_deployment_adds_parses_as_tsql(name, sql):
     import sqlfluff
 
     sqlfluff.parse(sql, dialect="tsql")  # raises APIParsingError on any unparsable section
+
+
+# -- issue 21 point 4: the header fails closed too ---------------------------------
+
+HEADER_REFUSALS = (50412, 50413, 50416, 50417)
+
+
+def header_of(script: str) -> str:
+    return script[: script.index("-- Running ")]
+
+
+def test_every_header_refusal_is_followed_by_the_header_guard(script):
+    """Each header batch that can THROW (and the SQLCMD-mode check) is followed
+    by RAISERROR + SET NOEXEC ON, so a client that ignores ':on error exit' but
+    honours ':setvar' (Azure Data Studio's SQLCMD mode) stops there too."""
+    parts = batches(header_of(script).replace(":on error exit\n", ""))
+    refusals = [i for i, b in enumerate(parts) if re.search(r"THROW 504\d\d", b)]
+    assert {int(n) for b in parts for n in re.findall(r"THROW (504\d\d)", b)} == set(HEADER_REFUSALS)
+    sqlcmd = next(i for i, b in enumerate(parts) if "$(__IsSqlCmdEnabled)" in b and "NOT LIKE" in b)
+    assert "RAISERROR(" in parts[sqlcmd] and "SET NOEXEC ON" in parts[sqlcmd]
+    for i in refusals + [sqlcmd]:
+        assert parts[i + 1].rstrip(";") == d.HEADER_GUARD, parts[i][:120]
+    assert "SET NOEXEC ON" in d.HEADER_GUARD and "RAISERROR(" in d.HEADER_GUARD
+    assert "IF @@ERROR <> 0" in d.HEADER_GUARD
+
+
+def test_every_batch_that_can_throw_is_followed_by_a_guard(script, downgrade):
+    for text in (script, downgrade):
+        parts = batches(text)
+        for i, batch in enumerate(parts):
+            if re.search(r"\bTHROW\b", d.code_only(batch)) and not batch.lstrip().startswith("CREATE"):
+                following = parts[i + 1]
+                assert "SET NOEXEC ON" in following and "RAISERROR(" in following, batch[:160]
+
+
+def run_as_a_client(script: str, *, failing: int | None = None, sqlcmd_mode: bool = True) -> list[str]:
+    """The batches a client that ignores ':on error exit' executes, when the
+    THROW ``failing`` fires (a model of SET NOEXEC, @@ERROR, XACT_ABORT and
+    @@TRANCOUNT as Microsoft documents them; no T-SQL runs here)."""
+    noexec, error, trancount, executed = False, 0, 0, []
+    for batch in batches(script.replace(":on error exit\n", "")):
+        body = batch.strip().rstrip(";")
+        if body == "SET NOEXEC OFF":
+            noexec = False
+            continue
+        if noexec:
+            continue
+        executed.append(body)
+        if body.startswith(":setvar"):
+            error = 0 if sqlcmd_mode else 102  # a syntax error outside SQLCMD mode
+            continue
+        if "$(__IsSqlCmdEnabled)" in body:
+            if not sqlcmd_mode:
+                error, noexec = 50000, True
+            else:
+                error = 0
+            continue
+        if body == d.HEADER_GUARD:
+            noexec = error != 0
+            continue
+        if body.startswith("IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION"):
+            if error and trancount:
+                trancount = 0
+            if trancount == 0:
+                noexec = True
+            error = 0
+            continue
+        if body.startswith("BEGIN TRANSACTION"):
+            trancount += 1
+        elif body == "COMMIT":
+            trancount = 0
+        if failing is not None and f"THROW {failing}," in body:
+            error, trancount = failing, 0  # XACT_ABORT: the transaction is rolled back
+        else:
+            error = 0
+    return executed
+
+
+def test_a_client_without_on_error_exit_stops_at_each_refusal(script):
+    everything = run_as_a_client(script)
+    assert any("CREATE OR ALTER PROCEDURE mailq.ClaimMail" in b for b in everything)
+    assert any(b.startswith("INSERT INTO dbo.mailq_alembic_version") for b in everything)
+    for number in HEADER_REFUSALS + (50410, 50401, 50414):
+        executed = run_as_a_client(script, failing=number)
+        after = executed[next(i for i, b in enumerate(executed) if f"THROW {number}," in b):]
+        assert not any(re.search(r"\bCREATE\b", d.code_only(b)) for b in after[1:]), number
+        assert not any(b.startswith("INSERT INTO dbo.mailq_alembic_version") for b in after), number
+    outside = run_as_a_client(script, sqlcmd_mode=False)
+    assert not any("CREATE" in d.code_only(b) for b in outside), "outside SQLCMD mode nothing runs"
+
+
+def test_the_model_sees_a_missing_header_guard(script):
+    """The checks above fail on the header of before issue 21 (no guard)."""
+    unguarded = script.replace(d.HEADER_GUARD + ";\nGO\n", "")
+    executed = run_as_a_client(unguarded, failing=50412)
+    assert any("CREATE OR ALTER PROCEDURE mailq.ClaimMail" in b for b in executed)
+
+
+# -- issue 21 point 5: a downgrade never drops data silently -------------------------
+
+
+def test_downgrade_refuses_to_drop_tables_that_hold_rows(downgrade):
+    section = revision_sections(downgrade)[d.head_revision(ROOT)]
+    check = section.index("THROW 50420")
+    assert check < section.index("DROP TABLE IF EXISTS mailq.MailQueue")
+    assert section.index("THROW 50411") < check
+    listed = section[section.index("INSERT INTO @Dropped"):check]
+    plan = d.RevisionPlan(d.head_revision(ROOT), ROOT)
+    tables = [d.describe(d.frozen_text(plan.revision, rel, ROOT)).name for rel in plan.files
+              if d.describe(d.frozen_text(plan.revision, rel, ROOT)).kind == "table"]
+    for table in tables:
+        if table in ("delay.Installation", "delay.Setting"):
+            assert f"(N'{table}'," not in listed, table  # the deployment's own rows
+        else:
+            assert f"(N'{table}'," in listed, table
+    assert "COUNT_BIG(*)" in section[:check] and "rows)" in section[:check] and "-x drop_data=yes" in section[:check]
+
+
+def test_drop_data_yes_renders_no_data_check():
+    down = render("downgrade", "head:base", ("drop_data=yes",))
+    assert "THROW 50420" not in down and "DROP TABLE IF EXISTS mailq.MailQueue" in down
+
+
+def test_the_data_check_counts_only_what_the_package_created():
+    check = d.data_loss_check("0001", [d.DroppedTable("dbo.T", "EXISTS (SELECT 1 FROM x.Y AS i)", "x.Y")])
+    assert "(N'dbo.T', N'EXISTS (SELECT 1 FROM x.Y AS i)', N'x.Y')" in check
+    assert "QUOTENAME(PARSENAME(@Name, 2))" in check  # no name is pasted unquoted
+
+
+def test_upgrade_range_going_down_is_refused():
+    from mailq_db.cli import main
+
+    for argv in (["deploy", "--sql", "--revision", "0001:base"], ["deploy", "--sql", "--revision", "head:head"],
+                 ["deploy", "--sql", "--revision", "9999"]):
+        out = io.StringIO()
+        import contextlib
+
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()) as err:
+            assert main(argv) == 1, argv
+        assert out.getvalue() == "", argv
+        assert len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
+
+
+def test_alembic_itself_refuses_a_range_that_renders_nothing():
+    out = io.StringIO()
+    with pytest.raises(ConfigurationError, match="renders no revision"):
+        render_into(out, "upgrade", "0001:base")
+    assert out.getvalue() == ""
+
+
+def test_every_batch_the_deployment_adds_parses_with_microsofts_parser(tmp_path):
+    """ScriptDom (TSql150Parser), stricter than sqlfluff: e.g. two adjacent
+    string literals without a comma are a syntax error there."""
+    import os
+
+    from mailq_db.devtools import tsqlcheck as t
+
+    _, reason = t.tool_or_reason(ROOT)
+    if reason is not None:
+        if os.environ.get(t.REQUIRE_ENV) == "1":
+            pytest.fail(f"{t.REQUIRE_ENV}=1 but: {reason}")
+        pytest.skip(reason)
+    paths = {}
+    for i, (name, sql) in enumerate(sorted(machinery_batches().items())):
+        paths[name] = tmp_path / f"b{i}.sql"
+        paths[name].write_text(sql + "\nGO\n", encoding="utf-8")
+    parsed = t.parse(list(paths.values()), ROOT)
+    assert {name: parsed[str(path)] for name, path in paths.items() if parsed[str(path)]} == {}

@@ -11,19 +11,19 @@ No server here: these read sql/ and the revision.  What they prove:
 * 'Stopped' is a final status everywhere a final status is listed (CHECK,
   IX_MailQueue_Final and PurgeMail, sysmail_allitems, RequeueMail);
 * PurgeMail deletes a mail's events before the mail, 1000 rows a statement;
-* revision 0011's downgrade refuses (50261) before it changes anything.
+* the downgrade drops the event table after every procedure that writes it.
 The behaviour itself is tested against SQL Server 2022 in
 tests/integration/test_mailq_events.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
+from mailq_db import deployment as d
 from mailq_db import procedures
 from mailq_db.deployment import strip_comments
 
@@ -47,7 +47,7 @@ def changes_status(text: str) -> bool:
 
 def test_every_state_change_writes_an_event():
     changing = [p.name for p in procedure_files() if changes_status(strip_comments(p.read_text(encoding="utf-8")))]
-    assert {"mailq.EnqueueMail.sql", "mailq.ClaimMail.sql", "mailq.MarkSent.sql", "mailq.MarkFailed.sql",
+    assert {"mailq.EnqueueMailRows.sql", "mailq.ClaimMail.sql", "mailq.MarkSent.sql", "mailq.MarkFailed.sql",
             "mailq.ReleaseMail.sql", "mailq.FinalizeMail.sql", "mailq.CancelMail.sql", "mailq.RequeueMail.sql",
             "mailq.StopMail.sql"} <= set(changing), changing
     missing = [n for n in changing if "mailq.MailEvent" not in code(f"procedures/{n}")]
@@ -112,8 +112,6 @@ FINAL = {"Sent", "Failed", "Cancelled", "Expired", "Stopped"}
 def test_stopped_is_a_final_status_everywhere():
     check = re.search(r"CK_MailQueue_Status CHECK \((.*?)\)\s*,", code("tables/mailq.MailQueue.sql"), re.S)
     assert "Stopped" in _statuses(check.group(1))
-    upgrade = code("upgrades/mailq.0011.MailQueue.sql")
-    assert upgrade.count("''Stopped''") == 2, "the CHECK and the index filter of the upgrade"
     final_ix = re.search(r"WHERE Status IN \(([^)]*)\)", code("indexes/mailq.MailQueue.IX_MailQueue_Final.sql"))
     assert _statuses(final_ix.group(1)) == FINAL
     purge = code("procedures/mailq.PurgeMail.sql")
@@ -139,20 +137,11 @@ def test_purge_deletes_events_before_the_mail():
     assert events < text.index("DELETE q\n")
 
 
-def test_downgrade_refuses_before_changing_anything():
-    path = next((ROOT / "alembic/versions").glob("0011_*.py"))
-    spec = importlib.util.spec_from_file_location("rev0011", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    statements = module.PLAN.downgrade_statements()
-    refusal = next(i for i, s in enumerate(statements) if "THROW 50261" in s)
-    constraint = next(i for i, s in enumerate(statements) if "DROP CONSTRAINT CK_MailQueue_Status" in s)
+def test_downgrade_drops_the_event_table_after_every_procedure_that_writes_it():
+    statements = d.RevisionPlan("0001", ROOT).downgrade_statements()
     table = next(i for i, s in enumerate(statements) if "DROP TABLE IF EXISTS mailq.MailEvent" in s)
-    assert refusal < constraint < table
-    # every procedure the revision changed is put back before the table goes
-    restored = [i for i, s in enumerate(statements) if "CREATE OR ALTER PROCEDURE mailq.MarkSent" in s]
-    assert restored and restored[0] < table
-    assert not any("mailq.MailEvent" in s for s in statements[table + 1:] if "PROCEDURE" in s)
+    dropped = [i for i, s in enumerate(statements) if "DROP PROCEDURE IF EXISTS mailq.MarkSent" in s]
+    assert dropped and dropped[0] < table
 
 
 @pytest.mark.parametrize("name", ["GetMailEvents", "StopMail"])

@@ -20,8 +20,10 @@ def test_every_exec_in_src_matches_a_procedure():
 
 def test_every_public_mail_procedure_has_a_wrapper():
     source = (ROOT / "src/mailq_db/procedures.py").read_text(encoding="utf-8")
-    public = {name for name in procedures(ROOT / "sql") if name.startswith("mailq.")} - {"mailq.lockleasedmail", "mailq.renderdbmailquery", "mailq.hookdispatchertask",
-                                                                                       "mailq.applysuppressions"}
+    internal = {"mailq.lockleasedmail", "mailq.renderdbmailquery", "mailq.hookdispatchertask",
+                "mailq.enqueuemailrows",
+                "mailq.applysuppressions"}  # granted to no role: reached by ownership chaining
+    public = {name for name in procedures(ROOT / "sql") if name.startswith("mailq.")} - internal
     missing = [name for name in sorted(public) if f"EXEC {name}".lower() not in source.lower()]
     assert missing == []
 

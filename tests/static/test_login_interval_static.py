@@ -1,6 +1,5 @@
-"""Static checks of the minimum interval between logins (revision 0012, issue 16
-point 4): the table's shape and the in-place upgrade agree, the upgrade is
-guarded and its downgrade undoes it, bad input is refused before any
+"""Static checks of the minimum interval between logins (issue 16 point 4):
+the table's shape, bad input is refused before any
 transaction, the grant is decided in the same UPDATE that stamps it (one
 statement under the row's lock, not a read then a write), and the worker's
 role may call it.  The behaviour is tested by
@@ -9,14 +8,12 @@ tests/unit/test_worker_login_interval.py (the worker)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SQL = ROOT / "sql"
 TABLE = (SQL / "tables/mailq.SendingAccount.sql").read_text(encoding="utf-8")
-UPGRADE = (SQL / "upgrades/mailq.0012.SendingAccount.sql").read_text(encoding="utf-8")
 ACQUIRE = (SQL / "procedures/mailq.AcquireLoginSlot.sql").read_text(encoding="utf-8")
 UPSERT = (SQL / "procedures/mailq.UpsertSendingAccount.sql").read_text(encoding="utf-8")
 CHECK = "MinLoginIntervalMs IS NULL OR MinLoginIntervalMs BETWEEN 1 AND 86400000"
@@ -29,34 +26,11 @@ def code(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-def test_the_table_and_the_upgrade_define_the_same_columns_and_rule():
-    table, upgrade = code(TABLE), code(UPGRADE)
+def test_the_table_defines_the_columns_and_the_rule():
+    table = code(TABLE)
     for column in ("MinLoginIntervalMs INT NULL", "LastLoginAtUtc DATETIME2(3) NULL"):
-        assert column in table and f"ADD {column}" in upgrade
+        assert column in table
     assert f"CONSTRAINT CK_SendingAccount_LoginInterval CHECK ( {CHECK} )" in table
-    assert f"CONSTRAINT CK_SendingAccount_LoginInterval CHECK ({CHECK})" in upgrade
-
-
-def test_every_step_of_the_upgrade_is_guarded():
-    statements = re.findall(r"(IF [^;]*?)(ALTER TABLE|EXEC sys\.sp_executesql)", code(UPGRADE))
-    assert len(statements) == 3
-    assert all(guard.startswith(("IF COL_LENGTH(", "IF OBJECT_ID(")) and "IS NULL" in guard
-               for guard, _ in statements)
-
-
-def test_the_downgrade_drops_what_the_upgrade_added():
-    [path] = (ROOT / "alembic/versions").glob("0012_*.py")
-    spec = importlib.util.spec_from_file_location("rev0012", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.revision == "0012" and module.down_revision == "0011"  # chained after 0011 at the merge
-    assert module.PLAN.drop_overrides == {"upgrades/mailq.0012.SendingAccount.sql": module.DOWNGRADE_0012}
-    down = " ".join(code(s) for s in module.DOWNGRADE_0012)
-    for dropped in ("DROP CONSTRAINT CK_SendingAccount_LoginInterval", "DROP COLUMN LastLoginAtUtc",
-                    "DROP COLUMN MinLoginIntervalMs"):
-        assert dropped in down
-    # the constraint goes before the column it checks (ALTER TABLE DROP COLUMN refuses otherwise)
-    assert down.index("DROP CONSTRAINT") < down.index("DROP COLUMN MinLoginIntervalMs")
 
 
 def test_a_bad_interval_is_refused_before_the_transaction():
@@ -64,7 +38,8 @@ def test_a_bad_interval_is_refused_before_the_transaction():
     assert "@MinLoginIntervalMs INT = NULL" in upsert
     assert upsert.index("THROW 50122") < upsert.index("BEGIN TRANSACTION")
     assert "IF @MinLoginIntervalMs NOT BETWEEN 1 AND 86400000" in upsert
-    assert "a.MinLoginIntervalMs = @MinLoginIntervalMs" in upsert  # an update sets it
+    # an update sets it when given, keeps it when NULL, removes it with @Clear (issue 24 M6)
+    assert "COALESCE(@MinLoginIntervalMs, a.MinLoginIntervalMs)" in upsert
     assert upsert.count("@MinLoginIntervalMs") >= 5  # parameter, check, message, update, insert
 
 
@@ -95,10 +70,9 @@ def test_the_worker_role_may_call_it():
 def test_the_files_are_in_the_build_order_after_what_they_need():
     order = [line.strip() for line in (SQL / "BuildOrder.txt").read_text(encoding="utf-8").splitlines()]
     pos = {name: order.index(name) for name in (
-        "tables/mailq.SendingAccount.sql", "upgrades/mailq.0012.SendingAccount.sql",
+        "tables/mailq.SendingAccount.sql",
         "procedures/mailq.UpsertSendingAccount.sql", "procedures/mailq.AcquireLoginSlot.sql",
         "security/MailqSender.grants.sql")}
-    assert pos["tables/mailq.SendingAccount.sql"] < pos["upgrades/mailq.0012.SendingAccount.sql"]
-    assert pos["upgrades/mailq.0012.SendingAccount.sql"] < pos["procedures/mailq.UpsertSendingAccount.sql"]
-    assert pos["upgrades/mailq.0012.SendingAccount.sql"] < pos["procedures/mailq.AcquireLoginSlot.sql"]
+    assert pos["tables/mailq.SendingAccount.sql"] < pos["procedures/mailq.UpsertSendingAccount.sql"]
+    assert pos["tables/mailq.SendingAccount.sql"] < pos["procedures/mailq.AcquireLoginSlot.sql"]
     assert pos["procedures/mailq.AcquireLoginSlot.sql"] < pos["security/MailqSender.grants.sql"]

@@ -5,6 +5,7 @@ DATABASE, NOLOCK, TRUSTWORTHY, WAITFOR DELAY or an empty statement (END;;)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,43 @@ def test_missing_object_is_reported(upgrade, downgrade):
     without_claim = upgrade.replace("CREATE OR ALTER PROCEDURE mailq.ClaimMail", "-- removed")
     problems = missing_objects(without_claim, downgrade)
     assert any("mailq.ClaimMail is not created" in p for p in problems)
+
+
+# -- issue 21: the fresh install creates each object exactly once ---------------
+
+_CREATES = re.compile(
+    r"\bCREATE\s+(?:OR\s+ALTER\s+)?(?:UNIQUE\s+)?(?:NONCLUSTERED\s+|CLUSTERED\s+)?"
+    r"(PROCEDURE|VIEW|FUNCTION|TRIGGER|TABLE|TYPE|SCHEMA|ROLE|QUEUE|SERVICE|CONTRACT|MESSAGE\s+TYPE|INDEX)\s+"
+    r"(\[[^\]]+\]|[\w.]+)", re.I)
+
+
+def created_objects(script: str) -> dict[str, int]:
+    """``KIND name`` -> how often the script's code (not its comments or
+    strings) creates it; a schema's CREATE sits inside an EXEC string."""
+    from mailq_db.deployment import code_only
+
+    counts: dict[str, int] = {}
+    code = code_only(script) + "\n" + "\n".join(re.findall(r"EXEC \(N'(CREATE SCHEMA [^']*)'\)", script))
+    for kind, name in _CREATES.findall(code):
+        key = " ".join(kind.upper().split()) + " " + name
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def test_the_fresh_install_creates_each_object_once(upgrade):
+    from mailq_db.deployment import build_order, describe, revisions, sql_dir
+
+    counts = created_objects(upgrade)
+    assert revisions() == ["0001"]
+    twice = {k: n for k, n in counts.items() if n != 1 and not k.startswith("TABLE #")}
+    assert twice == {}
+    wanted = {describe((sql_dir() / rel).read_text(encoding="utf-8")) for rel in build_order()}
+    names = {k.split(" ", 1)[1] if not k.startswith("MESSAGE") else k.split(" ", 2)[2] for k in counts}
+    for obj in wanted:
+        if obj.kind not in ("grant", "script"):
+            assert obj.name in names, obj
+
+
+def test_the_counter_sees_a_second_create():
+    sample = "CREATE OR ALTER PROCEDURE mailq.P AS SELECT 1;\nGO\nCREATE OR ALTER PROCEDURE mailq.P AS SELECT 2;\nGO\n"
+    assert created_objects(sample) == {"PROCEDURE mailq.P": 2}

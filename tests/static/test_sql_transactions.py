@@ -84,7 +84,7 @@ def test_every_owned_transaction_uses_the_one_catch_pattern():
             return False
         if re.search(r"\bIF\s+@OwnTran\s*=\s*1\s+BEGIN\s+TRANSACTION\b", code, re.I):
             return not re.search(r"IF\s+@OwnTran\s*=\s*1\s+AND\s+XACT_STATE\(\)\s*<>\s*0\s+ROLLBACK\s+TRANSACTION", code, re.I)
-        # Batch procedures (PurgeMail, MoveBodiesOutOfRow) refuse a caller's
+        # Batch procedures (PurgeMail) refuse a caller's
         # transaction (50141) and commit per batch.
         return not re.search(r"IF\s+@@TRANCOUNT\s*>\s*0\s+THROW", code, re.I)
 
@@ -108,11 +108,14 @@ def test_enqueue_serializes_keys_on_an_applock_not_on_key_ranges():
         code = strip_comments(path.read_text(encoding="utf-8"))
         for hint in re.finditer(r"mailq\.MailQueue\s+AS\s+\w+\s+WITH\s*\(([^)]*)\)", code, re.I):
             assert not re.search(r"\b(HOLDLOCK|SERIALIZABLE)\b", hint.group(1), re.I), rel(path)
-    code = strip_comments((SQL / "procedures/mailq.EnqueueMail.sql").read_text(encoding="utf-8"))
+    # EnqueueMail and EnqueueMailBatch both write through the one core (docs/enqueue.md)
+    code = strip_comments((SQL / "procedures/mailq.EnqueueMailRows.sql").read_text(encoding="utf-8"))
     assert re.search(r"sys\.sp_getapplock[^;]*@LockOwner\s*=\s*N'Transaction'", code, re.S)
-    prefix = re.search(r"CONCAT\(N'(mailq\.IdempotencyKey:)', RTRIM\(@IdempotencyKey\)\)", code)
+    prefix = re.search(r"CONCAT\(N'(mailq\.IdempotencyKey:)', @KeyText\)", code)
     assert prefix and len(prefix.group(1)) + 200 <= 255
-    assert "(10, N'@IdempotencyKey', @IdempotencyKey, 200)" in code
+    rules = strip_comments((SQL / "functions/mailq.EnqueueMailCheck.sql").read_text(encoding="utf-8"))
+    assert "(8, 50103, 10, N'IdempotencyKey', @IdempotencyKey, 200)" in rules  # a longer key never reaches the lock
+    assert "RTRIM(@IdempotencyKey) COLLATE Latin1_General_100_BIN2 AS KeyText" in rules
 
 
 #: One IF condition, up to the statement it guards.

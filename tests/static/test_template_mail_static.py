@@ -1,9 +1,7 @@
 """Templates and lazy attachments wired into enqueue, claim and attempt
-(issue 16 point 2, part B; revision 0016), without a server.
+(issue 16 point 2, part B), without a server.
 
-* The upgrade scripts are guarded and re-runnable; the downgrade refuses
-  first (50289), drops constraints before the columns they check, and
-  rebuilds revision 0014's batch table type.
+* The tables hold the template columns and their constraints.
 * ClaimMail's first result set grows by exactly three columns, appended at
   its end; attachments gain Generator/GeneratorArgs at the end; a third result
   set carries each template version once; the version is resolved by seeks
@@ -15,7 +13,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -37,43 +34,16 @@ CLAIM = code("procedures/mailq.ClaimMail.sql")
 ENQUEUE = code("procedures/mailq.EnqueueMail.sql")
 
 
-def _revision():
-    [path] = (ROOT / "alembic/versions").glob("0016_*.py")
-    spec = importlib.util.spec_from_file_location("rev0016", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_every_upgrade_step_is_guarded():
-    for table in ("MailQueue", "MailAttachment", "MailAttempt"):
-        text = code(f"upgrades/mailq.0016.{table}.sql")
-        steps = re.findall(r"(IF [^;]*?)(ALTER TABLE|EXEC sys\.sp_executesql)", text)
-        assert steps, table
-        assert all(g.startswith(("IF COL_LENGTH(", "IF OBJECT_ID(", "IF EXISTS (")) for g, _ in steps), table
-
-
-def test_the_downgrade_refuses_first_and_drops_what_the_upgrade_added():
-    rev = _revision()
-    assert rev.revision == "0016" and rev.down_revision == "0015"
-    overrides = rev.PLAN.drop_overrides
-    assert set(overrides) == {f"upgrades/mailq.0016.{t}.sql" for t in ("MailQueue", "MailAttachment", "MailAttempt")}
-    for statements in overrides.values():
-        assert "THROW 50289" in statements[0]
-        # every template mail not Sent counts: a finished one can be requeued
-        assert "WHERE q.TemplateName IS NOT NULL AND q.Status <> N''Sent'';" in statements[0]
-    queue = " ".join(rev.DOWNGRADE_0016_QUEUE)
-    for column in ("TemplateModel", "TemplateVersion", "TemplateName"):
-        assert queue.index("DROP CONSTRAINT CK_MailQueue_Template") < queue.index(f"DROP COLUMN {column}")
-    attach = " ".join(rev.DOWNGRADE_0016_ATTACHMENT)
-    assert attach.index("DROP CONSTRAINT CK_MailAttachment_Source") < attach.index("DROP COLUMN Generator")
-    assert attach.index("DROP CONSTRAINT CK_MailAttachment_Size") < attach.index("ALTER COLUMN Content VARBINARY(MAX) NOT NULL")
-    assert "DROP COLUMN TemplateVersion" in " ".join(rev.DOWNGRADE_0016_ATTEMPT)
-    rebuild = rev._rebuild_0015_batch_type()
-    assert "DROP PROCEDURE mailq.EnqueueMailBatch" in rebuild[0] and "DROP TYPE mailq.MailBatchRow" in rebuild[1]
-    # 0015's type: RunMode, no template columns
-    assert "CREATE TYPE mailq.MailBatchRow" in rebuild[2] and "TemplateName" not in rebuild[2]
-    assert "RunMode NVARCHAR(4000) NULL" in rebuild[2]
+def test_the_tables_hold_the_template_columns_and_rules():
+    queue = code("tables/mailq.MailQueue.sql")
+    for column in ("TemplateName NVARCHAR(128) NULL", "TemplateVersion INT NULL", "TemplateModel NVARCHAR(MAX) NULL",
+                   "CONSTRAINT CK_MailQueue_Template CHECK"):
+        assert column in queue, column
+    attachment = code("tables/mailq.MailAttachment.sql")
+    for column in ("Content VARBINARY(MAX) NULL", "Generator NVARCHAR(128) NULL", "GeneratorArgs NVARCHAR(MAX) NULL",
+                   "CONSTRAINT CK_MailAttachment_Source CHECK"):
+        assert column in attachment, column
+    assert "TemplateVersion INT NULL" in code("tables/mailq.MailAttempt.sql")
 
 
 def test_type_file_drops_the_old_type_after_its_procedure_only_when_it_lacks_the_columns():
@@ -83,10 +53,7 @@ def test_type_file_drops_the_old_type_after_its_procedure_only_when_it_lacks_the
     order = [l.strip() for l in (SQL / "BuildOrder.txt").read_text().splitlines()]
     assert order.index("types/mailq.MailBatchRow.sql") < order.index("procedures/mailq.EnqueueMailBatch.sql") \
         < order.index("security/MailqEnqueuer.batch.grants.sql")
-    assert max(order.index(f"upgrades/mailq.0016.{t}.sql") for t in ("MailQueue", "MailAttachment", "MailAttempt")) \
-        < order.index("procedures/mailq.EnqueueMail.sql")
-    frozen = (ROOT / "alembic/frozen/0016/FILES").read_text().split()
-    assert "security/MailqEnqueuer.batch.grants.sql" in frozen and "types/mailq.MailBatchRow.sql" in frozen
+    assert order.index("tables/mailq.MailQueue.sql") < order.index("procedures/mailq.EnqueueMail.sql")
 
 
 def _selects(text: str) -> list[str]:
@@ -96,8 +63,11 @@ def _selects(text: str) -> list[str]:
 
 def test_claim_result_sets_grow_only_at_their_ends():
     first, second, _used, third = _selects(CLAIM)[:4]  # (_used: the CTE of the distinct versions)
-    cols = [c.strip().split(".")[-1].split(" AS ")[-1] for c in first.split(",")]
-    # revision 0015 appended RunMode, DryRun; 0016 the three template columns
+    # The last column is computed: LeaseSecondsRemaining (server clock, floor).
+    lease = first.rindex("CAST(FLOOR(")
+    assert first[lease:].strip().endswith("AS LeaseSecondsRemaining")
+    cols = [c.strip().split(".")[-1].split(" AS ")[-1] for c in first[:lease].strip().rstrip(",").split(",")]
+    # revision 0015 appended RunMode, DryRun; 0016 the three template columns; then LeaseSecondsRemaining
     assert cols[-6:] == ["dtStamp", "RunMode", "DryRun", "TemplateName", "TemplateVersion", "TemplateModel"]
     assert len(cols) == 21 + 2 + 3
     cols2 = [c.strip().split(".")[-1] for c in second.split(",")]
@@ -122,8 +92,10 @@ def test_enqueue_template_parameters_are_appended_at_the_end():
     # revision 0015 appended RunMode, 0016 the template parameters after it
     assert params[-7:] == ["MailID", "MessageID", "Created", "RunMode", "TemplateName", "TemplateVersion",
                            "TemplateModel"]
+    # the rules live in the one rule function every enqueue path uses (docs/enqueue.md)
+    rules = code("functions/mailq.EnqueueMailCheck.sql")
     for number in range(50280, 50287):
-        assert f"THROW {number}" in ENQUEUE
+        assert re.search(rf"\(\d+, {number}, N'\w+'", rules) or f", {number}, IIF(" in rules, number
 
 
 class FakeCursor:
@@ -196,7 +168,7 @@ def test_lazy_attachment_json_is_what_enqueuemail_reads():
         {"FileName": "r.csv", "Generator": "csv", "Arguments": {"rows": [[1]]}},
     ]
     for key in ("'$.Generator'", "'$.Arguments' AS JSON"):
-        assert key in ENQUEUE
+        assert key in code("functions/mailq.MailAttachmentList.sql")
 
 
 def test_batch_rows_carry_the_template_fields_in_the_type_order():

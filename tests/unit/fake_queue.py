@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
 from mailq_db.errors import LeaseLostError
-from mailq_db.procedures import AckResult, ClaimedMail, EnqueueResult, QueueStats
+from mailq_db.procedures import AckResult, ClaimedMail, EnqueuePolicy, EnqueueResult, Lease, QueueStats
 
 
 def utcnow() -> datetime:
@@ -68,6 +68,7 @@ class Row:
     smtp_code: int | None = None
     smtp_text: str | None = None
     sent_by: str | None = None  # the token whose MarkSent made it Sent
+    possible_duplicate: bool = False  # set when a lease that ran out is reclaimed (ClaimMail)
     #: address (lower case) -> (outcome, code, text), like mailq.MailRecipientOutcome
     recipients: dict[str, tuple[str, int | None, str | None]] = field(default_factory=dict)
 
@@ -89,15 +90,21 @@ def make_mail(mail_id: int, **overrides: Any) -> ClaimedMail:
 class FakeQueue:
     """In-memory stand-in for mailq_db.procedures (thread-safe)."""
 
-    def __init__(self, mails: Iterable[ClaimedMail] = (), *, lease_override_seconds: float | None = None):
+    def __init__(self, mails: Iterable[ClaimedMail] = (), *, lease_override_seconds: float | None = None,
+                 report_seconds_remaining: bool = True):
         self.lock = threading.RLock()
         self.rows: dict[int, Row] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.blocked_until: dict[str, datetime] = {}
         self.lease_override_seconds = lease_override_seconds
+        #: ClaimMail/ExtendLease report LeaseSecondsRemaining (False: a database that does not)
+        self.report_seconds_remaining = report_seconds_remaining
         self.extend_fails = False
-        self.drops: dict[str, list[bool]] = {}  # procedure -> [committed?] of calls to drop
+        #: procedure -> [(committed?, error)] of the next calls to fail
+        self.drops: dict[str, list[tuple[bool, BaseException]]] = {}
         self.stats = QueueStats([], [], [], [])
+        #: what mailq.GetEventStreamStall answers (None: nothing held back)
+        self.stall: Any = None
         self.health: list[dict[str, Any]] = []
         #: applications in dry-run (mailq.Application.DryRun, revision 0015)
         self.dry_run_apps: set[str] = set()
@@ -117,9 +124,15 @@ class FakeQueue:
     def drop_connection(self, procedure: str, *, committed: bool) -> None:
         """Make the next call of ``procedure`` fail as a dropped connection,
         after (committed=True) or before applying it."""
-        self.drops.setdefault(procedure, []).append(committed)
+        self.fail_next(procedure, ConnectionResetError(f"fake: connection dropped during {procedure}"),
+                       committed=committed)
 
-    def _record(self, name: str, kwargs: dict[str, Any]) -> bool | None:
+    def fail_next(self, procedure: str, error: BaseException, *, committed: bool = False) -> None:
+        """Make the next call of ``procedure`` raise ``error``, after (committed=True)
+        or before applying it (a deadlock victim, an Azure failover, ...)."""
+        self.drops.setdefault(procedure, []).append((committed, error))
+
+    def _record(self, name: str, kwargs: dict[str, Any]) -> tuple[bool, BaseException] | None:
         self.calls.append((name, kwargs))
         queue = self.drops.get(name)
         return queue.pop(0) if queue else None
@@ -144,11 +157,11 @@ class FakeQueue:
     def _apply(self, name: str, kwargs: dict[str, Any], fn: Any) -> Any:
         with self.lock:
             drop = self._record(name, kwargs)
-            if drop is False:
-                raise ConnectionResetError(f"fake: connection dropped before {name}")
+            if drop is not None and not drop[0]:
+                raise drop[1]
             result = fn()
-            if drop is True:
-                raise ConnectionResetError(f"fake: connection dropped after {name} committed")
+            if drop is not None:
+                raise drop[1]
             return result
 
     def expire_leases(self) -> None:
@@ -181,6 +194,8 @@ class FakeQueue:
             lease = self.lease_override_seconds if self.lease_override_seconds is not None else lease_seconds
             out = []
             for r in due[:batch_size]:
+                if r.status == "Sending":  # a lease that ran out: ClaimMail flags a possible duplicate
+                    r.possible_duplicate = True
                 r.status, r.token = "Sending", str(lock_token)
                 r.lease_expires = now + timedelta(seconds=lease)
                 r.attempts_remaining -= 1
@@ -188,7 +203,9 @@ class FakeQueue:
                 r.claimed_dry_run = r.mail.app_name in self.dry_run_apps
                 out.append(replace(r.mail, lease_expires_utc=r.lease_expires, attempt_no=r.attempts,
                                    attempts_remaining=r.attempts_remaining,
-                                   attachments=list(r.mail.attachments), dry_run=r.claimed_dry_run))
+                                   attachments=list(r.mail.attachments), dry_run=r.claimed_dry_run,
+                                   possible_duplicate=r.possible_duplicate,
+                                   lease_seconds_remaining=int(lease) if self.report_seconds_remaining else None))
             return out
         return self._apply("claim_mail", dict(batch_size=batch_size, lock_token=lock_token,
                                               lease_seconds=lease_seconds, app_name=app_name,
@@ -237,10 +254,10 @@ class FakeQueue:
                                                smtp_code=smtp_code), run)
 
     def extend_lease(self, conn: Any, *, ids: Iterable[int], lock_token: Any,
-                     lease_seconds: int) -> dict[int, datetime]:
+                     lease_seconds: int) -> dict[int, Lease]:
         ids = list(ids)
 
-        def run() -> dict[int, datetime]:
+        def run() -> dict[int, Lease]:
             if self.extend_fails:
                 from mailq_db.errors import DatabaseError
                 raise DatabaseError(1205, "fake: deadlock victim")
@@ -249,7 +266,7 @@ class FakeQueue:
                 r = self.rows.get(i)
                 if r and r.status == "Sending" and r.token == str(lock_token):
                     r.lease_expires = utcnow() + timedelta(seconds=lease_seconds)
-                    out[i] = r.lease_expires
+                    out[i] = Lease(r.lease_expires, lease_seconds if self.report_seconds_remaining else None)
             return out
         return self._apply("extend_lease", dict(ids=ids, lock_token=lock_token,
                                                 lease_seconds=lease_seconds), run)
@@ -308,11 +325,24 @@ class FakeQueue:
             return EnqueueResult(mail_id, mail.message_id, True)
         return self._apply("enqueue_mail", dict(kwargs), run)
 
-    def get_queue_stats(self, conn: Any, *, recent_failures: int | None = None) -> QueueStats:
-        return self._apply("get_queue_stats", dict(recent_failures=recent_failures), lambda: self.stats)
+    def get_queue_stats(self, conn: Any, *, recent_failures: int | None = None,
+                        finished_hours: int | None = None) -> QueueStats:
+        return self._apply("get_queue_stats", dict(recent_failures=recent_failures,
+                                                   finished_hours=finished_hours), lambda: self.stats)
+
+    def get_event_stream_stall(self, conn: Any, *, min_open_seconds: int | None = None) -> Any:
+        from mailq_db.procedures import EventStreamStall
+
+        def run() -> EventStreamStall:
+            return self.stall or EventStreamStall(False, 1001, 1001, True, "VIEW SERVER STATE", None, [])
+        return self._apply("get_event_stream_stall", dict(min_open_seconds=min_open_seconds), run)
 
     def get_installation_health(self, conn: Any) -> list[dict[str, Any]]:
         return self._apply("get_installation_health", {}, lambda: self.health)
+
+    def get_enqueue_policy(self, conn: Any) -> EnqueuePolicy:
+        """A closed installation whose every enqueuing user is mapped (doctor: all OK)."""
+        return self._apply("get_enqueue_policy", {}, lambda: EnqueuePolicy(False, None, None, True, []))
 
     def reconcile_delayed_tasks(self, conn: Any, *, apply: bool = True, schedule_missing: bool = False,
                                 max_rows: int | None = None) -> list[dict[str, Any]]:

@@ -206,6 +206,7 @@ class SmtpSink:
         self.pipelining = pipelining
         self.mail_options: list[list[str]] = []  # the options of every accepted MAIL FROM
         self.auth_attempts = 0
+        self.password = PASSWORD  # the password AUTH accepts (compared as UTF-8 bytes)
         self.replies: dict[tuple[str, str], str] = {}
         #: the reply after an accepted message; None: "250 2.0.0 Ok: queued as Q<n>" (a queue ID per mail)
         self.final_reply: str | None = None
@@ -257,7 +258,7 @@ class SmtpSink:
     def _authenticate(self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> AuthResult:
         self.auth_attempts += 1
         ok = (isinstance(auth_data, LoginPassword) and auth_data.login == USER.encode()
-              and auth_data.password == PASSWORD.encode())
+              and auth_data.password == self.password.encode("utf-8"))
         return AuthResult(success=ok, handled=False)
 
     def start(self) -> "SmtpSink":

@@ -10,7 +10,7 @@ import pytest
 
 from mailq_db.worker import classify
 from mailq_db.worker.classify import (
-    ACCOUNT, CONNECTION, MAIL, RECIPIENT, RETRY, STOP, TABLE, WAIT, Escalation, EscalationPolicy,
+    ACCOUNT, CONNECTION, MAIL, RECIPIENT, RETRY, SENDER, STOP, TABLE, WAIT, Escalation, EscalationPolicy,
     Outcome, RuleTableError, classify_reply, enhanced_status, parse_rules, resolve_provider, split_reply,
 )
 
@@ -116,8 +116,8 @@ def test_the_loader_names_the_rule_at_fault():
     ("rcpt", 504, "5.5.2 <box>: Helo command rejected: need fully-qualified hostname", WAIT, ACCOUNT),
     ("rcpt", 450, "4.7.1 Client host rejected: cannot find your hostname, [192.0.2.1]", WAIT, ACCOUNT),
     ("rcpt", 554, "5.7.1 <unknown[192.0.2.1]>: Client host rejected: Access denied", WAIT, ACCOUNT),
-    ("rcpt", 450, "4.1.8 <s@bad.example>: Sender address rejected: Domain not found", WAIT, ACCOUNT),
-    ("rcpt", 553, "5.7.1 <s@example.com>: Sender address rejected: not owned by user bob", WAIT, ACCOUNT),
+    ("rcpt", 450, "4.1.8 <s@bad.example>: Sender address rejected: Domain not found", RETRY, SENDER),
+    ("rcpt", 553, "5.7.1 <s@example.com>: Sender address rejected: not owned by user bob", STOP, SENDER),
     ("rcpt", 450, "4.2.0 <r@example.com>: Recipient address rejected: Greylisted, see http://postgrey.example", RETRY, RECIPIENT),
     ("rcpt", 451, "4.7.1 Greylisting in action, please come back later", RETRY, RECIPIENT),
     ("rcpt", 452, "4.5.3 Error: too many recipients", RETRY, RECIPIENT),
@@ -265,7 +265,7 @@ def test_repeated_retries_become_one_account_wait_logged_once(caplog):
     assert escalated.rule.startswith("escalation:") and "escalated" in escalated.reason
     for _ in range(3):  # the count starts over after an escalation, and it is not logged again
         esc.observe("a", retry())
-    assert len([r for r in caplog.records if "Retry replies within" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "temporary failures within" in r.getMessage()]) == 1
 
 
 def test_retries_outside_the_window_do_not_escalate():

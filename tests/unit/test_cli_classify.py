@@ -62,3 +62,10 @@ def test_argument_errors(argv, message, capsys):
         main(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_sender_refusal_is_scoped_to_the_sender_address(capsys):
+    assert main(["classify", "554 Message rejected: Email address is not verified. The following identities "
+                 "failed the check in region US-EAST-1: a@example.com", "--stage", "dot"]) == 0
+    out = capsys.readouterr().out
+    assert "disposition: Stop" in out and "scope:       sender" in out and "never the whole account" in out

@@ -106,19 +106,31 @@ def test_enqueue_without_a_body_is_refused(fake, capsys):
 
 def test_stats_prints_every_section(fake, capsys):
     fake.stats = QueueStats(
-        by_status=[{"Status": "UnSent", "AccountName": "default", "MailCount": 12}],
-        oldest_due=[{"AccountName": "default", "OldestDueUtc": datetime(2024, 1, 1), "OldestDueAgeSeconds": 75}],
-        throughput=[{"HourUtc": datetime(2024, 1, 1, 10), "AccountName": "default", "Sent": 300, "Failed": 2}],
+        queued=[{"Status": "UnSent", "AccountName": "default", "MailCount": 12}],
+        oldest_due=[{"AccountName": "default", "OldestDueUtc": datetime(2024, 1, 1), "OldestDueAgeSeconds": 75,
+                     "DueCount": 9}],
+        finished_per_hour=[{"HourUtc": datetime(2024, 1, 1, 10), "AccountName": "default", "Sent": 300,
+                            "Failed": 2, "Expired": 4, "Cancelled": 0, "Stopped": 1}],
         failures=[{"ID": 7, "AccountName": "default", "Status": "Failed", "LastError": "550 no\nsuch user",
                    "DateProcessed": datetime(2024, 1, 1, 10, 5)}],
     )
-    assert main(["stats", "--failures", "5"]) == 0
+    assert main(["stats", "--failures", "5", "--hours", "72"]) == 0
     out = capsys.readouterr().out
-    assert fake.calls_to("get_queue_stats") == [{"recent_failures": 5}]
-    for text in ("UnSent", "12", "75", "300", "550 no such user", "Recent failures"):
+    assert fake.calls_to("get_queue_stats") == [{"recent_failures": 5, "finished_hours": 72}]
+    for text in ("UnSent", "12", "75", "300", "Expired", "550 no such user", "Recent failed attempts",
+                 "last 72 h"):
         assert text in out
     assert main(["stats", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["by_status"][0]["MailCount"] == 12
+    data = json.loads(capsys.readouterr().out)
+    assert data["queued"][0]["MailCount"] == 12 and data["finished_per_hour"][0]["Expired"] == 4
+    assert fake.calls_to("get_queue_stats")[-1] == {"recent_failures": 10, "finished_hours": 24}
+
+
+@pytest.mark.parametrize("hours", ["0", "169", "x"])
+def test_stats_refuses_hours_outside_a_week(fake, capsys, hours):
+    with pytest.raises(SystemExit):
+        main(["stats", "--hours", hours])
+    assert fake.calls_to("get_queue_stats") == []
 
 
 def test_doctor_prints_each_problem_with_its_fix(fake, monkeypatch, capsys):
@@ -165,9 +177,12 @@ def test_doctor_compares_the_schema_revision_with_the_package_head(monkeypatch):
     from mailq_db.commands.doctor import head_check
 
     monkeypatch.setattr("mailq_db.deployment.head_revision", lambda root=None: "0007")
+    monkeypatch.setattr("mailq_db.deployment.revisions", lambda root=None: ["0001", "0005", "0007"])
     assert head_check([{"CheckName": "Schema revision", "Detail": "0007"}]).status == "OK"
     old = head_check([{"CheckName": "Schema revision", "Detail": "0005"}])
-    assert old.status == "FAIL" and "0007" in old.detail and "deploy" in old.fix
+    assert old.status == "FAIL" and "0007" in old.detail and old.fix.startswith("run mailq-db deploy")
+    newer = head_check([{"CheckName": "Schema revision", "Detail": "0009"}])
+    assert newer.status == "FAIL" and "does not know" in newer.detail and "newer mailq-db" in newer.fix
 
 
 def test_doctor_without_a_driver_says_how_to_install_one(monkeypatch, capsys):
@@ -226,7 +241,7 @@ def test_metrics_endpoint_serves_prometheus_text():
         body = urllib.request.urlopen(url, timeout=5).read().decode()
     finally:
         server.shutdown()
-    assert "mailq_worker_sent_total 3" in body
+    assert 'mailq_worker_sent_total{account="",code=""} 3.0' in body
     assert 'mailq_worker_claim_seconds_bucket{le="0.025"} 1' in body
     assert 'mailq_worker_claim_seconds_bucket{le="0.01"} 0' in body
     assert "mailq_worker_claim_seconds_count 1" in body

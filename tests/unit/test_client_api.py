@@ -1,5 +1,6 @@
-"""The client API's own Python logic (issue 16 point 5): connection handling,
-who commits, polling with backoff, timeout, exception mapping.
+"""The client API's own Python logic: connection handling, that the caller's
+transaction is never committed or rolled back, transient-error retries,
+polling with backoff, timeout, exception mapping.
 
 The wrappers of mailq_db.procedures are replaced by a recording fake and the
 connection by a fake DB-API object: these tests prove what the client does
@@ -116,21 +117,69 @@ def test_post_refuses_a_url(monkeypatch, target):
 # -- emit -----------------------------------------------------------------------
 
 
-def test_emit_on_a_manual_commit_connection_commits_and_returns_the_id(monkeypatch):
+@pytest.mark.parametrize("call", ["emit", "send", "stop"])
+def test_a_callers_manual_commit_connection_is_refused_and_its_transaction_left_alone(monkeypatch, call):
     fake = FakeProcedures(monkeypatch)
     conn = FakeConnection(autocommit=False)
-    assert client.emit(conn, **MAIL, idempotency_key="k1") == 7
-    assert conn.log == ["enqueue", "commit"] and not conn.closed
-    assert fake.calls[0][1]["idempotency_key"] == "k1"
+    with pytest.raises(client.CallerTransactionError, match="autocommit off"):
+        if call == "emit":
+            client.emit(conn, **MAIL, idempotency_key="k1")
+        elif call == "send":
+            client.send(conn, timeout=5, **MAIL)
+        else:
+            client.stop(conn, 7, "why")
+    assert conn.log == [] and fake.calls == [] and not conn.closed  # no commit, no rollback, no call
 
 
-def test_emit_rolls_back_its_transaction_on_an_error(monkeypatch):
+def test_emit_leaves_the_callers_connection_alone_on_an_error(monkeypatch):
     FakeProcedures(monkeypatch, enqueue_error=InvalidInputError(50101, "@ToAddress is required"))
-    conn = FakeConnection(autocommit=False)
+    conn = FakeConnection(autocommit=True)
     with pytest.raises(InvalidInputError) as info:
         client.emit(conn, **MAIL)
     assert info.value.number == 50101
-    assert conn.log == ["enqueue", "rollback"]
+    assert conn.log == ["enqueue"] and not conn.closed
+
+
+def test_emit_retries_a_deadlock_in_place_on_a_callers_connection(monkeypatch):
+    from mailq_db.errors import DatabaseError
+
+    fake = FakeProcedures(monkeypatch)
+    calls = []
+
+    def deadlocked_once(conn, **kw):
+        calls.append(kw)
+        if len(calls) == 1:
+            raise DatabaseError(1205, "chosen as the deadlock victim")
+        return fake.enqueue_mail(conn, **kw)
+
+    monkeypatch.setattr(procedures, "enqueue_mail", deadlocked_once)
+    conn = FakeConnection(autocommit=True)
+    assert client.emit(conn, **MAIL) == 7 and len(calls) == 2
+
+
+def test_emit_from_a_url_resends_after_a_dropped_connection_only_with_an_idempotency_key(monkeypatch):
+    attempts = []
+
+    def dropped_once(conn, **kw):
+        attempts.append(kw.get("idempotency_key"))
+        if len(attempts) in (1, 3):
+            raise ConnectionResetError("dropped after the server may have committed")
+        return procedures.EnqueueResult(7, "<7@x>", True)
+
+    monkeypatch.setattr(procedures, "enqueue_mail", dropped_once)
+    monkeypatch.setattr(client, "connect", lambda url: FakeConnection(True))
+    monkeypatch.setattr(client.ReconnectingConnection, "__init__", _fast_reconnects(
+        client.ReconnectingConnection.__init__))
+    assert client.emit("x", **MAIL, idempotency_key="k1") == 7  # sent again: the key makes it safe
+    with pytest.raises(ConnectionResetError):
+        client.emit("x", **MAIL)  # without a key a second send could queue the mail twice
+    assert attempts == ["k1", "k1", None]
+
+
+def _fast_reconnects(init):
+    def fast(self, open_connection, **kw):
+        init(self, open_connection, sleep=lambda s: None)
+    return fast
 
 
 def test_emit_on_an_autocommit_connection_leaves_the_commit_to_the_procedure(monkeypatch):
@@ -237,10 +286,17 @@ def test_send_times_out_and_leaves_the_mail_queued(monkeypatch):
     assert "stays queued" in str(outcome)
 
 
-def test_send_on_a_manual_commit_connection_commits_the_enqueue_then_each_read(monkeypatch):
-    conn = FakeConnection(autocommit=False)
+def test_send_on_an_autocommit_connection_never_commits(monkeypatch):
+    conn = FakeConnection(autocommit=True)
     run_send(monkeypatch, [[], [event(1, "Sent")]], conn=conn)
-    assert conn.log == ["enqueue", "commit", "events", "commit", "events", "commit"]
+    assert conn.log == ["enqueue", "events", "events"]
+
+
+def test_events_on_a_callers_manual_commit_connection_only_read(monkeypatch):
+    FakeProcedures(monkeypatch, [[event(1, "Enqueued")]])
+    conn = FakeConnection(autocommit=False)
+    assert [e.event_id for e in client.events(conn, "billing")] == [1]
+    assert conn.log == ["events"]
 
 
 def test_send_passes_the_idempotency_key_and_reports_an_earlier_outcome_at_once(monkeypatch):
@@ -337,12 +393,12 @@ def test_as_event_accepts_rows_dicts_and_objects():
 # -- stop -----------------------------------------------------------------------
 
 
-def test_stop_calls_the_wrapper_and_commits_its_own_transaction(monkeypatch):
+def test_stop_calls_the_wrapper_in_its_own_transaction(monkeypatch):
     fake = FakeProcedures(monkeypatch)
-    conn = FakeConnection(autocommit=False)
+    conn = FakeConnection(autocommit=True)
     rows = client.stop(conn, 7, "bounced twice")
     assert fake.calls == [("stop_mail", {"mail_id": 7, "reason": "bounced twice"})]
-    assert conn.log == ["stop", "commit"] and rows[0]["Status"] == "Stopped"
+    assert conn.log == ["stop"] and rows[0]["Status"] == "Stopped"
 
 
 def test_the_client_sends_no_sql_of_its_own():

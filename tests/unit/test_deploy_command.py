@@ -120,12 +120,12 @@ def run_plan_until_failure(revision: str, rel: str, message: str) -> tuple[str, 
 
 def test_failure_in_a_file_names_the_frozen_copy_and_its_line_range():
     rel = "views/mailq.sysmail_sentitems.sql"
-    line, cursor = run_plan_until_failure("0009", rel, "Invalid column name 'Nope'. (207)")
-    raw = (d.frozen_dir() / "0009" / rel).read_text(encoding="utf-8").rstrip().rstrip(";").rstrip()
+    line, cursor = run_plan_until_failure("0001", rel, "Invalid column name 'Nope'. (207)")
+    raw = (d.frozen_dir() / "0001" / rel).read_text(encoding="utf-8").rstrip().rstrip(";").rstrip()
     last = raw.count("\n") + 1
     # line 1 is the generated marker, not sent: the batch is lines 2..last
     assert raw.startswith(d.GENERATED_MARKER)
-    assert line == (f"mailq-db deploy: failed in revision 0009, file alembic/frozen/0009/{rel}, "
+    assert line == (f"mailq-db deploy: failed in revision 0001, file alembic/frozen/0001/{rel}, "
                     f"lines 2-{last}: Invalid column name 'Nope'. (207)")
     assert len(line.splitlines()) == 1
     assert cursor.sent[-1].rstrip().endswith(raw.splitlines()[-1].rstrip())
@@ -133,26 +133,26 @@ def test_failure_in_a_file_names_the_frozen_copy_and_its_line_range():
 
 def test_a_line_named_by_the_message_is_mapped_to_the_file():
     rel = "views/mailq.sysmail_sentitems.sql"
-    line, _ = run_plan_until_failure("0009", rel, "Msg 207, Level 16, State 1, Line 5 Invalid column name 'x'.")
-    assert f"file alembic/frozen/0009/{rel}, lines 2-" in line
+    line, _ = run_plan_until_failure("0001", rel, "Msg 207, Level 16, State 1, Line 5 Invalid column name 'x'.")
+    assert f"file alembic/frozen/0001/{rel}, lines 2-" in line
     assert "line 6 (server: batch line 5)" in line  # batch line 1 is file line 2
 
 
 def test_a_procedure_and_line_named_by_the_message_are_reported_as_given():
     rel = "views/mailq.sysmail_sentitems.sql"
-    line, _ = run_plan_until_failure("0009", rel,
+    line, _ = run_plan_until_failure("0001", rel,
                                      "Msg 50201, Level 16, State 1, Procedure mailq.CancelMail, Line 40 no mail")
     assert "procedure mailq.CancelMail line 40" in line
 
 
 def test_failure_in_a_batch_the_tool_adds_names_it_and_its_position():
     cursor = FakeCursor("mailq_deployment_option", "Login failed. (18456)")
-    plan = d.RevisionPlan("0009", d.project_root(), execute=cursor.execute)
+    plan = d.RevisionPlan("0001", d.project_root(), execute=cursor.execute)
     d.reset_progress()
     with pytest.raises(FakePyodbcError) as info:
         plan.upgrade()
     line = describe_failure(info.value)
-    assert line.startswith(f"mailq-db deploy: failed in revision 0009, batch {len(cursor.sent)} (")
+    assert line.startswith(f"mailq-db deploy: failed in revision 0001, batch {len(cursor.sent)} (")
     assert "lines" not in line and "file" not in line
     assert line.endswith("Login failed. (18456)")
 

@@ -240,7 +240,7 @@ def test_default_limits_are_the_database_limits():
     sql = ROOT / "sql"
     queue = (sql / "tables/mailq.MailQueue.sql").read_text(encoding="utf-8")
     assert re.search(rf"\bSubject NVARCHAR\({DEFAULT_LIMITS.max_subject_chars}\) NOT NULL", queue)
-    enqueue = (sql / "procedures/mailq.EnqueueMail.sql").read_text(encoding="utf-8")
+    enqueue = (sql / "functions/mailq.EnqueueMailCheck.sql").read_text(encoding="utf-8")  # the enqueue rules
     assert f"LEN(@Body) > {DEFAULT_LIMITS.max_body_chars}" in enqueue
     assert f"more than {DEFAULT_LIMITS.max_attachments} attachments" in enqueue
     assert f"more than {DEFAULT_LIMITS.max_mail_attachment_bytes} bytes" in enqueue

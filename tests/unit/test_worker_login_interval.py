@@ -110,7 +110,7 @@ def test_a_long_wait_defers_the_batch_as_a_wait_without_spending_attempts(sink, 
     assert slots.sleeps == [] and sink.messages == []
     snap = worker.metrics.snapshot()
     assert snap["smtp_connections"] == 0 and snap["login_deferrals"] == 1 and snap["waited"] == 2
-    assert worker.waits == {}  # the provider-throttling back-off is not touched
+    assert worker.escalation.level("default") is None  # the provider-throttling back-off is not touched
 
 
 def test_a_wait_the_lease_cannot_cover_is_deferred_not_slept(sink):
@@ -199,7 +199,7 @@ def test_a_database_below_0012_has_no_interval_and_the_worker_sends_as_before(si
         worker.run(once=True)
     assert queue.statuses() == {1: "Sent", 2: "Sent"}
     assert len(queue.calls_to("acquire_login_slot")) == 1  # asked once, then not again
-    assert caplog.text.count("database below revision 0012") == 1
+    assert caplog.text.count("the database is older than this worker") == 1
 
 
 def test_another_database_error_abandons_the_batch_without_spending_attempts(sink):

@@ -29,8 +29,8 @@ def run_once(queue, accounts, **settings):
     (421, "4.7.0 mx Error: too many connections from 127.0.0.1", "connect", WAIT, "account"),
     (504, "5.5.2 <localhost>: Helo command rejected: need fully-qualified hostname", "rcpt", WAIT, "account"),
     (554, "5.7.1 <x>: Client host rejected: Access denied", "rcpt", WAIT, "account"),
-    (553, "5.7.1 <s@x>: Sender address rejected: not owned by user", "rcpt", WAIT, "account"),
-    (451, "4.3.0 <s@x>: Sender address rejected: try later", "mail", WAIT, "account"),
+    (553, "5.7.1 <s@x>: Sender address rejected: not owned by user", "rcpt", STOP, "sender"),
+    (451, "4.3.0 <s@x>: Sender address rejected: try later", "mail", RETRY, "sender"),
     (550, "5.1.1 <u@x>: Recipient address rejected: User unknown", "rcpt", STOP, "recipient"),
     (450, "4.2.0 <u@x>: Recipient address rejected: Greylisted", "rcpt", RETRY, "recipient"),
     (554, "5.7.1 spam", "dot", STOP, "mail"),
@@ -234,7 +234,7 @@ def test_throttle_waits_grow_and_reset_after_a_send(sink):
     del sink.replies[("mail", "*")]
     queue.blocked_until.clear()
     worker.run(once=True)
-    assert queue.status(1) == "Sent" and worker.waits == {}
+    assert queue.status(1) == "Sent" and worker.escalation.level("default") is None
     text = worker.metrics.render()
     assert 'mailq_worker_account_blocked{account="default"} 0' in text
     assert 'mailq_worker_waited_total{account="default",code="450"} 3' in text

@@ -12,6 +12,8 @@ from email import message_from_string, policy
 import pytest
 from worker_helpers import FakeQueue, SmtpSink, account_for, make_mail, make_worker
 
+from mailq_db.worker.classify import EscalationPolicy
+
 
 def run_once(queue, accounts, **settings):
     worker = make_worker(queue, accounts, **settings)
@@ -135,16 +137,29 @@ def test_server_stalling_past_the_final_reply_timeout_is_outcome_unknown(sink):
     sink.stall_seconds = 3
     sink.replies[("data", "*")] = "stall"
     queue = FakeQueue([make_mail(1), make_mail(2), make_mail(3)])
-    run_once(queue, {"default": account_for(sink, command_timeout_seconds=0.2,
-                                            final_reply_timeout_seconds=0.3)})
-    calls = queue.calls_to("mark_failed")
-    assert calls[0]["ids"] == [1] and calls[0]["disposition"] == "Retry"
-    assert "outcome unknown" in calls[0]["error"] and "timed out" in calls[0]["error"]
-    assert "same Message-ID" in calls[0]["error"]
-    assert calls[1]["ids"] == [2] and calls[1]["disposition"] == "Retry"
-    # two dropped connections in one batch: the account Waits instead of hammering it
-    assert calls[2]["ids"] == [3] and calls[2]["disposition"] == "Wait"
+    worker = make_worker(queue, {"default": account_for(sink, command_timeout_seconds=0.2,
+                                                        final_reply_timeout_seconds=0.3)})
+    worker.run(once=True)
+    [call] = queue.calls_to("mark_failed")  # held until the account's batch ended, then written at once
+    assert call["ids"] == [1, 2, 3] and call["disposition"] == "Retry"
+    assert "outcome unknown" in call["error"] and "timed out" in call["error"]
+    assert "same Message-ID" in call["error"]
     assert sink.messages == []
+
+
+def test_a_server_that_keeps_stalling_escalates_to_an_account_wait_and_charges_nobody(sink):
+    sink.stall_seconds = 3
+    sink.replies[("data", "*")] = "stall"
+    queue = FakeQueue([make_mail(i) for i in range(1, 6)])
+    worker = make_worker(queue, {"default": account_for(sink, command_timeout_seconds=0.2,
+                                                        final_reply_timeout_seconds=0.3)},
+                         escalation=EscalationPolicy(retry_threshold=3))
+    worker.run(once=True)
+    [call] = queue.calls_to("mark_failed")
+    assert call["ids"] == [1, 2, 3, 4, 5] and call["disposition"] == "Wait"
+    assert "escalated: 3 temporary failures" in call["error"]
+    assert all(queue.rows[i].attempts_remaining == 5 for i in range(1, 6))  # refunded
+    assert worker.metrics.snapshot()["escalations"] == 1 and "default" in queue.blocked_until
 
 
 def test_authentication_failure_blocks_the_account_without_charging(tls_sink):

@@ -10,13 +10,15 @@ of them (tests/integration/test_mailq_template_mail.py runs them on SQL Server).
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import replace
 from datetime import timedelta
 from email import message_from_bytes, policy
 from typing import Any
 
-from worker_helpers import FakeQueue, account_for, make_mail, make_worker
+from worker_helpers import FakeQueue, account_for, allow_generators, make_mail, make_worker
 
 from mailq_db.procedures import Attachment, ClaimedTemplate, LazyAttachment
 
@@ -154,7 +156,8 @@ def test_unknown_generator_or_oversized_output_stops_the_mail(sink):
     queue = FakeQueue([make_mail(1, attachments=[LazyAttachment("x.pdf", "invoice-pdf", "{}")]),
                        make_mail(2, attachments=[LazyAttachment("big.bin", "big", "{}")])])
     worker = make_worker(queue, {"default": account_for(sink)})
-    worker.generators = {"big": lambda args: iter([b"x" * 1024 * 1024] * 11)}
+    allow_generators(worker, {"big": lambda args: iter([b"x" * 1024 * 1024] * 11)})
+    worker.config = dataclasses.replace(worker.config, generators={"*": ("big", "invoice-pdf")})
     worker.run(once=True)
     errors = {c["ids"][0]: c["error"] for c in queue.calls_to("mark_failed")}
     assert queue.statuses() == {1: "Failed", 2: "Failed"} and sink.messages == []
@@ -170,25 +173,28 @@ def test_ordinary_mail_never_loads_the_renderer(sink):
 
 
 def test_leases_are_extended_while_a_batch_of_lazy_content_is_prepared(sink, monkeypatch):
-    """Generators (no deadline) and renders (10 s each) run before any login for the
-    whole batch: the leases must be kept alive meanwhile, or they run out mid-batch
-    and another worker may claim mail this one is still preparing."""
+    """Generators and renders run before any login for the whole batch: the leases
+    must be kept alive meanwhile, or they run out mid-batch and another worker may
+    claim mail this one is still preparing.  Each generation moves the database's
+    clock and the worker's monotonic clock 25 s on."""
     import fake_queue
 
     now = [fake_queue.utcnow()]
+    mono = [1000.0]
     monkeypatch.setattr(fake_queue, "utcnow", lambda: now[0])
     queue = FakeQueue([make_mail(i, attachments=[LazyAttachment(f"r{i}.bin", "slow", "{}")]) for i in (1, 2, 3, 4)])
     worker = make_worker(queue, {"default": account_for(sink)}, lease_seconds=60, lease_safety_margin_seconds=10)
-    worker.clock = lambda: now[0]
+    worker.monotonic = lambda: mono[0]
     lease_left_at_generation = []
 
     def slow(args):
         lease_left_at_generation.append(min((r.lease_expires - now[0]).total_seconds()
                                             for r in queue.rows.values() if r.status == "Sending"))
         now[0] += timedelta(seconds=25)
+        mono[0] += 25
         return b"data"
 
-    worker.generators = {"slow": slow}
+    allow_generators(worker, {"slow": slow})
     worker.run(once=True)
     assert all(left > 0 for left in lease_left_at_generation), lease_left_at_generation
     assert queue.calls_to("extend_lease")
@@ -205,7 +211,7 @@ def test_an_unforeseen_error_in_lazy_content_defers_that_mail_and_the_batch_goes
 
     queue = FakeQueue([make_mail(1, attachments=[LazyAttachment("r.csv", "bad", "{}")]), make_mail(2)])
     worker = make_worker(queue, {"default": account_for(sink)})
-    worker.generators = {"bad": lambda args: Generated(b"a,b\n", content_type=b"text/csv")}
+    allow_generators(worker, {"bad": lambda args: Generated(b"a,b\n", content_type=b"text/csv")})
     worker.run(once=True)
     assert queue.statuses() == {1: "UnSent", 2: "Sent"}
     [call] = queue.calls_to("mark_failed")
@@ -221,7 +227,7 @@ def test_a_generator_that_raises_is_deferred_not_stopped(sink):
 
     queue = FakeQueue([make_mail(1, attachments=[LazyAttachment("r.csv", "report", "{}")])])
     worker = make_worker(queue, {"default": account_for(sink)})
-    worker.generators = {"report": flaky}
+    allow_generators(worker, {"report": flaky})
     worker.run(once=True)
     assert queue.statuses() == {1: "UnSent"}
     [call] = queue.calls_to("mark_failed")

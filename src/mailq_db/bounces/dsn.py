@@ -44,7 +44,7 @@ def fields(text: str) -> list[tuple[str, str] | None]:
             out.append(None)
             continue
         if line[0] in " \t" and out and out[-1] is not None:
-            name, value = out[-1]  # type: ignore[misc]
+            name, value = out[-1]
             out[-1] = (name, f"{value} {line.strip()}")
             continue
         m = FIELD.match(line)

@@ -10,7 +10,7 @@ from ..worker import classify as engine
 
 HELP = """\
 Classify one SMTP reply the way the sender worker does: the disposition
-(Retry / Wait / Stop), its scope (recipient, mail, account, connection), the
+(Retry / Wait / Stop), its scope (recipient, mail, sender, account, connection), the
 suggested wait, and the rule of the table (src/mailq_db/worker/smtp_rules.toml)
 that decided, with the public document it comes from. Nothing is sent and no
 database is needed.
@@ -30,6 +30,8 @@ examples:
 SCOPE_MEANING = {
     engine.RECIPIENT: "this recipient only: the mail goes on to the other recipients",
     engine.MAIL: "this mail",
+    engine.SENDER: "this sender address (the mail's From): a Stop fails the mail, a Retry pauses that "
+                   "From address; never the whole account",
     engine.ACCOUNT: "every mail of the account: the account is blocked",
     engine.CONNECTION: "this SMTP session: reconnect and send the mail again",
 }
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         code = args.code
     if code is None:
         args.parser.error("the reply has no leading code (e.g. \"550 ...\"); give --code")
+        raise AssertionError("argparse's error() exits")  # pragma: no cover
     outcome = engine.classify_reply(code, text, args.stage, args.provider)
     rule = engine.TABLE.by_id(outcome.rule)
     provider = engine.resolve_provider(args.provider) if args.provider else None

@@ -20,18 +20,26 @@ The database URL is read from MAILQ_DB_URL (keep passwords off the command
 line: every user of the machine can read it); --url exists for URLs without
 secrets (integrated or Azure AD authentication).
 
-examples:
+examples (the database URL comes from MAILQ_DB_URL, set from a file readable
+by you only, e.g. set -a; . ~/.config/mailq-db/deploy.env; set +a):
   mailq-db deploy --sql > mailq-db.sql                print the full script (GO batches)
   mailq-db deploy --sql -x broker=off                 mail queue only (Azure SQL Database)
-  mailq-db deploy --sql --revision 0002:head          upgrade script for a database at 0002
-  MAILQ_DB_URL=... mailq-db deploy                    apply what the database lacks
+  mailq-db deploy --sql --revision 0001:head          upgrade script for a database at 0001
+  mailq-db deploy                                     apply what the database lacks
   mailq-db deploy -x broker=add                       add delayed execution later (no downgrade)
-  mailq-db deploy --downgrade base --sql              print the removal script
+  mailq-db deploy --downgrade base --sql              print the removal script (stops while
+                                                      a table holds rows; -x drop_data=yes)
 
-options (-x KEY=VALUE, validated; stored in the database when applied):
+options (-x KEY=VALUE, validated; broker and readers are stored in the database):
   broker=on|off|add   delayed execution (default: what the database has, else on)
   readers=N           MAX_QUEUE_READERS of dbo.DelayServiceQueue, 1-32767
   lock_timeout=MS     SET LOCK_TIMEOUT of the deployment (default 30000; -1 waits forever)
+  seed=check|disable-triggers|ignore
+                      what to do about other triggers on dbo.tabDIYTable12402 and other
+                      services or messages on dbo.DelayServiceQueue (default check:
+                      stop with 50370-50372; docs/dba-guide.md section 4)
+  drop_data=no|yes    a downgrade that would drop a table or column holding rows stops
+                      with 50420/50422 unless yes (default no)
 """
 
 log = logging.getLogger("mailq_db.deploy")
@@ -49,7 +57,8 @@ def register(subparsers) -> None:
     parser.add_argument("--downgrade", metavar="REVISION",
                         help="downgrade to REVISION (e.g. base) instead of upgrading")
     parser.add_argument("-x", dest="x", action="append", default=[], metavar="KEY=VALUE",
-                        help="option passed to the migrations: broker=on|off|add, readers=N, lock_timeout=MS")
+                        help="option passed to the migrations: broker=on|off|add, readers=N, lock_timeout=MS, "
+                        "seed=check|disable-triggers|ignore, drop_data=no|yes")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of a failure")
     parser.set_defaults(func=run)
 
@@ -68,7 +77,7 @@ def server_message(exc: BaseException) -> str:
     from ..errors import MailqError
 
     orig = getattr(exc, "orig", None) or exc.__cause__ or exc
-    args = getattr(orig, "args", ())
+    args: tuple[object, ...] = getattr(orig, "args", ())
     if type(orig).__module__ == "pyodbc" and len(args) > 1:
         text = str(args[1])
     elif isinstance(exc, MailqError):
@@ -109,7 +118,7 @@ def describe_failure(exc: BaseException, progress: dict | None = None) -> str:
         if proc:
             where.append(f"procedure {proc} line {server_line}")
         elif first:
-            where.append(f"line {int(first) + server_line - 1} (server: batch line {server_line})")
+            where.append(f"line {int(str(first)) + server_line - 1} (server: batch line {server_line})")
         else:
             where.append(f"batch line {server_line}")
     prefix = ", ".join(where)
@@ -134,6 +143,7 @@ def run(args) -> int:
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
             log.setLevel(logging.INFO)
+        check_range(args)
         d.reset_progress()
         buffer = io.StringIO() if args.sql else None
         cfg = d.alembic_config(x_args=x_args, stdout=buffer or sys.stderr)
@@ -151,6 +161,64 @@ def run(args) -> int:
     except Exception as exc:  # noqa: BLE001 - one line for the operator, not a traceback
         if getattr(args, "traceback", False):
             raise
-        print(describe_failure(exc), file=sys.stderr)
+        print(unknown_revision(exc, args) or describe_failure(exc), file=sys.stderr)
         return 1
     return 0
+
+
+def _known() -> list[str]:
+    return d.revisions()
+
+
+def _position(rev: str, known: list[str]) -> int | None:
+    """Where ``rev`` sits among this package's revisions (base -1, head last)."""
+    if rev == "base":
+        return -1
+    if rev == "head":
+        return len(known) - 1
+    return known.index(rev) if rev in known else None
+
+
+def check_range(args) -> None:
+    """Refuse what would render nothing or the wrong way round, before Alembic
+    runs: ``--revision A:B`` with B below A (an empty script that exits 0),
+    and ranges without --sql (online, the database says where it starts)."""
+    from ..errors import ConfigurationError
+
+    known = _known()
+    spec = args.downgrade if args.downgrade else args.revision
+    for rev in spec.split(":"):
+        if _position(rev, known) is None:
+            raise ConfigurationError(
+                f"unknown revision {rev!r}: this mailq-db knows {', '.join(known) or 'none'} "
+                "(and head, base)")
+    if ":" not in spec:
+        return
+    if not args.sql:
+        raise ConfigurationError(f"a range ({spec}) needs --sql: online, mailq-db deploy reads the "
+                                 "database's revision and picks the revisions itself")
+    start, dest = spec.split(":", 1)
+    below = (_position(dest, known) or 0) < (_position(start, known) or 0)  # both known: checked above
+    if start == dest:
+        raise ConfigurationError(f"the range {spec} starts where it ends: there is nothing to render")
+    if args.downgrade is None and below:
+        raise ConfigurationError(
+            f"--revision {spec} renders no upgrade: {dest} is not above {start} "
+            f"(to go down, render mailq-db deploy --sql --downgrade {spec})")
+    if args.downgrade is not None and not below:
+        raise ConfigurationError(f"--downgrade {spec} goes up: render mailq-db deploy --sql --revision {spec}")
+
+
+_UNKNOWN = re.compile(r"Can't locate revision identified by '(?P<rev>[^']+)'")
+
+
+def unknown_revision(exc: BaseException, args) -> str | None:
+    """One line for a database at a revision this package does not know (a
+    newer mailq-db deployed it), instead of Alembic's "Can't locate revision"."""
+    match = _UNKNOWN.search(str(exc))
+    if not match:
+        return None
+    known = _known()
+    return (f"mailq-db deploy: the database is at revision {match.group('rev')}, which this mailq-db does not "
+            f"know (its revisions: {', '.join(known)}): a newer mailq-db deployed it. Deploy with that "
+            "version or a later one (error 50421 in a rendered script).")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 from pathlib import Path
 
@@ -14,11 +15,12 @@ Freeze the current sql/ files into Alembic revisions (run in a checkout).
 
 examples:
   mailq-db dev new-revision -m "add mailq.GetQueueStats"
-  mailq-db dev refreeze            re-freeze the unreleased head revision
+  mailq-db dev refreeze            re-freeze the unreleased head revision (the baseline: all of sql/)
   mailq-db dev status              list the files that differ from their frozen copy
   mailq-db dev mark-generated      add the generated-copy marker to every frozen file
   mailq-db dev release             mark the head revision released (never refrozen)
-  mailq-db dev golden              rewrite the golden scripts in tests/static/golden/
+  mailq-db dev golden              rewrite the golden scripts in tests/static/golden/ and the
+                                   roles and index tables of docs/dba-guide.md
 """
 
 #: The golden copies of the rendered scripts: (file name, alembic command,
@@ -71,9 +73,10 @@ def register(subparsers) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     rel.add_argument("revisions", nargs="*", metavar="REVISION", help="revisions to release (default: head)")
     rel.set_defaults(func=release)
-    gold = sub.add_parser("golden", help="rewrite the golden copies of the rendered scripts",
-                          description="Render the deployment scripts into tests/static/golden/ "
-                          "(run after adding a revision or upgrading alembic/SQLAlchemy, then "
+    gold = sub.add_parser("golden", help="rewrite the golden scripts and the dba-guide's roles and index tables",
+                          description="Render the deployment scripts into tests/static/golden/ and bring "
+                          "the roles and index tables of docs/dba-guide.md in step with sql/ (run after "
+                          "changing sql/ and refreezing, or after upgrading alembic/SQLAlchemy; then "
                           "review the diff).\n\nexample:\n  mailq-db dev golden",
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     gold.set_defaults(func=golden)
@@ -142,10 +145,15 @@ def new_revision(args) -> int:
     from alembic import command
 
     root = _checkout()
+    head = d.head_revision(root)
+    if head is not None and head not in d.released(root):
+        raise ConfigurationError(
+            f"revision {head} is not released: until it is, a change to sql/ edits it in place "
+            "(mailq-db dev refreeze; docs/CONVENTIONS.md). A new revision follows a released one "
+            "(mailq-db dev release).")
     files = changed_files(root, paths=args.paths)
     if not files:
         raise ConfigurationError("nothing to freeze: every sql/ file equals its newest frozen copy")
-    head = d.head_revision(root)
     revision = f"{int(head or 0) + 1:04d}"
     _freeze(root, revision, files)
     command.revision(d.alembic_config(root), message=args.message, rev_id=revision)
@@ -161,11 +169,40 @@ def refreeze(args) -> int:
     if head in d.released(root):
         raise ConfigurationError(f"revision {head} is released (alembic/frozen/RELEASED); "
                                  "make a new revision instead")
-    files = changed_files(root, before=head, paths=args.paths or _frozen_prefixes(root, head))
+    paths = list(getattr(args, "paths", None) or [])
+    if d.revisions(root)[0] == head:
+        return refreeze_baseline(root, head, paths)
+    files = changed_files(root, before=head, paths=paths or _frozen_prefixes(root, head))
     if not files:
         raise ConfigurationError(f"revision {head} would freeze nothing; delete it instead")
     _freeze(root, head, files)
     print(f"revision {head}: re-froze {len(files)} file(s)")
+    return 0
+
+
+def refreeze_baseline(root: Path, head: str, paths: list[str]) -> int:
+    """The baseline (the first revision) freezes every file of sql/BuildOrder.txt
+    in its order: files added to or removed from sql/ come and go with it."""
+    if paths:
+        raise ConfigurationError(f"revision {head} is the baseline: it freezes every file of "
+                                 "sql/BuildOrder.txt; run mailq-db dev refreeze without paths")
+    order = check_build_order(root)
+    upgrades = [rel for rel in order if rel.startswith("upgrades/")]
+    if upgrades:
+        raise ConfigurationError(
+            f"{upgrades[0]}: the baseline creates every table in its final shape; change the table's "
+            "file under sql/tables/ (or sql/broker/) instead. sql/upgrades/ serves revisions after "
+            "the baseline is released.")
+    current = d.revision_files(head, root) if (d.frozen_dir(root) / head / "FILES").is_file() else []
+    same = current == order and all(
+        d.frozen_text(head, rel, root) == (d.sql_dir(root) / rel).read_text(encoding="utf-8") for rel in order)
+    if same and d.manifest_problems(root) == []:
+        print(f"revision {head}: up to date ({len(order)} files)")
+        return 0
+    _freeze(root, head, order)
+    added, removed = sorted(set(order) - set(current)), sorted(set(current) - set(order))
+    print(f"revision {head}: re-froze the baseline ({len(order)} files; "
+          f"{len(added)} added, {len(removed)} removed)")
     return 0
 
 
@@ -205,6 +242,9 @@ def mark_generated(args) -> int:
     for rel in marked:
         print(f"marked {rel}")
     print(f"{len(marked)} frozen file(s) marked; {d.manifest_path(root).relative_to(root)} rewritten")
+    return 0
+
+
 def release(args) -> int:
     root = _checkout()
     wanted = list(getattr(args, "revisions", None) or [d.head_revision(root)])
@@ -245,4 +285,78 @@ def golden(args) -> int:
         text = render_golden(root, command, revision, x_args)
         (target / name).write_text(text, encoding="utf-8", newline="\n")
         print(f"wrote {(target / name).relative_to(root)} ({len(text.splitlines())} lines)")
+    guide = root / DBA_GUIDE
+    if guide.is_file():
+        text = guide.read_text(encoding="utf-8")
+        synced = sync_dba_guide(text, root)
+        if synced != text:
+            guide.write_text(synced, encoding="utf-8", newline="\n")
+            print(f"wrote {DBA_GUIDE} (roles and index tables brought in step with sql/)")
     return 0
+
+
+# --------------------------------------------------------------------------
+# The tables of docs/dba-guide.md that sql/ decides
+# --------------------------------------------------------------------------
+
+DBA_GUIDE = "docs/dba-guide.md"
+_GRANT_LINE = re.compile(r"GRANT\s+(\w+)\s+ON\s+(OBJECT|TYPE)::([\w.]+)\s+TO\s+(\w+)", re.I)
+
+
+def _table_at(text: str, header: str) -> tuple[int, int]:
+    """(start, end) of the rows of the markdown table whose header line is ``header``."""
+    start = text.index(header + "\n")
+    rows = text.index("\n", text.index("\n", start) + 1) + 1  # after the | --- | line
+    end = rows
+    while text.startswith("| ", end):
+        end = text.index("\n", end) + 1
+    return rows, end
+
+
+def _first_cells(rows: str) -> dict[str, list[str]]:
+    out = {}
+    for line in rows.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        out[cells[0].strip("`")] = cells
+    return out
+
+
+def sync_dba_guide(text: str, root: Path) -> str:
+    """The guide's roles table lists every grant of the grant files (the
+    'for' column is kept), and its index table every index of sql/ in build
+    order (existing rows kept; a new index gets a row from its header)."""
+    order = check_build_order(root)
+    texts = {rel: (d.sql_dir(root) / rel).read_text(encoding="utf-8") for rel in order}
+    grants: dict[str, list[tuple[str, str, str]]] = {}
+    roles = [d.describe(texts[rel]).name for rel in order if rel.endswith(".role.sql")]
+    for rel in order:
+        for perm, kind, obj, role in _GRANT_LINE.findall(d.strip_comments(texts[rel])):
+            grants.setdefault(role, []).append((perm.upper(), kind.upper(), obj))
+    start, end = _table_at(text, "| role | grants | for |")
+    old = _first_cells(text[start:end])
+    rows = []
+    for role in roles:
+        parts: list[str] = []
+        for perm, kind in (("EXECUTE", "OBJECT"), ("SELECT", "OBJECT"), ("EXECUTE", "TYPE")):
+            names = [o for p, k, o in grants.get(role, []) if (p, k) == (perm, kind)]
+            if names:
+                label = "EXECUTE on type" if kind == "TYPE" else perm
+                parts.append(f"{label} " + ", ".join(f"`{n}`" for n in dict.fromkeys(names)))
+        purpose = old.get(role, [None, None, f"see sql/security/{role}.role.sql"])[2]
+        rows.append(f"| `{role}` | {'; '.join(parts) or 'nothing'} | {purpose} |\n")
+    text = text[:start] + "".join(rows) + text[end:]
+    start, end = _table_at(text, "| index | serves | why |")
+    old = _first_cells(text[start:end])
+    rows = []
+    for rel in order:
+        obj = d.describe(texts[rel])
+        if obj.kind != "index":
+            continue
+        key = f"{obj.parent}.{obj.name}"
+        if key in old:
+            rows.append("| " + " | ".join(old[key]) + " |\n")
+            continue
+        header = re.search(r"/\*(.*?)\*/", texts[rel], re.S)
+        why = " ".join(header.group(1).split()) if header else "(no header)"
+        rows.append(f"| `{key}` | see `sql/{rel}` | {why} |\n")
+    return text[:start] + "".join(rows) + text[end:]

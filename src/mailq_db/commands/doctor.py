@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,19 +17,25 @@ Check everything the mail queue needs, from this machine to the database:
 the ODBC driver, connectivity, server version and edition, compatibility level
 (130 or more), schema revision against this package's head, Service Broker and
 its queue, the current login's roles and permissions, stuck leases and pending
-failures. Each problem is printed with its fix.
+failures, and whether an open transaction holds the event stream and the
+hooks back (mailq.GetEventStreamStall). Each problem is printed with its fix.
 
 Exit status: 0 when every check is OK (warnings allowed unless --strict),
 1 when a check failed.
 
 examples:
   mailq-db doctor
-  mailq-db doctor --db "mssql+pyodbc://worker:pw@sql1/mail?driver=ODBC+Driver+18+for+SQL+Server"
+  mailq-db doctor --db "mssql+pyodbc://sql1/mail?driver=ODBC+Driver+18+for+SQL+Server"   (integrated login)
   mailq-db doctor --strict      # warnings count as problems too (for monitoring)
 """
 
 STATUSES = ("OK", "WARN", "FAIL")
 NOT_DEPLOYED = 2812  # Could not find stored procedure
+#: A writing transaction open this long that holds the event stream back is reported.
+STALL_SECONDS = 60
+#: Without the permission to see transactions: seconds between two samples of
+#: MIN_ACTIVE_ROWVERSION(); the same value held back in both is one transaction.
+STALL_RESAMPLE_SECONDS = 3.0
 
 
 @dataclass
@@ -87,6 +94,12 @@ def head_check(rows: list[dict[str, Any]]) -> Check:
     detail = str(deployed.get("Detail") or "")
     if head and head in detail:
         return Check("Schema", "Revision vs package head", "OK", f"at head {head}")
+    from ..deployment import revisions
+
+    if detail.strip() and detail.strip() not in revisions():
+        return Check("Schema", "Revision vs package head", "FAIL",
+                     f"server: {detail}, a revision this mailq-db does not know (its head: {head})",
+                     "a newer mailq-db deployed it: use that version or a later one (error 50421)")
     return Check("Schema", "Revision vs package head", "FAIL",
                  f"server: {detail or 'unknown'}; package head: {head}",
                  "run mailq-db deploy (or deploy --sql and hand the script to the DBA)")
@@ -104,6 +117,8 @@ def server_checks(url: str | None) -> list[Check]:
         rows = procedures.get_installation_health(conn)
         delay = delay_checks(conn)  # issue 11: the owner's login, delay.Reconcile (report only)
         delay += bounce_checks(conn)  # issue 28: suppression list, bounce and complaint rates
+        delay += enqueue_policy_checks(conn)  # issue 24 M3: who may send as whom
+        stall = stall_checks(conn)
     except DatabaseError as exc:
         if exc.number == NOT_DEPLOYED:
             return checks + [Check("Schema", "Deployed", "FAIL", "schema not deployed (mailq.GetInstallationHealth "
@@ -122,6 +137,7 @@ def server_checks(url: str | None) -> list[Check]:
                             status if status in STATUSES else "WARN",
                             str(r.get("Detail") or ""), r.get("Fix")))
     checks += delay
+    checks += stall
     checks.append(head_check(rows))
     return checks + drift_rows
 
@@ -259,6 +275,81 @@ def bounce_checks(conn: Any) -> list[Check]:
     return [Check(*f) for f in health.findings(stats, 7)]
 
 
+def enqueue_policy_checks(conn: Any) -> list[Check]:
+    """Who may send as whom (docs/enqueue.md): the enqueue policy in force and
+    the database users that may enqueue without being mapped to an application."""
+    try:
+        policy = procedures.get_enqueue_policy(conn)
+    except DatabaseError as exc:
+        if exc.number == NOT_DEPLOYED:
+            return []
+        return [Check("Security", "Enqueue policy", "WARN", str(exc).splitlines()[0],
+                      "run mailq-db doctor as a MailqAdmin member (EXECUTE on mailq.GetEnqueuePolicy)")]
+    bind = "EXEC mailq.BindApplication @AppName = N'<application>', @PrincipalName = N'{}';"
+    if policy.allow_unmapped_enqueuers:
+        mode = Check("Security", "Enqueue policy", "OK",
+                     f"open: unmapped users enqueue unbound, through any account as any From address "
+                     f"(opted in by {policy.changed_by or '?'} at {policy.changed_at_utc} UTC)",
+                     "EXEC mailq.SetEnqueuePolicy @AllowUnmappedEnqueuers = 0;  (after mapping every user)")
+    else:
+        mode = Check("Security", "Enqueue policy", "OK", "closed: users mapped to no application are refused (50500)")
+    if not policy.membership_visible:
+        users = Check("Security", "Unmapped enqueuers", "WARN",
+                      "this login may not see other users' role memberships and grants, so the list is unknown",
+                      "run mailq-db doctor as db_owner, or GRANT VIEW DEFINITION TO [this user];")
+    elif not policy.unmapped:
+        users = Check("Security", "Unmapped enqueuers", "OK", "every user that may enqueue is mapped to an application")
+    else:
+        names = sorted({name for name, _ in policy.unmapped})
+        via = ", ".join(f"{name} (via {v})" for name, v in policy.unmapped[:5])
+        effect = "enqueue unbound" if policy.allow_unmapped_enqueuers else "are refused (50500)"
+        users = Check("Security", "Unmapped enqueuers", "WARN",
+                      f"{len(names)} user(s) may call an enqueue procedure, mapped to no application, and "
+                      f"{effect}: {via}{' ...' if len(policy.unmapped) > 5 else ''}",
+                      "\n".join(bind.format(n.replace("'", "''")) for n in names[:5]))
+    if policy.allow_unmapped_enqueuers and users.status != "OK":
+        mode.status = "WARN"
+    return [mode, users]
+STALL_FIX = (
+    "end that transaction: commit or roll back in the application that opened it (a session left idle "
+    "in an open transaction is the usual cause); KILL <session> as a last resort; an in-doubt MSDTC "
+    "transaction is resolved in MSDTC (or KILL '<unit of work>'). See docs/events.md, \"When the stream stalls\"."
+)
+
+
+def stall_checks(conn: Any, *, sleep=time.sleep) -> list[Check]:
+    """The event stream and the hook dispatcher read only below
+    MIN_ACTIVE_ROWVERSION(): an open transaction that wrote a rowversion value
+    anywhere in the database holds them back.  Report it when it lasts."""
+    name = "Event stream held back"
+    try:
+        stall = procedures.get_event_stream_stall(conn, min_open_seconds=STALL_SECONDS)
+    except DatabaseError as exc:
+        if exc.number == NOT_DEPLOYED:
+            return []
+        return [Check("Events", name, "WARN", f"cannot check: {str(exc).splitlines()[0]}",
+                      "run doctor as a member of MailqAdmin (EXECUTE on mailq.GetEventStreamStall)")]
+    if not stall.held_back:
+        return [Check("Events", name, "OK", "no open transaction holds the event stream or the hooks back")]
+    if stall.can_see_transactions:
+        if not stall.holders:
+            return [Check("Events", name, "OK", f"a write in flight; no writing transaction open "
+                          f"{STALL_SECONDS} s or more")]
+        oldest = stall.holders[0]
+        more = f" (and {len(stall.holders) - 1} more)" if len(stall.holders) > 1 else ""
+        return [Check("Events", name, "WARN",
+                      f"events and hooks wait for {oldest.describe()}{more}", STALL_FIX)]
+    sleep(STALL_RESAMPLE_SECONDS)
+    again = procedures.get_event_stream_stall(conn, min_open_seconds=STALL_SECONDS)
+    if again.held_back and again.min_active_rowversion == stall.min_active_rowversion:
+        return [Check("Events", name, "WARN",
+                      f"one open transaction has held events and hooks back for {STALL_RESAMPLE_SECONDS:g} s "
+                      f"or more; this login cannot see which (it needs {stall.permission})",
+                      f"GRANT {stall.permission.split(' (')[0]} to the login running doctor, run it again, "
+                      "then " + STALL_FIX)]
+    return [Check("Events", name, "OK", "held back only by writes in flight")]
+
+
 def render(checks: list[Check]) -> str:
     lines = []
     for c in checks:
@@ -278,7 +369,7 @@ def run(args) -> int:
             url = connection.resolve_url(args.db)
         except MailqError as exc:
             checks.append(Check("Server", "Connectivity", "FAIL", str(exc),
-                                "set MAILQ_DB_URL or pass --db mssql+pyodbc://user:password@host:port/database"))
+                                "set MAILQ_DB_URL (mssql+pyodbc://user:password@host:port/database; keep a password out of --db)"))
         else:
             checks += server_checks(url)
     print(render(checks))

@@ -10,13 +10,17 @@ import time
 from typing import Any, Callable, Iterator
 
 from .. import procedures
-from ..connection import connect
+from ..connection import ReconnectingConnection, connect
 
 HELP = """\
 Print the events of an application's mail (or of one mail) in order, from
 the event stream mailq.GetMailEvents reads (docs/events.md).  Each line
 starts with the EventID: keep the last one and pass it to --after to resume
 exactly there (the cursor is commit-safe: no event can appear later below it).
+When newer events are held back by a transaction left open in the database
+(any open transaction that wrote a rowversion value holds every reader back),
+a note on stderr names it: session, open since, program, host, login
+(mailq.GetEventStreamStall; seeing other sessions needs VIEW SERVER STATE).
 
 examples:
   mailq-db events --app billing
@@ -27,6 +31,10 @@ examples:
 
 #: Seconds between two reads once the stream is caught up (--follow).
 DEFAULT_INTERVAL = 1.0
+#: A writing transaction open this long that holds the stream back is named on stderr.
+STALL_SECONDS = 10
+#: While caught up (--follow): seconds between two looks at what holds the stream back.
+STALL_CHECK_SECONDS = 30.0
 
 
 def register(subparsers) -> None:
@@ -79,10 +87,11 @@ Fetch = Callable[[int, int], list[procedures.MailEvent]]
 
 
 def stream(fetch: Fetch, *, after: int, batch: int, follow: bool, interval: float,
-           sleep: Callable[[float], None] = time.sleep) -> Iterator[procedures.MailEvent]:
+           sleep: Callable[[float], None] = time.sleep,
+           caught_up: Callable[[], None] | None = None) -> Iterator[procedures.MailEvent]:
     """Yield events after ``after`` in order, page by page.  A page shorter than
-    ``batch`` means caught up: stop, or (``follow``) pause ``interval`` and read
-    again from the last EventID seen, forever."""
+    ``batch`` means caught up: call ``caught_up``, then stop, or (``follow``)
+    pause ``interval`` and read again from the last EventID seen, forever."""
     cursor = after
     while True:
         page = fetch(cursor, batch)
@@ -90,9 +99,54 @@ def stream(fetch: Fetch, *, after: int, batch: int, follow: bool, interval: floa
             yield event
             cursor = event.event_id
         if len(page) < batch:
+            if caught_up is not None:
+                caught_up()
             if not follow:
                 return
             sleep(interval)
+
+
+class StallWatch:
+    """Says on stderr, once per transaction, what holds the stream back while
+    the reader is caught up: at most every ``every`` seconds.  Quiet when the
+    stream flows; gives up quietly when the procedure cannot be called (not
+    deployed, not granted, any error): the events are what this command is for."""
+
+    def __init__(self, check: Callable[[], procedures.EventStreamStall], *, every: float,
+                 out: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.check = check
+        self.every = every
+        self.out = out if out is not None else sys.stderr
+        self.clock = clock
+        self.last_look: float | None = None
+        self.told: set[int] = set()
+        self.held_min: int | None = None  # MinActiveRowversion held back at the last look (invisible holder)
+        self.off = False
+
+    def __call__(self) -> None:
+        now = self.clock()
+        if self.off or (self.last_look is not None and now - self.last_look < self.every):
+            return
+        self.last_look = now
+        try:
+            stall = self.check()
+        except Exception:  # noqa: BLE001 - the note is a courtesy: it never stops the stream
+            self.off = True
+            return
+        if not stall.held_back:
+            self.held_min = None
+            return
+        for holder in stall.holders:
+            if holder.transaction_id not in self.told:
+                self.told.add(holder.transaction_id)
+                print(f"mailq-db events: newer events are held back until this transaction ends: "
+                      f"{holder.describe()}", file=self.out, flush=True)
+        if not stall.can_see_transactions:
+            if self.held_min == stall.min_active_rowversion:
+                print(f"mailq-db events: newer events have been held back for {self.every:g} s or more by one "
+                      f"open transaction; to see which, the login needs {stall.permission}",
+                      file=self.out, flush=True)
+            self.held_min = stall.min_active_rowversion
 
 
 def format_event(event: procedures.MailEvent) -> str:
@@ -122,17 +176,23 @@ def run(args) -> int:
     if args.app is None and args.mail is None:
         print("mailq-db events: give --app NAME or --mail ID", file=sys.stderr)
         return 2
-    conn = connect(args.db)
+    # Reads are safe to repeat: a transient error (connection.TRANSIENT_ERRORS,
+    # a dropped connection) is retried with the same cursor.
+    conn = ReconnectingConnection(lambda: connect(args.db))
 
     def fetch(after: int, batch: int) -> list[procedures.MailEvent]:
         if args.mail is not None:
-            return procedures.get_mail_events(conn, mail_id=args.mail, after_event_id=after, max_events=batch)
-        return procedures.get_mail_events(conn, app_name=args.app, after_event_id=after, max_events=batch)
+            return conn.call(procedures.get_mail_events, mail_id=args.mail, after_event_id=after,
+                             max_events=batch)
+        return conn.call(procedures.get_mail_events, app_name=args.app, after_event_id=after,
+                         max_events=batch)
 
+    watch = StallWatch(lambda: procedures.get_event_stream_stall(conn, min_open_seconds=STALL_SECONDS),
+                       every=STALL_CHECK_SECONDS)
     last = args.after
     try:
         for event in stream(fetch, after=args.after, batch=args.batch, follow=args.follow,
-                            interval=args.interval):
+                            interval=args.interval, caught_up=watch):
             # --mail with --app: that mail is another application's.  (--app alone is
             # filtered by the procedure, which compares names under the database's
             # collation, case-insensitive by default: 'Billing' finds 'billing'.)

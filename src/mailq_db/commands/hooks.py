@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable
 
 from .. import procedures
-from ..connection import connect
+from ..connection import ReconnectingConnection, connect
 
 HELP = """\
 Per-application hooks (docs/hooks.md).  A hook is a T-SQL procedure with the
@@ -170,16 +170,19 @@ def run_list(args) -> int:
 
 
 def run_run(args) -> int:
-    conn = connect(args.db)
+    # The dispatcher delivers at least once (docs/hooks.md): a run interrupted by
+    # a transient error (connection.TRANSIENT_ERRORS, a dropped connection) is
+    # sent again.
+    conn = ReconnectingConnection(lambda: connect(args.db))
     try:
         if args.loop:
             try:
-                loop(lambda: procedures.run_application_hooks(conn, max_events=args.max_events),
+                loop(lambda: conn.call(procedures.run_application_hooks, max_events=args.max_events),
                      interval=args.interval)
             except KeyboardInterrupt:
                 print("mailq-db hooks run: stopped", file=sys.stderr)
         else:
-            for line in format_run(procedures.run_application_hooks(conn, max_events=args.max_events)):
+            for line in format_run(conn.call(procedures.run_application_hooks, max_events=args.max_events)):
                 print(line)
     finally:
         conn.close()

@@ -40,8 +40,8 @@ passwords cannot be read from msdb: set the environment variables the
 skeleton names (marked PLACEHOLDER) before starting the worker.
 
 examples:
-  mailq-db import-dbmail --source "mssql://sa@oldserver/msdb" --config-out worker.toml --dry-run
-  mailq-db import-dbmail --source "$OLD_SERVER_URL" --db "$MAILQ_DB_URL" --config-out worker.toml
+  mailq-db import-dbmail --source "mssql+pyodbc://oldserver/msdb?driver=ODBC+Driver+18+for+SQL+Server" --config-out worker.toml --dry-run
+  mailq-db import-dbmail --source "mssql+pyodbc://oldserver/msdb?driver=ODBC+Driver+18+for+SQL+Server" --config-out worker.toml
 """
 
 PROFILES_SQL = (
@@ -214,7 +214,7 @@ def worker_config_skeleton(config: DbMailConfig) -> str:
 @dataclass
 class Step:
     text: str
-    run: Callable[[Any], None]
+    run: Callable[..., Any]
 
 
 def plan_import(config: DbMailConfig, *, accounts: bool = True) -> list[Step]:
@@ -266,7 +266,8 @@ def apply_steps(conn: Any, steps: Iterable[Step], out=sys.stdout) -> list[str]:
 def register(subparsers) -> None:
     p = subparsers.add_parser("import-dbmail", help="copy Database Mail's accounts and profiles from msdb",
                               description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", required=True, help="URL of the server whose msdb holds Database Mail's settings")
+    p.add_argument("--source", required=True, help="URL of the server whose msdb holds Database Mail's settings "
+                   "(integrated or Azure AD login: a command line is visible to every user of the machine)")
     p.add_argument("--db", help="mailq-db database URL (default: $MAILQ_DB_URL)")
     p.add_argument("--config-out", metavar="FILE", help="write the worker configuration skeleton here")
     p.add_argument("--no-accounts", action="store_true",

@@ -57,7 +57,7 @@ def exec_texts(source: str, filename: str = "<source>") -> list[tuple[int, str, 
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _EXEC.search(node.value):
             found.append((node.lineno, node.value, True))
         elif isinstance(node, ast.JoinedStr):
-            literal = "".join(v.value if isinstance(v, ast.Constant) else "_expr_" for v in node.values)
+            literal = "".join(str(v.value) if isinstance(v, ast.Constant) else "_expr_" for v in node.values)
             names = [norm(m.group("name")) for m in _EXEC.finditer(literal)]
             if any(not n.startswith("sys.") for n in names):
                 found.append((node.lineno, literal, False))

@@ -66,7 +66,7 @@ def procedure_signature(sql: str) -> tuple[str, dict[str, bool]] | None:
     text = match.group("params").strip()
     if text.startswith("(") and text.endswith(")"):
         text = text[1:-1]
-    depth, current, pieces = 0, [], []
+    depth, current, pieces = 0, [], []  # type: tuple[int, list[str], list[str]]
     for ch in text:
         if ch == "(":
             depth += 1

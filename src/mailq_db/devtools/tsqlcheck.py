@@ -142,7 +142,7 @@ def build(root: Path | None = None) -> Path:
     return exe
 
 
-_AVAILABLE: dict[Path, object] = {}
+_AVAILABLE: dict[Path, Path | str] = {}
 
 
 def tool_or_reason(root: Path | None = None) -> tuple[Path | None, str | None]:

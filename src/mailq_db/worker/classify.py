@@ -18,6 +18,8 @@ The **scope** says what the verdict is about, and so what the worker does:
 * ``recipient`` - this recipient only (a reply to RCPT): retry or drop that
   recipient, the mail goes on to the others;
 * ``mail`` - this mail (a reply to MAIL FROM, DATA or the final dot);
+* ``sender`` - the mail's sender address (its From): a Stop fails this mail,
+  a Retry pauses that From address; never the whole account;
 * ``account`` - every mail of the account: block the account (Wait);
 * ``connection`` - this SMTP session: close it, reconnect, and send the mail
   again on the new session (no account block).
@@ -27,8 +29,8 @@ Stages: ``connect`` (greeting), ``ehlo``, ``starttls``, ``auth``, ``mail``
 the final dot), ``rset``, ``quit``.  ``data`` and ``dot`` match the same rules:
 ``data`` used to mean the final reply and stays accepted for it.
 
-:class:`Escalation` is the small stateful part: repeated Retry replies for one
-account become a Wait, and a Wait that keeps coming back is lengthened.
+:class:`Escalation` is the small stateful part: repeated temporary failures
+of one account become a Wait, and a Wait that keeps coming back is lengthened.
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ import smtplib
 import socket
 import ssl
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,10 +57,11 @@ log = logging.getLogger(__name__)
 
 RETRY, WAIT, STOP = "Retry", "Wait", "Stop"
 DISPOSITIONS = (RETRY, WAIT, STOP)
-RECIPIENT, MAIL, ACCOUNT, CONNECTION = "recipient", "mail", "account", "connection"
-SCOPES = (RECIPIENT, MAIL, ACCOUNT, CONNECTION)
+RECIPIENT, MAIL, SENDER, ACCOUNT, CONNECTION = "recipient", "mail", "sender", "account", "connection"
+SCOPES = (RECIPIENT, MAIL, SENDER, ACCOUNT, CONNECTION)
 #: Which scopes each disposition may have (the loader refuses the others).
-ALLOWED_SCOPES = {WAIT: (ACCOUNT,), STOP: (RECIPIENT, MAIL), RETRY: (RECIPIENT, MAIL, CONNECTION)}
+ALLOWED_SCOPES = {WAIT: (ACCOUNT,), STOP: (RECIPIENT, MAIL, SENDER),
+                  RETRY: (RECIPIENT, MAIL, SENDER, CONNECTION)}
 STAGES = ("connect", "ehlo", "starttls", "auth", "mail", "rcpt", "data", "dot", "rset", "quit")
 #: Stages before any mail: a refusal there means the account cannot send at all.
 SESSION_STAGES = ("connect", "ehlo", "starttls", "auth")
@@ -191,7 +195,7 @@ _STATUS_PATTERN = re.compile(r"^(x|[245])\.(\d{1,3})(?:\.(\d{1,3})(?:-(\d{1,3}))
 
 def _code_matches(pattern: str, code: int) -> bool:
     text = f"{code:03d}"
-    return len(text) == 3 and all(p in ("x", c) for p, c in zip(pattern, text))
+    return len(text) == 3 and all(p in ("x", c) for p, c in zip(pattern, text, strict=True))
 
 
 def _compile(where: str, key: str, pattern: Any) -> re.Pattern[str]:
@@ -225,12 +229,15 @@ def _parse_status(where: str, text: str) -> StatusPattern:
     return StatusPattern(klass, int(m.group(2)), detail)
 
 
-def _parse_rule(tier: str, index: int, data: Any, providers: Mapping[str, Provider]) -> Rule:
+def _rule_where(tier: str, index: int, data: Any) -> str:
     where = f"[[{tier}]] #{index + 1}"
     if not isinstance(data, dict):
         raise RuleTableError(f"{where}: must be a table")
-    if isinstance(data.get("id"), str):
-        where = f"[[{tier}]] {data['id']!r}"
+    return f"[[{tier}]] {data['id']!r}" if isinstance(data.get("id"), str) else where
+
+
+def _rule_verdict(where: str, data: dict[str, Any]) -> tuple[str, str]:
+    """The checked (disposition, scope) of a rule, after its required keys."""
     unknown = sorted(set(data) - _RULE_KEYS)
     if unknown:
         raise RuleTableError(f"{where}: unknown key(s) {', '.join(unknown)} "
@@ -248,40 +255,63 @@ def _parse_rule(tier: str, index: int, data: Any, providers: Mapping[str, Provid
                              f"(allowed: {', '.join(ALLOWED_SCOPES[disposition])})")
     if not re.match(r"^https?://\S+$", data["source"]):
         raise RuleTableError(f"{where}: 'source' must be the URL of the public document")
+    return disposition, scope
+
+
+def _rule_stages(where: str, data: dict[str, Any]) -> tuple[str, ...]:
     stages = tuple(_strings(where, "stages", data.get("stages", [])))
     for stage in stages:
         if stage not in STAGES:
             raise RuleTableError(f"{where}: unknown stage {stage!r} (stages: {', '.join(STAGES)})")
     if "data" in stages or "dot" in stages:  # the alias: data and dot match alike
         stages = tuple(dict.fromkeys((*stages, "data", "dot")))
-    codes: list[str] = []
+    return stages
+
+
+def _rule_codes(where: str, data: dict[str, Any]) -> tuple[str, ...]:
     raw_codes = data.get("codes", [])
     if not isinstance(raw_codes, list):
         raise RuleTableError(f"{where}: 'codes' must be a list")
+    codes: list[str] = []
     for code in raw_codes:
         text = str(code) if isinstance(code, int) and not isinstance(code, bool) else code
         if not isinstance(text, str) or not _CODE_PATTERN.match(text):
             raise RuleTableError(f"{where}: bad reply code {code!r} (expected e.g. 550, '5xx', '45x')")
         codes.append(text)
-    status = tuple(_parse_status(where, s) for s in _strings(where, "status", data.get("status", [])))
+    return tuple(codes)
+
+
+def _rule_providers(where: str, data: dict[str, Any], providers: Mapping[str, Provider]) -> tuple[str, ...]:
     names = tuple(_strings(where, "providers", data.get("providers", [])))
     for name in names:
         if name not in providers:
             raise RuleTableError(f"{where}: unknown provider {name!r} (defined: {', '.join(providers)})")
+    return names
+
+
+def _rule_wait(where: str, data: dict[str, Any], disposition: str) -> int | None:
     wait = data.get("wait")
     if wait is not None and (not isinstance(wait, int) or isinstance(wait, bool) or not 0 <= wait <= 86400 * 7):
         raise RuleTableError(f"{where}: 'wait' must be whole seconds between 0 and 604800")
     if disposition == WAIT and wait is None:
         raise RuleTableError(f"{where}: a Wait needs 'wait' (how long the account is blocked)")
+    return wait
+
+
+def _parse_rule(tier: str, index: int, data: Any, providers: Mapping[str, Provider]) -> Rule:
+    where = _rule_where(tier, index, data)
+    disposition, scope = _rule_verdict(where, data)
     why = data.get("why", "")
     if not isinstance(why, str):
         raise RuleTableError(f"{where}: 'why' must be a string")
     return Rule(
         id=data["id"], tier=tier, disposition=disposition, scope=scope, source=data["source"],
-        why=why, stages=stages, codes=tuple(codes), status=status, providers=names,
+        why=why, stages=_rule_stages(where, data), codes=_rule_codes(where, data),
+        status=tuple(_parse_status(where, s) for s in _strings(where, "status", data.get("status", []))),
+        providers=_rule_providers(where, data, providers),
         text=_compile(where, "text", data["text"]) if "text" in data else None,
         not_text=_compile(where, "not_text", data["not_text"]) if "not_text" in data else None,
-        wait=wait, raw=data,
+        wait=_rule_wait(where, data, disposition), raw=data,
     )
 
 
@@ -406,7 +436,9 @@ def resolve_provider(*hints: str | None, table: RuleTable | None = None) -> str 
     return None
 
 
-def _text(reply: bytes | str | None) -> str:
+def reply_text(reply: bytes | str | None) -> str:
+    """A server reply as text: bytes decoded as UTF-8 (bad bytes replaced), ``None`` as ''.
+    The one decoder of the worker (session, classification, probe and logs)."""
     if isinstance(reply, bytes):
         return reply.decode("utf-8", "replace")
     return reply or ""
@@ -434,7 +466,7 @@ def classify_reply(code: int, text: bytes | str | None, stage: str,
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r} (stages: {', '.join(STAGES)})")
     table = table or TABLE
-    message = join_lines(_text(text))
+    message = join_lines(reply_text(text))
     who = resolve_provider(provider, table=table) if provider else None
     who = who or resolve_provider(message, table=table)
     rule = _decide(code, stage, message, who, table)
@@ -456,17 +488,12 @@ def permanent(reason: str) -> Outcome:
 _SEVERITY = {WAIT: 0, STOP: 1, RETRY: 2}
 
 
-def classify_exception(exc: BaseException, stage: str, provider: str | None = None) -> Outcome:
-    """Classify an exception raised while talking to the server at ``stage``.
-
-    Replies carried by smtplib exceptions go through :func:`classify_reply`.
-    Dropped connections and timeouts: Retry (scope ``connection``) for the mail
-    in flight; before any mail (``connect``/``ehlo``/``starttls``/``auth``) they
-    mean the account is unreachable: Wait.
-    """
+def _reply_outcome(exc: BaseException, stage: str, provider: str | None) -> Outcome | None:
+    """The classification of the reply an smtplib exception carries, or None."""
     if isinstance(exc, smtplib.SMTPRecipientsRefused):
         # Every recipient refused: the most severe reply decides (a Wait beats a
-        # Stop beats a Retry, so a throttled account is never charged).
+        # Stop beats a Retry, so a throttled account is never charged).  The
+        # worker itself handles this case recipient by recipient.
         outcomes = [classify_reply(code, text, "rcpt", provider) for code, text in exc.recipients.values()]
         return min(outcomes, key=lambda o: _SEVERITY[o.disposition])
     if isinstance(exc, smtplib.SMTPSenderRefused):
@@ -475,13 +502,11 @@ def classify_exception(exc: BaseException, stage: str, provider: str | None = No
         return classify_reply(exc.smtp_code, exc.smtp_error, "auth", provider)
     if isinstance(exc, smtplib.SMTPResponseException):
         return classify_reply(exc.smtp_code, exc.smtp_error, stage, provider)
-    account_stage = stage in SESSION_STAGES
-    where = f"(at {stage.upper()})"
-    if isinstance(exc, NeedsSmtpUtf8):
-        return Outcome(STOP, f"{exc} (RFC 6531); the address cannot be delivered through this account",
-                       "SMTPUTF8 needed", scope=MAIL)
-    if isinstance(exc, SetupError):
-        return Outcome(WAIT, str(exc), "account setup failed", None, 600, ACCOUNT)
+    return None
+
+
+def _transport_outcome(exc: BaseException, where: str, account_stage: bool) -> Outcome | None:
+    """TLS failures, dropped connections and timeouts, or None."""
     if isinstance(exc, (smtplib.SMTPNotSupportedError, ssl.SSLError)):
         kind = "TLS failure" if isinstance(exc, ssl.SSLError) else "not supported by the server"
         if account_stage:
@@ -494,6 +519,35 @@ def classify_exception(exc: BaseException, stage: str, provider: str | None = No
                            "server unreachable", None, 60, ACCOUNT)
         return Outcome(RETRY, f"{kind}: {exc or type(exc).__name__} {where}",
                        "dropped connection or timeout", scope=CONNECTION)
+    return None
+
+
+def classify_exception(exc: BaseException, stage: str, provider: str | None = None) -> Outcome:
+    """Classify an exception raised while talking to the server at ``stage``.
+
+    Replies carried by smtplib exceptions go through :func:`classify_reply`.
+    Dropped connections and timeouts: Retry (scope ``connection``) for the mail
+    in flight; before any mail (``connect``/``ehlo``/``starttls``/``auth``) they
+    mean the account is unreachable: Wait.  Any other exception before any mail
+    is the account's configuration (e.g. a credential the mechanism cannot
+    encode): Wait, never a charge to the mails of the batch.
+    """
+    outcome = _reply_outcome(exc, stage, provider)
+    if outcome is not None:
+        return outcome
+    account_stage = stage in SESSION_STAGES
+    where = f"(at {stage.upper()})"
+    if isinstance(exc, NeedsSmtpUtf8):
+        return Outcome(STOP, f"{exc} (RFC 6531); the address cannot be delivered through this account",
+                       "SMTPUTF8 needed", scope=MAIL)
+    if isinstance(exc, SetupError):
+        return Outcome(WAIT, str(exc), "account setup failed", None, 600, ACCOUNT)
+    outcome = _transport_outcome(exc, where, account_stage)
+    if outcome is not None:
+        return outcome
+    if account_stage:
+        return Outcome(WAIT, f"{type(exc).__name__}: {exc} {where}: the account's configuration cannot "
+                       "be used", "account setup failed", None, 600, ACCOUNT)
     return Outcome(RETRY, f"{type(exc).__name__}: {exc} {where}", "unexpected error", scope=MAIL)
 
 
@@ -504,15 +558,17 @@ def classify_exception(exc: BaseException, stage: str, provider: str | None = No
 class EscalationPolicy:
     """When repeated outcomes of one account are escalated (all configurable).
 
-    * ``retry_threshold`` Retry outcomes (any scope) of one account within
-      ``retry_window_seconds`` become a Wait of ``retry_wait_seconds``;
-      0 switches this off.
+    * ``retry_threshold`` temporary failures of the account's deliveries (Retry
+      outcomes of scope ``mail`` or ``connection``; a recipient's or a sender
+      address's Retry is not the account's) within ``retry_window_seconds``,
+      with no accepted mail in between, become a Wait of
+      ``retry_wait_seconds``; 0 switches this off.
     * A Wait that comes back within ``wait_memory_seconds`` after the previous
       block ended is multiplied by ``wait_growth`` per repetition, capped at
       ``wait_max_seconds``; ``wait_growth`` 1 switches this off.
     """
 
-    retry_threshold: int = 10
+    retry_threshold: int = 5
     retry_window_seconds: float = 300
     retry_wait_seconds: int = 300
     wait_growth: float = 2.0
@@ -536,75 +592,104 @@ class EscalationPolicy:
         return cls(**dict(data))
 
 
+#: The scopes whose Retry outcomes count as the account's temporary failures.
+ESCALATED_SCOPES = (MAIL, CONNECTION)
+
+
 @dataclass
 class _AccountState:
-    retries: deque = field(default_factory=deque)
+    retries: deque[float] = field(default_factory=deque)
     level: int = 0  # consecutive Waits that came back
     blocked_until: float = 0.0
     retry_logged: bool = False
 
 
 class Escalation:
-    """Per-account memory of outcomes; the worker holds one and passes every outcome through.
+    """Per-account memory of outcomes; every worker thread of a process shares one.
 
     ``observe(account, outcome)`` returns the outcome to act on: unchanged, a
-    Retry turned into a Wait, or a Wait with a longer ``retry_after_seconds``.
-    ``success(account)`` (a mail sent) forgets the account's history.
-    Each escalation is logged once (a WARNING when an account starts being
-    escalated, another when its back-off grows), never per mail.
-    Not thread-safe: one instance per worker thread, or hold a lock.
+    Retry turned into a Wait (``escalated(outcome)`` is then true), or a Wait
+    with a longer ``retry_after_seconds``.  ``success(account)`` (a mail
+    accepted) forgets the account's history.  Each escalation is logged once
+    (a WARNING when an account starts being escalated, another when its
+    back-off grows), never per mail.  Thread-safe.
     """
 
-    def __init__(self, policy: EscalationPolicy | None = None, clock=time.monotonic,
+    RULE_PREFIX = "escalation: "
+
+    def __init__(self, policy: EscalationPolicy | None = None,
+                 clock: Callable[[], float] = time.monotonic,
                  logger: logging.Logger | None = None) -> None:
         self.policy = policy or EscalationPolicy()
         self.clock = clock
         self.log = logger or log
         self._accounts: dict[str, _AccountState] = {}
+        self._lock = threading.Lock()
 
-    def _state(self, account: str) -> _AccountState:
-        return self._accounts.setdefault(account, _AccountState())
+    @classmethod
+    def escalated(cls, outcome: Outcome) -> bool:
+        """True for a Wait that this object made out of repeated temporary failures."""
+        return outcome.rule.startswith(cls.RULE_PREFIX)
+
+    def level(self, account: str) -> int | None:
+        """How many times in a row the account's Wait came back (0: the first);
+        None when nothing of the account is remembered."""
+        with self._lock:
+            state = self._accounts.get(account)
+            return None if state is None else state.level
 
     def success(self, account: str) -> None:
         """A mail of ``account`` was accepted: its Retry count and Wait level start over."""
-        self._accounts.pop(account, None)
+        with self._lock:
+            self._accounts.pop(account, None)
 
     def observe(self, account: str, outcome: Outcome) -> Outcome:
-        now = self.clock()
-        state = self._state(account)
-        policy = self.policy
-        if outcome.disposition == RETRY and policy.retry_threshold:
-            state.retries.append(now)
-            while state.retries and now - state.retries[0] > policy.retry_window_seconds:
-                state.retries.popleft()
-            if len(state.retries) < policy.retry_threshold:
-                return outcome
-            count = len(state.retries)
-            state.retries.clear()
-            if not state.retry_logged:
-                state.retry_logged = True
-                self.log.warning(
-                    "account %s: %d Retry replies within %ss; the account waits %ss (last: %s)",
-                    account, count, policy.retry_window_seconds, policy.retry_wait_seconds, outcome.reason)
-            outcome = replace(
-                outcome, disposition=WAIT, scope=ACCOUNT, retry_after_seconds=policy.retry_wait_seconds,
-                rule=f"escalation: {count} retries in {policy.retry_window_seconds:g}s",
-                reason=f"{outcome.reason}; escalated: {count} Retry replies for the account within "
-                       f"{policy.retry_window_seconds:g}s")
-        if outcome.disposition != WAIT:
+        with self._lock:
+            state = self._accounts.setdefault(account, _AccountState())
+            now = self.clock()
+            if outcome.disposition == RETRY:
+                return self._retry(account, state, outcome, now)
+            if outcome.disposition == WAIT:
+                return self._wait(account, state, outcome, now)
             return outcome
+
+    def _retry(self, account: str, state: _AccountState, outcome: Outcome, now: float) -> Outcome:
+        policy = self.policy
+        if not policy.retry_threshold or outcome.scope not in ESCALATED_SCOPES:
+            return outcome
+        state.retries.append(now)
+        while state.retries and now - state.retries[0] > policy.retry_window_seconds:
+            state.retries.popleft()
+        if len(state.retries) < policy.retry_threshold:
+            return outcome
+        count = len(state.retries)
+        state.retries.clear()
+        if not state.retry_logged:
+            state.retry_logged = True
+            self.log.warning(
+                "account %s: %d temporary failures within %ss; the account waits %ss (last: %s)",
+                account, count, policy.retry_window_seconds, policy.retry_wait_seconds, outcome.reason)
+        wait = replace(
+            outcome, disposition=WAIT, scope=ACCOUNT, retry_after_seconds=policy.retry_wait_seconds,
+            rule=f"{self.RULE_PREFIX}{count} temporary failures in {policy.retry_window_seconds:g}s",
+            reason=f"{outcome.reason}; escalated: {count} temporary failures of the account within "
+                   f"{policy.retry_window_seconds:g}s, the account waits")
+        return self._wait(account, state, wait, now)
+
+    def _wait(self, account: str, state: _AccountState, outcome: Outcome, now: float) -> Outcome:
+        policy = self.policy
         base = outcome.retry_after_seconds or DEFAULT_WAIT_SECONDS
-        came_back = state.blocked_until and now <= state.blocked_until + policy.wait_memory_seconds
+        came_back = bool(state.blocked_until) and now <= state.blocked_until + policy.wait_memory_seconds
         state.level = state.level + 1 if came_back else 0
         wait = min(int(base * policy.wait_growth ** state.level), max(policy.wait_max_seconds, base))
         state.blocked_until = now + wait
-        if wait != base:
-            self.log.warning("account %s: Wait came back %d time(s) in a row; back-off now %ss (was %ss): %s",
-                             account, state.level, wait, base, outcome.reason)
-            outcome = replace(outcome, retry_after_seconds=wait,
-                              reason=f"{outcome.reason}; back-off lengthened to {wait}s "
-                                     f"(Wait #{state.level + 1} in a row)")
-        return outcome
+        if wait == base:
+            return outcome
+        self.log.warning("account %s: Wait came back %d time(s) in a row; back-off now %ss (was %ss): %s",
+                         account, state.level, wait, base, outcome.reason)
+        return replace(outcome, retry_after_seconds=wait,
+                       reason=f"{outcome.reason}; back-off lengthened to {wait}s "
+                              f"(Wait #{state.level + 1} in a row)")
 
 
 # --------------------------------------------------------------------------- documentation

@@ -17,20 +17,18 @@ import os
 import re
 import socket
 import ssl
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 from ..bounces.verp import BounceSettings, parse_settings as parse_bounce_settings
 from ..errors import ConfigurationError
+from .classify import EscalationPolicy, resolve_provider, tomllib  # one TOML import for Python 3.10 and 3.11+
 
 TLS_MODES = ("starttls", "implicit", "none")
+#: The generators every application may call when the configuration names none
+#: (the built-in CSV generator renders only its own arguments).
+DEFAULT_GENERATORS: dict[str, tuple[str, ...]] = {"*": ("csv",)}
 
 
 @dataclass(frozen=True)
@@ -50,6 +48,14 @@ class AccountConfig:
     local_hostname: str | None = None
     #: RFC 5321 4.5.3.2.6: wait this long for the reply after the final dot
     final_reply_timeout_seconds: float = 600.0
+    #: the message content is written in chunks, each within this many seconds
+    #: (Postfix's smtp_data_xfer_timeout: a limit on progress, so a large message
+    #: on a slow link gets as long as it keeps moving)
+    data_timeout_seconds: float = 180.0
+    #: the provider whose replies the server sends (a provider id or alias of
+    #: smtp_rules.toml, e.g. "qq"); None: recognised from the host name, the
+    #: greeting or the EHLO reply
+    provider: str | None = None
     #: use RFC 2920 PIPELINING when the server offers it
     pipelining: bool = True
     #: a Wait (throttled account) blocks the account for this long at first,
@@ -78,9 +84,17 @@ class WorkerConfig:
     idle_backoff_max_seconds: float = 30.0
     ack_interval_seconds: float = 5.0
     dry_run: bool = False
-    #: The run modes this worker serves (revision 0015, docs/run-modes.md):
-    #: it claims mail of these run modes only.  Default: ("prod",).
+    #: The run modes this worker serves (docs/run-modes.md): it claims mail of
+    #: these run modes only.  Default: ("prod",).
     run_modes: tuple[str, ...] = ("prod",)
+    #: a lazy attachment generator taking longer is abandoned and its mail retried
+    generator_timeout_seconds: float = 60.0
+    #: on shutdown, how long unwritten acknowledgements are retried before the
+    #: worker leaves their mails to lease expiry (flagged PossibleDuplicate)
+    ack_shutdown_wait_seconds: float = 30.0
+    #: the bytes of mail (bodies and attachments) one claimed batch may hold;
+    #: mails beyond it are given back at once and the next claims are smaller
+    batch_memory_budget_bytes: int = 256 * 1024 * 1024
 
 
 #: A run-mode name: the rule of CK_MailQueue_RunMode / EnqueueMail's 50240.
@@ -113,6 +127,20 @@ class Config:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     accounts: dict[str, AccountConfig] = field(default_factory=dict)
+    #: repeated temporary failures of an account become an account pause ([escalation])
+    escalation: EscalationPolicy = field(default_factory=EscalationPolicy)
+    #: application name -> the lazy attachment generators its mail may call
+    #: ([generators]); "*" applies to every application (and to mail without one)
+    generators: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_GENERATORS))
+
+    def generators_for(self, app_name: str | None) -> frozenset[str]:
+        """The generators a mail of ``app_name`` may call."""
+        allowed = set(self.generators.get("*", ()))
+        if app_name is not None:
+            allowed.update(self.generators.get(app_name, ()))
+            allowed.update(v for k, vs in self.generators.items() if k.casefold() == app_name.casefold()
+                           for v in vs)
+        return frozenset(allowed)
 
 
 class _Problems:
@@ -151,10 +179,18 @@ def _positive(value: Any, where: str, problems: _Problems, minimum: float = 1) -
         problems.add(where, f"must be at least {minimum}, got {value}")
 
 
-ACCOUNT_KEYS = ("host", "port", "tls", "allow_plaintext", "user", "password_env", "connect_timeout_seconds",
-                "command_timeout_seconds", "final_reply_timeout_seconds", "verify_tls", "ca_file",
-                "local_hostname", "pipelining", "wait_min_seconds", "wait_max_seconds",
-                "login_sleep_max_seconds", "bounces")
+_NUM = (int, float)
+#: key -> (type, default) of an [accounts.NAME] table
+ACCOUNT_SPEC: dict[str, tuple[Any, Any]] = {
+    "host": (str, None), "port": (int, None), "tls": (str, "starttls"), "allow_plaintext": (bool, False),
+    "user": (str, None), "password_env": (str, None), "connect_timeout_seconds": (_NUM, 10.0),
+    "command_timeout_seconds": (_NUM, 30.0), "final_reply_timeout_seconds": (_NUM, 600.0),
+    "data_timeout_seconds": (_NUM, 180.0), "verify_tls": (bool, True), "ca_file": (str, None),
+    "local_hostname": (str, None), "pipelining": (bool, True), "wait_min_seconds": (_NUM, None),
+    "wait_max_seconds": (_NUM, 3600.0), "login_sleep_max_seconds": (_NUM, 10.0), "provider": (str, None),
+}
+#: ... and the [accounts.NAME.bounces] table (mailq_db.bounces.verp.parse_settings)
+ACCOUNT_KEYS = (*ACCOUNT_SPEC, "bounces")
 WORKER_KEYS = tuple(WorkerConfig.__dataclass_fields__)
 DATABASE_KEYS = ("url", "url_env", "connect_timeout_seconds", "query_timeout_seconds")
 
@@ -175,35 +211,35 @@ def is_fqdn(name: str) -> bool:
                                     for x in labels) and not labels[-1].isdigit()
 
 
+#: key -> type of a [worker] setting (defaults: WorkerConfig's)
+WORKER_SPEC: dict[str, Any] = {
+    "batch_size": int, "lease_seconds": int, "lease_safety_margin_seconds": int, "app_name": str,
+    "worker_name": str, "concurrency": int, "idle_backoff_min_seconds": _NUM, "idle_backoff_max_seconds": _NUM,
+    "ack_interval_seconds": _NUM, "dry_run": bool, "run_modes": list, "generator_timeout_seconds": _NUM,
+    "ack_shutdown_wait_seconds": _NUM, "batch_memory_budget_bytes": int,
+}
+
+
 def _worker(raw: dict[str, Any], problems: _Problems) -> WorkerConfig:
     w = "worker"
-    num = (int, float)
-    values = {
-        "batch_size": _take(raw, "batch_size", int, w, problems),
-        "lease_seconds": _take(raw, "lease_seconds", int, w, problems),
-        "lease_safety_margin_seconds": _take(raw, "lease_safety_margin_seconds", int, w, problems),
-        "app_name": _take(raw, "app_name", str, w, problems),
-        "worker_name": _take(raw, "worker_name", str, w, problems),
-        "concurrency": _take(raw, "concurrency", int, w, problems),
-        "idle_backoff_min_seconds": _take(raw, "idle_backoff_min_seconds", num, w, problems),
-        "idle_backoff_max_seconds": _take(raw, "idle_backoff_max_seconds", num, w, problems),
-        "ack_interval_seconds": _take(raw, "ack_interval_seconds", num, w, problems),
-        "dry_run": _take(raw, "dry_run", bool, w, problems),
-        "run_modes": _take(raw, "run_modes", list, w, problems),
-    }
+    values = {key: _take(raw, key, kind, w, problems) for key, kind in WORKER_SPEC.items()}
     if values["run_modes"] is not None:
         bad = check_run_modes(values["run_modes"])
         for text in bad:
             problems.add("worker.run_modes", text)
         values["run_modes"] = None if bad else tuple(dict.fromkeys(values["run_modes"]))
     _unknown(raw, w, problems, WORKER_KEYS)
-    values = {k: v for k, v in values.items() if v is not None}
-    cfg = WorkerConfig(**values)
-    _positive(cfg.batch_size, "worker.batch_size", problems)
-    _positive(cfg.concurrency, "worker.concurrency", problems)
-    _positive(cfg.lease_seconds, "worker.lease_seconds", problems, 10)
-    _positive(cfg.lease_safety_margin_seconds, "worker.lease_safety_margin_seconds", problems)
-    _positive(cfg.idle_backoff_min_seconds, "worker.idle_backoff_min_seconds", problems, 0.01)
+    cfg = WorkerConfig(**{k: v for k, v in values.items() if v is not None})
+    for key, minimum in (("batch_size", 1), ("concurrency", 1), ("lease_seconds", 10),
+                         ("lease_safety_margin_seconds", 1), ("idle_backoff_min_seconds", 0.01),
+                         ("generator_timeout_seconds", 0.01), ("ack_shutdown_wait_seconds", 0),
+                         ("batch_memory_budget_bytes", 1024 * 1024)):
+        _positive(getattr(cfg, key), f"worker.{key}", problems, minimum)
+    _check_worker(cfg, problems)
+    return cfg
+
+
+def _check_worker(cfg: WorkerConfig, problems: _Problems) -> None:
     if cfg.batch_size > 1000:
         problems.add("worker.batch_size", f"at most 1000 (got {cfg.batch_size}); large batches hold leases long")
     if cfg.lease_safety_margin_seconds * 2 > cfg.lease_seconds:
@@ -216,7 +252,6 @@ def _worker(raw: dict[str, Any], problems: _Problems) -> WorkerConfig:
         problems.add("worker.idle_backoff_max_seconds", "must be at least idle_backoff_min_seconds")
     if cfg.app_name is not None and not cfg.app_name.strip():
         problems.add("worker.app_name", "is empty: omit it to compete for every application's mail")
-    return cfg
 
 
 def _database(raw: dict[str, Any], env: Mapping[str, str], problems: _Problems) -> DatabaseConfig:
@@ -253,46 +288,45 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
         raw.pop("password")
         problems.add(f"{a}.password", "passwords never go in the file: set password_env to the "
                      "name of an environment variable that holds it")
-    num = (int, float)
-    host = _take(raw, "host", str, a, problems)
-    tls = _take(raw, "tls", str, a, problems, "starttls")
-    allow_plaintext = _take(raw, "allow_plaintext", bool, a, problems, False)
-    port = _take(raw, "port", int, a, problems)
-    user = _take(raw, "user", str, a, problems)
-    password_env = _take(raw, "password_env", str, a, problems)
-    connect_timeout = _take(raw, "connect_timeout_seconds", num, a, problems, 10.0)
-    command_timeout = _take(raw, "command_timeout_seconds", num, a, problems, 30.0)
-    verify_tls = _take(raw, "verify_tls", bool, a, problems, True)
-    ca_file = _take(raw, "ca_file", str, a, problems)
-    local_hostname = _take(raw, "local_hostname", str, a, problems)
-    final_timeout = _take(raw, "final_reply_timeout_seconds", num, a, problems, 600.0)
-    pipelining = _take(raw, "pipelining", bool, a, problems, True)
-    wait_min = _take(raw, "wait_min_seconds", num, a, problems)
-    wait_max = _take(raw, "wait_max_seconds", num, a, problems, 3600.0)
-    login_sleep_max = _take(raw, "login_sleep_max_seconds", num, a, problems, 10.0)
     bounces = parse_bounce_settings(raw.pop("bounces", None), f"{a}.bounces", env, problems.add)
+    v = {key: _take(raw, key, kind, a, problems, default) for key, (kind, default) in ACCOUNT_SPEC.items()}
     _unknown(raw, a, problems, ACCOUNT_KEYS)
-    if not host:
+    if v["port"] is None:
+        v["port"] = 465 if v["tls"] == "implicit" else 587 if v["tls"] == "starttls" else 25
+    _check_transport(a, v, problems)
+    password = _password(a, v, env, problems)
+    _check_account_names(a, v, problems)
+    _check_account_times(a, v, problems)
+    floats = {k: float(v[k]) for k in ("connect_timeout_seconds", "command_timeout_seconds",
+                                       "final_reply_timeout_seconds", "data_timeout_seconds",
+                                       "wait_max_seconds", "login_sleep_max_seconds")}
+    return AccountConfig(
+        name=name, host=v["host"] or "", port=v["port"], tls=v["tls"], allow_plaintext=v["allow_plaintext"],
+        user=v["user"], password_env=v["password_env"], password=password, verify_tls=v["verify_tls"],
+        ca_file=v["ca_file"], local_hostname=v["local_hostname"], pipelining=v["pipelining"],
+        wait_min_seconds=None if v["wait_min_seconds"] is None else float(v["wait_min_seconds"]),
+        provider=v["provider"], bounces=bounces, **floats,
+    )
+
+
+def _check_transport(a: str, v: dict[str, Any], problems: _Problems) -> None:
+    """Host, port and TLS mode, and whether they fit together."""
+    tls, port = v["tls"], v["port"]
+    if not v["host"]:
         problems.add(f"{a}.host", "is required (the SMTP server's host name)")
     if tls not in TLS_MODES:
         problems.add(f"{a}.tls", f"must be one of {', '.join(TLS_MODES)} (got {tls!r})")
-    if tls == "none" and not allow_plaintext:
+    if tls == "none" and not v["allow_plaintext"]:
         problems.add(f"{a}.tls", '"none" sends mail and passwords in clear text: '
                      "add allow_plaintext = true if you really mean it (local sinks only)")
-    if port is None:
-        port = 465 if tls == "implicit" else 587 if tls == "starttls" else 25
     if not 0 < port < 65536:
         problems.add(f"{a}.port", f"must be 1-65535 (got {port})")
-    password = None
-    if user and not password_env:
-        problems.add(f"{a}.password_env", f"user is set: name the environment variable that holds {user}'s password")
-    if password_env and not user:
-        problems.add(f"{a}.user", "password_env is set but user is not")
-    if password_env:
-        if password_env not in env:
-            problems.add(f"{a}.password_env", f"environment variable {password_env} is not set")
-        else:
-            password = env[password_env]
+    if tls == "starttls" and port == 465:
+        problems.add(f"{a}.tls", 'port 465 is implicit TLS (RFC 8314): set tls = "implicit", or use port 587')
+    if tls == "implicit" and port in (25, 587):
+        problems.add(f"{a}.tls", f'port {port} speaks STARTTLS, not implicit TLS: set tls = "starttls", '
+                     "or use port 465")
+    ca_file = v["ca_file"]
     if ca_file and not os.path.isfile(ca_file):
         problems.add(f"{a}.ca_file", f"{ca_file} does not exist")
     elif ca_file:
@@ -300,32 +334,73 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
             ssl.create_default_context(cafile=ca_file)
         except (ssl.SSLError, ValueError, OSError) as exc:
             problems.add(f"{a}.ca_file", f"{ca_file} is not a PEM file of CA certificates ({exc})")
-    if tls == "starttls" and port == 465:
-        problems.add(f"{a}.tls", 'port 465 is implicit TLS (RFC 8314): set tls = "implicit", or use port 587')
-    if tls == "implicit" and port in (25, 587):
-        problems.add(f"{a}.tls", f'port {port} speaks STARTTLS, not implicit TLS: set tls = "starttls", '
-                     "or use port 465")
+
+
+def _password(a: str, v: dict[str, Any], env: Mapping[str, str], problems: _Problems) -> str | None:
+    user, password_env = v["user"], v["password_env"]
+    if user and not password_env:
+        problems.add(f"{a}.password_env", f"user is set: name the environment variable that holds {user}'s password")
+    if password_env and not user:
+        problems.add(f"{a}.user", "password_env is set but user is not")
+    if not password_env:
+        return None
+    if password_env not in env:
+        problems.add(f"{a}.password_env", f"environment variable {password_env} is not set")
+        return None
+    return env[password_env]
+
+
+def _check_account_names(a: str, v: dict[str, Any], problems: _Problems) -> None:
+    """The EHLO name and the provider."""
+    local_hostname = v["local_hostname"]
     if local_hostname is not None and not is_fqdn(local_hostname):
         problems.add(f"{a}.local_hostname", f"{local_hostname!r} is not a fully qualified domain name: "
                      "servers such as Postfix (reject_non_fqdn_helo_hostname) refuse it at RCPT TO; "
                      "give this machine's public name, e.g. mailer.example.com")
-    _positive(final_timeout, f"{a}.final_reply_timeout_seconds", problems, 0.01)
+    provider = v["provider"]
+    if provider is not None and resolve_provider(provider) is None:
+        problems.add(f"{a}.provider", f"{provider!r} is not a provider of the rule table "
+                     "(see docs/smtp-classification.md, Providers)")
+
+
+def _check_account_times(a: str, v: dict[str, Any], problems: _Problems) -> None:
+    wait_min = v["wait_min_seconds"]
     if wait_min is not None:
         _positive(wait_min, f"{a}.wait_min_seconds", problems, 1)
-        if wait_max < wait_min:
+        if v["wait_max_seconds"] < wait_min:
             problems.add(f"{a}.wait_max_seconds", "must be at least wait_min_seconds")
-    _positive(connect_timeout, f"{a}.connect_timeout_seconds", problems, 0.01)
-    _positive(login_sleep_max, f"{a}.login_sleep_max_seconds", problems, 0)
-    _positive(command_timeout, f"{a}.command_timeout_seconds", problems, 0.01)
-    return AccountConfig(
-        name=name, host=host or "", port=port, tls=tls, allow_plaintext=allow_plaintext,
-        user=user, password_env=password_env, password=password,
-        connect_timeout_seconds=float(connect_timeout), command_timeout_seconds=float(command_timeout),
-        verify_tls=verify_tls, ca_file=ca_file, local_hostname=local_hostname,
-        final_reply_timeout_seconds=float(final_timeout), pipelining=pipelining,
-        wait_min_seconds=None if wait_min is None else float(wait_min), wait_max_seconds=float(wait_max),
-        login_sleep_max_seconds=float(login_sleep_max), bounces=bounces,
-    )
+    for key in ("final_reply_timeout_seconds", "data_timeout_seconds", "connect_timeout_seconds",
+                "command_timeout_seconds"):
+        _positive(v[key], f"{a}.{key}", problems, 0.01)
+    _positive(v["login_sleep_max_seconds"], f"{a}.login_sleep_max_seconds", problems, 0)
+
+
+def _escalation(raw: Any, problems: _Problems) -> EscalationPolicy:
+    if not isinstance(raw, dict):
+        problems.add("escalation", "must be a table of settings")
+        return EscalationPolicy()
+    try:
+        return EscalationPolicy.from_mapping(raw)
+    except (TypeError, ValueError) as exc:
+        problems.add("escalation", str(exc).removeprefix("escalation: "))
+        return EscalationPolicy()
+
+
+def _generators(raw: Any, problems: _Problems) -> dict[str, tuple[str, ...]]:
+    """[generators]: application name = ["generator", ...]; "*" for every application."""
+    if not isinstance(raw, dict):
+        problems.add("generators", 'must be a table: application = ["generator", ...]')
+        return dict(DEFAULT_GENERATORS)
+    out: dict[str, tuple[str, ...]] = {}
+    for app, names in raw.items():
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            problems.add(f"generators.{app}", "must be a list of generator names, e.g. [\"csv\"]")
+            continue
+        out[app] = tuple(dict.fromkeys(names))
+    return out
+
+
+SECTIONS = ("worker", "database", "accounts", "escalation", "generators")
 
 
 def parse_config(text: str, *, env: Mapping[str, str] | None = None, source: str = "config") -> Config:
@@ -348,12 +423,16 @@ def parse_config(text: str, *, env: Mapping[str, str] | None = None, source: str
             account = _account(name, dict(table) if isinstance(table, dict) else table, env, problems)
             if account:
                 accounts[name] = account
+    escalation = _escalation(raw.pop("escalation", {}), problems)
+    generators = _generators(raw.pop("generators"), problems) if "generators" in raw else dict(DEFAULT_GENERATORS)
     for key in raw:
-        close = difflib.get_close_matches(key, ("worker", "database", "accounts"), n=1, cutoff=0.6)
-        hint = f"did you mean [{close[0]}]?" if close else "expected [worker], [database], [accounts.NAME]"
+        close = difflib.get_close_matches(key, SECTIONS, n=1, cutoff=0.6)
+        hint = f"did you mean [{close[0]}]?" if close else \
+            "expected [worker], [database], [escalation], [generators], [accounts.NAME]"
         problems.add(key, f"unknown section ({hint})")
     problems.raise_if_any()
-    return Config(worker=worker, database=database, accounts=accounts)
+    return Config(worker=worker, database=database, accounts=accounts, escalation=escalation,
+                  generators=generators)
 
 
 def load_config(path: str, *, env: Mapping[str, str] | None = None) -> Config:

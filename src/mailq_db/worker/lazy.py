@@ -1,6 +1,5 @@
-"""Lazy content (issue 16 point 2, revision 0016): the body of a template mail
-and the content of lazy attachments are made here, at send time, before any
-SMTP connection.
+"""Lazy content: the body of a template mail and the content of lazy
+attachments are made here, at send time, before any SMTP connection.
 
 :func:`prepare` turns a claimed mail into one :func:`message.build` can send:
 it renders the template version mailq.ClaimMail resolved (the attempt already
@@ -14,12 +13,17 @@ a corrected model plus mailq.RequeueMail can), except when a generator itself
 raised (``retry``): that may be transient (a service it calls timed out), so
 the mail is deferred (Retry, one attempt spent) as a mail server defers, and
 fails only when its attempts run out.
+
+A mail may call only the generators its application is allowed
+(``allowed``: the worker's ``[generators]`` configuration): the arguments of
+a lazy attachment come from whoever enqueued the mail, so the generator's
+name must not let one application run another's generators.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import AbstractSet, Any, Mapping
 
 from ..procedures import Attachment, ClaimedMail, LazyAttachment
 
@@ -38,9 +42,11 @@ def needs_preparing(mail: ClaimedMail) -> bool:
     return mail.template_name is not None or any(isinstance(a, LazyAttachment) for a in mail.attachments)
 
 
-def prepare(mail: ClaimedMail, *, registry: Mapping[str, Any] | None = None) -> ClaimedMail:
+def prepare(mail: ClaimedMail, *, registry: Mapping[str, Any] | None = None,
+            allowed: AbstractSet[str] | None = None) -> ClaimedMail:
     """The mail with its body rendered and its attachments generated; the mail
-    itself when it has neither.  Raises :class:`LazyContentError`."""
+    itself when it has neither.  ``allowed``: the generators the mail's
+    application may call (None: any).  Raises :class:`LazyContentError`."""
     if not needs_preparing(mail):
         return mail
     # Imported here: a worker that never sees lazy content never loads Jinja2.
@@ -63,6 +69,11 @@ def prepare(mail: ClaimedMail, *, registry: Mapping[str, Any] | None = None) -> 
     made: list[Attachment] = []
     for a in mail.attachments:
         if isinstance(a, LazyAttachment):
+            if allowed is not None and a.generator not in allowed:
+                raise LazyContentError(
+                    f"attachment {a.file_name!r}: generator {a.generator!r} is not allowed for application "
+                    f"{mail.app_name!r} (allowed: {', '.join(sorted(allowed)) or 'none'}); an operator adds it "
+                    "to [generators] of the worker configuration")
             try:
                 # The stored default type (EnqueueMail's) lets the generator's own win.
                 ctype = None if a.content_type in (None, "application/octet-stream") else a.content_type

@@ -56,3 +56,24 @@ def setup(log_format: str = "text", level: str = "INFO", stream: Any = None) -> 
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+
+
+#: the ``event`` field of a mail's state-change line (docs/monitoring/README.md, "Logs")
+MAIL_STATE = "mail_state"
+
+
+def mail_state(log: logging.Logger, *, mail_id: int, account: str | None, message_id: str | None,
+               status: str | None, outcome: str, queue_id: str | None = None, smtp_code: int | None = None,
+               attempt: int | None = None, reason: str | None = None, level: int = logging.INFO,
+               **more: Any) -> None:
+    """One line per state change of one mail, acknowledged by the database:
+    ``event="mail_state"``, the mail's ID, account and Message-ID, its status
+    after the change, the outcome (Claimed, Sent, DryRun, Retry, Wait, Stop,
+    Released), and, once a relay took it, the relay's queue ID.  With
+    ``--log-format json`` each is one JSON object per line, so "what happened
+    to mail N" is a filter on ``mail_id`` (LogQL and jq: the README)."""
+    fields: dict[str, Any] = {"event": MAIL_STATE, "mail_id": mail_id, "account": account,
+                              "message_id": message_id, "status": status, "outcome": outcome}
+    optional = {"queue_id": queue_id, "smtp_code": smtp_code, "attempt": attempt, "reason": reason, **more}
+    fields.update({k: v for k, v in optional.items() if v is not None})
+    log.log(level, f"mail {mail_id} {outcome}", extra={FIELDS: fields})

@@ -5,53 +5,70 @@ token.  It only touches data through the procedure wrappers it is given
 (``procs``, normally :mod:`mailq_db.procedures`; tests pass a fake with the
 same signatures).
 
-Delivery guarantee (DESIGN.md "Delivery guarantee"): a mail is acknowledged
-only after the server accepted it; the window between acceptance and
-``MarkSent`` is the only place a duplicate can come from.  The worker keeps it
-small: acknowledgements are flushed at the end of each account batch and at
-least every ``ack_interval_seconds``; leases are extended when half of
-``lease_seconds`` has passed; and no SMTP transaction starts on a mail whose
-lease has less than ``lease_safety_margin_seconds`` left (it is released).
+What it guarantees (docs/guarantees.md, docs/operator-guide.md):
+
+* **A mail the server accepted is never given back.**  Its acknowledgement
+  (RecordRecipientOutcomes, then MarkSent or MarkFailed) is kept until it is
+  written: a failed write is retried (the procedures are repeatable under the
+  lease's token), and a mail with an unwritten acknowledgement is never
+  released.  Where the worker must give up (the lease ran out, or shutdown
+  after ``ack_shutdown_wait_seconds``), the mail is left to its lease: the
+  reclaim flags it PossibleDuplicate, and one WARNING line per mail says so.
+* **Leases are kept during any blocking work** (SMTP, templates, generators):
+  that work runs in a helper thread while this one extends the leases, and a
+  generator has a time limit; a stop request (SIGTERM) interrupts the
+  preparation of lazy content.
+* **Leases are judged by the database's clock**: the deadline of a lease is
+  this process's monotonic time taken before the claim or extension, plus the
+  seconds the database granted (its ``LeaseSecondsRemaining``, else the
+  seconds asked for, which can only be longer than what remains).  The wall
+  clock of this host is never compared with the database's.
+* No SMTP transaction starts on a mail whose lease has less than
+  ``lease_safety_margin_seconds`` left (it is released, attempt refunded).
+* A batch holds at most ``batch_memory_budget_bytes`` of mail; the rest is
+  given back at once and the next claims are smaller.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-import re
-import smtplib
 import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from .. import procedures
-from ..connection import Backoff, ReconnectingConnection
+from ..connection import Backoff, ReconnectingConnection, is_transient
 from ..errors import DatabaseError, LeaseLostError
-from ..procedures import ClaimedMail
-from .classify import RETRY, STOP, WAIT, Outcome, classify_exception, classify_reply, permanent
+from ..procedures import Attachment, ClaimedMail
+from .account import AccountSender, SenderPauses
+from .classify import RETRY, STOP, WAIT, Escalation, Outcome
 from .config import AccountConfig, Config
 from .lazy import LazyContentError, needs_preparing, prepare
-from .logs import event
-from ..bounces.outgoing import prepare as prepare_outgoing
-from .message import MalformedMail, Outgoing, build
+from .logs import event, mail_state
 from .metrics import Metrics
-from .smtp import ConnectionGone, MessageTooBig, OutcomeUnknown, SendResult, SmtpSession
+from .smtp import SmtpSession
 
 log = logging.getLogger("mailq_db.worker")
 
+T = TypeVar("T")
+
 #: Mark*/Release error texts are cut to what the column keeps.
 MAX_ERROR = 2000
-#: Postfix's rejections of the client, not of the mail (logged at ERROR for the operator)
-CLIENT_REJECTED = re.compile(r"Helo command rejected|Client host rejected|Sender address rejected", re.IGNORECASE)
-#: After this many dropped SMTP connections in one account batch, the rest Waits.
-MAX_CONNECTION_FAILURES = 2
 #: How often each worker runs mailq.FinalizeMail (expired and out-of-attempts
 #: mail, which the claim no longer touches); see docs/operator-guide.md.
 FINALIZE_INTERVAL_SECONDS = 60.0
+#: While blocking work runs in a helper thread, leases and stop are looked at this often.
+POLL_SECONDS = 0.2
+#: Back-off between two attempts at writing the same acknowledgements.
+ACK_RETRY_MIN_SECONDS, ACK_RETRY_MAX_SECONDS = 0.05, 5.0
+#: IDs per acknowledgement call (the procedures take 1-1000).
+ACK_CHUNK = 1000
 
 
 def utcnow() -> datetime:
@@ -59,13 +76,32 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
+class Interrupted(Exception):
+    """A stop request arrived while interruptible blocking work ran."""
+
+
+class TimedOut(Exception):
+    """Blocking work took longer than its limit (it is abandoned in its thread)."""
+
+
 @dataclass
-class _Pending:
+class _Ack:
+    """What is still to be written for one decided mail."""
+
     mail_id: int
-    code: int | None
-    text: str | None  # the server's final reply (the same rule for every outcome)
-    account: str | None = None
-    dry_run: bool = False  # recorded as DryRun (worker dry-run, or the application's, revision 0015)
+    account: str
+    outcome: Outcome | None  # None: sent (MarkSent); else MarkFailed with it
+    code: int | None = None
+    text: str | None = None
+    dry_run: bool = False
+    #: RecordRecipientOutcomes rows, written first; None once written (or none to write)
+    recipients: list[dict[str, Any]] | None = None
+    #: a temporary failure waiting for the account's verdict: decided when a mail
+    #: of the account is accepted or its batch ends (a Retry, charged), or turned
+    #: into the account's Wait when its failures escalate (refunded)
+    undecided: bool = False
+    message_id: str | None = None
+    queue_id: str | None = None  # the relay's queue ID from its final reply
 
 
 class Worker:
@@ -81,10 +117,14 @@ class Worker:
         metrics: Metrics | None = None,
         session_factory: Callable[[AccountConfig], SmtpSession] = SmtpSession,
         clock: Callable[[], datetime] = utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
         name: str | None = None,
         dry_run: bool | None = None,
         sleep: Callable[[float], Any] | None = None,
+        pause: Callable[[float], Any] = time.sleep,
         generators: Any = None,
+        escalation: Escalation | None = None,
+        sender_pauses: SenderPauses | None = None,
     ):
         self.config = config
         self.settings = config.worker
@@ -93,24 +133,34 @@ class Worker:
         self.stop = stop or threading.Event()
         self.metrics = metrics or Metrics()
         self.session_factory = session_factory
+        #: this host's wall clock: logs only, never a lease (see the module docstring)
         self.clock = clock
+        self.monotonic = monotonic
         #: waits for the login interval; returns early when ``stop`` is set
         self.sleep = sleep or self.stop.wait
+        #: waits between two attempts at writing acknowledgements (also while stopping)
+        self.pause = pause
         self.name = name or self.settings.worker_name
         self.dry_run = self.settings.dry_run if dry_run is None else dry_run
         #: attachment generators by name (None: the installed entry points)
         self.generators = generators
+        #: shared by the threads of a process (runner.run_workers passes one)
+        self.escalation = escalation or Escalation(config.escalation)
+        self.pauses = sender_pauses or SenderPauses(monotonic)
         self.token = uuid.uuid4()
-        self.held: dict[int, ClaimedMail] = {}  # leased, not yet acknowledged/failed/released
-        self.pending: list[_Pending] = []  # sent, acknowledgement not yet written
-        self._pending_since = 0.0
+        self.held: dict[int, ClaimedMail] = {}  # leased, not yet decided
+        self.acks: OrderedDict[int, _Ack] = OrderedDict()  # decided, not yet written
+        self._failed_status: dict[int, str] = {}  # MarkFailed's status per mail, for its state line
+        self.leases: dict[int, float] = {}  # monotonic deadline of every lease held (held and acks)
+        self._acks_since = 0.0
+        self._stopping_since: float | None = None
         self._finalized_at = float("-inf")  # maybe_finalize: never yet
-        #: set when the database has no mailq.AcquireLoginSlot (below revision 0012)
+        #: set when the database has no mailq.AcquireLoginSlot (older than this worker)
         self._no_login_slots = False
-        #: consecutive Waits per account (the growing back-off); reset by a send
-        self.waits: dict[str, int] = {}
         #: mail ID -> {address: outcome} of recipients handled in earlier attempts
         self.done_recipients: dict[int, dict[str, str]] = {}
+        #: mails to ask for at the next claim (smaller after large mails: the memory budget)
+        self.claim_size = self.settings.batch_size
 
     # ------------------------------------------------------------------ loop
 
@@ -124,8 +174,8 @@ class Worker:
                 claimed = self.run_batch()
             except Exception:  # noqa: BLE001 - one bad batch must not kill the worker
                 self.metrics.inc("errors")
-                log.exception("batch abandoned; unacknowledged leases will expire and be retried")
-                self._abandon()
+                log.exception("batch abandoned; its undecided leases were given back or will expire")
+                self.db.discard()
                 if once:
                     raise
                 self.stop.wait(idle.next())
@@ -156,81 +206,172 @@ class Worker:
 
     def run_batch(self) -> int:
         """Claim one batch and process it; returns how many mails were claimed."""
-        s = self.settings
-        started = time.monotonic()
-        # A new token per claimed batch (ClaimMail's contract): a token names
-        # one lease of one batch.  Kept while acknowledgements of the previous
-        # batch are still unwritten (a database outage), so they stay valid.
-        if not self.pending and not self.held:
-            self.token = uuid.uuid4()
-        mails = self.db.call(
-            self.procs.claim_mail, batch_size=s.batch_size, lock_token=self.token,
-            lease_seconds=s.lease_seconds, app_name=s.app_name, worker_name=self.name,
-            account_names=list(self.config.accounts),
-            run_modes=list(s.run_modes),
-        )
-        self.metrics.observe_claim(time.monotonic() - started)
-        self.metrics.inc("claims")
+        mails = self._claim()
+        claimed = len(mails)
         if not mails:
             return 0
-        self.metrics.inc("claimed", len(mails))
-        self.held = {m.id: m for m in mails}
-        mails = self._prepare_lazy(mails)
-        self.done_recipients = self._recipients_done(mails)
         try:
-            for account, group in group_by_account(mails).items():
-                if self.stop.is_set():
-                    break
+            mails = self._within_budget(mails)
+            mails = self._prepare_lazy(mails)
+            self.done_recipients = self._recipients_done(mails)
+            groups = group_by_account(mails)
+            mails = []  # the groups hold the mails; each is dropped once sent
+            while groups and not self.stop.is_set():
+                account, group = groups.popitem(last=False)
                 self.send_account(account, group)
-                self.flush_acks()
+                self.flush_acks(wait=True)
         finally:
-            self.flush_acks()
+            self._finish_batch()
+        return claimed
+
+    def _claim(self) -> list[ClaimedMail]:
+        s = self.settings
+        if not self.held and not self.acks:
+            # A new token per claimed batch (ClaimMail's contract): a token names one lease of one batch.
+            self.token = uuid.uuid4()
+        started = self.monotonic()
+        mails: list[ClaimedMail] = self.db.call(
+            self.procs.claim_mail, batch_size=self.claim_size, lock_token=self.token,
+            lease_seconds=s.lease_seconds, app_name=s.app_name, worker_name=self.name,
+            account_names=list(self.config.accounts), run_modes=list(s.run_modes),
+        )
+        self.metrics.observe_claim(self.monotonic() - started)
+        self.metrics.inc("claims")
+        if mails:
+            self.metrics.inc("claimed", len(mails))
+        for m in mails:
+            self.held[m.id] = m
+            self.leases[m.id] = started + self._granted(getattr(m, "lease_seconds_remaining", None))
+            mail_state(log, mail_id=m.id, account=m.account_name, message_id=m.message_id, status="Sending",
+                       outcome="Claimed", attempt=m.attempt_no, worker=self.name)
+            if m.possible_duplicate:
+                event(log, logging.WARNING, "claimed a mail whose earlier lease ran out (PossibleDuplicate): "
+                      "a copy may already have reached its recipients", mail_id=m.id, message_id=m.message_id,
+                      attempt_no=m.attempt_no)
+        return mails
+
+    def _granted(self, seconds_remaining: int | None) -> float:
+        """The seconds a claim or extension granted: what the database reports, else
+        what was asked for (the database counted from a later moment: never less)."""
+        return float(self.settings.lease_seconds if seconds_remaining is None else seconds_remaining)
+
+    def _finish_batch(self) -> None:
+        """Write what is pending (waiting while the leases last, at most
+        ack_shutdown_wait_seconds when stopping), give back what was not sent,
+        and leave what could not be written to lease expiry."""
+        for account in {a.account for a in self.acks.values() if a.undecided}:
+            self.decide(account)
+        try:
+            self.flush_acks(wait=True)
+        finally:
             if self.held:
-                self.release(list(self.held.values()), "worker stopping")
-        return len(mails)
+                self.release(list(self.held.values()), "worker stopping" if self.stop.is_set() else "batch ended")
+            self._give_up_acks()
+            self.done_recipients = {}
+
+    # ------------------------------------------------------------ memory
+
+    def _within_budget(self, mails: list[ClaimedMail]) -> list[ClaimedMail]:
+        """The claimed mails that fit the batch memory budget (the first always does);
+        the rest is given back now.  The next claim asks for as many mails of the
+        largest size seen as the budget holds."""
+        budget = self.settings.batch_memory_budget_bytes
+        keep: list[ClaimedMail] = []
+        used, largest = 0, 1
+        for m in mails:
+            size = mail_bytes(m)
+            largest = max(largest, size)
+            if keep and used + size > budget:
+                break
+            keep.append(m)
+            used += size
+        self.claim_size = max(1, min(self.settings.batch_size, budget // largest))
+        over = mails[len(keep):]
+        if over:
+            self.metrics.inc("budget_releases", len(over))
+            self.release(over, f"over the batch memory budget ({budget} bytes)")
+        return keep
+
+    # ------------------------------------------------------------ lazy content
 
     def _prepare_lazy(self, mails: list[ClaimedMail]) -> list[ClaimedMail]:
-        """Render template mail and generate lazy attachments (worker/lazy.py),
-        before any login.  A mail whose content cannot be made is stopped with
-        the reason (what and where), so a fixed template + RequeueMail sends it;
-        one whose generator raised, or failed in a way not foreseen, is deferred
-        (Retry).  Either way the rest of the batch goes on."""
+        """Render template mail and generate lazy attachments before any login, each
+        mail within generator_timeout_seconds while the leases are kept.  A mail
+        whose content cannot be made is stopped with the reason (a fix + RequeueMail
+        sends it); one whose generator raised, failed in a way not foreseen or took
+        too long is deferred (Retry).  A stop request ends the preparation: the
+        mails not prepared are released."""
         ready: list[ClaimedMail] = []
+        used = 0
         for mail in mails:
-            if not needs_preparing(mail):
-                ready.append(mail)
-                continue
-            # Rendering and generators take time (a deadline per render, none per
-            # generator): the batch's leases are kept alive between two mails, as
-            # the send loop does, so none runs out while the rest is prepared.
-            self.maintain_leases()
+            if self.stop.is_set():
+                break
+            if needs_preparing(mail):
+                self.maintain_leases(flush=False)
             if mail.id not in self.held:
                 continue  # lease lost meanwhile: another worker has the mail
-            try:
-                prepared = prepare(mail, registry=self.generators)
-            except LazyContentError as exc:
-                self.metrics.inc("lazy_content_errors")
-                # A template/model error or a refused attachment: Stop (a fix +
-                # RequeueMail sends it).  A generator that raised: Retry, one
-                # attempt spent, as a mail server defers what may be transient.
-                self.fail([mail], Outcome(RETRY if exc.retry else STOP, exc.reason, "lazy content", None, None,
-                                          "mail"))
+            prepared = self._prepare_one(mail) if needs_preparing(mail) else mail
+            if prepared is None:
                 continue
-            except Exception as exc:  # noqa: BLE001 - one mail's content must not abandon the batch
-                # Not foreseen by lazy.py (e.g. a generator returning a bytes content
-                # type): escaping here, before run_batch's try, abandoned the whole
-                # batch on every claim, attempts refunded, so the mail blocked its
-                # batch forever.  Deferred (Retry, one attempt spent): not
-                # foreseen means not known to be permanent; the attempts bound it.
-                self.metrics.inc("lazy_content_errors")
-                log.warning("lazy content of mail %s failed unexpectedly", mail.id, exc_info=True)
-                self.fail([mail], Outcome(RETRY, f"lazy content could not be made: {type(exc).__name__}: {exc}",
-                                          "lazy content", None, None, "mail"))
+            used += mail_bytes(prepared)
+            if ready and used > self.settings.batch_memory_budget_bytes:
+                self.release([mail], "over the batch memory budget once its content was made")
                 continue
-            # Held at once, so later lease extensions update this object.
             self.held[mail.id] = prepared
             ready.append(prepared)
         return [m for m in ready if m.id in self.held]
+
+    def _prepare_one(self, mail: ClaimedMail) -> ClaimedMail | None:
+        allowed = self.config.generators_for(mail.app_name)
+        limit = self.settings.generator_timeout_seconds
+        try:
+            return self.blocking(lambda: prepare(mail, registry=self.generators, allowed=allowed),
+                                 limit=limit, interruptible=True)
+        except Interrupted:
+            return None  # released with the rest when the batch ends
+        except TimedOut:
+            reason, retry = (f"lazy content took longer than {limit:g} s (generator_timeout_seconds); "
+                             "the generator was abandoned"), True
+        except LazyContentError as exc:
+            reason, retry = exc.reason, exc.retry
+        except Exception as exc:  # noqa: BLE001 - one mail's content must not abandon the batch
+            # Not foreseen by lazy.py: deferred (not known to be permanent; the attempts bound it).
+            log.warning("lazy content of mail %s failed unexpectedly", mail.id, exc_info=True)
+            reason, retry = f"lazy content could not be made: {type(exc).__name__}: {exc}", True
+        self.metrics.inc("lazy_content_errors")
+        self.fail([mail], Outcome(RETRY if retry else STOP, reason, "lazy content", None, None, "mail"))
+        return None
+
+    # ------------------------------------------------------------ blocking work
+
+    def blocking(self, work: Callable[[], T], *, limit: float | None = None, interruptible: bool = False) -> T:
+        """``work()`` in a helper thread while this thread keeps the leases (and, when
+        ``interruptible``, watches ``stop``); raises what ``work`` raised,
+        :class:`Interrupted` or :class:`TimedOut` (the thread is then abandoned:
+        Python cannot end it, its result is ignored)."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box["result"] = work()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=target, name=f"{threading.current_thread().name}-work", daemon=True).start()
+        started = self.monotonic()
+        while not done.wait(POLL_SECONDS):
+            self.maintain_leases(flush=False)
+            if interruptible and self.stop.is_set():
+                raise Interrupted()
+            if limit is not None and self.monotonic() - started > limit:
+                raise TimedOut()
+        if "error" in box:
+            raise box["error"]
+        result: T = box["result"]
+        return result
 
     # ------------------------------------------------------------ one account
 
@@ -241,107 +382,23 @@ class Worker:
                                      "configuration: add [accounts." + account_name + "]",
                                      "unknown account", None, 300, "account"))
             return
-        queue = list(mails)
-        session: SmtpSession | None = None
-        connection_failures = 0
-        reconnected: set[int] = set()  # mails resent once after a dead idle connection
-        login_slept = 0.0  # seconds slept for the login interval before the next connection
-        try:
-            while queue:
-                if self.stop.is_set():
-                    return  # the rest is released by run_batch
-                self.maintain_leases()
-                mail = queue.pop(0)
-                if mail.id not in self.held:
-                    continue  # lease lost while extending
-                if self._lease_left(mail) < self.settings.lease_safety_margin_seconds:
-                    self.release([mail], "lease shorter than the safety margin")
-                    continue
-                try:
-                    out = self._outgoing(mail)
-                except MalformedMail as exc:
-                    self.fail([mail], permanent(f"malformed mail: {exc}"))
-                    continue
-                if out is None:
-                    continue  # every recipient was handled in an earlier attempt: acknowledged
-                if self.dry_run or mail.dry_run:
-                    # The worker's dry-run, or the application's (ClaimMail
-                    # said DryRun = 1, revision 0015): the whole path but SMTP.
-                    # Before any connection: no login slot asked, no session.
-                    reason = "dry run: nothing sent" if self.dry_run else \
-                        f"dry run of application {mail.app_name!r}: nothing sent"
-                    self.accepted(mail, out, SendResult(0, reason))
-                    continue
-                if session is None or not session.connected:
-                    # The account's minimum interval between logins (mailq.AcquireLoginSlot):
-                    # every connection, the first and each reconnection, asks first.
-                    wait = self._login_wait(account)
-                    if wait is not None:
-                        if self._sleeps_for_login(account, mail, wait, login_slept):
-                            login_slept += wait
-                            queue.insert(0, mail)
-                            continue  # back to the top: stop, leases and the slot checked again
-                        self._defer_for_login(account, [mail, *queue], wait)
-                        return
-                    login_slept = 0.0
-                    session = self.session_factory(account)
-                    try:
-                        session.open()
-                        self.metrics.inc("smtp_connections", account=account.name)
-                    except Exception as exc:  # noqa: BLE001 - classified
-                        outcome = classify_exception(exc, session.stage)
-                        if session.stage == "auth" and isinstance(exc, smtplib.SMTPAuthenticationError):
-                            event(log, logging.ERROR, f"authentication failed for account {account.name}",
-                                  account=account.name, user=account.user, smtp_code=exc.smtp_code,
-                                  reply=_reply_text(exc.smtp_error),
-                                  fix=f"check the password in ${account.password_env} and the user name")
-                        self.fail([mail, *queue], self._account_wait(account, outcome))
-                        return
-                started = time.monotonic()
-                try:
-                    result = session.send(out)
-                except ConnectionGone as exc:
-                    # Closed by the server while idle: nothing of this mail was sent.
-                    session.abort()
-                    if mail.id not in reconnected:
-                        reconnected.add(mail.id)
-                        event(log, logging.INFO, "connection closed while idle; reconnecting",
-                              account=account.name, mail_id=mail.id, reason=str(exc))
-                        queue.insert(0, mail)
-                        continue
-                    self.fail([mail, *queue], self._account_wait(account, Outcome(
-                        WAIT, f"the connection to {account.host}:{account.port} died twice at MAIL FROM: {exc}",
-                        "dead connection", None, 60, "connection")))
-                    return
-                except Exception as exc:  # noqa: BLE001 - classified
-                    outcome = self._classify_send_error(exc, session.stage)
-                    self.metrics.observe_send(time.monotonic() - started, account.name, outcome.smtp_code)
-                    if outcome.disposition == WAIT:  # a Wait is account-wide (scope "account"/"connection")
-                        self._client_rejected(account, outcome)
-                        self.fail([mail, *queue], self._account_wait(account, outcome))
-                        return
-                    self.fail([mail], outcome)
-                    if not session.connected:
-                        connection_failures += 1
-                        if connection_failures >= MAX_CONNECTION_FAILURES and queue:
-                            self.fail(queue, self._account_wait(account, Outcome(
-                                WAIT, f"the connection to {account.host}:{account.port} failed "
-                                f"{connection_failures} times in one batch; last: {outcome.reason}",
-                                "unstable connection", None, 60, "connection")))
-                            return
-                    continue
-                self.metrics.observe_send(time.monotonic() - started, account.name, result.code)
-                self.waits.pop(account.name, None)
-                self.metrics.set_blocked(account.name, False)
-                wait = self.accepted(mail, out, result)
-                if wait is not None:
-                    self.fail(queue, self._account_wait(account, wait))
-                    return
-        finally:
-            if session is not None:
-                session.close()
+        AccountSender(self, account, mails).run()
 
-    def _login_wait(self, account: AccountConfig) -> float | None:
+    def account_wait(self, account: AccountConfig, outcome: Outcome, *, observed: bool = False) -> Outcome:
+        """A Wait of ``account`` with its block time: the account's wait_min_seconds at
+        least, lengthened by the escalation while Waits keep coming back, capped at
+        wait_max_seconds."""
+        if outcome.disposition != WAIT:
+            return outcome
+        if account.wait_min_seconds and not observed:
+            outcome = replace(outcome, retry_after_seconds=int(max(1, account.wait_min_seconds)))
+        if not observed:
+            outcome = self.escalation.observe(account.name, outcome)
+        seconds = min(outcome.retry_after_seconds or 60, account.wait_max_seconds)
+        self.metrics.set_blocked(account.name, True)
+        return replace(outcome, retry_after_seconds=max(1, int(seconds)))
+
+    def login_wait(self, account: AccountConfig) -> float | None:
         """None when the login is granted (the slot is stamped in the database),
         else the seconds until the account's next login is allowed."""
         acquire = getattr(self.procs, "acquire_login_slot", None)
@@ -352,27 +409,26 @@ class Worker:
         except DatabaseError as exc:
             if exc.number != 2812:  # anything but "could not find stored procedure"
                 raise
-            # A database below revision 0012 (workers upgraded first): it cannot
-            # hold an interval either, so every login is allowed, as before.
+            # A database without mailq.AcquireLoginSlot (workers upgraded first):
+            # it cannot hold an interval either, so every login is allowed.
             self._no_login_slots = True
-            event(log, logging.WARNING, "mailq.AcquireLoginSlot is missing (database below revision 0012): "
-                  "no minimum interval between logins is enforced", account=account.name, error=str(exc))
+            event(log, logging.WARNING, "mailq.AcquireLoginSlot is missing (the database is older than "
+                  "this worker): no minimum interval between logins is enforced", account=account.name,
+                  error=str(exc))
             return None
         if slot.granted:
             return None
-        return max(slot.wait_ms, 1) / 1000.0
+        return float(max(slot.wait_ms, 1)) / 1000.0
 
-    def _sleeps_for_login(self, account: AccountConfig, mail: ClaimedMail, wait: float,
-                          slept: float = 0.0) -> bool:
+    def sleeps_for_login(self, account: AccountConfig, mail: ClaimedMail, wait: float, slept: float = 0.0) -> bool:
         """Sleep when the next login is near (at most login_sleep_max_seconds away,
         counting what was already slept for this connection) and the lease still
-        covers the wait plus the safety margin; True when it slept.  Without the
-        count, a worker that other workers beat to the slot after every sleep
-        slept again and again (its leases extended meanwhile), holding its whole
-        batch, other accounts' mail included, for as long as it kept losing."""
+        covers the wait plus the safety margin; True when it slept.  The count
+        keeps a worker that other workers beat to the slot from sleeping again
+        and again while holding its whole batch."""
         if slept + wait > account.login_sleep_max_seconds:
             return False
-        if self._lease_left(mail) - wait < self.settings.lease_safety_margin_seconds:
+        if self.lease_left(mail.id) - wait < self.settings.lease_safety_margin_seconds:
             return False
         self.metrics.inc("login_sleeps", account=account.name)
         event(log, logging.INFO, "waiting for the account's minimum interval between logins",
@@ -380,271 +436,343 @@ class Worker:
         self.sleep(wait)
         return True
 
-    def _defer_for_login(self, account: AccountConfig, mails: list[ClaimedMail], wait: float) -> None:
+    def defer_for_login(self, account: AccountConfig, mails: list[ClaimedMail], wait: float) -> None:
         """The next login is too far away: the batch goes back as a Wait for exactly
         that long (the attempt is refunded and the account blocked until then, so no
-        worker claims it sooner).  Not the provider's throttling: the growing
-        back-off of _account_wait is neither used nor reset."""
+        worker claims it sooner).  Not the provider's throttling: the escalation's
+        back-off is neither used nor reset."""
         self.metrics.inc("login_deferrals", account=account.name)
         self.fail(mails, Outcome(
             WAIT, f"minimum interval between logins on account {account.name!r}: the next login is "
             f"allowed in {wait:.3f} s (more than login_sleep_max_seconds = {account.login_sleep_max_seconds:g}, "
             "or the lease would not cover the wait)", "login interval", None, max(1, math.ceil(wait)), "account"))
 
-    def _classify_send_error(self, exc: BaseException, stage: str) -> Outcome:
-        if isinstance(exc, MessageTooBig):
-            return Outcome(STOP, str(exc), "message larger than the server's SIZE", 552, None, "mail")
-        if isinstance(exc, OutcomeUnknown):
-            # RFC 5321 4.5.3.2.6 / docs/guarantees.md: the server may have the mail.  Retried
-            # on purpose (at-least-once, same Message-ID and Date); counted as an attempt.
-            return Outcome(RETRY, f"outcome unknown: {exc}; retried with the same Message-ID "
-                           "(at-least-once)", "outcome unknown after the final dot", None, None, "mail")
-        return classify_exception(exc, stage)
-
-    def _account_wait(self, account: AccountConfig, outcome: Outcome) -> Outcome:
-        """A Wait whose block time grows with each consecutive Wait of the account."""
-        if outcome.disposition != WAIT:
-            return outcome
-        n = self.waits.get(account.name, 0) + 1
-        self.waits[account.name] = n
-        base = account.wait_min_seconds or outcome.retry_after_seconds or 60
-        seconds = int(min(account.wait_max_seconds, base * 2 ** (n - 1)))
-        self.metrics.set_blocked(account.name, True)
-        return replace(outcome, retry_after_seconds=max(1, seconds))
-
-    def _client_rejected(self, account: AccountConfig, outcome: Outcome) -> None:
-        if CLIENT_REJECTED.search(outcome.reason or ""):
-            event(log, logging.ERROR, f"the server refuses this client for account {account.name}: "
-                  "the operator must fix the configuration", account=account.name, reason=outcome.reason,
-                  fix="HELO: set local_hostname to this machine's fully qualified name; client host: "
-                  "ask the provider to allow this address; sender: use an address the account may send as")
-
     # ------------------------------------------------------------ recipients
 
     def _recipients_done(self, mails: list[ClaimedMail]) -> dict[int, dict[str, str]]:
-        """Recipients already delivered or refused in earlier attempts (mails claimed before)."""
+        """Recipients already delivered or refused in earlier attempts (mails claimed before).
+        A failure here ends the batch before any mail is sent: every mail is released."""
         again = [m.id for m in mails if (m.attempt_no or 0) > 1]
         if not again or not hasattr(self.procs, "get_recipient_outcomes"):
             return {}
         try:
-            return self.db.call(self.procs.get_recipient_outcomes, ids=again, lock_token=self.token)
+            done: dict[int, dict[str, str]] = self.db.call(self.procs.get_recipient_outcomes, ids=again,
+                                                           lock_token=self.token)
         except LeaseLostError:
             return {}
+        return done
 
-    def _outgoing(self, mail: ClaimedMail) -> Outgoing | None:
-        # VERP return path and bulk mail's List-Unsubscribe (mailq_db.bounces.outgoing)
-        out = prepare_outgoing(mail, self.config.accounts.get(mail.account_name), build)
-        done = {a.lower(): o for a, o in self.done_recipients.get(mail.id, {}).items()
-                if o in ("Delivered", "Refused")}
-        if not done:
-            return out
-        left = tuple(r for r in out.recipients if r.lower() not in done)
-        if left:
-            event(log, logging.INFO, "sending to the recipients left from an earlier attempt",
-                  mail_id=mail.id, recipients=list(left), already=sorted(done))
-            return replace(out, recipients=left)
-        self._ack(mail.id, None, "every recipient was handled in an earlier attempt")
-        return None
+    # ------------------------------------------------------------ decisions
 
-    # ------------------------------------------------------------- outcomes
+    def ack(self, mail: ClaimedMail, code: int | None, text: str | None, *,
+            recipients: list[dict[str, Any]] | None = None, queue_id: str | None = None) -> None:
+        """The server accepted ``mail``: its MarkSent is kept until written (with the
+        recipients' outcomes first)."""
+        self._decided(mail, _Ack(mail.id, mail.account_name, None, code, text,
+                                 self.dry_run or bool(mail.dry_run), recipients,
+                                 message_id=mail.message_id, queue_id=queue_id))
 
-    def accepted(self, mail: ClaimedMail, out: Outgoing, result: SendResult) -> Outcome | None:
-        """The server took the mail for some or all recipients.  Refused recipients
-        are classified one by one: 5xx is final for that recipient, 4xx is retried
-        later for that recipient only (the mail goes back as a Retry), and a reply
-        that blocks the account is returned as the Wait for the rest of the batch."""
-        refused: dict[str, tuple[int, str]] = {}
-        deferred: dict[str, tuple[int, str]] = {}
-        wait: Outcome | None = None
-        for rcpt, (code, text) in result.refused.items():
-            verdict = classify_reply(code, text, "rcpt")
-            if verdict.disposition == STOP:
-                refused[rcpt] = (code, text)
-            else:
-                deferred[rcpt] = (code, text)
-                if verdict.disposition == WAIT and wait is None:
-                    wait = verdict
-        event(log, logging.INFO, "sent", account=mail.account_name, mail_id=mail.id,
-              message_id=mail.message_id, queue_id=result.queue_id, smtp_code=result.code,
-              smtp_text=result.text, recipients=len(result.accepted), transactions=result.transactions,
-              refused=sorted(refused) or None, deferred=sorted(deferred) or None,
-              dry_run=(self.dry_run or mail.dry_run) or None)
-        text = result.text
-        if result.code:
-            text = f"{result.code} {result.text}"
-        if refused or deferred:
-            text += "; " + "; ".join(
-                f"{'deferred' if r in deferred else 'refused'} {r}: {c} {t}"
-                for r, (c, t) in [*refused.items(), *deferred.items()])
-        if (refused or deferred) and hasattr(self.procs, "record_recipient_outcomes"):
-            outcomes = [{"address": r, "outcome": "Delivered", "code": result.code or None,
-                         "text": result.text[:1000]} for r in result.accepted]
-            outcomes += [{"address": r, "outcome": "Refused", "code": c, "text": t[:1000]}
-                         for r, (c, t) in refused.items()]
-            outcomes += [{"address": r, "outcome": "Deferred", "code": c, "text": t[:1000]}
-                         for r, (c, t) in deferred.items()]
-            try:
-                self.db.call(self.procs.record_recipient_outcomes, mail_id=mail.id, lock_token=self.token,
-                             outcomes=outcomes)
-            except LeaseLostError as exc:
-                self.held.pop(mail.id, None)
-                self.metrics.inc("lease_lost")
-                event(log, logging.ERROR, "lease lost after the SMTP server accepted the mail: "
-                      "possibly sent twice", mail_id=mail.id, error=str(exc))
-                return wait
-        if deferred:
-            self.fail([mail], Outcome(
-                RETRY, f"delivered to {len(result.accepted)} recipient(s); deferred, retried later for "
-                f"those only: {text}", "recipients deferred (4xx)", min(c for c, _ in deferred.values()),
-                None, "recipient"))
-            return wait
-        self._ack(mail.id, result.code or None, text)
-        return wait
-
-    def _ack(self, mail_id: int, code: int | None, text: str | None) -> None:
-        if not self.pending:
-            self._pending_since = time.monotonic()
-        mail = self.held.get(mail_id)
-        self.pending.append(_Pending(mail_id, code, text, mail.account_name if mail else None,
-                                     self.dry_run or bool(mail and mail.dry_run)))
-
-    def flush_acks(self) -> None:
-        """Write every pending acknowledgement: one MarkSent per distinct reply text."""
-        if not self.pending:
-            return
-        pending, self.pending = self.pending, []
-        # Every mail stores its own final reply (with the server's queue ID); mails
-        # with the same reply share one MarkSent call.
-        # Dry-run mails (the worker's or their application's) are acknowledged
-        # apart, with @DryRun = 1.
-        groups: OrderedDict[tuple[int | None, str | None, bool], list[int]] = OrderedDict()
-        accounts = {p.mail_id: p.account for p in pending}
-        for p in pending:
-            groups.setdefault((p.code, p.text, p.dry_run), []).append(p.mail_id)
-        for (code, text, dry), ids in groups.items():
-            done = self._each(
-                ids, lambda chunk: self.db.call(
-                    self.procs.mark_sent, ids=chunk, lock_token=self.token, smtp_code=code,
-                    smtp_text=text[:MAX_ERROR] if text else None, dry_run=dry),
-                lost="lease lost after the SMTP server accepted the mail: possibly sent twice")
-            for account, n in Counter(accounts[i] for i in done).items():
-                self.metrics.inc("sent", n, account=account, code=code)
-            event(log, logging.INFO, "acknowledged", count=len(done), ids=done, dry_run=dry)
-
-    def fail(self, mails: Iterable[ClaimedMail], outcome: Outcome) -> None:
-        mails = list(mails)
-        accounts = {m.id: m.account_name for m in mails}
-        ids = [m.id for m in mails if m.id in self.held]
-        if not ids:
+    def fail(self, mails: Iterable[ClaimedMail], outcome: Outcome, *, undecided: bool = False,
+             recipients: list[dict[str, Any]] | None = None) -> None:
+        """Record ``outcome`` (Retry, Wait or Stop) for ``mails``: written at once, and
+        kept until written when the database fails.  ``undecided``: held until the
+        account's verdict (see :class:`_Ack`)."""
+        mails = [m for m in mails if m.id in self.held]
+        if not mails:
             return
         level = logging.ERROR if outcome.disposition == STOP else logging.WARNING
-        event(log, level, outcome.disposition, ids=ids, reason=outcome.reason, rule=outcome.rule,
-              smtp_code=outcome.smtp_code, retry_after_seconds=outcome.retry_after_seconds)
-        done = self._each(
-            ids, lambda chunk: self.db.call(
-                self.procs.mark_failed, ids=chunk, lock_token=self.token,
-                disposition=outcome.disposition, error=outcome.reason[:MAX_ERROR],
-                retry_after_seconds=outcome.retry_after_seconds, smtp_code=outcome.smtp_code),
-            lost="lease lost before the failure was recorded; the new owner decides")
-        counter = {STOP: "failed", RETRY: "retried", WAIT: "waited"}[outcome.disposition]
-        done_set = set(done)
-        for account, n in Counter(accounts[i] for i in done_set).items():
-            self.metrics.inc(counter, n, account=account, code=outcome.smtp_code)
+        event(log, level, outcome.disposition, ids=[m.id for m in mails], reason=outcome.reason,
+              rule=outcome.rule, smtp_code=outcome.smtp_code, retry_after_seconds=outcome.retry_after_seconds,
+              undecided=undecided or None)
+        for m in mails:
+            self._decided(m, _Ack(m.id, m.account_name, outcome, recipients=recipients, undecided=undecided,
+                                  message_id=m.message_id))
+        if not undecided:
+            self._write_acks(sent=False)
+
+    def decide(self, account: str, wait: Outcome | None = None) -> None:
+        """The account's undecided failures get their verdict: ``wait`` (the account's
+        failures escalated: refunded) or their own Retry (charged)."""
+        changed = False
+        for a in self.acks.values():
+            if a.undecided and a.account == account:
+                a.undecided = False
+                if wait is not None:
+                    a.outcome = wait  # one MarkFailed for the account's whole Wait
+                changed = True
+        if changed:
+            self._write_acks(sent=False)
+
+    def _decided(self, mail: ClaimedMail, ack: _Ack) -> None:
+        self.held.pop(mail.id, None)
+        if not self.acks:
+            self._acks_since = self.monotonic()
+        self.acks[mail.id] = ack
 
     def release(self, mails: Iterable[ClaimedMail], why: str) -> None:
+        """Give back undecided mails now (attempt refunded).  A mail with a decided,
+        unwritten acknowledgement is never among them."""
         ids = [m.id for m in mails if m.id in self.held]
         if not ids:
             return
-        try:
-            done = self._each(
-                ids, lambda chunk: self.db.call(self.procs.release_mail, ids=chunk, lock_token=self.token),
-                lost="lease already lost; nothing to release")
-        except DatabaseError as exc:
-            for i in ids:
-                self.held.pop(i, None)
-            event(log, logging.WARNING, "release failed; the leases will expire", ids=ids, error=str(exc))
-            return
-        self.metrics.inc("released", len(done))
-        event(log, logging.INFO, "released", ids=done, why=why)
-
-    def _each(self, ids: list[int], call: Callable[[list[int]], Any], *, lost: str) -> list[int]:
-        """``call(ids)`` all at once; when a lease is lost (the call wrote nothing),
-        once per mail so the valid ones are still recorded.  Returns the IDs done."""
-        try:
-            call(ids)
-            done = list(ids)
-        except LeaseLostError:
-            done = []
-            for i in ids:
-                try:
-                    call([i])
-                    done.append(i)
-                except LeaseLostError as exc:
-                    self.metrics.inc("lease_lost")
-                    event(log, logging.ERROR, lost, mail_id=i, error=str(exc))
+        by_id = {m.id: m for m in mails if m.id in ids}
         for i in ids:
             self.held.pop(i, None)
+        done: list[int] = []
+
+        def lost(i: int, exc: BaseException) -> None:
+            event(log, logging.WARNING, "release refused; the lease will expire", mail_id=i, error=str(exc))
+
+        try:
+            for chunk in _chunks(ids):
+                done += self._apply(chunk, lambda c: self.db.call(self.procs.release_mail, ids=c,
+                                                                  lock_token=self.token), lost)
+        except Exception as exc:  # noqa: BLE001 - a release that fails leaves the lease to expire
+            event(log, logging.WARNING, "release failed; the leases will expire", ids=ids, error=str(exc))
+        for i in ids:
+            self.leases.pop(i, None)
+        if done:
+            self.metrics.inc("released", len(done))
+            event(log, logging.INFO, "released", ids=done, why=why)
+        for i in done:
+            mail_state(log, mail_id=i, account=by_id[i].account_name, message_id=by_id[i].message_id,
+                       status="UnSent", outcome="Released", reason=why)
+
+    # ------------------------------------------------------------ writing acknowledgements
+
+    def flush_acks(self, *, wait: bool = False) -> None:
+        """Write every pending acknowledgement.  ``wait``: retry what failed with a
+        transient error (backoff) while the leases it is fenced by last and at most
+        lease_seconds (when stopping, at most ack_shutdown_wait_seconds more)."""
+        if not self.acks:
+            return
+        self._write_acks()
+        if not wait:
+            return
+        backoff = Backoff(ACK_RETRY_MIN_SECONDS, ACK_RETRY_MAX_SECONDS)
+        started = self.monotonic()
+        while self._unwritten() and self.monotonic() < self._ack_deadline(started):
+            self.pause(min(backoff.next(), max(0.0, self._ack_deadline(started) - self.monotonic())))
+            self.maintain_leases(flush=False)
+            self._write_acks()
+
+    def _unwritten(self) -> bool:
+        return any(not a.undecided for a in self.acks.values())
+
+    def _ack_deadline(self, started: float) -> float:
+        pending = [self.leases.get(a.mail_id, started) for a in self.acks.values() if not a.undecided]
+        deadline = min([started + self.settings.lease_seconds, *pending])
+        if self.stop.is_set():
+            if self._stopping_since is None:
+                self._stopping_since = self.monotonic()
+            deadline = min(deadline, self._stopping_since + self.settings.ack_shutdown_wait_seconds)
+        return deadline
+
+    def _write_acks(self, *, sent: bool = True) -> None:
+        """One attempt at the pending acknowledgements (recipients' outcomes first,
+        then failures, then, with ``sent``, MarkSent); what failed with a
+        transient error stays pending."""
+        try:
+            self._write_recipients()
+            self._write_failures()
+            if sent:
+                self._write_sent()
+        except Exception as exc:  # noqa: BLE001 - only transient errors come out of the writers
+            self.metrics.inc("ack_retries")
+            event(log, logging.WARNING, "acknowledgements not written yet: kept and retried",
+                  pending=len(self.acks), error=str(exc))
+
+    def _write_recipients(self) -> None:
+        for a in [a for a in self.acks.values() if a.recipients is not None and not a.undecided]:
+            rows = a.recipients
+
+            def record(ids: list[int], rows: list[dict[str, Any]] | None = rows) -> None:
+                self.db.call(self.procs.record_recipient_outcomes, mail_id=ids[0], lock_token=self.token,
+                             outcomes=rows)
+
+            if not hasattr(self.procs, "record_recipient_outcomes") or self._apply([a.mail_id], record, self._lost):
+                a.recipients = None
+
+    def _write_failures(self) -> None:
+        groups: OrderedDict[Outcome, list[int]] = OrderedDict()
+        for a in self.acks.values():
+            if a.outcome is not None and a.recipients is None and not a.undecided:
+                groups.setdefault(a.outcome, []).append(a.mail_id)
+        for outcome, ids in groups.items():
+            mark = functools.partial(self._mark_failed, outcome)
+            for chunk in _chunks(ids):
+                done = self._apply(chunk, mark, self._lost)
+                self._written(done, {STOP: "failed", RETRY: "retried", WAIT: "waited"}[outcome.disposition],
+                              outcome.smtp_code)
+
+    def _mark_failed(self, outcome: Outcome, ids: list[int]) -> None:
+        rows = self.db.call(self.procs.mark_failed, ids=ids, lock_token=self.token, disposition=outcome.disposition,
+                            error=outcome.reason[:MAX_ERROR], retry_after_seconds=outcome.retry_after_seconds,
+                            smtp_code=outcome.smtp_code)
+        for r in rows or []:  # the status MarkFailed left each mail in (UnSent or Failed), for its state line
+            self._failed_status[r.mail_id] = r.status
+
+    def _mark_sent(self, code: int | None, text: str | None, dry: bool, ids: list[int]) -> None:
+        self.db.call(self.procs.mark_sent, ids=ids, lock_token=self.token, smtp_code=code,
+                     smtp_text=text[:MAX_ERROR] if text else None, dry_run=dry)
+
+    def _write_sent(self) -> None:
+        # Every mail stores its own final reply (with the server's queue ID); mails
+        # with the same reply share one MarkSent call, dry-run ones apart (@DryRun = 1).
+        groups: OrderedDict[tuple[int | None, str | None, bool], list[int]] = OrderedDict()
+        for a in self.acks.values():
+            if a.outcome is None and a.recipients is None:
+                groups.setdefault((a.code, a.text, a.dry_run), []).append(a.mail_id)
+        for (code, text, dry), ids in groups.items():
+            mark = functools.partial(self._mark_sent, code, text, dry)
+            for chunk in _chunks(ids):
+                done = self._apply(chunk, mark, self._lost)
+                self._written(done, "sent", code)
+                if done:
+                    event(log, logging.INFO, "acknowledged", count=len(done), ids=done, dry_run=dry)
+
+    def _written(self, ids: list[int], counter: str, code: int | None) -> None:
+        accounts = Counter(self.acks[i].account for i in ids if i in self.acks)
+        for i in ids:
+            a = self.acks.pop(i, None)
+            self.leases.pop(i, None)
+            if a is not None:
+                self._state_line(a)
+        for account, n in accounts.items():
+            self.metrics.inc(counter, n, account=account, code=code)
+
+    def _state_line(self, a: _Ack) -> None:
+        """The mail's state-change line, once the database has its acknowledgement."""
+        if a.outcome is None:
+            mail_state(log, mail_id=a.mail_id, account=a.account, message_id=a.message_id, status="Sent",
+                       outcome="DryRun" if a.dry_run else "Sent", queue_id=a.queue_id, smtp_code=a.code)
+            return
+        level = logging.ERROR if a.outcome.disposition == STOP else logging.WARNING
+        mail_state(log, mail_id=a.mail_id, account=a.account, message_id=a.message_id,
+                   status=self._failed_status.pop(a.mail_id, None), outcome=a.outcome.disposition,
+                   smtp_code=a.outcome.smtp_code, reason=a.outcome.reason, level=level)
+
+    def _apply(self, ids: list[int], call: Callable[[list[int]], Any],
+               failed: Callable[[int, BaseException], None]) -> list[int]:
+        """``call(ids)`` at once; when a lease is lost or the database refuses the
+        call (it wrote nothing), once per mail so the valid ones are still written.
+        Returns the IDs written; ``failed(id, error)`` for each refused one.  A
+        transient error is raised: the caller keeps everything not yet written."""
+        try:
+            call(ids)
+            return list(ids)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            if len(ids) == 1:
+                failed(ids[0], exc)
+                return []
+        done: list[int] = []
+        for i in ids:
+            try:
+                call([i])
+                done.append(i)
+            except Exception as exc:
+                if is_transient(exc):
+                    self._written_partly(done)
+                    raise
+                failed(i, exc)
         return done
+
+    def _written_partly(self, ids: list[int]) -> None:
+        for i in ids:
+            if i in self.acks and self.acks[i].recipients is not None:
+                self.acks[i].recipients = None
+
+    def _lost(self, mail_id: int, exc: BaseException) -> None:
+        """The database refused an acknowledgement for good (lease lost, mail gone):
+        it is not retried; an accepted mail may then be sent twice."""
+        a = self.acks.pop(mail_id, None)
+        self.leases.pop(mail_id, None)
+        if isinstance(exc, LeaseLostError):
+            self.metrics.inc("lease_lost")
+        if a is None:
+            return
+        if a.outcome is None:
+            event(log, logging.ERROR, "lease lost after the SMTP server accepted the mail: possibly sent twice"
+                  if isinstance(exc, LeaseLostError) else
+                  "the database refused the acknowledgement of a mail the server accepted: possibly sent twice",
+                  mail_id=mail_id, error=str(exc))
+        else:
+            event(log, logging.WARNING, "lease lost before the failure was recorded; the new owner decides"
+                  if isinstance(exc, LeaseLostError) else "the database refused the failure; the lease will expire",
+                  mail_id=mail_id, error=str(exc))
+
+    def _give_up_acks(self) -> None:
+        """What could not be written is left to lease expiry: the reclaim flags the
+        mail PossibleDuplicate.  One WARNING line per mail."""
+        for mail_id, a in list(self.acks.items()):
+            self.metrics.inc("acks_abandoned")
+            event(log, logging.WARNING,
+                  "acknowledgement not written: the mail is left to lease expiry and its reclaim flags it "
+                  "PossibleDuplicate" if a.outcome is None else
+                  "failure not written: the mail is left to lease expiry",
+                  mail_id=mail_id, account=a.account, disposition=a.outcome.disposition if a.outcome else "Sent")
+            self.leases.pop(mail_id, None)
+        self.acks.clear()
 
     # ---------------------------------------------------------------- leases
 
-    def _lease_left(self, mail: ClaimedMail) -> float:
-        return (mail.lease_expires_utc - self.clock()).total_seconds()
+    def lease_left(self, mail_id: int) -> float:
+        """Seconds left on this worker's lease of ``mail_id`` (by this process's monotonic clock)."""
+        return self.leases.get(mail_id, float("-inf")) - self.monotonic()
 
-    def maintain_leases(self) -> None:
-        """Flush old acknowledgements; extend the leases once half of them is used up."""
-        if self.pending and time.monotonic() - self._pending_since >= self.settings.ack_interval_seconds:
-            self.flush_acks()
-        if not self.held:
+    def maintain_leases(self, *, flush: bool = True) -> None:
+        """Write old acknowledgements (``flush``); extend every lease held once half of it is used up."""
+        if flush and self.acks and self.monotonic() - self._acks_since >= self.settings.ack_interval_seconds:
+            self._write_acks()
+            self._acks_since = self.monotonic()
+        if not self.leases or min(self.leases.values()) - self.monotonic() >= self.settings.lease_seconds / 2:
             return
-        soonest = min(self._lease_left(m) for m in self.held.values())
-        if soonest >= self.settings.lease_seconds / 2:
-            return
-        ids = list(self.held)
+        ids = list(self.leases)
+        started = self.monotonic()
         try:
-            new = self.db.call(self.procs.extend_lease, ids=ids, lock_token=self.token,
-                               lease_seconds=self.settings.lease_seconds)
-        except LeaseLostError:
-            new = {}
-            for i in ids:
-                try:
-                    new.update(self.db.call(self.procs.extend_lease, ids=[i], lock_token=self.token,
-                                            lease_seconds=self.settings.lease_seconds))
-                except LeaseLostError:
-                    pass
-        except DatabaseError as exc:
+            new = self._extend(ids)
+        except Exception as exc:  # noqa: BLE001 - the leases run on; the margin protects the sends
             event(log, logging.WARNING, "lease extension failed", error=str(exc))
             return
         self.metrics.inc("lease_extensions")
-        pending = {p.mail_id for p in self.pending}
         for i in ids:
             if i in new:
-                self.held[i].lease_expires_utc = new[i]
-                continue
-            self.held.pop(i)
-            self.metrics.inc("lease_lost")
-            if i in pending:
-                event(log, logging.ERROR, "lease lost after the SMTP server accepted the mail: "
-                      "possibly sent twice", mail_id=i)
-                self.pending = [p for p in self.pending if p.mail_id != i]
-            else:
-                event(log, logging.WARNING, "lease lost before sending; another worker has the mail",
-                      mail_id=i)
+                self.leases[i] = started + self._granted(new[i].seconds_remaining)
+            elif i in self.held:
+                self.held.pop(i)
+                self.leases.pop(i, None)
+                self.metrics.inc("lease_lost")
+                event(log, logging.WARNING, "lease lost before sending; another worker has the mail", mail_id=i)
+            # a mail with a pending acknowledgement: its write tells whether the lease was lost
 
-    def _abandon(self) -> None:
-        """After an unexpected error: best-effort acknowledgements and releases, then forget."""
-        for step in (self.flush_acks, lambda: self.release(list(self.held.values()), "error")):
-            try:
-                step()
-            except Exception:  # noqa: BLE001
-                log.warning("cleanup after error failed", exc_info=True)
-        self.held.clear()
-        self.pending.clear()
-        self.db.discard()
+    def _extend(self, ids: list[int]) -> dict[int, procedures.Lease]:
+        def extend(chunk: list[int]) -> dict[int, procedures.Lease]:
+            result: dict[int, procedures.Lease] = self.db.call(
+                self.procs.extend_lease, ids=chunk, lock_token=self.token, lease_seconds=self.settings.lease_seconds)
+            return result
+
+        try:
+            return extend(ids)
+        except LeaseLostError:
+            new: dict[int, procedures.Lease] = {}
+            for i in ids:
+                try:
+                    new.update(extend([i]))
+                except LeaseLostError:
+                    pass
+            return new
 
 
-def _reply_text(reply: bytes | str | None) -> str:
-    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else (reply or "")
+def _chunks(ids: list[int]) -> list[list[int]]:
+    return [ids[i:i + ACK_CHUNK] for i in range(0, len(ids), ACK_CHUNK)]
+
+
+def mail_bytes(mail: ClaimedMail) -> int:
+    """About what a claimed mail holds in memory: bodies, model and attachment content."""
+    size = len(mail.body or "") + len(mail.text_body or "") + len(mail.template_model or "")
+    return size + sum(len(a.content) for a in mail.attachments if isinstance(a, Attachment))
 
 
 def group_by_account(mails: Iterable[ClaimedMail]) -> "OrderedDict[str, list[ClaimedMail]]":

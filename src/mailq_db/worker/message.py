@@ -25,7 +25,7 @@ from email.headerregistry import Address, HeaderRegistry
 from email.message import EmailMessage
 from email.utils import format_datetime, getaddresses
 
-from ..procedures import ClaimedMail
+from ..procedures import Attachment, ClaimedMail
 
 #: Headers a business header may never set (they are the worker's to write).
 RESERVED_HEADERS = frozenset(
@@ -36,7 +36,6 @@ RESERVED_HEADERS = frozenset(
 )
 #: RFC 5322 ftext: printable US-ASCII except the colon.
 FIELD_NAME = re.compile(r"^[\x21-\x39\x3b-\x7e]+$")
-
 
 
 class _CachedHeaderRegistry(HeaderRegistry):
@@ -161,69 +160,99 @@ def message_id(stored: str) -> str:
     return stored
 
 
-def build(mail: ClaimedMail) -> Outgoing:
-    """The message and envelope for ``mail``; raises MalformedMail (a Stop)."""
+@dataclass(frozen=True)
+class _Parties:
+    """The mail's addresses, parsed and checked."""
+
+    sender: Address
+    to: list[Address]
+    cc: list[Address]
+    bcc: list[Address]
+    reply_to: list[Address]
+
+    @property
+    def smtputf8(self) -> bool:
+        """True when an address is not ASCII: the message needs the server's SMTPUTF8."""
+        every = [self.sender, *self.to, *self.cc, *self.bcc, *self.reply_to]
+        return not all(_is_ascii(a.addr_spec) for a in every)
+
+    def recipients(self) -> tuple[str, ...]:
+        """To, Cc and Bcc for the envelope, each address once (case-insensitively)."""
+        out: list[str] = []
+        for a in (*self.to, *self.cc, *self.bcc):
+            if a.addr_spec.lower() not in (r.lower() for r in out):
+                out.append(a.addr_spec)
+        return tuple(out)
+
+
+def _parties(mail: ClaimedMail) -> _Parties:
     sender = parse_addresses(mail.from_address, "FromAddress")
     if len(sender) != 1:
         raise MalformedMail("FromAddress must be exactly one address")
     _no_newlines(mail.from_name, "FromName")
     _no_newlines(mail.subject, "Subject")
-    from_addr = Address(display_name=mail.from_name or sender[0].display_name,
-                        username=sender[0].username, domain=sender[0].domain)
-    to = parse_addresses(mail.to_address, "ToAddress")
-    cc = parse_addresses(mail.cc, "CC")
-    bcc = parse_addresses(mail.bcc, "BCC")
-    reply_to = parse_addresses(mail.reply_to, "ReplyTo")
-    if not (to or cc or bcc):
+    parties = _Parties(
+        Address(display_name=mail.from_name or sender[0].display_name, username=sender[0].username,
+                domain=sender[0].domain),
+        parse_addresses(mail.to_address, "ToAddress"), parse_addresses(mail.cc, "CC"),
+        parse_addresses(mail.bcc, "BCC"), parse_addresses(mail.reply_to, "ReplyTo"))
+    if not (parties.to or parties.cc or parties.bcc):
         raise MalformedMail("the mail has no recipient")
     for name, value in (mail.headers or {}).items():
         validate_header(name, value)
+    return parties
 
-    every = [from_addr, *to, *cc, *bcc, *reply_to]
-    smtputf8 = not all(_is_ascii(a.addr_spec) for a in every)
-    build_policy = UTF8_POLICY if smtputf8 else BUILD_POLICY
 
+def _set_headers(msg: EmailMessage, mail: ClaimedMail, parties: _Parties) -> None:
+    msg["Message-ID"] = message_id(mail.message_id)
+    msg["Date"] = format_datetime(_utc(mail.dt_stamp))
+    msg["From"] = parties.sender
+    if parties.reply_to:
+        msg["Reply-To"] = parties.reply_to
+    if parties.to:
+        msg["To"] = parties.to
+    if parties.cc:
+        msg["Cc"] = parties.cc
+    msg["Subject"] = mail.subject or ""
+    for name, value in (mail.headers or {}).items():
+        if value.isascii():
+            msg.set_raw(name, fold_ascii_header(name, value))  # kept byte for byte
+        else:
+            msg[name] = value  # RFC 2047 by the policy
+
+
+def _set_body(msg: EmailMessage, mail: ClaimedMail) -> None:
+    if mail.body_format == "Html":
+        if mail.text_body:
+            msg.set_content(mail.text_body)
+            msg.add_alternative(mail.body, subtype="html")
+        else:
+            msg.set_content(mail.body, subtype="html")
+    elif mail.body_format == "Text":
+        msg.set_content(mail.body or "")
+    else:
+        raise MalformedMail(f"unknown BodyFormat {mail.body_format!r}")
+    for att in mail.attachments:
+        if not isinstance(att, Attachment):
+            raise MalformedMail(f"attachment {att.file_name!r} was never generated (a lazy attachment)")
+        _no_newlines(att.file_name, "attachment file name")
+        maintype, _, subtype = (att.content_type or "application/octet-stream").partition("/")
+        if not subtype or not FIELD_NAME.match(maintype) or not FIELD_NAME.match(subtype):
+            raise MalformedMail(f"attachment {att.file_name!r}: bad content type {att.content_type!r}")
+        msg.add_attachment(att.content, maintype=maintype, subtype=subtype, filename=att.file_name)
+
+
+def build(mail: ClaimedMail) -> Outgoing:
+    """The message and envelope for ``mail``; raises MalformedMail (a Stop)."""
+    parties = _parties(mail)
+    build_policy = UTF8_POLICY if parties.smtputf8 else BUILD_POLICY
     msg = EmailMessage(policy=build_policy)
     try:
-        msg["Message-ID"] = message_id(mail.message_id)
-        msg["Date"] = format_datetime(_utc(mail.dt_stamp))
-        msg["From"] = from_addr
-        if reply_to:
-            msg["Reply-To"] = reply_to
-        if to:
-            msg["To"] = to
-        if cc:
-            msg["Cc"] = cc
-        msg["Subject"] = mail.subject or ""
-        for name, value in (mail.headers or {}).items():
-            if value.isascii():
-                msg.set_raw(name, fold_ascii_header(name, value))  # kept byte for byte
-            else:
-                msg[name] = value  # RFC 2047 by the policy
-        if mail.body_format == "Html":
-            if mail.text_body:
-                msg.set_content(mail.text_body)
-                msg.add_alternative(mail.body, subtype="html")
-            else:
-                msg.set_content(mail.body, subtype="html")
-        elif mail.body_format == "Text":
-            msg.set_content(mail.body or "")
-        else:
-            raise MalformedMail(f"unknown BodyFormat {mail.body_format!r}")
-        for att in mail.attachments:
-            _no_newlines(att.file_name, "attachment file name")
-            maintype, _, subtype = (att.content_type or "application/octet-stream").partition("/")
-            if not subtype or not FIELD_NAME.match(maintype) or not FIELD_NAME.match(subtype):
-                raise MalformedMail(f"attachment {att.file_name!r}: bad content type {att.content_type!r}")
-            msg.add_attachment(att.content, maintype=maintype, subtype=subtype, filename=att.file_name)
+        _set_headers(msg, mail, parties)
+        _set_body(msg, mail)
         data = msg.as_bytes(policy=build_policy)
     except MalformedMail:
         raise
     except (ValueError, TypeError, IndexError) as exc:
         raise MalformedMail(f"cannot build the message: {exc}") from exc
-
-    recipients: list[str] = []
-    for a in (*to, *cc, *bcc):
-        if a.addr_spec.lower() not in (r.lower() for r in recipients):
-            recipients.append(a.addr_spec)
-    return Outgoing(mail.id, from_addr.addr_spec, tuple(recipients), data, smtputf8)
+    return Outgoing(mail.id, parties.sender.addr_spec, parties.recipients(), data, parties.smtputf8)

@@ -1,9 +1,11 @@
 """``check-config --probe``: talk to each account's server the way the worker will, step by step.
 
-TCP (and TLS for implicit TLS), the greeting, EHLO, STARTTLS with the
-certificate checked, EHLO again, one AUTH, QUIT.  Each step is reported with
-what the server said and, when it fails, what to fix.  QUIT is sent after an
-error too, so the server sees a clean end.  Nothing is sent: no MAIL FROM.
+The probe runs the worker's own connection sequence (:meth:`SmtpSession.open`:
+TCP, and TLS for implicit TLS, the greeting, EHLO, STARTTLS with the
+certificate checked, EHLO again, one AUTH) and QUIT, reporting each step with
+what the server said; the step that fails is reported with what to fix.  QUIT
+is sent after an error too, so the server sees a clean end.  Nothing is sent:
+no MAIL FROM.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import socket
 import ssl
 from dataclasses import dataclass
 
+from .classify import SetupError, reply_text
 from .config import AccountConfig, is_fqdn
-from .smtp import SmtpSession, tls_context
+from .smtp import SmtpSession
 
 
 @dataclass
@@ -35,9 +38,7 @@ class Step:
 
 
 def _reply(value: bytes | str | None) -> str:
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    return " ".join((value or "").split())
+    return " ".join(reply_text(value).split())
 
 
 def _tls_fix(a: AccountConfig, exc: BaseException) -> str:
@@ -50,101 +51,68 @@ def _tls_fix(a: AccountConfig, exc: BaseException) -> str:
     return "check the server's TLS configuration and ca_file"
 
 
+def _connect_failure(a: AccountConfig, exc: BaseException) -> Step:
+    if isinstance(exc, ssl.SSLError):
+        return Step(a.name, f"TLS {a.host}:{a.port}", False, str(exc), _tls_fix(a, exc))
+    if isinstance(exc, smtplib.SMTPConnectError):
+        return Step(a.name, f"TCP {a.host}:{a.port}", False, f"{exc.smtp_code} {_reply(exc.smtp_error)}",
+                    "the server refuses connections from here (greeting not 220)")
+    hint = "is the host right and the port open from here? submission is usually 587 (STARTTLS) or 465 (implicit TLS)"
+    if isinstance(exc, smtplib.SMTPServerDisconnected) and a.tls != "implicit" and a.port == 465:
+        hint = 'port 465 expects TLS from the first byte: set tls = "implicit"'
+    elif isinstance(exc, (socket.timeout, TimeoutError)) and a.tls != "implicit":
+        hint += '; a server that says nothing may expect implicit TLS (tls = "implicit")'
+    return Step(a.name, f"TCP {a.host}:{a.port}", False, f"{type(exc).__name__}: {exc}", hint)
+
+
+def _failure(a: AccountConfig, stage: str, exc: BaseException) -> Step:
+    """The step that failed, with what to fix."""
+    if stage == "connect":
+        return _connect_failure(a, exc)
+    if stage == "ehlo":
+        return Step(a.name, "EHLO", False, str(exc), "the server refuses EHLO: check local_hostname")
+    if stage == "starttls":
+        if isinstance(exc, ssl.SSLError):
+            return Step(a.name, "STARTTLS", False, str(exc), _tls_fix(a, exc))
+        if isinstance(exc, SetupError):
+            return Step(a.name, "STARTTLS", False, "not offered",
+                        'use the provider\'s submission port (587), or tls = "implicit" on 465')
+        return Step(a.name, "STARTTLS", False, str(exc), "the server refused STARTTLS")
+    if stage == "auth" and isinstance(exc, smtplib.SMTPAuthenticationError):
+        return Step(a.name, "AUTH", False, f"{exc.smtp_code} {_reply(exc.smtp_error)}",
+                    f"authentication failed for account {a.name}: check the user name and the password "
+                    f"in ${a.password_env} (one attempt was made, to avoid a lockout)")
+    if stage == "auth":
+        return Step(a.name, "AUTH", False, str(exc), "use a port that offers AUTH (submission, 587)")
+    return Step(a.name, stage.upper(), False, f"{type(exc).__name__}: {exc}")
+
+
 def probe_account(a: AccountConfig) -> list[Step]:
     steps: list[Step] = []
-    add = steps.append
-    name = a.name
     helo = a.local_hostname or socket.getfqdn()
     if not is_fqdn(helo):
-        add(Step(name, "EHLO name", True, f"{helo!r} (from {'local_hostname' if a.local_hostname else 'this host'}) "
-                 "is not a fully qualified domain name", "set local_hostname to this machine's public name "
-                 "(Postfix's reject_non_fqdn_helo_hostname refuses it)", warning=True))
-    session = SmtpSession(a)
-    smtp: smtplib.SMTP | None = None
+        steps.append(Step(a.name, "EHLO name", True, f"{helo!r} (from "
+                          f"{'local_hostname' if a.local_hostname else 'this host'}) is not a fully qualified "
+                          "domain name", "set local_hostname to this machine's public name "
+                          "(Postfix's reject_non_fqdn_helo_hostname refuses it)", warning=True))
+
+    def on_step(name: str, detail: str) -> None:
+        unverified = name == "STARTTLS" and not a.verify_tls
+        steps.append(Step(a.name, name, True, detail,
+                          "set verify_tls = true (and ca_file) outside of tests" if unverified else None,
+                          warning=unverified))
+        if name == "EHLO" and a.tls == "none":
+            steps.append(Step(a.name, "TLS", True, "none: mail and password go in clear text (allow_plaintext)",
+                              "only for local sinks", warning=True))
+
+    session = SmtpSession(a, on_step=on_step)
     try:
-        try:
-            if a.tls == "implicit":
-                smtp = smtplib.SMTP_SSL(timeout=a.connect_timeout_seconds, context=tls_context(a),
-                                        local_hostname=a.local_hostname)
-            else:
-                smtp = smtplib.SMTP(timeout=a.connect_timeout_seconds, local_hostname=a.local_hostname)
-            smtp._host = a.host  # smtplib sets it only when the host is given to the constructor (TLS SNI)
-            code, greeting = smtp.connect(a.host, a.port)
-        except ssl.SSLError as exc:
-            add(Step(name, f"TLS {a.host}:{a.port}", False, str(exc), _tls_fix(a, exc)))
-            return steps
-        except (OSError, smtplib.SMTPException) as exc:
-            hint = ("is the host right and the port open from here? submission is usually 587 "
-                    "(STARTTLS) or 465 (implicit TLS)")
-            if isinstance(exc, smtplib.SMTPServerDisconnected) and a.tls != "implicit" and a.port == 465:
-                hint = 'port 465 expects TLS from the first byte: set tls = "implicit"'
-            elif isinstance(exc, (socket.timeout, TimeoutError)) and a.tls != "implicit":
-                hint += '; a server that says nothing may expect implicit TLS (tls = "implicit")'
-            add(Step(name, f"TCP {a.host}:{a.port}", False, f"{type(exc).__name__}: {exc}", hint))
-            return steps
-        add(Step(name, f"TCP {a.host}:{a.port}", code == 220, f"{code} {_reply(greeting)}",
-                 None if code == 220 else "the server refuses connections from here (greeting not 220)"))
-        if code != 220:
-            return steps
-        session.smtp = smtp
-        smtp.sock.settimeout(a.command_timeout_seconds)
-        code, text = smtp.ehlo()
-        add(Step(name, "EHLO", code == 250, f"{code}; offers {', '.join(sorted(smtp.esmtp_features)) or 'nothing'}",
-                 None if code == 250 else "the server refuses EHLO: check local_hostname"))
-        if code != 250:
-            return steps
-        if a.tls == "starttls":
-            if not smtp.has_extn("starttls"):
-                add(Step(name, "STARTTLS", False, "not offered",
-                         'use the provider\'s submission port (587), or tls = "implicit" on 465'))
-                return steps
-            try:
-                code, text = smtp.starttls(context=tls_context(a))
-            except ssl.SSLError as exc:
-                add(Step(name, "STARTTLS", False, str(exc), _tls_fix(a, exc)))
-                session.smtp = None  # the TLS handshake failed half-way: no QUIT on that socket
-                smtp.close()
-                return steps
-            except smtplib.SMTPResponseException as exc:
-                add(Step(name, "STARTTLS", False, f"{exc.smtp_code} {_reply(exc.smtp_error)}",
-                         "the server refused STARTTLS"))
-                return steps
-            cert = smtp.sock.getpeercert() if isinstance(smtp.sock, ssl.SSLSocket) else None
-            subject = dict(x[0] for x in cert.get("subject", ())) if cert else {}
-            add(Step(name, "STARTTLS", True, f"{smtp.sock.version()}, certificate "
-                     f"{'verified' if a.verify_tls else 'NOT verified (verify_tls = false)'}"
-                     + (f" for {subject.get('commonName')}" if subject.get("commonName") else ""),
-                     None if a.verify_tls else "set verify_tls = true (and ca_file) outside of tests",
-                     warning=not a.verify_tls))
-            smtp.sock.settimeout(a.command_timeout_seconds)
-            code, text = smtp.ehlo()
-            add(Step(name, "EHLO after STARTTLS", code == 250,
-                     f"{code}; offers {', '.join(sorted(smtp.esmtp_features))}"))
-        elif a.tls == "none":
-            add(Step(name, "TLS", True, "none: mail and password go in clear text (allow_plaintext)",
-                     "only for local sinks", warning=True))
-        if a.user:
-            try:
-                session._login(a.user, a.password or "")
-                add(Step(name, "AUTH", True, f"logged in as {a.user} (one attempt)"))
-            except smtplib.SMTPAuthenticationError as exc:
-                add(Step(name, "AUTH", False, f"{exc.smtp_code} {_reply(exc.smtp_error)}",
-                         f"authentication failed for account {name}: check the user name and the password "
-                         f"in ${a.password_env} (one attempt was made, to avoid a lockout)"))
-            except smtplib.SMTPException as exc:
-                add(Step(name, "AUTH", False, str(exc), "use a port that offers AUTH (submission, 587)"))
-        return steps
+        session.open()
+    except Exception as exc:  # noqa: BLE001 - every failure is a reported step
+        steps.append(_failure(a, session.stage, exc))
     finally:
-        # QUIT after errors too
-        if session.smtp is not None:
-            try:
-                code, text = session.smtp.quit()
-                add(Step(name, "QUIT", True, f"{code} {_reply(text)}"))
-            except (smtplib.SMTPException, OSError):
-                pass
-            session.abort()
-        elif smtp is not None:
-            smtp.close()
+        session.close()  # QUIT after errors too (reported by on_step)
+    return steps
 
 
 def probe(accounts: dict[str, AccountConfig]) -> tuple[list[Step], bool]:

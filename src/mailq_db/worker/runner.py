@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 from .. import procedures
 from ..connection import ReconnectingConnection
+from .account import SenderPauses
+from .classify import Escalation
 from .config import Config
 from .logs import event
 from .loop import Worker
@@ -65,11 +67,15 @@ def run_workers(
     server = serve(metrics, metrics_port, metrics_host) if metrics_port is not None else None
     n = concurrency or config.worker.concurrency
     errors: list[BaseException] = []
+    # One memory per process of each account's failures and of paused From addresses.
+    escalation = Escalation(config.escalation)
+    pauses = SenderPauses()
 
     def body(index: int) -> None:
         db = ReconnectingConnection(open_connection)
         worker = worker_factory(config, db, procs=procs, stop=stop, metrics=metrics,
-                                name=f"{config.worker.worker_name}/{index}", dry_run=dry_run)
+                                name=f"{config.worker.worker_name}/{index}", dry_run=dry_run,
+                                escalation=escalation, sender_pauses=pauses)
         try:
             worker.run(once=once)
         except BaseException as exc:  # noqa: BLE001 - reported below

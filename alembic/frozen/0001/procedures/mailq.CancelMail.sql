@@ -6,7 +6,11 @@ have it; cancel again after it was acknowledged, or let it finish.
 Parameters:  @ID BIGINT, required.
 Result set:  one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
 Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
-Transaction: joins the caller's via a savepoint, else opens its own.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
+             in a procedure reverts when it returns).
+Lock order:  mailq.MailQueue, then mailq.MailEvent (insert).
 Example:     EXEC mailq.CancelMail @ID = 101;
 */
 CREATE OR ALTER PROCEDURE mailq.CancelMail
@@ -14,16 +18,17 @@ CREATE OR ALTER PROCEDURE mailq.CancelMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL
         THROW 50136, N'@ID is required.', 1;
 
     DECLARE @Status NVARCHAR(16);
-    DECLARE @TranCount INT = @@TRANCOUNT;
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @TranCount = 0 BEGIN TRANSACTION;
-        ELSE SAVE TRANSACTION CancelMail;
+        IF @OwnTran = 1 BEGIN TRANSACTION;
 
         -- UPDLOCK: read and change the row under one lock, so a claim cannot
         -- slip in between the check and the update.
@@ -46,16 +51,20 @@ BEGIN
         SET
             q.Status = N'Cancelled',
             q.DateProcessed = SYSUTCDATETIME()
+        -- The Cancelled event in the same statement (docs/events.md).
+        OUTPUT
+            inserted.ID, inserted.AppName, N'Cancelled', inserted.Status, inserted.AttemptCount,
+            NULL, NULL, inserted.DateProcessed
+        INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
 
-        IF @TranCount = 0 COMMIT TRANSACTION;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
-            ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION CancelMail;
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
 

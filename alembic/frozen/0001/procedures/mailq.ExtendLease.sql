@@ -5,10 +5,16 @@ batches), fenced by the lock token, all or nothing.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 1-3600,
              default 300: the new lease runs from now.
-Result set:  one row per mail: ID, LeaseExpiresUtc.
+Result set:  one row per mail: ID, LeaseExpiresUtc, LeaseSecondsRemaining
+             (INT: whole seconds of lease left, floor, by the server's clock as
+             the rows are returned; count it down on the worker's own
+             monotonic clock, never compare LeaseExpiresUtc with its wall clock).
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
              50132 @LeaseSeconds out of range.
-Transaction: joins the caller's via a savepoint, else opens its own.
+Transaction: its own if none is open, else the caller's (no savepoint); any
+             error is re-raised unchanged and dooms a caller's (XACT_ABORT).
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue only (clustered rows, via mailq.LockLeasedMail).
 Example:     EXEC mailq.ExtendLease @IDList = N'[101,102]', @LockToken = @T, @LeaseSeconds = 300;
 */
 CREATE OR ALTER PROCEDURE mailq.ExtendLease
@@ -19,6 +25,7 @@ CREATE OR ALTER PROCEDURE mailq.ExtendLease
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
@@ -31,33 +38,35 @@ BEGIN
     DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, SYSUTCDATETIME());
     DECLARE @Extended TABLE (ID BIGINT NOT NULL PRIMARY KEY, LeaseExpiresUtc DATETIME2(3) NOT NULL);
 
-    DECLARE @TranCount INT = @@TRANCOUNT;
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @TranCount = 0 BEGIN TRANSACTION;
-        ELSE SAVE TRANSACTION ExtendLease;
+        IF @OwnTran = 1 BEGIN TRANSACTION;
 
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
 
         UPDATE q
         SET q.VisibleAtUtc = @LeaseUntil
         OUTPUT inserted.ID, inserted.VisibleAtUtc INTO @Extended (ID, LeaseExpiresUtc)
-        FROM mailq.MailQueue AS q
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
 
-        IF @TranCount = 0 COMMIT TRANSACTION;
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
-            ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION ExtendLease;
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
 
+    -- Seconds left by the server's clock read now, rounded down.
+    DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
     SELECT
         e.ID,
-        e.LeaseExpiresUtc
+        e.LeaseExpiresUtc,
+        CAST(FLOOR(DATEDIFF_BIG(MILLISECOND, @ReturnedAt, e.LeaseExpiresUtc) / 1000.0) AS INT) AS LeaseSecondsRemaining
     FROM @Extended AS e
     ORDER BY e.ID;
 END;

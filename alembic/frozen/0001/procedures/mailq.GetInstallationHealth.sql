@@ -4,25 +4,34 @@ mailq.GetInstallationHealth: one row per installation check, for
 `mailq-db doctor`.  Reads only catalog views and the queue; changes nothing.
 Parameters:  none.
 Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix
-             (what to do when Status is not OK).  Checks: server version and
-             edition; compatibility level (>= 130); READ_COMMITTED_SNAPSHOT;
-             deployed schema revision; Service Broker and dbo.DelayServiceQueue;
-             the caller's roles and EXECUTE permissions; expired leases not yet
-             reclaimed; failures of the last 24 hours; blocked accounts; default account.
+             (runnable as is: names QUOTENAMEd, quotes doubled).  Checks: server
+             version (FAIL below SQL Server 2019) and edition; compatibility
+             level (>= 130); READ_COMMITTED_SNAPSHOT; deployed revision; Service
+             Broker and dbo.DelayServiceQueue; the caller's roles and EXECUTE
+             permissions; MailqEnqueuer members not mapped to an application;
+             expired leases not yet reclaimed; failures of the last 24 hours;
+             blocked accounts; default account.
+Visibility:  catalog views show a caller only what it owns or holds a
+             permission on, also inside this procedure: a least-privilege
+             MailqSender member sees "not visible" (WARN) for the queue, and
+             the Fix names VIEW DEFINITION or MailqAdmin.
 Errors:      none of its own.
-Transaction: reads only.
+Transaction: reads only; opens none.
+Isolation:   sets READ COMMITTED (no lock held past a statement).
+Lock order:  none (no locking reads).
 Example:     EXEC mailq.GetInstallationHealth;
 */
 CREATE OR ALTER PROCEDURE mailq.GetInstallationHealth
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Check TABLE (
         Position INT IDENTITY (1, 1) NOT NULL PRIMARY KEY,
         Area NVARCHAR(30) NOT NULL,
-        CheckName NVARCHAR(60) NOT NULL,
+        CheckName NVARCHAR(200) NOT NULL,
         Status NVARCHAR(4) NOT NULL,
         Detail NVARCHAR(4000) NULL,
         Fix NVARCHAR(4000) NULL
@@ -39,8 +48,20 @@ BEGIN
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     VALUES
     (
-        N'Server', N'Version', N'OK',
-        LEFT(REPLACE(@@VERSION, NCHAR(10), N' '), 300), NULL
+        -- One truth with mailq.CheckServer: SQL Server 2019 (major 15) or later,
+        -- or Azure SQL Database / Managed Instance (engine editions 5 and 8).
+        N'Server', N'Version',
+        IIF(
+            CAST(SERVERPROPERTY(N'EngineEdition') AS INT) IN (5, 8)
+            OR CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT) >= 15,
+            N'OK', N'FAIL'
+        ),
+        LEFT(REPLACE(REPLACE(@@VERSION, NCHAR(13), N' '), NCHAR(10), N' '), 300),
+        IIF(
+            CAST(SERVERPROPERTY(N'EngineEdition') AS INT) IN (5, 8)
+            OR CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT) >= 15,
+            NULL, N'mailq-db needs SQL Server 2019 or later (see mailq.CheckServer)'
+        )
     ),
     (
         N'Server', N'Edition', N'OK',
@@ -87,7 +108,8 @@ BEGIN
     FROM dbo.mailq_alembic_version AS v;
     IF @@ROWCOUNT = 0
         INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
-        VALUES (N'Schema', N'Revision', N'FAIL', N'no revision recorded', N'mailq-db deploy --url ...');
+        VALUES (N'Schema', N'Revision', N'FAIL', N'no revision recorded',
+            N'mailq-db deploy (with MAILQ_DB_URL in the environment)');
 
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
@@ -103,6 +125,20 @@ BEGIN
         )
     FROM sys.service_queues AS q
     WHERE q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue');
+    IF @@ROWCOUNT = 0
+        INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+        VALUES (
+            N'Broker', N'DelayServiceQueue', N'WARN',
+            CONCAT(
+                N'dbo.DelayServiceQueue is not visible to user ', QUOTENAME(USER_NAME()),
+                N': deployed with -x broker=off, or this user may not see its metadata'
+            ),
+            CONCAT(
+                N'Run mailq-db doctor as a MailqAdmin member, or: ',
+                N'GRANT VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue TO ',
+                QUOTENAME(USER_NAME()), N';'
+            )
+        );
 
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
@@ -147,6 +183,34 @@ BEGIN
         (N'mailq.GetQueueStats', N'MailqAdmin')
     ) AS p(ProcName, RoleName);
 
+    -- Members of MailqEnqueuer that are not mapped to an application can
+    -- enqueue without @AppName, which no binding restricts (docs/guarantees.md).
+    -- Catalog visibility applies: a least-privilege caller sees only the
+    -- memberships it may see, so this row is exact for MailqAdmin members.
+    INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
+    SELECT
+        N'Security',
+        N'UnmappedEnqueuers',
+        IIF(COUNT_BIG(*) = 0, N'OK', N'WARN'),
+        CONCAT(
+            COUNT_BIG(*), N' visible member(s) of MailqEnqueuer not mapped to an application',
+            IIF(COUNT_BIG(*) = 0, N'', CONCAT(N', e.g. ', QUOTENAME(MIN(m.name))))
+        ),
+        IIF(
+            COUNT_BIG(*) = 0, NULL,
+            CONCAT(
+                N'EXEC mailq.BindApplication @AppName = N''...'', @PrincipalName = N''',
+                REPLACE(MIN(m.name), N'''', N''''''), N''';'
+            )
+        )
+    FROM sys.database_role_members AS rm
+    INNER JOIN sys.database_principals AS m ON rm.member_principal_id = m.principal_id
+    WHERE
+        rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqEnqueuer')
+        AND m.type <> 'R'
+        -- NOT IN is exact here: PrincipalName is NOT NULL (the primary key).
+        AND m.name NOT IN (SELECT u.PrincipalName FROM mailq.ApplicationPrincipal AS u);
+
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Queue',
@@ -173,7 +237,10 @@ BEGIN
         CONCAT(N'Blocked ', a.AccountName),
         N'WARN',
         CONCAT(N'blocked until ', CONVERT(NVARCHAR(30), a.BlockedUntilUtc, 126), N' UTC: ', LEFT(a.BlockReason, 300)),
-        CONCAT(N'Wait, or clear it: EXEC mailq.UnblockSendingAccount @AccountName = N''', a.AccountName, N''';')
+        CONCAT(
+            N'Wait, or clear it: EXEC mailq.UnblockSendingAccount @AccountName = N''',
+            REPLACE(a.AccountName, N'''', N''''''), N''';'
+        )
     FROM mailq.SendingAccount AS a
     WHERE a.BlockedUntilUtc > @Now;
 

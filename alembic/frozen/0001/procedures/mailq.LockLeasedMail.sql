@@ -2,28 +2,35 @@
 /*
 mailq.LockLeasedMail: the fence of every acknowledgement (internal: called by
 ExtendLease, ReleaseMail, MarkSent and MarkFailed inside their transaction;
-granted to no role).  Validates @ID / @IDList, then locks the named mails
-WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises an
-error unless every one of them exists, is Sending and holds @LockToken.  The
-caller's UPDATE then cannot race a reclaim: a worker whose lease expired and
-was reclaimed is told so and changes nothing (all or nothing).
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (a JSON array of 1-1000
-             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required
+granted to no role).  Locks the named mails WITH (UPDLOCK, ROWLOCK) until the
+caller's transaction ends and raises unless every one exists, is Sending and
+holds @LockToken: a worker whose lease was reclaimed changes nothing.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000
+             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required;
+             @AcceptSentByToken BIT, default 0: 1 also accepts a mail already
+             Sent under @LockToken (a repeated MarkSent).
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
-             50137 @IDList malformed; 50201 unknown mail ID;
-             50202 the mail is leased under another token (lease lost);
-             50203 the mail is not Sending (already acknowledged or never claimed).
-Transaction: must run inside the caller's transaction (raises 50138 otherwise).
+             50137 @IDList malformed; 50138 no open transaction; 50201 unknown
+             mail; 50202 leased under another token; 50203 not Sending.
+Transaction: runs inside the caller's only; an error dooms it (XACT_ABORT ON)
+             and is re-raised unchanged.
+Isolation:   sets READ COMMITTED: UPDLOCK reads the latest committed row, and
+             the MailAttempt read says READCOMMITTEDLOCK (never a version).
+Lock order:  mailq.MailQueue (clustered rows, in the order the plan reads the
+             list, not sorted: overlapping lists under two tokens can deadlock,
+             1205), then mailq.MailAttempt.
 Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
     @ID BIGINT = NULL,
     @IDList NVARCHAR(MAX) = NULL,
-    @LockToken UNIQUEIDENTIFIER
+    @LockToken UNIQUEIDENTIFIER,
+    @AcceptSentByToken BIT = 0
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     IF @@TRANCOUNT = 0
@@ -32,18 +39,24 @@ BEGIN
         THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
     IF (@ID IS NULL AND @IDList IS NULL) OR (@ID IS NOT NULL AND @IDList IS NOT NULL)
         THROW 50136, N'Give exactly one of @ID (one mail) or @IDList (a JSON array of mail IDs).', 1;
-    IF
-        @IDList IS NOT NULL
-        AND (
-            ISJSON(@IDList) = 0
-            OR LEFT(LTRIM(@IDList), 1) <> N'['
-            OR EXISTS (
-                SELECT 1
-                FROM OPENJSON(@IDList) AS j
-                WHERE j.[type] <> 2 OR TRY_CAST(j.[value] AS BIGINT) IS NULL
-            )
-            OR (SELECT COUNT(*) FROM OPENJSON(@IDList)) NOT BETWEEN 1 AND 1000
+    -- ISJSON and OPENJSON in separate statements: an OR does not evaluate its
+    -- operands in a guaranteed order, so OPENJSON could meet text that is not
+    -- JSON and raise error 13609 instead of our 50137.
+    DECLARE @IDListOk BIT = 1;
+    IF @IDList IS NOT NULL
+    BEGIN
+        IF ISJSON(@IDList) = 0 OR LEFT(LTRIM(@IDList), 1) <> N'['
+            SET @IDListOk = 0;
+        ELSE IF EXISTS (
+            SELECT 1
+            FROM OPENJSON(@IDList) AS j
+            WHERE j.[type] <> 2 OR TRY_CAST(j.[value] AS BIGINT) IS NULL
         )
+            SET @IDListOk = 0;
+        ELSE IF (SELECT COUNT(*) FROM OPENJSON(@IDList)) NOT BETWEEN 1 AND 1000
+            SET @IDListOk = 0;
+    END;
+    IF @IDListOk = 0
         THROW 50137, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
 
     DECLARE @Held TABLE (
@@ -55,10 +68,13 @@ BEGIN
     -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
     -- checked here still holds when the caller updates them.  No READPAST:
     -- these rows must be seen, and only a reclaiming worker could hold them.
+    -- FORCESEEK: one seek per ID.  OPENJSON is estimated at 50 rows, so on a
+    -- small queue the optimizer may scan; a scan would U-lock, and keep, every
+    -- row it reads, and two workers acknowledging at once would deadlock.
     INSERT INTO @Held (ID, Status, ThreadLock)
     SELECT l.ID, q.Status, q.ThreadLock
     FROM mailq.ParseIDList(@ID, @IDList) AS l
-    LEFT JOIN mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK) ON l.ID = q.ID;
+    LEFT JOIN mailq.MailQueue AS q WITH (FORCESEEK, UPDLOCK, ROWLOCK) ON l.ID = q.ID;
 
     SELECT TOP (1) @Msg = CONCAT(N'Mail ', h.ID, N' does not exist.')
     FROM @Held AS h
@@ -70,7 +86,19 @@ BEGIN
         N'Mail ', h.ID, N' is ', h.Status, N', not Sending: it was already acknowledged, released or never claimed.'
     )
     FROM @Held AS h
-    WHERE h.Status <> N'Sending'
+    WHERE
+        h.Status <> N'Sending'
+        AND NOT (
+            @AcceptSentByToken = 1
+            AND h.Status = N'Sent'
+            AND EXISTS (
+                SELECT 1
+                -- READCOMMITTEDLOCK: the attempt row as committed now, never a
+                -- version (the mail row's U lock above orders its writers).
+                FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
+                WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
+            )
+        )
     ORDER BY h.ID;
     IF @Msg IS NOT NULL THROW 50203, @Msg, 1;
 

@@ -2,15 +2,22 @@
 /*
 mailq.MarkSent: records mails as sent; fenced by the lock token and all or
 nothing, so one call acknowledges every mail sent on one SMTP connection.
+Repeatable: a mail this token already marked Sent is accepted again, unchanged.
+A mail claimed with DryRun = 1 (its application is in dry-run) is recorded as
+DryRun whatever @DryRun says (status Sent, event 'DryRun'; the event's Detail
+notes a worker that reported a real send).
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
-             exactly one; @LockToken UNIQUEIDENTIFIER, required;
-             @SmtpCode INT 200-599 and @SmtpText NVARCHAR(4000): the server's
-             final reply, optional; @DryRun BIT, default 0: 1 records that
-             nothing was sent (worker dry-run mode).
+             exactly one; @LockToken UNIQUEIDENTIFIER, required; @SmtpCode INT
+             200-599 and @SmtpText NVARCHAR(4000), optional; @DryRun BIT,
+             default 0 (the worker sent nothing).
 Result set:  one row per mail: ID, Status ('Sent'), NextAttemptUtc (NULL).
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail);
              50147 @SmtpCode out of range.  On any error nothing is written.
-Transaction: joins the caller's via a savepoint, else opens its own.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.MailEvent (insert).
 Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
 */
 CREATE OR ALTER PROCEDURE mailq.MarkSent
@@ -23,6 +30,7 @@ CREATE OR ALTER PROCEDURE mailq.MarkSent
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
     SET @DryRun = COALESCE(@DryRun, 0);
@@ -33,14 +41,21 @@ BEGIN
     END;
 
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    DECLARE @Acked TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+    DECLARE @Acked TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        AttemptNo INT NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        DryRun BIT NOT NULL,
+        Enforced BIT NOT NULL  -- claimed as dry-run, acknowledged as a real send
+    );
 
-    DECLARE @TranCount INT = @@TRANCOUNT;
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @TranCount = 0 BEGIN TRANSACTION;
-        ELSE SAVE TRANSACTION MarkSent;
+        IF @OwnTran = 1 BEGIN TRANSACTION;
 
-        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+        EXEC mailq.LockLeasedMail
+            @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
 
         UPDATE q
         SET
@@ -48,36 +63,61 @@ BEGIN
             q.ThreadLock = NULL,
             q.SentAtUtc = @Now,
             q.DateProcessed = @Now,
-            q.DryRun = @DryRun,
+            -- The claim's stamp wins: a dry-run
+            -- application's mail stays DryRun.
+            q.DryRun = IIF(@DryRun = 1 OR q.DryRun = 1, CAST(1 AS BIT), CAST(0 AS BIT)),
             q.LastError = NULL
-        OUTPUT inserted.ID, inserted.AttemptCount INTO @Acked (ID, AttemptNo)
-        FROM mailq.MailQueue AS q
+        OUTPUT
+            inserted.ID,
+            inserted.AttemptCount,
+            inserted.AppName,
+            inserted.DryRun,
+            IIF(deleted.DryRun = 1 AND @DryRun = 0, CAST(1 AS BIT), CAST(0 AS BIT))
+        INTO @Acked (ID, AttemptNo, AppName, DryRun, Enforced)
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
 
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
-            t.Outcome = IIF(@DryRun = 1, N'DryRun', N'Sent'),
+            t.Outcome = IIF(a.DryRun = 1, N'DryRun', N'Sent'),
             t.SmtpCode = @SmtpCode,
             t.ErrorText = @SmtpText
-        FROM mailq.MailAttempt AS t
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
 
-        IF @TranCount = 0 COMMIT TRANSACTION;
+        -- One Sent (or DryRun) event per mail changed, in this transaction
+        -- (docs/events.md).  A repeated acknowledgement changes no row above
+        -- and so writes no second event.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            a.ID, a.AppName, IIF(a.DryRun = 1, N'DryRun', N'Sent'), N'Sent', a.AttemptNo, @SmtpCode,
+            IIF(
+                a.Enforced = 1,
+                LEFT(CONCAT(
+                    N'Recorded as DryRun: application ''', a.AppName,
+                    N''' is in dry-run (claimed with DryRun = 1) but the worker reported a real send. ',
+                    @SmtpText
+                ), 4000),
+                @SmtpText
+            ),
+            @Now
+        FROM @Acked AS a;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
-            ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION MarkSent;
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
 
     SELECT
-        a.ID,
+        l.ID,
         N'Sent' AS Status,
         CAST(NULL AS DATETIME2(3)) AS NextAttemptUtc
-    FROM @Acked AS a
-    ORDER BY a.ID;
+    FROM mailq.ParseIDList(@ID, @IDList) AS l
+    ORDER BY l.ID;
 END;

@@ -8,7 +8,11 @@ Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, required.
 Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
-Transaction: joins the caller's via a savepoint, else opens its own.
+Transaction: its own if none is open, else the caller's (no savepoint); an error
+             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
+             then mailq.MailEvent (insert).
 Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.ReleaseMail
@@ -18,14 +22,15 @@ CREATE OR ALTER PROCEDURE mailq.ReleaseMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL);
+    DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL, AppName NVARCHAR(128) NULL);
 
-    DECLARE @TranCount INT = @@TRANCOUNT;
+    -- Own the transaction if none is open; otherwise work inside the caller's.
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
-        IF @TranCount = 0 BEGIN TRANSACTION;
-        ELSE SAVE TRANSACTION ReleaseMail;
+        IF @OwnTran = 1 BEGIN TRANSACTION;
 
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
 
@@ -35,8 +40,8 @@ BEGIN
             q.ThreadLock = NULL,
             q.VisibleAtUtc = @Now,
             q.AttemptsRemaining = q.AttemptsRemaining + 1
-        OUTPUT inserted.ID, inserted.AttemptCount INTO @Released (ID, AttemptNo)
-        FROM mailq.MailQueue AS q
+        OUTPUT inserted.ID, inserted.AttemptCount, inserted.AppName INTO @Released (ID, AttemptNo, AppName)
+        FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
 
@@ -44,16 +49,20 @@ BEGIN
         SET
             t.EndedAtUtc = @Now,
             t.Outcome = N'Released'
-        FROM mailq.MailAttempt AS t
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Released AS r ON t.MailID = r.ID AND t.AttemptNo = r.AttemptNo;
 
-        IF @TranCount = 0 COMMIT TRANSACTION;
+        -- One Released event per mail, in this transaction (docs/events.md).
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT r.ID, r.AppName, N'Released', N'UnSent', r.AttemptNo, NULL, NULL, @Now
+        FROM @Released AS r;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        IF XACT_STATE() = -1 OR (XACT_STATE() = 1 AND @TranCount = 0)
-            ROLLBACK TRANSACTION;
-        ELSE IF XACT_STATE() = 1
-            ROLLBACK TRANSACTION ReleaseMail;
+        -- Roll back only what we opened: a caller's transaction is doomed by
+        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
 

@@ -5,6 +5,7 @@ mailq.ClaimMail, closed by the acknowledgement (MarkSent, MarkFailed,
 ReleaseMail) or, when an expired lease is reclaimed, by the next ClaimMail
 with Outcome = 'Abandoned'.
 Outcome: Sent, DryRun, Retry, Wait, Stop, Released, Abandoned; NULL while open.
+TemplateVersion: the template version the attempt rendered (NULL for ordinary mail).
 */
 IF OBJECT_ID(N'mailq.MailAttempt', N'U') IS NULL
 BEGIN
@@ -18,6 +19,7 @@ BEGIN
         Outcome NVARCHAR(16) NULL,
         SmtpCode INT NULL,
         ErrorText NVARCHAR(4000) NULL,
+        TemplateVersion INT NULL,
         CONSTRAINT PK_MailAttempt PRIMARY KEY CLUSTERED (MailID, AttemptNo),
         CONSTRAINT FK_MailAttempt_MailQueue FOREIGN KEY (MailID)
         REFERENCES mailq.MailQueue (ID),

@@ -1,0 +1,17 @@
+/*
+IX_MailQueue_ClaimByApp: mailq.ClaimMail's seek for an isolated worker
+(@AppName set), one per (account, run mode) pair, reading that application's
+mail only.  Keys (AccountName, RunMode, AppName, Priority DESC, VisibleAtUtc,
+ID), INCLUDE (AttemptsRemaining, ExpiresAtUtc), filtered to Status IN (UnSent,
+Sending) AND AppName IS NOT NULL; ClaimMail repeats the filter's literals.
+Expected plan and why a second index: docs/claim.md.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_MailQueue_ClaimByApp' AND object_id = OBJECT_ID(N'mailq.MailQueue')
+)
+    CREATE NONCLUSTERED INDEX IX_MailQueue_ClaimByApp
+    ON mailq.MailQueue (AccountName ASC, RunMode ASC, AppName ASC, Priority DESC, VisibleAtUtc ASC, ID ASC)
+    INCLUDE (AttemptsRemaining, ExpiresAtUtc)
+    WHERE Status IN (N'UnSent', N'Sending') AND AppName IS NOT NULL;

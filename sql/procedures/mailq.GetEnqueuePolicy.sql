@@ -1,0 +1,76 @@
+/*
+mailq.GetEnqueuePolicy: which enqueue policy is in force and which database
+users may call an enqueue procedure without being mapped to an application
+(for `mailq-db doctor`).  Reads only; runs with the caller's rights.
+Parameters:  none.
+Result sets: 1. one row: AllowUnmappedEnqueuers BIT (mailq.EnqueuePolicy),
+                ChangedAtUtc, ChangedBy, MembershipVisible BIT (0: this caller may
+                not see other users' role memberships and grants, so set 2 is
+                incomplete; db_owner, db_securityadmin or VIEW DEFINITION see all).
+             2. the unmapped users, one row per way in: PrincipalName, Via (the
+                role or user holding the grant: EXECUTE on mailq.EnqueueMail,
+                EnqueueMailBatch or SendDbMail, on SCHEMA::mailq or on the
+                database; db_owner; dbo; public reaches every user).  A DENY is
+                not subtracted: the list may name a user the server would refuse.
+Errors:      none of its own.
+Transaction: reads only; opens none.
+Isolation:   READ COMMITTED, set here.
+Lock order:  none (catalog views and mailq.EnqueuePolicy, no locking hint).
+Example:     EXEC mailq.GetEnqueuePolicy;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetEnqueuePolicy
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    SELECT
+        COALESCE(p.AllowUnmappedEnqueuers, CAST(0 AS BIT)) AS AllowUnmappedEnqueuers,
+        p.ChangedAtUtc,
+        p.ChangedBy,
+        CAST(IIF(
+            COALESCE(IS_ROLEMEMBER(N'db_owner'), 0) = 1 OR COALESCE(IS_ROLEMEMBER(N'db_securityadmin'), 0) = 1
+            OR HAS_PERMS_BY_NAME(DB_NAME(), N'DATABASE', N'VIEW DEFINITION') = 1, 1, 0
+        ) AS BIT) AS MembershipVisible
+    FROM (VALUES (1)) AS one(PolicyId)
+    LEFT JOIN mailq.EnqueuePolicy AS p ON one.PolicyId = p.PolicyId;
+
+    -- Catalog visibility applies here as to the caller (no EXECUTE AS).
+    WITH grantee AS (
+        SELECT d.grantee_principal_id AS PrincipalId
+        FROM sys.database_permissions AS d
+        WHERE
+            d.permission_name = N'EXECUTE' AND d.state IN ('G', 'W')
+            AND (
+                d.class = 0
+                OR (d.class = 3 AND d.major_id = SCHEMA_ID(N'mailq'))
+                OR (d.class = 1 AND d.major_id IN (
+                    OBJECT_ID(N'mailq.EnqueueMail'), OBJECT_ID(N'mailq.EnqueueMailBatch'),
+                    OBJECT_ID(N'mailq.SendDbMail')
+                ))
+            )
+        UNION ALL
+        SELECT DATABASE_PRINCIPAL_ID(N'db_owner')
+        UNION ALL
+        SELECT DATABASE_PRINCIPAL_ID(N'dbo')
+    ),
+
+    holder AS (
+        SELECT g.PrincipalId, g.PrincipalId AS ViaId FROM grantee AS g
+        UNION ALL
+        SELECT m.member_principal_id, h.ViaId
+        FROM holder AS h
+        INNER JOIN sys.database_role_members AS m ON h.PrincipalId = m.role_principal_id
+    )
+
+    SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
+    FROM holder AS h
+    -- A grant to public (principal 0) reaches every user.
+    INNER JOIN sys.database_principals AS u ON h.PrincipalId = u.principal_id OR h.PrincipalId = 0
+    WHERE
+        u.type IN ('S', 'U', 'E', 'X', 'C', 'K')   -- users, not roles (EnqueueMail compares USER_NAME())
+        AND u.principal_id NOT IN (2, 3, 4)         -- guest, INFORMATION_SCHEMA, sys; dbo is listed
+        -- NOT IN is exact: PrincipalName is the primary key, never NULL.
+        AND u.name NOT IN (SELECT a.PrincipalName FROM mailq.ApplicationPrincipal AS a)
+    ORDER BY u.name, USER_NAME(h.ViaId);
+END;

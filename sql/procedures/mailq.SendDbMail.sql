@@ -1,94 +1,43 @@
 /*
-mailq.SendDbMail: msdb.dbo.sp_send_dbmail's interface on this queue.  Switching
-a caller is a one-word change: EXEC msdb.dbo.sp_send_dbmail ... becomes
-EXEC mailq.SendDbMail ... with the same named parameters.
-Reference:   parameters, order, types, defaults and meanings follow Microsoft's
-             page (sp_send_dbmail, Transact-SQL):
+mailq.SendDbMail: msdb.dbo.sp_send_dbmail on this queue; the parameters in
+msdb's own declaration order (positional calls bind as on msdb), then the
+@mailq_ extensions.  Reference:
 https://learn.microsoft.com/en-us/sql/relational-databases/system-stored-procedures/sp-send-dbmail-transact-sql
-             (the order of its Syntax section; msdb's own procedure declares
-             @from_address and @reply_to last, so name every parameter).
-             VARCHAR parameters keep the documented types: like Database Mail,
-             a non-ASCII address passed there is lost to the code page; pass
-             such mail through mailq.EnqueueMail.
-Parameters:  @profile_name   a profile (mailq.UpsertDbMailProfile); NULL: the
-                             caller's default profile, else a default profile
-                             of a role the caller is in, else the default
-                             public profile
-             @recipients, @copy_recipients, @blind_copy_recipients
-                             ';'-separated addresses; @recipients is required
-                             here (the queue sends no mail without a To)
-             @from_address   'address' or 'Name <address>'; default: the account's
-             @reply_to       one address
-             @subject        default N'SQL Server Message'
-             @body           default empty
-             @body_format    TEXT (default) or HTML
-             @importance     Low, Normal (default), High: the headers
-                             Database Mail's System.Net.Mail writes
-                             (High: X-Priority: 1, Priority: urgent,
-                             Importance: high; Low: X-Priority: 5,
-                             Priority: non-urgent, Importance: low; Normal: none)
-             @sensitivity    Normal (default), Personal, Private, Confidential:
-                             header Sensitivity: Personal | Private |
-                             Company-Confidential (RFC 2156); Normal: none
-             @file_attachments  refused (50191): the sender worker runs on
-                             another machine and never reads this server's disk
-             @query ... @query_result_no_padding: see mailq.RenderDbMailQuery
-                             (run at call time, as the caller, in
-                             @execute_query_database, default the current one)
-             @attach_query_result_as_file 1: the result is an attachment named
-                             @query_attachment_filename (default QueryResults.txt,
-                             .html or .csv), UTF-8; 0: appended to the body
-                             after a line break
-             @query_no_truncate 1: large values are not cut; as documented,
-                             the result then has no column headers
-             @mailitem_id    OUTPUT INT: the queue's mail ID (NULL once IDs
-                             pass 2,147,483,647: use @mailq_mail_id)
-Extensions:  (not in sp_send_dbmail; named mailq_ so that they cannot be
-             mistaken for Database Mail's)
-             @mailq_query_result_format  'TEXT' (default, Database Mail's
-                             layout), 'HTML' (a table) or 'CSV'
-             @mailq_mail_id  OUTPUT BIGINT: the queue's mail ID, always
-Result:      no result set; the message 'Mail (Id: n) queued.' unless
-             @exclude_query_output = 1.  Returns 0; every failure is an error.
-Errors:      50190 no @recipients; 50191 @file_attachments given;
-             50192 @body_format, @importance or @sensitivity not a documented
-             value; 50193 a query option out of range (@query_result_width not
-             10-32767, @query_result_no_padding with @query_no_truncate,
-             @mailq_query_result_format not TEXT/HTML/CSV, query options
-             without @query); 50194 @execute_query_database not a database
-             the caller can use; 50195 the query failed and
-             @append_query_error = 0 (the message carries the query's error);
-             50196 the query's result cannot be rendered (see
-             RenderDbMailQuery); 50197 no content (no @body, @query or
-             @subject); 50250 unknown profile or no default profile;
-             50251 the caller may not use the profile; 50252 the profile has
-             no account; and every error of mailq.EnqueueMail (addresses
-             50101-50105, sizes 50111-50113 ...).
-Transaction: the query runs first, outside any transaction of ours; then the
-             enqueue and its DbMailItem row in one transaction: its own if
-             none is open, else the caller's (no savepoint).  An error of the
-             enqueue dooms the caller's transaction (XACT_ABORT ON) and is
-             re-raised; nothing is queued.  One exception: a 50196 raised
-             while RenderDbMailQuery describes and loads the caller's query
-             (a column type a temp table cannot hold) comes with XACT_ABORT
-             OFF, so nothing is queued but the caller's open transaction
-             stays usable unless the underlying error doomed it.  Every
-             other error, 50195 included, dooms it.
-Isolation:   the caller's; reads of profiles and accounts are plain reads.
-Lock order:  (via EnqueueMail) mailq.MailQueue, mailq.MailAttachment, then
-             mailq.DbMailItem.
-Example:     EXEC mailq.SendDbMail @profile_name = N'Ops',
-                 @recipients = 'dba@example.com', @subject = N'Backups',
-                 @query = N'SELECT name, state_desc FROM sys.databases;',
-                 @attach_query_result_as_file = 1;
+Parameters:  as sp_send_dbmail's; @file_attachments is refused; @query runs
+             later, as the caller's database user, in this database
+             (mailq-db dbmail-runner; docs/database-mail.md)
+             @mailq_query_result_format 'TEXT' (default) | 'HTML' | 'CSV'
+             @mailq_mail_id OUTPUT BIGINT: the queue's mail ID
+Outputs:     @mailitem_id INT: this call's item (the sysmail_* views' key)
+Result:      no result set; PRINT 'Mail (Id: n) queued.' unless
+             @exclude_query_output = 1.
+Errors:      as msdb: RAISERROR severity 16 then RETURN n, nothing written,
+             the batch and the caller's transaction go on: 14636/14607 rc 1
+             (profile), 14618 rc 2-6, 15, 17 (NULL option), 14626 rc 13,
+             14622 rc 16, 14623 rc 18, 14624 rc 19 (no content) and rc 20 (no
+             recipient), 14613 rc 1 (comma in a list), 14625 rc 21, 14630 rc 2
+             (prohibited extension), 14633 rc 1 (unknown database).  Refusals
+             of this package: RAISERROR (error 50000) and RETURN 50641-50652
+             (docs/errors.md).  Only errors of mailq.EnqueueMail that are not
+             checked here (application binding 50160/50161/50168, an account
+             dropped meanwhile 50114, every recipient suppressed 50600,
+             deadlock) are THROWn, under XACT_ABORT ON.
+Transaction: validation first, with XACT_ABORT as the caller has it; then the
+             enqueue and its DbMailItem row in one transaction: its own if none
+             is open, else the caller's (no savepoint).
+Isolation:   the caller's (profile reads are plain reads; EnqueueMail sets its own).
+Lock order:  (via EnqueueMail) mailq.Suppression (shared), mailq.MailQueue,
+             mailq.MailAttachment, then mailq.DbMailItem.
+Example:     DECLARE @rc INT;
+             EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com',
+                 @subject = N'Backups', @query = N'SELECT name FROM sys.databases;';
+             IF @rc <> 0 PRINT 'not queued';
 */
 CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @profile_name SYSNAME = NULL,
     @recipients VARCHAR(MAX) = NULL,
     @copy_recipients VARCHAR(MAX) = NULL,
     @blind_copy_recipients VARCHAR(MAX) = NULL,
-    @from_address VARCHAR(MAX) = NULL,
-    @reply_to VARCHAR(MAX) = NULL,
     @subject NVARCHAR(255) = NULL,
     @body NVARCHAR(MAX) = NULL,
     @body_format VARCHAR(20) = NULL,
@@ -98,7 +47,7 @@ CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @query NVARCHAR(MAX) = NULL,
     @execute_query_database SYSNAME = NULL,
     @attach_query_result_as_file BIT = 0,
-    @query_attachment_filename NVARCHAR(255) = NULL,
+    @query_attachment_filename NVARCHAR(260) = NULL,
     @query_result_header BIT = 1,
     @query_result_width INT = 256,
     @query_result_separator CHAR(1) = ' ',
@@ -107,267 +56,241 @@ CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @query_no_truncate BIT = 0,
     @query_result_no_padding BIT = 0,
     @mailitem_id INT = NULL OUTPUT,
+    @from_address VARCHAR(MAX) = NULL,
+    @reply_to VARCHAR(MAX) = NULL,
     @mailq_query_result_format VARCHAR(4) = 'TEXT',
     @mailq_mail_id BIGINT = NULL OUTPUT
 AS
 BEGIN
-    SET NOCOUNT, XACT_ABORT ON;
-
-    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    DECLARE @Msg NVARCHAR(2048);
-    DECLARE @CrLf NCHAR(2) = NCHAR(13) + NCHAR(10);
-    DECLARE @BodyFormat VARCHAR(20) = UPPER(LTRIM(RTRIM(COALESCE(@body_format, 'TEXT'))));
-    DECLARE @ImportanceValue VARCHAR(6) = UPPER(LTRIM(RTRIM(COALESCE(@importance, 'NORMAL'))));
-    DECLARE @SensitivityValue VARCHAR(12) = UPPER(LTRIM(RTRIM(COALESCE(@sensitivity, 'NORMAL'))));
-    DECLARE @Format VARCHAR(4) = UPPER(LTRIM(RTRIM(COALESCE(@mailq_query_result_format, 'TEXT'))));
-    DECLARE @Database SYSNAME = COALESCE(@execute_query_database, DB_NAME());
-    SET @attach_query_result_as_file = COALESCE(@attach_query_result_as_file, 0);
-    SET @query_result_header = COALESCE(@query_result_header, 1);
-    SET @query_result_width = COALESCE(@query_result_width, 256);
-    SET @query_result_separator = COALESCE(@query_result_separator, ' ');
-    SET @exclude_query_output = COALESCE(@exclude_query_output, 0);
-    SET @append_query_error = COALESCE(@append_query_error, 0);
-    SET @query_no_truncate = COALESCE(@query_no_truncate, 0);
-    SET @query_result_no_padding = COALESCE(@query_result_no_padding, 0);
+    -- XACT_ABORT stays as the caller has it until the enqueue: every check
+    -- below RAISERRORs (which never aborts the batch) and RETURNs, as msdb does.
+    SET NOCOUNT ON;
+    DECLARE @Msg NVARCHAR(2048), @rc INT, @ProfileID INT, @FromList NVARCHAR(400);
+    DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
     SET @mailitem_id = NULL;
     SET @mailq_mail_id = NULL;
+    SET @query = NULLIF(@query, N'');
 
-    -- 1. Validate before anything runs.
-    IF @file_attachments IS NOT NULL
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@file_attachments is not supported: the sender worker runs on another machine and never reads ',
-            N'the database server''s disk. Send the file''s content with mailq.EnqueueMail @Attachments ',
-            N'(JSON, base64), or a query''s result with @query and @attach_query_result_as_file = 1.'
-        );
-        THROW 50191, @Msg, 1;
-    END;
-    IF NULLIF(LTRIM(RTRIM(@recipients)), '') IS NULL
-    BEGIN
-        SET @Msg = IIF(
-            COALESCE(@copy_recipients, @blind_copy_recipients) IS NULL,
-            N'@recipients, @copy_recipients or @blind_copy_recipients is required (separate addresses with ;).',
-            N'@recipients is required: mailq-db sends no mail without a To address; '
-            + N'move one Cc/Bcc address to @recipients.'
-        );
-        THROW 50190, @Msg, 1;
-    END;
-    IF @body IS NULL AND @query IS NULL AND @subject IS NULL
-        THROW 50197, N'No content: give at least one of @body, @query or @subject.', 1;
-    IF @BodyFormat NOT IN ('TEXT', 'HTML')
-    BEGIN
-        SET @Msg = CONCAT(N'@body_format must be TEXT or HTML; got ''', @body_format, N'''.');
-        THROW 50192, @Msg, 1;
-    END;
-    IF @ImportanceValue NOT IN ('LOW', 'NORMAL', 'HIGH')
-    BEGIN
-        SET @Msg = CONCAT(N'@importance must be Low, Normal or High; got ''', @importance, N'''.');
-        THROW 50192, @Msg, 1;
-    END;
-    IF @SensitivityValue NOT IN ('NORMAL', 'PERSONAL', 'PRIVATE', 'CONFIDENTIAL')
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@sensitivity must be Normal, Personal, Private or Confidential; got ''', @sensitivity, N'''.'
-        );
-        THROW 50192, @Msg, 1;
-    END;
-    IF @query IS NULL AND (@attach_query_result_as_file = 1 OR @query_attachment_filename IS NOT NULL)
-        THROW 50193, N'@attach_query_result_as_file and @query_attachment_filename need a @query.', 1;
-    IF @query_result_width NOT BETWEEN 10 AND 32767
-    BEGIN
-        SET @Msg = CONCAT(N'@query_result_width must be 10-32767; got ', @query_result_width, N'.');
-        THROW 50193, @Msg, 1;
-    END;
-    IF @query_result_no_padding = 1 AND @query_no_truncate = 1
-        THROW 50193,
-            N'@query_result_no_padding and @query_no_truncate are mutually exclusive (as in Database Mail).',
-            1;
-    IF @Format NOT IN ('TEXT', 'HTML', 'CSV')
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@mailq_query_result_format must be TEXT, HTML or CSV; got ''', @mailq_query_result_format, N'''.'
-        );
-        THROW 50193, @Msg, 1;
-    END;
-    IF @query IS NOT NULL AND (DB_ID(@Database) IS NULL OR HAS_DBACCESS(@Database) <> 1)
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@execute_query_database ''', @Database, N''' is not a database you can use ',
-            N'(it does not exist, is not online, or you have no user in it).'
-        );
-        THROW 50194, @Msg, 1;
-    END;
-
-    -- 2. Profile: the named one if the caller may use it (a public profile,
-    --    one granted to the caller or to a role the caller is in; db_owner
-    --    members may use every profile), else the caller's default, a role's
-    --    default, the default public profile.  IS_MEMBER and USER_NAME see the
-    --    caller: this procedure has no EXECUTE AS.
-    DECLARE @ProfileID INT;
+    -- 1. Profile: the named one if the caller may use it (public, granted to
+    --    the user or a role of it; db_owner may use all), else the user's
+    --    default, a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
     IF @profile_name IS NOT NULL
     BEGIN
-        SELECT @ProfileID = p.ProfileID
-        FROM mailq.DbMailProfile AS p
-        WHERE p.ProfileName = @profile_name;
+        SELECT @ProfileID = p.ProfileID FROM mailq.DbMailProfile AS p WHERE p.ProfileName = @profile_name;
         IF @ProfileID IS NULL
-        BEGIN
-            SET @Msg = CONCAT(N'@profile_name ''', @profile_name, N''' is not a profile (mailq.UpsertDbMailProfile).');
-            THROW 50250, @Msg, 1;
-        END;
-        IF
-            COALESCE(IS_MEMBER(N'db_owner'), 0) = 0
-            AND NOT EXISTS (
-                SELECT 1
-                FROM mailq.DbMailPrincipalProfile AS pp
-                WHERE
-                    pp.ProfileID = @ProfileID
-                    AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
+            OR (
+                COALESCE(IS_MEMBER(N'db_owner'), 0) = 0
+                AND NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.DbMailPrincipalProfile AS pp
+                    WHERE
+                        pp.ProfileID = @ProfileID
+                        AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
+                )
             )
         BEGIN
-            SET @Msg = CONCAT(
-                N'@profile_name ''', @profile_name, N''' is private and not granted to ', USER_NAME(),
-                N' (mailq.UpsertDbMailPrincipalProfile).'
-            );
-            THROW 50251, @Msg, 1;
+            RAISERROR (14607, 16, 1, 'profile');
+            RETURN 1;
         END;
     END;
     ELSE
     BEGIN
         SELECT TOP (1) @ProfileID = pp.ProfileID
         FROM mailq.DbMailPrincipalProfile AS pp
-        WHERE
-            pp.IsDefault = 1
-            AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
-        ORDER BY
-            CASE pp.PrincipalName WHEN USER_NAME() THEN 0 WHEN N'public' THEN 2 ELSE 1 END,
-            pp.PrincipalName;
+        WHERE pp.IsDefault = 1 AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
+        ORDER BY CASE pp.PrincipalName WHEN USER_NAME() THEN 0 WHEN N'public' THEN 2 ELSE 1 END, pp.PrincipalName;
         IF @ProfileID IS NULL
         BEGIN
-            SET @Msg = CONCAT(
-                N'@profile_name is NULL and there is no default profile for you, your roles or public ',
-                N'(mailq.UpsertDbMailPrincipalProfile @IsDefault = 1).'
-            );
-            THROW 50250, @Msg, 1;
+            RAISERROR (14636, 16, 1);
+            RETURN 1;
         END;
     END;
 
-    -- Failover, decided now: the profile's first account that is not blocked;
-    -- when all are blocked, the first (the mail waits for it).  A queued mail
-    -- keeps its account (ClaimMail does not re-route).
+    -- 2. msdb's checks, in msdb's order and with its numbers and return codes.
+    SET @rc = CASE
+        WHEN @attach_query_result_as_file IS NULL THEN 2
+        WHEN @exclude_query_output IS NULL THEN 3
+        WHEN @query_result_header IS NULL THEN 4
+        WHEN @query_result_separator IS NULL OR DATALENGTH(@query_result_separator) = 0 THEN 5
+        WHEN @append_query_error IS NULL THEN 6
+    END;
+    IF @rc IS NOT NULL
+    BEGIN
+        SET @Msg = CHOOSE(@rc - 1, N'attach_query_result_as_file', N'exclude_query_output',
+            N'query_result_header', N'query_result_separator', N'append_query_error');
+        RAISERROR (14618, 16, 1, @Msg);
+        RETURN @rc;
+    END;
+    SET @body_format = UPPER(COALESCE(@body_format, 'TEXT'));
+    IF @body_format NOT IN ('TEXT', 'HTML')
+    BEGIN
+        RAISERROR (14626, 16, 1, @body_format);
+        RETURN 13;
+    END;
+    IF @importance IS NULL
+    BEGIN
+        RAISERROR (14618, 16, 1, N'importance');
+        RETURN 15;
+    END;
+    SET @importance = UPPER(@importance);
+    IF @importance NOT IN ('LOW', 'NORMAL', 'HIGH')
+    BEGIN
+        RAISERROR (14622, 16, 1, @importance);
+        RETURN 16;
+    END;
+    IF @sensitivity IS NULL
+    BEGIN
+        RAISERROR (14618, 16, 1, N'sensitivity');
+        RETURN 17;
+    END;
+    SET @sensitivity = UPPER(@sensitivity);
+    IF @sensitivity NOT IN ('NORMAL', 'PERSONAL', 'PRIVATE', 'CONFIDENTIAL')
+    BEGIN
+        RAISERROR (14623, 16, 1, @sensitivity);
+        RETURN 18;
+    END;
+    IF COALESCE(LEN(@body), 0) = 0 AND @query IS NULL AND COALESCE(LEN(@file_attachments), 0) = 0
+        AND COALESCE(LEN(@subject), 0) = 0
+    BEGIN
+        RAISERROR (14624, 16, 1, N'@body, @query, @file_attachments, @subject');
+        RETURN 19;
+    END;
+    IF COALESCE(LEN(@subject), 0) = 0 SET @subject = N'SQL Server Message';
+    IF COALESCE(LEN(@recipients), 0) = 0 AND COALESCE(LEN(@copy_recipients), 0) = 0
+        AND COALESCE(LEN(@blind_copy_recipients), 0) = 0
+    BEGIN
+        RAISERROR (14624, 16, 1, N'@recipients, @copy_recipients, @blind_copy_recipients');
+        RETURN 20;
+    END;
+    -- sysmail_verify_addressparams_sp: a comma separates nothing (msdb refuses
+    -- one outside double quotes; a list with quotes is left to the address rules).
+    SELECT TOP (1) @Msg = v.ParamName, @FromList = LEFT(v.Value, 400)
+    FROM (
+        VALUES (1, N'@recipients', @recipients), (2, N'@copy_recipients', @copy_recipients),
+        (3, N'@blind_copy_recipients', @blind_copy_recipients), (4, N'@reply_to', @reply_to)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value LIKE '%,%' AND CHARINDEX('"', v.Value) = 0
+    ORDER BY v.Position;
+    IF @FromList IS NOT NULL
+    BEGIN
+        RAISERROR (14613, 16, 1, @Msg, @FromList);
+        RETURN 1;
+    END;
+    IF @query IS NULL AND @attach_query_result_as_file = 1
+    BEGIN
+        RAISERROR (14625, 16, 1);
+        RETURN 21;
+    END;
+    SET @query_attachment_filename = NULLIF(LTRIM(RTRIM(@query_attachment_filename)), N'');
+    IF @query IS NOT NULL AND @attach_query_result_as_file = 1
+        AND (
+            @query_attachment_filename LIKE N'%.exe' OR @query_attachment_filename LIKE N'%.dll'
+            OR @query_attachment_filename LIKE N'%.vbs' OR @query_attachment_filename LIKE N'%.js'
+        )
+    BEGIN
+        RAISERROR (14630, 16, 1, @query_attachment_filename);
+        RETURN 2;
+    END;
+    IF @query IS NOT NULL AND @execute_query_database IS NOT NULL AND DB_ID(@execute_query_database) IS NULL
+    BEGIN
+        RAISERROR (14633, 16, 1, @execute_query_database);
+        RETURN 1;
+    END;
+
+    -- 3. This package's refusals: RAISERROR (50000) and RETURN 50641-50652.
+    SELECT TOP (1) @rc = r.ReturnCode, @Msg = r.Message
+    FROM (
+        SELECT 50641 AS ReturnCode, 1 AS Position,
+            N'@file_attachments is not supported: the sender worker never reads the database server''s disk; '
+            + N'send the content with mailq.EnqueueMail @Attachments, or a query''s result with @query.' AS Message
+        WHERE COALESCE(LEN(@file_attachments), 0) > 0
+        UNION ALL
+        SELECT p.ReturnCode, 2, p.Message
+        FROM mailq.DbMailAddressProblem(
+            @recipients, @copy_recipients, @blind_copy_recipients, @from_address, @reply_to
+        ) AS p
+        UNION ALL
+        SELECT 50645, 3, N'@body is limited to 2,000,000 characters here.' WHERE LEN(@body) > 2000000
+        UNION ALL
+        SELECT 50646, 4, N'@subject contains CR or LF; a subject is one line.'
+        WHERE @subject LIKE N'%' + NCHAR(13) + N'%' OR @subject LIKE N'%' + NCHAR(10) + N'%'
+        UNION ALL
+        SELECT 50647, 5, CONCAT(N'@execute_query_database ''', @execute_query_database,
+            N''': the query runs as your database user in this database (', DB_NAME(),
+            N') only; use three-part names only where that user may (docs/database-mail.md).')
+        WHERE @query IS NOT NULL AND DB_ID(@execute_query_database) <> DB_ID()
+        UNION ALL
+        SELECT 50648, 6, CONCAT(N'@query_result_width must be 10-32767; got ', @query_result_width, N'.')
+        WHERE @query IS NOT NULL AND COALESCE(@query_result_width, 0) NOT BETWEEN 10 AND 32767
+        UNION ALL
+        SELECT 50649, 7, N'@query_result_no_padding and @query_no_truncate are mutually exclusive.'
+        WHERE @query IS NOT NULL AND @query_result_no_padding = 1 AND @query_no_truncate = 1
+        UNION ALL
+        SELECT 50650, 8, CONCAT(N'@mailq_query_result_format must be TEXT, HTML or CSV; got ''',
+            @mailq_query_result_format, N'''.')
+        WHERE UPPER(COALESCE(@mailq_query_result_format, 'TEXT')) NOT IN ('TEXT', 'HTML', 'CSV')
+        UNION ALL
+        SELECT 50652, 9, N'@query_attachment_filename must be a file name of at most 255 characters, without / \ :'
+        WHERE @query IS NOT NULL AND @attach_query_result_as_file = 1
+            AND (LEN(@query_attachment_filename) > 255 OR @query_attachment_filename LIKE N'%[/\:]%')
+    ) AS r
+    ORDER BY r.Position;
+    IF @rc IS NOT NULL
+    BEGIN
+        RAISERROR (N'%s', 16, 1, @Msg);
+        RETURN @rc;
+    END;
+
+    -- Failover at enqueue: the profile's first account that is not blocked
+    -- (all blocked: the first; the mail waits for it).
     DECLARE @AccountName NVARCHAR(128);
     SELECT TOP (1) @AccountName = a.AccountName
     FROM mailq.DbMailProfileAccount AS pa
     INNER JOIN mailq.DbMailAccount AS da ON pa.AccountID = da.AccountID
     INNER JOIN mailq.SendingAccount AS a ON da.AccountName = a.AccountName
     WHERE pa.ProfileID = @ProfileID
-    ORDER BY IIF(a.BlockedUntilUtc > @Now, 1, 0), pa.SequenceNumber, pa.AccountID;
+    ORDER BY IIF(a.BlockedUntilUtc > SYSUTCDATETIME(), 1, 0), pa.SequenceNumber, pa.AccountID;
     IF @AccountName IS NULL
     BEGIN
-        SET @Msg = CONCAT(
-            N'Profile ', COALESCE(@profile_name, CONCAT(N'#', @ProfileID)),
-            N' has no account (mailq.UpsertDbMailProfileAccount).'
-        );
-        THROW 50252, @Msg, 1;
+        RAISERROR (N'The profile has no account (mailq.UpsertDbMailProfileAccount).', 16, 1);
+        RETURN 50651;
     END;
 
-    -- From: Database Mail takes 'Name <address>'; EnqueueMail takes the two apart.
+    -- 4. The mail.  'Name <address>' is split for EnqueueMail; importance and
+    --    sensitivity become the headers System.Net.Mail writes.
     DECLARE @FromAddress NVARCHAR(MAX) = @from_address, @FromName NVARCHAR(MAX);
-    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@from_address)) = 1
-        SELECT
-            @FromAddress = a.Address,
-            @FromName = a.DisplayName
-        FROM mailq.ParseAddressList(@from_address) AS a;
-
-    -- Importance and sensitivity as headers (constants: no escaping needed).
+    SELECT @FromAddress = a.Address, @FromName = a.DisplayName
+    FROM mailq.ParseAddressList(@from_address) AS a;
     DECLARE @Headers NVARCHAR(MAX) = (
         SELECT N'{' + STRING_AGG(CONCAT(N'"', h.HeaderName, N'": "', h.HeaderValue, N'"'), N', ') + N'}'
         FROM (
             VALUES
             ('HIGH', NULL, N'X-Priority', N'1'), ('HIGH', NULL, N'Priority', N'urgent'),
-            ('HIGH', NULL, N'Importance', N'high'),
-            ('LOW', NULL, N'X-Priority', N'5'), ('LOW', NULL, N'Priority', N'non-urgent'),
-            ('LOW', NULL, N'Importance', N'low'),
+            ('HIGH', NULL, N'Importance', N'high'), ('LOW', NULL, N'X-Priority', N'5'),
+            ('LOW', NULL, N'Priority', N'non-urgent'), ('LOW', NULL, N'Importance', N'low'),
             (NULL, 'PERSONAL', N'Sensitivity', N'Personal'), (NULL, 'PRIVATE', N'Sensitivity', N'Private'),
             (NULL, 'CONFIDENTIAL', N'Sensitivity', N'Company-Confidential')
         ) AS h(Importance, Sensitivity, HeaderName, HeaderValue)
-        WHERE h.Importance = @ImportanceValue OR h.Sensitivity = @SensitivityValue
+        WHERE h.Importance = @importance OR h.Sensitivity = @sensitivity
     );
+    -- Mail with a query waits (due at @Hold) until the runner has added the
+    -- result (mailq.CompleteDbMailQuery makes it due).
+    DECLARE @Due DATETIME2(3) = IIF(@query IS NULL, NULL, @Hold);
+    DECLARE @ToAddress NVARCHAR(MAX) = NULLIF(LTRIM(RTRIM(@recipients)), '');
+    DECLARE @MailBody NVARCHAR(MAX) = COALESCE(@body, N'');
+    DECLARE @EnqueueFormat NVARCHAR(20) = IIF(@body_format = 'HTML', N'Html', N'Text');
+    DECLARE @MailID BIGINT, @ItemID INT;
 
-    -- 3. The query, now, as the caller, before any transaction of ours.
-    DECLARE @MailBody NVARCHAR(MAX) = COALESCE(@body, N''), @Attachments NVARCHAR(MAX);
-    IF @query IS NOT NULL
-    BEGIN
-        DECLARE @Rendered NVARCHAR(MAX), @QueryError NVARCHAR(4000);
-        DECLARE @Separator NCHAR(1) = @query_result_separator;
-        -- "When set [@query_no_truncate], query results do not include column
-        -- headers" (the reference page above).
-        DECLARE @Header BIT = IIF(@query_no_truncate = 1, 0, @query_result_header);
-        EXEC mailq.RenderDbMailQuery
-            @Query = @query,
-            @Database = @Database,
-            @Header = @Header,
-            @Width = @query_result_width,
-            @Separator = @Separator,
-            @NoTruncate = @query_no_truncate,
-            @NoPadding = @query_result_no_padding,
-            @Format = @Format,
-            @Result = @Rendered OUTPUT,
-            @QueryError = @QueryError OUTPUT;
-
-        IF @QueryError IS NOT NULL
-        BEGIN
-            IF @append_query_error = 0
-            BEGIN
-                SET @Msg = CONCAT(
-                    N'@query failed, so no mail was queued (@append_query_error = 1 sends it with the error): ',
-                    LEFT(@QueryError, 1800)
-                );
-                THROW 50195, @Msg, 1;
-            END;
-            SET @Rendered = CONCAT(@Rendered, @QueryError);
-        END;
-
-        IF @attach_query_result_as_file = 1
-            -- FOR JSON writes VARBINARY as base64: the form EnqueueMail's
-            -- @Attachments takes.  The text is stored as UTF-8.
-            SET @Attachments = (
-                SELECT
-                    COALESCE(
-                        @query_attachment_filename,
-                        CONCAT(
-                            N'QueryResults.',
-                            CASE @Format WHEN 'HTML' THEN N'html' WHEN 'CSV' THEN N'csv' ELSE N'txt' END
-                        )
-                    ) AS FileName,
-                    CASE @Format
-                        WHEN 'HTML' THEN N'text/html; charset=utf-8'
-                        WHEN 'CSV' THEN N'text/csv; charset=utf-8'
-                        ELSE N'text/plain; charset=utf-8'
-                    END AS ContentType,
-                    CAST(
-                        CAST(COALESCE(@Rendered, N'') COLLATE Latin1_General_100_CI_AS_SC_UTF8 AS VARCHAR(MAX))
-                        AS VARBINARY(MAX)
-                    ) AS ContentBase64
-                FOR JSON PATH
-            );
-        ELSE
-            SET @MailBody = CONCAT(@MailBody, IIF(@MailBody = N'', N'', @CrLf), @Rendered);
-    END;
-
-    -- 4. Enqueue (all validation, Message-ID and application rules live in
-    --    EnqueueMail) and record the Database Mail details, in one transaction.
-    DECLARE @MailID BIGINT;
-    DECLARE @MailSubject NVARCHAR(255) = COALESCE(@subject, N'SQL Server Message');
-    DECLARE @EnqueueFormat NVARCHAR(20) = IIF(@BodyFormat = 'HTML', N'Html', N'Text');
+    SET XACT_ABORT ON;
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
         EXEC mailq.EnqueueMail
-            @ToAddress = @recipients,
+            @ToAddress = @ToAddress,
             @CC = @copy_recipients,
             @BCC = @blind_copy_recipients,
-            @Subject = @MailSubject,
+            @Subject = @subject,
             @Body = @MailBody,
             @BodyFormat = @EnqueueFormat,
             @FromAddress = @FromAddress,
@@ -375,19 +298,26 @@ BEGIN
             @ReplyTo = @reply_to,
             @Headers = @Headers,
             @AccountName = @AccountName,
-            @Attachments = @Attachments,
+            @DateToProcess = @Due,
             @MailID = @MailID OUTPUT;
 
         INSERT INTO mailq.DbMailItem (
             MailID, ProfileID, Importance, Sensitivity, Query, ExecuteQueryDatabase,
-            AttachQueryResultAsFile, QueryResultHeader, QueryResultWidth, QueryResultSeparator,
-            ExcludeQueryOutput, AppendQueryError, SendRequestUser
+            AttachQueryResultAsFile, QueryAttachmentFilename, QueryResultHeader, QueryResultWidth,
+            QueryResultSeparator, ExcludeQueryOutput, AppendQueryError, QueryNoTruncate, QueryResultNoPadding,
+            QueryResultFormat, SendRequestUser, SendRequestDate, RequestUser, RequestUserSid,
+            QueryState, QueryDueAtUtc
         )
         VALUES (
-            @MailID, @ProfileID, @ImportanceValue, @SensitivityValue, @query, IIF(@query IS NULL, NULL, @Database),
-            @attach_query_result_as_file, @query_result_header, @query_result_width, @query_result_separator,
-            @exclude_query_output, @append_query_error, COALESCE(SUSER_SNAME(), USER_NAME())
+            @MailID, @ProfileID, @importance, @sensitivity, @query, IIF(@query IS NULL, NULL, DB_NAME()),
+            @attach_query_result_as_file, @query_attachment_filename, @query_result_header,
+            COALESCE(@query_result_width, 256), @query_result_separator, @exclude_query_output,
+            @append_query_error, COALESCE(@query_no_truncate, 0), COALESCE(@query_result_no_padding, 0),
+            UPPER(COALESCE(@mailq_query_result_format, 'TEXT')),
+            COALESCE(SUSER_SNAME(), USER_NAME()), CAST(SYSDATETIME() AS DATETIME), USER_NAME(), USER_SID(),
+            IIF(@query IS NULL, NULL, N'Pending'), IIF(@query IS NULL, NULL, SYSUTCDATETIME())
         );
+        SET @ItemID = SCOPE_IDENTITY();
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
@@ -396,11 +326,11 @@ BEGIN
         THROW;
     END CATCH;
 
+    SET @mailitem_id = @ItemID;
     SET @mailq_mail_id = @MailID;
-    IF @MailID <= 2147483647 SET @mailitem_id = @MailID;
     IF @exclude_query_output = 0
     BEGIN
-        SET @Msg = CONCAT(N'Mail (Id: ', @MailID, N') queued.');
+        SET @Msg = COALESCE(FORMATMESSAGE(14635, @ItemID), CONCAT(N'Mail (Id: ', @ItemID, N') queued.'));
         PRINT @Msg;
     END;
     RETURN 0;

@@ -1,66 +1,60 @@
 /*
-mailq.sysmail_allitems: msdb.dbo.sysmail_allitems's columns (names and types
-as documented,
-https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-allitems-transact-sql)
-over this queue, so that a monitoring query written for Database Mail runs
-here by changing msdb.dbo to mailq.  Lower-case names on purpose: they are
-Database Mail's.
-Rows:        every mail of the queue.  db_owner and MailqAdmin members see all
-             of them; anybody else only the mail they sent through
-             mailq.SendDbMail (as in msdb, where only sysadmin sees all).
-Mapping:     mailitem_id = MailQueue.ID (NULL above 2,147,483,647);
-             sent_status: Sent -> sent; Failed, Cancelled, Expired, Stopped -> failed;
-             UnSent or Sending after a failed attempt -> retrying; else unsent.
-             Dates are the server's local time (datetime, as msdb shows them):
-             the queue's UTC times plus the server's current UTC offset.
-             Text columns keep the documented types: body, recipients and query
-             are varchar(max) there, so characters outside the database's code
-             page show as '?'; mailq.MailQueue keeps the Unicode original.
-             profile_id and the query columns come from mailq.DbMailItem (NULL
-             for mail queued by mailq.EnqueueMail); file_attachments lists
-             the mail's attachment file names; sent_account_id is the
-             account's mailq.DbMailAccount ID (NULL for an account in no profile).
+mailq.sysmail_allitems: msdb.dbo.sysmail_allitems over this queue: one row per
+mailq.SendDbMail call, msdb's 27 columns in msdb's order
+(https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-allitems-transact-sql).
+Types:       every text column is Unicode (NVARCHAR/NCHAR: msdb stores body and
+             query as nvarchar(max); nothing is cast to a code page).
+Rows:        db_owner and MailqAdmin members see all; others what they sent.
+Mapping:     mailitem_id = DbMailItem.MailItemID; sent_status: Sent -> sent;
+             Failed, Cancelled, Expired, Stopped -> failed; UnSent or Sending
+             after a failed attempt -> retrying; else unsent (a query waiting
+             for the runner too).  send_request_date is stored (local time);
+             sent_date and last_mod_date are the queue's UTC plus the server's
+             current offset.  sent_account_id only once sent.  file_attachments
+             is always NULL (refused); a query's file is in sysmail_mailattachments.
+Cost:        filters on mailitem_id and send_request_date seek DbMailItem;
+             any other filter reads the DbMail items only, never the whole queue
+             (tests/integration/test_dbmail_views_plan.py).
 */
 CREATE OR ALTER VIEW mailq.sysmail_allitems
 AS
 -- The server's current offset from UTC (SYSDATETIME is local time; on Azure
--- SQL Database both are UTC).  SQL Server 2019 has no CURRENT_TIMEZONE_ID, so
--- rows from the other side of a daylight-saving change are an hour off.
+-- SQL Database both are UTC).
 WITH Clock AS (
     SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
 )
 
 SELECT
-    CAST(IIF(q.ID <= 2147483647, q.ID, NULL) AS INT) AS mailitem_id,
+    i.MailItemID AS mailitem_id,
     i.ProfileID AS profile_id,
-    CAST(q.ToAddress AS VARCHAR(MAX)) AS recipients,
-    CAST(q.CC AS VARCHAR(MAX)) AS copy_recipients,
-    CAST(q.BCC AS VARCHAR(MAX)) AS blind_copy_recipients,
-    CAST(q.Subject AS NVARCHAR(510)) AS subject,
-    CAST(q.Body AS VARCHAR(MAX)) AS body,
-    CAST(UPPER(q.BodyFormat) AS VARCHAR(20)) AS body_format,
-    CAST(COALESCE(i.Importance, 'NORMAL') AS VARCHAR(6)) AS importance,
-    CAST(COALESCE(i.Sensitivity, 'NORMAL') AS VARCHAR(12)) AS sensitivity,
-    CAST(f.FileNames AS VARCHAR(MAX)) AS file_attachments,
-    CAST('MIME' AS VARCHAR(20)) AS attachment_encoding,
-    CAST(i.Query AS VARCHAR(MAX)) AS query,
+    q.ToAddress AS recipients,
+    q.CC AS copy_recipients,
+    q.BCC AS blind_copy_recipients,
+    CAST(q.Subject AS NVARCHAR(900)) AS subject,
+    CAST(q.Body AS NVARCHAR(MAX)) AS body,
+    CAST(UPPER(q.BodyFormat) AS NVARCHAR(20)) AS body_format,
+    CAST(i.Importance AS NVARCHAR(6)) AS importance,
+    CAST(i.Sensitivity AS NVARCHAR(12)) AS sensitivity,
+    CAST(NULL AS NVARCHAR(MAX)) AS file_attachments,
+    CAST(N'MIME' AS NVARCHAR(20)) AS attachment_encoding,
+    CAST(i.Query AS NVARCHAR(MAX)) AS query,
     CAST(i.ExecuteQueryDatabase AS SYSNAME) AS execute_query_database,
     i.AttachQueryResultAsFile AS attach_query_result_as_file,
     i.QueryResultHeader AS query_result_header,
     i.QueryResultWidth AS query_result_width,
-    CAST(i.QueryResultSeparator AS CHAR(1)) AS query_result_separator,
+    i.QueryResultSeparator AS query_result_separator,
     i.ExcludeQueryOutput AS exclude_query_output,
     i.AppendQueryError AS append_query_error,
-    CAST(DATEADD(MINUTE, k.OffsetMinutes, q.dtStamp) AS DATETIME) AS send_request_date,
+    i.SendRequestDate AS send_request_date,
     CAST(i.SendRequestUser AS SYSNAME) AS send_request_user,
-    da.AccountID AS sent_account_id,
+    IIF(q.Status = N'Sent', da.AccountID, NULL) AS sent_account_id,
     CAST(
         CASE
-            WHEN q.Status = N'Sent' THEN 'sent'
-            WHEN q.Status IN (N'Failed', N'Cancelled', N'Expired', N'Stopped') THEN 'failed'
-            WHEN q.AttemptCount > 0 AND q.LastError IS NOT NULL THEN 'retrying'
-            ELSE 'unsent'
-        END AS VARCHAR(8)
+            WHEN q.Status = N'Sent' THEN N'sent'
+            WHEN q.Status IN (N'Failed', N'Cancelled', N'Expired', N'Stopped') THEN N'failed'
+            WHEN q.AttemptCount > 0 AND q.LastError IS NOT NULL THEN N'retrying'
+            ELSE N'unsent'
+        END AS NVARCHAR(8)
     ) AS sent_status,
     CAST(
         IIF(
@@ -69,19 +63,12 @@ SELECT
             NULL
         ) AS DATETIME
     ) AS sent_date,
-    CAST(
-        DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.DateProcessed, q.dtStamp)) AS DATETIME
-    ) AS last_mod_date,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.DateProcessed, q.dtStamp)) AS DATETIME) AS last_mod_date,
     CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
-FROM mailq.MailQueue AS q
+FROM mailq.DbMailItem AS i
+INNER JOIN mailq.MailQueue AS q ON i.MailID = q.ID
 CROSS JOIN Clock AS k
-LEFT JOIN mailq.DbMailItem AS i ON q.ID = i.MailID
 LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
-OUTER APPLY (
-    SELECT STRING_AGG(CONVERT(NVARCHAR(MAX), t.FileName), N';') WITHIN GROUP (ORDER BY t.AttachmentNo) AS FileNames
-    FROM mailq.MailAttachment AS t
-    WHERE t.MailID = q.ID
-) AS f
 WHERE
     IS_MEMBER(N'db_owner') = 1
     OR IS_MEMBER(N'MailqAdmin') = 1

@@ -1,55 +1,57 @@
 /*
-mailq.sysmail_event_log: msdb.dbo.sysmail_event_log's columns (as documented,
-https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-event-log-transact-sql)
-over the queue's attempt history (mailq.MailAttempt): one row per finished
-attempt.
-Mapping:     event_type: Sent, DryRun -> success; Retry, Wait, Released,
-             Abandoned -> warning; Stop -> error.  description: the outcome,
-             the SMTP code and the error text.  log_id numbers the rows by
-             time (it changes when mailq.PurgeMail deletes older ones: do
-             not keep it).  process_id is NULL (workers are not one process);
-             last_mod_user is the worker's name.  Dates as in sysmail_allitems.
-Rows:        db_owner and MailqAdmin members see all; others the attempts of
-             mail they sent through mailq.SendDbMail.
+mailq.sysmail_event_log: msdb.dbo.sysmail_event_log over the queue's event
+stream (mailq.MailEvent) for mail sent with mailq.SendDbMail, msdb's columns
+in msdb's order
+(https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-event-log-transact-sql).
+event_type:  success: Sent, DryRun; warning: RetryScheduled, AccountWaiting,
+             LeaseExpired, Released; error: Failed (attempts used up, or a
+             permanent refusal), Expired, and Stopped by a failed query;
+             information: Cancelled, Requeued, Stopped otherwise.  So a mail
+             that fails finally has exactly one error row, as in msdb.
+log_id:      the event's EventID (BIGINT, msdb's is int): it never changes,
+             is the same for every reader and grows in commit order, so
+             "log_id > @last_seen" polling works (docs/events.md).
+Rows:        as mailq.sysmail_allitems (db_owner and MailqAdmin all; others
+             their own mail).  description: the event, SMTP code and detail.
+Cost:        mailitem_id seeks DbMailItem, then IX_MailEvent_MailID per item.
 */
 CREATE OR ALTER VIEW mailq.sysmail_event_log
 AS
--- The server's current offset from UTC (SYSDATETIME is local time; on Azure
--- SQL Database both are UTC).  SQL Server 2019 has no CURRENT_TIMEZONE_ID, so
--- rows from the other side of a daylight-saving change are an hour off.
 WITH Clock AS (
     SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
 )
 
 SELECT
-    CAST(ROW_NUMBER() OVER (ORDER BY t.EndedAtUtc, t.MailID, t.AttemptNo) AS INT) AS log_id,
+    CAST(e.EventSeq AS BIGINT) AS log_id,
     CAST(
         CASE
-            WHEN t.Outcome IN (N'Sent', N'DryRun') THEN 'success'
-            WHEN t.Outcome = N'Stop' THEN 'error'
-            ELSE 'warning'
-        END AS VARCHAR(11)
+            WHEN e.EventType IN (N'Sent', N'DryRun') THEN N'success'
+            WHEN e.EventType IN (N'Failed', N'Expired') THEN N'error'
+            WHEN e.EventType = N'Stopped' AND i.QueryState = N'Failed' THEN N'error'
+            WHEN e.EventType IN (N'Cancelled', N'Requeued', N'Stopped') THEN N'information'
+            ELSE N'warning'
+        END AS NVARCHAR(11)
     ) AS event_type,
-    CAST(DATEADD(MINUTE, k.OffsetMinutes, t.EndedAtUtc) AS DATETIME) AS log_date,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, e.OccurredAtUtc) AS DATETIME) AS log_date,
     CAST(
         CONCAT(
-            N'Attempt ', t.AttemptNo, N': ', t.Outcome,
-            IIF(t.SmtpCode IS NULL, N'', CONCAT(N' (SMTP ', t.SmtpCode, N')')),
-            IIF(t.ErrorText IS NULL, N'', CONCAT(N': ', t.ErrorText))
+            e.EventType,
+            IIF(e.SmtpCode IS NULL, N'', CONCAT(N' (SMTP ', e.SmtpCode, N')')),
+            IIF(e.Detail IS NULL, N'', CONCAT(N': ', e.Detail))
         ) AS NVARCHAR(MAX)
     ) AS description,
     CAST(NULL AS INT) AS process_id,
-    CAST(IIF(t.MailID <= 2147483647, t.MailID, NULL) AS INT) AS mailitem_id,
+    i.MailItemID AS mailitem_id,
     da.AccountID AS account_id,
-    CAST(DATEADD(MINUTE, k.OffsetMinutes, t.EndedAtUtc) AS DATETIME) AS last_mod_date,
-    CAST(t.WorkerName AS SYSNAME) AS last_mod_user
-FROM mailq.MailAttempt AS t
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, e.OccurredAtUtc) AS DATETIME) AS last_mod_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailItem AS i
+INNER JOIN mailq.MailEvent AS e ON i.MailID = e.MailID
+INNER JOIN mailq.MailQueue AS q ON i.MailID = q.ID
 CROSS JOIN Clock AS k
-INNER JOIN mailq.MailQueue AS q ON t.MailID = q.ID
-LEFT JOIN mailq.DbMailItem AS i ON q.ID = i.MailID
 LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
 WHERE
-    t.EndedAtUtc IS NOT NULL
+    e.EventType NOT IN (N'Enqueued', N'Claimed')
     AND (
         IS_MEMBER(N'db_owner') = 1
         OR IS_MEMBER(N'MailqAdmin') = 1

@@ -15,13 +15,11 @@ from . import __version__
 from .errors import MailqError
 
 #: Command modules, in the order ``--help`` lists them.
-COMMANDS: tuple[str, ...] = ("deploy", "enqueue", "worker", "stats", "doctor", "dev", "import_dbmail")
-COMMANDS += ("classify",)  # issue 15: mailq-db classify "<reply>"
-COMMANDS += ("events",)  # issue 16.1: mailq-db events --app NAME --follow
-COMMANDS += ("template",)  # issue 16 point 2: mailq-db template render
-COMMANDS += ("hooks",)  # issue 16 point 1: mailq-db hooks set|list|run|dispatcher
-COMMANDS += ("exporter", "dashboard")  # issue 27: monitoring (docs/monitoring/)
-COMMANDS += ("bounces", "unsubscribe")  # issue 28: mailq-db bounces [parse|list|...], unsubscribe-server
+COMMANDS: tuple[str, ...] = (
+    "deploy", "enqueue", "worker", "stats", "doctor", "dev", "import_dbmail", "classify", "events",
+    "template", "hooks", "exporter", "dashboard", "dbmail_runner",
+    "bounces", "unsubscribe",
+)
 
 EPILOG = """\
 examples:
@@ -33,6 +31,7 @@ examples:
   mailq-db doctor                             check driver, server, schema, broker, roles
   mailq-db exporter                           the queue's metrics for Prometheus
   mailq-db dashboard                          a read-only web page of the queue
+  mailq-db dbmail-runner                      run SendDbMail's @query as its sender
 """
 
 

@@ -807,9 +807,9 @@ def reconcile_delayed_tasks(
 
 
 # --------------------------------------------------------------------------
-# Database Mail compatibility (issue 17): SendDbMail (role MailqDbMailUser),
-# profiles (role MailqAdmin).  mailq.RenderDbMailQuery is internal: only
-# SendDbMail calls it.
+# Database Mail compatibility: SendDbMail (role MailqDbMailUser), profiles
+# (role MailqAdmin), the query runner's claim and hand-back (role
+# MailqDbMailRunner).
 # --------------------------------------------------------------------------
 
 SEND_DBMAIL_SQL = """\
@@ -824,14 +824,22 @@ EXEC mailq.SendDbMail
     @exclude_query_output = ?, @append_query_error = ?, @query_no_truncate = ?,
     @query_result_no_padding = ?, @mailq_query_result_format = ?,
     @mailitem_id = @mailitem_id OUTPUT, @mailq_mail_id = @mailq_mail_id OUTPUT;
-SELECT @mailq_mail_id AS MailID;
+SELECT @mailitem_id AS MailItemID, @mailq_mail_id AS MailID;
 """
+
+
+@dataclass(frozen=True)
+class DbMailQueued:
+    """What mailq.SendDbMail returned: msdb's ``@mailitem_id`` and the queue's mail ID."""
+
+    mailitem_id: int
+    mail_id: int
 
 
 def send_db_mail(
     conn: Any,
     *,
-    recipients: str,
+    recipients: str | None = None,
     profile_name: str | None = None,
     copy_recipients: str | None = None,
     blind_copy_recipients: str | None = None,
@@ -840,29 +848,26 @@ def send_db_mail(
     subject: str | None = None,
     body: str | None = None,
     body_format: str | None = None,
-    importance: str | None = None,
-    sensitivity: str | None = None,
+    importance: str = "NORMAL",
+    sensitivity: str = "NORMAL",
     query: str | None = None,
     execute_query_database: str | None = None,
-    attach_query_result_as_file: bool | None = None,
+    attach_query_result_as_file: bool = False,
     query_attachment_filename: str | None = None,
-    query_result_header: bool | None = None,
-    query_result_width: int | None = None,
-    query_result_separator: str | None = None,
-    exclude_query_output: bool | None = None,
-    append_query_error: bool | None = None,
-    query_no_truncate: bool | None = None,
-    query_result_no_padding: bool | None = None,
-    query_result_format: str | None = None,
-) -> int:
-    """mailq.SendDbMail: sp_send_dbmail's interface; returns the queue's mail ID.
-
-    ``@file_attachments`` is not offered: the procedure refuses it (50191).
+    query_result_header: bool = True,
+    query_result_width: int = 256,
+    query_result_separator: str = " ",
+    exclude_query_output: bool = False,
+    append_query_error: bool = False,
+    query_no_truncate: bool = False,
+    query_result_no_padding: bool = False,
+    query_result_format: str = "TEXT",
+) -> DbMailQueued:
+    """mailq.SendDbMail: sp_send_dbmail's interface (defaults are msdb's: the
+    procedure refuses NULL where msdb does).  A refusal is raised as
+    :class:`DatabaseError` (msdb's number, or 50000 with this package's
+    message); ``@file_attachments`` is not offered (the procedure refuses it).
     """
-
-    def bit(value: bool | None) -> int | None:
-        return None if value is None else int(bool(value))
-
     cursor = _call(
         conn,
         SEND_DBMAIL_SQL,
@@ -870,16 +875,89 @@ def send_db_mail(
             profile_name, recipients, copy_recipients, blind_copy_recipients,
             from_address, reply_to, subject, body, body_format,
             importance, sensitivity, query, execute_query_database,
-            bit(attach_query_result_as_file), query_attachment_filename,
-            bit(query_result_header), query_result_width, query_result_separator,
-            bit(exclude_query_output), bit(append_query_error), bit(query_no_truncate),
-            bit(query_result_no_padding), query_result_format,
+            int(attach_query_result_as_file), query_attachment_filename,
+            int(query_result_header), query_result_width, query_result_separator,
+            int(exclude_query_output), int(append_query_error), int(query_no_truncate),
+            int(query_result_no_padding), query_result_format,
         ],
     )
     rows = _rows(cursor)
     while not rows and _next(cursor):
         rows = _rows(cursor)
-    return int(rows[0][0])
+    item, mail = rows[0]
+    if item is None:  # pragma: no cover - a refusal raises its message first
+        raise DatabaseError(None, "mailq.SendDbMail queued nothing")
+    return DbMailQueued(mailitem_id=int(item), mail_id=int(mail))
+
+
+CLAIM_DBMAIL_QUERY_SQL = "EXEC mailq.ClaimDbMailQuery @LockToken = ?, @LeaseSeconds = ?;"
+
+
+@dataclass(frozen=True)
+class DbMailQuery:
+    """One waiting @query, as mailq.ClaimDbMailQuery hands it to a runner."""
+
+    mailitem_id: int
+    mail_id: int
+    query: str
+    database: str
+    request_user: str
+    request_user_sid: bytes | None
+    attach_results: bool
+    attachment_filename: str | None
+    header: bool
+    width: int
+    separator: str
+    exclude_query_output: bool
+    append_query_error: bool
+    no_truncate: bool
+    no_padding: bool
+    result_format: str
+    attempts: int
+
+
+def claim_db_mail_query(conn: Any, *, lock_token: uuid.UUID, lease_seconds: int = 300) -> DbMailQuery | None:
+    """mailq.ClaimDbMailQuery: the oldest waiting query for this runner, or None."""
+    cursor = _call(conn, CLAIM_DBMAIL_QUERY_SQL, [str(lock_token), lease_seconds])
+    rows = _rows(cursor)
+    cursor.close()
+    if not rows:
+        return None
+    r = rows[0]
+    return DbMailQuery(
+        mailitem_id=int(r[0]), mail_id=int(r[1]), query=r[2], database=r[3], request_user=r[4],
+        request_user_sid=bytes(r[5]) if r[5] is not None else None, attach_results=bool(r[6]),
+        attachment_filename=r[7], header=bool(r[8]), width=int(r[9]), separator=r[10] or " ",
+        exclude_query_output=bool(r[11]), append_query_error=bool(r[12]), no_truncate=bool(r[13]),
+        no_padding=bool(r[14]), result_format=(r[15] or "TEXT").strip().upper(), attempts=int(r[16]),
+    )
+
+
+COMPLETE_DBMAIL_QUERY_SQL = """\
+EXEC mailq.CompleteDbMailQuery @MailItemID = ?, @LockToken = ?, @Outcome = ?, @Text = ?,
+    @Attachment = ?, @FileName = ?, @ContentType = ?, @Error = ?;
+"""
+
+
+def complete_db_mail_query(
+    conn: Any,
+    *,
+    mailitem_id: int,
+    lock_token: uuid.UUID,
+    outcome: str,
+    text: str | None = None,
+    attachment: bytes | None = None,
+    file_name: str | None = None,
+    content_type: str | None = None,
+    error: str | None = None,
+) -> None:
+    """mailq.CompleteDbMailQuery: hand back a claimed query (``outcome`` 'Done' or 'Failed')."""
+    cursor = _call(conn, COMPLETE_DBMAIL_QUERY_SQL, [
+        mailitem_id, str(lock_token), outcome, text, attachment, file_name, content_type, error,
+    ])
+    while _next(cursor):
+        pass
+    cursor.close()
 
 
 UPSERT_DBMAIL_PROFILE_SQL = """\

@@ -1,7 +1,9 @@
-"""mailq.SendDbMail keeps sp_send_dbmail's documented interface (issue 17).
+"""mailq.SendDbMail keeps sp_send_dbmail's interface (issues 17 and 25).
 
-The table below is Microsoft's documented parameter list of sp_send_dbmail,
-in the order of the page's Syntax section, with the documented type and
+The table below is sp_send_dbmail's parameter list in msdb's own declaration
+order (a public copy of msdb's procedure text: @from_address and @reply_to
+come last, after @mailitem_id), which is what a positional call binds to,
+with the documented type and
 default (``declared`` is the default a caller gets when leaving the parameter
 out; where the page documents a meaning rather than a value -- "the default
 is 'SQL Server Message'", "the current database", "Defaults to TEXT" -- the
@@ -21,7 +23,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SEND = ROOT / "sql/procedures/mailq.SendDbMail.sql"
-RENDER = ROOT / "sql/procedures/mailq.RenderDbMailQuery.sql"
+CLAIM = ROOT / "sql/procedures/mailq.ClaimDbMailQuery.sql"
+COMPLETE = ROOT / "sql/procedures/mailq.CompleteDbMailQuery.sql"
 REFERENCE_URL = (
     "https://learn.microsoft.com/en-us/sql/relational-databases/system-stored-procedures/sp-send-dbmail-transact-sql"
 )
@@ -32,8 +35,6 @@ DOCUMENTED = [
     ("@recipients", "VARCHAR(MAX)", "NULL", False, ""),
     ("@copy_recipients", "VARCHAR(MAX)", "NULL", False, ""),
     ("@blind_copy_recipients", "VARCHAR(MAX)", "NULL", False, ""),
-    ("@from_address", "VARCHAR(MAX)", "NULL", False, "the profile's account"),
-    ("@reply_to", "VARCHAR(MAX)", "NULL", False, "the profile's account"),
     ("@subject", "NVARCHAR(255)", "NULL", False, "'SQL Server Message'"),
     ("@body", "NVARCHAR(MAX)", "NULL", False, ""),
     ("@body_format", "VARCHAR(20)", "NULL", False, "TEXT"),
@@ -43,7 +44,8 @@ DOCUMENTED = [
     ("@query", "NVARCHAR(MAX)", "NULL", False, ""),
     ("@execute_query_database", "SYSNAME", "NULL", False, "the current database"),
     ("@attach_query_result_as_file", "BIT", "0", False, ""),
-    ("@query_attachment_filename", "NVARCHAR(255)", "NULL", False, "an arbitrary file name"),
+    # msdb declares nvarchar(260); the page says nvarchar(255): the wider one accepts both.
+    ("@query_attachment_filename", "NVARCHAR(260)", "NULL", False, "an arbitrary file name"),
     ("@query_result_header", "BIT", "1", False, ""),
     ("@query_result_width", "INT", "256", False, ""),
     ("@query_result_separator", "CHAR(1)", "' '", False, ""),
@@ -52,6 +54,8 @@ DOCUMENTED = [
     ("@query_no_truncate", "BIT", "0", False, ""),
     ("@query_result_no_padding", "BIT", "0", False, ""),
     ("@mailitem_id", "INT", "NULL", True, ""),
+    ("@from_address", "VARCHAR(MAX)", "NULL", False, "the profile's account"),
+    ("@reply_to", "VARCHAR(MAX)", "NULL", False, "the profile's account"),
 ]
 
 _HEADER = re.compile(r"CREATE\s+OR\s+ALTER\s+PROCEDURE\s+mailq\.SendDbMail\s+(?P<params>.*?)\nAS\n", re.S | re.I)
@@ -101,15 +105,23 @@ def test_header_cites_the_reference_page():
     assert REFERENCE_URL in SEND.read_text(encoding="utf-8")
 
 
-def test_every_documented_parameter_is_described_in_the_header():
-    text = SEND.read_text(encoding="utf-8")
-    header = text[: text.index("CREATE OR ALTER PROCEDURE")]
-    missing = [n for n, *_ in DOCUMENTED if n not in header and n not in (
-        # grouped in the header as "@query ... @query_result_no_padding"
-        "@query_result_header", "@query_result_width", "@query_result_separator",
-        "@exclude_query_output", "@append_query_error",
-    )]
-    assert missing == []
+def test_validation_raises_without_aborting_before_the_enqueue():
+    """H1: every refusal before the enqueue is RAISERROR + RETURN (never THROW,
+    which ends the batch), XACT_ABORT is set only right before the enqueue,
+    and msdb's return codes are the ones msdb's procedure text uses."""
+    code = _code(SEND)
+    body = code[code.index("AS\nBEGIN"):]
+    before, _, after = body.partition("SET XACT_ABORT ON;")
+    assert after, "XACT_ABORT must be set before the enqueue"
+    assert "THROW" not in before and "EXEC mailq.EnqueueMail" not in before
+    assert "EXEC mailq.EnqueueMail" in after
+    assert "SET NOCOUNT, XACT_ABORT ON" not in code
+    pairs = re.findall(r"RAISERROR \((\d+), 16, 1[^;]*\);\s*RETURN (\d+);", before)
+    assert {(int(n), int(rc)) for n, rc in pairs} >= {
+        (14607, 1), (14636, 1), (14626, 13), (14618, 15), (14622, 16), (14618, 17), (14623, 18), (14624, 19),
+        (14624, 20), (14613, 1), (14625, 21), (14630, 2), (14633, 1)}
+    # Every RAISERROR is followed by a RETURN of a non-zero code.
+    assert len(re.findall(r"RAISERROR", before)) == len(re.findall(r"RAISERROR[^;]*;\s*RETURN @?\w+;", before))
 
 
 def test_enqueues_through_enqueue_mail_with_named_parameters_only():
@@ -121,7 +133,7 @@ def test_enqueues_through_enqueue_mail_with_named_parameters_only():
     assert "INSERT INTO mailq.MailQueue" not in text  # never around EnqueueMail
 
 
-@pytest.mark.parametrize("path", [SEND, RENDER], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [SEND, COMPLETE], ids=lambda p: p.name)
 def test_no_savepoint_and_the_one_catch_pattern(path):
     code = _code(path)
     assert not re.search(r"\bSAVE\s+TRAN", code, re.I)
@@ -130,15 +142,16 @@ def test_no_savepoint_and_the_one_catch_pattern(path):
         assert "IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;" in code
 
 
-def test_query_runs_as_the_caller_in_a_quoted_database():
-    code = _code(RENDER)
-    # No EXECUTE AS anywhere: the query must run with the caller's rights.
-    assert not re.search(r"\bEXECUTE\s+AS\b|\bWITH\s+EXECUTE\b", code, re.I)
-    assert "QUOTENAME(@Database) + N'.sys.sp_executesql'" in code
-    # The query text is only ever passed as a parameter value (@q / @tsql).
-    assert "@q = @Query" in code and "@tsql = @Query" in code
+def test_no_module_impersonates():
+    """The query never runs inside SendDbMail: the runner impersonates the
+    sender ad hoc, with a cookie (mailq_db.dbmail.runner); no module of ours
+    has EXECUTE AS, and SendDbMail stores the sender's user and SID."""
+    for path in (SEND, CLAIM, COMPLETE):
+        assert not re.search(r"\bEXECUTE\s+AS\b|\bWITH\s+EXECUTE\b", _code(path), re.I), path.name
     send = _code(SEND)
-    assert not re.search(r"\bEXECUTE\s+AS\b|\bWITH\s+EXECUTE\b", send, re.I)
+    assert "USER_NAME(), USER_SID()" in send and "sp_executesql" not in send
+    runner = (ROOT / "src/mailq_db/dbmail/runner.py").read_text(encoding="utf-8")
+    assert "WITH COOKIE INTO @c" in runner and "REVERT WITH COOKIE" in runner
 
 
 def test_the_reader_fails_on_a_changed_signature(tmp_path):

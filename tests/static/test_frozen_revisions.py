@@ -60,7 +60,9 @@ def test_sql_upgrades_is_empty_until_a_revision_after_the_baseline():
 def test_revision_files_follow_the_build_order():
     order = d.build_order(ROOT)
     for rev in d.revisions(ROOT):
-        files = d.revision_files(rev, ROOT)
+        # A file removed from sql/ before 1.0 (mailq.RenderDbMailQuery, issue 25)
+        # stays in older revisions until the baseline replaces them.
+        files = [f for f in d.revision_files(rev, ROOT) if f in order]
         assert files == sorted(files, key=order.index), rev
 
 

@@ -181,7 +181,6 @@ def test_forceseek_column_lists_name_the_leading_key_of_the_named_index():
 #: Procedures that do not set READ COMMITTED, with the reason docs/guarantees.md gives.
 NOT_SETTING_RC = {
     "GetMailTemplate", "ListMailTemplates", "ListMailTemplateVersions", "ListApplicationHooks",  # plain reads
-    "RenderDbMailQuery",  # runs the caller's query at the caller's level, on purpose
     "SendDbMail",         # its queue writes happen in EnqueueMail, which sets it
 }
 WRITE = re.compile(r"\b(INSERT INTO|UPDATE|DELETE|MERGE)\s+(?:TOP \(\d+\) )?(MAILQ\.\w+|\w+ FROM MAILQ\.\w+)", re.I)

@@ -165,3 +165,82 @@ def test_env_name_is_a_safe_variable_name():
 def test_command_is_registered():
     args = build_parser().parse_args(["import-dbmail", "--source", "mssql://x/msdb", "--dry-run"])
     assert args.func is imp.run and args.dry_run
+
+
+# --------------------------------------------------------------------------
+# Overwrite, dry run, source errors, the source password (issue 25, M6/L6)
+# --------------------------------------------------------------------------
+
+import argparse  # noqa: E402
+
+from mailq_db.commands import import_dbmail as cmd  # noqa: E402
+from mailq_db.errors import ConfigurationError, MailqError  # noqa: E402
+
+
+def _args(tmp_path, **kw):
+    base = dict(source="mssql+pyodbc://sa@old/msdb", source_password_env="MAILQ_DBMAIL_SOURCE_PASSWORD",
+                db=None, config_out=str(tmp_path / "worker.toml"), no_accounts=False, dry_run=False, force=False)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def _empty_config(monkeypatch, seen=None):
+    monkeypatch.setattr(cmd, "read_source", lambda url: (seen.append(url) if seen is not None else None)
+                        or cmd.DbMailConfig(accounts=[], profiles=[]))
+
+
+def test_an_existing_config_file_is_kept_without_force(tmp_path, monkeypatch):
+    _empty_config(monkeypatch)
+    target = tmp_path / "worker.toml"
+    target.write_text("# hand-tuned\n")
+    with pytest.raises(ConfigurationError, match="exists: pass --force"):
+        cmd.run(_args(tmp_path))
+    assert target.read_text() == "# hand-tuned\n"
+
+
+def test_dry_run_writes_nothing_even_an_absent_file(tmp_path, monkeypatch, capsys):
+    _empty_config(monkeypatch)
+    target = tmp_path / "worker.toml"
+    target.write_text("# hand-tuned\n")
+    assert cmd.run(_args(tmp_path, dry_run=True)) == 0
+    assert target.read_text() == "# hand-tuned\n"
+    assert "would write" in capsys.readouterr().out
+    fresh = tmp_path / "new.toml"
+    assert cmd.run(_args(tmp_path, dry_run=True, config_out=str(fresh))) == 0
+    assert not fresh.exists()
+
+
+def test_force_overwrites(tmp_path, monkeypatch):
+    _empty_config(monkeypatch)
+    monkeypatch.setattr(cmd, "connect", lambda url: type("C", (), {"close": lambda self: None})())
+    monkeypatch.setattr(cmd, "apply_steps", lambda conn, steps: [])
+    target = tmp_path / "worker.toml"
+    target.write_text("# old\n")
+    assert cmd.run(_args(tmp_path, force=True)) == 0
+    assert target.read_text() != "# old\n"
+
+
+def test_the_source_password_comes_from_the_environment_never_argv(tmp_path):
+    with pytest.raises(ConfigurationError, match="must not hold a password"):
+        cmd.source_url(_args(tmp_path, source="mssql+pyodbc://sa:secret@old/msdb"), {})
+    url = cmd.source_url(_args(tmp_path), {"MAILQ_DBMAIL_SOURCE_PASSWORD": "p@ss:w/rd"})
+    assert url == "mssql+pyodbc://sa:p%40ss%3Aw%2Frd@old/msdb"
+    whole = cmd.source_url(_args(tmp_path, source=None), {"MAILQ_DBMAIL_SOURCE_URL": "mssql+pyodbc://u:x@h/msdb"})
+    assert whole == "mssql+pyodbc://u:x@h/msdb"
+    with pytest.raises(ConfigurationError, match="no source given"):
+        cmd.source_url(_args(tmp_path, source=None), {})
+
+
+def test_a_source_read_error_is_one_line(monkeypatch):
+    class DriverError(Exception):
+        pass
+
+    def boom(url):
+        raise DriverError("42000", "[Microsoft][ODBC Driver 18 for SQL Server][SQL Server]The SELECT permission "
+                                   "was denied on the object 'sysmail_account'. (229) (SQLExecDirectW)")
+
+    monkeypatch.setattr("mailq_db.procedures._DRIVER_ERRORS", (DriverError,))
+    monkeypatch.setattr(cmd, "connect", boom)
+    with pytest.raises(MailqError) as err:
+        cmd.read_source("mssql+pyodbc://sa@old/msdb")
+    assert "\n" not in str(err.value) and "SELECT permission was denied" in str(err.value)

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from .. import procedures
 from ..connection import connect
-from ..errors import MailqError
+from ..errors import ConfigurationError, MailqError
 
 HELP = """\
 Copy Database Mail's configuration (msdb) into mailq-db: every account becomes
@@ -39,10 +41,20 @@ principal).  SMTP servers go to the worker configuration skeleton (--config-out)
 passwords cannot be read from msdb: set the environment variables the
 skeleton names (marked PLACEHOLDER) before starting the worker.
 
+The source's password is never taken from the command line: give the URL
+without it and put the password in $MAILQ_DBMAIL_SOURCE_PASSWORD (or the
+variable --source-password-env names), or the whole URL in
+$MAILQ_DBMAIL_SOURCE_URL.  An existing --config-out file is kept unless
+--force; --dry-run writes nothing.
+
 examples:
-  mailq-db import-dbmail --source "mssql+pyodbc://oldserver/msdb?driver=ODBC+Driver+18+for+SQL+Server" --config-out worker.toml --dry-run
-  mailq-db import-dbmail --source "mssql+pyodbc://oldserver/msdb?driver=ODBC+Driver+18+for+SQL+Server" --config-out worker.toml
+  # the source's password in $MAILQ_DBMAIL_SOURCE_PASSWORD (from a vault or a file, never typed)
+  mailq-db import-dbmail --source "mssql+pyodbc://sa@oldserver/msdb" --config-out worker.toml --dry-run
+  mailq-db import-dbmail --source "mssql+pyodbc://sa@oldserver/msdb" --config-out worker.toml  # into $MAILQ_DB_URL
 """
+
+SOURCE_URL_ENV = "MAILQ_DBMAIL_SOURCE_URL"
+SOURCE_PASSWORD_ENV = "MAILQ_DBMAIL_SOURCE_PASSWORD"
 
 PROFILES_SQL = (
     "SELECT p.profile_id, p.name, p.description FROM msdb.dbo.sysmail_profile AS p ORDER BY p.profile_id;"
@@ -266,8 +278,11 @@ def apply_steps(conn: Any, steps: Iterable[Step], out=sys.stdout) -> list[str]:
 def register(subparsers) -> None:
     p = subparsers.add_parser("import-dbmail", help="copy Database Mail's accounts and profiles from msdb",
                               description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", required=True, help="URL of the server whose msdb holds Database Mail's settings "
-                   "(integrated or Azure AD login: a command line is visible to every user of the machine)")
+    p.add_argument("--source", help="URL (without password) of the server whose msdb holds Database Mail's "
+                   f"settings (default: ${SOURCE_URL_ENV})")
+    p.add_argument("--source-password-env", metavar="NAME", default=SOURCE_PASSWORD_ENV,
+                   help=f"environment variable with the source's password (default {SOURCE_PASSWORD_ENV})")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --config-out file")
     p.add_argument("--db", help="mailq-db database URL (default: $MAILQ_DB_URL)")
     p.add_argument("--config-out", metavar="FILE", help="write the worker configuration skeleton here")
     p.add_argument("--no-accounts", action="store_true",
@@ -276,23 +291,59 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    source = connect(args.source)
+def source_url(args: argparse.Namespace, environ: dict[str, str] | None = None) -> str:
+    """The source URL: --source (never with a password) or $MAILQ_DBMAIL_SOURCE_URL,
+    with the password from the environment variable --source-password-env names."""
+    env = os.environ if environ is None else environ
+    url = args.source or env.get(SOURCE_URL_ENV)
+    if not url:
+        raise ConfigurationError(f"no source given: pass --source URL (without password) or set {SOURCE_URL_ENV}")
+    parts = urlsplit(url)
+    if args.source and parts.password:
+        raise ConfigurationError("--source must not hold a password (it would show in the process list and the "
+                                 f"shell history): put it in ${args.source_password_env} or the URL in "
+                                 f"${SOURCE_URL_ENV}")
+    password = env.get(args.source_password_env)
+    if password and not parts.password and parts.username:
+        host = parts.netloc.rpartition("@")[2]
+        url = urlunsplit(parts._replace(netloc=f"{parts.username}:{quote(password, safe='')}@{host}"))
+    return url
+
+
+def read_source(url: str) -> DbMailConfig:
+    """Database Mail's settings from the source; any failure is one line."""
+    from ..procedures import _DRIVER_ERRORS
+
     try:
-        config = read_msdb(source.cursor())
-    finally:
-        source.close()
+        source = connect(url)
+        try:
+            return read_msdb(source.cursor())
+        finally:
+            source.close()
+    except _DRIVER_ERRORS as exc:
+        detail = " ".join(str(exc.args[-1] if exc.args else exc).split())
+        raise MailqError(f"cannot read Database Mail's settings from the source: {detail[:300]} (the login needs "
+                         "SELECT on msdb's sysmail_* tables; Azure SQL Database has no msdb)") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.config_out and not args.dry_run and os.path.exists(args.config_out) and not args.force:
+        raise ConfigurationError(f"{args.config_out} exists: pass --force to overwrite it, or another --config-out")
+    config = read_source(source_url(args))
     steps = plan_import(config, accounts=not args.no_accounts)
     for warning in config.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    if args.config_out:
-        with open(args.config_out, "w", encoding="utf-8") as handle:
-            handle.write(worker_config_skeleton(config))
-        print(f"wrote {args.config_out} (set the {PLACEHOLDER} password variables before starting the worker)")
     if args.dry_run:
+        if args.config_out:
+            print(f"would write {args.config_out}"
+                  + (" (it exists: --force would be needed)" if os.path.exists(args.config_out) else ""))
         for step in steps:
             print(f"would: {step.text}")
         return 0
+    if args.config_out:
+        with open(args.config_out, "w" if args.force else "x", encoding="utf-8") as handle:
+            handle.write(worker_config_skeleton(config))
+        print(f"wrote {args.config_out} (set the {PLACEHOLDER} password variables before starting the worker)")
     conn = connect(args.db)
     try:
         for line in apply_steps(conn, steps):

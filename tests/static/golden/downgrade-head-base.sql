@@ -213,6 +213,91 @@ END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
+IF OBJECT_ID(N'mailq.sysmail_mailattachments') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_mailattachments FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.sysmail_profile') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_profile FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.sysmail_account') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_account FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.sysmail_profileaccount') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_profileaccount FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.sysmail_principalprofile') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_principalprofile FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.sysmail_configuration') IS NOT NULL
+    REVOKE SELECT ON OBJECT::mailq.sysmail_configuration FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.ClaimDbMailQuery') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.ClaimDbMailQuery FROM MailqDbMailRunner;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.CompleteDbMailQuery') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.CompleteDbMailQuery FROM MailqDbMailRunner;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP VIEW IF EXISTS mailq.sysmail_configuration;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP VIEW IF EXISTS mailq.sysmail_principalprofile;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP VIEW IF EXISTS mailq.sysmail_profileaccount;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP VIEW IF EXISTS mailq.sysmail_account;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP VIEW IF EXISTS mailq.sysmail_profile;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP VIEW IF EXISTS mailq.sysmail_mailattachments;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP PROCEDURE IF EXISTS mailq.CompleteDbMailQuery;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+DROP PROCEDURE IF EXISTS mailq.ClaimDbMailQuery;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF DATABASE_PRINCIPAL_ID(N'MailqDbMailRunner') IS NOT NULL
+BEGIN
+    DECLARE @DropMembers NVARCHAR(MAX) = N'';
+    SELECT @DropMembers += N'ALTER ROLE MailqDbMailRunner DROP MEMBER ' + QUOTENAME(m.name) + N';'
+    FROM sys.database_role_members AS rm
+    INNER JOIN sys.database_principals AS m ON m.principal_id = rm.member_principal_id
+    WHERE rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqDbMailRunner');
+    EXEC sys.sp_executesql @DropMembers;
+    DROP ROLE MailqDbMailRunner;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
 IF OBJECT_ID(N'delay.GetTaskMetrics') IS NOT NULL
     REVOKE EXECUTE ON OBJECT::delay.GetTaskMetrics FROM MailqMonitor;
 GO
@@ -752,7 +837,7 @@ DROP PROCEDURE IF EXISTS mailq.SendDbMail;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-DROP PROCEDURE IF EXISTS mailq.RenderDbMailQuery;
+DROP FUNCTION IF EXISTS mailq.DbMailAddressProblem;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -778,6 +863,16 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 IF OBJECT_ID(N'mailq.DbMailPrincipalProfile') IS NOT NULL
     DROP INDEX IF EXISTS UX_DbMailPrincipalProfile_Default ON mailq.DbMailPrincipalProfile;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.DbMailItem') IS NOT NULL
+    DROP INDEX IF EXISTS IX_DbMailItem_QueryDue ON mailq.DbMailItem;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF OBJECT_ID(N'mailq.DbMailItem') IS NOT NULL
+    DROP INDEX IF EXISTS IX_DbMailItem_SendRequestDate ON mailq.DbMailItem;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO

@@ -7551,7 +7551,7 @@ Role MailqDbMailUser: Database Mail callers (msdb's DatabaseMailUserRole): may
 call mailq.SendDbMail and read the sysmail_* views (their own mail only).
 A separate role rather than MailqEnqueuer: SendDbMail runs a caller's @query,
 so who may use it is decided on its own.  The query runs with the caller's
-own rights (see mailq.RenderDbMailQuery), so membership grants no data access.
+own rights (mailq-db dbmail-runner), so membership grants no data access.
 No role holds table rights: procedures reach the tables through ownership
 chaining (every mailq object is owned by dbo).
 */
@@ -7650,17 +7650,26 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailItem: what a mailq.SendDbMail call asked for beyond the queued
-mail itself (profile, importance, sensitivity, the query and its options, the
-caller), so that the sysmail_* views can show Database Mail's columns.
-One row per mail enqueued by SendDbMail; deleted with its mail (ON DELETE
-CASCADE, so mailq.PurgeMail needs no change).  ProfileID has no foreign
-key on purpose: a profile can be deleted while its mail is kept (msdb keeps
-profile_id in sysmail_mailitems the same way).
+mailq.DbMailItem: one row per mailq.SendDbMail call (msdb.dbo.sysmail_mailitems's
+part that the queue does not hold): the INT mailitem_id, the profile, importance
+and sensitivity, the query and its options, who asked and when.  MailID is the
+queued mail (deleted with it: ON DELETE CASCADE, so mailq.PurgeMail needs no
+change); ProfileID has no foreign key: a profile can be deleted while its mail
+is kept, as msdb keeps profile_id.
+SendRequestDate  the server's local time of the call (DATETIME, as msdb stores
+              it), so the sysmail_* views filter on a stored, indexed column.
+RequestUser, RequestUserSid  the database user (USER_NAME(), USER_SID()) whose
+              rights the query runs with: the query runner impersonates it and
+              checks the SID (docs/database-mail.md, "How @query runs").
+QueryState    NULL (no query); Pending, Running (a runner holds it until
+              QueryDueAtUtc), Done, Failed.  QueryDueAtUtc is when a runner may
+              take it (Pending: at once; Running: the lease expiry), so one
+              range on IX_DbMailItem_QueryDue finds both.
 */
 IF OBJECT_ID(N'mailq.DbMailItem', N'U') IS NULL
 BEGIN
     CREATE TABLE mailq.DbMailItem (
+        MailItemID INT IDENTITY (1, 1) NOT NULL,
         MailID BIGINT NOT NULL,
         ProfileID INT NOT NULL,
         Importance VARCHAR(6) NOT NULL,
@@ -7668,16 +7677,76 @@ BEGIN
         Query NVARCHAR(MAX) NULL,
         ExecuteQueryDatabase NVARCHAR(128) NULL,
         AttachQueryResultAsFile BIT NOT NULL,
+        QueryAttachmentFilename NVARCHAR(260) NULL,
         QueryResultHeader BIT NOT NULL,
         QueryResultWidth INT NOT NULL,
-        QueryResultSeparator CHAR(1) NOT NULL,
+        QueryResultSeparator NCHAR(1) NOT NULL,
         ExcludeQueryOutput BIT NOT NULL,
         AppendQueryError BIT NOT NULL,
+        QueryNoTruncate BIT NOT NULL CONSTRAINT DF_DbMailItem_QueryNoTruncate DEFAULT (0),
+        QueryResultNoPadding BIT NOT NULL CONSTRAINT DF_DbMailItem_QueryResultNoPadding DEFAULT (0),
+        QueryResultFormat VARCHAR(4) NOT NULL CONSTRAINT DF_DbMailItem_QueryResultFormat DEFAULT ('TEXT'),
         SendRequestUser NVARCHAR(128) NOT NULL,
-        CONSTRAINT PK_DbMailItem PRIMARY KEY CLUSTERED (MailID),
+        SendRequestDate DATETIME NOT NULL,
+        RequestUser NVARCHAR(128) NOT NULL,
+        RequestUserSid VARBINARY(85) NULL,
+        QueryState NVARCHAR(16) NULL,
+        QueryDueAtUtc DATETIME2(3) NULL,
+        QueryLockToken UNIQUEIDENTIFIER NULL,
+        QueryAttempts INT NOT NULL CONSTRAINT DF_DbMailItem_QueryAttempts DEFAULT (0),
+        QueryError NVARCHAR(4000) NULL,
+        QueryFinishedAtUtc DATETIME2(3) NULL,
+        CONSTRAINT PK_DbMailItem PRIMARY KEY CLUSTERED (MailItemID),
+        CONSTRAINT UQ_DbMailItem_MailID UNIQUE (MailID),
         CONSTRAINT FK_DbMailItem_MailQueue FOREIGN KEY (MailID)
-        REFERENCES mailq.MailQueue (ID) ON DELETE CASCADE
+        REFERENCES mailq.MailQueue (ID) ON DELETE CASCADE,
+        CONSTRAINT CK_DbMailItem_QueryState CHECK (
+            (QueryState IS NULL AND Query IS NULL)
+            OR (QueryState IN (N'Pending', N'Running', N'Done', N'Failed') AND Query IS NOT NULL)
+        ),
+        CONSTRAINT CK_DbMailItem_QueryLease CHECK (
+            (QueryState = N'Running' AND QueryLockToken IS NOT NULL AND QueryDueAtUtc IS NOT NULL)
+            OR (QueryState = N'Pending' AND QueryLockToken IS NULL AND QueryDueAtUtc IS NOT NULL)
+            OR (QueryState IS NULL OR QueryState IN (N'Done', N'Failed'))
+        ),
+        CONSTRAINT CK_DbMailItem_QueryResultFormat CHECK (QueryResultFormat IN ('TEXT', 'HTML', 'CSV'))
     );
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+IX_DbMailItem_SendRequestDate: the sysmail_* views' usual filter
+(send_request_date > ...) as a seek; the mail is then found by its key.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_DbMailItem_SendRequestDate' AND object_id = OBJECT_ID(N'mailq.DbMailItem')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_DbMailItem_SendRequestDate
+    ON mailq.DbMailItem (SendRequestDate)
+    INCLUDE (MailID);
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+IX_DbMailItem_QueryDue: the queries a runner may take (mailq.ClaimDbMailQuery):
+Pending ones and Running ones whose lease passed, one range on QueryDueAtUtc;
+filtered, so finished items cost nothing.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_DbMailItem_QueryDue' AND object_id = OBJECT_ID(N'mailq.DbMailItem')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_DbMailItem_QueryDue
+    ON mailq.DbMailItem (QueryDueAtUtc, MailItemID)
+    INCLUDE (QueryState)
+    WHERE QueryState IN (N'Pending', N'Running');
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
@@ -7702,68 +7771,62 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_allitems: msdb.dbo.sysmail_allitems's columns (names and types
-as documented,
-https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-allitems-transact-sql)
-over this queue, so that a monitoring query written for Database Mail runs
-here by changing msdb.dbo to mailq.  Lower-case names on purpose: they are
-Database Mail's.
-Rows:        every mail of the queue.  db_owner and MailqAdmin members see all
-             of them; anybody else only the mail they sent through
-             mailq.SendDbMail (as in msdb, where only sysadmin sees all).
-Mapping:     mailitem_id = MailQueue.ID (NULL above 2,147,483,647);
-             sent_status: Sent -> sent; Failed, Cancelled, Expired, Stopped -> failed;
-             UnSent or Sending after a failed attempt -> retrying; else unsent.
-             Dates are the server's local time (datetime, as msdb shows them):
-             the queue's UTC times plus the server's current UTC offset.
-             Text columns keep the documented types: body, recipients and query
-             are varchar(max) there, so characters outside the database's code
-             page show as '?'; mailq.MailQueue keeps the Unicode original.
-             profile_id and the query columns come from mailq.DbMailItem (NULL
-             for mail queued by mailq.EnqueueMail); file_attachments lists
-             the mail's attachment file names; sent_account_id is the
-             account's mailq.DbMailAccount ID (NULL for an account in no profile).
+mailq.sysmail_allitems: msdb.dbo.sysmail_allitems over this queue: one row per
+mailq.SendDbMail call, msdb's 27 columns in msdb's order
+(https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-allitems-transact-sql).
+Types:       every text column is Unicode (NVARCHAR/NCHAR: msdb stores body and
+             query as nvarchar(max); nothing is cast to a code page).
+Rows:        db_owner and MailqAdmin members see all; others what they sent.
+Mapping:     mailitem_id = DbMailItem.MailItemID; sent_status: Sent -> sent;
+             Failed, Cancelled, Expired, Stopped -> failed; UnSent or Sending
+             after a failed attempt -> retrying; else unsent (a query waiting
+             for the runner too).  send_request_date is stored (local time);
+             sent_date and last_mod_date are the queue's UTC plus the server's
+             current offset.  sent_account_id only once sent.  file_attachments
+             is always NULL (refused); a query's file is in sysmail_mailattachments.
+Cost:        filters on mailitem_id and send_request_date seek DbMailItem;
+             any other filter reads the DbMail items only, never the whole queue
+             (tests/integration/test_dbmail_views_plan.py).
 */
 CREATE OR ALTER VIEW mailq.sysmail_allitems
 AS
 -- The server's current offset from UTC (SYSDATETIME is local time; on Azure
--- SQL Database both are UTC).  SQL Server 2019 has no CURRENT_TIMEZONE_ID, so
--- rows from the other side of a daylight-saving change are an hour off.
+-- SQL Database both are UTC).
 WITH Clock AS (
     SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
 )
 
 SELECT
-    CAST(IIF(q.ID <= 2147483647, q.ID, NULL) AS INT) AS mailitem_id,
+    i.MailItemID AS mailitem_id,
     i.ProfileID AS profile_id,
-    CAST(q.ToAddress AS VARCHAR(MAX)) AS recipients,
-    CAST(q.CC AS VARCHAR(MAX)) AS copy_recipients,
-    CAST(q.BCC AS VARCHAR(MAX)) AS blind_copy_recipients,
-    CAST(q.Subject AS NVARCHAR(510)) AS subject,
-    CAST(q.Body AS VARCHAR(MAX)) AS body,
-    CAST(UPPER(q.BodyFormat) AS VARCHAR(20)) AS body_format,
-    CAST(COALESCE(i.Importance, 'NORMAL') AS VARCHAR(6)) AS importance,
-    CAST(COALESCE(i.Sensitivity, 'NORMAL') AS VARCHAR(12)) AS sensitivity,
-    CAST(f.FileNames AS VARCHAR(MAX)) AS file_attachments,
-    CAST('MIME' AS VARCHAR(20)) AS attachment_encoding,
-    CAST(i.Query AS VARCHAR(MAX)) AS query,
+    q.ToAddress AS recipients,
+    q.CC AS copy_recipients,
+    q.BCC AS blind_copy_recipients,
+    CAST(q.Subject AS NVARCHAR(900)) AS subject,
+    CAST(q.Body AS NVARCHAR(MAX)) AS body,
+    CAST(UPPER(q.BodyFormat) AS NVARCHAR(20)) AS body_format,
+    CAST(i.Importance AS NVARCHAR(6)) AS importance,
+    CAST(i.Sensitivity AS NVARCHAR(12)) AS sensitivity,
+    CAST(NULL AS NVARCHAR(MAX)) AS file_attachments,
+    CAST(N'MIME' AS NVARCHAR(20)) AS attachment_encoding,
+    CAST(i.Query AS NVARCHAR(MAX)) AS query,
     CAST(i.ExecuteQueryDatabase AS SYSNAME) AS execute_query_database,
     i.AttachQueryResultAsFile AS attach_query_result_as_file,
     i.QueryResultHeader AS query_result_header,
     i.QueryResultWidth AS query_result_width,
-    CAST(i.QueryResultSeparator AS CHAR(1)) AS query_result_separator,
+    i.QueryResultSeparator AS query_result_separator,
     i.ExcludeQueryOutput AS exclude_query_output,
     i.AppendQueryError AS append_query_error,
-    CAST(DATEADD(MINUTE, k.OffsetMinutes, q.dtStamp) AS DATETIME) AS send_request_date,
+    i.SendRequestDate AS send_request_date,
     CAST(i.SendRequestUser AS SYSNAME) AS send_request_user,
-    da.AccountID AS sent_account_id,
+    IIF(q.Status = N'Sent', da.AccountID, NULL) AS sent_account_id,
     CAST(
         CASE
-            WHEN q.Status = N'Sent' THEN 'sent'
-            WHEN q.Status IN (N'Failed', N'Cancelled', N'Expired', N'Stopped') THEN 'failed'
-            WHEN q.AttemptCount > 0 AND q.LastError IS NOT NULL THEN 'retrying'
-            ELSE 'unsent'
-        END AS VARCHAR(8)
+            WHEN q.Status = N'Sent' THEN N'sent'
+            WHEN q.Status IN (N'Failed', N'Cancelled', N'Expired', N'Stopped') THEN N'failed'
+            WHEN q.AttemptCount > 0 AND q.LastError IS NOT NULL THEN N'retrying'
+            ELSE N'unsent'
+        END AS NVARCHAR(8)
     ) AS sent_status,
     CAST(
         IIF(
@@ -7772,19 +7835,12 @@ SELECT
             NULL
         ) AS DATETIME
     ) AS sent_date,
-    CAST(
-        DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.DateProcessed, q.dtStamp)) AS DATETIME
-    ) AS last_mod_date,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, COALESCE(q.DateProcessed, q.dtStamp)) AS DATETIME) AS last_mod_date,
     CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
-FROM mailq.MailQueue AS q
+FROM mailq.DbMailItem AS i
+INNER JOIN mailq.MailQueue AS q ON i.MailID = q.ID
 CROSS JOIN Clock AS k
-LEFT JOIN mailq.DbMailItem AS i ON q.ID = i.MailID
 LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
-OUTER APPLY (
-    SELECT STRING_AGG(CONVERT(NVARCHAR(MAX), t.FileName), N';') WITHIN GROUP (ORDER BY t.AttachmentNo) AS FileNames
-    FROM mailq.MailAttachment AS t
-    WHERE t.MailID = q.ID
-) AS f
 WHERE
     IS_MEMBER(N'db_owner') = 1
     OR IS_MEMBER(N'MailqAdmin') = 1
@@ -7913,57 +7969,59 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_event_log: msdb.dbo.sysmail_event_log's columns (as documented,
-https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-event-log-transact-sql)
-over the queue's attempt history (mailq.MailAttempt): one row per finished
-attempt.
-Mapping:     event_type: Sent, DryRun -> success; Retry, Wait, Released,
-             Abandoned -> warning; Stop -> error.  description: the outcome,
-             the SMTP code and the error text.  log_id numbers the rows by
-             time (it changes when mailq.PurgeMail deletes older ones: do
-             not keep it).  process_id is NULL (workers are not one process);
-             last_mod_user is the worker's name.  Dates as in sysmail_allitems.
-Rows:        db_owner and MailqAdmin members see all; others the attempts of
-             mail they sent through mailq.SendDbMail.
+mailq.sysmail_event_log: msdb.dbo.sysmail_event_log over the queue's event
+stream (mailq.MailEvent) for mail sent with mailq.SendDbMail, msdb's columns
+in msdb's order
+(https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-event-log-transact-sql).
+event_type:  success: Sent, DryRun; warning: RetryScheduled, AccountWaiting,
+             LeaseExpired, Released; error: Failed (attempts used up, or a
+             permanent refusal), Expired, and Stopped by a failed query;
+             information: Cancelled, Requeued, Stopped otherwise.  So a mail
+             that fails finally has exactly one error row, as in msdb.
+log_id:      the event's EventID (BIGINT, msdb's is int): it never changes,
+             is the same for every reader and grows in commit order, so
+             "log_id > @last_seen" polling works (docs/events.md).
+Rows:        as mailq.sysmail_allitems (db_owner and MailqAdmin all; others
+             their own mail).  description: the event, SMTP code and detail.
+Cost:        mailitem_id seeks DbMailItem, then IX_MailEvent_MailID per item.
 */
 CREATE OR ALTER VIEW mailq.sysmail_event_log
 AS
--- The server's current offset from UTC (SYSDATETIME is local time; on Azure
--- SQL Database both are UTC).  SQL Server 2019 has no CURRENT_TIMEZONE_ID, so
--- rows from the other side of a daylight-saving change are an hour off.
 WITH Clock AS (
     SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
 )
 
 SELECT
-    CAST(ROW_NUMBER() OVER (ORDER BY t.EndedAtUtc, t.MailID, t.AttemptNo) AS INT) AS log_id,
+    CAST(e.EventSeq AS BIGINT) AS log_id,
     CAST(
         CASE
-            WHEN t.Outcome IN (N'Sent', N'DryRun') THEN 'success'
-            WHEN t.Outcome = N'Stop' THEN 'error'
-            ELSE 'warning'
-        END AS VARCHAR(11)
+            WHEN e.EventType IN (N'Sent', N'DryRun') THEN N'success'
+            WHEN e.EventType IN (N'Failed', N'Expired') THEN N'error'
+            WHEN e.EventType = N'Stopped' AND i.QueryState = N'Failed' THEN N'error'
+            WHEN e.EventType IN (N'Cancelled', N'Requeued', N'Stopped') THEN N'information'
+            ELSE N'warning'
+        END AS NVARCHAR(11)
     ) AS event_type,
-    CAST(DATEADD(MINUTE, k.OffsetMinutes, t.EndedAtUtc) AS DATETIME) AS log_date,
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, e.OccurredAtUtc) AS DATETIME) AS log_date,
     CAST(
         CONCAT(
-            N'Attempt ', t.AttemptNo, N': ', t.Outcome,
-            IIF(t.SmtpCode IS NULL, N'', CONCAT(N' (SMTP ', t.SmtpCode, N')')),
-            IIF(t.ErrorText IS NULL, N'', CONCAT(N': ', t.ErrorText))
+            e.EventType,
+            IIF(e.SmtpCode IS NULL, N'', CONCAT(N' (SMTP ', e.SmtpCode, N')')),
+            IIF(e.Detail IS NULL, N'', CONCAT(N': ', e.Detail))
         ) AS NVARCHAR(MAX)
     ) AS description,
     CAST(NULL AS INT) AS process_id,
-    CAST(IIF(t.MailID <= 2147483647, t.MailID, NULL) AS INT) AS mailitem_id,
+    i.MailItemID AS mailitem_id,
     da.AccountID AS account_id,
-    CAST(DATEADD(MINUTE, k.OffsetMinutes, t.EndedAtUtc) AS DATETIME) AS last_mod_date,
-    CAST(t.WorkerName AS SYSNAME) AS last_mod_user
-FROM mailq.MailAttempt AS t
+    CAST(DATEADD(MINUTE, k.OffsetMinutes, e.OccurredAtUtc) AS DATETIME) AS last_mod_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailItem AS i
+INNER JOIN mailq.MailEvent AS e ON i.MailID = e.MailID
+INNER JOIN mailq.MailQueue AS q ON i.MailID = q.ID
 CROSS JOIN Clock AS k
-INNER JOIN mailq.MailQueue AS q ON t.MailID = q.ID
-LEFT JOIN mailq.DbMailItem AS i ON q.ID = i.MailID
 LEFT JOIN mailq.DbMailAccount AS da ON q.AccountName = da.AccountName
 WHERE
-    t.EndedAtUtc IS NOT NULL
+    e.EventType NOT IN (N'Enqueued', N'Claimed')
     AND (
         IS_MEMBER(N'db_owner') = 1
         OR IS_MEMBER(N'MailqAdmin') = 1
@@ -7973,606 +8031,127 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RenderDbMailQuery: internal to mailq.SendDbMail (no role may call it;
-SendDbMail reaches it through ownership chaining).  Runs @Query in @Database
-in the CALLER's security context and renders its result as text (Database
-Mail's format), an HTML table or CSV.
-
-Security:    the query runs through sys.sp_executesql in dynamic SQL.  Dynamic
-             SQL is a new batch: ownership chaining does not carry into it, so
-             every object the query names is checked against the caller's own
-             permissions (this procedure has no EXECUTE AS clause, so the
-             caller is who runs it; see "Ownership chains" and "EXECUTE AS
-             clause" in Microsoft's reference,
-             https://learn.microsoft.com/en-us/sql/relational-databases/security/ownership-chains
-             and https://learn.microsoft.com/en-us/sql/t-sql/statements/execute-as-clause-transact-sql).
-             The database is entered with QUOTENAME(@Database).sys.sp_executesql,
-             which runs the batch in that database as the caller's user there;
-             cross-database ownership chaining stays as the server has it
-             (off by default), and this package never marks a database as trusted, so
-             nothing is run with more rights than the caller has.
-How:         1. sys.dm_exec_describe_first_result_set (run in @Database) gives
-                the first result set's columns and types;
-             2. #DbMailResult gets one typed column per result column (c1..cn,
-                ALTER TABLE in dynamic SQL: a temp table created inside dynamic
-                SQL would vanish with that batch);
-             3. INSERT INTO #DbMailResult (c1..cn) EXEC <db>.sys.sp_executesql @Query;
-             4. one dynamic SELECT renders the rows with STRING_AGG.
-Supported:   one result set (INSERT ... EXEC appends every result set of the
-             query to the table: further result sets of the same shape are
-             appended, others fail as a query error).  Not supported: a query
-             whose first result set cannot be described (temp tables made by
-             the query, shape decided at run time: the describe error is the
-             query's error, 50195 or appended), a query that
-             itself runs INSERT ... EXEC, or a SendDbMail called inside
-             INSERT ... EXEC (SQL Server refuses nested INSERT ... EXEC,
-             error 8164), CLR user-defined types of the query's database.
-Text format: the sqlcmd layout Database Mail uses: a header line (column
-             names) and a line of '-' unless @Header = 0, then one line per
-             row, columns separated by @Separator, each padded with spaces
-             to its width (numbers right-aligned), a blank line and
-             '(n rows affected)'.  Width of a column: the longer of its name
-             and its type's display width (int 11, bigint 20, smallint 6,
-             tinyint 3, bit 1, decimal(p,s) p+2, float 24, real 14, money 21,
-             smallmoney 12, date 10, time 16, datetime 23, smalldatetime 19,
-             datetime2 27, datetimeoffset 34, uniqueidentifier 36, (n)char
-             and (n)varchar(n) n, binary(n) 2n+2), at least 4 ('NULL') for a
-             nullable column; (max), xml, text and other large types 256.
-             Values longer than the width are cut (@NoTruncate = 0); with
-             @NoTruncate = 1 large values are whole and their column as wide
-             as the longest value.  Lines longer than @Width are wrapped every
-             @Width characters.  @NoPadding = 1: no padding, no wrapping.
-             Values: NULL as NULL, dates in ODBC canonical style (121),
-             binary as 0x hex, money with 4 decimals, float and real as
-             CONVERT's default (6 significant digits; sqlcmd shows more).
-             At most 127 columns (CONCAT takes 254 arguments).
-Extension:   @Format 'HTML' (a <table> with <th> header cells, values
-             HTML-escaped) or 'CSV' (RFC 4180: comma, CRLF, fields quoted when
-             they hold a comma, quote, CR or LF; NULL as an empty field).
-Parameters:  @Query NVARCHAR(MAX), @Database SYSNAME (an existing database,
-             checked by SendDbMail), @Header BIT, @Width INT 10-32767,
-             @Separator NCHAR(1), @NoTruncate BIT, @NoPadding BIT,
-             @Format VARCHAR(4) TEXT | HTML | CSV
-Outputs:     @Result NVARCHAR(MAX): the rendering (N'' when the query returns
-             no result set), @QueryError NVARCHAR(4000): NULL, or the query's
-             error as sqlcmd prints it ('Msg n, Level n, State n, ...' and
-             the message) when the query failed.
-Errors:      50196 a column type cannot be held in a temp table, or a padded
-             line needs more than 10,000 pieces of @Width characters.  A query error is returned in @QueryError, not
-             raised, unless it doomed the caller's transaction (XACT_STATE()
-             = -1): then it is re-raised, and the caller's transaction must be
-             rolled back.
-Transaction: none of its own; writes only its temp table.  XACT_ABORT is
-             OFF while the query runs, so that a statement-level error of the
-             query does not doom a caller's transaction.
-Isolation:   the caller's: the query runs in the caller's own session at the
-             caller's level (Database Mail runs it in a separate session:
-             docs/database-mail.md lists the difference).
-Lock order:  none of its own beyond tempdb's #DbMailResult; the caller's query
-             takes what it takes.
+mailq.DbMailAddressProblem: the first thing wrong with the addresses of a
+mailq.SendDbMail call, named with sp_send_dbmail's parameters, or no row.
+Parameters:  @recipients, @copy_recipients, @blind_copy_recipients,
+             @from_address, @reply_to NVARCHAR(MAX) as SendDbMail received them
+Returns:     at most one row: ReturnCode INT, Message NVARCHAR(2048)
+             50644 a list over 4,000 characters or an address over its size;
+             50642 an invalid address (mailq.ParseAddressList's rules), or more
+             than one address in @from_address or @reply_to;
+             50643 more than 100 recipients in the three lists together.
+             (Commas are msdb's 14613 and are checked by SendDbMail first.)
+Example:     SELECT p.ReturnCode, p.Message
+             FROM mailq.DbMailAddressProblem(N'a@x.org; b@', NULL, NULL, NULL, NULL) AS p;
 */
-CREATE OR ALTER PROCEDURE mailq.RenderDbMailQuery
-    @Query NVARCHAR(MAX),
-    @Database SYSNAME,
-    @Header BIT,
-    @Width INT,
-    @Separator NCHAR(1),
-    @NoTruncate BIT,
-    @NoPadding BIT,
-    @Format VARCHAR(4),
-    @Result NVARCHAR(MAX) OUTPUT,
-    @QueryError NVARCHAR(4000) OUTPUT
+CREATE OR ALTER FUNCTION mailq.DbMailAddressProblem(
+    @recipients NVARCHAR(MAX),
+    @copy_recipients NVARCHAR(MAX),
+    @blind_copy_recipients NVARCHAR(MAX),
+    @from_address NVARCHAR(MAX),
+    @reply_to NVARCHAR(MAX)
+)
+RETURNS TABLE
 AS
-BEGIN
-    SET NOCOUNT, XACT_ABORT ON;
-
-    DECLARE @Msg NVARCHAR(2048);
-    DECLARE @CrLf NCHAR(2) = NCHAR(13) + NCHAR(10);
-    DECLARE @Sql NVARCHAR(MAX);
-    -- <database>.sys.sp_executesql runs its batch in that database.
-    DECLARE @Exec NVARCHAR(300) = QUOTENAME(@Database) + N'.sys.sp_executesql';
-    SET @Result = N'';
-    SET @QueryError = NULL;
-
-    DECLARE @Described TABLE (
-        ColumnOrdinal INT NULL,
-        ColumnName SYSNAME NULL,
-        IsNullable BIT NULL,
-        SystemTypeName NVARCHAR(256) NULL,
-        MaxLength SMALLINT NULL,
-        TypePrecision TINYINT NULL,
-        ErrorNumber INT NULL,
-        ErrorMessage NVARCHAR(4000) NULL
-    );
-    DECLARE @Column TABLE (
-        ColumnNo INT NOT NULL PRIMARY KEY,
-        HeaderText NVARCHAR(128) NOT NULL,
-        TempType NVARCHAR(256) NOT NULL,
-        Category VARCHAR(8) NOT NULL,
-        DisplayWidth INT NOT NULL,
-        IsNullable BIT NOT NULL
-    );
-
-    -- XACT_ABORT OFF from here on: an error of the query (or of describing
-    -- it) ends that statement and lands in CATCH without dooming a transaction
-    -- the caller holds.  Errors SQL Server always makes batch-aborting still
-    -- doom it; then nothing can be written any more and the error is
-    -- re-raised.  The setting reverts when the procedure returns.
-    SET XACT_ABORT OFF;
-
-    -- 1. Describe the first result set, in @Database, as the caller.
-    BEGIN TRY
-        INSERT INTO @Described (
-            ColumnOrdinal, ColumnName, IsNullable, SystemTypeName, MaxLength, TypePrecision,
-            ErrorNumber, ErrorMessage
-        )
-        EXEC @Exec
-            N'SELECT d.column_ordinal, d.name, d.is_nullable, d.system_type_name, d.max_length,
-                d.precision, d.error_number, d.error_message
-            FROM sys.dm_exec_describe_first_result_set(@tsql, NULL, 0) AS d
-            WHERE d.is_hidden = 0 OR d.is_hidden IS NULL;',
-            N'@tsql NVARCHAR(MAX)',
-            @tsql = @Query;
-    END TRY
-    BEGIN CATCH
-        IF XACT_STATE() = -1 THROW;
-        SET @QueryError = CONCAT(
-            N'Msg ', ERROR_NUMBER(), N', Level ', ERROR_SEVERITY(), N', State ', ERROR_STATE(),
-            N', Server ', @@SERVERNAME, N', Line ', ERROR_LINE(), @CrLf, ERROR_MESSAGE()
-        );
-        RETURN 0;
-    END CATCH;
-
-    -- An error found while describing is the query's error (an unknown table,
-    -- a column the caller may not read...): level and state are not reported
-    -- by the describe function; 16 and 1 are shown.
-    SELECT TOP (1) @QueryError = CONCAT(
-        N'Msg ', d.ErrorNumber, N', Level 16, State 1, Server ', @@SERVERNAME, N', Line 1', @CrLf,
-        d.ErrorMessage
-    )
-    FROM @Described AS d
-    WHERE d.ErrorNumber IS NOT NULL;
-    IF @QueryError IS NOT NULL RETURN 0;
-
-    -- 2. The column list: a temp-table type for every column (character data
-    --    as Unicode, so no code page of the source database loses text) and
-    --    the display width of the text format.
-    WITH Typed AS (
-        SELECT
-            d.ColumnOrdinal,
-            d.ColumnName,
-            d.IsNullable,
-            d.MaxLength,
-            d.TypePrecision,
-            LOWER(d.SystemTypeName) AS FullName,
-            LOWER(LEFT(d.SystemTypeName, CHARINDEX(N'(', d.SystemTypeName + N'(') - 1)) AS BaseName
-        FROM @Described AS d
-    )
-
-    INSERT INTO @Column (ColumnNo, HeaderText, TempType, Category, DisplayWidth, IsNullable)
+RETURN
+SELECT TOP (1)
+    x.ReturnCode,
+    x.Message
+FROM (
     SELECT
-        ROW_NUMBER() OVER (ORDER BY n.ColumnOrdinal) AS ColumnNo,
-        COALESCE(n.ColumnName, N'') AS HeaderText,
-        CASE
-            WHEN n.BaseName IN (N'varchar', N'nvarchar') AND n.MaxLength = -1 THEN N'nvarchar(max)'
-            WHEN n.BaseName IN (N'text', N'ntext') THEN N'nvarchar(max)'
-            -- xml stays xml: SQL Server converts xml to text only explicitly.
-            WHEN n.BaseName = N'xml' THEN N'xml'
-            WHEN n.BaseName = N'image' THEN N'varbinary(max)'
-            WHEN n.BaseName = N'timestamp' THEN N'binary(8)'
-            WHEN n.BaseName IN (N'varchar', N'char') AND n.MaxLength > 4000 THEN N'nvarchar(max)'
-            WHEN n.BaseName IN (N'varchar', N'char') THEN N'n' + n.FullName
-            ELSE n.FullName
-        END AS TempType,
-        CASE
-            WHEN n.BaseName IN (N'money', N'smallmoney') THEN 'money'
-            WHEN
-                n.BaseName IN (
-                    N'int', N'bigint', N'smallint', N'tinyint', N'decimal', N'numeric',
-                    N'float', N'real', N'money', N'smallmoney'
-                )
-                THEN 'number'
-            WHEN
-                n.BaseName IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset')
-                THEN 'time'
-            WHEN n.BaseName IN (N'binary', N'varbinary', N'image', N'timestamp') THEN 'binary'
-            WHEN n.BaseName IN (N'geometry', N'geography') THEN 'spatial'
-            ELSE 'text'
-        END AS Category,
-        CASE
-            WHEN n.BaseName = N'int' THEN 11
-            WHEN n.BaseName = N'bigint' THEN 20
-            WHEN n.BaseName = N'smallint' THEN 6
-            WHEN n.BaseName = N'tinyint' THEN 3
-            WHEN n.BaseName = N'bit' THEN 1
-            WHEN n.BaseName IN (N'decimal', N'numeric') THEN n.TypePrecision + 2
-            WHEN n.BaseName = N'float' THEN 24
-            WHEN n.BaseName = N'real' THEN 14
-            WHEN n.BaseName = N'money' THEN 21
-            WHEN n.BaseName = N'smallmoney' THEN 12
-            WHEN n.BaseName = N'date' THEN 10
-            WHEN n.BaseName = N'time' THEN 16
-            WHEN n.BaseName = N'datetime' THEN 23
-            WHEN n.BaseName = N'smalldatetime' THEN 19
-            WHEN n.BaseName = N'datetime2' THEN 27
-            WHEN n.BaseName = N'datetimeoffset' THEN 34
-            WHEN n.BaseName = N'uniqueidentifier' THEN 36
-            WHEN n.MaxLength = -1 OR n.BaseName IN (N'text', N'ntext', N'image', N'xml') THEN 256
-            WHEN n.BaseName IN (N'nchar', N'nvarchar') THEN n.MaxLength / 2
-            WHEN n.BaseName IN (N'char', N'varchar') THEN n.MaxLength
-            WHEN n.BaseName IN (N'binary', N'varbinary', N'timestamp') THEN 2 * n.MaxLength + 2
-            ELSE 256
-        END AS DisplayWidth,
-        COALESCE(n.IsNullable, 1) AS IsNullable
-    FROM Typed AS n;
+        50644 AS ReturnCode,
+        CONCAT(v.ParamName, N' is ', LEN(v.Value), N' characters long; the limit here is ', v.MaxLength, N'.')
+        AS Message,
+        v.Position
+    FROM (
+        VALUES
+        (1, N'@recipients', @recipients, 4000), (2, N'@copy_recipients', @copy_recipients, 4000),
+        (3, N'@blind_copy_recipients', @blind_copy_recipients, 4000),
+        (4, N'@from_address', @from_address, 520), (5, N'@reply_to', @reply_to, 320)
+    ) AS v(Position, ParamName, Value, MaxLength)
+    WHERE LEN(v.Value) > v.MaxLength
 
-    -- Types come from the engine, but they are pasted into dynamic SQL:
-    -- accept only type-name characters.
-    SELECT TOP (1) @Msg = CONCAT(N'@query: column type ''', c.TempType, N''' is not supported.')
-    FROM @Column AS c
-    WHERE c.TempType COLLATE Latin1_General_100_BIN2 LIKE N'%[^a-z0-9(), ]%'
-    ORDER BY c.ColumnNo;
-    IF @Msg IS NOT NULL THROW 50196, @Msg, 1;
+    UNION ALL
 
-    CREATE TABLE #DbMailResult (mailq_row_no INT IDENTITY (1, 1) NOT NULL PRIMARY KEY);
-
-    DECLARE @ColumnList NVARCHAR(MAX) = (
-        SELECT STRING_AGG(CONVERT(NVARCHAR(MAX), CONCAT(N'c', c.ColumnNo)), N', ') WITHIN GROUP (ORDER BY c.ColumnNo)
-        FROM @Column AS c
-    );
-
-    IF @ColumnList IS NOT NULL
-    BEGIN
-        SET @Sql = (
-            SELECT
-                N'ALTER TABLE #DbMailResult ADD '
-                + STRING_AGG(CONVERT(NVARCHAR(MAX), CONCAT(N'c', c.ColumnNo, N' ', c.TempType, N' NULL')), N', ')
-                WITHIN GROUP (ORDER BY c.ColumnNo)
-                + N';'
-            FROM @Column AS c
-        );
-        -- XACT_ABORT is OFF here: without TRY a type tempdb does not know
-        -- (a CLR type of the query's database) would only end this statement,
-        -- and the query would then fail on the missing column instead.
-        BEGIN TRY
-            EXEC sys.sp_executesql @Sql;
-        END TRY
-        BEGIN CATCH
-            IF XACT_STATE() = -1 THROW;
-            SET @Msg = CONCAT(
-                N'@query: a result column''s type cannot be held in a temp table (Msg ', ERROR_NUMBER(), N': ',
-                LEFT(ERROR_MESSAGE(), 1800), N').'
-            );
-            THROW 50196, @Msg, 1;
-        END CATCH;
-        SET @Sql = CONCAT(N'INSERT INTO #DbMailResult (', @ColumnList, N') EXEC ', @Exec, N' @q;');
-    END;
-    ELSE
-        -- No result set (e.g. only an UPDATE): run it for its effect and messages.
-        SET @Sql = CONCAT(N'EXEC ', @Exec, N' @q;');
-
-    -- 3. Run the query (XACT_ABORT is OFF, see above).  Rows get their
-    --    mailq_row_no in the order the query returns them, which keeps its
-    --    ORDER BY in the rendering.
-    BEGIN TRY
-        EXEC sys.sp_executesql @Sql, N'@q NVARCHAR(MAX)', @q = @Query;
-    END TRY
-    BEGIN CATCH
-        IF XACT_STATE() = -1 THROW;
-        SET @QueryError = CONCAT(
-            N'Msg ', ERROR_NUMBER(), N', Level ', ERROR_SEVERITY(), N', State ', ERROR_STATE(),
-            N', Server ', @@SERVERNAME, N', Line ', ERROR_LINE(), @CrLf, ERROR_MESSAGE()
-        );
-    END CATCH;
-    SET XACT_ABORT ON;
-
-    IF @QueryError IS NOT NULL OR @ColumnList IS NULL RETURN 0;
-
-    -- 4. Render.  Widths of the text format, then one expression per column.
-    IF @NoTruncate = 1
-    BEGIN
-        -- Large values are not cut: such a column is as wide as its longest value.
-        SET @Sql = (
-            SELECT
-                N'SELECT @w = (SELECT '
-                + STRING_AGG(
-                    CONVERT(
-                        NVARCHAR(MAX), CONCAT(N'MAX(LEN(CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N'))) AS c', c.ColumnNo)
-                    ),
-                    N', '
-                ) WITHIN GROUP (ORDER BY c.ColumnNo)
-                + N' FROM #DbMailResult FOR JSON PATH, WITHOUT_ARRAY_WRAPPER);'
-            FROM @Column AS c
-            WHERE c.DisplayWidth = 256
-        );
-        DECLARE @Longest NVARCHAR(MAX);
-        IF @Sql IS NOT NULL
-            EXEC sys.sp_executesql @Sql, N'@w NVARCHAR(MAX) OUTPUT', @w = @Longest OUTPUT;
-        UPDATE c
-        SET c.DisplayWidth = COALESCE(CAST(j.[value] AS INT), 0)
-        FROM @Column AS c
-        LEFT JOIN OPENJSON(@Longest) AS j ON j.[key] = CONCAT(N'c', c.ColumnNo)
-        WHERE c.DisplayWidth = 256;
-    END;
-
-    UPDATE c
-    SET c.DisplayWidth = (
-        SELECT MAX(w.Width)
-        FROM (
-            VALUES
-            (c.DisplayWidth),
-            (IIF(@Header = 1, LEN(c.HeaderText), 0)),
-            (IIF(c.IsNullable = 1, 4, 0))
-        ) AS w(Width)
-    )
-    FROM @Column AS c;
-
-    -- The value of column n as text (NULL as NULL); Unicode throughout.
-    DECLARE @Value TABLE (ColumnNo INT NOT NULL PRIMARY KEY, Expr NVARCHAR(MAX) NOT NULL);
-    INSERT INTO @Value (ColumnNo, Expr)
     SELECT
-        c.ColumnNo,
-        CASE c.Category
-            WHEN 'time' THEN CONCAT(N'CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N', 121)')
-            WHEN 'binary' THEN CONCAT(N'CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N', 1)')
-            WHEN 'money' THEN CONCAT(N'CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N', 2)')
-            WHEN 'spatial' THEN CONCAT(N'CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N'.STAsText())')
-            ELSE CONCAT(N'CONVERT(NVARCHAR(MAX), c', c.ColumnNo, N')')
-        END AS Expr
-    FROM @Column AS c;
+        50642,
+        CONCAT(v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'),
+        10 + v.Position
+    FROM (
+        VALUES
+        (1, N'@recipients', @recipients), (2, N'@copy_recipients', @copy_recipients),
+        (3, N'@blind_copy_recipients', @blind_copy_recipients), (4, N'@from_address', @from_address),
+        (5, N'@reply_to', @reply_to)
+    ) AS v(Position, ParamName, Value)
+    CROSS APPLY mailq.ParseAddressList(v.Value) AS a
+    WHERE a.Problem IS NOT NULL
 
-    DECLARE @RowExpr NVARCHAR(MAX), @HeaderLine NVARCHAR(MAX), @DashLine NVARCHAR(MAX);
+    UNION ALL
 
-    IF @Format = 'TEXT'
-    BEGIN
-        SELECT
-            @RowExpr = STRING_AGG(
-                CONVERT(NVARCHAR(MAX), CASE
-                    WHEN @NoPadding = 1 THEN CONCAT(N'COALESCE(', v.Expr, N', N''NULL'')')
-                    WHEN c.Category IN ('number', 'money') THEN CONCAT(
-                        N'RIGHT(CONCAT(REPLICATE(CONVERT(NVARCHAR(MAX), N'' ''), ', c.DisplayWidth,
-                        N'), COALESCE(', v.Expr, N', N''NULL'')), ', c.DisplayWidth, N')'
-                    )
-                    ELSE CONCAT(
-                        N'LEFT(CONCAT(COALESCE(', v.Expr, N', N''NULL''), REPLICATE(CONVERT(NVARCHAR(MAX), N'' ''), ',
-                        c.DisplayWidth, N')), ', c.DisplayWidth, N')'
-                    )
-                END),
-                N', @sep, '
-            ) WITHIN GROUP (ORDER BY c.ColumnNo),
-            @HeaderLine = STRING_AGG(
-                CONVERT(NVARCHAR(MAX), IIF(
-                    @NoPadding = 1,
-                    c.HeaderText,
-                    LEFT(CONCAT(c.HeaderText, REPLICATE(CONVERT(NVARCHAR(MAX), N' '), c.DisplayWidth)), c.DisplayWidth)
-                )),
-                @Separator
-            ) WITHIN GROUP (ORDER BY c.ColumnNo),
-            @DashLine = STRING_AGG(
-                CONVERT(NVARCHAR(MAX), REPLICATE(
-                    CONVERT(NVARCHAR(MAX), N'-'), IIF(@NoPadding = 1, LEN(c.HeaderText), c.DisplayWidth)
-                )),
-                @Separator
-            ) WITHIN GROUP (ORDER BY c.ColumnNo)
-        FROM @Column AS c
-        INNER JOIN @Value AS v ON c.ColumnNo = v.ColumnNo;
+    SELECT 50642, CONCAT(v.ParamName, N' takes one address.'), 20 + v.Position
+    FROM (VALUES (1, N'@from_address', @from_address), (2, N'@reply_to', @reply_to)) AS v(Position, ParamName, Value)
+    WHERE (SELECT COUNT(*) FROM mailq.ParseAddressList(v.Value)) > 1
 
-        -- Lines in order: header (0, 1), dashes (0, 2), rows (1, n); each cut
-        -- into @Width-character pieces unless @NoPadding = 1.  Every padded
-        -- line is as long as the widths and separators together, so the
-        -- number of pieces per line is known here (at most 10,000).
-        DECLARE @Pieces INT = (
-            SELECT IIF(@NoPadding = 1, 1, CEILING((SUM(c.DisplayWidth) + COUNT(*) - 1) * 1.0 / @Width))
-            FROM @Column AS c
-        );
-        IF @Pieces > 10000
-        BEGIN
-            SET @Msg = CONCAT(
-                N'@query: a result line of ', @Pieces, N' x @query_result_width characters is too long to wrap; ',
-                N'raise @query_result_width or set @query_result_no_padding = 1.'
-            );
-            THROW 50196, @Msg, 1;
-        END;
-        SET @Sql = CONCAT(
-            N'WITH Line AS (
-                SELECT 0 AS Part, 1 AS LineOrder, @header AS LineText WHERE @showHeader = 1
-                UNION ALL
-                SELECT 0, 2, @dashes WHERE @showHeader = 1
-                UNION ALL
-                SELECT 1, r.mailq_row_no, CONCAT(', @RowExpr, N', N'''') FROM #DbMailResult AS r
-            ),
-            Ten AS (SELECT d.n FROM (VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)) AS d (n)),
-            Piece AS (SELECT a.n + 10 * b.n + 100 * c.n + 1000 * e.n AS PieceNo
-                FROM Ten AS a CROSS JOIN Ten AS b CROSS JOIN Ten AS c CROSS JOIN Ten AS e
-                WHERE a.n + 10 * b.n + 100 * c.n + 1000 * e.n < @pieces)
-            SELECT @out = STRING_AGG(
-                    CONVERT(NVARCHAR(MAX), IIF(@noPadding = 1, l.LineText,
-                        SUBSTRING(l.LineText, p.PieceNo * @width + 1, @width))), @crlf)
-                WITHIN GROUP (ORDER BY l.Part, l.LineOrder, p.PieceNo),
-                @rows = SUM(l.Part * IIF(p.PieceNo = 0, 1, 0))
-            FROM Line AS l
-            INNER JOIN Piece AS p
-                ON p.PieceNo = 0 OR (@noPadding = 0 AND p.PieceNo * @width < DATALENGTH(l.LineText) / 2);'
-        );
-        DECLARE @RowCount INT;
-        EXEC sys.sp_executesql
-            @Sql,
-            N'@sep NCHAR(1), @header NVARCHAR(MAX), @dashes NVARCHAR(MAX), @showHeader BIT, @noPadding BIT,
-              @width INT, @pieces INT, @crlf NCHAR(2), @out NVARCHAR(MAX) OUTPUT, @rows INT OUTPUT',
-            @sep = @Separator, @header = @HeaderLine, @dashes = @DashLine, @showHeader = @Header,
-            @noPadding = @NoPadding, @width = @Width, @pieces = @Pieces, @crlf = @CrLf, @out = @Result OUTPUT,
-            @rows = @RowCount OUTPUT;
-        SET @Result = CONCAT(
-            @Result, IIF(@Result IS NULL, N'', @CrLf), @CrLf,
-            N'(', COALESCE(@RowCount, 0), IIF(@RowCount = 1, N' row affected)', N' rows affected)')
-        );
-    END;
-    ELSE IF @Format = 'HTML'
-    BEGIN
-        SELECT
-            @RowExpr = STRING_AGG(
-                CONVERT(NVARCHAR(MAX), CONCAT(
-                    N'N''<td>'', REPLACE(REPLACE(REPLACE(REPLACE(COALESCE(', v.Expr, N', N''NULL''), ',
-                    N'N''&'', N''&amp;''), N''<'', N''&lt;''), N''>'', N''&gt;''), N''"'', N''&quot;''), N''</td>'''
-                )),
-                N', '
-            ) WITHIN GROUP (ORDER BY c.ColumnNo),
-            @HeaderLine = STRING_AGG(
-                CONVERT(NVARCHAR(MAX), CONCAT(
-                    N'<th>',
-                    REPLACE(REPLACE(REPLACE(REPLACE(c.HeaderText, N'&', N'&amp;'), N'<', N'&lt;'), N'>', N'&gt;'),
-                        N'"', N'&quot;'),
-                    N'</th>'
-                )),
-                N''
-            ) WITHIN GROUP (ORDER BY c.ColumnNo)
-        FROM @Column AS c
-        INNER JOIN @Value AS v ON c.ColumnNo = v.ColumnNo;
+    UNION ALL
 
-        SET @Sql = CONCAT(
-            N'SELECT @out = STRING_AGG(CONVERT(NVARCHAR(MAX), CONCAT(N''<tr>'', ', @RowExpr, N', N''</tr>'')), @crlf)
-                WITHIN GROUP (ORDER BY r.mailq_row_no)
-            FROM #DbMailResult AS r;'
-        );
-        EXEC sys.sp_executesql @Sql, N'@crlf NCHAR(2), @out NVARCHAR(MAX) OUTPUT', @crlf = @CrLf, @out = @Result OUTPUT;
-        SET @Result = CONCAT(
-            N'<table border="1">', @CrLf,
-            IIF(@Header = 1, CONCAT(N'<tr>', @HeaderLine, N'</tr>', @CrLf), N''),
-            @Result, IIF(@Result IS NULL, N'', @CrLf),
-            N'</table>'
-        );
-    END;
-    ELSE
-    BEGIN
-        -- CSV (RFC 4180): quote a field that holds a comma, a quote, CR or LF.
-        SELECT
-            @RowExpr = STRING_AGG(
-                CONVERT(NVARCHAR(MAX), CONCAT(
-                    N'IIF(', v.Expr, N' COLLATE Latin1_General_100_BIN2',
-                    N' LIKE N''%[,"'' + NCHAR(13) + NCHAR(10) + N'']%'', ',
-                    N'N''"'' + REPLACE(', v.Expr, N', N''"'', N''""'') + N''"'', COALESCE(', v.Expr, N', N''''))'
-                )),
-                N', N'','', '
-            ) WITHIN GROUP (ORDER BY c.ColumnNo),
-            @HeaderLine = STRING_AGG(
-                CONVERT(NVARCHAR(MAX), IIF(
-                    c.HeaderText COLLATE Latin1_General_100_BIN2 LIKE N'%[,"' + NCHAR(13) + NCHAR(10) + N']%',
-                    N'"' + REPLACE(c.HeaderText, N'"', N'""') + N'"',
-                    c.HeaderText
-                )),
-                N','
-            ) WITHIN GROUP (ORDER BY c.ColumnNo)
-        FROM @Column AS c
-        INNER JOIN @Value AS v ON c.ColumnNo = v.ColumnNo;
-
-        SET @Sql = CONCAT(
-            N'SELECT @out = STRING_AGG(CONVERT(NVARCHAR(MAX), CONCAT(', @RowExpr, N', N'''')), @crlf)
-                WITHIN GROUP (ORDER BY r.mailq_row_no)
-            FROM #DbMailResult AS r;'
-        );
-        EXEC sys.sp_executesql @Sql, N'@crlf NCHAR(2), @out NVARCHAR(MAX) OUTPUT', @crlf = @CrLf, @out = @Result OUTPUT;
-        SET @Result = CONCAT(
-            IIF(@Header = 1, CONCAT(@HeaderLine, @CrLf), N''),
-            @Result, IIF(@Result IS NULL, N'', @CrLf)
-        );
-    END;
-
-    RETURN 0;
-END;
+    SELECT
+        50643,
+        CONCAT(
+            N'@recipients, @copy_recipients and @blind_copy_recipients name ', c.Recipients,
+            N' recipients; the limit here is 100 per mail.'
+        ),
+        30
+    FROM (
+        SELECT COUNT(*) AS Recipients
+        FROM (VALUES (@recipients), (@copy_recipients), (@blind_copy_recipients)) AS v(Value)
+        CROSS APPLY mailq.ParseAddressList(v.Value)
+    ) AS c
+    WHERE c.Recipients > 100
+) AS x
+ORDER BY x.Position;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SendDbMail: msdb.dbo.sp_send_dbmail's interface on this queue.  Switching
-a caller is a one-word change: EXEC msdb.dbo.sp_send_dbmail ... becomes
-EXEC mailq.SendDbMail ... with the same named parameters.
-Reference:   parameters, order, types, defaults and meanings follow Microsoft's
-             page (sp_send_dbmail, Transact-SQL):
+mailq.SendDbMail: msdb.dbo.sp_send_dbmail on this queue; the parameters in
+msdb's own declaration order (positional calls bind as on msdb), then the
+@mailq_ extensions.  Reference:
 https://learn.microsoft.com/en-us/sql/relational-databases/system-stored-procedures/sp-send-dbmail-transact-sql
-             (the order of its Syntax section; msdb's own procedure declares
-             @from_address and @reply_to last, so name every parameter).
-             VARCHAR parameters keep the documented types: like Database Mail,
-             a non-ASCII address passed there is lost to the code page; pass
-             such mail through mailq.EnqueueMail.
-Parameters:  @profile_name   a profile (mailq.UpsertDbMailProfile); NULL: the
-                             caller's default profile, else a default profile
-                             of a role the caller is in, else the default
-                             public profile
-             @recipients, @copy_recipients, @blind_copy_recipients
-                             ';'-separated addresses; @recipients is required
-                             here (the queue sends no mail without a To)
-             @from_address   'address' or 'Name <address>'; default: the account's
-             @reply_to       one address
-             @subject        default N'SQL Server Message'
-             @body           default empty
-             @body_format    TEXT (default) or HTML
-             @importance     Low, Normal (default), High: the headers
-                             Database Mail's System.Net.Mail writes
-                             (High: X-Priority: 1, Priority: urgent,
-                             Importance: high; Low: X-Priority: 5,
-                             Priority: non-urgent, Importance: low; Normal: none)
-             @sensitivity    Normal (default), Personal, Private, Confidential:
-                             header Sensitivity: Personal | Private |
-                             Company-Confidential (RFC 2156); Normal: none
-             @file_attachments  refused (50191): the sender worker runs on
-                             another machine and never reads this server's disk
-             @query ... @query_result_no_padding: see mailq.RenderDbMailQuery
-                             (run at call time, as the caller, in
-                             @execute_query_database, default the current one)
-             @attach_query_result_as_file 1: the result is an attachment named
-                             @query_attachment_filename (default QueryResults.txt,
-                             .html or .csv), UTF-8; 0: appended to the body
-                             after a line break
-             @query_no_truncate 1: large values are not cut; as documented,
-                             the result then has no column headers
-             @mailitem_id    OUTPUT INT: the queue's mail ID (NULL once IDs
-                             pass 2,147,483,647: use @mailq_mail_id)
-Extensions:  (not in sp_send_dbmail; named mailq_ so that they cannot be
-             mistaken for Database Mail's)
-             @mailq_query_result_format  'TEXT' (default, Database Mail's
-                             layout), 'HTML' (a table) or 'CSV'
-             @mailq_mail_id  OUTPUT BIGINT: the queue's mail ID, always
-Result:      no result set; the message 'Mail (Id: n) queued.' unless
-             @exclude_query_output = 1.  Returns 0; every failure is an error.
-Errors:      50190 no @recipients; 50191 @file_attachments given;
-             50192 @body_format, @importance or @sensitivity not a documented
-             value; 50193 a query option out of range (@query_result_width not
-             10-32767, @query_result_no_padding with @query_no_truncate,
-             @mailq_query_result_format not TEXT/HTML/CSV, query options
-             without @query); 50194 @execute_query_database not a database
-             the caller can use; 50195 the query failed and
-             @append_query_error = 0 (the message carries the query's error);
-             50196 the query's result cannot be rendered (see
-             RenderDbMailQuery); 50197 no content (no @body, @query or
-             @subject); 50250 unknown profile or no default profile;
-             50251 the caller may not use the profile; 50252 the profile has
-             no account; and every error of mailq.EnqueueMail (addresses
-             50101-50105, sizes 50111-50113 ...).
-Transaction: the query runs first, outside any transaction of ours; then the
-             enqueue and its DbMailItem row in one transaction: its own if
-             none is open, else the caller's (no savepoint).  An error of the
-             enqueue dooms the caller's transaction (XACT_ABORT ON) and is
-             re-raised; nothing is queued.  One exception: a 50196 raised
-             while RenderDbMailQuery describes and loads the caller's query
-             (a column type a temp table cannot hold) comes with XACT_ABORT
-             OFF, so nothing is queued but the caller's open transaction
-             stays usable unless the underlying error doomed it.  Every
-             other error, 50195 included, dooms it.
-Isolation:   the caller's; reads of profiles and accounts are plain reads.
-Lock order:  (via EnqueueMail) mailq.MailQueue, mailq.MailAttachment, then
-             mailq.DbMailItem.
-Example:     EXEC mailq.SendDbMail @profile_name = N'Ops',
-                 @recipients = 'dba@example.com', @subject = N'Backups',
-                 @query = N'SELECT name, state_desc FROM sys.databases;',
-                 @attach_query_result_as_file = 1;
+Parameters:  as sp_send_dbmail's; @file_attachments is refused; @query runs
+             later, as the caller's database user, in this database
+             (mailq-db dbmail-runner; docs/database-mail.md)
+             @mailq_query_result_format 'TEXT' (default) | 'HTML' | 'CSV'
+             @mailq_mail_id OUTPUT BIGINT: the queue's mail ID
+Outputs:     @mailitem_id INT: this call's item (the sysmail_* views' key)
+Result:      no result set; PRINT 'Mail (Id: n) queued.' unless
+             @exclude_query_output = 1.
+Errors:      as msdb: RAISERROR severity 16 then RETURN n, nothing written,
+             the batch and the caller's transaction go on: 14636/14607 rc 1
+             (profile), 14618 rc 2-6, 15, 17 (NULL option), 14626 rc 13,
+             14622 rc 16, 14623 rc 18, 14624 rc 19 (no content) and rc 20 (no
+             recipient), 14613 rc 1 (comma in a list), 14625 rc 21, 14630 rc 2
+             (prohibited extension), 14633 rc 1 (unknown database).  Refusals
+             of this package: RAISERROR (error 50000) and RETURN 50641-50652
+             (docs/errors.md).  Only errors of mailq.EnqueueMail that are not
+             checked here (application binding 50160/50161/50168, an account
+             dropped meanwhile 50114, every recipient suppressed 50600,
+             deadlock) are THROWn, under XACT_ABORT ON.
+Transaction: validation first, with XACT_ABORT as the caller has it; then the
+             enqueue and its DbMailItem row in one transaction: its own if none
+             is open, else the caller's (no savepoint).
+Isolation:   the caller's (profile reads are plain reads; EnqueueMail sets its own).
+Lock order:  (via EnqueueMail) mailq.Suppression (shared), mailq.MailQueue,
+             mailq.MailAttachment, then mailq.DbMailItem.
+Example:     DECLARE @rc INT;
+             EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com',
+                 @subject = N'Backups', @query = N'SELECT name FROM sys.databases;';
+             IF @rc <> 0 PRINT 'not queued';
 */
 CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @profile_name SYSNAME = NULL,
     @recipients VARCHAR(MAX) = NULL,
     @copy_recipients VARCHAR(MAX) = NULL,
     @blind_copy_recipients VARCHAR(MAX) = NULL,
-    @from_address VARCHAR(MAX) = NULL,
-    @reply_to VARCHAR(MAX) = NULL,
     @subject NVARCHAR(255) = NULL,
     @body NVARCHAR(MAX) = NULL,
     @body_format VARCHAR(20) = NULL,
@@ -8582,7 +8161,7 @@ CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @query NVARCHAR(MAX) = NULL,
     @execute_query_database SYSNAME = NULL,
     @attach_query_result_as_file BIT = 0,
-    @query_attachment_filename NVARCHAR(255) = NULL,
+    @query_attachment_filename NVARCHAR(260) = NULL,
     @query_result_header BIT = 1,
     @query_result_width INT = 256,
     @query_result_separator CHAR(1) = ' ',
@@ -8591,267 +8170,241 @@ CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @query_no_truncate BIT = 0,
     @query_result_no_padding BIT = 0,
     @mailitem_id INT = NULL OUTPUT,
+    @from_address VARCHAR(MAX) = NULL,
+    @reply_to VARCHAR(MAX) = NULL,
     @mailq_query_result_format VARCHAR(4) = 'TEXT',
     @mailq_mail_id BIGINT = NULL OUTPUT
 AS
 BEGIN
-    SET NOCOUNT, XACT_ABORT ON;
-
-    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    DECLARE @Msg NVARCHAR(2048);
-    DECLARE @CrLf NCHAR(2) = NCHAR(13) + NCHAR(10);
-    DECLARE @BodyFormat VARCHAR(20) = UPPER(LTRIM(RTRIM(COALESCE(@body_format, 'TEXT'))));
-    DECLARE @ImportanceValue VARCHAR(6) = UPPER(LTRIM(RTRIM(COALESCE(@importance, 'NORMAL'))));
-    DECLARE @SensitivityValue VARCHAR(12) = UPPER(LTRIM(RTRIM(COALESCE(@sensitivity, 'NORMAL'))));
-    DECLARE @Format VARCHAR(4) = UPPER(LTRIM(RTRIM(COALESCE(@mailq_query_result_format, 'TEXT'))));
-    DECLARE @Database SYSNAME = COALESCE(@execute_query_database, DB_NAME());
-    SET @attach_query_result_as_file = COALESCE(@attach_query_result_as_file, 0);
-    SET @query_result_header = COALESCE(@query_result_header, 1);
-    SET @query_result_width = COALESCE(@query_result_width, 256);
-    SET @query_result_separator = COALESCE(@query_result_separator, ' ');
-    SET @exclude_query_output = COALESCE(@exclude_query_output, 0);
-    SET @append_query_error = COALESCE(@append_query_error, 0);
-    SET @query_no_truncate = COALESCE(@query_no_truncate, 0);
-    SET @query_result_no_padding = COALESCE(@query_result_no_padding, 0);
+    -- XACT_ABORT stays as the caller has it until the enqueue: every check
+    -- below RAISERRORs (which never aborts the batch) and RETURNs, as msdb does.
+    SET NOCOUNT ON;
+    DECLARE @Msg NVARCHAR(2048), @rc INT, @ProfileID INT, @FromList NVARCHAR(400);
+    DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
     SET @mailitem_id = NULL;
     SET @mailq_mail_id = NULL;
+    SET @query = NULLIF(@query, N'');
 
-    -- 1. Validate before anything runs.
-    IF @file_attachments IS NOT NULL
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@file_attachments is not supported: the sender worker runs on another machine and never reads ',
-            N'the database server''s disk. Send the file''s content with mailq.EnqueueMail @Attachments ',
-            N'(JSON, base64), or a query''s result with @query and @attach_query_result_as_file = 1.'
-        );
-        THROW 50191, @Msg, 1;
-    END;
-    IF NULLIF(LTRIM(RTRIM(@recipients)), '') IS NULL
-    BEGIN
-        SET @Msg = IIF(
-            COALESCE(@copy_recipients, @blind_copy_recipients) IS NULL,
-            N'@recipients, @copy_recipients or @blind_copy_recipients is required (separate addresses with ;).',
-            N'@recipients is required: mailq-db sends no mail without a To address; '
-            + N'move one Cc/Bcc address to @recipients.'
-        );
-        THROW 50190, @Msg, 1;
-    END;
-    IF @body IS NULL AND @query IS NULL AND @subject IS NULL
-        THROW 50197, N'No content: give at least one of @body, @query or @subject.', 1;
-    IF @BodyFormat NOT IN ('TEXT', 'HTML')
-    BEGIN
-        SET @Msg = CONCAT(N'@body_format must be TEXT or HTML; got ''', @body_format, N'''.');
-        THROW 50192, @Msg, 1;
-    END;
-    IF @ImportanceValue NOT IN ('LOW', 'NORMAL', 'HIGH')
-    BEGIN
-        SET @Msg = CONCAT(N'@importance must be Low, Normal or High; got ''', @importance, N'''.');
-        THROW 50192, @Msg, 1;
-    END;
-    IF @SensitivityValue NOT IN ('NORMAL', 'PERSONAL', 'PRIVATE', 'CONFIDENTIAL')
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@sensitivity must be Normal, Personal, Private or Confidential; got ''', @sensitivity, N'''.'
-        );
-        THROW 50192, @Msg, 1;
-    END;
-    IF @query IS NULL AND (@attach_query_result_as_file = 1 OR @query_attachment_filename IS NOT NULL)
-        THROW 50193, N'@attach_query_result_as_file and @query_attachment_filename need a @query.', 1;
-    IF @query_result_width NOT BETWEEN 10 AND 32767
-    BEGIN
-        SET @Msg = CONCAT(N'@query_result_width must be 10-32767; got ', @query_result_width, N'.');
-        THROW 50193, @Msg, 1;
-    END;
-    IF @query_result_no_padding = 1 AND @query_no_truncate = 1
-        THROW 50193,
-            N'@query_result_no_padding and @query_no_truncate are mutually exclusive (as in Database Mail).',
-            1;
-    IF @Format NOT IN ('TEXT', 'HTML', 'CSV')
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@mailq_query_result_format must be TEXT, HTML or CSV; got ''', @mailq_query_result_format, N'''.'
-        );
-        THROW 50193, @Msg, 1;
-    END;
-    IF @query IS NOT NULL AND (DB_ID(@Database) IS NULL OR HAS_DBACCESS(@Database) <> 1)
-    BEGIN
-        SET @Msg = CONCAT(
-            N'@execute_query_database ''', @Database, N''' is not a database you can use ',
-            N'(it does not exist, is not online, or you have no user in it).'
-        );
-        THROW 50194, @Msg, 1;
-    END;
-
-    -- 2. Profile: the named one if the caller may use it (a public profile,
-    --    one granted to the caller or to a role the caller is in; db_owner
-    --    members may use every profile), else the caller's default, a role's
-    --    default, the default public profile.  IS_MEMBER and USER_NAME see the
-    --    caller: this procedure has no EXECUTE AS.
-    DECLARE @ProfileID INT;
+    -- 1. Profile: the named one if the caller may use it (public, granted to
+    --    the user or a role of it; db_owner may use all), else the user's
+    --    default, a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
     IF @profile_name IS NOT NULL
     BEGIN
-        SELECT @ProfileID = p.ProfileID
-        FROM mailq.DbMailProfile AS p
-        WHERE p.ProfileName = @profile_name;
+        SELECT @ProfileID = p.ProfileID FROM mailq.DbMailProfile AS p WHERE p.ProfileName = @profile_name;
         IF @ProfileID IS NULL
-        BEGIN
-            SET @Msg = CONCAT(N'@profile_name ''', @profile_name, N''' is not a profile (mailq.UpsertDbMailProfile).');
-            THROW 50250, @Msg, 1;
-        END;
-        IF
-            COALESCE(IS_MEMBER(N'db_owner'), 0) = 0
-            AND NOT EXISTS (
-                SELECT 1
-                FROM mailq.DbMailPrincipalProfile AS pp
-                WHERE
-                    pp.ProfileID = @ProfileID
-                    AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
+            OR (
+                COALESCE(IS_MEMBER(N'db_owner'), 0) = 0
+                AND NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.DbMailPrincipalProfile AS pp
+                    WHERE
+                        pp.ProfileID = @ProfileID
+                        AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
+                )
             )
         BEGIN
-            SET @Msg = CONCAT(
-                N'@profile_name ''', @profile_name, N''' is private and not granted to ', USER_NAME(),
-                N' (mailq.UpsertDbMailPrincipalProfile).'
-            );
-            THROW 50251, @Msg, 1;
+            RAISERROR (14607, 16, 1, 'profile');
+            RETURN 1;
         END;
     END;
     ELSE
     BEGIN
         SELECT TOP (1) @ProfileID = pp.ProfileID
         FROM mailq.DbMailPrincipalProfile AS pp
-        WHERE
-            pp.IsDefault = 1
-            AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
-        ORDER BY
-            CASE pp.PrincipalName WHEN USER_NAME() THEN 0 WHEN N'public' THEN 2 ELSE 1 END,
-            pp.PrincipalName;
+        WHERE pp.IsDefault = 1 AND (pp.PrincipalName IN (N'public', USER_NAME()) OR IS_MEMBER(pp.PrincipalName) = 1)
+        ORDER BY CASE pp.PrincipalName WHEN USER_NAME() THEN 0 WHEN N'public' THEN 2 ELSE 1 END, pp.PrincipalName;
         IF @ProfileID IS NULL
         BEGIN
-            SET @Msg = CONCAT(
-                N'@profile_name is NULL and there is no default profile for you, your roles or public ',
-                N'(mailq.UpsertDbMailPrincipalProfile @IsDefault = 1).'
-            );
-            THROW 50250, @Msg, 1;
+            RAISERROR (14636, 16, 1);
+            RETURN 1;
         END;
     END;
 
-    -- Failover, decided now: the profile's first account that is not blocked;
-    -- when all are blocked, the first (the mail waits for it).  A queued mail
-    -- keeps its account (ClaimMail does not re-route).
+    -- 2. msdb's checks, in msdb's order and with its numbers and return codes.
+    SET @rc = CASE
+        WHEN @attach_query_result_as_file IS NULL THEN 2
+        WHEN @exclude_query_output IS NULL THEN 3
+        WHEN @query_result_header IS NULL THEN 4
+        WHEN @query_result_separator IS NULL OR DATALENGTH(@query_result_separator) = 0 THEN 5
+        WHEN @append_query_error IS NULL THEN 6
+    END;
+    IF @rc IS NOT NULL
+    BEGIN
+        SET @Msg = CHOOSE(@rc - 1, N'attach_query_result_as_file', N'exclude_query_output',
+            N'query_result_header', N'query_result_separator', N'append_query_error');
+        RAISERROR (14618, 16, 1, @Msg);
+        RETURN @rc;
+    END;
+    SET @body_format = UPPER(COALESCE(@body_format, 'TEXT'));
+    IF @body_format NOT IN ('TEXT', 'HTML')
+    BEGIN
+        RAISERROR (14626, 16, 1, @body_format);
+        RETURN 13;
+    END;
+    IF @importance IS NULL
+    BEGIN
+        RAISERROR (14618, 16, 1, N'importance');
+        RETURN 15;
+    END;
+    SET @importance = UPPER(@importance);
+    IF @importance NOT IN ('LOW', 'NORMAL', 'HIGH')
+    BEGIN
+        RAISERROR (14622, 16, 1, @importance);
+        RETURN 16;
+    END;
+    IF @sensitivity IS NULL
+    BEGIN
+        RAISERROR (14618, 16, 1, N'sensitivity');
+        RETURN 17;
+    END;
+    SET @sensitivity = UPPER(@sensitivity);
+    IF @sensitivity NOT IN ('NORMAL', 'PERSONAL', 'PRIVATE', 'CONFIDENTIAL')
+    BEGIN
+        RAISERROR (14623, 16, 1, @sensitivity);
+        RETURN 18;
+    END;
+    IF COALESCE(LEN(@body), 0) = 0 AND @query IS NULL AND COALESCE(LEN(@file_attachments), 0) = 0
+        AND COALESCE(LEN(@subject), 0) = 0
+    BEGIN
+        RAISERROR (14624, 16, 1, N'@body, @query, @file_attachments, @subject');
+        RETURN 19;
+    END;
+    IF COALESCE(LEN(@subject), 0) = 0 SET @subject = N'SQL Server Message';
+    IF COALESCE(LEN(@recipients), 0) = 0 AND COALESCE(LEN(@copy_recipients), 0) = 0
+        AND COALESCE(LEN(@blind_copy_recipients), 0) = 0
+    BEGIN
+        RAISERROR (14624, 16, 1, N'@recipients, @copy_recipients, @blind_copy_recipients');
+        RETURN 20;
+    END;
+    -- sysmail_verify_addressparams_sp: a comma separates nothing (msdb refuses
+    -- one outside double quotes; a list with quotes is left to the address rules).
+    SELECT TOP (1) @Msg = v.ParamName, @FromList = LEFT(v.Value, 400)
+    FROM (
+        VALUES (1, N'@recipients', @recipients), (2, N'@copy_recipients', @copy_recipients),
+        (3, N'@blind_copy_recipients', @blind_copy_recipients), (4, N'@reply_to', @reply_to)
+    ) AS v(Position, ParamName, Value)
+    WHERE v.Value LIKE '%,%' AND CHARINDEX('"', v.Value) = 0
+    ORDER BY v.Position;
+    IF @FromList IS NOT NULL
+    BEGIN
+        RAISERROR (14613, 16, 1, @Msg, @FromList);
+        RETURN 1;
+    END;
+    IF @query IS NULL AND @attach_query_result_as_file = 1
+    BEGIN
+        RAISERROR (14625, 16, 1);
+        RETURN 21;
+    END;
+    SET @query_attachment_filename = NULLIF(LTRIM(RTRIM(@query_attachment_filename)), N'');
+    IF @query IS NOT NULL AND @attach_query_result_as_file = 1
+        AND (
+            @query_attachment_filename LIKE N'%.exe' OR @query_attachment_filename LIKE N'%.dll'
+            OR @query_attachment_filename LIKE N'%.vbs' OR @query_attachment_filename LIKE N'%.js'
+        )
+    BEGIN
+        RAISERROR (14630, 16, 1, @query_attachment_filename);
+        RETURN 2;
+    END;
+    IF @query IS NOT NULL AND @execute_query_database IS NOT NULL AND DB_ID(@execute_query_database) IS NULL
+    BEGIN
+        RAISERROR (14633, 16, 1, @execute_query_database);
+        RETURN 1;
+    END;
+
+    -- 3. This package's refusals: RAISERROR (50000) and RETURN 50641-50652.
+    SELECT TOP (1) @rc = r.ReturnCode, @Msg = r.Message
+    FROM (
+        SELECT 50641 AS ReturnCode, 1 AS Position,
+            N'@file_attachments is not supported: the sender worker never reads the database server''s disk; '
+            + N'send the content with mailq.EnqueueMail @Attachments, or a query''s result with @query.' AS Message
+        WHERE COALESCE(LEN(@file_attachments), 0) > 0
+        UNION ALL
+        SELECT p.ReturnCode, 2, p.Message
+        FROM mailq.DbMailAddressProblem(
+            @recipients, @copy_recipients, @blind_copy_recipients, @from_address, @reply_to
+        ) AS p
+        UNION ALL
+        SELECT 50645, 3, N'@body is limited to 2,000,000 characters here.' WHERE LEN(@body) > 2000000
+        UNION ALL
+        SELECT 50646, 4, N'@subject contains CR or LF; a subject is one line.'
+        WHERE @subject LIKE N'%' + NCHAR(13) + N'%' OR @subject LIKE N'%' + NCHAR(10) + N'%'
+        UNION ALL
+        SELECT 50647, 5, CONCAT(N'@execute_query_database ''', @execute_query_database,
+            N''': the query runs as your database user in this database (', DB_NAME(),
+            N') only; use three-part names only where that user may (docs/database-mail.md).')
+        WHERE @query IS NOT NULL AND DB_ID(@execute_query_database) <> DB_ID()
+        UNION ALL
+        SELECT 50648, 6, CONCAT(N'@query_result_width must be 10-32767; got ', @query_result_width, N'.')
+        WHERE @query IS NOT NULL AND COALESCE(@query_result_width, 0) NOT BETWEEN 10 AND 32767
+        UNION ALL
+        SELECT 50649, 7, N'@query_result_no_padding and @query_no_truncate are mutually exclusive.'
+        WHERE @query IS NOT NULL AND @query_result_no_padding = 1 AND @query_no_truncate = 1
+        UNION ALL
+        SELECT 50650, 8, CONCAT(N'@mailq_query_result_format must be TEXT, HTML or CSV; got ''',
+            @mailq_query_result_format, N'''.')
+        WHERE UPPER(COALESCE(@mailq_query_result_format, 'TEXT')) NOT IN ('TEXT', 'HTML', 'CSV')
+        UNION ALL
+        SELECT 50652, 9, N'@query_attachment_filename must be a file name of at most 255 characters, without / \ :'
+        WHERE @query IS NOT NULL AND @attach_query_result_as_file = 1
+            AND (LEN(@query_attachment_filename) > 255 OR @query_attachment_filename LIKE N'%[/\:]%')
+    ) AS r
+    ORDER BY r.Position;
+    IF @rc IS NOT NULL
+    BEGIN
+        RAISERROR (N'%s', 16, 1, @Msg);
+        RETURN @rc;
+    END;
+
+    -- Failover at enqueue: the profile's first account that is not blocked
+    -- (all blocked: the first; the mail waits for it).
     DECLARE @AccountName NVARCHAR(128);
     SELECT TOP (1) @AccountName = a.AccountName
     FROM mailq.DbMailProfileAccount AS pa
     INNER JOIN mailq.DbMailAccount AS da ON pa.AccountID = da.AccountID
     INNER JOIN mailq.SendingAccount AS a ON da.AccountName = a.AccountName
     WHERE pa.ProfileID = @ProfileID
-    ORDER BY IIF(a.BlockedUntilUtc > @Now, 1, 0), pa.SequenceNumber, pa.AccountID;
+    ORDER BY IIF(a.BlockedUntilUtc > SYSUTCDATETIME(), 1, 0), pa.SequenceNumber, pa.AccountID;
     IF @AccountName IS NULL
     BEGIN
-        SET @Msg = CONCAT(
-            N'Profile ', COALESCE(@profile_name, CONCAT(N'#', @ProfileID)),
-            N' has no account (mailq.UpsertDbMailProfileAccount).'
-        );
-        THROW 50252, @Msg, 1;
+        RAISERROR (N'The profile has no account (mailq.UpsertDbMailProfileAccount).', 16, 1);
+        RETURN 50651;
     END;
 
-    -- From: Database Mail takes 'Name <address>'; EnqueueMail takes the two apart.
+    -- 4. The mail.  'Name <address>' is split for EnqueueMail; importance and
+    --    sensitivity become the headers System.Net.Mail writes.
     DECLARE @FromAddress NVARCHAR(MAX) = @from_address, @FromName NVARCHAR(MAX);
-    IF (SELECT COUNT(*) FROM mailq.ParseAddressList(@from_address)) = 1
-        SELECT
-            @FromAddress = a.Address,
-            @FromName = a.DisplayName
-        FROM mailq.ParseAddressList(@from_address) AS a;
-
-    -- Importance and sensitivity as headers (constants: no escaping needed).
+    SELECT @FromAddress = a.Address, @FromName = a.DisplayName
+    FROM mailq.ParseAddressList(@from_address) AS a;
     DECLARE @Headers NVARCHAR(MAX) = (
         SELECT N'{' + STRING_AGG(CONCAT(N'"', h.HeaderName, N'": "', h.HeaderValue, N'"'), N', ') + N'}'
         FROM (
             VALUES
             ('HIGH', NULL, N'X-Priority', N'1'), ('HIGH', NULL, N'Priority', N'urgent'),
-            ('HIGH', NULL, N'Importance', N'high'),
-            ('LOW', NULL, N'X-Priority', N'5'), ('LOW', NULL, N'Priority', N'non-urgent'),
-            ('LOW', NULL, N'Importance', N'low'),
+            ('HIGH', NULL, N'Importance', N'high'), ('LOW', NULL, N'X-Priority', N'5'),
+            ('LOW', NULL, N'Priority', N'non-urgent'), ('LOW', NULL, N'Importance', N'low'),
             (NULL, 'PERSONAL', N'Sensitivity', N'Personal'), (NULL, 'PRIVATE', N'Sensitivity', N'Private'),
             (NULL, 'CONFIDENTIAL', N'Sensitivity', N'Company-Confidential')
         ) AS h(Importance, Sensitivity, HeaderName, HeaderValue)
-        WHERE h.Importance = @ImportanceValue OR h.Sensitivity = @SensitivityValue
+        WHERE h.Importance = @importance OR h.Sensitivity = @sensitivity
     );
+    -- Mail with a query waits (due at @Hold) until the runner has added the
+    -- result (mailq.CompleteDbMailQuery makes it due).
+    DECLARE @Due DATETIME2(3) = IIF(@query IS NULL, NULL, @Hold);
+    DECLARE @ToAddress NVARCHAR(MAX) = NULLIF(LTRIM(RTRIM(@recipients)), '');
+    DECLARE @MailBody NVARCHAR(MAX) = COALESCE(@body, N'');
+    DECLARE @EnqueueFormat NVARCHAR(20) = IIF(@body_format = 'HTML', N'Html', N'Text');
+    DECLARE @MailID BIGINT, @ItemID INT;
 
-    -- 3. The query, now, as the caller, before any transaction of ours.
-    DECLARE @MailBody NVARCHAR(MAX) = COALESCE(@body, N''), @Attachments NVARCHAR(MAX);
-    IF @query IS NOT NULL
-    BEGIN
-        DECLARE @Rendered NVARCHAR(MAX), @QueryError NVARCHAR(4000);
-        DECLARE @Separator NCHAR(1) = @query_result_separator;
-        -- "When set [@query_no_truncate], query results do not include column
-        -- headers" (the reference page above).
-        DECLARE @Header BIT = IIF(@query_no_truncate = 1, 0, @query_result_header);
-        EXEC mailq.RenderDbMailQuery
-            @Query = @query,
-            @Database = @Database,
-            @Header = @Header,
-            @Width = @query_result_width,
-            @Separator = @Separator,
-            @NoTruncate = @query_no_truncate,
-            @NoPadding = @query_result_no_padding,
-            @Format = @Format,
-            @Result = @Rendered OUTPUT,
-            @QueryError = @QueryError OUTPUT;
-
-        IF @QueryError IS NOT NULL
-        BEGIN
-            IF @append_query_error = 0
-            BEGIN
-                SET @Msg = CONCAT(
-                    N'@query failed, so no mail was queued (@append_query_error = 1 sends it with the error): ',
-                    LEFT(@QueryError, 1800)
-                );
-                THROW 50195, @Msg, 1;
-            END;
-            SET @Rendered = CONCAT(@Rendered, @QueryError);
-        END;
-
-        IF @attach_query_result_as_file = 1
-            -- FOR JSON writes VARBINARY as base64: the form EnqueueMail's
-            -- @Attachments takes.  The text is stored as UTF-8.
-            SET @Attachments = (
-                SELECT
-                    COALESCE(
-                        @query_attachment_filename,
-                        CONCAT(
-                            N'QueryResults.',
-                            CASE @Format WHEN 'HTML' THEN N'html' WHEN 'CSV' THEN N'csv' ELSE N'txt' END
-                        )
-                    ) AS FileName,
-                    CASE @Format
-                        WHEN 'HTML' THEN N'text/html; charset=utf-8'
-                        WHEN 'CSV' THEN N'text/csv; charset=utf-8'
-                        ELSE N'text/plain; charset=utf-8'
-                    END AS ContentType,
-                    CAST(
-                        CAST(COALESCE(@Rendered, N'') COLLATE Latin1_General_100_CI_AS_SC_UTF8 AS VARCHAR(MAX))
-                        AS VARBINARY(MAX)
-                    ) AS ContentBase64
-                FOR JSON PATH
-            );
-        ELSE
-            SET @MailBody = CONCAT(@MailBody, IIF(@MailBody = N'', N'', @CrLf), @Rendered);
-    END;
-
-    -- 4. Enqueue (all validation, Message-ID and application rules live in
-    --    EnqueueMail) and record the Database Mail details, in one transaction.
-    DECLARE @MailID BIGINT;
-    DECLARE @MailSubject NVARCHAR(255) = COALESCE(@subject, N'SQL Server Message');
-    DECLARE @EnqueueFormat NVARCHAR(20) = IIF(@BodyFormat = 'HTML', N'Html', N'Text');
+    SET XACT_ABORT ON;
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
         EXEC mailq.EnqueueMail
-            @ToAddress = @recipients,
+            @ToAddress = @ToAddress,
             @CC = @copy_recipients,
             @BCC = @blind_copy_recipients,
-            @Subject = @MailSubject,
+            @Subject = @subject,
             @Body = @MailBody,
             @BodyFormat = @EnqueueFormat,
             @FromAddress = @FromAddress,
@@ -8859,19 +8412,26 @@ BEGIN
             @ReplyTo = @reply_to,
             @Headers = @Headers,
             @AccountName = @AccountName,
-            @Attachments = @Attachments,
+            @DateToProcess = @Due,
             @MailID = @MailID OUTPUT;
 
         INSERT INTO mailq.DbMailItem (
             MailID, ProfileID, Importance, Sensitivity, Query, ExecuteQueryDatabase,
-            AttachQueryResultAsFile, QueryResultHeader, QueryResultWidth, QueryResultSeparator,
-            ExcludeQueryOutput, AppendQueryError, SendRequestUser
+            AttachQueryResultAsFile, QueryAttachmentFilename, QueryResultHeader, QueryResultWidth,
+            QueryResultSeparator, ExcludeQueryOutput, AppendQueryError, QueryNoTruncate, QueryResultNoPadding,
+            QueryResultFormat, SendRequestUser, SendRequestDate, RequestUser, RequestUserSid,
+            QueryState, QueryDueAtUtc
         )
         VALUES (
-            @MailID, @ProfileID, @ImportanceValue, @SensitivityValue, @query, IIF(@query IS NULL, NULL, @Database),
-            @attach_query_result_as_file, @query_result_header, @query_result_width, @query_result_separator,
-            @exclude_query_output, @append_query_error, COALESCE(SUSER_SNAME(), USER_NAME())
+            @MailID, @ProfileID, @importance, @sensitivity, @query, IIF(@query IS NULL, NULL, DB_NAME()),
+            @attach_query_result_as_file, @query_attachment_filename, @query_result_header,
+            COALESCE(@query_result_width, 256), @query_result_separator, @exclude_query_output,
+            @append_query_error, COALESCE(@query_no_truncate, 0), COALESCE(@query_result_no_padding, 0),
+            UPPER(COALESCE(@mailq_query_result_format, 'TEXT')),
+            COALESCE(SUSER_SNAME(), USER_NAME()), CAST(SYSDATETIME() AS DATETIME), USER_NAME(), USER_SID(),
+            IIF(@query IS NULL, NULL, N'Pending'), IIF(@query IS NULL, NULL, SYSUTCDATETIME())
         );
+        SET @ItemID = SCOPE_IDENTITY();
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
@@ -8880,11 +8440,11 @@ BEGIN
         THROW;
     END CATCH;
 
+    SET @mailitem_id = @ItemID;
     SET @mailq_mail_id = @MailID;
-    IF @MailID <= 2147483647 SET @mailitem_id = @MailID;
     IF @exclude_query_output = 0
     BEGIN
-        SET @Msg = CONCAT(N'Mail (Id: ', @MailID, N') queued.');
+        SET @Msg = COALESCE(FORMATMESSAGE(14635, @ItemID), CONCAT(N'Mail (Id: ', @ItemID, N') queued.'));
         PRINT @Msg;
     END;
     RETURN 0;
@@ -9331,8 +8891,6 @@ GO
 /*
 Grants of role MailqDbMailUser: send through mailq.SendDbMail and read the
 Database Mail compatible views (each member sees only the mail they sent).
-mailq.RenderDbMailQuery is not granted: SendDbMail reaches it by ownership
-chaining.
 */
 GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqDbMailUser;
 GRANT SELECT ON OBJECT::mailq.sysmail_allitems TO MailqDbMailUser;
@@ -14896,6 +14454,352 @@ GRANT VIEW DEFINITION ON OBJECT::dbo.DelayServiceQueue TO MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
+/*
+Role MailqDbMailRunner: the query runner of mailq.SendDbMail (mailq-db
+dbmail-runner) claims waiting queries and hands back their results.  To run a
+caller's query as that caller, the runner's user also needs IMPERSONATE on
+each database user that sends @query mail, granted by the DBA one by one:
+GRANT IMPERSONATE ON USER::[report_user] TO MailqDbMailRunner;
+(docs/database-mail.md, "How @query runs": what that grant means).
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqDbMailRunner') IS NULL
+    CREATE ROLE MailqDbMailRunner AUTHORIZATION dbo;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.ClaimDbMailQuery: gives one waiting mailq.SendDbMail query to a query
+runner (mailq-db dbmail-runner) for @LeaseSeconds: the oldest Pending one, or
+a Running one whose runner's lease passed (that runner died: at-least-once).
+Parameters:  @LockToken UNIQUEIDENTIFIER, required: the runner's token for
+             this query (mailq.CompleteDbMailQuery checks it)
+             @LeaseSeconds INT 10-3600, default 300
+Result set:  zero or one row: MailItemID INT, MailID BIGINT, Query, Database,
+             RequestUser, RequestUserSid (whom the runner impersonates, and
+             the SID it must find), the options (AttachQueryResultAsFile,
+             QueryAttachmentFilename, QueryResultHeader, QueryResultWidth,
+             QueryResultSeparator, ExcludeQueryOutput, AppendQueryError,
+             QueryNoTruncate, QueryResultNoPadding, QueryResultFormat) and
+             Attempts (this claim included).
+Errors:      50660 @LockToken missing or @LeaseSeconds not 10-3600.
+Transaction: one statement; works inside the caller's transaction if open.
+Isolation:   sets READ COMMITTED (READPAST needs it).
+Lock order:  mailq.DbMailItem only.
+Example:     EXEC mailq.ClaimDbMailQuery @LockToken = 'F0E1...', @LeaseSeconds = 300;
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimDbMailQuery
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @LockToken IS NULL OR COALESCE(@LeaseSeconds, 0) NOT BETWEEN 10 AND 3600
+        THROW 50660, N'@LockToken is required and @LeaseSeconds must be 10-3600.', 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    WITH NextQuery AS (
+        SELECT TOP (1)
+            i.MailItemID, i.MailID, i.Query, i.ExecuteQueryDatabase, i.RequestUser, i.RequestUserSid,
+            i.AttachQueryResultAsFile, i.QueryAttachmentFilename, i.QueryResultHeader, i.QueryResultWidth,
+            i.QueryResultSeparator, i.ExcludeQueryOutput, i.AppendQueryError, i.QueryNoTruncate,
+            i.QueryResultNoPadding, i.QueryResultFormat, i.QueryState, i.QueryDueAtUtc, i.QueryLockToken,
+            i.QueryAttempts
+        FROM mailq.DbMailItem AS i WITH (READPAST, UPDLOCK, ROWLOCK)
+        -- READPAST: skip a query another runner is claiming; UPDLOCK: claim
+        -- while reading; ROWLOCK: row grain for READPAST; INDEX: the filtered
+        -- range of waiting queries (the optimizer may not match the filter).
+        WHERE i.QueryState IN (N'Pending', N'Running') AND i.QueryDueAtUtc <= @Now
+        ORDER BY i.QueryDueAtUtc, i.MailItemID
+    )
+
+    UPDATE NextQuery
+    SET
+        QueryState = N'Running',
+        QueryLockToken = @LockToken,
+        QueryDueAtUtc = DATEADD(SECOND, @LeaseSeconds, @Now),
+        QueryAttempts = QueryAttempts + 1
+    OUTPUT
+        inserted.MailItemID, inserted.MailID, inserted.Query, inserted.ExecuteQueryDatabase AS [Database],
+        inserted.RequestUser, inserted.RequestUserSid, inserted.AttachQueryResultAsFile,
+        inserted.QueryAttachmentFilename, inserted.QueryResultHeader, inserted.QueryResultWidth,
+        inserted.QueryResultSeparator, inserted.ExcludeQueryOutput, inserted.AppendQueryError,
+        inserted.QueryNoTruncate, inserted.QueryResultNoPadding, inserted.QueryResultFormat,
+        inserted.QueryAttempts AS Attempts;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.CompleteDbMailQuery: the query runner hands back a query it claimed
+(mailq.ClaimDbMailQuery): with @Outcome 'Done' the result joins the mail
+(appended to the body after CRLF, as msdb writes it, or as the attachment) and
+the mail becomes due; with 'Failed' the mail is stopped (mailq.StopMail, reason
+'Query execution failed: ...'; sysmail_event_log shows an error row).
+A result over the queue's limits (body 2,000,000 characters, attachment
+10 MiB) fails the mail the same way.  A mail cancelled or stopped meanwhile
+stays so; the item is finished either way.
+Parameters:  @MailItemID INT, @LockToken UNIQUEIDENTIFIER (the claim's),
+             @Outcome 'Done' | 'Failed', @Text NVARCHAR(MAX) (Done, body:
+             the rendered result), @Attachment VARBINARY(MAX), @FileName
+             NVARCHAR(255), @ContentType NVARCHAR(255) (Done, attachment),
+             @Error NVARCHAR(4000) (Failed: why)
+Result set:  with 'Failed', mailq.StopMail's row (ID, Status, NextAttemptUtc).
+Errors:      50661 the claim is lost (not Running, or another token: a later
+             runner took it over); 50662 @Outcome or its arguments invalid.
+Transaction: its own if none is open, else the caller's; an error dooms it.
+Isolation:   sets READ COMMITTED.
+Lock order:  mailq.MailQueue, mailq.MailAttachment (or, failing, StopMail's
+             MailQueue, MailEvent, MailAttempt), then mailq.DbMailItem.
+Example:     EXEC mailq.CompleteDbMailQuery @MailItemID = 7, @LockToken = @t,
+                 @Outcome = 'Done', @Text = N'name ...';
+*/
+CREATE OR ALTER PROCEDURE mailq.CompleteDbMailQuery
+    @MailItemID INT,
+    @LockToken UNIQUEIDENTIFIER,
+    @Outcome VARCHAR(6),
+    @Text NVARCHAR(MAX) = NULL,
+    @Attachment VARBINARY(MAX) = NULL,
+    @FileName NVARCHAR(255) = NULL,
+    @ContentType NVARCHAR(255) = NULL,
+    @Error NVARCHAR(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @CrLf NCHAR(2) = NCHAR(13) + NCHAR(10);
+    DECLARE @Lost NVARCHAR(200)
+        = N'The query runner''s claim on this item is lost (finished, or taken over after its lease).';
+    IF @Outcome NOT IN ('Done', 'Failed')
+        OR (@Outcome = 'Failed' AND NULLIF(@Error, N'') IS NULL)
+        OR (@Outcome = 'Done' AND @Attachment IS NULL AND @Text IS NULL)
+        OR (@Outcome = 'Done' AND @Attachment IS NOT NULL AND @Text IS NOT NULL)
+        OR (@Attachment IS NOT NULL AND NULLIF(@FileName, N'') IS NULL)
+        THROW 50662, N'@Outcome must be Done (with @Text, or @Attachment and @FileName) or Failed (with @Error).', 1;
+
+    DECLARE @MailID BIGINT = (
+        SELECT i.MailID
+        FROM mailq.DbMailItem AS i
+        WHERE i.MailItemID = @MailItemID AND i.QueryState = N'Running' AND i.QueryLockToken = @LockToken
+    );
+    IF @MailID IS NULL
+        THROW 50661, @Lost, 1;
+
+    IF @Outcome = 'Done' AND (
+        LEN(@Text) + (SELECT LEN(q.Body) FROM mailq.MailQueue AS q WHERE q.ID = @MailID) + 2 > 2000000
+        OR DATALENGTH(@Attachment) > 10485760
+    )
+        SELECT
+            @Outcome = 'Failed',
+            @Error = N'the result is over the queue''s limits (2,000,000 characters in the body, 10 MiB attached).';
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        IF @Outcome = 'Done'
+        BEGIN
+            UPDATE q
+            SET
+                q.Body = IIF(@Text IS NULL, q.Body, CONCAT(q.Body, @CrLf, @Text)),
+                q.DateToProcess = @Now,
+                q.VisibleAtUtc = @Now
+            -- UPDLOCK: read and change one row without a lock-conversion deadlock.
+            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+            WHERE q.ID = @MailID AND q.Status = N'UnSent' AND q.VisibleAtUtc = @Hold;
+            IF @@ROWCOUNT = 1 AND @Attachment IS NOT NULL
+                INSERT INTO mailq.MailAttachment (MailID, AttachmentNo, FileName, ContentType, Content)
+                VALUES (@MailID, 1, @FileName, COALESCE(@ContentType, N'text/plain'), @Attachment);
+        END;
+        ELSE IF EXISTS (
+            SELECT 1 FROM mailq.MailQueue AS q WHERE q.ID = @MailID AND q.Status IN (N'UnSent', N'Sending')
+        )
+        BEGIN
+            DECLARE @Reason NVARCHAR(4000) = LEFT(CONCAT(N'Query execution failed: ', @Error), 4000);
+            -- StopMail's one-row result set goes to the runner.
+            EXEC mailq.StopMail @MailID = @MailID, @Reason = @Reason;
+        END;
+
+        UPDATE mailq.DbMailItem
+        SET
+            QueryState = IIF(@Outcome = 'Done', N'Done', N'Failed'),
+            QueryLockToken = NULL,
+            QueryDueAtUtc = NULL,
+            QueryError = IIF(@Outcome = 'Done', NULL, LEFT(@Error, 4000)),
+            QueryFinishedAtUtc = @Now
+        WHERE MailItemID = @MailItemID AND QueryState = N'Running' AND QueryLockToken = @LockToken;
+        IF @@ROWCOUNT = 0
+            THROW 50661, @Lost, 1;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.sysmail_mailattachments: msdb.dbo.sysmail_mailattachments over this
+queue: the attachments of mail sent with mailq.SendDbMail (here only a
+query's result file), msdb's columns in msdb's order
+(https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-mailattachments-transact-sql).
+attachment_id is BIGINT here (MailItemID * 10 + the attachment's number - 1:
+a mail has at most 10); rows as mailq.sysmail_allitems.
+*/
+CREATE OR ALTER VIEW mailq.sysmail_mailattachments
+AS
+SELECT
+    CAST(i.MailItemID AS BIGINT) * 10 + a.AttachmentNo - 1 AS attachment_id,
+    i.MailItemID AS mailitem_id,
+    CAST(a.FileName AS NVARCHAR(260)) AS filename,
+    CAST(DATALENGTH(a.Content) AS INT) AS filesize,
+    a.Content AS attachment,
+    i.SendRequestDate AS last_mod_date,
+    CAST(i.SendRequestUser AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailItem AS i
+INNER JOIN mailq.MailAttachment AS a ON i.MailID = a.MailID
+WHERE
+    IS_MEMBER(N'db_owner') = 1
+    OR IS_MEMBER(N'MailqAdmin') = 1
+    OR i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME());
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.sysmail_profile: msdb.dbo.sysmail_profile's columns over
+mailq.DbMailProfile (profile_id, name, description, last_mod_datetime: the
+creation time, local; last_mod_user: NULL, not recorded here).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_profile
+AS
+SELECT
+    p.ProfileID AS profile_id,
+    CAST(p.ProfileName AS SYSNAME) AS name,
+    CAST(p.Description AS NVARCHAR(256)) AS description,
+    CAST(DATEADD(MINUTE, DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()), p.CreatedAtUtc) AS DATETIME)
+    AS last_mod_datetime,
+    CAST(NULL AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailProfile AS p;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.sysmail_account: msdb.dbo.sysmail_account's columns over the sending
+accounts that are in a profile (mailq.DbMailAccount, mailq.SendingAccount):
+email_address and display_name are the account's defaults; description and
+replyto_address are NULL (no such account settings here: pass @reply_to).
+SMTP servers and credentials live in the worker's configuration, not here.
+*/
+CREATE OR ALTER VIEW mailq.sysmail_account
+AS
+SELECT
+    da.AccountID AS account_id,
+    CAST(a.AccountName AS SYSNAME) AS name,
+    CAST(NULL AS NVARCHAR(256)) AS description,
+    a.DefaultFromAddress AS email_address,
+    a.DefaultFromName AS display_name,
+    CAST(NULL AS NVARCHAR(128)) AS replyto_address,
+    CAST(DATEADD(MINUTE, DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()), a.CreatedAtUtc) AS DATETIME)
+    AS last_mod_datetime,
+    CAST(NULL AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailAccount AS da
+INNER JOIN mailq.SendingAccount AS a ON da.AccountName = a.AccountName;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.sysmail_profileaccount: msdb.dbo.sysmail_profileaccount's columns over
+mailq.DbMailProfileAccount (the failover order of a profile's accounts).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_profileaccount
+AS
+SELECT
+    pa.ProfileID AS profile_id,
+    pa.AccountID AS account_id,
+    pa.SequenceNumber AS sequence_number,
+    CAST(NULL AS DATETIME) AS last_mod_datetime,
+    CAST(NULL AS SYSNAME) AS last_mod_user
+FROM mailq.DbMailProfileAccount AS pa;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.sysmail_principalprofile: msdb.dbo.sysmail_principalprofile's columns
+over mailq.DbMailPrincipalProfile; principal_sid is 0x00 for public (as
+msdb), else the database principal's SID (NULL if it no longer exists), and
+principal_name, not in msdb, is added last.
+*/
+CREATE OR ALTER VIEW mailq.sysmail_principalprofile
+AS
+SELECT
+    pp.ProfileID AS profile_id,
+    CAST(IIF(pp.PrincipalName = N'public', 0x00, dp.sid) AS VARBINARY(85)) AS principal_sid,
+    pp.IsDefault AS is_default,
+    CAST(NULL AS DATETIME) AS last_mod_datetime,
+    CAST(NULL AS SYSNAME) AS last_mod_user,
+    CAST(pp.PrincipalName AS SYSNAME) AS principal_name
+FROM mailq.DbMailPrincipalProfile AS pp
+LEFT JOIN sys.database_principals AS dp ON pp.PrincipalName = dp.name;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.sysmail_configuration: msdb.dbo.sysmail_configuration's columns with
+this package's fixed values for msdb's settings that have a meaning here
+(docs/database-mail.md, "Settings"): MaxFileSize (the attachment limit, bytes),
+ProhibitedExtensions (refused for @query_attachment_filename: 14630),
+AccountRetryAttempts (attempts per mail, mailq.EnqueueMail's default, not per
+account), LoggingLevel (2: errors, warnings and successes in sysmail_event_log).
+*/
+CREATE OR ALTER VIEW mailq.sysmail_configuration
+AS
+SELECT
+    c.paramname,
+    c.paramvalue,
+    c.description,
+    CAST(NULL AS DATETIME) AS last_mod_datetime,
+    CAST(NULL AS SYSNAME) AS last_mod_user
+FROM (
+    VALUES
+    (
+        CAST(N'AccountRetryAttempts' AS NVARCHAR(256)), CAST(N'5' AS NVARCHAR(256)),
+        CAST(N'Attempts per mail (all accounts together), then the mail fails' AS NVARCHAR(256))
+    ),
+    (N'LoggingLevel', N'2', N'sysmail_event_log: errors, warnings, successes and information'),
+    (N'MaxFileSize', N'10485760', N'Bytes per attachment (the queue''s limit)'),
+    (N'ProhibitedExtensions', N'exe,dll,vbs,js', N'Refused for @query_attachment_filename (14630)')
+) AS c(paramname, paramvalue, description);
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+Grants of role MailqDbMailRunner: claim a waiting query, hand back its result.
+*/
+GRANT EXECUTE ON OBJECT::mailq.ClaimDbMailQuery TO MailqDbMailRunner;
+GRANT EXECUTE ON OBJECT::mailq.CompleteDbMailQuery TO MailqDbMailRunner;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+Grants of role MailqAdmin for the Database Mail catalogue views (profiles,
+accounts, grants, settings) and the attachments view.
+*/
+GRANT SELECT ON OBJECT::mailq.sysmail_mailattachments TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_profile TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_account TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_profileaccount TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_principalprofile TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.sysmail_configuration TO MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
 DECLARE @Disable BIT = 0;
 DECLARE @Other NVARCHAR(MAX), @Msg NVARCHAR(2048), @Sql NVARCHAR(MAX);
 DECLARE @Found TABLE (TriggerName NVARCHAR(300) NOT NULL PRIMARY KEY);
@@ -15073,13 +14977,15 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'tables/mailq.DbMailProfileAccount.sql',
     N'tables/mailq.DbMailPrincipalProfile.sql',
     N'tables/mailq.DbMailItem.sql',
+    N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql',
+    N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql',
     N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql',
     N'views/mailq.sysmail_allitems.sql',
     N'views/mailq.sysmail_sentitems.sql',
     N'views/mailq.sysmail_unsentitems.sql',
     N'views/mailq.sysmail_faileditems.sql',
     N'views/mailq.sysmail_event_log.sql',
-    N'procedures/mailq.RenderDbMailQuery.sql',
+    N'functions/mailq.DbMailAddressProblem.sql',
     N'procedures/mailq.SendDbMail.sql',
     N'procedures/mailq.UpsertDbMailProfile.sql',
     N'procedures/mailq.DeleteDbMailProfile.sql',
@@ -15149,7 +15055,18 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'security/MailqMonitor.grants.sql',
     N'security/MailqAdmin.monitoring.grants.sql',
     N'broker/delay.GetTaskMetrics.sql',
-    N'broker/MailqMonitor.delay.grants.sql');
+    N'broker/MailqMonitor.delay.grants.sql',
+    N'security/MailqDbMailRunner.role.sql',
+    N'procedures/mailq.ClaimDbMailQuery.sql',
+    N'procedures/mailq.CompleteDbMailQuery.sql',
+    N'views/mailq.sysmail_mailattachments.sql',
+    N'views/mailq.sysmail_profile.sql',
+    N'views/mailq.sysmail_account.sql',
+    N'views/mailq.sysmail_profileaccount.sql',
+    N'views/mailq.sysmail_principalprofile.sql',
+    N'views/mailq.sysmail_configuration.sql',
+    N'security/MailqDbMailRunner.grants.sql',
+    N'security/MailqAdmin.dbmail2.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'checks/mailq.CheckServer.sql', '89ed45a62c6ee8ca40463e4bd4af18043187e39a1ba6d06b14d13407c15881df'),
     ('0001', N'schemas/mailq.sql', 'a9a6be54bd0f26e4b367d371bb9b830d93be85ee5ba7add8c05eea0aae709248'),
@@ -15249,27 +15166,29 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.ListMailTemplateVersions.sql', '7809a4b13f09337f329f7312235cb97b59806f6fdef0443f8edd45c48d46be35'),
     ('0001', N'procedures/mailq.RetireMailTemplate.sql', '7096d2fcc12530a2d89797d47dfdf31eb293f3dd922081e8712cd37b95790c67'),
     ('0001', N'security/MailqAdmin.templates.grants.sql', '1bc2010fe8c5699d9b462b3ec3c5d024f83c29641e9e15f807db8a84a2296315'),
-    ('0001', N'security/MailqDbMailUser.role.sql', '5f5ed84e3e94aa52eb28ed74c2a5d78be77c4cd466f754475ec25de4932076ae'),
+    ('0001', N'security/MailqDbMailUser.role.sql', '692e2ecb3910c20d33e0995e5ca5012dda719fd9406ce23e25444cd4085e0089'),
     ('0001', N'tables/mailq.DbMailProfile.sql', 'f9417f7282e71aab9028d5cea8fc251ca030c46bb9b23ea20971826441a1da72'),
     ('0001', N'tables/mailq.DbMailAccount.sql', '5d68016c813af0eefedf11cfea5d38a07673e4ce6889eb0632c74e1f95d3bf7b'),
     ('0001', N'tables/mailq.DbMailProfileAccount.sql', 'ce98f9dc2d88dc6b1c7bdf39fe47f2b129d18947b5d66b95403bb252410fbedf'),
     ('0001', N'tables/mailq.DbMailPrincipalProfile.sql', '5c78aa224793927990c6396daebd6d1ef5e9e6c29c8e5fded4e504421338b466'),
-    ('0001', N'tables/mailq.DbMailItem.sql', 'd7b7e460d62134d3610e348e4601194c9106c77d96c988ccd397df07ef1f8845'),
+    ('0001', N'tables/mailq.DbMailItem.sql', '6e017d4d3194a75a7a9fd7715e5c55fc0ff09662c53345515cec4c51edc2f0db'),
+    ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql', '15e1ef84f4a88fa0fe12134a3b78a734cb6ec2b8038e9ad66ca0d65fb3d877ab'),
+    ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql', '6cd529dc0143cf6780988ffde3fcd17f3f0a21234106060aaa5dfca8ccb76235'),
     ('0001', N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql', 'b05bedfa34c6f285b587cde2a8d95c7f508e54c433d2d1551168e2cf5c647cbf'),
-    ('0001', N'views/mailq.sysmail_allitems.sql', '1e7b85d1d9cd32c077bdd2220fa31eb4e7b7d3eda1f35605ae5f78266f036314'),
+    ('0001', N'views/mailq.sysmail_allitems.sql', 'c6e0a390c184ed4860a80118a30d03fad824173639ef2eff13cad77ee239f318'),
     ('0001', N'views/mailq.sysmail_sentitems.sql', 'de4fa39e15acdb1a888ed218a382287d61d978b843b21b6e2b90063dd02b3688'),
     ('0001', N'views/mailq.sysmail_unsentitems.sql', '5df8c27e57f9a1ce3ebbc56d09ba5bad39c6fb6732278b6149bdaebee48263c3'),
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
-    ('0001', N'views/mailq.sysmail_event_log.sql', '1fea12efb477887b16c9c942270509cf10d6ac5a8cccd45638b1243887f771c4'),
-    ('0001', N'procedures/mailq.RenderDbMailQuery.sql', '0c38ed13957307f8eb18e187c8d5fc2ff7329ccdc0e21cad918b4265ddf6f964'),
-    ('0001', N'procedures/mailq.SendDbMail.sql', '2416bd9e4ff74223f0e3d1d34807e5cb39c1e9acc524794ad90de87c5eca0b59'),
+    ('0001', N'views/mailq.sysmail_event_log.sql', '45900d2fe03be402252a7a45c43f64c706b3fb0a90e57a49bdda14bff66e49de'),
+    ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'bbb5e2e8c3d3a51e978ab68da23fc00c6317535f8f4d34c2db4208ffa06ee478'),
+    ('0001', N'procedures/mailq.SendDbMail.sql', '120836d99cd6e2e33fd5e9b3423bfc9c8d6893b9b24ddb40cdd1475fb44d330d'),
     ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '0671551bbef4be2b75a015e4a1de8622f53f66ffc4ec88adab82ead8bbcb928b'),
     ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '30a940c5359b0f3ce392bbe3fd4a9535a4f044ac18b40d7f8d67713ecdfb9c68'),
     ('0001', N'procedures/mailq.DeleteDbMailProfileAccount.sql', '7f5caaf91e521d2a166b4604d6fcd5fb9d39a65fe5b5e274da2c245c34e7a0aa'),
     ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', '3200cdad8d8ed121e71052de8474685eb468751169fd455b552cb1a5dfa91232'),
     ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', 'ec5908743b0972cd82cddd79681cab9c9dff326293b6edac6d5257bd00137bd4'),
-    ('0001', N'security/MailqDbMailUser.grants.sql', '7c5ab0bf34907c48b463a1dd56988c6f49214516ea761cab4e088ac83f7647bb'),
+    ('0001', N'security/MailqDbMailUser.grants.sql', '5d7694f7218facd6a705e5a91b4d06613c3cbd2c86c97b00807c10c598835ef6'),
     ('0001', N'security/MailqAdmin.dbmail.grants.sql', 'dac07263321d9bbc0353d26a0141f0139e84c82c8b75e5ca067685ed3dcaad82'),
     ('0001', N'broker/delay.schema.sql', 'a8d676d5552b55250dbb4c9345a8ccb0471dfdb42e0030c9dffb2b69e391725d'),
     ('0001', N'broker/delay.Installation.sql', '1a49801388aebe45aad84dbcd17480dc34855e86a3afb13ec4d025c79618a126'),
@@ -15331,7 +15250,18 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqMonitor.grants.sql', '96ac12fc212d8403dcd69387635d3e45c04da83cc6300849a7b769139de40329'),
     ('0001', N'security/MailqAdmin.monitoring.grants.sql', '110850872b0469247a7816029131773eae165f5f5d580e63f37ff786c5aa9f4e'),
     ('0001', N'broker/delay.GetTaskMetrics.sql', '5cb8b4d226696dd082eb9dd1b424b5ababfb24ed691c5a7f9342f3bcc78f0af8'),
-    ('0001', N'broker/MailqMonitor.delay.grants.sql', '6c6b407e3f64e2e63646356e61aa6e32c8b447eb1f0898b4ee2966a15d67bbca');
+    ('0001', N'broker/MailqMonitor.delay.grants.sql', '6c6b407e3f64e2e63646356e61aa6e32c8b447eb1f0898b4ee2966a15d67bbca'),
+    ('0001', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),
+    ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '32312da16a8ea40d32bec704da1f5dfce51829f2141650765a397bd8b31c2167'),
+    ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', '58824bd1190da6109fc5f10a8243b2a17a79d88fb4807b4d36edbadef892752d'),
+    ('0001', N'views/mailq.sysmail_mailattachments.sql', 'edf748544e1352d35cae718a1e8291b2a47d3d644a0e3276b3106160abf320f5'),
+    ('0001', N'views/mailq.sysmail_profile.sql', '86cbb0a0c212583f0a2c7e643a73393066c83fe9ff74fef42b5f5de53c7bbf3e'),
+    ('0001', N'views/mailq.sysmail_account.sql', 'e6af113c8ac95c003bea6c4e9ef3d3a6b49b39ba52f93ddb757afbe4c80f990b'),
+    ('0001', N'views/mailq.sysmail_profileaccount.sql', '2490a39e9023a34f615b9cfcf78b9ec8b7ad1a1f2ce05f44517894a166d3512a'),
+    ('0001', N'views/mailq.sysmail_principalprofile.sql', '8c9b4d8cb0c61a4e66405c8980e457b08ea2f81bb437d016de92d9880b8594ff'),
+    ('0001', N'views/mailq.sysmail_configuration.sql', '4380271b2d053df4de0fc681df5de4e4d39c34d8c052e69db59e1f47fe529ad0'),
+    ('0001', N'security/MailqDbMailRunner.grants.sql', '1a3cd1b1382b62f823da2c4e50d012809aae6411cebc40ba4cba3923eb428d2d'),
+    ('0001', N'security/MailqAdmin.dbmail2.grants.sql', '8e183eb1f250afe5152e8ca31f717395f71d497404155088c2d4a578dd181d9b');
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO

@@ -2,8 +2,6 @@
 /*
 Grants of role MailqDbMailUser: send through mailq.SendDbMail and read the
 Database Mail compatible views (each member sees only the mail they sent).
-mailq.RenderDbMailQuery is not granted: SendDbMail reaches it by ownership
-chaining.
 */
 GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqDbMailUser;
 GRANT SELECT ON OBJECT::mailq.sysmail_allitems TO MailqDbMailUser;

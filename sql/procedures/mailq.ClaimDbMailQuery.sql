@@ -1,0 +1,61 @@
+/*
+mailq.ClaimDbMailQuery: gives one waiting mailq.SendDbMail query to a query
+runner (mailq-db dbmail-runner) for @LeaseSeconds: the oldest Pending one, or
+a Running one whose runner's lease passed (that runner died: at-least-once).
+Parameters:  @LockToken UNIQUEIDENTIFIER, required: the runner's token for
+             this query (mailq.CompleteDbMailQuery checks it)
+             @LeaseSeconds INT 10-3600, default 300
+Result set:  zero or one row: MailItemID INT, MailID BIGINT, Query, Database,
+             RequestUser, RequestUserSid (whom the runner impersonates, and
+             the SID it must find), the options (AttachQueryResultAsFile,
+             QueryAttachmentFilename, QueryResultHeader, QueryResultWidth,
+             QueryResultSeparator, ExcludeQueryOutput, AppendQueryError,
+             QueryNoTruncate, QueryResultNoPadding, QueryResultFormat) and
+             Attempts (this claim included).
+Errors:      50660 @LockToken missing or @LeaseSeconds not 10-3600.
+Transaction: one statement; works inside the caller's transaction if open.
+Isolation:   sets READ COMMITTED (READPAST needs it).
+Lock order:  mailq.DbMailItem only.
+Example:     EXEC mailq.ClaimDbMailQuery @LockToken = 'F0E1...', @LeaseSeconds = 300;
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimDbMailQuery
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @LockToken IS NULL OR COALESCE(@LeaseSeconds, 0) NOT BETWEEN 10 AND 3600
+        THROW 50660, N'@LockToken is required and @LeaseSeconds must be 10-3600.', 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    WITH NextQuery AS (
+        SELECT TOP (1)
+            i.MailItemID, i.MailID, i.Query, i.ExecuteQueryDatabase, i.RequestUser, i.RequestUserSid,
+            i.AttachQueryResultAsFile, i.QueryAttachmentFilename, i.QueryResultHeader, i.QueryResultWidth,
+            i.QueryResultSeparator, i.ExcludeQueryOutput, i.AppendQueryError, i.QueryNoTruncate,
+            i.QueryResultNoPadding, i.QueryResultFormat, i.QueryState, i.QueryDueAtUtc, i.QueryLockToken,
+            i.QueryAttempts
+        FROM mailq.DbMailItem AS i WITH (READPAST, UPDLOCK, ROWLOCK)
+        -- READPAST: skip a query another runner is claiming; UPDLOCK: claim
+        -- while reading; ROWLOCK: row grain for READPAST; INDEX: the filtered
+        -- range of waiting queries (the optimizer may not match the filter).
+        WHERE i.QueryState IN (N'Pending', N'Running') AND i.QueryDueAtUtc <= @Now
+        ORDER BY i.QueryDueAtUtc, i.MailItemID
+    )
+
+    UPDATE NextQuery
+    SET
+        QueryState = N'Running',
+        QueryLockToken = @LockToken,
+        QueryDueAtUtc = DATEADD(SECOND, @LeaseSeconds, @Now),
+        QueryAttempts = QueryAttempts + 1
+    OUTPUT
+        inserted.MailItemID, inserted.MailID, inserted.Query, inserted.ExecuteQueryDatabase AS [Database],
+        inserted.RequestUser, inserted.RequestUserSid, inserted.AttachQueryResultAsFile,
+        inserted.QueryAttachmentFilename, inserted.QueryResultHeader, inserted.QueryResultWidth,
+        inserted.QueryResultSeparator, inserted.ExcludeQueryOutput, inserted.AppendQueryError,
+        inserted.QueryNoTruncate, inserted.QueryResultNoPadding, inserted.QueryResultFormat,
+        inserted.QueryAttempts AS Attempts;
+END;

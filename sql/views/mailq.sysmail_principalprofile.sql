@@ -1,0 +1,17 @@
+/*
+mailq.sysmail_principalprofile: msdb.dbo.sysmail_principalprofile's columns
+over mailq.DbMailPrincipalProfile; principal_sid is 0x00 for public (as
+msdb), else the database principal's SID (NULL if it no longer exists), and
+principal_name, not in msdb, is added last.
+*/
+CREATE OR ALTER VIEW mailq.sysmail_principalprofile
+AS
+SELECT
+    pp.ProfileID AS profile_id,
+    CAST(IIF(pp.PrincipalName = N'public', 0x00, dp.sid) AS VARBINARY(85)) AS principal_sid,
+    pp.IsDefault AS is_default,
+    CAST(NULL AS DATETIME) AS last_mod_datetime,
+    CAST(NULL AS SYSNAME) AS last_mod_user,
+    CAST(pp.PrincipalName AS SYSNAME) AS principal_name
+FROM mailq.DbMailPrincipalProfile AS pp
+LEFT JOIN sys.database_principals AS dp ON pp.PrincipalName = dp.name;

@@ -20,6 +20,10 @@ Scenarios:
 With --lab (root, Postfix and Dovecot installed): the realmta lab's Postfix
 (tests/realmta/lab.py, STARTTLS + Dovecot AUTH on loopback, no added delay)
 runs (1) and (2p) side by side for --lab-mails mails.
+DKIM (issue 26; --dkim-mails, default 300): the CPU time per mail of building
+the message and of signing it (dkimpy, RSA-2048, relaxed/relaxed, the
+default header list; a plain mail and one with a 100 KB attachment), and
+(2p) again with every mail signed, beside the unsigned (2p).
 Then peak RSS of this process while the worker sends --rss-mails mails with no
 delay (default 20,000 so a run takes well under 3 minutes; pass
 --rss-mails 100000 for the figure the issue asks for; RSS is sampled during
@@ -225,6 +229,44 @@ class StreamingQueue(FakeQueue):
         return result
 
 
+def dkim_run(sink: Sink, n: int, unsigned_rate: float) -> None:
+    """Signing cost per mail beside unsigned: CPU per mail, then the worker's rate with signing."""
+    try:
+        import dkim  # noqa: F401 - dkimpy, the optional extra
+    except ImportError:
+        print("dkim: not run: pip install 'mailq-db[dkim]'", flush=True)
+        return
+    from dataclasses import replace
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from mailq_db.procedures import Attachment
+    from mailq_db.worker import dkim as signing
+
+    pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption())
+    settings = signing.DkimSettings("bench.example.com", "bench", "generated", pem, signing.SIGNED_HEADERS, 2048)
+    attachment = Attachment(file_name="report.csv", content_type="text/csv", content=os.urandom(50_000).hex().encode())
+    for label, batch in (("plain mail", mails(n)),
+                         ("100 KB attachment", [replace(m, attachments=[attachment]) for m in mails(n)])):
+        started = time.perf_counter()
+        outs = [build(m) for m in batch]
+        built = (time.perf_counter() - started) / n
+        started = time.perf_counter()
+        for out in outs:
+            signing.sign(settings, out.data)
+        signed = (time.perf_counter() - started) / n
+        print(f"DKIM, {label:<17}: build {built * 1e6:7.0f} us/mail, sign {signed * 1e6:7.0f} us/mail "
+              f"(+{100 * signed / built:.0f} % of the build; {len(outs[0].data) // 1000} KB message)", flush=True)
+    acct = replace(account(sink), dkim=settings)
+    queue = FakeQueue(mails(n))
+    rate, trips = measure(sink, n, lambda: run_workers(config(sink, 1, acct=acct), FakeConnection, procs=queue,
+                                                       once=True, install_signals=False, progress_seconds=3600))
+    print(f"(2p) worker, PIPELINING, DKIM-signed : {rate:8.1f} mails/s  {trips:5.1f} round trips/mail  "
+          f"(unsigned (2p): {unsigned_rate:.1f} mails/s)", flush=True)
+
+
 def rss_mb() -> float:
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -239,6 +281,7 @@ def main() -> None:
     parser.add_argument("--lab", action="store_true",
                         help="also run (1) and (2p) against the realmta lab's Postfix (root, postfix, dovecot)")
     parser.add_argument("--lab-mails", type=int, default=200)
+    parser.add_argument("--dkim-mails", type=int, default=300, help="mails for the DKIM figures (0: skip)")
     parser.add_argument("--rss-mails", type=int, default=20000,
                         help="mails for the memory run with no delay (default 20000; the issue's figure: 100000)")
     args = parser.parse_args()
@@ -270,6 +313,9 @@ def main() -> None:
                              lambda: worker(sink, args.concurrent_mails, args.concurrency))
             print(f"(3) worker, concurrency {args.concurrency:<2}          : {r3:8.1f} mails/s  {t3:5.1f} round "
                   f"trips/mail  {r3 / r1:4.2f}x  ({r3 / args.concurrency:.1f} mails/s per connection)", flush=True)
+
+            if args.dkim_mails:
+                dkim_run(sink, args.dkim_mails, r2p)
 
             sink.set_delay(0)
             queue = StreamingQueue(args.rss_mails)

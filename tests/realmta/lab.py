@@ -158,6 +158,8 @@ class Lab:
     root: Path
     ports: dict[str, int] = field(default_factory=dict)
     started: list[str] = field(default_factory=list)
+    #: the smtpd services (a subclass adds its own with _extra_services)
+    PORTS = ("submission", "mx", "rate", "connrate", "idle")
 
     # ------------------------------------------------------------ paths
     @property
@@ -193,7 +195,7 @@ class Lab:
             if not os.stat(parent).st_mode & 0o001:
                 raise RuntimeError(f"{parent} is not searchable by other users: the postfix user "
                                    "cannot reach the lab directory; choose another base (TMPDIR)")
-        for name in ("submission", "mx", "rate", "connrate", "idle"):
+        for name in self.PORTS:
             self.ports[name] = free_port()
         self.policy = _Greylist()
         threading.Thread(target=self.policy.serve_forever, name="greylist", daemon=True).start()
@@ -267,14 +269,9 @@ ssl = no
 shutdown_clients = yes
 default_internal_user = dovecot
 default_login_user = dovenull
-auth_mechanisms = plain login
 auth_failure_delay = 0
 disable_plaintext_auth = no
-passdb {{
-  driver = passwd-file
-  args = scheme=PLAIN username_format=%u {d}/passwd
-}}
-userdb {{
+{self._dovecot_auth(d)}userdb {{
   driver = static
   args = uid=dovecot gid=dovecot home=/nonexistent
 }}
@@ -296,6 +293,19 @@ service anvil {{
             if time.monotonic() > deadline:
                 raise RuntimeError("Dovecot did not create its auth socket" + self._logs())
             time.sleep(0.05)
+
+    def _dovecot_auth(self, d: Path) -> str:
+        """The mechanisms and password databases of dovecot.conf (a subclass adds its own)."""
+        return f"""auth_mechanisms = plain login
+passdb {{
+  driver = passwd-file
+  args = scheme=PLAIN username_format=%u {d}/passwd
+}}
+"""
+
+    def _extra_services(self) -> str:
+        """More master.cf services (a subclass's ports); none here."""
+        return ""
 
     def _postfix(self) -> None:
         d = self.postfix_dir
@@ -397,7 +407,7 @@ delay_warning_time = 0
 127.0.0.1:{p['idle']} inet n - n - - smtpd
   {common.format(name='idle')}
   -o smtpd_timeout={IDLE_TIMEOUT_SECONDS}s
-pickup    unix  n       -       n       60      1       pickup
+{self._extra_services()}pickup    unix  n       -       n       60      1       pickup
 cleanup   unix  n       -       n       -       0       cleanup
 qmgr      unix  n       -       n       300     1       qmgr
 tlsmgr    unix  -       -       n       1000?   1       tlsmgr

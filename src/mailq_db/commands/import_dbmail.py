@@ -7,7 +7,10 @@ matching sending accounts, profiles, profile accounts and principal grants in
 the mailq-db database through :mod:`mailq_db.procedures`, and writes a worker
 configuration skeleton.  msdb never gives SMTP passwords back, so each account
 that logs in gets a ``password_env`` placeholder, marked ``PLACEHOLDER``, that
-``mailq-db worker --check-config`` refuses until the variable is set.
+``mailq-db worker --check-config`` refuses until the variable is set.  Accounts
+on Microsoft 365, Outlook.com or Gmail, which take no passwords for SMTP, get a
+commented OAuth 2.0 template instead (``auth = "xoauth2"``, refused until the
+``oauth`` table is filled in; docs/oauth2.md).
 
 The msdb reads are plain SELECTs on msdb's own tables (not our data, so they do
 not go through ``procedures``); everything written goes through ``procedures``.
@@ -39,7 +42,9 @@ the same grant (public stays public; a msdb user or role is granted under the
 same name here, and skipped with a warning if this database has no such
 principal).  SMTP servers go to the worker configuration skeleton (--config-out);
 passwords cannot be read from msdb: set the environment variables the
-skeleton names (marked PLACEHOLDER) before starting the worker.
+skeleton names (marked PLACEHOLDER) before starting the worker.  Accounts on
+Microsoft 365, Outlook.com or Gmail, which take no passwords for SMTP, get a
+commented OAuth 2.0 template to fill in instead (docs/oauth2.md).
 
 The source's password is never taken from the command line: give the URL
 without it and put the password in $MAILQ_DBMAIL_SOURCE_PASSWORD (or the
@@ -176,6 +181,71 @@ def _toml(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+#: SMTP submission hosts whose providers refuse (or will refuse) passwords: (pattern, kind)
+OAUTH_HOSTS = (
+    (re.compile(r"^(smtp|outlook)\.office365\.com$", re.IGNORECASE), "microsoft"),
+    (re.compile(r"^smtp-mail\.outlook\.com$", re.IGNORECASE), "outlook.com"),
+    (re.compile(r"^smtp\.(gmail|googlemail)\.com$", re.IGNORECASE), "google"),
+)
+
+
+def oauth_template(name: str, host: str, user: str | None) -> list[str] | None:
+    """A commented OAuth 2.0 template for an account on Microsoft 365, Outlook.com or Gmail,
+    whose providers take no passwords for SMTP (Exchange Online: 550 5.7.30 from the end of
+    December 2026; Google Workspace since 30 September 2024), or None for other hosts."""
+    kind = next((k for pattern, k in OAUTH_HOSTS if pattern.match(host or "")), None)
+    if kind is None:
+        return None
+    consumer = kind == "google" and bool(re.search(r"@(gmail|googlemail)\.com$", user or "", re.IGNORECASE))
+    table = f"[accounts.{_toml(name)}.oauth]"
+    slug = env_name(name).rsplit("_PASSWORD", 1)[0]
+    lines = [f"user = {_toml(user or PLACEHOLDER + '@example.invalid')}"]
+    if kind == "microsoft":
+        lines += [
+            f"# {PLACEHOLDER}: Exchange Online refuses passwords for SMTP AUTH (550 5.7.30 Basic",
+            "# authentication is not supported for Client Submission): this account signs in with",
+            "# OAuth 2.0.  Register an application with the SMTP.SendAsApp permission and give its",
+            "# service principal this mailbox (docs/oauth2.md, \"Microsoft 365\"), fill in the table",
+            "# below and remove its leading \"# \".  --check-config refuses the account until then.",
+            'auth = "xoauth2"',
+            f"# {table}",
+            '# provider = "microsoft"',
+            '# tenant = "contoso.onmicrosoft.com"                   # Directory (tenant) ID or a verified domain',
+            '# client_id = "00000000-0000-0000-0000-000000000000"  # Application (client) ID',
+            f'# client_secret_env = "{slug}_CLIENT_SECRET"   # or certificate_file = "/etc/mailq/app.pem"',
+        ]
+    elif kind == "outlook.com" or consumer:
+        issuer, tenant = ("microsoft", "consumers") if kind == "outlook.com" else ("google", None)
+        lines += [
+            f"# {PLACEHOLDER}: {'Outlook.com' if issuer == 'microsoft' else 'Gmail'} takes no password for SMTP from",
+            "# this kind of mailbox: sign it in once interactively to get a refresh token",
+            "# (docs/oauth2.md, \"Delegated mailboxes\"), fill in the table below and remove its",
+            "# leading \"# \".  --check-config refuses the account until then.",
+            'auth = "xoauth2"',
+            f"# {table}",
+            '# provider = "refresh_token"',
+            f'# issuer = "{issuer}"',
+            *([f'# tenant = "{tenant}"'] if tenant else []),
+            '# client_id = "your OAuth client ID"',
+            *([f'# client_secret_env = "{slug}_CLIENT_SECRET"'] if issuer == "google" else []),
+            f'# refresh_token_file = "/etc/mailq/{slug.lower()}.refresh-token"',
+        ]
+    else:
+        lines += [
+            f"# {PLACEHOLDER}: Google Workspace takes no password for SMTP (since 30 September 2024):",
+            "# this account signs in with OAuth 2.0 through a service account with domain-wide",
+            "# delegation for the scope https://mail.google.com/ (docs/oauth2.md, \"Google Workspace\"),",
+            "# fill in the table below and remove its leading \"# \".  --check-config refuses the",
+            "# account until then.",
+            'auth = "xoauth2"',
+            f"# {table}",
+            '# provider = "google"',
+            '# service_account_file = "/etc/mailq/service-account.json"   # the JSON key',
+            "# subject defaults to user: the mailbox the service account acts for",
+        ]
+    return lines
+
+
 def worker_config_skeleton(config: DbMailConfig) -> str:
     """A worker.toml for the imported accounts, with marked password placeholders."""
     lines = [
@@ -212,7 +282,10 @@ def worker_config_skeleton(config: DbMailConfig) -> str:
         lines += [f"host = {_toml(server.host)}", f"port = {server.port}", f'tls = "{tls}"']
         if tls == "none":
             lines.append("allow_plaintext = true           # msdb had enable_ssl = 0: consider starttls")
-        if server.use_default_credentials:
+        template = oauth_template(account.name, server.host, server.user or account.email_address)
+        if template:
+            lines += template
+        elif server.use_default_credentials:
             lines.append(f"# {PLACEHOLDER}: msdb used Windows credentials; set user and password_env.")
         elif server.user:
             lines += [
@@ -343,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
     if args.config_out:
         with open(args.config_out, "w" if args.force else "x", encoding="utf-8") as handle:
             handle.write(worker_config_skeleton(config))
-        print(f"wrote {args.config_out} (set the {PLACEHOLDER} password variables before starting the worker)")
+        print(f"wrote {args.config_out} (fill in every {PLACEHOLDER}: password variables, OAuth 2.0 templates)")
     conn = connect(args.db)
     try:
         for line in apply_steps(conn, steps):

@@ -24,7 +24,8 @@ the unsent ones are released). Run as many workers on as many machines as you
 like: the database hands each mail to one of them and enforces the rate limits.
 
 The database URL comes from --db, else $MAILQ_DB_URL, else [database] in the
-config. SMTP passwords come from the environment variables the config names.
+config. SMTP passwords come from the environment variables the config names;
+accounts with auth = "xoauth2" sign in with OAuth 2.0 tokens (docs/oauth2.md).
 
 examples:
   mailq-db worker --config worker.toml --check-config
@@ -66,7 +67,8 @@ def register(subparsers) -> None:
         "check-config", help="check a worker config (--probe: and each account's server)",
         description="Validate a worker TOML file and explain each problem; with --probe, connect to each "
         "account's SMTP server the way the worker will (TCP, EHLO, STARTTLS with the certificate checked, "
-        "one AUTH, QUIT) and report each step with what to fix. Same as `mailq-db worker --check-config`.",
+        "one AUTH (after fetching the token, for an OAuth 2.0 account), QUIT) and report each step with "
+        "what to fix. Same as `mailq-db worker --check-config`.",
         epilog="examples:\n  mailq-db check-config --config worker.toml --probe",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--config", required=True, metavar="FILE", help="worker TOML file (see examples/worker.toml)")
@@ -122,7 +124,10 @@ def describe(config: Config, url: str | None) -> str:
     ]
     for a in config.accounts.values():
         login = f"user {a.user} (password from ${a.password_env})" if a.user else "no login"
-        lines.append(f"account {a.name}: {a.host}:{a.port} tls={a.tls} {login} "
+        if a.user and a.oauth is not None:
+            login = f"user {a.user} ({a.auth.upper()}, token from provider {a.oauth.provider})"
+        dkim = f" dkim d={a.dkim.domain} s={a.dkim.selector}" if a.dkim else ""
+        lines.append(f"account {a.name}: {a.host}:{a.port} tls={a.tls} {login}{dkim} "
                      f"timeouts connect={a.connect_timeout_seconds}s command={a.command_timeout_seconds}s")
     return "\n".join(lines)
 

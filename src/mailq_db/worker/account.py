@@ -39,6 +39,7 @@ from .classify import (
 from .config import AccountConfig
 from .logs import event
 from .message import MalformedMail, Outgoing, build
+from .sasl import auth_fix
 from .smtp import ConnectionGone, MessageTooBig, OutcomeUnknown, SendResult, SmtpSession
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -208,7 +209,7 @@ class AccountSender:
         if session.stage == "auth" and isinstance(exc, smtplib.SMTPAuthenticationError):
             event(log, logging.ERROR, f"authentication failed for account {a.name}",
                   account=a.name, user=a.user, smtp_code=exc.smtp_code, reply=reply_text(exc.smtp_error),
-                  fix=f"check the password in ${a.password_env} and the user name")
+                  fix=auth_fix(a, outcome))
         self._wait_all(mail, outcome)
 
     # ------------------------------------------------------------ one mail

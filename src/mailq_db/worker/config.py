@@ -24,6 +24,9 @@ from urllib.parse import urlsplit
 from ..bounces.verp import BounceSettings, parse_settings as parse_bounce_settings
 from ..errors import ConfigurationError
 from .classify import EscalationPolicy, resolve_provider, tomllib  # one TOML import for Python 3.10 and 3.11+
+from .dkim import DkimSettings, parse_dkim
+from .oauth.settings import OAuthSettings, parse_oauth
+from .sasl import AUTH_MODES
 
 TLS_MODES = ("starttls", "implicit", "none")
 #: The generators every application may call when the configuration names none
@@ -70,6 +73,12 @@ class AccountConfig:
     login_sleep_max_seconds: float = 10.0
     #: [accounts.NAME.bounces]: VERP return path and unsubscribe links (docs/bounces.md)
     bounces: BounceSettings | None = None
+    #: how the account signs in: "password" (PLAIN/LOGIN), "xoauth2" or
+    #: "oauthbearer" with a token from ``oauth`` (docs/oauth2.md)
+    auth: str = "password"
+    oauth: OAuthSettings | None = None
+    #: DKIM signing of every mail of the account (docs/dkim.md); None: unsigned
+    dkim: DkimSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -189,8 +198,10 @@ ACCOUNT_SPEC: dict[str, tuple[Any, Any]] = {
     "local_hostname": (str, None), "pipelining": (bool, True), "wait_min_seconds": (_NUM, None),
     "wait_max_seconds": (_NUM, 3600.0), "login_sleep_max_seconds": (_NUM, 10.0), "provider": (str, None),
 }
+#: the identity keys, read by _identity: auth, and the [accounts.NAME.oauth] and [accounts.NAME.dkim] tables
+IDENTITY_KEYS = ("auth", "oauth", "dkim")
 #: ... and the [accounts.NAME.bounces] table (mailq_db.bounces.verp.parse_settings)
-ACCOUNT_KEYS = (*ACCOUNT_SPEC, "bounces")
+ACCOUNT_KEYS = (*ACCOUNT_SPEC, *IDENTITY_KEYS, "bounces")
 WORKER_KEYS = tuple(WorkerConfig.__dataclass_fields__)
 DATABASE_KEYS = ("url", "url_env", "connect_timeout_seconds", "query_timeout_seconds")
 
@@ -290,11 +301,12 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
                      "name of an environment variable that holds it")
     bounces = parse_bounce_settings(raw.pop("bounces", None), f"{a}.bounces", env, problems.add)
     v = {key: _take(raw, key, kind, a, problems, default) for key, (kind, default) in ACCOUNT_SPEC.items()}
+    identity = _identity(a, raw, env, problems, v["user"], v["password_env"])
     _unknown(raw, a, problems, ACCOUNT_KEYS)
     if v["port"] is None:
         v["port"] = 465 if v["tls"] == "implicit" else 587 if v["tls"] == "starttls" else 25
     _check_transport(a, v, problems)
-    password = _password(a, v, env, problems)
+    password = _password(a, v, env, problems, identity["auth"])
     _check_account_names(a, v, problems)
     _check_account_times(a, v, problems)
     floats = {k: float(v[k]) for k in ("connect_timeout_seconds", "command_timeout_seconds",
@@ -305,7 +317,8 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
         user=v["user"], password_env=v["password_env"], password=password, verify_tls=v["verify_tls"],
         ca_file=v["ca_file"], local_hostname=v["local_hostname"], pipelining=v["pipelining"],
         wait_min_seconds=None if v["wait_min_seconds"] is None else float(v["wait_min_seconds"]),
-        provider=v["provider"], bounces=bounces, **floats,
+        provider=v["provider"], auth=identity["auth"], oauth=identity["oauth"], dkim=identity["dkim"],
+        bounces=bounces, **floats,
     )
 
 
@@ -336,9 +349,10 @@ def _check_transport(a: str, v: dict[str, Any], problems: _Problems) -> None:
             problems.add(f"{a}.ca_file", f"{ca_file} is not a PEM file of CA certificates ({exc})")
 
 
-def _password(a: str, v: dict[str, Any], env: Mapping[str, str], problems: _Problems) -> str | None:
+def _password(a: str, v: dict[str, Any], env: Mapping[str, str], problems: _Problems,
+              auth: str = "password") -> str | None:
     user, password_env = v["user"], v["password_env"]
-    if user and not password_env:
+    if user and not password_env and auth == "password":
         problems.add(f"{a}.password_env", f"user is set: name the environment variable that holds {user}'s password")
     if password_env and not user:
         problems.add(f"{a}.user", "password_env is set but user is not")
@@ -401,6 +415,33 @@ def _generators(raw: Any, problems: _Problems) -> dict[str, tuple[str, ...]]:
 
 
 SECTIONS = ("worker", "database", "accounts", "escalation", "generators")
+
+
+def _identity(a: str, raw: dict[str, Any], env: Mapping[str, str], problems: _Problems, user: str | None,
+              password_env: str | None) -> dict[str, Any]:
+    """The account's ``auth``, ``[accounts.NAME.oauth]`` and ``[accounts.NAME.dkim]``
+    (docs/oauth2.md, docs/dkim.md)."""
+    auth = _take(raw, "auth", str, a, problems, "password")
+    oauth_raw, dkim_raw = raw.pop("oauth", None), raw.pop("dkim", None)
+    values: dict[str, Any] = {"auth": "password", "oauth": None, "dkim": None}
+    if auth not in AUTH_MODES:
+        problems.add(f"{a}.auth", f"must be one of {', '.join(AUTH_MODES)} (got {auth!r})")
+    elif auth != "password":
+        values["auth"] = auth
+        if not user:
+            problems.add(f"{a}.user", f'is required with auth = "{auth}": the mailbox the token signs in as')
+        if password_env:
+            problems.add(f"{a}.password_env", f'auth = "{auth}" signs in with a token, not a password: remove it')
+        if oauth_raw is None:
+            problems.add(a, f'auth = "{auth}" needs a table [{a}.oauth] with provider = "microsoft", "google", '
+                         '"refresh_token" or "command" (docs/oauth2.md)')
+        else:
+            values["oauth"] = parse_oauth(f"{a}.oauth", oauth_raw, env, problems, user)
+    if auth == "password" and oauth_raw is not None:
+        problems.add(f"{a}.oauth", 'is set but auth is "password": set auth = "xoauth2" (or "oauthbearer")')
+    if dkim_raw is not None:
+        values["dkim"] = parse_dkim(f"{a}.dkim", dkim_raw, env, problems)
+    return values
 
 
 def parse_config(text: str, *, env: Mapping[str, str] | None = None, source: str = "config") -> Config:

@@ -32,7 +32,8 @@ RESERVED_HEADERS = frozenset(
     h.lower()
     for h in ("From", "To", "Cc", "Bcc", "Subject", "Message-ID", "Date", "Reply-To", "Sender",
               "MIME-Version", "Return-Path", "Received", "Resent-From", "Resent-To",
-              "Resent-Cc", "Resent-Bcc", "Resent-Sender", "Resent-Date", "Resent-Message-ID")
+              "Resent-Cc", "Resent-Bcc", "Resent-Sender", "Resent-Date", "Resent-Message-ID",
+              "DKIM-Signature")
 )
 #: RFC 5322 ftext: printable US-ASCII except the colon.
 FIELD_NAME = re.compile(r"^[\x21-\x39\x3b-\x7e]+$")

@@ -3,7 +3,10 @@
 The probe runs the worker's own connection sequence (:meth:`SmtpSession.open`:
 TCP, and TLS for implicit TLS, the greeting, EHLO, STARTTLS with the
 certificate checked, EHLO again, one AUTH) and QUIT, reporting each step with
-what the server said; the step that fails is reported with what to fix.  QUIT
+what the server said; the step that fails is reported with what to fix.  For a
+token account (``auth = "xoauth2"``/``"oauthbearer"``) the token is fetched
+anew, not from the worker's cache, and reported as its own step before AUTH;
+a refused token is not replaced (one AUTH, as for a password).  QUIT
 is sent after an error too, so the server sees a clean end.  Nothing is sent:
 no MAIL FROM.
 """
@@ -15,7 +18,8 @@ import socket
 import ssl
 from dataclasses import dataclass
 
-from .classify import SetupError, reply_text
+from . import oauth, sasl
+from .classify import SetupError, classify_reply, reply_text
 from .config import AccountConfig, is_fqdn
 from .smtp import SmtpSession
 
@@ -78,13 +82,29 @@ def _failure(a: AccountConfig, stage: str, exc: BaseException) -> Step:
             return Step(a.name, "STARTTLS", False, "not offered",
                         'use the provider\'s submission port (587), or tls = "implicit" on 465')
         return Step(a.name, "STARTTLS", False, str(exc), "the server refused STARTTLS")
-    if stage == "auth" and isinstance(exc, smtplib.SMTPAuthenticationError):
-        return Step(a.name, "AUTH", False, f"{exc.smtp_code} {_reply(exc.smtp_error)}",
-                    f"authentication failed for account {a.name}: check the user name and the password "
-                    f"in ${a.password_env} (one attempt was made, to avoid a lockout)")
     if stage == "auth":
-        return Step(a.name, "AUTH", False, str(exc), "use a port that offers AUTH (submission, 587)")
+        return _auth_failure(a, exc)
     return Step(a.name, stage.upper(), False, f"{type(exc).__name__}: {exc}")
+
+
+def _auth_failure(a: AccountConfig, exc: BaseException) -> Step:
+    """The failed token fetch or AUTH, with what to fix."""
+    token = sasl.token_failure(exc)
+    if token is not None:
+        return Step(a.name, "token", False, *token)
+    if isinstance(exc, smtplib.SMTPAuthenticationError):
+        if a.auth != "password":
+            outcome = classify_reply(exc.smtp_code, exc.smtp_error, "auth", a.provider or a.host)
+            fix = sasl.auth_fix(a, outcome, again=False)
+        else:
+            fix = sasl.password_fix(a, exc) or (
+                f"authentication failed for account {a.name}: check the user name and the password "
+                f"in ${a.password_env} (one attempt was made, to avoid a lockout)")
+        return Step(a.name, "AUTH", False, f"{exc.smtp_code} {_reply(exc.smtp_error)}", fix)
+    if a.auth != "password" and isinstance(exc, SetupError):
+        return Step(a.name, "AUTH", False, str(exc), "use the provider's submission port (587), or the mechanism "
+                    "it offers")
+    return Step(a.name, "AUTH", False, str(exc), "use a port that offers AUTH (submission, 587)")
 
 
 def probe_account(a: AccountConfig) -> list[Step]:
@@ -105,7 +125,8 @@ def probe_account(a: AccountConfig) -> list[Step]:
             steps.append(Step(a.name, "TLS", True, "none: mail and password go in clear text (allow_plaintext)",
                               "only for local sinks", warning=True))
 
-    session = SmtpSession(a, on_step=on_step)
+    # a token is fetched anew (a cache of its own: what the identity platform says now), one AUTH
+    session = SmtpSession(a, on_step=on_step, tokens=oauth.TokenCache(), token_retry=False)
     try:
         session.open()
     except Exception as exc:  # noqa: BLE001 - every failure is a reported step

@@ -11,7 +11,14 @@ What this layer guarantees (checked against Postfix in tests/realmta):
   probe (``check-config --probe``) runs the same steps through ``on_step``.
 * **One AUTH attempt** with one mechanism (PLAIN, else LOGIN, built here in
   UTF-8 as RFC 4616 says): a wrong password is tried once, never once per
-  mechanism.  :meth:`SmtpSession._authenticate` is the only place that logs in.
+  mechanism.  :meth:`SmtpSession._authenticate` is the only place that logs in;
+  each mechanism is one method ``_auth_<name>``.  Accounts with
+  ``auth = "xoauth2"`` / ``"oauthbearer"`` send one AUTH with a token
+  (``_auth_xoauth2`` / ``_auth_oauthbearer``, the exchange in
+  :mod:`mailq_db.worker.sasl`); a refused token is dropped and ``open``
+  connects once more with a new one (again one AUTH on that connection).
+* **DKIM**: an account with ``dkim`` signs each message just before it is sent
+  (:mod:`mailq_db.worker.dkim`).
 * **SIZE** (RFC 1870): when the server advertises a limit, MAIL FROM declares
   the message size, and a message above the limit is refused before MAIL
   (:class:`MessageTooBig`, a Stop).
@@ -46,6 +53,7 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from . import dkim, oauth, sasl
 from .classify import NeedsSmtpUtf8, SetupError, reply_text
 from .config import AccountConfig
 from .message import Outgoing
@@ -129,7 +137,8 @@ StepObserver = Callable[[str, str], None]
 class SmtpSession:
     """An open, authenticated connection to one account's server."""
 
-    def __init__(self, account: AccountConfig, *, on_step: StepObserver | None = None):
+    def __init__(self, account: AccountConfig, *, on_step: StepObserver | None = None,
+                 tokens: oauth.TokenCache | None = None, token_retry: bool = True):
         self.account = account
         self.smtp: smtplib.SMTP | None = None
         self.stage = "connect"
@@ -139,10 +148,27 @@ class SmtpSession:
         self.greeting = ""
         self.ehlo_domain = ""
         self.on_step = on_step
+        #: where a token account's tokens come from (None: the process cache, oauth.TOKENS),
+        #: and whether a refused token is replaced once on a new connection
+        self.tokens = tokens
+        self.token_retry = token_retry
 
     # ------------------------------------------------------------ connect
     def open(self) -> "SmtpSession":
-        """Connect, EHLO, STARTTLS, EHLO, AUTH; raises with ``stage`` set to the failing step."""
+        """Connect, EHLO, STARTTLS, EHLO, AUTH; raises with ``stage`` set to the failing step.
+
+        A token the server refuses (:class:`sasl.TokenRejected`) has been dropped from
+        the cache: one more connection with a new token (unless ``token_retry`` is off);
+        a second refusal is raised."""
+        try:
+            return self._open_once()
+        except sasl.TokenRejected as exc:
+            if not self.token_retry:
+                raise
+            sasl.refused_once(self, exc)
+            return self._open_once()
+
+    def _open_once(self) -> "SmtpSession":
         a = self.account
         try:
             self._connect()
@@ -227,14 +253,24 @@ class SmtpSession:
             raise SetupError(f"{a.host}:{a.port} does not offer AUTH "
                              f"(account {a.name} has a user; is the port a submission port?)")
         offered = smtp.esmtp_features["auth"].upper().split()
-        mechanism = next((m for m in AUTH_MECHANISMS if m in offered), None)
-        if mechanism is None:
-            raise SetupError(f"{a.host} offers AUTH {' '.join(offered)}, not {' or '.join(AUTH_MECHANISMS)}")
-        # one method per mechanism: _auth_plain, _auth_login (a mechanism plugs in the same way)
+        mechanism = self._mechanism(offered)
+        # one method per mechanism: _auth_plain, _auth_login, _auth_xoauth2, _auth_oauthbearer
         code, reply = getattr(self, f"_auth_{mechanism.lower()}")()
         if code not in (235, 503):  # 503: already authenticated
             raise smtplib.SMTPAuthenticationError(code, reply)
         self._step("AUTH", f"logged in as {a.user} (one attempt) with {mechanism}")
+
+    def _mechanism(self, offered: list[str]) -> str:
+        """The mechanism of this login: the token account's, else the first of AUTH_MECHANISMS offered."""
+        a = self.account
+        if a.auth != "password":
+            mechanism = sasl.TOKEN_MECHANISMS[a.auth]
+            sasl.check_offered(mechanism, offered, a.host)
+            return mechanism
+        password_mechanism = next((m for m in AUTH_MECHANISMS if m in offered), None)
+        if password_mechanism is None:
+            raise SetupError(f"{a.host} offers AUTH {' '.join(offered)}, not {' or '.join(AUTH_MECHANISMS)}")
+        return password_mechanism
 
     def _auth_plain(self) -> tuple[int, bytes]:
         """RFC 4616: authzid NUL authcid NUL passwd, UTF-8, as the initial response."""
@@ -248,6 +284,30 @@ class SmtpSession:
         if code != 334:
             return code, reply
         return self.smtp.docmd(_b64(self.account.password or ""))
+
+    def _auth_xoauth2(self) -> tuple[int, bytes]:
+        """XOAUTH2 with the account's token (:func:`sasl.authenticate`)."""
+        return self._auth_token("XOAUTH2")
+
+    def _auth_oauthbearer(self) -> tuple[int, bytes]:
+        """OAUTHBEARER (RFC 7628) with the account's token (:func:`sasl.authenticate`)."""
+        return self._auth_token("OAUTHBEARER")
+
+    def _auth_token(self, mechanism: str) -> tuple[int, bytes]:
+        """Fetch the token (from the cache, or anew; reported as the step "token"), then
+        one AUTH.  A refused token is dropped from the cache and :class:`sasl.TokenRejected`
+        raised; a 4xx (the server could not check it) keeps it."""
+        a = self.account
+        assert self.smtp is not None and a.oauth is not None and a.user
+        cache = self.tokens if self.tokens is not None else oauth.TOKENS
+        token = oauth.get_token(a.name, a.oauth, cache)
+        if self.on_step is not None:
+            self._step("token", sasl.describe_token(a, token, cache))
+        try:
+            return sasl.authenticate(self.smtp, mechanism, a.user, token.access_token, a.host, a.port)
+        except sasl.TokenRejected:
+            cache.invalidate(a.name, token)
+            raise
 
     # ------------------------------------------------------------ state
     @property
@@ -284,6 +344,7 @@ class SmtpSession:
         :class:`OutcomeUnknown`, :class:`ConnectionGone`.
         """
         assert self.smtp is not None, "open() first"
+        out = dkim.sign_outgoing(self.account, out)
         options = self._mail_options(out)
         todo = list(out.recipients)
         result = SendResult(0, "", transactions=0)

@@ -1,0 +1,121 @@
+"""Google tokens through google-auth (Google's own library).
+
+* :class:`ServiceAccount`: a service account with domain-wide delegation acts
+  for a Workspace mailbox (``subject``); scope ``https://mail.google.com/``
+  (https://developers.google.com/workspace/gmail/imap/xoauth2-protocol and
+  https://developers.google.com/identity/protocols/oauth2/service-account).
+* :class:`RefreshToken`: a refresh token redeemed at an RFC 6749 token
+  endpoint with google-auth's refresh grant (section 6): Google's
+  (``issuer = "google"``) or any standard endpoint (``issuer = "generic"``,
+  ``token_uri``).  A rotated refresh token replaces the old one in memory and
+  in its file.
+
+``request`` may be given (tests pass a fake transport with recorded
+responses); by default google-auth's requests transport, with the account's
+``timeout_seconds`` per HTTP request.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from .cache import Token
+from .errors import MissingExtra, TokenError, TokenUnavailable, explain_google
+from .microsoft import write_back
+from .settings import OAuthSettings
+
+
+def _google() -> tuple[Any, Any, Any]:
+    try:
+        from google.auth import exceptions
+        from google.oauth2 import credentials, service_account
+    except ImportError:  # pragma: no cover - exercised by the extras test with a blocked import
+        raise MissingExtra("the google token provider needs google-auth: pip install 'mailq-db[oauth-google]'") \
+            from None
+    return exceptions, credentials, service_account
+
+
+def _default_request() -> Any:
+    try:
+        from google.auth.transport.requests import Request
+    except ImportError:  # pragma: no cover - requests is part of the oauth-google extra
+        raise MissingExtra("google-auth needs requests for HTTP: pip install 'mailq-db[oauth-google]'") from None
+    return Request()
+
+
+class _GoogleAuth:
+    def __init__(self, settings: OAuthSettings, *, request: Any = None, clock: Any = time.monotonic):
+        self.settings = settings
+        self._request = request
+        self.clock = clock
+
+    def _transport(self) -> Any:
+        if self._request is None:
+            self._request = _default_request()
+        return functools.partial(self._request, timeout=self.settings.timeout_seconds)
+
+    def _refresh(self, credentials: Any) -> Token:
+        exceptions = _google()[0]
+        try:
+            credentials.refresh(self._transport())
+        except exceptions.RefreshError as exc:
+            data = exc.args[1] if len(exc.args) > 1 else None
+            raise explain_google(data, str(exc.args[0]) if exc.args else "") from None
+        except exceptions.TransportError as exc:
+            raise TokenUnavailable(f"the token endpoint could not be reached: {type(exc).__name__}") from None
+        expiry = credentials.expiry  # naive UTC (google-auth's convention)
+        now = self.clock()
+        if expiry is None:
+            left = 3600.0
+        else:
+            left = (expiry.replace(tzinfo=timezone.utc) - datetime.now(timezone.utc)).total_seconds()
+        return Token(credentials.token, now + max(left, 0.0), now)
+
+
+class ServiceAccount(_GoogleAuth):
+    """Domain-wide delegation: the service account signs a JWT for ``subject``."""
+
+    def fetch(self) -> Token:
+        _, _, service_account = _google()
+        s = self.settings
+        assert s.service_account is not None
+        try:
+            info = json.loads(s.service_account.read())
+        except (OSError, ValueError) as exc:
+            raise TokenError(f"the service account key in {s.service_account.describe()} is not readable JSON "
+                             f"({type(exc).__name__})", "download a JSON key of the service account (IAM & Admin "
+                             "> Service accounts > Keys) and point service_account_file at it") from None
+        try:
+            extra = {"token_uri": s.token_uri} if s.token_uri else {}
+            creds = service_account.Credentials.from_service_account_info(
+                info, scopes=list(s.scopes), subject=s.subject, **extra)
+        except (ValueError, KeyError) as exc:
+            raise TokenError(f"the service account key in {s.service_account.describe()} is not a service "
+                             f"account key ({type(exc).__name__}: missing or bad field)",
+                             "use the JSON key file of a service account (type service_account)") from None
+        return self._refresh(creds)
+
+
+class RefreshToken(_GoogleAuth):
+    """A refresh token at Google's or another standard (RFC 6749) token endpoint."""
+
+    def __init__(self, settings: OAuthSettings, **kwargs: Any):
+        super().__init__(settings, **kwargs)
+        self._refresh_value: str | None = None
+
+    def fetch(self) -> Token:
+        _, credentials, _ = _google()
+        s = self.settings
+        assert s.refresh_token is not None and s.client_secret is not None
+        refresh = self._refresh_value or s.refresh_token.read()
+        creds = credentials.Credentials(None, refresh_token=refresh, token_uri=s.token_uri, client_id=s.client_id,
+                                        client_secret=s.client_secret.read(), scopes=list(s.scopes) or None)
+        token = self._refresh(creds)
+        if creds.refresh_token and creds.refresh_token != refresh:
+            self._refresh_value = creds.refresh_token
+            write_back(s.refresh_token, creds.refresh_token)
+        return token

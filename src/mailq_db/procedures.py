@@ -229,7 +229,7 @@ def _model_json(model: Any) -> str | None:
 def enqueue_mail(
     conn: Any,
     *,
-    to_address: str,
+    to_address: str | None = None,  # None: a Cc-only or Bcc-only mail (at least one recipient in all)
     subject: str | None = None,
     body: str | None = None,
     body_format: str | None = "Text",

@@ -157,6 +157,12 @@ def test_the_core_checks_suppressions_last_and_under_the_key_lock(conn, account)
     assert [e for e, _ in events(conn, mixed.mail_id)] == ["Enqueued", "RecipientSuppressed"]
     assert query(conn, "SELECT ToAddress, BCC FROM mailq.MailQueue WHERE ID = ?;", mixed.mail_id) == [
         ("kept@example.com", None)]
+    # a Cc-only mail whose Cc is suppressed has nobody left: 50600, not 50101
+    expect_error(50600, enqueue, conn, account, app, 1, to_address=None, cc="later-gone@example.com",
+                 cls=SuppressedRecipientError)
+    (cc_left,) = enqueue(conn, account, app, 1, to_address="later-gone@example.com", cc="kept@example.com")
+    assert query(conn, "SELECT ToAddress, CC FROM mailq.MailQueue WHERE ID = ?;", cc_left.mail_id) == [
+        ("", "kept@example.com")]
 
 
 def test_queue_metrics_count_the_suppressions_in_force(conn):

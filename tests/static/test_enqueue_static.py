@@ -85,7 +85,7 @@ def test_enqueuemail_has_no_rule_of_its_own_it_passes_its_parameters_as_one_row(
 def test_no_default_is_spelled_in_a_signature():
     """NULL means "the default" everywhere; the defaults live in one place."""
     for key in ("single", "core"):
-        defaults = {n: d for n, (_, d) in params(CODE[key]).items() if n in FIELDS[1:]}   # ToAddress: required
+        defaults = {n: d for n, (_, d) in params(CODE[key]).items() if n in FIELDS}   # ToAddress too: Cc-only mail
         assert set(defaults.values()) <= {"NULL"}, (key, defaults)
     rules = BARE["rules"].replace(" ", "")
     for default in ("COALESCE(@Priority,5)", "COALESCE(@MaxAttempts,5)", "COALESCE(@DateToProcess,@Now)",
@@ -280,6 +280,27 @@ def test_grants_keep_the_core_and_the_policy_setter_to_themselves():
         assert rel in order
     assert order.index("functions/mailq.MailAttachmentList.sql") < order.index("functions/mailq.EnqueueMailCheck.sql") \
         < order.index("procedures/mailq.EnqueueMailRows.sql") < order.index("procedures/mailq.EnqueueMail.sql")
+
+
+# -- recipients: To, Cc or Bcc (Database Mail sends Cc-only and Bcc-only mail) --
+
+
+def test_a_mail_needs_one_recipient_in_to_cc_or_bcc_and_they_count_together():
+    rules = " ".join(CODE["rules"].split())
+    assert ("( SELECT COUNT(*) FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(List) "
+            "CROSS APPLY mailq.ParseAddressList(v.List) ) AS Recipients") in rules
+    assert "(3, 50101, N'ToAddress', IIF(n.Recipients = 0, 1, 0)," in rules    # none at all: still 50101
+    assert "(14, 50104, N'ToAddress', IIF(n.Recipients > 100, 1, 0)," in rules  # To+Cc+Bcc toward the limit
+    assert not re.search(r"\bToCount\b", rules) and "ParseAddressList(@ToAddress)" not in rules   # nothing counts To alone
+    # MailQueue.ToAddress is NOT NULL: a mail without To stores N'', which the worker and the sweep read as none
+    assert "ISNULL(w.ToAddress, N'')" in CODE["core"]
+    assert "ToAddress NVARCHAR(4000) NOT NULL" in (SQL / "tables/mailq.MailQueue.sql").read_text(encoding="utf-8")
+    senddb = strip_comments((SQL / "procedures/mailq.SendDbMail.sql").read_text(encoding="utf-8"))
+    assert "@ToAddress NVARCHAR(MAX) = NULLIF(LTRIM(RTRIM(@recipients)), '');" in senddb
+    view = strip_comments((SQL / "views/mailq.sysmail_allitems.sql").read_text(encoding="utf-8"))
+    assert "NULLIF(q.ToAddress, N'') AS recipients" in view   # msdb shows no recipients, not ''
+    row = ERRORS_MD[ERRORS_MD.index("| 50101 |"):]
+    assert "CC" in row[:row.index("\n")] and "Cc-only" in ENQUEUE_MD
 
 
 # -- suppression lists (docs/bounces.md): the core's last rule -----------------

@@ -1550,7 +1550,6 @@ WITH n AS (
         IIF(@TemplateName IS NULL, @TemplateModel, COALESCE(@TemplateModel, N'{}')) AS TemplateModel,
         IIF(ISJSON(@Headers) = 1 AND LEFT(LTRIM(@Headers), 1) = N'{', @Headers, NULL) AS HeadersJson,
         N'%[' + NCHAR(13) + NCHAR(10) + N']%' AS CrLf,
-        (SELECT COUNT(*) FROM mailq.ParseAddressList(@ToAddress)) AS ToCount,
         (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) AS ReplyToCount,
         (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) AS FromCount,
         (SELECT COUNT(x.DisplayName) FROM mailq.ParseAddressList(@FromAddress) AS x) AS FromNames,
@@ -1580,8 +1579,8 @@ problems AS (
             N'refuses unmapped enqueuers: an administrator maps it with EXEC mailq.BindApplication ',
             N'@AppName = N''<application>'', @PrincipalName = N''', REPLACE(@User, N'''', N''''''), N''';')),
         (2, 50223, @InputField, IIF(@InputMessage IS NULL, 0, 1), @InputMessage),
-        (3, 50101, N'ToAddress', IIF(@ToAddress IS NULL OR n.ToCount = 0, 1, 0),
-            CONCAT(@P, N'ToAddress is required: give at least one recipient address (separate several with ;).')),
+        (3, 50101, N'ToAddress', IIF(n.Recipients = 0, 1, 0), CONCAT(@P, N'ToAddress, ', @P, N'CC and ', @P,
+            N'BCC name no recipient: give at least one address in any of them (separate several with ;).')),
         (4, 50281, N'TemplateName',
             IIF(@TemplateName IS NULL AND (@TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL), 1, 0),
             CONCAT(@P, N'TemplateVersion and ', @P, N'TemplateModel need ', @P, N'TemplateName.')),
@@ -1598,7 +1597,7 @@ problems AS (
         (13, 50102, N'FromAddress', IIF(n.FromNames > 0, 1, 0),
             CONCAT(@P, N'FromAddress takes a bare address; give the display name in ', @P, N'FromName.')),
         (14, 50104, N'ToAddress', IIF(n.Recipients > 100, 1, 0), CONCAT(@P, N'ToAddress, ', @P, N'CC and ', @P,
-            N'BCC name ', n.Recipients, N' recipients; the limit is 100.')),
+            N'BCC name ', n.Recipients, N' recipients together; the limit is 100.')),
         (15, 50118, N'BodyFormat', IIF(n.BodyFormat NOT IN (N'Text', N'Html'), 1, 0),
             CONCAT(@P, N'BodyFormat must be Text or Html; got ''', LEFT(n.BodyFormat, 20), N'''.')),
         (16, 50109, N'Priority', IIF(n.Priority NOT BETWEEN 0 AND 9, 1, 0),
@@ -2290,7 +2289,7 @@ BEGIN
         OUTPUT inserted.ID, inserted.MessageID, inserted.AppName INTO @Inserted (MailID, MessageID, AppName)
         SELECT
             @Now, w.DueUtc AS DateToProcess, w.DueUtc AS VisibleAtUtc, w.FromName, w.FromAddress, w.ReplyTo,
-            w.ToAddress, w.CC, w.BCC, w.Subject, w.Body, w.BodyFormat, w.TextBody, w.Headers, N'UnSent',
+            ISNULL(w.ToAddress, N''), w.CC, w.BCC, w.Subject, w.Body, w.BodyFormat, w.TextBody, w.Headers, N'UnSent',
             w.MaxAttempts, w.Priority, w.AccountName, w.AppName, w.IdempotencyKey, w.ContentHash, w.MessageID,
             w.ExpiresAtUtc, w.RunMode, w.TemplateName, w.TemplateVersion, w.TemplateModel
         FROM @Work AS w
@@ -2365,7 +2364,8 @@ mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
 already queued for the same content it returns that mail and writes nothing.
 It has no rule of its own: it hands its parameters, as one row, to
 mailq.EnqueueMailRows, the one implementation it shares with mailq.EnqueueMailBatch.
-Parameters:  @ToAddress required; @Subject, @Body required unless @TemplateName;
+Parameters:  a recipient in @ToAddress, @CC or @BCC (To may be NULL: Cc-only,
+             Bcc-only mail); @Subject, @Body required unless @TemplateName;
              every other parameter optional, NULL = its default (BodyFormat
              Text, Priority 5, MaxAttempts 5, RunMode prod, the default account
              and its From, due now).  Each is described in docs/enqueue.md.
@@ -2389,7 +2389,7 @@ Example:     DECLARE @ID BIGINT;
                  @Subject = N'Nightly report', @Body = N'All jobs succeeded.', @MailID = @ID OUTPUT;
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMail
-    @ToAddress NVARCHAR(MAX),
+    @ToAddress NVARCHAR(MAX) = NULL,
     @Subject NVARCHAR(MAX) = NULL,
     @Body NVARCHAR(MAX) = NULL,
     @BodyFormat NVARCHAR(20) = NULL,
@@ -7753,7 +7753,8 @@ Mapping:     mailitem_id = DbMailItem.MailItemID; sent_status: Sent -> sent;
              after a failed attempt -> retrying; else unsent (a query waiting
              for the runner too).  send_request_date is stored (local time);
              sent_date and last_mod_date are the queue's UTC plus the server's
-             current offset.  sent_account_id only once sent.  file_attachments
+             current offset.  recipients is NULL for Cc-only and Bcc-only mail
+             (stored with an empty To).  sent_account_id only once sent.  file_attachments
              is always NULL (refused); a query's file is in sysmail_mailattachments.
 Cost:        filters on mailitem_id and send_request_date seek DbMailItem;
              any other filter reads the DbMail items only, never the whole queue
@@ -7770,7 +7771,7 @@ WITH Clock AS (
 SELECT
     i.MailItemID AS mailitem_id,
     i.ProfileID AS profile_id,
-    q.ToAddress AS recipients,
+    NULLIF(q.ToAddress, N'') AS recipients,
     q.CC AS copy_recipients,
     q.BCC AS blind_copy_recipients,
     CAST(q.Subject AS NVARCHAR(900)) AS subject,
@@ -10994,15 +10995,15 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'types/mailq.MailBatchRow.sql', '02c76403e1fc4742abd5e6c2544043b4a4b67e3785977be2e9206f41bfb6ad5f'),
     ('0001', N'functions/mailq.MailAttachmentList.sql', 'f24efad0ca73a89b8d849c8cdfa06017c72e2ddcc71be815f7392136fd401eaf'),
     ('0001', N'functions/mailq.MailBatchJson.sql', 'ab122cea575474bc51b5c5af146cbcd2b143a755366e4779e49527a4e40f5c83'),
-    ('0001', N'functions/mailq.EnqueueMailCheck.sql', '29f5112332169d883b7ec40056b90e51b8ef992c568d0715ea599c87a479ab06'),
+    ('0001', N'functions/mailq.EnqueueMailCheck.sql', 'd1904c141b7f0c46274ff85f1a5872998b8c0fe6a88557d5391d5fa065d8ab81'),
     ('0001', N'views/mailq.QueueCountsByStatus.sql', '32e5f38bff4ef0a40c0f2f241723f7f2ee19701c2cd4ac5952c6f08d957d59cd'),
     ('0001', N'views/mailq.OldestDueMail.sql', '162ab558e04d44adcbd1e11d6e53f8d91108c9f713e3199039d207ed229cb7a6'),
     ('0001', N'views/mailq.ThroughputPerHour.sql', '430d89e12b1171bedd76164b995c9ad7811a96e660a0de37a939ed75a9216d19'),
     ('0001', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
     ('0001', N'procedures/mailq.LockLeasedMail.sql', '7c551bc3d04a61184ef72a53039aa164d11402bbd7a0cd5908795337fca9f2c3'),
-    ('0001', N'procedures/mailq.EnqueueMailRows.sql', '1092a34e2e8fc82c2146fec17075d883a62b00ed1fad58ce53381dd7cef32765'),
-    ('0001', N'procedures/mailq.EnqueueMail.sql', 'd284d30193c6c5b91acb48ed68770fac6685e6438fb97b483479a60168b19472'),
+    ('0001', N'procedures/mailq.EnqueueMailRows.sql', '47c859e29118796575d4f6dae1431ca430ac0b400a591874c96a860a6aac6a2e'),
+    ('0001', N'procedures/mailq.EnqueueMail.sql', '7cf69b6c4ffab5194b6ba13d91739326b578a3ad4ce7909fa7c08fc3ef2eace6'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', '023bb8cfae2b8f8ea1495597cbf1bb2b8947d1fb624e2ddf641f1b6ef8bab5aa'),
     ('0001', N'procedures/mailq.ClaimMail.sql', 'b0c1c9e51e5adbd7903dbd7e95b61dcffb125a137a0c6f300be24bd298e4e769'),
     ('0001', N'procedures/mailq.FinalizeMail.sql', '35dac204fbb7564671ef93743cb9276c8214071e130f302d96d41c6cf8498fa8'),
@@ -11058,7 +11059,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql', '15e1ef84f4a88fa0fe12134a3b78a734cb6ec2b8038e9ad66ca0d65fb3d877ab'),
     ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql', '6cd529dc0143cf6780988ffde3fcd17f3f0a21234106060aaa5dfca8ccb76235'),
     ('0001', N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql', 'b05bedfa34c6f285b587cde2a8d95c7f508e54c433d2d1551168e2cf5c647cbf'),
-    ('0001', N'views/mailq.sysmail_allitems.sql', 'c6e0a390c184ed4860a80118a30d03fad824173639ef2eff13cad77ee239f318'),
+    ('0001', N'views/mailq.sysmail_allitems.sql', 'b581ee0bc59ef73b031527ec70643729d3dfa7e20fb6f91362b3392132b17cfa'),
     ('0001', N'views/mailq.sysmail_sentitems.sql', 'de4fa39e15acdb1a888ed218a382287d61d978b843b21b6e2b90063dd02b3688'),
     ('0001', N'views/mailq.sysmail_unsentitems.sql', '5df8c27e57f9a1ce3ebbc56d09ba5bad39c6fb6732278b6149bdaebee48263c3'),
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),

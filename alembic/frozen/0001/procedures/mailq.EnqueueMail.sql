@@ -4,7 +4,8 @@ mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
 already queued for the same content it returns that mail and writes nothing.
 It has no rule of its own: it hands its parameters, as one row, to
 mailq.EnqueueMailRows, the one implementation it shares with mailq.EnqueueMailBatch.
-Parameters:  @ToAddress required; @Subject, @Body required unless @TemplateName;
+Parameters:  a recipient in @ToAddress, @CC or @BCC (To may be NULL: Cc-only,
+             Bcc-only mail); @Subject, @Body required unless @TemplateName;
              every other parameter optional, NULL = its default (BodyFormat
              Text, Priority 5, MaxAttempts 5, RunMode prod, the default account
              and its From, due now).  Each is described in docs/enqueue.md.
@@ -28,7 +29,7 @@ Example:     DECLARE @ID BIGINT;
                  @Subject = N'Nightly report', @Body = N'All jobs succeeded.', @MailID = @ID OUTPUT;
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMail
-    @ToAddress NVARCHAR(MAX),
+    @ToAddress NVARCHAR(MAX) = NULL,
     @Subject NVARCHAR(MAX) = NULL,
     @Body NVARCHAR(MAX) = NULL,
     @BodyFormat NVARCHAR(20) = NULL,

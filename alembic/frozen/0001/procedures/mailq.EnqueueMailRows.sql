@@ -231,7 +231,7 @@ BEGIN
         OUTPUT inserted.ID, inserted.MessageID, inserted.AppName INTO @Inserted (MailID, MessageID, AppName)
         SELECT
             @Now, w.DueUtc AS DateToProcess, w.DueUtc AS VisibleAtUtc, w.FromName, w.FromAddress, w.ReplyTo,
-            w.ToAddress, w.CC, w.BCC, w.Subject, w.Body, w.BodyFormat, w.TextBody, w.Headers, N'UnSent',
+            ISNULL(w.ToAddress, N''), w.CC, w.BCC, w.Subject, w.Body, w.BodyFormat, w.TextBody, w.Headers, N'UnSent',
             w.MaxAttempts, w.Priority, w.AccountName, w.AppName, w.IdempotencyKey, w.ContentHash, w.MessageID,
             w.ExpiresAtUtc, w.RunMode, w.TemplateName, w.TemplateVersion, w.TemplateModel
         FROM @Work AS w

@@ -1,6 +1,6 @@
 """Benchmark: the cost of one scrape of ``mailq-db exporter``, cached and uncached.
 
-    python bench/exporter.py [--scrapes 200] [--delay-ms 20] [--interval 30] [--url URL]
+    python bench/exporter.py [--scrapes 200] [--delay-ms 20] [--interval 30] [--accounts 50] [--url URL]
 
 Part 1 (always, no server needed): the exporter's HTTP endpoint
 (mailq_db.worker.metrics.serve + QueueCollector) over a fake database read
@@ -15,7 +15,10 @@ sequential scrapes over loopback HTTP, twice:
   the first scrape reads, the rest are served from the cache.
 
 Printed per mode: database reads, p50 / p99 / mean scrape latency (ms) and
-the response size.
+the response size.  With ``--accounts N`` (default 50) both modes run again
+over result sets of N accounts: 2 run modes each, and attempts of 5 outcomes
+and reply classes in each of 5 minutes, the size of a busy installation's
+exposition (the rendering cost grows with the series, not the queue).
 
 Part 2 (with ``--url`` or MAILQ_DB_URL naming a deployed mailq database):
 the same two modes against the real procedures (the exporter's own
@@ -84,14 +87,49 @@ def report(title: str, rows: list[tuple[str, dict[str, float]]], scrapes: int) -
     print(f"  ({scrapes} sequential scrapes each over loopback HTTP)")
 
 
+def many_accounts(n: int) -> Any:
+    """mailq.GetQueueMetrics' result sets for ``n`` accounts, 2 run modes each, attempts
+    of 5 outcome/reply-class pairs in each of 5 minutes."""
+    from datetime import timedelta
+
+    from fake_dashboard import NOW, WINDOW_END
+
+    from mailq_db.procedures import QueueMetrics
+
+    names = [f"account-{i:03d}" for i in range(n)]
+    modes = ("prod", "staging")
+    kinds = (("Sent", "2xx"), ("Retry", "4xx"), ("Wait", "4xx"), ("Stop", "5xx"), ("Released", "none"))
+    return QueueMetrics(
+        NOW, WINDOW_END - timedelta(minutes=5), WINDOW_END, False,
+        depth=[{"AccountName": a, "RunMode": m, "Status": s, "MailCount": 10}
+               for a in names for m in modes for s in ("Sending", "UnSent")],
+        sendable=[{"AccountName": a, "RunMode": m, "DueCount": 5, "IsBlocked": False, "SendableCount": 5,
+                   "OldestSendableUtc": NOW, "OldestSendableAgeSeconds": 30} for a in names for m in modes],
+        accounts=[{"AccountName": a, "IsBlocked": False, "BlockedUntilUtc": None, "BlockedSecondsLeft": 0,
+                   "BlockReason": None, "PerMinuteLimit": None, "PerHourLimit": None, "PerDayLimit": None}
+                  for a in names],
+        attempts=[{"MinuteUtc": WINDOW_END - timedelta(minutes=k), "AccountName": a, "Outcome": o,
+                   "ReplyClass": c, "Attempts": 3} for k in range(1, 6) for a in names for o, c in kinds],
+    )
+
+
 def fake_part(args: argparse.Namespace) -> None:
     from fake_dashboard import delay_row, queue_metrics
 
     delay = args.delay_ms / 1000.0
+    for title, result in (("3 account/run-mode pairs", queue_metrics),
+                          (f"{args.accounts} accounts x 2 run modes", lambda: many_accounts(args.accounts))):
+        if args.accounts or result is queue_metrics:
+            fake_modes(args, delay, title, result, delay_row)
+
+
+def fake_modes(args: argparse.Namespace, delay: float, title: str, result: Callable[[], Any],
+               delay_row: Callable[[], Any]) -> None:
+    fixed = result()
 
     def read_queue() -> Any:
         time.sleep(delay)
-        return queue_metrics()
+        return fixed
 
     def read_delay() -> Any:
         time.sleep(delay / 4)
@@ -102,8 +140,8 @@ def fake_part(args: argparse.Namespace) -> None:
         (f"cached (interval {args.interval:g} s)",
          scrape_many(read_queue, read_delay, interval=args.interval, scrapes=args.scrapes)),
     ]
-    report(f"fake database read: GetQueueMetrics {args.delay_ms:g} ms + GetTaskMetrics {args.delay_ms / 4:g} ms",
-           rows, args.scrapes)
+    report(f"fake database read ({title}): GetQueueMetrics {args.delay_ms:g} ms + GetTaskMetrics "
+           f"{args.delay_ms / 4:g} ms", rows, args.scrapes)
 
 
 def server_part(args: argparse.Namespace, url: str) -> None:
@@ -142,6 +180,8 @@ def main() -> int:
     parser.add_argument("--scrapes", type=int, default=200)
     parser.add_argument("--delay-ms", type=float, default=20.0, help="the fake read's delay (default 20 ms)")
     parser.add_argument("--interval", type=float, default=30.0, help="the cached mode's interval (default 30 s)")
+    parser.add_argument("--accounts", type=int, default=50,
+                        help="also measure result sets of this many accounts (default 50; 0: skip)")
     parser.add_argument("--url", default=os.environ.get("MAILQ_DB_URL"))
     args = parser.parse_args()
     print(f"bench/exporter.py on {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, "

@@ -39,8 +39,8 @@ BEGIN
             i.QueryAttempts
         FROM mailq.DbMailItem AS i WITH (READPAST, UPDLOCK, ROWLOCK)
         -- READPAST: skip a query another runner is claiming; UPDLOCK: claim
-        -- while reading; ROWLOCK: row grain for READPAST; INDEX: the filtered
-        -- range of waiting queries (the optimizer may not match the filter).
+        -- while reading; ROWLOCK: row grain for READPAST.  The predicate
+        -- repeats IX_DbMailItem_QueryDue's filter, so the range is its own.
         WHERE i.QueryState IN (N'Pending', N'Running') AND i.QueryDueAtUtc <= @Now
         ORDER BY i.QueryDueAtUtc, i.MailItemID
     )

@@ -66,6 +66,15 @@ def test_the_overview_shows_depth_age_throughput_failures_blocks_and_tasks(brows
     assert classes[0] == "4xx" and "5xx" in classes
     assert browser.find_element(By.CSS_SELECTOR, "#delay td.overdue").text == "2"
     assert browser.find_element(By.CSS_SELECTOR, "#delay td.pending").text == "7"
+    # what an operator reads first is on top, in the first screen, marked as the alerts judge it
+    summary = browser.find_element(By.ID, "summary")
+    assert summary.location["y"] + summary.size["height"] < browser.get_window_size()["height"] / 2
+    assert browser.find_element(By.CSS_SELECTOR, "#sum-oldest .value").text == "12 min 34 s"
+    assert browser.find_element(By.CSS_SELECTOR, "#sum-failures .value").text == "26 %"
+    assert browser.find_element(By.CSS_SELECTOR, "#sum-blocked .detail").text == "bulk"
+    assert browser.find_element(By.CSS_SELECTOR, "#sum-delay .value").text == "2"
+    alerting = {e.get_attribute("id") for e in browser.find_elements(By.CSS_SELECTOR, "#summary .card.alert")}
+    assert alerting == {"sum-failures", "sum-blocked", "sum-delay"}
     screenshot("overview")
 
 
@@ -132,3 +141,51 @@ def test_an_action_is_listed_confirmed_then_done(browser, serve_dashboard, scree
     assert find(browser, "done").text == "Cancel: 2 mail(s) changed, 1 left alone"
     assert [c for c in data.calls if c[0] == "cancel"] == [("cancel", [101, 102, 103])]
     screenshot("action-done")
+
+
+class Mounted:
+    """What `location /mailq/ { proxy_pass http://127.0.0.1:8470/; }` does to the
+    path: the browser asks for /mailq/..., the application sees /...; anything
+    outside the prefix is not the dashboard's (nginx would serve it elsewhere)."""
+
+    prefix = "/mailq"
+
+    def __init__(self, app: Dashboard) -> None:
+        self.app, self.token = app, app.token
+
+    def __call__(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if not path.startswith(self.prefix + "/"):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not the dashboard's path\n"]
+        environ["PATH_INFO"] = path[len(self.prefix):]
+        return self.app(environ, start_response)
+
+
+def test_the_page_works_under_a_proxys_path_prefix(browser, serve_dashboard, screenshot):
+    data = FakeDashboardData(admin=True)
+    base = serve_dashboard(Mounted(Dashboard(data, token=TOKEN, allow_actions=True))) + "/mailq"
+    browser.delete_all_cookies()
+    browser.get(base + "/")
+    assert urlparse(browser.current_url).path == "/mailq/login"
+    browser.find_element(By.ID, "token").send_keys(TOKEN)
+    browser.find_element(By.ID, "login").click()
+    WebDriverWait(browser, 20).until(lambda b: b.find_elements(By.ID, "summary"))
+    assert urlparse(browser.current_url).path == "/mailq/"
+    # the stylesheet came through the prefix: the header is laid out as a flex row
+    assert browser.find_element(By.TAG_NAME, "header").value_of_css_property("display") == "flex"
+    browser.find_element(By.LINK_TEXT, "Find mail").click()
+    WebDriverWait(browser, 20).until(lambda b: urlparse(b.current_url).path == "/mailq/find")
+    browser.get(base + "/find?status=UnSent&account=default")
+    browser.find_element(By.LINK_TEXT, "101").click()
+    assert find(browser, "mail-status").text == "Sent" and urlparse(browser.current_url).path == "/mailq/mail"
+    browser.get(base + "/find?status=UnSent&account=default")
+    browser.find_element(By.ID, "action-cancel").click()
+    find(browser, "confirm")
+    assert urlparse(browser.current_url).path == "/mailq/actions/cancel"
+    browser.find_element(By.ID, "confirm").click()
+    assert find(browser, "done").text == "Cancel: 2 mail(s) changed, 1 left alone"
+    browser.find_element(By.LINK_TEXT, "Back to the queue").click()
+    WebDriverWait(browser, 20).until(lambda b: b.find_elements(By.ID, "summary"))
+    assert urlparse(browser.current_url).path == "/mailq/"
+    screenshot("behind-a-proxy-prefix")

@@ -172,3 +172,78 @@ def test_views_are_unicode(conn, setup):
     sent = send(conn, subject="李雷", body="正文")
     assert query(conn, "SELECT subject, body FROM mailq.sysmail_allitems WHERE mailitem_id = ?;",
                  sent.mailitem_id) == [("李雷", "正文")]
+
+
+def test_an_error_among_the_rows_keeps_the_rows_before_it(conn, setup):
+    # The divide by zero comes with the second row: the first is mailed, then the error.
+    sent = send(conn, query="SELECT v, 10 / v AS q FROM (VALUES (1), (0)) AS t(v);", append_query_error=True)
+    run_queries(setup)
+    body = body_of(conn, sent.mail_id)
+    assert "          1          10" in body and "Msg 8134" in body
+    assert body.index("          1          10") < body.index("Msg 8134")
+
+
+def test_sql_variant_and_clr_types_fail_only_their_mail(conn, setup):
+    ok = send(conn, query="SELECT SERVERPROPERTY('ProductMajorVersion') AS v;")  # sql_variant (pyodbc >= 5.2)
+    clr = send(conn, query="SELECT hierarchyid::GetRoot() AS h;")
+    after = send(conn, query="SELECT 1 AS n;")
+    assert run_queries(setup) >= 3  # the runner went on after each
+    assert scalar(conn, "SELECT Status FROM mailq.MailQueue WHERE ID = ?;", ok.mail_id) == "UnSent"
+    assert scalar(conn, "SELECT QueryError FROM mailq.DbMailItem WHERE MailID = ?;", clr.mail_id).startswith(
+        "column 1 of the result is a CLR type")
+    assert "(1 row affected)" in body_of(conn, after.mail_id)
+
+
+def test_server_level_data_is_what_a_database_user_sees(conn, setup):
+    """docs/database-mail.md section 3: the query runs as the sender's database
+    user, so sys.databases shows master, tempdb and this database only, even
+    to a login that sees every database itself (VIEW ANY DATABASE, public)."""
+    login = unique("dbmrep")
+    execute(conn, f"CREATE LOGIN [{login}] WITH PASSWORD = N'{unique('Pw-')}Aa1!', CHECK_POLICY = OFF; "
+                  f"CREATE USER [{login}] FOR LOGIN [{login}]; ALTER ROLE MailqDbMailUser ADD MEMBER [{login}];")
+    try:
+        own = {r[0] for r in query(conn, f"EXECUTE AS LOGIN = N'{login}'; "
+                                         "SELECT name FROM sys.databases; REVERT;")}
+        assert "msdb" in own  # the login itself sees every database
+        mail_id = query(conn, f"""
+            SET NOCOUNT ON; DECLARE @id BIGINT;
+            EXECUTE AS USER = N'{login}';
+            EXEC mailq.SendDbMail @recipients = 'to@example.org', @query_result_header = 0,
+                @query = N'SET NOCOUNT ON; SELECT name FROM sys.databases;', @mailq_mail_id = @id OUTPUT;
+            REVERT;
+            SELECT @id;""")[-1][0]
+        run_queries(setup)
+        mailed = {line.strip() for line in body_of(conn, mail_id).split("\r\n") if line.strip()}
+        assert mailed == {"master", "tempdb", scalar(conn, "SELECT DB_NAME();")}
+    finally:
+        execute(conn, f"DROP USER [{login}]; DROP LOGIN [{login}];")
+
+
+def _documented_view_columns():
+    """The (name, type) lists tests/static/test_dbmail_views.py reads from Microsoft's pages."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "static" / "test_dbmail_views.py"
+    spec = importlib.util.spec_from_file_location("dbmail_view_lists", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {"sysmail_allitems": module.ALLITEMS, "sysmail_sentitems": module.ALLITEMS,
+            "sysmail_unsentitems": module.ALLITEMS, "sysmail_faileditems": module.ALLITEMS,
+            "sysmail_event_log": module.EVENT_LOG}
+
+
+@pytest.mark.parametrize("view,documented", list(_documented_view_columns().items()))
+def test_sysmail_view_types_are_the_documented_ones(conn, view, documented):
+    """The types SQL Server reports for each column: msdb's names in msdb's
+    order, Unicode text (sysname is nvarchar(128) with user type sysname)."""
+    rows = query(conn, "SELECT name, system_type_name, user_type_name FROM sys.dm_exec_describe_first_result_set("
+                       "?, NULL, 0) ORDER BY column_ordinal;", f"SELECT * FROM mailq.{view};")
+    assert [r[0] for r in rows] == [name for name, _ in documented]
+    for (name, system_type, _user_type), (_, expected) in zip(rows, documented, strict=True):
+        if expected == "sysname":
+            assert system_type in ("nvarchar(128)", "sysname"), (name, system_type)
+        elif expected == "nvarchar":  # the page gives no length (the queue's lists are nvarchar(4000))
+            assert system_type.startswith("nvarchar("), (name, system_type)
+        else:
+            assert system_type == expected, (name, system_type, expected)

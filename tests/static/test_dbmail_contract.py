@@ -159,3 +159,28 @@ def test_the_reader_fails_on_a_changed_signature(tmp_path):
     declared = declared_parameters(text)
     assert ("@subject", "NVARCHAR(200)", "NULL", False) in declared
     assert declared[: len(DOCUMENTED)] != [(n, t, d, o) for n, t, d, o, _ in DOCUMENTED]
+
+
+def test_messages_get_the_arguments_msdb_passes():
+    """sys.messages texts of msdb's errors have as many %s as msdb passes
+    arguments; one left out prints '(null)'.  msdb's sp_RunMailQuery raises
+    14630 with the file name and the prohibited list."""
+    code = _code(SEND)
+    assert "RAISERROR (14630, 16, 1, @query_attachment_filename, N'exe,dll,vbs,js');" in code
+    # the same list as mailq.sysmail_configuration's ProhibitedExtensions
+    assert "N'exe,dll,vbs,js'" in (ROOT / "sql/views/mailq.sysmail_configuration.sql").read_text(encoding="utf-8")
+
+
+def test_callers_read_their_attachments_as_in_msdb():
+    """msdb grants DatabaseMailUserRole sysmail_mailattachments (each member
+    sees the attachments of its own mail: the view filters on the sender);
+    the grant runs after the view is created."""
+    order = [line.strip() for line in (ROOT / "sql/BuildOrder.txt").read_text(encoding="utf-8").splitlines()]
+    grants = {
+        line: (ROOT / "sql" / line).read_text(encoding="utf-8") for line in order if line.endswith(".grants.sql")
+    }
+    granting = [f for f, text in grants.items()
+                if "GRANT SELECT ON OBJECT::mailq.sysmail_mailattachments TO MailqDbMailUser;" in text]
+    assert granting and order.index(granting[0]) > order.index("views/mailq.sysmail_mailattachments.sql")
+    view = (ROOT / "sql/views/mailq.sysmail_mailattachments.sql").read_text(encoding="utf-8")
+    assert "i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME())" in view

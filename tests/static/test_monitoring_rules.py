@@ -62,8 +62,10 @@ def test_promtool_unit_tests_every_alert():
 
 def test_promtool_rejects_a_broken_rules_test(tmp_path):
     """The unit test can fail: an alert expected at the wrong severity is reported."""
-    broken = (MONITORING / "alerts.test.yml").read_text().replace("{severity: warning, account: bulk}",
-                                                                   "{severity: critical, account: bulk}")
+    text = (MONITORING / "alerts.test.yml").read_text()
+    expected = '{severity: warning, job: mailq-exporter, instance: "db1:9469", account: bulk}'
+    assert expected in text
+    broken = text.replace(expected, expected.replace("warning", "critical"))
     (tmp_path / "alerts.yml").write_text((MONITORING / "alerts.yml").read_text())
     (tmp_path / "alerts.test.yml").write_text(broken)
     result = subprocess.run([promtool(), "test", "rules", "alerts.test.yml"], cwd=tmp_path, capture_output=True,
@@ -134,7 +136,7 @@ def dashboard_exprs() -> list[str]:
     for var in dash["templating"]["list"]:
         query = var.get("query")
         text = query.get("query") if isinstance(query, dict) else query
-        inner = re.fullmatch(r"label_values\((\w+),\s*\w+\)", text or "")
+        inner = re.fullmatch(r"label_values\(([^,]+),\s*\w+\)", text or "")
         if inner:
             exprs.append(inner.group(1))
     return exprs
@@ -171,3 +173,49 @@ def test_every_alert_has_its_runbook_section():
         runbook = rule["annotations"]["runbook"]
         assert runbook == f"docs/monitoring/README.md#{rule['alert'].lower()}", runbook
         assert rule["alert"].lower() in anchors, rule["alert"]
+
+
+def realistic_series() -> dict[str, str]:
+    """promtool input series (selector -> values) from what the worker and the
+    exporter really expose, with the reply codes a relay really gives (a Retry's
+    451 is not a Wait's 421): counters and histograms grow, gauges stay."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sys.path.insert(0, str(ROOT / "tests/unit"))
+    from fake_dashboard import delay_row, queue_metrics
+
+    m = Metrics()
+    for name, code in (("sent", 250), ("failed", 550), ("retried", 451), ("waited", 421)):
+        m.inc(name, 3, account="default", code=code)
+    for name in ("smtp_connections", "claims", "claimed", "lease_lost", "errors"):
+        m.inc(name, account="default")
+    m.observe_send(0.3, "default")
+    m.observe_claim(0.01)
+    m.set_blocked("default", False)
+    exporter = generate_latest(queue_registry(QueueMetricsCache(queue_metrics, delay_row, 30))).decode()
+    series = {'up{job="mailq-worker",instance="w1:9464"}': "1x20", 'up{job="mailq-exporter",instance="db1:9469"}': "1x20"}
+    for text, job, instance in ((m.render(), "mailq-worker", "w1:9464"), (exporter, "mailq-exporter", "db1:9469")):
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = {"job": job, "instance": instance, **sample.labels}
+                selector = sample.name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+                grows = family.type in ("counter", "histogram")
+                value = sample.value
+                series[selector] = f"{value:g}+{max(value, 1):g}x20" if grows else f"{value:g}x20"
+    return series
+
+
+def test_every_grafana_query_returns_data_from_what_is_exported(tmp_path):
+    """Each panel's query (and each variable's) has at least one sample over the
+    series a worker and an exporter really expose: a query that matches nothing
+    (a misspelt label, or a + between series whose labels differ) fails here."""
+    exprs = [re.sub(r"\$\w+", ".*", e) for e in dashboard_exprs()]
+    tests = {"interval": "1m", "input_series": [{"series": k, "values": v} for k, v in realistic_series().items()],
+             "promql_expr_test": [{"expr": f"count({e}) > bool 0", "eval_time": "10m",
+                                   "exp_samples": [{"labels": "{}", "value": 1}]} for e in exprs]}
+    (tmp_path / "none.yml").write_text("groups: []\n")
+    (tmp_path / "queries.test.yml").write_text(yaml.safe_dump(
+        {"rule_files": ["none.yml"], "evaluation_interval": "1m", "tests": [tests]}, sort_keys=False))
+    result = subprocess.run([promtool(), "test", "rules", "queries.test.yml"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

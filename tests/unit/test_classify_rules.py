@@ -143,6 +143,29 @@ def test_the_loader_names_the_rule_at_fault():
     ("rset", 421, "4.4.2 timeout", RETRY, CONNECTION),
     ("quit", 500, "huh", RETRY, CONNECTION),
     ("mail", 299, "odd", RETRY, MAIL),
+    # a temporary refusal of this message's authentication is the mail's; one naming the IP is the account's
+    ("dot", 421, "4.7.27 Your email has been rate limited because SPF authentication didn't pass for this "
+                 "message. - gsmtp", RETRY, MAIL),
+    ("dot", 421, "4.7.32 Your email has been rate limited because the From: header isn't aligned with either "
+                 "the authenticated SPF or DKIM organizational domain. - gsmtp", RETRY, MAIL),
+    ("dot", 451, "4.7.24 SPF validation error", RETRY, MAIL),
+    ("dot", 451, "4.7.24 The SPF record of the sending domain has one or more suspicious entries. To protect "
+                 "our users from spam, email sent from your IP address has been temporarily rate limited.", WAIT,
+     ACCOUNT),
+    ("mail", 421, "4.7.28 Gmail has detected an unusual rate of mail originating from your DKIM domain "
+                  "example.com. - gsmtp", WAIT, ACCOUNT),
+    # 5.7.30 alone is not Exchange Online's basic-auth refusal (Gmail: DKIM; IANA: REQUIRETLS)
+    ("dot", 550, "5.7.30 This message was blocked because it didn't pass DKIM authentication. - gsmtp", STOP, MAIL),
+    ("auth", 550, "5.7.30 Basic authentication is not supported for Client Submission.", WAIT, ACCOUNT),
+    # RFC 7372 status codes without telling words
+    ("rcpt", 550, "5.7.26 Multiple authentication checks failed", STOP, MAIL),
+    ("mail", 550, "5.7.25 Reverse DNS validation failed", WAIT, ACCOUNT),
+    # 553/556 at MAIL FROM name the sender; at RCPT the recipient
+    ("mail", 553, "Requested action not taken: mailbox name not allowed", STOP, SENDER),
+    ("mail", 556, "Domain does not accept mail", STOP, SENDER),
+    ("rcpt", 553, "Requested action not taken: mailbox name not allowed", STOP, RECIPIENT),
+    ("mail", 421, "4.7.0 Connection expired, try reconnecting.", RETRY, CONNECTION),
+    ("rcpt", 452, "4.2.2 The recipient's inbox is out of storage space.", RETRY, RECIPIENT),
 ])
 def test_verdicts(stage, code, text, disposition, scope):
     outcome = classify_reply(code, text, stage)

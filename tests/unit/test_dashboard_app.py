@@ -7,16 +7,20 @@ from __future__ import annotations
 import io
 import re
 import urllib.parse
+from pathlib import Path
 from wsgiref.util import setup_testing_defaults
 
 import pytest
 from fake_dashboard import FakeDashboardData
 
 from mailq_db.commands.dashboard import read_token
-from mailq_db.dashboard.app import Dashboard, is_loopback, make_dashboard_server
+from mailq_db.dashboard.app import (
+    FAILURE_RATIO_ALERT, OLDEST_SENDABLE_ALERT_SECONDS, Dashboard, is_loopback, make_dashboard_server, relative_root,
+)
 from mailq_db.errors import ConfigurationError
 
 TOKEN = "t0ken-for-the-unit-tests-0123456789"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def call(app, path, *, method="GET", form=None, headers=None):
@@ -44,7 +48,8 @@ BEARER = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
 def test_every_page_but_login_needs_the_token():
     app = Dashboard(FakeDashboardData(), token=TOKEN)
     status, headers, _ = call(app, "/")
-    assert status == 303 and headers["Location"] == "/login"
+    assert status == 303 and headers["Location"] == "./login"
+    assert call(app, "/actions/cancel")[1]["Location"] == "../login"  # relative: works under a proxy's prefix
     assert call(app, "/actions/cancel", method="POST")[0] == 401
     assert call(app, "/", headers={"HTTP_AUTHORIZATION": "Bearer wrong"})[0] == 303
     status, headers, text = call(app, "/", headers=BEARER)
@@ -161,3 +166,118 @@ def test_the_token_comes_from_the_environment_or_a_file(tmp_path):
     assert read_token(str(path), {}) == TOKEN
     with pytest.raises(ConfigurationError, match="at least 16"):
         read_token(None, {"MAILQ_DASHBOARD_TOKEN": "short"})
+
+
+def test_without_a_token_a_rebound_host_name_is_refused():
+    """DNS rebinding: a page at http://evil.example:8470/ whose name now resolves to
+    127.0.0.1 reaches the loopback dashboard through the operator's browser, with its
+    own Host.  Without a token only loopback Hosts (and names allowed) are answered."""
+    data = FakeDashboardData(admin=True)
+    app = Dashboard(data, token=None, allow_actions=True)
+    for host in ("evil.example:8470", "evil.example", "127.0.0.1.evil.example:8470", "[::2]:8470"):
+        for path in ("/", "/mail?id=1", "/actions/cancel?status=UnSent"):
+            status, _, text = call(app, path, headers={"HTTP_HOST": host})
+            assert status == 403 and "--allow-host" in text, (host, path)
+    assert data.calls == []  # nothing was read for them
+    for host in ("127.0.0.1:8470", "localhost:8470", "LOCALHOST", "[::1]:8470", "127.0.0.2"):
+        assert call(app, "/", headers={"HTTP_HOST": host})[0] == 200, host
+    allowed = Dashboard(FakeDashboardData(), token=None, allowed_hosts=["mailq.internal.example"])
+    assert call(allowed, "/", headers={"HTTP_HOST": "mailq.internal.example:443"})[0] == 200
+    assert call(allowed, "/", headers={"HTTP_HOST": "evil.example"})[0] == 403
+    # with a token the token guards the page, whatever the Host
+    assert call(Dashboard(FakeDashboardData(), token=TOKEN), "/",
+                headers={"HTTP_HOST": "mailq.example", **BEARER})[0] == 200
+
+
+def test_every_link_form_and_redirect_is_relative():
+    """Behind `location /mailq/ { proxy_pass http://127.0.0.1:8470/; }` a link to
+    /find would leave the prefix: every URL the pages carry is relative."""
+    assert (relative_root("/"), relative_root("/mail"), relative_root("/actions/cancel")) == ("./", "./", "../")
+    app = Dashboard(FakeDashboardData(admin=True), token=TOKEN, allow_actions=True)
+    pages = ["/", "/mail?id=4711", "/find?status=UnSent", "/actions/cancel?status=UnSent", "/actions/unblock?account=b",
+             "/nowhere"]
+    for path in pages:
+        text = call(app, path, headers=BEARER)[2]
+        urls = re.findall(r'(?:href|action|src)="([^"]*)"', text)
+        assert urls and not [u for u in urls if u.startswith("/") or "//" in u], (path, urls)
+        assert f'<base href="{relative_root(path.split("?")[0])}">' in text
+    assert "Path=" not in call(app, "/login", method="POST", form={"token": TOKEN})[1]["Set-Cookie"]
+
+
+def test_the_page_may_not_be_framed():
+    headers = call(Dashboard(FakeDashboardData(), token=TOKEN), "/", headers=BEARER)[1]
+    assert headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+
+
+def test_the_summary_on_top_judges_as_the_alerts_do():
+    text = call(Dashboard(FakeDashboardData(), token=TOKEN), "/", headers=BEARER)[2]
+    assert text.index('id="summary"') < text.index('id="queue"')
+    cards = {card: marked for marked, card in re.findall(r'<div class="card( alert)?" id="(sum-[a-z]+)">', text)}
+    # 12 min 34 s is under 15 minutes; 22 of 85 attempts failed, bulk 15 of 15 (5 a minute);
+    # bulk is blocked; 2 delayed tasks are overdue
+    assert cards == {"sum-oldest": "", "sum-queued": "", "sum-failures": " alert", "sum-blocked": " alert",
+                     "sum-delay": " alert"}
+    assert "12 min 34 s" in text and "default / prod" in text and "26 %" in text and "worst: bulk 100 %" in text
+
+
+def test_the_summarys_thresholds_are_the_alert_rules():
+    import yaml
+
+    rules = yaml.safe_load((ROOT / "docs/monitoring/alerts.yml").read_text())
+    expr = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    assert f"> {OLDEST_SENDABLE_ALERT_SECONDS}" in expr["MailqOldestSendableMailTooOld"]
+    assert f") > {FAILURE_RATIO_ALERT}" in expr["MailqFailureRatioHigh"]
+    assert ">= 1" in expr["MailqFailureRatioHigh"]
+
+
+def test_the_mail_page_escapes_subjects_addresses_and_replies():
+    from dataclasses import replace
+
+    import fake_dashboard
+
+    hostile = '"><script>alert(1)</script>'
+    story = fake_dashboard.mail_story(7)
+    story.history.mail.update(Subject=hostile, ToAddress=f"x{hostile}@example.org", FromAddress=hostile)
+    story.history.attempts[1]["ErrorText"] = f"250 ok {hostile}"
+    story.history.recipients[0]["SmtpText"] = hostile
+    story.events[-1] = replace(story.events[-1], detail=hostile)
+
+    class Data(FakeDashboardData):
+        def mail_story(self, mail_id):
+            return story
+
+    text = call(Dashboard(Data(), token=TOKEN), "/mail?id=7", headers=BEARER)[2]
+    assert "<script>" not in text and text.count("&#34;&gt;&lt;script&gt;alert(1)&lt;/script&gt;") >= 5
+
+
+def test_the_overview_stops_asking_for_delayed_execution_where_it_is_absent(monkeypatch):
+    """DB calls per page view: GetQueueMetrics and GetTaskMetrics; where delayed
+    execution is not deployed (2812), GetQueueMetrics alone for the next 10 minutes."""
+    import fake_dashboard
+
+    from mailq_db import procedures
+    from mailq_db.dashboard.data import DELAY_PROBE_SECONDS, DatabaseData
+    from mailq_db.errors import DatabaseError
+
+    calls = []
+
+    def get_queue_metrics(conn, **kwargs):
+        calls.append("GetQueueMetrics")
+        return fake_dashboard.queue_metrics()
+
+    def get_delay_task_metrics(conn, **kwargs):
+        calls.append("GetTaskMetrics")
+        raise DatabaseError(2812, "Could not find stored procedure 'delay.GetTaskMetrics'.")
+
+    monkeypatch.setattr(procedures, "get_queue_metrics", get_queue_metrics)
+    monkeypatch.setattr(procedures, "get_delay_task_metrics", get_delay_task_metrics)
+    now = [1000.0]
+    data = DatabaseData(lambda: object(), clock=lambda: now[0])
+    app = Dashboard(data, token=TOKEN)
+    for _ in range(3):
+        status, _, text = call(app, "/", headers=BEARER)
+        assert status == 200 and 'id="delay-absent"' in text
+    assert calls == ["GetQueueMetrics", "GetTaskMetrics", "GetQueueMetrics", "GetQueueMetrics"]
+    now[0] += DELAY_PROBE_SECONDS
+    data.overview()
+    assert calls[-2:] == ["GetQueueMetrics", "GetTaskMetrics"]  # asked again: it may be deployed since

@@ -120,6 +120,10 @@ def test_messages_and_errors_in_order():
         + "Divide by zero error encountered." + EOL)
     assert L.format_error(L.QueryError(208, "Invalid object name 'x'.", server="SQL1")) == [
         "Msg 208, Server SQL1", "Invalid object name 'x'."]
+    # the driver's own errors (a time-out: number 0) and the runner's have no Msg line
+    assert L.format_error(L.QueryError(0, "Query timeout expired", server="SQL1")) == ["Query timeout expired"]
+    assert L.format_error(L.QueryError(None, "column 1 of the result is sql_variant")) == [
+        "column 1 of the result is sql_variant"]
 
 
 def test_attachment_encoding():

@@ -22,7 +22,8 @@ class DriverError(Exception):
 class FakeCursor:
     """Plays a script: each step is a result (description, rows, rowcount,
     messages) or an exception; execute() of anything but the query answers
-    the runner's own statements."""
+    the runner's own statements.  A row that is an exception is raised when
+    it is fetched (an error the server sends among the rows)."""
 
     def __init__(self, steps, nocount=False, sid=b"\x01", fail_execute_as=False):
         self.steps, self.pos, self.nocount, self.sid = steps, 0, nocount, sid
@@ -32,12 +33,15 @@ class FakeCursor:
         self.rowcount = -1
         self.messages = None
         self._one = None
+        self._rows: list = []
+        self.cancelled = 0
 
     def _load(self):
         step = self.steps[self.pos]
         if isinstance(step, Exception):
             raise step
-        self.description, self._rows, self.rowcount, self.messages = step
+        self.description, rows, self.rowcount, self.messages = step
+        self._rows = list(rows)
 
     def execute(self, sql, *params):
         self.executed.append(sql)
@@ -49,18 +53,27 @@ class FakeCursor:
                 raise DriverError("[42000] [Microsoft][SQL Server]Cannot execute as the database principal (15517)")
             self._one = (b"\xc0\x0c", self.sid)
         elif sql.startswith("SELECT @@OPTIONS"):
-            self._one = (512 if self.nocount else 0,)
+            # nocount None: the query left PARSEONLY/FMTONLY on, so no row comes back
+            self._one = None if self.nocount is None else (512 if self.nocount else 0,)
         elif sql.startswith(("REVERT", "IF @@TRANCOUNT")):
             pass
         else:
-            self.pos = 0
+            self.pos, self._one = 0, None
             self._load()
 
     def fetchone(self):
-        return self._one
+        if self._one is not None:  # the answer to one of the runner's own statements
+            one, self._one = self._one, None
+            return one
+        if not self._rows:
+            return None
+        row = self._rows.pop(0)
+        if isinstance(row, Exception):
+            raise row
+        return row
 
-    def fetchall(self):
-        return self._rows
+    def cancel(self):
+        self.cancelled += 1
 
     def nextset(self):
         self.pos += 1
@@ -179,3 +192,108 @@ def test_run_one_hands_back_and_gives_up_after_three_attempts(monkeypatch):
     assert calls[0]["outcome"] == "Failed" and "3 attempts" in calls[0]["error"]
     monkeypatch.setattr(procedures, "claim_db_mail_query", lambda conn, **kw: None)
     assert runner.run_one(object(), lambda: None) is False
+
+
+def test_an_error_among_the_rows_keeps_the_rows_before_it_and_reading_goes_on():
+    # SELECT x, 10 / x FROM t: the error comes with the rows, from the fetch, not the execute.
+    boom = DriverError("22012", "[Microsoft][ODBC Driver 18 for SQL Server][SQL Server]"
+                                "Divide by zero error encountered. (8134) (SQLFetch)")
+    steps = [([INT], [(1,), (2,), boom], -1, None), ([INT], [(3,)], -1, None)]
+    out = runner.run_as_sender(FakeConn(FakeCursor(steps)), job(), (DriverError,))
+    assert [type(i).__name__ for i in out.items] == ["ResultSet", "QueryError", "ResultSet"]
+    assert out.items[0].rows == [(1,), (2,)] and out.items[0].count is None
+    assert out.items[1].number == 8134 and out.items[2].rows == [(3,)]
+
+
+def test_a_type_pyodbc_cannot_read_is_named_in_the_error():
+    # pyodbc's own errors carry (message, SQLSTATE), the other way round.
+    bad = DriverError("ODBC SQL type -150 is not yet supported.  column-index=1  type=-150", "HY106")
+    out = runner.run_as_sender(FakeConn(FakeCursor([([INT, STR], [bad], -1, None)])), job(), (DriverError,))
+    err = [i for i in out.items if isinstance(i, L.QueryError)][0]
+    assert err.text.startswith("column 2 of the result is sql_variant, which the query runner cannot read")
+
+
+def test_nocount_that_cannot_be_read_is_taken_as_off():
+    cur = FakeCursor([([INT], [(1,)], -1, None)], nocount=None)
+    out = runner.run_as_sender(FakeConn(cur), job(), (DriverError,))
+    assert out.items[0].count == 1 and cur.executed[-1].startswith("REVERT WITH COOKIE")
+
+
+def test_reading_stops_once_the_result_cannot_fit_the_mail():
+    big = [("x" * 900_000,)] * 3  # 2,700,000 characters for a body of at most 2,000,000
+    cur = FakeCursor([([STR], big, -1, None), ([INT], [(1,)], -1, None)])
+    out = runner.run_as_sender(FakeConn(cur), job(), (DriverError,))
+    assert out.stopped == runner.TOO_LARGE and cur.cancelled == 1
+    assert len(out.items) == 1  # the second result set is never read
+    assert runner.finish(job(append_query_error=True), out) == {"outcome": "Failed", "error": runner.TOO_LARGE}
+    # The same rows fit an attachment (10 MiB).
+    out = runner.run_as_sender(FakeConn(FakeCursor([([STR], big, -1, None)])), job(attach_results=True),
+                               (DriverError,))
+    assert out.stopped is None
+
+
+def test_a_query_past_its_time_is_cancelled_as_a_query_error():
+    ticks = iter([0.0, 11.0, 12.0, 13.0])  # the deadline is 10: passed after the first result set
+    cur = FakeCursor([([INT], [(1,)], -1, None), ([INT], [(2,)], -1, None)])
+    out = runner.run_as_sender(FakeConn(cur), job(), (DriverError,), seconds=10, clock=lambda: next(ticks))
+    assert cur.cancelled == 1 and [i.rows for i in out.items if isinstance(i, L.ResultSet)] == [[(1,)]]
+    assert runner.finish(job(), out)["error"].startswith("the query ran longer than")
+    assert cur.executed[-1].startswith("REVERT WITH COOKIE")
+
+
+def test_query_seconds_leave_a_margin_before_the_lease_passes():
+    assert [runner.query_seconds(n) for n in (10, 60, 300, 3600)] == [5, 54, 270, 3240]
+
+
+def test_a_query_that_breaks_the_reader_fails_its_mail_not_the_runner(monkeypatch):
+    calls = []
+    monkeypatch.setattr(procedures, "claim_db_mail_query", lambda conn, **kw: job())
+    monkeypatch.setattr(procedures, "complete_db_mail_query", lambda conn, **kw: calls.append(kw))
+    weird = ("n", int, None, "not a size", 10, 0, False)  # anything the reader does not expect
+    conn = FakeConn(FakeCursor([([weird], [(1,)], -1, None)]))
+    assert runner.run_one(object(), lambda: conn, driver_errors=(DriverError,))
+    assert calls[0]["outcome"] == "Failed" and "could not run or read the query" in calls[0]["error"]
+    assert conn.closed
+
+
+def test_a_claim_lost_before_the_hand_back_does_not_stop_the_runner(monkeypatch):
+    from mailq_db.errors import DatabaseError
+
+    def lost(conn, **kw):
+        raise DatabaseError(50661, "The query runner's claim on this item is lost")
+
+    monkeypatch.setattr(procedures, "claim_db_mail_query", lambda conn, **kw: job())
+    monkeypatch.setattr(procedures, "complete_db_mail_query", lost)
+    conn = FakeConn(FakeCursor([([INT], [(1,)], -1, None)]))
+    assert runner.run_one(object(), lambda: conn, driver_errors=(DriverError,)) is True
+
+    def down(conn, **kw):
+        raise DatabaseError(4060, "cannot open the database")
+
+    monkeypatch.setattr(procedures, "complete_db_mail_query", down)
+    with pytest.raises(DatabaseError):
+        runner.run_one(object(), lambda: FakeConn(FakeCursor([([INT], [(1,)], -1, None)])),
+                       driver_errors=(DriverError,))
+
+
+def test_the_command_gives_each_query_connection_the_query_time(monkeypatch):
+    import argparse
+
+    from mailq_db.commands import dbmail_runner
+
+    opened = []
+
+    class Closing:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(dbmail_runner, "connect", lambda url, **kw: opened.append(kw) or Closing())
+
+    def once(control, open_query_connection, **kw):
+        open_query_connection()
+        return 1
+
+    monkeypatch.setattr(runner, "run_forever", once)
+    args = argparse.Namespace(db="mssql://u@h/db", idle_seconds=5.0, lease_seconds=300, once=True)
+    assert dbmail_runner.run(args) == 0
+    assert opened == [{}, {"query_timeout": 270}]

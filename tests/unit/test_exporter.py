@@ -117,7 +117,7 @@ def test_the_queue_figures_as_metrics():
     assert s[("mailq_exporter_up", ())] == 1 and s[("mailq_exporter_queries_total", ())] == 1
 
 
-def test_a_failed_read_keeps_the_last_figures_and_says_so():
+def test_a_failed_read_keeps_the_last_figures_for_three_intervals_then_drops_them():
     reads, clock = Reads(), Clock()
     cache = QueueMetricsCache(reads.queue, reads.delay, interval=30, clock=clock)
     from prometheus_client import generate_latest
@@ -125,10 +125,40 @@ def test_a_failed_read_keeps_the_last_figures_and_says_so():
     registry = queue_registry(cache)
     generate_latest(registry)
     reads.fail = True
-    clock.now += 30
+    sendable = ("mailq_queue_sendable_mails", (("account", "default"), ("run_mode", "prod")))
+    for failed in (1, 2, 3):  # one failed read does not make every queue series vanish
+        clock.now += 30
+        s = samples(generate_latest(registry).decode())
+        assert s[("mailq_exporter_up", ())] == 0 and s[("mailq_exporter_query_errors_total", ())] == failed
+        assert s[sendable] == 40 and s[("mailq_delay_tasks", (("state", "overdue"),))] == 2
+    clock.now += 30  # 120 s old: no longer repeated as if current
     s = samples(generate_latest(registry).decode())
-    assert s[("mailq_exporter_up", ())] == 0 and s[("mailq_exporter_query_errors_total", ())] == 1
-    assert s[("mailq_queue_sendable_mails", (("account", "default"), ("run_mode", "prod")))] == 40
+    assert s[("mailq_exporter_up", ())] == 0 and s[("mailq_exporter_queries_total", ())] == 5
+    assert sendable not in s and not [k for k in s if k[0].startswith(("mailq_queue_", "mailq_delay_"))]
+    assert ("mailq_exporter_last_success_timestamp_seconds", ()) in s
+    reads.fail = False
+    clock.now += 30
+    assert samples(generate_latest(registry).decode())[sendable] == 40
+
+
+def test_the_delay_reads_health_is_exported():
+    from prometheus_client import generate_latest
+
+    reads = Reads()
+    s = samples(generate_latest(queue_registry(QueueMetricsCache(reads.queue, reads.delay, 30, clock=Clock())))
+                .decode())
+    assert s[("mailq_exporter_delay_up", ())] == 1
+    # a failure other than "not deployed" (a timeout, a missing grant): the delay alerts cannot fire, so say so
+    reads = Reads(delay_error=DatabaseError(229, "The EXECUTE permission was denied"))
+    s = samples(generate_latest(queue_registry(QueueMetricsCache(reads.queue, reads.delay, 30, clock=Clock())))
+                .decode())
+    assert s[("mailq_exporter_delay_up", ())] == 0 and s[("mailq_exporter_up", ())] == 1
+    assert not [k for k in s if k[0].startswith("mailq_delay_")]
+    # the queue's state not visible to the login (no VIEW DEFINITION): incomplete
+    blind = dict(delay_row(), QueueReceiveEnabled=None)
+    s = samples(generate_latest(queue_registry(QueueMetricsCache(reads.queue, lambda: blind, 30, clock=Clock())))
+                .decode())
+    assert s[("mailq_exporter_delay_up", ())] == 0 and ("mailq_delay_queue_receive_enabled", ()) not in s
 
 
 def test_the_delay_call_is_skipped_where_delayed_execution_is_absent():
@@ -140,6 +170,7 @@ def test_the_delay_call_is_skipped_where_delayed_execution_is_absent():
     registry = queue_registry(cache)
     text = generate_latest(registry).decode()
     assert "mailq_delay_tasks" not in text and "mailq_queue_mails" in text
+    assert "mailq_exporter_delay_up" not in text  # not deployed is not a failure
     for _ in range(5):
         clock.now += 30
         generate_latest(registry)

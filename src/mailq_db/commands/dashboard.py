@@ -26,8 +26,11 @@ Rendered on the server: no JavaScript, nothing loaded from elsewhere.
 
 Access: the token in ${ENV_TOKEN} (or the first line of --token-file, at
 least {MIN_TOKEN} characters) is asked once and kept in a cookie.  Without a
-token the page listens on a loopback address only (put an authenticating
-reverse proxy in front of it for remote use: docs/monitoring/README.md).
+token the page listens on a loopback address only and answers only requests
+whose Host is a loopback name or address (a web page rebinding its DNS name
+to 127.0.0.1 cannot read it through your browser); put an authenticating
+reverse proxy in front of it for remote use (docs/monitoring/README.md), and
+name the Host it sends with --allow-host if it is not the loopback address.
 
 Actions (cancel or requeue the mails a filter lists, unblock an account) are
 off unless --allow-actions; each is listed and confirmed first, and the
@@ -53,6 +56,9 @@ def register(subparsers) -> None:
     p.add_argument("--token-file", metavar="FILE", help=f"read the token from FILE instead of ${ENV_TOKEN}")
     p.add_argument("--allow-actions", action="store_true",
                    help="enable cancel/requeue by filter and unblock (MailqAdmin logins only, confirmed)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="without a token, also answer requests for Host NAME (a reverse proxy that sends its own "
+                   "Host); repeatable")
     p.add_argument("--cookie-secure", action="store_true",
                    help="mark the login cookie Secure (when served over HTTPS, e.g. behind a proxy)")
     p.add_argument("--window-minutes", type=int, default=15, choices=range(1, 61), metavar="N",
@@ -96,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
     open_connection().close()  # fail fast on a missing driver, a wrong URL or login
     app = Dashboard(DatabaseData(open_connection, window_minutes=args.window_minutes), token=token,
-                    allow_actions=args.allow_actions, cookie_secure=args.cookie_secure, max_rows=args.max_rows)
+                    allow_actions=args.allow_actions, cookie_secure=args.cookie_secure, max_rows=args.max_rows,
+                    allowed_hosts=args.allow_host)
     try:
         server = make_dashboard_server(app, args.host, args.port)
     except ValueError as exc:

@@ -26,18 +26,23 @@ def register(subparsers) -> None:
     p.add_argument("--db", help="database URL (default: $MAILQ_DB_URL)")
     p.add_argument("--once", action="store_true", help="run what waits now, then exit")
     p.add_argument("--idle-seconds", type=float, default=5.0, help="pause when nothing waits (default 5)")
-    p.add_argument("--lease-seconds", type=int, default=300, help="time one query may take (10-3600, default 300)")
+    p.add_argument("--lease-seconds", type=int, default=300,
+                   help="a query's lease (10-3600, default 300); the query may run for the lease less "
+                        "a tenth (at least 5 s), then it is cancelled as a query error")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..dbmail.runner import run_forever
+    from ..dbmail.runner import query_seconds, run_forever
     from ..procedures import _DRIVER_ERRORS
 
     url = args.db or os.environ.get("MAILQ_DB_URL")
     control = connect(url)
+    # Each statement of a query gets at most the query's time (the runner
+    # also stops reading when that time is up between statements).
+    seconds = query_seconds(args.lease_seconds)
     try:
-        done = run_forever(control, lambda: connect(url), idle_seconds=args.idle_seconds,
+        done = run_forever(control, lambda: connect(url, query_timeout=seconds), idle_seconds=args.idle_seconds,
                            lease_seconds=args.lease_seconds, driver_errors=_DRIVER_ERRORS, once=args.once)
     finally:
         control.close()

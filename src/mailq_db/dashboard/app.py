@@ -11,7 +11,12 @@ Access (docs/monitoring/README.md, "Dashboard"):
   * a token (``MAILQ_DASHBOARD_TOKEN`` or a file) is asked once at /login and
     kept in an HttpOnly, SameSite=Strict cookie; ``Authorization: Bearer``
     works too.  Without a token the server only listens on a loopback address
-    (put an authenticating reverse proxy in front for remote use).
+    (put an authenticating reverse proxy in front for remote use), and it
+    answers only requests whose Host is a loopback name or address (or one
+    allowed by name): a web page whose DNS name is rebound to 127.0.0.1
+    cannot read it through the operator's browser (DNS rebinding).
+  * every link, form and redirect is relative, so the page works under any
+    path prefix a reverse proxy mounts it at (``location /mailq/``).
   * actions (cancel or requeue the mails a filter lists, unblock an account)
     are off unless enabled; then each is a GET that lists what would change
     and a POST that does it, carrying a CSRF token bound to the session, the
@@ -51,23 +56,49 @@ MAX_BODY = 64 * 1024
 STATUSES = CANCELLABLE + REQUEUEABLE
 SECURITY_HEADERS = [
     ("Content-Security-Policy",
-     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'"),
+     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+     "base-uri 'self'"),
+    ("X-Frame-Options", "DENY"),  # frame-ancestors' counterpart for browsers without CSP level 2
     ("X-Content-Type-Options", "nosniff"),
     ("Referrer-Policy", "no-referrer"),
     ("Cache-Control", "no-store"),
 ]
+
+#: the alert rules' thresholds (docs/monitoring/alerts.yml; a test keeps them in step): the
+#: summary marks a figure beyond them as the alert would
+OLDEST_SENDABLE_ALERT_SECONDS = 900
+FAILURE_RATIO_ALERT = 0.2
+FAILURE_RATIO_MIN_PER_MINUTE = 1.0
+FAILED = ("Retry", "Wait", "Stop", "Abandoned")
 
 StartResponse = Callable[..., Any]
 
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` names only this machine (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
+    if host.lower().rstrip(".") == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def host_name(header: str) -> str | None:
+    """The host name of a Host header (``name``, ``name:port``, ``[::1]:port``), lower case."""
+    try:
+        name = urllib.parse.urlsplit("//" + header).hostname
+    except ValueError:
+        return None
+    return name.rstrip(".") if name else None
+
+
+def relative_root(path: str) -> str:
+    """The relative URL of the application's root from ``path``: "./" from /mail,
+    "../" from /actions/cancel.  Links, forms and redirects use it, so the page
+    works wherever a proxy mounts it."""
+    depth = max(path.count("/") - 1, 0)
+    return "../" * depth if depth else "./"
 
 
 def _age(seconds: Any) -> str:
@@ -140,9 +171,12 @@ class Dashboard:
     """The WSGI application.  ``data`` is the only way to the database."""
 
     def __init__(self, data: DashboardData, *, token: str | None, allow_actions: bool = False,
-                 cookie_secure: bool = False, max_rows: int = 100, secret: bytes | None = None) -> None:
+                 cookie_secure: bool = False, max_rows: int = 100, secret: bytes | None = None,
+                 allowed_hosts: Iterable[str] = ()) -> None:
         self.data = data
         self.token = token
+        #: without a token: Host names answered besides loopback ones (a proxy that sends its own)
+        self.allowed_hosts = {h.lower().rstrip(".") for h in allowed_hosts}
         self.allow_actions = allow_actions
         self.cookie_secure = cookie_secure
         self.max_rows = max_rows
@@ -171,6 +205,10 @@ class Dashboard:
         return [response.body]
 
     def dispatch(self, request: Request) -> Response:
+        if not self.host_allowed(request):
+            return Response(HTTPStatus.FORBIDDEN, b"This Host is not served without a token: use 127.0.0.1 or "
+                            b"localhost, or start the dashboard with --allow-host NAME.\n",
+                            "text/plain; charset=utf-8")
         if request.path == "/healthz":
             return Response(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
         if request.path == "/static/style.css":
@@ -180,21 +218,23 @@ class Dashboard:
             return self.login(request)
         if not self.authenticated(request):
             if request.method == "GET":
-                return Response(HTTPStatus.SEE_OTHER, b"", headers=(("Location", "/login"),))
-            return self.page("error.html", HTTPStatus.UNAUTHORIZED, message="Log in first.")
+                return Response(HTTPStatus.SEE_OTHER, b"",
+                                headers=(("Location", relative_root(request.path) + "login"),))
+            return self.page(request, "error.html", HTTPStatus.UNAUTHORIZED, message="Log in first.")
         handler = self.routes.get((request.method, request.path))
         if handler is None:
-            return self.page("error.html", HTTPStatus.NOT_FOUND, message=f"No page {request.path}.")
+            return self.page(request, "error.html", HTTPStatus.NOT_FOUND, message=f"No page {request.path}.")
         try:
             return handler(request)
         except ActionRefused as exc:
-            return self.page("error.html", HTTPStatus.FORBIDDEN, refused=True,
+            return self.page(request, "error.html", HTTPStatus.FORBIDDEN, refused=True,
                              message=f"The database refused: {exc}")
         except DatabaseError as exc:
             log.warning("database error on %s: %s", request.path, exc)
-            return self.page("error.html", HTTPStatus.BAD_GATEWAY, message=f"Database error: {exc}")
+            return self.page(request, "error.html", HTTPStatus.BAD_GATEWAY, message=f"Database error: {exc}")
 
-    def page(self, template: str, code: HTTPStatus = HTTPStatus.OK, **values: Any) -> Response:
+    def page(self, request: Request, template: str, code: HTTPStatus = HTTPStatus.OK, **values: Any) -> Response:
+        values.setdefault("root", relative_root(request.path))
         values.setdefault("actions", self.allow_actions)
         values.setdefault("logged_in", self.token is not None)
         values.setdefault("refused", False)
@@ -202,6 +242,18 @@ class Dashboard:
         return Response(code, body)
 
     # ---------------------------------------------------------------- auth
+
+    def host_allowed(self, request: Request) -> bool:
+        """With a token, any Host (the token guards the page).  Without one, only a
+        loopback Host or one allowed by name: the browser of an operator who has
+        the page open on 127.0.0.1 sends a rebound name's Host, which is refused."""
+        if self.token is not None:
+            return True
+        header = request.environ.get("HTTP_HOST")
+        if header is None:
+            return True  # HTTP/1.0 without Host: not a browser
+        name = host_name(header)
+        return name is not None and (is_loopback(name) or name in self.allowed_hosts)
 
     def _session(self) -> str:
         """The cookie value a login grants (changes when the token or the process changes)."""
@@ -218,16 +270,19 @@ class Dashboard:
 
     def login(self, request: Request) -> Response:
         if self.token is None:
-            return Response(HTTPStatus.SEE_OTHER, b"", headers=(("Location", "/"),))
+            return Response(HTTPStatus.SEE_OTHER, b"", headers=(("Location", relative_root(request.path)),))
         if request.method != "POST":
-            return self.page("login.html", failed=False)
+            return self.page(request, "login.html", failed=False)
         given = request.form().get("token", "")
         if not hmac.compare_digest(given.encode(), self.token.encode()):
-            return self.page("login.html", HTTPStatus.UNAUTHORIZED, failed=True)
-        cookie = f"{COOKIE}={self._session()}; Path=/; HttpOnly; SameSite=Strict"
+            return self.page(request, "login.html", HTTPStatus.UNAUTHORIZED, failed=True)
+        # No Path: the browser scopes the cookie to the directory of /login, the
+        # page's mount point behind a proxy ("/mailq"), "/" when served directly.
+        cookie = f"{COOKIE}={self._session()}; HttpOnly; SameSite=Strict"
         if self.cookie_secure:
             cookie += "; Secure"
-        return Response(HTTPStatus.SEE_OTHER, b"", headers=(("Location", "/"), ("Set-Cookie", cookie)))
+        return Response(HTTPStatus.SEE_OTHER, b"",
+                        headers=(("Location", relative_root(request.path)), ("Set-Cookie", cookie)))
 
     def csrf(self, action: str, payload: str) -> str:
         message = f"csrf|{self._session()}|{action}|{payload}".encode()
@@ -245,18 +300,19 @@ class Dashboard:
         minutes = 1.0
         if m.window_start_utc is not None and m.window_end_utc is not None:
             minutes = max(1.0, (m.window_end_utc - m.window_start_utc).total_seconds() / 60)
-        return self.page("overview.html", m=m, delay=view.delay, queue=queue_rows(m),
-                         throughput=throughput_rows(m), failures=failure_rows(m, minutes), minutes=minutes,
-                         statuses=STATUSES)
+        queue = queue_rows(m)
+        return self.page(request, "overview.html", m=m, delay=view.delay, queue=queue,
+                         summary=summary(m, queue, view.delay, minutes), throughput=throughput_rows(m),
+                         failures=failure_rows(m, minutes), minutes=minutes, statuses=STATUSES)
 
     def mail(self, request: Request) -> Response:
         mail_id = _int(request.query.get("id"))
         if mail_id is None:
-            return self.page("error.html", HTTPStatus.BAD_REQUEST, message="Give a mail ID: /mail?id=123")
+            return self.page(request, "error.html", HTTPStatus.BAD_REQUEST, message="Give a mail ID: /mail?id=123")
         story = self.data.mail_story(mail_id)
         if story.history.mail is None:
-            return self.page("error.html", HTTPStatus.NOT_FOUND, message=f"No mail {mail_id}.")
-        return self.page("mail.html", h=story.history, events=story.events)
+            return self.page(request, "error.html", HTTPStatus.NOT_FOUND, message=f"No mail {mail_id}.")
+        return self.page(request, "mail.html", h=story.history, events=story.events)
 
     def _filter(self, request: Request) -> tuple[str, str | None, str | None]:
         status = request.query.get("status", "Failed")
@@ -265,16 +321,16 @@ class Dashboard:
     def find(self, request: Request) -> Response:
         status, account, run_mode = self._filter(request)
         if status not in STATUSES:
-            return self.page("error.html", HTTPStatus.BAD_REQUEST, message=f"Unknown status {status!r}.")
+            return self.page(request, "error.html", HTTPStatus.BAD_REQUEST, message=f"Unknown status {status!r}.")
         rows = self.data.find_mail(status=status, account_name=account, run_mode=run_mode, max_rows=self.max_rows)
-        return self.page("find.html", rows=rows, status=status, account=account or "", run_mode=run_mode or "",
+        return self.page(request, "find.html", rows=rows, status=status, account=account or "", run_mode=run_mode or "",
                          statuses=STATUSES, max_rows=self.max_rows)
 
     # ------------------------------------------------------------- actions
 
-    def _actions_off(self) -> Response | None:
+    def _actions_off(self, request: Request) -> Response | None:
         if not self.allow_actions:
-            return self.page("error.html", HTTPStatus.FORBIDDEN,
+            return self.page(request, "error.html", HTTPStatus.FORBIDDEN,
                              message="Actions are off: start the dashboard with --allow-actions.")
         return None
 
@@ -285,54 +341,54 @@ class Dashboard:
             raise ActionRefused("the dashboard's database login is not a member of MailqAdmin")
 
     def confirm_mails(self, request: Request, action: str) -> Response:
-        off = self._actions_off()
+        off = self._actions_off(request)
         if off:
             return off
         self._require_admin()
         status, account, run_mode = self._filter(request)
         allowed = CANCELLABLE if action == "cancel" else REQUEUEABLE
         if status not in allowed:
-            return self.page("error.html", HTTPStatus.BAD_REQUEST,
+            return self.page(request, "error.html", HTTPStatus.BAD_REQUEST,
                              message=f"{action} applies to {', '.join(allowed)} mail, not {status}.")
         rows = self.data.find_mail(status=status, account_name=account, run_mode=run_mode, max_rows=self.max_rows)
         ids = ",".join(str(r["ID"]) for r in rows)
-        return self.page("confirm.html", action=action, rows=rows, ids=ids, status=status,
+        return self.page(request, "confirm.html", action=action, rows=rows, ids=ids, status=status,
                          account=account or "(every account)", csrf=self.csrf(action, ids))
 
     def do_mails(self, request: Request, action: str) -> Response:
-        off = self._actions_off()
+        off = self._actions_off(request)
         if off:
             return off
         form = request.form()
         ids_text = form.get("ids", "")
         if form.get("confirm") != "yes" or not self.csrf_ok(request, action, ids_text):
-            return self.page("error.html", HTTPStatus.FORBIDDEN,
+            return self.page(request, "error.html", HTTPStatus.FORBIDDEN,
                              message="Not confirmed, or the form is stale: list the mails again.")
         ids = [int(i) for i in ids_text.split(",") if i.strip().isdigit()]
         outcome = self.data.cancel(ids) if action == "cancel" else self.data.requeue(ids)
-        return self.page("done.html", action=action, outcome=outcome)
+        return self.page(request, "done.html", action=action, outcome=outcome)
 
     def confirm_unblock(self, request: Request) -> Response:
-        off = self._actions_off()
+        off = self._actions_off(request)
         if off:
             return off
         self._require_admin()
         account = request.query.get("account", "")
         if not account:
-            return self.page("error.html", HTTPStatus.BAD_REQUEST, message="Name the account: ?account=NAME")
-        return self.page("confirm_unblock.html", account=account, csrf=self.csrf("unblock", account))
+            return self.page(request, "error.html", HTTPStatus.BAD_REQUEST, message="Name the account: ?account=NAME")
+        return self.page(request, "confirm_unblock.html", account=account, csrf=self.csrf("unblock", account))
 
     def do_unblock(self, request: Request) -> Response:
-        off = self._actions_off()
+        off = self._actions_off(request)
         if off:
             return off
         form = request.form()
         account = form.get("account", "")
         if form.get("confirm") != "yes" or not self.csrf_ok(request, "unblock", account):
-            return self.page("error.html", HTTPStatus.FORBIDDEN,
+            return self.page(request, "error.html", HTTPStatus.FORBIDDEN,
                              message="Not confirmed, or the form is stale: open the account again.")
         made_visible = self.data.unblock(account)
-        return self.page("done_unblock.html", account=account, made_visible=made_visible)
+        return self.page(request, "done_unblock.html", account=account, made_visible=made_visible)
 
 
 def _int(text: str | None) -> int | None:
@@ -353,6 +409,39 @@ def queue_rows(m: Any) -> list[dict[str, Any]]:
             "IsBlocked": False, "OldestSendableAgeSeconds": 0, "UnSent": 0, "Sending": 0})
         row[r["Status"]] = int(r["MailCount"])
     return [rows[k] for k in sorted(rows)]
+
+
+def summary(m: Any, queue: list[dict[str, Any]], delay: dict[str, Any] | None, minutes: float) -> dict[str, Any]:
+    """The figures an operator reads first, each marked ``bad`` the way its alert
+    would judge it: the oldest sendable mail, what is queued, the failure ratio
+    over the window (overall and the worst account), blocked accounts, overdue
+    delayed tasks."""
+    worst = max((r for r in queue if r["SendableCount"]), key=lambda r: r["OldestSendableAgeSeconds"], default=None)
+    attempts: dict[str, list[int]] = {}  # account -> [failed, all but Released]
+    for r in m.attempts:
+        if r["Outcome"] == "Released":
+            continue
+        counts = attempts.setdefault(r["AccountName"], [0, 0])
+        counts[1] += int(r["Attempts"])
+        if r["Outcome"] in FAILED:
+            counts[0] += int(r["Attempts"])
+    failed = sum(c[0] for c in attempts.values())
+    total = sum(c[1] for c in attempts.values())
+    ratios = [(c[0] / c[1], account) for account, c in attempts.items()
+              if c[1] / minutes >= FAILURE_RATIO_MIN_PER_MINUTE]
+    worst_ratio = max(ratios, default=None)
+    blocked = [a["AccountName"] for a in m.accounts if a["IsBlocked"]]
+    overdue = int(delay.get("OverdueTasks") or 0) if delay else None
+    return {
+        "oldest": worst, "oldest_bad": bool(worst and worst["OldestSendableAgeSeconds"] > OLDEST_SENDABLE_ALERT_SECONDS),
+        "sendable": sum(int(r["SendableCount"]) for r in queue), "due": sum(int(r["DueCount"]) for r in queue),
+        "unsent": sum(int(r["UnSent"]) for r in queue), "sending": sum(int(r["Sending"]) for r in queue),
+        "ratio": failed / total if total else None, "failed_per_minute": failed / minutes,
+        "attempts_per_minute": total / minutes, "worst_ratio": worst_ratio,
+        "ratio_bad": bool(worst_ratio and worst_ratio[0] > FAILURE_RATIO_ALERT),
+        "blocked": blocked, "overdue": overdue,
+        "delay_bad": bool(delay and (overdue or delay.get("QueueReceiveEnabled") == 0 or delay.get("BrokerEnabled") == 0)),
+    }
 
 
 def throughput_rows(m: Any) -> list[dict[str, Any]]:

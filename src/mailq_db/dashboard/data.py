@@ -7,6 +7,7 @@ with the same methods (see tests/unit/fake_dashboard.py).
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -18,6 +19,8 @@ from ..errors import DatabaseError, MailStateError
 PERMISSION_DENIED = 229
 #: SQL Server's "Could not find stored procedure ...": delayed execution not deployed
 NO_SUCH_PROCEDURE = 2812
+#: once delay.GetTaskMetrics was found absent, the overview asks again only after this long
+DELAY_PROBE_SECONDS = 600.0
 #: statuses a bulk action applies to: cancel takes UnSent mail, requeue the final ones
 CANCELLABLE = ("UnSent",)
 REQUEUEABLE = ("Failed", "Cancelled", "Expired", "Stopped")
@@ -62,10 +65,13 @@ class DashboardData(Protocol):
 class DatabaseData:
     """The dashboard's reads and actions over one connection (reopened when it drops)."""
 
-    def __init__(self, open_connection: Callable[[], Any], *, window_minutes: int = 15) -> None:
+    def __init__(self, open_connection: Callable[[], Any], *, window_minutes: int = 15,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.db = ReconnectingConnection(open_connection, retries=1, backoff=Backoff(0.5, 2.0))
         self.window_minutes = window_minutes
+        self.clock = clock
         self._lock = threading.Lock()  # one connection, one call at a time
+        self._delay_absent_until: float | None = None
 
     def _call(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
         with self._lock:
@@ -77,11 +83,20 @@ class DatabaseData:
                 raise
 
     def overview(self) -> Overview:
+        """Two calls per page view (one where delayed execution is not deployed:
+        after a 2812 the second call is skipped for DELAY_PROBE_SECONDS)."""
         metrics = self._call(procedures.get_queue_metrics, window_minutes=self.window_minutes)
+        now = self.clock()
+        if self._delay_absent_until is not None and now < self._delay_absent_until:
+            return Overview(metrics, None)
         try:
             delay: dict[str, Any] | None = self._call(procedures.get_delay_task_metrics)
-        except (DatabaseError, ActionRefused):
-            delay = None  # not deployed (2812) or not granted: the page says so
+        except ActionRefused:
+            delay = None  # not granted: the page says so
+        except DatabaseError as exc:
+            delay = None  # not deployed (2812) or failed: the page says so
+            if exc.number == NO_SUCH_PROCEDURE:
+                self._delay_absent_until = now + DELAY_PROBE_SECONDS
         return Overview(metrics, delay)
 
     def mail_story(self, mail_id: int) -> MailStory:

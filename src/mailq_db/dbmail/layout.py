@@ -100,7 +100,10 @@ class Options:
 
 @dataclass
 class Output:
+    """``stopped``: why reading ended early (None: the query's output is whole)."""
+
     items: list[Any] = field(default_factory=list)
+    stopped: str | None = None
 
 
 def display_width(col: Column) -> int:
@@ -240,8 +243,11 @@ def rows_affected(n: int) -> str:
 
 def format_error(err: QueryError) -> list[str]:
     """sqlcmd's 'Msg n, Level l, State s, Server x, Line n' line and the text;
-    the parts the driver did not pass are left out."""
-    parts = [f"Msg {err.number}" if err.number is not None else "Msg"]
+    the parts the driver did not pass are left out.  An error with no server
+    number (the driver's or the runner's own, such as a time-out) is its text."""
+    if not err.number:
+        return [err.text]
+    parts = [f"Msg {err.number}"]
     for label, value in (("Level", err.level), ("State", err.state), ("Server", err.server),
                          ("Line", err.line)):
         if value is not None:

@@ -15,6 +15,13 @@ MailqDbMailRunner, plus ``IMPERSONATE ON USER::[sender]`` per sender):
    the ``(n rows affected)`` lines after result sets);
 4. ``REVERT WITH COOKIE``, and the connection is closed.  Without the
    cookie the query itself cannot return to the runner's identity.
+
+Whatever the query does, it can fail only its own mail, never the runner:
+an error while rows arrive keeps the rows read so far and the error (as
+sqlcmd shows them); reading stops once the result cannot fit the mail (the
+queue's limits) or the query has used its time (the lease less a margin, so
+that no other runner takes it over while it runs); anything else that goes
+wrong fails the mail with the reason.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import uuid
 from typing import Any, Callable
 
 from .. import procedures
-from ..errors import parse_driver_message
+from ..errors import DatabaseError, parse_driver_message
 from . import layout
 
 log = logging.getLogger("mailq_db.dbmail")
@@ -37,6 +44,16 @@ log = logging.getLogger("mailq_db.dbmail")
 MAX_ATTEMPTS = 3
 #: result sets, messages and counts read from one query at most (a loop guard)
 MAX_ITEMS = 10_000
+#: rows read between two checks of the limits
+CHECK_ROWS = 500
+#: the queue's limits (mailq.CompleteDbMailQuery): a body of 2,000,000
+#: characters, an attachment of 10 MiB; reading stops past them
+BODY_LIMIT_CHARS = 2_000_000
+ATTACHMENT_LIMIT_BYTES = 10_485_760
+TOO_LARGE = "the result is over the queue's limits (2,000,000 characters in the body, 10 MiB attached)"
+#: ODBC types pyodbc may not read, and what they are in T-SQL
+_UNREADABLE_TYPES = {-150: "sql_variant", -151: "a CLR type (geometry, geography, hierarchyid)"}
+_UNSUPPORTED = re.compile(r"ODBC SQL type (-?\d+) is not yet supported\.\s+column-index=(\d+)")
 _DRIVER_PREFIX = re.compile(r"^(?:\[[^\]]*\])+")
 _SQL_SS_TIMESTAMPOFFSET = -155
 
@@ -92,55 +109,138 @@ def column_from_description(desc: tuple) -> layout.Column:
 
 
 def _error(exc: Exception, server: str | None) -> layout.QueryError:
-    text = exc.args[1] if len(exc.args) > 1 else str(exc)
-    number, message = parse_driver_message(str(text))
+    # pyodbc passes (SQLSTATE, message), except for its own errors, which
+    # are (message, SQLSTATE): the message is the longer one.
+    texts = [str(a) for a in exc.args] or [str(exc)]
+    number, message = parse_driver_message(max(texts, key=len))
+    unsupported = _UNSUPPORTED.search(message)
+    if unsupported:
+        kind = _UNREADABLE_TYPES.get(int(unsupported.group(1)), f"ODBC type {unsupported.group(1)}")
+        message = (f"column {int(unsupported.group(2)) + 1} of the result is {kind}, which the query runner "
+                   "cannot read: CAST it to a character or numeric type in the query")
     return layout.QueryError(number=number, text=_clean(message), server=server)
 
 
-def read_output(cursor: Any, query: str, server: str | None, driver_errors: tuple) -> layout.Output:
-    """Run ``query`` as one batch on ``cursor`` and read everything it sends, in order."""
-    out = layout.Output()
+class _Reader:
+    """Reads one batch's results, messages and errors in the order they come."""
 
-    def messages() -> None:
-        for _state, text in getattr(cursor, "messages", None) or []:
-            out.items.append(layout.Message(_clean(text)))
+    def __init__(self, cursor: Any, server: str | None, driver_errors: tuple, max_chars: int | None,
+                 deadline: float | None, clock: Callable[[], float]):
+        self.cursor, self.server, self.driver_errors = cursor, server, driver_errors
+        self.max_chars, self.deadline, self.clock = max_chars, deadline, clock
+        self.out = layout.Output()
+        self.chars = 0
 
-    failures = 0
-    try:
-        cursor.execute(query)
-        ready = True
-    except driver_errors as exc:
-        messages()
-        out.items.append(_error(exc, server))
-        ready, failures = False, 1
-    while len(out.items) < MAX_ITEMS:
-        if ready:
-            messages()
-            if cursor.description:
-                columns = [column_from_description(d) for d in cursor.description]
-                rows = [tuple(r) for r in cursor.fetchall()]
-                out.items.append(layout.ResultSet(columns, rows, count=len(rows)))
-            elif cursor.rowcount is not None and cursor.rowcount >= 0:
-                out.items.append(layout.RowCount(cursor.rowcount))
+    def messages(self) -> None:
+        for _state, text in getattr(self.cursor, "messages", None) or []:
+            self.out.items.append(layout.Message(_clean(text)))
+
+    def error(self, exc: Exception) -> None:
+        self.messages()
+        self.out.items.append(_error(exc, self.server))
+
+    def must_stop(self) -> bool:
+        """True (once the reason is recorded) when the result cannot fit the
+        mail or the query's time is up; the server is told to stop."""
+        if self.out.stopped is None and self.max_chars is not None and self.chars > self.max_chars:
+            self.out.stopped = TOO_LARGE
+        elif self.out.stopped is None and self.deadline is not None and self.clock() > self.deadline:
+            self.out.stopped = "time"
+            self.out.items.append(layout.QueryError(
+                number=None, server=self.server,
+                text="the query ran longer than the query runner's lease allows and was cancelled "
+                     "(mailq-db dbmail-runner --lease-seconds, at most 3600)"))
+        if self.out.stopped is None:
+            return False
         try:
-            if not cursor.nextset():
+            self.cursor.cancel()
+        except self.driver_errors:  # the connection is closed next anyway
+            pass
+        return True
+
+    def rows(self) -> bool:
+        """The current result set; False when reading must stop."""
+        columns = [column_from_description(d) for d in self.cursor.description]
+        rows: list[tuple] = []
+        try:
+            # Row by row: an error among the rows loses none read before it
+            # (fetchmany would drop the rows of the call that failed).
+            while (row := self.cursor.fetchone()) is not None:
+                rows.append(tuple(row))
+                self.chars += sum(len(str(v)) + 1 for v in row) + 2
+                if len(rows) % CHECK_ROWS == 0 and self.must_stop():
+                    self.out.items.append(layout.ResultSet(columns, rows, count=None))
+                    return False
+        except self.driver_errors as exc:
+            # sqlcmd shows the rows that came before the error, then the error.
+            self.out.items.append(layout.ResultSet(columns, rows, count=None))
+            self.error(exc)
+            return True
+        self.out.items.append(layout.ResultSet(columns, rows, count=len(rows)))
+        return True
+
+    def read(self, query: str) -> layout.Output:
+        failures = 0
+        try:
+            self.cursor.execute(query)
+            ready = True
+        except self.driver_errors as exc:
+            self.error(exc)
+            ready, failures = False, 1
+        while len(self.out.items) < MAX_ITEMS:
+            if ready:
+                self.messages()
+                if self.cursor.description:
+                    if not self.rows():
+                        break
+                elif self.cursor.rowcount is not None and self.cursor.rowcount >= 0:
+                    self.out.items.append(layout.RowCount(self.cursor.rowcount))
+            if self.must_stop():
                 break
-            ready, failures = True, 0
-        except driver_errors as exc:
-            messages()
-            out.items.append(_error(exc, server))
-            ready, failures = False, failures + 1
-            if failures > 1:  # the driver keeps failing at the same place: the batch ended
-                break
-    return out
+            try:
+                if not self.cursor.nextset():
+                    break
+                ready, failures = True, 0
+            except self.driver_errors as exc:
+                self.error(exc)
+                ready, failures = False, failures + 1
+                if failures > 1:  # the driver keeps failing at the same place: the batch ended
+                    break
+        return self.out
+
+
+def read_output(cursor: Any, query: str, server: str | None, driver_errors: tuple, *,
+                max_chars: int | None = None, deadline: float | None = None,
+                clock: Callable[[], float] = time.monotonic) -> layout.Output:
+    """Run ``query`` as one batch on ``cursor`` and read everything it sends, in
+    order, until ``max_chars`` characters of values or the ``deadline`` (on ``clock``)."""
+    return _Reader(cursor, server, driver_errors, max_chars, deadline, clock).read(query)
 
 
 def _literal(name: str) -> str:
     return "N'" + name.replace("'", "''") + "'"
 
 
-def run_as_sender(conn: Any, job: procedures.DbMailQuery, driver_errors: tuple) -> layout.Output:
-    """Steps 1-4 of the module docstring on ``conn`` (a fresh autocommit connection)."""
+def result_limit(job: procedures.DbMailQuery) -> int:
+    """Characters of values past which the result cannot fit the mail."""
+    return ATTACHMENT_LIMIT_BYTES if job.attach_results else BODY_LIMIT_CHARS
+
+
+def _nocount(cursor: Any, driver_errors: tuple) -> bool:
+    """SET NOCOUNT as the query left it (False when it cannot be read: a
+    query may leave PARSEONLY, NOEXEC or FMTONLY on)."""
+    try:
+        cursor.execute("SELECT @@OPTIONS & 512;")
+        row = cursor.fetchone()
+    except driver_errors:
+        return False
+    return bool(row and row[0])
+
+
+def run_as_sender(conn: Any, job: procedures.DbMailQuery, driver_errors: tuple, *,
+                  seconds: float | None = None, clock: Callable[[], float] = time.monotonic) -> layout.Output:
+    """Steps 1-4 of the module docstring on ``conn`` (a fresh autocommit
+    connection); the query may take ``seconds`` (None: no limit)."""
     if hasattr(conn, "add_output_converter"):
         conn.add_output_converter(_SQL_SS_TIMESTAMPOFFSET, _datetimeoffset)
     cursor = conn.cursor()
@@ -163,10 +263,10 @@ def run_as_sender(conn: Any, job: procedures.DbMailQuery, driver_errors: tuple) 
         raise IdentityError(f"database user {job.request_user!r} is not the one who sent the mail "
                             "(dropped and created again): the query was not run")
     try:
-        out = read_output(cursor, job.query, server, driver_errors)
-        cursor.execute("SELECT @@OPTIONS & 512;")
-        nocount = bool(cursor.fetchone()[0])
-        if nocount:
+        deadline = None if seconds is None else clock() + seconds
+        out = read_output(cursor, job.query, server, driver_errors, max_chars=result_limit(job),
+                          deadline=deadline, clock=clock)
+        if out.stopped is None and _nocount(cursor, driver_errors):
             for item in out.items:
                 if isinstance(item, layout.ResultSet):
                     item.count = None
@@ -186,6 +286,8 @@ def default_file_name(job: procedures.DbMailQuery) -> str:
 
 def finish(job: procedures.DbMailQuery, output: layout.Output) -> dict[str, Any]:
     """The arguments of mailq.CompleteDbMailQuery for a query that ran."""
+    if output.stopped == TOO_LARGE:
+        return {"outcome": "Failed", "error": TOO_LARGE}
     errors = [i for i in output.items if isinstance(i, layout.QueryError)]
     if errors and not job.append_query_error:
         first = layout.format_error(errors[0])
@@ -200,6 +302,31 @@ def finish(job: procedures.DbMailQuery, output: layout.Output) -> dict[str, Any]
     return {"outcome": "Done", "text": text}
 
 
+def query_seconds(lease_seconds: int) -> int:
+    """The time a query may take: its lease less a margin, so that the
+    result is handed back before another runner may take the query over."""
+    return max(lease_seconds - max(5, lease_seconds // 10), 1)
+
+
+def _run_claimed(job: procedures.DbMailQuery, open_query_connection: Callable[[], Any], lease_seconds: int,
+                 driver_errors: tuple) -> dict[str, Any]:
+    """The arguments of mailq.CompleteDbMailQuery for a claimed query: a
+    query can fail its own mail, never stop the runner."""
+    if job.attempts > MAX_ATTEMPTS:
+        return {"outcome": "Failed", "error": f"no query runner finished it in {MAX_ATTEMPTS} attempts"}
+    conn = open_query_connection()
+    try:
+        return finish(job, run_as_sender(conn, job, driver_errors, seconds=query_seconds(lease_seconds)))
+    except IdentityError as exc:
+        return {"outcome": "Failed", "error": str(exc)[:3900]}
+    except Exception as exc:  # noqa: BLE001 - whatever the query did, only its mail fails
+        log.exception("mail item %s: the query could not be run or read", job.mailitem_id)
+        return {"outcome": "Failed",
+                "error": f"the query runner could not run or read the query: {type(exc).__name__}: {exc}"[:3900]}
+    finally:
+        conn.close()
+
+
 def run_one(control: Any, open_query_connection: Callable[[], Any], *, lease_seconds: int = 300,
             driver_errors: tuple = ()) -> bool:
     """Claim one waiting query, run it, hand it back.  False when none waits."""
@@ -207,18 +334,16 @@ def run_one(control: Any, open_query_connection: Callable[[], Any], *, lease_sec
     job = procedures.claim_db_mail_query(control, lock_token=token, lease_seconds=lease_seconds)
     if job is None:
         return False
-    if job.attempts > MAX_ATTEMPTS:
-        args: dict[str, Any] = {"outcome": "Failed",
-                                "error": f"no query runner finished it in {MAX_ATTEMPTS} attempts"}
-    else:
-        conn = open_query_connection()
-        try:
-            args = finish(job, run_as_sender(conn, job, driver_errors))
-        except IdentityError as exc:
-            args = {"outcome": "Failed", "error": str(exc)[:3900]}
-        finally:
-            conn.close()
-    procedures.complete_db_mail_query(control, mailitem_id=job.mailitem_id, lock_token=token, **args)
+    args = _run_claimed(job, open_query_connection, lease_seconds, driver_errors)
+    try:
+        procedures.complete_db_mail_query(control, mailitem_id=job.mailitem_id, lock_token=token, **args)
+    except DatabaseError as exc:
+        if exc.number != 50661:
+            raise
+        # The lease passed and another runner took the query over: its result counts.
+        log.warning("mail item %s: claim lost before the result was handed back; result dropped",
+                    job.mailitem_id)
+        return True
     log.info("mail item %s (mail %s): query %s", job.mailitem_id, job.mail_id, args["outcome"].lower())
     return True
 

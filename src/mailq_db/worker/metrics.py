@@ -215,18 +215,24 @@ FAILED_OUTCOMES = ("retry", "wait", "stop", "abandoned")
 DELAY_PROBE_SECONDS = 600.0
 #: SQL Server's "Could not find stored procedure": delayed execution is not deployed here
 NO_SUCH_PROCEDURE = 2812
+#: after a failed read, the last figures are still served while they are at most this many
+#: intervals old, then dropped: a single failed read does not restart every alert's ``for:``,
+#: and figures the database can no longer confirm are never repeated as current for long
+STALE_INTERVALS = 3
 
 
 @dataclass
 class QueueSnapshot:
     """One read of the queue's metrics."""
 
-    queue: Any  # procedures.QueueMetrics, or None before the first successful read
+    queue: Any  # procedures.QueueMetrics; None before the first successful read or once stale
     delay: dict[str, Any] | None  # delay.GetTaskMetrics' row; None: not deployed or not readable
     ok: bool
     error: str | None
-    read_at: float  # time.time() of the read
+    read_at: float  # time.time() of the last successful read (0.0: none yet)
     duration: float  # seconds the read took
+    #: whether delay.GetTaskMetrics' last read was complete; None: not deployed (or not asked)
+    delay_ok: bool | None = None
 
 
 class QueueMetricsCache:
@@ -237,7 +243,9 @@ class QueueMetricsCache:
     absent: error 2812 marks it absent, asked again every
     DELAY_PROBE_SECONDS).  Concurrent scrapes share one read (a lock), so the
     database sees one query per interval whatever the scrape rate.  A failed
-    read keeps the previous figures and says so (``mailq_exporter_up 0``)."""
+    read says so (``mailq_exporter_up 0``) and keeps the previous figures
+    while they are at most STALE_INTERVALS intervals old, then drops them
+    (only the ``mailq_exporter_*`` metrics remain)."""
 
     def __init__(self, read_queue: Callable[[], Any], read_delay: Callable[[], dict[str, Any]] | None,
                  interval: float = 30.0, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -248,6 +256,7 @@ class QueueMetricsCache:
         self._lock = threading.Lock()
         self._at: float | None = None
         self._delay_absent_until: float | None = None
+        self._ok_at: float | None = None  # clock() of the last successful read
         self.snapshot = QueueSnapshot(None, None, False, "not read yet", 0.0, 0.0)
         self.queries = 0
         self.errors = 0
@@ -269,23 +278,30 @@ class QueueMetricsCache:
             self.errors += 1
             log.warning("mailq.GetQueueMetrics failed: %s", exc)
             old = self.snapshot
-            return QueueSnapshot(old.queue, old.delay, False, str(exc), old.read_at, time.perf_counter() - started)
-        delay = self._read_delay(now)
-        return QueueSnapshot(queue, delay, True, None, time.time(), time.perf_counter() - started)
+            took = time.perf_counter() - started
+            if self._ok_at is None or now - self._ok_at > STALE_INTERVALS * self.interval:
+                return QueueSnapshot(None, None, False, str(exc), old.read_at, took, None)
+            return QueueSnapshot(old.queue, old.delay, False, str(exc), old.read_at, took, old.delay_ok)
+        self._ok_at = now
+        delay, delay_ok = self._read_delay(now)
+        return QueueSnapshot(queue, delay, True, None, time.time(), time.perf_counter() - started, delay_ok)
 
-    def _read_delay(self, now: float) -> dict[str, Any] | None:
+    def _read_delay(self, now: float) -> tuple[dict[str, Any] | None, bool | None]:
+        """(the row, whether it is complete); (None, None) where delayed execution is absent."""
         if self.read_delay is None or (self._delay_absent_until is not None and now < self._delay_absent_until):
-            return None
+            return None, None
         try:
             row = self.read_delay()
         except Exception as exc:  # noqa: BLE001 - delayed execution is optional
             if getattr(exc, "number", None) == NO_SUCH_PROCEDURE:
                 self._delay_absent_until = now + DELAY_PROBE_SECONDS
-            else:
-                log.warning("delay.GetTaskMetrics failed: %s", exc)
-            return None
+                return None, None
+            log.warning("delay.GetTaskMetrics failed: %s", exc)
+            return None, False
         self._delay_absent_until = None
-        return row
+        # NULL states: the login may not see the queue (VIEW DEFINITION), so its alerts cannot fire
+        complete = row is not None and all(row.get(c) is not None for c in ("QueueReceiveEnabled", "BrokerEnabled"))
+        return row, complete
 
 
 def _gauge(name: str, text: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
@@ -319,6 +335,8 @@ QUEUE_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                           "(poison message handling)", ()),
     "mailq_delay_broker_enabled": ("gauge", "0 when Service Broker is disabled in the database", ()),
     "mailq_exporter_up": ("gauge", "1 when the last read of mailq.GetQueueMetrics succeeded", ()),
+    "mailq_exporter_delay_up": ("gauge", "1 when the last read of delay.GetTaskMetrics succeeded and saw the "
+                                "queue's state; absent where delayed execution is not deployed", ()),
     "mailq_exporter_last_success_timestamp_seconds": ("gauge", "Unix time of the last successful read", ()),
     "mailq_exporter_query_duration_seconds": ("gauge", "how long the last read took", ()),
     "mailq_exporter_queries": ("counter", "reads of mailq.GetQueueMetrics", ()),
@@ -353,6 +371,10 @@ class QueueCollector(Collector):
         up = self._family("mailq_exporter_up")
         up.add_metric([], 1 if snap.ok else 0)
         yield up
+        if snap.delay_ok is not None:
+            delay_up = self._family("mailq_exporter_delay_up")
+            delay_up.add_metric([], 1 if snap.delay_ok else 0)
+            yield delay_up
         if snap.read_at:
             last = self._family("mailq_exporter_last_success_timestamp_seconds")
             last.add_metric([], snap.read_at)

@@ -8303,7 +8303,7 @@ BEGIN
             OR @query_attachment_filename LIKE N'%.vbs' OR @query_attachment_filename LIKE N'%.js'
         )
     BEGIN
-        RAISERROR (14630, 16, 1, @query_attachment_filename);
+        RAISERROR (14630, 16, 1, @query_attachment_filename, N'exe,dll,vbs,js');
         RETURN 2;
     END;
     IF @query IS NOT NULL AND @execute_query_database IS NOT NULL AND DB_ID(@execute_query_database) IS NULL
@@ -14509,8 +14509,8 @@ BEGIN
             i.QueryAttempts
         FROM mailq.DbMailItem AS i WITH (READPAST, UPDLOCK, ROWLOCK)
         -- READPAST: skip a query another runner is claiming; UPDLOCK: claim
-        -- while reading; ROWLOCK: row grain for READPAST; INDEX: the filtered
-        -- range of waiting queries (the optimizer may not match the filter).
+        -- while reading; ROWLOCK: row grain for READPAST.  The predicate
+        -- repeats IX_DbMailItem_QueryDue's filter, so the range is its own.
         WHERE i.QueryState IN (N'Pending', N'Running') AND i.QueryDueAtUtc <= @Now
         ORDER BY i.QueryDueAtUtc, i.MailItemID
     )
@@ -14801,6 +14801,16 @@ GRANT SELECT ON OBJECT::mailq.sysmail_configuration TO MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
+/*
+Grant of role MailqDbMailUser on the attachments view, as msdb grants
+DatabaseMailUserRole sysmail_mailattachments (each member sees only the
+attachments of the mail they sent).  Its own file: the view is created after
+MailqDbMailUser.grants.sql runs.
+*/
+GRANT SELECT ON OBJECT::mailq.sysmail_mailattachments TO MailqDbMailUser;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
 DECLARE @Disable BIT = 0;
 DECLARE @Other NVARCHAR(MAX), @Msg NVARCHAR(2048), @Sql NVARCHAR(MAX);
 DECLARE @Found TABLE (TriggerName NVARCHAR(300) NOT NULL PRIMARY KEY);
@@ -15067,7 +15077,8 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'views/mailq.sysmail_principalprofile.sql',
     N'views/mailq.sysmail_configuration.sql',
     N'security/MailqDbMailRunner.grants.sql',
-    N'security/MailqAdmin.dbmail2.grants.sql');
+    N'security/MailqAdmin.dbmail2.grants.sql',
+    N'security/MailqDbMailUser.attachments.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'checks/mailq.CheckServer.sql', '89ed45a62c6ee8ca40463e4bd4af18043187e39a1ba6d06b14d13407c15881df'),
     ('0001', N'schemas/mailq.sql', 'a9a6be54bd0f26e4b367d371bb9b830d93be85ee5ba7add8c05eea0aae709248'),
@@ -15182,7 +15193,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
     ('0001', N'views/mailq.sysmail_event_log.sql', '45900d2fe03be402252a7a45c43f64c706b3fb0a90e57a49bdda14bff66e49de'),
     ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'bbb5e2e8c3d3a51e978ab68da23fc00c6317535f8f4d34c2db4208ffa06ee478'),
-    ('0001', N'procedures/mailq.SendDbMail.sql', '120836d99cd6e2e33fd5e9b3423bfc9c8d6893b9b24ddb40cdd1475fb44d330d'),
+    ('0001', N'procedures/mailq.SendDbMail.sql', '1876732dbdb89ad3b5b26a3a3da962a15e5884b9ea6a5c90e5b41cc9964ccff0'),
     ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '0671551bbef4be2b75a015e4a1de8622f53f66ffc4ec88adab82ead8bbcb928b'),
     ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '30a940c5359b0f3ce392bbe3fd4a9535a4f044ac18b40d7f8d67713ecdfb9c68'),
@@ -15253,7 +15264,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/delay.GetTaskMetrics.sql', '5cb8b4d226696dd082eb9dd1b424b5ababfb24ed691c5a7f9342f3bcc78f0af8'),
     ('0001', N'broker/MailqMonitor.delay.grants.sql', '6c6b407e3f64e2e63646356e61aa6e32c8b447eb1f0898b4ee2966a15d67bbca'),
     ('0001', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),
-    ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '32312da16a8ea40d32bec704da1f5dfce51829f2141650765a397bd8b31c2167'),
+    ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '344f758049ec6d83971172a8e551e67c66a4bd44eb28edf21da78650f6c47ac9'),
     ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', '58824bd1190da6109fc5f10a8243b2a17a79d88fb4807b4d36edbadef892752d'),
     ('0001', N'views/mailq.sysmail_mailattachments.sql', 'edf748544e1352d35cae718a1e8291b2a47d3d644a0e3276b3106160abf320f5'),
     ('0001', N'views/mailq.sysmail_profile.sql', '86cbb0a0c212583f0a2c7e643a73393066c83fe9ff74fef42b5f5de53c7bbf3e'),
@@ -15262,7 +15273,8 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.sysmail_principalprofile.sql', '8c9b4d8cb0c61a4e66405c8980e457b08ea2f81bb437d016de92d9880b8594ff'),
     ('0001', N'views/mailq.sysmail_configuration.sql', '4380271b2d053df4de0fc681df5de4e4d39c34d8c052e69db59e1f47fe529ad0'),
     ('0001', N'security/MailqDbMailRunner.grants.sql', '1a3cd1b1382b62f823da2c4e50d012809aae6411cebc40ba4cba3923eb428d2d'),
-    ('0001', N'security/MailqAdmin.dbmail2.grants.sql', '8e183eb1f250afe5152e8ca31f717395f71d497404155088c2d4a578dd181d9b');
+    ('0001', N'security/MailqAdmin.dbmail2.grants.sql', '8e183eb1f250afe5152e8ca31f717395f71d497404155088c2d4a578dd181d9b'),
+    ('0001', N'security/MailqDbMailUser.attachments.grants.sql', '48554e3644bfb39d8d9ac4af1628820e76cf2c0f78d25b27377c352278a38d22');
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO

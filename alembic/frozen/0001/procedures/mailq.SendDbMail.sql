@@ -189,7 +189,7 @@ BEGIN
             OR @query_attachment_filename LIKE N'%.vbs' OR @query_attachment_filename LIKE N'%.js'
         )
     BEGIN
-        RAISERROR (14630, 16, 1, @query_attachment_filename);
+        RAISERROR (14630, 16, 1, @query_attachment_filename, N'exe,dll,vbs,js');
         RETURN 2;
     END;
     IF @query IS NOT NULL AND @execute_query_database IS NOT NULL AND DB_ID(@execute_query_database) IS NULL

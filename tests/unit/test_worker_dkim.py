@@ -146,6 +146,65 @@ def test_the_key_may_come_from_the_environment(key):
     assert dkimpy.verify(dkim.sign(settings, message()), dnsfunc=dns_stub(txt))
 
 
+def test_a_key_saved_with_crlf_or_escaped_on_one_line_is_accepted(key, tmp_path):
+    path, txt, pem = key
+    crlf = tmp_path / "windows.key"
+    crlf.write_bytes(pem.replace(b"\n", b"\r\n"))  # before: "not an RSA private key in PEM"
+    assert dkimpy.verify(dkim.sign(settings_for(crlf), message()), dnsfunc=dns_stub(txt))
+    text = ('[accounts.a]\nhost = "smtp.example.com"\n[accounts.a.dkim]\ndomain = "example.com"\n'
+            'selector = "mq2026"\nprivate_key_env = "DKIM_KEY"\n')
+    one_line = pem.decode().strip().replace("\n", "\\n")  # as an env file holds it
+    settings = parse_config(text, env={"DKIM_KEY": one_line}).accounts["a"].dkim
+    assert dkimpy.verify(dkim.sign(settings, message()), dnsfunc=dns_stub(txt))
+
+
+def test_check_config_warns_about_a_key_file_other_users_can_read(key, tmp_path, capsys):
+    from mailq_db.cli import main
+
+    path, _, pem = key
+    open_key = tmp_path / "open.key"
+    open_key.write_bytes(pem)
+    open_key.chmod(0o644)
+    refresh = tmp_path / "sales.rt"
+    refresh.write_text("rt-one")
+    refresh.chmod(0o664)
+    config = tmp_path / "worker.toml"
+    config.write_text(f"""
+[accounts.signed]
+host = "smtp.example.com"
+[accounts.signed.dkim]
+domain = "example.com"
+selector = "mq2026"
+private_key_file = "{open_key}"
+
+[accounts.safe]
+host = "smtp.example.com"
+[accounts.safe.dkim]
+domain = "example.com"
+selector = "mq2026"
+private_key_file = "{path}"
+
+[accounts.delegated]
+host = "smtp.example.com"
+user = "sales@example.com"
+auth = "xoauth2"
+[accounts.delegated.oauth]
+provider = "refresh_token"
+issuer = "microsoft"
+tenant = "organizations"
+client_id = "cid"
+refresh_token_file = "{refresh}"
+""")
+    main(["worker", "--config", str(config), "--check-config"])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "can be read or changed" in line]
+    assert warnings == [
+        f"warning: account signed: {open_key} (the DKIM private key) can be read or changed by every user of this "
+        f"machine (mode 0644): chmod 600 {open_key} (or 640 with a group of the worker's user only)",
+        f"warning: account delegated: {refresh} (the refresh token) can be read or changed by every user of this "
+        f"machine (mode 0664): chmod 600 {refresh} (or 640 with a group of the worker's user only)"]
+    assert pem.decode().splitlines()[1] not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("table,problem", [
     ('domain = "example.com"\nselector = "s"', "private key is required"),
     ('domain = "example"\nselector = "s"\nprivate_key_file = "KEY"', "signing domain"),

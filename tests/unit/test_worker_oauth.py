@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -104,6 +105,116 @@ def test_one_refresh_at_a_time_per_account_and_accounts_do_not_wait_for_each_oth
         t.join()
     assert slow.calls == 1 and got == ["token-1"] * 8
     assert other_account_waited < 0.4  # not blocked behind the slow account's fetch
+
+
+class CountingLock:
+    """The account lock, counting the callers that reached it (before they wait for it)."""
+
+    def __init__(self) -> None:
+        self.lock, self.arrived = threading.Lock(), 0
+
+    def __enter__(self) -> None:
+        self.arrived += 1
+        self.lock.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+
+
+class Unreachable:
+    """A provider whose identity platform cannot be reached (after ``gate`` opens, if given)."""
+
+    def __init__(self, gate: Any = None, error: Exception | None = None) -> None:
+        self.calls, self.gate = 0, gate
+        self.error = error or oauth.TokenUnavailable("the Microsoft identity platform could not be reached: "
+                                                     "ConnectTimeout")
+
+    def fetch(self) -> Token:
+        self.calls += 1
+        if self.gate is not None:
+            self.gate()
+        raise self.error
+
+
+def test_a_failed_fetch_is_not_repeated_by_the_threads_that_waited_for_it():
+    lock = CountingLock()
+
+    class Cache(TokenCache):
+        def _lock(self, key: str) -> Any:
+            return lock
+
+    cache, waiting = Cache(), 6
+
+    def until_all_arrived() -> None:  # the fetch ends only when every caller waits behind it
+        while lock.arrived < waiting:
+            time.sleep(0.01)
+
+    provider = Unreachable(until_all_arrived)
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            cache.get("a", provider, 300)
+        except oauth.TokenUnavailable as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(waiting)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert provider.calls == 1 and len(errors) == waiting
+    assert len({id(e) for e in errors}) == waiting and {str(e) for e in errors} == {str(provider.error)}
+    with pytest.raises(oauth.TokenUnavailable):  # a caller that comes afterwards asks again
+        cache.get("a", provider, 300)
+    assert provider.calls == 2
+
+
+def test_an_unreachable_platform_does_not_throw_away_a_token_that_still_lasts(caplog):
+    now = [0.0]
+    cache = TokenCache(clock=lambda: now[0])
+    good = Counting(now)
+    first = cache.get("a", good, 300)
+    now[0] = 3600 - 200  # inside the margin: time to refresh
+    down = Unreachable()
+    with caplog.at_level(logging.WARNING, logger="mailq_db"):
+        assert cache.get("a", down, 300) is first
+    [line] = caplog.records
+    assert "could not be refreshed; the current one is used while it lasts (200 s)" in line.getMessage()
+    assert first.access_token not in caplog.text
+    now[0] += 10
+    assert cache.get("a", down, 300) is first and down.calls == 1  # not asked again right away
+    now[0] += 30
+    assert cache.get("a", good, 300).access_token == "token-2"  # asked again, and it answers
+
+
+def test_a_refusal_or_a_token_about_to_expire_is_not_hidden_by_the_cached_token():
+    now = [0.0]
+    cache = TokenCache(clock=lambda: now[0])
+    cache.get("a", Counting(now), 300)
+    now[0] = 3600 - 200
+    refused = Unreachable(error=oauth.TokenError("invalid_grant", "sign the mailbox in again"))
+    with pytest.raises(oauth.TokenError):
+        cache.get("a", refused, 300)
+    now[0] = 3600 - 20  # 20 s left: too little to sign in with
+    with pytest.raises(oauth.TokenUnavailable):
+        cache.get("a", Unreachable(), 300)
+
+
+def test_a_token_that_is_not_a_bearer_token_is_refused_and_not_cached():
+    class Odd:
+        calls = 0
+
+        def fetch(self) -> Token:
+            Odd.calls += 1
+            return Token("abc\x01user=someone-else@example.com", 3600.0, 0.0)
+
+    cache = TokenCache(clock=lambda: 0.0)
+    for _ in range(2):
+        with pytest.raises(oauth.TokenError, match="characters a bearer token cannot have") as info:
+            cache.get("a", Odd(), 300)
+        assert "someone-else" not in str(info.value)
+    assert Odd.calls == 2 and cache.fetches == {}
 
 
 def test_a_token_never_shows_in_its_repr():
@@ -223,6 +334,21 @@ def test_a_rotated_secret_file_is_used_without_a_restart(tmp_path):
     assert [p["client_secret"] for p in http.posts] == ["old-secret-value", "new-secret-value"]
 
 
+@pytest.mark.parametrize("kind", ["client_secret_file", "certificate_file", "pfx"])
+def test_a_secret_file_removed_after_loading_is_a_token_error_naming_it(tmp_path, kind):
+    from mailq_db.worker.classify import classify_exception
+    from mailq_db.worker.oauth.microsoft import ClientCredentials
+
+    gone = str(tmp_path / ("app.pfx" if kind == "pfx" else "gone"))
+    settings = microsoft(client_secret=Secret(file=gone)) if kind == "client_secret_file" else \
+        microsoft(client_secret=None, certificate_file=gone)
+    with pytest.raises(oauth.TokenError) as info:
+        ClientCredentials(settings, http_client=FakeEntra(ok())).fetch()
+    assert f"{gone} cannot be read (No such file or directory)" in str(info.value)
+    assert "readable by the worker's user" in info.value.fix
+    assert classify_exception(info.value, "auth").rule == "account setup failed"  # not "server unreachable"
+
+
 @pytest.mark.parametrize("code,error,text,expect", [
     (7000215, "invalid_client", "Invalid client secret provided. Ensure the secret being sent in the request is the "
      "client secret value, not the client secret ID", "Value, not its ID"),
@@ -234,6 +360,8 @@ def test_a_rotated_secret_file_is_used_without_a_restart(tmp_path):
     (500011, "invalid_resource", "The resource principal named https://outlook.office365.com was not found in the "
      "tenant named Contoso.", "https://outlook.office365.com/.default"),
     (7000112, "unauthorized_client", "Application '1111' is disabled.", "Enterprise applications"),
+    (700024, "invalid_client", "Client assertion is not within its valid time range. Current time: "
+     "2026-11-26T10:00:00Z, assertion valid from 2026-11-26T10:20:00Z", "clock is wrong"),
 ])
 def test_microsoft_refusals_name_the_missing_permission_or_consent(code, error, text, expect):
     from mailq_db.worker.oauth.microsoft import ClientCredentials
@@ -251,6 +379,33 @@ def test_an_unknown_aadsts_code_points_to_the_error_lookup_page():
 
     http = FakeEntra((400, entra_error(9999999, "invalid_request", "Something new.")))
     with pytest.raises(oauth.TokenError, match=r"error\?code=9999999"):
+        ClientCredentials(microsoft(), http_client=http).fetch()
+
+
+class EntraDown(FakeEntra):
+    """Discovery answers 503 with an HTML page (an outage of the identity platform)."""
+
+    def get(self, url: str, params: Any = None, headers: Any = None, **kw: Any) -> Response:
+        self.gets.append(url)
+        page = Response(503, {})
+        page.text = "<html><body>Service Unavailable</body></html>"
+        return page
+
+
+def test_an_identity_platform_outage_is_transient_not_a_configuration_error():
+    from mailq_db.worker.classify import classify_exception
+    from mailq_db.worker.oauth.microsoft import ClientCredentials
+
+    with pytest.raises(oauth.TokenUnavailable) as info:
+        ClientCredentials(microsoft(), http_client=EntraDown(ok())).fetch()
+    outcome = classify_exception(info.value, "auth")
+    assert (outcome.disposition, outcome.rule, outcome.retry_after_seconds) == ("Wait", "server unreachable", 60)
+    # the token endpoint's HTML error page (not JSON) is transient too
+    page = Response(502, {})
+    page.text = "<html>Bad Gateway</html>"
+    http = FakeEntra(ok())
+    http.post = lambda *a, **k: page  # type: ignore[method-assign]
+    with pytest.raises(oauth.TokenUnavailable):
         ClientCredentials(microsoft(), http_client=http).fetch()
 
 
@@ -300,6 +455,105 @@ def test_a_delegated_refresh_token_is_redeemed_with_msal_and_its_rotation_writte
     assert post["grant_type"] == "refresh_token" and post["refresh_token"] == "0.AAAA-refresh-token-one"
     assert "https://outlook.office.com/SMTP.Send" in post["scope"]
     assert stored.read_text() == "0.AAAA-two\n" and stored.stat().st_mode & 0o777 == 0o600
+
+
+def delegated(source: Secret) -> OAuthSettings:
+    return OAuthSettings("refresh_token", ("https://outlook.office.com/SMTP.Send",), issuer="microsoft",
+                         tenant="organizations", client_id="cid", refresh_token=source)
+
+
+def rotating(*refresh_tokens: str) -> FakeEntra:
+    """Entra answering each refresh grant with a new access token and the next refresh token."""
+    return FakeEntra(*[(200, {"token_type": "Bearer", "expires_in": 4000, "access_token": f"eyJ-{i}",
+                              "refresh_token": rt}) for i, rt in enumerate(refresh_tokens)])
+
+
+def test_a_refresh_token_stored_after_signing_in_again_is_used_without_a_restart(tmp_path):
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    stored = tmp_path / "rt"
+    stored.write_text("rt-one\n")
+    http = rotating("rt-two", "rt-three")
+    provider = RefreshToken(delegated(Secret(file=str(stored))), http_client=http)
+    provider.fetch()  # rt-one redeemed, rt-two written back
+    stored.write_text("rt-after-signing-in-again\n")  # the operator's new sign-in (e.g. after AADSTS50173)
+    provider.fetch()
+    assert [p["refresh_token"] for p in http.posts] == ["rt-one", "rt-after-signing-in-again"]
+
+
+def test_a_rotated_refresh_token_file_is_0600_and_its_symlink_is_kept(tmp_path):
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    real = tmp_path / "secrets" / "sales.rt"
+    real.parent.mkdir()
+    real.write_text("rt-one\n")
+    real.chmod(0o644)  # readable by everyone: the rotated token must not be
+    link = tmp_path / "sales.rt"
+    link.symlink_to(real)
+    RefreshToken(delegated(Secret(file=str(link))), http_client=rotating("rt-two")).fetch()
+    assert link.is_symlink() and real.read_text() == "rt-two\n"
+    assert real.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in real.parent.iterdir()] == ["sales.rt"]  # no temporary file left
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+def test_a_rotation_written_by_root_keeps_the_workers_ownership(tmp_path):
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    stored = tmp_path / "rt"
+    stored.write_text("rt-one\n")
+    os.chown(stored, 4321, 4322)  # the worker's user; root runs check-config --probe
+    RefreshToken(delegated(Secret(file=str(stored))), http_client=rotating("rt-two")).fetch()
+    info = stored.stat()
+    assert stored.read_text() == "rt-two\n" and (info.st_uid, info.st_gid, info.st_mode & 0o777) == (4321, 4322, 0o600)
+
+
+def test_another_user_does_not_take_the_workers_token_file(tmp_path, monkeypatch, caplog):
+    from mailq_db.worker.oauth import refresh
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    stored = tmp_path / "rt"
+    stored.write_text("rt-one\n")
+    owner = stored.stat().st_uid
+    monkeypatch.setattr(refresh.os, "geteuid", lambda: owner + 1000)  # a user that is neither its owner nor root
+    with caplog.at_level(logging.WARNING, logger="mailq_db"):
+        RefreshToken(delegated(Secret(file=str(stored))), http_client=rotating("rt-two")).fetch()
+    assert stored.read_text() == "rt-one\n" and "belongs to another user" in caplog.text
+
+
+def test_a_rotated_token_that_cannot_be_written_is_kept_until_the_file_changes(tmp_path, caplog, monkeypatch):
+    import errno
+
+    from mailq_db.worker.oauth import refresh
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    def read_only(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    stored = tmp_path / "rt"
+    stored.write_text("rt-one\n")
+    monkeypatch.setattr(refresh.tempfile, "mkstemp", read_only)
+    http = rotating("rt-two", "rt-three", "rt-four")
+    provider = RefreshToken(delegated(Secret(file=str(stored))), http_client=http)
+    with caplog.at_level(logging.INFO, logger="mailq_db"):
+        provider.fetch()
+        provider.fetch()
+    assert "could not be rewritten (Read-only file system)" in caplog.text and "rt-t" not in caplog.text
+    stored.write_text("rt-new-sign-in\n")  # the operator stores a new token: it wins over the kept one
+    provider.fetch()
+    assert [p["refresh_token"] for p in http.posts] == ["rt-one", "rt-two", "rt-new-sign-in"]
+
+
+def test_a_refresh_token_from_the_environment_rotates_in_memory_and_says_so_once(caplog):
+    from mailq_db.worker.oauth.microsoft import RefreshToken
+
+    http = rotating("rt-two", "rt-three", "rt-four")
+    provider = RefreshToken(delegated(Secret(env="SALES_RT", value="rt-one")), http_client=http)
+    with caplog.at_level(logging.INFO, logger="mailq_db"):
+        for _ in range(3):
+            provider.fetch()
+    assert [p["refresh_token"] for p in http.posts] == ["rt-one", "rt-two", "rt-three"]
+    assert caplog.text.count("kept in memory") == 1 and "rt-t" not in caplog.text
 
 
 def test_msal_logs_neither_the_secret_nor_the_token(caplog):
@@ -391,6 +645,107 @@ def test_google_refusals_name_the_delegation_or_the_subject_to_check(service_acc
         ServiceAccount(google(service_account_key), request=FakeGoogle((status, body))).fetch()
     assert info.value.code == body["error"] and expect in info.value.fix
     assert body["error_description"] in str(info.value)
+
+
+class GooglePage(FakeGoogle):
+    """The token endpoint answers with a page that is not JSON (a 503 from a front end)."""
+
+    def __call__(self, url: str, method: str = "GET", body: Any = None, headers: Any = None,
+                 timeout: Any = None, **kw: Any) -> GoogleResponse:
+        self.calls.append({"url": url})
+        page = GoogleResponse(503, {})
+        page.data = b"<html><title>503 Service Unavailable</title></html>"
+        return page
+
+
+@pytest.mark.parametrize("request_", [
+    GooglePage(),
+    FakeGoogle((429, {"error": "rate_limit_exceeded", "error_description": "Rate Limit Exceeded"})),
+    FakeGoogle((500, {"error": "internal_failure"})),
+], ids=["html-503", "429", "internal_failure"])
+def test_google_answers_that_google_auth_calls_retryable_are_transient(service_account_key, request_):
+    from mailq_db.worker.oauth.google import ServiceAccount
+
+    with pytest.raises(oauth.TokenUnavailable) as info:
+        ServiceAccount(google(service_account_key), request=request_).fetch()
+    assert "fix:" not in str(info.value)
+    assert len(request_.calls) == 3  # google-auth retried before giving up
+
+
+def test_a_configured_token_uri_replaces_the_keys_own(service_account_key):
+    from mailq_db.worker.oauth.google import ServiceAccount
+
+    request = FakeGoogle((200, {"access_token": "ya29.c.elsewhere", "expires_in": 3599, "token_type": "Bearer"}))
+    settings = google(service_account_key, token_uri="https://oauth2.example.test/token")
+    assert ServiceAccount(settings, request=request).fetch().access_token == "ya29.c.elsewhere"
+    assert [c["url"] for c in request.calls] == ["https://oauth2.example.test/token"]
+
+
+@pytest.mark.parametrize("table", [
+    'provider = "google"\nservice_account_env = "K"\ntoken_uri = "http://oauth2.example.test/token"',
+    'provider = "refresh_token"\nissuer = "generic"\nclient_id = "c"\nclient_secret_env = "K"\n'
+    'refresh_token_env = "K"\ntoken_uri = "http://127.0.0.1.attacker.example/token"',
+    'provider = "refresh_token"\nissuer = "google"\nclient_id = "c"\nclient_secret_env = "K"\n'
+    'refresh_token_env = "K"\ntoken_uri = "http://localhost.attacker.example/token"',
+])
+def test_a_token_endpoint_in_clear_text_is_refused(table):
+    with pytest.raises(ConfigurationError, match="token_uri: must be an https:// URL"):
+        config(table, {"K": "{}"})
+
+
+def test_a_loopback_token_endpoint_is_allowed_for_tests():
+    acct = config('provider = "refresh_token"\nissuer = "generic"\nclient_id = "c"\nclient_secret_env = "K"\n'
+                  'refresh_token_env = "K"\ntoken_uri = "http://127.0.0.1:8080/token"', {"K": "x"})
+    assert acct.oauth.token_uri == "http://127.0.0.1:8080/token"
+
+
+def test_google_auths_debug_request_log_does_not_carry_the_signed_assertion(service_account_key, tmp_path):
+    """google-auth's own DEBUG log of the token request, with its real requests transport against a
+    token endpoint on 127.0.0.1: the JWT assertion (redeemable for an hour) must not be in it."""
+    import http.server
+
+    from mailq_db.worker.oauth.google import ServiceAccount
+
+    class Endpoint(http.server.BaseHTTPRequestHandler):
+        bodies: list[str] = []
+
+        def do_POST(self) -> None:  # noqa: N802 - BaseHTTPRequestHandler's name
+            Endpoint.bodies.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            data = json.dumps({"access_token": "ya29.from-the-lab", "expires_in": 3599}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Endpoint)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    google_logger, keep = logging.getLogger("google"), Keep()
+    google_logger.addHandler(keep)
+    google_logger.setLevel(logging.DEBUG)
+    try:
+        settings = google(service_account_key, token_uri=f"http://127.0.0.1:{server.server_address[1]}/token")
+        assert ServiceAccount(settings).fetch().access_token == "ya29.from-the-lab"
+    finally:
+        google_logger.removeHandler(keep)
+        google_logger.setLevel(logging.NOTSET)
+        server.shutdown()
+        server.server_close()
+    [body] = Endpoint.bodies
+    assertion = urllib.parse.parse_qs(body)["assertion"][0]
+    logged = [r for r in records if hasattr(r, "httpRequest")]
+    assert logged and all(assertion not in str(vars(r)) for r in records)
+    assert logged[0].httpRequest["body"]["assertion"] == "[redacted]"
 
 
 def test_a_broken_service_account_key_is_explained(tmp_path):
@@ -485,6 +840,80 @@ def test_a_command_that_prints_nothing_is_refused():
 
     with pytest.raises(oauth.TokenError, match="printed no token"):
         Command(command("pass")).fetch()
+
+
+def test_a_command_that_prints_too_much_is_stopped():
+    from mailq_db.worker.oauth.command import Command
+
+    with pytest.raises(oauth.TokenError, match="printed more than 64 KiB"):
+        Command(command("import sys\nwhile True: sys.stdout.write('x' * 65536)", timeout_seconds=60)).fetch()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return "\nState:\tZ" in fh.read()  # a zombie nobody reaped yet is dead too
+    except FileNotFoundError:
+        return True
+
+
+def test_a_child_left_holding_the_output_is_not_waited_for(tmp_path):
+    from mailq_db.worker.oauth.command import Command
+
+    pid_file = tmp_path / "helper.pid"
+    script = ("import pathlib, subprocess, sys\n"  # a helper that inherits standard output and stays
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\n"
+              "print('token-from-a-program-with-a-helper')")
+    try:
+        # before: the run waited for the helper to close the pipe, and timed out (TokenUnavailable)
+        token = Command(command(script, timeout_seconds=20)).fetch()
+        assert token.access_token == "token-from-a-program-with-a-helper"
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), 9)
+
+
+def test_a_timeout_kills_the_program_and_what_it_started(tmp_path):
+    from mailq_db.worker.oauth.command import Command
+
+    pid_file = tmp_path / "child.pid"
+    script = ("import pathlib, subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\ntime.sleep(60)")
+    with pytest.raises(oauth.TokenUnavailable, match="did not finish within 5 s"):
+        Command(command(script, timeout_seconds=5.0)).fetch()
+    child = int(pid_file.read_text())
+    for _ in range(500):  # SIGKILL is delivered at once; its parent (init) reaps it when it can
+        if _gone(child):
+            break
+        time.sleep(0.01)
+    assert _gone(child)
+
+
+def test_a_failing_commands_error_line_does_not_repeat_a_token():
+    from mailq_db.worker.oauth.command import Command
+
+    script = ("import sys; print('eyJhbGciOiJSUzI1NiJ9.half-token-9f3a7c2e1d')\n"
+              "print('refresh failed: refresh_token=1//0gLq3xYz9Kf8AbCdEfGhIjKlMnOp rejected', file=sys.stderr)\n"
+              "sys.exit(2)")
+    with pytest.raises(oauth.TokenError) as info:
+        Command(command(script)).fetch()
+    assert "refresh failed: refresh_token=[redacted] rejected" in str(info.value)
+    assert "9f3a7c" not in str(info.value) and "0gLq3xYz9" not in str(info.value)
+
+
+@pytest.mark.parametrize("printed,problem", [
+    ("'tok\\x01user=someone-else@example.com'", "characters a bearer token cannot have"),
+    ("'tök-en'", "characters a bearer token cannot have"),
+    ("json.dumps({'access_token': 't', 'expires_in': -5})", "not a positive number"),
+    ("'{\"access_token\": \"t\", \"expires_in\": NaN}'", "not a positive number"),
+])
+def test_a_token_or_lifetime_that_cannot_be_used_is_refused(printed, problem):
+    from mailq_db.worker.oauth.command import Command
+
+    with pytest.raises(oauth.TokenError, match=problem):
+        Command(command(f"import json; print({printed})")).fetch()
 
 
 # --------------------------------------------------------------------------- settings

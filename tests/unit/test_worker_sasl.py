@@ -53,6 +53,15 @@ def test_oauthbearer_initial_response_follows_rfc_7628():
     assert escaped.startswith(b"n,a=a=2Cb=3Dc@x.example,\x01")
 
 
+@pytest.mark.parametrize("user,token", [("u@example.com\x01auth=Bearer x", "tok"), ("u@example.com", "tok\x01\x01"),
+                                        ("u@example.com", "tok en"), ("u@example.com\r\nRSET", "tok")])
+def test_nothing_that_would_end_a_field_early_is_sent(user, token):
+    for mechanism in ("XOAUTH2", "OAUTHBEARER"):
+        with pytest.raises(SetupError) as info:
+            sasl.initial_response(mechanism, user, token, "smtp.example.com", 587)
+        assert token not in str(info.value) or token == "tok"
+
+
 class FakeSmtp:
     """Records docmd() calls and answers from a script."""
 

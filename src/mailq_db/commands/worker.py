@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import socket
 import sys
@@ -12,7 +13,7 @@ from .. import procedures
 from ..connection import ENV_URL, connect, find_driver, installed_drivers
 from ..errors import ConfigurationError, MailqError
 from ..worker import logs
-from ..worker.config import Config, check_run_modes, is_fqdn, load_config
+from ..worker.config import Config, check_run_modes, is_fqdn, load_config, secret_file_warnings
 from ..worker.probe import probe
 from ..worker.runner import run_workers
 
@@ -152,6 +153,8 @@ def check(args: argparse.Namespace) -> int:
         if not is_fqdn(helo):
             print(f"warning: account {a.name}: the EHLO name {helo!r} is not a fully qualified domain name; "
                   "set local_hostname (Postfix's reject_non_fqdn_helo_hostname refuses it)", file=sys.stderr)
+    for line in secret_file_warnings(config):
+        print(f"warning: {line}", file=sys.stderr)
     failed = False
     if getattr(args, "probe", False):
         steps, ok = probe(config.accounts)
@@ -175,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
     if not url:
         raise ConfigurationError(f"no database: pass --db, set {ENV_URL}, or add [database] to the config")
     logs.setup(args.log_format, args.log_level)
+    for line in secret_file_warnings(config):
+        logs.event(logging.getLogger("mailq_db.worker"), logging.WARNING, line)
     db = config.database
 
     def open_connection():

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from ..bounces.verp import BounceSettings, parse_settings as parse_bounce_settings
 from ..errors import ConfigurationError
 from .classify import EscalationPolicy, resolve_provider, tomllib  # one TOML import for Python 3.10 and 3.11+
-from .dkim import DkimSettings, parse_dkim
+from .dkim import DkimSettings, key_file_warning, parse_dkim, permission_warning
 from .oauth.settings import OAuthSettings, parse_oauth
 from .sasl import AUTH_MODES
 
@@ -442,6 +442,23 @@ def _identity(a: str, raw: dict[str, Any], env: Mapping[str, str], problems: _Pr
     if dkim_raw is not None:
         values["dkim"] = parse_dkim(f"{a}.dkim", dkim_raw, env, problems)
     return values
+
+
+def secret_file_warnings(config: Config) -> list[str]:
+    """One line per secret file of an account (OAuth secrets, refresh tokens, keys, the DKIM key)
+    that other users may read or change: check-config prints them, the worker logs them."""
+    lines = []
+    for a in config.accounts.values():
+        found = [key_file_warning(a.dkim)] if a.dkim else []
+        s = a.oauth
+        if s is not None:
+            files = [("the client secret", s.client_secret.file if s.client_secret else None),
+                     ("the refresh token", s.refresh_token.file if s.refresh_token else None),
+                     ("the service account key", s.service_account.file if s.service_account else None),
+                     ("the certificate and its key", s.certificate_file)]
+            found += [permission_warning(path, what) for what, path in files if path]
+        lines += [f"account {a.name}: {line}" for line in found if line]
+    return lines
 
 
 def parse_config(text: str, *, env: Mapping[str, str] | None = None, source: str = "config") -> Config:

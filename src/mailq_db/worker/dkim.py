@@ -15,12 +15,17 @@ and the checks.
   for one-click unsubscription.
 * The key is read and checked when the configuration is loaded (an RSA key
   of at least 1024 bits, RFC 8301 3.2), and kept in memory; signing does
-  not touch the disk.  A key that cannot be used at send time is a
-  :class:`SetupError` (the account waits; no mail is failed for it).
+  not touch the disk.  CRLF line ends (and, in the environment, ``\\n``
+  escapes on one line) are accepted.  ``check-config`` warns when the key's
+  file is open to other users (:func:`key_file_warning`).  The key never
+  appears in a repr, a log line or a message.  A key that cannot be used at
+  send time is a :class:`SetupError` (the account waits; no mail is failed
+  for it).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
@@ -128,17 +133,47 @@ def _key(where: str, values: dict[str, Any], env: Mapping[str, str], problems: A
         if not isinstance(var, str) or var not in env:
             problems.add(f"{where}.private_key_env", f"environment variable {var} is not set")
             return None, ""
-        return env[var].encode("ascii", "replace"), f"${var}"
+        text = env[var].encode("ascii", "replace")
+        if b"\n" not in text and b"\\n" in text:  # one line with \n escapes, as env files often hold it
+            text = text.replace(b"\\n", b"\n")
+        return _lf(text), f"${var}"
     if path:
         try:
             with open(path, "rb") as fh:
-                return fh.read(), str(path)
+                return _lf(fh.read()), str(path)
         except OSError as exc:
             problems.add(f"{where}.private_key_file", f"cannot read {path}: {exc.strerror}")
             return None, ""
     problems.add(where, "the private key is required: set private_key_file (a PEM file readable by the worker) "
                  "or private_key_env")
     return None, ""
+
+
+def _lf(pem: bytes) -> bytes:
+    """PEM with LF line ends: dkimpy finds the key between ``--\\n`` and ``\\n--`` only, so a key
+    saved with CRLF (copied from Windows) would not be found."""
+    return pem.replace(b"\r\n", b"\n")
+
+
+def key_file_warning(settings: DkimSettings) -> str | None:
+    """A warning when the private key's file may be read or changed by other users, else None."""
+    if settings.key_source.startswith("$"):
+        return None
+    return permission_warning(settings.key_source, "the DKIM private key")
+
+
+def permission_warning(path: str, what: str) -> str | None:
+    """A warning when the secret file ``path`` is open to every user of the machine (read, write)
+    or writable by its group; None when it is not, or cannot be examined."""
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except OSError:
+        return None
+    if mode & 0o007 or mode & 0o020:
+        who = "every user of this machine" if mode & 0o007 else "its group"
+        return (f"{path} ({what}) can be read or changed by {who} (mode {mode:04o}): "
+                f"chmod 600 {path} (or 640 with a group of the worker's user only)")
+    return None
 
 
 def present_fields(data: bytes) -> set[str]:

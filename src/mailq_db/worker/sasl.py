@@ -83,7 +83,12 @@ def saslname(value: str) -> str:
 
 
 def initial_response(mechanism: str, user: str, token: str, host: str, port: int) -> bytes:
-    """The client's initial response (before base64)."""
+    """The client's initial response (before base64).  A control character in ``user`` or a
+    ``token`` that is not a bearer token would end a field early: :class:`SetupError`."""
+    if any(c < " " or c == "\x7f" for c in user):
+        raise SetupError(f"user {user!r} has a control character: it cannot be sent in a {mechanism} message")
+    if not oauth.cache.BEARER_TOKEN.fullmatch(token):
+        raise SetupError("the access token has characters a bearer token cannot have (RFC 6750 2.1)")
     if mechanism == "XOAUTH2":
         text = f"user={user}\x01auth=Bearer {token}\x01\x01"
     elif mechanism == "OAUTHBEARER":

@@ -39,6 +39,8 @@ AADSTS: dict[int, str] = {
              "> Properties > Enabled for users to sign-in",
     700027: "the certificate was refused (AADSTS700027 client assertion failed): upload this certificate's public "
             "part under Certificates & secrets of the application, or check that the key matches it",
+    700024: "the client assertion is outside its valid time range (AADSTS700024): this machine's clock is "
+            "wrong; synchronise it (NTP) - the certificate's signed assertion carries the time it was made",
     90002: "the tenant was not found (AADSTS90002): check tenant (a tenant ID or a verified domain such as "
            "contoso.onmicrosoft.com)",
     70011: "the scope is not valid (AADSTS70011): client credentials need https://outlook.office365.com/.default; a "

@@ -9,8 +9,8 @@
 * :class:`RefreshToken`: a delegated mailbox, from a refresh token obtained
   once interactively (MSAL's ``acquire_token_by_refresh_token``; scope
   ``https://outlook.office.com/SMTP.Send``).  Entra ID returns a new refresh
-  token with each use; it replaces the old one in memory and, when the token
-  came from a file, in that file (written atomically, same mode).
+  token with each use; it is written back to the token's file
+  (:mod:`.refresh`: atomically, mode 0600), or kept in memory when it cannot be.
 
 MSAL keeps its own token cache; a forced refresh (after the server refused a
 token) removes the cached access tokens first, so the token endpoint is asked.
@@ -20,18 +20,14 @@ token) removes the cached access tokens first, so the token endpoint is asked.
 from __future__ import annotations
 
 import hashlib
-import logging
-import os
 import re
-import tempfile
 import time
 from typing import Any
 
 from .cache import Token
 from .errors import MissingExtra, TokenError, TokenUnavailable, explain_microsoft
-from .settings import OAuthSettings, Secret
-
-log = logging.getLogger("mailq_db.worker.oauth")
+from .refresh import StoredRefreshToken
+from .settings import OAuthSettings, Secret, read_secret_file
 
 
 def _msal() -> Any:
@@ -53,10 +49,10 @@ def _certificate_credential(path: str, password: Secret | None) -> dict[str, Any
     """MSAL's client_credential for a PEM (key and certificate) or PFX file."""
     passphrase = password.read() if password else None
     if path.lower().endswith((".pfx", ".p12")):
+        read_secret_file(path, "latin-1")  # MSAL reads it; a missing file is ours to explain
         cred: dict[str, Any] = {"private_key_pfx_path": path}
     else:
-        with open(path, encoding="ascii") as fh:
-            pem = fh.read()
+        pem = read_secret_file(path, "ascii")
         key = re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.+?-----END [A-Z ]*PRIVATE KEY-----", pem, re.S)
         cert = re.search(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", pem, re.S)
         if not key or not cert:
@@ -97,7 +93,9 @@ class _Msal:
         except ValueError as exc:  # e.g. a bad authority, an unreadable key
             raise TokenError(f"MSAL refused the configuration: {exc}", "check tenant, authority_host and the "
                              "certificate file") from None
-        except OSError as exc:
+        except (OSError, msal.exceptions.MsalError, RuntimeError) as exc:
+            # the discovery request failed: requests' errors are OSErrors; a 5xx is MSAL's
+            # MsalServiceError ("HTTP Error: 503"), or a RuntimeError when raise_for_status() is silent
             raise TokenUnavailable(f"the Microsoft identity platform ({authority}) could not be reached: "
                                    f"{type(exc).__name__}") from None
 
@@ -120,10 +118,12 @@ class _Msal:
             cache.remove_at(item)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        msal = _msal()
         try:
             result = getattr(self._app, method)(*args, **kwargs)
-        except (OSError, ValueError) as exc:
-            # requests' ConnectionError/Timeout are OSErrors; MSAL raises ValueError for bad discovery data
+        except (OSError, ValueError, msal.exceptions.MsalError) as exc:
+            # requests' ConnectionError/Timeout are OSErrors; MSAL raises ValueError for a response that
+            # is not JSON (an HTML error page) and MsalServiceError for a 5xx it could not read
             raise TokenUnavailable(f"the Microsoft identity platform could not be reached: "
                                    f"{type(exc).__name__}") from None
         if not isinstance(result, dict):
@@ -146,41 +146,12 @@ class RefreshToken(_Msal):
 
     def __init__(self, settings: OAuthSettings, **kwargs: Any):
         super().__init__(settings, **kwargs)
-        self._refresh: str | None = None
+        assert settings.refresh_token is not None
+        self.stored = StoredRefreshToken(settings.refresh_token)
 
     def fetch(self) -> Token:
         self._ensure_app(confidential=self.settings.client_secret is not None)
-        refresh = self._refresh or self.settings.refresh_token.read()  # type: ignore[union-attr]
+        refresh = self.stored.current()
         result = self._call("acquire_token_by_refresh_token", refresh, scopes=list(self.settings.scopes))
-        rotated = result.get("refresh_token")
-        if rotated and rotated != refresh:
-            self._refresh = rotated
-            write_back(self.settings.refresh_token, rotated)
+        self.stored.rotated(refresh, result.get("refresh_token"))
         return _token(result, self.clock)
-
-
-def write_back(source: Secret | None, token: str) -> None:
-    """Store a rotated refresh token in its file (atomically, same mode); an
-    environment variable cannot be written: the new token is kept in memory only."""
-    if source is None or source.file is None:
-        log.info("the refresh token was rotated; the new one is kept in memory (the configured "
-                 "environment variable cannot be updated)")
-        return
-    path = source.file
-    try:
-        mode = os.stat(path).st_mode & 0o777
-        fd, tmp = tempfile.mkstemp(prefix=".refresh-", dir=os.path.dirname(os.path.abspath(path)))
-        try:
-            os.fchmod(fd, mode)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(token + "\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-    except OSError as exc:
-        log.warning("the refresh token was rotated but %s could not be rewritten (%s); the new one is kept in "
-                    "memory until the worker stops", path, exc.strerror or type(exc).__name__)
-        return
-    log.info("the refresh token was rotated and written back to %s", path)

@@ -72,14 +72,28 @@ class Secret:
     value: str | None = field(default=None, repr=False, compare=False)
 
     def read(self) -> str:
+        """The secret; a file that cannot be read is a TokenError naming it (never its content)."""
         if self.env is not None:
             return self.value or ""
         assert self.file is not None
-        with open(self.file, encoding="utf-8") as fh:
-            return fh.read().strip()
+        return read_secret_file(self.file, "utf-8").strip()
 
     def describe(self) -> str:
         return f"${self.env}" if self.env else f"the file {self.file}"
+
+
+def read_secret_file(path: str, encoding: str) -> str:
+    """The text of a secret file, read when a token is fetched; a file removed or made unreadable
+    since the configuration was loaded is a TokenError (an account Wait naming the file)."""
+    try:
+        with open(path, encoding=encoding) as fh:
+            return fh.read()
+    except (OSError, UnicodeError) as exc:
+        from .errors import TokenError
+
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"not {encoding} text"
+        raise TokenError(f"{path} cannot be read ({reason})",
+                         "check that the file exists and is readable by the worker's user") from None
 
 
 @dataclass(frozen=True)
@@ -175,6 +189,15 @@ def _scopes(raw: dict[str, Any], where: str, problems: Problems, default: tuple[
     return tuple(scopes)
 
 
+def _check_token_uri(token_uri: str | None, where: str, problems: Problems) -> None:
+    """A token endpoint receives the client secret, refresh token or signed assertion: https only
+    (plain http only on this machine's loopback, for tests)."""
+    if token_uri and not token_uri.startswith(("https://", "http://127.0.0.1:", "http://127.0.0.1/",
+                                                "http://localhost:", "http://localhost/", "http://[::1]")):
+        problems.add(f"{where}.token_uri", f"must be an https:// URL (got {token_uri!r}): the endpoint receives "
+                     "the client's credentials")
+
+
 def _number(raw: dict[str, Any], key: str, where: str, problems: Problems, default: float,
             minimum: float) -> float:
     value = _take(raw, key, (int, float), where, problems)
@@ -250,6 +273,7 @@ def _google(where: str, raw: dict[str, Any], env: Mapping[str, str], problems: P
                   what="the service account's JSON key")
     subject = _take(raw, "subject", str, where, problems) or user
     token_uri = _take(raw, "token_uri", str, where, problems)
+    _check_token_uri(token_uri, where, problems)
     if not subject:
         problems.add(f"{where}.subject", "is required: the mailbox the service account acts for (default: user)")
     return OAuthSettings("google", _scopes(raw, where, problems, (GOOGLE_SCOPE,)), service_account=key,
@@ -276,8 +300,9 @@ def _refresh_token(where: str, raw: dict[str, Any], env: Mapping[str, str], prob
     if issuer == "microsoft" and not tenant:
         problems.add(f"{where}.tenant", "is required for issuer microsoft (a tenant ID, a domain, or "
                      "'organizations' / 'consumers')")
-    if issuer == "generic" and not (token_uri or "").startswith(("https://", "http://127.0.0.1", "http://localhost")):
+    if issuer == "generic" and not token_uri:
         problems.add(f"{where}.token_uri", "is required for issuer generic: the token endpoint's https:// URL")
+    _check_token_uri(token_uri, where, problems)
     default = {"microsoft": (MICROSOFT_DELEGATED_SCOPE,), "google": (GOOGLE_SCOPE,), "generic": ()}[issuer]
     return OAuthSettings("refresh_token", _scopes(raw, where, problems, default), issuer=issuer, tenant=tenant,
                          client_id=client_id, client_secret=secret, refresh_token=token,

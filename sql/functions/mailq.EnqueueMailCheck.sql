@@ -11,6 +11,8 @@ Returns:     one row: the values to store, defaults applied; KeyText (the key as
              its lock names it); Domain (of the Message-ID); ContentHash (SHA-256
              of the normalized content, the due time as given); and the FIRST
              broken rule by RuleOrder: ErrorNumber, Field, Message (NULL if valid).
+             The last rule, the suppression list (50600), needs the caller's
+             transaction and key locks: mailq.EnqueueMailRows applies it.
 Errors:      none raised: JSON functions read only text IIF proved to be JSON.
 Example:     see mailq.EnqueueMailRows; docs/enqueue.md lists every rule.
 */
@@ -46,7 +48,6 @@ WITH n AS (
         IIF(@TemplateName IS NULL, @TemplateModel, COALESCE(@TemplateModel, N'{}')) AS TemplateModel,
         IIF(ISJSON(@Headers) = 1 AND LEFT(LTRIM(@Headers), 1) = N'{', @Headers, NULL) AS HeadersJson,
         N'%[' + NCHAR(13) + NCHAR(10) + N']%' AS CrLf,
-        (SELECT COUNT(*) FROM mailq.ParseAddressList(@ToAddress)) AS ToCount,
         (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) AS ReplyToCount,
         (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) AS FromCount,
         (SELECT COUNT(x.DisplayName) FROM mailq.ParseAddressList(@FromAddress) AS x) AS FromNames,
@@ -76,8 +77,8 @@ problems AS (
             N'refuses unmapped enqueuers: an administrator maps it with EXEC mailq.BindApplication ',
             N'@AppName = N''<application>'', @PrincipalName = N''', REPLACE(@User, N'''', N''''''), N''';')),
         (2, 50223, @InputField, IIF(@InputMessage IS NULL, 0, 1), @InputMessage),
-        (3, 50101, N'ToAddress', IIF(@ToAddress IS NULL OR n.ToCount = 0, 1, 0),
-            CONCAT(@P, N'ToAddress is required: give at least one recipient address (separate several with ;).')),
+        (3, 50101, N'ToAddress', IIF(n.Recipients = 0, 1, 0), CONCAT(@P, N'ToAddress, ', @P, N'CC and ', @P,
+            N'BCC name no recipient: give at least one address in any of them (separate several with ;).')),
         (4, 50281, N'TemplateName',
             IIF(@TemplateName IS NULL AND (@TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL), 1, 0),
             CONCAT(@P, N'TemplateVersion and ', @P, N'TemplateModel need ', @P, N'TemplateName.')),
@@ -94,7 +95,7 @@ problems AS (
         (13, 50102, N'FromAddress', IIF(n.FromNames > 0, 1, 0),
             CONCAT(@P, N'FromAddress takes a bare address; give the display name in ', @P, N'FromName.')),
         (14, 50104, N'ToAddress', IIF(n.Recipients > 100, 1, 0), CONCAT(@P, N'ToAddress, ', @P, N'CC and ', @P,
-            N'BCC name ', n.Recipients, N' recipients; the limit is 100.')),
+            N'BCC name ', n.Recipients, N' recipients together; the limit is 100.')),
         (15, 50118, N'BodyFormat', IIF(n.BodyFormat NOT IN (N'Text', N'Html'), 1, 0),
             CONCAT(@P, N'BodyFormat must be Text or Html; got ''', LEFT(n.BodyFormat, 20), N'''.')),
         (16, 50109, N'Priority', IIF(n.Priority NOT BETWEEN 0 AND 9, 1, 0),

@@ -19,8 +19,8 @@ Transaction: opens its own if none is open, else works inside the caller's
              (no savepoint); an error dooms it; @RejectInvalid = 1 raises
              nothing for invalid rows.
 Isolation:   READ COMMITTED and the filtered-index SET options, set by the core.
-Lock order:  the keys' application locks in binary key order, mailq.MailQueue,
-             mailq.MailAttachment, mailq.MailEvent.
+Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared,
+             held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
 Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[
                  {"ToAddress": "a@example.com", "Subject": "Hi", "Body": "One"},
                  {"ToAddress": "b@example.com", "Subject": "Hi", "Body": "Two", "Priority": 9}]';

@@ -17,14 +17,17 @@ Result sets: 1. one row: MeasuredAtUtc, WindowStartUtc, WindowEndUtc,
                 PerDayLimit
              5. attempts ended in the window: MinuteUtc, AccountName, Outcome,
                 ReplyClass ('2xx', '4xx', '5xx', 'none'), Attempts
+             6. suppressions in force: AccountName, Reason, Suppressed
 Plan:        2+3: one ordered scan of IX_MailQueue_ClaimByAccount (filtered to
              UnSent and Sending, covering: no lookup) + Stream Aggregate; the
              Sending split: a seek on IX_MailQueue_Status (Status = 'Sending')
              with one key lookup per mail in flight.  4: a scan of
              PK_SendingAccount.  5: a range seek on IX_MailAttempt_EndedAtUtc
              over the window + one PK_MailQueue seek per attempt (its account).
-             Cost: queued mail + mail in flight + attempts in the window;
-             never the sent history.
+             6: one scan of PK_Suppression (AccountName first: grouped by
+             account, then reason): a small table, one row per suppressed address.
+             Cost: queued mail + mail in flight + attempts in the window +
+             suppressed addresses; never the sent history.
 Errors:      50580 @WindowMinutes out of range.
 Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself
              (no lock kept past a statement; none under READ_COMMITTED_SNAPSHOT).
@@ -167,6 +170,11 @@ BEGIN
     GROUP BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass
     ORDER BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass;
 
-    -- Suppressions are not read here yet: docs/monitoring/README.md,
-    -- "Suppressions", says how the sixth result set joins this procedure.
+    -- Suppressions in force, per account and reason: mailq.Suppression is
+    -- small (one row per suppressed address), so one scan of its clustered key.
+    SELECT s.AccountName, s.Reason, COUNT_BIG(*) AS Suppressed
+    FROM mailq.Suppression AS s
+    WHERE s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now
+    GROUP BY s.AccountName, s.Reason
+    ORDER BY s.AccountName, s.Reason;
 END;

@@ -20,13 +20,14 @@ Errors:      as msdb: RAISERROR severity 16 then RETURN n, nothing written,
              of this package: RAISERROR (error 50000) and RETURN 50641-50652
              (docs/errors.md).  Only errors of mailq.EnqueueMail that are not
              checked here (application binding 50160/50161/50168, an account
-             dropped meanwhile 50114, deadlock) are THROWn, under XACT_ABORT ON.
+             dropped meanwhile 50114, every recipient suppressed 50600,
+             deadlock) are THROWn, under XACT_ABORT ON.
 Transaction: validation first, with XACT_ABORT as the caller has it; then the
              enqueue and its DbMailItem row in one transaction: its own if none
              is open, else the caller's (no savepoint).
 Isolation:   the caller's (profile reads are plain reads; EnqueueMail sets its own).
-Lock order:  (via EnqueueMail) mailq.MailQueue, mailq.MailAttachment, then
-             mailq.DbMailItem.
+Lock order:  (via EnqueueMail) mailq.Suppression (shared), mailq.MailQueue,
+             mailq.MailAttachment, then mailq.DbMailItem.
 Example:     DECLARE @rc INT;
              EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com',
                  @subject = N'Backups', @query = N'SELECT name FROM sys.databases;';

@@ -10,7 +10,8 @@ Mapping:     mailitem_id = DbMailItem.MailItemID; sent_status: Sent -> sent;
              after a failed attempt -> retrying; else unsent (a query waiting
              for the runner too).  send_request_date is stored (local time);
              sent_date and last_mod_date are the queue's UTC plus the server's
-             current offset.  sent_account_id only once sent.  file_attachments
+             current offset.  recipients is NULL for Cc-only and Bcc-only mail
+             (stored with an empty To).  sent_account_id only once sent.  file_attachments
              is always NULL (refused); a query's file is in sysmail_mailattachments.
 Cost:        filters on mailitem_id and send_request_date seek DbMailItem;
              any other filter reads the DbMail items only, never the whole queue
@@ -27,7 +28,7 @@ WITH Clock AS (
 SELECT
     i.MailItemID AS mailitem_id,
     i.ProfileID AS profile_id,
-    q.ToAddress AS recipients,
+    NULLIF(q.ToAddress, N'') AS recipients,
     q.CC AS copy_recipients,
     q.BCC AS blind_copy_recipients,
     CAST(q.Subject AS NVARCHAR(900)) AS subject,

@@ -18,6 +18,7 @@ from .errors import MailqError
 COMMANDS: tuple[str, ...] = (
     "deploy", "enqueue", "worker", "stats", "doctor", "dev", "import_dbmail", "classify", "events",
     "template", "hooks", "exporter", "dashboard", "dbmail_runner",
+    "bounces", "unsubscribe",
 )
 
 EPILOG = """\

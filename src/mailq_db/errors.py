@@ -217,3 +217,19 @@ _BLOCKS.insert(0, (range(50500, 50520), InvalidInputError))
 SPECIFIC.update({50500: SenderNotAllowedError, 50502: SenderNotAllowedError})
 # Monitoring procedures (docs/monitoring/): bad input only, nothing written.
 _BLOCKS.append((range(50580, 50600), InvalidInputError))
+
+
+# Bounces, complaints, unsubscribes and suppression (issue 28; docs/bounces.md).
+class SuppressedRecipientError(InvalidInputError):
+    """Every recipient of the mail is suppressed for its account or application
+    (bounced, complained or unsubscribed): nothing was queued (50600)."""
+
+
+class UnknownUnsubscribeError(MailStateError):
+    """mailq.RecordUnsubscribe: the link names a mail that no longer exists
+    (50611) or a recipient it does not have (50612)."""
+
+
+SPECIFIC.update({50600: SuppressedRecipientError, 50611: UnknownUnsubscribeError,
+                 50612: UnknownUnsubscribeError})
+_BLOCKS.append((range(50600, 50640), InvalidInputError))  # suppression input (issue 28)

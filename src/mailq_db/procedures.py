@@ -229,7 +229,7 @@ def _model_json(model: Any) -> str | None:
 def enqueue_mail(
     conn: Any,
     *,
-    to_address: str,
+    to_address: str | None = None,  # None: a Cc-only or Bcc-only mail (at least one recipient in all)
     subject: str | None = None,
     body: str | None = None,
     body_format: str | None = "Text",
@@ -1080,6 +1080,8 @@ def delete_db_mail_principal_profile(conn: Any, *, profile_name: str, principal_
 EVENT_TYPES = (
     "Enqueued", "Claimed", "Sent", "DryRun", "RetryScheduled", "AccountWaiting",
     "Released", "LeaseExpired", "Failed", "Cancelled", "Expired", "Stopped", "Requeued",
+    # bounces, complaints, unsubscribes, suppression (issue 28; docs/bounces.md)
+    "Bounced", "BounceDelayed", "Complained", "Unsubscribed", "RecipientSuppressed",
 )
 #: The event types after which a mail changes no more (unless requeued).
 TERMINAL_EVENT_TYPES = frozenset({"Sent", "DryRun", "Failed", "Cancelled", "Expired", "Stopped"})
@@ -1606,6 +1608,126 @@ def start_hook_dispatcher(conn: Any, *, interval_seconds: int = 30, enabled: boo
 
 
 # --------------------------------------------------------------------------
+# Bounces, complaints, unsubscribes and suppression (issue 28; docs/bounces.md)
+# Roles: MailqBounceReader records; MailqAdmin also lists, adds, removes, purges.
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BounceRecorded:
+    """One row of mailq.RecordBounce's result."""
+
+    address: str
+    kind: str  # Hard | Soft | Delayed | Complaint
+    mail_id: int | None  # the mail the report was tied to, if any
+    recorded: bool  # False: this report was already recorded for this address
+    suppressed: bool  # True: this call suppressed the address
+
+
+RECORD_BOUNCE_SQL = (
+    "EXEC mailq.RecordBounce @ReportKey = ?, @Recipients = ?, @Source = ?, @AccountName = ?, "
+    "@MailID = ?, @RecipientNo = ?, @HardBounceLimit = ?, @SoftBounceLimit = ?;"
+)
+
+
+def record_bounce(
+    conn: Any, *, report_key: bytes, recipients: Iterable[dict[str, Any]], source: str,
+    account_name: str | None = None, mail_id: int | None = None, recipient_no: int | None = None,
+    hard_bounce_limit: int = 1, soft_bounce_limit: int | None = None,
+) -> list[BounceRecorded]:
+    """mailq.RecordBounce: what one report says about its recipients, once per
+    (report, recipient); suppresses the addresses that reached their limit.
+    Each recipient is ``{"address", "kind", "action", "status", "code", "detail"}``
+    (``address`` may be left out when ``recipient_no`` names the recipient)."""
+    items = [{k: v for k, v in r.items() if v is not None} for r in recipients]
+    cursor = _call(conn, RECORD_BOUNCE_SQL, [
+        bytes(report_key), json.dumps(items, ensure_ascii=False), source, account_name, mail_id,
+        recipient_no, hard_bounce_limit, soft_bounce_limit,
+    ])
+    return [BounceRecorded(r.Address, r.Kind, None if r.MailID is None else int(r.MailID), bool(r.Recorded),
+                           bool(r.Suppressed)) for r in _rows(cursor)]
+
+
+RECORD_UNSUBSCRIBE_SQL = "EXEC mailq.RecordUnsubscribe @MailID = ?, @RecipientNo = ?, @Source = ?;"
+
+
+def record_unsubscribe(conn: Any, *, mail_id: int, recipient_no: int, source: str) -> dict[str, Any]:
+    """mailq.RecordUnsubscribe: the recipient (from a verified token) leaves the
+    mail's stream; returns MailID, AccountName, AppName, Address, Recorded."""
+    return _dicts(_call(conn, RECORD_UNSUBSCRIBE_SQL, [mail_id, recipient_no, source]))[0]
+
+
+ADD_SUPPRESSION_SQL = (
+    "EXEC mailq.AddSuppression @AccountName = ?, @Address = ?, @Source = ?, @Reason = ?, @AppName = ?, "
+    "@Detail = ?, @ExpiresAtUtc = ?;"
+)
+
+
+def add_suppression(
+    conn: Any, *, account_name: str, address: str, source: str, reason: str = "Manual",
+    app_name: str | None = None, detail: str | None = None, expires_at_utc: datetime | None = None,
+) -> dict[str, Any]:
+    """mailq.AddSuppression: suppress (or renew) an address and sweep the queued
+    mail; returns AccountName, AppName, Address, Reason, SweptMails, StoppedMails."""
+    return _dicts(_call(conn, ADD_SUPPRESSION_SQL, [account_name, address, source, reason, app_name, detail,
+                                                    expires_at_utc]))[0]
+
+
+REMOVE_SUPPRESSION_SQL = (
+    "EXEC mailq.RemoveSuppression @AccountName = ?, @Address = ?, @Source = ?, @AppName = ?, @Detail = ?;"
+)
+
+
+def remove_suppression(conn: Any, *, account_name: str, address: str, source: str,
+                       app_name: str | None = None, detail: str | None = None) -> int:
+    """mailq.RemoveSuppression: the number of rows removed (0 or 1)."""
+    return int(_dicts(_call(conn, REMOVE_SUPPRESSION_SQL, [account_name, address, source, app_name,
+                                                           detail]))[0]["Removed"])
+
+
+LIST_SUPPRESSIONS_SQL = (
+    "EXEC mailq.ListSuppressions @AccountName = ?, @Address = ?, @Reason = ?, @IncludeExpired = ?, @MaxRows = ?;"
+)
+
+
+def list_suppressions(conn: Any, *, account_name: str | None = None, address: str | None = None,
+                      reason: str | None = None, include_expired: bool = False,
+                      max_rows: int | None = None) -> list[dict[str, Any]]:
+    """mailq.ListSuppressions: one dict per suppression, newest change first."""
+    return _dicts(_call(conn, LIST_SUPPRESSIONS_SQL, [account_name, address, reason, 1 if include_expired else 0,
+                                                      max_rows]))
+
+
+@dataclass
+class SuppressionStats:
+    suppressed: list[dict[str, Any]]  # AccountName, Reason, Suppressed
+    reports: list[dict[str, Any]]  # AccountName, Kind, Reports, Mails, LastAtUtc
+    sent: list[dict[str, Any]] = field(default_factory=list)  # AccountName, Sent (same window)
+
+
+GET_SUPPRESSION_STATS_SQL = "EXEC mailq.GetSuppressionStats @Days = ?;"
+
+
+def get_suppression_stats(conn: Any, *, days: int | None = None) -> SuppressionStats:
+    """mailq.GetSuppressionStats: active suppressions, and reports of the last ``days`` days."""
+    cursor = _call(conn, GET_SUPPRESSION_STATS_SQL, [days])
+    sets = [_dicts(cursor)]
+    while _next(cursor):
+        sets.append(_dicts(cursor))
+    sets += [[]] * (3 - len(sets))
+    return SuppressionStats(*sets[:3])
+
+
+PURGE_BOUNCE_REPORTS_SQL = "EXEC mailq.PurgeBounceReports @OlderThanDays = ?, @BatchSize = ?;"
+
+
+def purge_bounce_reports(conn: Any, *, older_than_days: int, batch_size: int | None = None) -> int:
+    """mailq.PurgeBounceReports: deletes reports older than ``older_than_days`` (the
+    suppressions stay); returns how many."""
+    return int(_rows(_call(conn, PURGE_BOUNCE_REPORTS_SQL, [older_than_days, batch_size]))[0][0])
+
+
+# --------------------------------------------------------------------------
 # Monitoring (docs/monitoring/): the exporter's and the dashboard's reads
 # --------------------------------------------------------------------------
 
@@ -1624,7 +1746,7 @@ class QueueMetrics:
     sendable: list[dict[str, Any]]
     accounts: list[dict[str, Any]]
     attempts: list[dict[str, Any]]
-    #: a sixth result set, once the procedure returns suppressions (else None)
+    #: the sixth result set, suppressions in force (AccountName, Reason, Suppressed); None if absent
     suppressions: list[dict[str, Any]] | None = None
 
 

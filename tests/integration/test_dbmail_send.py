@@ -93,6 +93,16 @@ def test_positional_call_binds_as_msdb(conn, setup):
     assert scalar(conn, "SELECT TOP (1) Subject FROM mailq.MailQueue ORDER BY ID DESC;") == "Subj"
 
 
+@pytest.mark.parametrize("lists", [dict(copy_recipients="cc@example.org"),
+                                   dict(blind_copy_recipients="bcc@example.org")])
+def test_cc_only_and_bcc_only_mail_is_queued_as_msdb_queues_it(conn, setup, lists):
+    sent = procedures.send_db_mail(conn, subject="s", body="b", **lists)
+    row = query(conn, "SELECT ToAddress, CC, BCC FROM mailq.MailQueue WHERE ID = ?;", sent.mail_id)[0]
+    assert tuple(row) == ("", lists.get("copy_recipients"), lists.get("blind_copy_recipients"))
+    assert scalar(conn, "SELECT recipients FROM mailq.sysmail_allitems WHERE mailitem_id = ?;",
+                  sent.mailitem_id) is None
+
+
 def send(conn, **kw):
     kw.setdefault("recipients", "to@example.org")
     return procedures.send_db_mail(conn, **kw)

@@ -24,6 +24,7 @@ from mailq_helpers import (
     claim,
     connection,
     enqueue,
+    expect_error,
     mail_row,
     make_due_now,
     new_account,
@@ -162,3 +163,28 @@ def test_enqueue_defaults(conn, account):
     ((body_format, from_address),) = query(
         conn, "SELECT BodyFormat, FromAddress FROM mailq.MailQueue WHERE ID = ?;", mail.mail_id)
     assert (body_format, from_address) == ("Text", "default@example.org")
+
+
+@pytest.mark.parametrize("lists", [dict(cc="Copy <copy@example.com>"), dict(bcc="blind@example.com"),
+                                   dict(to_address="", cc="c@example.com", bcc="b@example.com")])
+def test_a_mail_without_to_is_queued_for_its_cc_or_bcc(conn, account, lists):
+    """Database Mail sends Cc-only and Bcc-only mail: the core needs one recipient
+    in To, Cc or Bcc; the To is stored empty and the claim hands it over so."""
+    mail = procedures.enqueue_mail(conn, subject="s", body="b", account_name=account, **lists)
+    to, cc, bcc = query(conn, "SELECT ToAddress, CC, BCC FROM mailq.MailQueue WHERE ID = ?;", mail.mail_id)[0]
+    assert to == "" and (cc, bcc) == (lists.get("cc"), lists.get("bcc"))
+    batch = procedures.enqueue_mail_batch(conn, [dict(subject="s", body="b", account_name=account, **lists)])
+    assert [r.row_no for r in batch.enqueued] == [1] and batch.rejected == []
+
+
+def test_no_recipient_at_all_is_50101_and_to_cc_bcc_count_together_toward_100(conn, account):
+    for lists in (dict(), dict(to_address=" ; ", cc="", bcc=None)):
+        expect_error(50101, procedures.enqueue_mail, conn, subject="s", body="b", account_name=account, **lists)
+    addresses = [f"r{i}@example.com" for i in range(101)]
+    expect_error(50104, procedures.enqueue_mail, conn, subject="s", body="b", account_name=account,
+                 to_address="; ".join(addresses[:40]), cc="; ".join(addresses[40:80]), bcc="; ".join(addresses[80:]))
+    expect_error(50104, procedures.enqueue_mail, conn, subject="s", body="b", account_name=account,
+                 bcc="; ".join(addresses))
+    ok = procedures.enqueue_mail(conn, subject="s", body="b", account_name=account,
+                                 cc="; ".join(addresses[:50]), bcc="; ".join(addresses[50:100]))
+    assert ok.created

@@ -20,11 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "unit"))  # fake_queue, smtp_sink
 
-from lab import Lab, missing  # noqa: E402
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from lab import Lab, in_ci, missing  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

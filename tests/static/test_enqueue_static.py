@@ -85,7 +85,7 @@ def test_enqueuemail_has_no_rule_of_its_own_it_passes_its_parameters_as_one_row(
 def test_no_default_is_spelled_in_a_signature():
     """NULL means "the default" everywhere; the defaults live in one place."""
     for key in ("single", "core"):
-        defaults = {n: d for n, (_, d) in params(CODE[key]).items() if n in FIELDS[1:]}   # ToAddress: required
+        defaults = {n: d for n, (_, d) in params(CODE[key]).items() if n in FIELDS}   # ToAddress too: Cc-only mail
         assert set(defaults.values()) <= {"NULL"}, (key, defaults)
     rules = BARE["rules"].replace(" ", "")
     for default in ("COALESCE(@Priority,5)", "COALESCE(@MaxAttempts,5)", "COALESCE(@DateToProcess,@Now)",
@@ -280,6 +280,82 @@ def test_grants_keep_the_core_and_the_policy_setter_to_themselves():
         assert rel in order
     assert order.index("functions/mailq.MailAttachmentList.sql") < order.index("functions/mailq.EnqueueMailCheck.sql") \
         < order.index("procedures/mailq.EnqueueMailRows.sql") < order.index("procedures/mailq.EnqueueMail.sql")
+
+
+# -- recipients: To, Cc or Bcc (Database Mail sends Cc-only and Bcc-only mail) --
+
+
+def test_a_mail_needs_one_recipient_in_to_cc_or_bcc_and_they_count_together():
+    rules = " ".join(CODE["rules"].split())
+    assert ("( SELECT COUNT(*) FROM (VALUES (@ToAddress), (@CC), (@BCC)) AS v(List) "
+            "CROSS APPLY mailq.ParseAddressList(v.List) ) AS Recipients") in rules
+    assert "(3, 50101, N'ToAddress', IIF(n.Recipients = 0, 1, 0)," in rules    # none at all: still 50101
+    assert "(14, 50104, N'ToAddress', IIF(n.Recipients > 100, 1, 0)," in rules  # To+Cc+Bcc toward the limit
+    assert not re.search(r"\bToCount\b", rules) and "ParseAddressList(@ToAddress)" not in rules   # nothing counts To alone
+    # MailQueue.ToAddress is NOT NULL: a mail without To stores N'', which the worker and the sweep read as none
+    assert "ISNULL(w.ToAddress, N'')" in CODE["core"]
+    assert "ToAddress NVARCHAR(4000) NOT NULL" in (SQL / "tables/mailq.MailQueue.sql").read_text(encoding="utf-8")
+    senddb = strip_comments((SQL / "procedures/mailq.SendDbMail.sql").read_text(encoding="utf-8"))
+    assert "@ToAddress NVARCHAR(MAX) = NULLIF(LTRIM(RTRIM(@recipients)), '');" in senddb
+    view = strip_comments((SQL / "views/mailq.sysmail_allitems.sql").read_text(encoding="utf-8"))
+    assert "NULLIF(q.ToAddress, N'') AS recipients" in view   # msdb shows no recipients, not ''
+    row = ERRORS_MD[ERRORS_MD.index("| 50101 |"):]
+    assert "CC" in row[:row.index("\n")] and "Cc-only" in ENQUEUE_MD
+
+
+# -- suppression lists (docs/bounces.md): the core's last rule -----------------
+
+
+def test_the_suppression_list_is_checked_once_in_the_core_for_every_enqueue():
+    """In the core, so EnqueueMail, EnqueueMailBatch and SendDbMail (through
+    EnqueueMail) hold it by construction; the public procedures have none."""
+    callers = sorted(p.relative_to(SQL).as_posix() for p in SQL.rglob("*.sql")
+                     if "mailq.FilterSuppressedRecipients(" in code_only(p.read_text(encoding="utf-8"))
+                     and p.name != "mailq.FilterSuppressedRecipients.sql")
+    assert callers == sorted([FILES["core"], "procedures/mailq.ApplySuppressions.sql"])   # enqueue, and the sweep
+    assert BARE["core"].count("mailq.FilterSuppressedRecipients(") == 1
+    for key in ("single", "batch"):
+        assert "Suppress" not in BARE[key], key
+
+
+def test_the_suppression_rule_runs_last_under_the_key_locks_inside_the_transaction():
+    core = BARE["core"]
+    at = core.index("mailq.FilterSuppressedRecipients(")
+    # a retried key finds its mail first; nothing is written before the refusal
+    assert core.index("BEGIN TRANSACTION") < core.index("sys.sp_getapplock") \
+        < core.index("INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK)") < at \
+        < core.index("SET @Bad = (SELECT COUNT(*)", at) < core.index("THROW @Err, @Msg, 1;", at) \
+        < core.index("INSERT INTO mailq.MailQueue")
+    statement = core[core.rindex("UPDATE w", 0, at):core.index(";", at)]
+    assert "IIF(f.EntriesLeft = 0, 50600, NULL)" in statement
+    # only a row that passed every other rule and would create a mail (not a key's follower, not a returned mail)
+    assert "WHERE w.ErrorNumber IS NULL AND w.MailID IS NULL AND (w.KeyLeader IS NULL OR w.KeySeq IS NOT NULL)" \
+        in " ".join(statement.split())
+    # the followers of a refused key leader inherit its rule (the statement after it)
+    assert core.index("f.ErrorNumber = l.ErrorNumber", at) < core.index("SET @Bad = (SELECT COUNT(*)", at)
+
+
+def test_the_enqueue_and_the_sweep_cannot_miss_each_other():
+    """The enqueue keeps shared key-range locks on the addresses to its commit;
+    the sweep writes the suppression before it reads the queue."""
+    fn = code_only((SQL / "functions/mailq.FilterSuppressedRecipients.sql").read_text(encoding="utf-8"))
+    assert "FROM mailq.Suppression AS s WITH (HOLDLOCK)" in fn
+    sweep = code_only((SQL / "procedures/mailq.ApplySuppressions.sql").read_text(encoding="utf-8"))
+    assert sweep.index("INSERT INTO mailq.Suppression (") < sweep.index("FROM mailq.MailQueue AS q WITH (UPDLOCK")
+    for key in ("single", "batch", "core"):
+        order = TEXT[key][TEXT[key].index("Lock order:"):]
+        assert order.index("application lock") < order.index("mailq.Suppression") < order.index("mailq.MailQueue"), key
+
+
+def test_a_mail_with_suppressed_recipients_gets_its_event_after_enqueued():
+    core = CODE["core"]
+    start = core.index("INSERT INTO mailq.MailEvent")
+    statement = core[start:core.index(";", start)]
+    assert core.count("INSERT INTO mailq.MailEvent") == 1 and "FROM @Inserted AS i" in statement
+    assert "(1, N'Enqueued', NULL), (2, N'RecipientSuppressed'," in statement
+    assert "WHERE e.EventNo = 1 OR w.Suppressed IS NOT NULL" in statement
+    assert "ORDER BY i.MailID, e.EventNo" in statement
+    assert "| 50600 |" in ERRORS_MD and "50600" in ENQUEUE_MD
 
 
 # -- M6: UpsertSendingAccount changes only what it is given --------------------

@@ -182,12 +182,12 @@ def test_the_delay_call_is_skipped_where_delayed_execution_is_absent():
 
 def test_suppressions_are_exported_once_the_procedure_returns_them():
     with_suppressions = replace(queue_metrics(), suppressions=[
-        {"AccountName": "default", "Reason": "hard-bounce", "Suppressed": 17}])
+        {"AccountName": "default", "Reason": "HardBounce", "Suppressed": 17}])
     cache = QueueMetricsCache(lambda: with_suppressions, None, interval=30, clock=Clock())
     from prometheus_client import generate_latest
 
     s = samples(generate_latest(queue_registry(cache)).decode())
-    assert s[("mailq_queue_suppressions", (("account", "default"), ("reason", "hard-bounce")))] == 17
+    assert s[("mailq_queue_suppressions", (("account", "default"), ("reason", "HardBounce")))] == 17
     cache = QueueMetricsCache(queue_metrics, None, interval=30, clock=Clock())
     assert "mailq_queue_suppressions" not in generate_latest(queue_registry(cache)).decode()
 

@@ -46,6 +46,22 @@ def test_message_parses_back_with_every_header_intact():
     assert out.data.isascii() and not out.smtputf8  # RFC 2047 / base64: 7-bit clean
 
 
+@pytest.mark.parametrize("lists,header", [
+    (dict(cc="Copy <copy@example.com>"), "Cc"),
+    (dict(bcc="blind@example.com"), None),
+])
+def test_a_mail_without_to_is_sent_to_its_cc_or_bcc(lists, header):
+    """The enqueue core stores N'' as To of a Cc-only or Bcc-only mail (Database
+    Mail sends them): no To header, the Cc header or none, the envelope to them."""
+    out = build(make_mail(3, to_address="", **lists))
+    msg = parse(out.data)
+    assert msg["To"] is None and msg["Bcc"] is None
+    assert out.recipients == (("copy@example.com",) if header else ("blind@example.com",))
+    assert (msg["Cc"] is not None) == (header == "Cc") and b"blind@" not in out.data
+    with pytest.raises(MalformedMail, match="no recipient"):
+        build(make_mail(4, to_address=""))
+
+
 def test_message_ids_without_brackets_get_them_and_nothing_else_changes():
     assert parse(build(make_mail(1, message_id="x.1@h.example")).data)["Message-ID"] == "<x.1@h.example>"
 

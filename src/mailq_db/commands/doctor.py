@@ -116,6 +116,7 @@ def server_checks(url: str | None) -> list[Check]:
     try:
         rows = procedures.get_installation_health(conn)
         delay = delay_checks(conn)  # owner login, TRUSTWORTHY, chaining, delay.Monitor (report only)
+        delay += bounce_checks(conn)  # suppression list, bounce and complaint rates
         delay += enqueue_policy_checks(conn)
         stall = stall_checks(conn)
     except DatabaseError as exc:
@@ -272,6 +273,23 @@ def delay_checks(conn: Any) -> list[Check]:
     if not findings:
         checks.append(Check("Broker", "delay.Monitor", "OK", "delayed execution runs its tasks"))
     return checks
+
+
+def bounce_checks(conn: Any) -> list[Check]:
+    """Suppressions and bounce/complaint rates (mailq_db.bounces.health); none before they are deployed."""
+    from ..bounces import health
+
+    get = getattr(procedures, "get_suppression_stats", None)  # a stand-in without it: no check
+    if get is None:
+        return []
+    try:
+        stats = get(conn, days=7)
+    except DatabaseError as exc:
+        if exc.number == NOT_DEPLOYED:
+            return []
+        return [Check("Bounces", "GetSuppressionStats", "WARN", str(exc).splitlines()[0],
+                      "run as MailqAdmin (EXECUTE on mailq.GetSuppressionStats)")]
+    return [Check(*f) for f in health.findings(stats, 7)]
 
 
 def enqueue_policy_checks(conn: Any) -> list[Check]:

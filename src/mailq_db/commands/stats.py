@@ -96,15 +96,42 @@ def render(stats: procedures.QueueStats, hours: int = 24) -> str:
     return "\n\n".join(parts)
 
 
+#: Bounces and suppressions (issue 28): mailq.GetSuppressionStats, last 7 days.
+BOUNCE_SECTIONS = (
+    ("suppressions", "Active suppressions", ("AccountName", "Reason", "Suppressed")),
+    ("bounce_reports", "Bounce, complaint and unsubscribe reports (last 7 days)",
+     ("AccountName", "Kind", "Reports", "Mails", "LastAtUtc")),
+)
+
+
+def bounce_sections(conn: Any) -> dict[str, list[dict[str, Any]]]:
+    from ..bounces import health
+    from ..errors import DatabaseError
+
+    get = getattr(procedures, "get_suppression_stats", None)  # a stand-in without it: no section
+    if get is None:
+        return {}
+    try:
+        return health.rows(get(conn, days=7))
+    except DatabaseError as exc:
+        if exc.number == 2812:  # not deployed yet: no section
+            return {}
+        raise
+
+
 def run(args) -> int:
     conn = connect(args.db)
     try:
         stats = procedures.get_queue_stats(conn, recent_failures=args.failures, finished_hours=args.hours)
+        bounces = bounce_sections(conn)
     finally:
         conn.close()
     if args.json:
-        print(json.dumps({attr: getattr(stats, attr) for attr, _, _ in SECTIONS},
+        print(json.dumps({**{attr: getattr(stats, attr) for attr, _, _ in SECTIONS}, **bounces},
                          default=str, ensure_ascii=False, indent=2))
     else:
         print(render(stats, args.hours))
+        for attr, title, columns in BOUNCE_SECTIONS:
+            if attr in bounces:
+                print(f"\n{title}:\n{table(bounces[attr], columns)}")
     return 0

@@ -30,6 +30,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
+from ..bounces.outgoing import prepare as prepare_outgoing
 from ..procedures import ClaimedMail
 from .classify import (
     ACCOUNT, CONNECTION, RETRY, SENDER, STOP, WAIT, Outcome, classify_exception, classify_reply, permanent,
@@ -142,7 +143,8 @@ class AccountSender:
         None when there is nothing (left) to send."""
         w = self.w
         try:
-            out = build(mail)
+            # VERP return path and bulk mail's List-Unsubscribe (mailq_db.bounces.outgoing)
+            out = prepare_outgoing(mail, self.account, build)
         except MalformedMail as exc:
             w.fail([mail], permanent(f"malformed mail: {exc}"))
             return None

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from ..bounces.verp import BounceSettings, parse_settings as parse_bounce_settings
 from ..errors import ConfigurationError
 from .classify import EscalationPolicy, resolve_provider, tomllib  # one TOML import for Python 3.10 and 3.11+
 from .dkim import DkimSettings, key_file_warning, parse_dkim, permission_warning
@@ -70,6 +71,8 @@ class AccountConfig:
     #: the next login is at most this far away the worker sleeps, otherwise it
     #: defers the account's batch (a Wait: no attempt spent).  0: never sleep.
     login_sleep_max_seconds: float = 10.0
+    #: [accounts.NAME.bounces]: VERP return path and unsubscribe links (docs/bounces.md)
+    bounces: BounceSettings | None = None
     #: how the account signs in: "password" (PLAIN/LOGIN), "xoauth2" or
     #: "oauthbearer" with a token from ``oauth`` (docs/oauth2.md)
     auth: str = "password"
@@ -197,7 +200,8 @@ ACCOUNT_SPEC: dict[str, tuple[Any, Any]] = {
 }
 #: the identity keys, read by _identity: auth, and the [accounts.NAME.oauth] and [accounts.NAME.dkim] tables
 IDENTITY_KEYS = ("auth", "oauth", "dkim")
-ACCOUNT_KEYS = (*ACCOUNT_SPEC, *IDENTITY_KEYS)
+#: ... and the [accounts.NAME.bounces] table (mailq_db.bounces.verp.parse_settings)
+ACCOUNT_KEYS = (*ACCOUNT_SPEC, *IDENTITY_KEYS, "bounces")
 WORKER_KEYS = tuple(WorkerConfig.__dataclass_fields__)
 DATABASE_KEYS = ("url", "url_env", "connect_timeout_seconds", "query_timeout_seconds")
 
@@ -295,6 +299,7 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
         raw.pop("password")
         problems.add(f"{a}.password", "passwords never go in the file: set password_env to the "
                      "name of an environment variable that holds it")
+    bounces = parse_bounce_settings(raw.pop("bounces", None), f"{a}.bounces", env, problems.add)
     v = {key: _take(raw, key, kind, a, problems, default) for key, (kind, default) in ACCOUNT_SPEC.items()}
     identity = _identity(a, raw, env, problems, v["user"], v["password_env"])
     _unknown(raw, a, problems, ACCOUNT_KEYS)
@@ -312,7 +317,8 @@ def _account(name: str, raw: Any, env: Mapping[str, str], problems: _Problems) -
         user=v["user"], password_env=v["password_env"], password=password, verify_tls=v["verify_tls"],
         ca_file=v["ca_file"], local_hostname=v["local_hostname"], pipelining=v["pipelining"],
         wait_min_seconds=None if v["wait_min_seconds"] is None else float(v["wait_min_seconds"]),
-        provider=v["provider"], auth=identity["auth"], oauth=identity["oauth"], dkim=identity["dkim"], **floats,
+        provider=v["provider"], auth=identity["auth"], oauth=identity["oauth"], dkim=identity["dkim"],
+        bounces=bounces, **floats,
     )
 
 

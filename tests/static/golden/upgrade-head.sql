@@ -1108,6 +1108,284 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
+mailq.Suppression: addresses that a sending account (or one application on
+it) must no longer mail (docs/bounces.md).  One row per (account, address,
+application); AppName N'' means every application of the account.
+Reason       HardBounce (the address does not exist: after the configured
+             number of hard bounces, default 1), SoftBounce (after the
+             configured number of soft bounces, off by default), Complaint
+             (a spam complaint: at once, account-wide), Unsubscribe (the
+             recipient asked: the application that sent the mail, or the
+             whole account for mail without one), Manual (an operator).
+Source, Detail  who or what added it and why (the report's status and text,
+             the unsubscribe link, the operator's note).
+MailID       the mail that caused it, if any (no foreign key: mail is purged,
+             the suppression stays).
+ExpiresAtUtc NULL: forever; else the row stops applying at that time.
+Address is stored lower-case (the rule every enqueue compares with).
+Written only by mailq.ApplySuppressions and mailq.RemoveSuppression; read by
+mailq.FilterSuppressedRecipients at every enqueue (one seek per recipient).
+*/
+IF OBJECT_ID(N'mailq.Suppression', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.Suppression (
+        AccountName NVARCHAR(128) NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AppName NVARCHAR(128) NOT NULL CONSTRAINT DF_Suppression_AppName DEFAULT (N''),
+        Reason NVARCHAR(16) NOT NULL,
+        Source NVARCHAR(200) NOT NULL,
+        Detail NVARCHAR(1000) NULL,
+        MailID BIGINT NULL,
+        CreatedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Suppression_CreatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        UpdatedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_Suppression_UpdatedAtUtc DEFAULT (SYSUTCDATETIME()),
+        ExpiresAtUtc DATETIME2(3) NULL,
+        CONSTRAINT PK_Suppression PRIMARY KEY CLUSTERED (AccountName, Address, AppName),
+        CONSTRAINT FK_Suppression_SendingAccount FOREIGN KEY (AccountName)
+        REFERENCES mailq.SendingAccount (AccountName),
+        CONSTRAINT CK_Suppression_Reason CHECK (
+            Reason IN (N'HardBounce', N'SoftBounce', N'Complaint', N'Unsubscribe', N'Manual')
+        ),
+        CONSTRAINT CK_Suppression_Address CHECK (Address = LOWER(Address) AND Address LIKE N'%_@_%')
+    );
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.SuppressionHistory: every addition, renewal and removal of a
+suppression, with who did it and why (the audit an operator is asked for
+when a customer says "I never unsubscribed").  Append-only; written by
+mailq.ApplySuppressions and mailq.RemoveSuppression.
+Action: Added, Renewed (an existing row got a new reason, source or
+expiry), Removed.  AppName N'' as in mailq.Suppression.
+*/
+IF OBJECT_ID(N'mailq.SuppressionHistory', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.SuppressionHistory (
+        HistoryID BIGINT IDENTITY (1, 1) NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AppName NVARCHAR(128) NOT NULL,
+        Action NVARCHAR(16) NOT NULL,
+        Reason NVARCHAR(16) NOT NULL,
+        Source NVARCHAR(200) NOT NULL,
+        Detail NVARCHAR(1000) NULL,
+        MailID BIGINT NULL,
+        OccurredAtUtc DATETIME2(3) NOT NULL
+        CONSTRAINT DF_SuppressionHistory_OccurredAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_SuppressionHistory PRIMARY KEY CLUSTERED (HistoryID),
+        CONSTRAINT CK_SuppressionHistory_Action CHECK (Action IN (N'Added', N'Renewed', N'Removed'))
+    );
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.BounceReport: one row per (report, recipient) the bounce reader or
+the unsubscribe endpoint recorded: the idempotency key of mailq.RecordBounce
+(reading the same message twice records nothing new) and the history the
+hard/soft bounce counts are taken from (docs/bounces.md).
+ReportKey    SHA-256 of the report's Message-ID (else of its bytes), or of
+             'unsubscribe:<mail>:<recipient>' for an unsubscribe.
+Kind         Hard, Soft, Delayed, Complaint, Unsubscribe.
+MailID       the mail the report is about (from its signed VERP token), NULL
+             when the report could not be tied to a mail; no foreign key:
+             mail is purged, the bounce history stays.
+Action, Status, SmtpCode, Detail  the DSN's Action, enhanced status code,
+             the SMTP reply code of its diagnostic, and its text.
+*/
+IF OBJECT_ID(N'mailq.BounceReport', N'U') IS NULL
+BEGIN
+    CREATE TABLE mailq.BounceReport (
+        ReportKey VARBINARY(32) NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AccountName NVARCHAR(128) NOT NULL,
+        AppName NVARCHAR(128) NULL,
+        MailID BIGINT NULL,
+        Kind NVARCHAR(16) NOT NULL,
+        Action NVARCHAR(16) NULL,
+        Status NVARCHAR(16) NULL,
+        SmtpCode INT NULL,
+        Detail NVARCHAR(1000) NULL,
+        Source NVARCHAR(200) NOT NULL,
+        ReceivedAtUtc DATETIME2(3) NOT NULL CONSTRAINT DF_BounceReport_ReceivedAtUtc DEFAULT (SYSUTCDATETIME()),
+        CONSTRAINT PK_BounceReport PRIMARY KEY CLUSTERED (ReportKey, Address),
+        CONSTRAINT CK_BounceReport_Kind CHECK (
+            Kind IN (N'Hard', N'Soft', N'Delayed', N'Complaint', N'Unsubscribe')
+        ),
+        CONSTRAINT CK_BounceReport_SmtpCode CHECK (SmtpCode IS NULL OR SmtpCode BETWEEN 200 AND 599)
+    );
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+IX_BounceReport_Address: the bounce count of one address on one account
+(mailq.RecordBounce compares it with @HardBounceLimit / @SoftBounceLimit):
+one seek on (AccountName, Address, Kind).
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_BounceReport_Address' AND object_id = OBJECT_ID(N'mailq.BounceReport')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_BounceReport_Address
+    ON mailq.BounceReport (AccountName ASC, Address ASC, Kind ASC);
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+IX_BounceReport_ReceivedAtUtc: recent reports by time (mailq.GetSuppressionStats,
+the mailq.RecentBounceReports view) and the oldest ones first
+(mailq.PurgeBounceReports): a range seek, never a scan of the history.
+*/
+IF NOT EXISTS (
+    SELECT 1
+    FROM sys.indexes
+    WHERE name = N'IX_BounceReport_ReceivedAtUtc' AND object_id = OBJECT_ID(N'mailq.BounceReport')
+)
+BEGIN
+    CREATE NONCLUSTERED INDEX IX_BounceReport_ReceivedAtUtc
+    ON mailq.BounceReport (ReceivedAtUtc ASC)
+    INCLUDE (AccountName, Kind, MailID);
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.MailRecipientList: the recipients of a mail in the order the worker
+sends them: To, then CC, then BCC, each list in its written order (inline,
+so it costs nothing outside the query).
+Parameters:  @ToAddress, @CC, @BCC NVARCHAR(MAX): ';'-separated lists as
+             mailq.EnqueueMail stores them; NULL lists give no rows.
+Returns:     ListNo INT (1 To, 2 CC, 3 BCC), Position INT (0-based place in
+             its list), Entry NVARCHAR(MAX) (trimmed, as written, display
+             name included), Address NVARCHAR(MAX) (lower-case addr-spec),
+             RecipientNo BIGINT (1-based number of the distinct address in
+             send order: the number a VERP or unsubscribe token carries,
+             mailq_db.bounces.verp), IsFirst INT (1 for an address's first
+             entry, 0 for a repeat).  Empty entries are skipped.
+Split:       OPENJSON over the list turned into a JSON array keeps the order
+             (its [key]); STRING_SPLIT promises none before SQL Server 2022.
+Example:     SELECT r.RecipientNo, r.Address
+             FROM mailq.MailRecipientList(N'a@x.org; B <b@y.org>', NULL, N'a@x.org') AS r;
+*/
+CREATE OR ALTER FUNCTION mailq.MailRecipientList(
+    @ToAddress NVARCHAR(MAX),
+    @CC NVARCHAR(MAX),
+    @BCC NVARCHAR(MAX)
+)
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    e.ListNo,
+    e.Position,
+    e.Entry,
+    e.Address,
+    DENSE_RANK() OVER (ORDER BY e.FirstKey) AS RecipientNo,
+    IIF(e.Occurrence = 1, 1, 0) AS IsFirst
+FROM (
+    SELECT
+        p.ListNo,
+        p.Position,
+        p.Entry,
+        p.Address,
+        MIN(CAST(p.ListNo AS BIGINT) * 1000000 + p.Position) OVER (PARTITION BY p.Address) AS FirstKey,
+        ROW_NUMBER() OVER (PARTITION BY p.Address ORDER BY p.ListNo, p.Position) AS Occurrence
+    FROM (
+        SELECT
+            s.ListNo,
+            s.Position,
+            s.Entry,
+            -- "Name <address>": the address is what stands between the first '<' and the final '>'.
+            LOWER(IIF(
+                s.Entry LIKE N'%<%>',
+                SUBSTRING(s.Entry, CHARINDEX(N'<', s.Entry) + 1, LEN(s.Entry) - CHARINDEX(N'<', s.Entry) - 1),
+                s.Entry
+            )) AS Address
+        FROM (
+            SELECT
+                l.ListNo,
+                CAST(j.[key] AS INT) AS Position,
+                LTRIM(RTRIM(j.[value])) AS Entry
+            FROM (VALUES (1, @ToAddress), (2, @CC), (3, @BCC)) AS l(ListNo, List)
+            CROSS APPLY OPENJSON(N'["' + REPLACE(STRING_ESCAPE(l.List, 'json'), N';', N'","') + N'"]') AS j
+            WHERE l.List IS NOT NULL
+        ) AS s
+        WHERE s.Entry <> N''
+    ) AS p
+) AS e;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.FilterSuppressedRecipients: a mail's recipient lists without the
+addresses suppressed for its account and application (mailq.Suppression),
+as one row (inline: one seek on PK_Suppression per recipient entry).
+Parameters:  @AccountName NVARCHAR(128), @AppName NVARCHAR(128) (NULL: no
+             application), @ToAddress, @CC, @BCC NVARCHAR(MAX) as stored.
+Returns:     one row: SuppressedCount INT (entries removed), EntriesLeft INT,
+             ToAddress, CC, BCC NVARCHAR(MAX) (the lists without them, '; '
+             joined, NULL when a list is left empty), Suppressed NVARCHAR(MAX)
+             (the removed addresses, '; ' joined, NULL when none).
+             A row applies when AppName is N'' (the whole account) or the
+             mail's application, and it has not expired.
+Locking:     HOLDLOCK: inside the caller's transaction the key ranges read
+             stay share-locked to its end, so a suppression of one of these
+             addresses (mailq.ApplySuppressions inserts first, then sweeps the
+             queue) waits for this mail to commit and then finds it, or was
+             committed first and is seen here: a mail never slips between the
+             check and the sweep.  mailq.Suppression is written rarely (bounce
+             reader, unsubscribes, operators); readers never block each other.
+Example:     SELECT f.ToAddress, f.Suppressed
+             FROM mailq.FilterSuppressedRecipients(N'news', NULL, N'a@x.org; b@y.org', NULL, NULL) AS f;
+*/
+CREATE OR ALTER FUNCTION mailq.FilterSuppressedRecipients(
+    @AccountName NVARCHAR(128),
+    @AppName NVARCHAR(128),
+    @ToAddress NVARCHAR(MAX),
+    @CC NVARCHAR(MAX),
+    @BCC NVARCHAR(MAX)
+)
+RETURNS TABLE
+AS
+RETURN
+SELECT
+    ISNULL(SUM(r.IsSuppressed), 0) AS SuppressedCount,
+    ISNULL(SUM(1 - r.IsSuppressed), 0) AS EntriesLeft,
+    STRING_AGG(IIF(r.ListNo = 1 AND r.IsSuppressed = 0, r.Entry, NULL), N'; ')
+    WITHIN GROUP (ORDER BY r.ListNo, r.Position) AS ToAddress,
+    STRING_AGG(IIF(r.ListNo = 2 AND r.IsSuppressed = 0, r.Entry, NULL), N'; ')
+    WITHIN GROUP (ORDER BY r.ListNo, r.Position) AS CC,
+    STRING_AGG(IIF(r.ListNo = 3 AND r.IsSuppressed = 0, r.Entry, NULL), N'; ')
+    WITHIN GROUP (ORDER BY r.ListNo, r.Position) AS BCC,
+    STRING_AGG(IIF(r.IsSuppressed = 1 AND r.IsFirst = 1, r.Address, NULL), N'; ')
+    WITHIN GROUP (ORDER BY r.ListNo, r.Position) AS Suppressed
+FROM (
+    SELECT
+        l.ListNo,
+        l.Position,
+        l.Entry,
+        l.Address,
+        l.IsFirst,
+        IIF(EXISTS (
+            SELECT 1
+            FROM mailq.Suppression AS s WITH (HOLDLOCK)  -- see Locking above
+            WHERE
+                s.AccountName = @AccountName
+                AND s.Address = l.Address
+                AND s.AppName IN (N'', ISNULL(@AppName, N''))
+                AND (s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > SYSUTCDATETIME())
+        ), 1, 0) AS IsSuppressed
+    FROM mailq.MailRecipientList(@ToAddress, @CC, @BCC) AS l
+) AS r;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
 mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a
 table-valued parameter, for applications).  One row per mail; the columns are
 mailq.EnqueueMail's parameters with the same names and types, so that a row
@@ -1318,6 +1596,8 @@ Returns:     one row: the values to store, defaults applied; KeyText (the key as
              its lock names it); Domain (of the Message-ID); ContentHash (SHA-256
              of the normalized content, the due time as given); and the FIRST
              broken rule by RuleOrder: ErrorNumber, Field, Message (NULL if valid).
+             The last rule, the suppression list (50600), needs the caller's
+             transaction and key locks: mailq.EnqueueMailRows applies it.
 Errors:      none raised: JSON functions read only text IIF proved to be JSON.
 Example:     see mailq.EnqueueMailRows; docs/enqueue.md lists every rule.
 */
@@ -1353,7 +1633,6 @@ WITH n AS (
         IIF(@TemplateName IS NULL, @TemplateModel, COALESCE(@TemplateModel, N'{}')) AS TemplateModel,
         IIF(ISJSON(@Headers) = 1 AND LEFT(LTRIM(@Headers), 1) = N'{', @Headers, NULL) AS HeadersJson,
         N'%[' + NCHAR(13) + NCHAR(10) + N']%' AS CrLf,
-        (SELECT COUNT(*) FROM mailq.ParseAddressList(@ToAddress)) AS ToCount,
         (SELECT COUNT(*) FROM mailq.ParseAddressList(@ReplyTo)) AS ReplyToCount,
         (SELECT COUNT(*) FROM mailq.ParseAddressList(@FromAddress)) AS FromCount,
         (SELECT COUNT(x.DisplayName) FROM mailq.ParseAddressList(@FromAddress) AS x) AS FromNames,
@@ -1383,8 +1662,8 @@ problems AS (
             N'refuses unmapped enqueuers: an administrator maps it with EXEC mailq.BindApplication ',
             N'@AppName = N''<application>'', @PrincipalName = N''', REPLACE(@User, N'''', N''''''), N''';')),
         (2, 50223, @InputField, IIF(@InputMessage IS NULL, 0, 1), @InputMessage),
-        (3, 50101, N'ToAddress', IIF(@ToAddress IS NULL OR n.ToCount = 0, 1, 0),
-            CONCAT(@P, N'ToAddress is required: give at least one recipient address (separate several with ;).')),
+        (3, 50101, N'ToAddress', IIF(n.Recipients = 0, 1, 0), CONCAT(@P, N'ToAddress, ', @P, N'CC and ', @P,
+            N'BCC name no recipient: give at least one address in any of them (separate several with ;).')),
         (4, 50281, N'TemplateName',
             IIF(@TemplateName IS NULL AND (@TemplateVersion IS NOT NULL OR @TemplateModel IS NOT NULL), 1, 0),
             CONCAT(@P, N'TemplateVersion and ', @P, N'TemplateModel need ', @P, N'TemplateName.')),
@@ -1401,7 +1680,7 @@ problems AS (
         (13, 50102, N'FromAddress', IIF(n.FromNames > 0, 1, 0),
             CONCAT(@P, N'FromAddress takes a bare address; give the display name in ', @P, N'FromName.')),
         (14, 50104, N'ToAddress', IIF(n.Recipients > 100, 1, 0), CONCAT(@P, N'ToAddress, ', @P, N'CC and ', @P,
-            N'BCC name ', n.Recipients, N' recipients; the limit is 100.')),
+            N'BCC name ', n.Recipients, N' recipients together; the limit is 100.')),
         (15, 50118, N'BodyFormat', IIF(n.BodyFormat NOT IN (N'Text', N'Html'), 1, 0),
             CONCAT(@P, N'BodyFormat must be Text or Html; got ''', LEFT(n.BodyFormat, 20), N'''.')),
         (16, 50109, N'Priority', IIF(n.Priority NOT BETWEEN 0 AND 9, 1, 0),
@@ -1868,7 +2147,8 @@ no role, reached by ownership chaining.
 Parameters:  @Rows mailq.MailBatchRow READONLY, @Mails (JSON, mailq.MailBatchJson),
              or with @Single = 1 one mail in @ToAddress ... @TemplateModel (RowNo 1);
              @RejectInvalid BIT (batch): 1 = queue the valid rows.
-Rules:       mailq.EnqueueMailCheck, for every row, in one statement.
+Rules:       mailq.EnqueueMailCheck, for every row, in one statement; last, under the key
+             locks, mailq.FilterSuppressedRecipients (50600, or RecipientSuppressed events).
 Results:     @Single = 1: @MailID, @MessageID, @Created OUTPUT and no result set;
              else result sets 1 (RowNo, MailID, MessageID, Created) and 2 (RowNo,
              Field, ErrorNumber, Message of the rejected rows).
@@ -1878,8 +2158,9 @@ Errors:      @Single = 1: the broken rule's own number, 50162 (key lock); else
 Transaction: its own if none is open, else the caller's, distributed included
              (no savepoint); XACT_ABORT ON: an error dooms the caller's.
 Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
-Lock order:  the keys' application locks (binary key order), mailq.MailQueue,
-             mailq.MailAttachment, mailq.MailEvent.
+Lock order:  the keys' application locks (binary key order), mailq.Suppression
+             (shared key ranges of the recipients, held: docs/bounces.md, "Lock
+             order"), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
 Cost:        table variables (no statistics, no recompiles) and one cached plan
              for single calls; a batch calls it WITH RECOMPILE (docs/enqueue.md).
 Example:     EXEC mailq.EnqueueMailRows @Rows = @R, @RejectInvalid = 1;
@@ -1934,7 +2215,7 @@ BEGIN
         RunMode NVARCHAR(4000) NULL, TemplateName NVARCHAR(4000) NULL, TemplateVersion INT NULL,
         TemplateModel NVARCHAR(MAX) NULL, ContentHash VARBINARY(32) NULL, MessageID NVARCHAR(255) NULL,
         ErrorNumber INT NULL, Field NVARCHAR(128) NULL, Message NVARCHAR(2048) NULL, KeyLeader INT NULL,
-        KeySeq INT NULL INDEX IX_Work_KeySeq, MailID BIGINT NULL, Created BIT NULL
+        KeySeq INT NULL INDEX IX_Work_KeySeq, MailID BIGINT NULL, Created BIT NULL, Suppressed NVARCHAR(MAX) NULL
     );
     DECLARE @Inserted TABLE (MailID BIGINT NOT NULL PRIMARY KEY, MessageID NVARCHAR(255) NOT NULL UNIQUE,
         AppName NVARCHAR(128) NULL);
@@ -2047,6 +2328,17 @@ BEGIN
         INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK)
             ON w.IdempotencyKey = q.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
         WHERE w.KeySeq <= @Seq;
+        -- Last rule, rows that would create a mail: suppressed recipients left out, 50600 if none is left;
+        -- the shared key-range locks on mailq.Suppression are held to the commit (a suppression waits, then sweeps).
+        UPDATE w
+        SET w.ToAddress = ISNULL(f.ToAddress, N''), w.CC = f.CC, w.BCC = f.BCC, w.Suppressed = f.Suppressed,
+            w.ErrorNumber = IIF(f.EntriesLeft = 0, 50600, NULL), w.Field = IIF(f.EntriesLeft = 0, N'ToAddress', NULL),
+            w.Message = IIF(f.EntriesLeft = 0, LEFT(CONCAT(N'Every recipient is suppressed for account ''',
+                w.AccountName, N''' (mailq.ListSuppressions): ', f.Suppressed), 2048), NULL)
+        FROM @Work AS w
+        CROSS APPLY mailq.FilterSuppressedRecipients(w.AccountName, w.AppName, w.ToAddress, w.CC, w.BCC) AS f
+        WHERE w.ErrorNumber IS NULL AND w.MailID IS NULL AND (w.KeyLeader IS NULL OR w.KeySeq IS NOT NULL)
+            AND f.SuppressedCount > 0;
         UPDATE f
         SET f.ErrorNumber = l.ErrorNumber, f.Field = l.Field, f.Message = l.Message
         FROM @Work AS f
@@ -2080,7 +2372,7 @@ BEGIN
         OUTPUT inserted.ID, inserted.MessageID, inserted.AppName INTO @Inserted (MailID, MessageID, AppName)
         SELECT
             @Now, w.DueUtc AS DateToProcess, w.DueUtc AS VisibleAtUtc, w.FromName, w.FromAddress, w.ReplyTo,
-            w.ToAddress, w.CC, w.BCC, w.Subject, w.Body, w.BodyFormat, w.TextBody, w.Headers, N'UnSent',
+            ISNULL(w.ToAddress, N''), w.CC, w.BCC, w.Subject, w.Body, w.BodyFormat, w.TextBody, w.Headers, N'UnSent',
             w.MaxAttempts, w.Priority, w.AccountName, w.AppName, w.IdempotencyKey, w.ContentHash, w.MessageID,
             w.ExpiresAtUtc, w.RunMode, w.TemplateName, w.TemplateVersion, w.TemplateModel
         FROM @Work AS w
@@ -2113,12 +2405,16 @@ BEGIN
             THROW @Err, @Msg, 1;
         END CATCH;
 
-        -- The event stream (docs/events.md): one 'Enqueued' event per created
-        -- mail, in this transaction; a mail returned for its key gets none.
+        -- The event stream (docs/events.md): one 'Enqueued' event per created mail, in this
+        -- transaction, then 'RecipientSuppressed' naming whom it left out; a mail returned for its key gets none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
-        SELECT i.MailID, i.AppName, N'Enqueued', N'UnSent', 0, NULL, NULL, @Now
+        SELECT i.MailID, i.AppName, e.EventType, N'UnSent', 0, NULL, e.Detail, @Now
         FROM @Inserted AS i
-        ORDER BY i.MailID;
+        INNER JOIN @Work AS w ON i.MailID = w.MailID
+        CROSS APPLY (VALUES (1, N'Enqueued', NULL), (2, N'RecipientSuppressed',
+            LEFT(CONCAT(N'not sent to (suppressed): ', w.Suppressed), 4000))) AS e(EventNo, EventType, Detail)
+        WHERE e.EventNo = 1 OR w.Suppressed IS NOT NULL
+        ORDER BY i.MailID, e.EventNo;
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
@@ -2151,31 +2447,32 @@ mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
 already queued for the same content it returns that mail and writes nothing.
 It has no rule of its own: it hands its parameters, as one row, to
 mailq.EnqueueMailRows, the one implementation it shares with mailq.EnqueueMailBatch.
-Parameters:  @ToAddress required; @Subject, @Body required unless @TemplateName;
+Parameters:  a recipient in @ToAddress, @CC or @BCC (To may be NULL: Cc-only,
+             Bcc-only mail); @Subject, @Body required unless @TemplateName;
              every other parameter optional, NULL = its default (BodyFormat
              Text, Priority 5, MaxAttempts 5, RunMode prod, the default account
              and its From, due now).  Each is described in docs/enqueue.md.
 Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255), @Created BIT (0: an
              existing mail returned for @IdempotencyKey).  No result set, so
              triggers may call it.
-Errors:      the broken rule's number, raised before anything is written:
-             50101-50121, 50160, 50161, 50168 (mail input), 50240 (run mode),
-             50280-50286 (templates, lazy attachments), 50500 (the caller is
-             mapped to no application); 50116 key reused with other content;
-             50162 the key's lock not granted in 10 s.  docs/errors.md.
+Errors:      the broken rule's number, raised before anything is written: 50101-50121,
+             50160, 50161, 50168 (mail input), 50240 (run mode), 50280-50286 (templates,
+             lazy attachments), 50500 (the caller is mapped to no application), 50600 (every
+             recipient suppressed); 50116 key reused with other content; 50162 the key's
+             lock not granted in 10 s.  docs/errors.md.
 Transaction: opens its own if none is open, else works inside the caller's,
              including a distributed one (no savepoint); an error dooms the
              caller's transaction (XACT_ABORT ON): it can only roll back.
 Isolation:   READ COMMITTED and the SET options a filtered index needs, set by
              mailq.EnqueueMailRows (they revert when it returns).
-Lock order:  the key's application lock, mailq.MailQueue, mailq.MailAttachment,
-             mailq.MailEvent (docs/guarantees.md, "Lock order").
+Lock order:  the key's application lock, mailq.Suppression (shared, held), mailq.MailQueue,
+             mailq.MailAttachment, mailq.MailEvent (docs/guarantees.md, "Lock order").
 Example:     DECLARE @ID BIGINT;
              EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
                  @Subject = N'Nightly report', @Body = N'All jobs succeeded.', @MailID = @ID OUTPUT;
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMail
-    @ToAddress NVARCHAR(MAX),
+    @ToAddress NVARCHAR(MAX) = NULL,
     @Subject NVARCHAR(MAX) = NULL,
     @Body NVARCHAR(MAX) = NULL,
     @BodyFormat NVARCHAR(20) = NULL,
@@ -2240,8 +2537,8 @@ Transaction: opens its own if none is open, else works inside the caller's
              (no savepoint); an error dooms it; @RejectInvalid = 1 raises
              nothing for invalid rows.
 Isolation:   READ COMMITTED and the filtered-index SET options, set by the core.
-Lock order:  the keys' application locks in binary key order, mailq.MailQueue,
-             mailq.MailAttachment, mailq.MailEvent.
+Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared,
+             held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
 Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[
                  {"ToAddress": "a@example.com", "Subject": "Hi", "Body": "One"},
                  {"ToAddress": "b@example.com", "Subject": "Hi", "Body": "Two", "Priority": 9}]';
@@ -7542,7 +7839,8 @@ Mapping:     mailitem_id = DbMailItem.MailItemID; sent_status: Sent -> sent;
              after a failed attempt -> retrying; else unsent (a query waiting
              for the runner too).  send_request_date is stored (local time);
              sent_date and last_mod_date are the queue's UTC plus the server's
-             current offset.  sent_account_id only once sent.  file_attachments
+             current offset.  recipients is NULL for Cc-only and Bcc-only mail
+             (stored with an empty To).  sent_account_id only once sent.  file_attachments
              is always NULL (refused); a query's file is in sysmail_mailattachments.
 Cost:        filters on mailitem_id and send_request_date seek DbMailItem;
              any other filter reads the DbMail items only, never the whole queue
@@ -7559,7 +7857,7 @@ WITH Clock AS (
 SELECT
     i.MailItemID AS mailitem_id,
     i.ProfileID AS profile_id,
-    q.ToAddress AS recipients,
+    NULLIF(q.ToAddress, N'') AS recipients,
     q.CC AS copy_recipients,
     q.BCC AS blind_copy_recipients,
     CAST(q.Subject AS NVARCHAR(900)) AS subject,
@@ -7894,13 +8192,14 @@ Errors:      as msdb: RAISERROR severity 16 then RETURN n, nothing written,
              of this package: RAISERROR (error 50000) and RETURN 50641-50652
              (docs/errors.md).  Only errors of mailq.EnqueueMail that are not
              checked here (application binding 50160/50161/50168, an account
-             dropped meanwhile 50114, deadlock) are THROWn, under XACT_ABORT ON.
+             dropped meanwhile 50114, every recipient suppressed 50600,
+             deadlock) are THROWn, under XACT_ABORT ON.
 Transaction: validation first, with XACT_ABORT as the caller has it; then the
              enqueue and its DbMailItem row in one transaction: its own if none
              is open, else the caller's (no savepoint).
 Isolation:   the caller's (profile reads are plain reads; EnqueueMail sets its own).
-Lock order:  (via EnqueueMail) mailq.MailQueue, mailq.MailAttachment, then
-             mailq.DbMailItem.
+Lock order:  (via EnqueueMail) mailq.Suppression (shared), mailq.MailQueue,
+             mailq.MailAttachment, then mailq.DbMailItem.
 Example:     DECLARE @rc INT;
              EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com',
                  @subject = N'Backups', @query = N'SELECT name FROM sys.databases;';
@@ -10714,6 +11013,1190 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
+Role MailqBounceReader: the bounce reader (`mailq-db bounces`) and the
+one-click unsubscribe endpoint (`mailq-db unsubscribe-server`): record
+bounces, complaints and unsubscribes, nothing else.  Not MailqSender: these
+processes read mail written by strangers and answer HTTP from the internet,
+so they get neither the claim and acknowledgement of mail nor any
+administration; a compromised reader can at worst suppress addresses.
+*/
+IF DATABASE_PRINCIPAL_ID(N'MailqBounceReader') IS NULL
+    CREATE ROLE MailqBounceReader AUTHORIZATION dbo;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.Suppressions: the suppression list as operators read it: AppName NULL
+means every application of the account; IsActive 0 once ExpiresAtUtc passed.
+*/
+CREATE OR ALTER VIEW mailq.Suppressions
+AS
+SELECT
+    s.AccountName,
+    NULLIF(s.AppName, N'') AS AppName,
+    s.Address,
+    s.Reason,
+    s.Source,
+    s.Detail,
+    s.MailID,
+    s.CreatedAtUtc,
+    s.UpdatedAtUtc,
+    s.ExpiresAtUtc,
+    CAST(IIF(s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > SYSUTCDATETIME(), 1, 0) AS BIT) AS IsActive
+FROM mailq.Suppression AS s;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.RecentBounceReports: bounce, complaint and unsubscribe reports of the
+last 7 days (a range of IX_BounceReport_ReceivedAtUtc), newest first when
+ordered by ReceivedAtUtc DESC; whether each address is suppressed now.
+*/
+CREATE OR ALTER VIEW mailq.RecentBounceReports
+AS
+SELECT
+    b.ReceivedAtUtc,
+    b.AccountName,
+    b.AppName,
+    b.MailID,
+    b.Address,
+    b.Kind,
+    b.Action,
+    b.Status,
+    b.SmtpCode,
+    b.Detail,
+    b.Source,
+    CAST(IIF(EXISTS (
+        SELECT 1
+        FROM mailq.Suppression AS s
+        WHERE
+            s.AccountName = b.AccountName AND s.Address = b.Address
+            AND s.AppName IN (N'', ISNULL(b.AppName, N''))
+            AND (s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > SYSUTCDATETIME())
+    ), 1, 0) AS BIT) AS Suppressed
+FROM mailq.BounceReport AS b
+WHERE b.ReceivedAtUtc >= DATEADD(DAY, -7, SYSUTCDATETIME());
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.ApplySuppressions: (internal: called by AddSuppression, RecordBounce
+and RecordUnsubscribe, granted to nobody) adds or renews suppressions, then
+takes the suppressed addresses out of the mail already queued for them.
+Sweep:       queued mail of the suppressions' accounts (UnSent or Sending,
+             found on IX_MailQueue_ClaimByAccount): UnSent mail loses the
+             addresses from To/CC/BCC (event RecipientSuppressed), or is
+             Stopped when nobody is left (event Stopped); Sending mail, which
+             a worker holds, keeps its lists and gets a Refused recipient
+             outcome per address, so no later attempt sends to it (the attempt
+             under way may).  ClaimMail is untouched: its cost stays bounded
+             by the batch; this sweep reads the accounts' queued mail once
+             per call (one range of the index plus the rows' recipient lists).
+Parameters:  @Suppressions NVARCHAR(MAX), required: a JSON array of objects
+             {"AccountName", "Address" (lower-case), "AppName" (null or "" =
+             every application), "Reason", "Source", "Detail", "MailID",
+             "ExpiresAtUtc"} (FOR JSON PATH of those columns), validated by
+             the caller (the public procedures).
+             @SweptMails INT OUTPUT: queued mails that lost a recipient;
+             @StoppedMails INT OUTPUT: those of them Stopped.
+Result set:  none.
+Errors:      none of its own (the callers validate); SQL Server's errors are
+             re-raised unchanged.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   sets READ COMMITTED itself; the suppression rows are read WITH
+             (UPDLOCK, HOLDLOCK) so two writers of one address serialize
+             (mailq.Suppression is not an enqueue hot spot: enqueues only
+             read it); queued mail is locked with UPDLOCK before it is read
+             for the change.  DEADLOCK_PRIORITY LOW: against a claim or an
+             acknowledgement the sweep is the deadlock victim, never a worker.
+Lock order:  mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue
+             (queued rows, U -> X), mailq.MailEvent, mailq.MailRecipientOutcome
+             (docs/bounces.md, "Lock order").  An enqueue holds a shared
+             key-range lock on the address (mailq.FilterSuppressedRecipients),
+             so the insert here waits for that mail to commit and then sweeps it.
+Example:     EXEC mailq.ApplySuppressions @Suppressions = N'[{"AccountName":"news",
+                 "Address":"a@example.com","Reason":"Manual","Source":"dba"}]';
+*/
+CREATE OR ALTER PROCEDURE mailq.ApplySuppressions
+    @Suppressions NVARCHAR(MAX),
+    @SweptMails INT = NULL OUTPUT,
+    @StoppedMails INT = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    SET DEADLOCK_PRIORITY LOW;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    SET @SweptMails = 0;
+    SET @StoppedMails = 0;
+
+    DECLARE @S TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AppName NVARCHAR(128) NOT NULL,
+        Reason NVARCHAR(16) NOT NULL,
+        Source NVARCHAR(200) NOT NULL,
+        Detail NVARCHAR(1000) NULL,
+        MailID BIGINT NULL,
+        ExpiresAtUtc DATETIME2(3) NULL,
+        PRIMARY KEY (AccountName, Address, AppName)
+    );
+    -- JSON_VALUE per field (lax: a missing field is NULL); times as ISO 8601 (style 126)
+    INSERT INTO @S (AccountName, Address, AppName, Reason, Source, Detail, MailID, ExpiresAtUtc)
+    SELECT x.AccountName, x.Address, x.AppName, x.Reason, x.Source, x.Detail, x.MailID, x.ExpiresAtUtc
+    FROM (
+        SELECT
+            v.AccountName,
+            v.Address,
+            v.AppName,
+            v.Reason,
+            v.Source,
+            v.Detail,
+            v.MailID,
+            v.ExpiresAtUtc,
+            ROW_NUMBER() OVER (PARTITION BY v.AccountName, v.Address, v.AppName ORDER BY v.Ordinal) AS Nth
+        FROM (
+            SELECT
+                CAST(j.[key] AS INT) AS Ordinal,
+                CAST(JSON_VALUE(j.[value], N'$.AccountName') AS NVARCHAR(128)) AS AccountName,
+                CAST(LOWER(JSON_VALUE(j.[value], N'$.Address')) AS NVARCHAR(320)) AS Address,
+                CAST(ISNULL(JSON_VALUE(j.[value], N'$.AppName'), N'') AS NVARCHAR(128)) AS AppName,
+                CAST(JSON_VALUE(j.[value], N'$.Reason') AS NVARCHAR(16)) AS Reason,
+                CAST(JSON_VALUE(j.[value], N'$.Source') AS NVARCHAR(200)) AS Source,
+                CAST(LEFT(JSON_VALUE(j.[value], N'$.Detail'), 1000) AS NVARCHAR(1000)) AS Detail,
+                TRY_CAST(JSON_VALUE(j.[value], N'$.MailID') AS BIGINT) AS MailID,
+                TRY_CONVERT(DATETIME2(3), JSON_VALUE(j.[value], N'$.ExpiresAtUtc'), 126) AS ExpiresAtUtc
+            FROM OPENJSON(@Suppressions) AS j
+        ) AS v
+    ) AS x
+    WHERE x.Nth = 1;
+
+    DECLARE @Changed TABLE (
+        AccountName NVARCHAR(128) NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AppName NVARCHAR(128) NOT NULL,
+        Action NVARCHAR(16) NOT NULL,
+        Reason NVARCHAR(16) NOT NULL,
+        Source NVARCHAR(200) NOT NULL,
+        Detail NVARCHAR(1000) NULL,
+        MailID BIGINT NULL
+    );
+    DECLARE @Mail TABLE (ID BIGINT NOT NULL PRIMARY KEY);
+    DECLARE @Swept TABLE (
+        ID BIGINT NOT NULL PRIMARY KEY,
+        Status NVARCHAR(16) NOT NULL,
+        ToAddress NVARCHAR(MAX) NULL,
+        CC NVARCHAR(MAX) NULL,
+        BCC NVARCHAR(MAX) NULL,
+        Suppressed NVARCHAR(MAX) NULL,
+        EntriesLeft INT NOT NULL
+    );
+    DECLARE @Refuse TABLE (
+        MailID BIGINT NOT NULL,
+        Address NVARCHAR(320) NOT NULL,
+        AttemptNo INT NOT NULL,
+        PRIMARY KEY (MailID, Address)
+    );
+
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- 1. Renew what exists: the newest reason, source and detail; the
+        --    longer of the two lifetimes (NULL = forever wins; an expired row
+        --    takes the new expiry).  UPDLOCK, HOLDLOCK: see Isolation.
+        UPDATE s
+        SET
+            s.Reason = i.Reason,
+            s.Source = i.Source,
+            s.Detail = i.Detail,
+            s.MailID = COALESCE(i.MailID, s.MailID),
+            s.UpdatedAtUtc = @Now,
+            s.ExpiresAtUtc = CASE
+                WHEN s.ExpiresAtUtc IS NULL OR i.ExpiresAtUtc IS NULL THEN NULL
+                WHEN i.ExpiresAtUtc > s.ExpiresAtUtc THEN i.ExpiresAtUtc
+                ELSE s.ExpiresAtUtc
+            END
+        OUTPUT
+            inserted.AccountName, inserted.Address, inserted.AppName, N'Renewed', inserted.Reason,
+            inserted.Source, inserted.Detail, inserted.MailID
+        INTO @Changed (AccountName, Address, AppName, Action, Reason, Source, Detail, MailID)
+        FROM mailq.Suppression AS s WITH (UPDLOCK, HOLDLOCK)
+        INNER JOIN @S AS i ON s.AccountName = i.AccountName AND s.Address = i.Address AND s.AppName = i.AppName;
+
+        -- 2. Add what is new (waits for enqueues that read this address's
+        --    key range: they commit first and are swept below).
+        INSERT INTO mailq.Suppression (
+            AccountName, Address, AppName, Reason, Source, Detail, MailID, CreatedAtUtc, UpdatedAtUtc, ExpiresAtUtc
+        )
+        OUTPUT
+            inserted.AccountName, inserted.Address, inserted.AppName, N'Added', inserted.Reason,
+            inserted.Source, inserted.Detail, inserted.MailID
+        INTO @Changed (AccountName, Address, AppName, Action, Reason, Source, Detail, MailID)
+        SELECT i.AccountName, i.Address, i.AppName, i.Reason, i.Source, i.Detail, i.MailID, @Now, @Now, i.ExpiresAtUtc
+        FROM @S AS i
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.Suppression AS s WITH (UPDLOCK, HOLDLOCK)
+            WHERE s.AccountName = i.AccountName AND s.Address = i.Address AND s.AppName = i.AppName
+        );
+
+        INSERT INTO mailq.SuppressionHistory (
+            AccountName, Address, AppName, Action, Reason, Source, Detail, MailID, OccurredAtUtc
+        )
+        SELECT c.AccountName, c.Address, c.AppName, c.Action, c.Reason, c.Source, c.Detail, c.MailID, @Now
+        FROM @Changed AS c;
+
+        -- 3. Candidates: queued mail of these accounts whose lists mention an
+        --    address (a text probe; the exact test is step 5).  A range of
+        --    IX_MailQueue_ClaimByAccount per account, no locks kept.
+        INSERT INTO @Mail (ID)
+        SELECT DISTINCT q.ID
+        FROM mailq.MailQueue AS q
+        INNER JOIN @S AS i ON q.AccountName = i.AccountName
+        WHERE
+            q.Status IN (N'UnSent', N'Sending')
+            AND (i.AppName = N'' OR i.AppName = q.AppName)
+            AND CHARINDEX(i.Address, LOWER(CONCAT(q.ToAddress, N';', q.CC, N';', q.BCC))) > 0;
+
+        -- 4. Lock them (UPDLOCK reads the committed row even under
+        --    READ_COMMITTED_SNAPSHOT) and 5. compute their lists without
+        --    every address suppressed for them (mailq.Suppression now holds
+        --    this call's rows too).
+        INSERT INTO @Swept (ID, Status, ToAddress, CC, BCC, Suppressed, EntriesLeft)
+        SELECT q.ID, q.Status, f.ToAddress, f.CC, f.BCC, f.Suppressed, f.EntriesLeft
+        FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK, FORCESEEK)
+        INNER JOIN @Mail AS m ON q.ID = m.ID
+        CROSS APPLY mailq.FilterSuppressedRecipients(q.AccountName, q.AppName, q.ToAddress, q.CC, q.BCC) AS f
+        WHERE q.Status IN (N'UnSent', N'Sending') AND f.SuppressedCount > 0;
+
+        -- 6. UnSent with recipients left: the lists without them.
+        UPDATE q
+        SET
+            q.ToAddress = ISNULL(w.ToAddress, N''),
+            q.CC = w.CC,
+            q.BCC = w.BCC
+        OUTPUT
+            inserted.ID, inserted.AppName, N'RecipientSuppressed', inserted.Status, inserted.AttemptCount,
+            NULL, LEFT(CONCAT(N'not sent to (suppressed): ', w.Suppressed), 4000), @Now
+        INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        FROM mailq.MailQueue AS q
+        INNER JOIN @Swept AS w ON q.ID = w.ID
+        WHERE w.Status = N'UnSent' AND w.EntriesLeft > 0;
+        SET @SweptMails = @@ROWCOUNT;
+
+        -- 7. UnSent with nobody left: Stopped, as mailq.StopMail leaves it.
+        UPDATE q
+        SET
+            q.Status = N'Stopped',
+            q.DateProcessed = @Now,
+            q.LastError = LEFT(CONCAT(N'every recipient is suppressed: ', w.Suppressed), 4000)
+        OUTPUT
+            inserted.ID, inserted.AppName, N'Stopped', inserted.Status, inserted.AttemptCount,
+            NULL, inserted.LastError, @Now
+        INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        FROM mailq.MailQueue AS q
+        INNER JOIN @Swept AS w ON q.ID = w.ID
+        WHERE w.Status = N'UnSent' AND w.EntriesLeft = 0;
+        SET @StoppedMails = @@ROWCOUNT;
+        SET @SweptMails += @StoppedMails;
+
+        -- 8. Sending: a Refused outcome per suppressed address, so a later
+        --    attempt skips it (mailq.GetRecipientOutcomes); Delivered stays.
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT
+            q.ID, q.AppName, N'RecipientSuppressed', q.Status, q.AttemptCount, NULL,
+            LEFT(CONCAT(N'not sent to (suppressed) after this attempt: ', w.Suppressed), 4000), @Now
+        FROM @Swept AS w
+        INNER JOIN mailq.MailQueue AS q ON w.ID = q.ID
+        WHERE w.Status = N'Sending';
+        SET @SweptMails += @@ROWCOUNT;
+
+        INSERT INTO @Refuse (MailID, Address, AttemptNo)
+        SELECT q.ID, CAST(r.Address AS NVARCHAR(320)), q.AttemptCount
+        FROM @Swept AS w
+        INNER JOIN mailq.MailQueue AS q ON w.ID = q.ID
+        CROSS APPLY mailq.MailRecipientList(q.ToAddress, q.CC, q.BCC) AS r
+        WHERE
+            w.Status = N'Sending' AND r.IsFirst = 1 AND LEN(r.Address) <= 320
+            AND EXISTS (
+                SELECT 1
+                FROM mailq.Suppression AS s
+                WHERE
+                    s.AccountName = q.AccountName AND s.Address = r.Address
+                    AND s.AppName IN (N'', ISNULL(q.AppName, N''))
+                    AND (s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now)
+            );
+
+        UPDATE o
+        SET
+            o.Outcome = N'Refused',
+            o.SmtpCode = NULL,
+            o.SmtpText = N'suppressed (mailq.Suppression)',
+            o.UpdatedAtUtc = @Now
+        FROM mailq.MailRecipientOutcome AS o
+        INNER JOIN @Refuse AS f ON o.MailID = f.MailID AND o.Address = f.Address
+        WHERE o.Outcome = N'Deferred';
+
+        INSERT INTO mailq.MailRecipientOutcome (MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc)
+        SELECT f.MailID, f.Address, N'Refused', NULL, N'suppressed (mailq.Suppression)', f.AttemptNo, @Now
+        FROM @Refuse AS f
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.MailRecipientOutcome AS o
+            WHERE o.MailID = f.MailID AND o.Address = f.Address
+        );
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.RecordBounce: records what one delivery report says about its
+recipients (the bounce reader, `mailq-db bounces`), once per report and
+recipient, and suppresses the addresses that reached their limit.
+Per recipient, the first time (ReportKey, address) is seen: a row in
+mailq.BounceReport; with a known mail, an event (Bounced for Hard and Soft,
+BounceDelayed, Complained) and, for Hard and Soft, the recipient's outcome
+Refused in mailq.MailRecipientOutcome with the report's code and text;
+then a suppression (mailq.ApplySuppressions, account-wide) for a Complaint
+at once, for Hard when the address has @HardBounceLimit Hard reports on the
+account, for Soft when @SoftBounceLimit is set and reached.  Delayed never
+suppresses.  Reading the same report again changes nothing.
+Parameters:  @ReportKey VARBINARY(32), required: SHA-256 of the report's
+             Message-ID (else of its bytes).
+             @Recipients NVARCHAR(MAX), required: a JSON array of 1-1000
+             objects {"address", "kind": "Hard"|"Soft"|"Delayed"|"Complaint",
+             "action", "status" (enhanced code), "code" (SMTP reply code
+             200-599 or null), "detail"}; "address" may be left out when
+             @RecipientNo names the recipient (the report did not); one
+             address that is not the mail's (a forwarding alias) is replaced
+             by the recipient @RecipientNo names.
+             @Source NVARCHAR(200), required: e.g. 'imap:bounces@example.com'.
+             @AccountName NVARCHAR(128): the account the report belongs to
+             when no mail is known (the reader's configured account); a known
+             mail's own account wins.
+             @MailID BIGINT, @RecipientNo INT: from the report's verified
+             VERP token (mailq_db.bounces.verp); a mail purged since is
+             treated as unknown.
+             @HardBounceLimit INT 1-100, default 1; @SoftBounceLimit INT
+             1-100, default NULL (soft bounces never suppress).
+Result set:  one row per recipient: Address, Kind, MailID, Recorded BIT (0:
+             already recorded), Suppressed BIT (suppressed by this call).
+Errors:      50601 no known mail and @AccountName missing or not an account;
+             50602 a recipient without a valid address (1-320 characters,
+             one @) and no @RecipientNo of the mail to take it from;
+             50604 @Source missing or over 200 characters;
+             50607 @ReportKey not 32 bytes; 50608 a kind not Hard, Soft,
+             Delayed or Complaint; 50609 @Recipients not a JSON array of
+             1-1000 objects; 50610 a limit out of range.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   sets READ COMMITTED itself; the report key is checked WITH
+             (UPDLOCK, HOLDLOCK) so two readers of one report record it once.
+Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order
+             (mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue,
+             mailq.MailEvent, mailq.MailRecipientOutcome), then the reported
+             mail's row (mailq.MailQueue), mailq.MailRecipientOutcome,
+             mailq.MailEvent.
+Example:     EXEC mailq.RecordBounce @ReportKey = @Key, @Source = N'imap:bounces@example.com',
+                 @MailID = 101, @Recipients = N'[{"address":"a@example.com","kind":"Hard","status":"5.1.1"}]';
+*/
+CREATE OR ALTER PROCEDURE mailq.RecordBounce
+    @ReportKey VARBINARY(32),
+    @Recipients NVARCHAR(MAX),
+    @Source NVARCHAR(200),
+    @AccountName NVARCHAR(128) = NULL,
+    @MailID BIGINT = NULL,
+    @RecipientNo INT = NULL,
+    @HardBounceLimit INT = 1,
+    @SoftBounceLimit INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ReportKey IS NULL OR DATALENGTH(@ReportKey) <> 32
+        THROW 50607, N'@ReportKey must be 32 bytes: the SHA-256 of the report''s Message-ID (or of its bytes).', 1;
+    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
+        THROW 50604, N'@Source is required (1-200 characters): where the report was read.', 1;
+    SET @HardBounceLimit = ISNULL(@HardBounceLimit, 1);
+    IF @HardBounceLimit NOT BETWEEN 1 AND 100 OR @SoftBounceLimit NOT BETWEEN 1 AND 100
+    BEGIN
+        SET @Msg = CONCAT(N'@HardBounceLimit must be 1-100 and @SoftBounceLimit 1-100 or NULL; got ',
+            @HardBounceLimit, N' and ', COALESCE(CAST(@SoftBounceLimit AS NVARCHAR(12)), N'NULL'), N'.');
+        THROW 50610, @Msg, 1;
+    END;
+    -- ISJSON, OPENJSON and JSON_VALUE in separate statements (no guaranteed
+    -- evaluation order inside one condition).
+    DECLARE @RecipientsOk BIT = 1;
+    IF @Recipients IS NULL OR ISJSON(@Recipients) = 0 OR LEFT(LTRIM(@Recipients), 1) <> N'['
+        SET @RecipientsOk = 0;
+    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@Recipients)) NOT BETWEEN 1 AND 1000
+        SET @RecipientsOk = 0;
+    ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@Recipients) AS j WHERE j.[type] <> 5)
+        SET @RecipientsOk = 0;
+    IF @RecipientsOk = 0
+        THROW 50609, N'@Recipients must be a JSON array of 1-1000 objects.', 1;
+
+    -- The mail, when the token named one that still exists (a plain read:
+    -- account, application and lists do not change after enqueue except by
+    -- a suppression sweep, which only removes addresses).
+    DECLARE @Account NVARCHAR(128), @App NVARCHAR(128), @To NVARCHAR(4000), @CC NVARCHAR(4000),
+        @BCC NVARCHAR(4000), @KnownMail BIGINT;
+    IF @MailID IS NOT NULL
+        SELECT
+            @KnownMail = q.ID, @Account = q.AccountName, @App = q.AppName,
+            @To = q.ToAddress, @CC = q.CC, @BCC = q.BCC
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @MailID;
+    IF @KnownMail IS NULL
+    BEGIN
+        SET @Account = @AccountName;
+        IF @Account IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.AccountName = @Account)
+        BEGIN
+            SET @Msg = CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account, and the report ',
+                N'names no queued mail (@MailID ', @MailID, N'): give the account the bounce mailbox serves.');
+            THROW 50601, @Msg, 1;
+        END;
+    END;
+    DECLARE @TokenAddress NVARCHAR(320) = (
+        SELECT TOP (1) CAST(r.Address AS NVARCHAR(320))
+        FROM mailq.MailRecipientList(@To, @CC, @BCC) AS r
+        WHERE r.RecipientNo = @RecipientNo AND r.IsFirst = 1 AND @KnownMail IS NOT NULL
+    );
+
+    DECLARE @R TABLE (
+        Address NVARCHAR(400) NULL,
+        Kind NVARCHAR(16) NULL,
+        Action NVARCHAR(16) NULL,
+        Status NVARCHAR(16) NULL,
+        SmtpCode INT NULL,
+        Detail NVARCHAR(1000) NULL,
+        Nth BIGINT NOT NULL
+    );
+    INSERT INTO @R (Address, Kind, Action, Status, SmtpCode, Detail, Nth)
+    SELECT
+        v.Address, v.Kind, v.Action, v.Status, v.SmtpCode, v.Detail,
+        ROW_NUMBER() OVER (PARTITION BY v.Address ORDER BY v.Ordinal) AS Nth
+    FROM (
+        SELECT
+            CAST(j.[key] AS INT) AS Ordinal,
+            LEFT(LOWER(LTRIM(RTRIM(COALESCE(JSON_VALUE(j.[value], N'$.address'), @TokenAddress)))), 400) AS Address,
+            LEFT(JSON_VALUE(j.[value], N'$.kind'), 16) AS Kind,
+            LEFT(LOWER(JSON_VALUE(j.[value], N'$.action')), 16) AS Action,
+            LEFT(JSON_VALUE(j.[value], N'$.status'), 16) AS Status,
+            IIF(
+                TRY_CAST(JSON_VALUE(j.[value], N'$.code') AS INT) BETWEEN 200 AND 599,
+                TRY_CAST(JSON_VALUE(j.[value], N'$.code') AS INT), NULL
+            ) AS SmtpCode,
+            LEFT(JSON_VALUE(j.[value], N'$.detail'), 1000) AS Detail
+        FROM OPENJSON(@Recipients) AS j
+    ) AS v;
+
+    -- A report about one recipient that is not among the mail's (a forwarding
+    -- alias: the Final-Recipient after expansion) is about the address the
+    -- token names: that is the one the queue sent to and must suppress.
+    IF @TokenAddress IS NOT NULL AND (SELECT COUNT(*) FROM @R) = 1
+        UPDATE r
+        SET r.Address = @TokenAddress
+        FROM @R AS r
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.MailRecipientList(@To, @CC, @BCC) AS l
+            WHERE l.Address = r.Address
+        );
+
+    SELECT TOP (1) @Msg = CONCAT(N'@Recipients: ',
+        COALESCE(N'''' + r.Address + N'''', N'a recipient without "address"'),
+        N' is not one address of 1-320 characters',
+        IIF(r.Address IS NULL, N', and @RecipientNo names no recipient of a queued mail', N''), N'.')
+    FROM @R AS r
+    WHERE r.Address IS NULL OR LEN(r.Address) > 320 OR r.Address NOT LIKE N'%_@_%' OR r.Address LIKE N'%@%@%';
+    IF @Msg IS NOT NULL THROW 50602, @Msg, 1;
+    SELECT TOP (1) @Msg = CONCAT(N'@Recipients: the kind of ', r.Address, N' is ',
+        COALESCE(N'''' + r.Kind + N'''', N'missing'), N'; it must be Hard, Soft, Delayed or Complaint.')
+    FROM @R AS r
+    WHERE r.Kind IS NULL OR r.Kind NOT IN (N'Hard', N'Soft', N'Delayed', N'Complaint');
+    IF @Msg IS NOT NULL THROW 50608, @Msg, 1;
+    DELETE FROM @R WHERE Nth > 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @New TABLE (Address NVARCHAR(320) NOT NULL PRIMARY KEY);
+    DECLARE @Suppress TABLE (Address NVARCHAR(320) NOT NULL PRIMARY KEY, Reason NVARCHAR(16) NOT NULL);
+    DECLARE @Suppressions NVARCHAR(MAX), @Status NVARCHAR(16), @AttemptCount INT;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- 1. The idempotency key: (report, address) recorded once.
+        INSERT INTO mailq.BounceReport (
+            ReportKey, Address, AccountName, AppName, MailID, Kind, Action, Status, SmtpCode, Detail, Source,
+            ReceivedAtUtc
+        )
+        OUTPUT inserted.Address INTO @New (Address)
+        SELECT
+            @ReportKey, r.Address, @Account, @App, @KnownMail, r.Kind, r.Action, r.Status, r.SmtpCode, r.Detail,
+            @Source, @Now
+        FROM @R AS r
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.BounceReport AS b WITH (UPDLOCK, HOLDLOCK)
+            WHERE b.ReportKey = @ReportKey AND b.Address = r.Address
+        );
+
+        -- 2. Which of the new ones reach their limit (the counts include them).
+        INSERT INTO @Suppress (Address, Reason)
+        SELECT
+            r.Address,
+            CASE r.Kind WHEN N'Complaint' THEN N'Complaint' WHEN N'Hard' THEN N'HardBounce' ELSE N'SoftBounce' END
+        FROM @R AS r
+        INNER JOIN @New AS n ON r.Address = n.Address
+        WHERE
+            r.Kind = N'Complaint'
+            OR (r.Kind = N'Hard' AND (
+                SELECT COUNT(*)
+                FROM mailq.BounceReport AS b
+                WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Hard'
+            ) >= @HardBounceLimit)
+            OR (r.Kind = N'Soft' AND @SoftBounceLimit IS NOT NULL AND (
+                SELECT COUNT(*)
+                FROM mailq.BounceReport AS b
+                WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Soft'
+            ) >= @SoftBounceLimit);
+
+        IF EXISTS (SELECT 1 FROM @Suppress)
+        BEGIN
+            SET @Suppressions = (
+                SELECT
+                    @Account AS AccountName,
+                    s.Address,
+                    s.Reason,
+                    @Source AS Source,
+                    LEFT(CONCAT(r.Kind, N' ', r.Status, N': ', r.Detail), 1000) AS Detail,
+                    @KnownMail AS MailID
+                FROM @Suppress AS s
+                INNER JOIN @R AS r ON s.Address = r.Address
+                FOR JSON PATH
+            );
+            EXEC mailq.ApplySuppressions @Suppressions = @Suppressions;
+        END;
+
+        -- 3. The reported mail: its recipients' outcomes and its events.
+        IF @KnownMail IS NOT NULL AND EXISTS (SELECT 1 FROM @New)
+        BEGIN
+            SELECT @Status = q.Status, @AttemptCount = q.AttemptCount
+            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+            WHERE q.ID = @KnownMail;
+
+            UPDATE o
+            SET
+                o.Outcome = N'Refused',
+                o.SmtpCode = r.SmtpCode,
+                o.SmtpText = LEFT(CONCAT(N'bounced later (', r.Status, N'): ', r.Detail), 1000),
+                o.UpdatedAtUtc = @Now
+            FROM mailq.MailRecipientOutcome AS o
+            INNER JOIN @R AS r ON o.Address = r.Address
+            INNER JOIN @New AS n ON r.Address = n.Address
+            WHERE o.MailID = @KnownMail AND r.Kind IN (N'Hard', N'Soft');
+
+            INSERT INTO mailq.MailRecipientOutcome (
+                MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc
+            )
+            SELECT
+                @KnownMail, r.Address, N'Refused', r.SmtpCode,
+                LEFT(CONCAT(N'bounced later (', r.Status, N'): ', r.Detail), 1000), @AttemptCount, @Now
+            FROM @R AS r
+            INNER JOIN @New AS n ON r.Address = n.Address
+            WHERE
+                r.Kind IN (N'Hard', N'Soft')
+                AND NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.MailRecipientOutcome AS o
+                    WHERE o.MailID = @KnownMail AND o.Address = r.Address
+                );
+
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            SELECT
+                @KnownMail, @App,
+                CASE r.Kind WHEN N'Delayed' THEN N'BounceDelayed' WHEN N'Complaint' THEN N'Complained'
+                    ELSE N'Bounced' END,
+                @Status, @AttemptCount, r.SmtpCode,
+                LEFT(CONCAT(r.Address, N': ', r.Kind, N' ', r.Status, N' ', r.Detail), 4000), @Now
+            FROM @R AS r
+            INNER JOIN @New AS n ON r.Address = n.Address;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        r.Address,
+        r.Kind,
+        @KnownMail AS MailID,
+        CAST(IIF(n.Address IS NULL, 0, 1) AS BIT) AS Recorded,
+        CAST(IIF(s.Address IS NULL, 0, 1) AS BIT) AS Suppressed
+    FROM @R AS r
+    LEFT JOIN @New AS n ON r.Address = n.Address
+    LEFT JOIN @Suppress AS s ON r.Address = s.Address
+    ORDER BY r.Address;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.RecordUnsubscribe: a recipient asked to receive no more of this
+mail's stream (RFC 8058 one-click POST, or the List-Unsubscribe mailto:
+read by the bounce reader): suppresses the address for the mail's
+application (for the whole account when the mail has none), records it in
+mailq.BounceReport (Kind Unsubscribe) and writes the event Unsubscribed.
+The caller has verified the link's signed token (mailq_db.bounces.verp),
+which names the mail and the recipient's number in it.
+Idempotent: a second request for one (mail, recipient) records nothing
+new; it re-applies the suppression only if an operator removed it since.
+Parameters:  @MailID BIGINT, required; @RecipientNo INT, required: 1-based
+             number of the recipient (mailq.MailRecipientList);
+             @Source NVARCHAR(200), required: 'unsubscribe-url' or
+             'unsubscribe-mailto' and where it came from.
+Result set:  one row: MailID, AccountName, AppName, Address, Recorded BIT
+             (0: this recipient had already unsubscribed from this mail).
+Errors:      50604 @Source missing or over 200 characters; 50611 no such
+             mail (unknown, or purged: the link outlived the mail's
+             retention, docs/bounces.md); 50612 @RecipientNo is not a
+             recipient number of that mail.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   sets READ COMMITTED itself; the report key is checked WITH
+             (UPDLOCK, HOLDLOCK) so two clicks record one unsubscribe.
+Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order
+             (mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue,
+             mailq.MailEvent, mailq.MailRecipientOutcome), then mailq.MailEvent.
+Example:     EXEC mailq.RecordUnsubscribe @MailID = 101, @RecipientNo = 1, @Source = N'unsubscribe-url';
+*/
+CREATE OR ALTER PROCEDURE mailq.RecordUnsubscribe
+    @MailID BIGINT,
+    @RecipientNo INT,
+    @Source NVARCHAR(200)
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
+        THROW 50604, N'@Source is required (1-200 characters): how the unsubscribe arrived.', 1;
+
+    DECLARE @Account NVARCHAR(128), @App NVARCHAR(128), @To NVARCHAR(4000), @CC NVARCHAR(4000),
+        @BCC NVARCHAR(4000), @Known BIGINT, @Status NVARCHAR(16), @AttemptCount INT;
+    SELECT
+        @Known = q.ID, @Account = q.AccountName, @App = q.AppName,
+        @To = q.ToAddress, @CC = q.CC, @BCC = q.BCC
+    FROM mailq.MailQueue AS q
+    WHERE q.ID = @MailID;
+    IF @Known IS NULL
+    BEGIN
+        SET @Msg = CONCAT(
+            N'Mail ', @MailID, N' does not exist (purged?): the unsubscribe cannot be tied to an address.'
+        );
+        THROW 50611, @Msg, 1;
+    END;
+    -- Tokens name a recipient only for a mail with one recipient (number 1):
+    -- a sweep never renumbers such a mail (it stops it instead).
+    DECLARE @Address NVARCHAR(320) = (
+        SELECT TOP (1) CAST(r.Address AS NVARCHAR(320))
+        FROM mailq.MailRecipientList(@To, @CC, @BCC) AS r
+        WHERE r.RecipientNo = @RecipientNo AND r.IsFirst = 1 AND LEN(r.Address) <= 320
+    );
+    IF @Address IS NULL
+    BEGIN
+        SET @Msg = CONCAT(N'@RecipientNo ', COALESCE(CAST(@RecipientNo AS NVARCHAR(12)), N'NULL'),
+            N' is not a recipient number of mail ', @MailID, N'.');
+        THROW 50612, @Msg, 1;
+    END;
+
+    DECLARE @Key VARBINARY(32) = HASHBYTES('SHA2_256', CONCAT(N'unsubscribe:', @MailID, N':', @RecipientNo));
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Recorded BIT = 0;
+    DECLARE @Suppressions NVARCHAR(MAX);
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        INSERT INTO mailq.BounceReport (
+            ReportKey, Address, AccountName, AppName, MailID, Kind, Action, Status, SmtpCode, Detail, Source,
+            ReceivedAtUtc
+        )
+        SELECT @Key, @Address, @Account, @App, @MailID, N'Unsubscribe', NULL, NULL, NULL, NULL, @Source, @Now
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.BounceReport AS b WITH (UPDLOCK, HOLDLOCK)
+            WHERE b.ReportKey = @Key AND b.Address = @Address
+        );
+        SET @Recorded = IIF(@@ROWCOUNT = 1, 1, 0);
+
+        IF @Recorded = 1 OR NOT EXISTS (
+            SELECT 1
+            FROM mailq.Suppression AS s
+            WHERE
+                s.AccountName = @Account AND s.Address = @Address AND s.AppName IN (N'', ISNULL(@App, N''))
+                AND (s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now)
+        )
+        BEGIN
+            SET @Suppressions = (
+                SELECT
+                    @Account AS AccountName,
+                    @Address AS Address,
+                    @App AS AppName,
+                    N'Unsubscribe' AS Reason,
+                    @Source AS Source,
+                    CONCAT(N'unsubscribed from mail ', @MailID) AS Detail,
+                    @MailID AS MailID
+                FOR JSON PATH
+            );
+            EXEC mailq.ApplySuppressions @Suppressions = @Suppressions;
+        END;
+
+        IF @Recorded = 1
+        BEGIN
+            SELECT @Status = q.Status, @AttemptCount = q.AttemptCount
+            FROM mailq.MailQueue AS q
+            WHERE q.ID = @MailID;
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            VALUES (
+                @MailID, @App, N'Unsubscribed', @Status, @AttemptCount, NULL,
+                LEFT(CONCAT(@Address, N' (', @Source, N')'), 4000), @Now
+            );
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT @MailID AS MailID, @Account AS AccountName, @App AS AppName, @Address AS Address, @Recorded AS Recorded;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.AddSuppression: an operator (or an application's own feedback
+source) suppresses an address for a sending account, or for one
+application on it, and takes it out of the mail already queued for it
+(mailq.ApplySuppressions).  Adding an existing suppression renews it.
+Parameters:  @AccountName NVARCHAR(128), required: a sending account;
+             @Address NVARCHAR(320), required: one address (stored lower-case);
+             @Reason NVARCHAR(16), default 'Manual': Manual, HardBounce,
+             SoftBounce, Complaint or Unsubscribe;
+             @Source NVARCHAR(200), required: who adds it (e.g. 'dba:alice');
+             @AppName NVARCHAR(128), default NULL: every application of the
+             account; else a registered application only;
+             @Detail NVARCHAR(1000), default NULL: why;
+             @ExpiresAtUtc DATETIME2(3), default NULL (forever): a future UTC time.
+Result set:  one row: AccountName, AppName, Address, Reason, SweptMails INT
+             (queued mails that lost the address), StoppedMails INT (those
+             stopped because nobody was left).
+Errors:      50601 @AccountName missing or not a sending account;
+             50602 @Address not one address of 1-320 characters;
+             50603 @Reason not Manual, HardBounce, SoftBounce, Complaint or
+             Unsubscribe; 50604 @Source missing or over 200 characters;
+             50605 @ExpiresAtUtc not in the future; 50606 @AppName not a
+             registered application.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   the validation reads are plain reads before the transaction;
+             see mailq.ApplySuppressions for the writes.
+Lock order:  mailq.ApplySuppressions's (mailq.Suppression,
+             mailq.SuppressionHistory, mailq.MailQueue, mailq.MailEvent,
+             mailq.MailRecipientOutcome).
+Example:     EXEC mailq.AddSuppression @AccountName = N'news', @Address = N'old@example.com',
+                 @Source = N'dba:alice', @Detail = N'Customer asked by phone.';
+*/
+CREATE OR ALTER PROCEDURE mailq.AddSuppression
+    @AccountName NVARCHAR(128),
+    @Address NVARCHAR(400),
+    @Source NVARCHAR(200),
+    @Reason NVARCHAR(16) = N'Manual',
+    @AppName NVARCHAR(128) = NULL,
+    @Detail NVARCHAR(1000) = NULL,
+    @ExpiresAtUtc DATETIME2(3) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @Reason = ISNULL(@Reason, N'Manual');
+    SET @Address = LOWER(LTRIM(RTRIM(@Address)));
+    IF @AccountName IS NULL OR NOT EXISTS (
+        SELECT 1 FROM mailq.SendingAccount AS a WHERE a.AccountName = @AccountName
+    )
+    BEGIN
+        SET @Msg = CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account.');
+        THROW 50601, @Msg, 1;
+    END;
+    IF @Address IS NULL OR LEN(@Address) > 320 OR @Address NOT LIKE N'%_@_%' OR @Address LIKE N'%@%@%'
+        OR @Address LIKE N'%[ ;,<>]%'
+    BEGIN
+        SET @Msg = CONCAT(N'@Address ''', @Address, N''' is not one address of 1-320 characters.');
+        THROW 50602, @Msg, 1;
+    END;
+    IF @Reason NOT IN (N'Manual', N'HardBounce', N'SoftBounce', N'Complaint', N'Unsubscribe')
+    BEGIN
+        SET @Msg = CONCAT(N'@Reason is ''', @Reason, N'''; it must be Manual, HardBounce, SoftBounce, ',
+            N'Complaint or Unsubscribe.');
+        THROW 50603, @Msg, 1;
+    END;
+    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
+        THROW 50604, N'@Source is required (1-200 characters): who adds the suppression.', 1;
+    IF @ExpiresAtUtc <= SYSUTCDATETIME()
+    BEGIN
+        SET @Msg = CONCAT(N'@ExpiresAtUtc must be in the future (UTC); got ',
+            CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126), N'.');
+        THROW 50605, @Msg, 1;
+    END;
+    IF @AppName IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
+    BEGIN
+        SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
+        THROW 50606, @Msg, 1;
+    END;
+
+    DECLARE @Suppressions NVARCHAR(MAX) = (
+        SELECT
+            @AccountName AS AccountName,
+            @Address AS Address,
+            @AppName AS AppName,
+            @Reason AS Reason,
+            @Source AS Source,
+            @Detail AS Detail,
+            CONVERT(NVARCHAR(30), @ExpiresAtUtc, 126) AS ExpiresAtUtc
+        FOR JSON PATH
+    );
+    DECLARE @Swept INT, @Stopped INT;
+    -- mailq.ApplySuppressions owns or joins the transaction itself (one call).
+    EXEC mailq.ApplySuppressions @Suppressions = @Suppressions, @SweptMails = @Swept OUTPUT,
+        @StoppedMails = @Stopped OUTPUT;
+
+    SELECT
+        @AccountName AS AccountName,
+        @AppName AS AppName,
+        @Address AS Address,
+        @Reason AS Reason,
+        @Swept AS SweptMails,
+        @Stopped AS StoppedMails;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.RemoveSuppression: the address may be mailed again by the account (or
+the one application): deletes the suppression and records who removed it
+and why in mailq.SuppressionHistory.  Mail swept while it applied keeps its
+lists (or stays Stopped: mailq.RequeueMail puts it back).  Removing a
+suppression that does not exist changes nothing (Removed = 0).
+Parameters:  @AccountName NVARCHAR(128), required; @Address NVARCHAR(320),
+             required; @Source NVARCHAR(200), required: who removes it;
+             @AppName NVARCHAR(128), default NULL: the account-wide row; a
+             name: that application's row; @Detail NVARCHAR(1000): why.
+Result set:  one row: Removed INT (0 or 1).
+Errors:      50601 @AccountName missing; 50602 @Address missing or over 320
+             characters; 50604 @Source missing or over 200 characters.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   sets READ COMMITTED itself (one DELETE by the primary key).
+Lock order:  mailq.Suppression, then mailq.SuppressionHistory.
+Example:     EXEC mailq.RemoveSuppression @AccountName = N'news', @Address = N'old@example.com',
+                 @Source = N'dba:alice', @Detail = N'The customer fixed the mailbox.';
+*/
+CREATE OR ALTER PROCEDURE mailq.RemoveSuppression
+    @AccountName NVARCHAR(128),
+    @Address NVARCHAR(400),
+    @Source NVARCHAR(200),
+    @AppName NVARCHAR(128) = NULL,
+    @Detail NVARCHAR(1000) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF NULLIF(@AccountName, N'') IS NULL
+        THROW 50601, N'@AccountName is required.', 1;
+    SET @Address = LOWER(LTRIM(RTRIM(@Address)));
+    IF NULLIF(@Address, N'') IS NULL OR LEN(@Address) > 320
+        THROW 50602, N'@Address is required: one address of 1-320 characters.', 1;
+    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
+        THROW 50604, N'@Source is required (1-200 characters): who removes the suppression.', 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Removed INT = 0;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        DELETE s
+        OUTPUT
+            deleted.AccountName, deleted.Address, deleted.AppName, N'Removed', deleted.Reason, @Source,
+            LEFT(@Detail, 1000), deleted.MailID, @Now
+        INTO mailq.SuppressionHistory (
+            AccountName, Address, AppName, Action, Reason, Source, Detail, MailID, OccurredAtUtc
+        )
+        FROM mailq.Suppression AS s
+        WHERE s.AccountName = @AccountName AND s.Address = @Address AND s.AppName = ISNULL(@AppName, N'');
+        SET @Removed = @@ROWCOUNT;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT @Removed AS Removed;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.ListSuppressions: the suppression list, newest change first, for an
+operator or an export (`mailq-db suppressions list`).
+Parameters:  @AccountName NVARCHAR(128), default NULL: every account;
+             @Address NVARCHAR(320), default NULL: every address (with
+             @AccountName: one seek on PK_Suppression);
+             @Reason NVARCHAR(16), default NULL: every reason;
+             @IncludeExpired BIT, default 0;
+             @MaxRows INT 1-100000, default 1000.
+Result set:  AccountName, AppName (NULL: every application of the account),
+             Address, Reason, Source, Detail, MailID, CreatedAtUtc,
+             UpdatedAtUtc, ExpiresAtUtc, IsActive BIT.
+Errors:      50613 @MaxRows out of range.
+Transaction: none of its own; reads only.
+Isolation:   sets READ COMMITTED itself (no key-range locks under a SERIALIZABLE
+             caller, no stale snapshot under SNAPSHOT; a report, locks kept by none).
+Lock order:  mailq.Suppression only.
+Example:     EXEC mailq.ListSuppressions @AccountName = N'news', @Reason = N'Complaint';
+*/
+CREATE OR ALTER PROCEDURE mailq.ListSuppressions
+    @AccountName NVARCHAR(128) = NULL,
+    @Address NVARCHAR(400) = NULL,
+    @Reason NVARCHAR(16) = NULL,
+    @IncludeExpired BIT = 0,
+    @MaxRows INT = 1000
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @MaxRows = ISNULL(@MaxRows, 1000);
+    IF @MaxRows NOT BETWEEN 1 AND 100000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxRows must be 1-100000; got ', @MaxRows, N'.');
+        THROW 50613, @Msg, 1;
+    END;
+    SET @Address = LOWER(LTRIM(RTRIM(@Address)));
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+
+    SELECT TOP (@MaxRows)
+        s.AccountName,
+        NULLIF(s.AppName, N'') AS AppName,
+        s.Address,
+        s.Reason,
+        s.Source,
+        s.Detail,
+        s.MailID,
+        s.CreatedAtUtc,
+        s.UpdatedAtUtc,
+        s.ExpiresAtUtc,
+        CAST(IIF(s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now, 1, 0) AS BIT) AS IsActive
+    FROM mailq.Suppression AS s
+    WHERE
+        (@AccountName IS NULL OR s.AccountName = @AccountName)
+        AND (@Address IS NULL OR s.Address = @Address)
+        AND (@Reason IS NULL OR s.Reason = @Reason)
+        AND (ISNULL(@IncludeExpired, 0) = 1 OR s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now)
+    ORDER BY s.UpdatedAtUtc DESC, s.AccountName ASC, s.Address ASC
+    OPTION (RECOMPILE);  -- optional filters: a plan per call, so a given account+address seeks
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.GetSuppressionStats: what `mailq-db stats` and `mailq-db doctor` show
+about bounces and suppressions.
+Parameters:  @Days INT 1-366, default 7: the window of the report counts.
+Result sets: 1. active suppressions: AccountName, Reason, Suppressed INT
+                (one scan of mailq.Suppression: a report, not a hot path);
+             2. reports recorded in the last @Days days: AccountName, Kind,
+                Reports INT, Mails INT (distinct mails they were tied to),
+                LastAtUtc (a range seek on IX_BounceReport_ReceivedAtUtc);
+             3. mail Sent in the same window, the denominator of bounce and
+                complaint rates: AccountName, Sent INT (a range seek on
+                IX_MailQueue_Final by DateProcessed, covering).
+Errors:      50614 @Days out of range.
+Transaction: none of its own; reads only.
+Isolation:   sets READ COMMITTED itself (no key-range locks under a SERIALIZABLE
+             caller, no stale snapshot under SNAPSHOT; a report, locks kept by none).
+Lock order:  mailq.Suppression, mailq.BounceReport, then mailq.MailQueue.
+Example:     EXEC mailq.GetSuppressionStats @Days = 1;
+*/
+CREATE OR ALTER PROCEDURE mailq.GetSuppressionStats
+    @Days INT = 7
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @Days = ISNULL(@Days, 7);
+    IF @Days NOT BETWEEN 1 AND 366
+    BEGIN
+        SET @Msg = CONCAT(N'@Days must be 1-366; got ', @Days, N'.');
+        THROW 50614, @Msg, 1;
+    END;
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @Since DATETIME2(3) = DATEADD(DAY, -@Days, @Now);
+
+    SELECT s.AccountName, s.Reason, COUNT(*) AS Suppressed
+    FROM mailq.Suppression AS s
+    WHERE s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now
+    GROUP BY s.AccountName, s.Reason
+    ORDER BY s.AccountName, s.Reason;
+
+    SELECT
+        b.AccountName,
+        b.Kind,
+        COUNT(*) AS Reports,
+        COUNT(DISTINCT b.MailID) AS Mails,
+        MAX(b.ReceivedAtUtc) AS LastAtUtc
+    FROM mailq.BounceReport AS b
+    WHERE b.ReceivedAtUtc >= @Since
+    GROUP BY b.AccountName, b.Kind
+    ORDER BY b.AccountName, b.Kind;
+
+    SELECT q.AccountName, COUNT(*) AS Sent
+    FROM mailq.MailQueue AS q
+    WHERE
+        q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')  -- IX_MailQueue_Final's filter
+        AND q.DateProcessed >= @Since AND q.Status = N'Sent'
+    GROUP BY q.AccountName
+    ORDER BY q.AccountName;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.PurgeBounceReports: deletes bounce, complaint and unsubscribe reports
+(mailq.BounceReport) older than @OlderThanDays days, @BatchSize rows per
+transaction, oldest first (a range of IX_BounceReport_ReceivedAtUtc).  The
+suppressions they caused stay; the hard/soft bounce counts of
+mailq.RecordBounce then count only what is kept, so the retention is also
+the window of those counts (docs/bounces.md).
+Parameters:  @OlderThanDays INT 1-36500, required; @BatchSize INT 1-1000, default 1000.
+Result set:  one row: PurgedCount BIGINT.
+Errors:      50615 @OlderThanDays out of range; 50616 @BatchSize out of range;
+             50617 called inside a transaction.
+Transaction: must not be called inside one (50617): each batch commits on its
+             own; an error rolls back the current batch only and is re-raised.
+Isolation:   sets READ COMMITTED itself.  Batches of at most 1,000 rows stay
+             far below the 5,000 locks of lock escalation.
+Lock order:  mailq.BounceReport only.
+Example:     EXEC mailq.PurgeBounceReports @OlderThanDays = 365;
+*/
+CREATE OR ALTER PROCEDURE mailq.PurgeBounceReports
+    @OlderThanDays INT,
+    @BatchSize INT = 1000
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @OlderThanDays IS NULL OR @OlderThanDays NOT BETWEEN 1 AND 36500
+    BEGIN
+        SET @Msg = CONCAT(N'@OlderThanDays must be 1-36500; got ',
+            COALESCE(CAST(@OlderThanDays AS NVARCHAR(12)), N'NULL'), N'.');
+        THROW 50615, @Msg, 1;
+    END;
+    SET @BatchSize = ISNULL(@BatchSize, 1000);
+    IF @BatchSize NOT BETWEEN 1 AND 1000
+    BEGIN
+        SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
+        THROW 50616, @Msg, 1;
+    END;
+    IF @@TRANCOUNT > 0
+        THROW 50617, N'mailq.PurgeBounceReports commits batch by batch: call it outside a transaction.', 1;
+
+    DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
+    DECLARE @Purged BIGINT = 0;
+    DECLARE @Deleted INT = 1;
+    WHILE @Deleted > 0
+    BEGIN
+        BEGIN TRY
+            BEGIN TRANSACTION;
+            WITH Oldest AS (
+                SELECT TOP (@BatchSize) b.ReportKey, b.Address, b.ReceivedAtUtc
+                FROM mailq.BounceReport AS b
+                WHERE b.ReceivedAtUtc < @Cutoff
+                ORDER BY b.ReceivedAtUtc
+            )
+
+            DELETE FROM Oldest;
+            SET @Deleted = @@ROWCOUNT;
+            SET @Purged += @Deleted;
+            COMMIT TRANSACTION;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+            THROW;
+        END CATCH;
+    END;
+
+    SELECT @Purged AS PurgedCount;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+Grants for bounces, complaints, unsubscribes and suppression (docs/bounces.md):
+the bounce reader role records; administrators also list, add, remove,
+purge and read the views.  mailq.ApplySuppressions is internal (reached
+through ownership chaining only) and granted to nobody; enqueuers need no
+grant for mailq.FilterSuppressedRecipients, which the enqueue core
+(mailq.EnqueueMailRows) calls.
+*/
+GRANT EXECUTE ON OBJECT::mailq.RecordBounce TO MailqBounceReader;
+GRANT EXECUTE ON OBJECT::mailq.RecordUnsubscribe TO MailqBounceReader;
+GRANT EXECUTE ON OBJECT::mailq.RecordBounce TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RecordUnsubscribe TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.AddSuppression TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.RemoveSuppression TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.ListSuppressions TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.GetSuppressionStats TO MailqAdmin;
+GRANT EXECUTE ON OBJECT::mailq.PurgeBounceReports TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.Suppressions TO MailqAdmin;
+GRANT SELECT ON OBJECT::mailq.RecentBounceReports TO MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
 Role MailqMonitor: read-only monitoring (`mailq-db exporter`, the read-only
 `mailq-db dashboard`): the queue's metrics, one mail's history and events,
 the statistics.  No procedure that changes a mail or an account.
@@ -10742,14 +12225,17 @@ Result sets: 1. one row: MeasuredAtUtc, WindowStartUtc, WindowEndUtc,
                 PerDayLimit
              5. attempts ended in the window: MinuteUtc, AccountName, Outcome,
                 ReplyClass ('2xx', '4xx', '5xx', 'none'), Attempts
+             6. suppressions in force: AccountName, Reason, Suppressed
 Plan:        2+3: one ordered scan of IX_MailQueue_ClaimByAccount (filtered to
              UnSent and Sending, covering: no lookup) + Stream Aggregate; the
              Sending split: a seek on IX_MailQueue_Status (Status = 'Sending')
              with one key lookup per mail in flight.  4: a scan of
              PK_SendingAccount.  5: a range seek on IX_MailAttempt_EndedAtUtc
              over the window + one PK_MailQueue seek per attempt (its account).
-             Cost: queued mail + mail in flight + attempts in the window;
-             never the sent history.
+             6: one scan of PK_Suppression (AccountName first: grouped by
+             account, then reason): a small table, one row per suppressed address.
+             Cost: queued mail + mail in flight + attempts in the window +
+             suppressed addresses; never the sent history.
 Errors:      50580 @WindowMinutes out of range.
 Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself
              (no lock kept past a statement; none under READ_COMMITTED_SNAPSHOT).
@@ -10892,8 +12378,13 @@ BEGIN
     GROUP BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass
     ORDER BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass;
 
-    -- Suppressions are not read here yet: docs/monitoring/README.md,
-    -- "Suppressions", says how the sixth result set joins this procedure.
+    -- Suppressions in force, per account and reason: mailq.Suppression is
+    -- small (one row per suppressed address), so one scan of its clustered key.
+    SELECT s.AccountName, s.Reason, COUNT_BIG(*) AS Suppressed
+    FROM mailq.Suppression AS s
+    WHERE s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now
+    GROUP BY s.AccountName, s.Reason
+    ORDER BY s.AccountName, s.Reason;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
@@ -11553,6 +13044,13 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'functions/mailq.ParseAddressList.sql',
     N'functions/mailq.ParseIDList.sql',
     N'functions/mailq.HookPin.sql',
+    N'tables/mailq.Suppression.sql',
+    N'tables/mailq.SuppressionHistory.sql',
+    N'tables/mailq.BounceReport.sql',
+    N'indexes/mailq.BounceReport.IX_BounceReport_Address.sql',
+    N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql',
+    N'functions/mailq.MailRecipientList.sql',
+    N'functions/mailq.FilterSuppressedRecipients.sql',
     N'types/mailq.MailBatchRow.sql',
     N'functions/mailq.MailAttachmentList.sql',
     N'functions/mailq.MailBatchJson.sql',
@@ -11678,6 +13176,18 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'broker/MailqAdmin.delay.grants.sql',
     N'broker/mailq.StartHookDispatcher.sql',
     N'broker/MailqAdmin.hooks.grants.sql',
+    N'security/MailqBounceReader.role.sql',
+    N'views/mailq.Suppressions.sql',
+    N'views/mailq.RecentBounceReports.sql',
+    N'procedures/mailq.ApplySuppressions.sql',
+    N'procedures/mailq.RecordBounce.sql',
+    N'procedures/mailq.RecordUnsubscribe.sql',
+    N'procedures/mailq.AddSuppression.sql',
+    N'procedures/mailq.RemoveSuppression.sql',
+    N'procedures/mailq.ListSuppressions.sql',
+    N'procedures/mailq.GetSuppressionStats.sql',
+    N'procedures/mailq.PurgeBounceReports.sql',
+    N'security/MailqBounceReader.grants.sql',
     N'security/MailqMonitor.role.sql',
     N'procedures/mailq.GetQueueMetrics.sql',
     N'procedures/mailq.GetMailHistory.sql',
@@ -11733,19 +13243,26 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'functions/mailq.ParseAddressList.sql', 'fc32cb8caa04c6c8eeb6466c050652bd9917d72795419b3d2efec091944e51fe'),
     ('0001', N'functions/mailq.ParseIDList.sql', '030429dfb47b466d8caa7aff6c66633f870c2ecff105a3d96fad2581d422d4ce'),
     ('0001', N'functions/mailq.HookPin.sql', '5bbc8ba60b5e959f48e0dc352baff33e7fd342b5b9408199b2d0430d3eb5cb4a'),
+    ('0001', N'tables/mailq.Suppression.sql', 'da9e2ba03a9d52ecbd98a8c7d3c4c8663428bdea4df27ce0e26af3194aee24d7'),
+    ('0001', N'tables/mailq.SuppressionHistory.sql', '6efb2e5781c9679a40f6cd149e97f6e2f66e0095158db20d38e43684f5285782'),
+    ('0001', N'tables/mailq.BounceReport.sql', '3c847cd36edbb54e07beaa0348cab68ff64a7c84d542e54dfab19d9ec216d210'),
+    ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_Address.sql', 'bff8bfb95c05c806921a3628158195556c7922881fcc0a662512285441f56be7'),
+    ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql', '0bbe3c46ba7311580cb4a1a1a2129dcabf614c563a3a71846574b3931ab54175'),
+    ('0001', N'functions/mailq.MailRecipientList.sql', '9d3c6d4660576d3a99dd6709014ceef4451f553f069772a306312c047909f9c8'),
+    ('0001', N'functions/mailq.FilterSuppressedRecipients.sql', '76da5be94fa56e2c299abce84f30bc062c440bedbd2372f8a923be7981e204ba'),
     ('0001', N'types/mailq.MailBatchRow.sql', '02c76403e1fc4742abd5e6c2544043b4a4b67e3785977be2e9206f41bfb6ad5f'),
     ('0001', N'functions/mailq.MailAttachmentList.sql', 'f24efad0ca73a89b8d849c8cdfa06017c72e2ddcc71be815f7392136fd401eaf'),
     ('0001', N'functions/mailq.MailBatchJson.sql', 'ab122cea575474bc51b5c5af146cbcd2b143a755366e4779e49527a4e40f5c83'),
-    ('0001', N'functions/mailq.EnqueueMailCheck.sql', 'c2a8d0a58c3c6423176d0d098d14c1855e97a52e1e4973f8442689d2a7578e6f'),
+    ('0001', N'functions/mailq.EnqueueMailCheck.sql', 'd1904c141b7f0c46274ff85f1a5872998b8c0fe6a88557d5391d5fa065d8ab81'),
     ('0001', N'views/mailq.QueueCountsByStatus.sql', '32e5f38bff4ef0a40c0f2f241723f7f2ee19701c2cd4ac5952c6f08d957d59cd'),
     ('0001', N'views/mailq.OldestDueMail.sql', '162ab558e04d44adcbd1e11d6e53f8d91108c9f713e3199039d207ed229cb7a6'),
     ('0001', N'views/mailq.ThroughputPerHour.sql', '430d89e12b1171bedd76164b995c9ad7811a96e660a0de37a939ed75a9216d19'),
     ('0001', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
     ('0001', N'procedures/mailq.LockLeasedMail.sql', '7c551bc3d04a61184ef72a53039aa164d11402bbd7a0cd5908795337fca9f2c3'),
-    ('0001', N'procedures/mailq.EnqueueMailRows.sql', '6f71d74fb551574a812f318a19ec4e6c74c69a40af6de2d8aec3a26142a61aa9'),
-    ('0001', N'procedures/mailq.EnqueueMail.sql', '81ea78d951af91658af35997edf497a0338c2f657c1a6fda86eca76767c7e80c'),
-    ('0001', N'procedures/mailq.EnqueueMailBatch.sql', '71e060787abc719bb4e4322cc996d5fd9e50d1f499acd749f71b1d94f2bd4c2d'),
+    ('0001', N'procedures/mailq.EnqueueMailRows.sql', '47c859e29118796575d4f6dae1431ca430ac0b400a591874c96a860a6aac6a2e'),
+    ('0001', N'procedures/mailq.EnqueueMail.sql', '7cf69b6c4ffab5194b6ba13d91739326b578a3ad4ce7909fa7c08fc3ef2eace6'),
+    ('0001', N'procedures/mailq.EnqueueMailBatch.sql', '023bb8cfae2b8f8ea1495597cbf1bb2b8947d1fb624e2ddf641f1b6ef8bab5aa'),
     ('0001', N'procedures/mailq.ClaimMail.sql', 'ff91ccd939d07c590424a9cbf36931e6cb61bb7afd5605ce380b02746d891efc'),
     ('0001', N'procedures/mailq.FinalizeMail.sql', 'd347aee2a778982d0696c24cbd7500e4f11d84d59bfdeb20e6c318ebfbdee73c'),
     ('0001', N'procedures/mailq.ExtendLease.sql', 'f904b562528d3305fb4df10fafac648e56c05ada67afa61cafba7b4e20c491aa'),
@@ -11800,13 +13317,13 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql', '15e1ef84f4a88fa0fe12134a3b78a734cb6ec2b8038e9ad66ca0d65fb3d877ab'),
     ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql', '6cd529dc0143cf6780988ffde3fcd17f3f0a21234106060aaa5dfca8ccb76235'),
     ('0001', N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql', 'b05bedfa34c6f285b587cde2a8d95c7f508e54c433d2d1551168e2cf5c647cbf'),
-    ('0001', N'views/mailq.sysmail_allitems.sql', 'c6e0a390c184ed4860a80118a30d03fad824173639ef2eff13cad77ee239f318'),
+    ('0001', N'views/mailq.sysmail_allitems.sql', 'b581ee0bc59ef73b031527ec70643729d3dfa7e20fb6f91362b3392132b17cfa'),
     ('0001', N'views/mailq.sysmail_sentitems.sql', 'de4fa39e15acdb1a888ed218a382287d61d978b843b21b6e2b90063dd02b3688'),
     ('0001', N'views/mailq.sysmail_unsentitems.sql', '5df8c27e57f9a1ce3ebbc56d09ba5bad39c6fb6732278b6149bdaebee48263c3'),
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
     ('0001', N'views/mailq.sysmail_event_log.sql', '45900d2fe03be402252a7a45c43f64c706b3fb0a90e57a49bdda14bff66e49de'),
     ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'bbb5e2e8c3d3a51e978ab68da23fc00c6317535f8f4d34c2db4208ffa06ee478'),
-    ('0001', N'procedures/mailq.SendDbMail.sql', '71014f29ea67d2c94dc6836599b238600bd3a3d5004a7d2a8e7c6d1a831646c1'),
+    ('0001', N'procedures/mailq.SendDbMail.sql', '1876732dbdb89ad3b5b26a3a3da962a15e5884b9ea6a5c90e5b41cc9964ccff0'),
     ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '0671551bbef4be2b75a015e4a1de8622f53f66ffc4ec88adab82ead8bbcb928b'),
     ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '30a940c5359b0f3ce392bbe3fd4a9535a4f044ac18b40d7f8d67713ecdfb9c68'),
@@ -11858,8 +13375,20 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/MailqAdmin.delay.grants.sql', '8c4c786468ad8f6d4506815938a500a89ea5f75fde7f6d38e1e77139698a5003'),
     ('0001', N'broker/mailq.StartHookDispatcher.sql', 'c5e5561ed66779d421273ea45a418b029b4264d2bf2b032d94ab4679c12c90a0'),
     ('0001', N'broker/MailqAdmin.hooks.grants.sql', '58fb07c06f7b57ad75446d614a6ccdd6c5bd4cc7b92f060c67ffedb2a5bbcb05'),
+    ('0001', N'security/MailqBounceReader.role.sql', '5a85dbbd3a7336a5982c6c24fe1c6487632c6410261401aadac0614ef4e20eaa'),
+    ('0001', N'views/mailq.Suppressions.sql', 'b747c4415e4357b757bfcf2b93ed04b4e73937faf52740e61380bfe885694a8a'),
+    ('0001', N'views/mailq.RecentBounceReports.sql', 'fed5cdae95664e0f44799da08f8674094aa16c5f819efa79115661152d6469ae'),
+    ('0001', N'procedures/mailq.ApplySuppressions.sql', '16f8f861cf3ceaa9904189b45e68fb2bb4a6105fd509b8dd91c4a39fdef95c37'),
+    ('0001', N'procedures/mailq.RecordBounce.sql', 'c450b4aea421ac69d8c0d1346d00ff88ccb3d12b94c2e2ae1a3e1c4f6824b52b'),
+    ('0001', N'procedures/mailq.RecordUnsubscribe.sql', '4064ddf97065b72e62047daaa90f7ba7aea53d4c186b2eda9ba191088ff398f1'),
+    ('0001', N'procedures/mailq.AddSuppression.sql', '6b07fb8a2658803abd9ffc4342a1a96e67264205e30e0e0fd20d848ebe8ccfea'),
+    ('0001', N'procedures/mailq.RemoveSuppression.sql', '3d30a2afed34cce917a71ece3078fef398d099ab6787e70ccabae4d7ba4dc46b'),
+    ('0001', N'procedures/mailq.ListSuppressions.sql', '595d587aced5b52520d31c6c1b9f3805fc5e955663c3c8bd059a0507429cd51d'),
+    ('0001', N'procedures/mailq.GetSuppressionStats.sql', '5f4c2514a052c750cf711286e0c44e313305f6a6e39186cc21c02051b5faa4e7'),
+    ('0001', N'procedures/mailq.PurgeBounceReports.sql', 'a51c25029e54480925a7f019d4824f9fc01a17c3cad33d9f15d558fcf8a77565'),
+    ('0001', N'security/MailqBounceReader.grants.sql', '079d0b1ab090e10a39e48c7acd98f0a9d5d8ba16c0acc01b5902d995e64cafee'),
     ('0001', N'security/MailqMonitor.role.sql', '4aab1e65217069c7dafde0f55e862c1731e9e321a9ab15cacf5b20eaa2ace1b8'),
-    ('0001', N'procedures/mailq.GetQueueMetrics.sql', 'd7c38c420ae52f4259c06cffd720ec286a87889692ff0e474d3c72d252688924'),
+    ('0001', N'procedures/mailq.GetQueueMetrics.sql', '5a9711e58d7f9e9dfaf97d40cf7f521ee5e32df4c96c8607ed93bf3d1434a54b'),
     ('0001', N'procedures/mailq.GetMailHistory.sql', '02fe0914facdcef3e905b5034156073f88dee3958917fd57a07a363d8a551133'),
     ('0001', N'procedures/mailq.FindMail.sql', '6d2faada299f95329285dc968d432bc48b73d59773808f8569438907e110b89d'),
     ('0001', N'security/MailqMonitor.grants.sql', '96ac12fc212d8403dcd69387635d3e45c04da83cc6300849a7b769139de40329'),

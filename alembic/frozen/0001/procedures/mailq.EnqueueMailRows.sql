@@ -6,7 +6,8 @@ no role, reached by ownership chaining.
 Parameters:  @Rows mailq.MailBatchRow READONLY, @Mails (JSON, mailq.MailBatchJson),
              or with @Single = 1 one mail in @ToAddress ... @TemplateModel (RowNo 1);
              @RejectInvalid BIT (batch): 1 = queue the valid rows.
-Rules:       mailq.EnqueueMailCheck, for every row, in one statement.
+Rules:       mailq.EnqueueMailCheck, for every row, in one statement; last, under the key
+             locks, mailq.FilterSuppressedRecipients (50600, or RecipientSuppressed events).
 Results:     @Single = 1: @MailID, @MessageID, @Created OUTPUT and no result set;
              else result sets 1 (RowNo, MailID, MessageID, Created) and 2 (RowNo,
              Field, ErrorNumber, Message of the rejected rows).
@@ -16,8 +17,9 @@ Errors:      @Single = 1: the broken rule's own number, 50162 (key lock); else
 Transaction: its own if none is open, else the caller's, distributed included
              (no savepoint); XACT_ABORT ON: an error dooms the caller's.
 Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
-Lock order:  the keys' application locks (binary key order), mailq.MailQueue,
-             mailq.MailAttachment, mailq.MailEvent.
+Lock order:  the keys' application locks (binary key order), mailq.Suppression
+             (shared key ranges of the recipients, held: docs/bounces.md, "Lock
+             order"), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
 Cost:        table variables (no statistics, no recompiles) and one cached plan
              for single calls; a batch calls it WITH RECOMPILE (docs/enqueue.md).
 Example:     EXEC mailq.EnqueueMailRows @Rows = @R, @RejectInvalid = 1;
@@ -72,7 +74,7 @@ BEGIN
         RunMode NVARCHAR(4000) NULL, TemplateName NVARCHAR(4000) NULL, TemplateVersion INT NULL,
         TemplateModel NVARCHAR(MAX) NULL, ContentHash VARBINARY(32) NULL, MessageID NVARCHAR(255) NULL,
         ErrorNumber INT NULL, Field NVARCHAR(128) NULL, Message NVARCHAR(2048) NULL, KeyLeader INT NULL,
-        KeySeq INT NULL INDEX IX_Work_KeySeq, MailID BIGINT NULL, Created BIT NULL
+        KeySeq INT NULL INDEX IX_Work_KeySeq, MailID BIGINT NULL, Created BIT NULL, Suppressed NVARCHAR(MAX) NULL
     );
     DECLARE @Inserted TABLE (MailID BIGINT NOT NULL PRIMARY KEY, MessageID NVARCHAR(255) NOT NULL UNIQUE,
         AppName NVARCHAR(128) NULL);
@@ -185,6 +187,17 @@ BEGIN
         INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK)
             ON w.IdempotencyKey = q.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
         WHERE w.KeySeq <= @Seq;
+        -- Last rule, rows that would create a mail: suppressed recipients left out, 50600 if none is left;
+        -- the shared key-range locks on mailq.Suppression are held to the commit (a suppression waits, then sweeps).
+        UPDATE w
+        SET w.ToAddress = ISNULL(f.ToAddress, N''), w.CC = f.CC, w.BCC = f.BCC, w.Suppressed = f.Suppressed,
+            w.ErrorNumber = IIF(f.EntriesLeft = 0, 50600, NULL), w.Field = IIF(f.EntriesLeft = 0, N'ToAddress', NULL),
+            w.Message = IIF(f.EntriesLeft = 0, LEFT(CONCAT(N'Every recipient is suppressed for account ''',
+                w.AccountName, N''' (mailq.ListSuppressions): ', f.Suppressed), 2048), NULL)
+        FROM @Work AS w
+        CROSS APPLY mailq.FilterSuppressedRecipients(w.AccountName, w.AppName, w.ToAddress, w.CC, w.BCC) AS f
+        WHERE w.ErrorNumber IS NULL AND w.MailID IS NULL AND (w.KeyLeader IS NULL OR w.KeySeq IS NOT NULL)
+            AND f.SuppressedCount > 0;
         UPDATE f
         SET f.ErrorNumber = l.ErrorNumber, f.Field = l.Field, f.Message = l.Message
         FROM @Work AS f
@@ -218,7 +231,7 @@ BEGIN
         OUTPUT inserted.ID, inserted.MessageID, inserted.AppName INTO @Inserted (MailID, MessageID, AppName)
         SELECT
             @Now, w.DueUtc AS DateToProcess, w.DueUtc AS VisibleAtUtc, w.FromName, w.FromAddress, w.ReplyTo,
-            w.ToAddress, w.CC, w.BCC, w.Subject, w.Body, w.BodyFormat, w.TextBody, w.Headers, N'UnSent',
+            ISNULL(w.ToAddress, N''), w.CC, w.BCC, w.Subject, w.Body, w.BodyFormat, w.TextBody, w.Headers, N'UnSent',
             w.MaxAttempts, w.Priority, w.AccountName, w.AppName, w.IdempotencyKey, w.ContentHash, w.MessageID,
             w.ExpiresAtUtc, w.RunMode, w.TemplateName, w.TemplateVersion, w.TemplateModel
         FROM @Work AS w
@@ -251,12 +264,16 @@ BEGIN
             THROW @Err, @Msg, 1;
         END CATCH;
 
-        -- The event stream (docs/events.md): one 'Enqueued' event per created
-        -- mail, in this transaction; a mail returned for its key gets none.
+        -- The event stream (docs/events.md): one 'Enqueued' event per created mail, in this
+        -- transaction, then 'RecipientSuppressed' naming whom it left out; a mail returned for its key gets none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
-        SELECT i.MailID, i.AppName, N'Enqueued', N'UnSent', 0, NULL, NULL, @Now
+        SELECT i.MailID, i.AppName, e.EventType, N'UnSent', 0, NULL, e.Detail, @Now
         FROM @Inserted AS i
-        ORDER BY i.MailID;
+        INNER JOIN @Work AS w ON i.MailID = w.MailID
+        CROSS APPLY (VALUES (1, N'Enqueued', NULL), (2, N'RecipientSuppressed',
+            LEFT(CONCAT(N'not sent to (suppressed): ', w.Suppressed), 4000))) AS e(EventNo, EventType, Detail)
+        WHERE e.EventNo = 1 OR w.Suppressed IS NOT NULL
+        ORDER BY i.MailID, e.EventNo;
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY

@@ -1,0 +1,61 @@
+/*
+mailq.ListSuppressions: the suppression list, newest change first, for an
+operator or an export (`mailq-db suppressions list`).
+Parameters:  @AccountName NVARCHAR(128), default NULL: every account;
+             @Address NVARCHAR(320), default NULL: every address (with
+             @AccountName: one seek on PK_Suppression);
+             @Reason NVARCHAR(16), default NULL: every reason;
+             @IncludeExpired BIT, default 0;
+             @MaxRows INT 1-100000, default 1000.
+Result set:  AccountName, AppName (NULL: every application of the account),
+             Address, Reason, Source, Detail, MailID, CreatedAtUtc,
+             UpdatedAtUtc, ExpiresAtUtc, IsActive BIT.
+Errors:      50613 @MaxRows out of range.
+Transaction: none of its own; reads only.
+Isolation:   sets READ COMMITTED itself (no key-range locks under a SERIALIZABLE
+             caller, no stale snapshot under SNAPSHOT; a report, locks kept by none).
+Lock order:  mailq.Suppression only.
+Example:     EXEC mailq.ListSuppressions @AccountName = N'news', @Reason = N'Complaint';
+*/
+CREATE OR ALTER PROCEDURE mailq.ListSuppressions
+    @AccountName NVARCHAR(128) = NULL,
+    @Address NVARCHAR(400) = NULL,
+    @Reason NVARCHAR(16) = NULL,
+    @IncludeExpired BIT = 0,
+    @MaxRows INT = 1000
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    SET @MaxRows = ISNULL(@MaxRows, 1000);
+    IF @MaxRows NOT BETWEEN 1 AND 100000
+    BEGIN
+        SET @Msg = CONCAT(N'@MaxRows must be 1-100000; got ', @MaxRows, N'.');
+        THROW 50613, @Msg, 1;
+    END;
+    SET @Address = LOWER(LTRIM(RTRIM(@Address)));
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+
+    SELECT TOP (@MaxRows)
+        s.AccountName,
+        NULLIF(s.AppName, N'') AS AppName,
+        s.Address,
+        s.Reason,
+        s.Source,
+        s.Detail,
+        s.MailID,
+        s.CreatedAtUtc,
+        s.UpdatedAtUtc,
+        s.ExpiresAtUtc,
+        CAST(IIF(s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now, 1, 0) AS BIT) AS IsActive
+    FROM mailq.Suppression AS s
+    WHERE
+        (@AccountName IS NULL OR s.AccountName = @AccountName)
+        AND (@Address IS NULL OR s.Address = @Address)
+        AND (@Reason IS NULL OR s.Reason = @Reason)
+        AND (ISNULL(@IncludeExpired, 0) = 1 OR s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now)
+    ORDER BY s.UpdatedAtUtc DESC, s.AccountName ASC, s.Address ASC
+    OPTION (RECOMPILE);  -- optional filters: a plan per call, so a given account+address seeks
+END;

@@ -1,0 +1,297 @@
+/*
+mailq.RecordBounce: records what one delivery report says about its
+recipients (the bounce reader, `mailq-db bounces`), once per report and
+recipient, and suppresses the addresses that reached their limit.
+Per recipient, the first time (ReportKey, address) is seen: a row in
+mailq.BounceReport; with a known mail, an event (Bounced for Hard and Soft,
+BounceDelayed, Complained) and, for Hard and Soft, the recipient's outcome
+Refused in mailq.MailRecipientOutcome with the report's code and text;
+then a suppression (mailq.ApplySuppressions, account-wide) for a Complaint
+at once, for Hard when the address has @HardBounceLimit Hard reports on the
+account, for Soft when @SoftBounceLimit is set and reached.  Delayed never
+suppresses.  Reading the same report again changes nothing.
+Parameters:  @ReportKey VARBINARY(32), required: SHA-256 of the report's
+             Message-ID (else of its bytes).
+             @Recipients NVARCHAR(MAX), required: a JSON array of 1-1000
+             objects {"address", "kind": "Hard"|"Soft"|"Delayed"|"Complaint",
+             "action", "status" (enhanced code), "code" (SMTP reply code
+             200-599 or null), "detail"}; "address" may be left out when
+             @RecipientNo names the recipient (the report did not); one
+             address that is not the mail's (a forwarding alias) is replaced
+             by the recipient @RecipientNo names.
+             @Source NVARCHAR(200), required: e.g. 'imap:bounces@example.com'.
+             @AccountName NVARCHAR(128): the account the report belongs to
+             when no mail is known (the reader's configured account); a known
+             mail's own account wins.
+             @MailID BIGINT, @RecipientNo INT: from the report's verified
+             VERP token (mailq_db.bounces.verp); a mail purged since is
+             treated as unknown.
+             @HardBounceLimit INT 1-100, default 1; @SoftBounceLimit INT
+             1-100, default NULL (soft bounces never suppress).
+Result set:  one row per recipient: Address, Kind, MailID, Recorded BIT (0:
+             already recorded), Suppressed BIT (suppressed by this call).
+Errors:      50601 no known mail and @AccountName missing or not an account;
+             50602 a recipient without a valid address (1-320 characters,
+             one @) and no @RecipientNo of the mail to take it from;
+             50604 @Source missing or over 200 characters;
+             50607 @ReportKey not 32 bytes; 50608 a kind not Hard, Soft,
+             Delayed or Complaint; 50609 @Recipients not a JSON array of
+             1-1000 objects; 50610 a limit out of range.
+Transaction: opens its own if none is open, else works inside the caller's;
+             an error dooms either (XACT_ABORT ON) and is re-raised.
+Isolation:   sets READ COMMITTED itself; the report key is checked WITH
+             (UPDLOCK, HOLDLOCK) so two readers of one report record it once.
+Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order
+             (mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue,
+             mailq.MailEvent, mailq.MailRecipientOutcome), then the reported
+             mail's row (mailq.MailQueue), mailq.MailRecipientOutcome,
+             mailq.MailEvent.
+Example:     EXEC mailq.RecordBounce @ReportKey = @Key, @Source = N'imap:bounces@example.com',
+                 @MailID = 101, @Recipients = N'[{"address":"a@example.com","kind":"Hard","status":"5.1.1"}]';
+*/
+CREATE OR ALTER PROCEDURE mailq.RecordBounce
+    @ReportKey VARBINARY(32),
+    @Recipients NVARCHAR(MAX),
+    @Source NVARCHAR(200),
+    @AccountName NVARCHAR(128) = NULL,
+    @MailID BIGINT = NULL,
+    @RecipientNo INT = NULL,
+    @HardBounceLimit INT = 1,
+    @SoftBounceLimit INT = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @Msg NVARCHAR(2048);
+    IF @ReportKey IS NULL OR DATALENGTH(@ReportKey) <> 32
+        THROW 50607, N'@ReportKey must be 32 bytes: the SHA-256 of the report''s Message-ID (or of its bytes).', 1;
+    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
+        THROW 50604, N'@Source is required (1-200 characters): where the report was read.', 1;
+    SET @HardBounceLimit = ISNULL(@HardBounceLimit, 1);
+    IF @HardBounceLimit NOT BETWEEN 1 AND 100 OR @SoftBounceLimit NOT BETWEEN 1 AND 100
+    BEGIN
+        SET @Msg = CONCAT(N'@HardBounceLimit must be 1-100 and @SoftBounceLimit 1-100 or NULL; got ',
+            @HardBounceLimit, N' and ', COALESCE(CAST(@SoftBounceLimit AS NVARCHAR(12)), N'NULL'), N'.');
+        THROW 50610, @Msg, 1;
+    END;
+    -- ISJSON, OPENJSON and JSON_VALUE in separate statements (no guaranteed
+    -- evaluation order inside one condition).
+    DECLARE @RecipientsOk BIT = 1;
+    IF @Recipients IS NULL OR ISJSON(@Recipients) = 0 OR LEFT(LTRIM(@Recipients), 1) <> N'['
+        SET @RecipientsOk = 0;
+    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@Recipients)) NOT BETWEEN 1 AND 1000
+        SET @RecipientsOk = 0;
+    ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@Recipients) AS j WHERE j.[type] <> 5)
+        SET @RecipientsOk = 0;
+    IF @RecipientsOk = 0
+        THROW 50609, N'@Recipients must be a JSON array of 1-1000 objects.', 1;
+
+    -- The mail, when the token named one that still exists (a plain read:
+    -- account, application and lists do not change after enqueue except by
+    -- a suppression sweep, which only removes addresses).
+    DECLARE @Account NVARCHAR(128), @App NVARCHAR(128), @To NVARCHAR(4000), @CC NVARCHAR(4000),
+        @BCC NVARCHAR(4000), @KnownMail BIGINT;
+    IF @MailID IS NOT NULL
+        SELECT
+            @KnownMail = q.ID, @Account = q.AccountName, @App = q.AppName,
+            @To = q.ToAddress, @CC = q.CC, @BCC = q.BCC
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @MailID;
+    IF @KnownMail IS NULL
+    BEGIN
+        SET @Account = @AccountName;
+        IF @Account IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.AccountName = @Account)
+        BEGIN
+            SET @Msg = CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account, and the report ',
+                N'names no queued mail (@MailID ', @MailID, N'): give the account the bounce mailbox serves.');
+            THROW 50601, @Msg, 1;
+        END;
+    END;
+    DECLARE @TokenAddress NVARCHAR(320) = (
+        SELECT TOP (1) CAST(r.Address AS NVARCHAR(320))
+        FROM mailq.MailRecipientList(@To, @CC, @BCC) AS r
+        WHERE r.RecipientNo = @RecipientNo AND r.IsFirst = 1 AND @KnownMail IS NOT NULL
+    );
+
+    DECLARE @R TABLE (
+        Address NVARCHAR(400) NULL,
+        Kind NVARCHAR(16) NULL,
+        Action NVARCHAR(16) NULL,
+        Status NVARCHAR(16) NULL,
+        SmtpCode INT NULL,
+        Detail NVARCHAR(1000) NULL,
+        Nth BIGINT NOT NULL
+    );
+    INSERT INTO @R (Address, Kind, Action, Status, SmtpCode, Detail, Nth)
+    SELECT
+        v.Address, v.Kind, v.Action, v.Status, v.SmtpCode, v.Detail,
+        ROW_NUMBER() OVER (PARTITION BY v.Address ORDER BY v.Ordinal) AS Nth
+    FROM (
+        SELECT
+            CAST(j.[key] AS INT) AS Ordinal,
+            LEFT(LOWER(LTRIM(RTRIM(COALESCE(JSON_VALUE(j.[value], N'$.address'), @TokenAddress)))), 400) AS Address,
+            LEFT(JSON_VALUE(j.[value], N'$.kind'), 16) AS Kind,
+            LEFT(LOWER(JSON_VALUE(j.[value], N'$.action')), 16) AS Action,
+            LEFT(JSON_VALUE(j.[value], N'$.status'), 16) AS Status,
+            IIF(
+                TRY_CAST(JSON_VALUE(j.[value], N'$.code') AS INT) BETWEEN 200 AND 599,
+                TRY_CAST(JSON_VALUE(j.[value], N'$.code') AS INT), NULL
+            ) AS SmtpCode,
+            LEFT(JSON_VALUE(j.[value], N'$.detail'), 1000) AS Detail
+        FROM OPENJSON(@Recipients) AS j
+    ) AS v;
+
+    -- A report about one recipient that is not among the mail's (a forwarding
+    -- alias: the Final-Recipient after expansion) is about the address the
+    -- token names: that is the one the queue sent to and must suppress.
+    IF @TokenAddress IS NOT NULL AND (SELECT COUNT(*) FROM @R) = 1
+        UPDATE r
+        SET r.Address = @TokenAddress
+        FROM @R AS r
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.MailRecipientList(@To, @CC, @BCC) AS l
+            WHERE l.Address = r.Address
+        );
+
+    SELECT TOP (1) @Msg = CONCAT(N'@Recipients: ',
+        COALESCE(N'''' + r.Address + N'''', N'a recipient without "address"'),
+        N' is not one address of 1-320 characters',
+        IIF(r.Address IS NULL, N', and @RecipientNo names no recipient of a queued mail', N''), N'.')
+    FROM @R AS r
+    WHERE r.Address IS NULL OR LEN(r.Address) > 320 OR r.Address NOT LIKE N'%_@_%' OR r.Address LIKE N'%@%@%';
+    IF @Msg IS NOT NULL THROW 50602, @Msg, 1;
+    SELECT TOP (1) @Msg = CONCAT(N'@Recipients: the kind of ', r.Address, N' is ',
+        COALESCE(N'''' + r.Kind + N'''', N'missing'), N'; it must be Hard, Soft, Delayed or Complaint.')
+    FROM @R AS r
+    WHERE r.Kind IS NULL OR r.Kind NOT IN (N'Hard', N'Soft', N'Delayed', N'Complaint');
+    IF @Msg IS NOT NULL THROW 50608, @Msg, 1;
+    DELETE FROM @R WHERE Nth > 1;
+
+    DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    DECLARE @New TABLE (Address NVARCHAR(320) NOT NULL PRIMARY KEY);
+    DECLARE @Suppress TABLE (Address NVARCHAR(320) NOT NULL PRIMARY KEY, Reason NVARCHAR(16) NOT NULL);
+    DECLARE @Suppressions NVARCHAR(MAX), @Status NVARCHAR(16), @AttemptCount INT;
+    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
+    BEGIN TRY
+        IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- 1. The idempotency key: (report, address) recorded once.
+        INSERT INTO mailq.BounceReport (
+            ReportKey, Address, AccountName, AppName, MailID, Kind, Action, Status, SmtpCode, Detail, Source,
+            ReceivedAtUtc
+        )
+        OUTPUT inserted.Address INTO @New (Address)
+        SELECT
+            @ReportKey, r.Address, @Account, @App, @KnownMail, r.Kind, r.Action, r.Status, r.SmtpCode, r.Detail,
+            @Source, @Now
+        FROM @R AS r
+        WHERE NOT EXISTS (
+            SELECT 1
+            FROM mailq.BounceReport AS b WITH (UPDLOCK, HOLDLOCK)
+            WHERE b.ReportKey = @ReportKey AND b.Address = r.Address
+        );
+
+        -- 2. Which of the new ones reach their limit (the counts include them).
+        INSERT INTO @Suppress (Address, Reason)
+        SELECT
+            r.Address,
+            CASE r.Kind WHEN N'Complaint' THEN N'Complaint' WHEN N'Hard' THEN N'HardBounce' ELSE N'SoftBounce' END
+        FROM @R AS r
+        INNER JOIN @New AS n ON r.Address = n.Address
+        WHERE
+            r.Kind = N'Complaint'
+            OR (r.Kind = N'Hard' AND (
+                SELECT COUNT(*)
+                FROM mailq.BounceReport AS b
+                WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Hard'
+            ) >= @HardBounceLimit)
+            OR (r.Kind = N'Soft' AND @SoftBounceLimit IS NOT NULL AND (
+                SELECT COUNT(*)
+                FROM mailq.BounceReport AS b
+                WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Soft'
+            ) >= @SoftBounceLimit);
+
+        IF EXISTS (SELECT 1 FROM @Suppress)
+        BEGIN
+            SET @Suppressions = (
+                SELECT
+                    @Account AS AccountName,
+                    s.Address,
+                    s.Reason,
+                    @Source AS Source,
+                    LEFT(CONCAT(r.Kind, N' ', r.Status, N': ', r.Detail), 1000) AS Detail,
+                    @KnownMail AS MailID
+                FROM @Suppress AS s
+                INNER JOIN @R AS r ON s.Address = r.Address
+                FOR JSON PATH
+            );
+            EXEC mailq.ApplySuppressions @Suppressions = @Suppressions;
+        END;
+
+        -- 3. The reported mail: its recipients' outcomes and its events.
+        IF @KnownMail IS NOT NULL AND EXISTS (SELECT 1 FROM @New)
+        BEGIN
+            SELECT @Status = q.Status, @AttemptCount = q.AttemptCount
+            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+            WHERE q.ID = @KnownMail;
+
+            UPDATE o
+            SET
+                o.Outcome = N'Refused',
+                o.SmtpCode = r.SmtpCode,
+                o.SmtpText = LEFT(CONCAT(N'bounced later (', r.Status, N'): ', r.Detail), 1000),
+                o.UpdatedAtUtc = @Now
+            FROM mailq.MailRecipientOutcome AS o
+            INNER JOIN @R AS r ON o.Address = r.Address
+            INNER JOIN @New AS n ON r.Address = n.Address
+            WHERE o.MailID = @KnownMail AND r.Kind IN (N'Hard', N'Soft');
+
+            INSERT INTO mailq.MailRecipientOutcome (
+                MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc
+            )
+            SELECT
+                @KnownMail, r.Address, N'Refused', r.SmtpCode,
+                LEFT(CONCAT(N'bounced later (', r.Status, N'): ', r.Detail), 1000), @AttemptCount, @Now
+            FROM @R AS r
+            INNER JOIN @New AS n ON r.Address = n.Address
+            WHERE
+                r.Kind IN (N'Hard', N'Soft')
+                AND NOT EXISTS (
+                    SELECT 1
+                    FROM mailq.MailRecipientOutcome AS o
+                    WHERE o.MailID = @KnownMail AND o.Address = r.Address
+                );
+
+            INSERT INTO mailq.MailEvent (
+                MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
+            )
+            SELECT
+                @KnownMail, @App,
+                CASE r.Kind WHEN N'Delayed' THEN N'BounceDelayed' WHEN N'Complaint' THEN N'Complained'
+                    ELSE N'Bounced' END,
+                @Status, @AttemptCount, r.SmtpCode,
+                LEFT(CONCAT(r.Address, N': ', r.Kind, N' ', r.Status, N' ', r.Detail), 4000), @Now
+            FROM @R AS r
+            INNER JOIN @New AS n ON r.Address = n.Address;
+        END;
+
+        IF @OwnTran = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        r.Address,
+        r.Kind,
+        @KnownMail AS MailID,
+        CAST(IIF(n.Address IS NULL, 0, 1) AS BIT) AS Recorded,
+        CAST(IIF(s.Address IS NULL, 0, 1) AS BIT) AS Suppressed
+    FROM @R AS r
+    LEFT JOIN @New AS n ON r.Address = n.Address
+    LEFT JOIN @Suppress AS s ON r.Address = s.Address
+    ORDER BY r.Address;
+END;

@@ -1,0 +1,260 @@
+"""The bounce reader's decisions (mailq_db.bounces.reader.process), the [bounces]
+configuration, and the RFC 8058 endpoint, without servers; the IMAP side runs
+against Dovecot in tests/realmta/test_bounces_lab.py."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from wsgiref.util import setup_testing_defaults
+
+import pytest
+from fake_bounces import FakeBounceQueue
+from fake_queue import FakeConnection, make_mail
+
+from mailq_db.bounces import reader, verp
+from mailq_db.bounces.unsubscribe import make_app
+from mailq_db.connection import Backoff, ReconnectingConnection
+from mailq_db.errors import ConfigurationError, DatabaseError, UnknownUnsubscribeError
+
+KEY = b"unit-bounce-key-0123456789abcdefghij"
+SIGNER = verp.Signer([KEY])
+SHARED = Path(__file__).resolve().parents[2] / "tests" / "corpus" / "bounces" / "messages"
+
+
+def config(**kw) -> reader.ReaderConfig:
+    values = dict(host="imap.example.com", user="bounces@example.com", account="default", password="pw",
+                  keys=(KEY,))
+    values.update(kw)
+    return reader.ReaderConfig(**values)
+
+
+def db() -> ReconnectingConnection:
+    return ReconnectingConnection(FakeConnection, backoff=Backoff(0.001, 0.002), sleep=lambda s: None)
+
+
+def dsn(to: str, recipient: str, status: str = "5.1.1", action: str = "failed", message_id: str = "<r1@mx>") -> bytes:
+    return f"""From: MAILER-DAEMON@mx.example.org
+To: {to}
+Subject: Undelivered Mail Returned to Sender
+Message-ID: {message_id}
+MIME-Version: 1.0
+Content-Type: multipart/report; report-type=delivery-status; boundary="B"
+
+--B
+Content-Type: text/plain
+
+failed
+--B
+Content-Type: message/delivery-status
+
+Reporting-MTA: dns; mx.example.org
+
+Final-Recipient: rfc822; {recipient}
+Action: {action}
+Status: {status}
+Diagnostic-Code: smtp; 550 {status} user unknown
+
+--B--
+""".replace("\n", "\r\n").encode()
+
+
+def test_a_dsn_to_the_verp_address_records_the_mail_and_suppresses():
+    queue = FakeBounceQueue([make_mail(5, to_address="gone@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 5, 1)
+    out = reader.process(dsn(f"bounces+{token}@example.com", "gone@example.org"), config(), db(), queue)
+    assert out.action == "recorded" and out.suppressed == ["gone@example.org"]
+    [call] = queue.calls_to("record_bounce")
+    assert call["mail_id"] == 5 and call["recipient_no"] == 1 and call["account_name"] == "default"
+    assert call["recipients"] == [{"address": "gone@example.org", "kind": "Hard", "action": "failed",
+                                   "status": "5.1.1", "code": 550, "detail": "smtp; 550 5.1.1 user unknown"}]
+    assert queue.rows[5].recipients["gone@example.org"][:2] == ("Refused", 550)
+    # the same report again: nothing new (the key is the report's Message-ID)
+    again = reader.process(dsn(f"bounces+{token}@example.com", "gone@example.org"), config(), db(), queue)
+    assert again.suppressed == [] and len([e for e in queue.events if e.event_type == "Bounced"]) == 1
+
+
+def test_a_forged_token_names_no_mail_and_the_reader_account_is_used():
+    queue = FakeBounceQueue([make_mail(5, to_address="gone@example.org")])
+    forged = verp.Signer([b"x" * 32]).token(verp.BOUNCE, 5, 1)
+    reader.process(dsn(f"bounces+{forged}@example.com", "gone@example.org"), config(), db(), queue)
+    [call] = queue.calls_to("record_bounce")
+    assert call["mail_id"] is None and call["account_name"] == "default"
+    assert "gone@example.org" not in queue.rows[5].recipients  # not tied to mail 5
+
+
+def test_a_report_naming_nobody_uses_the_tokens_recipient():
+    queue = FakeBounceQueue([make_mail(6, to_address="only@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 6, 1)
+    raw = (f"From: MAILER-DAEMON@example.net\r\nTo: bounces+{token}@example.com\r\nSubject: failure notice\r\n"
+           "Message-ID: <r6@example.net>\r\n\r\nThis is a permanent error; I've given up. Sorry it didn't work out.\r\n")
+    out = reader.process(raw.encode(), config(), db(), queue)
+    assert out.action == "recorded"
+    [call] = queue.calls_to("record_bounce")
+    assert call["recipients"] == [{"kind": "Soft"}] and call["recipient_no"] == 1
+    assert queue.suppressed == {}  # soft: no suppression by default
+
+
+def test_auto_replies_and_human_mail_record_nothing():
+    queue = FakeBounceQueue()
+    raw = (b"From: alice@example.org\r\nTo: bounces@example.com\r\nSubject: Automatic reply: Out of office\r\n"
+           b"Auto-Submitted: auto-replied\r\n\r\nBack on Monday.\r\n")
+    out = reader.process(raw, config(), db(), queue)
+    assert out.action == "nothing" and out.report.kind == "autoreply" and queue.calls_to("record_bounce") == []
+
+
+def test_a_mail_to_the_unsubscribe_mailto_unsubscribes_its_recipient():
+    queue = FakeBounceQueue([make_mail(7, to_address="reader@example.org", app_name="news")])
+    token = SIGNER.token(verp.UNSUBSCRIBE, 7, 1)
+    raw = (f"From: reader@example.org\r\nTo: bounces+{token}@example.com\r\nSubject: unsubscribe\r\n"
+           "Message-ID: <u7@example.org>\r\n\r\nunsubscribe\r\n").encode()
+    out = reader.process(raw, config(), db(), queue)
+    assert out.action == "unsubscribed"
+    assert queue.suppressed[("default", "news", "reader@example.org")].reason == "Unsubscribe"
+    assert queue.calls_to("record_unsubscribe")[0]["source"].startswith("unsubscribe-mailto:imap:")
+
+
+def test_a_complaint_ties_to_the_mail_through_the_returned_x_mailq_token():
+    queue = FakeBounceQueue([make_mail(8, to_address="angry@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 8, 1)
+    raw = f"""From: feedback@isp.example
+To: abuse@example.com
+Subject: FW: spam
+Message-ID: <arf8@isp.example>
+MIME-Version: 1.0
+Content-Type: multipart/report; report-type=feedback-report; boundary="B"
+
+--B
+Content-Type: text/plain
+
+complaint
+--B
+Content-Type: message/feedback-report
+
+Feedback-Type: abuse
+Version: 1
+Original-Rcpt-To: angry@example.org
+
+--B
+Content-Type: text/rfc822-headers
+
+Message-ID: <m8@mailq.example.com>
+X-Mailq-Token: {token}
+To: angry@example.org
+
+--B--
+""".replace("\n", "\r\n").encode()
+    out = reader.process(raw, config(), db(), queue)
+    assert out.action == "recorded" and out.suppressed == ["angry@example.org"]
+    assert queue.calls_to("record_bounce")[0]["mail_id"] == 8
+    assert queue.suppressed[("default", "", "angry@example.org")].reason == "Complaint"
+
+
+def test_a_deadlock_is_retried_and_then_raised(monkeypatch):
+    calls = []
+
+    def flaky(raw, cfg, conn, procs):
+        calls.append(1)
+        raise DatabaseError(1205, "deadlock victim")
+    monkeypatch.setattr(reader, "process", flaky)
+    with pytest.raises(DatabaseError):
+        reader._process_retrying(b"", config(), None, None, sleep=lambda s: None)
+    assert len(calls) == reader.DEADLOCK_RETRIES
+
+
+TOML = """
+[bounces]
+host = "imap.example.com"
+user = "bounces@example.com"
+password_env = "IMAP_PW"
+account = "news"
+hard_bounce_limit = 2
+soft_bounce_limit = 5
+"""
+
+
+def test_reader_config_reads_secrets_from_the_environment():
+    cfg = reader.parse_reader_config(TOML, env={"IMAP_PW": "secret", "MAILQ_BOUNCE_KEY": "k" * 40})
+    assert (cfg.port, cfg.tls, cfg.hard_bounce_limit, cfg.soft_bounce_limit) == (993, "implicit", 2, 5)
+    assert cfg.password == "secret" and "secret" not in repr(cfg) and cfg.keys == (b"k" * 40,)
+    assert cfg.source == "imap:bounces@example.com@imap.example.com/INBOX"
+
+
+def test_reader_config_lists_every_problem():
+    text = TOML.replace('password_env = "IMAP_PW"', 'password = "x"\ntls = "none"\nfolderz = "x"')
+    with pytest.raises(ConfigurationError) as err:
+        reader.parse_reader_config(text, env={})
+    message = str(err.value)
+    for part in ("bounces.password: passwords never go in the file", 'bounces.tls: "none"',
+                 "bounces.folderz: unknown setting", "bounces.password_env", "MAILQ_BOUNCE_KEY is not set"):
+        assert part in message
+
+
+# ---------------------------------------------------------------- RFC 8058 endpoint
+
+
+def call(app, method: str, path: str, body: bytes = b"", ctype: str = "application/x-www-form-urlencoded"):
+    path, _, query = path.partition("?")
+    environ: dict = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query,
+                     "CONTENT_LENGTH": str(len(body)),
+                     "CONTENT_TYPE": ctype, "wsgi.input": io.BytesIO(body)}
+    setup_testing_defaults(environ)
+    seen = {}
+
+    def start_response(status, headers):
+        seen["status"], seen["headers"] = status, dict(headers)
+    page = b"".join(app(environ, start_response)).decode()
+    return seen["status"], page
+
+
+def test_one_click_post_unsubscribes_get_only_shows_a_button():
+    recorded = []
+    app = make_app([KEY], lambda m, r, s: recorded.append((m, r, s)) or {"Recorded": True})
+    token = SIGNER.token(verp.UNSUBSCRIBE, 42, 1)
+    status, page = call(app, "GET", f"/u/{token}")
+    assert status == "200 OK" and 'method="post"' in page and recorded == []
+    status, _ = call(app, "POST", f"/u/{token}", b"List-Unsubscribe=One-Click")
+    assert status == "200 OK" and recorded == [(42, 1, "unsubscribe-url")]
+    multipart = (b'--x\r\nContent-Disposition: form-data; name="List-Unsubscribe"\r\n\r\nOne-Click\r\n--x--\r\n')
+    status, _ = call(app, "POST", f"/u/{token}", multipart, "multipart/form-data; boundary=x")
+    assert status == "200 OK" and len(recorded) == 2
+
+
+@pytest.mark.parametrize("method,path,body,expected", [
+    ("POST", "/u/{token}", b"", "400 Bad Request"),  # not the RFC 8058 body
+    ("POST", "/u/{bounce}", b"List-Unsubscribe=One-Click", "404 Not Found"),  # a return-path token
+    ("POST", "/u/{token}x", b"List-Unsubscribe=One-Click", "404 Not Found"),
+    ("PUT", "/u/{token}", b"", "405 Method Not Allowed"),
+])
+def test_the_endpoint_refuses_what_is_not_a_verified_one_click(method, path, body, expected):
+    recorded = []
+    app = make_app([KEY], lambda m, r, s: recorded.append(m) or {})
+    path = path.format(token=SIGNER.token(verp.UNSUBSCRIBE, 42, 1), bounce=SIGNER.token(verp.BOUNCE, 42, 1))
+    status, _ = call(app, method, path, body)
+    assert status == expected and recorded == []
+
+
+def test_a_purged_mail_is_gone_and_a_database_error_is_a_503():
+    token = SIGNER.token(verp.UNSUBSCRIBE, 43, 1)
+
+    def purged(m, r, s):
+        raise UnknownUnsubscribeError(50611, "Mail 43 does not exist")
+
+    def down(m, r, s):
+        raise DatabaseError(4060, "cannot open database")
+    assert call(make_app([KEY], purged), "POST", f"/u/{token}", b"List-Unsubscribe=One-Click")[0] == "410 Gone"
+    status = call(make_app([KEY], down), "POST", f"/x?token={token}", b"List-Unsubscribe=One-Click")[0]
+    assert status == "503 Service Unavailable"
+
+
+def test_the_example_configuration_is_valid():
+    text = (Path(__file__).resolve().parents[2] / "examples" / "bounces.toml").read_text()
+    cfg = reader.parse_reader_config(text, env={"MAILQ_BOUNCE_IMAP_PASSWORD": "x", "MAILQ_BOUNCE_KEY": "k" * 32})
+    assert (cfg.host, cfg.port, cfg.soft_bounce_limit) == ("imap.example.com", 993, None)
+
+
+def test_a_forwarded_final_recipient_is_recorded_as_the_address_the_mail_was_sent_to():
+    queue = FakeBounceQueue([make_mail(9, to_address="alias@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 9, 1)
+    reader.process(dsn(f"bounces+{token}@example.com", "real.mailbox@elsewhere.example"), config(), db(), queue)
+    assert ("default", "", "alias@example.org") in queue.suppressed

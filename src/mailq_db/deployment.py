@@ -566,7 +566,7 @@ def script_header(options: DeployOptions) -> list[str]:
         "        QUOTENAME(DB_NAME()), N' for the deployment, nothing afterwards.');\n"
         "    THROW 50413, @Msg, 1;\n"
         "END;\n"
-        # Before issue 12 Alembic created its table in the deploying user's
+        # An older setup may have created Alembic's table in the deploying user's
         # default schema: say how to move it rather than deploy from base again.
         f"IF OBJECT_ID(N'{V}', N'U') IS NULL\n"
         "BEGIN\n"
@@ -814,7 +814,7 @@ END"""
 
 ACTIVATION_KEY = "mailq_db.activation"
 
-#: Issue 11 point 10: while a revision changes broker files, activation is
+#: While a revision changes broker files, activation is
 #: off, so no reader starts old code against new tables (or new code against
 #: old ones).  The status is kept in SESSION_CONTEXT (sp_set_session_context,
 #: SQL Server 2016+) and restored at the end of the revision, inside its

@@ -112,14 +112,14 @@ SPECIFIC: dict[int, type[DatabaseError]] = {
     50201: UnknownMailError,
     50202: LeaseLostError,
     50203: LeaseLostError,
-    # queue helper, issue 10 point 10 / point 5
+    # queue helper
     50160: SenderNotAllowedError,
     50161: SenderNotAllowedError,
     50168: SenderNotAllowedError,
     50162: IdempotencyKeyBusyError,
-    # event stream, issue 16 point 1
+    # event stream
     50260: MailFinalError,
-    # batch enqueue (issue 16 point 6)
+    # batch enqueue
     50220: BatchRowError,
     50221: InvalidInputError,
     50222: InvalidInputError,
@@ -130,14 +130,14 @@ SPECIFIC: dict[int, type[DatabaseError]] = {
 
 _BLOCKS: list[tuple[range, type[DatabaseError]]] = [
     (range(50100, 50200), InvalidInputError),
-    (range(50220, 50240), InvalidInputError),  # batch enqueue input (issue 16 point 6)
-    (range(50240, 50243), InvalidInputError),  # run modes input (issue 16 point 3, revision 0015)
-    (range(50290, 50299), InvalidInputError),  # hooks: registration and dispatcher input (issue 16 point 1)
+    (range(50220, 50240), InvalidInputError),  # batch enqueue input
+    (range(50240, 50243), InvalidInputError),  # run modes input
+    (range(50290, 50299), InvalidInputError),  # hooks: registration and dispatcher input
     (range(50520, 50540), InvalidInputError),  # queue reporting and event-stream stall input
     (range(50200, 50300), MailStateError),
     (range(50300, 50400), DelayExecutionError),
     (range(50400, 50500), DeploymentCheckError),
-    (range(50540, 50580), DelayExecutionError),  # delayed execution, third design (issue 23)
+    (range(50540, 50580), DelayExecutionError),  # delayed execution, third design
 ]
 
 # pyodbc messages look like:
@@ -176,7 +176,7 @@ def from_driver_error(exc: BaseException) -> DatabaseError:
     return class_for(number)(number, message)
 
 
-# Mail templates (issue 16, point 2; docs/templates.md).  50210-50214 are bad
+# Mail templates (docs/templates.md).  50210-50214 are bad
 # input although they sit in the 50200 block (the block assigned to templates).
 class TemplateInputError(InvalidInputError):
     """A template procedure refused its input (50210-50214); nothing was written."""
@@ -196,7 +196,7 @@ SPECIFIC.update({50215: UnknownTemplateError, 50216: TemplateStateError,
                  50217: TemplateStateError, 50218: TemplateStateError})
 
 
-# Templates and lazy attachments wired into enqueue (revision 0016; docs/templates.md,
+# Templates and lazy attachments wired into enqueue (docs/templates.md,
 # "Enqueueing with a template").  Bad input of EnqueueMail / EnqueueMailBatch,
 # nothing written: InvalidInputError (50280, 50281, 50284-50286), unknown template or
 # version UnknownTemplateError (50282), retired TemplateStateError (50283).  50289
@@ -206,11 +206,11 @@ SPECIFIC.update({50280: InvalidInputError, 50281: InvalidInputError, 50282: Unkn
                  50286: InvalidInputError})
 
 
-# Deployment (issue 21): a downgrade that would drop tables holding rows
+# Deployment: a downgrade that would drop tables holding rows
 # (50420) or a column holding values (50422), and a database at a revision
 # this package does not know (50421, deployed by a newer mailq-db).
 SPECIFIC.update({50420: DeploymentCheckError, 50421: DeploymentCheckError, 50422: DeploymentCheckError})
-# Who may send as whom and sending accounts (issue 24; docs/enqueue.md): 50500
+# Who may send as whom and sending accounts (docs/enqueue.md): 50500
 # (an unmapped enqueuer refused) and 50502 (SetEnqueuePolicy by a non-admin) are
 # SenderNotAllowedError; the other numbers of 50500-50519 are bad input.
 _BLOCKS.insert(0, (range(50500, 50520), InvalidInputError))
@@ -219,7 +219,7 @@ SPECIFIC.update({50500: SenderNotAllowedError, 50502: SenderNotAllowedError})
 _BLOCKS.append((range(50580, 50600), InvalidInputError))
 
 
-# Bounces, complaints, unsubscribes and suppression (issue 28; docs/bounces.md).
+# Bounces, complaints, unsubscribes and suppression (docs/bounces.md).
 class SuppressedRecipientError(InvalidInputError):
     """Every recipient of the mail is suppressed for its account or application
     (bounced, complained or unsubscribed): nothing was queued (50600)."""
@@ -232,4 +232,4 @@ class UnknownUnsubscribeError(MailStateError):
 
 SPECIFIC.update({50600: SuppressedRecipientError, 50611: UnknownUnsubscribeError,
                  50612: UnknownUnsubscribeError})
-_BLOCKS.append((range(50600, 50640), InvalidInputError))  # suppression input (issue 28)
+_BLOCKS.append((range(50600, 50640), InvalidInputError))  # suppression input

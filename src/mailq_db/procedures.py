@@ -50,7 +50,7 @@ class Attachment:
 
 @dataclass(frozen=True)
 class LazyAttachment:
-    """An attachment produced at send time by a generator (revision 0016): an
+    """An attachment produced at send time by a generator: an
     entry point of the group ``mailq_db.attachment_generators`` called with
     ``arguments`` (a JSON object).  Enqueue it like an :class:`Attachment`;
     mailq.ClaimMail returns it in ``ClaimedMail.attachments`` until the worker
@@ -106,7 +106,7 @@ class ClaimedMail:
     possible_duplicate: bool
     dt_stamp: datetime
     attachments: list[Attachment | LazyAttachment] = field(default_factory=list)
-    # Revision 0016: mail enqueued with a template.  template_version is the
+    # Mail enqueued with a template.  template_version is the
     # version this attempt renders (None with a template_name: none to render,
     # e.g. the template was retired and the mail pinned no version); template
     # holds its texts.  subject and body are '' until the worker renders them.
@@ -114,7 +114,7 @@ class ClaimedMail:
     template_version: int | None = None
     template_model: str | None = None
     template: ClaimedTemplate | None = None
-    #: Revision 0015 (docs/run-modes.md): the mail's run mode, and DryRun = the
+    #: The mail's run mode (docs/run-modes.md), and DryRun = the
     #: application is in dry-run: the worker must not send it (MarkSent records
     #: it as DryRun whatever the worker reports).
     run_mode: str = "prod"
@@ -300,7 +300,7 @@ def claim_mail(
 ) -> list[ClaimedMail]:
     """mailq.ClaimMail: lease up to ``batch_size`` due mails to this worker
     (only mail of ``account_names`` when given; only mail of ``run_modes``,
-    default ["prod"], revision 0015)."""
+    default ["prod"])."""
     accounts = json.dumps(sorted(account_names), ensure_ascii=False) if account_names is not None else None
     modes = json.dumps(sorted(set(run_modes)), ensure_ascii=False) if run_modes is not None else None
     cursor = _call(
@@ -333,7 +333,6 @@ def claim_mail(
             run_mode=getattr(r, "RunMode", None) or "prod",
             dry_run=bool(getattr(r, "DryRun", False)),
             lease_seconds_remaining=_int_or_none(getattr(r, "LeaseSecondsRemaining", None)),
-            # revision 0016 (absent from a database below it)
             template_name=getattr(r, "TemplateName", None),
             template_version=_int_or_none(getattr(r, "TemplateVersion", None)),
             template_model=getattr(r, "TemplateModel", None),
@@ -345,7 +344,7 @@ def claim_mail(
                 LazyAttachment(r.FileName, generator, r.GeneratorArgs, r.ContentType)
                 if generator is not None else Attachment(r.FileName, bytes(r.Content), r.ContentType)
             )
-        # Revision 0016: the template versions the batch renders, each once.
+        # The template versions the batch renders, each once.
         if _next(cursor):
             texts = {
                 (r.TemplateName.casefold(), int(r.Version)): ClaimedTemplate(
@@ -447,7 +446,7 @@ def mark_failed(
 
 
 
-# Per-recipient outcomes (revision 0008, issue 14 point 1) ------------------
+# Per-recipient outcomes ------------------
 
 RECIPIENT_OUTCOMES = ("Delivered", "Deferred", "Refused")
 RECORD_RECIPIENTS_SQL = "EXEC mailq.RecordRecipientOutcomes @ID = ?, @LockToken = ?, @Outcomes = ?;"
@@ -579,7 +578,7 @@ def upsert_application(
 ) -> None:
     """mailq.UpsertApplication: register an application name mails may carry.
     ``dry_run``: True = its mails are recorded as DryRun and reach no server,
-    False = sent, None = unchanged (revision 0015, docs/run-modes.md)."""
+    False = sent, None = unchanged (docs/run-modes.md)."""
     flag = None if dry_run is None else (1 if dry_run else 0)
     _call(conn, UPSERT_APPLICATION_SQL, [app_name, description, flag]).close()
 
@@ -682,7 +681,7 @@ def get_installation_health(conn: Any) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------
-# Finalization (revision 0005): expiry and out-of-attempts, off the claim path
+# Finalization: expiry and out-of-attempts, off the claim path
 # --------------------------------------------------------------------------
 
 FINALIZE_SQL = "EXEC mailq.FinalizeMail @BatchSize = ?, @MaxBatches = ?;"
@@ -1073,14 +1072,14 @@ def delete_db_mail_principal_profile(conn: Any, *, profile_name: str, principal_
 
 
 # --------------------------------------------------------------------------
-# Event stream and StopMail (issue 16, point 1; docs/events.md)
+# Event stream and StopMail (docs/events.md)
 # --------------------------------------------------------------------------
 
 #: EventType values mailq.MailEvent carries (docs/events.md); never renamed.
 EVENT_TYPES = (
     "Enqueued", "Claimed", "Sent", "DryRun", "RetryScheduled", "AccountWaiting",
     "Released", "LeaseExpired", "Failed", "Cancelled", "Expired", "Stopped", "Requeued",
-    # bounces, complaints, unsubscribes, suppression (issue 28; docs/bounces.md)
+    # bounces, complaints, unsubscribes, suppression
     "Bounced", "BounceDelayed", "Complained", "Unsubscribed", "RecipientSuppressed",
 )
 #: The event types after which a mail changes no more (unless requeued).
@@ -1241,8 +1240,8 @@ def stop_mail(conn: Any, *, mail_id: int, reason: str) -> list[AckResult]:
     more attempts; a worker's later acknowledgement is fenced out).  A final
     mail raises MailFinalError (50260)."""
     return _acks(_call(conn, STOP_MAIL_SQL, [mail_id, reason]))
-# Minimum interval between two logins per account (revision 0012, issue 16
-# point 4; docs/operator-guide.md "Minimum interval between logins")
+# Minimum interval between two logins per account (docs/operator-guide.md,
+# "Minimum interval between logins")
 # --------------------------------------------------------------------------
 
 ACQUIRE_LOGIN_SLOT_SQL = "EXEC mailq.AcquireLoginSlot @AccountName = ?;"
@@ -1263,7 +1262,7 @@ def acquire_login_slot(conn: Any, *, account_name: str) -> LoginSlot:
     rows = _rows(_call(conn, ACQUIRE_LOGIN_SLOT_SQL, [account_name]))
     granted, wait_ms, interval, last = rows[0]
     return LoginSlot(bool(granted), int(wait_ms), None if interval is None else int(interval), last)
-# Mail templates (issue 16, point 2: sql/procedures/mailq.*MailTemplate*.sql,
+# Mail templates (sql/procedures/mailq.*MailTemplate*.sql,
 # docs/templates.md).  Rendering is mailq_db.templates; these only store and read.
 # --------------------------------------------------------------------------
 
@@ -1356,7 +1355,7 @@ def retire_mail_template(
     rows = _dicts(_call(conn, RETIRE_MAIL_TEMPLATE_SQL, [template_name, 1 if retire else 0, reason]))
     return rows[0]
 # ==========================================================================
-# Batch enqueue (issue 16 point 6; role MailqEnqueuer)
+# Batch enqueue
 # ==========================================================================
 #
 # mailq.EnqueueMailBatch takes the mails as a JSON array (@Mails) or as a
@@ -1377,8 +1376,7 @@ BATCH_FIELDS: tuple[tuple[str, str], ...] = (
     ("priority", "Priority"), ("date_to_process", "DateToProcess"),
     ("expires_at_utc", "ExpiresAtUtc"), ("max_attempts", "MaxAttempts"),
     ("idempotency_key", "IdempotencyKey"), ("attachments", "Attachments"),
-    ("run_mode", "RunMode"),  # revision 0015
-    # revision 0016
+    ("run_mode", "RunMode"),
     ("template_name", "TemplateName"), ("template_version", "TemplateVersion"), ("template_model", "TemplateModel"),
 )
 BATCH_MAX_ROWS = 10000
@@ -1515,7 +1513,7 @@ def _batch_result(cursor: Any) -> BatchResult:
 
 
 # ==========================================================================
-# Per-application hooks (revision 0017, issue 16 point 1; docs/hooks.md)
+# Per-application hooks (docs/hooks.md)
 # ==========================================================================
 
 #: The documented hook signature, in the order docs/hooks.md gives it
@@ -1608,7 +1606,7 @@ def start_hook_dispatcher(conn: Any, *, interval_seconds: int = 30, enabled: boo
 
 
 # --------------------------------------------------------------------------
-# Bounces, complaints, unsubscribes and suppression (issue 28; docs/bounces.md)
+# Bounces, complaints, unsubscribes and suppression (docs/bounces.md)
 # Roles: MailqBounceReader records; MailqAdmin also lists, adds, removes, purges.
 # --------------------------------------------------------------------------
 

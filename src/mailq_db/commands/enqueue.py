@@ -172,7 +172,7 @@ def run(args) -> int:
         attachments=[_attachment(p) for p in args.attach],
         run_mode=args.run_mode,
     )
-    if args.template:  # revision 0016: rendered by the worker
+    if args.template:  # rendered by the worker
         request.update(subject=None, body=None, body_format=None, text_body=None,
                        template_name=args.template, template_version=args.template_version,
                        template_model=_read(args.model) if args.model else None)

@@ -96,7 +96,7 @@ def render(stats: procedures.QueueStats, hours: int = 24) -> str:
     return "\n\n".join(parts)
 
 
-#: Bounces and suppressions (issue 28): mailq.GetSuppressionStats, last 7 days.
+#: Bounces and suppressions: mailq.GetSuppressionStats, last 7 days.
 BOUNCE_SECTIONS = (
     ("suppressions", "Active suppressions", ("AccountName", "Reason", "Suppressed")),
     ("bounce_reports", "Bounce, complaint and unsubscribe reports (last 7 days)",

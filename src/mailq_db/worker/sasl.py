@@ -56,7 +56,7 @@ AUTH_MODES = ("password", *TOKEN_MECHANISMS)
 #: response is sent after the server's empty 334 challenge instead.
 MAX_INITIAL_RESPONSE_LINE = 2048
 #: Rules of smtp_rules.toml whose ``why`` is the fix for a password refused
-#: because the provider no longer accepts passwords (issue 26).
+#: because the provider no longer accepts passwords.
 BASIC_AUTH_RULES = ("basic-auth-disabled", "smtp-auth-disabled", "gmail-password-refused",
                     "gmail-app-password-required")
 

@@ -258,3 +258,29 @@ def test_a_forwarded_final_recipient_is_recorded_as_the_address_the_mail_was_sen
     token = SIGNER.token(verp.BOUNCE, 9, 1)
     reader.process(dsn(f"bounces+{token}@example.com", "real.mailbox@elsewhere.example"), config(), db(), queue)
     assert ("default", "", "alias@example.org") in queue.suppressed
+
+
+@pytest.mark.parametrize("status, diagnostic", [
+    ("5.1.8", "smtp; 553 5.1.8 <bounces+x@example.com>: Sender address rejected: Domain not found"),
+    ("5.1.0", "smtp; 550 5.1.0 <bounces+x@example.com>: Sender address rejected: User unknown in local recipient table"),
+    ("5.0.0", "smtp; 550-Verification failed for <bounces+x@example.com> 550-Unrouteable address 550 Sender verify failed"),
+])
+def test_a_rejected_return_path_is_soft_and_does_not_suppress_the_recipient(status, diagnostic):
+    # RFC 3463 X.1.7/X.1.8 and these texts are about our envelope sender (the
+    # VERP return path), not the recipient: a hard bounce here would suppress
+    # every good recipient of a receiver that verifies senders.
+    queue = FakeBounceQueue([make_mail(9, to_address="good@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 9, 1)
+    raw = dsn(f"bounces+{token}@example.com", "good@example.org", status=status)
+    raw = raw.replace(f"Diagnostic-Code: smtp; 550 {status} user unknown".encode(), f"Diagnostic-Code: {diagnostic}".encode())
+    out = reader.process(raw, config(), db(), queue)
+    assert out.report.kind == "soft" and out.suppressed == [] and queue.suppressed == {}
+
+
+def test_a_report_naming_nobody_is_classified_by_its_own_words_not_by_the_returned_copy():
+    from mailq_db.bounces.parse import parse
+    raw = ("From: MAILER-DAEMON@example.net\r\nTo: bounces@example.com\r\nSubject: failure notice\r\n"
+           "Message-ID: <r10@example.net>\r\n\r\nThis is a permanent error; I've given up. Sorry it didn't work out.\r\n"
+           "\r\n--- Below this line is a copy of the message.\r\n\r\nReturn-Path: <bounces@example.com>\r\n"
+           "Subject: news\r\n\r\nThe offer you asked about does not exist any more.\r\n").encode()
+    assert parse(raw).kind == "soft"  # "does not exist" is our newsletter's text, not the MTA's

@@ -348,10 +348,11 @@ def _plain_text(msg: Message) -> Report | None:
     if not recipients:
         # A bounce that names nobody (some relays strip it): its kind from the
         # words; the reader takes the recipient from the signed VERP token.
-        text = mime.header(msg, "Subject") + "\n" + "\n".join(mime.report_texts(msg))
+        # The report's own words only: the returned copy of our mail may say anything.
+        text = mime.header(msg, "Subject") + "\n" + "\n".join(mime.split_returned(t)[0] for t in mime.report_texts(msg))
         if rules.DELAY_TEXT.search(text) and not rules.PERMANENT_TEXT.search(text):
             return Report("delayed", format="text")
-        return Report("hard" if rules.HARD_TEXT.search(text) else "soft", format="text")
+        return Report(rules.failed_kind(None, text), format="text")
     out = [Recipient(a, _action_for(k), s, k, d) for a, s, k, d in recipients]
     return Report(rules.worst([r.kind for r in out]) or "soft", out, _returned_id(msg), format="text")
 

@@ -284,3 +284,48 @@ def test_a_report_naming_nobody_is_classified_by_its_own_words_not_by_the_return
            "\r\n--- Below this line is a copy of the message.\r\n\r\nReturn-Path: <bounces@example.com>\r\n"
            "Subject: news\r\n\r\nThe offer you asked about does not exist any more.\r\n").encode()
     assert parse(raw).kind == "soft"  # "does not exist" is our newsletter's text, not the MTA's
+
+
+def arf(returned_headers: str, rcpt_to: str = "") -> bytes:
+    return f"""From: feedback@isp.example
+To: abuse@example.com
+Subject: complaint
+Message-ID: <arf11@isp.example>
+MIME-Version: 1.0
+Content-Type: multipart/report; report-type=feedback-report; boundary="B"
+
+--B
+Content-Type: text/plain
+
+complaint
+--B
+Content-Type: message/feedback-report
+
+Feedback-Type: abuse
+Version: 1
+{rcpt_to}
+--B
+Content-Type: text/rfc822-headers
+
+{returned_headers}
+--B--
+""".replace("\n", "\r\n").encode()
+
+
+def test_a_complaint_without_original_rcpt_to_never_suppresses_another_recipient_of_the_mail():
+    # RFC 5965 makes Original-Rcpt-To optional.  Mail 11 went to To: shown and
+    # Bcc: hidden; the complaint came from the hidden one.  The returned To is
+    # a guess that would suppress the wrong address at once, account-wide.
+    queue = FakeBounceQueue([make_mail(11, to_address="shown@example.org", bcc="hidden@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 11, 0)
+    out = reader.process(arf(f"Message-ID: <m11@mailq.example.com>\nX-Mailq-Token: {token}\nTo: shown@example.org\n"),
+                         config(), db(), queue)
+    assert out.action == "nothing" and queue.suppressed == {}
+    # To and Cc naming two addresses: no guess at all
+    from mailq_db.bounces.parse import parse
+    assert parse(arf("To: a@example.org\nCc: b@example.org\n")).recipients == []
+    # a mail with one recipient: the guess is that recipient (the token names it too)
+    queue = FakeBounceQueue([make_mail(12, to_address="one@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 12, 1)
+    out = reader.process(arf(f"X-Mailq-Token: {token}\nTo: one@example.org\n"), config(), db(), queue)
+    assert out.suppressed == ["one@example.org"]

@@ -68,6 +68,8 @@ class Recipient:
     status: str | None  # the enhanced status code, e.g. 5.1.1
     kind: str  # hard | soft | delayed | delivered (per recipient), or complaint / mdn
     diagnostic: str | None = None
+    #: taken from the returned message's headers, not from the report's fields
+    guessed: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {"address": self.address, "action": self.action, "status": self.status}
@@ -192,10 +194,16 @@ def _feedback(msg: Message) -> Report | None:
     values = dsn.group_fields(mime.message_text(parts[0])) if parts else {}
     returned = mime.returned_message(msg)
     candidates = [values.get("original-rcpt-to", ""), values.get("removal-recipient", "")]
-    if returned is not None:
-        candidates.append(mime.header(returned, "To"))
     address = next((a[0] for a in (mime.addresses(c) for c in candidates) if len(a) == 1), None)
-    recipients = [Recipient(address, "delivered", None, "complaint")] if address else []
+    guessed = False
+    if address is None and returned is not None:
+        # No Original-Rcpt-To (RFC 5965 makes it optional; Yahoo and others
+        # omit it): the returned To and Cc, when they name exactly one address.
+        # Only a guess: a Bcc recipient of the mail complains too (the reader
+        # drops it when the token says the mail had several recipients).
+        shown = mime.addresses(mime.header(returned, "To") + ", " + mime.header(returned, "Cc"))
+        address, guessed = (shown[0], True) if len(shown) == 1 else (None, False)
+    recipients = [Recipient(address, "delivered", None, "complaint", guessed=guessed)] if address else []
     return Report("complaint", recipients, _returned_id(msg), format="arf",
                   feedback_type=(values.get("feedback-type") or "abuse").lower())
 

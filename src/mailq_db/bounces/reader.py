@@ -300,8 +300,8 @@ def bounce_recipients(report: Report, token: verp.Token | None) -> list[dict[str
     out = []
     for r in report.recipients:
         kind = KIND_TO_DB.get(r.kind) or KIND_TO_DB.get(report.kind) if r.kind != "delivered" else None
-        if kind is None:
-            continue
+        if kind is None or (r.guessed and token is not None and token.recipient_no == 0):
+            continue  # a guess from the returned headers of a mail with several recipients: maybe the wrong one
         out.append({"address": r.address, "kind": kind, "action": r.action, "status": r.status,
                     "code": _smtp_code(r.diagnostic), "detail": (r.diagnostic or "")[:1000] or None})
     if not out and token is not None and token.recipient_no > 0 and report.kind in KIND_TO_DB:

@@ -329,3 +329,43 @@ def test_a_complaint_without_original_rcpt_to_never_suppresses_another_recipient
     token = SIGNER.token(verp.BOUNCE, 12, 1)
     out = reader.process(arf(f"X-Mailq-Token: {token}\nTo: one@example.org\n"), config(), db(), queue)
     assert out.suppressed == ["one@example.org"]
+
+
+class ListMailbox:
+    """The three calls run_once makes on reader.Mailbox, over a dict of messages."""
+
+    def __init__(self, messages: dict[bytes, bytes]):
+        self.imap = object()
+        self.messages = dict(messages)
+        self.moved: dict[bytes, str] = {}
+
+    def uids(self):
+        return sorted(self.messages)
+
+    def fetch(self, uid):
+        return self.messages[uid]
+
+    def move(self, uid, folder):
+        self.moved[uid] = folder
+        del self.messages[uid]
+
+
+def test_a_message_the_parser_trips_on_stays_and_the_pass_goes_on():
+    # Anyone can mail the bounce mailbox: an SNS-like JSON body with odd fields
+    # used to raise out of run_once, so every later message waited forever.
+    queue = FakeBounceQueue([make_mail(13, to_address="gone@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 13, 1)
+    odd = (b"From: x@example.net\r\nSubject: x\r\n\r\n"
+           b'{"notificationType":"Bounce","bounce":{"bounceType":"Permanent","bouncedRecipients":[{"emailAddress":"x"}]}}')
+    box = ListMailbox({b"1": odd, b"2": dsn(f"bounces+{token}@example.com", "gone@example.org")})
+    summary = reader.run_once(config(), db(), queue, mailbox=box)  # type: ignore[arg-type]
+    assert summary.failed == 1 and summary.recorded == 1 and summary.suppressed == ["gone@example.org"]
+    assert box.moved == {b"2": "mailq-processed"} and b"1" in box.messages  # never deleted
+
+
+def test_an_address_the_procedure_would_refuse_does_not_hold_back_the_rest_of_the_report():
+    from mailq_db.bounces.parse import Recipient, Report
+    report = Report("hard", [Recipient('"a@b"@example.org', "failed", "5.1.1", "hard"),
+                             Recipient("x" * 320 + "@example.org", "failed", "5.1.1", "hard"),
+                             Recipient("gone@example.org", "failed", "5.1.1", "hard")])
+    assert [r["address"] for r in reader.bounce_recipients(report, None)] == ["gone@example.org"]

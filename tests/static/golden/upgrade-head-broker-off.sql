@@ -10496,6 +10496,7 @@ GRANT EXECUTE ON OBJECT::mailq.GetMailHistory TO MailqMonitor;
 GRANT EXECUTE ON OBJECT::mailq.FindMail TO MailqMonitor;
 GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqMonitor;
 GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqMonitor;
+GRANT EXECUTE ON OBJECT::mailq.GetSuppressionStats TO MailqMonitor;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -11162,7 +11163,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.GetQueueMetrics.sql', '5a9711e58d7f9e9dfaf97d40cf7f521ee5e32df4c96c8607ed93bf3d1434a54b'),
     ('0001', N'procedures/mailq.GetMailHistory.sql', '02fe0914facdcef3e905b5034156073f88dee3958917fd57a07a363d8a551133'),
     ('0001', N'procedures/mailq.FindMail.sql', '6d2faada299f95329285dc968d432bc48b73d59773808f8569438907e110b89d'),
-    ('0001', N'security/MailqMonitor.grants.sql', '96ac12fc212d8403dcd69387635d3e45c04da83cc6300849a7b769139de40329'),
+    ('0001', N'security/MailqMonitor.grants.sql', 'fa1f75f71a6c9d7dc5720de0a1c474aa705a06394f6749700448948df59b35cd'),
     ('0001', N'security/MailqAdmin.monitoring.grants.sql', '110850872b0469247a7816029131773eae165f5f5d580e63f37ff786c5aa9f4e'),
     ('0001', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),
     ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '344f758049ec6d83971172a8e551e67c66a4bd44eb28edf21da78650f6c47ac9'),

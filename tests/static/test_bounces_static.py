@@ -31,3 +31,25 @@ def test_every_role_that_runs_mailq_db_stats_may_read_the_suppression_section():
     # `mailq-db stats` calls GetQueueStats, then GetSuppressionStats; a 229 on the
     # second ended the command for MailqMonitor, the read-only role it is run as.
     assert _granted("mailq.GetQueueStats") <= _granted("mailq.GetSuppressionStats")
+
+
+def test_no_output_into_a_table_with_a_check_foreign_key_or_trigger():
+    # SQL Server refuses OUTPUT ... INTO a table with an enabled CHECK constraint
+    # (Msg 333), on either side of a FOREIGN KEY (Msg 332) or with a trigger
+    # (Msg 331): learn.microsoft.com/sql/t-sql/queries/output-clause-transact-sql.
+    # mailq.RemoveSuppression wrote its history row that way into
+    # mailq.SuppressionHistory (CK_SuppressionHistory_Action) and always failed.
+    tables = {f.stem: f.read_text("utf-8") for d in ("tables", "broker") for f in (SQL / d).glob("*.sql")}
+    everything = "\n".join(f.read_text("utf-8") for f in SQL.rglob("*.sql"))
+    targets = set()
+    for f in SQL.rglob("*.sql"):
+        code = re.sub(r"/\*.*?\*/|--[^\n]*", "", f.read_text("utf-8"), flags=re.S)
+        for m in re.finditer(r"\bOUTPUT\s+(?:inserted|deleted)\.[^;]*?\bINTO\s+([\w.]+)", code, re.I | re.S):
+            if not m.group(1).startswith("@"):
+                targets.add((f.name, m.group(1)))
+    assert targets, "the pattern finds the OUTPUT INTO statements"
+    for module, table in sorted(targets):
+        definition = re.sub(r"/\*.*?\*/", "", tables[table], flags=re.S)
+        assert not re.search(r"\bCHECK\s*\(|\bFOREIGN\s+KEY\b", definition, re.I), (module, table)
+        assert not re.search(rf"\bREFERENCES\s+{re.escape(table)}\b", everything, re.I), (module, table)
+        assert not re.search(rf"\bTRIGGER\s+[\w.]+\s+ON\s+{re.escape(table)}\b", everything, re.I), (module, table)

@@ -92,6 +92,15 @@ def test_limits_complaints_and_delays(conn, account):
     assert {"BounceDelayed", "Complained", "Bounced"} <= set(types)
 
 
+def test_two_reports_of_one_bounce_count_once_against_the_limit(conn, account):
+    # A DSN and the relay's own notification (SES by SNS) about one failed delivery.
+    first, second = enqueue(conn, account, None, 2, to_address="twice@example.com")
+    common = dict(source="it", hard_bounce_limit=2, recipients=[{"address": "twice@example.com", "kind": "Hard"}])
+    for report, mail in (("t1", first), ("t2", first), ("t3", second)):
+        rows = procedures.record_bounce(conn, report_key=key(report), mail_id=mail.mail_id, **common)
+        assert rows[0].suppressed == (report == "t3"), report
+
+
 def test_the_sweep_rewrites_queued_mail_stops_the_empty_and_refuses_for_held_mail(conn, account):
     app = new_app(conn, "sweep")
     a, b = enqueue(conn, account, app, 2, to_address="x@example.com; y@example.com")

@@ -53,3 +53,12 @@ def test_no_output_into_a_table_with_a_check_foreign_key_or_trigger():
         assert not re.search(r"\bCHECK\s*\(|\bFOREIGN\s+KEY\b", definition, re.I), (module, table)
         assert not re.search(rf"\bREFERENCES\s+{re.escape(table)}\b", everything, re.I), (module, table)
         assert not re.search(rf"\bTRIGGER\s+[\w.]+\s+ON\s+{re.escape(table)}\b", everything, re.I), (module, table)
+
+
+def test_record_bounce_counts_bounced_mails_not_reports():
+    # What the contract in tests/unit/fake_bounces.py does, in the procedure:
+    # both counts are one per mail (a report without mail counts alone).
+    code = _code("procedures/mailq.RecordBounce.sql")
+    counts = re.findall(r"SELECT (COUNT\([^\n]*\))\s+FROM mailq\.BounceReport AS b", code)
+    assert counts == ["COUNT(DISTINCT COALESCE(CAST(b.MailID AS VARBINARY(8)), b.ReportKey))"] * 2
+    assert "INCLUDE (MailID)" in _code("indexes/mailq.BounceReport.IX_BounceReport_Address.sql")

@@ -369,3 +369,15 @@ def test_an_address_the_procedure_would_refuse_does_not_hold_back_the_rest_of_th
                              Recipient("x" * 320 + "@example.org", "failed", "5.1.1", "hard"),
                              Recipient("gone@example.org", "failed", "5.1.1", "hard")])
     assert [r["address"] for r in reader.bounce_recipients(report, None)] == ["gone@example.org"]
+
+
+def test_two_reports_of_one_bounce_count_once_against_the_hard_bounce_limit():
+    # The DSN to the VERP address and the relay's own notification (SES, by
+    # SNS) are two reports with two Message-IDs about one failed delivery.
+    queue = FakeBounceQueue([make_mail(14, to_address="gone@example.org"), make_mail(15, to_address="gone@example.org")])
+    cfg = config(hard_bounce_limit=2)
+    for mail_id, message_id in ((14, "<a@mx>"), (14, "<b@relay>"), (15, "<c@mx>")):
+        token = SIGNER.token(verp.BOUNCE, mail_id, 1)
+        out = reader.process(dsn(f"bounces+{token}@example.com", "gone@example.org", message_id=message_id),
+                             cfg, db(), queue)
+        assert out.suppressed == ([] if mail_id == 14 else ["gone@example.org"])

@@ -113,6 +113,14 @@ def test_the_sweep_rewrites_queued_mail_stops_the_empty_and_refuses_for_held_mai
     assert mail_row(conn, c.mail_id)["Status"] == "Stopped"
     assert procedures.get_recipient_outcomes(conn, ids=[a.mail_id], lock_token=token) == {
         a.mail_id: {"x@example.com": "Refused"}}
+    # Requeueing a finished mail (the sweep passes it by) leaves the suppressed address out too.
+    expect_error(50600, procedures.requeue_mail, conn, mail_id=c.mail_id, cls=SuppressedRecipientError)
+    (d,) = enqueue(conn, account, app, 1, to_address="z@example.com", cc="w@example.com")
+    execute(conn, "EXEC mailq.StopMail @MailID = ?, @Reason = N'it';", d.mail_id)
+    procedures.add_suppression(conn, account_name=account, address="w@example.com", source="it:dba")
+    procedures.requeue_mail(conn, mail_id=d.mail_id)
+    assert query(conn, "SELECT ToAddress, CC FROM mailq.MailQueue WHERE ID = ?;", d.mail_id) == [("z@example.com", None)]
+    assert ("RecipientSuppressed", "not sent to (suppressed): w@example.com") in events(conn, d.mail_id)
     assert procedures.remove_suppression(conn, account_name=account, address="x@example.com", source="it") == 1
     assert procedures.remove_suppression(conn, account_name=account, address="x@example.com", source="it") == 0
     history = query(conn, "SELECT Action FROM mailq.SuppressionHistory WHERE AccountName = ? AND Address = ? "

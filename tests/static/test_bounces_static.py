@@ -62,3 +62,13 @@ def test_record_bounce_counts_bounced_mails_not_reports():
     counts = re.findall(r"SELECT (COUNT\([^\n]*\))\s+FROM mailq\.BounceReport AS b", code)
     assert counts == ["COUNT(DISTINCT COALESCE(CAST(b.MailID AS VARBINARY(8)), b.ReportKey))"] * 2
     assert "INCLUDE (MailID)" in _code("indexes/mailq.BounceReport.IX_BounceReport_Address.sql")
+
+
+def test_requeue_leaves_out_addresses_suppressed_since_the_mail_was_queued():
+    # The sweep changes only UnSent and Sending mail; RequeueMail is the one way
+    # a finished (Failed, Stopped, ...) mail goes back to UnSent, so it applies
+    # the enqueue rule itself: 50600 when nobody is left, else the lists without them.
+    code = _code("procedures/mailq.RequeueMail.sql")
+    flt = code.index("mailq.FilterSuppressedRecipients(")
+    assert flt < code.index("WITH (UPDLOCK, ROWLOCK)") < code.index("THROW 50600") < code.index("UPDATE q")
+    assert "N'RecipientSuppressed'" in code

@@ -193,7 +193,8 @@ BEGIN
             WHERE b.ReportKey = @ReportKey AND b.Address = r.Address
         );
 
-        -- 2. Which of the new ones reach their limit (the counts include them).
+        -- 2. Which of the new ones reach their limit (the counts include them): one per mail, so two
+        --    reports of one bounce (a DSN and an SES notification) count once; a report without mail counts alone.
         INSERT INTO @Suppress (Address, Reason)
         SELECT
             r.Address,
@@ -203,12 +204,12 @@ BEGIN
         WHERE
             r.Kind = N'Complaint'
             OR (r.Kind = N'Hard' AND (
-                SELECT COUNT(*)
+                SELECT COUNT(DISTINCT COALESCE(CAST(b.MailID AS VARBINARY(8)), b.ReportKey))
                 FROM mailq.BounceReport AS b
                 WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Hard'
             ) >= @HardBounceLimit)
             OR (r.Kind = N'Soft' AND @SoftBounceLimit IS NOT NULL AND (
-                SELECT COUNT(*)
+                SELECT COUNT(DISTINCT COALESCE(CAST(b.MailID AS VARBINARY(8)), b.ReportKey))
                 FROM mailq.BounceReport AS b
                 WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Soft'
             ) >= @SoftBounceLimit);

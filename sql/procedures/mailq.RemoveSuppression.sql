@@ -13,7 +13,7 @@ Errors:      50601 @AccountName missing; 50602 @Address missing or over 320
              characters; 50604 @Source missing or over 200 characters.
 Transaction: opens its own if none is open, else works inside the caller's;
              an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   sets READ COMMITTED itself (one DELETE by the primary key).
+Isolation:   sets READ COMMITTED itself (the row read WITH (UPDLOCK, HOLDLOCK), then deleted).
 Lock order:  mailq.Suppression, then mailq.SuppressionHistory.
 Example:     EXEC mailq.RemoveSuppression @AccountName = N'news', @Address = N'old@example.com',
                  @Source = N'dba:alice', @Detail = N'The customer fixed the mailbox.';
@@ -43,13 +43,14 @@ BEGIN
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
-        DELETE s
-        OUTPUT
-            deleted.AccountName, deleted.Address, deleted.AppName, N'Removed', deleted.Reason, @Source,
-            LEFT(@Detail, 1000), deleted.MailID, @Now
-        INTO mailq.SuppressionHistory (
+        -- History first, then the delete (not OUTPUT INTO: CK_SuppressionHistory_Action forbids it, Msg 333).
+        INSERT INTO mailq.SuppressionHistory (
             AccountName, Address, AppName, Action, Reason, Source, Detail, MailID, OccurredAtUtc
         )
+        SELECT s.AccountName, s.Address, s.AppName, N'Removed', s.Reason, @Source, LEFT(@Detail, 1000), s.MailID, @Now
+        FROM mailq.Suppression AS s WITH (UPDLOCK, HOLDLOCK)
+        WHERE s.AccountName = @AccountName AND s.Address = @Address AND s.AppName = ISNULL(@AppName, N'');
+        DELETE s
         FROM mailq.Suppression AS s
         WHERE s.AccountName = @AccountName AND s.Address = @Address AND s.AppName = ISNULL(@AppName, N'');
         SET @Removed = @@ROWCOUNT;

@@ -6,14 +6,14 @@ is cleared (the mail would otherwise expire at once).
 Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
              @DateToProcess DATETIME2(3) UTC, default now.
 Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
-Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
-             50201 unknown mail; 50205 the mail is not Failed, Cancelled, Expired or Stopped.
+Errors:      50136 @ID missing; 50119 @MaxAttempts out of range; 50201 unknown mail; 50205 the mail
+             is not Failed, Cancelled, Expired or Stopped; 50600 every recipient is suppressed (others: left out).
 Transaction: its own if none is open, else the caller's (no savepoint); an error
              is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
              in a procedure reverts when it returns).
-Lock order:  mailq.MailQueue (clustered row first, as PurgeMail), then
-             mailq.MailEvent (insert).
+Lock order:  mailq.Suppression (key ranges, held: docs/bounces.md), mailq.MailQueue (clustered
+             row first, as PurgeMail), then mailq.MailEvent (insert).
 Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
 */
 CREATE OR ALTER PROCEDURE mailq.RequeueMail
@@ -36,11 +36,19 @@ BEGIN
     END;
     SET @DateToProcess = COALESCE(@DateToProcess, SYSUTCDATETIME());
 
-    DECLARE @Status NVARCHAR(16);
+    DECLARE @Status NVARCHAR(16), @To NVARCHAR(MAX), @CC NVARCHAR(MAX), @BCC NVARCHAR(MAX), @Left INT,
+        @Suppressed NVARCHAR(MAX);
     -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- Addresses suppressed since the mail was queued (the sweep passes finished mail by): left out as at
+        -- enqueue.  Read before the row lock, in the suppression lock order; a finished mail's lists never change.
+        SELECT @To = f.ToAddress, @CC = f.CC, @BCC = f.BCC, @Left = f.EntriesLeft, @Suppressed = f.Suppressed
+        FROM mailq.MailQueue AS q
+        CROSS APPLY mailq.FilterSuppressedRecipients(q.AccountName, q.AppName, q.ToAddress, q.CC, q.BCC) AS f
+        WHERE q.ID = @ID;
 
         -- UPDLOCK: check and change under one lock.
         SELECT @Status = q.Status
@@ -59,6 +67,12 @@ BEGIN
             );
             THROW 50205, @Msg, 1;
         END;
+        IF @Left = 0
+        BEGIN
+            SET @Msg = LEFT(CONCAT(N'Mail ', @ID, N': every recipient is suppressed (mailq.RemoveSuppression first): ',
+                @Suppressed), 2048);
+            THROW 50600, @Msg, 1;
+        END;
 
         UPDATE q
         SET
@@ -67,7 +81,10 @@ BEGIN
             q.VisibleAtUtc = @DateToProcess,
             q.AttemptsRemaining = @MaxAttempts,
             q.ExpiresAtUtc = IIF(q.ExpiresAtUtc > @DateToProcess, q.ExpiresAtUtc, NULL),
-            q.DateProcessed = NULL
+            q.DateProcessed = NULL,
+            q.ToAddress = IIF(@Suppressed IS NULL, q.ToAddress, ISNULL(@To, N'')),
+            q.CC = IIF(@Suppressed IS NULL, q.CC, @CC),
+            q.BCC = IIF(@Suppressed IS NULL, q.BCC, @BCC)
         -- The Requeued event in the same statement (docs/events.md).
         OUTPUT
             inserted.ID, inserted.AppName, N'Requeued', inserted.Status, inserted.AttemptCount,
@@ -75,6 +92,11 @@ BEGIN
         INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT q.ID, q.AppName, N'RecipientSuppressed', q.Status, q.AttemptCount, NULL,
+            LEFT(CONCAT(N'not sent to (suppressed): ', @Suppressed), 4000), SYSUTCDATETIME()
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID AND @Suppressed IS NOT NULL;
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY

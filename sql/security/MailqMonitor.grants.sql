@@ -6,3 +6,4 @@ GRANT EXECUTE ON OBJECT::mailq.GetMailHistory TO MailqMonitor;
 GRANT EXECUTE ON OBJECT::mailq.FindMail TO MailqMonitor;
 GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqMonitor;
 GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqMonitor;
+GRANT EXECUTE ON OBJECT::mailq.GetSuppressionStats TO MailqMonitor;

@@ -92,6 +92,15 @@ def test_limits_complaints_and_delays(conn, account):
     assert {"BounceDelayed", "Complained", "Bounced"} <= set(types)
 
 
+def test_two_reports_of_one_bounce_count_once_against_the_limit(conn, account):
+    # A DSN and the relay's own notification (SES by SNS) about one failed delivery.
+    first, second = enqueue(conn, account, None, 2, to_address="twice@example.com")
+    common = dict(source="it", hard_bounce_limit=2, recipients=[{"address": "twice@example.com", "kind": "Hard"}])
+    for report, mail in (("t1", first), ("t2", first), ("t3", second)):
+        rows = procedures.record_bounce(conn, report_key=key(report), mail_id=mail.mail_id, **common)
+        assert rows[0].suppressed == (report == "t3"), report
+
+
 def test_the_sweep_rewrites_queued_mail_stops_the_empty_and_refuses_for_held_mail(conn, account):
     app = new_app(conn, "sweep")
     a, b = enqueue(conn, account, app, 2, to_address="x@example.com; y@example.com")
@@ -104,6 +113,14 @@ def test_the_sweep_rewrites_queued_mail_stops_the_empty_and_refuses_for_held_mai
     assert mail_row(conn, c.mail_id)["Status"] == "Stopped"
     assert procedures.get_recipient_outcomes(conn, ids=[a.mail_id], lock_token=token) == {
         a.mail_id: {"x@example.com": "Refused"}}
+    # Requeueing a finished mail (the sweep passes it by) leaves the suppressed address out too.
+    expect_error(50600, procedures.requeue_mail, conn, mail_id=c.mail_id, cls=SuppressedRecipientError)
+    (d,) = enqueue(conn, account, app, 1, to_address="z@example.com", cc="w@example.com")
+    execute(conn, "EXEC mailq.StopMail @MailID = ?, @Reason = N'it';", d.mail_id)
+    procedures.add_suppression(conn, account_name=account, address="w@example.com", source="it:dba")
+    procedures.requeue_mail(conn, mail_id=d.mail_id)
+    assert query(conn, "SELECT ToAddress, CC FROM mailq.MailQueue WHERE ID = ?;", d.mail_id) == [("z@example.com", None)]
+    assert ("RecipientSuppressed", "not sent to (suppressed): w@example.com") in events(conn, d.mail_id)
     assert procedures.remove_suppression(conn, account_name=account, address="x@example.com", source="it") == 1
     assert procedures.remove_suppression(conn, account_name=account, address="x@example.com", source="it") == 0
     history = query(conn, "SELECT Action FROM mailq.SuppressionHistory WHERE AccountName = ? AND Address = ? "

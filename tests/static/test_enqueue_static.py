@@ -312,7 +312,9 @@ def test_the_suppression_list_is_checked_once_in_the_core_for_every_enqueue():
     callers = sorted(p.relative_to(SQL).as_posix() for p in SQL.rglob("*.sql")
                      if "mailq.FilterSuppressedRecipients(" in code_only(p.read_text(encoding="utf-8"))
                      and p.name != "mailq.FilterSuppressedRecipients.sql")
-    assert callers == sorted([FILES["core"], "procedures/mailq.ApplySuppressions.sql"])   # enqueue, and the sweep
+    # enqueue, the sweep, and RequeueMail (the one way a finished mail goes back to UnSent)
+    assert callers == sorted([FILES["core"], "procedures/mailq.ApplySuppressions.sql",
+                              "procedures/mailq.RequeueMail.sql"])
     assert BARE["core"].count("mailq.FilterSuppressedRecipients(") == 1
     for key in ("single", "batch"):
         assert "Suppress" not in BARE[key], key

@@ -132,8 +132,8 @@ class FakeBounceQueue(FakeQueue):
                                                  recipient_no=recipient_no), run)
 
     def _limit_reached(self, account: str, address: str, kind: str, hard: int, soft: int | None) -> bool:
-        count = sum(1 for (_, a), v in self.reports.items()
-                    if a == address and v["account"] == account and v["kind"] == kind)
+        count = len({v["mail_id"] if v["mail_id"] is not None else key for (key, a), v in self.reports.items()
+                     if a == address and v["account"] == account and v["kind"] == kind})  # one per mail
         return kind == "Complaint" or (kind == "Hard" and count >= hard) or (
             kind == "Soft" and soft is not None and count >= soft)
 

@@ -258,3 +258,126 @@ def test_a_forwarded_final_recipient_is_recorded_as_the_address_the_mail_was_sen
     token = SIGNER.token(verp.BOUNCE, 9, 1)
     reader.process(dsn(f"bounces+{token}@example.com", "real.mailbox@elsewhere.example"), config(), db(), queue)
     assert ("default", "", "alias@example.org") in queue.suppressed
+
+
+@pytest.mark.parametrize("status, diagnostic", [
+    ("5.1.8", "smtp; 553 5.1.8 <bounces+x@example.com>: Sender address rejected: Domain not found"),
+    ("5.1.0", "smtp; 550 5.1.0 <bounces+x@example.com>: Sender address rejected: User unknown in local recipient table"),
+    ("5.0.0", "smtp; 550-Verification failed for <bounces+x@example.com> 550-Unrouteable address 550 Sender verify failed"),
+])
+def test_a_rejected_return_path_is_soft_and_does_not_suppress_the_recipient(status, diagnostic):
+    # RFC 3463 X.1.7/X.1.8 and these texts are about our envelope sender (the
+    # VERP return path), not the recipient: a hard bounce here would suppress
+    # every good recipient of a receiver that verifies senders.
+    queue = FakeBounceQueue([make_mail(9, to_address="good@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 9, 1)
+    raw = dsn(f"bounces+{token}@example.com", "good@example.org", status=status)
+    raw = raw.replace(f"Diagnostic-Code: smtp; 550 {status} user unknown".encode(), f"Diagnostic-Code: {diagnostic}".encode())
+    out = reader.process(raw, config(), db(), queue)
+    assert out.report.kind == "soft" and out.suppressed == [] and queue.suppressed == {}
+
+
+def test_a_report_naming_nobody_is_classified_by_its_own_words_not_by_the_returned_copy():
+    from mailq_db.bounces.parse import parse
+    raw = ("From: MAILER-DAEMON@example.net\r\nTo: bounces@example.com\r\nSubject: failure notice\r\n"
+           "Message-ID: <r10@example.net>\r\n\r\nThis is a permanent error; I've given up. Sorry it didn't work out.\r\n"
+           "\r\n--- Below this line is a copy of the message.\r\n\r\nReturn-Path: <bounces@example.com>\r\n"
+           "Subject: news\r\n\r\nThe offer you asked about does not exist any more.\r\n").encode()
+    assert parse(raw).kind == "soft"  # "does not exist" is our newsletter's text, not the MTA's
+
+
+def arf(returned_headers: str, rcpt_to: str = "") -> bytes:
+    return f"""From: feedback@isp.example
+To: abuse@example.com
+Subject: complaint
+Message-ID: <arf11@isp.example>
+MIME-Version: 1.0
+Content-Type: multipart/report; report-type=feedback-report; boundary="B"
+
+--B
+Content-Type: text/plain
+
+complaint
+--B
+Content-Type: message/feedback-report
+
+Feedback-Type: abuse
+Version: 1
+{rcpt_to}
+--B
+Content-Type: text/rfc822-headers
+
+{returned_headers}
+--B--
+""".replace("\n", "\r\n").encode()
+
+
+def test_a_complaint_without_original_rcpt_to_never_suppresses_another_recipient_of_the_mail():
+    # RFC 5965 makes Original-Rcpt-To optional.  Mail 11 went to To: shown and
+    # Bcc: hidden; the complaint came from the hidden one.  The returned To is
+    # a guess that would suppress the wrong address at once, account-wide.
+    queue = FakeBounceQueue([make_mail(11, to_address="shown@example.org", bcc="hidden@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 11, 0)
+    out = reader.process(arf(f"Message-ID: <m11@mailq.example.com>\nX-Mailq-Token: {token}\nTo: shown@example.org\n"),
+                         config(), db(), queue)
+    assert out.action == "nothing" and queue.suppressed == {}
+    # To and Cc naming two addresses: no guess at all
+    from mailq_db.bounces.parse import parse
+    assert parse(arf("To: a@example.org\nCc: b@example.org\n")).recipients == []
+    # a mail with one recipient: the guess is that recipient (the token names it too)
+    queue = FakeBounceQueue([make_mail(12, to_address="one@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 12, 1)
+    out = reader.process(arf(f"X-Mailq-Token: {token}\nTo: one@example.org\n"), config(), db(), queue)
+    assert out.suppressed == ["one@example.org"]
+
+
+class ListMailbox:
+    """The three calls run_once makes on reader.Mailbox, over a dict of messages."""
+
+    def __init__(self, messages: dict[bytes, bytes]):
+        self.imap = object()
+        self.messages = dict(messages)
+        self.moved: dict[bytes, str] = {}
+
+    def uids(self):
+        return sorted(self.messages)
+
+    def fetch(self, uid):
+        return self.messages[uid]
+
+    def move(self, uid, folder):
+        self.moved[uid] = folder
+        del self.messages[uid]
+
+
+def test_a_message_the_parser_trips_on_stays_and_the_pass_goes_on():
+    # Anyone can mail the bounce mailbox: an SNS-like JSON body with odd fields
+    # used to raise out of run_once, so every later message waited forever.
+    queue = FakeBounceQueue([make_mail(13, to_address="gone@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 13, 1)
+    odd = (b"From: x@example.net\r\nSubject: x\r\n\r\n"
+           b'{"notificationType":"Bounce","bounce":{"bounceType":"Permanent","bouncedRecipients":[{"emailAddress":"x"}]}}')
+    box = ListMailbox({b"1": odd, b"2": dsn(f"bounces+{token}@example.com", "gone@example.org")})
+    summary = reader.run_once(config(), db(), queue, mailbox=box)  # type: ignore[arg-type]
+    assert summary.failed == 1 and summary.recorded == 1 and summary.suppressed == ["gone@example.org"]
+    assert box.moved == {b"2": "mailq-processed"} and b"1" in box.messages  # never deleted
+
+
+def test_an_address_the_procedure_would_refuse_does_not_hold_back_the_rest_of_the_report():
+    from mailq_db.bounces.parse import Recipient, Report
+    report = Report("hard", [Recipient('"a@b"@example.org', "failed", "5.1.1", "hard"),
+                             Recipient("x" * 320 + "@example.org", "failed", "5.1.1", "hard"),
+                             Recipient("gone@example.org", "failed", "5.1.1", "hard")])
+    assert [r["address"] for r in reader.bounce_recipients(report, None)] == ["gone@example.org"]
+
+
+def test_two_reports_of_one_bounce_count_once_against_the_hard_bounce_limit():
+    # The DSN to the VERP address and the relay's own notification (SES, by
+    # SNS) are two reports with two Message-IDs about one failed delivery.
+    queue = FakeBounceQueue([make_mail(14, to_address="gone@example.org"), make_mail(15, to_address="gone@example.org")])
+    cfg = config(hard_bounce_limit=2)
+    for mail_id, message_id in ((14, "<a@mx>"), (14, "<b@relay>"), (15, "<c@mx>")):
+        token = SIGNER.token(verp.BOUNCE, mail_id, 1)
+        out = reader.process(dsn(f"bounces+{token}@example.com", "gone@example.org", message_id=message_id),
+                             cfg, db(), queue)
+        assert out.suppressed == ([] if mail_id == 14 else ["gone@example.org"])

@@ -68,6 +68,8 @@ class Recipient:
     status: str | None  # the enhanced status code, e.g. 5.1.1
     kind: str  # hard | soft | delayed | delivered (per recipient), or complaint / mdn
     diagnostic: str | None = None
+    #: taken from the returned message's headers, not from the report's fields
+    guessed: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {"address": self.address, "action": self.action, "status": self.status}
@@ -192,10 +194,16 @@ def _feedback(msg: Message) -> Report | None:
     values = dsn.group_fields(mime.message_text(parts[0])) if parts else {}
     returned = mime.returned_message(msg)
     candidates = [values.get("original-rcpt-to", ""), values.get("removal-recipient", "")]
-    if returned is not None:
-        candidates.append(mime.header(returned, "To"))
     address = next((a[0] for a in (mime.addresses(c) for c in candidates) if len(a) == 1), None)
-    recipients = [Recipient(address, "delivered", None, "complaint")] if address else []
+    guessed = False
+    if address is None and returned is not None:
+        # No Original-Rcpt-To (RFC 5965 makes it optional; Yahoo and others
+        # omit it): the returned To and Cc, when they name exactly one address.
+        # Only a guess: a Bcc recipient of the mail complains too (the reader
+        # drops it when the token says the mail had several recipients).
+        shown = mime.addresses(mime.header(returned, "To") + ", " + mime.header(returned, "Cc"))
+        address, guessed = (shown[0], True) if len(shown) == 1 else (None, False)
+    recipients = [Recipient(address, "delivered", None, "complaint", guessed=guessed)] if address else []
     return Report("complaint", recipients, _returned_id(msg), format="arf",
                   feedback_type=(values.get("feedback-type") or "abuse").lower())
 
@@ -348,10 +356,11 @@ def _plain_text(msg: Message) -> Report | None:
     if not recipients:
         # A bounce that names nobody (some relays strip it): its kind from the
         # words; the reader takes the recipient from the signed VERP token.
-        text = mime.header(msg, "Subject") + "\n" + "\n".join(mime.report_texts(msg))
+        # The report's own words only: the returned copy of our mail may say anything.
+        text = mime.header(msg, "Subject") + "\n" + "\n".join(mime.split_returned(t)[0] for t in mime.report_texts(msg))
         if rules.DELAY_TEXT.search(text) and not rules.PERMANENT_TEXT.search(text):
             return Report("delayed", format="text")
-        return Report("hard" if rules.HARD_TEXT.search(text) else "soft", format="text")
+        return Report(rules.failed_kind(None, text), format="text")
     out = [Recipient(a, _action_for(k), s, k, d) for a, s, k, d in recipients]
     return Report(rules.worst([r.kind for r in out]) or "soft", out, _returned_id(msg), format="text")
 

@@ -293,6 +293,12 @@ def _smtp_code(text: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _recordable(address: str | None) -> bool:
+    """One address as mailq.RecordBounce takes it: 1-320 characters, one '@' between non-empty parts."""
+    local, at, domain = (address or "").strip().rpartition("@")
+    return bool(at and local and domain and "@" not in local and len(address or "") <= 320)
+
+
 def bounce_recipients(report: Report, token: verp.Token | None) -> list[dict[str, Any]]:
     """The JSON objects mailq.RecordBounce takes: one per recipient that did not
     get the mail (delivered ones are left out); a report that names nobody but
@@ -300,8 +306,10 @@ def bounce_recipients(report: Report, token: verp.Token | None) -> list[dict[str
     out = []
     for r in report.recipients:
         kind = KIND_TO_DB.get(r.kind) or KIND_TO_DB.get(report.kind) if r.kind != "delivered" else None
-        if kind is None:
-            continue
+        if kind is None or (r.guessed and token is not None and token.recipient_no == 0):
+            continue  # a guess from the returned headers of a mail with several recipients: maybe the wrong one
+        if not _recordable(r.address):
+            continue  # mailq.RecordBounce would refuse the whole report (50602) on every pass
         out.append({"address": r.address, "kind": kind, "action": r.action, "status": r.status,
                     "code": _smtp_code(r.diagnostic), "detail": (r.diagnostic or "")[:1000] or None})
     if not out and token is not None and token.recipient_no > 0 and report.kind in KIND_TO_DB:
@@ -311,7 +319,10 @@ def bounce_recipients(report: Report, token: verp.Token | None) -> list[dict[str
 
 def process(raw: bytes, config: ReaderConfig, db: Any, procs: Any) -> Outcome:
     """Classify one message and record it; raises on a database error (the message stays)."""
-    report = parse(raw)
+    try:
+        report = parse(raw)
+    except Exception as exc:  # anyone can mail this mailbox: a message the parser trips on stops only itself
+        raise ValueError(f"the message cannot be parsed ({type(exc).__name__}: {exc})") from exc
     signer = verp.Signer(config.keys)
     token = signer.find(report.delivered_to, (verp.UNSUBSCRIBE,)) or signer.find(
         [*report.delivered_to, *report.returned_tokens], (verp.BOUNCE,))

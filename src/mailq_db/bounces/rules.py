@@ -9,7 +9,10 @@ most severe of its recipients'):
 * ``soft``: every other failure: mailbox full (4.2.2/5.2.2), the message ran
   out of time (Action failed with a 4.x.x status, e.g. 4.4.7), and policy,
   content or sender rejections (5.7.x): they are about the message or the
-  sending host, not about the address.
+  sending host, not about the address.  A rejection of the *sender* (our VERP
+  return path: X.1.7 and X.1.8 of RFC 3463, "Sender address rejected", a
+  failed sender verification callout) is soft whatever else its text says:
+  "Sender address rejected: User unknown" names no recipient that failed.
 * ``delayed``: a warning only (Action delayed); the report-generating MTA
   keeps trying.
 * ``delivered``: delivered, relayed or expanded (a positive DSN).
@@ -63,6 +66,17 @@ FULL_TEXT = re.compile(
     r"|邮箱已满|邮箱空间不足|空间不足|容量不足|邮箱容量|信箱已满|郵箱已滿",
     re.IGNORECASE,
 )
+#: The receiving side refused the envelope sender (the return path), not the
+#: recipient: Postfix's "Sender address rejected", Exim's "Sender verify
+#: failed" / "Verification failed for <...>", Sendmail's "Domain of sender
+#: address ... does not exist".  RFC 3463 codes X.1.7 and X.1.8 say the same.
+SENDER_TEXT = re.compile(
+    r"sender address rejected|sender verif(?:y|ication) failed|verification failed for <"
+    r"|domain of sender address|sender domain (?:must exist|does not exist|not found|is unknown)"
+    r"|(?:unknown|invalid|bad) sender|sender (?:address )?(?:is )?(?:unknown|invalid|not allowed)",
+    re.IGNORECASE,
+)
+SENDER_CODES = ("5.1.7", "5.1.8", "4.1.7", "4.1.8")
 #: A warning that the MTA keeps trying (plain-text reports).
 DELAY_TEXT = re.compile(
     r"warning message only|has not yet been delivered|not yet been delivered|has been delayed"
@@ -116,6 +130,8 @@ def specific_code(status: str | None, diagnostic: str | None) -> str | None:
 
 def failed_kind(code: str | None, text: str | None) -> str:
     """hard or soft for a recipient whose delivery failed for good."""
+    if code in SENDER_CODES or SENDER_TEXT.search(text or ""):
+        return "soft"  # about our return path, not the recipient's address
     if code is not None and not generic(code):
         # 4.x.x with Action failed ran out of time (e.g. 4.4.7): soft, whatever the words
         return "hard" if code.startswith("5.1.") or code == "5.4.4" else "soft"

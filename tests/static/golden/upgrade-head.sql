@@ -1231,7 +1231,7 @@ IF NOT EXISTS (
 )
 BEGIN
     CREATE NONCLUSTERED INDEX IX_BounceReport_Address
-    ON mailq.BounceReport (AccountName ASC, Address ASC, Kind ASC);
+    ON mailq.BounceReport (AccountName ASC, Address ASC, Kind ASC) INCLUDE (MailID);
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
@@ -4044,14 +4044,14 @@ is cleared (the mail would otherwise expire at once).
 Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
              @DateToProcess DATETIME2(3) UTC, default now.
 Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
-Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
-             50201 unknown mail; 50205 the mail is not Failed, Cancelled, Expired or Stopped.
+Errors:      50136 @ID missing; 50119 @MaxAttempts out of range; 50201 unknown mail; 50205 the mail
+             is not Failed, Cancelled, Expired or Stopped; 50600 every recipient is suppressed (others: left out).
 Transaction: its own if none is open, else the caller's (no savepoint); an error
              is re-raised and dooms the caller's transaction (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
              in a procedure reverts when it returns).
-Lock order:  mailq.MailQueue (clustered row first, as PurgeMail), then
-             mailq.MailEvent (insert).
+Lock order:  mailq.Suppression (key ranges, held: docs/bounces.md), mailq.MailQueue (clustered
+             row first, as PurgeMail), then mailq.MailEvent (insert).
 Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
 */
 CREATE OR ALTER PROCEDURE mailq.RequeueMail
@@ -4074,11 +4074,19 @@ BEGIN
     END;
     SET @DateToProcess = COALESCE(@DateToProcess, SYSUTCDATETIME());
 
-    DECLARE @Status NVARCHAR(16);
+    DECLARE @Status NVARCHAR(16), @To NVARCHAR(MAX), @CC NVARCHAR(MAX), @BCC NVARCHAR(MAX), @Left INT,
+        @Suppressed NVARCHAR(MAX);
     -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
+
+        -- Addresses suppressed since the mail was queued (the sweep passes finished mail by): left out as at
+        -- enqueue.  Read before the row lock, in the suppression lock order; a finished mail's lists never change.
+        SELECT @To = f.ToAddress, @CC = f.CC, @BCC = f.BCC, @Left = f.EntriesLeft, @Suppressed = f.Suppressed
+        FROM mailq.MailQueue AS q
+        CROSS APPLY mailq.FilterSuppressedRecipients(q.AccountName, q.AppName, q.ToAddress, q.CC, q.BCC) AS f
+        WHERE q.ID = @ID;
 
         -- UPDLOCK: check and change under one lock.
         SELECT @Status = q.Status
@@ -4097,6 +4105,12 @@ BEGIN
             );
             THROW 50205, @Msg, 1;
         END;
+        IF @Left = 0
+        BEGIN
+            SET @Msg = LEFT(CONCAT(N'Mail ', @ID, N': every recipient is suppressed (mailq.RemoveSuppression first): ',
+                @Suppressed), 2048);
+            THROW 50600, @Msg, 1;
+        END;
 
         UPDATE q
         SET
@@ -4105,7 +4119,10 @@ BEGIN
             q.VisibleAtUtc = @DateToProcess,
             q.AttemptsRemaining = @MaxAttempts,
             q.ExpiresAtUtc = IIF(q.ExpiresAtUtc > @DateToProcess, q.ExpiresAtUtc, NULL),
-            q.DateProcessed = NULL
+            q.DateProcessed = NULL,
+            q.ToAddress = IIF(@Suppressed IS NULL, q.ToAddress, ISNULL(@To, N'')),
+            q.CC = IIF(@Suppressed IS NULL, q.CC, @CC),
+            q.BCC = IIF(@Suppressed IS NULL, q.BCC, @BCC)
         -- The Requeued event in the same statement (docs/events.md).
         OUTPUT
             inserted.ID, inserted.AppName, N'Requeued', inserted.Status, inserted.AttemptCount,
@@ -4113,6 +4130,11 @@ BEGIN
         INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
+        INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
+        SELECT q.ID, q.AppName, N'RecipientSuppressed', q.Status, q.AttemptCount, NULL,
+            LEFT(CONCAT(N'not sent to (suppressed): ', @Suppressed), 4000), SYSUTCDATETIME()
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @ID AND @Suppressed IS NOT NULL;
 
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
@@ -11554,7 +11576,8 @@ BEGIN
             WHERE b.ReportKey = @ReportKey AND b.Address = r.Address
         );
 
-        -- 2. Which of the new ones reach their limit (the counts include them).
+        -- 2. Which of the new ones reach their limit (the counts include them): one per mail, so two
+        --    reports of one bounce (a DSN and an SES notification) count once; a report without mail counts alone.
         INSERT INTO @Suppress (Address, Reason)
         SELECT
             r.Address,
@@ -11564,12 +11587,12 @@ BEGIN
         WHERE
             r.Kind = N'Complaint'
             OR (r.Kind = N'Hard' AND (
-                SELECT COUNT(*)
+                SELECT COUNT(DISTINCT COALESCE(CAST(b.MailID AS VARBINARY(8)), b.ReportKey))
                 FROM mailq.BounceReport AS b
                 WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Hard'
             ) >= @HardBounceLimit)
             OR (r.Kind = N'Soft' AND @SoftBounceLimit IS NOT NULL AND (
-                SELECT COUNT(*)
+                SELECT COUNT(DISTINCT COALESCE(CAST(b.MailID AS VARBINARY(8)), b.ReportKey))
                 FROM mailq.BounceReport AS b
                 WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Soft'
             ) >= @SoftBounceLimit);
@@ -11921,7 +11944,7 @@ Errors:      50601 @AccountName missing; 50602 @Address missing or over 320
              characters; 50604 @Source missing or over 200 characters.
 Transaction: opens its own if none is open, else works inside the caller's;
              an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   sets READ COMMITTED itself (one DELETE by the primary key).
+Isolation:   sets READ COMMITTED itself (the row read WITH (UPDLOCK, HOLDLOCK), then deleted).
 Lock order:  mailq.Suppression, then mailq.SuppressionHistory.
 Example:     EXEC mailq.RemoveSuppression @AccountName = N'news', @Address = N'old@example.com',
                  @Source = N'dba:alice', @Detail = N'The customer fixed the mailbox.';
@@ -11951,13 +11974,14 @@ BEGIN
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
-        DELETE s
-        OUTPUT
-            deleted.AccountName, deleted.Address, deleted.AppName, N'Removed', deleted.Reason, @Source,
-            LEFT(@Detail, 1000), deleted.MailID, @Now
-        INTO mailq.SuppressionHistory (
+        -- History first, then the delete (not OUTPUT INTO: CK_SuppressionHistory_Action forbids it, Msg 333).
+        INSERT INTO mailq.SuppressionHistory (
             AccountName, Address, AppName, Action, Reason, Source, Detail, MailID, OccurredAtUtc
         )
+        SELECT s.AccountName, s.Address, s.AppName, N'Removed', s.Reason, @Source, LEFT(@Detail, 1000), s.MailID, @Now
+        FROM mailq.Suppression AS s WITH (UPDLOCK, HOLDLOCK)
+        WHERE s.AccountName = @AccountName AND s.Address = @Address AND s.AppName = ISNULL(@AppName, N'');
+        DELETE s
         FROM mailq.Suppression AS s
         WHERE s.AccountName = @AccountName AND s.Address = @Address AND s.AppName = ISNULL(@AppName, N'');
         SET @Removed = @@ROWCOUNT;
@@ -12559,6 +12583,7 @@ GRANT EXECUTE ON OBJECT::mailq.GetMailHistory TO MailqMonitor;
 GRANT EXECUTE ON OBJECT::mailq.FindMail TO MailqMonitor;
 GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqMonitor;
 GRANT EXECUTE ON OBJECT::mailq.GetQueueStats TO MailqMonitor;
+GRANT EXECUTE ON OBJECT::mailq.GetSuppressionStats TO MailqMonitor;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -13246,7 +13271,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'tables/mailq.Suppression.sql', 'da9e2ba03a9d52ecbd98a8c7d3c4c8663428bdea4df27ce0e26af3194aee24d7'),
     ('0001', N'tables/mailq.SuppressionHistory.sql', '6efb2e5781c9679a40f6cd149e97f6e2f66e0095158db20d38e43684f5285782'),
     ('0001', N'tables/mailq.BounceReport.sql', '3c847cd36edbb54e07beaa0348cab68ff64a7c84d542e54dfab19d9ec216d210'),
-    ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_Address.sql', 'bff8bfb95c05c806921a3628158195556c7922881fcc0a662512285441f56be7'),
+    ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_Address.sql', '1d006a9ab08f86c6b7e841955520be45a8e62115c16dab1bef7f9509b0975b76'),
     ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql', '0bbe3c46ba7311580cb4a1a1a2129dcabf614c563a3a71846574b3931ab54175'),
     ('0001', N'functions/mailq.MailRecipientList.sql', '9d3c6d4660576d3a99dd6709014ceef4451f553f069772a306312c047909f9c8'),
     ('0001', N'functions/mailq.FilterSuppressedRecipients.sql', '76da5be94fa56e2c299abce84f30bc062c440bedbd2372f8a923be7981e204ba'),
@@ -13270,7 +13295,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.MarkSent.sql', '63e9c82af22c4c5959473830ffa250aa10bc43819156691de7840eb4f71b143f'),
     ('0001', N'procedures/mailq.MarkFailed.sql', 'dc5bff613a81b325211cb939441da996427f022103a77e9753d9b275e9836e4d'),
     ('0001', N'procedures/mailq.CancelMail.sql', 'fd011090a589a1b3d140220a1c8eac6d7e4f0362bf31ae2fe97e40a6a547bb86'),
-    ('0001', N'procedures/mailq.RequeueMail.sql', '0dab9eb7c2aca0b14c24f8583ef7ba210e4d1b998c893b29a76d47b3e425f9cc'),
+    ('0001', N'procedures/mailq.RequeueMail.sql', '52b71f182cebbf74f1b6ff022890547953b5dde01c62f3c1f4928de64356fe89'),
     ('0001', N'procedures/mailq.PurgeMail.sql', '47b29433eebe42dcc19877f83725d978bbdaa6913d42763a1b5d2b6b338814e9'),
     ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '7b619046925ea5e96a4a8edcd51748ae94c9668161c239a8c3bdcdb818479d9b'),
     ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
@@ -13379,10 +13404,10 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.Suppressions.sql', 'b747c4415e4357b757bfcf2b93ed04b4e73937faf52740e61380bfe885694a8a'),
     ('0001', N'views/mailq.RecentBounceReports.sql', 'fed5cdae95664e0f44799da08f8674094aa16c5f819efa79115661152d6469ae'),
     ('0001', N'procedures/mailq.ApplySuppressions.sql', '16f8f861cf3ceaa9904189b45e68fb2bb4a6105fd509b8dd91c4a39fdef95c37'),
-    ('0001', N'procedures/mailq.RecordBounce.sql', 'c450b4aea421ac69d8c0d1346d00ff88ccb3d12b94c2e2ae1a3e1c4f6824b52b'),
+    ('0001', N'procedures/mailq.RecordBounce.sql', 'bb27614ef40b99ebcd75abc6bf9ff0e3eecbec839512a58d7eae5cad6b7c682d'),
     ('0001', N'procedures/mailq.RecordUnsubscribe.sql', '4064ddf97065b72e62047daaa90f7ba7aea53d4c186b2eda9ba191088ff398f1'),
     ('0001', N'procedures/mailq.AddSuppression.sql', '6b07fb8a2658803abd9ffc4342a1a96e67264205e30e0e0fd20d848ebe8ccfea'),
-    ('0001', N'procedures/mailq.RemoveSuppression.sql', '3d30a2afed34cce917a71ece3078fef398d099ab6787e70ccabae4d7ba4dc46b'),
+    ('0001', N'procedures/mailq.RemoveSuppression.sql', '6fe8fff95b2a07f812d1bc5f00e4cd8538776bb3f76cb974db05407403521279'),
     ('0001', N'procedures/mailq.ListSuppressions.sql', '595d587aced5b52520d31c6c1b9f3805fc5e955663c3c8bd059a0507429cd51d'),
     ('0001', N'procedures/mailq.GetSuppressionStats.sql', '5f4c2514a052c750cf711286e0c44e313305f6a6e39186cc21c02051b5faa4e7'),
     ('0001', N'procedures/mailq.PurgeBounceReports.sql', 'a51c25029e54480925a7f019d4824f9fc01a17c3cad33d9f15d558fcf8a77565'),
@@ -13391,7 +13416,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.GetQueueMetrics.sql', '5a9711e58d7f9e9dfaf97d40cf7f521ee5e32df4c96c8607ed93bf3d1434a54b'),
     ('0001', N'procedures/mailq.GetMailHistory.sql', '02fe0914facdcef3e905b5034156073f88dee3958917fd57a07a363d8a551133'),
     ('0001', N'procedures/mailq.FindMail.sql', '6d2faada299f95329285dc968d432bc48b73d59773808f8569438907e110b89d'),
-    ('0001', N'security/MailqMonitor.grants.sql', '96ac12fc212d8403dcd69387635d3e45c04da83cc6300849a7b769139de40329'),
+    ('0001', N'security/MailqMonitor.grants.sql', 'fa1f75f71a6c9d7dc5720de0a1c474aa705a06394f6749700448948df59b35cd'),
     ('0001', N'security/MailqAdmin.monitoring.grants.sql', '110850872b0469247a7816029131773eae165f5f5d580e63f37ff786c5aa9f4e'),
     ('0001', N'broker/MailqMonitor.delay.grants.sql', '51329ac4e47840b9a08b0d06bb50af9a0579a9bfa973679972fb9433f57982bd'),
     ('0001', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),

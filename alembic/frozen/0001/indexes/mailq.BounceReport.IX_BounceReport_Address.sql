@@ -11,5 +11,5 @@ IF NOT EXISTS (
 )
 BEGIN
     CREATE NONCLUSTERED INDEX IX_BounceReport_Address
-    ON mailq.BounceReport (AccountName ASC, Address ASC, Kind ASC);
+    ON mailq.BounceReport (AccountName ASC, Address ASC, Kind ASC) INCLUDE (MailID);
 END;

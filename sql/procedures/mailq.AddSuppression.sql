@@ -1,33 +1,21 @@
 /*
-mailq.AddSuppression: an operator (or an application's own feedback
-source) suppresses an address for a sending account, or for one
-application on it, and takes it out of the mail already queued for it
+mailq.AddSuppression: suppresses an address for a sending account (or one of
+its applications) and takes it out of the mail already queued for it
 (mailq.ApplySuppressions).  Adding an existing suppression renews it.
-Parameters:  @AccountName NVARCHAR(128), required: a sending account;
-             @Address NVARCHAR(320), required: one address (stored lower-case);
-             @Reason NVARCHAR(16), default 'Manual': Manual, HardBounce,
-             SoftBounce, Complaint or Unsubscribe;
-             @Source NVARCHAR(200), required: who adds it (e.g. 'dba:alice');
-             @AppName NVARCHAR(128), default NULL: every application of the
-             account; else a registered application only;
-             @Detail NVARCHAR(1000), default NULL: why;
-             @ExpiresAtUtc DATETIME2(3), default NULL (forever): a future UTC time.
-Result set:  one row: AccountName, AppName, Address, Reason, SweptMails INT
-             (queued mails that lost the address), StoppedMails INT (those
-             stopped because nobody was left).
-Errors:      50601 @AccountName missing or not a sending account;
-             50602 @Address not one address of 1-320 characters;
-             50603 @Reason not Manual, HardBounce, SoftBounce, Complaint or
-             Unsubscribe; 50604 @Source missing or over 200 characters;
-             50605 @ExpiresAtUtc not in the future; 50606 @AppName not a
-             registered application.
-Transaction: opens its own if none is open, else works inside the caller's;
-             an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   the validation reads are plain reads before the transaction;
-             see mailq.ApplySuppressions for the writes.
-Lock order:  mailq.ApplySuppressions's (mailq.Suppression,
-             mailq.SuppressionHistory, mailq.MailQueue, mailq.MailEvent,
-             mailq.MailRecipientOutcome).
+Parameters:  @AccountName NVARCHAR(128), required; @Address NVARCHAR(320), required
+             (stored lower-case); @Reason NVARCHAR(16) = 'Manual' (Manual, HardBounce,
+             SoftBounce, Complaint, Unsubscribe); @Source NVARCHAR(200), required
+             (who); @AppName NVARCHAR(128) = NULL (every application); @Detail
+             NVARCHAR(1000) = NULL; @ExpiresAtUtc DATETIME2(3) = NULL (forever).
+Result set:  one row: AccountName, AppName, Address, Reason, SweptMails INT,
+             StoppedMails INT (stopped because nobody was left).
+Errors:      50601 @AccountName not a sending account; 50602 @Address not one
+             address of 1-320 characters; 50603 @Reason; 50604 @Source missing or
+             over 200 characters; 50605 @ExpiresAtUtc not in the future; 50606
+             @AppName not a registered application.
+Transaction: its own if none is open, else the caller's; an error dooms either.
+Isolation:   validation reads before the transaction; writes as ApplySuppressions.
+Lock order:  mailq.ApplySuppressions's.
 Example:     EXEC mailq.AddSuppression @AccountName = N'news', @Address = N'old@example.com',
                  @Source = N'dba:alice', @Detail = N'Customer asked by phone.';
 */

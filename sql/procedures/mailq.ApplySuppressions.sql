@@ -1,39 +1,24 @@
 /*
-mailq.ApplySuppressions: (internal: called by AddSuppression, RecordBounce
-and RecordUnsubscribe, granted to nobody) adds or renews suppressions, then
-takes the suppressed addresses out of the mail already queued for them.
-Sweep:       queued mail of the suppressions' accounts (UnSent or Sending,
-             found on IX_MailQueue_ClaimByAccount): UnSent mail loses the
-             addresses from To/CC/BCC (event RecipientSuppressed), or is
-             Stopped when nobody is left (event Stopped); Sending mail, which
-             a worker holds, keeps its lists and gets a Refused recipient
-             outcome per address, so no later attempt sends to it (the attempt
-             under way may).  ClaimMail is untouched: its cost stays bounded
-             by the batch; this sweep reads the accounts' queued mail once
-             per call (one range of the index plus the rows' recipient lists).
-Parameters:  @Suppressions NVARCHAR(MAX), required: a JSON array of objects
-             {"AccountName", "Address" (lower-case), "AppName" (null or "" =
-             every application), "Reason", "Source", "Detail", "MailID",
-             "ExpiresAtUtc"} (FOR JSON PATH of those columns), validated by
-             the caller (the public procedures).
-             @SweptMails INT OUTPUT: queued mails that lost a recipient;
-             @StoppedMails INT OUTPUT: those of them Stopped.
-Result set:  none.
-Errors:      none of its own (the callers validate); SQL Server's errors are
-             re-raised unchanged.
-Transaction: opens its own if none is open, else works inside the caller's;
-             an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   sets READ COMMITTED itself; the suppression rows are read WITH
-             (UPDLOCK, HOLDLOCK) so two writers of one address serialize
-             (mailq.Suppression is not an enqueue hot spot: enqueues only
-             read it); queued mail is locked with UPDLOCK before it is read
-             for the change.  DEADLOCK_PRIORITY LOW: against a claim or an
-             acknowledgement the sweep is the deadlock victim, never a worker.
-Lock order:  mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue
-             (queued rows, U -> X), mailq.MailEvent, mailq.MailRecipientOutcome
-             (docs/bounces.md, "Lock order").  An enqueue holds a shared
-             key-range lock on the address (mailq.FilterSuppressedRecipients),
-             so the insert here waits for that mail to commit and then sweeps it.
+mailq.ApplySuppressions (internal: called by AddSuppression, RecordBounce and
+RecordUnsubscribe; granted to nobody): adds or renews suppressions, then takes the
+addresses out of the accounts' queued mail (IX_MailQueue_ClaimByAccount): UnSent
+mail loses them from To/CC/BCC (event RecipientSuppressed), or is Stopped when
+nobody is left; Sending mail keeps its lists and gets a Refused outcome per
+address, so no later attempt sends to it.  ClaimMail is untouched.
+Parameters:  @Suppressions NVARCHAR(MAX), required: JSON array of {"AccountName",
+             "Address" (lower-case), "AppName" (null or "": every application),
+             "Reason", "Source", "Detail", "MailID", "ExpiresAtUtc"}, validated by
+             the callers; @SweptMails INT OUTPUT, @StoppedMails INT OUTPUT.
+Result set:  none.  Errors: none of its own; SQL Server's are re-raised.
+Transaction: its own if none is open, else the caller's; an error dooms either.
+Isolation:   READ COMMITTED; suppression rows WITH (UPDLOCK, HOLDLOCK) so two
+             writers of one address serialize; queued mail locked with UPDLOCK
+             before it is read for the change.  DEADLOCK_PRIORITY LOW: the sweep,
+             never a worker, is the victim.
+Lock order:  mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue (U -> X),
+             mailq.MailEvent, mailq.MailRecipientOutcome (docs/bounces.md).  An
+             enqueue's shared key-range lock on the address makes the insert here
+             wait for that mail to commit, then sweep it.
 Example:     EXEC mailq.ApplySuppressions @Suppressions = N'[{"AccountName":"news",
                  "Address":"a@example.com","Reason":"Manual","Source":"dba"}]';
 */

@@ -1,53 +1,33 @@
 /*
-mailq.RecordBounce: records what one delivery report says about its
-recipients (the bounce reader, `mailq-db bounces`), once per report and
-recipient, and suppresses the addresses that reached their limit.
-Per recipient, the first time (ReportKey, address) is seen: a row in
-mailq.BounceReport; with a known mail, an event (Bounced for Hard and Soft,
-BounceDelayed, Complained) and, for Hard and Soft, the recipient's outcome
-Refused in mailq.MailRecipientOutcome with the report's code and text;
-then a suppression (mailq.ApplySuppressions, account-wide) for a Complaint
-at once, for Hard when the address has @HardBounceLimit Hard reports on the
-account, for Soft when @SoftBounceLimit is set and reached.  Delayed never
-suppresses.  Reading the same report again changes nothing.
-Parameters:  @ReportKey VARBINARY(32), required: SHA-256 of the report's
-             Message-ID (else of its bytes).
-             @Recipients NVARCHAR(MAX), required: a JSON array of 1-1000
-             objects {"address", "kind": "Hard"|"Soft"|"Delayed"|"Complaint",
-             "action", "status" (enhanced code), "code" (SMTP reply code
-             200-599 or null), "detail"}; "address" may be left out when
-             @RecipientNo names the recipient (the report did not); one
-             address that is not the mail's (a forwarding alias) is replaced
-             by the recipient @RecipientNo names.
-             @Source NVARCHAR(200), required: e.g. 'imap:bounces@example.com'.
-             @AccountName NVARCHAR(128): the account the report belongs to
-             when no mail is known (the reader's configured account); a known
-             mail's own account wins.
-             @MailID BIGINT, @RecipientNo INT: from the report's verified
-             VERP token (mailq_db.bounces.verp); a mail purged since is
-             treated as unknown.
-             @HardBounceLimit INT 1-100, default 1; @SoftBounceLimit INT
-             1-100, default NULL (soft bounces never suppress).
-Result set:  one row per recipient: Address, Kind, MailID, Recorded BIT (0:
-             already recorded), Suppressed BIT (suppressed by this call).
-Errors:      50601 no known mail and @AccountName missing or not an account;
-             50602 a recipient without a valid address (1-320 characters,
-             one @) and no @RecipientNo of the mail to take it from;
-             50604 @Source missing or over 200 characters;
-             50607 @ReportKey not 32 bytes; 50608 a kind not Hard, Soft,
-             Delayed or Complaint; 50609 @Recipients not a JSON array of
-             1-1000 objects; 50610 a limit out of range.
-Transaction: opens its own if none is open, else works inside the caller's;
-             an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   sets READ COMMITTED itself; the report key is checked WITH
-             (UPDLOCK, HOLDLOCK) so two readers of one report record it once.
-Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order
-             (mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue,
-             mailq.MailEvent, mailq.MailRecipientOutcome), then the reported
-             mail's row (mailq.MailQueue), mailq.MailRecipientOutcome,
-             mailq.MailEvent.
+mailq.RecordBounce: records what one delivery report says about its recipients
+(`mailq-db bounces`), once per (report, address), and suppresses the addresses
+that reached their limit: per new recipient a mailq.BounceReport row; with a
+known mail an event (Bounced, BounceDelayed, Complained) and, for Hard and Soft,
+the outcome Refused; a suppression (mailq.ApplySuppressions, account-wide) for a
+Complaint at once, for Hard at @HardBounceLimit distinct mails, for Soft at
+@SoftBounceLimit when set.  Delayed never suppresses.  A report read again changes nothing.
+Parameters:  @ReportKey VARBINARY(32), required: SHA-256 of the report's Message-ID
+             (else of its bytes); @Recipients NVARCHAR(MAX), required: JSON array of
+             1-1000 {"address", "kind": Hard|Soft|Delayed|Complaint, "action",
+             "status", "code" (200-599 or null), "detail"}; "address" may be left out
+             (or be a forwarding alias) when @RecipientNo names the recipient;
+             @Source NVARCHAR(200), required; @AccountName: the account when no mail
+             is known (a known mail's account wins); @MailID BIGINT, @RecipientNo INT:
+             from the verified VERP token (a purged mail counts as unknown);
+             @HardBounceLimit INT 1-100 = 1; @SoftBounceLimit INT 1-100 = NULL (never).
+Result set:  per recipient: Address, Kind, MailID, Recorded BIT (0: already
+             recorded), Suppressed BIT (by this call).
+Errors:      50601 no known mail and no valid @AccountName; 50602 a recipient
+             without a valid address and no @RecipientNo; 50604 @Source; 50607
+             @ReportKey not 32 bytes; 50608 a kind; 50609 @Recipients not a JSON
+             array of 1-1000 objects; 50610 a limit out of range.
+Transaction: its own if none is open, else the caller's; an error dooms either.
+Isolation:   READ COMMITTED; the report key WITH (UPDLOCK, HOLDLOCK): two readers
+             of one report record it once.
+Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order, then the
+             mail's row (mailq.MailQueue), mailq.MailRecipientOutcome, mailq.MailEvent.
 Example:     EXEC mailq.RecordBounce @ReportKey = @Key, @Source = N'imap:bounces@example.com',
-                 @MailID = 101, @Recipients = N'[{"address":"a@example.com","kind":"Hard","status":"5.1.1"}]';
+                 @MailID = 101, @Recipients = N'[{"address":"a@example.com","kind":"Hard"}]';
 */
 CREATE OR ALTER PROCEDURE mailq.RecordBounce
     @ReportKey VARBINARY(32),

@@ -1,30 +1,21 @@
 /*
-mailq.RecordUnsubscribe: a recipient asked to receive no more of this
-mail's stream (RFC 8058 one-click POST, or the List-Unsubscribe mailto:
-read by the bounce reader): suppresses the address for the mail's
-application (for the whole account when the mail has none), records it in
-mailq.BounceReport (Kind Unsubscribe) and writes the event Unsubscribed.
-The caller has verified the link's signed token (mailq_db.bounces.verp),
-which names the mail and the recipient's number in it.
-Idempotent: a second request for one (mail, recipient) records nothing
-new; it re-applies the suppression only if an operator removed it since.
+mailq.RecordUnsubscribe: a recipient asked for no more of this mail's stream
+(RFC 8058 one-click POST, or List-Unsubscribe mailto: read by the bounce reader;
+the caller verified the signed token): suppresses the address for the mail's
+application (the whole account when it has none), records a mailq.BounceReport
+row (Kind Unsubscribe) and the event Unsubscribed.  Idempotent per (mail,
+recipient); re-applies the suppression only if an operator removed it since.
 Parameters:  @MailID BIGINT, required; @RecipientNo INT, required: 1-based
-             number of the recipient (mailq.MailRecipientList);
-             @Source NVARCHAR(200), required: 'unsubscribe-url' or
-             'unsubscribe-mailto' and where it came from.
-Result set:  one row: MailID, AccountName, AppName, Address, Recorded BIT
-             (0: this recipient had already unsubscribed from this mail).
-Errors:      50604 @Source missing or over 200 characters; 50611 no such
-             mail (unknown, or purged: the link outlived the mail's
-             retention, docs/bounces.md); 50612 @RecipientNo is not a
+             (mailq.MailRecipientList); @Source NVARCHAR(200), required.
+Result set:  one row: MailID, AccountName, AppName, Address, Recorded BIT (0:
+             already unsubscribed from this mail).
+Errors:      50604 @Source missing or over 200 characters; 50611 no such mail
+             (unknown, or purged: docs/bounces.md); 50612 @RecipientNo not a
              recipient number of that mail.
-Transaction: opens its own if none is open, else works inside the caller's;
-             an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   sets READ COMMITTED itself; the report key is checked WITH
-             (UPDLOCK, HOLDLOCK) so two clicks record one unsubscribe.
-Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order
-             (mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue,
-             mailq.MailEvent, mailq.MailRecipientOutcome), then mailq.MailEvent.
+Transaction: its own if none is open, else the caller's; an error dooms either.
+Isolation:   READ COMMITTED; the report key WITH (UPDLOCK, HOLDLOCK): two clicks
+             record one unsubscribe.
+Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order, then mailq.MailEvent.
 Example:     EXEC mailq.RecordUnsubscribe @MailID = 101, @RecipientNo = 1, @Source = N'unsubscribe-url';
 */
 CREATE OR ALTER PROCEDURE mailq.RecordUnsubscribe

@@ -11102,41 +11102,26 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplySuppressions: (internal: called by AddSuppression, RecordBounce
-and RecordUnsubscribe, granted to nobody) adds or renews suppressions, then
-takes the suppressed addresses out of the mail already queued for them.
-Sweep:       queued mail of the suppressions' accounts (UnSent or Sending,
-             found on IX_MailQueue_ClaimByAccount): UnSent mail loses the
-             addresses from To/CC/BCC (event RecipientSuppressed), or is
-             Stopped when nobody is left (event Stopped); Sending mail, which
-             a worker holds, keeps its lists and gets a Refused recipient
-             outcome per address, so no later attempt sends to it (the attempt
-             under way may).  ClaimMail is untouched: its cost stays bounded
-             by the batch; this sweep reads the accounts' queued mail once
-             per call (one range of the index plus the rows' recipient lists).
-Parameters:  @Suppressions NVARCHAR(MAX), required: a JSON array of objects
-             {"AccountName", "Address" (lower-case), "AppName" (null or "" =
-             every application), "Reason", "Source", "Detail", "MailID",
-             "ExpiresAtUtc"} (FOR JSON PATH of those columns), validated by
-             the caller (the public procedures).
-             @SweptMails INT OUTPUT: queued mails that lost a recipient;
-             @StoppedMails INT OUTPUT: those of them Stopped.
-Result set:  none.
-Errors:      none of its own (the callers validate); SQL Server's errors are
-             re-raised unchanged.
-Transaction: opens its own if none is open, else works inside the caller's;
-             an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   sets READ COMMITTED itself; the suppression rows are read WITH
-             (UPDLOCK, HOLDLOCK) so two writers of one address serialize
-             (mailq.Suppression is not an enqueue hot spot: enqueues only
-             read it); queued mail is locked with UPDLOCK before it is read
-             for the change.  DEADLOCK_PRIORITY LOW: against a claim or an
-             acknowledgement the sweep is the deadlock victim, never a worker.
-Lock order:  mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue
-             (queued rows, U -> X), mailq.MailEvent, mailq.MailRecipientOutcome
-             (docs/bounces.md, "Lock order").  An enqueue holds a shared
-             key-range lock on the address (mailq.FilterSuppressedRecipients),
-             so the insert here waits for that mail to commit and then sweeps it.
+mailq.ApplySuppressions (internal: called by AddSuppression, RecordBounce and
+RecordUnsubscribe; granted to nobody): adds or renews suppressions, then takes the
+addresses out of the accounts' queued mail (IX_MailQueue_ClaimByAccount): UnSent
+mail loses them from To/CC/BCC (event RecipientSuppressed), or is Stopped when
+nobody is left; Sending mail keeps its lists and gets a Refused outcome per
+address, so no later attempt sends to it.  ClaimMail is untouched.
+Parameters:  @Suppressions NVARCHAR(MAX), required: JSON array of {"AccountName",
+             "Address" (lower-case), "AppName" (null or "": every application),
+             "Reason", "Source", "Detail", "MailID", "ExpiresAtUtc"}, validated by
+             the callers; @SweptMails INT OUTPUT, @StoppedMails INT OUTPUT.
+Result set:  none.  Errors: none of its own; SQL Server's are re-raised.
+Transaction: its own if none is open, else the caller's; an error dooms either.
+Isolation:   READ COMMITTED; suppression rows WITH (UPDLOCK, HOLDLOCK) so two
+             writers of one address serialize; queued mail locked with UPDLOCK
+             before it is read for the change.  DEADLOCK_PRIORITY LOW: the sweep,
+             never a worker, is the victim.
+Lock order:  mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue (U -> X),
+             mailq.MailEvent, mailq.MailRecipientOutcome (docs/bounces.md).  An
+             enqueue's shared key-range lock on the address makes the insert here
+             wait for that mail to commit, then sweep it.
 Example:     EXEC mailq.ApplySuppressions @Suppressions = N'[{"AccountName":"news",
                  "Address":"a@example.com","Reason":"Manual","Source":"dba"}]';
 */
@@ -11382,55 +11367,35 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RecordBounce: records what one delivery report says about its
-recipients (the bounce reader, `mailq-db bounces`), once per report and
-recipient, and suppresses the addresses that reached their limit.
-Per recipient, the first time (ReportKey, address) is seen: a row in
-mailq.BounceReport; with a known mail, an event (Bounced for Hard and Soft,
-BounceDelayed, Complained) and, for Hard and Soft, the recipient's outcome
-Refused in mailq.MailRecipientOutcome with the report's code and text;
-then a suppression (mailq.ApplySuppressions, account-wide) for a Complaint
-at once, for Hard when the address has @HardBounceLimit Hard reports on the
-account, for Soft when @SoftBounceLimit is set and reached.  Delayed never
-suppresses.  Reading the same report again changes nothing.
-Parameters:  @ReportKey VARBINARY(32), required: SHA-256 of the report's
-             Message-ID (else of its bytes).
-             @Recipients NVARCHAR(MAX), required: a JSON array of 1-1000
-             objects {"address", "kind": "Hard"|"Soft"|"Delayed"|"Complaint",
-             "action", "status" (enhanced code), "code" (SMTP reply code
-             200-599 or null), "detail"}; "address" may be left out when
-             @RecipientNo names the recipient (the report did not); one
-             address that is not the mail's (a forwarding alias) is replaced
-             by the recipient @RecipientNo names.
-             @Source NVARCHAR(200), required: e.g. 'imap:bounces@example.com'.
-             @AccountName NVARCHAR(128): the account the report belongs to
-             when no mail is known (the reader's configured account); a known
-             mail's own account wins.
-             @MailID BIGINT, @RecipientNo INT: from the report's verified
-             VERP token (mailq_db.bounces.verp); a mail purged since is
-             treated as unknown.
-             @HardBounceLimit INT 1-100, default 1; @SoftBounceLimit INT
-             1-100, default NULL (soft bounces never suppress).
-Result set:  one row per recipient: Address, Kind, MailID, Recorded BIT (0:
-             already recorded), Suppressed BIT (suppressed by this call).
-Errors:      50601 no known mail and @AccountName missing or not an account;
-             50602 a recipient without a valid address (1-320 characters,
-             one @) and no @RecipientNo of the mail to take it from;
-             50604 @Source missing or over 200 characters;
-             50607 @ReportKey not 32 bytes; 50608 a kind not Hard, Soft,
-             Delayed or Complaint; 50609 @Recipients not a JSON array of
-             1-1000 objects; 50610 a limit out of range.
-Transaction: opens its own if none is open, else works inside the caller's;
-             an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   sets READ COMMITTED itself; the report key is checked WITH
-             (UPDLOCK, HOLDLOCK) so two readers of one report record it once.
-Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order
-             (mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue,
-             mailq.MailEvent, mailq.MailRecipientOutcome), then the reported
-             mail's row (mailq.MailQueue), mailq.MailRecipientOutcome,
-             mailq.MailEvent.
+mailq.RecordBounce: records what one delivery report says about its recipients
+(`mailq-db bounces`), once per (report, address), and suppresses the addresses
+that reached their limit: per new recipient a mailq.BounceReport row; with a
+known mail an event (Bounced, BounceDelayed, Complained) and, for Hard and Soft,
+the outcome Refused; a suppression (mailq.ApplySuppressions, account-wide) for a
+Complaint at once, for Hard at @HardBounceLimit distinct mails, for Soft at
+@SoftBounceLimit when set.  Delayed never suppresses.  A report read again changes nothing.
+Parameters:  @ReportKey VARBINARY(32), required: SHA-256 of the report's Message-ID
+             (else of its bytes); @Recipients NVARCHAR(MAX), required: JSON array of
+             1-1000 {"address", "kind": Hard|Soft|Delayed|Complaint, "action",
+             "status", "code" (200-599 or null), "detail"}; "address" may be left out
+             (or be a forwarding alias) when @RecipientNo names the recipient;
+             @Source NVARCHAR(200), required; @AccountName: the account when no mail
+             is known (a known mail's account wins); @MailID BIGINT, @RecipientNo INT:
+             from the verified VERP token (a purged mail counts as unknown);
+             @HardBounceLimit INT 1-100 = 1; @SoftBounceLimit INT 1-100 = NULL (never).
+Result set:  per recipient: Address, Kind, MailID, Recorded BIT (0: already
+             recorded), Suppressed BIT (by this call).
+Errors:      50601 no known mail and no valid @AccountName; 50602 a recipient
+             without a valid address and no @RecipientNo; 50604 @Source; 50607
+             @ReportKey not 32 bytes; 50608 a kind; 50609 @Recipients not a JSON
+             array of 1-1000 objects; 50610 a limit out of range.
+Transaction: its own if none is open, else the caller's; an error dooms either.
+Isolation:   READ COMMITTED; the report key WITH (UPDLOCK, HOLDLOCK): two readers
+             of one report record it once.
+Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order, then the
+             mail's row (mailq.MailQueue), mailq.MailRecipientOutcome, mailq.MailEvent.
 Example:     EXEC mailq.RecordBounce @ReportKey = @Key, @Source = N'imap:bounces@example.com',
-                 @MailID = 101, @Recipients = N'[{"address":"a@example.com","kind":"Hard","status":"5.1.1"}]';
+                 @MailID = 101, @Recipients = N'[{"address":"a@example.com","kind":"Hard"}]';
 */
 CREATE OR ALTER PROCEDURE mailq.RecordBounce
     @ReportKey VARBINARY(32),
@@ -11683,32 +11648,23 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RecordUnsubscribe: a recipient asked to receive no more of this
-mail's stream (RFC 8058 one-click POST, or the List-Unsubscribe mailto:
-read by the bounce reader): suppresses the address for the mail's
-application (for the whole account when the mail has none), records it in
-mailq.BounceReport (Kind Unsubscribe) and writes the event Unsubscribed.
-The caller has verified the link's signed token (mailq_db.bounces.verp),
-which names the mail and the recipient's number in it.
-Idempotent: a second request for one (mail, recipient) records nothing
-new; it re-applies the suppression only if an operator removed it since.
+mailq.RecordUnsubscribe: a recipient asked for no more of this mail's stream
+(RFC 8058 one-click POST, or List-Unsubscribe mailto: read by the bounce reader;
+the caller verified the signed token): suppresses the address for the mail's
+application (the whole account when it has none), records a mailq.BounceReport
+row (Kind Unsubscribe) and the event Unsubscribed.  Idempotent per (mail,
+recipient); re-applies the suppression only if an operator removed it since.
 Parameters:  @MailID BIGINT, required; @RecipientNo INT, required: 1-based
-             number of the recipient (mailq.MailRecipientList);
-             @Source NVARCHAR(200), required: 'unsubscribe-url' or
-             'unsubscribe-mailto' and where it came from.
-Result set:  one row: MailID, AccountName, AppName, Address, Recorded BIT
-             (0: this recipient had already unsubscribed from this mail).
-Errors:      50604 @Source missing or over 200 characters; 50611 no such
-             mail (unknown, or purged: the link outlived the mail's
-             retention, docs/bounces.md); 50612 @RecipientNo is not a
+             (mailq.MailRecipientList); @Source NVARCHAR(200), required.
+Result set:  one row: MailID, AccountName, AppName, Address, Recorded BIT (0:
+             already unsubscribed from this mail).
+Errors:      50604 @Source missing or over 200 characters; 50611 no such mail
+             (unknown, or purged: docs/bounces.md); 50612 @RecipientNo not a
              recipient number of that mail.
-Transaction: opens its own if none is open, else works inside the caller's;
-             an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   sets READ COMMITTED itself; the report key is checked WITH
-             (UPDLOCK, HOLDLOCK) so two clicks record one unsubscribe.
-Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order
-             (mailq.Suppression, mailq.SuppressionHistory, mailq.MailQueue,
-             mailq.MailEvent, mailq.MailRecipientOutcome), then mailq.MailEvent.
+Transaction: its own if none is open, else the caller's; an error dooms either.
+Isolation:   READ COMMITTED; the report key WITH (UPDLOCK, HOLDLOCK): two clicks
+             record one unsubscribe.
+Lock order:  mailq.BounceReport, then mailq.ApplySuppressions's order, then mailq.MailEvent.
 Example:     EXEC mailq.RecordUnsubscribe @MailID = 101, @RecipientNo = 1, @Source = N'unsubscribe-url';
 */
 CREATE OR ALTER PROCEDURE mailq.RecordUnsubscribe
@@ -11821,35 +11777,23 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.AddSuppression: an operator (or an application's own feedback
-source) suppresses an address for a sending account, or for one
-application on it, and takes it out of the mail already queued for it
+mailq.AddSuppression: suppresses an address for a sending account (or one of
+its applications) and takes it out of the mail already queued for it
 (mailq.ApplySuppressions).  Adding an existing suppression renews it.
-Parameters:  @AccountName NVARCHAR(128), required: a sending account;
-             @Address NVARCHAR(320), required: one address (stored lower-case);
-             @Reason NVARCHAR(16), default 'Manual': Manual, HardBounce,
-             SoftBounce, Complaint or Unsubscribe;
-             @Source NVARCHAR(200), required: who adds it (e.g. 'dba:alice');
-             @AppName NVARCHAR(128), default NULL: every application of the
-             account; else a registered application only;
-             @Detail NVARCHAR(1000), default NULL: why;
-             @ExpiresAtUtc DATETIME2(3), default NULL (forever): a future UTC time.
-Result set:  one row: AccountName, AppName, Address, Reason, SweptMails INT
-             (queued mails that lost the address), StoppedMails INT (those
-             stopped because nobody was left).
-Errors:      50601 @AccountName missing or not a sending account;
-             50602 @Address not one address of 1-320 characters;
-             50603 @Reason not Manual, HardBounce, SoftBounce, Complaint or
-             Unsubscribe; 50604 @Source missing or over 200 characters;
-             50605 @ExpiresAtUtc not in the future; 50606 @AppName not a
-             registered application.
-Transaction: opens its own if none is open, else works inside the caller's;
-             an error dooms either (XACT_ABORT ON) and is re-raised.
-Isolation:   the validation reads are plain reads before the transaction;
-             see mailq.ApplySuppressions for the writes.
-Lock order:  mailq.ApplySuppressions's (mailq.Suppression,
-             mailq.SuppressionHistory, mailq.MailQueue, mailq.MailEvent,
-             mailq.MailRecipientOutcome).
+Parameters:  @AccountName NVARCHAR(128), required; @Address NVARCHAR(320), required
+             (stored lower-case); @Reason NVARCHAR(16) = 'Manual' (Manual, HardBounce,
+             SoftBounce, Complaint, Unsubscribe); @Source NVARCHAR(200), required
+             (who); @AppName NVARCHAR(128) = NULL (every application); @Detail
+             NVARCHAR(1000) = NULL; @ExpiresAtUtc DATETIME2(3) = NULL (forever).
+Result set:  one row: AccountName, AppName, Address, Reason, SweptMails INT,
+             StoppedMails INT (stopped because nobody was left).
+Errors:      50601 @AccountName not a sending account; 50602 @Address not one
+             address of 1-320 characters; 50603 @Reason; 50604 @Source missing or
+             over 200 characters; 50605 @ExpiresAtUtc not in the future; 50606
+             @AppName not a registered application.
+Transaction: its own if none is open, else the caller's; an error dooms either.
+Isolation:   validation reads before the transaction; writes as ApplySuppressions.
+Lock order:  mailq.ApplySuppressions's.
 Example:     EXEC mailq.AddSuppression @AccountName = N'news', @Address = N'old@example.com',
                  @Source = N'dba:alice', @Detail = N'Customer asked by phone.';
 */
@@ -13403,10 +13347,10 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqBounceReader.role.sql', '5a85dbbd3a7336a5982c6c24fe1c6487632c6410261401aadac0614ef4e20eaa'),
     ('0001', N'views/mailq.Suppressions.sql', 'b747c4415e4357b757bfcf2b93ed04b4e73937faf52740e61380bfe885694a8a'),
     ('0001', N'views/mailq.RecentBounceReports.sql', 'fed5cdae95664e0f44799da08f8674094aa16c5f819efa79115661152d6469ae'),
-    ('0001', N'procedures/mailq.ApplySuppressions.sql', '16f8f861cf3ceaa9904189b45e68fb2bb4a6105fd509b8dd91c4a39fdef95c37'),
-    ('0001', N'procedures/mailq.RecordBounce.sql', 'bb27614ef40b99ebcd75abc6bf9ff0e3eecbec839512a58d7eae5cad6b7c682d'),
-    ('0001', N'procedures/mailq.RecordUnsubscribe.sql', '4064ddf97065b72e62047daaa90f7ba7aea53d4c186b2eda9ba191088ff398f1'),
-    ('0001', N'procedures/mailq.AddSuppression.sql', '6b07fb8a2658803abd9ffc4342a1a96e67264205e30e0e0fd20d848ebe8ccfea'),
+    ('0001', N'procedures/mailq.ApplySuppressions.sql', 'e02ca9e09ad1e7216000bbe2e836c5630e3bc1cc97ea84b2f203fc89d0f79114'),
+    ('0001', N'procedures/mailq.RecordBounce.sql', '2dc7e72e75fecd87acf9872439de25bba8cacf5d98784e5b6d227896a4aff75f'),
+    ('0001', N'procedures/mailq.RecordUnsubscribe.sql', '199897c56bb917659839c1c4deb138f96b3cb6558b503b24583e39e35d4cf8a8'),
+    ('0001', N'procedures/mailq.AddSuppression.sql', '870b71508b681fa8ddc576231070c7726ef5c753537b8802396ddb03842fbcfa'),
     ('0001', N'procedures/mailq.RemoveSuppression.sql', '6fe8fff95b2a07f812d1bc5f00e4cd8538776bb3f76cb974db05407403521279'),
     ('0001', N'procedures/mailq.ListSuppressions.sql', '595d587aced5b52520d31c6c1b9f3805fc5e955663c3c8bd059a0507429cd51d'),
     ('0001', N'procedures/mailq.GetSuppressionStats.sql', '5f4c2514a052c750cf711286e0c44e313305f6a6e39186cc21c02051b5faa4e7'),

@@ -1,28 +1,21 @@
 /*
-mailq.BindApplication: allows an application to send through a sending
-account and/or as a From address or domain, and/or maps a database user to
-the application (issue 10, point 10).  Binding twice changes nothing;
-mapping a user that is mapped to another application moves it.
+mailq.BindApplication: lets an application send through a sending account and/or as a From
+address or domain, and/or maps a database user to it.  Binding twice changes nothing; mapping
+a user mapped to another application moves it.
 Parameters:  @AppName NVARCHAR(128), required: a registered application
              @AccountName NVARCHAR(128), optional: a sending account
-             @FromAddress NVARCHAR(320), optional: one bare address
-                        ('billing@example.com') or a domain ('@example.com');
+             @FromAddress NVARCHAR(320), optional: one bare address or '@example.com';
                         stored in lower case, matched case-insensitively
-             @PrincipalName sysname, optional: a database user whose mail
-                        will always carry this application (mailq.ApplicationPrincipal)
+             @PrincipalName sysname, optional: a database user whose mail always carries
+                        this application (mailq.ApplicationPrincipal)
              At least one of @AccountName, @FromAddress and @PrincipalName.
 Result set:  none.
-Errors:      50145 @AppName missing; 50115 unknown application;
-             50114 unknown account; 50164 none of @AccountName, @FromAddress,
-             @PrincipalName; 50165 @FromAddress neither one address nor '@domain';
+Errors:      50145 @AppName missing; 50115 unknown application; 50114 unknown account;
+             50164 nothing to bind; 50165 @FromAddress neither one address nor '@domain';
              50169 @PrincipalName is not a database user.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
-             dooms or rolls back the caller's transaction.
-Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on
-             small admin tables, where a key-range lock costs nothing).
-Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
-             mailq.ApplicationPrincipal.
+Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED (UPDLOCK, HOLDLOCK insert-if-absent on small admin tables).
+Lock order:  mailq.ApplicationAccount, mailq.ApplicationFrom, mailq.ApplicationPrincipal.
 Example:     EXEC mailq.BindApplication @AppName = N'billing', @AccountName = N'qq',
                  @FromAddress = N'@billing.example.com';
 */
@@ -35,7 +28,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
         THROW 50145, N'@AppName is required.', 1;
@@ -55,9 +47,7 @@ BEGIN
         SET @Msg = CONCAT(N'@AccountName ''', LEFT(@AccountName, 128), N''' is not a sending account.');
         THROW 50114, @Msg, 1;
     END;
-
-    -- A database user (SQL, Windows, Entra ID, without login...), not a role:
-    -- EnqueueMail compares USER_NAME(), which is always a user.
+    -- A user, not a role: EnqueueMail compares USER_NAME().
     IF
         @PrincipalName IS NOT NULL
         AND NOT EXISTS (
@@ -69,7 +59,6 @@ BEGIN
         SET @Msg = CONCAT(N'@PrincipalName ''', LEFT(@PrincipalName, 128), N''' is not a database user.');
         THROW 50169, @Msg, 1;
     END;
-
     DECLARE @Pattern NVARCHAR(320);
     IF @FromAddress IS NOT NULL
     BEGIN
@@ -92,13 +81,10 @@ BEGIN
             THROW 50165, @Msg, 1;
         END;
     END;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK, HOLDLOCK: insert-if-absent on an admin table that only
-        -- administrators write; its range locks never meet the enqueue path.
+        -- UPDLOCK, HOLDLOCK: admin-only tables; their range locks never meet the enqueue path.
         IF
             @AccountName IS NOT NULL
             AND NOT EXISTS (
@@ -108,7 +94,6 @@ BEGIN
             )
             INSERT INTO mailq.ApplicationAccount (AppName, AccountName)
             VALUES (@AppName, @AccountName);
-
         IF
             @Pattern IS NOT NULL
             AND NOT EXISTS (
@@ -118,7 +103,6 @@ BEGIN
             )
             INSERT INTO mailq.ApplicationFrom (AppName, FromPattern)
             VALUES (@AppName, @Pattern);
-
         IF @PrincipalName IS NOT NULL
         BEGIN
             UPDATE u
@@ -129,12 +113,9 @@ BEGIN
                 INSERT INTO mailq.ApplicationPrincipal (PrincipalName, AppName)
                 VALUES (@PrincipalName, @AppName);
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -1,16 +1,12 @@
 /*
-mailq.AcquireLoginSlot: grants a worker's login to an account's SMTP server, stamping
-mailq.SendingAccount.LastLoginAtUtc, or says how long to wait: logins on one account stay
-MinLoginIntervalMs apart across all workers (no interval, NULL: always granted).
+mailq.AcquireLoginSlot: grants a worker's SMTP login to an account (stamping LastLoginAtUtc) or
+says how long to wait, so logins on one account stay MinLoginIntervalMs apart across all workers.
 Parameters:  @AccountName NVARCHAR(128), required: an existing sending account.
-Result set:  one row: Granted BIT, WaitMs INT (0 when granted, else at most the interval),
-             MinLoginIntervalMs INT (NULL = none), LastLoginAtUtc DATETIME2(3) (stamp in force).
+Result set:  one row: Granted BIT, WaitMs INT (0 when granted), MinLoginIntervalMs, LastLoginAtUtc.
 Errors:      50123 @AccountName missing; 50103 over 128 characters; 50270 no such account.
-Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED; decision and stamp are one UPDATE by key, U-locked even
-             under RCSI: never two grants within one interval.
-Lock order:  mailq.SendingAccount only (one row, by key).
-Example:     EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED;
+             one UPDATE by key (U-locked, also under RCSI) decides and stamps: never two grants.
+Lock order:  mailq.SendingAccount only (one row).  Example: EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
 */
 CREATE OR ALTER PROCEDURE mailq.AcquireLoginSlot
     @AccountName NVARCHAR(4000)

@@ -1,22 +1,15 @@
 /*
-mailq.AddMailTemplateVersion: stores a new version of a mail template (version 1 of a new
-name); versions never change.  Texts byte-equal to the latest add nothing (@Created 0), so
-deploying twice is harmless.  mailq_db.templates.check_template compiles them beforehand.
-Parameters:  @TemplateName NVARCHAR(128), required: 1-128 of A-Z a-z 0-9 . _ -
-             @SubjectTemplate, required, 1-4000 characters
-             @HtmlTemplate, @TextTemplate: up to 2,000,000 characters, at least one (N'' = none)
-             @Description NVARCHAR(400): NULL keeps the current one
-             @ExpectedLatestVersion INT: refuse unless the latest is this one (0: a new name)
-             @Version INT OUTPUT, @Created BIT OUTPUT
-Errors:      50210 @TemplateName; 50211 @SubjectTemplate; 50212 no body or one too long;
-             50213 @Description too long; 50214 @ExpectedLatestVersion negative; 50216 the
-             template is retired; 50217 the latest version is not @ExpectedLatestVersion.
+mailq.AddMailTemplateVersion: stores a new, never-changing version of a mail template (1 for a new
+name); texts byte-equal to the latest add nothing (@Created 0), so redeploying is harmless.
+Parameters:  @TemplateName NVARCHAR(128) (A-Z a-z 0-9 . _ -), @SubjectTemplate (1-4000), required;
+             @HtmlTemplate, @TextTemplate: at least one, up to 2,000,000 characters; @Description NVARCHAR(400)
+             (NULL keeps it); @ExpectedLatestVersion INT (0: a new name); @Version, @Created OUTPUT
+Errors:      50210 @TemplateName; 50211 @SubjectTemplate; 50212 no body or too long; 50213 @Description;
+             50214 @ExpectedLatestVersion < 0; 50216 retired; 50217 latest is not @ExpectedLatestVersion.
 Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED; UPDLOCK, HOLDLOCK on the template row numbers versions
-             one at a time per name.
-Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
-Example:     EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome', @SubjectTemplate = N'Hi',
-                 @HtmlTemplate = N'<p>Hello</p>', @Version = @V OUTPUT, @Created = @C OUTPUT;
+Isolation:   sets READ COMMITTED.  Lock order: mailq.MailTemplate (UPDLOCK, HOLDLOCK: versions
+             are numbered one at a time per name), then mailq.MailTemplateVersion.
+Example:     EXEC mailq.AddMailTemplateVersion @TemplateName = N'hi', @SubjectTemplate = N'Hi', @TextTemplate = N'Hi';
 */
 CREATE OR ALTER PROCEDURE mailq.AddMailTemplateVersion
     @TemplateName NVARCHAR(4000),
@@ -70,7 +63,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-        -- UPDLOCK, HOLDLOCK: versions of one name are numbered one at a time.
         SELECT
             @Latest = t.LatestVersion,
             @RetiredAtUtc = t.RetiredAtUtc
@@ -126,7 +118,6 @@ BEGIN
                     t.Description = ISNULL(@Description, t.Description)
                 FROM mailq.MailTemplate AS t
                 WHERE t.TemplateName = @TemplateName;
-
             INSERT INTO mailq.MailTemplateVersion (
                 TemplateName, Version, SubjectTemplate, HtmlTemplate, TextTemplate
             )

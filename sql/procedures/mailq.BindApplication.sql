@@ -1,23 +1,14 @@
 /*
-mailq.BindApplication: lets an application send through a sending account and/or as a From
-address or domain, and/or maps a database user to it.  Binding twice changes nothing; mapping
-a user mapped to another application moves it.
-Parameters:  @AppName NVARCHAR(128), required: a registered application
-             @AccountName NVARCHAR(128), optional: a sending account
-             @FromAddress NVARCHAR(320), optional: one bare address or '@example.com';
-                        stored in lower case, matched case-insensitively
-             @PrincipalName sysname, optional: a database user whose mail always carries
-                        this application (mailq.ApplicationPrincipal)
-             At least one of @AccountName, @FromAddress and @PrincipalName.
-Result set:  none.
-Errors:      50145 @AppName missing; 50115 unknown application; 50114 unknown account;
-             50164 nothing to bind; 50165 @FromAddress neither one address nor '@domain';
-             50169 @PrincipalName is not a database user.
-Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (UPDLOCK, HOLDLOCK insert-if-absent on small admin tables).
+mailq.BindApplication: lets an application send through an account and/or as a From address or
+'@domain', and/or maps a database user to it (a user mapped elsewhere moves); idempotent.
+Parameters:  @AppName NVARCHAR(128), required; at least one of @AccountName NVARCHAR(128),
+             @FromAddress NVARCHAR(320) (one bare address or '@example.com', stored lower case)
+             and @PrincipalName sysname (a database user whose mail always carries @AppName).
+Errors:      50145 @AppName missing; 50115 unknown application; 50114 unknown account; 50164
+             nothing to bind; 50165 bad @FromAddress; 50169 @PrincipalName is not a user.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
 Lock order:  mailq.ApplicationAccount, mailq.ApplicationFrom, mailq.ApplicationPrincipal.
-Example:     EXEC mailq.BindApplication @AppName = N'billing', @AccountName = N'qq',
-                 @FromAddress = N'@billing.example.com';
+Example:     EXEC mailq.BindApplication @AppName = N'billing', @FromAddress = N'@billing.example.com';
 */
 CREATE OR ALTER PROCEDURE mailq.BindApplication
     @AppName NVARCHAR(4000),
@@ -63,7 +54,6 @@ BEGIN
     IF @FromAddress IS NOT NULL
     BEGIN
         SET @Pattern = LOWER(LTRIM(RTRIM(@FromAddress)));
-        -- '@domain': validated as the domain of a made-up address.
         DECLARE @Probe NVARCHAR(4000) = IIF(LEFT(@Pattern, 1) = N'@', N'x' + @Pattern, @Pattern);
         IF
             LEN(@FromAddress) > 320

@@ -1,8 +1,6 @@
 /*
-mailq.CancelMail: cancels a mail waiting to be sent (UnSent); a Sending mail may already be
-at the SMTP server: cancel it after it is acknowledged, or let it finish.
-Parameters:  @ID BIGINT, required.
-Result set:  one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
+mailq.CancelMail: cancels an UnSent mail (a Sending one may already be at the SMTP server).
+Parameters:  @ID BIGINT, required.  Result set: one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
 Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
 Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).
@@ -22,7 +20,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-        -- UPDLOCK: no claim slips in between the check and the update.
         SELECT @Status = q.Status
         FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
         WHERE q.ID = @ID;

@@ -1,17 +1,11 @@
 /*
-mailq.ClaimDbMailQuery: leases one waiting mailq.SendDbMail query to a query runner
-(mailq-db dbmail-runner): the oldest Pending, or a Running one whose lease passed
-(its runner died: at-least-once).
-Parameters:  @LockToken UNIQUEIDENTIFIER, required (mailq.CompleteDbMailQuery checks it);
-             @LeaseSeconds INT 10-3600, default 300
-Result set:  zero or one row: MailItemID INT, MailID BIGINT, Query, Database, RequestUser,
-             RequestUserSid (whom the runner impersonates, and the SID it must find),
-             AttachQueryResultAsFile, QueryAttachmentFilename, QueryResultHeader,
-             QueryResultWidth, QueryResultSeparator, ExcludeQueryOutput, AppendQueryError,
-             QueryNoTruncate, QueryResultNoPadding, QueryResultFormat, Attempts (this one included).
+mailq.ClaimDbMailQuery: leases one waiting mailq.SendDbMail query to a query runner: the oldest
+Pending, or a Running one whose lease passed (its runner died: at-least-once).
+Parameters:  @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 10-3600, default 300
+Result set:  zero or one row: MailItemID, MailID, Query, Database, RequestUser, RequestUserSid
+             (whom to impersonate, and the SID to find), the sp_send_dbmail query options, Attempts.
 Errors:      50660 @LockToken missing or @LeaseSeconds not 10-3600.
-Transaction: one statement; works inside the caller's transaction if open.
-Isolation:   sets READ COMMITTED (READPAST needs it).  Lock order: mailq.DbMailItem only.
+Transaction: one statement.  Isolation: sets READ COMMITTED.  Lock order: mailq.DbMailItem only.
 Example:     EXEC mailq.ClaimDbMailQuery @LockToken = @T, @LeaseSeconds = 300;
 */
 CREATE OR ALTER PROCEDURE mailq.ClaimDbMailQuery
@@ -32,8 +26,7 @@ BEGIN
             i.QueryResultNoPadding, i.QueryResultFormat, i.QueryState, i.QueryDueAtUtc, i.QueryLockToken,
             i.QueryAttempts
         FROM mailq.DbMailItem AS i WITH (READPAST, UPDLOCK, ROWLOCK)
-        -- READPAST: skip a query being claimed; UPDLOCK: claim while reading; ROWLOCK:
-        -- row grain.  The predicate repeats IX_DbMailItem_QueryDue's filter.
+        -- READPAST, UPDLOCK, ROWLOCK: claim while reading, skipping others' rows.
         WHERE i.QueryState IN (N'Pending', N'Running') AND i.QueryDueAtUtc <= @Now
         ORDER BY i.QueryDueAtUtc, i.MailItemID
     )

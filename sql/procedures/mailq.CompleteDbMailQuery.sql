@@ -1,16 +1,11 @@
 /*
-mailq.CompleteDbMailQuery: a query runner hands back a query it claimed: 'Done' joins the
-result to the mail (after CRLF in the body, as msdb does, or as the attachment) and makes it
-due; 'Failed', or a result over the queue's limits (body 2,000,000 characters, attachment
-10 MiB), stops the mail (mailq.StopMail).  A mail cancelled or stopped meanwhile stays so.
-Parameters:  @MailItemID INT, @LockToken UNIQUEIDENTIFIER (the claim's), @Outcome 'Done' |
-             'Failed', @Text NVARCHAR(MAX) (Done, body), @Attachment VARBINARY(MAX), @FileName,
-             @ContentType NVARCHAR(255) (Done, attachment), @Error NVARCHAR(4000) (Failed: why)
-Result set:  with 'Failed', mailq.StopMail's row (ID, Status, NextAttemptUtc).
-Errors:      50661 the claim is lost (not Running, or another token); 50662 @Outcome or its
-             arguments invalid.
-Transaction: its own if none is open, else the caller's; an error dooms it.
-Isolation:   sets READ COMMITTED.
+mailq.CompleteDbMailQuery: a query runner hands back its claimed query: 'Done' joins the result to
+the mail (after CRLF in the body, as msdb, or attached) and makes it due; 'Failed', or a result over
+the queue's limits, stops the mail (mailq.StopMail, whose row it returns).
+Parameters:  @MailItemID INT, @LockToken (the claim's), @Outcome 'Done' | 'Failed'; Done: @Text
+             (body) or @Attachment, @FileName, @ContentType; Failed: @Error
+Errors:      50661 the claim is lost (finished or taken over); 50662 @Outcome or its arguments.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
 Lock order:  mailq.MailQueue, mailq.MailAttachment (or StopMail's), then mailq.DbMailItem.
 Example:     EXEC mailq.CompleteDbMailQuery @MailItemID = 7, @LockToken = @T, @Outcome = 'Done', @Text = N'...';
 */

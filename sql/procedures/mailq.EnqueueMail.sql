@@ -1,21 +1,15 @@
 /*
-mailq.EnqueueMail: validates one mail and queues it (an idempotency key already queued for the
-same content returns that mail, writing nothing), through mailq.EnqueueMailRows, the one
-implementation it shares with mailq.EnqueueMailBatch.
-Parameters:  a recipient in @ToAddress, @CC or @BCC; @Subject, @Body required unless
-             @TemplateName; every other one optional, NULL = its default (docs/enqueue.md).
-Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255), @Created BIT (0: an existing mail
-             returned for @IdempotencyKey).  No result set, so triggers may call it.
-Errors:      before anything is written: 50101-50121, 50160, 50161, 50168 (mail input), 50240
-             (run mode), 50280-50286 (templates, lazy attachments), 50500 (no application),
-             50600 (every recipient suppressed); 50116 key reused with other content; 50162
-             the key's lock not granted in 10 s.
+mailq.EnqueueMail: validates and queues one mail (a key queued with the same content returns its mail).
+Parameters:  a recipient in @ToAddress, @CC or @BCC; @Subject, @Body unless @TemplateName;
+             the rest optional, NULL = the default (docs/enqueue.md).
+Outputs:     @MailID, @MessageID, @Created (0: the key's mail); no result set (triggers may call it).
+Errors:      50101-50121, 50160, 50161, 50168, 50240, 50280-50286, 50500, 50600 (the rule broken,
+             docs/errors.md); 50116 key reused with other content; 50162 key lock not granted in 10 s.
 Transaction: its own if none is open, else the caller's (also distributed); an error dooms it.
 Isolation:   READ COMMITTED and the filtered-index SET options, set by mailq.EnqueueMailRows.
 Lock order:  the key's application lock, mailq.Suppression (shared, held), mailq.MailQueue,
              mailq.MailAttachment, mailq.MailEvent (docs/guarantees.md).
-Example:     EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com', @Subject = N'Report',
-                 @Body = N'All jobs succeeded.', @MailID = @ID OUTPUT;
+Example:     EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com', @Body = N'Done.', @MailID = @ID OUTPUT;
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMail
     @ToAddress NVARCHAR(MAX) = NULL,

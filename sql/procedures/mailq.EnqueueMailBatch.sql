@@ -1,21 +1,16 @@
 /*
-mailq.EnqueueMailBatch: validates and queues up to 10,000 mails in one call, each row with
-EnqueueMail's rules, defaults and content hash (both go through mailq.EnqueueMailRows).
-Parameters:  @Mails NVARCHAR(MAX): a JSON array of objects named like EnqueueMail's
-             parameters, or @MailRows mailq.MailBatchRow READONLY (RowNo: the caller's
-             ordinal); exactly one, 1-10,000 rows, at most 256 MB of text.
-             @RejectInvalid BIT, default 0: 0 all or nothing; 1 queue the valid rows.
-Result sets: 1. RowNo, MailID, MessageID, Created (0: existing mail for its key), by RowNo;
-             2. rejected rows: RowNo, Field, ErrorNumber (EnqueueMail's, or 50223), Message.
-Errors:      50220 a row invalid (names row, field, rule); 50221 input shape; 50222 row
-             count; 50225 a key's lock not granted in 10 s; 50224 bad base64; 50226 over
-             256 MB; nothing is written (docs/batch-enqueue.md).
+mailq.EnqueueMailBatch: queues up to 10,000 mails in one call, each with EnqueueMail's rules.
+Parameters:  @Mails (JSON array of objects named like EnqueueMail's parameters) or @MailRows (READONLY),
+             exactly one, at most 256 MB; @RejectInvalid BIT: 0 (default) all or nothing, 1 the valid rows.
+Result sets: 1. RowNo, MailID, MessageID, Created (0: the key's mail); 2. rejected rows:
+             RowNo, Field, ErrorNumber (EnqueueMail's, or 50223), Message.
+Errors:      50220 a row invalid (row, field, rule); 50221 input shape; 50222 row count; 50224
+             bad base64; 50225 key lock not granted in 10 s; 50226 over 256 MB.  Nothing written.
 Transaction: its own if none is open, else the caller's; an error dooms it.
 Isolation:   READ COMMITTED and the filtered-index SET options, set by the core.
-Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared,
-             held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
-Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[{"ToAddress": "a@example.com",
-                 "Subject": "Hi", "Body": "One"}]';
+Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared, held),
+             mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
+Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[{"ToAddress": "a@example.com", "Body": "B"}]';
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch
     @Mails NVARCHAR(MAX) = NULL,
@@ -32,7 +27,6 @@ BEGIN
             1;
     IF @Mails IS NOT NULL
     BEGIN
-        -- Size cap before parsing; then the first non-white-space character must be '['.
         SET @Bytes = DATALENGTH(@Mails);
         IF @Bytes <= 268435456
         BEGIN

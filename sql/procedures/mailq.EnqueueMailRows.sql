@@ -1,16 +1,15 @@
 /*
 mailq.EnqueueMailRows: the one implementation of enqueueing, for mailq.EnqueueMail and
-mailq.EnqueueMailBatch; internal (no grant, reached by ownership chaining).  docs/enqueue.md.
+mailq.EnqueueMailBatch; internal (no grant, reached by ownership chaining; docs/enqueue.md).
 Parameters:  @Rows mailq.MailBatchRow READONLY, @Mails (JSON), or @Single = 1 and one mail in
              @ToAddress ... @TemplateModel; @RejectInvalid BIT (batch): 1 queue the valid rows.
-Results:     @Single = 1: @MailID, @MessageID, @Created OUTPUT, no result set; else sets 1
-             (RowNo, MailID, MessageID, Created) and 2 (RowNo, Field, ErrorNumber, Message).
-Errors:      @Single = 1: the rule's own number (mailq.EnqueueMailCheck), 50600, 50162 (key
-             lock); else 50220 (row, field, rule), 50225 (key lock), 50224 (base64); before any write.
+Results:     @Single = 1: the OUTPUTs, no result set; else EnqueueMailBatch's two result sets.
+Errors:      @Single = 1: mailq.EnqueueMailCheck's number, 50600, 50162 (key lock); else 50220,
+             50225 (key lock), 50224 (base64); all raised before any write.
 Transaction: its own if none is open, else the caller's (also distributed); an error dooms it.
 Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
-Lock order:  the keys' application locks (binary key order), mailq.Suppression (shared key
-             ranges, held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
+Lock order:  the keys' application locks (binary key order), mailq.Suppression (shared key ranges,
+             held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
 Example:     EXEC mailq.EnqueueMailRows @Rows = @R, @RejectInvalid = 1;
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMailRows
@@ -46,8 +45,6 @@ BEGIN
         (SELECT p.AllowUnmappedEnqueuers FROM mailq.EnqueuePolicy AS p WHERE p.PolicyId = 1), 0
     );
     SET @RejectInvalid = IIF(@Single = 1, 0, COALESCE(@RejectInvalid, 0));
-
-    -- A table variable: no statistics, so no recompiles (a batch asks WITH RECOMPILE).
     DECLARE @Work TABLE (   -- NULL spelled out: the session's ANSI_NULL_DFLT_ON does not decide it
         RowNo INT NOT NULL PRIMARY KEY, ToAddress NVARCHAR(MAX) NULL, CC NVARCHAR(MAX) NULL, BCC NVARCHAR(MAX) NULL,
         Subject NVARCHAR(MAX) NULL, Body NVARCHAR(MAX) NULL, BodyFormat NVARCHAR(20) NULL, TextBody NVARCHAR(MAX) NULL,
@@ -107,7 +104,6 @@ BEGIN
         i.TemplateModel, i.InputField, i.InputMessage, @P, @Now, @User, @PrincipalApp, @AllowUnmapped,
         m.LatestVersion, m.RetiredAtUtc
     ) AS c;
-    -- 2. Keys within the call: the first valid row with a key leads.
     UPDATE w
     SET w.KeyLeader = l.Leader, w.KeySeq = IIF(w.RowNo = l.Leader, l.Seq, NULL)
     FROM @Work AS w
@@ -132,8 +128,7 @@ BEGIN
     DECLARE @KeyText NVARCHAR(200), @Resource NVARCHAR(255);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-        -- 3. Each key on an exclusive transaction-owned application lock, in binary key order
-        --    (no key-range locks); a deadlock on it does not roll back, the THROW does.
+        -- 3. Keys on exclusive transaction-owned applocks, binary key order (no key-range locks).
         WHILE @Seq < COALESCE(@Keys, 0) AND (@RejectInvalid = 1 OR @Bad = 0)
         BEGIN
             SET @Seq += 1;
@@ -161,8 +156,7 @@ BEGIN
         INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK)
             ON w.IdempotencyKey = q.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
         WHERE w.KeySeq <= @Seq;
-        -- Suppressed recipients left out (50600 if none is left); the shared key-range locks
-        -- on mailq.Suppression are held to commit, so a suppression waits, then sweeps.
+        -- Suppressed recipients: shared key-range locks on mailq.Suppression held to commit.
         UPDATE w
         SET w.ToAddress = ISNULL(f.ToAddress, N''), w.CC = f.CC, w.BCC = f.BCC, w.Suppressed = f.Suppressed,
             w.ErrorNumber = IIF(f.EntriesLeft = 0, 50600, NULL), w.Field = IIF(f.EntriesLeft = 0, N'ToAddress', NULL),
@@ -228,7 +222,6 @@ BEGIN
                 @Msg = CONCAT(@P, N'Attachments: a ContentBase64 could not be decoded (', ERROR_MESSAGE(), N').');
             THROW @Err, @Msg, 1;
         END CATCH;
-        -- Events (docs/events.md): Enqueued, then RecipientSuppressed; a key's existing mail gets none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT i.MailID, i.AppName, e.EventType, N'UnSent', 0, NULL, e.Detail, @Now
         FROM @Inserted AS i
@@ -243,7 +236,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-    -- 7. Results: later rows with a key get their leader's mail (Created = 0).
     UPDATE f SET f.MailID = l.MailID, f.MessageID = l.MessageID, f.Created = 0
     FROM @Work AS f
     INNER JOIN @Work AS l ON f.KeyLeader = l.RowNo

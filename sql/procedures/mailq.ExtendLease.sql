@@ -1,14 +1,11 @@
 /*
 mailq.ExtendLease: pushes the lease of mails a worker still holds, fenced by the lock token,
 all or nothing; the new lease runs from now.
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array), exactly one; @LockToken
-             UNIQUEIDENTIFIER, required; @LeaseSeconds INT 1-3600, default 300.
-Result set:  one row per mail: ID, LeaseExpiresUtc, LeaseSecondsRemaining (INT, whole seconds
-             left by the server's clock, floored: count it down on the worker's monotonic clock).
+Parameters:  @ID or @IDList (JSON array), exactly one; @LockToken, required; @LeaseSeconds 1-3600, default 300.
+Result set:  ID, LeaseExpiresUtc, LeaseSecondsRemaining (INT, floored: count it down on the worker's clock).
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail); 50132 @LeaseSeconds.
-Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT).
-Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue only (clustered rows, via mailq.LockLeasedMail).
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
+Lock order:  mailq.MailQueue only (via mailq.LockLeasedMail).
 Example:     EXEC mailq.ExtendLease @IDList = N'[101,102]', @LockToken = @T, @LeaseSeconds = 300;
 */
 CREATE OR ALTER PROCEDURE mailq.ExtendLease

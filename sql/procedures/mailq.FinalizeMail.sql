@@ -1,10 +1,8 @@
 /*
-mailq.FinalizeMail: moves queued mail that can never be sent to its final state, in small
-batches, so the claim never has to: out of attempts with the last lease expired -> Failed;
-past ExpiresAtUtc (UnSent, or an expired lease) -> Expired; a live lease is left to its worker.
+mailq.FinalizeMail: in small batches, moves mail that can never be sent to Failed (no attempt
+left, last lease expired) or Expired (past ExpiresAtUtc, no live lease), so the claim never has to.
 Parameters:  @BatchSize INT 1-1000, default 200 (per statement); @MaxBatches INT 1-1000, default 50
-Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT (1: call again), Busy BIT
-             (1: another FinalizeMail held the finalizer lock; this call stopped)
+Result set:  FailedCount, ExpiredCount, MoreLeft BIT (call again), Busy BIT (another finalizer ran)
 Errors:      50150 @BatchSize, 50151 @MaxBatches out of range; 50152 called inside a transaction.
 Transaction: refuses one (50152); each batch commits on its own, also in implicit transaction
              mode (turned off inside); an error rolls back the batch under way and is re-raised.
@@ -72,8 +70,7 @@ BEGIN
                 SET @Busy = 1;
                 BREAK;
             END;
-            -- Out of attempts, lease expired.  READPAST: skip rows others hold (a worker
-            -- acknowledging right now); UPDLOCK, ROWLOCK: row-grain update locks while reading.
+            -- Out of attempts.  READPAST: skip rows others hold; UPDLOCK, ROWLOCK: claim while reading.
             WITH Dead AS (
                 SELECT TOP (@BatchSize)
                     q.ID,
@@ -141,7 +138,6 @@ BEGIN
             SET @ExpiredRows = @@ROWCOUNT;
             SET @Expired += @ExpiredRows;
             IF @ExpiredRows > @Rows SET @Rows = @ExpiredRows;
-            -- Close the attempts of the leases given up (seek by mail ID).
             UPDATE t
             SET
                 t.EndedAtUtc = @Now,
@@ -155,7 +151,6 @@ BEGIN
             INNER JOIN @Done AS d
                 ON t.MailID = d.ID AND t.LockToken = d.OldLockToken
             WHERE d.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
-            -- Events (docs/events.md): LeaseExpired first, then the final Failed/Expired.
             INSERT INTO mailq.MailEvent (
                 MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
             )

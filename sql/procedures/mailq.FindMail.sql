@@ -1,13 +1,10 @@
 /*
-mailq.FindMail: the mails a bulk action of `mailq-db dashboard` would touch (cancel UnSent;
-requeue Failed, Cancelled, Expired, Stopped), per account in VisibleAtUtc order; reads only.
-Parameters:  @Status NVARCHAR(16), required: UnSent, Failed, Cancelled, Expired or Stopped;
-             @AccountName, @RunMode: NULL = all; @MaxRows INT 1-1000, default 100
-Result set:  ID, MessageID, AccountName, RunMode, Status, Subject, EnqueuedAtUtc,
-             DateProcessed, AttemptCount, LastError
+mailq.FindMail: the mails a bulk action of `mailq-db dashboard` would touch, per account in
+VisibleAtUtc order; reads only (one bounded seek on IX_MailQueue_Status).
+Parameters:  @Status: UnSent, Failed, Cancelled, Expired or Stopped; @AccountName, @RunMode:
+             NULL = all; @MaxRows INT 1-1000, default 100
 Errors:      50581 @Status missing or not one of the five; 50582 @MaxRows out of range.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED.
-Lock order:  none (no locking reads); a bounded seek on IX_MailQueue_Status.
+Transaction: reads only.  Isolation: sets READ COMMITTED.  Lock order: none.
 Example:     EXEC mailq.FindMail @Status = N'Failed', @AccountName = N'default', @MaxRows = 500;
 */
 CREATE OR ALTER PROCEDURE mailq.FindMail

@@ -2,14 +2,11 @@
 mailq.GetEnqueuePolicy: the enqueue policy in force and the database users who may enqueue
 without being mapped to an application (for `mailq-db doctor`); runs with the caller's rights.
 Parameters:  none.
-Result sets: 1. AllowUnmappedEnqueuers BIT, ChangedAtUtc, ChangedBy, MembershipVisible BIT
-                (0: the caller cannot see others' memberships and grants: set 2 is incomplete)
-             2. unmapped users, one row per way in: PrincipalName, Via (the role or user with
-                EXECUTE on an enqueue procedure, the schema or the database; db_owner; dbo;
-                public).  Windows groups are listed (their members cannot be mapped through
-                them); a DENY is not subtracted.
-Errors:      none of its own.
-Transaction: reads only; opens none.  Isolation: READ COMMITTED, set here.
+Result sets: 1. AllowUnmappedEnqueuers, ChangedAtUtc, ChangedBy, MembershipVisible BIT (0: the
+                caller cannot see others' memberships: set 2 is incomplete)
+             2. unmapped users, one row per way in: PrincipalName, Via (the grant's holder).
+                Windows groups are listed; a DENY is not subtracted.
+Errors:      none of its own.  Transaction: reads only.  Isolation: READ COMMITTED, set here.
 Lock order:  none (catalog views and mailq.EnqueuePolicy, no locking hint).
 Example:     EXEC mailq.GetEnqueuePolicy;
 */

@@ -1,21 +1,14 @@
 /*
-mailq.GetEventStreamStall: are the event stream (mailq.GetMailEvents) and the hook dispatcher
-held back now (an open transaction that wrote a rowversion anywhere in this database holds
-back MIN_ACTIVE_ROWVERSION()), and by which transactions?  docs/events.md.
+mailq.GetEventStreamStall: are the event stream and the hook dispatcher held back now (a
+transaction that wrote a rowversion holds back MIN_ACTIVE_ROWVERSION()), and by whom?  docs/events.md.
 Parameters:  @MinOpenSeconds INT 0-86400, default 0: list transactions open at least this long.
-Result sets: 1. one row: HeldBack BIT, MinActiveRowversion BIGINT, NextRowversion BIGINT
-                (@@DBTS + 1), CanSeeTransactions BIT, Permission NVARCHAR(200) (what the caller
-                needs to see them), OldestOpenSeconds INT (NULL: none listed)
-             2. (when HeldBack = 1 and CanSeeTransactions = 1) this database's open read/write
-                transactions that wrote, oldest first: SessionID (NULL: e.g. in-doubt MSDTC),
-                TransactionID, TransactionName, OpenSinceUtc, OpenSeconds, State,
-                SessionStatus, ProgramName, HostName, LoginName, LogRecords
-Permission:  EXECUTE (MailqAdmin, MailqEnqueuer); the DMVs are read with the caller's rights:
-             VIEW SERVER STATE (2022 and later: VIEW SERVER PERFORMANCE STATE; Azure SQL
-             Database: VIEW DATABASE STATE); without it set 2 is empty (never error 297/300).
+Result sets: 1. one row: HeldBack, MinActiveRowversion, NextRowversion (@@DBTS + 1), CanSeeTransactions,
+                Permission (what the caller needs), OldestOpenSeconds; 2. when held back and visible:
+                this database's open writing transactions, oldest first, with session and login
+Permission:  EXECUTE; the DMVs are read with the caller's rights: VIEW SERVER STATE (2022: VIEW
+             SERVER PERFORMANCE STATE; Azure: VIEW DATABASE STATE), else set 2 stays empty.
 Errors:      50521 @MinOpenSeconds out of range.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED; reads only DMVs.
-Lock order:  none.
+Transaction: reads only.  Isolation: sets READ COMMITTED; reads only DMVs.  Lock order: none.
 Example:     EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.GetEventStreamStall

@@ -1,16 +1,10 @@
 /*
 mailq.GetInstallationHealth: one row per installation check, for `mailq-db doctor`; reads only.
 Parameters:  none.
-Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix (runnable as is).
-             Checks: server version (FAIL below 2019) and edition; compatibility level
-             (>= 130); READ_COMMITTED_SNAPSHOT; revision; Service Broker and its queue; the
-             caller's roles and EXECUTE rights; unmapped MailqEnqueuer members; expired
-             leases; failures of the last 24 hours; blocked accounts; default account.
-Visibility:  catalog views show only what the caller may see: a least-privilege caller gets
-             WARN "not visible", and the Fix names VIEW DEFINITION or MailqAdmin.
+Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix (runnable as is);
+             catalog views show only what the caller may see (WARN, the Fix names the right).
 Errors:      none of its own.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED.
-Lock order:  none (no locking reads).
+Transaction: reads only.  Isolation: sets READ COMMITTED.  Lock order: none (no locking reads).
 Example:     EXEC mailq.GetInstallationHealth;
 */
 CREATE OR ALTER PROCEDURE mailq.GetInstallationHealth
@@ -166,8 +160,6 @@ BEGIN
         (N'mailq.MarkSent', N'MailqSender'),
         (N'mailq.GetQueueStats', N'MailqAdmin')
     ) AS p(ProcName, RoleName);
-
-    -- Unmapped MailqEnqueuer members enqueue without a binding (docs/guarantees.md).
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Security',

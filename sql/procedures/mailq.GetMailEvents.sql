@@ -1,19 +1,14 @@
 /*
-mailq.GetMailEvents: reads the event stream (mailq.MailEvent) after a cursor, in EventID order,
-in bounded batches, for one application (@AppName) or one mail (@MailID).  Commit-safe: only
-events below MIN_ACTIVE_ROWVERSION() are returned, so none appears later below a cursor given;
-an open writing transaction holds readers back (mailq.GetEventStreamStall; docs/events.md).
-Parameters:  @AppName NVARCHAR(128) or @MailID BIGINT, exactly one; @AfterEventID BIGINT >= 0,
-             default 0 (the last EventID processed); @MaxEvents INT 1-5000, default 500.
-Result set:  EventID BIGINT, MailID BIGINT, AppName, EventType, Status, AttemptCount, SmtpCode,
-             Detail, OccurredAtUtc; fewer than @MaxEvents rows: up to date (for now).
-Errors:      50170 neither or both of @AppName / @MailID; 50171 @AfterEventID NULL or negative;
-             50172 @MaxEvents out of range; 50173 the caller is mapped to another application.
-Access:      a user mapped to an application reads only its events; others read every one.
-Transaction: opens none, writes nothing.  Isolation: sets READ COMMITTED; the bound is read
-             first, the rows then with READCOMMITTEDLOCK (no RCSI snapshot older than the bound).
-Lock order:  mailq.MailEvent only (shared, row by row); a mailq.PurgeMail batch can make it
-             wait or a deadlock victim (1205): call again with the same cursor.
+mailq.GetMailEvents: the event stream of one application or one mail after a cursor, in EventID
+order, in bounded batches; commit-safe: only events below MIN_ACTIVE_ROWVERSION() (docs/events.md).
+Parameters:  @AppName or @MailID, exactly one; @AfterEventID BIGINT >= 0, default 0 (the last
+             EventID processed); @MaxEvents INT 1-5000, default 500.
+Result set:  EventID, MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail,
+             OccurredAtUtc; fewer than @MaxEvents rows: up to date (for now).
+Errors:      50170 not exactly one of @AppName / @MailID; 50171 @AfterEventID; 50172 @MaxEvents;
+             50173 the caller is mapped to another application (a mapped user reads only its own).
+Transaction: opens none.  Isolation: sets READ COMMITTED; the bound first, rows READCOMMITTEDLOCK.
+Lock order:  mailq.MailEvent only (shared); a PurgeMail batch may make it a 1205 victim: call again.
 Example:     EXEC mailq.GetMailEvents @AppName = N'billing', @AfterEventID = 41230;
 */
 CREATE OR ALTER PROCEDURE mailq.GetMailEvents

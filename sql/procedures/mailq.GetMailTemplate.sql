@@ -2,8 +2,7 @@
 mailq.GetMailTemplate: one version of a mail template, for rendering or review: without
 @Version the latest (50216 when retired), with @Version that one even if retired.
 Parameters:  @TemplateName NVARCHAR(128), required; @Version INT, optional (>= 1).
-Result set:  one row: TemplateName, Version, LatestVersion, SubjectTemplate, HtmlTemplate,
-             TextTemplate, Description, CreatedBy, CreatedAtUtc, RetiredAtUtc.
+Result set:  one row: the version's texts, LatestVersion, Description, CreatedBy, CreatedAtUtc, RetiredAtUtc.
 Errors:      50210 @TemplateName missing or invalid; 50214 @Version below 1; 50215 no such
              template or version; 50216 retired (no @Version).
 Transaction: reads only.  Isolation: the caller's (a version row never changes).

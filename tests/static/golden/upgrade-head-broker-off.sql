@@ -2113,17 +2113,16 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.EnqueueMailRows: the one implementation of enqueueing, for mailq.EnqueueMail and
-mailq.EnqueueMailBatch; internal (no grant, reached by ownership chaining).  docs/enqueue.md.
+mailq.EnqueueMailBatch; internal (no grant, reached by ownership chaining; docs/enqueue.md).
 Parameters:  @Rows mailq.MailBatchRow READONLY, @Mails (JSON), or @Single = 1 and one mail in
              @ToAddress ... @TemplateModel; @RejectInvalid BIT (batch): 1 queue the valid rows.
-Results:     @Single = 1: @MailID, @MessageID, @Created OUTPUT, no result set; else sets 1
-             (RowNo, MailID, MessageID, Created) and 2 (RowNo, Field, ErrorNumber, Message).
-Errors:      @Single = 1: the rule's own number (mailq.EnqueueMailCheck), 50600, 50162 (key
-             lock); else 50220 (row, field, rule), 50225 (key lock), 50224 (base64); before any write.
+Results:     @Single = 1: the OUTPUTs, no result set; else EnqueueMailBatch's two result sets.
+Errors:      @Single = 1: mailq.EnqueueMailCheck's number, 50600, 50162 (key lock); else 50220,
+             50225 (key lock), 50224 (base64); all raised before any write.
 Transaction: its own if none is open, else the caller's (also distributed); an error dooms it.
 Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
-Lock order:  the keys' application locks (binary key order), mailq.Suppression (shared key
-             ranges, held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
+Lock order:  the keys' application locks (binary key order), mailq.Suppression (shared key ranges,
+             held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
 Example:     EXEC mailq.EnqueueMailRows @Rows = @R, @RejectInvalid = 1;
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMailRows
@@ -2159,8 +2158,6 @@ BEGIN
         (SELECT p.AllowUnmappedEnqueuers FROM mailq.EnqueuePolicy AS p WHERE p.PolicyId = 1), 0
     );
     SET @RejectInvalid = IIF(@Single = 1, 0, COALESCE(@RejectInvalid, 0));
-
-    -- A table variable: no statistics, so no recompiles (a batch asks WITH RECOMPILE).
     DECLARE @Work TABLE (   -- NULL spelled out: the session's ANSI_NULL_DFLT_ON does not decide it
         RowNo INT NOT NULL PRIMARY KEY, ToAddress NVARCHAR(MAX) NULL, CC NVARCHAR(MAX) NULL, BCC NVARCHAR(MAX) NULL,
         Subject NVARCHAR(MAX) NULL, Body NVARCHAR(MAX) NULL, BodyFormat NVARCHAR(20) NULL, TextBody NVARCHAR(MAX) NULL,
@@ -2220,7 +2217,6 @@ BEGIN
         i.TemplateModel, i.InputField, i.InputMessage, @P, @Now, @User, @PrincipalApp, @AllowUnmapped,
         m.LatestVersion, m.RetiredAtUtc
     ) AS c;
-    -- 2. Keys within the call: the first valid row with a key leads.
     UPDATE w
     SET w.KeyLeader = l.Leader, w.KeySeq = IIF(w.RowNo = l.Leader, l.Seq, NULL)
     FROM @Work AS w
@@ -2245,8 +2241,7 @@ BEGIN
     DECLARE @KeyText NVARCHAR(200), @Resource NVARCHAR(255);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-        -- 3. Each key on an exclusive transaction-owned application lock, in binary key order
-        --    (no key-range locks); a deadlock on it does not roll back, the THROW does.
+        -- 3. Keys on exclusive transaction-owned applocks, binary key order (no key-range locks).
         WHILE @Seq < COALESCE(@Keys, 0) AND (@RejectInvalid = 1 OR @Bad = 0)
         BEGIN
             SET @Seq += 1;
@@ -2274,8 +2269,7 @@ BEGIN
         INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK)
             ON w.IdempotencyKey = q.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
         WHERE w.KeySeq <= @Seq;
-        -- Suppressed recipients left out (50600 if none is left); the shared key-range locks
-        -- on mailq.Suppression are held to commit, so a suppression waits, then sweeps.
+        -- Suppressed recipients: shared key-range locks on mailq.Suppression held to commit.
         UPDATE w
         SET w.ToAddress = ISNULL(f.ToAddress, N''), w.CC = f.CC, w.BCC = f.BCC, w.Suppressed = f.Suppressed,
             w.ErrorNumber = IIF(f.EntriesLeft = 0, 50600, NULL), w.Field = IIF(f.EntriesLeft = 0, N'ToAddress', NULL),
@@ -2341,7 +2335,6 @@ BEGIN
                 @Msg = CONCAT(@P, N'Attachments: a ContentBase64 could not be decoded (', ERROR_MESSAGE(), N').');
             THROW @Err, @Msg, 1;
         END CATCH;
-        -- Events (docs/events.md): Enqueued, then RecipientSuppressed; a key's existing mail gets none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT i.MailID, i.AppName, e.EventType, N'UnSent', 0, NULL, e.Detail, @Now
         FROM @Inserted AS i
@@ -2356,7 +2349,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-    -- 7. Results: later rows with a key get their leader's mail (Created = 0).
     UPDATE f SET f.MailID = l.MailID, f.MessageID = l.MessageID, f.Created = 0
     FROM @Work AS f
     INNER JOIN @Work AS l ON f.KeyLeader = l.RowNo
@@ -2374,23 +2366,17 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.EnqueueMail: validates one mail and queues it (an idempotency key already queued for the
-same content returns that mail, writing nothing), through mailq.EnqueueMailRows, the one
-implementation it shares with mailq.EnqueueMailBatch.
-Parameters:  a recipient in @ToAddress, @CC or @BCC; @Subject, @Body required unless
-             @TemplateName; every other one optional, NULL = its default (docs/enqueue.md).
-Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255), @Created BIT (0: an existing mail
-             returned for @IdempotencyKey).  No result set, so triggers may call it.
-Errors:      before anything is written: 50101-50121, 50160, 50161, 50168 (mail input), 50240
-             (run mode), 50280-50286 (templates, lazy attachments), 50500 (no application),
-             50600 (every recipient suppressed); 50116 key reused with other content; 50162
-             the key's lock not granted in 10 s.
+mailq.EnqueueMail: validates and queues one mail (a key queued with the same content returns its mail).
+Parameters:  a recipient in @ToAddress, @CC or @BCC; @Subject, @Body unless @TemplateName;
+             the rest optional, NULL = the default (docs/enqueue.md).
+Outputs:     @MailID, @MessageID, @Created (0: the key's mail); no result set (triggers may call it).
+Errors:      50101-50121, 50160, 50161, 50168, 50240, 50280-50286, 50500, 50600 (the rule broken,
+             docs/errors.md); 50116 key reused with other content; 50162 key lock not granted in 10 s.
 Transaction: its own if none is open, else the caller's (also distributed); an error dooms it.
 Isolation:   READ COMMITTED and the filtered-index SET options, set by mailq.EnqueueMailRows.
 Lock order:  the key's application lock, mailq.Suppression (shared, held), mailq.MailQueue,
              mailq.MailAttachment, mailq.MailEvent (docs/guarantees.md).
-Example:     EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com', @Subject = N'Report',
-                 @Body = N'All jobs succeeded.', @MailID = @ID OUTPUT;
+Example:     EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com', @Body = N'Done.', @MailID = @ID OUTPUT;
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMail
     @ToAddress NVARCHAR(MAX) = NULL,
@@ -2437,23 +2423,18 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.EnqueueMailBatch: validates and queues up to 10,000 mails in one call, each row with
-EnqueueMail's rules, defaults and content hash (both go through mailq.EnqueueMailRows).
-Parameters:  @Mails NVARCHAR(MAX): a JSON array of objects named like EnqueueMail's
-             parameters, or @MailRows mailq.MailBatchRow READONLY (RowNo: the caller's
-             ordinal); exactly one, 1-10,000 rows, at most 256 MB of text.
-             @RejectInvalid BIT, default 0: 0 all or nothing; 1 queue the valid rows.
-Result sets: 1. RowNo, MailID, MessageID, Created (0: existing mail for its key), by RowNo;
-             2. rejected rows: RowNo, Field, ErrorNumber (EnqueueMail's, or 50223), Message.
-Errors:      50220 a row invalid (names row, field, rule); 50221 input shape; 50222 row
-             count; 50225 a key's lock not granted in 10 s; 50224 bad base64; 50226 over
-             256 MB; nothing is written (docs/batch-enqueue.md).
+mailq.EnqueueMailBatch: queues up to 10,000 mails in one call, each with EnqueueMail's rules.
+Parameters:  @Mails (JSON array of objects named like EnqueueMail's parameters) or @MailRows (READONLY),
+             exactly one, at most 256 MB; @RejectInvalid BIT: 0 (default) all or nothing, 1 the valid rows.
+Result sets: 1. RowNo, MailID, MessageID, Created (0: the key's mail); 2. rejected rows:
+             RowNo, Field, ErrorNumber (EnqueueMail's, or 50223), Message.
+Errors:      50220 a row invalid (row, field, rule); 50221 input shape; 50222 row count; 50224
+             bad base64; 50225 key lock not granted in 10 s; 50226 over 256 MB.  Nothing written.
 Transaction: its own if none is open, else the caller's; an error dooms it.
 Isolation:   READ COMMITTED and the filtered-index SET options, set by the core.
-Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared,
-             held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
-Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[{"ToAddress": "a@example.com",
-                 "Subject": "Hi", "Body": "One"}]';
+Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared, held),
+             mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
+Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[{"ToAddress": "a@example.com", "Body": "B"}]';
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch
     @Mails NVARCHAR(MAX) = NULL,
@@ -2470,7 +2451,6 @@ BEGIN
             1;
     IF @Mails IS NOT NULL
     BEGIN
-        -- Size cap before parsing; then the first non-white-space character must be '['.
         SET @Bytes = DATALENGTH(@Mails);
         IF @Bytes <= 268435456
         BEGIN
@@ -2518,23 +2498,16 @@ GO
 /*
 mailq.ClaimMail: leases up to @BatchSize due mails to one worker; reads and locks grow with the
 batch and the accounts that can send now, never with mail it cannot take (docs/claim.md).
-Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER, required;
-             @LeaseSeconds INT 1-3600, default 300; @AppName NULL: every application's mail
-             (competing), a name: only that application's (isolated); @WorkerName, kept in
-             mailq.MailAttempt; @AccountNames NULL (all) or a JSON array of accounts;
-             @RunModes NULL (["prod"]) or a JSON array of 1-16 run-mode names.
-Result sets: 1. one row per mail leased: ID, MessageID, AccountName, AppName, FromName,
-                FromAddress, ReplyTo, ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody,
-                Headers, Priority, AttemptNo, AttemptsRemaining, LeaseExpiresUtc,
-                PossibleDuplicate, dtStamp, RunMode, DryRun, TemplateName, TemplateVersion,
-                TemplateModel, LeaseSecondsRemaining (INT, whole seconds left, floored)
-             2. attachments: MailID, AttachmentNo, FileName, ContentType, Content, Generator,
-                GeneratorArgs (Content NULL: generated)
-             3. template versions: TemplateName, Version, SubjectTemplate, HtmlTemplate, TextTemplate
+Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds
+             INT 1-3600, default 300; @AppName NULL: every application's mail, a name: only its own;
+             @WorkerName; @AccountNames, @RunModes: JSON arrays served (NULL: all accounts, ["prod"]).
+Result sets: 1. the mails leased: their columns, AttemptNo, LeaseExpiresUtc, PossibleDuplicate, DryRun,
+                the template's name, version, model, LeaseSecondsRemaining (INT, whole seconds, floored)
+             2. attachments (Content NULL: Generator makes it); 3. the template versions to render
 Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a name over 128,
              50115 @AppName not registered, 50148 @AccountNames, 50241 @RunModes.
 Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT).
-Isolation:   sets READ COMMITTED (READPAST); queue reads lock (UPDLOCK/READCOMMITTEDLOCK) under RCSI.
+Isolation:   sets READ COMMITTED (READPAST); queue reads lock, also under RCSI.
 Lock order:  mailq.RateBudget (U), mailq.MailQueue (claim index keys U, then rows X),
              mailq.MailAttempt (X), mailq.MailEvent (insert).
 Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T, @WorkerName = N'host1/1';
@@ -2554,7 +2527,6 @@ BEGIN
     DECLARE @Msg NVARCHAR(2048);
     SET @BatchSize = COALESCE(@BatchSize, 10);
     SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
-    -- 1. Validate parameters before any transaction starts.
     IF @BatchSize NOT BETWEEN 1 AND 1000
     BEGIN
         SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
@@ -2672,15 +2644,13 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-        -- Unlimited accounts: no budget, no lock; a plain read of BlockedUntilUtc suffices.
         INSERT INTO @Acct (AccountName, IsLimited, BlockedUntilUtc)
         SELECT a.AccountName, 0, a.BlockedUntilUtc
         FROM mailq.SendingAccount AS a
         WHERE
             a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
             AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
-        -- UPDLOCK: the budget stays ours to commit; READPAST, ROWLOCK: skip a budget
-        -- another claimer holds; FORCESEEK: a scan would U-lock every account's budget.
+        -- UPDLOCK: ours to commit; READPAST, ROWLOCK: skip held budgets; FORCESEEK: a scan locks them all.
         INSERT INTO @Acct (
             AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
             MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
@@ -2694,14 +2664,12 @@ BEGIN
         WHERE
             (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
             AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
-        -- The clock, read while the budget rows are held.
         SET @Now = SYSUTCDATETIME();
         SET @LeaseUntil = DATEADD(SECOND, @LeaseSeconds, @Now);
         SET @MinuteStart = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
         SET @HourStart = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
         SET @DayStart = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
         DELETE FROM @Acct WHERE BlockedUntilUtc > @Now;
-        -- A stored window at or after ours is the current one (windows never move back).
         UPDATE a
         SET a.Remaining = IIF(
             a.IsLimited = 0,
@@ -2723,8 +2691,7 @@ BEGIN
         SELECT a.AccountName, m.RunMode
         FROM @Acct AS a
         CROSS JOIN @Modes AS m;
-        -- More pairs than slots: drop pairs without claimable mail (probe: locking read
-        -- that keeps no lock), then draw @BatchSize of them at random.
+        -- More pairs than slots: drop pairs without claimable mail (probes keep no lock), draw @BatchSize.
         IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
         BEGIN
             IF @AppName IS NULL
@@ -2776,7 +2743,6 @@ BEGIN
                 );
             END;
         END;
-        -- 3. Up to three passes, each a pick and one UPDATE (docs/claim.md).
         WHILE @Pass < 3 AND @Left > 0
         BEGIN
             SET @Pass += 1;
@@ -2807,10 +2773,7 @@ BEGIN
                     WHERE d2.IsOpen = 1 AND a.Remaining > a.Taken
                 ) AS o
             ) AS x ON d.AccountName = x.AccountName AND d.RunMode = x.RunMode;
-            -- The pick (per pair, one ordered seek of TOP (Cap)):
-            --   INDEX + FORCESEEK: this index's seek or an error, never a scan;
-            --   READPAST: skip rows other workers hold; UPDLOCK: keys stay ours to commit;
-            --   ROWLOCK: row grain, so READPAST skips rows, not pages.
+            -- The pick: INDEX + FORCESEEK, never a scan; READPAST, UPDLOCK, ROWLOCK: skip held rows, keep ours.
             DELETE FROM @Pick;
             IF @AppName IS NULL
                 INSERT INTO @Pick (ID)
@@ -2862,8 +2825,7 @@ BEGIN
                     ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
                 ) AS c
                 ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC;
-            -- The lease, re-checked: FORCESEEK, one seek per ID; READPAST: a row another
-            -- session holds is skipped, so our key U and its clustered X cannot deadlock.
+            -- The lease, re-checked; READPAST: our key U and another's clustered X cannot deadlock.
             UPDATE q
             SET
                 q.Status = N'Sending',
@@ -2942,7 +2904,6 @@ BEGIN
         INNER JOIN @Claimed AS c
             ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
         WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
-        -- The version each template mail renders: pinned, else the latest unless retired.
         UPDATE c
         SET c.TemplateVersion = COALESCE(c.TemplateVersion, IIF(t.RetiredAtUtc IS NULL, t.LatestVersion, NULL))
         FROM @Claimed AS c
@@ -2961,15 +2922,12 @@ BEGIN
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT c.ID, c.AppName, N'Claimed', N'Sending', c.AttemptNo, NULL, @WorkerName, @Now
         FROM @Claimed AS c;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-    -- 4. Return the leased mails; FORCESEEK: one seek per ID, never a scan.
-    -- LeaseSecondsRemaining: by the clock read now, floored, so it never overestimates.
     DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
     SELECT
         q.ID,
@@ -3036,12 +2994,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.FinalizeMail: moves queued mail that can never be sent to its final state, in small
-batches, so the claim never has to: out of attempts with the last lease expired -> Failed;
-past ExpiresAtUtc (UnSent, or an expired lease) -> Expired; a live lease is left to its worker.
+mailq.FinalizeMail: in small batches, moves mail that can never be sent to Failed (no attempt
+left, last lease expired) or Expired (past ExpiresAtUtc, no live lease), so the claim never has to.
 Parameters:  @BatchSize INT 1-1000, default 200 (per statement); @MaxBatches INT 1-1000, default 50
-Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT (1: call again), Busy BIT
-             (1: another FinalizeMail held the finalizer lock; this call stopped)
+Result set:  FailedCount, ExpiredCount, MoreLeft BIT (call again), Busy BIT (another finalizer ran)
 Errors:      50150 @BatchSize, 50151 @MaxBatches out of range; 50152 called inside a transaction.
 Transaction: refuses one (50152); each batch commits on its own, also in implicit transaction
              mode (turned off inside); an error rolls back the batch under way and is re-raised.
@@ -3109,8 +3065,7 @@ BEGIN
                 SET @Busy = 1;
                 BREAK;
             END;
-            -- Out of attempts, lease expired.  READPAST: skip rows others hold (a worker
-            -- acknowledging right now); UPDLOCK, ROWLOCK: row-grain update locks while reading.
+            -- Out of attempts.  READPAST: skip rows others hold; UPDLOCK, ROWLOCK: claim while reading.
             WITH Dead AS (
                 SELECT TOP (@BatchSize)
                     q.ID,
@@ -3178,7 +3133,6 @@ BEGIN
             SET @ExpiredRows = @@ROWCOUNT;
             SET @Expired += @ExpiredRows;
             IF @ExpiredRows > @Rows SET @Rows = @ExpiredRows;
-            -- Close the attempts of the leases given up (seek by mail ID).
             UPDATE t
             SET
                 t.EndedAtUtc = @Now,
@@ -3192,7 +3146,6 @@ BEGIN
             INNER JOIN @Done AS d
                 ON t.MailID = d.ID AND t.LockToken = d.OldLockToken
             WHERE d.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
-            -- Events (docs/events.md): LeaseExpired first, then the final Failed/Expired.
             INSERT INTO mailq.MailEvent (
                 MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
             )
@@ -3235,14 +3188,11 @@ GO
 /*
 mailq.ExtendLease: pushes the lease of mails a worker still holds, fenced by the lock token,
 all or nothing; the new lease runs from now.
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array), exactly one; @LockToken
-             UNIQUEIDENTIFIER, required; @LeaseSeconds INT 1-3600, default 300.
-Result set:  one row per mail: ID, LeaseExpiresUtc, LeaseSecondsRemaining (INT, whole seconds
-             left by the server's clock, floored: count it down on the worker's monotonic clock).
+Parameters:  @ID or @IDList (JSON array), exactly one; @LockToken, required; @LeaseSeconds 1-3600, default 300.
+Result set:  ID, LeaseExpiresUtc, LeaseSecondsRemaining (INT, floored: count it down on the worker's clock).
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail); 50132 @LeaseSeconds.
-Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT).
-Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue only (clustered rows, via mailq.LockLeasedMail).
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
+Lock order:  mailq.MailQueue only (via mailq.LockLeasedMail).
 Example:     EXEC mailq.ExtendLease @IDList = N'[101,102]', @LockToken = @T, @LeaseSeconds = 300;
 */
 CREATE OR ALTER PROCEDURE mailq.ExtendLease
@@ -3680,10 +3630,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.CancelMail: cancels a mail waiting to be sent (UnSent); a Sending mail may already be
-at the SMTP server: cancel it after it is acknowledged, or let it finish.
-Parameters:  @ID BIGINT, required.
-Result set:  one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
+mailq.CancelMail: cancels an UnSent mail (a Sending one may already be at the SMTP server).
+Parameters:  @ID BIGINT, required.  Result set: one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
 Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
 Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
 Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).
@@ -3703,7 +3651,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-        -- UPDLOCK: no claim slips in between the check and the update.
         SELECT @Status = q.Status
         FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
         WHERE q.ID = @ID;
@@ -4281,18 +4228,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.AcquireLoginSlot: grants a worker's login to an account's SMTP server, stamping
-mailq.SendingAccount.LastLoginAtUtc, or says how long to wait: logins on one account stay
-MinLoginIntervalMs apart across all workers (no interval, NULL: always granted).
+mailq.AcquireLoginSlot: grants a worker's SMTP login to an account (stamping LastLoginAtUtc) or
+says how long to wait, so logins on one account stay MinLoginIntervalMs apart across all workers.
 Parameters:  @AccountName NVARCHAR(128), required: an existing sending account.
-Result set:  one row: Granted BIT, WaitMs INT (0 when granted, else at most the interval),
-             MinLoginIntervalMs INT (NULL = none), LastLoginAtUtc DATETIME2(3) (stamp in force).
+Result set:  one row: Granted BIT, WaitMs INT (0 when granted), MinLoginIntervalMs, LastLoginAtUtc.
 Errors:      50123 @AccountName missing; 50103 over 128 characters; 50270 no such account.
-Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED; decision and stamp are one UPDATE by key, U-locked even
-             under RCSI: never two grants within one interval.
-Lock order:  mailq.SendingAccount only (one row, by key).
-Example:     EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED;
+             one UPDATE by key (U-locked, also under RCSI) decides and stamps: never two grants.
+Lock order:  mailq.SendingAccount only (one row).  Example: EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
 */
 CREATE OR ALTER PROCEDURE mailq.AcquireLoginSlot
     @AccountName NVARCHAR(4000)
@@ -4441,25 +4384,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.BindApplication: lets an application send through a sending account and/or as a From
-address or domain, and/or maps a database user to it.  Binding twice changes nothing; mapping
-a user mapped to another application moves it.
-Parameters:  @AppName NVARCHAR(128), required: a registered application
-             @AccountName NVARCHAR(128), optional: a sending account
-             @FromAddress NVARCHAR(320), optional: one bare address or '@example.com';
-                        stored in lower case, matched case-insensitively
-             @PrincipalName sysname, optional: a database user whose mail always carries
-                        this application (mailq.ApplicationPrincipal)
-             At least one of @AccountName, @FromAddress and @PrincipalName.
-Result set:  none.
-Errors:      50145 @AppName missing; 50115 unknown application; 50114 unknown account;
-             50164 nothing to bind; 50165 @FromAddress neither one address nor '@domain';
-             50169 @PrincipalName is not a database user.
-Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (UPDLOCK, HOLDLOCK insert-if-absent on small admin tables).
+mailq.BindApplication: lets an application send through an account and/or as a From address or
+'@domain', and/or maps a database user to it (a user mapped elsewhere moves); idempotent.
+Parameters:  @AppName NVARCHAR(128), required; at least one of @AccountName NVARCHAR(128),
+             @FromAddress NVARCHAR(320) (one bare address or '@example.com', stored lower case)
+             and @PrincipalName sysname (a database user whose mail always carries @AppName).
+Errors:      50145 @AppName missing; 50115 unknown application; 50114 unknown account; 50164
+             nothing to bind; 50165 bad @FromAddress; 50169 @PrincipalName is not a user.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
 Lock order:  mailq.ApplicationAccount, mailq.ApplicationFrom, mailq.ApplicationPrincipal.
-Example:     EXEC mailq.BindApplication @AppName = N'billing', @AccountName = N'qq',
-                 @FromAddress = N'@billing.example.com';
+Example:     EXEC mailq.BindApplication @AppName = N'billing', @FromAddress = N'@billing.example.com';
 */
 CREATE OR ALTER PROCEDURE mailq.BindApplication
     @AppName NVARCHAR(4000),
@@ -4505,7 +4439,6 @@ BEGIN
     IF @FromAddress IS NOT NULL
     BEGIN
         SET @Pattern = LOWER(LTRIM(RTRIM(@FromAddress)));
-        -- '@domain': validated as the domain of a made-up address.
         DECLARE @Probe NVARCHAR(4000) = IIF(LEFT(@Pattern, 1) = N'@', N'x' + @Pattern, @Pattern);
         IF
             LEN(@FromAddress) > 320
@@ -4695,14 +4628,11 @@ GO
 mailq.GetEnqueuePolicy: the enqueue policy in force and the database users who may enqueue
 without being mapped to an application (for `mailq-db doctor`); runs with the caller's rights.
 Parameters:  none.
-Result sets: 1. AllowUnmappedEnqueuers BIT, ChangedAtUtc, ChangedBy, MembershipVisible BIT
-                (0: the caller cannot see others' memberships and grants: set 2 is incomplete)
-             2. unmapped users, one row per way in: PrincipalName, Via (the role or user with
-                EXECUTE on an enqueue procedure, the schema or the database; db_owner; dbo;
-                public).  Windows groups are listed (their members cannot be mapped through
-                them); a DENY is not subtracted.
-Errors:      none of its own.
-Transaction: reads only; opens none.  Isolation: READ COMMITTED, set here.
+Result sets: 1. AllowUnmappedEnqueuers, ChangedAtUtc, ChangedBy, MembershipVisible BIT (0: the
+                caller cannot see others' memberships: set 2 is incomplete)
+             2. unmapped users, one row per way in: PrincipalName, Via (the grant's holder).
+                Windows groups are listed; a DENY is not subtracted.
+Errors:      none of its own.  Transaction: reads only.  Isolation: READ COMMITTED, set here.
 Lock order:  none (catalog views and mailq.EnqueuePolicy, no locking hint).
 Example:     EXEC mailq.GetEnqueuePolicy;
 */
@@ -4890,16 +4820,10 @@ GO
 /*
 mailq.GetInstallationHealth: one row per installation check, for `mailq-db doctor`; reads only.
 Parameters:  none.
-Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix (runnable as is).
-             Checks: server version (FAIL below 2019) and edition; compatibility level
-             (>= 130); READ_COMMITTED_SNAPSHOT; revision; Service Broker and its queue; the
-             caller's roles and EXECUTE rights; unmapped MailqEnqueuer members; expired
-             leases; failures of the last 24 hours; blocked accounts; default account.
-Visibility:  catalog views show only what the caller may see: a least-privilege caller gets
-             WARN "not visible", and the Fix names VIEW DEFINITION or MailqAdmin.
+Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix (runnable as is);
+             catalog views show only what the caller may see (WARN, the Fix names the right).
 Errors:      none of its own.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED.
-Lock order:  none (no locking reads).
+Transaction: reads only.  Isolation: sets READ COMMITTED.  Lock order: none (no locking reads).
 Example:     EXEC mailq.GetInstallationHealth;
 */
 CREATE OR ALTER PROCEDURE mailq.GetInstallationHealth
@@ -5055,8 +4979,6 @@ BEGIN
         (N'mailq.MarkSent', N'MailqSender'),
         (N'mailq.GetQueueStats', N'MailqAdmin')
     ) AS p(ProcName, RoleName);
-
-    -- Unmapped MailqEnqueuer members enqueue without a binding (docs/guarantees.md).
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Security',
@@ -5348,21 +5270,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetMailEvents: reads the event stream (mailq.MailEvent) after a cursor, in EventID order,
-in bounded batches, for one application (@AppName) or one mail (@MailID).  Commit-safe: only
-events below MIN_ACTIVE_ROWVERSION() are returned, so none appears later below a cursor given;
-an open writing transaction holds readers back (mailq.GetEventStreamStall; docs/events.md).
-Parameters:  @AppName NVARCHAR(128) or @MailID BIGINT, exactly one; @AfterEventID BIGINT >= 0,
-             default 0 (the last EventID processed); @MaxEvents INT 1-5000, default 500.
-Result set:  EventID BIGINT, MailID BIGINT, AppName, EventType, Status, AttemptCount, SmtpCode,
-             Detail, OccurredAtUtc; fewer than @MaxEvents rows: up to date (for now).
-Errors:      50170 neither or both of @AppName / @MailID; 50171 @AfterEventID NULL or negative;
-             50172 @MaxEvents out of range; 50173 the caller is mapped to another application.
-Access:      a user mapped to an application reads only its events; others read every one.
-Transaction: opens none, writes nothing.  Isolation: sets READ COMMITTED; the bound is read
-             first, the rows then with READCOMMITTEDLOCK (no RCSI snapshot older than the bound).
-Lock order:  mailq.MailEvent only (shared, row by row); a mailq.PurgeMail batch can make it
-             wait or a deadlock victim (1205): call again with the same cursor.
+mailq.GetMailEvents: the event stream of one application or one mail after a cursor, in EventID
+order, in bounded batches; commit-safe: only events below MIN_ACTIVE_ROWVERSION() (docs/events.md).
+Parameters:  @AppName or @MailID, exactly one; @AfterEventID BIGINT >= 0, default 0 (the last
+             EventID processed); @MaxEvents INT 1-5000, default 500.
+Result set:  EventID, MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail,
+             OccurredAtUtc; fewer than @MaxEvents rows: up to date (for now).
+Errors:      50170 not exactly one of @AppName / @MailID; 50171 @AfterEventID; 50172 @MaxEvents;
+             50173 the caller is mapped to another application (a mapped user reads only its own).
+Transaction: opens none.  Isolation: sets READ COMMITTED; the bound first, rows READCOMMITTEDLOCK.
+Lock order:  mailq.MailEvent only (shared); a PurgeMail batch may make it a 1205 victim: call again.
 Example:     EXEC mailq.GetMailEvents @AppName = N'billing', @AfterEventID = 41230;
 */
 CREATE OR ALTER PROCEDURE mailq.GetMailEvents
@@ -6384,23 +6301,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetEventStreamStall: are the event stream (mailq.GetMailEvents) and the hook dispatcher
-held back now (an open transaction that wrote a rowversion anywhere in this database holds
-back MIN_ACTIVE_ROWVERSION()), and by which transactions?  docs/events.md.
+mailq.GetEventStreamStall: are the event stream and the hook dispatcher held back now (a
+transaction that wrote a rowversion holds back MIN_ACTIVE_ROWVERSION()), and by whom?  docs/events.md.
 Parameters:  @MinOpenSeconds INT 0-86400, default 0: list transactions open at least this long.
-Result sets: 1. one row: HeldBack BIT, MinActiveRowversion BIGINT, NextRowversion BIGINT
-                (@@DBTS + 1), CanSeeTransactions BIT, Permission NVARCHAR(200) (what the caller
-                needs to see them), OldestOpenSeconds INT (NULL: none listed)
-             2. (when HeldBack = 1 and CanSeeTransactions = 1) this database's open read/write
-                transactions that wrote, oldest first: SessionID (NULL: e.g. in-doubt MSDTC),
-                TransactionID, TransactionName, OpenSinceUtc, OpenSeconds, State,
-                SessionStatus, ProgramName, HostName, LoginName, LogRecords
-Permission:  EXECUTE (MailqAdmin, MailqEnqueuer); the DMVs are read with the caller's rights:
-             VIEW SERVER STATE (2022 and later: VIEW SERVER PERFORMANCE STATE; Azure SQL
-             Database: VIEW DATABASE STATE); without it set 2 is empty (never error 297/300).
+Result sets: 1. one row: HeldBack, MinActiveRowversion, NextRowversion (@@DBTS + 1), CanSeeTransactions,
+                Permission (what the caller needs), OldestOpenSeconds; 2. when held back and visible:
+                this database's open writing transactions, oldest first, with session and login
+Permission:  EXECUTE; the DMVs are read with the caller's rights: VIEW SERVER STATE (2022: VIEW
+             SERVER PERFORMANCE STATE; Azure: VIEW DATABASE STATE), else set 2 stays empty.
 Errors:      50521 @MinOpenSeconds out of range.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED; reads only DMVs.
-Lock order:  none.
+Transaction: reads only.  Isolation: sets READ COMMITTED; reads only DMVs.  Lock order: none.
 Example:     EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.GetEventStreamStall
@@ -6728,24 +6638,17 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.AddMailTemplateVersion: stores a new version of a mail template (version 1 of a new
-name); versions never change.  Texts byte-equal to the latest add nothing (@Created 0), so
-deploying twice is harmless.  mailq_db.templates.check_template compiles them beforehand.
-Parameters:  @TemplateName NVARCHAR(128), required: 1-128 of A-Z a-z 0-9 . _ -
-             @SubjectTemplate, required, 1-4000 characters
-             @HtmlTemplate, @TextTemplate: up to 2,000,000 characters, at least one (N'' = none)
-             @Description NVARCHAR(400): NULL keeps the current one
-             @ExpectedLatestVersion INT: refuse unless the latest is this one (0: a new name)
-             @Version INT OUTPUT, @Created BIT OUTPUT
-Errors:      50210 @TemplateName; 50211 @SubjectTemplate; 50212 no body or one too long;
-             50213 @Description too long; 50214 @ExpectedLatestVersion negative; 50216 the
-             template is retired; 50217 the latest version is not @ExpectedLatestVersion.
+mailq.AddMailTemplateVersion: stores a new, never-changing version of a mail template (1 for a new
+name); texts byte-equal to the latest add nothing (@Created 0), so redeploying is harmless.
+Parameters:  @TemplateName NVARCHAR(128) (A-Z a-z 0-9 . _ -), @SubjectTemplate (1-4000), required;
+             @HtmlTemplate, @TextTemplate: at least one, up to 2,000,000 characters; @Description NVARCHAR(400)
+             (NULL keeps it); @ExpectedLatestVersion INT (0: a new name); @Version, @Created OUTPUT
+Errors:      50210 @TemplateName; 50211 @SubjectTemplate; 50212 no body or too long; 50213 @Description;
+             50214 @ExpectedLatestVersion < 0; 50216 retired; 50217 latest is not @ExpectedLatestVersion.
 Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED; UPDLOCK, HOLDLOCK on the template row numbers versions
-             one at a time per name.
-Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
-Example:     EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome', @SubjectTemplate = N'Hi',
-                 @HtmlTemplate = N'<p>Hello</p>', @Version = @V OUTPUT, @Created = @C OUTPUT;
+Isolation:   sets READ COMMITTED.  Lock order: mailq.MailTemplate (UPDLOCK, HOLDLOCK: versions
+             are numbered one at a time per name), then mailq.MailTemplateVersion.
+Example:     EXEC mailq.AddMailTemplateVersion @TemplateName = N'hi', @SubjectTemplate = N'Hi', @TextTemplate = N'Hi';
 */
 CREATE OR ALTER PROCEDURE mailq.AddMailTemplateVersion
     @TemplateName NVARCHAR(4000),
@@ -6799,7 +6702,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-        -- UPDLOCK, HOLDLOCK: versions of one name are numbered one at a time.
         SELECT
             @Latest = t.LatestVersion,
             @RetiredAtUtc = t.RetiredAtUtc
@@ -6855,7 +6757,6 @@ BEGIN
                     t.Description = ISNULL(@Description, t.Description)
                 FROM mailq.MailTemplate AS t
                 WHERE t.TemplateName = @TemplateName;
-
             INSERT INTO mailq.MailTemplateVersion (
                 TemplateName, Version, SubjectTemplate, HtmlTemplate, TextTemplate
             )
@@ -6877,8 +6778,7 @@ GO
 mailq.GetMailTemplate: one version of a mail template, for rendering or review: without
 @Version the latest (50216 when retired), with @Version that one even if retired.
 Parameters:  @TemplateName NVARCHAR(128), required; @Version INT, optional (>= 1).
-Result set:  one row: TemplateName, Version, LatestVersion, SubjectTemplate, HtmlTemplate,
-             TextTemplate, Description, CreatedBy, CreatedAtUtc, RetiredAtUtc.
+Result set:  one row: the version's texts, LatestVersion, Description, CreatedBy, CreatedAtUtc, RetiredAtUtc.
 Errors:      50210 @TemplateName missing or invalid; 50214 @Version below 1; 50215 no such
              template or version; 50216 retired (no @Version).
 Transaction: reads only.  Isolation: the caller's (a version row never changes).
@@ -8126,8 +8026,7 @@ mailq.DeleteDbMailProfile: deletes a profile with its account list and grants (m
 sysmail_delete_profile_sp); mail already queued through it keeps its account.
 Parameters:  @ProfileName NVARCHAR(128), required.
 Errors:      50198 @ProfileName missing; 50250 no such profile.
-Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED: its UPDLOCK reads lock the latest committed row.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
 Lock order:  mailq.DbMailProfile, mailq.DbMailProfileAccount, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.DeleteDbMailProfile @ProfileName = N'Ops';
 */
@@ -8271,8 +8170,7 @@ mailq.DeleteDbMailProfileAccount: removes a sending account from a profile (msdb
 sysmail_delete_profileaccount_sp); mail already queued keeps its account.
 Parameters:  @ProfileName NVARCHAR(128), @AccountName NVARCHAR(128), required.
 Errors:      50198 a parameter missing; 50250 no such profile; 50253 not in the profile.
-Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED: its UPDLOCK reads lock the latest committed row.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
 Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount.
 Example:     EXEC mailq.DeleteDbMailProfileAccount @ProfileName = N'Ops', @AccountName = N'smtp-old';
 */
@@ -8415,8 +8313,7 @@ default with it (msdb's sysmail_delete_principalprofile_sp).
 Parameters:  @ProfileName NVARCHAR(128), @PrincipalName NVARCHAR(128), required.
 Errors:      50198 a parameter missing; 50250 no such profile; 50254 no grant to withdraw.
 Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED: its UPDLOCK reads lock the latest committed row.
-Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
+Isolation:   sets READ COMMITTED.  Lock order: mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.DeleteDbMailPrincipalProfile @ProfileName = N'Ops', @PrincipalName = N'public';
 */
 CREATE OR ALTER PROCEDURE mailq.DeleteDbMailPrincipalProfile
@@ -9873,15 +9770,9 @@ GO
 /*
 mailq.GetMailHistory: one mail's story for `mailq-db dashboard` (its events: mailq.GetMailEvents).
 Parameters:  @MailID BIGINT, required; an unknown ID returns three empty sets.
-Result sets: 1. the mail: ID, MessageID, AccountName, AppName, RunMode, Status, Priority,
-                FromAddress, ToAddress, CC, BCC, Subject, EnqueuedAtUtc, DateToProcess,
-                VisibleAtUtc, SentAtUtc, DateProcessed, ExpiresAtUtc, AttemptCount,
-                AttemptsRemaining, PossibleDuplicate, DryRun, LastError, TemplateName, TemplateVersion
-             2. attempts: AttemptNo, WorkerName, StartedAtUtc, EndedAtUtc, Outcome, SmtpCode,
-                ErrorText (for a Sent attempt: the server's final reply), TemplateVersion
-             3. recipients: Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc
-Errors:      50583 @MailID missing.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED.
+Result sets: 1. the mail (dtStamp as EnqueuedAtUtc); 2. its attempts, in order (ErrorText of
+             a Sent attempt: the server's final reply); 3. each recipient's outcome.
+Errors:      50583 @MailID missing.  Transaction: reads only.  Isolation: sets READ COMMITTED.
 Lock order:  none (three clustered index seeks on the mail's key).
 Example:     EXEC mailq.GetMailHistory @MailID = 101;
 */
@@ -9948,15 +9839,12 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.FindMail: the mails a bulk action of `mailq-db dashboard` would touch (cancel UnSent;
-requeue Failed, Cancelled, Expired, Stopped), per account in VisibleAtUtc order; reads only.
-Parameters:  @Status NVARCHAR(16), required: UnSent, Failed, Cancelled, Expired or Stopped;
-             @AccountName, @RunMode: NULL = all; @MaxRows INT 1-1000, default 100
-Result set:  ID, MessageID, AccountName, RunMode, Status, Subject, EnqueuedAtUtc,
-             DateProcessed, AttemptCount, LastError
+mailq.FindMail: the mails a bulk action of `mailq-db dashboard` would touch, per account in
+VisibleAtUtc order; reads only (one bounded seek on IX_MailQueue_Status).
+Parameters:  @Status: UnSent, Failed, Cancelled, Expired or Stopped; @AccountName, @RunMode:
+             NULL = all; @MaxRows INT 1-1000, default 100
 Errors:      50581 @Status missing or not one of the five; 50582 @MaxRows out of range.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED.
-Lock order:  none (no locking reads); a bounded seek on IX_MailQueue_Status.
+Transaction: reads only.  Isolation: sets READ COMMITTED.  Lock order: none.
 Example:     EXEC mailq.FindMail @Status = N'Failed', @AccountName = N'default', @MaxRows = 500;
 */
 CREATE OR ALTER PROCEDURE mailq.FindMail
@@ -10041,19 +9929,13 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ClaimDbMailQuery: leases one waiting mailq.SendDbMail query to a query runner
-(mailq-db dbmail-runner): the oldest Pending, or a Running one whose lease passed
-(its runner died: at-least-once).
-Parameters:  @LockToken UNIQUEIDENTIFIER, required (mailq.CompleteDbMailQuery checks it);
-             @LeaseSeconds INT 10-3600, default 300
-Result set:  zero or one row: MailItemID INT, MailID BIGINT, Query, Database, RequestUser,
-             RequestUserSid (whom the runner impersonates, and the SID it must find),
-             AttachQueryResultAsFile, QueryAttachmentFilename, QueryResultHeader,
-             QueryResultWidth, QueryResultSeparator, ExcludeQueryOutput, AppendQueryError,
-             QueryNoTruncate, QueryResultNoPadding, QueryResultFormat, Attempts (this one included).
+mailq.ClaimDbMailQuery: leases one waiting mailq.SendDbMail query to a query runner: the oldest
+Pending, or a Running one whose lease passed (its runner died: at-least-once).
+Parameters:  @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 10-3600, default 300
+Result set:  zero or one row: MailItemID, MailID, Query, Database, RequestUser, RequestUserSid
+             (whom to impersonate, and the SID to find), the sp_send_dbmail query options, Attempts.
 Errors:      50660 @LockToken missing or @LeaseSeconds not 10-3600.
-Transaction: one statement; works inside the caller's transaction if open.
-Isolation:   sets READ COMMITTED (READPAST needs it).  Lock order: mailq.DbMailItem only.
+Transaction: one statement.  Isolation: sets READ COMMITTED.  Lock order: mailq.DbMailItem only.
 Example:     EXEC mailq.ClaimDbMailQuery @LockToken = @T, @LeaseSeconds = 300;
 */
 CREATE OR ALTER PROCEDURE mailq.ClaimDbMailQuery
@@ -10074,8 +9956,7 @@ BEGIN
             i.QueryResultNoPadding, i.QueryResultFormat, i.QueryState, i.QueryDueAtUtc, i.QueryLockToken,
             i.QueryAttempts
         FROM mailq.DbMailItem AS i WITH (READPAST, UPDLOCK, ROWLOCK)
-        -- READPAST: skip a query being claimed; UPDLOCK: claim while reading; ROWLOCK:
-        -- row grain.  The predicate repeats IX_DbMailItem_QueryDue's filter.
+        -- READPAST, UPDLOCK, ROWLOCK: claim while reading, skipping others' rows.
         WHERE i.QueryState IN (N'Pending', N'Running') AND i.QueryDueAtUtc <= @Now
         ORDER BY i.QueryDueAtUtc, i.MailItemID
     )
@@ -10098,18 +9979,13 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.CompleteDbMailQuery: a query runner hands back a query it claimed: 'Done' joins the
-result to the mail (after CRLF in the body, as msdb does, or as the attachment) and makes it
-due; 'Failed', or a result over the queue's limits (body 2,000,000 characters, attachment
-10 MiB), stops the mail (mailq.StopMail).  A mail cancelled or stopped meanwhile stays so.
-Parameters:  @MailItemID INT, @LockToken UNIQUEIDENTIFIER (the claim's), @Outcome 'Done' |
-             'Failed', @Text NVARCHAR(MAX) (Done, body), @Attachment VARBINARY(MAX), @FileName,
-             @ContentType NVARCHAR(255) (Done, attachment), @Error NVARCHAR(4000) (Failed: why)
-Result set:  with 'Failed', mailq.StopMail's row (ID, Status, NextAttemptUtc).
-Errors:      50661 the claim is lost (not Running, or another token); 50662 @Outcome or its
-             arguments invalid.
-Transaction: its own if none is open, else the caller's; an error dooms it.
-Isolation:   sets READ COMMITTED.
+mailq.CompleteDbMailQuery: a query runner hands back its claimed query: 'Done' joins the result to
+the mail (after CRLF in the body, as msdb, or attached) and makes it due; 'Failed', or a result over
+the queue's limits, stops the mail (mailq.StopMail, whose row it returns).
+Parameters:  @MailItemID INT, @LockToken (the claim's), @Outcome 'Done' | 'Failed'; Done: @Text
+             (body) or @Attachment, @FileName, @ContentType; Failed: @Error
+Errors:      50661 the claim is lost (finished or taken over); 50662 @Outcome or its arguments.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
 Lock order:  mailq.MailQueue, mailq.MailAttachment (or StopMail's), then mailq.DbMailItem.
 Example:     EXEC mailq.CompleteDbMailQuery @MailItemID = 7, @LockToken = @T, @Outcome = 'Done', @Text = N'...';
 */
@@ -10567,36 +10443,36 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
     ('0001', N'procedures/mailq.LockLeasedMail.sql', '7c551bc3d04a61184ef72a53039aa164d11402bbd7a0cd5908795337fca9f2c3'),
-    ('0001', N'procedures/mailq.EnqueueMailRows.sql', 'c9eefc82b9cc557ac868615fafe33281d7fb70a112e37032a61b66cbda479a45'),
-    ('0001', N'procedures/mailq.EnqueueMail.sql', '861017b3f4db8245e19e62dbee826406d0758452e04841f1cbbc9527fcb802d6'),
-    ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'c61d677e4450342906050a2695b2c803676516eb951605e3863c2319fabef70c'),
-    ('0001', N'procedures/mailq.ClaimMail.sql', 'c35c362d0914f244d65c94ab8eec2465cc9b01ea84eac35c0194b7e6a2961a9c'),
-    ('0001', N'procedures/mailq.FinalizeMail.sql', '1da1b7340aa2f785dd656c6e6060058a27f595d973b8210577e1c7f76e378490'),
-    ('0001', N'procedures/mailq.ExtendLease.sql', 'ac842f77627733440be4cd5298f1a9522d5d14d874c5affc5f45e23042e9bf6a'),
+    ('0001', N'procedures/mailq.EnqueueMailRows.sql', 'c3abea454a61a1032cb8c1123f706dec077684edfa78bbff833c7d07e9d81294'),
+    ('0001', N'procedures/mailq.EnqueueMail.sql', '7b1aeb8e48298d1386e61b21a107d53d943134cbe7ccce84fba1a9ebf1c276d3'),
+    ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'c2e46f04a5a04683dd364ce34030c7fd58de47ec4a70f050301e5417756d7e7f'),
+    ('0001', N'procedures/mailq.ClaimMail.sql', '55d3b82a3552ccb780f8984f47693506fa18ad1504560fbca9035da747bf2d8d'),
+    ('0001', N'procedures/mailq.FinalizeMail.sql', 'ff2c6b8f6cc795d3c2726e92db12156ea47b73836686ab244dbc23d138713b16'),
+    ('0001', N'procedures/mailq.ExtendLease.sql', '049a598aad898a6754ecae426d1815fcba6bae31855949eace686120d48f71f8'),
     ('0001', N'procedures/mailq.ReleaseMail.sql', '8f72da9b892b4bdb2d39aa6fcb5aaef5a43b9d6c6c6e336c60bf376d72a51ad3'),
     ('0001', N'procedures/mailq.MarkSent.sql', '63e9c82af22c4c5959473830ffa250aa10bc43819156691de7840eb4f71b143f'),
     ('0001', N'procedures/mailq.MarkFailed.sql', 'dc5bff613a81b325211cb939441da996427f022103a77e9753d9b275e9836e4d'),
-    ('0001', N'procedures/mailq.CancelMail.sql', '47bd27d139d6c0211247c557a5df5478d3aa89e3a879227274dcd2d40fdc3c76'),
+    ('0001', N'procedures/mailq.CancelMail.sql', '70dfea6d9f76898f638fdb62d0aac929efb37d90c7053b52eb31d423af4f36b9'),
     ('0001', N'procedures/mailq.RequeueMail.sql', '0dab9eb7c2aca0b14c24f8583ef7ba210e4d1b998c893b29a76d47b3e425f9cc'),
     ('0001', N'procedures/mailq.PurgeMail.sql', '47b29433eebe42dcc19877f83725d978bbdaa6913d42763a1b5d2b6b338814e9'),
     ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '7b619046925ea5e96a4a8edcd51748ae94c9668161c239a8c3bdcdb818479d9b'),
     ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
-    ('0001', N'procedures/mailq.AcquireLoginSlot.sql', '5de1b7ad2ca38a5551c4f5cdf455b5a4054e6a55d68b73c0d08dd5d4e3018e38'),
+    ('0001', N'procedures/mailq.AcquireLoginSlot.sql', '103d0cec56e2060e58cfbcdf448024dca179b6924b97027b6bc525aedea4b50f'),
     ('0001', N'procedures/mailq.UpsertApplication.sql', 'c67aa57bf142dfbb5c6c55f8223a0c3427c47ff300098966a771c30210438ae4'),
-    ('0001', N'procedures/mailq.BindApplication.sql', '59b54dd462653c393722f353293993e8d626b461efee6d85bcb8459fc5d8efee'),
+    ('0001', N'procedures/mailq.BindApplication.sql', '39683643d1e32e0f692a0dc5f74e31c7170805edeb728f60b1482f3e59d7a816'),
     ('0001', N'procedures/mailq.UnbindApplication.sql', 'c6cfffd6e670ba895709856cc742f910a1f7be30b5c7f6fa3b821d18769a6076'),
     ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'ebab2f0d893042164d3de72c5d73536f20cb329cf5f387e3b91c0f8e321a54cd'),
-    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', '1a794f387daa7428b5e113c6b5924abfb579abde405784d8169d64abcebe71c5'),
+    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', '4ffd41b1394cbe7f4eec907f78e3d79f4744aef46dfab07276df43c1c99da105'),
     ('0001', N'procedures/mailq.GetQueueStats.sql', '27e0a401b0e0f101457d74f3297e377c435c00ac91f16ac0ffe1fa8d5bcca5cd'),
-    ('0001', N'procedures/mailq.GetInstallationHealth.sql', 'e0407d47c8d29d45d14ecffeed2e8e9f0b0eadde798cf3d35a433248a61cd10f'),
+    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '0c1043d185862535749e3512e16b23338c91018980bd01fafaa84a86093fec69'),
     ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '153dc087cfcdb92ebb0d8006d0610c5df24c3d6099775c846433a14d02b70694'),
     ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '9d6440087de1500f6688d698c4098d940458eab0b4f063aa03ac5642f219e41d'),
-    ('0001', N'procedures/mailq.GetMailEvents.sql', '855363540a88b84000d11d1589287e7e7efc0b9ee75315e124d0da6dfc450dd3'),
+    ('0001', N'procedures/mailq.GetMailEvents.sql', 'a9ecef2c55deb66dfa7bf0ee0e3deaa869d5a0812ad649d57b1d11ffe9441371'),
     ('0001', N'procedures/mailq.StopMail.sql', '57190c217b55d60c775f7b74d35f5cd6b780fc2b215c048acc5ee90e30f8b9c1'),
     ('0001', N'procedures/mailq.SetApplicationHook.sql', '68e13868093ea2b78789569f726e5cb9313242fdb2d69b1416cfb84ce04d634b'),
     ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'b2f0510300349b11db4f41affa0453ffc5eba1a67c3b430028696c573f3e5859'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
-    ('0001', N'procedures/mailq.GetEventStreamStall.sql', '5bd0a0be0ef69d1283aef94448fc84e11858b0be708e44c954b12eb357ad392d'),
+    ('0001', N'procedures/mailq.GetEventStreamStall.sql', '7e720e27287313f286188a2d2c30ef2294900921683e72de678706a4c3a7d082'),
     ('0001', N'security/MailqEnqueuer.grants.sql', '308e6b3f4e8a94429b47e1720c362f8913cd230a0afc63ceca89013740ef94a4'),
     ('0001', N'security/MailqEnqueuer.batch.grants.sql', '500a3a76b5ce7a8edd0cdbf9d19d48322676042658da9fb541d4d0e457804e1d'),
     ('0001', N'security/MailqSender.grants.sql', '38d55f69943e8c103cef7d15da235dfdc69431baf1735959703665e0f6581686'),
@@ -10609,8 +10485,8 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'tables/mailq.MailTemplate.sql', 'bf6adf36d946b89f08b03715929d7dcef78474409b34c1d16062a27bb8d74bbe'),
     ('0001', N'tables/mailq.MailTemplateVersion.sql', '740e3884fde00d413cb05c3d4cee3bb2eb2d55e85eb79c747ec29a7f7c255c43'),
     ('0001', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '133f9422bc2571f00cda7ce554f3fde0ac0370953e37158bf40a628ec0a3ac80'),
-    ('0001', N'procedures/mailq.AddMailTemplateVersion.sql', '109a54e8274078d583ab50c97457199936f80661919dbf9c0f159a235b49ca71'),
-    ('0001', N'procedures/mailq.GetMailTemplate.sql', 'd7f8d133bc67040495907ab2a43feb7db04dd96abee699b9c972faffcd565465'),
+    ('0001', N'procedures/mailq.AddMailTemplateVersion.sql', '82695f413b2fabd33bb7e45bfb3c65ab7d851d2985737b4bbf782fd6001c1931'),
+    ('0001', N'procedures/mailq.GetMailTemplate.sql', '6c7835174187c391c9c7b40b1ead6cbe84635839946eb68fec52164d4e2c1a26'),
     ('0001', N'procedures/mailq.ListMailTemplates.sql', '9c197f2af691d38c2e44e3524539ea6eefc26f44a629f88d17b2c1a257ad6097'),
     ('0001', N'procedures/mailq.ListMailTemplateVersions.sql', '7809a4b13f09337f329f7312235cb97b59806f6fdef0443f8edd45c48d46be35'),
     ('0001', N'procedures/mailq.RetireMailTemplate.sql', '7096d2fcc12530a2d89797d47dfdf31eb293f3dd922081e8712cd37b95790c67'),
@@ -10632,11 +10508,11 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'bbb5e2e8c3d3a51e978ab68da23fc00c6317535f8f4d34c2db4208ffa06ee478'),
     ('0001', N'procedures/mailq.SendDbMail.sql', '1876732dbdb89ad3b5b26a3a3da962a15e5884b9ea6a5c90e5b41cc9964ccff0'),
     ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
-    ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '2dec40b9bfd237f9e7b6467cab907dedbce8603b10f8c10dbc63f1923878feba'),
+    ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', 'd551dd534471727d73fecb9a96b390df58b4361721012cbcfec0d1a24d53cae5'),
     ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '30a940c5359b0f3ce392bbe3fd4a9535a4f044ac18b40d7f8d67713ecdfb9c68'),
-    ('0001', N'procedures/mailq.DeleteDbMailProfileAccount.sql', '4f82ecadda7b8c6f531beb87810d9d92d6b4154fd15209477cd3e2bde2aed436'),
+    ('0001', N'procedures/mailq.DeleteDbMailProfileAccount.sql', 'b31406a83961638b2bac8e1aa8174e0807b9b25aca64c102b2626ec85e3bab35'),
     ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', '3200cdad8d8ed121e71052de8474685eb468751169fd455b552cb1a5dfa91232'),
-    ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', 'bfaa57d91eb6f5709b0f57a653a5891a2957668283415a753020a370877a0b76'),
+    ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', '200b1a115832dd8af5f0c3f989f6e9ffeea8d02b3e5f75e187dd57ba0d12ec01'),
     ('0001', N'security/MailqDbMailUser.grants.sql', '5d7694f7218facd6a705e5a91b4d06613c3cbd2c86c97b00807c10c598835ef6'),
     ('0001', N'security/MailqAdmin.dbmail.grants.sql', 'dac07263321d9bbc0353d26a0141f0139e84c82c8b75e5ca067685ed3dcaad82'),
     ('0001', N'security/MailqBounceReader.role.sql', '5a85dbbd3a7336a5982c6c24fe1c6487632c6410261401aadac0614ef4e20eaa'),
@@ -10653,13 +10529,13 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqBounceReader.grants.sql', '079d0b1ab090e10a39e48c7acd98f0a9d5d8ba16c0acc01b5902d995e64cafee'),
     ('0001', N'security/MailqMonitor.role.sql', '4aab1e65217069c7dafde0f55e862c1731e9e321a9ab15cacf5b20eaa2ace1b8'),
     ('0001', N'procedures/mailq.GetQueueMetrics.sql', '5a9711e58d7f9e9dfaf97d40cf7f521ee5e32df4c96c8607ed93bf3d1434a54b'),
-    ('0001', N'procedures/mailq.GetMailHistory.sql', '75019e8c873cac2f6c35d1266f2aa899590bed90bc1c04d2763e96acd0c425da'),
-    ('0001', N'procedures/mailq.FindMail.sql', 'eda40deb8996c4177932428c93d164679755f82a610ac69bee7aa0d1f223bd49'),
+    ('0001', N'procedures/mailq.GetMailHistory.sql', '151c76bd5a7625e1fbed3e84b6c03902708a5eb5ebcaf4e59a5c61c97d70f28c'),
+    ('0001', N'procedures/mailq.FindMail.sql', '1f753a394744507cde148cac4dafe806eb01d5287e44aed167a9695b97b0afe8'),
     ('0001', N'security/MailqMonitor.grants.sql', '96ac12fc212d8403dcd69387635d3e45c04da83cc6300849a7b769139de40329'),
     ('0001', N'security/MailqAdmin.monitoring.grants.sql', '110850872b0469247a7816029131773eae165f5f5d580e63f37ff786c5aa9f4e'),
     ('0001', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),
-    ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '2771fe1302708bd9bf5ad700ac5ba47a719257d49fd1313188fde42c1b2e448d'),
-    ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', '7ad57b75fabdea440800f652a4ada5719f9c279ad40074a69ac1116c843871ba'),
+    ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '25f1f06e3b2af64b16d52287db351d0ae42a467f9fb4d32d490e31b3ee65bbce'),
+    ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', 'ee1ebe2169f99aef6b08410308bf15b66c32be07c4a04498cb050777f2811ff7'),
     ('0001', N'views/mailq.sysmail_mailattachments.sql', 'edf748544e1352d35cae718a1e8291b2a47d3d644a0e3276b3106160abf320f5'),
     ('0001', N'views/mailq.sysmail_profile.sql', '86cbb0a0c212583f0a2c7e643a73393066c83fe9ff74fef42b5f5de53c7bbf3e'),
     ('0001', N'views/mailq.sysmail_account.sql', 'e6af113c8ac95c003bea6c4e9ef3d3a6b49b39ba52f93ddb757afbe4c80f990b'),

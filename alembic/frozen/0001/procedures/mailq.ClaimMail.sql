@@ -2,23 +2,16 @@
 /*
 mailq.ClaimMail: leases up to @BatchSize due mails to one worker; reads and locks grow with the
 batch and the accounts that can send now, never with mail it cannot take (docs/claim.md).
-Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER, required;
-             @LeaseSeconds INT 1-3600, default 300; @AppName NULL: every application's mail
-             (competing), a name: only that application's (isolated); @WorkerName, kept in
-             mailq.MailAttempt; @AccountNames NULL (all) or a JSON array of accounts;
-             @RunModes NULL (["prod"]) or a JSON array of 1-16 run-mode names.
-Result sets: 1. one row per mail leased: ID, MessageID, AccountName, AppName, FromName,
-                FromAddress, ReplyTo, ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody,
-                Headers, Priority, AttemptNo, AttemptsRemaining, LeaseExpiresUtc,
-                PossibleDuplicate, dtStamp, RunMode, DryRun, TemplateName, TemplateVersion,
-                TemplateModel, LeaseSecondsRemaining (INT, whole seconds left, floored)
-             2. attachments: MailID, AttachmentNo, FileName, ContentType, Content, Generator,
-                GeneratorArgs (Content NULL: generated)
-             3. template versions: TemplateName, Version, SubjectTemplate, HtmlTemplate, TextTemplate
+Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds
+             INT 1-3600, default 300; @AppName NULL: every application's mail, a name: only its own;
+             @WorkerName; @AccountNames, @RunModes: JSON arrays served (NULL: all accounts, ["prod"]).
+Result sets: 1. the mails leased: their columns, AttemptNo, LeaseExpiresUtc, PossibleDuplicate, DryRun,
+                the template's name, version, model, LeaseSecondsRemaining (INT, whole seconds, floored)
+             2. attachments (Content NULL: Generator makes it); 3. the template versions to render
 Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a name over 128,
              50115 @AppName not registered, 50148 @AccountNames, 50241 @RunModes.
 Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT).
-Isolation:   sets READ COMMITTED (READPAST); queue reads lock (UPDLOCK/READCOMMITTEDLOCK) under RCSI.
+Isolation:   sets READ COMMITTED (READPAST); queue reads lock, also under RCSI.
 Lock order:  mailq.RateBudget (U), mailq.MailQueue (claim index keys U, then rows X),
              mailq.MailAttempt (X), mailq.MailEvent (insert).
 Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T, @WorkerName = N'host1/1';
@@ -38,7 +31,6 @@ BEGIN
     DECLARE @Msg NVARCHAR(2048);
     SET @BatchSize = COALESCE(@BatchSize, 10);
     SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
-    -- 1. Validate parameters before any transaction starts.
     IF @BatchSize NOT BETWEEN 1 AND 1000
     BEGIN
         SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
@@ -156,15 +148,13 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-        -- Unlimited accounts: no budget, no lock; a plain read of BlockedUntilUtc suffices.
         INSERT INTO @Acct (AccountName, IsLimited, BlockedUntilUtc)
         SELECT a.AccountName, 0, a.BlockedUntilUtc
         FROM mailq.SendingAccount AS a
         WHERE
             a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
             AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
-        -- UPDLOCK: the budget stays ours to commit; READPAST, ROWLOCK: skip a budget
-        -- another claimer holds; FORCESEEK: a scan would U-lock every account's budget.
+        -- UPDLOCK: ours to commit; READPAST, ROWLOCK: skip held budgets; FORCESEEK: a scan locks them all.
         INSERT INTO @Acct (
             AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
             MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
@@ -178,14 +168,12 @@ BEGIN
         WHERE
             (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
             AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
-        -- The clock, read while the budget rows are held.
         SET @Now = SYSUTCDATETIME();
         SET @LeaseUntil = DATEADD(SECOND, @LeaseSeconds, @Now);
         SET @MinuteStart = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
         SET @HourStart = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
         SET @DayStart = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
         DELETE FROM @Acct WHERE BlockedUntilUtc > @Now;
-        -- A stored window at or after ours is the current one (windows never move back).
         UPDATE a
         SET a.Remaining = IIF(
             a.IsLimited = 0,
@@ -207,8 +195,7 @@ BEGIN
         SELECT a.AccountName, m.RunMode
         FROM @Acct AS a
         CROSS JOIN @Modes AS m;
-        -- More pairs than slots: drop pairs without claimable mail (probe: locking read
-        -- that keeps no lock), then draw @BatchSize of them at random.
+        -- More pairs than slots: drop pairs without claimable mail (probes keep no lock), draw @BatchSize.
         IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
         BEGIN
             IF @AppName IS NULL
@@ -260,7 +247,6 @@ BEGIN
                 );
             END;
         END;
-        -- 3. Up to three passes, each a pick and one UPDATE (docs/claim.md).
         WHILE @Pass < 3 AND @Left > 0
         BEGIN
             SET @Pass += 1;
@@ -291,10 +277,7 @@ BEGIN
                     WHERE d2.IsOpen = 1 AND a.Remaining > a.Taken
                 ) AS o
             ) AS x ON d.AccountName = x.AccountName AND d.RunMode = x.RunMode;
-            -- The pick (per pair, one ordered seek of TOP (Cap)):
-            --   INDEX + FORCESEEK: this index's seek or an error, never a scan;
-            --   READPAST: skip rows other workers hold; UPDLOCK: keys stay ours to commit;
-            --   ROWLOCK: row grain, so READPAST skips rows, not pages.
+            -- The pick: INDEX + FORCESEEK, never a scan; READPAST, UPDLOCK, ROWLOCK: skip held rows, keep ours.
             DELETE FROM @Pick;
             IF @AppName IS NULL
                 INSERT INTO @Pick (ID)
@@ -346,8 +329,7 @@ BEGIN
                     ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
                 ) AS c
                 ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC;
-            -- The lease, re-checked: FORCESEEK, one seek per ID; READPAST: a row another
-            -- session holds is skipped, so our key U and its clustered X cannot deadlock.
+            -- The lease, re-checked; READPAST: our key U and another's clustered X cannot deadlock.
             UPDATE q
             SET
                 q.Status = N'Sending',
@@ -426,7 +408,6 @@ BEGIN
         INNER JOIN @Claimed AS c
             ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
         WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
-        -- The version each template mail renders: pinned, else the latest unless retired.
         UPDATE c
         SET c.TemplateVersion = COALESCE(c.TemplateVersion, IIF(t.RetiredAtUtc IS NULL, t.LatestVersion, NULL))
         FROM @Claimed AS c
@@ -445,15 +426,12 @@ BEGIN
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT c.ID, c.AppName, N'Claimed', N'Sending', c.AttemptNo, NULL, @WorkerName, @Now
         FROM @Claimed AS c;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-    -- 4. Return the leased mails; FORCESEEK: one seek per ID, never a scan.
-    -- LeaseSecondsRemaining: by the clock read now, floored, so it never overestimates.
     DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
     SELECT
         q.ID,

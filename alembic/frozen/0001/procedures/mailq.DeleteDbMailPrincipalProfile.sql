@@ -5,8 +5,7 @@ default with it (msdb's sysmail_delete_principalprofile_sp).
 Parameters:  @ProfileName NVARCHAR(128), @PrincipalName NVARCHAR(128), required.
 Errors:      50198 a parameter missing; 50250 no such profile; 50254 no grant to withdraw.
 Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED: its UPDLOCK reads lock the latest committed row.
-Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
+Isolation:   sets READ COMMITTED.  Lock order: mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.DeleteDbMailPrincipalProfile @ProfileName = N'Ops', @PrincipalName = N'public';
 */
 CREATE OR ALTER PROCEDURE mailq.DeleteDbMailPrincipalProfile

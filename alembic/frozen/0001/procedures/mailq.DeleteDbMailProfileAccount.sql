@@ -4,8 +4,7 @@ mailq.DeleteDbMailProfileAccount: removes a sending account from a profile (msdb
 sysmail_delete_profileaccount_sp); mail already queued keeps its account.
 Parameters:  @ProfileName NVARCHAR(128), @AccountName NVARCHAR(128), required.
 Errors:      50198 a parameter missing; 50250 no such profile; 50253 not in the profile.
-Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED: its UPDLOCK reads lock the latest committed row.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
 Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount.
 Example:     EXEC mailq.DeleteDbMailProfileAccount @ProfileName = N'Ops', @AccountName = N'smtp-old';
 */

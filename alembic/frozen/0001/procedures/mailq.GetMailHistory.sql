@@ -2,15 +2,9 @@
 /*
 mailq.GetMailHistory: one mail's story for `mailq-db dashboard` (its events: mailq.GetMailEvents).
 Parameters:  @MailID BIGINT, required; an unknown ID returns three empty sets.
-Result sets: 1. the mail: ID, MessageID, AccountName, AppName, RunMode, Status, Priority,
-                FromAddress, ToAddress, CC, BCC, Subject, EnqueuedAtUtc, DateToProcess,
-                VisibleAtUtc, SentAtUtc, DateProcessed, ExpiresAtUtc, AttemptCount,
-                AttemptsRemaining, PossibleDuplicate, DryRun, LastError, TemplateName, TemplateVersion
-             2. attempts: AttemptNo, WorkerName, StartedAtUtc, EndedAtUtc, Outcome, SmtpCode,
-                ErrorText (for a Sent attempt: the server's final reply), TemplateVersion
-             3. recipients: Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc
-Errors:      50583 @MailID missing.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED.
+Result sets: 1. the mail (dtStamp as EnqueuedAtUtc); 2. its attempts, in order (ErrorText of
+             a Sent attempt: the server's final reply); 3. each recipient's outcome.
+Errors:      50583 @MailID missing.  Transaction: reads only.  Isolation: sets READ COMMITTED.
 Lock order:  none (three clustered index seeks on the mail's key).
 Example:     EXEC mailq.GetMailHistory @MailID = 101;
 */

@@ -1,9 +1,8 @@
 /*
 mailq.BindApplication: lets an application send through an account and/or as a From address or
 '@domain', and/or maps a database user to it (a user mapped elsewhere moves); idempotent.
-Parameters:  @AppName NVARCHAR(128), required; at least one of @AccountName NVARCHAR(128),
-             @FromAddress NVARCHAR(320) (one bare address or '@example.com', stored lower case)
-             and @PrincipalName sysname (a database user whose mail always carries @AppName).
+Parameters:  @AppName, required; at least one of @AccountName, @FromAddress (one bare address or
+             '@example.com', stored lower case) and @PrincipalName (a user whose mail carries @AppName).
 Errors:      50145 @AppName missing; 50115 unknown application; 50114 unknown account; 50164
              nothing to bind; 50165 bad @FromAddress; 50169 @PrincipalName is not a user.
 Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
@@ -38,13 +37,12 @@ BEGIN
         SET @Msg = CONCAT(N'@AccountName ''', LEFT(@AccountName, 128), N''' is not a sending account.');
         THROW 50114, @Msg, 1;
     END;
-    -- A user, not a role: EnqueueMail compares USER_NAME().
     IF
         @PrincipalName IS NOT NULL
         AND NOT EXISTS (
             SELECT 1
             FROM sys.database_principals AS d
-            WHERE d.name = @PrincipalName AND d.type IN ('S', 'U', 'E', 'X', 'C', 'K')
+            WHERE d.name = @PrincipalName AND d.type IN ('S', 'U', 'E', 'X', 'C', 'K')  -- users: USER_NAME()
         )
     BEGIN
         SET @Msg = CONCAT(N'@PrincipalName ''', LEFT(@PrincipalName, 128), N''' is not a database user.');

@@ -1,7 +1,6 @@
 /*
-mailq.CompleteDbMailQuery: a query runner hands back its claimed query: 'Done' joins the result to
-the mail (after CRLF in the body, as msdb, or attached) and makes it due; 'Failed', or a result over
-the queue's limits, stops the mail (mailq.StopMail, whose row it returns).
+mailq.CompleteDbMailQuery: a runner hands back its query: 'Done' joins the result to the mail (after
+CRLF in the body, or attached) and makes it due; 'Failed' or an oversized result stops it (StopMail's row).
 Parameters:  @MailItemID INT, @LockToken (the claim's), @Outcome 'Done' | 'Failed'; Done: @Text
              (body) or @Attachment, @FileName, @ContentType; Failed: @Error
 Errors:      50661 the claim is lost (finished or taken over); 50662 @Outcome or its arguments.

@@ -1,8 +1,7 @@
 /*
 mailq.DeleteDbMailProfile: deletes a profile with its account list and grants (msdb's
 sysmail_delete_profile_sp); mail already queued through it keeps its account.
-Parameters:  @ProfileName NVARCHAR(128), required.
-Errors:      50198 @ProfileName missing; 50250 no such profile.
+Parameters:  @ProfileName NVARCHAR(128), required.  Errors: 50198 @ProfileName missing; 50250 no such profile.
 Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
 Lock order:  mailq.DbMailProfile, mailq.DbMailProfileAccount, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.DeleteDbMailProfile @ProfileName = N'Ops';

@@ -6,8 +6,7 @@ Result sets: 1. RowNo, MailID, MessageID, Created (0: the key's mail); 2. reject
              RowNo, Field, ErrorNumber (EnqueueMail's, or 50223), Message.
 Errors:      50220 a row invalid (row, field, rule); 50221 input shape; 50222 row count; 50224
              bad base64; 50225 key lock not granted in 10 s; 50226 over 256 MB.  Nothing written.
-Transaction: its own if none is open, else the caller's; an error dooms it.
-Isolation:   READ COMMITTED and the filtered-index SET options, set by the core.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: set by the core.
 Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared, held),
              mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
 Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[{"ToAddress": "a@example.com", "Body": "B"}]';

@@ -1,6 +1,5 @@
 /*
-mailq.EnqueueMailRows: the one implementation of enqueueing, for mailq.EnqueueMail and
-mailq.EnqueueMailBatch; internal (no grant, reached by ownership chaining; docs/enqueue.md).
+mailq.EnqueueMailRows: the one enqueue implementation (EnqueueMail, EnqueueMailBatch); internal, no grant.
 Parameters:  @Rows mailq.MailBatchRow READONLY, @Mails (JSON), or @Single = 1 and one mail in
              @ToAddress ... @TemplateModel; @RejectInvalid BIT (batch): 1 queue the valid rows.
 Results:     @Single = 1: the OUTPUTs, no result set; else EnqueueMailBatch's two result sets.

@@ -1,6 +1,5 @@
 /*
-mailq.ExtendLease: pushes the lease of mails a worker still holds, fenced by the lock token,
-all or nothing; the new lease runs from now.
+mailq.ExtendLease: pushes the leases a worker holds to now + @LeaseSeconds, fenced by the token, all or nothing.
 Parameters:  @ID or @IDList (JSON array), exactly one; @LockToken, required; @LeaseSeconds 1-3600, default 300.
 Result set:  ID, LeaseExpiresUtc, LeaseSecondsRemaining (INT, floored: count it down on the worker's clock).
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail); 50132 @LeaseSeconds.

@@ -6,10 +6,9 @@ Result set:  FailedCount, ExpiredCount, MoreLeft BIT (call again), Busy BIT (ano
 Errors:      50150 @BatchSize, 50151 @MaxBatches out of range; 50152 called inside a transaction.
 Transaction: refuses one (50152); each batch commits on its own, also in implicit transaction
              mode (turned off inside); an error rolls back the batch under way and is re-raised.
-Isolation:   sets READ COMMITTED (READPAST needs it).
+Isolation:   sets READ COMMITTED (READPAST needs it).  Example: EXEC mailq.FinalizeMail @BatchSize = 200;
 Lock order:  the application lock N'mailq.FinalizeMail' (batch-owned, never waited for), then
              mailq.MailQueue (keys U, rows X), mailq.MailAttempt, mailq.MailEvent (docs/finalization.md).
-Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
 */
 CREATE OR ALTER PROCEDURE mailq.FinalizeMail
     @BatchSize INT = 200,
@@ -103,7 +102,6 @@ BEGIN
             FROM Dead AS d;
             SET @Rows = @@ROWCOUNT;
             SET @Failed += @Rows;
-            -- Expired (a live lease is left to its worker).  Same hints, same reasons.
             WITH Late AS (
                 SELECT TOP (@BatchSize)
                     q.ID,

@@ -30,7 +30,6 @@ BEGIN
         SET @Msg = CONCAT(N'@MaxRows must be 1-1000; got ', @MaxRows, N'.');
         THROW 50582, @Msg, 1;
     END;
-    -- INDEX + FORCESEEK: a seek on (Status [, AccountName]), never a scan.
     SELECT TOP (@MaxRows)
         q.ID,
         q.MessageID,
@@ -42,7 +41,7 @@ BEGIN
         q.DateProcessed,
         q.AttemptCount,
         q.LastError
-    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)  -- a seek, never a scan
     WHERE
         q.Status = @Status
         AND (@AccountName IS NULL OR q.AccountName = @AccountName)

@@ -4,8 +4,8 @@ without being mapped to an application (for `mailq-db doctor`); runs with the ca
 Parameters:  none.
 Result sets: 1. AllowUnmappedEnqueuers, ChangedAtUtc, ChangedBy, MembershipVisible BIT (0: the
                 caller cannot see others' memberships: set 2 is incomplete)
-             2. unmapped users, one row per way in: PrincipalName, Via (the grant's holder).
-                Windows groups are listed; a DENY is not subtracted.
+             2. unmapped users, one row per way in: PrincipalName, Via (the grant's holder); Windows
+                groups are listed; a DENY is not subtracted.
 Errors:      none of its own.  Transaction: reads only.  Isolation: READ COMMITTED, set here.
 Lock order:  none (catalog views and mailq.EnqueuePolicy, no locking hint).
 Example:     EXEC mailq.GetEnqueuePolicy;

@@ -1,8 +1,7 @@
 /*
 mailq.GetMailEvents: the event stream of one application or one mail after a cursor, in EventID
 order, in bounded batches; commit-safe: only events below MIN_ACTIVE_ROWVERSION() (docs/events.md).
-Parameters:  @AppName or @MailID, exactly one; @AfterEventID BIGINT >= 0, default 0 (the last
-             EventID processed); @MaxEvents INT 1-5000, default 500.
+Parameters:  @AppName or @MailID, exactly one; @AfterEventID BIGINT >= 0, default 0; @MaxEvents 1-5000, default 500.
 Result set:  EventID, MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail,
              OccurredAtUtc; fewer than @MaxEvents rows: up to date (for now).
 Errors:      50170 not exactly one of @AppName / @MailID; 50171 @AfterEventID; 50172 @MaxEvents;
@@ -48,8 +47,7 @@ BEGIN
         );
         THROW 50173, @Msg, 1;
     END;
-    -- BIGINT -> BINARY(8) is big-endian, the order rowversion values compare in.
-    DECLARE @After BINARY(8) = CAST(@AfterEventID AS BINARY(8));
+    DECLARE @After BINARY(8) = CAST(@AfterEventID AS BINARY(8));  -- big-endian, as rowversions compare
     DECLARE @Upper BINARY(8) = MIN_ACTIVE_ROWVERSION();
     IF @AppName IS NOT NULL
         SELECT TOP (@MaxEvents)

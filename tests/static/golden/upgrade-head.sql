@@ -2141,8 +2141,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.EnqueueMailRows: the one implementation of enqueueing, for mailq.EnqueueMail and
-mailq.EnqueueMailBatch; internal (no grant, reached by ownership chaining; docs/enqueue.md).
+mailq.EnqueueMailRows: the one enqueue implementation (EnqueueMail, EnqueueMailBatch); internal, no grant.
 Parameters:  @Rows mailq.MailBatchRow READONLY, @Mails (JSON), or @Single = 1 and one mail in
              @ToAddress ... @TemplateModel; @RejectInvalid BIT (batch): 1 queue the valid rows.
 Results:     @Single = 1: the OUTPUTs, no result set; else EnqueueMailBatch's two result sets.
@@ -2403,9 +2402,8 @@ Errors:      50101-50121, 50160, 50161, 50168, 50240, 50280-50286, 50500, 50600 
              docs/errors.md); 50116 key reused with other content; 50162 key lock not granted in 10 s.
 Transaction: its own if none is open, else the caller's (also distributed); an error dooms it.
 Isolation:   READ COMMITTED and the filtered-index SET options, set by mailq.EnqueueMailRows.
-Lock order:  the key's application lock, mailq.Suppression (shared, held), mailq.MailQueue,
-             mailq.MailAttachment, mailq.MailEvent (docs/guarantees.md).
-Example:     EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com', @Body = N'Done.', @MailID = @ID OUTPUT;
+Lock order:  the key's application lock, mailq.Suppression (shared, held), mailq.MailQueue, MailAttachment, MailEvent.
+Example:     EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com', @Subject = N'Report', @Body = N'Done.';
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMail
     @ToAddress NVARCHAR(MAX) = NULL,
@@ -2459,8 +2457,7 @@ Result sets: 1. RowNo, MailID, MessageID, Created (0: the key's mail); 2. reject
              RowNo, Field, ErrorNumber (EnqueueMail's, or 50223), Message.
 Errors:      50220 a row invalid (row, field, rule); 50221 input shape; 50222 row count; 50224
              bad base64; 50225 key lock not granted in 10 s; 50226 over 256 MB.  Nothing written.
-Transaction: its own if none is open, else the caller's; an error dooms it.
-Isolation:   READ COMMITTED and the filtered-index SET options, set by the core.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: set by the core.
 Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared, held),
              mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
 Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[{"ToAddress": "a@example.com", "Body": "B"}]';
@@ -2535,10 +2532,9 @@ Result sets: 1. the mails leased: their columns, AttemptNo, LeaseExpiresUtc, Pos
              2. attachments (Content NULL: Generator makes it); 3. the template versions to render
 Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a name over 128,
              50115 @AppName not registered, 50148 @AccountNames, 50241 @RunModes.
-Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT).
-Isolation:   sets READ COMMITTED (READPAST); queue reads lock, also under RCSI.
-Lock order:  mailq.RateBudget (U), mailq.MailQueue (claim index keys U, then rows X),
-             mailq.MailAttempt (X), mailq.MailEvent (insert).
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED
+             (READPAST needs it); its queue reads lock, also under RCSI.
+Lock order:  mailq.RateBudget (U), mailq.MailQueue (index keys U, rows X), mailq.MailAttempt, mailq.MailEvent.
 Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T, @WorkerName = N'host1/1';
 */
 CREATE OR ALTER PROCEDURE mailq.ClaimMail
@@ -2911,7 +2907,6 @@ BEGIN
             ) AS n ON a.AccountName = n.AccountName;
             SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
         END;
-        -- Charge the budgets (rows U-locked above); FORCESEEK, ROWLOCK: only those rows.
         UPDATE b
         SET
             b.MinuteCount = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteCount, 0) + a.Taken,
@@ -2920,16 +2915,15 @@ BEGIN
             b.HourStartUtc = IIF(b.HourStartUtc >= @HourStart, b.HourStartUtc, @HourStart),
             b.DayCount = IIF(b.DayStartUtc >= @DayStart, b.DayCount, 0) + a.Taken,
             b.DayStartUtc = IIF(b.DayStartUtc >= @DayStart, b.DayStartUtc, @DayStart)
-        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)  -- only the budget rows U-locked above
         INNER JOIN @Acct AS a ON b.AccountName = a.AccountName
         WHERE a.IsLimited = 1 AND a.Taken > 0;
-        -- Abandon reclaimed leases' attempts (FORCESEEK, ROWLOCK: seek by mail ID).
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
             t.Outcome = N'Abandoned',
             t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
-        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek by mail ID, never a scan
         INNER JOIN @Claimed AS c
             ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
         WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
@@ -3001,7 +2995,6 @@ BEGIN
     FROM mailq.MailAttachment AS a WITH (FORCESEEK (PK_MailAttachment (MailID)))
     INNER JOIN @Claimed AS c ON a.MailID = c.ID
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
-    -- Template texts: FORCESEEK, one seek per distinct version.
     WITH Used AS (
         SELECT DISTINCT c.TemplateName, c.TemplateVersion
         FROM @Claimed AS c
@@ -3015,7 +3008,7 @@ BEGIN
         v.HtmlTemplate,
         v.TextTemplate
     FROM Used AS u
-    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)
+    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)  -- one seek per distinct version
         ON u.TemplateName = v.TemplateName AND u.TemplateVersion = v.Version
     ORDER BY v.TemplateName ASC, v.Version ASC;
 END;
@@ -3030,10 +3023,9 @@ Result set:  FailedCount, ExpiredCount, MoreLeft BIT (call again), Busy BIT (ano
 Errors:      50150 @BatchSize, 50151 @MaxBatches out of range; 50152 called inside a transaction.
 Transaction: refuses one (50152); each batch commits on its own, also in implicit transaction
              mode (turned off inside); an error rolls back the batch under way and is re-raised.
-Isolation:   sets READ COMMITTED (READPAST needs it).
+Isolation:   sets READ COMMITTED (READPAST needs it).  Example: EXEC mailq.FinalizeMail @BatchSize = 200;
 Lock order:  the application lock N'mailq.FinalizeMail' (batch-owned, never waited for), then
              mailq.MailQueue (keys U, rows X), mailq.MailAttempt, mailq.MailEvent (docs/finalization.md).
-Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
 */
 CREATE OR ALTER PROCEDURE mailq.FinalizeMail
     @BatchSize INT = 200,
@@ -3127,7 +3119,6 @@ BEGIN
             FROM Dead AS d;
             SET @Rows = @@ROWCOUNT;
             SET @Failed += @Rows;
-            -- Expired (a live lease is left to its worker).  Same hints, same reasons.
             WITH Late AS (
                 SELECT TOP (@BatchSize)
                     q.ID,
@@ -3215,8 +3206,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ExtendLease: pushes the lease of mails a worker still holds, fenced by the lock token,
-all or nothing; the new lease runs from now.
+mailq.ExtendLease: pushes the leases a worker holds to now + @LeaseSeconds, fenced by the token, all or nothing.
 Parameters:  @ID or @IDList (JSON array), exactly one; @LockToken, required; @LeaseSeconds 1-3600, default 300.
 Result set:  ID, LeaseExpiresUtc, LeaseSecondsRemaining (INT, floored: count it down on the worker's clock).
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail); 50132 @LeaseSeconds.
@@ -3663,8 +3653,7 @@ mailq.CancelMail: cancels an UnSent mail (a Sending one may already be at the SM
 Parameters:  @ID BIGINT, required.  Result set: one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
 Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
 Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).
-Lock order:  mailq.MailQueue, then mailq.MailEvent (insert).
+Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).  Lock order: mailq.MailQueue, mailq.MailEvent.
 Example:     EXEC mailq.CancelMail @ID = 101;
 */
 CREATE OR ALTER PROCEDURE mailq.CancelMail
@@ -4415,9 +4404,8 @@ GO
 /*
 mailq.BindApplication: lets an application send through an account and/or as a From address or
 '@domain', and/or maps a database user to it (a user mapped elsewhere moves); idempotent.
-Parameters:  @AppName NVARCHAR(128), required; at least one of @AccountName NVARCHAR(128),
-             @FromAddress NVARCHAR(320) (one bare address or '@example.com', stored lower case)
-             and @PrincipalName sysname (a database user whose mail always carries @AppName).
+Parameters:  @AppName, required; at least one of @AccountName, @FromAddress (one bare address or
+             '@example.com', stored lower case) and @PrincipalName (a user whose mail carries @AppName).
 Errors:      50145 @AppName missing; 50115 unknown application; 50114 unknown account; 50164
              nothing to bind; 50165 bad @FromAddress; 50169 @PrincipalName is not a user.
 Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
@@ -4452,13 +4440,12 @@ BEGIN
         SET @Msg = CONCAT(N'@AccountName ''', LEFT(@AccountName, 128), N''' is not a sending account.');
         THROW 50114, @Msg, 1;
     END;
-    -- A user, not a role: EnqueueMail compares USER_NAME().
     IF
         @PrincipalName IS NOT NULL
         AND NOT EXISTS (
             SELECT 1
             FROM sys.database_principals AS d
-            WHERE d.name = @PrincipalName AND d.type IN ('S', 'U', 'E', 'X', 'C', 'K')
+            WHERE d.name = @PrincipalName AND d.type IN ('S', 'U', 'E', 'X', 'C', 'K')  -- users: USER_NAME()
         )
     BEGIN
         SET @Msg = CONCAT(N'@PrincipalName ''', LEFT(@PrincipalName, 128), N''' is not a database user.');
@@ -4659,8 +4646,8 @@ without being mapped to an application (for `mailq-db doctor`); runs with the ca
 Parameters:  none.
 Result sets: 1. AllowUnmappedEnqueuers, ChangedAtUtc, ChangedBy, MembershipVisible BIT (0: the
                 caller cannot see others' memberships: set 2 is incomplete)
-             2. unmapped users, one row per way in: PrincipalName, Via (the grant's holder).
-                Windows groups are listed; a DENY is not subtracted.
+             2. unmapped users, one row per way in: PrincipalName, Via (the grant's holder); Windows
+                groups are listed; a DENY is not subtracted.
 Errors:      none of its own.  Transaction: reads only.  Isolation: READ COMMITTED, set here.
 Lock order:  none (catalog views and mailq.EnqueuePolicy, no locking hint).
 Example:     EXEC mailq.GetEnqueuePolicy;
@@ -4879,8 +4866,7 @@ BEGIN
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     VALUES
     (
-        -- As mailq.CheckServer: 2019 (major 15) or later, or Azure (engine editions 5, 8).
-        N'Server', N'Version',
+        N'Server', N'Version',  -- as mailq.CheckServer: 2019 (major 15) or later, or Azure (editions 5, 8)
         IIF(
             CAST(SERVERPROPERTY(N'EngineEdition') AS INT) IN (5, 8)
             OR CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT) >= 15,
@@ -5301,8 +5287,7 @@ GO
 /*
 mailq.GetMailEvents: the event stream of one application or one mail after a cursor, in EventID
 order, in bounded batches; commit-safe: only events below MIN_ACTIVE_ROWVERSION() (docs/events.md).
-Parameters:  @AppName or @MailID, exactly one; @AfterEventID BIGINT >= 0, default 0 (the last
-             EventID processed); @MaxEvents INT 1-5000, default 500.
+Parameters:  @AppName or @MailID, exactly one; @AfterEventID BIGINT >= 0, default 0; @MaxEvents 1-5000, default 500.
 Result set:  EventID, MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail,
              OccurredAtUtc; fewer than @MaxEvents rows: up to date (for now).
 Errors:      50170 not exactly one of @AppName / @MailID; 50171 @AfterEventID; 50172 @MaxEvents;
@@ -5348,8 +5333,7 @@ BEGIN
         );
         THROW 50173, @Msg, 1;
     END;
-    -- BIGINT -> BINARY(8) is big-endian, the order rowversion values compare in.
-    DECLARE @After BINARY(8) = CAST(@AfterEventID AS BINARY(8));
+    DECLARE @After BINARY(8) = CAST(@AfterEventID AS BINARY(8));  -- big-endian, as rowversions compare
     DECLARE @Upper BINARY(8) = MIN_ACTIVE_ROWVERSION();
     IF @AppName IS NOT NULL
         SELECT TOP (@MaxEvents)
@@ -6338,9 +6322,8 @@ Result sets: 1. one row: HeldBack, MinActiveRowversion, NextRowversion (@@DBTS +
                 this database's open writing transactions, oldest first, with session and login
 Permission:  EXECUTE; the DMVs are read with the caller's rights: VIEW SERVER STATE (2022: VIEW
              SERVER PERFORMANCE STATE; Azure: VIEW DATABASE STATE), else set 2 stays empty.
-Errors:      50521 @MinOpenSeconds out of range.
-Transaction: reads only.  Isolation: sets READ COMMITTED; reads only DMVs.  Lock order: none.
-Example:     EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
+Errors:      50521 @MinOpenSeconds out of range.  Transaction: reads only.  Lock order: none.
+Isolation:   sets READ COMMITTED; reads only DMVs.  Example: EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.GetEventStreamStall
     @MinOpenSeconds INT = 0
@@ -8053,8 +8036,7 @@ GO
 /*
 mailq.DeleteDbMailProfile: deletes a profile with its account list and grants (msdb's
 sysmail_delete_profile_sp); mail already queued through it keeps its account.
-Parameters:  @ProfileName NVARCHAR(128), required.
-Errors:      50198 @ProfileName missing; 50250 no such profile.
+Parameters:  @ProfileName NVARCHAR(128), required.  Errors: 50198 @ProfileName missing; 50250 no such profile.
 Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
 Lock order:  mailq.DbMailProfile, mailq.DbMailProfileAccount, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.DeleteDbMailProfile @ProfileName = N'Ops';
@@ -11933,7 +11915,6 @@ BEGIN
         SET @Msg = CONCAT(N'@MaxRows must be 1-1000; got ', @MaxRows, N'.');
         THROW 50582, @Msg, 1;
     END;
-    -- INDEX + FORCESEEK: a seek on (Status [, AccountName]), never a scan.
     SELECT TOP (@MaxRows)
         q.ID,
         q.MessageID,
@@ -11945,7 +11926,7 @@ BEGIN
         q.DateProcessed,
         q.AttemptCount,
         q.LastError
-    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)  -- a seek, never a scan
     WHERE
         q.Status = @Status
         AND (@AccountName IS NULL OR q.AccountName = @AccountName)
@@ -12049,9 +12030,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.CompleteDbMailQuery: a query runner hands back its claimed query: 'Done' joins the result to
-the mail (after CRLF in the body, as msdb, or attached) and makes it due; 'Failed', or a result over
-the queue's limits, stops the mail (mailq.StopMail, whose row it returns).
+mailq.CompleteDbMailQuery: a runner hands back its query: 'Done' joins the result to the mail (after
+CRLF in the body, or attached) and makes it due; 'Failed' or an oversized result stops it (StopMail's row).
 Parameters:  @MailItemID INT, @LockToken (the claim's), @Outcome 'Done' | 'Failed'; Done: @Text
              (body) or @Attachment, @FileName, @ContentType; Failed: @Error
 Errors:      50661 the claim is lost (finished or taken over); 50662 @Outcome or its arguments.
@@ -12629,36 +12609,36 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
     ('0001', N'procedures/mailq.LockLeasedMail.sql', '7c551bc3d04a61184ef72a53039aa164d11402bbd7a0cd5908795337fca9f2c3'),
-    ('0001', N'procedures/mailq.EnqueueMailRows.sql', 'c3abea454a61a1032cb8c1123f706dec077684edfa78bbff833c7d07e9d81294'),
-    ('0001', N'procedures/mailq.EnqueueMail.sql', '7b1aeb8e48298d1386e61b21a107d53d943134cbe7ccce84fba1a9ebf1c276d3'),
-    ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'c2e46f04a5a04683dd364ce34030c7fd58de47ec4a70f050301e5417756d7e7f'),
-    ('0001', N'procedures/mailq.ClaimMail.sql', '55d3b82a3552ccb780f8984f47693506fa18ad1504560fbca9035da747bf2d8d'),
-    ('0001', N'procedures/mailq.FinalizeMail.sql', 'ff2c6b8f6cc795d3c2726e92db12156ea47b73836686ab244dbc23d138713b16'),
-    ('0001', N'procedures/mailq.ExtendLease.sql', '049a598aad898a6754ecae426d1815fcba6bae31855949eace686120d48f71f8'),
+    ('0001', N'procedures/mailq.EnqueueMailRows.sql', 'f6015e931e40208b73d61d27d6d10cec49bee838443127a1f1fc7b273c067021'),
+    ('0001', N'procedures/mailq.EnqueueMail.sql', 'd69ca714e0a7703615d3ec2eabb3981738950c080a588cff31b32b18d3be6bbf'),
+    ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'd0d527428f3becb3728ca661ec67d74213fd7fbdb79c39a841f4c0b0bade7685'),
+    ('0001', N'procedures/mailq.ClaimMail.sql', '604af996b0078bae544cfc8a6c230358df7b8571d9fab6f22d516e130b8ab043'),
+    ('0001', N'procedures/mailq.FinalizeMail.sql', '8fc7bbd5019a55a67641a3ccf028473b2cde1188b92cf62d3353195aa00cd6a4'),
+    ('0001', N'procedures/mailq.ExtendLease.sql', 'a7e8771b9a660135a3c2f6ce00e23a726ced7b27f8f48c1e39ed3baa14bef449'),
     ('0001', N'procedures/mailq.ReleaseMail.sql', '8f72da9b892b4bdb2d39aa6fcb5aaef5a43b9d6c6c6e336c60bf376d72a51ad3'),
     ('0001', N'procedures/mailq.MarkSent.sql', '63e9c82af22c4c5959473830ffa250aa10bc43819156691de7840eb4f71b143f'),
     ('0001', N'procedures/mailq.MarkFailed.sql', 'dc5bff613a81b325211cb939441da996427f022103a77e9753d9b275e9836e4d'),
-    ('0001', N'procedures/mailq.CancelMail.sql', '70dfea6d9f76898f638fdb62d0aac929efb37d90c7053b52eb31d423af4f36b9'),
+    ('0001', N'procedures/mailq.CancelMail.sql', '2fa057f44551e94b059da43c82f50c28dc392bd07350f68f80062435d1734f9c'),
     ('0001', N'procedures/mailq.RequeueMail.sql', '0dab9eb7c2aca0b14c24f8583ef7ba210e4d1b998c893b29a76d47b3e425f9cc'),
     ('0001', N'procedures/mailq.PurgeMail.sql', '47b29433eebe42dcc19877f83725d978bbdaa6913d42763a1b5d2b6b338814e9'),
     ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '7b619046925ea5e96a4a8edcd51748ae94c9668161c239a8c3bdcdb818479d9b'),
     ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
     ('0001', N'procedures/mailq.AcquireLoginSlot.sql', '103d0cec56e2060e58cfbcdf448024dca179b6924b97027b6bc525aedea4b50f'),
     ('0001', N'procedures/mailq.UpsertApplication.sql', 'c67aa57bf142dfbb5c6c55f8223a0c3427c47ff300098966a771c30210438ae4'),
-    ('0001', N'procedures/mailq.BindApplication.sql', '39683643d1e32e0f692a0dc5f74e31c7170805edeb728f60b1482f3e59d7a816'),
+    ('0001', N'procedures/mailq.BindApplication.sql', '70f8dc39bc05404b3b46479e3213ae0e2377ee985a447217635edaffbbe7f2d5'),
     ('0001', N'procedures/mailq.UnbindApplication.sql', 'c6cfffd6e670ba895709856cc742f910a1f7be30b5c7f6fa3b821d18769a6076'),
     ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'ebab2f0d893042164d3de72c5d73536f20cb329cf5f387e3b91c0f8e321a54cd'),
-    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', '4ffd41b1394cbe7f4eec907f78e3d79f4744aef46dfab07276df43c1c99da105'),
+    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', '7e7113281dab4edc4ce9e7069962ceb57cb3ddb3b3074b22cf83b3d8efe879b5'),
     ('0001', N'procedures/mailq.GetQueueStats.sql', '27e0a401b0e0f101457d74f3297e377c435c00ac91f16ac0ffe1fa8d5bcca5cd'),
-    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '0c1043d185862535749e3512e16b23338c91018980bd01fafaa84a86093fec69'),
+    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '3e25b7550fa4ba3c8ce6a15dddc2c687bc9baf9ca8dfc9db04aab94bceb486d0'),
     ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '153dc087cfcdb92ebb0d8006d0610c5df24c3d6099775c846433a14d02b70694'),
     ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '9d6440087de1500f6688d698c4098d940458eab0b4f063aa03ac5642f219e41d'),
-    ('0001', N'procedures/mailq.GetMailEvents.sql', 'a9ecef2c55deb66dfa7bf0ee0e3deaa869d5a0812ad649d57b1d11ffe9441371'),
+    ('0001', N'procedures/mailq.GetMailEvents.sql', '756b86ad8cf49ffd85a5e57c78aedba7b5b23696db998cdfa1585cb4454a3b2a'),
     ('0001', N'procedures/mailq.StopMail.sql', '57190c217b55d60c775f7b74d35f5cd6b780fc2b215c048acc5ee90e30f8b9c1'),
     ('0001', N'procedures/mailq.SetApplicationHook.sql', '68e13868093ea2b78789569f726e5cb9313242fdb2d69b1416cfb84ce04d634b'),
     ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'b2f0510300349b11db4f41affa0453ffc5eba1a67c3b430028696c573f3e5859'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
-    ('0001', N'procedures/mailq.GetEventStreamStall.sql', '7e720e27287313f286188a2d2c30ef2294900921683e72de678706a4c3a7d082'),
+    ('0001', N'procedures/mailq.GetEventStreamStall.sql', 'd19f9025524a9e681080f8e5864ed4df270944ee5739d93a0b38977b99e87285'),
     ('0001', N'security/MailqEnqueuer.grants.sql', '308e6b3f4e8a94429b47e1720c362f8913cd230a0afc63ceca89013740ef94a4'),
     ('0001', N'security/MailqEnqueuer.batch.grants.sql', '500a3a76b5ce7a8edd0cdbf9d19d48322676042658da9fb541d4d0e457804e1d'),
     ('0001', N'security/MailqSender.grants.sql', '38d55f69943e8c103cef7d15da235dfdc69431baf1735959703665e0f6581686'),
@@ -12694,7 +12674,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'bbb5e2e8c3d3a51e978ab68da23fc00c6317535f8f4d34c2db4208ffa06ee478'),
     ('0001', N'procedures/mailq.SendDbMail.sql', '1876732dbdb89ad3b5b26a3a3da962a15e5884b9ea6a5c90e5b41cc9964ccff0'),
     ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
-    ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', 'd551dd534471727d73fecb9a96b390df58b4361721012cbcfec0d1a24d53cae5'),
+    ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '562592766f959be178e8e6f6ff53bae6e2ba36879ee88eec53aa3c2604662f9e'),
     ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '30a940c5359b0f3ce392bbe3fd4a9535a4f044ac18b40d7f8d67713ecdfb9c68'),
     ('0001', N'procedures/mailq.DeleteDbMailProfileAccount.sql', 'b31406a83961638b2bac8e1aa8174e0807b9b25aca64c102b2626ec85e3bab35'),
     ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', '3200cdad8d8ed121e71052de8474685eb468751169fd455b552cb1a5dfa91232'),
@@ -12759,13 +12739,13 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqMonitor.role.sql', '4aab1e65217069c7dafde0f55e862c1731e9e321a9ab15cacf5b20eaa2ace1b8'),
     ('0001', N'procedures/mailq.GetQueueMetrics.sql', '5a9711e58d7f9e9dfaf97d40cf7f521ee5e32df4c96c8607ed93bf3d1434a54b'),
     ('0001', N'procedures/mailq.GetMailHistory.sql', '151c76bd5a7625e1fbed3e84b6c03902708a5eb5ebcaf4e59a5c61c97d70f28c'),
-    ('0001', N'procedures/mailq.FindMail.sql', '1f753a394744507cde148cac4dafe806eb01d5287e44aed167a9695b97b0afe8'),
+    ('0001', N'procedures/mailq.FindMail.sql', '857e285df1765570efb58ff7aea1ba3a97b83bedb6ebd6c0be38647d8fcb216d'),
     ('0001', N'security/MailqMonitor.grants.sql', '96ac12fc212d8403dcd69387635d3e45c04da83cc6300849a7b769139de40329'),
     ('0001', N'security/MailqAdmin.monitoring.grants.sql', '110850872b0469247a7816029131773eae165f5f5d580e63f37ff786c5aa9f4e'),
     ('0001', N'broker/MailqMonitor.delay.grants.sql', '51329ac4e47840b9a08b0d06bb50af9a0579a9bfa973679972fb9433f57982bd'),
     ('0001', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),
     ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '25f1f06e3b2af64b16d52287db351d0ae42a467f9fb4d32d490e31b3ee65bbce'),
-    ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', 'ee1ebe2169f99aef6b08410308bf15b66c32be07c4a04498cb050777f2811ff7'),
+    ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', '3c3ae331faaea88c9952518091ad81e653e2b1e8655d63b4d65bcbb486c21874'),
     ('0001', N'views/mailq.sysmail_mailattachments.sql', 'edf748544e1352d35cae718a1e8291b2a47d3d644a0e3276b3106160abf320f5'),
     ('0001', N'views/mailq.sysmail_profile.sql', '86cbb0a0c212583f0a2c7e643a73393066c83fe9ff74fef42b5f5de53c7bbf3e'),
     ('0001', N'views/mailq.sysmail_account.sql', 'e6af113c8ac95c003bea6c4e9ef3d3a6b49b39ba52f93ddb757afbe4c80f990b'),

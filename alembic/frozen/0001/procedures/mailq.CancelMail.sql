@@ -4,8 +4,7 @@ mailq.CancelMail: cancels an UnSent mail (a Sending one may already be at the SM
 Parameters:  @ID BIGINT, required.  Result set: one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
 Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
 Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).
-Lock order:  mailq.MailQueue, then mailq.MailEvent (insert).
+Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).  Lock order: mailq.MailQueue, mailq.MailEvent.
 Example:     EXEC mailq.CancelMail @ID = 101;
 */
 CREATE OR ALTER PROCEDURE mailq.CancelMail

@@ -10,10 +10,9 @@ Result sets: 1. the mails leased: their columns, AttemptNo, LeaseExpiresUtc, Pos
              2. attachments (Content NULL: Generator makes it); 3. the template versions to render
 Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a name over 128,
              50115 @AppName not registered, 50148 @AccountNames, 50241 @RunModes.
-Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT).
-Isolation:   sets READ COMMITTED (READPAST); queue reads lock, also under RCSI.
-Lock order:  mailq.RateBudget (U), mailq.MailQueue (claim index keys U, then rows X),
-             mailq.MailAttempt (X), mailq.MailEvent (insert).
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED
+             (READPAST needs it); its queue reads lock, also under RCSI.
+Lock order:  mailq.RateBudget (U), mailq.MailQueue (index keys U, rows X), mailq.MailAttempt, mailq.MailEvent.
 Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T, @WorkerName = N'host1/1';
 */
 CREATE OR ALTER PROCEDURE mailq.ClaimMail
@@ -386,7 +385,6 @@ BEGIN
             ) AS n ON a.AccountName = n.AccountName;
             SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
         END;
-        -- Charge the budgets (rows U-locked above); FORCESEEK, ROWLOCK: only those rows.
         UPDATE b
         SET
             b.MinuteCount = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteCount, 0) + a.Taken,
@@ -395,16 +393,15 @@ BEGIN
             b.HourStartUtc = IIF(b.HourStartUtc >= @HourStart, b.HourStartUtc, @HourStart),
             b.DayCount = IIF(b.DayStartUtc >= @DayStart, b.DayCount, 0) + a.Taken,
             b.DayStartUtc = IIF(b.DayStartUtc >= @DayStart, b.DayStartUtc, @DayStart)
-        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)  -- only the budget rows U-locked above
         INNER JOIN @Acct AS a ON b.AccountName = a.AccountName
         WHERE a.IsLimited = 1 AND a.Taken > 0;
-        -- Abandon reclaimed leases' attempts (FORCESEEK, ROWLOCK: seek by mail ID).
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
             t.Outcome = N'Abandoned',
             t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
-        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek by mail ID, never a scan
         INNER JOIN @Claimed AS c
             ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
         WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
@@ -476,7 +473,6 @@ BEGIN
     FROM mailq.MailAttachment AS a WITH (FORCESEEK (PK_MailAttachment (MailID)))
     INNER JOIN @Claimed AS c ON a.MailID = c.ID
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
-    -- Template texts: FORCESEEK, one seek per distinct version.
     WITH Used AS (
         SELECT DISTINCT c.TemplateName, c.TemplateVersion
         FROM @Claimed AS c
@@ -490,7 +486,7 @@ BEGIN
         v.HtmlTemplate,
         v.TextTemplate
     FROM Used AS u
-    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)
+    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)  -- one seek per distinct version
         ON u.TemplateName = v.TemplateName AND u.TemplateVersion = v.Version
     ORDER BY v.TemplateName ASC, v.Version ASC;
 END;

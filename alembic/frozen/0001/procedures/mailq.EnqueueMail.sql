@@ -8,9 +8,8 @@ Errors:      50101-50121, 50160, 50161, 50168, 50240, 50280-50286, 50500, 50600 
              docs/errors.md); 50116 key reused with other content; 50162 key lock not granted in 10 s.
 Transaction: its own if none is open, else the caller's (also distributed); an error dooms it.
 Isolation:   READ COMMITTED and the filtered-index SET options, set by mailq.EnqueueMailRows.
-Lock order:  the key's application lock, mailq.Suppression (shared, held), mailq.MailQueue,
-             mailq.MailAttachment, mailq.MailEvent (docs/guarantees.md).
-Example:     EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com', @Body = N'Done.', @MailID = @ID OUTPUT;
+Lock order:  the key's application lock, mailq.Suppression (shared, held), mailq.MailQueue, MailAttachment, MailEvent.
+Example:     EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com', @Subject = N'Report', @Body = N'Done.';
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMail
     @ToAddress NVARCHAR(MAX) = NULL,

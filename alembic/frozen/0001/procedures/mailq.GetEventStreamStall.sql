@@ -8,9 +8,8 @@ Result sets: 1. one row: HeldBack, MinActiveRowversion, NextRowversion (@@DBTS +
                 this database's open writing transactions, oldest first, with session and login
 Permission:  EXECUTE; the DMVs are read with the caller's rights: VIEW SERVER STATE (2022: VIEW
              SERVER PERFORMANCE STATE; Azure: VIEW DATABASE STATE), else set 2 stays empty.
-Errors:      50521 @MinOpenSeconds out of range.
-Transaction: reads only.  Isolation: sets READ COMMITTED; reads only DMVs.  Lock order: none.
-Example:     EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
+Errors:      50521 @MinOpenSeconds out of range.  Transaction: reads only.  Lock order: none.
+Isolation:   sets READ COMMITTED; reads only DMVs.  Example: EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.GetEventStreamStall
     @MinOpenSeconds INT = 0

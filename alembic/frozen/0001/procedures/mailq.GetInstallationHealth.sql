@@ -32,8 +32,7 @@ BEGIN
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     VALUES
     (
-        -- As mailq.CheckServer: 2019 (major 15) or later, or Azure (engine editions 5, 8).
-        N'Server', N'Version',
+        N'Server', N'Version',  -- as mailq.CheckServer: 2019 (major 15) or later, or Azure (editions 5, 8)
         IIF(
             CAST(SERVERPROPERTY(N'EngineEdition') AS INT) IN (5, 8)
             OR CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT) >= 15,

@@ -1,24 +1,12 @@
 /*
-mailq.AcquireLoginSlot: called by a worker right before it logs in to an
-account's SMTP server.  Grants the login, stamping
-mailq.SendingAccount.LastLoginAtUtc with the server's clock, or says how long
-to wait, so that two logins on one account are at least MinLoginIntervalMs
-apart across all workers.  An account without an interval (NULL) is always
-granted, and stamped.
+mailq.AcquireLoginSlot: grants a worker's SMTP login to an account (stamping LastLoginAtUtc) or
+says how long to wait, so logins on one account stay MinLoginIntervalMs apart across all workers.
 Parameters:  @AccountName NVARCHAR(128), required: an existing sending account.
-Result set:  one row: Granted BIT, WaitMs INT (0 when granted, else at most
-             MinLoginIntervalMs), MinLoginIntervalMs INT (NULL = none),
-             LastLoginAtUtc DATETIME2(3) (the stamp now in force).
-Errors:      50123 @AccountName missing; 50103 over 128 characters; 50270 no
-             such account.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-             Workers call it outside any transaction.
-Isolation:   sets READ COMMITTED; the decision and the stamp are one UPDATE by
-             key, whose row is U-locked even under RCSI: never two grants
-             within one interval.
-Lock order:  mailq.SendingAccount only (one row, by key).
-Example:     EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
+Result set:  one row: Granted BIT, WaitMs INT (0 when granted), MinLoginIntervalMs, LastLoginAtUtc.
+Errors:      50123 @AccountName missing; 50103 over 128 characters; 50270 no such account.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED;
+             one UPDATE by key (U-locked, also under RCSI) decides and stamps: never two grants.
+Lock order:  mailq.SendingAccount only (one row).  Example: EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
 */
 CREATE OR ALTER PROCEDURE mailq.AcquireLoginSlot
     @AccountName NVARCHAR(4000)
@@ -26,29 +14,21 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
         THROW 50123, N'@AccountName is required: the sending account the worker is about to log in to.', 1;
     IF LEN(@AccountName) > 128
         THROW 50103, N'@AccountName is over its size (128).', 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Slot TABLE (
         MinLoginIntervalMs INT NULL,
         PreviousLoginAtUtc DATETIME2(3) NULL,
         LastLoginAtUtc DATETIME2(3) NULL
     );
-
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- Granted when there is no interval, no earlier login, the earlier
-        -- login is at least one interval old, or it lies more than one
-        -- interval in the future (the server's clock went back: a stamp that
-        -- far ahead would otherwise refuse every login until the clock caught up).
+        -- Granted also when the stamp lies more than one interval ahead (the clock went back).
         UPDATE a
         SET a.LastLoginAtUtc = IIF(
             a.MinLoginIntervalMs IS NULL
@@ -62,7 +42,6 @@ BEGIN
         INTO @Slot (MinLoginIntervalMs, PreviousLoginAtUtc, LastLoginAtUtc)
         FROM mailq.SendingAccount AS a
         WHERE a.AccountName = @AccountName;
-
         IF NOT EXISTS (SELECT 1 FROM @Slot)
         BEGIN
             SET @Msg = CONCAT(
@@ -71,17 +50,12 @@ BEGIN
             );
             THROW 50270, @Msg, 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
-    -- The same test as the UPDATE's, on the values it read under the lock.
     -- DATEDIFF_BIG: a stamp far from @Now must not overflow INT before the cap.
     WITH Decided AS (
         SELECT

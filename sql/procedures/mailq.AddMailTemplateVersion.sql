@@ -1,30 +1,15 @@
 /*
-mailq.AddMailTemplateVersion: stores a new version of a mail template,
-creating the template at version 1 if the name is new.  Versions (1, 2, 3 ...
-per name) never change afterwards.  Texts equal to the latest version's
-(compared byte for byte) add nothing: @Version returns the latest, @Created 0,
-so deploying the same templates twice is harmless.  The texts are compiled by
-mailq_db.templates.check_template before they are stored, not here.
-Parameters:  @TemplateName NVARCHAR(128), required: 1-128 of A-Z a-z 0-9 . _ -
-             @SubjectTemplate, required, 1-4000 characters
-             @HtmlTemplate, @TextTemplate: up to 2,000,000 characters, at least
-               one given (N'' counts as not given)
-             @Description NVARCHAR(400): NULL keeps the current one
-             @ExpectedLatestVersion INT: refuse unless the latest version is
-               this one (0: the name must be new)
-             @Version INT OUTPUT, @Created BIT OUTPUT
-Errors:      50210 @TemplateName; 50211 @SubjectTemplate; 50212 no body or one
-             too long; 50213 @Description too long; 50214 @ExpectedLatestVersion
-             negative; 50216 the template is retired; 50217 the latest version
-             is not @ExpectedLatestVersion.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED; UPDLOCK, HOLDLOCK on the template's row
-             numbers versions one at a time per name.
-Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
-Example:     EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome',
-                 @SubjectTemplate = N'Welcome', @HtmlTemplate = N'<p>Hello</p>',
-                 @Version = @V OUTPUT, @Created = @C OUTPUT;  -- docs/templates.md
+mailq.AddMailTemplateVersion: stores a new, never-changing version of a mail template (1 for a new
+name); texts byte-equal to the latest add nothing (@Created 0), so redeploying is harmless.
+Parameters:  @TemplateName NVARCHAR(128) (A-Z a-z 0-9 . _ -), @SubjectTemplate (1-4000), required;
+             @HtmlTemplate, @TextTemplate: at least one, up to 2,000,000 characters; @Description NVARCHAR(400)
+             (NULL keeps it); @ExpectedLatestVersion INT (0: a new name); @Version, @Created OUTPUT
+Errors:      50210 @TemplateName; 50211 @SubjectTemplate; 50212 no body or too long; 50213 @Description;
+             50214 @ExpectedLatestVersion < 0; 50216 retired; 50217 latest is not @ExpectedLatestVersion.
+Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED.  Lock order: mailq.MailTemplate (UPDLOCK, HOLDLOCK: versions
+             are numbered one at a time per name), then mailq.MailTemplateVersion.
+Example:     EXEC mailq.AddMailTemplateVersion @TemplateName = N'hi', @SubjectTemplate = N'Hi', @TextTemplate = N'Hi';
 */
 CREATE OR ALTER PROCEDURE mailq.AddMailTemplateVersion
     @TemplateName NVARCHAR(4000),
@@ -39,13 +24,9 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SELECT @Version = NULL, @Created = 0;
-
-    -- 1. Validate before any transaction.  The name rule is checked under a
-    --    binary collation: under a linguistic one, [A-Z] can match accented
-    --    letters.
+    -- Name rule under a binary collation: a linguistic [A-Z] matches accented letters.
     IF NULLIF(@TemplateName, N'') IS NULL
         OR LEN(@TemplateName) > 128
         OR DATALENGTH(@TemplateName) <> 2 * LEN(@TemplateName)
@@ -78,23 +59,15 @@ BEGIN
                           @ExpectedLatestVersion, N'.');
         THROW 50214, @Msg, 1;
     END;
-
     DECLARE @Latest INT, @RetiredAtUtc DATETIME2(3);
-
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK, HOLDLOCK: two callers adding a version of one name queue
-        -- here, so each numbers its version after the other's commit (and
-        -- two callers creating one new name cannot both insert it).
         SELECT
             @Latest = t.LatestVersion,
             @RetiredAtUtc = t.RetiredAtUtc
         FROM mailq.MailTemplate AS t WITH (UPDLOCK, HOLDLOCK)
         WHERE t.TemplateName = @TemplateName;
-
         IF @ExpectedLatestVersion IS NOT NULL AND ISNULL(@Latest, 0) <> @ExpectedLatestVersion
         BEGIN
             SET @Msg = CONCAT(N'Template ', QUOTENAME(@TemplateName, N''''), N' is at version ',
@@ -108,10 +81,7 @@ BEGIN
                               N' is retired; mailq.RetireMailTemplate @Retire = 0 brings it back.');
             THROW 50216, @Msg, 1;
         END;
-
-        -- Same texts as the latest version: nothing to add.  VARBINARY compares
-        -- bytes: under a case-insensitive collation N'Name' = N'name', and a
-        -- template that changed only the case of a variable is a new template.
+        -- VARBINARY compares bytes: a case-only change is a new version.
         IF EXISTS (
             SELECT 1
             FROM mailq.MailTemplateVersion AS v
@@ -148,19 +118,15 @@ BEGIN
                     t.Description = ISNULL(@Description, t.Description)
                 FROM mailq.MailTemplate AS t
                 WHERE t.TemplateName = @TemplateName;
-
             INSERT INTO mailq.MailTemplateVersion (
                 TemplateName, Version, SubjectTemplate, HtmlTemplate, TextTemplate
             )
             VALUES (@TemplateName, @Version, @SubjectTemplate, @HtmlTemplate, @TextTemplate);
             SET @Created = 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         SELECT @Version = NULL, @Created = 0;
         THROW;

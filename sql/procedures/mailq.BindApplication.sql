@@ -1,30 +1,13 @@
 /*
-mailq.BindApplication: allows an application to send through a sending
-account and/or as a From address or domain, and/or maps a database user to
-the application (issue 10, point 10).  Binding twice changes nothing;
-mapping a user that is mapped to another application moves it.
-Parameters:  @AppName NVARCHAR(128), required: a registered application
-             @AccountName NVARCHAR(128), optional: a sending account
-             @FromAddress NVARCHAR(320), optional: one bare address
-                        ('billing@example.com') or a domain ('@example.com');
-                        stored in lower case, matched case-insensitively
-             @PrincipalName sysname, optional: a database user whose mail
-                        will always carry this application (mailq.ApplicationPrincipal)
-             At least one of @AccountName, @FromAddress and @PrincipalName.
-Result set:  none.
-Errors:      50145 @AppName missing; 50115 unknown application;
-             50114 unknown account; 50164 none of @AccountName, @FromAddress,
-             @PrincipalName; 50165 @FromAddress neither one address nor '@domain';
-             50169 @PrincipalName is not a database user.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
-             dooms or rolls back the caller's transaction.
-Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on
-             small admin tables, where a key-range lock costs nothing).
-Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
-             mailq.ApplicationPrincipal.
-Example:     EXEC mailq.BindApplication @AppName = N'billing', @AccountName = N'qq',
-                 @FromAddress = N'@billing.example.com';
+mailq.BindApplication: lets an application send through an account and/or as a From address or
+'@domain', and/or maps a database user to it (a user mapped elsewhere moves); idempotent.
+Parameters:  @AppName, required; at least one of @AccountName, @FromAddress (one bare address or
+             '@example.com', stored lower case) and @PrincipalName (a user whose mail carries @AppName).
+Errors:      50145 @AppName missing; 50115 unknown application; 50114 unknown account; 50164
+             nothing to bind; 50165 bad @FromAddress; 50169 @PrincipalName is not a user.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
+Lock order:  mailq.ApplicationAccount, mailq.ApplicationFrom, mailq.ApplicationPrincipal.
+Example:     EXEC mailq.BindApplication @AppName = N'billing', @FromAddress = N'@billing.example.com';
 */
 CREATE OR ALTER PROCEDURE mailq.BindApplication
     @AppName NVARCHAR(4000),
@@ -35,7 +18,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
         THROW 50145, N'@AppName is required.', 1;
@@ -55,26 +37,21 @@ BEGIN
         SET @Msg = CONCAT(N'@AccountName ''', LEFT(@AccountName, 128), N''' is not a sending account.');
         THROW 50114, @Msg, 1;
     END;
-
-    -- A database user (SQL, Windows, Entra ID, without login...), not a role:
-    -- EnqueueMail compares USER_NAME(), which is always a user.
     IF
         @PrincipalName IS NOT NULL
         AND NOT EXISTS (
             SELECT 1
             FROM sys.database_principals AS d
-            WHERE d.name = @PrincipalName AND d.type IN ('S', 'U', 'E', 'X', 'C', 'K')
+            WHERE d.name = @PrincipalName AND d.type IN ('S', 'U', 'E', 'X', 'C', 'K')  -- users: USER_NAME()
         )
     BEGIN
         SET @Msg = CONCAT(N'@PrincipalName ''', LEFT(@PrincipalName, 128), N''' is not a database user.');
         THROW 50169, @Msg, 1;
     END;
-
     DECLARE @Pattern NVARCHAR(320);
     IF @FromAddress IS NOT NULL
     BEGIN
         SET @Pattern = LOWER(LTRIM(RTRIM(@FromAddress)));
-        -- '@domain': validated as the domain of a made-up address.
         DECLARE @Probe NVARCHAR(4000) = IIF(LEFT(@Pattern, 1) = N'@', N'x' + @Pattern, @Pattern);
         IF
             LEN(@FromAddress) > 320
@@ -92,13 +69,10 @@ BEGIN
             THROW 50165, @Msg, 1;
         END;
     END;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK, HOLDLOCK: insert-if-absent on an admin table that only
-        -- administrators write; its range locks never meet the enqueue path.
+        -- UPDLOCK, HOLDLOCK: admin-only tables; their range locks never meet the enqueue path.
         IF
             @AccountName IS NOT NULL
             AND NOT EXISTS (
@@ -108,7 +82,6 @@ BEGIN
             )
             INSERT INTO mailq.ApplicationAccount (AppName, AccountName)
             VALUES (@AppName, @AccountName);
-
         IF
             @Pattern IS NOT NULL
             AND NOT EXISTS (
@@ -118,7 +91,6 @@ BEGIN
             )
             INSERT INTO mailq.ApplicationFrom (AppName, FromPattern)
             VALUES (@AppName, @Pattern);
-
         IF @PrincipalName IS NOT NULL
         BEGIN
             UPDATE u
@@ -129,12 +101,9 @@ BEGIN
                 INSERT INTO mailq.ApplicationPrincipal (PrincipalName, AppName)
                 VALUES (@PrincipalName, @AppName);
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

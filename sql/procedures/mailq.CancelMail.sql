@@ -1,15 +1,9 @@
 /*
-mailq.CancelMail: cancels a mail that is waiting to be sent (UnSent).  A mail
-being sent (Sending) cannot be cancelled safely: the SMTP server may already
-have it; cancel again after it was acknowledged, or let it finish.
-Parameters:  @ID BIGINT, required.
-Result set:  one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
+mailq.CancelMail: cancels an UnSent mail (a Sending one may already be at the SMTP server).
+Parameters:  @ID BIGINT, required.  Result set: one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
 Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
-             in a procedure reverts when it returns).
-Lock order:  mailq.MailQueue, then mailq.MailEvent (insert).
+Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).  Lock order: mailq.MailQueue, mailq.MailEvent.
 Example:     EXEC mailq.CancelMail @ID = 101;
 */
 CREATE OR ALTER PROCEDURE mailq.CancelMail
@@ -18,23 +12,16 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL
         THROW 50136, N'@ID is required.', 1;
-
     DECLARE @Status NVARCHAR(16);
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK: read and change the row under one lock, so a claim cannot
-        -- slip in between the check and the update.
         SELECT @Status = q.Status
         FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
         WHERE q.ID = @ID;
-
         IF @Status IS NULL
         BEGIN
             SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
@@ -45,28 +32,22 @@ BEGIN
             SET @Msg = CONCAT(N'Mail ', @ID, N' is ', @Status, N'; only an UnSent mail can be cancelled.');
             THROW 50204, @Msg, 1;
         END;
-
         UPDATE q
         SET
             q.Status = N'Cancelled',
             q.DateProcessed = SYSUTCDATETIME()
-        -- The Cancelled event in the same statement (docs/events.md).
         OUTPUT
             inserted.ID, inserted.AppName, N'Cancelled', inserted.Status, inserted.AttemptCount,
             NULL, NULL, inserted.DateProcessed
         INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         @ID AS ID,
         N'Cancelled' AS Status,

@@ -1,22 +1,12 @@
 /*
-mailq.ClaimDbMailQuery: gives one waiting mailq.SendDbMail query to a query
-runner (mailq-db dbmail-runner) for @LeaseSeconds: the oldest Pending one, or
-a Running one whose runner's lease passed (that runner died: at-least-once).
-Parameters:  @LockToken UNIQUEIDENTIFIER, required: the runner's token for
-             this query (mailq.CompleteDbMailQuery checks it)
-             @LeaseSeconds INT 10-3600, default 300
-Result set:  zero or one row: MailItemID INT, MailID BIGINT, Query, Database,
-             RequestUser, RequestUserSid (whom the runner impersonates, and
-             the SID it must find), the options (AttachQueryResultAsFile,
-             QueryAttachmentFilename, QueryResultHeader, QueryResultWidth,
-             QueryResultSeparator, ExcludeQueryOutput, AppendQueryError,
-             QueryNoTruncate, QueryResultNoPadding, QueryResultFormat) and
-             Attempts (this claim included).
+mailq.ClaimDbMailQuery: leases one waiting mailq.SendDbMail query to a query runner: the oldest
+Pending, or a Running one whose lease passed (its runner died: at-least-once).
+Parameters:  @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 10-3600, default 300
+Result set:  zero or one row: MailItemID, MailID, Query, Database, RequestUser, RequestUserSid
+             (whom to impersonate, and the SID to find), the sp_send_dbmail query options, Attempts.
 Errors:      50660 @LockToken missing or @LeaseSeconds not 10-3600.
-Transaction: one statement; works inside the caller's transaction if open.
-Isolation:   sets READ COMMITTED (READPAST needs it).
-Lock order:  mailq.DbMailItem only.
-Example:     EXEC mailq.ClaimDbMailQuery @LockToken = 'F0E1...', @LeaseSeconds = 300;
+Transaction: one statement.  Isolation: sets READ COMMITTED.  Lock order: mailq.DbMailItem only.
+Example:     EXEC mailq.ClaimDbMailQuery @LockToken = @T, @LeaseSeconds = 300;
 */
 CREATE OR ALTER PROCEDURE mailq.ClaimDbMailQuery
     @LockToken UNIQUEIDENTIFIER,
@@ -25,10 +15,8 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF @LockToken IS NULL OR COALESCE(@LeaseSeconds, 0) NOT BETWEEN 10 AND 3600
         THROW 50660, N'@LockToken is required and @LeaseSeconds must be 10-3600.', 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     WITH NextQuery AS (
         SELECT TOP (1)
@@ -38,9 +26,7 @@ BEGIN
             i.QueryResultNoPadding, i.QueryResultFormat, i.QueryState, i.QueryDueAtUtc, i.QueryLockToken,
             i.QueryAttempts
         FROM mailq.DbMailItem AS i WITH (READPAST, UPDLOCK, ROWLOCK)
-        -- READPAST: skip a query another runner is claiming; UPDLOCK: claim
-        -- while reading; ROWLOCK: row grain for READPAST.  The predicate
-        -- repeats IX_DbMailItem_QueryDue's filter, so the range is its own.
+        -- READPAST, UPDLOCK, ROWLOCK: claim while reading, skipping others' rows.
         WHERE i.QueryState IN (N'Pending', N'Running') AND i.QueryDueAtUtc <= @Now
         ORDER BY i.QueryDueAtUtc, i.MailItemID
     )

@@ -1,38 +1,18 @@
 /*
-mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its reads
-and locks grow with the batch and the accounts that can send now, never with
-mail it cannot take: other accounts, run modes or applications, throttled or
-blocked accounts (how, plan and bounds: docs/claim.md).
-Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER,
-             required (every acknowledgement presents it); @LeaseSeconds INT
-             1-3600, default 300; @AppName NULL: every application's mail
-             (competing workers), a name: only that application's (isolated);
-             @WorkerName, kept in mailq.MailAttempt; @AccountNames NULL (all)
-             or a JSON array of the accounts served; @RunModes NULL (["prod"])
-             or a JSON array of 1-16 run-mode names served.
-Result sets: 1. one row per mail leased: ID, MessageID, AccountName, AppName,
-                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
-                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
-                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp,
-                RunMode, DryRun, TemplateName, TemplateVersion, TemplateModel,
-                LeaseSecondsRemaining (INT: whole seconds of lease left, floor,
-                by the server's clock as the row is returned)
-             2. attachments: MailID, AttachmentNo, FileName, ContentType,
-                Content, Generator, GeneratorArgs (Content NULL: generated)
-             3. template versions the batch renders: TemplateName, Version,
-                SubjectTemplate, HtmlTemplate, TextTemplate
-Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a
-             name over 128 characters, 50115 @AppName not registered, 50148
-             @AccountNames, 50241 @RunModes (docs/errors.md).
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error rolls back what it opened and dooms a caller's (XACT_ABORT).
-Isolation:   sets READ COMMITTED (READPAST needs it, error 650); its reads of
-             the queue lock (UPDLOCK / READCOMMITTEDLOCK), also under RCSI.
-Lock order:  mailq.RateBudget (U), mailq.MailQueue (claim index keys U, then
-             clustered rows X), mailq.MailAttempt (X), mailq.MailEvent (insert);
-             SendingAccount, Application, MailTemplate are read, no lock kept.
-Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T,
-                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker; reads and locks grow with the
+batch and the accounts that can send now, never with mail it cannot take (docs/claim.md).
+Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds
+             INT 1-3600, default 300; @AppName NULL: every application's mail, a name: only its own;
+             @WorkerName; @AccountNames, @RunModes: JSON arrays served (NULL: all accounts, ["prod"]).
+Result sets: 1. the mails leased: their columns, AttemptNo, LeaseExpiresUtc, PossibleDuplicate, DryRun,
+                the template's name, version, model, LeaseSecondsRemaining (INT, whole seconds, floored)
+             2. attachments (Content NULL: Generator makes it); 3. the template versions to render
+Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a name over 128,
+             50115 @AppName not registered, 50148 @AccountNames, 50241 @RunModes.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED
+             (READPAST needs it); its queue reads lock, also under RCSI.
+Lock order:  mailq.RateBudget (U), mailq.MailQueue (index keys U, rows X), mailq.MailAttempt, mailq.MailEvent.
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T, @WorkerName = N'host1/1';
 */
 CREATE OR ALTER PROCEDURE mailq.ClaimMail
     @BatchSize INT = 10,
@@ -45,15 +25,10 @@ CREATE OR ALTER PROCEDURE mailq.ClaimMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
-    -- the caller's level comes back when the procedure returns.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @BatchSize = COALESCE(@BatchSize, 10);
     SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
-
-    -- 1. Validate parameters before any transaction starts.
     IF @BatchSize NOT BETWEEN 1 AND 1000
     BEGIN
         SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
@@ -73,9 +48,7 @@ BEGIN
         SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
         THROW 50115, @Msg, 1;
     END;
-
-    -- Separate statements, not one OR: the order in which SQL Server
-    -- evaluates ISJSON() and OPENJSON in one predicate is not guaranteed.
+    -- Separate statements, not one OR: ISJSON/OPENJSON evaluation order is not guaranteed.
     DECLARE @AccountsOk BIT = 1;
     IF @AccountNames IS NOT NULL
     BEGIN
@@ -86,18 +59,12 @@ BEGIN
     END;
     IF @AccountsOk = 0
         THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
-
     DECLARE @Served TABLE (AccountName NVARCHAR(128) NOT NULL PRIMARY KEY);
     IF @AccountNames IS NOT NULL
         INSERT INTO @Served (AccountName)
         SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
         FROM OPENJSON(@AccountNames) AS j
         WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
-
-    -- Run modes (docs/run-modes.md): the worker serves these and nothing
-    -- else; NULL is 'prod'.  Each name must pass CK_MailQueue_RunMode's rule
-    -- (a name that cannot exist is a configuration mistake, not an empty
-    -- claim).  Separate statements, as for @AccountNames.
     DECLARE @RunModesOk BIT = 1;
     SET @RunModes = COALESCE(@RunModes, N'["prod"]');
     IF ISJSON(@RunModes) = 0 OR LEFT(LTRIM(@RunModes), 1) <> N'['
@@ -122,19 +89,14 @@ BEGIN
         );
         THROW 50241, @Msg, 1;
     END;
-
     DECLARE @Modes TABLE (RunMode NVARCHAR(32) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY);
     INSERT INTO @Modes (RunMode)
     SELECT DISTINCT CAST(j.[value] AS NVARCHAR(32)) FROM OPENJSON(@RunModes) AS j;
-
     DECLARE @Now DATETIME2(3);
     DECLARE @LeaseUntil DATETIME2(3);
     DECLARE @MinuteStart DATETIME2(0);
     DECLARE @HourStart DATETIME2(0);
     DECLARE @DayStart DATETIME2(0);
-
-    -- The accounts that may send now.  Remaining: what the account may
-    -- still take in this claim (its budget); Taken: claimed so far.
     DECLARE @Acct TABLE (
         AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
         IsLimited BIT NOT NULL,
@@ -151,9 +113,6 @@ BEGIN
         Remaining INT NOT NULL DEFAULT (0),
         Taken INT NOT NULL DEFAULT (0)
     );
-    -- The units that drive the claim: one row per (account left in @Acct,
-    -- run mode served).  Cap: this pass's per-pair TOP;
-    -- Taken: claimed so far; IsOpen: may take more in a later pass.
     DECLARE @Drive TABLE (
         AccountName NVARCHAR(128) NOT NULL,
         RunMode NVARCHAR(32) NOT NULL,
@@ -167,7 +126,6 @@ BEGIN
         RunMode NVARCHAR(32) NOT NULL,
         PRIMARY KEY (AccountName, RunMode)
     );
-    -- One pass's pick: the rows its seeks took (U locks held to commit).
     DECLARE @Pick TABLE (ID BIGINT NOT NULL PRIMARY KEY);
     DECLARE @Claimed TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
@@ -179,40 +137,22 @@ BEGIN
         AttemptNo INT NOT NULL,
         Pass INT NOT NULL,
         TemplateName NVARCHAR(128) NULL,
-        TemplateVersion INT NULL          -- pinned at enqueue, then the version resolved to render
+        TemplateVersion INT NULL
     );
     DECLARE @Pass INT = 0;
     DECLARE @Left INT = @BatchSize;
     DECLARE @Open INT;
     DECLARE @Share INT;
-
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- Accounts without limits: no budget to take, so no lock either.
-        -- A plain read: under READ_COMMITTED_SNAPSHOT it sees the last
-        -- committed BlockedUntilUtc, which is all a claim needs.
         INSERT INTO @Acct (AccountName, IsLimited, BlockedUntilUtc)
         SELECT a.AccountName, 0, a.BlockedUntilUtc
         FROM mailq.SendingAccount AS a
         WHERE
             a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
             AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
-
-        -- Accounts with limits, and their budget rows.
-        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
-        --           cannot both spend the same remainder (a locking read also
-        --           under READ_COMMITTED_SNAPSHOT);
-        -- READPAST: a budget row held by another claimer is skipped (that
-        --           account's mail waits for the next claim), never waited on;
-        -- ROWLOCK:  row grain, so READPAST skips one account, not a page;
-        -- FORCESEEK: one seek on PK_RateBudget per account read above, never
-        --           a scan: a scan U-locks (and keeps) the budget row of
-        --           every account, also those this worker does not serve or
-        --           that have no limit, so claimers serving other accounts
-        --           would read past them and skip accounts no one is using.
+        -- UPDLOCK: ours to commit; READPAST, ROWLOCK: skip held budgets; FORCESEEK: a scan locks them all.
         INSERT INTO @Acct (
             AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
             MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
@@ -226,20 +166,12 @@ BEGIN
         WHERE
             (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
             AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
-
-        -- The clock, read while the budget rows are held: every claimer of an
-        -- account reads it under the same lock, one after the other.
         SET @Now = SYSUTCDATETIME();
         SET @LeaseUntil = DATEADD(SECOND, @LeaseSeconds, @Now);
         SET @MinuteStart = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
         SET @HourStart = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
         SET @DayStart = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
-
         DELETE FROM @Acct WHERE BlockedUntilUtc > @Now;
-
-        -- Windows never move backwards: a stored window that starts at or
-        -- after ours is the current one and its count applies (a clock read
-        -- earlier, or a clock set back, cannot reopen a spent window).
         UPDATE a
         SET a.Remaining = IIF(
             a.IsLimited = 0,
@@ -255,23 +187,13 @@ BEGIN
             )
         )
         FROM @Acct AS a;
-
         DELETE FROM @Acct WHERE Remaining <= 0;
         UPDATE @Acct SET Remaining = @BatchSize WHERE Remaining > @BatchSize;
-
-        -- The driving pairs: every account left x every run mode served.
         INSERT INTO @Drive (AccountName, RunMode)
         SELECT a.AccountName, m.RunMode
         FROM @Acct AS a
         CROSS JOIN @Modes AS m;
-
-        -- More pairs than slots: keep the pairs that have claimable mail now
-        -- (one row-free probe per pair), then @BatchSize of them drawn at
-        -- random, so every pair gets its turn and a pass seeks at most
-        -- @BatchSize pairs.  The probe reads the index the claim will read
-        -- (an isolated worker's: its application's keys only).
-        --   READPAST, READCOMMITTEDLOCK: a locking read (also under RCSI)
-        --   that skips rows other claimers hold and keeps no lock.
+        -- More pairs than slots: drop pairs without claimable mail (probes keep no lock), draw @BatchSize.
         IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
         BEGIN
             IF @AppName IS NULL
@@ -312,9 +234,7 @@ BEGIN
                 );
             IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
             BEGIN
-                -- The draw is materialized first: a TOP ... ORDER BY NEWID()
-                -- inside the DELETE's predicate could be evaluated more than
-                -- once, each time another draw; this keeps exactly @BatchSize.
+                -- Materialized first: NEWID() in the DELETE's predicate may be evaluated again.
                 INSERT INTO @Draw (AccountName, RunMode)
                 SELECT TOP (@BatchSize) r.AccountName, r.RunMode FROM @Drive AS r ORDER BY NEWID();
                 DELETE FROM d
@@ -325,8 +245,6 @@ BEGIN
                 );
             END;
         END;
-
-        -- 3. The claim: up to three passes, each a pick and one UPDATE (docs/claim.md).
         WHILE @Pass < 3 AND @Left > 0
         BEGIN
             SET @Pass += 1;
@@ -335,13 +253,7 @@ BEGIN
             INNER JOIN @Acct AS a ON d.AccountName = a.AccountName
             WHERE d.IsOpen = 1 AND a.Remaining > a.Taken;
             IF @Open = 0 BREAK;
-            -- FLOOR, at least 1: the caps never add up to more than the slots
-            -- left (or one row per open pair), which bounds the rows read.
             SET @Share = IIF(@Left / @Open < 1, 1, @Left / @Open);
-            -- A pair's cap: the least of the share and its part of what is
-            -- left of its account's budget (Rest split over the account's
-            -- open pairs, Rest % Pairs of them drawn at random get one more),
-            -- so the caps of one account never add up to more than its Rest.
             UPDATE @Drive SET Cap = 0;
             UPDATE d
             SET d.Cap = IIF(x.Part < @Share, x.Part, @Share)
@@ -363,18 +275,7 @@ BEGIN
                     WHERE d2.IsOpen = 1 AND a.Remaining > a.Taken
                 ) AS o
             ) AS x ON d.AccountName = x.AccountName AND d.RunMode = x.RunMode;
-
-            -- The pick: per pair with a cap, one ordered seek that stops after it
-            -- (ten ranges, one per priority, already in ORDER BY order: no
-            -- Sort below the TOP); then the pass's TOP (@Left) in turns.
-            -- Competing workers seek IX_MailQueue_ClaimByAccount; an
-            -- isolated worker seeks IX_MailQueue_ClaimByApp, whose third key
-            -- is AppName: other applications' mail lies outside its ranges.
-            --   INDEX + FORCESEEK: this index's seek or an error, never a scan;
-            --   READPAST: skip rows other workers hold, never wait;
-            --   UPDLOCK:  the keys read stay ours until commit, so two
-            --     workers cannot take one row (a locking read under RCSI);
-            --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
+            -- The pick: INDEX + FORCESEEK, never a scan; READPAST, UPDLOCK, ROWLOCK: skip held rows, keep ours.
             DELETE FROM @Pick;
             IF @AppName IS NULL
                 INSERT INTO @Pick (ID)
@@ -426,13 +327,7 @@ BEGIN
                     ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
                 ) AS c
                 ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC;
-
-            -- The lease: the picked rows by clustered key, re-checked.
-            --   FORCESEEK (PK_MailQueue (ID)): one seek per picked ID whatever
-            --     the cached plan's estimate of @Pick, never a scan;
-            --   READPAST: a row another session holds (an acknowledgement of
-            --     an expired lease in flight) is skipped, never waited on, so
-            --     our key U lock and its clustered X lock cannot deadlock.
+            -- The lease, re-checked; READPAST: our key U and another's clustered X cannot deadlock.
             UPDATE q
             SET
                 q.Status = N'Sending',
@@ -440,11 +335,8 @@ BEGIN
                 q.VisibleAtUtc = @LeaseUntil,
                 q.AttemptsRemaining = q.AttemptsRemaining - 1,
                 q.AttemptCount = q.AttemptCount + 1,
-                -- A lease that expired may hide a mail the dead worker already
-                -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+                -- An expired lease may hide a mail already handed to SMTP.
                 q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate),
-                -- The application's dry-run flag as it is now (a seek on
-                -- PK_Application); mailq.MarkSent keeps it.
                 q.DryRun = COALESCE(
                     (SELECT ap.DryRun FROM mailq.Application AS ap WHERE ap.AppName = q.AppName),
                     CAST(0 AS BIT)
@@ -470,10 +362,6 @@ BEGIN
                 AND q.Status IN (N'UnSent', N'Sending')
                 AND q.VisibleAtUtc <= @Now
                 AND q.AttemptsRemaining > 0;
-
-            -- What this pass gave each pair; a pair that yielded fewer rows
-            -- than its cap has nothing more to claim now (drained).  The
-            -- account's Taken (its budget charge) is the sum over its pairs.
             UPDATE d
             SET
                 d.Taken = d.Taken + COALESCE(n.Claimed, 0),
@@ -486,7 +374,6 @@ BEGIN
                 GROUP BY m.AccountName, m.RunMode
             ) AS n ON d.AccountName = n.AccountName AND d.RunMode = n.RunMode
             WHERE d.Cap > 0;
-
             UPDATE a
             SET a.Taken = n.Claimed
             FROM @Acct AS a
@@ -495,14 +382,8 @@ BEGIN
                 FROM @Claimed AS m
                 GROUP BY m.AccountName
             ) AS n ON a.AccountName = n.AccountName;
-
             SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
         END;
-
-        -- Charge the budget of limited accounts (rows already U-locked above).
-        -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
-        -- budget rows other claimers hold.  A stored window that is not older
-        -- than ours is kept: the window start never moves backwards.
         UPDATE b
         SET
             b.MinuteCount = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteCount, 0) + a.Taken,
@@ -511,72 +392,42 @@ BEGIN
             b.HourStartUtc = IIF(b.HourStartUtc >= @HourStart, b.HourStartUtc, @HourStart),
             b.DayCount = IIF(b.DayStartUtc >= @DayStart, b.DayCount, 0) + a.Taken,
             b.DayStartUtc = IIF(b.DayStartUtc >= @DayStart, b.DayStartUtc, @DayStart)
-        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)  -- only the budget rows U-locked above
         INNER JOIN @Acct AS a ON b.AccountName = a.AccountName
         WHERE a.IsLimited = 1 AND a.Taken > 0;
-
-        -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
-        -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
             t.Outcome = N'Abandoned',
             t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
-        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek by mail ID, never a scan
         INNER JOIN @Claimed AS c
             ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
         WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
-
-        -- The template version each template mail renders in this attempt:
-        -- the pinned one, else the latest when the template is not retired
-        -- (else NULL: the worker stops the mail and says why).
-        -- One seek on PK_MailTemplate per claimed template mail (at most
-        -- @BatchSize); a plain read: LatestVersion is committed together with
-        -- its version row (mailq.AddMailTemplateVersion), versions never change.
         UPDATE c
         SET c.TemplateVersion = COALESCE(c.TemplateVersion, IIF(t.RetiredAtUtc IS NULL, t.LatestVersion, NULL))
         FROM @Claimed AS c
         INNER JOIN mailq.MailTemplate AS t WITH (FORCESEEK) ON c.TemplateName = t.TemplateName
         WHERE c.TemplateName IS NOT NULL;
-
-        -- Open an attempt for each mail now leased, with the template version
-        -- it renders (never changed afterwards: a later version only affects
-        -- later attempts).
         INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc, TemplateVersion)
         SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now, c.TemplateVersion
         FROM @Claimed AS c;
-
-        -- Events, in this transaction (docs/events.md): a reclaimed lease
-        -- first says LeaseExpired (its earlier attempt, now abandoned), then
-        -- every mail leased says Claimed.  Two statements, so the two events
-        -- of one mail are stamped in that order.
+        -- Events (docs/events.md): two statements, so LeaseExpired is stamped before Claimed.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
             c.ID, c.AppName, N'LeaseExpired', N'Sending', c.AttemptNo - 1, NULL,
             N'Lease expired before the worker acknowledged; reclaimed (PossibleDuplicate).', @Now
         FROM @Claimed AS c
         WHERE c.OldStatus = N'Sending';
-
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT c.ID, c.AppName, N'Claimed', N'Sending', c.AttemptNo, NULL, @WorkerName, @Now
         FROM @Claimed AS c;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; a caller's transaction is doomed by
-        -- XACT_ABORT and its own CATCH rolls it back.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
-    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock hint
-    -- needed).  FORCESEEK: a seek per claimed ID whatever the plan's estimate
-    -- of @Claimed, never a scan that would wait on rows other sessions hold.
-    -- LeaseSecondsRemaining: by the server's clock read now, after the
-    -- claim's statements (and their commit when the transaction is ours),
-    -- in whole seconds rounded down, so a worker counting it down from the
-    -- reply on its own monotonic clock never overestimates it.
     DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
     SELECT
         q.ID,
@@ -602,7 +453,6 @@ BEGIN
         q.dtStamp,
         q.RunMode,
         q.DryRun,
-        -- Template columns: NULL for ordinary mail.
         c.TemplateName,
         c.TemplateVersion,
         q.TemplateModel,
@@ -611,23 +461,17 @@ BEGIN
     INNER JOIN @Claimed AS c ON q.ID = c.ID
     WHERE q.ThreadLock = @LockToken
     ORDER BY q.Priority DESC, q.ID ASC;
-
     SELECT
         a.MailID,
         a.AttachmentNo,
         a.FileName,
         a.ContentType,
         a.Content,
-        a.Generator,     -- a lazy attachment (Content NULL)
+        a.Generator,
         a.GeneratorArgs
     FROM mailq.MailAttachment AS a WITH (FORCESEEK (PK_MailAttachment (MailID)))
     INNER JOIN @Claimed AS c ON a.MailID = c.ID
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
-
-    -- The texts of the template versions this batch renders,
-    -- each once: the distinct versions drive one seek each on
-    -- PK_MailTemplateVersion (an inner join, so FORCESEEK always has its
-    -- plan: nested loops with the few distinct versions outside).
     WITH Used AS (
         SELECT DISTINCT c.TemplateName, c.TemplateVersion
         FROM @Claimed AS c
@@ -641,7 +485,7 @@ BEGIN
         v.HtmlTemplate,
         v.TextTemplate
     FROM Used AS u
-    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)
+    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)  -- one seek per distinct version
         ON u.TemplateName = v.TemplateName AND u.TemplateVersion = v.Version
     ORDER BY v.TemplateName ASC, v.Version ASC;
 END;

@@ -1,26 +1,12 @@
 /*
-mailq.CompleteDbMailQuery: the query runner hands back a query it claimed
-(mailq.ClaimDbMailQuery): with @Outcome 'Done' the result joins the mail
-(appended to the body after CRLF, as msdb writes it, or as the attachment) and
-the mail becomes due; with 'Failed' the mail is stopped (mailq.StopMail, reason
-'Query execution failed: ...'; sysmail_event_log shows an error row).
-A result over the queue's limits (body 2,000,000 characters, attachment
-10 MiB) fails the mail the same way.  A mail cancelled or stopped meanwhile
-stays so; the item is finished either way.
-Parameters:  @MailItemID INT, @LockToken UNIQUEIDENTIFIER (the claim's),
-             @Outcome 'Done' | 'Failed', @Text NVARCHAR(MAX) (Done, body:
-             the rendered result), @Attachment VARBINARY(MAX), @FileName
-             NVARCHAR(255), @ContentType NVARCHAR(255) (Done, attachment),
-             @Error NVARCHAR(4000) (Failed: why)
-Result set:  with 'Failed', mailq.StopMail's row (ID, Status, NextAttemptUtc).
-Errors:      50661 the claim is lost (not Running, or another token: a later
-             runner took it over); 50662 @Outcome or its arguments invalid.
-Transaction: its own if none is open, else the caller's; an error dooms it.
-Isolation:   sets READ COMMITTED.
-Lock order:  mailq.MailQueue, mailq.MailAttachment (or, failing, StopMail's
-             MailQueue, MailEvent, MailAttempt), then mailq.DbMailItem.
-Example:     EXEC mailq.CompleteDbMailQuery @MailItemID = 7, @LockToken = @t,
-                 @Outcome = 'Done', @Text = N'name ...';
+mailq.CompleteDbMailQuery: a runner hands back its query: 'Done' joins the result to the mail (after
+CRLF in the body, or attached) and makes it due; 'Failed' or an oversized result stops it (StopMail's row).
+Parameters:  @MailItemID INT, @LockToken (the claim's), @Outcome 'Done' | 'Failed'; Done: @Text
+             (body) or @Attachment, @FileName, @ContentType; Failed: @Error
+Errors:      50661 the claim is lost (finished or taken over); 50662 @Outcome or its arguments.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
+Lock order:  mailq.MailQueue, mailq.MailAttachment (or StopMail's), then mailq.DbMailItem.
+Example:     EXEC mailq.CompleteDbMailQuery @MailItemID = 7, @LockToken = @T, @Outcome = 'Done', @Text = N'...';
 */
 CREATE OR ALTER PROCEDURE mailq.CompleteDbMailQuery
     @MailItemID INT,
@@ -35,7 +21,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @CrLf NCHAR(2) = NCHAR(13) + NCHAR(10);
@@ -47,7 +32,6 @@ BEGIN
         OR (@Outcome = 'Done' AND @Attachment IS NOT NULL AND @Text IS NOT NULL)
         OR (@Attachment IS NOT NULL AND NULLIF(@FileName, N'') IS NULL)
         THROW 50662, N'@Outcome must be Done (with @Text, or @Attachment and @FileName) or Failed (with @Error).', 1;
-
     DECLARE @MailID BIGINT = (
         SELECT i.MailID
         FROM mailq.DbMailItem AS i
@@ -55,7 +39,6 @@ BEGIN
     );
     IF @MailID IS NULL
         THROW 50661, @Lost, 1;
-
     IF @Outcome = 'Done' AND (
         LEN(@Text) + (SELECT LEN(q.Body) FROM mailq.MailQueue AS q WHERE q.ID = @MailID) + 2 > 2000000
         OR DATALENGTH(@Attachment) > 10485760
@@ -63,11 +46,9 @@ BEGIN
         SELECT
             @Outcome = 'Failed',
             @Error = N'the result is over the queue''s limits (2,000,000 characters in the body, 10 MiB attached).';
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         IF @Outcome = 'Done'
         BEGIN
             UPDATE q
@@ -75,7 +56,6 @@ BEGIN
                 q.Body = IIF(@Text IS NULL, q.Body, CONCAT(q.Body, @CrLf, @Text)),
                 q.DateToProcess = @Now,
                 q.VisibleAtUtc = @Now
-            -- UPDLOCK: read and change one row without a lock-conversion deadlock.
             FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
             WHERE q.ID = @MailID AND q.Status = N'UnSent' AND q.VisibleAtUtc = @Hold;
             IF @@ROWCOUNT = 1 AND @Attachment IS NOT NULL
@@ -87,10 +67,8 @@ BEGIN
         )
         BEGIN
             DECLARE @Reason NVARCHAR(4000) = LEFT(CONCAT(N'Query execution failed: ', @Error), 4000);
-            -- StopMail's one-row result set goes to the runner.
             EXEC mailq.StopMail @MailID = @MailID, @Reason = @Reason;
         END;
-
         UPDATE mailq.DbMailItem
         SET
             QueryState = IIF(@Outcome = 'Done', N'Done', N'Failed'),
@@ -101,7 +79,6 @@ BEGIN
         WHERE MailItemID = @MailItemID AND QueryState = N'Running' AND QueryLockToken = @LockToken;
         IF @@ROWCOUNT = 0
             THROW 50661, @Lost, 1;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

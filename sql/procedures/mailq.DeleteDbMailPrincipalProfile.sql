@@ -1,14 +1,10 @@
 /*
-mailq.DeleteDbMailPrincipalProfile: withdraws a principal's right to use a
-profile, and the default with it (msdb's sysmail_delete_principalprofile_sp).
+mailq.DeleteDbMailPrincipalProfile: withdraws a principal's right to use a profile, and the
+default with it (msdb's sysmail_delete_principalprofile_sp).
 Parameters:  @ProfileName NVARCHAR(128), @PrincipalName NVARCHAR(128), required.
-Errors:      50198 a parameter missing; 50250 no such profile; 50254 the
-             principal has no grant on the profile.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
-Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
+Errors:      50198 a parameter missing; 50250 no such profile; 50254 no grant to withdraw.
+Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED.  Lock order: mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.DeleteDbMailPrincipalProfile @ProfileName = N'Ops', @PrincipalName = N'public';
 */
 CREATE OR ALTER PROCEDURE mailq.DeleteDbMailPrincipalProfile
@@ -17,18 +13,13 @@ CREATE OR ALTER PROCEDURE mailq.DeleteDbMailPrincipalProfile
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@PrincipalName)), N'') IS NULL
         THROW 50198, N'@ProfileName and @PrincipalName are required.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -38,7 +29,6 @@ BEGIN
             SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile.');
             THROW 50250, @Msg, 1;
         END;
-
         DELETE pp
         FROM mailq.DbMailPrincipalProfile AS pp
         WHERE pp.ProfileID = @ProfileID AND pp.PrincipalName = @PrincipalName;
@@ -49,7 +39,6 @@ BEGIN
             );
             THROW 50254, @Msg, 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

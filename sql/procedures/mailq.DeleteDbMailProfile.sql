@@ -1,15 +1,9 @@
 /*
-mailq.DeleteDbMailProfile: deletes a profile with its account list and
-grants (msdb's sysmail_delete_profile_sp).  Mail already queued through it is
-kept and still sent by the account it was given.
-Parameters:  @ProfileName NVARCHAR(128), required.
-Errors:      50198 @ProfileName missing; 50250 no such profile.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
-Lock order:  mailq.DbMailProfile, mailq.DbMailProfileAccount,
-             mailq.DbMailPrincipalProfile.
+mailq.DeleteDbMailProfile: deletes a profile with its account list and grants (msdb's
+sysmail_delete_profile_sp); mail already queued through it keeps its account.
+Parameters:  @ProfileName NVARCHAR(128), required.  Errors: 50198 @ProfileName missing; 50250 no such profile.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
+Lock order:  mailq.DbMailProfile, mailq.DbMailProfileAccount, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.DeleteDbMailProfile @ProfileName = N'Ops';
 */
 CREATE OR ALTER PROCEDURE mailq.DeleteDbMailProfile
@@ -17,18 +11,13 @@ CREATE OR ALTER PROCEDURE mailq.DeleteDbMailProfile
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL
         THROW 50198, N'@ProfileName is required.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -38,7 +27,6 @@ BEGIN
             SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile.');
             THROW 50250, @Msg, 1;
         END;
-
         DELETE pa
         FROM mailq.DbMailProfileAccount AS pa
         WHERE pa.ProfileID = @ProfileID;
@@ -48,7 +36,6 @@ BEGIN
         DELETE p
         FROM mailq.DbMailProfile AS p
         WHERE p.ProfileID = @ProfileID;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

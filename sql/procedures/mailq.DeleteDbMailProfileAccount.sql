@@ -1,14 +1,9 @@
 /*
-mailq.DeleteDbMailProfileAccount: removes a sending account from a profile
-(msdb's sysmail_delete_profileaccount_sp).  Mail already queued keeps its
-account.
+mailq.DeleteDbMailProfileAccount: removes a sending account from a profile (msdb's
+sysmail_delete_profileaccount_sp); mail already queued keeps its account.
 Parameters:  @ProfileName NVARCHAR(128), @AccountName NVARCHAR(128), required.
-Errors:      50198 a parameter missing; 50250 no such profile; 50253 the
-             account is not in the profile.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
+Errors:      50198 a parameter missing; 50250 no such profile; 50253 not in the profile.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
 Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount.
 Example:     EXEC mailq.DeleteDbMailProfileAccount @ProfileName = N'Ops', @AccountName = N'smtp-old';
 */
@@ -18,18 +13,13 @@ CREATE OR ALTER PROCEDURE mailq.DeleteDbMailProfileAccount
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
         THROW 50198, N'@ProfileName and @AccountName are required.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -39,7 +29,6 @@ BEGIN
             SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile.');
             THROW 50250, @Msg, 1;
         END;
-
         DELETE pa
         FROM mailq.DbMailProfileAccount AS pa
         INNER JOIN mailq.DbMailAccount AS da ON pa.AccountID = da.AccountID
@@ -51,7 +40,6 @@ BEGIN
             );
             THROW 50253, @Msg, 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

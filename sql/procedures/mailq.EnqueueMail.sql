@@ -1,31 +1,14 @@
 /*
-mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
-already queued for the same content it returns that mail and writes nothing.
-It has no rule of its own: it hands its parameters, as one row, to
-mailq.EnqueueMailRows, the one implementation it shares with mailq.EnqueueMailBatch.
-Parameters:  a recipient in @ToAddress, @CC or @BCC (To may be NULL: Cc-only,
-             Bcc-only mail); @Subject, @Body required unless @TemplateName;
-             every other parameter optional, NULL = its default (BodyFormat
-             Text, Priority 5, MaxAttempts 5, RunMode prod, the default account
-             and its From, due now).  Each is described in docs/enqueue.md.
-Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255), @Created BIT (0: an
-             existing mail returned for @IdempotencyKey).  No result set, so
-             triggers may call it.
-Errors:      the broken rule's number, raised before anything is written: 50101-50121,
-             50160, 50161, 50168 (mail input), 50240 (run mode), 50280-50286 (templates,
-             lazy attachments), 50500 (the caller is mapped to no application), 50600 (every
-             recipient suppressed); 50116 key reused with other content; 50162 the key's
-             lock not granted in 10 s.  docs/errors.md.
-Transaction: opens its own if none is open, else works inside the caller's,
-             including a distributed one (no savepoint); an error dooms the
-             caller's transaction (XACT_ABORT ON): it can only roll back.
-Isolation:   READ COMMITTED and the SET options a filtered index needs, set by
-             mailq.EnqueueMailRows (they revert when it returns).
-Lock order:  the key's application lock, mailq.Suppression (shared, held), mailq.MailQueue,
-             mailq.MailAttachment, mailq.MailEvent (docs/guarantees.md, "Lock order").
-Example:     DECLARE @ID BIGINT;
-             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
-                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.', @MailID = @ID OUTPUT;
+mailq.EnqueueMail: validates and queues one mail (a key queued with the same content returns its mail).
+Parameters:  a recipient in @ToAddress, @CC or @BCC; @Subject, @Body unless @TemplateName;
+             the rest optional, NULL = the default (docs/enqueue.md).
+Outputs:     @MailID, @MessageID, @Created (0: the key's mail); no result set (triggers may call it).
+Errors:      50101-50121, 50160, 50161, 50168, 50240, 50280-50286, 50500, 50600 (the rule broken,
+             docs/errors.md); 50116 key reused with other content; 50162 key lock not granted in 10 s.
+Transaction: its own if none is open, else the caller's (also distributed); an error dooms it.
+Isolation:   READ COMMITTED and the filtered-index SET options, set by mailq.EnqueueMailRows.
+Lock order:  the key's application lock, mailq.Suppression (shared, held), mailq.MailQueue, MailAttachment, MailEvent.
+Example:     EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com', @Subject = N'Report', @Body = N'Done.';
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMail
     @ToAddress NVARCHAR(MAX) = NULL,
@@ -57,7 +40,6 @@ CREATE OR ALTER PROCEDURE mailq.EnqueueMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     EXEC mailq.EnqueueMailRows
         @Single = 1,
         @ToAddress = @ToAddress, @Subject = @Subject, @Body = @Body, @BodyFormat = @BodyFormat,

@@ -1,29 +1,15 @@
 /*
-mailq.EnqueueMailBatch: validates and queues up to 10,000 mails in one call,
-each row with exactly EnqueueMail's rules, defaults and content hash: both
-hand their rows to mailq.EnqueueMailRows, which writes them with one INSERT.
-Parameters:  @Mails NVARCHAR(MAX): a JSON array of objects whose fields are
-             EnqueueMail's parameter names without '@'; or @MailRows
-             mailq.MailBatchRow READONLY (RowNo = the caller's ordinal).  Exactly
-             one of them, 1-10,000 rows, at most 256 MB of text.
-             @RejectInvalid BIT, default 0: 0 = all or nothing; 1 = queue the
-             valid rows and return the invalid ones.
-Result sets: 1. RowNo, MailID, MessageID, Created (0: an existing mail
-             returned for its key), by RowNo; 2. the rejected rows: RowNo,
-             Field, ErrorNumber (EnqueueMail's number, or 50223), Message.
-Errors:      50220 a row is invalid (all or nothing): names row, field and rule;
-             50221 input shape; 50222 row count; 50225 a key's lock not granted
-             in 10 s; 50224 base64 not decodable; 50226 over 256 MB.  Nothing
-             is written when one is raised.  docs/batch-enqueue.md.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint); an error dooms it; @RejectInvalid = 1 raises
-             nothing for invalid rows.
-Isolation:   READ COMMITTED and the filtered-index SET options, set by the core.
-Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared,
-             held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
-Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[
-                 {"ToAddress": "a@example.com", "Subject": "Hi", "Body": "One"},
-                 {"ToAddress": "b@example.com", "Subject": "Hi", "Body": "Two", "Priority": 9}]';
+mailq.EnqueueMailBatch: queues up to 10,000 mails in one call, each with EnqueueMail's rules.
+Parameters:  @Mails (JSON array of objects named like EnqueueMail's parameters) or @MailRows (READONLY),
+             exactly one, at most 256 MB; @RejectInvalid BIT: 0 (default) all or nothing, 1 the valid rows.
+Result sets: 1. RowNo, MailID, MessageID, Created (0: the key's mail); 2. rejected rows:
+             RowNo, Field, ErrorNumber (EnqueueMail's, or 50223), Message.
+Errors:      50220 a row invalid (row, field, rule); 50221 input shape; 50222 row count; 50224
+             bad base64; 50225 key lock not granted in 10 s; 50226 over 256 MB.  Nothing written.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: set by the core.
+Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared, held),
+             mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
+Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[{"ToAddress": "a@example.com", "Body": "B"}]';
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch
     @Mails NVARCHAR(MAX) = NULL,
@@ -32,18 +18,14 @@ CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     DECLARE @Msg NVARCHAR(2048), @Rows BIGINT, @Bytes BIGINT;
     DECLARE @RowsGiven BIT = IIF(EXISTS (SELECT 1 FROM @MailRows), 1, 0);   -- an omitted TVP is empty
     IF (@Mails IS NULL AND @RowsGiven = 0) OR (@Mails IS NOT NULL AND @RowsGiven = 1)
         THROW 50221,
             N'Give the mails in exactly one of @Mails (a JSON array of objects) and @MailRows (mailq.MailBatchRow).',
             1;
-
     IF @Mails IS NOT NULL
     BEGIN
-        -- The size cap before any parsing; then the first character that is
-        -- not JSON white space (RFC 8259) must open an array of objects.
         SET @Bytes = DATALENGTH(@Mails);
         IF @Bytes <= 268435456
         BEGIN
@@ -70,7 +52,6 @@ BEGIN
                 + COALESCE(DATALENGTH(r.TemplateModel), 0)
             )
         FROM @MailRows AS r;
-
     IF @Bytes > 268435456
     BEGIN
         SET @Msg = CONCAT(IIF(@Mails IS NULL, N'@MailRows', N'@Mails'), N' holds ', @Bytes,
@@ -83,8 +64,6 @@ BEGIN
             N' mails; a batch takes 1-10000.');
         THROW 50222, @Msg, 1;
     END;
-
-    -- WITH RECOMPILE: a plan for this batch's rows, discarded afterwards; the
-    -- cached plan stays the single call's (EXECUTE, "WITH RECOMPILE").
+    -- WITH RECOMPILE: a plan for this batch's rows; the cached plan stays the single call's.
     EXEC mailq.EnqueueMailRows @Rows = @MailRows, @Mails = @Mails, @RejectInvalid = @RejectInvalid WITH RECOMPILE;
 END;

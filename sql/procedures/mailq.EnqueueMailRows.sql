@@ -1,26 +1,14 @@
 /*
-mailq.EnqueueMailRows: the one implementation of enqueueing, for one mail
-(mailq.EnqueueMail) and for many (mailq.EnqueueMailBatch).  Internal: granted to
-no role, reached by ownership chaining.
-Parameters:  @Rows mailq.MailBatchRow READONLY, @Mails (JSON, mailq.MailBatchJson),
-             or with @Single = 1 one mail in @ToAddress ... @TemplateModel (RowNo 1);
-             @RejectInvalid BIT (batch): 1 = queue the valid rows.
-Rules:       mailq.EnqueueMailCheck, for every row, in one statement; last, under the key
-             locks, mailq.FilterSuppressedRecipients (50600, or RecipientSuppressed events).
-Results:     @Single = 1: @MailID, @MessageID, @Created OUTPUT and no result set;
-             else result sets 1 (RowNo, MailID, MessageID, Created) and 2 (RowNo,
-             Field, ErrorNumber, Message of the rejected rows).
-Errors:      @Single = 1: the broken rule's own number, 50162 (key lock); else
-             50220 (row, field, rule), 50225 (key lock), 50224 (base64); all
-             raised before anything is written.
-Transaction: its own if none is open, else the caller's, distributed included
-             (no savepoint); XACT_ABORT ON: an error dooms the caller's.
+mailq.EnqueueMailRows: the one enqueue implementation (EnqueueMail, EnqueueMailBatch); internal, no grant.
+Parameters:  @Rows mailq.MailBatchRow READONLY, @Mails (JSON), or @Single = 1 and one mail in
+             @ToAddress ... @TemplateModel; @RejectInvalid BIT (batch): 1 queue the valid rows.
+Results:     @Single = 1: the OUTPUTs, no result set; else EnqueueMailBatch's two result sets.
+Errors:      @Single = 1: mailq.EnqueueMailCheck's number, 50600, 50162 (key lock); else 50220,
+             50225 (key lock), 50224 (base64); all raised before any write.
+Transaction: its own if none is open, else the caller's (also distributed); an error dooms it.
 Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
-Lock order:  the keys' application locks (binary key order), mailq.Suppression
-             (shared key ranges of the recipients, held: docs/bounces.md, "Lock
-             order"), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
-Cost:        table variables (no statistics, no recompiles) and one cached plan
-             for single calls; a batch calls it WITH RECOMPILE (docs/enqueue.md).
+Lock order:  the keys' application locks (binary key order), mailq.Suppression (shared key ranges,
+             held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
 Example:     EXEC mailq.EnqueueMailRows @Rows = @R, @RejectInvalid = 1;
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMailRows
@@ -42,13 +30,10 @@ CREATE OR ALTER PROCEDURE mailq.EnqueueMailRows
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- What DML on a table with a filtered index needs at run time (else 1934);
-    -- ANSI_NULLS, QUOTED_IDENTIFIER are the module's (ON at CREATE); ARITHABORT follows ANSI_WARNINGS.
+    -- Filtered-index DML needs these at run time (else 1934); ARITHABORT follows ANSI_WARNINGS.
     SET ANSI_WARNINGS, ANSI_PADDING, CONCAT_NULL_YIELDS_NULL ON;
     SET NUMERIC_ROUNDABORT OFF;
-    -- No key-range locks under a SERIALIZABLE caller, no stale snapshot under SNAPSHOT.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @P NVARCHAR(1) = IIF(@Single = 1, N'@', N''), @Err INT, @Msg NVARCHAR(2048);
     DECLARE @User NVARCHAR(128) = USER_NAME();   -- the caller's user: no EXECUTE AS on the way here
@@ -59,9 +44,6 @@ BEGIN
         (SELECT p.AllowUnmappedEnqueuers FROM mailq.EnqueuePolicy AS p WHERE p.PolicyId = 1), 0
     );
     SET @RejectInvalid = IIF(@Single = 1, 0, COALESCE(@RejectInvalid, 0));
-
-    -- A table variable (current database's collation): no statistics, so no
-    -- recompiles; a batch's caller asks for a fresh plan instead.
     DECLARE @Work TABLE (   -- NULL spelled out: the session's ANSI_NULL_DFLT_ON does not decide it
         RowNo INT NOT NULL PRIMARY KEY, ToAddress NVARCHAR(MAX) NULL, CC NVARCHAR(MAX) NULL, BCC NVARCHAR(MAX) NULL,
         Subject NVARCHAR(MAX) NULL, Body NVARCHAR(MAX) NULL, BodyFormat NVARCHAR(20) NULL, TextBody NVARCHAR(MAX) NULL,
@@ -77,8 +59,6 @@ BEGIN
     );
     DECLARE @Inserted TABLE (MailID BIGINT NOT NULL PRIMARY KEY, MessageID NVARCHAR(255) NOT NULL UNIQUE,
         AppName NVARCHAR(128) NULL);
-
-    -- 1. Every row through the rules, in one statement.
     INSERT INTO @Work (
         RowNo, ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers, FromAddress, FromName, ReplyTo,
         AccountName, AppName, Priority, DueUtc, ExpiresAtUtc, MaxAttempts, IdempotencyKey, KeyText, Attachments,
@@ -123,9 +103,6 @@ BEGIN
         i.TemplateModel, i.InputField, i.InputMessage, @P, @Now, @User, @PrincipalApp, @AllowUnmapped,
         m.LatestVersion, m.RetiredAtUtc
     ) AS c;
-
-    -- 2. Keys within the call: the first valid row with a key leads; a later
-    --    row with the key and other content breaks rule 50116.
     UPDATE w
     SET w.KeyLeader = l.Leader, w.KeySeq = IIF(w.RowNo = l.Leader, l.Seq, NULL)
     FROM @Work AS w
@@ -143,7 +120,6 @@ BEGIN
     FROM @Work AS f
     INNER JOIN @Work AS l ON f.KeyLeader = l.RowNo
     WHERE f.RowNo <> l.RowNo AND f.ContentHash <> l.ContentHash;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0), @Bad INT = (
         SELECT COUNT(*) FROM @Work AS w WHERE w.ErrorNumber IS NOT NULL
     );
@@ -151,11 +127,7 @@ BEGIN
     DECLARE @KeyText NVARCHAR(200), @Resource NVARCHAR(255);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- 3. Unless an invalid row already stops the call: each key serialized on
-        --    an exclusive application lock owned by the transaction, in binary key
-        --    order (no key-range locks; the one loop: sp_getapplock takes one
-        --    resource per call; a deadlock on it does not roll back, the THROW does).
+        -- 3. Keys on exclusive transaction-owned applocks, binary key order (no key-range locks).
         WHILE @Seq < COALESCE(@Keys, 0) AND (@RejectInvalid = 1 OR @Bad = 0)
         BEGIN
             SET @Seq += 1;
@@ -172,10 +144,7 @@ BEGIN
                 THROW @Err, @Msg, 1;
             END;
         END;
-
-        -- 4. Keys already queued: exact under the locks (every writer of keys
-        --    takes them).  FORCESEEK: one seek per key on UX_MailQueue_IdempotencyKey,
-        --    whose filter "IS NOT NULL" repeats.  The same content returns the mail.
+        -- 4. Keys already queued, exact under the locks; FORCESEEK on UX_MailQueue_IdempotencyKey.
         UPDATE w
         SET w.MailID = q.ID, w.MessageID = q.MessageID, w.Created = 0,
             w.ErrorNumber = IIF(q.ContentHash = w.ContentHash, NULL, 50116),
@@ -186,8 +155,7 @@ BEGIN
         INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK)
             ON w.IdempotencyKey = q.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
         WHERE w.KeySeq <= @Seq;
-        -- Last rule, rows that would create a mail: suppressed recipients left out, 50600 if none is left;
-        -- the shared key-range locks on mailq.Suppression are held to the commit (a suppression waits, then sweeps).
+        -- Suppressed recipients: shared key-range locks on mailq.Suppression held to commit.
         UPDATE w
         SET w.ToAddress = ISNULL(f.ToAddress, N''), w.CC = f.CC, w.BCC = f.BCC, w.Suppressed = f.Suppressed,
             w.ErrorNumber = IIF(f.EntriesLeft = 0, 50600, NULL), w.Field = IIF(f.EntriesLeft = 0, N'ToAddress', NULL),
@@ -202,9 +170,6 @@ BEGIN
         FROM @Work AS f
         INNER JOIN @Work AS l ON f.KeyLeader = l.RowNo
         WHERE f.RowNo <> l.RowNo AND f.ErrorNumber IS NULL AND l.ErrorNumber IS NOT NULL;
-
-        -- 5. Refuse, nothing written yet: the rule's own number for a single
-        --    call, 50220 naming row, field and rule for a batch.
         SET @Bad = (SELECT COUNT(*) FROM @Work AS w WHERE w.ErrorNumber IS NOT NULL);
         IF @RejectInvalid = 0 AND @Bad > 0
         BEGIN
@@ -218,10 +183,7 @@ BEGIN
             ORDER BY w.RowNo;
             THROW @Err, @Msg, 1;
         END;
-
-        -- 6. One INSERT of the mails (IDs in RowNo order: INSERT ... SELECT ...
-        --    ORDER BY assigns identity values in that order); MessageID (NEWID)
-        --    is unique, so it maps the new IDs back to the rows.
+        -- 6. One INSERT, IDs in RowNo order (INSERT ... SELECT ... ORDER BY); MessageID maps them back.
         INSERT INTO mailq.MailQueue (
             dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
             Body, BodyFormat, TextBody, Headers, Status, AttemptsRemaining, Priority, AccountName, AppName,
@@ -236,12 +198,9 @@ BEGIN
         FROM @Work AS w
         WHERE w.ErrorNumber IS NULL AND w.MailID IS NULL AND (w.KeyLeader IS NULL OR w.KeySeq IS NOT NULL)
         ORDER BY w.RowNo;
-
         UPDATE w SET w.MailID = i.MailID, w.Created = 1
         FROM @Work AS w INNER JOIN @Inserted AS i ON w.MessageID = i.MessageID;
-
-        -- Attachments: only canonical base64 reaches the decoder (OPENJSON ...
-        -- WITH VARBINARY reads a JSON string as base64), so it cannot fail.
+        -- Only canonical base64 reaches the decoder, so it cannot fail.
         BEGIN TRY
             INSERT INTO mailq.MailAttachment (
                 MailID, AttachmentNo, FileName, ContentType, Content, Generator, GeneratorArgs
@@ -262,9 +221,6 @@ BEGIN
                 @Msg = CONCAT(@P, N'Attachments: a ContentBase64 could not be decoded (', ERROR_MESSAGE(), N').');
             THROW @Err, @Msg, 1;
         END CATCH;
-
-        -- The event stream (docs/events.md): one 'Enqueued' event per created mail, in this
-        -- transaction, then 'RecipientSuppressed' naming whom it left out; a mail returned for its key gets none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT i.MailID, i.AppName, e.EventType, N'UnSent', 0, NULL, e.Detail, @Now
         FROM @Inserted AS i
@@ -273,17 +229,12 @@ BEGIN
             LEFT(CONCAT(N'not sent to (suppressed): ', w.Suppressed), 4000))) AS e(EventNo, EventType, Detail)
         WHERE e.EventNo = 1 OR w.Suppressed IS NOT NULL
         ORDER BY i.MailID, e.EventNo;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
-    -- 7. Results.  Later rows with a key get their leader's mail (Created = 0).
     UPDATE f SET f.MailID = l.MailID, f.MessageID = l.MessageID, f.Created = 0
     FROM @Work AS f
     INNER JOIN @Work AS l ON f.KeyLeader = l.RowNo

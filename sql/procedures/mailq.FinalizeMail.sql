@@ -1,27 +1,14 @@
 /*
-mailq.FinalizeMail: moves queued mail that can never be sent to its final
-state, in small batches, whatever its account, so that the claim never has
-to: out of attempts with the last lease expired -> Failed; past ExpiresAtUtc
-(UnSent, or Sending with an expired lease) -> Expired.  A live lease is left
-to its worker.  One finalizer at a time (docs/finalization.md).
-Parameters:  @BatchSize  INT 1-1000, default 200: mails per statement
-             @MaxBatches INT 1-1000, default 50: batches per call
-Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT (1: the
-             last batch was full; call again), Busy BIT (1: another
-             FinalizeMail held the finalizer lock, so this call stopped there
-             and left the rest to it)
-Errors:      50150 @BatchSize out of range; 50151 @MaxBatches out of range;
-             50152 called inside a transaction.
-Transaction: must not be called inside one (50152): each batch is its own
-             short transaction, also for a session in implicit transaction
-             mode (turned off inside); an error rolls back the batch under
-             way (earlier batches stay) and is re-raised.
-Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
-Lock order:  the application lock N'mailq.FinalizeMail' (exclusive, owned by
-             the batch's transaction, never waited for), then mailq.MailQueue
-             (index keys U, clustered rows X), mailq.MailAttempt (X),
-             mailq.MailEvent (insert), as in mailq.ClaimMail.
-Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
+mailq.FinalizeMail: in small batches, moves mail that can never be sent to Failed (no attempt
+left, last lease expired) or Expired (past ExpiresAtUtc, no live lease), so the claim never has to.
+Parameters:  @BatchSize INT 1-1000, default 200 (per statement); @MaxBatches INT 1-1000, default 50
+Result set:  FailedCount, ExpiredCount, MoreLeft BIT (call again), Busy BIT (another finalizer ran)
+Errors:      50150 @BatchSize, 50151 @MaxBatches out of range; 50152 called inside a transaction.
+Transaction: refuses one (50152); each batch commits on its own, also in implicit transaction
+             mode (turned off inside); an error rolls back the batch under way and is re-raised.
+Isolation:   sets READ COMMITTED (READPAST needs it).  Example: EXEC mailq.FinalizeMail @BatchSize = 200;
+Lock order:  the application lock N'mailq.FinalizeMail' (batch-owned, never waited for), then
+             mailq.MailQueue (keys U, rows X), mailq.MailAttempt, mailq.MailEvent (docs/finalization.md).
 */
 CREATE OR ALTER PROCEDURE mailq.FinalizeMail
     @BatchSize INT = 200,
@@ -29,15 +16,9 @@ CREATE OR ALTER PROCEDURE mailq.FinalizeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- Each BEGIN TRANSACTION below must be a real one: under the caller's
-    -- IMPLICIT_TRANSACTIONS ON (pyodbc and JDBC with autocommit off) it would
-    -- nest in an implicit transaction and no batch would commit.  Set before
-    -- any statement that could open one; restored when the procedure returns.
+    -- Off before any statement: under IMPLICIT_TRANSACTIONS ON no batch would commit.
     SET IMPLICIT_TRANSACTIONS OFF;
-    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
-    -- the caller's level comes back when the procedure returns.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @BatchSize = COALESCE(@BatchSize, 200);
     SET @MaxBatches = COALESCE(@MaxBatches, 50);
@@ -53,7 +34,6 @@ BEGIN
     END;
     IF @@TRANCOUNT > 0
         THROW 50152, N'mailq.FinalizeMail commits batch by batch: call it outside a transaction.', 1;
-
     DECLARE @Done TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
         NewStatus NVARCHAR(16) NOT NULL,
@@ -72,7 +52,6 @@ BEGIN
     DECLARE @MoreLeft BIT = 0;
     DECLARE @Busy BIT = 0;
     DECLARE @Lock INT;
-
     WHILE @Batches < @MaxBatches
     BEGIN
         SET @Batches += 1;
@@ -80,12 +59,7 @@ BEGIN
         DELETE FROM @Done;
         BEGIN TRY
             BEGIN TRANSACTION;
-
-            -- One finalizer at a time: two finalizers reading the two indexes
-            -- below in opposite orders could deadlock on a mail that is both
-            -- out of attempts and expired.  Transaction-owned, so it ends with
-            -- the batch; timeout 0: another finalizer at work already does
-            -- this job, so this call stops instead of waiting (Busy = 1).
+            -- One finalizer at a time (the two reads below in opposite orders could deadlock).
             EXEC @Lock = sys.sp_getapplock
                 @Resource = N'mailq.FinalizeMail', @LockMode = N'Exclusive',
                 @LockOwner = N'Transaction', @LockTimeout = 0;
@@ -95,12 +69,7 @@ BEGIN
                 SET @Busy = 1;
                 BREAK;
             END;
-
-            -- Out of attempts, lease expired.  IX_MailQueue_Finalize: range
-            -- seek on VisibleAtUtc <= @Now within its filter.
-            --   READPAST: skip rows others hold (a worker acknowledging its
-            --     last attempt right now), never wait on them;
-            --   UPDLOCK, ROWLOCK: row-grain update locks while reading.
+            -- Out of attempts.  READPAST: skip rows others hold; UPDLOCK, ROWLOCK: claim while reading.
             WITH Dead AS (
                 SELECT TOP (@BatchSize)
                     q.ID,
@@ -133,11 +102,6 @@ BEGIN
             FROM Dead AS d;
             SET @Rows = @@ROWCOUNT;
             SET @Failed += @Rows;
-            -- (@Rows: the fuller of the two statements decides whether to go on)
-
-            -- Expired.  IX_MailQueue_Expiry: range seek on ExpiresAtUtc <=
-            -- @Now; a live lease (Sending, VisibleAtUtc in the future) is left
-            -- to its worker.  Same hints, same reasons.
             WITH Late AS (
                 SELECT TOP (@BatchSize)
                     q.ID,
@@ -169,12 +133,9 @@ BEGIN
                 inserted.AppName, inserted.AttemptCount, inserted.LastError
             INTO @Done (ID, NewStatus, OldStatus, OldLockToken, AppName, AttemptCount, LastError)
             FROM Late AS l;
-            -- Read @@ROWCOUNT once: an assignment resets it.
             SET @ExpiredRows = @@ROWCOUNT;
             SET @Expired += @ExpiredRows;
             IF @ExpiredRows > @Rows SET @Rows = @ExpiredRows;
-
-            -- Close the attempts of the leases given up (seek by mail ID).
             UPDATE t
             SET
                 t.EndedAtUtc = @Now,
@@ -188,9 +149,6 @@ BEGIN
             INNER JOIN @Done AS d
                 ON t.MailID = d.ID AND t.LockToken = d.OldLockToken
             WHERE d.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
-
-            -- Events, in this batch's transaction (docs/events.md): a lease
-            -- given up says LeaseExpired first, then the final Failed/Expired.
             INSERT INTO mailq.MailEvent (
                 MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
             )
@@ -199,8 +157,6 @@ BEGIN
                 N'Lease expired before the worker acknowledged.', @Now
             FROM @Done AS d
             WHERE d.OldStatus = N'Sending';
-
-            -- The event type of a final change is its new status (Failed, Expired).
             INSERT INTO mailq.MailEvent (
                 MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
             )
@@ -214,14 +170,12 @@ BEGIN
                 d.LastError,
                 @Now
             FROM @Done AS d;
-
             COMMIT TRANSACTION;
         END TRY
         BEGIN CATCH
             IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
             THROW;
         END CATCH;
-
         IF @Rows < @BatchSize
         BEGIN
             SET @MoreLeft = 0;
@@ -229,6 +183,5 @@ BEGIN
         END;
         SET @MoreLeft = 1;
     END;
-
     SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft, @Busy AS Busy;
 END;

@@ -1,22 +1,12 @@
 /*
-mailq.GetEnqueuePolicy: which enqueue policy is in force and which database
-users may call an enqueue procedure without being mapped to an application
-(for `mailq-db doctor`).  Reads only; runs with the caller's rights.
+mailq.GetEnqueuePolicy: the enqueue policy in force and the database users who may enqueue
+without being mapped to an application (for `mailq-db doctor`); runs with the caller's rights.
 Parameters:  none.
-Result sets: 1. one row: AllowUnmappedEnqueuers BIT (mailq.EnqueuePolicy),
-                ChangedAtUtc, ChangedBy, MembershipVisible BIT (0: this caller may
-                not see other users' role memberships and grants, so set 2 is
-                incomplete; db_owner, db_securityadmin or VIEW DEFINITION see all).
-             2. the unmapped users, one row per way in: PrincipalName, Via (the
-                role or user holding the grant: EXECUTE on mailq.EnqueueMail,
-                EnqueueMailBatch or SendDbMail, on SCHEMA::mailq or on the
-                database; db_owner; dbo; public reaches every user).  A Windows
-                group's user is listed too: its members cannot be mapped through
-                it (mailq.BindApplication maps users).  A DENY is not
-                subtracted: the list may name a user the server would refuse.
-Errors:      none of its own.
-Transaction: reads only; opens none.
-Isolation:   READ COMMITTED, set here.
+Result sets: 1. AllowUnmappedEnqueuers, ChangedAtUtc, ChangedBy, MembershipVisible BIT (0: the
+                caller cannot see others' memberships: set 2 is incomplete)
+             2. unmapped users, one row per way in: PrincipalName, Via (the grant's holder); Windows
+                groups are listed; a DENY is not subtracted.
+Errors:      none of its own.  Transaction: reads only.  Isolation: READ COMMITTED, set here.
 Lock order:  none (catalog views and mailq.EnqueuePolicy, no locking hint).
 Example:     EXEC mailq.GetEnqueuePolicy;
 */
@@ -25,7 +15,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     SELECT
         COALESCE(p.AllowUnmappedEnqueuers, CAST(0 AS BIT)) AS AllowUnmappedEnqueuers,
         p.ChangedAtUtc,
@@ -36,8 +25,6 @@ BEGIN
         ) AS BIT) AS MembershipVisible
     FROM (VALUES (1)) AS one(PolicyId)
     LEFT JOIN mailq.EnqueuePolicy AS p ON one.PolicyId = p.PolicyId;
-
-    -- Catalog visibility applies here as to the caller (no EXECUTE AS).
     WITH grantee AS (
         SELECT d.grantee_principal_id AS PrincipalId
         FROM sys.database_permissions AS d
@@ -67,14 +54,11 @@ BEGIN
 
     SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
     FROM holder AS h
-    -- A grant to public (principal 0) reaches every user.
     INNER JOIN sys.database_principals AS u ON h.PrincipalId = u.principal_id OR h.PrincipalId = 0
     WHERE
-        -- users, not roles (EnqueueMail compares USER_NAME()); G: a Windows
-        -- group, whose members come in through it and cannot be mapped by it
+        -- users, not roles (EnqueueMail compares USER_NAME()); G: a Windows group
         u.type IN ('S', 'U', 'G', 'E', 'X', 'C', 'K')
         AND u.principal_id NOT IN (2, 3, 4)         -- guest, INFORMATION_SCHEMA, sys; dbo is listed
-        -- NOT IN is exact: PrincipalName is the primary key, never NULL.
         AND u.name NOT IN (SELECT a.PrincipalName FROM mailq.ApplicationPrincipal AS a)
     ORDER BY u.name, USER_NAME(h.ViaId);
 END;

@@ -1,33 +1,14 @@
 /*
-mailq.GetEventStreamStall: is the event stream (mailq.GetMailEvents) and the
-hook dispatcher held back now, and by which open transactions?  Both return
-only events below MIN_ACTIVE_ROWVERSION(): an open transaction that wrote a
-rowversion value in ANY table of this database holds back every reader until
-it ends (docs/events.md, "When the stream stalls").
-Parameters:  @MinOpenSeconds INT 0-86400, default 0: list only transactions
-             open at least this long.
-Result sets: 1. one row: HeldBack BIT (MIN_ACTIVE_ROWVERSION() < @@DBTS + 1),
-                MinActiveRowversion BIGINT, NextRowversion BIGINT (@@DBTS + 1),
-                CanSeeTransactions BIT, Permission NVARCHAR(200) (what the caller
-                needs to see them), OldestOpenSeconds INT (NULL: none listed)
-             2. (filled when HeldBack = 1 and CanSeeTransactions = 1) this
-                database's open read/write transactions that have written,
-                oldest first (the holder is among them, most often the
-                oldest): SessionID (NULL: no session, e.g. an in-doubt MSDTC
-                transaction), TransactionID, TransactionName, OpenSinceUtc,
-                OpenSeconds, State, SessionStatus, ProgramName, HostName,
-                LoginName, LogRecords
-Permission:  EXECUTE (MailqAdmin, MailqEnqueuer); the transactions are read
-             from sys.dm_tran_database_transactions, _active_transactions,
-             _session_transactions and sys.dm_exec_sessions with the CALLER's
-             rights: VIEW SERVER STATE (2022 and later: VIEW SERVER PERFORMANCE
-             STATE suffices; Azure SQL Database: VIEW DATABASE STATE).  Without
-             it result set 2 stays empty (checked first: never error 297/300).
-Errors:      50521 @MinOpenSeconds out of range.
-Transaction: reads only; opens none.
-Isolation:   sets READ COMMITTED; reads no table, only DMVs (no locks).
-Lock order:  none.
-Example:     EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
+mailq.GetEventStreamStall: are the event stream and the hook dispatcher held back now (a
+transaction that wrote a rowversion holds back MIN_ACTIVE_ROWVERSION()), and by whom?  docs/events.md.
+Parameters:  @MinOpenSeconds INT 0-86400, default 0: list transactions open at least this long.
+Result sets: 1. one row: HeldBack, MinActiveRowversion, NextRowversion (@@DBTS + 1), CanSeeTransactions,
+                Permission (what the caller needs), OldestOpenSeconds; 2. when held back and visible:
+                this database's open writing transactions, oldest first, with session and login
+Permission:  EXECUTE; the DMVs are read with the caller's rights: VIEW SERVER STATE (2022: VIEW
+             SERVER PERFORMANCE STATE; Azure: VIEW DATABASE STATE), else set 2 stays empty.
+Errors:      50521 @MinOpenSeconds out of range.  Transaction: reads only.  Lock order: none.
+Isolation:   sets READ COMMITTED; reads only DMVs.  Example: EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.GetEventStreamStall
     @MinOpenSeconds INT = 0
@@ -35,7 +16,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @MinOpenSeconds = COALESCE(@MinOpenSeconds, 0);
     IF @MinOpenSeconds NOT BETWEEN 0 AND 86400
@@ -43,16 +23,11 @@ BEGIN
         SET @Msg = CONCAT(N'@MinOpenSeconds must be 0-86400 (a day); got ', @MinOpenSeconds, N'.');
         THROW 50521, @Msg, 1;
     END;
-
-    -- @@DBTS first: a transaction that writes between the two reads then
-    -- cannot make an idle stream look held back.
+    -- @@DBTS first: a write between the two reads cannot make an idle stream look held back.
     DECLARE @Next BIGINT = CAST(@@DBTS AS BIGINT) + 1;
     DECLARE @MinActive BIGINT = CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT);
     DECLARE @HeldBack BIT = IIF(@MinActive < @Next, 1, 0);
-
-    -- The DMVs check the caller's permission (this procedure adds none).
-    -- HAS_PERMS_BY_NAME returns NULL, not an error, for a permission name the
-    -- server does not know (VIEW SERVER PERFORMANCE STATE before 2022).
+    -- HAS_PERMS_BY_NAME is NULL for a permission the server does not know (before 2022).
     DECLARE @Azure BIT = IIF(CAST(SERVERPROPERTY('EngineEdition') AS INT) = 5, 1, 0);
     DECLARE @Permission NVARCHAR(200) = IIF(
         @Azure = 1,
@@ -69,7 +44,6 @@ BEGIN
             OR COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER PERFORMANCE STATE'), 0) = 1
         )
         SET @CanSee = 1;
-
     DECLARE @Holder TABLE (
         SessionID INT NULL,
         TransactionID BIGINT NOT NULL PRIMARY KEY,
@@ -83,12 +57,9 @@ BEGIN
         LoginName NVARCHAR(128) NULL,
         LogRecords BIGINT NULL
     );
-
     IF @HeldBack = 1 AND @CanSee = 1
     BEGIN
-        -- The DMVs report the server's local time (datetime): durations are
-        -- taken against SYSDATETIME(), the same clock, and the start is then
-        -- shown in UTC.
+        -- The DMVs report local time: durations against SYSDATETIME(), start shown in UTC.
         DECLARE @LocalNow DATETIME2(3) = SYSDATETIME();
         DECLARE @UtcNow DATETIME2(3) = SYSUTCDATETIME();
         INSERT INTO @Holder (
@@ -114,7 +85,6 @@ BEGIN
             dt.database_transaction_log_record_count
         FROM sys.dm_tran_database_transactions AS dt
         LEFT JOIN sys.dm_tran_active_transactions AS tx ON dt.transaction_id = tx.transaction_id
-        -- One session per transaction (bound sessions could list several).
         OUTER APPLY (
             SELECT TOP (1) x.session_id
             FROM sys.dm_tran_session_transactions AS x
@@ -128,7 +98,6 @@ BEGIN
             AND dt.database_transaction_state IN (4, 5)    -- has written (log records), or prepared
             AND COALESCE(DATEDIFF(SECOND, tx.transaction_begin_time, @LocalNow), 0) >= @MinOpenSeconds;
     END;
-
     SELECT
         @HeldBack AS HeldBack,
         @MinActive AS MinActiveRowversion,
@@ -136,7 +105,6 @@ BEGIN
         @CanSee AS CanSeeTransactions,
         @Permission AS Permission,
         (SELECT MAX(h.OpenSeconds) FROM @Holder AS h) AS OldestOpenSeconds;
-
     SELECT
         h.SessionID,
         h.TransactionID,

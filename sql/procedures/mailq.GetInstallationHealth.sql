@@ -1,23 +1,10 @@
 /*
-mailq.GetInstallationHealth: one row per installation check, for
-`mailq-db doctor`.  Reads only catalog views and the queue; changes nothing.
+mailq.GetInstallationHealth: one row per installation check, for `mailq-db doctor`; reads only.
 Parameters:  none.
-Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix
-             (runnable as is: names QUOTENAMEd, quotes doubled).  Checks: server
-             version (FAIL below SQL Server 2019) and edition; compatibility
-             level (>= 130); READ_COMMITTED_SNAPSHOT; deployed revision; Service
-             Broker and dbo.DelayServiceQueue; the caller's roles and EXECUTE
-             permissions; MailqEnqueuer members not mapped to an application;
-             expired leases not yet reclaimed; failures of the last 24 hours;
-             blocked accounts; default account.
-Visibility:  catalog views show a caller only what it owns or holds a
-             permission on, also inside this procedure: a least-privilege
-             MailqSender member sees "not visible" (WARN) for the queue, and
-             the Fix names VIEW DEFINITION or MailqAdmin.
+Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix (runnable as is);
+             catalog views show only what the caller may see (WARN, the Fix names the right).
 Errors:      none of its own.
-Transaction: reads only; opens none.
-Isolation:   sets READ COMMITTED (no lock held past a statement).
-Lock order:  none (no locking reads).
+Transaction: reads only.  Isolation: sets READ COMMITTED.  Lock order: none (no locking reads).
 Example:     EXEC mailq.GetInstallationHealth;
 */
 CREATE OR ALTER PROCEDURE mailq.GetInstallationHealth
@@ -25,7 +12,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Check TABLE (
         Position INT IDENTITY (1, 1) NOT NULL PRIMARY KEY,
@@ -35,7 +21,6 @@ BEGIN
         Detail NVARCHAR(4000) NULL,
         Fix NVARCHAR(4000) NULL
     );
-
     DECLARE @Compat INT, @Rcsi BIT, @Broker BIT;
     SELECT
         @Compat = d.compatibility_level,
@@ -43,13 +28,10 @@ BEGIN
         @Broker = d.is_broker_enabled
     FROM sys.databases AS d
     WHERE d.database_id = DB_ID();
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     VALUES
     (
-        -- One truth with mailq.CheckServer: SQL Server 2019 (major 15) or later,
-        -- or Azure SQL Database / Managed Instance (engine editions 5 and 8).
-        N'Server', N'Version',
+        N'Server', N'Version',  -- as mailq.CheckServer: 2019 (major 15) or later, or Azure (editions 5, 8)
         IIF(
             CAST(SERVERPROPERTY(N'EngineEdition') AS INT) IN (5, 8)
             OR CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT) >= 15,
@@ -100,7 +82,6 @@ BEGIN
             )
         )
     );
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT TOP (1)
         N'Schema', N'Revision', N'OK', v.version_num, NULL
@@ -109,7 +90,6 @@ BEGIN
         INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
         VALUES (N'Schema', N'Revision', N'FAIL', N'no revision recorded',
             N'mailq-db deploy (with MAILQ_DB_URL in the environment)');
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Broker',
@@ -138,7 +118,6 @@ BEGIN
                 QUOTENAME(USER_NAME()), N';'
             )
         );
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Security',
@@ -160,7 +139,6 @@ BEGIN
             )
         ),
         NULL;
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Security',
@@ -181,11 +159,6 @@ BEGIN
         (N'mailq.MarkSent', N'MailqSender'),
         (N'mailq.GetQueueStats', N'MailqAdmin')
     ) AS p(ProcName, RoleName);
-
-    -- Members of MailqEnqueuer that are not mapped to an application can
-    -- enqueue without @AppName, which no binding restricts (docs/guarantees.md).
-    -- Catalog visibility applies: a least-privilege caller sees only the
-    -- memberships it may see, so this row is exact for MailqAdmin members.
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Security',
@@ -207,9 +180,7 @@ BEGIN
     WHERE
         rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqEnqueuer')
         AND m.type <> 'R'
-        -- NOT IN is exact here: PrincipalName is NOT NULL (the primary key).
         AND m.name NOT IN (SELECT u.PrincipalName FROM mailq.ApplicationPrincipal AS u);
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Queue',
@@ -219,7 +190,6 @@ BEGIN
         IIF(COUNT_BIG(*) = 0, NULL, N'Start a worker (mailq-db worker); a worker that died leaves these behind')
     FROM mailq.MailQueue AS q
     WHERE q.Status = N'Sending' AND q.VisibleAtUtc < @Now;
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Queue',
@@ -229,7 +199,6 @@ BEGIN
         IIF(COUNT_BIG(*) = 0, NULL, N'Read them with mailq-db stats; requeue with mailq.RequeueMail once fixed')
     FROM mailq.MailQueue AS q
     WHERE q.Status = N'Failed' AND q.DateProcessed >= DATEADD(HOUR, -24, @Now);
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Accounts',
@@ -242,14 +211,12 @@ BEGIN
         )
     FROM mailq.SendingAccount AS a
     WHERE a.BlockedUntilUtc > @Now;
-
     IF NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.IsDefault = 1)
         INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
         VALUES (
             N'Accounts', N'DefaultAccount', N'WARN', N'no default sending account: EnqueueMail needs @AccountName',
             N'EXEC mailq.UpsertSendingAccount @AccountName = N''...'', @DefaultFromAddress = N''...'', @IsDefault = 1;'
         );
-
     SELECT
         c.Area,
         c.CheckName,

@@ -1,32 +1,14 @@
 /*
-mailq.GetMailEvents: reads the event stream (mailq.MailEvent) after a
-cursor, in EventID order, in bounded batches: one application's events
-(@AppName) or one mail's (@MailID).  The caller keeps the last EventID it
-processed and passes it back as @AfterEventID.  Commit-safe: only events
-below MIN_ACTIVE_ROWVERSION() are returned, so no event can appear later
-below a cursor already given; an open transaction that wrote a rowversion
-value anywhere in the database holds every reader back until it ends
-(mailq.GetEventStreamStall names it; docs/events.md).
-Parameters:  @AppName NVARCHAR(128) or @MailID BIGINT: exactly one;
-             @AfterEventID BIGINT >= 0, default 0 (from the start);
-             @MaxEvents INT 1-5000, default 500.
-Result set:  up to @MaxEvents rows in EventID order: EventID BIGINT, MailID
-             BIGINT, AppName NVARCHAR(128), EventType NVARCHAR(32), Status
-             NVARCHAR(16), AttemptCount INT, SmtpCode INT, Detail
-             NVARCHAR(4000), OccurredAtUtc DATETIME2(3).  Fewer rows than
-             @MaxEvents: the caller is up to date (for now).
-Errors:      50170 neither or both of @AppName / @MailID; 50171 @AfterEventID
-             NULL or negative; 50172 @MaxEvents out of range; 50173 the calling
-             database user is mapped to another application than @AppName.
-Access:      a user mapped to an application (mailq.ApplicationPrincipal) reads
-             only that application's events; other callers read every one.
-Transaction: opens none and writes nothing.
-Isolation:   sets READ COMMITTED; the bound is read first, the rows then with
-             READCOMMITTEDLOCK (no RCSI snapshot older than the bound).
-Lock order:  mailq.MailEvent only (shared, row by row).  A mailq.PurgeMail batch
-             deleting the events read can make the reader wait or its deadlock
-             victim (1205): call again with the same cursor.
-Example:     EXEC mailq.GetMailEvents @AppName = N'billing', @AfterEventID = 41230, @MaxEvents = 500;
+mailq.GetMailEvents: the event stream of one application or one mail after a cursor, in EventID
+order, in bounded batches; commit-safe: only events below MIN_ACTIVE_ROWVERSION() (docs/events.md).
+Parameters:  @AppName or @MailID, exactly one; @AfterEventID BIGINT >= 0, default 0; @MaxEvents 1-5000, default 500.
+Result set:  EventID, MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail,
+             OccurredAtUtc; fewer than @MaxEvents rows: up to date (for now).
+Errors:      50170 not exactly one of @AppName / @MailID; 50171 @AfterEventID; 50172 @MaxEvents;
+             50173 the caller is mapped to another application (a mapped user reads only its own).
+Transaction: opens none.  Isolation: sets READ COMMITTED; the bound first, rows READCOMMITTEDLOCK.
+Lock order:  mailq.MailEvent only (shared); a PurgeMail batch may make it a 1205 victim: call again.
+Example:     EXEC mailq.GetMailEvents @AppName = N'billing', @AfterEventID = 41230;
 */
 CREATE OR ALTER PROCEDURE mailq.GetMailEvents
     @AppName NVARCHAR(128) = NULL,
@@ -37,7 +19,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF (@AppName IS NULL AND @MailID IS NULL) OR (@AppName IS NOT NULL AND @MailID IS NOT NULL)
         THROW 50170, N'Pass exactly one of @AppName and @MailID.', 1;
@@ -55,8 +36,6 @@ BEGIN
         SET @Msg = CONCAT(N'@MaxEvents must be 1-5000; got ', @MaxEvents, N'.');
         THROW 50172, @Msg, 1;
     END;
-
-    -- A user mapped to an application reads that application only.
     DECLARE @PrincipalApp NVARCHAR(128) = (
         SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
     );
@@ -68,12 +47,8 @@ BEGIN
         );
         THROW 50173, @Msg, 1;
     END;
-
-    -- BIGINT -> BINARY(8) is big-endian, the order rowversion values compare in.
-    DECLARE @After BINARY(8) = CAST(@AfterEventID AS BINARY(8));
-    -- The bound first, in its own statement (see the header).
+    DECLARE @After BINARY(8) = CAST(@AfterEventID AS BINARY(8));  -- big-endian, as rowversions compare
     DECLARE @Upper BINARY(8) = MIN_ACTIVE_ROWVERSION();
-
     IF @AppName IS NOT NULL
         SELECT TOP (@MaxEvents)
             CAST(e.EventSeq AS BIGINT) AS EventID,
@@ -85,7 +60,6 @@ BEGIN
             e.SmtpCode,
             e.Detail,
             e.OccurredAtUtc
-        -- FORCESEEK on the (AppName, EventSeq) range; READCOMMITTEDLOCK: see the header.
         FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
         WHERE e.AppName = @AppName AND e.EventSeq > @After AND e.EventSeq < @Upper
         ORDER BY e.EventSeq ASC;
@@ -100,7 +74,6 @@ BEGIN
             e.SmtpCode,
             e.Detail,
             e.OccurredAtUtc
-        -- FORCESEEK on the (MailID, EventSeq) range; READCOMMITTEDLOCK: see the header.
         FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_MailID), FORCESEEK, READCOMMITTEDLOCK)
         WHERE
             e.MailID = @MailID AND e.EventSeq > @After AND e.EventSeq < @Upper

@@ -1,25 +1,10 @@
 /*
-mailq.GetMailHistory: one mail's story for `mailq-db dashboard`: the mail,
-every attempt, and what each recipient got (its events come from
-mailq.GetMailEvents @MailID).  An unknown ID returns three empty sets.
-Parameters:  @MailID BIGINT, required.
-Result sets: 1. the mail (0 or 1 row): ID, MessageID, AccountName, AppName,
-                RunMode, Status, Priority, FromAddress, ToAddress, CC, BCC,
-                Subject, EnqueuedAtUtc, DateToProcess, VisibleAtUtc,
-                SentAtUtc, DateProcessed, ExpiresAtUtc, AttemptCount,
-                AttemptsRemaining, PossibleDuplicate, DryRun, LastError,
-                TemplateName, TemplateVersion
-             2. attempts in order: AttemptNo, WorkerName, StartedAtUtc,
-                EndedAtUtc, Outcome, SmtpCode, ErrorText (the server's final
-                reply, with its queue ID, for a Sent attempt), TemplateVersion
-             3. recipient outcomes: Address, Outcome, SmtpCode, SmtpText,
-                AttemptNo, UpdatedAtUtc
-Plan:        three clustered index seeks on the mail's key (PK_MailQueue,
-             PK_MailAttempt, PK_MailRecipientOutcome): the same cost at any
-             table size.
-Errors:      50583 @MailID missing.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself.
-Lock order:  none (no locking reads).
+mailq.GetMailHistory: one mail's story for `mailq-db dashboard` (its events: mailq.GetMailEvents).
+Parameters:  @MailID BIGINT, required; an unknown ID returns three empty sets.
+Result sets: 1. the mail (dtStamp as EnqueuedAtUtc); 2. its attempts, in order (ErrorText of
+             a Sent attempt: the server's final reply); 3. each recipient's outcome.
+Errors:      50583 @MailID missing.  Transaction: reads only.  Isolation: sets READ COMMITTED.
+Lock order:  none (three clustered index seeks on the mail's key).
 Example:     EXEC mailq.GetMailHistory @MailID = 101;
 */
 CREATE OR ALTER PROCEDURE mailq.GetMailHistory
@@ -28,10 +13,8 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF @MailID IS NULL
         THROW 50583, N'@MailID is required.', 1;
-
     SELECT
         q.ID,
         q.MessageID,
@@ -60,7 +43,6 @@ BEGIN
         q.TemplateVersion
     FROM mailq.MailQueue AS q
     WHERE q.ID = @MailID;
-
     SELECT
         t.AttemptNo,
         t.WorkerName,
@@ -73,7 +55,6 @@ BEGIN
     FROM mailq.MailAttempt AS t
     WHERE t.MailID = @MailID
     ORDER BY t.AttemptNo;
-
     SELECT
         r.Address,
         r.Outcome,

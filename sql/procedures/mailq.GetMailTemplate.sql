@@ -1,17 +1,11 @@
 /*
-mailq.GetMailTemplate: one version of a mail template, for rendering
-(mailq_db.templates) or review.  Without @Version: the latest, refused (50216)
-when the template is retired.  With @Version: that version even if retired,
-so mail that pinned it still renders.
+mailq.GetMailTemplate: one version of a mail template, for rendering or review: without
+@Version the latest (50216 when retired), with @Version that one even if retired.
 Parameters:  @TemplateName NVARCHAR(128), required; @Version INT, optional (>= 1).
-Result set:  one row: TemplateName, Version, LatestVersion, SubjectTemplate,
-             HtmlTemplate, TextTemplate, Description, CreatedBy, CreatedAtUtc,
-             RetiredAtUtc.
-Errors:      50210 @TemplateName missing or invalid; 50214 @Version below 1;
-             50215 no such template or version; 50216 retired (no @Version).
-Transaction: reads only; none of its own.
-Isolation:   the caller's; two seeks on primary keys (a version row never
-             changes and is written with LatestVersion).
+Result set:  one row: the version's texts, LatestVersion, Description, CreatedBy, CreatedAtUtc, RetiredAtUtc.
+Errors:      50210 @TemplateName missing or invalid; 50214 @Version below 1; 50215 no such
+             template or version; 50216 retired (no @Version).
+Transaction: reads only.  Isolation: the caller's (a version row never changes).
 Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
 Example:     EXEC mailq.GetMailTemplate @TemplateName = N'welcome', @Version = 2;
 */
@@ -21,7 +15,6 @@ CREATE OR ALTER PROCEDURE mailq.GetMailTemplate
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(@TemplateName, N'') IS NULL OR LEN(@TemplateName) > 128
     BEGIN
@@ -34,15 +27,12 @@ BEGIN
         SET @Msg = CONCAT(N'@Version must be 1 or more (NULL: the latest); got ', @Version, N'.');
         THROW 50214, @Msg, 1;
     END;
-
-    -- 1. The template's row: does it exist, which version is the latest, is it retired.
     DECLARE @Latest INT, @RetiredAtUtc DATETIME2(3);
     SELECT
         @Latest = t.LatestVersion,
         @RetiredAtUtc = t.RetiredAtUtc
     FROM mailq.MailTemplate AS t
     WHERE t.TemplateName = @TemplateName;
-
     IF @Latest IS NULL
     BEGIN
         SET @Msg = CONCAT(N'No template is named ', QUOTENAME(LEFT(@TemplateName, 128), N''''),
@@ -62,8 +52,6 @@ BEGIN
                           N'; its latest is ', @Latest, N'.');
         THROW 50215, @Msg, 1;
     END;
-
-    -- 2. The version itself.
     SELECT
         v.TemplateName,
         v.Version,

@@ -2141,28 +2141,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.EnqueueMailRows: the one implementation of enqueueing, for one mail
-(mailq.EnqueueMail) and for many (mailq.EnqueueMailBatch).  Internal: granted to
-no role, reached by ownership chaining.
-Parameters:  @Rows mailq.MailBatchRow READONLY, @Mails (JSON, mailq.MailBatchJson),
-             or with @Single = 1 one mail in @ToAddress ... @TemplateModel (RowNo 1);
-             @RejectInvalid BIT (batch): 1 = queue the valid rows.
-Rules:       mailq.EnqueueMailCheck, for every row, in one statement; last, under the key
-             locks, mailq.FilterSuppressedRecipients (50600, or RecipientSuppressed events).
-Results:     @Single = 1: @MailID, @MessageID, @Created OUTPUT and no result set;
-             else result sets 1 (RowNo, MailID, MessageID, Created) and 2 (RowNo,
-             Field, ErrorNumber, Message of the rejected rows).
-Errors:      @Single = 1: the broken rule's own number, 50162 (key lock); else
-             50220 (row, field, rule), 50225 (key lock), 50224 (base64); all
-             raised before anything is written.
-Transaction: its own if none is open, else the caller's, distributed included
-             (no savepoint); XACT_ABORT ON: an error dooms the caller's.
+mailq.EnqueueMailRows: the one enqueue implementation (EnqueueMail, EnqueueMailBatch); internal, no grant.
+Parameters:  @Rows mailq.MailBatchRow READONLY, @Mails (JSON), or @Single = 1 and one mail in
+             @ToAddress ... @TemplateModel; @RejectInvalid BIT (batch): 1 queue the valid rows.
+Results:     @Single = 1: the OUTPUTs, no result set; else EnqueueMailBatch's two result sets.
+Errors:      @Single = 1: mailq.EnqueueMailCheck's number, 50600, 50162 (key lock); else 50220,
+             50225 (key lock), 50224 (base64); all raised before any write.
+Transaction: its own if none is open, else the caller's (also distributed); an error dooms it.
 Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
-Lock order:  the keys' application locks (binary key order), mailq.Suppression
-             (shared key ranges of the recipients, held: docs/bounces.md, "Lock
-             order"), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
-Cost:        table variables (no statistics, no recompiles) and one cached plan
-             for single calls; a batch calls it WITH RECOMPILE (docs/enqueue.md).
+Lock order:  the keys' application locks (binary key order), mailq.Suppression (shared key ranges,
+             held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
 Example:     EXEC mailq.EnqueueMailRows @Rows = @R, @RejectInvalid = 1;
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMailRows
@@ -2184,13 +2172,10 @@ CREATE OR ALTER PROCEDURE mailq.EnqueueMailRows
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- What DML on a table with a filtered index needs at run time (else 1934);
-    -- ANSI_NULLS, QUOTED_IDENTIFIER are the module's (ON at CREATE); ARITHABORT follows ANSI_WARNINGS.
+    -- Filtered-index DML needs these at run time (else 1934); ARITHABORT follows ANSI_WARNINGS.
     SET ANSI_WARNINGS, ANSI_PADDING, CONCAT_NULL_YIELDS_NULL ON;
     SET NUMERIC_ROUNDABORT OFF;
-    -- No key-range locks under a SERIALIZABLE caller, no stale snapshot under SNAPSHOT.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @P NVARCHAR(1) = IIF(@Single = 1, N'@', N''), @Err INT, @Msg NVARCHAR(2048);
     DECLARE @User NVARCHAR(128) = USER_NAME();   -- the caller's user: no EXECUTE AS on the way here
@@ -2201,9 +2186,6 @@ BEGIN
         (SELECT p.AllowUnmappedEnqueuers FROM mailq.EnqueuePolicy AS p WHERE p.PolicyId = 1), 0
     );
     SET @RejectInvalid = IIF(@Single = 1, 0, COALESCE(@RejectInvalid, 0));
-
-    -- A table variable (current database's collation): no statistics, so no
-    -- recompiles; a batch's caller asks for a fresh plan instead.
     DECLARE @Work TABLE (   -- NULL spelled out: the session's ANSI_NULL_DFLT_ON does not decide it
         RowNo INT NOT NULL PRIMARY KEY, ToAddress NVARCHAR(MAX) NULL, CC NVARCHAR(MAX) NULL, BCC NVARCHAR(MAX) NULL,
         Subject NVARCHAR(MAX) NULL, Body NVARCHAR(MAX) NULL, BodyFormat NVARCHAR(20) NULL, TextBody NVARCHAR(MAX) NULL,
@@ -2219,8 +2201,6 @@ BEGIN
     );
     DECLARE @Inserted TABLE (MailID BIGINT NOT NULL PRIMARY KEY, MessageID NVARCHAR(255) NOT NULL UNIQUE,
         AppName NVARCHAR(128) NULL);
-
-    -- 1. Every row through the rules, in one statement.
     INSERT INTO @Work (
         RowNo, ToAddress, CC, BCC, Subject, Body, BodyFormat, TextBody, Headers, FromAddress, FromName, ReplyTo,
         AccountName, AppName, Priority, DueUtc, ExpiresAtUtc, MaxAttempts, IdempotencyKey, KeyText, Attachments,
@@ -2265,9 +2245,6 @@ BEGIN
         i.TemplateModel, i.InputField, i.InputMessage, @P, @Now, @User, @PrincipalApp, @AllowUnmapped,
         m.LatestVersion, m.RetiredAtUtc
     ) AS c;
-
-    -- 2. Keys within the call: the first valid row with a key leads; a later
-    --    row with the key and other content breaks rule 50116.
     UPDATE w
     SET w.KeyLeader = l.Leader, w.KeySeq = IIF(w.RowNo = l.Leader, l.Seq, NULL)
     FROM @Work AS w
@@ -2285,7 +2262,6 @@ BEGIN
     FROM @Work AS f
     INNER JOIN @Work AS l ON f.KeyLeader = l.RowNo
     WHERE f.RowNo <> l.RowNo AND f.ContentHash <> l.ContentHash;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0), @Bad INT = (
         SELECT COUNT(*) FROM @Work AS w WHERE w.ErrorNumber IS NOT NULL
     );
@@ -2293,11 +2269,7 @@ BEGIN
     DECLARE @KeyText NVARCHAR(200), @Resource NVARCHAR(255);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- 3. Unless an invalid row already stops the call: each key serialized on
-        --    an exclusive application lock owned by the transaction, in binary key
-        --    order (no key-range locks; the one loop: sp_getapplock takes one
-        --    resource per call; a deadlock on it does not roll back, the THROW does).
+        -- 3. Keys on exclusive transaction-owned applocks, binary key order (no key-range locks).
         WHILE @Seq < COALESCE(@Keys, 0) AND (@RejectInvalid = 1 OR @Bad = 0)
         BEGIN
             SET @Seq += 1;
@@ -2314,10 +2286,7 @@ BEGIN
                 THROW @Err, @Msg, 1;
             END;
         END;
-
-        -- 4. Keys already queued: exact under the locks (every writer of keys
-        --    takes them).  FORCESEEK: one seek per key on UX_MailQueue_IdempotencyKey,
-        --    whose filter "IS NOT NULL" repeats.  The same content returns the mail.
+        -- 4. Keys already queued, exact under the locks; FORCESEEK on UX_MailQueue_IdempotencyKey.
         UPDATE w
         SET w.MailID = q.ID, w.MessageID = q.MessageID, w.Created = 0,
             w.ErrorNumber = IIF(q.ContentHash = w.ContentHash, NULL, 50116),
@@ -2328,8 +2297,7 @@ BEGIN
         INNER JOIN mailq.MailQueue AS q WITH (FORCESEEK)
             ON w.IdempotencyKey = q.IdempotencyKey AND q.IdempotencyKey IS NOT NULL
         WHERE w.KeySeq <= @Seq;
-        -- Last rule, rows that would create a mail: suppressed recipients left out, 50600 if none is left;
-        -- the shared key-range locks on mailq.Suppression are held to the commit (a suppression waits, then sweeps).
+        -- Suppressed recipients: shared key-range locks on mailq.Suppression held to commit.
         UPDATE w
         SET w.ToAddress = ISNULL(f.ToAddress, N''), w.CC = f.CC, w.BCC = f.BCC, w.Suppressed = f.Suppressed,
             w.ErrorNumber = IIF(f.EntriesLeft = 0, 50600, NULL), w.Field = IIF(f.EntriesLeft = 0, N'ToAddress', NULL),
@@ -2344,9 +2312,6 @@ BEGIN
         FROM @Work AS f
         INNER JOIN @Work AS l ON f.KeyLeader = l.RowNo
         WHERE f.RowNo <> l.RowNo AND f.ErrorNumber IS NULL AND l.ErrorNumber IS NOT NULL;
-
-        -- 5. Refuse, nothing written yet: the rule's own number for a single
-        --    call, 50220 naming row, field and rule for a batch.
         SET @Bad = (SELECT COUNT(*) FROM @Work AS w WHERE w.ErrorNumber IS NOT NULL);
         IF @RejectInvalid = 0 AND @Bad > 0
         BEGIN
@@ -2360,10 +2325,7 @@ BEGIN
             ORDER BY w.RowNo;
             THROW @Err, @Msg, 1;
         END;
-
-        -- 6. One INSERT of the mails (IDs in RowNo order: INSERT ... SELECT ...
-        --    ORDER BY assigns identity values in that order); MessageID (NEWID)
-        --    is unique, so it maps the new IDs back to the rows.
+        -- 6. One INSERT, IDs in RowNo order (INSERT ... SELECT ... ORDER BY); MessageID maps them back.
         INSERT INTO mailq.MailQueue (
             dtStamp, DateToProcess, VisibleAtUtc, FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
             Body, BodyFormat, TextBody, Headers, Status, AttemptsRemaining, Priority, AccountName, AppName,
@@ -2378,12 +2340,9 @@ BEGIN
         FROM @Work AS w
         WHERE w.ErrorNumber IS NULL AND w.MailID IS NULL AND (w.KeyLeader IS NULL OR w.KeySeq IS NOT NULL)
         ORDER BY w.RowNo;
-
         UPDATE w SET w.MailID = i.MailID, w.Created = 1
         FROM @Work AS w INNER JOIN @Inserted AS i ON w.MessageID = i.MessageID;
-
-        -- Attachments: only canonical base64 reaches the decoder (OPENJSON ...
-        -- WITH VARBINARY reads a JSON string as base64), so it cannot fail.
+        -- Only canonical base64 reaches the decoder, so it cannot fail.
         BEGIN TRY
             INSERT INTO mailq.MailAttachment (
                 MailID, AttachmentNo, FileName, ContentType, Content, Generator, GeneratorArgs
@@ -2404,9 +2363,6 @@ BEGIN
                 @Msg = CONCAT(@P, N'Attachments: a ContentBase64 could not be decoded (', ERROR_MESSAGE(), N').');
             THROW @Err, @Msg, 1;
         END CATCH;
-
-        -- The event stream (docs/events.md): one 'Enqueued' event per created mail, in this
-        -- transaction, then 'RecipientSuppressed' naming whom it left out; a mail returned for its key gets none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT i.MailID, i.AppName, e.EventType, N'UnSent', 0, NULL, e.Detail, @Now
         FROM @Inserted AS i
@@ -2415,17 +2371,12 @@ BEGIN
             LEFT(CONCAT(N'not sent to (suppressed): ', w.Suppressed), 4000))) AS e(EventNo, EventType, Detail)
         WHERE e.EventNo = 1 OR w.Suppressed IS NOT NULL
         ORDER BY i.MailID, e.EventNo;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
-    -- 7. Results.  Later rows with a key get their leader's mail (Created = 0).
     UPDATE f SET f.MailID = l.MailID, f.MessageID = l.MessageID, f.Created = 0
     FROM @Work AS f
     INNER JOIN @Work AS l ON f.KeyLeader = l.RowNo
@@ -2443,33 +2394,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.EnqueueMail: validates one mail and queues it; with an idempotency key
-already queued for the same content it returns that mail and writes nothing.
-It has no rule of its own: it hands its parameters, as one row, to
-mailq.EnqueueMailRows, the one implementation it shares with mailq.EnqueueMailBatch.
-Parameters:  a recipient in @ToAddress, @CC or @BCC (To may be NULL: Cc-only,
-             Bcc-only mail); @Subject, @Body required unless @TemplateName;
-             every other parameter optional, NULL = its default (BodyFormat
-             Text, Priority 5, MaxAttempts 5, RunMode prod, the default account
-             and its From, due now).  Each is described in docs/enqueue.md.
-Outputs:     @MailID BIGINT, @MessageID NVARCHAR(255), @Created BIT (0: an
-             existing mail returned for @IdempotencyKey).  No result set, so
-             triggers may call it.
-Errors:      the broken rule's number, raised before anything is written: 50101-50121,
-             50160, 50161, 50168 (mail input), 50240 (run mode), 50280-50286 (templates,
-             lazy attachments), 50500 (the caller is mapped to no application), 50600 (every
-             recipient suppressed); 50116 key reused with other content; 50162 the key's
-             lock not granted in 10 s.  docs/errors.md.
-Transaction: opens its own if none is open, else works inside the caller's,
-             including a distributed one (no savepoint); an error dooms the
-             caller's transaction (XACT_ABORT ON): it can only roll back.
-Isolation:   READ COMMITTED and the SET options a filtered index needs, set by
-             mailq.EnqueueMailRows (they revert when it returns).
-Lock order:  the key's application lock, mailq.Suppression (shared, held), mailq.MailQueue,
-             mailq.MailAttachment, mailq.MailEvent (docs/guarantees.md, "Lock order").
-Example:     DECLARE @ID BIGINT;
-             EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com',
-                 @Subject = N'Nightly report', @Body = N'All jobs succeeded.', @MailID = @ID OUTPUT;
+mailq.EnqueueMail: validates and queues one mail (a key queued with the same content returns its mail).
+Parameters:  a recipient in @ToAddress, @CC or @BCC; @Subject, @Body unless @TemplateName;
+             the rest optional, NULL = the default (docs/enqueue.md).
+Outputs:     @MailID, @MessageID, @Created (0: the key's mail); no result set (triggers may call it).
+Errors:      50101-50121, 50160, 50161, 50168, 50240, 50280-50286, 50500, 50600 (the rule broken,
+             docs/errors.md); 50116 key reused with other content; 50162 key lock not granted in 10 s.
+Transaction: its own if none is open, else the caller's (also distributed); an error dooms it.
+Isolation:   READ COMMITTED and the filtered-index SET options, set by mailq.EnqueueMailRows.
+Lock order:  the key's application lock, mailq.Suppression (shared, held), mailq.MailQueue, MailAttachment, MailEvent.
+Example:     EXEC mailq.EnqueueMail @ToAddress = N'ops@example.com', @Subject = N'Report', @Body = N'Done.';
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMail
     @ToAddress NVARCHAR(MAX) = NULL,
@@ -2501,7 +2435,6 @@ CREATE OR ALTER PROCEDURE mailq.EnqueueMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     EXEC mailq.EnqueueMailRows
         @Single = 1,
         @ToAddress = @ToAddress, @Subject = @Subject, @Body = @Body, @BodyFormat = @BodyFormat,
@@ -2517,31 +2450,17 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.EnqueueMailBatch: validates and queues up to 10,000 mails in one call,
-each row with exactly EnqueueMail's rules, defaults and content hash: both
-hand their rows to mailq.EnqueueMailRows, which writes them with one INSERT.
-Parameters:  @Mails NVARCHAR(MAX): a JSON array of objects whose fields are
-             EnqueueMail's parameter names without '@'; or @MailRows
-             mailq.MailBatchRow READONLY (RowNo = the caller's ordinal).  Exactly
-             one of them, 1-10,000 rows, at most 256 MB of text.
-             @RejectInvalid BIT, default 0: 0 = all or nothing; 1 = queue the
-             valid rows and return the invalid ones.
-Result sets: 1. RowNo, MailID, MessageID, Created (0: an existing mail
-             returned for its key), by RowNo; 2. the rejected rows: RowNo,
-             Field, ErrorNumber (EnqueueMail's number, or 50223), Message.
-Errors:      50220 a row is invalid (all or nothing): names row, field and rule;
-             50221 input shape; 50222 row count; 50225 a key's lock not granted
-             in 10 s; 50224 base64 not decodable; 50226 over 256 MB.  Nothing
-             is written when one is raised.  docs/batch-enqueue.md.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint); an error dooms it; @RejectInvalid = 1 raises
-             nothing for invalid rows.
-Isolation:   READ COMMITTED and the filtered-index SET options, set by the core.
-Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared,
-             held), mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
-Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[
-                 {"ToAddress": "a@example.com", "Subject": "Hi", "Body": "One"},
-                 {"ToAddress": "b@example.com", "Subject": "Hi", "Body": "Two", "Priority": 9}]';
+mailq.EnqueueMailBatch: queues up to 10,000 mails in one call, each with EnqueueMail's rules.
+Parameters:  @Mails (JSON array of objects named like EnqueueMail's parameters) or @MailRows (READONLY),
+             exactly one, at most 256 MB; @RejectInvalid BIT: 0 (default) all or nothing, 1 the valid rows.
+Result sets: 1. RowNo, MailID, MessageID, Created (0: the key's mail); 2. rejected rows:
+             RowNo, Field, ErrorNumber (EnqueueMail's, or 50223), Message.
+Errors:      50220 a row invalid (row, field, rule); 50221 input shape; 50222 row count; 50224
+             bad base64; 50225 key lock not granted in 10 s; 50226 over 256 MB.  Nothing written.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: set by the core.
+Lock order:  the keys' application locks in binary key order, mailq.Suppression (shared, held),
+             mailq.MailQueue, mailq.MailAttachment, mailq.MailEvent.
+Example:     EXEC mailq.EnqueueMailBatch @Mails = N'[{"ToAddress": "a@example.com", "Body": "B"}]';
 */
 CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch
     @Mails NVARCHAR(MAX) = NULL,
@@ -2550,18 +2469,14 @@ CREATE OR ALTER PROCEDURE mailq.EnqueueMailBatch
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     DECLARE @Msg NVARCHAR(2048), @Rows BIGINT, @Bytes BIGINT;
     DECLARE @RowsGiven BIT = IIF(EXISTS (SELECT 1 FROM @MailRows), 1, 0);   -- an omitted TVP is empty
     IF (@Mails IS NULL AND @RowsGiven = 0) OR (@Mails IS NOT NULL AND @RowsGiven = 1)
         THROW 50221,
             N'Give the mails in exactly one of @Mails (a JSON array of objects) and @MailRows (mailq.MailBatchRow).',
             1;
-
     IF @Mails IS NOT NULL
     BEGIN
-        -- The size cap before any parsing; then the first character that is
-        -- not JSON white space (RFC 8259) must open an array of objects.
         SET @Bytes = DATALENGTH(@Mails);
         IF @Bytes <= 268435456
         BEGIN
@@ -2588,7 +2503,6 @@ BEGIN
                 + COALESCE(DATALENGTH(r.TemplateModel), 0)
             )
         FROM @MailRows AS r;
-
     IF @Bytes > 268435456
     BEGIN
         SET @Msg = CONCAT(IIF(@Mails IS NULL, N'@MailRows', N'@Mails'), N' holds ', @Bytes,
@@ -2601,49 +2515,27 @@ BEGIN
             N' mails; a batch takes 1-10000.');
         THROW 50222, @Msg, 1;
     END;
-
-    -- WITH RECOMPILE: a plan for this batch's rows, discarded afterwards; the
-    -- cached plan stays the single call's (EXECUTE, "WITH RECOMPILE").
+    -- WITH RECOMPILE: a plan for this batch's rows; the cached plan stays the single call's.
     EXEC mailq.EnqueueMailRows @Rows = @MailRows, @Mails = @Mails, @RejectInvalid = @RejectInvalid WITH RECOMPILE;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ClaimMail: leases up to @BatchSize due mails to one worker.  Its reads
-and locks grow with the batch and the accounts that can send now, never with
-mail it cannot take: other accounts, run modes or applications, throttled or
-blocked accounts (how, plan and bounds: docs/claim.md).
-Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER,
-             required (every acknowledgement presents it); @LeaseSeconds INT
-             1-3600, default 300; @AppName NULL: every application's mail
-             (competing workers), a name: only that application's (isolated);
-             @WorkerName, kept in mailq.MailAttempt; @AccountNames NULL (all)
-             or a JSON array of the accounts served; @RunModes NULL (["prod"])
-             or a JSON array of 1-16 run-mode names served.
-Result sets: 1. one row per mail leased: ID, MessageID, AccountName, AppName,
-                FromName, FromAddress, ReplyTo, ToAddress, CC, BCC, Subject,
-                Body, BodyFormat, TextBody, Headers, Priority, AttemptNo,
-                AttemptsRemaining, LeaseExpiresUtc, PossibleDuplicate, dtStamp,
-                RunMode, DryRun, TemplateName, TemplateVersion, TemplateModel,
-                LeaseSecondsRemaining (INT: whole seconds of lease left, floor,
-                by the server's clock as the row is returned)
-             2. attachments: MailID, AttachmentNo, FileName, ContentType,
-                Content, Generator, GeneratorArgs (Content NULL: generated)
-             3. template versions the batch renders: TemplateName, Version,
-                SubjectTemplate, HtmlTemplate, TextTemplate
-Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a
-             name over 128 characters, 50115 @AppName not registered, 50148
-             @AccountNames, 50241 @RunModes (docs/errors.md).
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error rolls back what it opened and dooms a caller's (XACT_ABORT).
-Isolation:   sets READ COMMITTED (READPAST needs it, error 650); its reads of
-             the queue lock (UPDLOCK / READCOMMITTEDLOCK), also under RCSI.
-Lock order:  mailq.RateBudget (U), mailq.MailQueue (claim index keys U, then
-             clustered rows X), mailq.MailAttempt (X), mailq.MailEvent (insert);
-             SendingAccount, Application, MailTemplate are read, no lock kept.
-Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T,
-                 @LeaseSeconds = 300, @WorkerName = N'host1/1';
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker; reads and locks grow with the
+batch and the accounts that can send now, never with mail it cannot take (docs/claim.md).
+Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds
+             INT 1-3600, default 300; @AppName NULL: every application's mail, a name: only its own;
+             @WorkerName; @AccountNames, @RunModes: JSON arrays served (NULL: all accounts, ["prod"]).
+Result sets: 1. the mails leased: their columns, AttemptNo, LeaseExpiresUtc, PossibleDuplicate, DryRun,
+                the template's name, version, model, LeaseSecondsRemaining (INT, whole seconds, floored)
+             2. attachments (Content NULL: Generator makes it); 3. the template versions to render
+Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a name over 128,
+             50115 @AppName not registered, 50148 @AccountNames, 50241 @RunModes.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED
+             (READPAST needs it); its queue reads lock, also under RCSI.
+Lock order:  mailq.RateBudget (U), mailq.MailQueue (index keys U, rows X), mailq.MailAttempt, mailq.MailEvent.
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T, @WorkerName = N'host1/1';
 */
 CREATE OR ALTER PROCEDURE mailq.ClaimMail
     @BatchSize INT = 10,
@@ -2656,15 +2548,10 @@ CREATE OR ALTER PROCEDURE mailq.ClaimMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
-    -- the caller's level comes back when the procedure returns.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @BatchSize = COALESCE(@BatchSize, 10);
     SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
-
-    -- 1. Validate parameters before any transaction starts.
     IF @BatchSize NOT BETWEEN 1 AND 1000
     BEGIN
         SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
@@ -2684,9 +2571,7 @@ BEGIN
         SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
         THROW 50115, @Msg, 1;
     END;
-
-    -- Separate statements, not one OR: the order in which SQL Server
-    -- evaluates ISJSON() and OPENJSON in one predicate is not guaranteed.
+    -- Separate statements, not one OR: ISJSON/OPENJSON evaluation order is not guaranteed.
     DECLARE @AccountsOk BIT = 1;
     IF @AccountNames IS NOT NULL
     BEGIN
@@ -2697,18 +2582,12 @@ BEGIN
     END;
     IF @AccountsOk = 0
         THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
-
     DECLARE @Served TABLE (AccountName NVARCHAR(128) NOT NULL PRIMARY KEY);
     IF @AccountNames IS NOT NULL
         INSERT INTO @Served (AccountName)
         SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
         FROM OPENJSON(@AccountNames) AS j
         WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
-
-    -- Run modes (docs/run-modes.md): the worker serves these and nothing
-    -- else; NULL is 'prod'.  Each name must pass CK_MailQueue_RunMode's rule
-    -- (a name that cannot exist is a configuration mistake, not an empty
-    -- claim).  Separate statements, as for @AccountNames.
     DECLARE @RunModesOk BIT = 1;
     SET @RunModes = COALESCE(@RunModes, N'["prod"]');
     IF ISJSON(@RunModes) = 0 OR LEFT(LTRIM(@RunModes), 1) <> N'['
@@ -2733,19 +2612,14 @@ BEGIN
         );
         THROW 50241, @Msg, 1;
     END;
-
     DECLARE @Modes TABLE (RunMode NVARCHAR(32) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY);
     INSERT INTO @Modes (RunMode)
     SELECT DISTINCT CAST(j.[value] AS NVARCHAR(32)) FROM OPENJSON(@RunModes) AS j;
-
     DECLARE @Now DATETIME2(3);
     DECLARE @LeaseUntil DATETIME2(3);
     DECLARE @MinuteStart DATETIME2(0);
     DECLARE @HourStart DATETIME2(0);
     DECLARE @DayStart DATETIME2(0);
-
-    -- The accounts that may send now.  Remaining: what the account may
-    -- still take in this claim (its budget); Taken: claimed so far.
     DECLARE @Acct TABLE (
         AccountName NVARCHAR(128) NOT NULL PRIMARY KEY,
         IsLimited BIT NOT NULL,
@@ -2762,9 +2636,6 @@ BEGIN
         Remaining INT NOT NULL DEFAULT (0),
         Taken INT NOT NULL DEFAULT (0)
     );
-    -- The units that drive the claim: one row per (account left in @Acct,
-    -- run mode served).  Cap: this pass's per-pair TOP;
-    -- Taken: claimed so far; IsOpen: may take more in a later pass.
     DECLARE @Drive TABLE (
         AccountName NVARCHAR(128) NOT NULL,
         RunMode NVARCHAR(32) NOT NULL,
@@ -2778,7 +2649,6 @@ BEGIN
         RunMode NVARCHAR(32) NOT NULL,
         PRIMARY KEY (AccountName, RunMode)
     );
-    -- One pass's pick: the rows its seeks took (U locks held to commit).
     DECLARE @Pick TABLE (ID BIGINT NOT NULL PRIMARY KEY);
     DECLARE @Claimed TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
@@ -2790,40 +2660,22 @@ BEGIN
         AttemptNo INT NOT NULL,
         Pass INT NOT NULL,
         TemplateName NVARCHAR(128) NULL,
-        TemplateVersion INT NULL          -- pinned at enqueue, then the version resolved to render
+        TemplateVersion INT NULL
     );
     DECLARE @Pass INT = 0;
     DECLARE @Left INT = @BatchSize;
     DECLARE @Open INT;
     DECLARE @Share INT;
-
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- Accounts without limits: no budget to take, so no lock either.
-        -- A plain read: under READ_COMMITTED_SNAPSHOT it sees the last
-        -- committed BlockedUntilUtc, which is all a claim needs.
         INSERT INTO @Acct (AccountName, IsLimited, BlockedUntilUtc)
         SELECT a.AccountName, 0, a.BlockedUntilUtc
         FROM mailq.SendingAccount AS a
         WHERE
             a.PerMinuteLimit IS NULL AND a.PerHourLimit IS NULL AND a.PerDayLimit IS NULL
             AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
-
-        -- Accounts with limits, and their budget rows.
-        -- UPDLOCK:  the budget row stays ours until commit, so two claimers
-        --           cannot both spend the same remainder (a locking read also
-        --           under READ_COMMITTED_SNAPSHOT);
-        -- READPAST: a budget row held by another claimer is skipped (that
-        --           account's mail waits for the next claim), never waited on;
-        -- ROWLOCK:  row grain, so READPAST skips one account, not a page;
-        -- FORCESEEK: one seek on PK_RateBudget per account read above, never
-        --           a scan: a scan U-locks (and keeps) the budget row of
-        --           every account, also those this worker does not serve or
-        --           that have no limit, so claimers serving other accounts
-        --           would read past them and skip accounts no one is using.
+        -- UPDLOCK: ours to commit; READPAST, ROWLOCK: skip held budgets; FORCESEEK: a scan locks them all.
         INSERT INTO @Acct (
             AccountName, IsLimited, BlockedUntilUtc, PerMinuteLimit, PerHourLimit, PerDayLimit,
             MinuteStartUtc, MinuteCount, HourStartUtc, HourCount, DayStartUtc, DayCount
@@ -2837,20 +2689,12 @@ BEGIN
         WHERE
             (a.PerMinuteLimit IS NOT NULL OR a.PerHourLimit IS NOT NULL OR a.PerDayLimit IS NOT NULL)
             AND (@AccountNames IS NULL OR a.AccountName IN (SELECT s.AccountName FROM @Served AS s));
-
-        -- The clock, read while the budget rows are held: every claimer of an
-        -- account reads it under the same lock, one after the other.
         SET @Now = SYSUTCDATETIME();
         SET @LeaseUntil = DATEADD(SECOND, @LeaseSeconds, @Now);
         SET @MinuteStart = DATEADD(MINUTE, DATEDIFF(MINUTE, '20000101', @Now), '20000101');
         SET @HourStart = DATEADD(HOUR, DATEDIFF(HOUR, '20000101', @Now), '20000101');
         SET @DayStart = CAST(CAST(@Now AS DATE) AS DATETIME2(0));
-
         DELETE FROM @Acct WHERE BlockedUntilUtc > @Now;
-
-        -- Windows never move backwards: a stored window that starts at or
-        -- after ours is the current one and its count applies (a clock read
-        -- earlier, or a clock set back, cannot reopen a spent window).
         UPDATE a
         SET a.Remaining = IIF(
             a.IsLimited = 0,
@@ -2866,23 +2710,13 @@ BEGIN
             )
         )
         FROM @Acct AS a;
-
         DELETE FROM @Acct WHERE Remaining <= 0;
         UPDATE @Acct SET Remaining = @BatchSize WHERE Remaining > @BatchSize;
-
-        -- The driving pairs: every account left x every run mode served.
         INSERT INTO @Drive (AccountName, RunMode)
         SELECT a.AccountName, m.RunMode
         FROM @Acct AS a
         CROSS JOIN @Modes AS m;
-
-        -- More pairs than slots: keep the pairs that have claimable mail now
-        -- (one row-free probe per pair), then @BatchSize of them drawn at
-        -- random, so every pair gets its turn and a pass seeks at most
-        -- @BatchSize pairs.  The probe reads the index the claim will read
-        -- (an isolated worker's: its application's keys only).
-        --   READPAST, READCOMMITTEDLOCK: a locking read (also under RCSI)
-        --   that skips rows other claimers hold and keeps no lock.
+        -- More pairs than slots: drop pairs without claimable mail (probes keep no lock), draw @BatchSize.
         IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
         BEGIN
             IF @AppName IS NULL
@@ -2923,9 +2757,7 @@ BEGIN
                 );
             IF (SELECT COUNT(*) FROM @Drive) > @BatchSize
             BEGIN
-                -- The draw is materialized first: a TOP ... ORDER BY NEWID()
-                -- inside the DELETE's predicate could be evaluated more than
-                -- once, each time another draw; this keeps exactly @BatchSize.
+                -- Materialized first: NEWID() in the DELETE's predicate may be evaluated again.
                 INSERT INTO @Draw (AccountName, RunMode)
                 SELECT TOP (@BatchSize) r.AccountName, r.RunMode FROM @Drive AS r ORDER BY NEWID();
                 DELETE FROM d
@@ -2936,8 +2768,6 @@ BEGIN
                 );
             END;
         END;
-
-        -- 3. The claim: up to three passes, each a pick and one UPDATE (docs/claim.md).
         WHILE @Pass < 3 AND @Left > 0
         BEGIN
             SET @Pass += 1;
@@ -2946,13 +2776,7 @@ BEGIN
             INNER JOIN @Acct AS a ON d.AccountName = a.AccountName
             WHERE d.IsOpen = 1 AND a.Remaining > a.Taken;
             IF @Open = 0 BREAK;
-            -- FLOOR, at least 1: the caps never add up to more than the slots
-            -- left (or one row per open pair), which bounds the rows read.
             SET @Share = IIF(@Left / @Open < 1, 1, @Left / @Open);
-            -- A pair's cap: the least of the share and its part of what is
-            -- left of its account's budget (Rest split over the account's
-            -- open pairs, Rest % Pairs of them drawn at random get one more),
-            -- so the caps of one account never add up to more than its Rest.
             UPDATE @Drive SET Cap = 0;
             UPDATE d
             SET d.Cap = IIF(x.Part < @Share, x.Part, @Share)
@@ -2974,18 +2798,7 @@ BEGIN
                     WHERE d2.IsOpen = 1 AND a.Remaining > a.Taken
                 ) AS o
             ) AS x ON d.AccountName = x.AccountName AND d.RunMode = x.RunMode;
-
-            -- The pick: per pair with a cap, one ordered seek that stops after it
-            -- (ten ranges, one per priority, already in ORDER BY order: no
-            -- Sort below the TOP); then the pass's TOP (@Left) in turns.
-            -- Competing workers seek IX_MailQueue_ClaimByAccount; an
-            -- isolated worker seeks IX_MailQueue_ClaimByApp, whose third key
-            -- is AppName: other applications' mail lies outside its ranges.
-            --   INDEX + FORCESEEK: this index's seek or an error, never a scan;
-            --   READPAST: skip rows other workers hold, never wait;
-            --   UPDLOCK:  the keys read stay ours until commit, so two
-            --     workers cannot take one row (a locking read under RCSI);
-            --   ROWLOCK:  row grain, so READPAST skips rows, not pages.
+            -- The pick: INDEX + FORCESEEK, never a scan; READPAST, UPDLOCK, ROWLOCK: skip held rows, keep ours.
             DELETE FROM @Pick;
             IF @AppName IS NULL
                 INSERT INTO @Pick (ID)
@@ -3037,13 +2850,7 @@ BEGIN
                     ORDER BY k.Priority DESC, k.VisibleAtUtc ASC, k.ID ASC
                 ) AS c
                 ORDER BY c.Turn ASC, c.Priority DESC, c.VisibleAtUtc ASC, c.ID ASC;
-
-            -- The lease: the picked rows by clustered key, re-checked.
-            --   FORCESEEK (PK_MailQueue (ID)): one seek per picked ID whatever
-            --     the cached plan's estimate of @Pick, never a scan;
-            --   READPAST: a row another session holds (an acknowledgement of
-            --     an expired lease in flight) is skipped, never waited on, so
-            --     our key U lock and its clustered X lock cannot deadlock.
+            -- The lease, re-checked; READPAST: our key U and another's clustered X cannot deadlock.
             UPDATE q
             SET
                 q.Status = N'Sending',
@@ -3051,11 +2858,8 @@ BEGIN
                 q.VisibleAtUtc = @LeaseUntil,
                 q.AttemptsRemaining = q.AttemptsRemaining - 1,
                 q.AttemptCount = q.AttemptCount + 1,
-                -- A lease that expired may hide a mail the dead worker already
-                -- handed to SMTP: flag it (receivers can drop it by Message-ID).
+                -- An expired lease may hide a mail already handed to SMTP.
                 q.PossibleDuplicate = IIF(q.Status = N'Sending', CAST(1 AS BIT), q.PossibleDuplicate),
-                -- The application's dry-run flag as it is now (a seek on
-                -- PK_Application); mailq.MarkSent keeps it.
                 q.DryRun = COALESCE(
                     (SELECT ap.DryRun FROM mailq.Application AS ap WHERE ap.AppName = q.AppName),
                     CAST(0 AS BIT)
@@ -3081,10 +2885,6 @@ BEGIN
                 AND q.Status IN (N'UnSent', N'Sending')
                 AND q.VisibleAtUtc <= @Now
                 AND q.AttemptsRemaining > 0;
-
-            -- What this pass gave each pair; a pair that yielded fewer rows
-            -- than its cap has nothing more to claim now (drained).  The
-            -- account's Taken (its budget charge) is the sum over its pairs.
             UPDATE d
             SET
                 d.Taken = d.Taken + COALESCE(n.Claimed, 0),
@@ -3097,7 +2897,6 @@ BEGIN
                 GROUP BY m.AccountName, m.RunMode
             ) AS n ON d.AccountName = n.AccountName AND d.RunMode = n.RunMode
             WHERE d.Cap > 0;
-
             UPDATE a
             SET a.Taken = n.Claimed
             FROM @Acct AS a
@@ -3106,14 +2905,8 @@ BEGIN
                 FROM @Claimed AS m
                 GROUP BY m.AccountName
             ) AS n ON a.AccountName = n.AccountName;
-
             SET @Left = @BatchSize - (SELECT COUNT(*) FROM @Claimed);
         END;
-
-        -- Charge the budget of limited accounts (rows already U-locked above).
-        -- FORCESEEK, ROWLOCK: touch only those rows; a scan would wait on the
-        -- budget rows other claimers hold.  A stored window that is not older
-        -- than ours is kept: the window start never moves backwards.
         UPDATE b
         SET
             b.MinuteCount = IIF(b.MinuteStartUtc >= @MinuteStart, b.MinuteCount, 0) + a.Taken,
@@ -3122,72 +2915,42 @@ BEGIN
             b.HourStartUtc = IIF(b.HourStartUtc >= @HourStart, b.HourStartUtc, @HourStart),
             b.DayCount = IIF(b.DayStartUtc >= @DayStart, b.DayCount, 0) + a.Taken,
             b.DayStartUtc = IIF(b.DayStartUtc >= @DayStart, b.DayStartUtc, @DayStart)
-        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)
+        FROM mailq.RateBudget AS b WITH (FORCESEEK, ROWLOCK)  -- only the budget rows U-locked above
         INNER JOIN @Acct AS a ON b.AccountName = a.AccountName
         WHERE a.IsLimited = 1 AND a.Taken > 0;
-
-        -- Close the attempts of reclaimed leases as abandoned (FORCESEEK,
-        -- ROWLOCK: seek by mail ID; never scan attempts other sessions hold).
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
             t.Outcome = N'Abandoned',
             t.ErrorText = N'Lease expired before the worker acknowledged; reclaimed.'
-        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
+        FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek by mail ID, never a scan
         INNER JOIN @Claimed AS c
             ON t.MailID = c.ID AND t.LockToken = c.OldLockToken
         WHERE c.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
-
-        -- The template version each template mail renders in this attempt:
-        -- the pinned one, else the latest when the template is not retired
-        -- (else NULL: the worker stops the mail and says why).
-        -- One seek on PK_MailTemplate per claimed template mail (at most
-        -- @BatchSize); a plain read: LatestVersion is committed together with
-        -- its version row (mailq.AddMailTemplateVersion), versions never change.
         UPDATE c
         SET c.TemplateVersion = COALESCE(c.TemplateVersion, IIF(t.RetiredAtUtc IS NULL, t.LatestVersion, NULL))
         FROM @Claimed AS c
         INNER JOIN mailq.MailTemplate AS t WITH (FORCESEEK) ON c.TemplateName = t.TemplateName
         WHERE c.TemplateName IS NOT NULL;
-
-        -- Open an attempt for each mail now leased, with the template version
-        -- it renders (never changed afterwards: a later version only affects
-        -- later attempts).
         INSERT INTO mailq.MailAttempt (MailID, AttemptNo, LockToken, WorkerName, StartedAtUtc, TemplateVersion)
         SELECT c.ID, c.AttemptNo, @LockToken, @WorkerName, @Now, c.TemplateVersion
         FROM @Claimed AS c;
-
-        -- Events, in this transaction (docs/events.md): a reclaimed lease
-        -- first says LeaseExpired (its earlier attempt, now abandoned), then
-        -- every mail leased says Claimed.  Two statements, so the two events
-        -- of one mail are stamped in that order.
+        -- Events (docs/events.md): two statements, so LeaseExpired is stamped before Claimed.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
             c.ID, c.AppName, N'LeaseExpired', N'Sending', c.AttemptNo - 1, NULL,
             N'Lease expired before the worker acknowledged; reclaimed (PossibleDuplicate).', @Now
         FROM @Claimed AS c
         WHERE c.OldStatus = N'Sending';
-
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT c.ID, c.AppName, N'Claimed', N'Sending', c.AttemptNo, NULL, @WorkerName, @Now
         FROM @Claimed AS c;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; a caller's transaction is doomed by
-        -- XACT_ABORT and its own CATCH rolls it back.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
-    -- 4. Return the leased mails (ours until LeaseExpiresUtc; no lock hint
-    -- needed).  FORCESEEK: a seek per claimed ID whatever the plan's estimate
-    -- of @Claimed, never a scan that would wait on rows other sessions hold.
-    -- LeaseSecondsRemaining: by the server's clock read now, after the
-    -- claim's statements (and their commit when the transaction is ours),
-    -- in whole seconds rounded down, so a worker counting it down from the
-    -- reply on its own monotonic clock never overestimates it.
     DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
     SELECT
         q.ID,
@@ -3213,7 +2976,6 @@ BEGIN
         q.dtStamp,
         q.RunMode,
         q.DryRun,
-        -- Template columns: NULL for ordinary mail.
         c.TemplateName,
         c.TemplateVersion,
         q.TemplateModel,
@@ -3222,23 +2984,17 @@ BEGIN
     INNER JOIN @Claimed AS c ON q.ID = c.ID
     WHERE q.ThreadLock = @LockToken
     ORDER BY q.Priority DESC, q.ID ASC;
-
     SELECT
         a.MailID,
         a.AttachmentNo,
         a.FileName,
         a.ContentType,
         a.Content,
-        a.Generator,     -- a lazy attachment (Content NULL)
+        a.Generator,
         a.GeneratorArgs
     FROM mailq.MailAttachment AS a WITH (FORCESEEK (PK_MailAttachment (MailID)))
     INNER JOIN @Claimed AS c ON a.MailID = c.ID
     ORDER BY a.MailID ASC, a.AttachmentNo ASC;
-
-    -- The texts of the template versions this batch renders,
-    -- each once: the distinct versions drive one seek each on
-    -- PK_MailTemplateVersion (an inner join, so FORCESEEK always has its
-    -- plan: nested loops with the few distinct versions outside).
     WITH Used AS (
         SELECT DISTINCT c.TemplateName, c.TemplateVersion
         FROM @Claimed AS c
@@ -3252,7 +3008,7 @@ BEGIN
         v.HtmlTemplate,
         v.TextTemplate
     FROM Used AS u
-    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)
+    INNER JOIN mailq.MailTemplateVersion AS v WITH (FORCESEEK)  -- one seek per distinct version
         ON u.TemplateName = v.TemplateName AND u.TemplateVersion = v.Version
     ORDER BY v.TemplateName ASC, v.Version ASC;
 END;
@@ -3260,29 +3016,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.FinalizeMail: moves queued mail that can never be sent to its final
-state, in small batches, whatever its account, so that the claim never has
-to: out of attempts with the last lease expired -> Failed; past ExpiresAtUtc
-(UnSent, or Sending with an expired lease) -> Expired.  A live lease is left
-to its worker.  One finalizer at a time (docs/finalization.md).
-Parameters:  @BatchSize  INT 1-1000, default 200: mails per statement
-             @MaxBatches INT 1-1000, default 50: batches per call
-Result set:  one row: FailedCount INT, ExpiredCount INT, MoreLeft BIT (1: the
-             last batch was full; call again), Busy BIT (1: another
-             FinalizeMail held the finalizer lock, so this call stopped there
-             and left the rest to it)
-Errors:      50150 @BatchSize out of range; 50151 @MaxBatches out of range;
-             50152 called inside a transaction.
-Transaction: must not be called inside one (50152): each batch is its own
-             short transaction, also for a session in implicit transaction
-             mode (turned off inside); an error rolls back the batch under
-             way (earlier batches stay) and is re-raised.
-Isolation:   sets READ COMMITTED itself (READPAST needs it, error 650).
-Lock order:  the application lock N'mailq.FinalizeMail' (exclusive, owned by
-             the batch's transaction, never waited for), then mailq.MailQueue
-             (index keys U, clustered rows X), mailq.MailAttempt (X),
-             mailq.MailEvent (insert), as in mailq.ClaimMail.
-Example:     EXEC mailq.FinalizeMail @BatchSize = 200, @MaxBatches = 50;
+mailq.FinalizeMail: in small batches, moves mail that can never be sent to Failed (no attempt
+left, last lease expired) or Expired (past ExpiresAtUtc, no live lease), so the claim never has to.
+Parameters:  @BatchSize INT 1-1000, default 200 (per statement); @MaxBatches INT 1-1000, default 50
+Result set:  FailedCount, ExpiredCount, MoreLeft BIT (call again), Busy BIT (another finalizer ran)
+Errors:      50150 @BatchSize, 50151 @MaxBatches out of range; 50152 called inside a transaction.
+Transaction: refuses one (50152); each batch commits on its own, also in implicit transaction
+             mode (turned off inside); an error rolls back the batch under way and is re-raised.
+Isolation:   sets READ COMMITTED (READPAST needs it).  Example: EXEC mailq.FinalizeMail @BatchSize = 200;
+Lock order:  the application lock N'mailq.FinalizeMail' (batch-owned, never waited for), then
+             mailq.MailQueue (keys U, rows X), mailq.MailAttempt, mailq.MailEvent (docs/finalization.md).
 */
 CREATE OR ALTER PROCEDURE mailq.FinalizeMail
     @BatchSize INT = 200,
@@ -3290,15 +3033,9 @@ CREATE OR ALTER PROCEDURE mailq.FinalizeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- Each BEGIN TRANSACTION below must be a real one: under the caller's
-    -- IMPLICIT_TRANSACTIONS ON (pyodbc and JDBC with autocommit off) it would
-    -- nest in an implicit transaction and no batch would commit.  Set before
-    -- any statement that could open one; restored when the procedure returns.
+    -- Off before any statement: under IMPLICIT_TRANSACTIONS ON no batch would commit.
     SET IMPLICIT_TRANSACTIONS OFF;
-    -- READPAST needs READ COMMITTED (error 650 under SERIALIZABLE / SNAPSHOT);
-    -- the caller's level comes back when the procedure returns.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @BatchSize = COALESCE(@BatchSize, 200);
     SET @MaxBatches = COALESCE(@MaxBatches, 50);
@@ -3314,7 +3051,6 @@ BEGIN
     END;
     IF @@TRANCOUNT > 0
         THROW 50152, N'mailq.FinalizeMail commits batch by batch: call it outside a transaction.', 1;
-
     DECLARE @Done TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
         NewStatus NVARCHAR(16) NOT NULL,
@@ -3333,7 +3069,6 @@ BEGIN
     DECLARE @MoreLeft BIT = 0;
     DECLARE @Busy BIT = 0;
     DECLARE @Lock INT;
-
     WHILE @Batches < @MaxBatches
     BEGIN
         SET @Batches += 1;
@@ -3341,12 +3076,7 @@ BEGIN
         DELETE FROM @Done;
         BEGIN TRY
             BEGIN TRANSACTION;
-
-            -- One finalizer at a time: two finalizers reading the two indexes
-            -- below in opposite orders could deadlock on a mail that is both
-            -- out of attempts and expired.  Transaction-owned, so it ends with
-            -- the batch; timeout 0: another finalizer at work already does
-            -- this job, so this call stops instead of waiting (Busy = 1).
+            -- One finalizer at a time (the two reads below in opposite orders could deadlock).
             EXEC @Lock = sys.sp_getapplock
                 @Resource = N'mailq.FinalizeMail', @LockMode = N'Exclusive',
                 @LockOwner = N'Transaction', @LockTimeout = 0;
@@ -3356,12 +3086,7 @@ BEGIN
                 SET @Busy = 1;
                 BREAK;
             END;
-
-            -- Out of attempts, lease expired.  IX_MailQueue_Finalize: range
-            -- seek on VisibleAtUtc <= @Now within its filter.
-            --   READPAST: skip rows others hold (a worker acknowledging its
-            --     last attempt right now), never wait on them;
-            --   UPDLOCK, ROWLOCK: row-grain update locks while reading.
+            -- Out of attempts.  READPAST: skip rows others hold; UPDLOCK, ROWLOCK: claim while reading.
             WITH Dead AS (
                 SELECT TOP (@BatchSize)
                     q.ID,
@@ -3394,11 +3119,6 @@ BEGIN
             FROM Dead AS d;
             SET @Rows = @@ROWCOUNT;
             SET @Failed += @Rows;
-            -- (@Rows: the fuller of the two statements decides whether to go on)
-
-            -- Expired.  IX_MailQueue_Expiry: range seek on ExpiresAtUtc <=
-            -- @Now; a live lease (Sending, VisibleAtUtc in the future) is left
-            -- to its worker.  Same hints, same reasons.
             WITH Late AS (
                 SELECT TOP (@BatchSize)
                     q.ID,
@@ -3430,12 +3150,9 @@ BEGIN
                 inserted.AppName, inserted.AttemptCount, inserted.LastError
             INTO @Done (ID, NewStatus, OldStatus, OldLockToken, AppName, AttemptCount, LastError)
             FROM Late AS l;
-            -- Read @@ROWCOUNT once: an assignment resets it.
             SET @ExpiredRows = @@ROWCOUNT;
             SET @Expired += @ExpiredRows;
             IF @ExpiredRows > @Rows SET @Rows = @ExpiredRows;
-
-            -- Close the attempts of the leases given up (seek by mail ID).
             UPDATE t
             SET
                 t.EndedAtUtc = @Now,
@@ -3449,9 +3166,6 @@ BEGIN
             INNER JOIN @Done AS d
                 ON t.MailID = d.ID AND t.LockToken = d.OldLockToken
             WHERE d.OldStatus = N'Sending' AND t.EndedAtUtc IS NULL;
-
-            -- Events, in this batch's transaction (docs/events.md): a lease
-            -- given up says LeaseExpired first, then the final Failed/Expired.
             INSERT INTO mailq.MailEvent (
                 MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
             )
@@ -3460,8 +3174,6 @@ BEGIN
                 N'Lease expired before the worker acknowledged.', @Now
             FROM @Done AS d
             WHERE d.OldStatus = N'Sending';
-
-            -- The event type of a final change is its new status (Failed, Expired).
             INSERT INTO mailq.MailEvent (
                 MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
             )
@@ -3475,14 +3187,12 @@ BEGIN
                 d.LastError,
                 @Now
             FROM @Done AS d;
-
             COMMIT TRANSACTION;
         END TRY
         BEGIN CATCH
             IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
             THROW;
         END CATCH;
-
         IF @Rows < @BatchSize
         BEGIN
             SET @MoreLeft = 0;
@@ -3490,28 +3200,18 @@ BEGIN
         END;
         SET @MoreLeft = 1;
     END;
-
     SELECT @Failed AS FailedCount, @Expired AS ExpiredCount, @MoreLeft AS MoreLeft, @Busy AS Busy;
 END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ExtendLease: pushes the lease of mails a worker still holds (long
-batches), fenced by the lock token, all or nothing.
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
-             @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 1-3600,
-             default 300: the new lease runs from now.
-Result set:  one row per mail: ID, LeaseExpiresUtc, LeaseSecondsRemaining
-             (INT: whole seconds of lease left, floor, by the server's clock as
-             the rows are returned; count it down on the worker's own
-             monotonic clock, never compare LeaseExpiresUtc with its wall clock).
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail);
-             50132 @LeaseSeconds out of range.
-Transaction: its own if none is open, else the caller's (no savepoint); any
-             error is re-raised unchanged and dooms a caller's (XACT_ABORT).
-Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue only (clustered rows, via mailq.LockLeasedMail).
+mailq.ExtendLease: pushes the leases a worker holds to now + @LeaseSeconds, fenced by the token, all or nothing.
+Parameters:  @ID or @IDList (JSON array), exactly one; @LockToken, required; @LeaseSeconds 1-3600, default 300.
+Result set:  ID, LeaseExpiresUtc, LeaseSecondsRemaining (INT, floored: count it down on the worker's clock).
+Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail); 50132 @LeaseSeconds.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
+Lock order:  mailq.MailQueue only (via mailq.LockLeasedMail).
 Example:     EXEC mailq.ExtendLease @IDList = N'[101,102]', @LockToken = @T, @LeaseSeconds = 300;
 */
 CREATE OR ALTER PROCEDURE mailq.ExtendLease
@@ -3523,7 +3223,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
     IF @LeaseSeconds NOT BETWEEN 1 AND 3600
@@ -3531,34 +3230,24 @@ BEGIN
         SET @Msg = CONCAT(N'@LeaseSeconds must be 1-3600; got ', @LeaseSeconds, N'.');
         THROW 50132, @Msg, 1;
     END;
-
     DECLARE @LeaseUntil DATETIME2(3) = DATEADD(SECOND, @LeaseSeconds, SYSUTCDATETIME());
     DECLARE @Extended TABLE (ID BIGINT NOT NULL PRIMARY KEY, LeaseExpiresUtc DATETIME2(3) NOT NULL);
-
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
-
         UPDATE q
         SET q.VisibleAtUtc = @LeaseUntil
         OUTPUT inserted.ID, inserted.VisibleAtUtc INTO @Extended (ID, LeaseExpiresUtc)
         FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
-    -- Seconds left by the server's clock read now, rounded down.
     DECLARE @ReturnedAt DATETIME2(3) = SYSUTCDATETIME();
     SELECT
         e.ID,
@@ -3960,17 +3649,11 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.CancelMail: cancels a mail that is waiting to be sent (UnSent).  A mail
-being sent (Sending) cannot be cancelled safely: the SMTP server may already
-have it; cancel again after it was acknowledged, or let it finish.
-Parameters:  @ID BIGINT, required.
-Result set:  one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
+mailq.CancelMail: cancels an UnSent mail (a Sending one may already be at the SMTP server).
+Parameters:  @ID BIGINT, required.  Result set: one row: ID, Status ('Cancelled'), NextAttemptUtc (NULL).
 Errors:      50136 @ID missing; 50201 unknown mail; 50204 the mail is not UnSent.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
-             in a procedure reverts when it returns).
-Lock order:  mailq.MailQueue, then mailq.MailEvent (insert).
+Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).  Lock order: mailq.MailQueue, mailq.MailEvent.
 Example:     EXEC mailq.CancelMail @ID = 101;
 */
 CREATE OR ALTER PROCEDURE mailq.CancelMail
@@ -3979,23 +3662,16 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL
         THROW 50136, N'@ID is required.', 1;
-
     DECLARE @Status NVARCHAR(16);
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK: read and change the row under one lock, so a claim cannot
-        -- slip in between the check and the update.
         SELECT @Status = q.Status
         FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
         WHERE q.ID = @ID;
-
         IF @Status IS NULL
         BEGIN
             SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
@@ -4006,28 +3682,22 @@ BEGIN
             SET @Msg = CONCAT(N'Mail ', @ID, N' is ', @Status, N'; only an UnSent mail can be cancelled.');
             THROW 50204, @Msg, 1;
         END;
-
         UPDATE q
         SET
             q.Status = N'Cancelled',
             q.DateProcessed = SYSUTCDATETIME()
-        -- The Cancelled event in the same statement (docs/events.md).
         OUTPUT
             inserted.ID, inserted.AppName, N'Cancelled', inserted.Status, inserted.AttemptCount,
             NULL, NULL, inserted.DateProcessed
         INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         @ID AS ID,
         N'Cancelled' AS Status,
@@ -4598,26 +4268,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.AcquireLoginSlot: called by a worker right before it logs in to an
-account's SMTP server.  Grants the login, stamping
-mailq.SendingAccount.LastLoginAtUtc with the server's clock, or says how long
-to wait, so that two logins on one account are at least MinLoginIntervalMs
-apart across all workers.  An account without an interval (NULL) is always
-granted, and stamped.
+mailq.AcquireLoginSlot: grants a worker's SMTP login to an account (stamping LastLoginAtUtc) or
+says how long to wait, so logins on one account stay MinLoginIntervalMs apart across all workers.
 Parameters:  @AccountName NVARCHAR(128), required: an existing sending account.
-Result set:  one row: Granted BIT, WaitMs INT (0 when granted, else at most
-             MinLoginIntervalMs), MinLoginIntervalMs INT (NULL = none),
-             LastLoginAtUtc DATETIME2(3) (the stamp now in force).
-Errors:      50123 @AccountName missing; 50103 over 128 characters; 50270 no
-             such account.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-             Workers call it outside any transaction.
-Isolation:   sets READ COMMITTED; the decision and the stamp are one UPDATE by
-             key, whose row is U-locked even under RCSI: never two grants
-             within one interval.
-Lock order:  mailq.SendingAccount only (one row, by key).
-Example:     EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
+Result set:  one row: Granted BIT, WaitMs INT (0 when granted), MinLoginIntervalMs, LastLoginAtUtc.
+Errors:      50123 @AccountName missing; 50103 over 128 characters; 50270 no such account.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED;
+             one UPDATE by key (U-locked, also under RCSI) decides and stamps: never two grants.
+Lock order:  mailq.SendingAccount only (one row).  Example: EXEC mailq.AcquireLoginSlot @AccountName = N'qq';
 */
 CREATE OR ALTER PROCEDURE mailq.AcquireLoginSlot
     @AccountName NVARCHAR(4000)
@@ -4625,29 +4283,21 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
         THROW 50123, N'@AccountName is required: the sending account the worker is about to log in to.', 1;
     IF LEN(@AccountName) > 128
         THROW 50103, N'@AccountName is over its size (128).', 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Slot TABLE (
         MinLoginIntervalMs INT NULL,
         PreviousLoginAtUtc DATETIME2(3) NULL,
         LastLoginAtUtc DATETIME2(3) NULL
     );
-
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- Granted when there is no interval, no earlier login, the earlier
-        -- login is at least one interval old, or it lies more than one
-        -- interval in the future (the server's clock went back: a stamp that
-        -- far ahead would otherwise refuse every login until the clock caught up).
+        -- Granted also when the stamp lies more than one interval ahead (the clock went back).
         UPDATE a
         SET a.LastLoginAtUtc = IIF(
             a.MinLoginIntervalMs IS NULL
@@ -4661,7 +4311,6 @@ BEGIN
         INTO @Slot (MinLoginIntervalMs, PreviousLoginAtUtc, LastLoginAtUtc)
         FROM mailq.SendingAccount AS a
         WHERE a.AccountName = @AccountName;
-
         IF NOT EXISTS (SELECT 1 FROM @Slot)
         BEGIN
             SET @Msg = CONCAT(
@@ -4670,17 +4319,12 @@ BEGIN
             );
             THROW 50270, @Msg, 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
-    -- The same test as the UPDATE's, on the values it read under the lock.
     -- DATEDIFF_BIG: a stamp far from @Now must not overflow INT before the cap.
     WITH Decided AS (
         SELECT
@@ -4780,32 +4424,15 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.BindApplication: allows an application to send through a sending
-account and/or as a From address or domain, and/or maps a database user to
-the application (issue 10, point 10).  Binding twice changes nothing;
-mapping a user that is mapped to another application moves it.
-Parameters:  @AppName NVARCHAR(128), required: a registered application
-             @AccountName NVARCHAR(128), optional: a sending account
-             @FromAddress NVARCHAR(320), optional: one bare address
-                        ('billing@example.com') or a domain ('@example.com');
-                        stored in lower case, matched case-insensitively
-             @PrincipalName sysname, optional: a database user whose mail
-                        will always carry this application (mailq.ApplicationPrincipal)
-             At least one of @AccountName, @FromAddress and @PrincipalName.
-Result set:  none.
-Errors:      50145 @AppName missing; 50115 unknown application;
-             50114 unknown account; 50164 none of @AccountName, @FromAddress,
-             @PrincipalName; 50165 @FromAddress neither one address nor '@domain';
-             50169 @PrincipalName is not a database user.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint).  Any error is re-raised unchanged; XACT_ABORT ON
-             dooms or rolls back the caller's transaction.
-Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on
-             small admin tables, where a key-range lock costs nothing).
-Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
-             mailq.ApplicationPrincipal.
-Example:     EXEC mailq.BindApplication @AppName = N'billing', @AccountName = N'qq',
-                 @FromAddress = N'@billing.example.com';
+mailq.BindApplication: lets an application send through an account and/or as a From address or
+'@domain', and/or maps a database user to it (a user mapped elsewhere moves); idempotent.
+Parameters:  @AppName, required; at least one of @AccountName, @FromAddress (one bare address or
+             '@example.com', stored lower case) and @PrincipalName (a user whose mail carries @AppName).
+Errors:      50145 @AppName missing; 50115 unknown application; 50114 unknown account; 50164
+             nothing to bind; 50165 bad @FromAddress; 50169 @PrincipalName is not a user.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
+Lock order:  mailq.ApplicationAccount, mailq.ApplicationFrom, mailq.ApplicationPrincipal.
+Example:     EXEC mailq.BindApplication @AppName = N'billing', @FromAddress = N'@billing.example.com';
 */
 CREATE OR ALTER PROCEDURE mailq.BindApplication
     @AppName NVARCHAR(4000),
@@ -4816,7 +4443,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
         THROW 50145, N'@AppName is required.', 1;
@@ -4836,26 +4462,21 @@ BEGIN
         SET @Msg = CONCAT(N'@AccountName ''', LEFT(@AccountName, 128), N''' is not a sending account.');
         THROW 50114, @Msg, 1;
     END;
-
-    -- A database user (SQL, Windows, Entra ID, without login...), not a role:
-    -- EnqueueMail compares USER_NAME(), which is always a user.
     IF
         @PrincipalName IS NOT NULL
         AND NOT EXISTS (
             SELECT 1
             FROM sys.database_principals AS d
-            WHERE d.name = @PrincipalName AND d.type IN ('S', 'U', 'E', 'X', 'C', 'K')
+            WHERE d.name = @PrincipalName AND d.type IN ('S', 'U', 'E', 'X', 'C', 'K')  -- users: USER_NAME()
         )
     BEGIN
         SET @Msg = CONCAT(N'@PrincipalName ''', LEFT(@PrincipalName, 128), N''' is not a database user.');
         THROW 50169, @Msg, 1;
     END;
-
     DECLARE @Pattern NVARCHAR(320);
     IF @FromAddress IS NOT NULL
     BEGIN
         SET @Pattern = LOWER(LTRIM(RTRIM(@FromAddress)));
-        -- '@domain': validated as the domain of a made-up address.
         DECLARE @Probe NVARCHAR(4000) = IIF(LEFT(@Pattern, 1) = N'@', N'x' + @Pattern, @Pattern);
         IF
             LEN(@FromAddress) > 320
@@ -4873,13 +4494,10 @@ BEGIN
             THROW 50165, @Msg, 1;
         END;
     END;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK, HOLDLOCK: insert-if-absent on an admin table that only
-        -- administrators write; its range locks never meet the enqueue path.
+        -- UPDLOCK, HOLDLOCK: admin-only tables; their range locks never meet the enqueue path.
         IF
             @AccountName IS NOT NULL
             AND NOT EXISTS (
@@ -4889,7 +4507,6 @@ BEGIN
             )
             INSERT INTO mailq.ApplicationAccount (AppName, AccountName)
             VALUES (@AppName, @AccountName);
-
         IF
             @Pattern IS NOT NULL
             AND NOT EXISTS (
@@ -4899,7 +4516,6 @@ BEGIN
             )
             INSERT INTO mailq.ApplicationFrom (AppName, FromPattern)
             VALUES (@AppName, @Pattern);
-
         IF @PrincipalName IS NOT NULL
         BEGIN
             UPDATE u
@@ -4910,12 +4526,9 @@ BEGIN
                 INSERT INTO mailq.ApplicationPrincipal (PrincipalName, AppName)
                 VALUES (@PrincipalName, @AppName);
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -5050,24 +4663,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetEnqueuePolicy: which enqueue policy is in force and which database
-users may call an enqueue procedure without being mapped to an application
-(for `mailq-db doctor`).  Reads only; runs with the caller's rights.
+mailq.GetEnqueuePolicy: the enqueue policy in force and the database users who may enqueue
+without being mapped to an application (for `mailq-db doctor`); runs with the caller's rights.
 Parameters:  none.
-Result sets: 1. one row: AllowUnmappedEnqueuers BIT (mailq.EnqueuePolicy),
-                ChangedAtUtc, ChangedBy, MembershipVisible BIT (0: this caller may
-                not see other users' role memberships and grants, so set 2 is
-                incomplete; db_owner, db_securityadmin or VIEW DEFINITION see all).
-             2. the unmapped users, one row per way in: PrincipalName, Via (the
-                role or user holding the grant: EXECUTE on mailq.EnqueueMail,
-                EnqueueMailBatch or SendDbMail, on SCHEMA::mailq or on the
-                database; db_owner; dbo; public reaches every user).  A Windows
-                group's user is listed too: its members cannot be mapped through
-                it (mailq.BindApplication maps users).  A DENY is not
-                subtracted: the list may name a user the server would refuse.
-Errors:      none of its own.
-Transaction: reads only; opens none.
-Isolation:   READ COMMITTED, set here.
+Result sets: 1. AllowUnmappedEnqueuers, ChangedAtUtc, ChangedBy, MembershipVisible BIT (0: the
+                caller cannot see others' memberships: set 2 is incomplete)
+             2. unmapped users, one row per way in: PrincipalName, Via (the grant's holder); Windows
+                groups are listed; a DENY is not subtracted.
+Errors:      none of its own.  Transaction: reads only.  Isolation: READ COMMITTED, set here.
 Lock order:  none (catalog views and mailq.EnqueuePolicy, no locking hint).
 Example:     EXEC mailq.GetEnqueuePolicy;
 */
@@ -5076,7 +4679,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     SELECT
         COALESCE(p.AllowUnmappedEnqueuers, CAST(0 AS BIT)) AS AllowUnmappedEnqueuers,
         p.ChangedAtUtc,
@@ -5087,8 +4689,6 @@ BEGIN
         ) AS BIT) AS MembershipVisible
     FROM (VALUES (1)) AS one(PolicyId)
     LEFT JOIN mailq.EnqueuePolicy AS p ON one.PolicyId = p.PolicyId;
-
-    -- Catalog visibility applies here as to the caller (no EXECUTE AS).
     WITH grantee AS (
         SELECT d.grantee_principal_id AS PrincipalId
         FROM sys.database_permissions AS d
@@ -5118,14 +4718,11 @@ BEGIN
 
     SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
     FROM holder AS h
-    -- A grant to public (principal 0) reaches every user.
     INNER JOIN sys.database_principals AS u ON h.PrincipalId = u.principal_id OR h.PrincipalId = 0
     WHERE
-        -- users, not roles (EnqueueMail compares USER_NAME()); G: a Windows
-        -- group, whose members come in through it and cannot be mapped by it
+        -- users, not roles (EnqueueMail compares USER_NAME()); G: a Windows group
         u.type IN ('S', 'U', 'G', 'E', 'X', 'C', 'K')
         AND u.principal_id NOT IN (2, 3, 4)         -- guest, INFORMATION_SCHEMA, sys; dbo is listed
-        -- NOT IN is exact: PrincipalName is the primary key, never NULL.
         AND u.name NOT IN (SELECT a.PrincipalName FROM mailq.ApplicationPrincipal AS a)
     ORDER BY u.name, USER_NAME(h.ViaId);
 END;
@@ -5259,25 +4856,12 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetInstallationHealth: one row per installation check, for
-`mailq-db doctor`.  Reads only catalog views and the queue; changes nothing.
+mailq.GetInstallationHealth: one row per installation check, for `mailq-db doctor`; reads only.
 Parameters:  none.
-Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix
-             (runnable as is: names QUOTENAMEd, quotes doubled).  Checks: server
-             version (FAIL below SQL Server 2019) and edition; compatibility
-             level (>= 130); READ_COMMITTED_SNAPSHOT; deployed revision; Service
-             Broker and dbo.DelayServiceQueue; the caller's roles and EXECUTE
-             permissions; MailqEnqueuer members not mapped to an application;
-             expired leases not yet reclaimed; failures of the last 24 hours;
-             blocked accounts; default account.
-Visibility:  catalog views show a caller only what it owns or holds a
-             permission on, also inside this procedure: a least-privilege
-             MailqSender member sees "not visible" (WARN) for the queue, and
-             the Fix names VIEW DEFINITION or MailqAdmin.
+Result set:  Area, CheckName, Status ('OK', 'WARN' or 'FAIL'), Detail, Fix (runnable as is);
+             catalog views show only what the caller may see (WARN, the Fix names the right).
 Errors:      none of its own.
-Transaction: reads only; opens none.
-Isolation:   sets READ COMMITTED (no lock held past a statement).
-Lock order:  none (no locking reads).
+Transaction: reads only.  Isolation: sets READ COMMITTED.  Lock order: none (no locking reads).
 Example:     EXEC mailq.GetInstallationHealth;
 */
 CREATE OR ALTER PROCEDURE mailq.GetInstallationHealth
@@ -5285,7 +4869,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Check TABLE (
         Position INT IDENTITY (1, 1) NOT NULL PRIMARY KEY,
@@ -5295,7 +4878,6 @@ BEGIN
         Detail NVARCHAR(4000) NULL,
         Fix NVARCHAR(4000) NULL
     );
-
     DECLARE @Compat INT, @Rcsi BIT, @Broker BIT;
     SELECT
         @Compat = d.compatibility_level,
@@ -5303,13 +4885,10 @@ BEGIN
         @Broker = d.is_broker_enabled
     FROM sys.databases AS d
     WHERE d.database_id = DB_ID();
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     VALUES
     (
-        -- One truth with mailq.CheckServer: SQL Server 2019 (major 15) or later,
-        -- or Azure SQL Database / Managed Instance (engine editions 5 and 8).
-        N'Server', N'Version',
+        N'Server', N'Version',  -- as mailq.CheckServer: 2019 (major 15) or later, or Azure (editions 5, 8)
         IIF(
             CAST(SERVERPROPERTY(N'EngineEdition') AS INT) IN (5, 8)
             OR CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT) >= 15,
@@ -5360,7 +4939,6 @@ BEGIN
             )
         )
     );
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT TOP (1)
         N'Schema', N'Revision', N'OK', v.version_num, NULL
@@ -5369,7 +4947,6 @@ BEGIN
         INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
         VALUES (N'Schema', N'Revision', N'FAIL', N'no revision recorded',
             N'mailq-db deploy (with MAILQ_DB_URL in the environment)');
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Broker',
@@ -5398,7 +4975,6 @@ BEGIN
                 QUOTENAME(USER_NAME()), N';'
             )
         );
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Security',
@@ -5420,7 +4996,6 @@ BEGIN
             )
         ),
         NULL;
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Security',
@@ -5441,11 +5016,6 @@ BEGIN
         (N'mailq.MarkSent', N'MailqSender'),
         (N'mailq.GetQueueStats', N'MailqAdmin')
     ) AS p(ProcName, RoleName);
-
-    -- Members of MailqEnqueuer that are not mapped to an application can
-    -- enqueue without @AppName, which no binding restricts (docs/guarantees.md).
-    -- Catalog visibility applies: a least-privilege caller sees only the
-    -- memberships it may see, so this row is exact for MailqAdmin members.
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Security',
@@ -5467,9 +5037,7 @@ BEGIN
     WHERE
         rm.role_principal_id = DATABASE_PRINCIPAL_ID(N'MailqEnqueuer')
         AND m.type <> 'R'
-        -- NOT IN is exact here: PrincipalName is NOT NULL (the primary key).
         AND m.name NOT IN (SELECT u.PrincipalName FROM mailq.ApplicationPrincipal AS u);
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Queue',
@@ -5479,7 +5047,6 @@ BEGIN
         IIF(COUNT_BIG(*) = 0, NULL, N'Start a worker (mailq-db worker); a worker that died leaves these behind')
     FROM mailq.MailQueue AS q
     WHERE q.Status = N'Sending' AND q.VisibleAtUtc < @Now;
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Queue',
@@ -5489,7 +5056,6 @@ BEGIN
         IIF(COUNT_BIG(*) = 0, NULL, N'Read them with mailq-db stats; requeue with mailq.RequeueMail once fixed')
     FROM mailq.MailQueue AS q
     WHERE q.Status = N'Failed' AND q.DateProcessed >= DATEADD(HOUR, -24, @Now);
-
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
     SELECT
         N'Accounts',
@@ -5502,14 +5068,12 @@ BEGIN
         )
     FROM mailq.SendingAccount AS a
     WHERE a.BlockedUntilUtc > @Now;
-
     IF NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.IsDefault = 1)
         INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
         VALUES (
             N'Accounts', N'DefaultAccount', N'WARN', N'no default sending account: EnqueueMail needs @AccountName',
             N'EXEC mailq.UpsertSendingAccount @AccountName = N''...'', @DefaultFromAddress = N''...'', @IsDefault = 1;'
         );
-
     SELECT
         c.Area,
         c.CheckName,
@@ -5743,34 +5307,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetMailEvents: reads the event stream (mailq.MailEvent) after a
-cursor, in EventID order, in bounded batches: one application's events
-(@AppName) or one mail's (@MailID).  The caller keeps the last EventID it
-processed and passes it back as @AfterEventID.  Commit-safe: only events
-below MIN_ACTIVE_ROWVERSION() are returned, so no event can appear later
-below a cursor already given; an open transaction that wrote a rowversion
-value anywhere in the database holds every reader back until it ends
-(mailq.GetEventStreamStall names it; docs/events.md).
-Parameters:  @AppName NVARCHAR(128) or @MailID BIGINT: exactly one;
-             @AfterEventID BIGINT >= 0, default 0 (from the start);
-             @MaxEvents INT 1-5000, default 500.
-Result set:  up to @MaxEvents rows in EventID order: EventID BIGINT, MailID
-             BIGINT, AppName NVARCHAR(128), EventType NVARCHAR(32), Status
-             NVARCHAR(16), AttemptCount INT, SmtpCode INT, Detail
-             NVARCHAR(4000), OccurredAtUtc DATETIME2(3).  Fewer rows than
-             @MaxEvents: the caller is up to date (for now).
-Errors:      50170 neither or both of @AppName / @MailID; 50171 @AfterEventID
-             NULL or negative; 50172 @MaxEvents out of range; 50173 the calling
-             database user is mapped to another application than @AppName.
-Access:      a user mapped to an application (mailq.ApplicationPrincipal) reads
-             only that application's events; other callers read every one.
-Transaction: opens none and writes nothing.
-Isolation:   sets READ COMMITTED; the bound is read first, the rows then with
-             READCOMMITTEDLOCK (no RCSI snapshot older than the bound).
-Lock order:  mailq.MailEvent only (shared, row by row).  A mailq.PurgeMail batch
-             deleting the events read can make the reader wait or its deadlock
-             victim (1205): call again with the same cursor.
-Example:     EXEC mailq.GetMailEvents @AppName = N'billing', @AfterEventID = 41230, @MaxEvents = 500;
+mailq.GetMailEvents: the event stream of one application or one mail after a cursor, in EventID
+order, in bounded batches; commit-safe: only events below MIN_ACTIVE_ROWVERSION() (docs/events.md).
+Parameters:  @AppName or @MailID, exactly one; @AfterEventID BIGINT >= 0, default 0; @MaxEvents 1-5000, default 500.
+Result set:  EventID, MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail,
+             OccurredAtUtc; fewer than @MaxEvents rows: up to date (for now).
+Errors:      50170 not exactly one of @AppName / @MailID; 50171 @AfterEventID; 50172 @MaxEvents;
+             50173 the caller is mapped to another application (a mapped user reads only its own).
+Transaction: opens none.  Isolation: sets READ COMMITTED; the bound first, rows READCOMMITTEDLOCK.
+Lock order:  mailq.MailEvent only (shared); a PurgeMail batch may make it a 1205 victim: call again.
+Example:     EXEC mailq.GetMailEvents @AppName = N'billing', @AfterEventID = 41230;
 */
 CREATE OR ALTER PROCEDURE mailq.GetMailEvents
     @AppName NVARCHAR(128) = NULL,
@@ -5781,7 +5327,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF (@AppName IS NULL AND @MailID IS NULL) OR (@AppName IS NOT NULL AND @MailID IS NOT NULL)
         THROW 50170, N'Pass exactly one of @AppName and @MailID.', 1;
@@ -5799,8 +5344,6 @@ BEGIN
         SET @Msg = CONCAT(N'@MaxEvents must be 1-5000; got ', @MaxEvents, N'.');
         THROW 50172, @Msg, 1;
     END;
-
-    -- A user mapped to an application reads that application only.
     DECLARE @PrincipalApp NVARCHAR(128) = (
         SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
     );
@@ -5812,12 +5355,8 @@ BEGIN
         );
         THROW 50173, @Msg, 1;
     END;
-
-    -- BIGINT -> BINARY(8) is big-endian, the order rowversion values compare in.
-    DECLARE @After BINARY(8) = CAST(@AfterEventID AS BINARY(8));
-    -- The bound first, in its own statement (see the header).
+    DECLARE @After BINARY(8) = CAST(@AfterEventID AS BINARY(8));  -- big-endian, as rowversions compare
     DECLARE @Upper BINARY(8) = MIN_ACTIVE_ROWVERSION();
-
     IF @AppName IS NOT NULL
         SELECT TOP (@MaxEvents)
             CAST(e.EventSeq AS BIGINT) AS EventID,
@@ -5829,7 +5368,6 @@ BEGIN
             e.SmtpCode,
             e.Detail,
             e.OccurredAtUtc
-        -- FORCESEEK on the (AppName, EventSeq) range; READCOMMITTEDLOCK: see the header.
         FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
         WHERE e.AppName = @AppName AND e.EventSeq > @After AND e.EventSeq < @Upper
         ORDER BY e.EventSeq ASC;
@@ -5844,7 +5382,6 @@ BEGIN
             e.SmtpCode,
             e.Detail,
             e.OccurredAtUtc
-        -- FORCESEEK on the (MailID, EventSeq) range; READCOMMITTEDLOCK: see the header.
         FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_MailID), FORCESEEK, READCOMMITTEDLOCK)
         WHERE
             e.MailID = @MailID AND e.EventSeq > @After AND e.EventSeq < @Upper
@@ -6799,35 +6336,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetEventStreamStall: is the event stream (mailq.GetMailEvents) and the
-hook dispatcher held back now, and by which open transactions?  Both return
-only events below MIN_ACTIVE_ROWVERSION(): an open transaction that wrote a
-rowversion value in ANY table of this database holds back every reader until
-it ends (docs/events.md, "When the stream stalls").
-Parameters:  @MinOpenSeconds INT 0-86400, default 0: list only transactions
-             open at least this long.
-Result sets: 1. one row: HeldBack BIT (MIN_ACTIVE_ROWVERSION() < @@DBTS + 1),
-                MinActiveRowversion BIGINT, NextRowversion BIGINT (@@DBTS + 1),
-                CanSeeTransactions BIT, Permission NVARCHAR(200) (what the caller
-                needs to see them), OldestOpenSeconds INT (NULL: none listed)
-             2. (filled when HeldBack = 1 and CanSeeTransactions = 1) this
-                database's open read/write transactions that have written,
-                oldest first (the holder is among them, most often the
-                oldest): SessionID (NULL: no session, e.g. an in-doubt MSDTC
-                transaction), TransactionID, TransactionName, OpenSinceUtc,
-                OpenSeconds, State, SessionStatus, ProgramName, HostName,
-                LoginName, LogRecords
-Permission:  EXECUTE (MailqAdmin, MailqEnqueuer); the transactions are read
-             from sys.dm_tran_database_transactions, _active_transactions,
-             _session_transactions and sys.dm_exec_sessions with the CALLER's
-             rights: VIEW SERVER STATE (2022 and later: VIEW SERVER PERFORMANCE
-             STATE suffices; Azure SQL Database: VIEW DATABASE STATE).  Without
-             it result set 2 stays empty (checked first: never error 297/300).
-Errors:      50521 @MinOpenSeconds out of range.
-Transaction: reads only; opens none.
-Isolation:   sets READ COMMITTED; reads no table, only DMVs (no locks).
-Lock order:  none.
-Example:     EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
+mailq.GetEventStreamStall: are the event stream and the hook dispatcher held back now (a
+transaction that wrote a rowversion holds back MIN_ACTIVE_ROWVERSION()), and by whom?  docs/events.md.
+Parameters:  @MinOpenSeconds INT 0-86400, default 0: list transactions open at least this long.
+Result sets: 1. one row: HeldBack, MinActiveRowversion, NextRowversion (@@DBTS + 1), CanSeeTransactions,
+                Permission (what the caller needs), OldestOpenSeconds; 2. when held back and visible:
+                this database's open writing transactions, oldest first, with session and login
+Permission:  EXECUTE; the DMVs are read with the caller's rights: VIEW SERVER STATE (2022: VIEW
+             SERVER PERFORMANCE STATE; Azure: VIEW DATABASE STATE), else set 2 stays empty.
+Errors:      50521 @MinOpenSeconds out of range.  Transaction: reads only.  Lock order: none.
+Isolation:   sets READ COMMITTED; reads only DMVs.  Example: EXEC mailq.GetEventStreamStall @MinOpenSeconds = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.GetEventStreamStall
     @MinOpenSeconds INT = 0
@@ -6835,7 +6353,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @MinOpenSeconds = COALESCE(@MinOpenSeconds, 0);
     IF @MinOpenSeconds NOT BETWEEN 0 AND 86400
@@ -6843,16 +6360,11 @@ BEGIN
         SET @Msg = CONCAT(N'@MinOpenSeconds must be 0-86400 (a day); got ', @MinOpenSeconds, N'.');
         THROW 50521, @Msg, 1;
     END;
-
-    -- @@DBTS first: a transaction that writes between the two reads then
-    -- cannot make an idle stream look held back.
+    -- @@DBTS first: a write between the two reads cannot make an idle stream look held back.
     DECLARE @Next BIGINT = CAST(@@DBTS AS BIGINT) + 1;
     DECLARE @MinActive BIGINT = CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT);
     DECLARE @HeldBack BIT = IIF(@MinActive < @Next, 1, 0);
-
-    -- The DMVs check the caller's permission (this procedure adds none).
-    -- HAS_PERMS_BY_NAME returns NULL, not an error, for a permission name the
-    -- server does not know (VIEW SERVER PERFORMANCE STATE before 2022).
+    -- HAS_PERMS_BY_NAME is NULL for a permission the server does not know (before 2022).
     DECLARE @Azure BIT = IIF(CAST(SERVERPROPERTY('EngineEdition') AS INT) = 5, 1, 0);
     DECLARE @Permission NVARCHAR(200) = IIF(
         @Azure = 1,
@@ -6869,7 +6381,6 @@ BEGIN
             OR COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER PERFORMANCE STATE'), 0) = 1
         )
         SET @CanSee = 1;
-
     DECLARE @Holder TABLE (
         SessionID INT NULL,
         TransactionID BIGINT NOT NULL PRIMARY KEY,
@@ -6883,12 +6394,9 @@ BEGIN
         LoginName NVARCHAR(128) NULL,
         LogRecords BIGINT NULL
     );
-
     IF @HeldBack = 1 AND @CanSee = 1
     BEGIN
-        -- The DMVs report the server's local time (datetime): durations are
-        -- taken against SYSDATETIME(), the same clock, and the start is then
-        -- shown in UTC.
+        -- The DMVs report local time: durations against SYSDATETIME(), start shown in UTC.
         DECLARE @LocalNow DATETIME2(3) = SYSDATETIME();
         DECLARE @UtcNow DATETIME2(3) = SYSUTCDATETIME();
         INSERT INTO @Holder (
@@ -6914,7 +6422,6 @@ BEGIN
             dt.database_transaction_log_record_count
         FROM sys.dm_tran_database_transactions AS dt
         LEFT JOIN sys.dm_tran_active_transactions AS tx ON dt.transaction_id = tx.transaction_id
-        -- One session per transaction (bound sessions could list several).
         OUTER APPLY (
             SELECT TOP (1) x.session_id
             FROM sys.dm_tran_session_transactions AS x
@@ -6928,7 +6435,6 @@ BEGIN
             AND dt.database_transaction_state IN (4, 5)    -- has written (log records), or prepared
             AND COALESCE(DATEDIFF(SECOND, tx.transaction_begin_time, @LocalNow), 0) >= @MinOpenSeconds;
     END;
-
     SELECT
         @HeldBack AS HeldBack,
         @MinActive AS MinActiveRowversion,
@@ -6936,7 +6442,6 @@ BEGIN
         @CanSee AS CanSeeTransactions,
         @Permission AS Permission,
         (SELECT MAX(h.OpenSeconds) FROM @Holder AS h) AS OldestOpenSeconds;
-
     SELECT
         h.SessionID,
         h.TransactionID,
@@ -7167,32 +6672,17 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.AddMailTemplateVersion: stores a new version of a mail template,
-creating the template at version 1 if the name is new.  Versions (1, 2, 3 ...
-per name) never change afterwards.  Texts equal to the latest version's
-(compared byte for byte) add nothing: @Version returns the latest, @Created 0,
-so deploying the same templates twice is harmless.  The texts are compiled by
-mailq_db.templates.check_template before they are stored, not here.
-Parameters:  @TemplateName NVARCHAR(128), required: 1-128 of A-Z a-z 0-9 . _ -
-             @SubjectTemplate, required, 1-4000 characters
-             @HtmlTemplate, @TextTemplate: up to 2,000,000 characters, at least
-               one given (N'' counts as not given)
-             @Description NVARCHAR(400): NULL keeps the current one
-             @ExpectedLatestVersion INT: refuse unless the latest version is
-               this one (0: the name must be new)
-             @Version INT OUTPUT, @Created BIT OUTPUT
-Errors:      50210 @TemplateName; 50211 @SubjectTemplate; 50212 no body or one
-             too long; 50213 @Description too long; 50214 @ExpectedLatestVersion
-             negative; 50216 the template is retired; 50217 the latest version
-             is not @ExpectedLatestVersion.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED; UPDLOCK, HOLDLOCK on the template's row
-             numbers versions one at a time per name.
-Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
-Example:     EXEC mailq.AddMailTemplateVersion @TemplateName = N'welcome',
-                 @SubjectTemplate = N'Welcome', @HtmlTemplate = N'<p>Hello</p>',
-                 @Version = @V OUTPUT, @Created = @C OUTPUT;  -- docs/templates.md
+mailq.AddMailTemplateVersion: stores a new, never-changing version of a mail template (1 for a new
+name); texts byte-equal to the latest add nothing (@Created 0), so redeploying is harmless.
+Parameters:  @TemplateName NVARCHAR(128) (A-Z a-z 0-9 . _ -), @SubjectTemplate (1-4000), required;
+             @HtmlTemplate, @TextTemplate: at least one, up to 2,000,000 characters; @Description NVARCHAR(400)
+             (NULL keeps it); @ExpectedLatestVersion INT (0: a new name); @Version, @Created OUTPUT
+Errors:      50210 @TemplateName; 50211 @SubjectTemplate; 50212 no body or too long; 50213 @Description;
+             50214 @ExpectedLatestVersion < 0; 50216 retired; 50217 latest is not @ExpectedLatestVersion.
+Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED.  Lock order: mailq.MailTemplate (UPDLOCK, HOLDLOCK: versions
+             are numbered one at a time per name), then mailq.MailTemplateVersion.
+Example:     EXEC mailq.AddMailTemplateVersion @TemplateName = N'hi', @SubjectTemplate = N'Hi', @TextTemplate = N'Hi';
 */
 CREATE OR ALTER PROCEDURE mailq.AddMailTemplateVersion
     @TemplateName NVARCHAR(4000),
@@ -7207,13 +6697,9 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SELECT @Version = NULL, @Created = 0;
-
-    -- 1. Validate before any transaction.  The name rule is checked under a
-    --    binary collation: under a linguistic one, [A-Z] can match accented
-    --    letters.
+    -- Name rule under a binary collation: a linguistic [A-Z] matches accented letters.
     IF NULLIF(@TemplateName, N'') IS NULL
         OR LEN(@TemplateName) > 128
         OR DATALENGTH(@TemplateName) <> 2 * LEN(@TemplateName)
@@ -7246,23 +6732,15 @@ BEGIN
                           @ExpectedLatestVersion, N'.');
         THROW 50214, @Msg, 1;
     END;
-
     DECLARE @Latest INT, @RetiredAtUtc DATETIME2(3);
-
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK, HOLDLOCK: two callers adding a version of one name queue
-        -- here, so each numbers its version after the other's commit (and
-        -- two callers creating one new name cannot both insert it).
         SELECT
             @Latest = t.LatestVersion,
             @RetiredAtUtc = t.RetiredAtUtc
         FROM mailq.MailTemplate AS t WITH (UPDLOCK, HOLDLOCK)
         WHERE t.TemplateName = @TemplateName;
-
         IF @ExpectedLatestVersion IS NOT NULL AND ISNULL(@Latest, 0) <> @ExpectedLatestVersion
         BEGIN
             SET @Msg = CONCAT(N'Template ', QUOTENAME(@TemplateName, N''''), N' is at version ',
@@ -7276,10 +6754,7 @@ BEGIN
                               N' is retired; mailq.RetireMailTemplate @Retire = 0 brings it back.');
             THROW 50216, @Msg, 1;
         END;
-
-        -- Same texts as the latest version: nothing to add.  VARBINARY compares
-        -- bytes: under a case-insensitive collation N'Name' = N'name', and a
-        -- template that changed only the case of a variable is a new template.
+        -- VARBINARY compares bytes: a case-only change is a new version.
         IF EXISTS (
             SELECT 1
             FROM mailq.MailTemplateVersion AS v
@@ -7316,19 +6791,15 @@ BEGIN
                     t.Description = ISNULL(@Description, t.Description)
                 FROM mailq.MailTemplate AS t
                 WHERE t.TemplateName = @TemplateName;
-
             INSERT INTO mailq.MailTemplateVersion (
                 TemplateName, Version, SubjectTemplate, HtmlTemplate, TextTemplate
             )
             VALUES (@TemplateName, @Version, @SubjectTemplate, @HtmlTemplate, @TextTemplate);
             SET @Created = 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         SELECT @Version = NULL, @Created = 0;
         THROW;
@@ -7338,19 +6809,13 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetMailTemplate: one version of a mail template, for rendering
-(mailq_db.templates) or review.  Without @Version: the latest, refused (50216)
-when the template is retired.  With @Version: that version even if retired,
-so mail that pinned it still renders.
+mailq.GetMailTemplate: one version of a mail template, for rendering or review: without
+@Version the latest (50216 when retired), with @Version that one even if retired.
 Parameters:  @TemplateName NVARCHAR(128), required; @Version INT, optional (>= 1).
-Result set:  one row: TemplateName, Version, LatestVersion, SubjectTemplate,
-             HtmlTemplate, TextTemplate, Description, CreatedBy, CreatedAtUtc,
-             RetiredAtUtc.
-Errors:      50210 @TemplateName missing or invalid; 50214 @Version below 1;
-             50215 no such template or version; 50216 retired (no @Version).
-Transaction: reads only; none of its own.
-Isolation:   the caller's; two seeks on primary keys (a version row never
-             changes and is written with LatestVersion).
+Result set:  one row: the version's texts, LatestVersion, Description, CreatedBy, CreatedAtUtc, RetiredAtUtc.
+Errors:      50210 @TemplateName missing or invalid; 50214 @Version below 1; 50215 no such
+             template or version; 50216 retired (no @Version).
+Transaction: reads only.  Isolation: the caller's (a version row never changes).
 Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion.
 Example:     EXEC mailq.GetMailTemplate @TemplateName = N'welcome', @Version = 2;
 */
@@ -7360,7 +6825,6 @@ CREATE OR ALTER PROCEDURE mailq.GetMailTemplate
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(@TemplateName, N'') IS NULL OR LEN(@TemplateName) > 128
     BEGIN
@@ -7373,15 +6837,12 @@ BEGIN
         SET @Msg = CONCAT(N'@Version must be 1 or more (NULL: the latest); got ', @Version, N'.');
         THROW 50214, @Msg, 1;
     END;
-
-    -- 1. The template's row: does it exist, which version is the latest, is it retired.
     DECLARE @Latest INT, @RetiredAtUtc DATETIME2(3);
     SELECT
         @Latest = t.LatestVersion,
         @RetiredAtUtc = t.RetiredAtUtc
     FROM mailq.MailTemplate AS t
     WHERE t.TemplateName = @TemplateName;
-
     IF @Latest IS NULL
     BEGIN
         SET @Msg = CONCAT(N'No template is named ', QUOTENAME(LEFT(@TemplateName, 128), N''''),
@@ -7401,8 +6862,6 @@ BEGIN
                           N'; its latest is ', @Latest, N'.');
         THROW 50215, @Msg, 1;
     END;
-
-    -- 2. The version itself.
     SELECT
         v.TemplateName,
         v.Version,
@@ -8597,17 +8056,11 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DeleteDbMailProfile: deletes a profile with its account list and
-grants (msdb's sysmail_delete_profile_sp).  Mail already queued through it is
-kept and still sent by the account it was given.
-Parameters:  @ProfileName NVARCHAR(128), required.
-Errors:      50198 @ProfileName missing; 50250 no such profile.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
-Lock order:  mailq.DbMailProfile, mailq.DbMailProfileAccount,
-             mailq.DbMailPrincipalProfile.
+mailq.DeleteDbMailProfile: deletes a profile with its account list and grants (msdb's
+sysmail_delete_profile_sp); mail already queued through it keeps its account.
+Parameters:  @ProfileName NVARCHAR(128), required.  Errors: 50198 @ProfileName missing; 50250 no such profile.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
+Lock order:  mailq.DbMailProfile, mailq.DbMailProfileAccount, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.DeleteDbMailProfile @ProfileName = N'Ops';
 */
 CREATE OR ALTER PROCEDURE mailq.DeleteDbMailProfile
@@ -8615,18 +8068,13 @@ CREATE OR ALTER PROCEDURE mailq.DeleteDbMailProfile
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL
         THROW 50198, N'@ProfileName is required.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -8636,7 +8084,6 @@ BEGIN
             SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile.');
             THROW 50250, @Msg, 1;
         END;
-
         DELETE pa
         FROM mailq.DbMailProfileAccount AS pa
         WHERE pa.ProfileID = @ProfileID;
@@ -8646,7 +8093,6 @@ BEGIN
         DELETE p
         FROM mailq.DbMailProfile AS p
         WHERE p.ProfileID = @ProfileID;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -8753,16 +8199,11 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DeleteDbMailProfileAccount: removes a sending account from a profile
-(msdb's sysmail_delete_profileaccount_sp).  Mail already queued keeps its
-account.
+mailq.DeleteDbMailProfileAccount: removes a sending account from a profile (msdb's
+sysmail_delete_profileaccount_sp); mail already queued keeps its account.
 Parameters:  @ProfileName NVARCHAR(128), @AccountName NVARCHAR(128), required.
-Errors:      50198 a parameter missing; 50250 no such profile; 50253 the
-             account is not in the profile.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
+Errors:      50198 a parameter missing; 50250 no such profile; 50253 not in the profile.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
 Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount.
 Example:     EXEC mailq.DeleteDbMailProfileAccount @ProfileName = N'Ops', @AccountName = N'smtp-old';
 */
@@ -8772,18 +8213,13 @@ CREATE OR ALTER PROCEDURE mailq.DeleteDbMailProfileAccount
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
         THROW 50198, N'@ProfileName and @AccountName are required.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -8793,7 +8229,6 @@ BEGIN
             SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile.');
             THROW 50250, @Msg, 1;
         END;
-
         DELETE pa
         FROM mailq.DbMailProfileAccount AS pa
         INNER JOIN mailq.DbMailAccount AS da ON pa.AccountID = da.AccountID
@@ -8805,7 +8240,6 @@ BEGIN
             );
             THROW 50253, @Msg, 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -8907,16 +8341,12 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DeleteDbMailPrincipalProfile: withdraws a principal's right to use a
-profile, and the default with it (msdb's sysmail_delete_principalprofile_sp).
+mailq.DeleteDbMailPrincipalProfile: withdraws a principal's right to use a profile, and the
+default with it (msdb's sysmail_delete_principalprofile_sp).
 Parameters:  @ProfileName NVARCHAR(128), @PrincipalName NVARCHAR(128), required.
-Errors:      50198 a parameter missing; 50250 no such profile; 50254 the
-             principal has no grant on the profile.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
-Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
+Errors:      50198 a parameter missing; 50250 no such profile; 50254 no grant to withdraw.
+Transaction: its own if none is open, else the caller's; an error dooms it (XACT_ABORT ON).
+Isolation:   sets READ COMMITTED.  Lock order: mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.DeleteDbMailPrincipalProfile @ProfileName = N'Ops', @PrincipalName = N'public';
 */
 CREATE OR ALTER PROCEDURE mailq.DeleteDbMailPrincipalProfile
@@ -8925,18 +8355,13 @@ CREATE OR ALTER PROCEDURE mailq.DeleteDbMailPrincipalProfile
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@PrincipalName)), N'') IS NULL
         THROW 50198, N'@ProfileName and @PrincipalName are required.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -8946,7 +8371,6 @@ BEGIN
             SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile.');
             THROW 50250, @Msg, 1;
         END;
-
         DELETE pp
         FROM mailq.DbMailPrincipalProfile AS pp
         WHERE pp.ProfileID = @ProfileID AND pp.PrincipalName = @PrincipalName;
@@ -8957,7 +8381,6 @@ BEGIN
             );
             THROW 50254, @Msg, 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -12358,27 +11781,12 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetMailHistory: one mail's story for `mailq-db dashboard`: the mail,
-every attempt, and what each recipient got (its events come from
-mailq.GetMailEvents @MailID).  An unknown ID returns three empty sets.
-Parameters:  @MailID BIGINT, required.
-Result sets: 1. the mail (0 or 1 row): ID, MessageID, AccountName, AppName,
-                RunMode, Status, Priority, FromAddress, ToAddress, CC, BCC,
-                Subject, EnqueuedAtUtc, DateToProcess, VisibleAtUtc,
-                SentAtUtc, DateProcessed, ExpiresAtUtc, AttemptCount,
-                AttemptsRemaining, PossibleDuplicate, DryRun, LastError,
-                TemplateName, TemplateVersion
-             2. attempts in order: AttemptNo, WorkerName, StartedAtUtc,
-                EndedAtUtc, Outcome, SmtpCode, ErrorText (the server's final
-                reply, with its queue ID, for a Sent attempt), TemplateVersion
-             3. recipient outcomes: Address, Outcome, SmtpCode, SmtpText,
-                AttemptNo, UpdatedAtUtc
-Plan:        three clustered index seeks on the mail's key (PK_MailQueue,
-             PK_MailAttempt, PK_MailRecipientOutcome): the same cost at any
-             table size.
-Errors:      50583 @MailID missing.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself.
-Lock order:  none (no locking reads).
+mailq.GetMailHistory: one mail's story for `mailq-db dashboard` (its events: mailq.GetMailEvents).
+Parameters:  @MailID BIGINT, required; an unknown ID returns three empty sets.
+Result sets: 1. the mail (dtStamp as EnqueuedAtUtc); 2. its attempts, in order (ErrorText of
+             a Sent attempt: the server's final reply); 3. each recipient's outcome.
+Errors:      50583 @MailID missing.  Transaction: reads only.  Isolation: sets READ COMMITTED.
+Lock order:  none (three clustered index seeks on the mail's key).
 Example:     EXEC mailq.GetMailHistory @MailID = 101;
 */
 CREATE OR ALTER PROCEDURE mailq.GetMailHistory
@@ -12387,10 +11795,8 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF @MailID IS NULL
         THROW 50583, N'@MailID is required.', 1;
-
     SELECT
         q.ID,
         q.MessageID,
@@ -12419,7 +11825,6 @@ BEGIN
         q.TemplateVersion
     FROM mailq.MailQueue AS q
     WHERE q.ID = @MailID;
-
     SELECT
         t.AttemptNo,
         t.WorkerName,
@@ -12432,7 +11837,6 @@ BEGIN
     FROM mailq.MailAttempt AS t
     WHERE t.MailID = @MailID
     ORDER BY t.AttemptNo;
-
     SELECT
         r.Address,
         r.Outcome,
@@ -12448,26 +11852,12 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.FindMail: the mails a bulk action of `mailq-db dashboard` would touch
-(cancel UnSent mail; requeue Failed, Cancelled, Expired or Stopped mail),
-per account in VisibleAtUtc order.  Reads only: the dashboard shows the list, asks to confirm,
-then calls mailq.CancelMail or mailq.RequeueMail once per listed ID.
-Parameters:  @Status NVARCHAR(16), required: UnSent, Failed, Cancelled,
-             Expired or Stopped
-             @AccountName NVARCHAR(128), NULL = every account
-             @RunMode NVARCHAR(32), NULL = every run mode
-             @MaxRows INT 1-1000, default 100
-Result set:  up to @MaxRows rows: ID, MessageID, AccountName, RunMode, Status,
-             Subject, EnqueuedAtUtc, DateProcessed, AttemptCount, LastError
-Plan:        a range seek on IX_MailQueue_Status (Status = @Status, and
-             AccountName = @AccountName when given) in key order, one key
-             lookup per row examined (run mode, subject, error); TOP (@MaxRows)
-             stops it: the cost is bounded by the mail of that status and
-             account, never the whole history.
-Errors:      50581 @Status missing or not one of the five; 50582 @MaxRows
-             out of range.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself.
-Lock order:  none (no locking reads).
+mailq.FindMail: the mails a bulk action of `mailq-db dashboard` would touch, per account in
+VisibleAtUtc order; reads only (one bounded seek on IX_MailQueue_Status).
+Parameters:  @Status: UnSent, Failed, Cancelled, Expired or Stopped; @AccountName, @RunMode:
+             NULL = all; @MaxRows INT 1-1000, default 100
+Errors:      50581 @Status missing or not one of the five; 50582 @MaxRows out of range.
+Transaction: reads only.  Isolation: sets READ COMMITTED.  Lock order: none.
 Example:     EXEC mailq.FindMail @Status = N'Failed', @AccountName = N'default', @MaxRows = 500;
 */
 CREATE OR ALTER PROCEDURE mailq.FindMail
@@ -12479,7 +11869,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @MaxRows = COALESCE(@MaxRows, 100);
     IF @Status IS NULL OR @Status NOT IN (N'UnSent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
@@ -12494,9 +11883,6 @@ BEGIN
         SET @Msg = CONCAT(N'@MaxRows must be 1-1000; got ', @MaxRows, N'.');
         THROW 50582, @Msg, 1;
     END;
-
-    -- INDEX + FORCESEEK: the narrow status index, seeked on (Status
-    -- [, AccountName]); never a scan of the clustered rows.
     SELECT TOP (@MaxRows)
         q.ID,
         q.MessageID,
@@ -12508,7 +11894,7 @@ BEGIN
         q.DateProcessed,
         q.AttemptCount,
         q.LastError
-    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)
+    FROM mailq.MailQueue AS q WITH (INDEX (IX_MailQueue_Status), FORCESEEK)  -- a seek, never a scan
     WHERE
         q.Status = @Status
         AND (@AccountName IS NULL OR q.AccountName = @AccountName)
@@ -12563,24 +11949,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ClaimDbMailQuery: gives one waiting mailq.SendDbMail query to a query
-runner (mailq-db dbmail-runner) for @LeaseSeconds: the oldest Pending one, or
-a Running one whose runner's lease passed (that runner died: at-least-once).
-Parameters:  @LockToken UNIQUEIDENTIFIER, required: the runner's token for
-             this query (mailq.CompleteDbMailQuery checks it)
-             @LeaseSeconds INT 10-3600, default 300
-Result set:  zero or one row: MailItemID INT, MailID BIGINT, Query, Database,
-             RequestUser, RequestUserSid (whom the runner impersonates, and
-             the SID it must find), the options (AttachQueryResultAsFile,
-             QueryAttachmentFilename, QueryResultHeader, QueryResultWidth,
-             QueryResultSeparator, ExcludeQueryOutput, AppendQueryError,
-             QueryNoTruncate, QueryResultNoPadding, QueryResultFormat) and
-             Attempts (this claim included).
+mailq.ClaimDbMailQuery: leases one waiting mailq.SendDbMail query to a query runner: the oldest
+Pending, or a Running one whose lease passed (its runner died: at-least-once).
+Parameters:  @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds INT 10-3600, default 300
+Result set:  zero or one row: MailItemID, MailID, Query, Database, RequestUser, RequestUserSid
+             (whom to impersonate, and the SID to find), the sp_send_dbmail query options, Attempts.
 Errors:      50660 @LockToken missing or @LeaseSeconds not 10-3600.
-Transaction: one statement; works inside the caller's transaction if open.
-Isolation:   sets READ COMMITTED (READPAST needs it).
-Lock order:  mailq.DbMailItem only.
-Example:     EXEC mailq.ClaimDbMailQuery @LockToken = 'F0E1...', @LeaseSeconds = 300;
+Transaction: one statement.  Isolation: sets READ COMMITTED.  Lock order: mailq.DbMailItem only.
+Example:     EXEC mailq.ClaimDbMailQuery @LockToken = @T, @LeaseSeconds = 300;
 */
 CREATE OR ALTER PROCEDURE mailq.ClaimDbMailQuery
     @LockToken UNIQUEIDENTIFIER,
@@ -12589,10 +11965,8 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF @LockToken IS NULL OR COALESCE(@LeaseSeconds, 0) NOT BETWEEN 10 AND 3600
         THROW 50660, N'@LockToken is required and @LeaseSeconds must be 10-3600.', 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     WITH NextQuery AS (
         SELECT TOP (1)
@@ -12602,9 +11976,7 @@ BEGIN
             i.QueryResultNoPadding, i.QueryResultFormat, i.QueryState, i.QueryDueAtUtc, i.QueryLockToken,
             i.QueryAttempts
         FROM mailq.DbMailItem AS i WITH (READPAST, UPDLOCK, ROWLOCK)
-        -- READPAST: skip a query another runner is claiming; UPDLOCK: claim
-        -- while reading; ROWLOCK: row grain for READPAST.  The predicate
-        -- repeats IX_DbMailItem_QueryDue's filter, so the range is its own.
+        -- READPAST, UPDLOCK, ROWLOCK: claim while reading, skipping others' rows.
         WHERE i.QueryState IN (N'Pending', N'Running') AND i.QueryDueAtUtc <= @Now
         ORDER BY i.QueryDueAtUtc, i.MailItemID
     )
@@ -12627,28 +11999,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.CompleteDbMailQuery: the query runner hands back a query it claimed
-(mailq.ClaimDbMailQuery): with @Outcome 'Done' the result joins the mail
-(appended to the body after CRLF, as msdb writes it, or as the attachment) and
-the mail becomes due; with 'Failed' the mail is stopped (mailq.StopMail, reason
-'Query execution failed: ...'; sysmail_event_log shows an error row).
-A result over the queue's limits (body 2,000,000 characters, attachment
-10 MiB) fails the mail the same way.  A mail cancelled or stopped meanwhile
-stays so; the item is finished either way.
-Parameters:  @MailItemID INT, @LockToken UNIQUEIDENTIFIER (the claim's),
-             @Outcome 'Done' | 'Failed', @Text NVARCHAR(MAX) (Done, body:
-             the rendered result), @Attachment VARBINARY(MAX), @FileName
-             NVARCHAR(255), @ContentType NVARCHAR(255) (Done, attachment),
-             @Error NVARCHAR(4000) (Failed: why)
-Result set:  with 'Failed', mailq.StopMail's row (ID, Status, NextAttemptUtc).
-Errors:      50661 the claim is lost (not Running, or another token: a later
-             runner took it over); 50662 @Outcome or its arguments invalid.
-Transaction: its own if none is open, else the caller's; an error dooms it.
-Isolation:   sets READ COMMITTED.
-Lock order:  mailq.MailQueue, mailq.MailAttachment (or, failing, StopMail's
-             MailQueue, MailEvent, MailAttempt), then mailq.DbMailItem.
-Example:     EXEC mailq.CompleteDbMailQuery @MailItemID = 7, @LockToken = @t,
-                 @Outcome = 'Done', @Text = N'name ...';
+mailq.CompleteDbMailQuery: a runner hands back its query: 'Done' joins the result to the mail (after
+CRLF in the body, or attached) and makes it due; 'Failed' or an oversized result stops it (StopMail's row).
+Parameters:  @MailItemID INT, @LockToken (the claim's), @Outcome 'Done' | 'Failed'; Done: @Text
+             (body) or @Attachment, @FileName, @ContentType; Failed: @Error
+Errors:      50661 the claim is lost (finished or taken over); 50662 @Outcome or its arguments.
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED.
+Lock order:  mailq.MailQueue, mailq.MailAttachment (or StopMail's), then mailq.DbMailItem.
+Example:     EXEC mailq.CompleteDbMailQuery @MailItemID = 7, @LockToken = @T, @Outcome = 'Done', @Text = N'...';
 */
 CREATE OR ALTER PROCEDURE mailq.CompleteDbMailQuery
     @MailItemID INT,
@@ -12663,7 +12021,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @CrLf NCHAR(2) = NCHAR(13) + NCHAR(10);
@@ -12675,7 +12032,6 @@ BEGIN
         OR (@Outcome = 'Done' AND @Attachment IS NOT NULL AND @Text IS NOT NULL)
         OR (@Attachment IS NOT NULL AND NULLIF(@FileName, N'') IS NULL)
         THROW 50662, N'@Outcome must be Done (with @Text, or @Attachment and @FileName) or Failed (with @Error).', 1;
-
     DECLARE @MailID BIGINT = (
         SELECT i.MailID
         FROM mailq.DbMailItem AS i
@@ -12683,7 +12039,6 @@ BEGIN
     );
     IF @MailID IS NULL
         THROW 50661, @Lost, 1;
-
     IF @Outcome = 'Done' AND (
         LEN(@Text) + (SELECT LEN(q.Body) FROM mailq.MailQueue AS q WHERE q.ID = @MailID) + 2 > 2000000
         OR DATALENGTH(@Attachment) > 10485760
@@ -12691,11 +12046,9 @@ BEGIN
         SELECT
             @Outcome = 'Failed',
             @Error = N'the result is over the queue''s limits (2,000,000 characters in the body, 10 MiB attached).';
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         IF @Outcome = 'Done'
         BEGIN
             UPDATE q
@@ -12703,7 +12056,6 @@ BEGIN
                 q.Body = IIF(@Text IS NULL, q.Body, CONCAT(q.Body, @CrLf, @Text)),
                 q.DateToProcess = @Now,
                 q.VisibleAtUtc = @Now
-            -- UPDLOCK: read and change one row without a lock-conversion deadlock.
             FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
             WHERE q.ID = @MailID AND q.Status = N'UnSent' AND q.VisibleAtUtc = @Hold;
             IF @@ROWCOUNT = 1 AND @Attachment IS NOT NULL
@@ -12715,10 +12067,8 @@ BEGIN
         )
         BEGIN
             DECLARE @Reason NVARCHAR(4000) = LEFT(CONCAT(N'Query execution failed: ', @Error), 4000);
-            -- StopMail's one-row result set goes to the runner.
             EXEC mailq.StopMail @MailID = @MailID, @Reason = @Reason;
         END;
-
         UPDATE mailq.DbMailItem
         SET
             QueryState = IIF(@Outcome = 'Done', N'Done', N'Failed'),
@@ -12729,7 +12079,6 @@ BEGIN
         WHERE MailItemID = @MailItemID AND QueryState = N'Running' AND QueryLockToken = @LockToken;
         IF @@ROWCOUNT = 0
             THROW 50661, @Lost, 1;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -13229,36 +12578,36 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
     ('0001', N'procedures/mailq.LockLeasedMail.sql', '7c551bc3d04a61184ef72a53039aa164d11402bbd7a0cd5908795337fca9f2c3'),
-    ('0001', N'procedures/mailq.EnqueueMailRows.sql', '47c859e29118796575d4f6dae1431ca430ac0b400a591874c96a860a6aac6a2e'),
-    ('0001', N'procedures/mailq.EnqueueMail.sql', '7cf69b6c4ffab5194b6ba13d91739326b578a3ad4ce7909fa7c08fc3ef2eace6'),
-    ('0001', N'procedures/mailq.EnqueueMailBatch.sql', '023bb8cfae2b8f8ea1495597cbf1bb2b8947d1fb624e2ddf641f1b6ef8bab5aa'),
-    ('0001', N'procedures/mailq.ClaimMail.sql', 'ff91ccd939d07c590424a9cbf36931e6cb61bb7afd5605ce380b02746d891efc'),
-    ('0001', N'procedures/mailq.FinalizeMail.sql', 'd347aee2a778982d0696c24cbd7500e4f11d84d59bfdeb20e6c318ebfbdee73c'),
-    ('0001', N'procedures/mailq.ExtendLease.sql', 'f904b562528d3305fb4df10fafac648e56c05ada67afa61cafba7b4e20c491aa'),
+    ('0001', N'procedures/mailq.EnqueueMailRows.sql', 'f6015e931e40208b73d61d27d6d10cec49bee838443127a1f1fc7b273c067021'),
+    ('0001', N'procedures/mailq.EnqueueMail.sql', 'd69ca714e0a7703615d3ec2eabb3981738950c080a588cff31b32b18d3be6bbf'),
+    ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'd0d527428f3becb3728ca661ec67d74213fd7fbdb79c39a841f4c0b0bade7685'),
+    ('0001', N'procedures/mailq.ClaimMail.sql', '604af996b0078bae544cfc8a6c230358df7b8571d9fab6f22d516e130b8ab043'),
+    ('0001', N'procedures/mailq.FinalizeMail.sql', '8fc7bbd5019a55a67641a3ccf028473b2cde1188b92cf62d3353195aa00cd6a4'),
+    ('0001', N'procedures/mailq.ExtendLease.sql', 'a7e8771b9a660135a3c2f6ce00e23a726ced7b27f8f48c1e39ed3baa14bef449'),
     ('0001', N'procedures/mailq.ReleaseMail.sql', '8f72da9b892b4bdb2d39aa6fcb5aaef5a43b9d6c6c6e336c60bf376d72a51ad3'),
     ('0001', N'procedures/mailq.MarkSent.sql', '63e9c82af22c4c5959473830ffa250aa10bc43819156691de7840eb4f71b143f'),
     ('0001', N'procedures/mailq.MarkFailed.sql', 'dc5bff613a81b325211cb939441da996427f022103a77e9753d9b275e9836e4d'),
-    ('0001', N'procedures/mailq.CancelMail.sql', 'fd011090a589a1b3d140220a1c8eac6d7e4f0362bf31ae2fe97e40a6a547bb86'),
+    ('0001', N'procedures/mailq.CancelMail.sql', '2fa057f44551e94b059da43c82f50c28dc392bd07350f68f80062435d1734f9c'),
     ('0001', N'procedures/mailq.RequeueMail.sql', '52b71f182cebbf74f1b6ff022890547953b5dde01c62f3c1f4928de64356fe89'),
     ('0001', N'procedures/mailq.PurgeMail.sql', '47b29433eebe42dcc19877f83725d978bbdaa6913d42763a1b5d2b6b338814e9'),
     ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '7b619046925ea5e96a4a8edcd51748ae94c9668161c239a8c3bdcdb818479d9b'),
     ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
-    ('0001', N'procedures/mailq.AcquireLoginSlot.sql', 'd67229441fcc7acf16876c9fce16713efe952e1cdcb9e2d9852b3c91efa645b1'),
+    ('0001', N'procedures/mailq.AcquireLoginSlot.sql', '103d0cec56e2060e58cfbcdf448024dca179b6924b97027b6bc525aedea4b50f'),
     ('0001', N'procedures/mailq.UpsertApplication.sql', 'c67aa57bf142dfbb5c6c55f8223a0c3427c47ff300098966a771c30210438ae4'),
-    ('0001', N'procedures/mailq.BindApplication.sql', '681fa86b9bd7b4d8c1c7a12f93b7daac23ff0fbf43ecaee7a696de4587061f4c'),
+    ('0001', N'procedures/mailq.BindApplication.sql', '70f8dc39bc05404b3b46479e3213ae0e2377ee985a447217635edaffbbe7f2d5'),
     ('0001', N'procedures/mailq.UnbindApplication.sql', 'c6cfffd6e670ba895709856cc742f910a1f7be30b5c7f6fa3b821d18769a6076'),
     ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'ebab2f0d893042164d3de72c5d73536f20cb329cf5f387e3b91c0f8e321a54cd'),
-    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', 'b0583c5d23c7a503ca54016b237c9e9684fc882ee6437b3d7e1ddb13c7739ae3'),
+    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', '7e7113281dab4edc4ce9e7069962ceb57cb3ddb3b3074b22cf83b3d8efe879b5'),
     ('0001', N'procedures/mailq.GetQueueStats.sql', '27e0a401b0e0f101457d74f3297e377c435c00ac91f16ac0ffe1fa8d5bcca5cd'),
-    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '778eb143222d2f0007dcb39dd6ea01272bac8e93f9e69819ab20cf8c17791af8'),
+    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '3e25b7550fa4ba3c8ce6a15dddc2c687bc9baf9ca8dfc9db04aab94bceb486d0'),
     ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '153dc087cfcdb92ebb0d8006d0610c5df24c3d6099775c846433a14d02b70694'),
     ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '9d6440087de1500f6688d698c4098d940458eab0b4f063aa03ac5642f219e41d'),
-    ('0001', N'procedures/mailq.GetMailEvents.sql', '510007bc2ebeae4cdd380512352e13982fb146482cfb7a5e8d82c3322696069e'),
+    ('0001', N'procedures/mailq.GetMailEvents.sql', '756b86ad8cf49ffd85a5e57c78aedba7b5b23696db998cdfa1585cb4454a3b2a'),
     ('0001', N'procedures/mailq.StopMail.sql', '57190c217b55d60c775f7b74d35f5cd6b780fc2b215c048acc5ee90e30f8b9c1'),
     ('0001', N'procedures/mailq.SetApplicationHook.sql', '68e13868093ea2b78789569f726e5cb9313242fdb2d69b1416cfb84ce04d634b'),
     ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'b2f0510300349b11db4f41affa0453ffc5eba1a67c3b430028696c573f3e5859'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
-    ('0001', N'procedures/mailq.GetEventStreamStall.sql', '635374a8d2c2b93350cce00be98ee8fa7ea5c588aaa0973e90004f38db9015aa'),
+    ('0001', N'procedures/mailq.GetEventStreamStall.sql', 'd19f9025524a9e681080f8e5864ed4df270944ee5739d93a0b38977b99e87285'),
     ('0001', N'security/MailqEnqueuer.grants.sql', '308e6b3f4e8a94429b47e1720c362f8913cd230a0afc63ceca89013740ef94a4'),
     ('0001', N'security/MailqEnqueuer.batch.grants.sql', '500a3a76b5ce7a8edd0cdbf9d19d48322676042658da9fb541d4d0e457804e1d'),
     ('0001', N'security/MailqSender.grants.sql', '38d55f69943e8c103cef7d15da235dfdc69431baf1735959703665e0f6581686'),
@@ -13271,8 +12620,8 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'tables/mailq.MailTemplate.sql', 'bf6adf36d946b89f08b03715929d7dcef78474409b34c1d16062a27bb8d74bbe'),
     ('0001', N'tables/mailq.MailTemplateVersion.sql', '740e3884fde00d413cb05c3d4cee3bb2eb2d55e85eb79c747ec29a7f7c255c43'),
     ('0001', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '133f9422bc2571f00cda7ce554f3fde0ac0370953e37158bf40a628ec0a3ac80'),
-    ('0001', N'procedures/mailq.AddMailTemplateVersion.sql', 'd97bdabd53597ebbeb6ff169c900948fa79cdebbb8ab5e3da03178169f0d5890'),
-    ('0001', N'procedures/mailq.GetMailTemplate.sql', '2cef27378a90f4abed64841bafa6e9bbc8434de294cccfe47e06e69fcff3fcb7'),
+    ('0001', N'procedures/mailq.AddMailTemplateVersion.sql', '82695f413b2fabd33bb7e45bfb3c65ab7d851d2985737b4bbf782fd6001c1931'),
+    ('0001', N'procedures/mailq.GetMailTemplate.sql', '6c7835174187c391c9c7b40b1ead6cbe84635839946eb68fec52164d4e2c1a26'),
     ('0001', N'procedures/mailq.ListMailTemplates.sql', '9c197f2af691d38c2e44e3524539ea6eefc26f44a629f88d17b2c1a257ad6097'),
     ('0001', N'procedures/mailq.ListMailTemplateVersions.sql', '7809a4b13f09337f329f7312235cb97b59806f6fdef0443f8edd45c48d46be35'),
     ('0001', N'procedures/mailq.RetireMailTemplate.sql', '7096d2fcc12530a2d89797d47dfdf31eb293f3dd922081e8712cd37b95790c67'),
@@ -13294,11 +12643,11 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'bbb5e2e8c3d3a51e978ab68da23fc00c6317535f8f4d34c2db4208ffa06ee478'),
     ('0001', N'procedures/mailq.SendDbMail.sql', '1876732dbdb89ad3b5b26a3a3da962a15e5884b9ea6a5c90e5b41cc9964ccff0'),
     ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
-    ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '0671551bbef4be2b75a015e4a1de8622f53f66ffc4ec88adab82ead8bbcb928b'),
+    ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '562592766f959be178e8e6f6ff53bae6e2ba36879ee88eec53aa3c2604662f9e'),
     ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '30a940c5359b0f3ce392bbe3fd4a9535a4f044ac18b40d7f8d67713ecdfb9c68'),
-    ('0001', N'procedures/mailq.DeleteDbMailProfileAccount.sql', '7f5caaf91e521d2a166b4604d6fcd5fb9d39a65fe5b5e274da2c245c34e7a0aa'),
+    ('0001', N'procedures/mailq.DeleteDbMailProfileAccount.sql', 'b31406a83961638b2bac8e1aa8174e0807b9b25aca64c102b2626ec85e3bab35'),
     ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', '3200cdad8d8ed121e71052de8474685eb468751169fd455b552cb1a5dfa91232'),
-    ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', 'ec5908743b0972cd82cddd79681cab9c9dff326293b6edac6d5257bd00137bd4'),
+    ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', '200b1a115832dd8af5f0c3f989f6e9ffeea8d02b3e5f75e187dd57ba0d12ec01'),
     ('0001', N'security/MailqDbMailUser.grants.sql', '5d7694f7218facd6a705e5a91b4d06613c3cbd2c86c97b00807c10c598835ef6'),
     ('0001', N'security/MailqAdmin.dbmail.grants.sql', 'dac07263321d9bbc0353d26a0141f0139e84c82c8b75e5ca067685ed3dcaad82'),
     ('0001', N'broker/delay.schema.sql', '493521b22e21be401e03b915752778b7ec32cce3d0a618c3da82d7f951e9d6a6'),
@@ -13358,14 +12707,14 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqBounceReader.grants.sql', '079d0b1ab090e10a39e48c7acd98f0a9d5d8ba16c0acc01b5902d995e64cafee'),
     ('0001', N'security/MailqMonitor.role.sql', '4aab1e65217069c7dafde0f55e862c1731e9e321a9ab15cacf5b20eaa2ace1b8'),
     ('0001', N'procedures/mailq.GetQueueMetrics.sql', '5a9711e58d7f9e9dfaf97d40cf7f521ee5e32df4c96c8607ed93bf3d1434a54b'),
-    ('0001', N'procedures/mailq.GetMailHistory.sql', '02fe0914facdcef3e905b5034156073f88dee3958917fd57a07a363d8a551133'),
-    ('0001', N'procedures/mailq.FindMail.sql', '6d2faada299f95329285dc968d432bc48b73d59773808f8569438907e110b89d'),
+    ('0001', N'procedures/mailq.GetMailHistory.sql', '151c76bd5a7625e1fbed3e84b6c03902708a5eb5ebcaf4e59a5c61c97d70f28c'),
+    ('0001', N'procedures/mailq.FindMail.sql', '857e285df1765570efb58ff7aea1ba3a97b83bedb6ebd6c0be38647d8fcb216d'),
     ('0001', N'security/MailqMonitor.grants.sql', 'fa1f75f71a6c9d7dc5720de0a1c474aa705a06394f6749700448948df59b35cd'),
     ('0001', N'security/MailqAdmin.monitoring.grants.sql', '110850872b0469247a7816029131773eae165f5f5d580e63f37ff786c5aa9f4e'),
     ('0001', N'broker/MailqMonitor.delay.grants.sql', '51329ac4e47840b9a08b0d06bb50af9a0579a9bfa973679972fb9433f57982bd'),
     ('0001', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),
-    ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '344f758049ec6d83971172a8e551e67c66a4bd44eb28edf21da78650f6c47ac9'),
-    ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', '58824bd1190da6109fc5f10a8243b2a17a79d88fb4807b4d36edbadef892752d'),
+    ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '25f1f06e3b2af64b16d52287db351d0ae42a467f9fb4d32d490e31b3ee65bbce'),
+    ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', '3c3ae331faaea88c9952518091ad81e653e2b1e8655d63b4d65bcbb486c21874'),
     ('0001', N'views/mailq.sysmail_mailattachments.sql', 'edf748544e1352d35cae718a1e8291b2a47d3d644a0e3276b3106160abf320f5'),
     ('0001', N'views/mailq.sysmail_profile.sql', '86cbb0a0c212583f0a2c7e643a73393066c83fe9ff74fef42b5f5de53c7bbf3e'),
     ('0001', N'views/mailq.sysmail_account.sql', 'e6af113c8ac95c003bea6c4e9ef3d3a6b49b39ba52f93ddb757afbe4c80f990b'),

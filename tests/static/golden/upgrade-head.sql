@@ -2026,26 +2026,21 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.LockLeasedMail: the fence of every acknowledgement (internal: called by
-ExtendLease, ReleaseMail, MarkSent and MarkFailed inside their transaction;
-granted to no role).  Locks the named mails WITH (UPDLOCK, ROWLOCK) until the
-caller's transaction ends and raises unless every one exists, is Sending and
-holds @LockToken: a worker whose lease was reclaimed changes nothing.
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000
-             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required;
-             @AcceptSentByToken BIT, default 0: 1 also accepts a mail already
-             Sent under @LockToken (a repeated MarkSent).
+mailq.LockLeasedMail: the fence of every acknowledgement (internal: ExtendLease,
+ReleaseMail, MarkSent and MarkFailed call it in their transaction).  Locks the mails
+WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises unless each
+exists, is Sending and holds @LockToken: a reclaimed worker changes nothing.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @AcceptSentByToken BIT = 0: 1
+             also accepts a mail already Sent under @LockToken (a repeated MarkSent)
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
              50137 @IDList malformed; 50138 no open transaction; 50201 unknown
              mail; 50202 leased under another token; 50203 not Sending.
-Transaction: runs inside the caller's only; an error dooms it (XACT_ABORT ON)
-             and is re-raised unchanged.
-Isolation:   sets READ COMMITTED: UPDLOCK reads the latest committed row, and
-             the MailAttempt read says READCOMMITTEDLOCK (never a version).
-Lock order:  mailq.MailQueue (clustered rows, in the order the plan reads the
-             list, not sorted: overlapping lists under two tokens can deadlock,
-             1205), then mailq.MailAttempt.
+Transaction: the caller's only; an error dooms it (XACT_ABORT ON) and is re-raised.
+Isolation:   READ COMMITTED, set here; the MailAttempt read is READCOMMITTEDLOCK.
+Lock order:  mailq.MailQueue rows in the plan's order (overlapping lists under two
+             tokens can deadlock, 1205), then mailq.MailAttempt.
 Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
@@ -2065,9 +2060,8 @@ BEGIN
         THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
     IF (@ID IS NULL AND @IDList IS NULL) OR (@ID IS NOT NULL AND @IDList IS NOT NULL)
         THROW 50136, N'Give exactly one of @ID (one mail) or @IDList (a JSON array of mail IDs).', 1;
-    -- ISJSON and OPENJSON in separate statements: an OR does not evaluate its
-    -- operands in a guaranteed order, so OPENJSON could meet text that is not
-    -- JSON and raise error 13609 instead of our 50137.
+    -- Separate statements: OR has no guaranteed order, so OPENJSON could meet
+    -- non-JSON and raise 13609 instead of 50137.
     DECLARE @IDListOk BIT = 1;
     IF @IDList IS NOT NULL
     BEGIN
@@ -2091,12 +2085,9 @@ BEGIN
         ThreadLock UNIQUEIDENTIFIER NULL
     );
 
-    -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
-    -- checked here still holds when the caller updates them.  No READPAST:
-    -- these rows must be seen, and only a reclaiming worker could hold them.
-    -- FORCESEEK: one seek per ID.  OPENJSON is estimated at 50 rows, so on a
-    -- small queue the optimizer may scan; a scan would U-lock, and keep, every
-    -- row it reads, and two workers acknowledging at once would deadlock.
+    -- UPDLOCK, ROWLOCK: the fence holds until the caller commits.  No READPAST:
+    -- these rows must be seen.  FORCESEEK: OPENJSON's 50-row estimate may pick a
+    -- scan, which would keep a U lock on every row read (deadlocks).
     INSERT INTO @Held (ID, Status, ThreadLock)
     SELECT l.ID, q.Status, q.ThreadLock
     FROM mailq.ParseIDList(@ID, @IDList) AS l
@@ -2119,8 +2110,7 @@ BEGIN
             AND h.Status = N'Sent'
             AND EXISTS (
                 SELECT 1
-                -- READCOMMITTEDLOCK: the attempt row as committed now, never a
-                -- version (the mail row's U lock above orders its writers).
+                -- READCOMMITTEDLOCK: the committed row, never a version.
                 FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
                 WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
             )
@@ -3648,24 +3638,20 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MarkSent: records mails as sent; fenced by the lock token and all or
-nothing, so one call acknowledges every mail sent on one SMTP connection.
-Repeatable: a mail this token already marked Sent is accepted again, unchanged.
-A mail claimed with DryRun = 1 (its application is in dry-run) is recorded as
-DryRun whatever @DryRun says (status Sent, event 'DryRun'; the event's Detail
-notes a worker that reported a real send).
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
-             exactly one; @LockToken UNIQUEIDENTIFIER, required; @SmtpCode INT
-             200-599 and @SmtpText NVARCHAR(4000), optional; @DryRun BIT,
-             default 0 (the worker sent nothing).
+mailq.MarkSent: records mails as sent; fenced by the lock token and all or nothing
+(one call for every mail of one SMTP connection).  Repeatable: a mail this token
+already marked Sent is accepted again, unchanged.  A mail claimed with DryRun = 1
+is recorded as DryRun whatever @DryRun says (status Sent, event 'DryRun').
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @SmtpCode INT 200-599,
+             @SmtpText NVARCHAR(4000); @DryRun BIT = 0 (the worker sent nothing)
 Result set:  one row per mail: ID, Status ('Sent'), NextAttemptUtc (NULL).
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail);
-             50147 @SmtpCode out of range.  On any error nothing is written.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
-             then mailq.MailEvent (insert).
+Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50147
+             @SmtpCode out of range.  On any error nothing is written.
+Transaction: its own if none is open, else the caller's; an error is re-raised and
+             dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via LockLeasedMail), mailq.MailAttempt, mailq.MailEvent.
 Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
 */
 CREATE OR ALTER PROCEDURE mailq.MarkSent
@@ -3697,7 +3683,6 @@ BEGIN
         Enforced BIT NOT NULL  -- claimed as dry-run, acknowledged as a real send
     );
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -3711,8 +3696,7 @@ BEGIN
             q.ThreadLock = NULL,
             q.SentAtUtc = @Now,
             q.DateProcessed = @Now,
-            -- The claim's stamp wins: a dry-run
-            -- application's mail stays DryRun.
+            -- The claim's stamp wins: a dry-run application's mail stays DryRun.
             q.DryRun = IIF(@DryRun = 1 OR q.DryRun = 1, CAST(1 AS BIT), CAST(0 AS BIT)),
             q.LastError = NULL
         OUTPUT
@@ -3735,9 +3719,7 @@ BEGIN
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
 
-        -- One Sent (or DryRun) event per mail changed, in this transaction
-        -- (docs/events.md).  A repeated acknowledgement changes no row above
-        -- and so writes no second event.
+        -- One event per mail changed (docs/events.md); a repeat changes no row, writes none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
             a.ID, a.AppName, IIF(a.DryRun = 1, N'DryRun', N'Sent'), N'Sent', a.AttemptNo, @SmtpCode,
@@ -3756,8 +3738,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -3775,25 +3756,22 @@ GO
 /*
 mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
 nothing.  @Disposition (docs/smtp-classification.md):
-  Retry  transient: the attempt is spent; UnSent again after
-         @RetryAfterSeconds, or 30 s * 2^(attempt-1) (at most 1 hour) times a
-         random 0.8-1.2; Failed when no attempt is left.
-  Wait   the account is throttled: the attempt is refunded, UnSent again after
-         @RetryAfterSeconds (default 60), the account blocked until then.
+  Retry  the attempt is spent; UnSent again after @RetryAfterSeconds, or 30 s *
+         2^(attempt-1) (at most 1 hour) times 0.8-1.2; Failed when none is left.
+  Wait   throttled: the attempt is refunded, UnSent again after @RetryAfterSeconds
+         (default 60), the account blocked until then.
   Stop   permanent: Failed at once.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, @Disposition NVARCHAR(8), @Error
-             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800 and
-             @SmtpCode INT 200-599, optional.
+             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800, @SmtpCode INT 200-599
 Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc.
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail);
-             50133 @Disposition; 50134 @RetryAfterSeconds; 50139 @Error
-             missing; 50147 @SmtpCode.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
-             then mailq.MailEvent (insert), then mailq.SendingAccount (Wait only).
+Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50133
+             @Disposition; 50134 @RetryAfterSeconds; 50139 @Error; 50147 @SmtpCode.
+Transaction: its own if none is open, else the caller's; an error is re-raised and
+             dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via LockLeasedMail), mailq.MailAttempt, mailq.MailEvent,
+             then mailq.SendingAccount (Wait only).
 Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
                  @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
 */
@@ -3840,7 +3818,6 @@ BEGIN
         NextAttemptUtc DATETIME2(3) NULL
     );
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -3914,8 +3891,7 @@ BEGIN
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
 
-        -- One event per mail, in this transaction (docs/events.md): Wait ->
-        -- AccountWaiting; UnSent again -> RetryScheduled; else Failed.
+        -- One event per mail (docs/events.md): AccountWaiting, RetryScheduled or Failed.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
             a.ID,
@@ -3943,8 +3919,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4132,34 +4107,22 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
-Stopped) whose DateProcessed is older than @OlderThanDays days, with its
-attempts, attachments, recipient outcomes, events and Database Mail item
-(mailq.DbMailItem, by its ON DELETE CASCADE), in batches of
-@BatchSize mails, one short transaction per batch.  Rows others hold are
-skipped (READPAST) and left to the next purge.  Every statement touches at
-most 1,000 rows per index, by forced seeks, far below lock escalation's
-5,000 (docs/guarantees.md, "Lock order").
-Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
-             @BatchSize INT 1-1000, default 500.
-Result set:  one row: PurgedCount BIGINT.
-Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
-             over 36500 (the cutoff date would underflow, error 517);
-             50140 @BatchSize out of range; 50141 called inside a transaction.
-Transaction: must not be called inside one (50141): each batch commits on its
-             own, also for a session in implicit transaction mode (turned off
-             inside); an error rolls back the batch under way (earlier
-             batches stay purged) and is re-raised.
-Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
-             REPEATABLE READ (error 650 otherwise), and REPEATABLE READ would
-             keep every shared lock the candidate read takes; that read says
-             READCOMMITTEDLOCK so that under READ_COMMITTED_SNAPSHOT it sees
-             locks and READPAST can skip them.
-Lock order:  mailq.MailQueue clustered rows (U; candidates are found on
-             IX_MailQueue_Final without keeping a lock there), then
-             mailq.MailAttempt, mailq.MailAttachment, mailq.MailRecipientOutcome,
-             mailq.MailEvent, then the MailQueue rows' deletion (and, by
-             cascade, their mailq.DbMailItem rows).
+mailq.PurgeMail: deletes final mail (Sent, Failed, Cancelled, Expired, Stopped)
+processed more than @OlderThanDays days ago, with its attempts, attachments,
+recipient outcomes, events and mailq.DbMailItem (cascade), @BatchSize mails per
+transaction; rows others hold are skipped (READPAST) and left to the next purge.
+At most 1,000 rows per statement and index, by forced seeks (docs/dba-guide.md).
+Parameters:  @OlderThanDays INT 0-36500, required; @BatchSize INT 1-1000 = 500
+Result set:  one row: PurgedCount BIGINT
+Errors:      50135 @OlderThanDays missing or negative; 50163 over 36500 (the cutoff
+             would underflow, 517); 50140 @BatchSize out of range; 50141 in a transaction
+Transaction: refuses one (50141); each batch commits on its own, also in implicit
+             transaction mode (turned off inside); an error rolls back the batch
+             under way (earlier batches stay purged) and is re-raised
+Isolation:   READ COMMITTED (READPAST needs READ COMMITTED or REPEATABLE READ, which
+             would keep every S lock); candidates read READCOMMITTEDLOCK
+Lock order:  mailq.MailQueue rows (U), MailAttempt, MailAttachment,
+             MailRecipientOutcome, MailEvent, then the MailQueue rows' deletion
 Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.PurgeMail
@@ -4168,10 +4131,7 @@ CREATE OR ALTER PROCEDURE mailq.PurgeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- Each BEGIN TRANSACTION below must be a real one: under the caller's
-    -- IMPLICIT_TRANSACTIONS ON (pyodbc and JDBC with autocommit off) it would
-    -- nest in an implicit transaction and the whole purge would be one.  Set
-    -- before any statement that could open one; restored on return.
+    -- Each BEGIN TRANSACTION must be a real one, not nested in an implicit one.
     SET IMPLICIT_TRANSACTIONS OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
@@ -4210,12 +4170,9 @@ BEGIN
         BEGIN TRY
             BEGIN TRANSACTION;
 
-            -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
-            --    oldest first.  INDEX + FORCESEEK: that seek or an error, never
-            --    a scan of the history kept (the filter's literals repeat).
-            --    READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by
-            --    row, rows others hold are skipped; nothing on the index stays
-            --    locked while the rows below are taken.
+            -- 1. Candidates: covering range seek on IX_MailQueue_Final, oldest first, never
+            --    a scan.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by row,
+            --    rows others hold skipped.
             INSERT INTO @Candidate (ID)
             SELECT TOP (@BatchSize) q.ID
             FROM mailq.MailQueue AS q WITH (
@@ -4232,10 +4189,8 @@ BEGIN
                 BREAK;
             END;
 
-            -- 2. Lock the batch on the clustered index (the first lock every
-            --    procedure takes on a mail) and re-check: a candidate may have
-            --    been requeued in between.  FORCESEEK on the primary key keeps
-            --    the plan off IX_MailQueue_Final.
+            -- 2. Lock the batch on the clustered index and re-check (a candidate may have
+            --    been requeued); FORCESEEK keeps the plan off IX_MailQueue_Final.
             INSERT INTO @Batch (ID)
             SELECT q.ID
             FROM @Candidate AS c
@@ -4245,19 +4200,15 @@ BEGIN
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff;
 
-            -- Every candidate was taken or changed meanwhile: stop here rather
-            -- than spin; the next purge picks them up.
+            -- All taken or changed meanwhile: stop rather than spin.
             IF NOT EXISTS (SELECT 1 FROM @Batch)
             BEGIN
                 COMMIT TRANSACTION;
                 BREAK;
             END;
 
-            -- 3. Children, 1000 rows per statement, attempts before attachments.
-            --    FORCESEEK: one seek per purged mail on the child's clustered
-            --    key (MailID first), never a scan, which would lock its way
-            --    through the rows of live mail (no READPAST here) and wait on
-            --    the workers holding them.
+            -- 3. Children, 1000 rows per statement.  FORCESEEK: a seek per mail, never a
+            --    scan that would wait on the rows of live mail.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
@@ -4276,10 +4227,8 @@ BEGIN
                 SET @Deleted = @@ROWCOUNT;
             END;
 
-            -- Recipient outcomes (up to 100 per mail) here too, not through the
-            -- ON DELETE CASCADE of the parent delete: that one statement would
-            -- lock up to 100 x @BatchSize rows of mailq.MailRecipientOutcome
-            -- and escalate to a table lock past 5,000.
+            -- Outcomes here, not by the parent's ON DELETE CASCADE: that one statement
+            -- would lock up to 100 x @BatchSize rows and escalate past 5,000.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
@@ -4289,11 +4238,7 @@ BEGIN
                 SET @Deleted = @@ROWCOUNT;
             END;
 
-            -- Events (about five per mail, more with retries): 1000 rows per
-            -- statement, a seek per mail on IX_MailEvent_MailID, never a scan
-            -- of the event history.  Nobody else changes a purged mail's
-            -- events (they are only inserted, with a change of the mail,
-            -- whose row this batch holds).
+            -- Events: a seek per mail on IX_MailEvent_MailID, 1000 rows per statement.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
@@ -4323,30 +4268,26 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UpsertSendingAccount: creates a sending account, or changes only the
-settings it is given (and creates the account's rate budget row).  SMTP host
-and credentials are not stored: the worker's configuration maps the name to them.
+mailq.UpsertSendingAccount: creates a sending account (and its rate budget row)
+or changes only the settings it is given.  SMTP host and credentials are not
+stored: the worker's configuration maps the name to them.
 Parameters:  @AccountName NVARCHAR(128), required
-             @DefaultFromAddress NVARCHAR(320): one bare address; required to
-                        create the account
+             @DefaultFromAddress NVARCHAR(320): one bare address; required to create
              @DefaultFromName NVARCHAR(200); @PerMinuteLimit, @PerHourLimit,
-                        @PerDayLimit INT > 0; @MinLoginIntervalMs INT 1-86,400,000
-                        (mailq.AcquireLoginSlot)
+             @PerDayLimit INT > 0; @MinLoginIntervalMs INT 1-86,400,000
              @IsDefault BIT: 1 = the account EnqueueMail uses without @AccountName
-                        (the previous default stops being it); 0 = not the default
-                        any more (EnqueueMail without @AccountName: 50114)
-             NULL keeps what is stored (a new account: no name, limit, interval;
-             not the default); @Clear NVARCHAR(4000) removes settings, a comma-
-             separated list of DefaultFromName, PerMinuteLimit, PerHourLimit,
-             PerDayLimit, MinLoginIntervalMs.
+             (replaces the previous one); 0 = no longer the default
+             NULL keeps what is stored; @Clear NVARCHAR(4000): comma-separated
+             settings to remove (DefaultFromName, PerMinuteLimit, PerHourLimit,
+             PerDayLimit, MinLoginIntervalMs)
 Result set:  none.
 Errors:      50142 @AccountName missing; 50103 a value over its size; 50105 CR/LF
              in @DefaultFromName; 50102 @DefaultFromAddress invalid; 50143 a limit
              not positive; 50122 @MinLoginIntervalMs out of range; 50503 a new
              account without @DefaultFromAddress; 50504 @Clear names another
              setting, or one also given a value.  Nothing is written.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's transaction (XACT_ABORT ON).
+Transaction: its own if none is open, else the caller's; an error dooms the
+             caller's transaction (XACT_ABORT ON).
 Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
 Lock order:  mailq.SendingAccount (the row, then the previous default), then
              mailq.RateBudget (only a new account's row).
@@ -4428,8 +4369,7 @@ BEGIN
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
-        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers
-        -- (a small admin table: its key-range lock costs nothing).
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race (a small admin table).
         DECLARE @Exists BIT = IIF(EXISTS (
             SELECT 1 FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK) WHERE a.AccountName = @AccountName
         ), 1, 0);
@@ -4441,8 +4381,7 @@ BEGIN
             THROW 50503, @Msg, 1;
         END;
 
-        -- One default at most (UX_SendingAccount_IsDefault): the previous one
-        -- stops being it first, and only when this call asks for it.
+        -- One default at most: the previous one stops being it first.
         IF @IsDefault = 1
             UPDATE a
             SET a.IsDefault = 0
@@ -4486,8 +4425,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4691,26 +4629,18 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UpsertApplication: registers an application name that mails may carry
-(@AppName of EnqueueMail) and isolated workers may claim by, or changes its
-description.  A new application is bound to nothing: before it can enqueue,
-an administrator binds it to its sending accounts and From addresses or
-domains (mailq.BindApplication; EnqueueMail refuses with 50160/50161).
-Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400), optional;
-             @DryRun BIT, optional (revision 0015): 1 = the application's mails
-             go the whole path (claim, lease, acknowledgement) and are
-             recorded as DryRun, reaching no server; 0 = they are sent; NULL
-             (default) = unchanged (0 for a new application).  Takes effect
-             at the next claim of each mail (the claim stamps it; a mail
-             already leased keeps what its claim said).
+mailq.UpsertApplication: registers an application name that mails may carry and
+isolated workers may claim by, or changes it.  A new application is bound to
+nothing: mailq.BindApplication first, else EnqueueMail refuses (50160/50161).
+Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400)
+             @DryRun BIT: 1 = its mails go the whole path but are recorded as
+             DryRun, reaching no server; 0 = sent; NULL = unchanged (0 when new);
+             takes effect at each mail's next claim
 Result set:  none.
 Errors:      50145 @AppName missing; 50103 a value over its size.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on a
-             small admin table).
+Transaction: its own if none is open, else the caller's; an error is re-raised and
+             dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   READ COMMITTED, set here (UPDLOCK, HOLDLOCK insert-if-absent).
 Lock order:  mailq.Application only.
 Example:     EXEC mailq.UpsertApplication @AppName = N'billing', @Description = N'Invoices';
 */
@@ -4728,7 +4658,6 @@ BEGIN
     IF LEN(@AppName) > 128 OR LEN(@Description) > 400
         THROW 50103, N'@AppName (128) or @Description (400) is over its size.', 1;
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -4748,8 +4677,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -5111,29 +5039,20 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetQueueStats: the queue's health in one call (for `mailq-db stats`),
-from forced seeks bounded by the mail still queued or by a time window, never
-by the history kept (docs/guarantees.md, "Storage and reporting").
-Parameters:  @RecentFailures INT 1-1000, default 20: rows of result set 4;
-             @FinishedHours  INT 1-168, default 24: the window of result set 3.
-Result sets: 1. Status, AccountName, MailCount: mail queued now (UnSent,
-                Sending); seek on IX_MailQueue_Status, two status ranges
-             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount: due
-                UnSent mail per account; seek on IX_MailQueue_Status
-             3. HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped:
-                mail finished per UTC hour over the last @FinishedHours hours
-                (by DateProcessed); range seek on IX_MailQueue_Final (covering),
-                compiled for the window (memory grant of its rows, not the history's)
-             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode,
-                LastError, DateProcessed: the newest failed attempts of the last
-                7 days; backward seek on IX_MailAttempt_EndedAtUtc, then
-                PK_MailQueue by ID
-Errors:      50146 @RecentFailures out of range; 50520 @FinishedHours out of
-             range.
-Transaction: reads only; opens none and leaves the caller's untouched.
-Isolation:   sets READ COMMITTED itself (no range or shared locks kept for a
-             SERIALIZABLE or REPEATABLE READ caller); under
-             READ_COMMITTED_SNAPSHOT each statement reads a snapshot.
+mailq.GetQueueStats: the queue's health in one call (`mailq-db stats`), by forced
+seeks bounded by queued mail or a time window, never by the history kept.
+Parameters:  @RecentFailures INT 1-1000 = 20: rows of result set 4;
+             @FinishedHours  INT 1-168 = 24: the window of result set 3.
+Result sets: 1. Status, AccountName, MailCount: mail queued now (UnSent, Sending)
+             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount: due UnSent
+                mail per account
+             3. HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped: mail
+                finished per UTC hour over the last @FinishedHours hours
+             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode, LastError,
+                DateProcessed: the newest failed attempts of the last 7 days
+Errors:      50146 @RecentFailures out of range; 50520 @FinishedHours out of range.
+Transaction: reads only; opens none.
+Isolation:   READ COMMITTED, set here (no locks kept for a SERIALIZABLE caller).
 Lock order:  none (shared locks released row by row, or none under RCSI).
 Example:     EXEC mailq.GetQueueStats @RecentFailures = 10, @FinishedHours = 24;
 */
@@ -5166,9 +5085,6 @@ BEGIN
     );
     DECLARE @FailuresSince DATETIME2(3) = DATEADD(DAY, -7, @Now);
 
-    -- Every read below is a forced seek on a narrow index whose range holds
-    -- only queued mail or one time window: the cost never grows with the
-    -- finished mail kept until mailq.PurgeMail removes it.
     SELECT
         q.Status,
         q.AccountName,
@@ -5188,13 +5104,9 @@ BEGIN
     GROUP BY q.AccountName
     ORDER BY OldestDueAgeSeconds DESC;
 
-    -- IX_MailQueue_Final is filtered on the final statuses: the predicate
-    -- repeats them as literals so the filtered index always matches.
-    -- RECOMPILE: the hour grouping needs a hash or sort whose memory grant
-    -- follows the estimate; for the local @FinishedSince it would be a fixed
-    -- 30% of all finished mail kept (a grant sized for the history), with
-    -- the value known it is the window's rows.  Called rarely: the compile
-    -- costs nothing that matters.
+    -- The final statuses as literals, so the filtered IX_MailQueue_Final matches.
+    -- RECOMPILE: the hash or sort grant follows the window's rows, not a fixed 30%
+    -- of the history (local variable estimate).
     SELECT
         DATEADD(HOUR, DATEDIFF(HOUR, '20000101', q.DateProcessed), CAST('20000101' AS DATETIME2(0))) AS HourUtc,
         q.AccountName,
@@ -5213,9 +5125,7 @@ BEGIN
     ORDER BY HourUtc DESC, q.AccountName ASC
     OPTION (RECOMPILE);
 
-    -- Newest first, stopped after @RecentFailures rows: a backward range
-    -- seek on EndedAtUtc (Outcome is an included column), a key lookup for
-    -- ErrorText of the rows kept, one PK_MailQueue seek per row kept.
+    -- A backward range seek on EndedAtUtc, stopped after @RecentFailures rows.
     SELECT TOP (@RecentFailures)
         t.MailID AS ID,
         t.AttemptNo,
@@ -5501,27 +5411,22 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RecordRecipientOutcomes: records which recipients of a mail the worker
-holds were accepted (Delivered), refused for now (Deferred, 4xx) or for good
-(Refused, 5xx).  Called after the server's final reply, before MarkSent or
-MarkFailed 'Retry': the next attempt sends only to recipients neither
-Delivered nor Refused (mailq.GetRecipientOutcomes).  Fenced by the lease
-token (mailq.LockLeasedMail).
-Parameters:  @ID BIGINT, @LockToken UNIQUEIDENTIFIER, required;
-             @Outcomes NVARCHAR(MAX), required: a JSON array of 1-1000
-             {"address", "outcome": "Delivered"|"Deferred"|"Refused",
-             "code": 200-599 or null, "text": up to 1000 characters}.
+mailq.RecordRecipientOutcomes: records which recipients of a leased mail were
+accepted (Delivered), refused for now (Deferred, 4xx) or for good (Refused, 5xx),
+before MarkSent or MarkFailed 'Retry': the next attempt sends only to recipients
+neither Delivered nor Refused (mailq.GetRecipientOutcomes).
+Parameters:  @ID BIGINT, @LockToken UNIQUEIDENTIFIER, required (the lease fence)
+             @Outcomes NVARCHAR(MAX), required: JSON array of 1-1000 {"address",
+             "outcome": "Delivered"|"Deferred"|"Refused", "code": 200-599 or null,
+             "text": up to 1000 characters}
 Result set:  none.
-Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not
-             1-320 characters; 50182 unknown outcome; 50183 code not 200-599;
-             50184 an address twice; 50131, 50201-50203 (mailq.LockLeasedMail).
-             On any error nothing is written.
+Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not 1-320
+             characters; 50182 unknown outcome; 50183 code not 200-599; 50184 an
+             address twice; 50131, 50201-50203 (mailq.LockLeasedMail).
 Transaction: its own if none is open, else the caller's; an error dooms either
-             (XACT_ABORT ON) and is re-raised.
-Isolation:   sets READ COMMITTED itself (a SERIALIZABLE caller would make the
-             NOT EXISTS take key-range locks); the mail row's UPDLOCK
-             (LockLeasedMail) serializes every writer of this mail's recipients,
-             also under RCSI.
+             (XACT_ABORT ON), writes nothing and is re-raised.
+Isolation:   READ COMMITTED, set here; the mail row's UPDLOCK serializes every
+             writer of its recipients, also under RCSI.
 Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
 Example:     EXEC mailq.RecordRecipientOutcomes @ID = 101, @LockToken = @T,
                  @Outcomes = N'[{"address":"a@example.com","outcome":"Delivered","code":250}]';
@@ -5540,9 +5445,8 @@ BEGIN
         THROW 50180, N'@ID is required: the mail whose recipients are recorded.', 1;
     IF @LockToken IS NULL
         THROW 50131, N'@LockToken is required: the token the mail was claimed with.', 1;
-    -- ISJSON, OPENJSON and JSON_VALUE in separate statements: an OR does not
-    -- evaluate its operands in a guaranteed order, so OPENJSON or JSON_VALUE
-    -- could meet text that is not JSON and raise error 13609 instead of 50181.
+    -- Separate statements: OR has no guaranteed order, so OPENJSON could meet
+    -- non-JSON and raise 13609 instead of 50181.
     DECLARE @OutcomesOk BIT = 1;
     IF @Outcomes IS NULL OR ISJSON(@Outcomes) = 0 OR LEFT(LTRIM(@Outcomes), 1) <> N'['
         SET @OutcomesOk = 0;
@@ -5550,8 +5454,7 @@ BEGIN
         SET @OutcomesOk = 0;
     ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@Outcomes) AS j WHERE j.[type] <> 5)
         SET @OutcomesOk = 0;
-    -- Every element is an object now, so JSON_VALUE reads valid JSON (lax: a
-    -- missing or over-long address is NULL, and refused).
+    -- Lax JSON_VALUE: a missing or over-long address is NULL, and refused.
     ELSE IF EXISTS (
         SELECT 1
         FROM OPENJSON(@Outcomes) AS j
@@ -5570,8 +5473,7 @@ BEGIN
         SmtpCodeText NVARCHAR(20) NULL,
         SmtpText NVARCHAR(1000) NULL
     );
-    -- lax JSON_VALUE: a missing "code" or "text" is NULL (so is a text over
-    -- 4000 characters; the worker sends at most 1000)
+    -- lax: a missing "code" or "text" (or one over 4000 characters) is NULL
     INSERT INTO @Rows (Address, Outcome, SmtpCode, SmtpCodeText, SmtpText)
     SELECT
         LOWER(JSON_VALUE(j.[value], N'$.address')),
@@ -5610,8 +5512,7 @@ BEGIN
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
-        -- the fence: the mail exists, is Sending and is leased under @LockToken;
-        -- its row stays UPDLOCKed until this transaction ends
+        -- the fence; the row stays UPDLOCKed until this transaction ends
         EXEC mailq.LockLeasedMail @ID = @ID, @LockToken = @LockToken;
 
         SELECT @AttemptNo = q.AttemptCount
@@ -5833,19 +5734,18 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.StopMail: ends a mail that is not final with Status 'Stopped' and a
-reason.  A Sending mail loses its lease and its open attempt is closed with
-Outcome 'Stop', so the worker's later acknowledgement is refused by the fence
-(50203); an SMTP transaction already under way may still deliver that copy,
-so PossibleDuplicate is set.  mailq.RequeueMail puts a Stopped mail back.
-Parameters:  @MailID BIGINT, required; @Reason NVARCHAR(4000), required
-             (stored in LastError and in the Stopped event's Detail).
+mailq.StopMail: ends a mail that is not final with Status 'Stopped' and a reason.
+A Sending mail loses its lease and its open attempt is closed (Outcome 'Stop'), so
+the worker's acknowledgement is refused (50203); a copy already in an SMTP
+transaction may still arrive: PossibleDuplicate is set.  RequeueMail undoes it.
+Parameters:  @MailID BIGINT, required; @Reason NVARCHAR(4000), required (LastError
+             and the Stopped event's Detail)
 Result set:  one row: ID, Status ('Stopped'), NextAttemptUtc (NULL).
 Errors:      50174 @MailID missing; 50175 @Reason missing or blank; 50201
              unknown mail; 50260 the mail is already final (nothing changes).
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).
+Transaction: its own if none is open, else the caller's; an error is re-raised and
+             dooms the caller's transaction (XACT_ABORT ON).
+Isolation:   READ COMMITTED, set here (UPDLOCK check-then-update).
 Lock order:  mailq.MailQueue, then mailq.MailEvent, then mailq.MailAttempt.
 Example:     EXEC mailq.StopMail @MailID = 101, @Reason = N'Customer closed the account.';
 */
@@ -5866,13 +5766,11 @@ BEGIN
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Status NVARCHAR(16);
     DECLARE @OldLockToken UNIQUEIDENTIFIER;
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
-        -- UPDLOCK: check and change under one lock, so neither a claim nor an
-        -- acknowledgement slips in between (they take the same row's U/X lock).
+        -- UPDLOCK: no claim or acknowledgement slips in between check and change.
         SELECT
             @Status = q.Status,
             @OldLockToken = q.ThreadLock
@@ -5892,10 +5790,8 @@ BEGIN
             THROW 50260, @Msg, 1;
         END;
 
-        -- The change and its event in one statement (mailq.MailEvent has no
-        -- trigger, foreign key or CHECK constraint: OUTPUT INTO allows it).
-        -- A leased mail may already be in an SMTP transaction: flag it, as
-        -- FinalizeMail does (a requeued copy is then claimed as such).
+        -- Change and event in one statement (MailEvent has no trigger, FK or CHECK).
+        -- A leased mail may be mid-SMTP: flag it, as FinalizeMail does.
         UPDATE q
         SET
             q.Status = N'Stopped',
@@ -5923,8 +5819,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -5938,34 +5833,27 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the hook
-procedure of one application (docs/hooks.md).  The hook is called by
-mailq.RunApplicationHooks once per event, in its own transaction, as MailqRunner:
-registering grants MailqRunner EXECUTE on it, removing or replacing it revokes
-that (unless another application's hook is the same procedure).  For db_owner
-only (no role is granted EXECUTE; the GRANT needs it), like delay.AllowProcedure.
-The hook must be an existing SQL procedure named schema.procedure, not a system
-one, in a schema owned by dbo with no other owner on the procedure, with a
-readable definition (it is pinned: object_id and SHA2_256 of the definition), and
-take exactly these parameters (sys.parameters: name, type, length, OUTPUT; no
-others, since has_default_value "is always 0 for Transact-SQL objects"):
+mailq.SetApplicationHook: registers, re-pins or removes one application's hook
+procedure (docs/hooks.md), which mailq.RunApplicationHooks calls as MailqRunner:
+grants MailqRunner EXECUTE on it and revokes the replaced one's (unless another
+application uses it).  db_owner only (the GRANT needs it).  The hook: an existing
+two-part SQL procedure, not a system one, in a dbo-owned schema with no other owner,
+readable definition (pinned: object_id and SHA2_256), with exactly these parameters:
   @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), @EventType NVARCHAR(32),
   @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
   @StopReason NVARCHAR(4000) OUTPUT
-Cursor:      a new registration starts at the end of the stream; a re-registration
-             keeps the cursor and retry state; @ResetCursorTo puts it at that EventID.
 Parameters:  @AppName NVARCHAR(128); @HookProcedure NVARCHAR(300) (NULL = remove);
-             @MaxAttempts INT = 3 (1-100); @ResetCursorTo BIGINT = NULL
-Result set:  one row: AppName, HookProcedure (NULL after a removal), ObjectId,
-             CursorEventID, MaxAttempts, Changed BIT (0: removing a hook that was not there)
-Errors:      50290 @AppName not a registered application; 50291 not an existing
-             two-part SQL procedure, or a system one; 50292 schema not owned by dbo,
-             or another owner; 50293 parameters differ from the signature; 50294
-             definition unreadable (WITH ENCRYPTION); 50295 @MaxAttempts or @ResetCursorTo
-Transaction: its own or the caller's (no savepoint); any error is re-raised and
-             dooms the caller's transaction.  Validation runs first.
+             @MaxAttempts INT = 3 (1-100); @ResetCursorTo BIGINT = NULL (else a new
+             hook starts at the end of the stream, a re-registration keeps its cursor)
+Result set:  one row: AppName, HookProcedure (NULL if removed), ObjectId,
+             CursorEventID, MaxAttempts, Changed BIT
+Errors:      50290 @AppName not registered; 50291 not a two-part SQL procedure, or a
+             system one; 50292 schema not owned by dbo, or another owner; 50293
+             parameters differ; 50294 definition unreadable; 50295 @MaxAttempts or
+             @ResetCursorTo out of range
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED (UPDLOCK, HOLDLOCK update-else-insert).
-Lock order:  mailq.ApplicationHook only (the application's row).
+Lock order:  mailq.ApplicationHook only.
 Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
 */
 CREATE OR ALTER PROCEDURE mailq.SetApplicationHook
@@ -6046,8 +5934,7 @@ BEGIN
             THROW 50291, @Msg, 1;
         END;
 
-        -- sys.objects.principal_id: the individual owner when it differs
-        -- from the schema owner, else NULL.  dbo's principal_id is 1.
+        -- principal_id: the owner when it differs from the schema's, else NULL (dbo: 1).
         IF @SchemaOwner <> 1 OR COALESCE(@ObjectOwner, 1) <> 1
         BEGIN
             SET @Msg = CONCAT(
@@ -6059,8 +5946,7 @@ BEGIN
             THROW 50292, @Msg, 1;
         END;
 
-        -- The signature, from sys.parameters: what is missing or different,
-        -- then what is extra.  Lengths are in bytes (NVARCHAR(n): 2n).
+        -- Missing or different first, then extra; lengths in bytes (NVARCHAR(n): 2n).
         SELECT @Problems = STRING_AGG(x.Problem, N'; ') WITHIN GROUP (ORDER BY x.Ord)
         FROM (
             SELECT
@@ -6154,9 +6040,7 @@ BEGIN
             FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
             WHERE h.AppName = @AppName;
 
-            -- A new hook starts at the end of the stream: every event below
-            -- MIN_ACTIVE_ROWVERSION() is committed, every later one will be
-            -- above it (see mailq.GetMailEvents).
+            -- A new hook starts at the end of the stream (see mailq.GetMailEvents).
             IF @@ROWCOUNT = 0
                 INSERT INTO mailq.ApplicationHook (
                     AppName, SchemaName, ProcedureName, ObjectId, DefinitionHash, MaxAttempts, CursorEventID
@@ -6167,9 +6051,7 @@ BEGIN
                 );
         END;
 
-        -- Hooks run as MailqRunner: it may execute exactly the registered hooks.
-        -- Catalog names, QUOTENAMEd.  The old hook's grant goes unless another
-        -- application still uses that procedure.
+        -- MailqRunner may execute exactly the registered hooks (names QUOTENAMEd).
         IF @OldObjectId IS NOT NULL AND @OldObjectId <> ISNULL(@ObjectId, 0)
             AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationHook AS h WHERE h.ObjectId = @OldObjectId)
             AND OBJECT_NAME(@OldObjectId) IS NOT NULL
@@ -6191,8 +6073,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller.
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -6222,34 +6103,29 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each
-application with a hook, reads its events after the stored cursor (the commit-safe
-bound of mailq.GetMailEvents) and calls the hook once per event, in EventID order,
-each call in its own transaction: the hook; @StopMail = 1 on a mail still UnSent or
-Sending -> mailq.StopMail; the cursor moves.  Each application gets an equal share
-of @MaxEvents.  One dispatcher at a time (a session application lock; a second
-caller gets State 'Busy').
-The call: as MailqRunner (EXECUTE AS USER ... REVERT: never as dbo), after one SET
-line (ANSI options ON, NUMERIC_ROUNDABORT OFF, XACT_ABORT OFF, DEADLOCK_PRIORITY
-NORMAL, LOCK_TIMEOUT 5000), and only while mailq.HookPin finds the registered
-procedure; read again after the call in its transaction: a hook altered meanwhile
-is rolled back and suspended (LastError) until mailq.SetApplicationHook again.
-Failures: a throwing or dooming hook is rolled back and counted; after MaxAttempts
-the event goes to mailq.ApplicationHookFailure and the cursor passes it; a hook that
-ends the transaction opened for it (266, none left) is given up at once (its work
-may be committed); one that leaves one open is rolled back (50297/266).
+mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each hooked
+application, calls its hook once per event after the stored cursor (below the
+commit-safe bound of mailq.GetMailEvents), in EventID order, each call in its own
+transaction with its @StopMail (-> mailq.StopMail on an UnSent or Sending mail) and
+the cursor move.  Each application gets an equal share of @MaxEvents (reaching all
+needs @MaxEvents >= their number); one dispatcher at a time (session applock).
+The call: as MailqRunner (EXECUTE AS USER ... REVERT), after one SET line (ANSI
+options ON, XACT_ABORT OFF, LOCK_TIMEOUT 5000), only while mailq.HookPin finds the
+registered procedure; a hook altered meanwhile is rolled back and suspended.
+A failing call is rolled back and retried on a later run; after MaxAttempts the
+event goes to mailq.ApplicationHookFailure; a hook that ends our transaction (266)
+is given up at once (its work may be committed).
 Parameters:  @MaxEvents INT = 500 (1-5000); @Quiet BIT = 0 (1: no result set)
-Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
-             HookProcedure, Calls, Succeeded, FailedCalls, GivenUp, CursorEventID,
-             State (UpToDate | More | Retrying | Suspended | Moved); or one row
-             with AppName NULL and State 'Busy'.
-Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open transaction.
+Result set:  one row per hooked application: AppName, HookProcedure, Calls,
+             Succeeded, FailedCalls, GivenUp, CursorEventID, State (UpToDate | More |
+             Retrying | Suspended | Moved); or one row, AppName NULL, State 'Busy'.
+Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside a transaction;
+             50297 (caught, counted) the hook ended or left open a transaction.
 Transaction: none open on entry; one per hook call, one per failure record.
 Isolation:   READ COMMITTED; events read with READCOMMITTEDLOCK below the bound.
-Lock order:  per call: whatever the hook locks, mailq.MailQueue (StopMail), then
-             mailq.ApplicationHook; failures: ApplicationHookFailure, ApplicationHook.
-Security:    EXECUTE AS OWNER for its own reads and writes; the hook runs as
-             MailqRunner.  Granted to MailqAdmin.
+Lock order:  per call: the hook's, mailq.MailQueue (StopMail), mailq.ApplicationHook;
+             failures: ApplicationHookFailure, ApplicationHook.
+Security:    EXECUTE AS OWNER; the hook runs as MailqRunner.  Granted to MailqAdmin.
 Example:     EXEC mailq.RunApplicationHooks @MaxEvents = 500;
 */
 CREATE OR ALTER PROCEDURE mailq.RunApplicationHooks
@@ -6332,8 +6208,7 @@ BEGIN
         + N'@EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), '
         + N'@StopMail BIT OUTPUT, @StopReason NVARCHAR(4000) OUTPUT';
 
-    -- One dispatcher at a time (an Agent job and the delayed-execution task
-    -- may overlap): session-owned, so it spans the per-call transactions.
+    -- Session-owned: it spans the per-call transactions.
     EXEC @LockResult = sys.sp_getapplock
         @Resource = N'mailq.RunApplicationHooks',
         @LockMode = N'Exclusive',
@@ -6352,13 +6227,9 @@ BEGIN
     END;
 
     BEGIN TRY
-        -- Each application gets an equal share of the budget, so one with a
-        -- long backlog does not starve the others (needs @MaxEvents >= the
-        -- number of hooked applications to reach them all in one run).
         SET @PerApp = (SELECT CEILING(@MaxEvents * 1.0 / NULLIF(COUNT(*), 0)) FROM mailq.ApplicationHook);
         WHILE @Budget > 0
         BEGIN
-            -- Next hooked application, by key (a seek per application).
             SET @SchemaName = NULL;
             SELECT TOP (1)
                 @App = h.AppName,
@@ -6405,8 +6276,7 @@ BEGIN
                 N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
             );
 
-            -- The page: mailq.GetMailEvents' commit-safe read (bound first,
-            -- then a locking read below it; see its header).
+            -- GetMailEvents' commit-safe read: bound first, then a locking read below it.
             DELETE FROM @Page;
             SET @Upper = MIN_ACTIVE_ROWVERSION();
             INSERT INTO @Page (EventID, MailID, EventType, Status, SmtpCode, Detail)
@@ -6435,8 +6305,7 @@ BEGIN
                 ORDER BY p.EventID ASC;
                 IF @@ROWCOUNT = 0 BREAK;
 
-                -- The pin again before every call: a hook altered, renamed,
-                -- dropped or recreated during this run is not called again in it.
+                -- The pin again before every call: an altered hook is not called again.
                 SET @Modified = NULL;
                 SELECT @Modified = p.ModifyDate
                 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
@@ -6468,9 +6337,8 @@ BEGIN
                     @GiveUp = 0;
                 UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
 
-                -- 1. The call, its stop and the cursor: one transaction.  The hook
-                --    runs as MailqRunner: REVERT inside a module undoes only that
-                --    module's EXECUTE AS, so the hook cannot keep or undo ours.
+                -- 1. Call, stop and cursor in one transaction.  REVERT in a module undoes only
+                --    its own EXECUTE AS: the hook cannot keep or undo ours.
                 SET @Changed = 0;
                 BEGIN TRANSACTION;
                 EXECUTE AS USER = N'MailqRunner';
@@ -6517,9 +6385,8 @@ BEGIN
 
                         IF @Changed = 0 AND @StopMail = 1
                         BEGIN
-                            -- Only a mail not yet final: StopMail would refuse a
-                            -- final one (50260).  UPDLOCK: StopMail takes the same
-                            -- row's U lock next, in this transaction.
+                            -- Only a mail not yet final (StopMail refuses one, 50260).  UPDLOCK: StopMail
+                            -- takes this row's U lock next.
                             SET @MailStatus = NULL;
                             SELECT @MailStatus = q.Status
                             FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
@@ -6540,9 +6407,7 @@ BEGIN
                             END;
                         END;
 
-                        -- The cursor, guarded: a re-registration with a new
-                        -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
-                        -- undoes this call instead of overwriting it.
+                        -- Guarded: a re-registration meanwhile (@ResetCursorTo) undoes this call.
                         IF @Changed = 0
                         BEGIN
                             UPDATE h
@@ -6568,7 +6433,6 @@ BEGIN
                             @ErrorNumber = ERROR_NUMBER(),
                             @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
                             @TranCountInCatch = @@TRANCOUNT;
-                        -- Doomed (-1) or not (1): the call is undone as a whole.
                         IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
                     END CATCH;
                 END;
@@ -6609,8 +6473,7 @@ BEGIN
 
                 -- 2. A failed call: count it, or give the event up.
                 SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
-                -- 266 with no transaction left: the hook ended the
-                -- transaction opened for it; its work may be committed.
+                -- 266, no transaction left: the hook ended ours; its work may be committed.
                 IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
                 IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
                 SET @ErrorMessage = LEFT(CONCAT(
@@ -6660,7 +6523,6 @@ BEGIN
 
             IF @AppState = N'UpToDate'
             BEGIN
-                -- Nothing called (or every call passed): note the run.
                 UPDATE h
                 SET h.LastRunAtUtc = SYSUTCDATETIME()
                 FROM mailq.ApplicationHook AS h
@@ -6674,8 +6536,7 @@ BEGIN
         EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
     END TRY
     BEGIN CATCH
-        -- Our own bookkeeping failed (never a hook's error: those are caught
-        -- above).  Nothing half-done stays: roll back, release, re-raise.
+        -- Our own bookkeeping failed (hook errors are caught above).
         IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         IF APPLOCK_MODE(N'public', N'mailq.RunApplicationHooks', N'Session') = N'Exclusive'
             EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
@@ -8171,39 +8032,27 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SendDbMail: msdb.dbo.sp_send_dbmail on this queue; the parameters in
-msdb's own declaration order (positional calls bind as on msdb), then the
-@mailq_ extensions.  Reference:
+mailq.SendDbMail: msdb.dbo.sp_send_dbmail on this queue (docs/database-mail.md):
+msdb's parameters in its declaration order, then the @mailq_ extensions.  Reference:
 https://learn.microsoft.com/en-us/sql/relational-databases/system-stored-procedures/sp-send-dbmail-transact-sql
-Parameters:  as sp_send_dbmail's; @file_attachments is refused; @query runs
-             later, as the caller's database user, in this database
-             (mailq-db dbmail-runner; docs/database-mail.md)
+Parameters:  as sp_send_dbmail's; @file_attachments is refused; @query runs later
+             as the caller's database user, in this database (mailq-db dbmail-runner)
              @mailq_query_result_format 'TEXT' (default) | 'HTML' | 'CSV'
-             @mailq_mail_id OUTPUT BIGINT: the queue's mail ID
-Outputs:     @mailitem_id INT: this call's item (the sysmail_* views' key)
-Result:      no result set; PRINT 'Mail (Id: n) queued.' unless
-             @exclude_query_output = 1.
-Errors:      as msdb: RAISERROR severity 16 then RETURN n, nothing written,
-             the batch and the caller's transaction go on: 14636/14607 rc 1
-             (profile), 14618 rc 2-6, 15, 17 (NULL option), 14626 rc 13,
-             14622 rc 16, 14623 rc 18, 14624 rc 19 (no content) and rc 20 (no
-             recipient), 14613 rc 1 (comma in a list), 14625 rc 21, 14630 rc 2
-             (prohibited extension), 14633 rc 1 (unknown database).  Refusals
-             of this package: RAISERROR (error 50000) and RETURN 50641-50652
-             (docs/errors.md).  Only errors of mailq.EnqueueMail that are not
-             checked here (application binding 50160/50161/50168, an account
-             dropped meanwhile 50114, every recipient suppressed 50600,
-             deadlock) are THROWn, under XACT_ABORT ON.
-Transaction: validation first, with XACT_ABORT as the caller has it; then the
-             enqueue and its DbMailItem row in one transaction: its own if none
-             is open, else the caller's (no savepoint).
-Isolation:   the caller's (profile reads are plain reads; EnqueueMail sets its own).
-Lock order:  (via EnqueueMail) mailq.Suppression (shared), mailq.MailQueue,
+             @mailq_mail_id BIGINT OUTPUT; @mailitem_id INT OUTPUT (sysmail_* key)
+Result:      no result set; PRINT 'Mail (Id: n) queued.' unless @exclude_query_output = 1
+Errors:      as msdb: RAISERROR severity 16 and RETURN n, nothing written, the caller's
+             transaction goes on: 14636/14607 rc 1, 14618 rc 2-6, 15, 17, 14626 rc 13,
+             14622 rc 16, 14623 rc 18, 14624 rc 19-20, 14613 rc 1, 14625 rc 21,
+             14630 rc 2, 14633 rc 1; this package's: RAISERROR 50000 and RETURN
+             50641-50652 (docs/errors.md).  THROWn under XACT_ABORT: EnqueueMail's
+             errors not checked here (50160/50161/50168, 50114, 50600, deadlock).
+Transaction: validation first (XACT_ABORT as the caller has it); then the enqueue and
+             its DbMailItem row in one transaction, its own or the caller's.
+Isolation:   the caller's (EnqueueMail sets its own).
+Lock order:  (via EnqueueMail) mailq.Suppression, mailq.MailQueue,
              mailq.MailAttachment, then mailq.DbMailItem.
 Example:     DECLARE @rc INT;
-             EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com',
-                 @subject = N'Backups', @query = N'SELECT name FROM sys.databases;';
-             IF @rc <> 0 PRINT 'not queued';
+             EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com', @subject = N'Backups';
 */
 CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @profile_name SYSNAME = NULL,
@@ -8234,8 +8083,7 @@ CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @mailq_mail_id BIGINT = NULL OUTPUT
 AS
 BEGIN
-    -- XACT_ABORT stays as the caller has it until the enqueue: every check
-    -- below RAISERRORs (which never aborts the batch) and RETURNs, as msdb does.
+    -- XACT_ABORT as the caller has it until the enqueue: checks RAISERROR and RETURN.
     SET NOCOUNT ON;
     DECLARE @Msg NVARCHAR(2048), @rc INT, @ProfileID INT, @FromList NVARCHAR(400);
     DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
@@ -8243,9 +8091,8 @@ BEGIN
     SET @mailq_mail_id = NULL;
     SET @query = NULLIF(@query, N'');
 
-    -- 1. Profile: the named one if the caller may use it (public, granted to
-    --    the user or a role of it; db_owner may use all), else the user's
-    --    default, a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
+    -- 1. Profile: the named one if the caller may use it, else the user's default,
+    --    a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
     IF @profile_name IS NOT NULL
     BEGIN
         SELECT @ProfileID = p.ProfileID FROM mailq.DbMailProfile AS p WHERE p.ProfileName = @profile_name;
@@ -8334,8 +8181,7 @@ BEGIN
         RAISERROR (14624, 16, 1, N'@recipients, @copy_recipients, @blind_copy_recipients');
         RETURN 20;
     END;
-    -- sysmail_verify_addressparams_sp: a comma separates nothing (msdb refuses
-    -- one outside double quotes; a list with quotes is left to the address rules).
+    -- msdb refuses a comma outside double quotes; quoted lists go to the address rules.
     SELECT TOP (1) @Msg = v.ParamName, @FromList = LEFT(v.Value, 400)
     FROM (
         VALUES (1, N'@recipients', @recipients), (2, N'@copy_recipients', @copy_recipients),
@@ -8413,8 +8259,7 @@ BEGIN
         RETURN @rc;
     END;
 
-    -- Failover at enqueue: the profile's first account that is not blocked
-    -- (all blocked: the first; the mail waits for it).
+    -- Failover: the profile's first account not blocked (else the first).
     DECLARE @AccountName NVARCHAR(128);
     SELECT TOP (1) @AccountName = a.AccountName
     FROM mailq.DbMailProfileAccount AS pa
@@ -8428,8 +8273,7 @@ BEGIN
         RETURN 50651;
     END;
 
-    -- 4. The mail.  'Name <address>' is split for EnqueueMail; importance and
-    --    sensitivity become the headers System.Net.Mail writes.
+    -- 4. The mail; importance and sensitivity become the headers System.Net.Mail writes.
     DECLARE @FromAddress NVARCHAR(MAX) = @from_address, @FromName NVARCHAR(MAX);
     SELECT @FromAddress = a.Address, @FromName = a.DisplayName
     FROM mailq.ParseAddressList(@from_address) AS a;
@@ -8445,8 +8289,7 @@ BEGIN
         ) AS h(Importance, Sensitivity, HeaderName, HeaderValue)
         WHERE h.Importance = @importance OR h.Sensitivity = @sensitivity
     );
-    -- Mail with a query waits (due at @Hold) until the runner has added the
-    -- result (mailq.CompleteDbMailQuery makes it due).
+    -- Mail with a query waits until mailq.CompleteDbMailQuery makes it due.
     DECLARE @Due DATETIME2(3) = IIF(@query IS NULL, NULL, @Hold);
     DECLARE @ToAddress NVARCHAR(MAX) = NULLIF(LTRIM(RTRIM(@recipients)), '');
     DECLARE @MailBody NVARCHAR(MAX) = COALESCE(@body, N'');
@@ -8795,22 +8638,17 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UpsertDbMailPrincipalProfile: lets a principal use a profile, and
-optionally makes it that principal's default (msdb's
-sysmail_add_principalprofile_sp and sysmail_update_principalprofile_sp).
-@PrincipalName N'public' makes a public profile; with @IsDefault = 1 it is
-the default public profile.  Making a default clears the principal's previous
-default.
+mailq.UpsertDbMailPrincipalProfile: lets a principal use a profile, optionally as
+its default (msdb's sysmail_add/update_principalprofile_sp); N'public' makes a
+public profile.  A new default clears the principal's previous one.
 Parameters:  @ProfileName NVARCHAR(128), required
-             @PrincipalName NVARCHAR(128): a user or role of this database,
-                            or N'public', required
-             @IsDefault BIT, default 0
+             @PrincipalName NVARCHAR(128): a user or role of this database, or N'public'
+             @IsDefault BIT = 0
 Errors:      50198 a parameter missing; 50250 no such profile;
              50254 @PrincipalName is not a user or role of this database.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
+Transaction: its own if none is open, else the caller's; an error dooms the
+             caller's (XACT_ABORT ON) and is re-raised.
+Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
 Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.UpsertDbMailPrincipalProfile @ProfileName = N'Ops',
                  @PrincipalName = N'public', @IsDefault = 1;
@@ -8822,8 +8660,6 @@ CREATE OR ALTER PROCEDURE mailq.UpsertDbMailPrincipalProfile
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
@@ -8852,9 +8688,7 @@ BEGIN
             THROW 50250, @Msg, 1;
         END;
 
-        -- UPDLOCK, HOLDLOCK: the principal's rows stay ours until commit, so
-        -- two calls cannot both leave a default (UX_DbMailPrincipalProfile_Default
-        -- would refuse the second anyway).
+        -- UPDLOCK, HOLDLOCK: two calls cannot both leave a default.
         IF @IsDefault = 1
             UPDATE pp
             SET pp.IsDefault = 0
@@ -12209,36 +12043,22 @@ GO
 /*
 mailq.GetQueueMetrics: the queue's own metrics in one cheap call, for
 `mailq-db exporter` and `mailq-db dashboard` (docs/monitoring/README.md).
-Parameters:  @WindowMinutes INT 1-60, default 5: the complete UTC minutes
-             before the current one that result set 5 covers.
-Result sets: 1. one row: MeasuredAtUtc, WindowStartUtc, WindowEndUtc,
-                CallerIsMailqAdmin (member of MailqAdmin or db_owner)
+Parameters:  @WindowMinutes INT 1-60 = 5: complete UTC minutes before now (set 5)
+Result sets: 1. MeasuredAtUtc, WindowStartUtc, WindowEndUtc, CallerIsMailqAdmin
              2. depth: AccountName, RunMode, Status (UnSent, Sending), MailCount
-             3. sendable, per (account, run mode) with queued mail: DueCount
-                (the claim's own test: VisibleAtUtc <= now, an attempt left,
-                not expired), IsBlocked, SendableCount (DueCount, 0 when the
-                account is blocked), OldestSendableUtc, OldestSendableAgeSeconds
-                (0 when nothing is sendable; scheduled, backed-off and blocked
-                mail never counts)
-             4. accounts: AccountName, IsBlocked, BlockedUntilUtc,
-                BlockedSecondsLeft, BlockReason, PerMinuteLimit, PerHourLimit,
-                PerDayLimit
+             3. per (account, run mode): DueCount (the claim's test), IsBlocked,
+                SendableCount (0 when blocked), OldestSendableUtc,
+                OldestSendableAgeSeconds (0 when nothing is sendable)
+             4. accounts: AccountName, IsBlocked, BlockedUntilUtc, BlockedSecondsLeft,
+                BlockReason, PerMinuteLimit, PerHourLimit, PerDayLimit
              5. attempts ended in the window: MinuteUtc, AccountName, Outcome,
                 ReplyClass ('2xx', '4xx', '5xx', 'none'), Attempts
              6. suppressions in force: AccountName, Reason, Suppressed
-Plan:        2+3: one ordered scan of IX_MailQueue_ClaimByAccount (filtered to
-             UnSent and Sending, covering: no lookup) + Stream Aggregate; the
-             Sending split: a seek on IX_MailQueue_Status (Status = 'Sending')
-             with one key lookup per mail in flight.  4: a scan of
-             PK_SendingAccount.  5: a range seek on IX_MailAttempt_EndedAtUtc
-             over the window + one PK_MailQueue seek per attempt (its account).
-             6: one scan of PK_Suppression (AccountName first: grouped by
-             account, then reason): a small table, one row per suppressed address.
-             Cost: queued mail + mail in flight + attempts in the window +
-             suppressed addresses; never the sent history.
+Cost:        queued mail + mail in flight + attempts in the window + suppressed
+             addresses (forced seeks and small scans); never the sent history.
 Errors:      50580 @WindowMinutes out of range.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself
-             (no lock kept past a statement; none under READ_COMMITTED_SNAPSHOT).
+Transaction: reads only; opens none.
+Isolation:   READ COMMITTED, set here (no lock kept past a statement).
 Lock order:  none (no locking reads).
 Example:     EXEC mailq.GetQueueMetrics @WindowMinutes = 5;
 */
@@ -12273,10 +12093,8 @@ BEGIN
         PRIMARY KEY (AccountName, RunMode)
     );
 
-    -- Queued mail per (account, run mode): the claim's index, filtered to
-    -- UnSent and Sending, so finished mail is never read.  INDEX: the literal
-    -- Status list matches the filter; the hint keeps the covering index
-    -- whatever the statistics say.  "Due" is ClaimMail's own predicate.
+    -- The claim's index, filtered to UnSent and Sending: the literal Status list
+    -- matches the filter, INDEX keeps it whatever the statistics say.
     INSERT INTO @Pair (AccountName, RunMode, MailCount, DueCount, OldestDueUtc)
     SELECT
         k.AccountName,
@@ -12290,8 +12108,7 @@ BEGIN
     WHERE k.Status IN (N'UnSent', N'Sending')
     GROUP BY k.AccountName, k.RunMode;
 
-    -- Mail in flight per (account, run mode): a seek on the Sending range of
-    -- IX_MailQueue_Status, one lookup per leased mail for its run mode.
+    -- In flight: a seek on IX_MailQueue_Status's Sending range, one lookup per mail.
     UPDATE p
     SET p.SendingCount = s.SendingCount
     FROM @Pair AS p
@@ -12352,9 +12169,8 @@ BEGIN
     FROM mailq.SendingAccount AS a
     ORDER BY a.AccountName;
 
-    -- Attempts ended in the window's complete minutes: a range seek on the
-    -- attempts' end-time index (its filter is implied: the explicit IS NOT
-    -- NULL lets the hint match it), one PK seek per attempt for the account.
+    -- A range seek on IX_MailAttempt_EndedAtUtc (the explicit IS NOT NULL lets
+    -- the hint match its filter), one PK seek per attempt for the account.
     SELECT
         m.MinuteUtc,
         q.AccountName,
@@ -12378,8 +12194,7 @@ BEGIN
     GROUP BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass
     ORDER BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass;
 
-    -- Suppressions in force, per account and reason: mailq.Suppression is
-    -- small (one row per suppressed address), so one scan of its clustered key.
+    -- mailq.Suppression is small: one scan of its clustered key.
     SELECT s.AccountName, s.Reason, COUNT_BIG(*) AS Suppressed
     FROM mailq.Suppression AS s
     WHERE s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now
@@ -13259,7 +13074,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.ThroughputPerHour.sql', '430d89e12b1171bedd76164b995c9ad7811a96e660a0de37a939ed75a9216d19'),
     ('0001', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
-    ('0001', N'procedures/mailq.LockLeasedMail.sql', '7c551bc3d04a61184ef72a53039aa164d11402bbd7a0cd5908795337fca9f2c3'),
+    ('0001', N'procedures/mailq.LockLeasedMail.sql', '846bbade3fe439ec5ca4cde6989b15b141f1dfa46f2a1fbfddf4d6b95c55ba5b'),
     ('0001', N'procedures/mailq.EnqueueMailRows.sql', '47c859e29118796575d4f6dae1431ca430ac0b400a591874c96a860a6aac6a2e'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', '7cf69b6c4ffab5194b6ba13d91739326b578a3ad4ce7909fa7c08fc3ef2eace6'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', '023bb8cfae2b8f8ea1495597cbf1bb2b8947d1fb624e2ddf641f1b6ef8bab5aa'),
@@ -13267,27 +13082,27 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.FinalizeMail.sql', 'd347aee2a778982d0696c24cbd7500e4f11d84d59bfdeb20e6c318ebfbdee73c'),
     ('0001', N'procedures/mailq.ExtendLease.sql', 'f904b562528d3305fb4df10fafac648e56c05ada67afa61cafba7b4e20c491aa'),
     ('0001', N'procedures/mailq.ReleaseMail.sql', '8f72da9b892b4bdb2d39aa6fcb5aaef5a43b9d6c6c6e336c60bf376d72a51ad3'),
-    ('0001', N'procedures/mailq.MarkSent.sql', '63e9c82af22c4c5959473830ffa250aa10bc43819156691de7840eb4f71b143f'),
-    ('0001', N'procedures/mailq.MarkFailed.sql', 'dc5bff613a81b325211cb939441da996427f022103a77e9753d9b275e9836e4d'),
+    ('0001', N'procedures/mailq.MarkSent.sql', '080e93f551fa087934d3ead9c64bbf88088be3e8b3c37b9dbf9eacd34466a563'),
+    ('0001', N'procedures/mailq.MarkFailed.sql', 'f0a1afea66a624157a800df8ee062989eca2bf1bc4fb166945f1462034292797'),
     ('0001', N'procedures/mailq.CancelMail.sql', 'fd011090a589a1b3d140220a1c8eac6d7e4f0362bf31ae2fe97e40a6a547bb86'),
     ('0001', N'procedures/mailq.RequeueMail.sql', '0dab9eb7c2aca0b14c24f8583ef7ba210e4d1b998c893b29a76d47b3e425f9cc'),
-    ('0001', N'procedures/mailq.PurgeMail.sql', '47b29433eebe42dcc19877f83725d978bbdaa6913d42763a1b5d2b6b338814e9'),
-    ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '7b619046925ea5e96a4a8edcd51748ae94c9668161c239a8c3bdcdb818479d9b'),
+    ('0001', N'procedures/mailq.PurgeMail.sql', '54d615bb778d9afa0f8f9e1b5343fc1877325138a7c0713449f4907893f5c193'),
+    ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '8b882bbdb3c1bdb6761a4464bbe9b8813aa46e17dd1c4b95fb64fd136da9e3ce'),
     ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
     ('0001', N'procedures/mailq.AcquireLoginSlot.sql', 'd67229441fcc7acf16876c9fce16713efe952e1cdcb9e2d9852b3c91efa645b1'),
-    ('0001', N'procedures/mailq.UpsertApplication.sql', 'c67aa57bf142dfbb5c6c55f8223a0c3427c47ff300098966a771c30210438ae4'),
+    ('0001', N'procedures/mailq.UpsertApplication.sql', 'bffe6dacf73bdde5bedf0d9fffa6c9564fda1930fdd2f945dded858666ee6a21'),
     ('0001', N'procedures/mailq.BindApplication.sql', '681fa86b9bd7b4d8c1c7a12f93b7daac23ff0fbf43ecaee7a696de4587061f4c'),
     ('0001', N'procedures/mailq.UnbindApplication.sql', 'c6cfffd6e670ba895709856cc742f910a1f7be30b5c7f6fa3b821d18769a6076'),
     ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'ebab2f0d893042164d3de72c5d73536f20cb329cf5f387e3b91c0f8e321a54cd'),
     ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', 'b0583c5d23c7a503ca54016b237c9e9684fc882ee6437b3d7e1ddb13c7739ae3'),
-    ('0001', N'procedures/mailq.GetQueueStats.sql', '27e0a401b0e0f101457d74f3297e377c435c00ac91f16ac0ffe1fa8d5bcca5cd'),
+    ('0001', N'procedures/mailq.GetQueueStats.sql', 'caa08d6562e4d06b5237d60cade4c54a143f366e484da07998373554fc824ba0'),
     ('0001', N'procedures/mailq.GetInstallationHealth.sql', '778eb143222d2f0007dcb39dd6ea01272bac8e93f9e69819ab20cf8c17791af8'),
-    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '153dc087cfcdb92ebb0d8006d0610c5df24c3d6099775c846433a14d02b70694'),
+    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '127b614c75ed6c0ebaa5866a0af64b80e36781198bb75aa9069e50546454593e'),
     ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '9d6440087de1500f6688d698c4098d940458eab0b4f063aa03ac5642f219e41d'),
     ('0001', N'procedures/mailq.GetMailEvents.sql', '510007bc2ebeae4cdd380512352e13982fb146482cfb7a5e8d82c3322696069e'),
-    ('0001', N'procedures/mailq.StopMail.sql', '57190c217b55d60c775f7b74d35f5cd6b780fc2b215c048acc5ee90e30f8b9c1'),
-    ('0001', N'procedures/mailq.SetApplicationHook.sql', '68e13868093ea2b78789569f726e5cb9313242fdb2d69b1416cfb84ce04d634b'),
-    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'b2f0510300349b11db4f41affa0453ffc5eba1a67c3b430028696c573f3e5859'),
+    ('0001', N'procedures/mailq.StopMail.sql', 'bc646dfa64749557d6c30af7587b594bebcaffebabd95ff75ae43d3a78af0f8f'),
+    ('0001', N'procedures/mailq.SetApplicationHook.sql', 'd5fc8010c141e57abb353b9fe5e921fb06007744bbcbf046674e0b4651d9d2fb'),
+    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'd9cfe83ecc981023c66ef0913b0ec775ef1a99c1347cf85648987af9e5144ccd'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', '635374a8d2c2b93350cce00be98ee8fa7ea5c588aaa0973e90004f38db9015aa'),
     ('0001', N'security/MailqEnqueuer.grants.sql', '308e6b3f4e8a94429b47e1720c362f8913cd230a0afc63ceca89013740ef94a4'),
@@ -13323,12 +13138,12 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
     ('0001', N'views/mailq.sysmail_event_log.sql', '45900d2fe03be402252a7a45c43f64c706b3fb0a90e57a49bdda14bff66e49de'),
     ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'bbb5e2e8c3d3a51e978ab68da23fc00c6317535f8f4d34c2db4208ffa06ee478'),
-    ('0001', N'procedures/mailq.SendDbMail.sql', '1876732dbdb89ad3b5b26a3a3da962a15e5884b9ea6a5c90e5b41cc9964ccff0'),
+    ('0001', N'procedures/mailq.SendDbMail.sql', 'a95718eab12cd96acbe36cf3f5f7c24fbc81f5bfbe87f2b9961ac83865e0d9ca'),
     ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '0671551bbef4be2b75a015e4a1de8622f53f66ffc4ec88adab82ead8bbcb928b'),
     ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '30a940c5359b0f3ce392bbe3fd4a9535a4f044ac18b40d7f8d67713ecdfb9c68'),
     ('0001', N'procedures/mailq.DeleteDbMailProfileAccount.sql', '7f5caaf91e521d2a166b4604d6fcd5fb9d39a65fe5b5e274da2c245c34e7a0aa'),
-    ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', '3200cdad8d8ed121e71052de8474685eb468751169fd455b552cb1a5dfa91232'),
+    ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', 'e907947195b4c864b6ef3a41674b91453319d7f50ef3eadfaf6f17bb442d4fea'),
     ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', 'ec5908743b0972cd82cddd79681cab9c9dff326293b6edac6d5257bd00137bd4'),
     ('0001', N'security/MailqDbMailUser.grants.sql', '5d7694f7218facd6a705e5a91b4d06613c3cbd2c86c97b00807c10c598835ef6'),
     ('0001', N'security/MailqAdmin.dbmail.grants.sql', 'dac07263321d9bbc0353d26a0141f0139e84c82c8b75e5ca067685ed3dcaad82'),
@@ -13388,7 +13203,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.PurgeBounceReports.sql', 'a51c25029e54480925a7f019d4824f9fc01a17c3cad33d9f15d558fcf8a77565'),
     ('0001', N'security/MailqBounceReader.grants.sql', '079d0b1ab090e10a39e48c7acd98f0a9d5d8ba16c0acc01b5902d995e64cafee'),
     ('0001', N'security/MailqMonitor.role.sql', '4aab1e65217069c7dafde0f55e862c1731e9e321a9ab15cacf5b20eaa2ace1b8'),
-    ('0001', N'procedures/mailq.GetQueueMetrics.sql', '5a9711e58d7f9e9dfaf97d40cf7f521ee5e32df4c96c8607ed93bf3d1434a54b'),
+    ('0001', N'procedures/mailq.GetQueueMetrics.sql', 'af35cf459d28a98edeeafb541e336fbcb1148eaf295b6d57cc15e3ec094417d8'),
     ('0001', N'procedures/mailq.GetMailHistory.sql', '02fe0914facdcef3e905b5034156073f88dee3958917fd57a07a363d8a551133'),
     ('0001', N'procedures/mailq.FindMail.sql', '6d2faada299f95329285dc968d432bc48b73d59773808f8569438907e110b89d'),
     ('0001', N'security/MailqMonitor.grants.sql', '96ac12fc212d8403dcd69387635d3e45c04da83cc6300849a7b769139de40329'),

@@ -1,18 +1,13 @@
 /*
-mailq.UpsertDbMailProfileAccount: adds a sending account to a profile, or
-changes its place in the failover order (msdb's sysmail_add_profileaccount_sp
-and sysmail_update_profileaccount_sp).  mailq.SendDbMail gives a mail to the
-profile's first account (lowest @SequenceNumber) that is not blocked when
-the mail is queued.
-Parameters:  @ProfileName NVARCHAR(128), required
-             @AccountName NVARCHAR(128), a mailq.SendingAccount, required
-             @SequenceNumber INT >= 0, required
+mailq.UpsertDbMailProfileAccount: adds a sending account to a profile or changes
+its failover place (msdb's sysmail_add/update_profileaccount_sp); SendDbMail takes
+the lowest @SequenceNumber not blocked.
+Parameters:  @ProfileName NVARCHAR(128); @AccountName NVARCHAR(128) (a
+             mailq.SendingAccount); @SequenceNumber INT >= 0; all required
 Errors:      50198 a parameter missing or @SequenceNumber negative;
              50250 no such profile; 50253 no such sending account.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
 Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount.
 Example:     EXEC mailq.UpsertDbMailProfileAccount @ProfileName = N'Ops',
                  @AccountName = N'smtp-primary', @SequenceNumber = 1;

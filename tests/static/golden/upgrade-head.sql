@@ -172,11 +172,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Deployment pre-check (the baseline's first file; creates nothing).  Stops the
-deployment when the server or database cannot run mailq-db:
+Deployment pre-check (the baseline's first file; creates and changes nothing):
     50402  database compatibility level below 130 (OPENJSON, STRING_SPLIT)
     50403  SQL Server older than 2019 (major version 15) outside Azure
-The message says what to do; this script never changes the database.
 */
 DECLARE @CompatibilityLevel INT = (
     SELECT d.compatibility_level
@@ -198,8 +196,7 @@ BEGIN
     THROW 50402, @Msg, 1;
 END;
 
--- EngineEdition 5 = Azure SQL Database, 8 = Azure SQL Managed Instance:
--- both are versionless and always current.
+-- EngineEdition 5, 8: Azure SQL Database and Managed Instance (versionless).
 IF @EngineEdition NOT IN (5, 8) AND @MajorVersion < 15
 BEGIN
     SET @Msg = CONCAT(
@@ -212,9 +209,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Schema mailq: every object of the mail queue.  Owned by dbo, so ownership
-chaining lets the procedures use the tables for callers that hold only
-EXECUTE (sql/security/).  Sent as IF SCHEMA_ID(...) IS NULL EXEC (...).
+Schema mailq: every object of the mail queue, owned by dbo (ownership chaining:
+callers hold only EXECUTE).  Sent as IF SCHEMA_ID(...) IS NULL EXEC (...).
 */
 IF SCHEMA_ID(N'mailq') IS NULL
     EXEC (N'CREATE SCHEMA mailq AUTHORIZATION dbo');
@@ -223,8 +219,7 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqEnqueuer: may only enqueue mail (EXECUTE mailq.EnqueueMail).
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+No role holds table rights (ownership chaining from dbo-owned procedures).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqEnqueuer') IS NULL
     CREATE ROLE MailqEnqueuer AUTHORIZATION dbo;
@@ -233,8 +228,7 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqSender: sender workers: claim, extend, release and acknowledge mail, read health.
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+No role holds table rights (ownership chaining from dbo-owned procedures).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqSender') IS NULL
     CREATE ROLE MailqSender AUTHORIZATION dbo;
@@ -243,8 +237,7 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqAdmin: administration: every mailq procedure (requeue, cancel, purge, accounts, stats).
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+No role holds table rights (ownership chaining from dbo-owned procedures).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqAdmin') IS NULL
     CREATE ROLE MailqAdmin AUTHORIZATION dbo;
@@ -253,8 +246,7 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqDelayCaller: may only call dbo.InitiateDelayExecution and dbo.CancelDelayExecution (grants in sql/broker/).
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+No role holds table rights (ownership chaining from dbo-owned procedures).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqDelayCaller') IS NULL
     CREATE ROLE MailqDelayCaller AUTHORIZATION dbo;
@@ -262,16 +254,11 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-User MailqRunner: the one identity registered code runs as: every
-delayed-execution target (delay.RunTask) and every hook (mailq.RunApplicationHooks)
-is called inside EXECUTE AS USER = N'MailqRunner' ... REVERT, never as dbo.
-WITHOUT LOGIN: nobody can connect as it; only dbo (and db_owner members)
-may impersonate it.  It holds EXECUTE on exactly the listed targets and the
-registered hooks (granted by delay.AllowProcedure and mailq.SetApplicationHook,
-revoked when they are taken off) and nothing else: what a target or hook reaches
-beyond that is by ownership chaining from a dbo-owned module, and DDL, permission
-changes or impersonation inside it (a callee's, a trigger's) run with these rights.
-Part of the mail queue (hooks deploy without Service Broker too).
+User MailqRunner (WITHOUT LOGIN; only dbo and db_owner may impersonate it): the
+identity every delayed-execution target (delay.RunTask) and hook
+(mailq.RunApplicationHooks) runs as, EXECUTE AS USER ... REVERT, never as dbo.
+It holds EXECUTE on exactly the allowed targets and registered hooks (granted by
+delay.AllowProcedure and mailq.SetApplicationHook) and nothing else.
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqRunner') IS NULL
     CREATE USER MailqRunner WITHOUT LOGIN;
@@ -279,17 +266,11 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SendingAccount: one row per sending account.  SMTP host and credentials
-never live here: the worker's configuration maps AccountName to them.
-    PerMinuteLimit / PerHourLimit / PerDayLimit  NULL = unlimited; enforced at
-        claim time across every worker (mailq.RateBudget, mailq.ClaimMail).
-    BlockedUntilUtc  set by MarkFailed @Disposition = 'Wait'; no mail of the
-        account is claimed before it.
-    IsDefault        the account EnqueueMail uses when @AccountName is NULL
-        (at most one: UX_SendingAccount_IsDefault).
-    MinLoginIntervalMs  least time between two SMTP logins on the account
-        across every worker; NULL = none.  LastLoginAtUtc: the last login
-        mailq.AcquireLoginSlot granted (server clock).
+mailq.SendingAccount: one row per sending account; SMTP host and credentials live
+in the worker's configuration.  Per*Limit NULL = unlimited, enforced at claim
+across workers (mailq.RateBudget).  BlockedUntilUtc: set by MarkFailed 'Wait'.
+IsDefault: EnqueueMail's account when none is named.  MinLoginIntervalMs: least
+time between two SMTP logins (mailq.AcquireLoginSlot; LastLoginAtUtc).
 */
 IF OBJECT_ID(N'mailq.SendingAccount', N'U') IS NULL
 BEGIN
@@ -322,13 +303,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RateBudget: the rate budget of each sending account, in fixed UTC
-windows (minute, hour, day), charged by mailq.ClaimMail inside the claim's
-transaction so that limits hold across every worker on every machine.
-One row per account, created by mailq.UpsertSendingAccount.  Kept apart from
-mailq.SendingAccount so that a claimer's UPDLOCK on the budget row never
-blocks readers of the account's settings.
-A window whose start is not the current window's start counts as empty.
+mailq.RateBudget: one row per sending account: its budget in fixed UTC windows
+(minute, hour, day), charged by mailq.ClaimMail in the claim's transaction; apart
+from mailq.SendingAccount so the claim's UPDLOCK never blocks its readers.  A
+window whose start is not the current one counts as empty.
 */
 IF OBJECT_ID(N'mailq.RateBudget', N'U') IS NULL
 BEGIN
@@ -353,12 +331,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.Application: application names a mail may carry.  A worker started with
-@AppName claims only that application's mail (isolated); one with @AppName
-NULL claims every mail (competing).
-DryRun: 1 = the application's mails go the whole path (claim, lease,
-acknowledgement) and are recorded as DryRun, reaching no server
-(mailq.UpsertApplication @DryRun; docs/run-modes.md).
+mailq.Application: application names a mail may carry; an isolated worker claims
+one application's mail.  DryRun: 1 = recorded as DryRun, reaching no server
+(docs/run-modes.md).
 */
 IF OBJECT_ID(N'mailq.Application', N'U') IS NULL
 BEGIN
@@ -378,20 +353,11 @@ GO
 mailq.MailQueue: one row per mail (docs/dba-guide.md, "Tables").
 Status: UnSent -> Sending (leased) -> Sent | Failed | Cancelled | Expired |
 Stopped; every change writes a mailq.MailEvent row in the same transaction.
-VisibleAtUtc  the due time while UnSent, the lease expiry while Sending: the
-              one column a claim ranges over.  DateToProcess keeps the
-              caller's requested time.
-ThreadLock    the lease token of the worker holding the mail; every
-              acknowledgement is fenced by it.
-AttemptsRemaining / AttemptCount  decremented / counted at claim (a mail that
-              kills its worker cannot loop); Wait and Release refund.
+VisibleAtUtc  the due time while UnSent, the lease expiry while Sending.
+ThreadLock    the lease token every acknowledgement is fenced by.
+AttemptsRemaining / AttemptCount  spent at claim; Wait and Release refund.
 PossibleDuplicate  an expired lease was reclaimed.
-ContentHash, IdempotencyKey (binary collation), MessageID  see docs/guarantees.md.
-RunMode, DryRun     docs/run-modes.md.  TemplateName/Version/Model  docs/templates.md.
-Options: 'large value types out of row' (Body, TextBody, Headers, TemplateModel
-off the clustered row); LOCK_ESCALATION = DISABLE (a batch enqueue keeps its
-row locks; run ad-hoc mass updates in batches).
-Written only by the mailq procedures; no role has table rights.
+Options: bodies out of row; LOCK_ESCALATION = DISABLE (docs/dba-guide.md).
 */
 IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
 BEGIN
@@ -469,12 +435,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailAttachment: attachments of a mail, in order.  Limits (also checked
-with numbered errors by mailq.EnqueueMail): 10 MiB per attachment, 25 MiB per
-mail, 10 per mail; FileName is a bare name.  A row holds Content, or names a
-Generator (an entry point of mailq_db.attachment_generators) with
-GeneratorArgs (a JSON object), never both; the worker generates the content
-at send time under the same limits (docs/templates.md).
+mailq.MailAttachment: attachments of a mail, in order: Content, or a Generator
+(mailq_db.attachment_generators) with GeneratorArgs, never both (docs/templates.md).
 LOCK_ESCALATION = DISABLE (docs/dba-guide.md, section 7).
 */
 IF OBJECT_ID(N'mailq.MailAttachment', N'U') IS NULL
@@ -511,12 +473,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailAttempt: one row per attempt to send a mail.  Opened by
-mailq.ClaimMail, closed by the acknowledgement (MarkSent, MarkFailed,
-ReleaseMail) or, when an expired lease is reclaimed, by the next ClaimMail
-with Outcome = 'Abandoned'.
+mailq.MailAttempt: one row per attempt, opened by mailq.ClaimMail, closed by the
+acknowledgement or, after an expired lease, by the next claim ('Abandoned').
 Outcome: Sent, DryRun, Retry, Wait, Stop, Released, Abandoned; NULL while open.
-TemplateVersion: the template version the attempt rendered (NULL for ordinary mail).
 */
 IF OBJECT_ID(N'mailq.MailAttempt', N'U') IS NULL
 BEGIN
@@ -544,9 +503,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationAccount: the sending accounts each application may send
-through; mailq.EnqueueMail refuses another (50160).  Written by
-mailq.BindApplication and mailq.UnbindApplication (MailqAdmin).
+mailq.ApplicationAccount: the sending accounts an application may send through
+(else EnqueueMail refuses, 50160).
 */
 IF OBJECT_ID(N'mailq.ApplicationAccount', N'U') IS NULL
 BEGIN
@@ -566,11 +524,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationFrom: the From addresses and domains each application may
-send as.  FromPattern is one address ('billing@example.com') or a domain
-('@example.com': that domain, not its subdomains), stored in lower case under
-a binary collation; mailq.EnqueueMail lowers the From address and compares
-(50161 otherwise).  Written by mailq.BindApplication and UnbindApplication.
+mailq.ApplicationFrom: the From addresses and domains an application may send as
+(else 50161).  FromPattern: an address or '@domain' (not its subdomains), lower
+case, binary collation.
 */
 IF OBJECT_ID(N'mailq.ApplicationFrom', N'U') IS NULL
 BEGIN
@@ -589,12 +545,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationPrincipal: which application a database user enqueues as.
-When the caller of mailq.EnqueueMail (USER_NAME(), or the user impersonated by
-EXECUTE AS) is listed, its mail carries that application: @AppName NULL means
-this one, another is refused (50168), and its account and From bindings
-apply.  mailq.GetInstallationHealth warns about MailqEnqueuer members not
-listed.  Written by mailq.BindApplication / UnbindApplication @PrincipalName.
+mailq.ApplicationPrincipal: which application a database user enqueues as: its
+mail carries that application (another @AppName: 50168) and its bindings apply.
 */
 IF OBJECT_ID(N'mailq.ApplicationPrincipal', N'U') IS NULL
 BEGIN
@@ -615,13 +567,12 @@ GO
 mailq.EnqueuePolicy: who may enqueue without an application, one row.
     AllowUnmappedEnqueuers  0 (a new installation): a database user that no
         mailq.ApplicationPrincipal row maps to an application is refused by
-        mailq.EnqueueMail, mailq.EnqueueMailBatch and mailq.SendDbMail (50500);
-        1: the opt-in of mailq.SetEnqueuePolicy, such a user enqueues unbound
-        (any account, any From address) as before this table existed.
+        EnqueueMail, EnqueueMailBatch and SendDbMail (50500); 1: the opt-in of
+        mailq.SetEnqueuePolicy, such a user enqueues unbound.
     ChangedAtUtc, ChangedBy  when and by whom (ORIGINAL_LOGIN()) it was last set.
-Written only by mailq.SetEnqueuePolicy (db_owner, MailqAdmin); read by the
-enqueue core (mailq.EnqueueMailRows) and mailq.GetEnqueuePolicy
-(docs/enqueue.md, "Who may send as whom").
+Written only by mailq.SetEnqueuePolicy; read by the enqueue core
+(mailq.EnqueueMailRows) and mailq.GetEnqueuePolicy (docs/enqueue.md, "Who may
+send as whom").
 */
 IF OBJECT_ID(N'mailq.EnqueuePolicy', N'U') IS NULL
 BEGIN
@@ -640,11 +591,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_ClaimByAccount: mailq.ClaimMail's seek, one per (account, run
-mode) pair that may send now.  Keys (AccountName, RunMode, Priority DESC,
-VisibleAtUtc, ID), INCLUDE (AppName, AttemptsRemaining, ExpiresAtUtc), filtered
-to Status IN (UnSent, Sending).  Page locks stay allowed (ALTER INDEX ...
-REORGANIZE needs them).  Expected plan and cost: docs/dba-guide.md, "Indexes".
+IX_MailQueue_ClaimByAccount: mailq.ClaimMail's seek per (account, run mode); page
+locks stay allowed (REORGANIZE needs them).  Plan and cost: docs/dba-guide.md.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -659,9 +607,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_Finalize: mailq.FinalizeMail's first step (a mail on its last
-attempt whose lease expired becomes Failed).  Keys (VisibleAtUtc, ID),
-filtered to Status IN (UnSent, Sending) AND AttemptsRemaining = 0.
+IX_MailQueue_Finalize: mailq.FinalizeMail's last-attempt step (lease expired -> Failed).
 */
 IF NOT EXISTS (
     SELECT 1
@@ -675,9 +621,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_Expiry: mailq.FinalizeMail's expiry step (queued mail whose
-ExpiresAtUtc passed becomes Expired).  Keys (ExpiresAtUtc, ID), INCLUDE
-(VisibleAtUtc), filtered to Status IN (UnSent, Sending) AND ExpiresAtUtc IS NOT NULL.
+IX_MailQueue_Expiry: mailq.FinalizeMail's expiry step (queued mail past ExpiresAtUtc).
 */
 IF NOT EXISTS (
     SELECT 1
@@ -692,16 +636,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailRecipientOutcome: what each recipient of a mail got, when the
-server accepted the mail for some recipients and not for others (written by
-mailq.RecordRecipientOutcomes; the worker writes nothing here for a mail that
-every recipient accepted).  One row per (mail, lower-case address), replaced
-by later attempts until it is Delivered or Refused.
-Outcome: Delivered (the server took the mail for this recipient: a later
-attempt never sends to it again), Deferred (4xx: retried, for this recipient
-only, with the mail's next attempt), Refused (5xx: final for this recipient).
-Rows go with their mail: mailq.PurgeMail deletes them first, 1,000 rows per
-statement (below lock escalation); ON DELETE CASCADE covers any other delete.
+mailq.MailRecipientOutcome: one row per (mail, lower-case address) when a server
+accepted a mail for some recipients only, replaced by later attempts until final.
+Outcome: Delivered (never sent again), Deferred (4xx: retried with the mail),
+Refused (5xx: final).  PurgeMail deletes them first; ON DELETE CASCADE otherwise.
 */
 IF OBJECT_ID(N'mailq.MailRecipientOutcome', N'U') IS NULL
 BEGIN
@@ -725,11 +663,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-UX_MailQueue_IdempotencyKey: one mail per idempotency key, compared as binary
-text (the column's collation).  Enqueues of one key serialize on an
-application lock on the key, never on key-range locks of this index.
-Filtered: mail without a key costs nothing; a key is free again once its mail
-is purged.
+UX_MailQueue_IdempotencyKey: one mail per idempotency key (binary); filtered, so
+mail without a key costs nothing.  Enqueues serialize on an applock on the key.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -745,9 +680,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_Final: mailq.PurgeMail and reports of finished mail.  Keys
-(DateProcessed, ID), INCLUDE (Status, AccountName), filtered to the final
-statuses: a purge batch is a range seek on the oldest rows.
+IX_MailQueue_Final: mailq.PurgeMail's range seek on the oldest final mail.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -764,9 +697,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailAttempt_EndedAtUtc serves the reporting views (throughput per hour,
-recent failures): closed attempts by end time, so "the last 24 hours" is a
-range seek.
+IX_MailAttempt_EndedAtUtc: closed attempts by end time, for the reporting views.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -783,8 +714,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-UX_SendingAccount_IsDefault: at most one default sending account (the one
-mailq.EnqueueMail uses when @AccountName is NULL).
+UX_SendingAccount_IsDefault: at most one default sending account.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -800,11 +730,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_Status: the narrow index the counts read.  Keys (Status,
-AccountName, VisibleAtUtc), no INCLUDE, unfiltered (a view's Status predicate
-never has to match a filter).  mailq.QueueCountsByStatus scans it in key
-order (Stream Aggregate, no Sort, never the clustered index);
-mailq.OldestDueMail seeks Status = 'UnSent'.
+IX_MailQueue_Status: the narrow, unfiltered index the counts read (QueueCountsByStatus,
+OldestDueMail), never the clustered index.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -819,18 +746,12 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailEvent: the append-only event stream of the mail queue: every state
-change of a mail writes one row in the same transaction (docs/events.md lists
-which procedure writes which EventType).  Never updated; mailq.PurgeMail
-deletes a mail's events with it.
-EventSeq      ROWVERSION, read below MIN_ACTIVE_ROWVERSION() by
-              mailq.GetMailEvents (as EventID BIGINT): a commit-safe cursor.
-EventType     Enqueued, Claimed, Sent, DryRun, RetryScheduled, AccountWaiting,
-              Released, LeaseExpired, Failed, Cancelled, Expired, Stopped, Requeued.
+mailq.MailEvent: the append-only event stream: one row per state change of a mail,
+in its transaction (docs/events.md); deleted only with the mail by PurgeMail.
+EventSeq      ROWVERSION, read below MIN_ACTIVE_ROWVERSION() by mailq.GetMailEvents
+              (as EventID BIGINT): a commit-safe cursor.
 Status, AttemptCount  the mail's, right after the change.
-SmtpCode, Detail      the server's reply, the error, or StopMail's reason.
-No CHECK, foreign key or trigger: the procedures write it through OUTPUT ...
-INTO, whose target may have none (a hook reads the stream instead).
+No CHECK, foreign key or trigger: procedures write it by OUTPUT ... INTO.
 LOCK_ESCALATION = DISABLE (docs/dba-guide.md, section 7).
 */
 IF OBJECT_ID(N'mailq.MailEvent', N'U') IS NULL
@@ -854,11 +775,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailEvent_AppName serves mailq.GetMailEvents @AppName: keys (AppName,
-EventSeq), so "this application's events after the cursor, in order" is one
-range seek whatever the size of the table, and TOP (@MaxEvents) stops it.
-The narrow columns are included; Detail comes by a key lookup per row
-returned (at most @MaxEvents).
+IX_MailEvent_AppName: mailq.GetMailEvents @AppName: events after the cursor in
+one range seek; Detail by key lookup (at most @MaxEvents).
 */
 IF NOT EXISTS (
     SELECT 1
@@ -874,9 +792,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailEvent_MailID serves mailq.GetMailEvents @MailID (one mail's events
-after the cursor: a range seek) and mailq.PurgeMail (a mail's events are
-deleted with it: a seek per mail, never a scan of the event history).
+IX_MailEvent_MailID: mailq.GetMailEvents @MailID and mailq.PurgeMail (a seek per mail).
 */
 IF NOT EXISTS (
     SELECT 1
@@ -891,16 +807,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationHook: an application's hook procedure and the dispatcher's
-cursor in its event stream (docs/hooks.md).  Written by
-mailq.SetApplicationHook (db_owner) and mailq.RunApplicationHooks.
-SchemaName, ProcedureName, ObjectId, DefinitionHash  the registered hook,
-              pinned: it runs only while sys.objects holds that procedure with
-              that object_id and SHA2_256 definition (else suspended).
-CursorEventID the last EventID the hook handled or gave up on.
-FailingEventID, FailCount  the event it failed on, and how often in a row.
-MaxAttempts   calls of a failing event before it is recorded in
-              mailq.ApplicationHookFailure and skipped (1-100, default 3).
+mailq.ApplicationHook: an application's hook procedure and the dispatcher's cursor
+(docs/hooks.md).  SchemaName, ProcedureName, ObjectId, DefinitionHash: the pin (it
+runs only while that procedure is unchanged).  CursorEventID: the last event
+handled or given up.  FailingEventID, FailCount: the event failing, how often.
 */
 IF OBJECT_ID(N'mailq.ApplicationHook', N'U') IS NULL
 BEGIN
@@ -933,15 +843,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationHookFailure: events a hook could not handle (docs/hooks.md).
-mailq.RunApplicationHooks writes one row when an event's hook call failed
-MaxAttempts times in a row (mailq.ApplicationHook), or once when the hook
-committed or rolled back the transaction opened for it (error 266 with no
-transaction left: its work may be committed, so it is not called again),
-then moves the cursor past the event: one poisoned event never stops the
-application's later events.  Rows are history: nothing deletes them (an
-operator may, after reading them).  Small by nature (one row per given-up
-event); read it by AppName with the clustered key's order.
+mailq.ApplicationHookFailure: events a hook gave up on (docs/hooks.md): after
+MaxAttempts failed calls, or at once on 266 (the hook ended our transaction);
+the cursor moves past them.  History: nothing deletes rows.
 */
 IF OBJECT_ID(N'mailq.ApplicationHookFailure', N'U') IS NULL
 BEGIN
@@ -964,12 +868,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_ClaimByApp: mailq.ClaimMail's seek for an isolated worker
-(@AppName set), one per (account, run mode) pair, reading that application's
-mail only.  Keys (AccountName, RunMode, AppName, Priority DESC, VisibleAtUtc,
-ID), INCLUDE (AttemptsRemaining, ExpiresAtUtc), filtered to Status IN (UnSent,
-Sending) AND AppName IS NOT NULL; ClaimMail repeats the filter's literals.
-Expected plan and why a second index: docs/claim.md.
+IX_MailQueue_ClaimByApp: mailq.ClaimMail's seek for an isolated worker (@AppName
+set), per (account, run mode); ClaimMail repeats the filter's literals.
+Plan and why a second index: docs/claim.md.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -984,24 +885,17 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ParseAddressList: splits a ';'-separated list of recipients and says
-what is wrong with each (inline, so it costs nothing outside the query).
-An entry is a bare address (user@example.com) or a display name followed by
-the address in angle brackets (张三 <zhang@example.com>); the worker encodes
-non-ASCII display names per RFC 2047.
+mailq.ParseAddressList: splits a ';'-separated recipient list and says what is
+wrong with each entry (inline).  An entry is an address or 'Name <address>'.
 Parameters:  @List NVARCHAR(MAX), NULL gives no rows
-Returns:     DisplayName NVARCHAR(MAX) (NULL for a bare address), Address
-             NVARCHAR(MAX), Problem NVARCHAR(100) (NULL when the entry is
-             acceptable).  Entries are trimmed of spaces; empty ones are skipped.
-Rules:       no CR, LF or other control character anywhere (header injection);
-             display name without '<' or '>' and at most 200 characters;
-             address without white space, at most 254 characters (RFC 5321),
-             exactly one '@' with a non-empty local part and domain, none of
-             '<', '>', ',', '"', '(', ')' or '\', and a domain that neither
-             starts nor ends with '.' nor contains '..'.  Non-ASCII addresses
-             are accepted here; the worker sends them only to servers that
-             offer SMTPUTF8.
-Example:     SELECT a.Address, a.Problem FROM mailq.ParseAddressList(N'a@x.org; 李 <b@y.org>; c@') AS a;
+Returns:     DisplayName (NULL for a bare address), Address, Problem NVARCHAR(100)
+             (NULL when acceptable); entries trimmed, empty ones skipped.
+Rules:       no control character (header injection); display name without '<'
+             or '>', at most 200 characters; address without white space, at
+             most 254 characters, one '@' between a non-empty local part and
+             domain, none of < > , " ( ) \, domain not starting or ending with
+             '.' nor containing '..'.  Non-ASCII is accepted (SMTPUTF8 needed).
+Example:     SELECT a.Address, a.Problem FROM mailq.ParseAddressList(N'a@x.org; c@') AS a;
 */
 CREATE OR ALTER FUNCTION mailq.ParseAddressList(@List NVARCHAR(MAX))
 RETURNS TABLE
@@ -1011,8 +905,7 @@ SELECT
     p.DisplayName,
     p.Address,
     CASE
-        -- A binary collation: LIKE ranges are code-point ranges and control
-        -- characters are never ignorable, whatever the database's collation.
+        -- Binary collation: LIKE ranges are code points, control characters never ignored.
         WHEN p.Entry COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
             THEN N'contains CR, LF or another control character'
         WHEN p.DisplayName LIKE N'%[<>]%' THEN N'has a malformed display name'
@@ -1050,10 +943,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ParseIDList: the mail IDs named by a procedure's @ID or @IDList.
-Parameters:  @ID BIGINT (one mail) and @IDList NVARCHAR(MAX) (a JSON array of
-             integers); the caller validates them first (mailq.LockLeasedMail).
-Returns:     ID BIGINT, each distinct ID once.
+mailq.ParseIDList: the distinct mail IDs of a procedure's @ID or @IDList (a JSON
+array of integers, validated by the caller: mailq.LockLeasedMail).
+Returns:     ID BIGINT.
 Example:     SELECT l.ID FROM mailq.ParseIDList(NULL, N'[1, 2, 3]') AS l;
 */
 CREATE OR ALTER FUNCTION mailq.ParseIDList(@ID BIGINT, @IDList NVARCHAR(MAX))
@@ -1071,17 +963,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.HookPin: the registered hook as it is now, if it is still the procedure
-that was registered: same object_id, schema, name, owner (dbo) and definition
-(SHA2_256 of OBJECT_DEFINITION = the pinned hash).  No row otherwise.
-mailq.RunApplicationHooks reads it before every call and, in the call's
-transaction, again after it: the same ModifyDate both times means nothing
-altered the hook in between (docs/hooks.md, "The check and the call").
+mailq.HookPin: the registered hook as it is now, if still the procedure that was
+registered (same object_id, schema, name, owner dbo, SHA2_256 of its definition);
+no row otherwise.  RunApplicationHooks reads it before and after every call: the
+same ModifyDate means nothing altered the hook in between (docs/hooks.md).
 Parameters:  @ObjectId INT, @SchemaName SYSNAME, @ProcedureName SYSNAME,
              @DefinitionHash VARBINARY(32): mailq.ApplicationHook's pin
 Result set:  zero or one row: ModifyDate DATETIME (sys.objects.modify_date)
-Security:    the catalog shows a procedure only to whoever may see it: the
-             dispatcher reads it as dbo (EXECUTE AS OWNER).
+Security:    the catalog shows only what the caller may see: read as dbo.
 Example:     SELECT ModifyDate FROM mailq.HookPin(@ObjectId, N'billing', N'OnMailEvent', @Hash);
 */
 CREATE OR ALTER FUNCTION mailq.HookPin(
@@ -1322,26 +1211,18 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.FilterSuppressedRecipients: a mail's recipient lists without the
-addresses suppressed for its account and application (mailq.Suppression),
-as one row (inline: one seek on PK_Suppression per recipient entry).
-Parameters:  @AccountName NVARCHAR(128), @AppName NVARCHAR(128) (NULL: no
-             application), @ToAddress, @CC, @BCC NVARCHAR(MAX) as stored.
-Returns:     one row: SuppressedCount INT (entries removed), EntriesLeft INT,
-             ToAddress, CC, BCC NVARCHAR(MAX) (the lists without them, '; '
-             joined, NULL when a list is left empty), Suppressed NVARCHAR(MAX)
-             (the removed addresses, '; ' joined, NULL when none).
-             A row applies when AppName is N'' (the whole account) or the
-             mail's application, and it has not expired.
-Locking:     HOLDLOCK: inside the caller's transaction the key ranges read
-             stay share-locked to its end, so a suppression of one of these
-             addresses (mailq.ApplySuppressions inserts first, then sweeps the
-             queue) waits for this mail to commit and then finds it, or was
-             committed first and is seen here: a mail never slips between the
-             check and the sweep.  mailq.Suppression is written rarely (bounce
-             reader, unsubscribes, operators); readers never block each other.
+mailq.FilterSuppressedRecipients: a mail's recipient lists without the addresses
+suppressed for its account (AppName N'') or its application and not expired
+(mailq.Suppression); inline, one seek on PK_Suppression per recipient entry.
+Parameters:  @AccountName NVARCHAR(128), @AppName NVARCHAR(128) (NULL: none),
+             @ToAddress, @CC, @BCC NVARCHAR(MAX) as stored.
+Returns:     one row: SuppressedCount INT, EntriesLeft INT, ToAddress, CC, BCC
+             (without them, '; ' joined, NULL when empty), Suppressed NVARCHAR(MAX).
+Locking:     HOLDLOCK: in the caller's transaction the ranges read stay S-locked,
+             so mailq.ApplySuppressions (insert, then sweep the queue) either waits
+             for this mail and finds it, or committed first and is seen here.
 Example:     SELECT f.ToAddress, f.Suppressed
-             FROM mailq.FilterSuppressedRecipients(N'news', NULL, N'a@x.org; b@y.org', NULL, NULL) AS f;
+             FROM mailq.FilterSuppressedRecipients(N'news', NULL, N'a@x.org', NULL, NULL) AS f;
 */
 CREATE OR ALTER FUNCTION mailq.FilterSuppressedRecipients(
     @AccountName NVARCHAR(128),
@@ -1386,26 +1267,13 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a
-table-valued parameter, for applications).  One row per mail; the columns are
-mailq.EnqueueMail's parameters with the same names and types, so that a row
-and a single call with the same values are the same mail (same content hash,
-same validation).  RowNo is the caller's ordinal: errors and results name it.
-NULL in an optional column means EnqueueMail's default.
-A table type cannot be altered: a later change is a new type (or a drop and
-re-create while no procedure references it), in its own revision.
-Callers need EXECUTE on the type (sql/security/MailqEnqueuer.batch.grants.sql).
-Revision 0015 appended RunMode (re-created by that revision's before_files
-hook), revision 0016 appends TemplateName, TemplateVersion, TemplateModel
-(EnqueueMail's new parameters).  A type in use cannot be altered or dropped
-("Cannot drop type ... because it is being referenced"; DROP TYPE
-(Transact-SQL): drop the objects that reference it first), so a type without
-them (revision 0014's or 0015's) is dropped after mailq.EnqueueMailBatch, the one
-module whose parameter uses it, in the migration's transaction; both are
-created again by their files in this revision (the procedure's file follows
-in the build order) and MailqEnqueuer.batch.grants.sql grants both again.
-The downgrade rebuilds revision 0015's type the same way
-(alembic/versions/0016_*.py, after_downgrade).
+mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a TVP).
+One row per mail: mailq.EnqueueMail's parameters with the same names and types,
+so a row and a single call with the same values are the same mail; RowNo is the
+caller's ordinal, named by errors and results; NULL means EnqueueMail's default.
+A type in use cannot be altered or dropped: an older shape (without TemplateModel)
+is dropped with mailq.EnqueueMailBatch, and both are created again.  Callers need
+EXECUTE on it (sql/security/MailqEnqueuer.batch.grants.sql).
 */
 IF TYPE_ID(N'mailq.MailBatchRow') IS NOT NULL
     AND NOT EXISTS (
@@ -1452,16 +1320,15 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailAttachmentList: the attachments of one mail, read from EnqueueMail's
-@Attachments text without ever raising an error (inline).
+mailq.MailAttachmentList: the attachments of one mail from EnqueueMail's
+@Attachments text, never raising an error (inline).
 Parameters:  @Attachments NVARCHAR(MAX): a JSON array; anything else gives no rows
 Returns:     per element: AttachmentNo (from 1), IsObject, FileName, ContentType,
-             ContentBase64, Generator, GeneratorArgs ("Arguments" when an object
-             or array), GeneratorArgsText (when a scalar), Base64Ok (canonical
-             base64: A-Z a-z 0-9 + /, length a multiple of 4, '=' only as 1-2
-             final characters) and Bytes (the decoded size, from the text).
-No error:    OPENJSON only meets text IIF proved to be JSON (else 13609 would fail
-             a whole batch); nothing is decoded here (the core decodes Base64Ok text).
+             ContentBase64, Generator, GeneratorArgs (object or array),
+             GeneratorArgsText (scalar), Base64Ok (canonical base64: A-Z a-z 0-9
+             + /, length a multiple of 4, '=' only as 1-2 final characters), Bytes.
+No error:    OPENJSON only meets text IIF proved to be JSON (13609 would fail a
+             whole batch); nothing is decoded here (the core decodes Base64Ok text).
 Example:     SELECT a.Bytes FROM mailq.MailAttachmentList(N'[{"FileName": "a", "ContentBase64": "YQ=="}]') AS a;
 */
 CREATE OR ALTER FUNCTION mailq.MailAttachmentList(@Attachments NVARCHAR(MAX))
@@ -1492,7 +1359,7 @@ OUTER APPLY OPENJSON (IIF(e.[type] = 5, e.[value], NULL))
         ContentType NVARCHAR(4000) '$.ContentType',
         ContentBase64 NVARCHAR(MAX) '$.ContentBase64',
         Generator NVARCHAR(4000) '$.Generator',
-        -- AS JSON: an object or array value (NULL for a scalar), OPENJSON (Transact-SQL)
+        -- AS JSON: an object or array value (NULL for a scalar)
         GeneratorArgs NVARCHAR(MAX) '$.Arguments' AS JSON,
         GeneratorArgsText NVARCHAR(MAX) '$.Arguments'
     ) AS f
@@ -1504,14 +1371,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailBatchJson: EnqueueMailBatch's @Mails (a JSON array of objects) as rows
-with mailq.MailBatchRow's columns, without ever raising an error (inline).
-Parameters:  @Mails NVARCHAR(MAX); NULL or text that is not JSON gives no rows
+mailq.MailBatchJson: EnqueueMailBatch's @Mails (a JSON array of objects) as rows of
+mailq.MailBatchRow's columns, never raising an error (inline).
+Parameters:  @Mails NVARCHAR(MAX); NULL or not JSON gives no rows
 Returns:     RowNo (position + 1), the fields as MailBatchRow types them, and
              InputField/InputMessage: a field unknown or of the wrong JSON type
-             (rule 50223), else NULL.  Fields are read as text and converted
-             with TRY_CONVERT; Headers, Attachments, TemplateModel may be JSON or
-             a string; times are ISO 8601, an offset converted to UTC, years 2-9998.
+             (rule 50223), else NULL.  Fields are read as text and converted with
+             TRY_CONVERT; Headers, Attachments, TemplateModel may be JSON or a
+             string; times are ISO 8601, an offset converted to UTC.
 Example:     SELECT j.RowNo, j.InputMessage FROM mailq.MailBatchJson(N'[{"Priority": "9"}]') AS j;
 */
 CREATE OR ALTER FUNCTION mailq.MailBatchJson(@Mails NVARCHAR(MAX))
@@ -1584,22 +1451,19 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.EnqueueMailCheck: THE rules of enqueueing one mail, its defaults and its
-idempotency content hash.  Inline: expanded into the one statement of its one
-caller, mailq.EnqueueMailRows, for a single call and for every batch row alike.
+mailq.EnqueueMailCheck: THE rules of enqueueing one mail (docs/enqueue.md), its
+defaults and its idempotency content hash; inline in mailq.EnqueueMailRows, its
+one caller, for a single call and every batch row alike.
 Parameters:  mailq.MailBatchRow's 23 fields in column order (NULL = default);
-             @InputField/@InputMessage (rule 50223 found reading the input); @P
-             N'@' (messages name parameters) or N'' (batch fields); @Now; @User;
-             @PrincipalApp (the caller's mapped application); @AllowUnmapped;
-             @TemplateLatest, @TemplateRetired (mailq.MailTemplate's row, read by the caller).
-Returns:     one row: the values to store, defaults applied; KeyText (the key as
-             its lock names it); Domain (of the Message-ID); ContentHash (SHA-256
-             of the normalized content, the due time as given); and the FIRST
-             broken rule by RuleOrder: ErrorNumber, Field, Message (NULL if valid).
-             The last rule, the suppression list (50600), needs the caller's
-             transaction and key locks: mailq.EnqueueMailRows applies it.
+             @InputField/@InputMessage (rule 50223); @P N'@' (messages name
+             parameters) or N'' (batch fields); @Now; @User; @PrincipalApp;
+             @AllowUnmapped; @TemplateLatest, @TemplateRetired (read by the caller).
+Returns:     one row: the values to store, defaults applied; KeyText; Domain (of the
+             Message-ID); ContentHash (SHA-256 of the normalized content); and the
+             FIRST broken rule by RuleOrder: ErrorNumber, Field, Message (NULL if
+             valid).  The suppression rule (50600) is EnqueueMailRows'.
 Errors:      none raised: JSON functions read only text IIF proved to be JSON.
-Example:     see mailq.EnqueueMailRows; docs/enqueue.md lists every rule.
+Example:     see mailq.EnqueueMailRows.
 */
 CREATE OR ALTER FUNCTION mailq.EnqueueMailCheck(
     @ToAddress NVARCHAR(MAX), @Subject NVARCHAR(MAX), @Body NVARCHAR(MAX), @BodyFormat NVARCHAR(20),
@@ -1861,8 +1725,7 @@ SELECT
     -- A Message-ID is ASCII and fits its column: another domain gets a neutral one.
     IIF(d.Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' OR LEN(d.Domain) > 200, N'mailq-db.invalid', d.Domain)
         AS Domain,
-    -- The normalized content, headers and attachments re-serialized: neither
-    -- how a default is spelled nor the path (single, JSON, TVP) changes it.
+    -- Normalized: neither a default's spelling nor the path (single, JSON, TVP) changes it.
     HASHBYTES('SHA2_256', (
         SELECT
             @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, n.Subject, n.Body, n.BodyFormat,
@@ -1892,12 +1755,8 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.QueueCountsByStatus: how many mails each account has in each status.
-Expected plan shape (checked on 100,000 rows by
-tests/integration/test_mailq_view_plans.py): Index Scan of
-IX_MailQueue_Status (Status, AccountName, VisibleAtUtc), ordered, feeding a
-Stream Aggregate (or a Hash Match aggregate); no Sort over the table, no Key
-Lookup, no access to PK_MailQueue: the count never reads a row that carries
-a body.  Reads only; run under READ_COMMITTED_SNAPSHOT it takes no lock.
+Plan: an ordered scan of IX_MailQueue_Status + aggregate, never PK_MailQueue
+(tests/integration/test_mailq_view_plans.py).
 */
 CREATE OR ALTER VIEW mailq.QueueCountsByStatus
 AS
@@ -1911,17 +1770,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.OldestDueMail: per account, the oldest mail that is due and waiting
-(UnSent, VisibleAtUtc passed), its age in seconds and how many are due.  A
-growing age means the workers fall behind or the account is blocked.
-Expected plan shape (checked on 100,000 rows by
-tests/integration/test_mailq_view_plans.py): Index Seek on
-IX_MailQueue_Status with the seek predicate Status = N'UnSent' (VisibleAtUtc
-<= now as a seek range or residual), Stream Aggregate per AccountName; no
-Key Lookup and no access to PK_MailQueue.  The predicate needs no filtered
-index to match: IX_MailQueue_Status is unfiltered.  The optimizer may as
-well read the claim index (filtered on the claimable statuses, which
-Status = N'UnSent' implies, and covering): as narrow, also accepted.
+mailq.OldestDueMail: per account, the oldest due UnSent mail, its age in seconds
+and how many are due; a growing age means the workers fall behind or the account
+is blocked.  Plan: a seek on IX_MailQueue_Status (or the covering claim index),
+never PK_MailQueue (tests/integration/test_mailq_view_plans.py).
 */
 CREATE OR ALTER VIEW mailq.OldestDueMail
 AS
@@ -1937,16 +1789,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ThroughputPerHour: attempts finished per UTC hour and account over the
-last 48 hours: Sent (Sent and DryRun outcomes) and Failed (Retry, Wait, Stop,
-Abandoned outcomes).
-Expected plan shape (checked on 100,000 rows by
-tests/integration/test_mailq_view_plans.py): Index Seek on
-IX_MailAttempt_EndedAtUtc (range EndedAtUtc >= now - 48 hours), a join to
-PK_MailQueue by ID (Nested Loops with a Clustered Index Seek, or a hash join
-with a scan of the narrow IX_MailQueue_Status when many attempts are
-recent), then an aggregate by hour and account; never a scan of
-mailq.MailAttempt nor of MailQueue's clustered rows.
+mailq.ThroughputPerHour: attempts finished per UTC hour and account over the last
+48 hours: Sent (Sent, DryRun) and Failed (Retry, Wait, Stop, Abandoned).
+Plan: a range seek on IX_MailAttempt_EndedAtUtc, PK_MailQueue by ID; never a scan
+of either table's clustered rows (tests/integration/test_mailq_view_plans.py).
 */
 CREATE OR ALTER VIEW mailq.ThroughputPerHour
 AS
@@ -1972,16 +1818,9 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.RecentFailures: failed attempts of the last 7 days (Retry, Wait, Stop,
-Abandoned), with the mail's current status: what went wrong and whether the
-mail got through later.
-Expected plan shape (checked on 100,000 rows by
-tests/integration/test_mailq_view_plans.py): Index Seek on
-IX_MailAttempt_EndedAtUtc (range EndedAtUtc >= now - 7 days; Outcome is an
-included column, tested as a residual; a Key Lookup fetches ErrorText),
-Nested Loops into a Clustered Index Seek of PK_MailQueue by ID for
-AccountName and Status (or, when many attempts are recent, a hash join with
-a scan of the narrow IX_MailQueue_Status, whose rows carry ID); never a scan
-of mailq.MailAttempt nor of MailQueue's clustered rows.
+Abandoned) with the mail's current status: did it get through later?
+Plan: a range seek on IX_MailAttempt_EndedAtUtc, PK_MailQueue by ID; never a scan
+of either table's clustered rows (tests/integration/test_mailq_view_plans.py).
 */
 CREATE OR ALTER VIEW mailq.RecentFailures
 AS
@@ -2003,10 +1842,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RecipientOutcomes: per-recipient results of mails that were accepted for
-some recipients only (mailq.MailRecipientOutcome), with the mail's account and
-current status: who did not get the mail (Refused: 5xx, final; Deferred: 4xx,
-retried with the mail) and who did (Delivered).
+mailq.RecipientOutcomes: per-recipient results of mails accepted for some
+recipients only, with the mail's account and status: Refused (5xx, final),
+Deferred (4xx, retried with the mail), Delivered.
 */
 CREATE OR ALTER VIEW mailq.RecipientOutcomes
 AS
@@ -3561,19 +3399,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ReleaseMail: gives back mails a worker holds but has not sent (e.g. on
-shutdown): UnSent and due now, the attempt refunded, the attempt row closed
-as Released.  Fenced by the lock token, all or nothing.  The rate budget the
-claim took is not refunded (limits stay conservative).
+mailq.ReleaseMail: gives back leased mails not sent (e.g. on shutdown): UnSent and
+due now, the attempt refunded and closed as Released; fenced by the lock token,
+all or nothing.  The rate budget taken is not refunded.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, required.
 Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
-             then mailq.MailEvent (insert).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via LockLeasedMail), mailq.MailAttempt, mailq.MailEvent.
 Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.ReleaseMail
@@ -3588,7 +3423,6 @@ BEGIN
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL, AppName NVARCHAR(128) NULL);
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -3621,8 +3455,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4013,20 +3846,16 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.RequeueMail: puts a Failed, Cancelled, Expired or Stopped mail back in the
-queue (UnSent) with a fresh set of attempts; PossibleDuplicate and the
-attempt history are kept.  An expiry time that is not after the new due time
-is cleared (the mail would otherwise expire at once).
-Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
+queue (UnSent) with fresh attempts; PossibleDuplicate and the attempt history are
+kept.  An expiry not after the new due time is cleared.
+Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20 = 5;
              @DateToProcess DATETIME2(3) UTC, default now.
 Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
-Errors:      50136 @ID missing; 50119 @MaxAttempts out of range;
-             50201 unknown mail; 50205 the mail is not Failed, Cancelled, Expired or Stopped.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
-             in a procedure reverts when it returns).
-Lock order:  mailq.MailQueue (clustered row first, as PurgeMail), then
-             mailq.MailEvent (insert).
+Errors:      50136 @ID missing; 50119 @MaxAttempts out of range; 50201 unknown
+             mail; 50205 the mail is not Failed, Cancelled, Expired or Stopped.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK check-then-update).
+Lock order:  mailq.MailQueue (the clustered row), then mailq.MailEvent (insert).
 Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
 */
 CREATE OR ALTER PROCEDURE mailq.RequeueMail
@@ -4050,7 +3879,6 @@ BEGIN
     SET @DateToProcess = COALESCE(@DateToProcess, SYSUTCDATETIME());
 
     DECLARE @Status NVARCHAR(16);
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -4092,8 +3920,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4434,23 +4261,17 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UnblockSendingAccount: clears an account's BlockedUntilUtc (set by
-MarkFailed @Disposition = 'Wait'), e.g. once the provider lifted a lock early,
-and makes the mails that a Wait deferred visible now: UnSent mails of the
-account whose last attempt ended with Outcome 'Wait' and whose VisibleAtUtc
-is still in the future get VisibleAtUtc = now (never earlier than their own
-DateToProcess).  Mails scheduled for later by their sender, or deferred by a
-Retry backoff, keep their time.
+mailq.UnblockSendingAccount: clears an account's BlockedUntilUtc (set by MarkFailed
+'Wait') and makes the mails a Wait deferred visible now (never before their own
+DateToProcess); mail scheduled later or in Retry backoff keeps its time.
 Parameters:  @AccountName NVARCHAR(128), required.
 Result set:  one row: AccountName, MadeVisibleCount INT.
 Errors:      50142 @AccountName missing; 50114 unknown account.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself; the attempt read says READCOMMITTEDLOCK
-             (under READ_COMMITTED_SNAPSHOT it must see a MarkFailed in flight).
-Lock order:  mailq.MailQueue (the deferred mails), reading mailq.MailAttempt,
-             then mailq.SendingAccount: the order MarkFailed keeps, so an
-             unblock and a Wait never deadlock.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here; the attempt read is READCOMMITTEDLOCK (it
+             must see a MarkFailed in flight under RCSI).
+Lock order:  mailq.MailQueue, reading mailq.MailAttempt, then mailq.SendingAccount
+             (MarkFailed's order: an unblock and a Wait never deadlock).
 Example:     EXEC mailq.UnblockSendingAccount @AccountName = N'qq';
 */
 CREATE OR ALTER PROCEDURE mailq.UnblockSendingAccount
@@ -4500,8 +4321,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4830,24 +4650,18 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UnbindApplication: withdraws what mailq.BindApplication allowed.  Mail
-already queued is not touched; only later EnqueueMail calls are refused.
-Unbinding what is not bound changes nothing.
-Parameters:  @AppName NVARCHAR(128), required
-             @AccountName NVARCHAR(128), optional: the account to withdraw
-             @FromAddress NVARCHAR(320), optional: the address or '@domain' to
-                        withdraw (compared case-insensitively)
-             @PrincipalName sysname, optional: the database user to unmap
-                        (only if it is mapped to @AppName)
-             At least one of @AccountName, @FromAddress and @PrincipalName.
+mailq.UnbindApplication: withdraws what mailq.BindApplication allowed; queued mail
+is not touched, later enqueues are refused.  Unbinding what is not bound is a no-op.
+Parameters:  @AppName NVARCHAR(128), required; at least one of:
+             @AccountName NVARCHAR(128): the account to withdraw
+             @FromAddress NVARCHAR(320): the address or '@domain' (case-insensitive)
+             @PrincipalName sysname: the database user to unmap (if mapped to @AppName)
 Result set:  none.
 Errors:      50145 @AppName missing; 50164 none of @AccountName, @FromAddress,
              @PrincipalName.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself.
-Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
-             mailq.ApplicationPrincipal.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here.
+Lock order:  mailq.ApplicationAccount, mailq.ApplicationFrom, mailq.ApplicationPrincipal.
 Example:     EXEC mailq.UnbindApplication @AppName = N'billing', @AccountName = N'qq';
 */
 CREATE OR ALTER PROCEDURE mailq.UnbindApplication
@@ -4888,8 +4702,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4898,19 +4711,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SetEnqueuePolicy: decides whether a database user that no application
-binding covers (no mailq.ApplicationPrincipal row) may enqueue.  For db_owner
-and MailqAdmin only: the procedure checks the caller itself, so a broader
-grant (EXECUTE ON SCHEMA::mailq) does not open it.
+mailq.SetEnqueuePolicy: whether a database user no application binding covers
+(no mailq.ApplicationPrincipal row) may enqueue.  db_owner and MailqAdmin only: the
+procedure checks the caller itself, whatever EXECUTE was granted.
 Parameters:  @AllowUnmappedEnqueuers BIT, required: 0 = refuse such a user with
              50500 (a new installation's setting); 1 = the documented opt-in:
-             such a user enqueues unbound, through any account as any From
-             address (EnqueueMail, EnqueueMailBatch and SendDbMail alike).
+             such a user enqueues unbound, through any account as any From address.
 Result set:  none.
 Errors:      50501 @AllowUnmappedEnqueuers NULL; 50502 the caller is neither a
              member of db_owner nor of MailqAdmin.  Nothing is written.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's transaction (XACT_ABORT ON).
+Transaction: its own or the caller's; an error dooms the caller's (XACT_ABORT ON).
 Isolation:   READ COMMITTED, set here.
 Lock order:  mailq.EnqueuePolicy only (one row).
 Example:     EXEC mailq.SetEnqueuePolicy @AllowUnmappedEnqueuers = 0;
@@ -4946,8 +4756,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -5558,12 +5367,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetRecipientOutcomes: the recorded recipient outcomes of mails a worker
-holds (mailq.RecordRecipientOutcomes), so a new attempt skips the recipients
-that are Delivered or Refused.  The worker calls it once per claimed batch,
-for the mails claimed before (AttemptNo > 1).  Mails not leased under
-@LockToken are left out (no error: the worker finds out at its next fenced
-call).
+mailq.GetRecipientOutcomes: the recorded recipient outcomes of leased mails, so a
+new attempt skips recipients Delivered or Refused; mails not leased under
+@LockToken are left out (no error: the next fenced call finds out).
 Parameters:  @IDList NVARCHAR(MAX), required: a JSON array of 1-1000 mail IDs;
              @LockToken UNIQUEIDENTIFIER, required.
 Result set:  one row per recorded recipient: MailID, Address, Outcome,
@@ -5571,9 +5377,7 @@ Result set:  one row per recorded recipient: MailID, Address, Outcome,
 Errors:      50131 @LockToken missing; 50185 @IDList is not a JSON array of
              1-1000 integers.
 Transaction: reads only; none of its own.
-Isolation:   sets READ COMMITTED itself (no shared or range lock kept for a
-             REPEATABLE READ or SERIALIZABLE caller); the rows read belong to
-             mails this token holds, which only this worker writes.
+Isolation:   READ COMMITTED, set here (no lock kept for a SERIALIZABLE caller).
 Lock order:  mailq.MailQueue, then mailq.MailRecipientOutcome (shared, row by row).
 Example:     EXEC mailq.GetRecipientOutcomes @IDList = N'[101,102]', @LockToken = @T;
 */
@@ -5587,9 +5391,8 @@ BEGIN
 
     IF @LockToken IS NULL
         THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
-    -- ISJSON and OPENJSON in separate statements: an OR does not evaluate its
-    -- operands in a guaranteed order, so OPENJSON could meet text that is not
-    -- JSON and raise error 13609 instead of 50185.
+    -- Separate statements: OR has no guaranteed order, so OPENJSON could meet
+    -- non-JSON and raise 13609 instead of 50185.
     DECLARE @IDListOk BIT = 1;
     IF @IDList IS NULL OR ISJSON(@IDList) = 0 OR LEFT(LTRIM(@IDList), 1) <> N'['
         SET @IDListOk = 0;
@@ -6564,19 +6367,14 @@ mailq.ListApplicationHooks: the registered hooks and where each stands
 (docs/hooks.md; `mailq-db hooks list`).
 Parameters:  @AppName NVARCHAR(128) = NULL: one application, NULL = all.
 Result set:  one row per hook, by AppName: AppName, HookProcedure, ObjectId,
-             Pinned BIT (1: the procedure is still the one registered, same
-             object, schema, name, owner and definition; 0: the dispatcher
-             suspends it until mailq.SetApplicationHook re-registers it),
-             CursorEventID, FailingEventID, FailCount, MaxAttempts, LastError,
+             Pinned BIT (0: changed since registration; the dispatcher suspends
+             it), CursorEventID, FailingEventID, FailCount, MaxAttempts, LastError,
              LastRunAtUtc, RegisteredAtUtc, RegisteredBy, Failures INT (rows in
              mailq.ApplicationHookFailure), LastFailureAtUtc.
 Errors:      none.
-Transaction: opens none and writes nothing (but its own table variable).
-Isolation:   the caller's (a report: a row changed meanwhile shows either way).
+Transaction: opens none, writes nothing.
+Isolation:   the caller's (a report).
 Lock order:  mailq.ApplicationHook, then mailq.ApplicationHookFailure (shared, brief).
-Plan:        mailq.ApplicationHook is one row per hooked application; the
-             failure counts group the (small) failure table once; the pin
-             check joins the catalog's procedures (sys.objects, type P).
 Example:     EXEC mailq.ListApplicationHooks;
 */
 CREATE OR ALTER PROCEDURE mailq.ListApplicationHooks
@@ -6585,8 +6383,7 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
 
-    -- Procedures a hook may still resolve to: dbo-owned schema, no other owner
-    -- (read into a table variable first: one plain catalog read).
+    -- Procedures a hook may resolve to: dbo-owned schema, no other owner.
     DECLARE @Live TABLE (
         ObjectId INT NOT NULL PRIMARY KEY,
         SchemaName SYSNAME NOT NULL,
@@ -6795,11 +6592,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Role MailqEnqueuer: enqueue mail and read its events, nothing else.
-Object-level grants (not SCHEMA::mailq), so internal procedures such as
-mailq.LockLeasedMail stay out of reach; no claim, acknowledgement or binding
-procedure.  What it may send as is bound per application
-(mailq.ApplicationAccount, ApplicationFrom; docs/dba-guide.md, section 3).
+Role MailqEnqueuer: enqueue mail and read its events, nothing else; object-level
+grants so internal procedures stay out of reach (docs/dba-guide.md, section 3).
 */
 GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqEnqueuer;
 GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqEnqueuer;
@@ -6807,10 +6601,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Batch enqueue: the procedure, and EXECUTE on its table type (a caller needs it
-to declare a variable of the type and pass it as @MailRows).  Dropping a type
-or procedure drops its grants: a revision that re-creates either carries this
-file again.
+Batch enqueue: the procedure and EXECUTE on its table type (needed to pass @MailRows).
 */
 GRANT EXECUTE ON OBJECT::mailq.EnqueueMailBatch TO MailqEnqueuer;
 GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer;
@@ -6818,9 +6609,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Role MailqSender (sender workers): claim, extend, release and acknowledge
-mail, and read the installation health for `mailq-db doctor`.  No grant on
-mailq.EnqueueMail: a worker's login cannot enqueue.
+Role MailqSender (sender workers): claim, extend, release, acknowledge, read health;
+no mailq.EnqueueMail: a worker's login cannot enqueue.
 */
 GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqSender;
@@ -6833,8 +6623,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqAdmin: every public mailq procedure and the reporting
-views (views are read-only reports, not table rights).
+Grants of role MailqAdmin: every public mailq procedure and the reporting views.
 */
 GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqAdmin;
@@ -6863,8 +6652,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.FinalizeMail: sender workers run it on a timer; administrators and
-their jobs may run it too.
+mailq.FinalizeMail: sender workers run it on a timer; administrators may too.
 */
 GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqAdmin;
@@ -6872,8 +6660,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Per-recipient outcomes: sender workers record and read them; administrators
-too, and read the report view.
+Per-recipient outcomes: workers and administrators record and read them.
 */
 GRANT EXECUTE ON OBJECT::mailq.RecordRecipientOutcomes TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.GetRecipientOutcomes TO MailqSender;
@@ -6884,8 +6671,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Per-application hooks (docs/hooks.md): administrators run the dispatcher and
-list the hooks.  mailq.SetApplicationHook is db_owner's (a hook runs as dbo).
+Hooks (docs/hooks.md): administrators run the dispatcher and list the hooks;
+mailq.SetApplicationHook is db_owner's.
 */
 GRANT EXECUTE ON OBJECT::mailq.RunApplicationHooks TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.ListApplicationHooks TO MailqAdmin;
@@ -6893,12 +6680,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants for who may send as whom (docs/enqueue.md): administrators set the
-enqueue policy (the procedure also checks db_owner or MailqAdmin itself) and
-read it with the unmapped users; sender workers read it for `mailq-db doctor`
-(catalog visibility still applies: they see only what they may see).
-mailq.EnqueueMailRows, the enqueue core, is granted to no role: EnqueueMail,
-EnqueueMailBatch and SendDbMail reach it by ownership chaining.
+Who may send as whom (docs/enqueue.md): administrators set and read the enqueue
+policy; workers read it for `mailq-db doctor`.  mailq.EnqueueMailRows is granted to
+no role (reached by ownership chaining).
 */
 GRANT EXECUTE ON OBJECT::mailq.SetEnqueuePolicy TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetEnqueuePolicy TO MailqAdmin;
@@ -6907,11 +6691,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants on mailq.GetEventStreamStall: whoever reads the event stream
-(MailqEnqueuer, MailqAdmin) may ask what holds it back.  The procedure reads
-the transaction DMVs with the caller's own rights, so the grant shows open
-transactions only to a caller who already holds VIEW SERVER STATE (or VIEW
-DATABASE STATE on Azure SQL Database).
+mailq.GetEventStreamStall for readers of the event stream; it reads the transaction
+DMVs with the caller's rights (VIEW SERVER STATE, or VIEW DATABASE STATE on Azure).
 */
 GRANT EXECUTE ON OBJECT::mailq.GetEventStreamStall TO MailqEnqueuer;
 GRANT EXECUTE ON OBJECT::mailq.GetEventStreamStall TO MailqAdmin;
@@ -6919,11 +6700,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailTemplate: one row per template name: its latest version,
-description and retirement.  The versions live in mailq.MailTemplateVersion
-and never change.  Managed through mailq.AddMailTemplateVersion and
-mailq.RetireMailTemplate.  TemplateName: 1-128 letters, digits, '.', '_', '-'
-(checked by the procedures, 50210), compared under the database collation.
+mailq.MailTemplate: one row per template name: latest version, description,
+retirement; versions in mailq.MailTemplateVersion.  TemplateName: 1-128 letters,
+digits, '.', '_', '-' (50210).
 */
 IF OBJECT_ID(N'mailq.MailTemplate', N'U') IS NULL
 BEGIN
@@ -6944,13 +6723,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailTemplateVersion: the versions of each template (1, 2, 3 ... per
-name, mailq.AddMailTemplateVersion), immutable: no procedure updates or
-deletes a row, and trg_MailTemplateVersion_Immutable refuses it (50218), so a
-mail rendered from (TemplateName, Version) renders the same text again.
-SubjectTemplate 1-4000 characters; HtmlTemplate, TextTemplate up to 2,000,000
-each, at least one.  CreatedBy is SUSER_SNAME() (the login: an audit survives
-a dropped user).
+mailq.MailTemplateVersion: the immutable versions of each template (1, 2, 3 ...;
+trg_MailTemplateVersion_Immutable refuses changes, 50218): a pinned mail renders
+the same text again.  CreatedBy: SUSER_SNAME() (survives a dropped user).
 */
 IF OBJECT_ID(N'mailq.MailTemplateVersion', N'U') IS NULL
 BEGIN
@@ -6980,13 +6755,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.trg_MailTemplateVersion_Immutable: template versions never change, for
-anyone with table rights too (db_owner, a hand-written fix): an UPDATE or
-DELETE is refused with 50218, which rolls back the statement's transaction.
-Add a version (mailq.AddMailTemplateVersion) or retire the template
-(mailq.RetireMailTemplate) instead.  INSTEAD OF: the rows are never touched.
-TRUNCATE and DROP TABLE do not fire it.  FK_MailTemplateVersion_MailTemplate
-must keep NO ACTION (an INSTEAD OF trigger forbids cascading keys).
+mailq.trg_MailTemplateVersion_Immutable: refuses any UPDATE or DELETE of a template
+version with 50218 (rolls back the statement's transaction), also for db_owner;
+TRUNCATE and DROP do not fire it.  The foreign key must stay NO ACTION.
 */
 CREATE OR ALTER TRIGGER mailq.trg_MailTemplateVersion_Immutable
 ON mailq.MailTemplateVersion
@@ -7350,21 +7121,19 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RetireMailTemplate: retires a mail template (its latest version can no
-longer be used by new mail: 50216) or brings it back (@Retire = 0).  Its
-versions stay: mail that pinned one still renders.  Retiring a retired
-template changes nothing (Changed = 0; the first retirement is kept).
-Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT, default 1
-             (NULL counts as 1); @Reason NVARCHAR(400), optional.
+mailq.RetireMailTemplate: retires a mail template (new mail may not use it: 50216)
+or brings it back (@Retire = 0).  Its versions stay: pinned mail still renders.
+Retiring a retired template changes nothing (Changed = 0).
+Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT = 1 (NULL counts as
+             1); @Reason NVARCHAR(400).
 Result set:  one row: TemplateName, LatestVersion, RetiredAtUtc, RetiredBy,
              RetiredReason, Changed BIT.
 Errors:      50210 @TemplateName missing or invalid; 50213 @Reason over 400
              characters; 50215 no template has this name.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED; one UPDATE of one row by key.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here; one UPDATE of one row by key.
 Lock order:  mailq.MailTemplate only.
-Example:     EXEC mailq.RetireMailTemplate @TemplateName = N'welcome', @Reason = N'replaced by welcome-2027';
+Example:     EXEC mailq.RetireMailTemplate @TemplateName = N'welcome', @Reason = N'replaced';
 */
 CREATE OR ALTER PROCEDURE mailq.RetireMailTemplate
     @TemplateName NVARCHAR(4000),
@@ -7394,7 +7163,6 @@ BEGIN
         RetiredReason NVARCHAR(400) NULL
     );
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -7423,8 +7191,7 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
+        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -7452,8 +7219,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Mail templates: administrators manage and read them; sender workers read them
-(the worker renders at send time).
+Mail templates: administrators manage and read them; workers read them.
 */
 GRANT EXECUTE ON OBJECT::mailq.AddMailTemplateVersion TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetMailTemplate TO MailqAdmin;
@@ -7466,12 +7232,8 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqDbMailUser: Database Mail callers (msdb's DatabaseMailUserRole): may
-call mailq.SendDbMail and read the sysmail_* views (their own mail only).
-A separate role rather than MailqEnqueuer: SendDbMail runs a caller's @query,
-so who may use it is decided on its own.  The query runs with the caller's
-own rights (mailq-db dbmail-runner), so membership grants no data access.
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+call mailq.SendDbMail and read the sysmail_* views (their own mail only); its own
+role because SendDbMail runs a caller's @query (with the caller's own rights).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqDbMailUser') IS NULL
     CREATE ROLE MailqDbMailUser AUTHORIZATION dbo;
@@ -7479,11 +7241,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailProfile: Database Mail compatibility (mailq.SendDbMail): a profile
-names an ordered list of sending accounts (mailq.DbMailProfileAccount), as
-msdb.dbo.sysmail_profile does.  ProfileID is the profile_id the sysmail_*
-views show.  Who may use a profile, and which one is a principal's default,
-is in mailq.DbMailPrincipalProfile (PrincipalName N'public' = a public profile).
+mailq.DbMailProfile: a Database Mail profile (msdb.dbo.sysmail_profile): an ordered
+list of sending accounts (mailq.DbMailProfileAccount); ProfileID is the profile_id
+the sysmail_* views show.
 */
 IF OBJECT_ID(N'mailq.DbMailProfile', N'U') IS NULL
 BEGIN
@@ -7501,10 +7261,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailAccount: the INT account_id Database Mail's views show
-(sent_account_id, account_id) for a sending account of mailq.SendingAccount.
-A row is made when the account is first added to a profile
-(mailq.UpsertDbMailProfileAccount); it is never reused for another account.
+mailq.DbMailAccount: the INT account_id the sysmail_* views show for a sending
+account, made when first added to a profile, never reused.
 */
 IF OBJECT_ID(N'mailq.DbMailAccount', N'U') IS NULL
 BEGIN
@@ -7521,12 +7279,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailProfileAccount: the accounts of a profile, in failover order
-(lowest SequenceNumber first, as msdb.dbo.sysmail_profileaccount).
-Failover is decided when mailq.SendDbMail enqueues: the mail goes to the first
-account of the profile that is not blocked (mailq.SendingAccount.BlockedUntilUtc
-unset or past); when every account is blocked, to the first one (the mail waits
-for it).  A queued mail keeps its account.
+mailq.DbMailProfileAccount: a profile's accounts in failover order (lowest
+SequenceNumber first); SendDbMail picks the first not blocked at enqueue.
 */
 IF OBJECT_ID(N'mailq.DbMailProfileAccount', N'U') IS NULL
 BEGIN
@@ -7546,12 +7300,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailPrincipalProfile: who may use a profile, and each principal's
-default profile (msdb.dbo.sysmail_principalprofile).  PrincipalName is a
-database user or role of this database, or N'public' for a public profile.
-IsDefault = 1 marks the principal's default (at most one per principal,
-UX_DbMailPrincipalProfile_Default); the default of N'public' is the default
-public profile.
+mailq.DbMailPrincipalProfile: who may use a profile (a user, a role or N'public')
+and each principal's default (IsDefault, at most one).
 */
 IF OBJECT_ID(N'mailq.DbMailPrincipalProfile', N'U') IS NULL
 BEGIN
@@ -7568,21 +7318,13 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailItem: one row per mailq.SendDbMail call (msdb.dbo.sysmail_mailitems's
-part that the queue does not hold): the INT mailitem_id, the profile, importance
-and sensitivity, the query and its options, who asked and when.  MailID is the
-queued mail (deleted with it: ON DELETE CASCADE, so mailq.PurgeMail needs no
-change); ProfileID has no foreign key: a profile can be deleted while its mail
-is kept, as msdb keeps profile_id.
-SendRequestDate  the server's local time of the call (DATETIME, as msdb stores
-              it), so the sysmail_* views filter on a stored, indexed column.
-RequestUser, RequestUserSid  the database user (USER_NAME(), USER_SID()) whose
-              rights the query runs with: the query runner impersonates it and
-              checks the SID (docs/database-mail.md, "How @query runs").
-QueryState    NULL (no query); Pending, Running (a runner holds it until
-              QueryDueAtUtc), Done, Failed.  QueryDueAtUtc is when a runner may
-              take it (Pending: at once; Running: the lease expiry), so one
-              range on IX_DbMailItem_QueryDue finds both.
+mailq.DbMailItem: one row per mailq.SendDbMail call: msdb's mail item fields the
+queue does not hold.  MailID: the mail (ON DELETE CASCADE); ProfileID has no
+foreign key (the mail outlives its profile, as in msdb).
+SendRequestDate  the server's local time (DATETIME, as msdb), indexed.
+RequestUser, RequestUserSid  whose rights the query runs with (docs/database-mail.md).
+QueryState    NULL (no query), Pending, Running, Done, Failed; QueryDueAtUtc: when a
+              runner may take it (Pending: at once; Running: the lease expiry).
 */
 IF OBJECT_ID(N'mailq.DbMailItem', N'U') IS NULL
 BEGIN
@@ -7634,8 +7376,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_DbMailItem_SendRequestDate: the sysmail_* views' usual filter
-(send_request_date > ...) as a seek; the mail is then found by its key.
+IX_DbMailItem_SendRequestDate: the sysmail_* views' send_request_date filter as a seek.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -7651,9 +7392,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_DbMailItem_QueryDue: the queries a runner may take (mailq.ClaimDbMailQuery):
-Pending ones and Running ones whose lease passed, one range on QueryDueAtUtc;
-filtered, so finished items cost nothing.
+IX_DbMailItem_QueryDue: the queries a runner may take (mailq.ClaimDbMailQuery), one
+range on QueryDueAtUtc; filtered, so finished items cost nothing.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -7670,8 +7410,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-UX_DbMailPrincipalProfile_Default: at most one default profile per principal
-(and one default public profile).
+UX_DbMailPrincipalProfile_Default: at most one default profile per principal.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -7690,27 +7429,19 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.sysmail_allitems: msdb.dbo.sysmail_allitems over this queue: one row per
-mailq.SendDbMail call, msdb's 27 columns in msdb's order
+mailq.SendDbMail call, msdb's 27 columns in msdb's order, text as Unicode
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-allitems-transact-sql).
-Types:       every text column is Unicode (NVARCHAR/NCHAR: msdb stores body and
-             query as nvarchar(max); nothing is cast to a code page).
 Rows:        db_owner and MailqAdmin members see all; others what they sent.
-Mapping:     mailitem_id = DbMailItem.MailItemID; sent_status: Sent -> sent;
-             Failed, Cancelled, Expired, Stopped -> failed; UnSent or Sending
-             after a failed attempt -> retrying; else unsent (a query waiting
-             for the runner too).  send_request_date is stored (local time);
-             sent_date and last_mod_date are the queue's UTC plus the server's
-             current offset.  recipients is NULL for Cc-only and Bcc-only mail
-             (stored with an empty To).  sent_account_id only once sent.  file_attachments
-             is always NULL (refused); a query's file is in sysmail_mailattachments.
-Cost:        filters on mailitem_id and send_request_date seek DbMailItem;
-             any other filter reads the DbMail items only, never the whole queue
-             (tests/integration/test_dbmail_views_plan.py).
+Mapping:     sent_status: Sent -> sent; Failed, Cancelled, Expired, Stopped ->
+             failed; UnSent or Sending after a failed attempt -> retrying; else
+             unsent.  sent_date and last_mod_date: UTC plus the server's current
+             offset.  recipients NULL for Cc/Bcc-only mail; file_attachments NULL.
+Cost:        mailitem_id and send_request_date filters seek DbMailItem; others
+             read the DbMail items only (tests/integration/test_dbmail_views_plan.py).
 */
 CREATE OR ALTER VIEW mailq.sysmail_allitems
 AS
--- The server's current offset from UTC (SYSDATETIME is local time; on Azure
--- SQL Database both are UTC).
+-- The server's current offset from UTC (0 on Azure SQL Database).
 WITH Clock AS (
     SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
 )
@@ -7809,7 +7540,7 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.sysmail_unsentitems: msdb.dbo.sysmail_unsentitems over this queue: the rows of
-mailq.sysmail_allitems whose sent_status is unsent or retrying (as msdb's view), with the same columns
+mailq.sysmail_allitems whose sent_status is unsent or retrying (as msdb's view)
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-unsentitems-transact-sql).
 */
 CREATE OR ALTER VIEW mailq.sysmail_unsentitems
@@ -7888,21 +7619,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_event_log: msdb.dbo.sysmail_event_log over the queue's event
-stream (mailq.MailEvent) for mail sent with mailq.SendDbMail, msdb's columns
-in msdb's order
+mailq.sysmail_event_log: msdb.dbo.sysmail_event_log over mailq.MailEvent for mail
+sent with mailq.SendDbMail, msdb's columns in msdb's order
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-event-log-transact-sql).
 event_type:  success: Sent, DryRun; warning: RetryScheduled, AccountWaiting,
-             LeaseExpired, Released; error: Failed (attempts used up, or a
-             permanent refusal), Expired, and Stopped by a failed query;
-             information: Cancelled, Requeued, Stopped otherwise.  So a mail
-             that fails finally has exactly one error row, as in msdb.
-log_id:      the event's EventID (BIGINT, msdb's is int): it never changes,
-             is the same for every reader and grows in commit order, so
-             "log_id > @last_seen" polling works (docs/events.md).
-Rows:        as mailq.sysmail_allitems (db_owner and MailqAdmin all; others
-             their own mail).  description: the event, SMTP code and detail.
-Cost:        mailitem_id seeks DbMailItem, then IX_MailEvent_MailID per item.
+             LeaseExpired, Released; error: Failed, Expired, Stopped by a failed
+             query (one error row per finally failed mail, as msdb); information:
+             Cancelled, Requeued, other Stopped.
+log_id:      the EventID (BIGINT), in commit order: "log_id > @last_seen" polling
+             works (docs/events.md).
+Rows:        as mailq.sysmail_allitems.  Cost: a seek per item on IX_MailEvent_MailID.
 */
 CREATE OR ALTER VIEW mailq.sysmail_event_log
 AS
@@ -7950,18 +7676,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailAddressProblem: the first thing wrong with the addresses of a
-mailq.SendDbMail call, named with sp_send_dbmail's parameters, or no row.
-Parameters:  @recipients, @copy_recipients, @blind_copy_recipients,
-             @from_address, @reply_to NVARCHAR(MAX) as SendDbMail received them
-Returns:     at most one row: ReturnCode INT, Message NVARCHAR(2048)
-             50644 a list over 4,000 characters or an address over its size;
-             50642 an invalid address (mailq.ParseAddressList's rules), or more
-             than one address in @from_address or @reply_to;
-             50643 more than 100 recipients in the three lists together.
-             (Commas are msdb's 14613 and are checked by SendDbMail first.)
-Example:     SELECT p.ReturnCode, p.Message
-             FROM mailq.DbMailAddressProblem(N'a@x.org; b@', NULL, NULL, NULL, NULL) AS p;
+mailq.DbMailAddressProblem: the first thing wrong with a mailq.SendDbMail call's
+addresses, named with sp_send_dbmail's parameters, or no row.
+Parameters:  @recipients, @copy_recipients, @blind_copy_recipients, @from_address,
+             @reply_to NVARCHAR(MAX) as SendDbMail received them
+Returns:     at most one row: ReturnCode INT, Message NVARCHAR(2048): 50644 a list
+             or address over its size; 50642 an invalid address, or more than one
+             in @from_address or @reply_to; 50643 over 100 recipients in all.
+Example:     SELECT p.ReturnCode FROM mailq.DbMailAddressProblem(N'b@', NULL, NULL, NULL, NULL) AS p;
 */
 CREATE OR ALTER FUNCTION mailq.DbMailAddressProblem(
     @recipients NVARCHAR(MAX),
@@ -8355,15 +8077,12 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.UpsertDbMailProfile: creates a Database Mail compatible profile (for
-mailq.SendDbMail), or changes its description (msdb's sysmail_add_profile_sp
-and sysmail_update_profile_sp in one).
+mailq.SendDbMail) or changes its description (msdb's sysmail_add/update_profile_sp).
 Parameters:  @ProfileName NVARCHAR(128), required; @Description NVARCHAR(256).
 Outputs:     @ProfileID INT: the profile_id the sysmail_* views show.
 Errors:      50198 @ProfileName missing or a value over its size.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
 Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount,
              mailq.DbMailPrincipalProfile (every profile procedure).
 Example:     EXEC mailq.UpsertDbMailProfile @ProfileName = N'Ops', @Description = N'Alerts';
@@ -8389,8 +8108,7 @@ BEGIN
         IF @OwnTran = 1 BEGIN TRANSACTION;
 
         SET @ProfileID = NULL;
-        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two
-        -- administrators (a rarely written table: the range lock is harmless).
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race (a rarely written table).
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK, HOLDLOCK)
         WHERE p.ProfileName = @ProfileName;
@@ -8479,20 +8197,15 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UpsertDbMailProfileAccount: adds a sending account to a profile, or
-changes its place in the failover order (msdb's sysmail_add_profileaccount_sp
-and sysmail_update_profileaccount_sp).  mailq.SendDbMail gives a mail to the
-profile's first account (lowest @SequenceNumber) that is not blocked when
-the mail is queued.
-Parameters:  @ProfileName NVARCHAR(128), required
-             @AccountName NVARCHAR(128), a mailq.SendingAccount, required
-             @SequenceNumber INT >= 0, required
+mailq.UpsertDbMailProfileAccount: adds a sending account to a profile or changes
+its failover place (msdb's sysmail_add/update_profileaccount_sp); SendDbMail takes
+the lowest @SequenceNumber not blocked.
+Parameters:  @ProfileName NVARCHAR(128); @AccountName NVARCHAR(128) (a
+             mailq.SendingAccount); @SequenceNumber INT >= 0; all required
 Errors:      50198 a parameter missing or @SequenceNumber negative;
              50250 no such profile; 50253 no such sending account.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
 Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount.
 Example:     EXEC mailq.UpsertDbMailProfileAccount @ProfileName = N'Ops',
                  @AccountName = N'smtp-primary', @SequenceNumber = 1;
@@ -8781,8 +8494,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqDbMailUser: send through mailq.SendDbMail and read the
-Database Mail compatible views (each member sees only the mail they sent).
+Grants of role MailqDbMailUser: mailq.SendDbMail and the sysmail_* views (own mail).
 */
 GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqDbMailUser;
 GRANT SELECT ON OBJECT::mailq.sysmail_allitems TO MailqDbMailUser;
@@ -8794,8 +8506,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqAdmin for Database Mail compatibility: send, manage
-profiles, and read every row of the sysmail_* views.
+Grants of role MailqAdmin for Database Mail: send, manage profiles, read all items.
 */
 GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.UpsertDbMailProfile TO MailqAdmin;
@@ -12031,9 +11742,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Role MailqMonitor: read-only monitoring (`mailq-db exporter`, the read-only
-`mailq-db dashboard`): the queue's metrics, one mail's history and events,
-the statistics.  No procedure that changes a mail or an account.
+Role MailqMonitor: read-only monitoring (`mailq-db exporter`, `mailq-db dashboard`);
+no procedure that changes a mail or an account.
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqMonitor') IS NULL
     CREATE ROLE MailqMonitor AUTHORIZATION dbo;
@@ -12378,9 +12088,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqAdmin on the monitoring procedures: the dashboard's
-actions (mailq.CancelMail, mailq.RequeueMail, mailq.UnblockSendingAccount,
-granted in MailqAdmin.grants.sql) list their mails with mailq.FindMail.
+Grants of role MailqAdmin on the monitoring procedures (the dashboard's actions).
 */
 GRANT EXECUTE ON OBJECT::mailq.GetQueueMetrics TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetMailHistory TO MailqAdmin;
@@ -12397,11 +12105,9 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqDbMailRunner: the query runner of mailq.SendDbMail (mailq-db
-dbmail-runner) claims waiting queries and hands back their results.  To run a
-caller's query as that caller, the runner's user also needs IMPERSONATE on
-each database user that sends @query mail, granted by the DBA one by one:
+dbmail-runner).  It also needs IMPERSONATE on each user that sends @query mail,
+granted one by one (docs/database-mail.md, "How @query runs"):
 GRANT IMPERSONATE ON USER::[report_user] TO MailqDbMailRunner;
-(docs/database-mail.md, "How @query runs": what that grant means).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqDbMailRunner') IS NULL
     CREATE ROLE MailqDbMailRunner AUTHORIZATION dbo;
@@ -12587,12 +12293,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_mailattachments: msdb.dbo.sysmail_mailattachments over this
-queue: the attachments of mail sent with mailq.SendDbMail (here only a
-query's result file), msdb's columns in msdb's order
+mailq.sysmail_mailattachments: msdb.dbo.sysmail_mailattachments over the queue:
+a SendDbMail query's result file, msdb's columns in msdb's order; attachment_id
+BIGINT = MailItemID * 10 + number - 1; rows as mailq.sysmail_allitems
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-mailattachments-transact-sql).
-attachment_id is BIGINT here (MailItemID * 10 + the attachment's number - 1:
-a mail has at most 10); rows as mailq.sysmail_allitems.
 */
 CREATE OR ALTER VIEW mailq.sysmail_mailattachments
 AS
@@ -12614,9 +12318,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_profile: msdb.dbo.sysmail_profile's columns over
-mailq.DbMailProfile (profile_id, name, description, last_mod_datetime: the
-creation time, local; last_mod_user: NULL, not recorded here).
+mailq.sysmail_profile: msdb.dbo.sysmail_profile's columns over mailq.DbMailProfile
+(last_mod_datetime: the creation time, local; last_mod_user NULL).
 */
 CREATE OR ALTER VIEW mailq.sysmail_profile
 AS
@@ -12632,11 +12335,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_account: msdb.dbo.sysmail_account's columns over the sending
-accounts that are in a profile (mailq.DbMailAccount, mailq.SendingAccount):
-email_address and display_name are the account's defaults; description and
-replyto_address are NULL (no such account settings here: pass @reply_to).
-SMTP servers and credentials live in the worker's configuration, not here.
+mailq.sysmail_account: msdb.dbo.sysmail_account's columns over the sending accounts
+in a profile: email_address and display_name are the account's defaults;
+description and replyto_address NULL.  SMTP settings live in the worker's config.
 */
 CREATE OR ALTER VIEW mailq.sysmail_account
 AS
@@ -12672,10 +12373,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_principalprofile: msdb.dbo.sysmail_principalprofile's columns
-over mailq.DbMailPrincipalProfile; principal_sid is 0x00 for public (as
-msdb), else the database principal's SID (NULL if it no longer exists), and
-principal_name, not in msdb, is added last.
+mailq.sysmail_principalprofile: msdb.dbo.sysmail_principalprofile's columns over
+mailq.DbMailPrincipalProfile; principal_sid 0x00 for public, NULL for a principal
+gone; principal_name added last.
 */
 CREATE OR ALTER VIEW mailq.sysmail_principalprofile
 AS
@@ -12692,12 +12392,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_configuration: msdb.dbo.sysmail_configuration's columns with
-this package's fixed values for msdb's settings that have a meaning here
-(docs/database-mail.md, "Settings"): MaxFileSize (the attachment limit, bytes),
-ProhibitedExtensions (refused for @query_attachment_filename: 14630),
-AccountRetryAttempts (attempts per mail, mailq.EnqueueMail's default, not per
-account), LoggingLevel (2: errors, warnings and successes in sysmail_event_log).
+mailq.sysmail_configuration: msdb.dbo.sysmail_configuration's columns with this
+package's fixed values (docs/database-mail.md, "Settings"): MaxFileSize,
+ProhibitedExtensions (14630), AccountRetryAttempts (attempts per mail), LoggingLevel 2.
 */
 CREATE OR ALTER VIEW mailq.sysmail_configuration
 AS
@@ -12729,8 +12426,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqAdmin for the Database Mail catalogue views (profiles,
-accounts, grants, settings) and the attachments view.
+Grants of role MailqAdmin on the Database Mail catalogue and attachments views.
 */
 GRANT SELECT ON OBJECT::mailq.sysmail_mailattachments TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.sysmail_profile TO MailqAdmin;
@@ -12742,10 +12438,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grant of role MailqDbMailUser on the attachments view, as msdb grants
-DatabaseMailUserRole sysmail_mailattachments (each member sees only the
-attachments of the mail they sent).  Its own file: the view is created after
-MailqDbMailUser.grants.sql runs.
+MailqDbMailUser on the attachments view (as msdb; own mail only); its own file:
+the view is created after MailqDbMailUser.grants.sql.
 */
 GRANT SELECT ON OBJECT::mailq.sysmail_mailattachments TO MailqDbMailUser;
 GO
@@ -13023,57 +12717,57 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'security/MailqAdmin.dbmail2.grants.sql',
     N'security/MailqDbMailUser.attachments.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
-    ('0001', N'checks/mailq.CheckServer.sql', '89ed45a62c6ee8ca40463e4bd4af18043187e39a1ba6d06b14d13407c15881df'),
-    ('0001', N'schemas/mailq.sql', 'a9a6be54bd0f26e4b367d371bb9b830d93be85ee5ba7add8c05eea0aae709248'),
-    ('0001', N'security/MailqEnqueuer.role.sql', '589e23d67df1fb9e52f9123d6143dce0a2ee666dcd17feb1c8222917b86ddb81'),
-    ('0001', N'security/MailqSender.role.sql', 'ff2c8c44a1856d12b08548a671dda68a7520f3b6d9092903d7bca1ba99157b59'),
-    ('0001', N'security/MailqAdmin.role.sql', '30aa41f2d450c3bef3825cc2fb7002c42de02860929c2c3a2a2cea510746714b'),
-    ('0001', N'security/MailqDelayCaller.role.sql', 'f54c09706acd6f8a5fa5f969cb78deb696342fdd718a2a84aba55b7f5694fd2f'),
-    ('0001', N'security/MailqRunner.user.sql', 'e92e9fb39816e02ec59d0848ef1e74596c9a5922bf72ae8dbd4b3addee1f9626'),
-    ('0001', N'tables/mailq.SendingAccount.sql', 'f3907b26912fabe6dad7defd1a9bc7924939bcf892b4218a698fe6922e63aedb'),
-    ('0001', N'tables/mailq.RateBudget.sql', 'ba96dd9dc748b79697b4ab85d719bfb011305db75812f7154fcb46cdcdc14ff7'),
-    ('0001', N'tables/mailq.Application.sql', '207e725fae4335e7a3e5f1a90a367b9dd295c84d00446aae5786a2a8bb3b709b'),
-    ('0001', N'tables/mailq.MailQueue.sql', 'c5fd4c70c6aa26fa13629d5d0008e2d50a99ede7097d3ee495332d4d71312681'),
-    ('0001', N'tables/mailq.MailAttachment.sql', '059f381d10ed35442ec961bcbe3347d01797a00933590e07476d08b6385012ff'),
-    ('0001', N'tables/mailq.MailAttempt.sql', 'cacec28f3b1a2508b3bebf36aaae8897c20931df4c64898d5a8910ae9e003e40'),
-    ('0001', N'tables/mailq.ApplicationAccount.sql', '988d96eb1d0417f2543b3009f71e259f9e97ba58ab201b460c2c56f27a21aaa0'),
-    ('0001', N'tables/mailq.ApplicationFrom.sql', '50fdc6c291ea38fc983860b3f3a1ae3421a2e2acd88fbc5ac9fdf2e26d3f3b4a'),
-    ('0001', N'tables/mailq.ApplicationPrincipal.sql', '53cc36e068e256975695127747321957913e4fd46867dd233a08abb33ae8c64e'),
-    ('0001', N'tables/mailq.EnqueuePolicy.sql', '48c60d86f6ea8d551826c9a96ae47b3873d81254cf5e72c01bd50be4bf1b1f38'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql', '62be44ede166e928f3a4e370a91266e16c7604206073e15ac4e84f68b3631b56'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql', '11ace511c32b156de71e2663c030c9c8e143a2f6d4335b0abeb5016d5377e40c'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql', 'f41ca58f74b71a351c6561e956363df3f78588ed70d11e226ac02c8a63bb2cc8'),
-    ('0001', N'tables/mailq.MailRecipientOutcome.sql', 'f1430a5e38b9e31f49065d2688e6e2106274ce91a155fc457d8918dadfa29e74'),
-    ('0001', N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql', '227bedc63564cd48d89514e6dd7b890b9dedc6f7cf6b168e3a664ee3597169bd'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql', '804b2ef1a4efbb15ae13bf62360dec0143dc7a8fc155974956f478dd73605e70'),
-    ('0001', N'indexes/mailq.MailAttempt.IX_MailAttempt_EndedAtUtc.sql', '533fac7d1deb5639e6743c84bc6ad31ca675b7accedd2a50277410b7c989e8dc'),
-    ('0001', N'indexes/mailq.SendingAccount.UX_SendingAccount_IsDefault.sql', 'd0af5a63438163fc084ed685b4b1f2418e92ad885ba5891814cff6186dce8560'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Status.sql', 'a7489c8675f519fcc0f5efc4157a89217dcb648872ef5fa3052c059879387c9b'),
-    ('0001', N'tables/mailq.MailEvent.sql', '8e8ef5203d5804a705ad49b408ede57c0066067d8a0552ad48cbbf66abd4a0fb'),
-    ('0001', N'indexes/mailq.MailEvent.IX_MailEvent_AppName.sql', '0a48a1a1b247bbe02061a51f824dd7f3513dcb73893455f7d52e5d3fd4b56ec0'),
-    ('0001', N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql', '97d14958ecd474d8a8073a004bd7b29862f3b1691e60b1f144479cbb880df293'),
-    ('0001', N'tables/mailq.ApplicationHook.sql', '7a5b960e85f0838216aa6df258ea6684f7dc2313519f60373e6820236f540dc5'),
-    ('0001', N'tables/mailq.ApplicationHookFailure.sql', 'f754603d66267a52c81a65df0ceea0cb6282f9b5cd76ad603fb20b5fea217042'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql', 'f04c4a974bea0b3e6521fd3a30c1b23689f8ed862318f99ea68de34bd95327f8'),
-    ('0001', N'functions/mailq.ParseAddressList.sql', 'fc32cb8caa04c6c8eeb6466c050652bd9917d72795419b3d2efec091944e51fe'),
-    ('0001', N'functions/mailq.ParseIDList.sql', '030429dfb47b466d8caa7aff6c66633f870c2ecff105a3d96fad2581d422d4ce'),
-    ('0001', N'functions/mailq.HookPin.sql', '5bbc8ba60b5e959f48e0dc352baff33e7fd342b5b9408199b2d0430d3eb5cb4a'),
+    ('0001', N'checks/mailq.CheckServer.sql', 'b93dab19ebf4ab0a90c041e064f96c32c5396c7a5888312a7f3eeb07559e85dd'),
+    ('0001', N'schemas/mailq.sql', '0b58994cbbdb350c1c3d6bea22e6acc7eac3044b62542bb8e4adc234ff7daabe'),
+    ('0001', N'security/MailqEnqueuer.role.sql', '9031160ef70a98368f463b9621b8d87df82403cd7d7ccfdb82cae307b51a545b'),
+    ('0001', N'security/MailqSender.role.sql', 'e0a7c74b9cdc5c75df3092465654a1c213c74f78d9fc18cd66dc445fbcdbbe92'),
+    ('0001', N'security/MailqAdmin.role.sql', '55ea3f458b3be212241b82c86330d3e77dd424f6e371c15b51934a5a2ac5912a'),
+    ('0001', N'security/MailqDelayCaller.role.sql', '3b317bf8b478021cbfde763baa0529e0f69bce22cc5507db5ba97970fc22aa98'),
+    ('0001', N'security/MailqRunner.user.sql', '6f1e525fd09bd2b567ef232d5d7a7b541079e86ee6b5ede711566927782ee946'),
+    ('0001', N'tables/mailq.SendingAccount.sql', '2f835735e92d1a1cd29900f0a180da74aa944eb6b3b15946123e41968e84ac92'),
+    ('0001', N'tables/mailq.RateBudget.sql', 'fc1f4885d6e8ad3073efa81978c90128956c03fa4ba379674a6ffcf48f2a1844'),
+    ('0001', N'tables/mailq.Application.sql', 'ce2520366efe18553a1106ff3f32f0c671f9af6b1b2b2e7ff63ab0a32d7e8b74'),
+    ('0001', N'tables/mailq.MailQueue.sql', '861a5e59cbbbf444baac6be0f9415b858670fcdd87c5b09b9c5c19bbafb0c186'),
+    ('0001', N'tables/mailq.MailAttachment.sql', '647f14772652007856e97ae7dbac6eb6c88c744265d0785921e9a7cd8ae9eca5'),
+    ('0001', N'tables/mailq.MailAttempt.sql', '77a5489c77fbb21374ef3b1af781c602377ee0a52150822be04771541aad5a9c'),
+    ('0001', N'tables/mailq.ApplicationAccount.sql', '52cc59079a18055cbe463dbc8da9a6da00399725cd24498a86e04439e5c53743'),
+    ('0001', N'tables/mailq.ApplicationFrom.sql', '7fbc1e901c787d47b2645d3d7050b0cb411571106e643fa39c489b44aa35875f'),
+    ('0001', N'tables/mailq.ApplicationPrincipal.sql', '615479cc4df329728da06a60b0db72a35184a830cd864f30f31c77aa78a5bb45'),
+    ('0001', N'tables/mailq.EnqueuePolicy.sql', '3056c44b85680171418f79e54bd46af0c14746f559033085880419f8078b1393'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql', '8df5492e2302b09bd4df2e4d8201a3f2d88380bb0a537e017640f142ee4cf4f7'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql', '019854d40c0d04543a74eddf6dcc8794f99aefaee5d0c7a20325be40b8c0f646'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql', 'd50d7f60ff0b43da4636706632406270406a7e2b6b6b87feb9e254c1573d4442'),
+    ('0001', N'tables/mailq.MailRecipientOutcome.sql', '3dd3c4921f18d224f0a8faab4a2300308727a6fd394923b89a6d6d384485bb30'),
+    ('0001', N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql', '7b923369fc8a49f7ef6198c06ec89d8e21c859ef5fcf7761fe0819189243f3b8'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql', '511867a54b0e49434c6d5b85cbcabae57c81fe737add4f46b27eb2ec71650483'),
+    ('0001', N'indexes/mailq.MailAttempt.IX_MailAttempt_EndedAtUtc.sql', '2c124eaf37581473cebe8238f66585ceb2ab40c7811a1a5a1095fabfb8e39f6f'),
+    ('0001', N'indexes/mailq.SendingAccount.UX_SendingAccount_IsDefault.sql', '0eef60e5764aa205e755b7d5dbcb1c4eb4d61ee6446f0a18a32033c878bf7833'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Status.sql', '878c56a2fbf4415c85b71cac648c1eed46dbd4c1f073c2c2120880a254666ee3'),
+    ('0001', N'tables/mailq.MailEvent.sql', '1d09f74345fcbc97f3c8a0d349f7809bce395448a0110ed2bb2e6f8a2317df82'),
+    ('0001', N'indexes/mailq.MailEvent.IX_MailEvent_AppName.sql', '5b86cfe09982ec49227c9378c67f41bc6df9d239d6e281950015252bc12e0fcf'),
+    ('0001', N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql', '5eb66fb09a014a123774f78c01d118a00deecb0da1b052dc40d54bc3f7d9729b'),
+    ('0001', N'tables/mailq.ApplicationHook.sql', 'fe4e1fcb64689b4f21d99352bd404e6396e52902b1d2767786808bf82233deca'),
+    ('0001', N'tables/mailq.ApplicationHookFailure.sql', 'a2cb28d982f33f50409ffa89ba53f1b53e79ca75bb85d5c3ff67f9b57e06532b'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql', '93de76085ce6d6e6abda18eafae2507892f8b4062c399740e65c562b08443009'),
+    ('0001', N'functions/mailq.ParseAddressList.sql', '3da5f904215c4a5b15839c60bd3a22d21bf16ba7dffbf488f2b6a5f6f8731a3e'),
+    ('0001', N'functions/mailq.ParseIDList.sql', 'da3ed12c0de9d038e1bdc919b1885f4d8930fdfad7d887c1cbc81fe21868656a'),
+    ('0001', N'functions/mailq.HookPin.sql', '14478ec51277456a006c967ef570511905fa1a6bbd4940215576071cecb1ac14'),
     ('0001', N'tables/mailq.Suppression.sql', 'da9e2ba03a9d52ecbd98a8c7d3c4c8663428bdea4df27ce0e26af3194aee24d7'),
     ('0001', N'tables/mailq.SuppressionHistory.sql', '6efb2e5781c9679a40f6cd149e97f6e2f66e0095158db20d38e43684f5285782'),
     ('0001', N'tables/mailq.BounceReport.sql', '3c847cd36edbb54e07beaa0348cab68ff64a7c84d542e54dfab19d9ec216d210'),
     ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_Address.sql', 'bff8bfb95c05c806921a3628158195556c7922881fcc0a662512285441f56be7'),
     ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql', '0bbe3c46ba7311580cb4a1a1a2129dcabf614c563a3a71846574b3931ab54175'),
     ('0001', N'functions/mailq.MailRecipientList.sql', '9d3c6d4660576d3a99dd6709014ceef4451f553f069772a306312c047909f9c8'),
-    ('0001', N'functions/mailq.FilterSuppressedRecipients.sql', '76da5be94fa56e2c299abce84f30bc062c440bedbd2372f8a923be7981e204ba'),
-    ('0001', N'types/mailq.MailBatchRow.sql', '02c76403e1fc4742abd5e6c2544043b4a4b67e3785977be2e9206f41bfb6ad5f'),
-    ('0001', N'functions/mailq.MailAttachmentList.sql', 'f24efad0ca73a89b8d849c8cdfa06017c72e2ddcc71be815f7392136fd401eaf'),
-    ('0001', N'functions/mailq.MailBatchJson.sql', 'ab122cea575474bc51b5c5af146cbcd2b143a755366e4779e49527a4e40f5c83'),
-    ('0001', N'functions/mailq.EnqueueMailCheck.sql', 'd1904c141b7f0c46274ff85f1a5872998b8c0fe6a88557d5391d5fa065d8ab81'),
-    ('0001', N'views/mailq.QueueCountsByStatus.sql', '32e5f38bff4ef0a40c0f2f241723f7f2ee19701c2cd4ac5952c6f08d957d59cd'),
-    ('0001', N'views/mailq.OldestDueMail.sql', '162ab558e04d44adcbd1e11d6e53f8d91108c9f713e3199039d207ed229cb7a6'),
-    ('0001', N'views/mailq.ThroughputPerHour.sql', '430d89e12b1171bedd76164b995c9ad7811a96e660a0de37a939ed75a9216d19'),
-    ('0001', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
-    ('0001', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
+    ('0001', N'functions/mailq.FilterSuppressedRecipients.sql', '73545d8b3e42a8010f48db622d3365e2c26e9e3032d722b878008ebf466eee9a'),
+    ('0001', N'types/mailq.MailBatchRow.sql', '1f3efb2b7c95ad026729d081627d6db0f66570de683064c1d4433574fd2622fe'),
+    ('0001', N'functions/mailq.MailAttachmentList.sql', '0b2e76759062fb352403793dd2b045d1349086e49f6381b672221ffeef4ea487'),
+    ('0001', N'functions/mailq.MailBatchJson.sql', '1fdd1d16365b0245f8304957b71f3ababdbcb325679caa0f3c44093d8b4ca59e'),
+    ('0001', N'functions/mailq.EnqueueMailCheck.sql', '13a844ec80f1aa8f927dfcfa7037526845c13edd6e8a34013ca22f2b68011059'),
+    ('0001', N'views/mailq.QueueCountsByStatus.sql', 'ab8d9b6234fb2edc50cd0d9cd88370092e0f5cea9aa5f0fe941f784e88a555c1'),
+    ('0001', N'views/mailq.OldestDueMail.sql', 'c1e8c7bbb648e866f00e2ec6d14aa17b548e6bb434ea549344f731251b59e486'),
+    ('0001', N'views/mailq.ThroughputPerHour.sql', '3ecd65d5fabf3581706cdc62af282729ff94103e16b186c0b0da1b07738491cd'),
+    ('0001', N'views/mailq.RecentFailures.sql', '884ce76e279e329c7cfe1c2adebcb743509b3e9da83c9bc169f75c095287d3b9'),
+    ('0001', N'views/mailq.RecipientOutcomes.sql', '931f6a4311bc05874ccaeca4480859f894a66fefa0ddddefe0353844a80d521c'),
     ('0001', N'procedures/mailq.LockLeasedMail.sql', '846bbade3fe439ec5ca4cde6989b15b141f1dfa46f2a1fbfddf4d6b95c55ba5b'),
     ('0001', N'procedures/mailq.EnqueueMailRows.sql', '47c859e29118796575d4f6dae1431ca430ac0b400a591874c96a860a6aac6a2e'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', '7cf69b6c4ffab5194b6ba13d91739326b578a3ad4ce7909fa7c08fc3ef2eace6'),
@@ -13081,72 +12775,72 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.ClaimMail.sql', 'ff91ccd939d07c590424a9cbf36931e6cb61bb7afd5605ce380b02746d891efc'),
     ('0001', N'procedures/mailq.FinalizeMail.sql', 'd347aee2a778982d0696c24cbd7500e4f11d84d59bfdeb20e6c318ebfbdee73c'),
     ('0001', N'procedures/mailq.ExtendLease.sql', 'f904b562528d3305fb4df10fafac648e56c05ada67afa61cafba7b4e20c491aa'),
-    ('0001', N'procedures/mailq.ReleaseMail.sql', '8f72da9b892b4bdb2d39aa6fcb5aaef5a43b9d6c6c6e336c60bf376d72a51ad3'),
+    ('0001', N'procedures/mailq.ReleaseMail.sql', '274ebadd8faa493069d783562294cdea9970d583716dec47f626445f1855473f'),
     ('0001', N'procedures/mailq.MarkSent.sql', '080e93f551fa087934d3ead9c64bbf88088be3e8b3c37b9dbf9eacd34466a563'),
     ('0001', N'procedures/mailq.MarkFailed.sql', 'f0a1afea66a624157a800df8ee062989eca2bf1bc4fb166945f1462034292797'),
     ('0001', N'procedures/mailq.CancelMail.sql', 'fd011090a589a1b3d140220a1c8eac6d7e4f0362bf31ae2fe97e40a6a547bb86'),
-    ('0001', N'procedures/mailq.RequeueMail.sql', '0dab9eb7c2aca0b14c24f8583ef7ba210e4d1b998c893b29a76d47b3e425f9cc'),
+    ('0001', N'procedures/mailq.RequeueMail.sql', '727a42f18c10507997b4d4a91e33ce57c310be7f226f168e5f654a1be22d325f'),
     ('0001', N'procedures/mailq.PurgeMail.sql', '54d615bb778d9afa0f8f9e1b5343fc1877325138a7c0713449f4907893f5c193'),
     ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '8b882bbdb3c1bdb6761a4464bbe9b8813aa46e17dd1c4b95fb64fd136da9e3ce'),
-    ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
+    ('0001', N'procedures/mailq.UnblockSendingAccount.sql', 'f6e7f6da63b39c41937fd29be113cdca433471762479ef4f971d7c3cf2ede9a4'),
     ('0001', N'procedures/mailq.AcquireLoginSlot.sql', 'd67229441fcc7acf16876c9fce16713efe952e1cdcb9e2d9852b3c91efa645b1'),
     ('0001', N'procedures/mailq.UpsertApplication.sql', 'bffe6dacf73bdde5bedf0d9fffa6c9564fda1930fdd2f945dded858666ee6a21'),
     ('0001', N'procedures/mailq.BindApplication.sql', '681fa86b9bd7b4d8c1c7a12f93b7daac23ff0fbf43ecaee7a696de4587061f4c'),
-    ('0001', N'procedures/mailq.UnbindApplication.sql', 'c6cfffd6e670ba895709856cc742f910a1f7be30b5c7f6fa3b821d18769a6076'),
-    ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'ebab2f0d893042164d3de72c5d73536f20cb329cf5f387e3b91c0f8e321a54cd'),
+    ('0001', N'procedures/mailq.UnbindApplication.sql', 'c0c1c821d2ad437b8b97b86858a11f53a451504e5c5857d31ac8ab98147ca3f7'),
+    ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'abb98fdbbbc2e9e5c4be4098341295541b18648a83dfb46df5bc0983f2b182bb'),
     ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', 'b0583c5d23c7a503ca54016b237c9e9684fc882ee6437b3d7e1ddb13c7739ae3'),
     ('0001', N'procedures/mailq.GetQueueStats.sql', 'caa08d6562e4d06b5237d60cade4c54a143f366e484da07998373554fc824ba0'),
     ('0001', N'procedures/mailq.GetInstallationHealth.sql', '778eb143222d2f0007dcb39dd6ea01272bac8e93f9e69819ab20cf8c17791af8'),
     ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '127b614c75ed6c0ebaa5866a0af64b80e36781198bb75aa9069e50546454593e'),
-    ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '9d6440087de1500f6688d698c4098d940458eab0b4f063aa03ac5642f219e41d'),
+    ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', 'ccf92fb7712c785df2e636365e9bec0d0a52b500fffd1ce9a90f8d0c345e59b5'),
     ('0001', N'procedures/mailq.GetMailEvents.sql', '510007bc2ebeae4cdd380512352e13982fb146482cfb7a5e8d82c3322696069e'),
     ('0001', N'procedures/mailq.StopMail.sql', 'bc646dfa64749557d6c30af7587b594bebcaffebabd95ff75ae43d3a78af0f8f'),
     ('0001', N'procedures/mailq.SetApplicationHook.sql', 'd5fc8010c141e57abb353b9fe5e921fb06007744bbcbf046674e0b4651d9d2fb'),
     ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'd9cfe83ecc981023c66ef0913b0ec775ef1a99c1347cf85648987af9e5144ccd'),
-    ('0001', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
+    ('0001', N'procedures/mailq.ListApplicationHooks.sql', '8fba683c4f53e02e18de9be3fdf61af767d6a1cb8b894d358fc7ee5b5c32b32f'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', '635374a8d2c2b93350cce00be98ee8fa7ea5c588aaa0973e90004f38db9015aa'),
-    ('0001', N'security/MailqEnqueuer.grants.sql', '308e6b3f4e8a94429b47e1720c362f8913cd230a0afc63ceca89013740ef94a4'),
-    ('0001', N'security/MailqEnqueuer.batch.grants.sql', '500a3a76b5ce7a8edd0cdbf9d19d48322676042658da9fb541d4d0e457804e1d'),
-    ('0001', N'security/MailqSender.grants.sql', '38d55f69943e8c103cef7d15da235dfdc69431baf1735959703665e0f6581686'),
-    ('0001', N'security/MailqAdmin.grants.sql', '3696354d41a2d0c7a6f294103fc7ac349c8b376ae32036b19eb1d2fc00a14e36'),
-    ('0001', N'security/MailqSender.finalize.grants.sql', '476129a986853112459e2aede7653486af792be00e8f3cdc6f20d38c11b67078'),
-    ('0001', N'security/MailqSender.recipients.grants.sql', 'e450e5c2eb97a0ab27bdb80713db3844bf56d972ab5cafdfedf19b06042b0a6d'),
-    ('0001', N'security/MailqAdmin.hooks.grants.sql', 'c707623f13a083a6efab3515f34d29f4701ee57f515504280a39181265b32016'),
-    ('0001', N'security/MailqAdmin.enqueue.grants.sql', 'cf9a54032e603bb02db138dc8cd512a5b10548a2f5825f3844833329b1efb4b7'),
-    ('0001', N'security/MailqEnqueuer.eventstall.grants.sql', 'a7e819800bf26dd821739517e854d07da0c3cc016233fe6f0bc2eeed5fb18279'),
-    ('0001', N'tables/mailq.MailTemplate.sql', 'bf6adf36d946b89f08b03715929d7dcef78474409b34c1d16062a27bb8d74bbe'),
-    ('0001', N'tables/mailq.MailTemplateVersion.sql', '740e3884fde00d413cb05c3d4cee3bb2eb2d55e85eb79c747ec29a7f7c255c43'),
-    ('0001', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '133f9422bc2571f00cda7ce554f3fde0ac0370953e37158bf40a628ec0a3ac80'),
+    ('0001', N'security/MailqEnqueuer.grants.sql', 'a63718c6a392c87e93165ff3ff1af09be103805eb73ba6fdcdf1db95ad27b502'),
+    ('0001', N'security/MailqEnqueuer.batch.grants.sql', '3c52896261a43f541fd2e74a859921f6335cf273903871b0305c988220267e77'),
+    ('0001', N'security/MailqSender.grants.sql', '400110d3b8a4d6b3e3e4da002ad0204e6e8fbc02f65a17a550cd7c1e1343d0fb'),
+    ('0001', N'security/MailqAdmin.grants.sql', '0a103aaa193da90af787929f45c1c9d67d836332aea8f38c0ea033cd7d6bdc9f'),
+    ('0001', N'security/MailqSender.finalize.grants.sql', '303630d04fb9393e431df39d16b7575df7b90275e3926b768f4f01ae0f8a5977'),
+    ('0001', N'security/MailqSender.recipients.grants.sql', '145e79bf60fc43287c82925110f0cd0305cbf5a6526d1718c829f5a9a11b4a7c'),
+    ('0001', N'security/MailqAdmin.hooks.grants.sql', '3555266edd4136eae0879986d33994a228793100d9f0db2d86765a35401fbc8e'),
+    ('0001', N'security/MailqAdmin.enqueue.grants.sql', '48c7304d321ada409eae0ba80ac68f11257c0bc0779d45665d9f05548ea86b99'),
+    ('0001', N'security/MailqEnqueuer.eventstall.grants.sql', '9c4ccd0dc2369d046d02f5eca26cdc917f119c3719640dcc048ae3fac8a4e513'),
+    ('0001', N'tables/mailq.MailTemplate.sql', 'a49eee6464b5484e049c1ecf0011afb386acbe5ddab067be252d67e911d6f46d'),
+    ('0001', N'tables/mailq.MailTemplateVersion.sql', 'a2d6f5a8d6ea14c67e166981b2334360fff66aac1d27a295e0889aac4c6b6826'),
+    ('0001', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', 'a88c3e9c31c02ddcca2437b343b015c0c739f4368cbebbd9889671ee88329e62'),
     ('0001', N'procedures/mailq.AddMailTemplateVersion.sql', 'd97bdabd53597ebbeb6ff169c900948fa79cdebbb8ab5e3da03178169f0d5890'),
     ('0001', N'procedures/mailq.GetMailTemplate.sql', '2cef27378a90f4abed64841bafa6e9bbc8434de294cccfe47e06e69fcff3fcb7'),
     ('0001', N'procedures/mailq.ListMailTemplates.sql', '9c197f2af691d38c2e44e3524539ea6eefc26f44a629f88d17b2c1a257ad6097'),
     ('0001', N'procedures/mailq.ListMailTemplateVersions.sql', '7809a4b13f09337f329f7312235cb97b59806f6fdef0443f8edd45c48d46be35'),
-    ('0001', N'procedures/mailq.RetireMailTemplate.sql', '7096d2fcc12530a2d89797d47dfdf31eb293f3dd922081e8712cd37b95790c67'),
-    ('0001', N'security/MailqAdmin.templates.grants.sql', '1bc2010fe8c5699d9b462b3ec3c5d024f83c29641e9e15f807db8a84a2296315'),
-    ('0001', N'security/MailqDbMailUser.role.sql', '692e2ecb3910c20d33e0995e5ca5012dda719fd9406ce23e25444cd4085e0089'),
-    ('0001', N'tables/mailq.DbMailProfile.sql', 'f9417f7282e71aab9028d5cea8fc251ca030c46bb9b23ea20971826441a1da72'),
-    ('0001', N'tables/mailq.DbMailAccount.sql', '5d68016c813af0eefedf11cfea5d38a07673e4ce6889eb0632c74e1f95d3bf7b'),
-    ('0001', N'tables/mailq.DbMailProfileAccount.sql', 'ce98f9dc2d88dc6b1c7bdf39fe47f2b129d18947b5d66b95403bb252410fbedf'),
-    ('0001', N'tables/mailq.DbMailPrincipalProfile.sql', '5c78aa224793927990c6396daebd6d1ef5e9e6c29c8e5fded4e504421338b466'),
-    ('0001', N'tables/mailq.DbMailItem.sql', '6e017d4d3194a75a7a9fd7715e5c55fc0ff09662c53345515cec4c51edc2f0db'),
-    ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql', '15e1ef84f4a88fa0fe12134a3b78a734cb6ec2b8038e9ad66ca0d65fb3d877ab'),
-    ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql', '6cd529dc0143cf6780988ffde3fcd17f3f0a21234106060aaa5dfca8ccb76235'),
-    ('0001', N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql', 'b05bedfa34c6f285b587cde2a8d95c7f508e54c433d2d1551168e2cf5c647cbf'),
-    ('0001', N'views/mailq.sysmail_allitems.sql', 'b581ee0bc59ef73b031527ec70643729d3dfa7e20fb6f91362b3392132b17cfa'),
+    ('0001', N'procedures/mailq.RetireMailTemplate.sql', '85bbfc1d44e14dd4dfdda5b9b6eaaa1e1ada6c74515498708bed120775eeb3b9'),
+    ('0001', N'security/MailqAdmin.templates.grants.sql', '8165b34579cf1291096f779e11a5c1637f6e144bf04aa10d5e4ee4d46aa22e9d'),
+    ('0001', N'security/MailqDbMailUser.role.sql', 'dfd271f8eb83f683f2db2d358e9154df4466ffa1564eb53badebe760621f4f74'),
+    ('0001', N'tables/mailq.DbMailProfile.sql', '28af54b04662bf10b9f3f4fad536c391fa79b6d5921c5542a2d0c1120ac766ff'),
+    ('0001', N'tables/mailq.DbMailAccount.sql', 'b2a98f4cf53f89b1662b68d47550f5d5434975db1ffb6f7423544a0b556e5235'),
+    ('0001', N'tables/mailq.DbMailProfileAccount.sql', '1e676b7aab638d8179958729419515a8e0186a3e9f8550f885c9588225012a34'),
+    ('0001', N'tables/mailq.DbMailPrincipalProfile.sql', 'a83d2a8b964808405ce1efcd4c0b9df75e9018a1bd13c0ab3c5431b2d2bc7a3f'),
+    ('0001', N'tables/mailq.DbMailItem.sql', 'a384ef975df9321c87623dc661fe15707e771cc7677b6b82f219940ea6bb3231'),
+    ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql', '66c9fcf22ee8bf2ea70ed9689d00ca342bab653388dd6ce37b4d61e6eb2304b7'),
+    ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql', '486696a89eda6e29fc251442b1b6dd2c4cd32842470552d3b16cfed5999fc4b8'),
+    ('0001', N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql', '37ce93b9af2cf79e1d0082db355c083051c279536cea946b18c0ccc8351bff74'),
+    ('0001', N'views/mailq.sysmail_allitems.sql', '91f0f291dd55a388a24d403fb478d76ee26af9fd16a23ec297a41b993f3a450e'),
     ('0001', N'views/mailq.sysmail_sentitems.sql', 'de4fa39e15acdb1a888ed218a382287d61d978b843b21b6e2b90063dd02b3688'),
-    ('0001', N'views/mailq.sysmail_unsentitems.sql', '5df8c27e57f9a1ce3ebbc56d09ba5bad39c6fb6732278b6149bdaebee48263c3'),
+    ('0001', N'views/mailq.sysmail_unsentitems.sql', '5dd86add632ec45411e63df40dbce2c0f23e720f9f0e901c01b7f62581885839'),
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
-    ('0001', N'views/mailq.sysmail_event_log.sql', '45900d2fe03be402252a7a45c43f64c706b3fb0a90e57a49bdda14bff66e49de'),
-    ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'bbb5e2e8c3d3a51e978ab68da23fc00c6317535f8f4d34c2db4208ffa06ee478'),
+    ('0001', N'views/mailq.sysmail_event_log.sql', '047d4f5c1c80d7a8de5d1799d2e4a0502375de89cbe374d968146f5b1e0f9a7c'),
+    ('0001', N'functions/mailq.DbMailAddressProblem.sql', '5b5db91d66a1cfe023759e094e534b1428840cf08e90a22e9b062d697bcefce0'),
     ('0001', N'procedures/mailq.SendDbMail.sql', 'a95718eab12cd96acbe36cf3f5f7c24fbc81f5bfbe87f2b9961ac83865e0d9ca'),
-    ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
+    ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '902ffd926d72483b66b54a708c20b94b43a4dc26a79960c2626945a51144da46'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '0671551bbef4be2b75a015e4a1de8622f53f66ffc4ec88adab82ead8bbcb928b'),
-    ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '30a940c5359b0f3ce392bbe3fd4a9535a4f044ac18b40d7f8d67713ecdfb9c68'),
+    ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '885c32b240765924dd8ac9ad26982a0f294f7af99ebe99987297deada859c1c6'),
     ('0001', N'procedures/mailq.DeleteDbMailProfileAccount.sql', '7f5caaf91e521d2a166b4604d6fcd5fb9d39a65fe5b5e274da2c245c34e7a0aa'),
     ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', 'e907947195b4c864b6ef3a41674b91453319d7f50ef3eadfaf6f17bb442d4fea'),
     ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', 'ec5908743b0972cd82cddd79681cab9c9dff326293b6edac6d5257bd00137bd4'),
-    ('0001', N'security/MailqDbMailUser.grants.sql', '5d7694f7218facd6a705e5a91b4d06613c3cbd2c86c97b00807c10c598835ef6'),
-    ('0001', N'security/MailqAdmin.dbmail.grants.sql', 'dac07263321d9bbc0353d26a0141f0139e84c82c8b75e5ca067685ed3dcaad82'),
+    ('0001', N'security/MailqDbMailUser.grants.sql', 'a90b7cec3fb015c990fedf64d206e462e6c68072a28890665619e1812bb0b7e7'),
+    ('0001', N'security/MailqAdmin.dbmail.grants.sql', '5bc45dc16e882cb8c1baa4281dd06efb750fd64f6ce7aecedf41a14221db77d5'),
     ('0001', N'broker/delay.schema.sql', '493521b22e21be401e03b915752778b7ec32cce3d0a618c3da82d7f951e9d6a6'),
     ('0001', N'broker/delay.Installation.sql', '9a3b1a0442314c507237880d77a93a7932f7ff91702fc06142711f1e97e57dcc'),
     ('0001', N'broker/delay.Setting.sql', '4e4b5acc5470ddca6dd7f8f8c5059b183249804ace59ec638258fb6c74f3286c'),
@@ -13202,25 +12896,25 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.GetSuppressionStats.sql', '5f4c2514a052c750cf711286e0c44e313305f6a6e39186cc21c02051b5faa4e7'),
     ('0001', N'procedures/mailq.PurgeBounceReports.sql', 'a51c25029e54480925a7f019d4824f9fc01a17c3cad33d9f15d558fcf8a77565'),
     ('0001', N'security/MailqBounceReader.grants.sql', '079d0b1ab090e10a39e48c7acd98f0a9d5d8ba16c0acc01b5902d995e64cafee'),
-    ('0001', N'security/MailqMonitor.role.sql', '4aab1e65217069c7dafde0f55e862c1731e9e321a9ab15cacf5b20eaa2ace1b8'),
+    ('0001', N'security/MailqMonitor.role.sql', '4bd4a00e77edbc0a5feb58abe24d78083163a2d59cbea0abf3e12b35d5e0832e'),
     ('0001', N'procedures/mailq.GetQueueMetrics.sql', 'af35cf459d28a98edeeafb541e336fbcb1148eaf295b6d57cc15e3ec094417d8'),
     ('0001', N'procedures/mailq.GetMailHistory.sql', '02fe0914facdcef3e905b5034156073f88dee3958917fd57a07a363d8a551133'),
     ('0001', N'procedures/mailq.FindMail.sql', '6d2faada299f95329285dc968d432bc48b73d59773808f8569438907e110b89d'),
     ('0001', N'security/MailqMonitor.grants.sql', '96ac12fc212d8403dcd69387635d3e45c04da83cc6300849a7b769139de40329'),
-    ('0001', N'security/MailqAdmin.monitoring.grants.sql', '110850872b0469247a7816029131773eae165f5f5d580e63f37ff786c5aa9f4e'),
+    ('0001', N'security/MailqAdmin.monitoring.grants.sql', '9f2b9ddb38be75e0bc669eb7bd961be5dae08c5a320f5c40629a6a225d1840f5'),
     ('0001', N'broker/MailqMonitor.delay.grants.sql', '51329ac4e47840b9a08b0d06bb50af9a0579a9bfa973679972fb9433f57982bd'),
-    ('0001', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),
+    ('0001', N'security/MailqDbMailRunner.role.sql', '869c412cdc12046e6c047688d5b4172c3c5f721eb41184f47a40372fe5bdc8c2'),
     ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '344f758049ec6d83971172a8e551e67c66a4bd44eb28edf21da78650f6c47ac9'),
     ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', '58824bd1190da6109fc5f10a8243b2a17a79d88fb4807b4d36edbadef892752d'),
-    ('0001', N'views/mailq.sysmail_mailattachments.sql', 'edf748544e1352d35cae718a1e8291b2a47d3d644a0e3276b3106160abf320f5'),
-    ('0001', N'views/mailq.sysmail_profile.sql', '86cbb0a0c212583f0a2c7e643a73393066c83fe9ff74fef42b5f5de53c7bbf3e'),
-    ('0001', N'views/mailq.sysmail_account.sql', 'e6af113c8ac95c003bea6c4e9ef3d3a6b49b39ba52f93ddb757afbe4c80f990b'),
+    ('0001', N'views/mailq.sysmail_mailattachments.sql', 'e819185cc385d1438769c091c97f105d9de766470d6a93127a8281bae4556c34'),
+    ('0001', N'views/mailq.sysmail_profile.sql', '9a6fa402d177950bd6d387f9b70c2c37bcd866d2e9c6267ebace3a14eef9f994'),
+    ('0001', N'views/mailq.sysmail_account.sql', '47afbf7cdeae161677054587bfcea7914aaef7a752984f7b79a0c0a7e45d351c'),
     ('0001', N'views/mailq.sysmail_profileaccount.sql', '2490a39e9023a34f615b9cfcf78b9ec8b7ad1a1f2ce05f44517894a166d3512a'),
-    ('0001', N'views/mailq.sysmail_principalprofile.sql', '8c9b4d8cb0c61a4e66405c8980e457b08ea2f81bb437d016de92d9880b8594ff'),
-    ('0001', N'views/mailq.sysmail_configuration.sql', '4380271b2d053df4de0fc681df5de4e4d39c34d8c052e69db59e1f47fe529ad0'),
+    ('0001', N'views/mailq.sysmail_principalprofile.sql', 'd6b60798f4f00c0c391195774d7502f52b921dc6a88d882b35ba2d737eb4752e'),
+    ('0001', N'views/mailq.sysmail_configuration.sql', 'ee8a70ffe6920e756a071eb79f018c19e3d1773de41eeef2b52bffe66ff6fa75'),
     ('0001', N'security/MailqDbMailRunner.grants.sql', '1a3cd1b1382b62f823da2c4e50d012809aae6411cebc40ba4cba3923eb428d2d'),
-    ('0001', N'security/MailqAdmin.dbmail2.grants.sql', '8e183eb1f250afe5152e8ca31f717395f71d497404155088c2d4a578dd181d9b'),
-    ('0001', N'security/MailqDbMailUser.attachments.grants.sql', '48554e3644bfb39d8d9ac4af1628820e76cf2c0f78d25b27377c352278a38d22');
+    ('0001', N'security/MailqAdmin.dbmail2.grants.sql', '223e4311c66ea19d45acf33fa8430d7514d5c2ca05386f0c235fb8382866da78'),
+    ('0001', N'security/MailqDbMailUser.attachments.grants.sql', 'c6e163b55a2f5c8612d1b8c0b0db0c88a05aab399d4e0b5daa05c857b2cc0432');
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO

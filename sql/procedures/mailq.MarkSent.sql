@@ -7,10 +7,8 @@ Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly
              @LockToken UNIQUEIDENTIFIER, required; @SmtpCode INT 200-599,
              @SmtpText NVARCHAR(4000); @DryRun BIT = 0 (the worker sent nothing)
 Result set:  one row per mail: ID, Status ('Sent'), NextAttemptUtc (NULL).
-Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50147
-             @SmtpCode out of range.  On any error nothing is written.
-Transaction: its own if none is open, else the caller's; an error is re-raised and
-             dooms the caller's transaction (XACT_ABORT ON).
+Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50147 @SmtpCode.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
 Lock order:  mailq.MailQueue (via LockLeasedMail), mailq.MailAttempt, mailq.MailEvent.
 Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
@@ -47,7 +45,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail
             @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
 
@@ -95,11 +92,9 @@ BEGIN
             ),
             @Now
         FROM @Acked AS a;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

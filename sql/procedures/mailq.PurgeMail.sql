@@ -2,8 +2,8 @@
 mailq.PurgeMail: deletes final mail (Sent, Failed, Cancelled, Expired, Stopped)
 processed more than @OlderThanDays days ago, with its attempts, attachments,
 recipient outcomes, events and mailq.DbMailItem (cascade), @BatchSize mails per
-transaction; rows others hold are skipped (READPAST) and left to the next purge.
-At most 1,000 rows per statement and index, by forced seeks (docs/dba-guide.md).
+transaction; rows others hold are skipped (READPAST).  At most 1,000 rows per
+statement and index, by forced seeks (docs/dba-guide.md).
 Parameters:  @OlderThanDays INT 0-36500, required; @BatchSize INT 1-1000 = 500
 Result set:  one row: PurgedCount BIGINT
 Errors:      50135 @OlderThanDays missing or negative; 50163 over 36500 (the cutoff
@@ -61,7 +61,6 @@ BEGIN
         DELETE FROM @Batch;
         BEGIN TRY
             BEGIN TRANSACTION;
-
             -- 1. Candidates: covering range seek on IX_MailQueue_Final, oldest first, never
             --    a scan.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by row,
             --    rows others hold skipped.

@@ -2,8 +2,7 @@
 mailq.RequeueMail: puts a Failed, Cancelled, Expired or Stopped mail back in the
 queue (UnSent) with fresh attempts; PossibleDuplicate and the attempt history are
 kept.  An expiry not after the new due time is cleared.
-Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20 = 5;
-             @DateToProcess DATETIME2(3) UTC, default now.
+Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20 = 5; @DateToProcess UTC = now
 Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50136 @ID missing; 50119 @MaxAttempts out of range; 50201 unknown
              mail; 50205 the mail is not Failed, Cancelled, Expired or Stopped.
@@ -36,7 +35,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- UPDLOCK: check and change under one lock.
         SELECT @Status = q.Status
         FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
@@ -70,11 +68,9 @@ BEGIN
         INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -1,16 +1,10 @@
 /*
-mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each hooked
-application, calls its hook once per event after the stored cursor (below the
-commit-safe bound of mailq.GetMailEvents), in EventID order, each call in its own
-transaction with its @StopMail (-> mailq.StopMail on an UnSent or Sending mail) and
-the cursor move.  Each application gets an equal share of @MaxEvents (reaching all
-needs @MaxEvents >= their number); one dispatcher at a time (session applock).
-The call: as MailqRunner (EXECUTE AS USER ... REVERT), after one SET line (ANSI
-options ON, XACT_ABORT OFF, LOCK_TIMEOUT 5000), only while mailq.HookPin finds the
-registered procedure; a hook altered meanwhile is rolled back and suspended.
-A failing call is rolled back and retried on a later run; after MaxAttempts the
-event goes to mailq.ApplicationHookFailure; a hook that ends our transaction (266)
-is given up at once (its work may be committed).
+mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md): calls each hooked
+application's hook once per committed event after its cursor, in EventID order, as
+MailqRunner, each call in its own transaction with its @StopMail and the cursor
+move; an equal share of @MaxEvents per application; one dispatcher at a time.  A
+hook no longer pinned (mailq.HookPin) is suspended; a failing call is retried on
+later runs, then recorded in mailq.ApplicationHookFailure and skipped.
 Parameters:  @MaxEvents INT = 500 (1-5000); @Quiet BIT = 0 (1: no result set)
 Result set:  one row per hooked application: AppName, HookProcedure, Calls,
              Succeeded, FailedCalls, GivenUp, CursorEventID, State (UpToDate | More |
@@ -146,7 +140,6 @@ BEGIN
             SELECT @AppState = N'UpToDate', @AppCalls = 0;
             INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
 
-            -- The pin: same object, schema, name, owner and definition.
             IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
             BEGIN
                 UPDATE h

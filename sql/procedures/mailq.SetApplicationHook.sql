@@ -1,10 +1,8 @@
 /*
 mailq.SetApplicationHook: registers, re-pins or removes one application's hook
-procedure (docs/hooks.md), which mailq.RunApplicationHooks calls as MailqRunner:
-grants MailqRunner EXECUTE on it and revokes the replaced one's (unless another
-application uses it).  db_owner only (the GRANT needs it).  The hook: an existing
-two-part SQL procedure, not a system one, in a dbo-owned schema with no other owner,
-readable definition (pinned: object_id and SHA2_256), with exactly these parameters:
+(docs/hooks.md) and grants MailqRunner EXECUTE on it (revoking the replaced one's).
+db_owner only.  The hook: a two-part SQL procedure in a dbo-owned schema, readable
+definition (pinned: object_id and SHA2_256), with exactly these parameters:
   @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), @EventType NVARCHAR(32),
   @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
   @StopReason NVARCHAR(4000) OUTPUT
@@ -48,7 +46,6 @@ BEGIN
         @OldObjectId INT,
         @Grant NVARCHAR(600);
 
-    -- 1. Validate before any transaction starts.
     IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
     BEGIN
         SET @Msg = CONCAT(
@@ -171,11 +168,9 @@ BEGIN
         END;
     END;
 
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         SELECT @OldObjectId = h.ObjectId
         FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
         WHERE h.AppName = @AppName;
@@ -235,11 +230,9 @@ BEGIN
             );
             EXEC sys.sp_executesql @Grant;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

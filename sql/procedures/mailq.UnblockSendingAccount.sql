@@ -6,8 +6,7 @@ Parameters:  @AccountName NVARCHAR(128), required.
 Result set:  one row: AccountName, MadeVisibleCount INT.
 Errors:      50142 @AccountName missing; 50114 unknown account.
 Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
-Isolation:   READ COMMITTED, set here; the attempt read is READCOMMITTEDLOCK (it
-             must see a MarkFailed in flight under RCSI).
+Isolation:   READ COMMITTED, set here; the attempt read is READCOMMITTEDLOCK.
 Lock order:  mailq.MailQueue, reading mailq.MailAttempt, then mailq.SendingAccount
              (MarkFailed's order: an unblock and a Wait never deadlock).
 Example:     EXEC mailq.UnblockSendingAccount @AccountName = N'qq';
@@ -33,7 +32,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- ROWLOCK: row grain on the account's deferred mails only.
         UPDATE q
         SET q.VisibleAtUtc = IIF(q.DateToProcess > @Now, q.DateToProcess, @Now)
@@ -55,11 +53,9 @@ BEGIN
             a.BlockReason = NULL
         FROM mailq.SendingAccount AS a
         WHERE a.AccountName = @AccountName;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -8,8 +8,7 @@ Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400)
              takes effect at each mail's next claim
 Result set:  none.
 Errors:      50145 @AppName missing; 50103 a value over its size.
-Transaction: its own if none is open, else the caller's; an error is re-raised and
-             dooms the caller's transaction (XACT_ABORT ON).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (UPDLOCK, HOLDLOCK insert-if-absent).
 Lock order:  mailq.Application only.
 Example:     EXEC mailq.UpsertApplication @AppName = N'billing', @Description = N'Invoices';
@@ -31,7 +30,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
         IF EXISTS (SELECT 1 FROM mailq.Application AS p WITH (UPDLOCK, HOLDLOCK) WHERE p.AppName = @AppName)
             UPDATE p
@@ -43,11 +41,9 @@ BEGIN
         ELSE
             INSERT INTO mailq.Application (AppName, Description, DryRun)
             VALUES (@AppName, @Description, COALESCE(@DryRun, CAST(0 AS BIT)));
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

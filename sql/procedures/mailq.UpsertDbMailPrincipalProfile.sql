@@ -7,8 +7,7 @@ Parameters:  @ProfileName NVARCHAR(128), required
              @IsDefault BIT = 0
 Errors:      50198 a parameter missing; 50250 no such profile;
              50254 @PrincipalName is not a user or role of this database.
-Transaction: its own if none is open, else the caller's; an error dooms the
-             caller's (XACT_ABORT ON) and is re-raised.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
 Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.UpsertDbMailPrincipalProfile @ProfileName = N'Ops',
@@ -38,7 +37,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -68,7 +66,6 @@ BEGIN
         ELSE
             INSERT INTO mailq.DbMailPrincipalProfile (PrincipalName, ProfileID, IsDefault)
             VALUES (@PrincipalName, @ProfileID, @IsDefault);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

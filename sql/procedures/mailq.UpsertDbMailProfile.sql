@@ -6,8 +6,7 @@ Outputs:     @ProfileID INT: the profile_id the sysmail_* views show.
 Errors:      50198 @ProfileName missing or a value over its size.
 Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
-Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount,
-             mailq.DbMailPrincipalProfile (every profile procedure).
+Lock order:  DbMailProfile, DbMailAccount, DbMailProfileAccount, DbMailPrincipalProfile.
 Example:     EXEC mailq.UpsertDbMailProfile @ProfileName = N'Ops', @Description = N'Alerts';
 */
 CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfile
@@ -17,8 +16,6 @@ CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfile
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL
@@ -29,7 +26,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         SET @ProfileID = NULL;
         -- UPDLOCK, HOLDLOCK: insert-if-absent without a race (a rarely written table).
         SELECT @ProfileID = p.ProfileID
@@ -47,7 +43,6 @@ BEGIN
             VALUES (@ProfileName, @Description);
             SET @ProfileID = SCOPE_IDENTITY();
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

@@ -19,8 +19,6 @@ CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfileAccount
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
@@ -37,7 +35,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT, @AccountID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -77,7 +74,6 @@ BEGIN
         ELSE
             INSERT INTO mailq.DbMailProfileAccount (ProfileID, AccountID, SequenceNumber)
             VALUES (@ProfileID, @AccountID, @SequenceNumber);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

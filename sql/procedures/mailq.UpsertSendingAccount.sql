@@ -1,7 +1,6 @@
 /*
 mailq.UpsertSendingAccount: creates a sending account (and its rate budget row)
-or changes only the settings it is given.  SMTP host and credentials are not
-stored: the worker's configuration maps the name to them.
+or changes only the settings it is given (SMTP settings live in the worker's config).
 Parameters:  @AccountName NVARCHAR(128), required
              @DefaultFromAddress NVARCHAR(320): one bare address; required to create
              @DefaultFromName NVARCHAR(200); @PerMinuteLimit, @PerHourLimit,
@@ -17,11 +16,9 @@ Errors:      50142 @AccountName missing; 50103 a value over its size; 50105 CR/L
              not positive; 50122 @MinLoginIntervalMs out of range; 50503 a new
              account without @DefaultFromAddress; 50504 @Clear names another
              setting, or one also given a value.  Nothing is written.
-Transaction: its own if none is open, else the caller's; an error dooms the
-             caller's transaction (XACT_ABORT ON).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
-Lock order:  mailq.SendingAccount (the row, then the previous default), then
-             mailq.RateBudget (only a new account's row).
+Lock order:  mailq.SendingAccount (row, then previous default), mailq.RateBudget.
 Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq', @PerMinuteLimit = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
@@ -99,7 +96,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- UPDLOCK, HOLDLOCK: insert-if-absent without a race (a small admin table).
         DECLARE @Exists BIT = IIF(EXISTS (
             SELECT 1 FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK) WHERE a.AccountName = @AccountName
@@ -152,11 +148,9 @@ BEGIN
 
         IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
             INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -3397,7 +3397,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
 
         UPDATE q
@@ -3422,11 +3421,9 @@ BEGIN
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT r.ID, r.AppName, N'Released', N'UnSent', r.AttemptNo, NULL, NULL, @Now
         FROM @Released AS r;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -3450,10 +3447,8 @@ Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly
              @LockToken UNIQUEIDENTIFIER, required; @SmtpCode INT 200-599,
              @SmtpText NVARCHAR(4000); @DryRun BIT = 0 (the worker sent nothing)
 Result set:  one row per mail: ID, Status ('Sent'), NextAttemptUtc (NULL).
-Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50147
-             @SmtpCode out of range.  On any error nothing is written.
-Transaction: its own if none is open, else the caller's; an error is re-raised and
-             dooms the caller's transaction (XACT_ABORT ON).
+Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50147 @SmtpCode.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
 Lock order:  mailq.MailQueue (via LockLeasedMail), mailq.MailAttempt, mailq.MailEvent.
 Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
@@ -3490,7 +3485,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail
             @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
 
@@ -3538,11 +3532,9 @@ BEGIN
             ),
             @Now
         FROM @Acked AS a;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -3571,11 +3563,9 @@ Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
 Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc.
 Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50133
              @Disposition; 50134 @RetryAfterSeconds; 50139 @Error; 50147 @SmtpCode.
-Transaction: its own if none is open, else the caller's; an error is re-raised and
-             dooms the caller's transaction (XACT_ABORT ON).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via LockLeasedMail), mailq.MailAttempt, mailq.MailEvent,
-             then mailq.SendingAccount (Wait only).
+Lock order:  mailq.MailQueue (LockLeasedMail), MailAttempt, MailEvent, SendingAccount (Wait).
 Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
                  @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
 */
@@ -3625,7 +3615,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
 
         WITH Outcome AS (
@@ -3719,11 +3708,9 @@ BEGIN
                 s.BlockReason = @Error
             FROM mailq.SendingAccount AS s
             WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -3819,8 +3806,7 @@ GO
 mailq.RequeueMail: puts a Failed, Cancelled, Expired or Stopped mail back in the
 queue (UnSent) with fresh attempts; PossibleDuplicate and the attempt history are
 kept.  An expiry not after the new due time is cleared.
-Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20 = 5;
-             @DateToProcess DATETIME2(3) UTC, default now.
+Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20 = 5; @DateToProcess UTC = now
 Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50136 @ID missing; 50119 @MaxAttempts out of range; 50201 unknown
              mail; 50205 the mail is not Failed, Cancelled, Expired or Stopped.
@@ -3853,7 +3839,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- UPDLOCK: check and change under one lock.
         SELECT @Status = q.Status
         FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
@@ -3887,11 +3872,9 @@ BEGIN
         INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -3908,8 +3891,8 @@ GO
 mailq.PurgeMail: deletes final mail (Sent, Failed, Cancelled, Expired, Stopped)
 processed more than @OlderThanDays days ago, with its attempts, attachments,
 recipient outcomes, events and mailq.DbMailItem (cascade), @BatchSize mails per
-transaction; rows others hold are skipped (READPAST) and left to the next purge.
-At most 1,000 rows per statement and index, by forced seeks (docs/dba-guide.md).
+transaction; rows others hold are skipped (READPAST).  At most 1,000 rows per
+statement and index, by forced seeks (docs/dba-guide.md).
 Parameters:  @OlderThanDays INT 0-36500, required; @BatchSize INT 1-1000 = 500
 Result set:  one row: PurgedCount BIGINT
 Errors:      50135 @OlderThanDays missing or negative; 50163 over 36500 (the cutoff
@@ -3967,7 +3950,6 @@ BEGIN
         DELETE FROM @Batch;
         BEGIN TRY
             BEGIN TRANSACTION;
-
             -- 1. Candidates: covering range seek on IX_MailQueue_Final, oldest first, never
             --    a scan.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by row,
             --    rows others hold skipped.
@@ -4067,8 +4049,7 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.UpsertSendingAccount: creates a sending account (and its rate budget row)
-or changes only the settings it is given.  SMTP host and credentials are not
-stored: the worker's configuration maps the name to them.
+or changes only the settings it is given (SMTP settings live in the worker's config).
 Parameters:  @AccountName NVARCHAR(128), required
              @DefaultFromAddress NVARCHAR(320): one bare address; required to create
              @DefaultFromName NVARCHAR(200); @PerMinuteLimit, @PerHourLimit,
@@ -4084,11 +4065,9 @@ Errors:      50142 @AccountName missing; 50103 a value over its size; 50105 CR/L
              not positive; 50122 @MinLoginIntervalMs out of range; 50503 a new
              account without @DefaultFromAddress; 50504 @Clear names another
              setting, or one also given a value.  Nothing is written.
-Transaction: its own if none is open, else the caller's; an error dooms the
-             caller's transaction (XACT_ABORT ON).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
-Lock order:  mailq.SendingAccount (the row, then the previous default), then
-             mailq.RateBudget (only a new account's row).
+Lock order:  mailq.SendingAccount (row, then previous default), mailq.RateBudget.
 Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq', @PerMinuteLimit = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
@@ -4166,7 +4145,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- UPDLOCK, HOLDLOCK: insert-if-absent without a race (a small admin table).
         DECLARE @Exists BIT = IIF(EXISTS (
             SELECT 1 FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK) WHERE a.AccountName = @AccountName
@@ -4219,11 +4197,9 @@ BEGIN
 
         IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
             INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4239,8 +4215,7 @@ Parameters:  @AccountName NVARCHAR(128), required.
 Result set:  one row: AccountName, MadeVisibleCount INT.
 Errors:      50142 @AccountName missing; 50114 unknown account.
 Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
-Isolation:   READ COMMITTED, set here; the attempt read is READCOMMITTEDLOCK (it
-             must see a MarkFailed in flight under RCSI).
+Isolation:   READ COMMITTED, set here; the attempt read is READCOMMITTEDLOCK.
 Lock order:  mailq.MailQueue, reading mailq.MailAttempt, then mailq.SendingAccount
              (MarkFailed's order: an unblock and a Wait never deadlock).
 Example:     EXEC mailq.UnblockSendingAccount @AccountName = N'qq';
@@ -4266,7 +4241,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- ROWLOCK: row grain on the account's deferred mails only.
         UPDATE q
         SET q.VisibleAtUtc = IIF(q.DateToProcess > @Now, q.DateToProcess, @Now)
@@ -4288,11 +4262,9 @@ BEGIN
             a.BlockReason = NULL
         FROM mailq.SendingAccount AS a
         WHERE a.AccountName = @AccountName;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4429,8 +4401,7 @@ Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400)
              takes effect at each mail's next claim
 Result set:  none.
 Errors:      50145 @AppName missing; 50103 a value over its size.
-Transaction: its own if none is open, else the caller's; an error is re-raised and
-             dooms the caller's transaction (XACT_ABORT ON).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (UPDLOCK, HOLDLOCK insert-if-absent).
 Lock order:  mailq.Application only.
 Example:     EXEC mailq.UpsertApplication @AppName = N'billing', @Description = N'Invoices';
@@ -4452,7 +4423,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
         IF EXISTS (SELECT 1 FROM mailq.Application AS p WITH (UPDLOCK, HOLDLOCK) WHERE p.AppName = @AppName)
             UPDATE p
@@ -4464,11 +4434,9 @@ BEGIN
         ELSE
             INSERT INTO mailq.Application (AppName, Description, DryRun)
             VALUES (@AppName, @Description, COALESCE(@DryRun, CAST(0 AS BIT)));
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4628,8 +4596,7 @@ Parameters:  @AppName NVARCHAR(128), required; at least one of:
              @FromAddress NVARCHAR(320): the address or '@domain' (case-insensitive)
              @PrincipalName sysname: the database user to unmap (if mapped to @AppName)
 Result set:  none.
-Errors:      50145 @AppName missing; 50164 none of @AccountName, @FromAddress,
-             @PrincipalName.
+Errors:      50145 @AppName missing; 50164 none of the three.
 Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here.
 Lock order:  mailq.ApplicationAccount, mailq.ApplicationFrom, mailq.ApplicationPrincipal.
@@ -4654,7 +4621,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         IF @AccountName IS NOT NULL
             DELETE b
             FROM mailq.ApplicationAccount AS b
@@ -4669,11 +4635,9 @@ BEGIN
             DELETE u
             FROM mailq.ApplicationPrincipal AS u
             WHERE u.AppName = @AppName AND u.PrincipalName = @PrincipalName;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4712,7 +4676,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         UPDATE p
         SET
             p.AllowUnmappedEnqueuers = @AllowUnmappedEnqueuers,
@@ -4723,11 +4686,9 @@ BEGIN
         IF @@ROWCOUNT = 0
             INSERT INTO mailq.EnqueuePolicy (PolicyId, AllowUnmappedEnqueuers, ChangedBy)
             VALUES (1, @AllowUnmappedEnqueuers, LEFT(ORIGINAL_LOGIN(), 128));
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -5203,8 +5164,7 @@ Result set:  none.
 Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not 1-320
              characters; 50182 unknown outcome; 50183 code not 200-599; 50184 an
              address twice; 50131, 50201-50203 (mailq.LockLeasedMail).
-Transaction: its own if none is open, else the caller's; an error dooms either
-             (XACT_ABORT ON), writes nothing and is re-raised.
+Transaction: its own or the caller's; an error writes nothing, dooms it, is re-raised.
 Isolation:   READ COMMITTED, set here; the mail row's UPDLOCK serializes every
              writer of its recipients, also under RCSI.
 Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
@@ -5291,7 +5251,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- the fence; the row stays UPDLOCKed until this transaction ends
         EXEC mailq.LockLeasedMail @ID = @ID, @LockToken = @LockToken;
 
@@ -5326,7 +5285,6 @@ BEGIN
             FROM mailq.MailRecipientOutcome AS o
             WHERE o.MailID = @ID AND o.Address = r.Address
         );
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -5341,12 +5299,10 @@ GO
 mailq.GetRecipientOutcomes: the recorded recipient outcomes of leased mails, so a
 new attempt skips recipients Delivered or Refused; mails not leased under
 @LockToken are left out (no error: the next fenced call finds out).
-Parameters:  @IDList NVARCHAR(MAX), required: a JSON array of 1-1000 mail IDs;
-             @LockToken UNIQUEIDENTIFIER, required.
+Parameters:  @IDList NVARCHAR(MAX) (JSON array of 1-1000), @LockToken UNIQUEIDENTIFIER
 Result set:  one row per recorded recipient: MailID, Address, Outcome,
              SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc.
-Errors:      50131 @LockToken missing; 50185 @IDList is not a JSON array of
-             1-1000 integers.
+Errors:      50131 @LockToken missing; 50185 @IDList not a JSON array of 1-1000 integers.
 Transaction: reads only; none of its own.
 Isolation:   READ COMMITTED, set here (no lock kept for a SERIALIZABLE caller).
 Lock order:  mailq.MailQueue, then mailq.MailRecipientOutcome (shared, row by row).
@@ -5512,13 +5468,10 @@ mailq.StopMail: ends a mail that is not final with Status 'Stopped' and a reason
 A Sending mail loses its lease and its open attempt is closed (Outcome 'Stop'), so
 the worker's acknowledgement is refused (50203); a copy already in an SMTP
 transaction may still arrive: PossibleDuplicate is set.  RequeueMail undoes it.
-Parameters:  @MailID BIGINT, required; @Reason NVARCHAR(4000), required (LastError
-             and the Stopped event's Detail)
+Parameters:  @MailID BIGINT, @Reason NVARCHAR(4000) (LastError, event Detail): required
 Result set:  one row: ID, Status ('Stopped'), NextAttemptUtc (NULL).
-Errors:      50174 @MailID missing; 50175 @Reason missing or blank; 50201
-             unknown mail; 50260 the mail is already final (nothing changes).
-Transaction: its own if none is open, else the caller's; an error is re-raised and
-             dooms the caller's transaction (XACT_ABORT ON).
+Errors:      50174 @MailID missing; 50175 @Reason blank; 50201 unknown; 50260 final.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (UPDLOCK check-then-update).
 Lock order:  mailq.MailQueue, then mailq.MailEvent, then mailq.MailAttempt.
 Example:     EXEC mailq.StopMail @MailID = 101, @Reason = N'Customer closed the account.';
@@ -5543,7 +5496,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- UPDLOCK: no claim or acknowledgement slips in between check and change.
         SELECT
             @Status = q.Status,
@@ -5589,11 +5541,9 @@ BEGIN
                 t.ErrorText = LEFT(CONCAT(N'Stopped by mailq.StopMail: ', @Reason), 4000)
             FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
             WHERE t.MailID = @MailID AND t.LockToken = @OldLockToken AND t.EndedAtUtc IS NULL;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -5608,11 +5558,9 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.SetApplicationHook: registers, re-pins or removes one application's hook
-procedure (docs/hooks.md), which mailq.RunApplicationHooks calls as MailqRunner:
-grants MailqRunner EXECUTE on it and revokes the replaced one's (unless another
-application uses it).  db_owner only (the GRANT needs it).  The hook: an existing
-two-part SQL procedure, not a system one, in a dbo-owned schema with no other owner,
-readable definition (pinned: object_id and SHA2_256), with exactly these parameters:
+(docs/hooks.md) and grants MailqRunner EXECUTE on it (revoking the replaced one's).
+db_owner only.  The hook: a two-part SQL procedure in a dbo-owned schema, readable
+definition (pinned: object_id and SHA2_256), with exactly these parameters:
   @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), @EventType NVARCHAR(32),
   @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
   @StopReason NVARCHAR(4000) OUTPUT
@@ -5656,7 +5604,6 @@ BEGIN
         @OldObjectId INT,
         @Grant NVARCHAR(600);
 
-    -- 1. Validate before any transaction starts.
     IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
     BEGIN
         SET @Msg = CONCAT(
@@ -5779,11 +5726,9 @@ BEGIN
         END;
     END;
 
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         SELECT @OldObjectId = h.ObjectId
         FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
         WHERE h.AppName = @AppName;
@@ -5843,11 +5788,9 @@ BEGIN
             );
             EXEC sys.sp_executesql @Grant;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -5877,18 +5820,12 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each hooked
-application, calls its hook once per event after the stored cursor (below the
-commit-safe bound of mailq.GetMailEvents), in EventID order, each call in its own
-transaction with its @StopMail (-> mailq.StopMail on an UnSent or Sending mail) and
-the cursor move.  Each application gets an equal share of @MaxEvents (reaching all
-needs @MaxEvents >= their number); one dispatcher at a time (session applock).
-The call: as MailqRunner (EXECUTE AS USER ... REVERT), after one SET line (ANSI
-options ON, XACT_ABORT OFF, LOCK_TIMEOUT 5000), only while mailq.HookPin finds the
-registered procedure; a hook altered meanwhile is rolled back and suspended.
-A failing call is rolled back and retried on a later run; after MaxAttempts the
-event goes to mailq.ApplicationHookFailure; a hook that ends our transaction (266)
-is given up at once (its work may be committed).
+mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md): calls each hooked
+application's hook once per committed event after its cursor, in EventID order, as
+MailqRunner, each call in its own transaction with its @StopMail and the cursor
+move; an equal share of @MaxEvents per application; one dispatcher at a time.  A
+hook no longer pinned (mailq.HookPin) is suspended; a failing call is retried on
+later runs, then recorded in mailq.ApplicationHookFailure and skipped.
 Parameters:  @MaxEvents INT = 500 (1-5000); @Quiet BIT = 0 (1: no result set)
 Result set:  one row per hooked application: AppName, HookProcedure, Calls,
              Succeeded, FailedCalls, GivenUp, CursorEventID, State (UpToDate | More |
@@ -6024,7 +5961,6 @@ BEGIN
             SELECT @AppState = N'UpToDate', @AppCalls = 0;
             INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
 
-            -- The pin: same object, schema, name, owner and definition.
             IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
             BEGIN
                 UPDATE h
@@ -7046,14 +6982,12 @@ GO
 mailq.ListMailTemplateVersions: the versions of one mail template, newest
 first, without their bodies (mailq.GetMailTemplate @Version reads one).
 Parameters:  @TemplateName NVARCHAR(128), required.
-Result set:  one row per version: TemplateName, Version, SubjectTemplate,
-             HtmlChars, TextChars (NULL when that body is absent), CreatedBy,
-             CreatedAtUtc.
+Result set:  one row per version: TemplateName, Version, SubjectTemplate, HtmlChars,
+             TextChars (NULL when that body is absent), CreatedBy, CreatedAtUtc.
 Errors:      50210 @TemplateName missing or invalid; 50215 no template has this name.
 Transaction: reads only; none of its own.
-Isolation:   the caller's.  A seek on the primary key's leading column.
-Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared locks
-             of the caller's isolation level only).
+Isolation:   the caller's (a seek on the primary key's leading column).
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared).
 Example:     EXEC mailq.ListMailTemplateVersions @TemplateName = N'welcome';
 */
 CREATE OR ALTER PROCEDURE mailq.ListMailTemplateVersions
@@ -7095,12 +7029,10 @@ GO
 mailq.RetireMailTemplate: retires a mail template (new mail may not use it: 50216)
 or brings it back (@Retire = 0).  Its versions stay: pinned mail still renders.
 Retiring a retired template changes nothing (Changed = 0).
-Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT = 1 (NULL counts as
-             1); @Reason NVARCHAR(400).
+Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT = 1; @Reason NVARCHAR(400)
 Result set:  one row: TemplateName, LatestVersion, RetiredAtUtc, RetiredBy,
              RetiredReason, Changed BIT.
-Errors:      50210 @TemplateName missing or invalid; 50213 @Reason over 400
-             characters; 50215 no template has this name.
+Errors:      50210 @TemplateName missing or invalid; 50213 @Reason too long; 50215 unknown.
 Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here; one UPDATE of one row by key.
 Lock order:  mailq.MailTemplate only.
@@ -7137,7 +7069,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         UPDATE t
         SET
             t.RetiredAtUtc = IIF(@Retire = 1, SYSUTCDATETIME(), NULL),
@@ -7158,11 +7089,9 @@ BEGIN
                               N' (mailq.ListMailTemplates lists them).');
             THROW 50215, @Msg, 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -7993,7 +7922,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.EnqueueMail
             @ToAddress = @ToAddress,
             @CC = @copy_recipients,
@@ -8026,7 +7954,6 @@ BEGIN
             IIF(@query IS NULL, NULL, N'Pending'), IIF(@query IS NULL, NULL, SYSUTCDATETIME())
         );
         SET @ItemID = SCOPE_IDENTITY();
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -8054,8 +7981,7 @@ Outputs:     @ProfileID INT: the profile_id the sysmail_* views show.
 Errors:      50198 @ProfileName missing or a value over its size.
 Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
-Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount,
-             mailq.DbMailPrincipalProfile (every profile procedure).
+Lock order:  DbMailProfile, DbMailAccount, DbMailProfileAccount, DbMailPrincipalProfile.
 Example:     EXEC mailq.UpsertDbMailProfile @ProfileName = N'Ops', @Description = N'Alerts';
 */
 CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfile
@@ -8065,8 +7991,6 @@ CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfile
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL
@@ -8077,7 +8001,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         SET @ProfileID = NULL;
         -- UPDLOCK, HOLDLOCK: insert-if-absent without a race (a rarely written table).
         SELECT @ProfileID = p.ProfileID
@@ -8095,7 +8018,6 @@ BEGIN
             VALUES (@ProfileName, @Description);
             SET @ProfileID = SCOPE_IDENTITY();
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -8188,8 +8110,6 @@ CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfileAccount
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
@@ -8206,7 +8126,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT, @AccountID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -8246,7 +8165,6 @@ BEGIN
         ELSE
             INSERT INTO mailq.DbMailProfileAccount (ProfileID, AccountID, SequenceNumber)
             VALUES (@ProfileID, @AccountID, @SequenceNumber);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -8330,8 +8248,7 @@ Parameters:  @ProfileName NVARCHAR(128), required
              @IsDefault BIT = 0
 Errors:      50198 a parameter missing; 50250 no such profile;
              50254 @PrincipalName is not a user or role of this database.
-Transaction: its own if none is open, else the caller's; an error dooms the
-             caller's (XACT_ABORT ON) and is re-raised.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
 Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.UpsertDbMailPrincipalProfile @ProfileName = N'Ops',
@@ -8361,7 +8278,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -8391,7 +8307,6 @@ BEGIN
         ELSE
             INSERT INTO mailq.DbMailPrincipalProfile (PrincipalName, ProfileID, IsDefault)
             VALUES (@PrincipalName, @ProfileID, @IsDefault);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -10589,28 +10504,28 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.ClaimMail.sql', 'ff91ccd939d07c590424a9cbf36931e6cb61bb7afd5605ce380b02746d891efc'),
     ('0001', N'procedures/mailq.FinalizeMail.sql', 'd347aee2a778982d0696c24cbd7500e4f11d84d59bfdeb20e6c318ebfbdee73c'),
     ('0001', N'procedures/mailq.ExtendLease.sql', 'f904b562528d3305fb4df10fafac648e56c05ada67afa61cafba7b4e20c491aa'),
-    ('0001', N'procedures/mailq.ReleaseMail.sql', '274ebadd8faa493069d783562294cdea9970d583716dec47f626445f1855473f'),
-    ('0001', N'procedures/mailq.MarkSent.sql', '080e93f551fa087934d3ead9c64bbf88088be3e8b3c37b9dbf9eacd34466a563'),
-    ('0001', N'procedures/mailq.MarkFailed.sql', 'f0a1afea66a624157a800df8ee062989eca2bf1bc4fb166945f1462034292797'),
+    ('0001', N'procedures/mailq.ReleaseMail.sql', 'a06e9c4393e9067ee1ad5fb0b903bec630bd7fd3c489e0ea77024f72fb1162fb'),
+    ('0001', N'procedures/mailq.MarkSent.sql', '10fc318e52e59e017c47f60a3fd0208214c7386307e4c1fc42d91625bf878827'),
+    ('0001', N'procedures/mailq.MarkFailed.sql', '1cce0af362e75ccdd0f40119a124cfbd67afa3b417cd1b8af26d8b4cab210e84'),
     ('0001', N'procedures/mailq.CancelMail.sql', 'fd011090a589a1b3d140220a1c8eac6d7e4f0362bf31ae2fe97e40a6a547bb86'),
-    ('0001', N'procedures/mailq.RequeueMail.sql', '727a42f18c10507997b4d4a91e33ce57c310be7f226f168e5f654a1be22d325f'),
-    ('0001', N'procedures/mailq.PurgeMail.sql', '54d615bb778d9afa0f8f9e1b5343fc1877325138a7c0713449f4907893f5c193'),
-    ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '8b882bbdb3c1bdb6761a4464bbe9b8813aa46e17dd1c4b95fb64fd136da9e3ce'),
-    ('0001', N'procedures/mailq.UnblockSendingAccount.sql', 'f6e7f6da63b39c41937fd29be113cdca433471762479ef4f971d7c3cf2ede9a4'),
+    ('0001', N'procedures/mailq.RequeueMail.sql', '1e567805b07c5ed8a57a52379dfdbe782ab8c98ba14d719d3c6137e62e38fc2f'),
+    ('0001', N'procedures/mailq.PurgeMail.sql', '8de975a5f39d418e2fcec5f00c17620e1b70d7c4588f61dcc7cd5fe90fe977f1'),
+    ('0001', N'procedures/mailq.UpsertSendingAccount.sql', 'eab93d14126e5d5de0c5ca7f70a2a85e7c3bcf9da6931df725252f9959320890'),
+    ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '2d0f1b58b56dcec959642f010093b53ab09afd2642a9e7e6069b9133ab08c630'),
     ('0001', N'procedures/mailq.AcquireLoginSlot.sql', 'd67229441fcc7acf16876c9fce16713efe952e1cdcb9e2d9852b3c91efa645b1'),
-    ('0001', N'procedures/mailq.UpsertApplication.sql', 'bffe6dacf73bdde5bedf0d9fffa6c9564fda1930fdd2f945dded858666ee6a21'),
+    ('0001', N'procedures/mailq.UpsertApplication.sql', 'a9c0b8287c42d19da48f6a74263a8f126a432f837f4d6eebc1a95e9a61bc172d'),
     ('0001', N'procedures/mailq.BindApplication.sql', '681fa86b9bd7b4d8c1c7a12f93b7daac23ff0fbf43ecaee7a696de4587061f4c'),
-    ('0001', N'procedures/mailq.UnbindApplication.sql', 'c0c1c821d2ad437b8b97b86858a11f53a451504e5c5857d31ac8ab98147ca3f7'),
-    ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'abb98fdbbbc2e9e5c4be4098341295541b18648a83dfb46df5bc0983f2b182bb'),
+    ('0001', N'procedures/mailq.UnbindApplication.sql', '710341c92e835857e03b815835bf5a715411f98a85badd36db5a9de6b2c16821'),
+    ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', '32bf04ba2c9b96bb118d3635e64a32b4da20560f0b9c47e115190b8e188ca4b1'),
     ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', 'b0583c5d23c7a503ca54016b237c9e9684fc882ee6437b3d7e1ddb13c7739ae3'),
     ('0001', N'procedures/mailq.GetQueueStats.sql', 'caa08d6562e4d06b5237d60cade4c54a143f366e484da07998373554fc824ba0'),
     ('0001', N'procedures/mailq.GetInstallationHealth.sql', '778eb143222d2f0007dcb39dd6ea01272bac8e93f9e69819ab20cf8c17791af8'),
-    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '127b614c75ed6c0ebaa5866a0af64b80e36781198bb75aa9069e50546454593e'),
-    ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', 'ccf92fb7712c785df2e636365e9bec0d0a52b500fffd1ce9a90f8d0c345e59b5'),
+    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '8cbbfb8259e451766757368015a20ca2dfc8f0290ffca630519c0cdf4472cbd0'),
+    ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '448f8c261c15506faf446a4b9fb236dd7d95c4b47144f3a93e47742ad8df86b1'),
     ('0001', N'procedures/mailq.GetMailEvents.sql', '510007bc2ebeae4cdd380512352e13982fb146482cfb7a5e8d82c3322696069e'),
-    ('0001', N'procedures/mailq.StopMail.sql', 'bc646dfa64749557d6c30af7587b594bebcaffebabd95ff75ae43d3a78af0f8f'),
-    ('0001', N'procedures/mailq.SetApplicationHook.sql', 'd5fc8010c141e57abb353b9fe5e921fb06007744bbcbf046674e0b4651d9d2fb'),
-    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'd9cfe83ecc981023c66ef0913b0ec775ef1a99c1347cf85648987af9e5144ccd'),
+    ('0001', N'procedures/mailq.StopMail.sql', '6db45953734f07d46e6a59659300423141c8d52cb48cc35a331d939da839e0e5'),
+    ('0001', N'procedures/mailq.SetApplicationHook.sql', '535b69d3df423191a65f8dd5901155c93dbc126dee831388e47f92d99b173ea2'),
+    ('0001', N'procedures/mailq.RunApplicationHooks.sql', '596a67f88740c34ffcca3d43d2fcfefc86a6081faf7a96d406fd98dd3bc86bcd'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', '8fba683c4f53e02e18de9be3fdf61af767d6a1cb8b894d358fc7ee5b5c32b32f'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', '635374a8d2c2b93350cce00be98ee8fa7ea5c588aaa0973e90004f38db9015aa'),
     ('0001', N'security/MailqEnqueuer.grants.sql', 'a63718c6a392c87e93165ff3ff1af09be103805eb73ba6fdcdf1db95ad27b502'),
@@ -10628,8 +10543,8 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.AddMailTemplateVersion.sql', 'd97bdabd53597ebbeb6ff169c900948fa79cdebbb8ab5e3da03178169f0d5890'),
     ('0001', N'procedures/mailq.GetMailTemplate.sql', '2cef27378a90f4abed64841bafa6e9bbc8434de294cccfe47e06e69fcff3fcb7'),
     ('0001', N'procedures/mailq.ListMailTemplates.sql', '9c197f2af691d38c2e44e3524539ea6eefc26f44a629f88d17b2c1a257ad6097'),
-    ('0001', N'procedures/mailq.ListMailTemplateVersions.sql', '7809a4b13f09337f329f7312235cb97b59806f6fdef0443f8edd45c48d46be35'),
-    ('0001', N'procedures/mailq.RetireMailTemplate.sql', '85bbfc1d44e14dd4dfdda5b9b6eaaa1e1ada6c74515498708bed120775eeb3b9'),
+    ('0001', N'procedures/mailq.ListMailTemplateVersions.sql', '6abc2c7834d4cf19adb5b072317ccf27f1b5587eb5097e3d9a389e9314ba9c0b'),
+    ('0001', N'procedures/mailq.RetireMailTemplate.sql', '08979609d4fe75bec68e55715ad4f3fbc2b638ed7be53502859920f519814c49'),
     ('0001', N'security/MailqAdmin.templates.grants.sql', '8165b34579cf1291096f779e11a5c1637f6e144bf04aa10d5e4ee4d46aa22e9d'),
     ('0001', N'security/MailqDbMailUser.role.sql', 'dfd271f8eb83f683f2db2d358e9154df4466ffa1564eb53badebe760621f4f74'),
     ('0001', N'tables/mailq.DbMailProfile.sql', '28af54b04662bf10b9f3f4fad536c391fa79b6d5921c5542a2d0c1120ac766ff'),
@@ -10646,12 +10561,12 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
     ('0001', N'views/mailq.sysmail_event_log.sql', '047d4f5c1c80d7a8de5d1799d2e4a0502375de89cbe374d968146f5b1e0f9a7c'),
     ('0001', N'functions/mailq.DbMailAddressProblem.sql', '5b5db91d66a1cfe023759e094e534b1428840cf08e90a22e9b062d697bcefce0'),
-    ('0001', N'procedures/mailq.SendDbMail.sql', 'a95718eab12cd96acbe36cf3f5f7c24fbc81f5bfbe87f2b9961ac83865e0d9ca'),
-    ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '902ffd926d72483b66b54a708c20b94b43a4dc26a79960c2626945a51144da46'),
+    ('0001', N'procedures/mailq.SendDbMail.sql', 'd597fbd62c2d37679dbd69addd1b06effd608766932121bf648ae259fb44f14d'),
+    ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', 'e385d06f81bbcd0c5a9bfc1260a4f6b6d5123a5210365bc9c97739100519a0e5'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '0671551bbef4be2b75a015e4a1de8622f53f66ffc4ec88adab82ead8bbcb928b'),
-    ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '885c32b240765924dd8ac9ad26982a0f294f7af99ebe99987297deada859c1c6'),
+    ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', 'f6cd738e1ee307cd6a047b4748396acb03382759fb2c20e7c3352685e532acb3'),
     ('0001', N'procedures/mailq.DeleteDbMailProfileAccount.sql', '7f5caaf91e521d2a166b4604d6fcd5fb9d39a65fe5b5e274da2c245c34e7a0aa'),
-    ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', 'e907947195b4c864b6ef3a41674b91453319d7f50ef3eadfaf6f17bb442d4fea'),
+    ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', 'bfa8eb8f864f68e36ded1c45a4880ce562fa7e70e33ad73c598a97e1acf9cb95'),
     ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', 'ec5908743b0972cd82cddd79681cab9c9dff326293b6edac6d5257bd00137bd4'),
     ('0001', N'security/MailqDbMailUser.grants.sql', 'a90b7cec3fb015c990fedf64d206e462e6c68072a28890665619e1812bb0b7e7'),
     ('0001', N'security/MailqAdmin.dbmail.grants.sql', '5bc45dc16e882cb8c1baa4281dd06efb750fd64f6ce7aecedf41a14221db77d5'),

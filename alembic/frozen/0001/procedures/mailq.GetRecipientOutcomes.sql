@@ -3,12 +3,10 @@
 mailq.GetRecipientOutcomes: the recorded recipient outcomes of leased mails, so a
 new attempt skips recipients Delivered or Refused; mails not leased under
 @LockToken are left out (no error: the next fenced call finds out).
-Parameters:  @IDList NVARCHAR(MAX), required: a JSON array of 1-1000 mail IDs;
-             @LockToken UNIQUEIDENTIFIER, required.
+Parameters:  @IDList NVARCHAR(MAX) (JSON array of 1-1000), @LockToken UNIQUEIDENTIFIER
 Result set:  one row per recorded recipient: MailID, Address, Outcome,
              SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc.
-Errors:      50131 @LockToken missing; 50185 @IDList is not a JSON array of
-             1-1000 integers.
+Errors:      50131 @LockToken missing; 50185 @IDList not a JSON array of 1-1000 integers.
 Transaction: reads only; none of its own.
 Isolation:   READ COMMITTED, set here (no lock kept for a SERIALIZABLE caller).
 Lock order:  mailq.MailQueue, then mailq.MailRecipientOutcome (shared, row by row).

@@ -13,11 +13,9 @@ Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
 Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc.
 Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50133
              @Disposition; 50134 @RetryAfterSeconds; 50139 @Error; 50147 @SmtpCode.
-Transaction: its own if none is open, else the caller's; an error is re-raised and
-             dooms the caller's transaction (XACT_ABORT ON).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via LockLeasedMail), mailq.MailAttempt, mailq.MailEvent,
-             then mailq.SendingAccount (Wait only).
+Lock order:  mailq.MailQueue (LockLeasedMail), MailAttempt, MailEvent, SendingAccount (Wait).
 Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
                  @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
 */
@@ -67,7 +65,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
 
         WITH Outcome AS (
@@ -161,11 +158,9 @@ BEGIN
                 s.BlockReason = @Error
             FROM mailq.SendingAccount AS s
             WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -12,8 +12,7 @@ Result set:  none.
 Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not 1-320
              characters; 50182 unknown outcome; 50183 code not 200-599; 50184 an
              address twice; 50131, 50201-50203 (mailq.LockLeasedMail).
-Transaction: its own if none is open, else the caller's; an error dooms either
-             (XACT_ABORT ON), writes nothing and is re-raised.
+Transaction: its own or the caller's; an error writes nothing, dooms it, is re-raised.
 Isolation:   READ COMMITTED, set here; the mail row's UPDLOCK serializes every
              writer of its recipients, also under RCSI.
 Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
@@ -100,7 +99,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- the fence; the row stays UPDLOCKed until this transaction ends
         EXEC mailq.LockLeasedMail @ID = @ID, @LockToken = @LockToken;
 
@@ -135,7 +133,6 @@ BEGIN
             FROM mailq.MailRecipientOutcome AS o
             WHERE o.MailID = @ID AND o.Address = r.Address
         );
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

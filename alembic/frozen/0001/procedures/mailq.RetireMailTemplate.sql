@@ -3,12 +3,10 @@
 mailq.RetireMailTemplate: retires a mail template (new mail may not use it: 50216)
 or brings it back (@Retire = 0).  Its versions stay: pinned mail still renders.
 Retiring a retired template changes nothing (Changed = 0).
-Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT = 1 (NULL counts as
-             1); @Reason NVARCHAR(400).
+Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT = 1; @Reason NVARCHAR(400)
 Result set:  one row: TemplateName, LatestVersion, RetiredAtUtc, RetiredBy,
              RetiredReason, Changed BIT.
-Errors:      50210 @TemplateName missing or invalid; 50213 @Reason over 400
-             characters; 50215 no template has this name.
+Errors:      50210 @TemplateName missing or invalid; 50213 @Reason too long; 50215 unknown.
 Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here; one UPDATE of one row by key.
 Lock order:  mailq.MailTemplate only.
@@ -45,7 +43,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         UPDATE t
         SET
             t.RetiredAtUtc = IIF(@Retire = 1, SYSUTCDATETIME(), NULL),
@@ -66,11 +63,9 @@ BEGIN
                               N' (mailq.ListMailTemplates lists them).');
             THROW 50215, @Msg, 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

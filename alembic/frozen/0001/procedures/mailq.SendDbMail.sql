@@ -268,7 +268,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.EnqueueMail
             @ToAddress = @ToAddress,
             @CC = @copy_recipients,
@@ -301,7 +300,6 @@ BEGIN
             IIF(@query IS NULL, NULL, N'Pending'), IIF(@query IS NULL, NULL, SYSUTCDATETIME())
         );
         SET @ItemID = SCOPE_IDENTITY();
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

@@ -30,7 +30,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         UPDATE p
         SET
             p.AllowUnmappedEnqueuers = @AllowUnmappedEnqueuers,
@@ -41,11 +40,9 @@ BEGIN
         IF @@ROWCOUNT = 0
             INSERT INTO mailq.EnqueuePolicy (PolicyId, AllowUnmappedEnqueuers, ChangedBy)
             VALUES (1, @AllowUnmappedEnqueuers, LEFT(ORIGINAL_LOGIN(), 128));
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -4,13 +4,10 @@ mailq.StopMail: ends a mail that is not final with Status 'Stopped' and a reason
 A Sending mail loses its lease and its open attempt is closed (Outcome 'Stop'), so
 the worker's acknowledgement is refused (50203); a copy already in an SMTP
 transaction may still arrive: PossibleDuplicate is set.  RequeueMail undoes it.
-Parameters:  @MailID BIGINT, required; @Reason NVARCHAR(4000), required (LastError
-             and the Stopped event's Detail)
+Parameters:  @MailID BIGINT, @Reason NVARCHAR(4000) (LastError, event Detail): required
 Result set:  one row: ID, Status ('Stopped'), NextAttemptUtc (NULL).
-Errors:      50174 @MailID missing; 50175 @Reason missing or blank; 50201
-             unknown mail; 50260 the mail is already final (nothing changes).
-Transaction: its own if none is open, else the caller's; an error is re-raised and
-             dooms the caller's transaction (XACT_ABORT ON).
+Errors:      50174 @MailID missing; 50175 @Reason blank; 50201 unknown; 50260 final.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here (UPDLOCK check-then-update).
 Lock order:  mailq.MailQueue, then mailq.MailEvent, then mailq.MailAttempt.
 Example:     EXEC mailq.StopMail @MailID = 101, @Reason = N'Customer closed the account.';
@@ -35,7 +32,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- UPDLOCK: no claim or acknowledgement slips in between check and change.
         SELECT
             @Status = q.Status,
@@ -81,11 +77,9 @@ BEGIN
                 t.ErrorText = LEFT(CONCAT(N'Stopped by mailq.StopMail: ', @Reason), 4000)
             FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
             WHERE t.MailID = @MailID AND t.LockToken = @OldLockToken AND t.EndedAtUtc IS NULL;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -7,8 +7,7 @@ Parameters:  @AppName NVARCHAR(128), required; at least one of:
              @FromAddress NVARCHAR(320): the address or '@domain' (case-insensitive)
              @PrincipalName sysname: the database user to unmap (if mapped to @AppName)
 Result set:  none.
-Errors:      50145 @AppName missing; 50164 none of @AccountName, @FromAddress,
-             @PrincipalName.
+Errors:      50145 @AppName missing; 50164 none of the three.
 Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED, set here.
 Lock order:  mailq.ApplicationAccount, mailq.ApplicationFrom, mailq.ApplicationPrincipal.
@@ -33,7 +32,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         IF @AccountName IS NOT NULL
             DELETE b
             FROM mailq.ApplicationAccount AS b
@@ -48,11 +46,9 @@ BEGIN
             DELETE u
             FROM mailq.ApplicationPrincipal AS u
             WHERE u.AppName = @AppName AND u.PrincipalName = @PrincipalName;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; the caller rolls back its doomed one.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

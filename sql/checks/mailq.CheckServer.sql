@@ -1,9 +1,7 @@
 /*
-Deployment pre-check (the baseline's first file; creates nothing).  Stops the
-deployment when the server or database cannot run mailq-db:
+Deployment pre-check (the baseline's first file; creates and changes nothing):
     50402  database compatibility level below 130 (OPENJSON, STRING_SPLIT)
     50403  SQL Server older than 2019 (major version 15) outside Azure
-The message says what to do; this script never changes the database.
 */
 DECLARE @CompatibilityLevel INT = (
     SELECT d.compatibility_level
@@ -25,8 +23,7 @@ BEGIN
     THROW 50402, @Msg, 1;
 END;
 
--- EngineEdition 5 = Azure SQL Database, 8 = Azure SQL Managed Instance:
--- both are versionless and always current.
+-- EngineEdition 5, 8: Azure SQL Database and Managed Instance (versionless).
 IF @EngineEdition NOT IN (5, 8) AND @MajorVersion < 15
 BEGIN
     SET @Msg = CONCAT(

@@ -1,16 +1,12 @@
 /*
-mailq.DbMailAddressProblem: the first thing wrong with the addresses of a
-mailq.SendDbMail call, named with sp_send_dbmail's parameters, or no row.
-Parameters:  @recipients, @copy_recipients, @blind_copy_recipients,
-             @from_address, @reply_to NVARCHAR(MAX) as SendDbMail received them
-Returns:     at most one row: ReturnCode INT, Message NVARCHAR(2048)
-             50644 a list over 4,000 characters or an address over its size;
-             50642 an invalid address (mailq.ParseAddressList's rules), or more
-             than one address in @from_address or @reply_to;
-             50643 more than 100 recipients in the three lists together.
-             (Commas are msdb's 14613 and are checked by SendDbMail first.)
-Example:     SELECT p.ReturnCode, p.Message
-             FROM mailq.DbMailAddressProblem(N'a@x.org; b@', NULL, NULL, NULL, NULL) AS p;
+mailq.DbMailAddressProblem: the first thing wrong with a mailq.SendDbMail call's
+addresses, named with sp_send_dbmail's parameters, or no row.
+Parameters:  @recipients, @copy_recipients, @blind_copy_recipients, @from_address,
+             @reply_to NVARCHAR(MAX) as SendDbMail received them
+Returns:     at most one row: ReturnCode INT, Message NVARCHAR(2048): 50644 a list
+             or address over its size; 50642 an invalid address, or more than one
+             in @from_address or @reply_to; 50643 over 100 recipients in all.
+Example:     SELECT p.ReturnCode FROM mailq.DbMailAddressProblem(N'b@', NULL, NULL, NULL, NULL) AS p;
 */
 CREATE OR ALTER FUNCTION mailq.DbMailAddressProblem(
     @recipients NVARCHAR(MAX),

@@ -1,20 +1,17 @@
 /*
-mailq.EnqueueMailCheck: THE rules of enqueueing one mail, its defaults and its
-idempotency content hash.  Inline: expanded into the one statement of its one
-caller, mailq.EnqueueMailRows, for a single call and for every batch row alike.
+mailq.EnqueueMailCheck: THE rules of enqueueing one mail (docs/enqueue.md), its
+defaults and its idempotency content hash; inline in mailq.EnqueueMailRows, its
+one caller, for a single call and every batch row alike.
 Parameters:  mailq.MailBatchRow's 23 fields in column order (NULL = default);
-             @InputField/@InputMessage (rule 50223 found reading the input); @P
-             N'@' (messages name parameters) or N'' (batch fields); @Now; @User;
-             @PrincipalApp (the caller's mapped application); @AllowUnmapped;
-             @TemplateLatest, @TemplateRetired (mailq.MailTemplate's row, read by the caller).
-Returns:     one row: the values to store, defaults applied; KeyText (the key as
-             its lock names it); Domain (of the Message-ID); ContentHash (SHA-256
-             of the normalized content, the due time as given); and the FIRST
-             broken rule by RuleOrder: ErrorNumber, Field, Message (NULL if valid).
-             The last rule, the suppression list (50600), needs the caller's
-             transaction and key locks: mailq.EnqueueMailRows applies it.
+             @InputField/@InputMessage (rule 50223); @P N'@' (messages name
+             parameters) or N'' (batch fields); @Now; @User; @PrincipalApp;
+             @AllowUnmapped; @TemplateLatest, @TemplateRetired (read by the caller).
+Returns:     one row: the values to store, defaults applied; KeyText; Domain (of the
+             Message-ID); ContentHash (SHA-256 of the normalized content); and the
+             FIRST broken rule by RuleOrder: ErrorNumber, Field, Message (NULL if
+             valid).  The suppression rule (50600) is EnqueueMailRows'.
 Errors:      none raised: JSON functions read only text IIF proved to be JSON.
-Example:     see mailq.EnqueueMailRows; docs/enqueue.md lists every rule.
+Example:     see mailq.EnqueueMailRows.
 */
 CREATE OR ALTER FUNCTION mailq.EnqueueMailCheck(
     @ToAddress NVARCHAR(MAX), @Subject NVARCHAR(MAX), @Body NVARCHAR(MAX), @BodyFormat NVARCHAR(20),
@@ -276,8 +273,7 @@ SELECT
     -- A Message-ID is ASCII and fits its column: another domain gets a neutral one.
     IIF(d.Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' OR LEN(d.Domain) > 200, N'mailq-db.invalid', d.Domain)
         AS Domain,
-    -- The normalized content, headers and attachments re-serialized: neither
-    -- how a default is spelled nor the path (single, JSON, TVP) changes it.
+    -- Normalized: neither a default's spelling nor the path (single, JSON, TVP) changes it.
     HASHBYTES('SHA2_256', (
         SELECT
             @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, n.Subject, n.Body, n.BodyFormat,

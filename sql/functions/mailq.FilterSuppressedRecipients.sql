@@ -1,24 +1,16 @@
 /*
-mailq.FilterSuppressedRecipients: a mail's recipient lists without the
-addresses suppressed for its account and application (mailq.Suppression),
-as one row (inline: one seek on PK_Suppression per recipient entry).
-Parameters:  @AccountName NVARCHAR(128), @AppName NVARCHAR(128) (NULL: no
-             application), @ToAddress, @CC, @BCC NVARCHAR(MAX) as stored.
-Returns:     one row: SuppressedCount INT (entries removed), EntriesLeft INT,
-             ToAddress, CC, BCC NVARCHAR(MAX) (the lists without them, '; '
-             joined, NULL when a list is left empty), Suppressed NVARCHAR(MAX)
-             (the removed addresses, '; ' joined, NULL when none).
-             A row applies when AppName is N'' (the whole account) or the
-             mail's application, and it has not expired.
-Locking:     HOLDLOCK: inside the caller's transaction the key ranges read
-             stay share-locked to its end, so a suppression of one of these
-             addresses (mailq.ApplySuppressions inserts first, then sweeps the
-             queue) waits for this mail to commit and then finds it, or was
-             committed first and is seen here: a mail never slips between the
-             check and the sweep.  mailq.Suppression is written rarely (bounce
-             reader, unsubscribes, operators); readers never block each other.
+mailq.FilterSuppressedRecipients: a mail's recipient lists without the addresses
+suppressed for its account (AppName N'') or its application and not expired
+(mailq.Suppression); inline, one seek on PK_Suppression per recipient entry.
+Parameters:  @AccountName NVARCHAR(128), @AppName NVARCHAR(128) (NULL: none),
+             @ToAddress, @CC, @BCC NVARCHAR(MAX) as stored.
+Returns:     one row: SuppressedCount INT, EntriesLeft INT, ToAddress, CC, BCC
+             (without them, '; ' joined, NULL when empty), Suppressed NVARCHAR(MAX).
+Locking:     HOLDLOCK: in the caller's transaction the ranges read stay S-locked,
+             so mailq.ApplySuppressions (insert, then sweep the queue) either waits
+             for this mail and finds it, or committed first and is seen here.
 Example:     SELECT f.ToAddress, f.Suppressed
-             FROM mailq.FilterSuppressedRecipients(N'news', NULL, N'a@x.org; b@y.org', NULL, NULL) AS f;
+             FROM mailq.FilterSuppressedRecipients(N'news', NULL, N'a@x.org', NULL, NULL) AS f;
 */
 CREATE OR ALTER FUNCTION mailq.FilterSuppressedRecipients(
     @AccountName NVARCHAR(128),

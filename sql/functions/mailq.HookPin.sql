@@ -1,15 +1,12 @@
 /*
-mailq.HookPin: the registered hook as it is now, if it is still the procedure
-that was registered: same object_id, schema, name, owner (dbo) and definition
-(SHA2_256 of OBJECT_DEFINITION = the pinned hash).  No row otherwise.
-mailq.RunApplicationHooks reads it before every call and, in the call's
-transaction, again after it: the same ModifyDate both times means nothing
-altered the hook in between (docs/hooks.md, "The check and the call").
+mailq.HookPin: the registered hook as it is now, if still the procedure that was
+registered (same object_id, schema, name, owner dbo, SHA2_256 of its definition);
+no row otherwise.  RunApplicationHooks reads it before and after every call: the
+same ModifyDate means nothing altered the hook in between (docs/hooks.md).
 Parameters:  @ObjectId INT, @SchemaName SYSNAME, @ProcedureName SYSNAME,
              @DefinitionHash VARBINARY(32): mailq.ApplicationHook's pin
 Result set:  zero or one row: ModifyDate DATETIME (sys.objects.modify_date)
-Security:    the catalog shows a procedure only to whoever may see it: the
-             dispatcher reads it as dbo (EXECUTE AS OWNER).
+Security:    the catalog shows only what the caller may see: read as dbo.
 Example:     SELECT ModifyDate FROM mailq.HookPin(@ObjectId, N'billing', N'OnMailEvent', @Hash);
 */
 CREATE OR ALTER FUNCTION mailq.HookPin(

@@ -1,14 +1,13 @@
 /*
-mailq.MailAttachmentList: the attachments of one mail, read from EnqueueMail's
-@Attachments text without ever raising an error (inline).
+mailq.MailAttachmentList: the attachments of one mail from EnqueueMail's
+@Attachments text, never raising an error (inline).
 Parameters:  @Attachments NVARCHAR(MAX): a JSON array; anything else gives no rows
 Returns:     per element: AttachmentNo (from 1), IsObject, FileName, ContentType,
-             ContentBase64, Generator, GeneratorArgs ("Arguments" when an object
-             or array), GeneratorArgsText (when a scalar), Base64Ok (canonical
-             base64: A-Z a-z 0-9 + /, length a multiple of 4, '=' only as 1-2
-             final characters) and Bytes (the decoded size, from the text).
-No error:    OPENJSON only meets text IIF proved to be JSON (else 13609 would fail
-             a whole batch); nothing is decoded here (the core decodes Base64Ok text).
+             ContentBase64, Generator, GeneratorArgs (object or array),
+             GeneratorArgsText (scalar), Base64Ok (canonical base64: A-Z a-z 0-9
+             + /, length a multiple of 4, '=' only as 1-2 final characters), Bytes.
+No error:    OPENJSON only meets text IIF proved to be JSON (13609 would fail a
+             whole batch); nothing is decoded here (the core decodes Base64Ok text).
 Example:     SELECT a.Bytes FROM mailq.MailAttachmentList(N'[{"FileName": "a", "ContentBase64": "YQ=="}]') AS a;
 */
 CREATE OR ALTER FUNCTION mailq.MailAttachmentList(@Attachments NVARCHAR(MAX))
@@ -39,7 +38,7 @@ OUTER APPLY OPENJSON (IIF(e.[type] = 5, e.[value], NULL))
         ContentType NVARCHAR(4000) '$.ContentType',
         ContentBase64 NVARCHAR(MAX) '$.ContentBase64',
         Generator NVARCHAR(4000) '$.Generator',
-        -- AS JSON: an object or array value (NULL for a scalar), OPENJSON (Transact-SQL)
+        -- AS JSON: an object or array value (NULL for a scalar)
         GeneratorArgs NVARCHAR(MAX) '$.Arguments' AS JSON,
         GeneratorArgsText NVARCHAR(MAX) '$.Arguments'
     ) AS f

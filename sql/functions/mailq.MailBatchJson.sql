@@ -1,12 +1,12 @@
 /*
-mailq.MailBatchJson: EnqueueMailBatch's @Mails (a JSON array of objects) as rows
-with mailq.MailBatchRow's columns, without ever raising an error (inline).
-Parameters:  @Mails NVARCHAR(MAX); NULL or text that is not JSON gives no rows
+mailq.MailBatchJson: EnqueueMailBatch's @Mails (a JSON array of objects) as rows of
+mailq.MailBatchRow's columns, never raising an error (inline).
+Parameters:  @Mails NVARCHAR(MAX); NULL or not JSON gives no rows
 Returns:     RowNo (position + 1), the fields as MailBatchRow types them, and
              InputField/InputMessage: a field unknown or of the wrong JSON type
-             (rule 50223), else NULL.  Fields are read as text and converted
-             with TRY_CONVERT; Headers, Attachments, TemplateModel may be JSON or
-             a string; times are ISO 8601, an offset converted to UTC, years 2-9998.
+             (rule 50223), else NULL.  Fields are read as text and converted with
+             TRY_CONVERT; Headers, Attachments, TemplateModel may be JSON or a
+             string; times are ISO 8601, an offset converted to UTC.
 Example:     SELECT j.RowNo, j.InputMessage FROM mailq.MailBatchJson(N'[{"Priority": "9"}]') AS j;
 */
 CREATE OR ALTER FUNCTION mailq.MailBatchJson(@Mails NVARCHAR(MAX))

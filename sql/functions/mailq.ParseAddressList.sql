@@ -1,22 +1,15 @@
 /*
-mailq.ParseAddressList: splits a ';'-separated list of recipients and says
-what is wrong with each (inline, so it costs nothing outside the query).
-An entry is a bare address (user@example.com) or a display name followed by
-the address in angle brackets (张三 <zhang@example.com>); the worker encodes
-non-ASCII display names per RFC 2047.
+mailq.ParseAddressList: splits a ';'-separated recipient list and says what is
+wrong with each entry (inline).  An entry is an address or 'Name <address>'.
 Parameters:  @List NVARCHAR(MAX), NULL gives no rows
-Returns:     DisplayName NVARCHAR(MAX) (NULL for a bare address), Address
-             NVARCHAR(MAX), Problem NVARCHAR(100) (NULL when the entry is
-             acceptable).  Entries are trimmed of spaces; empty ones are skipped.
-Rules:       no CR, LF or other control character anywhere (header injection);
-             display name without '<' or '>' and at most 200 characters;
-             address without white space, at most 254 characters (RFC 5321),
-             exactly one '@' with a non-empty local part and domain, none of
-             '<', '>', ',', '"', '(', ')' or '\', and a domain that neither
-             starts nor ends with '.' nor contains '..'.  Non-ASCII addresses
-             are accepted here; the worker sends them only to servers that
-             offer SMTPUTF8.
-Example:     SELECT a.Address, a.Problem FROM mailq.ParseAddressList(N'a@x.org; 李 <b@y.org>; c@') AS a;
+Returns:     DisplayName (NULL for a bare address), Address, Problem NVARCHAR(100)
+             (NULL when acceptable); entries trimmed, empty ones skipped.
+Rules:       no control character (header injection); display name without '<'
+             or '>', at most 200 characters; address without white space, at
+             most 254 characters, one '@' between a non-empty local part and
+             domain, none of < > , " ( ) \, domain not starting or ending with
+             '.' nor containing '..'.  Non-ASCII is accepted (SMTPUTF8 needed).
+Example:     SELECT a.Address, a.Problem FROM mailq.ParseAddressList(N'a@x.org; c@') AS a;
 */
 CREATE OR ALTER FUNCTION mailq.ParseAddressList(@List NVARCHAR(MAX))
 RETURNS TABLE
@@ -26,8 +19,7 @@ SELECT
     p.DisplayName,
     p.Address,
     CASE
-        -- A binary collation: LIKE ranges are code-point ranges and control
-        -- characters are never ignorable, whatever the database's collation.
+        -- Binary collation: LIKE ranges are code points, control characters never ignored.
         WHEN p.Entry COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
             THEN N'contains CR, LF or another control character'
         WHEN p.DisplayName LIKE N'%[<>]%' THEN N'has a malformed display name'

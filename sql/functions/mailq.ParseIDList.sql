@@ -1,8 +1,7 @@
 /*
-mailq.ParseIDList: the mail IDs named by a procedure's @ID or @IDList.
-Parameters:  @ID BIGINT (one mail) and @IDList NVARCHAR(MAX) (a JSON array of
-             integers); the caller validates them first (mailq.LockLeasedMail).
-Returns:     ID BIGINT, each distinct ID once.
+mailq.ParseIDList: the distinct mail IDs of a procedure's @ID or @IDList (a JSON
+array of integers, validated by the caller: mailq.LockLeasedMail).
+Returns:     ID BIGINT.
 Example:     SELECT l.ID FROM mailq.ParseIDList(NULL, N'[1, 2, 3]') AS l;
 */
 CREATE OR ALTER FUNCTION mailq.ParseIDList(@ID BIGINT, @IDList NVARCHAR(MAX))

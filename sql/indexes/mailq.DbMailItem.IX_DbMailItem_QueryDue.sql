@@ -1,7 +1,6 @@
 /*
-IX_DbMailItem_QueryDue: the queries a runner may take (mailq.ClaimDbMailQuery):
-Pending ones and Running ones whose lease passed, one range on QueryDueAtUtc;
-filtered, so finished items cost nothing.
+IX_DbMailItem_QueryDue: the queries a runner may take (mailq.ClaimDbMailQuery), one
+range on QueryDueAtUtc; filtered, so finished items cost nothing.
 */
 IF NOT EXISTS (
     SELECT 1

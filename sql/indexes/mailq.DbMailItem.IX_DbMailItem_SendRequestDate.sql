@@ -1,6 +1,5 @@
 /*
-IX_DbMailItem_SendRequestDate: the sysmail_* views' usual filter
-(send_request_date > ...) as a seek; the mail is then found by its key.
+IX_DbMailItem_SendRequestDate: the sysmail_* views' send_request_date filter as a seek.
 */
 IF NOT EXISTS (
     SELECT 1

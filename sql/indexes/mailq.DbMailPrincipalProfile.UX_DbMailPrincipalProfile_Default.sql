@@ -1,6 +1,5 @@
 /*
-UX_DbMailPrincipalProfile_Default: at most one default profile per principal
-(and one default public profile).
+UX_DbMailPrincipalProfile_Default: at most one default profile per principal.
 */
 IF NOT EXISTS (
     SELECT 1

@@ -1,7 +1,5 @@
 /*
-IX_MailAttempt_EndedAtUtc serves the reporting views (throughput per hour,
-recent failures): closed attempts by end time, so "the last 24 hours" is a
-range seek.
+IX_MailAttempt_EndedAtUtc: closed attempts by end time, for the reporting views.
 */
 IF NOT EXISTS (
     SELECT 1

@@ -1,9 +1,6 @@
 /*
-IX_MailEvent_AppName serves mailq.GetMailEvents @AppName: keys (AppName,
-EventSeq), so "this application's events after the cursor, in order" is one
-range seek whatever the size of the table, and TOP (@MaxEvents) stops it.
-The narrow columns are included; Detail comes by a key lookup per row
-returned (at most @MaxEvents).
+IX_MailEvent_AppName: mailq.GetMailEvents @AppName: events after the cursor in
+one range seek; Detail by key lookup (at most @MaxEvents).
 */
 IF NOT EXISTS (
     SELECT 1

@@ -1,7 +1,5 @@
 /*
-IX_MailEvent_MailID serves mailq.GetMailEvents @MailID (one mail's events
-after the cursor: a range seek) and mailq.PurgeMail (a mail's events are
-deleted with it: a seek per mail, never a scan of the event history).
+IX_MailEvent_MailID: mailq.GetMailEvents @MailID and mailq.PurgeMail (a seek per mail).
 */
 IF NOT EXISTS (
     SELECT 1

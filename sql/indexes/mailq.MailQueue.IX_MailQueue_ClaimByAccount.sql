@@ -1,9 +1,6 @@
 /*
-IX_MailQueue_ClaimByAccount: mailq.ClaimMail's seek, one per (account, run
-mode) pair that may send now.  Keys (AccountName, RunMode, Priority DESC,
-VisibleAtUtc, ID), INCLUDE (AppName, AttemptsRemaining, ExpiresAtUtc), filtered
-to Status IN (UnSent, Sending).  Page locks stay allowed (ALTER INDEX ...
-REORGANIZE needs them).  Expected plan and cost: docs/dba-guide.md, "Indexes".
+IX_MailQueue_ClaimByAccount: mailq.ClaimMail's seek per (account, run mode); page
+locks stay allowed (REORGANIZE needs them).  Plan and cost: docs/dba-guide.md.
 */
 IF NOT EXISTS (
     SELECT 1

@@ -1,10 +1,7 @@
 /*
-IX_MailQueue_ClaimByApp: mailq.ClaimMail's seek for an isolated worker
-(@AppName set), one per (account, run mode) pair, reading that application's
-mail only.  Keys (AccountName, RunMode, AppName, Priority DESC, VisibleAtUtc,
-ID), INCLUDE (AttemptsRemaining, ExpiresAtUtc), filtered to Status IN (UnSent,
-Sending) AND AppName IS NOT NULL; ClaimMail repeats the filter's literals.
-Expected plan and why a second index: docs/claim.md.
+IX_MailQueue_ClaimByApp: mailq.ClaimMail's seek for an isolated worker (@AppName
+set), per (account, run mode); ClaimMail repeats the filter's literals.
+Plan and why a second index: docs/claim.md.
 */
 IF NOT EXISTS (
     SELECT 1

@@ -1,7 +1,5 @@
 /*
-IX_MailQueue_Expiry: mailq.FinalizeMail's expiry step (queued mail whose
-ExpiresAtUtc passed becomes Expired).  Keys (ExpiresAtUtc, ID), INCLUDE
-(VisibleAtUtc), filtered to Status IN (UnSent, Sending) AND ExpiresAtUtc IS NOT NULL.
+IX_MailQueue_Expiry: mailq.FinalizeMail's expiry step (queued mail past ExpiresAtUtc).
 */
 IF NOT EXISTS (
     SELECT 1

@@ -1,7 +1,5 @@
 /*
-IX_MailQueue_Final: mailq.PurgeMail and reports of finished mail.  Keys
-(DateProcessed, ID), INCLUDE (Status, AccountName), filtered to the final
-statuses: a purge batch is a range seek on the oldest rows.
+IX_MailQueue_Final: mailq.PurgeMail's range seek on the oldest final mail.
 */
 IF NOT EXISTS (
     SELECT 1

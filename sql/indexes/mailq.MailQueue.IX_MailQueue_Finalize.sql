@@ -1,7 +1,5 @@
 /*
-IX_MailQueue_Finalize: mailq.FinalizeMail's first step (a mail on its last
-attempt whose lease expired becomes Failed).  Keys (VisibleAtUtc, ID),
-filtered to Status IN (UnSent, Sending) AND AttemptsRemaining = 0.
+IX_MailQueue_Finalize: mailq.FinalizeMail's last-attempt step (lease expired -> Failed).
 */
 IF NOT EXISTS (
     SELECT 1

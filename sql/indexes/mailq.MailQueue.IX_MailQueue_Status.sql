@@ -1,9 +1,6 @@
 /*
-IX_MailQueue_Status: the narrow index the counts read.  Keys (Status,
-AccountName, VisibleAtUtc), no INCLUDE, unfiltered (a view's Status predicate
-never has to match a filter).  mailq.QueueCountsByStatus scans it in key
-order (Stream Aggregate, no Sort, never the clustered index);
-mailq.OldestDueMail seeks Status = 'UnSent'.
+IX_MailQueue_Status: the narrow, unfiltered index the counts read (QueueCountsByStatus,
+OldestDueMail), never the clustered index.
 */
 IF NOT EXISTS (
     SELECT 1

@@ -1,9 +1,6 @@
 /*
-UX_MailQueue_IdempotencyKey: one mail per idempotency key, compared as binary
-text (the column's collation).  Enqueues of one key serialize on an
-application lock on the key, never on key-range locks of this index.
-Filtered: mail without a key costs nothing; a key is free again once its mail
-is purged.
+UX_MailQueue_IdempotencyKey: one mail per idempotency key (binary); filtered, so
+mail without a key costs nothing.  Enqueues serialize on an applock on the key.
 */
 IF NOT EXISTS (
     SELECT 1

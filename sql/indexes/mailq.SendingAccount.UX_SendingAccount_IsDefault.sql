@@ -1,6 +1,5 @@
 /*
-UX_SendingAccount_IsDefault: at most one default sending account (the one
-mailq.EnqueueMail uses when @AccountName is NULL).
+UX_SendingAccount_IsDefault: at most one default sending account.
 */
 IF NOT EXISTS (
     SELECT 1

@@ -1,27 +1,18 @@
 /*
-mailq.GetQueueStats: the queue's health in one call (for `mailq-db stats`),
-from forced seeks bounded by the mail still queued or by a time window, never
-by the history kept (docs/guarantees.md, "Storage and reporting").
-Parameters:  @RecentFailures INT 1-1000, default 20: rows of result set 4;
-             @FinishedHours  INT 1-168, default 24: the window of result set 3.
-Result sets: 1. Status, AccountName, MailCount: mail queued now (UnSent,
-                Sending); seek on IX_MailQueue_Status, two status ranges
-             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount: due
-                UnSent mail per account; seek on IX_MailQueue_Status
-             3. HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped:
-                mail finished per UTC hour over the last @FinishedHours hours
-                (by DateProcessed); range seek on IX_MailQueue_Final (covering),
-                compiled for the window (memory grant of its rows, not the history's)
-             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode,
-                LastError, DateProcessed: the newest failed attempts of the last
-                7 days; backward seek on IX_MailAttempt_EndedAtUtc, then
-                PK_MailQueue by ID
-Errors:      50146 @RecentFailures out of range; 50520 @FinishedHours out of
-             range.
-Transaction: reads only; opens none and leaves the caller's untouched.
-Isolation:   sets READ COMMITTED itself (no range or shared locks kept for a
-             SERIALIZABLE or REPEATABLE READ caller); under
-             READ_COMMITTED_SNAPSHOT each statement reads a snapshot.
+mailq.GetQueueStats: the queue's health in one call (`mailq-db stats`), by forced
+seeks bounded by queued mail or a time window, never by the history kept.
+Parameters:  @RecentFailures INT 1-1000 = 20: rows of result set 4;
+             @FinishedHours  INT 1-168 = 24: the window of result set 3.
+Result sets: 1. Status, AccountName, MailCount: mail queued now (UnSent, Sending)
+             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount: due UnSent
+                mail per account
+             3. HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped: mail
+                finished per UTC hour over the last @FinishedHours hours
+             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode, LastError,
+                DateProcessed: the newest failed attempts of the last 7 days
+Errors:      50146 @RecentFailures out of range; 50520 @FinishedHours out of range.
+Transaction: reads only; opens none.
+Isolation:   READ COMMITTED, set here (no locks kept for a SERIALIZABLE caller).
 Lock order:  none (shared locks released row by row, or none under RCSI).
 Example:     EXEC mailq.GetQueueStats @RecentFailures = 10, @FinishedHours = 24;
 */
@@ -54,9 +45,6 @@ BEGIN
     );
     DECLARE @FailuresSince DATETIME2(3) = DATEADD(DAY, -7, @Now);
 
-    -- Every read below is a forced seek on a narrow index whose range holds
-    -- only queued mail or one time window: the cost never grows with the
-    -- finished mail kept until mailq.PurgeMail removes it.
     SELECT
         q.Status,
         q.AccountName,
@@ -76,13 +64,9 @@ BEGIN
     GROUP BY q.AccountName
     ORDER BY OldestDueAgeSeconds DESC;
 
-    -- IX_MailQueue_Final is filtered on the final statuses: the predicate
-    -- repeats them as literals so the filtered index always matches.
-    -- RECOMPILE: the hour grouping needs a hash or sort whose memory grant
-    -- follows the estimate; for the local @FinishedSince it would be a fixed
-    -- 30% of all finished mail kept (a grant sized for the history), with
-    -- the value known it is the window's rows.  Called rarely: the compile
-    -- costs nothing that matters.
+    -- The final statuses as literals, so the filtered IX_MailQueue_Final matches.
+    -- RECOMPILE: the hash or sort grant follows the window's rows, not a fixed 30%
+    -- of the history (local variable estimate).
     SELECT
         DATEADD(HOUR, DATEDIFF(HOUR, '20000101', q.DateProcessed), CAST('20000101' AS DATETIME2(0))) AS HourUtc,
         q.AccountName,
@@ -101,9 +85,7 @@ BEGIN
     ORDER BY HourUtc DESC, q.AccountName ASC
     OPTION (RECOMPILE);
 
-    -- Newest first, stopped after @RecentFailures rows: a backward range
-    -- seek on EndedAtUtc (Outcome is an included column), a key lookup for
-    -- ErrorText of the rows kept, one PK_MailQueue seek per row kept.
+    -- A backward range seek on EndedAtUtc, stopped after @RecentFailures rows.
     SELECT TOP (@RecentFailures)
         t.MailID AS ID,
         t.AttemptNo,

@@ -1,20 +1,13 @@
 /*
-mailq.GetRecipientOutcomes: the recorded recipient outcomes of mails a worker
-holds (mailq.RecordRecipientOutcomes), so a new attempt skips the recipients
-that are Delivered or Refused.  The worker calls it once per claimed batch,
-for the mails claimed before (AttemptNo > 1).  Mails not leased under
-@LockToken are left out (no error: the worker finds out at its next fenced
-call).
-Parameters:  @IDList NVARCHAR(MAX), required: a JSON array of 1-1000 mail IDs;
-             @LockToken UNIQUEIDENTIFIER, required.
+mailq.GetRecipientOutcomes: the recorded recipient outcomes of leased mails, so a
+new attempt skips recipients Delivered or Refused; mails not leased under
+@LockToken are left out (no error: the next fenced call finds out).
+Parameters:  @IDList NVARCHAR(MAX) (JSON array of 1-1000), @LockToken UNIQUEIDENTIFIER
 Result set:  one row per recorded recipient: MailID, Address, Outcome,
              SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc.
-Errors:      50131 @LockToken missing; 50185 @IDList is not a JSON array of
-             1-1000 integers.
+Errors:      50131 @LockToken missing; 50185 @IDList not a JSON array of 1-1000 integers.
 Transaction: reads only; none of its own.
-Isolation:   sets READ COMMITTED itself (no shared or range lock kept for a
-             REPEATABLE READ or SERIALIZABLE caller); the rows read belong to
-             mails this token holds, which only this worker writes.
+Isolation:   READ COMMITTED, set here (no lock kept for a SERIALIZABLE caller).
 Lock order:  mailq.MailQueue, then mailq.MailRecipientOutcome (shared, row by row).
 Example:     EXEC mailq.GetRecipientOutcomes @IDList = N'[101,102]', @LockToken = @T;
 */
@@ -28,9 +21,8 @@ BEGIN
 
     IF @LockToken IS NULL
         THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
-    -- ISJSON and OPENJSON in separate statements: an OR does not evaluate its
-    -- operands in a guaranteed order, so OPENJSON could meet text that is not
-    -- JSON and raise error 13609 instead of 50185.
+    -- Separate statements: OR has no guaranteed order, so OPENJSON could meet
+    -- non-JSON and raise 13609 instead of 50185.
     DECLARE @IDListOk BIT = 1;
     IF @IDList IS NULL OR ISJSON(@IDList) = 0 OR LEFT(LTRIM(@IDList), 1) <> N'['
         SET @IDListOk = 0;

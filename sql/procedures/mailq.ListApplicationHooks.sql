@@ -3,19 +3,14 @@ mailq.ListApplicationHooks: the registered hooks and where each stands
 (docs/hooks.md; `mailq-db hooks list`).
 Parameters:  @AppName NVARCHAR(128) = NULL: one application, NULL = all.
 Result set:  one row per hook, by AppName: AppName, HookProcedure, ObjectId,
-             Pinned BIT (1: the procedure is still the one registered, same
-             object, schema, name, owner and definition; 0: the dispatcher
-             suspends it until mailq.SetApplicationHook re-registers it),
-             CursorEventID, FailingEventID, FailCount, MaxAttempts, LastError,
+             Pinned BIT (0: changed since registration; the dispatcher suspends
+             it), CursorEventID, FailingEventID, FailCount, MaxAttempts, LastError,
              LastRunAtUtc, RegisteredAtUtc, RegisteredBy, Failures INT (rows in
              mailq.ApplicationHookFailure), LastFailureAtUtc.
 Errors:      none.
-Transaction: opens none and writes nothing (but its own table variable).
-Isolation:   the caller's (a report: a row changed meanwhile shows either way).
+Transaction: opens none, writes nothing.
+Isolation:   the caller's (a report).
 Lock order:  mailq.ApplicationHook, then mailq.ApplicationHookFailure (shared, brief).
-Plan:        mailq.ApplicationHook is one row per hooked application; the
-             failure counts group the (small) failure table once; the pin
-             check joins the catalog's procedures (sys.objects, type P).
 Example:     EXEC mailq.ListApplicationHooks;
 */
 CREATE OR ALTER PROCEDURE mailq.ListApplicationHooks
@@ -24,8 +19,7 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
 
-    -- Procedures a hook may still resolve to: dbo-owned schema, no other owner
-    -- (read into a table variable first: one plain catalog read).
+    -- Procedures a hook may resolve to: dbo-owned schema, no other owner.
     DECLARE @Live TABLE (
         ObjectId INT NOT NULL PRIMARY KEY,
         SchemaName SYSNAME NOT NULL,

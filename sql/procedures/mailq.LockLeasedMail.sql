@@ -1,24 +1,19 @@
 /*
-mailq.LockLeasedMail: the fence of every acknowledgement (internal: called by
-ExtendLease, ReleaseMail, MarkSent and MarkFailed inside their transaction;
-granted to no role).  Locks the named mails WITH (UPDLOCK, ROWLOCK) until the
-caller's transaction ends and raises unless every one exists, is Sending and
-holds @LockToken: a worker whose lease was reclaimed changes nothing.
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000
-             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required;
-             @AcceptSentByToken BIT, default 0: 1 also accepts a mail already
-             Sent under @LockToken (a repeated MarkSent).
+mailq.LockLeasedMail: the fence of every acknowledgement (internal: ExtendLease,
+ReleaseMail, MarkSent and MarkFailed call it in their transaction).  Locks the mails
+WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises unless each
+exists, is Sending and holds @LockToken: a reclaimed worker changes nothing.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @AcceptSentByToken BIT = 0: 1
+             also accepts a mail already Sent under @LockToken (a repeated MarkSent)
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
              50137 @IDList malformed; 50138 no open transaction; 50201 unknown
              mail; 50202 leased under another token; 50203 not Sending.
-Transaction: runs inside the caller's only; an error dooms it (XACT_ABORT ON)
-             and is re-raised unchanged.
-Isolation:   sets READ COMMITTED: UPDLOCK reads the latest committed row, and
-             the MailAttempt read says READCOMMITTEDLOCK (never a version).
-Lock order:  mailq.MailQueue (clustered rows, in the order the plan reads the
-             list, not sorted: overlapping lists under two tokens can deadlock,
-             1205), then mailq.MailAttempt.
+Transaction: the caller's only; an error dooms it (XACT_ABORT ON) and is re-raised.
+Isolation:   READ COMMITTED, set here; the MailAttempt read is READCOMMITTEDLOCK.
+Lock order:  mailq.MailQueue rows in the plan's order (overlapping lists under two
+             tokens can deadlock, 1205), then mailq.MailAttempt.
 Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
@@ -38,9 +33,8 @@ BEGIN
         THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
     IF (@ID IS NULL AND @IDList IS NULL) OR (@ID IS NOT NULL AND @IDList IS NOT NULL)
         THROW 50136, N'Give exactly one of @ID (one mail) or @IDList (a JSON array of mail IDs).', 1;
-    -- ISJSON and OPENJSON in separate statements: an OR does not evaluate its
-    -- operands in a guaranteed order, so OPENJSON could meet text that is not
-    -- JSON and raise error 13609 instead of our 50137.
+    -- Separate statements: OR has no guaranteed order, so OPENJSON could meet
+    -- non-JSON and raise 13609 instead of 50137.
     DECLARE @IDListOk BIT = 1;
     IF @IDList IS NOT NULL
     BEGIN
@@ -64,12 +58,9 @@ BEGIN
         ThreadLock UNIQUEIDENTIFIER NULL
     );
 
-    -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
-    -- checked here still holds when the caller updates them.  No READPAST:
-    -- these rows must be seen, and only a reclaiming worker could hold them.
-    -- FORCESEEK: one seek per ID.  OPENJSON is estimated at 50 rows, so on a
-    -- small queue the optimizer may scan; a scan would U-lock, and keep, every
-    -- row it reads, and two workers acknowledging at once would deadlock.
+    -- UPDLOCK, ROWLOCK: the fence holds until the caller commits.  No READPAST:
+    -- these rows must be seen.  FORCESEEK: OPENJSON's 50-row estimate may pick a
+    -- scan, which would keep a U lock on every row read (deadlocks).
     INSERT INTO @Held (ID, Status, ThreadLock)
     SELECT l.ID, q.Status, q.ThreadLock
     FROM mailq.ParseIDList(@ID, @IDList) AS l
@@ -92,8 +83,7 @@ BEGIN
             AND h.Status = N'Sent'
             AND EXISTS (
                 SELECT 1
-                -- READCOMMITTEDLOCK: the attempt row as committed now, never a
-                -- version (the mail row's U lock above orders its writers).
+                -- READCOMMITTEDLOCK: the committed row, never a version.
                 FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
                 WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
             )

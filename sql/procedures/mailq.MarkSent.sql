@@ -1,22 +1,16 @@
 /*
-mailq.MarkSent: records mails as sent; fenced by the lock token and all or
-nothing, so one call acknowledges every mail sent on one SMTP connection.
-Repeatable: a mail this token already marked Sent is accepted again, unchanged.
-A mail claimed with DryRun = 1 (its application is in dry-run) is recorded as
-DryRun whatever @DryRun says (status Sent, event 'DryRun'; the event's Detail
-notes a worker that reported a real send).
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
-             exactly one; @LockToken UNIQUEIDENTIFIER, required; @SmtpCode INT
-             200-599 and @SmtpText NVARCHAR(4000), optional; @DryRun BIT,
-             default 0 (the worker sent nothing).
+mailq.MarkSent: records mails as sent; fenced by the lock token and all or nothing
+(one call for every mail of one SMTP connection).  Repeatable: a mail this token
+already marked Sent is accepted again, unchanged.  A mail claimed with DryRun = 1
+is recorded as DryRun whatever @DryRun says (status Sent, event 'DryRun').
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @SmtpCode INT 200-599,
+             @SmtpText NVARCHAR(4000); @DryRun BIT = 0 (the worker sent nothing)
 Result set:  one row per mail: ID, Status ('Sent'), NextAttemptUtc (NULL).
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail);
-             50147 @SmtpCode out of range.  On any error nothing is written.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
-             then mailq.MailEvent (insert).
+Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50147 @SmtpCode.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via LockLeasedMail), mailq.MailAttempt, mailq.MailEvent.
 Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
 */
 CREATE OR ALTER PROCEDURE mailq.MarkSent
@@ -48,11 +42,9 @@ BEGIN
         Enforced BIT NOT NULL  -- claimed as dry-run, acknowledged as a real send
     );
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail
             @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
 
@@ -62,8 +54,7 @@ BEGIN
             q.ThreadLock = NULL,
             q.SentAtUtc = @Now,
             q.DateProcessed = @Now,
-            -- The claim's stamp wins: a dry-run
-            -- application's mail stays DryRun.
+            -- The claim's stamp wins: a dry-run application's mail stays DryRun.
             q.DryRun = IIF(@DryRun = 1 OR q.DryRun = 1, CAST(1 AS BIT), CAST(0 AS BIT)),
             q.LastError = NULL
         OUTPUT
@@ -86,9 +77,7 @@ BEGIN
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
 
-        -- One Sent (or DryRun) event per mail changed, in this transaction
-        -- (docs/events.md).  A repeated acknowledgement changes no row above
-        -- and so writes no second event.
+        -- One event per mail changed (docs/events.md); a repeat changes no row, writes none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
             a.ID, a.AppName, IIF(a.DryRun = 1, N'DryRun', N'Sent'), N'Sent', a.AttemptNo, @SmtpCode,
@@ -103,12 +92,9 @@ BEGIN
             ),
             @Now
         FROM @Acked AS a;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -1,32 +1,20 @@
 /*
-mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
-Stopped) whose DateProcessed is older than @OlderThanDays days, with its
-attempts, attachments, recipient outcomes, events and Database Mail item
-(mailq.DbMailItem, by its ON DELETE CASCADE), in batches of
-@BatchSize mails, one short transaction per batch.  Rows others hold are
-skipped (READPAST) and left to the next purge.  Every statement touches at
-most 1,000 rows per index, by forced seeks, far below lock escalation's
-5,000 (docs/guarantees.md, "Lock order").
-Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
-             @BatchSize INT 1-1000, default 500.
-Result set:  one row: PurgedCount BIGINT.
-Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
-             over 36500 (the cutoff date would underflow, error 517);
-             50140 @BatchSize out of range; 50141 called inside a transaction.
-Transaction: must not be called inside one (50141): each batch commits on its
-             own, also for a session in implicit transaction mode (turned off
-             inside); an error rolls back the batch under way (earlier
-             batches stay purged) and is re-raised.
-Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
-             REPEATABLE READ (error 650 otherwise), and REPEATABLE READ would
-             keep every shared lock the candidate read takes; that read says
-             READCOMMITTEDLOCK so that under READ_COMMITTED_SNAPSHOT it sees
-             locks and READPAST can skip them.
-Lock order:  mailq.MailQueue clustered rows (U; candidates are found on
-             IX_MailQueue_Final without keeping a lock there), then
-             mailq.MailAttempt, mailq.MailAttachment, mailq.MailRecipientOutcome,
-             mailq.MailEvent, then the MailQueue rows' deletion (and, by
-             cascade, their mailq.DbMailItem rows).
+mailq.PurgeMail: deletes final mail (Sent, Failed, Cancelled, Expired, Stopped)
+processed more than @OlderThanDays days ago, with its attempts, attachments,
+recipient outcomes, events and mailq.DbMailItem (cascade), @BatchSize mails per
+transaction; rows others hold are skipped (READPAST).  At most 1,000 rows per
+statement and index, by forced seeks (docs/dba-guide.md).
+Parameters:  @OlderThanDays INT 0-36500, required; @BatchSize INT 1-1000 = 500
+Result set:  one row: PurgedCount BIGINT
+Errors:      50135 @OlderThanDays missing or negative; 50163 over 36500 (the cutoff
+             would underflow, 517); 50140 @BatchSize out of range; 50141 in a transaction
+Transaction: refuses one (50141); each batch commits on its own, also in implicit
+             transaction mode (turned off inside); an error rolls back the batch
+             under way (earlier batches stay purged) and is re-raised
+Isolation:   READ COMMITTED (READPAST needs READ COMMITTED or REPEATABLE READ, which
+             would keep every S lock); candidates read READCOMMITTEDLOCK
+Lock order:  mailq.MailQueue rows (U), MailAttempt, MailAttachment,
+             MailRecipientOutcome, MailEvent, then the MailQueue rows' deletion
 Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.PurgeMail
@@ -35,10 +23,7 @@ CREATE OR ALTER PROCEDURE mailq.PurgeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- Each BEGIN TRANSACTION below must be a real one: under the caller's
-    -- IMPLICIT_TRANSACTIONS ON (pyodbc and JDBC with autocommit off) it would
-    -- nest in an implicit transaction and the whole purge would be one.  Set
-    -- before any statement that could open one; restored on return.
+    -- Each BEGIN TRANSACTION must be a real one, not nested in an implicit one.
     SET IMPLICIT_TRANSACTIONS OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
@@ -76,13 +61,9 @@ BEGIN
         DELETE FROM @Batch;
         BEGIN TRY
             BEGIN TRANSACTION;
-
-            -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
-            --    oldest first.  INDEX + FORCESEEK: that seek or an error, never
-            --    a scan of the history kept (the filter's literals repeat).
-            --    READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by
-            --    row, rows others hold are skipped; nothing on the index stays
-            --    locked while the rows below are taken.
+            -- 1. Candidates: covering range seek on IX_MailQueue_Final, oldest first, never
+            --    a scan.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by row,
+            --    rows others hold skipped.
             INSERT INTO @Candidate (ID)
             SELECT TOP (@BatchSize) q.ID
             FROM mailq.MailQueue AS q WITH (
@@ -99,10 +80,8 @@ BEGIN
                 BREAK;
             END;
 
-            -- 2. Lock the batch on the clustered index (the first lock every
-            --    procedure takes on a mail) and re-check: a candidate may have
-            --    been requeued in between.  FORCESEEK on the primary key keeps
-            --    the plan off IX_MailQueue_Final.
+            -- 2. Lock the batch on the clustered index and re-check (a candidate may have
+            --    been requeued); FORCESEEK keeps the plan off IX_MailQueue_Final.
             INSERT INTO @Batch (ID)
             SELECT q.ID
             FROM @Candidate AS c
@@ -112,19 +91,15 @@ BEGIN
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff;
 
-            -- Every candidate was taken or changed meanwhile: stop here rather
-            -- than spin; the next purge picks them up.
+            -- All taken or changed meanwhile: stop rather than spin.
             IF NOT EXISTS (SELECT 1 FROM @Batch)
             BEGIN
                 COMMIT TRANSACTION;
                 BREAK;
             END;
 
-            -- 3. Children, 1000 rows per statement, attempts before attachments.
-            --    FORCESEEK: one seek per purged mail on the child's clustered
-            --    key (MailID first), never a scan, which would lock its way
-            --    through the rows of live mail (no READPAST here) and wait on
-            --    the workers holding them.
+            -- 3. Children, 1000 rows per statement.  FORCESEEK: a seek per mail, never a
+            --    scan that would wait on the rows of live mail.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
@@ -143,10 +118,8 @@ BEGIN
                 SET @Deleted = @@ROWCOUNT;
             END;
 
-            -- Recipient outcomes (up to 100 per mail) here too, not through the
-            -- ON DELETE CASCADE of the parent delete: that one statement would
-            -- lock up to 100 x @BatchSize rows of mailq.MailRecipientOutcome
-            -- and escalate to a table lock past 5,000.
+            -- Outcomes here, not by the parent's ON DELETE CASCADE: that one statement
+            -- would lock up to 100 x @BatchSize rows and escalate past 5,000.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
@@ -156,11 +129,7 @@ BEGIN
                 SET @Deleted = @@ROWCOUNT;
             END;
 
-            -- Events (about five per mail, more with retries): 1000 rows per
-            -- statement, a seek per mail on IX_MailEvent_MailID, never a scan
-            -- of the event history.  Nobody else changes a purged mail's
-            -- events (they are only inserted, with a change of the mail,
-            -- whose row this batch holds).
+            -- Events: a seek per mail on IX_MailEvent_MailID, 1000 rows per statement.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN

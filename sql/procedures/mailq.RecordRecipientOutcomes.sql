@@ -1,25 +1,19 @@
 /*
-mailq.RecordRecipientOutcomes: records which recipients of a mail the worker
-holds were accepted (Delivered), refused for now (Deferred, 4xx) or for good
-(Refused, 5xx).  Called after the server's final reply, before MarkSent or
-MarkFailed 'Retry': the next attempt sends only to recipients neither
-Delivered nor Refused (mailq.GetRecipientOutcomes).  Fenced by the lease
-token (mailq.LockLeasedMail).
-Parameters:  @ID BIGINT, @LockToken UNIQUEIDENTIFIER, required;
-             @Outcomes NVARCHAR(MAX), required: a JSON array of 1-1000
-             {"address", "outcome": "Delivered"|"Deferred"|"Refused",
-             "code": 200-599 or null, "text": up to 1000 characters}.
+mailq.RecordRecipientOutcomes: records which recipients of a leased mail were
+accepted (Delivered), refused for now (Deferred, 4xx) or for good (Refused, 5xx),
+before MarkSent or MarkFailed 'Retry': the next attempt sends only to recipients
+neither Delivered nor Refused (mailq.GetRecipientOutcomes).
+Parameters:  @ID BIGINT, @LockToken UNIQUEIDENTIFIER, required (the lease fence)
+             @Outcomes NVARCHAR(MAX), required: JSON array of 1-1000 {"address",
+             "outcome": "Delivered"|"Deferred"|"Refused", "code": 200-599 or null,
+             "text": up to 1000 characters}
 Result set:  none.
-Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not
-             1-320 characters; 50182 unknown outcome; 50183 code not 200-599;
-             50184 an address twice; 50131, 50201-50203 (mailq.LockLeasedMail).
-             On any error nothing is written.
-Transaction: its own if none is open, else the caller's; an error dooms either
-             (XACT_ABORT ON) and is re-raised.
-Isolation:   sets READ COMMITTED itself (a SERIALIZABLE caller would make the
-             NOT EXISTS take key-range locks); the mail row's UPDLOCK
-             (LockLeasedMail) serializes every writer of this mail's recipients,
-             also under RCSI.
+Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not 1-320
+             characters; 50182 unknown outcome; 50183 code not 200-599; 50184 an
+             address twice; 50131, 50201-50203 (mailq.LockLeasedMail).
+Transaction: its own or the caller's; an error writes nothing, dooms it, is re-raised.
+Isolation:   READ COMMITTED, set here; the mail row's UPDLOCK serializes every
+             writer of its recipients, also under RCSI.
 Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
 Example:     EXEC mailq.RecordRecipientOutcomes @ID = 101, @LockToken = @T,
                  @Outcomes = N'[{"address":"a@example.com","outcome":"Delivered","code":250}]';
@@ -38,9 +32,8 @@ BEGIN
         THROW 50180, N'@ID is required: the mail whose recipients are recorded.', 1;
     IF @LockToken IS NULL
         THROW 50131, N'@LockToken is required: the token the mail was claimed with.', 1;
-    -- ISJSON, OPENJSON and JSON_VALUE in separate statements: an OR does not
-    -- evaluate its operands in a guaranteed order, so OPENJSON or JSON_VALUE
-    -- could meet text that is not JSON and raise error 13609 instead of 50181.
+    -- Separate statements: OR has no guaranteed order, so OPENJSON could meet
+    -- non-JSON and raise 13609 instead of 50181.
     DECLARE @OutcomesOk BIT = 1;
     IF @Outcomes IS NULL OR ISJSON(@Outcomes) = 0 OR LEFT(LTRIM(@Outcomes), 1) <> N'['
         SET @OutcomesOk = 0;
@@ -48,8 +41,7 @@ BEGIN
         SET @OutcomesOk = 0;
     ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@Outcomes) AS j WHERE j.[type] <> 5)
         SET @OutcomesOk = 0;
-    -- Every element is an object now, so JSON_VALUE reads valid JSON (lax: a
-    -- missing or over-long address is NULL, and refused).
+    -- Lax JSON_VALUE: a missing or over-long address is NULL, and refused.
     ELSE IF EXISTS (
         SELECT 1
         FROM OPENJSON(@Outcomes) AS j
@@ -68,8 +60,7 @@ BEGIN
         SmtpCodeText NVARCHAR(20) NULL,
         SmtpText NVARCHAR(1000) NULL
     );
-    -- lax JSON_VALUE: a missing "code" or "text" is NULL (so is a text over
-    -- 4000 characters; the worker sends at most 1000)
+    -- lax: a missing "code" or "text" (or one over 4000 characters) is NULL
     INSERT INTO @Rows (Address, Outcome, SmtpCode, SmtpCodeText, SmtpText)
     SELECT
         LOWER(JSON_VALUE(j.[value], N'$.address')),
@@ -107,9 +98,7 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- the fence: the mail exists, is Sending and is leased under @LockToken;
-        -- its row stays UPDLOCKed until this transaction ends
+        -- the fence; the row stays UPDLOCKed until this transaction ends
         EXEC mailq.LockLeasedMail @ID = @ID, @LockToken = @LockToken;
 
         SELECT @AttemptNo = q.AttemptCount
@@ -143,7 +132,6 @@ BEGIN
             FROM mailq.MailRecipientOutcome AS o
             WHERE o.MailID = @ID AND o.Address = r.Address
         );
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

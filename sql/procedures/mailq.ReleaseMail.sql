@@ -1,17 +1,14 @@
 /*
-mailq.ReleaseMail: gives back mails a worker holds but has not sent (e.g. on
-shutdown): UnSent and due now, the attempt refunded, the attempt row closed
-as Released.  Fenced by the lock token, all or nothing.  The rate budget the
-claim took is not refunded (limits stay conservative).
+mailq.ReleaseMail: gives back leased mails not sent (e.g. on shutdown): UnSent and
+due now, the attempt refunded and closed as Released; fenced by the lock token,
+all or nothing.  The rate budget taken is not refunded.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, required.
 Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
-             then mailq.MailEvent (insert).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via LockLeasedMail), mailq.MailAttempt, mailq.MailEvent.
 Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.ReleaseMail
@@ -26,11 +23,9 @@ BEGIN
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL, AppName NVARCHAR(128) NULL);
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
 
         UPDATE q
@@ -55,12 +50,9 @@ BEGIN
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT r.ID, r.AppName, N'Released', N'UnSent', r.AttemptNo, NULL, NULL, @Now
         FROM @Released AS r;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

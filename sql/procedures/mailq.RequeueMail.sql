@@ -1,19 +1,15 @@
 /*
 mailq.RequeueMail: puts a Failed, Cancelled, Expired or Stopped mail back in the
-queue (UnSent) with a fresh set of attempts; PossibleDuplicate and the
-attempt history are kept.  An expiry time that is not after the new due time
-is cleared (the mail would otherwise expire at once).
-Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
-             @DateToProcess DATETIME2(3) UTC, default now.
+queue (UnSent) with fresh attempts; PossibleDuplicate and the attempt history are
+kept.  An expiry not after the new due time is cleared.
+Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20 = 5; @DateToProcess UTC = now
 Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
-Errors:      50136 @ID missing; 50119 @MaxAttempts out of range; 50201 unknown mail; 50205 the mail
-             is not Failed, Cancelled, Expired or Stopped; 50600 every recipient is suppressed (others: left out).
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
-             in a procedure reverts when it returns).
-Lock order:  mailq.Suppression (key ranges, held: docs/bounces.md), mailq.MailQueue (clustered
-             row first, as PurgeMail), then mailq.MailEvent (insert).
+Errors:      50136 @ID missing; 50119 @MaxAttempts out of range; 50201 unknown mail; 50205 not
+             Failed, Cancelled, Expired or Stopped; 50600 every recipient is suppressed (others: left out).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK check-then-update).
+Lock order:  mailq.Suppression (key ranges, held: docs/bounces.md), mailq.MailQueue (the
+             clustered row), then mailq.MailEvent (insert).
 Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
 */
 CREATE OR ALTER PROCEDURE mailq.RequeueMail
@@ -38,7 +34,6 @@ BEGIN
 
     DECLARE @Status NVARCHAR(16), @To NVARCHAR(MAX), @CC NVARCHAR(MAX), @BCC NVARCHAR(MAX), @Left INT,
         @Suppressed NVARCHAR(MAX);
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -101,8 +96,6 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -1,19 +1,15 @@
 /*
-mailq.RetireMailTemplate: retires a mail template (its latest version can no
-longer be used by new mail: 50216) or brings it back (@Retire = 0).  Its
-versions stay: mail that pinned one still renders.  Retiring a retired
-template changes nothing (Changed = 0; the first retirement is kept).
-Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT, default 1
-             (NULL counts as 1); @Reason NVARCHAR(400), optional.
+mailq.RetireMailTemplate: retires a mail template (new mail may not use it: 50216)
+or brings it back (@Retire = 0).  Its versions stay: pinned mail still renders.
+Retiring a retired template changes nothing (Changed = 0).
+Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT = 1; @Reason NVARCHAR(400)
 Result set:  one row: TemplateName, LatestVersion, RetiredAtUtc, RetiredBy,
              RetiredReason, Changed BIT.
-Errors:      50210 @TemplateName missing or invalid; 50213 @Reason over 400
-             characters; 50215 no template has this name.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED; one UPDATE of one row by key.
+Errors:      50210 @TemplateName missing or invalid; 50213 @Reason too long; 50215 unknown.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here; one UPDATE of one row by key.
 Lock order:  mailq.MailTemplate only.
-Example:     EXEC mailq.RetireMailTemplate @TemplateName = N'welcome', @Reason = N'replaced by welcome-2027';
+Example:     EXEC mailq.RetireMailTemplate @TemplateName = N'welcome', @Reason = N'replaced';
 */
 CREATE OR ALTER PROCEDURE mailq.RetireMailTemplate
     @TemplateName NVARCHAR(4000),
@@ -43,11 +39,9 @@ BEGIN
         RetiredReason NVARCHAR(400) NULL
     );
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         UPDATE t
         SET
             t.RetiredAtUtc = IIF(@Retire = 1, SYSUTCDATETIME(), NULL),
@@ -68,12 +62,9 @@ BEGIN
                               N' (mailq.ListMailTemplates lists them).');
             THROW 50215, @Msg, 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

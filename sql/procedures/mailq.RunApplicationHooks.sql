@@ -1,32 +1,21 @@
 /*
-mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each
-application with a hook, reads its events after the stored cursor (the commit-safe
-bound of mailq.GetMailEvents) and calls the hook once per event, in EventID order,
-each call in its own transaction: the hook; @StopMail = 1 on a mail still UnSent or
-Sending -> mailq.StopMail; the cursor moves.  Each application gets an equal share
-of @MaxEvents.  One dispatcher at a time (a session application lock; a second
-caller gets State 'Busy').
-The call: as MailqRunner (EXECUTE AS USER ... REVERT: never as dbo), after one SET
-line (ANSI options ON, NUMERIC_ROUNDABORT OFF, XACT_ABORT OFF, DEADLOCK_PRIORITY
-NORMAL, LOCK_TIMEOUT 5000), and only while mailq.HookPin finds the registered
-procedure; read again after the call in its transaction: a hook altered meanwhile
-is rolled back and suspended (LastError) until mailq.SetApplicationHook again.
-Failures: a throwing or dooming hook is rolled back and counted; after MaxAttempts
-the event goes to mailq.ApplicationHookFailure and the cursor passes it; a hook that
-ends the transaction opened for it (266, none left) is given up at once (its work
-may be committed); one that leaves one open is rolled back (50297/266).
+mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md): calls each hooked
+application's hook once per committed event after its cursor, in EventID order, as
+MailqRunner, each call in its own transaction with its @StopMail and the cursor
+move; an equal share of @MaxEvents per application; one dispatcher at a time.  A
+hook no longer pinned (mailq.HookPin) is suspended; a failing call is retried on
+later runs, then recorded in mailq.ApplicationHookFailure and skipped.
 Parameters:  @MaxEvents INT = 500 (1-5000); @Quiet BIT = 0 (1: no result set)
-Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
-             HookProcedure, Calls, Succeeded, FailedCalls, GivenUp, CursorEventID,
-             State (UpToDate | More | Retrying | Suspended | Moved); or one row
-             with AppName NULL and State 'Busy'.
-Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open transaction.
+Result set:  one row per hooked application: AppName, HookProcedure, Calls,
+             Succeeded, FailedCalls, GivenUp, CursorEventID, State (UpToDate | More |
+             Retrying | Suspended | Moved); or one row, AppName NULL, State 'Busy'.
+Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside a transaction;
+             50297 (caught, counted) the hook ended or left open a transaction.
 Transaction: none open on entry; one per hook call, one per failure record.
 Isolation:   READ COMMITTED; events read with READCOMMITTEDLOCK below the bound.
-Lock order:  per call: whatever the hook locks, mailq.MailQueue (StopMail), then
-             mailq.ApplicationHook; failures: ApplicationHookFailure, ApplicationHook.
-Security:    EXECUTE AS OWNER for its own reads and writes; the hook runs as
-             MailqRunner.  Granted to MailqAdmin.
+Lock order:  per call: the hook's, mailq.MailQueue (StopMail), mailq.ApplicationHook;
+             failures: ApplicationHookFailure, ApplicationHook.
+Security:    EXECUTE AS OWNER; the hook runs as MailqRunner.  Granted to MailqAdmin.
 Example:     EXEC mailq.RunApplicationHooks @MaxEvents = 500;
 */
 CREATE OR ALTER PROCEDURE mailq.RunApplicationHooks
@@ -109,8 +98,7 @@ BEGIN
         + N'@EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), '
         + N'@StopMail BIT OUTPUT, @StopReason NVARCHAR(4000) OUTPUT';
 
-    -- One dispatcher at a time (an Agent job and the delayed-execution task
-    -- may overlap): session-owned, so it spans the per-call transactions.
+    -- Session-owned: it spans the per-call transactions.
     EXEC @LockResult = sys.sp_getapplock
         @Resource = N'mailq.RunApplicationHooks',
         @LockMode = N'Exclusive',
@@ -129,13 +117,9 @@ BEGIN
     END;
 
     BEGIN TRY
-        -- Each application gets an equal share of the budget, so one with a
-        -- long backlog does not starve the others (needs @MaxEvents >= the
-        -- number of hooked applications to reach them all in one run).
         SET @PerApp = (SELECT CEILING(@MaxEvents * 1.0 / NULLIF(COUNT(*), 0)) FROM mailq.ApplicationHook);
         WHILE @Budget > 0
         BEGIN
-            -- Next hooked application, by key (a seek per application).
             SET @SchemaName = NULL;
             SELECT TOP (1)
                 @App = h.AppName,
@@ -156,7 +140,6 @@ BEGIN
             SELECT @AppState = N'UpToDate', @AppCalls = 0;
             INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
 
-            -- The pin: same object, schema, name, owner and definition.
             IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
             BEGIN
                 UPDATE h
@@ -182,8 +165,7 @@ BEGIN
                 N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
             );
 
-            -- The page: mailq.GetMailEvents' commit-safe read (bound first,
-            -- then a locking read below it; see its header).
+            -- GetMailEvents' commit-safe read: bound first, then a locking read below it.
             DELETE FROM @Page;
             SET @Upper = MIN_ACTIVE_ROWVERSION();
             INSERT INTO @Page (EventID, MailID, EventType, Status, SmtpCode, Detail)
@@ -212,8 +194,7 @@ BEGIN
                 ORDER BY p.EventID ASC;
                 IF @@ROWCOUNT = 0 BREAK;
 
-                -- The pin again before every call: a hook altered, renamed,
-                -- dropped or recreated during this run is not called again in it.
+                -- The pin again before every call: an altered hook is not called again.
                 SET @Modified = NULL;
                 SELECT @Modified = p.ModifyDate
                 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
@@ -245,9 +226,8 @@ BEGIN
                     @GiveUp = 0;
                 UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
 
-                -- 1. The call, its stop and the cursor: one transaction.  The hook
-                --    runs as MailqRunner: REVERT inside a module undoes only that
-                --    module's EXECUTE AS, so the hook cannot keep or undo ours.
+                -- 1. Call, stop and cursor in one transaction.  REVERT in a module undoes only
+                --    its own EXECUTE AS: the hook cannot keep or undo ours.
                 SET @Changed = 0;
                 BEGIN TRANSACTION;
                 EXECUTE AS USER = N'MailqRunner';
@@ -294,9 +274,8 @@ BEGIN
 
                         IF @Changed = 0 AND @StopMail = 1
                         BEGIN
-                            -- Only a mail not yet final: StopMail would refuse a
-                            -- final one (50260).  UPDLOCK: StopMail takes the same
-                            -- row's U lock next, in this transaction.
+                            -- Only a mail not yet final (StopMail refuses one, 50260).  UPDLOCK: StopMail
+                            -- takes this row's U lock next.
                             SET @MailStatus = NULL;
                             SELECT @MailStatus = q.Status
                             FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
@@ -317,9 +296,7 @@ BEGIN
                             END;
                         END;
 
-                        -- The cursor, guarded: a re-registration with a new
-                        -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
-                        -- undoes this call instead of overwriting it.
+                        -- Guarded: a re-registration meanwhile (@ResetCursorTo) undoes this call.
                         IF @Changed = 0
                         BEGIN
                             UPDATE h
@@ -345,7 +322,6 @@ BEGIN
                             @ErrorNumber = ERROR_NUMBER(),
                             @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
                             @TranCountInCatch = @@TRANCOUNT;
-                        -- Doomed (-1) or not (1): the call is undone as a whole.
                         IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
                     END CATCH;
                 END;
@@ -386,8 +362,7 @@ BEGIN
 
                 -- 2. A failed call: count it, or give the event up.
                 SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
-                -- 266 with no transaction left: the hook ended the
-                -- transaction opened for it; its work may be committed.
+                -- 266, no transaction left: the hook ended ours; its work may be committed.
                 IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
                 IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
                 SET @ErrorMessage = LEFT(CONCAT(
@@ -437,7 +412,6 @@ BEGIN
 
             IF @AppState = N'UpToDate'
             BEGIN
-                -- Nothing called (or every call passed): note the run.
                 UPDATE h
                 SET h.LastRunAtUtc = SYSUTCDATETIME()
                 FROM mailq.ApplicationHook AS h
@@ -451,8 +425,7 @@ BEGIN
         EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
     END TRY
     BEGIN CATCH
-        -- Our own bookkeeping failed (never a hook's error: those are caught
-        -- above).  Nothing half-done stays: roll back, release, re-raise.
+        -- Our own bookkeeping failed (hook errors are caught above).
         IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         IF APPLOCK_MODE(N'public', N'mailq.RunApplicationHooks', N'Session') = N'Exclusive'
             EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';

@@ -1,37 +1,25 @@
 /*
-mailq.SendDbMail: msdb.dbo.sp_send_dbmail on this queue; the parameters in
-msdb's own declaration order (positional calls bind as on msdb), then the
-@mailq_ extensions.  Reference:
+mailq.SendDbMail: msdb.dbo.sp_send_dbmail on this queue (docs/database-mail.md):
+msdb's parameters in its declaration order, then the @mailq_ extensions.  Reference:
 https://learn.microsoft.com/en-us/sql/relational-databases/system-stored-procedures/sp-send-dbmail-transact-sql
-Parameters:  as sp_send_dbmail's; @file_attachments is refused; @query runs
-             later, as the caller's database user, in this database
-             (mailq-db dbmail-runner; docs/database-mail.md)
+Parameters:  as sp_send_dbmail's; @file_attachments is refused; @query runs later
+             as the caller's database user, in this database (mailq-db dbmail-runner)
              @mailq_query_result_format 'TEXT' (default) | 'HTML' | 'CSV'
-             @mailq_mail_id OUTPUT BIGINT: the queue's mail ID
-Outputs:     @mailitem_id INT: this call's item (the sysmail_* views' key)
-Result:      no result set; PRINT 'Mail (Id: n) queued.' unless
-             @exclude_query_output = 1.
-Errors:      as msdb: RAISERROR severity 16 then RETURN n, nothing written,
-             the batch and the caller's transaction go on: 14636/14607 rc 1
-             (profile), 14618 rc 2-6, 15, 17 (NULL option), 14626 rc 13,
-             14622 rc 16, 14623 rc 18, 14624 rc 19 (no content) and rc 20 (no
-             recipient), 14613 rc 1 (comma in a list), 14625 rc 21, 14630 rc 2
-             (prohibited extension), 14633 rc 1 (unknown database).  Refusals
-             of this package: RAISERROR (error 50000) and RETURN 50641-50652
-             (docs/errors.md).  Only errors of mailq.EnqueueMail that are not
-             checked here (application binding 50160/50161/50168, an account
-             dropped meanwhile 50114, every recipient suppressed 50600,
-             deadlock) are THROWn, under XACT_ABORT ON.
-Transaction: validation first, with XACT_ABORT as the caller has it; then the
-             enqueue and its DbMailItem row in one transaction: its own if none
-             is open, else the caller's (no savepoint).
-Isolation:   the caller's (profile reads are plain reads; EnqueueMail sets its own).
-Lock order:  (via EnqueueMail) mailq.Suppression (shared), mailq.MailQueue,
+             @mailq_mail_id BIGINT OUTPUT; @mailitem_id INT OUTPUT (sysmail_* key)
+Result:      no result set; PRINT 'Mail (Id: n) queued.' unless @exclude_query_output = 1
+Errors:      as msdb: RAISERROR severity 16 and RETURN n, nothing written, the caller's
+             transaction goes on: 14636/14607 rc 1, 14618 rc 2-6, 15, 17, 14626 rc 13,
+             14622 rc 16, 14623 rc 18, 14624 rc 19-20, 14613 rc 1, 14625 rc 21,
+             14630 rc 2, 14633 rc 1; this package's: RAISERROR 50000 and RETURN
+             50641-50652 (docs/errors.md).  THROWn under XACT_ABORT: EnqueueMail's
+             errors not checked here (50160/50161/50168, 50114, 50600, deadlock).
+Transaction: validation first (XACT_ABORT as the caller has it); then the enqueue and
+             its DbMailItem row in one transaction, its own or the caller's.
+Isolation:   the caller's (EnqueueMail sets its own).
+Lock order:  (via EnqueueMail) mailq.Suppression, mailq.MailQueue,
              mailq.MailAttachment, then mailq.DbMailItem.
 Example:     DECLARE @rc INT;
-             EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com',
-                 @subject = N'Backups', @query = N'SELECT name FROM sys.databases;';
-             IF @rc <> 0 PRINT 'not queued';
+             EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com', @subject = N'Backups';
 */
 CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @profile_name SYSNAME = NULL,
@@ -62,8 +50,7 @@ CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @mailq_mail_id BIGINT = NULL OUTPUT
 AS
 BEGIN
-    -- XACT_ABORT stays as the caller has it until the enqueue: every check
-    -- below RAISERRORs (which never aborts the batch) and RETURNs, as msdb does.
+    -- XACT_ABORT as the caller has it until the enqueue: checks RAISERROR and RETURN.
     SET NOCOUNT ON;
     DECLARE @Msg NVARCHAR(2048), @rc INT, @ProfileID INT, @FromList NVARCHAR(400);
     DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
@@ -71,9 +58,8 @@ BEGIN
     SET @mailq_mail_id = NULL;
     SET @query = NULLIF(@query, N'');
 
-    -- 1. Profile: the named one if the caller may use it (public, granted to
-    --    the user or a role of it; db_owner may use all), else the user's
-    --    default, a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
+    -- 1. Profile: the named one if the caller may use it, else the user's default,
+    --    a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
     IF @profile_name IS NOT NULL
     BEGIN
         SELECT @ProfileID = p.ProfileID FROM mailq.DbMailProfile AS p WHERE p.ProfileName = @profile_name;
@@ -162,8 +148,7 @@ BEGIN
         RAISERROR (14624, 16, 1, N'@recipients, @copy_recipients, @blind_copy_recipients');
         RETURN 20;
     END;
-    -- sysmail_verify_addressparams_sp: a comma separates nothing (msdb refuses
-    -- one outside double quotes; a list with quotes is left to the address rules).
+    -- msdb refuses a comma outside double quotes; quoted lists go to the address rules.
     SELECT TOP (1) @Msg = v.ParamName, @FromList = LEFT(v.Value, 400)
     FROM (
         VALUES (1, N'@recipients', @recipients), (2, N'@copy_recipients', @copy_recipients),
@@ -241,8 +226,7 @@ BEGIN
         RETURN @rc;
     END;
 
-    -- Failover at enqueue: the profile's first account that is not blocked
-    -- (all blocked: the first; the mail waits for it).
+    -- Failover: the profile's first account not blocked (else the first).
     DECLARE @AccountName NVARCHAR(128);
     SELECT TOP (1) @AccountName = a.AccountName
     FROM mailq.DbMailProfileAccount AS pa
@@ -256,8 +240,7 @@ BEGIN
         RETURN 50651;
     END;
 
-    -- 4. The mail.  'Name <address>' is split for EnqueueMail; importance and
-    --    sensitivity become the headers System.Net.Mail writes.
+    -- 4. The mail; importance and sensitivity become the headers System.Net.Mail writes.
     DECLARE @FromAddress NVARCHAR(MAX) = @from_address, @FromName NVARCHAR(MAX);
     SELECT @FromAddress = a.Address, @FromName = a.DisplayName
     FROM mailq.ParseAddressList(@from_address) AS a;
@@ -273,8 +256,7 @@ BEGIN
         ) AS h(Importance, Sensitivity, HeaderName, HeaderValue)
         WHERE h.Importance = @importance OR h.Sensitivity = @sensitivity
     );
-    -- Mail with a query waits (due at @Hold) until the runner has added the
-    -- result (mailq.CompleteDbMailQuery makes it due).
+    -- Mail with a query waits until mailq.CompleteDbMailQuery makes it due.
     DECLARE @Due DATETIME2(3) = IIF(@query IS NULL, NULL, @Hold);
     DECLARE @ToAddress NVARCHAR(MAX) = NULLIF(LTRIM(RTRIM(@recipients)), '');
     DECLARE @MailBody NVARCHAR(MAX) = COALESCE(@body, N'');
@@ -285,7 +267,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.EnqueueMail
             @ToAddress = @ToAddress,
             @CC = @copy_recipients,
@@ -318,7 +299,6 @@ BEGIN
             IIF(@query IS NULL, NULL, N'Pending'), IIF(@query IS NULL, NULL, SYSUTCDATETIME())
         );
         SET @ItemID = SCOPE_IDENTITY();
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

@@ -1,32 +1,23 @@
 /*
-mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the hook
-procedure of one application (docs/hooks.md).  The hook is called by
-mailq.RunApplicationHooks once per event, in its own transaction, as MailqRunner:
-registering grants MailqRunner EXECUTE on it, removing or replacing it revokes
-that (unless another application's hook is the same procedure).  For db_owner
-only (no role is granted EXECUTE; the GRANT needs it), like delay.AllowProcedure.
-The hook must be an existing SQL procedure named schema.procedure, not a system
-one, in a schema owned by dbo with no other owner on the procedure, with a
-readable definition (it is pinned: object_id and SHA2_256 of the definition), and
-take exactly these parameters (sys.parameters: name, type, length, OUTPUT; no
-others, since has_default_value "is always 0 for Transact-SQL objects"):
+mailq.SetApplicationHook: registers, re-pins or removes one application's hook
+(docs/hooks.md) and grants MailqRunner EXECUTE on it (revoking the replaced one's).
+db_owner only.  The hook: a two-part SQL procedure in a dbo-owned schema, readable
+definition (pinned: object_id and SHA2_256), with exactly these parameters:
   @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), @EventType NVARCHAR(32),
   @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
   @StopReason NVARCHAR(4000) OUTPUT
-Cursor:      a new registration starts at the end of the stream; a re-registration
-             keeps the cursor and retry state; @ResetCursorTo puts it at that EventID.
 Parameters:  @AppName NVARCHAR(128); @HookProcedure NVARCHAR(300) (NULL = remove);
-             @MaxAttempts INT = 3 (1-100); @ResetCursorTo BIGINT = NULL
-Result set:  one row: AppName, HookProcedure (NULL after a removal), ObjectId,
-             CursorEventID, MaxAttempts, Changed BIT (0: removing a hook that was not there)
-Errors:      50290 @AppName not a registered application; 50291 not an existing
-             two-part SQL procedure, or a system one; 50292 schema not owned by dbo,
-             or another owner; 50293 parameters differ from the signature; 50294
-             definition unreadable (WITH ENCRYPTION); 50295 @MaxAttempts or @ResetCursorTo
-Transaction: its own or the caller's (no savepoint); any error is re-raised and
-             dooms the caller's transaction.  Validation runs first.
+             @MaxAttempts INT = 3 (1-100); @ResetCursorTo BIGINT = NULL (else a new
+             hook starts at the end of the stream, a re-registration keeps its cursor)
+Result set:  one row: AppName, HookProcedure (NULL if removed), ObjectId,
+             CursorEventID, MaxAttempts, Changed BIT
+Errors:      50290 @AppName not registered; 50291 not a two-part SQL procedure, or a
+             system one; 50292 schema not owned by dbo, or another owner; 50293
+             parameters differ; 50294 definition unreadable; 50295 @MaxAttempts or
+             @ResetCursorTo out of range
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED (UPDLOCK, HOLDLOCK update-else-insert).
-Lock order:  mailq.ApplicationHook only (the application's row).
+Lock order:  mailq.ApplicationHook only.
 Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
 */
 CREATE OR ALTER PROCEDURE mailq.SetApplicationHook
@@ -55,7 +46,6 @@ BEGIN
         @OldObjectId INT,
         @Grant NVARCHAR(600);
 
-    -- 1. Validate before any transaction starts.
     IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
     BEGIN
         SET @Msg = CONCAT(
@@ -107,8 +97,7 @@ BEGIN
             THROW 50291, @Msg, 1;
         END;
 
-        -- sys.objects.principal_id: the individual owner when it differs
-        -- from the schema owner, else NULL.  dbo's principal_id is 1.
+        -- principal_id: the owner when it differs from the schema's, else NULL (dbo: 1).
         IF @SchemaOwner <> 1 OR COALESCE(@ObjectOwner, 1) <> 1
         BEGIN
             SET @Msg = CONCAT(
@@ -120,8 +109,7 @@ BEGIN
             THROW 50292, @Msg, 1;
         END;
 
-        -- The signature, from sys.parameters: what is missing or different,
-        -- then what is extra.  Lengths are in bytes (NVARCHAR(n): 2n).
+        -- Missing or different first, then extra; lengths in bytes (NVARCHAR(n): 2n).
         SELECT @Problems = STRING_AGG(x.Problem, N'; ') WITHIN GROUP (ORDER BY x.Ord)
         FROM (
             SELECT
@@ -180,11 +168,9 @@ BEGIN
         END;
     END;
 
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         SELECT @OldObjectId = h.ObjectId
         FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
         WHERE h.AppName = @AppName;
@@ -215,9 +201,7 @@ BEGIN
             FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
             WHERE h.AppName = @AppName;
 
-            -- A new hook starts at the end of the stream: every event below
-            -- MIN_ACTIVE_ROWVERSION() is committed, every later one will be
-            -- above it (see mailq.GetMailEvents).
+            -- A new hook starts at the end of the stream (see mailq.GetMailEvents).
             IF @@ROWCOUNT = 0
                 INSERT INTO mailq.ApplicationHook (
                     AppName, SchemaName, ProcedureName, ObjectId, DefinitionHash, MaxAttempts, CursorEventID
@@ -228,9 +212,7 @@ BEGIN
                 );
         END;
 
-        -- Hooks run as MailqRunner: it may execute exactly the registered hooks.
-        -- Catalog names, QUOTENAMEd.  The old hook's grant goes unless another
-        -- application still uses that procedure.
+        -- MailqRunner may execute exactly the registered hooks (names QUOTENAMEd).
         IF @OldObjectId IS NOT NULL AND @OldObjectId <> ISNULL(@ObjectId, 0)
             AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationHook AS h WHERE h.ObjectId = @OldObjectId)
             AND OBJECT_NAME(@OldObjectId) IS NOT NULL
@@ -248,12 +230,9 @@ BEGIN
             );
             EXEC sys.sp_executesql @Grant;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -1,17 +1,14 @@
 /*
-mailq.SetEnqueuePolicy: decides whether a database user that no application
-binding covers (no mailq.ApplicationPrincipal row) may enqueue.  For db_owner
-and MailqAdmin only: the procedure checks the caller itself, so a broader
-grant (EXECUTE ON SCHEMA::mailq) does not open it.
+mailq.SetEnqueuePolicy: whether a database user no application binding covers
+(no mailq.ApplicationPrincipal row) may enqueue.  db_owner and MailqAdmin only: the
+procedure checks the caller itself, whatever EXECUTE was granted.
 Parameters:  @AllowUnmappedEnqueuers BIT, required: 0 = refuse such a user with
              50500 (a new installation's setting); 1 = the documented opt-in:
-             such a user enqueues unbound, through any account as any From
-             address (EnqueueMail, EnqueueMailBatch and SendDbMail alike).
+             such a user enqueues unbound, through any account as any From address.
 Result set:  none.
 Errors:      50501 @AllowUnmappedEnqueuers NULL; 50502 the caller is neither a
              member of db_owner nor of MailqAdmin.  Nothing is written.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's transaction (XACT_ABORT ON).
+Transaction: its own or the caller's; an error dooms the caller's (XACT_ABORT ON).
 Isolation:   READ COMMITTED, set here.
 Lock order:  mailq.EnqueuePolicy only (one row).
 Example:     EXEC mailq.SetEnqueuePolicy @AllowUnmappedEnqueuers = 0;
@@ -32,7 +29,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         UPDATE p
         SET
             p.AllowUnmappedEnqueuers = @AllowUnmappedEnqueuers,
@@ -43,12 +39,9 @@ BEGIN
         IF @@ROWCOUNT = 0
             INSERT INTO mailq.EnqueuePolicy (PolicyId, AllowUnmappedEnqueuers, ChangedBy)
             VALUES (1, @AllowUnmappedEnqueuers, LEFT(ORIGINAL_LOGIN(), 128));
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

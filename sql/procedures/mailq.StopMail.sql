@@ -1,17 +1,13 @@
 /*
-mailq.StopMail: ends a mail that is not final with Status 'Stopped' and a
-reason.  A Sending mail loses its lease and its open attempt is closed with
-Outcome 'Stop', so the worker's later acknowledgement is refused by the fence
-(50203); an SMTP transaction already under way may still deliver that copy,
-so PossibleDuplicate is set.  mailq.RequeueMail puts a Stopped mail back.
-Parameters:  @MailID BIGINT, required; @Reason NVARCHAR(4000), required
-             (stored in LastError and in the Stopped event's Detail).
+mailq.StopMail: ends a mail that is not final with Status 'Stopped' and a reason.
+A Sending mail loses its lease and its open attempt is closed (Outcome 'Stop'), so
+the worker's acknowledgement is refused (50203); a copy already in an SMTP
+transaction may still arrive: PossibleDuplicate is set.  RequeueMail undoes it.
+Parameters:  @MailID BIGINT, @Reason NVARCHAR(4000) (LastError, event Detail): required
 Result set:  one row: ID, Status ('Stopped'), NextAttemptUtc (NULL).
-Errors:      50174 @MailID missing; 50175 @Reason missing or blank; 50201
-             unknown mail; 50260 the mail is already final (nothing changes).
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).
+Errors:      50174 @MailID missing; 50175 @Reason blank; 50201 unknown; 50260 final.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK check-then-update).
 Lock order:  mailq.MailQueue, then mailq.MailEvent, then mailq.MailAttempt.
 Example:     EXEC mailq.StopMail @MailID = 101, @Reason = N'Customer closed the account.';
 */
@@ -32,13 +28,10 @@ BEGIN
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Status NVARCHAR(16);
     DECLARE @OldLockToken UNIQUEIDENTIFIER;
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK: check and change under one lock, so neither a claim nor an
-        -- acknowledgement slips in between (they take the same row's U/X lock).
+        -- UPDLOCK: no claim or acknowledgement slips in between check and change.
         SELECT
             @Status = q.Status,
             @OldLockToken = q.ThreadLock
@@ -58,10 +51,8 @@ BEGIN
             THROW 50260, @Msg, 1;
         END;
 
-        -- The change and its event in one statement (mailq.MailEvent has no
-        -- trigger, foreign key or CHECK constraint: OUTPUT INTO allows it).
-        -- A leased mail may already be in an SMTP transaction: flag it, as
-        -- FinalizeMail does (a requeued copy is then claimed as such).
+        -- Change and event in one statement (MailEvent has no trigger, FK or CHECK).
+        -- A leased mail may be mid-SMTP: flag it, as FinalizeMail does.
         UPDATE q
         SET
             q.Status = N'Stopped',
@@ -85,12 +76,9 @@ BEGIN
                 t.ErrorText = LEFT(CONCAT(N'Stopped by mailq.StopMail: ', @Reason), 4000)
             FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
             WHERE t.MailID = @MailID AND t.LockToken = @OldLockToken AND t.EndedAtUtc IS NULL;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -1,22 +1,15 @@
 /*
-mailq.UnbindApplication: withdraws what mailq.BindApplication allowed.  Mail
-already queued is not touched; only later EnqueueMail calls are refused.
-Unbinding what is not bound changes nothing.
-Parameters:  @AppName NVARCHAR(128), required
-             @AccountName NVARCHAR(128), optional: the account to withdraw
-             @FromAddress NVARCHAR(320), optional: the address or '@domain' to
-                        withdraw (compared case-insensitively)
-             @PrincipalName sysname, optional: the database user to unmap
-                        (only if it is mapped to @AppName)
-             At least one of @AccountName, @FromAddress and @PrincipalName.
+mailq.UnbindApplication: withdraws what mailq.BindApplication allowed; queued mail
+is not touched, later enqueues are refused.  Unbinding what is not bound is a no-op.
+Parameters:  @AppName NVARCHAR(128), required; at least one of:
+             @AccountName NVARCHAR(128): the account to withdraw
+             @FromAddress NVARCHAR(320): the address or '@domain' (case-insensitive)
+             @PrincipalName sysname: the database user to unmap (if mapped to @AppName)
 Result set:  none.
-Errors:      50145 @AppName missing; 50164 none of @AccountName, @FromAddress,
-             @PrincipalName.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself.
-Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
-             mailq.ApplicationPrincipal.
+Errors:      50145 @AppName missing; 50164 none of the three.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here.
+Lock order:  mailq.ApplicationAccount, mailq.ApplicationFrom, mailq.ApplicationPrincipal.
 Example:     EXEC mailq.UnbindApplication @AppName = N'billing', @AccountName = N'qq';
 */
 CREATE OR ALTER PROCEDURE mailq.UnbindApplication
@@ -38,7 +31,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         IF @AccountName IS NOT NULL
             DELETE b
             FROM mailq.ApplicationAccount AS b
@@ -53,12 +45,9 @@ BEGIN
             DELETE u
             FROM mailq.ApplicationPrincipal AS u
             WHERE u.AppName = @AppName AND u.PrincipalName = @PrincipalName;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

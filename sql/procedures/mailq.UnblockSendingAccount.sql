@@ -1,21 +1,14 @@
 /*
-mailq.UnblockSendingAccount: clears an account's BlockedUntilUtc (set by
-MarkFailed @Disposition = 'Wait'), e.g. once the provider lifted a lock early,
-and makes the mails that a Wait deferred visible now: UnSent mails of the
-account whose last attempt ended with Outcome 'Wait' and whose VisibleAtUtc
-is still in the future get VisibleAtUtc = now (never earlier than their own
-DateToProcess).  Mails scheduled for later by their sender, or deferred by a
-Retry backoff, keep their time.
+mailq.UnblockSendingAccount: clears an account's BlockedUntilUtc (set by MarkFailed
+'Wait') and makes the mails a Wait deferred visible now (never before their own
+DateToProcess); mail scheduled later or in Retry backoff keeps its time.
 Parameters:  @AccountName NVARCHAR(128), required.
 Result set:  one row: AccountName, MadeVisibleCount INT.
 Errors:      50142 @AccountName missing; 50114 unknown account.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself; the attempt read says READCOMMITTEDLOCK
-             (under READ_COMMITTED_SNAPSHOT it must see a MarkFailed in flight).
-Lock order:  mailq.MailQueue (the deferred mails), reading mailq.MailAttempt,
-             then mailq.SendingAccount: the order MarkFailed keeps, so an
-             unblock and a Wait never deadlock.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here; the attempt read is READCOMMITTEDLOCK.
+Lock order:  mailq.MailQueue, reading mailq.MailAttempt, then mailq.SendingAccount
+             (MarkFailed's order: an unblock and a Wait never deadlock).
 Example:     EXEC mailq.UnblockSendingAccount @AccountName = N'qq';
 */
 CREATE OR ALTER PROCEDURE mailq.UnblockSendingAccount
@@ -39,7 +32,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- ROWLOCK: row grain on the account's deferred mails only.
         UPDATE q
         SET q.VisibleAtUtc = IIF(q.DateToProcess > @Now, q.DateToProcess, @Now)
@@ -61,12 +53,9 @@ BEGIN
             a.BlockReason = NULL
         FROM mailq.SendingAccount AS a
         WHERE a.AccountName = @AccountName;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -1,24 +1,15 @@
 /*
-mailq.UpsertApplication: registers an application name that mails may carry
-(@AppName of EnqueueMail) and isolated workers may claim by, or changes its
-description.  A new application is bound to nothing: before it can enqueue,
-an administrator binds it to its sending accounts and From addresses or
-domains (mailq.BindApplication; EnqueueMail refuses with 50160/50161).
-Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400), optional;
-             @DryRun BIT, optional (revision 0015): 1 = the application's mails
-             go the whole path (claim, lease, acknowledgement) and are
-             recorded as DryRun, reaching no server; 0 = they are sent; NULL
-             (default) = unchanged (0 for a new application).  Takes effect
-             at the next claim of each mail (the claim stamps it; a mail
-             already leased keeps what its claim said).
+mailq.UpsertApplication: registers an application name that mails may carry and
+isolated workers may claim by, or changes it.  A new application is bound to
+nothing: mailq.BindApplication first, else EnqueueMail refuses (50160/50161).
+Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400)
+             @DryRun BIT: 1 = its mails go the whole path but are recorded as
+             DryRun, reaching no server; 0 = sent; NULL = unchanged (0 when new);
+             takes effect at each mail's next claim
 Result set:  none.
 Errors:      50145 @AppName missing; 50103 a value over its size.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on a
-             small admin table).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK, HOLDLOCK insert-if-absent).
 Lock order:  mailq.Application only.
 Example:     EXEC mailq.UpsertApplication @AppName = N'billing', @Description = N'Invoices';
 */
@@ -36,11 +27,9 @@ BEGIN
     IF LEN(@AppName) > 128 OR LEN(@Description) > 400
         THROW 50103, N'@AppName (128) or @Description (400) is over its size.', 1;
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
         IF EXISTS (SELECT 1 FROM mailq.Application AS p WITH (UPDLOCK, HOLDLOCK) WHERE p.AppName = @AppName)
             UPDATE p
@@ -52,12 +41,9 @@ BEGIN
         ELSE
             INSERT INTO mailq.Application (AppName, Description, DryRun)
             VALUES (@AppName, @Description, COALESCE(@DryRun, CAST(0 AS BIT)));
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

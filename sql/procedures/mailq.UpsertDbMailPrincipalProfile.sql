@@ -1,20 +1,14 @@
 /*
-mailq.UpsertDbMailPrincipalProfile: lets a principal use a profile, and
-optionally makes it that principal's default (msdb's
-sysmail_add_principalprofile_sp and sysmail_update_principalprofile_sp).
-@PrincipalName N'public' makes a public profile; with @IsDefault = 1 it is
-the default public profile.  Making a default clears the principal's previous
-default.
+mailq.UpsertDbMailPrincipalProfile: lets a principal use a profile, optionally as
+its default (msdb's sysmail_add/update_principalprofile_sp); N'public' makes a
+public profile.  A new default clears the principal's previous one.
 Parameters:  @ProfileName NVARCHAR(128), required
-             @PrincipalName NVARCHAR(128): a user or role of this database,
-                            or N'public', required
-             @IsDefault BIT, default 0
+             @PrincipalName NVARCHAR(128): a user or role of this database, or N'public'
+             @IsDefault BIT = 0
 Errors:      50198 a parameter missing; 50250 no such profile;
              50254 @PrincipalName is not a user or role of this database.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
 Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.UpsertDbMailPrincipalProfile @ProfileName = N'Ops',
                  @PrincipalName = N'public', @IsDefault = 1;
@@ -26,8 +20,6 @@ CREATE OR ALTER PROCEDURE mailq.UpsertDbMailPrincipalProfile
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
@@ -45,7 +37,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -56,9 +47,7 @@ BEGIN
             THROW 50250, @Msg, 1;
         END;
 
-        -- UPDLOCK, HOLDLOCK: the principal's rows stay ours until commit, so
-        -- two calls cannot both leave a default (UX_DbMailPrincipalProfile_Default
-        -- would refuse the second anyway).
+        -- UPDLOCK, HOLDLOCK: two calls cannot both leave a default.
         IF @IsDefault = 1
             UPDATE pp
             SET pp.IsDefault = 0
@@ -77,7 +66,6 @@ BEGIN
         ELSE
             INSERT INTO mailq.DbMailPrincipalProfile (PrincipalName, ProfileID, IsDefault)
             VALUES (@PrincipalName, @ProfileID, @IsDefault);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

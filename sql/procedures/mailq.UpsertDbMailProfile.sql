@@ -1,16 +1,12 @@
 /*
 mailq.UpsertDbMailProfile: creates a Database Mail compatible profile (for
-mailq.SendDbMail), or changes its description (msdb's sysmail_add_profile_sp
-and sysmail_update_profile_sp in one).
+mailq.SendDbMail) or changes its description (msdb's sysmail_add/update_profile_sp).
 Parameters:  @ProfileName NVARCHAR(128), required; @Description NVARCHAR(256).
 Outputs:     @ProfileID INT: the profile_id the sysmail_* views show.
 Errors:      50198 @ProfileName missing or a value over its size.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
-Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount,
-             mailq.DbMailPrincipalProfile (every profile procedure).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
+Lock order:  DbMailProfile, DbMailAccount, DbMailProfileAccount, DbMailPrincipalProfile.
 Example:     EXEC mailq.UpsertDbMailProfile @ProfileName = N'Ops', @Description = N'Alerts';
 */
 CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfile
@@ -20,8 +16,6 @@ CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfile
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL
@@ -32,10 +26,8 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         SET @ProfileID = NULL;
-        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two
-        -- administrators (a rarely written table: the range lock is harmless).
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race (a rarely written table).
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK, HOLDLOCK)
         WHERE p.ProfileName = @ProfileName;
@@ -51,7 +43,6 @@ BEGIN
             VALUES (@ProfileName, @Description);
             SET @ProfileID = SCOPE_IDENTITY();
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

@@ -1,18 +1,13 @@
 /*
-mailq.UpsertDbMailProfileAccount: adds a sending account to a profile, or
-changes its place in the failover order (msdb's sysmail_add_profileaccount_sp
-and sysmail_update_profileaccount_sp).  mailq.SendDbMail gives a mail to the
-profile's first account (lowest @SequenceNumber) that is not blocked when
-the mail is queued.
-Parameters:  @ProfileName NVARCHAR(128), required
-             @AccountName NVARCHAR(128), a mailq.SendingAccount, required
-             @SequenceNumber INT >= 0, required
+mailq.UpsertDbMailProfileAccount: adds a sending account to a profile or changes
+its failover place (msdb's sysmail_add/update_profileaccount_sp); SendDbMail takes
+the lowest @SequenceNumber not blocked.
+Parameters:  @ProfileName NVARCHAR(128); @AccountName NVARCHAR(128) (a
+             mailq.SendingAccount); @SequenceNumber INT >= 0; all required
 Errors:      50198 a parameter missing or @SequenceNumber negative;
              50250 no such profile; 50253 no such sending account.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
 Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount.
 Example:     EXEC mailq.UpsertDbMailProfileAccount @ProfileName = N'Ops',
                  @AccountName = N'smtp-primary', @SequenceNumber = 1;
@@ -24,8 +19,6 @@ CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfileAccount
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
@@ -42,7 +35,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT, @AccountID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -82,7 +74,6 @@ BEGIN
         ELSE
             INSERT INTO mailq.DbMailProfileAccount (ProfileID, AccountID, SequenceNumber)
             VALUES (@ProfileID, @AccountID, @SequenceNumber);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

@@ -1,31 +1,24 @@
 /*
-mailq.UpsertSendingAccount: creates a sending account, or changes only the
-settings it is given (and creates the account's rate budget row).  SMTP host
-and credentials are not stored: the worker's configuration maps the name to them.
+mailq.UpsertSendingAccount: creates a sending account (and its rate budget row)
+or changes only the settings it is given (SMTP settings live in the worker's config).
 Parameters:  @AccountName NVARCHAR(128), required
-             @DefaultFromAddress NVARCHAR(320): one bare address; required to
-                        create the account
+             @DefaultFromAddress NVARCHAR(320): one bare address; required to create
              @DefaultFromName NVARCHAR(200); @PerMinuteLimit, @PerHourLimit,
-                        @PerDayLimit INT > 0; @MinLoginIntervalMs INT 1-86,400,000
-                        (mailq.AcquireLoginSlot)
+             @PerDayLimit INT > 0; @MinLoginIntervalMs INT 1-86,400,000
              @IsDefault BIT: 1 = the account EnqueueMail uses without @AccountName
-                        (the previous default stops being it); 0 = not the default
-                        any more (EnqueueMail without @AccountName: 50114)
-             NULL keeps what is stored (a new account: no name, limit, interval;
-             not the default); @Clear NVARCHAR(4000) removes settings, a comma-
-             separated list of DefaultFromName, PerMinuteLimit, PerHourLimit,
-             PerDayLimit, MinLoginIntervalMs.
+             (replaces the previous one); 0 = no longer the default
+             NULL keeps what is stored; @Clear NVARCHAR(4000): comma-separated
+             settings to remove (DefaultFromName, PerMinuteLimit, PerHourLimit,
+             PerDayLimit, MinLoginIntervalMs)
 Result set:  none.
 Errors:      50142 @AccountName missing; 50103 a value over its size; 50105 CR/LF
              in @DefaultFromName; 50102 @DefaultFromAddress invalid; 50143 a limit
              not positive; 50122 @MinLoginIntervalMs out of range; 50503 a new
              account without @DefaultFromAddress; 50504 @Clear names another
              setting, or one also given a value.  Nothing is written.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's transaction (XACT_ABORT ON).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
-Lock order:  mailq.SendingAccount (the row, then the previous default), then
-             mailq.RateBudget (only a new account's row).
+Lock order:  mailq.SendingAccount (row, then previous default), mailq.RateBudget.
 Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq', @PerMinuteLimit = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
@@ -103,9 +96,7 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers
-        -- (a small admin table: its key-range lock costs nothing).
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race (a small admin table).
         DECLARE @Exists BIT = IIF(EXISTS (
             SELECT 1 FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK) WHERE a.AccountName = @AccountName
         ), 1, 0);
@@ -117,8 +108,7 @@ BEGIN
             THROW 50503, @Msg, 1;
         END;
 
-        -- One default at most (UX_SendingAccount_IsDefault): the previous one
-        -- stops being it first, and only when this call asks for it.
+        -- One default at most: the previous one stops being it first.
         IF @IsDefault = 1
             UPDATE a
             SET a.IsDefault = 0
@@ -158,12 +148,9 @@ BEGIN
 
         IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
             INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

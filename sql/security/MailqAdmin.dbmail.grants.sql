@@ -1,6 +1,5 @@
 /*
-Grants of role MailqAdmin for Database Mail compatibility: send, manage
-profiles, and read every row of the sysmail_* views.
+Grants of role MailqAdmin for Database Mail: send, manage profiles, read all items.
 */
 GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.UpsertDbMailProfile TO MailqAdmin;

@@ -1,6 +1,5 @@
 /*
-Grants of role MailqAdmin for the Database Mail catalogue views (profiles,
-accounts, grants, settings) and the attachments view.
+Grants of role MailqAdmin on the Database Mail catalogue and attachments views.
 */
 GRANT SELECT ON OBJECT::mailq.sysmail_mailattachments TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.sysmail_profile TO MailqAdmin;

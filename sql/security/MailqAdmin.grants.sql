@@ -1,6 +1,5 @@
 /*
-Grants of role MailqAdmin: every public mailq procedure and the reporting
-views (views are read-only reports, not table rights).
+Grants of role MailqAdmin: every public mailq procedure and the reporting views.
 */
 GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqAdmin;

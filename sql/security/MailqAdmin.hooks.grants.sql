@@ -1,6 +1,6 @@
 /*
-Per-application hooks (docs/hooks.md): administrators run the dispatcher and
-list the hooks.  mailq.SetApplicationHook is db_owner's (a hook runs as dbo).
+Hooks (docs/hooks.md): administrators run the dispatcher and list the hooks;
+mailq.SetApplicationHook is db_owner's.
 */
 GRANT EXECUTE ON OBJECT::mailq.RunApplicationHooks TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.ListApplicationHooks TO MailqAdmin;

@@ -1,7 +1,5 @@
 /*
-Grants of role MailqAdmin on the monitoring procedures: the dashboard's
-actions (mailq.CancelMail, mailq.RequeueMail, mailq.UnblockSendingAccount,
-granted in MailqAdmin.grants.sql) list their mails with mailq.FindMail.
+Grants of role MailqAdmin on the monitoring procedures (the dashboard's actions).
 */
 GRANT EXECUTE ON OBJECT::mailq.GetQueueMetrics TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetMailHistory TO MailqAdmin;

@@ -1,7 +1,6 @@
 /*
 Role MailqAdmin: administration: every mailq procedure (requeue, cancel, purge, accounts, stats).
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+No role holds table rights (ownership chaining from dbo-owned procedures).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqAdmin') IS NULL
     CREATE ROLE MailqAdmin AUTHORIZATION dbo;

@@ -1,6 +1,5 @@
 /*
-Mail templates: administrators manage and read them; sender workers read them
-(the worker renders at send time).
+Mail templates: administrators manage and read them; workers read them.
 */
 GRANT EXECUTE ON OBJECT::mailq.AddMailTemplateVersion TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetMailTemplate TO MailqAdmin;

@@ -1,6 +1,5 @@
 /*
-Grants of role MailqDbMailUser: send through mailq.SendDbMail and read the
-Database Mail compatible views (each member sees only the mail they sent).
+Grants of role MailqDbMailUser: mailq.SendDbMail and the sysmail_* views (own mail).
 */
 GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqDbMailUser;
 GRANT SELECT ON OBJECT::mailq.sysmail_allitems TO MailqDbMailUser;

@@ -1,6 +1,5 @@
 /*
-mailq.FinalizeMail: sender workers run it on a timer; administrators and
-their jobs may run it too.
+mailq.FinalizeMail: sender workers run it on a timer; administrators may too.
 */
 GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqAdmin;

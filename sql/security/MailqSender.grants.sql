@@ -1,7 +1,6 @@
 /*
-Role MailqSender (sender workers): claim, extend, release and acknowledge
-mail, and read the installation health for `mailq-db doctor`.  No grant on
-mailq.EnqueueMail: a worker's login cannot enqueue.
+Role MailqSender (sender workers): claim, extend, release, acknowledge, read health;
+no mailq.EnqueueMail: a worker's login cannot enqueue.
 */
 GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqSender;

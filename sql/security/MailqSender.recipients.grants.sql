@@ -1,6 +1,5 @@
 /*
-Per-recipient outcomes: sender workers record and read them; administrators
-too, and read the report view.
+Per-recipient outcomes: workers and administrators record and read them.
 */
 GRANT EXECUTE ON OBJECT::mailq.RecordRecipientOutcomes TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.GetRecipientOutcomes TO MailqSender;

@@ -1,7 +1,6 @@
 /*
 Role MailqSender: sender workers: claim, extend, release and acknowledge mail, read health.
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+No role holds table rights (ownership chaining from dbo-owned procedures).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqSender') IS NULL
     CREATE ROLE MailqSender AUTHORIZATION dbo;

@@ -1,10 +1,7 @@
 /*
-mailq.Application: application names a mail may carry.  A worker started with
-@AppName claims only that application's mail (isolated); one with @AppName
-NULL claims every mail (competing).
-DryRun: 1 = the application's mails go the whole path (claim, lease,
-acknowledgement) and are recorded as DryRun, reaching no server
-(mailq.UpsertApplication @DryRun; docs/run-modes.md).
+mailq.Application: application names a mail may carry; an isolated worker claims
+one application's mail.  DryRun: 1 = recorded as DryRun, reaching no server
+(docs/run-modes.md).
 */
 IF OBJECT_ID(N'mailq.Application', N'U') IS NULL
 BEGIN

@@ -1,7 +1,6 @@
 /*
-mailq.ApplicationAccount: the sending accounts each application may send
-through; mailq.EnqueueMail refuses another (50160).  Written by
-mailq.BindApplication and mailq.UnbindApplication (MailqAdmin).
+mailq.ApplicationAccount: the sending accounts an application may send through
+(else EnqueueMail refuses, 50160).
 */
 IF OBJECT_ID(N'mailq.ApplicationAccount', N'U') IS NULL
 BEGIN

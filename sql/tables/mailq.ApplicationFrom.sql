@@ -1,9 +1,7 @@
 /*
-mailq.ApplicationFrom: the From addresses and domains each application may
-send as.  FromPattern is one address ('billing@example.com') or a domain
-('@example.com': that domain, not its subdomains), stored in lower case under
-a binary collation; mailq.EnqueueMail lowers the From address and compares
-(50161 otherwise).  Written by mailq.BindApplication and UnbindApplication.
+mailq.ApplicationFrom: the From addresses and domains an application may send as
+(else 50161).  FromPattern: an address or '@domain' (not its subdomains), lower
+case, binary collation.
 */
 IF OBJECT_ID(N'mailq.ApplicationFrom', N'U') IS NULL
 BEGIN

@@ -1,14 +1,8 @@
 /*
-mailq.ApplicationHook: an application's hook procedure and the dispatcher's
-cursor in its event stream (docs/hooks.md).  Written by
-mailq.SetApplicationHook (db_owner) and mailq.RunApplicationHooks.
-SchemaName, ProcedureName, ObjectId, DefinitionHash  the registered hook,
-              pinned: it runs only while sys.objects holds that procedure with
-              that object_id and SHA2_256 definition (else suspended).
-CursorEventID the last EventID the hook handled or gave up on.
-FailingEventID, FailCount  the event it failed on, and how often in a row.
-MaxAttempts   calls of a failing event before it is recorded in
-              mailq.ApplicationHookFailure and skipped (1-100, default 3).
+mailq.ApplicationHook: an application's hook procedure and the dispatcher's cursor
+(docs/hooks.md).  SchemaName, ProcedureName, ObjectId, DefinitionHash: the pin (it
+runs only while that procedure is unchanged).  CursorEventID: the last event
+handled or given up.  FailingEventID, FailCount: the event failing, how often.
 */
 IF OBJECT_ID(N'mailq.ApplicationHook', N'U') IS NULL
 BEGIN

@@ -1,13 +1,7 @@
 /*
-mailq.ApplicationHookFailure: events a hook could not handle (docs/hooks.md).
-mailq.RunApplicationHooks writes one row when an event's hook call failed
-MaxAttempts times in a row (mailq.ApplicationHook), or once when the hook
-committed or rolled back the transaction opened for it (error 266 with no
-transaction left: its work may be committed, so it is not called again),
-then moves the cursor past the event: one poisoned event never stops the
-application's later events.  Rows are history: nothing deletes them (an
-operator may, after reading them).  Small by nature (one row per given-up
-event); read it by AppName with the clustered key's order.
+mailq.ApplicationHookFailure: events a hook gave up on (docs/hooks.md): after
+MaxAttempts failed calls, or at once on 266 (the hook ended our transaction);
+the cursor moves past them.  History: nothing deletes rows.
 */
 IF OBJECT_ID(N'mailq.ApplicationHookFailure', N'U') IS NULL
 BEGIN

@@ -1,10 +1,6 @@
 /*
-mailq.ApplicationPrincipal: which application a database user enqueues as.
-When the caller of mailq.EnqueueMail (USER_NAME(), or the user impersonated by
-EXECUTE AS) is listed, its mail carries that application: @AppName NULL means
-this one, another is refused (50168), and its account and From bindings
-apply.  mailq.GetInstallationHealth warns about MailqEnqueuer members not
-listed.  Written by mailq.BindApplication / UnbindApplication @PrincipalName.
+mailq.ApplicationPrincipal: which application a database user enqueues as: its
+mail carries that application (another @AppName: 50168) and its bindings apply.
 */
 IF OBJECT_ID(N'mailq.ApplicationPrincipal', N'U') IS NULL
 BEGIN

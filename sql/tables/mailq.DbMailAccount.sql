@@ -1,8 +1,6 @@
 /*
-mailq.DbMailAccount: the INT account_id Database Mail's views show
-(sent_account_id, account_id) for a sending account of mailq.SendingAccount.
-A row is made when the account is first added to a profile
-(mailq.UpsertDbMailProfileAccount); it is never reused for another account.
+mailq.DbMailAccount: the INT account_id the sysmail_* views show for a sending
+account, made when first added to a profile, never reused.
 */
 IF OBJECT_ID(N'mailq.DbMailAccount', N'U') IS NULL
 BEGIN

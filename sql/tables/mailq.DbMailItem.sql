@@ -1,19 +1,11 @@
 /*
-mailq.DbMailItem: one row per mailq.SendDbMail call (msdb.dbo.sysmail_mailitems's
-part that the queue does not hold): the INT mailitem_id, the profile, importance
-and sensitivity, the query and its options, who asked and when.  MailID is the
-queued mail (deleted with it: ON DELETE CASCADE, so mailq.PurgeMail needs no
-change); ProfileID has no foreign key: a profile can be deleted while its mail
-is kept, as msdb keeps profile_id.
-SendRequestDate  the server's local time of the call (DATETIME, as msdb stores
-              it), so the sysmail_* views filter on a stored, indexed column.
-RequestUser, RequestUserSid  the database user (USER_NAME(), USER_SID()) whose
-              rights the query runs with: the query runner impersonates it and
-              checks the SID (docs/database-mail.md, "How @query runs").
-QueryState    NULL (no query); Pending, Running (a runner holds it until
-              QueryDueAtUtc), Done, Failed.  QueryDueAtUtc is when a runner may
-              take it (Pending: at once; Running: the lease expiry), so one
-              range on IX_DbMailItem_QueryDue finds both.
+mailq.DbMailItem: one row per mailq.SendDbMail call: msdb's mail item fields the
+queue does not hold.  MailID: the mail (ON DELETE CASCADE); ProfileID has no
+foreign key (the mail outlives its profile, as in msdb).
+SendRequestDate  the server's local time (DATETIME, as msdb), indexed.
+RequestUser, RequestUserSid  whose rights the query runs with (docs/database-mail.md).
+QueryState    NULL (no query), Pending, Running, Done, Failed; QueryDueAtUtc: when a
+              runner may take it (Pending: at once; Running: the lease expiry).
 */
 IF OBJECT_ID(N'mailq.DbMailItem', N'U') IS NULL
 BEGIN

@@ -1,10 +1,6 @@
 /*
-mailq.DbMailPrincipalProfile: who may use a profile, and each principal's
-default profile (msdb.dbo.sysmail_principalprofile).  PrincipalName is a
-database user or role of this database, or N'public' for a public profile.
-IsDefault = 1 marks the principal's default (at most one per principal,
-UX_DbMailPrincipalProfile_Default); the default of N'public' is the default
-public profile.
+mailq.DbMailPrincipalProfile: who may use a profile (a user, a role or N'public')
+and each principal's default (IsDefault, at most one).
 */
 IF OBJECT_ID(N'mailq.DbMailPrincipalProfile', N'U') IS NULL
 BEGIN

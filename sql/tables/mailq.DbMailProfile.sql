@@ -1,9 +1,7 @@
 /*
-mailq.DbMailProfile: Database Mail compatibility (mailq.SendDbMail): a profile
-names an ordered list of sending accounts (mailq.DbMailProfileAccount), as
-msdb.dbo.sysmail_profile does.  ProfileID is the profile_id the sysmail_*
-views show.  Who may use a profile, and which one is a principal's default,
-is in mailq.DbMailPrincipalProfile (PrincipalName N'public' = a public profile).
+mailq.DbMailProfile: a Database Mail profile (msdb.dbo.sysmail_profile): an ordered
+list of sending accounts (mailq.DbMailProfileAccount); ProfileID is the profile_id
+the sysmail_* views show.
 */
 IF OBJECT_ID(N'mailq.DbMailProfile', N'U') IS NULL
 BEGIN

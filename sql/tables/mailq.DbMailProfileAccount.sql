@@ -1,10 +1,6 @@
 /*
-mailq.DbMailProfileAccount: the accounts of a profile, in failover order
-(lowest SequenceNumber first, as msdb.dbo.sysmail_profileaccount).
-Failover is decided when mailq.SendDbMail enqueues: the mail goes to the first
-account of the profile that is not blocked (mailq.SendingAccount.BlockedUntilUtc
-unset or past); when every account is blocked, to the first one (the mail waits
-for it).  A queued mail keeps its account.
+mailq.DbMailProfileAccount: a profile's accounts in failover order (lowest
+SequenceNumber first); SendDbMail picks the first not blocked at enqueue.
 */
 IF OBJECT_ID(N'mailq.DbMailProfileAccount', N'U') IS NULL
 BEGIN

@@ -2,13 +2,12 @@
 mailq.EnqueuePolicy: who may enqueue without an application, one row.
     AllowUnmappedEnqueuers  0 (a new installation): a database user that no
         mailq.ApplicationPrincipal row maps to an application is refused by
-        mailq.EnqueueMail, mailq.EnqueueMailBatch and mailq.SendDbMail (50500);
-        1: the opt-in of mailq.SetEnqueuePolicy, such a user enqueues unbound
-        (any account, any From address) as before this table existed.
+        EnqueueMail, EnqueueMailBatch and SendDbMail (50500); 1: the opt-in of
+        mailq.SetEnqueuePolicy, such a user enqueues unbound.
     ChangedAtUtc, ChangedBy  when and by whom (ORIGINAL_LOGIN()) it was last set.
-Written only by mailq.SetEnqueuePolicy (db_owner, MailqAdmin); read by the
-enqueue core (mailq.EnqueueMailRows) and mailq.GetEnqueuePolicy
-(docs/enqueue.md, "Who may send as whom").
+Written only by mailq.SetEnqueuePolicy; read by the enqueue core
+(mailq.EnqueueMailRows) and mailq.GetEnqueuePolicy (docs/enqueue.md, "Who may
+send as whom").
 */
 IF OBJECT_ID(N'mailq.EnqueuePolicy', N'U') IS NULL
 BEGIN

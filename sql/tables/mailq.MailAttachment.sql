@@ -1,10 +1,6 @@
 /*
-mailq.MailAttachment: attachments of a mail, in order.  Limits (also checked
-with numbered errors by mailq.EnqueueMail): 10 MiB per attachment, 25 MiB per
-mail, 10 per mail; FileName is a bare name.  A row holds Content, or names a
-Generator (an entry point of mailq_db.attachment_generators) with
-GeneratorArgs (a JSON object), never both; the worker generates the content
-at send time under the same limits (docs/templates.md).
+mailq.MailAttachment: attachments of a mail, in order: Content, or a Generator
+(mailq_db.attachment_generators) with GeneratorArgs, never both (docs/templates.md).
 LOCK_ESCALATION = DISABLE (docs/dba-guide.md, section 7).
 */
 IF OBJECT_ID(N'mailq.MailAttachment', N'U') IS NULL

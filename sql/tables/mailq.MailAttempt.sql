@@ -1,10 +1,7 @@
 /*
-mailq.MailAttempt: one row per attempt to send a mail.  Opened by
-mailq.ClaimMail, closed by the acknowledgement (MarkSent, MarkFailed,
-ReleaseMail) or, when an expired lease is reclaimed, by the next ClaimMail
-with Outcome = 'Abandoned'.
+mailq.MailAttempt: one row per attempt, opened by mailq.ClaimMail, closed by the
+acknowledgement or, after an expired lease, by the next claim ('Abandoned').
 Outcome: Sent, DryRun, Retry, Wait, Stop, Released, Abandoned; NULL while open.
-TemplateVersion: the template version the attempt rendered (NULL for ordinary mail).
 */
 IF OBJECT_ID(N'mailq.MailAttempt', N'U') IS NULL
 BEGIN

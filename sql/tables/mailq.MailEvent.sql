@@ -1,16 +1,10 @@
 /*
-mailq.MailEvent: the append-only event stream of the mail queue: every state
-change of a mail writes one row in the same transaction (docs/events.md lists
-which procedure writes which EventType).  Never updated; mailq.PurgeMail
-deletes a mail's events with it.
-EventSeq      ROWVERSION, read below MIN_ACTIVE_ROWVERSION() by
-              mailq.GetMailEvents (as EventID BIGINT): a commit-safe cursor.
-EventType     Enqueued, Claimed, Sent, DryRun, RetryScheduled, AccountWaiting,
-              Released, LeaseExpired, Failed, Cancelled, Expired, Stopped, Requeued.
+mailq.MailEvent: the append-only event stream: one row per state change of a mail,
+in its transaction (docs/events.md); deleted only with the mail by PurgeMail.
+EventSeq      ROWVERSION, read below MIN_ACTIVE_ROWVERSION() by mailq.GetMailEvents
+              (as EventID BIGINT): a commit-safe cursor.
 Status, AttemptCount  the mail's, right after the change.
-SmtpCode, Detail      the server's reply, the error, or StopMail's reason.
-No CHECK, foreign key or trigger: the procedures write it through OUTPUT ...
-INTO, whose target may have none (a hook reads the stream instead).
+No CHECK, foreign key or trigger: procedures write it by OUTPUT ... INTO.
 LOCK_ESCALATION = DISABLE (docs/dba-guide.md, section 7).
 */
 IF OBJECT_ID(N'mailq.MailEvent', N'U') IS NULL

@@ -1,14 +1,8 @@
 /*
-mailq.MailRecipientOutcome: what each recipient of a mail got, when the
-server accepted the mail for some recipients and not for others (written by
-mailq.RecordRecipientOutcomes; the worker writes nothing here for a mail that
-every recipient accepted).  One row per (mail, lower-case address), replaced
-by later attempts until it is Delivered or Refused.
-Outcome: Delivered (the server took the mail for this recipient: a later
-attempt never sends to it again), Deferred (4xx: retried, for this recipient
-only, with the mail's next attempt), Refused (5xx: final for this recipient).
-Rows go with their mail: mailq.PurgeMail deletes them first, 1,000 rows per
-statement (below lock escalation); ON DELETE CASCADE covers any other delete.
+mailq.MailRecipientOutcome: one row per (mail, lower-case address) when a server
+accepted a mail for some recipients only, replaced by later attempts until final.
+Outcome: Delivered (never sent again), Deferred (4xx: retried with the mail),
+Refused (5xx: final).  PurgeMail deletes them first; ON DELETE CASCADE otherwise.
 */
 IF OBJECT_ID(N'mailq.MailRecipientOutcome', N'U') IS NULL
 BEGIN

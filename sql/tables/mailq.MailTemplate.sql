@@ -1,9 +1,7 @@
 /*
-mailq.MailTemplate: one row per template name: its latest version,
-description and retirement.  The versions live in mailq.MailTemplateVersion
-and never change.  Managed through mailq.AddMailTemplateVersion and
-mailq.RetireMailTemplate.  TemplateName: 1-128 letters, digits, '.', '_', '-'
-(checked by the procedures, 50210), compared under the database collation.
+mailq.MailTemplate: one row per template name: latest version, description,
+retirement; versions in mailq.MailTemplateVersion.  TemplateName: 1-128 letters,
+digits, '.', '_', '-' (50210).
 */
 IF OBJECT_ID(N'mailq.MailTemplate', N'U') IS NULL
 BEGIN

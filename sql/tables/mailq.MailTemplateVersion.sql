@@ -1,11 +1,7 @@
 /*
-mailq.MailTemplateVersion: the versions of each template (1, 2, 3 ... per
-name, mailq.AddMailTemplateVersion), immutable: no procedure updates or
-deletes a row, and trg_MailTemplateVersion_Immutable refuses it (50218), so a
-mail rendered from (TemplateName, Version) renders the same text again.
-SubjectTemplate 1-4000 characters; HtmlTemplate, TextTemplate up to 2,000,000
-each, at least one.  CreatedBy is SUSER_SNAME() (the login: an audit survives
-a dropped user).
+mailq.MailTemplateVersion: the immutable versions of each template (1, 2, 3 ...;
+trg_MailTemplateVersion_Immutable refuses changes, 50218): a pinned mail renders
+the same text again.  CreatedBy: SUSER_SNAME() (survives a dropped user).
 */
 IF OBJECT_ID(N'mailq.MailTemplateVersion', N'U') IS NULL
 BEGIN

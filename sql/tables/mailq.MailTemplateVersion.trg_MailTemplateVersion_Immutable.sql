@@ -1,11 +1,7 @@
 /*
-mailq.trg_MailTemplateVersion_Immutable: template versions never change, for
-anyone with table rights too (db_owner, a hand-written fix): an UPDATE or
-DELETE is refused with 50218, which rolls back the statement's transaction.
-Add a version (mailq.AddMailTemplateVersion) or retire the template
-(mailq.RetireMailTemplate) instead.  INSTEAD OF: the rows are never touched.
-TRUNCATE and DROP TABLE do not fire it.  FK_MailTemplateVersion_MailTemplate
-must keep NO ACTION (an INSTEAD OF trigger forbids cascading keys).
+mailq.trg_MailTemplateVersion_Immutable: refuses any UPDATE or DELETE of a template
+version with 50218 (rolls back the statement's transaction), also for db_owner;
+TRUNCATE and DROP do not fire it.  The foreign key must stay NO ACTION.
 */
 CREATE OR ALTER TRIGGER mailq.trg_MailTemplateVersion_Immutable
 ON mailq.MailTemplateVersion

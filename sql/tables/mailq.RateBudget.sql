@@ -1,11 +1,8 @@
 /*
-mailq.RateBudget: the rate budget of each sending account, in fixed UTC
-windows (minute, hour, day), charged by mailq.ClaimMail inside the claim's
-transaction so that limits hold across every worker on every machine.
-One row per account, created by mailq.UpsertSendingAccount.  Kept apart from
-mailq.SendingAccount so that a claimer's UPDLOCK on the budget row never
-blocks readers of the account's settings.
-A window whose start is not the current window's start counts as empty.
+mailq.RateBudget: one row per sending account: its budget in fixed UTC windows
+(minute, hour, day), charged by mailq.ClaimMail in the claim's transaction; apart
+from mailq.SendingAccount so the claim's UPDLOCK never blocks its readers.  A
+window whose start is not the current one counts as empty.
 */
 IF OBJECT_ID(N'mailq.RateBudget', N'U') IS NULL
 BEGIN

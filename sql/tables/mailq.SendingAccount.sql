@@ -1,15 +1,9 @@
 /*
-mailq.SendingAccount: one row per sending account.  SMTP host and credentials
-never live here: the worker's configuration maps AccountName to them.
-    PerMinuteLimit / PerHourLimit / PerDayLimit  NULL = unlimited; enforced at
-        claim time across every worker (mailq.RateBudget, mailq.ClaimMail).
-    BlockedUntilUtc  set by MarkFailed @Disposition = 'Wait'; no mail of the
-        account is claimed before it.
-    IsDefault        the account EnqueueMail uses when @AccountName is NULL
-        (at most one: UX_SendingAccount_IsDefault).
-    MinLoginIntervalMs  least time between two SMTP logins on the account
-        across every worker; NULL = none.  LastLoginAtUtc: the last login
-        mailq.AcquireLoginSlot granted (server clock).
+mailq.SendingAccount: one row per sending account; SMTP host and credentials live
+in the worker's configuration.  Per*Limit NULL = unlimited, enforced at claim
+across workers (mailq.RateBudget).  BlockedUntilUtc: set by MarkFailed 'Wait'.
+IsDefault: EnqueueMail's account when none is named.  MinLoginIntervalMs: least
+time between two SMTP logins (mailq.AcquireLoginSlot; LastLoginAtUtc).
 */
 IF OBJECT_ID(N'mailq.SendingAccount', N'U') IS NULL
 BEGIN

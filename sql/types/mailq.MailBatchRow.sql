@@ -1,24 +1,11 @@
 /*
-mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a
-table-valued parameter, for applications).  One row per mail; the columns are
-mailq.EnqueueMail's parameters with the same names and types, so that a row
-and a single call with the same values are the same mail (same content hash,
-same validation).  RowNo is the caller's ordinal: errors and results name it.
-NULL in an optional column means EnqueueMail's default.
-A table type cannot be altered: a later change is a new type (or a drop and
-re-create while no procedure references it), in its own revision.
-Callers need EXECUTE on the type (sql/security/MailqEnqueuer.batch.grants.sql).
-Revision 0015 appended RunMode (re-created by that revision's before_files
-hook), revision 0016 appends TemplateName, TemplateVersion, TemplateModel
-(EnqueueMail's new parameters).  A type in use cannot be altered or dropped
-("Cannot drop type ... because it is being referenced"; DROP TYPE
-(Transact-SQL): drop the objects that reference it first), so a type without
-them (revision 0014's or 0015's) is dropped after mailq.EnqueueMailBatch, the one
-module whose parameter uses it, in the migration's transaction; both are
-created again by their files in this revision (the procedure's file follows
-in the build order) and MailqEnqueuer.batch.grants.sql grants both again.
-The downgrade rebuilds revision 0015's type the same way
-(alembic/versions/0016_*.py, after_downgrade).
+mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a TVP).
+One row per mail: mailq.EnqueueMail's parameters with the same names and types,
+so a row and a single call with the same values are the same mail; RowNo is the
+caller's ordinal, named by errors and results; NULL means EnqueueMail's default.
+A type in use cannot be altered or dropped: an older shape (without TemplateModel)
+is dropped with mailq.EnqueueMailBatch, and both are created again.  Callers need
+EXECUTE on it (sql/security/MailqEnqueuer.batch.grants.sql).
 */
 IF TYPE_ID(N'mailq.MailBatchRow') IS NOT NULL
     AND NOT EXISTS (

@@ -1,15 +1,8 @@
 /*
-mailq.OldestDueMail: per account, the oldest mail that is due and waiting
-(UnSent, VisibleAtUtc passed), its age in seconds and how many are due.  A
-growing age means the workers fall behind or the account is blocked.
-Expected plan shape (checked on 100,000 rows by
-tests/integration/test_mailq_view_plans.py): Index Seek on
-IX_MailQueue_Status with the seek predicate Status = N'UnSent' (VisibleAtUtc
-<= now as a seek range or residual), Stream Aggregate per AccountName; no
-Key Lookup and no access to PK_MailQueue.  The predicate needs no filtered
-index to match: IX_MailQueue_Status is unfiltered.  The optimizer may as
-well read the claim index (filtered on the claimable statuses, which
-Status = N'UnSent' implies, and covering): as narrow, also accepted.
+mailq.OldestDueMail: per account, the oldest due UnSent mail, its age in seconds
+and how many are due; a growing age means the workers fall behind or the account
+is blocked.  Plan: a seek on IX_MailQueue_Status (or the covering claim index),
+never PK_MailQueue (tests/integration/test_mailq_view_plans.py).
 */
 CREATE OR ALTER VIEW mailq.OldestDueMail
 AS

@@ -1,15 +1,8 @@
 /*
 mailq.RecentFailures: failed attempts of the last 7 days (Retry, Wait, Stop,
-Abandoned), with the mail's current status: what went wrong and whether the
-mail got through later.
-Expected plan shape (checked on 100,000 rows by
-tests/integration/test_mailq_view_plans.py): Index Seek on
-IX_MailAttempt_EndedAtUtc (range EndedAtUtc >= now - 7 days; Outcome is an
-included column, tested as a residual; a Key Lookup fetches ErrorText),
-Nested Loops into a Clustered Index Seek of PK_MailQueue by ID for
-AccountName and Status (or, when many attempts are recent, a hash join with
-a scan of the narrow IX_MailQueue_Status, whose rows carry ID); never a scan
-of mailq.MailAttempt nor of MailQueue's clustered rows.
+Abandoned) with the mail's current status: did it get through later?
+Plan: a range seek on IX_MailAttempt_EndedAtUtc, PK_MailQueue by ID; never a scan
+of either table's clustered rows (tests/integration/test_mailq_view_plans.py).
 */
 CREATE OR ALTER VIEW mailq.RecentFailures
 AS

@@ -1,8 +1,7 @@
 /*
-mailq.RecipientOutcomes: per-recipient results of mails that were accepted for
-some recipients only (mailq.MailRecipientOutcome), with the mail's account and
-current status: who did not get the mail (Refused: 5xx, final; Deferred: 4xx,
-retried with the mail) and who did (Delivered).
+mailq.RecipientOutcomes: per-recipient results of mails accepted for some
+recipients only, with the mail's account and status: Refused (5xx, final),
+Deferred (4xx, retried with the mail), Delivered.
 */
 CREATE OR ALTER VIEW mailq.RecipientOutcomes
 AS

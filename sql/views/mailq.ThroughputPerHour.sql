@@ -1,14 +1,8 @@
 /*
-mailq.ThroughputPerHour: attempts finished per UTC hour and account over the
-last 48 hours: Sent (Sent and DryRun outcomes) and Failed (Retry, Wait, Stop,
-Abandoned outcomes).
-Expected plan shape (checked on 100,000 rows by
-tests/integration/test_mailq_view_plans.py): Index Seek on
-IX_MailAttempt_EndedAtUtc (range EndedAtUtc >= now - 48 hours), a join to
-PK_MailQueue by ID (Nested Loops with a Clustered Index Seek, or a hash join
-with a scan of the narrow IX_MailQueue_Status when many attempts are
-recent), then an aggregate by hour and account; never a scan of
-mailq.MailAttempt nor of MailQueue's clustered rows.
+mailq.ThroughputPerHour: attempts finished per UTC hour and account over the last
+48 hours: Sent (Sent, DryRun) and Failed (Retry, Wait, Stop, Abandoned).
+Plan: a range seek on IX_MailAttempt_EndedAtUtc, PK_MailQueue by ID; never a scan
+of either table's clustered rows (tests/integration/test_mailq_view_plans.py).
 */
 CREATE OR ALTER VIEW mailq.ThroughputPerHour
 AS

@@ -1,9 +1,7 @@
 /*
-mailq.sysmail_account: msdb.dbo.sysmail_account's columns over the sending
-accounts that are in a profile (mailq.DbMailAccount, mailq.SendingAccount):
-email_address and display_name are the account's defaults; description and
-replyto_address are NULL (no such account settings here: pass @reply_to).
-SMTP servers and credentials live in the worker's configuration, not here.
+mailq.sysmail_account: msdb.dbo.sysmail_account's columns over the sending accounts
+in a profile: email_address and display_name are the account's defaults;
+description and replyto_address NULL.  SMTP settings live in the worker's config.
 */
 CREATE OR ALTER VIEW mailq.sysmail_account
 AS

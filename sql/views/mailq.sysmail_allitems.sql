@@ -1,26 +1,18 @@
 /*
 mailq.sysmail_allitems: msdb.dbo.sysmail_allitems over this queue: one row per
-mailq.SendDbMail call, msdb's 27 columns in msdb's order
+mailq.SendDbMail call, msdb's 27 columns in msdb's order, text as Unicode
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-allitems-transact-sql).
-Types:       every text column is Unicode (NVARCHAR/NCHAR: msdb stores body and
-             query as nvarchar(max); nothing is cast to a code page).
 Rows:        db_owner and MailqAdmin members see all; others what they sent.
-Mapping:     mailitem_id = DbMailItem.MailItemID; sent_status: Sent -> sent;
-             Failed, Cancelled, Expired, Stopped -> failed; UnSent or Sending
-             after a failed attempt -> retrying; else unsent (a query waiting
-             for the runner too).  send_request_date is stored (local time);
-             sent_date and last_mod_date are the queue's UTC plus the server's
-             current offset.  recipients is NULL for Cc-only and Bcc-only mail
-             (stored with an empty To).  sent_account_id only once sent.  file_attachments
-             is always NULL (refused); a query's file is in sysmail_mailattachments.
-Cost:        filters on mailitem_id and send_request_date seek DbMailItem;
-             any other filter reads the DbMail items only, never the whole queue
-             (tests/integration/test_dbmail_views_plan.py).
+Mapping:     sent_status: Sent -> sent; Failed, Cancelled, Expired, Stopped ->
+             failed; UnSent or Sending after a failed attempt -> retrying; else
+             unsent.  sent_date and last_mod_date: UTC plus the server's current
+             offset.  recipients NULL for Cc/Bcc-only mail; file_attachments NULL.
+Cost:        mailitem_id and send_request_date filters seek DbMailItem; others
+             read the DbMail items only (tests/integration/test_dbmail_views_plan.py).
 */
 CREATE OR ALTER VIEW mailq.sysmail_allitems
 AS
--- The server's current offset from UTC (SYSDATETIME is local time; on Azure
--- SQL Database both are UTC).
+-- The server's current offset from UTC (0 on Azure SQL Database).
 WITH Clock AS (
     SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
 )

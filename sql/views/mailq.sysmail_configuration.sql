@@ -1,10 +1,7 @@
 /*
-mailq.sysmail_configuration: msdb.dbo.sysmail_configuration's columns with
-this package's fixed values for msdb's settings that have a meaning here
-(docs/database-mail.md, "Settings"): MaxFileSize (the attachment limit, bytes),
-ProhibitedExtensions (refused for @query_attachment_filename: 14630),
-AccountRetryAttempts (attempts per mail, mailq.EnqueueMail's default, not per
-account), LoggingLevel (2: errors, warnings and successes in sysmail_event_log).
+mailq.sysmail_configuration: msdb.dbo.sysmail_configuration's columns with this
+package's fixed values (docs/database-mail.md, "Settings"): MaxFileSize,
+ProhibitedExtensions (14630), AccountRetryAttempts (attempts per mail), LoggingLevel 2.
 */
 CREATE OR ALTER VIEW mailq.sysmail_configuration
 AS

@@ -1,19 +1,14 @@
 /*
-mailq.sysmail_event_log: msdb.dbo.sysmail_event_log over the queue's event
-stream (mailq.MailEvent) for mail sent with mailq.SendDbMail, msdb's columns
-in msdb's order
+mailq.sysmail_event_log: msdb.dbo.sysmail_event_log over mailq.MailEvent for mail
+sent with mailq.SendDbMail, msdb's columns in msdb's order
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-event-log-transact-sql).
 event_type:  success: Sent, DryRun; warning: RetryScheduled, AccountWaiting,
-             LeaseExpired, Released; error: Failed (attempts used up, or a
-             permanent refusal), Expired, and Stopped by a failed query;
-             information: Cancelled, Requeued, Stopped otherwise.  So a mail
-             that fails finally has exactly one error row, as in msdb.
-log_id:      the event's EventID (BIGINT, msdb's is int): it never changes,
-             is the same for every reader and grows in commit order, so
-             "log_id > @last_seen" polling works (docs/events.md).
-Rows:        as mailq.sysmail_allitems (db_owner and MailqAdmin all; others
-             their own mail).  description: the event, SMTP code and detail.
-Cost:        mailitem_id seeks DbMailItem, then IX_MailEvent_MailID per item.
+             LeaseExpired, Released; error: Failed, Expired, Stopped by a failed
+             query (one error row per finally failed mail, as msdb); information:
+             Cancelled, Requeued, other Stopped.
+log_id:      the EventID (BIGINT), in commit order: "log_id > @last_seen" polling
+             works (docs/events.md).
+Rows:        as mailq.sysmail_allitems.  Cost: a seek per item on IX_MailEvent_MailID.
 */
 CREATE OR ALTER VIEW mailq.sysmail_event_log
 AS

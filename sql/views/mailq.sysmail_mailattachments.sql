@@ -1,10 +1,8 @@
 /*
-mailq.sysmail_mailattachments: msdb.dbo.sysmail_mailattachments over this
-queue: the attachments of mail sent with mailq.SendDbMail (here only a
-query's result file), msdb's columns in msdb's order
+mailq.sysmail_mailattachments: msdb.dbo.sysmail_mailattachments over the queue:
+a SendDbMail query's result file, msdb's columns in msdb's order; attachment_id
+BIGINT = MailItemID * 10 + number - 1; rows as mailq.sysmail_allitems
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-mailattachments-transact-sql).
-attachment_id is BIGINT here (MailItemID * 10 + the attachment's number - 1:
-a mail has at most 10); rows as mailq.sysmail_allitems.
 */
 CREATE OR ALTER VIEW mailq.sysmail_mailattachments
 AS

@@ -1,8 +1,7 @@
 /*
-mailq.sysmail_principalprofile: msdb.dbo.sysmail_principalprofile's columns
-over mailq.DbMailPrincipalProfile; principal_sid is 0x00 for public (as
-msdb), else the database principal's SID (NULL if it no longer exists), and
-principal_name, not in msdb, is added last.
+mailq.sysmail_principalprofile: msdb.dbo.sysmail_principalprofile's columns over
+mailq.DbMailPrincipalProfile; principal_sid 0x00 for public, NULL for a principal
+gone; principal_name added last.
 */
 CREATE OR ALTER VIEW mailq.sysmail_principalprofile
 AS

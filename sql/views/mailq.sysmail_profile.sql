@@ -1,7 +1,6 @@
 /*
-mailq.sysmail_profile: msdb.dbo.sysmail_profile's columns over
-mailq.DbMailProfile (profile_id, name, description, last_mod_datetime: the
-creation time, local; last_mod_user: NULL, not recorded here).
+mailq.sysmail_profile: msdb.dbo.sysmail_profile's columns over mailq.DbMailProfile
+(last_mod_datetime: the creation time, local; last_mod_user NULL).
 */
 CREATE OR ALTER VIEW mailq.sysmail_profile
 AS

@@ -1,6 +1,6 @@
 /*
 mailq.sysmail_unsentitems: msdb.dbo.sysmail_unsentitems over this queue: the rows of
-mailq.sysmail_allitems whose sent_status is unsent or retrying (as msdb's view), with the same columns
+mailq.sysmail_allitems whose sent_status is unsent or retrying (as msdb's view)
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-unsentitems-transact-sql).
 */
 CREATE OR ALTER VIEW mailq.sysmail_unsentitems

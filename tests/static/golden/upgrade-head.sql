@@ -172,11 +172,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Deployment pre-check (the baseline's first file; creates nothing).  Stops the
-deployment when the server or database cannot run mailq-db:
+Deployment pre-check (the baseline's first file; creates and changes nothing):
     50402  database compatibility level below 130 (OPENJSON, STRING_SPLIT)
     50403  SQL Server older than 2019 (major version 15) outside Azure
-The message says what to do; this script never changes the database.
 */
 DECLARE @CompatibilityLevel INT = (
     SELECT d.compatibility_level
@@ -198,8 +196,7 @@ BEGIN
     THROW 50402, @Msg, 1;
 END;
 
--- EngineEdition 5 = Azure SQL Database, 8 = Azure SQL Managed Instance:
--- both are versionless and always current.
+-- EngineEdition 5, 8: Azure SQL Database and Managed Instance (versionless).
 IF @EngineEdition NOT IN (5, 8) AND @MajorVersion < 15
 BEGIN
     SET @Msg = CONCAT(
@@ -212,9 +209,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Schema mailq: every object of the mail queue.  Owned by dbo, so ownership
-chaining lets the procedures use the tables for callers that hold only
-EXECUTE (sql/security/).  Sent as IF SCHEMA_ID(...) IS NULL EXEC (...).
+Schema mailq: every object of the mail queue, owned by dbo (ownership chaining:
+callers hold only EXECUTE).  Sent as IF SCHEMA_ID(...) IS NULL EXEC (...).
 */
 IF SCHEMA_ID(N'mailq') IS NULL
     EXEC (N'CREATE SCHEMA mailq AUTHORIZATION dbo');
@@ -223,8 +219,7 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqEnqueuer: may only enqueue mail (EXECUTE mailq.EnqueueMail).
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+No role holds table rights (ownership chaining from dbo-owned procedures).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqEnqueuer') IS NULL
     CREATE ROLE MailqEnqueuer AUTHORIZATION dbo;
@@ -233,8 +228,7 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqSender: sender workers: claim, extend, release and acknowledge mail, read health.
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+No role holds table rights (ownership chaining from dbo-owned procedures).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqSender') IS NULL
     CREATE ROLE MailqSender AUTHORIZATION dbo;
@@ -243,8 +237,7 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqAdmin: administration: every mailq procedure (requeue, cancel, purge, accounts, stats).
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+No role holds table rights (ownership chaining from dbo-owned procedures).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqAdmin') IS NULL
     CREATE ROLE MailqAdmin AUTHORIZATION dbo;
@@ -253,8 +246,7 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqDelayCaller: may only call dbo.InitiateDelayExecution and dbo.CancelDelayExecution (grants in sql/broker/).
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+No role holds table rights (ownership chaining from dbo-owned procedures).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqDelayCaller') IS NULL
     CREATE ROLE MailqDelayCaller AUTHORIZATION dbo;
@@ -262,16 +254,11 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-User MailqRunner: the one identity registered code runs as: every
-delayed-execution target (delay.RunTask) and every hook (mailq.RunApplicationHooks)
-is called inside EXECUTE AS USER = N'MailqRunner' ... REVERT, never as dbo.
-WITHOUT LOGIN: nobody can connect as it; only dbo (and db_owner members)
-may impersonate it.  It holds EXECUTE on exactly the listed targets and the
-registered hooks (granted by delay.AllowProcedure and mailq.SetApplicationHook,
-revoked when they are taken off) and nothing else: what a target or hook reaches
-beyond that is by ownership chaining from a dbo-owned module, and DDL, permission
-changes or impersonation inside it (a callee's, a trigger's) run with these rights.
-Part of the mail queue (hooks deploy without Service Broker too).
+User MailqRunner (WITHOUT LOGIN; only dbo and db_owner may impersonate it): the
+identity every delayed-execution target (delay.RunTask) and hook
+(mailq.RunApplicationHooks) runs as, EXECUTE AS USER ... REVERT, never as dbo.
+It holds EXECUTE on exactly the allowed targets and registered hooks (granted by
+delay.AllowProcedure and mailq.SetApplicationHook) and nothing else.
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqRunner') IS NULL
     CREATE USER MailqRunner WITHOUT LOGIN;
@@ -279,17 +266,11 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SendingAccount: one row per sending account.  SMTP host and credentials
-never live here: the worker's configuration maps AccountName to them.
-    PerMinuteLimit / PerHourLimit / PerDayLimit  NULL = unlimited; enforced at
-        claim time across every worker (mailq.RateBudget, mailq.ClaimMail).
-    BlockedUntilUtc  set by MarkFailed @Disposition = 'Wait'; no mail of the
-        account is claimed before it.
-    IsDefault        the account EnqueueMail uses when @AccountName is NULL
-        (at most one: UX_SendingAccount_IsDefault).
-    MinLoginIntervalMs  least time between two SMTP logins on the account
-        across every worker; NULL = none.  LastLoginAtUtc: the last login
-        mailq.AcquireLoginSlot granted (server clock).
+mailq.SendingAccount: one row per sending account; SMTP host and credentials live
+in the worker's configuration.  Per*Limit NULL = unlimited, enforced at claim
+across workers (mailq.RateBudget).  BlockedUntilUtc: set by MarkFailed 'Wait'.
+IsDefault: EnqueueMail's account when none is named.  MinLoginIntervalMs: least
+time between two SMTP logins (mailq.AcquireLoginSlot; LastLoginAtUtc).
 */
 IF OBJECT_ID(N'mailq.SendingAccount', N'U') IS NULL
 BEGIN
@@ -322,13 +303,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RateBudget: the rate budget of each sending account, in fixed UTC
-windows (minute, hour, day), charged by mailq.ClaimMail inside the claim's
-transaction so that limits hold across every worker on every machine.
-One row per account, created by mailq.UpsertSendingAccount.  Kept apart from
-mailq.SendingAccount so that a claimer's UPDLOCK on the budget row never
-blocks readers of the account's settings.
-A window whose start is not the current window's start counts as empty.
+mailq.RateBudget: one row per sending account: its budget in fixed UTC windows
+(minute, hour, day), charged by mailq.ClaimMail in the claim's transaction; apart
+from mailq.SendingAccount so the claim's UPDLOCK never blocks its readers.  A
+window whose start is not the current one counts as empty.
 */
 IF OBJECT_ID(N'mailq.RateBudget', N'U') IS NULL
 BEGIN
@@ -353,12 +331,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.Application: application names a mail may carry.  A worker started with
-@AppName claims only that application's mail (isolated); one with @AppName
-NULL claims every mail (competing).
-DryRun: 1 = the application's mails go the whole path (claim, lease,
-acknowledgement) and are recorded as DryRun, reaching no server
-(mailq.UpsertApplication @DryRun; docs/run-modes.md).
+mailq.Application: application names a mail may carry; an isolated worker claims
+one application's mail.  DryRun: 1 = recorded as DryRun, reaching no server
+(docs/run-modes.md).
 */
 IF OBJECT_ID(N'mailq.Application', N'U') IS NULL
 BEGIN
@@ -378,20 +353,11 @@ GO
 mailq.MailQueue: one row per mail (docs/dba-guide.md, "Tables").
 Status: UnSent -> Sending (leased) -> Sent | Failed | Cancelled | Expired |
 Stopped; every change writes a mailq.MailEvent row in the same transaction.
-VisibleAtUtc  the due time while UnSent, the lease expiry while Sending: the
-              one column a claim ranges over.  DateToProcess keeps the
-              caller's requested time.
-ThreadLock    the lease token of the worker holding the mail; every
-              acknowledgement is fenced by it.
-AttemptsRemaining / AttemptCount  decremented / counted at claim (a mail that
-              kills its worker cannot loop); Wait and Release refund.
+VisibleAtUtc  the due time while UnSent, the lease expiry while Sending.
+ThreadLock    the lease token every acknowledgement is fenced by.
+AttemptsRemaining / AttemptCount  spent at claim; Wait and Release refund.
 PossibleDuplicate  an expired lease was reclaimed.
-ContentHash, IdempotencyKey (binary collation), MessageID  see docs/guarantees.md.
-RunMode, DryRun     docs/run-modes.md.  TemplateName/Version/Model  docs/templates.md.
-Options: 'large value types out of row' (Body, TextBody, Headers, TemplateModel
-off the clustered row); LOCK_ESCALATION = DISABLE (a batch enqueue keeps its
-row locks; run ad-hoc mass updates in batches).
-Written only by the mailq procedures; no role has table rights.
+Options: bodies out of row; LOCK_ESCALATION = DISABLE (docs/dba-guide.md).
 */
 IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
 BEGIN
@@ -469,12 +435,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailAttachment: attachments of a mail, in order.  Limits (also checked
-with numbered errors by mailq.EnqueueMail): 10 MiB per attachment, 25 MiB per
-mail, 10 per mail; FileName is a bare name.  A row holds Content, or names a
-Generator (an entry point of mailq_db.attachment_generators) with
-GeneratorArgs (a JSON object), never both; the worker generates the content
-at send time under the same limits (docs/templates.md).
+mailq.MailAttachment: attachments of a mail, in order: Content, or a Generator
+(mailq_db.attachment_generators) with GeneratorArgs, never both (docs/templates.md).
 LOCK_ESCALATION = DISABLE (docs/dba-guide.md, section 7).
 */
 IF OBJECT_ID(N'mailq.MailAttachment', N'U') IS NULL
@@ -511,12 +473,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailAttempt: one row per attempt to send a mail.  Opened by
-mailq.ClaimMail, closed by the acknowledgement (MarkSent, MarkFailed,
-ReleaseMail) or, when an expired lease is reclaimed, by the next ClaimMail
-with Outcome = 'Abandoned'.
+mailq.MailAttempt: one row per attempt, opened by mailq.ClaimMail, closed by the
+acknowledgement or, after an expired lease, by the next claim ('Abandoned').
 Outcome: Sent, DryRun, Retry, Wait, Stop, Released, Abandoned; NULL while open.
-TemplateVersion: the template version the attempt rendered (NULL for ordinary mail).
 */
 IF OBJECT_ID(N'mailq.MailAttempt', N'U') IS NULL
 BEGIN
@@ -544,9 +503,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationAccount: the sending accounts each application may send
-through; mailq.EnqueueMail refuses another (50160).  Written by
-mailq.BindApplication and mailq.UnbindApplication (MailqAdmin).
+mailq.ApplicationAccount: the sending accounts an application may send through
+(else EnqueueMail refuses, 50160).
 */
 IF OBJECT_ID(N'mailq.ApplicationAccount', N'U') IS NULL
 BEGIN
@@ -566,11 +524,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationFrom: the From addresses and domains each application may
-send as.  FromPattern is one address ('billing@example.com') or a domain
-('@example.com': that domain, not its subdomains), stored in lower case under
-a binary collation; mailq.EnqueueMail lowers the From address and compares
-(50161 otherwise).  Written by mailq.BindApplication and UnbindApplication.
+mailq.ApplicationFrom: the From addresses and domains an application may send as
+(else 50161).  FromPattern: an address or '@domain' (not its subdomains), lower
+case, binary collation.
 */
 IF OBJECT_ID(N'mailq.ApplicationFrom', N'U') IS NULL
 BEGIN
@@ -589,12 +545,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationPrincipal: which application a database user enqueues as.
-When the caller of mailq.EnqueueMail (USER_NAME(), or the user impersonated by
-EXECUTE AS) is listed, its mail carries that application: @AppName NULL means
-this one, another is refused (50168), and its account and From bindings
-apply.  mailq.GetInstallationHealth warns about MailqEnqueuer members not
-listed.  Written by mailq.BindApplication / UnbindApplication @PrincipalName.
+mailq.ApplicationPrincipal: which application a database user enqueues as: its
+mail carries that application (another @AppName: 50168) and its bindings apply.
 */
 IF OBJECT_ID(N'mailq.ApplicationPrincipal', N'U') IS NULL
 BEGIN
@@ -615,13 +567,12 @@ GO
 mailq.EnqueuePolicy: who may enqueue without an application, one row.
     AllowUnmappedEnqueuers  0 (a new installation): a database user that no
         mailq.ApplicationPrincipal row maps to an application is refused by
-        mailq.EnqueueMail, mailq.EnqueueMailBatch and mailq.SendDbMail (50500);
-        1: the opt-in of mailq.SetEnqueuePolicy, such a user enqueues unbound
-        (any account, any From address) as before this table existed.
+        EnqueueMail, EnqueueMailBatch and SendDbMail (50500); 1: the opt-in of
+        mailq.SetEnqueuePolicy, such a user enqueues unbound.
     ChangedAtUtc, ChangedBy  when and by whom (ORIGINAL_LOGIN()) it was last set.
-Written only by mailq.SetEnqueuePolicy (db_owner, MailqAdmin); read by the
-enqueue core (mailq.EnqueueMailRows) and mailq.GetEnqueuePolicy
-(docs/enqueue.md, "Who may send as whom").
+Written only by mailq.SetEnqueuePolicy; read by the enqueue core
+(mailq.EnqueueMailRows) and mailq.GetEnqueuePolicy (docs/enqueue.md, "Who may
+send as whom").
 */
 IF OBJECT_ID(N'mailq.EnqueuePolicy', N'U') IS NULL
 BEGIN
@@ -640,11 +591,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_ClaimByAccount: mailq.ClaimMail's seek, one per (account, run
-mode) pair that may send now.  Keys (AccountName, RunMode, Priority DESC,
-VisibleAtUtc, ID), INCLUDE (AppName, AttemptsRemaining, ExpiresAtUtc), filtered
-to Status IN (UnSent, Sending).  Page locks stay allowed (ALTER INDEX ...
-REORGANIZE needs them).  Expected plan and cost: docs/dba-guide.md, "Indexes".
+IX_MailQueue_ClaimByAccount: mailq.ClaimMail's seek per (account, run mode); page
+locks stay allowed (REORGANIZE needs them).  Plan and cost: docs/dba-guide.md.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -659,9 +607,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_Finalize: mailq.FinalizeMail's first step (a mail on its last
-attempt whose lease expired becomes Failed).  Keys (VisibleAtUtc, ID),
-filtered to Status IN (UnSent, Sending) AND AttemptsRemaining = 0.
+IX_MailQueue_Finalize: mailq.FinalizeMail's last-attempt step (lease expired -> Failed).
 */
 IF NOT EXISTS (
     SELECT 1
@@ -675,9 +621,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_Expiry: mailq.FinalizeMail's expiry step (queued mail whose
-ExpiresAtUtc passed becomes Expired).  Keys (ExpiresAtUtc, ID), INCLUDE
-(VisibleAtUtc), filtered to Status IN (UnSent, Sending) AND ExpiresAtUtc IS NOT NULL.
+IX_MailQueue_Expiry: mailq.FinalizeMail's expiry step (queued mail past ExpiresAtUtc).
 */
 IF NOT EXISTS (
     SELECT 1
@@ -692,16 +636,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailRecipientOutcome: what each recipient of a mail got, when the
-server accepted the mail for some recipients and not for others (written by
-mailq.RecordRecipientOutcomes; the worker writes nothing here for a mail that
-every recipient accepted).  One row per (mail, lower-case address), replaced
-by later attempts until it is Delivered or Refused.
-Outcome: Delivered (the server took the mail for this recipient: a later
-attempt never sends to it again), Deferred (4xx: retried, for this recipient
-only, with the mail's next attempt), Refused (5xx: final for this recipient).
-Rows go with their mail: mailq.PurgeMail deletes them first, 1,000 rows per
-statement (below lock escalation); ON DELETE CASCADE covers any other delete.
+mailq.MailRecipientOutcome: one row per (mail, lower-case address) when a server
+accepted a mail for some recipients only, replaced by later attempts until final.
+Outcome: Delivered (never sent again), Deferred (4xx: retried with the mail),
+Refused (5xx: final).  PurgeMail deletes them first; ON DELETE CASCADE otherwise.
 */
 IF OBJECT_ID(N'mailq.MailRecipientOutcome', N'U') IS NULL
 BEGIN
@@ -725,11 +663,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-UX_MailQueue_IdempotencyKey: one mail per idempotency key, compared as binary
-text (the column's collation).  Enqueues of one key serialize on an
-application lock on the key, never on key-range locks of this index.
-Filtered: mail without a key costs nothing; a key is free again once its mail
-is purged.
+UX_MailQueue_IdempotencyKey: one mail per idempotency key (binary); filtered, so
+mail without a key costs nothing.  Enqueues serialize on an applock on the key.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -745,9 +680,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_Final: mailq.PurgeMail and reports of finished mail.  Keys
-(DateProcessed, ID), INCLUDE (Status, AccountName), filtered to the final
-statuses: a purge batch is a range seek on the oldest rows.
+IX_MailQueue_Final: mailq.PurgeMail's range seek on the oldest final mail.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -764,9 +697,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailAttempt_EndedAtUtc serves the reporting views (throughput per hour,
-recent failures): closed attempts by end time, so "the last 24 hours" is a
-range seek.
+IX_MailAttempt_EndedAtUtc: closed attempts by end time, for the reporting views.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -783,8 +714,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-UX_SendingAccount_IsDefault: at most one default sending account (the one
-mailq.EnqueueMail uses when @AccountName is NULL).
+UX_SendingAccount_IsDefault: at most one default sending account.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -800,11 +730,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_Status: the narrow index the counts read.  Keys (Status,
-AccountName, VisibleAtUtc), no INCLUDE, unfiltered (a view's Status predicate
-never has to match a filter).  mailq.QueueCountsByStatus scans it in key
-order (Stream Aggregate, no Sort, never the clustered index);
-mailq.OldestDueMail seeks Status = 'UnSent'.
+IX_MailQueue_Status: the narrow, unfiltered index the counts read (QueueCountsByStatus,
+OldestDueMail), never the clustered index.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -819,18 +746,12 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailEvent: the append-only event stream of the mail queue: every state
-change of a mail writes one row in the same transaction (docs/events.md lists
-which procedure writes which EventType).  Never updated; mailq.PurgeMail
-deletes a mail's events with it.
-EventSeq      ROWVERSION, read below MIN_ACTIVE_ROWVERSION() by
-              mailq.GetMailEvents (as EventID BIGINT): a commit-safe cursor.
-EventType     Enqueued, Claimed, Sent, DryRun, RetryScheduled, AccountWaiting,
-              Released, LeaseExpired, Failed, Cancelled, Expired, Stopped, Requeued.
+mailq.MailEvent: the append-only event stream: one row per state change of a mail,
+in its transaction (docs/events.md); deleted only with the mail by PurgeMail.
+EventSeq      ROWVERSION, read below MIN_ACTIVE_ROWVERSION() by mailq.GetMailEvents
+              (as EventID BIGINT): a commit-safe cursor.
 Status, AttemptCount  the mail's, right after the change.
-SmtpCode, Detail      the server's reply, the error, or StopMail's reason.
-No CHECK, foreign key or trigger: the procedures write it through OUTPUT ...
-INTO, whose target may have none (a hook reads the stream instead).
+No CHECK, foreign key or trigger: procedures write it by OUTPUT ... INTO.
 LOCK_ESCALATION = DISABLE (docs/dba-guide.md, section 7).
 */
 IF OBJECT_ID(N'mailq.MailEvent', N'U') IS NULL
@@ -854,11 +775,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailEvent_AppName serves mailq.GetMailEvents @AppName: keys (AppName,
-EventSeq), so "this application's events after the cursor, in order" is one
-range seek whatever the size of the table, and TOP (@MaxEvents) stops it.
-The narrow columns are included; Detail comes by a key lookup per row
-returned (at most @MaxEvents).
+IX_MailEvent_AppName: mailq.GetMailEvents @AppName: events after the cursor in
+one range seek; Detail by key lookup (at most @MaxEvents).
 */
 IF NOT EXISTS (
     SELECT 1
@@ -874,9 +792,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailEvent_MailID serves mailq.GetMailEvents @MailID (one mail's events
-after the cursor: a range seek) and mailq.PurgeMail (a mail's events are
-deleted with it: a seek per mail, never a scan of the event history).
+IX_MailEvent_MailID: mailq.GetMailEvents @MailID and mailq.PurgeMail (a seek per mail).
 */
 IF NOT EXISTS (
     SELECT 1
@@ -891,16 +807,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationHook: an application's hook procedure and the dispatcher's
-cursor in its event stream (docs/hooks.md).  Written by
-mailq.SetApplicationHook (db_owner) and mailq.RunApplicationHooks.
-SchemaName, ProcedureName, ObjectId, DefinitionHash  the registered hook,
-              pinned: it runs only while sys.objects holds that procedure with
-              that object_id and SHA2_256 definition (else suspended).
-CursorEventID the last EventID the hook handled or gave up on.
-FailingEventID, FailCount  the event it failed on, and how often in a row.
-MaxAttempts   calls of a failing event before it is recorded in
-              mailq.ApplicationHookFailure and skipped (1-100, default 3).
+mailq.ApplicationHook: an application's hook procedure and the dispatcher's cursor
+(docs/hooks.md).  SchemaName, ProcedureName, ObjectId, DefinitionHash: the pin (it
+runs only while that procedure is unchanged).  CursorEventID: the last event
+handled or given up.  FailingEventID, FailCount: the event failing, how often.
 */
 IF OBJECT_ID(N'mailq.ApplicationHook', N'U') IS NULL
 BEGIN
@@ -933,15 +843,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ApplicationHookFailure: events a hook could not handle (docs/hooks.md).
-mailq.RunApplicationHooks writes one row when an event's hook call failed
-MaxAttempts times in a row (mailq.ApplicationHook), or once when the hook
-committed or rolled back the transaction opened for it (error 266 with no
-transaction left: its work may be committed, so it is not called again),
-then moves the cursor past the event: one poisoned event never stops the
-application's later events.  Rows are history: nothing deletes them (an
-operator may, after reading them).  Small by nature (one row per given-up
-event); read it by AppName with the clustered key's order.
+mailq.ApplicationHookFailure: events a hook gave up on (docs/hooks.md): after
+MaxAttempts failed calls, or at once on 266 (the hook ended our transaction);
+the cursor moves past them.  History: nothing deletes rows.
 */
 IF OBJECT_ID(N'mailq.ApplicationHookFailure', N'U') IS NULL
 BEGIN
@@ -964,12 +868,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_MailQueue_ClaimByApp: mailq.ClaimMail's seek for an isolated worker
-(@AppName set), one per (account, run mode) pair, reading that application's
-mail only.  Keys (AccountName, RunMode, AppName, Priority DESC, VisibleAtUtc,
-ID), INCLUDE (AttemptsRemaining, ExpiresAtUtc), filtered to Status IN (UnSent,
-Sending) AND AppName IS NOT NULL; ClaimMail repeats the filter's literals.
-Expected plan and why a second index: docs/claim.md.
+IX_MailQueue_ClaimByApp: mailq.ClaimMail's seek for an isolated worker (@AppName
+set), per (account, run mode); ClaimMail repeats the filter's literals.
+Plan and why a second index: docs/claim.md.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -984,24 +885,17 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ParseAddressList: splits a ';'-separated list of recipients and says
-what is wrong with each (inline, so it costs nothing outside the query).
-An entry is a bare address (user@example.com) or a display name followed by
-the address in angle brackets (张三 <zhang@example.com>); the worker encodes
-non-ASCII display names per RFC 2047.
+mailq.ParseAddressList: splits a ';'-separated recipient list and says what is
+wrong with each entry (inline).  An entry is an address or 'Name <address>'.
 Parameters:  @List NVARCHAR(MAX), NULL gives no rows
-Returns:     DisplayName NVARCHAR(MAX) (NULL for a bare address), Address
-             NVARCHAR(MAX), Problem NVARCHAR(100) (NULL when the entry is
-             acceptable).  Entries are trimmed of spaces; empty ones are skipped.
-Rules:       no CR, LF or other control character anywhere (header injection);
-             display name without '<' or '>' and at most 200 characters;
-             address without white space, at most 254 characters (RFC 5321),
-             exactly one '@' with a non-empty local part and domain, none of
-             '<', '>', ',', '"', '(', ')' or '\', and a domain that neither
-             starts nor ends with '.' nor contains '..'.  Non-ASCII addresses
-             are accepted here; the worker sends them only to servers that
-             offer SMTPUTF8.
-Example:     SELECT a.Address, a.Problem FROM mailq.ParseAddressList(N'a@x.org; 李 <b@y.org>; c@') AS a;
+Returns:     DisplayName (NULL for a bare address), Address, Problem NVARCHAR(100)
+             (NULL when acceptable); entries trimmed, empty ones skipped.
+Rules:       no control character (header injection); display name without '<'
+             or '>', at most 200 characters; address without white space, at
+             most 254 characters, one '@' between a non-empty local part and
+             domain, none of < > , " ( ) \, domain not starting or ending with
+             '.' nor containing '..'.  Non-ASCII is accepted (SMTPUTF8 needed).
+Example:     SELECT a.Address, a.Problem FROM mailq.ParseAddressList(N'a@x.org; c@') AS a;
 */
 CREATE OR ALTER FUNCTION mailq.ParseAddressList(@List NVARCHAR(MAX))
 RETURNS TABLE
@@ -1011,8 +905,7 @@ SELECT
     p.DisplayName,
     p.Address,
     CASE
-        -- A binary collation: LIKE ranges are code-point ranges and control
-        -- characters are never ignorable, whatever the database's collation.
+        -- Binary collation: LIKE ranges are code points, control characters never ignored.
         WHEN p.Entry COLLATE Latin1_General_100_BIN2 LIKE N'%[' + NCHAR(0) + N'-' + NCHAR(31) + NCHAR(127) + N']%'
             THEN N'contains CR, LF or another control character'
         WHEN p.DisplayName LIKE N'%[<>]%' THEN N'has a malformed display name'
@@ -1050,10 +943,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ParseIDList: the mail IDs named by a procedure's @ID or @IDList.
-Parameters:  @ID BIGINT (one mail) and @IDList NVARCHAR(MAX) (a JSON array of
-             integers); the caller validates them first (mailq.LockLeasedMail).
-Returns:     ID BIGINT, each distinct ID once.
+mailq.ParseIDList: the distinct mail IDs of a procedure's @ID or @IDList (a JSON
+array of integers, validated by the caller: mailq.LockLeasedMail).
+Returns:     ID BIGINT.
 Example:     SELECT l.ID FROM mailq.ParseIDList(NULL, N'[1, 2, 3]') AS l;
 */
 CREATE OR ALTER FUNCTION mailq.ParseIDList(@ID BIGINT, @IDList NVARCHAR(MAX))
@@ -1071,17 +963,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.HookPin: the registered hook as it is now, if it is still the procedure
-that was registered: same object_id, schema, name, owner (dbo) and definition
-(SHA2_256 of OBJECT_DEFINITION = the pinned hash).  No row otherwise.
-mailq.RunApplicationHooks reads it before every call and, in the call's
-transaction, again after it: the same ModifyDate both times means nothing
-altered the hook in between (docs/hooks.md, "The check and the call").
+mailq.HookPin: the registered hook as it is now, if still the procedure that was
+registered (same object_id, schema, name, owner dbo, SHA2_256 of its definition);
+no row otherwise.  RunApplicationHooks reads it before and after every call: the
+same ModifyDate means nothing altered the hook in between (docs/hooks.md).
 Parameters:  @ObjectId INT, @SchemaName SYSNAME, @ProcedureName SYSNAME,
              @DefinitionHash VARBINARY(32): mailq.ApplicationHook's pin
 Result set:  zero or one row: ModifyDate DATETIME (sys.objects.modify_date)
-Security:    the catalog shows a procedure only to whoever may see it: the
-             dispatcher reads it as dbo (EXECUTE AS OWNER).
+Security:    the catalog shows only what the caller may see: read as dbo.
 Example:     SELECT ModifyDate FROM mailq.HookPin(@ObjectId, N'billing', N'OnMailEvent', @Hash);
 */
 CREATE OR ALTER FUNCTION mailq.HookPin(
@@ -1322,26 +1211,18 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.FilterSuppressedRecipients: a mail's recipient lists without the
-addresses suppressed for its account and application (mailq.Suppression),
-as one row (inline: one seek on PK_Suppression per recipient entry).
-Parameters:  @AccountName NVARCHAR(128), @AppName NVARCHAR(128) (NULL: no
-             application), @ToAddress, @CC, @BCC NVARCHAR(MAX) as stored.
-Returns:     one row: SuppressedCount INT (entries removed), EntriesLeft INT,
-             ToAddress, CC, BCC NVARCHAR(MAX) (the lists without them, '; '
-             joined, NULL when a list is left empty), Suppressed NVARCHAR(MAX)
-             (the removed addresses, '; ' joined, NULL when none).
-             A row applies when AppName is N'' (the whole account) or the
-             mail's application, and it has not expired.
-Locking:     HOLDLOCK: inside the caller's transaction the key ranges read
-             stay share-locked to its end, so a suppression of one of these
-             addresses (mailq.ApplySuppressions inserts first, then sweeps the
-             queue) waits for this mail to commit and then finds it, or was
-             committed first and is seen here: a mail never slips between the
-             check and the sweep.  mailq.Suppression is written rarely (bounce
-             reader, unsubscribes, operators); readers never block each other.
+mailq.FilterSuppressedRecipients: a mail's recipient lists without the addresses
+suppressed for its account (AppName N'') or its application and not expired
+(mailq.Suppression); inline, one seek on PK_Suppression per recipient entry.
+Parameters:  @AccountName NVARCHAR(128), @AppName NVARCHAR(128) (NULL: none),
+             @ToAddress, @CC, @BCC NVARCHAR(MAX) as stored.
+Returns:     one row: SuppressedCount INT, EntriesLeft INT, ToAddress, CC, BCC
+             (without them, '; ' joined, NULL when empty), Suppressed NVARCHAR(MAX).
+Locking:     HOLDLOCK: in the caller's transaction the ranges read stay S-locked,
+             so mailq.ApplySuppressions (insert, then sweep the queue) either waits
+             for this mail and finds it, or committed first and is seen here.
 Example:     SELECT f.ToAddress, f.Suppressed
-             FROM mailq.FilterSuppressedRecipients(N'news', NULL, N'a@x.org; b@y.org', NULL, NULL) AS f;
+             FROM mailq.FilterSuppressedRecipients(N'news', NULL, N'a@x.org', NULL, NULL) AS f;
 */
 CREATE OR ALTER FUNCTION mailq.FilterSuppressedRecipients(
     @AccountName NVARCHAR(128),
@@ -1386,26 +1267,13 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a
-table-valued parameter, for applications).  One row per mail; the columns are
-mailq.EnqueueMail's parameters with the same names and types, so that a row
-and a single call with the same values are the same mail (same content hash,
-same validation).  RowNo is the caller's ordinal: errors and results name it.
-NULL in an optional column means EnqueueMail's default.
-A table type cannot be altered: a later change is a new type (or a drop and
-re-create while no procedure references it), in its own revision.
-Callers need EXECUTE on the type (sql/security/MailqEnqueuer.batch.grants.sql).
-Revision 0015 appended RunMode (re-created by that revision's before_files
-hook), revision 0016 appends TemplateName, TemplateVersion, TemplateModel
-(EnqueueMail's new parameters).  A type in use cannot be altered or dropped
-("Cannot drop type ... because it is being referenced"; DROP TYPE
-(Transact-SQL): drop the objects that reference it first), so a type without
-them (revision 0014's or 0015's) is dropped after mailq.EnqueueMailBatch, the one
-module whose parameter uses it, in the migration's transaction; both are
-created again by their files in this revision (the procedure's file follows
-in the build order) and MailqEnqueuer.batch.grants.sql grants both again.
-The downgrade rebuilds revision 0015's type the same way
-(alembic/versions/0016_*.py, after_downgrade).
+mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a TVP).
+One row per mail: mailq.EnqueueMail's parameters with the same names and types,
+so a row and a single call with the same values are the same mail; RowNo is the
+caller's ordinal, named by errors and results; NULL means EnqueueMail's default.
+A type in use cannot be altered or dropped: an older shape (without TemplateModel)
+is dropped with mailq.EnqueueMailBatch, and both are created again.  Callers need
+EXECUTE on it (sql/security/MailqEnqueuer.batch.grants.sql).
 */
 IF TYPE_ID(N'mailq.MailBatchRow') IS NOT NULL
     AND NOT EXISTS (
@@ -1452,16 +1320,15 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailAttachmentList: the attachments of one mail, read from EnqueueMail's
-@Attachments text without ever raising an error (inline).
+mailq.MailAttachmentList: the attachments of one mail from EnqueueMail's
+@Attachments text, never raising an error (inline).
 Parameters:  @Attachments NVARCHAR(MAX): a JSON array; anything else gives no rows
 Returns:     per element: AttachmentNo (from 1), IsObject, FileName, ContentType,
-             ContentBase64, Generator, GeneratorArgs ("Arguments" when an object
-             or array), GeneratorArgsText (when a scalar), Base64Ok (canonical
-             base64: A-Z a-z 0-9 + /, length a multiple of 4, '=' only as 1-2
-             final characters) and Bytes (the decoded size, from the text).
-No error:    OPENJSON only meets text IIF proved to be JSON (else 13609 would fail
-             a whole batch); nothing is decoded here (the core decodes Base64Ok text).
+             ContentBase64, Generator, GeneratorArgs (object or array),
+             GeneratorArgsText (scalar), Base64Ok (canonical base64: A-Z a-z 0-9
+             + /, length a multiple of 4, '=' only as 1-2 final characters), Bytes.
+No error:    OPENJSON only meets text IIF proved to be JSON (13609 would fail a
+             whole batch); nothing is decoded here (the core decodes Base64Ok text).
 Example:     SELECT a.Bytes FROM mailq.MailAttachmentList(N'[{"FileName": "a", "ContentBase64": "YQ=="}]') AS a;
 */
 CREATE OR ALTER FUNCTION mailq.MailAttachmentList(@Attachments NVARCHAR(MAX))
@@ -1492,7 +1359,7 @@ OUTER APPLY OPENJSON (IIF(e.[type] = 5, e.[value], NULL))
         ContentType NVARCHAR(4000) '$.ContentType',
         ContentBase64 NVARCHAR(MAX) '$.ContentBase64',
         Generator NVARCHAR(4000) '$.Generator',
-        -- AS JSON: an object or array value (NULL for a scalar), OPENJSON (Transact-SQL)
+        -- AS JSON: an object or array value (NULL for a scalar)
         GeneratorArgs NVARCHAR(MAX) '$.Arguments' AS JSON,
         GeneratorArgsText NVARCHAR(MAX) '$.Arguments'
     ) AS f
@@ -1504,14 +1371,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailBatchJson: EnqueueMailBatch's @Mails (a JSON array of objects) as rows
-with mailq.MailBatchRow's columns, without ever raising an error (inline).
-Parameters:  @Mails NVARCHAR(MAX); NULL or text that is not JSON gives no rows
+mailq.MailBatchJson: EnqueueMailBatch's @Mails (a JSON array of objects) as rows of
+mailq.MailBatchRow's columns, never raising an error (inline).
+Parameters:  @Mails NVARCHAR(MAX); NULL or not JSON gives no rows
 Returns:     RowNo (position + 1), the fields as MailBatchRow types them, and
              InputField/InputMessage: a field unknown or of the wrong JSON type
-             (rule 50223), else NULL.  Fields are read as text and converted
-             with TRY_CONVERT; Headers, Attachments, TemplateModel may be JSON or
-             a string; times are ISO 8601, an offset converted to UTC, years 2-9998.
+             (rule 50223), else NULL.  Fields are read as text and converted with
+             TRY_CONVERT; Headers, Attachments, TemplateModel may be JSON or a
+             string; times are ISO 8601, an offset converted to UTC.
 Example:     SELECT j.RowNo, j.InputMessage FROM mailq.MailBatchJson(N'[{"Priority": "9"}]') AS j;
 */
 CREATE OR ALTER FUNCTION mailq.MailBatchJson(@Mails NVARCHAR(MAX))
@@ -1584,22 +1451,19 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.EnqueueMailCheck: THE rules of enqueueing one mail, its defaults and its
-idempotency content hash.  Inline: expanded into the one statement of its one
-caller, mailq.EnqueueMailRows, for a single call and for every batch row alike.
+mailq.EnqueueMailCheck: THE rules of enqueueing one mail (docs/enqueue.md), its
+defaults and its idempotency content hash; inline in mailq.EnqueueMailRows, its
+one caller, for a single call and every batch row alike.
 Parameters:  mailq.MailBatchRow's 23 fields in column order (NULL = default);
-             @InputField/@InputMessage (rule 50223 found reading the input); @P
-             N'@' (messages name parameters) or N'' (batch fields); @Now; @User;
-             @PrincipalApp (the caller's mapped application); @AllowUnmapped;
-             @TemplateLatest, @TemplateRetired (mailq.MailTemplate's row, read by the caller).
-Returns:     one row: the values to store, defaults applied; KeyText (the key as
-             its lock names it); Domain (of the Message-ID); ContentHash (SHA-256
-             of the normalized content, the due time as given); and the FIRST
-             broken rule by RuleOrder: ErrorNumber, Field, Message (NULL if valid).
-             The last rule, the suppression list (50600), needs the caller's
-             transaction and key locks: mailq.EnqueueMailRows applies it.
+             @InputField/@InputMessage (rule 50223); @P N'@' (messages name
+             parameters) or N'' (batch fields); @Now; @User; @PrincipalApp;
+             @AllowUnmapped; @TemplateLatest, @TemplateRetired (read by the caller).
+Returns:     one row: the values to store, defaults applied; KeyText; Domain (of the
+             Message-ID); ContentHash (SHA-256 of the normalized content); and the
+             FIRST broken rule by RuleOrder: ErrorNumber, Field, Message (NULL if
+             valid).  The suppression rule (50600) is EnqueueMailRows'.
 Errors:      none raised: JSON functions read only text IIF proved to be JSON.
-Example:     see mailq.EnqueueMailRows; docs/enqueue.md lists every rule.
+Example:     see mailq.EnqueueMailRows.
 */
 CREATE OR ALTER FUNCTION mailq.EnqueueMailCheck(
     @ToAddress NVARCHAR(MAX), @Subject NVARCHAR(MAX), @Body NVARCHAR(MAX), @BodyFormat NVARCHAR(20),
@@ -1861,8 +1725,7 @@ SELECT
     -- A Message-ID is ASCII and fits its column: another domain gets a neutral one.
     IIF(d.Domain COLLATE Latin1_General_100_BIN2 LIKE N'%[^!-~]%' OR LEN(d.Domain) > 200, N'mailq-db.invalid', d.Domain)
         AS Domain,
-    -- The normalized content, headers and attachments re-serialized: neither
-    -- how a default is spelled nor the path (single, JSON, TVP) changes it.
+    -- Normalized: neither a default's spelling nor the path (single, JSON, TVP) changes it.
     HASHBYTES('SHA2_256', (
         SELECT
             @ToAddress AS ToAddress, @CC AS CC, @BCC AS BCC, n.Subject, n.Body, n.BodyFormat,
@@ -1892,12 +1755,8 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.QueueCountsByStatus: how many mails each account has in each status.
-Expected plan shape (checked on 100,000 rows by
-tests/integration/test_mailq_view_plans.py): Index Scan of
-IX_MailQueue_Status (Status, AccountName, VisibleAtUtc), ordered, feeding a
-Stream Aggregate (or a Hash Match aggregate); no Sort over the table, no Key
-Lookup, no access to PK_MailQueue: the count never reads a row that carries
-a body.  Reads only; run under READ_COMMITTED_SNAPSHOT it takes no lock.
+Plan: an ordered scan of IX_MailQueue_Status + aggregate, never PK_MailQueue
+(tests/integration/test_mailq_view_plans.py).
 */
 CREATE OR ALTER VIEW mailq.QueueCountsByStatus
 AS
@@ -1911,17 +1770,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.OldestDueMail: per account, the oldest mail that is due and waiting
-(UnSent, VisibleAtUtc passed), its age in seconds and how many are due.  A
-growing age means the workers fall behind or the account is blocked.
-Expected plan shape (checked on 100,000 rows by
-tests/integration/test_mailq_view_plans.py): Index Seek on
-IX_MailQueue_Status with the seek predicate Status = N'UnSent' (VisibleAtUtc
-<= now as a seek range or residual), Stream Aggregate per AccountName; no
-Key Lookup and no access to PK_MailQueue.  The predicate needs no filtered
-index to match: IX_MailQueue_Status is unfiltered.  The optimizer may as
-well read the claim index (filtered on the claimable statuses, which
-Status = N'UnSent' implies, and covering): as narrow, also accepted.
+mailq.OldestDueMail: per account, the oldest due UnSent mail, its age in seconds
+and how many are due; a growing age means the workers fall behind or the account
+is blocked.  Plan: a seek on IX_MailQueue_Status (or the covering claim index),
+never PK_MailQueue (tests/integration/test_mailq_view_plans.py).
 */
 CREATE OR ALTER VIEW mailq.OldestDueMail
 AS
@@ -1937,16 +1789,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ThroughputPerHour: attempts finished per UTC hour and account over the
-last 48 hours: Sent (Sent and DryRun outcomes) and Failed (Retry, Wait, Stop,
-Abandoned outcomes).
-Expected plan shape (checked on 100,000 rows by
-tests/integration/test_mailq_view_plans.py): Index Seek on
-IX_MailAttempt_EndedAtUtc (range EndedAtUtc >= now - 48 hours), a join to
-PK_MailQueue by ID (Nested Loops with a Clustered Index Seek, or a hash join
-with a scan of the narrow IX_MailQueue_Status when many attempts are
-recent), then an aggregate by hour and account; never a scan of
-mailq.MailAttempt nor of MailQueue's clustered rows.
+mailq.ThroughputPerHour: attempts finished per UTC hour and account over the last
+48 hours: Sent (Sent, DryRun) and Failed (Retry, Wait, Stop, Abandoned).
+Plan: a range seek on IX_MailAttempt_EndedAtUtc, PK_MailQueue by ID; never a scan
+of either table's clustered rows (tests/integration/test_mailq_view_plans.py).
 */
 CREATE OR ALTER VIEW mailq.ThroughputPerHour
 AS
@@ -1972,16 +1818,9 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.RecentFailures: failed attempts of the last 7 days (Retry, Wait, Stop,
-Abandoned), with the mail's current status: what went wrong and whether the
-mail got through later.
-Expected plan shape (checked on 100,000 rows by
-tests/integration/test_mailq_view_plans.py): Index Seek on
-IX_MailAttempt_EndedAtUtc (range EndedAtUtc >= now - 7 days; Outcome is an
-included column, tested as a residual; a Key Lookup fetches ErrorText),
-Nested Loops into a Clustered Index Seek of PK_MailQueue by ID for
-AccountName and Status (or, when many attempts are recent, a hash join with
-a scan of the narrow IX_MailQueue_Status, whose rows carry ID); never a scan
-of mailq.MailAttempt nor of MailQueue's clustered rows.
+Abandoned) with the mail's current status: did it get through later?
+Plan: a range seek on IX_MailAttempt_EndedAtUtc, PK_MailQueue by ID; never a scan
+of either table's clustered rows (tests/integration/test_mailq_view_plans.py).
 */
 CREATE OR ALTER VIEW mailq.RecentFailures
 AS
@@ -2003,10 +1842,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RecipientOutcomes: per-recipient results of mails that were accepted for
-some recipients only (mailq.MailRecipientOutcome), with the mail's account and
-current status: who did not get the mail (Refused: 5xx, final; Deferred: 4xx,
-retried with the mail) and who did (Delivered).
+mailq.RecipientOutcomes: per-recipient results of mails accepted for some
+recipients only, with the mail's account and status: Refused (5xx, final),
+Deferred (4xx, retried with the mail), Delivered.
 */
 CREATE OR ALTER VIEW mailq.RecipientOutcomes
 AS
@@ -2026,26 +1864,21 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.LockLeasedMail: the fence of every acknowledgement (internal: called by
-ExtendLease, ReleaseMail, MarkSent and MarkFailed inside their transaction;
-granted to no role).  Locks the named mails WITH (UPDLOCK, ROWLOCK) until the
-caller's transaction ends and raises unless every one exists, is Sending and
-holds @LockToken: a worker whose lease was reclaimed changes nothing.
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000
-             integers): exactly one; @LockToken UNIQUEIDENTIFIER, required;
-             @AcceptSentByToken BIT, default 0: 1 also accepts a mail already
-             Sent under @LockToken (a repeated MarkSent).
+mailq.LockLeasedMail: the fence of every acknowledgement (internal: ExtendLease,
+ReleaseMail, MarkSent and MarkFailed call it in their transaction).  Locks the mails
+WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises unless each
+exists, is Sending and holds @LockToken: a reclaimed worker changes nothing.
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @AcceptSentByToken BIT = 0: 1
+             also accepts a mail already Sent under @LockToken (a repeated MarkSent)
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
              50137 @IDList malformed; 50138 no open transaction; 50201 unknown
              mail; 50202 leased under another token; 50203 not Sending.
-Transaction: runs inside the caller's only; an error dooms it (XACT_ABORT ON)
-             and is re-raised unchanged.
-Isolation:   sets READ COMMITTED: UPDLOCK reads the latest committed row, and
-             the MailAttempt read says READCOMMITTEDLOCK (never a version).
-Lock order:  mailq.MailQueue (clustered rows, in the order the plan reads the
-             list, not sorted: overlapping lists under two tokens can deadlock,
-             1205), then mailq.MailAttempt.
+Transaction: the caller's only; an error dooms it (XACT_ABORT ON) and is re-raised.
+Isolation:   READ COMMITTED, set here; the MailAttempt read is READCOMMITTEDLOCK.
+Lock order:  mailq.MailQueue rows in the plan's order (overlapping lists under two
+             tokens can deadlock, 1205), then mailq.MailAttempt.
 Example:     EXEC mailq.LockLeasedMail @IDList = N'[1,2]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
@@ -2065,9 +1898,8 @@ BEGIN
         THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
     IF (@ID IS NULL AND @IDList IS NULL) OR (@ID IS NOT NULL AND @IDList IS NOT NULL)
         THROW 50136, N'Give exactly one of @ID (one mail) or @IDList (a JSON array of mail IDs).', 1;
-    -- ISJSON and OPENJSON in separate statements: an OR does not evaluate its
-    -- operands in a guaranteed order, so OPENJSON could meet text that is not
-    -- JSON and raise error 13609 instead of our 50137.
+    -- Separate statements: OR has no guaranteed order, so OPENJSON could meet
+    -- non-JSON and raise 13609 instead of 50137.
     DECLARE @IDListOk BIT = 1;
     IF @IDList IS NOT NULL
     BEGIN
@@ -2091,12 +1923,9 @@ BEGIN
         ThreadLock UNIQUEIDENTIFIER NULL
     );
 
-    -- UPDLOCK, ROWLOCK: hold the rows until the caller commits, so the fence
-    -- checked here still holds when the caller updates them.  No READPAST:
-    -- these rows must be seen, and only a reclaiming worker could hold them.
-    -- FORCESEEK: one seek per ID.  OPENJSON is estimated at 50 rows, so on a
-    -- small queue the optimizer may scan; a scan would U-lock, and keep, every
-    -- row it reads, and two workers acknowledging at once would deadlock.
+    -- UPDLOCK, ROWLOCK: the fence holds until the caller commits.  No READPAST:
+    -- these rows must be seen.  FORCESEEK: OPENJSON's 50-row estimate may pick a
+    -- scan, which would keep a U lock on every row read (deadlocks).
     INSERT INTO @Held (ID, Status, ThreadLock)
     SELECT l.ID, q.Status, q.ThreadLock
     FROM mailq.ParseIDList(@ID, @IDList) AS l
@@ -2119,8 +1948,7 @@ BEGIN
             AND h.Status = N'Sent'
             AND EXISTS (
                 SELECT 1
-                -- READCOMMITTEDLOCK: the attempt row as committed now, never a
-                -- version (the mail row's U lock above orders its writers).
+                -- READCOMMITTEDLOCK: the committed row, never a version.
                 FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
                 WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
             )
@@ -3260,19 +3088,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ReleaseMail: gives back mails a worker holds but has not sent (e.g. on
-shutdown): UnSent and due now, the attempt refunded, the attempt row closed
-as Released.  Fenced by the lock token, all or nothing.  The rate budget the
-claim took is not refunded (limits stay conservative).
+mailq.ReleaseMail: gives back leased mails not sent (e.g. on shutdown): UnSent and
+due now, the attempt refunded and closed as Released; fenced by the lock token,
+all or nothing.  The rate budget taken is not refunded.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, required.
 Result set:  one row per mail: ID, Status ('UnSent'), NextAttemptUtc.
 Errors:      50131, 50136, 50137, 50201, 50202, 50203 (see mailq.LockLeasedMail).
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
-             then mailq.MailEvent (insert).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via LockLeasedMail), mailq.MailAttempt, mailq.MailEvent.
 Example:     EXEC mailq.ReleaseMail @IDList = N'[103,104]', @LockToken = @T;
 */
 CREATE OR ALTER PROCEDURE mailq.ReleaseMail
@@ -3287,11 +3112,9 @@ BEGIN
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL, AppName NVARCHAR(128) NULL);
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
 
         UPDATE q
@@ -3316,12 +3139,9 @@ BEGIN
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT r.ID, r.AppName, N'Released', N'UnSent', r.AttemptNo, NULL, NULL, @Now
         FROM @Released AS r;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -3337,24 +3157,18 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MarkSent: records mails as sent; fenced by the lock token and all or
-nothing, so one call acknowledges every mail sent on one SMTP connection.
-Repeatable: a mail this token already marked Sent is accepted again, unchanged.
-A mail claimed with DryRun = 1 (its application is in dry-run) is recorded as
-DryRun whatever @DryRun says (status Sent, event 'DryRun'; the event's Detail
-notes a worker that reported a real send).
-Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000 IDs):
-             exactly one; @LockToken UNIQUEIDENTIFIER, required; @SmtpCode INT
-             200-599 and @SmtpText NVARCHAR(4000), optional; @DryRun BIT,
-             default 0 (the worker sent nothing).
+mailq.MarkSent: records mails as sent; fenced by the lock token and all or nothing
+(one call for every mail of one SMTP connection).  Repeatable: a mail this token
+already marked Sent is accepted again, unchanged.  A mail claimed with DryRun = 1
+is recorded as DryRun whatever @DryRun says (status Sent, event 'DryRun').
+Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly one;
+             @LockToken UNIQUEIDENTIFIER, required; @SmtpCode INT 200-599,
+             @SmtpText NVARCHAR(4000); @DryRun BIT = 0 (the worker sent nothing)
 Result set:  one row per mail: ID, Status ('Sent'), NextAttemptUtc (NULL).
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail);
-             50147 @SmtpCode out of range.  On any error nothing is written.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
-             then mailq.MailEvent (insert).
+Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50147 @SmtpCode.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (via LockLeasedMail), mailq.MailAttempt, mailq.MailEvent.
 Example:     EXEC mailq.MarkSent @IDList = N'[101,102]', @LockToken = @T, @SmtpCode = 250;
 */
 CREATE OR ALTER PROCEDURE mailq.MarkSent
@@ -3386,11 +3200,9 @@ BEGIN
         Enforced BIT NOT NULL  -- claimed as dry-run, acknowledged as a real send
     );
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail
             @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
 
@@ -3400,8 +3212,7 @@ BEGIN
             q.ThreadLock = NULL,
             q.SentAtUtc = @Now,
             q.DateProcessed = @Now,
-            -- The claim's stamp wins: a dry-run
-            -- application's mail stays DryRun.
+            -- The claim's stamp wins: a dry-run application's mail stays DryRun.
             q.DryRun = IIF(@DryRun = 1 OR q.DryRun = 1, CAST(1 AS BIT), CAST(0 AS BIT)),
             q.LastError = NULL
         OUTPUT
@@ -3424,9 +3235,7 @@ BEGIN
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
 
-        -- One Sent (or DryRun) event per mail changed, in this transaction
-        -- (docs/events.md).  A repeated acknowledgement changes no row above
-        -- and so writes no second event.
+        -- One event per mail changed (docs/events.md); a repeat changes no row, writes none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
             a.ID, a.AppName, IIF(a.DryRun = 1, N'DryRun', N'Sent'), N'Sent', a.AttemptNo, @SmtpCode,
@@ -3441,12 +3250,9 @@ BEGIN
             ),
             @Now
         FROM @Acked AS a;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -3464,25 +3270,20 @@ GO
 /*
 mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
 nothing.  @Disposition (docs/smtp-classification.md):
-  Retry  transient: the attempt is spent; UnSent again after
-         @RetryAfterSeconds, or 30 s * 2^(attempt-1) (at most 1 hour) times a
-         random 0.8-1.2; Failed when no attempt is left.
-  Wait   the account is throttled: the attempt is refunded, UnSent again after
-         @RetryAfterSeconds (default 60), the account blocked until then.
+  Retry  the attempt is spent; UnSent again after @RetryAfterSeconds, or 30 s *
+         2^(attempt-1) (at most 1 hour) times 0.8-1.2; Failed when none is left.
+  Wait   throttled: the attempt is refunded, UnSent again after @RetryAfterSeconds
+         (default 60), the account blocked until then.
   Stop   permanent: Failed at once.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, @Disposition NVARCHAR(8), @Error
-             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800 and
-             @SmtpCode INT 200-599, optional.
+             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800, @SmtpCode INT 200-599
 Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc.
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail);
-             50133 @Disposition; 50134 @RetryAfterSeconds; 50139 @Error
-             missing; 50147 @SmtpCode.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
-             then mailq.MailEvent (insert), then mailq.SendingAccount (Wait only).
+Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50133
+             @Disposition; 50134 @RetryAfterSeconds; 50139 @Error; 50147 @SmtpCode.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (LockLeasedMail), MailAttempt, MailEvent, SendingAccount (Wait).
 Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
                  @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
 */
@@ -3529,11 +3330,9 @@ BEGIN
         NextAttemptUtc DATETIME2(3) NULL
     );
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
 
         WITH Outcome AS (
@@ -3603,8 +3402,7 @@ BEGIN
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
 
-        -- One event per mail, in this transaction (docs/events.md): Wait ->
-        -- AccountWaiting; UnSent again -> RetryScheduled; else Failed.
+        -- One event per mail (docs/events.md): AccountWaiting, RetryScheduled or Failed.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
             a.ID,
@@ -3628,12 +3426,9 @@ BEGIN
                 s.BlockReason = @Error
             FROM mailq.SendingAccount AS s
             WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -3708,20 +3503,16 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.RequeueMail: puts a Failed, Cancelled, Expired or Stopped mail back in the
-queue (UnSent) with a fresh set of attempts; PossibleDuplicate and the
-attempt history are kept.  An expiry time that is not after the new due time
-is cleared (the mail would otherwise expire at once).
-Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20, default 5;
-             @DateToProcess DATETIME2(3) UTC, default now.
+queue (UnSent) with fresh attempts; PossibleDuplicate and the attempt history are
+kept.  An expiry not after the new due time is cleared.
+Parameters:  @ID BIGINT, required; @MaxAttempts INT 1-20 = 5; @DateToProcess UTC = now
 Result set:  one row: ID, Status ('UnSent'), NextAttemptUtc.
-Errors:      50136 @ID missing; 50119 @MaxAttempts out of range; 50201 unknown mail; 50205 the mail
-             is not Failed, Cancelled, Expired or Stopped; 50600 every recipient is suppressed (others: left out).
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself (UPDLOCK check-then-update; a level set
-             in a procedure reverts when it returns).
-Lock order:  mailq.Suppression (key ranges, held: docs/bounces.md), mailq.MailQueue (clustered
-             row first, as PurgeMail), then mailq.MailEvent (insert).
+Errors:      50136 @ID missing; 50119 @MaxAttempts out of range; 50201 unknown mail; 50205 not
+             Failed, Cancelled, Expired or Stopped; 50600 every recipient is suppressed (others: left out).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK check-then-update).
+Lock order:  mailq.Suppression (key ranges, held: docs/bounces.md), mailq.MailQueue (the
+             clustered row), then mailq.MailEvent (insert).
 Example:     EXEC mailq.RequeueMail @ID = 101, @MaxAttempts = 3;
 */
 CREATE OR ALTER PROCEDURE mailq.RequeueMail
@@ -3746,7 +3537,6 @@ BEGIN
 
     DECLARE @Status NVARCHAR(16), @To NVARCHAR(MAX), @CC NVARCHAR(MAX), @BCC NVARCHAR(MAX), @Left INT,
         @Suppressed NVARCHAR(MAX);
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -3809,8 +3599,6 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -3824,34 +3612,22 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.PurgeMail: deletes finished mail (Sent, Failed, Cancelled, Expired,
-Stopped) whose DateProcessed is older than @OlderThanDays days, with its
-attempts, attachments, recipient outcomes, events and Database Mail item
-(mailq.DbMailItem, by its ON DELETE CASCADE), in batches of
-@BatchSize mails, one short transaction per batch.  Rows others hold are
-skipped (READPAST) and left to the next purge.  Every statement touches at
-most 1,000 rows per index, by forced seeks, far below lock escalation's
-5,000 (docs/guarantees.md, "Lock order").
-Parameters:  @OlderThanDays INT 0-36500 (100 years), required;
-             @BatchSize INT 1-1000, default 500.
-Result set:  one row: PurgedCount BIGINT.
-Errors:      50135 @OlderThanDays missing or negative; 50163 @OlderThanDays
-             over 36500 (the cutoff date would underflow, error 517);
-             50140 @BatchSize out of range; 50141 called inside a transaction.
-Transaction: must not be called inside one (50141): each batch commits on its
-             own, also for a session in implicit transaction mode (turned off
-             inside); an error rolls back the batch under way (earlier
-             batches stay purged) and is re-raised.
-Isolation:   sets READ COMMITTED itself: READPAST needs READ COMMITTED or
-             REPEATABLE READ (error 650 otherwise), and REPEATABLE READ would
-             keep every shared lock the candidate read takes; that read says
-             READCOMMITTEDLOCK so that under READ_COMMITTED_SNAPSHOT it sees
-             locks and READPAST can skip them.
-Lock order:  mailq.MailQueue clustered rows (U; candidates are found on
-             IX_MailQueue_Final without keeping a lock there), then
-             mailq.MailAttempt, mailq.MailAttachment, mailq.MailRecipientOutcome,
-             mailq.MailEvent, then the MailQueue rows' deletion (and, by
-             cascade, their mailq.DbMailItem rows).
+mailq.PurgeMail: deletes final mail (Sent, Failed, Cancelled, Expired, Stopped)
+processed more than @OlderThanDays days ago, with its attempts, attachments,
+recipient outcomes, events and mailq.DbMailItem (cascade), @BatchSize mails per
+transaction; rows others hold are skipped (READPAST).  At most 1,000 rows per
+statement and index, by forced seeks (docs/dba-guide.md).
+Parameters:  @OlderThanDays INT 0-36500, required; @BatchSize INT 1-1000 = 500
+Result set:  one row: PurgedCount BIGINT
+Errors:      50135 @OlderThanDays missing or negative; 50163 over 36500 (the cutoff
+             would underflow, 517); 50140 @BatchSize out of range; 50141 in a transaction
+Transaction: refuses one (50141); each batch commits on its own, also in implicit
+             transaction mode (turned off inside); an error rolls back the batch
+             under way (earlier batches stay purged) and is re-raised
+Isolation:   READ COMMITTED (READPAST needs READ COMMITTED or REPEATABLE READ, which
+             would keep every S lock); candidates read READCOMMITTEDLOCK
+Lock order:  mailq.MailQueue rows (U), MailAttempt, MailAttachment,
+             MailRecipientOutcome, MailEvent, then the MailQueue rows' deletion
 Example:     EXEC mailq.PurgeMail @OlderThanDays = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.PurgeMail
@@ -3860,10 +3636,7 @@ CREATE OR ALTER PROCEDURE mailq.PurgeMail
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- Each BEGIN TRANSACTION below must be a real one: under the caller's
-    -- IMPLICIT_TRANSACTIONS ON (pyodbc and JDBC with autocommit off) it would
-    -- nest in an implicit transaction and the whole purge would be one.  Set
-    -- before any statement that could open one; restored on return.
+    -- Each BEGIN TRANSACTION must be a real one, not nested in an implicit one.
     SET IMPLICIT_TRANSACTIONS OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
@@ -3901,13 +3674,9 @@ BEGIN
         DELETE FROM @Batch;
         BEGIN TRY
             BEGIN TRANSACTION;
-
-            -- 1. Candidates: a range seek on IX_MailQueue_Final (covering),
-            --    oldest first.  INDEX + FORCESEEK: that seek or an error, never
-            --    a scan of the history kept (the filter's literals repeat).
-            --    READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by
-            --    row, rows others hold are skipped; nothing on the index stays
-            --    locked while the rows below are taken.
+            -- 1. Candidates: covering range seek on IX_MailQueue_Final, oldest first, never
+            --    a scan.  READCOMMITTEDLOCK, READPAST, ROWLOCK: S locks released row by row,
+            --    rows others hold skipped.
             INSERT INTO @Candidate (ID)
             SELECT TOP (@BatchSize) q.ID
             FROM mailq.MailQueue AS q WITH (
@@ -3924,10 +3693,8 @@ BEGIN
                 BREAK;
             END;
 
-            -- 2. Lock the batch on the clustered index (the first lock every
-            --    procedure takes on a mail) and re-check: a candidate may have
-            --    been requeued in between.  FORCESEEK on the primary key keeps
-            --    the plan off IX_MailQueue_Final.
+            -- 2. Lock the batch on the clustered index and re-check (a candidate may have
+            --    been requeued); FORCESEEK keeps the plan off IX_MailQueue_Final.
             INSERT INTO @Batch (ID)
             SELECT q.ID
             FROM @Candidate AS c
@@ -3937,19 +3704,15 @@ BEGIN
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff;
 
-            -- Every candidate was taken or changed meanwhile: stop here rather
-            -- than spin; the next purge picks them up.
+            -- All taken or changed meanwhile: stop rather than spin.
             IF NOT EXISTS (SELECT 1 FROM @Batch)
             BEGIN
                 COMMIT TRANSACTION;
                 BREAK;
             END;
 
-            -- 3. Children, 1000 rows per statement, attempts before attachments.
-            --    FORCESEEK: one seek per purged mail on the child's clustered
-            --    key (MailID first), never a scan, which would lock its way
-            --    through the rows of live mail (no READPAST here) and wait on
-            --    the workers holding them.
+            -- 3. Children, 1000 rows per statement.  FORCESEEK: a seek per mail, never a
+            --    scan that would wait on the rows of live mail.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
@@ -3968,10 +3731,8 @@ BEGIN
                 SET @Deleted = @@ROWCOUNT;
             END;
 
-            -- Recipient outcomes (up to 100 per mail) here too, not through the
-            -- ON DELETE CASCADE of the parent delete: that one statement would
-            -- lock up to 100 x @BatchSize rows of mailq.MailRecipientOutcome
-            -- and escalate to a table lock past 5,000.
+            -- Outcomes here, not by the parent's ON DELETE CASCADE: that one statement
+            -- would lock up to 100 x @BatchSize rows and escalate past 5,000.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
@@ -3981,11 +3742,7 @@ BEGIN
                 SET @Deleted = @@ROWCOUNT;
             END;
 
-            -- Events (about five per mail, more with retries): 1000 rows per
-            -- statement, a seek per mail on IX_MailEvent_MailID, never a scan
-            -- of the event history.  Nobody else changes a purged mail's
-            -- events (they are only inserted, with a change of the mail,
-            -- whose row this batch holds).
+            -- Events: a seek per mail on IX_MailEvent_MailID, 1000 rows per statement.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
@@ -4015,33 +3772,26 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UpsertSendingAccount: creates a sending account, or changes only the
-settings it is given (and creates the account's rate budget row).  SMTP host
-and credentials are not stored: the worker's configuration maps the name to them.
+mailq.UpsertSendingAccount: creates a sending account (and its rate budget row)
+or changes only the settings it is given (SMTP settings live in the worker's config).
 Parameters:  @AccountName NVARCHAR(128), required
-             @DefaultFromAddress NVARCHAR(320): one bare address; required to
-                        create the account
+             @DefaultFromAddress NVARCHAR(320): one bare address; required to create
              @DefaultFromName NVARCHAR(200); @PerMinuteLimit, @PerHourLimit,
-                        @PerDayLimit INT > 0; @MinLoginIntervalMs INT 1-86,400,000
-                        (mailq.AcquireLoginSlot)
+             @PerDayLimit INT > 0; @MinLoginIntervalMs INT 1-86,400,000
              @IsDefault BIT: 1 = the account EnqueueMail uses without @AccountName
-                        (the previous default stops being it); 0 = not the default
-                        any more (EnqueueMail without @AccountName: 50114)
-             NULL keeps what is stored (a new account: no name, limit, interval;
-             not the default); @Clear NVARCHAR(4000) removes settings, a comma-
-             separated list of DefaultFromName, PerMinuteLimit, PerHourLimit,
-             PerDayLimit, MinLoginIntervalMs.
+             (replaces the previous one); 0 = no longer the default
+             NULL keeps what is stored; @Clear NVARCHAR(4000): comma-separated
+             settings to remove (DefaultFromName, PerMinuteLimit, PerHourLimit,
+             PerDayLimit, MinLoginIntervalMs)
 Result set:  none.
 Errors:      50142 @AccountName missing; 50103 a value over its size; 50105 CR/LF
              in @DefaultFromName; 50102 @DefaultFromAddress invalid; 50143 a limit
              not positive; 50122 @MinLoginIntervalMs out of range; 50503 a new
              account without @DefaultFromAddress; 50504 @Clear names another
              setting, or one also given a value.  Nothing is written.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's transaction (XACT_ABORT ON).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED and the SET options of filtered-index DML, set here.
-Lock order:  mailq.SendingAccount (the row, then the previous default), then
-             mailq.RateBudget (only a new account's row).
+Lock order:  mailq.SendingAccount (row, then previous default), mailq.RateBudget.
 Example:     EXEC mailq.UpsertSendingAccount @AccountName = N'qq', @PerMinuteLimit = 30;
 */
 CREATE OR ALTER PROCEDURE mailq.UpsertSendingAccount
@@ -4119,9 +3869,7 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers
-        -- (a small admin table: its key-range lock costs nothing).
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race (a small admin table).
         DECLARE @Exists BIT = IIF(EXISTS (
             SELECT 1 FROM mailq.SendingAccount AS a WITH (UPDLOCK, HOLDLOCK) WHERE a.AccountName = @AccountName
         ), 1, 0);
@@ -4133,8 +3881,7 @@ BEGIN
             THROW 50503, @Msg, 1;
         END;
 
-        -- One default at most (UX_SendingAccount_IsDefault): the previous one
-        -- stops being it first, and only when this call asks for it.
+        -- One default at most: the previous one stops being it first.
         IF @IsDefault = 1
             UPDATE a
             SET a.IsDefault = 0
@@ -4174,12 +3921,9 @@ BEGIN
 
         IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
             INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4188,23 +3932,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UnblockSendingAccount: clears an account's BlockedUntilUtc (set by
-MarkFailed @Disposition = 'Wait'), e.g. once the provider lifted a lock early,
-and makes the mails that a Wait deferred visible now: UnSent mails of the
-account whose last attempt ended with Outcome 'Wait' and whose VisibleAtUtc
-is still in the future get VisibleAtUtc = now (never earlier than their own
-DateToProcess).  Mails scheduled for later by their sender, or deferred by a
-Retry backoff, keep their time.
+mailq.UnblockSendingAccount: clears an account's BlockedUntilUtc (set by MarkFailed
+'Wait') and makes the mails a Wait deferred visible now (never before their own
+DateToProcess); mail scheduled later or in Retry backoff keeps its time.
 Parameters:  @AccountName NVARCHAR(128), required.
 Result set:  one row: AccountName, MadeVisibleCount INT.
 Errors:      50142 @AccountName missing; 50114 unknown account.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself; the attempt read says READCOMMITTEDLOCK
-             (under READ_COMMITTED_SNAPSHOT it must see a MarkFailed in flight).
-Lock order:  mailq.MailQueue (the deferred mails), reading mailq.MailAttempt,
-             then mailq.SendingAccount: the order MarkFailed keeps, so an
-             unblock and a Wait never deadlock.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here; the attempt read is READCOMMITTEDLOCK.
+Lock order:  mailq.MailQueue, reading mailq.MailAttempt, then mailq.SendingAccount
+             (MarkFailed's order: an unblock and a Wait never deadlock).
 Example:     EXEC mailq.UnblockSendingAccount @AccountName = N'qq';
 */
 CREATE OR ALTER PROCEDURE mailq.UnblockSendingAccount
@@ -4228,7 +3965,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- ROWLOCK: row grain on the account's deferred mails only.
         UPDATE q
         SET q.VisibleAtUtc = IIF(q.DateToProcess > @Now, q.DateToProcess, @Now)
@@ -4250,12 +3986,9 @@ BEGIN
             a.BlockReason = NULL
         FROM mailq.SendingAccount AS a
         WHERE a.AccountName = @AccountName;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4357,26 +4090,17 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UpsertApplication: registers an application name that mails may carry
-(@AppName of EnqueueMail) and isolated workers may claim by, or changes its
-description.  A new application is bound to nothing: before it can enqueue,
-an administrator binds it to its sending accounts and From addresses or
-domains (mailq.BindApplication; EnqueueMail refuses with 50160/50161).
-Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400), optional;
-             @DryRun BIT, optional (revision 0015): 1 = the application's mails
-             go the whole path (claim, lease, acknowledgement) and are
-             recorded as DryRun, reaching no server; 0 = they are sent; NULL
-             (default) = unchanged (0 for a new application).  Takes effect
-             at the next claim of each mail (the claim stamps it; a mail
-             already leased keeps what its claim said).
+mailq.UpsertApplication: registers an application name that mails may carry and
+isolated workers may claim by, or changes it.  A new application is bound to
+nothing: mailq.BindApplication first, else EnqueueMail refuses (50160/50161).
+Parameters:  @AppName NVARCHAR(128), required; @Description NVARCHAR(400)
+             @DryRun BIT: 1 = its mails go the whole path but are recorded as
+             DryRun, reaching no server; 0 = sent; NULL = unchanged (0 when new);
+             takes effect at each mail's next claim
 Result set:  none.
 Errors:      50145 @AppName missing; 50103 a value over its size.
-Transaction: opens its own if none is open, else works inside the caller's
-             (no savepoint: SAVE TRANSACTION fails under MSDTC, error 627).  Any
-             error is re-raised unchanged; XACT_ABORT ON dooms (XACT_STATE() = -1)
-             or rolls back the caller's transaction, so the caller must roll back.
-Isolation:   sets READ COMMITTED itself (UPDLOCK, HOLDLOCK insert-if-absent on a
-             small admin table).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK, HOLDLOCK insert-if-absent).
 Lock order:  mailq.Application only.
 Example:     EXEC mailq.UpsertApplication @AppName = N'billing', @Description = N'Invoices';
 */
@@ -4394,11 +4118,9 @@ BEGIN
     IF LEN(@AppName) > 128 OR LEN(@Description) > 400
         THROW 50103, N'@AppName (128) or @Description (400) is over its size.', 1;
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two callers.
         IF EXISTS (SELECT 1 FROM mailq.Application AS p WITH (UPDLOCK, HOLDLOCK) WHERE p.AppName = @AppName)
             UPDATE p
@@ -4410,12 +4132,9 @@ BEGIN
         ELSE
             INSERT INTO mailq.Application (AppName, Description, DryRun)
             VALUES (@AppName, @Description, COALESCE(@DryRun, CAST(0 AS BIT)));
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4537,24 +4256,17 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UnbindApplication: withdraws what mailq.BindApplication allowed.  Mail
-already queued is not touched; only later EnqueueMail calls are refused.
-Unbinding what is not bound changes nothing.
-Parameters:  @AppName NVARCHAR(128), required
-             @AccountName NVARCHAR(128), optional: the account to withdraw
-             @FromAddress NVARCHAR(320), optional: the address or '@domain' to
-                        withdraw (compared case-insensitively)
-             @PrincipalName sysname, optional: the database user to unmap
-                        (only if it is mapped to @AppName)
-             At least one of @AccountName, @FromAddress and @PrincipalName.
+mailq.UnbindApplication: withdraws what mailq.BindApplication allowed; queued mail
+is not touched, later enqueues are refused.  Unbinding what is not bound is a no-op.
+Parameters:  @AppName NVARCHAR(128), required; at least one of:
+             @AccountName NVARCHAR(128): the account to withdraw
+             @FromAddress NVARCHAR(320): the address or '@domain' (case-insensitive)
+             @PrincipalName sysname: the database user to unmap (if mapped to @AppName)
 Result set:  none.
-Errors:      50145 @AppName missing; 50164 none of @AccountName, @FromAddress,
-             @PrincipalName.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED itself.
-Lock order:  mailq.ApplicationAccount, then mailq.ApplicationFrom, then
-             mailq.ApplicationPrincipal.
+Errors:      50145 @AppName missing; 50164 none of the three.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here.
+Lock order:  mailq.ApplicationAccount, mailq.ApplicationFrom, mailq.ApplicationPrincipal.
 Example:     EXEC mailq.UnbindApplication @AppName = N'billing', @AccountName = N'qq';
 */
 CREATE OR ALTER PROCEDURE mailq.UnbindApplication
@@ -4576,7 +4288,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         IF @AccountName IS NOT NULL
             DELETE b
             FROM mailq.ApplicationAccount AS b
@@ -4591,12 +4302,9 @@ BEGIN
             DELETE u
             FROM mailq.ApplicationPrincipal AS u
             WHERE u.AppName = @AppName AND u.PrincipalName = @PrincipalName;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4605,19 +4313,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SetEnqueuePolicy: decides whether a database user that no application
-binding covers (no mailq.ApplicationPrincipal row) may enqueue.  For db_owner
-and MailqAdmin only: the procedure checks the caller itself, so a broader
-grant (EXECUTE ON SCHEMA::mailq) does not open it.
+mailq.SetEnqueuePolicy: whether a database user no application binding covers
+(no mailq.ApplicationPrincipal row) may enqueue.  db_owner and MailqAdmin only: the
+procedure checks the caller itself, whatever EXECUTE was granted.
 Parameters:  @AllowUnmappedEnqueuers BIT, required: 0 = refuse such a user with
              50500 (a new installation's setting); 1 = the documented opt-in:
-             such a user enqueues unbound, through any account as any From
-             address (EnqueueMail, EnqueueMailBatch and SendDbMail alike).
+             such a user enqueues unbound, through any account as any From address.
 Result set:  none.
 Errors:      50501 @AllowUnmappedEnqueuers NULL; 50502 the caller is neither a
              member of db_owner nor of MailqAdmin.  Nothing is written.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's transaction (XACT_ABORT ON).
+Transaction: its own or the caller's; an error dooms the caller's (XACT_ABORT ON).
 Isolation:   READ COMMITTED, set here.
 Lock order:  mailq.EnqueuePolicy only (one row).
 Example:     EXEC mailq.SetEnqueuePolicy @AllowUnmappedEnqueuers = 0;
@@ -4638,7 +4343,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         UPDATE p
         SET
             p.AllowUnmappedEnqueuers = @AllowUnmappedEnqueuers,
@@ -4649,12 +4353,9 @@ BEGIN
         IF @@ROWCOUNT = 0
             INSERT INTO mailq.EnqueuePolicy (PolicyId, AllowUnmappedEnqueuers, ChangedBy)
             VALUES (1, @AllowUnmappedEnqueuers, LEFT(ORIGINAL_LOGIN(), 128));
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -4730,29 +4431,20 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetQueueStats: the queue's health in one call (for `mailq-db stats`),
-from forced seeks bounded by the mail still queued or by a time window, never
-by the history kept (docs/guarantees.md, "Storage and reporting").
-Parameters:  @RecentFailures INT 1-1000, default 20: rows of result set 4;
-             @FinishedHours  INT 1-168, default 24: the window of result set 3.
-Result sets: 1. Status, AccountName, MailCount: mail queued now (UnSent,
-                Sending); seek on IX_MailQueue_Status, two status ranges
-             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount: due
-                UnSent mail per account; seek on IX_MailQueue_Status
-             3. HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped:
-                mail finished per UTC hour over the last @FinishedHours hours
-                (by DateProcessed); range seek on IX_MailQueue_Final (covering),
-                compiled for the window (memory grant of its rows, not the history's)
-             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode,
-                LastError, DateProcessed: the newest failed attempts of the last
-                7 days; backward seek on IX_MailAttempt_EndedAtUtc, then
-                PK_MailQueue by ID
-Errors:      50146 @RecentFailures out of range; 50520 @FinishedHours out of
-             range.
-Transaction: reads only; opens none and leaves the caller's untouched.
-Isolation:   sets READ COMMITTED itself (no range or shared locks kept for a
-             SERIALIZABLE or REPEATABLE READ caller); under
-             READ_COMMITTED_SNAPSHOT each statement reads a snapshot.
+mailq.GetQueueStats: the queue's health in one call (`mailq-db stats`), by forced
+seeks bounded by queued mail or a time window, never by the history kept.
+Parameters:  @RecentFailures INT 1-1000 = 20: rows of result set 4;
+             @FinishedHours  INT 1-168 = 24: the window of result set 3.
+Result sets: 1. Status, AccountName, MailCount: mail queued now (UnSent, Sending)
+             2. AccountName, OldestDueUtc, OldestDueAgeSeconds, DueCount: due UnSent
+                mail per account
+             3. HourUtc, AccountName, Sent, Failed, Expired, Cancelled, Stopped: mail
+                finished per UTC hour over the last @FinishedHours hours
+             4. ID, AttemptNo, AccountName, Status, Outcome, SmtpCode, LastError,
+                DateProcessed: the newest failed attempts of the last 7 days
+Errors:      50146 @RecentFailures out of range; 50520 @FinishedHours out of range.
+Transaction: reads only; opens none.
+Isolation:   READ COMMITTED, set here (no locks kept for a SERIALIZABLE caller).
 Lock order:  none (shared locks released row by row, or none under RCSI).
 Example:     EXEC mailq.GetQueueStats @RecentFailures = 10, @FinishedHours = 24;
 */
@@ -4785,9 +4477,6 @@ BEGIN
     );
     DECLARE @FailuresSince DATETIME2(3) = DATEADD(DAY, -7, @Now);
 
-    -- Every read below is a forced seek on a narrow index whose range holds
-    -- only queued mail or one time window: the cost never grows with the
-    -- finished mail kept until mailq.PurgeMail removes it.
     SELECT
         q.Status,
         q.AccountName,
@@ -4807,13 +4496,9 @@ BEGIN
     GROUP BY q.AccountName
     ORDER BY OldestDueAgeSeconds DESC;
 
-    -- IX_MailQueue_Final is filtered on the final statuses: the predicate
-    -- repeats them as literals so the filtered index always matches.
-    -- RECOMPILE: the hour grouping needs a hash or sort whose memory grant
-    -- follows the estimate; for the local @FinishedSince it would be a fixed
-    -- 30% of all finished mail kept (a grant sized for the history), with
-    -- the value known it is the window's rows.  Called rarely: the compile
-    -- costs nothing that matters.
+    -- The final statuses as literals, so the filtered IX_MailQueue_Final matches.
+    -- RECOMPILE: the hash or sort grant follows the window's rows, not a fixed 30%
+    -- of the history (local variable estimate).
     SELECT
         DATEADD(HOUR, DATEDIFF(HOUR, '20000101', q.DateProcessed), CAST('20000101' AS DATETIME2(0))) AS HourUtc,
         q.AccountName,
@@ -4832,9 +4517,7 @@ BEGIN
     ORDER BY HourUtc DESC, q.AccountName ASC
     OPTION (RECOMPILE);
 
-    -- Newest first, stopped after @RecentFailures rows: a backward range
-    -- seek on EndedAtUtc (Outcome is an included column), a key lookup for
-    -- ErrorText of the rows kept, one PK_MailQueue seek per row kept.
+    -- A backward range seek on EndedAtUtc, stopped after @RecentFailures rows.
     SELECT TOP (@RecentFailures)
         t.MailID AS ID,
         t.AttemptNo,
@@ -5087,27 +4770,21 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RecordRecipientOutcomes: records which recipients of a mail the worker
-holds were accepted (Delivered), refused for now (Deferred, 4xx) or for good
-(Refused, 5xx).  Called after the server's final reply, before MarkSent or
-MarkFailed 'Retry': the next attempt sends only to recipients neither
-Delivered nor Refused (mailq.GetRecipientOutcomes).  Fenced by the lease
-token (mailq.LockLeasedMail).
-Parameters:  @ID BIGINT, @LockToken UNIQUEIDENTIFIER, required;
-             @Outcomes NVARCHAR(MAX), required: a JSON array of 1-1000
-             {"address", "outcome": "Delivered"|"Deferred"|"Refused",
-             "code": 200-599 or null, "text": up to 1000 characters}.
+mailq.RecordRecipientOutcomes: records which recipients of a leased mail were
+accepted (Delivered), refused for now (Deferred, 4xx) or for good (Refused, 5xx),
+before MarkSent or MarkFailed 'Retry': the next attempt sends only to recipients
+neither Delivered nor Refused (mailq.GetRecipientOutcomes).
+Parameters:  @ID BIGINT, @LockToken UNIQUEIDENTIFIER, required (the lease fence)
+             @Outcomes NVARCHAR(MAX), required: JSON array of 1-1000 {"address",
+             "outcome": "Delivered"|"Deferred"|"Refused", "code": 200-599 or null,
+             "text": up to 1000 characters}
 Result set:  none.
-Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not
-             1-320 characters; 50182 unknown outcome; 50183 code not 200-599;
-             50184 an address twice; 50131, 50201-50203 (mailq.LockLeasedMail).
-             On any error nothing is written.
-Transaction: its own if none is open, else the caller's; an error dooms either
-             (XACT_ABORT ON) and is re-raised.
-Isolation:   sets READ COMMITTED itself (a SERIALIZABLE caller would make the
-             NOT EXISTS take key-range locks); the mail row's UPDLOCK
-             (LockLeasedMail) serializes every writer of this mail's recipients,
-             also under RCSI.
+Errors:      50180 @ID missing; 50181 @Outcomes malformed or an address not 1-320
+             characters; 50182 unknown outcome; 50183 code not 200-599; 50184 an
+             address twice; 50131, 50201-50203 (mailq.LockLeasedMail).
+Transaction: its own or the caller's; an error writes nothing, dooms it, is re-raised.
+Isolation:   READ COMMITTED, set here; the mail row's UPDLOCK serializes every
+             writer of its recipients, also under RCSI.
 Lock order:  mailq.MailQueue (the mail row), then mailq.MailRecipientOutcome.
 Example:     EXEC mailq.RecordRecipientOutcomes @ID = 101, @LockToken = @T,
                  @Outcomes = N'[{"address":"a@example.com","outcome":"Delivered","code":250}]';
@@ -5126,9 +4803,8 @@ BEGIN
         THROW 50180, N'@ID is required: the mail whose recipients are recorded.', 1;
     IF @LockToken IS NULL
         THROW 50131, N'@LockToken is required: the token the mail was claimed with.', 1;
-    -- ISJSON, OPENJSON and JSON_VALUE in separate statements: an OR does not
-    -- evaluate its operands in a guaranteed order, so OPENJSON or JSON_VALUE
-    -- could meet text that is not JSON and raise error 13609 instead of 50181.
+    -- Separate statements: OR has no guaranteed order, so OPENJSON could meet
+    -- non-JSON and raise 13609 instead of 50181.
     DECLARE @OutcomesOk BIT = 1;
     IF @Outcomes IS NULL OR ISJSON(@Outcomes) = 0 OR LEFT(LTRIM(@Outcomes), 1) <> N'['
         SET @OutcomesOk = 0;
@@ -5136,8 +4812,7 @@ BEGIN
         SET @OutcomesOk = 0;
     ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@Outcomes) AS j WHERE j.[type] <> 5)
         SET @OutcomesOk = 0;
-    -- Every element is an object now, so JSON_VALUE reads valid JSON (lax: a
-    -- missing or over-long address is NULL, and refused).
+    -- Lax JSON_VALUE: a missing or over-long address is NULL, and refused.
     ELSE IF EXISTS (
         SELECT 1
         FROM OPENJSON(@Outcomes) AS j
@@ -5156,8 +4831,7 @@ BEGIN
         SmtpCodeText NVARCHAR(20) NULL,
         SmtpText NVARCHAR(1000) NULL
     );
-    -- lax JSON_VALUE: a missing "code" or "text" is NULL (so is a text over
-    -- 4000 characters; the worker sends at most 1000)
+    -- lax: a missing "code" or "text" (or one over 4000 characters) is NULL
     INSERT INTO @Rows (Address, Outcome, SmtpCode, SmtpCodeText, SmtpText)
     SELECT
         LOWER(JSON_VALUE(j.[value], N'$.address')),
@@ -5195,9 +4869,7 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- the fence: the mail exists, is Sending and is leased under @LockToken;
-        -- its row stays UPDLOCKed until this transaction ends
+        -- the fence; the row stays UPDLOCKed until this transaction ends
         EXEC mailq.LockLeasedMail @ID = @ID, @LockToken = @LockToken;
 
         SELECT @AttemptNo = q.AttemptCount
@@ -5231,7 +4903,6 @@ BEGIN
             FROM mailq.MailRecipientOutcome AS o
             WHERE o.MailID = @ID AND o.Address = r.Address
         );
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -5243,22 +4914,15 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.GetRecipientOutcomes: the recorded recipient outcomes of mails a worker
-holds (mailq.RecordRecipientOutcomes), so a new attempt skips the recipients
-that are Delivered or Refused.  The worker calls it once per claimed batch,
-for the mails claimed before (AttemptNo > 1).  Mails not leased under
-@LockToken are left out (no error: the worker finds out at its next fenced
-call).
-Parameters:  @IDList NVARCHAR(MAX), required: a JSON array of 1-1000 mail IDs;
-             @LockToken UNIQUEIDENTIFIER, required.
+mailq.GetRecipientOutcomes: the recorded recipient outcomes of leased mails, so a
+new attempt skips recipients Delivered or Refused; mails not leased under
+@LockToken are left out (no error: the next fenced call finds out).
+Parameters:  @IDList NVARCHAR(MAX) (JSON array of 1-1000), @LockToken UNIQUEIDENTIFIER
 Result set:  one row per recorded recipient: MailID, Address, Outcome,
              SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc.
-Errors:      50131 @LockToken missing; 50185 @IDList is not a JSON array of
-             1-1000 integers.
+Errors:      50131 @LockToken missing; 50185 @IDList not a JSON array of 1-1000 integers.
 Transaction: reads only; none of its own.
-Isolation:   sets READ COMMITTED itself (no shared or range lock kept for a
-             REPEATABLE READ or SERIALIZABLE caller); the rows read belong to
-             mails this token holds, which only this worker writes.
+Isolation:   READ COMMITTED, set here (no lock kept for a SERIALIZABLE caller).
 Lock order:  mailq.MailQueue, then mailq.MailRecipientOutcome (shared, row by row).
 Example:     EXEC mailq.GetRecipientOutcomes @IDList = N'[101,102]', @LockToken = @T;
 */
@@ -5272,9 +4936,8 @@ BEGIN
 
     IF @LockToken IS NULL
         THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
-    -- ISJSON and OPENJSON in separate statements: an OR does not evaluate its
-    -- operands in a guaranteed order, so OPENJSON could meet text that is not
-    -- JSON and raise error 13609 instead of 50185.
+    -- Separate statements: OR has no guaranteed order, so OPENJSON could meet
+    -- non-JSON and raise 13609 instead of 50185.
     DECLARE @IDListOk BIT = 1;
     IF @IDList IS NULL OR ISJSON(@IDList) = 0 OR LEFT(LTRIM(@IDList), 1) <> N'['
         SET @IDListOk = 0;
@@ -5392,19 +5055,15 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.StopMail: ends a mail that is not final with Status 'Stopped' and a
-reason.  A Sending mail loses its lease and its open attempt is closed with
-Outcome 'Stop', so the worker's later acknowledgement is refused by the fence
-(50203); an SMTP transaction already under way may still deliver that copy,
-so PossibleDuplicate is set.  mailq.RequeueMail puts a Stopped mail back.
-Parameters:  @MailID BIGINT, required; @Reason NVARCHAR(4000), required
-             (stored in LastError and in the Stopped event's Detail).
+mailq.StopMail: ends a mail that is not final with Status 'Stopped' and a reason.
+A Sending mail loses its lease and its open attempt is closed (Outcome 'Stop'), so
+the worker's acknowledgement is refused (50203); a copy already in an SMTP
+transaction may still arrive: PossibleDuplicate is set.  RequeueMail undoes it.
+Parameters:  @MailID BIGINT, @Reason NVARCHAR(4000) (LastError, event Detail): required
 Result set:  one row: ID, Status ('Stopped'), NextAttemptUtc (NULL).
-Errors:      50174 @MailID missing; 50175 @Reason missing or blank; 50201
-             unknown mail; 50260 the mail is already final (nothing changes).
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (UPDLOCK check-then-update).
+Errors:      50174 @MailID missing; 50175 @Reason blank; 50201 unknown; 50260 final.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK check-then-update).
 Lock order:  mailq.MailQueue, then mailq.MailEvent, then mailq.MailAttempt.
 Example:     EXEC mailq.StopMail @MailID = 101, @Reason = N'Customer closed the account.';
 */
@@ -5425,13 +5084,10 @@ BEGIN
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Status NVARCHAR(16);
     DECLARE @OldLockToken UNIQUEIDENTIFIER;
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
-        -- UPDLOCK: check and change under one lock, so neither a claim nor an
-        -- acknowledgement slips in between (they take the same row's U/X lock).
+        -- UPDLOCK: no claim or acknowledgement slips in between check and change.
         SELECT
             @Status = q.Status,
             @OldLockToken = q.ThreadLock
@@ -5451,10 +5107,8 @@ BEGIN
             THROW 50260, @Msg, 1;
         END;
 
-        -- The change and its event in one statement (mailq.MailEvent has no
-        -- trigger, foreign key or CHECK constraint: OUTPUT INTO allows it).
-        -- A leased mail may already be in an SMTP transaction: flag it, as
-        -- FinalizeMail does (a requeued copy is then claimed as such).
+        -- Change and event in one statement (MailEvent has no trigger, FK or CHECK).
+        -- A leased mail may be mid-SMTP: flag it, as FinalizeMail does.
         UPDATE q
         SET
             q.Status = N'Stopped',
@@ -5478,12 +5132,9 @@ BEGIN
                 t.ErrorText = LEFT(CONCAT(N'Stopped by mailq.StopMail: ', @Reason), 4000)
             FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)
             WHERE t.MailID = @MailID AND t.LockToken = @OldLockToken AND t.EndedAtUtc IS NULL;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -5497,34 +5148,25 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SetApplicationHook: registers, re-registers (re-pins) or removes the hook
-procedure of one application (docs/hooks.md).  The hook is called by
-mailq.RunApplicationHooks once per event, in its own transaction, as MailqRunner:
-registering grants MailqRunner EXECUTE on it, removing or replacing it revokes
-that (unless another application's hook is the same procedure).  For db_owner
-only (no role is granted EXECUTE; the GRANT needs it), like delay.AllowProcedure.
-The hook must be an existing SQL procedure named schema.procedure, not a system
-one, in a schema owned by dbo with no other owner on the procedure, with a
-readable definition (it is pinned: object_id and SHA2_256 of the definition), and
-take exactly these parameters (sys.parameters: name, type, length, OUTPUT; no
-others, since has_default_value "is always 0 for Transact-SQL objects"):
+mailq.SetApplicationHook: registers, re-pins or removes one application's hook
+(docs/hooks.md) and grants MailqRunner EXECUTE on it (revoking the replaced one's).
+db_owner only.  The hook: a two-part SQL procedure in a dbo-owned schema, readable
+definition (pinned: object_id and SHA2_256), with exactly these parameters:
   @EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), @EventType NVARCHAR(32),
   @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), @StopMail BIT OUTPUT,
   @StopReason NVARCHAR(4000) OUTPUT
-Cursor:      a new registration starts at the end of the stream; a re-registration
-             keeps the cursor and retry state; @ResetCursorTo puts it at that EventID.
 Parameters:  @AppName NVARCHAR(128); @HookProcedure NVARCHAR(300) (NULL = remove);
-             @MaxAttempts INT = 3 (1-100); @ResetCursorTo BIGINT = NULL
-Result set:  one row: AppName, HookProcedure (NULL after a removal), ObjectId,
-             CursorEventID, MaxAttempts, Changed BIT (0: removing a hook that was not there)
-Errors:      50290 @AppName not a registered application; 50291 not an existing
-             two-part SQL procedure, or a system one; 50292 schema not owned by dbo,
-             or another owner; 50293 parameters differ from the signature; 50294
-             definition unreadable (WITH ENCRYPTION); 50295 @MaxAttempts or @ResetCursorTo
-Transaction: its own or the caller's (no savepoint); any error is re-raised and
-             dooms the caller's transaction.  Validation runs first.
+             @MaxAttempts INT = 3 (1-100); @ResetCursorTo BIGINT = NULL (else a new
+             hook starts at the end of the stream, a re-registration keeps its cursor)
+Result set:  one row: AppName, HookProcedure (NULL if removed), ObjectId,
+             CursorEventID, MaxAttempts, Changed BIT
+Errors:      50290 @AppName not registered; 50291 not a two-part SQL procedure, or a
+             system one; 50292 schema not owned by dbo, or another owner; 50293
+             parameters differ; 50294 definition unreadable; 50295 @MaxAttempts or
+             @ResetCursorTo out of range
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
 Isolation:   READ COMMITTED (UPDLOCK, HOLDLOCK update-else-insert).
-Lock order:  mailq.ApplicationHook only (the application's row).
+Lock order:  mailq.ApplicationHook only.
 Example:     EXEC mailq.SetApplicationHook @AppName = N'billing', @HookProcedure = N'billing.OnMailEvent';
 */
 CREATE OR ALTER PROCEDURE mailq.SetApplicationHook
@@ -5553,7 +5195,6 @@ BEGIN
         @OldObjectId INT,
         @Grant NVARCHAR(600);
 
-    -- 1. Validate before any transaction starts.
     IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
     BEGIN
         SET @Msg = CONCAT(
@@ -5605,8 +5246,7 @@ BEGIN
             THROW 50291, @Msg, 1;
         END;
 
-        -- sys.objects.principal_id: the individual owner when it differs
-        -- from the schema owner, else NULL.  dbo's principal_id is 1.
+        -- principal_id: the owner when it differs from the schema's, else NULL (dbo: 1).
         IF @SchemaOwner <> 1 OR COALESCE(@ObjectOwner, 1) <> 1
         BEGIN
             SET @Msg = CONCAT(
@@ -5618,8 +5258,7 @@ BEGIN
             THROW 50292, @Msg, 1;
         END;
 
-        -- The signature, from sys.parameters: what is missing or different,
-        -- then what is extra.  Lengths are in bytes (NVARCHAR(n): 2n).
+        -- Missing or different first, then extra; lengths in bytes (NVARCHAR(n): 2n).
         SELECT @Problems = STRING_AGG(x.Problem, N'; ') WITHIN GROUP (ORDER BY x.Ord)
         FROM (
             SELECT
@@ -5678,11 +5317,9 @@ BEGIN
         END;
     END;
 
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         SELECT @OldObjectId = h.ObjectId
         FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
         WHERE h.AppName = @AppName;
@@ -5713,9 +5350,7 @@ BEGIN
             FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
             WHERE h.AppName = @AppName;
 
-            -- A new hook starts at the end of the stream: every event below
-            -- MIN_ACTIVE_ROWVERSION() is committed, every later one will be
-            -- above it (see mailq.GetMailEvents).
+            -- A new hook starts at the end of the stream (see mailq.GetMailEvents).
             IF @@ROWCOUNT = 0
                 INSERT INTO mailq.ApplicationHook (
                     AppName, SchemaName, ProcedureName, ObjectId, DefinitionHash, MaxAttempts, CursorEventID
@@ -5726,9 +5361,7 @@ BEGIN
                 );
         END;
 
-        -- Hooks run as MailqRunner: it may execute exactly the registered hooks.
-        -- Catalog names, QUOTENAMEd.  The old hook's grant goes unless another
-        -- application still uses that procedure.
+        -- MailqRunner may execute exactly the registered hooks (names QUOTENAMEd).
         IF @OldObjectId IS NOT NULL AND @OldObjectId <> ISNULL(@ObjectId, 0)
             AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationHook AS h WHERE h.ObjectId = @OldObjectId)
             AND OBJECT_NAME(@OldObjectId) IS NOT NULL
@@ -5746,12 +5379,9 @@ BEGIN
             );
             EXEC sys.sp_executesql @Grant;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -5781,34 +5411,23 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md).  For each
-application with a hook, reads its events after the stored cursor (the commit-safe
-bound of mailq.GetMailEvents) and calls the hook once per event, in EventID order,
-each call in its own transaction: the hook; @StopMail = 1 on a mail still UnSent or
-Sending -> mailq.StopMail; the cursor moves.  Each application gets an equal share
-of @MaxEvents.  One dispatcher at a time (a session application lock; a second
-caller gets State 'Busy').
-The call: as MailqRunner (EXECUTE AS USER ... REVERT: never as dbo), after one SET
-line (ANSI options ON, NUMERIC_ROUNDABORT OFF, XACT_ABORT OFF, DEADLOCK_PRIORITY
-NORMAL, LOCK_TIMEOUT 5000), and only while mailq.HookPin finds the registered
-procedure; read again after the call in its transaction: a hook altered meanwhile
-is rolled back and suspended (LastError) until mailq.SetApplicationHook again.
-Failures: a throwing or dooming hook is rolled back and counted; after MaxAttempts
-the event goes to mailq.ApplicationHookFailure and the cursor passes it; a hook that
-ends the transaction opened for it (266, none left) is given up at once (its work
-may be committed); one that leaves one open is rolled back (50297/266).
+mailq.RunApplicationHooks: the hook dispatcher (docs/hooks.md): calls each hooked
+application's hook once per committed event after its cursor, in EventID order, as
+MailqRunner, each call in its own transaction with its @StopMail and the cursor
+move; an equal share of @MaxEvents per application; one dispatcher at a time.  A
+hook no longer pinned (mailq.HookPin) is suspended; a failing call is retried on
+later runs, then recorded in mailq.ApplicationHookFailure and skipped.
 Parameters:  @MaxEvents INT = 500 (1-5000); @Quiet BIT = 0 (1: no result set)
-Result set:  (unless @Quiet = 1) one row per hooked application: AppName,
-             HookProcedure, Calls, Succeeded, FailedCalls, GivenUp, CursorEventID,
-             State (UpToDate | More | Retrying | Suspended | Moved); or one row
-             with AppName NULL and State 'Busy'.
-Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside an open transaction.
+Result set:  one row per hooked application: AppName, HookProcedure, Calls,
+             Succeeded, FailedCalls, GivenUp, CursorEventID, State (UpToDate | More |
+             Retrying | Suspended | Moved); or one row, AppName NULL, State 'Busy'.
+Errors:      50295 @MaxEvents outside 1-5000; 50296 called inside a transaction;
+             50297 (caught, counted) the hook ended or left open a transaction.
 Transaction: none open on entry; one per hook call, one per failure record.
 Isolation:   READ COMMITTED; events read with READCOMMITTEDLOCK below the bound.
-Lock order:  per call: whatever the hook locks, mailq.MailQueue (StopMail), then
-             mailq.ApplicationHook; failures: ApplicationHookFailure, ApplicationHook.
-Security:    EXECUTE AS OWNER for its own reads and writes; the hook runs as
-             MailqRunner.  Granted to MailqAdmin.
+Lock order:  per call: the hook's, mailq.MailQueue (StopMail), mailq.ApplicationHook;
+             failures: ApplicationHookFailure, ApplicationHook.
+Security:    EXECUTE AS OWNER; the hook runs as MailqRunner.  Granted to MailqAdmin.
 Example:     EXEC mailq.RunApplicationHooks @MaxEvents = 500;
 */
 CREATE OR ALTER PROCEDURE mailq.RunApplicationHooks
@@ -5891,8 +5510,7 @@ BEGIN
         + N'@EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), '
         + N'@StopMail BIT OUTPUT, @StopReason NVARCHAR(4000) OUTPUT';
 
-    -- One dispatcher at a time (an Agent job and the delayed-execution task
-    -- may overlap): session-owned, so it spans the per-call transactions.
+    -- Session-owned: it spans the per-call transactions.
     EXEC @LockResult = sys.sp_getapplock
         @Resource = N'mailq.RunApplicationHooks',
         @LockMode = N'Exclusive',
@@ -5911,13 +5529,9 @@ BEGIN
     END;
 
     BEGIN TRY
-        -- Each application gets an equal share of the budget, so one with a
-        -- long backlog does not starve the others (needs @MaxEvents >= the
-        -- number of hooked applications to reach them all in one run).
         SET @PerApp = (SELECT CEILING(@MaxEvents * 1.0 / NULLIF(COUNT(*), 0)) FROM mailq.ApplicationHook);
         WHILE @Budget > 0
         BEGIN
-            -- Next hooked application, by key (a seek per application).
             SET @SchemaName = NULL;
             SELECT TOP (1)
                 @App = h.AppName,
@@ -5938,7 +5552,6 @@ BEGIN
             SELECT @AppState = N'UpToDate', @AppCalls = 0;
             INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
 
-            -- The pin: same object, schema, name, owner and definition.
             IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
             BEGIN
                 UPDATE h
@@ -5964,8 +5577,7 @@ BEGIN
                 N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
             );
 
-            -- The page: mailq.GetMailEvents' commit-safe read (bound first,
-            -- then a locking read below it; see its header).
+            -- GetMailEvents' commit-safe read: bound first, then a locking read below it.
             DELETE FROM @Page;
             SET @Upper = MIN_ACTIVE_ROWVERSION();
             INSERT INTO @Page (EventID, MailID, EventType, Status, SmtpCode, Detail)
@@ -5994,8 +5606,7 @@ BEGIN
                 ORDER BY p.EventID ASC;
                 IF @@ROWCOUNT = 0 BREAK;
 
-                -- The pin again before every call: a hook altered, renamed,
-                -- dropped or recreated during this run is not called again in it.
+                -- The pin again before every call: an altered hook is not called again.
                 SET @Modified = NULL;
                 SELECT @Modified = p.ModifyDate
                 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
@@ -6027,9 +5638,8 @@ BEGIN
                     @GiveUp = 0;
                 UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
 
-                -- 1. The call, its stop and the cursor: one transaction.  The hook
-                --    runs as MailqRunner: REVERT inside a module undoes only that
-                --    module's EXECUTE AS, so the hook cannot keep or undo ours.
+                -- 1. Call, stop and cursor in one transaction.  REVERT in a module undoes only
+                --    its own EXECUTE AS: the hook cannot keep or undo ours.
                 SET @Changed = 0;
                 BEGIN TRANSACTION;
                 EXECUTE AS USER = N'MailqRunner';
@@ -6076,9 +5686,8 @@ BEGIN
 
                         IF @Changed = 0 AND @StopMail = 1
                         BEGIN
-                            -- Only a mail not yet final: StopMail would refuse a
-                            -- final one (50260).  UPDLOCK: StopMail takes the same
-                            -- row's U lock next, in this transaction.
+                            -- Only a mail not yet final (StopMail refuses one, 50260).  UPDLOCK: StopMail
+                            -- takes this row's U lock next.
                             SET @MailStatus = NULL;
                             SELECT @MailStatus = q.Status
                             FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
@@ -6099,9 +5708,7 @@ BEGIN
                             END;
                         END;
 
-                        -- The cursor, guarded: a re-registration with a new
-                        -- cursor meanwhile (SetApplicationHook @ResetCursorTo)
-                        -- undoes this call instead of overwriting it.
+                        -- Guarded: a re-registration meanwhile (@ResetCursorTo) undoes this call.
                         IF @Changed = 0
                         BEGIN
                             UPDATE h
@@ -6127,7 +5734,6 @@ BEGIN
                             @ErrorNumber = ERROR_NUMBER(),
                             @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
                             @TranCountInCatch = @@TRANCOUNT;
-                        -- Doomed (-1) or not (1): the call is undone as a whole.
                         IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
                     END CATCH;
                 END;
@@ -6168,8 +5774,7 @@ BEGIN
 
                 -- 2. A failed call: count it, or give the event up.
                 SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
-                -- 266 with no transaction left: the hook ended the
-                -- transaction opened for it; its work may be committed.
+                -- 266, no transaction left: the hook ended ours; its work may be committed.
                 IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
                 IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
                 SET @ErrorMessage = LEFT(CONCAT(
@@ -6219,7 +5824,6 @@ BEGIN
 
             IF @AppState = N'UpToDate'
             BEGIN
-                -- Nothing called (or every call passed): note the run.
                 UPDATE h
                 SET h.LastRunAtUtc = SYSUTCDATETIME()
                 FROM mailq.ApplicationHook AS h
@@ -6233,8 +5837,7 @@ BEGIN
         EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
     END TRY
     BEGIN CATCH
-        -- Our own bookkeeping failed (never a hook's error: those are caught
-        -- above).  Nothing half-done stays: roll back, release, re-raise.
+        -- Our own bookkeeping failed (hook errors are caught above).
         IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         IF APPLOCK_MODE(N'public', N'mailq.RunApplicationHooks', N'Session') = N'Exclusive'
             EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
@@ -6262,19 +5865,14 @@ mailq.ListApplicationHooks: the registered hooks and where each stands
 (docs/hooks.md; `mailq-db hooks list`).
 Parameters:  @AppName NVARCHAR(128) = NULL: one application, NULL = all.
 Result set:  one row per hook, by AppName: AppName, HookProcedure, ObjectId,
-             Pinned BIT (1: the procedure is still the one registered, same
-             object, schema, name, owner and definition; 0: the dispatcher
-             suspends it until mailq.SetApplicationHook re-registers it),
-             CursorEventID, FailingEventID, FailCount, MaxAttempts, LastError,
+             Pinned BIT (0: changed since registration; the dispatcher suspends
+             it), CursorEventID, FailingEventID, FailCount, MaxAttempts, LastError,
              LastRunAtUtc, RegisteredAtUtc, RegisteredBy, Failures INT (rows in
              mailq.ApplicationHookFailure), LastFailureAtUtc.
 Errors:      none.
-Transaction: opens none and writes nothing (but its own table variable).
-Isolation:   the caller's (a report: a row changed meanwhile shows either way).
+Transaction: opens none, writes nothing.
+Isolation:   the caller's (a report).
 Lock order:  mailq.ApplicationHook, then mailq.ApplicationHookFailure (shared, brief).
-Plan:        mailq.ApplicationHook is one row per hooked application; the
-             failure counts group the (small) failure table once; the pin
-             check joins the catalog's procedures (sys.objects, type P).
 Example:     EXEC mailq.ListApplicationHooks;
 */
 CREATE OR ALTER PROCEDURE mailq.ListApplicationHooks
@@ -6283,8 +5881,7 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
 
-    -- Procedures a hook may still resolve to: dbo-owned schema, no other owner
-    -- (read into a table variable first: one plain catalog read).
+    -- Procedures a hook may resolve to: dbo-owned schema, no other owner.
     DECLARE @Live TABLE (
         ObjectId INT NOT NULL PRIMARY KEY,
         SchemaName SYSNAME NOT NULL,
@@ -6461,11 +6058,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Role MailqEnqueuer: enqueue mail and read its events, nothing else.
-Object-level grants (not SCHEMA::mailq), so internal procedures such as
-mailq.LockLeasedMail stay out of reach; no claim, acknowledgement or binding
-procedure.  What it may send as is bound per application
-(mailq.ApplicationAccount, ApplicationFrom; docs/dba-guide.md, section 3).
+Role MailqEnqueuer: enqueue mail and read its events, nothing else; object-level
+grants so internal procedures stay out of reach (docs/dba-guide.md, section 3).
 */
 GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqEnqueuer;
 GRANT EXECUTE ON OBJECT::mailq.GetMailEvents TO MailqEnqueuer;
@@ -6473,10 +6067,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Batch enqueue: the procedure, and EXECUTE on its table type (a caller needs it
-to declare a variable of the type and pass it as @MailRows).  Dropping a type
-or procedure drops its grants: a revision that re-creates either carries this
-file again.
+Batch enqueue: the procedure and EXECUTE on its table type (needed to pass @MailRows).
 */
 GRANT EXECUTE ON OBJECT::mailq.EnqueueMailBatch TO MailqEnqueuer;
 GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer;
@@ -6484,9 +6075,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Role MailqSender (sender workers): claim, extend, release and acknowledge
-mail, and read the installation health for `mailq-db doctor`.  No grant on
-mailq.EnqueueMail: a worker's login cannot enqueue.
+Role MailqSender (sender workers): claim, extend, release, acknowledge, read health;
+no mailq.EnqueueMail: a worker's login cannot enqueue.
 */
 GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.ExtendLease TO MailqSender;
@@ -6499,8 +6089,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqAdmin: every public mailq procedure and the reporting
-views (views are read-only reports, not table rights).
+Grants of role MailqAdmin: every public mailq procedure and the reporting views.
 */
 GRANT EXECUTE ON OBJECT::mailq.EnqueueMail TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.ClaimMail TO MailqAdmin;
@@ -6529,8 +6118,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.FinalizeMail: sender workers run it on a timer; administrators and
-their jobs may run it too.
+mailq.FinalizeMail: sender workers run it on a timer; administrators may too.
 */
 GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.FinalizeMail TO MailqAdmin;
@@ -6538,8 +6126,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Per-recipient outcomes: sender workers record and read them; administrators
-too, and read the report view.
+Per-recipient outcomes: workers and administrators record and read them.
 */
 GRANT EXECUTE ON OBJECT::mailq.RecordRecipientOutcomes TO MailqSender;
 GRANT EXECUTE ON OBJECT::mailq.GetRecipientOutcomes TO MailqSender;
@@ -6550,8 +6137,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Per-application hooks (docs/hooks.md): administrators run the dispatcher and
-list the hooks.  mailq.SetApplicationHook is db_owner's (a hook runs as dbo).
+Hooks (docs/hooks.md): administrators run the dispatcher and list the hooks;
+mailq.SetApplicationHook is db_owner's.
 */
 GRANT EXECUTE ON OBJECT::mailq.RunApplicationHooks TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.ListApplicationHooks TO MailqAdmin;
@@ -6559,12 +6146,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants for who may send as whom (docs/enqueue.md): administrators set the
-enqueue policy (the procedure also checks db_owner or MailqAdmin itself) and
-read it with the unmapped users; sender workers read it for `mailq-db doctor`
-(catalog visibility still applies: they see only what they may see).
-mailq.EnqueueMailRows, the enqueue core, is granted to no role: EnqueueMail,
-EnqueueMailBatch and SendDbMail reach it by ownership chaining.
+Who may send as whom (docs/enqueue.md): administrators set and read the enqueue
+policy; workers read it for `mailq-db doctor`.  mailq.EnqueueMailRows is granted to
+no role (reached by ownership chaining).
 */
 GRANT EXECUTE ON OBJECT::mailq.SetEnqueuePolicy TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetEnqueuePolicy TO MailqAdmin;
@@ -6573,11 +6157,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants on mailq.GetEventStreamStall: whoever reads the event stream
-(MailqEnqueuer, MailqAdmin) may ask what holds it back.  The procedure reads
-the transaction DMVs with the caller's own rights, so the grant shows open
-transactions only to a caller who already holds VIEW SERVER STATE (or VIEW
-DATABASE STATE on Azure SQL Database).
+mailq.GetEventStreamStall for readers of the event stream; it reads the transaction
+DMVs with the caller's rights (VIEW SERVER STATE, or VIEW DATABASE STATE on Azure).
 */
 GRANT EXECUTE ON OBJECT::mailq.GetEventStreamStall TO MailqEnqueuer;
 GRANT EXECUTE ON OBJECT::mailq.GetEventStreamStall TO MailqAdmin;
@@ -6585,11 +6166,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailTemplate: one row per template name: its latest version,
-description and retirement.  The versions live in mailq.MailTemplateVersion
-and never change.  Managed through mailq.AddMailTemplateVersion and
-mailq.RetireMailTemplate.  TemplateName: 1-128 letters, digits, '.', '_', '-'
-(checked by the procedures, 50210), compared under the database collation.
+mailq.MailTemplate: one row per template name: latest version, description,
+retirement; versions in mailq.MailTemplateVersion.  TemplateName: 1-128 letters,
+digits, '.', '_', '-' (50210).
 */
 IF OBJECT_ID(N'mailq.MailTemplate', N'U') IS NULL
 BEGIN
@@ -6610,13 +6189,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.MailTemplateVersion: the versions of each template (1, 2, 3 ... per
-name, mailq.AddMailTemplateVersion), immutable: no procedure updates or
-deletes a row, and trg_MailTemplateVersion_Immutable refuses it (50218), so a
-mail rendered from (TemplateName, Version) renders the same text again.
-SubjectTemplate 1-4000 characters; HtmlTemplate, TextTemplate up to 2,000,000
-each, at least one.  CreatedBy is SUSER_SNAME() (the login: an audit survives
-a dropped user).
+mailq.MailTemplateVersion: the immutable versions of each template (1, 2, 3 ...;
+trg_MailTemplateVersion_Immutable refuses changes, 50218): a pinned mail renders
+the same text again.  CreatedBy: SUSER_SNAME() (survives a dropped user).
 */
 IF OBJECT_ID(N'mailq.MailTemplateVersion', N'U') IS NULL
 BEGIN
@@ -6646,13 +6221,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.trg_MailTemplateVersion_Immutable: template versions never change, for
-anyone with table rights too (db_owner, a hand-written fix): an UPDATE or
-DELETE is refused with 50218, which rolls back the statement's transaction.
-Add a version (mailq.AddMailTemplateVersion) or retire the template
-(mailq.RetireMailTemplate) instead.  INSTEAD OF: the rows are never touched.
-TRUNCATE and DROP TABLE do not fire it.  FK_MailTemplateVersion_MailTemplate
-must keep NO ACTION (an INSTEAD OF trigger forbids cascading keys).
+mailq.trg_MailTemplateVersion_Immutable: refuses any UPDATE or DELETE of a template
+version with 50218 (rolls back the statement's transaction), also for db_owner;
+TRUNCATE and DROP do not fire it.  The foreign key must stay NO ACTION.
 */
 CREATE OR ALTER TRIGGER mailq.trg_MailTemplateVersion_Immutable
 ON mailq.MailTemplateVersion
@@ -6924,14 +6495,12 @@ GO
 mailq.ListMailTemplateVersions: the versions of one mail template, newest
 first, without their bodies (mailq.GetMailTemplate @Version reads one).
 Parameters:  @TemplateName NVARCHAR(128), required.
-Result set:  one row per version: TemplateName, Version, SubjectTemplate,
-             HtmlChars, TextChars (NULL when that body is absent), CreatedBy,
-             CreatedAtUtc.
+Result set:  one row per version: TemplateName, Version, SubjectTemplate, HtmlChars,
+             TextChars (NULL when that body is absent), CreatedBy, CreatedAtUtc.
 Errors:      50210 @TemplateName missing or invalid; 50215 no template has this name.
 Transaction: reads only; none of its own.
-Isolation:   the caller's.  A seek on the primary key's leading column.
-Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared locks
-             of the caller's isolation level only).
+Isolation:   the caller's (a seek on the primary key's leading column).
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared).
 Example:     EXEC mailq.ListMailTemplateVersions @TemplateName = N'welcome';
 */
 CREATE OR ALTER PROCEDURE mailq.ListMailTemplateVersions
@@ -6970,21 +6539,17 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.RetireMailTemplate: retires a mail template (its latest version can no
-longer be used by new mail: 50216) or brings it back (@Retire = 0).  Its
-versions stay: mail that pinned one still renders.  Retiring a retired
-template changes nothing (Changed = 0; the first retirement is kept).
-Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT, default 1
-             (NULL counts as 1); @Reason NVARCHAR(400), optional.
+mailq.RetireMailTemplate: retires a mail template (new mail may not use it: 50216)
+or brings it back (@Retire = 0).  Its versions stay: pinned mail still renders.
+Retiring a retired template changes nothing (Changed = 0).
+Parameters:  @TemplateName NVARCHAR(128), required; @Retire BIT = 1; @Reason NVARCHAR(400)
 Result set:  one row: TemplateName, LatestVersion, RetiredAtUtc, RetiredBy,
              RetiredReason, Changed BIT.
-Errors:      50210 @TemplateName missing or invalid; 50213 @Reason over 400
-             characters; 50215 no template has this name.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED; one UPDATE of one row by key.
+Errors:      50210 @TemplateName missing or invalid; 50213 @Reason too long; 50215 unknown.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here; one UPDATE of one row by key.
 Lock order:  mailq.MailTemplate only.
-Example:     EXEC mailq.RetireMailTemplate @TemplateName = N'welcome', @Reason = N'replaced by welcome-2027';
+Example:     EXEC mailq.RetireMailTemplate @TemplateName = N'welcome', @Reason = N'replaced';
 */
 CREATE OR ALTER PROCEDURE mailq.RetireMailTemplate
     @TemplateName NVARCHAR(4000),
@@ -7014,11 +6579,9 @@ BEGIN
         RetiredReason NVARCHAR(400) NULL
     );
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         UPDATE t
         SET
             t.RetiredAtUtc = IIF(@Retire = 1, SYSUTCDATETIME(), NULL),
@@ -7039,12 +6602,9 @@ BEGIN
                               N' (mailq.ListMailTemplates lists them).');
             THROW 50215, @Msg, 1;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
@@ -7072,8 +6632,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Mail templates: administrators manage and read them; sender workers read them
-(the worker renders at send time).
+Mail templates: administrators manage and read them; workers read them.
 */
 GRANT EXECUTE ON OBJECT::mailq.AddMailTemplateVersion TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetMailTemplate TO MailqAdmin;
@@ -7086,12 +6645,8 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqDbMailUser: Database Mail callers (msdb's DatabaseMailUserRole): may
-call mailq.SendDbMail and read the sysmail_* views (their own mail only).
-A separate role rather than MailqEnqueuer: SendDbMail runs a caller's @query,
-so who may use it is decided on its own.  The query runs with the caller's
-own rights (mailq-db dbmail-runner), so membership grants no data access.
-No role holds table rights: procedures reach the tables through ownership
-chaining (every mailq object is owned by dbo).
+call mailq.SendDbMail and read the sysmail_* views (their own mail only); its own
+role because SendDbMail runs a caller's @query (with the caller's own rights).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqDbMailUser') IS NULL
     CREATE ROLE MailqDbMailUser AUTHORIZATION dbo;
@@ -7099,11 +6654,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailProfile: Database Mail compatibility (mailq.SendDbMail): a profile
-names an ordered list of sending accounts (mailq.DbMailProfileAccount), as
-msdb.dbo.sysmail_profile does.  ProfileID is the profile_id the sysmail_*
-views show.  Who may use a profile, and which one is a principal's default,
-is in mailq.DbMailPrincipalProfile (PrincipalName N'public' = a public profile).
+mailq.DbMailProfile: a Database Mail profile (msdb.dbo.sysmail_profile): an ordered
+list of sending accounts (mailq.DbMailProfileAccount); ProfileID is the profile_id
+the sysmail_* views show.
 */
 IF OBJECT_ID(N'mailq.DbMailProfile', N'U') IS NULL
 BEGIN
@@ -7121,10 +6674,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailAccount: the INT account_id Database Mail's views show
-(sent_account_id, account_id) for a sending account of mailq.SendingAccount.
-A row is made when the account is first added to a profile
-(mailq.UpsertDbMailProfileAccount); it is never reused for another account.
+mailq.DbMailAccount: the INT account_id the sysmail_* views show for a sending
+account, made when first added to a profile, never reused.
 */
 IF OBJECT_ID(N'mailq.DbMailAccount', N'U') IS NULL
 BEGIN
@@ -7141,12 +6692,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailProfileAccount: the accounts of a profile, in failover order
-(lowest SequenceNumber first, as msdb.dbo.sysmail_profileaccount).
-Failover is decided when mailq.SendDbMail enqueues: the mail goes to the first
-account of the profile that is not blocked (mailq.SendingAccount.BlockedUntilUtc
-unset or past); when every account is blocked, to the first one (the mail waits
-for it).  A queued mail keeps its account.
+mailq.DbMailProfileAccount: a profile's accounts in failover order (lowest
+SequenceNumber first); SendDbMail picks the first not blocked at enqueue.
 */
 IF OBJECT_ID(N'mailq.DbMailProfileAccount', N'U') IS NULL
 BEGIN
@@ -7166,12 +6713,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailPrincipalProfile: who may use a profile, and each principal's
-default profile (msdb.dbo.sysmail_principalprofile).  PrincipalName is a
-database user or role of this database, or N'public' for a public profile.
-IsDefault = 1 marks the principal's default (at most one per principal,
-UX_DbMailPrincipalProfile_Default); the default of N'public' is the default
-public profile.
+mailq.DbMailPrincipalProfile: who may use a profile (a user, a role or N'public')
+and each principal's default (IsDefault, at most one).
 */
 IF OBJECT_ID(N'mailq.DbMailPrincipalProfile', N'U') IS NULL
 BEGIN
@@ -7188,21 +6731,13 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailItem: one row per mailq.SendDbMail call (msdb.dbo.sysmail_mailitems's
-part that the queue does not hold): the INT mailitem_id, the profile, importance
-and sensitivity, the query and its options, who asked and when.  MailID is the
-queued mail (deleted with it: ON DELETE CASCADE, so mailq.PurgeMail needs no
-change); ProfileID has no foreign key: a profile can be deleted while its mail
-is kept, as msdb keeps profile_id.
-SendRequestDate  the server's local time of the call (DATETIME, as msdb stores
-              it), so the sysmail_* views filter on a stored, indexed column.
-RequestUser, RequestUserSid  the database user (USER_NAME(), USER_SID()) whose
-              rights the query runs with: the query runner impersonates it and
-              checks the SID (docs/database-mail.md, "How @query runs").
-QueryState    NULL (no query); Pending, Running (a runner holds it until
-              QueryDueAtUtc), Done, Failed.  QueryDueAtUtc is when a runner may
-              take it (Pending: at once; Running: the lease expiry), so one
-              range on IX_DbMailItem_QueryDue finds both.
+mailq.DbMailItem: one row per mailq.SendDbMail call: msdb's mail item fields the
+queue does not hold.  MailID: the mail (ON DELETE CASCADE); ProfileID has no
+foreign key (the mail outlives its profile, as in msdb).
+SendRequestDate  the server's local time (DATETIME, as msdb), indexed.
+RequestUser, RequestUserSid  whose rights the query runs with (docs/database-mail.md).
+QueryState    NULL (no query), Pending, Running, Done, Failed; QueryDueAtUtc: when a
+              runner may take it (Pending: at once; Running: the lease expiry).
 */
 IF OBJECT_ID(N'mailq.DbMailItem', N'U') IS NULL
 BEGIN
@@ -7254,8 +6789,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_DbMailItem_SendRequestDate: the sysmail_* views' usual filter
-(send_request_date > ...) as a seek; the mail is then found by its key.
+IX_DbMailItem_SendRequestDate: the sysmail_* views' send_request_date filter as a seek.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -7271,9 +6805,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-IX_DbMailItem_QueryDue: the queries a runner may take (mailq.ClaimDbMailQuery):
-Pending ones and Running ones whose lease passed, one range on QueryDueAtUtc;
-filtered, so finished items cost nothing.
+IX_DbMailItem_QueryDue: the queries a runner may take (mailq.ClaimDbMailQuery), one
+range on QueryDueAtUtc; filtered, so finished items cost nothing.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -7290,8 +6823,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-UX_DbMailPrincipalProfile_Default: at most one default profile per principal
-(and one default public profile).
+UX_DbMailPrincipalProfile_Default: at most one default profile per principal.
 */
 IF NOT EXISTS (
     SELECT 1
@@ -7310,27 +6842,19 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.sysmail_allitems: msdb.dbo.sysmail_allitems over this queue: one row per
-mailq.SendDbMail call, msdb's 27 columns in msdb's order
+mailq.SendDbMail call, msdb's 27 columns in msdb's order, text as Unicode
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-allitems-transact-sql).
-Types:       every text column is Unicode (NVARCHAR/NCHAR: msdb stores body and
-             query as nvarchar(max); nothing is cast to a code page).
 Rows:        db_owner and MailqAdmin members see all; others what they sent.
-Mapping:     mailitem_id = DbMailItem.MailItemID; sent_status: Sent -> sent;
-             Failed, Cancelled, Expired, Stopped -> failed; UnSent or Sending
-             after a failed attempt -> retrying; else unsent (a query waiting
-             for the runner too).  send_request_date is stored (local time);
-             sent_date and last_mod_date are the queue's UTC plus the server's
-             current offset.  recipients is NULL for Cc-only and Bcc-only mail
-             (stored with an empty To).  sent_account_id only once sent.  file_attachments
-             is always NULL (refused); a query's file is in sysmail_mailattachments.
-Cost:        filters on mailitem_id and send_request_date seek DbMailItem;
-             any other filter reads the DbMail items only, never the whole queue
-             (tests/integration/test_dbmail_views_plan.py).
+Mapping:     sent_status: Sent -> sent; Failed, Cancelled, Expired, Stopped ->
+             failed; UnSent or Sending after a failed attempt -> retrying; else
+             unsent.  sent_date and last_mod_date: UTC plus the server's current
+             offset.  recipients NULL for Cc/Bcc-only mail; file_attachments NULL.
+Cost:        mailitem_id and send_request_date filters seek DbMailItem; others
+             read the DbMail items only (tests/integration/test_dbmail_views_plan.py).
 */
 CREATE OR ALTER VIEW mailq.sysmail_allitems
 AS
--- The server's current offset from UTC (SYSDATETIME is local time; on Azure
--- SQL Database both are UTC).
+-- The server's current offset from UTC (0 on Azure SQL Database).
 WITH Clock AS (
     SELECT DATEDIFF(MINUTE, SYSUTCDATETIME(), SYSDATETIME()) AS OffsetMinutes
 )
@@ -7429,7 +6953,7 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.sysmail_unsentitems: msdb.dbo.sysmail_unsentitems over this queue: the rows of
-mailq.sysmail_allitems whose sent_status is unsent or retrying (as msdb's view), with the same columns
+mailq.sysmail_allitems whose sent_status is unsent or retrying (as msdb's view)
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-unsentitems-transact-sql).
 */
 CREATE OR ALTER VIEW mailq.sysmail_unsentitems
@@ -7508,21 +7032,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_event_log: msdb.dbo.sysmail_event_log over the queue's event
-stream (mailq.MailEvent) for mail sent with mailq.SendDbMail, msdb's columns
-in msdb's order
+mailq.sysmail_event_log: msdb.dbo.sysmail_event_log over mailq.MailEvent for mail
+sent with mailq.SendDbMail, msdb's columns in msdb's order
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-event-log-transact-sql).
 event_type:  success: Sent, DryRun; warning: RetryScheduled, AccountWaiting,
-             LeaseExpired, Released; error: Failed (attempts used up, or a
-             permanent refusal), Expired, and Stopped by a failed query;
-             information: Cancelled, Requeued, Stopped otherwise.  So a mail
-             that fails finally has exactly one error row, as in msdb.
-log_id:      the event's EventID (BIGINT, msdb's is int): it never changes,
-             is the same for every reader and grows in commit order, so
-             "log_id > @last_seen" polling works (docs/events.md).
-Rows:        as mailq.sysmail_allitems (db_owner and MailqAdmin all; others
-             their own mail).  description: the event, SMTP code and detail.
-Cost:        mailitem_id seeks DbMailItem, then IX_MailEvent_MailID per item.
+             LeaseExpired, Released; error: Failed, Expired, Stopped by a failed
+             query (one error row per finally failed mail, as msdb); information:
+             Cancelled, Requeued, other Stopped.
+log_id:      the EventID (BIGINT), in commit order: "log_id > @last_seen" polling
+             works (docs/events.md).
+Rows:        as mailq.sysmail_allitems.  Cost: a seek per item on IX_MailEvent_MailID.
 */
 CREATE OR ALTER VIEW mailq.sysmail_event_log
 AS
@@ -7570,18 +7089,14 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.DbMailAddressProblem: the first thing wrong with the addresses of a
-mailq.SendDbMail call, named with sp_send_dbmail's parameters, or no row.
-Parameters:  @recipients, @copy_recipients, @blind_copy_recipients,
-             @from_address, @reply_to NVARCHAR(MAX) as SendDbMail received them
-Returns:     at most one row: ReturnCode INT, Message NVARCHAR(2048)
-             50644 a list over 4,000 characters or an address over its size;
-             50642 an invalid address (mailq.ParseAddressList's rules), or more
-             than one address in @from_address or @reply_to;
-             50643 more than 100 recipients in the three lists together.
-             (Commas are msdb's 14613 and are checked by SendDbMail first.)
-Example:     SELECT p.ReturnCode, p.Message
-             FROM mailq.DbMailAddressProblem(N'a@x.org; b@', NULL, NULL, NULL, NULL) AS p;
+mailq.DbMailAddressProblem: the first thing wrong with a mailq.SendDbMail call's
+addresses, named with sp_send_dbmail's parameters, or no row.
+Parameters:  @recipients, @copy_recipients, @blind_copy_recipients, @from_address,
+             @reply_to NVARCHAR(MAX) as SendDbMail received them
+Returns:     at most one row: ReturnCode INT, Message NVARCHAR(2048): 50644 a list
+             or address over its size; 50642 an invalid address, or more than one
+             in @from_address or @reply_to; 50643 over 100 recipients in all.
+Example:     SELECT p.ReturnCode FROM mailq.DbMailAddressProblem(N'b@', NULL, NULL, NULL, NULL) AS p;
 */
 CREATE OR ALTER FUNCTION mailq.DbMailAddressProblem(
     @recipients NVARCHAR(MAX),
@@ -7652,39 +7167,27 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SendDbMail: msdb.dbo.sp_send_dbmail on this queue; the parameters in
-msdb's own declaration order (positional calls bind as on msdb), then the
-@mailq_ extensions.  Reference:
+mailq.SendDbMail: msdb.dbo.sp_send_dbmail on this queue (docs/database-mail.md):
+msdb's parameters in its declaration order, then the @mailq_ extensions.  Reference:
 https://learn.microsoft.com/en-us/sql/relational-databases/system-stored-procedures/sp-send-dbmail-transact-sql
-Parameters:  as sp_send_dbmail's; @file_attachments is refused; @query runs
-             later, as the caller's database user, in this database
-             (mailq-db dbmail-runner; docs/database-mail.md)
+Parameters:  as sp_send_dbmail's; @file_attachments is refused; @query runs later
+             as the caller's database user, in this database (mailq-db dbmail-runner)
              @mailq_query_result_format 'TEXT' (default) | 'HTML' | 'CSV'
-             @mailq_mail_id OUTPUT BIGINT: the queue's mail ID
-Outputs:     @mailitem_id INT: this call's item (the sysmail_* views' key)
-Result:      no result set; PRINT 'Mail (Id: n) queued.' unless
-             @exclude_query_output = 1.
-Errors:      as msdb: RAISERROR severity 16 then RETURN n, nothing written,
-             the batch and the caller's transaction go on: 14636/14607 rc 1
-             (profile), 14618 rc 2-6, 15, 17 (NULL option), 14626 rc 13,
-             14622 rc 16, 14623 rc 18, 14624 rc 19 (no content) and rc 20 (no
-             recipient), 14613 rc 1 (comma in a list), 14625 rc 21, 14630 rc 2
-             (prohibited extension), 14633 rc 1 (unknown database).  Refusals
-             of this package: RAISERROR (error 50000) and RETURN 50641-50652
-             (docs/errors.md).  Only errors of mailq.EnqueueMail that are not
-             checked here (application binding 50160/50161/50168, an account
-             dropped meanwhile 50114, every recipient suppressed 50600,
-             deadlock) are THROWn, under XACT_ABORT ON.
-Transaction: validation first, with XACT_ABORT as the caller has it; then the
-             enqueue and its DbMailItem row in one transaction: its own if none
-             is open, else the caller's (no savepoint).
-Isolation:   the caller's (profile reads are plain reads; EnqueueMail sets its own).
-Lock order:  (via EnqueueMail) mailq.Suppression (shared), mailq.MailQueue,
+             @mailq_mail_id BIGINT OUTPUT; @mailitem_id INT OUTPUT (sysmail_* key)
+Result:      no result set; PRINT 'Mail (Id: n) queued.' unless @exclude_query_output = 1
+Errors:      as msdb: RAISERROR severity 16 and RETURN n, nothing written, the caller's
+             transaction goes on: 14636/14607 rc 1, 14618 rc 2-6, 15, 17, 14626 rc 13,
+             14622 rc 16, 14623 rc 18, 14624 rc 19-20, 14613 rc 1, 14625 rc 21,
+             14630 rc 2, 14633 rc 1; this package's: RAISERROR 50000 and RETURN
+             50641-50652 (docs/errors.md).  THROWn under XACT_ABORT: EnqueueMail's
+             errors not checked here (50160/50161/50168, 50114, 50600, deadlock).
+Transaction: validation first (XACT_ABORT as the caller has it); then the enqueue and
+             its DbMailItem row in one transaction, its own or the caller's.
+Isolation:   the caller's (EnqueueMail sets its own).
+Lock order:  (via EnqueueMail) mailq.Suppression, mailq.MailQueue,
              mailq.MailAttachment, then mailq.DbMailItem.
 Example:     DECLARE @rc INT;
-             EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com',
-                 @subject = N'Backups', @query = N'SELECT name FROM sys.databases;';
-             IF @rc <> 0 PRINT 'not queued';
+             EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com', @subject = N'Backups';
 */
 CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @profile_name SYSNAME = NULL,
@@ -7715,8 +7218,7 @@ CREATE OR ALTER PROCEDURE mailq.SendDbMail
     @mailq_mail_id BIGINT = NULL OUTPUT
 AS
 BEGIN
-    -- XACT_ABORT stays as the caller has it until the enqueue: every check
-    -- below RAISERRORs (which never aborts the batch) and RETURNs, as msdb does.
+    -- XACT_ABORT as the caller has it until the enqueue: checks RAISERROR and RETURN.
     SET NOCOUNT ON;
     DECLARE @Msg NVARCHAR(2048), @rc INT, @ProfileID INT, @FromList NVARCHAR(400);
     DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
@@ -7724,9 +7226,8 @@ BEGIN
     SET @mailq_mail_id = NULL;
     SET @query = NULLIF(@query, N'');
 
-    -- 1. Profile: the named one if the caller may use it (public, granted to
-    --    the user or a role of it; db_owner may use all), else the user's
-    --    default, a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
+    -- 1. Profile: the named one if the caller may use it, else the user's default,
+    --    a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
     IF @profile_name IS NOT NULL
     BEGIN
         SELECT @ProfileID = p.ProfileID FROM mailq.DbMailProfile AS p WHERE p.ProfileName = @profile_name;
@@ -7815,8 +7316,7 @@ BEGIN
         RAISERROR (14624, 16, 1, N'@recipients, @copy_recipients, @blind_copy_recipients');
         RETURN 20;
     END;
-    -- sysmail_verify_addressparams_sp: a comma separates nothing (msdb refuses
-    -- one outside double quotes; a list with quotes is left to the address rules).
+    -- msdb refuses a comma outside double quotes; quoted lists go to the address rules.
     SELECT TOP (1) @Msg = v.ParamName, @FromList = LEFT(v.Value, 400)
     FROM (
         VALUES (1, N'@recipients', @recipients), (2, N'@copy_recipients', @copy_recipients),
@@ -7894,8 +7394,7 @@ BEGIN
         RETURN @rc;
     END;
 
-    -- Failover at enqueue: the profile's first account that is not blocked
-    -- (all blocked: the first; the mail waits for it).
+    -- Failover: the profile's first account not blocked (else the first).
     DECLARE @AccountName NVARCHAR(128);
     SELECT TOP (1) @AccountName = a.AccountName
     FROM mailq.DbMailProfileAccount AS pa
@@ -7909,8 +7408,7 @@ BEGIN
         RETURN 50651;
     END;
 
-    -- 4. The mail.  'Name <address>' is split for EnqueueMail; importance and
-    --    sensitivity become the headers System.Net.Mail writes.
+    -- 4. The mail; importance and sensitivity become the headers System.Net.Mail writes.
     DECLARE @FromAddress NVARCHAR(MAX) = @from_address, @FromName NVARCHAR(MAX);
     SELECT @FromAddress = a.Address, @FromName = a.DisplayName
     FROM mailq.ParseAddressList(@from_address) AS a;
@@ -7926,8 +7424,7 @@ BEGIN
         ) AS h(Importance, Sensitivity, HeaderName, HeaderValue)
         WHERE h.Importance = @importance OR h.Sensitivity = @sensitivity
     );
-    -- Mail with a query waits (due at @Hold) until the runner has added the
-    -- result (mailq.CompleteDbMailQuery makes it due).
+    -- Mail with a query waits until mailq.CompleteDbMailQuery makes it due.
     DECLARE @Due DATETIME2(3) = IIF(@query IS NULL, NULL, @Hold);
     DECLARE @ToAddress NVARCHAR(MAX) = NULLIF(LTRIM(RTRIM(@recipients)), '');
     DECLARE @MailBody NVARCHAR(MAX) = COALESCE(@body, N'');
@@ -7938,7 +7435,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.EnqueueMail
             @ToAddress = @ToAddress,
             @CC = @copy_recipients,
@@ -7971,7 +7467,6 @@ BEGIN
             IIF(@query IS NULL, NULL, N'Pending'), IIF(@query IS NULL, NULL, SYSUTCDATETIME())
         );
         SET @ItemID = SCOPE_IDENTITY();
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -7993,17 +7488,13 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 mailq.UpsertDbMailProfile: creates a Database Mail compatible profile (for
-mailq.SendDbMail), or changes its description (msdb's sysmail_add_profile_sp
-and sysmail_update_profile_sp in one).
+mailq.SendDbMail) or changes its description (msdb's sysmail_add/update_profile_sp).
 Parameters:  @ProfileName NVARCHAR(128), required; @Description NVARCHAR(256).
 Outputs:     @ProfileID INT: the profile_id the sysmail_* views show.
 Errors:      50198 @ProfileName missing or a value over its size.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
-Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount,
-             mailq.DbMailPrincipalProfile (every profile procedure).
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
+Lock order:  DbMailProfile, DbMailAccount, DbMailProfileAccount, DbMailPrincipalProfile.
 Example:     EXEC mailq.UpsertDbMailProfile @ProfileName = N'Ops', @Description = N'Alerts';
 */
 CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfile
@@ -8013,8 +7504,6 @@ CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfile
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL
@@ -8025,10 +7514,8 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         SET @ProfileID = NULL;
-        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race between two
-        -- administrators (a rarely written table: the range lock is harmless).
+        -- UPDLOCK, HOLDLOCK: insert-if-absent without a race (a rarely written table).
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK, HOLDLOCK)
         WHERE p.ProfileName = @ProfileName;
@@ -8044,7 +7531,6 @@ BEGIN
             VALUES (@ProfileName, @Description);
             SET @ProfileID = SCOPE_IDENTITY();
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -8104,20 +7590,15 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UpsertDbMailProfileAccount: adds a sending account to a profile, or
-changes its place in the failover order (msdb's sysmail_add_profileaccount_sp
-and sysmail_update_profileaccount_sp).  mailq.SendDbMail gives a mail to the
-profile's first account (lowest @SequenceNumber) that is not blocked when
-the mail is queued.
-Parameters:  @ProfileName NVARCHAR(128), required
-             @AccountName NVARCHAR(128), a mailq.SendingAccount, required
-             @SequenceNumber INT >= 0, required
+mailq.UpsertDbMailProfileAccount: adds a sending account to a profile or changes
+its failover place (msdb's sysmail_add/update_profileaccount_sp); SendDbMail takes
+the lowest @SequenceNumber not blocked.
+Parameters:  @ProfileName NVARCHAR(128); @AccountName NVARCHAR(128) (a
+             mailq.SendingAccount); @SequenceNumber INT >= 0; all required
 Errors:      50198 a parameter missing or @SequenceNumber negative;
              50250 no such profile; 50253 no such sending account.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
 Lock order:  mailq.DbMailProfile, mailq.DbMailAccount, mailq.DbMailProfileAccount.
 Example:     EXEC mailq.UpsertDbMailProfileAccount @ProfileName = N'Ops',
                  @AccountName = N'smtp-primary', @SequenceNumber = 1;
@@ -8129,8 +7610,6 @@ CREATE OR ALTER PROCEDURE mailq.UpsertDbMailProfileAccount
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
@@ -8147,7 +7626,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT, @AccountID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -8187,7 +7665,6 @@ BEGIN
         ELSE
             INSERT INTO mailq.DbMailProfileAccount (ProfileID, AccountID, SequenceNumber)
             VALUES (@ProfileID, @AccountID, @SequenceNumber);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -8251,22 +7728,16 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.UpsertDbMailPrincipalProfile: lets a principal use a profile, and
-optionally makes it that principal's default (msdb's
-sysmail_add_principalprofile_sp and sysmail_update_principalprofile_sp).
-@PrincipalName N'public' makes a public profile; with @IsDefault = 1 it is
-the default public profile.  Making a default clears the principal's previous
-default.
+mailq.UpsertDbMailPrincipalProfile: lets a principal use a profile, optionally as
+its default (msdb's sysmail_add/update_principalprofile_sp); N'public' makes a
+public profile.  A new default clears the principal's previous one.
 Parameters:  @ProfileName NVARCHAR(128), required
-             @PrincipalName NVARCHAR(128): a user or role of this database,
-                            or N'public', required
-             @IsDefault BIT, default 0
+             @PrincipalName NVARCHAR(128): a user or role of this database, or N'public'
+             @IsDefault BIT = 0
 Errors:      50198 a parameter missing; 50250 no such profile;
              50254 @PrincipalName is not a user or role of this database.
-Transaction: its own if none is open, else the caller's (no savepoint); an
-             error dooms the caller's (XACT_ABORT ON) and is re-raised.
-Isolation:   READ COMMITTED, set by the procedure: its UPDLOCK reads lock the
-             latest committed row whatever level the caller runs at.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (UPDLOCK reads the latest committed row).
 Lock order:  mailq.DbMailProfile, mailq.DbMailPrincipalProfile.
 Example:     EXEC mailq.UpsertDbMailPrincipalProfile @ProfileName = N'Ops',
                  @PrincipalName = N'public', @IsDefault = 1;
@@ -8278,8 +7749,6 @@ CREATE OR ALTER PROCEDURE mailq.UpsertDbMailPrincipalProfile
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- A level set in a procedure reverts when it returns (SNAPSHOT callers
-    -- would otherwise read row versions under the UPDLOCK reads below).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     DECLARE @Msg NVARCHAR(2048);
@@ -8297,7 +7766,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         DECLARE @ProfileID INT;
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK)
@@ -8308,9 +7776,7 @@ BEGIN
             THROW 50250, @Msg, 1;
         END;
 
-        -- UPDLOCK, HOLDLOCK: the principal's rows stay ours until commit, so
-        -- two calls cannot both leave a default (UX_DbMailPrincipalProfile_Default
-        -- would refuse the second anyway).
+        -- UPDLOCK, HOLDLOCK: two calls cannot both leave a default.
         IF @IsDefault = 1
             UPDATE pp
             SET pp.IsDefault = 0
@@ -8329,7 +7795,6 @@ BEGIN
         ELSE
             INSERT INTO mailq.DbMailPrincipalProfile (PrincipalName, ProfileID, IsDefault)
             VALUES (@PrincipalName, @ProfileID, @IsDefault);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -8392,8 +7857,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqDbMailUser: send through mailq.SendDbMail and read the
-Database Mail compatible views (each member sees only the mail they sent).
+Grants of role MailqDbMailUser: mailq.SendDbMail and the sysmail_* views (own mail).
 */
 GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqDbMailUser;
 GRANT SELECT ON OBJECT::mailq.sysmail_allitems TO MailqDbMailUser;
@@ -8405,8 +7869,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqAdmin for Database Mail compatibility: send, manage
-profiles, and read every row of the sysmail_* views.
+Grants of role MailqAdmin for Database Mail: send, manage profiles, read all items.
 */
 GRANT EXECUTE ON OBJECT::mailq.SendDbMail TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.UpsertDbMailProfile TO MailqAdmin;
@@ -11588,9 +11051,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Role MailqMonitor: read-only monitoring (`mailq-db exporter`, the read-only
-`mailq-db dashboard`): the queue's metrics, one mail's history and events,
-the statistics.  No procedure that changes a mail or an account.
+Role MailqMonitor: read-only monitoring (`mailq-db exporter`, `mailq-db dashboard`);
+no procedure that changes a mail or an account.
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqMonitor') IS NULL
     CREATE ROLE MailqMonitor AUTHORIZATION dbo;
@@ -11600,36 +11062,22 @@ GO
 /*
 mailq.GetQueueMetrics: the queue's own metrics in one cheap call, for
 `mailq-db exporter` and `mailq-db dashboard` (docs/monitoring/README.md).
-Parameters:  @WindowMinutes INT 1-60, default 5: the complete UTC minutes
-             before the current one that result set 5 covers.
-Result sets: 1. one row: MeasuredAtUtc, WindowStartUtc, WindowEndUtc,
-                CallerIsMailqAdmin (member of MailqAdmin or db_owner)
+Parameters:  @WindowMinutes INT 1-60 = 5: complete UTC minutes before now (set 5)
+Result sets: 1. MeasuredAtUtc, WindowStartUtc, WindowEndUtc, CallerIsMailqAdmin
              2. depth: AccountName, RunMode, Status (UnSent, Sending), MailCount
-             3. sendable, per (account, run mode) with queued mail: DueCount
-                (the claim's own test: VisibleAtUtc <= now, an attempt left,
-                not expired), IsBlocked, SendableCount (DueCount, 0 when the
-                account is blocked), OldestSendableUtc, OldestSendableAgeSeconds
-                (0 when nothing is sendable; scheduled, backed-off and blocked
-                mail never counts)
-             4. accounts: AccountName, IsBlocked, BlockedUntilUtc,
-                BlockedSecondsLeft, BlockReason, PerMinuteLimit, PerHourLimit,
-                PerDayLimit
+             3. per (account, run mode): DueCount (the claim's test), IsBlocked,
+                SendableCount (0 when blocked), OldestSendableUtc,
+                OldestSendableAgeSeconds (0 when nothing is sendable)
+             4. accounts: AccountName, IsBlocked, BlockedUntilUtc, BlockedSecondsLeft,
+                BlockReason, PerMinuteLimit, PerHourLimit, PerDayLimit
              5. attempts ended in the window: MinuteUtc, AccountName, Outcome,
                 ReplyClass ('2xx', '4xx', '5xx', 'none'), Attempts
              6. suppressions in force: AccountName, Reason, Suppressed
-Plan:        2+3: one ordered scan of IX_MailQueue_ClaimByAccount (filtered to
-             UnSent and Sending, covering: no lookup) + Stream Aggregate; the
-             Sending split: a seek on IX_MailQueue_Status (Status = 'Sending')
-             with one key lookup per mail in flight.  4: a scan of
-             PK_SendingAccount.  5: a range seek on IX_MailAttempt_EndedAtUtc
-             over the window + one PK_MailQueue seek per attempt (its account).
-             6: one scan of PK_Suppression (AccountName first: grouped by
-             account, then reason): a small table, one row per suppressed address.
-             Cost: queued mail + mail in flight + attempts in the window +
-             suppressed addresses; never the sent history.
+Cost:        queued mail + mail in flight + attempts in the window + suppressed
+             addresses (forced seeks and small scans); never the sent history.
 Errors:      50580 @WindowMinutes out of range.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself
-             (no lock kept past a statement; none under READ_COMMITTED_SNAPSHOT).
+Transaction: reads only; opens none.
+Isolation:   READ COMMITTED, set here (no lock kept past a statement).
 Lock order:  none (no locking reads).
 Example:     EXEC mailq.GetQueueMetrics @WindowMinutes = 5;
 */
@@ -11664,10 +11112,8 @@ BEGIN
         PRIMARY KEY (AccountName, RunMode)
     );
 
-    -- Queued mail per (account, run mode): the claim's index, filtered to
-    -- UnSent and Sending, so finished mail is never read.  INDEX: the literal
-    -- Status list matches the filter; the hint keeps the covering index
-    -- whatever the statistics say.  "Due" is ClaimMail's own predicate.
+    -- The claim's index, filtered to UnSent and Sending: the literal Status list
+    -- matches the filter, INDEX keeps it whatever the statistics say.
     INSERT INTO @Pair (AccountName, RunMode, MailCount, DueCount, OldestDueUtc)
     SELECT
         k.AccountName,
@@ -11681,8 +11127,7 @@ BEGIN
     WHERE k.Status IN (N'UnSent', N'Sending')
     GROUP BY k.AccountName, k.RunMode;
 
-    -- Mail in flight per (account, run mode): a seek on the Sending range of
-    -- IX_MailQueue_Status, one lookup per leased mail for its run mode.
+    -- In flight: a seek on IX_MailQueue_Status's Sending range, one lookup per mail.
     UPDATE p
     SET p.SendingCount = s.SendingCount
     FROM @Pair AS p
@@ -11743,9 +11188,8 @@ BEGIN
     FROM mailq.SendingAccount AS a
     ORDER BY a.AccountName;
 
-    -- Attempts ended in the window's complete minutes: a range seek on the
-    -- attempts' end-time index (its filter is implied: the explicit IS NOT
-    -- NULL lets the hint match it), one PK seek per attempt for the account.
+    -- A range seek on IX_MailAttempt_EndedAtUtc (the explicit IS NOT NULL lets
+    -- the hint match its filter), one PK seek per attempt for the account.
     SELECT
         m.MinuteUtc,
         q.AccountName,
@@ -11769,8 +11213,7 @@ BEGIN
     GROUP BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass
     ORDER BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass;
 
-    -- Suppressions in force, per account and reason: mailq.Suppression is
-    -- small (one row per suppressed address), so one scan of its clustered key.
+    -- mailq.Suppression is small: one scan of its clustered key.
     SELECT s.AccountName, s.Reason, COUNT_BIG(*) AS Suppressed
     FROM mailq.Suppression AS s
     WHERE s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now
@@ -11918,9 +11361,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqAdmin on the monitoring procedures: the dashboard's
-actions (mailq.CancelMail, mailq.RequeueMail, mailq.UnblockSendingAccount,
-granted in MailqAdmin.grants.sql) list their mails with mailq.FindMail.
+Grants of role MailqAdmin on the monitoring procedures (the dashboard's actions).
 */
 GRANT EXECUTE ON OBJECT::mailq.GetQueueMetrics TO MailqAdmin;
 GRANT EXECUTE ON OBJECT::mailq.GetMailHistory TO MailqAdmin;
@@ -11937,11 +11378,9 @@ IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEG
 GO
 /*
 Role MailqDbMailRunner: the query runner of mailq.SendDbMail (mailq-db
-dbmail-runner) claims waiting queries and hands back their results.  To run a
-caller's query as that caller, the runner's user also needs IMPERSONATE on
-each database user that sends @query mail, granted by the DBA one by one:
+dbmail-runner).  It also needs IMPERSONATE on each user that sends @query mail,
+granted one by one (docs/database-mail.md, "How @query runs"):
 GRANT IMPERSONATE ON USER::[report_user] TO MailqDbMailRunner;
-(docs/database-mail.md, "How @query runs": what that grant means).
 */
 IF DATABASE_PRINCIPAL_ID(N'MailqDbMailRunner') IS NULL
     CREATE ROLE MailqDbMailRunner AUTHORIZATION dbo;
@@ -12090,12 +11529,10 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_mailattachments: msdb.dbo.sysmail_mailattachments over this
-queue: the attachments of mail sent with mailq.SendDbMail (here only a
-query's result file), msdb's columns in msdb's order
+mailq.sysmail_mailattachments: msdb.dbo.sysmail_mailattachments over the queue:
+a SendDbMail query's result file, msdb's columns in msdb's order; attachment_id
+BIGINT = MailItemID * 10 + number - 1; rows as mailq.sysmail_allitems
 (https://learn.microsoft.com/en-us/sql/relational-databases/system-catalog-views/sysmail-mailattachments-transact-sql).
-attachment_id is BIGINT here (MailItemID * 10 + the attachment's number - 1:
-a mail has at most 10); rows as mailq.sysmail_allitems.
 */
 CREATE OR ALTER VIEW mailq.sysmail_mailattachments
 AS
@@ -12117,9 +11554,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_profile: msdb.dbo.sysmail_profile's columns over
-mailq.DbMailProfile (profile_id, name, description, last_mod_datetime: the
-creation time, local; last_mod_user: NULL, not recorded here).
+mailq.sysmail_profile: msdb.dbo.sysmail_profile's columns over mailq.DbMailProfile
+(last_mod_datetime: the creation time, local; last_mod_user NULL).
 */
 CREATE OR ALTER VIEW mailq.sysmail_profile
 AS
@@ -12135,11 +11571,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_account: msdb.dbo.sysmail_account's columns over the sending
-accounts that are in a profile (mailq.DbMailAccount, mailq.SendingAccount):
-email_address and display_name are the account's defaults; description and
-replyto_address are NULL (no such account settings here: pass @reply_to).
-SMTP servers and credentials live in the worker's configuration, not here.
+mailq.sysmail_account: msdb.dbo.sysmail_account's columns over the sending accounts
+in a profile: email_address and display_name are the account's defaults;
+description and replyto_address NULL.  SMTP settings live in the worker's config.
 */
 CREATE OR ALTER VIEW mailq.sysmail_account
 AS
@@ -12175,10 +11609,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_principalprofile: msdb.dbo.sysmail_principalprofile's columns
-over mailq.DbMailPrincipalProfile; principal_sid is 0x00 for public (as
-msdb), else the database principal's SID (NULL if it no longer exists), and
-principal_name, not in msdb, is added last.
+mailq.sysmail_principalprofile: msdb.dbo.sysmail_principalprofile's columns over
+mailq.DbMailPrincipalProfile; principal_sid 0x00 for public, NULL for a principal
+gone; principal_name added last.
 */
 CREATE OR ALTER VIEW mailq.sysmail_principalprofile
 AS
@@ -12195,12 +11628,9 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.sysmail_configuration: msdb.dbo.sysmail_configuration's columns with
-this package's fixed values for msdb's settings that have a meaning here
-(docs/database-mail.md, "Settings"): MaxFileSize (the attachment limit, bytes),
-ProhibitedExtensions (refused for @query_attachment_filename: 14630),
-AccountRetryAttempts (attempts per mail, mailq.EnqueueMail's default, not per
-account), LoggingLevel (2: errors, warnings and successes in sysmail_event_log).
+mailq.sysmail_configuration: msdb.dbo.sysmail_configuration's columns with this
+package's fixed values (docs/database-mail.md, "Settings"): MaxFileSize,
+ProhibitedExtensions (14630), AccountRetryAttempts (attempts per mail), LoggingLevel 2.
 */
 CREATE OR ALTER VIEW mailq.sysmail_configuration
 AS
@@ -12232,8 +11662,7 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grants of role MailqAdmin for the Database Mail catalogue views (profiles,
-accounts, grants, settings) and the attachments view.
+Grants of role MailqAdmin on the Database Mail catalogue and attachments views.
 */
 GRANT SELECT ON OBJECT::mailq.sysmail_mailattachments TO MailqAdmin;
 GRANT SELECT ON OBJECT::mailq.sysmail_profile TO MailqAdmin;
@@ -12245,10 +11674,8 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Grant of role MailqDbMailUser on the attachments view, as msdb grants
-DatabaseMailUserRole sysmail_mailattachments (each member sees only the
-attachments of the mail they sent).  Its own file: the view is created after
-MailqDbMailUser.grants.sql runs.
+MailqDbMailUser on the attachments view (as msdb; own mail only); its own file:
+the view is created after MailqDbMailUser.grants.sql.
 */
 GRANT SELECT ON OBJECT::mailq.sysmail_mailattachments TO MailqDbMailUser;
 GO
@@ -12526,130 +11953,130 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'security/MailqAdmin.dbmail2.grants.sql',
     N'security/MailqDbMailUser.attachments.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
-    ('0001', N'checks/mailq.CheckServer.sql', '89ed45a62c6ee8ca40463e4bd4af18043187e39a1ba6d06b14d13407c15881df'),
-    ('0001', N'schemas/mailq.sql', 'a9a6be54bd0f26e4b367d371bb9b830d93be85ee5ba7add8c05eea0aae709248'),
-    ('0001', N'security/MailqEnqueuer.role.sql', '589e23d67df1fb9e52f9123d6143dce0a2ee666dcd17feb1c8222917b86ddb81'),
-    ('0001', N'security/MailqSender.role.sql', 'ff2c8c44a1856d12b08548a671dda68a7520f3b6d9092903d7bca1ba99157b59'),
-    ('0001', N'security/MailqAdmin.role.sql', '30aa41f2d450c3bef3825cc2fb7002c42de02860929c2c3a2a2cea510746714b'),
-    ('0001', N'security/MailqDelayCaller.role.sql', 'f54c09706acd6f8a5fa5f969cb78deb696342fdd718a2a84aba55b7f5694fd2f'),
-    ('0001', N'security/MailqRunner.user.sql', 'e92e9fb39816e02ec59d0848ef1e74596c9a5922bf72ae8dbd4b3addee1f9626'),
-    ('0001', N'tables/mailq.SendingAccount.sql', 'f3907b26912fabe6dad7defd1a9bc7924939bcf892b4218a698fe6922e63aedb'),
-    ('0001', N'tables/mailq.RateBudget.sql', 'ba96dd9dc748b79697b4ab85d719bfb011305db75812f7154fcb46cdcdc14ff7'),
-    ('0001', N'tables/mailq.Application.sql', '207e725fae4335e7a3e5f1a90a367b9dd295c84d00446aae5786a2a8bb3b709b'),
-    ('0001', N'tables/mailq.MailQueue.sql', 'c5fd4c70c6aa26fa13629d5d0008e2d50a99ede7097d3ee495332d4d71312681'),
-    ('0001', N'tables/mailq.MailAttachment.sql', '059f381d10ed35442ec961bcbe3347d01797a00933590e07476d08b6385012ff'),
-    ('0001', N'tables/mailq.MailAttempt.sql', 'cacec28f3b1a2508b3bebf36aaae8897c20931df4c64898d5a8910ae9e003e40'),
-    ('0001', N'tables/mailq.ApplicationAccount.sql', '988d96eb1d0417f2543b3009f71e259f9e97ba58ab201b460c2c56f27a21aaa0'),
-    ('0001', N'tables/mailq.ApplicationFrom.sql', '50fdc6c291ea38fc983860b3f3a1ae3421a2e2acd88fbc5ac9fdf2e26d3f3b4a'),
-    ('0001', N'tables/mailq.ApplicationPrincipal.sql', '53cc36e068e256975695127747321957913e4fd46867dd233a08abb33ae8c64e'),
-    ('0001', N'tables/mailq.EnqueuePolicy.sql', '48c60d86f6ea8d551826c9a96ae47b3873d81254cf5e72c01bd50be4bf1b1f38'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql', '62be44ede166e928f3a4e370a91266e16c7604206073e15ac4e84f68b3631b56'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql', '11ace511c32b156de71e2663c030c9c8e143a2f6d4335b0abeb5016d5377e40c'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql', 'f41ca58f74b71a351c6561e956363df3f78588ed70d11e226ac02c8a63bb2cc8'),
-    ('0001', N'tables/mailq.MailRecipientOutcome.sql', 'f1430a5e38b9e31f49065d2688e6e2106274ce91a155fc457d8918dadfa29e74'),
-    ('0001', N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql', '227bedc63564cd48d89514e6dd7b890b9dedc6f7cf6b168e3a664ee3597169bd'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql', '804b2ef1a4efbb15ae13bf62360dec0143dc7a8fc155974956f478dd73605e70'),
-    ('0001', N'indexes/mailq.MailAttempt.IX_MailAttempt_EndedAtUtc.sql', '533fac7d1deb5639e6743c84bc6ad31ca675b7accedd2a50277410b7c989e8dc'),
-    ('0001', N'indexes/mailq.SendingAccount.UX_SendingAccount_IsDefault.sql', 'd0af5a63438163fc084ed685b4b1f2418e92ad885ba5891814cff6186dce8560'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Status.sql', 'a7489c8675f519fcc0f5efc4157a89217dcb648872ef5fa3052c059879387c9b'),
-    ('0001', N'tables/mailq.MailEvent.sql', '8e8ef5203d5804a705ad49b408ede57c0066067d8a0552ad48cbbf66abd4a0fb'),
-    ('0001', N'indexes/mailq.MailEvent.IX_MailEvent_AppName.sql', '0a48a1a1b247bbe02061a51f824dd7f3513dcb73893455f7d52e5d3fd4b56ec0'),
-    ('0001', N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql', '97d14958ecd474d8a8073a004bd7b29862f3b1691e60b1f144479cbb880df293'),
-    ('0001', N'tables/mailq.ApplicationHook.sql', '7a5b960e85f0838216aa6df258ea6684f7dc2313519f60373e6820236f540dc5'),
-    ('0001', N'tables/mailq.ApplicationHookFailure.sql', 'f754603d66267a52c81a65df0ceea0cb6282f9b5cd76ad603fb20b5fea217042'),
-    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql', 'f04c4a974bea0b3e6521fd3a30c1b23689f8ed862318f99ea68de34bd95327f8'),
-    ('0001', N'functions/mailq.ParseAddressList.sql', 'fc32cb8caa04c6c8eeb6466c050652bd9917d72795419b3d2efec091944e51fe'),
-    ('0001', N'functions/mailq.ParseIDList.sql', '030429dfb47b466d8caa7aff6c66633f870c2ecff105a3d96fad2581d422d4ce'),
-    ('0001', N'functions/mailq.HookPin.sql', '5bbc8ba60b5e959f48e0dc352baff33e7fd342b5b9408199b2d0430d3eb5cb4a'),
+    ('0001', N'checks/mailq.CheckServer.sql', 'b93dab19ebf4ab0a90c041e064f96c32c5396c7a5888312a7f3eeb07559e85dd'),
+    ('0001', N'schemas/mailq.sql', '0b58994cbbdb350c1c3d6bea22e6acc7eac3044b62542bb8e4adc234ff7daabe'),
+    ('0001', N'security/MailqEnqueuer.role.sql', '9031160ef70a98368f463b9621b8d87df82403cd7d7ccfdb82cae307b51a545b'),
+    ('0001', N'security/MailqSender.role.sql', 'e0a7c74b9cdc5c75df3092465654a1c213c74f78d9fc18cd66dc445fbcdbbe92'),
+    ('0001', N'security/MailqAdmin.role.sql', '55ea3f458b3be212241b82c86330d3e77dd424f6e371c15b51934a5a2ac5912a'),
+    ('0001', N'security/MailqDelayCaller.role.sql', '3b317bf8b478021cbfde763baa0529e0f69bce22cc5507db5ba97970fc22aa98'),
+    ('0001', N'security/MailqRunner.user.sql', '6f1e525fd09bd2b567ef232d5d7a7b541079e86ee6b5ede711566927782ee946'),
+    ('0001', N'tables/mailq.SendingAccount.sql', '2f835735e92d1a1cd29900f0a180da74aa944eb6b3b15946123e41968e84ac92'),
+    ('0001', N'tables/mailq.RateBudget.sql', 'fc1f4885d6e8ad3073efa81978c90128956c03fa4ba379674a6ffcf48f2a1844'),
+    ('0001', N'tables/mailq.Application.sql', 'ce2520366efe18553a1106ff3f32f0c671f9af6b1b2b2e7ff63ab0a32d7e8b74'),
+    ('0001', N'tables/mailq.MailQueue.sql', '861a5e59cbbbf444baac6be0f9415b858670fcdd87c5b09b9c5c19bbafb0c186'),
+    ('0001', N'tables/mailq.MailAttachment.sql', '647f14772652007856e97ae7dbac6eb6c88c744265d0785921e9a7cd8ae9eca5'),
+    ('0001', N'tables/mailq.MailAttempt.sql', '77a5489c77fbb21374ef3b1af781c602377ee0a52150822be04771541aad5a9c'),
+    ('0001', N'tables/mailq.ApplicationAccount.sql', '52cc59079a18055cbe463dbc8da9a6da00399725cd24498a86e04439e5c53743'),
+    ('0001', N'tables/mailq.ApplicationFrom.sql', '7fbc1e901c787d47b2645d3d7050b0cb411571106e643fa39c489b44aa35875f'),
+    ('0001', N'tables/mailq.ApplicationPrincipal.sql', '615479cc4df329728da06a60b0db72a35184a830cd864f30f31c77aa78a5bb45'),
+    ('0001', N'tables/mailq.EnqueuePolicy.sql', '3056c44b85680171418f79e54bd46af0c14746f559033085880419f8078b1393'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql', '8df5492e2302b09bd4df2e4d8201a3f2d88380bb0a537e017640f142ee4cf4f7'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql', '019854d40c0d04543a74eddf6dcc8794f99aefaee5d0c7a20325be40b8c0f646'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql', 'd50d7f60ff0b43da4636706632406270406a7e2b6b6b87feb9e254c1573d4442'),
+    ('0001', N'tables/mailq.MailRecipientOutcome.sql', '3dd3c4921f18d224f0a8faab4a2300308727a6fd394923b89a6d6d384485bb30'),
+    ('0001', N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql', '7b923369fc8a49f7ef6198c06ec89d8e21c859ef5fcf7761fe0819189243f3b8'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql', '511867a54b0e49434c6d5b85cbcabae57c81fe737add4f46b27eb2ec71650483'),
+    ('0001', N'indexes/mailq.MailAttempt.IX_MailAttempt_EndedAtUtc.sql', '2c124eaf37581473cebe8238f66585ceb2ab40c7811a1a5a1095fabfb8e39f6f'),
+    ('0001', N'indexes/mailq.SendingAccount.UX_SendingAccount_IsDefault.sql', '0eef60e5764aa205e755b7d5dbcb1c4eb4d61ee6446f0a18a32033c878bf7833'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Status.sql', '878c56a2fbf4415c85b71cac648c1eed46dbd4c1f073c2c2120880a254666ee3'),
+    ('0001', N'tables/mailq.MailEvent.sql', '1d09f74345fcbc97f3c8a0d349f7809bce395448a0110ed2bb2e6f8a2317df82'),
+    ('0001', N'indexes/mailq.MailEvent.IX_MailEvent_AppName.sql', '5b86cfe09982ec49227c9378c67f41bc6df9d239d6e281950015252bc12e0fcf'),
+    ('0001', N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql', '5eb66fb09a014a123774f78c01d118a00deecb0da1b052dc40d54bc3f7d9729b'),
+    ('0001', N'tables/mailq.ApplicationHook.sql', 'fe4e1fcb64689b4f21d99352bd404e6396e52902b1d2767786808bf82233deca'),
+    ('0001', N'tables/mailq.ApplicationHookFailure.sql', 'a2cb28d982f33f50409ffa89ba53f1b53e79ca75bb85d5c3ff67f9b57e06532b'),
+    ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql', '93de76085ce6d6e6abda18eafae2507892f8b4062c399740e65c562b08443009'),
+    ('0001', N'functions/mailq.ParseAddressList.sql', '3da5f904215c4a5b15839c60bd3a22d21bf16ba7dffbf488f2b6a5f6f8731a3e'),
+    ('0001', N'functions/mailq.ParseIDList.sql', 'da3ed12c0de9d038e1bdc919b1885f4d8930fdfad7d887c1cbc81fe21868656a'),
+    ('0001', N'functions/mailq.HookPin.sql', '14478ec51277456a006c967ef570511905fa1a6bbd4940215576071cecb1ac14'),
     ('0001', N'tables/mailq.Suppression.sql', 'da9e2ba03a9d52ecbd98a8c7d3c4c8663428bdea4df27ce0e26af3194aee24d7'),
     ('0001', N'tables/mailq.SuppressionHistory.sql', '6efb2e5781c9679a40f6cd149e97f6e2f66e0095158db20d38e43684f5285782'),
     ('0001', N'tables/mailq.BounceReport.sql', '3c847cd36edbb54e07beaa0348cab68ff64a7c84d542e54dfab19d9ec216d210'),
     ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_Address.sql', '1d006a9ab08f86c6b7e841955520be45a8e62115c16dab1bef7f9509b0975b76'),
     ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql', '0bbe3c46ba7311580cb4a1a1a2129dcabf614c563a3a71846574b3931ab54175'),
     ('0001', N'functions/mailq.MailRecipientList.sql', '9d3c6d4660576d3a99dd6709014ceef4451f553f069772a306312c047909f9c8'),
-    ('0001', N'functions/mailq.FilterSuppressedRecipients.sql', '76da5be94fa56e2c299abce84f30bc062c440bedbd2372f8a923be7981e204ba'),
-    ('0001', N'types/mailq.MailBatchRow.sql', '02c76403e1fc4742abd5e6c2544043b4a4b67e3785977be2e9206f41bfb6ad5f'),
-    ('0001', N'functions/mailq.MailAttachmentList.sql', 'f24efad0ca73a89b8d849c8cdfa06017c72e2ddcc71be815f7392136fd401eaf'),
-    ('0001', N'functions/mailq.MailBatchJson.sql', 'ab122cea575474bc51b5c5af146cbcd2b143a755366e4779e49527a4e40f5c83'),
-    ('0001', N'functions/mailq.EnqueueMailCheck.sql', 'd1904c141b7f0c46274ff85f1a5872998b8c0fe6a88557d5391d5fa065d8ab81'),
-    ('0001', N'views/mailq.QueueCountsByStatus.sql', '32e5f38bff4ef0a40c0f2f241723f7f2ee19701c2cd4ac5952c6f08d957d59cd'),
-    ('0001', N'views/mailq.OldestDueMail.sql', '162ab558e04d44adcbd1e11d6e53f8d91108c9f713e3199039d207ed229cb7a6'),
-    ('0001', N'views/mailq.ThroughputPerHour.sql', '430d89e12b1171bedd76164b995c9ad7811a96e660a0de37a939ed75a9216d19'),
-    ('0001', N'views/mailq.RecentFailures.sql', '2df5fd73ddc729eb890e131252c5eb5ef4aba349c494f154e893e644814b3f2e'),
-    ('0001', N'views/mailq.RecipientOutcomes.sql', 'cdb944113398b45a120b17f483820a52328a2df2b0203c1f2aab97c21b55d772'),
-    ('0001', N'procedures/mailq.LockLeasedMail.sql', '7c551bc3d04a61184ef72a53039aa164d11402bbd7a0cd5908795337fca9f2c3'),
+    ('0001', N'functions/mailq.FilterSuppressedRecipients.sql', '73545d8b3e42a8010f48db622d3365e2c26e9e3032d722b878008ebf466eee9a'),
+    ('0001', N'types/mailq.MailBatchRow.sql', '1f3efb2b7c95ad026729d081627d6db0f66570de683064c1d4433574fd2622fe'),
+    ('0001', N'functions/mailq.MailAttachmentList.sql', '0b2e76759062fb352403793dd2b045d1349086e49f6381b672221ffeef4ea487'),
+    ('0001', N'functions/mailq.MailBatchJson.sql', '1fdd1d16365b0245f8304957b71f3ababdbcb325679caa0f3c44093d8b4ca59e'),
+    ('0001', N'functions/mailq.EnqueueMailCheck.sql', '13a844ec80f1aa8f927dfcfa7037526845c13edd6e8a34013ca22f2b68011059'),
+    ('0001', N'views/mailq.QueueCountsByStatus.sql', 'ab8d9b6234fb2edc50cd0d9cd88370092e0f5cea9aa5f0fe941f784e88a555c1'),
+    ('0001', N'views/mailq.OldestDueMail.sql', 'c1e8c7bbb648e866f00e2ec6d14aa17b548e6bb434ea549344f731251b59e486'),
+    ('0001', N'views/mailq.ThroughputPerHour.sql', '3ecd65d5fabf3581706cdc62af282729ff94103e16b186c0b0da1b07738491cd'),
+    ('0001', N'views/mailq.RecentFailures.sql', '884ce76e279e329c7cfe1c2adebcb743509b3e9da83c9bc169f75c095287d3b9'),
+    ('0001', N'views/mailq.RecipientOutcomes.sql', '931f6a4311bc05874ccaeca4480859f894a66fefa0ddddefe0353844a80d521c'),
+    ('0001', N'procedures/mailq.LockLeasedMail.sql', '846bbade3fe439ec5ca4cde6989b15b141f1dfa46f2a1fbfddf4d6b95c55ba5b'),
     ('0001', N'procedures/mailq.EnqueueMailRows.sql', 'f6015e931e40208b73d61d27d6d10cec49bee838443127a1f1fc7b273c067021'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', 'd69ca714e0a7703615d3ec2eabb3981738950c080a588cff31b32b18d3be6bbf'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'd0d527428f3becb3728ca661ec67d74213fd7fbdb79c39a841f4c0b0bade7685'),
     ('0001', N'procedures/mailq.ClaimMail.sql', '604af996b0078bae544cfc8a6c230358df7b8571d9fab6f22d516e130b8ab043'),
     ('0001', N'procedures/mailq.FinalizeMail.sql', '8fc7bbd5019a55a67641a3ccf028473b2cde1188b92cf62d3353195aa00cd6a4'),
     ('0001', N'procedures/mailq.ExtendLease.sql', 'a7e8771b9a660135a3c2f6ce00e23a726ced7b27f8f48c1e39ed3baa14bef449'),
-    ('0001', N'procedures/mailq.ReleaseMail.sql', '8f72da9b892b4bdb2d39aa6fcb5aaef5a43b9d6c6c6e336c60bf376d72a51ad3'),
-    ('0001', N'procedures/mailq.MarkSent.sql', '63e9c82af22c4c5959473830ffa250aa10bc43819156691de7840eb4f71b143f'),
-    ('0001', N'procedures/mailq.MarkFailed.sql', 'dc5bff613a81b325211cb939441da996427f022103a77e9753d9b275e9836e4d'),
+    ('0001', N'procedures/mailq.ReleaseMail.sql', 'a06e9c4393e9067ee1ad5fb0b903bec630bd7fd3c489e0ea77024f72fb1162fb'),
+    ('0001', N'procedures/mailq.MarkSent.sql', '10fc318e52e59e017c47f60a3fd0208214c7386307e4c1fc42d91625bf878827'),
+    ('0001', N'procedures/mailq.MarkFailed.sql', '1cce0af362e75ccdd0f40119a124cfbd67afa3b417cd1b8af26d8b4cab210e84'),
     ('0001', N'procedures/mailq.CancelMail.sql', '2fa057f44551e94b059da43c82f50c28dc392bd07350f68f80062435d1734f9c'),
-    ('0001', N'procedures/mailq.RequeueMail.sql', '52b71f182cebbf74f1b6ff022890547953b5dde01c62f3c1f4928de64356fe89'),
-    ('0001', N'procedures/mailq.PurgeMail.sql', '47b29433eebe42dcc19877f83725d978bbdaa6913d42763a1b5d2b6b338814e9'),
-    ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '7b619046925ea5e96a4a8edcd51748ae94c9668161c239a8c3bdcdb818479d9b'),
-    ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '3e0eb11846f64b7a3ab30c0d6ba73048c2c3618070df5d24ba2056cd40225bad'),
+    ('0001', N'procedures/mailq.RequeueMail.sql', 'c0138edc4203e81b6fd323be8b581ee02b5760b13bc7613487b32aadf2a8aee7'),
+    ('0001', N'procedures/mailq.PurgeMail.sql', '8de975a5f39d418e2fcec5f00c17620e1b70d7c4588f61dcc7cd5fe90fe977f1'),
+    ('0001', N'procedures/mailq.UpsertSendingAccount.sql', 'eab93d14126e5d5de0c5ca7f70a2a85e7c3bcf9da6931df725252f9959320890'),
+    ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '2d0f1b58b56dcec959642f010093b53ab09afd2642a9e7e6069b9133ab08c630'),
     ('0001', N'procedures/mailq.AcquireLoginSlot.sql', '103d0cec56e2060e58cfbcdf448024dca179b6924b97027b6bc525aedea4b50f'),
-    ('0001', N'procedures/mailq.UpsertApplication.sql', 'c67aa57bf142dfbb5c6c55f8223a0c3427c47ff300098966a771c30210438ae4'),
+    ('0001', N'procedures/mailq.UpsertApplication.sql', 'a9c0b8287c42d19da48f6a74263a8f126a432f837f4d6eebc1a95e9a61bc172d'),
     ('0001', N'procedures/mailq.BindApplication.sql', '70f8dc39bc05404b3b46479e3213ae0e2377ee985a447217635edaffbbe7f2d5'),
-    ('0001', N'procedures/mailq.UnbindApplication.sql', 'c6cfffd6e670ba895709856cc742f910a1f7be30b5c7f6fa3b821d18769a6076'),
-    ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'ebab2f0d893042164d3de72c5d73536f20cb329cf5f387e3b91c0f8e321a54cd'),
+    ('0001', N'procedures/mailq.UnbindApplication.sql', '710341c92e835857e03b815835bf5a715411f98a85badd36db5a9de6b2c16821'),
+    ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', '32bf04ba2c9b96bb118d3635e64a32b4da20560f0b9c47e115190b8e188ca4b1'),
     ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', '7e7113281dab4edc4ce9e7069962ceb57cb3ddb3b3074b22cf83b3d8efe879b5'),
-    ('0001', N'procedures/mailq.GetQueueStats.sql', '27e0a401b0e0f101457d74f3297e377c435c00ac91f16ac0ffe1fa8d5bcca5cd'),
+    ('0001', N'procedures/mailq.GetQueueStats.sql', 'caa08d6562e4d06b5237d60cade4c54a143f366e484da07998373554fc824ba0'),
     ('0001', N'procedures/mailq.GetInstallationHealth.sql', '3e25b7550fa4ba3c8ce6a15dddc2c687bc9baf9ca8dfc9db04aab94bceb486d0'),
-    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '153dc087cfcdb92ebb0d8006d0610c5df24c3d6099775c846433a14d02b70694'),
-    ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '9d6440087de1500f6688d698c4098d940458eab0b4f063aa03ac5642f219e41d'),
+    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '8cbbfb8259e451766757368015a20ca2dfc8f0290ffca630519c0cdf4472cbd0'),
+    ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '448f8c261c15506faf446a4b9fb236dd7d95c4b47144f3a93e47742ad8df86b1'),
     ('0001', N'procedures/mailq.GetMailEvents.sql', '756b86ad8cf49ffd85a5e57c78aedba7b5b23696db998cdfa1585cb4454a3b2a'),
-    ('0001', N'procedures/mailq.StopMail.sql', '57190c217b55d60c775f7b74d35f5cd6b780fc2b215c048acc5ee90e30f8b9c1'),
-    ('0001', N'procedures/mailq.SetApplicationHook.sql', '68e13868093ea2b78789569f726e5cb9313242fdb2d69b1416cfb84ce04d634b'),
-    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'b2f0510300349b11db4f41affa0453ffc5eba1a67c3b430028696c573f3e5859'),
-    ('0001', N'procedures/mailq.ListApplicationHooks.sql', 'b939a56c1351622136cf5a9f3b47a83a830a5fb08a5c6b3b25101091d453dc94'),
+    ('0001', N'procedures/mailq.StopMail.sql', '6db45953734f07d46e6a59659300423141c8d52cb48cc35a331d939da839e0e5'),
+    ('0001', N'procedures/mailq.SetApplicationHook.sql', '535b69d3df423191a65f8dd5901155c93dbc126dee831388e47f92d99b173ea2'),
+    ('0001', N'procedures/mailq.RunApplicationHooks.sql', '596a67f88740c34ffcca3d43d2fcfefc86a6081faf7a96d406fd98dd3bc86bcd'),
+    ('0001', N'procedures/mailq.ListApplicationHooks.sql', '8fba683c4f53e02e18de9be3fdf61af767d6a1cb8b894d358fc7ee5b5c32b32f'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', 'd19f9025524a9e681080f8e5864ed4df270944ee5739d93a0b38977b99e87285'),
-    ('0001', N'security/MailqEnqueuer.grants.sql', '308e6b3f4e8a94429b47e1720c362f8913cd230a0afc63ceca89013740ef94a4'),
-    ('0001', N'security/MailqEnqueuer.batch.grants.sql', '500a3a76b5ce7a8edd0cdbf9d19d48322676042658da9fb541d4d0e457804e1d'),
-    ('0001', N'security/MailqSender.grants.sql', '38d55f69943e8c103cef7d15da235dfdc69431baf1735959703665e0f6581686'),
-    ('0001', N'security/MailqAdmin.grants.sql', '3696354d41a2d0c7a6f294103fc7ac349c8b376ae32036b19eb1d2fc00a14e36'),
-    ('0001', N'security/MailqSender.finalize.grants.sql', '476129a986853112459e2aede7653486af792be00e8f3cdc6f20d38c11b67078'),
-    ('0001', N'security/MailqSender.recipients.grants.sql', 'e450e5c2eb97a0ab27bdb80713db3844bf56d972ab5cafdfedf19b06042b0a6d'),
-    ('0001', N'security/MailqAdmin.hooks.grants.sql', 'c707623f13a083a6efab3515f34d29f4701ee57f515504280a39181265b32016'),
-    ('0001', N'security/MailqAdmin.enqueue.grants.sql', 'cf9a54032e603bb02db138dc8cd512a5b10548a2f5825f3844833329b1efb4b7'),
-    ('0001', N'security/MailqEnqueuer.eventstall.grants.sql', 'a7e819800bf26dd821739517e854d07da0c3cc016233fe6f0bc2eeed5fb18279'),
-    ('0001', N'tables/mailq.MailTemplate.sql', 'bf6adf36d946b89f08b03715929d7dcef78474409b34c1d16062a27bb8d74bbe'),
-    ('0001', N'tables/mailq.MailTemplateVersion.sql', '740e3884fde00d413cb05c3d4cee3bb2eb2d55e85eb79c747ec29a7f7c255c43'),
-    ('0001', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', '133f9422bc2571f00cda7ce554f3fde0ac0370953e37158bf40a628ec0a3ac80'),
+    ('0001', N'security/MailqEnqueuer.grants.sql', 'a63718c6a392c87e93165ff3ff1af09be103805eb73ba6fdcdf1db95ad27b502'),
+    ('0001', N'security/MailqEnqueuer.batch.grants.sql', '3c52896261a43f541fd2e74a859921f6335cf273903871b0305c988220267e77'),
+    ('0001', N'security/MailqSender.grants.sql', '400110d3b8a4d6b3e3e4da002ad0204e6e8fbc02f65a17a550cd7c1e1343d0fb'),
+    ('0001', N'security/MailqAdmin.grants.sql', '0a103aaa193da90af787929f45c1c9d67d836332aea8f38c0ea033cd7d6bdc9f'),
+    ('0001', N'security/MailqSender.finalize.grants.sql', '303630d04fb9393e431df39d16b7575df7b90275e3926b768f4f01ae0f8a5977'),
+    ('0001', N'security/MailqSender.recipients.grants.sql', '145e79bf60fc43287c82925110f0cd0305cbf5a6526d1718c829f5a9a11b4a7c'),
+    ('0001', N'security/MailqAdmin.hooks.grants.sql', '3555266edd4136eae0879986d33994a228793100d9f0db2d86765a35401fbc8e'),
+    ('0001', N'security/MailqAdmin.enqueue.grants.sql', '48c7304d321ada409eae0ba80ac68f11257c0bc0779d45665d9f05548ea86b99'),
+    ('0001', N'security/MailqEnqueuer.eventstall.grants.sql', '9c4ccd0dc2369d046d02f5eca26cdc917f119c3719640dcc048ae3fac8a4e513'),
+    ('0001', N'tables/mailq.MailTemplate.sql', 'a49eee6464b5484e049c1ecf0011afb386acbe5ddab067be252d67e911d6f46d'),
+    ('0001', N'tables/mailq.MailTemplateVersion.sql', 'a2d6f5a8d6ea14c67e166981b2334360fff66aac1d27a295e0889aac4c6b6826'),
+    ('0001', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', 'a88c3e9c31c02ddcca2437b343b015c0c739f4368cbebbd9889671ee88329e62'),
     ('0001', N'procedures/mailq.AddMailTemplateVersion.sql', '82695f413b2fabd33bb7e45bfb3c65ab7d851d2985737b4bbf782fd6001c1931'),
     ('0001', N'procedures/mailq.GetMailTemplate.sql', '6c7835174187c391c9c7b40b1ead6cbe84635839946eb68fec52164d4e2c1a26'),
     ('0001', N'procedures/mailq.ListMailTemplates.sql', '9c197f2af691d38c2e44e3524539ea6eefc26f44a629f88d17b2c1a257ad6097'),
-    ('0001', N'procedures/mailq.ListMailTemplateVersions.sql', '7809a4b13f09337f329f7312235cb97b59806f6fdef0443f8edd45c48d46be35'),
-    ('0001', N'procedures/mailq.RetireMailTemplate.sql', '7096d2fcc12530a2d89797d47dfdf31eb293f3dd922081e8712cd37b95790c67'),
-    ('0001', N'security/MailqAdmin.templates.grants.sql', '1bc2010fe8c5699d9b462b3ec3c5d024f83c29641e9e15f807db8a84a2296315'),
-    ('0001', N'security/MailqDbMailUser.role.sql', '692e2ecb3910c20d33e0995e5ca5012dda719fd9406ce23e25444cd4085e0089'),
-    ('0001', N'tables/mailq.DbMailProfile.sql', 'f9417f7282e71aab9028d5cea8fc251ca030c46bb9b23ea20971826441a1da72'),
-    ('0001', N'tables/mailq.DbMailAccount.sql', '5d68016c813af0eefedf11cfea5d38a07673e4ce6889eb0632c74e1f95d3bf7b'),
-    ('0001', N'tables/mailq.DbMailProfileAccount.sql', 'ce98f9dc2d88dc6b1c7bdf39fe47f2b129d18947b5d66b95403bb252410fbedf'),
-    ('0001', N'tables/mailq.DbMailPrincipalProfile.sql', '5c78aa224793927990c6396daebd6d1ef5e9e6c29c8e5fded4e504421338b466'),
-    ('0001', N'tables/mailq.DbMailItem.sql', '6e017d4d3194a75a7a9fd7715e5c55fc0ff09662c53345515cec4c51edc2f0db'),
-    ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql', '15e1ef84f4a88fa0fe12134a3b78a734cb6ec2b8038e9ad66ca0d65fb3d877ab'),
-    ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql', '6cd529dc0143cf6780988ffde3fcd17f3f0a21234106060aaa5dfca8ccb76235'),
-    ('0001', N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql', 'b05bedfa34c6f285b587cde2a8d95c7f508e54c433d2d1551168e2cf5c647cbf'),
-    ('0001', N'views/mailq.sysmail_allitems.sql', 'b581ee0bc59ef73b031527ec70643729d3dfa7e20fb6f91362b3392132b17cfa'),
+    ('0001', N'procedures/mailq.ListMailTemplateVersions.sql', '6abc2c7834d4cf19adb5b072317ccf27f1b5587eb5097e3d9a389e9314ba9c0b'),
+    ('0001', N'procedures/mailq.RetireMailTemplate.sql', '08979609d4fe75bec68e55715ad4f3fbc2b638ed7be53502859920f519814c49'),
+    ('0001', N'security/MailqAdmin.templates.grants.sql', '8165b34579cf1291096f779e11a5c1637f6e144bf04aa10d5e4ee4d46aa22e9d'),
+    ('0001', N'security/MailqDbMailUser.role.sql', 'dfd271f8eb83f683f2db2d358e9154df4466ffa1564eb53badebe760621f4f74'),
+    ('0001', N'tables/mailq.DbMailProfile.sql', '28af54b04662bf10b9f3f4fad536c391fa79b6d5921c5542a2d0c1120ac766ff'),
+    ('0001', N'tables/mailq.DbMailAccount.sql', 'b2a98f4cf53f89b1662b68d47550f5d5434975db1ffb6f7423544a0b556e5235'),
+    ('0001', N'tables/mailq.DbMailProfileAccount.sql', '1e676b7aab638d8179958729419515a8e0186a3e9f8550f885c9588225012a34'),
+    ('0001', N'tables/mailq.DbMailPrincipalProfile.sql', 'a83d2a8b964808405ce1efcd4c0b9df75e9018a1bd13c0ab3c5431b2d2bc7a3f'),
+    ('0001', N'tables/mailq.DbMailItem.sql', 'a384ef975df9321c87623dc661fe15707e771cc7677b6b82f219940ea6bb3231'),
+    ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql', '66c9fcf22ee8bf2ea70ed9689d00ca342bab653388dd6ce37b4d61e6eb2304b7'),
+    ('0001', N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql', '486696a89eda6e29fc251442b1b6dd2c4cd32842470552d3b16cfed5999fc4b8'),
+    ('0001', N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql', '37ce93b9af2cf79e1d0082db355c083051c279536cea946b18c0ccc8351bff74'),
+    ('0001', N'views/mailq.sysmail_allitems.sql', '91f0f291dd55a388a24d403fb478d76ee26af9fd16a23ec297a41b993f3a450e'),
     ('0001', N'views/mailq.sysmail_sentitems.sql', 'de4fa39e15acdb1a888ed218a382287d61d978b843b21b6e2b90063dd02b3688'),
-    ('0001', N'views/mailq.sysmail_unsentitems.sql', '5df8c27e57f9a1ce3ebbc56d09ba5bad39c6fb6732278b6149bdaebee48263c3'),
+    ('0001', N'views/mailq.sysmail_unsentitems.sql', '5dd86add632ec45411e63df40dbce2c0f23e720f9f0e901c01b7f62581885839'),
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
-    ('0001', N'views/mailq.sysmail_event_log.sql', '45900d2fe03be402252a7a45c43f64c706b3fb0a90e57a49bdda14bff66e49de'),
-    ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'bbb5e2e8c3d3a51e978ab68da23fc00c6317535f8f4d34c2db4208ffa06ee478'),
-    ('0001', N'procedures/mailq.SendDbMail.sql', '1876732dbdb89ad3b5b26a3a3da962a15e5884b9ea6a5c90e5b41cc9964ccff0'),
-    ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '1406db3097bf21c8633ad7df02182f9056035fda5fd2f3b0076a3716bd962629'),
+    ('0001', N'views/mailq.sysmail_event_log.sql', '047d4f5c1c80d7a8de5d1799d2e4a0502375de89cbe374d968146f5b1e0f9a7c'),
+    ('0001', N'functions/mailq.DbMailAddressProblem.sql', '5b5db91d66a1cfe023759e094e534b1428840cf08e90a22e9b062d697bcefce0'),
+    ('0001', N'procedures/mailq.SendDbMail.sql', 'd597fbd62c2d37679dbd69addd1b06effd608766932121bf648ae259fb44f14d'),
+    ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', 'e385d06f81bbcd0c5a9bfc1260a4f6b6d5123a5210365bc9c97739100519a0e5'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '562592766f959be178e8e6f6ff53bae6e2ba36879ee88eec53aa3c2604662f9e'),
-    ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '30a940c5359b0f3ce392bbe3fd4a9535a4f044ac18b40d7f8d67713ecdfb9c68'),
+    ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', 'f6cd738e1ee307cd6a047b4748396acb03382759fb2c20e7c3352685e532acb3'),
     ('0001', N'procedures/mailq.DeleteDbMailProfileAccount.sql', 'b31406a83961638b2bac8e1aa8174e0807b9b25aca64c102b2626ec85e3bab35'),
-    ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', '3200cdad8d8ed121e71052de8474685eb468751169fd455b552cb1a5dfa91232'),
+    ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', 'bfa8eb8f864f68e36ded1c45a4880ce562fa7e70e33ad73c598a97e1acf9cb95'),
     ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', '200b1a115832dd8af5f0c3f989f6e9ffeea8d02b3e5f75e187dd57ba0d12ec01'),
-    ('0001', N'security/MailqDbMailUser.grants.sql', '5d7694f7218facd6a705e5a91b4d06613c3cbd2c86c97b00807c10c598835ef6'),
-    ('0001', N'security/MailqAdmin.dbmail.grants.sql', 'dac07263321d9bbc0353d26a0141f0139e84c82c8b75e5ca067685ed3dcaad82'),
+    ('0001', N'security/MailqDbMailUser.grants.sql', 'a90b7cec3fb015c990fedf64d206e462e6c68072a28890665619e1812bb0b7e7'),
+    ('0001', N'security/MailqAdmin.dbmail.grants.sql', '5bc45dc16e882cb8c1baa4281dd06efb750fd64f6ce7aecedf41a14221db77d5'),
     ('0001', N'broker/delay.schema.sql', '493521b22e21be401e03b915752778b7ec32cce3d0a618c3da82d7f951e9d6a6'),
     ('0001', N'broker/delay.Installation.sql', '9a3b1a0442314c507237880d77a93a7932f7ff91702fc06142711f1e97e57dcc'),
     ('0001', N'broker/delay.Setting.sql', '4e4b5acc5470ddca6dd7f8f8c5059b183249804ace59ec638258fb6c74f3286c'),
@@ -12705,25 +12132,25 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.GetSuppressionStats.sql', '5f4c2514a052c750cf711286e0c44e313305f6a6e39186cc21c02051b5faa4e7'),
     ('0001', N'procedures/mailq.PurgeBounceReports.sql', 'a51c25029e54480925a7f019d4824f9fc01a17c3cad33d9f15d558fcf8a77565'),
     ('0001', N'security/MailqBounceReader.grants.sql', '079d0b1ab090e10a39e48c7acd98f0a9d5d8ba16c0acc01b5902d995e64cafee'),
-    ('0001', N'security/MailqMonitor.role.sql', '4aab1e65217069c7dafde0f55e862c1731e9e321a9ab15cacf5b20eaa2ace1b8'),
-    ('0001', N'procedures/mailq.GetQueueMetrics.sql', '5a9711e58d7f9e9dfaf97d40cf7f521ee5e32df4c96c8607ed93bf3d1434a54b'),
+    ('0001', N'security/MailqMonitor.role.sql', '4bd4a00e77edbc0a5feb58abe24d78083163a2d59cbea0abf3e12b35d5e0832e'),
+    ('0001', N'procedures/mailq.GetQueueMetrics.sql', 'af35cf459d28a98edeeafb541e336fbcb1148eaf295b6d57cc15e3ec094417d8'),
     ('0001', N'procedures/mailq.GetMailHistory.sql', '151c76bd5a7625e1fbed3e84b6c03902708a5eb5ebcaf4e59a5c61c97d70f28c'),
     ('0001', N'procedures/mailq.FindMail.sql', '857e285df1765570efb58ff7aea1ba3a97b83bedb6ebd6c0be38647d8fcb216d'),
     ('0001', N'security/MailqMonitor.grants.sql', 'fa1f75f71a6c9d7dc5720de0a1c474aa705a06394f6749700448948df59b35cd'),
-    ('0001', N'security/MailqAdmin.monitoring.grants.sql', '110850872b0469247a7816029131773eae165f5f5d580e63f37ff786c5aa9f4e'),
+    ('0001', N'security/MailqAdmin.monitoring.grants.sql', '9f2b9ddb38be75e0bc669eb7bd961be5dae08c5a320f5c40629a6a225d1840f5'),
     ('0001', N'broker/MailqMonitor.delay.grants.sql', '51329ac4e47840b9a08b0d06bb50af9a0579a9bfa973679972fb9433f57982bd'),
-    ('0001', N'security/MailqDbMailRunner.role.sql', 'cf8463766386b410bd5f7bde2c6cbc86d51ac8b455eb7855ff2ccdf8f3c2acda'),
+    ('0001', N'security/MailqDbMailRunner.role.sql', '869c412cdc12046e6c047688d5b4172c3c5f721eb41184f47a40372fe5bdc8c2'),
     ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '25f1f06e3b2af64b16d52287db351d0ae42a467f9fb4d32d490e31b3ee65bbce'),
     ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', '3c3ae331faaea88c9952518091ad81e653e2b1e8655d63b4d65bcbb486c21874'),
-    ('0001', N'views/mailq.sysmail_mailattachments.sql', 'edf748544e1352d35cae718a1e8291b2a47d3d644a0e3276b3106160abf320f5'),
-    ('0001', N'views/mailq.sysmail_profile.sql', '86cbb0a0c212583f0a2c7e643a73393066c83fe9ff74fef42b5f5de53c7bbf3e'),
-    ('0001', N'views/mailq.sysmail_account.sql', 'e6af113c8ac95c003bea6c4e9ef3d3a6b49b39ba52f93ddb757afbe4c80f990b'),
+    ('0001', N'views/mailq.sysmail_mailattachments.sql', 'e819185cc385d1438769c091c97f105d9de766470d6a93127a8281bae4556c34'),
+    ('0001', N'views/mailq.sysmail_profile.sql', '9a6fa402d177950bd6d387f9b70c2c37bcd866d2e9c6267ebace3a14eef9f994'),
+    ('0001', N'views/mailq.sysmail_account.sql', '47afbf7cdeae161677054587bfcea7914aaef7a752984f7b79a0c0a7e45d351c'),
     ('0001', N'views/mailq.sysmail_profileaccount.sql', '2490a39e9023a34f615b9cfcf78b9ec8b7ad1a1f2ce05f44517894a166d3512a'),
-    ('0001', N'views/mailq.sysmail_principalprofile.sql', '8c9b4d8cb0c61a4e66405c8980e457b08ea2f81bb437d016de92d9880b8594ff'),
-    ('0001', N'views/mailq.sysmail_configuration.sql', '4380271b2d053df4de0fc681df5de4e4d39c34d8c052e69db59e1f47fe529ad0'),
+    ('0001', N'views/mailq.sysmail_principalprofile.sql', 'd6b60798f4f00c0c391195774d7502f52b921dc6a88d882b35ba2d737eb4752e'),
+    ('0001', N'views/mailq.sysmail_configuration.sql', 'ee8a70ffe6920e756a071eb79f018c19e3d1773de41eeef2b52bffe66ff6fa75'),
     ('0001', N'security/MailqDbMailRunner.grants.sql', '1a3cd1b1382b62f823da2c4e50d012809aae6411cebc40ba4cba3923eb428d2d'),
-    ('0001', N'security/MailqAdmin.dbmail2.grants.sql', '8e183eb1f250afe5152e8ca31f717395f71d497404155088c2d4a578dd181d9b'),
-    ('0001', N'security/MailqDbMailUser.attachments.grants.sql', '48554e3644bfb39d8d9ac4af1628820e76cf2c0f78d25b27377c352278a38d22');
+    ('0001', N'security/MailqAdmin.dbmail2.grants.sql', '223e4311c66ea19d45acf33fa8430d7514d5c2ca05386f0c235fb8382866da78'),
+    ('0001', N'security/MailqDbMailUser.attachments.grants.sql', 'c6e163b55a2f5c8612d1b8c0b0db0c88a05aab399d4e0b5daa05c857b2cc0432');
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO

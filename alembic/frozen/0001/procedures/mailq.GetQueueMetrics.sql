@@ -2,36 +2,22 @@
 /*
 mailq.GetQueueMetrics: the queue's own metrics in one cheap call, for
 `mailq-db exporter` and `mailq-db dashboard` (docs/monitoring/README.md).
-Parameters:  @WindowMinutes INT 1-60, default 5: the complete UTC minutes
-             before the current one that result set 5 covers.
-Result sets: 1. one row: MeasuredAtUtc, WindowStartUtc, WindowEndUtc,
-                CallerIsMailqAdmin (member of MailqAdmin or db_owner)
+Parameters:  @WindowMinutes INT 1-60 = 5: complete UTC minutes before now (set 5)
+Result sets: 1. MeasuredAtUtc, WindowStartUtc, WindowEndUtc, CallerIsMailqAdmin
              2. depth: AccountName, RunMode, Status (UnSent, Sending), MailCount
-             3. sendable, per (account, run mode) with queued mail: DueCount
-                (the claim's own test: VisibleAtUtc <= now, an attempt left,
-                not expired), IsBlocked, SendableCount (DueCount, 0 when the
-                account is blocked), OldestSendableUtc, OldestSendableAgeSeconds
-                (0 when nothing is sendable; scheduled, backed-off and blocked
-                mail never counts)
-             4. accounts: AccountName, IsBlocked, BlockedUntilUtc,
-                BlockedSecondsLeft, BlockReason, PerMinuteLimit, PerHourLimit,
-                PerDayLimit
+             3. per (account, run mode): DueCount (the claim's test), IsBlocked,
+                SendableCount (0 when blocked), OldestSendableUtc,
+                OldestSendableAgeSeconds (0 when nothing is sendable)
+             4. accounts: AccountName, IsBlocked, BlockedUntilUtc, BlockedSecondsLeft,
+                BlockReason, PerMinuteLimit, PerHourLimit, PerDayLimit
              5. attempts ended in the window: MinuteUtc, AccountName, Outcome,
                 ReplyClass ('2xx', '4xx', '5xx', 'none'), Attempts
              6. suppressions in force: AccountName, Reason, Suppressed
-Plan:        2+3: one ordered scan of IX_MailQueue_ClaimByAccount (filtered to
-             UnSent and Sending, covering: no lookup) + Stream Aggregate; the
-             Sending split: a seek on IX_MailQueue_Status (Status = 'Sending')
-             with one key lookup per mail in flight.  4: a scan of
-             PK_SendingAccount.  5: a range seek on IX_MailAttempt_EndedAtUtc
-             over the window + one PK_MailQueue seek per attempt (its account).
-             6: one scan of PK_Suppression (AccountName first: grouped by
-             account, then reason): a small table, one row per suppressed address.
-             Cost: queued mail + mail in flight + attempts in the window +
-             suppressed addresses; never the sent history.
+Cost:        queued mail + mail in flight + attempts in the window + suppressed
+             addresses (forced seeks and small scans); never the sent history.
 Errors:      50580 @WindowMinutes out of range.
-Transaction: reads only; opens none.  Isolation: sets READ COMMITTED itself
-             (no lock kept past a statement; none under READ_COMMITTED_SNAPSHOT).
+Transaction: reads only; opens none.
+Isolation:   READ COMMITTED, set here (no lock kept past a statement).
 Lock order:  none (no locking reads).
 Example:     EXEC mailq.GetQueueMetrics @WindowMinutes = 5;
 */
@@ -66,10 +52,8 @@ BEGIN
         PRIMARY KEY (AccountName, RunMode)
     );
 
-    -- Queued mail per (account, run mode): the claim's index, filtered to
-    -- UnSent and Sending, so finished mail is never read.  INDEX: the literal
-    -- Status list matches the filter; the hint keeps the covering index
-    -- whatever the statistics say.  "Due" is ClaimMail's own predicate.
+    -- The claim's index, filtered to UnSent and Sending: the literal Status list
+    -- matches the filter, INDEX keeps it whatever the statistics say.
     INSERT INTO @Pair (AccountName, RunMode, MailCount, DueCount, OldestDueUtc)
     SELECT
         k.AccountName,
@@ -83,8 +67,7 @@ BEGIN
     WHERE k.Status IN (N'UnSent', N'Sending')
     GROUP BY k.AccountName, k.RunMode;
 
-    -- Mail in flight per (account, run mode): a seek on the Sending range of
-    -- IX_MailQueue_Status, one lookup per leased mail for its run mode.
+    -- In flight: a seek on IX_MailQueue_Status's Sending range, one lookup per mail.
     UPDATE p
     SET p.SendingCount = s.SendingCount
     FROM @Pair AS p
@@ -145,9 +128,8 @@ BEGIN
     FROM mailq.SendingAccount AS a
     ORDER BY a.AccountName;
 
-    -- Attempts ended in the window's complete minutes: a range seek on the
-    -- attempts' end-time index (its filter is implied: the explicit IS NOT
-    -- NULL lets the hint match it), one PK seek per attempt for the account.
+    -- A range seek on IX_MailAttempt_EndedAtUtc (the explicit IS NOT NULL lets
+    -- the hint match its filter), one PK seek per attempt for the account.
     SELECT
         m.MinuteUtc,
         q.AccountName,
@@ -171,8 +153,7 @@ BEGIN
     GROUP BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass
     ORDER BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass;
 
-    -- Suppressions in force, per account and reason: mailq.Suppression is
-    -- small (one row per suppressed address), so one scan of its clustered key.
+    -- mailq.Suppression is small: one scan of its clustered key.
     SELECT s.AccountName, s.Reason, COUNT_BIG(*) AS Suppressed
     FROM mailq.Suppression AS s
     WHERE s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now

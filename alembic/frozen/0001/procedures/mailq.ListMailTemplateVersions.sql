@@ -3,14 +3,12 @@
 mailq.ListMailTemplateVersions: the versions of one mail template, newest
 first, without their bodies (mailq.GetMailTemplate @Version reads one).
 Parameters:  @TemplateName NVARCHAR(128), required.
-Result set:  one row per version: TemplateName, Version, SubjectTemplate,
-             HtmlChars, TextChars (NULL when that body is absent), CreatedBy,
-             CreatedAtUtc.
+Result set:  one row per version: TemplateName, Version, SubjectTemplate, HtmlChars,
+             TextChars (NULL when that body is absent), CreatedBy, CreatedAtUtc.
 Errors:      50210 @TemplateName missing or invalid; 50215 no template has this name.
 Transaction: reads only; none of its own.
-Isolation:   the caller's.  A seek on the primary key's leading column.
-Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared locks
-             of the caller's isolation level only).
+Isolation:   the caller's (a seek on the primary key's leading column).
+Lock order:  mailq.MailTemplate, then mailq.MailTemplateVersion (shared).
 Example:     EXEC mailq.ListMailTemplateVersions @TemplateName = N'welcome';
 */
 CREATE OR ALTER PROCEDURE mailq.ListMailTemplateVersions

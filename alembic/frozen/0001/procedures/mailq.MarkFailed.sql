@@ -2,25 +2,20 @@
 /*
 mailq.MarkFailed: records a failed attempt; fenced by the lock token, all or
 nothing.  @Disposition (docs/smtp-classification.md):
-  Retry  transient: the attempt is spent; UnSent again after
-         @RetryAfterSeconds, or 30 s * 2^(attempt-1) (at most 1 hour) times a
-         random 0.8-1.2; Failed when no attempt is left.
-  Wait   the account is throttled: the attempt is refunded, UnSent again after
-         @RetryAfterSeconds (default 60), the account blocked until then.
+  Retry  the attempt is spent; UnSent again after @RetryAfterSeconds, or 30 s *
+         2^(attempt-1) (at most 1 hour) times 0.8-1.2; Failed when none is left.
+  Wait   throttled: the attempt is refunded, UnSent again after @RetryAfterSeconds
+         (default 60), the account blocked until then.
   Stop   permanent: Failed at once.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, @Disposition NVARCHAR(8), @Error
-             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800 and
-             @SmtpCode INT 200-599, optional.
+             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800, @SmtpCode INT 200-599
 Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc.
-Errors:      50131, 50136, 50137, 50201, 50202, 50203 (mailq.LockLeasedMail);
-             50133 @Disposition; 50134 @RetryAfterSeconds; 50139 @Error
-             missing; 50147 @SmtpCode.
-Transaction: its own if none is open, else the caller's (no savepoint); an error
-             is re-raised and dooms the caller's transaction (XACT_ABORT ON).
-Isolation:   sets READ COMMITTED (the fence reads with UPDLOCK).
-Lock order:  mailq.MailQueue (via mailq.LockLeasedMail), then mailq.MailAttempt,
-             then mailq.MailEvent (insert), then mailq.SendingAccount (Wait only).
+Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50133
+             @Disposition; 50134 @RetryAfterSeconds; 50139 @Error; 50147 @SmtpCode.
+Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
+Isolation:   READ COMMITTED, set here (the fence reads with UPDLOCK).
+Lock order:  mailq.MailQueue (LockLeasedMail), MailAttempt, MailEvent, SendingAccount (Wait).
 Example:     EXEC mailq.MarkFailed @ID = 101, @LockToken = @T, @Disposition = N'Retry',
                  @Error = N'451 4.3.0 try again later', @SmtpCode = 451;
 */
@@ -67,11 +62,9 @@ BEGIN
         NextAttemptUtc DATETIME2(3) NULL
     );
 
-    -- Own the transaction if none is open; otherwise work inside the caller's.
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
 
         WITH Outcome AS (
@@ -141,8 +134,7 @@ BEGIN
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
 
-        -- One event per mail, in this transaction (docs/events.md): Wait ->
-        -- AccountWaiting; UnSent again -> RetryScheduled; else Failed.
+        -- One event per mail (docs/events.md): AccountWaiting, RetryScheduled or Failed.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
             a.ID,
@@ -166,12 +158,9 @@ BEGIN
                 s.BlockReason = @Error
             FROM mailq.SendingAccount AS s
             WHERE s.AccountName IN (SELECT a.AccountName FROM @Acked AS a);
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened: a caller's transaction is doomed by
-        -- XACT_ABORT and rolled back by the caller (@@TRANCOUNT stays as on entry).
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;

@@ -3,20 +3,11 @@
 mailq.MailQueue: one row per mail (docs/dba-guide.md, "Tables").
 Status: UnSent -> Sending (leased) -> Sent | Failed | Cancelled | Expired |
 Stopped; every change writes a mailq.MailEvent row in the same transaction.
-VisibleAtUtc  the due time while UnSent, the lease expiry while Sending: the
-              one column a claim ranges over.  DateToProcess keeps the
-              caller's requested time.
-ThreadLock    the lease token of the worker holding the mail; every
-              acknowledgement is fenced by it.
-AttemptsRemaining / AttemptCount  decremented / counted at claim (a mail that
-              kills its worker cannot loop); Wait and Release refund.
+VisibleAtUtc  the due time while UnSent, the lease expiry while Sending.
+ThreadLock    the lease token every acknowledgement is fenced by.
+AttemptsRemaining / AttemptCount  spent at claim; Wait and Release refund.
 PossibleDuplicate  an expired lease was reclaimed.
-ContentHash, IdempotencyKey (binary collation), MessageID  see docs/guarantees.md.
-RunMode, DryRun     docs/run-modes.md.  TemplateName/Version/Model  docs/templates.md.
-Options: 'large value types out of row' (Body, TextBody, Headers, TemplateModel
-off the clustered row); LOCK_ESCALATION = DISABLE (a batch enqueue keeps its
-row locks; run ad-hoc mass updates in batches).
-Written only by the mailq procedures; no role has table rights.
+Options: bodies out of row; LOCK_ESCALATION = DISABLE (docs/dba-guide.md).
 */
 IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
 BEGIN

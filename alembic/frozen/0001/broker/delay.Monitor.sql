@@ -83,9 +83,10 @@ BEGIN
         IF @Apply = 1
             EXEC delay.ArmDispatcher @DueAtUtc = @Now;
     END;
-    -- The run's mark, and no reader holds the row: the target committed, then its reader ended.
+    -- The run's mark, no reader holds the row nor the run's session lock: the target committed, its reader ended.
     SELECT @Count = COUNT_BIG(*) FROM delay.Task AS t WITH (READPAST)
-    WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31';
+    WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31'
+        AND APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/run/', t.TaskID), N'Exclusive', N'Session') = 1;
     IF @Count > 0
     BEGIN
         INSERT INTO @Finding (Finding, Severity, Detail, Fix)
@@ -99,7 +100,8 @@ BEGIN
                 t.LastErrorMessage = N'the target ended its transaction, then its reader ended'
             OUTPUT inserted.TaskID INTO delay.ReceiptDue (TaskID)
             FROM delay.Task AS t WITH (READPAST, ROWLOCK)
-            WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31';
+            WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31'
+                AND APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/run/', t.TaskID), N'Exclusive', N'Session') = 1;
     END;
     IF @ScheduleMissing = 1
     BEGIN

@@ -19,6 +19,7 @@ CREATE OR ALTER PROCEDURE delay.PurgeHistory
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET IMPLICIT_TRANSACTIONS OFF;   -- before the first read: else it opens one (pyodbc, JDBC) and 50543 always
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @Msg NVARCHAR(2048), @Cutoff DATETIME2(3), @Tasks BIGINT = 0, @Logs BIGINT = 0, @Batches INT = 0,
         @Done INT = 0, @LogDone INT = 0;

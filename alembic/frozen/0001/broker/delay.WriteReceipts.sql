@@ -47,8 +47,7 @@ BEGIN
         END TRY
         BEGIN CATCH
             SELECT @Message = LEFT(ERROR_MESSAGE(), 2048);
-            IF @Runner = 1
-                REVERT;
+            IF @Runner = 1 REVERT;
             IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
             SET @Runner = 0;
             IF @Alone = 1

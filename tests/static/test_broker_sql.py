@@ -645,6 +645,8 @@ def test_a_copy_reader_leaves_without_arming_or_polling():
     assert "IF @Claimed >= 0 EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT" in process
     leave = process.index("IF @Claimed < 0 BREAK;")
     assert process.index("SET @UntilDueMs =") < leave < process.index("SET @WaitMs = IIF(@UntilDueMs < 1, 1")
+    # ... so the heartbeat stays old there: ActivationFailing is not reported on a copy
+    assert "AND @Guid = db.service_broker_guid, N'ActivationFailing'" in current("delay.Monitor.sql")
 
 
 def test_a_run_records_its_outcome_only_for_its_own_claim():

@@ -9833,7 +9833,7 @@ BEGIN
     UPDATE t
     SET
         t.TaskState = @State, t.Attempts = t.Attempts + @Ran, t.NextRunAtUtc = @NextRun,
-        t.Claims = t.Claims - IIF(@Ran = 0 AND @State = N'Pending', 1, 0),   -- no slot: not a claim (50541)
+        t.Claims = t.Claims - IIF(@Ran = 0 AND @State IN (N'Pending', N'Held'), 1, 0),   -- not run: no claim
         t.FirstStartedAtUtc = IIF(@Ran = 1, ISNULL(t.FirstStartedAtUtc, @Now), t.FirstStartedAtUtc),
         t.LastStartedAtUtc = IIF(@Ran = 1, @Now, t.LastStartedAtUtc),
         t.FinishedAtUtc = IIF(@State IN (N'Done', N'Failed', N'Refused'), SYSUTCDATETIME(), NULL),
@@ -10642,8 +10642,9 @@ BEGIN
         (IIF(@Guid IS NULL OR @Guid <> db.service_broker_guid, N'CopyNotEnabled', NULL), N'Critical',
             CONCAT(N'broker identity ', db.service_broker_guid, N' is not the one tasks run for (', @Guid, N')'),
             N'on the live database only: EXEC delay.EnableThisDatabase @Confirm = 1; a copy runs nothing'),
-        (IIF(@ArmedFor < DATEADD(SECOND, -@Overdue, @Now) AND (@Woken IS NULL OR @Woken < @ArmedFor),
-            N'ActivationFailing', NULL), N'Critical', CONCAT(N'the timer fired at ', @ArmedFor, N'; no reader since'),
+        (IIF(@ArmedFor < DATEADD(SECOND, -@Overdue, @Now) AND (@Woken IS NULL OR @Woken < @ArmedFor)
+            AND @Guid = db.service_broker_guid, N'ActivationFailing', NULL), N'Critical',   -- not on a copy
+            CONCAT(N'the timer fired at ', @ArmedFor, N'; no reader since'),
             N'see the SQL Server error log (an orphaned owner: ALTER AUTHORIZATION ON DATABASE::... TO [login])')
     ) AS x(Finding, Severity, Detail, Fix)
     WHERE db.database_id = DB_ID() AND q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue') AND x.Finding IS NOT NULL;
@@ -10786,8 +10787,7 @@ BEGIN
         SET @Done = @@ROWCOUNT;
         DELETE k FROM delay.TaskKey AS k INNER JOIN @Gone AS g ON k.TaskID = g.TaskID;
         COMMIT TRANSACTION;
-        -- LogId grows with LoggedAtUtc: the oldest rows come first in the clustered
-        -- order, a bounded read from its start.
+        -- LogId grows with LoggedAtUtc: the oldest rows first, a bounded read from the clustered start.
         WITH Oldest AS (SELECT TOP (@BatchSize) l.LogId, l.LoggedAtUtc FROM delay.Log AS l ORDER BY l.LogId)
 
         DELETE FROM Oldest WHERE LoggedAtUtc < @Cutoff;
@@ -13355,7 +13355,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/delay.CheckTarget.sql', '450561506197d0f460421e90295f701d035f186a2fcc539229835986b5964156'),
     ('0001', N'broker/delay.ArmDispatcher.sql', 'c7d6b45a91819b41657f2d70722d862f373afa0808a54906bd7846ca7d23761e'),
     ('0001', N'broker/delay.WriteReceipts.sql', '360c1f19698f3534bc9c6831fd3424d1ef422061fac0b13aec65de5a3611a96a'),
-    ('0001', N'broker/delay.RunTask.sql', 'f20736c0b3597179ea4aa6decce37cd9487740cf580894481ce4785af5be8600'),
+    ('0001', N'broker/delay.RunTask.sql', 'e2aaac6063a38c09209bbfd86ae612ba998c9b6fc5556c5c78c7266c03909d62'),
     ('0001', N'broker/delay.RunDueTasks.sql', '5040a96b53f3b486cc5c8c1a591249d9d242f25a1449a9f2c66d217b652058a6'),
     ('0001', N'broker/dbo.ProcessDelayQueue.sql', '6575071a0612a6f6f9782f9ed19a35f469c602ab9788c453c0337257f8e307ca'),
     ('0001', N'broker/dbo.DelayServiceQueue.activation.sql', '09e433da0503ac1e434435c8c79bbccbb407200dc0189836774422cc3704c74b'),
@@ -13365,8 +13365,8 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/delay.AllowProcedure.sql', '60e26f1f078f0b2b7cc05d28ba5223c828900aa70c0386c6622bc13361c6ed94'),
     ('0001', N'broker/delay.DisallowProcedure.sql', '96de780fed11096bb9c6240b49ef73d7cba7aa9ee270a15b0a86babe241ff96e'),
     ('0001', N'broker/delay.EnableThisDatabase.sql', '75042f551ba11a19d798726ebaaff6728c483fb1aa1175ae0ab97a4dbab8524f'),
-    ('0001', N'broker/delay.Monitor.sql', 'bb7eb5d588bf0ccce4c33a98ae17666e8f6e4178e1656a3c8f7327b264305cc2'),
-    ('0001', N'broker/delay.PurgeHistory.sql', '5b462947541611edf0407505fca3c0cd0570c53a6339cac7f7ccddc02c7b8b1d'),
+    ('0001', N'broker/delay.Monitor.sql', '60cb0317d55463afa3cd2895845828ff08d3e5f55a8045711e81ef137597ce33'),
+    ('0001', N'broker/delay.PurgeHistory.sql', 'db56488ab8840fe3c13398878f3cdbaf8cc514448f1cff4cbc04039152618d2d'),
     ('0001', N'broker/delay.PendingTasks.sql', 'ffa386b1f2f245bbe560048f905e07fde2ac2e1ab06e28d32ae96074cc118a9c'),
     ('0001', N'broker/delay.FinishedTasks.sql', '10fdee68d540555dc12cf307a0aa29432504a0f1fa66cc728b0369455d71fccd'),
     ('0001', N'broker/delay.Health.sql', 'a9440e238b4887339280ec7fb76ac606d93079267ab9423ed55cad3e068c6a65'),

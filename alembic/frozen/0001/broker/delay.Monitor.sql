@@ -54,8 +54,9 @@ BEGIN
         (IIF(@Guid IS NULL OR @Guid <> db.service_broker_guid, N'CopyNotEnabled', NULL), N'Critical',
             CONCAT(N'broker identity ', db.service_broker_guid, N' is not the one tasks run for (', @Guid, N')'),
             N'on the live database only: EXEC delay.EnableThisDatabase @Confirm = 1; a copy runs nothing'),
-        (IIF(@ArmedFor < DATEADD(SECOND, -@Overdue, @Now) AND (@Woken IS NULL OR @Woken < @ArmedFor),
-            N'ActivationFailing', NULL), N'Critical', CONCAT(N'the timer fired at ', @ArmedFor, N'; no reader since'),
+        (IIF(@ArmedFor < DATEADD(SECOND, -@Overdue, @Now) AND (@Woken IS NULL OR @Woken < @ArmedFor)
+            AND @Guid = db.service_broker_guid, N'ActivationFailing', NULL), N'Critical',   -- not on a copy
+            CONCAT(N'the timer fired at ', @ArmedFor, N'; no reader since'),
             N'see the SQL Server error log (an orphaned owner: ALTER AUTHORIZATION ON DATABASE::... TO [login])')
     ) AS x(Finding, Severity, Detail, Fix)
     WHERE db.database_id = DB_ID() AND q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue') AND x.Finding IS NOT NULL;

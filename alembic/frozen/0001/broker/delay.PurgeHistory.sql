@@ -47,8 +47,7 @@ BEGIN
         SET @Done = @@ROWCOUNT;
         DELETE k FROM delay.TaskKey AS k INNER JOIN @Gone AS g ON k.TaskID = g.TaskID;
         COMMIT TRANSACTION;
-        -- LogId grows with LoggedAtUtc: the oldest rows come first in the clustered
-        -- order, a bounded read from its start.
+        -- LogId grows with LoggedAtUtc: the oldest rows first, a bounded read from the clustered start.
         WITH Oldest AS (SELECT TOP (@BatchSize) l.LogId, l.LoggedAtUtc FROM delay.Log AS l ORDER BY l.LogId)
 
         DELETE FROM Oldest WHERE LoggedAtUtc < @Cutoff;

@@ -144,7 +144,7 @@ BEGIN
     UPDATE t
     SET
         t.TaskState = @State, t.Attempts = t.Attempts + @Ran, t.NextRunAtUtc = @NextRun,
-        t.Claims = t.Claims - IIF(@Ran = 0 AND @State = N'Pending', 1, 0),   -- no slot: not a claim (50541)
+        t.Claims = t.Claims - IIF(@Ran = 0 AND @State IN (N'Pending', N'Held'), 1, 0),   -- not run: no claim
         t.FirstStartedAtUtc = IIF(@Ran = 1, ISNULL(t.FirstStartedAtUtc, @Now), t.FirstStartedAtUtc),
         t.LastStartedAtUtc = IIF(@Ran = 1, @Now, t.LastStartedAtUtc),
         t.FinishedAtUtc = IIF(@State IN (N'Done', N'Failed', N'Refused'), SYSUTCDATETIME(), NULL),

@@ -705,3 +705,13 @@ def test_receipts_are_written_before_each_claim_also_when_nothing_is_due():
     loop = run.index("WHILE 1 = 1")
     assert loop < run.index("EXEC delay.WriteReceipts;") < run.index("UPDATE TOP (@Batch) t")
     assert run.count("EXEC delay.WriteReceipts;") == 1
+
+
+def test_only_a_receipt_the_platform_refused_is_dropped():
+    """A failure that is not the platform's UPDATE (EXECUTE AS when MailqRunner is
+    missing, our own tables) leaves the receipts due instead of dropping each one."""
+    receipts = current("delay.WriteReceipts.sql")
+    catch = receipts[receipts.index("BEGIN CATCH"):]
+    assert "IF @Alone = 1 AND @Runner = 1" in catch
+    assert catch.index("IF @Alone = 1 AND @Runner = 1") < catch.index("IF @Runner = 0 RETURN;") < catch.index(
+        "SELECT @Alone = 1, @Runner = 0;")

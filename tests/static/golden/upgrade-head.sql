@@ -9674,14 +9674,14 @@ BEGIN
             SELECT @Message = LEFT(ERROR_MESSAGE(), 2048);
             IF @Runner = 1 REVERT;
             IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-            SET @Runner = 0;
-            IF @Alone = 1
+            IF @Alone = 1 AND @Runner = 1
             BEGIN
                 DELETE FROM delay.ReceiptDue WHERE TaskID = @TaskID;
                 INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage)
                 VALUES (@TaskID, N'Receipt', 50548, CONCAT(N'the platform refused the receipt: ', @Message));
             END;
-            SET @Alone = 1;
+            IF @Runner = 0 RETURN;   -- not the platform's UPDATE (EXECUTE AS failed: RunnerMissing): left due
+            SELECT @Alone = 1, @Runner = 0;
         END CATCH;
     END;
 END;
@@ -13354,7 +13354,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/delay.Classify.sql', '6eaed335dc3395bd314bdc56d94361ec76b4363eef8cb21794be5851ab389de9'),
     ('0001', N'broker/delay.CheckTarget.sql', '450561506197d0f460421e90295f701d035f186a2fcc539229835986b5964156'),
     ('0001', N'broker/delay.ArmDispatcher.sql', 'c7d6b45a91819b41657f2d70722d862f373afa0808a54906bd7846ca7d23761e'),
-    ('0001', N'broker/delay.WriteReceipts.sql', '360c1f19698f3534bc9c6831fd3424d1ef422061fac0b13aec65de5a3611a96a'),
+    ('0001', N'broker/delay.WriteReceipts.sql', '01283ad1c108c288f3445e278ecd6dcc97388fd067e25adc27bbf5896f96fcf5'),
     ('0001', N'broker/delay.RunTask.sql', 'e2aaac6063a38c09209bbfd86ae612ba998c9b6fc5556c5c78c7266c03909d62'),
     ('0001', N'broker/delay.RunDueTasks.sql', '5040a96b53f3b486cc5c8c1a591249d9d242f25a1449a9f2c66d217b652058a6'),
     ('0001', N'broker/dbo.ProcessDelayQueue.sql', '6575071a0612a6f6f9782f9ed19a35f469c602ab9788c453c0337257f8e307ca'),

@@ -71,6 +71,10 @@
  *                        design, finding B1): listed again, they never run
  *   -DNO_SAFETY_REARM    the RECEIVE transaction does not re-arm the safety
  *                        tick: a reader dying mid-pass leaves no timer
+ *   -DNO_OUTCOME_TOKEN   a failed run's outcome, written after its rollback, is
+ *                        not limited to its own claim: a sweep that claimed and
+ *                        finished the task meanwhile is overwritten and a Done
+ *                        task runs again
  */
 
 #ifndef NT
@@ -133,6 +137,7 @@ byte st[NT], due[NT], tok[NT], lease[NT], runner[NT], att[NT];
 byte token;               /* claim tokens: a new one per claim                 */
 bit  slock[NT];           /* the run's session lock (APPLOCK_TEST in the sweep) */
 byte running[NT];         /* ghost: runs of task t in progress                 */
+bit  done[NT];            /* ghost: task t was Done once (it never runs again)  */
 byte inpass;              /* ghost: readers in a pass or polling               */
 
 /* the first committed Pending due time; an uncommitted row at or before it
@@ -225,7 +230,7 @@ end_ins:
 }
 
 proctype Reader(byte r) {
-    byte t, mine, v, i, fire, seen;
+    byte t, mine, v, i, fire, seen, cl;
     bit polling;
 end_idle:
     do
@@ -289,6 +294,7 @@ pass:
 #endif
                 runner[t] = r + 1;
                 assert(running[t] == 0);        /* never twice at once */
+                assert(done[t] == 0);           /* never again once Done */
                 running[t]++
                }
                /* delay.CheckTarget, then the call */
@@ -320,15 +326,43 @@ pass:
                      :: else -> st[t] = PENDING; due[t] = now + 1
                      fi;
                      ENDRUN(t) }
-               :: atomic { !changed -> st[t] = DONE; ENDRUN(t) }
-               :: !changed && SLOW -> v = now + LEASE;
+               :: atomic { !changed -> st[t] = DONE; done[t] = 1; ENDRUN(t) }
+               :: !changed && SLOW -> cl = v; v = now + LEASE;
                   /* a slow (or blocked) target outlives its claim's lease: the
                      other readers' sweeps pass its row by meanwhile */
                   (now > v || now == HARD);
-                  atomic {
+                  if
+                  :: atomic {
                       /* the post-check: an ALTER meanwhile rolls it back, Held */
-                      if :: changed -> st[t] = HELD :: else -> st[t] = DONE fi;
-                      ENDRUN(t) }
+                      if :: changed -> st[t] = HELD :: else -> st[t] = DONE; done[t] = 1 fi;
+                      ENDRUN(t); cl = 0 }
+                  :: fails > 0 ->
+                      /* it fails at last (1222 after TargetLockTimeoutMs, say): the
+                         session lock is released and the run rolled back first, so
+                         its row is unlocked with the claim's (long passed) lease ... */
+                      atomic { fails--; running[t]--; runner[t] = 0; slock[t] = 0;
+#ifndef NO_RUN_LOCK
+                               lease[t] = cl;
+#endif
+                               cl = 0 };
+                      /* ... then the outcome, in a transaction of its own: only while
+                         the row still carries this claim (a sweep may own it now) */
+                      atomic {
+#ifdef NO_OUTCOME_TOKEN
+                          runner[t] == 0 ->     /* UPDATE ... WHERE TaskID: waits for a sweeper's run */
+                          if :: true ->
+#else
+                          if :: tok[t] == mine && st[t] == CLAIMED ->
+#endif
+                                att[t]++;
+                                if
+                                :: att[t] >= MAXATT -> st[t] = FAILED
+                                :: else -> st[t] = PENDING; due[t] = now + 1
+                                fi
+                          :: else -> skip
+                          fi;
+                          v = 0 }
+                  fi
                :: !changed && SLOW ->
                   /* the target ends the transaction opened for it (266) and goes
                      on past the lease: its row is no longer held.  COMMIT keeps

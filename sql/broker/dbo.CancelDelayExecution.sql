@@ -36,9 +36,8 @@ BEGIN
     END;
     IF @MayCancelAny = 0 AND (@CreatedBy IS NULL OR @CreatedBy <> @Caller)
     BEGIN
-        SET @Msg = CONCAT(N'@TaskID ', @TaskID,
-            N' was initiated by another login; only MailqAdmin or db_owner may cancel it (caller: ', ISNULL(@Caller,
-            N'NULL'), N').');
+        SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' was initiated by another login; only MailqAdmin or db_owner may ',
+            N'cancel it (caller: ', ISNULL(@Caller, N'NULL'), N').');
         THROW 50342, @Msg, 1;
     END;
     -- 2. Own the transaction if none is open; otherwise work inside the caller's.

@@ -86,9 +86,8 @@ BEGIN
         IF @IdempotencyKey IS NOT NULL
         BEGIN
             -- On the key itself, not a key range (TSQL-STYLE); RTRIM: the lookup pads blanks too.
-            SET @LockName = CONCAT(
-                N'mailq-db/delay/key/', CONVERT(NVARCHAR(64), HASHBYTES('SHA2_256', RTRIM(@IdempotencyKey)), 2)
-            );
+            SET @LockName = CONCAT(N'mailq-db/delay/key/',
+                CONVERT(NVARCHAR(64), HASHBYTES('SHA2_256', RTRIM(@IdempotencyKey)), 2));
             EXEC @LockResult = sys.sp_getapplock
                 @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
             IF @LockResult < 0

@@ -18,6 +18,7 @@ CREATE OR ALTER PROCEDURE delay.PurgeHistory
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET IMPLICIT_TRANSACTIONS OFF;   -- before the first read: else it opens one (pyodbc, JDBC) and 50543 always
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @Msg NVARCHAR(2048), @Cutoff DATETIME2(3), @Tasks BIGINT = 0, @Logs BIGINT = 0, @Batches INT = 0,
         @Done INT = 0, @LogDone INT = 0;
@@ -45,8 +46,7 @@ BEGIN
         SET @Done = @@ROWCOUNT;
         DELETE k FROM delay.TaskKey AS k INNER JOIN @Gone AS g ON k.TaskID = g.TaskID;
         COMMIT TRANSACTION;
-        -- LogId grows with LoggedAtUtc: the oldest rows come first in the clustered
-        -- order, a bounded read from its start.
+        -- LogId grows with LoggedAtUtc: the oldest rows first, a bounded read from the clustered start.
         WITH Oldest AS (SELECT TOP (@BatchSize) l.LogId, l.LoggedAtUtc FROM delay.Log AS l ORDER BY l.LogId)
 
         DELETE FROM Oldest WHERE LoggedAtUtc < @Cutoff;

@@ -20,12 +20,11 @@ CREATE OR ALTER PROCEDURE delay.RunDueTasks
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- READPAST is refused under SERIALIZABLE, REPEATABLE READ and SNAPSHOT.
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;   -- READPAST is refused under SERIALIZABLE and SNAPSHOT
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME(), @Token UNIQUEIDENTIFIER, @TaskID BIGINT, @Count INT, @Batch INT = 50,
         @LeaseSeconds INT = 30, @Handle UNIQUEIDENTIFIER, @Error NVARCHAR(4000);
     DECLARE @Claim TABLE (TaskID BIGINT NOT NULL PRIMARY KEY);
-    SET @Claimed = 0;
+    SET @Claimed = -1;   -- -1: a copy not enabled here (below); its reader leaves, polling nothing
     -- The identity is recorded by the first pass after deployment (then only by delay.EnableThisDatabase).
     UPDATE d SET d.BrokerGuid = db.service_broker_guid
     FROM delay.Dispatcher AS d INNER JOIN sys.databases AS db ON db.database_id = DB_ID()
@@ -36,6 +35,7 @@ BEGIN
         WHERE d.DispatcherId = 1
     )
         RETURN;
+    SET @Claimed = 0;
     UPDATE h
     SET h.NextRunAtUtc = DATEADD(SECOND, h.IntervalSeconds, @Now), h.LastRunAtUtc = @Now
     FROM mailq.HookDispatcher AS h WITH (READPAST, ROWLOCK)
@@ -53,12 +53,12 @@ BEGIN
     END;
     WHILE 1 = 1
     BEGIN
+        EXEC delay.WriteReceipts;   -- first: the last batch's, and those others made due (disallowed, orphaned)
         SELECT @Batch = s.BatchSize, @LeaseSeconds = s.LeaseSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
         SELECT @Now = SYSUTCDATETIME(), @Token = NEWID();
         DELETE FROM @Claim;
         BEGIN TRANSACTION;
-        -- READPAST: skip rows others hold (claiming or running); UPDLOCK: claim while
-        -- reading; ROWLOCK: row grain, so READPAST skips rows, not pages.
+        -- READPAST: skip rows others hold; UPDLOCK: claim while reading; ROWLOCK: skip rows, not pages.
         UPDATE TOP (@Batch) t
         SET t.ClaimToken = @Token, t.LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now), t.Claims = t.Claims + 1
         OUTPUT inserted.TaskID INTO @Claim (TaskID)
@@ -83,14 +83,16 @@ BEGIN
         SET @Claimed += @Count;
         IF @Count = @Batch
         BEGIN
+            SET LOCK_TIMEOUT 200;   -- an inserter's arm holds the conversation group to its commit
             BEGIN TRY
                 SELECT @Handle = d.ConversationHandle FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
                 SEND ON CONVERSATION @Handle MESSAGE TYPE MailqDelayRequest;
             END TRY
             BEGIN CATCH
-                -- A lost conversation: delay.ArmDispatcher begins a new one at the end of the pass.
+                -- Busy (1222) or lost (delay.ArmDispatcher begins a new one): no request this time.
                 IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
             END CATCH;
+            SET LOCK_TIMEOUT -1;
         END;
         SET @TaskID = 0;
         WHILE 1 = 1
@@ -99,6 +101,5 @@ BEGIN
             IF @TaskID IS NULL BREAK;
             EXEC delay.RunTask @TaskID = @TaskID, @ClaimToken = @Token;
         END;
-        EXEC delay.WriteReceipts;
     END;
 END;

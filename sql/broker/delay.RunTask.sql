@@ -80,8 +80,7 @@ BEGIN
             @LockTimeoutMs, N'; EXEC ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName),
             N' @SPName = @SPName, @Param1 = @P1, @Param2 = @P2, @Param3 = @P3, @Param4 = @P4, @Param5 = @P5;'
         );
-        -- REVERT in a module undoes only its own EXECUTE AS, and leaving a module undoes
-        -- it too: the target can neither keep nor undo this one.
+        -- REVERT undoes only its own module's EXECUTE AS: the target can neither keep nor undo this one.
         EXECUTE AS USER = N'MailqRunner';
         BEGIN TRY
             EXEC sys.sp_executesql @Sql,
@@ -144,6 +143,7 @@ BEGIN
     UPDATE t
     SET
         t.TaskState = @State, t.Attempts = t.Attempts + @Ran, t.NextRunAtUtc = @NextRun,
+        t.Claims = t.Claims - IIF(@Ran = 0 AND @State IN (N'Pending', N'Held'), 1, 0),   -- not run: no claim
         t.FirstStartedAtUtc = IIF(@Ran = 1, ISNULL(t.FirstStartedAtUtc, @Now), t.FirstStartedAtUtc),
         t.LastStartedAtUtc = IIF(@Ran = 1, @Now, t.LastStartedAtUtc),
         t.FinishedAtUtc = IIF(@State IN (N'Done', N'Failed', N'Refused'), SYSUTCDATETIME(), NULL),
@@ -151,7 +151,8 @@ BEGIN
         t.LastErrorNumber = COALESCE(@Error, @Reason, t.LastErrorNumber),
         t.LastErrorMessage = COALESCE(@Message, t.LastErrorMessage)
     FROM delay.Task AS t
-    WHERE t.TaskID = @TaskID;
+    WHERE t.TaskID = @TaskID AND t.ClaimToken = @ClaimToken;   -- after a rollback a sweep may own it
+    IF @@ROWCOUNT = 0 SELECT @State = NULL, @Event = NULL;
     IF @State IN (N'Done', N'Failed', N'Refused')
         INSERT INTO delay.ReceiptDue (TaskID) VALUES (@TaskID);
     IF @Event IS NOT NULL

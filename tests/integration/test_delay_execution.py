@@ -959,3 +959,48 @@ def test_a_platform_table_that_refuses_receipts_never_disables_the_queue(conn):
             assert ("Receipt", 50548) in log_events(conn, task_id)
     finally:
         rows(conn, f"DROP TRIGGER IF EXISTS dbo.{trigger}")
+
+
+# --------------------------------------------------------------------------
+# A Service Broker reader's second reading (r23b)
+# --------------------------------------------------------------------------
+
+
+def test_a_capped_targets_backlog_waits_for_its_slot_and_is_never_failed(conn):
+    """MaxReaders = 1, 5 s a run, four tasks due at once: the ones without a slot go back
+    every 2 s; those returns are no claims, so none reaches 50541 ("claimed too often")."""
+    slow = make_target(conn, """
+        WAITFOR DELAY '00:00:05';
+        INSERT INTO dbo.DelayProbeRun (Probe) VALUES (OBJECT_NAME(@@PROCID));""", allow=False)
+    rows(conn, "EXEC delay.AllowProcedure @ProcedureName = ?, @MaxReaders = 1", f"dbo.{slow}")
+    ids = [initiate(conn, f"dbo.{slow}", 0) for _ in range(4)]
+    wait_final(conn, ids, timeout=90)
+    assert [task(conn, i)["TaskState"] for i in ids] == ["Done"] * 4
+    assert all(task(conn, i)["Attempts"] == 1 for i in ids) and len(runs(conn, slow)) == 4
+
+
+def test_a_copy_reader_leaves_at_once_and_keeps_only_the_safety_tick(fresh_database):
+    """A copy (new broker identity) with an overdue task: a woken reader runs nothing and
+    leaves; it neither arms the timer to the overdue task nor polls for it."""
+    url = fresh_database()
+    with connect(url) as other:
+        rows(other, "CREATE TABLE dbo.DelayProbeRun (RunId BIGINT IDENTITY PRIMARY KEY, Probe SYSNAME NOT NULL, "
+                    "SPName NVARCHAR(200), Param1 NVARCHAR(200), Param2 NVARCHAR(200), Param3 NVARCHAR(200), "
+                    "Param4 NVARCHAR(200), Param5 NVARCHAR(200), RanAtUtc DATETIME2(3) DEFAULT SYSUTCDATETIME())")
+        probe = make_target(other)
+        wait_final(other, [initiate(other, f"dbo.{probe}", 0)])     # records the identity
+        rows(other, "ALTER DATABASE CURRENT SET NEW_BROKER WITH ROLLBACK IMMEDIATE")
+        overdue = initiate(other, f"dbo.{probe}", 0)                 # its trigger begins a dispatcher: a reader wakes
+        time.sleep(8)                                               # timer 1 s, one pass, leave
+        assert scalar(other, "SELECT COUNT(*) FROM sys.dm_broker_activated_tasks WHERE database_id = DB_ID()") == 0
+        assert task(other, overdue)["TaskState"] == "Pending"
+        assert seconds_to_timer(other) is None or seconds_to_timer(other) > 5   # the tick, not 1 s
+
+
+def test_purge_works_in_an_implicit_transaction_session(conn):
+    """pyodbc and JDBC with autocommit off run IMPLICIT_TRANSACTIONS ON: the purge's own
+    first read must not open the transaction it then refuses (50543)."""
+    result = rows(conn, "SET IMPLICIT_TRANSACTIONS ON; "
+                        "EXEC delay.PurgeHistory @OlderThanDays = 3650, @BatchSize = 10, @MaxBatches = 1; "
+                        "IF @@TRANCOUNT > 0 COMMIT; SET IMPLICIT_TRANSACTIONS OFF;")
+    assert len(result) == 1 and scalar(conn, "SELECT @@TRANCOUNT") == 0

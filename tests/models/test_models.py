@@ -127,6 +127,11 @@ CHECKS = [
           expect_error=r"assertion violated \(running\[t\]==0\)",
           why="without the run's session lock, a target that rolls back the transaction "
               "opened for it (the run's mark with it) and runs on is swept and run again"),
+    Check("delay-no-outcome-token", "delayexec.pml",
+          ("-DNO_OUTCOME_TOKEN", "-DALTERS=0", "-DMAXT=4", "-DHARD=12"), DELAY_CC,
+          expect_error=r"assertion violated \(done\[t\]==0\)",
+          why="a failed run's outcome written by TaskID alone after its rollback: a sweep "
+              "that claimed and finished the task meanwhile is overwritten, and it runs again"),
     Check("delay-refuse-changed", "delayexec.pml",
           ("-DREFUSE_CHANGED", "-DFAILS=0", "-DSLOW=0", "-DMAXT=5", "-DHARD=12"), DELAY_CC,
           expect_error=r"assertion violated .*changed&&\(st\[t\]==4\)",

@@ -628,3 +628,90 @@ def test_every_public_delay_procedure_has_a_wrapper():
                       "delay.DisallowProcedure", "delay.Monitor", "delay.EnableThisDatabase", "delay.PurgeHistory",
                       "delay.GetTaskMetrics"):
         assert f"EXEC {procedure} " in section or f"EXEC {procedure};" in section, procedure
+
+
+# --------------------------------------------------------------------------
+# A Service Broker reader's second reading (r23b)
+# --------------------------------------------------------------------------
+
+
+def test_a_copy_reader_leaves_without_arming_or_polling():
+    """A copy not enabled here has overdue Pending rows: arming to them and waiting
+    1 ms for them would spin the reader (and a log flush per turn) forever."""
+    run = current("delay.RunDueTasks.sql")
+    copy_check = run.index("IF NOT EXISTS (")
+    assert run.index("SET @Claimed = -1;") < copy_check < run.index("SET @Claimed = 0;")
+    process = current(PROCESS)
+    assert "IF @Claimed >= 0 EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT" in process
+    leave = process.index("IF @Claimed < 0 BREAK;")
+    assert process.index("SET @UntilDueMs =") < leave < process.index("SET @WaitMs = IIF(@UntilDueMs < 1, 1")
+    # ... so the heartbeat stays old there: ActivationFailing is not reported on a copy
+    assert "AND @Guid = db.service_broker_guid, N'ActivationFailing'" in current("delay.Monitor.sql")
+
+
+def test_a_run_records_its_outcome_only_for_its_own_claim():
+    """After a failed target's rollback the row is Claimed, unlocked, its lease maybe
+    passed: a sweep may claim and run it before the outcome; that outcome must not
+    overwrite the sweeper's (a Done task made Pending runs again)."""
+    run = current(RUN_TASK)
+    outcome = run.index("t.TaskState = @State, t.Attempts = t.Attempts + @Ran")
+    where = run.index("WHERE t.TaskID = @TaskID AND t.ClaimToken = @ClaimToken;", outcome)
+    skip = run.index("IF @@ROWCOUNT = 0 SELECT @State = NULL, @Event = NULL;", where)
+    assert skip < run.index("INSERT INTO delay.ReceiptDue", skip) < run.index("INSERT INTO delay.Log", skip)
+
+
+def test_a_target_without_a_free_slot_does_not_use_up_its_claims():
+    """Claims > MaxAttempts + 3 fails a task (50541); a task put back for want of a
+    slot of its target (MaxReaders), or held before its call, was claimed without a
+    run and must not count (else a capped target's backlog, or a target held and
+    listed again a few times, is failed without running)."""
+    run = current(RUN_TASK)
+    assert "IIF(@Claims > @MaxAttempts + 3, N'Failed', c.Verdict)" in run
+    assert "t.Claims = t.Claims - IIF(@Ran = 0 AND @State IN (N'Pending', N'Held'), 1, 0)" in run
+
+
+def test_the_monitor_never_fails_a_run_whose_reader_still_holds_it():
+    """A target that committed T keeps running as its reader's session lock says:
+    OrphanedRuns tests that lock, as the sweep does."""
+    monitor = current("delay.Monitor.sql")
+    test = "APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/run/', t.TaskID), N'Exclusive', N'Session') = 1"
+    orphaned = monitor[monitor.index("WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31'"):]
+    assert orphaned.count(test) == 2 and orphaned.index(test) < orphaned.index("N'OrphanedRuns'")
+
+
+def test_implicit_transaction_sessions_get_real_transactions():
+    """Under IMPLICIT_TRANSACTIONS ON (pyodbc, JDBC with autocommit off) the first
+    read of a table opens a transaction: the purge's check would always refuse
+    (50543), and a reader run by hand would nest every transaction in one."""
+    purge = current("delay.PurgeHistory.sql")
+    assert purge.index("SET IMPLICIT_TRANSACTIONS OFF;") < purge.index("FROM delay.Setting")
+    process = current(PROCESS)
+    assert process.index("IMPLICIT_TRANSACTIONS OFF;") < process.index("BEGIN TRANSACTION;")
+
+
+def test_the_fan_out_never_waits_for_an_inserters_commit():
+    """An inserter that moved the timer holds the dispatcher's conversation group to
+    its commit; SEND on that conversation waits for it: a bounded wait, then reset."""
+    run = current("delay.RunDueTasks.sql")
+    send = run.index("SEND ON CONVERSATION @Handle MESSAGE TYPE MailqDelayRequest;")
+    assert run.rindex("SET LOCK_TIMEOUT 200;", 0, send) < send < run.index("SET LOCK_TIMEOUT -1;", send)
+    assert run.index("SET LOCK_TIMEOUT -1;", send) < run.index("EXEC delay.RunTask")
+
+
+def test_receipts_are_written_before_each_claim_also_when_nothing_is_due():
+    """Receipts made due outside a batch (disallowed, orphaned, refused by the monitor)
+    are written by the next pass even when it claims nothing."""
+    run = current("delay.RunDueTasks.sql")
+    loop = run.index("WHILE 1 = 1")
+    assert loop < run.index("EXEC delay.WriteReceipts;") < run.index("UPDATE TOP (@Batch) t")
+    assert run.count("EXEC delay.WriteReceipts;") == 1
+
+
+def test_only_a_receipt_the_platform_refused_is_dropped():
+    """A failure that is not the platform's UPDATE (EXECUTE AS when MailqRunner is
+    missing, our own tables) leaves the receipts due instead of dropping each one."""
+    receipts = current("delay.WriteReceipts.sql")
+    catch = receipts[receipts.index("BEGIN CATCH"):]
+    assert "IF @Alone = 1 AND @Runner = 1" in catch
+    assert catch.index("IF @Alone = 1 AND @Runner = 1") < catch.index("IF @Runner = 0 RETURN;") < catch.index(
+        "SELECT @Alone = 1, @Runner = 0;")

@@ -8461,15 +8461,13 @@ BEGIN
     SELECT @Tick = s.TickSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
     IF @Reader = 1
     BEGIN
-        -- A reader never waits long on an inserter: it yields and polls, and is
-        -- the victim of any deadlock with one.
+        -- A reader never waits long on an inserter: it yields and polls, the victim of any deadlock.
         SET LOCK_TIMEOUT 200;
         SET DEADLOCK_PRIORITY LOW;
         SET @Wait = 200;
     END;
     ELSE
-        -- Statement errors stay statement errors: nothing here fails the INSERT.
-        SET XACT_ABORT OFF;
+        SET XACT_ABORT OFF;   -- statement errors stay statement errors: nothing here fails the INSERT
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
         EXEC @Lock = sys.sp_getapplock
@@ -8482,9 +8480,8 @@ BEGIN
                 UPDATE d SET d.LastWokenAtUtc = @Now FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
             SELECT @Handle = d.ConversationHandle, @ArmedFor = d.ArmedForUtc FROM delay.Dispatcher AS d
             WHERE d.DispatcherId = 1;
-            -- A reader: READCOMMITTEDLOCK waits (200 ms at most) for an uncommitted row
-            -- that may come first, also under READ_COMMITTED_SNAPSHOT.  An inserter:
-            -- READPAST, it never waits on other rows.
+            -- A reader: READCOMMITTEDLOCK waits (200 ms at most) for an uncommitted row that may
+            -- come first, also under READ_COMMITTED_SNAPSHOT.  An inserter: READPAST, never waits.
             IF @Reader = 1
                 SELECT TOP (1) @NextDueUtc = t.NextRunAtUtc
                 FROM delay.Task AS t WITH (READCOMMITTEDLOCK, INDEX (IX_Task_Due))
@@ -8583,17 +8580,16 @@ BEGIN
         END TRY
         BEGIN CATCH
             SELECT @Message = LEFT(ERROR_MESSAGE(), 2048);
-            IF @Runner = 1
-                REVERT;
+            IF @Runner = 1 REVERT;
             IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-            SET @Runner = 0;
-            IF @Alone = 1
+            IF @Alone = 1 AND @Runner = 1
             BEGIN
                 DELETE FROM delay.ReceiptDue WHERE TaskID = @TaskID;
                 INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage)
                 VALUES (@TaskID, N'Receipt', 50548, CONCAT(N'the platform refused the receipt: ', @Message));
             END;
-            SET @Alone = 1;
+            IF @Runner = 0 RETURN;   -- not the platform's UPDATE (EXECUTE AS failed: RunnerMissing): left due
+            SELECT @Alone = 1, @Runner = 0;
         END CATCH;
     END;
 END;
@@ -8682,8 +8678,7 @@ BEGIN
             @LockTimeoutMs, N'; EXEC ', QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName),
             N' @SPName = @SPName, @Param1 = @P1, @Param2 = @P2, @Param3 = @P3, @Param4 = @P4, @Param5 = @P5;'
         );
-        -- REVERT in a module undoes only its own EXECUTE AS, and leaving a module undoes
-        -- it too: the target can neither keep nor undo this one.
+        -- REVERT undoes only its own module's EXECUTE AS: the target can neither keep nor undo this one.
         EXECUTE AS USER = N'MailqRunner';
         BEGIN TRY
             EXEC sys.sp_executesql @Sql,
@@ -8746,6 +8741,7 @@ BEGIN
     UPDATE t
     SET
         t.TaskState = @State, t.Attempts = t.Attempts + @Ran, t.NextRunAtUtc = @NextRun,
+        t.Claims = t.Claims - IIF(@Ran = 0 AND @State IN (N'Pending', N'Held'), 1, 0),   -- not run: no claim
         t.FirstStartedAtUtc = IIF(@Ran = 1, ISNULL(t.FirstStartedAtUtc, @Now), t.FirstStartedAtUtc),
         t.LastStartedAtUtc = IIF(@Ran = 1, @Now, t.LastStartedAtUtc),
         t.FinishedAtUtc = IIF(@State IN (N'Done', N'Failed', N'Refused'), SYSUTCDATETIME(), NULL),
@@ -8753,7 +8749,8 @@ BEGIN
         t.LastErrorNumber = COALESCE(@Error, @Reason, t.LastErrorNumber),
         t.LastErrorMessage = COALESCE(@Message, t.LastErrorMessage)
     FROM delay.Task AS t
-    WHERE t.TaskID = @TaskID;
+    WHERE t.TaskID = @TaskID AND t.ClaimToken = @ClaimToken;   -- after a rollback a sweep may own it
+    IF @@ROWCOUNT = 0 SELECT @State = NULL, @Event = NULL;
     IF @State IN (N'Done', N'Failed', N'Refused')
         INSERT INTO delay.ReceiptDue (TaskID) VALUES (@TaskID);
     IF @Event IS NOT NULL
@@ -8786,12 +8783,11 @@ CREATE OR ALTER PROCEDURE delay.RunDueTasks
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- READPAST is refused under SERIALIZABLE, REPEATABLE READ and SNAPSHOT.
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;   -- READPAST is refused under SERIALIZABLE and SNAPSHOT
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME(), @Token UNIQUEIDENTIFIER, @TaskID BIGINT, @Count INT, @Batch INT = 50,
         @LeaseSeconds INT = 30, @Handle UNIQUEIDENTIFIER, @Error NVARCHAR(4000);
     DECLARE @Claim TABLE (TaskID BIGINT NOT NULL PRIMARY KEY);
-    SET @Claimed = 0;
+    SET @Claimed = -1;   -- -1: a copy not enabled here (below); its reader leaves, polling nothing
     -- The identity is recorded by the first pass after deployment (then only by delay.EnableThisDatabase).
     UPDATE d SET d.BrokerGuid = db.service_broker_guid
     FROM delay.Dispatcher AS d INNER JOIN sys.databases AS db ON db.database_id = DB_ID()
@@ -8802,6 +8798,7 @@ BEGIN
         WHERE d.DispatcherId = 1
     )
         RETURN;
+    SET @Claimed = 0;
     UPDATE h
     SET h.NextRunAtUtc = DATEADD(SECOND, h.IntervalSeconds, @Now), h.LastRunAtUtc = @Now
     FROM mailq.HookDispatcher AS h WITH (READPAST, ROWLOCK)
@@ -8819,12 +8816,12 @@ BEGIN
     END;
     WHILE 1 = 1
     BEGIN
+        EXEC delay.WriteReceipts;   -- first: the last batch's, and those others made due (disallowed, orphaned)
         SELECT @Batch = s.BatchSize, @LeaseSeconds = s.LeaseSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
         SELECT @Now = SYSUTCDATETIME(), @Token = NEWID();
         DELETE FROM @Claim;
         BEGIN TRANSACTION;
-        -- READPAST: skip rows others hold (claiming or running); UPDLOCK: claim while
-        -- reading; ROWLOCK: row grain, so READPAST skips rows, not pages.
+        -- READPAST: skip rows others hold; UPDLOCK: claim while reading; ROWLOCK: skip rows, not pages.
         UPDATE TOP (@Batch) t
         SET t.ClaimToken = @Token, t.LeaseUntilUtc = DATEADD(SECOND, @LeaseSeconds, @Now), t.Claims = t.Claims + 1
         OUTPUT inserted.TaskID INTO @Claim (TaskID)
@@ -8849,14 +8846,16 @@ BEGIN
         SET @Claimed += @Count;
         IF @Count = @Batch
         BEGIN
+            SET LOCK_TIMEOUT 200;   -- an inserter's arm holds the conversation group to its commit
             BEGIN TRY
                 SELECT @Handle = d.ConversationHandle FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
                 SEND ON CONVERSATION @Handle MESSAGE TYPE MailqDelayRequest;
             END TRY
             BEGIN CATCH
-                -- A lost conversation: delay.ArmDispatcher begins a new one at the end of the pass.
+                -- Busy (1222) or lost (delay.ArmDispatcher begins a new one): no request this time.
                 IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
             END CATCH;
+            SET LOCK_TIMEOUT -1;
         END;
         SET @TaskID = 0;
         WHILE 1 = 1
@@ -8865,7 +8864,6 @@ BEGIN
             IF @TaskID IS NULL BREAK;
             EXEC delay.RunTask @TaskID = @TaskID, @ClaimToken = @Token;
         END;
-        EXEC delay.WriteReceipts;
     END;
 END;
 GO
@@ -8897,7 +8895,7 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET ANSI_WARNINGS, ANSI_PADDING, ARITHABORT, CONCAT_NULL_YIELDS_NULL ON;
-    SET NUMERIC_ROUNDABORT OFF;
+    SET NUMERIC_ROUNDABORT, IMPLICIT_TRANSACTIONS OFF;   -- each BEGIN TRANSACTION below is a real one
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE
         @Handle UNIQUEIDENTIFIER, @Type SYSNAME, @WaitMs INT = 0, @ReceiveWaitMs INT = 5000, @Claimed INT,
@@ -8936,7 +8934,7 @@ BEGIN
         END CATCH;
         -- 3. The timer.
         BEGIN TRY
-            EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT, @NextDueUtc = @NextDue OUTPUT;
+            IF @Claimed >= 0 EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT, @NextDueUtc = @NextDue OUTPUT;
         END TRY
         BEGIN CATCH
             IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
@@ -8945,6 +8943,7 @@ BEGIN
         END CATCH;
         -- 4. The next wait.
         SET @UntilDueMs = DATEDIFF_BIG(MILLISECOND, SYSUTCDATETIME(), @NextDue);
+        IF @Claimed < 0 BREAK;   -- a copy not enabled here: leave, the safety tick stays armed
         IF @Armed = 0
             SET @WaitMs = 1000;
         ELSE IF @UntilDueMs < @ReceiveWaitMs
@@ -9138,9 +9137,8 @@ BEGIN
         IF @IdempotencyKey IS NOT NULL
         BEGIN
             -- On the key itself, not a key range (TSQL-STYLE); RTRIM: the lookup pads blanks too.
-            SET @LockName = CONCAT(
-                N'mailq-db/delay/key/', CONVERT(NVARCHAR(64), HASHBYTES('SHA2_256', RTRIM(@IdempotencyKey)), 2)
-            );
+            SET @LockName = CONCAT(N'mailq-db/delay/key/',
+                CONVERT(NVARCHAR(64), HASHBYTES('SHA2_256', RTRIM(@IdempotencyKey)), 2));
             EXEC @LockResult = sys.sp_getapplock
                 @Resource = @LockName, @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = 30000;
             IF @LockResult < 0
@@ -9222,9 +9220,8 @@ BEGIN
     END;
     IF @MayCancelAny = 0 AND (@CreatedBy IS NULL OR @CreatedBy <> @Caller)
     BEGIN
-        SET @Msg = CONCAT(N'@TaskID ', @TaskID,
-            N' was initiated by another login; only MailqAdmin or db_owner may cancel it (caller: ', ISNULL(@Caller,
-            N'NULL'), N').');
+        SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' was initiated by another login; only MailqAdmin or db_owner may ',
+            N'cancel it (caller: ', ISNULL(@Caller, N'NULL'), N').');
         THROW 50342, @Msg, 1;
     END;
     -- 2. Own the transaction if none is open; otherwise work inside the caller's.
@@ -9553,8 +9550,9 @@ BEGIN
         (IIF(@Guid IS NULL OR @Guid <> db.service_broker_guid, N'CopyNotEnabled', NULL), N'Critical',
             CONCAT(N'broker identity ', db.service_broker_guid, N' is not the one tasks run for (', @Guid, N')'),
             N'on the live database only: EXEC delay.EnableThisDatabase @Confirm = 1; a copy runs nothing'),
-        (IIF(@ArmedFor < DATEADD(SECOND, -@Overdue, @Now) AND (@Woken IS NULL OR @Woken < @ArmedFor),
-            N'ActivationFailing', NULL), N'Critical', CONCAT(N'the timer fired at ', @ArmedFor, N'; no reader since'),
+        (IIF(@ArmedFor < DATEADD(SECOND, -@Overdue, @Now) AND (@Woken IS NULL OR @Woken < @ArmedFor)
+            AND @Guid = db.service_broker_guid, N'ActivationFailing', NULL), N'Critical',   -- not on a copy
+            CONCAT(N'the timer fired at ', @ArmedFor, N'; no reader since'),
             N'see the SQL Server error log (an orphaned owner: ALTER AUTHORIZATION ON DATABASE::... TO [login])')
     ) AS x(Finding, Severity, Detail, Fix)
     WHERE db.database_id = DB_ID() AND q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue') AND x.Finding IS NOT NULL;
@@ -9582,9 +9580,10 @@ BEGIN
         IF @Apply = 1
             EXEC delay.ArmDispatcher @DueAtUtc = @Now;
     END;
-    -- The run's mark, and no reader holds the row: the target committed, then its reader ended.
+    -- The run's mark, no reader holds the row nor the run's session lock: the target committed, its reader ended.
     SELECT @Count = COUNT_BIG(*) FROM delay.Task AS t WITH (READPAST)
-    WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31';
+    WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31'
+        AND APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/run/', t.TaskID), N'Exclusive', N'Session') = 1;
     IF @Count > 0
     BEGIN
         INSERT INTO @Finding (Finding, Severity, Detail, Fix)
@@ -9598,7 +9597,8 @@ BEGIN
                 t.LastErrorMessage = N'the target ended its transaction, then its reader ended'
             OUTPUT inserted.TaskID INTO delay.ReceiptDue (TaskID)
             FROM delay.Task AS t WITH (READPAST, ROWLOCK)
-            WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31';
+            WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31'
+                AND APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/run/', t.TaskID), N'Exclusive', N'Session') = 1;
     END;
     IF @ScheduleMissing = 1
     BEGIN
@@ -9667,6 +9667,7 @@ CREATE OR ALTER PROCEDURE delay.PurgeHistory
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
+    SET IMPLICIT_TRANSACTIONS OFF;   -- before the first read: else it opens one (pyodbc, JDBC) and 50543 always
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @Msg NVARCHAR(2048), @Cutoff DATETIME2(3), @Tasks BIGINT = 0, @Logs BIGINT = 0, @Batches INT = 0,
         @Done INT = 0, @LogDone INT = 0;
@@ -9694,8 +9695,7 @@ BEGIN
         SET @Done = @@ROWCOUNT;
         DELETE k FROM delay.TaskKey AS k INNER JOIN @Gone AS g ON k.TaskID = g.TaskID;
         COMMIT TRANSACTION;
-        -- LogId grows with LoggedAtUtc: the oldest rows come first in the clustered
-        -- order, a bounded read from its start.
+        -- LogId grows with LoggedAtUtc: the oldest rows first, a bounded read from the clustered start.
         WITH Oldest AS (SELECT TOP (@BatchSize) l.LogId, l.LoggedAtUtc FROM delay.Log AS l ORDER BY l.LogId)
 
         DELETE FROM Oldest WHERE LoggedAtUtc < @Cutoff;
@@ -12098,20 +12098,20 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/service.DelayService.sql', '80ac92b373a97c895be45e27f14641339d1f2a55c3eeb836d2a2a38966cee77a'),
     ('0001', N'broker/delay.Classify.sql', '6eaed335dc3395bd314bdc56d94361ec76b4363eef8cb21794be5851ab389de9'),
     ('0001', N'broker/delay.CheckTarget.sql', '450561506197d0f460421e90295f701d035f186a2fcc539229835986b5964156'),
-    ('0001', N'broker/delay.ArmDispatcher.sql', '5a938e1e1c91a5a7e635e4aff9797029b650d3daa3a253e6638c62249e86e3d0'),
-    ('0001', N'broker/delay.WriteReceipts.sql', '7a86aef260c8dd31af01f4cc272ee4a39ac790511b98ddd002dab4068a9a6154'),
-    ('0001', N'broker/delay.RunTask.sql', '1913a781907fcaaac43ce06887ffbe50eadb4b38064ca59ec799edfe330d9976'),
-    ('0001', N'broker/delay.RunDueTasks.sql', '3e78d91ec7a2c8075f9e3c83fb9f0e15a0d47619d8f7738de2d00e6e792c7c43'),
-    ('0001', N'broker/dbo.ProcessDelayQueue.sql', '5b1e9f73b4cc6191a439ca7be19984ddc297a3efe91ad61166501810df0ac60d'),
+    ('0001', N'broker/delay.ArmDispatcher.sql', 'c7d6b45a91819b41657f2d70722d862f373afa0808a54906bd7846ca7d23761e'),
+    ('0001', N'broker/delay.WriteReceipts.sql', '01283ad1c108c288f3445e278ecd6dcc97388fd067e25adc27bbf5896f96fcf5'),
+    ('0001', N'broker/delay.RunTask.sql', 'e2aaac6063a38c09209bbfd86ae612ba998c9b6fc5556c5c78c7266c03909d62'),
+    ('0001', N'broker/delay.RunDueTasks.sql', '5040a96b53f3b486cc5c8c1a591249d9d242f25a1449a9f2c66d217b652058a6'),
+    ('0001', N'broker/dbo.ProcessDelayQueue.sql', '6575071a0612a6f6f9782f9ed19a35f469c602ab9788c453c0337257f8e307ca'),
     ('0001', N'broker/dbo.DelayServiceQueue.activation.sql', '09e433da0503ac1e434435c8c79bbccbb407200dc0189836774422cc3704c74b'),
     ('0001', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '591cadce33bc1f86929939669a9a77b123d7ae2015b2b82bd8e909e46eb6cf40'),
-    ('0001', N'broker/dbo.InitiateDelayExecution.sql', 'c60b9f59eaa50f6df8f191e8c490e0fb5a14dfda37f8a1e9737f3af6d8a7c051'),
-    ('0001', N'broker/dbo.CancelDelayExecution.sql', 'a44683e1dd61377e4056bceaa33d1464ad9adfc6dbef628d9276e0e764d4ffb9'),
+    ('0001', N'broker/dbo.InitiateDelayExecution.sql', 'dc615cb82c8874ac83074a776978216e01c3592e87516bcfb405455ae55b77be'),
+    ('0001', N'broker/dbo.CancelDelayExecution.sql', '271d82fbf6f85379132ff703692ae6e5fcfcc480dac223a30af421499e0cfaa2'),
     ('0001', N'broker/delay.AllowProcedure.sql', '60e26f1f078f0b2b7cc05d28ba5223c828900aa70c0386c6622bc13361c6ed94'),
     ('0001', N'broker/delay.DisallowProcedure.sql', '96de780fed11096bb9c6240b49ef73d7cba7aa9ee270a15b0a86babe241ff96e'),
     ('0001', N'broker/delay.EnableThisDatabase.sql', '75042f551ba11a19d798726ebaaff6728c483fb1aa1175ae0ab97a4dbab8524f'),
-    ('0001', N'broker/delay.Monitor.sql', 'a4888799fa797886a6fb5bb4962eab14ade49903ae6e1a9ea6e67f171a3c7224'),
-    ('0001', N'broker/delay.PurgeHistory.sql', '29cf7591df19997969cba261e8b8d3586b2c03471430c89fae4b6117708ed63a'),
+    ('0001', N'broker/delay.Monitor.sql', '60cb0317d55463afa3cd2895845828ff08d3e5f55a8045711e81ef137597ce33'),
+    ('0001', N'broker/delay.PurgeHistory.sql', 'db56488ab8840fe3c13398878f3cdbaf8cc514448f1cff4cbc04039152618d2d'),
     ('0001', N'broker/delay.PendingTasks.sql', 'ffa386b1f2f245bbe560048f905e07fde2ac2e1ab06e28d32ae96074cc118a9c'),
     ('0001', N'broker/delay.FinishedTasks.sql', '10fdee68d540555dc12cf307a0aa29432504a0f1fa66cc728b0369455d71fccd'),
     ('0001', N'broker/delay.Health.sql', 'a9440e238b4887339280ec7fb76ac606d93079267ab9423ed55cad3e068c6a65'),

@@ -25,7 +25,7 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET ANSI_WARNINGS, ANSI_PADDING, ARITHABORT, CONCAT_NULL_YIELDS_NULL ON;
-    SET NUMERIC_ROUNDABORT OFF;
+    SET NUMERIC_ROUNDABORT, IMPLICIT_TRANSACTIONS OFF;   -- each BEGIN TRANSACTION below is a real one
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE
         @Handle UNIQUEIDENTIFIER, @Type SYSNAME, @WaitMs INT = 0, @ReceiveWaitMs INT = 5000, @Claimed INT,
@@ -64,7 +64,7 @@ BEGIN
         END CATCH;
         -- 3. The timer.
         BEGIN TRY
-            EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT, @NextDueUtc = @NextDue OUTPUT;
+            IF @Claimed >= 0 EXEC delay.ArmDispatcher @Armed = @Armed OUTPUT, @NextDueUtc = @NextDue OUTPUT;
         END TRY
         BEGIN CATCH
             IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
@@ -73,6 +73,7 @@ BEGIN
         END CATCH;
         -- 4. The next wait.
         SET @UntilDueMs = DATEDIFF_BIG(MILLISECOND, SYSUTCDATETIME(), @NextDue);
+        IF @Claimed < 0 BREAK;   -- a copy not enabled here: leave, the safety tick stays armed
         IF @Armed = 0
             SET @WaitMs = 1000;
         ELSE IF @UntilDueMs < @ReceiveWaitMs

@@ -38,15 +38,13 @@ BEGIN
     SELECT @Tick = s.TickSeconds FROM delay.Setting AS s WHERE s.SettingId = 1;
     IF @Reader = 1
     BEGIN
-        -- A reader never waits long on an inserter: it yields and polls, and is
-        -- the victim of any deadlock with one.
+        -- A reader never waits long on an inserter: it yields and polls, the victim of any deadlock.
         SET LOCK_TIMEOUT 200;
         SET DEADLOCK_PRIORITY LOW;
         SET @Wait = 200;
     END;
     ELSE
-        -- Statement errors stay statement errors: nothing here fails the INSERT.
-        SET XACT_ABORT OFF;
+        SET XACT_ABORT OFF;   -- statement errors stay statement errors: nothing here fails the INSERT
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
         EXEC @Lock = sys.sp_getapplock
@@ -59,9 +57,8 @@ BEGIN
                 UPDATE d SET d.LastWokenAtUtc = @Now FROM delay.Dispatcher AS d WHERE d.DispatcherId = 1;
             SELECT @Handle = d.ConversationHandle, @ArmedFor = d.ArmedForUtc FROM delay.Dispatcher AS d
             WHERE d.DispatcherId = 1;
-            -- A reader: READCOMMITTEDLOCK waits (200 ms at most) for an uncommitted row
-            -- that may come first, also under READ_COMMITTED_SNAPSHOT.  An inserter:
-            -- READPAST, it never waits on other rows.
+            -- A reader: READCOMMITTEDLOCK waits (200 ms at most) for an uncommitted row that may
+            -- come first, also under READ_COMMITTED_SNAPSHOT.  An inserter: READPAST, never waits.
             IF @Reader = 1
                 SELECT TOP (1) @NextDueUtc = t.NextRunAtUtc
                 FROM delay.Task AS t WITH (READCOMMITTEDLOCK, INDEX (IX_Task_Due))

@@ -54,8 +54,9 @@ BEGIN
         (IIF(@Guid IS NULL OR @Guid <> db.service_broker_guid, N'CopyNotEnabled', NULL), N'Critical',
             CONCAT(N'broker identity ', db.service_broker_guid, N' is not the one tasks run for (', @Guid, N')'),
             N'on the live database only: EXEC delay.EnableThisDatabase @Confirm = 1; a copy runs nothing'),
-        (IIF(@ArmedFor < DATEADD(SECOND, -@Overdue, @Now) AND (@Woken IS NULL OR @Woken < @ArmedFor),
-            N'ActivationFailing', NULL), N'Critical', CONCAT(N'the timer fired at ', @ArmedFor, N'; no reader since'),
+        (IIF(@ArmedFor < DATEADD(SECOND, -@Overdue, @Now) AND (@Woken IS NULL OR @Woken < @ArmedFor)
+            AND @Guid = db.service_broker_guid, N'ActivationFailing', NULL), N'Critical',   -- not on a copy
+            CONCAT(N'the timer fired at ', @ArmedFor, N'; no reader since'),
             N'see the SQL Server error log (an orphaned owner: ALTER AUTHORIZATION ON DATABASE::... TO [login])')
     ) AS x(Finding, Severity, Detail, Fix)
     WHERE db.database_id = DB_ID() AND q.object_id = OBJECT_ID(N'dbo.DelayServiceQueue') AND x.Finding IS NOT NULL;
@@ -83,9 +84,10 @@ BEGIN
         IF @Apply = 1
             EXEC delay.ArmDispatcher @DueAtUtc = @Now;
     END;
-    -- The run's mark, and no reader holds the row: the target committed, then its reader ended.
+    -- The run's mark, no reader holds the row nor the run's session lock: the target committed, its reader ended.
     SELECT @Count = COUNT_BIG(*) FROM delay.Task AS t WITH (READPAST)
-    WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31';
+    WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31'
+        AND APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/run/', t.TaskID), N'Exclusive', N'Session') = 1;
     IF @Count > 0
     BEGIN
         INSERT INTO @Finding (Finding, Severity, Detail, Fix)
@@ -99,7 +101,8 @@ BEGIN
                 t.LastErrorMessage = N'the target ended its transaction, then its reader ended'
             OUTPUT inserted.TaskID INTO delay.ReceiptDue (TaskID)
             FROM delay.Task AS t WITH (READPAST, ROWLOCK)
-            WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31';
+            WHERE t.TaskState = N'Claimed' AND t.LeaseUntilUtc = '9999-12-31'
+                AND APPLOCK_TEST(N'public', CONCAT(N'mailq-db/delay/run/', t.TaskID), N'Exclusive', N'Session') = 1;
     END;
     IF @ScheduleMissing = 1
     BEGIN

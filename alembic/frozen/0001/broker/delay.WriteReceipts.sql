@@ -47,17 +47,16 @@ BEGIN
         END TRY
         BEGIN CATCH
             SELECT @Message = LEFT(ERROR_MESSAGE(), 2048);
-            IF @Runner = 1
-                REVERT;
+            IF @Runner = 1 REVERT;
             IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-            SET @Runner = 0;
-            IF @Alone = 1
+            IF @Alone = 1 AND @Runner = 1
             BEGIN
                 DELETE FROM delay.ReceiptDue WHERE TaskID = @TaskID;
                 INSERT INTO delay.Log (TaskID, EventName, ErrorNumber, ErrorMessage)
                 VALUES (@TaskID, N'Receipt', 50548, CONCAT(N'the platform refused the receipt: ', @Message));
             END;
-            SET @Alone = 1;
+            IF @Runner = 0 RETURN;   -- not the platform's UPDATE (EXECUTE AS failed: RunnerMissing): left due
+            SELECT @Alone = 1, @Runner = 0;
         END CATCH;
     END;
 END;

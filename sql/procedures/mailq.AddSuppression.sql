@@ -31,7 +31,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @Reason = ISNULL(@Reason, N'Manual');
     SET @Address = LOWER(LTRIM(RTRIM(@Address)));
@@ -67,7 +66,6 @@ BEGIN
         SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
         THROW 50606, @Msg, 1;
     END;
-
     DECLARE @Suppressions NVARCHAR(MAX) = (
         SELECT
             @AccountName AS AccountName,
@@ -83,7 +81,6 @@ BEGIN
     -- mailq.ApplySuppressions owns or joins the transaction itself (one call).
     EXEC mailq.ApplySuppressions @Suppressions = @Suppressions, @SweptMails = @Swept OUTPUT,
         @StoppedMails = @Stopped OUTPUT;
-
     SELECT
         @AccountName AS AccountName,
         @AppName AS AppName,

@@ -31,11 +31,9 @@ BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     SET DEADLOCK_PRIORITY LOW;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     SET @SweptMails = 0;
     SET @StoppedMails = 0;
-
     DECLARE @S TABLE (
         AccountName NVARCHAR(128) NOT NULL,
         Address NVARCHAR(320) NOT NULL,
@@ -76,7 +74,6 @@ BEGIN
         ) AS v
     ) AS x
     WHERE x.Nth = 1;
-
     DECLARE @Changed TABLE (
         AccountName NVARCHAR(128) NOT NULL,
         Address NVARCHAR(320) NOT NULL,
@@ -103,11 +100,9 @@ BEGIN
         AttemptNo INT NOT NULL,
         PRIMARY KEY (MailID, Address)
     );
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- 1. Renew what exists: the newest reason, source and detail; the
         --    longer of the two lifetimes (NULL = forever wins; an expired row
         --    takes the new expiry).  UPDLOCK, HOLDLOCK: see Isolation.
@@ -129,7 +124,6 @@ BEGIN
         INTO @Changed (AccountName, Address, AppName, Action, Reason, Source, Detail, MailID)
         FROM mailq.Suppression AS s WITH (UPDLOCK, HOLDLOCK)
         INNER JOIN @S AS i ON s.AccountName = i.AccountName AND s.Address = i.Address AND s.AppName = i.AppName;
-
         -- 2. Add what is new (waits for enqueues that read this address's
         --    key range: they commit first and are swept below).
         INSERT INTO mailq.Suppression (
@@ -146,13 +140,11 @@ BEGIN
             FROM mailq.Suppression AS s WITH (UPDLOCK, HOLDLOCK)
             WHERE s.AccountName = i.AccountName AND s.Address = i.Address AND s.AppName = i.AppName
         );
-
         INSERT INTO mailq.SuppressionHistory (
             AccountName, Address, AppName, Action, Reason, Source, Detail, MailID, OccurredAtUtc
         )
         SELECT c.AccountName, c.Address, c.AppName, c.Action, c.Reason, c.Source, c.Detail, c.MailID, @Now
         FROM @Changed AS c;
-
         -- 3. Candidates: queued mail of these accounts whose lists mention an
         --    address (a text probe; the exact test is step 5).  A range of
         --    IX_MailQueue_ClaimByAccount per account, no locks kept.
@@ -164,7 +156,6 @@ BEGIN
             q.Status IN (N'UnSent', N'Sending')
             AND (i.AppName = N'' OR i.AppName = q.AppName)
             AND CHARINDEX(i.Address, LOWER(CONCAT(q.ToAddress, N';', q.CC, N';', q.BCC))) > 0;
-
         -- 4. Lock them (UPDLOCK reads the committed row even under
         --    READ_COMMITTED_SNAPSHOT) and 5. compute their lists without
         --    every address suppressed for them (mailq.Suppression now holds
@@ -175,7 +166,6 @@ BEGIN
         INNER JOIN @Mail AS m ON q.ID = m.ID
         CROSS APPLY mailq.FilterSuppressedRecipients(q.AccountName, q.AppName, q.ToAddress, q.CC, q.BCC) AS f
         WHERE q.Status IN (N'UnSent', N'Sending') AND f.SuppressedCount > 0;
-
         -- 6. UnSent with recipients left: the lists without them.
         UPDATE q
         SET
@@ -190,7 +180,6 @@ BEGIN
         INNER JOIN @Swept AS w ON q.ID = w.ID
         WHERE w.Status = N'UnSent' AND w.EntriesLeft > 0;
         SET @SweptMails = @@ROWCOUNT;
-
         -- 7. UnSent with nobody left: Stopped, as mailq.StopMail leaves it.
         UPDATE q
         SET
@@ -206,7 +195,6 @@ BEGIN
         WHERE w.Status = N'UnSent' AND w.EntriesLeft = 0;
         SET @StoppedMails = @@ROWCOUNT;
         SET @SweptMails += @StoppedMails;
-
         -- 8. Sending: a Refused outcome per suppressed address, so a later
         --    attempt skips it (mailq.GetRecipientOutcomes); Delivered stays.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
@@ -217,7 +205,6 @@ BEGIN
         INNER JOIN mailq.MailQueue AS q ON w.ID = q.ID
         WHERE w.Status = N'Sending';
         SET @SweptMails += @@ROWCOUNT;
-
         INSERT INTO @Refuse (MailID, Address, AttemptNo)
         SELECT q.ID, CAST(r.Address AS NVARCHAR(320)), q.AttemptCount
         FROM @Swept AS w
@@ -233,7 +220,6 @@ BEGIN
                     AND s.AppName IN (N'', ISNULL(q.AppName, N''))
                     AND (s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now)
             );
-
         UPDATE o
         SET
             o.Outcome = N'Refused',
@@ -243,7 +229,6 @@ BEGIN
         FROM mailq.MailRecipientOutcome AS o
         INNER JOIN @Refuse AS f ON o.MailID = f.MailID AND o.Address = f.Address
         WHERE o.Outcome = N'Deferred';
-
         INSERT INTO mailq.MailRecipientOutcome (MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc)
         SELECT f.MailID, f.Address, N'Refused', NULL, N'suppressed (mailq.Suppression)', f.AttemptNo, @Now
         FROM @Refuse AS f
@@ -252,7 +237,6 @@ BEGIN
             FROM mailq.MailRecipientOutcome AS o
             WHERE o.MailID = f.MailID AND o.Address = f.Address
         );
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH

@@ -44,7 +44,7 @@ BEGIN
         SELECT DATABASE_PRINCIPAL_ID(N'dbo')
     ),
 
-    holder AS (
+holder AS (
         SELECT g.PrincipalId, g.PrincipalId AS ViaId FROM grantee AS g
         UNION ALL
         SELECT m.member_principal_id, h.ViaId
@@ -52,7 +52,7 @@ BEGIN
         INNER JOIN sys.database_role_members AS m ON h.PrincipalId = m.role_principal_id
     )
 
-    SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
+SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
     FROM holder AS h
     INNER JOIN sys.database_principals AS u ON h.PrincipalId = u.principal_id OR h.PrincipalId = 0
     WHERE

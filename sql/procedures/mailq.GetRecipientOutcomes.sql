@@ -18,7 +18,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
-
     IF @LockToken IS NULL
         THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
     -- Separate statements: OR has no guaranteed order, so OPENJSON could meet
@@ -36,7 +35,6 @@ BEGIN
         SET @IDListOk = 0;
     IF @IDListOk = 0
         THROW 50185, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
-
     SELECT
         o.MailID,
         o.Address,

@@ -15,7 +15,6 @@ CREATE OR ALTER PROCEDURE mailq.ListMailTemplateVersions
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(@TemplateName, N'') IS NULL OR LEN(@TemplateName) > 128
     BEGIN
@@ -29,7 +28,6 @@ BEGIN
                           N' (mailq.ListMailTemplates lists them).');
         THROW 50215, @Msg, 1;
     END;
-
     SELECT
         v.TemplateName,
         v.Version,

@@ -15,7 +15,6 @@ CREATE OR ALTER PROCEDURE mailq.ListMailTemplates
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     SELECT
         t.TemplateName,
         t.LatestVersion,

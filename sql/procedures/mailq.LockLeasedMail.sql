@@ -25,7 +25,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @@TRANCOUNT = 0
         THROW 50138, N'mailq.LockLeasedMail must run inside the caller''s transaction.', 1;
@@ -51,13 +50,11 @@ BEGIN
     END;
     IF @IDListOk = 0
         THROW 50137, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
-
     DECLARE @Held TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
         Status NVARCHAR(16) NULL,
         ThreadLock UNIQUEIDENTIFIER NULL
     );
-
     -- UPDLOCK, ROWLOCK: the fence holds until the caller commits.  No READPAST:
     -- these rows must be seen.  FORCESEEK: OPENJSON's 50-row estimate may pick a
     -- scan, which would keep a U lock on every row read (deadlocks).
@@ -65,13 +62,11 @@ BEGIN
     SELECT l.ID, q.Status, q.ThreadLock
     FROM mailq.ParseIDList(@ID, @IDList) AS l
     LEFT JOIN mailq.MailQueue AS q WITH (FORCESEEK, UPDLOCK, ROWLOCK) ON l.ID = q.ID;
-
     SELECT TOP (1) @Msg = CONCAT(N'Mail ', h.ID, N' does not exist.')
     FROM @Held AS h
     WHERE h.Status IS NULL
     ORDER BY h.ID;
     IF @Msg IS NOT NULL THROW 50201, @Msg, 1;
-
     SELECT TOP (1) @Msg = CONCAT(
         N'Mail ', h.ID, N' is ', h.Status, N', not Sending: it was already acknowledged, released or never claimed.'
     )
@@ -90,7 +85,6 @@ BEGIN
         )
     ORDER BY h.ID;
     IF @Msg IS NOT NULL THROW 50203, @Msg, 1;
-
     SELECT TOP (1) @Msg = CONCAT(
         N'Mail ', h.ID, N' is leased under another @LockToken: this worker''s lease expired and the mail ',
         N'was reclaimed; nothing was changed.'

@@ -30,7 +30,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @Disposition IS NULL OR @Disposition NOT IN (N'Retry', N'Wait', N'Stop')
     BEGIN
@@ -49,7 +48,6 @@ BEGIN
         SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
         THROW 50147, @Msg, 1;
     END;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @WaitUntil DATETIME2(3) = DATEADD(SECOND, COALESCE(@RetryAfterSeconds, 60), @Now);
     DECLARE @Acked TABLE (
@@ -60,12 +58,10 @@ BEGIN
         Status NVARCHAR(16) NOT NULL,
         NextAttemptUtc DATETIME2(3) NULL
     );
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
-
         WITH Outcome AS (
             SELECT
                 q.ID,
@@ -105,7 +101,7 @@ BEGIN
             WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
         )
 
-        UPDATE o
+UPDATE o
         SET
             o.Status = o.NewStatus,
             o.ThreadLock = NULL,
@@ -123,7 +119,6 @@ BEGIN
             IIF(inserted.Status = N'UnSent', inserted.VisibleAtUtc, NULL)
         INTO @Acked (ID, AttemptNo, AccountName, AppName, Status, NextAttemptUtc)
         FROM Outcome AS o;
-
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
@@ -132,7 +127,6 @@ BEGIN
             t.ErrorText = @Error
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
-
         -- One event per mail (docs/events.md): AccountWaiting, RetryScheduled or Failed.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
@@ -149,7 +143,6 @@ BEGIN
             @Error,
             @Now
         FROM @Acked AS a;
-
         IF @Disposition = N'Wait'
             UPDATE s
             SET
@@ -163,7 +156,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         a.ID,
         a.Status,

@@ -26,7 +26,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
-
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL
         THROW 50180, N'@ID is required: the mail whose recipients are recorded.', 1;
@@ -52,7 +51,6 @@ BEGIN
         THROW 50181,
             N'@Outcomes must be a JSON array of 1-1000 objects, each with an "address" of 1-320 characters.',
             1;
-
     DECLARE @Rows TABLE (
         Address NVARCHAR(320) NOT NULL,
         Outcome NVARCHAR(16) NULL,
@@ -69,21 +67,18 @@ BEGIN
         LEFT(JSON_VALUE(j.[value], N'$.code'), 20),
         LEFT(JSON_VALUE(j.[value], N'$.text'), 1000)
     FROM OPENJSON(@Outcomes) AS j;
-
     SELECT TOP (1) @Msg = CONCAT(N'@Outcomes: the outcome of ', r.Address, N' is ',
         COALESCE(N'"' + r.Outcome + N'"', N'missing'), N'; it must be Delivered, Deferred or Refused.')
     FROM @Rows AS r
     WHERE r.Outcome IS NULL OR r.Outcome NOT IN (N'Delivered', N'Deferred', N'Refused')
     ORDER BY r.Address;
     IF @Msg IS NOT NULL THROW 50182, @Msg, 1;
-
     SELECT TOP (1) @Msg = CONCAT(N'@Outcomes: the code of ', r.Address, N' is ', r.SmtpCodeText,
         N'; it must be an SMTP reply code 200-599 or null.')
     FROM @Rows AS r
     WHERE r.SmtpCodeText IS NOT NULL AND (r.SmtpCode IS NULL OR r.SmtpCode NOT BETWEEN 200 AND 599)
     ORDER BY r.Address;
     IF @Msg IS NOT NULL THROW 50183, @Msg, 1;
-
     SELECT TOP (1) @Msg = CONCAT(
         N'@Outcomes names ', r.Address, N' more than once (addresses compare case-insensitively).'
     )
@@ -92,7 +87,6 @@ BEGIN
     HAVING COUNT(*) > 1
     ORDER BY r.Address;
     IF @Msg IS NOT NULL THROW 50184, @Msg, 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @AttemptNo INT;
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
@@ -100,11 +94,9 @@ BEGIN
         IF @OwnTran = 1 BEGIN TRANSACTION;
         -- the fence; the row stays UPDLOCKed until this transaction ends
         EXEC mailq.LockLeasedMail @ID = @ID, @LockToken = @LockToken;
-
         SELECT @AttemptNo = q.AttemptCount
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
-
         -- a Delivered or Refused recipient is final: a later attempt never changes it
         UPDATE o
         SET
@@ -116,7 +108,6 @@ BEGIN
         FROM mailq.MailRecipientOutcome AS o
         INNER JOIN @Rows AS r ON o.Address = r.Address
         WHERE o.MailID = @ID AND o.Outcome = N'Deferred';
-
         INSERT INTO mailq.MailRecipientOutcome (MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc)
         SELECT
             @ID,

@@ -26,11 +26,9 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
         THROW 50604, N'@Source is required (1-200 characters): how the unsubscribe arrived.', 1;
-
     DECLARE @Account NVARCHAR(128), @App NVARCHAR(128), @To NVARCHAR(4000), @CC NVARCHAR(4000),
         @BCC NVARCHAR(4000), @Known BIGINT, @Status NVARCHAR(16), @AttemptCount INT;
     SELECT
@@ -58,7 +56,6 @@ BEGIN
             N' is not a recipient number of mail ', @MailID, N'.');
         THROW 50612, @Msg, 1;
     END;
-
     DECLARE @Key VARBINARY(32) = HASHBYTES('SHA2_256', CONCAT(N'unsubscribe:', @MailID, N':', @RecipientNo));
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Recorded BIT = 0;
@@ -66,7 +63,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         INSERT INTO mailq.BounceReport (
             ReportKey, Address, AccountName, AppName, MailID, Kind, Action, Status, SmtpCode, Detail, Source,
             ReceivedAtUtc
@@ -78,7 +74,6 @@ BEGIN
             WHERE b.ReportKey = @Key AND b.Address = @Address
         );
         SET @Recorded = IIF(@@ROWCOUNT = 1, 1, 0);
-
         IF @Recorded = 1 OR NOT EXISTS (
             SELECT 1
             FROM mailq.Suppression AS s
@@ -100,7 +95,6 @@ BEGIN
             );
             EXEC mailq.ApplySuppressions @Suppressions = @Suppressions;
         END;
-
         IF @Recorded = 1
         BEGIN
             SELECT @Status = q.Status, @AttemptCount = q.AttemptCount
@@ -114,13 +108,11 @@ BEGIN
                 LEFT(CONCAT(@Address, N' (', @Source, N')'), 4000), @Now
             );
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT @MailID AS MailID, @Account AS AccountName, @App AS AppName, @Address AS Address, @Recorded AS Recorded;
 END;

@@ -20,7 +20,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL
         THROW 50136, N'@ID is required.', 1;
@@ -31,25 +30,21 @@ BEGIN
         THROW 50119, @Msg, 1;
     END;
     SET @DateToProcess = COALESCE(@DateToProcess, SYSUTCDATETIME());
-
     DECLARE @Status NVARCHAR(16), @To NVARCHAR(MAX), @CC NVARCHAR(MAX), @BCC NVARCHAR(MAX), @Left INT,
         @Suppressed NVARCHAR(MAX);
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- Addresses suppressed since the mail was queued (the sweep passes finished mail by): left out as at
         -- enqueue.  Read before the row lock, in the suppression lock order; a finished mail's lists never change.
         SELECT @To = f.ToAddress, @CC = f.CC, @BCC = f.BCC, @Left = f.EntriesLeft, @Suppressed = f.Suppressed
         FROM mailq.MailQueue AS q
         CROSS APPLY mailq.FilterSuppressedRecipients(q.AccountName, q.AppName, q.ToAddress, q.CC, q.BCC) AS f
         WHERE q.ID = @ID;
-
         -- UPDLOCK: check and change under one lock.
         SELECT @Status = q.Status
         FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
         WHERE q.ID = @ID;
-
         IF @Status IS NULL
         BEGIN
             SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
@@ -68,7 +63,6 @@ BEGIN
                 @Suppressed), 2048);
             THROW 50600, @Msg, 1;
         END;
-
         UPDATE q
         SET
             q.Status = N'UnSent',
@@ -92,14 +86,12 @@ BEGIN
             LEFT(CONCAT(N'not sent to (suppressed): ', @Suppressed), 4000), SYSUTCDATETIME()
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID AND @Suppressed IS NOT NULL;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         @ID AS ID,
         N'UnSent' AS Status,

@@ -19,7 +19,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(@TemplateName, N'') IS NULL OR LEN(@TemplateName) > 128
     BEGIN
@@ -30,7 +29,6 @@ BEGIN
     IF LEN(@Reason) > 400
         THROW 50213, N'@Reason is limited to 400 characters.', 1;
     SET @Retire = ISNULL(@Retire, 1);
-
     DECLARE @Changed TABLE (
         TemplateName NVARCHAR(128) NOT NULL,
         LatestVersion INT NOT NULL,
@@ -38,7 +36,6 @@ BEGIN
         RetiredBy NVARCHAR(128) NULL,
         RetiredReason NVARCHAR(400) NULL
     );
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -54,7 +51,6 @@ BEGIN
         WHERE
             t.TemplateName = @TemplateName
             AND ((@Retire = 1 AND t.RetiredAtUtc IS NULL) OR (@Retire = 0 AND t.RetiredAtUtc IS NOT NULL));
-
         IF NOT EXISTS (SELECT 1 FROM @Changed)
             AND NOT EXISTS (SELECT 1 FROM mailq.MailTemplate AS t WHERE t.TemplateName = @TemplateName)
         BEGIN
@@ -68,7 +64,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         c.TemplateName,
         c.LatestVersion,

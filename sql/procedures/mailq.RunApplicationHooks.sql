@@ -26,7 +26,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @MaxEvents = COALESCE(@MaxEvents, 500);
     IF @MaxEvents NOT BETWEEN 1 AND 5000
@@ -38,7 +37,6 @@ BEGIN
         THROW 50296,
             N'mailq.RunApplicationHooks runs each hook call in its own transaction: call it outside any transaction.',
             1;
-
     DECLARE @Summary TABLE (
         AppName NVARCHAR(128) NOT NULL PRIMARY KEY,
         HookProcedure NVARCHAR(300) NOT NULL,
@@ -97,7 +95,6 @@ BEGIN
     DECLARE @ParameterList NVARCHAR(400) = N'@EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), '
         + N'@EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), '
         + N'@StopMail BIT OUTPUT, @StopReason NVARCHAR(4000) OUTPUT';
-
     -- Session-owned: it spans the per-call transactions.
     EXEC @LockResult = sys.sp_getapplock
         @Resource = N'mailq.RunApplicationHooks',
@@ -115,7 +112,6 @@ BEGIN
                 N'Busy' AS State;
         RETURN;
     END;
-
     BEGIN TRY
         SET @PerApp = (SELECT CEILING(@MaxEvents * 1.0 / NULLIF(COUNT(*), 0)) FROM mailq.ApplicationHook);
         WHILE @Budget > 0
@@ -135,11 +131,9 @@ BEGIN
             WHERE h.AppName > @App
             ORDER BY h.AppName ASC;
             IF @SchemaName IS NULL BREAK;
-
             SET @Hook = CONCAT(QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName));
             SELECT @AppState = N'UpToDate', @AppCalls = 0;
             INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
-
             IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
             BEGIN
                 UPDATE h
@@ -154,7 +148,6 @@ BEGIN
                 UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
                 CONTINUE;
             END;
-
             -- QUOTENAMEd catalog names; the values are parameters, never text.
             SET @Sql = CONCAT(
                 N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, ',
@@ -164,7 +157,6 @@ BEGIN
                 N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
                 N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
             );
-
             -- GetMailEvents' commit-safe read: bound first, then a locking read below it.
             DELETE FROM @Page;
             SET @Upper = MIN_ACTIVE_ROWVERSION();
@@ -179,7 +171,6 @@ BEGIN
             FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
             WHERE e.AppName = @App AND e.EventSeq > CAST(@Cursor AS BINARY(8)) AND e.EventSeq < @Upper
             ORDER BY e.EventSeq ASC;
-
             WHILE @Budget > 0 AND @AppCalls < @PerApp
             BEGIN
                 SELECT TOP (1)
@@ -193,7 +184,6 @@ BEGIN
                 WHERE p.EventID > @Cursor
                 ORDER BY p.EventID ASC;
                 IF @@ROWCOUNT = 0 BREAK;
-
                 -- The pin again before every call: an altered hook is not called again.
                 SET @Modified = NULL;
                 SELECT @Modified = p.ModifyDate
@@ -213,7 +203,6 @@ BEGIN
                     SET @AppState = N'Suspended';
                     BREAK;
                 END;
-
                 SELECT
                     @Budget -= 1,
                     @AppCalls += 1,
@@ -225,7 +214,6 @@ BEGIN
                     @Moved = 0,
                     @GiveUp = 0;
                 UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
-
                 -- 1. Call, stop and cursor in one transaction.  REVERT in a module undoes only
                 --    its own EXECUTE AS: the hook cannot keep or undo ours.
                 SET @Changed = 0;
@@ -252,7 +240,6 @@ BEGIN
                         @TranCountInCatch = @@TRANCOUNT;
                 END CATCH;
                 REVERT;
-
                 IF @ErrorNumber IS NULL
                 BEGIN
                     BEGIN TRY
@@ -261,7 +248,6 @@ BEGIN
                             THROW 50297,
                                 N'The hook ended the transaction opened for it or left one of its own open.',
                                 1;
-
                         -- The code that ran is the code that was checked (same ModifyDate).
                         IF NOT EXISTS (
                             SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
@@ -271,7 +257,6 @@ BEGIN
                             SET @Changed = 1;
                             ROLLBACK TRANSACTION;
                         END;
-
                         IF @Changed = 0 AND @StopMail = 1
                         BEGIN
                             -- Only a mail not yet final (StopMail refuses one, 50260).  UPDLOCK: StopMail
@@ -295,7 +280,6 @@ BEGIN
                                 EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
                             END;
                         END;
-
                         -- Guarded: a re-registration meanwhile (@ResetCursorTo) undoes this call.
                         IF @Changed = 0
                         BEGIN
@@ -328,7 +312,6 @@ BEGIN
                 -- A failed call: undone as a whole (doomed or not).
                 ELSE IF XACT_STATE() <> 0
                     ROLLBACK TRANSACTION;
-
                 IF @Changed = 1
                 BEGIN
                     UPDATE h
@@ -344,14 +327,12 @@ BEGIN
                     SET @AppState = N'Suspended';
                     BREAK;
                 END;
-
                 IF @Moved = 1
                 BEGIN
                     UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
                     SET @AppState = N'Moved';
                     BREAK;
                 END;
-
                 IF @ErrorNumber IS NULL
                 BEGIN
                     SET @Cursor = @EventID;
@@ -359,7 +340,6 @@ BEGIN
                     UPDATE @Summary SET Succeeded += 1, CursorEventID = @EventID WHERE AppName = @App;
                     CONTINUE;
                 END;
-
                 -- 2. A failed call: count it, or give the event up.
                 SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
                 -- 266, no transaction left: the hook ended ours; its work may be committed.
@@ -371,7 +351,6 @@ BEGIN
                 ), 4000);
                 SET @Now = SYSUTCDATETIME();
                 UPDATE @Summary SET FailedCalls += 1 WHERE AppName = @App;
-
                 BEGIN TRANSACTION;
                 IF @GiveUp = 1
                     INSERT INTO mailq.ApplicationHookFailure (
@@ -395,7 +374,6 @@ BEGIN
                     BREAK;
                 END;
                 COMMIT TRANSACTION;
-
                 IF @GiveUp = 1
                 BEGIN
                     SET @Cursor = @EventID;
@@ -403,13 +381,11 @@ BEGIN
                     UPDATE @Summary SET GivenUp += 1, CursorEventID = @EventID WHERE AppName = @App;
                     CONTINUE;
                 END;
-
                 -- Retry on a later run (the interval between runs is the backoff).
                 UPDATE @Summary SET State = N'Retrying' WHERE AppName = @App;
                 SET @AppState = N'Retrying';
                 BREAK;
             END;
-
             IF @AppState = N'UpToDate'
             BEGIN
                 UPDATE h
@@ -421,7 +397,6 @@ BEGIN
                     UPDATE @Summary SET State = N'More' WHERE AppName = @App AND Calls > 0;
             END;
         END;
-
         EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
     END TRY
     BEGIN CATCH
@@ -431,7 +406,6 @@ BEGIN
             EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
         THROW;
     END CATCH;
-
     IF @Quiet = 0
         SELECT
             s.AppName,

@@ -57,7 +57,6 @@ BEGIN
     SET @mailitem_id = NULL;
     SET @mailq_mail_id = NULL;
     SET @query = NULLIF(@query, N'');
-
     -- 1. Profile: the named one if the caller may use it, else the user's default,
     --    a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
     IF @profile_name IS NOT NULL
@@ -91,7 +90,6 @@ BEGIN
             RETURN 1;
         END;
     END;
-
     -- 2. msdb's checks, in msdb's order and with its numbers and return codes.
     SET @rc = CASE
         WHEN @attach_query_result_as_file IS NULL THEN 2
@@ -181,7 +179,6 @@ BEGIN
         RAISERROR (14633, 16, 1, @execute_query_database);
         RETURN 1;
     END;
-
     -- 3. This package's refusals: RAISERROR (50000) and RETURN 50641-50652.
     SELECT TOP (1) @rc = r.ReturnCode, @Msg = r.Message
     FROM (
@@ -225,7 +222,6 @@ BEGIN
         RAISERROR (N'%s', 16, 1, @Msg);
         RETURN @rc;
     END;
-
     -- Failover: the profile's first account not blocked (else the first).
     DECLARE @AccountName NVARCHAR(128);
     SELECT TOP (1) @AccountName = a.AccountName
@@ -239,7 +235,6 @@ BEGIN
         RAISERROR (N'The profile has no account (mailq.UpsertDbMailProfileAccount).', 16, 1);
         RETURN 50651;
     END;
-
     -- 4. The mail; importance and sensitivity become the headers System.Net.Mail writes.
     DECLARE @FromAddress NVARCHAR(MAX) = @from_address, @FromName NVARCHAR(MAX);
     SELECT @FromAddress = a.Address, @FromName = a.DisplayName
@@ -262,7 +257,6 @@ BEGIN
     DECLARE @MailBody NVARCHAR(MAX) = COALESCE(@body, N'');
     DECLARE @EnqueueFormat NVARCHAR(20) = IIF(@body_format = 'HTML', N'Html', N'Text');
     DECLARE @MailID BIGINT, @ItemID INT;
-
     SET XACT_ABORT ON;
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
@@ -281,7 +275,6 @@ BEGIN
             @AccountName = @AccountName,
             @DateToProcess = @Due,
             @MailID = @MailID OUTPUT;
-
         INSERT INTO mailq.DbMailItem (
             MailID, ProfileID, Importance, Sensitivity, Query, ExecuteQueryDatabase,
             AttachQueryResultAsFile, QueryAttachmentFilename, QueryResultHeader, QueryResultWidth,
@@ -305,7 +298,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SET @mailitem_id = @ItemID;
     SET @mailq_mail_id = @MailID;
     IF @exclude_query_output = 0

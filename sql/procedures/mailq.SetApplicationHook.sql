@@ -29,7 +29,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE
         @Msg NVARCHAR(2048),
         @Part1 SYSNAME,
@@ -45,7 +44,6 @@ BEGIN
         @Changed BIT = 1,
         @OldObjectId INT,
         @Grant NVARCHAR(600);
-
     IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
     BEGIN
         SET @Msg = CONCAT(
@@ -63,7 +61,6 @@ BEGIN
         );
         THROW 50295, @Msg, 1;
     END;
-
     IF @HookProcedure IS NOT NULL
     BEGIN
         -- PARSENAME takes a sysname: refuse what it would cut.
@@ -73,7 +70,6 @@ BEGIN
             SELECT
                 @Part1 = PARSENAME(@HookProcedure, 1),
                 @Part2 = PARSENAME(@HookProcedure, 2);
-
         SELECT
             @ObjectId = o.object_id,
             @SchemaName = s.name,
@@ -87,7 +83,6 @@ BEGIN
             s.name = @Part2
             AND o.name = @Part1
             AND o.type = 'P';
-
         IF @ObjectId IS NULL OR @IsShipped = 1 OR @SchemaName IN (N'sys', N'INFORMATION_SCHEMA')
         BEGIN
             SET @Msg = CONCAT(
@@ -96,7 +91,6 @@ BEGIN
             );
             THROW 50291, @Msg, 1;
         END;
-
         -- principal_id: the owner when it differs from the schema's, else NULL (dbo: 1).
         IF @SchemaOwner <> 1 OR COALESCE(@ObjectOwner, 1) <> 1
         BEGIN
@@ -108,7 +102,6 @@ BEGIN
             );
             THROW 50292, @Msg, 1;
         END;
-
         -- Missing or different first, then extra; lengths in bytes (NVARCHAR(n): 2n).
         SELECT @Problems = STRING_AGG(x.Problem, N'; ') WITHIN GROUP (ORDER BY x.Ord)
         FROM (
@@ -147,7 +140,6 @@ BEGIN
                     N'@Detail', N'@StopMail', N'@StopReason'
                 )
         ) AS x;
-
         IF @Problems IS NOT NULL
         BEGIN
             SET @Msg = CONCAT(
@@ -156,7 +148,6 @@ BEGIN
             );
             THROW 50293, @Msg, 1;
         END;
-
         SET @DefinitionHash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId));
         IF @DefinitionHash IS NULL
         BEGIN
@@ -167,14 +158,12 @@ BEGIN
             THROW 50294, @Msg, 1;
         END;
     END;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
         SELECT @OldObjectId = h.ObjectId
         FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
         WHERE h.AppName = @AppName;
-
         IF @HookProcedure IS NULL
         BEGIN
             DELETE h
@@ -200,7 +189,6 @@ BEGIN
                 h.RegisteredBy = ORIGINAL_LOGIN()
             FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
             WHERE h.AppName = @AppName;
-
             -- A new hook starts at the end of the stream (see mailq.GetMailEvents).
             IF @@ROWCOUNT = 0
                 INSERT INTO mailq.ApplicationHook (
@@ -211,7 +199,6 @@ BEGIN
                     COALESCE(@ResetCursorTo, CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT) - 1)
                 );
         END;
-
         -- MailqRunner may execute exactly the registered hooks (names QUOTENAMEd).
         IF @OldObjectId IS NOT NULL AND @OldObjectId <> ISNULL(@ObjectId, 0)
             AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationHook AS h WHERE h.ObjectId = @OldObjectId)
@@ -236,7 +223,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     -- One row whether or not a hook remains (a removal returns NULLs).
     DECLARE
         @ResultProcedure NVARCHAR(300),

@@ -17,7 +17,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
         THROW 50142, N'@AccountName is required.', 1;
@@ -26,7 +25,6 @@ BEGIN
         SET @Msg = CONCAT(N'@AccountName ''', LEFT(@AccountName, 128), N''' is not a sending account.');
         THROW 50114, @Msg, 1;
     END;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Visible INT = 0;
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
@@ -46,7 +44,6 @@ BEGIN
                 WHERE t.MailID = q.ID AND t.AttemptNo = q.AttemptCount AND t.Outcome = N'Wait'
             );
         SET @Visible = @@ROWCOUNT;
-
         UPDATE a
         SET
             a.BlockedUntilUtc = NULL,
@@ -59,7 +56,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         CAST(@AccountName AS NVARCHAR(128)) AS AccountName,
         @Visible AS MadeVisibleCount;

@@ -21,12 +21,10 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
         THROW 50145, N'@AppName is required.', 1;
     IF LEN(@AppName) > 128 OR LEN(@Description) > 400
         THROW 50103, N'@AppName (128) or @Description (400) is over its size.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;

@@ -20,7 +20,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
         THROW 50198, N'@ProfileName and @AccountName are required.', 1;
@@ -31,7 +30,6 @@ BEGIN
         );
         THROW 50198, @Msg, 1;
     END;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -51,7 +49,6 @@ BEGIN
             );
             THROW 50253, @Msg, 1;
         END;
-
         -- UPDLOCK, HOLDLOCK: insert-if-absent on small, rarely written tables.
         SELECT @AccountID = da.AccountID
         FROM mailq.DbMailAccount AS da WITH (UPDLOCK, HOLDLOCK)
@@ -61,7 +58,6 @@ BEGIN
             INSERT INTO mailq.DbMailAccount (AccountName) VALUES (@AccountName);
             SET @AccountID = SCOPE_IDENTITY();
         END;
-
         IF EXISTS (
             SELECT 1
             FROM mailq.DbMailProfileAccount AS pa WITH (UPDLOCK, HOLDLOCK)

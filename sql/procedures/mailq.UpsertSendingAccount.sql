@@ -37,7 +37,6 @@ BEGIN
     SET ANSI_WARNINGS, ANSI_PADDING, CONCAT_NULL_YIELDS_NULL ON;   -- filtered-index DML (else 1934)
     SET NUMERIC_ROUNDABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
         THROW 50142, N'@AccountName is required.', 1;
@@ -70,7 +69,6 @@ BEGIN
         );
         THROW 50122, @Msg, 1;
     END;
-
     -- @Clear: each name once, known, and not also given a value.
     DECLARE @Cleared TABLE (Setting NVARCHAR(128) NOT NULL PRIMARY KEY, Given BIT NULL);
     INSERT INTO @Cleared (Setting, Given)
@@ -92,7 +90,6 @@ BEGIN
     FROM @Cleared AS c
     WHERE c.Given IS NULL OR c.Given = 1;
     IF @Msg IS NOT NULL THROW 50504, @Msg, 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -107,14 +104,12 @@ BEGIN
             );
             THROW 50503, @Msg, 1;
         END;
-
         -- One default at most: the previous one stops being it first.
         IF @IsDefault = 1
             UPDATE a
             SET a.IsDefault = 0
             FROM mailq.SendingAccount AS a
             WHERE a.IsDefault = 1 AND a.AccountName <> @AccountName;
-
         IF @Exists = 1
             UPDATE a
             SET
@@ -145,7 +140,6 @@ BEGIN
                 @AccountName, LTRIM(RTRIM(@DefaultFromAddress)), @DefaultFromName,
                 @PerMinuteLimit, @PerHourLimit, @PerDayLimit, COALESCE(@IsDefault, 0), @MinLoginIntervalMs
             );
-
         IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
             INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
         IF @OwnTran = 1 COMMIT TRANSACTION;

@@ -140,3 +140,11 @@ def test_the_fresh_install_creates_each_object_once(upgrade):
 def test_the_counter_sees_a_second_create():
     sample = "CREATE OR ALTER PROCEDURE mailq.P AS SELECT 1;\nGO\nCREATE OR ALTER PROCEDURE mailq.P AS SELECT 2;\nGO\n"
     assert created_objects(sample) == {"PROCEDURE mailq.P": 2}
+
+
+def test_the_fresh_install_is_a_script_a_dba_can_review(upgrade):
+    """At most 12,000 lines, headers included (a module's header is stored and shipped
+    with it); the queue-only install and the downgrade are smaller still."""
+    assert upgrade.count("\n") <= 12_000, upgrade.count("\n")
+    queue_only = render("upgrade", "head", ("broker=off",))
+    assert queue_only.count("\n") < upgrade.count("\n")

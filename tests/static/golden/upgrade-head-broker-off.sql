@@ -155,7 +155,6 @@ DECLARE @CompatibilityLevel INT = (
 DECLARE @EngineEdition INT = CAST(SERVERPROPERTY(N'EngineEdition') AS INT);
 DECLARE @MajorVersion INT = CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT);
 DECLARE @Msg NVARCHAR(2048);
-
 IF @CompatibilityLevel < 130
 BEGIN
     SET @Msg = CONCAT(
@@ -166,7 +165,6 @@ BEGIN
     );
     THROW 50402, @Msg, 1;
 END;
-
 -- EngineEdition 5, 8: Azure SQL Database and Managed Instance (versionless).
 IF @EngineEdition NOT IN (5, 8) AND @MajorVersion < 15
 BEGIN
@@ -555,7 +553,6 @@ BEGIN
         CONSTRAINT PK_EnqueuePolicy PRIMARY KEY CLUSTERED (PolicyId),
         CONSTRAINT CK_EnqueuePolicy_SingleRow CHECK (PolicyId = 1)
     );
-
     INSERT INTO mailq.EnqueuePolicy (PolicyId, AllowUnmappedEnqueuers) VALUES (1, 0);
 END;
 GO
@@ -1259,7 +1256,6 @@ BEGIN
         EXEC sys.sp_executesql N'DROP PROCEDURE mailq.EnqueueMailBatch;';
     EXEC sys.sp_executesql N'DROP TYPE mailq.MailBatchRow;';
 END;
-
 IF TYPE_ID(N'mailq.MailBatchRow') IS NULL
     CREATE TYPE mailq.MailBatchRow AS TABLE (
         RowNo INT NOT NULL PRIMARY KEY,
@@ -1861,7 +1857,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @@TRANCOUNT = 0
         THROW 50138, N'mailq.LockLeasedMail must run inside the caller''s transaction.', 1;
@@ -1887,13 +1882,11 @@ BEGIN
     END;
     IF @IDListOk = 0
         THROW 50137, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
-
     DECLARE @Held TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
         Status NVARCHAR(16) NULL,
         ThreadLock UNIQUEIDENTIFIER NULL
     );
-
     -- UPDLOCK, ROWLOCK: the fence holds until the caller commits.  No READPAST:
     -- these rows must be seen.  FORCESEEK: OPENJSON's 50-row estimate may pick a
     -- scan, which would keep a U lock on every row read (deadlocks).
@@ -1901,13 +1894,11 @@ BEGIN
     SELECT l.ID, q.Status, q.ThreadLock
     FROM mailq.ParseIDList(@ID, @IDList) AS l
     LEFT JOIN mailq.MailQueue AS q WITH (FORCESEEK, UPDLOCK, ROWLOCK) ON l.ID = q.ID;
-
     SELECT TOP (1) @Msg = CONCAT(N'Mail ', h.ID, N' does not exist.')
     FROM @Held AS h
     WHERE h.Status IS NULL
     ORDER BY h.ID;
     IF @Msg IS NOT NULL THROW 50201, @Msg, 1;
-
     SELECT TOP (1) @Msg = CONCAT(
         N'Mail ', h.ID, N' is ', h.Status, N', not Sending: it was already acknowledged, released or never claimed.'
     )
@@ -1926,7 +1917,6 @@ BEGIN
         )
     ORDER BY h.ID;
     IF @Msg IS NOT NULL THROW 50203, @Msg, 1;
-
     SELECT TOP (1) @Msg = CONCAT(
         N'Mail ', h.ID, N' is leased under another @LockToken: this worker''s lease expired and the mail ',
         N'was reclaimed; nothing was changed.'
@@ -2800,7 +2790,7 @@ BEGIN
         WHERE c.TemplateVersion IS NOT NULL
     )
 
-    SELECT
+SELECT
         v.TemplateName,
         v.Version,
         v.SubjectTemplate,
@@ -2904,7 +2894,7 @@ BEGIN
                 ORDER BY q.VisibleAtUtc ASC, q.ID ASC
             )
 
-            UPDATE d
+UPDATE d
             SET
                 d.Status = N'Failed',
                 d.ThreadLock = NULL,
@@ -2937,7 +2927,7 @@ BEGIN
                 ORDER BY q.ExpiresAtUtc ASC, q.ID ASC
             )
 
-            UPDATE l
+UPDATE l
             SET
                 l.Status = N'Expired',
                 l.ThreadLock = NULL,
@@ -3079,15 +3069,12 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Released TABLE (ID BIGINT NOT NULL PRIMARY KEY, AttemptNo INT NOT NULL, AppName NVARCHAR(128) NULL);
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
-
         UPDATE q
         SET
             q.Status = N'UnSent',
@@ -3098,14 +3085,12 @@ BEGIN
         FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
-
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
             t.Outcome = N'Released'
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Released AS r ON t.MailID = r.ID AND t.AttemptNo = r.AttemptNo;
-
         -- One Released event per mail, in this transaction (docs/events.md).
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT r.ID, r.AppName, N'Released', N'UnSent', r.AttemptNo, NULL, NULL, @Now
@@ -3116,7 +3101,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         r.ID,
         N'UnSent' AS Status,
@@ -3153,7 +3137,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @DryRun = COALESCE(@DryRun, 0);
     IF @SmtpCode NOT BETWEEN 200 AND 599
@@ -3161,7 +3144,6 @@ BEGIN
         SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
         THROW 50147, @Msg, 1;
     END;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Acked TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
@@ -3170,13 +3152,11 @@ BEGIN
         DryRun BIT NOT NULL,
         Enforced BIT NOT NULL  -- claimed as dry-run, acknowledged as a real send
     );
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
         EXEC mailq.LockLeasedMail
             @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
-
         UPDATE q
         SET
             q.Status = N'Sent',
@@ -3196,7 +3176,6 @@ BEGIN
         FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
-
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
@@ -3205,7 +3184,6 @@ BEGIN
             t.ErrorText = @SmtpText
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
-
         -- One event per mail changed (docs/events.md); a repeat changes no row, writes none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
@@ -3227,7 +3205,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         l.ID,
         N'Sent' AS Status,
@@ -3270,7 +3247,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @Disposition IS NULL OR @Disposition NOT IN (N'Retry', N'Wait', N'Stop')
     BEGIN
@@ -3289,7 +3265,6 @@ BEGIN
         SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
         THROW 50147, @Msg, 1;
     END;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @WaitUntil DATETIME2(3) = DATEADD(SECOND, COALESCE(@RetryAfterSeconds, 60), @Now);
     DECLARE @Acked TABLE (
@@ -3300,12 +3275,10 @@ BEGIN
         Status NVARCHAR(16) NOT NULL,
         NextAttemptUtc DATETIME2(3) NULL
     );
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
         EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
-
         WITH Outcome AS (
             SELECT
                 q.ID,
@@ -3345,7 +3318,7 @@ BEGIN
             WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
         )
 
-        UPDATE o
+UPDATE o
         SET
             o.Status = o.NewStatus,
             o.ThreadLock = NULL,
@@ -3363,7 +3336,6 @@ BEGIN
             IIF(inserted.Status = N'UnSent', inserted.VisibleAtUtc, NULL)
         INTO @Acked (ID, AttemptNo, AccountName, AppName, Status, NextAttemptUtc)
         FROM Outcome AS o;
-
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
@@ -3372,7 +3344,6 @@ BEGIN
             t.ErrorText = @Error
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
-
         -- One event per mail (docs/events.md): AccountWaiting, RetryScheduled or Failed.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
@@ -3389,7 +3360,6 @@ BEGIN
             @Error,
             @Now
         FROM @Acked AS a;
-
         IF @Disposition = N'Wait'
             UPDATE s
             SET
@@ -3403,7 +3373,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         a.ID,
         a.Status,
@@ -3494,7 +3463,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL
         THROW 50136, N'@ID is required.', 1;
@@ -3505,25 +3473,21 @@ BEGIN
         THROW 50119, @Msg, 1;
     END;
     SET @DateToProcess = COALESCE(@DateToProcess, SYSUTCDATETIME());
-
     DECLARE @Status NVARCHAR(16), @To NVARCHAR(MAX), @CC NVARCHAR(MAX), @BCC NVARCHAR(MAX), @Left INT,
         @Suppressed NVARCHAR(MAX);
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- Addresses suppressed since the mail was queued (the sweep passes finished mail by): left out as at
         -- enqueue.  Read before the row lock, in the suppression lock order; a finished mail's lists never change.
         SELECT @To = f.ToAddress, @CC = f.CC, @BCC = f.BCC, @Left = f.EntriesLeft, @Suppressed = f.Suppressed
         FROM mailq.MailQueue AS q
         CROSS APPLY mailq.FilterSuppressedRecipients(q.AccountName, q.AppName, q.ToAddress, q.CC, q.BCC) AS f
         WHERE q.ID = @ID;
-
         -- UPDLOCK: check and change under one lock.
         SELECT @Status = q.Status
         FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
         WHERE q.ID = @ID;
-
         IF @Status IS NULL
         BEGIN
             SET @Msg = CONCAT(N'Mail ', @ID, N' does not exist.');
@@ -3542,7 +3506,6 @@ BEGIN
                 @Suppressed), 2048);
             THROW 50600, @Msg, 1;
         END;
-
         UPDATE q
         SET
             q.Status = N'UnSent',
@@ -3566,14 +3529,12 @@ BEGIN
             LEFT(CONCAT(N'not sent to (suppressed): ', @Suppressed), 4000), SYSUTCDATETIME()
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID AND @Suppressed IS NOT NULL;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         @ID AS ID,
         N'UnSent' AS Status,
@@ -3610,7 +3571,6 @@ BEGIN
     -- Each BEGIN TRANSACTION must be a real one, not nested in an implicit one.
     SET IMPLICIT_TRANSACTIONS OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @OlderThanDays IS NULL OR @OlderThanDays < 0
     BEGIN
@@ -3632,13 +3592,11 @@ BEGIN
     END;
     IF @@TRANCOUNT > 0
         THROW 50141, N'mailq.PurgeMail commits batch by batch: call it outside a transaction.', 1;
-
     DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
     DECLARE @Purged BIGINT = 0;
     DECLARE @Candidate TABLE (ID BIGINT NOT NULL PRIMARY KEY);
     DECLARE @Batch TABLE (ID BIGINT NOT NULL PRIMARY KEY);
     DECLARE @Deleted INT;
-
     WHILE 1 = 1
     BEGIN
         DELETE FROM @Candidate;
@@ -3657,13 +3615,11 @@ BEGIN
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff
             ORDER BY q.DateProcessed ASC, q.ID ASC;
-
             IF @@ROWCOUNT = 0
             BEGIN
                 COMMIT TRANSACTION;
                 BREAK;
             END;
-
             -- 2. Lock the batch on the clustered index and re-check (a candidate may have
             --    been requeued); FORCESEEK keeps the plan off IX_MailQueue_Final.
             INSERT INTO @Batch (ID)
@@ -3674,14 +3630,12 @@ BEGIN
             WHERE
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff;
-
             -- All taken or changed meanwhile: stop rather than spin.
             IF NOT EXISTS (SELECT 1 FROM @Batch)
             BEGIN
                 COMMIT TRANSACTION;
                 BREAK;
             END;
-
             -- 3. Children, 1000 rows per statement.  FORCESEEK: a seek per mail, never a
             --    scan that would wait on the rows of live mail.
             SET @Deleted = 1000;
@@ -3692,7 +3646,6 @@ BEGIN
                 WHERE t.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
-
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
@@ -3701,7 +3654,6 @@ BEGIN
                 WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
-
             -- Outcomes here, not by the parent's ON DELETE CASCADE: that one statement
             -- would lock up to 100 x @BatchSize rows and escalate past 5,000.
             SET @Deleted = 1000;
@@ -3712,7 +3664,6 @@ BEGIN
                 WHERE o.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
-
             -- Events: a seek per mail on IX_MailEvent_MailID, 1000 rows per statement.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
@@ -3722,13 +3673,11 @@ BEGIN
                 WHERE e.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
-
             -- 4. The mails themselves (rows already held since step 2), by key.
             DELETE q
             FROM mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), ROWLOCK)
             WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
             SET @Purged += @@ROWCOUNT;
-
             COMMIT TRANSACTION;
         END TRY
         BEGIN CATCH
@@ -3736,7 +3685,6 @@ BEGIN
             THROW;
         END CATCH;
     END;
-
     SELECT @Purged AS PurgedCount;
 END;
 GO
@@ -3781,7 +3729,6 @@ BEGIN
     SET ANSI_WARNINGS, ANSI_PADDING, CONCAT_NULL_YIELDS_NULL ON;   -- filtered-index DML (else 1934)
     SET NUMERIC_ROUNDABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
         THROW 50142, N'@AccountName is required.', 1;
@@ -3814,7 +3761,6 @@ BEGIN
         );
         THROW 50122, @Msg, 1;
     END;
-
     -- @Clear: each name once, known, and not also given a value.
     DECLARE @Cleared TABLE (Setting NVARCHAR(128) NOT NULL PRIMARY KEY, Given BIT NULL);
     INSERT INTO @Cleared (Setting, Given)
@@ -3836,7 +3782,6 @@ BEGIN
     FROM @Cleared AS c
     WHERE c.Given IS NULL OR c.Given = 1;
     IF @Msg IS NOT NULL THROW 50504, @Msg, 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -3851,14 +3796,12 @@ BEGIN
             );
             THROW 50503, @Msg, 1;
         END;
-
         -- One default at most: the previous one stops being it first.
         IF @IsDefault = 1
             UPDATE a
             SET a.IsDefault = 0
             FROM mailq.SendingAccount AS a
             WHERE a.IsDefault = 1 AND a.AccountName <> @AccountName;
-
         IF @Exists = 1
             UPDATE a
             SET
@@ -3889,7 +3832,6 @@ BEGIN
                 @AccountName, LTRIM(RTRIM(@DefaultFromAddress)), @DefaultFromName,
                 @PerMinuteLimit, @PerHourLimit, @PerDayLimit, COALESCE(@IsDefault, 0), @MinLoginIntervalMs
             );
-
         IF NOT EXISTS (SELECT 1 FROM mailq.RateBudget AS b WHERE b.AccountName = @AccountName)
             INSERT INTO mailq.RateBudget (AccountName) VALUES (@AccountName);
         IF @OwnTran = 1 COMMIT TRANSACTION;
@@ -3921,7 +3863,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
         THROW 50142, N'@AccountName is required.', 1;
@@ -3930,7 +3871,6 @@ BEGIN
         SET @Msg = CONCAT(N'@AccountName ''', LEFT(@AccountName, 128), N''' is not a sending account.');
         THROW 50114, @Msg, 1;
     END;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Visible INT = 0;
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
@@ -3950,7 +3890,6 @@ BEGIN
                 WHERE t.MailID = q.ID AND t.AttemptNo = q.AttemptCount AND t.Outcome = N'Wait'
             );
         SET @Visible = @@ROWCOUNT;
-
         UPDATE a
         SET
             a.BlockedUntilUtc = NULL,
@@ -3963,7 +3902,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         CAST(@AccountName AS NVARCHAR(128)) AS AccountName,
         @Visible AS MadeVisibleCount;
@@ -4047,7 +3985,7 @@ BEGIN
         FROM @Slot AS s
     )
 
-    SELECT
+SELECT
         d.Granted,
         CAST(IIF(
             d.Granted = 1, 0,
@@ -4083,12 +4021,10 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
         THROW 50145, N'@AppName is required.', 1;
     IF LEN(@AppName) > 128 OR LEN(@Description) > 400
         THROW 50103, N'@AppName (128) or @Description (400) is over its size.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -4249,12 +4185,10 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
         THROW 50145, N'@AppName is required.', 1;
     IF @AccountName IS NULL AND @FromAddress IS NULL AND @PrincipalName IS NULL
         THROW 50164, N'Give @AccountName, @FromAddress and/or @PrincipalName: what to withdraw.', 1;
-
     DECLARE @Pattern NVARCHAR(4000) = LOWER(LTRIM(RTRIM(@FromAddress)));
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
@@ -4263,12 +4197,10 @@ BEGIN
             DELETE b
             FROM mailq.ApplicationAccount AS b
             WHERE b.AppName = @AppName AND b.AccountName = @AccountName;
-
         IF @Pattern IS NOT NULL
             DELETE f
             FROM mailq.ApplicationFrom AS f
             WHERE f.AppName = @AppName AND f.FromPattern = @Pattern;
-
         IF @PrincipalName IS NOT NULL
             DELETE u
             FROM mailq.ApplicationPrincipal AS u
@@ -4304,13 +4236,11 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF @AllowUnmappedEnqueuers IS NULL
         THROW 50501, N'@AllowUnmappedEnqueuers is required: 0 refuses unmapped enqueuers, 1 allows them.', 1;
     -- IS_ROLEMEMBER checks the caller's own user (this module has no EXECUTE AS).
     IF COALESCE(IS_ROLEMEMBER(N'db_owner'), 0) = 0 AND COALESCE(IS_ROLEMEMBER(N'MailqAdmin'), 0) = 0
         THROW 50502, N'mailq.SetEnqueuePolicy is for members of db_owner or MailqAdmin.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -4380,7 +4310,7 @@ BEGIN
         SELECT DATABASE_PRINCIPAL_ID(N'dbo')
     ),
 
-    holder AS (
+holder AS (
         SELECT g.PrincipalId, g.PrincipalId AS ViaId FROM grantee AS g
         UNION ALL
         SELECT m.member_principal_id, h.ViaId
@@ -4388,7 +4318,7 @@ BEGIN
         INNER JOIN sys.database_role_members AS m ON h.PrincipalId = m.role_principal_id
     )
 
-    SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
+SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
     FROM holder AS h
     INNER JOIN sys.database_principals AS u ON h.PrincipalId = u.principal_id OR h.PrincipalId = 0
     WHERE
@@ -4426,7 +4356,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @RecentFailures = COALESCE(@RecentFailures, 20);
     SET @FinishedHours = COALESCE(@FinishedHours, 24);
@@ -4440,14 +4369,12 @@ BEGIN
         SET @Msg = CONCAT(N'@FinishedHours must be 1-168 (a week); got ', @FinishedHours, N'.');
         THROW 50520, @Msg, 1;
     END;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     -- Whole hours: the window starts at the top of the oldest hour shown.
     DECLARE @FinishedSince DATETIME2(3) = DATEADD(
         HOUR, DATEDIFF(HOUR, '20000101', @Now) - @FinishedHours + 1, CAST('20000101' AS DATETIME2(3))
     );
     DECLARE @FailuresSince DATETIME2(3) = DATEADD(DAY, -7, @Now);
-
     SELECT
         q.Status,
         q.AccountName,
@@ -4456,7 +4383,6 @@ BEGIN
     WHERE q.Status IN (N'UnSent', N'Sending')
     GROUP BY q.Status, q.AccountName
     ORDER BY q.AccountName ASC, q.Status ASC;
-
     SELECT
         q.AccountName,
         MIN(q.VisibleAtUtc) AS OldestDueUtc,
@@ -4466,7 +4392,6 @@ BEGIN
     WHERE q.Status = N'UnSent' AND q.VisibleAtUtc <= @Now
     GROUP BY q.AccountName
     ORDER BY OldestDueAgeSeconds DESC;
-
     -- The final statuses as literals, so the filtered IX_MailQueue_Final matches.
     -- RECOMPILE: the hash or sort grant follows the window's rows, not a fixed 30%
     -- of the history (local variable estimate).
@@ -4487,7 +4412,6 @@ BEGIN
         q.AccountName
     ORDER BY HourUtc DESC, q.AccountName ASC
     OPTION (RECOMPILE);
-
     -- A backward range seek on EndedAtUtc, stopped after @RecentFailures rows.
     SELECT TOP (@RecentFailures)
         t.MailID AS ID,
@@ -4768,7 +4692,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
-
     DECLARE @Msg NVARCHAR(2048);
     IF @ID IS NULL
         THROW 50180, N'@ID is required: the mail whose recipients are recorded.', 1;
@@ -4794,7 +4717,6 @@ BEGIN
         THROW 50181,
             N'@Outcomes must be a JSON array of 1-1000 objects, each with an "address" of 1-320 characters.',
             1;
-
     DECLARE @Rows TABLE (
         Address NVARCHAR(320) NOT NULL,
         Outcome NVARCHAR(16) NULL,
@@ -4811,21 +4733,18 @@ BEGIN
         LEFT(JSON_VALUE(j.[value], N'$.code'), 20),
         LEFT(JSON_VALUE(j.[value], N'$.text'), 1000)
     FROM OPENJSON(@Outcomes) AS j;
-
     SELECT TOP (1) @Msg = CONCAT(N'@Outcomes: the outcome of ', r.Address, N' is ',
         COALESCE(N'"' + r.Outcome + N'"', N'missing'), N'; it must be Delivered, Deferred or Refused.')
     FROM @Rows AS r
     WHERE r.Outcome IS NULL OR r.Outcome NOT IN (N'Delivered', N'Deferred', N'Refused')
     ORDER BY r.Address;
     IF @Msg IS NOT NULL THROW 50182, @Msg, 1;
-
     SELECT TOP (1) @Msg = CONCAT(N'@Outcomes: the code of ', r.Address, N' is ', r.SmtpCodeText,
         N'; it must be an SMTP reply code 200-599 or null.')
     FROM @Rows AS r
     WHERE r.SmtpCodeText IS NOT NULL AND (r.SmtpCode IS NULL OR r.SmtpCode NOT BETWEEN 200 AND 599)
     ORDER BY r.Address;
     IF @Msg IS NOT NULL THROW 50183, @Msg, 1;
-
     SELECT TOP (1) @Msg = CONCAT(
         N'@Outcomes names ', r.Address, N' more than once (addresses compare case-insensitively).'
     )
@@ -4834,7 +4753,6 @@ BEGIN
     HAVING COUNT(*) > 1
     ORDER BY r.Address;
     IF @Msg IS NOT NULL THROW 50184, @Msg, 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @AttemptNo INT;
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
@@ -4842,11 +4760,9 @@ BEGIN
         IF @OwnTran = 1 BEGIN TRANSACTION;
         -- the fence; the row stays UPDLOCKed until this transaction ends
         EXEC mailq.LockLeasedMail @ID = @ID, @LockToken = @LockToken;
-
         SELECT @AttemptNo = q.AttemptCount
         FROM mailq.MailQueue AS q
         WHERE q.ID = @ID;
-
         -- a Delivered or Refused recipient is final: a later attempt never changes it
         UPDATE o
         SET
@@ -4858,7 +4774,6 @@ BEGIN
         FROM mailq.MailRecipientOutcome AS o
         INNER JOIN @Rows AS r ON o.Address = r.Address
         WHERE o.MailID = @ID AND o.Outcome = N'Deferred';
-
         INSERT INTO mailq.MailRecipientOutcome (MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc)
         SELECT
             @ID,
@@ -4904,7 +4819,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;  -- reverts when the procedure returns
-
     IF @LockToken IS NULL
         THROW 50131, N'@LockToken is required: the token the mails were claimed with.', 1;
     -- Separate statements: OR has no guaranteed order, so OPENJSON could meet
@@ -4922,7 +4836,6 @@ BEGIN
         SET @IDListOk = 0;
     IF @IDListOk = 0
         THROW 50185, N'@IDList must be a JSON array of 1-1000 integer mail IDs, e.g. [101, 102].', 1;
-
     SELECT
         o.MailID,
         o.Address,
@@ -5045,13 +4958,11 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @MailID IS NULL
         THROW 50174, N'@MailID is required.', 1;
     IF NULLIF(LTRIM(RTRIM(@Reason)), N'') IS NULL
         THROW 50175, N'@Reason is required: say why the mail is stopped.', 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Status NVARCHAR(16);
     DECLARE @OldLockToken UNIQUEIDENTIFIER;
@@ -5064,7 +4975,6 @@ BEGIN
             @OldLockToken = q.ThreadLock
         FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
         WHERE q.ID = @MailID;
-
         IF @Status IS NULL
         BEGIN
             SET @Msg = CONCAT(N'Mail ', @MailID, N' does not exist.');
@@ -5077,7 +4987,6 @@ BEGIN
             );
             THROW 50260, @Msg, 1;
         END;
-
         -- Change and event in one statement (MailEvent has no trigger, FK or CHECK).
         -- A leased mail may be mid-SMTP: flag it, as FinalizeMail does.
         UPDATE q
@@ -5093,7 +5002,6 @@ BEGIN
         INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         FROM mailq.MailQueue AS q
         WHERE q.ID = @MailID;
-
         -- A leased mail: close the worker's open attempt (seek by mail ID).
         IF @Status = N'Sending'
             UPDATE t
@@ -5109,7 +5017,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         @MailID AS ID,
         N'Stopped' AS Status,
@@ -5149,7 +5056,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE
         @Msg NVARCHAR(2048),
         @Part1 SYSNAME,
@@ -5165,7 +5071,6 @@ BEGIN
         @Changed BIT = 1,
         @OldObjectId INT,
         @Grant NVARCHAR(600);
-
     IF @AppName IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.Application AS a WHERE a.AppName = @AppName)
     BEGIN
         SET @Msg = CONCAT(
@@ -5183,7 +5088,6 @@ BEGIN
         );
         THROW 50295, @Msg, 1;
     END;
-
     IF @HookProcedure IS NOT NULL
     BEGIN
         -- PARSENAME takes a sysname: refuse what it would cut.
@@ -5193,7 +5097,6 @@ BEGIN
             SELECT
                 @Part1 = PARSENAME(@HookProcedure, 1),
                 @Part2 = PARSENAME(@HookProcedure, 2);
-
         SELECT
             @ObjectId = o.object_id,
             @SchemaName = s.name,
@@ -5207,7 +5110,6 @@ BEGIN
             s.name = @Part2
             AND o.name = @Part1
             AND o.type = 'P';
-
         IF @ObjectId IS NULL OR @IsShipped = 1 OR @SchemaName IN (N'sys', N'INFORMATION_SCHEMA')
         BEGIN
             SET @Msg = CONCAT(
@@ -5216,7 +5118,6 @@ BEGIN
             );
             THROW 50291, @Msg, 1;
         END;
-
         -- principal_id: the owner when it differs from the schema's, else NULL (dbo: 1).
         IF @SchemaOwner <> 1 OR COALESCE(@ObjectOwner, 1) <> 1
         BEGIN
@@ -5228,7 +5129,6 @@ BEGIN
             );
             THROW 50292, @Msg, 1;
         END;
-
         -- Missing or different first, then extra; lengths in bytes (NVARCHAR(n): 2n).
         SELECT @Problems = STRING_AGG(x.Problem, N'; ') WITHIN GROUP (ORDER BY x.Ord)
         FROM (
@@ -5267,7 +5167,6 @@ BEGIN
                     N'@Detail', N'@StopMail', N'@StopReason'
                 )
         ) AS x;
-
         IF @Problems IS NOT NULL
         BEGIN
             SET @Msg = CONCAT(
@@ -5276,7 +5175,6 @@ BEGIN
             );
             THROW 50293, @Msg, 1;
         END;
-
         SET @DefinitionHash = HASHBYTES('SHA2_256', OBJECT_DEFINITION(@ObjectId));
         IF @DefinitionHash IS NULL
         BEGIN
@@ -5287,14 +5185,12 @@ BEGIN
             THROW 50294, @Msg, 1;
         END;
     END;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
         SELECT @OldObjectId = h.ObjectId
         FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
         WHERE h.AppName = @AppName;
-
         IF @HookProcedure IS NULL
         BEGIN
             DELETE h
@@ -5320,7 +5216,6 @@ BEGIN
                 h.RegisteredBy = ORIGINAL_LOGIN()
             FROM mailq.ApplicationHook AS h WITH (UPDLOCK, HOLDLOCK)
             WHERE h.AppName = @AppName;
-
             -- A new hook starts at the end of the stream (see mailq.GetMailEvents).
             IF @@ROWCOUNT = 0
                 INSERT INTO mailq.ApplicationHook (
@@ -5331,7 +5226,6 @@ BEGIN
                     COALESCE(@ResetCursorTo, CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT) - 1)
                 );
         END;
-
         -- MailqRunner may execute exactly the registered hooks (names QUOTENAMEd).
         IF @OldObjectId IS NOT NULL AND @OldObjectId <> ISNULL(@ObjectId, 0)
             AND NOT EXISTS (SELECT 1 FROM mailq.ApplicationHook AS h WHERE h.ObjectId = @OldObjectId)
@@ -5356,7 +5250,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     -- One row whether or not a hook remains (a removal returns NULLs).
     DECLARE
         @ResultProcedure NVARCHAR(300),
@@ -5409,7 +5302,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @MaxEvents = COALESCE(@MaxEvents, 500);
     IF @MaxEvents NOT BETWEEN 1 AND 5000
@@ -5421,7 +5313,6 @@ BEGIN
         THROW 50296,
             N'mailq.RunApplicationHooks runs each hook call in its own transaction: call it outside any transaction.',
             1;
-
     DECLARE @Summary TABLE (
         AppName NVARCHAR(128) NOT NULL PRIMARY KEY,
         HookProcedure NVARCHAR(300) NOT NULL,
@@ -5480,7 +5371,6 @@ BEGIN
     DECLARE @ParameterList NVARCHAR(400) = N'@EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), '
         + N'@EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), '
         + N'@StopMail BIT OUTPUT, @StopReason NVARCHAR(4000) OUTPUT';
-
     -- Session-owned: it spans the per-call transactions.
     EXEC @LockResult = sys.sp_getapplock
         @Resource = N'mailq.RunApplicationHooks',
@@ -5498,7 +5388,6 @@ BEGIN
                 N'Busy' AS State;
         RETURN;
     END;
-
     BEGIN TRY
         SET @PerApp = (SELECT CEILING(@MaxEvents * 1.0 / NULLIF(COUNT(*), 0)) FROM mailq.ApplicationHook);
         WHILE @Budget > 0
@@ -5518,11 +5407,9 @@ BEGIN
             WHERE h.AppName > @App
             ORDER BY h.AppName ASC;
             IF @SchemaName IS NULL BREAK;
-
             SET @Hook = CONCAT(QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName));
             SELECT @AppState = N'UpToDate', @AppCalls = 0;
             INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
-
             IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
             BEGIN
                 UPDATE h
@@ -5537,7 +5424,6 @@ BEGIN
                 UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
                 CONTINUE;
             END;
-
             -- QUOTENAMEd catalog names; the values are parameters, never text.
             SET @Sql = CONCAT(
                 N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, ',
@@ -5547,7 +5433,6 @@ BEGIN
                 N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
                 N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
             );
-
             -- GetMailEvents' commit-safe read: bound first, then a locking read below it.
             DELETE FROM @Page;
             SET @Upper = MIN_ACTIVE_ROWVERSION();
@@ -5562,7 +5447,6 @@ BEGIN
             FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
             WHERE e.AppName = @App AND e.EventSeq > CAST(@Cursor AS BINARY(8)) AND e.EventSeq < @Upper
             ORDER BY e.EventSeq ASC;
-
             WHILE @Budget > 0 AND @AppCalls < @PerApp
             BEGIN
                 SELECT TOP (1)
@@ -5576,7 +5460,6 @@ BEGIN
                 WHERE p.EventID > @Cursor
                 ORDER BY p.EventID ASC;
                 IF @@ROWCOUNT = 0 BREAK;
-
                 -- The pin again before every call: an altered hook is not called again.
                 SET @Modified = NULL;
                 SELECT @Modified = p.ModifyDate
@@ -5596,7 +5479,6 @@ BEGIN
                     SET @AppState = N'Suspended';
                     BREAK;
                 END;
-
                 SELECT
                     @Budget -= 1,
                     @AppCalls += 1,
@@ -5608,7 +5490,6 @@ BEGIN
                     @Moved = 0,
                     @GiveUp = 0;
                 UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
-
                 -- 1. Call, stop and cursor in one transaction.  REVERT in a module undoes only
                 --    its own EXECUTE AS: the hook cannot keep or undo ours.
                 SET @Changed = 0;
@@ -5635,7 +5516,6 @@ BEGIN
                         @TranCountInCatch = @@TRANCOUNT;
                 END CATCH;
                 REVERT;
-
                 IF @ErrorNumber IS NULL
                 BEGIN
                     BEGIN TRY
@@ -5644,7 +5524,6 @@ BEGIN
                             THROW 50297,
                                 N'The hook ended the transaction opened for it or left one of its own open.',
                                 1;
-
                         -- The code that ran is the code that was checked (same ModifyDate).
                         IF NOT EXISTS (
                             SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
@@ -5654,7 +5533,6 @@ BEGIN
                             SET @Changed = 1;
                             ROLLBACK TRANSACTION;
                         END;
-
                         IF @Changed = 0 AND @StopMail = 1
                         BEGIN
                             -- Only a mail not yet final (StopMail refuses one, 50260).  UPDLOCK: StopMail
@@ -5678,7 +5556,6 @@ BEGIN
                                 EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
                             END;
                         END;
-
                         -- Guarded: a re-registration meanwhile (@ResetCursorTo) undoes this call.
                         IF @Changed = 0
                         BEGIN
@@ -5711,7 +5588,6 @@ BEGIN
                 -- A failed call: undone as a whole (doomed or not).
                 ELSE IF XACT_STATE() <> 0
                     ROLLBACK TRANSACTION;
-
                 IF @Changed = 1
                 BEGIN
                     UPDATE h
@@ -5727,14 +5603,12 @@ BEGIN
                     SET @AppState = N'Suspended';
                     BREAK;
                 END;
-
                 IF @Moved = 1
                 BEGIN
                     UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
                     SET @AppState = N'Moved';
                     BREAK;
                 END;
-
                 IF @ErrorNumber IS NULL
                 BEGIN
                     SET @Cursor = @EventID;
@@ -5742,7 +5616,6 @@ BEGIN
                     UPDATE @Summary SET Succeeded += 1, CursorEventID = @EventID WHERE AppName = @App;
                     CONTINUE;
                 END;
-
                 -- 2. A failed call: count it, or give the event up.
                 SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
                 -- 266, no transaction left: the hook ended ours; its work may be committed.
@@ -5754,7 +5627,6 @@ BEGIN
                 ), 4000);
                 SET @Now = SYSUTCDATETIME();
                 UPDATE @Summary SET FailedCalls += 1 WHERE AppName = @App;
-
                 BEGIN TRANSACTION;
                 IF @GiveUp = 1
                     INSERT INTO mailq.ApplicationHookFailure (
@@ -5778,7 +5650,6 @@ BEGIN
                     BREAK;
                 END;
                 COMMIT TRANSACTION;
-
                 IF @GiveUp = 1
                 BEGIN
                     SET @Cursor = @EventID;
@@ -5786,13 +5657,11 @@ BEGIN
                     UPDATE @Summary SET GivenUp += 1, CursorEventID = @EventID WHERE AppName = @App;
                     CONTINUE;
                 END;
-
                 -- Retry on a later run (the interval between runs is the backoff).
                 UPDATE @Summary SET State = N'Retrying' WHERE AppName = @App;
                 SET @AppState = N'Retrying';
                 BREAK;
             END;
-
             IF @AppState = N'UpToDate'
             BEGIN
                 UPDATE h
@@ -5804,7 +5673,6 @@ BEGIN
                     UPDATE @Summary SET State = N'More' WHERE AppName = @App AND Calls > 0;
             END;
         END;
-
         EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
     END TRY
     BEGIN CATCH
@@ -5814,7 +5682,6 @@ BEGIN
             EXEC sys.sp_releaseapplock @Resource = N'mailq.RunApplicationHooks', @LockOwner = N'Session';
         THROW;
     END CATCH;
-
     IF @Quiet = 0
         SELECT
             s.AppName,
@@ -5851,7 +5718,6 @@ CREATE OR ALTER PROCEDURE mailq.ListApplicationHooks
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     -- Procedures a hook may resolve to: dbo-owned schema, no other owner.
     DECLARE @Live TABLE (
         ObjectId INT NOT NULL PRIMARY KEY,
@@ -5866,7 +5732,6 @@ BEGIN
     FROM sys.objects AS o
     INNER JOIN sys.schemas AS sch ON o.schema_id = sch.schema_id
     WHERE o.type = 'P' AND sch.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1;
-
     WITH Failures AS (
         SELECT
             x.AppName,
@@ -5876,7 +5741,7 @@ BEGIN
         GROUP BY x.AppName
     )
 
-    SELECT
+SELECT
         h.AppName,
         CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)) AS HookProcedure,
         h.ObjectId,
@@ -6442,7 +6307,6 @@ CREATE OR ALTER PROCEDURE mailq.ListMailTemplates
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     SELECT
         t.TemplateName,
         t.LatestVersion,
@@ -6479,7 +6343,6 @@ CREATE OR ALTER PROCEDURE mailq.ListMailTemplateVersions
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(@TemplateName, N'') IS NULL OR LEN(@TemplateName) > 128
     BEGIN
@@ -6493,7 +6356,6 @@ BEGIN
                           N' (mailq.ListMailTemplates lists them).');
         THROW 50215, @Msg, 1;
     END;
-
     SELECT
         v.TemplateName,
         v.Version,
@@ -6530,7 +6392,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(@TemplateName, N'') IS NULL OR LEN(@TemplateName) > 128
     BEGIN
@@ -6541,7 +6402,6 @@ BEGIN
     IF LEN(@Reason) > 400
         THROW 50213, N'@Reason is limited to 400 characters.', 1;
     SET @Retire = ISNULL(@Retire, 1);
-
     DECLARE @Changed TABLE (
         TemplateName NVARCHAR(128) NOT NULL,
         LatestVersion INT NOT NULL,
@@ -6549,7 +6409,6 @@ BEGIN
         RetiredBy NVARCHAR(128) NULL,
         RetiredReason NVARCHAR(400) NULL
     );
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -6565,7 +6424,6 @@ BEGIN
         WHERE
             t.TemplateName = @TemplateName
             AND ((@Retire = 1 AND t.RetiredAtUtc IS NULL) OR (@Retire = 0 AND t.RetiredAtUtc IS NOT NULL));
-
         IF NOT EXISTS (SELECT 1 FROM @Changed)
             AND NOT EXISTS (SELECT 1 FROM mailq.MailTemplate AS t WHERE t.TemplateName = @TemplateName)
         BEGIN
@@ -6579,7 +6437,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         c.TemplateName,
         c.LatestVersion,
@@ -7095,9 +6952,7 @@ FROM (
         (4, N'@from_address', @from_address, 520), (5, N'@reply_to', @reply_to, 320)
     ) AS v(Position, ParamName, Value, MaxLength)
     WHERE LEN(v.Value) > v.MaxLength
-
     UNION ALL
-
     SELECT
         50642,
         CONCAT(v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'),
@@ -7110,15 +6965,11 @@ FROM (
     ) AS v(Position, ParamName, Value)
     CROSS APPLY mailq.ParseAddressList(v.Value) AS a
     WHERE a.Problem IS NOT NULL
-
     UNION ALL
-
     SELECT 50642, CONCAT(v.ParamName, N' takes one address.'), 20 + v.Position
     FROM (VALUES (1, N'@from_address', @from_address), (2, N'@reply_to', @reply_to)) AS v(Position, ParamName, Value)
     WHERE (SELECT COUNT(*) FROM mailq.ParseAddressList(v.Value)) > 1
-
     UNION ALL
-
     SELECT
         50643,
         CONCAT(
@@ -7196,7 +7047,6 @@ BEGIN
     SET @mailitem_id = NULL;
     SET @mailq_mail_id = NULL;
     SET @query = NULLIF(@query, N'');
-
     -- 1. Profile: the named one if the caller may use it, else the user's default,
     --    a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
     IF @profile_name IS NOT NULL
@@ -7230,7 +7080,6 @@ BEGIN
             RETURN 1;
         END;
     END;
-
     -- 2. msdb's checks, in msdb's order and with its numbers and return codes.
     SET @rc = CASE
         WHEN @attach_query_result_as_file IS NULL THEN 2
@@ -7320,7 +7169,6 @@ BEGIN
         RAISERROR (14633, 16, 1, @execute_query_database);
         RETURN 1;
     END;
-
     -- 3. This package's refusals: RAISERROR (50000) and RETURN 50641-50652.
     SELECT TOP (1) @rc = r.ReturnCode, @Msg = r.Message
     FROM (
@@ -7364,7 +7212,6 @@ BEGIN
         RAISERROR (N'%s', 16, 1, @Msg);
         RETURN @rc;
     END;
-
     -- Failover: the profile's first account not blocked (else the first).
     DECLARE @AccountName NVARCHAR(128);
     SELECT TOP (1) @AccountName = a.AccountName
@@ -7378,7 +7225,6 @@ BEGIN
         RAISERROR (N'The profile has no account (mailq.UpsertDbMailProfileAccount).', 16, 1);
         RETURN 50651;
     END;
-
     -- 4. The mail; importance and sensitivity become the headers System.Net.Mail writes.
     DECLARE @FromAddress NVARCHAR(MAX) = @from_address, @FromName NVARCHAR(MAX);
     SELECT @FromAddress = a.Address, @FromName = a.DisplayName
@@ -7401,7 +7247,6 @@ BEGIN
     DECLARE @MailBody NVARCHAR(MAX) = COALESCE(@body, N'');
     DECLARE @EnqueueFormat NVARCHAR(20) = IIF(@body_format = 'HTML', N'Html', N'Text');
     DECLARE @MailID BIGINT, @ItemID INT;
-
     SET XACT_ABORT ON;
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
@@ -7420,7 +7265,6 @@ BEGIN
             @AccountName = @AccountName,
             @DateToProcess = @Due,
             @MailID = @MailID OUTPUT;
-
         INSERT INTO mailq.DbMailItem (
             MailID, ProfileID, Importance, Sensitivity, Query, ExecuteQueryDatabase,
             AttachQueryResultAsFile, QueryAttachmentFilename, QueryResultHeader, QueryResultWidth,
@@ -7444,7 +7288,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SET @mailitem_id = @ItemID;
     SET @mailq_mail_id = @MailID;
     IF @exclude_query_output = 0
@@ -7476,12 +7319,10 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL
         THROW 50198, N'@ProfileName is required.', 1;
     IF LEN(@ProfileName) > 128 OR LEN(@Description) > 256
         THROW 50198, N'@ProfileName (128) or @Description (256) is over its size.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -7490,7 +7331,6 @@ BEGIN
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK, HOLDLOCK)
         WHERE p.ProfileName = @ProfileName;
-
         IF @ProfileID IS NOT NULL
             UPDATE p
             SET p.Description = @Description
@@ -7582,7 +7422,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@AccountName)), N'') IS NULL
         THROW 50198, N'@ProfileName and @AccountName are required.', 1;
@@ -7593,7 +7432,6 @@ BEGIN
         );
         THROW 50198, @Msg, 1;
     END;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -7613,7 +7451,6 @@ BEGIN
             );
             THROW 50253, @Msg, 1;
         END;
-
         -- UPDLOCK, HOLDLOCK: insert-if-absent on small, rarely written tables.
         SELECT @AccountID = da.AccountID
         FROM mailq.DbMailAccount AS da WITH (UPDLOCK, HOLDLOCK)
@@ -7623,7 +7460,6 @@ BEGIN
             INSERT INTO mailq.DbMailAccount (AccountName) VALUES (@AccountName);
             SET @AccountID = SCOPE_IDENTITY();
         END;
-
         IF EXISTS (
             SELECT 1
             FROM mailq.DbMailProfileAccount AS pa WITH (UPDLOCK, HOLDLOCK)
@@ -7721,7 +7557,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @IsDefault = COALESCE(@IsDefault, 0);
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL OR NULLIF(LTRIM(RTRIM(@PrincipalName)), N'') IS NULL
@@ -7733,7 +7568,6 @@ BEGIN
         );
         THROW 50254, @Msg, 1;
     END;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -7746,14 +7580,12 @@ BEGIN
             SET @Msg = CONCAT(N'@ProfileName ''', @ProfileName, N''' is not a profile (mailq.UpsertDbMailProfile).');
             THROW 50250, @Msg, 1;
         END;
-
         -- UPDLOCK, HOLDLOCK: two calls cannot both leave a default.
         IF @IsDefault = 1
             UPDATE pp
             SET pp.IsDefault = 0
             FROM mailq.DbMailPrincipalProfile AS pp WITH (UPDLOCK, HOLDLOCK)
             WHERE pp.PrincipalName = @PrincipalName AND pp.IsDefault = 1 AND pp.ProfileID <> @ProfileID;
-
         IF EXISTS (
             SELECT 1
             FROM mailq.DbMailPrincipalProfile AS pp WITH (UPDLOCK, HOLDLOCK)
@@ -7957,11 +7789,9 @@ BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     SET DEADLOCK_PRIORITY LOW;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     SET @SweptMails = 0;
     SET @StoppedMails = 0;
-
     DECLARE @S TABLE (
         AccountName NVARCHAR(128) NOT NULL,
         Address NVARCHAR(320) NOT NULL,
@@ -8002,7 +7832,6 @@ BEGIN
         ) AS v
     ) AS x
     WHERE x.Nth = 1;
-
     DECLARE @Changed TABLE (
         AccountName NVARCHAR(128) NOT NULL,
         Address NVARCHAR(320) NOT NULL,
@@ -8029,11 +7858,9 @@ BEGIN
         AttemptNo INT NOT NULL,
         PRIMARY KEY (MailID, Address)
     );
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- 1. Renew what exists: the newest reason, source and detail; the
         --    longer of the two lifetimes (NULL = forever wins; an expired row
         --    takes the new expiry).  UPDLOCK, HOLDLOCK: see Isolation.
@@ -8055,7 +7882,6 @@ BEGIN
         INTO @Changed (AccountName, Address, AppName, Action, Reason, Source, Detail, MailID)
         FROM mailq.Suppression AS s WITH (UPDLOCK, HOLDLOCK)
         INNER JOIN @S AS i ON s.AccountName = i.AccountName AND s.Address = i.Address AND s.AppName = i.AppName;
-
         -- 2. Add what is new (waits for enqueues that read this address's
         --    key range: they commit first and are swept below).
         INSERT INTO mailq.Suppression (
@@ -8072,13 +7898,11 @@ BEGIN
             FROM mailq.Suppression AS s WITH (UPDLOCK, HOLDLOCK)
             WHERE s.AccountName = i.AccountName AND s.Address = i.Address AND s.AppName = i.AppName
         );
-
         INSERT INTO mailq.SuppressionHistory (
             AccountName, Address, AppName, Action, Reason, Source, Detail, MailID, OccurredAtUtc
         )
         SELECT c.AccountName, c.Address, c.AppName, c.Action, c.Reason, c.Source, c.Detail, c.MailID, @Now
         FROM @Changed AS c;
-
         -- 3. Candidates: queued mail of these accounts whose lists mention an
         --    address (a text probe; the exact test is step 5).  A range of
         --    IX_MailQueue_ClaimByAccount per account, no locks kept.
@@ -8090,7 +7914,6 @@ BEGIN
             q.Status IN (N'UnSent', N'Sending')
             AND (i.AppName = N'' OR i.AppName = q.AppName)
             AND CHARINDEX(i.Address, LOWER(CONCAT(q.ToAddress, N';', q.CC, N';', q.BCC))) > 0;
-
         -- 4. Lock them (UPDLOCK reads the committed row even under
         --    READ_COMMITTED_SNAPSHOT) and 5. compute their lists without
         --    every address suppressed for them (mailq.Suppression now holds
@@ -8101,7 +7924,6 @@ BEGIN
         INNER JOIN @Mail AS m ON q.ID = m.ID
         CROSS APPLY mailq.FilterSuppressedRecipients(q.AccountName, q.AppName, q.ToAddress, q.CC, q.BCC) AS f
         WHERE q.Status IN (N'UnSent', N'Sending') AND f.SuppressedCount > 0;
-
         -- 6. UnSent with recipients left: the lists without them.
         UPDATE q
         SET
@@ -8116,7 +7938,6 @@ BEGIN
         INNER JOIN @Swept AS w ON q.ID = w.ID
         WHERE w.Status = N'UnSent' AND w.EntriesLeft > 0;
         SET @SweptMails = @@ROWCOUNT;
-
         -- 7. UnSent with nobody left: Stopped, as mailq.StopMail leaves it.
         UPDATE q
         SET
@@ -8132,7 +7953,6 @@ BEGIN
         WHERE w.Status = N'UnSent' AND w.EntriesLeft = 0;
         SET @StoppedMails = @@ROWCOUNT;
         SET @SweptMails += @StoppedMails;
-
         -- 8. Sending: a Refused outcome per suppressed address, so a later
         --    attempt skips it (mailq.GetRecipientOutcomes); Delivered stays.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
@@ -8143,7 +7963,6 @@ BEGIN
         INNER JOIN mailq.MailQueue AS q ON w.ID = q.ID
         WHERE w.Status = N'Sending';
         SET @SweptMails += @@ROWCOUNT;
-
         INSERT INTO @Refuse (MailID, Address, AttemptNo)
         SELECT q.ID, CAST(r.Address AS NVARCHAR(320)), q.AttemptCount
         FROM @Swept AS w
@@ -8159,7 +7978,6 @@ BEGIN
                     AND s.AppName IN (N'', ISNULL(q.AppName, N''))
                     AND (s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now)
             );
-
         UPDATE o
         SET
             o.Outcome = N'Refused',
@@ -8169,7 +7987,6 @@ BEGIN
         FROM mailq.MailRecipientOutcome AS o
         INNER JOIN @Refuse AS f ON o.MailID = f.MailID AND o.Address = f.Address
         WHERE o.Outcome = N'Deferred';
-
         INSERT INTO mailq.MailRecipientOutcome (MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc)
         SELECT f.MailID, f.Address, N'Refused', NULL, N'suppressed (mailq.Suppression)', f.AttemptNo, @Now
         FROM @Refuse AS f
@@ -8178,7 +7995,6 @@ BEGIN
             FROM mailq.MailRecipientOutcome AS o
             WHERE o.MailID = f.MailID AND o.Address = f.Address
         );
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -8233,7 +8049,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @ReportKey IS NULL OR DATALENGTH(@ReportKey) <> 32
         THROW 50607, N'@ReportKey must be 32 bytes: the SHA-256 of the report''s Message-ID (or of its bytes).', 1;
@@ -8257,7 +8072,6 @@ BEGIN
         SET @RecipientsOk = 0;
     IF @RecipientsOk = 0
         THROW 50609, N'@Recipients must be a JSON array of 1-1000 objects.', 1;
-
     -- The mail, when the token named one that still exists (a plain read:
     -- account, application and lists do not change after enqueue except by
     -- a suppression sweep, which only removes addresses).
@@ -8284,7 +8098,6 @@ BEGIN
         FROM mailq.MailRecipientList(@To, @CC, @BCC) AS r
         WHERE r.RecipientNo = @RecipientNo AND r.IsFirst = 1 AND @KnownMail IS NOT NULL
     );
-
     DECLARE @R TABLE (
         Address NVARCHAR(400) NULL,
         Kind NVARCHAR(16) NULL,
@@ -8312,7 +8125,6 @@ BEGIN
             LEFT(JSON_VALUE(j.[value], N'$.detail'), 1000) AS Detail
         FROM OPENJSON(@Recipients) AS j
     ) AS v;
-
     -- A report about one recipient that is not among the mail's (a forwarding
     -- alias: the Final-Recipient after expansion) is about the address the
     -- token names: that is the one the queue sent to and must suppress.
@@ -8325,7 +8137,6 @@ BEGIN
             FROM mailq.MailRecipientList(@To, @CC, @BCC) AS l
             WHERE l.Address = r.Address
         );
-
     SELECT TOP (1) @Msg = CONCAT(N'@Recipients: ',
         COALESCE(N'''' + r.Address + N'''', N'a recipient without "address"'),
         N' is not one address of 1-320 characters',
@@ -8339,7 +8150,6 @@ BEGIN
     WHERE r.Kind IS NULL OR r.Kind NOT IN (N'Hard', N'Soft', N'Delayed', N'Complaint');
     IF @Msg IS NOT NULL THROW 50608, @Msg, 1;
     DELETE FROM @R WHERE Nth > 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @New TABLE (Address NVARCHAR(320) NOT NULL PRIMARY KEY);
     DECLARE @Suppress TABLE (Address NVARCHAR(320) NOT NULL PRIMARY KEY, Reason NVARCHAR(16) NOT NULL);
@@ -8347,7 +8157,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- 1. The idempotency key: (report, address) recorded once.
         INSERT INTO mailq.BounceReport (
             ReportKey, Address, AccountName, AppName, MailID, Kind, Action, Status, SmtpCode, Detail, Source,
@@ -8363,7 +8172,6 @@ BEGIN
             FROM mailq.BounceReport AS b WITH (UPDLOCK, HOLDLOCK)
             WHERE b.ReportKey = @ReportKey AND b.Address = r.Address
         );
-
         -- 2. Which of the new ones reach their limit (the counts include them): one per mail, so two
         --    reports of one bounce (a DSN and an SES notification) count once; a report without mail counts alone.
         INSERT INTO @Suppress (Address, Reason)
@@ -8384,7 +8192,6 @@ BEGIN
                 FROM mailq.BounceReport AS b
                 WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Soft'
             ) >= @SoftBounceLimit);
-
         IF EXISTS (SELECT 1 FROM @Suppress)
         BEGIN
             SET @Suppressions = (
@@ -8401,14 +8208,12 @@ BEGIN
             );
             EXEC mailq.ApplySuppressions @Suppressions = @Suppressions;
         END;
-
         -- 3. The reported mail: its recipients' outcomes and its events.
         IF @KnownMail IS NOT NULL AND EXISTS (SELECT 1 FROM @New)
         BEGIN
             SELECT @Status = q.Status, @AttemptCount = q.AttemptCount
             FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
             WHERE q.ID = @KnownMail;
-
             UPDATE o
             SET
                 o.Outcome = N'Refused',
@@ -8419,7 +8224,6 @@ BEGIN
             INNER JOIN @R AS r ON o.Address = r.Address
             INNER JOIN @New AS n ON r.Address = n.Address
             WHERE o.MailID = @KnownMail AND r.Kind IN (N'Hard', N'Soft');
-
             INSERT INTO mailq.MailRecipientOutcome (
                 MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc
             )
@@ -8435,7 +8239,6 @@ BEGIN
                     FROM mailq.MailRecipientOutcome AS o
                     WHERE o.MailID = @KnownMail AND o.Address = r.Address
                 );
-
             INSERT INTO mailq.MailEvent (
                 MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
             )
@@ -8448,14 +8251,12 @@ BEGIN
             FROM @R AS r
             INNER JOIN @New AS n ON r.Address = n.Address;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         r.Address,
         r.Kind,
@@ -8498,11 +8299,9 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
         THROW 50604, N'@Source is required (1-200 characters): how the unsubscribe arrived.', 1;
-
     DECLARE @Account NVARCHAR(128), @App NVARCHAR(128), @To NVARCHAR(4000), @CC NVARCHAR(4000),
         @BCC NVARCHAR(4000), @Known BIGINT, @Status NVARCHAR(16), @AttemptCount INT;
     SELECT
@@ -8530,7 +8329,6 @@ BEGIN
             N' is not a recipient number of mail ', @MailID, N'.');
         THROW 50612, @Msg, 1;
     END;
-
     DECLARE @Key VARBINARY(32) = HASHBYTES('SHA2_256', CONCAT(N'unsubscribe:', @MailID, N':', @RecipientNo));
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Recorded BIT = 0;
@@ -8538,7 +8336,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         INSERT INTO mailq.BounceReport (
             ReportKey, Address, AccountName, AppName, MailID, Kind, Action, Status, SmtpCode, Detail, Source,
             ReceivedAtUtc
@@ -8550,7 +8347,6 @@ BEGIN
             WHERE b.ReportKey = @Key AND b.Address = @Address
         );
         SET @Recorded = IIF(@@ROWCOUNT = 1, 1, 0);
-
         IF @Recorded = 1 OR NOT EXISTS (
             SELECT 1
             FROM mailq.Suppression AS s
@@ -8572,7 +8368,6 @@ BEGIN
             );
             EXEC mailq.ApplySuppressions @Suppressions = @Suppressions;
         END;
-
         IF @Recorded = 1
         BEGIN
             SELECT @Status = q.Status, @AttemptCount = q.AttemptCount
@@ -8586,14 +8381,12 @@ BEGIN
                 LEFT(CONCAT(@Address, N' (', @Source, N')'), 4000), @Now
             );
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT @MailID AS MailID, @Account AS AccountName, @App AS AppName, @Address AS Address, @Recorded AS Recorded;
 END;
 GO
@@ -8632,7 +8425,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @Reason = ISNULL(@Reason, N'Manual');
     SET @Address = LOWER(LTRIM(RTRIM(@Address)));
@@ -8668,7 +8460,6 @@ BEGIN
         SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
         THROW 50606, @Msg, 1;
     END;
-
     DECLARE @Suppressions NVARCHAR(MAX) = (
         SELECT
             @AccountName AS AccountName,
@@ -8684,7 +8475,6 @@ BEGIN
     -- mailq.ApplySuppressions owns or joins the transaction itself (one call).
     EXEC mailq.ApplySuppressions @Suppressions = @Suppressions, @SweptMails = @Swept OUTPUT,
         @StoppedMails = @Stopped OUTPUT;
-
     SELECT
         @AccountName AS AccountName,
         @AppName AS AppName,
@@ -8726,7 +8516,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF NULLIF(@AccountName, N'') IS NULL
         THROW 50601, N'@AccountName is required.', 1;
     SET @Address = LOWER(LTRIM(RTRIM(@Address)));
@@ -8734,13 +8523,11 @@ BEGIN
         THROW 50602, N'@Address is required: one address of 1-320 characters.', 1;
     IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
         THROW 50604, N'@Source is required (1-200 characters): who removes the suppression.', 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Removed INT = 0;
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- History first, then the delete (not OUTPUT INTO: CK_SuppressionHistory_Action forbids it, Msg 333).
         INSERT INTO mailq.SuppressionHistory (
             AccountName, Address, AppName, Action, Reason, Source, Detail, MailID, OccurredAtUtc
@@ -8752,14 +8539,12 @@ BEGIN
         FROM mailq.Suppression AS s
         WHERE s.AccountName = @AccountName AND s.Address = @Address AND s.AppName = ISNULL(@AppName, N'');
         SET @Removed = @@ROWCOUNT;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT @Removed AS Removed;
 END;
 GO
@@ -8794,7 +8579,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @MaxRows = ISNULL(@MaxRows, 1000);
     IF @MaxRows NOT BETWEEN 1 AND 100000
@@ -8804,7 +8588,6 @@ BEGIN
     END;
     SET @Address = LOWER(LTRIM(RTRIM(@Address)));
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-
     SELECT TOP (@MaxRows)
         s.AccountName,
         NULLIF(s.AppName, N'') AS AppName,
@@ -8854,7 +8637,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @Days = ISNULL(@Days, 7);
     IF @Days NOT BETWEEN 1 AND 366
@@ -8864,13 +8646,11 @@ BEGIN
     END;
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Since DATETIME2(3) = DATEADD(DAY, -@Days, @Now);
-
     SELECT s.AccountName, s.Reason, COUNT(*) AS Suppressed
     FROM mailq.Suppression AS s
     WHERE s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now
     GROUP BY s.AccountName, s.Reason
     ORDER BY s.AccountName, s.Reason;
-
     SELECT
         b.AccountName,
         b.Kind,
@@ -8881,7 +8661,6 @@ BEGIN
     WHERE b.ReceivedAtUtc >= @Since
     GROUP BY b.AccountName, b.Kind
     ORDER BY b.AccountName, b.Kind;
-
     SELECT q.AccountName, COUNT(*) AS Sent
     FROM mailq.MailQueue AS q
     WHERE
@@ -8918,7 +8697,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @OlderThanDays IS NULL OR @OlderThanDays NOT BETWEEN 1 AND 36500
     BEGIN
@@ -8934,7 +8712,6 @@ BEGIN
     END;
     IF @@TRANCOUNT > 0
         THROW 50617, N'mailq.PurgeBounceReports commits batch by batch: call it outside a transaction.', 1;
-
     DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
     DECLARE @Purged BIGINT = 0;
     DECLARE @Deleted INT = 1;
@@ -8949,7 +8726,7 @@ BEGIN
                 ORDER BY b.ReceivedAtUtc
             )
 
-            DELETE FROM Oldest;
+DELETE FROM Oldest;
             SET @Deleted = @@ROWCOUNT;
             SET @Purged += @Deleted;
             COMMIT TRANSACTION;
@@ -8959,7 +8736,6 @@ BEGIN
             THROW;
         END CATCH;
     END;
-
     SELECT @Purged AS PurgedCount;
 END;
 GO
@@ -9024,7 +8800,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @WindowMinutes = COALESCE(@WindowMinutes, 5);
     IF @WindowMinutes NOT BETWEEN 1 AND 60
@@ -9032,13 +8807,11 @@ BEGIN
         SET @Msg = CONCAT(N'@WindowMinutes must be 1-60; got ', @WindowMinutes, N'.');
         THROW 50580, @Msg, 1;
     END;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @WindowEnd DATETIME2(3) = DATEADD(
         MINUTE, DATEDIFF(MINUTE, '20000101', @Now), CAST('20000101' AS DATETIME2(3))
     );
     DECLARE @WindowStart DATETIME2(3) = DATEADD(MINUTE, -@WindowMinutes, @WindowEnd);
-
     DECLARE @Pair TABLE (
         AccountName NVARCHAR(128) NOT NULL,
         RunMode NVARCHAR(32) NOT NULL,
@@ -9048,7 +8821,6 @@ BEGIN
         SendingCount BIGINT NOT NULL DEFAULT (0),
         PRIMARY KEY (AccountName, RunMode)
     );
-
     -- The claim's index, filtered to UnSent and Sending: the literal Status list
     -- matches the filter, INDEX keeps it whatever the statistics say.
     INSERT INTO @Pair (AccountName, RunMode, MailCount, DueCount, OldestDueUtc)
@@ -9063,7 +8835,6 @@ BEGIN
     FROM mailq.MailQueue AS k WITH (INDEX (IX_MailQueue_ClaimByAccount))
     WHERE k.Status IN (N'UnSent', N'Sending')
     GROUP BY k.AccountName, k.RunMode;
-
     -- In flight: a seek on IX_MailQueue_Status's Sending range, one lookup per mail.
     UPDATE p
     SET p.SendingCount = s.SendingCount
@@ -9074,14 +8845,12 @@ BEGIN
         WHERE q.Status = N'Sending'
         GROUP BY q.AccountName, q.RunMode
     ) AS s ON p.AccountName = s.AccountName AND p.RunMode = s.RunMode;
-
     SELECT
         @Now AS MeasuredAtUtc,
         @WindowStart AS WindowStartUtc,
         @WindowEnd AS WindowEndUtc,
         CAST(IIF(IS_ROLEMEMBER(N'MailqAdmin') = 1 OR IS_ROLEMEMBER(N'db_owner') = 1, 1, 0) AS BIT)
         AS CallerIsMailqAdmin;
-
     SELECT
         d.AccountName,
         d.RunMode,
@@ -9095,7 +8864,6 @@ BEGIN
         FROM @Pair AS p
     ) AS d
     ORDER BY d.AccountName, d.RunMode, d.Status;
-
     SELECT
         p.AccountName,
         p.RunMode,
@@ -9111,7 +8879,6 @@ BEGIN
     FROM @Pair AS p
     INNER JOIN mailq.SendingAccount AS a ON p.AccountName = a.AccountName
     ORDER BY p.AccountName, p.RunMode;
-
     SELECT
         a.AccountName,
         CAST(IIF(a.BlockedUntilUtc > @Now, 1, 0) AS BIT) AS IsBlocked,
@@ -9124,7 +8891,6 @@ BEGIN
         a.PerDayLimit
     FROM mailq.SendingAccount AS a
     ORDER BY a.AccountName;
-
     -- A range seek on IX_MailAttempt_EndedAtUtc (the explicit IS NOT NULL lets
     -- the hint match its filter), one PK seek per attempt for the account.
     SELECT
@@ -9149,7 +8915,6 @@ BEGIN
     INNER JOIN mailq.MailQueue AS q ON m.MailID = q.ID
     GROUP BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass
     ORDER BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass;
-
     -- mailq.Suppression is small: one scan of its clustered key.
     SELECT s.AccountName, s.Reason, COUNT_BIG(*) AS Suppressed
     FROM mailq.Suppression AS s
@@ -9350,7 +9115,7 @@ BEGIN
         ORDER BY i.QueryDueAtUtc, i.MailItemID
     )
 
-    UPDATE NextQuery
+UPDATE NextQuery
     SET
         QueryState = N'Running',
         QueryLockToken = @LockToken,
@@ -9767,7 +9532,7 @@ DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN
     N'security/MailqAdmin.dbmail2.grants.sql',
     N'security/MailqDbMailUser.attachments.grants.sql');
 INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
-    ('0001', N'checks/mailq.CheckServer.sql', 'b93dab19ebf4ab0a90c041e064f96c32c5396c7a5888312a7f3eeb07559e85dd'),
+    ('0001', N'checks/mailq.CheckServer.sql', '85bb3bfcb546f2a9ceebb51fca5d6089839c463b4d1c28c139cb2631fbce4ce9'),
     ('0001', N'schemas/mailq.sql', '0b58994cbbdb350c1c3d6bea22e6acc7eac3044b62542bb8e4adc234ff7daabe'),
     ('0001', N'security/MailqEnqueuer.role.sql', '9031160ef70a98368f463b9621b8d87df82403cd7d7ccfdb82cae307b51a545b'),
     ('0001', N'security/MailqSender.role.sql', 'e0a7c74b9cdc5c75df3092465654a1c213c74f78d9fc18cd66dc445fbcdbbe92'),
@@ -9783,7 +9548,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'tables/mailq.ApplicationAccount.sql', '52cc59079a18055cbe463dbc8da9a6da00399725cd24498a86e04439e5c53743'),
     ('0001', N'tables/mailq.ApplicationFrom.sql', '7fbc1e901c787d47b2645d3d7050b0cb411571106e643fa39c489b44aa35875f'),
     ('0001', N'tables/mailq.ApplicationPrincipal.sql', '615479cc4df329728da06a60b0db72a35184a830cd864f30f31c77aa78a5bb45'),
-    ('0001', N'tables/mailq.EnqueuePolicy.sql', '3056c44b85680171418f79e54bd46af0c14746f559033085880419f8078b1393'),
+    ('0001', N'tables/mailq.EnqueuePolicy.sql', 'f2933e0023c17e7806eb571d2b5b6626db6660477ff17d3786fcaa051084c09a'),
     ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql', '8df5492e2302b09bd4df2e4d8201a3f2d88380bb0a537e017640f142ee4cf4f7'),
     ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql', '019854d40c0d04543a74eddf6dcc8794f99aefaee5d0c7a20325be40b8c0f646'),
     ('0001', N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql', 'd50d7f60ff0b43da4636706632406270406a7e2b6b6b87feb9e254c1573d4442'),
@@ -9809,7 +9574,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql', '0bbe3c46ba7311580cb4a1a1a2129dcabf614c563a3a71846574b3931ab54175'),
     ('0001', N'functions/mailq.MailRecipientList.sql', '9d3c6d4660576d3a99dd6709014ceef4451f553f069772a306312c047909f9c8'),
     ('0001', N'functions/mailq.FilterSuppressedRecipients.sql', '73545d8b3e42a8010f48db622d3365e2c26e9e3032d722b878008ebf466eee9a'),
-    ('0001', N'types/mailq.MailBatchRow.sql', '1f3efb2b7c95ad026729d081627d6db0f66570de683064c1d4433574fd2622fe'),
+    ('0001', N'types/mailq.MailBatchRow.sql', '885ae64e5dd093e4b9e0722d76d1054ac6819f58a671b997c11d050cd1327271'),
     ('0001', N'functions/mailq.MailAttachmentList.sql', '0b2e76759062fb352403793dd2b045d1349086e49f6381b672221ffeef4ea487'),
     ('0001', N'functions/mailq.MailBatchJson.sql', '1fdd1d16365b0245f8304957b71f3ababdbcb325679caa0f3c44093d8b4ca59e'),
     ('0001', N'functions/mailq.EnqueueMailCheck.sql', '13a844ec80f1aa8f927dfcfa7037526845c13edd6e8a34013ca22f2b68011059'),
@@ -9818,36 +9583,36 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.ThroughputPerHour.sql', '3ecd65d5fabf3581706cdc62af282729ff94103e16b186c0b0da1b07738491cd'),
     ('0001', N'views/mailq.RecentFailures.sql', '884ce76e279e329c7cfe1c2adebcb743509b3e9da83c9bc169f75c095287d3b9'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', '931f6a4311bc05874ccaeca4480859f894a66fefa0ddddefe0353844a80d521c'),
-    ('0001', N'procedures/mailq.LockLeasedMail.sql', '846bbade3fe439ec5ca4cde6989b15b141f1dfa46f2a1fbfddf4d6b95c55ba5b'),
+    ('0001', N'procedures/mailq.LockLeasedMail.sql', 'b1a473e82db79c48bd1db4051c56b345f423b8d9e588d22b6e1be957d29a3ab0'),
     ('0001', N'procedures/mailq.EnqueueMailRows.sql', 'f6015e931e40208b73d61d27d6d10cec49bee838443127a1f1fc7b273c067021'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', 'd69ca714e0a7703615d3ec2eabb3981738950c080a588cff31b32b18d3be6bbf'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'd0d527428f3becb3728ca661ec67d74213fd7fbdb79c39a841f4c0b0bade7685'),
-    ('0001', N'procedures/mailq.ClaimMail.sql', '604af996b0078bae544cfc8a6c230358df7b8571d9fab6f22d516e130b8ab043'),
-    ('0001', N'procedures/mailq.FinalizeMail.sql', '8fc7bbd5019a55a67641a3ccf028473b2cde1188b92cf62d3353195aa00cd6a4'),
+    ('0001', N'procedures/mailq.ClaimMail.sql', '916de29faead156d75c4d9bf6af3b9ec9293a44f3854e091f33b6f2a9e36fbf4'),
+    ('0001', N'procedures/mailq.FinalizeMail.sql', 'ba13c6f132441a75bc9263ec9706929e2231682643090c1b9b364c3fed8327a4'),
     ('0001', N'procedures/mailq.ExtendLease.sql', 'a7e8771b9a660135a3c2f6ce00e23a726ced7b27f8f48c1e39ed3baa14bef449'),
-    ('0001', N'procedures/mailq.ReleaseMail.sql', 'a06e9c4393e9067ee1ad5fb0b903bec630bd7fd3c489e0ea77024f72fb1162fb'),
-    ('0001', N'procedures/mailq.MarkSent.sql', '10fc318e52e59e017c47f60a3fd0208214c7386307e4c1fc42d91625bf878827'),
-    ('0001', N'procedures/mailq.MarkFailed.sql', '1cce0af362e75ccdd0f40119a124cfbd67afa3b417cd1b8af26d8b4cab210e84'),
+    ('0001', N'procedures/mailq.ReleaseMail.sql', 'd86f025705bdad4d705a279820f28445036fa59aa2697e8bd5fc2998a338a302'),
+    ('0001', N'procedures/mailq.MarkSent.sql', 'e61a668a1aa8125249139e79f6586ab3aaa81e705046046976313c2ddc21d196'),
+    ('0001', N'procedures/mailq.MarkFailed.sql', 'f66b3c9f190be129a133dd90602276a2a2737240ead80130c43a573cb234dfe4'),
     ('0001', N'procedures/mailq.CancelMail.sql', '2fa057f44551e94b059da43c82f50c28dc392bd07350f68f80062435d1734f9c'),
-    ('0001', N'procedures/mailq.RequeueMail.sql', 'c0138edc4203e81b6fd323be8b581ee02b5760b13bc7613487b32aadf2a8aee7'),
-    ('0001', N'procedures/mailq.PurgeMail.sql', '8de975a5f39d418e2fcec5f00c17620e1b70d7c4588f61dcc7cd5fe90fe977f1'),
-    ('0001', N'procedures/mailq.UpsertSendingAccount.sql', 'eab93d14126e5d5de0c5ca7f70a2a85e7c3bcf9da6931df725252f9959320890'),
-    ('0001', N'procedures/mailq.UnblockSendingAccount.sql', '2d0f1b58b56dcec959642f010093b53ab09afd2642a9e7e6069b9133ab08c630'),
-    ('0001', N'procedures/mailq.AcquireLoginSlot.sql', '103d0cec56e2060e58cfbcdf448024dca179b6924b97027b6bc525aedea4b50f'),
-    ('0001', N'procedures/mailq.UpsertApplication.sql', 'a9c0b8287c42d19da48f6a74263a8f126a432f837f4d6eebc1a95e9a61bc172d'),
+    ('0001', N'procedures/mailq.RequeueMail.sql', '1796a14cce9e92478723775fcc3b07e2986f701fccaf60549a8534153d25bd44'),
+    ('0001', N'procedures/mailq.PurgeMail.sql', '0b6426f8a27d83ab66a85f2d30f538c166dfa49e90a4abbdafbaf5005cadb16d'),
+    ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '73913888ba3539644b3acda7237ab6f0208a764917a4ccea606570c84bf6c379'),
+    ('0001', N'procedures/mailq.UnblockSendingAccount.sql', 'b52cd4f9fecd8a4fb17246ab1585a69c61fa193b4166cb92eefeb5d0d44b9807'),
+    ('0001', N'procedures/mailq.AcquireLoginSlot.sql', '27209ae43d88494cf4c67020c63498c1e644a75d24f818a52eb36e9bbe90efff'),
+    ('0001', N'procedures/mailq.UpsertApplication.sql', '74746f883547637693d3b0fb7cac6456e9353c71bfda7242eed661b3cfdbb361'),
     ('0001', N'procedures/mailq.BindApplication.sql', '70f8dc39bc05404b3b46479e3213ae0e2377ee985a447217635edaffbbe7f2d5'),
-    ('0001', N'procedures/mailq.UnbindApplication.sql', '710341c92e835857e03b815835bf5a715411f98a85badd36db5a9de6b2c16821'),
-    ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', '32bf04ba2c9b96bb118d3635e64a32b4da20560f0b9c47e115190b8e188ca4b1'),
-    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', '7e7113281dab4edc4ce9e7069962ceb57cb3ddb3b3074b22cf83b3d8efe879b5'),
-    ('0001', N'procedures/mailq.GetQueueStats.sql', 'caa08d6562e4d06b5237d60cade4c54a143f366e484da07998373554fc824ba0'),
+    ('0001', N'procedures/mailq.UnbindApplication.sql', 'e5b43ac81c58b8c83befaf52985677c6cb350c84313350a6b7f2292e215d48f0'),
+    ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'd3ccf3e0f7fe60e0617718be6a0494995835c60f1d8e5c934bccc6e2540a848b'),
+    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', 'b52838b9bb5c569e70767f12fc4fa692215256a0fa0e126900c41a27e9d3d3ad'),
+    ('0001', N'procedures/mailq.GetQueueStats.sql', 'ca4bb0e160c19a4ea2e3dc4ccd4ff8f38fcd728975e2cf99cd315e3715e3641c'),
     ('0001', N'procedures/mailq.GetInstallationHealth.sql', '3e25b7550fa4ba3c8ce6a15dddc2c687bc9baf9ca8dfc9db04aab94bceb486d0'),
-    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', '8cbbfb8259e451766757368015a20ca2dfc8f0290ffca630519c0cdf4472cbd0'),
-    ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '448f8c261c15506faf446a4b9fb236dd7d95c4b47144f3a93e47742ad8df86b1'),
+    ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', 'b3e7e295140439f926f62df711d19c3ea57df0e12f42d240091ab0b1126c3d7a'),
+    ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '020ef5ba4621ae60bfeef1aeca5dcb58b8db8c31256f6c2eb5a02b9c3c0e5b85'),
     ('0001', N'procedures/mailq.GetMailEvents.sql', '756b86ad8cf49ffd85a5e57c78aedba7b5b23696db998cdfa1585cb4454a3b2a'),
-    ('0001', N'procedures/mailq.StopMail.sql', '6db45953734f07d46e6a59659300423141c8d52cb48cc35a331d939da839e0e5'),
-    ('0001', N'procedures/mailq.SetApplicationHook.sql', '535b69d3df423191a65f8dd5901155c93dbc126dee831388e47f92d99b173ea2'),
-    ('0001', N'procedures/mailq.RunApplicationHooks.sql', '596a67f88740c34ffcca3d43d2fcfefc86a6081faf7a96d406fd98dd3bc86bcd'),
-    ('0001', N'procedures/mailq.ListApplicationHooks.sql', '8fba683c4f53e02e18de9be3fdf61af767d6a1cb8b894d358fc7ee5b5c32b32f'),
+    ('0001', N'procedures/mailq.StopMail.sql', '3815f126d0608f2109939c5869bc0ecbd2bb65aa2f5f4126b19f367163d631af'),
+    ('0001', N'procedures/mailq.SetApplicationHook.sql', '9757275ec8d22fe25cba7919cd49e3cd62f3117f2fbe0ed0d3669c17cdb3dff7'),
+    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'fea7ed095476602b8104b49fc1c5244bc724e8f665a365494232b9550243a35d'),
+    ('0001', N'procedures/mailq.ListApplicationHooks.sql', '800a5e0c6989f2a0f6a93df35c5ef3f9eb9707b8c3238f65380e62b420e62cb5'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', 'd19f9025524a9e681080f8e5864ed4df270944ee5739d93a0b38977b99e87285'),
     ('0001', N'security/MailqEnqueuer.grants.sql', 'a63718c6a392c87e93165ff3ff1af09be103805eb73ba6fdcdf1db95ad27b502'),
     ('0001', N'security/MailqEnqueuer.batch.grants.sql', '3c52896261a43f541fd2e74a859921f6335cf273903871b0305c988220267e77'),
@@ -9863,9 +9628,9 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql', 'a88c3e9c31c02ddcca2437b343b015c0c739f4368cbebbd9889671ee88329e62'),
     ('0001', N'procedures/mailq.AddMailTemplateVersion.sql', '82695f413b2fabd33bb7e45bfb3c65ab7d851d2985737b4bbf782fd6001c1931'),
     ('0001', N'procedures/mailq.GetMailTemplate.sql', '6c7835174187c391c9c7b40b1ead6cbe84635839946eb68fec52164d4e2c1a26'),
-    ('0001', N'procedures/mailq.ListMailTemplates.sql', '9c197f2af691d38c2e44e3524539ea6eefc26f44a629f88d17b2c1a257ad6097'),
-    ('0001', N'procedures/mailq.ListMailTemplateVersions.sql', '6abc2c7834d4cf19adb5b072317ccf27f1b5587eb5097e3d9a389e9314ba9c0b'),
-    ('0001', N'procedures/mailq.RetireMailTemplate.sql', '08979609d4fe75bec68e55715ad4f3fbc2b638ed7be53502859920f519814c49'),
+    ('0001', N'procedures/mailq.ListMailTemplates.sql', 'e037fb1ffa7ced91d54e72b1f73493c381079f8dd2d46ebd9d6ee44cabf54aff'),
+    ('0001', N'procedures/mailq.ListMailTemplateVersions.sql', '45977a3b95dc5314425422bb6c5ad11f61b63daf8be72b7c16b7249cdfe3f19f'),
+    ('0001', N'procedures/mailq.RetireMailTemplate.sql', '844660df48e8911a273bbb935b5e2a3fe4bf8d174f0a0c85af7cb9f0073fd8f7'),
     ('0001', N'security/MailqAdmin.templates.grants.sql', '8165b34579cf1291096f779e11a5c1637f6e144bf04aa10d5e4ee4d46aa22e9d'),
     ('0001', N'security/MailqDbMailUser.role.sql', 'dfd271f8eb83f683f2db2d358e9154df4466ffa1564eb53badebe760621f4f74'),
     ('0001', N'tables/mailq.DbMailProfile.sql', '28af54b04662bf10b9f3f4fad536c391fa79b6d5921c5542a2d0c1120ac766ff'),
@@ -9881,36 +9646,36 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.sysmail_unsentitems.sql', '5dd86add632ec45411e63df40dbce2c0f23e720f9f0e901c01b7f62581885839'),
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
     ('0001', N'views/mailq.sysmail_event_log.sql', '047d4f5c1c80d7a8de5d1799d2e4a0502375de89cbe374d968146f5b1e0f9a7c'),
-    ('0001', N'functions/mailq.DbMailAddressProblem.sql', '5b5db91d66a1cfe023759e094e534b1428840cf08e90a22e9b062d697bcefce0'),
-    ('0001', N'procedures/mailq.SendDbMail.sql', 'd597fbd62c2d37679dbd69addd1b06effd608766932121bf648ae259fb44f14d'),
-    ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', 'e385d06f81bbcd0c5a9bfc1260a4f6b6d5123a5210365bc9c97739100519a0e5'),
+    ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'c1a0525c0b9bdb7f7295807871e76e3605fd4b8942b5a2621590b2ee635bd28f'),
+    ('0001', N'procedures/mailq.SendDbMail.sql', 'bcfcf094e9be3ae976f9d24494216f17b424c527ff5d69d58fd73a1df9321164'),
+    ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '40dd1665ce78bf4a6d74a3d1f818c41cd9d3b8fd2e1e6a2acca76d18951073de'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '562592766f959be178e8e6f6ff53bae6e2ba36879ee88eec53aa3c2604662f9e'),
-    ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', 'f6cd738e1ee307cd6a047b4748396acb03382759fb2c20e7c3352685e532acb3'),
+    ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '6a90f279e07e8508fff9f831c2f5491cff9cda5ad38c4b9032b89cb35cc896d1'),
     ('0001', N'procedures/mailq.DeleteDbMailProfileAccount.sql', 'b31406a83961638b2bac8e1aa8174e0807b9b25aca64c102b2626ec85e3bab35'),
-    ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', 'bfa8eb8f864f68e36ded1c45a4880ce562fa7e70e33ad73c598a97e1acf9cb95'),
+    ('0001', N'procedures/mailq.UpsertDbMailPrincipalProfile.sql', 'e85ecc70ba72134c517caff61a1112efa4cd5d58026dd02e3bb63ff9f822251f'),
     ('0001', N'procedures/mailq.DeleteDbMailPrincipalProfile.sql', '200b1a115832dd8af5f0c3f989f6e9ffeea8d02b3e5f75e187dd57ba0d12ec01'),
     ('0001', N'security/MailqDbMailUser.grants.sql', 'a90b7cec3fb015c990fedf64d206e462e6c68072a28890665619e1812bb0b7e7'),
     ('0001', N'security/MailqAdmin.dbmail.grants.sql', '5bc45dc16e882cb8c1baa4281dd06efb750fd64f6ce7aecedf41a14221db77d5'),
     ('0001', N'security/MailqBounceReader.role.sql', '5a85dbbd3a7336a5982c6c24fe1c6487632c6410261401aadac0614ef4e20eaa'),
     ('0001', N'views/mailq.Suppressions.sql', 'b747c4415e4357b757bfcf2b93ed04b4e73937faf52740e61380bfe885694a8a'),
     ('0001', N'views/mailq.RecentBounceReports.sql', 'fed5cdae95664e0f44799da08f8674094aa16c5f819efa79115661152d6469ae'),
-    ('0001', N'procedures/mailq.ApplySuppressions.sql', 'e02ca9e09ad1e7216000bbe2e836c5630e3bc1cc97ea84b2f203fc89d0f79114'),
-    ('0001', N'procedures/mailq.RecordBounce.sql', '2dc7e72e75fecd87acf9872439de25bba8cacf5d98784e5b6d227896a4aff75f'),
-    ('0001', N'procedures/mailq.RecordUnsubscribe.sql', '199897c56bb917659839c1c4deb138f96b3cb6558b503b24583e39e35d4cf8a8'),
-    ('0001', N'procedures/mailq.AddSuppression.sql', '870b71508b681fa8ddc576231070c7726ef5c753537b8802396ddb03842fbcfa'),
-    ('0001', N'procedures/mailq.RemoveSuppression.sql', '6fe8fff95b2a07f812d1bc5f00e4cd8538776bb3f76cb974db05407403521279'),
-    ('0001', N'procedures/mailq.ListSuppressions.sql', '595d587aced5b52520d31c6c1b9f3805fc5e955663c3c8bd059a0507429cd51d'),
-    ('0001', N'procedures/mailq.GetSuppressionStats.sql', '5f4c2514a052c750cf711286e0c44e313305f6a6e39186cc21c02051b5faa4e7'),
-    ('0001', N'procedures/mailq.PurgeBounceReports.sql', 'a51c25029e54480925a7f019d4824f9fc01a17c3cad33d9f15d558fcf8a77565'),
+    ('0001', N'procedures/mailq.ApplySuppressions.sql', '74d9daf3292ed5bc1ab1ea1bfa36cf671199e545c490ae63f8d9fb5c53fb7196'),
+    ('0001', N'procedures/mailq.RecordBounce.sql', '2c48212685422c8664db40f7da8fe29dc2ada3c574a4b9f2b3c978a40e2c20b3'),
+    ('0001', N'procedures/mailq.RecordUnsubscribe.sql', 'bc3e67e54ad0d16a670f7c9bda0959eb59cd895cfd405f2cf5bbb9236b289ff2'),
+    ('0001', N'procedures/mailq.AddSuppression.sql', 'b6a91bb1bb00e829dae9b0a6be26676f5f7e990c3a1e9a61490d7079e1250700'),
+    ('0001', N'procedures/mailq.RemoveSuppression.sql', 'b4d58ab81eafbe7ab1a22c9b994d1370d5b537237e3458eec1bda28c1b178d2b'),
+    ('0001', N'procedures/mailq.ListSuppressions.sql', 'f607bb69bbec362ec815c77b894b69eded861be16642ae2b8ebe00dc0db4be67'),
+    ('0001', N'procedures/mailq.GetSuppressionStats.sql', '3002368a01567fb9a54b6c8616780d87387dbc08031e8796f6ed5674001bcb03'),
+    ('0001', N'procedures/mailq.PurgeBounceReports.sql', '87fbbf157a511280d4dcc3492097b0871c1204d99a4ec97e67e8a8cb28e6b56f'),
     ('0001', N'security/MailqBounceReader.grants.sql', '079d0b1ab090e10a39e48c7acd98f0a9d5d8ba16c0acc01b5902d995e64cafee'),
     ('0001', N'security/MailqMonitor.role.sql', '4bd4a00e77edbc0a5feb58abe24d78083163a2d59cbea0abf3e12b35d5e0832e'),
-    ('0001', N'procedures/mailq.GetQueueMetrics.sql', 'af35cf459d28a98edeeafb541e336fbcb1148eaf295b6d57cc15e3ec094417d8'),
+    ('0001', N'procedures/mailq.GetQueueMetrics.sql', '4fb5f17ea204e7353bf15a39e06f00f8db3c2f2ad2c2628be772a480b9310c37'),
     ('0001', N'procedures/mailq.GetMailHistory.sql', '151c76bd5a7625e1fbed3e84b6c03902708a5eb5ebcaf4e59a5c61c97d70f28c'),
     ('0001', N'procedures/mailq.FindMail.sql', '857e285df1765570efb58ff7aea1ba3a97b83bedb6ebd6c0be38647d8fcb216d'),
     ('0001', N'security/MailqMonitor.grants.sql', 'fa1f75f71a6c9d7dc5720de0a1c474aa705a06394f6749700448948df59b35cd'),
     ('0001', N'security/MailqAdmin.monitoring.grants.sql', '9f2b9ddb38be75e0bc669eb7bd961be5dae08c5a320f5c40629a6a225d1840f5'),
     ('0001', N'security/MailqDbMailRunner.role.sql', '869c412cdc12046e6c047688d5b4172c3c5f721eb41184f47a40372fe5bdc8c2'),
-    ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '25f1f06e3b2af64b16d52287db351d0ae42a467f9fb4d32d490e31b3ee65bbce'),
+    ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '92b3112dc3807f4ebdad8f8ffecb87d7fe710ed0bdb51f757c03158341720901'),
     ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', '3c3ae331faaea88c9952518091ad81e653e2b1e8655d63b4d65bcbb486c21874'),
     ('0001', N'views/mailq.sysmail_mailattachments.sql', 'e819185cc385d1438769c091c97f105d9de766470d6a93127a8281bae4556c34'),
     ('0001', N'views/mailq.sysmail_profile.sql', '9a6fa402d177950bd6d387f9b70c2c37bcd866d2e9c6267ebace3a14eef9f994'),

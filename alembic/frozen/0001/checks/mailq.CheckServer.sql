@@ -12,7 +12,6 @@ DECLARE @CompatibilityLevel INT = (
 DECLARE @EngineEdition INT = CAST(SERVERPROPERTY(N'EngineEdition') AS INT);
 DECLARE @MajorVersion INT = CAST(SERVERPROPERTY(N'ProductMajorVersion') AS INT);
 DECLARE @Msg NVARCHAR(2048);
-
 IF @CompatibilityLevel < 130
 BEGIN
     SET @Msg = CONCAT(
@@ -23,7 +22,6 @@ BEGIN
     );
     THROW 50402, @Msg, 1;
 END;
-
 -- EngineEdition 5, 8: Azure SQL Database and Managed Instance (versionless).
 IF @EngineEdition NOT IN (5, 8) AND @MajorVersion < 15
 BEGIN

@@ -35,9 +35,7 @@ FROM (
         (4, N'@from_address', @from_address, 520), (5, N'@reply_to', @reply_to, 320)
     ) AS v(Position, ParamName, Value, MaxLength)
     WHERE LEN(v.Value) > v.MaxLength
-
     UNION ALL
-
     SELECT
         50642,
         CONCAT(v.ParamName, N': address ''', LEFT(a.Address, 100), N''' ', a.Problem, N'.'),
@@ -50,15 +48,11 @@ FROM (
     ) AS v(Position, ParamName, Value)
     CROSS APPLY mailq.ParseAddressList(v.Value) AS a
     WHERE a.Problem IS NOT NULL
-
     UNION ALL
-
     SELECT 50642, CONCAT(v.ParamName, N' takes one address.'), 20 + v.Position
     FROM (VALUES (1, N'@from_address', @from_address), (2, N'@reply_to', @reply_to)) AS v(Position, ParamName, Value)
     WHERE (SELECT COUNT(*) FROM mailq.ParseAddressList(v.Value)) > 1
-
     UNION ALL
-
     SELECT
         50643,
         CONCAT(

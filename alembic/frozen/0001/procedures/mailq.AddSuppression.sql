@@ -32,7 +32,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @Reason = ISNULL(@Reason, N'Manual');
     SET @Address = LOWER(LTRIM(RTRIM(@Address)));
@@ -68,7 +67,6 @@ BEGIN
         SET @Msg = CONCAT(N'@AppName ''', @AppName, N''' is not a registered application.');
         THROW 50606, @Msg, 1;
     END;
-
     DECLARE @Suppressions NVARCHAR(MAX) = (
         SELECT
             @AccountName AS AccountName,
@@ -84,7 +82,6 @@ BEGIN
     -- mailq.ApplySuppressions owns or joins the transaction itself (one call).
     EXEC mailq.ApplySuppressions @Suppressions = @Suppressions, @SweptMails = @Swept OUTPUT,
         @StoppedMails = @Stopped OUTPUT;
-
     SELECT
         @AccountName AS AccountName,
         @AppName AS AppName,

@@ -27,7 +27,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @WindowMinutes = COALESCE(@WindowMinutes, 5);
     IF @WindowMinutes NOT BETWEEN 1 AND 60
@@ -35,13 +34,11 @@ BEGIN
         SET @Msg = CONCAT(N'@WindowMinutes must be 1-60; got ', @WindowMinutes, N'.');
         THROW 50580, @Msg, 1;
     END;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @WindowEnd DATETIME2(3) = DATEADD(
         MINUTE, DATEDIFF(MINUTE, '20000101', @Now), CAST('20000101' AS DATETIME2(3))
     );
     DECLARE @WindowStart DATETIME2(3) = DATEADD(MINUTE, -@WindowMinutes, @WindowEnd);
-
     DECLARE @Pair TABLE (
         AccountName NVARCHAR(128) NOT NULL,
         RunMode NVARCHAR(32) NOT NULL,
@@ -51,7 +48,6 @@ BEGIN
         SendingCount BIGINT NOT NULL DEFAULT (0),
         PRIMARY KEY (AccountName, RunMode)
     );
-
     -- The claim's index, filtered to UnSent and Sending: the literal Status list
     -- matches the filter, INDEX keeps it whatever the statistics say.
     INSERT INTO @Pair (AccountName, RunMode, MailCount, DueCount, OldestDueUtc)
@@ -66,7 +62,6 @@ BEGIN
     FROM mailq.MailQueue AS k WITH (INDEX (IX_MailQueue_ClaimByAccount))
     WHERE k.Status IN (N'UnSent', N'Sending')
     GROUP BY k.AccountName, k.RunMode;
-
     -- In flight: a seek on IX_MailQueue_Status's Sending range, one lookup per mail.
     UPDATE p
     SET p.SendingCount = s.SendingCount
@@ -77,14 +72,12 @@ BEGIN
         WHERE q.Status = N'Sending'
         GROUP BY q.AccountName, q.RunMode
     ) AS s ON p.AccountName = s.AccountName AND p.RunMode = s.RunMode;
-
     SELECT
         @Now AS MeasuredAtUtc,
         @WindowStart AS WindowStartUtc,
         @WindowEnd AS WindowEndUtc,
         CAST(IIF(IS_ROLEMEMBER(N'MailqAdmin') = 1 OR IS_ROLEMEMBER(N'db_owner') = 1, 1, 0) AS BIT)
         AS CallerIsMailqAdmin;
-
     SELECT
         d.AccountName,
         d.RunMode,
@@ -98,7 +91,6 @@ BEGIN
         FROM @Pair AS p
     ) AS d
     ORDER BY d.AccountName, d.RunMode, d.Status;
-
     SELECT
         p.AccountName,
         p.RunMode,
@@ -114,7 +106,6 @@ BEGIN
     FROM @Pair AS p
     INNER JOIN mailq.SendingAccount AS a ON p.AccountName = a.AccountName
     ORDER BY p.AccountName, p.RunMode;
-
     SELECT
         a.AccountName,
         CAST(IIF(a.BlockedUntilUtc > @Now, 1, 0) AS BIT) AS IsBlocked,
@@ -127,7 +118,6 @@ BEGIN
         a.PerDayLimit
     FROM mailq.SendingAccount AS a
     ORDER BY a.AccountName;
-
     -- A range seek on IX_MailAttempt_EndedAtUtc (the explicit IS NOT NULL lets
     -- the hint match its filter), one PK seek per attempt for the account.
     SELECT
@@ -152,7 +142,6 @@ BEGIN
     INNER JOIN mailq.MailQueue AS q ON m.MailID = q.ID
     GROUP BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass
     ORDER BY m.MinuteUtc, q.AccountName, m.Outcome, m.ReplyClass;
-
     -- mailq.Suppression is small: one scan of its clustered key.
     SELECT s.AccountName, s.Reason, COUNT_BIG(*) AS Suppressed
     FROM mailq.Suppression AS s

@@ -24,7 +24,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @RecentFailures = COALESCE(@RecentFailures, 20);
     SET @FinishedHours = COALESCE(@FinishedHours, 24);
@@ -38,14 +37,12 @@ BEGIN
         SET @Msg = CONCAT(N'@FinishedHours must be 1-168 (a week); got ', @FinishedHours, N'.');
         THROW 50520, @Msg, 1;
     END;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     -- Whole hours: the window starts at the top of the oldest hour shown.
     DECLARE @FinishedSince DATETIME2(3) = DATEADD(
         HOUR, DATEDIFF(HOUR, '20000101', @Now) - @FinishedHours + 1, CAST('20000101' AS DATETIME2(3))
     );
     DECLARE @FailuresSince DATETIME2(3) = DATEADD(DAY, -7, @Now);
-
     SELECT
         q.Status,
         q.AccountName,
@@ -54,7 +51,6 @@ BEGIN
     WHERE q.Status IN (N'UnSent', N'Sending')
     GROUP BY q.Status, q.AccountName
     ORDER BY q.AccountName ASC, q.Status ASC;
-
     SELECT
         q.AccountName,
         MIN(q.VisibleAtUtc) AS OldestDueUtc,
@@ -64,7 +60,6 @@ BEGIN
     WHERE q.Status = N'UnSent' AND q.VisibleAtUtc <= @Now
     GROUP BY q.AccountName
     ORDER BY OldestDueAgeSeconds DESC;
-
     -- The final statuses as literals, so the filtered IX_MailQueue_Final matches.
     -- RECOMPILE: the hash or sort grant follows the window's rows, not a fixed 30%
     -- of the history (local variable estimate).
@@ -85,7 +80,6 @@ BEGIN
         q.AccountName
     ORDER BY HourUtc DESC, q.AccountName ASC
     OPTION (RECOMPILE);
-
     -- A backward range seek on EndedAtUtc, stopped after @RecentFailures rows.
     SELECT TOP (@RecentFailures)
         t.MailID AS ID,

@@ -24,7 +24,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @Days = ISNULL(@Days, 7);
     IF @Days NOT BETWEEN 1 AND 366
@@ -34,13 +33,11 @@ BEGIN
     END;
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Since DATETIME2(3) = DATEADD(DAY, -@Days, @Now);
-
     SELECT s.AccountName, s.Reason, COUNT(*) AS Suppressed
     FROM mailq.Suppression AS s
     WHERE s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now
     GROUP BY s.AccountName, s.Reason
     ORDER BY s.AccountName, s.Reason;
-
     SELECT
         b.AccountName,
         b.Kind,
@@ -51,7 +48,6 @@ BEGIN
     WHERE b.ReceivedAtUtc >= @Since
     GROUP BY b.AccountName, b.Kind
     ORDER BY b.AccountName, b.Kind;
-
     SELECT q.AccountName, COUNT(*) AS Sent
     FROM mailq.MailQueue AS q
     WHERE

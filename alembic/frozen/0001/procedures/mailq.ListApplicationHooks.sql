@@ -19,7 +19,6 @@ CREATE OR ALTER PROCEDURE mailq.ListApplicationHooks
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     -- Procedures a hook may resolve to: dbo-owned schema, no other owner.
     DECLARE @Live TABLE (
         ObjectId INT NOT NULL PRIMARY KEY,
@@ -34,7 +33,6 @@ BEGIN
     FROM sys.objects AS o
     INNER JOIN sys.schemas AS sch ON o.schema_id = sch.schema_id
     WHERE o.type = 'P' AND sch.principal_id = 1 AND COALESCE(o.principal_id, 1) = 1;
-
     WITH Failures AS (
         SELECT
             x.AppName,
@@ -44,7 +42,7 @@ BEGIN
         GROUP BY x.AppName
     )
 
-    SELECT
+SELECT
         h.AppName,
         CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)) AS HookProcedure,
         h.ObjectId,

@@ -16,7 +16,6 @@ CREATE OR ALTER PROCEDURE mailq.ListMailTemplateVersions
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-
     DECLARE @Msg NVARCHAR(2048);
     IF NULLIF(@TemplateName, N'') IS NULL OR LEN(@TemplateName) > 128
     BEGIN
@@ -30,7 +29,6 @@ BEGIN
                           N' (mailq.ListMailTemplates lists them).');
         THROW 50215, @Msg, 1;
     END;
-
     SELECT
         v.TemplateName,
         v.Version,

@@ -28,7 +28,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @MaxRows = ISNULL(@MaxRows, 1000);
     IF @MaxRows NOT BETWEEN 1 AND 100000
@@ -38,7 +37,6 @@ BEGIN
     END;
     SET @Address = LOWER(LTRIM(RTRIM(@Address)));
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-
     SELECT TOP (@MaxRows)
         s.AccountName,
         NULLIF(s.AppName, N'') AS AppName,

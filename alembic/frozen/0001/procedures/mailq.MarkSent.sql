@@ -25,7 +25,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     SET @DryRun = COALESCE(@DryRun, 0);
     IF @SmtpCode NOT BETWEEN 200 AND 599
@@ -33,7 +32,6 @@ BEGIN
         SET @Msg = CONCAT(N'@SmtpCode must be an SMTP reply code 200-599; got ', @SmtpCode, N'.');
         THROW 50147, @Msg, 1;
     END;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Acked TABLE (
         ID BIGINT NOT NULL PRIMARY KEY,
@@ -42,13 +40,11 @@ BEGIN
         DryRun BIT NOT NULL,
         Enforced BIT NOT NULL  -- claimed as dry-run, acknowledged as a real send
     );
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
         EXEC mailq.LockLeasedMail
             @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptSentByToken = 1;
-
         UPDATE q
         SET
             q.Status = N'Sent',
@@ -68,7 +64,6 @@ BEGIN
         FROM mailq.MailQueue AS q WITH (FORCESEEK)  -- by ID: a scan would wait on other workers' rows
         INNER JOIN mailq.ParseIDList(@ID, @IDList) AS l ON q.ID = l.ID
         WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken;
-
         UPDATE t
         SET
             t.EndedAtUtc = @Now,
@@ -77,7 +72,6 @@ BEGIN
             t.ErrorText = @SmtpText
         FROM mailq.MailAttempt AS t WITH (FORCESEEK, ROWLOCK)  -- seek our attempts only
         INNER JOIN @Acked AS a ON t.MailID = a.ID AND t.AttemptNo = a.AttemptNo;
-
         -- One event per mail changed (docs/events.md); a repeat changes no row, writes none.
         INSERT INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         SELECT
@@ -99,7 +93,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         l.ID,
         N'Sent' AS Status,

@@ -24,7 +24,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @OlderThanDays IS NULL OR @OlderThanDays NOT BETWEEN 1 AND 36500
     BEGIN
@@ -40,7 +39,6 @@ BEGIN
     END;
     IF @@TRANCOUNT > 0
         THROW 50617, N'mailq.PurgeBounceReports commits batch by batch: call it outside a transaction.', 1;
-
     DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
     DECLARE @Purged BIGINT = 0;
     DECLARE @Deleted INT = 1;
@@ -55,7 +53,7 @@ BEGIN
                 ORDER BY b.ReceivedAtUtc
             )
 
-            DELETE FROM Oldest;
+DELETE FROM Oldest;
             SET @Deleted = @@ROWCOUNT;
             SET @Purged += @Deleted;
             COMMIT TRANSACTION;
@@ -65,6 +63,5 @@ BEGIN
             THROW;
         END CATCH;
     END;
-
     SELECT @Purged AS PurgedCount;
 END;

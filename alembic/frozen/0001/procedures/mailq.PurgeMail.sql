@@ -27,7 +27,6 @@ BEGIN
     -- Each BEGIN TRANSACTION must be a real one, not nested in an implicit one.
     SET IMPLICIT_TRANSACTIONS OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @OlderThanDays IS NULL OR @OlderThanDays < 0
     BEGIN
@@ -49,13 +48,11 @@ BEGIN
     END;
     IF @@TRANCOUNT > 0
         THROW 50141, N'mailq.PurgeMail commits batch by batch: call it outside a transaction.', 1;
-
     DECLARE @Cutoff DATETIME2(3) = DATEADD(DAY, -@OlderThanDays, SYSUTCDATETIME());
     DECLARE @Purged BIGINT = 0;
     DECLARE @Candidate TABLE (ID BIGINT NOT NULL PRIMARY KEY);
     DECLARE @Batch TABLE (ID BIGINT NOT NULL PRIMARY KEY);
     DECLARE @Deleted INT;
-
     WHILE 1 = 1
     BEGIN
         DELETE FROM @Candidate;
@@ -74,13 +71,11 @@ BEGIN
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff
             ORDER BY q.DateProcessed ASC, q.ID ASC;
-
             IF @@ROWCOUNT = 0
             BEGIN
                 COMMIT TRANSACTION;
                 BREAK;
             END;
-
             -- 2. Lock the batch on the clustered index and re-check (a candidate may have
             --    been requeued); FORCESEEK keeps the plan off IX_MailQueue_Final.
             INSERT INTO @Batch (ID)
@@ -91,14 +86,12 @@ BEGIN
             WHERE
                 q.Status IN (N'Sent', N'Failed', N'Cancelled', N'Expired', N'Stopped')
                 AND q.DateProcessed < @Cutoff;
-
             -- All taken or changed meanwhile: stop rather than spin.
             IF NOT EXISTS (SELECT 1 FROM @Batch)
             BEGIN
                 COMMIT TRANSACTION;
                 BREAK;
             END;
-
             -- 3. Children, 1000 rows per statement.  FORCESEEK: a seek per mail, never a
             --    scan that would wait on the rows of live mail.
             SET @Deleted = 1000;
@@ -109,7 +102,6 @@ BEGIN
                 WHERE t.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
-
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
             BEGIN
@@ -118,7 +110,6 @@ BEGIN
                 WHERE a.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
-
             -- Outcomes here, not by the parent's ON DELETE CASCADE: that one statement
             -- would lock up to 100 x @BatchSize rows and escalate past 5,000.
             SET @Deleted = 1000;
@@ -129,7 +120,6 @@ BEGIN
                 WHERE o.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
-
             -- Events: a seek per mail on IX_MailEvent_MailID, 1000 rows per statement.
             SET @Deleted = 1000;
             WHILE @Deleted = 1000
@@ -139,13 +129,11 @@ BEGIN
                 WHERE e.MailID IN (SELECT b.ID FROM @Batch AS b);
                 SET @Deleted = @@ROWCOUNT;
             END;
-
             -- 4. The mails themselves (rows already held since step 2), by key.
             DELETE q
             FROM mailq.MailQueue AS q WITH (FORCESEEK (PK_MailQueue (ID)), ROWLOCK)
             WHERE q.ID IN (SELECT b.ID FROM @Batch AS b);
             SET @Purged += @@ROWCOUNT;
-
             COMMIT TRANSACTION;
         END TRY
         BEGIN CATCH
@@ -153,6 +141,5 @@ BEGIN
             THROW;
         END CATCH;
     END;
-
     SELECT @Purged AS PurgedCount;
 END;

@@ -43,7 +43,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @ReportKey IS NULL OR DATALENGTH(@ReportKey) <> 32
         THROW 50607, N'@ReportKey must be 32 bytes: the SHA-256 of the report''s Message-ID (or of its bytes).', 1;
@@ -67,7 +66,6 @@ BEGIN
         SET @RecipientsOk = 0;
     IF @RecipientsOk = 0
         THROW 50609, N'@Recipients must be a JSON array of 1-1000 objects.', 1;
-
     -- The mail, when the token named one that still exists (a plain read:
     -- account, application and lists do not change after enqueue except by
     -- a suppression sweep, which only removes addresses).
@@ -94,7 +92,6 @@ BEGIN
         FROM mailq.MailRecipientList(@To, @CC, @BCC) AS r
         WHERE r.RecipientNo = @RecipientNo AND r.IsFirst = 1 AND @KnownMail IS NOT NULL
     );
-
     DECLARE @R TABLE (
         Address NVARCHAR(400) NULL,
         Kind NVARCHAR(16) NULL,
@@ -122,7 +119,6 @@ BEGIN
             LEFT(JSON_VALUE(j.[value], N'$.detail'), 1000) AS Detail
         FROM OPENJSON(@Recipients) AS j
     ) AS v;
-
     -- A report about one recipient that is not among the mail's (a forwarding
     -- alias: the Final-Recipient after expansion) is about the address the
     -- token names: that is the one the queue sent to and must suppress.
@@ -135,7 +131,6 @@ BEGIN
             FROM mailq.MailRecipientList(@To, @CC, @BCC) AS l
             WHERE l.Address = r.Address
         );
-
     SELECT TOP (1) @Msg = CONCAT(N'@Recipients: ',
         COALESCE(N'''' + r.Address + N'''', N'a recipient without "address"'),
         N' is not one address of 1-320 characters',
@@ -149,7 +144,6 @@ BEGIN
     WHERE r.Kind IS NULL OR r.Kind NOT IN (N'Hard', N'Soft', N'Delayed', N'Complaint');
     IF @Msg IS NOT NULL THROW 50608, @Msg, 1;
     DELETE FROM @R WHERE Nth > 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @New TABLE (Address NVARCHAR(320) NOT NULL PRIMARY KEY);
     DECLARE @Suppress TABLE (Address NVARCHAR(320) NOT NULL PRIMARY KEY, Reason NVARCHAR(16) NOT NULL);
@@ -157,7 +151,6 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- 1. The idempotency key: (report, address) recorded once.
         INSERT INTO mailq.BounceReport (
             ReportKey, Address, AccountName, AppName, MailID, Kind, Action, Status, SmtpCode, Detail, Source,
@@ -173,7 +166,6 @@ BEGIN
             FROM mailq.BounceReport AS b WITH (UPDLOCK, HOLDLOCK)
             WHERE b.ReportKey = @ReportKey AND b.Address = r.Address
         );
-
         -- 2. Which of the new ones reach their limit (the counts include them): one per mail, so two
         --    reports of one bounce (a DSN and an SES notification) count once; a report without mail counts alone.
         INSERT INTO @Suppress (Address, Reason)
@@ -194,7 +186,6 @@ BEGIN
                 FROM mailq.BounceReport AS b
                 WHERE b.AccountName = @Account AND b.Address = r.Address AND b.Kind = N'Soft'
             ) >= @SoftBounceLimit);
-
         IF EXISTS (SELECT 1 FROM @Suppress)
         BEGIN
             SET @Suppressions = (
@@ -211,14 +202,12 @@ BEGIN
             );
             EXEC mailq.ApplySuppressions @Suppressions = @Suppressions;
         END;
-
         -- 3. The reported mail: its recipients' outcomes and its events.
         IF @KnownMail IS NOT NULL AND EXISTS (SELECT 1 FROM @New)
         BEGIN
             SELECT @Status = q.Status, @AttemptCount = q.AttemptCount
             FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
             WHERE q.ID = @KnownMail;
-
             UPDATE o
             SET
                 o.Outcome = N'Refused',
@@ -229,7 +218,6 @@ BEGIN
             INNER JOIN @R AS r ON o.Address = r.Address
             INNER JOIN @New AS n ON r.Address = n.Address
             WHERE o.MailID = @KnownMail AND r.Kind IN (N'Hard', N'Soft');
-
             INSERT INTO mailq.MailRecipientOutcome (
                 MailID, Address, Outcome, SmtpCode, SmtpText, AttemptNo, UpdatedAtUtc
             )
@@ -245,7 +233,6 @@ BEGIN
                     FROM mailq.MailRecipientOutcome AS o
                     WHERE o.MailID = @KnownMail AND o.Address = r.Address
                 );
-
             INSERT INTO mailq.MailEvent (
                 MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc
             )
@@ -258,14 +245,12 @@ BEGIN
             FROM @R AS r
             INNER JOIN @New AS n ON r.Address = n.Address;
         END;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         r.Address,
         r.Kind,

@@ -29,7 +29,6 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF NULLIF(@AccountName, N'') IS NULL
         THROW 50601, N'@AccountName is required.', 1;
     SET @Address = LOWER(LTRIM(RTRIM(@Address)));
@@ -37,13 +36,11 @@ BEGIN
         THROW 50602, N'@Address is required: one address of 1-320 characters.', 1;
     IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
         THROW 50604, N'@Source is required (1-200 characters): who removes the suppression.', 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Removed INT = 0;
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-
         -- History first, then the delete (not OUTPUT INTO: CK_SuppressionHistory_Action forbids it, Msg 333).
         INSERT INTO mailq.SuppressionHistory (
             AccountName, Address, AppName, Action, Reason, Source, Detail, MailID, OccurredAtUtc
@@ -55,13 +52,11 @@ BEGIN
         FROM mailq.Suppression AS s
         WHERE s.AccountName = @AccountName AND s.Address = @Address AND s.AppName = ISNULL(@AppName, N'');
         SET @Removed = @@ROWCOUNT;
-
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT @Removed AS Removed;
 END;

@@ -20,13 +20,11 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF @AllowUnmappedEnqueuers IS NULL
         THROW 50501, N'@AllowUnmappedEnqueuers is required: 0 refuses unmapped enqueuers, 1 allows them.', 1;
     -- IS_ROLEMEMBER checks the caller's own user (this module has no EXECUTE AS).
     IF COALESCE(IS_ROLEMEMBER(N'db_owner'), 0) = 0 AND COALESCE(IS_ROLEMEMBER(N'MailqAdmin'), 0) = 0
         THROW 50502, N'mailq.SetEnqueuePolicy is for members of db_owner or MailqAdmin.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;

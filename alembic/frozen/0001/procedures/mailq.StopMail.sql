@@ -19,13 +19,11 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     DECLARE @Msg NVARCHAR(2048);
     IF @MailID IS NULL
         THROW 50174, N'@MailID is required.', 1;
     IF NULLIF(LTRIM(RTRIM(@Reason)), N'') IS NULL
         THROW 50175, N'@Reason is required: say why the mail is stopped.', 1;
-
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @Status NVARCHAR(16);
     DECLARE @OldLockToken UNIQUEIDENTIFIER;
@@ -38,7 +36,6 @@ BEGIN
             @OldLockToken = q.ThreadLock
         FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
         WHERE q.ID = @MailID;
-
         IF @Status IS NULL
         BEGIN
             SET @Msg = CONCAT(N'Mail ', @MailID, N' does not exist.');
@@ -51,7 +48,6 @@ BEGIN
             );
             THROW 50260, @Msg, 1;
         END;
-
         -- Change and event in one statement (MailEvent has no trigger, FK or CHECK).
         -- A leased mail may be mid-SMTP: flag it, as FinalizeMail does.
         UPDATE q
@@ -67,7 +63,6 @@ BEGIN
         INTO mailq.MailEvent (MailID, AppName, EventType, Status, AttemptCount, SmtpCode, Detail, OccurredAtUtc)
         FROM mailq.MailQueue AS q
         WHERE q.ID = @MailID;
-
         -- A leased mail: close the worker's open attempt (seek by mail ID).
         IF @Status = N'Sending'
             UPDATE t
@@ -83,7 +78,6 @@ BEGIN
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
         THROW;
     END CATCH;
-
     SELECT
         @MailID AS ID,
         N'Stopped' AS Status,

@@ -22,12 +22,10 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF NULLIF(LTRIM(RTRIM(@AppName)), N'') IS NULL
         THROW 50145, N'@AppName is required.', 1;
     IF @AccountName IS NULL AND @FromAddress IS NULL AND @PrincipalName IS NULL
         THROW 50164, N'Give @AccountName, @FromAddress and/or @PrincipalName: what to withdraw.', 1;
-
     DECLARE @Pattern NVARCHAR(4000) = LOWER(LTRIM(RTRIM(@FromAddress)));
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
@@ -36,12 +34,10 @@ BEGIN
             DELETE b
             FROM mailq.ApplicationAccount AS b
             WHERE b.AppName = @AppName AND b.AccountName = @AccountName;
-
         IF @Pattern IS NOT NULL
             DELETE f
             FROM mailq.ApplicationFrom AS f
             WHERE f.AppName = @AppName AND f.FromPattern = @Pattern;
-
         IF @PrincipalName IS NOT NULL
             DELETE u
             FROM mailq.ApplicationPrincipal AS u

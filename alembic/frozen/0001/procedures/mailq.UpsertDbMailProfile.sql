@@ -18,12 +18,10 @@ AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-
     IF NULLIF(LTRIM(RTRIM(@ProfileName)), N'') IS NULL
         THROW 50198, N'@ProfileName is required.', 1;
     IF LEN(@ProfileName) > 128 OR LEN(@Description) > 256
         THROW 50198, N'@ProfileName (128) or @Description (256) is over its size.', 1;
-
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
@@ -32,7 +30,6 @@ BEGIN
         SELECT @ProfileID = p.ProfileID
         FROM mailq.DbMailProfile AS p WITH (UPDLOCK, HOLDLOCK)
         WHERE p.ProfileName = @ProfileName;
-
         IF @ProfileID IS NOT NULL
             UPDATE p
             SET p.Description = @Description

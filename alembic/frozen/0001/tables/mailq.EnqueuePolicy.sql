@@ -20,6 +20,5 @@ BEGIN
         CONSTRAINT PK_EnqueuePolicy PRIMARY KEY CLUSTERED (PolicyId),
         CONSTRAINT CK_EnqueuePolicy_SingleRow CHECK (PolicyId = 1)
     );
-
     INSERT INTO mailq.EnqueuePolicy (PolicyId, AllowUnmappedEnqueuers) VALUES (1, 0);
 END;

@@ -21,7 +21,6 @@ BEGIN
         EXEC sys.sp_executesql N'DROP PROCEDURE mailq.EnqueueMailBatch;';
     EXEC sys.sp_executesql N'DROP TYPE mailq.MailBatchRow;';
 END;
-
 IF TYPE_ID(N'mailq.MailBatchRow') IS NULL
     CREATE TYPE mailq.MailBatchRow AS TABLE (
         RowNo INT NOT NULL PRIMARY KEY,

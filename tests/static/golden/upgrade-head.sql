@@ -9644,7 +9644,7 @@ listed again), FailedTasks BIGINT (given up, until purged), QueueReceiveEnabled 
 (0: the queue is disabled; NULL: the caller may not see it: VIEW DEFINITION on
 dbo.DelayServiceQueue), BrokerEnabled INT.
 Cost:        seeks on IX_Task_Due; never waits for a running target.
-Security:    granted to MailqAdmin.
+Security:    granted to MailqAdmin and MailqMonitor.
 Example:     EXEC delay.GetTaskMetrics;
 */
 CREATE OR ALTER PROCEDURE delay.GetTaskMetrics
@@ -11880,7 +11880,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/delay.PendingTasks.sql', 'ffa386b1f2f245bbe560048f905e07fde2ac2e1ab06e28d32ae96074cc118a9c'),
     ('0001', N'broker/delay.FinishedTasks.sql', '10fdee68d540555dc12cf307a0aa29432504a0f1fa66cc728b0369455d71fccd'),
     ('0001', N'broker/delay.Health.sql', 'a9440e238b4887339280ec7fb76ac606d93079267ab9423ed55cad3e068c6a65'),
-    ('0001', N'broker/delay.GetTaskMetrics.sql', '21d9e4c55cf55f207a5faf9a81fc2570169e0e4e1614e3585213eec361fd757d'),
+    ('0001', N'broker/delay.GetTaskMetrics.sql', '5215c7e1bea9d94e30067b20d32979641cabe42f27c178ef9a5a2e28a1265bcf'),
     ('0001', N'broker/MailqDelayCaller.grants.sql', 'd79a6f389dc90cee32ff9512752c7fc14425661659150108c8978b8542991c7b'),
     ('0001', N'broker/MailqAdmin.delay.grants.sql', '8c4c786468ad8f6d4506815938a500a89ea5f75fde7f6d38e1e77139698a5003'),
     ('0001', N'broker/mailq.StartHookDispatcher.sql', 'c5e5561ed66779d421273ea45a418b029b4264d2bf2b032d94ab4679c12c90a0'),

@@ -8,7 +8,7 @@ listed again), FailedTasks BIGINT (given up, until purged), QueueReceiveEnabled 
 (0: the queue is disabled; NULL: the caller may not see it: VIEW DEFINITION on
 dbo.DelayServiceQueue), BrokerEnabled INT.
 Cost:        seeks on IX_Task_Due; never waits for a running target.
-Security:    granted to MailqAdmin.
+Security:    granted to MailqAdmin and MailqMonitor.
 Example:     EXEC delay.GetTaskMetrics;
 */
 CREATE OR ALTER PROCEDURE delay.GetTaskMetrics

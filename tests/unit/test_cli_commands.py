@@ -47,7 +47,7 @@ def test_help_has_examples(command, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["enqueue", "--subject", "x", "--text-file", "b.txt"], "--to"),
+    (["enqueue", "--subject", "x", "--text-file", "b.txt"], "at least one recipient: --to, --cc or --bcc"),
     (["enqueue", "--to", "a@example.com", "--text-file", "b.txt"], "--subject"),
     (["enqueue", "--to", "a@example.com", "--subject", "x", "--priority", "10"], "must be 0-9"),
     (["enqueue", "--to", "a@example.com", "--subject", "x", "--priority", "high"], "not a number"),
@@ -85,6 +85,16 @@ def test_enqueue_passes_everything_to_the_procedure(fake, tmp_path, capsys):
     assert call["priority"] == 9 and call["account_name"] == "billing" and call["headers"] == {"X-Tenant": "42"}
     assert call["attachments"][0].file_name == "r.pdf" and call["attachments"][0].content_type == "application/pdf"
     assert "mail 1 queued" in capsys.readouterr().out
+
+
+def test_enqueue_a_bcc_only_mail(fake, tmp_path):
+    """A mail with no To (an undisclosed-recipients circular) is queued as the
+    procedure accepts it: To NULL, the Bcc list as given."""
+    (tmp_path / "b.txt").write_text("body", encoding="utf-8")
+    assert main(["enqueue", "--bcc", "a@example.com;b@example.com", "--subject", "x",
+                 "--text-file", str(tmp_path / "b.txt")]) == 0
+    [call] = fake.calls_to("enqueue_mail")
+    assert call["to_address"] is None and call["bcc"] == "a@example.com;b@example.com"
 
 
 def test_enqueue_with_a_template_passes_name_version_and_model(fake, tmp_path, capsys):

@@ -42,7 +42,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("enqueue", help="queue one mail (or a JSON batch: --batch FILE)", description=HELP,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--to", action="append", metavar="ADDRESS",
-                   help="recipient (repeat, or separate with ';')")
+                   help="recipient (repeat, or separate with ';'); at least one of --to, --cc, --bcc")
     p.add_argument("--cc", action="append", default=[], metavar="ADDRESS")
     p.add_argument("--bcc", action="append", default=[], metavar="ADDRESS", help="envelope only, never a header")
     p.add_argument("--subject")
@@ -145,10 +145,10 @@ def run(args) -> int:
         return run_batch(args)
     if args.template is None and (args.template_version is not None or args.model is not None):
         args.parser.error("--template-version and --model go with --template")
-    required = [("--to", args.to)] + ([] if args.template else [("--subject", args.subject)])
-    missing = [flag for flag, value in required if value is None]
-    if missing:
-        args.parser.error("the following arguments are required: " + ", ".join(missing))
+    if not (args.to or args.cc or args.bcc):
+        args.parser.error("give at least one recipient: --to, --cc or --bcc")
+    if args.subject is None and not args.template:
+        args.parser.error("the following arguments are required: --subject")
     if args.reject_invalid:
         args.parser.error("--reject-invalid goes with --batch")
     if args.template and (args.subject is not None or args.text_file or args.html_file):
@@ -161,7 +161,7 @@ def run(args) -> int:
     text = _read(args.text_file) if args.text_file else None
     html = _read(args.html_file) if args.html_file else None
     request = dict(
-        to_address=_joined(args.to), cc=_joined(args.cc), bcc=_joined(args.bcc),
+        to_address=_joined(args.to or []), cc=_joined(args.cc), bcc=_joined(args.bcc),
         subject=args.subject, body=html if html is not None else text,
         body_format="Html" if html is not None else "Text",
         text_body=text if html is not None else None,
@@ -176,8 +176,8 @@ def run(args) -> int:
         request.update(subject=None, body=None, body_format=None, text_body=None,
                        template_name=args.template, template_version=args.template_version,
                        template_model=_read(args.model) if args.model else None)
-    if not request["to_address"]:
-        raise ConfigurationError("--to needs at least one address")
+    if not (request["to_address"] or request["cc"] or request["bcc"]):
+        raise ConfigurationError("--to, --cc and --bcc name no address: give at least one recipient")
     conn = connect(args.db)
     try:
         result = procedures.enqueue_mail(conn, **request)

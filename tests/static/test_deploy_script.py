@@ -386,6 +386,23 @@ def test_downgrade_refuses_to_drop_tables_that_hold_rows(downgrade):
     assert "COUNT_BIG(*)" in section[:check] and "rows)" in section[:check] and "-x drop_data=yes" in section[:check]
 
 
+def test_rows_the_deployment_writes_do_not_count_as_data(downgrade):
+    """A table whose own file writes a row at deployment (a default policy, a
+    single settings row) is either not checked or checked with a row filter:
+    else the downgrade of a fresh, empty installation stops with 50420."""
+    section = revision_sections(downgrade)[d.head_revision(ROOT)]
+    listed = section[section.index("INSERT INTO @Dropped"):section.index("THROW 50420")]
+    plan = d.RevisionPlan(d.head_revision(ROOT), ROOT)
+    seeded = []
+    for rel in plan.files:
+        obj = d.describe(d.frozen_text(plan.revision, rel, ROOT))
+        if obj.kind == "table" and f"INSERT INTO {obj.name} " in d.frozen_text(plan.revision, rel, ROOT):
+            seeded.append(obj.name)
+            assert f"(N'{obj.name}', NULL," not in listed, f"{obj.name}: the deployment's own row counts as data"
+    assert "mailq.EnqueuePolicy" in seeded
+    assert "(N'mailq.EnqueuePolicy', N'ChangedBy IS NOT NULL', NULL)" in listed
+
+
 def test_drop_data_yes_renders_no_data_check():
     down = render("downgrade", "head:base", ("drop_data=yes",))
     assert "THROW 50420" not in down and "DROP TABLE IF EXISTS mailq.MailQueue" in down

@@ -147,7 +147,7 @@ INSERT INTO @Dropped (Name, RowFilter, NeedsTable) VALUES
     (N'mailq.ApplicationAccount', NULL, NULL),
     (N'mailq.ApplicationFrom', NULL, NULL),
     (N'mailq.ApplicationPrincipal', NULL, NULL),
-    (N'mailq.EnqueuePolicy', NULL, NULL),
+    (N'mailq.EnqueuePolicy', N'ChangedBy IS NOT NULL', NULL),
     (N'mailq.MailRecipientOutcome', NULL, NULL),
     (N'mailq.MailEvent', NULL, NULL),
     (N'mailq.ApplicationHook', NULL, NULL),

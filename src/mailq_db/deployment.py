@@ -559,7 +559,9 @@ def script_header(options: DeployOptions) -> list[str]:
         "        QUOTENAME(DB_NAME()), N'. Connect to the target database (sqlcmd -d <database>, or the database in the URL).');\n"
         "    THROW 50412, @Msg, 1;\n"
         "END;\n"
-        "IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0\n"
+        # USER_NAME() = dbo: the database owner, a sysadmin, or Azure SQL Database's Microsoft Entra
+        # admin, for whom IS_ROLEMEMBER is documented as unsupported when the admin is a group.
+        "IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0 AND USER_NAME() <> N'dbo'\n"
         "BEGIN\n"
         f"    SET @Msg = CONCAT(N'The deployment creates schemas, roles, tables{broker_objects}: the login ',\n"
         "        QUOTENAME(SUSER_SNAME()), N' (user ', QUOTENAME(USER_NAME()), N') must be a member of db_owner in ',\n"

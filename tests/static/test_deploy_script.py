@@ -205,6 +205,10 @@ def test_system_databases_and_non_owners_are_refused_up_front(script):
     assert "IF DB_NAME() IN (N'master', N'msdb', N'tempdb', N'model')" in before
     assert before.index("THROW 50412") < before.index("THROW 50413")
     assert "IS_ROLEMEMBER(N'db_owner') = 0" in before
+    # The database's own dbo passes whatever IS_ROLEMEMBER says: on Azure SQL Database
+    # IS_SRVROLEMEMBER is always 0 and IS_ROLEMEMBER is unsupported for an Entra admin group.
+    refusal = before[before.index("IF IS_ROLEMEMBER(N'db_owner')"):before.index("THROW 50413")]
+    assert "USER_NAME() <> N'dbo'" in refusal.splitlines()[0]
 
 
 def test_the_deployers_take_an_application_lock(script):

@@ -1239,23 +1239,10 @@ mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a TVP)
 One row per mail: mailq.EnqueueMail's parameters with the same names and types,
 so a row and a single call with the same values are the same mail; RowNo is the
 caller's ordinal, named by errors and results; NULL means EnqueueMail's default.
-A type in use cannot be altered or dropped: an older shape (without TemplateModel)
-is dropped with mailq.EnqueueMailBatch, and both are created again.  Callers need
-EXECUTE on it (sql/security/MailqEnqueuer.batch.grants.sql).
+A type in use (mailq.EnqueueMailBatch, mailq.EnqueueMailRows) can be neither
+altered nor dropped: a later shape is a new type.  Callers need EXECUTE on it
+(sql/security/MailqEnqueuer.batch.grants.sql).
 */
-IF TYPE_ID(N'mailq.MailBatchRow') IS NOT NULL
-    AND NOT EXISTS (
-        SELECT 1
-        FROM sys.table_types AS t
-        INNER JOIN sys.columns AS c ON t.type_table_object_id = c.[object_id]
-        WHERE t.user_type_id = TYPE_ID(N'mailq.MailBatchRow') AND c.name = N'TemplateModel'
-    )
-BEGIN
-    -- Dynamic: the schema model of tools/tsqlcheck holds both objects.
-    IF OBJECT_ID(N'mailq.EnqueueMailBatch', N'P') IS NOT NULL
-        EXEC sys.sp_executesql N'DROP PROCEDURE mailq.EnqueueMailBatch;';
-    EXEC sys.sp_executesql N'DROP TYPE mailq.MailBatchRow;';
-END;
 IF TYPE_ID(N'mailq.MailBatchRow') IS NULL
     CREATE TYPE mailq.MailBatchRow AS TABLE (
         RowNo INT NOT NULL PRIMARY KEY,
@@ -9574,7 +9561,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql', '0bbe3c46ba7311580cb4a1a1a2129dcabf614c563a3a71846574b3931ab54175'),
     ('0001', N'functions/mailq.MailRecipientList.sql', '9d3c6d4660576d3a99dd6709014ceef4451f553f069772a306312c047909f9c8'),
     ('0001', N'functions/mailq.FilterSuppressedRecipients.sql', '73545d8b3e42a8010f48db622d3365e2c26e9e3032d722b878008ebf466eee9a'),
-    ('0001', N'types/mailq.MailBatchRow.sql', '885ae64e5dd093e4b9e0722d76d1054ac6819f58a671b997c11d050cd1327271'),
+    ('0001', N'types/mailq.MailBatchRow.sql', '399a3cfeb7550861e3f26ae4417d9c60148dfaeee635ff4b42b14114b3a090ec'),
     ('0001', N'functions/mailq.MailAttachmentList.sql', '0b2e76759062fb352403793dd2b045d1349086e49f6381b672221ffeef4ea487'),
     ('0001', N'functions/mailq.MailBatchJson.sql', '1fdd1d16365b0245f8304957b71f3ababdbcb325679caa0f3c44093d8b4ca59e'),
     ('0001', N'functions/mailq.EnqueueMailCheck.sql', '13a844ec80f1aa8f927dfcfa7037526845c13edd6e8a34013ca22f2b68011059'),

@@ -1268,23 +1268,10 @@ mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a TVP)
 One row per mail: mailq.EnqueueMail's parameters with the same names and types,
 so a row and a single call with the same values are the same mail; RowNo is the
 caller's ordinal, named by errors and results; NULL means EnqueueMail's default.
-A type in use cannot be altered or dropped: an older shape (without TemplateModel)
-is dropped with mailq.EnqueueMailBatch, and both are created again.  Callers need
-EXECUTE on it (sql/security/MailqEnqueuer.batch.grants.sql).
+A type in use (mailq.EnqueueMailBatch, mailq.EnqueueMailRows) can be neither
+altered nor dropped: a later shape is a new type.  Callers need EXECUTE on it
+(sql/security/MailqEnqueuer.batch.grants.sql).
 */
-IF TYPE_ID(N'mailq.MailBatchRow') IS NOT NULL
-    AND NOT EXISTS (
-        SELECT 1
-        FROM sys.table_types AS t
-        INNER JOIN sys.columns AS c ON t.type_table_object_id = c.[object_id]
-        WHERE t.user_type_id = TYPE_ID(N'mailq.MailBatchRow') AND c.name = N'TemplateModel'
-    )
-BEGIN
-    -- Dynamic: the schema model of tools/tsqlcheck holds both objects.
-    IF OBJECT_ID(N'mailq.EnqueueMailBatch', N'P') IS NOT NULL
-        EXEC sys.sp_executesql N'DROP PROCEDURE mailq.EnqueueMailBatch;';
-    EXEC sys.sp_executesql N'DROP TYPE mailq.MailBatchRow;';
-END;
 IF TYPE_ID(N'mailq.MailBatchRow') IS NULL
     CREATE TYPE mailq.MailBatchRow AS TABLE (
         RowNo INT NOT NULL PRIMARY KEY,
@@ -7876,7 +7863,7 @@ BEGIN
         ),
         CONSTRAINT CK_Task_Attempts CHECK (Attempts >= 0 AND Claims >= 0)
     );
-    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET (as upgrades/mailq.0018).
+    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET.
     EXEC sys.sp_executesql N'ALTER TABLE delay.Task SET (LOCK_ESCALATION = DISABLE);';
 END;
 GO
@@ -7956,7 +7943,7 @@ BEGIN
             )
         )
     );
-    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET (as upgrades/mailq.0018).
+    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET.
     EXEC sys.sp_executesql N'ALTER TABLE delay.Log SET (LOCK_ESCALATION = DISABLE);';
 END;
 GO
@@ -11760,7 +11747,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql', '0bbe3c46ba7311580cb4a1a1a2129dcabf614c563a3a71846574b3931ab54175'),
     ('0001', N'functions/mailq.MailRecipientList.sql', '9d3c6d4660576d3a99dd6709014ceef4451f553f069772a306312c047909f9c8'),
     ('0001', N'functions/mailq.FilterSuppressedRecipients.sql', '73545d8b3e42a8010f48db622d3365e2c26e9e3032d722b878008ebf466eee9a'),
-    ('0001', N'types/mailq.MailBatchRow.sql', '885ae64e5dd093e4b9e0722d76d1054ac6819f58a671b997c11d050cd1327271'),
+    ('0001', N'types/mailq.MailBatchRow.sql', '399a3cfeb7550861e3f26ae4417d9c60148dfaeee635ff4b42b14114b3a090ec'),
     ('0001', N'functions/mailq.MailAttachmentList.sql', '0b2e76759062fb352403793dd2b045d1349086e49f6381b672221ffeef4ea487'),
     ('0001', N'functions/mailq.MailBatchJson.sql', '1fdd1d16365b0245f8304957b71f3ababdbcb325679caa0f3c44093d8b4ca59e'),
     ('0001', N'functions/mailq.EnqueueMailCheck.sql', '13a844ec80f1aa8f927dfcfa7037526845c13edd6e8a34013ca22f2b68011059'),
@@ -11847,12 +11834,12 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/delay.Setting.sql', '4e4b5acc5470ddca6dd7f8f8c5059b183249804ace59ec638258fb6c74f3286c'),
     ('0001', N'broker/delay.AllowedProcedure.sql', '9080106cb986cc13ff6aa5226e36e892adfacf44883f855a4457a03600cd48aa'),
     ('0001', N'broker/delay.AllowedProcedure.UX_AllowedProcedure_BareName.sql', 'c9f7c1fc8811b99c6796a18aed70f39f0c9dd0d85556b0b7f7bfb19a2e92c923'),
-    ('0001', N'broker/delay.Task.sql', '35d75d22a993717607f9a2b53f6c0ba9a3960f13f10befe8183f4b674fe55b18'),
+    ('0001', N'broker/delay.Task.sql', '48eed18f6fb1eb39bcee315776cadcf2ab898698af964e7510bb367fef3fa0a7'),
     ('0001', N'broker/delay.Task.IX_Task_Due.sql', '57e04da602821e369e46d13718f634e1bd95666dc7bbd8faba3ef76778223be9'),
     ('0001', N'broker/delay.Task.IX_Task_FinishedAtUtc.sql', 'dd7a726a8a45dd14848cfc8270c78bbe8017e191c10c9dca8697611ce3564c48'),
     ('0001', N'broker/delay.TaskKey.sql', 'a2961a42675f344d849cf5c7b457558f56ed899053220fed3fad5960791bbba4'),
     ('0001', N'broker/delay.ReceiptDue.sql', '15bde69b1cf4772745fa165a8959bfc3b32198f3281c8c07d96ad7adbb55fdc9'),
-    ('0001', N'broker/delay.Log.sql', '7bae0fb82d72736930e5955c68644bb2a9ba25e7bd7049711396bd9d04c13e9e'),
+    ('0001', N'broker/delay.Log.sql', '894b4f98d12fba62a106811efdf8f0a0ef3dc8cbbbadc05f7ae87211accba9a5'),
     ('0001', N'broker/delay.Log.IX_Log_TaskID.sql', 'c7ac107feddde33cd8c6966e5104793dec2ec52179b3bed4e2fe5e88196db668'),
     ('0001', N'broker/delay.Dispatcher.sql', '9c2ed581b3eeb4c73226a42708d55ddf2271002ab24550465f607a186edd10d8'),
     ('0001', N'broker/dbo.tabDIYTable12402.sql', 'f61f8041beaabc0716ba98381bbb8d7ff13ae15ceab5dd5df36a0dac17d14f6c'),

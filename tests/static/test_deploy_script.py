@@ -407,6 +407,14 @@ def test_rows_the_deployment_writes_do_not_count_as_data(downgrade):
     assert "(N'mailq.EnqueuePolicy', N'ChangedBy IS NOT NULL', NULL)" in listed
 
 
+def test_the_checksums_list_each_file_once(script):
+    """The checksum batch names each applied file once (it used to list them
+    twice, about 200 lines of the fresh install): DELETE and INSERT read one list."""
+    checksums = next(b for b in batches(script) if "INSERT INTO dbo.mailq_deployment_file" in b)
+    assert checksums.count("N'procedures/mailq.ClaimMail.sql'") == 1
+    assert "DELETE FROM dbo.mailq_deployment_file WHERE Revision IN (SELECT n.Revision FROM @Files AS n)" in checksums
+
+
 def test_drop_data_yes_renders_no_data_check():
     down = render("downgrade", "head:base", ("drop_data=yes",))
     assert "THROW 50420" not in down and "DROP TABLE IF EXISTS mailq.MailQueue" in down

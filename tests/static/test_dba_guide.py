@@ -138,3 +138,18 @@ def test_dev_golden_follows_a_new_grant_and_a_new_index(tmp_path):
     indexes = table_rows(synced[synced.index("## 7. Tables and indexes"):synced.index("## 8.")])
     assert "IX_MailQueue_New: serves mailq.Report." in indexes["mailq.MailQueue.IX_MailQueue_New"]
     assert sync_dba_guide(synced, tmp_path) == synced
+
+
+def test_every_granted_procedure_states_its_isolation_level():
+    """A DBA reviews the contract of what a role may call: each procedure granted
+    to a role says in its header which isolation level it runs at."""
+    granted_procedures = {obj for grants in granted().values() for perm, obj in grants if perm == "EXECUTE"}
+    missing = []
+    for rel in d.build_order(ROOT):
+        text = (d.sql_dir(ROOT) / rel).read_text(encoding="utf-8")
+        obj = d.describe(text)
+        if obj.kind == "procedure" and obj.name in granted_procedures:
+            header = text[:text.index("*/")] if text.startswith("/*") else ""
+            if "Isolation" not in header:
+                missing.append(obj.name)
+    assert missing == []

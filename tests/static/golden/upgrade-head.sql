@@ -8886,7 +8886,7 @@ Errors:      50301 @F108211 missing; 50302 delay outside 0-31,536,000; 50303 a v
              another call over 30 s.  A changed listed target is accepted (Held when due).
 Transaction: its own if none is open, else the caller's.  Any error, a refusal
              included, dooms the caller's transaction (XACT_ABORT ON): the caller
-             must roll back.  No savepoint (error 627 under MSDTC).  Validation first.
+             must roll back.  No savepoint (error 627 under MSDTC).  Validation first.  Isolation: READ COMMITTED.
 Lock order:  the key's application lock, dbo.tabDIYTable12402 and its trigger's, delay.TaskKey.
 Security:    runs as the caller (EXECUTE only); tables by ownership chaining, so the
              platform's own triggers fire with the caller's rights.
@@ -9010,7 +9010,7 @@ Errors:      50320 @TaskID names no task; 50321 the task is Claimed (a reader ru
              login initiated it and the caller is neither in MailqAdmin nor db_owner
 Transaction: its own or the caller's; any error, a refusal included, dooms the
              caller's transaction (XACT_ABORT ON): the caller must roll back.  No
-             savepoint (error 627 under MSDTC).  Validation runs first.
+             savepoint (error 627 under MSDTC).  Validation runs first.  Isolation: READ COMMITTED.
 Lock order:  the task's delay.Task row (UPDLOCK), delay.Log, dbo.tabDIYTable12402.
              Readers claim with READPAST: a cancel held open in a caller's
              transaction holds no reader.
@@ -9091,7 +9091,7 @@ Errors:      50310 not a two-part name of an existing SQL procedure here; 50311 
              system procedure; 50312 a parameter of the contract is missing; 50313 the
              bare name answers to another entry; 50341 no readable definition (WITH
              ENCRYPTION): cannot be pinned; 50542 @MaxReaders outside 1-32767
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  delay.AllowedProcedure, delay.Task (Held rows), delay.Log, delay.ArmDispatcher's.
 Security:    for db_owner only (no role is granted EXECUTE; the GRANT needs it).
 Example:     EXEC delay.AllowProcedure @ProcedureName = N'dbo.TCXG', @AllowBareName = 1;
@@ -9211,7 +9211,7 @@ a claimed one is refused when its reader checks it.
 Parameters:  @ProcedureName NVARCHAR(4000): schema.procedure as listed
 Result set:  one row: Refused INT (tasks refused now)
 Errors:      50314 @ProcedureName is not on the allow-list
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  delay.AllowedProcedure, delay.Task, delay.Log, delay.ReceiptDue.
 Security:    for db_owner only, like delay.AllowProcedure.
 Example:     EXEC delay.DisallowProcedure @ProcedureName = N'dbo.TCXG';
@@ -9278,7 +9278,7 @@ Parameters:  @Confirm BIT = 0: must be 1
 Result set:  one row: WasBrokerGuid, BrokerGuid, PendingTasks BIGINT (Pending and Held
              tasks this database will now run)
 Errors:      50544 @Confirm is not 1
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  delay.Dispatcher, then delay.ArmDispatcher's.  Security: db_owner only.
 Example:     EXEC delay.EnableThisDatabase @Confirm = 1;
 */
@@ -9326,7 +9326,7 @@ Warning:     DispatcherLost (begun again, @Apply = 1), HeldTasks (per target),
              ended: failed, 50546, @Apply = 1), NoTask (with
              @ScheduleMissing = 1: platform rows without a task, scheduled, @MaxRows at most).
 Result set:  Finding NVARCHAR(32), Severity NVARCHAR(8), Detail, Fix NVARCHAR(800)
-Errors:      50545 after the result set, on a Critical finding, when @Raise = 1
+Errors:      50545 after the result set, on a Critical finding, when @Raise = 1.  Isolation: READ COMMITTED.
 Security:    EXECUTE AS OWNER (the catalog and the queue); granted to MailqAdmin.
 Example:     EXEC delay.Monitor @Apply = 0, @Raise = 0;
 */
@@ -9474,8 +9474,8 @@ it from the Agent job).  The platform's rows are never deleted.
 Parameters:  @OlderThanDays INT = NULL (delay.Setting.RetentionDays) 1-3650;
              @BatchSize INT = 1000 (1-10000); @MaxBatches INT = 100 (1-100000)
 Result set:  one row: TasksDeleted BIGINT, LogRowsDeleted BIGINT, Finished BIT (0: run it again)
-Errors:      50543 called inside a transaction, or a parameter out of range
-Lock order:  delay.Task (IX_Task_FinishedAtUtc order), delay.TaskKey; then delay.Log.
+Errors:      50543 called inside a transaction, or a parameter out of range.  Transaction: one per batch.
+Lock order:  delay.Task (IX_Task_FinishedAtUtc order), delay.TaskKey; then delay.Log.  Isolation: READ COMMITTED.
 Security:    granted to MailqAdmin.
 Example:     EXEC delay.PurgeHistory @OlderThanDays = 30;
 */
@@ -9630,7 +9630,7 @@ delay.Setting.OverdueSeconds), HeldTasks BIGINT (waiting for their target to be
 listed again), FailedTasks BIGINT (given up, until purged), QueueReceiveEnabled INT
 (0: the queue is disabled; NULL: the caller may not see it: VIEW DEFINITION on
 dbo.DelayServiceQueue), BrokerEnabled INT.
-Cost:        seeks on IX_Task_Due; never waits for a running target.
+Cost:        seeks on IX_Task_Due; never waits for a running target.  Isolation: READ COMMITTED.
 Security:    granted to MailqAdmin.
 Example:     EXEC delay.GetTaskMetrics;
 */
@@ -9685,7 +9685,7 @@ timer; starting again only re-times it; stopping sets Enabled = 0.
 Parameters:  @IntervalSeconds INT = 30 (1-3600); @Enabled BIT = 1 (0: stop)
 Result set:  one row: Enabled, IntervalSeconds, NextRunAtUtc, LastRunAtUtc, LastError
 Errors:      50295 @IntervalSeconds outside 1-3600
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  mailq.HookDispatcher, then delay.ArmDispatcher's.
 Security:    granted to MailqAdmin.
 Example:     EXEC mailq.StartHookDispatcher @IntervalSeconds = 30;
@@ -11659,20 +11659,20 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/dbo.ProcessDelayQueue.sql', '6575071a0612a6f6f9782f9ed19a35f469c602ab9788c453c0337257f8e307ca'),
     ('0001', N'broker/dbo.DelayServiceQueue.activation.sql', '09e433da0503ac1e434435c8c79bbccbb407200dc0189836774422cc3704c74b'),
     ('0001', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '591cadce33bc1f86929939669a9a77b123d7ae2015b2b82bd8e909e46eb6cf40'),
-    ('0001', N'broker/dbo.InitiateDelayExecution.sql', 'dc615cb82c8874ac83074a776978216e01c3592e87516bcfb405455ae55b77be'),
-    ('0001', N'broker/dbo.CancelDelayExecution.sql', '271d82fbf6f85379132ff703692ae6e5fcfcc480dac223a30af421499e0cfaa2'),
-    ('0001', N'broker/delay.AllowProcedure.sql', '60e26f1f078f0b2b7cc05d28ba5223c828900aa70c0386c6622bc13361c6ed94'),
-    ('0001', N'broker/delay.DisallowProcedure.sql', '96de780fed11096bb9c6240b49ef73d7cba7aa9ee270a15b0a86babe241ff96e'),
-    ('0001', N'broker/delay.EnableThisDatabase.sql', '75042f551ba11a19d798726ebaaff6728c483fb1aa1175ae0ab97a4dbab8524f'),
-    ('0001', N'broker/delay.Monitor.sql', '60cb0317d55463afa3cd2895845828ff08d3e5f55a8045711e81ef137597ce33'),
-    ('0001', N'broker/delay.PurgeHistory.sql', 'db56488ab8840fe3c13398878f3cdbaf8cc514448f1cff4cbc04039152618d2d'),
+    ('0001', N'broker/dbo.InitiateDelayExecution.sql', '4c2edb6c49504932e9842776c40dd73048c690746513f649782c2df40c56ea43'),
+    ('0001', N'broker/dbo.CancelDelayExecution.sql', '02b906672d22d136e31a6bf6c69f181213cc150bb19f259aa5ea774b70741dcd'),
+    ('0001', N'broker/delay.AllowProcedure.sql', '101b5e4ae6cc2c8c006f43db0d9425d8fb1b2f4060c2cb7ff29666b498e35b5d'),
+    ('0001', N'broker/delay.DisallowProcedure.sql', 'c7d3b355d21193202f08b38e7a52797550f33fe32e7f264dca40bdbec7687cfc'),
+    ('0001', N'broker/delay.EnableThisDatabase.sql', '92b5a7fac095b9d4572dc66f38d5de8f1bde60afac84c2c0b668dc17419d8e94'),
+    ('0001', N'broker/delay.Monitor.sql', '00498a56ea3cad662eeb426493c61c1ea11086b5d93b0bea8c5673b87f723975'),
+    ('0001', N'broker/delay.PurgeHistory.sql', 'b264daafddb18cebf0c50adbd1d9e42ccf3750afc603e32be7a8c2767e89b459'),
     ('0001', N'broker/delay.PendingTasks.sql', 'ffa386b1f2f245bbe560048f905e07fde2ac2e1ab06e28d32ae96074cc118a9c'),
     ('0001', N'broker/delay.FinishedTasks.sql', '10fdee68d540555dc12cf307a0aa29432504a0f1fa66cc728b0369455d71fccd'),
     ('0001', N'broker/delay.Health.sql', 'a9440e238b4887339280ec7fb76ac606d93079267ab9423ed55cad3e068c6a65'),
-    ('0001', N'broker/delay.GetTaskMetrics.sql', '21d9e4c55cf55f207a5faf9a81fc2570169e0e4e1614e3585213eec361fd757d'),
+    ('0001', N'broker/delay.GetTaskMetrics.sql', '267e3bcbf43f871c307f83a7770e5020b55fbcc946b13455ad5fc358de6a6505'),
     ('0001', N'broker/MailqDelayCaller.grants.sql', 'd79a6f389dc90cee32ff9512752c7fc14425661659150108c8978b8542991c7b'),
     ('0001', N'broker/MailqAdmin.delay.grants.sql', '8c4c786468ad8f6d4506815938a500a89ea5f75fde7f6d38e1e77139698a5003'),
-    ('0001', N'broker/mailq.StartHookDispatcher.sql', 'c5e5561ed66779d421273ea45a418b029b4264d2bf2b032d94ab4679c12c90a0'),
+    ('0001', N'broker/mailq.StartHookDispatcher.sql', '5bf4e6bf9f38584b95f6b95b5c63ff7e68c2ce7a6b94b4056b9a02e29003c0ed'),
     ('0001', N'broker/MailqAdmin.hooks.grants.sql', '58fb07c06f7b57ad75446d614a6ccdd6c5bd4cc7b92f060c67ffedb2a5bbcb05'),
     ('0001', N'security/MailqBounceReader.role.sql', '5a85dbbd3a7336a5982c6c24fe1c6487632c6410261401aadac0614ef4e20eaa'),
     ('0001', N'views/mailq.Suppressions.sql', 'b747c4415e4357b757bfcf2b93ed04b4e73937faf52740e61380bfe885694a8a'),

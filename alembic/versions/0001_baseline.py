@@ -54,6 +54,8 @@ DROPPED_TABLES = {
     "broker/delay.Installation.sql": None,  # the deployment's own record
     "broker/delay.Setting.sql": None,  # its single settings row
     "broker/delay.Dispatcher.sql": None,  # the dispatcher conversation's single row
+    # Its default row (ChangedBy NULL) is the deployment's; a policy someone set counts.
+    "tables/mailq.EnqueuePolicy.sql": DroppedTable("mailq.EnqueuePolicy", "ChangedBy IS NOT NULL"),
     "broker/dbo.tabDIYTable12402.sql": DroppedTable(
         "dbo.tabDIYTable12402",
         "EXISTS (SELECT 1 FROM delay.Installation AS i WHERE i.Item = N'dbo.tabDIYTable12402' "

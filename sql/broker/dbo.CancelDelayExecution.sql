@@ -7,7 +7,7 @@ Errors:      50320 @TaskID names no task; 50321 the task is Claimed (a reader ru
              login initiated it and the caller is neither in MailqAdmin nor db_owner
 Transaction: its own or the caller's; any error, a refusal included, dooms the
              caller's transaction (XACT_ABORT ON): the caller must roll back.  No
-             savepoint (error 627 under MSDTC).  Validation runs first.
+             savepoint (error 627 under MSDTC).  Validation runs first.  Isolation: READ COMMITTED.
 Lock order:  the task's delay.Task row (UPDLOCK), delay.Log, dbo.tabDIYTable12402.
              Readers claim with READPAST: a cancel held open in a caller's
              transaction holds no reader.

@@ -14,7 +14,7 @@ Errors:      50310 not a two-part name of an existing SQL procedure here; 50311 
              system procedure; 50312 a parameter of the contract is missing; 50313 the
              bare name answers to another entry; 50341 no readable definition (WITH
              ENCRYPTION): cannot be pinned; 50542 @MaxReaders outside 1-32767
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  delay.AllowedProcedure, delay.Task (Held rows), delay.Log, delay.ArmDispatcher's.
 Security:    for db_owner only (no role is granted EXECUTE; the GRANT needs it).
 Example:     EXEC delay.AllowProcedure @ProcedureName = N'dbo.TCXG', @AllowBareName = 1;

@@ -5,7 +5,7 @@ a claimed one is refused when its reader checks it.
 Parameters:  @ProcedureName NVARCHAR(4000): schema.procedure as listed
 Result set:  one row: Refused INT (tasks refused now)
 Errors:      50314 @ProcedureName is not on the allow-list
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  delay.AllowedProcedure, delay.Task, delay.Log, delay.ReceiptDue.
 Security:    for db_owner only, like delay.AllowProcedure.
 Example:     EXEC delay.DisallowProcedure @ProcedureName = N'dbo.TCXG';

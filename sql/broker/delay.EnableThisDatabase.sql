@@ -8,7 +8,7 @@ Parameters:  @Confirm BIT = 0: must be 1
 Result set:  one row: WasBrokerGuid, BrokerGuid, PendingTasks BIGINT (Pending and Held
              tasks this database will now run)
 Errors:      50544 @Confirm is not 1
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  delay.Dispatcher, then delay.ArmDispatcher's.  Security: db_owner only.
 Example:     EXEC delay.EnableThisDatabase @Confirm = 1;
 */

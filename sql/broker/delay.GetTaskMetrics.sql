@@ -6,7 +6,7 @@ delay.Setting.OverdueSeconds), HeldTasks BIGINT (waiting for their target to be
 listed again), FailedTasks BIGINT (given up, until purged), QueueReceiveEnabled INT
 (0: the queue is disabled; NULL: the caller may not see it: VIEW DEFINITION on
 dbo.DelayServiceQueue), BrokerEnabled INT.
-Cost:        seeks on IX_Task_Due; never waits for a running target.
+Cost:        seeks on IX_Task_Due; never waits for a running target.  Isolation: READ COMMITTED.
 Security:    granted to MailqAdmin and MailqMonitor.
 Example:     EXEC delay.GetTaskMetrics;
 */

@@ -49,6 +49,6 @@ BEGIN
         ),
         CONSTRAINT CK_Task_Attempts CHECK (Attempts >= 0 AND Claims >= 0)
     );
-    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET (as upgrades/mailq.0018).
+    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET.
     EXEC sys.sp_executesql N'ALTER TABLE delay.Task SET (LOCK_ESCALATION = DISABLE);';
 END;

@@ -6,7 +6,7 @@ timer; starting again only re-times it; stopping sets Enabled = 0.
 Parameters:  @IntervalSeconds INT = 30 (1-3600); @Enabled BIT = 1 (0: stop)
 Result set:  one row: Enabled, IntervalSeconds, NextRunAtUtc, LastRunAtUtc, LastError
 Errors:      50295 @IntervalSeconds outside 1-3600
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  mailq.HookDispatcher, then delay.ArmDispatcher's.
 Security:    granted to MailqAdmin.
 Example:     EXEC mailq.StartHookDispatcher @IntervalSeconds = 30;

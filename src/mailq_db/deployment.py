@@ -559,7 +559,9 @@ def script_header(options: DeployOptions) -> list[str]:
         "        QUOTENAME(DB_NAME()), N'. Connect to the target database (sqlcmd -d <database>, or the database in the URL).');\n"
         "    THROW 50412, @Msg, 1;\n"
         "END;\n"
-        "IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0\n"
+        # USER_NAME() = dbo: the database owner, a sysadmin, or Azure SQL Database's Microsoft Entra
+        # admin, for whom IS_ROLEMEMBER is documented as unsupported when the admin is a group.
+        "IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0 AND USER_NAME() <> N'dbo'\n"
         "BEGIN\n"
         f"    SET @Msg = CONCAT(N'The deployment creates schemas, roles, tables{broker_objects}: the login ',\n"
         "        QUOTENAME(SUSER_SNAME()), N' (user ', QUOTENAME(USER_NAME()), N') must be a member of db_owner in ',\n"
@@ -874,10 +876,16 @@ def checksum_batch(revision_of: dict[str, str], texts: dict[str, str], revision:
         return f"DELETE FROM {FILE_TABLE} WHERE Revision = '{_lit(revision)}'"
     rows = ",\n    ".join(
         f"('{_lit(revision_of[rel])}', N'{_lit(rel)}', '{text_sha256(texts[rel])}')" for rel in texts)
-    revs = ", ".join(sorted({f"'{_lit(r)}'" for r in revision_of.values()}))
-    sql = f"DELETE FROM {FILE_TABLE} WHERE Revision IN ({revs}) AND FilePath IN (\n    " + ",\n    ".join(
-        f"N'{_lit(rel)}'" for rel in texts) + ");\n"
-    return sql + f"INSERT INTO {FILE_TABLE} (Revision, FilePath, Sha256) VALUES\n    {rows}"
+    # One list of the files (a reviewer reads it once): earlier rows of these
+    # revisions and paths are replaced.
+    return (
+        "DECLARE @Files TABLE (Revision VARCHAR(32) NOT NULL, FilePath NVARCHAR(400) NOT NULL, "
+        "Sha256 CHAR(64) NOT NULL);\n"
+        f"INSERT INTO @Files (Revision, FilePath, Sha256) VALUES\n    {rows};\n"
+        f"DELETE FROM {FILE_TABLE} WHERE Revision IN (SELECT n.Revision FROM @Files AS n)\n"
+        "    AND FilePath IN (SELECT n.FilePath FROM @Files AS n);\n"
+        f"INSERT INTO {FILE_TABLE} (Revision, FilePath, Sha256) SELECT n.Revision, n.FilePath, n.Sha256 FROM @Files AS n"
+    )
 
 
 # --------------------------------------------------------------------------

@@ -60,6 +60,8 @@ def test_every_role_is_documented_with_every_grant():
     roles = {d.describe((d.sql_dir(ROOT) / rel).read_text(encoding="utf-8")).name
              for rel in d.build_order(ROOT) if rel.endswith(".role.sql")}
     assert set(rows) == roles, (sorted(rows), sorted(roles))
+    words = "One Two Three Four Five Six Seven Eight Nine Ten Eleven Twelve".split()
+    assert f"{words[len(roles) - 1]} roles, `AUTHORIZATION dbo`" in section("3. Roles")  # the count stated
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert all(f"`{role}`" in readme for role in roles), "README.md names every role"
     for role, grants in granted().items():
@@ -84,13 +86,16 @@ def test_the_index_table_lists_every_index_and_no_other():
 
 def test_lock_escalation_is_stated_for_the_tables_that_disable_it():
     text = section("7. Tables and indexes")
-    disabled = sorted(rel.split("/")[-1][:-4] for rel in d.build_order(ROOT) if rel.startswith("tables/")
-                      and "LOCK_ESCALATION = DISABLE" in (d.sql_dir(ROOT) / rel).read_text(encoding="utf-8"))
-    assert disabled == ["mailq.MailAttachment", "mailq.MailEvent", "mailq.MailQueue"]
+    # Every file of the build order: the broker's tables (delay.Task, delay.Log) too.
+    disabled = sorted(rel.split("/")[-1][:-4] for rel in d.build_order(ROOT)
+                      if "LOCK_ESCALATION = DISABLE" in (d.sql_dir(ROOT) / rel).read_text(encoding="utf-8")
+                      and d.describe((d.sql_dir(ROOT) / rel).read_text(encoding="utf-8")).kind == "table")
+    assert disabled == ["delay.Log", "delay.Task", "mailq.MailAttachment", "mailq.MailEvent", "mailq.MailQueue"]
     for table in disabled:
         assert f"`{table}`" in text.split("Table options a DBA must know")[1].split("**Your own")[0]
-    assert "LOCK_ESCALATION" in section("8. Operating notes for DBAs") or "Lock escalation" in section(
-        "8. Operating notes for DBAs")
+    notes = section("8. Operating notes for DBAs")
+    assert "Lock escalation is disabled" in notes
+    assert all(f"`{table}`" in notes for table in disabled)
 
 
 def test_no_document_installs_the_unpublished_name():
@@ -133,3 +138,18 @@ def test_dev_golden_follows_a_new_grant_and_a_new_index(tmp_path):
     indexes = table_rows(synced[synced.index("## 7. Tables and indexes"):synced.index("## 8.")])
     assert "IX_MailQueue_New: serves mailq.Report." in indexes["mailq.MailQueue.IX_MailQueue_New"]
     assert sync_dba_guide(synced, tmp_path) == synced
+
+
+def test_every_granted_procedure_states_its_isolation_level():
+    """A DBA reviews the contract of what a role may call: each procedure granted
+    to a role says in its header which isolation level it runs at."""
+    granted_procedures = {obj for grants in granted().values() for perm, obj in grants if perm == "EXECUTE"}
+    missing = []
+    for rel in d.build_order(ROOT):
+        text = (d.sql_dir(ROOT) / rel).read_text(encoding="utf-8")
+        obj = d.describe(text)
+        if obj.kind == "procedure" and obj.name in granted_procedures:
+            header = text[:text.index("*/")] if text.startswith("/*") else ""
+            if "Isolation" not in header:
+                missing.append(obj.name)
+    assert missing == []

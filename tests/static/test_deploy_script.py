@@ -205,6 +205,10 @@ def test_system_databases_and_non_owners_are_refused_up_front(script):
     assert "IF DB_NAME() IN (N'master', N'msdb', N'tempdb', N'model')" in before
     assert before.index("THROW 50412") < before.index("THROW 50413")
     assert "IS_ROLEMEMBER(N'db_owner') = 0" in before
+    # The database's own dbo passes whatever IS_ROLEMEMBER says: on Azure SQL Database
+    # IS_SRVROLEMEMBER is always 0 and IS_ROLEMEMBER is unsupported for an Entra admin group.
+    refusal = before[before.index("IF IS_ROLEMEMBER(N'db_owner')"):before.index("THROW 50413")]
+    assert "USER_NAME() <> N'dbo'" in refusal.splitlines()[0]
 
 
 def test_the_deployers_take_an_application_lock(script):
@@ -384,6 +388,31 @@ def test_downgrade_refuses_to_drop_tables_that_hold_rows(downgrade):
         else:
             assert f"(N'{table}'," in listed, table
     assert "COUNT_BIG(*)" in section[:check] and "rows)" in section[:check] and "-x drop_data=yes" in section[:check]
+
+
+def test_rows_the_deployment_writes_do_not_count_as_data(downgrade):
+    """A table whose own file writes a row at deployment (a default policy, a
+    single settings row) is either not checked or checked with a row filter:
+    else the downgrade of a fresh, empty installation stops with 50420."""
+    section = revision_sections(downgrade)[d.head_revision(ROOT)]
+    listed = section[section.index("INSERT INTO @Dropped"):section.index("THROW 50420")]
+    plan = d.RevisionPlan(d.head_revision(ROOT), ROOT)
+    seeded = []
+    for rel in plan.files:
+        obj = d.describe(d.frozen_text(plan.revision, rel, ROOT))
+        if obj.kind == "table" and f"INSERT INTO {obj.name} " in d.frozen_text(plan.revision, rel, ROOT):
+            seeded.append(obj.name)
+            assert f"(N'{obj.name}', NULL," not in listed, f"{obj.name}: the deployment's own row counts as data"
+    assert "mailq.EnqueuePolicy" in seeded
+    assert "(N'mailq.EnqueuePolicy', N'ChangedBy IS NOT NULL', NULL)" in listed
+
+
+def test_the_checksums_list_each_file_once(script):
+    """The checksum batch names each applied file once (it used to list them
+    twice, about 200 lines of the fresh install): DELETE and INSERT read one list."""
+    checksums = next(b for b in batches(script) if "INSERT INTO dbo.mailq_deployment_file" in b)
+    assert checksums.count("N'procedures/mailq.ClaimMail.sql'") == 1
+    assert "DELETE FROM dbo.mailq_deployment_file WHERE Revision IN (SELECT n.Revision FROM @Files AS n)" in checksums
 
 
 def test_drop_data_yes_renders_no_data_check():

@@ -46,10 +46,13 @@ def test_the_tables_hold_the_template_columns_and_rules():
     assert "TemplateVersion INT NULL" in code("tables/mailq.MailAttempt.sql")
 
 
-def test_type_file_drops_the_old_type_after_its_procedure_only_when_it_lacks_the_columns():
+def test_type_file_creates_the_type_once_and_drops_nothing():
+    """The baseline has no older shape to replace, and a DROP TYPE would fail anyway
+    while mailq.EnqueueMailRows (not only EnqueueMailBatch) takes the type (3732)."""
     text = code("types/mailq.MailBatchRow.sql")
-    drop_proc = text.index("DROP PROCEDURE mailq.EnqueueMailBatch")
-    assert text.index("c.name = N'TemplateModel'") < drop_proc < text.index("DROP TYPE mailq.MailBatchRow")
+    assert "DROP " not in text.upper()
+    assert "IF TYPE_ID(N'mailq.MailBatchRow') IS NULL\n    CREATE TYPE mailq.MailBatchRow AS TABLE (" in text
+    assert "@Rows mailq.MailBatchRow READONLY" in code("procedures/mailq.EnqueueMailRows.sql")
     order = [l.strip() for l in (SQL / "BuildOrder.txt").read_text().splitlines()]
     assert order.index("types/mailq.MailBatchRow.sql") < order.index("procedures/mailq.EnqueueMailBatch.sql") \
         < order.index("security/MailqEnqueuer.batch.grants.sql")

@@ -30,7 +30,7 @@ BEGIN
         QUOTENAME(DB_NAME()), N'. Connect to the target database (sqlcmd -d <database>, or the database in the URL).');
     THROW 50412, @Msg, 1;
 END;
-IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0
+IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0 AND USER_NAME() <> N'dbo'
 BEGIN
     SET @Msg = CONCAT(N'The deployment creates schemas, roles, tables and Service Broker objects: the login ',
         QUOTENAME(SUSER_SNAME()), N' (user ', QUOTENAME(USER_NAME()), N') must be a member of db_owner in ',
@@ -147,7 +147,7 @@ INSERT INTO @Dropped (Name, RowFilter, NeedsTable) VALUES
     (N'mailq.ApplicationAccount', NULL, NULL),
     (N'mailq.ApplicationFrom', NULL, NULL),
     (N'mailq.ApplicationPrincipal', NULL, NULL),
-    (N'mailq.EnqueuePolicy', NULL, NULL),
+    (N'mailq.EnqueuePolicy', N'ChangedBy IS NOT NULL', NULL),
     (N'mailq.MailRecipientOutcome', NULL, NULL),
     (N'mailq.MailEvent', NULL, NULL),
     (N'mailq.ApplicationHook', NULL, NULL),

@@ -30,7 +30,7 @@ BEGIN
         QUOTENAME(DB_NAME()), N'. Connect to the target database (sqlcmd -d <database>, or the database in the URL).');
     THROW 50412, @Msg, 1;
 END;
-IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0
+IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0 AND USER_NAME() <> N'dbo'
 BEGIN
     SET @Msg = CONCAT(N'The deployment creates schemas, roles, tables: the login ',
         QUOTENAME(SUSER_SNAME()), N' (user ', QUOTENAME(USER_NAME()), N') must be a member of db_owner in ',
@@ -1239,23 +1239,10 @@ mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a TVP)
 One row per mail: mailq.EnqueueMail's parameters with the same names and types,
 so a row and a single call with the same values are the same mail; RowNo is the
 caller's ordinal, named by errors and results; NULL means EnqueueMail's default.
-A type in use cannot be altered or dropped: an older shape (without TemplateModel)
-is dropped with mailq.EnqueueMailBatch, and both are created again.  Callers need
-EXECUTE on it (sql/security/MailqEnqueuer.batch.grants.sql).
+A type in use (mailq.EnqueueMailBatch, mailq.EnqueueMailRows) can be neither
+altered nor dropped: a later shape is a new type.  Callers need EXECUTE on it
+(sql/security/MailqEnqueuer.batch.grants.sql).
 */
-IF TYPE_ID(N'mailq.MailBatchRow') IS NOT NULL
-    AND NOT EXISTS (
-        SELECT 1
-        FROM sys.table_types AS t
-        INNER JOIN sys.columns AS c ON t.type_table_object_id = c.[object_id]
-        WHERE t.user_type_id = TYPE_ID(N'mailq.MailBatchRow') AND c.name = N'TemplateModel'
-    )
-BEGIN
-    -- Dynamic: the schema model of tools/tsqlcheck holds both objects.
-    IF OBJECT_ID(N'mailq.EnqueueMailBatch', N'P') IS NOT NULL
-        EXEC sys.sp_executesql N'DROP PROCEDURE mailq.EnqueueMailBatch;';
-    EXEC sys.sp_executesql N'DROP TYPE mailq.MailBatchRow;';
-END;
 IF TYPE_ID(N'mailq.MailBatchRow') IS NULL
     CREATE TYPE mailq.MailBatchRow AS TABLE (
         RowNo INT NOT NULL PRIMARY KEY,
@@ -9376,162 +9363,8 @@ GRANT SELECT ON OBJECT::mailq.sysmail_mailattachments TO MailqDbMailUser;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN (
-    N'checks/mailq.CheckServer.sql',
-    N'schemas/mailq.sql',
-    N'security/MailqEnqueuer.role.sql',
-    N'security/MailqSender.role.sql',
-    N'security/MailqAdmin.role.sql',
-    N'security/MailqDelayCaller.role.sql',
-    N'security/MailqRunner.user.sql',
-    N'tables/mailq.SendingAccount.sql',
-    N'tables/mailq.RateBudget.sql',
-    N'tables/mailq.Application.sql',
-    N'tables/mailq.MailQueue.sql',
-    N'tables/mailq.MailAttachment.sql',
-    N'tables/mailq.MailAttempt.sql',
-    N'tables/mailq.ApplicationAccount.sql',
-    N'tables/mailq.ApplicationFrom.sql',
-    N'tables/mailq.ApplicationPrincipal.sql',
-    N'tables/mailq.EnqueuePolicy.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql',
-    N'tables/mailq.MailRecipientOutcome.sql',
-    N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql',
-    N'indexes/mailq.MailAttempt.IX_MailAttempt_EndedAtUtc.sql',
-    N'indexes/mailq.SendingAccount.UX_SendingAccount_IsDefault.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_Status.sql',
-    N'tables/mailq.MailEvent.sql',
-    N'indexes/mailq.MailEvent.IX_MailEvent_AppName.sql',
-    N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql',
-    N'tables/mailq.ApplicationHook.sql',
-    N'tables/mailq.ApplicationHookFailure.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql',
-    N'functions/mailq.ParseAddressList.sql',
-    N'functions/mailq.ParseIDList.sql',
-    N'functions/mailq.HookPin.sql',
-    N'tables/mailq.Suppression.sql',
-    N'tables/mailq.SuppressionHistory.sql',
-    N'tables/mailq.BounceReport.sql',
-    N'indexes/mailq.BounceReport.IX_BounceReport_Address.sql',
-    N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql',
-    N'functions/mailq.MailRecipientList.sql',
-    N'functions/mailq.FilterSuppressedRecipients.sql',
-    N'types/mailq.MailBatchRow.sql',
-    N'functions/mailq.MailAttachmentList.sql',
-    N'functions/mailq.MailBatchJson.sql',
-    N'functions/mailq.EnqueueMailCheck.sql',
-    N'views/mailq.QueueCountsByStatus.sql',
-    N'views/mailq.OldestDueMail.sql',
-    N'views/mailq.ThroughputPerHour.sql',
-    N'views/mailq.RecentFailures.sql',
-    N'views/mailq.RecipientOutcomes.sql',
-    N'procedures/mailq.LockLeasedMail.sql',
-    N'procedures/mailq.EnqueueMailRows.sql',
-    N'procedures/mailq.EnqueueMail.sql',
-    N'procedures/mailq.EnqueueMailBatch.sql',
-    N'procedures/mailq.ClaimMail.sql',
-    N'procedures/mailq.FinalizeMail.sql',
-    N'procedures/mailq.ExtendLease.sql',
-    N'procedures/mailq.ReleaseMail.sql',
-    N'procedures/mailq.MarkSent.sql',
-    N'procedures/mailq.MarkFailed.sql',
-    N'procedures/mailq.CancelMail.sql',
-    N'procedures/mailq.RequeueMail.sql',
-    N'procedures/mailq.PurgeMail.sql',
-    N'procedures/mailq.UpsertSendingAccount.sql',
-    N'procedures/mailq.UnblockSendingAccount.sql',
-    N'procedures/mailq.AcquireLoginSlot.sql',
-    N'procedures/mailq.UpsertApplication.sql',
-    N'procedures/mailq.BindApplication.sql',
-    N'procedures/mailq.UnbindApplication.sql',
-    N'procedures/mailq.SetEnqueuePolicy.sql',
-    N'procedures/mailq.GetEnqueuePolicy.sql',
-    N'procedures/mailq.GetQueueStats.sql',
-    N'procedures/mailq.GetInstallationHealth.sql',
-    N'procedures/mailq.RecordRecipientOutcomes.sql',
-    N'procedures/mailq.GetRecipientOutcomes.sql',
-    N'procedures/mailq.GetMailEvents.sql',
-    N'procedures/mailq.StopMail.sql',
-    N'procedures/mailq.SetApplicationHook.sql',
-    N'procedures/mailq.RunApplicationHooks.sql',
-    N'procedures/mailq.ListApplicationHooks.sql',
-    N'procedures/mailq.GetEventStreamStall.sql',
-    N'security/MailqEnqueuer.grants.sql',
-    N'security/MailqEnqueuer.batch.grants.sql',
-    N'security/MailqSender.grants.sql',
-    N'security/MailqAdmin.grants.sql',
-    N'security/MailqSender.finalize.grants.sql',
-    N'security/MailqSender.recipients.grants.sql',
-    N'security/MailqAdmin.hooks.grants.sql',
-    N'security/MailqAdmin.enqueue.grants.sql',
-    N'security/MailqEnqueuer.eventstall.grants.sql',
-    N'tables/mailq.MailTemplate.sql',
-    N'tables/mailq.MailTemplateVersion.sql',
-    N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql',
-    N'procedures/mailq.AddMailTemplateVersion.sql',
-    N'procedures/mailq.GetMailTemplate.sql',
-    N'procedures/mailq.ListMailTemplates.sql',
-    N'procedures/mailq.ListMailTemplateVersions.sql',
-    N'procedures/mailq.RetireMailTemplate.sql',
-    N'security/MailqAdmin.templates.grants.sql',
-    N'security/MailqDbMailUser.role.sql',
-    N'tables/mailq.DbMailProfile.sql',
-    N'tables/mailq.DbMailAccount.sql',
-    N'tables/mailq.DbMailProfileAccount.sql',
-    N'tables/mailq.DbMailPrincipalProfile.sql',
-    N'tables/mailq.DbMailItem.sql',
-    N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql',
-    N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql',
-    N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql',
-    N'views/mailq.sysmail_allitems.sql',
-    N'views/mailq.sysmail_sentitems.sql',
-    N'views/mailq.sysmail_unsentitems.sql',
-    N'views/mailq.sysmail_faileditems.sql',
-    N'views/mailq.sysmail_event_log.sql',
-    N'functions/mailq.DbMailAddressProblem.sql',
-    N'procedures/mailq.SendDbMail.sql',
-    N'procedures/mailq.UpsertDbMailProfile.sql',
-    N'procedures/mailq.DeleteDbMailProfile.sql',
-    N'procedures/mailq.UpsertDbMailProfileAccount.sql',
-    N'procedures/mailq.DeleteDbMailProfileAccount.sql',
-    N'procedures/mailq.UpsertDbMailPrincipalProfile.sql',
-    N'procedures/mailq.DeleteDbMailPrincipalProfile.sql',
-    N'security/MailqDbMailUser.grants.sql',
-    N'security/MailqAdmin.dbmail.grants.sql',
-    N'security/MailqBounceReader.role.sql',
-    N'views/mailq.Suppressions.sql',
-    N'views/mailq.RecentBounceReports.sql',
-    N'procedures/mailq.ApplySuppressions.sql',
-    N'procedures/mailq.RecordBounce.sql',
-    N'procedures/mailq.RecordUnsubscribe.sql',
-    N'procedures/mailq.AddSuppression.sql',
-    N'procedures/mailq.RemoveSuppression.sql',
-    N'procedures/mailq.ListSuppressions.sql',
-    N'procedures/mailq.GetSuppressionStats.sql',
-    N'procedures/mailq.PurgeBounceReports.sql',
-    N'security/MailqBounceReader.grants.sql',
-    N'security/MailqMonitor.role.sql',
-    N'procedures/mailq.GetQueueMetrics.sql',
-    N'procedures/mailq.GetMailHistory.sql',
-    N'procedures/mailq.FindMail.sql',
-    N'security/MailqMonitor.grants.sql',
-    N'security/MailqAdmin.monitoring.grants.sql',
-    N'security/MailqDbMailRunner.role.sql',
-    N'procedures/mailq.ClaimDbMailQuery.sql',
-    N'procedures/mailq.CompleteDbMailQuery.sql',
-    N'views/mailq.sysmail_mailattachments.sql',
-    N'views/mailq.sysmail_profile.sql',
-    N'views/mailq.sysmail_account.sql',
-    N'views/mailq.sysmail_profileaccount.sql',
-    N'views/mailq.sysmail_principalprofile.sql',
-    N'views/mailq.sysmail_configuration.sql',
-    N'security/MailqDbMailRunner.grants.sql',
-    N'security/MailqAdmin.dbmail2.grants.sql',
-    N'security/MailqDbMailUser.attachments.grants.sql');
-INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+DECLARE @Files TABLE (Revision VARCHAR(32) NOT NULL, FilePath NVARCHAR(400) NOT NULL, Sha256 CHAR(64) NOT NULL);
+INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'checks/mailq.CheckServer.sql', '85bb3bfcb546f2a9ceebb51fca5d6089839c463b4d1c28c139cb2631fbce4ce9'),
     ('0001', N'schemas/mailq.sql', '0b58994cbbdb350c1c3d6bea22e6acc7eac3044b62542bb8e4adc234ff7daabe'),
     ('0001', N'security/MailqEnqueuer.role.sql', '9031160ef70a98368f463b9621b8d87df82403cd7d7ccfdb82cae307b51a545b'),
@@ -9574,7 +9407,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql', '0bbe3c46ba7311580cb4a1a1a2129dcabf614c563a3a71846574b3931ab54175'),
     ('0001', N'functions/mailq.MailRecipientList.sql', '9d3c6d4660576d3a99dd6709014ceef4451f553f069772a306312c047909f9c8'),
     ('0001', N'functions/mailq.FilterSuppressedRecipients.sql', '73545d8b3e42a8010f48db622d3365e2c26e9e3032d722b878008ebf466eee9a'),
-    ('0001', N'types/mailq.MailBatchRow.sql', '885ae64e5dd093e4b9e0722d76d1054ac6819f58a671b997c11d050cd1327271'),
+    ('0001', N'types/mailq.MailBatchRow.sql', '399a3cfeb7550861e3f26ae4417d9c60148dfaeee635ff4b42b14114b3a090ec'),
     ('0001', N'functions/mailq.MailAttachmentList.sql', '0b2e76759062fb352403793dd2b045d1349086e49f6381b672221ffeef4ea487'),
     ('0001', N'functions/mailq.MailBatchJson.sql', '1fdd1d16365b0245f8304957b71f3ababdbcb325679caa0f3c44093d8b4ca59e'),
     ('0001', N'functions/mailq.EnqueueMailCheck.sql', '13a844ec80f1aa8f927dfcfa7037526845c13edd6e8a34013ca22f2b68011059'),
@@ -9686,6 +9519,9 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqDbMailRunner.grants.sql', '1a3cd1b1382b62f823da2c4e50d012809aae6411cebc40ba4cba3923eb428d2d'),
     ('0001', N'security/MailqAdmin.dbmail2.grants.sql', '223e4311c66ea19d45acf33fa8430d7514d5c2ca05386f0c235fb8382866da78'),
     ('0001', N'security/MailqDbMailUser.attachments.grants.sql', 'c6e163b55a2f5c8612d1b8c0b0db0c88a05aab399d4e0b5daa05c857b2cc0432');
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN (SELECT n.Revision FROM @Files AS n)
+    AND FilePath IN (SELECT n.FilePath FROM @Files AS n);
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) SELECT n.Revision, n.FilePath, n.Sha256 FROM @Files AS n;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO

@@ -30,7 +30,7 @@ BEGIN
         QUOTENAME(DB_NAME()), N'. Connect to the target database (sqlcmd -d <database>, or the database in the URL).');
     THROW 50412, @Msg, 1;
 END;
-IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0
+IF IS_ROLEMEMBER(N'db_owner') = 0 AND IS_SRVROLEMEMBER(N'sysadmin') = 0 AND USER_NAME() <> N'dbo'
 BEGIN
     SET @Msg = CONCAT(N'The deployment creates schemas, roles, tables and Service Broker objects: the login ',
         QUOTENAME(SUSER_SNAME()), N' (user ', QUOTENAME(USER_NAME()), N') must be a member of db_owner in ',
@@ -1268,23 +1268,10 @@ mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a TVP)
 One row per mail: mailq.EnqueueMail's parameters with the same names and types,
 so a row and a single call with the same values are the same mail; RowNo is the
 caller's ordinal, named by errors and results; NULL means EnqueueMail's default.
-A type in use cannot be altered or dropped: an older shape (without TemplateModel)
-is dropped with mailq.EnqueueMailBatch, and both are created again.  Callers need
-EXECUTE on it (sql/security/MailqEnqueuer.batch.grants.sql).
+A type in use (mailq.EnqueueMailBatch, mailq.EnqueueMailRows) can be neither
+altered nor dropped: a later shape is a new type.  Callers need EXECUTE on it
+(sql/security/MailqEnqueuer.batch.grants.sql).
 */
-IF TYPE_ID(N'mailq.MailBatchRow') IS NOT NULL
-    AND NOT EXISTS (
-        SELECT 1
-        FROM sys.table_types AS t
-        INNER JOIN sys.columns AS c ON t.type_table_object_id = c.[object_id]
-        WHERE t.user_type_id = TYPE_ID(N'mailq.MailBatchRow') AND c.name = N'TemplateModel'
-    )
-BEGIN
-    -- Dynamic: the schema model of tools/tsqlcheck holds both objects.
-    IF OBJECT_ID(N'mailq.EnqueueMailBatch', N'P') IS NOT NULL
-        EXEC sys.sp_executesql N'DROP PROCEDURE mailq.EnqueueMailBatch;';
-    EXEC sys.sp_executesql N'DROP TYPE mailq.MailBatchRow;';
-END;
 IF TYPE_ID(N'mailq.MailBatchRow') IS NULL
     CREATE TYPE mailq.MailBatchRow AS TABLE (
         RowNo INT NOT NULL PRIMARY KEY,
@@ -7876,7 +7863,7 @@ BEGIN
         ),
         CONSTRAINT CK_Task_Attempts CHECK (Attempts >= 0 AND Claims >= 0)
     );
-    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET (as upgrades/mailq.0018).
+    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET.
     EXEC sys.sp_executesql N'ALTER TABLE delay.Task SET (LOCK_ESCALATION = DISABLE);';
 END;
 GO
@@ -7956,7 +7943,7 @@ BEGIN
             )
         )
     );
-    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET (as upgrades/mailq.0018).
+    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET.
     EXEC sys.sp_executesql N'ALTER TABLE delay.Log SET (LOCK_ESCALATION = DISABLE);';
 END;
 GO
@@ -8899,7 +8886,7 @@ Errors:      50301 @F108211 missing; 50302 delay outside 0-31,536,000; 50303 a v
              another call over 30 s.  A changed listed target is accepted (Held when due).
 Transaction: its own if none is open, else the caller's.  Any error, a refusal
              included, dooms the caller's transaction (XACT_ABORT ON): the caller
-             must roll back.  No savepoint (error 627 under MSDTC).  Validation first.
+             must roll back.  No savepoint (error 627 under MSDTC).  Validation first.  Isolation: READ COMMITTED.
 Lock order:  the key's application lock, dbo.tabDIYTable12402 and its trigger's, delay.TaskKey.
 Security:    runs as the caller (EXECUTE only); tables by ownership chaining, so the
              platform's own triggers fire with the caller's rights.
@@ -9023,7 +9010,7 @@ Errors:      50320 @TaskID names no task; 50321 the task is Claimed (a reader ru
              login initiated it and the caller is neither in MailqAdmin nor db_owner
 Transaction: its own or the caller's; any error, a refusal included, dooms the
              caller's transaction (XACT_ABORT ON): the caller must roll back.  No
-             savepoint (error 627 under MSDTC).  Validation runs first.
+             savepoint (error 627 under MSDTC).  Validation runs first.  Isolation: READ COMMITTED.
 Lock order:  the task's delay.Task row (UPDLOCK), delay.Log, dbo.tabDIYTable12402.
              Readers claim with READPAST: a cancel held open in a caller's
              transaction holds no reader.
@@ -9104,7 +9091,7 @@ Errors:      50310 not a two-part name of an existing SQL procedure here; 50311 
              system procedure; 50312 a parameter of the contract is missing; 50313 the
              bare name answers to another entry; 50341 no readable definition (WITH
              ENCRYPTION): cannot be pinned; 50542 @MaxReaders outside 1-32767
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  delay.AllowedProcedure, delay.Task (Held rows), delay.Log, delay.ArmDispatcher's.
 Security:    for db_owner only (no role is granted EXECUTE; the GRANT needs it).
 Example:     EXEC delay.AllowProcedure @ProcedureName = N'dbo.TCXG', @AllowBareName = 1;
@@ -9224,7 +9211,7 @@ a claimed one is refused when its reader checks it.
 Parameters:  @ProcedureName NVARCHAR(4000): schema.procedure as listed
 Result set:  one row: Refused INT (tasks refused now)
 Errors:      50314 @ProcedureName is not on the allow-list
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  delay.AllowedProcedure, delay.Task, delay.Log, delay.ReceiptDue.
 Security:    for db_owner only, like delay.AllowProcedure.
 Example:     EXEC delay.DisallowProcedure @ProcedureName = N'dbo.TCXG';
@@ -9291,7 +9278,7 @@ Parameters:  @Confirm BIT = 0: must be 1
 Result set:  one row: WasBrokerGuid, BrokerGuid, PendingTasks BIGINT (Pending and Held
              tasks this database will now run)
 Errors:      50544 @Confirm is not 1
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  delay.Dispatcher, then delay.ArmDispatcher's.  Security: db_owner only.
 Example:     EXEC delay.EnableThisDatabase @Confirm = 1;
 */
@@ -9339,7 +9326,7 @@ Warning:     DispatcherLost (begun again, @Apply = 1), HeldTasks (per target),
              ended: failed, 50546, @Apply = 1), NoTask (with
              @ScheduleMissing = 1: platform rows without a task, scheduled, @MaxRows at most).
 Result set:  Finding NVARCHAR(32), Severity NVARCHAR(8), Detail, Fix NVARCHAR(800)
-Errors:      50545 after the result set, on a Critical finding, when @Raise = 1
+Errors:      50545 after the result set, on a Critical finding, when @Raise = 1.  Isolation: READ COMMITTED.
 Security:    EXECUTE AS OWNER (the catalog and the queue); granted to MailqAdmin.
 Example:     EXEC delay.Monitor @Apply = 0, @Raise = 0;
 */
@@ -9487,8 +9474,8 @@ it from the Agent job).  The platform's rows are never deleted.
 Parameters:  @OlderThanDays INT = NULL (delay.Setting.RetentionDays) 1-3650;
              @BatchSize INT = 1000 (1-10000); @MaxBatches INT = 100 (1-100000)
 Result set:  one row: TasksDeleted BIGINT, LogRowsDeleted BIGINT, Finished BIT (0: run it again)
-Errors:      50543 called inside a transaction, or a parameter out of range
-Lock order:  delay.Task (IX_Task_FinishedAtUtc order), delay.TaskKey; then delay.Log.
+Errors:      50543 called inside a transaction, or a parameter out of range.  Transaction: one per batch.
+Lock order:  delay.Task (IX_Task_FinishedAtUtc order), delay.TaskKey; then delay.Log.  Isolation: READ COMMITTED.
 Security:    granted to MailqAdmin.
 Example:     EXEC delay.PurgeHistory @OlderThanDays = 30;
 */
@@ -9643,7 +9630,7 @@ delay.Setting.OverdueSeconds), HeldTasks BIGINT (waiting for their target to be
 listed again), FailedTasks BIGINT (given up, until purged), QueueReceiveEnabled INT
 (0: the queue is disabled; NULL: the caller may not see it: VIEW DEFINITION on
 dbo.DelayServiceQueue), BrokerEnabled INT.
-Cost:        seeks on IX_Task_Due; never waits for a running target.
+Cost:        seeks on IX_Task_Due; never waits for a running target.  Isolation: READ COMMITTED.
 Security:    granted to MailqAdmin and MailqMonitor.
 Example:     EXEC delay.GetTaskMetrics;
 */
@@ -9698,7 +9685,7 @@ timer; starting again only re-times it; stopping sets Enabled = 0.
 Parameters:  @IntervalSeconds INT = 30 (1-3600); @Enabled BIT = 1 (0: stop)
 Result set:  one row: Enabled, IntervalSeconds, NextRunAtUtc, LastRunAtUtc, LastError
 Errors:      50295 @IntervalSeconds outside 1-3600
-Transaction: its own or the caller's; any error dooms either and is re-raised.
+Transaction: its own or the caller's; any error dooms either and is re-raised.  Isolation: READ COMMITTED.
 Lock order:  mailq.HookDispatcher, then delay.ArmDispatcher's.
 Security:    granted to MailqAdmin.
 Example:     EXEC mailq.StartHookDispatcher @IntervalSeconds = 30;
@@ -11518,206 +11505,8 @@ END;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
-DELETE FROM dbo.mailq_deployment_file WHERE Revision IN ('0001') AND FilePath IN (
-    N'checks/mailq.CheckServer.sql',
-    N'schemas/mailq.sql',
-    N'security/MailqEnqueuer.role.sql',
-    N'security/MailqSender.role.sql',
-    N'security/MailqAdmin.role.sql',
-    N'security/MailqDelayCaller.role.sql',
-    N'security/MailqRunner.user.sql',
-    N'tables/mailq.SendingAccount.sql',
-    N'tables/mailq.RateBudget.sql',
-    N'tables/mailq.Application.sql',
-    N'tables/mailq.MailQueue.sql',
-    N'tables/mailq.MailAttachment.sql',
-    N'tables/mailq.MailAttempt.sql',
-    N'tables/mailq.ApplicationAccount.sql',
-    N'tables/mailq.ApplicationFrom.sql',
-    N'tables/mailq.ApplicationPrincipal.sql',
-    N'tables/mailq.EnqueuePolicy.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByAccount.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_Finalize.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_Expiry.sql',
-    N'tables/mailq.MailRecipientOutcome.sql',
-    N'indexes/mailq.MailQueue.UX_MailQueue_IdempotencyKey.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_Final.sql',
-    N'indexes/mailq.MailAttempt.IX_MailAttempt_EndedAtUtc.sql',
-    N'indexes/mailq.SendingAccount.UX_SendingAccount_IsDefault.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_Status.sql',
-    N'tables/mailq.MailEvent.sql',
-    N'indexes/mailq.MailEvent.IX_MailEvent_AppName.sql',
-    N'indexes/mailq.MailEvent.IX_MailEvent_MailID.sql',
-    N'tables/mailq.ApplicationHook.sql',
-    N'tables/mailq.ApplicationHookFailure.sql',
-    N'indexes/mailq.MailQueue.IX_MailQueue_ClaimByApp.sql',
-    N'functions/mailq.ParseAddressList.sql',
-    N'functions/mailq.ParseIDList.sql',
-    N'functions/mailq.HookPin.sql',
-    N'tables/mailq.Suppression.sql',
-    N'tables/mailq.SuppressionHistory.sql',
-    N'tables/mailq.BounceReport.sql',
-    N'indexes/mailq.BounceReport.IX_BounceReport_Address.sql',
-    N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql',
-    N'functions/mailq.MailRecipientList.sql',
-    N'functions/mailq.FilterSuppressedRecipients.sql',
-    N'types/mailq.MailBatchRow.sql',
-    N'functions/mailq.MailAttachmentList.sql',
-    N'functions/mailq.MailBatchJson.sql',
-    N'functions/mailq.EnqueueMailCheck.sql',
-    N'views/mailq.QueueCountsByStatus.sql',
-    N'views/mailq.OldestDueMail.sql',
-    N'views/mailq.ThroughputPerHour.sql',
-    N'views/mailq.RecentFailures.sql',
-    N'views/mailq.RecipientOutcomes.sql',
-    N'procedures/mailq.LockLeasedMail.sql',
-    N'procedures/mailq.EnqueueMailRows.sql',
-    N'procedures/mailq.EnqueueMail.sql',
-    N'procedures/mailq.EnqueueMailBatch.sql',
-    N'procedures/mailq.ClaimMail.sql',
-    N'procedures/mailq.FinalizeMail.sql',
-    N'procedures/mailq.ExtendLease.sql',
-    N'procedures/mailq.ReleaseMail.sql',
-    N'procedures/mailq.MarkSent.sql',
-    N'procedures/mailq.MarkFailed.sql',
-    N'procedures/mailq.CancelMail.sql',
-    N'procedures/mailq.RequeueMail.sql',
-    N'procedures/mailq.PurgeMail.sql',
-    N'procedures/mailq.UpsertSendingAccount.sql',
-    N'procedures/mailq.UnblockSendingAccount.sql',
-    N'procedures/mailq.AcquireLoginSlot.sql',
-    N'procedures/mailq.UpsertApplication.sql',
-    N'procedures/mailq.BindApplication.sql',
-    N'procedures/mailq.UnbindApplication.sql',
-    N'procedures/mailq.SetEnqueuePolicy.sql',
-    N'procedures/mailq.GetEnqueuePolicy.sql',
-    N'procedures/mailq.GetQueueStats.sql',
-    N'procedures/mailq.GetInstallationHealth.sql',
-    N'procedures/mailq.RecordRecipientOutcomes.sql',
-    N'procedures/mailq.GetRecipientOutcomes.sql',
-    N'procedures/mailq.GetMailEvents.sql',
-    N'procedures/mailq.StopMail.sql',
-    N'procedures/mailq.SetApplicationHook.sql',
-    N'procedures/mailq.RunApplicationHooks.sql',
-    N'procedures/mailq.ListApplicationHooks.sql',
-    N'procedures/mailq.GetEventStreamStall.sql',
-    N'security/MailqEnqueuer.grants.sql',
-    N'security/MailqEnqueuer.batch.grants.sql',
-    N'security/MailqSender.grants.sql',
-    N'security/MailqAdmin.grants.sql',
-    N'security/MailqSender.finalize.grants.sql',
-    N'security/MailqSender.recipients.grants.sql',
-    N'security/MailqAdmin.hooks.grants.sql',
-    N'security/MailqAdmin.enqueue.grants.sql',
-    N'security/MailqEnqueuer.eventstall.grants.sql',
-    N'tables/mailq.MailTemplate.sql',
-    N'tables/mailq.MailTemplateVersion.sql',
-    N'tables/mailq.MailTemplateVersion.trg_MailTemplateVersion_Immutable.sql',
-    N'procedures/mailq.AddMailTemplateVersion.sql',
-    N'procedures/mailq.GetMailTemplate.sql',
-    N'procedures/mailq.ListMailTemplates.sql',
-    N'procedures/mailq.ListMailTemplateVersions.sql',
-    N'procedures/mailq.RetireMailTemplate.sql',
-    N'security/MailqAdmin.templates.grants.sql',
-    N'security/MailqDbMailUser.role.sql',
-    N'tables/mailq.DbMailProfile.sql',
-    N'tables/mailq.DbMailAccount.sql',
-    N'tables/mailq.DbMailProfileAccount.sql',
-    N'tables/mailq.DbMailPrincipalProfile.sql',
-    N'tables/mailq.DbMailItem.sql',
-    N'indexes/mailq.DbMailItem.IX_DbMailItem_SendRequestDate.sql',
-    N'indexes/mailq.DbMailItem.IX_DbMailItem_QueryDue.sql',
-    N'indexes/mailq.DbMailPrincipalProfile.UX_DbMailPrincipalProfile_Default.sql',
-    N'views/mailq.sysmail_allitems.sql',
-    N'views/mailq.sysmail_sentitems.sql',
-    N'views/mailq.sysmail_unsentitems.sql',
-    N'views/mailq.sysmail_faileditems.sql',
-    N'views/mailq.sysmail_event_log.sql',
-    N'functions/mailq.DbMailAddressProblem.sql',
-    N'procedures/mailq.SendDbMail.sql',
-    N'procedures/mailq.UpsertDbMailProfile.sql',
-    N'procedures/mailq.DeleteDbMailProfile.sql',
-    N'procedures/mailq.UpsertDbMailProfileAccount.sql',
-    N'procedures/mailq.DeleteDbMailProfileAccount.sql',
-    N'procedures/mailq.UpsertDbMailPrincipalProfile.sql',
-    N'procedures/mailq.DeleteDbMailPrincipalProfile.sql',
-    N'security/MailqDbMailUser.grants.sql',
-    N'security/MailqAdmin.dbmail.grants.sql',
-    N'broker/delay.schema.sql',
-    N'broker/delay.Installation.sql',
-    N'broker/delay.Setting.sql',
-    N'broker/delay.AllowedProcedure.sql',
-    N'broker/delay.AllowedProcedure.UX_AllowedProcedure_BareName.sql',
-    N'broker/delay.Task.sql',
-    N'broker/delay.Task.IX_Task_Due.sql',
-    N'broker/delay.Task.IX_Task_FinishedAtUtc.sql',
-    N'broker/delay.TaskKey.sql',
-    N'broker/delay.ReceiptDue.sql',
-    N'broker/delay.Log.sql',
-    N'broker/delay.Log.IX_Log_TaskID.sql',
-    N'broker/delay.Dispatcher.sql',
-    N'broker/dbo.tabDIYTable12402.sql',
-    N'broker/mailq.HookDispatcher.sql',
-    N'broker/mt.DelayRequest.sql',
-    N'broker/contract.DelayContract.sql',
-    N'broker/dbo.DelayServiceQueue.sql',
-    N'broker/service.DelayService.sql',
-    N'broker/delay.Classify.sql',
-    N'broker/delay.CheckTarget.sql',
-    N'broker/delay.ArmDispatcher.sql',
-    N'broker/delay.WriteReceipts.sql',
-    N'broker/delay.RunTask.sql',
-    N'broker/delay.RunDueTasks.sql',
-    N'broker/dbo.ProcessDelayQueue.sql',
-    N'broker/dbo.DelayServiceQueue.activation.sql',
-    N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql',
-    N'broker/dbo.InitiateDelayExecution.sql',
-    N'broker/dbo.CancelDelayExecution.sql',
-    N'broker/delay.AllowProcedure.sql',
-    N'broker/delay.DisallowProcedure.sql',
-    N'broker/delay.EnableThisDatabase.sql',
-    N'broker/delay.Monitor.sql',
-    N'broker/delay.PurgeHistory.sql',
-    N'broker/delay.PendingTasks.sql',
-    N'broker/delay.FinishedTasks.sql',
-    N'broker/delay.Health.sql',
-    N'broker/delay.GetTaskMetrics.sql',
-    N'broker/MailqDelayCaller.grants.sql',
-    N'broker/MailqAdmin.delay.grants.sql',
-    N'broker/mailq.StartHookDispatcher.sql',
-    N'broker/MailqAdmin.hooks.grants.sql',
-    N'security/MailqBounceReader.role.sql',
-    N'views/mailq.Suppressions.sql',
-    N'views/mailq.RecentBounceReports.sql',
-    N'procedures/mailq.ApplySuppressions.sql',
-    N'procedures/mailq.RecordBounce.sql',
-    N'procedures/mailq.RecordUnsubscribe.sql',
-    N'procedures/mailq.AddSuppression.sql',
-    N'procedures/mailq.RemoveSuppression.sql',
-    N'procedures/mailq.ListSuppressions.sql',
-    N'procedures/mailq.GetSuppressionStats.sql',
-    N'procedures/mailq.PurgeBounceReports.sql',
-    N'security/MailqBounceReader.grants.sql',
-    N'security/MailqMonitor.role.sql',
-    N'procedures/mailq.GetQueueMetrics.sql',
-    N'procedures/mailq.GetMailHistory.sql',
-    N'procedures/mailq.FindMail.sql',
-    N'security/MailqMonitor.grants.sql',
-    N'security/MailqAdmin.monitoring.grants.sql',
-    N'broker/MailqMonitor.delay.grants.sql',
-    N'security/MailqDbMailRunner.role.sql',
-    N'procedures/mailq.ClaimDbMailQuery.sql',
-    N'procedures/mailq.CompleteDbMailQuery.sql',
-    N'views/mailq.sysmail_mailattachments.sql',
-    N'views/mailq.sysmail_profile.sql',
-    N'views/mailq.sysmail_account.sql',
-    N'views/mailq.sysmail_profileaccount.sql',
-    N'views/mailq.sysmail_principalprofile.sql',
-    N'views/mailq.sysmail_configuration.sql',
-    N'security/MailqDbMailRunner.grants.sql',
-    N'security/MailqAdmin.dbmail2.grants.sql',
-    N'security/MailqDbMailUser.attachments.grants.sql');
-INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
+DECLARE @Files TABLE (Revision VARCHAR(32) NOT NULL, FilePath NVARCHAR(400) NOT NULL, Sha256 CHAR(64) NOT NULL);
+INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'checks/mailq.CheckServer.sql', '85bb3bfcb546f2a9ceebb51fca5d6089839c463b4d1c28c139cb2631fbce4ce9'),
     ('0001', N'schemas/mailq.sql', '0b58994cbbdb350c1c3d6bea22e6acc7eac3044b62542bb8e4adc234ff7daabe'),
     ('0001', N'security/MailqEnqueuer.role.sql', '9031160ef70a98368f463b9621b8d87df82403cd7d7ccfdb82cae307b51a545b'),
@@ -11760,7 +11549,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'indexes/mailq.BounceReport.IX_BounceReport_ReceivedAtUtc.sql', '0bbe3c46ba7311580cb4a1a1a2129dcabf614c563a3a71846574b3931ab54175'),
     ('0001', N'functions/mailq.MailRecipientList.sql', '9d3c6d4660576d3a99dd6709014ceef4451f553f069772a306312c047909f9c8'),
     ('0001', N'functions/mailq.FilterSuppressedRecipients.sql', '73545d8b3e42a8010f48db622d3365e2c26e9e3032d722b878008ebf466eee9a'),
-    ('0001', N'types/mailq.MailBatchRow.sql', '885ae64e5dd093e4b9e0722d76d1054ac6819f58a671b997c11d050cd1327271'),
+    ('0001', N'types/mailq.MailBatchRow.sql', '399a3cfeb7550861e3f26ae4417d9c60148dfaeee635ff4b42b14114b3a090ec'),
     ('0001', N'functions/mailq.MailAttachmentList.sql', '0b2e76759062fb352403793dd2b045d1349086e49f6381b672221ffeef4ea487'),
     ('0001', N'functions/mailq.MailBatchJson.sql', '1fdd1d16365b0245f8304957b71f3ababdbcb325679caa0f3c44093d8b4ca59e'),
     ('0001', N'functions/mailq.EnqueueMailCheck.sql', '13a844ec80f1aa8f927dfcfa7037526845c13edd6e8a34013ca22f2b68011059'),
@@ -11847,12 +11636,12 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/delay.Setting.sql', '4e4b5acc5470ddca6dd7f8f8c5059b183249804ace59ec638258fb6c74f3286c'),
     ('0001', N'broker/delay.AllowedProcedure.sql', '9080106cb986cc13ff6aa5226e36e892adfacf44883f855a4457a03600cd48aa'),
     ('0001', N'broker/delay.AllowedProcedure.UX_AllowedProcedure_BareName.sql', 'c9f7c1fc8811b99c6796a18aed70f39f0c9dd0d85556b0b7f7bfb19a2e92c923'),
-    ('0001', N'broker/delay.Task.sql', '35d75d22a993717607f9a2b53f6c0ba9a3960f13f10befe8183f4b674fe55b18'),
+    ('0001', N'broker/delay.Task.sql', '48eed18f6fb1eb39bcee315776cadcf2ab898698af964e7510bb367fef3fa0a7'),
     ('0001', N'broker/delay.Task.IX_Task_Due.sql', '57e04da602821e369e46d13718f634e1bd95666dc7bbd8faba3ef76778223be9'),
     ('0001', N'broker/delay.Task.IX_Task_FinishedAtUtc.sql', 'dd7a726a8a45dd14848cfc8270c78bbe8017e191c10c9dca8697611ce3564c48'),
     ('0001', N'broker/delay.TaskKey.sql', 'a2961a42675f344d849cf5c7b457558f56ed899053220fed3fad5960791bbba4'),
     ('0001', N'broker/delay.ReceiptDue.sql', '15bde69b1cf4772745fa165a8959bfc3b32198f3281c8c07d96ad7adbb55fdc9'),
-    ('0001', N'broker/delay.Log.sql', '7bae0fb82d72736930e5955c68644bb2a9ba25e7bd7049711396bd9d04c13e9e'),
+    ('0001', N'broker/delay.Log.sql', '894b4f98d12fba62a106811efdf8f0a0ef3dc8cbbbadc05f7ae87211accba9a5'),
     ('0001', N'broker/delay.Log.IX_Log_TaskID.sql', 'c7ac107feddde33cd8c6966e5104793dec2ec52179b3bed4e2fe5e88196db668'),
     ('0001', N'broker/delay.Dispatcher.sql', '9c2ed581b3eeb4c73226a42708d55ddf2271002ab24550465f607a186edd10d8'),
     ('0001', N'broker/dbo.tabDIYTable12402.sql', 'f61f8041beaabc0716ba98381bbb8d7ff13ae15ceab5dd5df36a0dac17d14f6c'),
@@ -11870,20 +11659,20 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/dbo.ProcessDelayQueue.sql', '6575071a0612a6f6f9782f9ed19a35f469c602ab9788c453c0337257f8e307ca'),
     ('0001', N'broker/dbo.DelayServiceQueue.activation.sql', '09e433da0503ac1e434435c8c79bbccbb407200dc0189836774422cc3704c74b'),
     ('0001', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '591cadce33bc1f86929939669a9a77b123d7ae2015b2b82bd8e909e46eb6cf40'),
-    ('0001', N'broker/dbo.InitiateDelayExecution.sql', 'dc615cb82c8874ac83074a776978216e01c3592e87516bcfb405455ae55b77be'),
-    ('0001', N'broker/dbo.CancelDelayExecution.sql', '271d82fbf6f85379132ff703692ae6e5fcfcc480dac223a30af421499e0cfaa2'),
-    ('0001', N'broker/delay.AllowProcedure.sql', '60e26f1f078f0b2b7cc05d28ba5223c828900aa70c0386c6622bc13361c6ed94'),
-    ('0001', N'broker/delay.DisallowProcedure.sql', '96de780fed11096bb9c6240b49ef73d7cba7aa9ee270a15b0a86babe241ff96e'),
-    ('0001', N'broker/delay.EnableThisDatabase.sql', '75042f551ba11a19d798726ebaaff6728c483fb1aa1175ae0ab97a4dbab8524f'),
-    ('0001', N'broker/delay.Monitor.sql', '60cb0317d55463afa3cd2895845828ff08d3e5f55a8045711e81ef137597ce33'),
-    ('0001', N'broker/delay.PurgeHistory.sql', 'db56488ab8840fe3c13398878f3cdbaf8cc514448f1cff4cbc04039152618d2d'),
+    ('0001', N'broker/dbo.InitiateDelayExecution.sql', '4c2edb6c49504932e9842776c40dd73048c690746513f649782c2df40c56ea43'),
+    ('0001', N'broker/dbo.CancelDelayExecution.sql', '02b906672d22d136e31a6bf6c69f181213cc150bb19f259aa5ea774b70741dcd'),
+    ('0001', N'broker/delay.AllowProcedure.sql', '101b5e4ae6cc2c8c006f43db0d9425d8fb1b2f4060c2cb7ff29666b498e35b5d'),
+    ('0001', N'broker/delay.DisallowProcedure.sql', 'c7d3b355d21193202f08b38e7a52797550f33fe32e7f264dca40bdbec7687cfc'),
+    ('0001', N'broker/delay.EnableThisDatabase.sql', '92b5a7fac095b9d4572dc66f38d5de8f1bde60afac84c2c0b668dc17419d8e94'),
+    ('0001', N'broker/delay.Monitor.sql', '00498a56ea3cad662eeb426493c61c1ea11086b5d93b0bea8c5673b87f723975'),
+    ('0001', N'broker/delay.PurgeHistory.sql', 'b264daafddb18cebf0c50adbd1d9e42ccf3750afc603e32be7a8c2767e89b459'),
     ('0001', N'broker/delay.PendingTasks.sql', 'ffa386b1f2f245bbe560048f905e07fde2ac2e1ab06e28d32ae96074cc118a9c'),
     ('0001', N'broker/delay.FinishedTasks.sql', '10fdee68d540555dc12cf307a0aa29432504a0f1fa66cc728b0369455d71fccd'),
     ('0001', N'broker/delay.Health.sql', 'a9440e238b4887339280ec7fb76ac606d93079267ab9423ed55cad3e068c6a65'),
-    ('0001', N'broker/delay.GetTaskMetrics.sql', '5215c7e1bea9d94e30067b20d32979641cabe42f27c178ef9a5a2e28a1265bcf'),
+    ('0001', N'broker/delay.GetTaskMetrics.sql', '5fb9ddf97db264edfb32977fa8fc31599504c17120ef0f714a720444b981c503'),
     ('0001', N'broker/MailqDelayCaller.grants.sql', 'd79a6f389dc90cee32ff9512752c7fc14425661659150108c8978b8542991c7b'),
     ('0001', N'broker/MailqAdmin.delay.grants.sql', '8c4c786468ad8f6d4506815938a500a89ea5f75fde7f6d38e1e77139698a5003'),
-    ('0001', N'broker/mailq.StartHookDispatcher.sql', 'c5e5561ed66779d421273ea45a418b029b4264d2bf2b032d94ab4679c12c90a0'),
+    ('0001', N'broker/mailq.StartHookDispatcher.sql', '5bf4e6bf9f38584b95f6b95b5c63ff7e68c2ce7a6b94b4056b9a02e29003c0ed'),
     ('0001', N'broker/MailqAdmin.hooks.grants.sql', '58fb07c06f7b57ad75446d614a6ccdd6c5bd4cc7b92f060c67ffedb2a5bbcb05'),
     ('0001', N'security/MailqBounceReader.role.sql', '5a85dbbd3a7336a5982c6c24fe1c6487632c6410261401aadac0614ef4e20eaa'),
     ('0001', N'views/mailq.Suppressions.sql', 'b747c4415e4357b757bfcf2b93ed04b4e73937faf52740e61380bfe885694a8a'),
@@ -11916,6 +11705,9 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqDbMailRunner.grants.sql', '1a3cd1b1382b62f823da2c4e50d012809aae6411cebc40ba4cba3923eb428d2d'),
     ('0001', N'security/MailqAdmin.dbmail2.grants.sql', '223e4311c66ea19d45acf33fa8430d7514d5c2ca05386f0c235fb8382866da78'),
     ('0001', N'security/MailqDbMailUser.attachments.grants.sql', 'c6e163b55a2f5c8612d1b8c0b0db0c88a05aab399d4e0b5daa05c857b2cc0432');
+DELETE FROM dbo.mailq_deployment_file WHERE Revision IN (SELECT n.Revision FROM @Files AS n)
+    AND FilePath IN (SELECT n.FilePath FROM @Files AS n);
+INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) SELECT n.Revision, n.FilePath, n.Sha256 FROM @Files AS n;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO

@@ -17,7 +17,7 @@ Errors:      50301 @F108211 missing; 50302 delay outside 0-31,536,000; 50303 a v
              another call over 30 s.  A changed listed target is accepted (Held when due).
 Transaction: its own if none is open, else the caller's.  Any error, a refusal
              included, dooms the caller's transaction (XACT_ABORT ON): the caller
-             must roll back.  No savepoint (error 627 under MSDTC).  Validation first.
+             must roll back.  No savepoint (error 627 under MSDTC).  Validation first.  Isolation: READ COMMITTED.
 Lock order:  the key's application lock, dbo.tabDIYTable12402 and its trigger's, delay.TaskKey.
 Security:    runs as the caller (EXECUTE only); tables by ownership chaining, so the
              platform's own triggers fire with the caller's rights.

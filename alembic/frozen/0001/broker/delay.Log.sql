@@ -25,6 +25,6 @@ BEGIN
             )
         )
     );
-    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET (as upgrades/mailq.0018).
+    -- Dynamic only because DacFx models no separate ALTER TABLE ... SET.
     EXEC sys.sp_executesql N'ALTER TABLE delay.Log SET (LOCK_ESCALATION = DISABLE);';
 END;

@@ -11,7 +11,7 @@ Warning:     DispatcherLost (begun again, @Apply = 1), HeldTasks (per target),
              ended: failed, 50546, @Apply = 1), NoTask (with
              @ScheduleMissing = 1: platform rows without a task, scheduled, @MaxRows at most).
 Result set:  Finding NVARCHAR(32), Severity NVARCHAR(8), Detail, Fix NVARCHAR(800)
-Errors:      50545 after the result set, on a Critical finding, when @Raise = 1
+Errors:      50545 after the result set, on a Critical finding, when @Raise = 1.  Isolation: READ COMMITTED.
 Security:    EXECUTE AS OWNER (the catalog and the queue); granted to MailqAdmin.
 Example:     EXEC delay.Monitor @Apply = 0, @Raise = 0;
 */

@@ -7,8 +7,8 @@ it from the Agent job).  The platform's rows are never deleted.
 Parameters:  @OlderThanDays INT = NULL (delay.Setting.RetentionDays) 1-3650;
              @BatchSize INT = 1000 (1-10000); @MaxBatches INT = 100 (1-100000)
 Result set:  one row: TasksDeleted BIGINT, LogRowsDeleted BIGINT, Finished BIT (0: run it again)
-Errors:      50543 called inside a transaction, or a parameter out of range
-Lock order:  delay.Task (IX_Task_FinishedAtUtc order), delay.TaskKey; then delay.Log.
+Errors:      50543 called inside a transaction, or a parameter out of range.  Transaction: one per batch.
+Lock order:  delay.Task (IX_Task_FinishedAtUtc order), delay.TaskKey; then delay.Log.  Isolation: READ COMMITTED.
 Security:    granted to MailqAdmin.
 Example:     EXEC delay.PurgeHistory @OlderThanDays = 30;
 */

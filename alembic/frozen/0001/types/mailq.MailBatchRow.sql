@@ -4,23 +4,10 @@ mailq.MailBatchRow: the table type of mailq.EnqueueMailBatch's @MailRows (a TVP)
 One row per mail: mailq.EnqueueMail's parameters with the same names and types,
 so a row and a single call with the same values are the same mail; RowNo is the
 caller's ordinal, named by errors and results; NULL means EnqueueMail's default.
-A type in use cannot be altered or dropped: an older shape (without TemplateModel)
-is dropped with mailq.EnqueueMailBatch, and both are created again.  Callers need
-EXECUTE on it (sql/security/MailqEnqueuer.batch.grants.sql).
+A type in use (mailq.EnqueueMailBatch, mailq.EnqueueMailRows) can be neither
+altered nor dropped: a later shape is a new type.  Callers need EXECUTE on it
+(sql/security/MailqEnqueuer.batch.grants.sql).
 */
-IF TYPE_ID(N'mailq.MailBatchRow') IS NOT NULL
-    AND NOT EXISTS (
-        SELECT 1
-        FROM sys.table_types AS t
-        INNER JOIN sys.columns AS c ON t.type_table_object_id = c.[object_id]
-        WHERE t.user_type_id = TYPE_ID(N'mailq.MailBatchRow') AND c.name = N'TemplateModel'
-    )
-BEGIN
-    -- Dynamic: the schema model of tools/tsqlcheck holds both objects.
-    IF OBJECT_ID(N'mailq.EnqueueMailBatch', N'P') IS NOT NULL
-        EXEC sys.sp_executesql N'DROP PROCEDURE mailq.EnqueueMailBatch;';
-    EXEC sys.sp_executesql N'DROP TYPE mailq.MailBatchRow;';
-END;
 IF TYPE_ID(N'mailq.MailBatchRow') IS NULL
     CREATE TYPE mailq.MailBatchRow AS TABLE (
         RowNo INT NOT NULL PRIMARY KEY,

@@ -42,3 +42,14 @@ def test_docs_name_no_revision_the_baseline_replaced():
             if COLLAPSED.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{no}: {line.strip()}")
     assert found == []
+
+
+def test_the_event_table_names_every_procedure_that_writes_enqueued_or_stopped():
+    """EnqueueMailBatch writes Enqueued (through EnqueueMailRows) and a failed
+    Database Mail query stops its mail through StopMail: the table says both."""
+    assert "EXEC mailq.EnqueueMailRows" in _read("sql/procedures/mailq.EnqueueMailBatch.sql")
+    assert "EXEC mailq.StopMail" in _read("sql/procedures/mailq.CompleteDbMailQuery.sql")
+    rows = {line.split("|")[1].strip(): line for line in _read("docs/events.md").splitlines()
+            if line.startswith("| `")}
+    assert "`EnqueueMailBatch`" in rows["`Enqueued`"]
+    assert "`CompleteDbMailQuery`" in rows["`Stopped`"]

@@ -53,3 +53,15 @@ def test_the_event_table_names_every_procedure_that_writes_enqueued_or_stopped()
             if line.startswith("| `")}
     assert "`EnqueueMailBatch`" in rows["`Enqueued`"]
     assert "`CompleteDbMailQuery`" in rows["`Stopped`"]
+
+
+def test_doctor_role_membership_names_every_role():
+    """mailq-db doctor's RoleMembership row (mailq.GetInstallationHealth) lists the
+    roles the caller is in: a monitor's, a bounce reader's or a Database Mail
+    caller's login must not read "member of: none"."""
+    roles = sorted(p.name.split(".")[0] for p in (ROOT / "sql/security").glob("*.role.sql"))
+    assert len(roles) >= 7
+    text = _read("sql/procedures/mailq.GetInstallationHealth.sql")
+    block = text[text.index("N'RoleMembership'"):text.index("INSERT INTO @Check", text.index("N'RoleMembership'"))]
+    missing = [role for role in roles if f"N'{role}'" not in block]
+    assert missing == []

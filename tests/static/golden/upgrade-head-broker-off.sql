@@ -4560,18 +4560,13 @@ BEGIN
         N'OK',
         CONCAT(
             N'user ', QUOTENAME(USER_NAME()), N'; member of: ',
-            COALESCE(
-                STUFF(
-                    CONCAT(
-                        IIF(IS_ROLEMEMBER(N'MailqEnqueuer') = 1, N', MailqEnqueuer', N''),
-                        IIF(IS_ROLEMEMBER(N'MailqSender') = 1, N', MailqSender', N''),
-                        IIF(IS_ROLEMEMBER(N'MailqAdmin') = 1, N', MailqAdmin', N''),
-                        IIF(IS_ROLEMEMBER(N'MailqDelayCaller') = 1, N', MailqDelayCaller', N''),
-                        IIF(IS_ROLEMEMBER(N'db_owner') = 1, N', db_owner', N'')
-                    ), 1, 2, N''
-                ),
-                N'none'
-            )
+            COALESCE((  -- every role of sql/security, in a fixed order
+                SELECT STRING_AGG(r.RoleName, N', ') WITHIN GROUP (ORDER BY r.Position)
+                FROM (VALUES (1, N'MailqEnqueuer'), (2, N'MailqSender'), (3, N'MailqAdmin'), (4, N'MailqDelayCaller'),
+                    (5, N'MailqMonitor'), (6, N'MailqBounceReader'), (7, N'MailqDbMailUser'),
+                    (8, N'MailqDbMailRunner'), (9, N'db_owner')) AS r(Position, RoleName)
+                WHERE IS_ROLEMEMBER(r.RoleName) = 1
+            ), N'none')
         ),
         NULL;
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
@@ -9605,7 +9600,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'd3ccf3e0f7fe60e0617718be6a0494995835c60f1d8e5c934bccc6e2540a848b'),
     ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', 'b52838b9bb5c569e70767f12fc4fa692215256a0fa0e126900c41a27e9d3d3ad'),
     ('0001', N'procedures/mailq.GetQueueStats.sql', 'ca4bb0e160c19a4ea2e3dc4ccd4ff8f38fcd728975e2cf99cd315e3715e3641c'),
-    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '3e25b7550fa4ba3c8ce6a15dddc2c687bc9baf9ca8dfc9db04aab94bceb486d0'),
+    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '1fff4b445f9edb7d0309644f75dac40a1ccda5a81af7839be2d6b30eda05265f'),
     ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', 'b3e7e295140439f926f62df711d19c3ea57df0e12f42d240091ab0b1126c3d7a'),
     ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '020ef5ba4621ae60bfeef1aeca5dcb58b8db8c31256f6c2eb5a02b9c3c0e5b85'),
     ('0001', N'procedures/mailq.GetMailEvents.sql', '756b86ad8cf49ffd85a5e57c78aedba7b5b23696db998cdfa1585cb4454a3b2a'),

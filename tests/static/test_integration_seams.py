@@ -65,3 +65,14 @@ def test_doctor_role_membership_names_every_role():
     block = text[text.index("N'RoleMembership'"):text.index("INSERT INTO @Check", text.index("N'RoleMembership'"))]
     missing = [role for role in roles if f"N'{role}'" not in block]
     assert missing == []
+
+
+def test_senddbmail_says_an_unmapped_caller_aborts_the_callers_transaction():
+    """SendDbMail returns msdb's codes for what it checks itself, but the enqueue
+    policy (50500) is EnqueueMail's rule, THROWn under XACT_ABORT: the header and
+    the page's "What still aborts" list name it, as they name 50600."""
+    header = _read("sql/procedures/mailq.SendDbMail.sql").split("*/", 1)[0]
+    assert re.search(r"errors not checked here \([^)]*50500", header)
+    page = _read("docs/database-mail.md")
+    aborts = page[page.index("**What still aborts, and why.**"):page.index("## 3. What differs")]
+    assert "50500" in aborts and "50600" in aborts

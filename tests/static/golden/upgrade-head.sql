@@ -7026,7 +7026,7 @@ Errors:      as msdb: RAISERROR severity 16 and RETURN n, nothing written, the c
              14622 rc 16, 14623 rc 18, 14624 rc 19-20, 14613 rc 1, 14625 rc 21,
              14630 rc 2, 14633 rc 1; this package's: RAISERROR 50000 and RETURN
              50641-50652 (docs/errors.md).  THROWn under XACT_ABORT: EnqueueMail's
-             errors not checked here (50160/50161/50168, 50114, 50600, deadlock).
+             errors not checked here (50500, 50160/50161/50168, 50114, 50600, deadlock).
 Transaction: validation first (XACT_ABORT as the caller has it); then the enqueue and
              its DbMailItem row in one transaction, its own or the caller's.
 Isolation:   the caller's (EnqueueMail sets its own).
@@ -11828,7 +11828,7 @@ INSERT INTO dbo.mailq_deployment_file (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
     ('0001', N'views/mailq.sysmail_event_log.sql', '047d4f5c1c80d7a8de5d1799d2e4a0502375de89cbe374d968146f5b1e0f9a7c'),
     ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'c1a0525c0b9bdb7f7295807871e76e3605fd4b8942b5a2621590b2ee635bd28f'),
-    ('0001', N'procedures/mailq.SendDbMail.sql', 'bcfcf094e9be3ae976f9d24494216f17b424c527ff5d69d58fd73a1df9321164'),
+    ('0001', N'procedures/mailq.SendDbMail.sql', '0145a01b941115e81876dce49013c6d490d33e65ff33f5507ac0b96609de8cd0'),
     ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '40dd1665ce78bf4a6d74a3d1f818c41cd9d3b8fd2e1e6a2acca76d18951073de'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '562592766f959be178e8e6f6ff53bae6e2ba36879ee88eec53aa3c2604662f9e'),
     ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '6a90f279e07e8508fff9f831c2f5491cff9cda5ad38c4b9032b89cb35cc896d1'),

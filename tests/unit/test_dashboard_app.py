@@ -281,3 +281,24 @@ def test_the_overview_stops_asking_for_delayed_execution_where_it_is_absent(monk
     now[0] += DELAY_PROBE_SECONDS
     data.overview()
     assert calls[-2:] == ["GetQueueMetrics", "GetTaskMetrics"]  # asked again: it may be deployed since
+
+
+def test_a_bulk_requeue_skips_a_mail_whose_every_recipient_is_suppressed(monkeypatch):
+    """Suppression stops queued mail (Stopped), which the dashboard offers to
+    requeue; mailq.RequeueMail refuses such a mail with 50600.  That one mail
+    is left alone and said so; the mails after it are still requeued."""
+    from mailq_db import procedures
+    from mailq_db.dashboard.data import DatabaseData
+    from mailq_db.errors import class_for
+
+    done = []
+
+    def requeue_mail(conn, *, mail_id):
+        if mail_id == 2:
+            raise class_for(50600)(50600, "Mail 2: every recipient is suppressed (mailq.RemoveSuppression first): a@x")
+        done.append(mail_id)
+
+    monkeypatch.setattr(procedures, "requeue_mail", requeue_mail)
+    outcome = DatabaseData(lambda: object()).requeue([1, 2, 3])
+    assert done == [1, 3] and outcome.done == [1, 3]
+    assert list(outcome.skipped) == [2] and "suppressed" in outcome.skipped[2]

@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol
 
 from .. import procedures
 from ..connection import Backoff, ReconnectingConnection
-from ..errors import DatabaseError, MailStateError
+from ..errors import DatabaseError, MailStateError, SuppressedRecipientError
 
 #: SQL Server's "The EXECUTE permission was denied on the object ..."
 PERMISSION_DENIED = 229
@@ -117,7 +117,9 @@ class DatabaseData:
         for mail_id in ids:
             try:
                 self._call(fn, mail_id=mail_id)
-            except MailStateError as exc:  # changed since it was listed: left alone
+            # Changed since it was listed, or (requeue, 50600) every recipient is
+            # suppressed now: that mail is left alone, the others are still done.
+            except (MailStateError, SuppressedRecipientError) as exc:
                 outcome.skipped[mail_id] = exc.message
                 continue
             outcome.done.append(mail_id)

@@ -4547,18 +4547,13 @@ BEGIN
         N'OK',
         CONCAT(
             N'user ', QUOTENAME(USER_NAME()), N'; member of: ',
-            COALESCE(
-                STUFF(
-                    CONCAT(
-                        IIF(IS_ROLEMEMBER(N'MailqEnqueuer') = 1, N', MailqEnqueuer', N''),
-                        IIF(IS_ROLEMEMBER(N'MailqSender') = 1, N', MailqSender', N''),
-                        IIF(IS_ROLEMEMBER(N'MailqAdmin') = 1, N', MailqAdmin', N''),
-                        IIF(IS_ROLEMEMBER(N'MailqDelayCaller') = 1, N', MailqDelayCaller', N''),
-                        IIF(IS_ROLEMEMBER(N'db_owner') = 1, N', db_owner', N'')
-                    ), 1, 2, N''
-                ),
-                N'none'
-            )
+            COALESCE((  -- every role of sql/security, in a fixed order
+                SELECT STRING_AGG(r.RoleName, N', ') WITHIN GROUP (ORDER BY r.Position)
+                FROM (VALUES (1, N'MailqEnqueuer'), (2, N'MailqSender'), (3, N'MailqAdmin'), (4, N'MailqDelayCaller'),
+                    (5, N'MailqMonitor'), (6, N'MailqBounceReader'), (7, N'MailqDbMailUser'),
+                    (8, N'MailqDbMailRunner'), (9, N'db_owner')) AS r(Position, RoleName)
+                WHERE IS_ROLEMEMBER(r.RoleName) = 1
+            ), N'none')
         ),
         NULL;
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)
@@ -6989,7 +6984,7 @@ Errors:      as msdb: RAISERROR severity 16 and RETURN n, nothing written, the c
              14622 rc 16, 14623 rc 18, 14624 rc 19-20, 14613 rc 1, 14625 rc 21,
              14630 rc 2, 14633 rc 1; this package's: RAISERROR 50000 and RETURN
              50641-50652 (docs/errors.md).  THROWn under XACT_ABORT: EnqueueMail's
-             errors not checked here (50160/50161/50168, 50114, 50600, deadlock).
+             errors not checked here (50500, 50160/50161/50168, 50114, 50600, deadlock).
 Transaction: validation first (XACT_ABORT as the caller has it); then the enqueue and
              its DbMailItem row in one transaction, its own or the caller's.
 Isolation:   the caller's (EnqueueMail sets its own).
@@ -9438,7 +9433,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'd3ccf3e0f7fe60e0617718be6a0494995835c60f1d8e5c934bccc6e2540a848b'),
     ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', 'b52838b9bb5c569e70767f12fc4fa692215256a0fa0e126900c41a27e9d3d3ad'),
     ('0001', N'procedures/mailq.GetQueueStats.sql', 'ca4bb0e160c19a4ea2e3dc4ccd4ff8f38fcd728975e2cf99cd315e3715e3641c'),
-    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '3e25b7550fa4ba3c8ce6a15dddc2c687bc9baf9ca8dfc9db04aab94bceb486d0'),
+    ('0001', N'procedures/mailq.GetInstallationHealth.sql', '1fff4b445f9edb7d0309644f75dac40a1ccda5a81af7839be2d6b30eda05265f'),
     ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', 'b3e7e295140439f926f62df711d19c3ea57df0e12f42d240091ab0b1126c3d7a'),
     ('0001', N'procedures/mailq.GetRecipientOutcomes.sql', '020ef5ba4621ae60bfeef1aeca5dcb58b8db8c31256f6c2eb5a02b9c3c0e5b85'),
     ('0001', N'procedures/mailq.GetMailEvents.sql', '756b86ad8cf49ffd85a5e57c78aedba7b5b23696db998cdfa1585cb4454a3b2a'),
@@ -9480,7 +9475,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
     ('0001', N'views/mailq.sysmail_event_log.sql', '047d4f5c1c80d7a8de5d1799d2e4a0502375de89cbe374d968146f5b1e0f9a7c'),
     ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'c1a0525c0b9bdb7f7295807871e76e3605fd4b8942b5a2621590b2ee635bd28f'),
-    ('0001', N'procedures/mailq.SendDbMail.sql', 'bcfcf094e9be3ae976f9d24494216f17b424c527ff5d69d58fd73a1df9321164'),
+    ('0001', N'procedures/mailq.SendDbMail.sql', '0145a01b941115e81876dce49013c6d490d33e65ff33f5507ac0b96609de8cd0'),
     ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '40dd1665ce78bf4a6d74a3d1f818c41cd9d3b8fd2e1e6a2acca76d18951073de'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '562592766f959be178e8e6f6ff53bae6e2ba36879ee88eec53aa3c2604662f9e'),
     ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '6a90f279e07e8508fff9f831c2f5491cff9cda5ad38c4b9032b89cb35cc896d1'),

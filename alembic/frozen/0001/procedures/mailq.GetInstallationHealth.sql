@@ -126,18 +126,13 @@ BEGIN
         N'OK',
         CONCAT(
             N'user ', QUOTENAME(USER_NAME()), N'; member of: ',
-            COALESCE(
-                STUFF(
-                    CONCAT(
-                        IIF(IS_ROLEMEMBER(N'MailqEnqueuer') = 1, N', MailqEnqueuer', N''),
-                        IIF(IS_ROLEMEMBER(N'MailqSender') = 1, N', MailqSender', N''),
-                        IIF(IS_ROLEMEMBER(N'MailqAdmin') = 1, N', MailqAdmin', N''),
-                        IIF(IS_ROLEMEMBER(N'MailqDelayCaller') = 1, N', MailqDelayCaller', N''),
-                        IIF(IS_ROLEMEMBER(N'db_owner') = 1, N', db_owner', N'')
-                    ), 1, 2, N''
-                ),
-                N'none'
-            )
+            COALESCE((  -- every role of sql/security, in a fixed order
+                SELECT STRING_AGG(r.RoleName, N', ') WITHIN GROUP (ORDER BY r.Position)
+                FROM (VALUES (1, N'MailqEnqueuer'), (2, N'MailqSender'), (3, N'MailqAdmin'), (4, N'MailqDelayCaller'),
+                    (5, N'MailqMonitor'), (6, N'MailqBounceReader'), (7, N'MailqDbMailUser'),
+                    (8, N'MailqDbMailRunner'), (9, N'db_owner')) AS r(Position, RoleName)
+                WHERE IS_ROLEMEMBER(r.RoleName) = 1
+            ), N'none')
         ),
         NULL;
     INSERT INTO @Check (Area, CheckName, Status, Detail, Fix)

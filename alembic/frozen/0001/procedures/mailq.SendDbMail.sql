@@ -13,7 +13,7 @@ Errors:      as msdb: RAISERROR severity 16 and RETURN n, nothing written, the c
              14622 rc 16, 14623 rc 18, 14624 rc 19-20, 14613 rc 1, 14625 rc 21,
              14630 rc 2, 14633 rc 1; this package's: RAISERROR 50000 and RETURN
              50641-50652 (docs/errors.md).  THROWn under XACT_ABORT: EnqueueMail's
-             errors not checked here (50160/50161/50168, 50114, 50600, deadlock).
+             errors not checked here (50500, 50160/50161/50168, 50114, 50600, deadlock).
 Transaction: validation first (XACT_ABORT as the caller has it); then the enqueue and
              its DbMailItem row in one transaction, its own or the caller's.
 Isolation:   the caller's (EnqueueMail sets its own).

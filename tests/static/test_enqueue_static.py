@@ -535,3 +535,15 @@ def test_error_classes():
     for number in (50221, 50222, 50224, 50501, 50503, 50504):
         assert class_for(number) is InvalidInputError
     assert class_for(50500) is SenderNotAllowedError and class_for(50502) is SenderNotAllowedError
+
+
+def test_every_role_that_may_enqueue_may_also_enqueue_a_batch():
+    """`mailq-db enqueue --batch` needs EXECUTE on EnqueueMailBatch and on its table type:
+    every role granted EnqueueMail gets both (else the batch path fails with 229)."""
+    grants = "\n".join(strip_comments((SQL / rel).read_text(encoding="utf-8"))
+                       for rel in build_order() if rel.endswith(".grants.sql"))
+    single = set(re.findall(r"GRANT EXECUTE ON OBJECT::mailq\.EnqueueMail TO (\w+);", grants))
+    batch = set(re.findall(r"GRANT EXECUTE ON OBJECT::mailq\.EnqueueMailBatch TO (\w+);", grants))
+    rowtype = set(re.findall(r"GRANT EXECUTE ON TYPE::mailq\.MailBatchRow TO (\w+);", grants))
+    assert {"MailqEnqueuer", "MailqAdmin"} <= single
+    assert single <= batch and single <= rowtype, (single, batch, rowtype)

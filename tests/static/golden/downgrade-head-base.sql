@@ -1205,6 +1205,16 @@ IF TYPE_ID(N'mailq.MailBatchRow') IS NOT NULL
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
+IF OBJECT_ID(N'mailq.EnqueueMailBatch') IS NOT NULL
+    REVOKE EXECUTE ON OBJECT::mailq.EnqueueMailBatch FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+IF TYPE_ID(N'mailq.MailBatchRow') IS NOT NULL
+    REVOKE EXECUTE ON TYPE::mailq.MailBatchRow FROM MailqAdmin;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
 IF OBJECT_ID(N'mailq.EnqueueMail') IS NOT NULL
     REVOKE EXECUTE ON OBJECT::mailq.EnqueueMail FROM MailqEnqueuer;
 GO

@@ -5914,10 +5914,13 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-Batch enqueue: the procedure and EXECUTE on its table type (needed to pass @MailRows).
+Batch enqueue: the procedure and EXECUTE on its table type (needed to pass @MailRows), for
+enqueuers and for administrators (`mailq-db enqueue --batch` from an admin login).
 */
 GRANT EXECUTE ON OBJECT::mailq.EnqueueMailBatch TO MailqEnqueuer;
 GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqEnqueuer;
+GRANT EXECUTE ON OBJECT::mailq.EnqueueMailBatch TO MailqAdmin;
+GRANT EXECUTE ON TYPE::mailq.MailBatchRow TO MailqAdmin;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -11585,7 +11588,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', '800a5e0c6989f2a0f6a93df35c5ef3f9eb9707b8c3238f65380e62b420e62cb5'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', 'd19f9025524a9e681080f8e5864ed4df270944ee5739d93a0b38977b99e87285'),
     ('0001', N'security/MailqEnqueuer.grants.sql', 'a63718c6a392c87e93165ff3ff1af09be103805eb73ba6fdcdf1db95ad27b502'),
-    ('0001', N'security/MailqEnqueuer.batch.grants.sql', '3c52896261a43f541fd2e74a859921f6335cf273903871b0305c988220267e77'),
+    ('0001', N'security/MailqEnqueuer.batch.grants.sql', '0c94875cda8ed0c299fab6bf37c37f2a01e8bfaba8d80510196b4e9dd4903ff1'),
     ('0001', N'security/MailqSender.grants.sql', '400110d3b8a4d6b3e3e4da002ad0204e6e8fbc02f65a17a550cd7c1e1343d0fb'),
     ('0001', N'security/MailqAdmin.grants.sql', '0a103aaa193da90af787929f45c1c9d67d836332aea8f38c0ea033cd7d6bdc9f'),
     ('0001', N'security/MailqSender.finalize.grants.sql', '303630d04fb9393e431df39d16b7575df7b90275e3926b768f4f01ae0f8a5977'),

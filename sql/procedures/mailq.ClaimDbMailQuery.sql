@@ -31,7 +31,7 @@ BEGIN
         ORDER BY i.QueryDueAtUtc, i.MailItemID
     )
 
-UPDATE NextQuery
+    UPDATE NextQuery
     SET
         QueryState = N'Running',
         QueryLockToken = @LockToken,

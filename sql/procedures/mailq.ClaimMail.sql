@@ -478,7 +478,7 @@ BEGIN
         WHERE c.TemplateVersion IS NOT NULL
     )
 
-SELECT
+    SELECT
         v.TemplateName,
         v.Version,
         v.SubjectTemplate,

@@ -88,7 +88,7 @@ BEGIN
                 ORDER BY q.VisibleAtUtc ASC, q.ID ASC
             )
 
-UPDATE d
+            UPDATE d
             SET
                 d.Status = N'Failed',
                 d.ThreadLock = NULL,
@@ -121,7 +121,7 @@ UPDATE d
                 ORDER BY q.ExpiresAtUtc ASC, q.ID ASC
             )
 
-UPDATE l
+            UPDATE l
             SET
                 l.Status = N'Expired',
                 l.ThreadLock = NULL,

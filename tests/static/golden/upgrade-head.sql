@@ -2806,7 +2806,7 @@ BEGIN
         WHERE c.TemplateVersion IS NOT NULL
     )
 
-SELECT
+    SELECT
         v.TemplateName,
         v.Version,
         v.SubjectTemplate,
@@ -2910,7 +2910,7 @@ BEGIN
                 ORDER BY q.VisibleAtUtc ASC, q.ID ASC
             )
 
-UPDATE d
+            UPDATE d
             SET
                 d.Status = N'Failed',
                 d.ThreadLock = NULL,
@@ -2943,7 +2943,7 @@ UPDATE d
                 ORDER BY q.ExpiresAtUtc ASC, q.ID ASC
             )
 
-UPDATE l
+            UPDATE l
             SET
                 l.Status = N'Expired',
                 l.ThreadLock = NULL,
@@ -3334,7 +3334,7 @@ BEGIN
             WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
         )
 
-UPDATE o
+        UPDATE o
         SET
             o.Status = o.NewStatus,
             o.ThreadLock = NULL,
@@ -4001,7 +4001,7 @@ BEGIN
         FROM @Slot AS s
     )
 
-SELECT
+    SELECT
         d.Granted,
         CAST(IIF(
             d.Granted = 1, 0,
@@ -4334,7 +4334,7 @@ holder AS (
         INNER JOIN sys.database_role_members AS m ON h.PrincipalId = m.role_principal_id
     )
 
-SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
+    SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
     FROM holder AS h
     INNER JOIN sys.database_principals AS u ON h.PrincipalId = u.principal_id OR h.PrincipalId = 0
     WHERE
@@ -5752,7 +5752,7 @@ BEGIN
         GROUP BY x.AppName
     )
 
-SELECT
+    SELECT
         h.AppName,
         CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)) AS HookProcedure,
         h.ObjectId,
@@ -10774,7 +10774,7 @@ BEGIN
                 ORDER BY b.ReceivedAtUtc
             )
 
-DELETE FROM Oldest;
+            DELETE FROM Oldest;
             SET @Deleted = @@ROWCOUNT;
             SET @Purged += @Deleted;
             COMMIT TRANSACTION;
@@ -11170,7 +11170,7 @@ BEGIN
         ORDER BY i.QueryDueAtUtc, i.MailItemID
     )
 
-UPDATE NextQuery
+    UPDATE NextQuery
     SET
         QueryState = N'Running',
         QueryLockToken = @LockToken,
@@ -11560,23 +11560,23 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.EnqueueMailRows.sql', 'f6015e931e40208b73d61d27d6d10cec49bee838443127a1f1fc7b273c067021'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', 'd69ca714e0a7703615d3ec2eabb3981738950c080a588cff31b32b18d3be6bbf'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'd0d527428f3becb3728ca661ec67d74213fd7fbdb79c39a841f4c0b0bade7685'),
-    ('0001', N'procedures/mailq.ClaimMail.sql', '916de29faead156d75c4d9bf6af3b9ec9293a44f3854e091f33b6f2a9e36fbf4'),
-    ('0001', N'procedures/mailq.FinalizeMail.sql', 'ba13c6f132441a75bc9263ec9706929e2231682643090c1b9b364c3fed8327a4'),
+    ('0001', N'procedures/mailq.ClaimMail.sql', '604af996b0078bae544cfc8a6c230358df7b8571d9fab6f22d516e130b8ab043'),
+    ('0001', N'procedures/mailq.FinalizeMail.sql', '8fc7bbd5019a55a67641a3ccf028473b2cde1188b92cf62d3353195aa00cd6a4'),
     ('0001', N'procedures/mailq.ExtendLease.sql', 'a7e8771b9a660135a3c2f6ce00e23a726ced7b27f8f48c1e39ed3baa14bef449'),
     ('0001', N'procedures/mailq.ReleaseMail.sql', 'd86f025705bdad4d705a279820f28445036fa59aa2697e8bd5fc2998a338a302'),
     ('0001', N'procedures/mailq.MarkSent.sql', 'e61a668a1aa8125249139e79f6586ab3aaa81e705046046976313c2ddc21d196'),
-    ('0001', N'procedures/mailq.MarkFailed.sql', 'f66b3c9f190be129a133dd90602276a2a2737240ead80130c43a573cb234dfe4'),
+    ('0001', N'procedures/mailq.MarkFailed.sql', 'c1022b58cd163780b122a72df3a3cb147d73adef84bf49b3d66691d2f5b4c3cd'),
     ('0001', N'procedures/mailq.CancelMail.sql', '2fa057f44551e94b059da43c82f50c28dc392bd07350f68f80062435d1734f9c'),
     ('0001', N'procedures/mailq.RequeueMail.sql', '1796a14cce9e92478723775fcc3b07e2986f701fccaf60549a8534153d25bd44'),
     ('0001', N'procedures/mailq.PurgeMail.sql', '0b6426f8a27d83ab66a85f2d30f538c166dfa49e90a4abbdafbaf5005cadb16d'),
     ('0001', N'procedures/mailq.UpsertSendingAccount.sql', '73913888ba3539644b3acda7237ab6f0208a764917a4ccea606570c84bf6c379'),
     ('0001', N'procedures/mailq.UnblockSendingAccount.sql', 'b52cd4f9fecd8a4fb17246ab1585a69c61fa193b4166cb92eefeb5d0d44b9807'),
-    ('0001', N'procedures/mailq.AcquireLoginSlot.sql', '27209ae43d88494cf4c67020c63498c1e644a75d24f818a52eb36e9bbe90efff'),
+    ('0001', N'procedures/mailq.AcquireLoginSlot.sql', '103d0cec56e2060e58cfbcdf448024dca179b6924b97027b6bc525aedea4b50f'),
     ('0001', N'procedures/mailq.UpsertApplication.sql', '74746f883547637693d3b0fb7cac6456e9353c71bfda7242eed661b3cfdbb361'),
     ('0001', N'procedures/mailq.BindApplication.sql', '70f8dc39bc05404b3b46479e3213ae0e2377ee985a447217635edaffbbe7f2d5'),
     ('0001', N'procedures/mailq.UnbindApplication.sql', 'e5b43ac81c58b8c83befaf52985677c6cb350c84313350a6b7f2292e215d48f0'),
     ('0001', N'procedures/mailq.SetEnqueuePolicy.sql', 'd3ccf3e0f7fe60e0617718be6a0494995835c60f1d8e5c934bccc6e2540a848b'),
-    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', 'b52838b9bb5c569e70767f12fc4fa692215256a0fa0e126900c41a27e9d3d3ad'),
+    ('0001', N'procedures/mailq.GetEnqueuePolicy.sql', '0cfa2dc58211aebfa7391596c5519984aba40ca1c040902314f5e05a389923f3'),
     ('0001', N'procedures/mailq.GetQueueStats.sql', 'ca4bb0e160c19a4ea2e3dc4ccd4ff8f38fcd728975e2cf99cd315e3715e3641c'),
     ('0001', N'procedures/mailq.GetInstallationHealth.sql', '1fff4b445f9edb7d0309644f75dac40a1ccda5a81af7839be2d6b30eda05265f'),
     ('0001', N'procedures/mailq.RecordRecipientOutcomes.sql', 'b3e7e295140439f926f62df711d19c3ea57df0e12f42d240091ab0b1126c3d7a'),
@@ -11585,7 +11585,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.StopMail.sql', '3815f126d0608f2109939c5869bc0ecbd2bb65aa2f5f4126b19f367163d631af'),
     ('0001', N'procedures/mailq.SetApplicationHook.sql', '9757275ec8d22fe25cba7919cd49e3cd62f3117f2fbe0ed0d3669c17cdb3dff7'),
     ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'fea7ed095476602b8104b49fc1c5244bc724e8f665a365494232b9550243a35d'),
-    ('0001', N'procedures/mailq.ListApplicationHooks.sql', '800a5e0c6989f2a0f6a93df35c5ef3f9eb9707b8c3238f65380e62b420e62cb5'),
+    ('0001', N'procedures/mailq.ListApplicationHooks.sql', '6c1cf7a4a8574f655f015b5759d0b649908a8aa9411d9cbab3bef222adaeb470'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', 'd19f9025524a9e681080f8e5864ed4df270944ee5739d93a0b38977b99e87285'),
     ('0001', N'security/MailqEnqueuer.grants.sql', 'a63718c6a392c87e93165ff3ff1af09be103805eb73ba6fdcdf1db95ad27b502'),
     ('0001', N'security/MailqEnqueuer.batch.grants.sql', '0c94875cda8ed0c299fab6bf37c37f2a01e8bfaba8d80510196b4e9dd4903ff1'),
@@ -11682,7 +11682,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.RemoveSuppression.sql', 'b4d58ab81eafbe7ab1a22c9b994d1370d5b537237e3458eec1bda28c1b178d2b'),
     ('0001', N'procedures/mailq.ListSuppressions.sql', 'f607bb69bbec362ec815c77b894b69eded861be16642ae2b8ebe00dc0db4be67'),
     ('0001', N'procedures/mailq.GetSuppressionStats.sql', '3002368a01567fb9a54b6c8616780d87387dbc08031e8796f6ed5674001bcb03'),
-    ('0001', N'procedures/mailq.PurgeBounceReports.sql', '87fbbf157a511280d4dcc3492097b0871c1204d99a4ec97e67e8a8cb28e6b56f'),
+    ('0001', N'procedures/mailq.PurgeBounceReports.sql', 'd072de4942d7c9e792c6bb0be1930b31346da217a116e1c2ec30bed3f5d48ea1'),
     ('0001', N'security/MailqBounceReader.grants.sql', '079d0b1ab090e10a39e48c7acd98f0a9d5d8ba16c0acc01b5902d995e64cafee'),
     ('0001', N'security/MailqMonitor.role.sql', '4bd4a00e77edbc0a5feb58abe24d78083163a2d59cbea0abf3e12b35d5e0832e'),
     ('0001', N'procedures/mailq.GetQueueMetrics.sql', '4fb5f17ea204e7353bf15a39e06f00f8db3c2f2ad2c2628be772a480b9310c37'),
@@ -11692,7 +11692,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqAdmin.monitoring.grants.sql', '9f2b9ddb38be75e0bc669eb7bd961be5dae08c5a320f5c40629a6a225d1840f5'),
     ('0001', N'broker/MailqMonitor.delay.grants.sql', '51329ac4e47840b9a08b0d06bb50af9a0579a9bfa973679972fb9433f57982bd'),
     ('0001', N'security/MailqDbMailRunner.role.sql', '869c412cdc12046e6c047688d5b4172c3c5f721eb41184f47a40372fe5bdc8c2'),
-    ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '92b3112dc3807f4ebdad8f8ffecb87d7fe710ed0bdb51f757c03158341720901'),
+    ('0001', N'procedures/mailq.ClaimDbMailQuery.sql', '25f1f06e3b2af64b16d52287db351d0ae42a467f9fb4d32d490e31b3ee65bbce'),
     ('0001', N'procedures/mailq.CompleteDbMailQuery.sql', '3c3ae331faaea88c9952518091ad81e653e2b1e8655d63b4d65bcbb486c21874'),
     ('0001', N'views/mailq.sysmail_mailattachments.sql', 'e819185cc385d1438769c091c97f105d9de766470d6a93127a8281bae4556c34'),
     ('0001', N'views/mailq.sysmail_profile.sql', '9a6fa402d177950bd6d387f9b70c2c37bcd866d2e9c6267ebace3a14eef9f994'),

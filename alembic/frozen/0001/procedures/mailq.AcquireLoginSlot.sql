@@ -75,7 +75,7 @@ BEGIN
         FROM @Slot AS s
     )
 
-SELECT
+    SELECT
         d.Granted,
         CAST(IIF(
             d.Granted = 1, 0,

@@ -479,7 +479,7 @@ BEGIN
         WHERE c.TemplateVersion IS NOT NULL
     )
 
-SELECT
+    SELECT
         v.TemplateName,
         v.Version,
         v.SubjectTemplate,

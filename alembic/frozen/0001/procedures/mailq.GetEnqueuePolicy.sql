@@ -53,7 +53,7 @@ holder AS (
         INNER JOIN sys.database_role_members AS m ON h.PrincipalId = m.role_principal_id
     )
 
-SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
+    SELECT DISTINCT u.name AS PrincipalName, USER_NAME(h.ViaId) AS Via
     FROM holder AS h
     INNER JOIN sys.database_principals AS u ON h.PrincipalId = u.principal_id OR h.PrincipalId = 0
     WHERE

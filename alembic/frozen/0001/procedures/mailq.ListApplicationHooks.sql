@@ -42,7 +42,7 @@ BEGIN
         GROUP BY x.AppName
     )
 
-SELECT
+    SELECT
         h.AppName,
         CONCAT(QUOTENAME(h.SchemaName), N'.', QUOTENAME(h.ProcedureName)) AS HookProcedure,
         h.ObjectId,

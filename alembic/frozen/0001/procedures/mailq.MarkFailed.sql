@@ -102,7 +102,7 @@ BEGIN
             WHERE q.Status = N'Sending' AND q.ThreadLock = @LockToken
         )
 
-UPDATE o
+        UPDATE o
         SET
             o.Status = o.NewStatus,
             o.ThreadLock = NULL,

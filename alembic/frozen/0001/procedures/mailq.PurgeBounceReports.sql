@@ -53,7 +53,7 @@ BEGIN
                 ORDER BY b.ReceivedAtUtc
             )
 
-DELETE FROM Oldest;
+            DELETE FROM Oldest;
             SET @Deleted = @@ROWCOUNT;
             SET @Purged += @Deleted;
             COMMIT TRANSACTION;

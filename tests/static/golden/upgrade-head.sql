@@ -1983,7 +1983,7 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @P NVARCHAR(1) = IIF(@Single = 1, N'@', N''), @Err INT, @Msg NVARCHAR(2048);
-    DECLARE @User NVARCHAR(128) = USER_NAME();   -- the caller's user: no EXECUTE AS on the way here
+    DECLARE @User NVARCHAR(128) = USER_NAME();   -- the caller; MailqRunner in hooks and delayed targets
     DECLARE @PrincipalApp NVARCHAR(128) = (
         SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
     );
@@ -11557,7 +11557,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.RecentFailures.sql', '884ce76e279e329c7cfe1c2adebcb743509b3e9da83c9bc169f75c095287d3b9'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', '931f6a4311bc05874ccaeca4480859f894a66fefa0ddddefe0353844a80d521c'),
     ('0001', N'procedures/mailq.LockLeasedMail.sql', 'b1a473e82db79c48bd1db4051c56b345f423b8d9e588d22b6e1be957d29a3ab0'),
-    ('0001', N'procedures/mailq.EnqueueMailRows.sql', 'f6015e931e40208b73d61d27d6d10cec49bee838443127a1f1fc7b273c067021'),
+    ('0001', N'procedures/mailq.EnqueueMailRows.sql', '1d79ca00f8cd6821f2d8518e3115840bbf2c69d3dd4d858f7b2921d8350c5b4a'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', 'd69ca714e0a7703615d3ec2eabb3981738950c080a588cff31b32b18d3be6bbf'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'd0d527428f3becb3728ca661ec67d74213fd7fbdb79c39a841f4c0b0bade7685'),
     ('0001', N'procedures/mailq.ClaimMail.sql', '604af996b0078bae544cfc8a6c230358df7b8571d9fab6f22d516e130b8ab043'),

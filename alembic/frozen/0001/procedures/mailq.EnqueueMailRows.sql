@@ -37,7 +37,7 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
     DECLARE @P NVARCHAR(1) = IIF(@Single = 1, N'@', N''), @Err INT, @Msg NVARCHAR(2048);
-    DECLARE @User NVARCHAR(128) = USER_NAME();   -- the caller's user: no EXECUTE AS on the way here
+    DECLARE @User NVARCHAR(128) = USER_NAME();   -- the caller; MailqRunner in hooks and delayed targets
     DECLARE @PrincipalApp NVARCHAR(128) = (
         SELECT u.AppName FROM mailq.ApplicationPrincipal AS u WHERE u.PrincipalName = USER_NAME()
     );

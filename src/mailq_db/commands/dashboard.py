@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import threading
 from pathlib import Path
 from typing import Any, Mapping
@@ -12,6 +11,7 @@ from typing import Any, Mapping
 from ..connection import ENV_URL, connect
 from ..errors import ConfigurationError
 from ..worker import logs
+from . import serve_until_stopped
 
 ENV_TOKEN = "MAILQ_DASHBOARD_TOKEN"
 DEFAULT_PORT = 8470
@@ -113,13 +113,5 @@ def run(args: argparse.Namespace) -> int:
           f"actions {'ENABLED' if args.allow_actions else 'off'}); Ctrl-C stops", flush=True)
     thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
     thread.start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.shutdown()
-        server.server_close()
+    serve_until_stopped(server)
     return 0

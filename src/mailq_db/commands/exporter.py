@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import threading
 from typing import Any, Callable
 
@@ -12,6 +11,7 @@ from .. import procedures
 from ..connection import ENV_URL, Backoff, ReconnectingConnection, connect
 from ..worker import logs
 from ..worker.metrics import QueueMetricsCache, queue_registry, serve
+from . import serve_until_stopped
 
 HELP = f"""\
 Serve the queue's own metrics on http://HOST:PORT/metrics for Prometheus:
@@ -104,12 +104,5 @@ def run(args: argparse.Namespace) -> int:
     logs.event(logging.getLogger("mailq_db.exporter"), logging.INFO, "exporter started",
                url=f"http://{host}:{port}/metrics", interval_seconds=args.interval)
     print(f"serving http://{host}:{port}/metrics (Ctrl-C stops)", flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.shutdown()
+    serve_until_stopped(server)
     return 0

@@ -150,16 +150,33 @@ To: angry@example.org
     assert queue.suppressed[("default", "", "angry@example.org")].reason == "Complaint"
 
 
-def test_a_deadlock_is_retried_and_then_raised(monkeypatch):
-    calls = []
+def test_a_deadlock_is_retried_by_the_readers_connection_and_then_raised(monkeypatch):
+    """RecordBounce chosen as a deadlock victim (the suppression sweep runs at LOW
+    priority, so rarely): the reader's ReconnectingConnection sends the idempotent
+    call again; a deadlock that persists is raised, and run_once leaves the message."""
+    queue = FakeBounceQueue([make_mail(5, to_address="gone@example.org")])
+    token = SIGNER.token(verp.BOUNCE, 5, 1)
+    raw = dsn(f"bounces+{token}@example.com", "gone@example.org")
+    real, calls = queue.record_bounce, []
 
-    def flaky(raw, cfg, conn, procs):
+    def deadlocked_twice(conn, **kw):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise DatabaseError(1205, "deadlock victim")
+        return real(conn, **kw)
+    monkeypatch.setattr(queue, "record_bounce", deadlocked_twice)
+    out = reader.process(raw, config(), db(), queue)
+    assert out.action == "recorded" and len(calls) == 3 and out.suppressed == ["gone@example.org"]
+
+    def always_deadlocked(conn, **kw):
         calls.append(1)
         raise DatabaseError(1205, "deadlock victim")
-    monkeypatch.setattr(reader, "process", flaky)
+    calls.clear()
+    monkeypatch.setattr(queue, "record_bounce", always_deadlocked)
+    connection = db()
     with pytest.raises(DatabaseError):
-        reader._process_retrying(b"", config(), None, None, sleep=lambda s: None)
-    assert len(calls) == reader.DEADLOCK_RETRIES
+        reader.process(raw, config(), connection, queue)
+    assert len(calls) == connection.retries + 1
 
 
 TOML = """

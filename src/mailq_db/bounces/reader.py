@@ -32,7 +32,6 @@ import logging
 import re
 import ssl
 import sys
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -354,25 +353,11 @@ class PassSummary:
     suppressed: list[str] = field(default_factory=list)
 
 
-DEADLOCK_RETRIES = 3
-
-
-def _process_retrying(raw: bytes, config: ReaderConfig, db: Any, procs: Any,
-                      sleep: Callable[[float], None]) -> Outcome:
-    """process(), again after a deadlock (1205): the suppression sweep is the chosen victim."""
-    for attempt in range(1, DEADLOCK_RETRIES + 1):
-        try:
-            return process(raw, config, db, procs)
-        except DatabaseError as exc:
-            if exc.number != 1205 or attempt == DEADLOCK_RETRIES:
-                raise
-            sleep(0.1 * attempt)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 def run_once(config: ReaderConfig, db: Any, procs: Any, *, mailbox: Mailbox | None = None,
-             token_provider: TokenProvider | None = None, sleep: Callable[[float], None] = time.sleep) -> PassSummary:
-    """One pass over the folder; see the module's docstring."""
+             token_provider: TokenProvider | None = None) -> PassSummary:
+    """One pass over the folder; see the module's docstring.  ``db`` is a
+    :class:`~mailq_db.connection.ReconnectingConnection`: it retries a deadlock
+    or a dropped connection itself (both procedures are idempotent per report)."""
     box = mailbox or Mailbox(config, token_provider)
     summary = PassSummary()
     if box.imap is None:
@@ -384,7 +369,7 @@ def run_once(config: ReaderConfig, db: Any, procs: Any, *, mailbox: Mailbox | No
                 continue
             summary.seen += 1
             try:
-                outcome = _process_retrying(raw, config, db, procs, sleep)
+                outcome = process(raw, config, db, procs)
             except (DatabaseError, OSError, ValueError) as exc:
                 summary.failed += 1
                 log.error("bounce not recorded; the message stays in %s and is read again next pass: %s",

@@ -91,10 +91,20 @@ def missing() -> str | None:
     return None
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now and never handed out before in this process: the
+    kernel may give a just-released port again, and two services of one lab on one
+    port (seen: the connection-rate and idle ports) make a test meet the wrong one."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 class _Greylist(socketserver.ThreadingTCPServer):

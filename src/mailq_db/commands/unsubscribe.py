@@ -6,11 +6,13 @@ import argparse
 import logging
 import os
 import socketserver
+import threading
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..bounces import unsubscribe, verp
 from ..connection import connect
 from ..errors import ConfigurationError
+from . import serve_until_stopped
 
 HELP = """\
 Serve the one-click unsubscribe links of bulk mail (RFC 8058; docs/bounces.md):
@@ -66,10 +68,6 @@ def run(args) -> int:
     server = build_server(args.listen, app)
     host, port = server.server_address[:2]
     print(f"unsubscribe-server listening on {host!s}:{port}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    threading.Thread(target=server.serve_forever, name="unsubscribe-server", daemon=True).start()
+    serve_until_stopped(server)
     return 0

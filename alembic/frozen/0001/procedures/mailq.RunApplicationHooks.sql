@@ -236,7 +236,8 @@ BEGIN
                                     1;
                             -- The code that ran is the code that was checked (same ModifyDate).
                             IF NOT EXISTS (
-                                SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
+                                SELECT 1
+                                FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
                                 WHERE p.ModifyDate = @Modified
                             )
                             BEGIN

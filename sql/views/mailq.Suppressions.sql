@@ -1,12 +1,13 @@
 /*
-mailq.Suppressions: the suppression list as operators read it: AppName NULL
-means every application of the account; IsActive 0 once ExpiresAtUtc passed.
+mailq.Suppressions: the suppression list as operators read it, now: AppName NULL
+means every application of the account; IsActive 0 once ExpiresAtUtc passed
+(the rules: mailq.SuppressionsAsOf).
 */
 CREATE OR ALTER VIEW mailq.Suppressions
 AS
 SELECT
     s.AccountName,
-    NULLIF(s.AppName, N'') AS AppName,
+    s.AppName,
     s.Address,
     s.Reason,
     s.Source,
@@ -15,5 +16,5 @@ SELECT
     s.CreatedAtUtc,
     s.UpdatedAtUtc,
     s.ExpiresAtUtc,
-    CAST(IIF(s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > SYSUTCDATETIME(), 1, 0) AS BIT) AS IsActive
-FROM mailq.Suppression AS s;
+    s.IsActive
+FROM mailq.SuppressionsAsOf(SYSUTCDATETIME()) AS s;

@@ -142,8 +142,27 @@ def test_catch_and_isolation_pattern(path):
     assert "SAVE TRANSACTION" not in sql and "ROLLBACK TRANSACTION CLAIMMAIL" not in sql
     assert "XACT_STATE() <> 0 ROLLBACK TRANSACTION" in sql
     assert "THROW;" in sql
-    # Validation comes before any transaction is opened.
-    assert sql.index("THROW 5") < sql.index("BEGIN TRANSACTION")
+    # Validation comes before any transaction is opened (ClaimMail's in mailq.CheckClaimRequest).
+    first_check = sql.index("EXEC MAILQ.CHECKCLAIMREQUEST") if path == CLAIM else sql.index("THROW 5")
+    assert first_check < sql.index("BEGIN TRANSACTION")
+
+
+def test_claim_checks_run_before_anything_else_and_write_nothing(claim):
+    """ClaimMail applies its defaults, then EXECs its checks with every parameter by
+    name; the checks THROW (never RETURN a code nobody reads) and write nothing."""
+    check = squash((SQL / "procedures" / "mailq.CheckClaimRequest.sql").read_text(encoding="utf-8"))
+    body = claim[claim.index(" AS BEGIN "):]
+    call = re.search(r"EXEC MAILQ.CHECKCLAIMREQUEST (.*?);", body).group(1)
+    assert call == ("@BATCHSIZE = @BATCHSIZE, @LOCKTOKEN = @LOCKTOKEN, @LEASESECONDS = @LEASESECONDS, "
+                    "@APPNAME = @APPNAME, @WORKERNAME = @WORKERNAME, @ACCOUNTNAMES = @ACCOUNTNAMES, "
+                    "@RUNMODES = @RUNMODES")
+    assert body.index("SET @RUNMODES = COALESCE(@RUNMODES, N'[\"PROD\"]')") < body.index("EXEC MAILQ.CHECKCLAIMREQUEST")
+    assert "THROW 5" not in body and "RETURN" not in check
+    assert not re.search(r"\b(INSERT|UPDATE|DELETE|MERGE)\b|BEGIN TRAN", check)
+    assert re.findall(r"THROW (\d+)", check) == ["50130", "50131", "50132", "50103", "50115", "50148", "50241"]
+    signature = re.search(r"PROCEDURE MAILQ.CHECKCLAIMREQUEST (.*?) AS BEGIN", check).group(1)
+    assert signature == ("@BATCHSIZE INT, @LOCKTOKEN UNIQUEIDENTIFIER, @LEASESECONDS INT, @APPNAME NVARCHAR(4000), "
+                         "@WORKERNAME NVARCHAR(4000), @ACCOUNTNAMES NVARCHAR(MAX), @RUNMODES NVARCHAR(MAX)")
 
 
 def test_claim_catch_rolls_back_only_its_own_transaction(claim):
@@ -222,10 +241,11 @@ def test_every_read_of_the_queue_in_the_claim_is_keyed_by_account_and_run_mode(c
 def test_run_modes_parameter_defaults_to_prod_and_is_validated(claim):
     assert "@RUNMODES NVARCHAR(MAX) = NULL AS" in claim, "@RunModes must be the LAST parameter"
     assert "SET @RUNMODES = COALESCE(@RUNMODES, N'[\"PROD\"]');" in claim
-    assert "THROW 50241," in claim
+    check = squash((SQL / "procedures" / "mailq.CheckClaimRequest.sql").read_text(encoding="utf-8"))
+    assert "THROW 50241," in check
     # the rule of CK_MailQueue_RunMode, binary comparison
-    assert "COLLATE LATIN1_GENERAL_100_BIN2 NOT LIKE N'[A-Z]%'" in claim
-    assert "COLLATE LATIN1_GENERAL_100_BIN2 LIKE N'%[^A-Z0-9_-]%'" in claim
+    assert "COLLATE LATIN1_GENERAL_100_BIN2 NOT LIKE N'[A-Z]%'" in check
+    assert "COLLATE LATIN1_GENERAL_100_BIN2 LIKE N'%[^A-Z0-9_-]%'" in check
 
 
 def test_claim_stamps_dry_run_from_the_application_and_returns_it_after_run_mode(claim):

@@ -23,6 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SEND = ROOT / "sql/procedures/mailq.SendDbMail.sql"
+CHECK = ROOT / "sql/procedures/mailq.CheckDbMailRequest.sql"
 CLAIM = ROOT / "sql/procedures/mailq.ClaimDbMailQuery.sql"
 COMPLETE = ROOT / "sql/procedures/mailq.CompleteDbMailQuery.sql"
 REFERENCE_URL = (
@@ -116,6 +117,14 @@ def test_validation_raises_without_aborting_before_the_enqueue():
     assert "THROW" not in before and "EXEC mailq.EnqueueMail" not in before
     assert "EXEC mailq.EnqueueMail" in after
     assert "SET NOCOUNT, XACT_ABORT ON" not in code
+    # The checks live in mailq.CheckDbMailRequest, called before XACT_ABORT is set; its
+    # return code (non-zero: refused, RAISEd already) is SendDbMail's.
+    assert re.search(r"EXEC @rc = mailq\.CheckDbMailRequest\b[^;]*;\s*IF @rc IS NULL OR @rc <> 0 RETURN COALESCE\(@rc, 1\);",
+                     before)
+    check = _code(CHECK)
+    assert "THROW" not in check and "XACT_ABORT" not in check and "BEGIN TRAN" not in check
+    assert re.search(r"RETURN 0;\s*END;\s*$", check)
+    before += check[check.index("AS\nBEGIN"):]
     pairs = re.findall(r"RAISERROR \((\d+), 16, 1[^;]*\);\s*RETURN (\d+);", before)
     assert {(int(n), int(rc)) for n, rc in pairs} >= {
         (14607, 1), (14636, 1), (14626, 13), (14618, 15), (14622, 16), (14618, 17), (14623, 18), (14624, 19),
@@ -146,7 +155,7 @@ def test_no_module_impersonates():
     """The query never runs inside SendDbMail: the runner impersonates the
     sender ad hoc, with a cookie (mailq_db.dbmail.runner); no module of ours
     has EXECUTE AS, and SendDbMail stores the sender's user and SID."""
-    for path in (SEND, CLAIM, COMPLETE):
+    for path in (SEND, CHECK, CLAIM, COMPLETE):
         assert not re.search(r"\bEXECUTE\s+AS\b|\bWITH\s+EXECUTE\b", _code(path), re.I), path.name
     send = _code(SEND)
     assert "USER_NAME(), USER_SID()" in send and "sp_executesql" not in send
@@ -165,7 +174,7 @@ def test_messages_get_the_arguments_msdb_passes():
     """sys.messages texts of msdb's errors have as many %s as msdb passes
     arguments; one left out prints '(null)'.  msdb's sp_RunMailQuery raises
     14630 with the file name and the prohibited list."""
-    code = _code(SEND)
+    code = _code(CHECK)
     assert "RAISERROR (14630, 16, 1, @query_attachment_filename, N'exe,dll,vbs,js');" in code
     # the same list as mailq.sysmail_configuration's ProhibitedExtensions
     assert "N'exe,dll,vbs,js'" in (ROOT / "sql/views/mailq.sysmail_configuration.sql").read_text(encoding="utf-8")
@@ -184,3 +193,23 @@ def test_callers_read_their_attachments_as_in_msdb():
     assert granting and order.index(granting[0]) > order.index("views/mailq.sysmail_mailattachments.sql")
     view = (ROOT / "sql/views/mailq.sysmail_mailattachments.sql").read_text(encoding="utf-8")
     assert "i.SendRequestUser = COALESCE(SUSER_SNAME(), USER_NAME())" in view
+
+
+def test_the_checks_get_every_parameter_with_its_declared_type():
+    """mailq.CheckDbMailRequest takes SendDbMail's parameters under the same names
+    and types (no conversion on the way), and SendDbMail passes each one by name;
+    OUTPUT exactly for the values the checks normalize and what they resolve."""
+    send = {n: t for n, t, _, _ in declared_parameters(SEND.read_text(encoding="utf-8"))}
+    text = CHECK.read_text(encoding="utf-8").replace("PROCEDURE mailq.CheckDbMailRequest", "PROCEDURE mailq.SendDbMail")
+    check = declared_parameters(text)
+    normalized = {"@subject", "@body_format", "@importance", "@sensitivity", "@query_attachment_filename"}
+    for name, typ, default, output in check:
+        assert default is None, name  # every one passed explicitly
+        if name in ("@ProfileID", "@AccountName"):
+            assert output, name
+            continue
+        assert send[name] == typ, name
+        assert output == (name in normalized), name
+    call = re.search(r"EXEC @rc = mailq\.CheckDbMailRequest(.*?);", _code(SEND), re.S).group(1)
+    passed = [re.match(r"\s*(@\w+) = (@\w+)( OUTPUT)?\s*$", a).groups() for a in call.split(",")]
+    assert [(n, n, " OUTPUT" if o else None) for n, _, _, o in check] == passed

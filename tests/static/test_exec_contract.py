@@ -22,7 +22,8 @@ def test_every_public_mail_procedure_has_a_wrapper():
     source = (ROOT / "src/mailq_db/procedures.py").read_text(encoding="utf-8")
     internal = {"mailq.lockleasedmail", "mailq.renderdbmailquery", "mailq.hookdispatchertask",
                 "mailq.enqueuemailrows",
-                "mailq.applysuppressions"}  # granted to no role: reached by ownership chaining
+                "mailq.applysuppressions",  # granted to no role: reached by ownership chaining
+                "mailq.checkbouncereport", "mailq.checkdbmailrequest", "mailq.checkclaimrequest"}  # checks split from their callers
     public = {name for name in procedures(ROOT / "sql") if name.startswith("mailq.")} - internal
     missing = [name for name in sorted(public) if f"EXEC {name}".lower() not in source.lower()]
     assert missing == []

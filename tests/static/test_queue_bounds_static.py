@@ -182,6 +182,7 @@ def test_forceseek_column_lists_name_the_leading_key_of_the_named_index():
 NOT_SETTING_RC = {
     "GetMailTemplate", "ListMailTemplates", "ListMailTemplateVersions", "ListApplicationHooks",  # plain reads
     "SendDbMail",         # its queue writes happen in EnqueueMail, which sets it
+    "CheckDbMailRequest",  # SendDbMail's checks: reads under the caller's level, as SendDbMail's own
 }
 WRITE = re.compile(r"\b(INSERT INTO|UPDATE|DELETE|MERGE)\s+(?:TOP \(\d+\) )?(MAILQ\.\w+|\w+ FROM MAILQ\.\w+)", re.I)
 

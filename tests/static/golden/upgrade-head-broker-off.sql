@@ -2298,36 +2298,35 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.ClaimMail: leases up to @BatchSize due mails to one worker; reads and locks grow with the
-batch and the accounts that can send now, never with mail it cannot take (docs/claim.md).
-Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds
-             INT 1-3600, default 300; @AppName NULL: every application's mail, a name: only its own;
-             @WorkerName; @AccountNames, @RunModes: JSON arrays served (NULL: all accounts, ["prod"]).
-Result sets: 1. the mails leased: their columns, AttemptNo, LeaseExpiresUtc, PossibleDuplicate, DryRun,
-                the template's name, version, model, LeaseSecondsRemaining (INT, whole seconds, floored)
-             2. attachments (Content NULL: Generator makes it); 3. the template versions to render
-Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a name over 128,
-             50115 @AppName not registered, 50148 @AccountNames, 50241 @RunModes.
-Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED
-             (READPAST needs it); its queue reads lock, also under RCSI.
-Lock order:  mailq.RateBudget (U), mailq.MailQueue (index keys U, rows X), mailq.MailAttempt, mailq.MailEvent.
-Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T, @WorkerName = N'host1/1';
+mailq.CheckClaimRequest (internal: mailq.ClaimMail's parameter checks, before its
+transaction; granted to nobody, reached through ownership chaining).
+Parameters:  ClaimMail's, same names and types, defaults already applied:
+             @BatchSize INT, @LockToken UNIQUEIDENTIFIER, @LeaseSeconds INT,
+             @AppName, @WorkerName NVARCHAR(4000), @AccountNames NVARCHAR(MAX),
+             @RunModes NVARCHAR(MAX) (NULL already made ["prod"]).
+Result set:  none.
+Errors:      ClaimMail's 50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds,
+             50103 a name over 128, 50115 @AppName not registered, 50148 @AccountNames,
+             50241 @RunModes, in that order; THROW under XACT_ABORT ON, as in ClaimMail.
+Transaction: none of its own; writes nothing (inside the caller's, if one is open).
+Isolation:   READ COMMITTED (as ClaimMail); one plain read of mailq.Application.
+Lock order:  mailq.Application only (shared, statement-long).
+Example:     EXEC mailq.CheckClaimRequest @BatchSize = 10, @LockToken = @T, @LeaseSeconds = 300,
+                 @AppName = NULL, @WorkerName = NULL, @AccountNames = NULL, @RunModes = N'["prod"]';
 */
-CREATE OR ALTER PROCEDURE mailq.ClaimMail
-    @BatchSize INT = 10,
+CREATE OR ALTER PROCEDURE mailq.CheckClaimRequest
+    @BatchSize INT,
     @LockToken UNIQUEIDENTIFIER,
-    @LeaseSeconds INT = 300,
-    @AppName NVARCHAR(4000) = NULL,
-    @WorkerName NVARCHAR(4000) = NULL,
-    @AccountNames NVARCHAR(MAX) = NULL,
-    @RunModes NVARCHAR(MAX) = NULL
+    @LeaseSeconds INT,
+    @AppName NVARCHAR(4000),
+    @WorkerName NVARCHAR(4000),
+    @AccountNames NVARCHAR(MAX),
+    @RunModes NVARCHAR(MAX)
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @Msg NVARCHAR(2048);
-    SET @BatchSize = COALESCE(@BatchSize, 10);
-    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
     IF @BatchSize NOT BETWEEN 1 AND 1000
     BEGIN
         SET @Msg = CONCAT(N'@BatchSize must be 1-1000; got ', @BatchSize, N'.');
@@ -2358,14 +2357,7 @@ BEGIN
     END;
     IF @AccountsOk = 0
         THROW 50148, N'@AccountNames must be a JSON array of account names, e.g. ["default", "overseas"].', 1;
-    DECLARE @Served TABLE (AccountName NVARCHAR(128) NOT NULL PRIMARY KEY);
-    IF @AccountNames IS NOT NULL
-        INSERT INTO @Served (AccountName)
-        SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
-        FROM OPENJSON(@AccountNames) AS j
-        WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
     DECLARE @RunModesOk BIT = 1;
-    SET @RunModes = COALESCE(@RunModes, N'["prod"]');
     IF ISJSON(@RunModes) = 0 OR LEFT(LTRIM(@RunModes), 1) <> N'['
         SET @RunModesOk = 0;
     ELSE IF (SELECT COUNT(*) FROM OPENJSON(@RunModes)) NOT BETWEEN 1 AND 16
@@ -2388,6 +2380,57 @@ BEGIN
         );
         THROW 50241, @Msg, 1;
     END;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.ClaimMail: leases up to @BatchSize due mails to one worker; reads and locks grow with the
+batch and the accounts that can send now, never with mail it cannot take (docs/claim.md).
+Parameters:  @BatchSize INT 1-1000, default 10; @LockToken UNIQUEIDENTIFIER, required; @LeaseSeconds
+             INT 1-3600, default 300; @AppName NULL: every application's mail, a name: only its own;
+             @WorkerName; @AccountNames, @RunModes: JSON arrays served (NULL: all accounts, ["prod"]).
+Result sets: 1. the mails leased: their columns, AttemptNo, LeaseExpiresUtc, PossibleDuplicate, DryRun,
+                the template's name, version, model, LeaseSecondsRemaining (INT, whole seconds, floored)
+             2. attachments (Content NULL: Generator makes it); 3. the template versions to render
+Errors:      50130 @BatchSize, 50131 @LockToken, 50132 @LeaseSeconds, 50103 a name over 128,
+             50115 @AppName not registered, 50148 @AccountNames, 50241 @RunModes
+             (checked by mailq.CheckClaimRequest before the transaction).
+Transaction: its own if none is open, else the caller's; an error dooms it.  Isolation: READ COMMITTED
+             (READPAST needs it); its queue reads lock, also under RCSI.
+Lock order:  mailq.RateBudget (U), mailq.MailQueue (index keys U, rows X), mailq.MailAttempt, mailq.MailEvent.
+Example:     EXEC mailq.ClaimMail @BatchSize = 100, @LockToken = @T, @WorkerName = N'host1/1';
+*/
+CREATE OR ALTER PROCEDURE mailq.ClaimMail
+    @BatchSize INT = 10,
+    @LockToken UNIQUEIDENTIFIER,
+    @LeaseSeconds INT = 300,
+    @AppName NVARCHAR(4000) = NULL,
+    @WorkerName NVARCHAR(4000) = NULL,
+    @AccountNames NVARCHAR(MAX) = NULL,
+    @RunModes NVARCHAR(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    SET @BatchSize = COALESCE(@BatchSize, 10);
+    SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
+    SET @RunModes = COALESCE(@RunModes, N'["prod"]');
+    -- The checks (50130, 50131, 50132, 50103, 50115, 50148, 50241), before any write.
+    EXEC mailq.CheckClaimRequest
+        @BatchSize = @BatchSize,
+        @LockToken = @LockToken,
+        @LeaseSeconds = @LeaseSeconds,
+        @AppName = @AppName,
+        @WorkerName = @WorkerName,
+        @AccountNames = @AccountNames,
+        @RunModes = @RunModes;
+    DECLARE @Served TABLE (AccountName NVARCHAR(128) NOT NULL PRIMARY KEY);
+    IF @AccountNames IS NOT NULL
+        INSERT INTO @Served (AccountName)
+        SELECT DISTINCT CAST(j.[value] AS NVARCHAR(128))
+        FROM OPENJSON(@AccountNames) AS j
+        WHERE LEN(j.[value]) <= 128;  -- a longer name is no account (never truncated into one)
     DECLARE @Modes TABLE (RunMode NVARCHAR(32) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY);
     INSERT INTO @Modes (RunMode)
     SELECT DISTINCT CAST(j.[value] AS NVARCHAR(32)) FROM OPENJSON(@RunModes) AS j;
@@ -5348,7 +5391,12 @@ BEGIN
         @AppState NVARCHAR(16),
         @PerApp INT,
         @AppCalls INT,
-        @Now DATETIME2(3);
+        @Now DATETIME2(3),
+        @Suspend NVARCHAR(200),
+        @NotPinned NVARCHAR(200) = CONCAT(
+            N' was altered, dropped, recreated, renamed or changed owner since ',
+            N'it was registered; review it and run mailq.SetApplicationHook again.'
+        );
     DECLARE @Stopped TABLE (ID BIGINT, Status NVARCHAR(16), NextAttemptUtc DATETIME2(3));
     DECLARE @ParameterList NVARCHAR(400) = N'@EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), '
         + N'@EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), '
@@ -5390,259 +5438,246 @@ BEGIN
             ORDER BY h.AppName ASC;
             IF @SchemaName IS NULL BREAK;
             SET @Hook = CONCAT(QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName));
-            SELECT @AppState = N'UpToDate', @AppCalls = 0;
+            SELECT @AppState = N'UpToDate', @AppCalls = 0, @Suspend = NULL;
             INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
             IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
+                SET @Suspend = @NotPinned;
+            ELSE
             BEGIN
-                UPDATE h
-                SET
-                    h.LastError = CONCAT(
-                        N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
-                        N'it was registered; review it and run mailq.SetApplicationHook again.'
-                    ),
-                    h.LastRunAtUtc = SYSUTCDATETIME()
-                FROM mailq.ApplicationHook AS h
-                WHERE h.AppName = @App;
-                UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
-                CONTINUE;
-            END;
-            -- QUOTENAMEd catalog names; the values are parameters, never text.
-            SET @Sql = CONCAT(
-                N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, ',
-                N'CONCAT_NULL_YIELDS_NULL ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; ',
-                N'SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
-                N' @EventID = @EventID, @MailID = @MailID, @AppName = @AppName, @EventType = @EventType,',
-                N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
-                N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
-            );
-            -- GetMailEvents' commit-safe read: bound first, then a locking read below it.
-            DELETE FROM @Page;
-            SET @Upper = MIN_ACTIVE_ROWVERSION();
-            INSERT INTO @Page (EventID, MailID, EventType, Status, SmtpCode, Detail)
-            SELECT TOP (IIF(@PerApp < @Budget, @PerApp, @Budget))
-                CAST(e.EventSeq AS BIGINT),
-                e.MailID,
-                e.EventType,
-                e.Status,
-                e.SmtpCode,
-                e.Detail
-            FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
-            WHERE e.AppName = @App AND e.EventSeq > CAST(@Cursor AS BINARY(8)) AND e.EventSeq < @Upper
-            ORDER BY e.EventSeq ASC;
-            WHILE @Budget > 0 AND @AppCalls < @PerApp
-            BEGIN
-                SELECT TOP (1)
-                    @EventID = p.EventID,
-                    @MailID = p.MailID,
-                    @EventType = p.EventType,
-                    @Status = p.Status,
-                    @SmtpCode = p.SmtpCode,
-                    @Detail = p.Detail
-                FROM @Page AS p
-                WHERE p.EventID > @Cursor
-                ORDER BY p.EventID ASC;
-                IF @@ROWCOUNT = 0 BREAK;
-                -- The pin again before every call: an altered hook is not called again.
-                SET @Modified = NULL;
-                SELECT @Modified = p.ModifyDate
-                FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
-                IF @Modified IS NULL
+                -- QUOTENAMEd catalog names; the values are parameters, never text.
+                SET @Sql = CONCAT(
+                    N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, ',
+                    N'CONCAT_NULL_YIELDS_NULL ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; ',
+                    N'SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
+                    N' @EventID = @EventID, @MailID = @MailID, @AppName = @AppName, @EventType = @EventType,',
+                    N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
+                    N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
+                );
+                -- GetMailEvents' commit-safe read: bound first, then a locking read below it.
+                DELETE FROM @Page;
+                SET @Upper = MIN_ACTIVE_ROWVERSION();
+                INSERT INTO @Page (EventID, MailID, EventType, Status, SmtpCode, Detail)
+                SELECT TOP (IIF(@PerApp < @Budget, @PerApp, @Budget))
+                    CAST(e.EventSeq AS BIGINT),
+                    e.MailID,
+                    e.EventType,
+                    e.Status,
+                    e.SmtpCode,
+                    e.Detail
+                FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
+                WHERE e.AppName = @App AND e.EventSeq > CAST(@Cursor AS BINARY(8)) AND e.EventSeq < @Upper
+                ORDER BY e.EventSeq ASC;
+                WHILE @Budget > 0 AND @AppCalls < @PerApp
                 BEGIN
-                    UPDATE h
-                    SET
-                        h.LastError = CONCAT(
-                            N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
-                            N'it was registered; review it and run mailq.SetApplicationHook again.'
-                        ),
-                        h.LastRunAtUtc = SYSUTCDATETIME()
-                    FROM mailq.ApplicationHook AS h
-                    WHERE h.AppName = @App;
-                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
-                    SET @AppState = N'Suspended';
-                    BREAK;
-                END;
-                SELECT
-                    @Budget -= 1,
-                    @AppCalls += 1,
-                    @StopMail = 0,
-                    @StopReason = NULL,
-                    @ErrorNumber = NULL,
-                    @ErrorMessage = NULL,
-                    @TranCountInCatch = NULL,
-                    @Moved = 0,
-                    @GiveUp = 0;
-                UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
-                -- 1. Call, stop and cursor in one transaction.  REVERT in a module undoes only
-                --    its own EXECUTE AS: the hook cannot keep or undo ours.
-                SET @Changed = 0;
-                BEGIN TRANSACTION;
-                EXECUTE AS USER = N'MailqRunner';
-                BEGIN TRY
-                    EXEC sys.sp_executesql
-                        @Sql,
-                        @ParameterList,
-                        @EventID = @EventID,
-                        @MailID = @MailID,
-                        @AppName = @App,
-                        @EventType = @EventType,
-                        @Status = @Status,
-                        @SmtpCode = @SmtpCode,
-                        @Detail = @Detail,
-                        @StopMail = @StopMail OUTPUT,
-                        @StopReason = @StopReason OUTPUT;
-                END TRY
-                BEGIN CATCH
+                    SELECT TOP (1)
+                        @EventID = p.EventID,
+                        @MailID = p.MailID,
+                        @EventType = p.EventType,
+                        @Status = p.Status,
+                        @SmtpCode = p.SmtpCode,
+                        @Detail = p.Detail
+                    FROM @Page AS p
+                    WHERE p.EventID > @Cursor
+                    ORDER BY p.EventID ASC;
+                    IF @@ROWCOUNT = 0 BREAK;
+                    -- The pin again before every call: an altered hook is not called again.
+                    SET @Modified = NULL;
+                    SELECT @Modified = p.ModifyDate
+                    FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
+                    IF @Modified IS NULL
+                    BEGIN
+                        SET @Suspend = @NotPinned;
+                        BREAK;
+                    END;
                     SELECT
-                        @ErrorNumber = ERROR_NUMBER(),
-                        @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
-                        @TranCountInCatch = @@TRANCOUNT;
-                END CATCH;
-                REVERT;
-                IF @ErrorNumber IS NULL
-                BEGIN
+                        @Budget -= 1,
+                        @AppCalls += 1,
+                        @StopMail = 0,
+                        @StopReason = NULL,
+                        @ErrorNumber = NULL,
+                        @ErrorMessage = NULL,
+                        @TranCountInCatch = NULL,
+                        @Moved = 0,
+                        @GiveUp = 0;
+                    UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
+                    -- 1. Call, stop and cursor in one transaction.  REVERT in a module undoes only
+                    --    its own EXECUTE AS: the hook cannot keep or undo ours.
+                    SET @Changed = 0;
+                    BEGIN TRANSACTION;
+                    EXECUTE AS USER = N'MailqRunner';
                     BEGIN TRY
-                        -- 266 normally comes first; a count that still differs is the same fault.
-                        IF @@TRANCOUNT <> 1
-                            THROW 50297,
-                                N'The hook ended the transaction opened for it or left one of its own open.',
-                                1;
-                        -- The code that ran is the code that was checked (same ModifyDate).
-                        IF NOT EXISTS (
-                            SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
-                            WHERE p.ModifyDate = @Modified
-                        )
-                        BEGIN
-                            SET @Changed = 1;
-                            ROLLBACK TRANSACTION;
-                        END;
-                        IF @Changed = 0 AND @StopMail = 1
-                        BEGIN
-                            -- Only a mail not yet final (StopMail refuses one, 50260).  UPDLOCK: StopMail
-                            -- takes this row's U lock next.
-                            SET @MailStatus = NULL;
-                            SELECT @MailStatus = q.Status
-                            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
-                            WHERE q.ID = @MailID;
-                            IF @MailStatus IN (N'UnSent', N'Sending')
-                            BEGIN
-                                SET @StopReason = COALESCE(
-                                    NULLIF(LTRIM(RTRIM(@StopReason)), N''),
-                                    CONCAT(
-                                        N'Stopped by the hook ', @Hook, N' on event ', @EventID,
-                                        N' (', @EventType, N').'
-                                    )
-                                );
-                                -- StopMail's one-row result is kept here, not sent to our caller.
-                                DELETE FROM @Stopped;
-                                INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
-                                EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
-                            END;
-                        END;
-                        -- Guarded: a re-registration meanwhile (@ResetCursorTo) undoes this call.
-                        IF @Changed = 0
-                        BEGIN
-                            UPDATE h
-                            SET
-                                h.CursorEventID = @EventID,
-                                h.FailingEventID = NULL,
-                                h.FailCount = 0,
-                                h.LastError = NULL,
-                                h.LastRunAtUtc = SYSUTCDATETIME()
-                            FROM mailq.ApplicationHook AS h
-                            WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
-                            IF @@ROWCOUNT = 0
-                            BEGIN
-                                SET @Moved = 1;
-                                ROLLBACK TRANSACTION;
-                            END;
-                            ELSE
-                                COMMIT TRANSACTION;
-                        END;
+                        EXEC sys.sp_executesql
+                            @Sql,
+                            @ParameterList,
+                            @EventID = @EventID,
+                            @MailID = @MailID,
+                            @AppName = @App,
+                            @EventType = @EventType,
+                            @Status = @Status,
+                            @SmtpCode = @SmtpCode,
+                            @Detail = @Detail,
+                            @StopMail = @StopMail OUTPUT,
+                            @StopReason = @StopReason OUTPUT;
                     END TRY
                     BEGIN CATCH
                         SELECT
                             @ErrorNumber = ERROR_NUMBER(),
                             @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
                             @TranCountInCatch = @@TRANCOUNT;
-                        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
                     END CATCH;
-                END;
-                -- A failed call: undone as a whole (doomed or not).
-                ELSE IF XACT_STATE() <> 0
-                    ROLLBACK TRANSACTION;
-                IF @Changed = 1
-                BEGIN
+                    REVERT;
+                    IF @ErrorNumber IS NULL
+                    BEGIN
+                        BEGIN TRY
+                            -- 266 normally comes first; a count that still differs is the same fault.
+                            IF @@TRANCOUNT <> 1
+                                THROW 50297,
+                                    N'The hook ended the transaction opened for it or left one of its own open.',
+                                    1;
+                            -- The code that ran is the code that was checked (same ModifyDate).
+                            IF NOT EXISTS (
+                                SELECT 1
+                                FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
+                                WHERE p.ModifyDate = @Modified
+                            )
+                            BEGIN
+                                SET @Changed = 1;
+                                ROLLBACK TRANSACTION;
+                            END;
+                            IF @Changed = 0 AND @StopMail = 1
+                            BEGIN
+                                -- Only a mail not yet final (StopMail refuses one, 50260).  UPDLOCK: StopMail
+                                -- takes this row's U lock next.
+                                SET @MailStatus = NULL;
+                                SELECT @MailStatus = q.Status
+                                FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+                                WHERE q.ID = @MailID;
+                                IF @MailStatus IN (N'UnSent', N'Sending')
+                                BEGIN
+                                    SET @StopReason = COALESCE(
+                                        NULLIF(LTRIM(RTRIM(@StopReason)), N''),
+                                        CONCAT(
+                                            N'Stopped by the hook ', @Hook, N' on event ', @EventID,
+                                            N' (', @EventType, N').'
+                                        )
+                                    );
+                                    -- StopMail's one-row result is kept here, not sent to our caller.
+                                    DELETE FROM @Stopped;
+                                    INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
+                                    EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
+                                END;
+                            END;
+                            -- Guarded: a re-registration meanwhile (@ResetCursorTo) undoes this call.
+                            IF @Changed = 0
+                            BEGIN
+                                UPDATE h
+                                SET
+                                    h.CursorEventID = @EventID,
+                                    h.FailingEventID = NULL,
+                                    h.FailCount = 0,
+                                    h.LastError = NULL,
+                                    h.LastRunAtUtc = SYSUTCDATETIME()
+                                FROM mailq.ApplicationHook AS h
+                                WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                                IF @@ROWCOUNT = 0
+                                BEGIN
+                                    SET @Moved = 1;
+                                    ROLLBACK TRANSACTION;
+                                END;
+                                ELSE
+                                    COMMIT TRANSACTION;
+                            END;
+                        END TRY
+                        BEGIN CATCH
+                            SELECT
+                                @ErrorNumber = ERROR_NUMBER(),
+                                @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
+                                @TranCountInCatch = @@TRANCOUNT;
+                            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+                        END CATCH;
+                    END;
+                    -- A failed call: undone as a whole (doomed or not).
+                    ELSE IF XACT_STATE() <> 0
+                        ROLLBACK TRANSACTION;
+                    IF @Changed = 1
+                    BEGIN
+                        SET @Suspend = CONCAT(
+                            N' was altered while it was called; the call was rolled back. ',
+                            N'Review it and run mailq.SetApplicationHook again.'
+                        );
+                        BREAK;
+                    END;
+                    IF @Moved = 1
+                    BEGIN
+                        UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                        SET @AppState = N'Moved';
+                        BREAK;
+                    END;
+                    IF @ErrorNumber IS NULL
+                    BEGIN
+                        SET @Cursor = @EventID;
+                        SELECT @FailingEventID = NULL, @FailCount = 0;
+                        UPDATE @Summary SET Succeeded += 1, CursorEventID = @EventID WHERE AppName = @App;
+                        CONTINUE;
+                    END;
+                    -- 2. A failed call: count it, or give the event up.
+                    SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
+                    -- 266, no transaction left: the hook ended ours; its work may be committed.
+                    IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
+                    IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
+                    SET @ErrorMessage = LEFT(CONCAT(
+                        N'Event ', @EventID, N' (', @EventType, N', mail ', @MailID, N'), call ', @Attempts,
+                        N' of ', @MaxAttempts, N': error ', @ErrorNumber, N': ', @ErrorMessage
+                    ), 4000);
+                    SET @Now = SYSUTCDATETIME();
+                    UPDATE @Summary SET FailedCalls += 1 WHERE AppName = @App;
+                    BEGIN TRANSACTION;
+                    IF @GiveUp = 1
+                        INSERT INTO mailq.ApplicationHookFailure (
+                            AppName, EventID, MailID, EventType, HookProcedure, Attempts, ErrorNumber, ErrorMessage
+                        )
+                        VALUES (@App, @EventID, @MailID, @EventType, @Hook, @Attempts, @ErrorNumber, @ErrorMessage);
                     UPDATE h
                     SET
-                        h.LastError = CONCAT(
-                            N'Suspended: ', @Hook, N' was altered while it was called; the call was rolled back. ',
-                            N'Review it and run mailq.SetApplicationHook again.'
-                        ),
-                        h.LastRunAtUtc = SYSUTCDATETIME()
+                        h.CursorEventID = IIF(@GiveUp = 1, @EventID, h.CursorEventID),
+                        h.FailingEventID = IIF(@GiveUp = 1, NULL, @EventID),
+                        h.FailCount = IIF(@GiveUp = 1, 0, @Attempts),
+                        h.LastError = @ErrorMessage,
+                        h.LastRunAtUtc = @Now
                     FROM mailq.ApplicationHook AS h
-                    WHERE h.AppName = @App;
-                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
-                    SET @AppState = N'Suspended';
+                    WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                    IF @@ROWCOUNT = 0
+                    BEGIN
+                        ROLLBACK TRANSACTION;
+                        UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                        SET @AppState = N'Moved';
+                        BREAK;
+                    END;
+                    COMMIT TRANSACTION;
+                    IF @GiveUp = 1
+                    BEGIN
+                        SET @Cursor = @EventID;
+                        SELECT @FailingEventID = NULL, @FailCount = 0;
+                        UPDATE @Summary SET GivenUp += 1, CursorEventID = @EventID WHERE AppName = @App;
+                        CONTINUE;
+                    END;
+                    -- Retry on a later run (the interval between runs is the backoff).
+                    UPDATE @Summary SET State = N'Retrying' WHERE AppName = @App;
+                    SET @AppState = N'Retrying';
                     BREAK;
                 END;
-                IF @Moved = 1
-                BEGIN
-                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
-                    SET @AppState = N'Moved';
-                    BREAK;
-                END;
-                IF @ErrorNumber IS NULL
-                BEGIN
-                    SET @Cursor = @EventID;
-                    SELECT @FailingEventID = NULL, @FailCount = 0;
-                    UPDATE @Summary SET Succeeded += 1, CursorEventID = @EventID WHERE AppName = @App;
-                    CONTINUE;
-                END;
-                -- 2. A failed call: count it, or give the event up.
-                SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
-                -- 266, no transaction left: the hook ended ours; its work may be committed.
-                IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
-                IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
-                SET @ErrorMessage = LEFT(CONCAT(
-                    N'Event ', @EventID, N' (', @EventType, N', mail ', @MailID, N'), call ', @Attempts,
-                    N' of ', @MaxAttempts, N': error ', @ErrorNumber, N': ', @ErrorMessage
-                ), 4000);
-                SET @Now = SYSUTCDATETIME();
-                UPDATE @Summary SET FailedCalls += 1 WHERE AppName = @App;
-                BEGIN TRANSACTION;
-                IF @GiveUp = 1
-                    INSERT INTO mailq.ApplicationHookFailure (
-                        AppName, EventID, MailID, EventType, HookProcedure, Attempts, ErrorNumber, ErrorMessage
-                    )
-                    VALUES (@App, @EventID, @MailID, @EventType, @Hook, @Attempts, @ErrorNumber, @ErrorMessage);
+            END;
+            -- The one write of 'Suspended', for the three reasons above; no transaction is open here.
+            IF @Suspend IS NOT NULL
+            BEGIN
                 UPDATE h
                 SET
-                    h.CursorEventID = IIF(@GiveUp = 1, @EventID, h.CursorEventID),
-                    h.FailingEventID = IIF(@GiveUp = 1, NULL, @EventID),
-                    h.FailCount = IIF(@GiveUp = 1, 0, @Attempts),
-                    h.LastError = @ErrorMessage,
-                    h.LastRunAtUtc = @Now
+                    h.LastError = CONCAT(N'Suspended: ', @Hook, @Suspend),
+                    h.LastRunAtUtc = SYSUTCDATETIME()
                 FROM mailq.ApplicationHook AS h
-                WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
-                IF @@ROWCOUNT = 0
-                BEGIN
-                    ROLLBACK TRANSACTION;
-                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
-                    SET @AppState = N'Moved';
-                    BREAK;
-                END;
-                COMMIT TRANSACTION;
-                IF @GiveUp = 1
-                BEGIN
-                    SET @Cursor = @EventID;
-                    SELECT @FailingEventID = NULL, @FailCount = 0;
-                    UPDATE @Summary SET GivenUp += 1, CursorEventID = @EventID WHERE AppName = @App;
-                    CONTINUE;
-                END;
-                -- Retry on a later run (the interval between runs is the backoff).
-                UPDATE @Summary SET State = N'Retrying' WHERE AppName = @App;
-                SET @AppState = N'Retrying';
-                BREAK;
+                WHERE h.AppName = @App;
+                UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                SET @AppState = N'Suspended';
             END;
             IF @AppState = N'UpToDate'
             BEGIN
@@ -6974,64 +7009,57 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.SendDbMail: msdb.dbo.sp_send_dbmail on this queue (docs/database-mail.md):
-msdb's parameters in its declaration order, then the @mailq_ extensions.  Reference:
-https://learn.microsoft.com/en-us/sql/relational-databases/system-stored-procedures/sp-send-dbmail-transact-sql
-Parameters:  as sp_send_dbmail's; @file_attachments is refused; @query runs later
-             as the caller's database user, in this database (mailq-db dbmail-runner)
-             @mailq_query_result_format 'TEXT' (default) | 'HTML' | 'CSV'
-             @mailq_mail_id BIGINT OUTPUT; @mailitem_id INT OUTPUT (sysmail_* key)
-Result:      no result set; PRINT 'Mail (Id: n) queued.' unless @exclude_query_output = 1
-Errors:      as msdb: RAISERROR severity 16 and RETURN n, nothing written, the caller's
-             transaction goes on: 14636/14607 rc 1, 14618 rc 2-6, 15, 17, 14626 rc 13,
-             14622 rc 16, 14623 rc 18, 14624 rc 19-20, 14613 rc 1, 14625 rc 21,
-             14630 rc 2, 14633 rc 1; this package's: RAISERROR 50000 and RETURN
-             50641-50652 (docs/errors.md).  THROWn under XACT_ABORT: EnqueueMail's
-             errors not checked here (50500, 50160/50161/50168, 50114, 50600, deadlock).
-Transaction: validation first (XACT_ABORT as the caller has it); then the enqueue and
-             its DbMailItem row in one transaction, its own or the caller's.
-Isolation:   the caller's (EnqueueMail sets its own).
-Lock order:  (via EnqueueMail) mailq.Suppression, mailq.MailQueue,
-             mailq.MailAttachment, then mailq.DbMailItem.
-Example:     DECLARE @rc INT;
-             EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com', @subject = N'Backups';
+mailq.CheckDbMailRequest (internal: mailq.SendDbMail's checks, before it writes;
+granted to nobody, reached through ownership chaining): the profile the caller may
+use, msdb's checks in msdb's order with its numbers and return codes, this
+package's refusals, and the profile's account (failover: the first not blocked).
+Parameters:  SendDbMail's, same names and types (@query already NULLIF'd);
+             normalized in place (OUTPUT): @subject (default 'SQL Server Message'),
+             @body_format, @importance, @sensitivity (upper case),
+             @query_attachment_filename (trimmed, '' -> NULL);
+             OUTPUT @ProfileID INT, @AccountName NVARCHAR(128).
+Returns:     0 when SendDbMail may enqueue, else SendDbMail's return code after
+             a RAISERROR severity 16 (its header lists them).
+Result set:  none.  Errors: RAISERROR only, as SendDbMail documents.
+Transaction: none of its own; writes nothing.  XACT_ABORT as the caller has it
+             (not set here), so a refusal leaves a caller's transaction going.
+Isolation:   the caller's (SendDbMail sets none).
+Lock order:  reads only: the DbMail profile tables, mailq.SendingAccount.
+Example:     EXEC @rc = mailq.CheckDbMailRequest @profile_name = @profile_name, ...;
 */
-CREATE OR ALTER PROCEDURE mailq.SendDbMail
-    @profile_name SYSNAME = NULL,
-    @recipients VARCHAR(MAX) = NULL,
-    @copy_recipients VARCHAR(MAX) = NULL,
-    @blind_copy_recipients VARCHAR(MAX) = NULL,
-    @subject NVARCHAR(255) = NULL,
-    @body NVARCHAR(MAX) = NULL,
-    @body_format VARCHAR(20) = NULL,
-    @importance VARCHAR(6) = 'NORMAL',
-    @sensitivity VARCHAR(12) = 'NORMAL',
-    @file_attachments NVARCHAR(MAX) = NULL,
-    @query NVARCHAR(MAX) = NULL,
-    @execute_query_database SYSNAME = NULL,
-    @attach_query_result_as_file BIT = 0,
-    @query_attachment_filename NVARCHAR(260) = NULL,
-    @query_result_header BIT = 1,
-    @query_result_width INT = 256,
-    @query_result_separator CHAR(1) = ' ',
-    @exclude_query_output BIT = 0,
-    @append_query_error BIT = 0,
-    @query_no_truncate BIT = 0,
-    @query_result_no_padding BIT = 0,
-    @mailitem_id INT = NULL OUTPUT,
-    @from_address VARCHAR(MAX) = NULL,
-    @reply_to VARCHAR(MAX) = NULL,
-    @mailq_query_result_format VARCHAR(4) = 'TEXT',
-    @mailq_mail_id BIGINT = NULL OUTPUT
+CREATE OR ALTER PROCEDURE mailq.CheckDbMailRequest
+    @profile_name SYSNAME,
+    @recipients VARCHAR(MAX),
+    @copy_recipients VARCHAR(MAX),
+    @blind_copy_recipients VARCHAR(MAX),
+    @subject NVARCHAR(255) OUTPUT,
+    @body NVARCHAR(MAX),
+    @body_format VARCHAR(20) OUTPUT,
+    @importance VARCHAR(6) OUTPUT,
+    @sensitivity VARCHAR(12) OUTPUT,
+    @file_attachments NVARCHAR(MAX),
+    @query NVARCHAR(MAX),
+    @execute_query_database SYSNAME,
+    @attach_query_result_as_file BIT,
+    @query_attachment_filename NVARCHAR(260) OUTPUT,
+    @query_result_header BIT,
+    @query_result_width INT,
+    @query_result_separator CHAR(1),
+    @exclude_query_output BIT,
+    @append_query_error BIT,
+    @query_no_truncate BIT,
+    @query_result_no_padding BIT,
+    @from_address VARCHAR(MAX),
+    @reply_to VARCHAR(MAX),
+    @mailq_query_result_format VARCHAR(4),
+    @ProfileID INT OUTPUT,
+    @AccountName NVARCHAR(128) OUTPUT
 AS
 BEGIN
-    -- XACT_ABORT as the caller has it until the enqueue: checks RAISERROR and RETURN.
+    -- No SET XACT_ABORT: the checks RAISERROR and RETURN under the caller's setting.
     SET NOCOUNT ON;
-    DECLARE @Msg NVARCHAR(2048), @rc INT, @ProfileID INT, @FromList NVARCHAR(400);
-    DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
-    SET @mailitem_id = NULL;
-    SET @mailq_mail_id = NULL;
-    SET @query = NULLIF(@query, N'');
+    DECLARE @Msg NVARCHAR(2048), @rc INT, @FromList NVARCHAR(400);
+    SELECT @ProfileID = NULL, @AccountName = NULL;
     -- 1. Profile: the named one if the caller may use it, else the user's default,
     --    a role's, the public one.  No EXECUTE AS: USER_NAME() is the caller.
     IF @profile_name IS NOT NULL
@@ -7198,7 +7226,6 @@ BEGIN
         RETURN @rc;
     END;
     -- Failover: the profile's first account not blocked (else the first).
-    DECLARE @AccountName NVARCHAR(128);
     SELECT TOP (1) @AccountName = a.AccountName
     FROM mailq.DbMailProfileAccount AS pa
     INNER JOIN mailq.DbMailAccount AS da ON pa.AccountID = da.AccountID
@@ -7210,6 +7237,103 @@ BEGIN
         RAISERROR (N'The profile has no account (mailq.UpsertDbMailProfileAccount).', 16, 1);
         RETURN 50651;
     END;
+    RETURN 0;
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.SendDbMail: msdb.dbo.sp_send_dbmail on this queue (docs/database-mail.md):
+msdb's parameters in its declaration order, then the @mailq_ extensions.  Reference:
+https://learn.microsoft.com/en-us/sql/relational-databases/system-stored-procedures/sp-send-dbmail-transact-sql
+Parameters:  as sp_send_dbmail's; @file_attachments is refused; @query runs later
+             as the caller's database user, in this database (mailq-db dbmail-runner)
+             @mailq_query_result_format 'TEXT' (default) | 'HTML' | 'CSV'
+             @mailq_mail_id BIGINT OUTPUT; @mailitem_id INT OUTPUT (sysmail_* key)
+Result:      no result set; PRINT 'Mail (Id: n) queued.' unless @exclude_query_output = 1
+Errors:      as msdb: RAISERROR severity 16 and RETURN n, nothing written, the caller's
+             transaction goes on: 14636/14607 rc 1, 14618 rc 2-6, 15, 17, 14626 rc 13,
+             14622 rc 16, 14623 rc 18, 14624 rc 19-20, 14613 rc 1, 14625 rc 21,
+             14630 rc 2, 14633 rc 1; this package's: RAISERROR 50000 and RETURN
+             50641-50652 (docs/errors.md).  THROWn under XACT_ABORT: EnqueueMail's
+             errors not checked here (50500, 50160/50161/50168, 50114, 50600, deadlock).
+Transaction: validation first (mailq.CheckDbMailRequest, XACT_ABORT as the caller has
+             it); then the enqueue and its DbMailItem row in one transaction, its own
+             or the caller's.
+Isolation:   the caller's (EnqueueMail sets its own).
+Lock order:  (via EnqueueMail) mailq.Suppression, mailq.MailQueue,
+             mailq.MailAttachment, then mailq.DbMailItem.
+Example:     DECLARE @rc INT;
+             EXEC @rc = mailq.SendDbMail @recipients = 'dba@example.com', @subject = N'Backups';
+*/
+CREATE OR ALTER PROCEDURE mailq.SendDbMail
+    @profile_name SYSNAME = NULL,
+    @recipients VARCHAR(MAX) = NULL,
+    @copy_recipients VARCHAR(MAX) = NULL,
+    @blind_copy_recipients VARCHAR(MAX) = NULL,
+    @subject NVARCHAR(255) = NULL,
+    @body NVARCHAR(MAX) = NULL,
+    @body_format VARCHAR(20) = NULL,
+    @importance VARCHAR(6) = 'NORMAL',
+    @sensitivity VARCHAR(12) = 'NORMAL',
+    @file_attachments NVARCHAR(MAX) = NULL,
+    @query NVARCHAR(MAX) = NULL,
+    @execute_query_database SYSNAME = NULL,
+    @attach_query_result_as_file BIT = 0,
+    @query_attachment_filename NVARCHAR(260) = NULL,
+    @query_result_header BIT = 1,
+    @query_result_width INT = 256,
+    @query_result_separator CHAR(1) = ' ',
+    @exclude_query_output BIT = 0,
+    @append_query_error BIT = 0,
+    @query_no_truncate BIT = 0,
+    @query_result_no_padding BIT = 0,
+    @mailitem_id INT = NULL OUTPUT,
+    @from_address VARCHAR(MAX) = NULL,
+    @reply_to VARCHAR(MAX) = NULL,
+    @mailq_query_result_format VARCHAR(4) = 'TEXT',
+    @mailq_mail_id BIGINT = NULL OUTPUT
+AS
+BEGIN
+    -- XACT_ABORT as the caller has it until the enqueue: checks RAISERROR and RETURN.
+    SET NOCOUNT ON;
+    DECLARE @Msg NVARCHAR(2048), @rc INT, @ProfileID INT;
+    DECLARE @Hold DATETIME2(3) = '9000-01-01T00:00:00';
+    SET @mailitem_id = NULL;
+    SET @mailq_mail_id = NULL;
+    SET @query = NULLIF(@query, N'');
+    -- 1.-3. The checks (mailq.CheckDbMailRequest): a refusal has RAISEd its error and
+    --       returns its code; nothing is written before they pass.
+    DECLARE @AccountName NVARCHAR(128);
+    EXEC @rc = mailq.CheckDbMailRequest
+        @profile_name = @profile_name,
+        @recipients = @recipients,
+        @copy_recipients = @copy_recipients,
+        @blind_copy_recipients = @blind_copy_recipients,
+        @subject = @subject OUTPUT,
+        @body = @body,
+        @body_format = @body_format OUTPUT,
+        @importance = @importance OUTPUT,
+        @sensitivity = @sensitivity OUTPUT,
+        @file_attachments = @file_attachments,
+        @query = @query,
+        @execute_query_database = @execute_query_database,
+        @attach_query_result_as_file = @attach_query_result_as_file,
+        @query_attachment_filename = @query_attachment_filename OUTPUT,
+        @query_result_header = @query_result_header,
+        @query_result_width = @query_result_width,
+        @query_result_separator = @query_result_separator,
+        @exclude_query_output = @exclude_query_output,
+        @append_query_error = @append_query_error,
+        @query_no_truncate = @query_no_truncate,
+        @query_result_no_padding = @query_result_no_padding,
+        @from_address = @from_address,
+        @reply_to = @reply_to,
+        @mailq_query_result_format = @mailq_query_result_format,
+        @ProfileID = @ProfileID OUTPUT,
+        @AccountName = @AccountName OUTPUT;
+    -- NULL: the checks did not finish (an error ended them); refuse as well.
+    IF @rc IS NULL OR @rc <> 0 RETURN COALESCE(@rc, 1);
     -- 4. The mail; importance and sensitivity become the headers System.Net.Mail writes.
     DECLARE @FromAddress NVARCHAR(MAX) = @from_address, @FromName NVARCHAR(MAX);
     SELECT @FromAddress = a.Address, @FromName = a.DisplayName
@@ -7688,11 +7812,21 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
-mailq.Suppressions: the suppression list as operators read it: AppName NULL
-means every application of the account; IsActive 0 once ExpiresAtUtc passed.
+mailq.SuppressionsAsOf: the suppression list as operators read it, at one moment;
+the one place of its rules: AppName NULL means every application of the account
+(stored N''), IsActive 0 once ExpiresAtUtc has passed @AsOfUtc.  Inline: it expands
+into the caller's statement (the view mailq.Suppressions, mailq.ListSuppressions).
+Parameters:  @AsOfUtc DATETIME2(7): the moment IsActive is judged at (7 digits, so
+             the view's SYSUTCDATETIME() is compared unrounded).
+Returns:     AccountName, AppName, Address, Reason, Source, Detail, MailID,
+             CreatedAtUtc, UpdatedAtUtc, ExpiresAtUtc, IsActive BIT; one row per
+             mailq.Suppression row, no hints (the caller's isolation applies).
+Example:     SELECT s.Address FROM mailq.SuppressionsAsOf(SYSUTCDATETIME()) AS s WHERE s.IsActive = 1;
 */
-CREATE OR ALTER VIEW mailq.Suppressions
+CREATE OR ALTER FUNCTION mailq.SuppressionsAsOf(@AsOfUtc DATETIME2(7))
+RETURNS TABLE
 AS
+RETURN
 SELECT
     s.AccountName,
     NULLIF(s.AppName, N'') AS AppName,
@@ -7704,8 +7838,31 @@ SELECT
     s.CreatedAtUtc,
     s.UpdatedAtUtc,
     s.ExpiresAtUtc,
-    CAST(IIF(s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > SYSUTCDATETIME(), 1, 0) AS BIT) AS IsActive
+    CAST(IIF(s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @AsOfUtc, 1, 0) AS BIT) AS IsActive
 FROM mailq.Suppression AS s;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
+mailq.Suppressions: the suppression list as operators read it, now: AppName NULL
+means every application of the account; IsActive 0 once ExpiresAtUtc passed
+(the rules: mailq.SuppressionsAsOf).
+*/
+CREATE OR ALTER VIEW mailq.Suppressions
+AS
+SELECT
+    s.AccountName,
+    s.AppName,
+    s.Address,
+    s.Reason,
+    s.Source,
+    s.Detail,
+    s.MailID,
+    s.CreatedAtUtc,
+    s.UpdatedAtUtc,
+    s.ExpiresAtUtc,
+    s.IsActive
+FROM mailq.SuppressionsAsOf(SYSUTCDATETIME()) AS s;
 GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
@@ -7991,6 +8148,94 @@ GO
 IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
 GO
 /*
+mailq.CheckBounceReport (internal: mailq.RecordBounce's parameter checks, before its
+transaction; granted to nobody, reached through ownership chaining): validates one
+report's parameters and resolves the mail its VERP token names.
+Parameters:  RecordBounce's @ReportKey, @Recipients, @Source, @AccountName, @MailID,
+             @RecipientNo, @HardBounceLimit (already defaulted), @SoftBounceLimit;
+             OUTPUT: @KnownMail (NULL: no queued mail), @Account (the mail's, else
+             @AccountName), @App, @To, @CC, @BCC (the mail's lists), @TokenAddress
+             (the address @RecipientNo names in a known mail, else NULL).
+Result set:  none.
+Errors:      RecordBounce's 50607, 50604, 50610, 50609, 50601, in that order.
+Transaction: none of its own; writes nothing (inside the caller's, if one is open).
+Isolation:   READ COMMITTED (as RecordBounce); plain reads of the mail and account.
+Lock order:  mailq.MailQueue, mailq.SendingAccount (shared, statement-long).
+Example:     EXEC mailq.CheckBounceReport @ReportKey = @ReportKey, ..., @KnownMail = @KnownMail OUTPUT, ...;
+*/
+CREATE OR ALTER PROCEDURE mailq.CheckBounceReport
+    @ReportKey VARBINARY(32),
+    @Recipients NVARCHAR(MAX),
+    @Source NVARCHAR(200),
+    @AccountName NVARCHAR(128),
+    @MailID BIGINT,
+    @RecipientNo INT,
+    @HardBounceLimit INT,
+    @SoftBounceLimit INT,
+    @KnownMail BIGINT OUTPUT,
+    @Account NVARCHAR(128) OUTPUT,
+    @App NVARCHAR(128) OUTPUT,
+    @To NVARCHAR(4000) OUTPUT,
+    @CC NVARCHAR(4000) OUTPUT,
+    @BCC NVARCHAR(4000) OUTPUT,
+    @TokenAddress NVARCHAR(320) OUTPUT
+AS
+BEGIN
+    SET NOCOUNT, XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @Msg NVARCHAR(2048);
+    SELECT @KnownMail = NULL, @Account = NULL, @App = NULL, @To = NULL, @CC = NULL, @BCC = NULL,
+        @TokenAddress = NULL;
+    IF @ReportKey IS NULL OR DATALENGTH(@ReportKey) <> 32
+        THROW 50607, N'@ReportKey must be 32 bytes: the SHA-256 of the report''s Message-ID (or of its bytes).', 1;
+    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
+        THROW 50604, N'@Source is required (1-200 characters): where the report was read.', 1;
+    IF @HardBounceLimit NOT BETWEEN 1 AND 100 OR @SoftBounceLimit NOT BETWEEN 1 AND 100
+    BEGIN
+        SET @Msg = CONCAT(N'@HardBounceLimit must be 1-100 and @SoftBounceLimit 1-100 or NULL; got ',
+            @HardBounceLimit, N' and ', COALESCE(CAST(@SoftBounceLimit AS NVARCHAR(12)), N'NULL'), N'.');
+        THROW 50610, @Msg, 1;
+    END;
+    -- ISJSON, OPENJSON and JSON_VALUE in separate statements (no guaranteed
+    -- evaluation order inside one condition).
+    DECLARE @RecipientsOk BIT = 1;
+    IF @Recipients IS NULL OR ISJSON(@Recipients) = 0 OR LEFT(LTRIM(@Recipients), 1) <> N'['
+        SET @RecipientsOk = 0;
+    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@Recipients)) NOT BETWEEN 1 AND 1000
+        SET @RecipientsOk = 0;
+    ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@Recipients) AS j WHERE j.[type] <> 5)
+        SET @RecipientsOk = 0;
+    IF @RecipientsOk = 0
+        THROW 50609, N'@Recipients must be a JSON array of 1-1000 objects.', 1;
+    -- The mail, when the token named one that still exists (a plain read:
+    -- account, application and lists do not change after enqueue except by
+    -- a suppression sweep, which only removes addresses).
+    IF @MailID IS NOT NULL
+        SELECT
+            @KnownMail = q.ID, @Account = q.AccountName, @App = q.AppName,
+            @To = q.ToAddress, @CC = q.CC, @BCC = q.BCC
+        FROM mailq.MailQueue AS q
+        WHERE q.ID = @MailID;
+    IF @KnownMail IS NULL
+    BEGIN
+        SET @Account = @AccountName;
+        IF @Account IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.AccountName = @Account)
+        BEGIN
+            SET @Msg = CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account, and the report ',
+                N'names no queued mail (@MailID ', @MailID, N'): give the account the bounce mailbox serves.');
+            THROW 50601, @Msg, 1;
+        END;
+    END;
+    SET @TokenAddress = (
+        SELECT TOP (1) CAST(r.Address AS NVARCHAR(320))
+        FROM mailq.MailRecipientList(@To, @CC, @BCC) AS r
+        WHERE r.RecipientNo = @RecipientNo AND r.IsFirst = 1 AND @KnownMail IS NOT NULL
+    );
+END;
+GO
+IF @@ERROR <> 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; IF @@TRANCOUNT = 0 BEGIN RAISERROR(N'mailq-db: revision 0001 failed and was rolled back; the rest of this script is not executed.', 16, 1); SET NOEXEC ON; END;
+GO
+/*
 mailq.RecordBounce: records what one delivery report says about its recipients
 (`mailq-db bounces`), once per (report, address), and suppresses the addresses
 that reached their limit: per new recipient a mailq.BounceReport row; with a
@@ -8012,7 +8257,8 @@ Result set:  per recipient: Address, Kind, MailID, Recorded BIT (0: already
 Errors:      50601 no known mail and no valid @AccountName; 50602 a recipient
              without a valid address and no @RecipientNo; 50604 @Source; 50607
              @ReportKey not 32 bytes; 50608 a kind; 50609 @Recipients not a JSON
-             array of 1-1000 objects; 50610 a limit out of range.
+             array of 1-1000 objects; 50610 a limit out of range (50601, 50604,
+             50607, 50609, 50610 checked by mailq.CheckBounceReport, before any write).
 Transaction: its own if none is open, else the caller's; an error dooms either.
 Isolation:   READ COMMITTED; the report key WITH (UPDLOCK, HOLDLOCK): two readers
              of one report record it once.
@@ -8035,54 +8281,26 @@ BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @Msg NVARCHAR(2048);
-    IF @ReportKey IS NULL OR DATALENGTH(@ReportKey) <> 32
-        THROW 50607, N'@ReportKey must be 32 bytes: the SHA-256 of the report''s Message-ID (or of its bytes).', 1;
-    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
-        THROW 50604, N'@Source is required (1-200 characters): where the report was read.', 1;
     SET @HardBounceLimit = ISNULL(@HardBounceLimit, 1);
-    IF @HardBounceLimit NOT BETWEEN 1 AND 100 OR @SoftBounceLimit NOT BETWEEN 1 AND 100
-    BEGIN
-        SET @Msg = CONCAT(N'@HardBounceLimit must be 1-100 and @SoftBounceLimit 1-100 or NULL; got ',
-            @HardBounceLimit, N' and ', COALESCE(CAST(@SoftBounceLimit AS NVARCHAR(12)), N'NULL'), N'.');
-        THROW 50610, @Msg, 1;
-    END;
-    -- ISJSON, OPENJSON and JSON_VALUE in separate statements (no guaranteed
-    -- evaluation order inside one condition).
-    DECLARE @RecipientsOk BIT = 1;
-    IF @Recipients IS NULL OR ISJSON(@Recipients) = 0 OR LEFT(LTRIM(@Recipients), 1) <> N'['
-        SET @RecipientsOk = 0;
-    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@Recipients)) NOT BETWEEN 1 AND 1000
-        SET @RecipientsOk = 0;
-    ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@Recipients) AS j WHERE j.[type] <> 5)
-        SET @RecipientsOk = 0;
-    IF @RecipientsOk = 0
-        THROW 50609, N'@Recipients must be a JSON array of 1-1000 objects.', 1;
-    -- The mail, when the token named one that still exists (a plain read:
-    -- account, application and lists do not change after enqueue except by
-    -- a suppression sweep, which only removes addresses).
+    -- Checks and the mail's lookup, before any write: 50607, 50604, 50610, 50609, 50601.
     DECLARE @Account NVARCHAR(128), @App NVARCHAR(128), @To NVARCHAR(4000), @CC NVARCHAR(4000),
-        @BCC NVARCHAR(4000), @KnownMail BIGINT;
-    IF @MailID IS NOT NULL
-        SELECT
-            @KnownMail = q.ID, @Account = q.AccountName, @App = q.AppName,
-            @To = q.ToAddress, @CC = q.CC, @BCC = q.BCC
-        FROM mailq.MailQueue AS q
-        WHERE q.ID = @MailID;
-    IF @KnownMail IS NULL
-    BEGIN
-        SET @Account = @AccountName;
-        IF @Account IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.AccountName = @Account)
-        BEGIN
-            SET @Msg = CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account, and the report ',
-                N'names no queued mail (@MailID ', @MailID, N'): give the account the bounce mailbox serves.');
-            THROW 50601, @Msg, 1;
-        END;
-    END;
-    DECLARE @TokenAddress NVARCHAR(320) = (
-        SELECT TOP (1) CAST(r.Address AS NVARCHAR(320))
-        FROM mailq.MailRecipientList(@To, @CC, @BCC) AS r
-        WHERE r.RecipientNo = @RecipientNo AND r.IsFirst = 1 AND @KnownMail IS NOT NULL
-    );
+        @BCC NVARCHAR(4000), @KnownMail BIGINT, @TokenAddress NVARCHAR(320);
+    EXEC mailq.CheckBounceReport
+        @ReportKey = @ReportKey,
+        @Recipients = @Recipients,
+        @Source = @Source,
+        @AccountName = @AccountName,
+        @MailID = @MailID,
+        @RecipientNo = @RecipientNo,
+        @HardBounceLimit = @HardBounceLimit,
+        @SoftBounceLimit = @SoftBounceLimit,
+        @KnownMail = @KnownMail OUTPUT,
+        @Account = @Account OUTPUT,
+        @App = @App OUTPUT,
+        @To = @To OUTPUT,
+        @CC = @CC OUTPUT,
+        @BCC = @BCC OUTPUT,
+        @TokenAddress = @TokenAddress OUTPUT;
     DECLARE @R TABLE (
         Address NVARCHAR(400) NULL,
         Kind NVARCHAR(16) NULL,
@@ -8551,6 +8769,7 @@ Errors:      50613 @MaxRows out of range.
 Transaction: none of its own; reads only.
 Isolation:   sets READ COMMITTED itself (no key-range locks under a SERIALIZABLE
              caller, no stale snapshot under SNAPSHOT; a report, locks kept by none).
+Reads:       mailq.SuppressionsAsOf(@Now), the rules of the view mailq.Suppressions.
 Lock order:  mailq.Suppression only.
 Example:     EXEC mailq.ListSuppressions @AccountName = N'news', @Reason = N'Complaint';
 */
@@ -8573,9 +8792,10 @@ BEGIN
     END;
     SET @Address = LOWER(LTRIM(RTRIM(@Address)));
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    -- The view's rules at one moment, @Now: IsActive and the filter agree on it.
     SELECT TOP (@MaxRows)
         s.AccountName,
-        NULLIF(s.AppName, N'') AS AppName,
+        s.AppName,
         s.Address,
         s.Reason,
         s.Source,
@@ -8584,13 +8804,13 @@ BEGIN
         s.CreatedAtUtc,
         s.UpdatedAtUtc,
         s.ExpiresAtUtc,
-        CAST(IIF(s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now, 1, 0) AS BIT) AS IsActive
-    FROM mailq.Suppression AS s
+        s.IsActive
+    FROM mailq.SuppressionsAsOf(@Now) AS s
     WHERE
         (@AccountName IS NULL OR s.AccountName = @AccountName)
         AND (@Address IS NULL OR s.Address = @Address)
         AND (@Reason IS NULL OR s.Reason = @Reason)
-        AND (ISNULL(@IncludeExpired, 0) = 1 OR s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now)
+        AND (ISNULL(@IncludeExpired, 0) = 1 OR s.IsActive = 1)
     ORDER BY s.UpdatedAtUtc DESC, s.AccountName ASC, s.Address ASC
     OPTION (RECOMPILE);  -- optional filters: a plan per call, so a given account+address seeks
 END;
@@ -8729,8 +8949,8 @@ GO
 /*
 Grants for bounces, complaints, unsubscribes and suppression (docs/bounces.md):
 the bounce reader role records; administrators also list, add, remove,
-purge and read the views.  mailq.ApplySuppressions is internal (reached
-through ownership chaining only) and granted to nobody; enqueuers need no
+purge and read the views.  mailq.ApplySuppressions and mailq.CheckBounceReport
+are internal (reached through ownership chaining only) and granted to nobody; enqueuers need no
 grant for mailq.FilterSuppressedRecipients, which the enqueue core
 (mailq.EnqueueMailRows) calls.
 */
@@ -9418,7 +9638,8 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.EnqueueMailRows.sql', '1d79ca00f8cd6821f2d8518e3115840bbf2c69d3dd4d858f7b2921d8350c5b4a'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', 'd69ca714e0a7703615d3ec2eabb3981738950c080a588cff31b32b18d3be6bbf'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'd0d527428f3becb3728ca661ec67d74213fd7fbdb79c39a841f4c0b0bade7685'),
-    ('0001', N'procedures/mailq.ClaimMail.sql', '604af996b0078bae544cfc8a6c230358df7b8571d9fab6f22d516e130b8ab043'),
+    ('0001', N'procedures/mailq.CheckClaimRequest.sql', '14051f562c2f97afdf08ced3db10d68bc21db9a18bfd186b31977fcedbda7be5'),
+    ('0001', N'procedures/mailq.ClaimMail.sql', 'be0bc47523f12f1a2c14c81f1ec333982dd62709283d2a2a84fe89d9f45f2f38'),
     ('0001', N'procedures/mailq.FinalizeMail.sql', '8fc7bbd5019a55a67641a3ccf028473b2cde1188b92cf62d3353195aa00cd6a4'),
     ('0001', N'procedures/mailq.ExtendLease.sql', 'a7e8771b9a660135a3c2f6ce00e23a726ced7b27f8f48c1e39ed3baa14bef449'),
     ('0001', N'procedures/mailq.ReleaseMail.sql', 'd86f025705bdad4d705a279820f28445036fa59aa2697e8bd5fc2998a338a302'),
@@ -9442,7 +9663,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.GetMailEvents.sql', '756b86ad8cf49ffd85a5e57c78aedba7b5b23696db998cdfa1585cb4454a3b2a'),
     ('0001', N'procedures/mailq.StopMail.sql', '3815f126d0608f2109939c5869bc0ecbd2bb65aa2f5f4126b19f367163d631af'),
     ('0001', N'procedures/mailq.SetApplicationHook.sql', '9757275ec8d22fe25cba7919cd49e3cd62f3117f2fbe0ed0d3669c17cdb3dff7'),
-    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'fea7ed095476602b8104b49fc1c5244bc724e8f665a365494232b9550243a35d'),
+    ('0001', N'procedures/mailq.RunApplicationHooks.sql', '38a8dd59f4f97a083084546bd0b0164c85b1f77cad38a35906df2f78deb97515'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', '6c1cf7a4a8574f655f015b5759d0b649908a8aa9411d9cbab3bef222adaeb470'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', 'd19f9025524a9e681080f8e5864ed4df270944ee5739d93a0b38977b99e87285'),
     ('0001', N'security/MailqEnqueuer.grants.sql', 'a63718c6a392c87e93165ff3ff1af09be103805eb73ba6fdcdf1db95ad27b502'),
@@ -9478,7 +9699,8 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.sysmail_faileditems.sql', '57b8cb0c3ca808f8b4cda5c2c9db34738f837e28ba2229124e77fe5b2b6f0dbf'),
     ('0001', N'views/mailq.sysmail_event_log.sql', '047d4f5c1c80d7a8de5d1799d2e4a0502375de89cbe374d968146f5b1e0f9a7c'),
     ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'c1a0525c0b9bdb7f7295807871e76e3605fd4b8942b5a2621590b2ee635bd28f'),
-    ('0001', N'procedures/mailq.SendDbMail.sql', '0145a01b941115e81876dce49013c6d490d33e65ff33f5507ac0b96609de8cd0'),
+    ('0001', N'procedures/mailq.CheckDbMailRequest.sql', 'e1d7fbc24acffe6ed0583b6f00ff1e530623785b6ad7d5bba6283bc8080dba98'),
+    ('0001', N'procedures/mailq.SendDbMail.sql', 'fc32e1b25171050b1cdb9e4db0a38579136eea2575dde47de7082976955a2972'),
     ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '40dd1665ce78bf4a6d74a3d1f818c41cd9d3b8fd2e1e6a2acca76d18951073de'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '562592766f959be178e8e6f6ff53bae6e2ba36879ee88eec53aa3c2604662f9e'),
     ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '6a90f279e07e8508fff9f831c2f5491cff9cda5ad38c4b9032b89cb35cc896d1'),
@@ -9488,17 +9710,19 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'security/MailqDbMailUser.grants.sql', 'a90b7cec3fb015c990fedf64d206e462e6c68072a28890665619e1812bb0b7e7'),
     ('0001', N'security/MailqAdmin.dbmail.grants.sql', '5bc45dc16e882cb8c1baa4281dd06efb750fd64f6ce7aecedf41a14221db77d5'),
     ('0001', N'security/MailqBounceReader.role.sql', '5a85dbbd3a7336a5982c6c24fe1c6487632c6410261401aadac0614ef4e20eaa'),
-    ('0001', N'views/mailq.Suppressions.sql', 'b747c4415e4357b757bfcf2b93ed04b4e73937faf52740e61380bfe885694a8a'),
+    ('0001', N'functions/mailq.SuppressionsAsOf.sql', '30d44a9e04079685695ede370d91bbdb50995b3c111a4a130151febb527c5e39'),
+    ('0001', N'views/mailq.Suppressions.sql', '592f769ca88a97a3fd9ad1e1eafbc7df5245f2f9b7be6f32114eb403f32c8fc4'),
     ('0001', N'views/mailq.RecentBounceReports.sql', 'fed5cdae95664e0f44799da08f8674094aa16c5f819efa79115661152d6469ae'),
     ('0001', N'procedures/mailq.ApplySuppressions.sql', '74d9daf3292ed5bc1ab1ea1bfa36cf671199e545c490ae63f8d9fb5c53fb7196'),
-    ('0001', N'procedures/mailq.RecordBounce.sql', '2c48212685422c8664db40f7da8fe29dc2ada3c574a4b9f2b3c978a40e2c20b3'),
+    ('0001', N'procedures/mailq.CheckBounceReport.sql', 'bedc1a7c370dd7cb0858d218d95ba59c54f631bce414adbcf9f9f1b368be9ea6'),
+    ('0001', N'procedures/mailq.RecordBounce.sql', 'd2dc0b3bef9deaa045cbfe5848dd546b3ba12ab2f8236610763ea8b6ff6d6c78'),
     ('0001', N'procedures/mailq.RecordUnsubscribe.sql', 'bc3e67e54ad0d16a670f7c9bda0959eb59cd895cfd405f2cf5bbb9236b289ff2'),
     ('0001', N'procedures/mailq.AddSuppression.sql', 'b6a91bb1bb00e829dae9b0a6be26676f5f7e990c3a1e9a61490d7079e1250700'),
     ('0001', N'procedures/mailq.RemoveSuppression.sql', 'b4d58ab81eafbe7ab1a22c9b994d1370d5b537237e3458eec1bda28c1b178d2b'),
-    ('0001', N'procedures/mailq.ListSuppressions.sql', 'f607bb69bbec362ec815c77b894b69eded861be16642ae2b8ebe00dc0db4be67'),
+    ('0001', N'procedures/mailq.ListSuppressions.sql', '22071d4ed7e8a0584d6e3ea7295039a0c0c59cd43f7db27e26eb8a5f5ed93271'),
     ('0001', N'procedures/mailq.GetSuppressionStats.sql', '3002368a01567fb9a54b6c8616780d87387dbc08031e8796f6ed5674001bcb03'),
     ('0001', N'procedures/mailq.PurgeBounceReports.sql', 'd072de4942d7c9e792c6bb0be1930b31346da217a116e1c2ec30bed3f5d48ea1'),
-    ('0001', N'security/MailqBounceReader.grants.sql', '079d0b1ab090e10a39e48c7acd98f0a9d5d8ba16c0acc01b5902d995e64cafee'),
+    ('0001', N'security/MailqBounceReader.grants.sql', '8c65fe2bcd239088c5d78d9f334d32b5b5c6f4457ab6673e748f0cfc80fe8b3e'),
     ('0001', N'security/MailqMonitor.role.sql', '4bd4a00e77edbc0a5feb58abe24d78083163a2d59cbea0abf3e12b35d5e0832e'),
     ('0001', N'procedures/mailq.GetQueueMetrics.sql', '4fb5f17ea204e7353bf15a39e06f00f8db3c2f2ad2c2628be772a480b9310c37'),
     ('0001', N'procedures/mailq.GetMailHistory.sql', '151c76bd5a7625e1fbed3e84b6c03902708a5eb5ebcaf4e59a5c61c97d70f28c'),

@@ -15,6 +15,7 @@ Errors:      50613 @MaxRows out of range.
 Transaction: none of its own; reads only.
 Isolation:   sets READ COMMITTED itself (no key-range locks under a SERIALIZABLE
              caller, no stale snapshot under SNAPSHOT; a report, locks kept by none).
+Reads:       mailq.SuppressionsAsOf(@Now), the rules of the view mailq.Suppressions.
 Lock order:  mailq.Suppression only.
 Example:     EXEC mailq.ListSuppressions @AccountName = N'news', @Reason = N'Complaint';
 */
@@ -37,9 +38,10 @@ BEGIN
     END;
     SET @Address = LOWER(LTRIM(RTRIM(@Address)));
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
+    -- The view's rules at one moment, @Now: IsActive and the filter agree on it.
     SELECT TOP (@MaxRows)
         s.AccountName,
-        NULLIF(s.AppName, N'') AS AppName,
+        s.AppName,
         s.Address,
         s.Reason,
         s.Source,
@@ -48,13 +50,13 @@ BEGIN
         s.CreatedAtUtc,
         s.UpdatedAtUtc,
         s.ExpiresAtUtc,
-        CAST(IIF(s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now, 1, 0) AS BIT) AS IsActive
-    FROM mailq.Suppression AS s
+        s.IsActive
+    FROM mailq.SuppressionsAsOf(@Now) AS s
     WHERE
         (@AccountName IS NULL OR s.AccountName = @AccountName)
         AND (@Address IS NULL OR s.Address = @Address)
         AND (@Reason IS NULL OR s.Reason = @Reason)
-        AND (ISNULL(@IncludeExpired, 0) = 1 OR s.ExpiresAtUtc IS NULL OR s.ExpiresAtUtc > @Now)
+        AND (ISNULL(@IncludeExpired, 0) = 1 OR s.IsActive = 1)
     ORDER BY s.UpdatedAtUtc DESC, s.AccountName ASC, s.Address ASC
     OPTION (RECOMPILE);  -- optional filters: a plan per call, so a given account+address seeks
 END;

@@ -21,7 +21,8 @@ Result set:  per recipient: Address, Kind, MailID, Recorded BIT (0: already
 Errors:      50601 no known mail and no valid @AccountName; 50602 a recipient
              without a valid address and no @RecipientNo; 50604 @Source; 50607
              @ReportKey not 32 bytes; 50608 a kind; 50609 @Recipients not a JSON
-             array of 1-1000 objects; 50610 a limit out of range.
+             array of 1-1000 objects; 50610 a limit out of range (50601, 50604,
+             50607, 50609, 50610 checked by mailq.CheckBounceReport, before any write).
 Transaction: its own if none is open, else the caller's; an error dooms either.
 Isolation:   READ COMMITTED; the report key WITH (UPDLOCK, HOLDLOCK): two readers
              of one report record it once.
@@ -44,54 +45,26 @@ BEGIN
     SET NOCOUNT, XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @Msg NVARCHAR(2048);
-    IF @ReportKey IS NULL OR DATALENGTH(@ReportKey) <> 32
-        THROW 50607, N'@ReportKey must be 32 bytes: the SHA-256 of the report''s Message-ID (or of its bytes).', 1;
-    IF NULLIF(LTRIM(RTRIM(@Source)), N'') IS NULL
-        THROW 50604, N'@Source is required (1-200 characters): where the report was read.', 1;
     SET @HardBounceLimit = ISNULL(@HardBounceLimit, 1);
-    IF @HardBounceLimit NOT BETWEEN 1 AND 100 OR @SoftBounceLimit NOT BETWEEN 1 AND 100
-    BEGIN
-        SET @Msg = CONCAT(N'@HardBounceLimit must be 1-100 and @SoftBounceLimit 1-100 or NULL; got ',
-            @HardBounceLimit, N' and ', COALESCE(CAST(@SoftBounceLimit AS NVARCHAR(12)), N'NULL'), N'.');
-        THROW 50610, @Msg, 1;
-    END;
-    -- ISJSON, OPENJSON and JSON_VALUE in separate statements (no guaranteed
-    -- evaluation order inside one condition).
-    DECLARE @RecipientsOk BIT = 1;
-    IF @Recipients IS NULL OR ISJSON(@Recipients) = 0 OR LEFT(LTRIM(@Recipients), 1) <> N'['
-        SET @RecipientsOk = 0;
-    ELSE IF (SELECT COUNT(*) FROM OPENJSON(@Recipients)) NOT BETWEEN 1 AND 1000
-        SET @RecipientsOk = 0;
-    ELSE IF EXISTS (SELECT 1 FROM OPENJSON(@Recipients) AS j WHERE j.[type] <> 5)
-        SET @RecipientsOk = 0;
-    IF @RecipientsOk = 0
-        THROW 50609, N'@Recipients must be a JSON array of 1-1000 objects.', 1;
-    -- The mail, when the token named one that still exists (a plain read:
-    -- account, application and lists do not change after enqueue except by
-    -- a suppression sweep, which only removes addresses).
+    -- Checks and the mail's lookup, before any write: 50607, 50604, 50610, 50609, 50601.
     DECLARE @Account NVARCHAR(128), @App NVARCHAR(128), @To NVARCHAR(4000), @CC NVARCHAR(4000),
-        @BCC NVARCHAR(4000), @KnownMail BIGINT;
-    IF @MailID IS NOT NULL
-        SELECT
-            @KnownMail = q.ID, @Account = q.AccountName, @App = q.AppName,
-            @To = q.ToAddress, @CC = q.CC, @BCC = q.BCC
-        FROM mailq.MailQueue AS q
-        WHERE q.ID = @MailID;
-    IF @KnownMail IS NULL
-    BEGIN
-        SET @Account = @AccountName;
-        IF @Account IS NULL OR NOT EXISTS (SELECT 1 FROM mailq.SendingAccount AS a WHERE a.AccountName = @Account)
-        BEGIN
-            SET @Msg = CONCAT(N'@AccountName ''', @AccountName, N''' is not a sending account, and the report ',
-                N'names no queued mail (@MailID ', @MailID, N'): give the account the bounce mailbox serves.');
-            THROW 50601, @Msg, 1;
-        END;
-    END;
-    DECLARE @TokenAddress NVARCHAR(320) = (
-        SELECT TOP (1) CAST(r.Address AS NVARCHAR(320))
-        FROM mailq.MailRecipientList(@To, @CC, @BCC) AS r
-        WHERE r.RecipientNo = @RecipientNo AND r.IsFirst = 1 AND @KnownMail IS NOT NULL
-    );
+        @BCC NVARCHAR(4000), @KnownMail BIGINT, @TokenAddress NVARCHAR(320);
+    EXEC mailq.CheckBounceReport
+        @ReportKey = @ReportKey,
+        @Recipients = @Recipients,
+        @Source = @Source,
+        @AccountName = @AccountName,
+        @MailID = @MailID,
+        @RecipientNo = @RecipientNo,
+        @HardBounceLimit = @HardBounceLimit,
+        @SoftBounceLimit = @SoftBounceLimit,
+        @KnownMail = @KnownMail OUTPUT,
+        @Account = @Account OUTPUT,
+        @App = @App OUTPUT,
+        @To = @To OUTPUT,
+        @CC = @CC OUTPUT,
+        @BCC = @BCC OUTPUT,
+        @TokenAddress = @TokenAddress OUTPUT;
     DECLARE @R TABLE (
         Address NVARCHAR(400) NULL,
         Kind NVARCHAR(16) NULL,

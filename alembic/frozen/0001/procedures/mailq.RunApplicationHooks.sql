@@ -91,7 +91,12 @@ BEGIN
         @AppState NVARCHAR(16),
         @PerApp INT,
         @AppCalls INT,
-        @Now DATETIME2(3);
+        @Now DATETIME2(3),
+        @Suspend NVARCHAR(200),
+        @NotPinned NVARCHAR(200) = CONCAT(
+            N' was altered, dropped, recreated, renamed or changed owner since ',
+            N'it was registered; review it and run mailq.SetApplicationHook again.'
+        );
     DECLARE @Stopped TABLE (ID BIGINT, Status NVARCHAR(16), NextAttemptUtc DATETIME2(3));
     DECLARE @ParameterList NVARCHAR(400) = N'@EventID BIGINT, @MailID BIGINT, @AppName NVARCHAR(128), '
         + N'@EventType NVARCHAR(32), @Status NVARCHAR(16), @SmtpCode INT, @Detail NVARCHAR(4000), '
@@ -133,259 +138,246 @@ BEGIN
             ORDER BY h.AppName ASC;
             IF @SchemaName IS NULL BREAK;
             SET @Hook = CONCAT(QUOTENAME(@SchemaName), N'.', QUOTENAME(@ProcedureName));
-            SELECT @AppState = N'UpToDate', @AppCalls = 0;
+            SELECT @AppState = N'UpToDate', @AppCalls = 0, @Suspend = NULL;
             INSERT INTO @Summary (AppName, HookProcedure, CursorEventID) VALUES (@App, @Hook, @Cursor);
             IF NOT EXISTS (SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash))
+                SET @Suspend = @NotPinned;
+            ELSE
             BEGIN
-                UPDATE h
-                SET
-                    h.LastError = CONCAT(
-                        N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
-                        N'it was registered; review it and run mailq.SetApplicationHook again.'
-                    ),
-                    h.LastRunAtUtc = SYSUTCDATETIME()
-                FROM mailq.ApplicationHook AS h
-                WHERE h.AppName = @App;
-                UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
-                CONTINUE;
-            END;
-            -- QUOTENAMEd catalog names; the values are parameters, never text.
-            SET @Sql = CONCAT(
-                N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, ',
-                N'CONCAT_NULL_YIELDS_NULL ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; ',
-                N'SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
-                N' @EventID = @EventID, @MailID = @MailID, @AppName = @AppName, @EventType = @EventType,',
-                N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
-                N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
-            );
-            -- GetMailEvents' commit-safe read: bound first, then a locking read below it.
-            DELETE FROM @Page;
-            SET @Upper = MIN_ACTIVE_ROWVERSION();
-            INSERT INTO @Page (EventID, MailID, EventType, Status, SmtpCode, Detail)
-            SELECT TOP (IIF(@PerApp < @Budget, @PerApp, @Budget))
-                CAST(e.EventSeq AS BIGINT),
-                e.MailID,
-                e.EventType,
-                e.Status,
-                e.SmtpCode,
-                e.Detail
-            FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
-            WHERE e.AppName = @App AND e.EventSeq > CAST(@Cursor AS BINARY(8)) AND e.EventSeq < @Upper
-            ORDER BY e.EventSeq ASC;
-            WHILE @Budget > 0 AND @AppCalls < @PerApp
-            BEGIN
-                SELECT TOP (1)
-                    @EventID = p.EventID,
-                    @MailID = p.MailID,
-                    @EventType = p.EventType,
-                    @Status = p.Status,
-                    @SmtpCode = p.SmtpCode,
-                    @Detail = p.Detail
-                FROM @Page AS p
-                WHERE p.EventID > @Cursor
-                ORDER BY p.EventID ASC;
-                IF @@ROWCOUNT = 0 BREAK;
-                -- The pin again before every call: an altered hook is not called again.
-                SET @Modified = NULL;
-                SELECT @Modified = p.ModifyDate
-                FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
-                IF @Modified IS NULL
+                -- QUOTENAMEd catalog names; the values are parameters, never text.
+                SET @Sql = CONCAT(
+                    N'SET ANSI_NULLS, ANSI_WARNINGS, ANSI_PADDING, QUOTED_IDENTIFIER, ARITHABORT, ',
+                    N'CONCAT_NULL_YIELDS_NULL ON; SET NUMERIC_ROUNDABORT OFF; SET XACT_ABORT OFF; ',
+                    N'SET DEADLOCK_PRIORITY NORMAL; SET LOCK_TIMEOUT 5000; EXEC ', @Hook,
+                    N' @EventID = @EventID, @MailID = @MailID, @AppName = @AppName, @EventType = @EventType,',
+                    N' @Status = @Status, @SmtpCode = @SmtpCode, @Detail = @Detail,',
+                    N' @StopMail = @StopMail OUTPUT, @StopReason = @StopReason OUTPUT;'
+                );
+                -- GetMailEvents' commit-safe read: bound first, then a locking read below it.
+                DELETE FROM @Page;
+                SET @Upper = MIN_ACTIVE_ROWVERSION();
+                INSERT INTO @Page (EventID, MailID, EventType, Status, SmtpCode, Detail)
+                SELECT TOP (IIF(@PerApp < @Budget, @PerApp, @Budget))
+                    CAST(e.EventSeq AS BIGINT),
+                    e.MailID,
+                    e.EventType,
+                    e.Status,
+                    e.SmtpCode,
+                    e.Detail
+                FROM mailq.MailEvent AS e WITH (INDEX (IX_MailEvent_AppName), FORCESEEK, READCOMMITTEDLOCK)
+                WHERE e.AppName = @App AND e.EventSeq > CAST(@Cursor AS BINARY(8)) AND e.EventSeq < @Upper
+                ORDER BY e.EventSeq ASC;
+                WHILE @Budget > 0 AND @AppCalls < @PerApp
                 BEGIN
-                    UPDATE h
-                    SET
-                        h.LastError = CONCAT(
-                            N'Suspended: ', @Hook, N' was altered, dropped, recreated, renamed or changed owner since ',
-                            N'it was registered; review it and run mailq.SetApplicationHook again.'
-                        ),
-                        h.LastRunAtUtc = SYSUTCDATETIME()
-                    FROM mailq.ApplicationHook AS h
-                    WHERE h.AppName = @App;
-                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
-                    SET @AppState = N'Suspended';
-                    BREAK;
-                END;
-                SELECT
-                    @Budget -= 1,
-                    @AppCalls += 1,
-                    @StopMail = 0,
-                    @StopReason = NULL,
-                    @ErrorNumber = NULL,
-                    @ErrorMessage = NULL,
-                    @TranCountInCatch = NULL,
-                    @Moved = 0,
-                    @GiveUp = 0;
-                UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
-                -- 1. Call, stop and cursor in one transaction.  REVERT in a module undoes only
-                --    its own EXECUTE AS: the hook cannot keep or undo ours.
-                SET @Changed = 0;
-                BEGIN TRANSACTION;
-                EXECUTE AS USER = N'MailqRunner';
-                BEGIN TRY
-                    EXEC sys.sp_executesql
-                        @Sql,
-                        @ParameterList,
-                        @EventID = @EventID,
-                        @MailID = @MailID,
-                        @AppName = @App,
-                        @EventType = @EventType,
-                        @Status = @Status,
-                        @SmtpCode = @SmtpCode,
-                        @Detail = @Detail,
-                        @StopMail = @StopMail OUTPUT,
-                        @StopReason = @StopReason OUTPUT;
-                END TRY
-                BEGIN CATCH
+                    SELECT TOP (1)
+                        @EventID = p.EventID,
+                        @MailID = p.MailID,
+                        @EventType = p.EventType,
+                        @Status = p.Status,
+                        @SmtpCode = p.SmtpCode,
+                        @Detail = p.Detail
+                    FROM @Page AS p
+                    WHERE p.EventID > @Cursor
+                    ORDER BY p.EventID ASC;
+                    IF @@ROWCOUNT = 0 BREAK;
+                    -- The pin again before every call: an altered hook is not called again.
+                    SET @Modified = NULL;
+                    SELECT @Modified = p.ModifyDate
+                    FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p;
+                    IF @Modified IS NULL
+                    BEGIN
+                        SET @Suspend = @NotPinned;
+                        BREAK;
+                    END;
                     SELECT
-                        @ErrorNumber = ERROR_NUMBER(),
-                        @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
-                        @TranCountInCatch = @@TRANCOUNT;
-                END CATCH;
-                REVERT;
-                IF @ErrorNumber IS NULL
-                BEGIN
+                        @Budget -= 1,
+                        @AppCalls += 1,
+                        @StopMail = 0,
+                        @StopReason = NULL,
+                        @ErrorNumber = NULL,
+                        @ErrorMessage = NULL,
+                        @TranCountInCatch = NULL,
+                        @Moved = 0,
+                        @GiveUp = 0;
+                    UPDATE @Summary SET Calls += 1 WHERE AppName = @App;
+                    -- 1. Call, stop and cursor in one transaction.  REVERT in a module undoes only
+                    --    its own EXECUTE AS: the hook cannot keep or undo ours.
+                    SET @Changed = 0;
+                    BEGIN TRANSACTION;
+                    EXECUTE AS USER = N'MailqRunner';
                     BEGIN TRY
-                        -- 266 normally comes first; a count that still differs is the same fault.
-                        IF @@TRANCOUNT <> 1
-                            THROW 50297,
-                                N'The hook ended the transaction opened for it or left one of its own open.',
-                                1;
-                        -- The code that ran is the code that was checked (same ModifyDate).
-                        IF NOT EXISTS (
-                            SELECT 1 FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
-                            WHERE p.ModifyDate = @Modified
-                        )
-                        BEGIN
-                            SET @Changed = 1;
-                            ROLLBACK TRANSACTION;
-                        END;
-                        IF @Changed = 0 AND @StopMail = 1
-                        BEGIN
-                            -- Only a mail not yet final (StopMail refuses one, 50260).  UPDLOCK: StopMail
-                            -- takes this row's U lock next.
-                            SET @MailStatus = NULL;
-                            SELECT @MailStatus = q.Status
-                            FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
-                            WHERE q.ID = @MailID;
-                            IF @MailStatus IN (N'UnSent', N'Sending')
-                            BEGIN
-                                SET @StopReason = COALESCE(
-                                    NULLIF(LTRIM(RTRIM(@StopReason)), N''),
-                                    CONCAT(
-                                        N'Stopped by the hook ', @Hook, N' on event ', @EventID,
-                                        N' (', @EventType, N').'
-                                    )
-                                );
-                                -- StopMail's one-row result is kept here, not sent to our caller.
-                                DELETE FROM @Stopped;
-                                INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
-                                EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
-                            END;
-                        END;
-                        -- Guarded: a re-registration meanwhile (@ResetCursorTo) undoes this call.
-                        IF @Changed = 0
-                        BEGIN
-                            UPDATE h
-                            SET
-                                h.CursorEventID = @EventID,
-                                h.FailingEventID = NULL,
-                                h.FailCount = 0,
-                                h.LastError = NULL,
-                                h.LastRunAtUtc = SYSUTCDATETIME()
-                            FROM mailq.ApplicationHook AS h
-                            WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
-                            IF @@ROWCOUNT = 0
-                            BEGIN
-                                SET @Moved = 1;
-                                ROLLBACK TRANSACTION;
-                            END;
-                            ELSE
-                                COMMIT TRANSACTION;
-                        END;
+                        EXEC sys.sp_executesql
+                            @Sql,
+                            @ParameterList,
+                            @EventID = @EventID,
+                            @MailID = @MailID,
+                            @AppName = @App,
+                            @EventType = @EventType,
+                            @Status = @Status,
+                            @SmtpCode = @SmtpCode,
+                            @Detail = @Detail,
+                            @StopMail = @StopMail OUTPUT,
+                            @StopReason = @StopReason OUTPUT;
                     END TRY
                     BEGIN CATCH
                         SELECT
                             @ErrorNumber = ERROR_NUMBER(),
                             @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
                             @TranCountInCatch = @@TRANCOUNT;
-                        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
                     END CATCH;
-                END;
-                -- A failed call: undone as a whole (doomed or not).
-                ELSE IF XACT_STATE() <> 0
-                    ROLLBACK TRANSACTION;
-                IF @Changed = 1
-                BEGIN
+                    REVERT;
+                    IF @ErrorNumber IS NULL
+                    BEGIN
+                        BEGIN TRY
+                            -- 266 normally comes first; a count that still differs is the same fault.
+                            IF @@TRANCOUNT <> 1
+                                THROW 50297,
+                                    N'The hook ended the transaction opened for it or left one of its own open.',
+                                    1;
+                            -- The code that ran is the code that was checked (same ModifyDate).
+                            IF NOT EXISTS (
+                                SELECT 1
+                                FROM mailq.HookPin(@ObjectId, @SchemaName, @ProcedureName, @DefinitionHash) AS p
+                                WHERE p.ModifyDate = @Modified
+                            )
+                            BEGIN
+                                SET @Changed = 1;
+                                ROLLBACK TRANSACTION;
+                            END;
+                            IF @Changed = 0 AND @StopMail = 1
+                            BEGIN
+                                -- Only a mail not yet final (StopMail refuses one, 50260).  UPDLOCK: StopMail
+                                -- takes this row's U lock next.
+                                SET @MailStatus = NULL;
+                                SELECT @MailStatus = q.Status
+                                FROM mailq.MailQueue AS q WITH (UPDLOCK, ROWLOCK)
+                                WHERE q.ID = @MailID;
+                                IF @MailStatus IN (N'UnSent', N'Sending')
+                                BEGIN
+                                    SET @StopReason = COALESCE(
+                                        NULLIF(LTRIM(RTRIM(@StopReason)), N''),
+                                        CONCAT(
+                                            N'Stopped by the hook ', @Hook, N' on event ', @EventID,
+                                            N' (', @EventType, N').'
+                                        )
+                                    );
+                                    -- StopMail's one-row result is kept here, not sent to our caller.
+                                    DELETE FROM @Stopped;
+                                    INSERT INTO @Stopped (ID, Status, NextAttemptUtc)
+                                    EXEC mailq.StopMail @MailID = @MailID, @Reason = @StopReason;
+                                END;
+                            END;
+                            -- Guarded: a re-registration meanwhile (@ResetCursorTo) undoes this call.
+                            IF @Changed = 0
+                            BEGIN
+                                UPDATE h
+                                SET
+                                    h.CursorEventID = @EventID,
+                                    h.FailingEventID = NULL,
+                                    h.FailCount = 0,
+                                    h.LastError = NULL,
+                                    h.LastRunAtUtc = SYSUTCDATETIME()
+                                FROM mailq.ApplicationHook AS h
+                                WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                                IF @@ROWCOUNT = 0
+                                BEGIN
+                                    SET @Moved = 1;
+                                    ROLLBACK TRANSACTION;
+                                END;
+                                ELSE
+                                    COMMIT TRANSACTION;
+                            END;
+                        END TRY
+                        BEGIN CATCH
+                            SELECT
+                                @ErrorNumber = ERROR_NUMBER(),
+                                @ErrorMessage = LEFT(ERROR_MESSAGE(), 4000),
+                                @TranCountInCatch = @@TRANCOUNT;
+                            IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+                        END CATCH;
+                    END;
+                    -- A failed call: undone as a whole (doomed or not).
+                    ELSE IF XACT_STATE() <> 0
+                        ROLLBACK TRANSACTION;
+                    IF @Changed = 1
+                    BEGIN
+                        SET @Suspend = CONCAT(
+                            N' was altered while it was called; the call was rolled back. ',
+                            N'Review it and run mailq.SetApplicationHook again.'
+                        );
+                        BREAK;
+                    END;
+                    IF @Moved = 1
+                    BEGIN
+                        UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                        SET @AppState = N'Moved';
+                        BREAK;
+                    END;
+                    IF @ErrorNumber IS NULL
+                    BEGIN
+                        SET @Cursor = @EventID;
+                        SELECT @FailingEventID = NULL, @FailCount = 0;
+                        UPDATE @Summary SET Succeeded += 1, CursorEventID = @EventID WHERE AppName = @App;
+                        CONTINUE;
+                    END;
+                    -- 2. A failed call: count it, or give the event up.
+                    SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
+                    -- 266, no transaction left: the hook ended ours; its work may be committed.
+                    IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
+                    IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
+                    SET @ErrorMessage = LEFT(CONCAT(
+                        N'Event ', @EventID, N' (', @EventType, N', mail ', @MailID, N'), call ', @Attempts,
+                        N' of ', @MaxAttempts, N': error ', @ErrorNumber, N': ', @ErrorMessage
+                    ), 4000);
+                    SET @Now = SYSUTCDATETIME();
+                    UPDATE @Summary SET FailedCalls += 1 WHERE AppName = @App;
+                    BEGIN TRANSACTION;
+                    IF @GiveUp = 1
+                        INSERT INTO mailq.ApplicationHookFailure (
+                            AppName, EventID, MailID, EventType, HookProcedure, Attempts, ErrorNumber, ErrorMessage
+                        )
+                        VALUES (@App, @EventID, @MailID, @EventType, @Hook, @Attempts, @ErrorNumber, @ErrorMessage);
                     UPDATE h
                     SET
-                        h.LastError = CONCAT(
-                            N'Suspended: ', @Hook, N' was altered while it was called; the call was rolled back. ',
-                            N'Review it and run mailq.SetApplicationHook again.'
-                        ),
-                        h.LastRunAtUtc = SYSUTCDATETIME()
+                        h.CursorEventID = IIF(@GiveUp = 1, @EventID, h.CursorEventID),
+                        h.FailingEventID = IIF(@GiveUp = 1, NULL, @EventID),
+                        h.FailCount = IIF(@GiveUp = 1, 0, @Attempts),
+                        h.LastError = @ErrorMessage,
+                        h.LastRunAtUtc = @Now
                     FROM mailq.ApplicationHook AS h
-                    WHERE h.AppName = @App;
-                    UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
-                    SET @AppState = N'Suspended';
+                    WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
+                    IF @@ROWCOUNT = 0
+                    BEGIN
+                        ROLLBACK TRANSACTION;
+                        UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
+                        SET @AppState = N'Moved';
+                        BREAK;
+                    END;
+                    COMMIT TRANSACTION;
+                    IF @GiveUp = 1
+                    BEGIN
+                        SET @Cursor = @EventID;
+                        SELECT @FailingEventID = NULL, @FailCount = 0;
+                        UPDATE @Summary SET GivenUp += 1, CursorEventID = @EventID WHERE AppName = @App;
+                        CONTINUE;
+                    END;
+                    -- Retry on a later run (the interval between runs is the backoff).
+                    UPDATE @Summary SET State = N'Retrying' WHERE AppName = @App;
+                    SET @AppState = N'Retrying';
                     BREAK;
                 END;
-                IF @Moved = 1
-                BEGIN
-                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
-                    SET @AppState = N'Moved';
-                    BREAK;
-                END;
-                IF @ErrorNumber IS NULL
-                BEGIN
-                    SET @Cursor = @EventID;
-                    SELECT @FailingEventID = NULL, @FailCount = 0;
-                    UPDATE @Summary SET Succeeded += 1, CursorEventID = @EventID WHERE AppName = @App;
-                    CONTINUE;
-                END;
-                -- 2. A failed call: count it, or give the event up.
-                SET @Attempts = IIF(@FailingEventID = @EventID, @FailCount, 0) + 1;
-                -- 266, no transaction left: the hook ended ours; its work may be committed.
-                IF @ErrorNumber = 266 AND @TranCountInCatch = 0 SET @GiveUp = 1;
-                IF @Attempts >= @MaxAttempts SET @GiveUp = 1;
-                SET @ErrorMessage = LEFT(CONCAT(
-                    N'Event ', @EventID, N' (', @EventType, N', mail ', @MailID, N'), call ', @Attempts,
-                    N' of ', @MaxAttempts, N': error ', @ErrorNumber, N': ', @ErrorMessage
-                ), 4000);
-                SET @Now = SYSUTCDATETIME();
-                UPDATE @Summary SET FailedCalls += 1 WHERE AppName = @App;
-                BEGIN TRANSACTION;
-                IF @GiveUp = 1
-                    INSERT INTO mailq.ApplicationHookFailure (
-                        AppName, EventID, MailID, EventType, HookProcedure, Attempts, ErrorNumber, ErrorMessage
-                    )
-                    VALUES (@App, @EventID, @MailID, @EventType, @Hook, @Attempts, @ErrorNumber, @ErrorMessage);
+            END;
+            -- The one write of 'Suspended', for the three reasons above; no transaction is open here.
+            IF @Suspend IS NOT NULL
+            BEGIN
                 UPDATE h
                 SET
-                    h.CursorEventID = IIF(@GiveUp = 1, @EventID, h.CursorEventID),
-                    h.FailingEventID = IIF(@GiveUp = 1, NULL, @EventID),
-                    h.FailCount = IIF(@GiveUp = 1, 0, @Attempts),
-                    h.LastError = @ErrorMessage,
-                    h.LastRunAtUtc = @Now
+                    h.LastError = CONCAT(N'Suspended: ', @Hook, @Suspend),
+                    h.LastRunAtUtc = SYSUTCDATETIME()
                 FROM mailq.ApplicationHook AS h
-                WHERE h.AppName = @App AND h.CursorEventID = @Cursor AND h.ObjectId = @ObjectId;
-                IF @@ROWCOUNT = 0
-                BEGIN
-                    ROLLBACK TRANSACTION;
-                    UPDATE @Summary SET State = N'Moved' WHERE AppName = @App;
-                    SET @AppState = N'Moved';
-                    BREAK;
-                END;
-                COMMIT TRANSACTION;
-                IF @GiveUp = 1
-                BEGIN
-                    SET @Cursor = @EventID;
-                    SELECT @FailingEventID = NULL, @FailCount = 0;
-                    UPDATE @Summary SET GivenUp += 1, CursorEventID = @EventID WHERE AppName = @App;
-                    CONTINUE;
-                END;
-                -- Retry on a later run (the interval between runs is the backoff).
-                UPDATE @Summary SET State = N'Retrying' WHERE AppName = @App;
-                SET @AppState = N'Retrying';
-                BREAK;
+                WHERE h.AppName = @App;
+                UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
+                SET @AppState = N'Suspended';
             END;
             IF @AppState = N'UpToDate'
             BEGIN

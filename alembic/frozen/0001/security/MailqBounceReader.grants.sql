@@ -2,8 +2,8 @@
 /*
 Grants for bounces, complaints, unsubscribes and suppression (docs/bounces.md):
 the bounce reader role records; administrators also list, add, remove,
-purge and read the views.  mailq.ApplySuppressions is internal (reached
-through ownership chaining only) and granted to nobody; enqueuers need no
+purge and read the views.  mailq.ApplySuppressions and mailq.CheckBounceReport
+are internal (reached through ownership chaining only) and granted to nobody; enqueuers need no
 grant for mailq.FilterSuppressedRecipients, which the enqueue core
 (mailq.EnqueueMailRows) calls.
 */

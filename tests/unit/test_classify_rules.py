@@ -56,6 +56,15 @@ def test_the_shipped_table_loads_and_every_rule_has_a_public_source():
         assert name in table.providers
 
 
+def test_no_shipped_pattern_looks_for_a_backslash():
+    """SMTP replies carry no backslashes worth a rule: a doubled one in the table's literal strings
+    ('\\\\b' where '\\b' was meant) is a pattern that silently never matches."""
+    for rule in classify.load_rules().rules:
+        for key in ("text", "not_text"):
+            pattern = rule.raw.get(key, "")
+            assert "\\\\" not in pattern, f"{rule.id}.{key}: {pattern!r}"
+
+
 def test_a_minimal_table_parses_and_decides():
     table = parse_rules(MINIMAL)
     outcome = classify_reply(450, "please go slow", "mail", "mx1.acme.example", table=table)

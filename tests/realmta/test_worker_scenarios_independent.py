@@ -34,7 +34,6 @@ from mailq_db.cli import main as cli_main
 from mailq_db.connection import Backoff
 from mailq_db.errors import DatabaseError
 from mailq_db.worker.classify import RETRY, STOP, classify_reply, resolve_provider
-from mailq_db.worker.config import Config
 from mailq_db.worker.logs import FIELDS
 from mailq_db.worker.loop import Worker
 from mailq_db.worker.runner import run_workers
@@ -507,4 +506,31 @@ def test_a_failed_follow_up_transaction_never_gives_the_first_recipients_a_secon
     outcomes = [o for o, _, _ in row.recipients.values()]
     assert outcomes.count("Delivered") == 50 and outcomes.count("Deferred") == 5
     run_until_final(w, queue)
+    once_each(slab, queue)
+
+
+# --------------------------------------------------------------------------- 10. relay window at RCPT
+
+
+def test_a_relay_answering_451_to_every_rcpt_for_a_window_pauses_the_account_and_spends_no_attempt(slab):
+    """The same bad minutes, but the relay says it at RCPT TO (a relay whose own
+    back end fails answers every recipient "451 4.3.0 Temporary server error").
+    No recipient is at fault: after the escalation's 5 temporary failures the
+    account waits, and no mail spends an attempt (before the fix every mail was
+    a charged Retry and the account never paused: ~7.5 minutes of this failed
+    the queue)."""
+    slab.script(lambda a: INCIDENT if a.get("protocol_state") == "RCPT" else None)
+    queue = FakeQueue([mail(1000 + i, f"rcptwin-{i}@lab.test") for i in range(8)])
+    w = fast(worker(queue, {"default": account(slab, "hooked")}))
+    w.run(once=True)
+    rcpts = [a for a in slab.hook.requests if a.get("protocol_state") == "RCPT"]
+    assert len(rcpts) == 5
+    assert set(queue.blocked_until) == {"default"}
+    assert [r.dispositions for r in queue.rows.values()] == [["Wait"]] * 8
+    assert all(r.attempts_remaining == 5 for r in queue.rows.values())
+    waits = [c for c in queue.calls_to("mark_failed") if c["disposition"] == "Wait"]
+    assert "escalated: 5 temporary failures" in waits[0]["error"] and "Temporary server error" in waits[0]["error"]
+    slab.script(None)
+    run_until_final(w, queue)
+    assert all(r.attempts_remaining == 4 for r in queue.rows.values())
     once_each(slab, queue)

@@ -220,6 +220,10 @@ def test_a_421_after_the_dot_in_the_middle_of_a_batch_loses_and_duplicates_nothi
     w = fast(worker(queue, {"default": account(slab, "hooked")}))
     run_until_final(w, queue)
     assert set(queue.statuses().values()) == {"Sent"}
+    # "421 4.3.2 Service shutting down" is the account's Wait (rule service-closing-421):
+    # the third mail and those behind it were given back uncharged, one attempt each was spent
+    assert [r.dispositions for r in queue.rows.values()] == [[], [], *[["Wait"]] * 4]
+    assert all(r.attempts_remaining == 4 for r in queue.rows.values())
     once_each(slab, queue)
     print(f"\nFIGURE 421 mid-batch: attempts left {[r.attempts_remaining for r in queue.rows.values()]}, "
           f"dispositions {[r.dispositions for r in queue.rows.values()]}")

@@ -259,6 +259,15 @@ def test_a_relay_incident_at_rcpt_escalates_too_and_spends_no_attempt(sink):
     assert "default" in queue.blocked_until and sink.messages == []
 
 
+def test_a_connection_timeout_421_at_rcpt_sends_the_mail_again_on_a_new_connection(sink):
+    sink.replies[("rcpt", "rcpt2@example.com")] = "once:421 4.4.2 mx.example.com Error: timeout exceeded"
+    queue = FakeQueue([make_mail(i) for i in range(1, 4)])
+    make_worker(queue, {"default": account_for(sink)}).run(once=True)
+    assert queue.statuses() == {1: "Sent", 2: "Sent", 3: "Sent"}
+    assert queue.rows[2].dispositions == [] and queue.rows[2].recipients == {}
+    assert sorted(a for m in sink.messages for a in m.rcpt_tos) == [f"rcpt{i}@example.com" for i in (1, 2, 3)]
+
+
 def test_a_greylisted_recipient_is_still_that_mails_retry_and_not_the_accounts(sink):
     sink.replies[("rcpt", "*")] = "450 4.2.0 Greylisted, please try again later"
     queue = FakeQueue([make_mail(i) for i in range(1, 9)])

@@ -290,8 +290,10 @@ class AccountSender:
             w.metrics.inc("escalations", account=self.account.name)
             self._wait_all(mail, seen, observed=True, recipients=recipients)
             return
-        if outcome.scope == CONNECTION and mail.id not in self.resent and recipients is None:
-            self.resent.add(mail.id)  # the session's trouble: send the mail once more on a new one
+        if outcome.scope == CONNECTION and mail.id not in self.resent:
+            # the session's trouble: send the mail once more on a new one (no recipient
+            # has it: the recipients' outcomes of this try are not recorded)
+            self.resent.add(mail.id)
             if self.session is not None:
                 self.session.abort()
             self.queue.insert(0, mail)

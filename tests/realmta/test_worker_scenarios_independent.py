@@ -161,6 +161,7 @@ def test_a_452_split_mail_whose_acknowledgements_deadlock_past_the_connection_re
     assert row.status == "Sent" and not row.possible_duplicate
     assert sorted(o for o, _, _ in row.recipients.values()) == ["Delivered"] * 52 + ["Refused"]
     assert queue.calls_to("release_mail") == []
+    assert "queue IDs of its 2 transactions" in row.smtp_text  # the relay's log can be searched for both
     assert len(queue.calls_to("record_recipient_outcomes")) == 8 and len(queue.calls_to("mark_sent")) == 8
     once_each(slab, queue)
     eom = [a for a in slab.hook.requests if a.get("protocol_state") == "END-OF-MESSAGE"]

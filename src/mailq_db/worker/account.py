@@ -405,7 +405,11 @@ class _Judged:
         return j
 
     def text(self, result: SendResult) -> str:
+        """MarkSent's SmtpText: the last final reply, every queue ID when the mail took
+        several transactions (452 too many recipients), then each refusal."""
         text = f"{result.code} {result.text}" if result.code else result.text
+        if len(result.queue_ids) > 1:
+            text += f" (queue IDs of its {len(result.queue_ids)} transactions: {', '.join(result.queue_ids)})"
         if self.refused or self.deferred:
             text += "; " + "; ".join(
                 f"{'deferred' if r in self.deferred else 'refused'} {r}: {c} {t}"

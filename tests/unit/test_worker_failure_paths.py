@@ -248,6 +248,33 @@ def test_a_relay_incident_escalates_to_one_account_wait_and_spends_no_attempt(si
     assert len(sink.messages) == 40  # each mail once
 
 
+def test_a_relay_incident_at_rcpt_escalates_too_and_spends_no_attempt(sink):
+    # The relay's trouble said to every RCPT instead of after the dot: no recipient is
+    # at fault (scope mail), so it counts for the escalation like the DATA case.
+    sink.replies[("rcpt", "*")] = "451 4.3.0 Temporary server error. Please try again later"
+    queue = FakeQueue([make_mail(i) for i in range(1, 13)])
+    make_worker(queue, {"default": account_for(sink)}).run(once=True)
+    assert all(queue.rows[i].dispositions == ["Wait"] for i in range(1, 13))
+    assert all(queue.rows[i].attempts_remaining == 5 for i in range(1, 13))
+    assert "default" in queue.blocked_until and sink.messages == []
+
+
+def test_a_connection_timeout_421_at_rcpt_sends_the_mail_again_on_a_new_connection(sink):
+    sink.replies[("rcpt", "rcpt2@example.com")] = "once:421 4.4.2 mx.example.com Error: timeout exceeded"
+    queue = FakeQueue([make_mail(i) for i in range(1, 4)])
+    make_worker(queue, {"default": account_for(sink)}).run(once=True)
+    assert queue.statuses() == {1: "Sent", 2: "Sent", 3: "Sent"}
+    assert queue.rows[2].dispositions == [] and queue.rows[2].recipients == {}
+    assert sorted(a for m in sink.messages for a in m.rcpt_tos) == [f"rcpt{i}@example.com" for i in (1, 2, 3)]
+
+
+def test_a_greylisted_recipient_is_still_that_mails_retry_and_not_the_accounts(sink):
+    sink.replies[("rcpt", "*")] = "450 4.2.0 Greylisted, please try again later"
+    queue = FakeQueue([make_mail(i) for i in range(1, 9)])
+    make_worker(queue, {"default": account_for(sink)}).run(once=True)
+    assert all(queue.rows[i].dispositions == ["Retry"] for i in range(1, 9)) and queue.blocked_until == {}
+
+
 def test_a_single_temporary_failure_among_good_mail_is_that_mails_retry(sink):
     sink.replies[("data", "rcpt2@example.com")] = "451 4.3.0 Temporary server error"
     queue = FakeQueue([make_mail(i) for i in range(1, 5)])

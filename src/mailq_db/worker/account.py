@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable
 from ..bounces.outgoing import prepare as prepare_outgoing
 from ..procedures import ClaimedMail
 from .classify import (
-    ACCOUNT, CONNECTION, RETRY, SENDER, STOP, WAIT, Outcome, classify_exception, classify_reply, permanent,
+    ACCOUNT, CONNECTION, MAIL, RETRY, SENDER, STOP, WAIT, Outcome, classify_exception, classify_reply, permanent,
     reply_text, resolve_provider,
 )
 from .config import AccountConfig
@@ -280,21 +280,25 @@ class AccountSender:
         else:
             self._temporary(mail, outcome)
 
-    def _temporary(self, mail: ClaimedMail, outcome: Outcome) -> None:
-        """A Retry of scope mail or connection: the account's temporary failure."""
+    def _temporary(self, mail: ClaimedMail, outcome: Outcome, *,
+                   recipients: list[dict[str, object]] | None = None) -> None:
+        """A Retry of scope mail or connection: the account's temporary failure
+        (``recipients``: the outcomes to record with it, when it came at RCPT)."""
         w = self.w
         seen = w.escalation.observe(self.account.name, outcome)
         if seen.disposition == WAIT:  # escalated: the server is in trouble, not the mails
             w.metrics.inc("escalations", account=self.account.name)
-            self._wait_all(mail, seen, observed=True)
+            self._wait_all(mail, seen, observed=True, recipients=recipients)
             return
         if outcome.scope == CONNECTION and mail.id not in self.resent:
-            self.resent.add(mail.id)  # the session's trouble: send the mail once more on a new one
+            # the session's trouble: send the mail once more on a new one (no recipient
+            # has it: the recipients' outcomes of this try are not recorded)
+            self.resent.add(mail.id)
             if self.session is not None:
                 self.session.abort()
             self.queue.insert(0, mail)
             return
-        w.fail([mail], outcome, undecided=True)
+        w.fail([mail], outcome, recipients=recipients, undecided=True)
 
     def _wait_all(self, mail: ClaimedMail, outcome: Outcome, *, observed: bool = False,
                   recipients: list[dict[str, object]] | None = None) -> None:
@@ -355,6 +359,11 @@ class AccountSender:
             self._client_rejected(verdict)
             self._wait_all(mail, verdict, recipients=outcomes)  # the rest of the batch waits with it
             return None
+        elif judged.server is not None and not result.accepted:
+            # Nobody accepted and a deferral was the server's (scope mail or connection, e.g.
+            # "451 4.3.0 Temporary server error" to every RCPT): the account's temporary
+            # failure, counted by the escalation like the same reply after the dot.
+            self._temporary(mail, replace(verdict, scope=judged.server.scope), recipients=outcomes)
         else:
             w.fail([mail], verdict, recipients=outcomes)
         return judged.wait
@@ -372,6 +381,8 @@ class _Judged:
         self.wait: Outcome | None = None
         self.sender: Outcome | None = None  # a refusal of the sender address (it names no recipient)
         self.sender_refused: dict[str, tuple[int, str]] = {}
+        #: the first temporary refusal that is the server's, not its recipient's (scope mail or connection)
+        self.server: Outcome | None = None
         self.reasons: dict[str, str] = {}  # recipient -> the classification's reason
 
     @classmethod
@@ -389,10 +400,16 @@ class _Judged:
                 j.deferred[rcpt] = (code, text)
                 if verdict.disposition == WAIT and j.wait is None:
                     j.wait = verdict
+                if verdict.disposition == RETRY and verdict.scope in (MAIL, CONNECTION) and j.server is None:
+                    j.server = verdict
         return j
 
     def text(self, result: SendResult) -> str:
+        """MarkSent's SmtpText: the last final reply, every queue ID when the mail took
+        several transactions (452 too many recipients), then each refusal."""
         text = f"{result.code} {result.text}" if result.code else result.text
+        if len(result.queue_ids) > 1:
+            text += f" (queue IDs of its {len(result.queue_ids)} transactions: {', '.join(result.queue_ids)})"
         if self.refused or self.deferred:
             text += "; " + "; ".join(
                 f"{'deferred' if r in self.deferred else 'refused'} {r}: {c} {t}"

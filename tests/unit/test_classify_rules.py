@@ -122,6 +122,9 @@ def test_the_loader_names_the_rule_at_fault():
     ("mail", 421, "4.7.0 mx.example.com Error: too many errors", RETRY, CONNECTION),
     ("mail", 421, "4.7.0 too many messages in this connection", RETRY, CONNECTION),
     ("rcpt", 450, "4.7.1 <localhost>: Helo command rejected: Host not found", WAIT, ACCOUNT),
+    # the relay's own table cannot be read: the server's transient error (escalates), not the recipient's
+    ("rcpt", 451, "4.3.0 <x@example.com>: Temporary lookup failure", RETRY, MAIL),
+    ("rcpt", 450, "4.4.0 <x@example.com>: Temporary DMARC DNS lookup failure", RETRY, RECIPIENT),
     ("rcpt", 504, "5.5.2 <box>: Helo command rejected: need fully-qualified hostname", WAIT, ACCOUNT),
     ("rcpt", 450, "4.7.1 Client host rejected: cannot find your hostname, [192.0.2.1]", WAIT, ACCOUNT),
     ("rcpt", 554, "5.7.1 <unknown[192.0.2.1]>: Client host rejected: Access denied", WAIT, ACCOUNT),

@@ -418,7 +418,7 @@ def mark_sent(
 
 MARK_FAILED_SQL = (
     "EXEC mailq.MarkFailed @IDList = ?, @LockToken = ?, @Disposition = ?, @Error = ?, "
-    "@RetryAfterSeconds = ?, @SmtpCode = ?;"
+    "@RetryAfterSeconds = ?, @SmtpCode = ?, @PossibleDuplicate = ?;"
 )
 
 DISPOSITIONS = ("Retry", "Wait", "Stop")
@@ -433,14 +433,17 @@ def mark_failed(
     error: str,
     retry_after_seconds: int | None = None,
     smtp_code: int | None = None,
+    possible_duplicate: bool = False,
 ) -> list[AckResult]:
     """mailq.MarkFailed: Retry (backoff, attempt consumed), Wait (account blocked,
-    attempt refunded) or Stop (Failed at once)."""
+    attempt refunded) or Stop (Failed at once); ``possible_duplicate``: the server may
+    have the mail (no reply after the final dot), so it is flagged PossibleDuplicate."""
     return _acks(
         _call(
             conn,
             MARK_FAILED_SQL,
-            [id_list(ids), _token(lock_token), disposition, error, retry_after_seconds, smtp_code],
+            [id_list(ids), _token(lock_token), disposition, error, retry_after_seconds, smtp_code,
+             1 if possible_duplicate else 0],
         )
     )
 

@@ -10,6 +10,8 @@
   later, shorter Wait), the attempt is refunded, that account's other mail is
   not claimed meanwhile while other accounts' mail is; unblocking ends it.
 * Stop: Failed at once, whatever attempts are left.
+* @PossibleDuplicate = 1 (no reply after the final dot): the mail keeps the flag
+  through the Retry and the next claim; without it the flag is left as it was.
 """
 
 from __future__ import annotations
@@ -98,6 +100,18 @@ def test_explicit_retry_after_is_honoured(conn, account):
     retry(conn, now_mail.mail_id, token, retry_after_seconds=0)
     _, got = claim(conn, app)
     assert [m.id for m in got] == [now_mail.mail_id], "@RetryAfterSeconds = 0 means due at once"
+
+
+def test_an_outcome_unknown_retry_flags_the_mail_possible_duplicate(conn, account):
+    app = new_app(conn, "unknown")
+    flagged, plain = enqueue(conn, account, app, 2)
+    token, _ = claim(conn, app)
+    retry(conn, flagged.mail_id, token, retry_after_seconds=0, possible_duplicate=True)
+    retry(conn, plain.mail_id, token, retry_after_seconds=0)
+    assert mail_row(conn, flagged.mail_id)["PossibleDuplicate"] is True
+    assert mail_row(conn, plain.mail_id)["PossibleDuplicate"] is False
+    _, got = claim(conn, app)
+    assert {m.id: m.possible_duplicate for m in got} == {flagged.mail_id: True, plain.mail_id: False}
 
 
 def test_retry_with_no_attempt_left_fails_the_mail(conn, account):

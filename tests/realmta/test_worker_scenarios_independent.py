@@ -8,8 +8,8 @@ the unit suite's FakeQueue (the worker is under test, never a procedure).
 Every scenario ends by waiting for Postfix to deliver what it accepted and
 counting the copies of each Message-ID per recipient in the Maildir: exactly
 one per accepted recipient, or more only where the row carries
-PossibleDuplicate, or where the reply after the final dot was lost (outcome
-unknown, at-least-once by design: docs/guarantees.md).
+PossibleDuplicate (a reclaimed lease, or a reply lost after the final dot:
+outcome unknown, at-least-once by design, docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -236,8 +236,8 @@ def test_a_421_after_the_dot_in_the_middle_of_a_batch_loses_and_duplicates_nothi
 def test_a_connection_dropped_after_the_final_dot_is_retried_never_lost(slab):
     """A proxy drops the connection in place of the second mail's "250 ... queued
     as": Postfix has it, the worker cannot know.  The mail is recorded as a Retry
-    whose reason starts with "outcome unknown" and sent again (same Message-ID):
-    never lost; the other mails arrive once."""
+    whose reason starts with "outcome unknown", flagged PossibleDuplicate, and sent
+    again (same Message-ID): never lost; the other mails arrive once, unflagged."""
     proxy = SwallowingProxy(slab.ports["hooked"], swallow={2})
     try:
         queue = FakeQueue([mail(400 + i, f"dot-{i}@lab.test") for i in range(3)])
@@ -247,6 +247,7 @@ def test_a_connection_dropped_after_the_final_dot_is_retried_never_lost(slab):
         assert len(proxy.swallowed) == 1
         assert [queue.status(i) for i in (400, 401, 402)] == ["Sent", "UnSent", "Sent"]
         assert queue.rows[401].last_error.startswith("outcome unknown")
+        assert [queue.rows[i].possible_duplicate for i in (400, 401, 402)] == [False, True, False]
         assert copies(slab)[queue.rows[401].mail.message_id] == {"dot-1@lab.test": 1}  # the server has it
         run_until_final(w, queue)
     finally:

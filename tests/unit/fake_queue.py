@@ -232,7 +232,8 @@ class FakeQueue:
                                              smtp_text=smtp_text, dry_run=dry_run), run)
 
     def mark_failed(self, conn: Any, *, ids: Iterable[int], lock_token: Any, disposition: str, error: str,
-                    retry_after_seconds: int | None = None, smtp_code: int | None = None) -> list[AckResult]:
+                    retry_after_seconds: int | None = None, smtp_code: int | None = None,
+                    possible_duplicate: bool = False) -> list[AckResult]:
         ids = list(ids)
         assert disposition in ("Retry", "Wait", "Stop"), disposition
 
@@ -242,6 +243,7 @@ class FakeQueue:
             for r in rows:
                 r.token, r.last_error = None, error
                 r.dispositions.append(disposition)
+                r.possible_duplicate = r.possible_duplicate or possible_duplicate  # MarkFailed @PossibleDuplicate
                 r.smtp_code = smtp_code
                 if disposition == "Stop" or (disposition == "Retry" and r.attempts_remaining <= 0):
                     r.status = "Failed"
@@ -255,7 +257,7 @@ class FakeQueue:
             return [AckResult(r.mail.id, r.status, None) for r in rows]
         return self._apply("mark_failed", dict(ids=ids, lock_token=lock_token, disposition=disposition,
                                                error=error, retry_after_seconds=retry_after_seconds,
-                                               smtp_code=smtp_code), run)
+                                               smtp_code=smtp_code, possible_duplicate=possible_duplicate), run)
 
     def extend_lease(self, conn: Any, *, ids: Iterable[int], lock_token: Any,
                      lease_seconds: int) -> dict[int, Lease]:

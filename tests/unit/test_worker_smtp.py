@@ -142,6 +142,7 @@ def test_server_stalling_past_the_final_reply_timeout_is_outcome_unknown(sink):
     worker.run(once=True)
     [call] = queue.calls_to("mark_failed")  # held until the account's batch ended, then written at once
     assert call["ids"] == [1, 2, 3] and call["disposition"] == "Retry"
+    assert call["possible_duplicate"] is True  # the server may have them: flagged for the operator
     assert "outcome unknown" in call["error"] and "timed out" in call["error"]
     assert "same Message-ID" in call["error"]
     assert sink.messages == []
@@ -155,9 +156,11 @@ def test_a_server_that_keeps_stalling_escalates_to_an_account_wait_and_charges_n
                                                         final_reply_timeout_seconds=0.3)},
                          escalation=EscalationPolicy(retry_threshold=3))
     worker.run(once=True)
-    [call] = queue.calls_to("mark_failed")
-    assert call["ids"] == [1, 2, 3, 4, 5] and call["disposition"] == "Wait"
-    assert "escalated: 3 temporary failures" in call["error"]
+    calls = queue.calls_to("mark_failed")
+    assert all(c["disposition"] == "Wait" and "escalated: 3 temporary failures" in c["error"] for c in calls)
+    # the three that stalled after the final dot may be at the server: flagged; the two never tried are not
+    assert {tuple(c["ids"]): c["possible_duplicate"] for c in calls} == {(1, 2, 3): True, (4, 5): False}
+    assert [i for i in range(1, 6) if queue.rows[i].possible_duplicate] == [1, 2, 3]
     assert all(queue.rows[i].attempts_remaining == 5 for i in range(1, 6))  # refunded
     assert worker.metrics.snapshot()["escalations"] == 1 and "default" in queue.blocked_until
 

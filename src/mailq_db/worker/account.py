@@ -230,6 +230,8 @@ class AccountSender:
             self._after(mail, self.settle(mail, out, SendResult(0, "", refused=refused)))
             return
         except Exception as exc:  # noqa: BLE001 - classified
+            if isinstance(exc, OutcomeUnknown):
+                self.w.maybe_delivered.add(mail.id)
             outcome = self._classify_send_error(exc, session.stage)
             self.w.metrics.observe_send(time.monotonic() - started, self.account.name, outcome.smtp_code)
             self._failed(mail, outcome)

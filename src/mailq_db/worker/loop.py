@@ -102,6 +102,9 @@ class _Ack:
     undecided: bool = False
     message_id: str | None = None
     queue_id: str | None = None  # the relay's queue ID from its final reply
+    #: the server may have the mail (no reply after the final dot): MarkFailed
+    #: flags it PossibleDuplicate
+    possible_duplicate: bool = False
 
 
 class Worker:
@@ -149,6 +152,7 @@ class Worker:
         self.pauses = sender_pauses or SenderPauses(monotonic)
         self.token = uuid.uuid4()
         self.held: dict[int, ClaimedMail] = {}  # leased, not yet decided
+        self.maybe_delivered: set[int] = set()  # held mails the server may already have
         self.acks: OrderedDict[int, _Ack] = OrderedDict()  # decided, not yet written
         self._failed_status: dict[int, str] = {}  # MarkFailed's status per mail, for its state line
         self.leases: dict[int, float] = {}  # monotonic deadline of every lease held (held and acks)
@@ -505,6 +509,9 @@ class Worker:
 
     def _decided(self, mail: ClaimedMail, ack: _Ack) -> None:
         self.held.pop(mail.id, None)
+        if mail.id in self.maybe_delivered:
+            self.maybe_delivered.discard(mail.id)
+            ack.possible_duplicate = ack.outcome is not None
         if not self.acks:
             self._acks_since = self.monotonic()
         self.acks[mail.id] = ack
@@ -594,21 +601,21 @@ class Worker:
                 a.recipients = None
 
     def _write_failures(self) -> None:
-        groups: OrderedDict[Outcome, list[int]] = OrderedDict()
+        groups: OrderedDict[tuple[Outcome, bool], list[int]] = OrderedDict()
         for a in self.acks.values():
             if a.outcome is not None and a.recipients is None and not a.undecided:
-                groups.setdefault(a.outcome, []).append(a.mail_id)
-        for outcome, ids in groups.items():
-            mark = functools.partial(self._mark_failed, outcome)
+                groups.setdefault((a.outcome, a.possible_duplicate), []).append(a.mail_id)
+        for (outcome, possible_duplicate), ids in groups.items():
+            mark = functools.partial(self._mark_failed, outcome, possible_duplicate)
             for chunk in _chunks(ids):
                 done = self._apply(chunk, mark, self._lost)
                 self._written(done, {STOP: "failed", RETRY: "retried", WAIT: "waited"}[outcome.disposition],
                               outcome.smtp_code)
 
-    def _mark_failed(self, outcome: Outcome, ids: list[int]) -> None:
+    def _mark_failed(self, outcome: Outcome, possible_duplicate: bool, ids: list[int]) -> None:
         rows = self.db.call(self.procs.mark_failed, ids=ids, lock_token=self.token, disposition=outcome.disposition,
                             error=outcome.reason[:MAX_ERROR], retry_after_seconds=outcome.retry_after_seconds,
-                            smtp_code=outcome.smtp_code)
+                            smtp_code=outcome.smtp_code, possible_duplicate=possible_duplicate)
         for r in rows or []:  # the status MarkFailed left each mail in (UnSent or Failed), for its state line
             self._failed_status[r.mail_id] = r.status
 

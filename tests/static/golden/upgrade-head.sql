@@ -354,7 +354,7 @@ Stopped; every change writes a mailq.MailEvent row in the same transaction.
 VisibleAtUtc  the due time while UnSent, the lease expiry while Sending.
 ThreadLock    the lease token every acknowledgement is fenced by.
 AttemptsRemaining / AttemptCount  spent at claim; Wait and Release refund.
-PossibleDuplicate  an expired lease was reclaimed.
+PossibleDuplicate  an expired lease was reclaimed, or no reply came after the final dot.
 Options: bodies out of row; LOCK_ESCALATION = DISABLE (docs/dba-guide.md).
 */
 IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL
@@ -3284,7 +3284,9 @@ nothing.  @Disposition (docs/smtp-classification.md):
   Stop   permanent: Failed at once.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, @Disposition NVARCHAR(8), @Error
-             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800, @SmtpCode INT 200-599
+             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800, @SmtpCode INT 200-599;
+             @PossibleDuplicate BIT, default 0: 1 when the server may have the mail (no reply
+             after the final dot): the mails keep PossibleDuplicate = 1 (RequeueMail clears it)
 Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc.
 Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50133
              @Disposition; 50134 @RetryAfterSeconds; 50139 @Error; 50147 @SmtpCode.
@@ -3301,7 +3303,8 @@ CREATE OR ALTER PROCEDURE mailq.MarkFailed
     @Disposition NVARCHAR(20),
     @Error NVARCHAR(4000),
     @RetryAfterSeconds INT = NULL,
-    @SmtpCode INT = NULL
+    @SmtpCode INT = NULL,
+    @PossibleDuplicate BIT = 0
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -3350,6 +3353,7 @@ BEGIN
                 q.AttemptCount,
                 q.DateProcessed,
                 q.LastError,
+                q.PossibleDuplicate,
                 CASE
                     WHEN @Disposition = N'Wait' THEN N'UnSent'
                     WHEN @Disposition = N'Retry' AND q.AttemptsRemaining > 0 THEN N'UnSent'
@@ -3385,7 +3389,8 @@ BEGIN
             -- Wait is not the mail's fault: its attempt is refunded.
             o.AttemptsRemaining = o.AttemptsRemaining + IIF(@Disposition = N'Wait', 1, 0),
             o.DateProcessed = @Now,
-            o.LastError = @Error
+            o.LastError = @Error,
+            o.PossibleDuplicate = IIF(@PossibleDuplicate = 1, CAST(1 AS BIT), o.PossibleDuplicate)
         OUTPUT
             inserted.ID,
             inserted.AttemptCount,
@@ -11735,7 +11740,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'tables/mailq.SendingAccount.sql', '2f835735e92d1a1cd29900f0a180da74aa944eb6b3b15946123e41968e84ac92'),
     ('0001', N'tables/mailq.RateBudget.sql', 'fc1f4885d6e8ad3073efa81978c90128956c03fa4ba379674a6ffcf48f2a1844'),
     ('0001', N'tables/mailq.Application.sql', 'ce2520366efe18553a1106ff3f32f0c671f9af6b1b2b2e7ff63ab0a32d7e8b74'),
-    ('0001', N'tables/mailq.MailQueue.sql', '861a5e59cbbbf444baac6be0f9415b858670fcdd87c5b09b9c5c19bbafb0c186'),
+    ('0001', N'tables/mailq.MailQueue.sql', '23176826b71aa13fddffe44b85230bd81f0041daadc20a86b170b2dbdd40802a'),
     ('0001', N'tables/mailq.MailAttachment.sql', '647f14772652007856e97ae7dbac6eb6c88c744265d0785921e9a7cd8ae9eca5'),
     ('0001', N'tables/mailq.MailAttempt.sql', '77a5489c77fbb21374ef3b1af781c602377ee0a52150822be04771541aad5a9c'),
     ('0001', N'tables/mailq.ApplicationAccount.sql', '52cc59079a18055cbe463dbc8da9a6da00399725cd24498a86e04439e5c53743'),
@@ -11786,7 +11791,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.ExtendLease.sql', 'a7e8771b9a660135a3c2f6ce00e23a726ced7b27f8f48c1e39ed3baa14bef449'),
     ('0001', N'procedures/mailq.ReleaseMail.sql', 'd86f025705bdad4d705a279820f28445036fa59aa2697e8bd5fc2998a338a302'),
     ('0001', N'procedures/mailq.MarkSent.sql', 'e61a668a1aa8125249139e79f6586ab3aaa81e705046046976313c2ddc21d196'),
-    ('0001', N'procedures/mailq.MarkFailed.sql', 'c1022b58cd163780b122a72df3a3cb147d73adef84bf49b3d66691d2f5b4c3cd'),
+    ('0001', N'procedures/mailq.MarkFailed.sql', '4c3bde5332d1b80a53afe36c301a35811f75ac9e688a598a64f7ce5c2f67654c'),
     ('0001', N'procedures/mailq.CancelMail.sql', '2fa057f44551e94b059da43c82f50c28dc392bd07350f68f80062435d1734f9c'),
     ('0001', N'procedures/mailq.RequeueMail.sql', '1796a14cce9e92478723775fcc3b07e2986f701fccaf60549a8534153d25bd44'),
     ('0001', N'procedures/mailq.PurgeMail.sql', '0b6426f8a27d83ab66a85f2d30f538c166dfa49e90a4abbdafbaf5005cadb16d'),

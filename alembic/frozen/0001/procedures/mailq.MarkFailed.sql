@@ -9,7 +9,9 @@ nothing.  @Disposition (docs/smtp-classification.md):
   Stop   permanent: Failed at once.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              @LockToken UNIQUEIDENTIFIER, @Disposition NVARCHAR(8), @Error
-             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800, @SmtpCode INT 200-599
+             NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800, @SmtpCode INT 200-599;
+             @PossibleDuplicate BIT, default 0: 1 when the server may have the mail (no reply
+             after the final dot): the mails keep PossibleDuplicate = 1 (RequeueMail clears it)
 Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc.
 Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50133
              @Disposition; 50134 @RetryAfterSeconds; 50139 @Error; 50147 @SmtpCode.
@@ -26,7 +28,8 @@ CREATE OR ALTER PROCEDURE mailq.MarkFailed
     @Disposition NVARCHAR(20),
     @Error NVARCHAR(4000),
     @RetryAfterSeconds INT = NULL,
-    @SmtpCode INT = NULL
+    @SmtpCode INT = NULL,
+    @PossibleDuplicate BIT = 0
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -75,6 +78,7 @@ BEGIN
                 q.AttemptCount,
                 q.DateProcessed,
                 q.LastError,
+                q.PossibleDuplicate,
                 CASE
                     WHEN @Disposition = N'Wait' THEN N'UnSent'
                     WHEN @Disposition = N'Retry' AND q.AttemptsRemaining > 0 THEN N'UnSent'
@@ -110,7 +114,8 @@ BEGIN
             -- Wait is not the mail's fault: its attempt is refunded.
             o.AttemptsRemaining = o.AttemptsRemaining + IIF(@Disposition = N'Wait', 1, 0),
             o.DateProcessed = @Now,
-            o.LastError = @Error
+            o.LastError = @Error,
+            o.PossibleDuplicate = IIF(@PossibleDuplicate = 1, CAST(1 AS BIT), o.PossibleDuplicate)
         OUTPUT
             inserted.ID,
             inserted.AttemptCount,

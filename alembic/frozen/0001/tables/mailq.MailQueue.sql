@@ -6,7 +6,7 @@ Stopped; every change writes a mailq.MailEvent row in the same transaction.
 VisibleAtUtc  the due time while UnSent, the lease expiry while Sending.
 ThreadLock    the lease token every acknowledgement is fenced by.
 AttemptsRemaining / AttemptCount  spent at claim; Wait and Release refund.
-PossibleDuplicate  an expired lease was reclaimed.
+PossibleDuplicate  an expired lease was reclaimed, or no reply came after the final dot.
 Options: bodies out of row; LOCK_ESCALATION = DISABLE (docs/dba-guide.md).
 */
 IF OBJECT_ID(N'mailq.MailQueue', N'U') IS NULL

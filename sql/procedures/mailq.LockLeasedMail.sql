@@ -5,7 +5,9 @@ WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises unless ea
 exists, is Sending and holds @LockToken: a reclaimed worker changes nothing.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly one;
              @LockToken UNIQUEIDENTIFIER, required; @AcceptSentByToken BIT = 0: 1
-             also accepts a mail already Sent under @LockToken (a repeated MarkSent)
+             also accepts a mail already Sent under @LockToken (a repeated MarkSent);
+             @AcceptFailedByToken BIT = 0: 1 also accepts a mail whose attempt under
+             @LockToken already ended Retry, Wait or Stop (a repeated MarkFailed)
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
              50137 @IDList malformed; 50138 no open transaction; 50201 unknown
@@ -20,7 +22,8 @@ CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
     @ID BIGINT = NULL,
     @IDList NVARCHAR(MAX) = NULL,
     @LockToken UNIQUEIDENTIFIER,
-    @AcceptSentByToken BIT = 0
+    @AcceptSentByToken BIT = 0,
+    @AcceptFailedByToken BIT = 0
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -81,6 +84,14 @@ BEGIN
                 -- READCOMMITTEDLOCK: the committed row, never a version.
                 FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
                 WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
+            )
+        )
+        AND NOT (
+            @AcceptFailedByToken = 1
+            AND EXISTS (
+                SELECT 1
+                FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
+                WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Retry', N'Wait', N'Stop')
             )
         )
     ORDER BY h.ID;

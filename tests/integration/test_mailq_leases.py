@@ -11,8 +11,8 @@ expiries happen:
   past its expiry becomes Expired;
 * batched acknowledgements: one MarkSent for many mails; all or nothing when
   one of them is stale (50202) or already acknowledged (50203, MarkFailed);
-  MarkSent repeated under its own token is accepted and changes nothing
-  (revision 0003), under another token it is still 50203.
+  MarkSent and MarkFailed repeated under their own token are accepted and
+  change nothing; under another token they are still 50203.
 """
 
 from __future__ import annotations
@@ -211,6 +211,21 @@ def test_mark_sent_repeated_with_its_token_changes_nothing(conn, account):
     assert_unchanged(before, fingerprint(conn))
     refused_with_state_kept(conn, 50203, lambda: procedures.mark_sent(conn, ids=ids, lock_token=uuid.uuid4()))
     refused_with_state_kept(conn, 50203, lambda: procedures.release_mail(conn, ids=ids, lock_token=token))
+
+
+def test_mark_failed_repeated_with_its_token_changes_nothing(conn, account):
+    """The worker resends a MarkFailed whose reply was lost with the connection after it
+    committed: accepted, nothing changes, no row returned; under another token, 50203."""
+    app = new_app(conn, "repeatfail")
+    ids = [r.mail_id for r in enqueue(conn, account, app, 2)]
+    token, _ = claim(conn, app)
+    first = procedures.mark_failed(conn, ids=ids, lock_token=token, disposition="Retry", error="451 later")
+    assert sorted(a.mail_id for a in first) == sorted(ids)
+    before = fingerprint(conn)
+    assert procedures.mark_failed(conn, ids=ids, lock_token=token, disposition="Retry", error="451 later") == []
+    assert_unchanged(before, fingerprint(conn))
+    refused_with_state_kept(conn, 50203, lambda: procedures.mark_failed(
+        conn, ids=ids, lock_token=uuid.uuid4(), disposition="Retry", error="451 later"))
 
 
 def test_an_unknown_token_never_matches(conn, account):

@@ -1853,7 +1853,9 @@ WITH (UPDLOCK, ROWLOCK) until the caller's transaction ends and raises unless ea
 exists, is Sending and holds @LockToken: a reclaimed worker changes nothing.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly one;
              @LockToken UNIQUEIDENTIFIER, required; @AcceptSentByToken BIT = 0: 1
-             also accepts a mail already Sent under @LockToken (a repeated MarkSent)
+             also accepts a mail already Sent under @LockToken (a repeated MarkSent);
+             @AcceptFailedByToken BIT = 0: 1 also accepts a mail whose attempt under
+             @LockToken already ended Retry, Wait or Stop (a repeated MarkFailed)
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
              50137 @IDList malformed; 50138 no open transaction; 50201 unknown
@@ -1868,7 +1870,8 @@ CREATE OR ALTER PROCEDURE mailq.LockLeasedMail
     @ID BIGINT = NULL,
     @IDList NVARCHAR(MAX) = NULL,
     @LockToken UNIQUEIDENTIFIER,
-    @AcceptSentByToken BIT = 0
+    @AcceptSentByToken BIT = 0,
+    @AcceptFailedByToken BIT = 0
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
@@ -1929,6 +1932,14 @@ BEGIN
                 -- READCOMMITTEDLOCK: the committed row, never a version.
                 FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
                 WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
+            )
+        )
+        AND NOT (
+            @AcceptFailedByToken = 1
+            AND EXISTS (
+                SELECT 1
+                FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
+                WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Retry', N'Wait', N'Stop')
             )
         )
     ORDER BY h.ID;
@@ -3287,7 +3298,8 @@ Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800, @SmtpCode INT 200-599;
              @PossibleDuplicate BIT, default 0: 1 when the server may have the mail (no reply
              after the final dot): the mails keep PossibleDuplicate = 1 (RequeueMail clears it)
-Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc.
+Result set:  one row per mail changed: ID, Status (UnSent or Failed), NextAttemptUtc; a
+             repeated call (same @LockToken, attempt already ended) changes and returns none.
 Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50133
              @Disposition; 50134 @RetryAfterSeconds; 50139 @Error; 50147 @SmtpCode.
 Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
@@ -3340,7 +3352,8 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+        EXEC mailq.LockLeasedMail
+            @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptFailedByToken = 1;
         WITH Outcome AS (
             SELECT
                 q.ID,
@@ -11781,7 +11794,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.ThroughputPerHour.sql', '3ecd65d5fabf3581706cdc62af282729ff94103e16b186c0b0da1b07738491cd'),
     ('0001', N'views/mailq.RecentFailures.sql', '884ce76e279e329c7cfe1c2adebcb743509b3e9da83c9bc169f75c095287d3b9'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', '931f6a4311bc05874ccaeca4480859f894a66fefa0ddddefe0353844a80d521c'),
-    ('0001', N'procedures/mailq.LockLeasedMail.sql', 'b1a473e82db79c48bd1db4051c56b345f423b8d9e588d22b6e1be957d29a3ab0'),
+    ('0001', N'procedures/mailq.LockLeasedMail.sql', 'c0fb4cad1b812e8f5504d678bac3499341f79b40fa0fa77ae4a9cd65fec726e2'),
     ('0001', N'procedures/mailq.EnqueueMailRows.sql', '1d79ca00f8cd6821f2d8518e3115840bbf2c69d3dd4d858f7b2921d8350c5b4a'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', 'd69ca714e0a7703615d3ec2eabb3981738950c080a588cff31b32b18d3be6bbf'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'd0d527428f3becb3728ca661ec67d74213fd7fbdb79c39a841f4c0b0bade7685'),
@@ -11791,7 +11804,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.ExtendLease.sql', 'a7e8771b9a660135a3c2f6ce00e23a726ced7b27f8f48c1e39ed3baa14bef449'),
     ('0001', N'procedures/mailq.ReleaseMail.sql', 'd86f025705bdad4d705a279820f28445036fa59aa2697e8bd5fc2998a338a302'),
     ('0001', N'procedures/mailq.MarkSent.sql', 'e61a668a1aa8125249139e79f6586ab3aaa81e705046046976313c2ddc21d196'),
-    ('0001', N'procedures/mailq.MarkFailed.sql', '4c3bde5332d1b80a53afe36c301a35811f75ac9e688a598a64f7ce5c2f67654c'),
+    ('0001', N'procedures/mailq.MarkFailed.sql', '758245b5786bca9dd80804123425e0104d3bff3fd9ef05c2537345c28c88b23d'),
     ('0001', N'procedures/mailq.CancelMail.sql', '2fa057f44551e94b059da43c82f50c28dc392bd07350f68f80062435d1734f9c'),
     ('0001', N'procedures/mailq.RequeueMail.sql', '1796a14cce9e92478723775fcc3b07e2986f701fccaf60549a8534153d25bd44'),
     ('0001', N'procedures/mailq.PurgeMail.sql', '0b6426f8a27d83ab66a85f2d30f538c166dfa49e90a4abbdafbaf5005cadb16d'),

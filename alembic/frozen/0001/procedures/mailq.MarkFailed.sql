@@ -12,7 +12,8 @@ Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array): exactly one;
              NVARCHAR(4000), required; @RetryAfterSeconds INT 0-604800, @SmtpCode INT 200-599;
              @PossibleDuplicate BIT, default 0: 1 when the server may have the mail (no reply
              after the final dot): the mails keep PossibleDuplicate = 1 (RequeueMail clears it)
-Result set:  one row per mail: ID, Status (UnSent or Failed), NextAttemptUtc.
+Result set:  one row per mail changed: ID, Status (UnSent or Failed), NextAttemptUtc; a
+             repeated call (same @LockToken, attempt already ended) changes and returns none.
 Errors:      50131, 50136, 50137, 50201-50203 (mailq.LockLeasedMail); 50133
              @Disposition; 50134 @RetryAfterSeconds; 50139 @Error; 50147 @SmtpCode.
 Transaction: its own or the caller's; an error is re-raised and dooms the caller's.
@@ -65,7 +66,8 @@ BEGIN
     DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
     BEGIN TRY
         IF @OwnTran = 1 BEGIN TRANSACTION;
-        EXEC mailq.LockLeasedMail @ID = @ID, @IDList = @IDList, @LockToken = @LockToken;
+        EXEC mailq.LockLeasedMail
+            @ID = @ID, @IDList = @IDList, @LockToken = @LockToken, @AcceptFailedByToken = 1;
         WITH Outcome AS (
             SELECT
                 q.ID,

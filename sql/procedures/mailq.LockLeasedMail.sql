@@ -6,9 +6,8 @@ exists, is Sending and holds @LockToken: a reclaimed worker changes nothing.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly one;
              @LockToken UNIQUEIDENTIFIER, required; @AcceptSentByToken BIT = 0: 1
              also accepts a mail already Sent under @LockToken (a repeated MarkSent);
-             @AcceptFailedByToken BIT = 0: 1 also accepts a mail whose attempt under
-             @LockToken already ended Retry, Wait or Stop (a repeated MarkFailed), also
-             when reclaimed since, but not one StopMail stopped
+             @AcceptFailedByToken BIT = 0: 1 also accepts a repeated MarkFailed (the attempt
+             under @LockToken ended Retry, Wait or Stop; reclaimed since or not; not Stopped)
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
              50137 @IDList malformed; 50138 no open transaction; 50201 unknown

@@ -10,8 +10,8 @@
   commits, and then appears ABOVE the cursor a reader already holds
   (commit-safe cursor: the scenario an IDENTITY gets wrong).
 * Paging with @AfterEventID / @MaxEvents returns every event once, in order.
-* StopMail: UnSent -> Stopped; Sending -> Stopped, the worker's MarkSent is
-  then refused (50203) and the mail stays Stopped; a final mail is 50260 and
+* StopMail: UnSent -> Stopped; Sending -> Stopped, the worker's MarkSent and
+  MarkFailed are then refused (50203) and the mail stays Stopped; a final mail is 50260 and
   nothing changes; bad input 50170-50175 changes nothing; Stopped can be
   requeued; the sysmail view calls it failed.
 * PurgeMail deletes the events with the mail (Stopped mails included).
@@ -180,6 +180,9 @@ def test_stop_unsent_and_leased_mail(conn, account):
     assert mail_row(conn, waiting.mail_id)["PossibleDuplicate"] is False
     # the worker's acknowledgement is fenced out and does not resurrect it
     expect_error(50203, procedures.mark_sent, conn, ids=[leased.mail_id], lock_token=token, cls=MailStateError)
+    # its attempt ended 'Stop' as a MarkFailed's does, yet it is no repeat of one: refused too
+    expect_error(50203, procedures.mark_failed, conn, ids=[leased.mail_id], lock_token=token,
+                 disposition="Retry", error="451 later", cls=MailStateError)
     assert mail_row(conn, leased.mail_id)["Status"] == "Stopped"
     assert kinds(conn, leased.mail_id)[-1] == ("Stopped", "Stopped", 1)
     assert claim(conn, app)[1] == []

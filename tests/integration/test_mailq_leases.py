@@ -228,6 +228,23 @@ def test_mark_failed_repeated_with_its_token_changes_nothing(conn, account):
         conn, ids=ids, lock_token=uuid.uuid4(), disposition="Retry", error="451 later"))
 
 
+def test_mark_failed_repeated_after_the_mail_was_reclaimed_changes_nothing(conn, conn2, account):
+    """The repeat comes after the retry came due and another worker claimed the mail:
+    the first call committed, so no 50202 ('lease lost'), and the new lease is untouched."""
+    app = new_app(conn, "repeatreclaim")
+    (mail,) = enqueue(conn, account, app, 1, max_attempts=5)
+    token, _ = claim(conn, app)
+    procedures.mark_failed(conn, ids=[mail.mail_id], lock_token=token, disposition="Retry",
+                           error="451 later", retry_after_seconds=0)
+    other, (again,) = claim(conn2, app)
+    assert again.id == mail.mail_id
+    before = fingerprint(conn)
+    assert procedures.mark_failed(conn, ids=[mail.mail_id], lock_token=token, disposition="Retry",
+                                  error="451 later", retry_after_seconds=0) == []
+    assert_unchanged(before, fingerprint(conn))
+    assert as_uuid(mail_row(conn, mail.mail_id)["ThreadLock"]) == other
+
+
 def test_an_unknown_token_never_matches(conn, account):
     app = new_app(conn, "token")
     (mail,) = enqueue(conn, account, app, 1)

@@ -1854,8 +1854,8 @@ exists, is Sending and holds @LockToken: a reclaimed worker changes nothing.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly one;
              @LockToken UNIQUEIDENTIFIER, required; @AcceptSentByToken BIT = 0: 1
              also accepts a mail already Sent under @LockToken (a repeated MarkSent);
-             @AcceptFailedByToken BIT = 0: 1 also accepts a mail whose attempt under
-             @LockToken already ended Retry, Wait or Stop (a repeated MarkFailed)
+             @AcceptFailedByToken BIT = 0: 1 also accepts a repeated MarkFailed (the attempt
+             under @LockToken ended Retry, Wait or Stop; reclaimed since or not; not Stopped)
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
              50137 @IDList malformed; 50138 no open transaction; 50201 unknown
@@ -1918,6 +1918,18 @@ BEGIN
     WHERE h.Status IS NULL
     ORDER BY h.ID;
     IF @Msg IS NOT NULL THROW 50201, @Msg, 1;
+    -- A repeated MarkFailed passes (its caller changes only mails still Sending under the token):
+    -- its attempt ended Retry/Wait/Stop (committed row); not a mail StopMail ended: 50203.
+    IF @AcceptFailedByToken = 1
+        DELETE h
+        FROM @Held AS h
+        WHERE
+            (h.Status NOT IN (N'Sending', N'Stopped') OR h.ThreadLock <> @LockToken)
+            AND EXISTS (
+                SELECT 1
+                FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
+                WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Retry', N'Wait', N'Stop')
+            );
     SELECT TOP (1) @Msg = CONCAT(
         N'Mail ', h.ID, N' is ', h.Status, N', not Sending: it was already acknowledged, released or never claimed.'
     )
@@ -1932,14 +1944,6 @@ BEGIN
                 -- READCOMMITTEDLOCK: the committed row, never a version.
                 FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
                 WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
-            )
-        )
-        AND NOT (
-            @AcceptFailedByToken = 1
-            AND EXISTS (
-                SELECT 1
-                FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
-                WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Retry', N'Wait', N'Stop')
             )
         )
     ORDER BY h.ID;
@@ -2456,7 +2460,6 @@ BEGIN
     SET @BatchSize = COALESCE(@BatchSize, 10);
     SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
     SET @RunModes = COALESCE(@RunModes, N'["prod"]');
-    -- The checks (50130, 50131, 50132, 50103, 50115, 50148, 50241), before any write.
     EXEC mailq.CheckClaimRequest
         @BatchSize = @BatchSize,
         @LockToken = @LockToken,
@@ -7349,8 +7352,7 @@ BEGIN
     SET @mailitem_id = NULL;
     SET @mailq_mail_id = NULL;
     SET @query = NULLIF(@query, N'');
-    -- 1.-3. The checks (mailq.CheckDbMailRequest): a refusal has RAISEd its error and
-    --       returns its code; nothing is written before they pass.
+    -- 1.-3. The checks: a refusal has RAISEd its error and returns its code, nothing written.
     DECLARE @AccountName NVARCHAR(128);
     EXEC @rc = mailq.CheckDbMailRequest
         @profile_name = @profile_name,
@@ -10363,7 +10365,6 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @Msg NVARCHAR(2048);
     SET @HardBounceLimit = ISNULL(@HardBounceLimit, 1);
-    -- Checks and the mail's lookup, before any write: 50607, 50604, 50610, 50609, 50601.
     DECLARE @Account NVARCHAR(128), @App NVARCHAR(128), @To NVARCHAR(4000), @CC NVARCHAR(4000),
         @BCC NVARCHAR(4000), @KnownMail BIGINT, @TokenAddress NVARCHAR(320);
     EXEC mailq.CheckBounceReport
@@ -10873,7 +10874,6 @@ BEGIN
     END;
     SET @Address = LOWER(LTRIM(RTRIM(@Address)));
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    -- The view's rules at one moment, @Now: IsActive and the filter agree on it.
     SELECT TOP (@MaxRows)
         s.AccountName,
         s.AppName,
@@ -11794,12 +11794,12 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.ThroughputPerHour.sql', '3ecd65d5fabf3581706cdc62af282729ff94103e16b186c0b0da1b07738491cd'),
     ('0001', N'views/mailq.RecentFailures.sql', '884ce76e279e329c7cfe1c2adebcb743509b3e9da83c9bc169f75c095287d3b9'),
     ('0001', N'views/mailq.RecipientOutcomes.sql', '931f6a4311bc05874ccaeca4480859f894a66fefa0ddddefe0353844a80d521c'),
-    ('0001', N'procedures/mailq.LockLeasedMail.sql', 'c0fb4cad1b812e8f5504d678bac3499341f79b40fa0fa77ae4a9cd65fec726e2'),
+    ('0001', N'procedures/mailq.LockLeasedMail.sql', '57e7a8bcff5696aad849a5f2f9986dc0eb7073c0022b6fe88a4b10d6fd685177'),
     ('0001', N'procedures/mailq.EnqueueMailRows.sql', '1d79ca00f8cd6821f2d8518e3115840bbf2c69d3dd4d858f7b2921d8350c5b4a'),
     ('0001', N'procedures/mailq.EnqueueMail.sql', 'd69ca714e0a7703615d3ec2eabb3981738950c080a588cff31b32b18d3be6bbf'),
     ('0001', N'procedures/mailq.EnqueueMailBatch.sql', 'd0d527428f3becb3728ca661ec67d74213fd7fbdb79c39a841f4c0b0bade7685'),
     ('0001', N'procedures/mailq.CheckClaimRequest.sql', '14051f562c2f97afdf08ced3db10d68bc21db9a18bfd186b31977fcedbda7be5'),
-    ('0001', N'procedures/mailq.ClaimMail.sql', 'be0bc47523f12f1a2c14c81f1ec333982dd62709283d2a2a84fe89d9f45f2f38'),
+    ('0001', N'procedures/mailq.ClaimMail.sql', '4fab519a55238a320ac6d1e1f108d1b6b452920f02868f964a31c7dc65392d26'),
     ('0001', N'procedures/mailq.FinalizeMail.sql', '8fc7bbd5019a55a67641a3ccf028473b2cde1188b92cf62d3353195aa00cd6a4'),
     ('0001', N'procedures/mailq.ExtendLease.sql', 'a7e8771b9a660135a3c2f6ce00e23a726ced7b27f8f48c1e39ed3baa14bef449'),
     ('0001', N'procedures/mailq.ReleaseMail.sql', 'd86f025705bdad4d705a279820f28445036fa59aa2697e8bd5fc2998a338a302'),
@@ -11860,7 +11860,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.sysmail_event_log.sql', '047d4f5c1c80d7a8de5d1799d2e4a0502375de89cbe374d968146f5b1e0f9a7c'),
     ('0001', N'functions/mailq.DbMailAddressProblem.sql', 'c1a0525c0b9bdb7f7295807871e76e3605fd4b8942b5a2621590b2ee635bd28f'),
     ('0001', N'procedures/mailq.CheckDbMailRequest.sql', 'e1d7fbc24acffe6ed0583b6f00ff1e530623785b6ad7d5bba6283bc8080dba98'),
-    ('0001', N'procedures/mailq.SendDbMail.sql', 'fc32e1b25171050b1cdb9e4db0a38579136eea2575dde47de7082976955a2972'),
+    ('0001', N'procedures/mailq.SendDbMail.sql', 'c4b8232d734bfecaf7b8890953c2044c101ecfa2951b2b285444972faccc47e6'),
     ('0001', N'procedures/mailq.UpsertDbMailProfile.sql', '40dd1665ce78bf4a6d74a3d1f818c41cd9d3b8fd2e1e6a2acca76d18951073de'),
     ('0001', N'procedures/mailq.DeleteDbMailProfile.sql', '562592766f959be178e8e6f6ff53bae6e2ba36879ee88eec53aa3c2604662f9e'),
     ('0001', N'procedures/mailq.UpsertDbMailProfileAccount.sql', '6a90f279e07e8508fff9f831c2f5491cff9cda5ad38c4b9032b89cb35cc896d1'),
@@ -11918,11 +11918,11 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'views/mailq.RecentBounceReports.sql', 'fed5cdae95664e0f44799da08f8674094aa16c5f819efa79115661152d6469ae'),
     ('0001', N'procedures/mailq.ApplySuppressions.sql', '74d9daf3292ed5bc1ab1ea1bfa36cf671199e545c490ae63f8d9fb5c53fb7196'),
     ('0001', N'procedures/mailq.CheckBounceReport.sql', 'bedc1a7c370dd7cb0858d218d95ba59c54f631bce414adbcf9f9f1b368be9ea6'),
-    ('0001', N'procedures/mailq.RecordBounce.sql', 'd2dc0b3bef9deaa045cbfe5848dd546b3ba12ab2f8236610763ea8b6ff6d6c78'),
+    ('0001', N'procedures/mailq.RecordBounce.sql', '736d71cdace9c3c3804dc4d3b0ae4d57a9db400f6ebbcf17c60f72552e506d0f'),
     ('0001', N'procedures/mailq.RecordUnsubscribe.sql', 'bc3e67e54ad0d16a670f7c9bda0959eb59cd895cfd405f2cf5bbb9236b289ff2'),
     ('0001', N'procedures/mailq.AddSuppression.sql', 'b6a91bb1bb00e829dae9b0a6be26676f5f7e990c3a1e9a61490d7079e1250700'),
     ('0001', N'procedures/mailq.RemoveSuppression.sql', 'b4d58ab81eafbe7ab1a22c9b994d1370d5b537237e3458eec1bda28c1b178d2b'),
-    ('0001', N'procedures/mailq.ListSuppressions.sql', '22071d4ed7e8a0584d6e3ea7295039a0c0c59cd43f7db27e26eb8a5f5ed93271'),
+    ('0001', N'procedures/mailq.ListSuppressions.sql', 'c63ef87749334df4e2f46b63ad169b0b84facd925f152a8f80e5d76ba747f5f9'),
     ('0001', N'procedures/mailq.GetSuppressionStats.sql', '3002368a01567fb9a54b6c8616780d87387dbc08031e8796f6ed5674001bcb03'),
     ('0001', N'procedures/mailq.PurgeBounceReports.sql', 'd072de4942d7c9e792c6bb0be1930b31346da217a116e1c2ec30bed3f5d48ea1'),
     ('0001', N'security/MailqBounceReader.grants.sql', '8c65fe2bcd239088c5d78d9f334d32b5b5c6f4457ab6673e748f0cfc80fe8b3e'),

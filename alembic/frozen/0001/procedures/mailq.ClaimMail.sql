@@ -31,7 +31,6 @@ BEGIN
     SET @BatchSize = COALESCE(@BatchSize, 10);
     SET @LeaseSeconds = COALESCE(@LeaseSeconds, 300);
     SET @RunModes = COALESCE(@RunModes, N'["prod"]');
-    -- The checks (50130, 50131, 50132, 50103, 50115, 50148, 50241), before any write.
     EXEC mailq.CheckClaimRequest
         @BatchSize = @BatchSize,
         @LockToken = @LockToken,

@@ -38,7 +38,6 @@ BEGIN
     END;
     SET @Address = LOWER(LTRIM(RTRIM(@Address)));
     DECLARE @Now DATETIME2(3) = SYSUTCDATETIME();
-    -- The view's rules at one moment, @Now: IsActive and the filter agree on it.
     SELECT TOP (@MaxRows)
         s.AccountName,
         s.AppName,

@@ -7,8 +7,8 @@ exists, is Sending and holds @LockToken: a reclaimed worker changes nothing.
 Parameters:  @ID BIGINT or @IDList NVARCHAR(MAX) (JSON array of 1-1000): exactly one;
              @LockToken UNIQUEIDENTIFIER, required; @AcceptSentByToken BIT = 0: 1
              also accepts a mail already Sent under @LockToken (a repeated MarkSent);
-             @AcceptFailedByToken BIT = 0: 1 also accepts a mail whose attempt under
-             @LockToken already ended Retry, Wait or Stop (a repeated MarkFailed)
+             @AcceptFailedByToken BIT = 0: 1 also accepts a repeated MarkFailed (the attempt
+             under @LockToken ended Retry, Wait or Stop; reclaimed since or not; not Stopped)
 Result set:  none.
 Errors:      50131 @LockToken missing; 50136 neither or both of @ID/@IDList;
              50137 @IDList malformed; 50138 no open transaction; 50201 unknown
@@ -71,6 +71,18 @@ BEGIN
     WHERE h.Status IS NULL
     ORDER BY h.ID;
     IF @Msg IS NOT NULL THROW 50201, @Msg, 1;
+    -- A repeated MarkFailed passes (its caller changes only mails still Sending under the token):
+    -- its attempt ended Retry/Wait/Stop (committed row); not a mail StopMail ended: 50203.
+    IF @AcceptFailedByToken = 1
+        DELETE h
+        FROM @Held AS h
+        WHERE
+            (h.Status NOT IN (N'Sending', N'Stopped') OR h.ThreadLock <> @LockToken)
+            AND EXISTS (
+                SELECT 1
+                FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
+                WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Retry', N'Wait', N'Stop')
+            );
     SELECT TOP (1) @Msg = CONCAT(
         N'Mail ', h.ID, N' is ', h.Status, N', not Sending: it was already acknowledged, released or never claimed.'
     )
@@ -85,14 +97,6 @@ BEGIN
                 -- READCOMMITTEDLOCK: the committed row, never a version.
                 FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
                 WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Sent', N'DryRun')
-            )
-        )
-        AND NOT (
-            @AcceptFailedByToken = 1
-            AND EXISTS (
-                SELECT 1
-                FROM mailq.MailAttempt AS t WITH (READCOMMITTEDLOCK)
-                WHERE t.MailID = h.ID AND t.LockToken = @LockToken AND t.Outcome IN (N'Retry', N'Wait', N'Stop')
             )
         )
     ORDER BY h.ID;

@@ -46,7 +46,6 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @Msg NVARCHAR(2048);
     SET @HardBounceLimit = ISNULL(@HardBounceLimit, 1);
-    -- Checks and the mail's lookup, before any write: 50607, 50604, 50610, 50609, 50601.
     DECLARE @Account NVARCHAR(128), @App NVARCHAR(128), @To NVARCHAR(4000), @CC NVARCHAR(4000),
         @BCC NVARCHAR(4000), @KnownMail BIGINT, @TokenAddress NVARCHAR(320);
     EXEC mailq.CheckBounceReport

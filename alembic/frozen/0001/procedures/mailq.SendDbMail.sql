@@ -59,8 +59,7 @@ BEGIN
     SET @mailitem_id = NULL;
     SET @mailq_mail_id = NULL;
     SET @query = NULLIF(@query, N'');
-    -- 1.-3. The checks (mailq.CheckDbMailRequest): a refusal has RAISEd its error and
-    --       returns its code; nothing is written before they pass.
+    -- 1.-3. The checks: a refusal has RAISEd its error and returns its code, nothing written.
     DECLARE @AccountName NVARCHAR(128);
     EXEC @rc = mailq.CheckDbMailRequest
         @profile_name = @profile_name,

@@ -53,6 +53,7 @@ from pathlib import Path
 
 DOMAIN = "lab.test"
 USER, PASSWORD = "mailer@lab.test", "lab-password-1"
+UTF8_USER, UTF8_PASSWORD = "utf8@lab.test", "pässwörd-€"  # RFC 4616: SASL PLAIN is UTF-8
 RECIPIENT_LIMIT = 50
 MESSAGE_SIZE_LIMIT = 200_000
 MESSAGE_RATE_LIMIT = 5
@@ -265,7 +266,8 @@ class Lab:
         d = self.root / "dovecot"
         for sub in ("run", "state"):
             (d / sub).mkdir(parents=True)
-        (d / "passwd").write_text(f"{USER}:{{PLAIN}}{PASSWORD}::::::\n")
+        (d / "passwd").write_text(f"{USER}:{{PLAIN}}{PASSWORD}::::::\n"
+                                  f"{UTF8_USER}:{{PLAIN}}{UTF8_PASSWORD}::::::\n", encoding="utf-8")
         os.chmod(d / "passwd", 0o640)
         os.chown(d / "passwd", 0, grp.getgrnam("dovecot").gr_gid)
         # Postfix's private directory must exist before Dovecot makes the socket in it.

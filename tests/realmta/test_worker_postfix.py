@@ -12,7 +12,9 @@ import re
 import socket
 import time
 
-from lab import CONNECTION_RATE_LIMIT, IDLE_TIMEOUT_SECONDS, RATE_UNIT_SECONDS, RECIPIENT_LIMIT
+from lab import (
+    CONNECTION_RATE_LIMIT, IDLE_TIMEOUT_SECONDS, RATE_UNIT_SECONDS, RECIPIENT_LIMIT, UTF8_PASSWORD, UTF8_USER,
+)
 from realmta_helpers import FakeQueue, account, mails, make_mail, run_until_final, worker
 
 from mailq_db.procedures import Attachment
@@ -206,6 +208,16 @@ def test_wrong_password_is_one_auth_attempt_then_the_account_waits(lab, caplog):
         time.sleep(0.1)
     # Postfix's disconnect line counts AUTH commands: one, failed ("auth=0/1"), never "auth=0/2"
     assert lab.log().count("auth=0/1") == before + 1 and "auth=0/2" not in lab.log()
+
+
+def test_a_non_ascii_password_signs_in_to_dovecot_and_the_mail_is_delivered(lab):
+    """SASL PLAIN carries the password as UTF-8 (RFC 4616); smtplib's own login() would
+    fail on it before sending anything.  Dovecot checks it byte for byte."""
+    queue = FakeQueue(mails("utf8pw", 1))
+    worker(queue, {"default": account(lab, user=UTF8_USER, password=UTF8_PASSWORD)}).run(once=True)
+    assert queue.status(1) == "Sent"
+    assert len(lab.wait_delivered("utf8pw-1@", 1)) == 1
+    assert re.search(rf"sasl_username={re.escape(UTF8_USER)}", lab.log())
 
 
 def test_message_above_size_is_stopped_before_data(lab):

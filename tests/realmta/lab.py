@@ -124,20 +124,28 @@ class _Greylist(socketserver.ThreadingTCPServer):
         super().__init__(("127.0.0.1", 0), _PolicyHandler)
 
 
+def read_policy_request(rfile) -> dict[str, str] | None:
+    """One Postfix policy delegation request (SMTPD_POLICY_README: name=value lines ended by
+    an empty line), or None when Postfix closed the connection."""
+    attrs: dict[str, str] = {}
+    while True:
+        line = rfile.readline()
+        if not line:
+            return None
+        line = line.rstrip(b"\r\n")
+        if not line:
+            return attrs
+        key, _, value = line.decode("utf-8", "replace").partition("=")
+        attrs[key] = value
+
+
 class _PolicyHandler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         server: _Greylist = self.server  # type: ignore[assignment]
         while True:
-            attrs: dict[str, str] = {}
-            while True:
-                line = self.rfile.readline()
-                if not line:
-                    return
-                line = line.rstrip(b"\r\n")
-                if not line:
-                    break
-                key, _, value = line.decode("utf-8", "replace").partition("=")
-                attrs[key] = value
+            attrs = read_policy_request(self.rfile)
+            if attrs is None:
+                return
             action = "DUNNO"
             rcpt = attrs.get("recipient", "").lower()
             if attrs.get("protocol_state") == "END-OF-MESSAGE":

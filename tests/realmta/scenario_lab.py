@@ -23,7 +23,7 @@ import socketserver
 import threading
 from typing import Callable
 
-from lab import Lab, free_port
+from lab import Lab, free_port, read_policy_request
 
 #: what the hook answers: a Postfix access(5) action, or None for DUNNO
 Decide = Callable[[dict[str, str]], "str | None"]
@@ -45,16 +45,9 @@ class _HookHandler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         server: _Hook = self.server  # type: ignore[assignment]
         while True:
-            attrs: dict[str, str] = {}
-            while True:
-                line = self.rfile.readline()
-                if not line:
-                    return
-                line = line.rstrip(b"\r\n")
-                if not line:
-                    break
-                key, _, value = line.decode("utf-8", "replace").partition("=")
-                attrs[key] = value
+            attrs = read_policy_request(self.rfile)
+            if attrs is None:
+                return
             with server.lock:
                 server.requests.append(attrs)
             action = server.decide(attrs) or "DUNNO"

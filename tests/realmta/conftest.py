@@ -9,9 +9,7 @@ CI (``CI=true``) it fails instead, because CI must run them.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "unit"))  # fake_queue, smtp_sink
 
-from lab import Lab, in_ci, missing  # noqa: E402
+from lab import Lab, running_lab  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,22 +29,4 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def lab():
-    reason = missing()
-    if reason:
-        message = f"the Postfix + Dovecot lab cannot run: {reason}"
-        if in_ci():
-            pytest.fail(message + " (CI=true: these tests must run in CI; .ci/run installs them)",
-                        pytrace=False)
-        pytest.skip(message)
-    root = Path(tempfile.mkdtemp(prefix="mailq-realmta-"))
-    the_lab = Lab(root)
-    try:
-        the_lab.start()
-    except BaseException:
-        the_lab.stop()
-        raise
-    try:
-        yield the_lab
-    finally:
-        the_lab.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from running_lab(Lab, "mailq-realmta-")

@@ -46,6 +46,7 @@ import shutil
 import socket
 import socketserver
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -93,6 +94,35 @@ def missing() -> str | None:
 
 
 _HANDED_OUT: set[int] = set()
+
+
+def running_lab(factory, prefix: str, what: str = "the Postfix + Dovecot lab", reason: str | None = None):
+    """A pytest fixture body: the lab ``factory(root)`` started in a fresh temporary
+    directory, yielded, then stopped and removed.  Where it cannot run (``reason``, else
+    :func:`missing`) the test is skipped with one reason, and fails in CI (``CI=true``),
+    which must run it."""
+    import pytest
+
+    reason = reason or missing()
+    if reason:
+        message = f"{what} cannot run: {reason}"
+        if in_ci():
+            pytest.fail(message + " (CI=true: these tests must run in CI; .ci/run installs them)",
+                        pytrace=False)
+        pytest.skip(message)
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    the_lab = factory(root)
+    try:
+        the_lab.start()
+    except BaseException:
+        the_lab.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    try:
+        yield the_lab
+    finally:
+        the_lab.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def free_port() -> int:

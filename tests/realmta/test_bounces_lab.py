@@ -16,10 +16,8 @@ import email
 import email.policy
 import os
 import re
-import shutil
 import smtplib
 import ssl
-import tempfile
 import threading
 import time
 import urllib.error
@@ -28,9 +26,8 @@ from pathlib import Path
 
 import pytest
 from bounce_lab import BOUNCE_PASSWORD, BOUNCE_USER, BounceLab
-from lab import in_ci
+from lab import running_lab
 from fake_bounces import FakeBounceQueue
-from lab import missing
 from realmta_helpers import account, make_mail, worker
 
 from mailq_db.bounces import reader, verp
@@ -46,26 +43,10 @@ OWN_CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "bounces" / "messa
 
 @pytest.fixture(scope="module")
 def blab():
-    reason = missing()
-    if not reason and not os.path.exists("/usr/lib/dovecot/imap"):
+    reason = None
+    if not os.path.exists("/usr/lib/dovecot/imap"):
         reason = "dovecot-imapd is not installed (apt-get install dovecot-imapd): the bounce mailbox is read over IMAP"
-    if reason:
-        message = f"the Postfix + Dovecot bounce lab cannot run: {reason}"
-        if in_ci():
-            pytest.fail(message + " (CI=true: these tests must run in CI)", pytrace=False)
-        pytest.skip(message)
-    root = Path(tempfile.mkdtemp(prefix="mailq-bouncelab-"))
-    the_lab = BounceLab(root)
-    try:
-        the_lab.start()
-    except BaseException:
-        the_lab.stop()
-        raise
-    try:
-        yield the_lab
-    finally:
-        the_lab.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from running_lab(BounceLab, "mailq-bouncelab-", "the Postfix + Dovecot bounce lab", reason)
 
 
 def settings() -> verp.BounceSettings:

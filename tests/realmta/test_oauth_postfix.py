@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import re
 import secrets
 import shutil
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lab import IDLE_TIMEOUT_SECONDS, USER, missing
+from lab import IDLE_TIMEOUT_SECONDS, USER, in_ci, running_lab
 from oauth_lab import CLIENT_ID, CLIENT_SECRET, Issued, OAuthLab, opendkim_binary, opendkim_missing
 from realmta_helpers import FakeQueue, mails, worker
 
@@ -41,31 +40,9 @@ HERE = Path(__file__).resolve().parent
 COMMAND = str(HERE / "lab_token_command.py")
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
 @pytest.fixture(scope="module")
 def olab():
-    reason = missing()
-    if reason:
-        message = f"the Postfix + Dovecot lab cannot run: {reason}"
-        if in_ci():
-            pytest.fail(message + " (CI=true: these tests must run in CI)", pytrace=False)
-        pytest.skip(message)
-    root = Path(tempfile.mkdtemp(prefix="mailq-oauthlab-"))
-    the_lab = OAuthLab(root)
-    try:
-        the_lab.start()
-    except BaseException:
-        the_lab.stop()
-        shutil.rmtree(root, ignore_errors=True)
-        raise
-    try:
-        yield the_lab
-    finally:
-        the_lab.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from running_lab(OAuthLab, "mailq-oauthlab-")
 
 
 @pytest.fixture(autouse=True)

@@ -17,16 +17,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-from lab import in_ci, missing
+from lab import running_lab
 from realmta_helpers import FakeConnection, FakeQueue, account, make_mail, worker
 from scenario_lab import QQ_HOST, ScenarioLab, SwallowingProxy
 
@@ -44,24 +41,7 @@ INCIDENT = "451 4.3.0 Temporary server error. Please try again later"
 
 @pytest.fixture(scope="module")
 def slab():
-    reason = missing()
-    if reason:
-        message = f"the scenario lab cannot run: {reason}"
-        if in_ci():
-            pytest.fail(message + " (CI=true: these tests must run in CI)", pytrace=False)
-        pytest.skip(message)
-    root = Path(tempfile.mkdtemp(prefix="mailq-scenarios-"))
-    the_lab = ScenarioLab(root)
-    try:
-        the_lab.start()
-    except BaseException:
-        the_lab.stop()
-        raise
-    try:
-        yield the_lab
-    finally:
-        the_lab.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from running_lab(ScenarioLab, "mailq-scenarios-", "the scenario lab")
 
 
 @pytest.fixture(autouse=True)

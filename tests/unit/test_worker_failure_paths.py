@@ -303,6 +303,20 @@ def test_a_failed_follow_up_transaction_never_gives_the_first_recipients_a_secon
     assert sorted(delivered) == sorted(rcpts) and queue.status(1) == "Sent"  # everyone once
 
 
+def test_a_follow_up_transaction_without_a_reply_after_its_dot_flags_the_mail_possible_duplicate(sink):
+    rcpts = [f"r{i}@example.com" for i in range(4)]
+    sink.final_reply = "250 2.0.0 Ok"
+    sink.stall_seconds = 3
+    sink.replies[("rcpt", "r2@example.com")] = "once:452 4.5.3 Too many recipients"
+    sink.replies[("data", "r2@example.com")] = "stall"
+    queue = FakeQueue([make_mail(1, to_address=";".join(rcpts))])
+    make_worker(queue, {"default": account_for(sink, command_timeout_seconds=0.2,
+                                               final_reply_timeout_seconds=0.3)}).run(once=True)
+    [call] = queue.calls_to("mark_failed")
+    assert call["disposition"] == "Retry" and call["possible_duplicate"] is True  # r2 may have it
+    assert queue.rows[1].recipients["r2@example.com"][0] == "Deferred" and queue.rows[1].possible_duplicate
+
+
 def test_every_recipient_refused_with_4xx_and_5xx_retries_the_deferred_one_only(sink):
     sink.replies[("rcpt", "gone@example.com")] = "550 5.1.1 <gone@example.com>: Recipient address rejected"
     sink.replies[("rcpt", "busy@example.com")] = "once:450 4.2.1 The user you are trying to contact is " \

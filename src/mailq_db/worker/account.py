@@ -237,6 +237,8 @@ class AccountSender:
             self._failed(mail, outcome)
             return
         self.w.metrics.observe_send(time.monotonic() - started, self.account.name, result.code)
+        if result.outcome_unknown:
+            self.w.maybe_delivered.add(mail.id)
         self._after(mail, self.settle(mail, out, result))
 
     def _after(self, mail: ClaimedMail, wait: Outcome | None) -> None:

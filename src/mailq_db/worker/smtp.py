@@ -79,6 +79,8 @@ class SendResult:
     queue_ids: list[str] = field(default_factory=list)
     #: the stage of each refusal that did not come at RCPT (a failed follow-up transaction)
     stages: dict[str, str] = field(default_factory=dict)
+    #: a follow-up transaction got no reply after its final dot: its recipients may have the mail
+    outcome_unknown: bool = False
 
     @property
     def queue_id(self) -> str | None:
@@ -399,6 +401,7 @@ class SmtpSession:
         except (OutcomeUnknown, smtplib.SMTPException, OSError) as exc:
             self.abort()
             refused = {r: (NO_REPLY, f"{type(exc).__name__}: {exc}") for r in todo}
+            result.outcome_unknown = result.outcome_unknown or isinstance(exc, OutcomeUnknown)
         result.stages.update({r: self.stage for r in refused})
         return _Transaction(code=0, text="", refused=refused)
 

@@ -4,7 +4,7 @@ tests/corpus/replies.csv: the corpus the rules were tuned against (>= 95 % requi
 tests/corpus/heldout.csv: each batch written before the rules were changed for it, and never
 tuned against.  Its floor is the agreement of the current rule table over the whole file
 (94.7 %, 570/602, floor 94.5 %; the figures per batch, and which of them are clean, are in
-docs/smtp-classification.md), so a rule change that loses held-out agreement fails here; the
+docs/classification-corpora.md), so a rule change that loses held-out agreement fails here; the
 goal for an independent corpus is 90 %.  Both print their agreement
 and every disagreement (run with -s or -rP to see them when they pass).
 

@@ -103,6 +103,33 @@ def test_the_loader_refuses_a_bad_table_with_a_clear_message(edit, message):
     assert str(info.value).startswith("smtp_rules.toml: ")
 
 
+TEXT_OF = MINIMAL.replace("[[class]]", """[[rule]]
+id = "acme-refused"
+codes = ["5xx"]
+text_of = "acme-throttle"
+disposition = "Stop"
+scope = "mail"
+source = "https://acme.example/smtp"
+
+[[class]]""")
+
+
+def test_text_of_takes_an_earlier_rules_wording():
+    table = parse_rules(TEXT_OF)
+    assert table.by_id("acme-refused").raw["text"] == "slow"
+    assert classify_reply(550, "please go slow", "mail", table=table).rule == "acme-refused"
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.replace('text_of = "acme-throttle"', 'text_of = "nobody"'), "must name an earlier rule"),
+    (lambda t: t.replace('text_of = "acme-throttle"', "text_of = \"acme-throttle\"\ntext = 'x'"),
+     "give one or the other"),
+])
+def test_text_of_refuses_an_unknown_rule_or_a_second_text(edit, message):
+    with pytest.raises(RuleTableError, match=message):
+        parse_rules(edit(TEXT_OF))
+
+
 def test_the_loader_names_the_rule_at_fault():
     with pytest.raises(RuleTableError, match=r"\[\[rule\]\] 'acme-throttle': bad regular expression"):
         parse_rules(MINIMAL.replace("text = 'slow'", "text = '[unclosed'"))

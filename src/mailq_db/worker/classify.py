@@ -185,7 +185,7 @@ class RuleTable:
         return next((r for r in self.rules if r.id == rule_id), None)
 
 
-_RULE_KEYS = {"id", "stages", "codes", "status", "providers", "text", "not_text",
+_RULE_KEYS = {"id", "stages", "codes", "status", "providers", "text", "not_text", "text_of",
               "disposition", "scope", "wait", "source", "why"}
 _PROVIDER_KEYS = {"hosts", "text", "aliases"}
 _TOP_KEYS = {"version", "providers", *TIERS}
@@ -298,8 +298,23 @@ def _rule_wait(where: str, data: dict[str, Any], disposition: str) -> int | None
     return wait
 
 
-def _parse_rule(tier: str, index: int, data: Any, providers: Mapping[str, Provider]) -> Rule:
+def _with_text_of(where: str, data: dict[str, Any], earlier: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``text_of = "<id>"``: the rule takes the text and not_text of an earlier rule (a
+    4xx/5xx pair with one wording), so the two can never drift apart."""
+    if "text_of" not in data:
+        return data
+    if "text" in data or "not_text" in data:
+        raise RuleTableError(f"{where}: 'text_of' replaces 'text' and 'not_text'; give one or the other")
+    source = earlier.get(data["text_of"]) if isinstance(data["text_of"], str) else None
+    if source is None or "text" not in source:
+        raise RuleTableError(f"{where}: 'text_of' must name an earlier rule with a 'text': {data['text_of']!r}")
+    return {**{k: source[k] for k in ("text", "not_text") if k in source}, **data}
+
+
+def _parse_rule(tier: str, index: int, data: Any, providers: Mapping[str, Provider],
+                earlier: Mapping[str, Mapping[str, Any]]) -> Rule:
     where = _rule_where(tier, index, data)
+    data = _with_text_of(where, data, earlier)
     disposition, scope = _rule_verdict(where, data)
     why = data.get("why", "")
     if not isinstance(why, str):
@@ -347,11 +362,14 @@ def parse_rules(text: str, name: str = RULES_RESOURCE) -> RuleTable:
                 tuple(a.lower() for a in _strings(where, "aliases", pdata.get("aliases", []))),
             )
         rules: list[Rule] = []
+        raws: dict[str, Mapping[str, Any]] = {}  # the rules so far, for text_of
         for tier in TIERS:
             entries = data.get(tier, [])
             if not isinstance(entries, list):
                 raise RuleTableError(f"'{tier}' must be an array of tables ([[{tier}]])")
-            rules.extend(_parse_rule(tier, i, entry, providers) for i, entry in enumerate(entries))
+            for i, entry in enumerate(entries):
+                rules.append(_parse_rule(tier, i, entry, providers, raws))
+                raws.setdefault(rules[-1].id, rules[-1].raw)
         seen: set[str] = set()
         for rule in rules:
             if rule.id in seen:

@@ -272,6 +272,7 @@ class Worker:
                 self.release(list(self.held.values()), "worker stopping" if self.stop.is_set() else "batch ended")
             self._give_up_acks()
             self.done_recipients = {}
+            self.maybe_delivered.clear()  # each entry became its mail's acknowledgement flag
 
     # ------------------------------------------------------------ memory
 

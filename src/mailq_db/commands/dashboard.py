@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -111,7 +110,5 @@ def run(args: argparse.Namespace) -> int:
     host, port = str(server.server_address[0]), int(server.server_address[1])
     print(f"dashboard on http://{host}:{port}/ ({'token required' if token else 'no token: loopback only'}; "
           f"actions {'ENABLED' if args.allow_actions else 'off'}); Ctrl-C stops", flush=True)
-    thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
-    thread.start()
-    serve_until_stopped(server)
+    serve_until_stopped(server, "dashboard")
     return 0

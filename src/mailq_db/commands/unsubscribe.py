@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import socketserver
-import threading
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..bounces import unsubscribe, verp
@@ -68,6 +67,5 @@ def run(args) -> int:
     server = build_server(args.listen, app)
     host, port = server.server_address[:2]
     print(f"unsubscribe-server listening on {host!s}:{port}", flush=True)
-    threading.Thread(target=server.serve_forever, name="unsubscribe-server", daemon=True).start()
-    serve_until_stopped(server)
+    serve_until_stopped(server, "unsubscribe-server")
     return 0

@@ -116,13 +116,7 @@ service anvil {{
   chroot =
 }}
 """)
-        self._run("dovecot", "-c", str(self.dovecot_conf))
-        self.started.append("dovecot")
-        deadline = time.monotonic() + 20
-        while not (private / "auth").exists():
-            if time.monotonic() > deadline:
-                raise RuntimeError("Dovecot did not create its auth socket" + self._logs())
-            time.sleep(0.05)
+        self._start_dovecot(private)
 
     def _extra_main_cf(self) -> str:
         d = self.postfix_dir

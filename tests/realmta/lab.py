@@ -341,6 +341,10 @@ service anvil {{
   chroot =
 }}
 """)
+        self._start_dovecot(private)
+
+    def _start_dovecot(self, private: Path) -> None:
+        """Start Dovecot on dovecot_conf and wait for its auth socket in Postfix's private directory."""
         self._run("dovecot", "-c", str(self.dovecot_conf))
         self.started.append("dovecot")
         deadline = time.monotonic() + 20

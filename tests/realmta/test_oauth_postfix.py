@@ -92,16 +92,28 @@ def command_provider(olab: OAuthLab, *args: str) -> dict[str, Any]:
     return {"provider": "command", "command": [sys.executable, COMMAND, f"{olab.tokens.url}/token", CLIENT_ID, *args]}
 
 
-def disconnects(olab: OAuthLab, service: str, since: int) -> list[str]:
-    """Postfix's ``auth=...`` per connection of ``service`` after the first ``since`` lines."""
+def _settled_log(olab: OAuthLab, service: str) -> list[str]:
+    """The disconnect lines of ``service`` once no new one came for 0.2 s (at most 5 s):
+    smtpd logs a disconnect just after QUIT, so an earlier test's may still be on its way."""
     deadline = time.monotonic() + 5
-    lines = olab.auth_log(service)[since:]
-    while time.monotonic() < deadline:  # smtpd logs the disconnect right after QUIT
+    lines = olab.auth_log(service)
+    while time.monotonic() < deadline:
         time.sleep(0.2)
-        more = olab.auth_log(service)[since:]
+        more = olab.auth_log(service)
         if more == lines:
             break
         lines = more
+    return lines
+
+
+def log_mark(olab: OAuthLab, service: str) -> int:
+    """How many disconnect lines ``service`` has logged so far (settled), for :func:`disconnects`."""
+    return len(_settled_log(olab, service))
+
+
+def disconnects(olab: OAuthLab, service: str, since: int) -> list[str]:
+    """Postfix's ``auth=...`` per connection of ``service`` after the first ``since`` lines."""
+    lines = _settled_log(olab, service)[since:]
     return [m.group(0) if (m := re.search(r"auth=\S+", line)) else "no auth" for line in lines]
 
 
@@ -132,7 +144,7 @@ def all_text(records: list[logging.LogRecord]) -> str:
 
 @pytest.mark.parametrize("auth", ["xoauth2", "oauthbearer"])
 def test_both_mechanisms_sign_in_through_postfix_and_dovecot_with_the_command_provider(olab, server, auth, caplog):
-    before_log, before_issued = len(olab.auth_log("oauth")), len(server.issued)
+    before_log, before_issued = log_mark(olab, "oauth"), len(server.issued)
     queue = FakeQueue(mails(f"mech-{auth}", 3))
     with caplog.at_level(logging.DEBUG):
         worker(queue, {"default": account(olab, command_provider(olab), auth=auth)}).run(once=True)
@@ -173,7 +185,7 @@ def test_a_token_that_expires_mid_batch_is_refreshed_before_the_next_login(olab,
     (smtpd_timeout) while the database is slow; the reconnection finds the token
     expired in the cache and fetches a new one before AUTH: no refused AUTH."""
     server.lifetime = 3.0
-    before_log, before_issued = len(olab.auth_log("oauth_idle")), len(server.issued)
+    before_log, before_issued = log_mark(olab, "oauth_idle"), len(server.issued)
     queue = PausingQueue(mails("expiry", 3), pause=IDLE_TIMEOUT_SECONDS + 2.0)
     w = worker(queue, {"default": account(olab, command_provider(olab), port="oauth_idle")},
                ack_interval_seconds=0.0)
@@ -192,7 +204,7 @@ def test_a_token_refused_mid_batch_is_replaced_once_and_the_batch_goes_on(olab, 
     def during() -> None:
         (server.revoke if how == "revoked" else server.expire)(server.issued[-1])
 
-    before_log, before_issued = len(olab.auth_log("oauth_idle")), len(server.issued)
+    before_log, before_issued = log_mark(olab, "oauth_idle"), len(server.issued)
     queue = PausingQueue(mails(f"refused-{how[:3]}", 3), pause=IDLE_TIMEOUT_SECONDS + 2.0, during=during)
     w = worker(queue, {"default": account(olab, command_provider(olab), port="oauth_idle")},
                ack_interval_seconds=0.0)
@@ -211,7 +223,7 @@ def test_a_token_refused_mid_batch_is_replaced_once_and_the_batch_goes_on(olab, 
 
 def test_a_token_refused_twice_pauses_the_account_with_one_line_naming_what_to_check(olab, server, caplog):
     server.refuse_all = True
-    before_log, before_issued = len(olab.auth_log("oauth")), len(server.issued)
+    before_log, before_issued = log_mark(olab, "oauth"), len(server.issued)
     queue = FakeQueue(mails("refused-twice", 2))
     with caplog.at_level(logging.DEBUG):
         worker(queue, {"default": account(olab, command_provider(olab))}).run(once=True)
@@ -242,7 +254,7 @@ def test_a_long_token_the_size_of_an_entra_token_passes_postfix(olab, server, tm
     script = tmp_path / "print-token"
     script.write_text(f"#!/bin/sh\necho {long_token}\n")
     script.chmod(0o755)
-    before_log = len(olab.auth_log("oauth"))
+    before_log = log_mark(olab, "oauth")
     queue = FakeQueue(mails("long-token", 1))
     worker(queue, {"default": account(olab, {"provider": "command", "command": [str(script)]})}).run(once=True)
     assert queue.status(1) == "Sent", queue.rows[1].last_error
@@ -262,7 +274,7 @@ def test_probe_shows_token_acquisition_as_its_own_step_then_one_auth(olab, serve
 
 
 def test_probe_of_a_refused_token_request_names_the_fix_and_does_not_log_in(olab, server):
-    before_log = len(olab.auth_log("oauth"))
+    before_log = log_mark(olab, "oauth")
     table = {"provider": "refresh_token", "issuer": "generic", "token_uri": f"{server.url}/token",
              "client_id": CLIENT_ID, "client_secret_env": "LAB_SECRET", "refresh_token_env": "LAB_REFRESH"}
     acct = account(olab, table, env={"LAB_SECRET": "a-wrong-secret", "LAB_REFRESH": "rt-unknown"})

@@ -374,7 +374,7 @@ BEGIN
                     h.LastError = CONCAT(N'Suspended: ', @Hook, @Suspend),
                     h.LastRunAtUtc = SYSUTCDATETIME()
                 FROM mailq.ApplicationHook AS h
-                WHERE h.AppName = @App;
+                WHERE h.AppName = @App AND h.ObjectId = @ObjectId;  -- not a hook re-registered meanwhile
                 UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
                 SET @AppState = N'Suspended';
             END;

@@ -172,3 +172,13 @@ def test_grants():
     assert not re.search(r"GRANT\s+EXECUTE\s+ON\s+OBJECT::mailq\.SetApplicationHook", everything)
     assert re.search(r"GRANT EXECUTE ON OBJECT::mailq\.RunApplicationHooks TO MailqAdmin;", everything)
     assert re.search(r"GRANT EXECUTE ON OBJECT::mailq\.StartHookDispatcher TO MailqAdmin;", everything)
+
+
+def test_every_write_of_the_hook_row_names_the_hook_it_ran():
+    """A hook re-registered by SetApplicationHook while the dispatcher runs gets a new ObjectId:
+    no cursor, failure count or 'Suspended' note of the old procedure may land on it."""
+    text = code(RUN_HOOKS)
+    writes = re.findall(r"UPDATE h\s+SET(.*?)FROM mailq\.ApplicationHook AS h\s+WHERE ([^;]*);", text, re.S)
+    assert len(writes) == 4, writes
+    for _, where in writes:
+        assert "h.AppName = @App" in where and "h.ObjectId = @ObjectId" in where, where

@@ -3,7 +3,8 @@ dbo.CancelDelayExecution: cancels a task that is not running: a Pending or Held
 task becomes Cancelled (receipt 4) and never runs.
 Parameters:  @TaskID BIGINT: the ID dbo.InitiateDelayExecution returned
 Errors:      50320 @TaskID names no task; 50321 the task is Claimed (a reader runs it
-             or is about to) or final (the message names the state); 50342 another
+             or is about to), final (the message names the state) or its row stays
+             locked 2 s (a run holds it to its end: never waited for); 50342 another
              login initiated it and the caller is neither in MailqAdmin nor db_owner
 Transaction: its own or the caller's; any error, a refusal included, dooms the
              caller's transaction (XACT_ABORT ON): the caller must roll back.  No
@@ -21,29 +22,27 @@ CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- The UPDLOCK read must lock the latest committed row (reverts on return).
+    -- Both revert on return: the UPDLOCK read locks the latest committed row, waits 2 s at most.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    SET LOCK_TIMEOUT 2000;
     DECLARE
         @Msg NVARCHAR(2048), @TaskState NVARCHAR(16), @CreatedBy NVARCHAR(128),
-        @Caller NVARCHAR(128) = ORIGINAL_LOGIN(),
+        @Caller NVARCHAR(128) = ORIGINAL_LOGIN(), @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0),
         @MayCancelAny BIT = IIF(IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0);
-    -- 1. Validate before any transaction starts.
-    SELECT @TaskState = t.TaskState, @CreatedBy = t.CreatedBy FROM delay.Task AS t WHERE t.TaskID = @TaskID;
-    IF @TaskState IS NULL
-    BEGIN
-        SET @Msg = CONCAT(N'@TaskID names no delayed task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.');
-        THROW 50320, @Msg, 1;
-    END;
-    IF @MayCancelAny = 0 AND (@CreatedBy IS NULL OR @CreatedBy <> @Caller)
-    BEGIN
-        SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' was initiated by another login; only MailqAdmin or db_owner may ',
-            N'cancel it (caller: ', ISNULL(@Caller, N'NULL'), N').');
-        THROW 50342, @Msg, 1;
-    END;
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
-    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
-    BEGIN TRY
-        IF @OwnTran = 1 BEGIN TRANSACTION;
+    BEGIN TRY  -- 1. Validate before any transaction starts.
+        SELECT @TaskState = t.TaskState, @CreatedBy = t.CreatedBy FROM delay.Task AS t WHERE t.TaskID = @TaskID;
+        IF @TaskState IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'@TaskID names no task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.');
+            THROW 50320, @Msg, 1;
+        END;
+        IF @MayCancelAny = 0 AND (@CreatedBy IS NULL OR @CreatedBy <> @Caller)
+        BEGIN
+            SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' was initiated by another login; only MailqAdmin or ',
+                N'db_owner may cancel it (caller: ', ISNULL(@Caller, N'NULL'), N').');
+            THROW 50342, @Msg, 1;
+        END;
+        IF @OwnTran = 1 BEGIN TRANSACTION;  -- 2. Our own if none is open, else the caller's.
         -- UPDLOCK, ROWLOCK: hold the row from the check to the change.
         SELECT @TaskState = t.TaskState FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK) WHERE t.TaskID = @TaskID;
         IF @TaskState NOT IN (N'Pending', N'Held')
@@ -59,13 +58,14 @@ BEGIN
         WHERE t.TaskID = @TaskID;
         INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorMessage)
         SELECT t.TaskID, N'Cancelled', t.TargetName, t.LastErrorMessage FROM delay.Task AS t WHERE t.TaskID = @TaskID;
-        -- By ID, never by parameter values.
-        UPDATE p SET p.F108219 = 4 FROM dbo.tabDIYTable12402 AS p WHERE p.ID = @TaskID;
+        UPDATE p SET p.F108219 = 4 FROM dbo.tabDIYTable12402 AS p WHERE p.ID = @TaskID;  -- by ID only
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         -- Roll back only what we opened; a caller's transaction is doomed by XACT_ABORT.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-        THROW;
+        IF ERROR_NUMBER() <> 1222 THROW;
+        SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' stayed locked 2 s: a reader runs it; only Pending or Held ones are');
+        THROW 50321, @Msg, 1;
     END CATCH;
 END;

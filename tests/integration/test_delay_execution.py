@@ -467,6 +467,27 @@ def test_a_claimed_task_cannot_be_cancelled(conn, activation_off):
     assert task(conn, task_id)["TaskState"] == "Cancelled"
 
 
+def test_cancel_never_waits_for_a_run_that_holds_the_task_row(conn, mssql_url, activation_off):
+    """A run keeps its task's row X-locked until its target ends: cancel answers 50321 after its
+    2 s lock timeout instead of waiting, and the caller's own LOCK_TIMEOUT is left as it was."""
+    probe = make_target(conn)
+    task_id = initiate(conn, f"dbo.{probe}", 0)
+    run = connect(mssql_url)
+    run.autocommit = False
+    try:
+        rows(run, "UPDATE delay.Task SET TaskState = N'Claimed' WHERE TaskID = ?", task_id)  # the run lock
+        started = time.monotonic()
+        with pytest.raises(Exception, match="50321.*stayed locked 2 s"):
+            rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
+        assert time.monotonic() - started < 10
+        assert scalar(conn, "SELECT @@LOCK_TIMEOUT") == -1
+    finally:
+        run.rollback()
+        run.close()
+    rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
+    assert task(conn, task_id)["TaskState"] == "Cancelled"
+
+
 def test_five_readers_run_every_task_exactly_once(conn):
     assert scalar(conn, "SELECT max_readers FROM sys.service_queues "
                         "WHERE object_id = OBJECT_ID(N'dbo.DelayServiceQueue')") == 5

@@ -549,11 +549,24 @@ def test_callers_may_cancel_only_their_own_tasks():
     assert "ORIGINAL_LOGIN()" in current(TRIGGER)
 
 
+def test_cancel_never_waits_for_a_running_task():
+    """A run holds its task's row X-locked until its target ends: both reads of the cancel are
+    under a lock timeout set before them (a SET in a procedure reverts on return), and a timeout
+    (1222), caught with the reads, is answered 50321 like any task that is not Pending or Held."""
+    cancel = current("dbo.CancelDelayExecution.sql")
+    timeout = cancel.index("SET LOCK_TIMEOUT 2000;")
+    first_read = cancel.index("FROM delay.Task AS t WHERE t.TaskID = @TaskID")
+    assert timeout < cancel.index("BEGIN TRY") < first_read < cancel.index("WITH (UPDLOCK, ROWLOCK)")
+    catch = cancel[cancel.index("BEGIN CATCH"):]
+    assert catch.index("ROLLBACK TRANSACTION") < catch.index("IF ERROR_NUMBER() <> 1222 THROW;") \
+        < catch.index("THROW 50321, @Msg, 1;")
+
+
 @pytest.mark.parametrize("name", ["dbo.InitiateDelayExecution.sql", "dbo.CancelDelayExecution.sql",
                                   "delay.AllowProcedure.sql", "delay.DisallowProcedure.sql"])
 def test_the_one_catch_pattern_and_the_written_contract(name):
     text = current(name)
-    assert "DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);" in text
+    assert "@OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0)" in text
     assert "IF @OwnTran = 1 AND XACT_STATE() <> 0" in text
     h = header(BROKER / name)
     assert "Transaction:" in h and "Lock order:" in h

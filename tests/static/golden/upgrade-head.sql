@@ -9148,7 +9148,8 @@ dbo.CancelDelayExecution: cancels a task that is not running: a Pending or Held
 task becomes Cancelled (receipt 4) and never runs.
 Parameters:  @TaskID BIGINT: the ID dbo.InitiateDelayExecution returned
 Errors:      50320 @TaskID names no task; 50321 the task is Claimed (a reader runs it
-             or is about to) or final (the message names the state); 50342 another
+             or is about to), final (the message names the state) or its row stays
+             locked 2 s (a run holds it to its end: never waited for); 50342 another
              login initiated it and the caller is neither in MailqAdmin nor db_owner
 Transaction: its own or the caller's; any error, a refusal included, dooms the
              caller's transaction (XACT_ABORT ON): the caller must roll back.  No
@@ -9166,29 +9167,27 @@ CREATE OR ALTER PROCEDURE dbo.CancelDelayExecution
 AS
 BEGIN
     SET NOCOUNT, XACT_ABORT ON;
-    -- The UPDLOCK read must lock the latest committed row (reverts on return).
+    -- Both revert on return: the UPDLOCK read locks the latest committed row, waits 2 s at most.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    SET LOCK_TIMEOUT 2000;
     DECLARE
         @Msg NVARCHAR(2048), @TaskState NVARCHAR(16), @CreatedBy NVARCHAR(128),
-        @Caller NVARCHAR(128) = ORIGINAL_LOGIN(),
+        @Caller NVARCHAR(128) = ORIGINAL_LOGIN(), @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0),
         @MayCancelAny BIT = IIF(IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0);
-    -- 1. Validate before any transaction starts.
-    SELECT @TaskState = t.TaskState, @CreatedBy = t.CreatedBy FROM delay.Task AS t WHERE t.TaskID = @TaskID;
-    IF @TaskState IS NULL
-    BEGIN
-        SET @Msg = CONCAT(N'@TaskID names no delayed task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.');
-        THROW 50320, @Msg, 1;
-    END;
-    IF @MayCancelAny = 0 AND (@CreatedBy IS NULL OR @CreatedBy <> @Caller)
-    BEGIN
-        SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' was initiated by another login; only MailqAdmin or db_owner may ',
-            N'cancel it (caller: ', ISNULL(@Caller, N'NULL'), N').');
-        THROW 50342, @Msg, 1;
-    END;
-    -- 2. Own the transaction if none is open; otherwise work inside the caller's.
-    DECLARE @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0);
-    BEGIN TRY
-        IF @OwnTran = 1 BEGIN TRANSACTION;
+    BEGIN TRY  -- 1. Validate before any transaction starts.
+        SELECT @TaskState = t.TaskState, @CreatedBy = t.CreatedBy FROM delay.Task AS t WHERE t.TaskID = @TaskID;
+        IF @TaskState IS NULL
+        BEGIN
+            SET @Msg = CONCAT(N'@TaskID names no task; got ', ISNULL(CAST(@TaskID AS NVARCHAR(20)), N'NULL'), N'.');
+            THROW 50320, @Msg, 1;
+        END;
+        IF @MayCancelAny = 0 AND (@CreatedBy IS NULL OR @CreatedBy <> @Caller)
+        BEGIN
+            SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' was initiated by another login; only MailqAdmin or ',
+                N'db_owner may cancel it (caller: ', ISNULL(@Caller, N'NULL'), N').');
+            THROW 50342, @Msg, 1;
+        END;
+        IF @OwnTran = 1 BEGIN TRANSACTION;  -- 2. Our own if none is open, else the caller's.
         -- UPDLOCK, ROWLOCK: hold the row from the check to the change.
         SELECT @TaskState = t.TaskState FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK) WHERE t.TaskID = @TaskID;
         IF @TaskState NOT IN (N'Pending', N'Held')
@@ -9204,14 +9203,15 @@ BEGIN
         WHERE t.TaskID = @TaskID;
         INSERT INTO delay.Log (TaskID, EventName, TargetName, ErrorMessage)
         SELECT t.TaskID, N'Cancelled', t.TargetName, t.LastErrorMessage FROM delay.Task AS t WHERE t.TaskID = @TaskID;
-        -- By ID, never by parameter values.
-        UPDATE p SET p.F108219 = 4 FROM dbo.tabDIYTable12402 AS p WHERE p.ID = @TaskID;
+        UPDATE p SET p.F108219 = 4 FROM dbo.tabDIYTable12402 AS p WHERE p.ID = @TaskID;  -- by ID only
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
         -- Roll back only what we opened; a caller's transaction is doomed by XACT_ABORT.
         IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-        THROW;
+        IF ERROR_NUMBER() <> 1222 THROW;
+        SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' stayed locked 2 s: a reader runs it; only Pending or Held ones are');
+        THROW 50321, @Msg, 1;
     END CATCH;
 END;
 GO
@@ -11898,7 +11898,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/dbo.DelayServiceQueue.activation.sql', '09e433da0503ac1e434435c8c79bbccbb407200dc0189836774422cc3704c74b'),
     ('0001', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '591cadce33bc1f86929939669a9a77b123d7ae2015b2b82bd8e909e46eb6cf40'),
     ('0001', N'broker/dbo.InitiateDelayExecution.sql', '4c2edb6c49504932e9842776c40dd73048c690746513f649782c2df40c56ea43'),
-    ('0001', N'broker/dbo.CancelDelayExecution.sql', '02b906672d22d136e31a6bf6c69f181213cc150bb19f259aa5ea774b70741dcd'),
+    ('0001', N'broker/dbo.CancelDelayExecution.sql', '99b4e594f9103aa87c7e2683eba29a1aa942c2e1bfd7a568b080785174a12640'),
     ('0001', N'broker/delay.AllowProcedure.sql', '101b5e4ae6cc2c8c006f43db0d9425d8fb1b2f4060c2cb7ff29666b498e35b5d'),
     ('0001', N'broker/delay.DisallowProcedure.sql', 'c7d3b355d21193202f08b38e7a52797550f33fe32e7f264dca40bdbec7687cfc'),
     ('0001', N'broker/delay.EnableThisDatabase.sql', '92b5a7fac095b9d4572dc66f38d5de8f1bde60afac84c2c0b668dc17419d8e94'),

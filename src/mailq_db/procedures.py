@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .errors import DatabaseError, from_driver_error
 
@@ -122,6 +122,45 @@ class ClaimedMail:
     #: the seconds of lease the database granted, by its own clock (ClaimMail's
     #: LeaseSecondsRemaining); None from a database that does not report it
     lease_seconds_remaining: int | None = None
+    #: bytes of content counted while the claim was read (bodies, model, stored
+    #: attachments), also of content not kept; over_budget: the batch's memory budget
+    #: was full, so its content was dropped as it arrived and it must be given back
+    content_bytes: int = 0
+    over_budget: bool = False
+
+
+def held_bytes(mail: ClaimedMail) -> int:
+    """About what a claimed mail holds in memory: bodies, model and stored attachment content."""
+    size = len(mail.body or "") + len(mail.text_body or "") + len(mail.template_model or "")
+    return size + sum(len(a.content) for a in mail.attachments if isinstance(a, Attachment))
+
+
+class ClaimBudget:
+    """Admits a claimed batch's content within a byte budget, piece by piece in the order
+    ClaimMail returns it (bodies in claim order, then attachments by mail ID).  The first
+    mail is always kept whole (the batch makes progress); a later mail whose next piece
+    would pass the budget is given up: what it held is dropped and it keeps nothing more,
+    so the batch holds at most the budget plus the first mail and the one row in hand."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.used = 0
+        self.first: int | None = None
+
+    def admit(self, mail: ClaimedMail, size: int) -> bool:
+        """Count ``size`` more bytes of ``mail``; False when the mail is (now) over budget."""
+        mail.content_bytes += size
+        if mail.over_budget:
+            return False
+        if self.first is None:
+            self.first = mail.id
+        if self.limit is not None and mail.id != self.first and self.used + size > self.limit:
+            self.used -= held_bytes(mail)
+            mail.over_budget = True
+            mail.body, mail.text_body, mail.template_model, mail.attachments = "", None, None, []
+            return False
+        self.used += size
+        return True
 
 
 @dataclass(frozen=True)
@@ -154,6 +193,20 @@ def _rows(cursor: Any) -> list[Any]:
         return cursor.fetchall() if cursor.description else []
     except _DRIVER_ERRORS as exc:  # pragma: no cover - needs a server
         raise from_driver_error(exc) from exc
+
+
+def _each(cursor: Any) -> Iterator[Any]:
+    """The rows of the current result set one at a time: a row not kept is freed at once."""
+    if not cursor.description:
+        return
+    while True:
+        try:
+            row = cursor.fetchone()
+        except _DRIVER_ERRORS as exc:  # pragma: no cover - needs a server
+            raise from_driver_error(exc) from exc
+        if row is None:
+            return
+        yield row
 
 
 def _next(cursor: Any) -> bool:
@@ -297,18 +350,22 @@ def claim_mail(
     worker_name: str | None = None,
     account_names: Iterable[str] | None = None,
     run_modes: Iterable[str] | None = None,
+    max_batch_bytes: int | None = None,
 ) -> list[ClaimedMail]:
     """mailq.ClaimMail: lease up to ``batch_size`` due mails to this worker
     (only mail of ``account_names`` when given; only mail of ``run_modes``,
-    default ["prod"])."""
+    default ["prod"]).  With ``max_batch_bytes``, the content is read within that
+    budget (:class:`ClaimBudget`): a mail past it comes back ``over_budget``, empty,
+    for the caller to give back."""
     accounts = json.dumps(sorted(account_names), ensure_ascii=False) if account_names is not None else None
     modes = json.dumps(sorted(set(run_modes)), ensure_ascii=False) if run_modes is not None else None
     cursor = _call(
         conn, CLAIM_SQL, [batch_size, _token(lock_token), lease_seconds, app_name, worker_name, accounts, modes]
     )
+    budget = ClaimBudget(max_batch_bytes)
     mails: dict[int, ClaimedMail] = {}
-    for r in _rows(cursor):
-        mails[int(r.ID)] = ClaimedMail(
+    for r in _each(cursor):
+        mail = mails[int(r.ID)] = ClaimedMail(
             id=int(r.ID),
             message_id=r.MessageID,
             account_name=r.AccountName,
@@ -337,13 +394,15 @@ def claim_mail(
             template_version=_int_or_none(getattr(r, "TemplateVersion", None)),
             template_model=getattr(r, "TemplateModel", None),
         )
+        budget.admit(mail, held_bytes(mail))
     if _next(cursor):
-        for r in _rows(cursor):
-            generator = getattr(r, "Generator", None)
-            mails[int(r.MailID)].attachments.append(
-                LazyAttachment(r.FileName, generator, r.GeneratorArgs, r.ContentType)
-                if generator is not None else Attachment(r.FileName, bytes(r.Content), r.ContentType)
-            )
+        for r in _each(cursor):
+            mail, generator = mails[int(r.MailID)], getattr(r, "Generator", None)
+            if generator is not None:
+                if not mail.over_budget:
+                    mail.attachments.append(LazyAttachment(r.FileName, generator, r.GeneratorArgs, r.ContentType))
+            elif budget.admit(mail, len(r.Content)):
+                mail.attachments.append(Attachment(r.FileName, bytes(r.Content), r.ContentType))
         # The template versions the batch renders, each once.
         if _next(cursor):
             texts = {

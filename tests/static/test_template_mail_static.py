@@ -112,6 +112,9 @@ class FakeCursor:
     def fetchall(self):
         return self.sets[0]
 
+    def fetchone(self):
+        return self.sets[0].pop(0) if self.sets[0] else None
+
     def nextset(self):
         self.sets.pop(0)
         return bool(self.sets)

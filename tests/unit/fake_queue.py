@@ -17,7 +17,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
 from mailq_db.errors import LeaseLostError
-from mailq_db.procedures import AckResult, ClaimedMail, EnqueuePolicy, EnqueueResult, Lease, QueueStats
+from mailq_db.procedures import (
+    AckResult, ClaimBudget, ClaimedMail, EnqueuePolicy, EnqueueResult, LazyAttachment, Lease, QueueStats, held_bytes,
+)
 
 
 def utcnow() -> datetime:
@@ -178,7 +180,8 @@ class FakeQueue:
     # -- the procedure signatures -----------------------------------------
     def claim_mail(self, conn: Any, *, batch_size: int, lock_token: Any, lease_seconds: int,
                    app_name: str | None = None, worker_name: str | None = None,
-                   account_names: Any = None, run_modes: Any = None) -> list[ClaimedMail]:
+                   account_names: Any = None, run_modes: Any = None,
+                   max_batch_bytes: int | None = None) -> list[ClaimedMail]:
         # ClaimMail's contract (revision 0015): only the run modes served
         # (NULL: ["prod"]); DryRun stamped from the application at every claim.
         modes = set(run_modes) if run_modes is not None else {"prod"}
@@ -210,7 +213,7 @@ class FakeQueue:
                                    attachments=list(r.mail.attachments), dry_run=r.claimed_dry_run,
                                    possible_duplicate=r.possible_duplicate,
                                    lease_seconds_remaining=int(lease) if self.report_seconds_remaining else None))
-            return out
+            return read_within_budget(out, max_batch_bytes)
         return self._apply("claim_mail", dict(batch_size=batch_size, lock_token=lock_token,
                                               lease_seconds=lease_seconds, app_name=app_name,
                                               worker_name=worker_name, account_names=account_names,
@@ -356,3 +359,21 @@ class FakeQueue:
         return self._apply("monitor_delayed_execution",
                            dict(apply=apply, raise_on_critical=raise_on_critical),
                            lambda: list(self.delay_findings))
+
+
+def read_within_budget(mails: list[ClaimedMail], max_batch_bytes: int | None) -> list[ClaimedMail]:
+    """procedures.claim_mail's reading of the result sets, on mails already whole: the bodies
+    in claim order, then the stored attachments by mail ID, each through ClaimBudget."""
+    budget = ClaimBudget(max_batch_bytes)
+    pieces = {m.id: m.attachments for m in mails}
+    for m in mails:
+        m.attachments = []
+        budget.admit(m, held_bytes(m))
+    for m in sorted(mails, key=lambda m: m.id):
+        for a in pieces[m.id]:
+            if isinstance(a, LazyAttachment):
+                if not m.over_budget:
+                    m.attachments.append(a)
+            elif budget.admit(m, len(a.content)):
+                m.attachments.append(a)
+    return mails

@@ -56,6 +56,11 @@ class Cursor:
         names, rows = self.sets[0]
         return [Row(names, r) for r in rows]
 
+    def fetchone(self):
+        names, rows = self.sets[0]
+        self.sets[0] = (names, rows[1:])
+        return Row(names, rows[0]) if rows else None
+
     def nextset(self):
         self.sets.pop(0)
         return bool(self.sets)
@@ -88,6 +93,45 @@ def test_claim_mail_reads_lease_seconds_remaining_from_the_last_column():
     conn = Conn((CLAIM_COLUMNS, [row]), (("MailID",), []), (("TemplateName",), []))
     (mail,) = procedures.claim_mail(conn, batch_size=1, lock_token=uuid.uuid4(), lease_seconds=300)
     assert mail.lease_seconds_remaining == 299 and mail.lease_expires_utc == lease
+
+
+def _claimed_row(mail_id, body="B"):
+    return (mail_id, f"<{mail_id}@x>", "default", None, None, "a@x.org", None, "b@x.org", None, None, "S", body,
+            "Text", None, None, 5, 1, 4, datetime(2030, 1, 1, 12, 5), False, datetime(2030, 1, 1), "prod", False,
+            None, None, None, 299)
+
+
+ATTACHMENT_COLUMNS = ("MailID", "AttachmentNo", "FileName", "ContentType", "Content", "Generator", "GeneratorArgs")
+
+
+def test_claim_mail_reads_content_within_the_batch_budget_and_keeps_the_first_mail_whole():
+    """Bodies in claim order, then attachments by mail ID: mail 3 (claimed first) is kept whole
+    even past the budget; mail 2's second piece would pass it, so mail 2 drops what it held and
+    keeps nothing more, and its size is still counted for the next claim's size."""
+    big = bytes(600_000)
+    conn = Conn((CLAIM_COLUMNS, [_claimed_row(3), _claimed_row(1), _claimed_row(2)]),
+                (ATTACHMENT_COLUMNS, [(1, 1, "a", None, big, None, None), (2, 1, "b", None, bytes(10), None, None),
+                                      (2, 2, "c", None, big, None, None), (2, 3, "d", None, big, None, None),
+                                      (2, 4, "e", None, None, "csv", None), (3, 1, "f", None, big, None, None)]),
+                (("TemplateName",), []))
+    mails = procedures.claim_mail(conn, batch_size=3, lock_token=uuid.uuid4(), lease_seconds=300,
+                                  max_batch_bytes=1_000_000)
+    by_id = {m.id: m for m in mails}
+    assert [m.id for m in mails] == [3, 1, 2]
+    assert [a.file_name for a in by_id[1].attachments] == ["a"] and not by_id[1].over_budget
+    assert [a.file_name for a in by_id[3].attachments] == ["f"] and not by_id[3].over_budget
+    assert by_id[2].over_budget and by_id[2].attachments == [] and by_id[2].body == ""
+    assert by_id[2].content_bytes == 1 + 10 + 2 * 600_000
+    assert sum(procedures.held_bytes(m) for m in mails) == 2 + 2 * 600_000  # within the budget + the first mail
+
+
+def test_claim_mail_without_a_budget_keeps_everything():
+    conn = Conn((CLAIM_COLUMNS, [_claimed_row(1), _claimed_row(2)]),
+                (ATTACHMENT_COLUMNS, [(1, 1, "a", None, bytes(900), None, None),
+                                      (2, 1, "b", None, bytes(900), None, None)]),
+                (("TemplateName",), []))
+    mails = procedures.claim_mail(conn, batch_size=2, lock_token=uuid.uuid4(), lease_seconds=300)
+    assert [len(m.attachments) for m in mails] == [1, 1] and not any(m.over_budget for m in mails)
 
 
 def test_extend_lease_returns_expiry_and_seconds_per_mail():

@@ -25,7 +25,8 @@ What it guarantees (docs/guarantees.md, docs/operator-guide.md):
   clock of this host is never compared with the database's.
 * No SMTP transaction starts on a mail whose lease has less than
   ``lease_safety_margin_seconds`` left (it is released, attempt refunded).
-* A batch holds at most ``batch_memory_budget_bytes`` of mail; the rest is
+* A batch holds at most ``batch_memory_budget_bytes`` of mail besides its first
+  mail, from the claim on (the claim's content is read within it); the rest is
   given back at once and the next claims are smaller.
 """
 
@@ -45,7 +46,7 @@ from typing import Any, Callable, Iterable, TypeVar
 from .. import procedures
 from ..connection import Backoff, ReconnectingConnection, is_transient
 from ..errors import DatabaseError, LeaseLostError
-from ..procedures import Attachment, ClaimedMail
+from ..procedures import ClaimedMail, held_bytes
 from .account import AccountSender, SenderPauses
 from .classify import RETRY, STOP, WAIT, Escalation, Outcome
 from .config import AccountConfig, Config
@@ -238,6 +239,7 @@ class Worker:
             self.procs.claim_mail, batch_size=self.claim_size, lock_token=self.token,
             lease_seconds=s.lease_seconds, app_name=s.app_name, worker_name=self.name,
             account_names=list(self.config.accounts), run_modes=list(s.run_modes),
+            max_batch_bytes=s.batch_memory_budget_bytes,
         )
         self.metrics.observe_claim(self.monotonic() - started)
         self.metrics.inc("claims")
@@ -277,25 +279,17 @@ class Worker:
     # ------------------------------------------------------------ memory
 
     def _within_budget(self, mails: list[ClaimedMail]) -> list[ClaimedMail]:
-        """The claimed mails that fit the batch memory budget (the first always does);
-        the rest is given back now.  The next claim asks for as many mails of the
-        largest size seen as the budget holds."""
+        """Gives back at once the mails the claim left over the batch memory budget
+        (their content was dropped as it arrived: ClaimBudget); the next claim asks
+        for as many mails of the largest size seen as the budget holds."""
         budget = self.settings.batch_memory_budget_bytes
-        keep: list[ClaimedMail] = []
-        used, largest = 0, 1
-        for m in mails:
-            size = mail_bytes(m)
-            largest = max(largest, size)
-            if keep and used + size > budget:
-                break
-            keep.append(m)
-            used += size
+        largest = max([m.content_bytes for m in mails] + [1])
         self.claim_size = max(1, min(self.settings.batch_size, budget // largest))
-        over = mails[len(keep):]
+        over = [m for m in mails if m.over_budget]
         if over:
             self.metrics.inc("budget_releases", len(over))
             self.release(over, f"over the batch memory budget ({budget} bytes)")
-        return keep
+        return [m for m in mails if not m.over_budget]
 
     # ------------------------------------------------------------ lazy content
 
@@ -318,7 +312,7 @@ class Worker:
             prepared = self._prepare_one(mail) if needs_preparing(mail) else mail
             if prepared is None:
                 continue
-            used += mail_bytes(prepared)
+            used += held_bytes(prepared)
             if ready and used > self.settings.batch_memory_budget_bytes:
                 self.release([mail], "over the batch memory budget once its content was made")
                 continue
@@ -775,12 +769,6 @@ class Worker:
 
 def _chunks(ids: list[int]) -> list[list[int]]:
     return [ids[i:i + ACK_CHUNK] for i in range(0, len(ids), ACK_CHUNK)]
-
-
-def mail_bytes(mail: ClaimedMail) -> int:
-    """About what a claimed mail holds in memory: bodies, model and attachment content."""
-    size = len(mail.body or "") + len(mail.text_body or "") + len(mail.template_model or "")
-    return size + sum(len(a.content) for a in mail.attachments if isinstance(a, Attachment))
 
 
 def group_by_account(mails: Iterable[ClaimedMail]) -> "OrderedDict[str, list[ClaimedMail]]":

@@ -205,10 +205,10 @@ def test_the_loader_names_the_rule_at_fault():
     ("rcpt", 553, "Requested action not taken: mailbox name not allowed", STOP, RECIPIENT),
     ("mail", 421, "4.7.0 Connection expired, try reconnecting.", RETRY, CONNECTION),
     ("rcpt", 452, "4.2.2 The recipient's inbox is out of storage space.", RETRY, RECIPIENT),
-    # "try again later" and nothing else is greylisting's shape; a throttle names itself
-    ("rcpt", 451, "4.7.1 Please try again later", RETRY, RECIPIENT),
-    ("rcpt", 450, "4.7.1 <b@example.com>: Recipient address rejected: Service temporarily unavailable, please "
-                  "try later", RETRY, RECIPIENT),
+    # the worker speaks to its account's relay: a deferral that gives no reason is read as the
+    # relay's (nothing charged), not as an inbound MX's greylisting; greylisting that says so is
+    ("rcpt", 451, "4.7.1 Please try again later", WAIT, ACCOUNT),
+    ("rcpt", 450, "4.2.0 Greylisted, please try again later", RETRY, RECIPIENT),
     ("rcpt", 451, "4.7.500 Server busy. Please try again later from [192.0.2.1]. (S77714)", WAIT, ACCOUNT),
     ("rcpt", 450, "4.7.1 Rate limit exceeded, please try again later", WAIT, ACCOUNT),
     ("rcpt", 451, "Error getting LDAP results in map", RETRY, MAIL),

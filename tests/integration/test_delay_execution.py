@@ -469,21 +469,45 @@ def test_a_claimed_task_cannot_be_cancelled(conn, activation_off):
 
 def test_cancel_never_waits_for_a_run_that_holds_the_task_row(conn, mssql_url, activation_off):
     """A run keeps its task's row X-locked until its target ends: cancel answers 50321 after its
-    2 s lock timeout instead of waiting, and the caller's own LOCK_TIMEOUT is left as it was."""
+    2 s lock timeout instead of waiting (the canceller's statement timeout, 30 s, would end a
+    wait: the run here never ends by itself), and the caller's own LOCK_TIMEOUT is left as it was.
+    pyodbc puts the native error number after the message: '... stayed locked 2 s ... (50321)'."""
     probe = make_target(conn)
     task_id = initiate(conn, f"dbo.{probe}", 0)
-    run = connect(mssql_url)
+    run, canceller = connect(mssql_url), connect(mssql_url, query_timeout=30)
     run.autocommit = False
     try:
         rows(run, "UPDATE delay.Task SET TaskState = N'Claimed' WHERE TaskID = ?", task_id)  # the run lock
-        started = time.monotonic()
-        with pytest.raises(Exception, match="50321.*stayed locked 2 s"):
-            rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
-        assert time.monotonic() - started < 10
-        assert scalar(conn, "SELECT @@LOCK_TIMEOUT") == -1
+        with pytest.raises(Exception, match=r"stayed locked 2 s.*\(50321\)"):
+            rows(canceller, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
+        assert scalar(canceller, "SELECT @@LOCK_TIMEOUT") == -1
     finally:
         run.rollback()
         run.close()
+        canceller.close()
+    rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
+    assert task(conn, task_id)["TaskState"] == "Cancelled"
+
+
+def test_a_lock_on_the_platform_row_is_a_retryable_1222_not_a_refusal(conn, mssql_url, activation_off):
+    """Once the cancel holds the task's row, a lock it meets on the platform row is not a run:
+    the lock timeout comes back as 1222 (transient: retried), never as 50321 ('a reader runs
+    it'), the task stays Pending, and the cancel succeeds once the lock is gone."""
+    probe = make_target(conn)
+    task_id = initiate(conn, f"dbo.{probe}", 3600)
+    holder, canceller = connect(mssql_url), connect(mssql_url, query_timeout=30)
+    holder.autocommit = False
+    try:
+        rows(holder, "SELECT p.ID FROM dbo.tabDIYTable12402 AS p WITH (XLOCK, ROWLOCK, HOLDLOCK) WHERE p.ID = ?",
+             task_id)
+        with pytest.raises(Exception, match=r"\(1222\)") as raised:
+            rows(canceller, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
+        assert "50321" not in str(raised.value)
+    finally:
+        holder.rollback()
+        holder.close()
+        canceller.close()
+    assert task(conn, task_id)["TaskState"] == "Pending"
     rows(conn, "EXEC dbo.CancelDelayExecution @TaskID = ?", task_id)
     assert task(conn, task_id)["TaskState"] == "Cancelled"
 

@@ -558,8 +558,26 @@ def test_cancel_never_waits_for_a_running_task():
     first_read = cancel.index("FROM delay.Task AS t WHERE t.TaskID = @TaskID")
     assert timeout < cancel.index("BEGIN TRY") < first_read < cancel.index("WITH (UPDLOCK, ROWLOCK)")
     catch = cancel[cancel.index("BEGIN CATCH"):]
-    assert catch.index("ROLLBACK TRANSACTION") < catch.index("IF ERROR_NUMBER() <> 1222 THROW;") \
+    assert catch.index("ROLLBACK TRANSACTION") < catch.index("IF ERROR_NUMBER() <> 1222 OR @Locked = 1 THROW;") \
         < catch.index("THROW 50321, @Msg, 1;")
+
+
+def test_cancel_answers_50321_only_for_a_lock_timeout_of_its_reads():
+    """Once the task's row is held (the UPDLOCK read returned), a lock timeout on delay.Log or
+    the platform row (another session's lock, or the platform's triggers under our 2 s) is not a
+    run: it is re-raised as 1222, which callers retry, never answered 'a reader runs it' (50321),
+    which tells the caller the task cannot be cancelled while it is still Pending."""
+    cancel = current("dbo.CancelDelayExecution.sql")
+    body = cancel[cancel.index("BEGIN TRY"):cancel.index("END TRY")]
+    assert re.search(r"@Locked BIT = 0\b", cancel)
+    locked = re.search(r"SELECT @TaskState = t\.TaskState, @Locked = 1\s+FROM delay\.Task AS t WITH \(UPDLOCK, ROWLOCK\)",
+                       body)
+    assert locked, "the UPDLOCK read marks the row held"
+    assert body.count("@Locked = 1") == 1
+    assert locked.start() < body.index("UPDATE t") < body.index("INSERT INTO delay.Log") \
+        < body.index("dbo.tabDIYTable12402")
+    catch = cancel[cancel.index("BEGIN CATCH"):]
+    assert re.search(r"IF ERROR_NUMBER\(\) <> 1222 OR @Locked = 1 THROW;", catch)
 
 
 @pytest.mark.parametrize("name", ["dbo.InitiateDelayExecution.sql", "dbo.CancelDelayExecution.sql",

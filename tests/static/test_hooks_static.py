@@ -182,3 +182,19 @@ def test_every_write_of_the_hook_row_names_the_hook_it_ran():
     assert len(writes) == 4, writes
     for _, where in writes:
         assert "h.AppName = @App" in where and "h.ObjectId = @ObjectId" in where, where
+
+
+def test_the_suspended_note_lands_only_on_the_pin_it_checked():
+    """ALTER PROCEDURE keeps the object_id, and the note itself says 'review it and run
+    mailq.SetApplicationHook again': a re-registration of the altered hook keeps its ObjectId and
+    changes its DefinitionHash (a rename keeps both and changes the name).  The 'Suspended' note
+    of the run that found the old pin broken must not land on the new registration, which
+    SetApplicationHook left with LastError NULL: its write names the whole pin the run checked."""
+    text = code(RUN_HOOKS)
+    suspended = re.search(r"UPDATE h\s+SET\s+h\.LastError = CONCAT\(N'Suspended: '.*?"
+                          r"FROM mailq\.ApplicationHook AS h\s+WHERE ([^;]*);", text, re.S)
+    assert suspended, "the one write of 'Suspended'"
+    where = suspended.group(1)
+    for key in ("h.AppName = @App", "h.ObjectId = @ObjectId", "h.DefinitionHash = @DefinitionHash",
+                "h.SchemaName = @SchemaName", "h.ProcedureName = @ProcedureName"):
+        assert key in where, (key, where)

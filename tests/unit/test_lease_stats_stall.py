@@ -125,6 +125,20 @@ def test_claim_mail_reads_content_within_the_batch_budget_and_keeps_the_first_ma
     assert sum(procedures.held_bytes(m) for m in mails) == 2 + 2 * 600_000  # within the budget + the first mail
 
 
+def test_the_budget_counts_what_text_takes_in_memory_not_its_length():
+    """Python keeps a str at 1, 2 or 4 bytes a character (PEP 393): 400,000 Chinese characters
+    take 800,000 bytes, so with a 1,000,000-byte budget the second such body is over it (by
+    len() both fit, and the batch would hold twice what the budget says)."""
+    chinese = "\u4f60\u597d" * 200_000
+    conn = Conn((CLAIM_COLUMNS, [_claimed_row(1, chinese), _claimed_row(2, chinese)]),
+                (ATTACHMENT_COLUMNS, []), (("TemplateName",), []))
+    mails = procedures.claim_mail(conn, batch_size=2, lock_token=uuid.uuid4(), lease_seconds=300,
+                                  max_batch_bytes=1_000_000)
+    first, second = mails
+    assert procedures.held_bytes(first) >= 800_000 and not first.over_budget
+    assert second.over_budget and second.body == "" and second.content_bytes >= 800_000
+
+
 def test_claim_mail_without_a_budget_keeps_everything():
     conn = Conn((CLAIM_COLUMNS, [_claimed_row(1), _claimed_row(2)]),
                 (ATTACHMENT_COLUMNS, [(1, 1, "a", None, bytes(900), None, None),

@@ -5696,7 +5696,8 @@ BEGIN
                     h.LastError = CONCAT(N'Suspended: ', @Hook, @Suspend),
                     h.LastRunAtUtc = SYSUTCDATETIME()
                 FROM mailq.ApplicationHook AS h
-                WHERE h.AppName = @App AND h.ObjectId = @ObjectId;  -- not a hook re-registered meanwhile
+                WHERE h.AppName = @App AND h.ObjectId = @ObjectId AND h.DefinitionHash = @DefinitionHash  -- the pin
+                    AND h.SchemaName = @SchemaName AND h.ProcedureName = @ProcedureName;  -- it checked, not a new one
                 UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
                 SET @AppState = N'Suspended';
             END;
@@ -9681,7 +9682,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.GetMailEvents.sql', '756b86ad8cf49ffd85a5e57c78aedba7b5b23696db998cdfa1585cb4454a3b2a'),
     ('0001', N'procedures/mailq.StopMail.sql', '3815f126d0608f2109939c5869bc0ecbd2bb65aa2f5f4126b19f367163d631af'),
     ('0001', N'procedures/mailq.SetApplicationHook.sql', '9757275ec8d22fe25cba7919cd49e3cd62f3117f2fbe0ed0d3669c17cdb3dff7'),
-    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'a33074b764463e65b4830100d6976a6e5f404b9b59b0e262415f9a13004549dc'),
+    ('0001', N'procedures/mailq.RunApplicationHooks.sql', '3c06848967b46e6c5d5302d0591e23656dd0a034f5d9c8a8b938985a82d83977'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', '6c1cf7a4a8574f655f015b5759d0b649908a8aa9411d9cbab3bef222adaeb470'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', 'd19f9025524a9e681080f8e5864ed4df270944ee5739d93a0b38977b99e87285'),
     ('0001', N'security/MailqEnqueuer.grants.sql', 'a63718c6a392c87e93165ff3ff1af09be103805eb73ba6fdcdf1db95ad27b502'),

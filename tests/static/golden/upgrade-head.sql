@@ -5725,7 +5725,8 @@ BEGIN
                     h.LastError = CONCAT(N'Suspended: ', @Hook, @Suspend),
                     h.LastRunAtUtc = SYSUTCDATETIME()
                 FROM mailq.ApplicationHook AS h
-                WHERE h.AppName = @App AND h.ObjectId = @ObjectId;  -- not a hook re-registered meanwhile
+                WHERE h.AppName = @App AND h.ObjectId = @ObjectId AND h.DefinitionHash = @DefinitionHash  -- the pin
+                    AND h.SchemaName = @SchemaName AND h.ProcedureName = @ProcedureName;  -- it checked, not a new one
                 UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
                 SET @AppState = N'Suspended';
             END;
@@ -9148,9 +9149,9 @@ dbo.CancelDelayExecution: cancels a task that is not running: a Pending or Held
 task becomes Cancelled (receipt 4) and never runs.
 Parameters:  @TaskID BIGINT: the ID dbo.InitiateDelayExecution returned
 Errors:      50320 @TaskID names no task; 50321 the task is Claimed (a reader runs it
-             or is about to), final (the message names the state) or its row stays
-             locked 2 s (a run holds it to its end: never waited for); 50342 another
-             login initiated it and the caller is neither in MailqAdmin nor db_owner
+             or is about to), final (state named) or its row stays locked 2 s (a run
+             holds it: never waited for); 1222 (transient) delay.Log or the platform
+             row stays locked 2 s; 50342 another login's, caller not MailqAdmin/db_owner
 Transaction: its own or the caller's; any error, a refusal included, dooms the
              caller's transaction (XACT_ABORT ON): the caller must roll back.  No
              savepoint (error 627 under MSDTC).  Validation runs first.  Isolation: READ COMMITTED.
@@ -9171,7 +9172,7 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     SET LOCK_TIMEOUT 2000;
     DECLARE
-        @Msg NVARCHAR(2048), @TaskState NVARCHAR(16), @CreatedBy NVARCHAR(128),
+        @Msg NVARCHAR(2048), @TaskState NVARCHAR(16), @CreatedBy NVARCHAR(128), @Locked BIT = 0,
         @Caller NVARCHAR(128) = ORIGINAL_LOGIN(), @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0),
         @MayCancelAny BIT = IIF(IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0);
     BEGIN TRY  -- 1. Validate before any transaction starts.
@@ -9188,8 +9189,9 @@ BEGIN
             THROW 50342, @Msg, 1;
         END;
         IF @OwnTran = 1 BEGIN TRANSACTION;  -- 2. Our own if none is open, else the caller's.
-        -- UPDLOCK, ROWLOCK: hold the row from the check to the change.
-        SELECT @TaskState = t.TaskState FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK) WHERE t.TaskID = @TaskID;
+        -- UPDLOCK, ROWLOCK: hold the row from the check to the change; @Locked: it is held.
+        SELECT @TaskState = t.TaskState, @Locked = 1
+        FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK) WHERE t.TaskID = @TaskID;
         IF @TaskState NOT IN (N'Pending', N'Held')
         BEGIN
             SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' is ', @TaskState, N'; only Pending or Held ones are.');
@@ -9207,9 +9209,8 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; a caller's transaction is doomed by XACT_ABORT.
-        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-        IF ERROR_NUMBER() <> 1222 THROW;
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;  -- only ours: a caller's is doomed
+        IF ERROR_NUMBER() <> 1222 OR @Locked = 1 THROW;  -- a write's lock timeout is no run
         SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' stayed locked 2 s: a reader runs it; only Pending or Held ones are');
         THROW 50321, @Msg, 1;
     END CATCH;
@@ -11823,7 +11824,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'procedures/mailq.GetMailEvents.sql', '756b86ad8cf49ffd85a5e57c78aedba7b5b23696db998cdfa1585cb4454a3b2a'),
     ('0001', N'procedures/mailq.StopMail.sql', '3815f126d0608f2109939c5869bc0ecbd2bb65aa2f5f4126b19f367163d631af'),
     ('0001', N'procedures/mailq.SetApplicationHook.sql', '9757275ec8d22fe25cba7919cd49e3cd62f3117f2fbe0ed0d3669c17cdb3dff7'),
-    ('0001', N'procedures/mailq.RunApplicationHooks.sql', 'a33074b764463e65b4830100d6976a6e5f404b9b59b0e262415f9a13004549dc'),
+    ('0001', N'procedures/mailq.RunApplicationHooks.sql', '3c06848967b46e6c5d5302d0591e23656dd0a034f5d9c8a8b938985a82d83977'),
     ('0001', N'procedures/mailq.ListApplicationHooks.sql', '6c1cf7a4a8574f655f015b5759d0b649908a8aa9411d9cbab3bef222adaeb470'),
     ('0001', N'procedures/mailq.GetEventStreamStall.sql', 'd19f9025524a9e681080f8e5864ed4df270944ee5739d93a0b38977b99e87285'),
     ('0001', N'security/MailqEnqueuer.grants.sql', 'a63718c6a392c87e93165ff3ff1af09be103805eb73ba6fdcdf1db95ad27b502'),
@@ -11898,7 +11899,7 @@ INSERT INTO @Files (Revision, FilePath, Sha256) VALUES
     ('0001', N'broker/dbo.DelayServiceQueue.activation.sql', '09e433da0503ac1e434435c8c79bbccbb407200dc0189836774422cc3704c74b'),
     ('0001', N'broker/dbo.trg_tabDIYTable12402_ScheduleDelay.sql', '591cadce33bc1f86929939669a9a77b123d7ae2015b2b82bd8e909e46eb6cf40'),
     ('0001', N'broker/dbo.InitiateDelayExecution.sql', '4c2edb6c49504932e9842776c40dd73048c690746513f649782c2df40c56ea43'),
-    ('0001', N'broker/dbo.CancelDelayExecution.sql', '99b4e594f9103aa87c7e2683eba29a1aa942c2e1bfd7a568b080785174a12640'),
+    ('0001', N'broker/dbo.CancelDelayExecution.sql', '2b4be84e54012ed873474f7f00e73c413acbebcbb280e53f09596a9093281237'),
     ('0001', N'broker/delay.AllowProcedure.sql', '101b5e4ae6cc2c8c006f43db0d9425d8fb1b2f4060c2cb7ff29666b498e35b5d'),
     ('0001', N'broker/delay.DisallowProcedure.sql', 'c7d3b355d21193202f08b38e7a52797550f33fe32e7f264dca40bdbec7687cfc'),
     ('0001', N'broker/delay.EnableThisDatabase.sql', '92b5a7fac095b9d4572dc66f38d5de8f1bde60afac84c2c0b668dc17419d8e94'),

@@ -4,9 +4,9 @@ dbo.CancelDelayExecution: cancels a task that is not running: a Pending or Held
 task becomes Cancelled (receipt 4) and never runs.
 Parameters:  @TaskID BIGINT: the ID dbo.InitiateDelayExecution returned
 Errors:      50320 @TaskID names no task; 50321 the task is Claimed (a reader runs it
-             or is about to), final (the message names the state) or its row stays
-             locked 2 s (a run holds it to its end: never waited for); 50342 another
-             login initiated it and the caller is neither in MailqAdmin nor db_owner
+             or is about to), final (state named) or its row stays locked 2 s (a run
+             holds it: never waited for); 1222 (transient) delay.Log or the platform
+             row stays locked 2 s; 50342 another login's, caller not MailqAdmin/db_owner
 Transaction: its own or the caller's; any error, a refusal included, dooms the
              caller's transaction (XACT_ABORT ON): the caller must roll back.  No
              savepoint (error 627 under MSDTC).  Validation runs first.  Isolation: READ COMMITTED.
@@ -27,7 +27,7 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     SET LOCK_TIMEOUT 2000;
     DECLARE
-        @Msg NVARCHAR(2048), @TaskState NVARCHAR(16), @CreatedBy NVARCHAR(128),
+        @Msg NVARCHAR(2048), @TaskState NVARCHAR(16), @CreatedBy NVARCHAR(128), @Locked BIT = 0,
         @Caller NVARCHAR(128) = ORIGINAL_LOGIN(), @OwnTran BIT = IIF(@@TRANCOUNT = 0, 1, 0),
         @MayCancelAny BIT = IIF(IS_MEMBER(N'MailqAdmin') = 1 OR IS_MEMBER(N'db_owner') = 1, 1, 0);
     BEGIN TRY  -- 1. Validate before any transaction starts.
@@ -44,8 +44,9 @@ BEGIN
             THROW 50342, @Msg, 1;
         END;
         IF @OwnTran = 1 BEGIN TRANSACTION;  -- 2. Our own if none is open, else the caller's.
-        -- UPDLOCK, ROWLOCK: hold the row from the check to the change.
-        SELECT @TaskState = t.TaskState FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK) WHERE t.TaskID = @TaskID;
+        -- UPDLOCK, ROWLOCK: hold the row from the check to the change; @Locked: it is held.
+        SELECT @TaskState = t.TaskState, @Locked = 1
+        FROM delay.Task AS t WITH (UPDLOCK, ROWLOCK) WHERE t.TaskID = @TaskID;
         IF @TaskState NOT IN (N'Pending', N'Held')
         BEGIN
             SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' is ', @TaskState, N'; only Pending or Held ones are.');
@@ -63,9 +64,8 @@ BEGIN
         IF @OwnTran = 1 COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
-        -- Roll back only what we opened; a caller's transaction is doomed by XACT_ABORT.
-        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;
-        IF ERROR_NUMBER() <> 1222 THROW;
+        IF @OwnTran = 1 AND XACT_STATE() <> 0 ROLLBACK TRANSACTION;  -- only ours: a caller's is doomed
+        IF ERROR_NUMBER() <> 1222 OR @Locked = 1 THROW;  -- a write's lock timeout is no run
         SET @Msg = CONCAT(N'@TaskID ', @TaskID, N' stayed locked 2 s: a reader runs it; only Pending or Held ones are');
         THROW 50321, @Msg, 1;
     END CATCH;

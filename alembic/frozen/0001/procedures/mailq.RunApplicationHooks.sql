@@ -375,7 +375,8 @@ BEGIN
                     h.LastError = CONCAT(N'Suspended: ', @Hook, @Suspend),
                     h.LastRunAtUtc = SYSUTCDATETIME()
                 FROM mailq.ApplicationHook AS h
-                WHERE h.AppName = @App AND h.ObjectId = @ObjectId;  -- not a hook re-registered meanwhile
+                WHERE h.AppName = @App AND h.ObjectId = @ObjectId AND h.DefinitionHash = @DefinitionHash  -- the pin
+                    AND h.SchemaName = @SchemaName AND h.ProcedureName = @ProcedureName;  -- it checked, not a new one
                 UPDATE @Summary SET State = N'Suspended' WHERE AppName = @App;
                 SET @AppState = N'Suspended';
             END;

@@ -147,30 +147,40 @@ def held_bytes(mail: ClaimedMail) -> int:
 
 class ClaimBudget:
     """Admits a claimed batch's content within a byte budget, piece by piece in the order
-    ClaimMail returns it (bodies in claim order, then attachments by mail ID).  The first
-    mail is always kept whole (the batch makes progress); a later mail whose next piece
-    would pass the budget is given up: what it held is dropped and it keeps nothing more,
-    so the batch holds at most the budget plus the first mail and the one row in hand."""
+    ClaimMail returns it (bodies in claim order, then attachments by mail ID), keeping the
+    claim order's priority: a piece that would pass the budget first evicts the mails
+    claimed after its own (the last first), and if it still does not fit, its own mail is
+    given up.  A mail given up drops what it held and keeps nothing more; the first mail
+    is always kept whole (the batch makes progress).  So the batch holds at most the
+    budget, or its first mail alone when that is larger, plus the one row in hand."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.used = 0
-        self.first: int | None = None
+        self.kept: dict[int, ClaimedMail] = {}  # in claim order: a mail's first piece is its body
 
     def admit(self, mail: ClaimedMail, size: int) -> bool:
         """Count ``size`` more bytes of ``mail``; False when the mail is (now) over budget."""
         mail.content_bytes += size
         if mail.over_budget:
             return False
-        if self.first is None:
-            self.first = mail.id
-        if self.limit is not None and mail.id != self.first and self.used + size > self.limit:
-            self.used -= held_bytes(mail)
-            mail.over_budget = True
-            mail.body, mail.text_body, mail.template_model, mail.attachments = "", None, None, []
-            return False
+        self.kept.setdefault(mail.id, mail)
+        if self.limit is not None and self.used + size > self.limit:
+            order = list(self.kept)
+            later = order[order.index(mail.id) + 1:]
+            if order[0] != mail.id and self.used - sum(held_bytes(self.kept[i]) for i in later) + size > self.limit:
+                self._give_up(mail)  # it would not fit even alone with what was claimed before it
+                return False
+            while later and self.used + size > self.limit:
+                self._give_up(self.kept[later.pop()])
         self.used += size
         return True
+
+    def _give_up(self, mail: ClaimedMail) -> None:
+        self.used -= held_bytes(mail)
+        del self.kept[mail.id]
+        mail.over_budget = True
+        mail.body, mail.text_body, mail.template_model, mail.attachments = "", None, None, []
 
 
 @dataclass(frozen=True)
@@ -407,12 +417,14 @@ def claim_mail(
         budget.admit(mail, held_bytes(mail))
     if _next(cursor):
         for r in _each(cursor):
-            mail, generator = mails[int(r.MailID)], getattr(r, "Generator", None)
+            owner, generator = mails.get(int(r.MailID)), getattr(r, "Generator", None)
+            if owner is None:
+                continue  # its lease ended between the two reads (e.g. cancelled): not ours
             if generator is not None:
-                if not mail.over_budget:
-                    mail.attachments.append(LazyAttachment(r.FileName, generator, r.GeneratorArgs, r.ContentType))
-            elif budget.admit(mail, len(r.Content)):
-                mail.attachments.append(Attachment(r.FileName, bytes(r.Content), r.ContentType))
+                if not owner.over_budget:
+                    owner.attachments.append(LazyAttachment(r.FileName, generator, r.GeneratorArgs, r.ContentType))
+            elif budget.admit(owner, len(r.Content)):
+                owner.attachments.append(Attachment(r.FileName, bytes(r.Content), r.ContentType))
         # The template versions the batch renders, each once.
         if _next(cursor):
             texts = {

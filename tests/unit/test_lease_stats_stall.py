@@ -104,25 +104,51 @@ def _claimed_row(mail_id, body="B"):
 ATTACHMENT_COLUMNS = ("MailID", "AttachmentNo", "FileName", "ContentType", "Content", "Generator", "GeneratorArgs")
 
 
-def test_claim_mail_reads_content_within_the_batch_budget_and_keeps_the_first_mail_whole():
-    """Bodies in claim order, then attachments by mail ID: mail 3 (claimed first) is kept whole
-    even past the budget; mail 2's second piece would pass it, so mail 2 drops what it held and
-    keeps nothing more, and its size is still counted for the next claim's size."""
+def test_claim_mail_reads_content_within_the_batch_budget_in_claim_order():
+    """Bodies in claim order (3, 1, 2), then attachments by mail ID: mail 1's piece fits; mail
+    2's next piece would pass the budget and nothing was claimed after mail 2, so mail 2 drops
+    what it held and keeps nothing more; mail 3's piece, last to arrive, evicts mail 1 (claimed
+    after it) and fits.  Sizes of mails given up are still counted for the next claim."""
     big = bytes(600_000)
     conn = Conn((CLAIM_COLUMNS, [_claimed_row(3), _claimed_row(1), _claimed_row(2)]),
                 (ATTACHMENT_COLUMNS, [(1, 1, "a", None, big, None, None), (2, 1, "b", None, bytes(10), None, None),
                                       (2, 2, "c", None, big, None, None), (2, 3, "d", None, big, None, None),
-                                      (2, 4, "e", None, None, "csv", None), (3, 1, "f", None, big, None, None)]),
+                                      (2, 4, "e", None, None, "csv", None), (3, 1, "f", None, big, None, None),
+                                      (9, 1, "g", None, big, None, None)]),  # a mail not in the first set
                 (("TemplateName",), []))
     mails = procedures.claim_mail(conn, batch_size=3, lock_token=uuid.uuid4(), lease_seconds=300,
                                   max_batch_bytes=1_000_000)
     by_id = {m.id: m for m in mails}
     assert [m.id for m in mails] == [3, 1, 2]
-    assert [a.file_name for a in by_id[1].attachments] == ["a"] and not by_id[1].over_budget
     assert [a.file_name for a in by_id[3].attachments] == ["f"] and not by_id[3].over_budget
+    assert by_id[1].over_budget and by_id[1].attachments == [] and by_id[1].content_bytes == 1 + 600_000
     assert by_id[2].over_budget and by_id[2].attachments == [] and by_id[2].body == ""
     assert by_id[2].content_bytes == 1 + 10 + 2 * 600_000
-    assert sum(procedures.held_bytes(m) for m in mails) == 2 + 2 * 600_000  # within the budget + the first mail
+    assert sum(procedures.held_bytes(m) for m in mails) == 1 + 600_000  # within the budget
+
+
+def test_the_first_mail_is_kept_whole_even_alone_past_the_budget():
+    conn = Conn((CLAIM_COLUMNS, [_claimed_row(5), _claimed_row(4)]),
+                (ATTACHMENT_COLUMNS, [(4, 1, "small", None, bytes(100), None, None),
+                                      (5, 1, "huge", None, bytes(2_000_000), None, None)]),
+                (("TemplateName",), []))
+    first, second = procedures.claim_mail(conn, batch_size=2, lock_token=uuid.uuid4(), lease_seconds=300,
+                                          max_batch_bytes=1_000_000)
+    assert [a.file_name for a in first.attachments] == ["huge"] and not first.over_budget
+    assert second.over_budget and second.attachments == []
+
+
+def test_a_mail_that_cannot_fit_evicts_no_one():
+    """Mail 2 (claimed second) has more than the budget: it is given up without evicting
+    mail 3 (claimed after it), which fits beside the first mail."""
+    conn = Conn((CLAIM_COLUMNS, [_claimed_row(1), _claimed_row(2), _claimed_row(3)]),
+                (ATTACHMENT_COLUMNS, [(1, 1, "a", None, bytes(100), None, None),
+                                      (3, 1, "c", None, bytes(100), None, None),
+                                      (2, 1, "b", None, bytes(2_000_000), None, None)]),
+                (("TemplateName",), []))
+    mails = procedures.claim_mail(conn, batch_size=3, lock_token=uuid.uuid4(), lease_seconds=300,
+                                  max_batch_bytes=1_000_000)
+    assert [m.id for m in mails if m.over_budget] == [2]
 
 
 def test_the_budget_counts_what_text_takes_in_memory_not_its_length():

@@ -25,9 +25,10 @@ What it guarantees (docs/guarantees.md, docs/operator-guide.md):
   clock of this host is never compared with the database's.
 * No SMTP transaction starts on a mail whose lease has less than
   ``lease_safety_margin_seconds`` left (it is released, attempt refunded).
-* A batch holds at most ``batch_memory_budget_bytes`` of mail besides its first
-  mail, from the claim on (the claim's content is read within it); the rest is
-  given back at once and the next claims are smaller.
+* A batch holds at most ``batch_memory_budget_bytes`` of mail (or its first mail
+  alone when larger), from the claim on: the claim's content is read within it,
+  the mails claimed last given up first; they are given back at once and the
+  next claims are smaller.
 """
 
 from __future__ import annotations

@@ -589,6 +589,21 @@ def test_a_batch_keeps_within_its_memory_budget_and_the_next_claims_are_smaller(
     assert [c["batch_size"] for c in queue.calls_to("claim_mail")][1:] == [3, 3]  # mails 4-5, then none
 
 
+def test_content_made_past_the_budget_is_given_back_and_the_next_claims_are_smaller(sink):
+    """Lazy content counts once it is made: the mails it would put past the budget are given
+    back (their size not counted as kept), and the next claim asks for what the budget holds,
+    so the same content is not made again and again."""
+    queue = FakeQueue([make_mail(i, attachments=[LazyAttachment("r.bin", "report", "{}")]) for i in range(1, 4)])
+    worker = make_worker(queue, {"default": account_for(sink)}, batch_memory_budget_bytes=1024 * 1024)
+    allow_generators(worker, {"report": lambda args: bytes(600_000)})
+    worker.run_batch()
+    assert [c["ids"] for c in queue.calls_to("release_mail")] == [[2], [3]]
+    assert worker.claim_size == 1 and worker.metrics.snapshot()["budget_releases"] == 2
+    worker.run(once=True)
+    assert queue.statuses() == {i: "Sent" for i in range(1, 4)}
+    assert [c["batch_size"] for c in queue.calls_to("claim_mail")][1:] == [1, 1, 1]
+
+
 def test_an_application_calls_only_the_generators_allowed_to_it(sink):
     lazy = [LazyAttachment("i.pdf", "invoice", '{"id": 7}')]
     queue = FakeQueue([make_mail(1, app_name="billing", attachments=list(lazy)),

@@ -302,7 +302,7 @@ class Worker:
         too long is deferred (Retry).  A stop request ends the preparation: the
         mails not prepared are released."""
         ready: list[ClaimedMail] = []
-        used = 0
+        used, largest, budget = 0, 1, self.settings.batch_memory_budget_bytes
         for mail in mails:
             if self.stop.is_set():
                 break
@@ -313,12 +313,17 @@ class Worker:
             prepared = self._prepare_one(mail) if needs_preparing(mail) else mail
             if prepared is None:
                 continue
-            used += held_bytes(prepared)
-            if ready and used > self.settings.batch_memory_budget_bytes:
+            size = held_bytes(prepared)
+            largest = max(largest, size)
+            if ready and used + size > budget:
+                self.metrics.inc("budget_releases")
                 self.release([mail], "over the batch memory budget once its content was made")
                 continue
+            used += size
             self.held[mail.id] = prepared
             ready.append(prepared)
+        # made content counts for the next claim's size too, or the same mails are made again and again
+        self.claim_size = max(1, min(self.claim_size, budget // largest))
         return [m for m in ready if m.id in self.held]
 
     def _prepare_one(self, mail: ClaimedMail) -> ClaimedMail | None:

@@ -3,7 +3,7 @@
 tests/corpus/replies.csv: the corpus the rules were tuned against (>= 95 % required).
 tests/corpus/heldout.csv: each batch written before the rules were changed for it, and never
 tuned against.  Its floor is the agreement of the current rule table over the whole file
-(94.6 %, 866/915, floor 94.6 %; the figures per batch, and which of them are clean, are in
+(94.5 %, 929/983, floor 94.5 %; the figures per batch, and which of them are clean, are in
 docs/classification-corpora.md), so a rule change that loses held-out agreement fails here; the
 goal for an independent corpus is 90 %.  Both print their agreement
 and every disagreement (run with -s or -rP to see them when they pass).
@@ -62,7 +62,7 @@ def test_the_held_out_corpus_is_independent():
     assert not [r for r in load("heldout.csv") if (r["code"], r["text"]) in tuned]
 
 
-@pytest.mark.parametrize("name,required", [("replies.csv", 0.95), ("heldout.csv", 0.946)])
+@pytest.mark.parametrize("name,required", [("replies.csv", 0.95), ("heldout.csv", 0.945)])
 def test_agreement(name, required):
     rows = load(name)
     rate, misses = agreement(rows)

@@ -176,6 +176,15 @@ class ClaimBudget:
         self.used += size
         return True
 
+    def attach(self, mail: ClaimedMail, piece: Attachment | LazyAttachment) -> None:
+        """One attachment row of the claim: a lazy one costs nothing until it is made; a
+        stored one is kept if the budget admits it; a mail over budget keeps neither."""
+        if isinstance(piece, LazyAttachment):
+            if not mail.over_budget:
+                mail.attachments.append(piece)
+        elif self.admit(mail, len(piece.content)):
+            mail.attachments.append(piece)
+
     def _give_up(self, mail: ClaimedMail) -> None:
         self.used -= held_bytes(mail)
         del self.kept[mail.id]
@@ -420,11 +429,8 @@ def claim_mail(
             owner, generator = mails.get(int(r.MailID)), getattr(r, "Generator", None)
             if owner is None:
                 continue  # its lease ended between the two reads (e.g. cancelled): not ours
-            if generator is not None:
-                if not owner.over_budget:
-                    owner.attachments.append(LazyAttachment(r.FileName, generator, r.GeneratorArgs, r.ContentType))
-            elif budget.admit(owner, len(r.Content)):
-                owner.attachments.append(Attachment(r.FileName, bytes(r.Content), r.ContentType))
+            budget.attach(owner, LazyAttachment(r.FileName, generator, r.GeneratorArgs, r.ContentType)
+                          if generator is not None else Attachment(r.FileName, bytes(r.Content), r.ContentType))
         # The template versions the batch renders, each once.
         if _next(cursor):
             texts = {

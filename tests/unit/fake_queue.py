@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from mailq_db.errors import LeaseLostError
 from mailq_db.procedures import (
-    AckResult, ClaimBudget, ClaimedMail, EnqueuePolicy, EnqueueResult, LazyAttachment, Lease, QueueStats, held_bytes,
+    AckResult, ClaimBudget, ClaimedMail, EnqueuePolicy, EnqueueResult, Lease, QueueStats, held_bytes,
 )
 
 
@@ -371,9 +371,5 @@ def read_within_budget(mails: list[ClaimedMail], max_batch_bytes: int | None) ->
         budget.admit(m, held_bytes(m))
     for m in sorted(mails, key=lambda m: m.id):
         for a in pieces[m.id]:
-            if isinstance(a, LazyAttachment):
-                if not m.over_budget:
-                    m.attachments.append(a)
-            elif budget.admit(m, len(a.content)):
-                m.attachments.append(a)
+            budget.attach(m, a)
     return mails
